@@ -1,0 +1,132 @@
+"""The application: a description of a graph of operators. Building one starts nothing.
+
+Example::
+
+    from pescheduler import Application
+
+    app = Application("connected-cars")
+    cars = app.source("generator", events=200_000, keys=1_000, seed=7)
+    (cars
+        .map(lambda e: {**e, "speed": e["speed"] / 3.6})
+        .filter(lambda e: e["speed"] > 5)
+        .key_by("car")
+        .window(size="60s", aggregates={"avg_speed": ("avg", "speed")})
+        .sink("jsonl", path="out/avg_speed.jsonl"))
+
+Operator ids are the operator's name plus its position (``map-2``,
+``window-5``) unless ``id=`` is given. Names are resolved against the
+registered plug-ins when the app is deployed; a known operator checks its
+parameters at once, so a misspelt argument fails on the line that wrote it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import InvalidApplication
+
+
+@dataclass
+class OpNode:
+    """One operator as the user wrote it: kind, registry name, parameters, inputs."""
+
+    op_id: str
+    kind: str                                   # "source" | "operator" | "sink"
+    name: str
+    params: dict
+    inputs: list[tuple[str, str]] = field(default_factory=list)   # (upstream op_id, port)
+    key_field: str | Callable | None = None     # key of the stream it reads, from key_by
+
+
+class Application:
+    """A named graph of operators, built with :meth:`source` and :class:`Stream` methods."""
+
+    def __init__(self, name: str) -> None:
+        if not name or not isinstance(name, str):
+            raise InvalidApplication("Application needs a name, e.g. Application('connected-cars')")
+        self.name = name
+        self.nodes: dict[str, OpNode] = {}
+
+    def source(self, name: str, *, id: str | None = None, **params: Any) -> "Stream":
+        """Add a source by registry name (``generator``, ``iterable``, ``jsonl``, or a plug-in's)."""
+        node = self._add("source", name, params, [], id)
+        return Stream(self, node.op_id)
+
+    def _add(self, kind: str, name: str, params: dict, inputs: list[tuple[str, str]],
+             op_id: str | None, key_field: Any = None) -> OpNode:
+        if op_id is None:
+            op_id = f"{name}-{len(self.nodes) + 1}"
+        if op_id in self.nodes:
+            raise InvalidApplication(f"operator id {op_id!r} is used twice; give each id= a unique value")
+        _check_params(kind, name, params)
+        node = OpNode(op_id, kind, name, params, list(inputs), key_field)
+        self.nodes[op_id] = node
+        return node
+
+    def consumers(self, op_id: str) -> list[str]:
+        """Operators reading any port of ``op_id``."""
+        return [n.op_id for n in self.nodes.values() if any(src == op_id for src, _ in n.inputs)]
+
+    def __repr__(self) -> str:
+        return f"Application({self.name!r}, operators={list(self.nodes)})"
+
+
+def _check_params(kind: str, name: str, params: dict) -> None:
+    """Instantiate a known operator once so bad parameters fail where the app is written."""
+    from .plugins import default_plugins
+
+    cls = default_plugins().operators.get((kind, name))
+    if cls is None:
+        return          # maybe provided by a --plugin module; checked again at deploy
+    try:
+        cls(**params)
+    except (TypeError, ValueError) as exc:
+        raise InvalidApplication(f"{kind} {name!r}: {exc}") from None
+
+
+class Stream:
+    """The output of one operator port; methods add the next operator and return its stream."""
+
+    def __init__(self, app: Application, op_id: str, port: str = "out",
+                 key_field: str | Callable | None = None) -> None:
+        self.app = app
+        self.op_id = op_id
+        self.port = port
+        self.key_field = key_field
+
+    def apply(self, name: str, *, id: str | None = None, **params: Any) -> "Stream":
+        """Add any registered operator by name; the shorthands below all come through here."""
+        node = self.app._add("operator", name, params, [(self.op_id, self.port)], id, self.key_field)
+        return Stream(self.app, node.op_id)
+
+    def map(self, fn: Callable, *, id: str | None = None) -> "Stream":
+        return self.apply("map", id=id, fn=fn)
+
+    def filter(self, fn: Callable, *, id: str | None = None) -> "Stream":
+        out = self.apply("filter", id=id, fn=fn)
+        out.key_field = self.key_field      # filtering keeps tuples as they are, so the key holds
+        return out
+
+    def flat_map(self, fn: Callable, *, id: str | None = None) -> "Stream":
+        return self.apply("flat_map", id=id, fn=fn)
+
+    def key_by(self, field: str | Callable, *, id: str | None = None) -> "Stream":
+        """Key the stream: the next keyed operator (window, join) groups by ``field``."""
+        out = self.apply("key_by", id=id, field=field)
+        out.key_field = field
+        return out
+
+    def window(self, size: Any, slide: Any = None, aggregates: dict | None = None, *,
+               id: str | None = None, **params: Any) -> "Stream":
+        """Event-time window: tumbling (``slide=None``) or sliding; see operators.window."""
+        return self.apply("window", id=id, size=size, slide=slide, aggregates=aggregates or {}, **params)
+
+    def late_events(self) -> "Stream":
+        """The side output of events that arrived after their window fired."""
+        return Stream(self.app, self.op_id, port="late")
+
+    def sink(self, name: str, *, id: str | None = None, **params: Any) -> "Stream":
+        """End the stream in a registered sink (``jsonl``, ``print``, or a plug-in's)."""
+        node = self.app._add("sink", name, params, [(self.op_id, self.port)], id, self.key_field)
+        return Stream(self.app, node.op_id)

@@ -1,0 +1,249 @@
+"""Fused execution: the operators of one PE calling each other directly.
+
+A :class:`Chain` holds the operators fused into one processing element and a
+routing table from ``(op_id, port)`` to what consumes it: another operator of
+the same chain (a direct call, no copy) or an :class:`Output` leaving the PE (a
+channel). The same class runs inside a worker's PE and in
+``pescheduler.testing``, so a unit test exercises the exact code path of a
+deployment.
+
+Hot path: :meth:`Chain._push` runs once per batch per operator; everything
+per tuple happens inside the operators' own loops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from time import perf_counter
+from typing import Any, Callable, Iterable, Protocol
+
+from .operator import MAX_WATERMARK, DeadLetter, Emitter, Operator, Parallelism, overrides
+
+MIN_WATERMARK = -(2**63)
+
+
+class Output(Protocol):
+    """Where a port's batches go when the consumer is outside the chain (a channel).
+
+    Methods are synchronous and only buffer; the PE loop awaits the channel's
+    credit afterwards, so backpressure is counted outside operator time.
+    """
+
+    def send(self, batch: list) -> None: ...
+    def watermark(self, wm: int) -> None: ...
+    def end(self) -> None: ...
+
+
+@dataclass
+class OperatorStats:
+    """Counters the monitor reads; updated once per batch, never per tuple."""
+
+    tuples_in: int = 0
+    tuples_out: int = 0
+    batches_in: int = 0
+    busy_s: float = 0.0
+    dead_letters: int = 0
+    side: dict = field(default_factory=dict)    # side port -> tuples emitted there
+
+
+class Node:
+    """One operator inside a chain, with its input watermarks and open inputs."""
+
+    __slots__ = ("op_id", "op", "process", "stats", "in_wm", "wm", "open_inputs",
+                 "has_watermark", "has_flush", "stateless", "ended")
+
+    def __init__(self, op_id: str, op: Operator, inputs: Iterable[str]) -> None:
+        self.op_id = op_id
+        self.op = op
+        self.process = op.process
+        self.stats = OperatorStats()
+        self.in_wm = {u: MIN_WATERMARK for u in inputs}
+        self.wm = MIN_WATERMARK
+        self.open_inputs = set(self.in_wm)
+        self.has_watermark = overrides(op, "on_watermark")
+        self.has_flush = overrides(op, "flush")
+        self.stateless = op.parallelism is Parallelism.STATELESS
+        self.ended = False
+
+
+class Chain:
+    """The fused operators of one PE and the routes between them.
+
+    ``ops``: op_id -> operator (sources included; they only emit).
+    ``edges``: ``(src_op, port, dst_op)`` for every edge whose consumer is in
+    this chain (the producer may be outside: its batches arrive by ``inject``).
+    ``outputs``: ``(src_op, port)`` -> outputs leaving the chain.
+    """
+
+    def __init__(self, ops: dict[str, Operator], edges: Iterable[tuple[str, str, str]],
+                 outputs: dict[tuple[str, str], list[Output]] | None = None,
+                 on_side: Callable[[str, str, list], None] | None = None) -> None:
+        edges = list(edges)
+        inputs: dict[str, list[str]] = {op_id: [] for op_id in ops}
+        for src, _port, dst in edges:
+            inputs[dst].append(src)
+        self.nodes = {op_id: Node(op_id, op, inputs[op_id]) for op_id, op in ops.items()}
+        self.routes: dict[tuple[str, str], list] = {}
+        for src, port, dst in edges:
+            self.routes.setdefault((src, port), []).append(partial(self._push, self.nodes[dst]))
+        self._wm_targets: dict[str, list[Node]] = {}
+        for src, _port, dst in edges:
+            targets = self._wm_targets.setdefault(src, [])
+            if self.nodes[dst] not in targets:
+                targets.append(self.nodes[dst])
+        self.outputs: dict[str, list[Output]] = {}
+        for (src, port), outs in (outputs or {}).items():
+            for out in outs:
+                self.routes.setdefault((src, port), []).append(out.send)
+                if out not in self.outputs.setdefault(src, []):
+                    self.outputs[src].append(out)
+        self.dead_letters: list[DeadLetter] = []
+        self.on_side = on_side
+
+    # -- data ----------------------------------------------------------------------
+    def emit_from(self, op_id: str, batch: list, port: str = "out") -> None:
+        """A batch produced by ``op_id`` (a source here, or a producer in another PE)."""
+        node = self.nodes.get(op_id)
+        if node is not None:
+            node.stats.tuples_out += len(batch)
+        for target in self.routes.get((op_id, port), ()):
+            target(batch)
+
+    def _push(self, node: Node, batch: list) -> None:
+        # Hot path: one call per batch per operator.
+        emit = Emitter()
+        t0 = perf_counter()
+        try:
+            node.process(batch, emit)
+        except Exception as exc:
+            emit = self._isolate(node, batch, exc)
+        stats = node.stats
+        stats.busy_s += perf_counter() - t0
+        stats.tuples_in += len(batch)
+        stats.batches_in += 1
+        if emit.sides is not None or emit.dead is not None:
+            self._route_rare(node, emit)
+        if emit:
+            stats.tuples_out += len(emit)
+            for target in self.routes.get((node.op_id, "out"), ()):
+                target(emit)
+
+    def _isolate(self, node: Node, batch: list, exc: Exception) -> Emitter:
+        """An operator raised on a batch: set aside only the tuples that fail.
+
+        A STATELESS operator is re-run tuple by tuple (safe: no state), so only
+        the bad tuples are dead-lettered. For a stateful operator a re-run could
+        apply part of the batch twice, so the whole batch is dead-lettered with
+        the traceback; such operators isolate tuples themselves with
+        ``emit.dead_letter`` (the built-in window does).
+        """
+        emit = Emitter()
+        if not node.stateless:
+            for item in batch:
+                emit.dead_letter(item, exc)
+            return emit
+        for item in batch:
+            one = Emitter()
+            try:
+                node.process([item], one)
+            except Exception as one_exc:
+                emit.dead_letter(item, one_exc)
+                continue
+            emit.extend(one)
+            if one.sides:
+                for port, items in one.sides.items():
+                    for it in items:
+                        emit.to(port, it)
+            if one.dead:
+                emit.dead = (emit.dead or []) + one.dead
+        return emit
+
+    def _route_rare(self, node: Node, emit: Emitter) -> None:
+        if emit.dead:
+            node.stats.dead_letters += len(emit.dead)
+            self.dead_letters.extend(DeadLetter(d.item, d.error, node.op_id) for d in emit.dead)
+        for port, items in (emit.sides or {}).items():
+            node.stats.side[port] = node.stats.side.get(port, 0) + len(items)
+            targets = self.routes.get((node.op_id, port))
+            if targets:
+                for target in targets:
+                    target(items)
+            elif self.on_side is not None:
+                self.on_side(node.op_id, port, items)
+
+    # -- watermarks and end of stream -------------------------------------------------
+    def watermark_from(self, op_id: str, wm: int) -> None:
+        """Event time at ``op_id``'s output reached ``wm``: fire what it completes downstream."""
+        for node in self._wm_targets.get(op_id, ()):
+            self._advance(node, op_id, wm)
+        for out in self.outputs.get(op_id, ()):
+            out.watermark(wm)
+
+    def _advance(self, node: Node, upstream: str, wm: int) -> None:
+        if wm <= node.in_wm.get(upstream, MIN_WATERMARK):
+            return
+        node.in_wm[upstream] = wm
+        new = min(node.in_wm.values())
+        if new <= node.wm:
+            return
+        node.wm = new
+        if node.has_watermark:
+            self._call(node, node.op.on_watermark, new)
+        self.watermark_from(node.op_id, new)
+
+    def end_from(self, op_id: str) -> None:
+        """``op_id`` will produce nothing more: close event time and flush downstream."""
+        source = self.nodes.get(op_id)
+        if source is not None and not source.in_wm:
+            source.ended = True
+        for node in self._wm_targets.get(op_id, ()):
+            self._close_input(node, op_id)
+        for out in self.outputs.get(op_id, ()):
+            out.end()
+
+    def _close_input(self, node: Node, upstream: str) -> None:
+        node.open_inputs.discard(upstream)
+        if node.open_inputs or node.ended:
+            return
+        node.ended = True
+        if node.wm < MAX_WATERMARK:
+            node.wm = MAX_WATERMARK
+            if node.has_watermark:
+                self._call(node, node.op.on_watermark, MAX_WATERMARK)
+            for child in self._wm_targets.get(node.op_id, ()):
+                self._advance(child, node.op_id, MAX_WATERMARK)
+        if node.has_flush:
+            self._call(node, node.op.flush)
+        self.end_from(node.op_id)
+
+    def _call(self, node: Node, method: Callable, *args: Any) -> None:
+        """Run a watermark/flush callback and route what it emits like a batch result."""
+        emit = Emitter()
+        t0 = perf_counter()
+        try:
+            method(*args, emit)
+        except Exception as exc:
+            emit.dead_letter({"operator": node.op_id, "callback": method.__name__, "args": args}, exc)
+        node.stats.busy_s += perf_counter() - t0
+        if emit.sides is not None or emit.dead is not None:
+            self._route_rare(node, emit)
+        if emit:
+            node.stats.tuples_out += len(emit)
+            for target in self.routes.get((node.op_id, "out"), ()):
+                target(emit)
+
+    # -- lifecycle --------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        """Every operator has ended (sources: read to the end; others: every input ended)."""
+        return all(n.ended for n in self.nodes.values())
+
+    def close(self) -> None:
+        """Close every operator (files, sockets); errors are kept as dead letters."""
+        for node in self.nodes.values():
+            try:
+                node.op.close()
+            except Exception as exc:
+                self.dead_letters.append(DeadLetter.of({"operator": node.op_id, "callback": "close"},
+                                                       exc, node.op_id))

@@ -1,0 +1,254 @@
+"""Channels between PEs: batched, credit-based, markers in-band.
+
+Why plain asyncio TCP and pickle-5 rather than ``distributed.comm``: measured
+on this kind of machine, a small header plus a pickle-5 payload moved 4.5-5.6 M
+small tuples/s between two processes, ``distributed.comm`` 1.2 M at batch 100;
+msgpack encodes and decodes the generator's event dicts more slowly than
+pickle (3.7/1.9 M/s against 4.1/2.1 M/s). Decoding allocates a dict per tuple,
+so the cyclic GC is paused around ``pickle.loads`` (tuples hold no cycles):
+that lifts decoding from about 2.2 to 3.1 M tuples/s.
+
+Flow control: the receiver grants credit, one per data batch it has taken
+from its inbox; a sender starts with ``pescheduler.channel.credits`` and waits
+(counted as backpressure) when it has none. Memory per channel is therefore
+bounded by ``credits`` batches, however slow the consumer. Watermarks, end of
+stream and (later) reconfiguration/checkpoint markers travel on the same
+stream behind the data they follow and take no credit.
+
+Two PEs on one worker exchange batch objects in memory (no serialisation)
+through the same gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import pickle
+import struct
+from collections import deque
+from time import perf_counter
+from typing import Any, Callable
+
+DATA, WATERMARK, END, CREDIT, HELLO, MARKER = 1, 2, 3, 4, 5, 6
+HEADER = struct.Struct("!IB")           # payload length, kind
+WM = struct.Struct("!q")
+COUNT = struct.Struct("!I")
+
+
+def encode(batch: list, dead_letter: Callable[[Any, BaseException], None]) -> bytes:
+    """Pickle a batch; tuples that cannot be pickled are dead-lettered, the rest go."""
+    try:
+        return pickle.dumps(batch, protocol=5)
+    except Exception:
+        good = []
+        for item in batch:
+            try:
+                pickle.dumps(item, protocol=5)
+            except Exception as exc:
+                dead_letter(item, exc)
+            else:
+                good.append(item)
+        return pickle.dumps(good, protocol=5)
+
+
+def decode(payload: bytes) -> list:
+    """Unpickle a batch with the cyclic GC paused (tuples are acyclic; see module doc)."""
+    if not gc.isenabled():
+        return pickle.loads(payload)
+    gc.disable()
+    try:
+        return pickle.loads(payload)
+    finally:
+        gc.enable()
+
+
+class CreditGate:
+    """Credits a sender holds; waiting for one is backpressure, and is timed."""
+
+    __slots__ = ("credits", "_event", "blocked_s")
+
+    def __init__(self, credits: int) -> None:
+        self.credits = credits
+        self._event = asyncio.Event()
+        self.blocked_s = 0.0
+
+    async def acquire(self) -> None:
+        if self.credits <= 0:
+            t0 = perf_counter()
+            while self.credits <= 0:
+                self._event.clear()
+                await self._event.wait()
+            self.blocked_s += perf_counter() - t0
+        self.credits -= 1
+
+    def release(self, n: int = 1) -> None:
+        self.credits += n
+        self._event.set()
+
+
+class Inbox:
+    """A PE's input: ``(channel, kind, payload)`` in arrival order, and a wake-up event."""
+
+    def __init__(self) -> None:
+        self.items: deque = deque()
+        self.event = asyncio.Event()
+
+    def put(self, channel: "ChannelIn", kind: int, payload: Any) -> None:
+        self.items.append((channel, kind, payload))
+        self.event.set()
+
+    def queued_tuples(self) -> int:
+        return sum(len(p) for _c, k, p in self.items if k == DATA and isinstance(p, list))
+
+
+class ChannelIn:
+    """The receiving end of one channel: which upstream port it carries, and how to grant credit."""
+
+    def __init__(self, channel_id: str, src_op: str, port: str) -> None:
+        self.channel_id = channel_id
+        self.src_op = src_op
+        self.port = port
+        self.grant: Callable[[], None] = lambda: None
+        self.tuples = 0
+
+
+class ChannelOut:
+    """The sending end: buffers what the chain emits; :meth:`flush` ships it as credit allows.
+
+    Subclasses implement ``_write(kind, payload)``. The ``send``/``watermark``/
+    ``end`` methods only buffer (the chain calls them synchronously);
+    the PE loop awaits :meth:`flush` after each input batch.
+    """
+
+    def __init__(self, channel_id: str, credits: int) -> None:
+        self.channel_id = channel_id
+        self.gate = CreditGate(credits)
+        self.pending: deque = deque()
+        self.tuples = 0
+        self.batches = 0
+
+    # Output protocol (synchronous, from the chain)
+    def send(self, batch: list) -> None:
+        self.pending.append((DATA, batch))
+
+    def watermark(self, wm: int) -> None:
+        if self.pending and self.pending[-1][0] == WATERMARK:
+            self.pending[-1] = (WATERMARK, wm)      # only the newest watermark matters
+        else:
+            self.pending.append((WATERMARK, wm))
+
+    def end(self) -> None:
+        self.pending.append((END, None))
+
+    async def flush(self) -> None:
+        """Ship everything buffered, waiting for credit before each data batch."""
+        pending = self.pending
+        while pending:
+            kind, payload = pending.popleft()
+            if kind == DATA:
+                await self.gate.acquire()
+                self.tuples += len(payload)
+                self.batches += 1
+            await self._write(kind, payload)
+
+    async def _write(self, kind: int, payload: Any) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Release the transport (nothing to do for in-memory channels)."""
+
+
+class LocalChannelOut(ChannelOut):
+    """Same-worker channel: the batch object itself goes into the receiver's inbox."""
+
+    def __init__(self, channel_id: str, credits: int, inbox: Inbox, receiver: ChannelIn) -> None:
+        super().__init__(channel_id, credits)
+        self.inbox = inbox
+        self.receiver = receiver
+        receiver.grant = self.gate.release
+
+    async def _write(self, kind: int, payload: Any) -> None:
+        self.inbox.put(self.receiver, kind, payload)
+
+
+class TcpChannelOut(ChannelOut):
+    """Cross-worker channel over one TCP connection; credits come back on the same socket."""
+
+    def __init__(self, channel_id: str, credits: int, dead_letter: Callable[[Any, BaseException], None]) -> None:
+        super().__init__(channel_id, credits)
+        self.dead_letter = dead_letter
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self._credit_task: asyncio.Task | None = None
+
+    async def connect(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.reader, self.writer = await asyncio.open_connection(host, int(port))
+        name = self.channel_id.encode()
+        self.writer.write(HEADER.pack(len(name), HELLO) + name)
+        await self.writer.drain()
+        self._credit_task = asyncio.create_task(self._read_credits(), name=f"credits {self.channel_id}")
+
+    async def _read_credits(self) -> None:
+        reader = self.reader
+        try:
+            while True:
+                length, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
+                body = await reader.readexactly(length)
+                if kind == CREDIT:
+                    self.gate.release(COUNT.unpack(body)[0])
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+
+    async def _write(self, kind: int, payload: Any) -> None:
+        if kind == DATA:
+            body = encode(payload, self.dead_letter)
+        elif kind == WATERMARK:
+            body = WM.pack(payload)
+        elif kind == MARKER:
+            body = pickle.dumps(payload, protocol=5)
+        else:
+            body = b""
+        self.writer.write(HEADER.pack(len(body), kind))
+        self.writer.write(body)
+        await self.writer.drain()
+
+    async def close(self) -> None:
+        if self._credit_task is not None:
+            self._credit_task.cancel()
+        if self.writer is not None:
+            self.writer.close()
+            try:
+                await self.writer.wait_closed()
+            except (ConnectionError, OSError):
+                pass
+
+
+async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           lookup: Callable[[str], tuple[Inbox, ChannelIn]]) -> None:
+    """Receiver side of one TCP channel: frames into the PE's inbox, credits back.
+
+    Data stays encoded in the inbox (compact) and is decoded by the PE when it
+    takes the batch, inside its own time slice.
+    """
+    length, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
+    channel_id = (await reader.readexactly(length)).decode()
+    inbox, receiver = lookup(channel_id)
+    credit_frame = HEADER.pack(COUNT.size, CREDIT) + COUNT.pack(1)
+    receiver.grant = lambda: writer.write(credit_frame)
+    try:
+        while True:
+            length, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
+            body = await reader.readexactly(length) if length else b""
+            if kind == WATERMARK:
+                inbox.put(receiver, kind, WM.unpack(body)[0])
+            elif kind == MARKER:
+                inbox.put(receiver, kind, pickle.loads(body))
+            else:
+                inbox.put(receiver, kind, body)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass        # the sender closed: after END, or because its PE stopped
+    # The socket stayed open after END until the sender closed it, so credit
+    # frames for batches still in the inbox never hit a closed transport.
+    receiver.grant = lambda: None
+    writer.close()

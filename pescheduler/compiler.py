@@ -1,0 +1,171 @@
+"""App graph -> logical plan -> placement, as a short list of phases.
+
+Read :data:`PHASES` to know the compiler::
+
+    validate  resolve operator names to classes, check parameters and the graph's shape
+    annotate  hand key fields from key_by to the keyed operators that follow
+    fuse      one PE per worker slot; with more operators than slots, fuse
+              neighbours, starting from the sink end (IBM's guideline when no
+              history exists: traffic shrinks along filters)
+    place     spread PEs over workers in topological order
+
+Each phase is a function ``(state, context) -> state``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, Callable
+
+from .app import Application
+from .errors import InvalidApplication
+from .placement import PE, LogicalOp, LogicalPlan, Placement, pe_name
+from .plugins import Plugins, UnknownOperatorError
+
+
+@dataclass
+class CompileContext:
+    """What the phases need besides the graph: plug-ins and the workers to place on."""
+
+    plugins: Plugins
+    workers: tuple[str, ...]
+    hosts: dict[str, str]
+
+
+def validate(app: Application, ctx: CompileContext) -> LogicalPlan:
+    """Resolve every operator, instantiate it once to check parameters, check the shape."""
+    if not app.nodes:
+        raise InvalidApplication(f"application {app.name!r} is empty: add a source with app.source(...)")
+    ops = {}
+    for node in app.nodes.values():
+        try:
+            cls = ctx.plugins.operator(node.name, node.kind)
+        except UnknownOperatorError as exc:
+            raise InvalidApplication(f"{node.op_id}: {exc}") from None
+        try:
+            cls(**node.params)
+        except (TypeError, ValueError) as exc:
+            raise InvalidApplication(f"{node.op_id}: {exc}") from None
+        ops[node.op_id] = LogicalOp(node.op_id, node.kind, node.name, cls,
+                                    MappingProxyType(dict(node.params)), tuple(node.inputs),
+                                    node.key_field)
+    _check_shape(app, ops)
+    edges = tuple((src, port, op.op_id) for op in ops.values() for src, port in op.inputs)
+    return LogicalPlan(app.name, MappingProxyType(_topological(ops)), edges)
+
+
+def _check_shape(app: Application, ops: dict[str, LogicalOp]) -> None:
+    if not any(op.kind == "source" for op in ops.values()):
+        raise InvalidApplication(f"application {app.name!r} has no source: start with app.source(...)")
+    if not any(op.kind == "sink" for op in ops.values()):
+        raise InvalidApplication(
+            f"application {app.name!r} has no sink, so its results go nowhere: "
+            f"end a stream with .sink('jsonl', path=...) or .sink('print')")
+    for op in ops.values():
+        for src, port in op.inputs:
+            declared = ("out",) + tuple(ops[src].cls.outputs)
+            if port not in declared:
+                raise InvalidApplication(f"{op.op_id} reads port {port!r} of {src}, which only has {declared}")
+        if op.kind != "sink" and not app.consumers(op.op_id):
+            raise InvalidApplication(
+                f"the output of {op.op_id} is not used: add .sink(...) after it or remove it")
+
+
+def _topological(ops: dict[str, LogicalOp]) -> dict[str, LogicalOp]:
+    # Apps are built by appending, so insertion order is already topological;
+    # sort anyway so hand-built plans work too.
+    done: dict[str, LogicalOp] = {}
+    pending = list(ops.values())
+    while pending:
+        ready = [op for op in pending if all(src in done for src, _ in op.inputs)]
+        if not ready:
+            raise InvalidApplication(f"the graph has a cycle among {[op.op_id for op in pending]}")
+        for op in ready:
+            done[op.op_id] = op
+            pending.remove(op)
+    return done
+
+
+def annotate(plan: LogicalPlan, ctx: CompileContext) -> LogicalPlan:
+    """Keyed operators learn their key field from the key_by they follow."""
+    ops = dict(plan.ops)
+    for op_id, op in ops.items():
+        if op.key_field is None:
+            keys = {ops[src].key_field for src, _ in op.inputs if ops[src].name == "key_by"}
+            keys |= {ops[src].params.get("field") for src, _ in op.inputs if ops[src].name == "key_by"}
+            keys.discard(None)
+            if len(keys) == 1:
+                ops[op_id] = replace(op, key_field=keys.pop())
+    return replace(plan, ops=MappingProxyType(ops))
+
+
+def fuse(plan: LogicalPlan, ctx: CompileContext) -> Placement:
+    """Group operators into PEs (not yet on workers), at most one PE per worker slot."""
+    groups = [[op_id] for op_id in plan.ops]
+    slots = max(1, len(ctx.workers))
+    depth = _depth_to_sink(plan)
+    while len(groups) > slots:
+        edge = _edge_nearest_sink(plan, groups, depth)
+        if edge is None:
+            break
+        a, b = edge
+        groups[a].extend(groups[b])
+        del groups[b]
+    order = {op: i for i, op in enumerate(plan.ops)}
+    groups.sort(key=lambda g: min(order[o] for o in g))
+    pes = {pe_name(plan, g): PE(tuple(sorted(g, key=order.__getitem__))) for g in groups}
+    return Placement(plan, MappingProxyType(pes))
+
+
+def _depth_to_sink(plan: LogicalPlan) -> dict[str, int]:
+    """Longest path from each operator to a sink (0 for sinks)."""
+    depth: dict[str, int] = {}
+    for op_id in reversed(plan.order):
+        below = plan.downstream(op_id)
+        depth[op_id] = 1 + max(depth[d] for d in below) if below else 0
+    return depth
+
+
+def _edge_nearest_sink(plan: LogicalPlan, groups: list[list[str]], depth: dict[str, int]):
+    """The pair of groups joined by the edge whose consumer is closest to a sink."""
+    group_of = {op: i for i, g in enumerate(groups) for op in g}
+    best = None
+    for src, _port, dst in plan.edges:
+        a, b = group_of[src], group_of[dst]
+        if a == b:
+            continue
+        rank = (depth[dst], -plan.order.index(dst))
+        if best is None or rank < best[0]:
+            best = (rank, (min(a, b), max(a, b)))
+    return None if best is None else best[1]
+
+
+def place(placement: Placement, ctx: CompileContext) -> Placement:
+    """Spread the PEs over the workers in topological order, one per worker while they last."""
+    if not ctx.workers:
+        raise InvalidApplication("no workers to place the application on")
+    pes = {}
+    for i, (pe_id, pe) in enumerate(placement.pes.items()):
+        worker = ctx.workers[i % len(ctx.workers)]
+        pes[pe_id] = replace(pe, worker=worker, host=ctx.hosts.get(worker, ""))
+    return replace(placement, pes=MappingProxyType(pes), workers=tuple(ctx.workers),
+                   hosts=MappingProxyType(dict(ctx.hosts)))
+
+
+PHASES: list[tuple[str, Callable]] = [
+    ("validate", validate),
+    ("annotate", annotate),
+    ("fuse", fuse),
+    ("place", place),
+]
+
+
+def compile_app(app: Application, plugins: Plugins, workers: list[str] | tuple[str, ...],
+                hosts: dict[str, str] | None = None) -> Placement:
+    """Run the phases and place the result on ``workers``."""
+    ctx = CompileContext(plugins, tuple(workers), dict(hosts or {}))
+    state: Any = app
+    for _name, phase in PHASES:
+        state = phase(state, ctx)
+    return state

@@ -1,0 +1,375 @@
+"""Deploying an application and the handle to the running deployment.
+
+Example::
+
+    import pescheduler
+    with pescheduler.deploy(app, workers=3) as dep:
+        print(dep.placement().pes)
+        dep.wait()          # finite sources: until every sink has flushed
+
+The controller runs in the deploying process on its own event loop thread;
+the public methods are synchronous wrappers around it. Without ``cluster``
+it starts an embedded ``LocalCluster`` (single-threaded worker processes, one
+per core, at least two) and closes it on stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import pickle
+import threading
+import time
+from collections import deque
+from typing import Any, Coroutine
+
+import cloudpickle
+from distributed import Client, LocalCluster
+
+from . import config
+from .app import Application
+from .compiler import compile_app
+from .errors import DeploymentFailed
+from .pehost import PLUGIN_NAME, PEHostPlugin
+from .placement import Placement
+from .plugins import Plugins, load_plugins
+from .runtime import InputSpec, OutputSpec, PESpec
+from .status import StatusBoard
+
+logger = logging.getLogger(__name__)
+
+WATCH_TIMEOUT_S = 2.0
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread; ``run`` submits a coroutine and waits for it."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+def default_worker_count() -> int:
+    """``pescheduler.cluster.workers``, else one worker per core and at least two."""
+    configured = config.get("cluster.workers")
+    return int(configured) if configured else max(2, os.cpu_count() or 1)
+
+
+def deploy(app: Application, *, workers: int | None = None, cluster: str | None = None,
+           plugins: tuple[str, ...] | list[str] = (), config_file: str | None = None,
+           **options: Any) -> "Deployment":
+    """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`."""
+    if config_file:
+        config.load_file(config_file)
+    if options:
+        unknown = ", ".join(sorted(options))
+        raise TypeError(f"deploy() got options this version does not support yet: {unknown}")
+    dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins))
+    try:
+        dep._start()
+    except BaseException:
+        dep._shutdown()
+        raise
+    return dep
+
+
+class Deployment:
+    """A running application: placement, status, dead letters, wait and stop."""
+
+    def __init__(self, app: Application, *, workers: int | None, cluster: str | None,
+                 plugins: tuple[str, ...]) -> None:
+        self.app = app
+        self.n_workers = workers or default_worker_count()
+        self.cluster_address = cluster
+        self.plugin_modules = plugins
+        self.plugins: Plugins | None = None
+        self.cluster: LocalCluster | None = None
+        self.client: Client | None = None
+        self.scheduler_address = ""
+        self._placement: Placement | None = None
+        self.worker_info: dict[str, dict] = {}
+        self.board = StatusBoard(app.name)
+        self._dead_letters: deque = deque(maxlen=int(config.get("dead-letters.keep")))
+        self._loop = LoopThread(f"pescheduler-{app.name}")
+        self._done: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._stopped = False
+
+    # -- public API ---------------------------------------------------------------------
+    def placement(self) -> Placement:
+        """operators -> PEs -> workers -> hosts, as deployed now."""
+        return self._placement
+
+    def status(self) -> dict:
+        """The status dict shown by the live view and ``python -m pescheduler status``."""
+        return self.board.status()
+
+    def dead_letters(self) -> list[dict]:
+        """Dead letters received so far (the newest ``pescheduler.dead-letters.keep``)."""
+        return list(self._dead_letters)
+
+    def wait(self, timeout: float | None = None) -> dict:
+        """Block until the app finished (finite sources), failed, or was stopped.
+
+        Raises :class:`DeploymentFailed` with the reason if it failed, and
+        ``TimeoutError`` if ``timeout`` passes first.
+        """
+        self._loop.run(asyncio.wait_for(self._done.wait(), timeout))
+        status = self.status()
+        if status["state"] == "failed":
+            raise DeploymentFailed(status["error"] or "deployment failed")
+        return status
+
+    def stop(self, drain_timeout: float = 30.0) -> dict:
+        """Drain sources, let windows and sinks flush, stop the PEs, close an embedded cluster."""
+        if self._stopped:
+            return self.status()
+        try:
+            if self.client is not None and self.board.state == "running":
+                self._loop.run(self._drain(drain_timeout))
+        finally:
+            self._shutdown()
+        return self.status()
+
+    def __enter__(self) -> "Deployment":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- start --------------------------------------------------------------------------
+    def _start(self) -> None:
+        self._loop.run(self._astart())
+
+    async def _astart(self) -> None:
+        self._done = asyncio.Event()
+        self.plugins = load_plugins(self.plugin_modules)
+        if self.cluster_address is None:
+            self.cluster = await LocalCluster(
+                n_workers=self.n_workers, threads_per_worker=1, processes=True, asynchronous=True,
+                dashboard_address=None, silence_logs=logging.WARNING)
+            self.scheduler_address = self.cluster.scheduler_address
+        else:
+            self.scheduler_address = self.cluster_address
+        self.client = await Client(self.scheduler_address, asynchronous=True)
+        await self.client.register_plugin(PEHostPlugin(), name=PLUGIN_NAME)
+        workers = await self._workers()
+        self._placement = compile_app(self.app, self.plugins, workers,
+                                      {w: self.worker_info[w]["host"] for w in workers})
+        await self._launch(self._placement)
+        self.board.started(self._placement, self.worker_info)
+        self._write_state_file()
+        self._tasks = [asyncio.create_task(self._watch(w)) for w in self._placement.workers]
+        self._tasks.append(asyncio.create_task(self._monitor()))
+
+    async def _workers(self) -> list[str]:
+        """Addresses of the workers to place on, each with its PE host answering."""
+        if self.cluster is not None:
+            await self.client.wait_for_workers(self.n_workers, timeout=60)
+        info = await self.client.scheduler_info(n_workers=-1)
+        addresses = sorted(info["workers"])
+        if not addresses:
+            raise DeploymentFailed(f"the cluster at {self.scheduler_address} has no workers")
+        answers = await asyncio.gather(*(self.client.rpc(w).pe_info() for w in addresses))
+        for address, answer in zip(addresses, answers):
+            answer["host"] = info["workers"][address].get("host", "")
+            self.worker_info[address] = answer
+        return addresses
+
+    async def _launch(self, placement: Placement) -> None:
+        """Ship every PE's spec, then start them (receivers exist before senders connect)."""
+        specs = build_specs(placement, self.worker_info)
+        by_worker: dict[str, list[PESpec]] = {}
+        for pe_id, spec in specs.items():
+            by_worker.setdefault(placement.pes[pe_id].worker, []).append(spec)
+        await asyncio.gather(*(self.client.rpc(w).pe_deploy(specs=cloudpickle.dumps(s))
+                               for w, s in by_worker.items()))
+        await asyncio.gather(*(self.client.rpc(w).pe_start(pe_ids=[s.pe_id for s in ss])
+                               for w, ss in by_worker.items()))
+
+    # -- watching ---------------------------------------------------------------------
+    async def _watch(self, worker: str) -> None:
+        """Long-poll one worker's PE states; a lost worker fails the deployment."""
+        version = -1
+        while not self._done.is_set():
+            try:
+                answer = await self.client.rpc(worker).pe_wait(version=version, timeout=WATCH_TIMEOUT_S)
+            except Exception as exc:
+                if not self._done.is_set():
+                    await self._fail(f"lost worker {worker}: {type(exc).__name__}: {exc}")
+                return
+            version = answer["version"]
+            self.board.pe_states(answer["pes"])
+            failed = [s["error"] for s in answer["pes"].values() if s["state"] == "failed"]
+            if failed:
+                await self._fail(failed[0])
+                return
+            if self.board.all_finished():
+                await self._collect()
+                self.board.finish("finished")
+                self._done.set()
+
+    async def _monitor(self) -> None:
+        """Every monitor interval: collect counters, publish status, obey a stop command."""
+        interval = config.get_seconds("monitor.interval")
+        while not self._done.is_set():
+            try:
+                await asyncio.wait_for(self._done.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+            await self._collect()
+            command = await self._command()
+            if command == "stop" and not self._done.is_set():
+                self.board.event("stop", "stop requested from the command line")
+                await self._drain(30.0)
+
+    async def _collect(self) -> None:
+        try:
+            answers = await asyncio.gather(*(self.client.rpc(w).pe_stats() for w in self._placement.workers))
+        except Exception as exc:        # a lost worker is reported by its watcher
+            logger.debug("collect failed: %s", exc)
+            return
+        for answer in answers:
+            for dead in answer["dead_letters"]:
+                self._keep_dead_letter(dead)
+        self.board.update(answers)
+        try:
+            await self.client.set_metadata(["pescheduler", "status"], self.board.status())
+        except Exception as exc:
+            logger.debug("publishing status failed: %s", exc)
+
+    def _keep_dead_letter(self, dead: dict) -> None:
+        item = dead["item"]
+        dead["item"] = pickle.loads(item["pickle"]) if "pickle" in item else item["repr"]
+        self._dead_letters.append(dead)
+        path = config.get("dead-letters.path")
+        if path:
+            with open(os.path.expanduser(path), "a") as f:
+                f.write(json.dumps(dead, default=repr) + "\n")
+
+    async def _command(self) -> str | None:
+        try:
+            command = await self.client.get_metadata(["pescheduler", "command"], default=None)
+            if command:
+                await self.client.set_metadata(["pescheduler", "command"], None)
+            return command
+        except Exception:
+            return None
+
+    async def _fail(self, reason: str) -> None:
+        if self._done.is_set():
+            return
+        self.board.finish("failed", reason)
+        self.board.event("failed", reason.strip().splitlines()[0])
+        await self._stop_pes()
+        self._done.set()
+
+    # -- stop ---------------------------------------------------------------------------
+    async def _drain(self, timeout: float) -> None:
+        """End the sources as if exhausted, so windows fire and sinks flush, then stop."""
+        if not self._done.is_set():
+            await asyncio.gather(*(self.client.rpc(w).pe_drain() for w in self._placement.workers),
+                                 return_exceptions=True)
+            try:
+                await asyncio.wait_for(self._done.wait(), timeout)
+            except asyncio.TimeoutError:
+                self.board.event("stop", f"drain did not finish within {timeout:.0f}s; stopping anyway")
+        if self.board.state in ("running", "starting"):
+            self.board.finish("stopped")
+        self._done.set()
+
+    async def _stop_pes(self) -> None:
+        if self._placement is None:
+            return
+        await asyncio.gather(*(self.client.rpc(w).pe_stop() for w in self._placement.workers),
+                             return_exceptions=True)
+
+    def _shutdown(self) -> None:
+        """Stop PEs, close the client and an embedded cluster, stop the loop thread."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self._loop.run(self._aclose(), timeout=60)
+        finally:
+            self._loop.close()
+            self._remove_state_file()
+
+    async def _aclose(self) -> None:
+        if self._done is not None:
+            if self.board.state in ("running", "starting"):
+                self.board.finish("stopped")
+            self._done.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.client is not None:
+            await self._stop_pes()
+            try:
+                await self.client.set_metadata(["pescheduler", "status"], self.board.status())
+            except Exception:
+                pass
+            await self.client.close()
+        if self.cluster is not None:
+            await self.cluster.close()
+
+    # -- state file for `status` / `stop` without --cluster --------------------------------
+    def _state_path(self) -> str:
+        return os.path.expanduser(config.get("state-file"))
+
+    def _write_state_file(self) -> None:
+        if self.cluster is None:
+            return
+        path = self._state_path()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"scheduler": self.scheduler_address, "app": self.app.name, "pid": os.getpid()}, f)
+
+    def _remove_state_file(self) -> None:
+        path = self._state_path()
+        try:
+            with open(path) as f:
+                if json.load(f).get("pid") == os.getpid():
+                    os.remove(path)
+        except (OSError, ValueError):
+            pass
+
+
+def build_specs(placement: Placement, worker_info: dict[str, dict]) -> dict[str, PESpec]:
+    """One :class:`PESpec` per PE: its operators, internal edges and channels in and out."""
+    plan = placement.plan
+    batch_size = int(config.get("batch.size"))
+    credits = int(config.get("channel.credits"))
+    time_slice = float(config.get("pe.time-slice-ms")) / 1000
+    specs = {}
+    for pe_id, pe in placement.pes.items():
+        members = set(pe.operators)
+        ops = {op: (plan.ops[op].cls, dict(plan.ops[op].params), plan.ops[op].key_field)
+               for op in pe.operators}
+        edges = [(s, p, d) for s, p, d in plan.edges if d in members]
+        specs[pe_id] = PESpec(pe_id, ops, edges, batch_size=batch_size, credits=credits,
+                              time_slice_s=time_slice)
+    seen = set()
+    for src, port, _dst, dst_pe in placement.channels():
+        if (src, port, dst_pe) in seen:
+            continue
+        seen.add((src, port, dst_pe))
+        channel_id = f"{src}.{port}->{dst_pe}"
+        dst_worker = placement.pes[dst_pe].worker
+        specs[placement.pe_of(src)].outputs.append(OutputSpec(
+            channel_id, src, port, dst_pe, dst_worker, worker_info[dst_worker]["data_address"]))
+        specs[dst_pe].inputs.append(InputSpec(channel_id, src, port))
+    return specs

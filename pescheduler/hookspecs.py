@@ -1,0 +1,79 @@
+"""Every hook a pescheduler plug-in can implement. This module is the plug-in contract.
+
+A plug-in is a module (or object) with functions decorated by
+``pescheduler.hookimpl`` and named like the specs below. It is found through
+the ``pescheduler`` entry-point group::
+
+    [project.entry-points.pescheduler]
+    my-operators = "my_package.operators"
+
+or named on the command line with ``--plugin my_package.operators``. The
+built-in operators, policies and resource managers are registered through the
+same entry-point group, so they prove the path a third-party package takes.
+
+Hooks are grouped by the phase in which the runtime calls them. Each docstring
+states the calling semantics: *collecting* hooks call every implementation and
+gather the results; *first-result* hooks stop at the first non-None answer.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("pescheduler")
+
+
+# -- Registration: called once when the plugin manager is built ---------------------
+
+@hookspec
+def pescheduler_operators():
+    """Return the operator classes this plug-in provides (a list of ``Operator`` subclasses).
+
+    Collecting: every implementation is called; the registry keys each class by
+    its ``name`` attribute. Two plug-ins providing the same name is an error that
+    names both origins.
+
+    Example::
+
+        @pescheduler.hookimpl
+        def pescheduler_operators():
+            return [Threshold]
+    """
+
+
+@hookspec
+def pescheduler_aggregates():
+    """Return the window aggregate functions this plug-in provides (a list of ``Aggregate``).
+
+    Collecting. An aggregate declares which other aggregates it is computed from
+    (``avg`` uses ``sum`` and ``count``), so aggregates shared by several outputs
+    or queries over one window are computed once.
+    """
+
+
+@hookspec
+def pescheduler_resource_managers():
+    """Return ``{name: ResourceManager class}`` for the resource managers this plug-in provides.
+
+    Collecting. ``deploy --rm NAME`` selects one by name.
+    """
+
+
+# -- Control loop: called by the controller every monitor interval -------------------
+
+@hookspec
+def pescheduler_policy_decide(snapshot, placement, resources, config):
+    """Decide reconfiguration actions from the last monitor window.
+
+    ``snapshot`` is an immutable ``MetricsSnapshot``, ``placement`` the current
+    operators -> PEs -> workers -> hosts mapping, ``resources`` the resource
+    manager's view, ``config`` this policy's settings (``pescheduler.policies.<name>``).
+    Return a list of actions (``Fuse``, ``Split``, ``Replicate``, ``Release``,
+    ``Move``, ``BorrowHosts``, ``ReturnHost``), each with a ``reason``.
+
+    A policy decides and never touches the runtime. Only the policies selected
+    for a deployment are called (each by its entry-point name); the controller
+    calls them one at a time, merges their actions, applies and records them.
+    A policy that raises or returns something else than a list of actions is
+    quarantined, and the others go on.
+    """

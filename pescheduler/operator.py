@@ -1,0 +1,238 @@
+"""The operator contract: what a plug-in implements and what the runtime calls.
+
+Operators are batch-at-a-time. The runtime hands ``process`` a list of tuples and
+an :class:`Emitter`; per-tuple framework cost is therefore paid once per batch,
+which is what lets a fused chain run close to a hand-written loop.
+
+Tuples are dicts (or any picklable object for map/filter). A tuple, once
+emitted, is read-only: fused operators and in-memory channels share the same
+objects, so an operator that mutates its input changes what its neighbours see.
+
+Example (a complete plug-in)::
+
+    import pescheduler
+    from pescheduler import Operator, Parallelism
+
+    class Threshold(Operator):
+        name = "threshold"
+        parallelism = Parallelism.STATELESS
+
+        def __init__(self, field, limit):
+            self.field, self.limit = field, limit
+
+        def process(self, batch, emit):
+            f, limit = self.field, self.limit
+            emit.many([t for t in batch if t[f] > limit])
+
+    @pescheduler.hookimpl
+    def pescheduler_operators():
+        return [Threshold]
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+
+MAX_WATERMARK = 2**63 - 1
+"""The watermark that closes event time: sent at end of stream so every window fires."""
+
+
+class Parallelism(enum.Enum):
+    """How copies of an operator may share its work.
+
+    STATELESS: any routing, weighted. KEYED: the key space is split into key
+    groups that copies own. MERGEABLE: copies hold partial state merged
+    downstream by ``combine``. SINGLETON: never copied.
+    """
+
+    STATELESS = "stateless"
+    KEYED = "keyed"
+    MERGEABLE = "mergeable"
+    SINGLETON = "singleton"
+
+
+class Emitter(list):
+    """The ``emit`` an operator receives: a list the operator appends to.
+
+    ``emit(t)`` appends one tuple, ``emit.many(ts)`` extends. Being a list
+    subclass keeps the hot path to one C call per emitted tuple. Side outputs
+    (``emit.to(port, t)``: late events, a join's unmatched side, ...) and dead
+    letters (``emit.dead_letter(t, exc)``) are rare and kept out of that path.
+    """
+
+    __slots__ = ("sides", "dead")
+
+    __call__ = list.append
+    many = list.extend
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sides: dict[str, list] | None = None
+        self.dead: list[DeadLetter] | None = None
+
+    def to(self, port: str, item: Any) -> None:
+        """Emit ``item`` on the named side output ``port`` (declared in ``outputs``)."""
+        if self.sides is None:
+            self.sides = {}
+        self.sides.setdefault(port, []).append(item)
+
+    def dead_letter(self, item: Any, error: BaseException | str | None = None) -> None:
+        """Send ``item`` to the dead-letter output with the error that rejected it.
+
+        Use this inside a stateful operator that catches a per-tuple error
+        itself, so that only the bad tuple is set aside.
+        """
+        if self.dead is None:
+            self.dead = []
+        self.dead.append(DeadLetter.of(item, error))
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A tuple an operator rejected, with the reason (traceback text)."""
+
+    item: Any
+    error: str
+    operator: str = ""
+
+    @classmethod
+    def of(cls, item: Any, error: BaseException | str | None, operator: str = "") -> "DeadLetter":
+        if isinstance(error, BaseException):
+            text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        else:
+            text = error or ""
+        return cls(item, text, operator)
+
+
+@dataclass
+class OperatorContext:
+    """What an operator learns about its place when the runtime opens it."""
+
+    op_id: str
+    pe_id: str = ""
+    worker: str = ""
+    key_field: str | Callable | None = None   # set when a key_by precedes a KEYED operator
+    copy_index: int = 0                        # 0 for the original, 1.. for copies
+    extra: dict = field(default_factory=dict)
+
+
+class Operator:
+    """Base class of every operator plug-in.
+
+    Subclasses set ``name`` (the registry name) and ``parallelism``, and
+    implement ``process``. The rest has safe defaults. Constructor arguments
+    are captured automatically, so ``parameters()`` returns what a copy needs
+    (``type(op)(**op.parameters())`` behaves like ``op``) unless overridden.
+    """
+
+    name: ClassVar[str] = ""
+    parallelism: ClassVar[Parallelism] = Parallelism.STATELESS
+    outputs: ClassVar[tuple[str, ...]] = ()   # side output ports besides the main one
+    kind: ClassVar[str] = "operator"          # "source" | "operator" | "sink"
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        self = super().__new__(cls)
+        try:
+            bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"operator {cls.name or cls.__name__!r}: {exc}") from None
+        params = dict(bound.arguments)
+        params.pop(next(iter(params)))          # self
+        for pname, p in inspect.signature(cls.__init__).parameters.items():
+            if p.kind is inspect.Parameter.VAR_KEYWORD and pname in params:
+                params.update(params.pop(pname))
+        self._parameters = params
+        return self
+
+    # -- lifecycle -----------------------------------------------------------------
+    def open(self, context: OperatorContext) -> None:
+        """Called on the worker before the first batch (open files, build caches)."""
+        self.context = context
+
+    def process(self, batch: list, emit: Emitter) -> None:
+        """Handle one batch: call ``emit(t)`` / ``emit.many(ts)`` for results."""
+        raise NotImplementedError(f"{type(self).__name__}.process")
+
+    def on_watermark(self, watermark: int, emit: Emitter) -> None:
+        """Event time reached ``watermark`` (ms): fire what is complete. Optional."""
+
+    def flush(self, emit: Emitter) -> None:
+        """End of stream or release: emit partial results downstream."""
+
+    def close(self) -> None:
+        """Release resources (files, sockets). Called once, after ``flush``."""
+
+    # -- state and copies ----------------------------------------------------------
+    def parameters(self) -> dict:
+        """Keyword arguments that make an equivalent fresh instance."""
+        return dict(self._parameters)
+
+    def snapshot(self) -> Any:
+        """State to move on fuse/split/rescale/checkpoint (picklable)."""
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Install state produced by ``snapshot`` of an equivalent instance."""
+
+    @classmethod
+    def combine(cls, partials: list) -> Any:
+        """MERGEABLE only: merge partial results of copies."""
+        raise NotImplementedError(f"{cls.__name__} is not MERGEABLE")
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._parameters.items())
+        return f"{type(self).__name__}({args})"
+
+
+def overrides(op: Operator, method: str) -> bool:
+    """True when ``op``'s class overrides ``method`` of :class:`Operator`.
+
+    The runtime skips calling hooks an operator does not implement (on_watermark,
+    flush) so a fused chain pays nothing for them.
+    """
+    return getattr(type(op), method) is not getattr(Operator, method)
+
+
+class Source(Operator):
+    """Base class of sources: ``read(n)`` returns the next tuples.
+
+    Every source takes ``rate`` (tuples per second, ``None`` = as fast as
+    possible), ``ts_field`` (the event-time field, milliseconds; ``None`` for no
+    event time) and ``max_delay`` (bounded out-of-orderness for watermarks,
+    default 1 s). The runtime drives the source: it paces it to ``rate``, asks
+    for batches of the configured size, and emits a watermark after each batch
+    of ``max(ts seen) - max_delay - 1``, as Flink's bounded-out-of-orderness
+    generator does, so an event at most ``max_delay`` late is never late.
+    """
+
+    kind = "source"
+    parallelism = Parallelism.SINGLETON
+
+    def __init__(self, *, rate: float | None = None, ts_field: str | None = "ts",
+                 max_delay: Any = "1s") -> None:
+        from .timeutil import parse_duration
+
+        if rate is not None and rate <= 0:
+            raise ValueError(f"rate must be positive, got {rate!r}")
+        self.rate = rate
+        self.ts_field = ts_field
+        self.max_delay = parse_duration(max_delay)
+
+    def read(self, n: int) -> list | None:
+        """Return up to ``n`` tuples; ``[]`` when nothing is ready now; ``None`` at the end."""
+        raise NotImplementedError(f"{type(self).__name__}.read")
+
+    def process(self, batch: list, emit: Emitter) -> None:  # sources have no input
+        raise TypeError("a source has no input")
+
+
+class Sink(Operator):
+    """Base class of sinks: ``process`` writes, ``flush`` makes it durable."""
+
+    kind = "sink"
+    parallelism = Parallelism.SINGLETON

@@ -1,0 +1,166 @@
+"""The PE host: a Dask worker plugin that owns the PEs on its worker.
+
+Why a worker plugin driven through custom handlers, and not actors or
+long-running tasks: actors are lost with their worker and block
+``retire_workers``; long tasks need ``secede()``, cannot be cancelled and lose
+their pinning on restart. A worker plugin is installed on every worker,
+including ones that join late or restart, and its handlers are reached over
+Dask's own RPC (``rpc(worker).pe_deploy(...)``).
+
+Each host also runs a small TCP server for data channels (see channels.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+
+import cloudpickle
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from .channels import ChannelIn, Inbox, serve_connection
+from .runtime import PERunner, PESpec
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "pescheduler"
+HANDLERS = ("pe_info", "pe_deploy", "pe_start", "pe_stats", "pe_wait", "pe_drain", "pe_stop")
+
+
+class PEHostPlugin(WorkerPlugin):
+    """Installs a :class:`PEHost` on every worker of the cluster (late joiners included)."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    async def setup(self, worker) -> None:
+        if PLUGIN_NAME in worker.extensions:
+            return
+        host = PEHost(worker)
+        await host.start()
+        worker.extensions[PLUGIN_NAME] = host
+
+    async def teardown(self, worker) -> None:
+        host = worker.extensions.pop(PLUGIN_NAME, None)
+        if host is not None:
+            await host.close()
+
+
+class PEHost:
+    """The PEs of one worker, their data server, and the handlers the controller calls."""
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+        self.pes: dict[str, PERunner] = {}
+        self.server: asyncio.AbstractServer | None = None
+        self.data_address = ""
+        self.version = 0                     # bumped whenever a PE changes state
+        self._changed = asyncio.Event()
+
+    async def start(self) -> None:
+        ip = self.worker.ip if hasattr(self.worker, "ip") else "127.0.0.1"
+        self.server = await asyncio.start_server(self._on_connection, host=ip, port=0)
+        port = self.server.sockets[0].getsockname()[1]
+        self.data_address = f"{ip}:{port}"
+        for name in HANDLERS:
+            self.worker.handlers[name] = getattr(self, name)
+
+    async def close(self) -> None:
+        await self.pe_stop()
+        if self.server is not None:
+            self.server.close()
+
+    async def _on_connection(self, reader, writer) -> None:
+        try:
+            await serve_connection(reader, writer, self._receiver)
+        except Exception:
+            logger.exception("data connection failed")
+
+    def _receiver(self, channel_id: str) -> tuple[Inbox, ChannelIn]:
+        for pe in self.pes.values():
+            if channel_id in pe.receivers:
+                return pe.inbox, pe.receivers[channel_id]
+        raise KeyError(f"no PE on {self.worker.address} receives channel {channel_id!r}")
+
+    # -- handlers (called by the controller over Dask RPC) -----------------------------
+    def pe_info(self) -> dict:
+        return {"worker": self.worker.address, "data_address": self.data_address, "pid": os.getpid(),
+                "pes": sorted(self.pes)}
+
+    def pe_deploy(self, specs: bytes) -> list[str]:
+        """Build the PEs (not started): receivers exist before any sender connects."""
+        made = []
+        for spec in cloudpickle.loads(specs):
+            assert isinstance(spec, PESpec)
+            self.pes[spec.pe_id] = PERunner(spec, self.worker.address)
+            made.append(spec.pe_id)
+        return made
+
+    async def pe_start(self, pe_ids: list[str]) -> list[str]:
+        """Open each PE's outgoing channels, then start its loop."""
+        for pe_id in pe_ids:
+            await self.pes[pe_id].connect(self._receiver, self.data_address)
+        for pe_id in pe_ids:
+            task = self.pes[pe_id].start()
+            task.add_done_callback(lambda _t: self._bump())
+        self._bump()
+        return list(pe_ids)
+
+    def _bump(self) -> None:
+        self.version += 1
+        self._changed.set()
+
+    def pe_stats(self) -> dict:
+        """Cumulative counters of every PE here, and the dead letters since the last call."""
+        dead = []
+        for pe in self.pes.values():
+            for d in pe.take_dead_letters():
+                dead.append({"op": d.operator, "pe": pe.pe_id, "item": _portable(d.item), "error": d.error})
+        return {"worker": self.worker.address, "version": self.version,
+                "pes": {pe_id: pe.stats() for pe_id, pe in self.pes.items()}, "dead_letters": dead}
+
+    async def pe_wait(self, version: int, timeout: float) -> dict:
+        """Long poll: return when a PE changed state after ``version``, or at ``timeout``."""
+        if self.version <= version:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return {"version": self.version,
+                "pes": {pe_id: {"state": pe.state, "error": pe.error} for pe_id, pe in self.pes.items()}}
+
+    def pe_drain(self) -> list[str]:
+        """End every source here as if exhausted: windows fire, sinks flush, PEs finish."""
+        drained = []
+        for pe in self.pes.values():
+            if pe.drain():
+                drained.append(pe.pe_id)
+        return drained
+
+    async def pe_stop(self, pe_ids: list[str] | None = None) -> list[str]:
+        """Cancel and remove PEs (all when ``pe_ids`` is None)."""
+        stopped = []
+        for pe_id in list(self.pes if pe_ids is None else pe_ids):
+            pe = self.pes.pop(pe_id, None)
+            if pe is None:
+                continue
+            if pe.task is not None and not pe.task.done():
+                pe.task.cancel()
+                try:
+                    await pe.task
+                except (asyncio.CancelledError, Exception):
+                    pass
+            stopped.append(pe_id)
+        self._bump()
+        return stopped
+
+
+def _portable(item):
+    """Dead-letter items cross Dask RPC as pickles; an unpicklable one as its repr."""
+    try:
+        return {"pickle": pickle.dumps(item, protocol=5)}
+    except Exception:
+        return {"repr": repr(item)}

@@ -1,0 +1,137 @@
+"""One plugin manager: entry points of the ``pescheduler`` group plus ``--plugin`` modules.
+
+Loading never stops at the first broken plug-in: each failure is recorded with
+the plug-in's name and error (see :attr:`Plugins.failures`) and the rest load,
+so ``python -m pescheduler plugins`` can show what is wrong.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import traceback
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Iterable
+
+import pluggy
+
+from . import hookspecs
+
+ENTRY_POINT_GROUP = "pescheduler"
+hookimpl = pluggy.HookimplMarker("pescheduler")
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plug-in that could not be loaded: its name, where it came from, and why."""
+
+    name: str
+    origin: str
+    error: str
+
+
+@dataclass
+class Plugins:
+    """The loaded plugin manager and what it found, by kind, with origins."""
+
+    manager: pluggy.PluginManager
+    origins: dict[str, str] = field(default_factory=dict)      # plug-in name -> dist or module
+    failures: list[PluginFailure] = field(default_factory=list)
+    operators: dict[tuple[str, str], type] = field(default_factory=dict)   # (kind, name) -> class
+    operator_origins: dict[tuple[str, str], str] = field(default_factory=dict)
+    aggregates: dict[str, object] = field(default_factory=dict)
+    resource_managers: dict[str, type] = field(default_factory=dict)
+
+    def operator(self, name: str, kind: str = "operator") -> type:
+        """The class registered as ``name`` among ``kind`` ("source", "operator", "sink").
+
+        An unknown name raises with the names that exist, so the message is the fix.
+        """
+        try:
+            return self.operators[(kind, name)]
+        except KeyError:
+            known = ", ".join(sorted(n for k, n in self.operators if k == kind)) or "(none)"
+            hint = ""
+            if self.failures:
+                hint = " Some plug-ins failed to load: " + "; ".join(
+                    f"{f.name} ({f.error.strip().splitlines()[-1]})" for f in self.failures)
+            raise UnknownOperatorError(
+                f"unknown {kind} {name!r}. Known {kind}s: {known}. "
+                f"Register it with a pescheduler_operators() hook in a module named by the "
+                f"'pescheduler' entry-point group or by --plugin.{hint}") from None
+
+    def policies(self) -> dict[str, object]:
+        """Plug-ins implementing ``pescheduler_policy_decide``, by plug-in name."""
+        return {
+            self.manager.get_name(impl.plugin): impl.plugin
+            for impl in self.manager.hook.pescheduler_policy_decide.get_hookimpls()
+        }
+
+
+class UnknownOperatorError(LookupError):
+    """An app names an operator no plug-in provides."""
+
+
+def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
+    return importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+
+
+def load_plugins(modules: Iterable[str] = ()) -> Plugins:
+    """Build the plugin manager: entry points first, then the named ``modules``."""
+    pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+    pm.add_hookspecs(hookspecs)
+    found = Plugins(pm)
+    for ep in sorted(_entry_points(), key=lambda e: e.name):
+        origin = f"{ep.dist.name} {ep.dist.version}" if ep.dist else ep.value
+        _register(found, ep.name, origin, ep.load)
+    for module in modules:
+        _register(found, module, f"--plugin {module}", lambda m=module: importlib.import_module(m))
+    pm.check_pending()
+    _collect(found)
+    return found
+
+
+def _register(found: Plugins, name: str, origin: str, load) -> None:
+    if found.manager.has_plugin(name):
+        return
+    try:
+        plugin = load()
+        found.manager.register(plugin, name=name)
+    except Exception as exc:  # a broken plug-in must not hide the others
+        text = "".join(traceback.format_exception_only(type(exc), exc))
+        found.failures.append(PluginFailure(name, origin, text))
+        return
+    found.origins[name] = origin
+
+
+def _collect(found: Plugins) -> None:
+    """Ask every plug-in for what it provides, remembering which plug-in gave what."""
+    pm = found.manager
+    for impl in pm.hook.pescheduler_operators.get_hookimpls():
+        plugin_name = pm.get_name(impl.plugin)
+        for cls in impl.function() or ():
+            name = getattr(cls, "name", "")
+            if not name:
+                found.failures.append(PluginFailure(plugin_name, found.origins.get(plugin_name, ""),
+                                                    f"{cls!r} has no 'name' attribute"))
+                continue
+            key = (getattr(cls, "kind", "operator"), name)
+            if key in found.operators and found.operators[key] is not cls:
+                found.failures.append(PluginFailure(
+                    plugin_name, found.origins.get(plugin_name, ""),
+                    f"{key[0]} {name!r} is already provided by {found.operator_origins[key]}"))
+                continue
+            found.operators[key] = cls
+            found.operator_origins[key] = plugin_name
+    for impl in pm.hook.pescheduler_aggregates.get_hookimpls():
+        for agg in impl.function() or ():
+            found.aggregates[agg.name] = agg
+    for impl in pm.hook.pescheduler_resource_managers.get_hookimpls():
+        found.resource_managers.update(impl.function() or {})
+
+
+@lru_cache(maxsize=None)
+def default_plugins(modules: tuple[str, ...] = ()) -> Plugins:
+    """The process-wide plugin set (entry points plus ``modules``), loaded once."""
+    return load_plugins(modules)

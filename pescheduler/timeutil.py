@@ -1,0 +1,27 @@
+"""Durations as the user writes them ("60s", "500ms", "1.5min", 250) in milliseconds."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*$")
+
+
+def parse_duration(value: str | int | float) -> int:
+    """Return ``value`` in whole milliseconds; a bare number is already milliseconds.
+
+    >>> parse_duration("60s"), parse_duration("500ms"), parse_duration(250)
+    (60000, 500, 250)
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative: {value!r}")
+        return int(value)
+    match = _PATTERN.match(str(value).lower())
+    if not match or match.group(2) not in _UNITS and match.group(2) != "":
+        raise ValueError(f"not a duration: {value!r} (write e.g. '60s', '500ms', '2min', or milliseconds)")
+    number, unit = match.groups()
+    return int(round(float(number) * _UNITS.get(unit or "ms", 1)))
