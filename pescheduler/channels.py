@@ -126,6 +126,7 @@ class ChannelOut:
         self.pending: deque = deque()
         self.tuples = 0
         self.batches = 0
+        self.ended = False
 
     # Output protocol (synchronous, from the chain)
     def send(self, batch: list) -> None:
@@ -139,6 +140,7 @@ class ChannelOut:
 
     def end(self) -> None:
         self.pending.append((END, None))
+        self.ended = True
 
     async def flush(self) -> None:
         """Ship everything buffered, waiting for credit before each data batch."""
@@ -213,8 +215,14 @@ class TcpChannelOut(ChannelOut):
         self.writer.write(body)
         await self.writer.drain()
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 10.0) -> None:
+        """After END, wait for the receiver's EOF (see serve_connection), then close."""
         if self._credit_task is not None:
+            if self.ended:
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._credit_task), timeout)
+                except asyncio.TimeoutError:
+                    pass
             self._credit_task.cancel()
         if self.writer is not None:
             self.writer.close()
@@ -246,9 +254,13 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
                 inbox.put(receiver, kind, pickle.loads(body))
             else:
                 inbox.put(receiver, kind, body)
+            if kind == END:
+                break
     except (asyncio.IncompleteReadError, ConnectionError):
-        pass        # the sender closed: after END, or because its PE stopped
-    # The socket stayed open after END until the sender closed it, so credit
-    # frames for batches still in the inbox never hit a closed transport.
+        pass        # the sender went away without END: its PE was stopped
+    # Close handshake: after END nothing more arrives, so our receive buffer is
+    # empty and closing sends FIN, not RST. The sender waits for that EOF before
+    # it closes; had it closed first with our credit frames unread, its kernel
+    # would reset the connection and ours would drop the data not yet read.
     receiver.grant = lambda: None
     writer.close()

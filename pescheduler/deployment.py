@@ -179,7 +179,7 @@ class Deployment:
         """Addresses of the workers to place on, each with its PE host answering."""
         if self.cluster is not None:
             await self.client.wait_for_workers(self.n_workers, timeout=60)
-        info = await self.client.scheduler_info(n_workers=-1)
+        info = await self.client.scheduler.identity(n_workers=-1)
         addresses = sorted(info["workers"])
         if not addresses:
             raise DeploymentFailed(f"the cluster at {self.scheduler_address} has no workers")

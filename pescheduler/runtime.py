@@ -225,6 +225,10 @@ class PERunner:
             "queue_tuples": self.inbox.queued_tuples(),
             "operators": ops,
             "side": dict(self.side_counts),
+            "channels_out": {ch.channel_id: {"tuples": ch.tuples, "batches": ch.batches,
+                                             "credits": ch.gate.credits, "pending": len(ch.pending)}
+                             for _s, ch in self.outs},
+            "channels_in": {c.channel_id: {"tuples": c.tuples} for c in self.receivers.values()},
         }
 
     def take_dead_letters(self) -> list[DeadLetter]:
