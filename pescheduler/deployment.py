@@ -22,6 +22,7 @@ import os
 import pickle
 import threading
 import time
+import uuid
 from collections import deque
 from typing import Any, Coroutine
 
@@ -107,6 +108,7 @@ class Deployment:
         self._done: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopped = False
+        self.id = f"{app.name}-{uuid.uuid4().hex[:8]}"
 
     # -- public API ---------------------------------------------------------------------
     def placement(self) -> Placement:
@@ -191,13 +193,13 @@ class Deployment:
 
     async def _launch(self, placement: Placement) -> None:
         """Ship every PE's spec, then start them (receivers exist before senders connect)."""
-        specs = build_specs(placement, self.worker_info)
+        specs = build_specs(placement, self.worker_info, self.id)
         by_worker: dict[str, list[PESpec]] = {}
         for pe_id, spec in specs.items():
             by_worker.setdefault(placement.pes[pe_id].worker, []).append(spec)
         await asyncio.gather(*(self.client.rpc(w).pe_deploy(specs=cloudpickle.dumps(s))
                                for w, s in by_worker.items()))
-        await asyncio.gather(*(self.client.rpc(w).pe_start(pe_ids=[s.pe_id for s in ss])
+        await asyncio.gather(*(self.client.rpc(w).pe_start(deployment=self.id, pe_ids=[s.pe_id for s in ss])
                                for w, ss in by_worker.items()))
 
     # -- watching ---------------------------------------------------------------------
@@ -206,7 +208,8 @@ class Deployment:
         version = -1
         while not self._done.is_set():
             try:
-                answer = await self.client.rpc(worker).pe_wait(version=version, timeout=WATCH_TIMEOUT_S)
+                answer = await self.client.rpc(worker).pe_wait(deployment=self.id, version=version,
+                                                               timeout=WATCH_TIMEOUT_S)
             except Exception as exc:
                 if not self._done.is_set():
                     await self._fail(f"lost worker {worker}: {type(exc).__name__}: {exc}")
@@ -238,7 +241,7 @@ class Deployment:
 
     async def _collect(self) -> None:
         try:
-            answers = await asyncio.gather(*(self.client.rpc(w).pe_stats() for w in self._placement.workers))
+            answers = await asyncio.gather(*(self.client.rpc(w).pe_stats(deployment=self.id) for w in self._placement.workers))
         except Exception as exc:        # a lost worker is reported by its watcher
             logger.debug("collect failed: %s", exc)
             return
@@ -281,7 +284,7 @@ class Deployment:
     async def _drain(self, timeout: float) -> None:
         """End the sources as if exhausted, so windows fire and sinks flush, then stop."""
         if not self._done.is_set():
-            await asyncio.gather(*(self.client.rpc(w).pe_drain() for w in self._placement.workers),
+            await asyncio.gather(*(self.client.rpc(w).pe_drain(deployment=self.id) for w in self._placement.workers),
                                  return_exceptions=True)
             try:
                 await asyncio.wait_for(self._done.wait(), timeout)
@@ -294,7 +297,7 @@ class Deployment:
     async def _stop_pes(self) -> None:
         if self._placement is None:
             return
-        await asyncio.gather(*(self.client.rpc(w).pe_stop() for w in self._placement.workers),
+        await asyncio.gather(*(self.client.rpc(w).pe_stop(deployment=self.id) for w in self._placement.workers),
                              return_exceptions=True)
 
     def _shutdown(self) -> None:
@@ -348,7 +351,7 @@ class Deployment:
             pass
 
 
-def build_specs(placement: Placement, worker_info: dict[str, dict]) -> dict[str, PESpec]:
+def build_specs(placement: Placement, worker_info: dict[str, dict], deployment: str) -> dict[str, PESpec]:
     """One :class:`PESpec` per PE: its operators, internal edges and channels in and out."""
     plan = placement.plan
     batch_size = int(config.get("batch.size"))
@@ -360,14 +363,14 @@ def build_specs(placement: Placement, worker_info: dict[str, dict]) -> dict[str,
         ops = {op: (plan.ops[op].cls, dict(plan.ops[op].params), plan.ops[op].key_field)
                for op in pe.operators}
         edges = [(s, p, d) for s, p, d in plan.edges if d in members]
-        specs[pe_id] = PESpec(pe_id, ops, edges, batch_size=batch_size, credits=credits,
+        specs[pe_id] = PESpec(pe_id, deployment, ops, edges, batch_size=batch_size, credits=credits,
                               time_slice_s=time_slice)
     seen = set()
     for src, port, _dst, dst_pe in placement.channels():
         if (src, port, dst_pe) in seen:
             continue
         seen.add((src, port, dst_pe))
-        channel_id = f"{src}.{port}->{dst_pe}"
+        channel_id = f"{deployment}/{src}.{port}->{dst_pe}"
         dst_worker = placement.pes[dst_pe].worker
         specs[placement.pe_of(src)].outputs.append(OutputSpec(
             channel_id, src, port, dst_pe, dst_worker, worker_info[dst_worker]["data_address"]))

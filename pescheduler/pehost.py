@@ -53,7 +53,7 @@ class PEHost:
 
     def __init__(self, worker) -> None:
         self.worker = worker
-        self.pes: dict[str, PERunner] = {}
+        self.pes: dict[tuple[str, str], PERunner] = {}     # (deployment, pe_id) -> PE
         self.server: asyncio.AbstractServer | None = None
         self.data_address = ""
         self.version = 0                     # bumped whenever a PE changes state
@@ -85,25 +85,28 @@ class PEHost:
         raise KeyError(f"no PE on {self.worker.address} receives channel {channel_id!r}")
 
     # -- handlers (called by the controller over Dask RPC) -----------------------------
+    def _of(self, deployment: str) -> dict[str, PERunner]:
+        return {pe_id: pe for (dep, pe_id), pe in self.pes.items() if dep == deployment}
+
     def pe_info(self) -> dict:
         return {"worker": self.worker.address, "data_address": self.data_address, "pid": os.getpid(),
-                "pes": sorted(self.pes)}
+                "pes": [f"{dep}/{pe_id}" for dep, pe_id in sorted(self.pes)]}
 
     def pe_deploy(self, specs: bytes) -> list[str]:
         """Build the PEs (not started): receivers exist before any sender connects."""
         made = []
         for spec in cloudpickle.loads(specs):
             assert isinstance(spec, PESpec)
-            self.pes[spec.pe_id] = PERunner(spec, self.worker.address)
+            self.pes[(spec.deployment, spec.pe_id)] = PERunner(spec, self.worker.address)
             made.append(spec.pe_id)
         return made
 
-    async def pe_start(self, pe_ids: list[str]) -> list[str]:
+    async def pe_start(self, deployment: str, pe_ids: list[str]) -> list[str]:
         """Open each PE's outgoing channels, then start its loop."""
         for pe_id in pe_ids:
-            await self.pes[pe_id].connect(self._receiver, self.data_address)
+            await self.pes[(deployment, pe_id)].connect(self._receiver, self.data_address)
         for pe_id in pe_ids:
-            task = self.pes[pe_id].start()
+            task = self.pes[(deployment, pe_id)].start()
             task.add_done_callback(lambda _t: self._bump())
         self._bump()
         return list(pe_ids)
@@ -112,16 +115,17 @@ class PEHost:
         self.version += 1
         self._changed.set()
 
-    def pe_stats(self) -> dict:
-        """Cumulative counters of every PE here, and the dead letters since the last call."""
+    def pe_stats(self, deployment: str) -> dict:
+        """Cumulative counters of the deployment's PEs here, and dead letters since the last call."""
         dead = []
-        for pe in self.pes.values():
+        pes = self._of(deployment)
+        for pe in pes.values():
             for d in pe.take_dead_letters():
                 dead.append({"op": d.operator, "pe": pe.pe_id, "item": _portable(d.item), "error": d.error})
         return {"worker": self.worker.address, "version": self.version,
-                "pes": {pe_id: pe.stats() for pe_id, pe in self.pes.items()}, "dead_letters": dead}
+                "pes": {pe_id: pe.stats() for pe_id, pe in pes.items()}, "dead_letters": dead}
 
-    async def pe_wait(self, version: int, timeout: float) -> dict:
+    async def pe_wait(self, deployment: str, version: int, timeout: float) -> dict:
         """Long poll: return when a PE changed state after ``version``, or at ``timeout``."""
         if self.version <= version:
             self._changed.clear()
@@ -130,21 +134,25 @@ class PEHost:
             except asyncio.TimeoutError:
                 pass
         return {"version": self.version,
-                "pes": {pe_id: {"state": pe.state, "error": pe.error} for pe_id, pe in self.pes.items()}}
+                "pes": {pe_id: {"state": pe.state, "error": pe.error}
+                        for pe_id, pe in self._of(deployment).items()}}
 
-    def pe_drain(self) -> list[str]:
-        """End every source here as if exhausted: windows fire, sinks flush, PEs finish."""
+    def pe_drain(self, deployment: str) -> list[str]:
+        """End the deployment's sources here as if exhausted: windows fire, sinks flush, PEs finish."""
         drained = []
-        for pe in self.pes.values():
+        for pe in self._of(deployment).values():
             if pe.drain():
                 drained.append(pe.pe_id)
         return drained
 
-    async def pe_stop(self, pe_ids: list[str] | None = None) -> list[str]:
-        """Cancel and remove PEs (all when ``pe_ids`` is None)."""
+    async def pe_stop(self, deployment: str | None = None, pe_ids: list[str] | None = None) -> list[str]:
+        """Cancel and remove PEs: the named ones, all of a deployment, or all (host closing)."""
         stopped = []
-        for pe_id in list(self.pes if pe_ids is None else pe_ids):
-            pe = self.pes.pop(pe_id, None)
+        keys = [k for k in self.pes if deployment is None or
+                (k[0] == deployment and (pe_ids is None or k[1] in pe_ids))]
+        for key in keys:
+            pe_id = key[1]
+            pe = self.pes.pop(key, None)
             if pe is None:
                 continue
             if pe.task is not None and not pe.task.done():

@@ -50,6 +50,7 @@ class PESpec:
     """Everything a worker needs to build a PE (shipped with cloudpickle)."""
 
     pe_id: str
+    deployment: str
     ops: dict[str, tuple[type, dict, Any]]           # op_id -> (class, parameters, key_field)
     edges: list[tuple[str, str, str]]                # edges whose consumer is in this PE
     inputs: list[InputSpec] = field(default_factory=list)
@@ -65,6 +66,7 @@ class PERunner:
     def __init__(self, spec: PESpec, worker_address: str) -> None:
         self.spec = spec
         self.pe_id = spec.pe_id
+        self.deployment = spec.deployment
         self.worker_address = worker_address
         self.ops = {op_id: cls(**params) for op_id, (cls, params, _key) in spec.ops.items()}
         self.inbox = Inbox()
