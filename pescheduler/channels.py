@@ -232,35 +232,74 @@ class TcpChannelOut(ChannelOut):
                 pass
 
 
-async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           lookup: Callable[[str], tuple[Inbox, ChannelIn]]) -> None:
+class FrameReceiver(asyncio.BufferedProtocol):
     """Receiver side of one TCP channel: frames into the PE's inbox, credits back.
 
-    Data stays encoded in the inbox (compact) and is decoded by the PE when it
-    takes the batch, inside its own time slice.
+    A buffered protocol parses frames straight out of the socket buffer, with
+    no coroutine switch per frame (profiled: the StreamReader version spent
+    about a quarter of the receiving worker in readexactly/feed_data). Data
+    stays encoded in the inbox and is decoded by the PE when it takes the
+    batch, inside its own time slice.
+
+    Close handshake: after END nothing more arrives, so our receive buffer is
+    empty and closing sends FIN, not RST. The sender waits for that EOF before
+    it closes; had it closed first with our credit frames unread, its kernel
+    would reset the connection and ours would drop data not yet read.
     """
-    length, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
-    channel_id = (await reader.readexactly(length)).decode()
-    inbox, receiver = lookup(channel_id)
-    credit_frame = HEADER.pack(COUNT.size, CREDIT) + COUNT.pack(1)
-    receiver.grant = lambda: writer.write(credit_frame)
-    try:
-        while True:
-            length, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
-            body = await reader.readexactly(length) if length else b""
-            if kind == WATERMARK:
-                inbox.put(receiver, kind, WM.unpack(body)[0])
-            elif kind == MARKER:
-                inbox.put(receiver, kind, pickle.loads(body))
-            else:
-                inbox.put(receiver, kind, body)
+
+    CHUNK = 1 << 18
+
+    def __init__(self, lookup: Callable[[str], tuple[Inbox, ChannelIn]]) -> None:
+        self.lookup = lookup
+        self.buf = bytearray(self.CHUNK)
+        self.start = self.end = 0
+        self.inbox: Inbox | None = None
+        self.receiver: ChannelIn | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if len(self.buf) - self.end < self.CHUNK // 4:
+            unread = self.end - self.start
+            if self.start:                              # compact: move the unread tail to the front
+                self.buf[:unread] = self.buf[self.start:self.end]
+                self.start, self.end = 0, unread
+            if len(self.buf) - self.end < self.CHUNK // 4:
+                self.buf.extend(bytes(len(self.buf)))    # a frame larger than the buffer: grow
+        return memoryview(self.buf)[self.end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.end += nbytes
+        buf, size = self.buf, HEADER.size
+        while self.end - self.start >= size:
+            length, kind = HEADER.unpack_from(buf, self.start)
+            begin = self.start + size
+            if self.end - begin < length:
+                return
+            body = bytes(buf[begin:begin + length])
+            self.start = begin + length
+            self._frame(kind, body)
+        if self.start == self.end:
+            self.start = self.end = 0
+
+    def _frame(self, kind: int, body: bytes) -> None:
+        if kind == HELLO:
+            self.inbox, self.receiver = self.lookup(body.decode())
+            frame = HEADER.pack(COUNT.size, CREDIT) + COUNT.pack(1)
+            transport = self.transport
+            self.receiver.grant = lambda: transport.write(frame)
+        elif kind == WATERMARK:
+            self.inbox.put(self.receiver, kind, WM.unpack(body)[0])
+        elif kind == MARKER:
+            self.inbox.put(self.receiver, kind, pickle.loads(body))
+        else:
+            self.inbox.put(self.receiver, kind, body)
             if kind == END:
-                break
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass        # the sender went away without END: its PE was stopped
-    # Close handshake: after END nothing more arrives, so our receive buffer is
-    # empty and closing sends FIN, not RST. The sender waits for that EOF before
-    # it closes; had it closed first with our credit frames unread, its kernel
-    # would reset the connection and ours would drop the data not yet read.
-    receiver.grant = lambda: None
-    writer.close()
+                self.receiver.grant = lambda: None
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.receiver is not None:
+            self.receiver.grant = lambda: None     # the sender went away (its PE stopped)

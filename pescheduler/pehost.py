@@ -20,7 +20,7 @@ import pickle
 import cloudpickle
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .channels import ChannelIn, Inbox, serve_connection
+from .channels import ChannelIn, FrameReceiver, Inbox
 from .runtime import PERunner, PESpec
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,8 @@ class PEHost:
 
     async def start(self) -> None:
         ip = self.worker.ip if hasattr(self.worker, "ip") else "127.0.0.1"
-        self.server = await asyncio.start_server(self._on_connection, host=ip, port=0)
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: FrameReceiver(self._receiver), host=ip, port=0)
         port = self.server.sockets[0].getsockname()[1]
         self.data_address = f"{ip}:{port}"
         for name in HANDLERS:
@@ -71,12 +72,6 @@ class PEHost:
         await self.pe_stop()
         if self.server is not None:
             self.server.close()
-
-    async def _on_connection(self, reader, writer) -> None:
-        try:
-            await serve_connection(reader, writer, self._receiver)
-        except Exception:
-            logger.exception("data connection failed")
 
     def _receiver(self, channel_id: str) -> tuple[Inbox, ChannelIn]:
         for pe in self.pes.values():
