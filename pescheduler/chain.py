@@ -23,6 +23,10 @@ from .operator import MAX_WATERMARK, DeadLetter, Emitter, Operator, Parallelism,
 MIN_WATERMARK = -(2**63)
 
 
+class CallbackError(RuntimeError):
+    """An operator's on_watermark or flush raised: the PE cannot go on without losing results."""
+
+
 class Output(Protocol):
     """Where a port's batches go when the consumer is outside the chain (a channel).
 
@@ -218,13 +222,18 @@ class Chain:
         self.end_from(node.op_id)
 
     def _call(self, node: Node, method: Callable, *args: Any) -> None:
-        """Run a watermark/flush callback and route what it emits like a batch result."""
+        """Run a watermark/flush callback and route what it emits like a batch result.
+
+        An error here belongs to no tuple, and the results it would have
+        emitted are lost, so it is not dead-lettered: it propagates and fails
+        the PE with its traceback (``CallbackError`` names the operator).
+        """
         emit = Emitter()
         t0 = perf_counter()
         try:
             method(*args, emit)
         except Exception as exc:
-            emit.dead_letter({"operator": node.op_id, "callback": method.__name__, "args": args}, exc)
+            raise CallbackError(f"{node.op_id}.{method.__name__} raised {type(exc).__name__}: {exc}") from exc
         node.stats.busy_s += perf_counter() - t0
         if emit.sides is not None or emit.dead is not None:
             self._route_rare(node, emit)

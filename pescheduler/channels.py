@@ -92,9 +92,15 @@ class Inbox:
     def __init__(self) -> None:
         self.items: deque = deque()
         self.event = asyncio.Event()
+        self.data_batches = 0          # data batches queued now (markers excluded)
+        self.max_data_batches = 0      # the most ever queued: bounded by the credit window
 
     def put(self, channel: "ChannelIn", kind: int, payload: Any) -> None:
         self.items.append((channel, kind, payload))
+        if kind == DATA:
+            self.data_batches += 1
+            if self.data_batches > self.max_data_batches:
+                self.max_data_batches = self.data_batches
         self.event.set()
 
     def queued_tuples(self) -> int:

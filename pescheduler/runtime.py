@@ -168,6 +168,7 @@ class PERunner:
         while items:
             channel, kind, payload = items.popleft()
             if kind == DATA:
+                self.inbox.data_batches -= 1
                 batch = decode(payload) if isinstance(payload, bytes) else payload
                 channel.grant()
                 channel.tuples += len(batch)
@@ -223,7 +224,8 @@ class PERunner:
             "elapsed_s": perf_counter() - self.started_at if self.started_at else 0.0,
             "idle_s": self.idle_s,
             "backpressure_s": sum(ch.gate.blocked_s for _s, ch in self.outs),
-            "queue_batches": len(self.inbox.items),
+            "queue_batches": self.inbox.data_batches,
+            "max_queue_batches": self.inbox.max_data_batches,
             "queue_tuples": self.inbox.queued_tuples(),
             "operators": ops,
             "side": dict(self.side_counts),

@@ -97,7 +97,8 @@ class StatusBoard:
             tuples_in_per_s=self.op_rows[first]["tuples_in_per_s"] or self.op_rows[first]["tuples_out_per_s"],
             tuples_out_per_s=self.op_rows[last]["tuples_out_per_s"],
             busy=min(1.0, busy), backpressure=min(1.0, (stats["backpressure_s"] - bp_prev) / dt),
-            queue_batches=stats["queue_batches"])
+            backpressure_s=stats["backpressure_s"], queue_batches=stats["queue_batches"],
+            max_queue_batches=stats["max_queue_batches"])
         self._last[pe_id] = (now, stats)
 
     def status(self) -> dict:
@@ -114,7 +115,7 @@ class StatusBoard:
 def _pe_row(pe_id: str, operators: tuple[str, ...], worker: str, host: str) -> dict:
     return {"pe": pe_id, "operators": list(operators), "worker": worker, "host": host,
             "tuples_in_per_s": 0.0, "tuples_out_per_s": 0.0, "busy": 0.0, "backpressure": 0.0,
-            "queue_batches": 0, "state": "running"}
+            "backpressure_s": 0.0, "queue_batches": 0, "max_queue_batches": 0, "state": "running"}
 
 
 def _op_row(op_id: str, pe_id: str) -> dict:

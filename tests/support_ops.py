@@ -1,0 +1,111 @@
+"""Operators used only by tests, loaded with ``--plugin support_ops`` (tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+import threading
+
+import pescheduler
+from pescheduler import Operator, Parallelism, Sink, Source
+
+
+class Numbers(Source):
+    """``{"n": i, "key": i % keys, "ts": i * step}`` for i in [0, count)."""
+
+    name = "numbers"
+
+    def __init__(self, count: int = 1000, keys: int = 10, step: int = 1, **kw) -> None:
+        super().__init__(**kw)
+        self.count, self.keys, self.step, self.i = count, keys, step, 0
+
+    def read(self, n):
+        if self.i >= self.count:
+            return None
+        hi = min(self.count, self.i + n)
+        out = [{"n": i, "key": i % self.keys, "ts": i * self.step} for i in range(self.i, hi)]
+        self.i = hi
+        return out
+
+
+class Tag(Operator):
+    """Adds ``tag`` to each tuple (a stateless map with a parameter)."""
+
+    name = "tag"
+
+    def __init__(self, tag: str = "x") -> None:
+        self.tag = tag
+
+    def process(self, batch, emit):
+        tag = self.tag
+        emit.many([{**t, "tag": tag} for t in batch])
+
+
+class RunningSum(Operator):
+    """Keyed running sum: a stateful operator whose output depends on every earlier tuple."""
+
+    name = "running_sum"
+    parallelism = Parallelism.KEYED
+
+    def __init__(self, field: str = "n") -> None:
+        self.field = field
+        self.sums: dict = {}
+
+    def process(self, batch, emit):
+        key = self.context.key_field
+        for t in batch:
+            k = t[key]
+            self.sums[k] = self.sums.get(k, 0) + t[self.field]
+            emit({"key": k, "n": t["n"], "sum": self.sums[k]})
+
+    def snapshot(self):
+        return dict(self.sums)
+
+    def restore(self, state):
+        self.sums = dict(state)
+
+
+class Unpicklable(Operator):
+    """Emits, for every n divisible by ``every``, a tuple holding a lock (cannot cross a channel)."""
+
+    name = "unpicklable"
+
+    def __init__(self, every: int = 100) -> None:
+        self.every = every
+
+    def process(self, batch, emit):
+        every = self.every
+        emit.many([{**t, "lock": threading.Lock()} if t["n"] % every == 0 else t for t in batch])
+
+
+class Explode(Operator):
+    """Raises inside ``process`` once it has seen ``after`` tuples: a PE-level failure."""
+
+    name = "explode"
+    parallelism = Parallelism.SINGLETON
+
+    def __init__(self, after: int = 10) -> None:
+        self.after, self.seen = after, 0
+
+    def process(self, batch, emit):
+        self.seen += len(batch)
+        emit.many(batch)
+
+    def on_watermark(self, wm, emit):
+        if self.seen >= self.after:
+            raise SystemError("explode: on purpose")  # not a per-tuple error
+
+
+class Collect(Sink):
+    """Keeps tuples in memory (for in-process chain tests only)."""
+
+    name = "collect"
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def process(self, batch, emit):
+        self.items.extend(batch)
+
+
+@pescheduler.hookimpl
+def pescheduler_operators():
+    return [Numbers, Tag, RunningSum, Unpicklable, Explode, Collect]

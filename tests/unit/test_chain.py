@@ -1,0 +1,133 @@
+"""The fused executor: routing, watermarks, end of stream, error isolation, side outputs."""
+
+from __future__ import annotations
+
+import pytest
+from support_ops import Collect, Numbers, RunningSum, Tag
+
+from pescheduler import MAX_WATERMARK, Operator, OperatorContext, Parallelism
+from pescheduler.chain import CallbackError, Chain
+from pescheduler.testing import CollectingOutput, RunResult
+
+
+class Boom(Operator):
+    """Stateless: raises on odd ``n``."""
+
+    name = "boom"
+
+    def process(self, batch, emit):
+        emit.many([t if t["n"] % 2 == 0 else 1 / 0 for t in batch])
+
+
+class StatefulBoom(Boom):
+    name = "stateful_boom"
+    parallelism = Parallelism.KEYED
+
+
+class Marks(Operator):
+    """Records the watermarks it sees; emits on late side output for n == 3."""
+
+    name = "marks"
+    outputs = ("late",)
+
+    def __init__(self):
+        self.seen = []
+
+    def process(self, batch, emit):
+        for t in batch:
+            (emit.to("late", t) if t["n"] == 3 else emit(t))
+
+    def on_watermark(self, wm, emit):
+        self.seen.append(wm)
+
+
+class FailingFlush(Operator):
+    name = "failing_flush"
+
+    def process(self, batch, emit):
+        emit.many(batch)
+
+    def flush(self, emit):
+        raise OSError("disk full")
+
+
+def linear(*ops):
+    names = [f"op{i}" for i in range(len(ops))]
+    edges = [(names[i], "out", names[i + 1]) for i in range(len(ops) - 1)]
+    result = RunResult()
+    chain = Chain(dict(zip(names, ops)), edges, {(names[-1], "out"): [CollectingOutput(result)]},
+                  on_side=lambda op, port, items: result.sides.setdefault(port, []).extend(items))
+    for name, op in zip(names, ops):
+        op.open(OperatorContext(op_id=name, key_field="key"))
+    return chain, names, result
+
+
+def batch(lo, hi):
+    return [{"n": i, "key": i % 2, "ts": i} for i in range(lo, hi)]
+
+
+def test_stateless_error_dead_letters_only_the_bad_tuples():
+    chain, names, result = linear(Numbers(), Boom(), Tag("ok"))
+    chain.emit_from("op0", batch(0, 6))
+    assert [t["n"] for t in result.output] == [0, 2, 4]
+    assert [d.item["n"] for d in chain.dead_letters] == [1, 3, 5]
+    assert "ZeroDivisionError" in chain.dead_letters[0].error and chain.dead_letters[0].operator == "op1"
+    assert chain.nodes["op1"].stats.dead_letters == 3
+
+
+def test_stateful_error_dead_letters_the_whole_batch():
+    chain, names, result = linear(Numbers(), StatefulBoom())
+    chain.emit_from("op0", batch(0, 4))
+    assert result.output == []
+    assert [d.item["n"] for d in chain.dead_letters] == [0, 1, 2, 3]
+
+
+def test_watermarks_and_end_reach_every_operator_in_order():
+    marks = Marks()
+    chain, names, result = linear(Numbers(), marks, Tag())
+    chain.emit_from("op0", batch(0, 5))
+    chain.watermark_from("op0", 10)
+    chain.watermark_from("op0", 5)          # not an advance: ignored
+    chain.end_from("op0")
+    assert marks.seen == [10, MAX_WATERMARK]
+    assert result.watermarks == [10, MAX_WATERMARK] and result.ended
+    assert chain.finished
+    assert [t["n"] for t in result.sides["late"]] == [3]
+    assert chain.nodes["op1"].stats.side == {"late": 1}
+
+
+def test_operator_with_two_inputs_takes_the_minimum_watermark():
+    marks = Marks()
+    result = RunResult()
+    chain = Chain({"a": Numbers(), "b": Numbers(), "m": marks}, [("a", "out", "m"), ("b", "out", "m")],
+                  {("m", "out"): [CollectingOutput(result)]})
+    chain.watermark_from("a", 100)
+    assert marks.seen == []                 # b has not reported yet
+    chain.watermark_from("b", 40)
+    chain.watermark_from("a", 200)
+    assert marks.seen == [40]
+    chain.end_from("a")
+    assert not chain.nodes["m"].ended       # b still open
+    chain.end_from("b")
+    assert marks.seen == [40, MAX_WATERMARK] and result.ended
+
+
+def test_failing_flush_fails_loudly():
+    chain, names, result = linear(Numbers(), FailingFlush())
+    with pytest.raises(CallbackError, match="op1.flush raised OSError: disk full"):
+        chain.end_from("op0")
+
+
+def test_fan_out_delivers_the_same_batch_to_each_consumer():
+    sink_a, sink_b = Collect(), Collect()
+    chain = Chain({"s": Numbers(), "a": sink_a, "b": sink_b}, [("s", "out", "a"), ("s", "out", "b")])
+    chain.emit_from("s", batch(0, 3))
+    assert sink_a.items == sink_b.items == batch(0, 3)
+
+
+def test_stats_count_tuples_and_busy_time():
+    chain, names, result = linear(Numbers(), RunningSum())
+    chain.emit_from("op0", batch(0, 100))
+    stats = chain.nodes["op1"].stats
+    assert (stats.tuples_in, stats.tuples_out, stats.batches_in) == (100, 100, 1)
+    assert stats.busy_s > 0
