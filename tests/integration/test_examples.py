@@ -1,0 +1,26 @@
+"""Examples run as written, through the command line a user types."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = Path(__file__).parent.parent.parent / "examples"
+
+
+def test_connected_cars_example_as_written_equals_reference(tmp_path):
+    import connected_cars
+
+    result = subprocess.run([sys.executable, "-m", "pescheduler", "deploy", str(EXAMPLES / "connected_cars.py")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "finished" in result.stdout
+    rows = [json.loads(line) for line in (tmp_path / connected_cars.OUTPUT).read_text().splitlines()]
+    key = lambda r: (r["window_start"], r["car"])  # noqa: E731
+    assert sorted(rows, key=key) == sorted(connected_cars.reference(), key=key)
