@@ -37,6 +37,7 @@ from .pehost import PLUGIN_NAME, PEHostPlugin
 from .placement import Placement
 from .plugins import Plugins, load_plugins
 from .runtime import InputSpec, OutputSpec, PESpec
+from .monitor import MetricsSnapshot
 from .status import StatusBoard
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,10 @@ class Deployment:
         """The status dict shown by the live view and ``python -m pescheduler status``."""
         return self.board.status()
 
+    def snapshot(self) -> MetricsSnapshot:
+        """The last monitor window: the immutable snapshot policies receive."""
+        return self.board.monitor.latest
+
     def dead_letters(self) -> list[dict]:
         """Dead letters received so far (the newest ``pescheduler.dead-letters.keep``)."""
         return list(self._dead_letters)
@@ -172,7 +177,7 @@ class Deployment:
         self._placement = compile_app(self.app, self.plugins, workers,
                                       {w: self.worker_info[w]["host"] for w in workers})
         await self._launch(self._placement)
-        self.board.started(self._placement, self.worker_info)
+        self.board.started(self._placement, int(config.get("monitor.history")))
         self._write_state_file()
         self._tasks = [asyncio.create_task(self._watch(w)) for w in self._placement.workers]
         self._tasks.append(asyncio.create_task(self._monitor()))

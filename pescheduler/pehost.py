@@ -18,6 +18,7 @@ import os
 import pickle
 
 import cloudpickle
+import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .channels import ChannelIn, FrameReceiver, Inbox
@@ -58,6 +59,9 @@ class PEHost:
         self.data_address = ""
         self.version = 0                     # bumped whenever a PE changes state
         self._changed = asyncio.Event()
+        self._process = psutil.Process()
+        self._process.cpu_percent(None)         # start the CPU measurement window
+        psutil.cpu_percent(None)
 
     async def start(self) -> None:
         ip = self.worker.ip if hasattr(self.worker, "ip") else "127.0.0.1"
@@ -117,8 +121,13 @@ class PEHost:
         for pe in pes.values():
             for d in pe.take_dead_letters():
                 dead.append({"op": d.operator, "pe": pe.pe_id, "item": _portable(d.item), "error": d.error})
-        return {"worker": self.worker.address, "version": self.version,
+        return {"worker": self.worker.address, "version": self.version, "process": self._process_stats(),
                 "pes": {pe_id: pe.stats() for pe_id, pe in pes.items()}, "dead_letters": dead}
+
+    def _process_stats(self) -> dict:
+        """This worker's CPU (fraction of a core) and memory, and its host's, since the last call."""
+        return {"cpu": self._process.cpu_percent(None) / 100, "memory_bytes": self._process.memory_info().rss,
+                "host_cpu": psutil.cpu_percent(None) / 100, "host_memory": psutil.virtual_memory().percent / 100}
 
     async def pe_wait(self, deployment: str, version: int, timeout: float) -> dict:
         """Long poll: return when a PE changed state after ``version``, or at ``timeout``."""

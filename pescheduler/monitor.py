@@ -1,0 +1,162 @@
+"""Metrics: what PE hosts report, turned into the immutable snapshot policies receive.
+
+PE hosts report cumulative counters (tuples, busy seconds in operator code,
+seconds blocked on downstream credit, seconds idle waiting for input) plus
+psutil figures for their worker process. :class:`Monitor` keeps the previous
+report per PE and turns differences into per-second rates and fractions of
+wall time, as Flink's busy/backPressured/idle ms-per-second: ``busy +
+backpressure + idle`` is about 1, the rest being framework time (decoding,
+routing). A late or lost report costs precision, never correctness.
+
+Sampling costs one RPC per worker per interval and a few counters per batch
+(never per tuple).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from .placement import Placement
+
+
+@dataclass(frozen=True)
+class OperatorMetrics:
+    """One operator over the last interval (rates) and since start (totals)."""
+
+    op_id: str
+    pe: str
+    tuples_in_per_s: float = 0.0
+    tuples_out_per_s: float = 0.0
+    busy: float = 0.0                # fraction of wall time in this operator's code
+    tuples_in: int = 0
+    tuples_out: int = 0
+    dead_letters: int = 0
+    late: int = 0
+
+
+@dataclass(frozen=True)
+class PEMetrics:
+    """One PE over the last interval; fractions of wall time sum to about 1."""
+
+    pe: str
+    operators: tuple[str, ...]
+    worker: str
+    host: str
+    state: str = "running"
+    tuples_in_per_s: float = 0.0
+    tuples_out_per_s: float = 0.0
+    busy: float = 0.0
+    backpressure: float = 0.0
+    idle: float = 0.0
+    queue_batches: int = 0
+    queue_tuples: int = 0
+    max_queue_batches: int = 0
+    backpressure_s: float = 0.0      # cumulative seconds blocked on credit
+
+
+@dataclass(frozen=True)
+class WorkerMetrics:
+    """A worker process: CPU as a fraction of one core, resident memory."""
+
+    worker: str
+    host: str
+    cpu: float = 0.0
+    memory_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class HostMetrics:
+    """A host: CPU as a fraction of all its cores, memory in use as a fraction."""
+
+    host: str
+    cpu: float = 0.0
+    memory: float = 0.0
+    workers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """The last monitor window, as policies receive it (immutable)."""
+
+    time: float
+    interval_s: float
+    operators: Mapping[str, OperatorMetrics] = field(default_factory=dict)
+    pes: Mapping[str, PEMetrics] = field(default_factory=dict)
+    workers: Mapping[str, WorkerMetrics] = field(default_factory=dict)
+    hosts: Mapping[str, HostMetrics] = field(default_factory=dict)
+
+    @property
+    def dead_letters(self) -> int:
+        return sum(o.dead_letters for o in self.operators.values())
+
+    @property
+    def late_events(self) -> int:
+        return sum(o.late for o in self.operators.values())
+
+
+class Monitor:
+    """Folds rounds of ``pe_stats`` answers into snapshots; keeps a bounded history."""
+
+    def __init__(self, placement: Placement, history: int = 60) -> None:
+        self.placement = placement
+        self.history: deque[MetricsSnapshot] = deque(maxlen=history)
+        self._last: dict[str, tuple[float, dict]] = {}          # pe -> (time, cumulative stats)
+        self.latest = MetricsSnapshot(time.monotonic(), 0.0)
+
+    def update(self, answers: list[dict]) -> MetricsSnapshot:
+        now = time.monotonic()
+        ops: dict[str, OperatorMetrics] = {}
+        pes: dict[str, PEMetrics] = {}
+        workers: dict[str, WorkerMetrics] = {}
+        hosts: dict[str, dict] = {}
+        for answer in answers:
+            worker = answer["worker"]
+            host = self.placement.hosts.get(worker, answer.get("host", ""))
+            proc = answer.get("process", {})
+            workers[worker] = WorkerMetrics(worker, host, proc.get("cpu", 0.0), proc.get("memory_bytes", 0))
+            h = hosts.setdefault(host, {"cpu": proc.get("host_cpu", 0.0), "memory": proc.get("host_memory", 0.0),
+                                        "workers": []})
+            h["workers"].append(worker)
+            for pe_id, stats in answer["pes"].items():
+                if pe_id in self.placement.pes:
+                    pes[pe_id] = self._pe(pe_id, stats, now, ops)
+        snapshot = MetricsSnapshot(
+            now, now - self.latest.time if self.history else 0.0,
+            MappingProxyType(ops), MappingProxyType(pes), MappingProxyType(workers),
+            MappingProxyType({k: HostMetrics(k, v["cpu"], v["memory"], tuple(v["workers"]))
+                              for k, v in hosts.items()}))
+        self.latest = snapshot
+        self.history.append(snapshot)
+        return snapshot
+
+    def _pe(self, pe_id: str, stats: dict, now: float, ops: dict) -> PEMetrics:
+        t_prev, prev = self._last.get(pe_id, (now - max(stats["elapsed_s"], 1e-9), None))
+        self._last[pe_id] = (now, stats)
+        dt = max(now - t_prev, 1e-9)
+        prev = prev or {"operators": {}, "backpressure_s": 0.0, "idle_s": 0.0}
+        busy = 0.0
+        for op_id, o in stats["operators"].items():
+            p = prev["operators"].get(op_id, {"tuples_in": 0, "tuples_out": 0, "busy_s": 0.0})
+            m = OperatorMetrics(op_id, pe_id,
+                                tuples_in_per_s=(o["tuples_in"] - p["tuples_in"]) / dt,
+                                tuples_out_per_s=(o["tuples_out"] - p["tuples_out"]) / dt,
+                                busy=min(1.0, (o["busy_s"] - p["busy_s"]) / dt),
+                                tuples_in=o["tuples_in"], tuples_out=o["tuples_out"],
+                                dead_letters=o["dead_letters"], late=o["side"].get("late", 0))
+            ops[op_id] = m
+            busy += m.busy
+        pe = self.placement.pes[pe_id]
+        first, last = ops[pe.operators[0]], ops[pe.operators[-1]]
+        return PEMetrics(
+            pe_id, pe.operators, pe.worker, pe.host, stats["state"],
+            tuples_in_per_s=first.tuples_in_per_s or first.tuples_out_per_s,
+            tuples_out_per_s=last.tuples_out_per_s,
+            busy=min(1.0, busy),
+            backpressure=min(1.0, (stats["backpressure_s"] - prev["backpressure_s"]) / dt),
+            idle=min(1.0, (stats["idle_s"] - prev["idle_s"]) / dt),
+            queue_batches=stats["queue_batches"], queue_tuples=stats["queue_tuples"],
+            max_queue_batches=stats["max_queue_batches"], backpressure_s=stats["backpressure_s"])
