@@ -242,6 +242,34 @@ class Chain:
             for target in self.routes.get((node.op_id, "out"), ()):
                 target(emit)
 
+    # -- reconfiguration ----------------------------------------------------------------
+    def replace_output(self, old: Output, new: list[Output]) -> None:
+        """Route what went to ``old`` to ``new`` instead (a channel re-wired to moved PEs)."""
+        for key, targets in self.routes.items():
+            if old.send in targets:
+                targets.remove(old.send)
+                targets.extend(out.send for out in new)
+        for src, outs in self.outputs.items():
+            if old in outs:
+                outs.remove(old)
+                outs.extend(new)
+
+    def add_output(self, src: str, port: str, out: Output) -> None:
+        self.routes.setdefault((src, port), []).append(out.send)
+        if out not in self.outputs.setdefault(src, []):
+            self.outputs[src].append(out)
+
+    def progress(self) -> dict[str, tuple]:
+        """Per operator: input watermarks, watermark, open inputs, ended (moves with its state)."""
+        return {op_id: (dict(n.in_wm), n.wm, set(n.open_inputs), n.ended) for op_id, n in self.nodes.items()}
+
+    def restore_progress(self, progress: dict[str, tuple]) -> None:
+        for op_id, (in_wm, wm, open_inputs, ended) in progress.items():
+            node = self.nodes[op_id]
+            node.in_wm.update({u: w for u, w in in_wm.items() if u in node.in_wm})
+            node.wm, node.ended = wm, ended
+            node.open_inputs = set(open_inputs) & set(node.in_wm)
+
     # -- lifecycle --------------------------------------------------------------------
     @property
     def finished(self) -> bool:

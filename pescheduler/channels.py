@@ -30,6 +30,7 @@ from time import perf_counter
 from typing import Any, Callable
 
 DATA, WATERMARK, END, CREDIT, HELLO, MARKER = 1, 2, 3, 4, 5, 6
+_HOLD = 0                                # local to a sender's buffer: never on the wire
 HEADER = struct.Struct("!IB")           # payload length, kind
 WM = struct.Struct("!q")
 COUNT = struct.Struct("!I")
@@ -116,6 +117,7 @@ class ChannelIn:
         self.port = port
         self.grant: Callable[[], None] = lambda: None
         self.tuples = 0
+        self.ended = False
 
 
 class ChannelOut:
@@ -133,6 +135,7 @@ class ChannelOut:
         self.tuples = 0
         self.batches = 0
         self.ended = False
+        self.held = False          # paused at a reconfiguration marker: ship nothing more
 
     # Output protocol (synchronous, from the chain)
     def send(self, batch: list) -> None:
@@ -148,11 +151,31 @@ class ChannelOut:
         self.pending.append((END, None))
         self.ended = True
 
+    def hold(self, marker: Any) -> None:
+        """Ship everything buffered, then ``marker``, then nothing until rewired.
+
+        What the chain emits after this stays in ``pending`` (bounded by the
+        pause) and is handed to the replacement channels by :meth:`take_held`.
+        A channel that already ended carries no marker: END aligns as well.
+        """
+        if not self.ended:
+            self.pending.append((MARKER, marker))
+        self.pending.append((_HOLD, None))
+
+    def take_held(self) -> list:
+        """The items emitted after the hold, to be re-sent on the replacement channels."""
+        items = [item for item in self.pending if item[0] != _HOLD]
+        self.pending.clear()
+        return items
+
     async def flush(self) -> None:
         """Ship everything buffered, waiting for credit before each data batch."""
         pending = self.pending
-        while pending:
+        while pending and not self.held:
             kind, payload = pending.popleft()
+            if kind == _HOLD:
+                self.held = True
+                return
             if kind == DATA:
                 await self.gate.acquire()
                 self.tuples += len(payload)

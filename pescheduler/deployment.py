@@ -36,9 +36,13 @@ from .errors import DeploymentFailed
 from .pehost import PLUGIN_NAME, PEHostPlugin
 from .placement import Placement
 from .plugins import Plugins, load_plugins
-from .runtime import InputSpec, OutputSpec, PESpec
+from .runtime import PESpec
 from .monitor import MetricsSnapshot
 from .status import StatusBoard
+from .actions import Action, ActionRefused
+from .reconfigure import ApplyRecord, execute, plan_reconfiguration
+from .transforms import transform
+from .wiring import build_specs, channel_ids
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +114,10 @@ class Deployment:
         self._tasks: list[asyncio.Task] = []
         self._stopped = False
         self.id = f"{app.name}-{uuid.uuid4().hex[:8]}"
+        self.channels: dict = {}
+        self._epoch = 0
+        self._records: list[ApplyRecord] = []
+        self._reconfiguring: asyncio.Lock | None = None
 
     # -- public API ---------------------------------------------------------------------
     def placement(self) -> Placement:
@@ -127,6 +135,19 @@ class Deployment:
     def dead_letters(self) -> list[dict]:
         """Dead letters received so far (the newest ``pescheduler.dead-letters.keep``)."""
         return list(self._dead_letters)
+
+    def apply(self, action: Action, timeout: float = 30.0) -> ApplyRecord:
+        """Apply a Fuse, Split or Move to the running app; returns what happened.
+
+        An impossible action is refused with a reason and the stream is not
+        disturbed. Otherwise the reconfiguration protocol (reconfigure.py)
+        runs and the record says how long the affected path paused.
+        """
+        return self._loop.run(self._apply(action, timeout))
+
+    def records(self) -> list[ApplyRecord]:
+        """Every action applied or refused so far, oldest first."""
+        return list(self._records)
 
     def wait(self, timeout: float | None = None) -> dict:
         """Block until the app finished (finite sources), failed, or was stopped.
@@ -163,6 +184,7 @@ class Deployment:
 
     async def _astart(self) -> None:
         self._done = asyncio.Event()
+        self._reconfiguring = asyncio.Lock()
         self.plugins = load_plugins(self.plugin_modules)
         if self.cluster_address is None:
             self.cluster = await LocalCluster(
@@ -198,7 +220,8 @@ class Deployment:
 
     async def _launch(self, placement: Placement) -> None:
         """Ship every PE's spec, then start them (receivers exist before senders connect)."""
-        specs = build_specs(placement, self.worker_info, self.id)
+        self.channels = channel_ids(placement, self.id, 0)
+        specs = build_specs(placement, self.worker_info, self.id, self.channels)
         by_worker: dict[str, list[PESpec]] = {}
         for pe_id, spec in specs.items():
             by_worker.setdefault(placement.pes[pe_id].worker, []).append(spec)
@@ -206,6 +229,43 @@ class Deployment:
                                for w, s in by_worker.items()))
         await asyncio.gather(*(self.client.rpc(w).pe_start(deployment=self.id, pe_ids=[s.pe_id for s in ss])
                                for w, ss in by_worker.items()))
+
+    # -- reconfiguration -----------------------------------------------------------------
+    async def _apply(self, action: Action, timeout: float) -> ApplyRecord:
+        async with self._reconfiguring:
+            old = self._placement
+            try:
+                if self.board.state != "running":
+                    raise ActionRefused(f"the deployment is {self.board.state}")
+                new = transform(old, action)
+                plan = plan_reconfiguration(old, new, self.channels, self.id, self._epoch + 1)
+                done = [p for p in plan.retired if self.board.pe_state.get(p) != "running"]
+                if done:
+                    raise ActionRefused(f"PE {done[0]!r} is {self.board.pe_state.get(done[0])}: nothing to move")
+            except ActionRefused as exc:
+                return self._record(ApplyRecord(action, False, str(exc)))
+            self._epoch += 1
+            try:
+                pause = await execute(self.client.rpc, old, new, plan, self.worker_info, self.id,
+                                      f"{self.id}/reconf/{self._epoch}", timeout)
+            except Exception as exc:
+                await self._fail(f"reconfiguration {action!r} failed: {type(exc).__name__}: {exc}")
+                return self._record(ApplyRecord(action, False, f"failed: {exc}"))
+            self._placement, self.channels = new, plan.channels
+            self.board.replaced(new)
+            moved = {op: (old.pe_of(op), new.pe_of(op)) for op in new.plan.ops
+                     if (old.pe_of(op), old.pes[old.pe_of(op)].worker) != (new.pe_of(op), new.pes[new.pe_of(op)].worker)}
+            return self._record(ApplyRecord(action, True, getattr(action, "reason", ""), pause * 1000,
+                                            plan.retired, plan.created, moved))
+
+    def _record(self, record: ApplyRecord) -> ApplyRecord:
+        self._records.append(record)
+        if record.applied:
+            self.board.event("reconfigure", f"{record.action!r}: {len(record.moved)} operators moved, "
+                                            f"pause {record.pause_ms:.1f} ms")
+        else:
+            self.board.event("refused", f"{record.action!r}: {record.reason}")
+        return record
 
     # -- watching ---------------------------------------------------------------------
     async def _watch(self, worker: str) -> None:
@@ -354,30 +414,3 @@ class Deployment:
                     os.remove(path)
         except (OSError, ValueError):
             pass
-
-
-def build_specs(placement: Placement, worker_info: dict[str, dict], deployment: str) -> dict[str, PESpec]:
-    """One :class:`PESpec` per PE: its operators, internal edges and channels in and out."""
-    plan = placement.plan
-    batch_size = int(config.get("batch.size"))
-    credits = int(config.get("channel.credits"))
-    time_slice = float(config.get("pe.time-slice-ms")) / 1000
-    specs = {}
-    for pe_id, pe in placement.pes.items():
-        members = set(pe.operators)
-        ops = {op: (plan.ops[op].cls, dict(plan.ops[op].params), plan.ops[op].key_field)
-               for op in pe.operators}
-        edges = [(s, p, d) for s, p, d in plan.edges if d in members]
-        specs[pe_id] = PESpec(pe_id, deployment, ops, edges, batch_size=batch_size, credits=credits,
-                              time_slice_s=time_slice)
-    seen = set()
-    for src, port, _dst, dst_pe in placement.channels():
-        if (src, port, dst_pe) in seen:
-            continue
-        seen.add((src, port, dst_pe))
-        channel_id = f"{deployment}/{src}.{port}->{dst_pe}"
-        dst_worker = placement.pes[dst_pe].worker
-        specs[placement.pe_of(src)].outputs.append(OutputSpec(
-            channel_id, src, port, dst_pe, dst_worker, worker_info[dst_worker]["data_address"]))
-        specs[dst_pe].inputs.append(InputSpec(channel_id, src, port))
-    return specs

@@ -107,6 +107,11 @@ class Monitor:
         self._last: dict[str, tuple[float, dict]] = {}          # pe -> (time, cumulative stats)
         self.latest = MetricsSnapshot(time.monotonic(), 0.0)
 
+    def replace(self, placement: Placement) -> None:
+        """Follow a reconfiguration; counters of PEs that went are dropped."""
+        self.placement = placement
+        self._last = {pe: v for pe, v in self._last.items() if pe in placement.pes}
+
     def update(self, answers: list[dict]) -> MetricsSnapshot:
         now = time.monotonic()
         ops: dict[str, OperatorMetrics] = {}

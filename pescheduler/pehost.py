@@ -27,7 +27,8 @@ from .runtime import PERunner, PESpec
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "pescheduler"
-HANDLERS = ("pe_info", "pe_deploy", "pe_start", "pe_stats", "pe_wait", "pe_drain", "pe_stop")
+HANDLERS = ("pe_info", "pe_deploy", "pe_start", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
+            "pe_reconf", "pe_reconf_wait", "pe_snapshot", "pe_rewire")
 
 
 class PEHostPlugin(WorkerPlugin):
@@ -96,7 +97,9 @@ class PEHost:
         made = []
         for spec in cloudpickle.loads(specs):
             assert isinstance(spec, PESpec)
-            self.pes[(spec.deployment, spec.pe_id)] = PERunner(spec, self.worker.address)
+            pe = PERunner(spec, self.worker.address)
+            pe.on_change = self._bump
+            self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
         return made
 
@@ -141,6 +144,52 @@ class PEHost:
                 "pes": {pe_id: {"state": pe.state, "error": pe.error}
                         for pe_id, pe in self._of(deployment).items()}}
 
+    # -- reconfiguration (the controller's side is reconfigure.py) ---------------------------
+    def pe_reconf(self, deployment: str, marker: str, hold: dict[str, list[str]], align: list[str]) -> None:
+        """Begin: upstream PEs send ``marker`` and hold the channels into the PEs being replaced;
+        those PEs pause their sources and align on the marker."""
+        pes = self._of(deployment)
+        for pe_id, channel_ids in hold.items():
+            pes[pe_id].hold(channel_ids, marker)
+        for pe_id in align:
+            pes[pe_id].begin_align(marker)
+
+    async def pe_reconf_wait(self, deployment: str, marker: str, aligned: list[str],
+                             seen: dict[str, list[str]], timeout: float) -> dict:
+        """Until every PE in ``aligned`` has aligned on ``marker`` and every PE in ``seen`` has
+        taken it from the listed input channels (all data before it processed), or ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            pes = self._of(deployment)
+            missing = [p for p in aligned if p in pes and not pes[p].aligned]
+            missing += [f"{p}<-{c}" for p, cs in seen.items() if p in pes
+                        for c in cs if c not in pes[p].markers.get(marker, set())
+                        and not pes[p].receivers.get(c, _ENDED).ended]
+            failed = [pes[p].error for p in aligned if p in pes and pes[p].state == "failed"]
+            if not missing or failed or loop.time() >= deadline:
+                return {"missing": missing, "failed": failed}
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                pass
+
+    def pe_snapshot(self, deployment: str, pe_ids: list[str]) -> bytes:
+        """The aligned PEs' operator states, progress and source positions (cloudpickled)."""
+        pes = self._of(deployment)
+        return cloudpickle.dumps({pe_id: pes[pe_id].snapshot() for pe_id in pe_ids})
+
+    async def pe_rewire(self, deployment: str, pe_id: str, outputs: bytes = b"",
+                        remove_outputs: list[str] = (), add_inputs: bytes = b"",
+                        remove_inputs: list[str] = ()) -> None:
+        """Swap channels of a PE that stays: new inputs registered, held outputs re-pointed."""
+        pe = self._of(deployment)[pe_id]
+        pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs))
+        if outputs or remove_outputs:
+            await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
+                            self._receiver, self.data_address)
+
     def pe_drain(self, deployment: str) -> list[str]:
         """End the deployment's sources here as if exhausted: windows fire, sinks flush, PEs finish."""
         drained = []
@@ -168,6 +217,13 @@ class PEHost:
             stopped.append(pe_id)
         self._bump()
         return stopped
+
+
+class _Ended:
+    ended = True
+
+
+_ENDED = _Ended()
 
 
 def _portable(item):

@@ -58,6 +58,7 @@ class PESpec:
     batch_size: int = 1000
     credits: int = 8
     time_slice_s: float = 0.05
+    restore: dict[str, dict] = field(default_factory=dict)   # op_id -> {"state", "progress", "driver"}
 
 
 class PERunner:
@@ -69,12 +70,21 @@ class PERunner:
         self.deployment = spec.deployment
         self.worker_address = worker_address
         self.ops = {op_id: cls(**params) for op_id, (cls, params, _key) in spec.ops.items()}
+        for op_id, saved in spec.restore.items():
+            self.ops[op_id].restore(saved["state"])       # before open(): a restored op continues
         self.inbox = Inbox()
         self.receivers = {i.channel_id: ChannelIn(i.channel_id, i.src_op, i.port) for i in spec.inputs}
         self.outs: list[tuple[OutputSpec, ChannelOut]] = []
         self.chain: Chain | None = None
         self.sources = [SourceDriver(op_id, op, spec.batch_size)
                         for op_id, op in self.ops.items() if isinstance(op, Source)]
+        for driver in self.sources:
+            if driver.op_id in spec.restore:
+                driver.restore(spec.restore[driver.op_id]["driver"])
+        self.markers: dict[Any, set[str]] = {}     # marker -> input channels it arrived on
+        self.aligning: Any = None                  # the marker this PE is aligning on
+        self.aligned = False
+        self.on_change: Callable[[], None] = lambda: None
         self.state = "created"
         self.error: str | None = None
         self.idle_s = 0.0
@@ -88,16 +98,22 @@ class PERunner:
         """Open the outgoing channels (in memory when the receiver is on this worker)."""
         outputs: dict[tuple[str, str], list[ChannelOut]] = {}
         for out in self.spec.outputs:
-            if out.dst_data == data_address:
-                inbox, receiver = local_receivers(out.channel_id)
-                channel: ChannelOut = LocalChannelOut(out.channel_id, self.spec.credits, inbox, receiver)
-            else:
-                channel = TcpChannelOut(out.channel_id, self.spec.credits,
-                                        lambda item, exc, op=out.src_op: self._dead(item, exc, op))
-                await channel.connect(out.dst_data)
+            channel = await self._open_channel(out, local_receivers, data_address)
             self.outs.append((out, channel))
             outputs.setdefault((out.src_op, out.port), []).append(channel)
         self.chain = Chain(self.ops, self.spec.edges, outputs, on_side=self._side)
+        progress = {op: saved["progress"] for op, saved in self.spec.restore.items()}
+        if progress:
+            self.chain.restore_progress(progress)
+
+    async def _open_channel(self, out: OutputSpec, local_receivers, data_address: str) -> ChannelOut:
+        if out.dst_data == data_address:
+            inbox, receiver = local_receivers(out.channel_id)
+            return LocalChannelOut(out.channel_id, self.spec.credits, inbox, receiver)
+        channel = TcpChannelOut(out.channel_id, self.spec.credits,
+                                lambda item, exc, op=out.src_op: self._dead(item, exc, op))
+        await channel.connect(out.dst_data)
+        return channel
 
     def _dead(self, item: Any, exc: BaseException, op_id: str) -> None:
         self.chain.dead_letters.append(DeadLetter.of(item, exc, op_id))
@@ -109,11 +125,11 @@ class PERunner:
 
     # -- the loop -------------------------------------------------------------------
     def start(self) -> asyncio.Task:
+        self.state = "running"
         self.task = asyncio.create_task(self.run(), name=f"pe {self.pe_id}")
         return self.task
 
     async def run(self) -> None:
-        self.state = "running"
         self.started_at = perf_counter()
         try:
             for op_id, op in self.ops.items():
@@ -143,7 +159,7 @@ class PERunner:
     def _read_sources(self) -> bool:
         progressed = False
         for driver in self.sources:
-            if driver.ended or driver.delay() > 0:
+            if driver.ended or driver.paused or driver.delay() > 0:
                 continue
             batch = driver.read()
             if batch is None:
@@ -177,8 +193,10 @@ class PERunner:
                 chain.watermark_from(channel.src_op, payload)
             elif kind == END:
                 chain.end_from(channel.src_op)
+                channel.ended = True
+                self._check_aligned()
             elif kind == MARKER:
-                pass        # reconfiguration/checkpoint markers: see the reconfiguration protocol
+                self._on_marker(channel, payload)
             if perf_counter() >= deadline:
                 break
         return True
@@ -193,13 +211,96 @@ class PERunner:
         self.inbox.event.clear()
         if self.inbox.items:
             return
-        waits = [d.delay() or SOURCE_POLL_S for d in self.sources if not d.ended]
+        waits = [d.delay() or SOURCE_POLL_S for d in self.sources if not (d.ended or d.paused)]
         t0 = perf_counter()
         try:
             await asyncio.wait_for(self.inbox.event.wait(), min(waits) if waits else None)
         except asyncio.TimeoutError:
             pass
         self.idle_s += perf_counter() - t0
+
+    # -- reconfiguration (see reconfigure.py for the protocol) ------------------------------
+    def _on_marker(self, channel: ChannelIn, marker: Any) -> None:
+        """A marker arrived behind all data before it on ``channel``: note it, maybe align."""
+        self.markers.setdefault(marker, set()).add(channel.channel_id)
+        self._check_aligned()
+        self.on_change()
+
+    def begin_align(self, marker: Any) -> None:
+        """Pause this PE's sources and wait for ``marker`` (or END) on every input channel."""
+        self.aligning = marker
+        for driver in self.sources:
+            driver.paused = True
+        self._check_aligned()
+
+    def _check_aligned(self) -> None:
+        if self.aligning is None or self.aligned:
+            return
+        seen = self.markers.get(self.aligning, set())
+        if all(c.channel_id in seen or c.ended for c in self.receivers.values()):
+            # Everything before the marker has been processed: pass it on, hold outputs.
+            self.aligned = True
+            for _spec, channel in self.outs:
+                channel.hold(self.aligning)
+            self.inbox.event.set()
+            self.on_change()
+
+    def hold(self, channel_ids: list[str], marker: Any) -> None:
+        """Send ``marker`` on these output channels, then hold them until rewired."""
+        for _spec, channel in self.outs:
+            if channel.channel_id in channel_ids:
+                channel.hold(marker)
+        self.inbox.event.set()
+
+    def snapshot(self) -> dict[str, dict]:
+        """State, progress and source position of every operator (the PE is aligned and still)."""
+        progress = self.chain.progress()
+        drivers = {d.op_id: d.snapshot() for d in self.sources}
+        return {op_id: {"state": op.snapshot(), "progress": progress[op_id], "driver": drivers.get(op_id)}
+                for op_id, op in self.ops.items()}
+
+    async def rewire(self, outputs: list[OutputSpec], remove: list[str], local_receivers,
+                     data_address: str) -> None:
+        """Replace held output channels by new ones; what they held goes on the new ones.
+
+        New channels are opened first. From taking the held items to switching
+        the routes there is no ``await``: the PE loop must not emit into a
+        channel that is being replaced, or what it emits would be lost.
+        """
+        opened = [(out, await self._open_channel(out, local_receivers, data_address)) for out in outputs]
+        olds: dict[tuple[str, str], list[ChannelOut]] = {}
+        for spec, channel in list(self.outs):
+            if channel.channel_id in remove:
+                olds.setdefault((spec.src_op, spec.port), []).append(channel)
+                self.outs.remove((spec, channel))
+        for key, replaced in olds.items():
+            news = [ch for out, ch in opened if (out.src_op, out.port) == key]
+            held = replaced[0].take_held()     # fan-out: every replaced channel held the same items
+            for old in replaced[1:]:
+                old.take_held()
+            self.chain.replace_output(replaced[0], news)
+            for old in replaced[1:]:
+                self.chain.replace_output(old, [])
+            for kind, payload in held:
+                for channel in news:
+                    _replay(channel, kind, payload)
+            if replaced[0].ended and all(kind != END for kind, _ in held):
+                for channel in news:           # END went out before the hold: the new path needs it too
+                    channel.end()
+        for out, channel in opened:
+            self.outs.append((out, channel))
+            if (out.src_op, out.port) not in olds:     # a port that fed no replaced channel
+                self.chain.add_output(out.src_op, out.port, channel)
+        self.inbox.event.set()
+        for replaced in olds.values():
+            for old in replaced:
+                await old.close(timeout=0)
+
+    def set_inputs(self, add: list[InputSpec], remove: list[str]) -> None:
+        for spec in add:
+            self.receivers[spec.channel_id] = ChannelIn(spec.channel_id, spec.src_op, spec.port)
+        for channel_id in remove:
+            self.receivers.pop(channel_id, None)
 
     def drain(self) -> bool:
         """End this PE's sources at the next loop turn (a graceful stop); False if it has none."""
@@ -240,6 +341,16 @@ class PERunner:
             return []
         taken, self.chain.dead_letters = self.chain.dead_letters, []
         return taken
+
+
+def _replay(channel: ChannelOut, kind: int, payload: Any) -> None:
+    """Re-emit one held item on a replacement channel."""
+    if kind == DATA:
+        channel.send(payload)
+    elif kind == WATERMARK:
+        channel.watermark(payload)
+    elif kind == END:
+        channel.end()
 
 
 class _Exhausted:

@@ -28,6 +28,18 @@ class SourceDriver:
         self.count = 0
         self.started = perf_counter()
         self.ended = False
+        self.paused = False        # a reconfiguration is in progress: read nothing
+
+    def snapshot(self) -> dict:
+        """Position and watermark progress (the source's own offset is in its snapshot)."""
+        return {"max_ts": self.max_ts, "emitted_wm": self.emitted_wm, "count": self.count,
+                "ended": self.ended, "elapsed": perf_counter() - self.started}
+
+    def restore(self, saved: dict | None) -> None:
+        if saved:
+            self.max_ts, self.emitted_wm, self.count = saved["max_ts"], saved["emitted_wm"], saved["count"]
+            self.ended = saved["ended"]
+            self.started = perf_counter() - saved["elapsed"]    # keep to the rate across the move
 
     def read(self) -> list | None:
         """The next batch (maybe empty when nothing is ready), or None at the end."""

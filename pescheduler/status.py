@@ -36,6 +36,11 @@ class StatusBoard:
         workers = {pe.worker for pe in placement.pes.values()}
         self.event("deploy", f"{len(placement.pes)} PEs on {len(workers)} workers")
 
+    def replaced(self, placement: Placement) -> None:
+        """A reconfiguration installed ``placement``: PEs that went are forgotten."""
+        self.monitor.replace(placement)
+        self.pe_state = {pe_id: self.pe_state.get(pe_id, "running") for pe_id in placement.pes}
+
     def event(self, kind: str, text: str) -> None:
         self.events.append({"t": round(time.monotonic() - self.t0, 3), "kind": kind, "text": text})
 

@@ -1,0 +1,39 @@
+"""The built-in operator plug-in, installed as ``pescheduler.operators``.
+
+It registers through the ``pescheduler`` entry-point group
+(``builtin-operators``) exactly as a third-party plug-in does:
+
+* sources: ``iterable``, ``generator``, ``jsonl`` (:mod:`.sources`)
+* operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
+  ``window`` (:mod:`.window`)
+* sinks: ``jsonl``, ``print`` (:mod:`.sinks`)
+* aggregates: ``count``, ``sum``, ``sumsq``, ``min``, ``max``, ``avg``, ``var``,
+  ``stddev`` (:mod:`pescheduler.aggregates`)
+"""
+
+from __future__ import annotations
+
+from pescheduler.aggregates import BUILTINS
+from pescheduler.plugins import hookimpl
+
+from .basic import Filter, FlatMap, KeyBy, Map
+from .sinks import JsonlSink, PrintSink
+from .sources import GeneratorSource, IterableSource, JsonlSource
+from .window import Window
+
+OPERATORS = [IterableSource, GeneratorSource, JsonlSource, Map, Filter, FlatMap, KeyBy, Window,
+             JsonlSink, PrintSink]
+
+__all__ = [cls.__name__ for cls in OPERATORS]
+
+
+@hookimpl
+def pescheduler_operators():
+    """Every built-in source, operator and sink."""
+    return list(OPERATORS)
+
+
+@hookimpl
+def pescheduler_aggregates():
+    """The built-in window aggregates."""
+    return list(BUILTINS.values())

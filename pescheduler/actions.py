@@ -1,0 +1,118 @@
+"""Actions: plain, frozen data that policies return and the runtime applies.
+
+Each carries a ``reason`` (why it was decided) and ``figures`` (the numbers
+behind it), so every decision can be recorded and explained. Policies never
+touch the runtime; ``Deployment.apply`` (or the controller) does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True, repr=False)
+class Action:
+    reason: str = field(default="", kw_only=True)
+    figures: Mapping[str, Any] = field(default_factory=dict, kw_only=True, compare=False)
+
+    def __repr__(self) -> str:
+        """``Split('map-2->filter-3', ('filter-3',))``: the arguments that matter, in order."""
+        shown = [repr(getattr(self, f.name)) for f in fields(self)
+                 if f.name not in ("reason", "figures") and getattr(self, f.name) is not None]
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    @property
+    def target(self) -> str:
+        """What the action changes (cooldowns and conflict resolution key on it)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, repr=False)
+class Fuse(Action):
+    """Run every operator of ``pe_a`` and ``pe_b`` in one PE (on ``pe_a``'s worker)."""
+
+    pe_a: str
+    pe_b: str
+
+    @property
+    def target(self) -> str:
+        return self.pe_a
+
+
+@dataclass(frozen=True, repr=False)
+class Split(Action):
+    """Move ``operators`` out of ``pe`` into a new PE on ``worker`` (default: the least loaded)."""
+
+    pe: str
+    operators: tuple[str, ...]
+    worker: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "operators", tuple(self.operators))
+
+    @property
+    def target(self) -> str:
+        return self.pe
+
+
+@dataclass(frozen=True, repr=False)
+class Move(Action):
+    """Run ``pe`` on ``worker`` instead."""
+
+    pe: str
+    worker: str
+
+    @property
+    def target(self) -> str:
+        return self.pe
+
+
+@dataclass(frozen=True, repr=False)
+class Replicate(Action):
+    """Add ``copies`` copies of ``operator`` on standard slots."""
+
+    operator: str
+    copies: int = 1
+
+    @property
+    def target(self) -> str:
+        return self.operator
+
+
+@dataclass(frozen=True, repr=False)
+class Release(Action):
+    """Remove ``copies`` copies of ``operator``; their partials are flushed downstream."""
+
+    operator: str
+    copies: int = 1
+
+    @property
+    def target(self) -> str:
+        return self.operator
+
+
+@dataclass(frozen=True, repr=False)
+class BorrowHosts(Action):
+    """Ask the resource manager for ``n`` more hosts."""
+
+    n: int = 1
+
+    @property
+    def target(self) -> str:
+        return "hosts"
+
+
+@dataclass(frozen=True, repr=False)
+class ReturnHost(Action):
+    """Give ``host`` back to the resource manager (its PEs are moved off first)."""
+
+    host: str
+
+    @property
+    def target(self) -> str:
+        return self.host
+
+
+class ActionRefused(ValueError):
+    """An action that cannot be applied; the message is the reason. The stream is not disturbed."""

@@ -1,0 +1,364 @@
+"""Window aggregates with shared computation (the Oracle data-stream method).
+
+An :class:`Aggregate` is either *base* (it owns an accumulator: ``create``,
+``update``, ``merge``) or *derived* (its ``result`` is computed from the
+results of the aggregates it ``uses``). ``avg`` keeps no state of its own: it
+is ``sum / count``; ``var`` and ``stddev`` reuse the same ``sum`` and ``count``
+plus ``sumsq``. An :class:`AggregatePlan` resolves what one or more requests
+ask for into that graph, so every distinct (base aggregate, field) is computed
+once however many outputs or queries need it, and ``count`` once per window
+whatever field it is written with::
+
+    plan = AggregatePlan()
+    a = plan.add({"avg_speed": ("avg", "speed")})
+    b = plan.add({"sd": ("stddev", "speed"), "n": ("count", "car")})
+    [f"{n.aggregate.name}({n.field})" for n in plan.slots]
+    # ['count(None)', 'sum(speed)', 'sumsq(speed)']   -> three accumulators for both queries
+
+The accumulators of one group (a key in a pane) are the slots of one Python
+list. The plan *generates* the per-batch update loop, the merge of two slot
+lists and the output rows (``exec`` of generated source, as
+``collections.namedtuple`` does), specialised for those slots and fields: no
+per-tuple dispatch over aggregates remains on the hot path.
+
+A plug-in aggregate is a module-level ``Aggregate`` returned from the
+``pescheduler_aggregates()`` hook::
+
+    geomean_log = Aggregate("sumlog", create=lambda: 0.0,
+                            update=lambda a, v: a + math.log(v), merge=operator.add)
+    geomean = Aggregate("geomean", uses=("sumlog", "count"),
+                        result=lambda sumlog, count: math.exp(sumlog / count))
+"""
+
+from __future__ import annotations
+
+import linecache
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One aggregate function: base (an accumulator) or derived (from others' results).
+
+    Base: ``create() -> acc``, ``update(acc, value) -> acc``, ``merge(a, b) -> acc``
+    and optionally ``result(acc) -> value`` (identity by default). Accumulators
+    are values: ``update`` and ``merge`` return the new accumulator and never
+    change their arguments, because one pane's accumulator is merged into
+    several sliding windows and shared with snapshots.
+
+    Derived: ``uses`` names the aggregates it is computed from (over the same
+    field) and ``result(*their_results)`` combines them, in ``uses`` order.
+
+    ``needs_field=False`` marks an aggregate that ignores the field (``count``),
+    so ``count`` over any field is one accumulator. The ``*_src`` templates are
+    optional Python expressions the code generator inlines instead of calling
+    the functions (``{a}``/``{b}`` accumulators, ``{v}`` the value, ``{name}``
+    a used aggregate's result); built-ins have them, plug-ins need not.
+    """
+
+    name: str
+    uses: tuple[str, ...] = ()
+    create: Callable[[], Any] | None = None
+    update: Callable[[Any, Any], Any] | None = None
+    merge: Callable[[Any, Any], Any] | None = None
+    result: Callable[..., Any] | None = None
+    needs_field: bool = True
+    init_src: str | None = None
+    update_src: str | None = None
+    merge_src: str | None = None
+    result_src: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uses", tuple(self.uses))
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"an aggregate needs a name, got {self.name!r}")
+        if self.uses and self.result is None:
+            raise ValueError(f"derived aggregate {self.name!r} needs result(*{list(self.uses)})")
+        if not self.uses and None in (self.create, self.update, self.merge):
+            raise ValueError(f"base aggregate {self.name!r} needs create, update and merge")
+
+    @property
+    def is_base(self) -> bool:
+        return not self.uses
+
+
+def _minimum(a, b):
+    return b if b < a else a
+
+
+def _maximum(a, b):
+    return b if b > a else a
+
+
+def _variance(total, total_sq, n):
+    return max(0.0, total_sq / n - (total / n) ** 2)
+
+
+# min/max start from ``min(v, v)``: equal to v, but it compares, so a value that
+# does not order (None) is rejected with the tuple that brought it instead of
+# poisoning the pane for every later tuple.
+BUILTINS: dict[str, Aggregate] = {a.name: a for a in (
+    Aggregate("count", create=lambda: 0, update=lambda a, v: a + 1, merge=lambda a, b: a + b,
+              needs_field=False, init_src="1", update_src="{a} + 1", merge_src="{a} + {b}"),
+    Aggregate("sum", create=lambda: 0, update=lambda a, v: a + v, merge=lambda a, b: a + b,
+              init_src="0 + {v}", update_src="{a} + {v}", merge_src="{a} + {b}"),
+    Aggregate("sumsq", create=lambda: 0, update=lambda a, v: a + v * v, merge=lambda a, b: a + b,
+              init_src="{v} * {v}", update_src="{a} + {v} * {v}", merge_src="{a} + {b}"),
+    Aggregate("min", create=lambda: None, update=lambda a, v: v if a is None else _minimum(a, v),
+              merge=lambda a, b: b if a is None else a if b is None else _minimum(a, b),
+              init_src="min({v}, {v})", update_src="{v} if {v} < {a} else {a}",
+              merge_src="{b} if {b} < {a} else {a}"),
+    Aggregate("max", create=lambda: None, update=lambda a, v: v if a is None else _maximum(a, v),
+              merge=lambda a, b: b if a is None else a if b is None else _maximum(a, b),
+              init_src="max({v}, {v})", update_src="{v} if {v} > {a} else {a}",
+              merge_src="{b} if {b} > {a} else {a}"),
+    Aggregate("avg", uses=("sum", "count"), result=lambda total, n: total / n,
+              result_src="{sum} / {count}"),
+    Aggregate("var", uses=("sum", "sumsq", "count"), result=_variance,
+              result_src="max(0.0, {sumsq} / {count} - ({sum} / {count}) ** 2)"),
+    Aggregate("stddev", uses=("var",), result=lambda var: var ** 0.5, result_src="{var} ** 0.5"),
+)}
+"""The built-in aggregates; ``var`` is the population variance."""
+
+
+@dataclass(eq=False)
+class PlanNode:
+    """One computed aggregate: ``aggregate`` over ``field``; base nodes own ``slot``."""
+
+    aggregate: Aggregate
+    field: Any
+    uses: tuple["PlanNode", ...] = ()
+    slot: int | None = None
+
+    def __repr__(self) -> str:
+        return f"{self.aggregate.name}({self.field})"
+
+
+@dataclass(frozen=True)
+class Query:
+    """One request added to a plan: output names and the nodes that compute them."""
+
+    outputs: tuple[tuple[str, PlanNode], ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.outputs)
+
+
+def parse_request(out_name: str, spec: Any) -> tuple[str, Any]:
+    """``(function, field)``, or a bare function name for field-less ones (``"count"``)."""
+    if isinstance(spec, str):
+        return spec, None
+    if isinstance(spec, (tuple, list)) and len(spec) in (1, 2) and isinstance(spec[0], str):
+        return spec[0], (spec[1] if len(spec) == 2 else None)
+    raise ValueError(f"aggregate {out_name!r}: expected (function, field), e.g. ('avg', 'speed'), "
+                     f"got {spec!r}")
+
+
+class AggregatePlan:
+    """The shared aggregate graph of one stream/key/window, and its generated code.
+
+    ``add`` requests (one per window or query); nodes are shared across them.
+    ``slots`` are the base nodes in slot order; ``layout`` names them (a
+    snapshot carries it, so state never lands in a differently laid-out plan).
+    """
+
+    def __init__(self, requests: Mapping[str, Any] | None = None,
+                 registry: Mapping[str, Aggregate] | None = None) -> None:
+        self.registry = dict(registry or {})
+        self.nodes: dict[tuple[str, Any], PlanNode] = {}     # topological order
+        self.slots: list[PlanNode] = []
+        self.queries: list[Query] = []
+        if requests is not None:
+            self.add(requests)
+
+    def lookup(self, name: str) -> Aggregate:
+        """The aggregate called ``name``: the registry's, else the built-in one."""
+        agg = self.registry.get(name) or BUILTINS.get(name)
+        if agg is None:
+            known = ", ".join(sorted(set(self.registry) | set(BUILTINS)))
+            raise ValueError(f"unknown aggregate function {name!r}. Known: {known}. "
+                             f"Plug-ins add more with a pescheduler_aggregates() hook.")
+        return agg
+
+    def add(self, requests: Mapping[str, Any]) -> Query:
+        """Add ``{out_name: (function, field)}``; returns the query to build rows for."""
+        outputs = []
+        for out_name, spec in requests.items():
+            function, fld = parse_request(out_name, spec)
+            outputs.append((out_name, self._node(function, fld, ())))
+        query = Query(tuple(outputs))
+        self.queries.append(query)
+        return query
+
+    def _node(self, name: str, fld: Any, path: tuple[str, ...]) -> PlanNode:
+        """Resolve ``name`` over ``fld`` depth first, so ``nodes`` ends up topologically ordered."""
+        if name in path:
+            raise ValueError(f"aggregate cycle: {' -> '.join(path + (name,))}")
+        agg = self.lookup(name)
+        key = (name, fld if agg.needs_field else None)
+        node = self.nodes.get(key)
+        if node is None:
+            uses = tuple(self._node(u, fld, path + (name,)) for u in agg.uses)
+            node = PlanNode(agg, key[1], uses)
+            if agg.is_base:
+                node.slot = len(self.slots)
+                self.slots.append(node)
+            self.nodes[key] = node
+        return node
+
+    @property
+    def layout(self) -> tuple[str, ...]:
+        return tuple(repr(n) for n in self.slots)
+
+    @property
+    def fields(self) -> list:
+        """Distinct fields read per tuple, in first-use order."""
+        return list(dict.fromkeys(n.field for n in self.slots if n.aggregate.needs_field))
+
+    # -- generated code -----------------------------------------------------------------
+    def pane_updater(self, key: Any, ts_field: Any, slide: int) -> Callable:
+        """Generate ``update(items, panes, lim, late) -> None | (tuple, exc)``.
+
+        Folds the tuples of the iterator ``items`` into ``panes``
+        (``{pane_start: {key: slots}}``, panes of ``slide`` ms); a tuple whose
+        pane starts at or before ``lim`` goes to ``late(t)``. ``key`` is a field,
+        a callable, or None (one group). On a bad tuple it returns ``(t, exc)``
+        having changed nothing for that tuple; call again with the same iterator
+        to go on after it.
+        """
+        return _generate(_PaneUpdaterSource(self, key, ts_field, slide).lines(), "update",
+                         self._namespace(key=key), f"update {self.layout}")
+
+    def merger(self) -> Callable:
+        """Generate ``merge(a, b) -> slots``: two groups' slots combined (panes, copies)."""
+        items = []
+        for node in self.slots:
+            agg, i = node.aggregate, node.slot
+            if agg.merge_src:
+                items.append("(" + agg.merge_src.format(a=f"a[{i}]", b=f"b[{i}]") + ")")
+            else:
+                items.append(f"_merge{i}(a[{i}], b[{i}])")
+        body = ["def merge(a, b):", f"    return [{', '.join(items)}]"]
+        return _generate(body, "merge", self._namespace(), f"merge {self.layout}")
+
+    def row_writer(self, query: Query, key_name: str | None) -> Callable:
+        """Generate ``rows(groups, ws, we, out)``: one dict per ``(key, slots)`` to ``out``.
+
+        A row is ``{key_name: key, "window_start": ws, "window_end": we, <outputs>}``
+        (no key field when ``key_name`` is None). Derived results are computed
+        once per row from the base slots, in topological order.
+        """
+        lines = ["def rows(groups, ws, we, out):", "    for k, s in groups:"]
+        names = self._result_lines(query, lines)
+        head = [] if key_name is None else [f"{key_name!r}: k"]
+        head += ["'window_start': ws", "'window_end': we"]
+        head += [f"{out!r}: {names[node]}" for out, node in query.outputs]
+        lines.append(f"        out({{{', '.join(head)}}})")
+        return _generate(lines, "rows", self._namespace(), f"rows {query.names}")
+
+    def _result_lines(self, query: Query, lines: list[str]) -> dict[PlanNode, str]:
+        """Append ``rN = ...`` for every node the query needs; return node -> local name."""
+        needed: set[PlanNode] = set()
+        stack = [node for _, node in query.outputs]
+        while stack:
+            node = stack.pop()
+            if node not in needed:
+                needed.add(node)
+                stack.extend(node.uses)
+        names: dict[PlanNode, str] = {}
+        for i, node in enumerate(self.nodes.values()):     # topological order
+            if node in needed:
+                names[node] = f"r{i}"
+                lines.append(f"        r{i} = {self._result_expr(node, names, i)}")
+        return names
+
+    def _result_expr(self, node: PlanNode, names: dict, i: int) -> str:
+        agg = node.aggregate
+        if agg.is_base:
+            return f"s[{node.slot}]" if agg.result is None else f"_result{i}(s[{node.slot}])"
+        args = [names[u] for u in node.uses]
+        if agg.result_src:
+            return "(" + agg.result_src.format(**dict(zip(agg.uses, args))) + ")"
+        return f"_result{i}({', '.join(args)})"
+
+    def _namespace(self, key: Any = None) -> dict:
+        """The functions generated code calls by name (plug-ins without templates)."""
+        ns: dict[str, Any] = {"_key": key}
+        for node in self.slots:
+            agg, i = node.aggregate, node.slot
+            ns[f"_create{i}"], ns[f"_update{i}"], ns[f"_merge{i}"] = agg.create, agg.update, agg.merge
+        for i, node in enumerate(self.nodes.values()):
+            ns[f"_result{i}"] = node.aggregate.result
+        return ns
+
+
+class _PaneUpdaterSource:
+    """Builds the source of the per-batch update loop (see ``AggregatePlan.pane_updater``)."""
+
+    def __init__(self, plan: AggregatePlan, key: Any, ts_field: Any, slide: int) -> None:
+        self.plan, self.key, self.ts_field, self.slide = plan, key, ts_field, slide
+        self.values = {f: f"v{i}" for i, f in enumerate(plan.fields)}
+
+    def lines(self) -> list[str]:
+        # Hot loop. Every field is read and every new slot value computed before
+        # anything is stored, so a tuple that raises leaves the state untouched
+        # and ``t`` still names it in the handler. Slots are updated in place:
+        # measured 1.7x faster than building a new list per tuple.
+        return [
+            "def update(items, panes, lim, late):",
+            "    last = None",
+            "    try:",
+            "        for t in items:",
+            f"            k = {self._key_expr()}",
+            f"            ts = t[{self.ts_field!r}]",
+            *[f"            {var} = t[{f!r}]" for f, var in self.values.items()],
+            f"            p = ts - ts % {self.slide}",
+            "            if p != last:",
+            "                if p <= lim:",
+            "                    late(t)",
+            "                    continue",
+            "                d = panes.get(p)",
+            "                if d is None:",
+            "                    d = panes[p] = {}",
+            "                last = p",
+            "            s = d.get(k)",
+            "            if s is None:",
+            f"                d[k] = [{', '.join(self._slot_exprs(init=True))}]",
+            "            else:",
+            *[f"                n{i} = {e}" for i, e in enumerate(self._slot_exprs(init=False))],
+            *[f"                s[{i}] = n{i}" for i in range(len(self.plan.slots))],
+            *(["                pass"] if not self.plan.slots else []),
+            "    except Exception as exc:",
+            "        return t, exc",
+            "    return None",
+        ]
+
+    def _key_expr(self) -> str:
+        if self.key is None:
+            return "None"
+        return "_key(t)" if callable(self.key) else f"t[{self.key!r}]"
+
+    def _slot_exprs(self, init: bool) -> list[str]:
+        exprs = []
+        for node in self.plan.slots:
+            agg, i = node.aggregate, node.slot
+            v = self.values.get(node.field, "None") if agg.needs_field else "None"
+            if init:
+                src = agg.init_src.format(v=v) if agg.init_src else f"_update{i}(_create{i}(), {v})"
+            else:
+                src = (agg.update_src.format(a=f"s[{i}]", v=v) if agg.update_src
+                       else f"_update{i}(s[{i}], {v})")
+            exprs.append(f"({src})")
+        return exprs
+
+
+def _generate(lines: list[str], name: str, namespace: dict, title: str) -> Callable:
+    """Compile ``lines`` and return the function ``name``; tracebacks show the source."""
+    source = "\n".join(lines) + "\n"
+    # Named by content, so identical plans share one linecache entry.
+    filename = f"<pescheduler.aggregates {title} {hash(source) & 0xFFFFFFFF:08x}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[name]

@@ -1,0 +1,192 @@
+"""One reconfiguration protocol for every change of placement (fuse, split, move, ...).
+
+Given the placement before and after, PEs whose operators and worker are the
+same keep running untouched; the others are *retired* and replaced by
+*created* ones. Then:
+
+1. **Pause at a marker.** Every unchanged PE feeding a retired one sends a
+   marker on that channel and holds it (what it emits next waits in its
+   buffer). Retired PEs pause their sources.
+2. **Drain.** A retired PE that has the marker (or END) on every input has
+   processed everything before it; it sends the marker on all its outputs and
+   holds them (aligned, as Flink aligns checkpoint barriers). Unchanged PEs fed
+   by retired ones take the marker behind the last data the old PEs produced,
+   so they have processed all of it before any data of the new PEs exists.
+3. **Snapshot** the retired PEs' operator state, watermark progress and source
+   positions, and stop them.
+4. **Re-wire and restore.** Downstream PEs register the new input channels;
+   created PEs start from the snapshots; upstream PEs point their held
+   channels at the created PEs and re-send what they held.
+5. **Resume.**
+
+Nothing before the marker is processed by a new PE and nothing after it by an
+old one, so no tuple is lost or duplicated, and per-key order holds because
+every channel is FIFO and the old path is drained before the new one starts.
+The marker is opaque data carried in-band, so checkpoint barriers can use the
+same path later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import cloudpickle
+
+from .placement import Placement
+from .wiring import ChannelKey, build_specs, channel_ids, output_spec
+
+
+@dataclass(frozen=True)
+class ReconfigurationPlan:
+    """Which PEs go and come, and which channels of the PEs that stay change."""
+
+    retired: tuple[str, ...]
+    created: tuple[str, ...]
+    hold: dict[str, list[str]]                 # upstream PE -> its channels into retired PEs
+    seen: dict[str, list[str]]                 # downstream PE -> its channels from retired PEs
+    channels: dict[ChannelKey, str]            # every channel of the new placement
+    upstream_outputs: dict[str, list[ChannelKey]] = field(default_factory=dict)  # new channels of staying PEs
+    downstream_inputs: dict[str, list[ChannelKey]] = field(default_factory=dict)
+
+    @property
+    def moved(self) -> bool:
+        return bool(self.retired or self.created)
+
+
+def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[ChannelKey, str],
+                         deployment: str, epoch: int) -> ReconfigurationPlan:
+    """The difference between two placements as the protocol needs it (pure)."""
+    same = {pe_id for pe_id, pe in old.pes.items()
+            if pe_id in new.pes and (new.pes[pe_id].operators, new.pes[pe_id].worker) == (pe.operators, pe.worker)}
+    retired = tuple(p for p in old.pes if p not in same)
+    created = tuple(p for p in new.pes if p not in same)
+    keep = {key: cid for key, cid in old_channels.items()
+            if key[2] in same and old.pe_of(key[0]) in same and new.pe_of(key[0]) in same}
+    channels = channel_ids(new, deployment, epoch, keep)
+    hold: dict[str, list[str]] = {}
+    seen: dict[str, list[str]] = {}
+    for (src, port, dst_pe), cid in old_channels.items():
+        src_pe = old.pe_of(src)
+        if dst_pe in retired and src_pe in same:
+            hold.setdefault(src_pe, []).append(cid)
+        if src_pe in retired and dst_pe in same:
+            seen.setdefault(dst_pe, []).append(cid)
+    upstream: dict[str, list[ChannelKey]] = {}
+    downstream: dict[str, list[ChannelKey]] = {}
+    for key, cid in channels.items():
+        if key in keep:
+            continue
+        src_pe = new.pe_of(key[0])
+        if src_pe in same:
+            upstream.setdefault(src_pe, []).append(key)
+        if key[2] in same:
+            downstream.setdefault(key[2], []).append(key)
+    return ReconfigurationPlan(retired, created, hold, seen, channels, upstream, downstream)
+
+
+@dataclass
+class ApplyRecord:
+    """What applying an action did: applied or refused (with the reason), pause, what moved."""
+
+    action: object
+    applied: bool
+    reason: str = ""
+    pause_ms: float = 0.0
+    retired: tuple[str, ...] = ()
+    created: tuple[str, ...] = ()
+    moved: dict[str, tuple[str, str]] = field(default_factory=dict)     # op -> (old PE, new PE)
+    at: float = field(default_factory=time.time)
+
+    def as_dict(self) -> dict:
+        return {"action": repr(self.action), "applied": self.applied, "reason": self.reason,
+                "pause_ms": round(self.pause_ms, 3), "retired": list(self.retired),
+                "created": list(self.created), "moved": {k: list(v) for k, v in self.moved.items()}}
+
+
+class ReconfigurationFailed(RuntimeError):
+    """The protocol could not complete (a PE failed or did not align in time)."""
+
+
+async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan, worker_info: dict,
+                  deployment: str, marker: str, timeout: float) -> float:
+    """Run the protocol over Dask RPC (``rpc(worker)``); returns the pause in seconds."""
+    t0 = time.perf_counter()
+    by_worker: dict[str, dict] = {}
+    for pe_id, channels in plan.hold.items():
+        by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": []})["hold"][pe_id] = channels
+    for pe_id in plan.retired:
+        by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": []})["align"].append(pe_id)
+    await asyncio.gather(*(rpc(w).pe_reconf(deployment=deployment, marker=marker, **todo)
+                           for w, todo in by_worker.items()))
+    await _wait_drained(rpc, old, plan, deployment, marker, timeout)
+    states = await _snapshot(rpc, old, plan.retired, deployment)
+    await asyncio.gather(*(rpc(old.pes[p].worker).pe_stop(deployment=deployment, pe_ids=[p])
+                           for p in plan.retired))
+    await _rewire_downstream(rpc, new, plan, worker_info, deployment)
+    await _start_created(rpc, new, plan, worker_info, deployment, states)
+    await _rewire_upstream(rpc, new, plan, worker_info, deployment)
+    return time.perf_counter() - t0
+
+
+async def _wait_drained(rpc, old, plan, deployment, marker, timeout) -> None:
+    workers: dict[str, dict] = {}
+    for pe_id in plan.retired:
+        workers.setdefault(old.pes[pe_id].worker, {"aligned": [], "seen": {}})["aligned"].append(pe_id)
+    for pe_id, channels in plan.seen.items():
+        workers.setdefault(old.pes[pe_id].worker, {"aligned": [], "seen": {}})["seen"][pe_id] = channels
+    answers = await asyncio.gather(*(rpc(w).pe_reconf_wait(deployment=deployment, marker=marker,
+                                                           timeout=timeout, **want)
+                                     for w, want in workers.items()))
+    failed = [f for a in answers for f in a["failed"]]
+    missing = [m for a in answers for m in a["missing"]]
+    if failed or missing:
+        raise ReconfigurationFailed(f"did not drain: failed {failed}, still waiting for {missing}")
+
+
+async def _snapshot(rpc, old, retired, deployment) -> dict[str, dict]:
+    """op_id -> saved state, gathered from every retired PE."""
+    by_worker: dict[str, list[str]] = {}
+    for pe_id in retired:
+        by_worker.setdefault(old.pes[pe_id].worker, []).append(pe_id)
+    blobs = await asyncio.gather(*(rpc(w).pe_snapshot(deployment=deployment, pe_ids=p)
+                                   for w, p in by_worker.items()))
+    states: dict[str, dict] = {}
+    for blob in blobs:
+        for pe_states in cloudpickle.loads(blob).values():
+            states.update(pe_states)
+    return states
+
+
+async def _rewire_downstream(rpc, new, plan, worker_info, deployment) -> None:
+    from .runtime import InputSpec
+
+    calls = []
+    for pe_id in set(plan.seen) | set(plan.downstream_inputs):
+        adds = [InputSpec(plan.channels[k], k[0], k[1]) for k in plan.downstream_inputs.get(pe_id, [])]
+        calls.append(rpc(new.pes[pe_id].worker).pe_rewire(
+            deployment=deployment, pe_id=pe_id, add_inputs=cloudpickle.dumps(adds),
+            remove_inputs=plan.seen.get(pe_id, [])))
+    await asyncio.gather(*calls)
+
+
+async def _start_created(rpc, new, plan, worker_info, deployment, states) -> None:
+    specs = build_specs(new, worker_info, deployment, plan.channels, plan.created)
+    by_worker: dict[str, list] = {}
+    for pe_id, spec in specs.items():
+        spec.restore = {op: states[op] for op in new.pes[pe_id].operators if op in states}
+        by_worker.setdefault(new.pes[pe_id].worker, []).append(spec)
+    await asyncio.gather(*(rpc(w).pe_deploy(specs=cloudpickle.dumps(s)) for w, s in by_worker.items()))
+    await asyncio.gather(*(rpc(w).pe_start(deployment=deployment, pe_ids=[s.pe_id for s in ss])
+                           for w, ss in by_worker.items()))
+
+
+async def _rewire_upstream(rpc, new, plan, worker_info, deployment) -> None:
+    calls = []
+    for pe_id in set(plan.hold) | set(plan.upstream_outputs):
+        outs = [output_spec(new, worker_info, k, plan.channels[k]) for k in plan.upstream_outputs.get(pe_id, [])]
+        calls.append(rpc(new.pes[pe_id].worker).pe_rewire(
+            deployment=deployment, pe_id=pe_id, outputs=cloudpickle.dumps(outs),
+            remove_outputs=plan.hold.get(pe_id, [])))
+    await asyncio.gather(*calls)

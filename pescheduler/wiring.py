@@ -1,0 +1,56 @@
+"""From a placement to what workers run: PE specs and the channels between PEs.
+
+Used for the first launch and for every reconfiguration, so a PE built after
+a fuse or split is wired exactly like one built at deploy time.
+"""
+
+from __future__ import annotations
+
+from . import config
+from .placement import Placement
+from .runtime import InputSpec, OutputSpec, PESpec
+
+ChannelKey = tuple[str, str, str]          # (producing op, port, consuming PE)
+
+
+def channel_ids(placement: Placement, deployment: str, epoch: int,
+                keep: dict[ChannelKey, str] | None = None) -> dict[ChannelKey, str]:
+    """An id per channel the placement needs; ``keep`` maps channels that survive to their ids."""
+    keep = keep or {}
+    ids = {}
+    for src, port, _dst, dst_pe in placement.channels():
+        key = (src, port, dst_pe)
+        ids[key] = keep.get(key) or f"{deployment}/{epoch}/{src}.{port}->{dst_pe}"
+    return ids
+
+
+def output_spec(placement: Placement, worker_info: dict[str, dict], key: ChannelKey, channel_id: str) -> OutputSpec:
+    src, port, dst_pe = key
+    worker = placement.pes[dst_pe].worker
+    return OutputSpec(channel_id, src, port, dst_pe, worker, worker_info[worker]["data_address"])
+
+
+def build_specs(placement: Placement, worker_info: dict[str, dict], deployment: str,
+                channels: dict[ChannelKey, str], pe_ids=None) -> dict[str, PESpec]:
+    """A :class:`PESpec` for each PE (or those in ``pe_ids``): operators, edges, channels."""
+    plan = placement.plan
+    wanted = set(placement.pes if pe_ids is None else pe_ids)
+    batch_size = int(config.get("batch.size"))
+    credits = int(config.get("channel.credits"))
+    time_slice = float(config.get("pe.time-slice-ms")) / 1000
+    specs = {}
+    for pe_id in wanted:
+        pe = placement.pes[pe_id]
+        members = set(pe.operators)
+        ops = {op: (plan.ops[op].cls, dict(plan.ops[op].params), plan.ops[op].key_field) for op in pe.operators}
+        edges = [(s, p, d) for s, p, d in plan.edges if d in members]
+        specs[pe_id] = PESpec(pe_id, deployment, ops, edges, batch_size=batch_size, credits=credits,
+                              time_slice_s=time_slice)
+    for key, channel_id in channels.items():
+        src, port, dst_pe = key
+        src_pe = placement.pe_of(src)
+        if src_pe in specs:
+            specs[src_pe].outputs.append(output_spec(placement, worker_info, key, channel_id))
+        if dst_pe in specs:
+            specs[dst_pe].inputs.append(InputSpec(channel_id, src, port))
+    return specs
