@@ -11,8 +11,11 @@ Public names::
     Operator, Source, Sink, Parallelism, Emitter, OperatorContext
                                   write operator plug-ins (pescheduler.operator)
     hookimpl                      mark plug-in hook implementations
+    Fuse, Split, Move, Replicate, Release, BorrowHosts, ReturnHost
+                                  actions (pescheduler.actions) for Deployment.apply and policies
 """
 
+from .actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
 from .app import Application, Stream
 from .deployment import Deployment, deploy
 from .errors import AppLoadError, DeploymentFailed, InvalidApplication, PeschedulerError
@@ -26,4 +29,5 @@ __all__ = [
     "Application", "Stream", "deploy", "Deployment", "Operator", "Source", "Sink", "Parallelism",
     "Emitter", "OperatorContext", "DeadLetter", "MAX_WATERMARK", "hookimpl",
     "PeschedulerError", "InvalidApplication", "AppLoadError", "DeploymentFailed",
+    "Fuse", "Split", "Move", "Replicate", "Release", "BorrowHosts", "ReturnHost",
 ]

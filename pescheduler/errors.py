@@ -1,4 +1,10 @@
-"""Exceptions with messages that name the fix."""
+"""Exceptions with messages that name the fix.
+
+The command line prints these messages as they are, without a traceback, so
+each message must say where the problem is and what to do about it.
+"""
+
+from __future__ import annotations
 
 
 class PeschedulerError(Exception):
@@ -10,7 +16,23 @@ class InvalidApplication(PeschedulerError, ValueError):
 
 
 class AppLoadError(PeschedulerError):
-    """app.py could not be loaded; the message names file, line and fix."""
+    """app.py could not be loaded: the message names ``file[:line[:column]]``, the problem and the fix.
+
+    ``file``, ``line``, ``column`` (None when unknown), ``problem`` and ``fix``
+    stay available as attributes so tools can point at the spot without
+    parsing the message.
+    """
+
+    def __init__(self, file: str, problem: str, fix: str = "", line: int | None = None,
+                 column: int | None = None) -> None:
+        self.file, self.problem, self.fix, self.line, self.column = file, problem, fix, line, column
+        where = file + (f":{line}" if line else "") + (f":{column}" if line and column else "")
+        super().__init__(f"{where}: {problem}" + (f"\n  fix: {fix}" if fix else ""))
+
+    def __reduce__(self):
+        # The message is built from the parts, so rebuild from the parts (pickling
+        # an exception otherwise calls the class with ``args`` = the message alone).
+        return type(self), (self.file, self.problem, self.fix, self.line, self.column)
 
 
 class DeploymentFailed(PeschedulerError):

@@ -1,0 +1,145 @@
+"""Load an ``app.py`` and find the one :class:`~pescheduler.app.Application` it describes.
+
+Example::
+
+    from pescheduler.apploader import load_app
+    app = load_app("examples/connected_cars.py")
+
+The file is executed as a module under a fresh name registered in
+``sys.modules`` and with ``cloudpickle.register_pickle_by_value``: the
+lambdas, functions and classes it defines then travel to the workers by value,
+so the workers never need to import the app file. (Modules the app imports
+are pickled by reference and must be importable on the workers.)
+
+Every failure raises :class:`~pescheduler.errors.AppLoadError` naming the file,
+the line when there is one, and the fix, so the command line can print it
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import linecache
+import os
+import re
+import sys
+import traceback
+import types
+import uuid
+
+import cloudpickle
+
+from .app import Application
+from .errors import AppLoadError
+
+MISSING_APP_FIX = ("app.py must define a module-level `app = Application(...)` "
+                   "or a function `build()` returning one")
+
+
+def load_app(path: str | os.PathLike) -> Application:
+    """Execute ``path`` and return its Application (module-level, or from ``build()``).
+
+    When the module defines ``build``, it is called and must return the
+    Application; otherwise exactly one module-level Application must exist.
+    """
+    path = os.fspath(path)      # messages show the path as the user gave it
+    module = _execute(path)
+    try:
+        return _find_application(module, path)
+    except BaseException:
+        _forget(module)
+        raise
+
+
+def _execute(path: str) -> types.ModuleType:
+    """Compile and run the file as a fresh module; syntax and import errors become AppLoadError."""
+    code = _compile(path)
+    name = "pescheduler_app_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0]) \
+        + "_" + uuid.uuid4().hex[:8]
+    spec = importlib.util.spec_from_file_location(name, os.path.abspath(path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        # exec rather than loader.exec_module: no __pycache__ written next to the user's file.
+        exec(code, module.__dict__)
+    except Exception as exc:
+        _forget(module)
+        raise _raised_while(path, "importing the app", exc) from None
+    return module
+
+
+def _compile(path: str) -> types.CodeType:
+    if not os.path.exists(path):
+        raise AppLoadError(path, "no such file", "give the path of a Python file that describes an "
+                                                 "Application, e.g. examples/connected_cars.py")
+    if os.path.isdir(path):
+        raise AppLoadError(path, "is a directory, not a Python file", "give the path of the app's .py file")
+    with open(path, "rb") as f:
+        source = f.read()
+    try:
+        # The absolute name: tracebacks (also from workers) point at the file from anywhere.
+        return compile(source, os.path.abspath(path), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise _syntax_error(path, exc) from None
+
+
+def _syntax_error(path: str, exc: SyntaxError) -> AppLoadError:
+    """``file:line:col`` (what editors make clickable), the message, the line and a caret."""
+    problem = f"SyntaxError: {exc.msg}"
+    raw = (exc.text or "").rstrip("\n")
+    if raw.strip():
+        code = raw.lstrip()
+        caret = " " * max((exc.offset or 1) - 1 - (len(raw) - len(code)), 0)
+        problem += f"\n    {code}\n    {caret}^"
+    return AppLoadError(path, problem, "correct the syntax on that line",
+                        exc.lineno, exc.offset)
+
+
+def _raised_while(path: str, doing: str, exc: BaseException) -> AppLoadError:
+    """AppLoadError at the deepest line of the app file in ``exc``'s traceback."""
+    full, line = os.path.abspath(path), None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename == full:
+            line = lineno
+    problem = f"{doing} raised {type(exc).__name__}: {exc}"
+    if line:
+        problem += f"\n    {linecache.getline(full, line).strip()}"
+    fix = f"correct that line (`python {path}` shows the full traceback)"
+    return AppLoadError(path, problem, fix, line)
+
+
+def _find_application(module: types.ModuleType, path: str) -> Application:
+    build = getattr(module, "build", None)
+    if callable(build):
+        return _call_build(build, path)
+    found: dict[int, list[str]] = {}
+    for name, value in vars(module).items():
+        if isinstance(value, Application):
+            found.setdefault(id(value), []).append(name)   # one app bound to two names is one app
+    if not found:
+        raise AppLoadError(path, "no Application found", MISSING_APP_FIX)
+    if len(found) > 1:
+        names = ", ".join(" = ".join(names) + f" = Application({getattr(module, names[0]).name!r})"
+                          for names in found.values())
+        raise AppLoadError(path, f"several Applications found: {names}",
+                           "define a function `build()` that returns the one to deploy")
+    return getattr(module, next(iter(found.values()))[0])
+
+
+def _call_build(build, path: str) -> Application:
+    try:
+        app = build()
+    except Exception as exc:
+        raise _raised_while(path, "build()", exc) from None
+    if not isinstance(app, Application):
+        line = getattr(getattr(build, "__code__", None), "co_firstlineno", None)
+        raise AppLoadError(path, f"build() returned {type(app).__name__}, not an Application",
+                           "make build() end with `return app` where app = Application(...)", line)
+    return app
+
+
+def _forget(module: types.ModuleType) -> None:
+    """Undo the registration of a module whose loading failed."""
+    cloudpickle.unregister_pickle_by_value(module)
+    sys.modules.pop(module.__name__, None)

@@ -1,0 +1,387 @@
+"""The command line: ``python -m pescheduler deploy | status | stop | plugins``.
+
+Example::
+
+    python -m pescheduler deploy examples/connected_cars.py --workers 4
+    python -m pescheduler status          # from another terminal
+    python -m pescheduler stop
+
+Exit status: 0 when the app finished or was stopped, 1 when it failed (or no
+deployment was found), 2 for a mistake in the app, its configuration or the
+command line (the message names the fix; no traceback), 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from . import __version__, config
+from .errors import AppLoadError, DeploymentFailed, InvalidApplication
+from .liveview import LiveView, format_event, format_line, new_events, render
+from .plugins import Plugins, UnknownOperatorError, load_plugins
+
+USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError)
+RUNNING = ("starting", "running")
+CONNECT_TIMEOUT_S = 10
+PIPE_WIDTH = 200      # tables written to a pipe are not wrapped at 80 columns
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (the console script exits with it)."""
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="pescheduler", description="Stream processing on Dask.")
+    top.add_argument("--version", action="version", version=f"pescheduler {__version__}")
+    sub = top.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    dep = sub.add_parser("deploy", help="run an app and show it live until it ends")
+    dep.add_argument("app", help="Python file defining `app = Application(...)` or `build()`")
+    where = dep.add_mutually_exclusive_group()
+    where.add_argument("--cluster", metavar="ADDR", help="scheduler of a running Dask cluster")
+    where.add_argument("--workers", type=int, metavar="N",
+                       help="size of the embedded LocalCluster (default: pescheduler.cluster.workers)")
+    dep.add_argument("--rm", metavar="NAME", help="resource manager (local, spark)")
+    dep.add_argument("--policy", action="append", metavar="NAME",
+                     help="active policy, repeatable; `--policy none` for none")
+    dep.add_argument("--config", metavar="FILE", help="YAML file of pescheduler settings")
+    dep.add_argument("--duration", type=_positive, metavar="S", help="stop after S seconds")
+    _plugin_option(dep)
+    dep.add_argument("--json", action="store_true", help="one JSON status per line instead of the view")
+    dep.set_defaults(run=cmd_deploy)
+
+    status = sub.add_parser("status", help="placement, rates, busy/backpressure per PE")
+    status.add_argument("--cluster", metavar="ADDR", help="scheduler address (default: the state file)")
+    status.add_argument("--json", action="store_true", help="print the status dict as JSON")
+    status.set_defaults(run=cmd_status)
+
+    stop = sub.add_parser("stop", help="drain sources, flush sinks, stop")
+    stop.add_argument("--cluster", metavar="ADDR", help="scheduler address (default: the state file)")
+    stop.add_argument("--timeout", type=_positive, default=60.0, metavar="S",
+                      help="how long to wait for the deployment to confirm (default 60)")
+    stop.set_defaults(run=cmd_stop)
+
+    plugins = sub.add_parser("plugins", help="operators, aggregates, policies, resource managers found")
+    _plugin_option(plugins)
+    plugins.set_defaults(run=cmd_plugins)
+    return top
+
+
+def _plugin_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="also load this plug-in module, repeatable")
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _console(stderr: bool = False) -> Console:
+    probe = Console(stderr=stderr)
+    # markup off: app names, paths and error texts may hold [brackets] rich would eat.
+    return Console(stderr=stderr, highlight=False, markup=False,
+                   width=None if probe.is_terminal else PIPE_WIDTH)
+
+
+def _fail(console: Console, message: str, code: int) -> int:
+    console.print(Text(message, style="red"), soft_wrap=True)
+    return code
+
+
+# -- deploy -------------------------------------------------------------------------------
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """Load config and app, deploy, follow until the end; stop in any case."""
+    from .apploader import load_app
+    from .deployment import deploy
+
+    out, err = _console(), _console(stderr=True)
+    info = err if args.json else out        # --json keeps stdout pure JSON lines
+    options = _later_options(args)
+    try:
+        if args.config:
+            _load_config(args.config)
+        app = load_app(args.app)
+        info.print(f"deploying {app.name} on {args.cluster or 'an embedded LocalCluster'}…", soft_wrap=True)
+        with _spawned_workers_ignore_ctrl_c(embedded=args.cluster is None):
+            dep = deploy(app, workers=args.workers, cluster=args.cluster, plugins=tuple(args.plugin),
+                         **options)
+    except USER_ERRORS as exc:
+        return _fail(err, str(exc), 2)
+    except DeploymentFailed as exc:
+        return _fail(err, f"deploy failed: {exc.reason}", 1)
+    except TypeError as exc:
+        if not options:
+            raise
+        flags = " and ".join(f"--{'policy' if name == 'policies' else name}" for name in options)
+        return _fail(err, f"{flags}: not available in this version ({exc}); deploy without it", 2)
+    except OSError as exc:       # includes the connect timeout of an unreachable scheduler
+        where = f"reach the cluster at {args.cluster}" if args.cluster else "start the embedded cluster"
+        return _fail(err, f"cannot {where}: {exc}", 1)
+    info.print(f"running on {dep.scheduler_address}; `python -m pescheduler status` or `stop` from another "
+               f"terminal{' with --cluster ' + dep.scheduler_address if args.cluster else ''}", soft_wrap=True)
+    try:
+        final = _follow(dep, args, out)
+    except DeploymentFailed as exc:
+        return _fail(err, f"{app.name} failed: {exc.reason}", 1)
+    except KeyboardInterrupt:
+        err.print("interrupted: draining sources and flushing sinks before stopping…")
+        raise
+    finally:
+        dep.stop()
+    if final["state"] == "failed":
+        return _fail(err, f"{app.name} failed: {final.get('error')}", 1)
+    info.print(f"{app.name} {final['state']} after {final['elapsed_s']:.1f} s", soft_wrap=True)
+    return 0
+
+
+@contextmanager
+def _spawned_workers_ignore_ctrl_c(embedded: bool) -> Iterator[None]:
+    """Ignore SIGINT while the embedded cluster spawns its worker processes.
+
+    Ctrl-C in a terminal signals the whole process group, workers included; a
+    worker killed by it cannot drain, so the clean stop would hang. An ignored
+    signal is inherited across fork and exec (a Python handler is not), so
+    workers spawned in this window ignore Ctrl-C and this process alone handles
+    it. The price: Ctrl-C is ignored for the seconds the cluster takes to start.
+    """
+    if not embedded or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _load_config(path: str) -> None:
+    import yaml
+
+    try:
+        config.load_file(path)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise InvalidApplication(f"--config {path}: {exc}") from None
+
+
+def _later_options(args: argparse.Namespace) -> dict:
+    """``rm=`` and ``policies=`` only when given, so a deploy() without them still works."""
+    options: dict = {}
+    if args.rm:
+        options["rm"] = args.rm
+    if args.policy:
+        options["policies"] = [] if args.policy == ["none"] else list(args.policy)
+    return options
+
+
+def _follow(dep, args: argparse.Namespace, out: Console) -> dict:
+    """Show the deployment until it ends (or ``--duration`` passes); returns the final status."""
+    if out.is_terminal and not args.json:
+        with LiveView(dep.status, console=out):
+            return _wait(dep, args.duration, lambda status: None)
+    if args.json:
+        return _wait(dep, args.duration, lambda status: print(json.dumps(status, default=str), flush=True))
+    seen: set = set()
+
+    def log(status: dict) -> None:
+        for event in new_events(status, seen):
+            print(format_event(event), flush=True)
+        print(format_line(status), flush=True)
+
+    return _wait(dep, args.duration, log)
+
+
+def _wait(dep, duration: float | None, tick: Callable[[dict], None]) -> dict:
+    """``dep.wait`` one monitor interval at a time, calling ``tick`` with each status."""
+    interval = config.get_seconds("monitor.interval")
+    deadline = None if duration is None else time.monotonic() + duration
+    while True:
+        timeout = interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic()))
+        try:
+            final = dep.wait(timeout=timeout)
+            break
+        except TimeoutError:
+            tick(dep.status())
+        if deadline is not None and time.monotonic() >= deadline:
+            final = dep.stop()
+            break
+    tick(final)
+    return final
+
+
+# -- status / stop --------------------------------------------------------------------------
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print the status the deployment last published to the scheduler."""
+    out, err = _console(), _console(stderr=True)
+    address = _scheduler_address(args.cluster, err)
+    if address is None:
+        return 1
+    try:
+        with _client(address) as client:
+            status = client.get_metadata(["pescheduler", "status"], default=None)
+    except OSError as exc:
+        return _fail(err, f"cannot reach the scheduler at {address}: {exc}", 1)
+    if status is None:
+        return _fail(err, f"no pescheduler deployment has published status on {address}", 1)
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+    else:
+        out.print(render(status))
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Ask the running deployment to drain and stop, and wait until it says it has."""
+    out, err = _console(), _console(stderr=True)
+    address = _scheduler_address(args.cluster, err)
+    if address is None:
+        return 1
+    try:
+        with _client(address) as client:
+            status = client.get_metadata(["pescheduler", "status"], default=None)
+            if status is None:
+                return _fail(err, f"no pescheduler deployment has published status on {address}", 1)
+            if status["state"] not in RUNNING:
+                # Never leave a "stop" behind: the next deployment on this cluster would obey it.
+                out.print(f"{status['app']} is already {status['state']}")
+                return 0
+            client.set_metadata(["pescheduler", "command"], "stop")
+            out.print(f"stop requested: {status['app']} drains its sources, flushes its sinks and stops…")
+            status = _await_stop(client, args.timeout)
+    except OSError:
+        status = None           # the embedded cluster closed with the deployment: it stopped
+    if status is not None and status["state"] in RUNNING:
+        return _fail(err, f"{status['app']} did not stop within {args.timeout:.0f} s; "
+                          f"try again or raise --timeout", 1)
+    out.print(f"stopped ({status['state']})" if status else "stopped (its cluster has closed)")
+    return 0
+
+
+def _await_stop(client, timeout: float) -> dict:
+    """Poll the published status (the scheduler offers no way to wait on metadata)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = client.get_metadata(["pescheduler", "status"], default=None) or {"state": "stopped"}
+        if status["state"] not in RUNNING or time.monotonic() >= deadline:
+            return status
+        time.sleep(0.25)
+
+
+def _scheduler_address(cluster: str | None, err: Console) -> str | None:
+    """``--cluster``, else the embedded deployment's state file; None (said why) if neither."""
+    if cluster:
+        return cluster
+    path = os.path.expanduser(config.get("state-file"))
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        _fail(err, f"no deployment found: no --cluster given and no running embedded deployment "
+                   f"(it records itself in {path}). Start one with `python -m pescheduler deploy app.py`.", 1)
+        return None
+    except (OSError, ValueError) as exc:
+        _fail(err, f"no deployment found: cannot read {path}: {exc}", 1)
+        return None
+    if not _alive(state.get("pid")):
+        _fail(err, f"no deployment found: the deployment recorded in {path} "
+                   f"(pid {state.get('pid')}) is no longer running", 1)
+        return None
+    return state["scheduler"]
+
+
+def _alive(pid) -> bool:
+    import psutil
+
+    return isinstance(pid, int) and psutil.pid_exists(pid)
+
+
+def _client(address: str):
+    from distributed import Client
+
+    return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+
+
+# -- plugins ----------------------------------------------------------------------------------
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    """List what every plug-in provides and which failed to load; exit 0 either way."""
+    out = _console()
+    found = load_plugins(tuple(args.plugin))
+    out.print(operators_table(found))
+    out.print(aggregates_table(found))
+    out.print(_named_table("policies", {n: found.origins.get(n, "") for n in found.policies()}))
+    out.print(_named_table("resource managers", {n: f"{c.__module__}.{c.__qualname__}"
+                                                 for n, c in found.resource_managers.items()}))
+    if found.failures:
+        out.print(failures_table(found))
+    return 0
+
+
+KIND_ORDER = {"source": 0, "operator": 1, "sink": 2}
+
+
+def operators_table(found: Plugins) -> Table:
+    """Operators by kind, each with its class, plug-in and origin (distribution or module)."""
+    table = Table(title="operators", title_justify="left")
+    for header in ("kind", "name", "class", "plug-in", "origin"):
+        table.add_column(header)
+    for (kind, name), cls in sorted(found.operators.items(), key=lambda kv: (KIND_ORDER.get(kv[0][0], 9), kv[0])):
+        plugin = found.operator_origins.get((kind, name), "")
+        table.add_row(kind, name, f"{cls.__module__}.{cls.__qualname__}", plugin, found.origins.get(plugin, ""))
+    return table
+
+
+def aggregates_table(found: Plugins) -> Table:
+    table = Table(title="aggregates", title_justify="left")
+    table.add_column("name")
+    table.add_column("computed from")
+    for name, agg in sorted(found.aggregates.items()):
+        table.add_row(name, ", ".join(getattr(agg, "uses", ())) or "-")
+    return table
+
+
+def _named_table(title: str, rows: dict[str, str]) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("name")
+    table.add_column("origin")
+    for name, origin in sorted(rows.items()):
+        table.add_row(name, origin)
+    if not rows:
+        table.add_row("(none installed)", "")
+    return table
+
+
+def failures_table(found: Plugins) -> Table:
+    """Plug-ins that failed to load, in red: name, origin, the error's last line."""
+    table = Table(title="plug-ins that failed to load", title_justify="left", style="red",
+                  title_style="bold red")
+    for header in ("plug-in", "origin", "error"):
+        table.add_column(header, style="red")
+    for failure in found.failures:
+        table.add_row(failure.name, failure.origin, (failure.error.strip().splitlines() or [''])[-1])
+    return table
+
+
+if __name__ == "__main__":      # pragma: no cover - `python -m pescheduler` goes through __main__.py
+    sys.exit(main())

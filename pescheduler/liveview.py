@@ -1,0 +1,188 @@
+"""The terminal view of a deployment's status dict: rich tables on a TTY, one line otherwise.
+
+Every renderer is a pure function of the status dict (see
+:meth:`pescheduler.deployment.Deployment.status`), so the view is tested
+without a cluster and shows the same whether the dict came from the
+deploying process or from the scheduler (``python -m pescheduler status``).
+
+Example::
+
+    from rich.console import Console
+    Console().print(render(dep.status()))
+    print(format_line(dep.status()))
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+EVENTS_SHOWN = 8
+
+STATE_STYLES = {"starting": "yellow", "running": "green", "finished": "bold green",
+                "stopped": "yellow", "failed": "bold red"}
+
+EVENT_STYLES = {"failed": "red", "refused": "yellow", "reconfigure": "cyan", "policy": "magenta",
+                "stop": "yellow"}
+
+
+# -- figures ------------------------------------------------------------------------------
+
+def rate(per_s: float) -> str:
+    """Tuples per second, short: ``950/s``, ``12.3k/s``, ``1.25M/s``."""
+    per_s = float(per_s or 0.0)
+    if per_s >= 1e6:
+        return f"{per_s / 1e6:.2f}M/s"
+    if per_s >= 1e3:
+        return f"{per_s / 1e3:.1f}k/s"
+    return f"{per_s:.0f}/s"
+
+
+def percent(fraction: float) -> str:
+    return f"{100 * float(fraction or 0.0):.0f}%"
+
+
+def load_style(fraction: float) -> str:
+    """Colour of a busy or backpressure fraction: green, then yellow, red when saturated."""
+    fraction = float(fraction or 0.0)
+    return "red" if fraction >= 0.8 else "yellow" if fraction >= 0.3 else "green"
+
+
+def short_worker(address: str) -> str:
+    """A worker address without the ``tcp://`` every address shares (the table is narrow)."""
+    return address.split("://", 1)[-1] if address else ""
+
+
+# -- rich renderables ---------------------------------------------------------------------
+
+def pe_table(status: dict) -> Table:
+    """One row per PE: operators, placement, rates, busy and backpressure in colour."""
+    table = Table(title=f"{status.get('app', '')}: processing elements", title_justify="left",
+                  expand=False)
+    for header in ("PE", "operators", "worker", "host"):
+        table.add_column(header, overflow="fold")
+    for header in ("in", "out", "busy", "backpr."):
+        table.add_column(header, justify="right", no_wrap=True)
+    for pe in status.get("pes", ()):
+        name = Text(pe.get("pe", ""))
+        if pe.get("state", "running") != "running":
+            name.append(f" ({pe['state']})", style=STATE_STYLES.get(pe["state"], ""))
+        table.add_row(name, ", ".join(pe.get("operators", ())), short_worker(pe.get("worker", "")),
+                      pe.get("host", ""), rate(pe.get("tuples_in_per_s")), rate(pe.get("tuples_out_per_s")),
+                      Text(percent(pe.get("busy")), style=load_style(pe.get("busy"))),
+                      Text(percent(pe.get("backpressure")), style=load_style(pe.get("backpressure"))))
+    return table
+
+
+def totals(status: dict) -> Text:
+    """State, elapsed time, dead letters and late events; the error when failed."""
+    state = status.get("state", "")
+    line = Text("state ")
+    line.append(state, style=STATE_STYLES.get(state, ""))
+    line.append(f"   elapsed {float(status.get('elapsed_s') or 0):.1f} s   dead letters ")
+    dead = int(status.get("dead_letters") or 0)
+    line.append(str(dead), style="red" if dead else "")
+    line.append(f"   late events {int(status.get('late_events') or 0)}")
+    if status.get("error"):
+        line.append(f"\nerror: {status['error']}", style="red")
+    return line
+
+
+def events_table(status: dict, last: int = EVENTS_SHOWN) -> Table:
+    """The newest ``last`` events (reconfigurations, failures, policy decisions), oldest first."""
+    table = Table(title="events", title_justify="left", show_header=False, box=None, padding=(0, 1))
+    table.add_column("t", justify="right", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("text", overflow="fold")
+    for event in list(status.get("events", ()))[-last:] if last > 0 else ():
+        kind = event.get("kind", "")
+        table.add_row(f"{float(event.get('t') or 0):.1f}s", Text(kind, style=EVENT_STYLES.get(kind, "")),
+                      event.get("text", ""))
+    return table
+
+
+def render(status: dict) -> RenderableType:
+    """The whole view: PE table, totals line, recent events."""
+    return Group(pe_table(status), totals(status), events_table(status))
+
+
+# -- plain text (not a terminal) ------------------------------------------------------------
+
+def format_line(status: dict) -> str:
+    """One log line: elapsed, app, state, each PE's rates and load, totals."""
+    pes = " | ".join(
+        f"{pe.get('pe', '')}: in {rate(pe.get('tuples_in_per_s'))} out {rate(pe.get('tuples_out_per_s'))} "
+        f"busy {percent(pe.get('busy'))} bp {percent(pe.get('backpressure'))}"
+        + ("" if pe.get("state", "running") == "running" else f" {pe['state']}")
+        for pe in status.get("pes", ()))
+    line = (f"[{float(status.get('elapsed_s') or 0):7.1f}s] {status.get('app', '')} {status.get('state', '')}"
+            + (f" | {pes}" if pes else "")
+            + f" | dead letters {int(status.get('dead_letters') or 0)}, late {int(status.get('late_events') or 0)}")
+    if status.get("error"):
+        line += f" | error: {status['error']}"
+    return line
+
+
+def format_event(event: dict) -> str:
+    """One event as a log line: ``[   3.2s] event reconfigure: ...``."""
+    return f"[{float(event.get('t') or 0):7.1f}s] event {event.get('kind', '')}: {event.get('text', '')}"
+
+
+def new_events(status: dict, seen: set) -> list[dict]:
+    """Events of ``status`` not in ``seen`` (which is updated), oldest first.
+
+    Events carry no id and the deployment keeps only the newest ones, so an
+    event is known by its (time, kind, text).
+    """
+    fresh = []
+    for event in status.get("events", ()):
+        key = (event.get("t"), event.get("kind"), event.get("text"))
+        if key not in seen:
+            seen.add(key)
+            fresh.append(event)
+    return fresh
+
+
+# -- live view ------------------------------------------------------------------------------
+
+class LiveView:
+    """A ``rich.live.Live`` that re-renders the status returned by ``get_status``.
+
+    Example::
+
+        with LiveView(dep.status):
+            dep.wait()
+
+    Rich refreshes from its own thread while the deployment updates its status
+    from another; a read that fails shows the last good status rather than
+    ending the view.
+    """
+
+    def __init__(self, get_status: Callable[[], dict], console: Console | None = None,
+                 refresh_per_second: float = 2.0) -> None:
+        self.get_status = get_status
+        self.last: dict = {}
+        self.live = Live(get_renderable=self._renderable, console=console,
+                         refresh_per_second=refresh_per_second, transient=False)
+
+    def _renderable(self) -> RenderableType:
+        try:
+            self.last = self.get_status()
+        except Exception:
+            pass
+        return render(self.last)
+
+    def refresh(self) -> None:
+        self.live.refresh()
+
+    def __enter__(self) -> "LiveView":
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(*exc)
+

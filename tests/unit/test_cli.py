@@ -1,0 +1,237 @@
+"""The command line: plugins, status/stop without a deployment, deploy's exits and output.
+
+``deploy`` is driven in-process against a fake :class:`Deployment` (the
+contract: status, wait, stop, scheduler_address), so its control flow is
+tested without a cluster; the other commands run as a user types them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import dask.config
+import pytest
+
+import pescheduler.deployment
+from pescheduler import cli
+from pescheduler.errors import DeploymentFailed, InvalidApplication
+
+APP = """\
+from pescheduler import Application
+
+app = Application("fake")
+app.source("iterable", items=[1, 2, 3]).sink("print")
+"""
+
+
+def run(*args, cwd, env=None):
+    return subprocess.run([sys.executable, "-m", "pescheduler", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def no_state_file(tmp_path) -> dict:
+    return {"DASK_PESCHEDULER__STATE_FILE": str(tmp_path / "state" / "current.json")}
+
+
+# -- plugins -------------------------------------------------------------------------------
+
+def test_plugins_lists_the_builtin_generator_with_its_origin(tmp_path):
+    result = run("plugins", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if " generator " in line]
+    assert rows, result.stdout
+    assert "source" in rows[0] and "builtin-operators" in rows[0] and "pescheduler 0.1.0" in rows[0]
+
+
+def test_a_plugin_that_fails_is_shown_and_the_rest_still_listed(tmp_path):
+    result = run("plugins", "--plugin", "does.not.exist", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "failed to load" in result.stdout
+    failure = [line for line in result.stdout.splitlines() if "does.not.exist" in line]
+    assert failure and "No module named 'does'" in failure[0]
+    assert " generator " in result.stdout and " window " in result.stdout
+
+
+# -- status / stop ---------------------------------------------------------------------------
+
+def test_status_without_a_deployment_says_so_and_exits_1(tmp_path):
+    result = run("status", cwd=tmp_path, env=no_state_file(tmp_path))
+    assert result.returncode == 1
+    assert "no deployment found" in result.stderr and "python -m pescheduler deploy" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_status_with_a_stale_state_file_exits_1(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    state = tmp_path / "state" / "current.json"
+    state.parent.mkdir()
+    state.write_text(json.dumps({"scheduler": "tcp://127.0.0.1:1", "app": "old", "pid": gone.pid}))
+    result = run("status", cwd=tmp_path, env=no_state_file(tmp_path))
+    assert result.returncode == 1
+    assert f"(pid {gone.pid}) is no longer running" in result.stderr
+
+
+def test_stop_without_a_deployment_exits_1(tmp_path, capsys):
+    with dask.config.set({"pescheduler.state-file": str(tmp_path / "none.json")}):
+        assert cli.main(["stop"]) == 1
+    assert "no deployment found" in capsys.readouterr().err
+
+
+def test_no_command_prints_usage_and_exits_2(tmp_path):
+    result = run(cwd=tmp_path)
+    assert result.returncode == 2 and "usage: pescheduler" in result.stderr
+
+
+# -- deploy: user mistakes exit 2 without a traceback ---------------------------------------------
+
+def test_broken_app_exits_2_with_file_and_line(tmp_path):
+    (tmp_path / "app.py").write_text("from pescheduler import Application\napp = Application(\n")
+    result = run("deploy", "app.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "app.py:2" in result.stderr and "SyntaxError" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_missing_config_file_exits_2(tmp_path, capsys):
+    (tmp_path / "app.py").write_text(APP)
+    assert cli.main(["deploy", str(tmp_path / "app.py"), "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "--config" in capsys.readouterr().err
+
+
+# -- deploy against a fake deployment ---------------------------------------------------------------
+
+def status(state: str, **extra) -> dict:
+    return {"app": "fake", "state": state, "elapsed_s": 1.5, "error": None, "dead_letters": 0,
+            "late_events": 0, "pes": [{"pe": "iterable-1->print-2", "tuples_in_per_s": 10.0,
+                                       "tuples_out_per_s": 10.0, "busy": 0.1, "backpressure": 0.0}],
+            "events": [{"t": 0.5, "kind": "deploy", "text": "1 PEs on 1 workers"}], **extra}
+
+
+class FakeDeployment:
+    """Plays back ``outcomes`` from ``wait``: "timeout", a final status, or an exception."""
+
+    scheduler_address = "tcp://127.0.0.1:8786"
+
+    def __init__(self, outcomes):
+        self.outcomes = list(outcomes)
+        self.stops = 0
+
+    def status(self):
+        return status("running")
+
+    def wait(self, timeout=None):
+        outcome = self.outcomes.pop(0) if self.outcomes else "timeout"
+        if outcome == "timeout":
+            raise TimeoutError
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def stop(self):
+        self.stops += 1
+        return status("stopped")
+
+
+@pytest.fixture
+def app_file(tmp_path):
+    path = tmp_path / "app.py"
+    path.write_text(APP)
+    return str(path)
+
+
+@pytest.fixture
+def fake_deploy(monkeypatch):
+    """Replace deploy(); returns the calls (kwargs, plus what SIGINT was set to during the call)."""
+    calls = []
+
+    def install(outcomes=(), error=None):
+        dep = FakeDeployment(outcomes)
+
+        def deploy(app, **kwargs):
+            calls.append({**kwargs, "app": app, "sigint": signal.getsignal(signal.SIGINT)})
+            if error is not None:
+                raise error
+            return dep
+        monkeypatch.setattr(pescheduler.deployment, "deploy", deploy)
+        return dep
+    install.calls = calls
+    return install
+
+
+def test_finished_app_logs_lines_and_exits_0(app_file, fake_deploy, capsys):
+    dep = fake_deploy(["timeout", "timeout", status("finished")])
+    assert cli.main(["deploy", app_file, "--cluster", "tcp://127.0.0.1:8786"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("fake running | iterable-1->print-2: in 10/s") == 2
+    assert "event deploy: 1 PEs on 1 workers" in out and out.count("event deploy") == 1
+    assert "fake finished |" in out and "fake finished after 1.5 s" in out
+    assert dep.stops == 1
+    assert fake_deploy.calls[0]["cluster"] == "tcp://127.0.0.1:8786"
+    assert fake_deploy.calls[0]["app"].name == "fake"
+
+
+def test_json_prints_one_status_per_line(app_file, fake_deploy, capsys):
+    fake_deploy(["timeout", status("finished")])
+    assert cli.main(["deploy", app_file, "--json", "--cluster", "tcp://x:1"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [s["state"] for s in lines] == ["running", "finished"]
+
+
+def test_failure_prints_the_reason_and_exits_1(app_file, fake_deploy, capsys):
+    dep = fake_deploy([DeploymentFailed("lost worker tcp://w1")])
+    assert cli.main(["deploy", app_file, "--cluster", "tcp://x:1"]) == 1
+    assert "fake failed: lost worker tcp://w1" in capsys.readouterr().err
+    assert dep.stops == 1
+
+
+def test_ctrl_c_stops_and_exits_130(app_file, fake_deploy, capsys):
+    dep = fake_deploy(["timeout", KeyboardInterrupt()])
+    assert cli.main(["deploy", app_file, "--cluster", "tcp://x:1"]) == 130
+    assert dep.stops == 1
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_duration_stops_the_deployment_and_exits_0(app_file, fake_deploy, capsys):
+    dep = fake_deploy()                 # never ends by itself
+    assert cli.main(["deploy", app_file, "--duration", "1e-9", "--cluster", "tcp://x:1"]) == 0
+    assert dep.stops >= 1
+    assert "fake stopped after" in capsys.readouterr().out
+
+
+def test_invalid_application_at_deploy_exits_2(app_file, fake_deploy, capsys):
+    fake_deploy(error=InvalidApplication("print-2: unknown sink 'prnt'. Known sinks: jsonl, print"))
+    assert cli.main(["deploy", app_file, "--cluster", "tcp://x:1"]) == 2
+    assert "unknown sink 'prnt'" in capsys.readouterr().err
+
+
+def test_rm_and_policies_are_passed_only_when_given(app_file, fake_deploy):
+    fake_deploy([status("finished")] * 3)
+    cli.main(["deploy", app_file, "--workers", "2"])
+    cli.main(["deploy", app_file, "--rm", "local", "--policy", "threshold", "--policy", "rate"])
+    cli.main(["deploy", app_file, "--policy", "none"])
+    plain, chosen, none = fake_deploy.calls
+    assert "rm" not in plain and "policies" not in plain and plain["workers"] == 2
+    assert chosen["rm"] == "local" and chosen["policies"] == ["threshold", "rate"]
+    assert none["policies"] == []
+
+
+def test_embedded_workers_are_spawned_with_ctrl_c_ignored(app_file, fake_deploy):
+    fake_deploy([status("finished")] * 2)
+    before = signal.getsignal(signal.SIGINT)
+    cli.main(["deploy", app_file])
+    cli.main(["deploy", app_file, "--cluster", "tcp://x:1"])
+    embedded, external = fake_deploy.calls
+    assert embedded["sigint"] is signal.SIG_IGN
+    assert external["sigint"] is before
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_options_this_version_refuses_exit_2(app_file, fake_deploy, capsys):
+    fake_deploy(error=TypeError("deploy() got options this version does not support yet: policies"))
+    assert cli.main(["deploy", app_file, "--policy", "threshold", "--cluster", "tcp://x:1"]) == 2
+    assert "--policy: not available in this version" in capsys.readouterr().err

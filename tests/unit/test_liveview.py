@@ -1,0 +1,123 @@
+"""The live view renders a status dict: PE figures, totals, recent events; one line off a TTY."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from rich.console import Console
+
+from pescheduler.liveview import (LiveView, format_event, format_line, load_style, new_events, pe_table,
+                                  rate, render)
+
+STATUS = {
+    "app": "connected-cars", "state": "running", "elapsed_s": 42.5, "error": None,
+    "pes": [
+        {"pe": "generator-1", "operators": ["generator-1"], "worker": "tcp://127.0.0.1:4321",
+         "host": "local-0", "tuples_in_per_s": 0.0, "tuples_out_per_s": 1_250_000.0, "busy": 0.35,
+         "backpressure": 0.92, "state": "running"},
+        {"pe": "map-2->filter-3", "operators": ["map-2", "filter-3"], "worker": "tcp://127.0.0.1:4999",
+         "host": "local-1", "tuples_in_per_s": 12_345.0, "tuples_out_per_s": 950.0, "busy": 0.05,
+         "backpressure": 0.0, "state": "finished"},
+    ],
+    "operators": [{"op": "map-2", "pe": "map-2->filter-3", "tuples_in": 10, "tuples_out": 10,
+                   "tuples_in_per_s": 12_345.0, "busy": 0.03, "dead_letters": 3, "late": 0}],
+    "dead_letters": 3, "late_events": 17,
+    "events": [{"t": float(i), "kind": "reconfigure" if i % 2 else "policy", "text": f"event number {i}"}
+               for i in range(10)],
+}
+
+
+def text_of(renderable) -> str:
+    console = Console(record=True, width=200, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_rates_are_short():
+    assert [rate(950), rate(12_345), rate(1_250_000), rate(None)] == ["950/s", "12.3k/s", "1.25M/s", "0/s"]
+
+
+@pytest.mark.parametrize("fraction, style", [(0.0, "green"), (0.29, "green"), (0.3, "yellow"),
+                                             (0.79, "yellow"), (0.8, "red"), (1.0, "red")])
+def test_load_colours(fraction, style):
+    assert load_style(fraction) == style
+
+
+def test_view_shows_each_pe_with_its_figures():
+    text = text_of(render(STATUS))
+    assert "map-2->filter-3 (finished)" in text and "map-2, filter-3" in text
+    assert "127.0.0.1:4999" in text and "tcp://" not in text
+    assert "local-1" in text
+    assert "1.25M/s" in text and "12.3k/s" in text and "950/s" in text
+    assert "35%" in text and "92%" in text
+
+
+def test_backpressure_cell_is_coloured_by_load():
+    table = pe_table(STATUS)
+    backpressure = list(table.columns[-1].cells)
+    assert [cell.style for cell in backpressure] == ["red", "green"]
+
+
+def test_totals_line():
+    text = text_of(render(STATUS))
+    assert "state running" in text and "elapsed 42.5 s" in text
+    assert "dead letters 3" in text and "late events 17" in text
+
+
+def test_only_the_last_eight_events_are_shown():
+    text = text_of(render(STATUS))
+    assert "event number 9" in text and "event number 2" in text
+    assert "event number 1" not in text and "event number 0" not in text
+
+
+def test_failed_status_shows_the_error():
+    failed = {**STATUS, "state": "failed", "error": "lost worker tcp://127.0.0.1:4999"}
+    assert "error: lost worker tcp://127.0.0.1:4999" in text_of(render(failed))
+
+
+def test_an_empty_status_renders():
+    assert "state starting" in text_of(render({"app": "x", "state": "starting"}))
+
+
+def test_format_line_has_state_rates_and_totals():
+    line = format_line(STATUS)
+    assert "\n" not in line
+    assert line.startswith("[   42.5s] connected-cars running | generator-1: in 0/s out 1.25M/s busy 35% bp 92%")
+    assert "map-2->filter-3: in 12.3k/s out 950/s busy 5% bp 0% finished" in line
+    assert line.endswith("dead letters 3, late 17")
+
+
+def test_format_line_of_a_failure_has_the_reason():
+    assert format_line({**STATUS, "state": "failed", "error": "boom"}).endswith("| error: boom")
+
+
+def test_format_event():
+    assert format_event({"t": 3.5, "kind": "policy", "text": "fuse a and b"}) == \
+        "[    3.5s] event policy: fuse a and b"
+
+
+def test_new_events_returns_each_event_once():
+    seen: set = set()
+    assert [e["text"] for e in new_events(STATUS, seen)] == [f"event number {i}" for i in range(10)]
+    later = copy.deepcopy(STATUS)
+    later["events"] = later["events"][5:] + [{"t": 11.0, "kind": "failed", "text": "late news"}]
+    assert [e["text"] for e in new_events(later, seen)] == ["late news"]
+    assert new_events(later, seen) == []
+
+
+def test_live_view_renders_from_the_callable_and_survives_a_failing_read():
+    calls = []
+
+    def get_status():
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("status read while it changed")
+        return STATUS
+
+    console = Console(record=True, width=200, color_system=None)
+    with LiveView(get_status, console=console):
+        pass
+    assert len(calls) >= 2                  # read at start and again for the final frame
+    text = console.export_text()
+    assert "map-2->filter-3" in text and "dead letters 3" in text
