@@ -21,7 +21,9 @@ def _lines(batch: list) -> str:
 class JsonlSink(Sink):
     """Write tuples to ``path``, one compact JSON object per line (``default=str``).
 
-    ``open`` creates the parent directories and truncates the file. Each batch
+    ``open`` creates the parent directories and truncates the file, unless the
+    sink was restored from a snapshot (it moved to another PE or worker): then
+    it appends where its predecessor stopped. Each batch
     is one ``os.write`` on an ``O_APPEND`` descriptor, so a reader (or a
     ``jsonl`` source following the file) never sees half a batch from a
     crash-free writer; ``flush`` fsyncs, so a finished stream is on disk.
@@ -32,13 +34,24 @@ class JsonlSink(Sink):
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
         self._fd: int | None = None
+        self._continue = False
 
     def open(self, context: Any) -> None:
         super().open(context)
         parent = os.path.dirname(self.path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        truncate = 0 if self._continue else os.O_TRUNC
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | truncate | os.O_APPEND, 0o644)
+
+    def snapshot(self) -> dict:
+        """Every batch is already in the file: a successor only needs to append."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+        return {"continue": True}
+
+    def restore(self, state: dict | None) -> None:
+        self._continue = bool(state and state.get("continue"))
 
     def process(self, batch: list, emit: Emitter) -> None:
         data = _lines(batch).encode()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from itertools import islice
+from itertools import islice, repeat
 from typing import Any, Iterable
 
 from pescheduler.operator import Source
@@ -135,18 +135,19 @@ class GeneratorSource(Source):
     def _segment(self, start: int, stop: int, hot: list, share: float) -> list:
         # Hot loop: locals bound once, one dict display per event. Each event
         # draws exactly four numbers (car, speed, lat, lon) whatever the phase.
-        rnd, ts0, step = self._rng.random, self.start_ts, self.interval_ms
+        rnd, step = self._rng.random, self.interval_ms
+        ts0 = self.start_ts + start * step
+        stamps = range(ts0, ts0 + (stop - start) * step, step) if step else repeat(ts0, stop - start)
         cars, k = self.cars + self.cars[-1:], len(self.cars)     # spare entry: r * k may round to k
         if not share:
             return [{"car": cars[int(rnd() * k)], "speed": rnd() * 130.0,
-                     "lat": 48.0 + rnd() * 0.3, "lon": 11.3 + rnd() * 0.5, "ts": ts0 + i * step}
-                    for i in range(start, stop)]
+                     "lat": 48.0 + rnd() * 0.3, "lon": 11.3 + rnd() * 0.5, "ts": ts}
+                    for ts in stamps]
         hot_scale, cold_scale = len(hot) / share, k / (1.0 - share) if share < 1 else 0.0
         hot = hot + hot[-1:]
         return [{"car": hot[int(r * hot_scale)] if (r := rnd()) < share else cars[int((r - share) * cold_scale)],
-                 "speed": rnd() * 130.0, "lat": 48.0 + rnd() * 0.3, "lon": 11.3 + rnd() * 0.5,
-                 "ts": ts0 + i * step}
-                for i in range(start, stop)]
+                 "speed": rnd() * 130.0, "lat": 48.0 + rnd() * 0.3, "lon": 11.3 + rnd() * 0.5, "ts": ts}
+                for ts in stamps]
 
     def snapshot(self) -> dict:
         return {"index": self._index, "rng": self._rng.getstate(), "jitter": self._jitter.getstate()}
@@ -201,9 +202,12 @@ class JsonlSource(Source):
         while True:
             if self._current is None and not self._next_file():
                 return [] if self.follow else None
-            batch = self._read_lines(n)
-            if batch:
-                return batch
+            lines = self._read_lines(n)
+            if lines:
+                batch = self._parse(lines)
+                if batch:
+                    return batch
+                continue                    # only blank lines: read on
             if not self._advance():
                 return []
 
@@ -231,7 +235,8 @@ class JsonlSource(Source):
         self._current = None
         return True
 
-    def _read_lines(self, n: int) -> list:
+    def _read_lines(self, n: int) -> list[bytes]:
+        """Up to ``n`` complete lines of the current file (a last partial one only when not following)."""
         if self._fh is None:
             self._fh = open(self._current, "rb")
             self._fh.seek(self._offset)
@@ -240,7 +245,7 @@ class JsonlSource(Source):
             self._fh.seek(self._offset + sum(map(len, lines[:-1])))   # incomplete: wait for the rest
             lines.pop()
         self._offset += sum(map(len, lines))
-        return self._parse(lines)
+        return lines
 
     def _parse(self, lines: list[bytes]) -> list:
         first, loads = self._line, json.loads

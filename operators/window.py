@@ -67,6 +67,10 @@ class Window(Operator):
         if self.size % self.slide:
             raise ValueError(f"window size ({self.size} ms) must be a multiple of slide "
                              f"({self.slide} ms): sliding windows are built from panes of slide")
+        if not isinstance(aggregates, (dict, type(None))):
+            raise TypeError(f"aggregates must be a dict {{name: (function, field)}}, got {aggregates!r}")
+        if ts_field is None:
+            raise ValueError("a window needs event time: ts_field names the timestamp field (ms)")
         self.key = key
         self.ts_field = ts_field
         requests = dict(aggregates or {})
@@ -107,11 +111,13 @@ class Window(Operator):
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
-        if not self._panes:
-            return
-        starts = sorted(self._panes)
-        self._fire(starts, watermark + 1, emit.append)
-        self._drop(starts, watermark)
+        if self._panes:
+            starts = sorted(self._panes)
+            self._fire(starts, watermark + 1, emit.append)
+            self._drop(starts, watermark)
+        # Even with nothing to fire, windows ending here are done: a tuple
+        # arriving later must not reopen them.
+        self._fired_end = (watermark + 1) - (watermark + 1) % self.slide
 
     def _fire(self, starts: list, last_end: int, out: Callable) -> None:
         """Emit every window ending in ``(fired_end, last_end]`` that has data, by end."""
@@ -129,7 +135,6 @@ class Window(Operator):
             hi = bisect_left(starts, end, lo)
             self._rows(self._window(starts[lo:hi]), end - size, end, out)
             end += slide
-        self._fired_end = last_end - last_end % slide
 
     def _window(self, starts: list) -> Any:
         """``(key, slots)`` of one window: its panes merged, keys in first-seen order."""

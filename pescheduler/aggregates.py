@@ -7,13 +7,13 @@ is ``sum / count``; ``var`` and ``stddev`` reuse the same ``sum`` and ``count``
 plus ``sumsq``. An :class:`AggregatePlan` resolves what one or more requests
 ask for into that graph, so every distinct (base aggregate, field) is computed
 once however many outputs or queries need it, and ``count`` once per window
-whatever field it is written with::
+whatever field it is written with:
 
-    plan = AggregatePlan()
-    a = plan.add({"avg_speed": ("avg", "speed")})
-    b = plan.add({"sd": ("stddev", "speed"), "n": ("count", "car")})
-    [f"{n.aggregate.name}({n.field})" for n in plan.slots]
-    # ['count(None)', 'sum(speed)', 'sumsq(speed)']   -> three accumulators for both queries
+>>> plan = AggregatePlan()
+>>> first = plan.add({"avg_speed": ("avg", "speed")})
+>>> second = plan.add({"sd": ("stddev", "speed"), "n": ("count", "car")})
+>>> plan.layout                     # three accumulators serve both queries
+('sum(speed)', 'count(None)', 'sumsq(speed)')
 
 The accumulators of one group (a key in a pane) are the slots of one Python
 list. The plan *generates* the per-batch update loop, the merge of two slot
@@ -22,12 +22,16 @@ lists and the output rows (``exec`` of generated source, as
 per-tuple dispatch over aggregates remains on the hot path.
 
 A plug-in aggregate is a module-level ``Aggregate`` returned from the
-``pescheduler_aggregates()`` hook::
+``pescheduler_aggregates()`` hook (then any window names it), or handed to a
+window directly:
 
-    geomean_log = Aggregate("sumlog", create=lambda: 0.0,
-                            update=lambda a, v: a + math.log(v), merge=operator.add)
-    geomean = Aggregate("geomean", uses=("sumlog", "count"),
-                        result=lambda sumlog, count: math.exp(sumlog / count))
+>>> import math, operator
+>>> sumlog = Aggregate("sumlog", create=lambda: 0.0,
+...                    update=lambda a, v: a + math.log(v), merge=operator.add)
+>>> geomean = Aggregate("geomean", uses=(sumlog, "count"),
+...                     result=lambda total, n: math.exp(total / n))
+>>> AggregatePlan({"g": (geomean, "speed")}).layout
+('sumlog(speed)', 'count(None)')
 """
 
 from __future__ import annotations
@@ -47,8 +51,9 @@ class Aggregate:
     change their arguments, because one pane's accumulator is merged into
     several sliding windows and shared with snapshots.
 
-    Derived: ``uses`` names the aggregates it is computed from (over the same
-    field) and ``result(*their_results)`` combines them, in ``uses`` order.
+    Derived: ``uses`` lists the aggregates it is computed from (over the same
+    field), by registered name or as ``Aggregate`` objects, and
+    ``result(*their_results)`` combines them, in ``uses`` order.
 
     ``needs_field=False`` marks an aggregate that ignores the field (``count``),
     so ``count`` over any field is one accumulator. The ``*_src`` templates are
@@ -58,7 +63,7 @@ class Aggregate:
     """
 
     name: str
-    uses: tuple[str, ...] = ()
+    uses: tuple[str | "Aggregate", ...] = ()
     create: Callable[[], Any] | None = None
     update: Callable[[Any, Any], Any] | None = None
     merge: Callable[[Any, Any], Any] | None = None
@@ -146,14 +151,21 @@ class Query:
         return tuple(name for name, _ in self.outputs)
 
 
-def parse_request(out_name: str, spec: Any) -> tuple[str, Any]:
-    """``(function, field)``, or a bare function name for field-less ones (``"count"``)."""
-    if isinstance(spec, str):
+def parse_request(out_name: str, spec: Any) -> tuple[str | Aggregate, Any]:
+    """``(function, field)``, or a bare function for field-less ones (``"count"``).
+
+    ``function`` is a registered name or an :class:`Aggregate` itself.
+    """
+    if isinstance(spec, (str, Aggregate)):
         return spec, None
-    if isinstance(spec, (tuple, list)) and len(spec) in (1, 2) and isinstance(spec[0], str):
+    if isinstance(spec, (tuple, list)) and len(spec) in (1, 2) and isinstance(spec[0], (str, Aggregate)):
         return spec[0], (spec[1] if len(spec) == 2 else None)
     raise ValueError(f"aggregate {out_name!r}: expected (function, field), e.g. ('avg', 'speed'), "
                      f"got {spec!r}")
+
+
+def _name(spec: str | Aggregate) -> str:
+    return spec if isinstance(spec, str) else spec.name
 
 
 class AggregatePlan:
@@ -173,8 +185,17 @@ class AggregatePlan:
         if requests is not None:
             self.add(requests)
 
-    def lookup(self, name: str) -> Aggregate:
-        """The aggregate called ``name``: the registry's, else the built-in one."""
+    def lookup(self, name: str | Aggregate) -> Aggregate:
+        """The aggregate called ``name``: the registry's, else the built-in one.
+
+        An ``Aggregate`` given itself joins this plan's registry (so a derived
+        one can name it), unless a different one already has its name.
+        """
+        if isinstance(name, Aggregate):
+            known = self.registry.setdefault(name.name, name)
+            if known != name:
+                raise ValueError(f"two different aggregates are named {name.name!r}")
+            return name
         agg = self.registry.get(name) or BUILTINS.get(name)
         if agg is None:
             known = ", ".join(sorted(set(self.registry) | set(BUILTINS)))
@@ -192,11 +213,12 @@ class AggregatePlan:
         self.queries.append(query)
         return query
 
-    def _node(self, name: str, fld: Any, path: tuple[str, ...]) -> PlanNode:
-        """Resolve ``name`` over ``fld`` depth first, so ``nodes`` ends up topologically ordered."""
+    def _node(self, spec: str | Aggregate, fld: Any, path: tuple[str, ...]) -> PlanNode:
+        """Resolve ``spec`` over ``fld`` depth first, so ``nodes`` ends up topologically ordered."""
+        name = _name(spec)
         if name in path:
             raise ValueError(f"aggregate cycle: {' -> '.join(path + (name,))}")
-        agg = self.lookup(name)
+        agg = self.lookup(spec)
         key = (name, fld if agg.needs_field else None)
         node = self.nodes.get(key)
         if node is None:
@@ -280,7 +302,7 @@ class AggregatePlan:
             return f"s[{node.slot}]" if agg.result is None else f"_result{i}(s[{node.slot}])"
         args = [names[u] for u in node.uses]
         if agg.result_src:
-            return "(" + agg.result_src.format(**dict(zip(agg.uses, args))) + ")"
+            return "(" + agg.result_src.format(**dict(zip(map(_name, agg.uses), args))) + ")"
         return f"_result{i}({', '.join(args)})"
 
     def _namespace(self, key: Any = None) -> dict:

@@ -61,11 +61,12 @@ def assert_rows_equal(actual, expected):
 
 @st.composite
 def streams(draw, poison=False):
-    """Events 3 ms apart, each up to 40 ms early (late beyond MAX_DELAY), 1-5 keys."""
-    base = draw(st.integers(-500, 500))
-    specs = draw(st.lists(st.tuples(st.integers(0, 4), st.integers(-100, 100), st.integers(0, 40)),
-                          max_size=250))
-    events = [{"k": f"k{k}", "v": v, "ts": base + 3 * i - jitter}
+    """Events 1 or 3 ms apart, each up to 100 ms early (late beyond MAX_DELAY), 1-5 keys."""
+    base, step = draw(st.integers(-500, 500)), draw(st.sampled_from([1, 3]))
+    size = draw(st.integers(0, 250))     # drawn first: hypothesis otherwise favours tiny lists
+    specs = draw(st.lists(st.tuples(st.integers(0, 4), st.integers(-100, 100), st.integers(0, 100)),
+                          min_size=size, max_size=size))
+    events = [{"k": f"k{k}", "v": v, "ts": base + step * i - jitter}
               for i, (k, v, jitter) in enumerate(specs)]
     if poison:
         for pos, bad in draw(st.lists(st.tuples(st.integers(0, len(events)),
@@ -168,3 +169,20 @@ def test_restore_refuses_a_different_layout():
     state = Window(10, aggregates={"n": ("count", "v")}).snapshot()
     with pytest.raises(ValueError, match="cannot be restored"):
         Window(10, aggregates={"m": ("max", "v")}).restore(state)
+
+
+def test_late_boundary_and_pane_cleanup():
+    # After [0, 30] the watermark is 30 - 10 - 1 = 19: pane 10 ends at 10 + 9 <= 19, so
+    # an event there is late; pane 20 still has an unfired window.
+    ev = [{"k": "a", "v": 1, "ts": ts} for ts in (0, 30, 10, 20)]
+    result = run_operators(ev, Window(10, aggregates={"n": ("count", "v")}), batch_size=2,
+                           max_delay=MAX_DELAY, key_field="k")
+    assert result.sides["late"] == [ev[2]]
+    assert [(r["window_start"], r["n"]) for r in result.output] == [(0, 1), (20, 1), (30, 1)]
+    window, out = Window(10, aggregates={"n": ("count", "v")}), Emitter()
+    window.process(ev[:2], out)
+    window.on_watermark(19, out)
+    window.process(ev[3:], out)
+    window.on_watermark(29, out)
+    assert list(window.snapshot()["panes"]) == [30]     # fired panes are forgotten
+    assert [r["window_start"] for r in out] == [0, 20]
