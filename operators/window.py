@@ -41,9 +41,9 @@ RESERVED = ("window_start", "window_end")
 
 def _plugin_aggregates() -> dict:
     """The aggregates registered by plug-ins (the built-ins are the plan's fallback)."""
-    from pescheduler.plugins import default_plugins
+    from pescheduler.plugins import active_plugins
 
-    return default_plugins().aggregates
+    return active_plugins().aggregates
 
 
 class Window(Operator):

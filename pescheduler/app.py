@@ -74,9 +74,9 @@ class Application:
 
 def _check_params(kind: str, name: str, params: dict) -> None:
     """Instantiate a known operator once so bad parameters fail where the app is written."""
-    from .plugins import default_plugins
+    from .plugins import active_plugins
 
-    cls = default_plugins().operators.get((kind, name))
+    cls = active_plugins().operators.get((kind, name))
     if cls is None:
         return          # maybe provided by a --plugin module; checked again at deploy
     try:

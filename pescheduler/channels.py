@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import pickle
 import struct
 from collections import deque
@@ -31,6 +32,7 @@ from typing import Any, Callable
 
 DATA, WATERMARK, END, CREDIT, HELLO, MARKER = 1, 2, 3, 4, 5, 6
 _HOLD = 0                                # local to a sender's buffer: never on the wire
+logger = logging.getLogger(__name__)
 HEADER = struct.Struct("!IB")           # payload length, kind
 WM = struct.Struct("!q")
 COUNT = struct.Struct("!I")
@@ -185,7 +187,7 @@ class ChannelOut:
     async def _write(self, kind: int, payload: Any) -> None:
         raise NotImplementedError
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 10.0) -> None:
         """Release the transport (nothing to do for in-memory channels)."""
 
 
@@ -256,9 +258,9 @@ class TcpChannelOut(ChannelOut):
         if self.writer is not None:
             self.writer.close()
             try:
-                await self.writer.wait_closed()
-            except (ConnectionError, OSError):
-                pass
+                await asyncio.wait_for(self.writer.wait_closed(), max(timeout, 1.0))
+            except (ConnectionError, OSError, asyncio.TimeoutError):
+                self.writer.transport.abort()     # the peer is gone or stuck: do not wait on it
 
 
 class FrameReceiver(asyncio.BufferedProtocol):
@@ -302,7 +304,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self.end += nbytes
         buf, size = self.buf, HEADER.size
-        while self.end - self.start >= size:
+        while self.end - self.start >= size and not self.transport.is_closing():
             length, kind = HEADER.unpack_from(buf, self.start)
             begin = self.start + size
             if self.end - begin < length:
@@ -315,7 +317,12 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     def _frame(self, kind: int, body: bytes) -> None:
         if kind == HELLO:
-            self.inbox, self.receiver = self.lookup(body.decode())
+            try:
+                self.inbox, self.receiver = self.lookup(body.decode())
+            except KeyError as exc:
+                logger.error("refusing a data connection: %s", exc.args[0])
+                self.transport.close()
+                return
             frame = HEADER.pack(COUNT.size, CREDIT) + COUNT.pack(1)
             transport = self.transport
             self.receiver.grant = lambda: transport.write(frame)

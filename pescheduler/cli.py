@@ -239,16 +239,23 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     try:
         with _client(address) as client:
-            status = client.get_metadata(["pescheduler", "status"], default=None)
+            statuses = _deployments(client)
     except OSError as exc:
         return _fail(err, f"cannot reach the scheduler at {address}: {exc}", 1)
-    if status is None:
+    if not statuses:
         return _fail(err, f"no pescheduler deployment has published status on {address}", 1)
     if args.json:
-        print(json.dumps(status, indent=2, default=str))
+        print(json.dumps(statuses[0] if len(statuses) == 1 else statuses, indent=2, default=str))
     else:
-        out.print(render(status))
+        for status in statuses:
+            out.print(render(status))
     return 0
+
+
+def _deployments(client) -> list[dict]:
+    """Every deployment's last published status on this cluster, running ones first."""
+    published = client.get_metadata(["pescheduler", "deployments"], default=None) or {}
+    return sorted(published.values(), key=lambda s: (s["state"] not in RUNNING, -s.get("elapsed_s", 0)))
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -259,16 +266,17 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return 1
     try:
         with _client(address) as client:
-            status = client.get_metadata(["pescheduler", "status"], default=None)
-            if status is None:
+            statuses = _deployments(client)
+            if not statuses:
                 return _fail(err, f"no pescheduler deployment has published status on {address}", 1)
+            status = statuses[0]
             if status["state"] not in RUNNING:
-                # Never leave a "stop" behind: the next deployment on this cluster would obey it.
+                # Never leave a "stop" behind: only a running deployment is asked.
                 out.print(f"{status['app']} is already {status['state']}")
                 return 0
-            client.set_metadata(["pescheduler", "command"], "stop")
+            client.set_metadata(["pescheduler", "commands", status["id"]], "stop")
             out.print(f"stop requested: {status['app']} drains its sources, flushes its sinks and stops…")
-            status = _await_stop(client, args.timeout)
+            status = _await_stop(client, status["id"], args.timeout)
     except OSError:
         status = None           # the embedded cluster closed with the deployment: it stopped
     if status is not None and status["state"] in RUNNING:
@@ -278,11 +286,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def _await_stop(client, timeout: float) -> dict:
+def _await_stop(client, deployment: str, timeout: float) -> dict:
     """Poll the published status (the scheduler offers no way to wait on metadata)."""
     deadline = time.monotonic() + timeout
     while True:
-        status = client.get_metadata(["pescheduler", "status"], default=None) or {"state": "stopped"}
+        status = client.get_metadata(["pescheduler", "deployments", deployment],
+                                     default=None) or {"state": "stopped"}
         if status["state"] not in RUNNING or time.monotonic() >= deadline:
             return status
         time.sleep(0.25)

@@ -17,6 +17,12 @@ _DEFAULTS = os.path.join(os.path.dirname(__file__), "pescheduler.yaml")
 with open(_DEFAULTS) as _f:
     dask.config.update_defaults(yaml.safe_load(_f))
 
+# dask reads DASK_PESCHEDULER__X; the short PESCHEDULER__X form is ours and documented.
+_ENV_PREFIX = "PESCHEDULER__"
+_env = {"DASK_PESCHEDULER__" + k[len(_ENV_PREFIX):]: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIX)}
+if _env:
+    dask.config.update(dask.config.config, dask.config.collect_env(_env), priority="new")
+
 
 def get(key: str, default: Any = None) -> Any:
     """``pescheduler.<key>`` from dask.config, e.g. ``get("batch.size")``."""

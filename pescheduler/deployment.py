@@ -35,7 +35,7 @@ from .compiler import compile_app
 from .errors import DeploymentFailed
 from .pehost import PLUGIN_NAME, PEHostPlugin
 from .placement import Placement
-from .plugins import Plugins, load_plugins
+from .plugins import Plugins, activate
 from .runtime import PESpec
 from .monitor import MetricsSnapshot
 from .status import StatusBoard
@@ -126,11 +126,18 @@ class Deployment:
 
     def status(self) -> dict:
         """The status dict shown by the live view and ``python -m pescheduler status``."""
-        return self.board.status()
+        return {"id": self.id, **self.board.status()}
 
     def snapshot(self) -> MetricsSnapshot:
         """The last monitor window: the immutable snapshot policies receive."""
         return self.board.monitor.latest
+
+    def next_snapshot(self, timeout: float | None = None) -> MetricsSnapshot:
+        """Wait for the monitor's next window and return it (``TimeoutError`` after ``timeout``)."""
+        async def wait() -> MetricsSnapshot:
+            await asyncio.wait_for(self._sampled.wait(), timeout)
+            return self.board.monitor.latest
+        return self._loop.run(wait())
 
     def dead_letters(self) -> list[dict]:
         """Dead letters received so far (the newest ``pescheduler.dead-letters.keep``)."""
@@ -185,7 +192,8 @@ class Deployment:
     async def _astart(self) -> None:
         self._done = asyncio.Event()
         self._reconfiguring = asyncio.Lock()
-        self.plugins = load_plugins(self.plugin_modules)
+        self._sampled = asyncio.Event()
+        self.plugins = activate(self.plugin_modules)
         if self.cluster_address is None:
             self.cluster = await LocalCluster(
                 n_workers=self.n_workers, threads_per_worker=1, processes=True, asynchronous=True,
@@ -225,7 +233,7 @@ class Deployment:
         by_worker: dict[str, list[PESpec]] = {}
         for pe_id, spec in specs.items():
             by_worker.setdefault(placement.pes[pe_id].worker, []).append(spec)
-        await asyncio.gather(*(self.client.rpc(w).pe_deploy(specs=cloudpickle.dumps(s))
+        await asyncio.gather(*(self.client.rpc(w).pe_deploy(specs=cloudpickle.dumps(s), plugins=self.plugin_modules)
                                for w, s in by_worker.items()))
         await asyncio.gather(*(self.client.rpc(w).pe_start(deployment=self.id, pe_ids=[s.pe_id for s in ss])
                                for w, ss in by_worker.items()))
@@ -247,7 +255,7 @@ class Deployment:
             self._epoch += 1
             try:
                 pause = await execute(self.client.rpc, old, new, plan, self.worker_info, self.id,
-                                      f"{self.id}/reconf/{self._epoch}", timeout)
+                                      f"{self.id}/reconf/{self._epoch}", timeout, self.plugin_modules)
             except Exception as exc:
                 await self._fail(f"reconfiguration {action!r} failed: {type(exc).__name__}: {exc}")
                 return self._record(ApplyRecord(action, False, f"failed: {exc}"))
@@ -314,8 +322,10 @@ class Deployment:
             for dead in answer["dead_letters"]:
                 self._keep_dead_letter(dead)
         self.board.update(answers)
+        self._sampled.set()                 # wake next_snapshot() callers, then re-arm
+        self._sampled = asyncio.Event()
         try:
-            await self.client.set_metadata(["pescheduler", "status"], self.board.status())
+            await self.client.set_metadata(["pescheduler", "deployments", self.id], self.status())
         except Exception as exc:
             logger.debug("publishing status failed: %s", exc)
 
@@ -330,9 +340,9 @@ class Deployment:
 
     async def _command(self) -> str | None:
         try:
-            command = await self.client.get_metadata(["pescheduler", "command"], default=None)
+            command = await self.client.get_metadata(["pescheduler", "commands", self.id], default=None)
             if command:
-                await self.client.set_metadata(["pescheduler", "command"], None)
+                await self.client.set_metadata(["pescheduler", "commands", self.id], None)
             return command
         except Exception:
             return None
@@ -348,6 +358,7 @@ class Deployment:
     # -- stop ---------------------------------------------------------------------------
     async def _drain(self, timeout: float) -> None:
         """End the sources as if exhausted, so windows fire and sinks flush, then stop."""
+        self.board.stopping = True
         if not self._done.is_set():
             await asyncio.gather(*(self.client.rpc(w).pe_drain(deployment=self.id) for w in self._placement.workers),
                                  return_exceptions=True)
@@ -387,7 +398,7 @@ class Deployment:
         if self.client is not None:
             await self._stop_pes()
             try:
-                await self.client.set_metadata(["pescheduler", "status"], self.board.status())
+                await self.client.set_metadata(["pescheduler", "deployments", self.id], self.status())
             except Exception:
                 pass
             await self.client.close()

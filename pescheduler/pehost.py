@@ -16,17 +16,20 @@ import asyncio
 import logging
 import os
 import pickle
+import traceback
 
 import cloudpickle
 import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .channels import ChannelIn, FrameReceiver, Inbox
+from .plugins import activate
 from .runtime import PERunner, PESpec
 
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "pescheduler"
+STOP_TIMEOUT_S = 5.0
 HANDLERS = ("pe_info", "pe_deploy", "pe_start", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
             "pe_reconf", "pe_reconf_wait", "pe_snapshot", "pe_rewire")
 
@@ -92,8 +95,12 @@ class PEHost:
         return {"worker": self.worker.address, "data_address": self.data_address, "pid": os.getpid(),
                 "pes": [f"{dep}/{pe_id}" for dep, pe_id in sorted(self.pes)]}
 
-    def pe_deploy(self, specs: bytes) -> list[str]:
-        """Build the PEs (not started): receivers exist before any sender connects."""
+    def pe_deploy(self, specs: bytes, plugins: list[str] = ()) -> list[str]:
+        """Build the PEs (not started): receivers exist before any sender connects.
+
+        ``plugins`` are the deployment's ``--plugin`` modules, activated here too.
+        """
+        activate(plugins)
         made = []
         for spec in cloudpickle.loads(specs):
             assert isinstance(spec, PESpec)
@@ -209,9 +216,12 @@ class PEHost:
             if pe is None:
                 continue
             if pe.task is not None and not pe.task.done():
-                pe.task.cancel()
+                pe.stop()
                 try:
-                    await pe.task
+                    await asyncio.wait_for(asyncio.shield(pe.task), STOP_TIMEOUT_S)
+                except asyncio.TimeoutError:
+                    stack = "".join(traceback.format_stack(pe.task.get_stack()[-1])) if pe.task.get_stack() else ""
+                    raise RuntimeError(f"PE {pe_id} did not stop within {STOP_TIMEOUT_S}s; it is at:\n{stack}")
                 except (asyncio.CancelledError, Exception):
                     pass
             stopped.append(pe_id)

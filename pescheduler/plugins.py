@@ -135,3 +135,22 @@ def _collect(found: Plugins) -> None:
 def default_plugins(modules: tuple[str, ...] = ()) -> Plugins:
     """The process-wide plugin set (entry points plus ``modules``), loaded once."""
     return load_plugins(modules)
+
+
+_active_modules: tuple[str, ...] = ()
+
+
+def activate(modules: tuple[str, ...] | list[str]) -> Plugins:
+    """Make entry points plus ``modules`` the set operators look things up in (this process).
+
+    The deployment activates its ``--plugin`` modules in the deploying process
+    and on every worker, so e.g. a window finds an aggregate from such a module.
+    """
+    global _active_modules
+    _active_modules = tuple(sorted(set(_active_modules) | set(modules)))
+    return active_plugins()
+
+
+def active_plugins() -> Plugins:
+    """The plugin set activated in this process (entry points alone until ``activate``)."""
+    return default_plugins(_active_modules)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import cloudpickle
 
@@ -110,7 +111,7 @@ class ReconfigurationFailed(RuntimeError):
 
 
 async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan, worker_info: dict,
-                  deployment: str, marker: str, timeout: float) -> float:
+                  deployment: str, marker: str, timeout: float, plugins: tuple[str, ...] = ()) -> float:
     """Run the protocol over Dask RPC (``rpc(worker)``); returns the pause in seconds."""
     t0 = time.perf_counter()
     by_worker: dict[str, dict] = {}
@@ -118,15 +119,22 @@ async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan
         by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": []})["hold"][pe_id] = channels
     for pe_id in plan.retired:
         by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": []})["align"].append(pe_id)
-    await asyncio.gather(*(rpc(w).pe_reconf(deployment=deployment, marker=marker, **todo)
-                           for w, todo in by_worker.items()))
+
+    async def step(name: str, coro) -> Any:
+        try:
+            return await asyncio.wait_for(coro, timeout)
+        except asyncio.TimeoutError:
+            raise ReconfigurationFailed(f"step {name!r} took more than {timeout:.0f}s") from None
+
+    await step("pause", asyncio.gather(*(rpc(w).pe_reconf(deployment=deployment, marker=marker, **todo)
+                                         for w, todo in by_worker.items())))
     await _wait_drained(rpc, old, plan, deployment, marker, timeout)
-    states = await _snapshot(rpc, old, plan.retired, deployment)
-    await asyncio.gather(*(rpc(old.pes[p].worker).pe_stop(deployment=deployment, pe_ids=[p])
-                           for p in plan.retired))
-    await _rewire_downstream(rpc, new, plan, worker_info, deployment)
-    await _start_created(rpc, new, plan, worker_info, deployment, states)
-    await _rewire_upstream(rpc, new, plan, worker_info, deployment)
+    states = await step("snapshot", _snapshot(rpc, old, plan.retired, deployment))
+    await step("stop", asyncio.gather(*(rpc(old.pes[p].worker).pe_stop(deployment=deployment, pe_ids=[p])
+                                        for p in plan.retired)))
+    await step("rewire downstream", _rewire_downstream(rpc, new, plan, worker_info, deployment))
+    await step("start", _start_created(rpc, new, plan, worker_info, deployment, states, plugins))
+    await step("rewire upstream", _rewire_upstream(rpc, new, plan, worker_info, deployment))
     return time.perf_counter() - t0
 
 
@@ -171,13 +179,13 @@ async def _rewire_downstream(rpc, new, plan, worker_info, deployment) -> None:
     await asyncio.gather(*calls)
 
 
-async def _start_created(rpc, new, plan, worker_info, deployment, states) -> None:
+async def _start_created(rpc, new, plan, worker_info, deployment, states, plugins) -> None:
     specs = build_specs(new, worker_info, deployment, plan.channels, plan.created)
     by_worker: dict[str, list] = {}
     for pe_id, spec in specs.items():
         spec.restore = {op: states[op] for op in new.pes[pe_id].operators if op in states}
         by_worker.setdefault(new.pes[pe_id].worker, []).append(spec)
-    await asyncio.gather(*(rpc(w).pe_deploy(specs=cloudpickle.dumps(s)) for w, s in by_worker.items()))
+    await asyncio.gather(*(rpc(w).pe_deploy(specs=cloudpickle.dumps(s), plugins=plugins) for w, s in by_worker.items()))
     await asyncio.gather(*(rpc(w).pe_start(deployment=deployment, pe_ids=[s.pe_id for s in ss])
                            for w, ss in by_worker.items()))
 

@@ -81,8 +81,10 @@ class PERunner:
         for driver in self.sources:
             if driver.op_id in spec.restore:
                 driver.restore(spec.restore[driver.op_id]["driver"])
+        self.stopping = False                      # set by stop(): the loop ends at its next turn
         self.markers: dict[Any, set[str]] = {}     # marker -> input channels it arrived on
         self.aligning: Any = None                  # the marker this PE is aligning on
+        self.aligned_ops: set[str] = set()
         self.aligned = False
         self.on_change: Callable[[], None] = lambda: None
         self.state = "created"
@@ -136,13 +138,15 @@ class PERunner:
                 _cls, _params, key_field = self.spec.ops[op_id]
                 op.open(OperatorContext(op_id=op_id, pe_id=self.pe_id, worker=self.worker_address,
                                         key_field=key_field))
-            while not self.chain.finished:
+            while not self.chain.finished and not self.stopping:
                 progressed = self._read_sources() | self._read_inbox()
                 await self._flush()
                 if progressed:
                     await asyncio.sleep(0)          # let the worker answer its calls
                 else:
                     await self._idle()
+            if self.stopping:
+                raise asyncio.CancelledError
             await self._flush()
             self.state = "finished"
         except asyncio.CancelledError:
@@ -161,7 +165,9 @@ class PERunner:
         for driver in self.sources:
             if driver.ended or driver.paused or driver.delay() > 0:
                 continue
+            t0 = perf_counter()
             batch = driver.read()
+            self.chain.nodes[driver.op_id].stats.busy_s += perf_counter() - t0     # source code is busy time
             if batch is None:
                 self.chain.end_from(driver.op_id)
                 progressed = True
@@ -214,8 +220,11 @@ class PERunner:
         waits = [d.delay() or SOURCE_POLL_S for d in self.sources if not (d.ended or d.paused)]
         t0 = perf_counter()
         try:
-            await asyncio.wait_for(self.inbox.event.wait(), min(waits) if waits else None)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel
+            # that lands as the event fires, and the PE would outlive pe_stop.
+            async with asyncio.timeout(min(waits) if waits else None):
+                await self.inbox.event.wait()
+        except TimeoutError:
             pass
         self.idle_s += perf_counter() - t0
 
@@ -227,23 +236,46 @@ class PERunner:
         self.on_change()
 
     def begin_align(self, marker: Any) -> None:
-        """Pause this PE's sources and wait for ``marker`` (or END) on every input channel."""
+        """Pause this PE's sources and align its operators on ``marker``."""
         self.aligning = marker
         for driver in self.sources:
             driver.paused = True
         self._check_aligned()
 
     def _check_aligned(self) -> None:
+        """Align operator by operator, in topological order.
+
+        An operator is aligned once each of its inputs is: a local upstream
+        aligned, a channel that delivered the marker or END, or an input that
+        already ended; a paused source has none left. Only then do *its*
+        output channels carry the marker. Aligning whole PEs instead would
+        deadlock when fused non-adjacent operators make two PEs feed each
+        other (the operator graph has no cycle; the PE graph can).
+        """
         if self.aligning is None or self.aligned:
             return
         seen = self.markers.get(self.aligning, set())
-        if all(c.channel_id in seen or c.ended for c in self.receivers.values()):
-            # Everything before the marker has been processed: pass it on, hold outputs.
+        for op_id, node in self.chain.nodes.items():
+            if op_id in self.aligned_ops:
+                continue
+            if all(self._input_aligned(node, upstream, seen) for upstream in node.in_wm):
+                self.aligned_ops.add(op_id)
+                for spec, channel in self.outs:
+                    if spec.src_op == op_id:
+                        channel.hold(self.aligning)
+                # Wake the loop so the marker ships now: another PE may need it
+                # before it can send what this PE's other operators wait for.
+                self.inbox.event.set()
+        if len(self.aligned_ops) == len(self.chain.nodes):
             self.aligned = True
-            for _spec, channel in self.outs:
-                channel.hold(self.aligning)
-            self.inbox.event.set()
             self.on_change()
+
+    def _input_aligned(self, node, upstream: str, seen: set[str]) -> bool:
+        if upstream in self.chain.nodes:
+            return upstream in self.aligned_ops
+        if upstream not in node.open_inputs:
+            return True
+        return all(c.channel_id in seen or c.ended for c in self.receivers.values() if c.src_op == upstream)
 
     def hold(self, channel_ids: list[str], marker: Any) -> None:
         """Send ``marker`` on these output channels, then hold them until rewired."""
@@ -301,6 +333,13 @@ class PERunner:
             self.receivers[spec.channel_id] = ChannelIn(spec.channel_id, spec.src_op, spec.port)
         for channel_id in remove:
             self.receivers.pop(channel_id, None)
+
+    def stop(self) -> None:
+        """End the loop at its next turn (and cancel it: either alone would do, both are sure)."""
+        self.stopping = True
+        self.inbox.event.set()
+        if self.task is not None:
+            self.task.cancel()
 
     def drain(self) -> bool:
         """End this PE's sources at the next loop turn (a graceful stop); False if it has none."""

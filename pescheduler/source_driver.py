@@ -7,6 +7,7 @@ late, are the same in both).
 
 from __future__ import annotations
 
+from operator import itemgetter
 from time import perf_counter
 
 from .chain import MIN_WATERMARK
@@ -51,7 +52,7 @@ class SourceDriver:
             self.count += len(batch)
             field = self.source.ts_field
             if field is not None:
-                top = max(t[field] for t in batch)
+                top = max(map(itemgetter(field), batch))
                 if top > self.max_ts:
                     self.max_ts = top
         return batch

@@ -28,6 +28,8 @@ class StatusBoard:
         self.monitor: Monitor | None = None
         self.pe_state: dict[str, str] = {}
         self.events: deque = deque(maxlen=EVENTS_KEPT)
+        self.stopping = False          # a drain was asked for: its end is "stopped", not "finished"
+        self.t_end: float | None = None
 
     def started(self, placement: Placement, history: int) -> None:
         self.monitor = Monitor(placement, history)
@@ -56,8 +58,9 @@ class StatusBoard:
 
     def finish(self, state: str, error: str | None = None) -> None:
         if self.state in ("running", "starting"):
-            self.state = state
+            self.state = "stopped" if state == "finished" and self.stopping else state
             self.error = error
+            self.t_end = time.monotonic()
 
     def update(self, answers: list[dict]) -> MetricsSnapshot:
         return self.monitor.update(answers)
@@ -76,7 +79,7 @@ class StatusBoard:
             pes.append(row)
         return {
             "app": self.app_name, "state": self.state, "error": self.error,
-            "elapsed_s": round(time.monotonic() - self.t0, 3),
+            "elapsed_s": round((self.t_end or time.monotonic()) - self.t0, 3),
             "pes": pes,
             "operators": [{"op": m.op_id, **{k: v for k, v in asdict(m).items() if k != "op_id"}}
                           for m in snap.operators.values()],

@@ -6,6 +6,7 @@ import threading
 
 import pescheduler
 from pescheduler import Operator, Parallelism, Sink, Source
+from pescheduler.aggregates import Aggregate
 
 
 class Numbers(Source):
@@ -24,6 +25,12 @@ class Numbers(Source):
         out = [{"n": i, "key": i % self.keys, "ts": i * self.step} for i in range(self.i, hi)]
         self.i = hi
         return out
+
+    def snapshot(self):
+        return self.i
+
+    def restore(self, state):
+        self.i = state
 
 
 class Tag(Operator):
@@ -104,6 +111,14 @@ class Collect(Sink):
 
     def process(self, batch, emit):
         self.items.extend(batch)
+
+
+SPREAD = Aggregate("spread", uses=("max", "min"), result=lambda hi, lo: hi - lo)
+
+
+@pescheduler.hookimpl
+def pescheduler_aggregates():
+    return [SPREAD]
 
 
 @pescheduler.hookimpl

@@ -171,3 +171,14 @@ def test_two_deployments_share_a_cluster(cluster, tmp_path):
     for i in range(2):
         rows = read_jsonl(tmp_path / f"{i}.jsonl")
         assert sorted(r["n"] for r in rows) == list(range(5000)) and {r["tag"] for r in rows} == {str(i)}
+
+
+def test_aggregate_from_a_plugin_module_reaches_the_workers(cluster, tmp_path):
+    app = Application("spread")
+    out = tmp_path / "spread.jsonl"
+    (app.source("numbers", count=3000, keys=3)
+        .key_by("key").window(size=1000, aggregates={"spread": ("spread", "n")}).sink("jsonl", path=str(out)))
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"]) as dep:
+        dep.wait(timeout=WAIT)
+    rows = read_jsonl(out)
+    assert len(rows) == 9 and all(r["spread"] == 996 for r in rows)   # n in one key and second: n0 .. n0+996
