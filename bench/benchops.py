@@ -4,15 +4,23 @@
 channel benchmark measures the channel, not the generator; ``throughput``
 records when the first and last tuples arrived (and per-batch latency when
 tuples carry a ``sent`` stamp) and writes them to ``path`` at end of stream.
+
+For the reconfiguration benchmark: ``counter`` numbers every tuple it emits
+(bounded or unbounded, its position moves with it), ``keyed_sum`` is a keyed
+running sum (state that moves on fuse/split/move), and ``arrivals`` records
+when each batch arrived and which numbers it has seen, so the benchmark can
+draw throughput over time and prove every number arrived exactly once.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from array import array
+from bisect import bisect_right
 
 import pescheduler
-from pescheduler import Sink, Source
+from pescheduler import Operator, Parallelism, Sink, Source
 
 
 class Replay(Source):
@@ -67,6 +75,131 @@ class Throughput(Sink):
                        "latencies": self.latencies}, f)
 
 
+class Counter(Source):
+    """``{"n": i, "key": i % keys}`` for i = 0, 1, 2, ... (``count=None``: until drained)."""
+
+    name = "counter"
+
+    def __init__(self, count: int | None = None, keys: int = 100, **kw) -> None:
+        super().__init__(ts_field=None, **kw)
+        self.count, self.keys, self.i = count, keys, 0
+
+    def read(self, n):
+        i, keys = self.i, self.keys
+        hi = i + n if self.count is None else min(self.count, i + n)
+        if i >= hi:
+            return None
+        self.i = hi
+        return [{"n": j, "key": j % keys} for j in range(i, hi)]
+
+    def snapshot(self):
+        return self.i
+
+    def restore(self, state):
+        self.i = state
+
+
+class KeyedSum(Operator):
+    """Keyed running sum of ``field``: emits ``{"n", "key", "sum"}`` (state moves on reconfiguration)."""
+
+    name = "keyed_sum"
+    parallelism = Parallelism.KEYED
+
+    def __init__(self, field: str = "n") -> None:
+        self.field = field
+        self.sums: dict = {}
+
+    def process(self, batch, emit):
+        key, field, sums = self.context.key_field, self.field, self.sums
+        out = []
+        for t in batch:
+            k = t[key]
+            s = sums[k] = sums.get(k, 0) + t[field]
+            out.append({"n": t["n"], "key": k, "sum": s})
+        emit.many(out)
+
+    def snapshot(self):
+        return dict(self.sums)
+
+    def restore(self, state):
+        self.sums = dict(state)
+
+
+class Arrivals(Sink):
+    """Per batch: arrival time (``time.time()``) and size; which numbers (``field``) were seen.
+
+    Numbers seen are kept as sorted disjoint runs ``[start, end)``, so an
+    in-order stream costs one comparison per batch and the state stays small
+    when it moves; a number seen again is counted as a duplicate, a batch that
+    does not continue the last run as out of order. With ``keys``, the running
+    ``sum`` of each batch's last tuple is checked against the closed form for
+    ``counter`` + ``keyed_sum`` (operator state that moved with a PE must be
+    exact). Everything is written to ``path`` as JSON at end of stream.
+    """
+
+    name = "arrivals"
+
+    def __init__(self, path: str, field: str = "n", keys: int | None = None) -> None:
+        self.path, self.field, self.keys = path, field, keys
+        self.times, self.sizes = array("d"), array("q")
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.duplicates = self.out_of_order = self.bad_sums = self.count = 0
+
+    def process(self, batch, emit):
+        if not batch:
+            return
+        self.times.append(time.time())
+        self.sizes.append(len(batch))
+        self.count += len(batch)
+        f = self.field
+        ns = [t[f] for t in batch]
+        a = ns[0]
+        if self.ends and a == self.ends[-1] and ns == list(range(a, a + len(ns))):
+            self.ends[-1] = a + len(ns)                       # the common case: in order, nothing missing
+        else:
+            self.out_of_order += bool(self.ends)
+            for n in ns:
+                self._add(n)
+        if self.keys:
+            last = batch[-1]
+            k, n = last["key"], last["n"]
+            j = (n - k) // self.keys                          # n = k + j * keys: the (j+1)-th tuple of key k
+            if last["sum"] != (j + 1) * k + self.keys * j * (j + 1) // 2:
+                self.bad_sums += 1
+
+    def _add(self, n: int) -> None:
+        starts, ends = self.starts, self.ends
+        i = bisect_right(starts, n) - 1
+        if i >= 0 and n < ends[i]:
+            self.duplicates += 1
+        elif i >= 0 and n == ends[i]:
+            ends[i] += 1
+            if i + 1 < len(starts) and starts[i + 1] == ends[i]:
+                ends[i] = ends.pop(i + 1)
+                starts.pop(i + 1)
+        elif i + 1 < len(starts) and starts[i + 1] == n + 1:
+            starts[i + 1] = n
+        else:
+            starts.insert(i + 1, n)
+            ends.insert(i + 1, n + 1)
+
+    def snapshot(self):
+        return {k: getattr(self, k) for k in ("times", "sizes", "starts", "ends", "duplicates",
+                                              "out_of_order", "bad_sums", "count")}
+
+    def restore(self, state):
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def flush(self, emit):
+        with open(self.path, "w") as f:
+            json.dump({"times": self.times.tolist(), "sizes": self.sizes.tolist(),
+                       "runs": list(zip(self.starts, self.ends)), "duplicates": self.duplicates,
+                       "out_of_order": self.out_of_order, "bad_sums": self.bad_sums,
+                       "count": self.count}, f)
+
+
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Replay, Throughput]
+    return [Replay, Throughput, Counter, KeyedSum, Arrivals]

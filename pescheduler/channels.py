@@ -68,20 +68,29 @@ def decode(payload: bytes) -> list:
 class CreditGate:
     """Credits a sender holds; waiting for one is backpressure, and is timed."""
 
-    __slots__ = ("credits", "_event", "blocked_s")
+    __slots__ = ("credits", "_event", "_blocked_s", "_since")
 
     def __init__(self, credits: int) -> None:
         self.credits = credits
         self._event = asyncio.Event()
-        self.blocked_s = 0.0
+        self._blocked_s = 0.0
+        self._since: float | None = None          # when the current wait began
+
+    @property
+    def blocked_s(self) -> float:
+        """Seconds blocked so far, the wait in progress included (a sample may land mid-wait)."""
+        return self._blocked_s + (perf_counter() - self._since if self._since is not None else 0.0)
 
     async def acquire(self) -> None:
         if self.credits <= 0:
-            t0 = perf_counter()
-            while self.credits <= 0:
-                self._event.clear()
-                await self._event.wait()
-            self.blocked_s += perf_counter() - t0
+            self._since = perf_counter()
+            try:
+                while self.credits <= 0:
+                    self._event.clear()
+                    await self._event.wait()
+            finally:
+                self._blocked_s += perf_counter() - self._since
+                self._since = None
         self.credits -= 1
 
     def release(self, n: int = 1) -> None:

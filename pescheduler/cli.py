@@ -114,6 +114,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     """Load config and app, deploy, follow until the end; stop in any case."""
     from .apploader import load_app
     from .deployment import deploy
+    from .plugins import activate
 
     out, err = _console(), _console(stderr=True)
     info = err if args.json else out        # --json keeps stdout pure JSON lines
@@ -121,6 +122,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     try:
         if args.config:
             _load_config(args.config)
+        activate(args.plugin)       # before the app: its operator and aggregate names may come from them
         app = load_app(args.app)
         info.print(f"deploying {app.name} on {args.cluster or 'an embedded LocalCluster'}…", soft_wrap=True)
         with _spawned_workers_ignore_ctrl_c(embedded=args.cluster is None):

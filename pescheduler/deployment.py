@@ -197,7 +197,7 @@ class Deployment:
         if self.cluster_address is None:
             self.cluster = await LocalCluster(
                 n_workers=self.n_workers, threads_per_worker=1, processes=True, asynchronous=True,
-                dashboard_address=None, silence_logs=logging.WARNING)
+                dashboard_address=":0", silence_logs=logging.WARNING)
             self.scheduler_address = self.cluster.scheduler_address
         else:
             self.scheduler_address = self.cluster_address

@@ -90,6 +90,7 @@ class PERunner:
         self.state = "created"
         self.error: str | None = None
         self.idle_s = 0.0
+        self._idle_since: float | None = None      # when the current idle wait began
         self.started_at = 0.0
         self.side_counts: dict[str, int] = {}
         self.task: asyncio.Task | None = None
@@ -218,7 +219,7 @@ class PERunner:
         if self.inbox.items:
             return
         waits = [d.delay() or SOURCE_POLL_S for d in self.sources if not (d.ended or d.paused)]
-        t0 = perf_counter()
+        t0 = self._idle_since = perf_counter()
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel
             # that lands as the event fires, and the PE would outlive pe_stop.
@@ -226,7 +227,9 @@ class PERunner:
                 await self.inbox.event.wait()
         except TimeoutError:
             pass
-        self.idle_s += perf_counter() - t0
+        finally:
+            self.idle_s += perf_counter() - t0
+            self._idle_since = None
 
     # -- reconfiguration (see reconfigure.py for the protocol) ------------------------------
     def _on_marker(self, channel: ChannelIn, marker: Any) -> None:
@@ -362,7 +365,7 @@ class PERunner:
         return {
             "pe": self.pe_id, "state": self.state, "error": self.error,
             "elapsed_s": perf_counter() - self.started_at if self.started_at else 0.0,
-            "idle_s": self.idle_s,
+            "idle_s": self.idle_s + (perf_counter() - self._idle_since if self._idle_since else 0.0),
             "backpressure_s": sum(ch.gate.blocked_s for _s, ch in self.outs),
             "queue_batches": self.inbox.data_batches,
             "max_queue_batches": self.inbox.max_data_batches,

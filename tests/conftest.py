@@ -15,7 +15,7 @@ def cluster():
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as local:
+                      dashboard_address=":0") as local:
         yield local.scheduler_address
 
 
