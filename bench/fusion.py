@@ -56,7 +56,7 @@ def hand_loop(events: int) -> tuple[float, int]:
     return time.perf_counter() - t0, len(results)
 
 
-def build(events: int, path: str, workers_hint: str = "") -> Application:
+def build(events: int, workers_hint: str = "") -> Application:
     app = Application(f"fusion{workers_hint}")
     (app.source("generator", events=events, **GENERATOR)
         .map(lambda e: {**e, "speed": e["speed"] / 3.6})
@@ -83,7 +83,7 @@ def fused_in_process(events: int) -> tuple[float, int]:
 
 def deployed(events: int, workers: int) -> tuple[float, int, int]:
     """(b') and (c): a real deployment; time from start of the PEs to the end of stream."""
-    app = build(events, "", f"-{workers}")
+    app = build(events, f"-{workers}")
     with pescheduler.deploy(app, workers=workers) as dep:
         t0 = time.perf_counter()
         dep.wait(timeout=600)

@@ -47,7 +47,9 @@ from pescheduler import Application, Fuse, Move, Split  # noqa: E402
 
 KEYS = 100
 BUCKET_S = 0.1
+GAP_S = 0.6                 # steady load between two applies
 DIP_AFTER_S = 0.5           # a dip is looked for from an apply's start until this long after it returned
+                            # (and never into the next apply)
 PAUSE_GOAL_MS = 100.0
 
 
@@ -150,13 +152,17 @@ def dips(run: dict, warmup_s: float = 1.0) -> tuple[float, dict[int, float]]:
     """Steady tuples/s and, per apply (index), its lowest bucket as a share of it."""
     t_first, counts = buckets(run["result"])
     index = lambda t: int((t - t_first) / BUCKET_S)                 # noqa: E731
+    end = index(run["t_stop"])                                         # drain after this: not steady
+    starts = sorted(a["t0"] for a in run["applies"])
     near = set()
     windows = {}
     for i, a in enumerate(run["applies"]):
-        lo, hi = index(a["t0"]), min(index(a["t1"] + DIP_AFTER_S), len(counts) - 1)
+        # until DIP_AFTER_S after it returned, but not into the next apply or the drain
+        until = min([a["t1"] + DIP_AFTER_S, run["t_stop"]] + [t for t in starts if t > a["t1"]])
+        lo = index(a["t0"])
+        hi = max(lo, min(index(until) - 1, len(counts) - 1))
         windows[i] = (lo, hi)
-        near.update(range(index(a["t0"] - BUCKET_S), hi + 1))
-    end = index(run["t_stop"])                                         # drain after this: not steady
+        near.update(range(lo - 1, index(a["t1"] + DIP_AFTER_S) + 1))
     quiet = [counts[b] for b in range(int(warmup_s / BUCKET_S), end) if b not in near]
     steady = statistics.median(quiet) / BUCKET_S
     return steady, {i: min(counts[lo:hi + 1]) / BUCKET_S / steady for i, (lo, hi) in windows.items()}
@@ -198,11 +204,11 @@ def main() -> None:
                         help="tuples per unthrottled monitor run (default 3,000,000; --quick 1,000,000)")
     args = parser.parse_args()
     repeat = args.repeat or (5 if args.quick else 30)
-    gap, warmup = (0.5, 1.5) if args.quick else (0.6, 3.0)
+    warmup = 1.5 if args.quick else 3.0
     monitor_events = args.monitor_events or (1_000_000 if args.quick else 3_000_000)
     t_begin = time.perf_counter()
 
-    run = reconfigurations(args.rate, repeat, gap, warmup)
+    run = reconfigurations(args.rate, repeat, GAP_S, warmup)
     steady, dip = dips(run)
     applies = run["applies"]
     single = [a for a in applies if a["kind"] in ("move", "fuse", "split", "split+fuse:split", "split+fuse:fuse")]

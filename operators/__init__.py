@@ -17,12 +17,12 @@ from pescheduler.aggregates import BUILTINS
 from pescheduler.plugins import hookimpl
 
 from .basic import Filter, FlatMap, KeyBy, Map
-from .sinks import JsonlSink, PrintSink
+from .sinks import DiscardSink, JsonlSink, PrintSink
 from .sources import GeneratorSource, IterableSource, JsonlSource
 from .window import Window
 
 OPERATORS = [IterableSource, GeneratorSource, JsonlSource, Map, Filter, FlatMap, KeyBy, Window,
-             JsonlSink, PrintSink]
+             JsonlSink, PrintSink, DiscardSink]
 
 __all__ = [cls.__name__ for cls in OPERATORS]
 

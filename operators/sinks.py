@@ -79,3 +79,15 @@ class PrintSink(Sink):
 
     def flush(self, emit: Emitter) -> None:
         sys.stdout.flush()
+
+
+class DiscardSink(Sink):
+    """Count tuples and drop them (Flink's DiscardingSink): for benchmarks and dry runs.
+
+    The count is the operator's ``tuples_in`` in the status.
+    """
+
+    name = "discard"
+
+    def process(self, batch: list, emit: Emitter) -> None:
+        pass

@@ -32,3 +32,11 @@ def test_jsonl_writes_each_batch_with_one_os_write_and_fsyncs(tmp_path, monkeypa
 def test_print_writes_json_lines(capsys):
     run_operators([{"x": 1}, {"y": "z"}], PrintSink(), ts_field=None)
     assert capsys.readouterr().out == '{"x":1}\n{"y":"z"}\n'
+
+
+def test_discard_sink_consumes_and_emits_nothing():
+    from pescheduler.operators.sinks import DiscardSink
+
+    result = run_operators([{"x": i, "ts": i} for i in range(2500)], DiscardSink(), batch_size=1000)
+    assert result.output == [] and result.ended
+    assert result.chain.nodes["discard-1"].stats.tuples_in == 2500

@@ -1,0 +1,20 @@
+"""Benchmarks stay runnable: each runs in its quick form, as a user types it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+BENCH = Path(__file__).parent.parent.parent / "bench"
+
+
+def test_reconfig_benchmark_quick_runs_and_loses_nothing(tmp_path):
+    result = subprocess.run([sys.executable, str(BENCH / "reconfig.py"), "--quick"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    assert "0 lost, 0 duplicated" in result.stdout, result.stdout[-3000:]
