@@ -24,3 +24,11 @@ def test_connected_cars_example_as_written_equals_reference(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / connected_cars.OUTPUT).read_text().splitlines()]
     key = lambda r: (r["window_start"], r["car"])  # noqa: E731
     assert sorted(rows, key=key) == sorted(connected_cars.reference(), key=key)
+
+
+def test_live_reconfiguration_example_as_written():
+    result = subprocess.run([sys.executable, str(EXAMPLES / "live_reconfiguration.py")],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "equal to the plain-Python reference: True" in result.stdout
+    assert result.stdout.count("applied=True") == 3
