@@ -104,6 +104,7 @@ def reconfigurations(rate: float, repeat: int, gap: float, warmup: float) -> dic
             w_map, w_sink = pl.pes["map"].worker, pl.pes["key->sum->sink"].worker
             assert len({pe.worker for pe in pl.pes.values()}) == 3
             time.sleep(warmup)
+            busy = {pe: m.busy for pe, m in dep.snapshot().pes.items()}  # which PE is hot, which cold
             for i in range(repeat):                                     # move the middle PE back and forth
                 apply(dep, "move", Move("map", w_sink if i % 2 == 0 else w_map))
                 time.sleep(gap)
@@ -128,12 +129,11 @@ def reconfigurations(rate: float, repeat: int, gap: float, warmup: float) -> dic
                 time.sleep(gap)
             t_stop = time.time()
             status = dep.stop()
-            final = list(dep.placement().pes)
         problems = [e["text"] for e in status["events"] if "did not finish" in e["text"]]
         assert status["state"] == "stopped" and not problems, (status["state"], status["error"], problems)
         with open(path) as f:
             result = json.load(f)
-    return {"applies": applies, "result": result, "t_stop": t_stop, "final": final,
+    return {"applies": applies, "result": result, "t_stop": t_stop, "busy": busy,
             "check": check_exactly_once(result, emitted_by_source(status)),
             "dead_letters": status["dead_letters"]}
 
@@ -218,6 +218,7 @@ def main() -> None:
           f"source paced to {args.rate:,.0f} tuples/s; {len(single)} applies in {t_last - t_first:.0f} s")
     print(f"  steady rate at the sink (median {BUCKET_S * 1000:.0f} ms bucket away from applies): "
           f"{steady:,.0f} tuples/s ({steady / args.rate:.2f}x the source rate)")
+    print("  busy before the first apply: " + ", ".join(f"{pe} {b:.0%}" for pe, b in run["busy"].items()))
     print(f"  {'operation':<34s} {'n':>3s}  {'pause p50':>9s} {'p99':>7s}  {'apply() p50':>11s} {'p99':>7s}  "
           f"{'dip p50':>7s} {'worst':>6s}  goal: pause p99 <= {PAUSE_GOAL_MS:.0f} ms")
     rows = [("move", "move middle PE (map) across workers"), ("fuse", "fuse adjacent PEs (src + map)"),

@@ -47,6 +47,7 @@ from .wiring import build_specs, channel_ids
 logger = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = 2.0
+COMMAND_POLL_S = 0.5     # how often a stop command from the CLI is looked for
 
 
 class LoopThread:
@@ -299,14 +300,22 @@ class Deployment:
                 self._done.set()
 
     async def _monitor(self) -> None:
-        """Every monitor interval: collect counters, publish status, obey a stop command."""
+        """Every monitor interval collect counters and publish status; obey a stop command.
+
+        Commands are polled every ``COMMAND_POLL_S`` whatever the interval, so a long
+        interval never delays ``python -m pescheduler stop``.
+        """
         interval = config.get_seconds("monitor.interval")
+        loop = asyncio.get_running_loop()
+        due = loop.time() + interval
         while not self._done.is_set():
             try:
-                await asyncio.wait_for(self._done.wait(), interval)
+                await asyncio.wait_for(self._done.wait(), max(0.0, min(due, loop.time() + COMMAND_POLL_S) - loop.time()))
             except asyncio.TimeoutError:
                 pass
-            await self._collect()
+            if loop.time() >= due:
+                await self._collect()
+                due = loop.time() + interval
             command = await self._command()
             if command == "stop" and not self._done.is_set():
                 self.board.event("stop", "stop requested from the command line")
