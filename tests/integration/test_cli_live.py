@@ -1,0 +1,58 @@
+"""`status` and `stop` from another process against a running `deploy`, as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+APP = """
+from pescheduler import Application
+
+app = Application("live-cli")
+(app.source("generator", events=None, keys=50, rate=20_000)
+    .key_by("car").window(size="1s", aggregates={{"n": ("count", "speed")}})
+    .sink("jsonl", path={out!r}))
+"""
+
+
+def cli(*args, env, timeout=120):
+    return subprocess.run([sys.executable, "-m", "pescheduler", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_status_and_stop_reach_a_running_deployment(tmp_path):
+    out = tmp_path / "counts.jsonl"
+    (tmp_path / "app.py").write_text(APP.format(out=str(out)))
+    env = {**os.environ, "PESCHEDULER__STATE_FILE": str(tmp_path / "state.json")}
+    deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
+                               "--workers", "2", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120            # the deploying process publishes once it runs
+        while True:
+            status = cli("status", "--json", env=env)
+            if status.returncode == 0 and json.loads(status.stdout)["state"] == "running":
+                break
+            assert deploy.poll() is None, deploy.stderr.read()
+            assert time.monotonic() < deadline, status.stderr
+            time.sleep(0.2)                          # another process: nothing to await but its file
+        shown = json.loads(status.stdout)
+        assert shown["app"] == "live-cli"
+        assert [pe["operators"] for pe in shown["pes"]] == [["generator-1"], ["key_by-2", "window-3", "jsonl-4"]]
+        stop = cli("stop", env=env)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert deploy.wait(timeout=120) == 0
+    finally:
+        if deploy.poll() is None:
+            deploy.kill()                            # by the PID this test started
+            deploy.wait()
+    counts = [json.loads(line)["n"] for line in out.read_text().splitlines()]
+    assert counts and sum(counts) > 0                # stop drained: the open windows fired
+    assert not (tmp_path / "state.json").exists()    # the deployment removed its record
