@@ -296,6 +296,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self.inbox: Inbox | None = None
         self.receiver: ChannelIn | None = None
         self.transport: asyncio.Transport | None = None
+        self._credits = 0                 # granted but not yet sent
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -332,9 +333,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
                 logger.error("refusing a data connection: %s", exc.args[0])
                 self.transport.close()
                 return
-            frame = HEADER.pack(COUNT.size, CREDIT) + COUNT.pack(1)
-            transport = self.transport
-            self.receiver.grant = lambda: transport.write(frame)
+            self.receiver.grant = self._grant
         elif kind == WATERMARK:
             self.inbox.put(self.receiver, kind, WM.unpack(body)[0])
         elif kind == MARKER:
@@ -344,6 +343,17 @@ class FrameReceiver(asyncio.BufferedProtocol):
             if kind == END:
                 self.receiver.grant = lambda: None
                 self.transport.close()
+
+    def _grant(self) -> None:
+        """Return one credit; grants within one loop turn go back as one frame (one syscall)."""
+        self._credits += 1
+        if self._credits == 1:
+            asyncio.get_running_loop().call_soon(self._send_credits)
+
+    def _send_credits(self) -> None:
+        if self._credits and not self.transport.is_closing():
+            self.transport.write(HEADER.pack(COUNT.size, CREDIT) + COUNT.pack(self._credits))
+        self._credits = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.receiver is not None:
