@@ -248,18 +248,23 @@ class JsonlSource(Source):
         return lines
 
     def _parse(self, lines: list[bytes]) -> list:
+        """Decode lines; a line that is not JSON is rejected (dead-lettered) with file:line."""
         first, loads = self._line, json.loads
         self._line += len(lines)
         try:
             return [loads(line) for line in lines if not line.isspace()]
         except ValueError:
+            good = []
             for i, line in enumerate(lines):
-                if not line.isspace():
-                    try:
-                        loads(line)
-                    except ValueError as exc:
-                        raise ValueError(f"{self._current}:{first + i + 1}: not JSON ({exc})") from None
-            raise
+                if line.isspace():
+                    continue
+                try:
+                    good.append(loads(line))
+                except ValueError as exc:
+                    self.reject({"file": self._current, "line": first + i + 1,
+                                 "text": line.decode(errors="replace").rstrip("\n")},
+                                f"{self._current}:{first + i + 1}: not JSON ({exc})")
+            return good
 
     def _close_file(self) -> None:
         if self._fh is not None:

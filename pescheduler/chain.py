@@ -176,6 +176,11 @@ class Chain:
             elif self.on_side is not None:
                 self.on_side(node.op_id, port, items)
 
+    def reject(self, op_id: str, dead: list[DeadLetter]) -> None:
+        """Dead letters an operator produced outside ``process`` (a source's malformed input)."""
+        self.nodes[op_id].stats.dead_letters += len(dead)
+        self.dead_letters.extend(DeadLetter(d.item, d.error, op_id) for d in dead)
+
     # -- watermarks and end of stream -------------------------------------------------
     def watermark_from(self, op_id: str, wm: int) -> None:
         """Event time at ``op_id``'s output reached ``wm``: fire what it completes downstream."""

@@ -227,6 +227,16 @@ class Source(Operator):
         """Return up to ``n`` tuples; ``[]`` when nothing is ready now; ``None`` at the end."""
         raise NotImplementedError(f"{type(self).__name__}.read")
 
+    def reject(self, item: Any, error: BaseException | str) -> None:
+        """Set aside input that cannot become a tuple (a malformed line): it is dead-lettered
+        with ``error`` and the stream goes on."""
+        rejected = self.__dict__.setdefault("_rejected", [])
+        rejected.append(DeadLetter.of(item, error))
+
+    def take_rejected(self) -> list["DeadLetter"]:
+        """What ``reject`` set aside since the last call (the runtime drains it per batch)."""
+        return self.__dict__.pop("_rejected", [])
+
     def process(self, batch: list, emit: Emitter) -> None:  # sources have no input
         raise TypeError("a source has no input")
 

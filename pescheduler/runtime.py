@@ -169,6 +169,9 @@ class PERunner:
             t0 = perf_counter()
             batch = driver.read()
             self.chain.nodes[driver.op_id].stats.busy_s += perf_counter() - t0     # source code is busy time
+            if driver.rejected:
+                self.chain.reject(driver.op_id, driver.rejected)
+                driver.rejected = []
             if batch is None:
                 self.chain.end_from(driver.op_id)
                 progressed = True

@@ -30,6 +30,7 @@ class SourceDriver:
         self.started = perf_counter()
         self.ended = False
         self.paused = False        # a reconfiguration is in progress: read nothing
+        self.rejected: list = []   # dead letters from the source (malformed input), for the chain
 
     def snapshot(self) -> dict:
         """Position and watermark progress (the source's own offset is in its snapshot)."""
@@ -45,6 +46,8 @@ class SourceDriver:
     def read(self) -> list | None:
         """The next batch (maybe empty when nothing is ready), or None at the end."""
         batch = self.source.read(self.batch_size)
+        if "_rejected" in self.source.__dict__:
+            self.rejected.extend(self.source.take_rejected())
         if batch is None:
             self.ended = True
             return None

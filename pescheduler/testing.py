@@ -87,6 +87,9 @@ def drive_source(chain: Chain, driver: SourceDriver) -> None:
     """Read ``driver``'s source to the end into ``chain`` (no pacing: tests run flat out)."""
     while True:
         batch = driver.read()
+        if driver.rejected:
+            chain.reject(driver.op_id, driver.rejected)
+            driver.rejected = []
         if batch is None:
             chain.end_from(driver.op_id)
             return

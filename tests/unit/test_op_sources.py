@@ -135,7 +135,10 @@ def test_jsonl_restore_continues_after_the_last_line(tmp_path):
     first.close(), second.close()
 
 
-def test_jsonl_bad_line_names_file_and_line(tmp_path):
-    (tmp_path / "in.jsonl").write_text('{"n": 0}\n\n{oops\n')
-    with pytest.raises(ValueError, match=r"in.jsonl:3: not JSON"):
-        read_all(JsonlSource(path=str(tmp_path / "in.jsonl")), 10)
+def test_jsonl_bad_line_is_dead_lettered_with_file_and_line_and_the_rest_flows(tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"n": 0, "ts": 0}\n\n{oops\n{"n": 1, "ts": 1}\n')
+    result = run_operators(JsonlSource(path=str(tmp_path / "in.jsonl")), batch_size=10)
+    assert [t["n"] for t in result.output] == [0, 1]
+    [dead] = result.dead_letters
+    assert dead.item["line"] == 3 and dead.item["text"] == "{oops"
+    assert "in.jsonl:3: not JSON" in dead.error and dead.operator == "source-0"
