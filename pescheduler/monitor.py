@@ -56,6 +56,7 @@ class PEMetrics:
     queue_tuples: int = 0
     max_queue_batches: int = 0
     backpressure_s: float = 0.0      # cumulative seconds blocked on credit
+    threaded: bool = False           # its operators block or run long: it works in its own thread
 
 
 @dataclass(frozen=True)
@@ -164,4 +165,5 @@ class Monitor:
             backpressure=min(1.0, (stats["backpressure_s"] - prev["backpressure_s"]) / dt),
             idle=min(1.0, (stats["idle_s"] - prev["idle_s"]) / dt),
             queue_batches=stats["queue_batches"], queue_tuples=stats["queue_tuples"],
-            max_queue_batches=stats["max_queue_batches"], backpressure_s=stats["backpressure_s"])
+            max_queue_batches=stats["max_queue_batches"], backpressure_s=stats["backpressure_s"],
+            threaded=stats.get("threaded", False))

@@ -10,7 +10,9 @@ event loop (``pescheduler.pe.time-slice-ms``) so heartbeats keep flowing.
 from __future__ import annotations
 
 import asyncio
+import threading
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Callable
@@ -82,6 +84,12 @@ class PERunner:
             if driver.op_id in spec.restore:
                 driver.restore(spec.restore[driver.op_id]["driver"])
         self.stopping = False                      # set by stop(): the loop ends at its next turn
+        self._grants: list[ChannelIn] = []         # credits to return once the step is done
+        self._thread: ThreadPoolExecutor | None = None    # set when operators block or run long
+        self._inflight: Future | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self.threaded_because = ""
         self.markers: dict[Any, set[str]] = {}     # marker -> input channels it arrived on
         self.aligning: Any = None                  # the marker this PE is aligning on
         self.aligned_ops: set[str] = set()
@@ -128,6 +136,7 @@ class PERunner:
 
     # -- the loop -------------------------------------------------------------------
     def start(self) -> asyncio.Task:
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         self.state = "running"
         self.task = asyncio.create_task(self.run(), name=f"pe {self.pe_id}")
         return self.task
@@ -140,7 +149,7 @@ class PERunner:
                 op.open(OperatorContext(op_id=op_id, pe_id=self.pe_id, worker=self.worker_address,
                                         key_field=key_field))
             while not self.chain.finished and not self.stopping:
-                progressed = self._read_sources() | self._read_inbox()
+                progressed = await self._step()
                 await self._flush()
                 if progressed:
                     await asyncio.sleep(0)          # let the worker answer its calls
@@ -157,9 +166,48 @@ class PERunner:
             self.state = "failed"
             self.error = f"PE {self.pe_id} on {self.worker_address} failed:\n{traceback.format_exc()}"
         finally:
+            if self._inflight is not None and not self._inflight.done():
+                self._inflight.result()         # never close operators under a running turn
+            if self._thread is not None:
+                self._thread.shutdown(wait=False)
             self.chain.close()
             for _spec, channel in self.outs:
                 await channel.close()
+
+    async def _step(self) -> bool:
+        """One turn of work: on the event loop, or in this PE's thread once a turn ran long.
+
+        A turn longer than twice the time slice means an operator blocks or
+        runs long; from then on the PE works in its own thread (order kept:
+        one thread, one turn at a time) so the worker's event loop keeps
+        answering heartbeats and control calls. Anything that touches loop
+        objects (credit grants, events) is handed back to the loop.
+        """
+        if self._thread is None:
+            t0 = perf_counter()
+            progressed = self._work()
+            took = perf_counter() - t0
+            if took > 2 * self.spec.time_slice_s:
+                self.threaded_because = f"a turn took {took * 1000:.0f} ms"
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"pe-{self.pe_id}")
+        else:
+            self._inflight = self._thread.submit(self._work)
+            progressed = await asyncio.wrap_future(self._inflight)
+            self._inflight = None
+        grants, self._grants = self._grants, []
+        for channel in grants:
+            channel.grant()
+        return progressed
+
+    def _work(self) -> bool:
+        return self._read_sources() | self._read_inbox()
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the event loop: now if called there, else scheduled thread-safely."""
+        if self._loop is None or threading.get_ident() == self._loop_thread:
+            fn()
+        else:
+            self._loop.call_soon_threadsafe(fn)
 
     def _read_sources(self) -> bool:
         progressed = False
@@ -196,7 +244,7 @@ class PERunner:
             if kind == DATA:
                 self.inbox.data_batches -= 1
                 batch = decode(payload) if isinstance(payload, bytes) else payload
-                channel.grant()
+                self._grants.append(channel)
                 channel.tuples += len(batch)
                 chain.emit_from(channel.src_op, batch, channel.port)
             elif kind == WATERMARK:
@@ -239,7 +287,7 @@ class PERunner:
         """A marker arrived behind all data before it on ``channel``: note it, maybe align."""
         self.markers.setdefault(marker, set()).add(channel.channel_id)
         self._check_aligned()
-        self.on_change()
+        self._on_loop(self.on_change)
 
     def begin_align(self, marker: Any) -> None:
         """Pause this PE's sources and align its operators on ``marker``."""
@@ -271,10 +319,10 @@ class PERunner:
                         channel.hold(self.aligning)
                 # Wake the loop so the marker ships now: another PE may need it
                 # before it can send what this PE's other operators wait for.
-                self.inbox.event.set()
+                self._on_loop(self.inbox.event.set)
         if len(self.aligned_ops) == len(self.chain.nodes):
             self.aligned = True
-            self.on_change()
+            self._on_loop(self.on_change)
 
     def _input_aligned(self, node, upstream: str, seen: set[str]) -> bool:
         if upstream in self.chain.nodes:
@@ -370,6 +418,7 @@ class PERunner:
             "elapsed_s": perf_counter() - self.started_at if self.started_at else 0.0,
             "idle_s": self.idle_s + (perf_counter() - self._idle_since if self._idle_since else 0.0),
             "backpressure_s": sum(ch.gate.blocked_s for _s, ch in self.outs),
+            "threaded": bool(self._thread), "threaded_because": self.threaded_because,
             "queue_batches": self.inbox.data_batches,
             "max_queue_batches": self.inbox.max_data_batches,
             "queue_tuples": self.inbox.queued_tuples(),

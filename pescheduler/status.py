@@ -29,6 +29,7 @@ class StatusBoard:
         self.pe_state: dict[str, str] = {}
         self.events: deque = deque(maxlen=EVENTS_KEPT)
         self.stopping = False          # a drain was asked for: its end is "stopped", not "finished"
+        self.threaded: set[str] = set()
         self.t_end: float | None = None
 
     def started(self, placement: Placement, history: int) -> None:
@@ -63,7 +64,12 @@ class StatusBoard:
             self.t_end = time.monotonic()
 
     def update(self, answers: list[dict]) -> MetricsSnapshot:
-        return self.monitor.update(answers)
+        snapshot = self.monitor.update(answers)
+        for pe_id, m in snapshot.pes.items():
+            if m.threaded and pe_id not in self.threaded:
+                self.threaded.add(pe_id)
+                self.event("thread", f"PE {pe_id} works in its own thread: its operators block or run long")
+        return snapshot
 
     def status(self) -> dict:
         snap = self.monitor.latest if self.monitor else MetricsSnapshot(time.monotonic(), 0.0)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
+from distributed import Client
 
 import pescheduler
 from pescheduler import Application
@@ -37,3 +39,11 @@ def test_slow_operator_is_busy_and_its_upstream_backpressured(cluster, tmp_path)
         assert {w.worker for w in snap.workers.values()} == set(dep.placement().workers)
         assert all(w.memory_bytes > 0 for w in snap.workers.values())
         assert dep.status()["pes"][1]["busy"] == pytest.approx(dep.snapshot().pes["map-2"].busy)
+        # Its 0.5 s batches run in the PE's own thread, so the worker still answers at once.
+        assert mapper.threaded and not source.threaded
+        assert any(e["kind"] == "thread" and "map-2" in e["text"] for e in dep.status()["events"])
+        with Client(cluster) as client:
+            for _ in range(5):
+                t0 = time.perf_counter()
+                client.run(os.getpid, workers=[mapper.worker])
+                assert time.perf_counter() - t0 < 0.25
