@@ -5,7 +5,7 @@ It registers through the ``pescheduler`` entry-point group
 
 * sources: ``iterable``, ``generator``, ``jsonl`` (:mod:`.sources`)
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
-  ``window`` (:mod:`.window`)
+  ``window`` (:mod:`.window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
 * sinks: ``jsonl``, ``print`` (:mod:`.sinks`)
 * aggregates: ``count``, ``sum``, ``sumsq``, ``min``, ``max``, ``avg``, ``var``,
   ``stddev`` (:mod:`pescheduler.aggregates`)
@@ -17,12 +17,14 @@ from pescheduler.aggregates import BUILTINS
 from pescheduler.plugins import hookimpl
 
 from .basic import Filter, FlatMap, KeyBy, Map
+from .join import Join
+from .pattern import Pattern
 from .sinks import DiscardSink, JsonlSink, PrintSink
 from .sources import GeneratorSource, IterableSource, JsonlSource
 from .window import Window
 
 OPERATORS = [IterableSource, GeneratorSource, JsonlSource, Map, Filter, FlatMap, KeyBy, Window,
-             JsonlSink, PrintSink, DiscardSink]
+             Join, Pattern, JsonlSink, PrintSink, DiscardSink]
 
 __all__ = [cls.__name__ for cls in OPERATORS]
 

@@ -1,0 +1,146 @@
+"""Join against a brute-force reference: every pair once, when its second event arrives."""
+
+import pickle
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
+from pescheduler.operators.join import Join
+
+
+def pred(left, right):
+    return left["v"] <= right["v"]
+
+
+event = st.fixed_dictionaries({"k": st.integers(0, 1), "ts": st.integers(0, 20), "v": st.integers(0, 3)})
+step = st.one_of(st.tuples(st.sampled_from("LR"), st.lists(event, max_size=6)),
+                 st.tuples(st.just("W"), st.integers(0, 4)))     # W: watermark advances by n
+scenario = st.tuples(st.lists(step, max_size=25), st.integers(0, 6), st.booleans())
+
+
+def numbered(steps):
+    """Give every event a unique id; turn watermark increments into absolute watermarks."""
+    out, n, wm = [], 0, -1
+    for kind, arg in steps:
+        if kind == "W":
+            wm += arg
+            out.append(("W", wm))
+        else:
+            batch = [{**e, "id": n + i} for i, e in enumerate(arg)]
+            n += len(batch)
+            out.append((kind, batch))
+    return out + [("W", MAX_WATERMARK)]
+
+
+def reference(steps, within, use_pred):
+    """Per step: (sorted (left id, right id, ts) results, late ids), by the documented rules."""
+    seen = {"L": [], "R": []}
+    wm, per_step = MIN_WATERMARK, []
+    for kind, arg in steps:
+        if kind == "W":
+            wm = max(wm, arg)
+            per_step.append(([], []))
+            continue
+        results, late = [], []
+        other = seen["R" if kind == "L" else "L"]
+        for e in arg:
+            if e["ts"] <= wm:
+                late.append(e["id"])
+                continue
+            for o in other:             # everything ever buffered: purging must lose nothing
+                l, r = (e, o) if kind == "L" else (o, e)
+                if l["k"] == r["k"] and abs(l["ts"] - r["ts"]) <= within and (not use_pred or pred(l, r)):
+                    results.append((l["id"], r["id"], max(l["ts"], r["ts"])))
+            seen[kind].append(e)
+        per_step.append((sorted(results), late))
+    return per_step
+
+
+def run(join, steps):
+    per_step = []
+    for kind, arg in steps:
+        emit = Emitter()
+        if kind == "W":
+            join.on_watermark(arg, emit)
+        else:
+            (join.on_left if kind == "L" else join.on_right)(arg, emit)
+        per_step.append((sorted((t["left"]["id"], t["right"]["id"], t["ts"]) for t in emit),
+                         [t["id"] for t in (emit.sides or {}).get("late", [])]))
+    return per_step
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenario)
+def test_join_equals_brute_force_reference(case):
+    steps, within, use_pred = case
+    steps = numbered(steps)
+    join = Join(within=within, on="k", predicate=pred if use_pred else None)
+    assert run(join, steps) == reference(steps, within, use_pred)
+    assert join.snapshot()["left"] == {} and join.snapshot()["right"] == {}   # all purged at the end
+
+
+@settings(max_examples=60, deadline=None)
+@given(scenario, st.integers(0, 30))
+def test_snapshot_restore_mid_stream_equals_uninterrupted(case, cut):
+    steps, within, use_pred = case
+    steps = numbered(steps)
+    cut = min(cut, len(steps))
+    params = dict(within=within, left_key="k", right_key="k", predicate=pred if use_pred else None)
+    whole = run(Join(**params), steps)
+    first = Join(**params)
+    head = run(first, steps[:cut])
+    second = Join(**params)
+    second.restore(pickle.loads(pickle.dumps(first.snapshot())))
+    assert head + run(second, steps[cut:]) == whole
+
+
+def test_result_shape_inclusive_bounds_and_arrival_timing():
+    join, out = Join(within="2s", on="car"), Emitter()
+    join.on_left([{"car": "a", "ts": 1000, "id": 1}], out)
+    assert out == []                                   # nothing to pair with yet
+    join.on_right([{"car": "a", "ts": 3000, "id": 2},  # exactly within: inclusive
+                   {"car": "a", "ts": 3001, "id": 3},  # 1 ms too far
+                   {"car": "b", "ts": 1000, "id": 4}], out)  # other key
+    assert out == [{"left": {"car": "a", "ts": 1000, "id": 1},
+                    "right": {"car": "a", "ts": 3000, "id": 2}, "ts": 3000}]
+    out.clear()
+    join.on_left([{"car": "a", "ts": 3001, "id": 5}], out)     # newest event reports both its pairs
+    assert [(t["left"]["id"], t["right"]["id"]) for t in out] == [(5, 2), (5, 3)]
+
+
+def test_late_events_go_to_the_side_output_and_old_state_is_purged():
+    join, out = Join(within=10, on="k"), Emitter()
+    join.on_left([{"k": 1, "ts": 100}, {"k": 1, "ts": 105}], out)
+    join.on_watermark(110, out)
+    assert [e["ts"] for e in join.snapshot()["left"][1]] == [105]   # 100 <= 110 - 10: gone
+    join.on_right([{"k": 1, "ts": 110}, {"k": 1, "ts": 111}], out)
+    assert out.sides == {"late": [{"k": 1, "ts": 110}]}
+    assert [(t["left"]["ts"], t["right"]["ts"]) for t in out] == [(105, 111)]
+
+
+def test_inputs_come_from_the_context_and_process_input_dispatches():
+    join = Join(within=5, on="k")
+    join.open(OperatorContext(op_id="join-3", extra={"inputs": ["map-1", "map-2"]}))
+    assert join._inputs == ["map-1", "map-2"]
+    out = Emitter()
+    join.process_input(1, [{"k": 0, "ts": 1, "side": "r"}], out)
+    join.process_input(0, [{"k": 0, "ts": 2, "side": "l"}], out)
+    assert out[0]["left"]["side"] == "l" and out[0]["right"]["side"] == "r"
+    with pytest.raises(TypeError, match="process_input"):
+        join.process([{"k": 0, "ts": 3}], out)
+    with pytest.raises(ValueError):
+        Join(within=5, on="k", left_key="k", right_key="k")
+
+
+def test_key_of_the_preceding_key_by_and_restore_guard():
+    join = Join(within=5)
+    join.open(OperatorContext(op_id="join-1", key_field="k"))
+    assert join.input_keys() == ("k", "k")            # what a router in front of copies hashes
+    out = Emitter()
+    join.on_left([{"k": 0, "ts": 1}], out)
+    join.on_right([{"k": 1, "ts": 1}, {"k": 0, "ts": 1}], out)
+    assert len(out) == 1
+    with pytest.raises(ValueError, match="within"):
+        Join(within=6).restore(join.snapshot())
