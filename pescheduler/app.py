@@ -122,6 +122,19 @@ class Stream:
         """Event-time window: tumbling (``slide=None``) or sliding; see operators.window."""
         return self.apply("window", id=id, size=size, slide=slide, aggregates=aggregates or {}, **params)
 
+    def join(self, other: "Stream", within: Any, *, id: str | None = None, **params: Any) -> "Stream":
+        """Window join with ``other``: pairs within ``within`` of each other, equal keys,
+        ``predicate`` true; each reported once, when its newer event arrives (operators/join.py)."""
+        node = self.app._add("operator", "join", {"within": within, **params},
+                             [(self.op_id, self.port), (other.op_id, other.port)], id, self.key_field)
+        return Stream(self.app, node.op_id)
+
+    def pattern(self, pattern: str, define: dict, *, id: str | None = None, **params: Any) -> "Stream":
+        """Sequential pattern over the stream, per key if keyed (operators/pattern.py)."""
+        out = self.apply("pattern", id=id, pattern=pattern, define=define, **params)
+        out.key_field = None
+        return out
+
     def late_events(self) -> "Stream":
         """The side output of events that arrived after their window fired."""
         return Stream(self.app, self.op_id, port="late")

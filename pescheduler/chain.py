@@ -89,8 +89,12 @@ class Chain:
             inputs[dst].append(src)
         self.nodes = {op_id: Node(op_id, op, inputs[op_id]) for op_id, op in ops.items()}
         self.routes: dict[tuple[str, str], list] = {}
+        seen_inputs: dict[str, int] = {}
         for src, port, dst in edges:
-            self.routes.setdefault((src, port), []).append(partial(self._push, self.nodes[dst]))
+            node, k = self.nodes[dst], seen_inputs.get(dst, 0)
+            seen_inputs[dst] = k + 1        # the k-th edge into dst is its input k (the app's order)
+            process = partial(node.op.process_input, k) if overrides(node.op, "process_input") else None
+            self.routes.setdefault((src, port), []).append(partial(self._push, node, process=process))
         self._wm_targets: dict[str, list[Node]] = {}
         for src, _port, dst in edges:
             targets = self._wm_targets.setdefault(src, [])
@@ -114,14 +118,15 @@ class Chain:
         for target in self.routes.get((op_id, port), ()):
             target(batch)
 
-    def _push(self, node: Node, batch: list) -> None:
-        # Hot path: one call per batch per operator.
+    def _push(self, node: Node, batch: list, process: Callable | None = None) -> None:
+        # Hot path: one call per batch per operator. ``process`` is set for
+        # operators that tell their inputs apart (process_input).
         emit = Emitter()
         t0 = perf_counter()
         try:
-            node.process(batch, emit)
+            (process or node.process)(batch, emit)
         except Exception as exc:
-            emit = self._isolate(node, batch, exc)
+            emit = self._isolate(node, batch, exc, process or node.process)
         stats = node.stats
         stats.busy_s += perf_counter() - t0
         stats.tuples_in += len(batch)
@@ -133,7 +138,7 @@ class Chain:
             for target in self.routes.get((node.op_id, "out"), ()):
                 target(emit)
 
-    def _isolate(self, node: Node, batch: list, exc: Exception) -> Emitter:
+    def _isolate(self, node: Node, batch: list, exc: Exception, process: Callable) -> Emitter:
         """An operator raised on a batch: set aside only the tuples that fail.
 
         A STATELESS operator is re-run tuple by tuple (safe: no state), so only
@@ -150,7 +155,7 @@ class Chain:
         for item in batch:
             one = Emitter()
             try:
-                node.process([item], one)
+                process([item], one)
             except Exception as one_exc:
                 emit.dead_letter(item, one_exc)
                 continue

@@ -158,6 +158,15 @@ class Operator:
         """Handle one batch: call ``emit(t)`` / ``emit.many(ts)`` for results."""
         raise NotImplementedError(f"{type(self).__name__}.process")
 
+    def process_input(self, input_index: int, batch: list, emit: Emitter) -> None:
+        """A batch from input ``input_index`` of an operator with several inputs (a join).
+
+        The index is the input's position in ``context.extra["inputs"]`` (the
+        order the app wrote them). Operators that do not care which input a
+        batch came from implement only ``process``; this default forwards to it.
+        """
+        self.process(batch, emit)
+
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         """Event time reached ``watermark`` (ms): fire what is complete. Optional."""
 

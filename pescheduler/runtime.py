@@ -146,8 +146,9 @@ class PERunner:
         try:
             for op_id, op in self.ops.items():
                 _cls, _params, key_field = self.spec.ops[op_id]
+                inputs = [src for src, _port, dst in self.spec.edges if dst == op_id]
                 op.open(OperatorContext(op_id=op_id, pe_id=self.pe_id, worker=self.worker_address,
-                                        key_field=key_field))
+                                        key_field=key_field, extra={"inputs": inputs}))
             while not self.chain.finished and not self.stopping:
                 progressed = await self._step()
                 await self._flush()

@@ -75,7 +75,8 @@ def run_operators(items: Iterable[Any] | Source, *operators: Operator, batch_siz
     chain = Chain(ops, edges, {(previous, "out"): [CollectingOutput(result)]},
                   on_side=lambda op_id, port, batch: result.sides.setdefault(port, []).extend(batch))
     for op_id, op in ops.items():
-        op.open(OperatorContext(op_id=op_id, pe_id="test", key_field=key_field))
+        inputs = [src for src, _port, dst in edges if dst == op_id]
+        op.open(OperatorContext(op_id=op_id, pe_id="test", key_field=key_field, extra={"inputs": inputs}))
     drive_source(chain, SourceDriver("source-0", source, batch_size))
     chain.close()
     result.dead_letters = chain.dead_letters
