@@ -236,7 +236,21 @@ def _wait(dep, duration: float | None, tick: Callable[[dict], None]) -> dict:
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the status the deployment last published to the scheduler."""
     out, err = _console(), _console(stderr=True)
-    address = _scheduler_address(args.cluster, err)
+    found = _published(args.cluster, err)
+    if isinstance(found, int):
+        return found
+    _address, statuses = found
+    if args.json:
+        print(json.dumps(statuses[0] if len(statuses) == 1 else statuses, indent=2, default=str))
+    else:
+        for status in statuses:
+            out.print(render(status))
+    return 0
+
+
+def _published(cluster: str | None, err: Console) -> tuple[str, list[dict]] | int:
+    """The scheduler address and every deployment's published status, or the exit code (said why)."""
+    address = _scheduler_address(cluster, err)
     if address is None:
         return 1
     try:
@@ -246,12 +260,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _fail(err, f"cannot reach the scheduler at {address}: {exc}", 1)
     if not statuses:
         return _fail(err, f"no pescheduler deployment has published status on {address}", 1)
-    if args.json:
-        print(json.dumps(statuses[0] if len(statuses) == 1 else statuses, indent=2, default=str))
-    else:
-        for status in statuses:
-            out.print(render(status))
-    return 0
+    return address, statuses
 
 
 def _deployments(client) -> list[dict]:
@@ -263,14 +272,12 @@ def _deployments(client) -> list[dict]:
 def cmd_stop(args: argparse.Namespace) -> int:
     """Ask the running deployment to drain and stop, and wait until it says it has."""
     out, err = _console(), _console(stderr=True)
-    address = _scheduler_address(args.cluster, err)
-    if address is None:
-        return 1
+    found = _published(args.cluster, err)
+    if isinstance(found, int):
+        return found
+    address, statuses = found
     try:
         with _client(address) as client:
-            statuses = _deployments(client)
-            if not statuses:
-                return _fail(err, f"no pescheduler deployment has published status on {address}", 1)
             status = statuses[0]
             if status["state"] not in RUNNING:
                 # Never leave a "stop" behind: only a running deployment is asked.
