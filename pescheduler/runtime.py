@@ -84,7 +84,6 @@ class PERunner:
             if driver.op_id in spec.restore:
                 driver.restore(spec.restore[driver.op_id]["driver"])
         self.stopping = False                      # set by stop(): the loop ends at its next turn
-        self._grants: list[ChannelIn] = []         # credits to return once the step is done
         self._thread: ThreadPoolExecutor | None = None    # set when operators block or run long
         self._inflight: Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -182,7 +181,7 @@ class PERunner:
         runs long; from then on the PE works in its own thread (order kept:
         one thread, one turn at a time) so the worker's event loop keeps
         answering heartbeats and control calls. Anything that touches loop
-        objects (credit grants, events) is handed back to the loop.
+        objects (credit grants, events) is handed to the loop thread-safely.
         """
         if self._thread is None:
             t0 = perf_counter()
@@ -195,9 +194,6 @@ class PERunner:
             self._inflight = self._thread.submit(self._work)
             progressed = await asyncio.wrap_future(self._inflight)
             self._inflight = None
-        grants, self._grants = self._grants, []
-        for channel in grants:
-            channel.grant()
         return progressed
 
     def _work(self) -> bool:
@@ -245,7 +241,7 @@ class PERunner:
             if kind == DATA:
                 self.inbox.data_batches -= 1
                 batch = decode(payload) if isinstance(payload, bytes) else payload
-                self._grants.append(channel)
+                self._on_loop(channel.grant)    # per batch, so the sender keeps pipelining
                 channel.tuples += len(batch)
                 chain.emit_from(channel.src_op, batch, channel.port)
             elif kind == WATERMARK:
