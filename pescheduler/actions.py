@@ -70,10 +70,23 @@ class Move(Action):
 
 @dataclass(frozen=True, repr=False)
 class Replicate(Action):
-    """Add ``copies`` copies of ``operator`` on standard slots."""
+    """Add ``copies`` copies of ``operator`` on standard slots (``X#1``, ``X#2``, ...).
+
+    ``routers``: the upstream operators that send to the new copies. ``None``
+    (the default) shares each copy among every router feeding ``operator``
+    (weight 1 each, like the original); naming one router makes the copies
+    *exclusive* to it (weight N, N being the number of routers), as in the
+    Fujitsu standard-thread method. KEYED operators' copies are always shared:
+    every router must agree on who owns a key group.
+    """
 
     operator: str
     copies: int = 1
+    routers: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.routers is not None:
+            object.__setattr__(self, "routers", tuple(self.routers))
 
     @property
     def target(self) -> str:
@@ -82,10 +95,19 @@ class Replicate(Action):
 
 @dataclass(frozen=True, repr=False)
 class Release(Action):
-    """Remove ``copies`` copies of ``operator``; their partials are flushed downstream."""
+    """Remove the newest ``copies`` copies of ``operator``; their partials are flushed downstream.
+
+    ``routers``: only these routers stop using the copies; a copy is removed
+    when no router uses it any more (reference counting). ``None``: every router.
+    """
 
     operator: str
     copies: int = 1
+    routers: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.routers is not None:
+            object.__setattr__(self, "routers", tuple(self.routers))
 
     @property
     def target(self) -> str:

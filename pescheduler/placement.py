@@ -25,6 +25,7 @@ class LogicalOp:
     params: Mapping[str, Any]
     inputs: tuple[tuple[str, str], ...]          # (upstream op_id, port)
     key_field: str | Callable | None = None
+    copy_of: str | None = None                   # set on copies ``X#k`` of operator ``X``
 
     @property
     def parallelism(self) -> Parallelism:
@@ -62,13 +63,41 @@ class PE:
 
 
 @dataclass(frozen=True)
+class Slot:
+    """A standard slot: a warm place on ``worker`` where copies of hot operators run.
+
+    ``copies`` are the copy operators (``X#k``) it holds now; a slot may hold
+    copies of several operators, and is free when it holds none.
+    """
+
+    worker: str
+    host: str = ""
+    copies: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Placement:
-    """operators -> PEs -> workers -> hosts. ``pes`` keeps PE ids in a stable order."""
+    """operators -> PEs -> workers -> hosts. ``pes`` keeps PE ids in a stable order.
+
+    ``plan`` is the *physical* plan: the operators the user wrote plus their
+    copies. A copy of operator ``X`` is operator ``X#k`` (``LogicalOp.copy_of
+    == "X"``) with the same edges as ``X``, run by a PE whose ``copy_of`` is
+    ``"X"``. ``slots`` are the standard slots copies are placed on.
+    """
 
     plan: LogicalPlan
     pes: Mapping[str, PE]
     workers: tuple[str, ...] = ()
     hosts: Mapping[str, str] = field(default_factory=dict)    # worker -> host id
+    slots: Mapping[str, Slot] = field(default_factory=dict)   # slot id -> slot
+
+    def copies_of(self, op_id: str) -> list[str]:
+        """The copy operators of ``op_id`` (``X#1``, ``X#2``, ...), oldest first."""
+        return [o for o, op in self.plan.ops.items() if op.copy_of == op_id]
+
+    def instances(self, op_id: str) -> list[str]:
+        """``op_id`` and its copies: every operator instance doing ``op_id``'s work."""
+        return [op_id] + self.copies_of(op_id)
 
     def pe_of(self, op_id: str) -> str:
         """The PE that runs ``op_id``."""
