@@ -29,9 +29,9 @@ its batch counts.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from pescheduler.aggregates import AggregatePlan
+from pescheduler.aggregates import AggregatePlan, Query
 from pescheduler.chain import MIN_WATERMARK
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.timeutil import parse_duration
@@ -46,20 +46,151 @@ def _plugin_aggregates() -> dict:
     return active_plugins().aggregates
 
 
-class Window(Operator):
+class AggregatingWindow(Operator):
+    """What every window kind shares: the aggregate plan, its queries and their rows.
+
+    One instance serves one query (``aggregates={name: (function, field)}``:
+    it emits plain rows) or several named ones (``queries={query_id:
+    aggregates}``: it emits ``(query_id, row)`` pairs). Named queries share
+    one :class:`AggregatePlan`, so each distinct aggregate is computed once
+    per window however many queries read it; :meth:`add_query` and
+    :meth:`remove_query` change the plan while the stream runs, keeping the
+    state of every aggregate still in use (the Oracle data-stream method).
+
+    Subclasses keep slot lists in their state, implement ``_slot_lists`` (every
+    live one, for compaction when a query leaves) and ``_compile_state`` (the
+    generated code their hot path calls), and call ``_emit`` to fire a window.
+    """
+
+    parallelism = Parallelism.KEYED
+    outputs = ("late",)
+
+    def _init_aggregates(self, aggregates: dict | None, queries: dict | None,
+                         key: str | Callable | None, ts_field: str) -> None:
+        if aggregates is not None and queries is not None:
+            raise ValueError(f"{self.name}: give aggregates= (one query) or queries= (several), not both")
+        for what in (aggregates, queries):
+            if not isinstance(what, (dict, type(None))):
+                raise TypeError(f"aggregates must be a dict {{name: (function, field)}} and queries "
+                                f"a dict {{query_id: aggregates}}, got {what!r}")
+        if ts_field is None:
+            raise ValueError("a window needs event time: ts_field names the timestamp field (ms)")
+        self.key = key
+        self.ts_field = ts_field
+        self.named = queries is not None
+        self.plan = AggregatePlan(registry=_plugin_aggregates())
+        self._queries: dict[Any, tuple[dict, Query]] = {}
+        self._key_name = _key_name(key)
+        for qid, requests in ((queries or {}) if self.named else {None: aggregates or {}}).items():
+            self._queries[qid] = (dict(requests), self._checked_add(qid, requests))
+        self._recompile()
+
+    def open(self, context: OperatorContext) -> None:
+        super().open(context)
+        if self.key is None and context.key_field is not None:
+            self.key, self._key_name = context.key_field, _key_name(context.key_field)
+            self._recompile()
+
+    def _checked_add(self, qid: Any, requests: dict) -> Query:
+        if not isinstance(requests, dict):
+            raise TypeError(f"query {qid!r}: aggregates must be a dict {{name: (function, field)}}, "
+                            f"got {requests!r}")
+        reserved = set(RESERVED + ((self._key_name,) if self._key_name else ()))
+        clash = reserved & set(requests)
+        if clash:
+            raise ValueError(f"aggregate output names {sorted(clash)} clash with the key or "
+                             f"window fields; rename them")
+        return self.plan.add(requests)
+
+    # -- queries while the stream runs ----------------------------------------------------
+    def add_query(self, query_id: Any, aggregates: dict) -> None:
+        """Start computing ``aggregates`` for ``query_id``, sharing what the plan already has.
+
+        Aggregates new to the plan start empty, so the query reports a (key,
+        window) only when it saw every tuple of it; the other queries go on
+        exactly as before.
+        """
+        if not self.named:
+            raise ValueError(f"{self.name}: add_query needs a window made with queries= (named queries)")
+        if query_id in self._queries:
+            raise ValueError(f"{self.name}: query {query_id!r} exists already")
+        self._queries[query_id] = (dict(aggregates), self._checked_add(query_id, aggregates))
+        self._recompile()
+
+    def remove_query(self, query_id: Any) -> None:
+        """Stop ``query_id``; aggregates no other query reads are released with their state."""
+        if not self.named or query_id not in self._queries:
+            raise KeyError(f"{self.name}: no query {query_id!r}; known: {list(self._queries)}")
+        freed = self.plan.remove(self._queries.pop(query_id)[1])
+        if freed:
+            for slots in self._slot_lists():
+                for i in freed:                  # highest first: later indices stay valid
+                    if i < len(slots):
+                        del slots[i]
+        self._recompile()
+
+    @property
+    def query_ids(self) -> list:
+        return list(self._queries)
+
+    def _recompile(self) -> None:
+        self._merge = self.plan.merger()
+        self._rows = [(qid, self.plan.row_writer(query, self._key_name))
+                      for qid, (_, query) in self._queries.items()]
+        self._compile_state()
+
+    def _compile_state(self) -> None:
+        """Generate the subclass's hot-path code for the current plan and key."""
+
+    def _slot_lists(self) -> Iterable[list]:
+        """Every slot list in the state (so ``remove_query`` can drop freed slots)."""
+        return ()
+
+    def _emit(self, groups: Iterable, ws: int, we: int, out: Callable) -> None:
+        """Rows of one fired window for every query: plain rows, or ``(query_id, row)``."""
+        if not self.named:
+            self._rows[0][1](groups, ws, we, out)
+            return
+        groups = list(groups)
+        for qid, rows in self._rows:
+            rows(groups, ws, we, lambda row, q=qid: out((q, row)))
+
+    # -- state ------------------------------------------------------------------------------
+    def parameters(self) -> dict:
+        """What makes an equivalent instance: the queries as they are now, not as first given."""
+        params = super().parameters()
+        if self.named:
+            params["queries"] = {qid: dict(req) for qid, (req, _) in self._queries.items()}
+        return params
+
+    def _check_state(self, state: dict, **shape: Any) -> None:
+        """Refuse state of a different plan layout or window shape."""
+        mine = {"layout": self.plan.layout, **shape}
+        theirs = {k: state.get(k) for k in mine}
+        if theirs != mine:
+            raise ValueError(f"{self.name} state of {theirs} cannot be restored into {mine}")
+
+
+def _key_name(key: str | Callable | None) -> str | None:
+    """The field a row carries its key under: the key field, ``"key"`` for a callable."""
+    return None if key is None else ("key" if callable(key) else key)
+
+
+class Window(AggregatingWindow):
     """Keyed event-time window with aggregates; see the module docstring.
 
     ``key``: a field name or a callable; by default the key of the preceding
     ``key_by`` (``context.key_field``). A callable key is emitted as ``"key"``;
     with no key at all there is one global group and no key field.
+    ``queries={query_id: aggregates}`` instead of ``aggregates`` shares one
+    plan between named queries (see :class:`AggregatingWindow`).
     """
 
     name = "window"
-    parallelism = Parallelism.KEYED
-    outputs = ("late",)
 
     def __init__(self, size: Any, slide: Any = None, aggregates: dict | None = None,
-                 key: str | Callable | None = None, ts_field: str = "ts") -> None:
+                 key: str | Callable | None = None, ts_field: str = "ts",
+                 queries: dict | None = None) -> None:
         self.size = parse_duration(size)
         self.slide = self.size if slide is None else parse_duration(slide)
         if self.size <= 0 or self.slide <= 0:
@@ -67,35 +198,16 @@ class Window(Operator):
         if self.size % self.slide:
             raise ValueError(f"window size ({self.size} ms) must be a multiple of slide "
                              f"({self.slide} ms): sliding windows are built from panes of slide")
-        if not isinstance(aggregates, (dict, type(None))):
-            raise TypeError(f"aggregates must be a dict {{name: (function, field)}}, got {aggregates!r}")
-        if ts_field is None:
-            raise ValueError("a window needs event time: ts_field names the timestamp field (ms)")
-        self.key = key
-        self.ts_field = ts_field
-        requests = dict(aggregates or {})
-        self.plan = AggregatePlan(registry=_plugin_aggregates())
-        self.query = self.plan.add(requests)
-        self._merge = self.plan.merger()
         self._panes: dict[Any, dict] = {}          # pane start -> {key: slots}, keys first-seen
         self._wm = MIN_WATERMARK
         self._fired_end: int | None = None          # every window ending at or before is done
-        self._compile(key)
+        self._init_aggregates(aggregates, queries, key, ts_field)
 
-    def open(self, context: OperatorContext) -> None:
-        super().open(context)
-        if self.key is None and context.key_field is not None:
-            self._compile(context.key_field)
+    def _compile_state(self) -> None:
+        self._update = self.plan.pane_updater(self.key, self.ts_field, self.slide)
 
-    def _compile(self, key: str | Callable | None) -> None:
-        """Generate the update loop and row writer for ``key``."""
-        key_name = None if key is None else ("key" if callable(key) else key)
-        clash = set(self.query.names) & set(RESERVED + ((key_name,) if key_name else ()))
-        if clash:
-            raise ValueError(f"aggregate output names {sorted(clash)} clash with the key or "
-                             f"window fields; rename them")
-        self._update = self.plan.pane_updater(key, self.ts_field, self.slide)
-        self._rows = self.plan.row_writer(self.query, key_name)
+    def _slot_lists(self) -> Iterable[list]:
+        return (s for d in self._panes.values() for s in d.values())
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
@@ -133,7 +245,7 @@ class Window(Operator):
                 end = starts[lo] + slide
                 continue
             hi = bisect_left(starts, end, lo)
-            self._rows(self._window(starts[lo:hi]), end - size, end, out)
+            self._emit(self._window(starts[lo:hi]), end - size, end, out)
             end += slide
 
     def _window(self, starts: list) -> Any:
@@ -165,10 +277,7 @@ class Window(Operator):
                 "fired_end": self._fired_end}
 
     def restore(self, state: dict) -> None:
-        if (state["layout"], state["size"], state["slide"]) != (self.plan.layout, self.size, self.slide):
-            raise ValueError(f"window state of {state['layout']} size={state['size']} "
-                             f"slide={state['slide']} cannot be restored into {self.plan.layout} "
-                             f"size={self.size} slide={self.slide}")
+        self._check_state(state, size=self.size, slide=self.slide)
         self._panes = _copy_panes(state["panes"])
         self._wm = state["watermark"]
         self._fired_end = state["fired_end"]

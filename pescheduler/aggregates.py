@@ -135,6 +135,7 @@ class PlanNode:
     field: Any
     uses: tuple["PlanNode", ...] = ()
     slot: int | None = None
+    refs: int = 0                   # query outputs and derived nodes using it
 
     def __repr__(self) -> str:
         return f"{self.aggregate.name}({self.field})"
@@ -171,9 +172,17 @@ def _name(spec: str | Aggregate) -> str:
 class AggregatePlan:
     """The shared aggregate graph of one stream/key/window, and its generated code.
 
-    ``add`` requests (one per window or query); nodes are shared across them.
-    ``slots`` are the base nodes in slot order; ``layout`` names them (a
-    snapshot carries it, so state never lands in a differently laid-out plan).
+    ``add`` requests (one per window or query); nodes are shared across them
+    and reference-counted, so ``remove`` releases exactly the nodes no other
+    query uses. ``slots`` are the base nodes in creation order; ``layout``
+    names them (a snapshot carries it, so state never lands in a differently
+    laid-out plan).
+
+    Slot lists may be *short*: a list created before a query added slot ``i``
+    has fewer than ``i + 1`` entries, because it never saw the tuples that came
+    before the slot existed. The generated code keeps such a list's prefix up to
+    date, and a query's row writer skips a group whose list lacks a slot it
+    reads, so a query added mid-stream reports only groups it saw whole.
     """
 
     def __init__(self, requests: Mapping[str, Any] | None = None,
@@ -204,14 +213,53 @@ class AggregatePlan:
         return agg
 
     def add(self, requests: Mapping[str, Any]) -> Query:
-        """Add ``{out_name: (function, field)}``; returns the query to build rows for."""
-        outputs = []
-        for out_name, spec in requests.items():
-            function, fld = parse_request(out_name, spec)
-            outputs.append((out_name, self._node(function, fld, ())))
+        """Add ``{out_name: (function, field)}``; returns the query to build rows for.
+
+        All-or-nothing: a bad request leaves the plan as it was.
+        """
+        parsed = [(out, *parse_request(out, spec)) for out, spec in requests.items()]
+        saved = dict(self.nodes), list(self.slots), {n: n.refs for n in self.nodes.values()}
+        outputs: list[tuple[str, PlanNode]] = []
+        try:
+            for out_name, function, fld in parsed:
+                node = self._node(function, fld, ())
+                node.refs += 1
+                outputs.append((out_name, node))
+        except Exception:
+            self.nodes, self.slots = saved[0], saved[1]
+            for node, refs in saved[2].items():
+                node.refs = refs
+            raise
         query = Query(tuple(outputs))
         self.queries.append(query)
         return query
+
+    def remove(self, query: Query) -> list[int]:
+        """Drop ``query``; release the nodes only it used. Returns the freed slot indices.
+
+        The indices are those before the removal, highest first: deleting them
+        in that order from every slot list of the state keeps the state laid
+        out like the plan (later slots move down, as their nodes' ``slot`` do).
+        """
+        self.queries.remove(query)
+        before = list(self.slots)
+        for _, node in query.outputs:
+            self._release(node)
+        freed = [i for i, node in enumerate(before) if node not in self.slots]
+        for i, node in enumerate(self.slots):
+            node.slot = i
+        return sorted(freed, reverse=True)
+
+    def _release(self, node: PlanNode) -> None:
+        """Drop one reference; a node nobody uses leaves the plan and releases its own uses."""
+        node.refs -= 1
+        if node.refs > 0:
+            return
+        del self.nodes[(node.aggregate.name, node.field)]
+        if node.slot is not None:
+            self.slots.remove(node)
+        for used in node.uses:
+            self._release(used)
 
     def _node(self, spec: str | Aggregate, fld: Any, path: tuple[str, ...]) -> PlanNode:
         """Resolve ``spec`` over ``fld`` depth first, so ``nodes`` ends up topologically ordered."""
@@ -223,6 +271,8 @@ class AggregatePlan:
         node = self.nodes.get(key)
         if node is None:
             uses = tuple(self._node(u, fld, path + (name,)) for u in agg.uses)
+            for used in uses:
+                used.refs += 1
             node = PlanNode(agg, key[1], uses)
             if agg.is_base:
                 node.slot = len(self.slots)
@@ -253,8 +303,31 @@ class AggregatePlan:
         return _generate(_PaneUpdaterSource(self, key, ts_field, slide).lines(), "update",
                          self._namespace(key=key), f"update {self.layout}")
 
+    def folder(self, key: Any = None) -> Callable:
+        """Generate ``fold(s, t) -> slots``: ``t`` folded into ``s`` (a new list when ``s`` is None).
+
+        For windows that place tuples one at a time (sessions, count windows).
+        Like the pane updater, it computes everything before storing, so a
+        tuple that raises leaves ``s`` unchanged.
+        """
+        src = _PaneUpdaterSource(self, key, None, 1)
+        lines = ["def fold(s, t):",
+                 *[f"    {var} = t[{f!r}]" for f, var in src.values.items()],
+                 "    if s is None:",
+                 f"        return [{', '.join(src.slot_exprs(init=True))}]",
+                 f"    if len(s) != {len(self.slots)}:",
+                 "        s[:] = _prefix(s, t)",
+                 "        return s",
+                 *[f"    n{i} = {e}" for i, e in enumerate(src.slot_exprs(init=False))],
+                 *[f"    s[{i}] = n{i}" for i in range(len(self.slots))],
+                 "    return s"]
+        return _generate(lines, "fold", self._namespace(), f"fold {self.layout}")
+
     def merger(self) -> Callable:
-        """Generate ``merge(a, b) -> slots``: two groups' slots combined (panes, copies)."""
+        """Generate ``merge(a, b) -> slots``: two groups' slots combined (panes, copies).
+
+        Two short lists merge into the slots both have (see the class docstring).
+        """
         items = []
         for node in self.slots:
             agg, i = node.aggregate, node.slot
@@ -262,8 +335,21 @@ class AggregatePlan:
                 items.append("(" + agg.merge_src.format(a=f"a[{i}]", b=f"b[{i}]") + ")")
             else:
                 items.append(f"_merge{i}(a[{i}], b[{i}])")
-        body = ["def merge(a, b):", f"    return [{', '.join(items)}]"]
+        n = len(self.slots)
+        body = ["def merge(a, b):",
+                f"    if len(a) != {n} or len(b) != {n}:",
+                "        return _merge_prefix(a, b)",
+                f"    return [{', '.join(items)}]"]
         return _generate(body, "merge", self._namespace(), f"merge {self.layout}")
+
+    def _fold_prefix(self, s: list, t: Any) -> list:
+        """Slow path of the generated code: ``t`` folded into the slots a short list has."""
+        return [node.aggregate.update(a, t[node.field] if node.aggregate.needs_field else None)
+                for node, a in zip(self.slots, s)]
+
+    def _merge_prefix(self, a: list, b: list) -> list:
+        """Slow path of the generated merge: the slots both lists have."""
+        return [node.aggregate.merge(x, y) for node, x, y in zip(self.slots, a, b)]
 
     def row_writer(self, query: Query, key_name: str | None) -> Callable:
         """Generate ``rows(groups, ws, we, out)``: one dict per ``(key, slots)`` to ``out``.
@@ -273,6 +359,8 @@ class AggregatePlan:
         once per row from the base slots, in topological order.
         """
         lines = ["def rows(groups, ws, we, out):", "    for k, s in groups:"]
+        need = 1 + max((n.slot for n in self._needed(query) if n.slot is not None), default=-1)
+        lines += [f"        if len(s) < {need}:", "            continue"] if need else []
         names = self._result_lines(query, lines)
         head = [] if key_name is None else [f"{key_name!r}: k"]
         head += ["'window_start': ws", "'window_end': we"]
@@ -280,8 +368,9 @@ class AggregatePlan:
         lines.append(f"        out({{{', '.join(head)}}})")
         return _generate(lines, "rows", self._namespace(), f"rows {query.names}")
 
-    def _result_lines(self, query: Query, lines: list[str]) -> dict[PlanNode, str]:
-        """Append ``rN = ...`` for every node the query needs; return node -> local name."""
+    @staticmethod
+    def _needed(query: Query) -> set[PlanNode]:
+        """Every node ``query`` reads, directly or through derived ones."""
         needed: set[PlanNode] = set()
         stack = [node for _, node in query.outputs]
         while stack:
@@ -289,6 +378,11 @@ class AggregatePlan:
             if node not in needed:
                 needed.add(node)
                 stack.extend(node.uses)
+        return needed
+
+    def _result_lines(self, query: Query, lines: list[str]) -> dict[PlanNode, str]:
+        """Append ``rN = ...`` for every node the query needs; return node -> local name."""
+        needed = self._needed(query)
         names: dict[PlanNode, str] = {}
         for i, node in enumerate(self.nodes.values()):     # topological order
             if node in needed:
@@ -307,7 +401,8 @@ class AggregatePlan:
 
     def _namespace(self, key: Any = None) -> dict:
         """The functions generated code calls by name (plug-ins without templates)."""
-        ns: dict[str, Any] = {"_key": key}
+        ns: dict[str, Any] = {"_key": key, "_prefix": self._fold_prefix,
+                              "_merge_prefix": self._merge_prefix}
         for node in self.slots:
             agg, i = node.aggregate, node.slot
             ns[f"_create{i}"], ns[f"_update{i}"], ns[f"_merge{i}"] = agg.create, agg.update, agg.merge
@@ -347,11 +442,13 @@ class _PaneUpdaterSource:
             "                last = p",
             "            s = d.get(k)",
             "            if s is None:",
-            f"                d[k] = [{', '.join(self._slot_exprs(init=True))}]",
-            "            else:",
-            *[f"                n{i} = {e}" for i, e in enumerate(self._slot_exprs(init=False))],
+            f"                d[k] = [{', '.join(self.slot_exprs(init=True))}]",
+            f"            elif len(s) == {len(self.plan.slots)}:",
+            *[f"                n{i} = {e}" for i, e in enumerate(self.slot_exprs(init=False))],
             *[f"                s[{i}] = n{i}" for i in range(len(self.plan.slots))],
             *(["                pass"] if not self.plan.slots else []),
+            "            else:                      # short: made before a query added slots",
+            "                s[:] = _prefix(s, t)",
             "    except Exception as exc:",
             "        return t, exc",
             "    return None",
@@ -362,7 +459,7 @@ class _PaneUpdaterSource:
             return "None"
         return "_key(t)" if callable(self.key) else f"t[{self.key!r}]"
 
-    def _slot_exprs(self, init: bool) -> list[str]:
+    def slot_exprs(self, init: bool) -> list[str]:
         exprs = []
         for node in self.plan.slots:
             agg, i = node.aggregate, node.slot
