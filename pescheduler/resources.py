@@ -6,7 +6,9 @@ hosts; the controller decides what runs where, and policies decide when to
 borrow or return (they see a :class:`ResourceView`).
 
 Implementations are plug-ins (``pescheduler_resource_managers()`` hook): the
-embedded default ``local`` and ``spark`` (Spark dynamic allocation).
+embedded default ``local`` and ``spark`` (Spark dynamic allocation). A class
+is built as ``cls(scheduler_address, settings)``: the Dask scheduler its hosts'
+workers join, and its ``pescheduler.rm.<name>`` settings (a dict).
 """
 
 from __future__ import annotations
@@ -91,5 +93,12 @@ class ResourceManager(Protocol):
     async def return_host(self, host: Host) -> None:
         """Give ``host`` back (its workers are already empty of PEs)."""
 
+    def lendable(self) -> int:
+        """How many more hosts ``request_hosts`` could grant now (an estimate, cheap, no I/O)."""
+
     async def close(self) -> None:
-        """Return everything still held and disconnect."""
+        """Return everything still held, stop what it started, and disconnect."""
+
+
+class ResourceManagerUnavailable(RuntimeError):
+    """The resource manager cannot be reached or refuses; the message says why and what to do."""

@@ -1,0 +1,200 @@
+"""``local``: the embedded resource manager. A host is a group of local Dask worker processes.
+
+It lends up to ``pescheduler.rm.local.hosts`` hosts (``local-1``, ``local-2``,
+...), each ``workers-per-host`` single-threaded ``dask worker`` processes
+started against the deployment's scheduler and stopped by PID. An optional
+*demand* stands for the other users of the cluster, so every path of
+borrowing and returning runs on one machine:
+
+* a schedule (a list, or a YAML/JSON file holding one) of entries
+  ``{at: 30, want: 2, within: 10}`` (30 s after start, ask for host 2 back
+  within 10 s) and ``{at: 90, free: 2}`` (host 2 is free again);
+* or an async callable ``demand(control)`` that calls ``await
+  control.want(2, within=10)`` and ``control.free(2)`` when it likes.
+
+A wanted host is not lent until it is freed. With ``reclaim-after`` set, a
+wanted host still held that long after its deadline is taken back by force
+(its workers stopped) and reported lost, as a real cluster manager would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import yaml
+from dask.utils import parse_timedelta
+
+from ..resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
+from . import processes
+from .workers import named_workers, retire
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    host: Host
+    procs: list[processes.Process] = field(default_factory=list)
+
+
+def load_schedule(demand) -> list[dict]:
+    """A demand schedule from a list, or a ``.yaml``/``.yml``/``.json`` file, sorted by time."""
+    if isinstance(demand, str):
+        with open(demand) as f:
+            entries = json.load(f) if demand.endswith(".json") else yaml.safe_load(f)
+    else:
+        entries = list(demand)
+    for e in entries:
+        if "at" not in e or not ({"want", "free"} & set(e)):
+            raise ValueError(f"demand entry {e!r}: needs 'at' and one of 'want' or 'free'")
+    return sorted(entries, key=lambda e: float(e["at"]))
+
+
+class LocalResourceManager:
+    """Hosts made of local ``dask worker`` processes, within a budget; see the module docstring."""
+
+    name = "local"
+
+    def __init__(self, scheduler_address: str, settings: dict | None = None) -> None:
+        s = settings or {}
+        self.scheduler_address = scheduler_address
+        self.budget = int(s.get("hosts", 2))
+        self.workers_per_host = int(s.get("workers-per-host", 1))
+        self.start_timeout = parse_timedelta(s.get("start-timeout", "60s"), default="seconds")
+        self.reclaim_after = s.get("reclaim-after")
+        self.demand = s.get("demand")
+        self.ids = [f"local-{i}" for i in range(1, self.budget + 1)]
+        self.held: dict[str, _Held] = {}
+        self.wanted: set[str] = set()
+        self._on_event: Callable[..., Awaitable[None]] | None = None
+        self._client = None
+        self._tasks: list[asyncio.Task] = []
+        self.t0 = time.monotonic()
+
+    # -- the ResourceManager protocol ---------------------------------------------------
+    async def start(self, on_event) -> None:
+        from distributed import Client
+
+        self._on_event = on_event
+        try:
+            self._client = await Client(self.scheduler_address, asynchronous=True, timeout=10,
+                                        set_as_default=False)
+        except OSError as exc:
+            raise ResourceManagerUnavailable(f"local: cannot reach the scheduler {self.scheduler_address}: {exc}")
+        self.t0 = time.monotonic()
+        if callable(self.demand):
+            self._tasks.append(asyncio.create_task(self._run_callable(self.demand)))
+        elif self.demand:
+            self._tasks.append(asyncio.create_task(self._run_schedule(load_schedule(self.demand))))
+
+    def lendable(self) -> int:
+        return sum(1 for h in self.ids if h not in self.held and h not in self.wanted)
+
+    async def request_hosts(self, n: int) -> list[Host]:
+        free = [h for h in self.ids if h not in self.held and h not in self.wanted][:max(0, n)]
+        started = await asyncio.gather(*(self._start_host(h) for h in free))
+        return [h for h in started if h is not None]
+
+    async def return_host(self, host: Host) -> None:
+        held = self.held.pop(host.host_id, None)
+        if held is None:
+            return
+        try:
+            await retire(self._client, list(held.host.workers), timeout=10)
+        except Exception as exc:          # the processes are stopped by PID below anyway
+            logger.warning("local: retiring %s failed: %s", host.host_id, exc)
+        for proc in held.procs:
+            if not await proc.wait_exit(5.0):
+                await proc.astop()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for host_id in list(self.held):
+            await self.return_host(self.held[host_id].host)
+        if self._client is not None:
+            await self._client.close()
+
+    # -- hosts ---------------------------------------------------------------------------
+    def host_id(self, ref) -> str:
+        """``2``, ``"2"`` or ``"local-2"`` -> ``"local-2"``."""
+        text = str(ref)
+        return text if text.startswith("local-") else f"local-{text}"
+
+    async def _start_host(self, host_id: str) -> Host | None:
+        names = [f"{host_id}-w{i}" for i in range(self.workers_per_host)]
+        procs = [processes.start(name, [sys.executable, "-m", "distributed.cli.dask_worker",
+                                        self.scheduler_address, "--nthreads", "1", "--no-nanny",
+                                        "--no-dashboard", "--name", name, "--death-timeout", "30"])
+                 for name in names]
+        self.held[host_id] = _Held(Host(host_id), procs)         # reserved while it starts
+
+        def gone() -> str | None:
+            dead = [p for p in procs if not p.alive()]
+            return dead and f"worker {dead[0].name} exited ({dead[0].popen.returncode}): {dead[0].log_tail(5)}"
+        try:
+            found = await named_workers(self._client, names, self.start_timeout, gone)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            logger.warning("local: host %s did not start: %s", host_id, exc)
+            self.held.pop(host_id, None)
+            await asyncio.gather(*(p.astop() for p in procs))
+            return None
+        host = Host(host_id, tuple(found[n] for n in names), {"pids": [p.pid for p in procs]})
+        self.held[host_id] = _Held(host, procs)
+        return host
+
+    # -- external demand --------------------------------------------------------------------
+    async def want(self, ref, within: float) -> None:
+        """Another user wants host ``ref`` within ``within`` seconds: ask for it back if held."""
+        host_id = self.host_id(ref)
+        self.wanted.add(host_id)
+        held = self.held.get(host_id)
+        if held is None or not held.host.workers:
+            return
+        deadline = time.time() + float(within)
+        await self._on_event(HostReturnRequested(held.host, deadline))
+        if self.reclaim_after is not None:
+            self._tasks.append(asyncio.create_task(self._reclaim(host_id, deadline)))
+
+    def free(self, ref) -> None:
+        """Host ``ref`` is free again: it may be lent."""
+        self.wanted.discard(self.host_id(ref))
+
+    async def _reclaim(self, host_id: str, deadline: float) -> None:
+        await asyncio.sleep(max(0.0, deadline - time.time()) + float(self.reclaim_after))
+        held = self.held.get(host_id)
+        if held is None or host_id not in self.wanted:
+            return
+        self.held.pop(host_id, None)
+        await asyncio.gather(*(p.astop() for p in held.procs))
+        await self._on_event(HostLost(held.host, "taken back by the local resource manager: "
+                                                 "not returned by its deadline"))
+
+    async def _run_schedule(self, entries: list[dict]) -> None:
+        for entry in entries:
+            await asyncio.sleep(max(0.0, self.t0 + float(entry["at"]) - time.monotonic()))
+            try:
+                if "want" in entry:
+                    await self.want(entry["want"], float(entry.get("within", 10)))
+                else:
+                    self.free(entry["free"])
+            except Exception:
+                logger.exception("local: demand entry %r failed", entry)
+
+    async def _run_callable(self, demand) -> None:
+        try:
+            result = demand(self)
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("local: the demand callable failed")

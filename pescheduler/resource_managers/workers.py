@@ -1,0 +1,44 @@
+"""Finding the Dask workers a host brought: by the names the resource manager gave them.
+
+The scheduler offers no event for "a worker named X joined", so this polls its
+identity every ``POLL_S`` until a deadline (or until ``gone()`` says the
+process that should run the worker has died, so a failed start is reported at
+once instead of at the deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+POLL_S = 0.1
+
+
+async def named_workers(client, names: list[str], timeout: float,
+                        gone: Callable[[], str | None] = lambda: None) -> dict[str, str]:
+    """``{name: address}`` of the workers called ``names`` once all have joined.
+
+    Raises ``TimeoutError`` (with what is missing) at ``timeout``, or
+    ``RuntimeError`` with ``gone()``'s reason when that returns one.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        info = await client.scheduler.identity(n_workers=-1)
+        found = {str(w.get("name")): address for address, w in info["workers"].items()}
+        if all(n in found for n in names):
+            return {n: found[n] for n in names}
+        reason = gone()
+        if reason:
+            raise RuntimeError(reason)
+        if loop.time() >= deadline:
+            missing = ", ".join(n for n in names if n not in found)
+            raise TimeoutError(f"workers {missing} did not join the scheduler within {timeout:.0f} s")
+        await asyncio.sleep(POLL_S)
+
+
+async def retire(client, addresses: list[str], timeout: float) -> None:
+    """Close the workers at ``addresses`` gracefully (they hold no PEs any more), bounded."""
+    if addresses:
+        await asyncio.wait_for(client.retire_workers(workers=list(addresses), close_workers=True,
+                                                     remove=True), timeout)
