@@ -13,6 +13,11 @@ The model, per step (steady state; no transients, no randomness):
 
 * Rates are linear in the source rates: ``in(op) = sum(out(upstream))``,
   ``out(op) = in(op) * selectivity``; a source's input is what it emits.
+* Copies follow the runtime's convention: a copy of ``X`` is operator ``X#k``
+  of the physical plan (``LogicalOp.copy_of == "X"``, same edges as ``X``),
+  run by a PE ``X#k`` (``PE.copy_of == "X"``) on a standard slot
+  (``slots_per_host`` per host, in :attr:`Placement.slots`). Each instance
+  reports its own :class:`OperatorMetrics`, as the monitor does.
 * Each operator instance (the operator in its PE, plus one PE per copy) costs
   ``cost_s * its share of in(op)`` CPU seconds per second on its worker. A
   worker has one core, shared by all PEs on it (proportionally when
@@ -26,7 +31,10 @@ The model, per step (steady state; no transients, no randomness):
 * A PE on a saturated worker is CPU-bound: ``busy`` = its CPU, no idle, no
   backpressure (the rest of its wall time it waits for the core). A PE with an
   operator upstream of a saturated PE (in another PE) is blocked on credit:
-  ``backpressure = 1 - busy``. Any other PE is ``idle = 1 - busy``.
+  ``backpressure = 1 - busy``. Any other PE is ``idle = 1 - busy``. A source
+  is paced without catch-up: throttled to ``f`` of its rate, it is blocked
+  ``1 - f`` of the time and idle for the rest (so ``out / (1 - backpressure)``
+  is its offered rate, which rate-sizing policies estimate that way).
 * Queues: a blocked or CPU-bound PE has its credit window full
   (``credits`` batches per input channel); otherwise the M/M/1 mean
   ``u / (1 - u)`` batches, capped by the window.
@@ -45,8 +53,9 @@ from .actions import (Action, ActionRefused, BorrowHosts, Fuse, Move, Release, R
                       ReturnHost, Split)
 from .monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from .operator import Parallelism
-from .placement import PE, LogicalOp, LogicalPlan, Placement
-from .transforms import transform
+from .placement import PE, LogicalOp, LogicalPlan, Placement, Slot
+from .resources import ResourceView
+from .transforms import TRANSFORMS, transform
 
 __all__ = ["SimOperator", "Simulation", "LogEntry"]
 
@@ -72,9 +81,15 @@ class LogEntry:
     reason: str
 
 
-# One dummy operator class per parallelism: LogicalOp.parallelism reads cls.parallelism.
-_CLASSES = {p: type(f"Sim{p.name.title()}Operator", (), {"parallelism": p, "__module__": __name__})
-            for p in Parallelism}
+def _state_hook(self, *args):          # pragma: no cover - never called: the sim moves no state
+    raise NotImplementedError
+
+
+# One dummy operator class per parallelism: LogicalOp.parallelism reads cls.parallelism; the
+# state hooks make KEYED and MERGEABLE operators replicable for the runtime's transforms.
+_CLASSES = {p: type(f"Sim{p.name.title()}Operator", (), {
+    "parallelism": p, "__module__": __name__, "split_state": _state_hook, "merge_states": _state_hook,
+    "take_partials": _state_hook, "absorb": _state_hook}) for p in Parallelism}
 
 
 def _topological(ops: Mapping[str, SimOperator], edges: list[tuple[str, str]]) -> list[str]:
@@ -110,15 +125,16 @@ class Simulation:
     source operator: one number for all sources, or a mapping op_id -> rate.
     Without ``placement``, one PE per operator is spread in topological order
     over the workers of ``hosts`` hosts (default: enough hosts for one worker
-    per operator). ``host_pool`` bounds how many more hosts BorrowHosts may
-    grant (None: unbounded).
+    per operator), workers holding a standard slot last. ``slots_per_host``
+    standard slots per host take copies. ``host_pool`` bounds how many more
+    hosts BorrowHosts may grant (None: unbounded).
     """
 
     def __init__(self, graph: Mapping[str, SimOperator], edges=(), placement: Placement | None = None,
                  hosts: int | None = None, cores_per_host: int = 4, source_rate: float | Mapping = 1000.0,
                  credits: int = 8, batch_size: int = 1000, flush_s: float = 0.005,
                  host_memory_bytes: int = 16 << 30, host_pool: int | None = None,
-                 app_name: str = "sim") -> None:
+                 slots_per_host: int = 1, app_name: str = "sim") -> None:
         if cores_per_host < 1:
             raise ValueError("cores_per_host must be >= 1")
         edge_pairs = [(e[0], e[-1]) for e in edges]
@@ -128,6 +144,7 @@ class Simulation:
         self.credits, self.batch_size, self.flush_s = credits, batch_size, flush_s
         self.host_memory_bytes = host_memory_bytes
         self.host_pool = host_pool
+        self.slots_per_host = slots_per_host
         self.interval = 0
         self.time = 0.0
         # throttle search: stop when no source's factor moves by more than this (relative)
@@ -166,13 +183,18 @@ class Simulation:
             self._host_names = [f"h{h}" for h in range(n_hosts)]
             workers = [f"sim://h{h}/w{c}" for h in range(n_hosts) for c in range(cores_per_host)]
             host_of = {w: w.split("/")[2] for w in workers}
+            slots = self._new_slots(self._host_names)
+            # PEs go to workers without a standard slot first, so copies find a spare core
+            on_slot = {s.worker for s in slots.values()}
+            spread = [w for w in workers if w not in on_slot] + [w for w in workers if w in on_slot]
             pes = {}
             for i, op in enumerate(order):
-                w = workers[i % len(workers)]
+                w = spread[i % len(spread)]
                 pes[op] = PE((op,), w, host_of[w])
-            placement = Placement(self.plan, MappingProxyType(pes), tuple(workers), MappingProxyType(host_of))
+            placement = Placement(self.plan, MappingProxyType(pes), tuple(workers), MappingProxyType(host_of),
+                                  MappingProxyType(slots))
         else:
-            if set(placement.plan.ops) != set(order):
+            if {op for op, lop in placement.plan.ops.items() if lop.copy_of is None} != set(order):
                 raise ValueError("placement and graph name different operators")
             self.plan = placement.plan
             seen: dict[str, None] = {}
@@ -180,8 +202,8 @@ class Simulation:
                 seen.setdefault(placement.hosts.get(w, ""), None)
             self._host_names = list(seen)
         self._next_host = len(self._host_names)
-        self._cum_in = [0.0] * len(order)
-        self._cum_out = [0.0] * len(order)
+        self._borrowed: set[str] = set()
+        self._cum: dict[str, list[float]] = {}          # op instance -> [tuples in, tuples out]
         self._cum_bp: dict[str, float] = {}
         self._set_placement(placement)
 
@@ -247,6 +269,19 @@ class Simulation:
         """Copies of ``op_id`` beyond the original instance."""
         return len(self._inst[self._idx[op_id]]) - 1
 
+    def resources(self) -> ResourceView:
+        """The resource manager's view policies receive: hosts held and borrowed, pool left."""
+        held = tuple(self._host_names)
+        lendable = 1_000_000 if self.host_pool is None else self.host_pool
+        return ResourceView(held=held, borrowed=tuple(h for h in held if h in self._borrowed),
+                            lendable=lendable, manager="sim")
+
+    def _new_slots(self, hosts) -> dict[str, Slot]:
+        """``slots_per_host`` standard slots per host, on its last workers (``h3/slot0``...)."""
+        c = self.cores_per_host
+        return {f"{h}/slot{j}": Slot(f"sim://{h}/w{c - 1 - j % c}", h)
+                for h in hosts for j in range(self.slots_per_host)}
+
     # ----------------------------------------------------------------- placement index
 
     def _set_placement(self, placement: Placement) -> None:
@@ -261,19 +296,25 @@ class Simulation:
                 workers.append(pe.worker)
         self._pe_ids, self._workers = pe_ids, workers
         self._pe_worker = [w_index[pe.worker] for pe in placement.pes.values()]
+        plan_ops = placement.plan.ops
+        # every operator of a PE as the index of the operator it does the work of
+        pe_idx = [[self._idx[plan_ops[op].copy_of or op] for op in pe.operators]
+                  for pe in placement.pes.values()]
         inst: list[list[int]] = [[] for _ in self._ops]
+        inst_ops: list[list[str]] = [[op] for op in self._ops]
         home = [-1] * len(self._ops)
         for k, pe in enumerate(placement.pes.values()):
             if pe.copy_of is None:
-                for op in pe.operators:
-                    home[self._idx[op]] = k
+                for i in pe_idx[k]:
+                    home[i] = k
         for k, pe in enumerate(placement.pes.values()):
             if pe.copy_of is not None:
-                for op in pe.operators:
-                    inst[self._idx[op]].append(k)
+                for op, i in zip(pe.operators, pe_idx[k]):
+                    inst[i].append(k)
+                    inst_ops[i].append(op)
         for i in range(len(self._ops)):
             inst[i].insert(0, home[i])
-        self._home, self._inst = home, inst
+        self._home, self._inst, self._inst_ops, self._pe_idx = home, inst, inst_ops, pe_idx
         # per-instance share of its operator's input
         weights = []
         for i, ks in enumerate(inst):
@@ -289,11 +330,9 @@ class Simulation:
         self._weights = weights
         # input channels per PE (for the credit window): upstream operators outside the PE
         n_in = [0] * len(pe_ids)
-        for k, pe in enumerate(placement.pes.values()):
-            inside = set(pe.operators)
-            srcs = {self._ops[u] for op in pe.operators for u in self._up[self._idx[op]]
-                    if self._ops[u] not in inside}
-            n_in[k] = len(srcs)
+        for k in range(len(pe_ids)):
+            inside = set(pe_idx[k])
+            n_in[k] = len({u for i in inside for u in self._up[i] if u not in inside})
         self._pe_inputs = n_in
         self._cum_bp = {p: v for p, v in self._cum_bp.items() if p in pe_index}
 
@@ -328,7 +367,7 @@ class Simulation:
                         load[pw[k]] += c * wt
         return load
 
-    def _solve(self) -> tuple[list[float], list[float], list[float]]:
+    def _solve(self) -> tuple[dict[int, float], list[float], list[float], list[float]]:
         """Source throttles such that no worker exceeds its core; returns rates and worker loads."""
         f = {i: 1.0 for i in self._sources}
         pw, down, inst = self._pe_worker, self._down, self._inst
@@ -354,11 +393,11 @@ class Simulation:
             if not changed:
                 break
         rin, rout = self._rates(f)
-        return rin, rout, self._load(rin)
+        return f, rin, rout, self._load(rin)
 
     def step(self, dt: float = 1.0) -> MetricsSnapshot:
         """One monitor interval of ``dt`` seconds; the snapshot policies would receive."""
-        rin, rout, load = self._solve()
+        f, rin, rout, load = self._solve()
         ops, pes_ = self._ops, self.placement.pes
         pw, inst, weights, cost = self._pe_worker, self._inst, self._weights, self._cost
         sat_w = [l >= _SATURATED for l in load]
@@ -397,20 +436,27 @@ class Simulation:
                     if blocked[i]:
                         pe_blocked[k] = True
 
-        # operators
-        for i in range(len(ops)):
-            self._cum_in[i] += rin[i] * dt
-            self._cum_out[i] += rout[i] * dt
-        pe_ids = self._pe_ids
-        op_metrics = {op: OperatorMetrics(op, pe_ids[home[i]], rin[i], rout[i], op_busy[i],
-                                          int(self._cum_in[i]), int(self._cum_out[i]))
-                      for i, op in enumerate(ops)}
+        # operators: one entry per instance (the original and each copy ``X#k``)
+        pe_ids, cum = self._pe_ids, self._cum
+        op_metrics = {}
+        for i, names in enumerate(self._inst_ops):
+            ks = inst[i]
+            for k, name, wt in zip(ks, names, weights[i]):
+                t_in, t_out = rin[i] * wt, rout[i] * wt
+                c = cum.get(name)
+                if c is None:
+                    c = cum[name] = [0.0, 0.0]
+                c[0] += t_in * dt
+                c[1] += t_out * dt
+                op_metrics[name] = OperatorMetrics(name, pe_ids[k], t_in, t_out, cost[i] * t_in,
+                                                   int(c[0]), int(c[1]))
 
         # PEs
         idx, credits, bsize, flush = self._idx, self.credits, self.batch_size, self.flush_s
         pe_metrics = {}
+        throttle = {k: f[i] for i in self._sources if (k := home[i]) >= 0}
         for k, (pe_id, pe) in enumerate(pes_.items()):
-            first, last = idx[pe.operators[0]], idx[pe.operators[-1]]
+            first, last = self._pe_idx[k][0], self._pe_idx[k][-1]
             w_first = inst_in.get((k, first), 1.0)
             w_last = inst_in.get((k, last), 1.0)
             t_in, t_out = rin[first] * w_first, rout[last] * w_last
@@ -418,6 +464,9 @@ class Simulation:
             window = credits * self._pe_inputs[k]
             if pe_sat[k]:
                 bp, idle, qb = 0.0, 0.0, window
+            elif pe_blocked[k] and k in throttle:      # a paced source: blocked while behind
+                bp = 1.0 - throttle[k]
+                idle, qb = max(0.0, 1.0 - bp - busy), 0
             elif pe_blocked[k]:
                 bp, idle, qb = max(0.0, 1.0 - busy), 0.0, window
             else:
@@ -489,42 +538,19 @@ class Simulation:
         return self._idx[op_id]
 
     def _replicate(self, action: Replicate) -> str:
-        i = self._op(action.operator)
-        spec = self.specs[action.operator]
-        if spec.parallelism is Parallelism.SINGLETON:
-            raise ActionRefused(f"{action.operator!r} is SINGLETON: it is never copied")
-        if action.copies < 1:
-            raise ActionRefused(f"copies must be >= 1 (got {action.copies})")
-        if not self.placement.workers:
-            raise ActionRefused("no workers")
-        count = {w: 0 for w in self.placement.workers}
-        for pe in self.placement.pes.values():
-            if pe.worker in count:
-                count[pe.worker] += 1
-        pes = dict(self.placement.pes)
-        taken = {p for p in pes}
-        n = len(self._inst[i])
-        for _ in range(action.copies):
-            w = min(self.placement.workers, key=count.__getitem__)   # first least-loaded worker
-            count[w] += 1
-            while f"{action.operator}#{n}" in taken:
-                n += 1
-            pe_id = f"{action.operator}#{n}"
-            taken.add(pe_id)
-            pes[pe_id] = PE((action.operator,), w, self.placement.hosts.get(w, ""), copy_of=action.operator)
-        self._set_placement(self.placement.with_pes(pes))
+        self._op(action.operator)
+        if Replicate in TRANSFORMS:                      # the runtime's own transform, when it has one
+            self._set_placement(transform(self.placement, action))
+        else:
+            self._set_placement(replicate(self.placement, action))
         return action.reason
 
     def _release(self, action: Release) -> str:
-        i = self._op(action.operator)
-        have = len(self._inst[i]) - 1
-        if action.copies < 1:
-            raise ActionRefused(f"copies must be >= 1 (got {action.copies})")
-        if action.copies > have:
-            raise ActionRefused(f"{action.operator!r} has {have} copies, cannot release {action.copies}")
-        gone = {self._pe_ids[k] for k in self._inst[i][-action.copies:]}
-        pes = {p: pe for p, pe in self.placement.pes.items() if p not in gone}
-        self._set_placement(self.placement.with_pes(pes))
+        self._op(action.operator)
+        if Release in TRANSFORMS:
+            self._set_placement(transform(self.placement, action))
+        else:
+            self._set_placement(release(self.placement, action))
         return action.reason
 
     def _borrow(self, action: BorrowHosts) -> str:
@@ -537,15 +563,20 @@ class Simulation:
             self.host_pool -= grant
         workers = list(self.placement.workers)
         hosts = dict(self.placement.hosts)
+        fresh = []
         for _ in range(grant):
             h = f"h{self._next_host}"
             self._next_host += 1
             self._host_names.append(h)
+            self._borrowed.add(h)
+            fresh.append(h)
             for c in range(self.cores_per_host):
                 w = f"sim://{h}/w{c}"
                 workers.append(w)
                 hosts[w] = h
-        self._set_placement(replace(self.placement, workers=tuple(workers), hosts=MappingProxyType(hosts)))
+        slots = {**self.placement.slots, **self._new_slots(fresh)}
+        self._set_placement(replace(self.placement, workers=tuple(workers), hosts=MappingProxyType(hosts),
+                                    slots=MappingProxyType(slots)))
         return action.reason or f"granted {grant} of {action.n}"
 
     def _return(self, action: ReturnHost) -> str:
@@ -558,8 +589,76 @@ class Simulation:
             raise ActionRefused(f"host {h!r} still runs {len(busy)} PE(s), e.g. {busy[0]!r}; move them first")
         workers = tuple(w for w in self.placement.workers if self.placement.hosts.get(w) != h)
         hosts = {w: hh for w, hh in self.placement.hosts.items() if hh != h}
+        slots = {k: v for k, v in self.placement.slots.items() if v.host != h}
         self._host_names.remove(h)
+        self._borrowed.discard(h)
         if self.host_pool is not None:
             self.host_pool += 1
-        self._set_placement(replace(self.placement, workers=workers, hosts=MappingProxyType(hosts)))
+        self._set_placement(replace(self.placement, workers=workers, hosts=MappingProxyType(hosts),
+                                    slots=MappingProxyType(slots)))
         return action.reason
+
+
+# -- Replicate / Release as placement transforms (the runtime's own take over when it has them) --
+
+def replicate(placement: Placement, action: Replicate) -> Placement:
+    """``copies`` new copy operators ``X#k`` (same edges as ``X``), each in its own PE on a free slot."""
+    plan = placement.plan
+    op = plan.ops.get(action.operator)
+    if op is None or op.copy_of is not None:
+        raise ActionRefused(f"unknown operator {action.operator!r}" if op is None
+                            else f"{action.operator!r} is a copy; replicate {op.copy_of!r}")
+    if op.parallelism is Parallelism.SINGLETON:
+        raise ActionRefused(f"{action.operator!r} is SINGLETON: it is never copied")
+    if action.copies < 1:
+        raise ActionRefused(f"copies must be >= 1 (got {action.copies})")
+    free = [sid for sid, slot in placement.slots.items() if not slot.copies]
+    if len(free) < action.copies:
+        raise ActionRefused(f"{action.copies} copies need {action.copies} free standard slots; "
+                            f"{len(free)} free")
+    taken = set(plan.ops)
+    ops, pes, slots = dict(plan.ops), dict(placement.pes), dict(placement.slots)
+    edges = list(plan.edges)
+    n = 1
+    for sid in free[:action.copies]:
+        while f"{action.operator}#{n}" in taken:
+            n += 1
+        name = f"{action.operator}#{n}"
+        taken.add(name)
+        ops[name] = replace(op, op_id=name, copy_of=action.operator)
+        edges += [(s, p, name) for s, p, d in plan.edges if d == action.operator]
+        edges += [(name, p, d) for s, p, d in plan.edges if s == action.operator]
+        slot = slots[sid]
+        pes[name] = PE((name,), slot.worker, slot.host, copy_of=action.operator)
+        slots[sid] = replace(slot, copies=slot.copies + (name,))
+    return _rebuilt(placement, ops, edges, pes, slots)
+
+
+def release(placement: Placement, action: Release) -> Placement:
+    """The newest ``copies`` copies of ``X`` go: their operators, edges and PEs; their slots are free again."""
+    have = placement.copies_of(action.operator)
+    if action.copies < 1:
+        raise ActionRefused(f"copies must be >= 1 (got {action.copies})")
+    if action.copies > len(have):
+        raise ActionRefused(f"{action.operator!r} has {len(have)} copies, cannot release {action.copies}")
+    gone = set(have[-action.copies:])
+    plan = placement.plan
+    ops = {k: v for k, v in plan.ops.items() if k not in gone}
+    edges = [e for e in plan.edges if e[0] not in gone and e[2] not in gone]
+    pes = {k: v for k, v in placement.pes.items() if not gone & set(v.operators)}
+    slots = {k: replace(v, copies=tuple(c for c in v.copies if c not in gone))
+             for k, v in placement.slots.items()}
+    return _rebuilt(placement, ops, edges, pes, slots)
+
+
+def _rebuilt(placement: Placement, ops, edges, pes, slots) -> Placement:
+    """The placement with a new physical plan: copies listed right after their original."""
+    pos = {o: i for i, o in enumerate(placement.plan.ops)}
+
+    def key(o: str) -> tuple:
+        of = ops[o].copy_of
+        return (pos[of], int(o.rsplit("#", 1)[1])) if of else (pos[o], 0)
+
+    order = sorted(ops, key=key)
+    plan = LogicalPlan(placement.plan.app_name, MappingProxyType({o: ops[o] for o in order}), tuple(edges))
+    return replace(placement, plan=plan, pes=MappingProxyType(pes), slots=MappingProxyType(slots))

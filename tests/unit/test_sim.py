@@ -33,7 +33,7 @@ def test_snapshot_is_the_monitors_frozen_types():
     assert isinstance(sim.placement, Placement)
     assert sim.placement.plan.ops["op2"].parallelism is Parallelism.STATELESS
     assert snap.pes["op0"].worker == "sim://h0/w0" and snap.pes["op0"].host == "h0"
-    assert snap.pes["op4"].worker == "sim://h1/w0"
+    assert snap.pes["op3"].worker == "sim://h1/w0" and snap.pes["op4"].worker == "sim://h1/w1"
 
 
 def test_bottleneck_busy_upstream_backpressured_downstream_idle():
@@ -41,9 +41,13 @@ def test_bottleneck_busy_upstream_backpressured_downstream_idle():
     hot = snap.pes["op2"]
     assert hot.busy == pytest.approx(1.0)
     assert hot.queue_batches == hot.max_queue_batches == 8
-    for up in ("op0", "op1"):
-        assert snap.pes[up].backpressure > 0.5
-        assert snap.pes[up].busy + snap.pes[up].backpressure == pytest.approx(1.0)
+    assert snap.pes["op1"].backpressure > 0.5
+    assert snap.pes["op1"].busy + snap.pes["op1"].backpressure == pytest.approx(1.0)
+    # the paced source is blocked while throttled (to 2500 of 4000 t/s) and idle otherwise:
+    # out / (1 - backpressure) is its offered rate
+    src = snap.pes["op0"]
+    assert src.backpressure == pytest.approx(1 - 2500 / 4000) and src.queue_batches == 0
+    assert src.tuples_out_per_s / (1 - src.backpressure) == pytest.approx(RATE)
     for down in ("op3", "op4"):
         assert snap.pes[down].backpressure == 0.0
         assert snap.pes[down].idle == pytest.approx(0.75)
@@ -51,7 +55,7 @@ def test_bottleneck_busy_upstream_backpressured_downstream_idle():
     assert snap.operators["op0"].tuples_out_per_s == pytest.approx(2500.0)
     assert snap.operators["op4"].tuples_in_per_s == pytest.approx(2500.0)
     assert snap.workers["sim://h0/w2"].cpu == pytest.approx(1.0)
-    assert snap.hosts["h0"].cpu == pytest.approx((0.25 + 0.25 + 1.0 + 0.25) / 4)
+    assert snap.hosts["h0"].cpu == pytest.approx((0.25 + 0.25 + 1.0) / 4)    # h0/w3 holds the slot
 
 
 def test_replicating_by_the_right_factor_removes_backpressure():
@@ -67,20 +71,25 @@ def test_replicating_by_the_right_factor_removes_backpressure():
     assert all(p.backpressure == 0.0 for p in snap.pes.values())
     copy = [p for p in sim.placement.pes.values() if p.copy_of == "op2"]
     assert len(copy) == 1 and snap.pes["op2#1"].busy == pytest.approx(0.8)
-    assert snap.operators["op2"].busy == pytest.approx(1.6)        # summed over instances
+    # the copies convention: operator op2#1 of the physical plan, run by PE op2#1 on a slot
+    assert sim.placement.copies_of("op2") == ["op2#1"] and copy[0].operators == ("op2#1",)
+    assert ("op1", "out", "op2#1") in sim.placement.plan.edges and ("op2#1", "out", "op3") in sim.placement.plan.edges
+    assert sorted(s.copies for s in sim.placement.slots.values()) == [(), ("op2#1",)]
+    assert snap.operators["op2"].busy == snap.operators["op2#1"].busy == pytest.approx(0.8)   # per instance
     assert sim.apply(Release("op2", 1))
     assert sim.step().operators["op0"].tuples_out_per_s == pytest.approx(2500.0)
+    assert "op2#1" not in sim.placement.plan.ops and all(not s.copies for s in sim.placement.slots.values())
 
 
 def test_keyed_copies_are_bounded_by_key_skew():
     graph = {"src": SimOperator(1e-5), "agg": SimOperator(4e-4, 1.0, Parallelism.KEYED, key_skew=0.6),
              "sink": SimOperator(1e-5)}
-    sim = Simulation(graph, [("src", "agg"), ("agg", "sink")], source_rate=5000.0, hosts=2)
+    sim = Simulation(graph, [("src", "agg"), ("agg", "sink")], source_rate=5000.0, hosts=2, slots_per_host=2)
     assert sim.step().operators["src"].tuples_out_per_s == pytest.approx(2500.0)
-    sim.apply(Replicate("agg", 3))
+    assert sim.apply(Replicate("agg", 3))
     snap = sim.step()
-    assert {sim.placement.pes[f"agg#{k}"].worker for k in (1, 2, 3)} == {
-        "sim://h0/w3", "sim://h1/w0", "sim://h1/w1"}                 # least-loaded workers
+    copy_workers = {sim.placement.pes[f"agg#{k}"].worker for k in (1, 2, 3)}
+    assert len(copy_workers) == 3 and copy_workers <= {s.worker for s in sim.placement.slots.values()}
     # the hot key group (60%) stays on one instance: 1 / (0.6 * 4e-4) t/s at most
     assert snap.operators["src"].tuples_out_per_s == pytest.approx(1 / (0.6 * 4e-4))
     assert snap.pes["src"].backpressure > 0
