@@ -5,7 +5,8 @@ It registers through the ``pescheduler`` entry-point group
 
 * sources: ``iterable``, ``generator``, ``jsonl`` (:mod:`.sources`)
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
-  ``window`` (:mod:`.window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
+  ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
+  (:mod:`.count_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
 * sinks: ``jsonl``, ``print`` (:mod:`.sinks`)
 * aggregates: ``count``, ``sum``, ``sumsq``, ``min``, ``max``, ``avg``, ``var``,
   ``stddev`` (:mod:`pescheduler.aggregates`)
@@ -17,14 +18,16 @@ from pescheduler.aggregates import BUILTINS
 from pescheduler.plugins import hookimpl
 
 from .basic import Filter, FlatMap, KeyBy, Map
+from .count_window import CountWindow
 from .join import Join
 from .pattern import Pattern
+from .session import SessionWindow
 from .sinks import DiscardSink, JsonlSink, PrintSink
 from .sources import GeneratorSource, IterableSource, JsonlSource
 from .window import Window
 
 OPERATORS = [IterableSource, GeneratorSource, JsonlSource, Map, Filter, FlatMap, KeyBy, Window,
-             Join, Pattern, JsonlSink, PrintSink, DiscardSink]
+             SessionWindow, CountWindow, Join, Pattern, JsonlSink, PrintSink, DiscardSink]
 
 __all__ = [cls.__name__ for cls in OPERATORS]
 

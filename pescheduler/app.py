@@ -117,10 +117,29 @@ class Stream:
         out.key_field = field
         return out
 
-    def window(self, size: Any, slide: Any = None, aggregates: dict | None = None, *,
-               id: str | None = None, **params: Any) -> "Stream":
-        """Event-time window: tumbling (``slide=None``) or sliding; see operators.window."""
-        return self.apply("window", id=id, size=size, slide=slide, aggregates=aggregates or {}, **params)
+    def window(self, size: Any = None, slide: Any = None, aggregates: dict | None = None, *,
+               gap: Any = None, count: int | None = None, id: str | None = None,
+               **params: Any) -> "Stream":
+        """A window with aggregates; exactly one of ``size``, ``gap`` or ``count`` says which kind.
+
+        ``size=`` (and ``slide=``): tumbling or sliding event-time windows
+        (operators/window.py); ``gap=``: session windows (operators/session.py);
+        ``count=`` (and ``slide=`` in tuples): count windows (operators/count_window.py).
+        """
+        kinds = {"size": size, "gap": gap, "count": count}
+        given = [k for k, v in kinds.items() if v is not None]
+        if len(given) != 1:
+            raise InvalidApplication(f"window: give exactly one of size= (time windows), gap= (sessions) "
+                                     f"or count= (count windows); got {given or 'none'}")
+        aggregates = aggregates or {}
+        if gap is not None:
+            if slide is not None:
+                raise InvalidApplication("window: a session window (gap=) has no slide")
+            return self.apply("session_window", id=id, gap=gap, aggregates=aggregates, **params)
+        if count is not None:
+            return self.apply("count_window", id=id, count=count, slide=slide, aggregates=aggregates,
+                              **params)
+        return self.apply("window", id=id, size=size, slide=slide, aggregates=aggregates, **params)
 
     def join(self, other: "Stream", within: Any, *, id: str | None = None, **params: Any) -> "Stream":
         """Window join with ``other``: pairs within ``within`` of each other, equal keys,

@@ -1,0 +1,139 @@
+"""Count windows: every ``count`` tuples of a key, tumbling or sliding, in event-time order.
+
+``count_window(count, slide=None, aggregates={name: (function, field)})``
+(``Stream.window(count=..., slide=...)``) emits one dict per key and window::
+
+    {"car": "car-0042", "window_start": 1_000, "window_end": 1_950, "avg_speed": 13.9}
+
+A window is exactly ``count`` consecutive tuples of one key; ``window_start``
+is the first one's ``ts`` and ``window_end`` the last one's ``ts + 1`` (end
+exclusive, like time windows). Tumbling (``slide=None``): windows do not
+overlap. Sliding: a window of the last ``count`` tuples every ``slide``
+tuples (``count`` a multiple of ``slide``), built from panes of ``slide``
+tuples so each tuple is aggregated once. The first window of a key comes with
+its ``count``-th tuple; tuples left over at the end of the stream (fewer than a
+window) are not reported.
+
+Order: "consecutive" means in event-time order, not arrival order. Tuples wait
+until the watermark passes them and are then taken by ``ts`` (equal timestamps
+in arrival order), so the result does not depend on how the stream was
+shuffled within ``max_delay``. A window is new when its last tuple is taken;
+rows come in that order. A tuple with ``ts <= watermark`` on arrival goes to the
+``late`` side output; one that cannot be aggregated is dead-lettered alone.
+A key's panes stay until the end of the stream (count windows never expire by
+time).
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import Any, Callable, Iterable
+
+from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import Emitter
+
+from .session import key_getter
+from .window import AggregatingWindow
+
+
+class CountWindow(AggregatingWindow):
+    """Tumbling or sliding windows of ``count`` tuples per key; see the module docstring."""
+
+    name = "count_window"
+
+    def __init__(self, count: int, slide: int | None = None, aggregates: dict | None = None,
+                 key: str | Callable | None = None, ts_field: str = "ts",
+                 queries: dict | None = None) -> None:
+        self.count = count
+        self.slide = count if slide is None else slide
+        for what, n in (("count", count), ("slide", self.slide)):
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                raise ValueError(f"count window: {what} must be a positive number of tuples, got {n!r}")
+        if self.count % self.slide:
+            raise ValueError(f"count window: count ({count}) must be a multiple of slide ({slide}): "
+                             f"sliding count windows are built from panes of slide tuples")
+        self._pending: list = []            # tuples not yet passed by the watermark
+        # key -> [full panes [(first_ts, slots)], current pane's first ts, tuples in it, its slots]
+        self._keys: dict[Any, list] = {}
+        self._wm = MIN_WATERMARK
+        self._init_aggregates(aggregates, queries, key, ts_field)
+
+    def _compile_state(self) -> None:
+        self._fold = self.plan.folder()
+        self._key_of = key_getter(self.key)
+
+    def _slot_lists(self) -> Iterable[list]:
+        for panes, _first, _n, slots in self._keys.values():
+            yield from (s for _, s in panes)
+            if slots is not None:
+                yield slots
+
+    # -- data -------------------------------------------------------------------------
+    def process(self, batch: list, emit: Emitter) -> None:
+        ts_f, wm, pending = self.ts_field, self._wm, self._pending
+        for t in batch:
+            try:
+                ts = t[ts_f]
+                if ts <= wm:
+                    emit.to("late", t)
+                else:
+                    pending.append((ts, t))
+            except Exception as exc:
+                emit.dead_letter(t, exc)
+
+    def on_watermark(self, watermark: int, emit: Emitter) -> None:
+        self._wm = watermark
+        ready = [p for p in self._pending if p[0] <= watermark]
+        if not ready:
+            return
+        self._pending = [p for p in self._pending if p[0] > watermark]
+        ready.sort(key=itemgetter(0))          # stable: arrival order within a timestamp
+        for ts, t in ready:
+            try:
+                self._take(self._key_of(t), ts, t, emit.append)
+            except Exception as exc:            # _take changes nothing when it raises
+                emit.dead_letter(t, exc)
+
+    def _take(self, k: Any, ts: int, t: Any, out: Callable) -> None:
+        """Fold ``t`` into its key's current pane; a full pane may complete a window."""
+        state = self._keys.get(k)
+        if state is None:
+            state = [[], ts, 0, None]
+            slots = self._fold(None, t)
+            self._keys[k] = state
+        else:
+            slots = self._fold(state[3], t)
+        if state[2] == 0:
+            state[1] = ts
+        state[2] += 1
+        state[3] = slots
+        if state[2] < self.slide:
+            return
+        panes = state[0]
+        panes.append((state[1], slots))
+        state[2], state[3] = 0, None
+        need = self.count // self.slide
+        if len(panes) > need:
+            del panes[0]
+        if len(panes) == need:
+            merged = panes[0][1]
+            for _, s in panes[1:]:
+                merged = self._merge(merged, s)
+            self._emit([(k, merged)], panes[0][0], ts + 1, out)
+
+    # -- state --------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Waiting tuples, each key's panes (slots copied) and the watermark."""
+        return {"layout": self.plan.layout, "count": self.count, "slide": self.slide,
+                "watermark": self._wm, "pending": list(self._pending),
+                "keys": [(k, _copy_key(v)) for k, v in self._keys.items()]}
+
+    def restore(self, state: dict) -> None:
+        self._check_state(state, count=self.count, slide=self.slide)
+        self._wm, self._pending = state["watermark"], list(state["pending"])
+        self._keys = {k: _copy_key(v) for k, v in state["keys"]}
+
+
+def _copy_key(state: list) -> list:
+    panes, first, n, slots = state
+    return [[(f, list(s)) for f, s in panes], first, n, None if slots is None else list(slots)]
