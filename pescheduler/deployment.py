@@ -24,6 +24,8 @@ import threading
 import time
 import uuid
 from collections import deque
+from dataclasses import replace
+from types import MappingProxyType
 from typing import Any, Coroutine
 
 import cloudpickle
@@ -33,13 +35,15 @@ from . import config
 from .app import Application
 from .compiler import compile_app
 from .errors import DeploymentFailed
+from .hosts import HostManager
 from .pehost import PLUGIN_NAME, PEHostPlugin
 from .placement import Placement
 from .plugins import Plugins, activate
 from .runtime import PESpec
 from .monitor import MetricsSnapshot
 from .status import StatusBoard
-from .actions import Action, ActionRefused
+from .actions import Action, ActionRefused, BorrowHosts, ReturnHost
+from .resources import ResourceView
 from .reconfigure import ApplyRecord, execute, plan_reconfiguration
 from .transforms import transform
 from .wiring import build_specs, channel_ids
@@ -75,16 +79,29 @@ def default_worker_count() -> int:
     return int(configured) if configured else max(2, os.cpu_count() or 1)
 
 
+def default_rm(cluster: str | None) -> str | None:
+    """``pescheduler.rm.name``, else ``local`` for an embedded cluster and none for a given one."""
+    configured = config.get("rm.name")
+    if configured:
+        return None if configured == "none" else configured
+    return "local" if cluster is None else None
+
+
 def deploy(app: Application, *, workers: int | None = None, cluster: str | None = None,
            plugins: tuple[str, ...] | list[str] = (), config_file: str | None = None,
-           **options: Any) -> "Deployment":
-    """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`."""
+           rm: str | None = None, **options: Any) -> "Deployment":
+    """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`.
+
+    ``rm`` names the resource manager hosts are borrowed from (``"local"``,
+    ``"spark"``, a plug-in's, or ``"none"``); see :func:`default_rm`.
+    """
     if config_file:
         config.load_file(config_file)
     if options:
         unknown = ", ".join(sorted(options))
         raise TypeError(f"deploy() got options this version does not support yet: {unknown}")
-    dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins))
+    rm = default_rm(cluster) if rm is None else (None if rm == "none" else rm)
+    dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins), rm=rm)
     try:
         dep._start()
     except BaseException:
@@ -97,7 +114,7 @@ class Deployment:
     """A running application: placement, status, dead letters, wait and stop."""
 
     def __init__(self, app: Application, *, workers: int | None, cluster: str | None,
-                 plugins: tuple[str, ...]) -> None:
+                 plugins: tuple[str, ...], rm: str | None = None) -> None:
         self.app = app
         self.n_workers = workers or default_worker_count()
         self.cluster_address = cluster
@@ -119,6 +136,7 @@ class Deployment:
         self._epoch = 0
         self._records: list[ApplyRecord] = []
         self._reconfiguring: asyncio.Lock | None = None
+        self.hosts = HostManager(self, rm)
 
     # -- public API ---------------------------------------------------------------------
     def placement(self) -> Placement:
@@ -132,6 +150,10 @@ class Deployment:
     def snapshot(self) -> MetricsSnapshot:
         """The last monitor window: the immutable snapshot policies receive."""
         return self.board.monitor.latest
+
+    def resources(self) -> ResourceView:
+        """The resource manager's view policies receive: hosts held, lendable, returns due."""
+        return self.hosts.view()
 
     def next_snapshot(self, timeout: float | None = None) -> MetricsSnapshot:
         """Wait for the monitor's next window and return it (``TimeoutError`` after ``timeout``)."""
@@ -195,6 +217,7 @@ class Deployment:
         self._reconfiguring = asyncio.Lock()
         self._sampled = asyncio.Event()
         self.plugins = activate(self.plugin_modules)
+        self.hosts.check()
         if self.cluster_address is None:
             self.cluster = await LocalCluster(
                 n_workers=self.n_workers, threads_per_worker=1, processes=True, asynchronous=True,
@@ -212,6 +235,7 @@ class Deployment:
         self._write_state_file()
         self._tasks = [asyncio.create_task(self._watch(w)) for w in self._placement.workers]
         self._tasks.append(asyncio.create_task(self._monitor()))
+        self.hosts.start()
 
     async def _workers(self) -> list[str]:
         """Addresses of the workers to place on, each with its PE host answering."""
@@ -241,6 +265,8 @@ class Deployment:
 
     # -- reconfiguration -----------------------------------------------------------------
     async def _apply(self, action: Action, timeout: float) -> ApplyRecord:
+        if isinstance(action, (BorrowHosts, ReturnHost)):
+            return await self.hosts.apply(action, timeout)
         async with self._reconfiguring:
             old = self._placement
             try:
@@ -275,6 +301,28 @@ class Deployment:
         else:
             self.board.event("refused", f"{record.action!r}: {record.reason}")
         return record
+
+    # -- the worker set (hosts.py borrows and returns hosts) --------------------------------
+    async def _add_workers(self, host_id: str, infos: dict[str, dict]) -> None:
+        """Workers of ``host_id`` (their ``pe_info`` answers) join the placement."""
+        async with self._reconfiguring:
+            for worker, info in infos.items():
+                self.worker_info[worker] = {**info, "host": host_id}
+            pl = self._placement
+            hosts = {**pl.hosts, **{w: host_id for w in infos}}
+            self._placement = replace(pl, workers=pl.workers + tuple(w for w in infos if w not in pl.workers),
+                                      hosts=MappingProxyType(hosts))
+            self.board.replaced(self._placement)
+
+    async def _remove_workers(self, workers: set[str]) -> None:
+        """``workers`` leave the placement: nothing new is placed there (their PEs move separately)."""
+        async with self._reconfiguring:
+            pl = self._placement
+            self._placement = replace(
+                pl, workers=tuple(w for w in pl.workers if w not in workers),
+                hosts=MappingProxyType({w: h for w, h in pl.hosts.items() if w not in workers}),
+                slots=MappingProxyType({k: s for k, s in pl.slots.items() if s.worker not in workers}))
+            self.board.replaced(self._placement)
 
     # -- watching ---------------------------------------------------------------------
     async def _watch(self, worker: str) -> None:
@@ -406,6 +454,7 @@ class Deployment:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.client is not None:
             await self._stop_pes()
+            await self.hosts.close()
             try:
                 await self.client.set_metadata(["pescheduler", "deployments", self.id], self.status())
             except Exception:

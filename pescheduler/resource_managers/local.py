@@ -44,6 +44,13 @@ class _Held:
     procs: list[processes.Process] = field(default_factory=list)
 
 
+def _same_imports() -> dict:
+    """Workers import what this process imports (as LocalCluster's spawned workers do)."""
+    import os
+
+    return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
 def load_schedule(demand) -> list[dict]:
     """A demand schedule from a list, or a ``.yaml``/``.yml``/``.json`` file, sorted by time."""
     if isinstance(demand, str):
@@ -133,7 +140,8 @@ class LocalResourceManager:
         names = [f"{host_id}-w{i}" for i in range(self.workers_per_host)]
         procs = [processes.start(name, [sys.executable, "-m", "distributed.cli.dask_worker",
                                         self.scheduler_address, "--nthreads", "1", "--no-nanny",
-                                        "--no-dashboard", "--name", name, "--death-timeout", "30"])
+                                        "--no-dashboard", "--name", name, "--death-timeout", "30"],
+                                 env=_same_imports())
                  for name in names]
         self.held[host_id] = _Held(Host(host_id), procs)         # reserved while it starts
 

@@ -1,0 +1,301 @@
+"""The deployment's side of resource management: borrowed hosts join, leave, or are lost.
+
+:class:`HostManager` is owned by a :class:`~pescheduler.deployment.Deployment`.
+It starts the resource manager (in the background: an app never waits for, or
+stops because of, a resource manager that is slow, unreachable or refusing;
+it runs on what it holds), keeps the :class:`ResourceView` policies see, and
+turns the manager's events and the ``BorrowHosts``/``ReturnHost`` actions into
+changes of the placement's worker set:
+
+* a granted host's workers join the placement (the PE host plug-in is already
+  installed on late joiners by Dask), and are watched like the first ones;
+* a host to give back is *fenced* first (nothing new is placed on it), its PEs
+  leave by ``Move`` actions through the one reconfiguration protocol, then its
+  workers leave the placement and the manager gets it back, before the
+  deadline or with a status event saying by how much and why it was missed;
+* a lost host is a clear error in the status events (and fails the
+  deployment if PEs ran there: recovery is not implemented yet).
+
+Every step is recorded in :attr:`HostManager.timeline` (monotonic times), which
+the benchmark reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from . import config
+from .actions import BorrowHosts, Move, ReturnHost
+from .errors import InvalidApplication
+from .reconfigure import ApplyRecord
+from .resources import (Host, HostAvailable, HostLost, HostReturnRequested, ResourceView,
+                        ReturnRequest)
+from .transforms import least_loaded
+
+if TYPE_CHECKING:
+    from .deployment import Deployment
+
+logger = logging.getLogger(__name__)
+
+JOIN_TIMEOUT_S = 30.0       # a granted worker's PE host must answer within this
+WATCH_TIMEOUT_S = 2.0
+
+
+class HostManager:
+    """Borrowed hosts of one deployment; see the module docstring."""
+
+    def __init__(self, dep: "Deployment", rm_name: str | None) -> None:
+        self.dep = dep
+        self.rm_name = rm_name
+        self.rm = None
+        self.error = ""                                   # why there is no resource manager
+        self.borrowed: dict[str, Host] = {}
+        self.returns: dict[str, ReturnRequest] = {}
+        self.timeline: list[dict] = []
+        self._watchers: dict[str, asyncio.Task] = {}
+        self._returning: dict[str, asyncio.Task] = {}
+        self._starting: asyncio.Task | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def check(self) -> None:
+        """Refuse an unknown resource manager name before anything starts (a user mistake)."""
+        if self.rm_name and self.rm_name not in self.dep.plugins.resource_managers:
+            known = ", ".join(sorted(self.dep.plugins.resource_managers)) or "(none)"
+            raise InvalidApplication(f"unknown resource manager {self.rm_name!r}. Known: {known}. "
+                                     f"Register one with a pescheduler_resource_managers() hook.")
+
+    def start(self) -> None:
+        """Start the resource manager in the background; the app does not wait for it."""
+        self.check()
+        if self.rm_name:
+            self._starting = asyncio.create_task(self._start_rm())
+
+    async def _start_rm(self) -> None:
+        cls = self.dep.plugins.resource_managers[self.rm_name]
+        settings = dict(config.get(f"rm.{self.rm_name}") or {})
+        rm = cls(self.dep.scheduler_address, settings)
+        try:
+            await asyncio.wait_for(rm.start(self._on_event), config.get_seconds("rm.start-timeout"))
+        except Exception as exc:
+            self.error = f"resource manager {self.rm_name!r} unavailable: {type(exc).__name__}: {exc}"
+            self._event("rm-unavailable", self.error + "; running on the hosts held")
+            await self._close_quietly(rm)
+            return
+        self.rm = rm
+        self._event("rm", f"resource manager {self.rm_name!r} ready ({rm.lendable()} hosts lendable)")
+
+    async def ready(self, timeout: float) -> bool:
+        """Wait (bounded) until the resource manager has started or failed; True if usable."""
+        if self._starting is not None:
+            await asyncio.wait_for(asyncio.shield(self._starting), timeout)
+        return self.rm is not None
+
+    async def close(self) -> None:
+        """Stop watching, give every borrowed host back, close the resource manager."""
+        tasks = [t for t in (self._starting, *self._returning.values(), *self._watchers.values()) if t]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.rm is not None:
+            await self._close_quietly(self.rm)
+            self.rm = None
+
+    async def _close_quietly(self, rm) -> None:
+        try:
+            await asyncio.wait_for(rm.close(), 120)
+        except Exception as exc:
+            logger.warning("closing resource manager %s failed: %s", self.rm_name, exc)
+
+    def view(self) -> ResourceView:
+        """What policies see: hosts held and borrowed, how many more could be had, returns due."""
+        placement = self.dep.placement()
+        held = tuple(sorted(set(placement.hosts.values()))) if placement else ()
+        return ResourceView(held=held, borrowed=tuple(self.borrowed),
+                            lendable=self.rm.lendable() if self.rm else 0,
+                            pending_returns=tuple(self.returns.values()),
+                            manager=self.rm_name or "none")
+
+    # -- actions ----------------------------------------------------------------------------
+    async def apply(self, action, timeout: float) -> ApplyRecord:
+        """``BorrowHosts`` or ``ReturnHost``, recorded like every action."""
+        if isinstance(action, BorrowHosts):
+            return self.dep._record(await self._borrow(action, timeout))
+        return self.dep._record(await self.give_back(action.host, time.time() + timeout, action))
+
+    async def _borrow(self, action: BorrowHosts, timeout: float) -> ApplyRecord:
+        try:
+            usable = await self.ready(timeout)
+        except asyncio.TimeoutError:
+            return ApplyRecord(action, False, f"resource manager {self.rm_name!r} is still starting")
+        if not usable:
+            return ApplyRecord(action, False, self.error or "no resource manager (deploy with rm=...)")
+        t0 = time.monotonic()
+        try:
+            granted = await asyncio.wait_for(self.rm.request_hosts(action.n), timeout)
+        except Exception as exc:
+            return ApplyRecord(action, False, f"resource manager failed: {type(exc).__name__}: {exc}")
+        adopted = [h.host_id for h in granted if await self.adopt(h)]
+        if not adopted:
+            return ApplyRecord(action, False, f"{self.rm_name} granted no host "
+                                              f"({self.rm.lendable()} lendable now)")
+        self._mark("borrowed", ",".join(adopted), t0=t0)
+        return ApplyRecord(action, True, f"{action.reason}; got {', '.join(adopted)} in "
+                                         f"{time.monotonic() - t0:.1f} s".lstrip("; "))
+
+    async def adopt(self, host: Host) -> bool:
+        """A granted host's workers join the placement; False (host given back) if they do not answer."""
+        if host.host_id in self.borrowed:
+            return True
+        try:
+            infos = await asyncio.gather(*(self._pe_info(w) for w in host.workers))
+        except Exception as exc:
+            self._event("host", f"host {host.host_id} joined but its workers do not answer ({exc}); giving it back")
+            await self.rm.return_host(host)
+            return False
+        self.borrowed[host.host_id] = host
+        await self.dep._add_workers(host.host_id, dict(zip(host.workers, infos)))
+        for w in host.workers:
+            self._watchers[w] = asyncio.create_task(self._watch(w, host.host_id))
+        self._event("host", f"borrowed {host.host_id}: workers {', '.join(host.workers)}")
+        return True
+
+    async def _pe_info(self, worker: str) -> dict:
+        """The worker's PE host answer; retried while the plug-in is being installed on it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + JOIN_TIMEOUT_S
+        while True:
+            try:
+                return await self.dep.client.rpc(worker).pe_info()
+            except Exception:
+                if loop.time() >= deadline:
+                    raise
+            await asyncio.sleep(0.05)        # polling: no event says "the plug-in is installed"
+
+    # -- giving a host back -------------------------------------------------------------------
+    async def give_back(self, host_id: str, deadline: float, action=None) -> ApplyRecord:
+        """Fence the host, move its PEs away, take its workers out, return it to the manager."""
+        action = action or ReturnHost(host_id)
+        host = self.borrowed.get(host_id)
+        if host is None:
+            return ApplyRecord(action, False, f"host {host_id!r} was not borrowed "
+                                              f"(borrowed: {', '.join(self.borrowed) or 'none'})")
+        t0 = time.monotonic()
+        leaving = set(host.workers)
+        placement = self.dep.placement()
+        if not [w for w in placement.workers if w not in leaving]:
+            return ApplyRecord(action, False, f"cannot return {host_id}: no other worker would be left")
+        await self.dep._remove_workers(leaving)          # fence: nothing new lands there
+        pause = 0.0
+        while True:
+            on_host = [p for p, pe in self.dep.placement().pes.items() if pe.worker in leaving]
+            if not on_host:
+                break
+            target = least_loaded(self.dep.placement())      # fenced workers are not candidates
+            remaining = max(1.0, deadline - time.time())
+            record = await self.dep._apply(Move(on_host[0], target, reason=f"return host {host_id}"), remaining)
+            if not record.applied:
+                await self.dep._add_workers(host_id, {w: self.dep.worker_info[w] for w in host.workers})
+                return ApplyRecord(action, False, f"cannot return {host_id}: moving {on_host[0]} "
+                                                  f"was refused: {record.reason}")
+            pause += record.pause_ms
+        for w in host.workers:
+            task = self._watchers.pop(w, None)
+            if task:
+                task.cancel()
+        self.borrowed.pop(host_id, None)
+        await self.rm.return_host(host)
+        self.returns.pop(host_id, None)
+        late = time.time() - deadline
+        self._mark("returned", host_id, t0=t0, late_s=late)
+        verdict = f"{late:.1f} s AFTER its deadline" if late > 0 else f"{-late:.1f} s before its deadline"
+        self._event("host", f"returned {host_id} in {time.monotonic() - t0:.2f} s, {verdict}")
+        return ApplyRecord(action, True, f"{getattr(action, 'reason', '')}; returned {host_id}, "
+                                         f"{verdict}".lstrip("; "), pause)
+
+    # -- events from the resource manager --------------------------------------------------------
+    async def _on_event(self, event) -> None:
+        """Called by the resource manager on the deployment's loop; never blocks it for long."""
+        if isinstance(event, HostAvailable):
+            await self.adopt(event.host)
+        elif isinstance(event, HostReturnRequested):
+            self._return_requested(event)
+        elif isinstance(event, HostLost):
+            await self._lost(event.host, event.reason)
+
+    def _return_requested(self, event: HostReturnRequested) -> None:
+        host_id = event.host.host_id
+        if host_id in self.returns or host_id not in self.borrowed:
+            return
+        self.returns[host_id] = ReturnRequest(host_id, event.deadline)
+        self._mark("return-requested", host_id)
+        self._event("host", f"{self.rm_name} wants {host_id} back within "
+                            f"{event.deadline - time.time():.1f} s")
+        self._returning[host_id] = asyncio.create_task(self._return_due(host_id, event.deadline))
+
+    async def _return_due(self, host_id: str, deadline: float) -> None:
+        try:
+            record = await self.give_back(host_id, deadline, ReturnHost(host_id, reason="requested by "
+                                                                                     f"{self.rm_name}"))
+            self.dep._record(record)
+            if not record.applied:
+                self._event("host", f"could not return {host_id} by its deadline: {record.reason}")
+        except Exception as exc:
+            self._event("host", f"returning {host_id} failed: {type(exc).__name__}: {exc}")
+        finally:
+            self._returning.pop(host_id, None)
+
+    async def _lost(self, host: Host, reason: str) -> None:
+        held = self.borrowed.pop(host.host_id, None) or host
+        self.returns.pop(host.host_id, None)
+        for w in held.workers:
+            task = self._watchers.pop(w, None)
+            if task:
+                task.cancel()
+        on_host = [p for p, pe in self.dep.placement().pes.items() if pe.worker in held.workers]
+        text = f"host {host.host_id} lost: {reason or 'no reason given'}"
+        self._mark("lost", host.host_id)
+        self._event("host-lost", text + (f"; its PEs {', '.join(on_host)} are gone" if on_host else ""))
+        if on_host:
+            await self.dep._fail(f"{text}. PEs {', '.join(on_host)} ran there; "
+                                 f"recovery from a lost host is not implemented yet")
+        else:
+            await self.dep._remove_workers(set(held.workers))
+
+    # -- watching borrowed workers ----------------------------------------------------------------
+    async def _watch(self, worker: str, host_id: str) -> None:
+        """Like the deployment's watchers, but a borrowed worker that goes is a lost host."""
+        dep, version = self.dep, -1
+        while not dep._done.is_set():
+            try:
+                answer = await dep.client.rpc(worker).pe_wait(deployment=dep.id, version=version,
+                                                              timeout=WATCH_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not dep._done.is_set() and host_id in self.borrowed:
+                    await self._lost(self.borrowed[host_id], f"worker {worker} went away ({type(exc).__name__})")
+                return
+            version = answer["version"]
+            dep.board.pe_states(answer["pes"])
+            failed = [s["error"] for s in answer["pes"].values() if s["state"] == "failed"]
+            if failed:
+                await dep._fail(failed[0])
+                return
+            if dep.board.all_finished() and not dep._done.is_set():
+                await dep._collect()
+                dep.board.finish("finished")
+                dep._done.set()
+
+    # -- records ----------------------------------------------------------------------------------
+    def _event(self, kind: str, text: str) -> None:
+        logger.info("%s", text)
+        self.dep.board.event(kind, text)
+
+    def _mark(self, what: str, host: str, t0: float | None = None, **figures) -> None:
+        now = time.monotonic()
+        self.timeline.append({"t": now, "what": what, "host": host,
+                              **({"took_s": now - t0} if t0 is not None else {}), **figures})
+
