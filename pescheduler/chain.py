@@ -19,6 +19,7 @@ from time import perf_counter
 from typing import Any, Callable, Iterable, Protocol
 
 from .operator import MAX_WATERMARK, DeadLetter, Emitter, Operator, Parallelism, overrides
+from .routing import Router
 
 MIN_WATERMARK = -(2**63)
 
@@ -55,7 +56,7 @@ class Node:
     """One operator inside a chain, with its input watermarks and open inputs."""
 
     __slots__ = ("op_id", "op", "process", "stats", "in_wm", "wm", "open_inputs",
-                 "has_watermark", "has_flush", "stateless", "ended")
+                 "has_watermark", "has_flush", "stateless", "ended", "partial")
 
     def __init__(self, op_id: str, op: Operator, inputs: Iterable[str]) -> None:
         self.op_id = op_id
@@ -69,6 +70,7 @@ class Node:
         self.has_flush = overrides(op, "flush")
         self.stateless = op.parallelism is Parallelism.STATELESS
         self.ended = False
+        self.partial = False        # a MERGEABLE copy: emits partials for its original
 
 
 class Chain:
@@ -82,32 +84,109 @@ class Chain:
 
     def __init__(self, ops: dict[str, Operator], edges: Iterable[tuple[str, str, str]],
                  outputs: dict[tuple[str, str], list[Output]] | None = None,
-                 on_side: Callable[[str, str, list], None] | None = None) -> None:
-        edges = list(edges)
-        inputs: dict[str, list[str]] = {op_id: [] for op_id in ops}
-        for src, _port, dst in edges:
-            inputs[dst].append(src)
-        self.nodes = {op_id: Node(op_id, op, inputs[op_id]) for op_id, op in ops.items()}
-        self.routes: dict[tuple[str, str], list] = {}
-        seen_inputs: dict[str, int] = {}
-        for src, port, dst in edges:
-            node, k = self.nodes[dst], seen_inputs.get(dst, 0)
-            seen_inputs[dst] = k + 1        # the k-th edge into dst is its input k (the app's order)
-            process = partial(node.op.process_input, k) if overrides(node.op, "process_input") else None
-            self.routes.setdefault((src, port), []).append(partial(self._push, node, process=process))
+                 on_side: Callable[[str, str, list], None] | None = None,
+                 routing: dict[tuple[str, str, str], tuple] | None = None,
+                 copies: dict[str, str] | None = None) -> None:
+        self.copies = dict(copies or {})           # copy op id -> original (whole plan)
+        self.nodes: dict[str, Node] = {}
+        for op_id, op in ops.items():
+            self.nodes[op_id] = Node(op_id, op, ())
+            original = self.copies.get(op_id)
+            self.nodes[op_id].partial = (original is not None and
+                                         op.parallelism is Parallelism.MERGEABLE)
+        self.edges: list[tuple[str, str, str]] = []
+        self.outs: list[tuple[str, str, Output]] = []
+        for (src, port), outs in (outputs or {}).items():
+            for out in outs:
+                self.outs.append((src, port, out))
+        self.routing = dict(routing or {})          # (src, port, consumer) -> (RouterTargets, key field)
+        self.routers: dict[tuple[str, str, str], Router] = {}
+        self.dead_letters: list[DeadLetter] = []
+        self.on_side = on_side
+        self.set_edges(list(edges))
+
+    def logical(self, op_id: str) -> str:
+        """The operator whose work ``op_id`` does (itself, or the original of a copy)."""
+        return self.copies.get(op_id, op_id)
+
+    def set_edges(self, edges: list[tuple[str, str, str]], initial_wm: int | None = None) -> None:
+        """Install the edges whose consumer is in this chain (at build, or when copies come and go).
+
+        An input that appears starts at ``initial_wm`` (the consumer's current
+        watermark when added live: a new copy must not hold event time back
+        further than it already is); an input that disappears no longer
+        counts for the watermark.
+        """
+        self.edges = [e for e in edges if e[2] in self.nodes]
+        for node in self.nodes.values():
+            ups = list(dict.fromkeys(s for s, _p, d in self.edges if d == node.op_id))
+            for gone in [u for u in node.in_wm if u not in ups]:
+                del node.in_wm[gone]
+                node.open_inputs.discard(gone)
+            for u in ups:
+                if u not in node.in_wm:
+                    node.in_wm[u] = MIN_WATERMARK if initial_wm is None else max(initial_wm, node.wm)
+                    if not node.ended:
+                        node.open_inputs.add(u)
         self._wm_targets: dict[str, list[Node]] = {}
-        for src, _port, dst in edges:
+        for src, _port, dst in self.edges:
             targets = self._wm_targets.setdefault(src, [])
             if self.nodes[dst] not in targets:
                 targets.append(self.nodes[dst])
+        self._build_routes()
+        if initial_wm is not None:           # live: an input that went may free event time
+            for node in self.nodes.values():
+                self._reevaluate(node)
+
+    def _build_routes(self) -> None:
+        """``(src, port)`` -> callables: fused consumers, channels, and routers over instances.
+
+        Consumers that are instances of one copied operator are reached
+        through one :class:`Router`; the others each once (a channel serving
+        several consumers in its PE is called once).
+        """
+        by_port: dict[tuple[str, str], list[tuple[str, Callable]]] = {}
+        index: dict[str, list] = {}
+        for src, port, dst in self.edges:
+            node = self.nodes[dst]
+            if self.logical(src) == dst:            # a MERGEABLE copy's partials
+                push = partial(self._push, node, process=node.op.absorb)
+            else:
+                inputs = index.setdefault(dst, [])
+                if (self.logical(src), port) not in inputs:
+                    inputs.append((self.logical(src), port))
+                k = inputs.index((self.logical(src), port))   # the app's input order, copies folded
+                process = partial(node.op.process_input, k) if overrides(node.op, "process_input") else None
+                push = partial(self._push, node, process=process)
+            by_port.setdefault((src, port), []).append((dst, push))
         self.outputs: dict[str, list[Output]] = {}
-        for (src, port), outs in (outputs or {}).items():
-            for out in outs:
-                self.routes.setdefault((src, port), []).append(out.send)
-                if out not in self.outputs.setdefault(src, []):
-                    self.outputs[src].append(out)
-        self.dead_letters: list[DeadLetter] = []
-        self.on_side = on_side
+        for src, port, out in self.outs:
+            for dst in getattr(out, "dst_ops", None) or (None,):
+                by_port.setdefault((src, port), []).append((dst, out.send))
+            if out not in self.outputs.setdefault(src, []):
+                self.outputs[src].append(out)
+        self.routes = {}
+        self.routers = {}
+        self.consumer_routes: dict[tuple[str, str, str], list[Callable]] = {}
+        for (src, port), targets in by_port.items():
+            calls: list[Callable] = []
+            grouped: dict[tuple, dict[str, Callable]] = {}
+            for dst, call in targets:
+                key = (src, port, self.logical(dst)) if dst is not None else None
+                if key in self.routing:
+                    grouped.setdefault(key, {})[dst] = call
+                    continue
+                if key is not None:
+                    self.consumer_routes.setdefault(key, []).append(call)
+                if call not in calls:
+                    calls.append(call)
+            for key, by_instance in grouped.items():
+                spec, key_field = self.routing[key]
+                router = Router(spec, [by_instance[i] for i in spec.instances], key_field)
+                self.routers[key] = router
+                self.consumer_routes[key] = [router.send]
+                calls.append(router.send)
+            self.routes[(src, port)] = calls
 
     # -- data ----------------------------------------------------------------------
     def emit_from(self, op_id: str, batch: list, port: str = "out") -> None:
@@ -198,11 +277,19 @@ class Chain:
         if wm <= node.in_wm.get(upstream, MIN_WATERMARK):
             return
         node.in_wm[upstream] = wm
+        self._reevaluate(node)
+
+    def _reevaluate(self, node: Node) -> None:
+        """Move ``node``'s watermark to the minimum of its inputs' if that is ahead."""
+        if not node.in_wm:
+            return
         new = min(node.in_wm.values())
         if new <= node.wm:
             return
         node.wm = new
-        if node.has_watermark:
+        if node.partial:
+            self._call(node, self._partials(node), new)
+        elif node.has_watermark:
             self._call(node, node.op.on_watermark, new)
         self.watermark_from(node.op_id, new)
 
@@ -223,13 +310,29 @@ class Chain:
         node.ended = True
         if node.wm < MAX_WATERMARK:
             node.wm = MAX_WATERMARK
-            if node.has_watermark:
+            if node.partial:
+                self._call(node, self._partials(node), MAX_WATERMARK)
+            elif node.has_watermark:
                 self._call(node, node.op.on_watermark, MAX_WATERMARK)
             for child in self._wm_targets.get(node.op_id, ()):
                 self._advance(child, node.op_id, MAX_WATERMARK)
         if node.has_flush:
             self._call(node, node.op.flush)
         self.end_from(node.op_id)
+
+    @staticmethod
+    def _partials(node: Node) -> Callable:
+        """A MERGEABLE copy's watermark callback: its partials go to the original."""
+        def take_partials(watermark, emit):
+            emit.extend(node.op.take_partials(watermark))
+        take_partials.__name__ = "take_partials"
+        return take_partials
+
+    def release_partials(self) -> None:
+        """A MERGEABLE copy is being released: every partial it holds goes to its original now."""
+        for node in self.nodes.values():
+            if node.partial:
+                self._call(node, self._partials(node), None)
 
     def _call(self, node: Node, method: Callable, *args: Any) -> None:
         """Run a watermark/flush callback and route what it emits like a batch result.
@@ -255,19 +358,27 @@ class Chain:
     # -- reconfiguration ----------------------------------------------------------------
     def replace_output(self, old: Output, new: list[Output]) -> None:
         """Route what went to ``old`` to ``new`` instead (a channel re-wired to moved PEs)."""
-        for key, targets in self.routes.items():
-            if old.send in targets:
-                targets.remove(old.send)
-                targets.extend(out.send for out in new)
-        for src, outs in self.outputs.items():
-            if old in outs:
-                outs.remove(old)
-                outs.extend(new)
+        outs = []
+        for src, port, out in self.outs:
+            if out is old:
+                outs.extend((src, port, n) for n in new)
+            else:
+                outs.append((src, port, out))
+        self.outs = outs
+        self._build_routes()
 
     def add_output(self, src: str, port: str, out: Output) -> None:
-        self.routes.setdefault((src, port), []).append(out.send)
-        if out not in self.outputs.setdefault(src, []):
-            self.outputs[src].append(out)
+        self.outs.append((src, port, out))
+        self._build_routes()
+
+    def set_routing(self, routing: dict[tuple[str, str, str], tuple]) -> None:
+        """New distribution lists (copies added or released); routers restart their rotation."""
+        self.routing = dict(routing)
+        self._build_routes()
+
+    def router_counts(self) -> dict[str, dict[str, int]]:
+        """Tuples each router sent to each instance: ``{"src.port->X": {instance: n}}``."""
+        return {f"{s}.{p}->{x}": dict(zip(r.instances, r.tuples)) for (s, p, x), r in self.routers.items()}
 
     def progress(self) -> dict[str, tuple]:
         """Per operator: input watermarks, watermark, open inputs, ended (moves with its state)."""

@@ -147,6 +147,7 @@ class ChannelOut:
         self.batches = 0
         self.ended = False
         self.held = False          # paused at a reconfiguration marker: ship nothing more
+        self.dst_ops: tuple[str, ...] = ()    # consumers this channel reaches (for routers)
 
     # Output protocol (synchronous, from the chain)
     def send(self, batch: list) -> None:

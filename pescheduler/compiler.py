@@ -7,7 +7,7 @@ Read :data:`PHASES` to know the compiler::
     fuse      one PE per worker slot; with more operators than slots, fuse
               neighbours, starting from the sink end (IBM's guideline when no
               history exists: traffic shrinks along filters)
-    place     spread PEs over workers in topological order
+    place     spread PEs over workers in topological order; standard slots on every host
 
 Each phase is a function ``(state, context) -> state``.
 """
@@ -18,10 +18,12 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable
 
+from . import config
 from .app import Application
 from .errors import InvalidApplication
 from .placement import PE, LogicalOp, LogicalPlan, Placement, pe_name
 from .plugins import Plugins, UnknownOperatorError
+from .transforms import with_slots
 
 
 @dataclass
@@ -149,8 +151,9 @@ def place(placement: Placement, ctx: CompileContext) -> Placement:
     for i, (pe_id, pe) in enumerate(placement.pes.items()):
         worker = ctx.workers[i % len(ctx.workers)]
         pes[pe_id] = replace(pe, worker=worker, host=ctx.hosts.get(worker, ""))
-    return replace(placement, pes=MappingProxyType(pes), workers=tuple(ctx.workers),
-                   hosts=MappingProxyType(dict(ctx.hosts)))
+    placed = replace(placement, pes=MappingProxyType(pes), workers=tuple(ctx.workers),
+                     hosts=MappingProxyType(dict(ctx.hosts)))
+    return with_slots(placed, int(config.get("standard.slots-per-host")))
 
 
 PHASES: list[tuple[str, Callable]] = [

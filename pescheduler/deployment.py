@@ -16,6 +16,7 @@ per core, at least two) and closes it on stop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from types import MappingProxyType
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Coroutine
@@ -45,7 +47,8 @@ from .status import StatusBoard
 from .actions import Action, ActionRefused, BorrowHosts, ReturnHost
 from .resources import ResourceView
 from .reconfigure import ApplyRecord, execute, plan_reconfiguration
-from .transforms import transform
+from .placement import Slot
+from .transforms import NoSlotLeft, transform
 from .wiring import build_specs, channel_ids
 
 logger = logging.getLogger(__name__)
@@ -136,6 +139,7 @@ class Deployment:
         self._epoch = 0
         self._records: list[ApplyRecord] = []
         self._reconfiguring: asyncio.Lock | None = None
+        self._last_cold_start_s: float | None = None
         self.hosts = HostManager(self, rm)
 
     # -- public API ---------------------------------------------------------------------
@@ -167,7 +171,7 @@ class Deployment:
         return list(self._dead_letters)
 
     def apply(self, action: Action, timeout: float = 30.0) -> ApplyRecord:
-        """Apply a Fuse, Split or Move to the running app; returns what happened.
+        """Apply an action (Fuse, Split, Move, Replicate, Release) to the running app.
 
         An impossible action is refused with a reason and the stream is not
         disturbed. Otherwise the reconfiguration protocol (reconfigure.py)
@@ -277,6 +281,13 @@ class Deployment:
                 done = [p for p in plan.retired if self.board.pe_state.get(p) != "running"]
                 if done:
                     raise ActionRefused(f"PE {done[0]!r} is {self.board.pe_state.get(done[0])}: nothing to move")
+            except NoSlotLeft as exc:
+                try:
+                    new = await self._cold_slot(old, action, exc)
+                except ActionRefused as refused:
+                    return self._record(ApplyRecord(action, False, str(refused)))
+                old = self._placement
+                plan = plan_reconfiguration(old, new, self.channels, self.id, self._epoch + 1)
             except ActionRefused as exc:
                 return self._record(ApplyRecord(action, False, str(exc)))
             self._epoch += 1
@@ -288,10 +299,42 @@ class Deployment:
                 return self._record(ApplyRecord(action, False, f"failed: {exc}"))
             self._placement, self.channels = new, plan.channels
             self.board.replaced(new)
-            moved = {op: (old.pe_of(op), new.pe_of(op)) for op in new.plan.ops
-                     if (old.pe_of(op), old.pes[old.pe_of(op)].worker) != (new.pe_of(op), new.pes[new.pe_of(op)].worker)}
+            moved = {op: (old.pe_of(op), new.pe_of(op)) for op in new.plan.ops if op in old.plan.ops
+                     and (old.pe_of(op), old.pes[old.pe_of(op)].worker) != (new.pe_of(op), new.pes[new.pe_of(op)].worker)}
             return self._record(ApplyRecord(action, True, getattr(action, "reason", ""), pause * 1000,
                                             plan.retired, plan.created, moved))
+
+    async def _cold_slot(self, old: Placement, action: Action, exc: NoSlotLeft) -> Placement:
+        """No warm slot is left: start a new worker (a cold start) with one slot, and place there.
+
+        Only an embedded cluster can grow this way; on another cluster the
+        action is refused (borrow a host instead). The record's ``cold``
+        figure says how long the worker took to start.
+        """
+        if self.cluster is None:
+            raise ActionRefused(f"{exc} and the cluster at {self.scheduler_address} is not ours to grow: "
+                                f"borrow a host (BorrowHosts) first")
+        t0 = time.perf_counter()
+        before = set(old.workers)
+        self.cluster.scale(len(self.cluster.worker_spec) + 1)
+        await self.client.wait_for_workers(len(self.cluster.worker_spec), timeout=60)
+        await self._workers()
+        joined = [w for w in self.worker_info if w not in before]
+        if not joined:
+            raise ActionRefused(f"{exc}; starting a new worker failed")
+        worker = joined[0]
+        host = self.worker_info[worker]["host"]
+        slot_id = f"slot-{max((int(k.rsplit('-', 1)[1]) for k in old.slots), default=0) + 1}"
+        grown = dataclasses.replace(old, workers=old.workers + (worker,),
+                                    hosts=MappingProxyType({**old.hosts, worker: host}),
+                                    slots=MappingProxyType({**old.slots, slot_id: Slot(worker, host)}))
+        self._placement = grown
+        self._tasks.append(asyncio.create_task(self._watch(worker)))
+        self.board.replaced(grown)
+        self.board.event("cold-start", f"no warm slot for {action!r}: started worker {worker} "
+                                       f"in {time.perf_counter() - t0:.2f} s")
+        self._last_cold_start_s = time.perf_counter() - t0
+        return transform(grown, action)
 
     def _record(self, record: ApplyRecord) -> ApplyRecord:
         self._records.append(record)

@@ -188,9 +188,38 @@ class Operator:
     def restore(self, state: Any) -> None:
         """Install state produced by ``snapshot`` of an equivalent instance."""
 
+    # -- copies (see pescheduler/routing.py) ---------------------------------------
+    def split_state(self, state: Any, owns: Callable[[Any], bool]) -> Any:
+        """KEYED only: the part of ``state`` (from ``snapshot``) for the keys where ``owns(key)``.
+
+        When copies are added or released, key groups change owner: the
+        runtime snapshots every instance, merges the snapshots with
+        :meth:`merge_states`, and restores each new instance with the part
+        it owns. A KEYED operator without these two methods is never copied.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot split its state by key")
+
+    def merge_states(self, states: list) -> Any:
+        """KEYED only: one state holding every key of ``states`` (disjoint key sets)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot merge keyed states")
+
+    def take_partials(self, watermark: int | None) -> list:
+        """MERGEABLE only, on a copy: partial results complete up to ``watermark``, then forgotten.
+
+        ``None`` takes every partial held (the copy is being released). A copy
+        calls this instead of ``on_watermark``; what it returns travels to the
+        original, which folds it in with :meth:`absorb` before it fires, so the
+        results equal those of a single instance.
+        """
+        raise NotImplementedError(f"{type(self).__name__} is not MERGEABLE")
+
+    def absorb(self, partials: list, emit: "Emitter") -> None:
+        """MERGEABLE only, on the original: fold partials from a copy into this instance's state."""
+        raise NotImplementedError(f"{type(self).__name__} is not MERGEABLE")
+
     @classmethod
     def combine(cls, partials: list) -> Any:
-        """MERGEABLE only: merge partial results of copies."""
+        """MERGEABLE only: merge partial results of copies (a helper for ``absorb``)."""
         raise NotImplementedError(f"{cls.__name__} is not MERGEABLE")
 
     def __repr__(self) -> str:

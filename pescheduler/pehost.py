@@ -152,14 +152,16 @@ class PEHost:
                         for pe_id, pe in self._of(deployment).items()}}
 
     # -- reconfiguration (the controller's side is reconfigure.py) ---------------------------
-    def pe_reconf(self, deployment: str, marker: str, hold: dict[str, list[str]], align: list[str]) -> None:
+    def pe_reconf(self, deployment: str, marker: str, hold: dict[str, list[str]], align: list[str],
+                  release: list[str] = ()) -> None:
         """Begin: upstream PEs send ``marker`` and hold the channels into the PEs being replaced;
-        those PEs pause their sources and align on the marker."""
+        those PEs pause their sources and align on the marker (``release``: copies going away,
+        whose partials go to their original first)."""
         pes = self._of(deployment)
         for pe_id, channel_ids in hold.items():
             pes[pe_id].hold(channel_ids, marker)
         for pe_id in align:
-            pes[pe_id].begin_align(marker)
+            pes[pe_id].begin_align(marker, release=pe_id in release)
 
     async def pe_reconf_wait(self, deployment: str, marker: str, aligned: list[str],
                              seen: dict[str, list[str]], timeout: float) -> dict:
@@ -189,13 +191,16 @@ class PEHost:
 
     async def pe_rewire(self, deployment: str, pe_id: str, outputs: bytes = b"",
                         remove_outputs: list[str] = (), add_inputs: bytes = b"",
-                        remove_inputs: list[str] = ()) -> None:
-        """Swap channels of a PE that stays: new inputs registered, held outputs re-pointed."""
+                        remove_inputs: list[str] = (), edges: bytes = b"", routing: bytes = b"") -> None:
+        """Change a PE that stays: new inputs registered (``edges``: its operators' inputs now),
+        held outputs re-pointed, routers re-built (``routing``: copies came or went)."""
         pe = self._of(deployment)[pe_id]
-        pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs))
-        if outputs or remove_outputs:
+        pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
+                      cloudpickle.loads(edges) if edges else None)
+        if outputs or remove_outputs or routing:
             await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
-                            self._receiver, self.data_address)
+                            self._receiver, self.data_address,
+                            cloudpickle.loads(routing) if routing else None)
 
     def pe_drain(self, deployment: str) -> list[str]:
         """End the deployment's sources here as if exhausted: windows fire, sinks flush, PEs finish."""

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from .operator import Parallelism
+from .routing import Route
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class Placement:
     workers: tuple[str, ...] = ()
     hosts: Mapping[str, str] = field(default_factory=dict)    # worker -> host id
     slots: Mapping[str, Slot] = field(default_factory=dict)   # slot id -> slot
+    routes: Mapping[str, Route] = field(default_factory=dict)  # copied operator -> how instances share
 
     def copies_of(self, op_id: str) -> list[str]:
         """The copy operators of ``op_id`` (``X#1``, ``X#2``, ...), oldest first."""

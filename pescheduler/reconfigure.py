@@ -35,13 +35,15 @@ from typing import Any
 
 import cloudpickle
 
+from .operator import Parallelism
 from .placement import Placement
-from .wiring import ChannelKey, build_specs, channel_ids, output_spec
+from .routing import KEY_GROUPS, key_group
+from .wiring import ChannelKey, build_specs, channel_ids, consumer_edges, output_spec, routing_for
 
 
 @dataclass(frozen=True)
 class ReconfigurationPlan:
-    """Which PEs go and come, and which channels of the PEs that stay change."""
+    """Which PEs go and come, and which channels, inputs and routers of the PEs that stay change."""
 
     retired: tuple[str, ...]
     created: tuple[str, ...]
@@ -50,6 +52,9 @@ class ReconfigurationPlan:
     channels: dict[ChannelKey, str]            # every channel of the new placement
     upstream_outputs: dict[str, list[ChannelKey]] = field(default_factory=dict)  # new channels of staying PEs
     downstream_inputs: dict[str, list[ChannelKey]] = field(default_factory=dict)
+    edges: dict[str, list] = field(default_factory=dict)      # staying PE -> its consumer edges, if changed
+    routing: dict[str, dict] = field(default_factory=dict)    # staying PE -> its routers, if changed
+    released: tuple[str, ...] = ()             # retired copies that have no successor
 
     @property
     def moved(self) -> bool:
@@ -57,20 +62,27 @@ class ReconfigurationPlan:
 
 
 def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[ChannelKey, str],
-                         deployment: str, epoch: int) -> ReconfigurationPlan:
-    """The difference between two placements as the protocol needs it (pure)."""
+                         deployment: str, epoch: int, force: tuple[str, ...] = ()) -> ReconfigurationPlan:
+    """The difference between two placements as the protocol needs it (pure).
+
+    ``force``: PEs to replace even though their operators and worker stay
+    (instances of a KEYED operator whose key groups change owner).
+    """
+    force = set(force) | keyed_rebalanced(old, new)
     same = {pe_id for pe_id, pe in old.pes.items()
-            if pe_id in new.pes and (new.pes[pe_id].operators, new.pes[pe_id].worker) == (pe.operators, pe.worker)}
+            if pe_id in new.pes and pe_id not in force
+            and (new.pes[pe_id].operators, new.pes[pe_id].worker) == (pe.operators, pe.worker)}
     retired = tuple(p for p in old.pes if p not in same)
     created = tuple(p for p in new.pes if p not in same)
     keep = {key: cid for key, cid in old_channels.items()
-            if key[2] in same and old.pe_of(key[0]) in same and new.pe_of(key[0]) in same}
+            if key[2] in same and old.pe_of(key[0]) in same and key[0] in new.plan.ops
+            and new.pe_of(key[0]) in same}
     channels = channel_ids(new, deployment, epoch, keep)
     hold: dict[str, list[str]] = {}
     seen: dict[str, list[str]] = {}
     for (src, port, dst_pe), cid in old_channels.items():
         src_pe = old.pe_of(src)
-        if dst_pe in retired and src_pe in same:
+        if src_pe in same and (dst_pe in retired or cid not in channels.values()):
             hold.setdefault(src_pe, []).append(cid)
         if src_pe in retired and dst_pe in same:
             seen.setdefault(dst_pe, []).append(cid)
@@ -84,7 +96,64 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
             upstream.setdefault(src_pe, []).append(key)
         if key[2] in same:
             downstream.setdefault(key[2], []).append(key)
-    return ReconfigurationPlan(retired, created, hold, seen, channels, upstream, downstream)
+    edges = {p: consumer_edges(new, p) for p in same if consumer_edges(new, p) != consumer_edges(old, p)}
+    routing = {p: routing_for(new, p) for p in same if routing_for(new, p) != routing_for(old, p)}
+    released = tuple(p for p in retired if p not in new.pes and old.pes[p].copy_of)
+    return ReconfigurationPlan(retired, created, hold, seen, channels, upstream, downstream,
+                               edges, routing, released)
+
+
+def keyed_rebalanced(old: Placement, new: Placement) -> set[str]:
+    """PEs running an instance of a KEYED operator whose key groups change owner: they are
+    replaced, so all of that operator's state is snapshotted and re-split."""
+    pes = set()
+    for x, op in new.plan.ops.items():
+        if op.copy_of or op.parallelism is not Parallelism.KEYED:
+            continue
+        if old.instances(x) != new.instances(x) or old.routes.get(x) != new.routes.get(x):
+            pes |= {old.pe_of(i) for i in old.instances(x)}
+    return pes
+
+
+def redistribute(old: Placement, new: Placement, states: dict[str, dict]) -> dict[str, dict]:
+    """Snapshots for the new PEs: keyed state re-split when a KEYED operator's instances change.
+
+    Every instance of such an operator was retired (``force``), so ``states``
+    holds all of its keys: they are merged and each new instance restores
+    the key groups it owns. Progress (watermarks) is the least advanced of
+    the old instances', so no instance fires a window another had not.
+    """
+    out = dict(states)
+    for x, op in new.plan.ops.items():
+        if op.copy_of or op.parallelism is not Parallelism.KEYED:
+            continue
+        before, after = old.instances(x), new.instances(x)
+        if before == after and old.routes.get(x) == new.routes.get(x):
+            continue
+        saved = [states[i] for i in before if i in states]
+        if not saved:
+            continue
+        impl = op.cls(**op.params)
+        merged = impl.merge_states([s["state"] for s in saved])
+        progress = _least_progress([s["progress"] for s in saved])
+        owners = new.routes[x].owners() if x in new.routes else [x] * KEY_GROUPS
+        for inst in before:
+            out.pop(inst, None)
+        for inst in after:
+            mine = frozenset(g for g, o in enumerate(owners) if o == inst)
+            part = impl.split_state(merged, lambda k, mine=mine: key_group(k) in mine)
+            out[inst] = {"state": part, "progress": progress, "driver": None}
+    return out
+
+
+def _least_progress(progresses: list[tuple]) -> tuple:
+    """Chain progress ``(in_wm, wm, open_inputs, ended)`` no further than any of ``progresses``."""
+    in_wm: dict[str, int] = {}
+    for p in progresses:
+        for u, w in p[0].items():
+            in_wm[u] = min(w, in_wm.get(u, w))
+    return (in_wm, min(p[1] for p in progresses), set().union(*(p[2] for p in progresses)),
+            all(p[3] for p in progresses))
 
 
 @dataclass
@@ -116,9 +185,12 @@ async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan
     t0 = time.perf_counter()
     by_worker: dict[str, dict] = {}
     for pe_id, channels in plan.hold.items():
-        by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": []})["hold"][pe_id] = channels
+        by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": [], "release": []})["hold"][pe_id] = channels
     for pe_id in plan.retired:
-        by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": []})["align"].append(pe_id)
+        todo = by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": [], "release": []})
+        todo["align"].append(pe_id)
+        if pe_id in plan.released:
+            todo["release"].append(pe_id)
 
     async def step(name: str, coro) -> Any:
         try:
@@ -129,7 +201,7 @@ async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan
     await step("pause", asyncio.gather(*(rpc(w).pe_reconf(deployment=deployment, marker=marker, **todo)
                                          for w, todo in by_worker.items())))
     await _wait_drained(rpc, old, plan, deployment, marker, timeout)
-    states = await step("snapshot", _snapshot(rpc, old, plan.retired, deployment))
+    states = redistribute(old, new, await step("snapshot", _snapshot(rpc, old, plan.retired, deployment)))
     await step("stop", asyncio.gather(*(rpc(old.pes[p].worker).pe_stop(deployment=deployment, pe_ids=[p])
                                         for p in plan.retired)))
     await step("rewire downstream", _rewire_downstream(rpc, new, plan, worker_info, deployment))
@@ -171,11 +243,12 @@ async def _rewire_downstream(rpc, new, plan, worker_info, deployment) -> None:
     from .runtime import InputSpec
 
     calls = []
-    for pe_id in set(plan.seen) | set(plan.downstream_inputs):
+    for pe_id in set(plan.seen) | set(plan.downstream_inputs) | set(plan.edges):
         adds = [InputSpec(plan.channels[k], k[0], k[1]) for k in plan.downstream_inputs.get(pe_id, [])]
+        edges = cloudpickle.dumps(plan.edges[pe_id]) if pe_id in plan.edges else b""
         calls.append(rpc(new.pes[pe_id].worker).pe_rewire(
             deployment=deployment, pe_id=pe_id, add_inputs=cloudpickle.dumps(adds),
-            remove_inputs=plan.seen.get(pe_id, [])))
+            remove_inputs=plan.seen.get(pe_id, []), edges=edges))
     await asyncio.gather(*calls)
 
 
@@ -192,9 +265,10 @@ async def _start_created(rpc, new, plan, worker_info, deployment, states, plugin
 
 async def _rewire_upstream(rpc, new, plan, worker_info, deployment) -> None:
     calls = []
-    for pe_id in set(plan.hold) | set(plan.upstream_outputs):
+    for pe_id in set(plan.hold) | set(plan.upstream_outputs) | set(plan.routing):
         outs = [output_spec(new, worker_info, k, plan.channels[k]) for k in plan.upstream_outputs.get(pe_id, [])]
+        routing = cloudpickle.dumps(plan.routing[pe_id]) if pe_id in plan.routing else b""
         calls.append(rpc(new.pes[pe_id].worker).pe_rewire(
             deployment=deployment, pe_id=pe_id, outputs=cloudpickle.dumps(outs),
-            remove_outputs=plan.hold.get(pe_id, [])))
+            remove_outputs=plan.hold.get(pe_id, []), routing=routing))
     await asyncio.gather(*calls)

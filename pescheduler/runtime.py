@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Callable
 
-from .chain import Chain
+from .chain import MIN_WATERMARK, Chain
 from .channels import (DATA, END, MARKER, WATERMARK, ChannelIn, ChannelOut, Inbox,
                        LocalChannelOut, TcpChannelOut, decode)
 from .operator import DeadLetter, OperatorContext, Source
@@ -36,6 +36,7 @@ class OutputSpec:
     dst_pe: str
     dst_worker: str          # Dask worker address of the receiving PE
     dst_data: str            # host:port of that worker's data server
+    dst_ops: tuple[str, ...] = ()   # the operators there that consume this port
 
 
 @dataclass
@@ -61,6 +62,8 @@ class PESpec:
     credits: int = 8
     time_slice_s: float = 0.05
     restore: dict[str, dict] = field(default_factory=dict)   # op_id -> {"state", "progress", "driver"}
+    routing: dict[tuple[str, str, str], tuple] = field(default_factory=dict)   # see wiring.routing_for
+    copies: dict[str, str] = field(default_factory=dict)     # copy op -> original (whole plan)
 
 
 class PERunner:
@@ -93,6 +96,7 @@ class PERunner:
         self.aligning: Any = None                  # the marker this PE is aligning on
         self.aligned_ops: set[str] = set()
         self.aligned = False
+        self.releasing = False
         self.on_change: Callable[[], None] = lambda: None
         self.state = "created"
         self.error: str | None = None
@@ -111,7 +115,8 @@ class PERunner:
             channel = await self._open_channel(out, local_receivers, data_address)
             self.outs.append((out, channel))
             outputs.setdefault((out.src_op, out.port), []).append(channel)
-        self.chain = Chain(self.ops, self.spec.edges, outputs, on_side=self._side)
+        self.chain = Chain(self.ops, self.spec.edges, outputs, on_side=self._side,
+                           routing=self.spec.routing, copies=self.spec.copies)
         progress = {op: saved["progress"] for op, saved in self.spec.restore.items()}
         if progress:
             self.chain.restore_progress(progress)
@@ -119,10 +124,12 @@ class PERunner:
     async def _open_channel(self, out: OutputSpec, local_receivers, data_address: str) -> ChannelOut:
         if out.dst_data == data_address:
             inbox, receiver = local_receivers(out.channel_id)
-            return LocalChannelOut(out.channel_id, self.spec.credits, inbox, receiver)
-        channel = TcpChannelOut(out.channel_id, self.spec.credits,
-                                lambda item, exc, op=out.src_op: self._dead(item, exc, op))
-        await channel.connect(out.dst_data)
+            channel = LocalChannelOut(out.channel_id, self.spec.credits, inbox, receiver)
+        else:
+            channel = TcpChannelOut(out.channel_id, self.spec.credits,
+                                    lambda item, exc, op=out.src_op: self._dead(item, exc, op))
+            await channel.connect(out.dst_data)
+        channel.dst_ops = out.dst_ops          # routers pick channels by the instance they reach
         return channel
 
     def _dead(self, item: Any, exc: BaseException, op_id: str) -> None:
@@ -286,8 +293,13 @@ class PERunner:
         self._check_aligned()
         self._on_loop(self.on_change)
 
-    def begin_align(self, marker: Any) -> None:
-        """Pause this PE's sources and align its operators on ``marker``."""
+    def begin_align(self, marker: Any, release: bool = False) -> None:
+        """Pause this PE's sources and align its operators on ``marker``.
+
+        ``release``: the PE is a copy going away; once aligned, a MERGEABLE
+        copy sends every partial it holds to its original, ahead of the marker.
+        """
+        self.releasing = release
         self.aligning = marker
         for driver in self.sources:
             driver.paused = True
@@ -311,6 +323,8 @@ class PERunner:
                 continue
             if all(self._input_aligned(node, upstream, seen) for upstream in node.in_wm):
                 self.aligned_ops.add(op_id)
+                if self.releasing and node.partial:
+                    self.chain.release_partials()
                 for spec, channel in self.outs:
                     if spec.src_op == op_id:
                         channel.hold(self.aligning)
@@ -343,47 +357,56 @@ class PERunner:
                 for op_id, op in self.ops.items()}
 
     async def rewire(self, outputs: list[OutputSpec], remove: list[str], local_receivers,
-                     data_address: str) -> None:
-        """Replace held output channels by new ones; what they held goes on the new ones.
+                     data_address: str, routing: dict | None = None) -> None:
+        """Replace held output channels by new ones and install new routers; what the old
+        channels held goes on along the new routes.
 
         New channels are opened first. From taking the held items to switching
         the routes there is no ``await``: the PE loop must not emit into a
-        channel that is being replaced, or what it emits would be lost.
+        channel that is being replaced, or what it emits would be lost. Held
+        data is re-sent through the new route to the operator the old channel
+        served (its router when that operator has copies), so a batch held for
+        a released copy reaches the instances that remain, and a batch held
+        for a KEYED operator is split by the new key-group owners.
         """
         opened = [(out, await self._open_channel(out, local_receivers, data_address)) for out in outputs]
-        olds: dict[tuple[str, str], list[ChannelOut]] = {}
-        for spec, channel in list(self.outs):
-            if channel.channel_id in remove:
-                olds.setdefault((spec.src_op, spec.port), []).append(channel)
-                self.outs.remove((spec, channel))
-        for key, replaced in olds.items():
-            news = [ch for out, ch in opened if (out.src_op, out.port) == key]
-            held = replaced[0].take_held()     # fan-out: every replaced channel held the same items
-            for old in replaced[1:]:
-                old.take_held()
-            self.chain.replace_output(replaced[0], news)
-            for old in replaced[1:]:
-                self.chain.replace_output(old, [])
-            for kind, payload in held:
-                for channel in news:
-                    _replay(channel, kind, payload)
-            if replaced[0].ended and all(kind != END for kind, _ in held):
+        olds: list[tuple[OutputSpec, ChannelOut]] = [(spec, ch) for spec, ch in self.outs if ch.channel_id in remove]
+        held = {ch.channel_id: ch.take_held() for _spec, ch in olds}
+        self.outs = [(spec, ch) for spec, ch in self.outs if ch.channel_id not in remove] + opened
+        self.chain.outs = [(s, p, o) for s, p, o in self.chain.outs if o.channel_id not in remove]
+        self.chain.outs += [(out.src_op, out.port, ch) for out, ch in opened]
+        if routing is not None:
+            self.chain.routing = dict(routing)
+        self.chain._build_routes()
+        for spec, old in olds:
+            news = [ch for out, ch in opened if (out.src_op, out.port) == (spec.src_op, spec.port)]
+            consumers = dict.fromkeys(self.chain.logical(d) for d in old.dst_ops)
+            targets = list(dict.fromkeys(call for x in consumers
+                                         for call in self.chain.consumer_routes.get((spec.src_op, spec.port, x), ())))
+            items = held[old.channel_id]
+            for kind, payload in items:
+                if kind == DATA:
+                    for target in targets:
+                        target(payload)
+                else:
+                    for channel in news:
+                        _replay(channel, kind, payload)
+            if old.ended and all(kind != END for kind, _ in items):
                 for channel in news:           # END went out before the hold: the new path needs it too
                     channel.end()
-        for out, channel in opened:
-            self.outs.append((out, channel))
-            if (out.src_op, out.port) not in olds:     # a port that fed no replaced channel
-                self.chain.add_output(out.src_op, out.port, channel)
         self.inbox.event.set()
-        for replaced in olds.values():
-            for old in replaced:
-                await old.close(timeout=0)
+        for _spec, old in olds:
+            await old.close(timeout=0)
 
-    def set_inputs(self, add: list[InputSpec], remove: list[str]) -> None:
+    def set_inputs(self, add: list[InputSpec], remove: list[str], edges: list | None = None) -> None:
+        """Register new input channels, forget removed ones, and (``edges``) the chain's new inputs."""
         for spec in add:
             self.receivers[spec.channel_id] = ChannelIn(spec.channel_id, spec.src_op, spec.port)
         for channel_id in remove:
             self.receivers.pop(channel_id, None)
+        if edges is not None:
+            self.spec.edges = edges
+            self.chain.set_edges(edges, initial_wm=MIN_WATERMARK)
 
     def stop(self) -> None:
         """End the loop at its next turn (and cancel it: either alone would do, both are sure)."""

@@ -8,8 +8,17 @@ two placements with one protocol (see reconfigure.py).
 
 from __future__ import annotations
 
-from .actions import ActionRefused, Fuse, Move, Split
-from .placement import PE, Placement, pe_name
+from dataclasses import replace
+from types import MappingProxyType
+
+from .actions import ActionRefused, Fuse, Move, Release, Replicate, Split
+from .operator import Parallelism
+from .placement import PE, LogicalPlan, Placement, Slot, pe_name
+from .routing import Route, even_key_groups
+
+
+class NoSlotLeft(ActionRefused):
+    """Every standard slot away from the hot operator's worker is taken (a cold start may help)."""
 
 
 def _pe(placement: Placement, pe_id: str) -> PE:
@@ -86,11 +95,254 @@ def _ordered(placement: Placement, operators) -> tuple[str, ...]:
 
 def _in_order(placement: Placement, pes: dict[str, PE]) -> dict[str, PE]:
     """PEs listed in topological order of their first operator (stable, readable status)."""
-    order = {op: i for i, op in enumerate(placement.plan.ops)}
+    return _in_order_plan(placement.plan, pes)
+
+
+# -- copies on standard slots --------------------------------------------------------
+
+def replicate(placement: Placement, action: Replicate) -> Placement:
+    """``copies`` copies of an operator on standard slots, and the routers' new distribution lists.
+
+    Copies go to the operator's candidate slots (see :func:`candidate_slots`)
+    that are not on its own worker (a copy in the same process adds no core),
+    free ones first. KEYED copies take an even share of the key groups.
+    """
+    op_id = action.operator
+    op = _replicable(placement, op_id)
+    if action.copies < 1:
+        raise ActionRefused(f"copies must be >= 1 (got {action.copies})")
+    keyed = op.parallelism is Parallelism.KEYED
+    routers = routers_of(placement, op_id)
+    if action.routers is not None:
+        if keyed:
+            raise ActionRefused(f"{op_id!r} is KEYED: its copies are shared by every router "
+                                f"(all must agree on who owns a key group)")
+        unknown = sorted(set(action.routers) - set(routers))
+        if unknown or not action.routers:
+            raise ActionRefused(f"{unknown or '()'} do not feed {op_id!r}; its routers are {routers}")
+    home = placement.pes[placement.pe_of(op_id)]
+    slots = pick_slots(placement, op_id, action.copies, avoid=home.worker)
+    taken = set(placement.plan.ops)
+    made, n = [], 1
+    for _ in slots:
+        while f"{op_id}#{n}" in taken:
+            n += 1
+        made.append(f"{op_id}#{n}")
+        taken.add(made[-1])
+    route = placement.routes.get(op_id, Route())
+    users = dict(route.users)
+    for c in made:
+        users[c] = tuple(action.routers) if action.routers is not None else tuple(routers)
+    instances = placement.instances(op_id) + made
+    new_route = Route(MappingProxyType(users),
+                      MappingProxyType(even_key_groups(instances)) if keyed else None)
+    pes = dict(placement.pes)
+    new_slots = dict(placement.slots)
+    for c, slot_id in zip(made, slots):
+        slot = new_slots[slot_id]
+        pes[c] = PE((c,), slot.worker, slot.host, copy_of=op_id)
+        new_slots[slot_id] = replace(slot, copies=slot.copies + (c,))
+    routes = _inherit_routes(placement, op_id, made)
+    routes[op_id] = new_route
+    plan = with_copies(placement.plan, {**_copy_map(placement), **{c: op_id for c in made}})
+    return replace(placement, plan=plan, pes=MappingProxyType(_in_order_plan(plan, pes)),
+                   slots=MappingProxyType(new_slots), routes=MappingProxyType(routes))
+
+
+def release(placement: Placement, action: Release) -> Placement:
+    """Drop the newest ``copies`` copies (or only some routers' use of them: reference counting)."""
+    op_id = action.operator
+    if op_id not in placement.plan.ops:
+        raise ActionRefused(f"unknown operator {op_id!r}")
+    have = placement.copies_of(op_id)
+    if action.copies < 1:
+        raise ActionRefused(f"copies must be >= 1 (got {action.copies})")
+    route = placement.routes.get(op_id, Route())
+    users = dict(route.users)
+    if action.routers is None:
+        if action.copies > len(have):
+            raise ActionRefused(f"{op_id!r} has {len(have)} copies, cannot release {action.copies}")
+        gone = have[len(have) - action.copies:]
+    else:
+        mine = [c for c in have if set(action.routers) & set(users.get(c, ()))]
+        if not mine:
+            raise ActionRefused(f"no copy of {op_id!r} is used by {list(action.routers)}")
+        gone = []
+        for c in mine[len(mine) - action.copies:]:
+            users[c] = tuple(r for r in users[c] if r not in action.routers)
+            if not users[c]:
+                gone.append(c)
+    for c in gone:
+        users.pop(c, None)
+    return _without_copies(placement, op_id, gone, users)
+
+
+def _without_copies(placement: Placement, op_id: str, gone: list[str], users: dict) -> Placement:
+    """The placement with copies ``gone`` removed (their PEs, slots, and every route naming them)."""
+    copy_map = {c: o for c, o in _copy_map(placement).items() if c not in gone}
+    plan = with_copies(placement.plan, copy_map)
+    keyed = placement.plan.ops[op_id].parallelism is Parallelism.KEYED
+    remaining = [op_id] + [c for c, o in copy_map.items() if o == op_id]
+    routes = {}
+    for target, route in placement.routes.items():
+        kept = {c: tuple(r for r in u if r not in gone) for c, u in route.users.items()}
+        routes[target] = Route(MappingProxyType(kept), route.key_groups)
+    routes[op_id] = Route(MappingProxyType(users),
+                          MappingProxyType(even_key_groups(remaining)) if keyed else None)
+    if len(remaining) == 1:
+        del routes[op_id]
+    pes = {p: pe for p, pe in placement.pes.items() if p not in gone}
+    slots = {s: replace(slot, copies=tuple(c for c in slot.copies if c not in gone))
+             for s, slot in placement.slots.items()}
+    return replace(placement, plan=plan, pes=MappingProxyType(pes), slots=MappingProxyType(slots),
+                   routes=MappingProxyType(routes))
+
+
+def _replicable(placement: Placement, op_id: str):
+    """The operator, if copies of it make sense; refuses with the reason otherwise."""
+    op = placement.plan.ops.get(op_id)
+    if op is None:
+        raise ActionRefused(f"unknown operator {op_id!r}")
+    if op.copy_of:
+        raise ActionRefused(f"{op_id!r} is a copy of {op.copy_of!r}: replicate the original")
+    if op.parallelism is Parallelism.SINGLETON:
+        raise ActionRefused(f"{op_id!r} is SINGLETON ({op.kind} {op.name!r}): it is never copied")
+    if op.parallelism is Parallelism.KEYED:
+        if op.key_field is None:
+            raise ActionRefused(f"{op_id!r} is KEYED but has no key (no key_by before it): "
+                                f"its copies could not share the key space")
+        if not _implements(op.cls, "split_state", "merge_states"):
+            raise ActionRefused(f"{op_id!r} ({op.cls.__name__}) is KEYED but does not implement "
+                                f"split_state/merge_states, so its state cannot move between copies")
+    if op.parallelism is Parallelism.MERGEABLE and not _implements(op.cls, "take_partials", "absorb"):
+        raise ActionRefused(f"{op_id!r} ({op.cls.__name__}) is MERGEABLE but does not implement "
+                            f"take_partials/absorb")
+    shared = _shared_inputs(placement, op_id)
+    if shared:
+        raise ActionRefused(f"{op_id!r} shares its input channel with {shared} in PE "
+                            f"{placement.pe_of(op_id)!r}: split it out of that PE first")
+    return op
+
+
+def _implements(cls: type, *methods: str) -> bool:
+    from .operator import Operator
+    return all(getattr(cls, m) is not getattr(Operator, m) for m in methods)
+
+
+def _shared_inputs(placement: Placement, op_id: str) -> list[str]:
+    """Other operators in ``op_id``'s PE fed by the same remote port: one channel serves both,
+    so a router could not send part of it to ``op_id`` alone."""
+    pe = placement.pes[placement.pe_of(op_id)]
+    inside = set(pe.operators)
+    mine = {(s, p) for s, p, d in placement.plan.edges if d == op_id and s not in inside}
+    return sorted({d for s, p, d in placement.plan.edges
+                   if (s, p) in mine and d != op_id and d in inside})
+
+
+def routers_of(placement: Placement, op_id: str) -> list[str]:
+    """The upstream instances that feed ``op_id`` (its copies' partials excluded)."""
+    return list(dict.fromkeys(s for s, _p, d in placement.plan.edges
+                              if d == op_id and placement.plan.ops[s].copy_of != op_id))
+
+
+def candidate_slots(placement: Placement, op_id: str) -> list[str]:
+    """``op_id``'s distribution list: every slot, rotated per operator.
+
+    The first replicable operator's list starts at the first slot, the
+    second's a third of the way in, and so on, so a slot tends to hold one
+    operator's parameters (Fujitsu's destination lists).
+    """
+    slots = list(placement.slots)
+    if not slots:
+        return []
+    replicable = [o for o, op in placement.plan.ops.items()
+                  if op.copy_of is None and op.parallelism is not Parallelism.SINGLETON]
+    k = replicable.index(op_id) if op_id in replicable else 0
+    offset = (k * max(1, len(slots) // 3)) % len(slots)
+    return slots[offset:] + slots[:offset]
+
+
+def pick_slots(placement: Placement, op_id: str, n: int, avoid: str) -> list[str]:
+    """``n`` slots from ``op_id``'s candidate list, off worker ``avoid``: free ones first, then
+    shared ones least used; refuses with :class:`NoSlotLeft` when there are not enough."""
+    candidates = [s for s in candidate_slots(placement, op_id) if placement.slots[s].worker != avoid]
+    mine = {s for s in candidates if any(placement.plan.ops[c].copy_of == op_id
+                                         for c in placement.slots[s].copies)}
+    usable = [s for s in candidates if s not in mine]
+    usable.sort(key=lambda s: len(placement.slots[s].copies))       # stable: list order breaks ties
+    if len(usable) < n:
+        raise NoSlotLeft(f"{op_id!r} needs {n} standard slot(s) off {avoid}; {len(usable)} usable "
+                         f"of {len(placement.slots)} (slots holding a copy of it already, or on its "
+                         f"own worker, do not count)")
+    return usable[:n]
+
+
+def with_slots(placement: Placement, per_host: int) -> Placement:
+    """Standard slots for every host of the placement: ``per_host`` each, spread over its workers.
+
+    Existing slots on workers still present are kept (with their copies);
+    slots on workers that left are dropped. New slots are numbered after the
+    highest existing one, so ids are never reused.
+    """
+    slots = {s: slot for s, slot in placement.slots.items() if slot.worker in placement.workers}
+    by_host: dict[str, list[str]] = {}
+    for w in placement.workers:
+        by_host.setdefault(placement.hosts.get(w, ""), []).append(w)
+    have: dict[str, int] = {}
+    for slot in slots.values():
+        have[slot.host] = have.get(slot.host, 0) + 1
+    n = max((int(s.rsplit("-", 1)[1]) for s in placement.slots), default=0)
+    for host, workers in by_host.items():
+        for i in range(have.get(host, 0), per_host):
+            n += 1
+            slots[f"slot-{n}"] = Slot(workers[i % len(workers)], host)
+    return replace(placement, slots=MappingProxyType(slots))
+
+
+def _copy_map(placement: Placement) -> dict[str, str]:
+    return {o: op.copy_of for o, op in placement.plan.ops.items() if op.copy_of}
+
+
+def _inherit_routes(placement: Placement, op_id: str, made: list[str]) -> dict[str, Route]:
+    """New copies of ``op_id`` route downstream like ``op_id``: they join every copy it uses."""
+    routes = dict(placement.routes)
+    for target, route in placement.routes.items():
+        users = {c: u + tuple(made) if op_id in u else u for c, u in route.users.items()}
+        routes[target] = Route(MappingProxyType(users), route.key_groups)
+    return routes
+
+
+def with_copies(plan: LogicalPlan, copies: dict[str, str]) -> LogicalPlan:
+    """The physical plan: the user's operators plus ``copies`` (copy id -> original), edges expanded.
+
+    A copy has its original's inputs and outputs, except a MERGEABLE copy,
+    whose only output feeds its partials to the original.
+    """
+    base_ops = {o: op for o, op in plan.ops.items() if op.copy_of is None}
+    base_edges = [e for e in plan.edges if base_ops.get(e[0]) and base_ops.get(e[2])]
+    of: dict[str, list[str]] = {o: [o] for o in base_ops}
+    for c, o in copies.items():
+        of[o].append(c)
+    ops = {}
+    for o, op in base_ops.items():
+        ops[o] = op
+        for c in of[o][1:]:
+            ops[c] = replace(op, op_id=c, copy_of=o)
+    mergeable = {o for o, op in base_ops.items() if op.parallelism is Parallelism.MERGEABLE}
+    edges = []
+    for s, p, d in base_edges:
+        senders = [s] if s in mergeable else of[s]
+        edges.extend((s2, p, d2) for s2 in senders for d2 in of[d])
+    edges.extend((c, "out", o) for o in mergeable for c in of[o][1:])
+    return LogicalPlan(plan.app_name, MappingProxyType(ops), tuple(edges))
+
+
+def _in_order_plan(plan: LogicalPlan, pes: dict[str, PE]) -> dict[str, PE]:
+    order = {op: i for i, op in enumerate(plan.ops)}
     return dict(sorted(pes.items(), key=lambda kv: order[kv[1].operators[0]]))
 
 
-TRANSFORMS = {Fuse: fuse, Split: split, Move: move}
+TRANSFORMS = {Fuse: fuse, Split: split, Move: move, Replicate: replicate, Release: release}
 
 
 def transform(placement: Placement, action) -> Placement:

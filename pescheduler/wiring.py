@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from . import config
 from .placement import Placement
+from .routing import router_targets
 from .runtime import InputSpec, OutputSpec, PESpec
+from .transforms import routers_of
 
 ChannelKey = tuple[str, str, str]          # (producing op, port, consuming PE)
 
@@ -27,7 +29,36 @@ def channel_ids(placement: Placement, deployment: str, epoch: int,
 def output_spec(placement: Placement, worker_info: dict[str, dict], key: ChannelKey, channel_id: str) -> OutputSpec:
     src, port, dst_pe = key
     worker = placement.pes[dst_pe].worker
-    return OutputSpec(channel_id, src, port, dst_pe, worker, worker_info[worker]["data_address"])
+    inside = set(placement.pes[dst_pe].operators)
+    consumers = tuple(d for s, p, d in placement.plan.edges if (s, p) == (src, port) and d in inside)
+    return OutputSpec(channel_id, src, port, dst_pe, worker, worker_info[worker]["data_address"], consumers)
+
+
+def routing_for(placement: Placement, pe_id: str) -> dict[tuple[str, str, str], tuple]:
+    """The routers of ``pe_id``'s operators: ``(src, port, X) -> (RouterTargets, key field)``
+    for every copied operator ``X`` they feed."""
+    plan = placement.plan
+    routing = {}
+    for op_id in placement.pes[pe_id].operators:
+        for src, port, dst in plan.edges:
+            x = plan.ops[dst].copy_of or dst
+            if src != op_id or x not in placement.routes or plan.ops[src].copy_of == x:
+                continue
+            routers = routers_of(placement, x)
+            targets = router_targets(x, placement.copies_of(x), placement.routes[x], src, routers)
+            routing[(src, port, x)] = (targets, plan.ops[x].key_field)
+    return routing
+
+
+def consumer_edges(placement: Placement, pe_id: str) -> list[tuple[str, str, str]]:
+    """The edges whose consumer runs in ``pe_id``."""
+    members = set(placement.pes[pe_id].operators)
+    return [(s, p, d) for s, p, d in placement.plan.edges if d in members]
+
+
+def copy_map(placement: Placement) -> dict[str, str]:
+    """Copy operator -> its original, over the whole plan."""
+    return {o: op.copy_of for o, op in placement.plan.ops.items() if op.copy_of}
 
 
 def build_specs(placement: Placement, worker_info: dict[str, dict], deployment: str,
@@ -41,11 +72,10 @@ def build_specs(placement: Placement, worker_info: dict[str, dict], deployment: 
     specs = {}
     for pe_id in wanted:
         pe = placement.pes[pe_id]
-        members = set(pe.operators)
         ops = {op: (plan.ops[op].cls, dict(plan.ops[op].params), plan.ops[op].key_field) for op in pe.operators}
-        edges = [(s, p, d) for s, p, d in plan.edges if d in members]
-        specs[pe_id] = PESpec(pe_id, deployment, ops, edges, batch_size=batch_size, credits=credits,
-                              time_slice_s=time_slice)
+        specs[pe_id] = PESpec(pe_id, deployment, ops, consumer_edges(placement, pe_id), batch_size=batch_size,
+                              credits=credits, time_slice_s=time_slice,
+                              routing=routing_for(placement, pe_id), copies=copy_map(placement))
     for key, channel_id in channels.items():
         src, port, dst_pe = key
         src_pe = placement.pe_of(src)

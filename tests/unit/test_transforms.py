@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from pescheduler import Application
-from pescheduler.actions import ActionRefused, Fuse, Move, Replicate, Split
+from pescheduler.actions import ActionRefused, Fuse, Move, Release, Replicate, Split
 from pescheduler.compiler import compile_app
 from pescheduler.plugins import load_plugins
-from pescheduler.transforms import least_loaded, transform
+from pescheduler.routing import KEY_GROUPS, router_targets
+from pescheduler.transforms import NoSlotLeft, candidate_slots, least_loaded, routers_of, transform
 
 WORKERS = ["tcp://a", "tcp://b", "tcp://c"]
 
@@ -74,8 +75,82 @@ def test_move(placement):
     (Split("tag-3->tag-4->print-5", ("tag-3",), worker="tcp://gone"), "not in the cluster"),
     (Move("tag-2", "tcp://gone"), "not in the cluster"),
     (Move("tag-2", "tcp://b"), "already runs on"),
-    (Replicate("tag-2", 1), "not a placement transform"),
+    (Replicate("numbers-1", 1), "SINGLETON"),
+    (Replicate("tag-2", 0), "copies must be >= 1"),
+    (Replicate("nope", 1), "unknown operator"),
+    (Replicate("tag-2", 1, routers=("tag-4",)), "do not feed"),
+    (Release("tag-2", 1), "has 0 copies"),
 ])
 def test_impossible_actions_are_refused_with_a_reason(placement, action, reason):
     with pytest.raises(ActionRefused, match=reason):
         transform(placement, action)
+
+
+# -- copies on standard slots ---------------------------------------------------------
+
+def test_compiler_lays_out_standard_slots_per_host(placement):
+    # one host ("" here), pescheduler.standard.slots-per-host = 2, spread over its workers
+    assert {s: (slot.worker, slot.copies) for s, slot in placement.slots.items()} == {
+        "slot-1": ("tcp://a", ()), "slot-2": ("tcp://b", ())}
+
+
+def test_replicate_puts_a_copy_on_a_slot_off_the_operators_worker(placement):
+    new = transform(placement, Replicate("tag-2", 1))
+    copy = new.pes["tag-2#1"]
+    assert (copy.operators, copy.worker, copy.copy_of) == (("tag-2#1",), "tcp://a", "tag-2")
+    assert new.slots["slot-1"].copies == ("tag-2#1",)
+    assert new.plan.ops["tag-2#1"].copy_of == "tag-2" and new.instances("tag-2") == ["tag-2", "tag-2#1"]
+    assert {e for e in new.plan.edges if "tag-2#1" in e} == {("numbers-1", "out", "tag-2#1"),
+                                                            ("tag-2#1", "out", "tag-3")}
+    assert new.routes["tag-2"].users == {"tag-2#1": ("numbers-1",)}
+    assert placement.copies_of("tag-2") == []                    # the old placement is untouched
+
+
+def test_candidate_lists_start_at_different_slots_per_operator(placement):
+    assert candidate_slots(placement, "tag-2") == ["slot-1", "slot-2"]
+    assert candidate_slots(placement, "tag-3") == ["slot-2", "slot-1"]
+
+
+def test_no_slot_left_is_refused_so_a_cold_start_can_be_tried(placement):
+    one = transform(placement, Replicate("tag-2", 1))
+    with pytest.raises(NoSlotLeft, match="needs 1 standard slot"):
+        transform(one, Replicate("tag-2", 1))      # slot-2 is on tag-2's own worker
+
+
+def test_release_restores_the_placement_and_frees_the_slot(placement):
+    back = transform(transform(placement, Replicate("tag-2", 1)), Release("tag-2", 1))
+    assert back.plan.edges == placement.plan.edges and set(back.plan.ops) == set(placement.plan.ops)
+    assert back.pes == placement.pes and back.slots == placement.slots and not back.routes
+
+
+def test_weights_shared_and_exclusive_copies_of_an_operator_with_two_routers(placement):
+    two = transform(placement, Replicate("tag-2", 1))            # tag-3 is now fed by tag-2 and tag-2#1
+    assert routers_of(two, "tag-3") == ["tag-2", "tag-2#1"]
+    new = transform(two, Replicate("tag-3", 1, routers=("tag-2",)))      # exclusive to tag-2
+    route = new.routes["tag-3"]
+    assert router_targets("tag-3", ["tag-3#1"], route, "tag-2", ["tag-2", "tag-2#1"]).weights == (1, 2)
+    assert router_targets("tag-3", ["tag-3#1"], route, "tag-2#1", ["tag-2", "tag-2#1"]).instances == ("tag-3",)
+
+
+def test_a_shared_copy_lives_until_its_last_router_releases_it(placement):
+    two = transform(placement, Replicate("tag-2", 1))
+    shared = transform(two, Replicate("tag-3", 1))
+    assert shared.routes["tag-3"].users["tag-3#1"] == ("tag-2", "tag-2#1")
+    one_left = transform(shared, Release("tag-3", routers=("tag-2",)))
+    assert one_left.copies_of("tag-3") == ["tag-3#1"]
+    assert one_left.routes["tag-3"].users["tag-3#1"] == ("tag-2#1",)
+    slot = next(s for s in one_left.slots.values() if "tag-3#1" in s.copies)   # parameters kept
+    gone = transform(one_left, Release("tag-3", routers=("tag-2#1",)))
+    assert gone.copies_of("tag-3") == [] and all("tag-3#1" not in s.copies for s in gone.slots.values())
+    assert slot.copies == ("tag-3#1",)
+
+
+def test_keyed_copies_split_the_key_groups_evenly():
+    app = Application("k")
+    app.source("numbers").key_by("key").apply("running_sum").sink("print")
+    pl = compile_app(app, load_plugins(["support_ops"]), WORKERS)
+    new = transform(pl, Replicate("running_sum-3", 1))
+    groups = new.routes["running_sum-3"].key_groups
+    assert len(groups["running_sum-3"]) == len(groups["running_sum-3#1"]) == KEY_GROUPS // 2
+    with pytest.raises(ActionRefused, match="KEYED"):
+        transform(pl, Replicate("running_sum-3", 1, routers=("key_by-2",)))

@@ -1,0 +1,149 @@
+"""Routing between an operator's instances: distribution lists, weights and key groups.
+
+When operator ``X`` has copies, every upstream instance feeding it (a
+*router*) splits its batches between ``X`` and the copies it uses:
+
+* STATELESS and MERGEABLE: weighted, a whole batch at a time (smooth
+  weighted round robin, so per-tuple cost is zero). A router sends weight 1
+  to the original, N to each copy it uses exclusively (N = the number of
+  routers feeding ``X``) and 1 to a copy it shares, as in Fujitsu's
+  standard-thread method: with one exclusive copy per router, original and
+  copies end up evenly loaded.
+* KEYED: the key space is :data:`KEY_GROUPS` groups; each instance owns some;
+  a tuple goes to the owner of ``key_group(key)``. Ownership changes only
+  through the reconfiguration protocol, which moves the groups' state.
+
+The routing data lives in the placement (:class:`Route`, pure and frozen);
+:func:`router_targets` derives one router's view of it; :class:`Router` is
+the small runtime object the chain calls.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+KEY_GROUPS = 128
+
+
+def key_group(key: Any, groups: int = KEY_GROUPS) -> int:
+    """The key group of ``key``: stable across processes (``hash`` of a str is not)."""
+    if type(key) is int:
+        return key % groups
+    if type(key) is str:
+        return zlib.crc32(key.encode()) % groups
+    return zlib.crc32(pickle.dumps(key, protocol=4)) % groups
+
+
+def key_function(key_field: str | Callable | None) -> Callable[[Any], Any]:
+    """How a tuple's key is read: a field name or a callable (as ``key_by`` gives it)."""
+    if key_field is None:
+        raise ValueError("a KEYED operator needs a key (a key_by before it, or key=) to be copied")
+    if callable(key_field):
+        return key_field
+    return lambda t, f=key_field: t[f]
+
+
+@dataclass(frozen=True)
+class Route:
+    """How the instances of one operator share its input (placement data).
+
+    ``users``: copy op id -> the routers (upstream instances) that send to it.
+    ``key_groups``: KEYED only, instance op id -> the groups it owns.
+    """
+
+    users: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    key_groups: Mapping[str, tuple[int, ...]] | None = None
+
+    def owners(self) -> list[str]:
+        """Group -> owning instance (KEYED)."""
+        owner = [""] * KEY_GROUPS
+        for inst, groups in (self.key_groups or {}).items():
+            for g in groups:
+                owner[g] = inst
+        return owner
+
+
+@dataclass(frozen=True)
+class RouterTargets:
+    """One router's distribution list for one consumer: instances and their weights."""
+
+    instances: tuple[str, ...]
+    weights: tuple[int, ...] = ()
+    owners: tuple[str, ...] = ()          # KEYED: group -> instance
+
+
+def router_targets(original: str, copies: list[str], route: Route, router: str,
+                   routers: list[str]) -> RouterTargets:
+    """What ``router`` sends to, out of ``original`` and its ``copies`` (pure)."""
+    if route.key_groups is not None:
+        owners = tuple(route.owners())
+        return RouterTargets(tuple([original] + copies), owners=owners)
+    n = len(routers)
+    used = [c for c in copies if router in route.users.get(c, ())]
+    weights = [1] + [n if route.users[c] == (router,) and n > 1 else 1 for c in used]
+    return RouterTargets(tuple([original] + used), tuple(weights))
+
+
+def even_key_groups(instances: list[str]) -> dict[str, tuple[int, ...]]:
+    """Contiguous, even ranges of key groups over ``instances`` (in order)."""
+    n = len(instances)
+    return {inst: tuple(g for g in range(KEY_GROUPS) if g * n // KEY_GROUPS == i)
+            for i, inst in enumerate(instances)}
+
+
+class Router:
+    """Splits one port's batches among the instances of one consumer (runtime, per PE).
+
+    ``targets[i]`` receives the part for instance ``i`` (a channel's ``send``
+    or a fused operator's push). Weighted routing sends whole batches (smooth
+    weighted round robin); keyed routing splits a batch by key group. Counts
+    per instance are kept for the monitor and the tests.
+    """
+
+    __slots__ = ("instances", "targets", "weights", "_current", "_total", "owner_index", "key",
+                 "tuples")
+
+    def __init__(self, spec: RouterTargets, targets: list[Callable[[list], None]],
+                 key_field: str | Callable | None = None) -> None:
+        self.instances = spec.instances
+        self.targets = targets
+        self.weights = list(spec.weights) or [1] * len(targets)
+        self._current = [0] * len(targets)
+        self._total = sum(self.weights)
+        self.tuples = [0] * len(targets)
+        self.owner_index: list[int] | None = None
+        self.key = None
+        if spec.owners:
+            index = {inst: i for i, inst in enumerate(spec.instances)}
+            self.owner_index = [index[o] for o in spec.owners]
+            self.key = key_function(key_field)
+
+    def send(self, batch: list) -> None:
+        if self.owner_index is None:
+            i = self._pick()
+            self.tuples[i] += len(batch)
+            self.targets[i](batch)
+            return
+        # Hot path for KEYED copies: one key read and one hash per tuple.
+        parts: list[list] = [[] for _ in self.targets]
+        owner, key, groups = self.owner_index, self.key, KEY_GROUPS
+        for t in batch:
+            parts[owner[key_group(key(t), groups)]].append(t)
+        for i, part in enumerate(parts):
+            if part:
+                self.tuples[i] += len(part)
+                self.targets[i](part)
+
+    def _pick(self) -> int:
+        """Smooth weighted round robin (nginx): even spacing, exact shares over a cycle."""
+        current, weights = self._current, self.weights
+        best = 0
+        for i, w in enumerate(weights):
+            current[i] += w
+            if current[i] > current[best]:
+                best = i
+        current[best] -= self._total
+        return best
