@@ -42,6 +42,7 @@ The model, per step (steady state; no transients, no randomness):
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import math
 import random
@@ -54,6 +55,7 @@ from .actions import (Action, ActionRefused, BorrowHosts, Fuse, Move, Release, R
 from .monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from .operator import Parallelism
 from .placement import PE, LogicalOp, LogicalPlan, Placement, Slot
+from .reconfigure import ApplyRecord
 from .resources import ResourceView
 from .transforms import TRANSFORMS, transform
 
@@ -527,6 +529,29 @@ class Simulation:
 
     def apply_all(self, actions) -> list[bool]:
         return [self.apply(a) for a in actions]
+
+    async def apply_record(self, action: Action) -> ApplyRecord:
+        """Apply ``action`` and answer as ``Deployment._apply`` does: the controller's ``apply``."""
+        applied = self.apply(action)
+        return ApplyRecord(action, applied, self.log[-1].reason)
+
+    def control(self, controller, steps: int, before=None) -> list[MetricsSnapshot]:
+        """``steps`` intervals of: ``before(sim, i)`` (change the load), step, controller tick.
+
+        ``controller`` is a :class:`~pescheduler.controller.Controller` whose
+        ``apply`` is :meth:`apply_record`; its decisions are in
+        ``controller.decisions``. Returns the snapshots.
+        """
+        async def run() -> list[MetricsSnapshot]:
+            seen = []
+            for i in range(steps):
+                if before is not None:
+                    before(self, i)
+                snap = self.step()
+                seen.append(snap)
+                await controller.tick(snap, self.placement)
+            return seen
+        return asyncio.run(run())
 
     @property
     def refusals(self) -> list[LogEntry]:

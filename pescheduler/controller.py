@@ -1,0 +1,282 @@
+"""The controller: every monitor interval, snapshot -> policies -> merge -> cooldown -> apply -> record.
+
+Shaped like distributed's ``AdaptiveCore``: the decision core is pure and
+tested with plain fakes (:func:`run_policies`, :func:`merge`,
+:class:`Cooldown`), and :meth:`Controller.tick` is the thin loop that feeds
+it a snapshot, applies what survives through an injected ``apply`` callable,
+and records every decision.
+
+Merging is deterministic. Actions are ordered by kind, most urgent first
+(:data:`PRIORITY`: relieve overload before saving resources; hosts are
+returned last, once this interval's fusions have emptied them), then by the
+order the policies were selected in, then by each policy's own order. Two
+actions conflict when they touch the same operator or host (:func:`touches`);
+the first in that order wins, the other is *overruled*. An applied or
+refused action starts a cooldown on everything it touched; an action
+touching anything still cooling is *suppressed*, so no target flip-flops
+faster than ``pescheduler.policies.cooldown``.
+
+A policy that raises, or returns anything but a list of actions, is
+*quarantined*: never called again in this deployment, with the reason
+logged; the other policies go on. Every decision (applied, refused,
+overruled, suppressed, quarantined) goes to the decision log (JSON lines,
+``pescheduler.policies.decision-log``) and to ``on_decision`` (the
+deployment's status events, so the live view shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Mapping
+
+from . import config
+from .actions import (Action, BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split)
+from .errors import InvalidApplication
+from .monitor import MetricsSnapshot
+from .placement import Placement
+from .resources import ResourceView
+
+logger = logging.getLogger(__name__)
+
+# Kinds in merge (and apply) order: relieve overload first, save resources last.
+PRIORITY = (Replicate, Split, Move, BorrowHosts, Release, Fuse, ReturnHost)
+
+Policy = Callable[..., Any]            # (snapshot, placement, resources, config) -> list[Action]
+
+
+class UnknownPolicyError(InvalidApplication):
+    """A selected policy is not installed (or failed to load); the message names what exists."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """An action as a policy proposed it: which policy, and where in its list."""
+
+    policy: str
+    rank: int              # the policy's position in the selection
+    index: int             # the action's position in the policy's answer
+    action: Action
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One thing the controller decided, with why (the action's reason) and what came of it."""
+
+    t: float                       # the snapshot's time
+    policy: str
+    outcome: str                   # applied | refused | overruled | suppressed | quarantined
+    action: Action | None = None
+    detail: str = ""               # refusal reason, who overruled, cooldown left, the error
+    pause_ms: float = 0.0
+    at: float = field(default_factory=time.time)
+
+    def as_dict(self) -> dict:
+        a = self.action
+        return {"at": round(self.at, 3), "t": round(self.t, 3), "policy": self.policy, "outcome": self.outcome,
+                "action": repr(a) if a is not None else None, "kind": type(a).__name__ if a else None,
+                "target": a.target if a is not None else None, "reason": a.reason if a else "",
+                "figures": dict(a.figures) if a else {}, "detail": self.detail,
+                "pause_ms": round(self.pause_ms, 3)}
+
+    def text(self) -> str:
+        """One line for the live view."""
+        if self.action is None:
+            return f"{self.policy} {self.outcome}: {self.detail}"
+        why = f" ({self.detail})" if self.detail and self.outcome != "applied" else ""
+        return f"{self.policy} {self.outcome} {self.action!r}{why}: {self.action.reason}"
+
+
+# -- the pure core --------------------------------------------------------------------------
+
+def run_policies(policies: Mapping[str, Policy], snapshot: MetricsSnapshot, placement: Placement,
+                 resources: ResourceView, configs: Mapping[str, Mapping]) -> tuple[list[Proposal], dict[str, str]]:
+    """Call each policy once, in order; returns the proposals and ``{policy: why quarantined}``."""
+    proposals: list[Proposal] = []
+    failed: dict[str, str] = {}
+    for rank, (name, decide) in enumerate(policies.items()):
+        try:
+            answer = decide(snapshot, placement, resources, configs.get(name, {}))
+        except Exception as exc:
+            failed[name] = "raised " + "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            continue
+        problem = _malformed(answer)
+        if problem:
+            failed[name] = problem
+            continue
+        proposals += [Proposal(name, rank, i, a) for i, a in enumerate(answer)]
+    return proposals, failed
+
+
+def _malformed(answer: Any) -> str:
+    """Why ``answer`` is not a list of actions ("" when it is)."""
+    if not isinstance(answer, (list, tuple)):
+        return f"returned {type(answer).__name__} {answer!r:.80}, not a list of actions"
+    for a in answer:
+        if not isinstance(a, Action) or type(a) not in PRIORITY:
+            return f"returned {a!r:.80} in its list, which is not an action ({', '.join(k.__name__ for k in PRIORITY)})"
+    return ""
+
+
+def touches(action: Action, placement: Placement) -> frozenset[str]:
+    """What ``action`` changes, as ``op:X`` / ``host:H`` / ``hosts`` keys (PE ids change on fuse/split)."""
+    if isinstance(action, Fuse):
+        return _pe_ops(placement, action.pe_a) | _pe_ops(placement, action.pe_b)
+    if isinstance(action, (Split, Move)):
+        return _pe_ops(placement, action.pe)
+    if isinstance(action, (Replicate, Release)):
+        return frozenset({f"op:{action.operator}"})
+    if isinstance(action, ReturnHost):
+        return frozenset({f"host:{action.host}"})
+    return frozenset({"hosts"})
+
+
+def _pe_ops(placement: Placement, pe_id: str) -> frozenset[str]:
+    pe = placement.pes.get(pe_id)
+    ops = pe.operators if pe is not None else pe_id.split("->")
+    return frozenset(f"op:{(placement.plan.ops[o].copy_of if o in placement.plan.ops else None) or o}"
+                     for o in ops)
+
+
+def merge(proposals: Iterable[Proposal], placement: Placement) -> tuple[list[Proposal], list[tuple[Proposal, Proposal]]]:
+    """The proposals that survive, in apply order, and ``(overruled, winner)`` pairs."""
+    ordered = sorted(proposals, key=lambda p: (PRIORITY.index(type(p.action)), p.rank, p.index))
+    claimed: dict[str, Proposal] = {}
+    kept, lost = [], []
+    for p in ordered:
+        keys = touches(p.action, placement)
+        winner = next((claimed[k] for k in sorted(keys) if k in claimed), None)
+        if winner is not None:
+            lost.append((p, winner))
+            continue
+        kept.append(p)
+        claimed.update(dict.fromkeys(keys, p))
+    return kept, lost
+
+
+class Cooldown:
+    """When each target was last acted on; an action touching a target still cooling waits."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.last: dict[str, float] = {}
+
+    def remaining(self, keys: Iterable[str], now: float) -> float:
+        return max((self.last[k] + self.seconds - now for k in keys if k in self.last), default=0.0)
+
+    def stamp(self, keys: Iterable[str], now: float) -> None:
+        for k in keys:
+            self.last[k] = now
+
+
+# -- selecting policies -----------------------------------------------------------------------
+
+def select_policies(plugins, names: Iterable[str]) -> dict[str, Policy]:
+    """The ``pescheduler_policy_decide`` hookimpls of the plug-ins called ``names``, in that order.
+
+    Only these are ever called (installed but unselected policies are not). An
+    unknown name raises with the names that exist, and the load error of a
+    policy that failed to import.
+    """
+    impls = {plugins.manager.get_name(i.plugin): i
+             for i in plugins.manager.hook.pescheduler_policy_decide.get_hookimpls()}
+    chosen: dict[str, Policy] = {}
+    for name in names:
+        if name not in impls:
+            failed = [f for f in plugins.failures if f.name == name]
+            why = (f": it failed to load ({failed[0].error.strip().splitlines()[-1]})" if failed else
+                   f". Installed policies: {', '.join(sorted(impls)) or '(none)'}; a policy is a plug-in "
+                   f"implementing pescheduler_policy_decide, named by its 'pescheduler' entry point")
+            raise UnknownPolicyError(f"unknown policy {name!r}{why}")
+        chosen[name] = _caller(impls[name])
+    return chosen
+
+
+def _caller(impl) -> Policy:
+    """Call a hookimpl as pluggy does: with the arguments it names (it may take fewer)."""
+    def call(snapshot, placement, resources, config):
+        given = {"snapshot": snapshot, "placement": placement, "resources": resources, "config": config}
+        return impl.function(**{a: given[a] for a in impl.argnames})
+    return call
+
+
+def policy_configs(names: Iterable[str]) -> dict[str, dict]:
+    """Each policy's settings (``pescheduler.policies.<name>``) plus its own ``history`` dict."""
+    return {n: {**(config.get(f"policies.{n}") or {}), "history": {}} for n in names}
+
+
+# -- the thin loop ------------------------------------------------------------------------------
+
+class Controller:
+    """Runs the selected policies on each snapshot and applies what survives merge and cooldown.
+
+    ``apply(action)`` is awaited for each action and returns an
+    ``ApplyRecord``-like object (``applied``, ``reason``, ``pause_ms``);
+    ``resources()`` gives the current :class:`ResourceView`.
+    """
+
+    def __init__(self, policies: Mapping[str, Policy], apply: Callable[[Action], Awaitable[Any]], *,
+                 configs: Mapping[str, Mapping] | None = None, cooldown_s: float = 5.0,
+                 resources: Callable[[], ResourceView] = ResourceView, log_path: str | None = None,
+                 on_decision: Callable[[Decision], None] = lambda d: None, deployment: str = "",
+                 keep: int = 1000) -> None:
+        self.policies = dict(policies)
+        self.apply = apply
+        self.configs = dict(configs) if configs is not None else policy_configs(self.policies)
+        self.cooldown = Cooldown(cooldown_s)
+        self.resources = resources
+        self.log_path = os.path.expanduser(log_path) if log_path else None
+        self.on_decision = on_decision
+        self.deployment = deployment
+        self.quarantined: dict[str, str] = {}
+        self.decisions: deque[Decision] = deque(maxlen=keep)
+        self.ticks = 0
+
+    async def tick(self, snapshot: MetricsSnapshot, placement: Placement) -> list[Decision]:
+        """One control round on ``snapshot``; returns this round's decisions."""
+        self.ticks += 1
+        active = {n: p for n, p in self.policies.items() if n not in self.quarantined}
+        proposals, failed = run_policies(active, snapshot, placement, self.resources(), self.configs)
+        made = [Decision(snapshot.time, name, "quarantined", detail=why) for name, why in failed.items()]
+        self.quarantined.update(failed)
+        kept, lost = merge(proposals, placement)
+        made += [Decision(snapshot.time, p.policy, "overruled", p.action,
+                          f"conflicts with {w.action!r} from {w.policy}") for p, w in lost]
+        for p in kept:
+            made.append(await self._attempt(p, snapshot.time, placement))
+        self._record(made)
+        return made
+
+    async def _attempt(self, p: Proposal, now: float, placement: Placement) -> Decision:
+        keys = touches(p.action, placement)
+        wait = self.cooldown.remaining(keys, now)
+        if wait > 0:
+            return Decision(now, p.policy, "suppressed", p.action, f"cooldown: {wait:.1f} s left")
+        self.cooldown.stamp(keys, now)        # refused ones cool too: no retry storm every interval
+        try:
+            record = await self.apply(p.action)
+        except Exception as exc:              # apply reports refusals; anything else is a refusal too
+            return Decision(now, p.policy, "refused", p.action, f"{type(exc).__name__}: {exc}")
+        if record.applied:
+            return Decision(now, p.policy, "applied", p.action, "", getattr(record, "pause_ms", 0.0))
+        return Decision(now, p.policy, "refused", p.action, record.reason)
+
+    def _record(self, made: list[Decision]) -> None:
+        for d in made:
+            self.decisions.append(d)
+            if d.outcome == "quarantined":
+                logger.warning("policy %s quarantined: %s", d.policy, d.detail)
+            try:
+                self.on_decision(d)
+            except Exception:                 # the view must never stop the controller
+                logger.exception("decision callback failed")
+        if self.log_path and made:
+            os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
+            with open(self.log_path, "a") as f:
+                for d in made:
+                    f.write(json.dumps({"deployment": self.deployment, **d.as_dict()}, default=repr) + "\n")

@@ -1,0 +1,117 @@
+"""Figures the built-in policies share: an operator's load over its instances, spare slots, settings.
+
+The monitor reports every operator *instance* (the original ``X`` and each copy
+``X#k``) on its own; policies reason about the operator, so these helpers sum
+over :meth:`Placement.instances`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from dask.utils import parse_timedelta
+
+from pescheduler.monitor import MetricsSnapshot
+from pescheduler.operator import Parallelism
+from pescheduler.placement import Placement
+
+
+@dataclass(frozen=True)
+class Load:
+    """One operator over the last interval, all its instances together."""
+
+    op: str
+    instances: int
+    tuples_in: float          # tuples/s into every instance
+    tuples_out: float
+    busy: float               # cores: busy fractions summed over instances
+    hottest: float            # the busiest instance's busy fraction
+
+
+class View:
+    """The placement indexed once per decision (the policies decide in milliseconds at 10,000 operators).
+
+    ``originals``: the operators the user wrote, in topological order;
+    ``instances[X]``: ``X`` and its copies; ``upstream[X]``: original
+    operators feeding ``X``; ``pe_of[op]``: the PE running any instance.
+    """
+
+    def __init__(self, snapshot: MetricsSnapshot, placement: Placement) -> None:
+        self.snapshot, self.placement = snapshot, placement
+        ops = placement.plan.ops
+        self.originals = [o for o, op in ops.items() if op.copy_of is None]
+        self.instances: dict[str, list[str]] = {o: [o] for o in self.originals}
+        for o, op in ops.items():
+            if op.copy_of is not None:
+                self.instances[op.copy_of].append(o)
+        self.upstream: dict[str, list[str]] = {o: [] for o in self.originals}
+        for s, _p, d in placement.plan.edges:
+            if ops[s].copy_of is None and ops[d].copy_of is None and s not in self.upstream[d]:
+                self.upstream[d].append(s)
+        self.pe_of = {op: p for p, pe in placement.pes.items() for op in pe.operators}
+
+    def load(self, op: str) -> Load | None:
+        """``op``'s load summed over its instances; None when the monitor has not seen it yet."""
+        metrics = self.snapshot.operators
+        seen = [metrics[i] for i in self.instances[op] if i in metrics]
+        if not seen:
+            return None
+        return Load(op, len(self.instances[op]), sum(m.tuples_in_per_s for m in seen),
+                    sum(m.tuples_out_per_s for m in seen), sum(m.busy for m in seen),
+                    max(m.busy for m in seen))
+
+    def replicable(self, op: str) -> bool:
+        """Copies could help: not a source (a copy would read the input twice), not SINGLETON."""
+        lop = self.placement.plan.ops[op]
+        return lop.copy_of is None and lop.parallelism is not Parallelism.SINGLETON and bool(self.upstream[op])
+
+    def worker(self, op: str) -> str:
+        return self.placement.pes[self.pe_of[op]].worker
+
+    def free_slots(self) -> list[str]:
+        """Workers of the standard slots holding no copy, in slot order."""
+        return [s.worker for s in self.placement.slots.values() if not s.copies]
+
+
+def hosts_for(slots_needed: int, placement: Placement) -> int:
+    """Hosts to borrow for ``slots_needed`` more slots (at least one)."""
+    hosts = {s.host for s in placement.slots.values()} or {""}
+    per_host = max(1, len(placement.slots) // len(hosts))
+    return max(1, math.ceil(slots_needed / per_host))
+
+
+def setting(config: Mapping[str, Any], key: str, default: Any) -> Any:
+    """``config[key]`` (dask.config spells keys with ``-`` or ``_``), else ``default``."""
+    for k in (key, key.replace("-", "_")):
+        if config.get(k) is not None:
+            return config[k]
+    return default
+
+
+def seconds(value: Any) -> float:
+    """A duration setting (``"10s"``, ``"500ms"``, a number of seconds) in seconds."""
+    return float(parse_timedelta(value, default="seconds"))
+
+
+def history(config: Mapping[str, Any], fallback: dict) -> dict:
+    """The policy's memory: ``config["history"]``, a dict the controller keeps per deployment.
+
+    Called without a controller (a test, a notebook), the module's ``fallback`` dict serves.
+    """
+    kept = config.get("history")
+    return kept if isinstance(kept, dict) else fallback
+
+
+def take_slots(free: list[str], n: int, avoid: str) -> int:
+    """Take up to ``n`` of the ``free`` slot workers that are not ``avoid`` (a copy on its
+    original's worker adds no core); ``free`` shrinks; returns how many were taken."""
+    got, i = 0, 0
+    while got < n and i < len(free):
+        if free[i] != avoid:
+            free.pop(i)
+            got += 1
+        else:
+            i += 1
+    return got

@@ -1,0 +1,85 @@
+"""``copy``: copies of a hot operator on standard slots while traffic concentrates on it (Fujitsu).
+
+In Fujitsu's standard-thread method the routers in front of parallel
+operators watch where traffic goes; when it concentrates on one operator
+(a hot spot: a busy key range, a burst on one branch) the router asks for
+copies of that operator on warm standard slots and sends part of its
+traffic there. Copies go again once the concentration has been gone for
+``release-after``, so a hot spot that moves leaves nothing behind.
+
+Here a router is an operator feeding others. Traffic concentrates on ``X``
+when an instance of ``X`` is busy ``hot`` of the time or more; the copies
+asked for bring the work per instance to ``target`` (one at least, at most
+``max-copies`` in all, no more than free slots). With several routers the
+copies are exclusive to the one sending the most (weight N at that router,
+as in the method), except for KEYED operators, whose copies every router
+shares. The concentration is gone when all of ``X``'s instances together are
+busy less than ``calm`` of one core.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pescheduler.actions import Action, Release, Replicate
+from pescheduler.operator import Parallelism
+from pescheduler.plugins import hookimpl
+
+from ._common import View, history, seconds, setting, take_slots
+
+_FALLBACK: dict = {}
+
+
+@hookimpl
+def pescheduler_policy_decide(snapshot, placement, resources, config):
+    """Copies for hot operators, released after a calm spell; see the module docstring."""
+    return decide(snapshot, placement, config, history(config, _FALLBACK))
+
+
+def decide(snapshot, placement, config, memory: dict) -> list[Action]:
+    hot = float(setting(config, "hot", 0.8))
+    calm = float(setting(config, "calm", 0.5))
+    target = float(setting(config, "target", 0.7))
+    release_after = seconds(setting(config, "release-after", "10s"))
+    max_copies = int(setting(config, "max-copies", 4))
+    calm_since: dict = memory.setdefault("calm_since", {})
+    actions: list[Action] = []
+    view = View(snapshot, placement)
+    spare = view.free_slots()
+    for op in view.originals:
+        now = view.load(op)
+        if now is None or not view.replicable(op):
+            continue
+        copies = now.instances - 1
+        figures = {"hottest_busy": round(now.hottest, 3), "busy_cores": round(now.busy, 3), "copies": copies}
+        if now.hottest >= hot:
+            calm_since.pop(op, None)
+            wanted = min(max(1, math.ceil(now.busy / target) - now.instances), max_copies - copies)
+            n = take_slots(spare, wanted, view.worker(op)) if wanted > 0 else 0
+            if n > 0:
+                router = _router(view, op)
+                actions.append(Replicate(op, n, routers=router, figures=figures, reason=(
+                    f"traffic concentrates on {op}: an instance is {now.hottest:.0%} busy "
+                    f"(≥ {hot:.0%}); {n} cop{'y' if n == 1 else 'ies'} on standard slots"
+                    + (f", exclusive to router {router[0]}" if router else ""))))
+        elif copies and now.busy < calm:
+            since = calm_since.setdefault(op, snapshot.time)
+            if snapshot.time - since >= release_after:
+                calm_since.pop(op)
+                actions.append(Release(op, copies, figures={**figures, "calm_s": snapshot.time - since},
+                                       reason=(f"the concentration on {op} has been gone for "
+                                               f"{snapshot.time - since:.0f} s (all instances {now.busy:.0%} "
+                                               f"of a core < {calm:.0%}): its {copies} cop"
+                                               f"{'y goes' if copies == 1 else 'ies go'}")))
+        else:
+            calm_since.pop(op, None)
+    return actions
+
+
+def _router(view: View, op: str) -> tuple[str, ...] | None:
+    """The router the copies are exclusive to: the busiest sender, when there are several."""
+    routers = view.upstream[op]
+    if len(routers) < 2 or view.placement.plan.ops[op].parallelism is Parallelism.KEYED:
+        return None
+    sent = {r: (view.load(r).tuples_out if view.load(r) else 0.0) for r in routers}
+    return (max(routers, key=lambda r: (sent[r], -routers.index(r))),)

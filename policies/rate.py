@@ -1,0 +1,119 @@
+"""``rate``: size every operator for the offered load in one step (the DS2 method).
+
+DS2 (Kalavri et al., OSDI 2018) measures each operator's *true* processing
+rate, tuples processed per second of busy time, which does not depend on
+backpressure or idling. One pass in topological order then pushes the
+sources' offered rate through the observed selectivities and gives every
+operator the number of instances that runs it at ``target-utilisation``:
+
+    instances(X) = ceil(target_in(X) / (true_rate(X) * target))
+
+Scaling is in one step, up or down, through Replicate/Release of copies on
+standard slots. No change while the projected utilisation at the current size
+stays inside ``target ± tolerance``, so small swings are never chased.
+
+A paced source that is backpressured emits less than it is offered; its
+offered rate is estimated as ``out / (1 - backpressure)`` (the rate it keeps
+while not blocked). A source that catches up after a block runs flat out, so
+the estimate is then its top speed: ``max-copies`` and the free slots bound
+what that can cost.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pescheduler.actions import Action, BorrowHosts, Release, Replicate
+from pescheduler.plugins import hookimpl
+
+from ._common import Load, View, hosts_for, setting, take_slots
+
+
+@hookimpl
+def pescheduler_policy_decide(snapshot, placement, resources, config):
+    """DS2 sizing of every operator; see the module docstring."""
+    return decide(snapshot, placement, resources, config)
+
+
+def decide(snapshot, placement, resources, config) -> list[Action]:
+    target = float(setting(config, "target-utilisation", 0.7))
+    tolerance = float(setting(config, "tolerance", 0.15))
+    max_copies = int(setting(config, "max-copies", 16))
+    min_busy = float(setting(config, "min-busy", 0.02))
+    if not snapshot.operators:
+        return []
+    view = View(snapshot, placement)
+    offered = target_rates(view)
+    actions: list[Action] = []
+    spare = view.free_slots()
+    short = 0
+    for op in view.originals:
+        now = view.load(op)
+        if op not in offered or now is None or not view.replicable(op):
+            continue
+        want = _instances(now, offered[op], target, min_busy)
+        want = min(want, max_copies + 1)
+        projected = _utilisation(now, offered[op], min_busy)
+        figures = {"offered_in_per_s": round(offered[op], 3), "true_rate_per_s": _true_rate(now, min_busy),
+                   "instances": now.instances, "wanted": want, "projected_utilisation": round(projected, 3),
+                   "target": target}
+        if abs(projected - target) <= tolerance or want == now.instances:
+            continue
+        if want > now.instances:
+            n = take_slots(spare, want - now.instances, view.worker(op))
+            short += want - now.instances - n
+            if n > 0:
+                actions.append(Replicate(op, n, figures=figures, reason=(
+                    f"{op} is offered {offered[op]:.0f} t/s and processes {figures['true_rate_per_s']:.0f} t/s "
+                    f"per busy second: {want} instances run it at {target:.0%} (it has {now.instances})")))
+        else:
+            actions.append(Release(op, now.instances - want, figures=figures, reason=(
+                f"{op} is offered {offered[op]:.0f} t/s: {want} instance(s) run it at or under "
+                f"{target:.0%} (it has {now.instances}, projected {projected:.0%} each)")))
+    if short and resources.lendable > 0 and not resources.pending_returns:
+        actions.append(BorrowHosts(min(resources.lendable, hosts_for(short, placement)),
+                                   figures={"slots_short": short},
+                                   reason=f"{short} more copies are needed than free standard slots"))
+    return actions
+
+
+def target_rates(view: View) -> dict[str, float]:
+    """Tuples/s each operator is offered: source rates pushed through observed selectivities."""
+    rate_in: dict[str, float] = {}
+    rate_out: dict[str, float] = {}
+    for op in view.originals:
+        now = view.load(op)
+        if now is None:
+            continue
+        ups = view.upstream[op]
+        if not ups:
+            pe = view.snapshot.pes.get(view.pe_of[op])
+            blocked = min(pe.backpressure, 0.95) if pe else 0.0
+            rate_in[op] = rate_out[op] = now.tuples_out / (1.0 - blocked)
+            continue
+        if any(u not in rate_out for u in ups):
+            continue
+        rate_in[op] = sum(rate_out[u] for u in ups)
+        selectivity = now.tuples_out / now.tuples_in if now.tuples_in > 0 else 1.0
+        rate_out[op] = rate_in[op] * selectivity
+    return rate_in
+
+
+def _true_rate(now: Load, min_busy: float) -> float:
+    """Tuples per busy second of one instance; 0 when too little was seen to measure."""
+    return round(now.tuples_in / now.busy, 3) if now.busy >= min_busy and now.tuples_in > 0 else 0.0
+
+
+def _instances(now: Load, offered: float, target: float, min_busy: float) -> int:
+    rate = _true_rate(now, min_busy)
+    if rate <= 0:
+        return 1             # (almost) idle: one instance is plenty
+    return max(1, math.ceil(offered / (rate * target) - 1e-9))
+
+
+def _utilisation(now: Load, offered: float, min_busy: float) -> float:
+    """Busy fraction per instance at the current size under the offered load."""
+    rate = _true_rate(now, min_busy)
+    if rate <= 0:
+        return now.busy / now.instances
+    return offered / (rate * now.instances)

@@ -1,0 +1,215 @@
+"""Built-in policies on hand-made snapshots: the expected actions, and reasons that explain them.
+
+Placements come from the simulator (real ``Placement`` objects); every figure
+in the snapshots is written here by hand.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from pescheduler.actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
+from pescheduler.monitor import MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
+from pescheduler.operator import Parallelism
+from pescheduler.policies import copy, rate, threshold
+from pescheduler.resources import ResourceView
+from pescheduler.sim import SimOperator, Simulation
+
+NONE = ResourceView()
+
+
+def same(got, expected) -> bool:
+    """Actions equal in what they do (``reason`` differs by design: it carries the figures)."""
+    return repr(got) == repr(expected)
+
+
+def chain(**kw) -> Simulation:
+    """op0 (source) -> op1 -> op2 -> op3 -> op4, one PE each on h0/w0..w2, h1/w0..w1; slots on w3."""
+    return Simulation.chain(5, **kw)
+
+
+def snapshot(placement, ops: dict, pes: dict | None = None, workers: dict | None = None, t: float = 1.0):
+    """``ops``: op -> (in/s, out/s, busy); ``pes``: pe -> dict of PEMetrics fields (busy defaults
+    to the sum of its operators'); ``workers``: worker -> cpu (memory in a tuple)."""
+    om = {op: OperatorMetrics(op, placement.pe_of(op), i, o, b) for op, (i, o, b) in ops.items()}
+    pm = {}
+    for pe_id, pe in placement.pes.items():
+        given = dict((pes or {}).get(pe_id, {}))
+        given.setdefault("busy", sum(om[o].busy for o in pe.operators if o in om))
+        pm[pe_id] = PEMetrics(pe_id, pe.operators, pe.worker, pe.host, **given)
+    wm = {}
+    for w in placement.workers:
+        cpu = (workers or {}).get(w, sum(m.busy for m in pm.values() if m.worker == w))
+        cpu, mem = cpu if isinstance(cpu, tuple) else (cpu, 200_000_000)
+        wm[w] = WorkerMetrics(w, placement.hosts[w], cpu, mem)
+    return MetricsSnapshot(t, 1.0, MappingProxyType(om), MappingProxyType(pm), MappingProxyType(wm))
+
+
+def steady(placement, rate_in: float, busy: dict) -> dict:
+    return {op: (rate_in, rate_in, busy.get(op, 0.1)) for op in placement.plan.ops}
+
+
+# -- rate (DS2) ------------------------------------------------------------------------------
+
+def test_rate_sizes_the_bottleneck_for_the_offered_rate_in_one_step():
+    pl = chain().placement
+    # source paced at 4000/s, blocked 37.5% of the time: it emits 2500/s; op2 is saturated
+    ops = steady(pl, 2500, {"op0": 0.025, "op2": 1.0, "op1": 0.25, "op3": 0.25, "op4": 0.25})
+    snap = snapshot(pl, ops, {"op0": {"backpressure": 0.375}, "op1": {"backpressure": 0.75}})
+    [action] = rate.decide(snap, pl, NONE, {})
+    assert same(action, Replicate("op2", 2))
+    assert action.figures["offered_in_per_s"] == pytest.approx(4000)
+    assert action.figures["true_rate_per_s"] == pytest.approx(2500)
+    assert "offered 4000 t/s" in action.reason and "3 instances" in action.reason
+
+
+def test_rate_propagates_selectivity_and_leaves_light_operators_alone():
+    pl = chain().placement
+    ops = {"op0": (0, 1000, 0.01), "op1": (1000, 3000, 0.05),       # op1 emits 3 per input
+           "op2": (3000, 3000, 0.6), "op3": (3000, 3000, 0.1), "op4": (3000, 3000, 0.1)}
+    # op2 is 60% busy at 3000/s: inside 0.7 ± 0.15, no change; at 1.5x the source rate it is not
+    assert rate.decide(snapshot(pl, ops), pl, NONE, {}) == []
+    ops["op0"] = (0, 1000, 0.01)
+    snap = snapshot(pl, ops, {"op0": {"backpressure": 1 / 3}})       # offered 1500/s
+    [action] = rate.decide(snap, pl, NONE, {})
+    assert same(action, Replicate("op2", 1)) and action.figures["offered_in_per_s"] == pytest.approx(4500)
+
+
+def test_rate_releases_copies_in_one_step_when_the_load_falls():
+    sim = chain()
+    assert sim.apply(Replicate("op2", 2))
+    pl = sim.placement
+    ops = steady(pl, 1000, {"op2": 0.1 / 3})
+    for c in ("op2", "op2#1", "op2#2"):
+        ops[c] = (1000 / 3, 1000 / 3, 0.1 / 3)                       # 10,000 t/s per busy second
+    [action] = rate.decide(snapshot(pl, ops), pl, NONE, {})
+    assert same(action, Release("op2", 2))
+    assert "1 instance(s)" in action.reason and action.figures["instances"] == 3
+
+
+def test_rate_never_copies_sources_or_singletons_and_borrows_when_slots_run_out():
+    graph = {"src": SimOperator(1e-5), "one": SimOperator(1e-4, parallelism=Parallelism.SINGLETON),
+             "heavy": SimOperator(1e-3)}
+    sim = Simulation(graph, [("src", "one"), ("one", "heavy")], hosts=1, cores_per_host=4)
+    pl = sim.placement                                                # one slot only
+    ops = {"src": (0, 1000, 1.0), "one": (1000, 1000, 1.0), "heavy": (1000, 1000, 1.0)}
+    snap = snapshot(pl, ops, {"src": {"backpressure": 0.5}})
+    assert same(rate.decide(snap, pl, NONE, {}), [Replicate("heavy", 1)])   # wants 2 copies, 1 slot
+    actions = rate.decide(snap, pl, ResourceView(held=("h0",), lendable=3), {})
+    assert same(actions[-1], BorrowHosts(1)) and "free standard slots" in actions[-1].reason
+
+
+def test_rate_settings_come_from_the_config():
+    pl = chain().placement
+    ops = steady(pl, 1000, {"op2": 0.5})
+    assert rate.decide(snapshot(pl, ops), pl, NONE, {}) == []
+    [action] = rate.decide(snapshot(pl, ops), pl, NONE, {"target-utilisation": 0.3, "tolerance": 0.05})
+    assert same(action, Replicate("op2", 1)) and action.figures["target"] == 0.3
+
+
+# -- copy (Fujitsu) ---------------------------------------------------------------------------
+
+def test_copy_asks_for_copies_where_traffic_concentrates():
+    pl = chain().placement
+    ops = steady(pl, 2500, {"op2": 1.0})
+    [action] = copy.decide(snapshot(pl, ops), pl, {}, {})
+    assert same(action, Replicate("op2", 1)) and action.routers is None
+    assert "concentrates on op2" in action.reason and action.figures["hottest_busy"] == 1.0
+
+
+def test_copy_copies_are_exclusive_to_the_busiest_router_unless_keyed():
+    graph = {"a": SimOperator(), "b": SimOperator(), "hot": SimOperator(), "k": SimOperator(
+        parallelism=Parallelism.KEYED, key_skew=0.2)}
+    edges = [("a", "hot"), ("b", "hot"), ("a", "k"), ("b", "k")]
+    pl = Simulation(graph, edges, hosts=2).placement
+    ops = {"a": (0, 300, 0.1), "b": (0, 900, 0.1), "hot": (1200, 1200, 0.9), "k": (1200, 1200, 0.95)}
+    actions = copy.decide(snapshot(pl, ops), pl, {}, {})
+    assert same(actions, [Replicate("hot", 1, routers=("b",)), Replicate("k", 1)])
+    assert actions[1].routers is None and "exclusive to router b" in actions[0].reason
+
+
+def test_copy_releases_only_after_the_concentration_is_gone_long_enough():
+    sim = chain()
+    assert sim.apply(Replicate("op2", 1))
+    pl = sim.placement
+    memory: dict = {}
+    conf = {"release-after": "10s"}
+    calm = steady(pl, 500, {"op2": 0.2, "op2#1": 0.2})                # 0.4 of a core in all: calm
+    warm = steady(pl, 1000, {"op2": 0.35, "op2#1": 0.35})             # 0.7: neither hot nor calm
+    assert copy.decide(snapshot(pl, calm, t=100.0), pl, conf, memory) == []
+    assert copy.decide(snapshot(pl, calm, t=105.0), pl, conf, memory) == []
+    assert copy.decide(snapshot(pl, warm, t=108.0), pl, conf, memory) == []    # the clock restarts
+    assert copy.decide(snapshot(pl, calm, t=109.0), pl, conf, memory) == []
+    assert copy.decide(snapshot(pl, calm, t=118.0), pl, conf, memory) == []
+    [action] = copy.decide(snapshot(pl, calm, t=119.0), pl, conf, memory)
+    assert same(action, Release("op2", 1)) and "gone for 10 s" in action.reason
+
+
+# -- threshold (IBM) ----------------------------------------------------------------------------
+
+def test_threshold_splits_a_hot_pe_where_its_load_halves_onto_the_least_loaded_worker():
+    sim = chain()
+    assert sim.apply(Fuse("op1", "op2")) and sim.apply(Fuse("op1->op2", "op3"))
+    pl = sim.placement                              # op0 | op1->op2->op3 (h0/w1) | op4 (h1/w1)
+    ops = steady(pl, 1000, {"op0": 0.3, "op1": 0.2, "op2": 0.5, "op3": 0.25, "op4": 0.3})
+    snap = snapshot(pl, ops, workers={"sim://h0/w2": 0.2, "sim://h1/w0": 0.05})
+    actions = threshold.decide(snap, pl, NONE, {"lower": 0.35})
+    # the least loaded worker under lower, workers without a standard slot first (h1/w2 is empty)
+    assert same(actions[0], Split("op1->op2->op3", ("op2", "op3"), "sim://h1/w2"))
+    assert "95% busy" in actions[0].reason and actions[0].figures["busy"] == pytest.approx(0.95)
+
+
+def test_threshold_copies_a_hot_single_operator_pe_and_borrows_when_no_room():
+    pl = chain().placement
+    ops = steady(pl, 1000, {"op2": 0.9, "op0": 0.6, "op1": 0.6, "op3": 0.6, "op4": 0.6})
+    assert same(threshold.decide(snapshot(pl, ops), pl, NONE, {}), [Replicate("op2", 1)])
+    sim = chain(slots_per_host=0)
+    pl = sim.placement
+    assert threshold.decide(snapshot(pl, ops), pl, NONE, {}) == []          # nothing to lend
+    [borrow] = threshold.decide(snapshot(pl, ops), pl, ResourceView(lendable=2), {})
+    assert same(borrow, BorrowHosts(1)) and "no worker or slot has room" in borrow.reason
+
+
+def test_threshold_fuses_neighbours_first_then_other_cold_pairs():
+    pl = chain().placement
+    ops = steady(pl, 100, {"op0": 0.1, "op1": 0.3, "op2": 0.45, "op3": 0.2, "op4": 0.05})
+    actions = threshold.decide(snapshot(pl, ops), pl, NONE, {})
+    # neighbours in channel order: op0+op1 (0.4), op1 taken so not op1+op2, op2+op3 (0.65), op4 alone
+    assert same(actions, [Fuse("op0", "op1"), Fuse("op2", "op3")])
+    assert actions[0].reason.startswith("neighbours op0 (10%) and op1 (30%)")
+    ops = steady(pl, 100, {"op0": 0.1, "op1": 0.65, "op2": 0.45, "op3": 0.6, "op4": 0.05})
+    [fuse] = threshold.decide(snapshot(pl, ops), pl, NONE, {})
+    assert same(fuse, Fuse("op4", "op0")) and fuse.reason.startswith("under-loaded")
+
+
+def test_threshold_does_not_fuse_backpressured_or_too_heavy_pairs():
+    pl = chain().placement
+    ops = steady(pl, 100, {"op0": 0.1, "op1": 0.3, "op2": 0.45, "op3": 0.3, "op4": 0.45})
+    snap = snapshot(pl, ops, {"op0": {"backpressure": 0.5}, "op1": {"backpressure": 0.5}})
+    # op2+op3 and op3+op4 reach upper - headroom (0.7); op0 and op1 are held back by backpressure
+    assert threshold.decide(snap, pl, NONE, {}) == []
+
+
+def test_threshold_returns_a_borrowed_host_its_fusions_empty():
+    sim = chain(hosts=1, host_pool=1)
+    assert sim.apply(BorrowHosts(1))
+    assert sim.apply(Move("op3", "sim://h1/w0"))
+    pl = sim.placement                                  # op3 alone on borrowed h1
+    ops = steady(pl, 100, {"op0": 0.6, "op1": 0.6, "op2": 0.3, "op3": 0.2, "op4": 0.6})
+    res = sim.resources()
+    assert res.borrowed == ("h1",)
+    actions = threshold.decide(snapshot(pl, ops), pl, res, {})
+    assert same(actions, [Fuse("op2", "op3"), ReturnHost("h1")])         # op3 leaves h1, then h1 goes
+    assert "runs nothing once fused" in actions[1].reason
+    # oriented the other way round, the fusion keeps the PE that is not on the borrowed host
+    ops = steady(pl, 100, {"op0": 0.6, "op1": 0.6, "op2": 0.6, "op3": 0.2, "op4": 0.3})
+    assert same(threshold.decide(snapshot(pl, ops), pl, res, {}), [Fuse("op4", "op3"), ReturnHost("h1")])
+
+
+def test_policies_answer_nothing_before_the_first_window():
+    pl = chain().placement
+    empty = MetricsSnapshot(0.0, 0.0)
+    assert rate.decide(empty, pl, NONE, {}) == [] and copy.decide(empty, pl, {}, {}) == []
+    assert threshold.decide(empty, pl, NONE, {}) == []
