@@ -1,0 +1,52 @@
+"""What runs inside a Spark executor while a host is lent: a Dask worker, until it closes.
+
+This module is imported on executors (the lease task refers to :func:`lease`
+by module and name), so it imports nothing heavy at module level and nothing
+from the driver side. :func:`lease` never raises: a failed task would be
+retried by Spark, which would start a second worker for the same host.
+"""
+
+from __future__ import annotations
+
+
+def lease(args: tuple) -> str:
+    """Run a Dask worker named ``host_id`` against ``scheduler`` until it is retired.
+
+    Returns a one-line outcome (``closed ...`` or ``failed ...``), never raises.
+    """
+    scheduler, host_id = args[0], args[1]
+    try:
+        import asyncio
+
+        return asyncio.run(_serve(scheduler, host_id))
+    except BaseException as exc:          # noqa: BLE001 - see the module docstring
+        return f"failed {host_id}: {type(exc).__name__}: {exc}"
+
+
+async def _serve(scheduler: str, host_id: str) -> str:
+    from distributed import Worker
+
+    worker = await Worker(scheduler, nthreads=1, name=host_id, dashboard=False, host="127.0.0.1")
+    await worker.finished()
+    return f"closed {host_id}"
+
+
+def executor_of_this_process() -> dict:
+    """The Spark executor this process runs under: ``{"executor_id", "executor_pid", "pid"}``.
+
+    Found by walking up the process tree to the executor JVM
+    (``CoarseGrainedExecutorBackend --executor-id N``); empty fields outside Spark.
+    """
+    import os
+
+    import psutil
+
+    for parent in psutil.Process().parents():
+        try:
+            cmd = parent.cmdline()
+        except psutil.Error:
+            continue
+        if "--executor-id" in cmd:
+            return {"executor_id": cmd[cmd.index("--executor-id") + 1], "executor_pid": parent.pid,
+                    "pid": os.getpid()}
+    return {"executor_id": "", "executor_pid": 0, "pid": os.getpid()}
