@@ -1,0 +1,98 @@
+"""The two ends of a ``pescheduler.ep`` query as operators: schema check in, output processors out.
+
+``ep_schema`` checks each event against its stream's schema and dead-letters
+the ones that do not fit, with the error naming the field and the type it
+expects (in-process, ``EventProcessor.push_event`` raises that same error to
+the caller instead). ``ep_output`` hands each result to the query's output
+processors. Both run the same way embedded in a
+:class:`pescheduler.chain.Chain` and in a deployed application.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pescheduler.operator import Emitter, Operator, Parallelism, Sink, Source
+
+
+class SchemaCheck(Operator):
+    """Pass events that fit ``schema`` (a :class:`pescheduler.ep.Schema`); dead-letter the rest."""
+
+    name = "ep_schema"
+    parallelism = Parallelism.STATELESS
+
+    def __init__(self, schema: Any) -> None:
+        self.schema = schema
+
+    def process(self, batch: list, emit: Emitter) -> None:
+        check = self.schema.check_event
+        for event in batch:
+            try:
+                check(event)
+            except ValueError as exc:
+                emit.dead_letter(event, exc)
+            else:
+                emit(event)
+
+
+class OutputProcessors(Sink):
+    """Call the output processors of each result's query.
+
+    ``processors``: ``{query_id: [fn, ...]}``. With ``tagged`` the input is
+    ``(query_id, row)`` pairs (a window shared by several queries); without,
+    every row belongs to the one query in ``processors``. The dict may be the
+    caller's live one, so processors added later are called from then on.
+    """
+
+    name = "ep_output"
+
+    def __init__(self, processors: dict[Any, list[Callable]], tagged: bool = False) -> None:
+        if not tagged and len(processors) != 1:
+            raise ValueError(f"ep_output: untagged results belong to one query, got {list(processors)}")
+        self.processors = processors
+        self.tagged = tagged
+
+    def process(self, batch: list, emit: Emitter) -> None:
+        # A processor that raises loses only its own call: the row is dead-lettered
+        # with the error, and the other processors and queries still get theirs.
+        if self.tagged:
+            for query_id, row in batch:
+                self._call(query_id, self.processors.get(query_id, ()), row, emit)
+            return
+        ((query_id, fns),) = self.processors.items()
+        for row in batch:
+            self._call(query_id, fns, row, emit)
+
+    @staticmethod
+    def _call(query_id: Any, fns: list, row: Any, emit: Emitter) -> None:
+        for fn in list(fns):
+            try:
+                fn(row)
+            except Exception as exc:
+                emit.dead_letter({"query": query_id, "row": row}, exc)
+
+
+class PushedSource(Source):
+    """A source fed by calls (``offer``) rather than by reading: an ep stream in-process.
+
+    Not registered: a deployed application reads a real source instead.
+    """
+
+    name = "ep_pushed"
+
+    def __init__(self, max_delay: Any = 0) -> None:
+        super().__init__(max_delay=max_delay)
+        self._buffer: list = []
+        self._ended = False
+
+    def offer(self, events: list) -> None:
+        self._buffer.extend(events)
+
+    def end(self) -> None:
+        self._ended = True
+
+    def read(self, n: int) -> list | None:
+        if not self._buffer:
+            return None if self._ended else []
+        batch, self._buffer = self._buffer[:n], self._buffer[n:]
+        return batch
