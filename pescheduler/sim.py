@@ -54,10 +54,10 @@ from .actions import (Action, ActionRefused, BorrowHosts, Fuse, Move, Release, R
                       ReturnHost, Split)
 from .monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from .operator import Parallelism
-from .placement import PE, LogicalOp, LogicalPlan, Placement, Slot
+from .placement import PE, LogicalOp, LogicalPlan, Placement
 from .reconfigure import ApplyRecord
 from .resources import ResourceView
-from .transforms import TRANSFORMS, transform
+from .transforms import transform, with_slots
 
 __all__ = ["SimOperator", "Simulation", "LogEntry"]
 
@@ -185,16 +185,16 @@ class Simulation:
             self._host_names = [f"h{h}" for h in range(n_hosts)]
             workers = [f"sim://h{h}/w{c}" for h in range(n_hosts) for c in range(cores_per_host)]
             host_of = {w: w.split("/")[2] for w in workers}
-            slots = self._new_slots(self._host_names)
+            bare = Placement(self.plan, MappingProxyType({}), tuple(workers), MappingProxyType(host_of))
+            slotted = with_slots(bare, slots_per_host)          # the runtime's slot layout
             # PEs go to workers without a standard slot first, so copies find a spare core
-            on_slot = {s.worker for s in slots.values()}
+            on_slot = {s.worker for s in slotted.slots.values()}
             spread = [w for w in workers if w not in on_slot] + [w for w in workers if w in on_slot]
             pes = {}
             for i, op in enumerate(order):
                 w = spread[i % len(spread)]
                 pes[op] = PE((op,), w, host_of[w])
-            placement = Placement(self.plan, MappingProxyType(pes), tuple(workers), MappingProxyType(host_of),
-                                  MappingProxyType(slots))
+            placement = slotted.with_pes(pes)
         else:
             if {op for op, lop in placement.plan.ops.items() if lop.copy_of is None} != set(order):
                 raise ValueError("placement and graph name different operators")
@@ -277,12 +277,6 @@ class Simulation:
         lendable = 1_000_000 if self.host_pool is None else self.host_pool
         return ResourceView(held=held, borrowed=tuple(h for h in held if h in self._borrowed),
                             lendable=lendable, manager="sim")
-
-    def _new_slots(self, hosts) -> dict[str, Slot]:
-        """``slots_per_host`` standard slots per host, on its last workers (``h3/slot0``...)."""
-        c = self.cores_per_host
-        return {f"{h}/slot{j}": Slot(f"sim://{h}/w{c - 1 - j % c}", h)
-                for h in hosts for j in range(self.slots_per_host)}
 
     # ----------------------------------------------------------------- placement index
 
@@ -419,21 +413,18 @@ class Simulation:
         # per PE: busy (CPU), first/last operator rates, blocked
         pe_busy = [0.0] * n_pe
         pe_blocked = [False] * n_pe
-        op_busy = [0.0] * len(ops)
         inst_in: dict[tuple[int, int], float] = {}
         for i, ks in enumerate(inst):
             if len(ks) == 1:
                 k = ks[0]
                 b = cost[i] * rin[i]
                 pe_busy[k] += b
-                op_busy[i] = b
                 if blocked[i]:
                     pe_blocked[k] = True
             else:
                 for k, wt in zip(ks, weights[i]):
                     b = cost[i] * rin[i] * wt
                     pe_busy[k] += b
-                    op_busy[i] += b
                     inst_in[(k, i)] = wt
                     if blocked[i]:
                         pe_blocked[k] = True
@@ -508,13 +499,10 @@ class Simulation:
     def apply(self, action: Action) -> bool:
         """Apply one action; False (with the reason in :attr:`log`) when refused."""
         try:
-            if isinstance(action, (Fuse, Split, Move)):
+            if isinstance(action, (Fuse, Split, Move, Replicate, Release)):
+                # the runtime's own transforms: the simulator and the runtime share one model
                 self._set_placement(transform(self.placement, action))
                 reason = action.reason
-            elif isinstance(action, Replicate):
-                reason = self._replicate(action)
-            elif isinstance(action, Release):
-                reason = self._release(action)
             elif isinstance(action, BorrowHosts):
                 reason = self._borrow(action)
             elif isinstance(action, ReturnHost):
@@ -557,27 +545,6 @@ class Simulation:
     def refusals(self) -> list[LogEntry]:
         return [e for e in self.log if not e.applied]
 
-    def _op(self, op_id: str) -> int:
-        if op_id not in self._idx:
-            raise ActionRefused(f"unknown operator {op_id!r}")
-        return self._idx[op_id]
-
-    def _replicate(self, action: Replicate) -> str:
-        self._op(action.operator)
-        if Replicate in TRANSFORMS:                      # the runtime's own transform, when it has one
-            self._set_placement(transform(self.placement, action))
-        else:
-            self._set_placement(replicate(self.placement, action))
-        return action.reason
-
-    def _release(self, action: Release) -> str:
-        self._op(action.operator)
-        if Release in TRANSFORMS:
-            self._set_placement(transform(self.placement, action))
-        else:
-            self._set_placement(release(self.placement, action))
-        return action.reason
-
     def _borrow(self, action: BorrowHosts) -> str:
         if action.n < 1:
             raise ActionRefused(f"n must be >= 1 (got {action.n})")
@@ -588,20 +555,17 @@ class Simulation:
             self.host_pool -= grant
         workers = list(self.placement.workers)
         hosts = dict(self.placement.hosts)
-        fresh = []
         for _ in range(grant):
             h = f"h{self._next_host}"
             self._next_host += 1
             self._host_names.append(h)
             self._borrowed.add(h)
-            fresh.append(h)
             for c in range(self.cores_per_host):
                 w = f"sim://{h}/w{c}"
                 workers.append(w)
                 hosts[w] = h
-        slots = {**self.placement.slots, **self._new_slots(fresh)}
-        self._set_placement(replace(self.placement, workers=tuple(workers), hosts=MappingProxyType(hosts),
-                                    slots=MappingProxyType(slots)))
+        grown = replace(self.placement, workers=tuple(workers), hosts=MappingProxyType(hosts))
+        self._set_placement(with_slots(grown, self.slots_per_host))
         return action.reason or f"granted {grant} of {action.n}"
 
     def _return(self, action: ReturnHost) -> str:
@@ -612,78 +576,16 @@ class Simulation:
                 or self.placement.hosts.get(pe.worker) == h]
         if busy:
             raise ActionRefused(f"host {h!r} still runs {len(busy)} PE(s), e.g. {busy[0]!r}; move them first")
+        copies = [c for s in self.placement.slots.values() if s.host == h for c in s.copies]
+        if copies:
+            raise ActionRefused(f"host {h!r} still runs copies {copies}; release them first")
         workers = tuple(w for w in self.placement.workers if self.placement.hosts.get(w) != h)
         hosts = {w: hh for w, hh in self.placement.hosts.items() if hh != h}
-        slots = {k: v for k, v in self.placement.slots.items() if v.host != h}
         self._host_names.remove(h)
         self._borrowed.discard(h)
         if self.host_pool is not None:
             self.host_pool += 1
-        self._set_placement(replace(self.placement, workers=workers, hosts=MappingProxyType(hosts),
-                                    slots=MappingProxyType(slots)))
+        self._set_placement(with_slots(replace(self.placement, workers=workers, hosts=MappingProxyType(hosts)),
+                                       self.slots_per_host))
         return action.reason
 
-
-# -- Replicate / Release as placement transforms (the runtime's own take over when it has them) --
-
-def replicate(placement: Placement, action: Replicate) -> Placement:
-    """``copies`` new copy operators ``X#k`` (same edges as ``X``), each in its own PE on a free slot."""
-    plan = placement.plan
-    op = plan.ops.get(action.operator)
-    if op is None or op.copy_of is not None:
-        raise ActionRefused(f"unknown operator {action.operator!r}" if op is None
-                            else f"{action.operator!r} is a copy; replicate {op.copy_of!r}")
-    if op.parallelism is Parallelism.SINGLETON:
-        raise ActionRefused(f"{action.operator!r} is SINGLETON: it is never copied")
-    if action.copies < 1:
-        raise ActionRefused(f"copies must be >= 1 (got {action.copies})")
-    free = [sid for sid, slot in placement.slots.items() if not slot.copies]
-    if len(free) < action.copies:
-        raise ActionRefused(f"{action.copies} copies need {action.copies} free standard slots; "
-                            f"{len(free)} free")
-    taken = set(plan.ops)
-    ops, pes, slots = dict(plan.ops), dict(placement.pes), dict(placement.slots)
-    edges = list(plan.edges)
-    n = 1
-    for sid in free[:action.copies]:
-        while f"{action.operator}#{n}" in taken:
-            n += 1
-        name = f"{action.operator}#{n}"
-        taken.add(name)
-        ops[name] = replace(op, op_id=name, copy_of=action.operator)
-        edges += [(s, p, name) for s, p, d in plan.edges if d == action.operator]
-        edges += [(name, p, d) for s, p, d in plan.edges if s == action.operator]
-        slot = slots[sid]
-        pes[name] = PE((name,), slot.worker, slot.host, copy_of=action.operator)
-        slots[sid] = replace(slot, copies=slot.copies + (name,))
-    return _rebuilt(placement, ops, edges, pes, slots)
-
-
-def release(placement: Placement, action: Release) -> Placement:
-    """The newest ``copies`` copies of ``X`` go: their operators, edges and PEs; their slots are free again."""
-    have = placement.copies_of(action.operator)
-    if action.copies < 1:
-        raise ActionRefused(f"copies must be >= 1 (got {action.copies})")
-    if action.copies > len(have):
-        raise ActionRefused(f"{action.operator!r} has {len(have)} copies, cannot release {action.copies}")
-    gone = set(have[-action.copies:])
-    plan = placement.plan
-    ops = {k: v for k, v in plan.ops.items() if k not in gone}
-    edges = [e for e in plan.edges if e[0] not in gone and e[2] not in gone]
-    pes = {k: v for k, v in placement.pes.items() if not gone & set(v.operators)}
-    slots = {k: replace(v, copies=tuple(c for c in v.copies if c not in gone))
-             for k, v in placement.slots.items()}
-    return _rebuilt(placement, ops, edges, pes, slots)
-
-
-def _rebuilt(placement: Placement, ops, edges, pes, slots) -> Placement:
-    """The placement with a new physical plan: copies listed right after their original."""
-    pos = {o: i for i, o in enumerate(placement.plan.ops)}
-
-    def key(o: str) -> tuple:
-        of = ops[o].copy_of
-        return (pos[of], int(o.rsplit("#", 1)[1])) if of else (pos[o], 0)
-
-    order = sorted(ops, key=key)
-    plan = LogicalPlan(placement.plan.app_name, MappingProxyType({o: ops[o] for o in order}), tuple(edges))
-    return replace(placement, plan=plan, pes=MappingProxyType(pes), slots=MappingProxyType(slots))

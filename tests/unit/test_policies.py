@@ -152,12 +152,13 @@ def test_copy_releases_only_after_the_concentration_is_gone_long_enough():
 def test_threshold_splits_a_hot_pe_where_its_load_halves_onto_the_least_loaded_worker():
     sim = chain()
     assert sim.apply(Fuse("op1", "op2")) and sim.apply(Fuse("op1->op2", "op3"))
-    pl = sim.placement                              # op0 | op1->op2->op3 (h0/w1) | op4 (h1/w1)
+    pl = sim.placement                              # op0 | op1->op2->op3 (h0/w2) | op4 (h1/w2)
     ops = steady(pl, 1000, {"op0": 0.3, "op1": 0.2, "op2": 0.5, "op3": 0.25, "op4": 0.3})
-    snap = snapshot(pl, ops, workers={"sim://h0/w2": 0.2, "sim://h1/w0": 0.05})
+    snap = snapshot(pl, ops, workers={"sim://h0/w0": 0.05, "sim://h1/w0": 0.3, "sim://h0/w3": 0.2,
+                                      "sim://h1/w1": 0.05, "sim://h1/w3": 0.4})
     actions = threshold.decide(snap, pl, NONE, {"lower": 0.35})
-    # the least loaded worker under lower, workers without a standard slot first (h1/w2 is empty)
-    assert same(actions[0], Split("op1->op2->op3", ("op2", "op3"), "sim://h1/w2"))
+    # the least loaded worker under lower; on a tie, one without a standard slot (h0/w0 holds one)
+    assert same(actions[0], Split("op1->op2->op3", ("op2", "op3"), "sim://h1/w1"))
     assert "95% busy" in actions[0].reason and actions[0].figures["busy"] == pytest.approx(0.95)
 
 

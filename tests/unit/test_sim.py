@@ -32,8 +32,10 @@ def test_snapshot_is_the_monitors_frozen_types():
         assert all(isinstance(v, cls) for v in mapping.values())
     assert isinstance(sim.placement, Placement)
     assert sim.placement.plan.ops["op2"].parallelism is Parallelism.STATELESS
-    assert snap.pes["op0"].worker == "sim://h0/w0" and snap.pes["op0"].host == "h0"
-    assert snap.pes["op3"].worker == "sim://h1/w0" and snap.pes["op4"].worker == "sim://h1/w1"
+    # standard slots (the runtime's layout) on each host's first worker; PEs on the others first
+    assert {s.worker for s in sim.placement.slots.values()} == {"sim://h0/w0", "sim://h1/w0"}
+    assert snap.pes["op0"].worker == "sim://h0/w1" and snap.pes["op0"].host == "h0"
+    assert snap.pes["op3"].worker == "sim://h1/w1" and snap.pes["op4"].worker == "sim://h1/w2"
 
 
 def test_bottleneck_busy_upstream_backpressured_downstream_idle():
@@ -54,8 +56,8 @@ def test_bottleneck_busy_upstream_backpressured_downstream_idle():
     # the source is slowed to what op2 can take: 1 core / 4e-4 s
     assert snap.operators["op0"].tuples_out_per_s == pytest.approx(2500.0)
     assert snap.operators["op4"].tuples_in_per_s == pytest.approx(2500.0)
-    assert snap.workers["sim://h0/w2"].cpu == pytest.approx(1.0)
-    assert snap.hosts["h0"].cpu == pytest.approx((0.25 + 0.25 + 1.0) / 4)    # h0/w3 holds the slot
+    assert snap.workers["sim://h0/w3"].cpu == pytest.approx(1.0)
+    assert snap.hosts["h0"].cpu == pytest.approx((0.25 + 0.25 + 1.0) / 4)    # h0/w0 holds the slot
 
 
 def test_replicating_by_the_right_factor_removes_backpressure():
@@ -110,17 +112,17 @@ def test_fuse_split_move_change_the_pes():
     snap = sim.step()
     assert snap.pes["op4"].worker == "sim://h1/w2"
     # two PEs on one worker share its core: moving op1 onto op2's worker makes it worse
-    assert sim.apply(Move("op1", "sim://h0/w2"))
+    assert sim.apply(Move("op1", "sim://h0/w3"))
     snap = sim.step()
     assert snap.operators["op0"].tuples_out_per_s == pytest.approx(2000.0)   # 1 / (1e-4 + 4e-4)
-    assert snap.workers["sim://h0/w1"].cpu == 0.0
+    assert snap.workers["sim://h0/w2"].cpu == 0.0
 
 
 def test_refusals_carry_reasons():
     sim = Simulation({"a": SimOperator(1e-5, parallelism=Parallelism.SINGLETON), "b": SimOperator(1e-5)},
                      [("a", "b")], hosts=2, cores_per_host=2, host_pool=1)
     cases = [Fuse("a", "a"), Fuse("a", "zzz"), Split("a", ("a",)), Move("a", "sim://h9/w0"),
-             Move("a", "sim://h0/w0"), Replicate("a"), Replicate("nope"), Release("b"),
+             Move("a", "sim://h0/w1"), Replicate("a"), Replicate("nope"), Release("b"),
              ReturnHost("h0"), ReturnHost("h7")]
     assert [sim.apply(a) for a in cases] == [False] * len(cases)
     reasons = [e.reason for e in sim.log]
