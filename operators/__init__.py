@@ -7,7 +7,7 @@ It registers through the ``pescheduler`` entry-point group
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
   (:mod:`.count_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
-* sinks: ``jsonl``, ``print``, ``discard`` (:mod:`.sinks`)
+* sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`)
 * the ends of ``pescheduler.ep`` queries: ``ep_schema`` and the sink ``ep_output`` (:mod:`.ep_io`)
 * aggregates: ``count``, ``sum``, ``sumsq``, ``min``, ``max``, ``avg``, ``var``,
   ``stddev`` (:mod:`pescheduler.aggregates`)
@@ -24,13 +24,13 @@ from .ep_io import OutputProcessors, SchemaCheck
 from .join import Join
 from .pattern import Pattern
 from .session import SessionWindow
-from .sinks import DiscardSink, JsonlSink, PrintSink
+from .sinks import DiscardSink, JsonlSink, ParquetSink, PrintSink
 from .sources import GeneratorSource, IterableSource, JsonlSource
 from .window import Window
 
 OPERATORS = [IterableSource, GeneratorSource, JsonlSource, Map, Filter, FlatMap, KeyBy, Window,
              SessionWindow, CountWindow, Join, Pattern, SchemaCheck, JsonlSink, PrintSink, DiscardSink,
-             OutputProcessors]
+             ParquetSink, OutputProcessors]
 
 __all__ = [cls.__name__ for cls in OPERATORS]
 
