@@ -295,6 +295,7 @@ class Deployment:
                 pause = await execute(self.client.rpc, old, new, plan, self.worker_info, self.id,
                                       f"{self.id}/reconf/{self._epoch}", timeout, self.plugin_modules)
             except Exception as exc:
+                logger.error("reconfiguration %r failed", action, exc_info=True)
                 await self._fail(f"reconfiguration {action!r} failed: {type(exc).__name__}: {exc}")
                 return self._record(ApplyRecord(action, False, f"failed: {exc}"))
             self._placement, self.channels = new, plan.channels

@@ -191,16 +191,19 @@ class PEHost:
 
     async def pe_rewire(self, deployment: str, pe_id: str, outputs: bytes = b"",
                         remove_outputs: list[str] = (), add_inputs: bytes = b"",
-                        remove_inputs: list[str] = (), edges: bytes = b"", routing: bytes = b"") -> None:
+                        remove_inputs: list[str] = (), edges: bytes = b"", routing: bytes = b"",
+                        copies: dict[str, str] | None = None) -> None:
         """Change a PE that stays: new inputs registered (``edges``: its operators' inputs now),
-        held outputs re-pointed, routers re-built (``routing``: copies came or went)."""
+        held outputs re-pointed, routers re-built (``routing``, ``copies``: copies came or went)."""
         pe = self._of(deployment)[pe_id]
-        pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
-                      cloudpickle.loads(edges) if edges else None)
         if outputs or remove_outputs or routing:
             await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
                             self._receiver, self.data_address,
-                            cloudpickle.loads(routing) if routing else None)
+                            cloudpickle.loads(routing) if routing else None, copies)
+        elif copies is not None:
+            pe.chain.copies = dict(copies)
+        pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
+                      cloudpickle.loads(edges) if edges else None)
 
     def pe_drain(self, deployment: str) -> list[str]:
         """End the deployment's sources here as if exhausted: windows fire, sinks flush, PEs finish."""

@@ -38,7 +38,7 @@ import cloudpickle
 from .operator import Parallelism
 from .placement import Placement
 from .routing import KEY_GROUPS, key_group
-from .wiring import ChannelKey, build_specs, channel_ids, consumer_edges, output_spec, routing_for
+from .wiring import ChannelKey, build_specs, channel_ids, consumer_edges, copy_map, output_spec, routing_for
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ async def _rewire_downstream(rpc, new, plan, worker_info, deployment) -> None:
         edges = cloudpickle.dumps(plan.edges[pe_id]) if pe_id in plan.edges else b""
         calls.append(rpc(new.pes[pe_id].worker).pe_rewire(
             deployment=deployment, pe_id=pe_id, add_inputs=cloudpickle.dumps(adds),
-            remove_inputs=plan.seen.get(pe_id, []), edges=edges))
+            remove_inputs=plan.seen.get(pe_id, []), edges=edges, copies=copy_map(new)))
     await asyncio.gather(*calls)
 
 
@@ -270,5 +270,5 @@ async def _rewire_upstream(rpc, new, plan, worker_info, deployment) -> None:
         routing = cloudpickle.dumps(plan.routing[pe_id]) if pe_id in plan.routing else b""
         calls.append(rpc(new.pes[pe_id].worker).pe_rewire(
             deployment=deployment, pe_id=pe_id, outputs=cloudpickle.dumps(outs),
-            remove_outputs=plan.hold.get(pe_id, []), routing=routing))
+            remove_outputs=plan.hold.get(pe_id, []), routing=routing, copies=copy_map(new)))
     await asyncio.gather(*calls)

@@ -29,12 +29,20 @@ KEY_GROUPS = 128
 
 
 def key_group(key: Any, groups: int = KEY_GROUPS) -> int:
-    """The key group of ``key``: stable across processes (``hash`` of a str is not)."""
+    """The key group of ``key``: stable across processes (``hash`` of a str is not) and spread
+    evenly even for small ints and similar strings (a 64-bit mix over crc32)."""
     if type(key) is int:
-        return key % groups
-    if type(key) is str:
-        return zlib.crc32(key.encode()) % groups
-    return zlib.crc32(pickle.dumps(key, protocol=4)) % groups
+        h = key & _MASK
+    elif type(key) is str:
+        h = zlib.crc32(key.encode())
+    else:
+        h = zlib.crc32(pickle.dumps(key, protocol=4))
+    h = ((h ^ (h >> 33)) * 0xFF51AFD7ED558CCD) & _MASK        # murmur3's fmix64
+    h = ((h ^ (h >> 33)) * 0xC4CEB9FE1A85EC53) & _MASK
+    return (h ^ (h >> 33)) % groups
+
+
+_MASK = (1 << 64) - 1
 
 
 def key_function(key_field: str | Callable | None) -> Callable[[Any], Any]:

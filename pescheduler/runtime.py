@@ -357,7 +357,8 @@ class PERunner:
                 for op_id, op in self.ops.items()}
 
     async def rewire(self, outputs: list[OutputSpec], remove: list[str], local_receivers,
-                     data_address: str, routing: dict | None = None) -> None:
+                     data_address: str, routing: dict | None = None,
+                     copies: dict[str, str] | None = None) -> None:
         """Replace held output channels by new ones and install new routers; what the old
         channels held goes on along the new routes.
 
@@ -372,6 +373,9 @@ class PERunner:
         opened = [(out, await self._open_channel(out, local_receivers, data_address)) for out in outputs]
         olds: list[tuple[OutputSpec, ChannelOut]] = [(spec, ch) for spec, ch in self.outs if ch.channel_id in remove]
         held = {ch.channel_id: ch.take_held() for _spec, ch in olds}
+        served = {ch.channel_id: list(dict.fromkeys(self.chain.logical(d) for d in ch.dst_ops)) for _s, ch in olds}
+        if copies is not None:
+            self.chain.copies = dict(copies)
         self.outs = [(spec, ch) for spec, ch in self.outs if ch.channel_id not in remove] + opened
         self.chain.outs = [(s, p, o) for s, p, o in self.chain.outs if o.channel_id not in remove]
         self.chain.outs += [(out.src_op, out.port, ch) for out, ch in opened]
@@ -380,8 +384,7 @@ class PERunner:
         self.chain._build_routes()
         for spec, old in olds:
             news = [ch for out, ch in opened if (out.src_op, out.port) == (spec.src_op, spec.port)]
-            consumers = dict.fromkeys(self.chain.logical(d) for d in old.dst_ops)
-            targets = list(dict.fromkeys(call for x in consumers
+            targets = list(dict.fromkeys(call for x in served[old.channel_id]
                                          for call in self.chain.consumer_routes.get((spec.src_op, spec.port, x), ())))
             items = held[old.channel_id]
             for kind, payload in items:

@@ -50,4 +50,5 @@ def test_key_group_is_stable_across_processes():
                            capture_output=True, text=True, check=True, timeout=60).stdout
             for seed in ("1", "2")}
     assert seen == {f"{key_group('car-0042')} {key_group(('a', 1))}\n"}
-    assert key_group(7) == 7
+    small = {key_group(k) for k in range(50)}
+    assert len(small) > 30 and max(small) >= 64, "small int keys spread over the groups"
