@@ -171,6 +171,17 @@ class Join(Operator):
                 "left": {k: list(v) for k, v in self._left.items()},
                 "right": {k: list(v) for k, v in self._right.items()}}
 
+    def split_state(self, state: dict, owns) -> dict:
+        """Both buffers restricted to the keys where ``owns(key)``."""
+        return {**state, "left": {k: v for k, v in state["left"].items() if owns(k)},
+                "right": {k: v for k, v in state["right"].items() if owns(k)}}
+
+    def merge_states(self, states: list) -> dict:
+        """Every instance's buffers (disjoint keys) at the least advanced watermark."""
+        return {**states[0], "watermark": min(s["watermark"] for s in states),
+                "left": {k: v for s in states for k, v in s["left"].items()},
+                "right": {k: v for s in states for k, v in s["right"].items()}}
+
     def restore(self, state: dict) -> None:
         if state["within"] != self.within:
             raise ValueError(f"join state of within={state['within']} ms cannot be restored into "

@@ -282,6 +282,24 @@ class Window(AggregatingWindow):
         self._wm = state["watermark"]
         self._fired_end = state["fired_end"]
 
+    # -- copies: key groups move with their panes ---------------------------------------
+    def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
+        """The panes of the keys where ``owns(key)``; watermark and fired frontier as they were."""
+        panes = {p: {k: s for k, s in d.items() if owns(k)} for p, d in state["panes"].items()}
+        return {**state, "panes": {p: d for p, d in panes.items() if d}}
+
+    def merge_states(self, states: list) -> dict:
+        """Every instance's panes (disjoint keys), at the least advanced watermark and frontier,
+        so no window fires twice and none is skipped."""
+        panes: dict = {}
+        for st in states:
+            for p, d in st["panes"].items():
+                panes.setdefault(p, {}).update(d)
+        fired = [st["fired_end"] for st in states]
+        return {**states[0], "panes": dict(sorted(panes.items())),
+                "watermark": min(st["watermark"] for st in states),
+                "fired_end": None if None in fired else min(fired)}
+
 
 def _copy_panes(panes: dict) -> dict:
     return {p: {k: list(s) for k, s in d.items()} for p, d in panes.items()}
