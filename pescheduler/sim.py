@@ -259,6 +259,12 @@ class Simulation:
         else:
             self._rate = {i: float(rate) for i in self._sources}
 
+    def set_cost(self, costs: Mapping[str, float]) -> None:
+        """CPU seconds per tuple of some operators from now on (a hot spot that moves)."""
+        for op, cost in costs.items():
+            self.specs[op] = replace(self.specs[op], cost_s=float(cost))
+            self._cost[self._idx[op]] = float(cost)
+
     @property
     def source_rate(self) -> dict[str, float]:
         return {self._ops[i]: r for i, r in self._rate.items()}
