@@ -46,6 +46,7 @@ from .monitor import MetricsSnapshot
 from .status import StatusBoard
 from .actions import Action, ActionRefused, BorrowHosts, ReturnHost
 from .resources import ResourceView
+from .controller import Controller, policy_configs, select_policies
 from .reconfigure import ApplyRecord, execute, plan_reconfiguration
 from .placement import Slot
 from .transforms import NoSlotLeft, transform
@@ -92,11 +93,15 @@ def default_rm(cluster: str | None) -> str | None:
 
 def deploy(app: Application, *, workers: int | None = None, cluster: str | None = None,
            plugins: tuple[str, ...] | list[str] = (), config_file: str | None = None,
-           rm: str | None = None, **options: Any) -> "Deployment":
+           rm: str | None = None, policies: list[str] | tuple[str, ...] | None = None,
+           **options: Any) -> "Deployment":
     """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`.
 
     ``rm`` names the resource manager hosts are borrowed from (``"local"``,
     ``"spark"``, a plug-in's, or ``"none"``); see :func:`default_rm`.
+    ``policies`` names the active policies, by entry-point name (default
+    ``pescheduler.policies.default``: ``rate`` and ``copy``); ``[]`` runs none,
+    and actions are then applied only by hand (:meth:`Deployment.apply`).
     """
     if config_file:
         config.load_file(config_file)
@@ -104,7 +109,10 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
         unknown = ", ".join(sorted(options))
         raise TypeError(f"deploy() got options this version does not support yet: {unknown}")
     rm = default_rm(cluster) if rm is None else (None if rm == "none" else rm)
-    dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins), rm=rm)
+    if policies is None:
+        policies = config.get("policies.default") or ()
+    dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins), rm=rm,
+                     policies=tuple(policies))
     try:
         dep._start()
     except BaseException:
@@ -117,7 +125,7 @@ class Deployment:
     """A running application: placement, status, dead letters, wait and stop."""
 
     def __init__(self, app: Application, *, workers: int | None, cluster: str | None,
-                 plugins: tuple[str, ...], rm: str | None = None) -> None:
+                 plugins: tuple[str, ...], rm: str | None = None, policies: tuple[str, ...] = ()) -> None:
         self.app = app
         self.n_workers = workers or default_worker_count()
         self.cluster_address = cluster
@@ -141,6 +149,8 @@ class Deployment:
         self._reconfiguring: asyncio.Lock | None = None
         self._last_cold_start_s: float | None = None
         self.hosts = HostManager(self, rm)
+        self.policy_names = tuple(policies)
+        self.controller: Controller | None = None     # runs the policies; its decisions: .decisions
 
     # -- public API ---------------------------------------------------------------------
     def placement(self) -> Placement:
@@ -221,6 +231,7 @@ class Deployment:
         self._reconfiguring = asyncio.Lock()
         self._sampled = asyncio.Event()
         self.plugins = activate(self.plugin_modules)
+        chosen = select_policies(self.plugins, self.policy_names)     # an unknown name fails before any start
         self.hosts.check()
         if self.cluster_address is None:
             self.cluster = await LocalCluster(
@@ -236,6 +247,14 @@ class Deployment:
                                       {w: self.worker_info[w]["host"] for w in workers})
         await self._launch(self._placement)
         self.board.started(self._placement, int(config.get("monitor.history")))
+        if chosen:
+            timeout = config.get_seconds("policies.apply-timeout")
+            self.controller = Controller(
+                chosen, lambda action: self._apply(action, timeout), configs=policy_configs(chosen),
+                cooldown_s=config.get_seconds("policies.cooldown"), resources=self.resources,
+                log_path=config.get("policies.decision-log"), deployment=self.id,
+                on_decision=lambda d: self.board.event("policy", d.text()))
+            self.board.event("policy", f"active: {', '.join(chosen)}")
         self._write_state_file()
         self._tasks = [asyncio.create_task(self._watch(w)) for w in self._placement.workers]
         self._tasks.append(asyncio.create_task(self._monitor()))
@@ -400,18 +419,30 @@ class Deployment:
         interval = config.get_seconds("monitor.interval")
         loop = asyncio.get_running_loop()
         due = loop.time() + interval
-        while not self._done.is_set():
-            try:
-                await asyncio.wait_for(self._done.wait(), max(0.0, min(due, loop.time() + COMMAND_POLL_S) - loop.time()))
-            except asyncio.TimeoutError:
-                pass
-            if loop.time() >= due:
-                await self._collect()
-                due = loop.time() + interval
-            command = await self._command()
-            if command == "stop" and not self._done.is_set():
-                self.board.event("stop", "stop requested from the command line")
-                await self._drain(30.0)
+        control: asyncio.Task | None = None      # the controller's round; never two at once
+        ticked = None
+        try:
+            while not self._done.is_set():
+                try:
+                    await asyncio.wait_for(self._done.wait(), max(0.0, min(due, loop.time() + COMMAND_POLL_S) - loop.time()))
+                except asyncio.TimeoutError:
+                    pass
+                if loop.time() >= due:
+                    await self._collect()
+                    due = loop.time() + interval
+                    snap = self.board.monitor.latest
+                    if (self.controller is not None and (control is None or control.done()) and snap is not ticked
+                            and self.board.state == "running" and not self.board.stopping):
+                        ticked = snap          # a round runs beside the monitor: applying may take a while
+                        control = asyncio.create_task(self.controller.tick(snap, self._placement))
+                command = await self._command()
+                if command == "stop" and not self._done.is_set():
+                    self.board.event("stop", "stop requested from the command line")
+                    await self._drain(30.0)
+        finally:
+            if control is not None and not control.done():
+                control.cancel()
+                await asyncio.gather(control, return_exceptions=True)
 
     async def _collect(self) -> None:
         try:
