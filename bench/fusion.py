@@ -84,7 +84,7 @@ def fused_in_process(events: int) -> tuple[float, int]:
 def deployed(events: int, workers: int) -> tuple[float, int, int]:
     """(b') and (c): a real deployment; time from start of the PEs to the end of stream."""
     app = build(events, f"-{workers}")
-    with pescheduler.deploy(app, workers=workers) as dep:
+    with pescheduler.deploy(app, workers=workers, policies=[]) as dep:
         t0 = time.perf_counter()
         dep.wait(timeout=600)
         elapsed = time.perf_counter() - t0
@@ -102,7 +102,7 @@ def channel(events: int, repeat: int) -> tuple[float, list[float]]:
         for _ in range(repeat):
             app = Application("channel")
             app.source("replay", events=events).sink("throughput", path=path)
-            with pescheduler.deploy(app, workers=2, plugins=["benchops"]) as dep:
+            with pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[]) as dep:
                 assert len({pe.worker for pe in dep.placement().pes.values()}) == 2
                 dep.wait(timeout=600)
             r = json.load(open(path))
@@ -110,7 +110,7 @@ def channel(events: int, repeat: int) -> tuple[float, list[float]]:
         rate = max(rates)
         app = Application("latency")
         app.source("replay", events=int(rate / 2 * 5), stamp=True, rate=rate / 2).sink("throughput", path=path)
-        with pescheduler.deploy(app, workers=2, plugins=["benchops"]) as dep:
+        with pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[]) as dep:
             dep.wait(timeout=600)
         latencies = json.load(open(path))["latencies"]
     return rate, latencies

@@ -98,7 +98,7 @@ def reconfigurations(rate: float, repeat: int, gap: float, warmup: float) -> dic
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "arrivals.json")
-        with pescheduler.deploy(build("reconfig-bench", path, rate=rate), workers=3, plugins=["benchops"]) as dep:
+        with pescheduler.deploy(build("reconfig-bench", path, rate=rate), workers=3, plugins=["benchops"], policies=[]) as dep:
             pl = dep.placement()
             assert list(pl.pes) == ["src", "map", "key->sum->sink"], list(pl.pes)
             w_map, w_sink = pl.pes["map"].worker, pl.pes["key->sum->sink"].worker
@@ -174,7 +174,7 @@ def unthrottled(count: int, interval: str) -> float:
         path = os.path.join(tmp, "arrivals.json")
         with dask.config.set({"pescheduler.monitor.interval": interval}):
             with pescheduler.deploy(build("monitor-bench", path, count=count), workers=3,
-                                    plugins=["benchops"]) as dep:
+                                    plugins=["benchops"], policies=[]) as dep:
                 status = dep.wait(timeout=600)
         with open(path) as f:
             result = json.load(f)

@@ -28,7 +28,7 @@ def main() -> int:
     output = os.path.join(tempfile.mkdtemp(prefix="reconfigure-"), "avg_speed.jsonl")
     app = connected_cars.build(events=EVENTS, output=output)
     app.nodes["generator-1"].params["rate"] = 100_000          # slow enough to act on it mid-stream
-    with pescheduler.deploy(app, workers=3) as dep:
+    with pescheduler.deploy(app, workers=3, policies=[]) as dep:
         print("placement:", list(dep.placement().pes))
         dep.next_snapshot(timeout=10)                          # one monitor window into the stream
         steps = [

@@ -41,7 +41,7 @@ def cars_reference():
 
 def test_connected_cars_on_three_workers_equals_reference(cluster, tmp_path, cars_reference):
     out = tmp_path / "avg.jsonl"
-    with pescheduler.deploy(cars_app(out), cluster=cluster) as dep:
+    with pescheduler.deploy(cars_app(out), cluster=cluster, policies=[]) as dep:
         assert len({pe.worker for pe in dep.placement().pes.values()}) == 3
         status = dep.wait(timeout=WAIT)
     assert status["state"] == "finished"
@@ -50,7 +50,7 @@ def test_connected_cars_on_three_workers_equals_reference(cluster, tmp_path, car
 
 def test_fully_fused_gives_the_same_output(tmp_path, cars_reference):
     out = tmp_path / "avg.jsonl"
-    with pescheduler.deploy(cars_app(out), workers=1) as dep:
+    with pescheduler.deploy(cars_app(out), workers=1, policies=[]) as dep:
         assert len(dep.placement().pes) == 1
         dep.wait(timeout=WAIT)
     assert by_key(read_jsonl(out), "window_start", "car") == cars_reference
@@ -61,7 +61,7 @@ def test_keyed_state_and_order_kept_across_channels(cluster, tmp_path):
     out = tmp_path / "sums.jsonl"
     (app.source("numbers", count=20_000, keys=7)
         .apply("tag").key_by("key").apply("running_sum").sink("jsonl", path=str(out)))
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"]) as dep:
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         dep.wait(timeout=WAIT)
     rows = read_jsonl(out)
     assert [r["n"] for r in rows] == list(range(20_000))          # order kept, nothing lost or doubled
@@ -77,7 +77,7 @@ def test_operator_raising_on_a_tuple_dead_letters_it_and_streams_on(cluster, tmp
     (app.source("iterable", items=[{"x": i, "ts": i} for i in range(1000)])
         .map(lambda t: {**t, "inv": 1 / (t["x"] % 100)})
         .sink("jsonl", path=str(out)))
-    with pescheduler.deploy(app, cluster=cluster) as dep:
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
         status = dep.wait(timeout=WAIT)
         dead = dep.dead_letters()
     assert sorted(t["x"] for t in read_jsonl(out)) == [i for i in range(1000) if i % 100]
@@ -90,7 +90,7 @@ def test_unpicklable_tuple_is_dead_lettered_at_the_channel(cluster, tmp_path):
     app = Application("unpicklable")
     out = tmp_path / "out.jsonl"
     app.source("numbers", count=1000).apply("unpicklable", every=100).sink("jsonl", path=str(out))
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"]) as dep:
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         assert len(dep.placement().pes) == 3       # every edge crosses a channel
         dep.wait(timeout=WAIT)
         dead = dep.dead_letters()
@@ -101,7 +101,7 @@ def test_unpicklable_tuple_is_dead_lettered_at_the_channel(cluster, tmp_path):
 def test_callback_failure_fails_the_deployment_with_the_reason(cluster, tmp_path):
     app = Application("explodes")
     app.source("numbers", count=5000).apply("explode", after=100).sink("jsonl", path=str(tmp_path / "o"))
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"]) as dep:
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         with pytest.raises(DeploymentFailed, match="explode-2.on_watermark raised SystemError: explode: on purpose"):
             dep.wait(timeout=WAIT)
         assert dep.status()["state"] == "failed"
@@ -111,7 +111,7 @@ def test_killed_worker_fails_the_deployment(tmp_path):
     app = Application("killed")
     (app.source("generator", events=None, keys=100, rate=2000)
         .sink("jsonl", path=str(tmp_path / "o.jsonl")))
-    with pescheduler.deploy(app, workers=2) as dep:
+    with pescheduler.deploy(app, workers=2, policies=[]) as dep:
         sink_worker = dep.placement().pes["jsonl-2"].worker
         os.kill(dep.worker_info[sink_worker]["pid"], signal.SIGKILL)
         with pytest.raises(DeploymentFailed, match="lost worker"):
@@ -124,7 +124,7 @@ def test_stop_drains_an_unbounded_stream_and_flushes_windows(cluster, tmp_path):
     (app.source("generator", events=None, keys=5, rate=20_000, interval_ms=10)
         .key_by("car").window(size="1s", aggregates={"n": ("count", "speed")})
         .sink("jsonl", path=str(out)))
-    dep = pescheduler.deploy(app, cluster=cluster)
+    dep = pescheduler.deploy(app, cluster=cluster, policies=[])
     try:
         dep.wait(timeout=1.0)
     except TimeoutError:
@@ -146,7 +146,7 @@ def test_slow_consumer_is_backpressured_and_memory_stays_bounded(cluster, tmp_pa
 
     app = Application("slow")
     app.source("numbers", count=30_000).map(slow).sink("jsonl", path=str(tmp_path / "o.jsonl"))
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"]) as dep:
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         dep.wait(timeout=WAIT)
         pes = {row["pe"]: row for row in dep.status()["pes"]}
     credits = config.get("channel.credits")
@@ -161,7 +161,7 @@ def test_two_deployments_share_a_cluster(cluster, tmp_path):
         app = Application(f"twin-{i}")
         app.source("numbers", count=5000).apply("tag", tag=str(i)).sink("jsonl", path=str(tmp_path / f"{i}.jsonl"))
         apps.append(app)
-    deps = [pescheduler.deploy(a, cluster=cluster, plugins=["support_ops"]) for a in apps]
+    deps = [pescheduler.deploy(a, cluster=cluster, plugins=["support_ops"], policies=[]) for a in apps]
     try:
         for d in deps:
             d.wait(timeout=WAIT)
@@ -181,7 +181,7 @@ def test_aggregate_from_a_plugin_module_reaches_the_workers(cluster, tmp_path):
     out = tmp_path / "spread.jsonl"
     (app.source("numbers", count=3000, keys=3)
         .key_by("key").window(size=1000, aggregates={"spread": ("spread", "n")}).sink("jsonl", path=str(out)))
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"]) as dep:
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         dep.wait(timeout=WAIT)
     expected = {}
     for n in range(3000):                                   # ts = n ms, key = n % 3

@@ -71,7 +71,7 @@ def test_deployed_application_equals_in_process(cluster, tmp_path):
 
     deployed, _ = build(tmp_path / "deployed")
     app = deployed.application("ep-deployed", sources=streams)
-    with pescheduler.deploy(app, cluster=cluster) as dep:
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
         status = dep.wait(timeout=WAIT)
         dead = dep.dead_letters()
     assert status["state"] == "finished"

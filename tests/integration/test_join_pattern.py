@@ -28,7 +28,7 @@ def test_window_join_of_two_streams_across_workers(cluster, tmp_path):
     lhs = app.source("iterable", items=left)
     rhs = app.source("iterable", items=right)
     lhs.join(rhs, within=25, on="k").sink("jsonl", path=str(out))
-    with pescheduler.deploy(app, cluster=cluster) as dep:
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
         assert len({pe.worker for pe in dep.placement().pes.values()}) == 3
         status = dep.wait(timeout=120)
     assert status["late_events"] == 0
@@ -47,7 +47,7 @@ def test_keyed_pattern_on_the_runtime(cluster, tmp_path):
         .pattern("x y", define={"x": lambda e, m: e["a"] == 0, "y": lambda e, m: e["a"] == 1},
                  do={"x": lambda e, m: {"k": e["k"], "first": e["ts"]}})
         .sink("jsonl", path=str(out)))
-    with pescheduler.deploy(app, cluster=cluster) as dep:
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
         dep.wait(timeout=120)
     expected = []
     for k in range(3):                                  # per key: an a=0 event directly followed by a=1

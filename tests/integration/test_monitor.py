@@ -22,7 +22,7 @@ def slow(t):
 def test_slow_operator_is_busy_and_its_upstream_backpressured(cluster, tmp_path):
     app = Application("slow")
     app.source("numbers", count=10**9).map(slow).sink("jsonl", path=str(tmp_path / "o.jsonl"))
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"]) as dep:
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         assert list(dep.placement().pes) == ["numbers-1", "map-2", "jsonl-3"]
         deadline = time.monotonic() + 30
         snap = dep.next_snapshot(timeout=30)

@@ -70,7 +70,7 @@ class Reconfigurations(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="reconfig-")
-        self.dep = pescheduler.deploy(build(self.tmp), cluster=self.cluster, plugins=["support_ops"])
+        self.dep = pescheduler.deploy(build(self.tmp), cluster=self.cluster, plugins=["support_ops"], policies=[])
 
     def _apply(self, action) -> None:
         record = self.dep.apply(action, timeout=10)
