@@ -1,0 +1,152 @@
+"""Borrowing and returning hosts with the local resource manager, on a real Dask cluster.
+
+The local RM's hosts are real ``dask worker`` processes; its demand schedule
+plays the other users of the cluster. Every stream here is checked exactly
+(order, nothing lost or doubled) against what the source produced.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import dask
+import psutil
+import pytest
+
+import pescheduler
+from pescheduler import Application, BorrowHosts, Move, ReturnHost
+from pescheduler.resources import ResourceManagerUnavailable
+
+pytestmark = pytest.mark.integration
+
+WAIT = 120          # seconds: a bound on every wait
+
+
+def numbers_app(path, count, rate):
+    app = Application("hosts")
+    (app.source("numbers", count=count, keys=7, rate=rate)
+        .apply("tag").key_by("key").apply("running_sum").sink("jsonl", path=str(path)))
+    return app
+
+
+def assert_exact(path, count):
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    assert [r["n"] for r in rows] == list(range(count))          # order kept, nothing lost or doubled
+    sums: dict = {}
+    for r in rows:
+        sums[r["key"]] = sums.get(r["key"], 0) + r["n"]
+        assert r["sum"] == sums[r["key"]]
+
+
+def until(predicate, timeout, what):
+    """Poll ``predicate`` (no event exists for it) until true, or fail saying what did not happen."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def sink_pe(dep):
+    return next(p for p, pe in dep.placement().pes.items() if "jsonl-5" in pe.operators)
+
+
+def pids_of(host):
+    return host.info.get("pids", [])
+
+
+def test_a_host_asked_back_by_the_schedule_is_returned_before_its_deadline(tmp_path):
+    schedule = tmp_path / "demand.yaml"
+    schedule.write_text("- {at: 6, want: 1, within: 10}   # host local-1 back within 10 s\n")
+    out, count = tmp_path / "out.jsonl", 30_000
+    with dask.config.set({"pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": str(schedule)}):
+        with pescheduler.deploy(numbers_app(out, count, rate=2_500), workers=2, rm="local",
+                                plugins=["support_ops"]) as dep:
+            assert dep.apply(BorrowHosts(1, reason="test"), timeout=WAIT).applied
+            host = dep.hosts.borrowed["local-1"]
+            assert dep.apply(Move(sink_pe(dep), host.workers[0])).applied
+            assert dep.placement().pes[sink_pe(dep)].host == "local-1"
+            until(lambda: any(isinstance(r.action, ReturnHost) for r in dep.records()), 30,
+                  "local-1 to be returned")
+            returned = next(r for r in dep.records() if isinstance(r.action, ReturnHost))
+            assert returned.applied and "before its deadline" in returned.reason, returned
+            assert dep.placement().pes[sink_pe(dep)].host != "local-1"
+            assert "local-1" not in dep.placement().hosts.values()
+            assert dep.resources().lendable == 0                   # still wanted by the other user
+            dep.wait(timeout=WAIT)
+    done = next(e for e in dep.hosts.timeline if e["what"] == "returned")
+    assert done["late_s"] < 0
+    assert not [p for p in pids_of(host) if psutil.pid_exists(p)]
+    assert_exact(out, count)
+
+
+def test_a_host_freed_by_the_schedule_is_borrowed_and_processes_tuples(tmp_path):
+    demand = [{"at": 0, "want": 1, "within": 5}, {"at": 3, "free": 1}]
+    out, count = tmp_path / "out.jsonl", 30_000
+    with dask.config.set({"pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": demand}):
+        with pescheduler.deploy(numbers_app(out, count, rate=3_000), workers=2, rm="local",
+                                plugins=["support_ops"]) as dep:
+            refused = dep.apply(BorrowHosts(1))
+            assert not refused.applied and "granted no host" in refused.reason
+            until(lambda: dep.resources().lendable == 1, 20, "local-1 to become lendable")
+            assert dep.apply(BorrowHosts(1), timeout=WAIT).applied
+            worker = dep.hosts.borrowed["local-1"].workers[0]
+            assert worker in dep.placement().workers and dep.resources().borrowed == ("local-1",)
+            pe = sink_pe(dep)
+            assert dep.apply(Move(pe, worker)).applied
+
+            def processing_there():
+                m = dep.next_snapshot(timeout=10).pes.get(pe)
+                return m is not None and m.worker == worker and m.host == "local-1" and m.tuples_in_per_s > 0
+            until(processing_there, 30, f"{pe} to process tuples on local-1")
+            host = dep.hosts.borrowed["local-1"]
+            dep.wait(timeout=WAIT)
+    assert not [p for p in pids_of(host) if psutil.pid_exists(p)]          # closed with the deployment
+    assert_exact(out, count)
+
+
+class UnreachableRM:
+    name = "unreachable"
+
+    def __init__(self, scheduler_address, settings):
+        pass
+
+    async def start(self, on_event):
+        raise ResourceManagerUnavailable("unreachable: connection refused by rm.example:7077")
+
+    async def close(self):
+        pass
+
+
+class RefusingRM(UnreachableRM):
+    name = "refusing"
+
+    async def start(self, on_event):
+        pass
+
+    def lendable(self):
+        return 3
+
+    async def request_hosts(self, n):
+        raise ConnectionResetError("the cluster manager hung up")
+
+
+@pytest.mark.parametrize("rm, refusal", [("unreachable", "connection refused by rm.example:7077"),
+                                         ("refusing", "the cluster manager hung up")])
+def test_an_unreachable_or_refusing_manager_never_stops_the_app(tmp_path, monkeypatch, rm, refusal):
+    from pescheduler.plugins import active_plugins
+
+    monkeypatch.setitem(active_plugins().resource_managers, "unreachable", UnreachableRM)
+    monkeypatch.setitem(active_plugins().resource_managers, "refusing", RefusingRM)
+    out, count = tmp_path / "out.jsonl", 5_000
+    with pescheduler.deploy(numbers_app(out, count, rate=2_500), workers=2, rm=rm,
+                            plugins=["support_ops"]) as dep:
+        record = dep.apply(BorrowHosts(1), timeout=WAIT)
+        assert not record.applied and refusal in record.reason
+        assert not dep.apply(ReturnHost("127.0.0.1")).applied          # a host it holds but did not borrow
+        status = dep.wait(timeout=WAIT)
+    assert status["state"] == "finished"
+    if rm == "unreachable":
+        assert any(e["kind"] == "rm-unavailable" and refusal in e["text"] for e in status["events"])
+    assert_exact(out, count)
