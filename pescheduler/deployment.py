@@ -285,6 +285,15 @@ class Deployment:
                                for w, s in by_worker.items()))
         await asyncio.gather(*(self.client.rpc(w).pe_start(deployment=self.id, pe_ids=[s.pe_id for s in ss])
                                for w, ss in by_worker.items()))
+        await self._warm_slots(placement)
+
+    async def _warm_slots(self, placement: Placement) -> None:
+        """Warm every standard slot's worker: plug-ins imported, a thread per slot started."""
+        per_worker: dict[str, int] = {}
+        for slot in placement.slots.values():
+            per_worker[slot.worker] = per_worker.get(slot.worker, 0) + 1
+        await asyncio.gather(*(self.client.rpc(w).pe_warm(plugins=self.plugin_modules, slots=n)
+                               for w, n in per_worker.items()))
 
     # -- reconfiguration -----------------------------------------------------------------
     async def _apply(self, action: Action, timeout: float) -> ApplyRecord:
@@ -349,6 +358,7 @@ class Deployment:
                                     hosts=MappingProxyType({**old.hosts, worker: host}),
                                     slots=MappingProxyType({**old.slots, slot_id: Slot(worker, host)}))
         self._placement = grown
+        await self._warm_slots(grown)
         self._tasks.append(asyncio.create_task(self._watch(worker)))
         self.board.replaced(grown)
         self.board.event("cold-start", f"no warm slot for {action!r}: started worker {worker} "

@@ -57,6 +57,19 @@ def short_worker(address: str) -> str:
     return address.split("://", 1)[-1] if address else ""
 
 
+DECISION_OUTCOMES = ("applied", "refused", "overruled", "suppressed", "quarantined")
+
+
+def decision_counts(status: dict) -> dict[str, int]:
+    """Policy decisions among the kept events, by outcome (``"{policy} {outcome} ..."`` texts)."""
+    counts = dict.fromkeys(DECISION_OUTCOMES, 0)
+    for event in status.get("events", ()):
+        words = event.get("text", "").split(maxsplit=2)
+        if event.get("kind") == "policy" and len(words) > 1 and words[1] in counts:
+            counts[words[1]] += 1
+    return {k: n for k, n in counts.items() if n}
+
+
 # -- rich renderables ---------------------------------------------------------------------
 
 def pe_table(status: dict) -> Table:
@@ -87,6 +100,11 @@ def totals(status: dict) -> Text:
     dead = int(status.get("dead_letters") or 0)
     line.append(str(dead), style="red" if dead else "")
     line.append(f"   late events {int(status.get('late_events') or 0)}")
+    counts = decision_counts(status)
+    if counts:
+        line.append("   policy decisions ")
+        line.append(", ".join(f"{n} {outcome}" for outcome, n in counts.items()),
+                    style="red" if "quarantined" in counts else EVENT_STYLES["policy"])
     if status.get("error"):
         line.append(f"\nerror: {status['error']}", style="red")
     return line
@@ -105,9 +123,19 @@ def events_table(status: dict, last: int = EVENTS_SHOWN) -> Table:
     return table
 
 
+def slots_line(status: dict) -> Text:
+    """Standard slots: free, or the copies they run."""
+    line = Text("standard slots ", style="bold")
+    for slot in status.get("slots", ()):
+        held = ",".join(slot["copies"]) or "free"
+        line.append(f" {slot['slot']}@{short_worker(slot['worker'])}: ")
+        line.append(held, style="green" if slot["copies"] else "dim")
+    return line
+
+
 def render(status: dict) -> RenderableType:
-    """The whole view: PE table, totals line, recent events."""
-    return Group(pe_table(status), totals(status), events_table(status))
+    """The whole view: PE table, totals line, standard slots, recent events."""
+    return Group(pe_table(status), totals(status), slots_line(status), events_table(status))
 
 
 # -- plain text (not a terminal) ------------------------------------------------------------

@@ -88,6 +88,7 @@ class PERunner:
                 driver.restore(spec.restore[driver.op_id]["driver"])
         self.stopping = False                      # set by stop(): the loop ends at its next turn
         self._thread: ThreadPoolExecutor | None = None    # set when operators block or run long
+        self.spare_thread: ThreadPoolExecutor | None = None   # a standard slot's warm thread (copies)
         self._inflight: Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -196,7 +197,7 @@ class PERunner:
             took = perf_counter() - t0
             if took > 2 * self.spec.time_slice_s:
                 self.threaded_because = f"a turn took {took * 1000:.0f} ms"
-                self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"pe-{self.pe_id}")
+                self._thread = self.spare_thread or ThreadPoolExecutor(1, thread_name_prefix=f"pe-{self.pe_id}")
         else:
             self._inflight = self._thread.submit(self._work)
             progressed = await asyncio.wrap_future(self._inflight)

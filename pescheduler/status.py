@@ -92,5 +92,7 @@ class StatusBoard:
             "workers": [asdict(w) for w in snap.workers.values()],
             "hosts": [dict(asdict(h), workers=list(h.workers)) for h in snap.hosts.values()],
             "dead_letters": snap.dead_letters, "late_events": snap.late_events,
+            "slots": [{"slot": s, "worker": slot.worker, "host": slot.host, "copies": list(slot.copies)}
+                      for s, slot in (self.monitor.placement.slots.items() if self.monitor else ())],
             "events": list(self.events),
         }

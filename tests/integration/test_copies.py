@@ -51,7 +51,7 @@ def test_stateless_copy_takes_half_the_traffic_and_goes_without_loss(cluster, tm
     out = tmp_path / "tagged.jsonl"
     app = Application("copies-stateless")
     app.source("numbers", count=10**9, keys=5, rate=RATE).apply("tag").sink("jsonl", path=str(out))
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"]) as dep:
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         until(dep, processed("tag-2"), "tag-2 processes tuples")
         rec = dep.apply(Replicate("tag-2", 1))
         assert rec.applied, rec.reason
@@ -78,7 +78,7 @@ def test_keyed_copy_takes_key_groups_with_their_state(cluster, tmp_path):
     app = Application("copies-keyed")
     (app.source("numbers", count=10**9, keys=50, rate=RATE).key_by("key")
         .apply("running_sum").sink("jsonl", path=str(out)))
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"]) as dep:
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         until(dep, processed("running_sum-3"), "running_sum processes tuples")
         rec = dep.apply(Replicate("running_sum-3", 1))
         assert rec.applied, rec.reason
@@ -101,7 +101,7 @@ def test_mergeable_copy_partials_are_merged_by_the_original(cluster, tmp_path):
     app = Application("copies-mergeable")
     (app.source("numbers", count=10**9, keys=5, rate=RATE)
         .apply("window_count", size=1000).sink("jsonl", path=str(out)))
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"]) as dep:
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         until(dep, processed("window_count-2"), "window_count processes tuples")
         rec = dep.apply(Replicate("window_count-2", 1))
         assert rec.applied, rec.reason
@@ -115,3 +115,27 @@ def test_mergeable_copy_partials_are_merged_by_the_original(cluster, tmp_path):
     assert [r["window_start"] for r in rows] == [1000 * i for i in range(len(rows))]
     assert all(r["count"] == 1000 for r in rows[:-1]), [r for r in rows if r["count"] != 1000][:3]
     assert total > RATE // 2
+
+
+def test_slots_are_warm_and_shown_and_a_cold_worker_starts_when_none_is_left(tmp_path):
+    """Embedded cluster, 2 workers, 2 slots: the first copy goes to the warm slot off the hot
+    operator's worker; the second finds none left and starts a worker (the cold path)."""
+    out = tmp_path / "tagged.jsonl"
+    app = Application("copies-cold")
+    app.source("numbers", count=10**9, keys=5, rate=RATE).apply("tag").sink("jsonl", path=str(out))
+    with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[]) as dep:
+        until(dep, processed("tag-2"), "tag-2 processes tuples")
+        slots = dep.status()["slots"]
+        assert [s["slot"] for s in slots] == ["slot-1", "slot-2"] and not any(s["copies"] for s in slots)
+        warm = dep.apply(Replicate("tag-2", 1))
+        assert warm.applied, warm.reason
+        cold = dep.apply(Replicate("tag-2", 1))
+        assert cold.applied, cold.reason
+        assert len(dep.placement().workers) == 3
+        assert any(e["kind"] == "cold-start" for e in dep.status()["events"])
+        held = {s["slot"]: s["copies"] for s in dep.status()["slots"]}
+        assert sorted(c for cs in held.values() for c in cs) == ["tag-2#1", "tag-2#2"]
+        until(dep, lambda s: all(processed(c)(s) for c in ("tag-2#1", "tag-2#2")), "both copies work")
+        assert dep.apply(Release("tag-2", 2)).applied
+        dep.next_snapshot(timeout=WAIT)
+    assert_every_number_once(read(out))
