@@ -348,7 +348,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     found = load_plugins(tuple(args.plugin))
     out.print(operators_table(found))
     out.print(aggregates_table(found))
-    out.print(_named_table("policies", {n: found.origins.get(n, "") for n in found.policies()}))
+    defaults = config.get("policies.default") or ()
+    out.print(_named_table("policies", {n: found.origins.get(n, "") + (" (default)" if n in defaults else "")
+                                        for n in found.policies()}))
     out.print(_named_table("resource managers", {n: f"{c.__module__}.{c.__qualname__}"
                                                  for n, c in found.resource_managers.items()}))
     if found.failures:

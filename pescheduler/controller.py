@@ -87,7 +87,7 @@ class Decision:
     def text(self) -> str:
         """One line for the live view."""
         if self.action is None:
-            return f"{self.policy} {self.outcome}: {self.detail}"
+            return f"{self.policy} {self.outcome} because it {self.detail}"
         why = f" ({self.detail})" if self.detail and self.outcome != "applied" else ""
         return f"{self.policy} {self.outcome} {self.action!r}{why}: {self.action.reason}"
 
