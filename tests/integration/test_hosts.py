@@ -62,7 +62,7 @@ def test_a_host_asked_back_by_the_schedule_is_returned_before_its_deadline(tmp_p
     out, count = tmp_path / "out.jsonl", 30_000
     with dask.config.set({"pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": str(schedule)}):
         with pescheduler.deploy(numbers_app(out, count, rate=2_500), workers=2, rm="local",
-                                plugins=["support_ops"]) as dep:
+                                plugins=["support_ops"], policies=[]) as dep:
             assert dep.apply(BorrowHosts(1, reason="test"), timeout=WAIT).applied
             host = dep.hosts.borrowed["local-1"]
             assert dep.apply(Move(sink_pe(dep), host.workers[0])).applied
@@ -86,7 +86,7 @@ def test_a_host_freed_by_the_schedule_is_borrowed_and_processes_tuples(tmp_path)
     out, count = tmp_path / "out.jsonl", 30_000
     with dask.config.set({"pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": demand}):
         with pescheduler.deploy(numbers_app(out, count, rate=3_000), workers=2, rm="local",
-                                plugins=["support_ops"]) as dep:
+                                plugins=["support_ops"], policies=[]) as dep:
             refused = dep.apply(BorrowHosts(1))
             assert not refused.applied and "granted no host" in refused.reason
             until(lambda: dep.resources().lendable == 1, 20, "local-1 to become lendable")
@@ -141,7 +141,7 @@ def test_an_unreachable_or_refusing_manager_never_stops_the_app(tmp_path, monkey
     monkeypatch.setitem(active_plugins().resource_managers, "refusing", RefusingRM)
     out, count = tmp_path / "out.jsonl", 5_000
     with pescheduler.deploy(numbers_app(out, count, rate=2_500), workers=2, rm=rm,
-                            plugins=["support_ops"]) as dep:
+                            plugins=["support_ops"], policies=[]) as dep:
         record = dep.apply(BorrowHosts(1), timeout=WAIT)
         assert not record.applied and refusal in record.reason
         assert not dep.apply(ReturnHost("127.0.0.1")).applied          # a host it holds but did not borrow
