@@ -176,6 +176,15 @@ class Deployment:
             return self.board.monitor.latest
         return self._loop.run(wait())
 
+    def pe_stats(self) -> dict[str, dict]:
+        """Every PE's raw cumulative counters now, fetched from the workers (``pe_id -> stats``):
+        what the monitor folds into snapshots, plus router counts and first-input times."""
+        async def fetch() -> dict[str, dict]:
+            answers = await asyncio.gather(*(self.client.rpc(w).pe_stats(deployment=self.id, dead_letters=False)
+                                             for w in self._placement.workers))
+            return {pe: stats for a in answers for pe, stats in a["pes"].items()}
+        return self._loop.run(fetch())
+
     def dead_letters(self) -> list[dict]:
         """Dead letters received so far (the newest ``pescheduler.dead-letters.keep``)."""
         return list(self._dead_letters)

@@ -144,11 +144,12 @@ class PEHost:
         self.version += 1
         self._changed.set()
 
-    def pe_stats(self, deployment: str) -> dict:
-        """Cumulative counters of the deployment's PEs here, and dead letters since the last call."""
+    def pe_stats(self, deployment: str, dead_letters: bool = True) -> dict:
+        """Cumulative counters of the deployment's PEs here, and (``dead_letters``, the monitor's
+        call) the dead letters since the last such call."""
         dead = []
         pes = self._of(deployment)
-        for pe in pes.values():
+        for pe in pes.values() if dead_letters else ():
             for d in pe.take_dead_letters():
                 dead.append({"op": d.operator, "pe": pe.pe_id, "item": _portable(d.item), "error": d.error})
         return {"worker": self.worker.address, "version": self.version, "process": self._process_stats(),
@@ -221,7 +222,9 @@ class PEHost:
                             self._receiver, self.data_address,
                             cloudpickle.loads(routing) if routing else None, copies)
         elif copies is not None:
-            pe.chain.copies = dict(copies)
+            # Added, never dropped, here: this PE's routers still name released copies until
+            # its own routing is rewired (copy ids are never reused for another operator).
+            pe.chain.copies.update(copies)
         pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
                       cloudpickle.loads(edges) if edges else None)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ class PERunner:
         self.idle_s = 0.0
         self._idle_since: float | None = None      # when the current idle wait began
         self.started_at = 0.0
+        self.first_input_at: float | None = None   # wall clock of the first batch in (copy activation)
         self.side_counts: dict[str, int] = {}
         self.task: asyncio.Task | None = None
 
@@ -247,6 +249,8 @@ class PERunner:
         while items:
             channel, kind, payload = items.popleft()
             if kind == DATA:
+                if self.first_input_at is None:
+                    self.first_input_at = time.time()
                 self.inbox.data_batches -= 1
                 batch = decode(payload) if isinstance(payload, bytes) else payload
                 self._on_loop(channel.grant)    # per batch, so the sender keeps pipelining
@@ -443,6 +447,8 @@ class PERunner:
             "idle_s": self.idle_s + (perf_counter() - self._idle_since if self._idle_since else 0.0),
             "backpressure_s": sum(ch.gate.blocked_s for _s, ch in self.outs),
             "threaded": bool(self._thread), "threaded_because": self.threaded_because,
+            "first_input_at": self.first_input_at,
+            "routers": self.chain.router_counts() if self.chain else {},
             "queue_batches": self.inbox.data_batches,
             "max_queue_batches": self.inbox.max_data_batches,
             "queue_tuples": self.inbox.queued_tuples(),

@@ -32,3 +32,14 @@ def test_live_reconfiguration_example_as_written():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "equal to the plain-Python reference: True" in result.stdout
     assert result.stdout.count("applied=True") == 3
+
+
+def test_hotspot_example_copies_follow_the_heat_and_results_are_exact():
+    result = subprocess.run([sys.executable, str(EXAMPLES / "hotspot_cars.py")],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "equal to the plain-Python reference: True" in out
+    steps = [line.split(":")[0] for line in out.splitlines() if "applied=True" in line]
+    assert steps[:3] == ["Replicate('timeframe-1', 1)", "Release('timeframe-1', 1)",
+                         "Replicate('timeframe-2', 1)"], out[-3000:]
