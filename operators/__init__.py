@@ -6,7 +6,7 @@ It registers through the ``pescheduler`` entry-point group
 * sources: ``iterable``, ``generator``, ``jsonl`` (:mod:`.sources`)
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
-  (:mod:`.count_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
+  (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
 * sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`)
 * the ends of ``pescheduler.ep`` queries: ``ep_schema`` and the sink ``ep_output`` (:mod:`.ep_io`)
 * aggregates: ``count``, ``sum``, ``sumsq``, ``min``, ``max``, ``avg``, ``var``,
@@ -22,6 +22,7 @@ from .basic import Filter, FlatMap, KeyBy, Map
 from .count_window import CountWindow
 from .ep_io import OutputProcessors, SchemaCheck
 from .join import Join
+from .over_window import OverWindow
 from .pattern import Pattern
 from .session import SessionWindow
 from .sinks import DiscardSink, JsonlSink, ParquetSink, PrintSink
@@ -29,7 +30,7 @@ from .sources import GeneratorSource, IterableSource, JsonlSource
 from .window import Window
 
 OPERATORS = [IterableSource, GeneratorSource, JsonlSource, Map, Filter, FlatMap, KeyBy, Window,
-             SessionWindow, CountWindow, Join, Pattern, SchemaCheck, JsonlSink, PrintSink, DiscardSink,
+             SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, JsonlSink, PrintSink, DiscardSink,
              ParquetSink, OutputProcessors]
 
 __all__ = [cls.__name__ for cls in OPERATORS]

@@ -26,7 +26,6 @@ time).
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Any, Callable, Iterable
 
 from pescheduler.chain import MIN_WATERMARK
@@ -70,25 +69,10 @@ class CountWindow(AggregatingWindow):
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
-        ts_f, wm, pending = self.ts_field, self._wm, self._pending
-        for t in batch:
-            try:
-                ts = t[ts_f]
-                if ts <= wm:
-                    emit.to("late", t)
-                else:
-                    pending.append((ts, t))
-            except Exception as exc:
-                emit.dead_letter(t, exc)
+        self._hold(batch, emit)
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
-        self._wm = watermark
-        ready = [p for p in self._pending if p[0] <= watermark]
-        if not ready:
-            return
-        self._pending = [p for p in self._pending if p[0] > watermark]
-        ready.sort(key=itemgetter(0))          # stable: arrival order within a timestamp
-        for ts, t in ready:
+        for ts, t in self._release(watermark):
             try:
                 self._take(self._key_of(t), ts, t, emit.append)
             except Exception as exc:            # _take changes nothing when it raises

@@ -29,6 +29,7 @@ its batch counts.
 from __future__ import annotations
 
 from bisect import bisect_left
+from operator import itemgetter
 from typing import Any, Callable, Iterable
 
 from pescheduler.aggregates import AggregatePlan, Query
@@ -154,6 +155,29 @@ class AggregatingWindow(Operator):
         groups = list(groups)
         for qid, rows in self._rows:
             rows(groups, ws, we, lambda row, q=qid: out((q, row)))
+
+    # -- windows that take tuples in event-time order ------------------------------------------
+    def _hold(self, batch: list, emit: Emitter) -> None:
+        """Keep tuples until the watermark passes them (``self._pending``); late ones go aside."""
+        ts_f, wm, pending = self.ts_field, self._wm, self._pending
+        for t in batch:
+            try:
+                ts = t[ts_f]
+                if ts <= wm:
+                    emit.to("late", t)
+                else:
+                    pending.append((ts, t))
+            except Exception as exc:
+                emit.dead_letter(t, exc)
+
+    def _release(self, watermark: int) -> list:
+        """``(ts, t)`` the watermark has passed, by ``ts`` (arrival order within a timestamp)."""
+        self._wm = watermark
+        ready = [p for p in self._pending if p[0] <= watermark]
+        if ready:
+            self._pending = [p for p in self._pending if p[0] > watermark]
+            ready.sort(key=itemgetter(0))
+        return ready
 
     # -- state ------------------------------------------------------------------------------
     def parameters(self) -> dict:

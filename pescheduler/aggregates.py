@@ -55,6 +55,10 @@ class Aggregate:
     field), by registered name or as ``Aggregate`` objects, and
     ``result(*their_results)`` combines them, in ``uses`` order.
 
+    A base aggregate may also be *invertible*: ``subtract(acc, value)`` takes a
+    value back out (``count``, ``sum``, ``sumsq``), which lets a window that
+    slides with every event drop its oldest values instead of recomputing.
+
     ``needs_field=False`` marks an aggregate that ignores the field (``count``),
     so ``count`` over any field is one accumulator. The ``*_src`` templates are
     optional Python expressions the code generator inlines instead of calling
@@ -73,6 +77,8 @@ class Aggregate:
     update_src: str | None = None
     merge_src: str | None = None
     result_src: str | None = None
+    subtract: Callable[[Any, Any], Any] | None = None
+    subtract_src: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "uses", tuple(self.uses))
@@ -105,11 +111,14 @@ def _variance(total, total_sq, n):
 # poisoning the pane for every later tuple.
 BUILTINS: dict[str, Aggregate] = {a.name: a for a in (
     Aggregate("count", create=lambda: 0, update=lambda a, v: a + 1, merge=lambda a, b: a + b,
-              needs_field=False, init_src="1", update_src="{a} + 1", merge_src="{a} + {b}"),
+              needs_field=False, init_src="1", update_src="{a} + 1", merge_src="{a} + {b}",
+              subtract=lambda a, v: a - 1, subtract_src="{a} - 1"),
     Aggregate("sum", create=lambda: 0, update=lambda a, v: a + v, merge=lambda a, b: a + b,
-              init_src="0 + {v}", update_src="{a} + {v}", merge_src="{a} + {b}"),
+              init_src="0 + {v}", update_src="{a} + {v}", merge_src="{a} + {b}",
+              subtract=lambda a, v: a - v, subtract_src="{a} - {v}"),
     Aggregate("sumsq", create=lambda: 0, update=lambda a, v: a + v * v, merge=lambda a, b: a + b,
-              init_src="{v} * {v}", update_src="{a} + {v} * {v}", merge_src="{a} + {b}"),
+              init_src="{v} * {v}", update_src="{a} + {v} * {v}", merge_src="{a} + {b}",
+              subtract=lambda a, v: a - v * v, subtract_src="{a} - {v} * {v}"),
     Aggregate("min", create=lambda: None, update=lambda a, v: v if a is None else _minimum(a, v),
               merge=lambda a, b: b if a is None else a if b is None else _minimum(a, b),
               init_src="min({v}, {v})", update_src="{v} if {v} < {a} else {a}",
@@ -322,6 +331,32 @@ class AggregatePlan:
                  *[f"    s[{i}] = n{i}" for i in range(len(self.slots))],
                  "    return s"]
         return _generate(lines, "fold", self._namespace(), f"fold {self.layout}")
+
+    @property
+    def invertible(self) -> bool:
+        """Every base aggregate can take values back out (see ``Aggregate.subtract``)."""
+        return all(node.aggregate.subtract is not None for node in self.slots)
+
+    def subtractor(self) -> Callable:
+        """Generate ``subtract(s, t)``: ``t`` taken back out of ``s`` in place (``invertible`` plans)."""
+        src = _PaneUpdaterSource(self, None, None, 1)
+        exprs = []
+        for node in self.slots:
+            agg, i = node.aggregate, node.slot
+            v = src.values.get(node.field, "None") if agg.needs_field else "None"
+            exprs.append(f"({agg.subtract_src.format(a=f's[{i}]', v=v)})" if agg.subtract_src
+                         else f"_subtract{i}(s[{i}], {v})")
+        lines = ["def subtract(s, t):",
+                 *[f"    {var} = t[{f!r}]" for f, var in src.values.items()],
+                 f"    if len(s) != {len(self.slots)}:",
+                 "        s[:] = [n.aggregate.subtract(a, t[n.field] if n.aggregate.needs_field else None)",
+                 "                for n, a in zip(_slots, s)]",
+                 "        return",
+                 *[f"    n{i} = {e}" for i, e in enumerate(exprs)],
+                 *[f"    s[{i}] = n{i}" for i in range(len(self.slots))]]
+        ns = {**self._namespace(), "_slots": list(self.slots)}
+        ns.update((f"_subtract{n.slot}", n.aggregate.subtract) for n in self.slots)
+        return _generate(lines, "subtract", ns, f"subtract {self.layout}")
 
     def merger(self) -> Callable:
         """Generate ``merge(a, b) -> slots``: two groups' slots combined (panes, copies).

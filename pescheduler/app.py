@@ -123,7 +123,9 @@ class Stream:
         """A window with aggregates; exactly one of ``size``, ``gap`` or ``count`` says which kind.
 
         ``size=`` (and ``slide=``): tumbling or sliding event-time windows
-        (operators/window.py); ``gap=``: session windows (operators/session.py);
+        (operators/window.py); ``size=`` with ``slide="event"``: a result per event over
+        the ``size`` before it (operators/over_window.py); ``gap=``: session windows
+        (operators/session.py);
         ``count=`` (and ``slide=`` in tuples): count windows (operators/count_window.py).
         """
         kinds = {"size": size, "gap": gap, "count": count}
@@ -139,6 +141,8 @@ class Stream:
         if count is not None:
             return self.apply("count_window", id=id, count=count, slide=slide, aggregates=aggregates,
                               **params)
+        if slide == "event":
+            return self.apply("over_window", id=id, size=size, aggregates=aggregates, **params)
         return self.apply("window", id=id, size=size, slide=slide, aggregates=aggregates, **params)
 
     def join(self, other: "Stream", within: Any, *, id: str | None = None, **params: Any) -> "Stream":

@@ -145,12 +145,15 @@ class Tumbling:
 
 @dataclass(frozen=True)
 class Sliding:
-    """Sliding event-time windows of ``size`` every ``slide`` (operators/window.py)."""
+    """Sliding event-time windows of ``size`` every ``slide`` (operators/window.py), or with
+    ``slide="event"`` a result per event over the ``size`` before it (operators/over_window.py)."""
 
     size: Any
     slide: Any
 
     def operator(self) -> tuple[str, dict]:
+        if self.slide == "event":
+            return "over_window", {"size": self.size}
         return "window", {"size": self.size, "slide": self.slide}
 
     @property

@@ -1,0 +1,83 @@
+"""Windows sliding with every event against a plain-Python reference."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pescheduler import Application
+from pescheduler.chain import MIN_WATERMARK
+from pescheduler.errors import InvalidApplication
+from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
+from pescheduler.operators.over_window import OverWindow
+from pescheduler.testing import run_operators
+from test_op_window import AGGS, FUNCS, MAX_DELAY, assert_rows_equal, feed, streams
+from test_op_window_session import arrivals
+
+INVERTIBLE = {out: spec for out, spec in AGGS.items() if spec[0] not in ("min", "max")}
+
+
+def reference(events, batch_size, size, aggs):
+    """Per event in event-time order (peers: same key and ts), the aggregates over (ts - size, ts]."""
+    kept, late, dead = arrivals(events, batch_size)
+    ordered = sorted(kept, key=lambda t: t["ts"])
+    rows = []
+    for ts in sorted({t["ts"] for t in ordered}):
+        step = [t for t in ordered if t["ts"] == ts]
+        for k in dict.fromkeys(t["k"] for t in step):
+            values = [t["v"] for t in ordered if t["k"] == k and ts - size < t["ts"] <= ts]
+            row = {"k": k, "window_start": ts - size + 1, "window_end": ts + 1,
+                   **{out: FUNCS[fn](values) for out, (fn, _) in aggs.items()}}
+            rows.extend(dict(row) for t in step if t["k"] == k)
+    return rows, late, dead
+
+
+@settings(max_examples=60, deadline=None)
+@given(streams(poison=True), st.sampled_from([1, 5, 30, 200]), st.sampled_from([1, 7, 50, 1000]),
+       st.sampled_from([AGGS, INVERTIBLE]))
+def test_matches_reference_with_late_events_and_bad_tuples(events, size, batch_size, aggs):
+    result = run_operators(events, OverWindow(size, aggs), batch_size=batch_size,
+                           max_delay=MAX_DELAY, key_field="k")
+    rows, late, dead = reference(events, batch_size, size, aggs)
+    assert_rows_equal(result.output, rows)
+    assert result.sides.get("late", []) == late
+    assert sorted(map(id, (d.item for d in result.dead_letters))) == sorted(map(id, dead))
+
+
+@settings(max_examples=30, deadline=None)
+@given(streams(), st.sampled_from([5, 30]), st.sampled_from([1, 7, 50]), st.floats(0, 1))
+def test_snapshot_restore_midstream_gives_the_same_output(events, size, batch_size, cut):
+    full = run_operators(events, OverWindow(size, AGGS), batch_size=batch_size,
+                         max_delay=MAX_DELAY, key_field="k")
+    batches = [events[b:b + batch_size] for b in range(0, len(events), batch_size)]
+    split = int(len(batches) * cut)
+    first = OverWindow(size, AGGS)
+    first.open(OperatorContext("over-1", key_field="k"))
+    state = [MIN_WATERMARK, MIN_WATERMARK]
+    head = feed(first, batches[:split], state)
+    second = OverWindow(**first.parameters())
+    second.open(OperatorContext("over-1", key_field="k"))
+    second.restore(first.snapshot())
+    for window in (first, second):       # both go on: the snapshot must share nothing
+        tail = feed(window, batches[split:], list(state))
+        window.on_watermark(MAX_WATERMARK, tail)
+        assert head + tail == full.output
+
+
+def test_peers_see_each_other_and_quiet_keys_are_swept():
+    window, out = OverWindow(10, {"n": "count", "s": ("sum", "v")}, key="k"), Emitter()
+    window.process([{"k": "a", "v": 1, "ts": 0}, {"k": "a", "v": 2, "ts": 5},
+                    {"k": "a", "v": 4, "ts": 5}, {"k": "b", "v": 8, "ts": 10}], out)
+    window.on_watermark(10, out)
+    assert [(r["k"], r["window_end"], r["n"], r["s"]) for r in out] == [
+        ("a", 1, 1, 1), ("a", 6, 3, 7), ("a", 6, 3, 7), ("b", 11, 1, 8)]
+    window.process([{"k": "b", "v": 1, "ts": 14}], out)
+    window.on_watermark(20, out)                     # a's events are all 10 behind: swept
+    assert list(window._keys) == ["b"] and out[-1]["n"] == 2
+    assert window.plan.invertible and not OverWindow(10, {"m": ("max", "v")}).plan.invertible
+
+
+def test_reached_from_stream_window_with_slide_event():
+    app = Application("over")
+    out = app.source("iterable", items=[]).window(size="1s", slide="event", aggregates={"n": "count"})
+    assert app.nodes[out.op_id].name == "over_window"
+    with pytest.raises(InvalidApplication, match="exactly one of size="):
+        app.source("iterable", items=[]).window(size="1s", gap="5s")
