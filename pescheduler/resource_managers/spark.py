@@ -99,6 +99,7 @@ def spark_conf(master: str, s: dict) -> dict:
         "spark.python.task.killTimeout": "100ms",
         "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
         "spark.ui.showConsoleProgress": "false",
+        "spark.ui.enabled": "true",     # its REST API lists executors (a reused driver JVM may say otherwise)
         # executors import what the deploying process imports (app modules, plug-ins)
         "spark.executorEnv.PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
     }

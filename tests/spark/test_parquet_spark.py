@@ -1,0 +1,40 @@
+"""The parquet sink's files, written by a running stream, read back by Spark: the same rows."""
+
+from __future__ import annotations
+
+import pytest
+
+import pescheduler
+from pescheduler import Application
+
+pytestmark = pytest.mark.spark
+
+EVENTS = 20_000
+
+
+def test_spark_reads_the_streams_parquet_files_as_the_streams_output(tmp_path):
+    import connected_cars
+    from pyspark.sql import SparkSession
+
+    app = Application("cars-to-parquet")
+    (app.source("generator", **{**connected_cars.GENERATOR, "events": EVENTS})
+        .map(connected_cars.to_metres_per_second)
+        .filter(connected_cars.moving)
+        .key_by("car")
+        .window(size="60s", aggregates={"avg_speed": ("avg", "speed")})
+        .sink("parquet", path=str(tmp_path / "avg"), roll="60s", ts_field="window_start", rows=5_000))
+    with pescheduler.deploy(app, workers=2) as dep:
+        assert dep.wait(timeout=120)["state"] == "finished"
+
+    spark = (SparkSession.builder.master("local[1]").appName("read-parquet")
+             .config("spark.driver.memory", "512m").config("spark.ui.enabled", "false").getOrCreate())
+    try:
+        table = spark.read.parquet(str(tmp_path / "avg"))
+        rows = [r.asDict() for r in table.collect()]
+        files = table.inputFiles()
+    finally:
+        spark.stop()
+    key = lambda r: (r["window_start"], r["car"])         # noqa: E731
+    expected = sorted(connected_cars.reference(EVENTS), key=key)
+    assert sorted(rows, key=key) == expected
+    assert len(files) == -(-len(expected) // 5_000)           # rolled at 5,000 rows per file
