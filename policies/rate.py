@@ -12,11 +12,12 @@ Scaling is in one step, up or down, through Replicate/Release of copies on
 standard slots. No change while the projected utilisation at the current size
 stays inside ``target ± tolerance``, so small swings are never chased.
 
-A paced source that is backpressured emits less than it is offered; its
-offered rate is estimated as ``out / (1 - backpressure)`` (the rate it keeps
-while not blocked). A source that catches up after a block runs flat out, so
-the estimate is then its top speed: ``max-copies`` and the free slots bound
-what that can cost.
+The sources' offered rate is what DS2 takes as given. A source that declares
+its ``rate`` is offered that. Otherwise a backpressured source emits less
+than it is offered, and ``out / (1 - backpressure)`` (the rate it keeps while
+not blocked) estimates it; a source blocked nearly all the time reveals
+little (it may be far behind, or just fast), so the estimate counts at most
+half the time as blocked: such a source is sized up at most 2x per step.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from pescheduler.actions import Action, BorrowHosts, Release, Replicate
 from pescheduler.plugins import hookimpl
 
 from ._common import Load, View, hosts_for, setting, take_slots
+
+
+MAX_BLOCKED = 0.5      # of a source's time counted as blocked when estimating its offered rate
 
 
 @hookimpl
@@ -87,9 +91,10 @@ def target_rates(view: View) -> dict[str, float]:
             continue
         ups = view.upstream[op]
         if not ups:
+            declared = view.placement.plan.ops[op].params.get("rate")
             pe = view.snapshot.pes.get(view.pe_of[op])
-            blocked = min(pe.backpressure, 0.95) if pe else 0.0
-            rate_in[op] = rate_out[op] = now.tuples_out / (1.0 - blocked)
+            blocked = min(pe.backpressure, MAX_BLOCKED) if pe else 0.0
+            rate_in[op] = rate_out[op] = float(declared) if declared else now.tuples_out / (1.0 - blocked)
             continue
         if any(u not in rate_out for u in ups):
             continue

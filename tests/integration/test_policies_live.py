@@ -22,9 +22,9 @@ from pescheduler import Application
 pytestmark = pytest.mark.integration
 
 WAIT = 120                 # seconds: the bound on every wait
-EVENTS = 24_000
-RATE = 1_000               # events/s: the run lasts about 24 s
-HIGH = range(6_000, 14_000)
+EVENTS = 30_000
+RATE = 1_000               # events/s: the run lasts about 30 s
+HIGH = range(5_000, 10_000)  # then 20 s of low load: time to catch up, calm down and release
 FANOUT = 4                 # the expand step multiplies its input by this during HIGH
 SPIN_S = 0.00025           # CPU seconds the heavy step spends per tuple: 0.25 of a core at 1,000/s
 

@@ -6,6 +6,7 @@ in the snapshots is written here by hand.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
@@ -75,6 +76,24 @@ def test_rate_propagates_selectivity_and_leaves_light_operators_alone():
     snap = snapshot(pl, ops, {"op0": {"backpressure": 1 / 3}})       # offered 1500/s
     [action] = rate.decide(snap, pl, NONE, {})
     assert same(action, Replicate("op2", 1)) and action.figures["offered_in_per_s"] == pytest.approx(4500)
+
+
+def test_rate_takes_a_declared_source_rate_and_sizes_undeclared_blocked_sources_up_2x_per_step():
+    sim = chain()
+    src = sim.placement.plan.ops["op0"]
+    plan = sim.placement.plan
+    declared = replace(sim.placement, plan=replace(plan, ops=MappingProxyType(
+        {**plan.ops, "op0": replace(src, params=MappingProxyType({**src.params, "rate": 5000}))})))
+    ops = steady(declared, 1000, {"op2": 0.5})
+    snap = snapshot(declared, ops, {"op0": {"backpressure": 0.99}})
+    # declared 5,000/s: op2 (2,000 t/s per busy second) needs ceil(5000 / (2000 * 0.7)) = 4 instances;
+    # the two free slots give it 3
+    [action] = rate.decide(snap, declared, NONE, {})
+    assert same(action, Replicate("op2", 2)) and action.figures["wanted"] == 4
+    pl = sim.placement
+    # undeclared and blocked 99% of the time: taken as blocked half the time, offered 2,000/s
+    [action] = rate.decide(snapshot(pl, ops, {"op0": {"backpressure": 0.99}}), pl, NONE, {})
+    assert same(action, Replicate("op2", 1)) and action.figures["offered_in_per_s"] == pytest.approx(2000)
 
 
 def test_rate_releases_copies_in_one_step_when_the_load_falls():
