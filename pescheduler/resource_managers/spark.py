@@ -209,20 +209,8 @@ class SparkResourceManager:
             except Exception as exc:
                 logger.warning("spark: stopping the context failed: %s", exc)
             self.sc = None
-        gateway = SparkContext._gateway
-        if self._own_gateway and gateway is not None:
-            proc = getattr(gateway, "proc", None)
-            try:
-                gateway.shutdown()
-            except Exception:
-                pass
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except Exception:
-                    proc.kill()
-            SparkContext._gateway = SparkContext._jvm = None
+        if self._own_gateway:
+            stop_driver_jvm()
         if self.cluster is not None:
             self.cluster.stop()
 
@@ -318,6 +306,33 @@ class SparkResourceManager:
         newest = held[-1]
         newest.asked = True
         await self._on_event(HostReturnRequested(newest.host, time.time() + self.return_within))
+
+
+def stop_driver_jvm() -> None:
+    """Stop pyspark's driver JVM (the py4j gateway) by its PID and wait for it, so none outlives us.
+
+    pyspark keeps that JVM for the life of the Python process; a long-lived
+    process that starts and stops Spark applications would otherwise keep it
+    (and, once this process exits, leave it to init as a zombie).
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    try:
+        gateway.shutdown()
+    except Exception:
+        pass
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except Exception:
+            proc.kill()
+            proc.wait(10)
+    SparkContext._gateway = SparkContext._jvm = None
 
 
 def _java_error(exc: Exception) -> str:

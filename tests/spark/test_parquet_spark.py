@@ -16,6 +16,8 @@ def test_spark_reads_the_streams_parquet_files_as_the_streams_output(tmp_path):
     import connected_cars
     from pyspark.sql import SparkSession
 
+    from pescheduler.resource_managers.spark import stop_driver_jvm
+
     app = Application("cars-to-parquet")
     (app.source("generator", **{**connected_cars.GENERATOR, "events": EVENTS})
         .map(connected_cars.to_metres_per_second)
@@ -34,6 +36,7 @@ def test_spark_reads_the_streams_parquet_files_as_the_streams_output(tmp_path):
         files = table.inputFiles()
     finally:
         spark.stop()
+        stop_driver_jvm()
     key = lambda r: (r["window_start"], r["car"])         # noqa: E731
     expected = sorted(connected_cars.reference(EVENTS), key=key)
     assert sorted(rows, key=key) == expected
