@@ -1,0 +1,128 @@
+"""Scale: the default policies on a real multi-process Dask cluster, started the way a multi-machine one is.
+
+A ``dask scheduler`` and 8 ``dask worker`` processes are started with the
+command-line tools (each stopped by its PID at the end), a 40-operator app
+is deployed with ``python -m pescheduler deploy --cluster``, the default
+policies act on its hot operator, and the windowed output must equal a plain
+Python run. ``PESCHEDULER_SCALE`` bounds the run for CI (0.1: a tenth of
+the events), as for the other scale tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pescheduler.resource_managers import processes
+
+pytestmark = [pytest.mark.scale, pytest.mark.integration]
+
+SCALE = float(os.environ.get("PESCHEDULER_SCALE", "1"))
+EVENTS = max(6_000, int(60_000 * SCALE))
+WORKERS = 8
+WAIT = 600              # seconds: the bound on every wait
+
+APP = '''
+import time
+from pescheduler import Application
+
+EVENTS, KEYS, MAPS = {events}, 50, 34      # 34 maps + source, hot, filter, key_by, window, sink = 40
+SPIN_S = 0.0004          # the hot operator: 0.8 of a core at 2,000 events/s
+
+
+def add(i):
+    return lambda e: {{**e, "v": e["v"] + i}}
+
+
+def spin(e):
+    end = time.perf_counter() + SPIN_S
+    while time.perf_counter() < end:
+        pass
+    return e
+
+
+def events():
+    return [{{"n": n, "k": n % KEYS, "v": 0, "ts": n // 10}} for n in range(EVENTS)]
+
+
+def make(out):
+    app = Application("scale-40")
+    s = app.source("iterable", items=events(), rate=2_000)
+    for i in range(MAPS):
+        s = s.map(add(i))
+        if i == 20:
+            s = s.map(spin, id="hot")
+    s = s.filter(lambda e: e["n"] % 7 != 3)
+    (s.key_by("k").window(size="1s", aggregates={{"total": ("sum", "v"), "count": ("count", "v")}})
+        .sink("jsonl", path=out))
+    return app
+
+
+def reference():
+    offset = sum(range(MAPS))
+    rows = {{}}
+    for e in events():
+        if e["n"] % 7 == 3:
+            continue
+        key = (e["k"], e["ts"] // 1000 * 1000)
+        total, count = rows.get(key, (0, 0))
+        rows[key] = (total + e["v"] + offset, count + 1)
+    return sorted((k, ws, ws + 1000, t, c) for (k, ws), (t, c) in rows.items())
+
+
+app = make({out!r})
+'''
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory):
+    """``dask scheduler`` + 8 ``dask worker`` processes from the CLI tools; each stopped by its PID."""
+    from distributed import Client
+
+    logs = str(tmp_path_factory.mktemp("dask-logs"))
+    port = processes.free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    started = [processes.start("scheduler", ["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                             "--no-dashboard"], log_dir=logs)]
+    try:
+        for i in range(WORKERS):
+            started.append(processes.start(
+                f"worker-{i}", ["dask", "worker", address, "--name", f"w{i}", "--nthreads", "1",
+                                "--nworkers", "1", "--no-dashboard", "--local-directory", logs], log_dir=logs))
+        with Client(address, timeout=WAIT, set_as_default=False) as client:
+            client.wait_for_workers(WORKERS, timeout=WAIT)
+        yield address
+    finally:
+        for proc in reversed(started):           # workers first, the scheduler last
+            proc.stop()
+
+
+def test_forty_operators_on_eight_cli_workers_default_policies_exact_output(dask_cluster, tmp_path):
+    out, log = tmp_path / "out.jsonl", tmp_path / "decisions.jsonl"
+    app = tmp_path / "scale_app.py"
+    app.write_text(textwrap.dedent(APP.format(events=EVENTS, out=str(out))))
+    conf = tmp_path / "conf.yaml"
+    conf.write_text(f"policies:\n  decision-log: {log}\n  cooldown: 2s\n  copy:\n    release-after: 3s\n")
+    result = subprocess.run([sys.executable, "-m", "pescheduler", "deploy", str(app), "--cluster", dask_cluster,
+                             "--config", str(conf), "--json"], capture_output=True, text=True, timeout=WAIT,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    statuses = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len({op["op"] for op in statuses[-1]["operators"] if "#" not in op["op"]}) == 40
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import scale_app
+    finally:
+        sys.path.remove(str(tmp_path))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    got = sorted((r["k"], r["window_start"], r["window_end"], r["total"], r["count"]) for r in rows)
+    assert got == scale_app.reference()
+    decisions = [json.loads(line) for line in log.read_text().splitlines()]
+    applied = [d for d in decisions if d["outcome"] == "applied"]
+    assert any(d["kind"] == "Replicate" and d["target"] == "hot" for d in applied), decisions
+    assert all(d["reason"] for d in decisions if d["action"])
