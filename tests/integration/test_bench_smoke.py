@@ -25,3 +25,10 @@ def test_parallel_benchmark_quick_runs_and_loses_nothing(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
     assert "0 lost, 0 duplicated" in result.stdout and "cold (new worker)" in result.stdout, result.stdout
+
+
+def test_hosts_benchmark_quick_runs_and_loses_nothing(tmp_path):
+    result = subprocess.run([sys.executable, str(BENCH / "hosts.py"), "--quick", "--rm", "local"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    assert "0 lost, 0 duplicated" in result.stdout, result.stdout[-3000:]
