@@ -70,6 +70,19 @@ class View:
     def worker(self, op: str) -> str:
         return self.placement.pes[self.pe_of[op]].worker
 
+    def backlogged(self, op: str, blocked: float = 0.1) -> bool:
+        """``op`` has more input than it takes: a full input window on an instance, or a sender
+        in another PE blocked on it. Its figures then understate its load (zero when stalled),
+        so policies never scale it down on them."""
+        pes, metrics = self.placement.pes, self.snapshot.pes
+        mine = {self.pe_of[i] for i in self.instances[op] if i in self.pe_of}
+        for p in mine:
+            m = metrics.get(p)
+            if m is not None and m.max_queue_batches and m.queue_batches >= m.max_queue_batches:
+                return True
+        senders = {self.pe_of[u] for u in self.upstream[op] if u in self.pe_of} - mine
+        return any(p in metrics and metrics[p].backpressure >= blocked for p in senders if p in pes)
+
     def free_slots(self) -> list[str]:
         """Workers of the standard slots holding no copy, in slot order."""
         return [s.worker for s in self.placement.slots.values() if not s.copies]

@@ -14,7 +14,8 @@ asked for bring the work per instance to ``target`` (one at least, at most
 copies are exclusive to the one sending the most (weight N at that router,
 as in the method), except for KEYED operators, whose copies every router
 shares. The concentration is gone when all of ``X``'s instances together are
-busy less than ``calm`` of one core.
+busy less than ``calm`` of one core and nothing waits for them (a backlog
+with idle instances is a stall, not calm).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def decide(snapshot, placement, config, memory: dict) -> list[Action]:
                     f"traffic concentrates on {op}: an instance is {now.hottest:.0%} busy "
                     f"(≥ {hot:.0%}); {n} cop{'y' if n == 1 else 'ies'} on standard slots"
                     + (f", exclusive to router {router[0]}" if router else ""))))
-        elif copies and now.busy < calm:
+        elif copies and now.busy < calm and not view.backlogged(op):
             since = calm_since.setdefault(op, snapshot.time)
             if snapshot.time - since >= release_after:
                 calm_since.pop(op)

@@ -10,7 +10,9 @@ operator the number of instances that runs it at ``target-utilisation``:
 
 Scaling is in one step, up or down, through Replicate/Release of copies on
 standard slots. No change while the projected utilisation at the current size
-stays inside ``target ± tolerance``, so small swings are never chased.
+stays inside ``target ± tolerance``, so small swings are never chased, and no
+scaling down while the operator is backlogged (its figures then understate
+its load, down to zero when it is stalled).
 
 The sources' offered rate is what DS2 takes as given. A source that declares
 its ``rate`` is offered that. Otherwise a backpressured source emits less
@@ -70,7 +72,7 @@ def decide(snapshot, placement, resources, config) -> list[Action]:
                 actions.append(Replicate(op, n, figures=figures, reason=(
                     f"{op} is offered {offered[op]:.0f} t/s and processes {figures['true_rate_per_s']:.0f} t/s "
                     f"per busy second: {want} instances run it at {target:.0%} (it has {now.instances})")))
-        else:
+        elif not view.backlogged(op):              # a backlog understates the load: never scale down on it
             actions.append(Release(op, now.instances - want, figures=figures, reason=(
                 f"{op} is offered {offered[op]:.0f} t/s: {want} instance(s) run it at or under "
                 f"{target:.0%} (it has {now.instances}, projected {projected:.0%} each)")))

@@ -233,3 +233,19 @@ def test_policies_answer_nothing_before_the_first_window():
     empty = MetricsSnapshot(0.0, 0.0)
     assert rate.decide(empty, pl, NONE, {}) == [] and copy.decide(empty, pl, {}, {}) == []
     assert threshold.decide(empty, pl, NONE, {}) == []
+
+
+def test_no_scaling_down_on_a_backlog_figures_understate_it():
+    sim = chain()
+    assert sim.apply(Replicate("op2", 2))
+    pl = sim.placement
+    ops = steady(pl, 0, {"op2": 0.0, "op2#1": 0.0, "op2#2": 0.0})          # nothing gets through
+    stalled = snapshot(pl, ops, {"op1": {"backpressure": 1.0}})
+    assert rate.decide(stalled, pl, NONE, {}) == []
+    memory: dict = {}
+    assert all(copy.decide(snapshot(pl, ops, {"op1": {"backpressure": 1.0}}, t=t), pl, {}, memory) == []
+               for t in (1.0, 100.0))
+    full = snapshot(pl, ops, {"op2#1": {"queue_batches": 8, "max_queue_batches": 8}})
+    assert rate.decide(full, pl, NONE, {}) == []
+    [release] = rate.decide(snapshot(pl, ops), pl, NONE, {})                 # idle and nothing waiting
+    assert same(release, Release("op2", 2))
