@@ -90,6 +90,7 @@ class AggregatingWindow(Operator):
         super().open(context)
         if self.key is None and context.key_field is not None:
             self.key, self._key_name = context.key_field, _key_name(context.key_field)
+            self._compiled = None               # the key is in the generated code
             self._recompile()
 
     def _checked_add(self, qid: Any, requests: dict) -> Query:
@@ -135,10 +136,19 @@ class AggregatingWindow(Operator):
         return list(self._queries)
 
     def _recompile(self) -> None:
-        self._merge = self.plan.merger()
-        self._rows = [(qid, self.plan.row_writer(query, self._key_name))
-                      for qid, (_, query) in self._queries.items()]
-        self._compile_state()
+        """Regenerate what the plan's change made stale: all of it when the slots changed,
+        else only the new queries' row writers (adding K queries stays linear in K)."""
+        if self.plan.layout != getattr(self, "_compiled", None):
+            self._compiled, self._writers = self.plan.layout, {}
+            self._merge = self.plan.merger()
+            self._compile_state()
+        writers = self._writers
+        for qid, (_, query) in self._queries.items():
+            if qid not in writers:
+                writers[qid] = self.plan.row_writer(query, self._key_name)
+        for qid in set(writers) - set(self._queries):
+            del writers[qid]
+        self._rows = list(writers.items())
 
     def _compile_state(self) -> None:
         """Generate the subclass's hot-path code for the current plan and key."""

@@ -350,9 +350,12 @@ class EventProcessor:
     ``max_delay`` (per stream, default 0): bounded out-of-orderness of its
     events; an event more than that behind the newest is late and goes to
     :meth:`late` instead of its windows (never dropped silently).
+    ``share=False`` gives every aggregate query its own window operator (the
+    baseline the sharing benchmark measures against).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, share: bool = True) -> None:
+        self.share = share
         self._streams: dict[str, _StreamState] = {}
         self._queries: dict[Any, Definition] = {}
         self._processors: dict[Any, list[Callable]] = {}
@@ -538,7 +541,8 @@ class EventProcessor:
             raise ValueError(f"query {query_id!r}: an aggregate needs a window on its stream, "
                              f"e.g. ep.Stream({stream.name!r}, window=ep.Tumbling('1s'))")
         name, params = stream.window.operator()
-        group = (prev, name, tuple(sorted(params.items())), stream.key)
+        group = (prev, name, tuple(sorted(params.items())), stream.key,
+                 None if self.share else query_id)
         op_id = self._groups.get(group)
         if op_id is None:
             op_id = f"{name}{len(self._groups) + 1}.{stream.name}"

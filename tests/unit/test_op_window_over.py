@@ -19,10 +19,15 @@ def reference(events, batch_size, size, aggs):
     """Per event in event-time order (peers: same key and ts), the aggregates over (ts - size, ts]."""
     kept, late, dead = arrivals(events, batch_size)
     ordered = sorted(kept, key=lambda t: t["ts"])
+    late_ids = {id(t) for t in late}
+    taken = sorted((t for t in events if id(t) not in late_ids), key=lambda t: t["ts"])
     rows = []
     for ts in sorted({t["ts"] for t in ordered}):
         step = [t for t in ordered if t["ts"] == ts]
-        for k in dict.fromkeys(t["k"] for t in step):
+        # keys in the order their first tuple of the step came, bad tuples included
+        for k in dict.fromkeys(t["k"] for t in taken if t["ts"] == ts):
+            if not any(t["k"] == k for t in step):
+                continue
             values = [t["v"] for t in ordered if t["k"] == k and ts - size < t["ts"] <= ts]
             row = {"k": k, "window_start": ts - size + 1, "window_end": ts + 1,
                    **{out: FUNCS[fn](values) for out, (fn, _) in aggs.items()}}
