@@ -156,7 +156,7 @@ def main() -> None:
     n = args.events or (800 if args.quick else 3000)
     jepc([80] if args.quick else [1, 20, 40, 60, 80, 100], n, 1 if args.quick else 2)
     print()
-    sharing([1, 10, 100], 3000 if args.quick else 20_000, 2 if args.quick else 5)
+    sharing([1, 10, 100], 5000 if args.quick else 20_000, 2 if args.quick else 5)
     sys.stdout.flush()
 
 

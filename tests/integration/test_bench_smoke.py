@@ -32,3 +32,11 @@ def test_hosts_benchmark_quick_runs_and_loses_nothing(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
     assert "0 lost, 0 duplicated" in result.stdout, result.stdout[-3000:]
+
+
+def test_ep_benchmark_quick_runs_and_prints_every_kind_and_the_sharing_ratios(tmp_path):
+    result = subprocess.run([sys.executable, str(BENCH / "ep.py"), "--quick"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    for line in ("filter", "aggregation", "correlation", "pattern", "mixed", "goal: K = 100 shared"):
+        assert line in result.stdout, result.stdout[-3000:]
