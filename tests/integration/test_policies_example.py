@@ -1,0 +1,79 @@
+"""The example policy package (examples/policies), pip-installed as a user would, found and run.
+
+It is installed into a private directory (not the test environment); its
+entry point makes ``latency-guard`` a policy that ``plugins`` lists, its own
+tests pass against the installed copy, and ``deploy --policy latency-guard``
+runs it on a real deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+PACKAGE = Path(__file__).parent.parent.parent / "examples" / "policies"
+WAIT = 300
+
+APP = '''
+import time
+from pescheduler import Application
+
+def spin(e):
+    end = time.perf_counter() + 0.0006          # 1.2 cores at 2,000 events/s: a queue builds
+    while time.perf_counter() < end:
+        pass
+    return {{**e, "v": e["n"] + 1}}
+
+app = Application("guarded")
+(app.source("iterable", items=[{{"n": n, "ts": n}} for n in range(16_000)], rate=2_000)
+    .map(spin, id="slow").sink("jsonl", path={out!r}))
+'''
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    target = tmp_path_factory.mktemp("site")
+    build = tmp_path_factory.mktemp("build")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(PACKAGE)], check=True, timeout=WAIT, cwd=build)
+    return target
+
+
+def run(args, installed, cwd, **kw):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(installed), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=WAIT, **kw)
+
+
+def test_plugins_lists_the_installed_policy(installed, tmp_path):
+    result = run(["-m", "pescheduler", "plugins"], installed, tmp_path)
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if "latency-guard" in line)
+    assert "pescheduler-latency-guard 0.1.0" in row
+
+
+def test_the_packages_own_tests_pass_against_the_installed_copy(installed, tmp_path):
+    result = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", str(PACKAGE / "tests")], installed, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "1 passed" in result.stdout
+
+
+def test_deploy_policy_latency_guard_copies_the_queued_operator(installed, tmp_path):
+    out, log = tmp_path / "out.jsonl", tmp_path / "decisions.jsonl"
+    (tmp_path / "app.py").write_text(APP.format(out=str(out)))
+    (tmp_path / "conf.yaml").write_text(f"policies:\n  decision-log: {log}\n")
+    result = run(["-m", "pescheduler", "deploy", "app.py", "--workers", "3", "--policy", "latency-guard",
+                  "--config", "conf.yaml"], installed, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert sorted(json.loads(line)["v"] for line in out.read_text().splitlines()) == list(range(1, 16_001))
+    decisions = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {d["policy"] for d in decisions} == {"latency-guard"}
+    up = [d for d in decisions if d["outcome"] == "applied" and d["action"] == "Replicate('slow', 1)"]
+    assert up and "longest input queue" in up[0]["reason"], decisions
