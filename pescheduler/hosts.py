@@ -258,11 +258,10 @@ class HostManager:
         text = f"host {host.host_id} lost: {reason or 'no reason given'}"
         self._mark("lost", host.host_id)
         self._event("host-lost", text + (f"; its PEs {', '.join(on_host)} are gone" if on_host else ""))
+        await self.dep._remove_workers(set(held.workers))    # nobody calls a dead worker (30 s timeouts)
         if on_host:
             await self.dep._fail(f"{text}. PEs {', '.join(on_host)} ran there; "
                                  f"recovery from a lost host is not implemented yet")
-        else:
-            await self.dep._remove_workers(set(held.workers))
 
     # -- watching borrowed workers ----------------------------------------------------------------
     async def _watch(self, worker: str, host_id: str) -> None:

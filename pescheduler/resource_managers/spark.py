@@ -80,8 +80,11 @@ def batch_demand(tracker, lease_jobs: set[int]) -> Demand:
     return Demand(pending, running)
 
 
-def spark_conf(master: str, s: dict) -> dict:
-    """The application's settings: dynamic allocation that lets leases hold executors."""
+def spark_conf(master: str, s: dict, local: bool = False) -> dict:
+    """The application's settings: dynamic allocation that lets leases hold executors.
+
+    ``local``: the cluster runs on this machine, so the driver listens on the loopback only.
+    """
     conf = {
         "spark.master": master, "spark.app.name": "pescheduler",
         "spark.dynamicAllocation.enabled": "true",
@@ -95,7 +98,6 @@ def spark_conf(master: str, s: dict) -> dict:
         "spark.executor.cores": "1", "spark.executor.memory": "512m",
         "spark.executor.extraJavaOptions": LIGHT_JVM,
         "spark.driver.memory": "512m", "spark.driver.extraJavaOptions": LIGHT_JVM,
-        "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
         "spark.python.task.killTimeout": "100ms",
         "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
         "spark.ui.showConsoleProgress": "false",
@@ -103,6 +105,8 @@ def spark_conf(master: str, s: dict) -> dict:
         # executors import what the deploying process imports (app modules, plug-ins)
         "spark.executorEnv.PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
     }
+    if local:
+        conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
     conf.update({k: str(v) for k, v in (s.get("conf") or {}).items()})
     return conf
 
@@ -190,10 +194,13 @@ class SparkResourceManager:
             master = self.cluster.master_url
         from pyspark import SparkConf, SparkContext
 
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        local = master.startswith(("spark://127.", "spark://localhost"))
+        if local:
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         self._own_gateway = SparkContext._gateway is None
         try:
-            self.sc = SparkContext(conf=SparkConf().setAll(list(spark_conf(master, self.settings).items())))
+            conf = spark_conf(master, self.settings, local)
+            self.sc = SparkContext(conf=SparkConf().setAll(list(conf.items())))
         except Exception as exc:
             raise ResourceManagerUnavailable(f"spark: cannot start the application on {master}: "
                                              f"{_java_error(exc)}") from exc

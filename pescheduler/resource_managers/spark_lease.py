@@ -26,7 +26,7 @@ def lease(args: tuple) -> str:
 async def _serve(scheduler: str, host_id: str) -> str:
     from distributed import Worker
 
-    worker = await Worker(scheduler, nthreads=1, name=host_id, dashboard=False, host="127.0.0.1")
+    worker = await Worker(scheduler, nthreads=1, name=host_id, dashboard=False)
     await worker.finished()
     return f"closed {host_id}"
 

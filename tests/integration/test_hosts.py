@@ -150,3 +150,29 @@ def test_an_unreachable_or_refusing_manager_never_stops_the_app(tmp_path, monkey
     if rm == "unreachable":
         assert any(e["kind"] == "rm-unavailable" and refusal in e["text"] for e in status["events"])
     assert_exact(out, count)
+
+
+def kill_host(host):
+    """Simulate a crash of the host: its worker processes die (by the PIDs the RM recorded)."""
+    for pid in pids_of(host):
+        psutil.Process(pid).kill()
+
+
+def test_a_lost_host_is_a_clear_error_failing_the_app_only_if_its_pes_ran_there(tmp_path):
+    out, count = tmp_path / "out.jsonl", 20_000
+    with dask.config.set({"pescheduler.rm.local.hosts": 2}):
+        with pescheduler.deploy(numbers_app(out, count, rate=2_500), workers=2, rm="local",
+                                plugins=["support_ops"]) as dep:
+            assert dep.apply(BorrowHosts(2), timeout=WAIT).applied
+            empty, used = (dep.hosts.borrowed[h] for h in ("local-1", "local-2"))
+            assert dep.apply(Move(sink_pe(dep), used.workers[0])).applied
+            kill_host(empty)
+            until(lambda: "local-1" not in dep.resources().borrowed, 30, "local-1 to be reported lost")
+            assert dep.status()["state"] == "running"
+            assert empty.workers[0] not in dep.placement().workers
+            kill_host(used)
+            with pytest.raises(pescheduler.DeploymentFailed, match="host local-2 lost.*ran there"):
+                dep.wait(timeout=WAIT)
+        lost = [e["text"] for e in dep.status()["events"] if e["kind"] == "host-lost"]
+    assert lost[0].startswith("host local-1 lost: worker") and "its PEs" not in lost[0]
+    assert f"its PEs {sink_pe(dep)} are gone" in lost[1]
