@@ -329,8 +329,9 @@ class Deployment:
                 return self._record(ApplyRecord(action, False, str(exc)))
             self._epoch += 1
             try:
+                steps: dict[str, float] = {}
                 pause = await execute(self.client.rpc, old, new, plan, self.worker_info, self.id,
-                                      f"{self.id}/reconf/{self._epoch}", timeout, self.plugin_modules)
+                                      f"{self.id}/reconf/{self._epoch}", timeout, self.plugin_modules, steps)
             except Exception as exc:
                 logger.error("reconfiguration %r failed", action, exc_info=True)
                 await self._fail(f"reconfiguration {action!r} failed: {type(exc).__name__}: {exc}")
@@ -340,7 +341,7 @@ class Deployment:
             moved = {op: (old.pe_of(op), new.pe_of(op)) for op in new.plan.ops if op in old.plan.ops
                      and (old.pe_of(op), old.pes[old.pe_of(op)].worker) != (new.pe_of(op), new.pes[new.pe_of(op)].worker)}
             return self._record(ApplyRecord(action, True, getattr(action, "reason", ""), pause * 1000,
-                                            plan.retired, plan.created, moved))
+                                            plan.retired, plan.created, moved, steps=steps))
 
     async def _cold_slot(self, old: Placement, action: Action, exc: NoSlotLeft) -> Placement:
         """No warm slot is left: start a new worker (a cold start) with one slot, and place there.

@@ -113,10 +113,11 @@ class PEHost:
         return {"slots": len(self.warm_threads), "operators": len(found.operators),
                 "ms": round((perf_counter() - t0) * 1000, 3)}
 
-    def pe_deploy(self, specs: bytes, plugins: list[str] = ()) -> list[str]:
+    async def pe_deploy(self, specs: bytes, plugins: list[str] = (), start: bool = False) -> list[str]:
         """Build the PEs (not started): receivers exist before any sender connects.
 
         ``plugins`` are the deployment's ``--plugin`` modules, activated here too.
+        ``start``: start them at once (one round trip, when every PE they send to exists).
         """
         activate(plugins)
         made = []
@@ -128,6 +129,8 @@ class PEHost:
             pe.on_change = self._bump
             self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
+        if start and made:
+            await self.pe_start(spec.deployment, made)
         return made
 
     async def pe_start(self, deployment: str, pe_ids: list[str]) -> list[str]:

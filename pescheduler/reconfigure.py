@@ -168,11 +168,13 @@ class ApplyRecord:
     created: tuple[str, ...] = ()
     moved: dict[str, tuple[str, str]] = field(default_factory=dict)     # op -> (old PE, new PE)
     at: float = field(default_factory=time.time)
+    steps: dict[str, float] = field(default_factory=dict)    # protocol step -> ms (where the pause went)
 
     def as_dict(self) -> dict:
         return {"action": repr(self.action), "applied": self.applied, "reason": self.reason,
                 "pause_ms": round(self.pause_ms, 3), "retired": list(self.retired),
-                "created": list(self.created), "moved": {k: list(v) for k, v in self.moved.items()}}
+                "created": list(self.created), "moved": {k: list(v) for k, v in self.moved.items()},
+                "steps": dict(self.steps)}
 
 
 class ReconfigurationFailed(RuntimeError):
@@ -180,9 +182,12 @@ class ReconfigurationFailed(RuntimeError):
 
 
 async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan, worker_info: dict,
-                  deployment: str, marker: str, timeout: float, plugins: tuple[str, ...] = ()) -> float:
-    """Run the protocol over Dask RPC (``rpc(worker)``); returns the pause in seconds."""
+                  deployment: str, marker: str, timeout: float, plugins: tuple[str, ...] = (),
+                  steps: dict[str, float] | None = None) -> float:
+    """Run the protocol over Dask RPC (``rpc(worker)``); returns the pause in seconds and the
+    milliseconds each step took (``steps``, filled in as they run)."""
     t0 = time.perf_counter()
+    steps = {} if steps is None else steps
     by_worker: dict[str, dict] = {}
     for pe_id, channels in plan.hold.items():
         by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": [], "release": []})["hold"][pe_id] = channels
@@ -193,14 +198,17 @@ async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan
             todo["release"].append(pe_id)
 
     async def step(name: str, coro) -> Any:
+        t = time.perf_counter()
         try:
             return await asyncio.wait_for(coro, timeout)
         except asyncio.TimeoutError:
             raise ReconfigurationFailed(f"step {name!r} took more than {timeout:.0f}s") from None
+        finally:
+            steps[name] = round((time.perf_counter() - t) * 1000, 3)
 
     await step("pause", asyncio.gather(*(rpc(w).pe_reconf(deployment=deployment, marker=marker, **todo)
                                          for w, todo in by_worker.items())))
-    await _wait_drained(rpc, old, plan, deployment, marker, timeout)
+    await step("drain", _wait_drained(rpc, old, plan, deployment, marker, timeout))
     states = redistribute(old, new, await step("snapshot", _snapshot(rpc, old, plan.retired, deployment)))
     await step("stop", asyncio.gather(*(rpc(old.pes[p].worker).pe_stop(deployment=deployment, pe_ids=[p])
                                         for p in plan.retired)))
@@ -258,6 +266,10 @@ async def _start_created(rpc, new, plan, worker_info, deployment, states, plugin
     for pe_id, spec in specs.items():
         spec.restore = {op: states[op] for op in new.pes[pe_id].operators if op in states}
         by_worker.setdefault(new.pes[pe_id].worker, []).append(spec)
+    if len(by_worker) == 1:            # no created PE sends to another's worker: one round trip
+        (w, ss), = by_worker.items()
+        await rpc(w).pe_deploy(specs=cloudpickle.dumps(ss), plugins=plugins, start=True)
+        return
     await asyncio.gather(*(rpc(w).pe_deploy(specs=cloudpickle.dumps(s), plugins=plugins) for w, s in by_worker.items()))
     await asyncio.gather(*(rpc(w).pe_start(deployment=deployment, pe_ids=[s.pe_id for s in ss])
                            for w, ss in by_worker.items()))
