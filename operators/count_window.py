@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterable
 from pescheduler.chain import MIN_WATERMARK
 from pescheduler.operator import Emitter
 
-from .session import key_getter
 from .window import AggregatingWindow
 
 
@@ -56,10 +55,6 @@ class CountWindow(AggregatingWindow):
         self._keys: dict[Any, list] = {}
         self._wm = MIN_WATERMARK
         self._init_aggregates(aggregates, queries, key, ts_field)
-
-    def _compile_state(self) -> None:
-        self._fold = self.plan.folder()
-        self._key_of = key_getter(self.key)
 
     def _slot_lists(self) -> Iterable[list]:
         for panes, _first, _n, slots in self._keys.values():

@@ -39,7 +39,6 @@ from pescheduler.chain import MIN_WATERMARK
 from pescheduler.operator import Emitter
 from pescheduler.timeutil import parse_duration
 
-from .session import key_getter
 from .window import AggregatingWindow
 
 
@@ -60,9 +59,8 @@ class OverWindow(AggregatingWindow):
         self._init_aggregates(aggregates, queries, key, ts_field)
 
     def _compile_state(self) -> None:
-        self._fold = self.plan.folder()
+        super()._compile_state()
         self._subtract = self.plan.subtractor() if self.plan.invertible else None
-        self._key_of = key_getter(self.key)
 
     def _slot_lists(self) -> Iterable[list]:
         return (state[1] for state in self._keys.values())

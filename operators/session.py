@@ -37,13 +37,6 @@ from pescheduler.timeutil import parse_duration
 from .window import AggregatingWindow
 
 
-def key_getter(key: str | Callable | None) -> Callable:
-    """``t -> key``: a field, a callable, or one global group (``None``)."""
-    if key is None:
-        return lambda t: None
-    return key if callable(key) else itemgetter(key)
-
-
 class SessionWindow(AggregatingWindow):
     """Gap-based, merging session windows per key; see the module docstring."""
 
@@ -61,10 +54,6 @@ class SessionWindow(AggregatingWindow):
         self._heap: list = []                  # (end, start, seq) to fire; stale entries skipped
         self._wm = MIN_WATERMARK
         self._init_aggregates(aggregates, queries, key, ts_field)
-
-    def _compile_state(self) -> None:
-        self._fold = self.plan.folder()
-        self._key_of = key_getter(self.key)
 
     def _slot_lists(self) -> Iterable[list]:
         return (s[2] for sessions in self._sessions.values() for s in sessions)

@@ -151,7 +151,10 @@ class AggregatingWindow(Operator):
         self._rows = list(writers.items())
 
     def _compile_state(self) -> None:
-        """Generate the subclass's hot-path code for the current plan and key."""
+        """Generate the hot-path code for the current plan and key: by default the
+        per-tuple folder and key getter that windows placing tuples one at a time use."""
+        self._fold = self.plan.folder()
+        self._key_of = key_getter(self.key)
 
     def _slot_lists(self) -> Iterable[list]:
         """Every slot list in the state (so ``remove_query`` can drop freed slots)."""
@@ -203,6 +206,13 @@ class AggregatingWindow(Operator):
         theirs = {k: state.get(k) for k in mine}
         if theirs != mine:
             raise ValueError(f"{self.name} state of {theirs} cannot be restored into {mine}")
+
+
+def key_getter(key: str | Callable | None) -> Callable:
+    """``t -> key``: a field, a callable, or one global group (``None``)."""
+    if key is None:
+        return lambda t: None
+    return key if callable(key) else itemgetter(key)
 
 
 def _key_name(key: str | Callable | None) -> str | None:

@@ -3,11 +3,9 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pescheduler.chain import MIN_WATERMARK
-from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
+from pescheduler.operator import MAX_WATERMARK, Emitter
 from pescheduler.operators.count_window import CountWindow
-from pescheduler.testing import run_operators
-from test_op_window import AGGS, FUNCS, MAX_DELAY, assert_rows_equal, feed, streams
+from test_op_window import AGGS, FUNCS, check_against_reference, check_snapshot_midstream, streams
 from test_op_window_session import arrivals
 
 
@@ -33,34 +31,14 @@ batch_sizes = st.sampled_from([1, 7, 50, 1000])
 @settings(max_examples=60, deadline=None)
 @given(streams(poison=True), shapes, batch_sizes)
 def test_matches_reference_with_late_events_and_bad_tuples(events, shape, batch_size):
-    count, slide = shape
-    result = run_operators(events, CountWindow(count, slide, AGGS), batch_size=batch_size,
-                           max_delay=MAX_DELAY, key_field="k")
-    rows, late, dead = reference(events, batch_size, count, slide)
-    assert_rows_equal(result.output, rows)
-    assert result.sides.get("late", []) == late
-    # bad tuples are found when taken in event-time order, so compare them as a set
-    assert sorted(map(id, (d.item for d in result.dead_letters))) == sorted(map(id, dead))
+    check_against_reference(CountWindow(*shape, AGGS), events, batch_size,
+                            reference(events, batch_size, *shape), dead_in_order=False)
 
 
 @settings(max_examples=30, deadline=None)
 @given(streams(), shapes, st.sampled_from([1, 7, 50]), st.floats(0, 1))
 def test_snapshot_restore_midstream_gives_the_same_output(events, shape, batch_size, cut):
-    full = run_operators(events, CountWindow(*shape, AGGS), batch_size=batch_size,
-                         max_delay=MAX_DELAY, key_field="k")
-    batches = [events[b:b + batch_size] for b in range(0, len(events), batch_size)]
-    split = int(len(batches) * cut)
-    first = CountWindow(*shape, AGGS)
-    first.open(OperatorContext("count-1", key_field="k"))
-    state = [MIN_WATERMARK, MIN_WATERMARK]
-    head = feed(first, batches[:split], state)
-    second = CountWindow(**first.parameters())
-    second.open(OperatorContext("count-1", key_field="k"))
-    second.restore(first.snapshot())
-    for window in (first, second):       # both go on: the snapshot must share nothing
-        tail = feed(window, batches[split:], list(state))
-        window.on_watermark(MAX_WATERMARK, tail)
-        assert head + tail == full.output
+    check_snapshot_midstream(lambda: CountWindow(*shape, AGGS), events, batch_size, cut)
 
 
 def test_event_time_order_not_arrival_and_no_partial_window_at_the_end():

@@ -4,12 +4,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pescheduler import Application
-from pescheduler.chain import MIN_WATERMARK
 from pescheduler.errors import InvalidApplication
-from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
+from pescheduler.operator import Emitter
 from pescheduler.operators.over_window import OverWindow
-from pescheduler.testing import run_operators
-from test_op_window import AGGS, FUNCS, MAX_DELAY, assert_rows_equal, feed, streams
+from test_op_window import AGGS, FUNCS, check_against_reference, check_snapshot_midstream, streams
 from test_op_window_session import arrivals
 
 INVERTIBLE = {out: spec for out, spec in AGGS.items() if spec[0] not in ("min", "max")}
@@ -39,32 +37,14 @@ def reference(events, batch_size, size, aggs):
 @given(streams(poison=True), st.sampled_from([1, 5, 30, 200]), st.sampled_from([1, 7, 50, 1000]),
        st.sampled_from([AGGS, INVERTIBLE]))
 def test_matches_reference_with_late_events_and_bad_tuples(events, size, batch_size, aggs):
-    result = run_operators(events, OverWindow(size, aggs), batch_size=batch_size,
-                           max_delay=MAX_DELAY, key_field="k")
-    rows, late, dead = reference(events, batch_size, size, aggs)
-    assert_rows_equal(result.output, rows)
-    assert result.sides.get("late", []) == late
-    assert sorted(map(id, (d.item for d in result.dead_letters))) == sorted(map(id, dead))
+    check_against_reference(OverWindow(size, aggs), events, batch_size,
+                            reference(events, batch_size, size, aggs), dead_in_order=False)
 
 
 @settings(max_examples=30, deadline=None)
 @given(streams(), st.sampled_from([5, 30]), st.sampled_from([1, 7, 50]), st.floats(0, 1))
 def test_snapshot_restore_midstream_gives_the_same_output(events, size, batch_size, cut):
-    full = run_operators(events, OverWindow(size, AGGS), batch_size=batch_size,
-                         max_delay=MAX_DELAY, key_field="k")
-    batches = [events[b:b + batch_size] for b in range(0, len(events), batch_size)]
-    split = int(len(batches) * cut)
-    first = OverWindow(size, AGGS)
-    first.open(OperatorContext("over-1", key_field="k"))
-    state = [MIN_WATERMARK, MIN_WATERMARK]
-    head = feed(first, batches[:split], state)
-    second = OverWindow(**first.parameters())
-    second.open(OperatorContext("over-1", key_field="k"))
-    second.restore(first.snapshot())
-    for window in (first, second):       # both go on: the snapshot must share nothing
-        tail = feed(window, batches[split:], list(state))
-        window.on_watermark(MAX_WATERMARK, tail)
-        assert head + tail == full.output
+    check_snapshot_midstream(lambda: OverWindow(size, AGGS), events, batch_size, cut)
 
 
 def test_peers_see_each_other_and_quiet_keys_are_swept():

@@ -4,10 +4,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pescheduler.chain import MIN_WATERMARK
-from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
+from pescheduler.operator import MAX_WATERMARK, Emitter
 from pescheduler.operators.session import SessionWindow
-from pescheduler.testing import run_operators
-from test_op_window import AGGS, FUNCS, MAX_DELAY, assert_rows_equal, feed, streams
+from test_op_window import AGGS, FUNCS, MAX_DELAY, check_against_reference, check_snapshot_midstream, streams
 
 
 def arrivals(events, batch_size):
@@ -56,34 +55,16 @@ batch_sizes = st.sampled_from([1, 7, 50, 1000])
 @settings(max_examples=60, deadline=None)
 @given(streams(poison=True), gaps, batch_sizes)
 def test_matches_reference_with_late_events_and_bad_tuples(events, gap, batch_size):
-    result = run_operators(events, SessionWindow(gap, AGGS), batch_size=batch_size,
-                           max_delay=MAX_DELAY, key_field="k")
-    rows, late, dead = reference(events, batch_size, gap)
+    result = check_against_reference(SessionWindow(gap, AGGS), events, batch_size,
+                                     reference(events, batch_size, gap), order=in_firing_order)
     ends = [r["window_end"] for r in result.output]
     assert ends == sorted(ends)                        # sessions fire in order of their end
-    assert_rows_equal(in_firing_order(result.output), in_firing_order(rows))
-    assert result.sides.get("late", []) == late
-    assert [d.item for d in result.dead_letters] == dead
 
 
 @settings(max_examples=30, deadline=None)
 @given(streams(), gaps, st.sampled_from([1, 7, 50]), st.floats(0, 1))
 def test_snapshot_restore_midstream_gives_the_same_output(events, gap, batch_size, cut):
-    full = run_operators(events, SessionWindow(gap, AGGS), batch_size=batch_size,
-                         max_delay=MAX_DELAY, key_field="k")
-    batches = [events[b:b + batch_size] for b in range(0, len(events), batch_size)]
-    split = int(len(batches) * cut)
-    first = SessionWindow(gap, AGGS)
-    first.open(OperatorContext("session-1", key_field="k"))
-    state = [MIN_WATERMARK, MIN_WATERMARK]
-    head = feed(first, batches[:split], state)
-    second = SessionWindow(**first.parameters())
-    second.open(OperatorContext("session-1", key_field="k"))
-    second.restore(first.snapshot())
-    for window in (first, second):       # both go on: the snapshot must share nothing
-        tail = feed(window, batches[split:], list(state))
-        window.on_watermark(MAX_WATERMARK, tail)
-        assert head + tail == full.output
+    check_snapshot_midstream(lambda: SessionWindow(gap, AGGS), events, batch_size, cut)
 
 
 def test_gap_boundary_equal_timestamps_and_bridging_event():
