@@ -24,6 +24,11 @@ Late events: a tuple whose pane can no longer reach any unfired window
 where the runtime counts it; nothing is dropped silently. A tuple that cannot
 be aggregated (missing field, wrong type) is dead-lettered alone; the rest of
 its batch counts.
+
+Several named queries can share one window (``queries={query_id:
+aggregates}``, then ``add_query`` / ``remove_query`` while the stream runs):
+see :class:`AggregatingWindow`, the base of every window kind here and in
+``session.py``, ``count_window.py`` and ``over_window.py``.
 """
 
 from __future__ import annotations
