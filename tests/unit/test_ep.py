@@ -199,3 +199,19 @@ def test_application_has_the_same_operators_with_a_schema_check_per_stream():
     assert app.nodes["c.correlate"].inputs == [("stream.s", "out"), ("stream.t", "out")]
     with pytest.raises(ValueError, match="no source for stream 't'"):
         proc.application("ep-app", {"s": []})
+
+
+def test_unshared_processor_gives_each_query_its_own_window_and_the_same_results():
+    runs = {}
+    for share in (True, False):
+        proc = ep.EventProcessor(share=share)
+        proc.register_stream("s", SCHEMA)
+        rows = [collect(proc, q, ep.Stream("s", window=ep.Sliding(30, "event"), key="id")
+                        .aggregate({"m": ("avg", "a"), "sd": ("stddev", "b")})) for q in range(3)]
+        windows = [n for n in proc._nodes.values() if n.name == "over_window"]
+        assert len(windows) == (1 if share else 3)
+        for payload, ts in events(200):
+            proc.push_event("s", payload, ts)
+        proc.close()
+        runs[share] = rows
+    assert runs[True] == runs[False] and all(runs[True])
