@@ -26,6 +26,7 @@ time).
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any, Callable, Iterable
 
 from pescheduler.chain import MIN_WATERMARK
@@ -67,9 +68,9 @@ class CountWindow(AggregatingWindow):
         self._hold(batch, emit)
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
-        for ts, t in self._release(watermark):
+        for ts, k, t in self._release(watermark):
             try:
-                self._take(self._key_of(t), ts, t, emit.append)
+                self._take(k, ts, t, emit.append)
             except Exception as exc:            # _take changes nothing when it raises
                 emit.dead_letter(t, exc)
 
@@ -111,6 +112,18 @@ class CountWindow(AggregatingWindow):
         self._check_state(state, count=self.count, slide=self.slide)
         self._wm, self._pending = state["watermark"], list(state["pending"])
         self._keys = {k: _copy_key(v) for k, v in state["keys"]}
+
+    # -- copies: key groups move with their panes and waiting tuples ------------------------
+    def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
+        """The keys where ``owns(key)``: their panes and waiting tuples."""
+        return {**state, "pending": [p for p in state["pending"] if owns(p[1])],
+                "keys": [(k, v) for k, v in state["keys"] if owns(k)]}
+
+    def merge_states(self, states: list) -> dict:
+        """Every instance's keys (disjoint) at the least advanced watermark."""
+        return {**states[0], "watermark": min(s["watermark"] for s in states),
+                "pending": sorted((p for s in states for p in s["pending"]), key=itemgetter(0)),
+                "keys": [kv for s in states for kv in s["keys"]]}
 
 
 def _copy_key(state: list) -> list:

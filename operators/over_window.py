@@ -52,7 +52,7 @@ class OverWindow(AggregatingWindow):
         self.size = parse_duration(size)
         if self.size <= 0:
             raise ValueError(f"over_window: size must be positive, got size={size!r}")
-        self._pending: list = []               # (ts, tuple) not yet passed by the watermark
+        self._pending: list = []               # (ts, key, tuple) not yet passed by the watermark
         self._keys: dict[Any, list] = {}       # key -> [deque of (ts, tuple), slots]
         self._wm = MIN_WATERMARK
         self._swept = MIN_WATERMARK
@@ -70,14 +70,10 @@ class OverWindow(AggregatingWindow):
         self._hold(batch, emit)
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
-        key_of = self._key_of
         for ts, step in groupby(self._release(watermark), itemgetter(0)):
             peers: dict[Any, list] = {}
-            for _, t in step:
-                try:
-                    peers.setdefault(key_of(t), []).append(t)
-                except Exception as exc:
-                    emit.dead_letter(t, exc)
+            for _, k, t in step:
+                peers.setdefault(k, []).append(t)
             for k, events in peers.items():
                 self._step(k, ts, events, emit)
         if watermark - self._swept >= self.size:
@@ -137,3 +133,16 @@ class OverWindow(AggregatingWindow):
         self._check_state(state, size=self.size)
         self._wm, self._swept, self._pending = state["watermark"], state["swept"], list(state["pending"])
         self._keys = {k: [deque(w), list(s)] for k, w, s in state["keys"]}
+
+    # -- copies: key groups move with their windows and waiting tuples -----------------------
+    def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
+        """The keys where ``owns(key)``: their window events, slots and waiting tuples."""
+        return {**state, "pending": [p for p in state["pending"] if owns(p[1])],
+                "keys": [entry for entry in state["keys"] if owns(entry[0])]}
+
+    def merge_states(self, states: list) -> dict:
+        """Every instance's keys (disjoint) at the least advanced watermark."""
+        return {**states[0], "watermark": min(s["watermark"] for s in states),
+                "swept": min(s["swept"] for s in states),
+                "pending": sorted((p for s in states for p in s["pending"]), key=itemgetter(0)),
+                "keys": [entry for s in states for entry in s["keys"]]}

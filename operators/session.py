@@ -132,3 +132,16 @@ class SessionWindow(AggregatingWindow):
             self._seq[k], self._by_seq[seq] = seq, k
             for session in self._sessions[k]:
                 self._schedule(k, session)
+
+    # -- copies: key groups move with their sessions ------------------------------------------
+    def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
+        """The sessions of the keys where ``owns(key)``."""
+        return {**state, "sessions": [entry for entry in state["sessions"] if owns(entry[0])]}
+
+    def merge_states(self, states: list) -> dict:
+        """Every instance's sessions (disjoint keys) at the least advanced watermark; keys are
+        renumbered in their old order, so ties on firing still break one way."""
+        entries = sorted((e for s in states for e in s["sessions"]), key=itemgetter(1))
+        return {**states[0], "watermark": min(s["watermark"] for s in states),
+                "next_seq": len(entries),
+                "sessions": [(k, seq, sessions) for seq, (k, _, sessions) in enumerate(entries)]}

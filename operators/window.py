@@ -176,20 +176,21 @@ class AggregatingWindow(Operator):
 
     # -- windows that take tuples in event-time order ------------------------------------------
     def _hold(self, batch: list, emit: Emitter) -> None:
-        """Keep tuples until the watermark passes them (``self._pending``); late ones go aside."""
-        ts_f, wm, pending = self.ts_field, self._wm, self._pending
+        """Keep ``(ts, key, t)`` until the watermark passes ``ts`` (``self._pending``, keyed so
+        that state splits by key); late tuples go aside, ones without a ts or key are dead."""
+        ts_f, wm, pending, key_of = self.ts_field, self._wm, self._pending, self._key_of
         for t in batch:
             try:
                 ts = t[ts_f]
                 if ts <= wm:
                     emit.to("late", t)
                 else:
-                    pending.append((ts, t))
+                    pending.append((ts, key_of(t), t))
             except Exception as exc:
                 emit.dead_letter(t, exc)
 
     def _release(self, watermark: int) -> list:
-        """``(ts, t)`` the watermark has passed, by ``ts`` (arrival order within a timestamp)."""
+        """``(ts, key, t)`` the watermark has passed, by ``ts`` (arrival order within a timestamp)."""
         self._wm = watermark
         ready = [p for p in self._pending if p[0] <= watermark]
         if ready:
