@@ -50,6 +50,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import dask.config  # noqa: E402
+import psutil  # noqa: E402
 
 import pescheduler  # noqa: E402
 from pescheduler import Application, BorrowHosts, Move, ReturnHost  # noqa: E402
@@ -144,10 +145,14 @@ def rounds(rm: str, n: int, rate: float) -> dict:
             for _ in range(n):
                 runs.append(one_round(dep, demand, sink))
             timeline = list(dep.hosts.timeline)
+            spark = getattr(dep.hosts.rm, "cluster", None)
+            pids = spark.pids() if spark else []
             status = dep.stop()
+        left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         with open(path) as f:
             result = json.load(f)
     return {"rm": rm, "runs": runs, "timeline": timeline, "result": result, "rm_start_s": rm_start,
+            "spark_pids": (len(pids), left),
             "check": check_exactly_once(result, emitted_by_source(status))}
 
 
@@ -217,6 +222,9 @@ def report(run: dict) -> None:
     print(line("streaming pause (sink gap)", f["gap"], "ms"))
     print(f"  exactly once: {c['received']} tuples, {c['lost']} lost, {c['duplicated']} duplicated, "
           f"{c['out_of_order']} out of order, {c['bad_sums']} bad sums")
+    if run["rm"] == "spark":
+        started, left = run["spark_pids"]
+        print(f"  spark processes started here: {started}, left after stop: {len(left)} {left or ''}")
 
 
 def main() -> None:
@@ -234,7 +242,8 @@ def main() -> None:
         run = rounds(rm, n, args.rate)
         report(run)
         c = run["check"]
-        failed |= bool(c["lost"] or c["duplicated"] or c["unknown"] or c["out_of_order"] or c["bad_sums"])
+        failed |= bool(c["lost"] or c["duplicated"] or c["unknown"] or c["out_of_order"] or c["bad_sums"]
+                       or run.get("spark_pids", (0, []))[1])
     sys.exit(1 if failed else 0)
 
 

@@ -190,7 +190,8 @@ class HostManager:
         await self.dep._remove_workers(leaving)          # fence: nothing new lands there
         pause = 0.0
         while True:
-            on_host = [p for p, pe in self.dep.placement().pes.items() if pe.worker in leaving]
+            on_host = [p for p, pe in self.dep.placement().pes.items()         # a finished PE has
+                       if pe.worker in leaving and self.dep.board.pe_state.get(p) == "running"]  # nothing to move
             if not on_host:
                 break
             target = least_loaded(self.dep.placement())      # fenced workers are not candidates

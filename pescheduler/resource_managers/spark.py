@@ -192,6 +192,7 @@ class SparkResourceManager:
             self.cluster = StandaloneCluster(int(self.settings.get("workers", 2)),
                                              str(self.settings.get("worker-memory", "1g"))).start()
             master = self.cluster.master_url
+            self.max_executors = min(self.max_executors, self.cluster.n_workers)   # one core each
         from pyspark import SparkConf, SparkContext
 
         local = master.startswith(("spark://127.", "spark://localhost"))
