@@ -57,14 +57,13 @@ def decide(snapshot, placement, resources, config) -> list[Action]:
         now = view.load(op)
         if op not in offered or now is None or not view.replicable(op):
             continue
-        want = _instances(now, offered[op], target, min_busy)
-        want = min(want, max_copies + 1)
+        want = min(_instances(now, offered[op], target, min_busy), max_copies + 1)
         projected = _utilisation(now, offered[op], min_busy)
-        figures = {"offered_in_per_s": round(offered[op], 3), "true_rate_per_s": _true_rate(now, min_busy),
-                   "instances": now.instances, "wanted": want, "projected_utilisation": round(projected, 3),
-                   "target": target}
         if abs(projected - target) <= tolerance or want == now.instances:
             continue
+        figures = {"offered_in_per_s": round(offered[op], 3), "true_rate_per_s": round(_true_rate(now, min_busy), 3),
+                   "instances": now.instances, "wanted": want, "projected_utilisation": round(projected, 3),
+                   "target": target}
         if want > now.instances:
             n = take_slots(spare, want - now.instances, view.worker(op))
             short += want - now.instances - n
@@ -108,7 +107,7 @@ def target_rates(view: View) -> dict[str, float]:
 
 def _true_rate(now: Load, min_busy: float) -> float:
     """Tuples per busy second of one instance; 0 when too little was seen to measure."""
-    return round(now.tuples_in / now.busy, 3) if now.busy >= min_busy and now.tuples_in > 0 else 0.0
+    return now.tuples_in / now.busy if now.busy >= min_busy and now.tuples_in > 0 else 0.0
 
 
 def _instances(now: Load, offered: float, target: float, min_busy: float) -> int:

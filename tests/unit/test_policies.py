@@ -212,6 +212,9 @@ def test_threshold_does_not_fuse_backpressured_or_too_heavy_pairs():
     assert threshold.decide(snap, pl, NONE, {}) == []
 
 
+UNCROWDED = {"sim://h0/w1": 0.7}       # op0 and op4 share h0/w1 on one host: keep it under upper
+
+
 def test_threshold_returns_a_borrowed_host_its_fusions_empty():
     sim = chain(hosts=1, host_pool=1)
     assert sim.apply(BorrowHosts(1))
@@ -220,11 +223,11 @@ def test_threshold_returns_a_borrowed_host_its_fusions_empty():
     ops = steady(pl, 100, {"op0": 0.6, "op1": 0.6, "op2": 0.3, "op3": 0.2, "op4": 0.6})
     res = sim.resources()
     assert res.borrowed == ("h1",)
-    actions = threshold.decide(snapshot(pl, ops), pl, res, {})
+    actions = threshold.decide(snapshot(pl, ops, workers=UNCROWDED), pl, res, {})
     assert same(actions, [Fuse("op2", "op3"), ReturnHost("h1")])         # op3 leaves h1, then h1 goes
     assert "runs nothing once fused" in actions[1].reason
     # oriented the other way round, the fusion keeps the PE that is not on the borrowed host
-    ops = steady(pl, 100, {"op0": 0.6, "op1": 0.6, "op2": 0.6, "op3": 0.2, "op4": 0.3})
+    ops = steady(pl, 100, {"op0": 0.05, "op1": 0.6, "op2": 0.6, "op3": 0.2, "op4": 0.3})
     assert same(threshold.decide(snapshot(pl, ops), pl, res, {}), [Fuse("op4", "op3"), ReturnHost("h1")])
 
 
@@ -249,3 +252,35 @@ def test_no_scaling_down_on_a_backlog_figures_understate_it():
     assert rate.decide(full, pl, NONE, {}) == []
     [release] = rate.decide(snapshot(pl, ops), pl, NONE, {})                 # idle and nothing waiting
     assert same(release, Release("op2", 2))
+
+
+def test_threshold_moves_the_lightest_pe_off_a_worker_its_pes_overload_together():
+    sim = chain(hosts=1)                    # slot on h0/w0; op0..op2 on w1..w3, op3 on w0, op4 on w1 again
+    pl = sim.placement
+    assert pl.pes["op0"].worker == pl.pes["op4"].worker == "sim://h0/w1"
+    ops = steady(pl, 100, {"op0": 0.7, "op1": 0.6, "op2": 0.6, "op3": 0.2, "op4": 0.3})
+    [move] = threshold.decide(snapshot(pl, ops), pl, NONE, {})    # h0/w1 runs 1.0 in all, each PE < 0.8
+    assert same(move, Move("op4", "sim://h0/w0"))
+    assert "h0/w1 is 100% busy running 2 PEs: op4 (30%) moves" in move.reason
+    assert move.figures["worker_cpu"] == pytest.approx(1.0)
+    # no worker has room, not even for fusing the cold neighbours op3 + op4 (op3's worker would
+    # go over upper - headroom): a host is borrowed when the resource manager can lend one
+    full = {w: 0.9 for w in pl.workers}
+    assert threshold.decide(snapshot(pl, ops, workers=full), pl, NONE, {}) == []
+    actions = threshold.decide(snapshot(pl, ops, workers=full), pl, ResourceView(lendable=1), {})
+    assert same(actions, [BorrowHosts(1)])
+
+
+def test_threshold_borrows_no_host_for_what_a_host_cannot_help_and_returns_idle_ones():
+    sim = chain(host_pool=1)
+    pl = sim.placement
+    ops = steady(pl, 100, {"op0": 0.95, "op1": 0.3, "op2": 0.6, "op3": 0.6, "op4": 0.6})
+    # the source's PE is over upper, but a source is never copied: no host would help
+    assert threshold.decide(snapshot(pl, ops), pl, ResourceView(lendable=3), {}) == []
+    assert sim.apply(BorrowHosts(1))
+    pl, res, memory = sim.placement, sim.resources(), {}
+    conf = {"history": memory, "idle-return-after": "30s"}
+    assert threshold.decide(snapshot(pl, ops, t=100.0), pl, res, conf) == []     # just borrowed: empty
+    assert threshold.decide(snapshot(pl, ops, t=129.0), pl, res, conf) == []
+    [back] = threshold.decide(snapshot(pl, ops, t=130.0), pl, res, conf)
+    assert same(back, ReturnHost("h2")) and "run nothing for 30 s" in back.reason
