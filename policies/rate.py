@@ -36,12 +36,8 @@ MAX_BLOCKED = 0.5      # of a source's time counted as blocked when estimating i
 
 
 @hookimpl
-def pescheduler_policy_decide(snapshot, placement, resources, config):
+def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Action]:
     """DS2 sizing of every operator; see the module docstring."""
-    return decide(snapshot, placement, resources, config)
-
-
-def decide(snapshot, placement, resources, config) -> list[Action]:
     target = float(setting(config, "target-utilisation", 0.7))
     tolerance = float(setting(config, "tolerance", 0.15))
     max_copies = int(setting(config, "max-copies", 16))

@@ -37,12 +37,8 @@ _FALLBACK: dict = {}
 
 
 @hookimpl
-def pescheduler_policy_decide(snapshot, placement, resources, config):
+def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Action]:
     """Split/copy over ``upper``, fuse under ``lower``, borrow and return hosts; see the module."""
-    return decide(snapshot, placement, resources, config)
-
-
-def decide(snapshot, placement, resources, config) -> list[Action]:
     upper = float(setting(config, "upper", 0.8))
     lower = float(setting(config, "lower", 0.5))
     headroom = float(setting(config, "fuse-headroom", 0.1))

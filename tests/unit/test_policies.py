@@ -59,7 +59,7 @@ def test_rate_sizes_the_bottleneck_for_the_offered_rate_in_one_step():
     # source paced at 4000/s, blocked 37.5% of the time: it emits 2500/s; op2 is saturated
     ops = steady(pl, 2500, {"op0": 0.025, "op2": 1.0, "op1": 0.25, "op3": 0.25, "op4": 0.25})
     snap = snapshot(pl, ops, {"op0": {"backpressure": 0.375}, "op1": {"backpressure": 0.75}})
-    [action] = rate.decide(snap, pl, NONE, {})
+    [action] = rate.pescheduler_policy_decide(snap, pl, NONE, {})
     assert same(action, Replicate("op2", 2))
     assert action.figures["offered_in_per_s"] == pytest.approx(4000)
     assert action.figures["true_rate_per_s"] == pytest.approx(2500)
@@ -71,10 +71,10 @@ def test_rate_propagates_selectivity_and_leaves_light_operators_alone():
     ops = {"op0": (0, 1000, 0.01), "op1": (1000, 3000, 0.05),       # op1 emits 3 per input
            "op2": (3000, 3000, 0.6), "op3": (3000, 3000, 0.1), "op4": (3000, 3000, 0.1)}
     # op2 is 60% busy at 3000/s: inside 0.7 ± 0.15, no change; at 1.5x the source rate it is not
-    assert rate.decide(snapshot(pl, ops), pl, NONE, {}) == []
+    assert rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {}) == []
     ops["op0"] = (0, 1000, 0.01)
     snap = snapshot(pl, ops, {"op0": {"backpressure": 1 / 3}})       # offered 1500/s
-    [action] = rate.decide(snap, pl, NONE, {})
+    [action] = rate.pescheduler_policy_decide(snap, pl, NONE, {})
     assert same(action, Replicate("op2", 1)) and action.figures["offered_in_per_s"] == pytest.approx(4500)
 
 
@@ -88,11 +88,11 @@ def test_rate_takes_a_declared_source_rate_and_sizes_undeclared_blocked_sources_
     snap = snapshot(declared, ops, {"op0": {"backpressure": 0.99}})
     # declared 5,000/s: op2 (2,000 t/s per busy second) needs ceil(5000 / (2000 * 0.7)) = 4 instances;
     # the two free slots give it 3
-    [action] = rate.decide(snap, declared, NONE, {})
+    [action] = rate.pescheduler_policy_decide(snap, declared, NONE, {})
     assert same(action, Replicate("op2", 2)) and action.figures["wanted"] == 4
     pl = sim.placement
     # undeclared and blocked 99% of the time: taken as blocked half the time, offered 2,000/s
-    [action] = rate.decide(snapshot(pl, ops, {"op0": {"backpressure": 0.99}}), pl, NONE, {})
+    [action] = rate.pescheduler_policy_decide(snapshot(pl, ops, {"op0": {"backpressure": 0.99}}), pl, NONE, {})
     assert same(action, Replicate("op2", 1)) and action.figures["offered_in_per_s"] == pytest.approx(2000)
 
 
@@ -103,7 +103,7 @@ def test_rate_releases_copies_in_one_step_when_the_load_falls():
     ops = steady(pl, 1000, {"op2": 0.1 / 3})
     for c in ("op2", "op2#1", "op2#2"):
         ops[c] = (1000 / 3, 1000 / 3, 0.1 / 3)                       # 10,000 t/s per busy second
-    [action] = rate.decide(snapshot(pl, ops), pl, NONE, {})
+    [action] = rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {})
     assert same(action, Release("op2", 2))
     assert "1 instance(s)" in action.reason and action.figures["instances"] == 3
 
@@ -115,16 +115,16 @@ def test_rate_never_copies_sources_or_singletons_and_borrows_when_slots_run_out(
     pl = sim.placement                                                # one slot only
     ops = {"src": (0, 1000, 1.0), "one": (1000, 1000, 1.0), "heavy": (1000, 1000, 1.0)}
     snap = snapshot(pl, ops, {"src": {"backpressure": 0.5}})
-    assert same(rate.decide(snap, pl, NONE, {}), [Replicate("heavy", 1)])   # wants 2 copies, 1 slot
-    actions = rate.decide(snap, pl, ResourceView(held=("h0",), lendable=3), {})
+    assert same(rate.pescheduler_policy_decide(snap, pl, NONE, {}), [Replicate("heavy", 1)])   # wants 2 copies, 1 slot
+    actions = rate.pescheduler_policy_decide(snap, pl, ResourceView(held=("h0",), lendable=3), {})
     assert same(actions[-1], BorrowHosts(1)) and "free standard slots" in actions[-1].reason
 
 
 def test_rate_settings_come_from_the_config():
     pl = chain().placement
     ops = steady(pl, 1000, {"op2": 0.5})
-    assert rate.decide(snapshot(pl, ops), pl, NONE, {}) == []
-    [action] = rate.decide(snapshot(pl, ops), pl, NONE, {"target-utilisation": 0.3, "tolerance": 0.05})
+    assert rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {}) == []
+    [action] = rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {"target-utilisation": 0.3, "tolerance": 0.05})
     assert same(action, Replicate("op2", 1)) and action.figures["target"] == 0.3
 
 
@@ -175,7 +175,7 @@ def test_threshold_splits_a_hot_pe_where_its_load_halves_onto_the_least_loaded_w
     ops = steady(pl, 1000, {"op0": 0.3, "op1": 0.2, "op2": 0.5, "op3": 0.25, "op4": 0.3})
     snap = snapshot(pl, ops, workers={"sim://h0/w0": 0.05, "sim://h1/w0": 0.3, "sim://h0/w3": 0.2,
                                       "sim://h1/w1": 0.05, "sim://h1/w3": 0.4})
-    actions = threshold.decide(snap, pl, NONE, {"lower": 0.35})
+    actions = threshold.pescheduler_policy_decide(snap, pl, NONE, {"lower": 0.35})
     # the least loaded worker under lower; on a tie, one without a standard slot (h0/w0 holds one)
     assert same(actions[0], Split("op1->op2->op3", ("op2", "op3"), "sim://h1/w1"))
     assert "95% busy" in actions[0].reason and actions[0].figures["busy"] == pytest.approx(0.95)
@@ -184,23 +184,23 @@ def test_threshold_splits_a_hot_pe_where_its_load_halves_onto_the_least_loaded_w
 def test_threshold_copies_a_hot_single_operator_pe_and_borrows_when_no_room():
     pl = chain().placement
     ops = steady(pl, 1000, {"op2": 0.9, "op0": 0.6, "op1": 0.6, "op3": 0.6, "op4": 0.6})
-    assert same(threshold.decide(snapshot(pl, ops), pl, NONE, {}), [Replicate("op2", 1)])
+    assert same(threshold.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {}), [Replicate("op2", 1)])
     sim = chain(slots_per_host=0)
     pl = sim.placement
-    assert threshold.decide(snapshot(pl, ops), pl, NONE, {}) == []          # nothing to lend
-    [borrow] = threshold.decide(snapshot(pl, ops), pl, ResourceView(lendable=2), {})
+    assert threshold.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {}) == []          # nothing to lend
+    [borrow] = threshold.pescheduler_policy_decide(snapshot(pl, ops), pl, ResourceView(lendable=2), {})
     assert same(borrow, BorrowHosts(1)) and "no worker or slot has room" in borrow.reason
 
 
 def test_threshold_fuses_neighbours_first_then_other_cold_pairs():
     pl = chain().placement
     ops = steady(pl, 100, {"op0": 0.1, "op1": 0.3, "op2": 0.45, "op3": 0.2, "op4": 0.05})
-    actions = threshold.decide(snapshot(pl, ops), pl, NONE, {})
+    actions = threshold.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {})
     # neighbours in channel order: op0+op1 (0.4), op1 taken so not op1+op2, op2+op3 (0.65), op4 alone
     assert same(actions, [Fuse("op0", "op1"), Fuse("op2", "op3")])
     assert actions[0].reason.startswith("neighbours op0 (10%) and op1 (30%)")
     ops = steady(pl, 100, {"op0": 0.1, "op1": 0.65, "op2": 0.45, "op3": 0.6, "op4": 0.05})
-    [fuse] = threshold.decide(snapshot(pl, ops), pl, NONE, {})
+    [fuse] = threshold.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {})
     assert same(fuse, Fuse("op4", "op0")) and fuse.reason.startswith("under-loaded")
 
 
@@ -209,7 +209,7 @@ def test_threshold_does_not_fuse_backpressured_or_too_heavy_pairs():
     ops = steady(pl, 100, {"op0": 0.1, "op1": 0.3, "op2": 0.45, "op3": 0.3, "op4": 0.45})
     snap = snapshot(pl, ops, {"op0": {"backpressure": 0.5}, "op1": {"backpressure": 0.5}})
     # op2+op3 and op3+op4 reach upper - headroom (0.7); op0 and op1 are held back by backpressure
-    assert threshold.decide(snap, pl, NONE, {}) == []
+    assert threshold.pescheduler_policy_decide(snap, pl, NONE, {}) == []
 
 
 UNCROWDED = {"sim://h0/w1": 0.7}       # op0 and op4 share h0/w1 on one host: keep it under upper
@@ -223,19 +223,19 @@ def test_threshold_returns_a_borrowed_host_its_fusions_empty():
     ops = steady(pl, 100, {"op0": 0.6, "op1": 0.6, "op2": 0.3, "op3": 0.2, "op4": 0.6})
     res = sim.resources()
     assert res.borrowed == ("h1",)
-    actions = threshold.decide(snapshot(pl, ops, workers=UNCROWDED), pl, res, {})
+    actions = threshold.pescheduler_policy_decide(snapshot(pl, ops, workers=UNCROWDED), pl, res, {})
     assert same(actions, [Fuse("op2", "op3"), ReturnHost("h1")])         # op3 leaves h1, then h1 goes
     assert "runs nothing once fused" in actions[1].reason
     # oriented the other way round, the fusion keeps the PE that is not on the borrowed host
     ops = steady(pl, 100, {"op0": 0.05, "op1": 0.6, "op2": 0.6, "op3": 0.2, "op4": 0.3})
-    assert same(threshold.decide(snapshot(pl, ops), pl, res, {}), [Fuse("op4", "op3"), ReturnHost("h1")])
+    assert same(threshold.pescheduler_policy_decide(snapshot(pl, ops), pl, res, {}), [Fuse("op4", "op3"), ReturnHost("h1")])
 
 
 def test_policies_answer_nothing_before_the_first_window():
     pl = chain().placement
     empty = MetricsSnapshot(0.0, 0.0)
-    assert rate.decide(empty, pl, NONE, {}) == [] and copy.decide(empty, pl, {}, {}) == []
-    assert threshold.decide(empty, pl, NONE, {}) == []
+    assert rate.pescheduler_policy_decide(empty, pl, NONE, {}) == [] and copy.decide(empty, pl, {}, {}) == []
+    assert threshold.pescheduler_policy_decide(empty, pl, NONE, {}) == []
 
 
 def test_no_scaling_down_on_a_backlog_figures_understate_it():
@@ -244,13 +244,13 @@ def test_no_scaling_down_on_a_backlog_figures_understate_it():
     pl = sim.placement
     ops = steady(pl, 0, {"op2": 0.0, "op2#1": 0.0, "op2#2": 0.0})          # nothing gets through
     stalled = snapshot(pl, ops, {"op1": {"backpressure": 1.0}})
-    assert rate.decide(stalled, pl, NONE, {}) == []
+    assert rate.pescheduler_policy_decide(stalled, pl, NONE, {}) == []
     memory: dict = {}
     assert all(copy.decide(snapshot(pl, ops, {"op1": {"backpressure": 1.0}}, t=t), pl, {}, memory) == []
                for t in (1.0, 100.0))
     full = snapshot(pl, ops, {"op2#1": {"queue_batches": 8, "max_queue_batches": 8}})
-    assert rate.decide(full, pl, NONE, {}) == []
-    [release] = rate.decide(snapshot(pl, ops), pl, NONE, {})                 # idle and nothing waiting
+    assert rate.pescheduler_policy_decide(full, pl, NONE, {}) == []
+    [release] = rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {})                 # idle and nothing waiting
     assert same(release, Release("op2", 2))
 
 
@@ -259,15 +259,15 @@ def test_threshold_moves_the_lightest_pe_off_a_worker_its_pes_overload_together(
     pl = sim.placement
     assert pl.pes["op0"].worker == pl.pes["op4"].worker == "sim://h0/w1"
     ops = steady(pl, 100, {"op0": 0.7, "op1": 0.6, "op2": 0.6, "op3": 0.2, "op4": 0.3})
-    [move] = threshold.decide(snapshot(pl, ops), pl, NONE, {})    # h0/w1 runs 1.0 in all, each PE < 0.8
+    [move] = threshold.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {})    # h0/w1 runs 1.0 in all, each PE < 0.8
     assert same(move, Move("op4", "sim://h0/w0"))
     assert "h0/w1 is 100% busy running 2 PEs: op4 (30%) moves" in move.reason
     assert move.figures["worker_cpu"] == pytest.approx(1.0)
     # no worker has room, not even for fusing the cold neighbours op3 + op4 (op3's worker would
     # go over upper - headroom): a host is borrowed when the resource manager can lend one
     full = {w: 0.9 for w in pl.workers}
-    assert threshold.decide(snapshot(pl, ops, workers=full), pl, NONE, {}) == []
-    actions = threshold.decide(snapshot(pl, ops, workers=full), pl, ResourceView(lendable=1), {})
+    assert threshold.pescheduler_policy_decide(snapshot(pl, ops, workers=full), pl, NONE, {}) == []
+    actions = threshold.pescheduler_policy_decide(snapshot(pl, ops, workers=full), pl, ResourceView(lendable=1), {})
     assert same(actions, [BorrowHosts(1)])
 
 
@@ -276,11 +276,11 @@ def test_threshold_borrows_no_host_for_what_a_host_cannot_help_and_returns_idle_
     pl = sim.placement
     ops = steady(pl, 100, {"op0": 0.95, "op1": 0.3, "op2": 0.6, "op3": 0.6, "op4": 0.6})
     # the source's PE is over upper, but a source is never copied: no host would help
-    assert threshold.decide(snapshot(pl, ops), pl, ResourceView(lendable=3), {}) == []
+    assert threshold.pescheduler_policy_decide(snapshot(pl, ops), pl, ResourceView(lendable=3), {}) == []
     assert sim.apply(BorrowHosts(1))
     pl, res, memory = sim.placement, sim.resources(), {}
     conf = {"history": memory, "idle-return-after": "30s"}
-    assert threshold.decide(snapshot(pl, ops, t=100.0), pl, res, conf) == []     # just borrowed: empty
-    assert threshold.decide(snapshot(pl, ops, t=129.0), pl, res, conf) == []
-    [back] = threshold.decide(snapshot(pl, ops, t=130.0), pl, res, conf)
+    assert threshold.pescheduler_policy_decide(snapshot(pl, ops, t=100.0), pl, res, conf) == []     # just borrowed: empty
+    assert threshold.pescheduler_policy_decide(snapshot(pl, ops, t=129.0), pl, res, conf) == []
+    [back] = threshold.pescheduler_policy_decide(snapshot(pl, ops, t=130.0), pl, res, conf)
     assert same(back, ReturnHost("h2")) and "run nothing for 30 s" in back.reason
