@@ -53,6 +53,17 @@ class View:
         self.pe_of = {op: p for p, pe in placement.pes.items() for op in pe.operators}
         self._loads: dict[str, Load | None] = {}
 
+    _last: "View | None" = None
+
+    @classmethod
+    def of(cls, snapshot: MetricsSnapshot, placement: Placement) -> "View":
+        """The view of this snapshot and placement, built once for all the policies of a round
+        (both are immutable, so the last view built is reused while they are the same objects)."""
+        last = cls._last
+        if last is None or last.snapshot is not snapshot or last.placement is not placement:
+            last = cls._last = cls(snapshot, placement)
+        return last
+
     def load(self, op: str) -> Load | None:
         """``op``'s load summed over its instances; None when the monitor has not seen it yet."""
         if op in self._loads:

@@ -45,7 +45,7 @@ def decide(snapshot, placement, config, memory: dict) -> list[Action]:
     max_copies = int(setting(config, "max-copies", 4))
     calm_since: dict = memory.setdefault("calm_since", {})
     actions: list[Action] = []
-    view = View(snapshot, placement)
+    view = View.of(snapshot, placement)
     spare = view.free_slots()
     for op in view.originals:
         now = view.load(op)

@@ -44,7 +44,7 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
     min_busy = float(setting(config, "min-busy", 0.02))
     if not snapshot.operators:
         return []
-    view = View(snapshot, placement)
+    view = View.of(snapshot, placement)
     offered = target_rates(view)
     actions: list[Action] = []
     spare = view.free_slots()

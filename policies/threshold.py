@@ -48,7 +48,7 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
     workers = set(placement.workers)
     cpu = {w: m.cpu for w, m in snapshot.workers.items() if w in workers}
     homeless = 0
-    view = View(snapshot, placement)
+    view = View.of(snapshot, placement)
     spare = view.free_slots()
     room = Room(cpu, lower, {s.worker for s in placement.slots.values()})
     for pe_id, m in pes.items():

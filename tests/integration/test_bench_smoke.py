@@ -46,7 +46,7 @@ def test_policies_benchmark_quick_times_every_policy_and_converges_on_the_bottle
     result = subprocess.run([sys.executable, str(BENCH / "policies.py"), "--quick"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
-    for line in ("rate", "copy", "threshold", "controller (rate+copy)", "(baseline pass)"):
+    for line in ("rate", "copy", "threshold", "controller (rate+copy)", "(baseline pass)", "best ms"):
         assert line in result.stdout, result.stdout[-3000:]
     rate_row = next(r for r in result.stdout.splitlines() if r.startswith("5-op chain, 4x bottleneck    rate "))
     assert rate_row.split()[5:8] == ["1", "1", "2"], rate_row     # one action, at interval 1, bp-free from 2
