@@ -133,7 +133,7 @@ def rounds(rm: str, n: int, rate: float) -> dict:
     settings = {"pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": demand,
                 "pescheduler.rm.spark": {"workers": 1, "max-executors": 1, "executor-idle-timeout": "30s",
                                          "return-within": f"{RETURN_WITHIN_S}s"},
-                "pescheduler.monitor.interval": "200ms"}
+                "pescheduler.monitor.interval": "200ms", "pescheduler.policies.default": []}
     runs = []
     with tempfile.TemporaryDirectory() as tmp, dask.config.set(settings):
         path = os.path.join(tmp, "arrivals.json")

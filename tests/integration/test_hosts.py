@@ -23,6 +23,13 @@ pytestmark = pytest.mark.integration
 WAIT = 120          # seconds: a bound on every wait
 
 
+@pytest.fixture(autouse=True)
+def no_policies():
+    """Actions here are applied by hand: no policy reconfigures the app behind the test's back."""
+    with dask.config.set({"pescheduler.policies.default": []}):
+        yield
+
+
 def numbers_app(path, count, rate):
     app = Application("hosts")
     (app.source("numbers", count=count, keys=7, rate=rate)

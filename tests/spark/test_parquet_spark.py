@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dask
 import pytest
 
 import pescheduler
@@ -25,7 +26,7 @@ def test_spark_reads_the_streams_parquet_files_as_the_streams_output(tmp_path):
         .key_by("car")
         .window(size="60s", aggregates={"avg_speed": ("avg", "speed")})
         .sink("parquet", path=str(tmp_path / "avg"), roll="60s", ts_field="window_start", rows=5_000))
-    with pescheduler.deploy(app, workers=2) as dep:
+    with dask.config.set({"pescheduler.policies.default": []}), pescheduler.deploy(app, workers=2) as dep:
         assert dep.wait(timeout=120)["state"] == "finished"
 
     spark = (SparkSession.builder.master("local[1]").appName("read-parquet")
