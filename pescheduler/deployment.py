@@ -111,6 +111,8 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     rm = default_rm(cluster) if rm is None else (None if rm == "none" else rm)
     if policies is None:
         policies = config.get("policies.default") or ()
+    elif isinstance(policies, str):          # policies="rate": one name, not its letters
+        policies = [policies]
     dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins), rm=rm,
                      policies=tuple(policies))
     try:
