@@ -60,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
                        help="size of the embedded LocalCluster (default: pescheduler.cluster.workers)")
     dep.add_argument("--rm", metavar="NAME", help="resource manager (local, spark)")
     dep.add_argument("--policy", action="append", metavar="NAME",
-                     help="active policy, repeatable; `--policy none` for none")
+                     help="active policy, repeatable (default: pescheduler.policies.default, rate and copy); "
+                          "`--policy none` for none")
     dep.add_argument("--config", metavar="FILE", help="YAML file of pescheduler settings")
     dep.add_argument("--duration", type=_positive, metavar="S", help="stop after S seconds")
     _plugin_option(dep)
