@@ -260,8 +260,14 @@ class Deployment:
         self.board.started(self._placement, int(config.get("monitor.history")))
         if chosen:
             timeout = config.get_seconds("policies.apply-timeout")
+
+            async def apply(action: Action) -> ApplyRecord:
+                if self.board.stopping:          # a drain has begun: the layout stays as it is
+                    return ApplyRecord(action, False, "the deployment is stopping")
+                return await self._apply(action, timeout)
+
             self.controller = Controller(
-                chosen, lambda action: self._apply(action, timeout), configs=policy_configs(chosen),
+                chosen, apply, configs=policy_configs(chosen),
                 cooldown_s=config.get_seconds("policies.cooldown"), resources=self.resources,
                 log_path=config.get("policies.decision-log"), deployment=self.id,
                 on_decision=lambda d: self.board.event("policy", d.text()))
