@@ -58,6 +58,7 @@ class HostManager:
         self._watchers: dict[str, asyncio.Task] = {}
         self._returning: dict[str, asyncio.Task] = {}
         self._starting: asyncio.Task | None = None
+        self._leaving: set[str] = set()                   # hosts being given back now
 
     # -- lifecycle ------------------------------------------------------------------------
     def check(self) -> None:
@@ -182,11 +183,18 @@ class HostManager:
         if host is None:
             return ApplyRecord(action, False, f"host {host_id!r} was not borrowed "
                                               f"(borrowed: {', '.join(self.borrowed) or 'none'})")
-        t0 = time.monotonic()
-        leaving = set(host.workers)
-        placement = self.dep.placement()
-        if not [w for w in placement.workers if w not in leaving]:
+        if host_id in self._leaving:
+            return ApplyRecord(action, False, f"{host_id} is being returned already")
+        if not [w for w in self.dep.placement().workers if w not in host.workers]:
             return ApplyRecord(action, False, f"cannot return {host_id}: no other worker would be left")
+        self._leaving.add(host_id)
+        try:
+            return await self._evacuate_and_return(host, deadline, action)
+        finally:
+            self._leaving.discard(host_id)
+
+    async def _evacuate_and_return(self, host: Host, deadline: float, action) -> ApplyRecord:
+        host_id, t0, leaving = host.host_id, time.monotonic(), set(host.workers)
         await self.dep._remove_workers(leaving)          # fence: nothing new lands there
         pause = 0.0
         while True:
@@ -240,6 +248,8 @@ class HostManager:
         try:
             record = await self.give_back(host_id, deadline, ReturnHost(host_id, reason="requested by "
                                                                                      f"{self.rm_name}"))
+            if not record.applied and (host_id not in self.borrowed or host_id in self._leaving):
+                return                    # a ReturnHost applied by hand or a policy is giving it back
             self.dep._record(record)
             if not record.applied:
                 self._event("host", f"could not return {host_id} by its deadline: {record.reason}")
