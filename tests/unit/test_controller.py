@@ -185,3 +185,17 @@ def test_an_unknown_policy_names_the_installed_ones():
         select_policies(load_plugins(), ["rate", "ds3"])
     assert "unknown policy 'ds3'" in str(err.value)
     assert "copy, rate, threshold" in str(err.value)
+
+
+def test_an_installed_but_unselected_policy_is_never_called(tmp_path, monkeypatch):
+    (tmp_path / "loud_policy.py").write_text(
+        "import pescheduler\n\n@pescheduler.hookimpl\n"
+        "def pescheduler_policy_decide(snapshot, placement, resources, config):\n"
+        "    raise AssertionError('an unselected policy was called')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = load_plugins(("loud_policy",))
+    assert "loud_policy" in plugins.policies()                      # installed
+    sim = Simulation.chain(5, costs={2: 4e-4}, source_rate=4000.0)
+    ctl = Controller(select_policies(plugins, ["rate"]), sim.apply_record, resources=sim.resources)
+    sim.control(ctl, 3)
+    assert ctl.quarantined == {} and [d.policy for d in ctl.decisions] == ["rate"]
