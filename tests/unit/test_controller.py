@@ -199,3 +199,14 @@ def test_an_installed_but_unselected_policy_is_never_called(tmp_path, monkeypatc
     ctl = Controller(select_policies(plugins, ["rate"]), sim.apply_record, resources=sim.resources)
     sim.control(ctl, 3)
     assert ctl.quarantined == {} and [d.policy for d in ctl.decisions] == ["rate"]
+
+
+def test_policy_settings_come_from_dask_config_with_a_fresh_history_each():
+    import dask
+
+    from pescheduler.controller import policy_configs
+    with dask.config.set({"pescheduler.policies.rate.tolerance": 0.05}):
+        configs = policy_configs(["rate", "mine", "cooldown"])
+    assert configs["rate"]["tolerance"] == 0.05 and configs["rate"]["target-utilisation"] == 0.7
+    assert configs["mine"] == {"history": {}} and configs["cooldown"] == {"history": {}}
+    assert configs["rate"]["history"] is not configs["mine"]["history"]
