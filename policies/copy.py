@@ -9,8 +9,10 @@ traffic there. Copies go again once the concentration has been gone for
 
 Here a router is an operator feeding others. Traffic concentrates on ``X``
 when an instance of ``X`` is busy ``hot`` of the time or more; the copies
-asked for bring the work per instance to ``target`` (one at least, at most
-``max-copies`` in all, no more than free slots). With several routers the
+asked for bring the work per instance to ``target`` (at most ``max-copies``
+in all, no more than free slots; none when the average instance is already
+under ``target``: one hot instance among idle ones is a hot key, which more
+copies cannot split). With several routers the
 copies are exclusive to the one sending the most (weight N at that router,
 as in the method), except for KEYED operators, whose copies every router
 shares. The concentration is gone when all of ``X``'s instances together are
@@ -55,7 +57,9 @@ def decide(snapshot, placement, config, memory: dict) -> list[Action]:
         figures = {"hottest_busy": round(now.hottest, 3), "busy_cores": round(now.busy, 3), "copies": copies}
         if now.hottest >= hot:
             calm_since.pop(op, None)
-            wanted = min(max(1, math.ceil(now.busy / target) - now.instances), max_copies - copies)
+            # enough instances for the work at ``target`` each; none when the work is already spread
+            # that thin and one instance is still hot (a hot key: copies cannot split it further)
+            wanted = min(math.ceil(now.busy / target - 1e-9) - now.instances, max_copies - copies)
             n = take_slots(spare, wanted, view.worker(op)) if wanted > 0 else 0
             if n > 0:
                 router = _router(view, op)

@@ -284,3 +284,15 @@ def test_threshold_borrows_no_host_for_what_a_host_cannot_help_and_returns_idle_
     assert threshold.pescheduler_policy_decide(snapshot(pl, ops, t=129.0), pl, res, conf) == []
     [back] = threshold.pescheduler_policy_decide(snapshot(pl, ops, t=130.0), pl, res, conf)
     assert same(back, ReturnHost("h2")) and "run nothing for 30 s" in back.reason
+
+
+def test_copy_adds_no_copies_for_a_hot_key_the_others_idle_beside():
+    graph = {"src": SimOperator(1e-5), "agg": SimOperator(4e-4, parallelism=Parallelism.KEYED, key_skew=0.6),
+             "sink": SimOperator(1e-5)}
+    sim = Simulation(graph, [("src", "agg"), ("agg", "sink")], source_rate=5000.0, hosts=2, slots_per_host=2)
+    assert sim.apply(Replicate("agg", 2))
+    snap = sim.step()
+    busy = [snap.operators[o].busy for o in ("agg", "agg#1", "agg#2")]
+    assert busy[0] == pytest.approx(1.0) and max(busy[1:]) < 0.5        # the hot key group saturates one
+    assert copy.decide(snap, sim.placement, {}, {}) == []
+    assert rate.pescheduler_policy_decide(snap, sim.placement, sim.resources(), {}) == []   # sized right already
