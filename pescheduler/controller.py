@@ -278,7 +278,10 @@ class Controller:
             except Exception:                 # the view must never stop the controller
                 logger.exception("decision callback failed")
         if self.log_path and made:
-            os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
-            with open(self.log_path, "a") as f:
-                for d in made:
-                    f.write(json.dumps({"deployment": self.deployment, **d.as_dict()}, default=repr) + "\n")
+            try:
+                os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
+                with open(self.log_path, "a") as f:
+                    for d in made:
+                        f.write(json.dumps({"deployment": self.deployment, **d.as_dict()}, default=repr) + "\n")
+            except OSError as exc:            # a full disk must not stop the app: the events still show it
+                logger.warning("cannot write the decision log %s: %s", self.log_path, exc)

@@ -210,3 +210,12 @@ def test_policy_settings_come_from_dask_config_with_a_fresh_history_each():
     assert configs["rate"]["tolerance"] == 0.05 and configs["rate"]["target-utilisation"] == 0.7
     assert configs["mine"] == {"history": {}} and configs["cooldown"] == {"history": {}}
     assert configs["rate"]["history"] is not configs["mine"]["history"]
+
+
+def test_an_unwritable_decision_log_does_not_stop_the_round(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    runtime = FakeRuntime()
+    ctl = Controller({"p": says(Replicate("op2"))}, runtime.apply, log_path=str(blocker / "decisions.jsonl"))
+    [d] = tick(ctl)
+    assert d.outcome == "applied" and list(ctl.decisions) == [d]
