@@ -123,6 +123,13 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     return dep
 
 
+def _report_control_failure(task: asyncio.Task) -> None:
+    """A control round that failed (a bug, not a policy: those are quarantined) is logged; the
+    next interval runs a new round."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("control round failed", exc_info=task.exception())
+
+
 class Deployment:
     """A running application: placement, status, dead letters, wait and stop."""
 
@@ -463,6 +470,7 @@ class Deployment:
                             and self.board.state == "running" and not self.board.stopping):
                         ticked = snap          # a round runs beside the monitor: applying may take a while
                         control = asyncio.create_task(self.controller.tick(snap, self._placement))
+                        control.add_done_callback(_report_control_failure)
                 command = await self._command()
                 if command == "stop" and not self._done.is_set():
                     self.board.event("stop", "stop requested from the command line")
