@@ -123,13 +123,6 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     return dep
 
 
-def _report_control_failure(task: asyncio.Task) -> None:
-    """A control round that failed (a bug, not a policy: those are quarantined) is logged; the
-    next interval runs a new round."""
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("control round failed", exc_info=task.exception())
-
-
 class Deployment:
     """A running application: placement, status, dead letters, wait and stop."""
 
@@ -456,6 +449,12 @@ class Deployment:
         due = loop.time() + interval
         control: asyncio.Task | None = None      # the controller's round; never two at once
         ticked = None
+
+        def report(task: asyncio.Task) -> None:
+            """A failed round (a bug, not a policy: those are quarantined) is logged; the next runs."""
+            if not task.cancelled() and task.exception() is not None:
+                logger.error("control round failed", exc_info=task.exception())
+
         try:
             while not self._done.is_set():
                 try:
@@ -470,7 +469,7 @@ class Deployment:
                             and self.board.state == "running" and not self.board.stopping):
                         ticked = snap          # a round runs beside the monitor: applying may take a while
                         control = asyncio.create_task(self.controller.tick(snap, self._placement))
-                        control.add_done_callback(_report_control_failure)
+                        control.add_done_callback(report)
                 command = await self._command()
                 if command == "stop" and not self._done.is_set():
                     self.board.event("stop", "stop requested from the command line")
