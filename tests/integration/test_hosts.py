@@ -183,3 +183,19 @@ def test_a_lost_host_is_a_clear_error_failing_the_app_only_if_its_pes_ran_there(
         lost = [e["text"] for e in dep.status()["events"] if e["kind"] == "host-lost"]
     assert lost[0].startswith("host local-1 lost: worker") and "its PEs" not in lost[0]
     assert f"its PEs {sink_pe(dep)} are gone" in lost[1]
+
+
+def test_deploy_with_rm_on_the_command_line(tmp_path):
+    import subprocess
+    import sys
+
+    app = tmp_path / "app.py"
+    app.write_text("from pescheduler import Application\napp = Application('cli-rm')\n"
+                   "app.source('iterable', items=[{'x': i, 'ts': i} for i in range(100)])"
+                   ".sink('jsonl', path='out.jsonl')\n")
+    result = subprocess.run([sys.executable, "-m", "pescheduler", "deploy", str(app), "--rm", "local",
+                             "--workers", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=WAIT)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "cli-rm finished" in result.stdout
+    assert "resource manager 'local' ready" in result.stdout
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 100
