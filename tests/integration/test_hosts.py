@@ -191,7 +191,7 @@ def test_deploy_with_rm_on_the_command_line(tmp_path):
 
     app = tmp_path / "app.py"
     app.write_text("from pescheduler import Application\napp = Application('cli-rm')\n"
-                   "app.source('iterable', items=[{'x': i, 'ts': i} for i in range(100)])"
+                   "app.source('iterable', items=[{'x': i, 'ts': i} for i in range(100)], rate=50)"
                    ".sink('jsonl', path='out.jsonl')\n")
     result = subprocess.run([sys.executable, "-m", "pescheduler", "deploy", str(app), "--rm", "local",
                              "--workers", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=WAIT)
