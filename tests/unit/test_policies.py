@@ -96,16 +96,26 @@ def test_rate_takes_a_declared_source_rate_and_sizes_undeclared_blocked_sources_
     assert same(action, Replicate("op2", 1)) and action.figures["offered_in_per_s"] == pytest.approx(2000)
 
 
-def test_rate_releases_copies_in_one_step_when_the_load_falls():
+def test_rate_releases_copies_in_one_step_once_the_load_has_fallen_for_down_after_windows():
     sim = chain()
     assert sim.apply(Replicate("op2", 2))
     pl = sim.placement
     ops = steady(pl, 1000, {"op2": 0.1 / 3})
     for c in ("op2", "op2#1", "op2#2"):
         ops[c] = (1000 / 3, 1000 / 3, 0.1 / 3)                       # 10,000 t/s per busy second
-    [action] = rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {})
+    conf = {"history": {}}                                           # down-after: 2 windows
+    assert rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf) == []
+    [action] = rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf)
     assert same(action, Release("op2", 2))
     assert "1 instance(s)" in action.reason and action.figures["instances"] == 3
+    assert "2 windows in a row" in action.reason
+    high = dict(ops, **{c: (1000 / 3, 1000 / 3, 0.7) for c in ("op2", "op2#1", "op2#2")})   # in band: restart
+    conf["down-after"] = 3
+    assert rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf) == []
+    assert rate.pescheduler_policy_decide(snapshot(pl, high), pl, NONE, conf) == []
+    assert rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf) == []
+    assert rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf) == []
+    assert len(rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf)) == 1
 
 
 def test_rate_never_copies_sources_or_singletons_and_borrows_when_slots_run_out():
@@ -249,8 +259,9 @@ def test_no_scaling_down_on_a_backlog_figures_understate_it():
     assert all(copy.decide(snapshot(pl, ops, {"op1": {"backpressure": 1.0}}, t=t), pl, {}, memory) == []
                for t in (1.0, 100.0))
     full = snapshot(pl, ops, {"op2#1": {"queue_batches": 8, "max_queue_batches": 8}})
-    assert rate.pescheduler_policy_decide(full, pl, NONE, {}) == []
-    [release] = rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {})                 # idle and nothing waiting
+    conf = {"history": {}, "down-after": 1}
+    assert rate.pescheduler_policy_decide(full, pl, NONE, conf) == []
+    [release] = rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf)   # idle, nothing waiting
     assert same(release, Release("op2", 2))
 
 
