@@ -123,7 +123,7 @@ def jepc(counts: list[int], n: int, repeat: int) -> None:
     for kind, rate in at80.items():
         paper = PAPER.get(kind)
         if paper is None:
-            print(f"{kind:<14}{rate:>12,.0f}{'-':>12}{'':>10}   (no H2 figure in the paper)")
+            print(f"{kind:<14}{rate:>12,.0f}{'-':>12}{'':>10}   (no H2 figure for this query)")
         else:
             print(f"{kind:<14}{rate:>12,.0f}{paper:>12}{rate / paper:>9,.1f}x")
 

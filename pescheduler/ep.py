@@ -204,12 +204,18 @@ class Aggregate:
 @dataclass(frozen=True)
 class Correlate:
     """Pairs with events of stream ``right`` at most ``within`` apart (default: the window's size)
-    where ``predicate(left, right)`` holds; results are ``{"left", "right", "ts"}`` (operators/join.py)."""
+    where ``predicate(left, right)`` holds; results are ``{"left", "right", "ts"}`` (operators/join.py).
+
+    Equal keys first, when given (``on``: one field of both; ``left_key``/``right_key``: a
+    field or function per side): a hash lookup instead of testing every pair in the window.
+    """
 
     right: str
     predicate: Callable[[dict, dict], bool] | None = None
     on: str | None = None
     within: Any = None
+    left_key: str | Callable | None = None
+    right_key: str | Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -524,7 +530,8 @@ class EventProcessor:
             return
         if isinstance(t, Correlate):
             within = t.within if t.within is not None else _span(window, "correlate")
-            keys = {"on": t.on} if t.on is not None else {}
+            keys = {name: getattr(t, name) for name in ("on", "left_key", "right_key")
+                    if getattr(t, name) is not None}
             prev = self._add(f"{query_id}.correlate", "join",
                              {"within": within, "predicate": t.predicate, **keys},
                              [prev, self._stream(t.right).op_id], query_id)

@@ -215,3 +215,18 @@ def test_unshared_processor_gives_each_query_its_own_window_and_the_same_results
         proc.close()
         runs[share] = rows
     assert runs[True] == runs[False] and all(runs[True])
+
+
+def test_correlate_with_keys_equals_the_same_predicate_tested_on_every_pair():
+    runs = []
+    for keyed in (False, True):
+        proc = processor("s", "t")
+        spec = (ep.Correlate("t", left_key=lambda l: l["a"] - 2, right_key="b") if keyed else
+                ep.Correlate("t", lambda l, r: l["a"] - r["b"] == 2))
+        rows = collect(proc, "c", ep.Definition([ep.Stream("s", window=ep.Tumbling(20)), spec]))
+        for (ps, ts), (pt, tt) in zip(events(seed=1), events(seed=2)):
+            proc.push_event("s", ps, ts)
+            proc.push_event("t", {**pt, "b": float(int(pt["b"]))}, tt)
+        proc.close()
+        runs.append(sorted((r["left"]["ts"], r["right"]["ts"]) for r in rows))
+    assert runs[0] == runs[1] and runs[0]
