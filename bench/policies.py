@@ -16,8 +16,8 @@
 2. Steps to converge. Each policy (and the default pair) runs in the real
    controller (5 s cooldown) on scenarios: a 5-operator chain with a 4x
    bottleneck (DS2 needed up to 3 steps on Flink, Dhalion 6), the same chain
-   after a load step 1,000 -> 4,000 -> 1,000 tuples/s, and a random
-   100-operator graph. Printed: actions applied, the interval of the last one,
+   after a load step 1,000 -> 4,000 -> 1,000 tuples/s, and random graphs of
+   100 (and, without ``--quick``, 1,000) operators. Printed: actions applied, the interval of the last one,
    the first interval free of backpressure, and whether anything was decided
    in the last 100 intervals (oscillation).
 
@@ -122,14 +122,16 @@ SCENARIOS = {
     "5-op chain, 1k->4k->1k t/s": (lambda: bottleneck(1000.0), load_step, 300),
     "random 100 ops / 10 hosts": (lambda: Simulation.random(100, 10, seed=3, source_rate=40_000.0), None, 300),
 }
+LARGE = {"random 1,000 ops / 100 hosts": (lambda: Simulation.random(1_000, 100, seed=3, source_rate=40_000.0),
+                                          None, 300)}
 
 
-def convergence() -> None:
+def convergence(scenarios: dict) -> None:
     print()
     print("2. Steps to converge (controller, 5 s cooldown, 1 s intervals); DS2 on Flink: up to 3 steps, Dhalion: 6")
     print(f"{'scenario':<28} {'policies':<12} {'applied':>7} {'last action at':>14} {'bp-free from':>12} "
           f"{'final max bp':>12} {'quiet last ' + str(QUIET):>14}  what still limits")
-    for scenario, (make, before, intervals) in SCENARIOS.items():
+    for scenario, (make, before, intervals) in scenarios.items():
         for names in [(p,) for p in POLICIES] + [DEFAULT]:
             sim = make()
             ctl = controller_for(sim, names)
@@ -164,7 +166,7 @@ def main() -> None:
     sizes = SIZES[:2] if args.quick else SIZES
     t0 = time.perf_counter()
     decision_times(sizes, repeat)
-    convergence()
+    convergence(SCENARIOS if args.quick else {**SCENARIOS, **LARGE})
     print(f"\n(total {time.perf_counter() - t0:.0f} s)")
 
 
