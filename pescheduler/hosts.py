@@ -210,10 +210,7 @@ class HostManager:
                 return ApplyRecord(action, False, f"cannot return {host_id}: moving {on_host[0]} "
                                                   f"was refused: {record.reason}")
             pause += record.pause_ms
-        for w in host.workers:
-            task = self._watchers.pop(w, None)
-            if task:
-                task.cancel()
+        self._stop_watching(host.workers)
         self.borrowed.pop(host_id, None)
         await self.rm.return_host(host)
         self.returns.pop(host_id, None)
@@ -259,12 +256,12 @@ class HostManager:
             self._returning.pop(host_id, None)
 
     async def _lost(self, host: Host, reason: str) -> None:
-        held = self.borrowed.pop(host.host_id, None) or host
+        """Reported once per host, whoever notices first (its watcher, or the manager)."""
+        held = self.borrowed.pop(host.host_id, None)
+        if held is None:
+            return
         self.returns.pop(host.host_id, None)
-        for w in held.workers:
-            task = self._watchers.pop(w, None)
-            if task:
-                task.cancel()
+        self._stop_watching(held.workers)
         on_host = [p for p, pe in self.dep.placement().pes.items() if pe.worker in held.workers]
         text = f"host {host.host_id} lost: {reason or 'no reason given'}"
         self._mark("lost", host.host_id)
@@ -275,6 +272,13 @@ class HostManager:
                                  f"recovery from a lost host is not implemented yet")
 
     # -- watching borrowed workers ----------------------------------------------------------------
+    def _stop_watching(self, workers) -> None:
+        """Cancel the watchers of ``workers`` (not the one calling: it is about to return)."""
+        for w in workers:
+            task = self._watchers.pop(w, None)
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+
     async def _watch(self, worker: str, host_id: str) -> None:
         """Like the deployment's watchers, but a borrowed worker that goes is a lost host."""
         dep, version = self.dep, -1

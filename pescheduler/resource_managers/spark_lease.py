@@ -8,6 +8,8 @@ retried by Spark, which would start a second worker for the same host.
 
 from __future__ import annotations
 
+DEATH_TIMEOUT_S = 60.0       # a worker that cannot reach its scheduler this long closes: the lease ends
+
 
 def lease(args: tuple) -> str:
     """Run a Dask worker named ``host_id`` against ``scheduler`` until it is retired.
@@ -16,6 +18,8 @@ def lease(args: tuple) -> str:
     """
     scheduler, host_id = args[0], args[1]
     try:
+        if _retried():
+            return f"not restarted {host_id}: its first attempt was lost (the host is reported lost)"
         import asyncio
 
         return asyncio.run(_serve(scheduler, host_id))
@@ -26,9 +30,20 @@ def lease(args: tuple) -> str:
 async def _serve(scheduler: str, host_id: str) -> str:
     from distributed import Worker
 
-    worker = await Worker(scheduler, nthreads=1, name=host_id, dashboard=False)
+    worker = await Worker(scheduler, nthreads=1, name=host_id, dashboard=False, death_timeout=DEATH_TIMEOUT_S)
     await worker.finished()
     return f"closed {host_id}"
+
+
+def _retried() -> bool:
+    """True in a second attempt of the lease task: Spark retries a task whose executor died,
+    and a second Dask worker under the same host name would be an orphan."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return False
+    context = TaskContext.get()
+    return context is not None and context.attemptNumber() > 0
 
 
 def executor_of_this_process() -> dict:

@@ -4,8 +4,9 @@ One scenario, step by step, as the IBM night-batch story goes: borrow two hosts
 (Dask workers inside Spark executors), stream on them, a batch job of the same
 Spark application arrives and finds no free slot -> a host is asked back,
 emptied and returned, and the batch task runs on that very executor; the job
-ends -> a host is borrowed again and used. The stream's output is exact
-throughout, and no process outlives the deployment.
+ends -> a host is borrowed again and used; an executor dies -> its host is
+reported lost and Spark's retry of the lease starts no second worker. The
+stream's output is exact throughout, and no process outlives the deployment.
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ def scheduler_workers(dep):
         return set(client.scheduler_info(n_workers=-1)["workers"])
 
 
+def worker_names(dep):
+    from distributed import Client
+
+    with Client(dep.scheduler_address, set_as_default=False, timeout=10) as client:
+        return {str(w.get("name")) for w in client.scheduler_info(n_workers=-1)["workers"].values()}
+
+
 def run_batch(sc, result):
     """A batch job of the same Spark application: one task that says where it ran."""
     def task(_):
@@ -121,7 +129,18 @@ def test_hosts_borrowed_from_spark_returned_to_a_batch_job_and_borrowed_again(sp
             (third,) = set(dep.hosts.borrowed) - {first}
             assert dep.apply(Move(pes[-1], dep.hosts.borrowed[third].workers[0])).applied
             processes_on(dep, pes[-1], third)
-            leased = [h.info for h in dep.hosts.borrowed.values()]
+
+            # An executor dies: its host is reported lost, the stream runs on, Spark's retry starts no worker.
+            home = next(w for w, h in dep.placement().hosts.items() if h not in dep.hosts.borrowed)
+            assert dep.apply(Move(pes[-1], home)).applied
+            victim = dep.hosts.borrowed[third].info
+            psutil.Process(victim["executor_pid"]).kill()
+            until(lambda: any(e["kind"] == "host-lost" and third in e["text"] for e in dep.status()["events"]),
+                  30, f"{third} to be reported lost")
+            until(lambda: third not in rm.leases, 60, "Spark's retry of the lease to end at once")
+            assert third not in worker_names(dep) and dep.status()["state"] == "running"
+            until(lambda: not alive(victim["pid"]), 15, "the killed executor's Dask worker to exit")
+            leased = [h.info for h in dep.hosts.borrowed.values()] + [victim]
             status = dep.stop()
             assert status["state"] == "stopped", status["error"]
             emitted = next(o["tuples_out"] for o in status["operators"] if o["op"] == "numbers-1")

@@ -101,3 +101,19 @@ def test_spark_conf_sets_dynamic_allocation_and_takes_overrides():
     assert conf["spark.dynamicAllocation.enabled"] == "true"
     assert conf["spark.dynamicAllocation.maxExecutors"] == "3"
     assert conf["spark.executor.memory"] == "1g" and conf["spark.executor.cores"] == "1"
+
+
+def test_the_lease_task_never_raises_and_ends_when_its_scheduler_is_unreachable(monkeypatch):
+    from pescheduler.resource_managers import spark_lease
+
+    monkeypatch.setattr(spark_lease, "DEATH_TIMEOUT_S", 1.0)
+    outcome = spark_lease.lease(("tcp://127.0.0.1:9", "spark-9"))
+    assert outcome.startswith("failed spark-9:")
+    assert spark_lease.executor_of_this_process()["executor_id"] == ""        # not inside Spark
+
+
+def test_a_retried_lease_task_does_not_start_a_second_worker(monkeypatch):
+    from pescheduler.resource_managers import spark_lease
+
+    monkeypatch.setattr(spark_lease, "_retried", lambda: True)
+    assert spark_lease.lease(("tcp://127.0.0.1:9", "spark-9")).startswith("not restarted spark-9")
