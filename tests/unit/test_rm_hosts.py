@@ -1,0 +1,147 @@
+"""HostManager against a small fake deployment and manager: no cluster, plain data.
+
+The fake keeps a placement and applies ``Move`` by rewriting it (or refuses
+what the test says), so every branch of giving a host back is checked fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from types import MappingProxyType, SimpleNamespace
+
+from pescheduler.actions import BorrowHosts, Move, ReturnHost
+from pescheduler.hosts import HostManager
+from pescheduler.placement import PE, LogicalPlan, Placement
+from pescheduler.reconfigure import ApplyRecord
+from pescheduler.resources import Host, HostLost, HostReturnRequested
+from pescheduler.transforms import move
+
+
+class FakeRM:
+    name = "fake"
+
+    def __init__(self, scheduler_address, settings):
+        self.returned = []
+
+    async def start(self, on_event):
+        self.on_event = on_event
+
+    def lendable(self):
+        return 1
+
+    async def request_hosts(self, n):
+        return [Host("h1", ("w-h1",))][:n]
+
+    async def return_host(self, host):
+        self.returned.append(host.host_id)
+
+    async def close(self):
+        pass
+
+
+class FakeDeployment:
+    """What HostManager uses of a Deployment, over a placement held in memory."""
+
+    def __init__(self, refuse_moves: str = "") -> None:
+        plan = LogicalPlan("app", {}, ())
+        self._placement = Placement(plan, MappingProxyType({"a": PE(("a",), "w0", "home"),
+                                                            "b": PE(("b",), "w0", "home")}),
+                                    ("w0",), MappingProxyType({"w0": "home"}))
+        self.refuse_moves, self.records, self.events, self.failed = refuse_moves, [], [], None
+        self.worker_info = {"w0": {}}
+        self.plugins = SimpleNamespace(resource_managers={"fake": FakeRM})
+        self.scheduler_address, self.id = "tcp://fake:1", "dep"
+        self.board = SimpleNamespace(pe_state={"a": "running", "b": "running"},
+                                     event=lambda kind, text: self.events.append((kind, text)))
+        self.client = SimpleNamespace(rpc=lambda w: SimpleNamespace(pe_info=lambda: asyncio.sleep(0, {"w": w}),
+                                                                   pe_wait=self._never))
+        self._done = asyncio.Event()
+
+    async def _never(self, **kw):
+        await asyncio.Event().wait()
+
+    def placement(self):
+        return self._placement
+
+    async def _add_workers(self, host_id, infos):
+        self.worker_info.update(infos)
+        pl = self._placement
+        self._placement = replace(pl, workers=pl.workers + tuple(w for w in infos if w not in pl.workers),
+                                  hosts=MappingProxyType({**pl.hosts, **{w: host_id for w in infos}}))
+
+    async def _remove_workers(self, workers):
+        pl = self._placement
+        self._placement = replace(pl, workers=tuple(w for w in pl.workers if w not in workers),
+                                  hosts=MappingProxyType({w: h for w, h in pl.hosts.items() if w not in workers}))
+
+    async def _apply(self, action, timeout):
+        if self.refuse_moves:
+            return self._record(ApplyRecord(action, False, self.refuse_moves))
+        self._placement = move(self._placement, action)
+        return self._record(ApplyRecord(action, True, "", 5.0))
+
+    def _record(self, record):
+        self.records.append(record)
+        return record
+
+    async def _fail(self, reason):
+        self.failed = reason
+
+
+def scenario(body, refuse_moves=""):
+    """Run ``body(dep, hm)`` with a started manager and host h1 borrowed, PE b moved onto it."""
+    async def run():
+        dep = FakeDeployment(refuse_moves)
+        hm = HostManager(dep, "fake")
+        hm.start()
+        await hm.ready(5)
+        assert (await hm.apply(BorrowHosts(1), 5)).applied
+        dep._placement = move(dep._placement, Move("b", "w-h1"))
+        try:
+            return await body(dep, hm)
+        finally:
+            await hm.close()
+    return asyncio.run(run())
+
+
+def test_a_return_request_moves_the_pes_off_and_returns_before_the_deadline():
+    async def body(dep, hm):
+        await hm._on_event(HostReturnRequested(hm.borrowed["h1"], time.time() + 10))
+        assert hm.view().pending_returns[0].host == "h1"
+        await hm._returning["h1"]
+        return dep, hm
+    dep, hm = scenario(body)
+    assert hm.rm is None and dep.placement().pes["b"].worker == "w0"      # closed; b came home
+    assert "w-h1" not in dep.placement().workers and not hm.returns
+    record = dep.records[-1]
+    assert isinstance(record.action, ReturnHost) and record.applied and "before its deadline" in record.reason
+
+
+def test_a_refused_move_keeps_the_host_and_says_why():
+    async def body(dep, hm):
+        record = await hm.give_back("h1", time.time() + 10)
+        assert not record.applied and "moving b was refused: the PE is busy" in record.reason
+        assert "w-h1" in dep.placement().workers and "h1" in hm.borrowed      # fenced, then let in again
+        assert hm.rm.returned == []
+    scenario(body, refuse_moves="the PE is busy")
+
+
+def test_returning_what_was_not_borrowed_or_the_last_worker_is_refused():
+    async def body(dep, hm):
+        assert "was not borrowed" in (await hm.give_back("home", time.time() + 10)).reason
+        await dep._remove_workers({"w0"})
+        assert "no other worker would be left" in (await hm.give_back("h1", time.time() + 10)).reason
+    scenario(body)
+
+
+def test_a_lost_host_is_reported_once_and_fails_the_app_only_with_pes_on_it():
+    async def body(dep, hm):
+        host = hm.borrowed["h1"]
+        await hm._on_event(HostLost(host, "executor died"))
+        await hm._on_event(HostLost(host, "executor died"))
+        assert [k for k, _ in dep.events].count("host-lost") == 1
+        assert "recovery from a lost host is not implemented" in dep.failed
+        assert "w-h1" not in dep.placement().workers and hm.view().borrowed == ()
+    scenario(body)
