@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from dask.utils import parse_timedelta
 
 from ..resources import (Host, HostLost, HostReturnRequested, ResourceManagerUnavailable)
-from .spark_standalone import LIGHT_JVM, StandaloneCluster, check_java
+from .spark_standalone import LIGHT_JVM, StandaloneCluster, check_java, spark_home
 from .workers import named_workers, retire
 
 logger = logging.getLogger(__name__)
@@ -186,6 +186,7 @@ class SparkResourceManager:
     # -- Spark ---------------------------------------------------------------------------
     def _start_spark(self) -> None:
         """Start a standalone cluster (unless ``master`` is given) and the SparkContext (blocking)."""
+        spark_home()                  # pyspark installed? (says how to install it if not)
         check_java()
         master = self.settings.get("master")
         if not master:

@@ -117,3 +117,21 @@ def test_a_retried_lease_task_does_not_start_a_second_worker(monkeypatch):
 
     monkeypatch.setattr(spark_lease, "_retried", lambda: True)
     assert spark_lease.lease(("tcp://127.0.0.1:9", "spark-9")).startswith("not restarted spark-9")
+
+
+def test_missing_java_or_pyspark_is_a_clear_error(monkeypatch):
+    import builtins
+
+    from pescheduler.resource_managers import spark_standalone
+    from pescheduler.resources import ResourceManagerUnavailable
+
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ResourceManagerUnavailable, match="Java is missing: install a JDK"):
+        spark_standalone.check_java()
+    real_import = builtins.__import__
+    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
+                        if name == "pyspark" else real_import(name, *a, **k))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    with pytest.raises(ResourceManagerUnavailable, match=r'pip install "pescheduler\[spark\]"'):
+        spark_standalone.spark_home()
