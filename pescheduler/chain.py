@@ -385,11 +385,14 @@ class Chain:
         return {op_id: (dict(n.in_wm), n.wm, set(n.open_inputs), n.ended) for op_id, n in self.nodes.items()}
 
     def restore_progress(self, progress: dict[str, tuple]) -> None:
+        """Continue where a snapshot left off. An input the snapshot did not know (a copy that
+        appeared with this reconfiguration) starts open, at the minimum watermark."""
         for op_id, (in_wm, wm, open_inputs, ended) in progress.items():
             node = self.nodes[op_id]
+            new_inputs = set(node.in_wm) - set(in_wm)
             node.in_wm.update({u: w for u, w in in_wm.items() if u in node.in_wm})
-            node.wm, node.ended = wm, ended
-            node.open_inputs = set(open_inputs) & set(node.in_wm)
+            node.wm, node.ended = wm, ended and not new_inputs
+            node.open_inputs = (set(open_inputs) & set(node.in_wm)) | new_inputs
 
     # -- lifecycle --------------------------------------------------------------------
     @property

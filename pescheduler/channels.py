@@ -180,19 +180,31 @@ class ChannelOut:
         self.pending.clear()
         return items
 
-    async def flush(self) -> None:
-        """Ship everything buffered, waiting for credit before each data batch."""
+    async def flush(self, wait: bool = True) -> bool:
+        """Ship everything buffered, waiting for credit before each data batch.
+
+        ``wait=False`` ships what credit allows and returns False at the first
+        data batch it has no credit for (True when nothing is left to ship).
+        """
         pending = self.pending
         while pending and not self.held:
-            kind, payload = pending.popleft()
+            kind, payload = pending[0]
+            if kind == DATA and not wait and self.gate.credits <= 0:
+                return False
+            pending.popleft()
             if kind == _HOLD:
                 self.held = True
-                return
+                return True
             if kind == DATA:
                 await self.gate.acquire()
                 self.tuples += len(payload)
                 self.batches += 1
             await self._write(kind, payload)
+        return True
+
+    def data_pending(self) -> int:
+        """Data batches buffered, not yet shipped."""
+        return sum(1 for kind, _ in self.pending if kind == DATA)
 
     async def _write(self, kind: int, payload: Any) -> None:
         raise NotImplementedError

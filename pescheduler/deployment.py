@@ -323,7 +323,7 @@ class Deployment:
                     raise ActionRefused(f"the deployment is {self.board.state}")
                 new = transform(old, action)
                 plan = plan_reconfiguration(old, new, self.channels, self.id, self._epoch + 1)
-                done = [p for p in plan.retired if self.board.pe_state.get(p) != "running"]
+                done = [p for p in plan.retired if self.board.pe_state.get(p) in ("finished", "failed", "stopped")]
                 if done:
                     raise ActionRefused(f"PE {done[0]!r} is {self.board.pe_state.get(done[0])}: nothing to move")
             except NoSlotLeft as exc:

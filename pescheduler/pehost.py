@@ -194,6 +194,7 @@ class PEHost:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
+            self._changed.clear()          # before looking: a change while we look wakes the wait below
             pes = self._of(deployment)
             missing = [p for p in aligned if p in pes and not pes[p].aligned]
             missing += [f"{p}<-{c}" for p, cs in seen.items() if p in pes
@@ -202,7 +203,6 @@ class PEHost:
             failed = [pes[p].error for p in aligned if p in pes and pes[p].state == "failed"]
             if not missing or failed or loop.time() >= deadline:
                 return {"missing": missing, "failed": failed}
-            self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), deadline - loop.time())
             except asyncio.TimeoutError:

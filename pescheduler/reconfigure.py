@@ -225,7 +225,7 @@ async def _wait_drained(rpc, old, plan, deployment, marker, timeout) -> None:
     for pe_id, channels in plan.seen.items():
         workers.setdefault(old.pes[pe_id].worker, {"aligned": [], "seen": {}})["seen"][pe_id] = channels
     answers = await asyncio.gather(*(rpc(w).pe_reconf_wait(deployment=deployment, marker=marker,
-                                                           timeout=timeout, **want)
+                                                           timeout=0.9 * timeout, **want)   # answers first
                                      for w, want in workers.items()))
     failed = [f for a in answers for f in a["failed"]]
     missing = [m for a in answers for m in a["missing"]]

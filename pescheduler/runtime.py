@@ -25,6 +25,7 @@ from .operator import DeadLetter, OperatorContext, Source
 from .source_driver import SourceDriver
 
 SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked again
+RELIEF_BATCHES = 2       # backlog (in credit windows) a PE may build on a blocked channel while taking input
 
 
 @dataclass
@@ -269,8 +270,15 @@ class PERunner:
         return True
 
     async def _flush(self) -> None:
+        """Ship outputs. Out of credit on a channel, keep taking input while that channel's
+        backlog is small: fused non-adjacent operators can make two PEs feed each other, and
+        if both only waited for the other's credit neither would ever grant it. The backlog
+        stays bounded (``RELIEF_BATCHES`` times the credit window); past it the PE waits, and
+        that wait is the backpressure the monitor counts."""
         for _spec, channel in self.outs:
-            if channel.pending:
+            if channel.pending and not await channel.flush(wait=False):
+                if self.inbox.items and channel.data_pending() < RELIEF_BATCHES * self.spec.credits:
+                    continue
                 await channel.flush()
 
     async def _idle(self) -> None:
@@ -387,6 +395,8 @@ class PERunner:
         if routing is not None:
             self.chain.routing = dict(routing)
         self.chain._build_routes()
+        sent: dict[Any, set[int]] = {}         # target -> ids of batches replayed to it
+        ended: set[str] = set()
         for spec, old in olds:
             news = [ch for out, ch in opened if (out.src_op, out.port) == (spec.src_op, spec.port)]
             targets = list(dict.fromkeys(call for x in served[old.channel_id]
@@ -394,14 +404,26 @@ class PERunner:
             items = held[old.channel_id]
             for kind, payload in items:
                 if kind == DATA:
+                    # Fan-out channels held the very same batch objects: a new channel that now
+                    # serves what several old ones did gets each batch once.
                     for target in targets:
-                        target(payload)
+                        seen = sent.setdefault(target, set())
+                        if id(payload) not in seen:
+                            seen.add(id(payload))
+                            target(payload)
+                elif kind == END:
+                    for channel in news:
+                        if channel.channel_id not in ended:
+                            ended.add(channel.channel_id)
+                            channel.end()
                 else:
                     for channel in news:
                         _replay(channel, kind, payload)
             if old.ended and all(kind != END for kind, _ in items):
                 for channel in news:           # END went out before the hold: the new path needs it too
-                    channel.end()
+                    if channel.channel_id not in ended:
+                        ended.add(channel.channel_id)
+                        channel.end()
         self.inbox.event.set()
         for _spec, old in olds:
             await old.close(timeout=0)

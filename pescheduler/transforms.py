@@ -43,7 +43,7 @@ def fuse(placement: Placement, action: Fuse) -> Placement:
     operators = a.operators + b.operators
     pes = {k: v for k, v in placement.pes.items() if k not in (action.pe_a, action.pe_b)}
     pes[pe_name(placement.plan, operators)] = PE(_ordered(placement, operators), a.worker, a.host)
-    return placement.with_pes(_in_order(placement, pes))
+    return _routable(placement.with_pes(_in_order(placement, pes)))
 
 
 def split(placement: Placement, action: Split) -> Placement:
@@ -63,7 +63,7 @@ def split(placement: Placement, action: Split) -> Placement:
     pes[pe_name(placement.plan, staying)] = PE(staying, pe.worker, pe.host)
     pes[pe_name(placement.plan, tuple(leaving))] = PE(_ordered(placement, leaving), worker,
                                                       placement.hosts.get(worker, ""))
-    return placement.with_pes(_in_order(placement, pes))
+    return _routable(placement.with_pes(_in_order(placement, pes)))
 
 
 def move(placement: Placement, action: Move) -> Placement:
@@ -222,6 +222,17 @@ def _replicable(placement: Placement, op_id: str):
         raise ActionRefused(f"{op_id!r} shares its input channel with {shared} in PE "
                             f"{placement.pe_of(op_id)!r}: split it out of that PE first")
     return op
+
+
+def _routable(placement: Placement) -> Placement:
+    """Refuse a placement where an operator with copies shares its input channel with another
+    consumer (its router could not send that operator alone a share)."""
+    for op_id in placement.routes:
+        shared = _shared_inputs(placement, op_id)
+        if shared:
+            raise ActionRefused(f"{op_id!r} has copies and would share its input channel with "
+                                f"{shared}; release its copies first")
+    return placement
 
 
 def _implements(cls: type, *methods: str) -> bool:
