@@ -47,8 +47,10 @@ def check_java() -> str:
 
 
 def daemon_env(log_dir: str) -> dict:
+    # maxRetries=0: a busy port fails the daemon (reported with its log) instead of it moving
+    # silently to the next port, where nobody would look for it.
     return {"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "256m",
-            "SPARK_DAEMON_JAVA_OPTS": LIGHT_JVM, "SPARK_WORKER_DIR": os.path.join(log_dir, "work"),
+            "SPARK_DAEMON_JAVA_OPTS": f"{LIGHT_JVM} -Dspark.port.maxRetries=0", "SPARK_WORKER_DIR": os.path.join(log_dir, "work"),
             "SPARK_HOME": spark_home()}
 
 
@@ -77,8 +79,8 @@ class StandaloneCluster:
                 spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                 "--port", str(port), "--webui-port", str(ui)], env, self.log_dir)
             self.master_url, self.ui_url = f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}"
-            self._await(lambda: processes.port_open("127.0.0.1", port), self.master, deadline,
-                        f"the Spark master did not listen on port {port}")
+            self._await(lambda: self._master_says(self.master_url), self.master, deadline,
+                        f"the Spark master did not come up on port {port}")
             for i in range(self.n_workers):
                 self.workers.append(processes.start(f"spark-worker-{i}", [
                     spark_class, "org.apache.spark.deploy.worker.Worker", "--cores", "1",
@@ -107,6 +109,13 @@ class StandaloneCluster:
         """The master's JSON status (workers, applications)."""
         with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=5) as r:
             return json.load(r)
+
+    def _master_says(self, url: str) -> bool:
+        """Our master answers on its UI port (not another process that holds the port)."""
+        try:
+            return self.state().get("url") == url
+        except (OSError, ValueError):
+            return False
 
     def alive_workers(self) -> list[dict]:
         try:
