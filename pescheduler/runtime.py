@@ -282,9 +282,15 @@ class PERunner:
                 await channel.flush()
 
     async def _idle(self) -> None:
-        """Nothing to do: wait for input, or until a paced or empty source is due."""
+        """Nothing to do: wait for input, or until a paced or empty source is due.
+
+        Output that appeared while the last flush awaited (a reconfiguration
+        marker from ``hold``, an aligned operator's marker) is not waited on:
+        its wake-up may have come before the ``clear`` below, and a marker that
+        stays unsent can stall a whole reconfiguration.
+        """
         self.inbox.event.clear()
-        if self.inbox.items:
+        if self.inbox.items or any(ch.pending and not ch.held for _s, ch in self.outs):
             return
         waits = [d.delay() or SOURCE_POLL_S for d in self.sources if not (d.ended or d.paused)]
         t0 = self._idle_since = perf_counter()
