@@ -21,6 +21,7 @@ from typing import Any, Callable
 from . import config
 from .app import Application
 from .errors import InvalidApplication
+from .operator import Parallelism
 from .placement import PE, LogicalOp, LogicalPlan, Placement, pe_name
 from .plugins import Plugins, UnknownOperatorError
 from .transforms import with_slots
@@ -90,7 +91,7 @@ def _topological(ops: dict[str, LogicalOp]) -> dict[str, LogicalOp]:
 
 
 def annotate(plan: LogicalPlan, ctx: CompileContext) -> LogicalPlan:
-    """Keyed operators learn their key field from the key_by they follow."""
+    """Keyed operators learn their key field from the key_by they follow, or their own ``key=``."""
     ops = dict(plan.ops)
     for op_id, op in ops.items():
         if op.key_field is None:
@@ -99,6 +100,8 @@ def annotate(plan: LogicalPlan, ctx: CompileContext) -> LogicalPlan:
             keys.discard(None)
             if len(keys) == 1:
                 ops[op_id] = replace(op, key_field=keys.pop())
+            elif not keys and op.parallelism is Parallelism.KEYED and op.params.get("key") is not None:
+                ops[op_id] = replace(op, key_field=op.params["key"])     # window(key=...), pattern(key=...)
     return replace(plan, ops=MappingProxyType(ops))
 
 

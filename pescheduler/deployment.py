@@ -39,7 +39,7 @@ from .compiler import compile_app
 from .errors import DeploymentFailed
 from .hosts import HostManager
 from .pehost import PLUGIN_NAME, PEHostPlugin
-from .placement import Placement
+from .placement import Placement, Slot
 from .plugins import Plugins, activate
 from .runtime import PESpec
 from .monitor import MetricsSnapshot
@@ -48,8 +48,7 @@ from .actions import Action, ActionRefused, BorrowHosts, ReturnHost
 from .resources import ResourceView
 from .controller import Controller, policy_configs, select_policies
 from .reconfigure import ApplyRecord, execute, plan_reconfiguration
-from .placement import Slot
-from .transforms import NoSlotLeft, transform
+from .transforms import NoSlotLeft, transform, with_slots
 from .wiring import build_specs, channel_ids
 
 logger = logging.getLogger(__name__)
@@ -183,7 +182,7 @@ class Deployment:
         what the monitor folds into snapshots, plus router counts and first-input times."""
         async def fetch() -> dict[str, dict]:
             answers = await asyncio.gather(*(self.client.rpc(w).pe_stats(deployment=self.id, dead_letters=False)
-                                             for w in self._placement.workers))
+                                             for w in self._running_on()))
             return {pe: stats for a in answers for pe, stats in a["pes"].items()}
         return self._loop.run(fetch())
 
@@ -401,9 +400,17 @@ class Deployment:
                 self.worker_info[worker] = {**info, "host": host_id}
             pl = self._placement
             hosts = {**pl.hosts, **{w: host_id for w in infos}}
-            self._placement = replace(pl, workers=pl.workers + tuple(w for w in infos if w not in pl.workers),
-                                      hosts=MappingProxyType(hosts))
+            grown = replace(pl, workers=pl.workers + tuple(w for w in infos if w not in pl.workers),
+                            hosts=MappingProxyType(hosts))
+            self._placement = with_slots(grown, int(config.get("standard.slots-per-host")))
             self.board.replaced(self._placement)
+        await self._warm_slots(self._placement)
+
+    def _running_on(self) -> list[str]:
+        """Workers of the placement plus any still running a PE (a host being given back has
+        left ``workers`` while its PEs move off)."""
+        pl = self._placement
+        return list(dict.fromkeys(list(pl.workers) + [pe.worker for pe in pl.pes.values()]))
 
     async def _remove_workers(self, workers: set[str]) -> None:
         """``workers`` leave the placement: nothing new is placed there (their PEs move separately)."""
@@ -416,16 +423,22 @@ class Deployment:
             self.board.replaced(self._placement)
 
     # -- watching ---------------------------------------------------------------------
-    async def _watch(self, worker: str) -> None:
-        """Long-poll one worker's PE states; a lost worker fails the deployment."""
+    async def _watch(self, worker: str, on_lost=None) -> None:
+        """Long-poll one worker's PE states. A lost worker fails the deployment, unless
+        ``on_lost(worker, exc)`` handles it (a borrowed host's worker: a lost host)."""
         version = -1
         while not self._done.is_set():
             try:
                 answer = await self.client.rpc(worker).pe_wait(deployment=self.id, version=version,
                                                                timeout=WATCH_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:
                 if not self._done.is_set():
-                    await self._fail(f"lost worker {worker}: {type(exc).__name__}: {exc}")
+                    if on_lost is not None:
+                        await on_lost(worker, exc)
+                    else:
+                        await self._fail(f"lost worker {worker}: {type(exc).__name__}: {exc}")
                 return
             version = answer["version"]
             self.board.pe_states(answer["pes"])
@@ -433,7 +446,7 @@ class Deployment:
             if failed:
                 await self._fail(failed[0])
                 return
-            if self.board.all_finished():
+            if self.board.all_finished() and not self._done.is_set():
                 await self._collect()
                 self.board.finish("finished")
                 self._done.set()
@@ -481,7 +494,7 @@ class Deployment:
 
     async def _collect(self) -> None:
         try:
-            answers = await asyncio.gather(*(self.client.rpc(w).pe_stats(deployment=self.id) for w in self._placement.workers))
+            answers = await asyncio.gather(*(self.client.rpc(w).pe_stats(deployment=self.id) for w in self._running_on()))
         except Exception as exc:        # a lost worker is reported by its watcher
             logger.debug("collect failed: %s", exc)
             return
@@ -527,7 +540,7 @@ class Deployment:
         """End the sources as if exhausted, so windows fire and sinks flush, then stop."""
         self.board.stopping = True
         if not self._done.is_set():
-            await asyncio.gather(*(self.client.rpc(w).pe_drain(deployment=self.id) for w in self._placement.workers),
+            await asyncio.gather(*(self.client.rpc(w).pe_drain(deployment=self.id) for w in self._running_on()),
                                  return_exceptions=True)
             try:
                 await asyncio.wait_for(self._done.wait(), timeout)
@@ -540,7 +553,7 @@ class Deployment:
     async def _stop_pes(self) -> None:
         if self._placement is None:
             return
-        await asyncio.gather(*(self.client.rpc(w).pe_stop(deployment=self.id) for w in self._placement.workers),
+        await asyncio.gather(*(self.client.rpc(w).pe_stop(deployment=self.id) for w in self._running_on()),
                              return_exceptions=True)
 
     def _shutdown(self) -> None:

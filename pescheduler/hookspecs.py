@@ -55,7 +55,10 @@ def pescheduler_aggregates():
 def pescheduler_resource_managers():
     """Return ``{name: ResourceManager class}`` for the resource managers this plug-in provides.
 
-    Collecting. ``deploy --rm NAME`` selects one by name.
+    Collecting. ``deploy --rm NAME`` selects one by name. The runtime builds the
+    chosen class as ``cls(scheduler_address, settings)`` (``settings``: the
+    ``pescheduler.rm.<name>`` config) and uses the methods of
+    ``pescheduler.resources.ResourceManager``, ``lendable()`` included.
     """
 
 
@@ -75,5 +78,11 @@ def pescheduler_policy_decide(snapshot, placement, resources, config):
     for a deployment are called (each by its entry-point name); the controller
     calls them one at a time, merges their actions, applies and records them.
     A policy that raises or returns something else than a list of actions is
-    quarantined, and the others go on.
+    quarantined, and the others go on (return ``[]`` for "nothing to do";
+    ``None`` is quarantined too).
+
+    ``config["history"]`` is a dict the controller keeps for this policy for
+    the life of the deployment: keep state between windows there, not in
+    module globals. Copies appear in ``placement`` as operators ``X#k`` with
+    ``copy_of == "X"``; ``placement.slots`` are the standard slots.
     """

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 30.0       # a granted worker's PE host must answer within this
-WATCH_TIMEOUT_S = 2.0
 
 
 class HostManager:
@@ -280,28 +279,11 @@ class HostManager:
                 task.cancel()
 
     async def _watch(self, worker: str, host_id: str) -> None:
-        """Like the deployment's watchers, but a borrowed worker that goes is a lost host."""
-        dep, version = self.dep, -1
-        while not dep._done.is_set():
-            try:
-                answer = await dep.client.rpc(worker).pe_wait(deployment=dep.id, version=version,
-                                                              timeout=WATCH_TIMEOUT_S)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if not dep._done.is_set() and host_id in self.borrowed:
-                    await self._lost(self.borrowed[host_id], f"worker {worker} went away ({type(exc).__name__})")
-                return
-            version = answer["version"]
-            dep.board.pe_states(answer["pes"])
-            failed = [s["error"] for s in answer["pes"].values() if s["state"] == "failed"]
-            if failed:
-                await dep._fail(failed[0])
-                return
-            if dep.board.all_finished() and not dep._done.is_set():
-                await dep._collect()
-                dep.board.finish("finished")
-                dep._done.set()
+        """The deployment's watcher, but a borrowed worker that goes is a lost host."""
+        async def lost(worker: str, exc: Exception) -> None:
+            if host_id in self.borrowed:
+                await self._lost(self.borrowed[host_id], f"worker {worker} went away ({type(exc).__name__})")
+        await self.dep._watch(worker, on_lost=lost)
 
     # -- records ----------------------------------------------------------------------------------
     def _event(self, kind: str, text: str) -> None:
