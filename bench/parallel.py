@@ -88,13 +88,15 @@ def run(cost_us: float, seconds: float, repeat: int) -> dict:
     with dask.config.set({"pescheduler.monitor.interval": "250ms"}):
         with pescheduler.deploy(build(cost_us), workers=2, plugins=["benchops"], policies=[]) as dep:
             dep.next_snapshot(timeout=60)
-            alone, copied, warm = [], [], []
+            alone, copied, warm, protocol, steps = [], [], [], [], []
             for _ in range(repeat):                       # interleaved: alone, with copy, alone, ...
                 alone.append(sink_rate(dep, seconds))
                 decided = time.time()
                 rec = dep.apply(Replicate("burn", 1))
                 assert rec.applied, rec.reason
                 warm.append(activation_ms(dep, "burn#1", decided))
+                protocol.append(rec.pause_ms)
+                steps.append(rec.steps)
                 copied.append(sink_rate(dep, seconds))
                 assert dep.apply(Release("burn", 1)).applied
             slots = dep.status()["slots"]
@@ -109,7 +111,7 @@ def run(cost_us: float, seconds: float, repeat: int) -> dict:
             dep.stop()
             final = dep.snapshot()
     emitted = final.operators["src"].tuples_out
-    return {"alone": alone, "copied": copied, "warm_ms": warm, "cold_ms": cold, "cold_start_s": cold_start_s,
+    return {"alone": alone, "copied": copied, "warm_ms": warm, "protocol_ms": protocol, "steps": steps, "cold_ms": cold, "cold_start_s": cold_start_s,
             "slots": slots, "emitted": emitted, "sunk": final.operators["sink"].tuples_in,
             "router": stats.get("src", {}).get("routers", {})}
 
@@ -137,6 +139,9 @@ def main() -> None:
     print(f"      warm standard slot      {w:8.1f} ms (median of {len(r['warm_ms'])}: "
           f"{', '.join(f'{x:.1f}' for x in r['warm_ms'])})   goal <= {ACTIVATION_GOAL_MS:.0f} ms: "
           f"{'met' if w <= ACTIVATION_GOAL_MS else 'not met'}")
+    p = statistics.median(r["protocol_ms"])
+    print(f"      of which the protocol   {p:8.1f} ms (median; steps of the last: "
+          f"{', '.join(f'{k} {v:.1f}' for k, v in r['steps'][-1].items() if v >= 0.5)})")
     print(f"      cold (new worker)       {r['cold_ms']:8.1f} ms (worker start {r['cold_start_s']:.2f} s)"
           f"   warm is {r['cold_ms'] / w:.0f}x faster")
     print(f"  slots: {', '.join(s['slot'] + '@' + s['worker'].rsplit(':', 1)[-1] for s in r['slots'])}")

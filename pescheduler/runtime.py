@@ -25,6 +25,7 @@ from .operator import DeadLetter, OperatorContext, Source
 from .source_driver import SourceDriver
 
 SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked again
+THREAD_AFTER_S = 0.1     # a turn this long means an operator blocks or runs long: give the PE a thread
 RELIEF_BATCHES = 2       # backlog (in credit windows) a PE may build on a blocked channel while taking input
 
 
@@ -188,8 +189,8 @@ class PERunner:
     async def _step(self) -> bool:
         """One turn of work: on the event loop, or in this PE's thread once a turn ran long.
 
-        A turn longer than twice the time slice means an operator blocks or
-        runs long; from then on the PE works in its own thread (order kept:
+        A turn longer than twice the time slice (and than ``THREAD_AFTER_S``)
+        means an operator blocks or runs long; from then on the PE works in its own thread (order kept:
         one thread, one turn at a time) so the worker's event loop keeps
         answering heartbeats and control calls. Anything that touches loop
         objects (credit grants, events) is handed to the loop thread-safely.
@@ -198,7 +199,7 @@ class PERunner:
             t0 = perf_counter()
             progressed = self._work()
             took = perf_counter() - t0
-            if took > 2 * self.spec.time_slice_s:
+            if took > max(2 * self.spec.time_slice_s, THREAD_AFTER_S):
                 self.threaded_because = f"a turn took {took * 1000:.0f} ms"
                 self._thread = self.spare_thread or ThreadPoolExecutor(1, thread_name_prefix=f"pe-{self.pe_id}")
         else:
