@@ -356,24 +356,20 @@ class Chain:
                 target(emit)
 
     # -- reconfiguration ----------------------------------------------------------------
-    def replace_output(self, old: Output, new: list[Output]) -> None:
-        """Route what went to ``old`` to ``new`` instead (a channel re-wired to moved PEs)."""
-        outs = []
-        for src, port, out in self.outs:
-            if out is old:
-                outs.extend((src, port, n) for n in new)
-            else:
-                outs.append((src, port, out))
-        self.outs = outs
-        self._build_routes()
+    def rewire(self, removed: list[Output] = (), added: list[tuple[str, str, Output]] = (),
+               routing: dict | None = None, copies: dict[str, str] | None = None) -> None:
+        """Outputs leave and join, routers change (copies came or went): routes are rebuilt.
 
-    def add_output(self, src: str, port: str, out: Output) -> None:
-        self.outs.append((src, port, out))
-        self._build_routes()
-
-    def set_routing(self, routing: dict[tuple[str, str, str], tuple]) -> None:
-        """New distribution lists (copies added or released); routers restart their rotation."""
-        self.routing = dict(routing)
+        ``copies`` are merged into what the chain knows: a router still names a
+        released copy until its own routing is replaced (copy ids are never
+        reused for another operator, so a stale entry misleads no one).
+        """
+        gone = {id(o) for o in removed}
+        self.outs = [(s, p, o) for s, p, o in self.outs if id(o) not in gone] + list(added)
+        if routing is not None:
+            self.routing = dict(routing)
+        if copies:
+            self.copies.update(copies)
         self._build_routes()
 
     def router_counts(self) -> dict[str, dict[str, int]]:

@@ -224,12 +224,8 @@ class PEHost:
             await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
                             self._receiver, self.data_address,
                             cloudpickle.loads(routing) if routing else None, copies)
-        elif copies is not None:
-            # Added, never dropped, here: this PE's routers still name released copies until
-            # its own routing is rewired (copy ids are never reused for another operator).
-            pe.chain.copies.update(copies)
         pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
-                      cloudpickle.loads(edges) if edges else None)
+                      cloudpickle.loads(edges) if edges else None, copies)
 
     def pe_drain(self, deployment: str) -> list[str]:
         """End the deployment's sources here as if exhausted: windows fire, sinks flush, PEs finish."""

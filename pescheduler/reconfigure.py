@@ -96,11 +96,21 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
             upstream.setdefault(src_pe, []).append(key)
         if key[2] in same:
             downstream.setdefault(key[2], []).append(key)
-    edges = {p: consumer_edges(new, p) for p in same if consumer_edges(new, p) != consumer_edges(old, p)}
-    routing = {p: routing_for(new, p) for p in same if routing_for(new, p) != routing_for(old, p)}
+    edges = _changed(same, consumer_edges, old, new)
+    routing = _changed(same, routing_for, old, new)
     released = tuple(p for p in retired if p not in new.pes and old.pes[p].copy_of)
     return ReconfigurationPlan(retired, created, hold, seen, channels, upstream, downstream,
                                edges, routing, released)
+
+
+def _changed(pes, of, old: Placement, new: Placement) -> dict:
+    """``of(new, pe)`` for each PE in ``pes`` where it differs from ``of(old, pe)``."""
+    out = {}
+    for pe in pes:
+        now = of(new, pe)
+        if now != of(old, pe):
+            out[pe] = now
+    return out
 
 
 def keyed_rebalanced(old: Placement, new: Placement) -> set[str]:

@@ -394,14 +394,9 @@ class PERunner:
         olds: list[tuple[OutputSpec, ChannelOut]] = [(spec, ch) for spec, ch in self.outs if ch.channel_id in remove]
         held = {ch.channel_id: ch.take_held() for _spec, ch in olds}
         served = {ch.channel_id: list(dict.fromkeys(self.chain.logical(d) for d in ch.dst_ops)) for _s, ch in olds}
-        if copies is not None:
-            self.chain.copies = dict(copies)
         self.outs = [(spec, ch) for spec, ch in self.outs if ch.channel_id not in remove] + opened
-        self.chain.outs = [(s, p, o) for s, p, o in self.chain.outs if o.channel_id not in remove]
-        self.chain.outs += [(out.src_op, out.port, ch) for out, ch in opened]
-        if routing is not None:
-            self.chain.routing = dict(routing)
-        self.chain._build_routes()
+        self.chain.rewire([ch for _s, ch in olds], [(out.src_op, out.port, ch) for out, ch in opened],
+                          routing, copies)
         sent: dict[Any, set[int]] = {}         # target -> ids of batches replayed to it
         ended: set[str] = set()
         for spec, old in olds:
@@ -435,8 +430,11 @@ class PERunner:
         for _spec, old in olds:
             await old.close(timeout=0)
 
-    def set_inputs(self, add: list[InputSpec], remove: list[str], edges: list | None = None) -> None:
+    def set_inputs(self, add: list[InputSpec], remove: list[str], edges: list | None = None,
+                   copies: dict[str, str] | None = None) -> None:
         """Register new input channels, forget removed ones, and (``edges``) the chain's new inputs."""
+        if copies:
+            self.chain.rewire(copies=copies)
         for spec in add:
             self.receivers[spec.channel_id] = ChannelIn(spec.channel_id, spec.src_op, spec.port)
         for channel_id in remove:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from .actions import ActionRefused, Fuse, Move, Release, Replicate, Split
-from .operator import Parallelism
+from .operator import Operator, Parallelism
 from .placement import PE, LogicalPlan, Placement, Slot, pe_name
 from .routing import Route, even_key_groups
 
@@ -236,7 +236,6 @@ def _routable(placement: Placement) -> Placement:
 
 
 def _implements(cls: type, *methods: str) -> bool:
-    from .operator import Operator
     return all(getattr(cls, m) is not getattr(Operator, m) for m in methods)
 
 

@@ -8,7 +8,6 @@ plays the other users of the cluster. Every stream here is checked exactly
 from __future__ import annotations
 
 import json
-import time
 
 import dask
 import psutil
@@ -17,6 +16,7 @@ import pytest
 import pescheduler
 from pescheduler import Application, BorrowHosts, Move, ReturnHost
 from pescheduler.resources import ResourceManagerUnavailable
+from waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +45,6 @@ def assert_exact(path, count):
     for r in rows:
         sums[r["key"]] = sums.get(r["key"], 0) + r["n"]
         assert r["sum"] == sums[r["key"]]
-
-
-def until(predicate, timeout, what):
-    """Poll ``predicate`` (no event exists for it) until true, or fail saying what did not happen."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def sink_pe(dep):

@@ -7,14 +7,8 @@ of those processes is left.
 
 from __future__ import annotations
 
-import time
-
-import psutil
 import pytest
-
-
-def _alive(pids):
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+from waiting import gone
 
 
 @pytest.fixture(scope="session")
@@ -27,8 +21,5 @@ def spark_cluster():
     finally:
         pids = cluster.pids()
         cluster.stop()
-        deadline = time.monotonic() + 15
-        while _alive(pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(pids), f"Spark processes left behind: {_alive(pids)}"
+        gone(pids, 15, "the Spark processes this fixture started to exit")
 

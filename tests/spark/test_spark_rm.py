@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import dask
 import psutil
@@ -21,6 +20,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, BorrowHosts, Move, ReturnHost
+from waiting import gone, until
 
 pytestmark = pytest.mark.spark
 
@@ -33,18 +33,6 @@ def no_policies():
     with dask.config.set({"pescheduler.policies.default": []}):
         yield
 
-
-
-def until(predicate, timeout, what):
-    """Poll ``predicate`` (Spark and Dask offer no event for these) until true, or fail."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.1)
-
-
-def alive(pid):
-    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
 
 
 def numbers_app(path):
@@ -139,7 +127,7 @@ def test_hosts_borrowed_from_spark_returned_to_a_batch_job_and_borrowed_again(sp
                   30, f"{third} to be reported lost")
             until(lambda: third not in rm.leases, 60, "Spark's retry of the lease to end at once")
             assert third not in worker_names(dep) and dep.status()["state"] == "running"
-            until(lambda: not alive(victim["pid"]), 15, "the killed executor's Dask worker to exit")
+            gone([victim["pid"]], 15, "the killed executor's Dask worker to exit")
             leased = [h.info for h in dep.hosts.borrowed.values()] + [victim]
             status = dep.stop()
             assert status["state"] == "stopped", status["error"]
@@ -149,5 +137,5 @@ def test_hosts_borrowed_from_spark_returned_to_a_batch_job_and_borrowed_again(sp
         rows = [json.loads(line) for line in f]
     assert emitted > 0 and [r["n"] for r in rows] == list(range(emitted))
     # The deployment closed: Spark released the executors, and the processes that ran Dask workers are gone.
-    until(lambda: not any(alive(i["executor_pid"]) for i in leased), 30, "Spark to release its executors")
-    until(lambda: not any(alive(i["pid"]) for i in leased), 15, "the Dask workers in Spark to exit")
+    gone([i["executor_pid"] for i in leased], 30, "Spark to release its executors")
+    gone([i["pid"] for i in leased], 15, "the Dask workers in Spark to exit")

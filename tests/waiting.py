@@ -1,0 +1,36 @@
+"""Bounded waits for tests: one helper for state that has no event, one for processes that do.
+
+``until`` polls: a resource manager's view, Spark's and the deployment's
+records change in other threads and processes and signal nothing a test can
+await. Processes do signal their exit, so ``gone`` waits on that
+(``psutil.wait_procs``) instead of polling.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+POLL_S = 0.05
+
+
+def until(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` until true, or fail after ``timeout`` s saying what did not happen."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(POLL_S)
+
+
+def gone(pids, timeout: float, what: str) -> None:
+    """Wait (bounded) for every process in ``pids`` to exit; zombies count as exited."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    left = [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"timed out after {timeout} s waiting for {what}: {left} still running"
