@@ -118,7 +118,7 @@ def channel(events: int, repeat: int) -> tuple[float, list[float]]:
 
 def serial_codec(events: int = 200_000) -> float:
     """Baseline for the channel: encode then decode the same event batches in one process (tuples/s)."""
-    from pescheduler.channels import decode, encode
+    from pescheduler.worker.channels import decode, encode
     from pescheduler.operators.sources import GeneratorSource
 
     gen = GeneratorSource(events=events, keys=10_000, seed=1)

@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pescheduler.controller import Controller, merge, policy_configs, run_policies, select_policies  # noqa: E402
+from pescheduler.control.controller import Controller, merge, policy_configs, run_policies, select_policies  # noqa: E402
 from pescheduler.plugins import load_plugins  # noqa: E402
 from pescheduler.policies._common import View  # noqa: E402
 from pescheduler.sim import Simulation  # noqa: E402

@@ -29,7 +29,7 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Any, Callable, Iterable
 
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter
 
 from .window import AggregatingWindow

@@ -5,7 +5,7 @@ the ones that do not fit, with the error naming the field and the type it
 expects (in-process, ``EventProcessor.push_event`` raises that same error to
 the caller instead). ``ep_output`` hands each result to the query's output
 processors. Both run the same way embedded in a
-:class:`pescheduler.chain.Chain` and in a deployed application.
+:class:`pescheduler.worker.chain.Chain` and in a deployed application.
 """
 
 from __future__ import annotations

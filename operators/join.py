@@ -33,7 +33,7 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Any, Callable
 
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.timeutil import parse_duration
 

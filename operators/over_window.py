@@ -35,7 +35,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any, Callable, Iterable
 
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter
 from pescheduler.timeutil import parse_duration
 

@@ -55,7 +55,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any, Callable
 
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.timeutil import parse_duration
 

@@ -30,7 +30,7 @@ from bisect import insort
 from operator import itemgetter
 from typing import Any, Callable, Iterable
 
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter
 from pescheduler.timeutil import parse_duration
 

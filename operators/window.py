@@ -38,7 +38,7 @@ from operator import itemgetter
 from typing import Any, Callable, Iterable
 
 from pescheduler.aggregates import AggregatePlan, Query
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.timeutil import parse_duration
 

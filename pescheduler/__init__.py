@@ -6,28 +6,43 @@ directly, PEs talk over batched, credit-based channels.
 
 Public names::
 
-    Application, Stream           describe an app (pescheduler.app)
-    deploy, Deployment            run it (pescheduler.deployment)
+    Application, Stream           describe an app (pescheduler.plan.app)
+    deploy, Deployment            run it (pescheduler.control.deployment)
     Operator, Source, Sink, Parallelism, Emitter, OperatorContext
                                   write operator plug-ins (pescheduler.operator)
     hookimpl                      mark plug-in hook implementations
     Fuse, Split, Move, Replicate, Release, BorrowHosts, ReturnHost
                                   actions (pescheduler.actions) for Deployment.apply and policies
+    MetricsSnapshot, Placement    what a policy sees (pescheduler.control.monitor, pescheduler.plan.placement)
+    ResourceManager, ResourceView, Host, HostAvailable, HostReturnRequested, HostLost
+                                  write a resource manager (pescheduler.control.resources)
+
+Where things live: ``plan/`` (app, compiler, placement, transforms, routing:
+data, no cluster), ``control/`` (the deploying process: deployment,
+reconfiguration, controller, hosts, monitor, status), ``worker/`` (inside a
+Dask worker: PE host, PE loop, chain, channels), ``ep/`` (the event-processing
+API), ``resource_managers/``.
 """
 
 from .actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
-from .app import Application, Stream
-from .deployment import Deployment, deploy
+from .plan.app import Application, Stream
+from .control.deployment import Deployment, deploy
 from .errors import AppLoadError, DeploymentFailed, InvalidApplication, PeschedulerError
-from .operator import (MAX_WATERMARK, DeadLetter, Emitter, Operator, OperatorContext, Parallelism,
-                       Sink, Source)
+from .operator import (MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, OperatorContext,
+                       Parallelism, Sink, Source)
 from .plugins import hookimpl
+from .control.monitor import MetricsSnapshot
+from .control.resources import (Host, HostAvailable, HostLost, HostReturnRequested, ResourceManager,
+                                ResourceView)
+from .plan.placement import Placement
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Application", "Stream", "deploy", "Deployment", "Operator", "Source", "Sink", "Parallelism",
-    "Emitter", "OperatorContext", "DeadLetter", "MAX_WATERMARK", "hookimpl",
+    "Emitter", "OperatorContext", "DeadLetter", "MAX_WATERMARK", "MIN_WATERMARK", "hookimpl",
+    "MetricsSnapshot", "Placement", "ResourceManager", "ResourceView", "Host", "HostAvailable",
+    "HostLost", "HostReturnRequested",
     "PeschedulerError", "InvalidApplication", "AppLoadError", "DeploymentFailed",
     "Fuse", "Split", "Move", "Replicate", "Release", "BorrowHosts", "ReturnHost",
 ]

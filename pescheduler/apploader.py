@@ -1,4 +1,4 @@
-"""Load an ``app.py`` and find the one :class:`~pescheduler.app.Application` it describes.
+"""Load an ``app.py`` and find the one :class:`~pescheduler.plan.app.Application` it describes.
 
 Example::
 
@@ -29,7 +29,7 @@ import uuid
 
 import cloudpickle
 
-from .app import Application
+from .plan.app import Application
 from .errors import AppLoadError
 
 MISSING_APP_FIX = ("app.py must define a module-level `app = Application(...)` "

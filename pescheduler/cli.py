@@ -114,7 +114,7 @@ def _fail(console: Console, message: str, code: int) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Load config and app, deploy, follow until the end; stop in any case."""
     from .apploader import load_app
-    from .deployment import deploy
+    from .control.deployment import deploy
     from .plugins import activate
 
     out, err = _console(), _console(stderr=True)

@@ -58,7 +58,7 @@ def pescheduler_resource_managers():
     Collecting. ``deploy --rm NAME`` selects one by name. The runtime builds the
     chosen class as ``cls(scheduler_address, settings)`` (``settings``: the
     ``pescheduler.rm.<name>`` config) and uses the methods of
-    ``pescheduler.resources.ResourceManager``, ``lendable()`` included.
+    ``pescheduler.control.resources.ResourceManager``, ``lendable()`` included.
     """
 
 

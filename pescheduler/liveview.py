@@ -1,7 +1,7 @@
 """The terminal view of a deployment's status dict: rich tables on a TTY, one line otherwise.
 
 Every renderer is a pure function of the status dict (see
-:meth:`pescheduler.deployment.Deployment.status`), so the view is tested
+:meth:`pescheduler.control.deployment.Deployment.status`), so the view is tested
 without a cluster and shows the same whether the dict came from the
 deploying process or from the scheduler (``python -m pescheduler status``).
 

@@ -41,6 +41,9 @@ from typing import Any, Callable, ClassVar
 MAX_WATERMARK = 2**63 - 1
 """The watermark that closes event time: sent at end of stream so every window fires."""
 
+MIN_WATERMARK = -(2**63)
+"""The watermark before any event: nothing is complete yet."""
+
 
 class Parallelism(enum.Enum):
     """How copies of an operator may share its work.

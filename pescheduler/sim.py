@@ -3,10 +3,10 @@
 Operators are described by what a policy cares about (CPU seconds per tuple,
 selectivity, parallelism, key skew); the simulator places them on simulated
 workers ("sim://h{h}/w{c}", one core each) and hosts ("h{h}"), and each
-:meth:`Simulation.step` produces the :class:`~pescheduler.monitor.MetricsSnapshot`
+:meth:`Simulation.step` produces the :class:`~pescheduler.control.monitor.MetricsSnapshot`
 the monitor would for one interval. :meth:`Simulation.apply` takes the same
 actions the runtime takes (Fuse/Split/Move go through
-:func:`pescheduler.transforms.transform`), so policy code runs unchanged at any
+:func:`pescheduler.plan.transforms.transform`), so policy code runs unchanged at any
 scale.
 
 The model, per step (steady state; no transients, no randomness):
@@ -52,12 +52,12 @@ from typing import Mapping
 
 from .actions import (Action, ActionRefused, BorrowHosts, Fuse, Move, Release, Replicate,
                       ReturnHost, Split)
-from .monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
+from .control.monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from .operator import Parallelism
-from .placement import PE, LogicalOp, LogicalPlan, Placement
-from .reconfigure import ApplyRecord
-from .resources import ResourceView
-from .transforms import transform, with_slots
+from .plan.placement import PE, LogicalOp, LogicalPlan, Placement
+from .control.reconfigure import ApplyRecord
+from .control.resources import ResourceView
+from .plan.transforms import transform, with_slots
 
 __all__ = ["SimOperator", "Simulation", "LogEntry"]
 
@@ -532,7 +532,7 @@ class Simulation:
     def control(self, controller, steps: int, before=None) -> list[MetricsSnapshot]:
         """``steps`` intervals of: ``before(sim, i)`` (change the load), step, controller tick.
 
-        ``controller`` is a :class:`~pescheduler.controller.Controller` whose
+        ``controller`` is a :class:`~pescheduler.control.controller.Controller` whose
         ``apply`` is :meth:`apply_record`; its decisions are in
         ``controller.decisions``. Returns the snapshots.
         """

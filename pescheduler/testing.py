@@ -10,7 +10,7 @@ For plug-in authors and our own unit tests::
 
 The items are fed by the built-in ``iterable`` source in batches of
 ``batch_size`` with watermarks after each batch, exactly as a deployment
-would; operators run through :class:`pescheduler.chain.Chain`.
+would; operators run through :class:`pescheduler.worker.chain.Chain`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .chain import Chain
+from .worker.chain import Chain
 from .operator import DeadLetter, Operator, OperatorContext, Source
-from .source_driver import SourceDriver
+from .worker.source_driver import SourceDriver
 
 
 @dataclass

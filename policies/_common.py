@@ -13,9 +13,9 @@ from typing import Any, Mapping
 
 from dask.utils import parse_timedelta
 
-from pescheduler.monitor import MetricsSnapshot
+from pescheduler.control.monitor import MetricsSnapshot
 from pescheduler.operator import Parallelism
-from pescheduler.placement import Placement
+from pescheduler.plan.placement import Placement
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Awaitable, Callable
 import yaml
 from dask.utils import parse_timedelta
 
-from ..resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
+from ..control.resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
 from . import processes
 from .workers import named_workers, retire
 

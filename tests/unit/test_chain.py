@@ -6,7 +6,7 @@ import pytest
 from support_ops import Collect, Numbers, RunningSum, Tag
 
 from pescheduler import MAX_WATERMARK, Operator, OperatorContext, Parallelism
-from pescheduler.chain import CallbackError, Chain
+from pescheduler.worker.chain import CallbackError, Chain
 from pescheduler.testing import CollectingOutput, RunResult
 
 

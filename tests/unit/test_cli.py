@@ -16,7 +16,7 @@ import sys
 import dask.config
 import pytest
 
-import pescheduler.deployment
+import pescheduler.control.deployment
 from pescheduler import cli
 from pescheduler.errors import DeploymentFailed, InvalidApplication
 
@@ -157,7 +157,7 @@ def fake_deploy(monkeypatch):
             if error is not None:
                 raise error
             return dep
-        monkeypatch.setattr(pescheduler.deployment, "deploy", deploy)
+        monkeypatch.setattr(pescheduler.control.deployment, "deploy", deploy)
         return dep
     install.calls = calls
     return install

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pescheduler import Application
-from pescheduler.compiler import PHASES, CompileContext, annotate, compile_app, fuse, place, validate
+from pescheduler.plan.compiler import PHASES, CompileContext, annotate, compile_app, fuse, place, validate
 from pescheduler.errors import InvalidApplication
 from pescheduler.plugins import load_plugins
 

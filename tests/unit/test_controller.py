@@ -9,12 +9,12 @@ import random
 import pytest
 
 from pescheduler.actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
-from pescheduler.controller import (Controller, Cooldown, Proposal, UnknownPolicyError, merge, run_policies,
+from pescheduler.control.controller import (Controller, Cooldown, Proposal, UnknownPolicyError, merge, run_policies,
                                     select_policies, touches)
-from pescheduler.monitor import MetricsSnapshot
+from pescheduler.control.monitor import MetricsSnapshot
 from pescheduler.plugins import load_plugins
-from pescheduler.reconfigure import ApplyRecord
-from pescheduler.resources import ResourceView
+from pescheduler.control.reconfigure import ApplyRecord
+from pescheduler.control.resources import ResourceView
 from pescheduler.sim import Simulation
 
 PL = Simulation.chain(5).placement          # PEs op0 .. op4, one operator each
@@ -204,7 +204,7 @@ def test_an_installed_but_unselected_policy_is_never_called(tmp_path, monkeypatc
 def test_policy_settings_come_from_dask_config_with_a_fresh_history_each():
     import dask
 
-    from pescheduler.controller import policy_configs
+    from pescheduler.control.controller import policy_configs
     with dask.config.set({"pescheduler.policies.rate.tolerance": 0.05}):
         configs = policy_configs(["rate", "mine", "cooldown"])
     assert configs["rate"]["tolerance"] == 0.05 and configs["rate"]["target-utilisation"] == 0.7

@@ -5,7 +5,7 @@ import pickle
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
 from pescheduler.operators.join import Join
 

@@ -9,7 +9,7 @@ from itertools import product
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
 from pescheduler.operators.pattern import Pattern
 from pescheduler.testing import run_operators

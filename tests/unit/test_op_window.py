@@ -6,7 +6,7 @@ import statistics
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
 from pescheduler.operators.window import Window
 from pescheduler.testing import run_operators

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, OperatorContext
 from pescheduler.operators.count_window import CountWindow
 from pescheduler.operators.over_window import OverWindow

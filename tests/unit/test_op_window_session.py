@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter
 from pescheduler.operators.session import SessionWindow
 from test_op_window import AGGS, FUNCS, MAX_DELAY, check_against_reference, check_snapshot_midstream, streams

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pescheduler.aggregates import BUILTINS, Aggregate
-from pescheduler.chain import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, OperatorContext
 from pescheduler.operators.count_window import CountWindow
 from pescheduler.operators.over_window import OverWindow

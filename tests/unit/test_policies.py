@@ -12,10 +12,10 @@ from types import MappingProxyType
 import pytest
 
 from pescheduler.actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
-from pescheduler.monitor import MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
+from pescheduler.control.monitor import MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from pescheduler.operator import Parallelism
 from pescheduler.policies import copy, rate, threshold
-from pescheduler.resources import ResourceView
+from pescheduler.control.resources import ResourceView
 from pescheduler.sim import SimOperator, Simulation
 
 NONE = ResourceView()

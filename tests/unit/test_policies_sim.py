@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pescheduler.controller import Controller, policy_configs, select_policies
+from pescheduler.control.controller import Controller, policy_configs, select_policies
 from pescheduler.plugins import load_plugins
 from pescheduler.sim import SimOperator, Simulation
 

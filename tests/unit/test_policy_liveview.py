@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from pescheduler.actions import Replicate
-from pescheduler.controller import Decision
+from pescheduler.control.controller import Decision
 from pescheduler.liveview import decision_counts, render, totals
 
 

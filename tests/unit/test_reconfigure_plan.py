@@ -6,11 +6,11 @@ import pytest
 
 from pescheduler import Application
 from pescheduler.actions import Fuse, Move, Split
-from pescheduler.compiler import compile_app
+from pescheduler.plan.compiler import compile_app
 from pescheduler.plugins import load_plugins
-from pescheduler.reconfigure import plan_reconfiguration
-from pescheduler.transforms import transform
-from pescheduler.wiring import channel_ids
+from pescheduler.control.reconfigure import plan_reconfiguration
+from pescheduler.plan.transforms import transform
+from pescheduler.plan.wiring import channel_ids
 
 WORKERS = ["tcp://a", "tcp://b", "tcp://c"]
 

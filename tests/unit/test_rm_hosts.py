@@ -12,11 +12,11 @@ from dataclasses import replace
 from types import MappingProxyType, SimpleNamespace
 
 from pescheduler.actions import BorrowHosts, Move, ReturnHost
-from pescheduler.hosts import HostManager
-from pescheduler.placement import PE, LogicalPlan, Placement
-from pescheduler.reconfigure import ApplyRecord
-from pescheduler.resources import Host, HostLost, HostReturnRequested
-from pescheduler.transforms import move
+from pescheduler.control.hosts import HostManager
+from pescheduler.plan.placement import PE, LogicalPlan, Placement
+from pescheduler.control.reconfigure import ApplyRecord
+from pescheduler.control.resources import Host, HostLost, HostReturnRequested
+from pescheduler.plan.transforms import move
 
 
 class FakeRM:

@@ -8,9 +8,9 @@ from types import MappingProxyType
 import pytest
 
 from pescheduler.actions import (BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split)
-from pescheduler.monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
+from pescheduler.control.monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from pescheduler.operator import Parallelism
-from pescheduler.placement import Placement
+from pescheduler.plan.placement import Placement
 from pescheduler.sim import SimOperator, Simulation
 
 # 5-operator chain, op2 costs 4x the others: at 4,000 t/s it needs 1.6 cores, the others 0.4.

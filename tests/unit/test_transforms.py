@@ -6,10 +6,10 @@ import pytest
 
 from pescheduler import Application
 from pescheduler.actions import ActionRefused, Fuse, Move, Release, Replicate, Split
-from pescheduler.compiler import compile_app
+from pescheduler.plan.compiler import compile_app
 from pescheduler.plugins import load_plugins
-from pescheduler.routing import KEY_GROUPS, router_targets
-from pescheduler.transforms import NoSlotLeft, candidate_slots, least_loaded, routers_of, transform
+from pescheduler.plan.routing import KEY_GROUPS, router_targets
+from pescheduler.plan.transforms import NoSlotLeft, candidate_slots, least_loaded, routers_of, transform
 
 WORKERS = ["tcp://a", "tcp://b", "tcp://c"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from .operator import Parallelism
+from ..operator import Parallelism
 from .routing import Route
 
 

@@ -25,7 +25,7 @@ import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .channels import ChannelIn, FrameReceiver, Inbox
-from .plugins import activate
+from ..plugins import activate
 from .runtime import PERunner, PESpec
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .errors import InvalidApplication
+from ..errors import InvalidApplication
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Application:
 
 def _check_params(kind: str, name: str, params: dict) -> None:
     """Instantiate a known operator once so bad parameters fail where the app is written."""
-    from .plugins import active_plugins
+    from ..plugins import active_plugins
 
     cls = active_plugins().operators.get((kind, name))
     if cls is None:

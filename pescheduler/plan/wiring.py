@@ -6,10 +6,10 @@ a fuse or split is wired exactly like one built at deploy time.
 
 from __future__ import annotations
 
-from . import config
+from .. import config
 from .placement import Placement
 from .routing import router_targets
-from .runtime import InputSpec, OutputSpec, PESpec
+from ..worker.runtime import InputSpec, OutputSpec, PESpec
 from .transforms import routers_of
 
 ChannelKey = tuple[str, str, str]          # (producing op, port, consuming PE)

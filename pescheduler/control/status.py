@@ -1,6 +1,6 @@
 """The status of a deployment as the live view, ``status --json`` and tests see it.
 
-A view over the monitor's latest :class:`~pescheduler.monitor.MetricsSnapshot`
+A view over the monitor's latest :class:`~pescheduler.control.monitor.MetricsSnapshot`
 plus the deployment's state, PE states and recent events (deploys,
 reconfigurations, failures, policy decisions).
 """
@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import asdict
 
 from .monitor import Monitor, MetricsSnapshot
-from .placement import Placement
+from ..plan.placement import Placement
 
 EVENTS_KEPT = 200
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from .placement import Placement
+from ..plan.placement import Placement
 
 
 @dataclass(frozen=True)

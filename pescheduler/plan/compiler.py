@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable
 
-from . import config
+from .. import config
 from .app import Application
-from .errors import InvalidApplication
-from .operator import Parallelism
+from ..errors import InvalidApplication
+from ..operator import Parallelism
 from .placement import PE, LogicalOp, LogicalPlan, Placement, pe_name
-from .plugins import Plugins, UnknownOperatorError
+from ..plugins import Plugins, UnknownOperatorError
 from .transforms import with_slots
 
 

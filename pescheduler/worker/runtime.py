@@ -21,7 +21,7 @@ from typing import Any, Callable
 from .chain import MIN_WATERMARK, Chain
 from .channels import (DATA, END, MARKER, WATERMARK, ChannelIn, ChannelOut, Inbox,
                        LocalChannelOut, TcpChannelOut, decode)
-from .operator import DeadLetter, OperatorContext, Source
+from ..operator import DeadLetter, OperatorContext, Source
 from .source_driver import SourceDriver
 
 SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked again

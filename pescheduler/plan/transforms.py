@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from types import MappingProxyType
 
-from .actions import ActionRefused, Fuse, Move, Release, Replicate, Split
-from .operator import Operator, Parallelism
+from ..actions import ActionRefused, Fuse, Move, Release, Replicate, Split
+from ..operator import Operator, Parallelism
 from .placement import PE, LogicalPlan, Placement, Slot, pe_name
 from .routing import Route, even_key_groups
 

@@ -35,11 +35,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from . import config
-from .actions import (Action, BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split)
-from .errors import InvalidApplication
+from .. import config
+from ..actions import (Action, BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split)
+from ..errors import InvalidApplication
 from .monitor import MetricsSnapshot
-from .placement import Placement
+from ..plan.placement import Placement
 from .resources import ResourceView
 
 logger = logging.getLogger(__name__)

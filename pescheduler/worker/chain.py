@@ -18,10 +18,9 @@ from functools import partial
 from time import perf_counter
 from typing import Any, Callable, Iterable, Protocol
 
-from .operator import MAX_WATERMARK, DeadLetter, Emitter, Operator, Parallelism, overrides
-from .routing import Router
+from ..operator import MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, Parallelism, overrides
+from ..plan.routing import Router
 
-MIN_WATERMARK = -(2**63)
 
 
 class CallbackError(RuntimeError):

@@ -4,7 +4,7 @@ Streams are registered with a schema, queries are *definitions* (a
 composition of operator objects: a stream with a window, then filters, then
 at most one of aggregate / correlate / pattern), and results go to output
 processors. The same definitions run in-process or compile to an
-:class:`~pescheduler.app.Application` deployed on the PE runtime::
+:class:`~pescheduler.plan.app.Application` deployed on the PE runtime::
 
     from pescheduler import ep
 
@@ -19,9 +19,9 @@ processors. The same definitions run in-process or compile to an
     proc.close()                       # end of the streams: every window fires
     assert results == [{"id": "s1", "window_start": 0, "window_end": 1000, "n": 1, "avg_a": 3.0}]
 
-In-process, events go through a :class:`pescheduler.chain.Chain` of the
+In-process, events go through a :class:`pescheduler.worker.chain.Chain` of the
 registered operator plug-ins, fed and watermarked by
-:class:`pescheduler.source_driver.SourceDriver` exactly as in a PE: one code
+:class:`pescheduler.worker.source_driver.SourceDriver` exactly as in a PE: one code
 path. :meth:`EventProcessor.application` builds the same operators, with the
 same parameters, into an ``Application``.
 
@@ -41,11 +41,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from .app import Application, Stream as AppStream
-from .chain import Chain, MIN_WATERMARK
-from .operator import DeadLetter, Operator, OperatorContext
-from .source_driver import SourceDriver
-from .timeutil import parse_duration
+from ..plan.app import Application, Stream as AppStream
+from ..worker.chain import Chain, MIN_WATERMARK
+from ..operator import DeadLetter, Operator, OperatorContext
+from ..worker.source_driver import SourceDriver
+from ..timeutil import parse_duration
 
 TS_FIELD = "ts"
 
@@ -567,7 +567,7 @@ class EventProcessor:
 
     def _add(self, op_id: str, name: str, params: dict, inputs: list[str], query_id: Any,
              kind: str = "operator") -> str:
-        from .plugins import active_plugins
+        from ..plugins import active_plugins
 
         if op_id in self._nodes:
             raise ValueError(f"operator id {op_id!r} is taken; choose another query id")

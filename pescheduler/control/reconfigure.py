@@ -35,10 +35,10 @@ from typing import Any
 
 import cloudpickle
 
-from .operator import Parallelism
-from .placement import Placement
-from .routing import KEY_GROUPS, key_group
-from .wiring import ChannelKey, build_specs, channel_ids, consumer_edges, copy_map, output_spec, routing_for
+from ..operator import Parallelism
+from ..plan.placement import Placement
+from ..plan.routing import KEY_GROUPS, key_group
+from ..plan.wiring import ChannelKey, build_specs, channel_ids, consumer_edges, copy_map, output_spec, routing_for
 
 
 @dataclass(frozen=True)
@@ -258,7 +258,7 @@ async def _snapshot(rpc, old, retired, deployment) -> dict[str, dict]:
 
 
 async def _rewire_downstream(rpc, new, plan, worker_info, deployment) -> None:
-    from .runtime import InputSpec
+    from ..worker.runtime import InputSpec
 
     calls = []
     for pe_id in set(plan.seen) | set(plan.downstream_inputs) | set(plan.edges):

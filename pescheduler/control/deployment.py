@@ -31,25 +31,27 @@ from types import MappingProxyType
 from typing import Any, Coroutine
 
 import cloudpickle
-from distributed import Client, LocalCluster
+from distributed import Client
 
-from . import config
-from .app import Application
-from .compiler import compile_app
-from .errors import DeploymentFailed
+from .. import config
+from ..plan.app import Application
+from ..plan.compiler import compile_app
+from ..errors import DeploymentFailed
+from .cluster import EmbeddedCluster
 from .hosts import HostManager
-from .pehost import PLUGIN_NAME, PEHostPlugin
-from .placement import Placement, Slot
-from .plugins import Plugins, activate
-from .runtime import PESpec
+from . import statefile
+from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
+from ..plan.placement import Placement, Slot
+from ..plugins import Plugins, activate
+from ..worker.runtime import PESpec
 from .monitor import MetricsSnapshot
 from .status import StatusBoard
-from .actions import Action, ActionRefused, BorrowHosts, ReturnHost
+from ..actions import Action, ActionRefused, BorrowHosts, ReturnHost
 from .resources import ResourceView
 from .controller import Controller, policy_configs, select_policies
 from .reconfigure import ApplyRecord, execute, plan_reconfiguration
-from .transforms import NoSlotLeft, transform, with_slots
-from .wiring import build_specs, channel_ids
+from ..plan.transforms import NoSlotLeft, transform, with_slots
+from ..plan.wiring import build_specs, channel_ids
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +134,7 @@ class Deployment:
         self.cluster_address = cluster
         self.plugin_modules = plugins
         self.plugins: Plugins | None = None
-        self.cluster: LocalCluster | None = None
+        self.cluster: EmbeddedCluster | None = None
         self.client: Client | None = None
         self.scheduler_address = ""
         self._placement: Placement | None = None
@@ -244,10 +246,8 @@ class Deployment:
         chosen = select_policies(self.plugins, self.policy_names)     # an unknown name fails before any start
         self.hosts.check()
         if self.cluster_address is None:
-            self.cluster = await LocalCluster(
-                n_workers=self.n_workers, threads_per_worker=1, processes=True, asynchronous=True,
-                dashboard_address=":0", silence_logs=logging.WARNING)
-            self.scheduler_address = self.cluster.scheduler_address
+            self.cluster = EmbeddedCluster(self.n_workers)
+            self.scheduler_address = await self.cluster.start()
         else:
             self.scheduler_address = self.cluster_address
         self.client = await Client(self.scheduler_address, asynchronous=True)
@@ -271,7 +271,8 @@ class Deployment:
                 log_path=config.get("policies.decision-log"), deployment=self.id,
                 on_decision=lambda d: self.board.event("policy", d.text()))
             self.board.event("policy", f"active: {', '.join(chosen)}")
-        self._write_state_file()
+        if self.cluster is not None:
+            statefile.write(self.scheduler_address, self.app.name)
         self._tasks = [asyncio.create_task(self._watch(w)) for w in self._placement.workers]
         self._tasks.append(asyncio.create_task(self._monitor()))
         self.hosts.start()
@@ -279,7 +280,7 @@ class Deployment:
     async def _workers(self) -> list[str]:
         """Addresses of the workers to place on, each with its PE host answering."""
         if self.cluster is not None:
-            await self.client.wait_for_workers(self.n_workers, timeout=60)
+            await self.cluster.wait_for_workers(self.client)
         info = await self.client.scheduler.identity(n_workers=-1)
         addresses = sorted(info["workers"])
         if not addresses:
@@ -362,8 +363,7 @@ class Deployment:
                                 f"borrow a host (BorrowHosts) first")
         t0 = time.perf_counter()
         before = set(old.workers)
-        self.cluster.scale(len(self.cluster.worker_spec) + 1)
-        await self.client.wait_for_workers(len(self.cluster.worker_spec), timeout=60)
+        await self.cluster.grow(self.client)
         await self._workers()
         joined = [w for w in self.worker_info if w not in before]
         if not joined:
@@ -565,7 +565,7 @@ class Deployment:
             self._loop.run(self._aclose(), timeout=60)
         finally:
             self._loop.close()
-            self._remove_state_file()
+            statefile.remove()
 
     async def _aclose(self) -> None:
         if self._done is not None:
@@ -585,24 +585,3 @@ class Deployment:
             await self.client.close()
         if self.cluster is not None:
             await self.cluster.close()
-
-    # -- state file for `status` / `stop` without --cluster --------------------------------
-    def _state_path(self) -> str:
-        return os.path.expanduser(config.get("state-file"))
-
-    def _write_state_file(self) -> None:
-        if self.cluster is None:
-            return
-        path = self._state_path()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump({"scheduler": self.scheduler_address, "app": self.app.name, "pid": os.getpid()}, f)
-
-    def _remove_state_file(self) -> None:
-        path = self._state_path()
-        try:
-            with open(path) as f:
-                if json.load(f).get("pid") == os.getpid():
-                    os.remove(path)
-        except (OSError, ValueError):
-            pass

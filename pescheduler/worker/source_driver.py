@@ -11,7 +11,7 @@ from operator import itemgetter
 from time import perf_counter
 
 from .chain import MIN_WATERMARK
-from .operator import Source
+from ..operator import Source
 
 
 class SourceDriver:

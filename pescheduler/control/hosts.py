@@ -1,6 +1,6 @@
 """The deployment's side of resource management: borrowed hosts join, leave, or are lost.
 
-:class:`HostManager` is owned by a :class:`~pescheduler.deployment.Deployment`.
+:class:`HostManager` is owned by a :class:`~pescheduler.control.deployment.Deployment`.
 It starts the resource manager (in the background: an app never waits for, or
 stops because of, a resource manager that is slow, unreachable or refusing;
 it runs on what it holds), keeps the :class:`ResourceView` policies see, and
@@ -27,13 +27,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from . import config
-from .actions import BorrowHosts, Move, ReturnHost
-from .errors import InvalidApplication
+from .. import config
+from ..actions import BorrowHosts, Move, ReturnHost
+from ..errors import InvalidApplication
 from .reconfigure import ApplyRecord
 from .resources import (Host, HostAvailable, HostLost, HostReturnRequested, ResourceView,
                         ReturnRequest)
-from .transforms import least_loaded
+from ..plan.transforms import least_loaded
 
 if TYPE_CHECKING:
     from .deployment import Deployment

@@ -1,0 +1,56 @@
+"""Debian packages the tests need (a broker, a database, a browser), installed by the test setup itself.
+
+CI and a fresh machine start with none of them, and nothing installed by hand
+survives, so a fixture that needs ``redis-server`` calls
+``require("redis-server", "redis-server")`` before starting it. The first call
+on a machine runs ``apt-get update`` and ``apt-get install -y``; later calls
+find the binary and return at once. Installing needs root (the test machines
+run as root); without it the fixture fails saying which package to install.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+
+_lock = threading.Lock()
+_updated = False
+
+
+def require(binary: str, package: str, *, search: tuple[str, ...] = ()) -> str:
+    """Path of ``binary`` (also looked for in ``search`` folders), installing ``package`` if missing."""
+    found = _which(binary, search)
+    if found:
+        return found
+    with _lock:
+        found = _which(binary, search)
+        if not found:
+            _install(package)
+            found = _which(binary, search)
+    if not found:
+        raise RuntimeError(f"{binary} is still missing after 'apt-get install -y {package}'")
+    return found
+
+
+def _which(binary: str, search: tuple[str, ...]) -> str | None:
+    for folder in search:
+        path = os.path.join(folder, binary)
+        if os.access(path, os.X_OK):
+            return path
+    return shutil.which(binary)
+
+
+def _install(package: str) -> None:
+    global _updated
+    if os.geteuid() != 0:
+        raise RuntimeError(f"the tests need the Debian package {package!r}: apt-get install -y {package}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if not _updated:
+        subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True, timeout=600)
+        _updated = True
+    done = subprocess.run(["apt-get", "install", "-y", "-q", package], env=env, capture_output=True,
+                          text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"apt-get install -y {package} failed:\n{done.stderr[-2000:]}")
