@@ -199,6 +199,10 @@ class SparkResourceManager:
         local = master.startswith(("spark://127.", "spark://localhost"))
         if local:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # pyspark starts Python workers with $PYSPARK_PYTHON (default: python3 on the PATH), not with
+        # the spark.pyspark.python setting: without this, executors in a virtualenv deploy run the
+        # system Python and cannot import pescheduler.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         self._own_gateway = SparkContext._gateway is None
         try:
             conf = spark_conf(master, self.settings, local)
