@@ -43,7 +43,7 @@ from . import statefile
 from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
 from ..plan.placement import Placement, Slot
 from ..plugins import Plugins, activate
-from ..worker.runtime import PESpec
+from ..worker.specs import PESpec
 from .monitor import MetricsSnapshot
 from .status import StatusBoard
 from ..actions import Action, ActionRefused, BorrowHosts, ReturnHost

@@ -258,7 +258,7 @@ async def _snapshot(rpc, old, retired, deployment) -> dict[str, dict]:
 
 
 async def _rewire_downstream(rpc, new, plan, worker_info, deployment) -> None:
-    from ..worker.runtime import InputSpec
+    from ..worker.specs import InputSpec
 
     calls = []
     for pe_id in set(plan.seen) | set(plan.downstream_inputs) | set(plan.edges):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .. import config
 from .placement import Placement
 from .routing import router_targets
-from ..worker.runtime import InputSpec, OutputSpec, PESpec
+from ..worker.specs import InputSpec, OutputSpec, PESpec
 from .transforms import routers_of
 
 ChannelKey = tuple[str, str, str]          # (producing op, port, consuming PE)

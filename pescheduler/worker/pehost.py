@@ -26,7 +26,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .channels import ChannelIn, FrameReceiver, Inbox
 from ..plugins import activate
-from .runtime import PERunner, PESpec
+from .runtime import PERunner
+from .specs import PESpec
 
 logger = logging.getLogger(__name__)
 

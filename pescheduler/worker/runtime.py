@@ -14,7 +14,6 @@ import threading
 import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Callable
 
@@ -23,50 +22,11 @@ from .channels import (DATA, END, MARKER, WATERMARK, ChannelIn, ChannelOut, Inbo
                        LocalChannelOut, TcpChannelOut, decode)
 from ..operator import DeadLetter, OperatorContext, Source
 from .source_driver import SourceDriver
+from .specs import InputSpec, OutputSpec, PESpec
 
 SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked again
 THREAD_AFTER_S = 0.1     # a turn this long means an operator blocks or runs long: give the PE a thread
 RELIEF_BATCHES = 2       # backlog (in credit windows) a PE may build on a blocked channel while taking input
-
-
-@dataclass
-class OutputSpec:
-    """One channel leaving a PE: the upstream port it carries and where it goes."""
-
-    channel_id: str
-    src_op: str
-    port: str
-    dst_pe: str
-    dst_worker: str          # Dask worker address of the receiving PE
-    dst_data: str            # host:port of that worker's data server
-    dst_ops: tuple[str, ...] = ()   # the operators there that consume this port
-
-
-@dataclass
-class InputSpec:
-    """One channel arriving at a PE."""
-
-    channel_id: str
-    src_op: str
-    port: str
-
-
-@dataclass
-class PESpec:
-    """Everything a worker needs to build a PE (shipped with cloudpickle)."""
-
-    pe_id: str
-    deployment: str
-    ops: dict[str, tuple[type, dict, Any]]           # op_id -> (class, parameters, key_field)
-    edges: list[tuple[str, str, str]]                # edges whose consumer is in this PE
-    inputs: list[InputSpec] = field(default_factory=list)
-    outputs: list[OutputSpec] = field(default_factory=list)
-    batch_size: int = 1000
-    credits: int = 8
-    time_slice_s: float = 0.05
-    restore: dict[str, dict] = field(default_factory=dict)   # op_id -> {"state", "progress", "driver"}
-    routing: dict[tuple[str, str, str], tuple] = field(default_factory=dict)   # see wiring.routing_for
-    copies: dict[str, str] = field(default_factory=dict)     # copy op -> original (whole plan)
 
 
 class PERunner:
