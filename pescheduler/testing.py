@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 from .worker.chain import Chain
 from .operator import DeadLetter, Operator, OperatorContext, Source
-from .worker.source_driver import SourceDriver
+from .worker.source_driver import SourceDriver, pump
 
 
 @dataclass
@@ -86,16 +86,5 @@ def run_operators(items: Iterable[Any] | Source, *operators: Operator, batch_siz
 
 def drive_source(chain: Chain, driver: SourceDriver) -> None:
     """Read ``driver``'s source to the end into ``chain`` (no pacing: tests run flat out)."""
-    while True:
-        batch = driver.read()
-        if driver.rejected:
-            chain.reject(driver.op_id, driver.rejected)
-            driver.rejected = []
-        if batch is None:
-            chain.end_from(driver.op_id)
-            return
-        if batch:
-            chain.emit_from(driver.op_id, batch)
-        wm = driver.watermark()
-        if wm is not None:
-            chain.watermark_from(driver.op_id, wm)
+    while pump(driver, chain) is not None:
+        pass

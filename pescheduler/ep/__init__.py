@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ..plan.app import Application, Stream as AppStream
 from ..worker.chain import Chain, MIN_WATERMARK
 from ..operator import DeadLetter, Operator, OperatorContext
-from ..worker.source_driver import SourceDriver
+from ..worker.source_driver import SourceDriver, pump
 from ..timeutil import parse_duration
 
 TS_FIELD = "ts"
@@ -476,18 +476,8 @@ class EventProcessor:
 
     def _pump(self, state: _StreamState) -> None:
         """Move what the stream's source holds into the chain, with watermarks, as a PE does."""
-        chain, driver = self._chain, state.driver
-        while True:
-            batch = driver.read()
-            if batch is None:
-                chain.end_from(state.op_id)
-                return
-            if not batch:
-                return
-            chain.emit_from(state.op_id, batch)
-            wm = driver.watermark()
-            if wm is not None:
-                chain.watermark_from(state.op_id, wm)
+        while pump(state.driver, self._chain):
+            pass
 
     def close(self) -> None:
         """End every stream: windows still open fire, results reach the output processors."""

@@ -21,7 +21,7 @@ from .chain import MIN_WATERMARK, Chain
 from .channels import (DATA, END, MARKER, WATERMARK, ChannelIn, ChannelOut, Inbox,
                        LocalChannelOut, TcpChannelOut, decode)
 from ..operator import DeadLetter, OperatorContext, Source
-from .source_driver import SourceDriver
+from .source_driver import SourceDriver, pump
 from .specs import InputSpec, OutputSpec, PESpec
 
 SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked again
@@ -183,22 +183,8 @@ class PERunner:
         for driver in self.sources:
             if driver.ended or driver.paused or driver.delay() > 0:
                 continue
-            t0 = perf_counter()
-            batch = driver.read()
-            self.chain.nodes[driver.op_id].stats.busy_s += perf_counter() - t0     # source code is busy time
-            if driver.rejected:
-                self.chain.reject(driver.op_id, driver.rejected)
-                driver.rejected = []
-            if batch is None:
-                self.chain.end_from(driver.op_id)
+            if pump(driver, self.chain) != 0:      # a batch, or the end
                 progressed = True
-                continue
-            if batch:
-                self.chain.emit_from(driver.op_id, batch)
-                progressed = True
-            wm = driver.watermark()
-            if wm is not None:
-                self.chain.watermark_from(driver.op_id, wm)
         return progressed
 
     def _read_inbox(self) -> bool:

@@ -1,8 +1,12 @@
 """Driving a source: fixed-size batches, pacing to ``rate``, watermarks after each batch.
 
-Kept apart from the asyncio PE loop so that ``pescheduler.testing`` drives a
-source the same way a deployment does (and so watermarks, which decide what is
-late, are the same in both).
+Kept apart from the asyncio PE loop so that ``pescheduler.testing`` and
+``pescheduler.ep`` drive a source the same way a deployment does (and so
+watermarks, which decide what is late, are the same in all three):
+:class:`SourceDriver` reads, :func:`pump` moves one read into a chain. The
+three callers differ only in how often they call :func:`pump` (the PE loop
+once per turn, when the source is due; ``testing`` until the end; ``ep`` until
+nothing is ready).
 """
 
 from __future__ import annotations
@@ -10,8 +14,12 @@ from __future__ import annotations
 from operator import itemgetter
 from time import perf_counter
 
-from .chain import MIN_WATERMARK
-from ..operator import Source
+from typing import TYPE_CHECKING
+
+from ..operator import MIN_WATERMARK, Source
+
+if TYPE_CHECKING:
+    from .chain import Chain
 
 
 class SourceDriver:
@@ -76,3 +84,27 @@ class SourceDriver:
         if not rate:
             return 0.0
         return max(0.0, self.started + self.count / rate - perf_counter())
+
+
+def pump(driver: SourceDriver, chain: "Chain") -> int | None:
+    """One read of ``driver``'s source into ``chain``: rejected input dead-lettered, the batch
+    emitted, the watermark advanced. Returns the tuples emitted (0: nothing ready now), or
+    None when the source ended (the chain has been told). The read counts as the source's
+    busy time."""
+    t0 = perf_counter()
+    batch = driver.read()
+    node = chain.nodes.get(driver.op_id)
+    if node is not None:
+        node.stats.busy_s += perf_counter() - t0        # source code is busy time
+    if driver.rejected:
+        chain.reject(driver.op_id, driver.rejected)
+        driver.rejected = []
+    if batch is None:
+        chain.end_from(driver.op_id)
+        return None
+    if batch:
+        chain.emit_from(driver.op_id, batch)
+    wm = driver.watermark()
+    if wm is not None:
+        chain.watermark_from(driver.op_id, wm)
+    return len(batch)
