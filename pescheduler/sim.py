@@ -198,7 +198,7 @@ class Simulation:
         else:
             if {op for op, lop in placement.plan.ops.items() if lop.copy_of is None} != set(order):
                 raise ValueError("placement and graph name different operators")
-            self.plan = placement.plan
+            self.plan = placement.logical
             seen: dict[str, None] = {}
             for w in placement.workers:
                 seen.setdefault(placement.hosts.get(w, ""), None)

@@ -137,10 +137,7 @@ def touches(action: Action, placement: Placement) -> frozenset[str]:
 
 
 def _pe_ops(placement: Placement, pe_id: str) -> frozenset[str]:
-    pe = placement.pes.get(pe_id)
-    ops = pe.operators if pe is not None else pe_id.split("->")
-    return frozenset(f"op:{(placement.plan.ops[o].copy_of if o in placement.plan.ops else None) or o}"
-                     for o in ops)
+    return frozenset(f"op:{placement.original(o)}" for o in placement.pe_operators(pe_id))
 
 
 def merge(proposals: Iterable[Proposal], placement: Placement) -> tuple[list[Proposal], list[tuple[Proposal, Proposal]]]:

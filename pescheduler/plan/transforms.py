@@ -1,4 +1,4 @@
-"""Graph transforms: small functions from one placement to the next.
+"""Graph transforms: small functions from one physical plan (placement) to the next.
 
 Each checks first and refuses with :class:`ActionRefused` (the reason is the
 message) before it builds anything, so a refused action leaves the running
@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 from ..actions import ActionRefused, Fuse, Move, Release, Replicate, Split
 from ..operator import Operator, Parallelism
-from .placement import PE, LogicalPlan, Placement, Slot, pe_name
+from .placement import PE, Placement, Slot, pe_name
 from .routing import Route, even_key_groups
 
 
@@ -95,7 +95,8 @@ def _ordered(placement: Placement, operators) -> tuple[str, ...]:
 
 def _in_order(placement: Placement, pes: dict[str, PE]) -> dict[str, PE]:
     """PEs listed in topological order of their first operator (stable, readable status)."""
-    return _in_order_plan(placement.plan, pes)
+    order = {op: i for i, op in enumerate(placement.plan.ops)}
+    return dict(sorted(pes.items(), key=lambda kv: order[kv[1].operators[0]]))
 
 
 # -- copies on standard slots --------------------------------------------------------
@@ -144,9 +145,9 @@ def replicate(placement: Placement, action: Replicate) -> Placement:
         new_slots[slot_id] = replace(slot, copies=slot.copies + (c,))
     routes = _inherit_routes(placement, op_id, made)
     routes[op_id] = new_route
-    plan = with_copies(placement.plan, {**_copy_map(placement), **{c: op_id for c in made}})
-    return replace(placement, plan=plan, pes=MappingProxyType(_in_order_plan(plan, pes)),
-                   slots=MappingProxyType(new_slots), routes=MappingProxyType(routes))
+    copied = replace(placement, copies=MappingProxyType({**placement.copies, **{c: op_id for c in made}}),
+                     slots=MappingProxyType(new_slots), routes=MappingProxyType(routes))
+    return copied.with_pes(_in_order(copied, pes))
 
 
 def release(placement: Placement, action: Release) -> Placement:
@@ -179,8 +180,7 @@ def release(placement: Placement, action: Release) -> Placement:
 
 def _without_copies(placement: Placement, op_id: str, gone: list[str], users: dict) -> Placement:
     """The placement with copies ``gone`` removed (their PEs, slots, and every route naming them)."""
-    copy_map = {c: o for c, o in _copy_map(placement).items() if c not in gone}
-    plan = with_copies(placement.plan, copy_map)
+    copy_map = {c: o for c, o in placement.copies.items() if c not in gone}
     keyed = placement.plan.ops[op_id].parallelism is Parallelism.KEYED
     remaining = [op_id] + [c for c, o in copy_map.items() if o == op_id]
     routes = {}
@@ -194,8 +194,8 @@ def _without_copies(placement: Placement, op_id: str, gone: list[str], users: di
     pes = {p: pe for p, pe in placement.pes.items() if p not in gone}
     slots = {s: replace(slot, copies=tuple(c for c in slot.copies if c not in gone))
              for s, slot in placement.slots.items()}
-    return replace(placement, plan=plan, pes=MappingProxyType(pes), slots=MappingProxyType(slots),
-                   routes=MappingProxyType(routes))
+    return replace(placement, copies=MappingProxyType(copy_map), pes=MappingProxyType(pes),
+                   slots=MappingProxyType(slots), routes=MappingProxyType(routes))
 
 
 def _replicable(placement: Placement, op_id: str):
@@ -203,8 +203,8 @@ def _replicable(placement: Placement, op_id: str):
     op = placement.plan.ops.get(op_id)
     if op is None:
         raise ActionRefused(f"unknown operator {op_id!r}")
-    if op.copy_of:
-        raise ActionRefused(f"{op_id!r} is a copy of {op.copy_of!r}: replicate the original")
+    if op_id in placement.copies:
+        raise ActionRefused(f"{op_id!r} is a copy of {placement.copies[op_id]!r}: replicate the original")
     if op.parallelism is Parallelism.SINGLETON:
         raise ActionRefused(f"{op_id!r} is SINGLETON ({op.kind} {op.name!r}): it is never copied")
     if op.parallelism is Parallelism.KEYED:
@@ -252,7 +252,7 @@ def _shared_inputs(placement: Placement, op_id: str) -> list[str]:
 def routers_of(placement: Placement, op_id: str) -> list[str]:
     """The upstream instances that feed ``op_id`` (its copies' partials excluded)."""
     return list(dict.fromkeys(s for s, _p, d in placement.plan.edges
-                              if d == op_id and placement.plan.ops[s].copy_of != op_id))
+                              if d == op_id and placement.copies.get(s) != op_id))
 
 
 def candidate_slots(placement: Placement, op_id: str) -> list[str]:
@@ -265,8 +265,7 @@ def candidate_slots(placement: Placement, op_id: str) -> list[str]:
     slots = list(placement.slots)
     if not slots:
         return []
-    replicable = [o for o, op in placement.plan.ops.items()
-                  if op.copy_of is None and op.parallelism is not Parallelism.SINGLETON]
+    replicable = [o for o, op in placement.logical.ops.items() if op.parallelism is not Parallelism.SINGLETON]
     k = replicable.index(op_id) if op_id in replicable else 0
     offset = (k * max(1, len(slots) // 3)) % len(slots)
     return slots[offset:] + slots[:offset]
@@ -276,8 +275,7 @@ def pick_slots(placement: Placement, op_id: str, n: int, avoid: str) -> list[str
     """``n`` slots from ``op_id``'s candidate list, off worker ``avoid``: free ones first, then
     shared ones least used; refuses with :class:`NoSlotLeft` when there are not enough."""
     candidates = [s for s in candidate_slots(placement, op_id) if placement.slots[s].worker != avoid]
-    mine = {s for s in candidates if any(placement.plan.ops[c].copy_of == op_id
-                                         for c in placement.slots[s].copies)}
+    mine = {s for s in candidates if any(placement.copies.get(c) == op_id for c in placement.slots[s].copies)}
     usable = [s for s in candidates if s not in mine]
     usable.sort(key=lambda s: len(placement.slots[s].copies))       # stable: list order breaks ties
     if len(usable) < n:
@@ -309,10 +307,6 @@ def with_slots(placement: Placement, per_host: int) -> Placement:
     return replace(placement, slots=MappingProxyType(slots))
 
 
-def _copy_map(placement: Placement) -> dict[str, str]:
-    return {o: op.copy_of for o, op in placement.plan.ops.items() if op.copy_of}
-
-
 def _inherit_routes(placement: Placement, op_id: str, made: list[str]) -> dict[str, Route]:
     """New copies of ``op_id`` route downstream like ``op_id``: they join every copy it uses."""
     routes = dict(placement.routes)
@@ -320,36 +314,6 @@ def _inherit_routes(placement: Placement, op_id: str, made: list[str]) -> dict[s
         users = {c: u + tuple(made) if op_id in u else u for c, u in route.users.items()}
         routes[target] = Route(MappingProxyType(users), route.key_groups)
     return routes
-
-
-def with_copies(plan: LogicalPlan, copies: dict[str, str]) -> LogicalPlan:
-    """The physical plan: the user's operators plus ``copies`` (copy id -> original), edges expanded.
-
-    A copy has its original's inputs and outputs, except a MERGEABLE copy,
-    whose only output feeds its partials to the original.
-    """
-    base_ops = {o: op for o, op in plan.ops.items() if op.copy_of is None}
-    base_edges = [e for e in plan.edges if base_ops.get(e[0]) and base_ops.get(e[2])]
-    of: dict[str, list[str]] = {o: [o] for o in base_ops}
-    for c, o in copies.items():
-        of[o].append(c)
-    ops = {}
-    for o, op in base_ops.items():
-        ops[o] = op
-        for c in of[o][1:]:
-            ops[c] = replace(op, op_id=c, copy_of=o)
-    mergeable = {o for o, op in base_ops.items() if op.parallelism is Parallelism.MERGEABLE}
-    edges = []
-    for s, p, d in base_edges:
-        senders = [s] if s in mergeable else of[s]
-        edges.extend((s2, p, d2) for s2 in senders for d2 in of[d])
-    edges.extend((c, "out", o) for o in mergeable for c in of[o][1:])
-    return LogicalPlan(plan.app_name, MappingProxyType(ops), tuple(edges))
-
-
-def _in_order_plan(plan: LogicalPlan, pes: dict[str, PE]) -> dict[str, PE]:
-    order = {op: i for i, op in enumerate(plan.ops)}
-    return dict(sorted(pes.items(), key=lambda kv: order[kv[1].operators[0]]))
 
 
 TRANSFORMS = {Fuse: fuse, Split: split, Move: move, Replicate: replicate, Release: release}

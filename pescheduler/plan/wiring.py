@@ -41,8 +41,8 @@ def routing_for(placement: Placement, pe_id: str) -> dict[tuple[str, str, str], 
     routing = {}
     for op_id in placement.pes[pe_id].operators:
         for src, port, dst in plan.edges:
-            x = plan.ops[dst].copy_of or dst
-            if src != op_id or x not in placement.routes or plan.ops[src].copy_of == x:
+            x = placement.original(dst)
+            if src != op_id or x not in placement.routes or placement.copies.get(src) == x:
                 continue
             routers = routers_of(placement, x)
             targets = router_targets(x, placement.copies_of(x), placement.routes[x], src, routers)
@@ -57,8 +57,8 @@ def consumer_edges(placement: Placement, pe_id: str) -> list[tuple[str, str, str
 
 
 def copy_map(placement: Placement) -> dict[str, str]:
-    """Copy operator -> its original, over the whole plan."""
-    return {o: op.copy_of for o, op in placement.plan.ops.items() if op.copy_of}
+    """Copy operator -> its original, over the whole plan (a plain dict: it goes over the wire)."""
+    return dict(placement.copies)
 
 
 def build_specs(placement: Placement, worker_info: dict[str, dict], deployment: str,

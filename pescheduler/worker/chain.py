@@ -259,6 +259,11 @@ class Chain:
             elif self.on_side is not None:
                 self.on_side(node.op_id, port, items)
 
+    def take_dead_letters(self) -> list[DeadLetter]:
+        """The dead letters since the last call (the monitor ships them to the controller)."""
+        taken, self.dead_letters = self.dead_letters, []
+        return taken
+
     def reject(self, op_id: str, dead: list[DeadLetter]) -> None:
         """Dead letters an operator produced outside ``process`` (a source's malformed input)."""
         self.nodes[op_id].stats.dead_letters += len(dead)

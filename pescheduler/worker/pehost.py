@@ -124,10 +124,8 @@ class PEHost:
         made = []
         for spec in cloudpickle.loads(specs):
             assert isinstance(spec, PESpec)
-            pe = PERunner(spec, self.worker.address)
-            if spec.pe_id in spec.copies and self.warm_threads:
-                pe.spare_thread = self.warm_threads.pop()
-            pe.on_change = self._bump
+            spare = self.warm_threads.pop() if spec.pe_id in spec.copies and self.warm_threads else None
+            pe = PERunner(spec, self.worker.address, on_change=self._bump, spare_thread=spare)
             self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
         if start and made:
@@ -197,9 +195,9 @@ class PEHost:
         while True:
             self._changed.clear()          # before looking: a change while we look wakes the wait below
             pes = self._of(deployment)
-            missing = [p for p in aligned if p in pes and not pes[p].aligned]
+            missing = [p for p in aligned if p in pes and not pes[p].aligner.aligned]
             missing += [f"{p}<-{c}" for p, cs in seen.items() if p in pes
-                        for c in cs if c not in pes[p].markers.get(marker, set())
+                        for c in cs if not pes[p].aligner.has_seen(marker, c)
                         and not pes[p].receivers.get(c, _ENDED).ended]
             failed = [pes[p].error for p in aligned if p in pes and pes[p].state == "failed"]
             if not missing or failed or loop.time() >= deadline:

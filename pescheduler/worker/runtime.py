@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from time import perf_counter
 from typing import Any, Callable
 
@@ -21,6 +22,7 @@ from .chain import MIN_WATERMARK, Chain
 from .channels import (DATA, END, MARKER, WATERMARK, ChannelIn, ChannelOut, Inbox,
                        LocalChannelOut, TcpChannelOut, decode)
 from ..operator import DeadLetter, OperatorContext, Source
+from .aligner import Aligner
 from .source_driver import SourceDriver, pump
 from .specs import InputSpec, OutputSpec, PESpec
 
@@ -32,7 +34,8 @@ RELIEF_BATCHES = 2       # backlog (in credit windows) a PE may build on a block
 class PERunner:
     """Runs one PE: reads sources and channels, pushes batches through the chain, ships outputs."""
 
-    def __init__(self, spec: PESpec, worker_address: str) -> None:
+    def __init__(self, spec: PESpec, worker_address: str, on_change: Callable[[], None] = lambda: None,
+                 spare_thread: ThreadPoolExecutor | None = None) -> None:
         self.spec = spec
         self.pe_id = spec.pe_id
         self.deployment = spec.deployment
@@ -51,17 +54,13 @@ class PERunner:
                 driver.restore(spec.restore[driver.op_id]["driver"])
         self.stopping = False                      # set by stop(): the loop ends at its next turn
         self._thread: ThreadPoolExecutor | None = None    # set when operators block or run long
-        self.spare_thread: ThreadPoolExecutor | None = None   # a standard slot's warm thread (copies)
+        self.spare_thread = spare_thread           # a standard slot's warm thread (copies)
         self._inflight: Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self.threaded_because = ""
-        self.markers: dict[Any, set[str]] = {}     # marker -> input channels it arrived on
-        self.aligning: Any = None                  # the marker this PE is aligning on
-        self.aligned_ops: set[str] = set()
-        self.aligned = False
-        self.releasing = False
-        self.on_change: Callable[[], None] = lambda: None
+        self.aligner = Aligner()                   # markers seen, alignment (see aligner.py)
+        self.on_change = on_change                 # the PE host's: a PE changed state
         self.state = "created"
         self.error: str | None = None
         self.idle_s = 0.0
@@ -192,10 +191,12 @@ class PERunner:
         items = self.inbox.items
         if not items:
             return False
-        chain = self.chain
+        chain, aligner = self.chain, self.aligner
         deadline = perf_counter() + self.spec.time_slice_s
         while items:
             channel, kind, payload = items.popleft()
+            if aligner.marker is not None and aligner.park(channel, kind, payload):
+                continue                        # blocked at the marker until aligned
             if kind == DATA:
                 if self.first_input_at is None:
                     self.first_input_at = time.time()
@@ -255,58 +256,35 @@ class PERunner:
     # -- reconfiguration (see reconfigure.py for the protocol) ------------------------------
     def _on_marker(self, channel: ChannelIn, marker: Any) -> None:
         """A marker arrived behind all data before it on ``channel``: note it, maybe align."""
-        self.markers.setdefault(marker, set()).add(channel.channel_id)
+        self.aligner.arrived(channel.channel_id, marker)
         self._check_aligned()
         self._on_loop(self.on_change)
 
     def begin_align(self, marker: Any, release: bool = False) -> None:
-        """Pause this PE's sources and align its operators on ``marker``.
+        """Pause this PE's sources and align its operators on ``marker`` (see aligner.py).
 
         ``release``: the PE is a copy going away; once aligned, a MERGEABLE
         copy sends every partial it holds to its original, ahead of the marker.
         """
-        self.releasing = release
-        self.aligning = marker
         for driver in self.sources:
-            driver.paused = True
+            driver.pause()
+        self.aligner.begin(marker, lambda op_id: self._op_aligned(op_id, marker, release))
         self._check_aligned()
 
     def _check_aligned(self) -> None:
-        """Align operator by operator, in topological order.
-
-        An operator is aligned once each of its inputs is: a local upstream
-        aligned, a channel that delivered the marker or END, or an input that
-        already ended; a paused source has none left. Only then do *its*
-        output channels carry the marker. Aligning whole PEs instead would
-        deadlock when fused non-adjacent operators make two PEs feed each
-        other (the operator graph has no cycle; the PE graph can).
-        """
-        if self.aligning is None or self.aligned:
-            return
-        seen = self.markers.get(self.aligning, set())
-        for op_id, node in self.chain.nodes.items():
-            if op_id in self.aligned_ops:
-                continue
-            if all(self._input_aligned(node, upstream, seen) for upstream in node.in_wm):
-                self.aligned_ops.add(op_id)
-                if self.releasing and node.partial:
-                    self.chain.release_partials()
-                for spec, channel in self.outs:
-                    if spec.src_op == op_id:
-                        channel.hold(self.aligning)
-                # Wake the loop so the marker ships now: another PE may need it
-                # before it can send what this PE's other operators wait for.
-                self._on_loop(self.inbox.event.set)
-        if len(self.aligned_ops) == len(self.chain.nodes):
-            self.aligned = True
+        if self.aligner.advance(self.chain, self.receivers.values()):
             self._on_loop(self.on_change)
 
-    def _input_aligned(self, node, upstream: str, seen: set[str]) -> bool:
-        if upstream in self.chain.nodes:
-            return upstream in self.aligned_ops
-        if upstream not in node.open_inputs:
-            return True
-        return all(c.channel_id in seen or c.ended for c in self.receivers.values() if c.src_op == upstream)
+    def _op_aligned(self, op_id: str, marker: Any, release: bool) -> None:
+        """``op_id`` aligned: its output channels carry the marker on, then hold."""
+        if release and self.chain.nodes[op_id].partial:
+            self.chain.release_partials()
+        for spec, channel in self.outs:
+            if spec.src_op == op_id:
+                channel.hold(marker)
+        # Wake the loop so the marker ships now: another PE may need it
+        # before it can send what this PE's other operators wait for.
+        self._on_loop(self.inbox.event.set)
 
     def hold(self, channel_ids: list[str], marker: Any) -> None:
         """Send ``marker`` on these output channels, then hold them until rewired."""
@@ -386,7 +364,7 @@ class PERunner:
         for channel_id in remove:
             self.receivers.pop(channel_id, None)
         if edges is not None:
-            self.spec.edges = edges
+            self.spec = replace(self.spec, edges=edges)
             self.chain.set_edges(edges, initial_wm=MIN_WATERMARK)
 
     def stop(self) -> None:
@@ -400,7 +378,7 @@ class PERunner:
         """End this PE's sources at the next loop turn (a graceful stop); False if it has none."""
         live = [d for d in self.sources if not d.ended]
         for driver in live:
-            driver.source = _Exhausted(driver.source)
+            driver.drain()
         self.inbox.event.set()
         return bool(live)
 
@@ -436,8 +414,7 @@ class PERunner:
     def take_dead_letters(self) -> list[DeadLetter]:
         if self.chain is None or not self.chain.dead_letters:
             return []
-        taken, self.chain.dead_letters = self.chain.dead_letters, []
-        return taken
+        return self.chain.take_dead_letters()
 
 
 def _replay(channel: ChannelOut, kind: int, payload: Any) -> None:
@@ -448,13 +425,3 @@ def _replay(channel: ChannelOut, kind: int, payload: Any) -> None:
         channel.watermark(payload)
     elif kind == END:
         channel.end()
-
-
-class _Exhausted:
-    """Stands in for a drained source: reads nothing more, so the PE ends it."""
-
-    def __init__(self, source: Source) -> None:
-        self.ts_field, self.max_delay, self.rate = source.ts_field, source.max_delay, None
-
-    def read(self, n: int) -> None:
-        return None

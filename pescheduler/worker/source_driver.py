@@ -40,6 +40,19 @@ class SourceDriver:
         self.paused = False        # a reconfiguration is in progress: read nothing
         self.rejected: list = []   # dead letters from the source (malformed input), for the chain
 
+    def pause(self) -> None:
+        """Read nothing until the PE goes away (a reconfiguration aligns it)."""
+        self.paused = True
+
+    def drain(self) -> None:
+        """End the source at the next read, as if exhausted (a graceful stop)."""
+        self.source = _Exhausted(self.source)
+
+    def take_rejected(self) -> list:
+        """The source's dead letters since the last call (malformed input), for the chain."""
+        taken, self.rejected = self.rejected, []
+        return taken
+
     def snapshot(self) -> dict:
         """Position and watermark progress (the source's own offset is in its snapshot)."""
         return {"max_ts": self.max_ts, "emitted_wm": self.emitted_wm, "count": self.count,
@@ -97,8 +110,7 @@ def pump(driver: SourceDriver, chain: "Chain") -> int | None:
     if node is not None:
         node.stats.busy_s += perf_counter() - t0        # source code is busy time
     if driver.rejected:
-        chain.reject(driver.op_id, driver.rejected)
-        driver.rejected = []
+        chain.reject(driver.op_id, driver.take_rejected())
     if batch is None:
         chain.end_from(driver.op_id)
         return None
@@ -108,3 +120,13 @@ def pump(driver: SourceDriver, chain: "Chain") -> int | None:
     if wm is not None:
         chain.watermark_from(driver.op_id, wm)
     return len(batch)
+
+
+class _Exhausted:
+    """Stands in for a drained source: reads nothing more, so the PE ends it."""
+
+    def __init__(self, source: Source) -> None:
+        self.ts_field, self.max_delay, self.rate = source.ts_field, source.max_delay, None
+
+    def read(self, n: int) -> None:
+        return None

@@ -80,9 +80,9 @@ def test_rate_propagates_selectivity_and_leaves_light_operators_alone():
 
 def test_rate_takes_a_declared_source_rate_and_sizes_undeclared_blocked_sources_up_2x_per_step():
     sim = chain()
-    src = sim.placement.plan.ops["op0"]
-    plan = sim.placement.plan
-    declared = replace(sim.placement, plan=replace(plan, ops=MappingProxyType(
+    plan = sim.placement.logical
+    src = plan.ops["op0"]
+    declared = replace(sim.placement, logical=replace(plan, ops=MappingProxyType(
         {**plan.ops, "op0": replace(src, params=MappingProxyType({**src.params, "rate": 5000}))})))
     ops = steady(declared, 1000, {"op2": 0.5})
     snap = snapshot(declared, ops, {"op0": {"backpressure": 0.99}})
