@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 
 from pescheduler.actions import Action, BorrowHosts, Fuse, Move, Replicate, ReturnHost, Split
+from pescheduler.plan.transforms import can_fuse
 from pescheduler.plugins import hookimpl
 
 from ._common import View, history, seconds, setting, take_slots
@@ -176,6 +177,8 @@ def _fusions(view, pes, cpu, resources, lower, ceiling) -> list[Action]:
                 continue
             if placement.pes[a].host in borrowed and placement.pes[b].host not in borrowed:
                 a, b = b, a                  # keep the PE that is not on a borrowed host where it is
+            if can_fuse(placement, a, b) is not None:
+                continue                     # the transform would refuse it (e.g. a copied operator)
             wa, wb = pes[a].worker, pes[b].worker
             after = cpu.get(wa, pes[a].busy) + (pes[b].busy if wb != wa else 0.0)
             if after >= ceiling:             # b joins a's worker: it must not crowd it

@@ -9,22 +9,28 @@ Read :data:`PHASES` to know the compiler::
               history exists: traffic shrinks along filters)
     place     spread PEs over workers in topological order; standard slots on every host
 
-Each phase is a function ``(state, context) -> state``.
+Each phase is a typed function ``(input, context) -> output`` (the output of
+one is the input of the next: ``Application -> LogicalPlan -> LogicalPlan ->
+Placement -> Placement``) and logs what it did on ``pescheduler.plan.compiler``
+at INFO.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Callable
 
 from .. import config
 from .app import Application
 from ..errors import InvalidApplication
 from ..operator import Parallelism
-from .placement import PE, LogicalOp, LogicalPlan, Placement, pe_name
+from .placement import PE, LogicalOp, LogicalPlan, Placement
 from ..plugins import Plugins, UnknownOperatorError
-from .transforms import with_slots
+from .transforms import can_fuse, fused, with_slots
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,7 +61,10 @@ def validate(app: Application, ctx: CompileContext) -> LogicalPlan:
                                     node.key_field)
     _check_shape(app, ops)
     edges = tuple((src, port, op.op_id) for op in ops.values() for src, port in op.inputs)
-    return LogicalPlan(app.name, MappingProxyType(_topological(ops)), edges)
+    plan = LogicalPlan(app.name, MappingProxyType(_topological(ops)), edges)
+    logger.info("validate %s: %d operators, %d edges, in order %s", app.name, len(plan.ops), len(edges),
+                " ".join(plan.ops))
+    return plan
 
 
 def _check_shape(app: Application, ops: dict[str, LogicalOp]) -> None:
@@ -102,25 +111,29 @@ def annotate(plan: LogicalPlan, ctx: CompileContext) -> LogicalPlan:
                 ops[op_id] = replace(op, key_field=keys.pop())
             elif not keys and op.parallelism is Parallelism.KEYED and op.params.get("key") is not None:
                 ops[op_id] = replace(op, key_field=op.params["key"])     # window(key=...), pattern(key=...)
+    keyed = {o: op.key_field for o, op in ops.items() if op.key_field is not None and plan.ops[o].key_field is None}
+    logger.info("annotate %s: key fields %s", plan.app_name,
+                ", ".join(f"{o} <- {k!r}" for o, k in keyed.items()) or "none added")
     return replace(plan, ops=MappingProxyType(ops))
 
 
 def fuse(plan: LogicalPlan, ctx: CompileContext) -> Placement:
-    """Group operators into PEs (not yet on workers), at most one PE per worker slot."""
-    groups = [[op_id] for op_id in plan.ops]
+    """Group operators into PEs (not yet on workers), at most one PE per worker slot.
+
+    Starts from one PE per operator and fuses, across the edge nearest a sink
+    first, pairs that :func:`~pescheduler.plan.transforms.can_fuse` allows.
+    """
+    placement = Placement(plan, MappingProxyType({op: PE((op,)) for op in plan.ops}))
     slots = max(1, len(ctx.workers))
     depth = _depth_to_sink(plan)
-    while len(groups) > slots:
-        edge = _edge_nearest_sink(plan, groups, depth)
-        if edge is None:
+    while len(placement.pes) > slots:
+        pair = _edge_nearest_sink(placement, depth)
+        if pair is None:
             break
-        a, b = edge
-        groups[a].extend(groups[b])
-        del groups[b]
-    order = {op: i for i, op in enumerate(plan.ops)}
-    groups.sort(key=lambda g: min(order[o] for o in g))
-    pes = {pe_name(plan, g): PE(tuple(sorted(g, key=order.__getitem__))) for g in groups}
-    return Placement(plan, MappingProxyType(pes))
+        placement = fused(placement, *pair)
+    logger.info("fuse %s: %d PEs for %d worker(s): %s", plan.app_name, len(placement.pes), slots,
+                " | ".join(placement.pes))
+    return placement
 
 
 def _depth_to_sink(plan: LogicalPlan) -> dict[str, int]:
@@ -132,17 +145,19 @@ def _depth_to_sink(plan: LogicalPlan) -> dict[str, int]:
     return depth
 
 
-def _edge_nearest_sink(plan: LogicalPlan, groups: list[list[str]], depth: dict[str, int]):
-    """The pair of groups joined by the edge whose consumer is closest to a sink."""
-    group_of = {op: i for i, g in enumerate(groups) for op in g}
+def _edge_nearest_sink(placement: Placement, depth: dict[str, int]) -> tuple[str, str] | None:
+    """The PEs joined by the edge whose consumer is closest to a sink (and that may fuse),
+    the one holding the earlier operator first."""
+    plan = placement.logical
     best = None
     for src, _port, dst in plan.edges:
-        a, b = group_of[src], group_of[dst]
+        a, b = placement.pe_of(src), placement.pe_of(dst)
         if a == b:
             continue
         rank = (depth[dst], -plan.order.index(dst))
-        if best is None or rank < best[0]:
-            best = (rank, (min(a, b), max(a, b)))
+        if (best is None or rank < best[0]) and can_fuse(placement, a, b) is None:
+            first = min((a, b), key=lambda p: plan.order.index(placement.pes[p].operators[0]))
+            best = (rank, (first, b if first == a else a))
     return None if best is None else best[1]
 
 
@@ -156,22 +171,28 @@ def place(placement: Placement, ctx: CompileContext) -> Placement:
         pes[pe_id] = replace(pe, worker=worker, host=ctx.hosts.get(worker, ""))
     placed = replace(placement, pes=MappingProxyType(pes), workers=tuple(ctx.workers),
                      hosts=MappingProxyType(dict(ctx.hosts)))
-    return with_slots(placed, int(config.get("standard.slots-per-host")))
+    slotted = with_slots(placed, int(config.get("standard.slots-per-host")))
+    logger.info("place %s: %s; %d standard slot(s)", placement.logical.app_name,
+                ", ".join(f"{p} on {pe.worker}" for p, pe in slotted.pes.items()), len(slotted.slots))
+    return slotted
 
 
-PHASES: list[tuple[str, Callable]] = [
+PHASES: tuple[
+    tuple[str, Callable[[Application, CompileContext], LogicalPlan]],
+    tuple[str, Callable[[LogicalPlan, CompileContext], LogicalPlan]],
+    tuple[str, Callable[[LogicalPlan, CompileContext], Placement]],
+    tuple[str, Callable[[Placement, CompileContext], Placement]],
+] = (
     ("validate", validate),
     ("annotate", annotate),
     ("fuse", fuse),
     ("place", place),
-]
+)
 
 
 def compile_app(app: Application, plugins: Plugins, workers: list[str] | tuple[str, ...],
                 hosts: dict[str, str] | None = None) -> Placement:
-    """Run the phases and place the result on ``workers``."""
+    """Run the phases in order and place the result on ``workers``."""
     ctx = CompileContext(plugins, tuple(workers), dict(hosts or {}))
-    state: Any = app
-    for _name, phase in PHASES:
-        state = phase(state, ctx)
-    return state
+    (_, validate_), (_, annotate_), (_, fuse_), (_, place_) = PHASES
+    return place_(fuse_(annotate_(validate_(app, ctx), ctx), ctx), ctx)

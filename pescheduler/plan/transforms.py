@@ -33,17 +33,51 @@ def _worker(placement: Placement, worker: str) -> str:
     return worker
 
 
+def can_fuse(placement: Placement, a: str, b: str) -> str | None:
+    """Why PEs ``a`` and ``b`` cannot become one PE, or None if they can.
+
+    The one fusion rule (as Ray Data's operator fusion), used by the
+    compiler's fuse phase, the fuse transform and the ``threshold`` policy.
+    Adjacency is not required: fused non-adjacent operators are wired like
+    any others. Guards, cheapest first; the first that fails is the reason:
+    """
+    # 1. both PEs exist in this plan (a policy may name one a previous action removed)
+    for pe_id in (a, b):
+        if pe_id not in placement.pes:
+            return f"unknown PE {pe_id!r}; PEs are: {', '.join(placement.pes)}"
+    # 2. two different PEs
+    if a == b:
+        return f"cannot fuse {a!r} with itself"
+    # 3. no copy: a copy lives on a standard slot and goes away by Release
+    if placement.pes[a].copy_of or placement.pes[b].copy_of:
+        return "copies are released, not fused"
+    # 4. an operator with copies keeps an input channel of its own: its routers send it a
+    #    share of their batches, which a channel also feeding another operator could not carry
+    inside = set(placement.pes[a].operators) | set(placement.pes[b].operators)
+    for op_id in placement.routes:
+        shared = _shared_inputs_in(placement, op_id, inside) if op_id in inside else []
+        if shared:
+            return (f"{op_id!r} has copies and would share its input channel with "
+                    f"{shared}; release its copies first")
+    return None
+
+
 def fuse(placement: Placement, action: Fuse) -> Placement:
-    """One PE with the operators of both, on ``pe_a``'s worker; adjacency is not required."""
-    a, b = _pe(placement, action.pe_a), _pe(placement, action.pe_b)
-    if action.pe_a == action.pe_b:
-        raise ActionRefused(f"cannot fuse {action.pe_a!r} with itself")
-    if a.copy_of or b.copy_of:
-        raise ActionRefused("copies are released, not fused")
+    """One PE with the operators of both, on ``pe_a``'s worker (see :func:`can_fuse`)."""
+    reason = can_fuse(placement, action.pe_a, action.pe_b)
+    if reason is not None:
+        raise ActionRefused(reason)
+    return fused(placement, action.pe_a, action.pe_b)
+
+
+def fused(placement: Placement, pe_a: str, pe_b: str) -> Placement:
+    """The plan with PEs ``pe_a`` and ``pe_b`` made one, on ``pe_a``'s worker; unchecked
+    (callers ask :func:`can_fuse` first)."""
+    a, b = placement.pes[pe_a], placement.pes[pe_b]
     operators = a.operators + b.operators
-    pes = {k: v for k, v in placement.pes.items() if k not in (action.pe_a, action.pe_b)}
+    pes = {k: v for k, v in placement.pes.items() if k not in (pe_a, pe_b)}
     pes[pe_name(placement.plan, operators)] = PE(_ordered(placement, operators), a.worker, a.host)
-    return _routable(placement.with_pes(_in_order(placement, pes)))
+    return placement.with_pes(_in_order(placement, pes))
 
 
 def split(placement: Placement, action: Split) -> Placement:
@@ -242,8 +276,11 @@ def _implements(cls: type, *methods: str) -> bool:
 def _shared_inputs(placement: Placement, op_id: str) -> list[str]:
     """Other operators in ``op_id``'s PE fed by the same remote port: one channel serves both,
     so a router could not send part of it to ``op_id`` alone."""
-    pe = placement.pes[placement.pe_of(op_id)]
-    inside = set(pe.operators)
+    return _shared_inputs_in(placement, op_id, set(placement.pes[placement.pe_of(op_id)].operators))
+
+
+def _shared_inputs_in(placement: Placement, op_id: str, inside: set[str]) -> list[str]:
+    """:func:`_shared_inputs` for ``op_id`` in a PE of the operators ``inside``."""
     mine = {(s, p) for s, p, d in placement.plan.edges if d == op_id and s not in inside}
     return sorted({d for s, p, d in placement.plan.edges
                    if (s, p) in mine and d != op_id and d in inside})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from pescheduler import Application
@@ -108,3 +110,11 @@ def test_place_without_workers_is_an_error(plugins):
     c = ctx(plugins, n_workers=0)
     with pytest.raises(InvalidApplication, match="no workers"):
         place(fuse(validate(chain_app(1), c), c), c)
+
+
+def test_each_phase_logs_what_it_did(plugins, caplog):
+    with caplog.at_level(logging.INFO, logger="pescheduler.plan.compiler"):
+        compile_app(chain_app(2), plugins, ["tcp://a", "tcp://b"], {"tcp://a": "h1", "tcp://b": "h1"})
+    lines = [r.getMessage() for r in caplog.records if r.name == "pescheduler.plan.compiler"]
+    assert [line.split()[0] for line in lines] == [name for name, _ in PHASES]
+    assert "operators" in lines[0] and "PEs for 2 worker(s)" in lines[2] and " on tcp://" in lines[3]

@@ -307,3 +307,18 @@ def test_copy_adds_no_copies_for_a_hot_key_the_others_idle_beside():
     assert busy[0] == pytest.approx(1.0) and max(busy[1:]) < 0.5        # the hot key group saturates one
     assert copy.decide(snap, sim.placement, {}, {}) == []
     assert rate.pescheduler_policy_decide(snap, sim.placement, sim.resources(), {}) == []   # sized right already
+
+
+def test_threshold_proposes_no_fusion_the_fuse_transform_would_refuse():
+    from pescheduler.plan.transforms import can_fuse
+
+    graph = {"src": SimOperator(1e-5), "a": SimOperator(1e-5), "b": SimOperator(1e-5), "sink": SimOperator(1e-5)}
+    sim = Simulation(graph, [("src", "a"), ("src", "b"), ("a", "sink"), ("b", "sink")], hosts=3, slots_per_host=1)
+    assert sim.apply(Replicate("a", 1))
+    pl = sim.placement
+    assert can_fuse(pl, "a", "b") is not None           # a's copy needs an input channel of its own
+    ops = steady(pl, 100, {"src": 0.6, "a": 0.1, "b": 0.1, "sink": 0.6, "a#1": 0.1})   # only a, b cold
+    actions = threshold.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {})
+    fuses = [(f.pe_a, f.pe_b) for f in actions if isinstance(f, Fuse)]
+    assert ("a", "b") not in fuses and ("b", "a") not in fuses
+    assert all(can_fuse(pl, a, b) is None for a, b in fuses)

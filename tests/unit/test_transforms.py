@@ -154,3 +154,45 @@ def test_keyed_copies_split_the_key_groups_evenly():
     assert len(groups["running_sum-3"]) == len(groups["running_sum-3#1"]) == KEY_GROUPS // 2
     with pytest.raises(ActionRefused, match="KEYED"):
         transform(pl, Replicate("running_sum-3", 1, routers=("key_by-2",)))
+
+
+# -- can_fuse: the one fusion rule ------------------------------------------------------------
+
+def _diamond():
+    """numbers-1 feeds tag-2 and tag-3 (both to print-4); tag-2 is copied."""
+    app = Application("d")
+    src = app.source("numbers")
+    a, b = src.apply("tag", tag="a"), src.apply("tag", tag="b")
+    a.sink("print")
+    b.sink("print")
+    placement = compile_app(app, load_plugins(["support_ops"]), ["tcp://a", "tcp://b", "tcp://c", "tcp://d", "tcp://e"],
+                            {w: f"h-{w[-1]}" for w in ("tcp://a", "tcp://b", "tcp://c", "tcp://d", "tcp://e")})
+    return transform(placement, Replicate("tag-2", 1))
+
+
+def test_can_fuse_gives_the_first_guard_that_fails_and_the_fuse_transform_refuses_with_it():
+    from pescheduler.plan.transforms import can_fuse
+
+    pl = _diamond()
+    assert can_fuse(pl, "nope", "tag-2") == f"unknown PE 'nope'; PEs are: {', '.join(pl.pes)}"
+    assert can_fuse(pl, "tag-3", "tag-3") == "cannot fuse 'tag-3' with itself"
+    assert can_fuse(pl, "tag-2#1", "tag-3") == "copies are released, not fused"
+    assert can_fuse(pl, "tag-2", "tag-3") == ("'tag-2' has copies and would share its input channel with "
+                                              "['tag-3']; release its copies first")
+    assert can_fuse(pl, "tag-2", "print-4") is None and can_fuse(pl, "numbers-1", "tag-2") is None
+    for a, b in (("tag-3", "tag-3"), ("tag-2#1", "tag-3"), ("tag-2", "tag-3")):
+        with pytest.raises(ActionRefused) as refused:
+            transform(pl, Fuse(a, b))
+        assert str(refused.value) == can_fuse(pl, a, b)
+
+
+def test_the_compiler_fuses_only_what_can_fuse_allows(monkeypatch):
+    from pescheduler.plan import compiler
+
+    app = Application("t")
+    app.source("numbers").apply("tag", tag="1").apply("tag", tag="2").sink("print")
+    plugins = load_plugins(["support_ops"])
+    assert list(compile_app(app, plugins, ["tcp://a", "tcp://b"]).pes) == ["numbers-1", "tag-2->tag-3->print-4"]
+    # refuse fusing into the sink's PE: the edge nearest the sink is skipped, the next one fused
+    monkeypatch.setattr(compiler, "can_fuse", lambda pl, a, b: "no" if "print-4" in (a, b) else None)
+    assert list(compile_app(app, plugins, ["tcp://a", "tcp://b"]).pes) == ["numbers-1->tag-2->tag-3", "print-4"]
