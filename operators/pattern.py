@@ -56,7 +56,7 @@ from operator import itemgetter
 from typing import Any, Callable
 
 from pescheduler.operator import MIN_WATERMARK
-from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
+from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism, per_instance
 from pescheduler.timeutil import parse_duration
 
 _TOKEN = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|([()|+*?]))")
@@ -156,7 +156,9 @@ class Pattern(Operator):
     """NFA pattern matching over an event-time stream; see the module docstring."""
 
     name = "pattern"
-    parallelism = Parallelism.KEYED
+    # planned as KEYED; an instance is SINGLETON until it has a key (key= or, at open, a key_by's)
+    parallelism = per_instance(Parallelism.KEYED,
+                               lambda op: Parallelism.SINGLETON if op._key is None else Parallelism.KEYED)
     outputs = ("late",)
 
     def __init__(self, pattern: str, define: dict[str, Callable], do: dict[str, Callable] | None = None,
@@ -190,7 +192,6 @@ class Pattern(Operator):
 
     def _set_key(self, key: str | Callable | None) -> None:
         self._key = itemgetter(key) if isinstance(key, str) else key
-        self.parallelism = Parallelism.SINGLETON if key is None else Parallelism.KEYED
 
     def open(self, context: OperatorContext) -> None:
         super().open(context)

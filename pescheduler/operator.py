@@ -59,6 +59,33 @@ class Parallelism(enum.Enum):
     SINGLETON = "singleton"
 
 
+class per_instance:
+    """A ``parallelism`` that differs between instances of one class (the one way to declare it).
+
+    The planner has no instance: it reads the class (``cls.parallelism``), which
+    gives ``declared``, what instances may be at most. The runtime reads each
+    instance (``op.parallelism``), which gives ``of(op)``, decided by the
+    instance's parameters and, after ``open``, its context. For example
+    ``pattern`` is KEYED when it has a key, else SINGLETON::
+
+        parallelism = per_instance(Parallelism.KEYED,
+                                   lambda op: Parallelism.SINGLETON if op._key is None else Parallelism.KEYED)
+
+    Assigning ``op.parallelism`` is refused: the value is derived, never set.
+    """
+
+    def __init__(self, declared: Parallelism, of: Callable[[Any], Parallelism]) -> None:
+        self.declared = declared
+        self.of = of
+
+    def __get__(self, op: Any, cls: type | None = None) -> Parallelism:
+        return self.declared if op is None else self.of(op)
+
+    def __set__(self, op: Any, value: Any) -> None:
+        raise AttributeError(f"{type(op).__name__}.parallelism is derived per instance (per_instance); "
+                             f"change what it is derived from")
+
+
 class Emitter(list):
     """The ``emit`` an operator receives: a list the operator appends to.
 
@@ -127,8 +154,9 @@ class OperatorContext:
 class Operator:
     """Base class of every operator plug-in.
 
-    Subclasses set ``name`` (the registry name) and ``parallelism``, and
-    implement ``process``. The rest has safe defaults. Constructor arguments
+    Subclasses set ``name`` (the registry name) and ``parallelism`` (a class
+    attribute; :class:`per_instance` when instances differ), and implement
+    ``process``. The rest has safe defaults. Constructor arguments
     are captured automatically, so ``parameters()`` returns what a copy needs
     (``type(op)(**op.parameters())`` behaves like ``op``) unless overridden.
     """
@@ -217,12 +245,23 @@ class Operator:
         raise NotImplementedError(f"{type(self).__name__} is not MERGEABLE")
 
     def absorb(self, partials: list, emit: "Emitter") -> None:
-        """MERGEABLE only, on the original: fold partials from a copy into this instance's state."""
-        raise NotImplementedError(f"{type(self).__name__} is not MERGEABLE")
+        """MERGEABLE only, on the original: fold partials from a copy into this instance's state.
+
+        The runtime calls this with each batch of partials a copy sends. By
+        default the partials are merged with :meth:`combine`, the state being
+        one more partial: ``restore(combine([snapshot(), *partials]))``. An
+        operator whose partials have the shape of its state (a monoid, as
+        Flink's ``AggregateFunction.merge``) implements ``take_partials`` and
+        ``combine`` only; others override this.
+        """
+        if getattr(type(self).combine, "__func__", None) is Operator.combine.__func__:
+            raise NotImplementedError(f"{type(self).__name__} is not MERGEABLE (implement absorb or combine)")
+        self.restore(type(self).combine([self.snapshot(), *partials]))
 
     @classmethod
     def combine(cls, partials: list) -> Any:
-        """MERGEABLE only: merge partial results of copies (a helper for ``absorb``)."""
+        """MERGEABLE only: one partial merging ``partials`` (the default :meth:`absorb` merges
+        a copy's partials into the original's state with it)."""
         raise NotImplementedError(f"{cls.__name__} is not MERGEABLE")
 
     def __repr__(self) -> str:

@@ -248,9 +248,11 @@ def _replicable(placement: Placement, op_id: str):
         if not _implements(op.cls, "split_state", "merge_states"):
             raise ActionRefused(f"{op_id!r} ({op.cls.__name__}) is KEYED but does not implement "
                                 f"split_state/merge_states, so its state cannot move between copies")
-    if op.parallelism is Parallelism.MERGEABLE and not _implements(op.cls, "take_partials", "absorb"):
+    if op.parallelism is Parallelism.MERGEABLE and not (
+            _implements(op.cls, "take_partials") and
+            (_implements(op.cls, "absorb") or _implements(op.cls, "combine"))):
         raise ActionRefused(f"{op_id!r} ({op.cls.__name__}) is MERGEABLE but does not implement "
-                            f"take_partials/absorb")
+                            f"take_partials and absorb (or combine)")
     shared = _shared_inputs(placement, op_id)
     if shared:
         raise ActionRefused(f"{op_id!r} shares its input channel with {shared} in PE "
