@@ -1,19 +1,19 @@
 """A processing element at run time: its chain, inputs, outputs and loop.
 
 Where a PE runs, and why: on the worker's event loop, yielding after every
-batch. Measured on this kind of machine, a saturated PE there still let the
-worker answer control calls in 1.2 ms p50 / 3.1 ms p99; in a dedicated thread
-the GIL pushed that to 6.7 / 81 ms. The loop bounds how long it holds the
-event loop (``pescheduler.pe.time-slice-ms``) so heartbeats keep flowing.
+batch (turns.py has the measurements and when a PE moves to a thread). The
+loop bounds how long it holds the event loop (``pescheduler.pe.time-slice-ms``)
+so heartbeats keep flowing. Its parts live beside it: the source pump
+(source_driver.py), marker alignment (aligner.py), turns (turns.py), and the
+wire specs it is built from (specs.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import traceback
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from time import perf_counter
 from typing import Any, Callable
@@ -25,9 +25,9 @@ from ..operator import DeadLetter, OperatorContext, Source
 from .aligner import Aligner
 from .source_driver import SourceDriver, pump
 from .specs import InputSpec, OutputSpec, PESpec
+from .turns import Turns
 
 SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked again
-THREAD_AFTER_S = 0.1     # a turn this long means an operator blocks or runs long: give the PE a thread
 RELIEF_BATCHES = 2       # backlog (in credit windows) a PE may build on a blocked channel while taking input
 
 
@@ -53,12 +53,7 @@ class PERunner:
             if driver.op_id in spec.restore:
                 driver.restore(spec.restore[driver.op_id]["driver"])
         self.stopping = False                      # set by stop(): the loop ends at its next turn
-        self._thread: ThreadPoolExecutor | None = None    # set when operators block or run long
-        self.spare_thread = spare_thread           # a standard slot's warm thread (copies)
-        self._inflight: Future | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self.threaded_because = ""
+        self.turns = Turns(spec.pe_id, spec.time_slice_s, spare_thread)   # on the loop or in a thread
         self.aligner = Aligner()                   # markers seen, alignment (see aligner.py)
         self.on_change = on_change                 # the PE host's: a PE changed state
         self.state = "created"
@@ -106,7 +101,7 @@ class PERunner:
 
     # -- the loop -------------------------------------------------------------------
     def start(self) -> asyncio.Task:
-        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        self.turns.bind()
         self.state = "running"
         self.task = asyncio.create_task(self.run(), name=f"pe {self.pe_id}")
         return self.task
@@ -120,7 +115,7 @@ class PERunner:
                 op.open(OperatorContext(op_id=op_id, pe_id=self.pe_id, worker=self.worker_address,
                                         key_field=key_field, extra={"inputs": inputs}))
             while not self.chain.finished and not self.stopping:
-                progressed = await self._step()
+                progressed = await self.turns.run(self._work)
                 await self._flush()
                 if progressed:
                     await asyncio.sleep(0)          # let the worker answer its calls
@@ -137,45 +132,13 @@ class PERunner:
             self.state = "failed"
             self.error = f"PE {self.pe_id} on {self.worker_address} failed:\n{traceback.format_exc()}"
         finally:
-            if self._inflight is not None and not self._inflight.done():
-                self._inflight.result()         # never close operators under a running turn
-            if self._thread is not None:
-                self._thread.shutdown(wait=False)
+            self.turns.close()                  # never close operators under a running turn
             self.chain.close()
             for _spec, channel in self.outs:
                 await channel.close()
 
-    async def _step(self) -> bool:
-        """One turn of work: on the event loop, or in this PE's thread once a turn ran long.
-
-        A turn longer than twice the time slice (and than ``THREAD_AFTER_S``)
-        means an operator blocks or runs long; from then on the PE works in its own thread (order kept:
-        one thread, one turn at a time) so the worker's event loop keeps
-        answering heartbeats and control calls. Anything that touches loop
-        objects (credit grants, events) is handed to the loop thread-safely.
-        """
-        if self._thread is None:
-            t0 = perf_counter()
-            progressed = self._work()
-            took = perf_counter() - t0
-            if took > max(2 * self.spec.time_slice_s, THREAD_AFTER_S):
-                self.threaded_because = f"a turn took {took * 1000:.0f} ms"
-                self._thread = self.spare_thread or ThreadPoolExecutor(1, thread_name_prefix=f"pe-{self.pe_id}")
-        else:
-            self._inflight = self._thread.submit(self._work)
-            progressed = await asyncio.wrap_future(self._inflight)
-            self._inflight = None
-        return progressed
-
     def _work(self) -> bool:
         return self._read_sources() | self._read_inbox()
-
-    def _on_loop(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the event loop: now if called there, else scheduled thread-safely."""
-        if self._loop is None or threading.get_ident() == self._loop_thread:
-            fn()
-        else:
-            self._loop.call_soon_threadsafe(fn)
 
     def _read_sources(self) -> bool:
         progressed = False
@@ -202,7 +165,7 @@ class PERunner:
                     self.first_input_at = time.time()
                 self.inbox.data_batches -= 1
                 batch = decode(payload) if isinstance(payload, bytes) else payload
-                self._on_loop(channel.grant)    # per batch, so the sender keeps pipelining
+                self.turns.on_loop(channel.grant)    # per batch, so the sender keeps pipelining
                 channel.tuples += len(batch)
                 chain.emit_from(channel.src_op, batch, channel.port)
             elif kind == WATERMARK:
@@ -258,7 +221,7 @@ class PERunner:
         """A marker arrived behind all data before it on ``channel``: note it, maybe align."""
         self.aligner.arrived(channel.channel_id, marker)
         self._check_aligned()
-        self._on_loop(self.on_change)
+        self.turns.on_loop(self.on_change)
 
     def begin_align(self, marker: Any, release: bool = False) -> None:
         """Pause this PE's sources and align its operators on ``marker`` (see aligner.py).
@@ -273,7 +236,7 @@ class PERunner:
 
     def _check_aligned(self) -> None:
         if self.aligner.advance(self.chain, self.receivers.values()):
-            self._on_loop(self.on_change)
+            self.turns.on_loop(self.on_change)
 
     def _op_aligned(self, op_id: str, marker: Any, release: bool) -> None:
         """``op_id`` aligned: its output channels carry the marker on, then hold."""
@@ -284,7 +247,7 @@ class PERunner:
                 channel.hold(marker)
         # Wake the loop so the marker ships now: another PE may need it
         # before it can send what this PE's other operators wait for.
-        self._on_loop(self.inbox.event.set)
+        self.turns.on_loop(self.inbox.event.set)
 
     def hold(self, channel_ids: list[str], marker: Any) -> None:
         """Send ``marker`` on these output channels, then hold them until rewired."""
@@ -397,7 +360,7 @@ class PERunner:
             "elapsed_s": perf_counter() - self.started_at if self.started_at else 0.0,
             "idle_s": self.idle_s + (perf_counter() - self._idle_since if self._idle_since else 0.0),
             "backpressure_s": sum(ch.gate.blocked_s for _s, ch in self.outs),
-            "threaded": bool(self._thread), "threaded_because": self.threaded_because,
+            "threaded": bool(self.turns.thread), "threaded_because": self.turns.threaded_because,
             "first_input_at": self.first_input_at,
             "routers": self.chain.router_counts() if self.chain else {},
             "queue_batches": self.inbox.data_batches,

@@ -1,0 +1,42 @@
+"""A PE's turns run on the event loop until one runs long, then in a thread of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from pescheduler.worker.turns import THREAD_AFTER_S, Turns
+
+
+def test_a_long_turn_moves_the_pe_to_its_thread_and_loop_work_is_handed_back():
+    async def main():
+        turns = Turns("pe-1", time_slice_s=0.01)
+        turns.bind()
+        loop_thread = threading.get_ident()
+        ran_in = []
+
+        def quick():
+            ran_in.append(threading.get_ident())
+            return True
+
+        def slow():
+            time.sleep(THREAD_AFTER_S * 1.5)
+            return False
+
+        assert await turns.run(quick) and turns.thread is None
+        assert not await turns.run(slow) and turns.thread is not None
+        assert turns.threaded_because.startswith("a turn took")
+        called_on = asyncio.get_running_loop().create_future()
+
+        def from_thread():
+            ran_in.append(threading.get_ident())
+            turns.on_loop(lambda: called_on.set_result(threading.get_ident()))
+            return True
+
+        assert await turns.run(from_thread)
+        assert await asyncio.wait_for(called_on, 5) == loop_thread     # handed back to the loop
+        assert ran_in[0] == loop_thread and ran_in[1] != loop_thread
+        turns.close()
+
+    asyncio.run(main())
