@@ -154,3 +154,20 @@ def test_keyed_copies_split_the_key_groups_evenly():
     assert len(groups["running_sum-3"]) == len(groups["running_sum-3#1"]) == KEY_GROUPS // 2
     with pytest.raises(ActionRefused, match="KEYED"):
         transform(pl, Replicate("running_sum-3", 1, routers=("key_by-2",)))
+
+
+def test_workers_join_and_leave_and_slots_are_added_after_the_highest_id(placement):
+    from pescheduler.plan.transforms import add_slot, add_workers, remove_workers, with_slots
+
+    grown = add_workers(placement, {"tcp://d": "hd", "tcp://a": "elsewhere"})
+    assert grown.workers == (*WORKERS, "tcp://d") and grown.hosts["tcp://d"] == "hd"
+    assert grown.hosts.get("tcp://a") == placement.hosts.get("tcp://a")        # already in: unchanged
+    slotted = add_slot(with_slots(grown, 1), "tcp://d")
+    assert slotted.slots[f"slot-{len(slotted.slots)}"].worker == "tcp://d"
+    assert slotted.slots[f"slot-{len(slotted.slots)}"].host == "hd"
+    fenced = remove_workers(slotted, {"tcp://d"})
+    assert "tcp://d" not in fenced.workers and "tcp://d" not in fenced.hosts
+    assert all(s.worker != "tcp://d" for s in fenced.slots.values()) and fenced.pes == slotted.pes
+    added = add_slot(fenced, "tcp://a").slots.keys() - fenced.slots.keys()
+    assert len(added) == 1 and int(added.pop().rsplit("-", 1)[1]) > max(
+        int(k.rsplit("-", 1)[1]) for k in fenced.slots)                          # numbered after the highest
