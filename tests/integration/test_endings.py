@@ -12,6 +12,7 @@ import time
 
 import dask
 import pytest
+from distributed import Client
 
 import pescheduler
 from pescheduler import Application, DeploymentFailed
@@ -21,6 +22,15 @@ pytestmark = pytest.mark.integration
 
 WAIT = 120          # a bound on every wait
 ENDS_WITHIN_S = 5   # issue 20 item 5: after a loss the run ends within this
+
+APP = """
+from pescheduler import Application
+
+app = Application("endless")
+(app.source("generator", events=None, keys=20, rate=5_000)
+    .key_by("car").window(size="1s", aggregates={{"n": ("count", "speed")}})
+    .sink("jsonl", path={out!r}))
+"""
 
 SLEEPY = """
 import time
@@ -34,11 +44,9 @@ def pescheduler_policy_decide(snapshot, placement, resources, config):
 
 
 def unbounded(path):
-    app = Application("endless")
-    (app.source("generator", events=None, keys=20, rate=5_000)
-        .key_by("car").window(size="1s", aggregates={"n": ("count", "speed")})
-        .sink("jsonl", path=str(path)))
-    return app
+    namespace: dict = {}
+    exec(APP.format(out=str(path)), namespace)       # the same app the CLI test deploys from a file
+    return namespace["app"]
 
 
 def test_a_policy_sleeping_20_s_is_skipped_then_quarantined_while_status_and_stop_keep_working(
@@ -87,7 +95,10 @@ def own_scheduler(tmp_path):
         procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--nthreads", "1",
                                        "--no-nanny", "--scheduler-file", str(spec)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        yield json.loads(spec.read_text())["address"], scheduler
+        address = json.loads(spec.read_text())["address"]
+        with Client(address, set_as_default=False, timeout=WAIT) as client:
+            client.wait_for_workers(1, timeout=WAIT)
+        yield address, scheduler
     finally:
         for p in procs:
             if p.poll() is None:
@@ -112,9 +123,7 @@ def test_a_killed_scheduler_ends_the_run_within_5_s_as_a_lost_scheduler(tmp_path
 
 def test_sigterm_drains_like_ctrl_c(tmp_path):
     out = tmp_path / "counts.jsonl"
-    (tmp_path / "app.py").write_text("import sys\nsys.path.insert(0, %r)\n" % os.path.dirname(__file__) +
-                                     "from test_endings import unbounded\n"
-                                     f"app = unbounded({str(out)!r})\n")
+    (tmp_path / "app.py").write_text(APP.format(out=str(out)))
     env = {**os.environ, "PESCHEDULER__STATE_FILE": str(tmp_path / "state.json")}
     deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
                                "--workers", "2", "--json", "--policy", "none"],
