@@ -11,15 +11,26 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 
+@dataclass(frozen=True)
+class Hold:
+    """Hysteresis a policy asks for: apply the action only once the policy has proposed it in
+    ``rounds`` control rounds in a row and for ``seconds`` since it first did. The controller
+    core counts (``control/controller.py``'s :class:`Hysteresis`), so policies stay stateless."""
+
+    rounds: int = 1
+    seconds: float = 0.0
+
+
 @dataclass(frozen=True, repr=False)
 class Action:
     reason: str = field(default="", kw_only=True)
     figures: Mapping[str, Any] = field(default_factory=dict, kw_only=True, compare=False)
+    hold: Hold | None = field(default=None, kw_only=True, compare=False)
 
     def __repr__(self) -> str:
         """``Split('map-2->filter-3', ('filter-3',))``: the arguments that matter, in order."""
         shown = [repr(getattr(self, f.name)) for f in fields(self)
-                 if f.name not in ("reason", "figures") and getattr(self, f.name) is not None]
+                 if f.name not in ("reason", "figures", "hold") and getattr(self, f.name) is not None]
         return f"{type(self).__name__}({', '.join(shown)})"
 
     @property

@@ -43,8 +43,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.run(args)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        return 143 if isinstance(exc, Terminated) else 130
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: handled as Ctrl-C is (drain, then stop), as Flink's and Kubernetes' graceful stop."""
+
+
+@contextmanager
+def _sigterm_drains() -> Iterator[None]:
+    """While a deployment runs, SIGTERM raises :class:`Terminated` in the main thread, so the
+    same ``finally: dep.stop()`` drains sources and flushes sinks (within its drain timeout)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise Terminated()
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -144,7 +165,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     info.print(f"running on {dep.scheduler_address}; `python -m pescheduler status` or `stop` from another "
                f"terminal{' with --cluster ' + dep.scheduler_address if args.cluster else ''}", soft_wrap=True)
     try:
-        final = _follow(dep, args, out)
+        with _sigterm_drains():
+            final = _follow(dep, args, out)
     except DeploymentFailed as exc:
         return _fail(err, f"{app.name} failed: {exc.reason}", 1)
     except KeyboardInterrupt:

@@ -126,15 +126,6 @@ def seconds(value: Any) -> float:
     return float(parse_timedelta(value, default="seconds"))
 
 
-def history(config: Mapping[str, Any], fallback: dict) -> dict:
-    """The policy's memory: ``config["history"]``, a dict the controller keeps per deployment.
-
-    Called without a controller (a test, a notebook), the module's ``fallback`` dict serves.
-    """
-    kept = config.get("history")
-    return kept if isinstance(kept, dict) else fallback
-
-
 def take_slots(free: list[str], n: int, avoid: str) -> int:
     """Take up to ``n`` of the ``free`` slot workers that are not ``avoid`` (a copy on its
     original's worker adds no core); ``free`` shrinks; returns how many were taken."""

@@ -5,7 +5,8 @@ operators watch where traffic goes; when it concentrates on one operator
 (a hot spot: a busy key range, a burst on one branch) the router asks for
 copies of that operator on warm standard slots and sends part of its
 traffic there. Copies go again once the concentration has been gone for
-``release-after``, so a hot spot that moves leaves nothing behind.
+``release-after`` (the Release's ``Hold``, counted by the controller), so a
+hot spot that moves leaves nothing behind.
 
 Here a router is an operator feeding others. Traffic concentrates on ``X``
 when an instance of ``X`` is busy ``hot`` of the time or more; the copies
@@ -24,28 +25,25 @@ from __future__ import annotations
 
 import math
 
-from pescheduler.actions import Action, Release, Replicate
+from pescheduler.actions import Action, Hold, Release, Replicate
 from pescheduler.operator import Parallelism
 from pescheduler.plugins import hookimpl
 
-from ._common import View, history, seconds, setting, take_slots
-
-_FALLBACK: dict = {}
+from ._common import View, seconds, setting, take_slots
 
 
 @hookimpl
 def pescheduler_policy_decide(snapshot, placement, resources, config):
     """Copies for hot operators, released after a calm spell; see the module docstring."""
-    return decide(snapshot, placement, config, history(config, _FALLBACK))
+    return decide(snapshot, placement, config)
 
 
-def decide(snapshot, placement, config, memory: dict) -> list[Action]:
+def decide(snapshot, placement, config) -> list[Action]:
     hot = float(setting(config, "hot", 0.8))
     calm = float(setting(config, "calm", 0.5))
     target = float(setting(config, "target", 0.7))
     release_after = seconds(setting(config, "release-after", "10s"))
     max_copies = int(setting(config, "max-copies", 4))
-    calm_since: dict = memory.setdefault("calm_since", {})
     actions: list[Action] = []
     view = View.of(snapshot, placement)
     spare = view.free_slots()
@@ -56,7 +54,6 @@ def decide(snapshot, placement, config, memory: dict) -> list[Action]:
         copies = now.instances - 1
         figures = {"hottest_busy": round(now.hottest, 3), "busy_cores": round(now.busy, 3), "copies": copies}
         if now.hottest >= hot:
-            calm_since.pop(op, None)
             # enough instances for the work at ``target`` each; none when the work is already spread
             # that thin and one instance is still hot (a hot key: copies cannot split it further)
             wanted = min(math.ceil(now.busy / target - 1e-9) - now.instances, max_copies - copies)
@@ -68,16 +65,12 @@ def decide(snapshot, placement, config, memory: dict) -> list[Action]:
                     f"(≥ {hot:.0%}); {n} cop{'y' if n == 1 else 'ies'} on standard slots"
                     + (f", exclusive to router {router[0]}" if router else ""))))
         elif copies and now.busy < calm and not view.backlogged(op):
-            since = calm_since.setdefault(op, snapshot.time)
-            if snapshot.time - since >= release_after:
-                calm_since.pop(op)
-                actions.append(Release(op, copies, figures={**figures, "calm_s": snapshot.time - since},
-                                       reason=(f"the concentration on {op} has been gone for "
-                                               f"{snapshot.time - since:.0f} s (all instances {now.busy:.0%} "
-                                               f"of a core < {calm:.0%}): its {copies} cop"
-                                               f"{'y goes' if copies == 1 else 'ies go'}")))
-        else:
-            calm_since.pop(op, None)
+            actions.append(Release(op, copies, figures={**figures, "calm_s": release_after},
+                                   hold=Hold(seconds=release_after),
+                                   reason=(f"the concentration on {op} has been gone for "
+                                           f"{release_after:.0f} s (all instances {now.busy:.0%} "
+                                           f"of a core < {calm:.0%}): its {copies} cop"
+                                           f"{'y goes' if copies == 1 else 'ies go'}")))
     return actions
 
 

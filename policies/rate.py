@@ -12,8 +12,9 @@ Scaling is in one step, up or down, through Replicate/Release of copies on
 standard slots. No change while the projected utilisation at the current size
 stays inside ``target ± tolerance``, so small swings are never chased. Up at
 once; down only after ``down-after`` windows in a row say so (one noisy
-window of a busy machine must not take copies away), and never while the
-operator is backlogged (its figures then understate its load, down to zero
+window of a busy machine must not take copies away: the Release carries a
+``Hold`` the controller counts, so the policy keeps no memory), and never
+while the operator is backlogged (its figures then understate its load, down to zero
 when it is stalled).
 
 The sources' offered rate is what DS2 takes as given. A source that declares
@@ -28,14 +29,13 @@ from __future__ import annotations
 
 import math
 
-from pescheduler.actions import Action, BorrowHosts, Release, Replicate
+from pescheduler.actions import Action, BorrowHosts, Hold, Release, Replicate
 from pescheduler.plugins import hookimpl
 
-from ._common import Load, View, history, hosts_for, setting, take_slots
+from ._common import Load, View, hosts_for, setting, take_slots
 
 
 MAX_BLOCKED = 0.5      # of a source's time counted as blocked when estimating its offered rate
-_FALLBACK: dict = {}   # the history when no controller passes config["history"]
 
 
 @hookimpl
@@ -46,7 +46,6 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
     max_copies = int(setting(config, "max-copies", 16))
     min_busy = float(setting(config, "min-busy", 0.02))
     down_after = int(setting(config, "down-after", 2))
-    lower: dict = history(config, _FALLBACK).setdefault("lower", {})   # op -> windows in a row wanting fewer
     if not snapshot.operators:
         return []
     view = View.of(snapshot, placement)
@@ -61,7 +60,6 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
         want = min(_instances(now, offered[op], target, min_busy), max_copies + 1)
         projected = _utilisation(now, offered[op], min_busy)
         if abs(projected - target) <= tolerance or want == now.instances:
-            lower.pop(op, None)
             continue
         figures = {"offered_in_per_s": round(offered[op], 3), "true_rate_per_s": round(_true_rate(now, min_busy), 3),
                    "instances": now.instances, "wanted": want, "projected_utilisation": round(projected, 3),
@@ -73,10 +71,8 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
                 actions.append(Replicate(op, n, figures=figures, reason=(
                     f"{op} is offered {offered[op]:.0f} t/s and processes {figures['true_rate_per_s']:.0f} t/s "
                     f"per busy second: {want} instances run it at {target:.0%} (it has {now.instances})")))
-        elif view.backlogged(op):                  # a backlog understates the load: never scale down on it
-            lower.pop(op, None)
-        elif _seen(lower, op, down_after):
-            actions.append(Release(op, now.instances - want, figures=figures, reason=(
+        elif not view.backlogged(op):              # a backlog understates the load: never scale down on it
+            actions.append(Release(op, now.instances - want, figures=figures, hold=Hold(rounds=down_after), reason=(
                 f"{op} is offered {offered[op]:.0f} t/s: {want} instance(s) run it at or under "
                 f"{target:.0%} (it has {now.instances}, projected {projected:.0%} each, "
                 f"{down_after} windows in a row)")))
@@ -108,15 +104,6 @@ def target_rates(view: View) -> dict[str, float]:
         selectivity = now.tuples_out / now.tuples_in if now.tuples_in > 0 else 1.0
         rate_out[op] = rate_in[op] * selectivity
     return rate_in
-
-
-def _seen(lower: dict, op: str, windows: int) -> bool:
-    """Count one more window wanting fewer instances of ``op``; True (and reset) at ``windows``."""
-    lower[op] = lower.get(op, 0) + 1
-    if lower[op] < windows:
-        return False
-    del lower[op]
-    return True
 
 
 def _true_rate(now: Load, min_busy: float) -> float:

@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import heapq
 
-from pescheduler.actions import Action, BorrowHosts, Fuse, Move, Replicate, ReturnHost, Split
+from pescheduler.actions import Action, BorrowHosts, Fuse, Hold, Move, Replicate, ReturnHost, Split
 from pescheduler.plan.transforms import can_fuse
 from pescheduler.plugins import hookimpl
 
-from ._common import View, history, seconds, setting, take_slots
+from ._common import View, seconds, setting, take_slots
 
 
 BLOCKED = 0.1       # backpressure above which a PE's busy understates its load
 HOPELESS = object()  # _relieve: over the bound, and neither room nor a new host would help
-_FALLBACK: dict = {}
 
 
 @hookimpl
@@ -69,8 +68,7 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
     if homeless and resources.lendable > 0 and not resources.pending_returns:
         actions.append(BorrowHosts(1, figures={"pes_without_room": homeless},
                                    reason=f"{homeless} PE(s) over {upper:.0%} and no worker or slot has room"))
-    actions += _returns(placement, resources, actions, snapshot.time, history(config, _FALLBACK),
-                        seconds(setting(config, "idle-return-after", "30s")))
+    actions += _returns(placement, resources, actions, seconds(setting(config, "idle-return-after", "30s")))
     return actions
 
 
@@ -192,17 +190,14 @@ def _fusions(view, pes, cpu, resources, lower, ceiling) -> list[Action]:
     return actions
 
 
-def _returns(placement, resources, planned, now: float, memory: dict, idle_s: float) -> list[Action]:
+def _returns(placement, resources, planned, idle_s: float) -> list[Action]:
     """Borrowed hosts that this decision's fusions empty, or that have run nothing (no PE, no
-    copy) for ``idle_s`` (a host just borrowed is empty until something moves there)."""
+    copy) for ``idle_s`` (a host just borrowed is empty until something moves there: the
+    ReturnHost's ``Hold``, counted by the controller)."""
     leaving = {a.pe_b for a in planned if isinstance(a, Fuse)}
     had = {placement.hosts.get(pe.worker, pe.host) for pe in placement.pes.values()}
     used = {placement.hosts.get(pe.worker, pe.host) for p, pe in placement.pes.items() if p not in leaving}
     used |= {s.host for s in placement.slots.values() if s.copies}
-    idle: dict = memory.setdefault("idle_since", {})
-    for h in list(idle):
-        if h in had or h not in resources.borrowed:
-            del idle[h]
     actions = []
     for h in resources.borrowed:
         if h in used:
@@ -210,7 +205,7 @@ def _returns(placement, resources, planned, now: float, memory: dict, idle_s: fl
         if h in had:
             actions.append(ReturnHost(h, figures={"pes_left": 0},
                                       reason=f"borrowed host {h} runs nothing once fused: return it"))
-        elif now - idle.setdefault(h, now) >= idle_s:
-            actions.append(ReturnHost(h, figures={"idle_s": now - idle[h]},
-                                      reason=f"borrowed host {h} has run nothing for {now - idle[h]:.0f} s"))
+        else:
+            actions.append(ReturnHost(h, figures={"idle_s": idle_s}, hold=Hold(seconds=idle_s),
+                                      reason=f"borrowed host {h} has run nothing for {idle_s:.0f} s"))
     return actions

@@ -16,6 +16,16 @@ refused action starts a cooldown on everything it touched; an action
 touching anything still cooling is *suppressed*, so no target flip-flops
 faster than ``pescheduler.policies.cooldown``.
 
+Policies are stateless: an action a policy wants applied only after it
+asked for it a while (fewer copies after ``down-after`` windows in a row)
+carries a :class:`~pescheduler.actions.Hold`, and :class:`Hysteresis` counts
+the rounds and seconds here, before merging. Each policy decides in a thread
+of its own with a deadline: a
+policy over it is skipped that round and quarantined after
+``pescheduler.policies.deadline-strikes`` rounds in a row (``isolation.py``). Each action is
+validated on return (:func:`invalid`: field types, targets that exist): an
+invalid one is *refused* with its reason, the policy's other actions go on.
+
 A policy that raises, or returns anything but a list of actions, is
 *quarantined*: never called again in this deployment, with the reason
 logged; the other policies go on. Every decision (applied, refused,
@@ -37,6 +47,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from .. import config
 from ..actions import (Action, BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split)
+from .isolation import Deadlines
 from ..errors import InvalidApplication
 from .monitor import MetricsSnapshot
 from ..plan.placement import Placement
@@ -70,7 +81,7 @@ class Decision:
 
     t: float                       # the snapshot's time
     policy: str
-    outcome: str                   # applied | refused | overruled | suppressed | quarantined
+    outcome: str                   # applied | refused | overruled | suppressed | skipped | quarantined
     action: Action | None = None
     detail: str = ""               # refusal reason, who overruled, cooldown left, the error
     pause_ms: float = 0.0
@@ -103,7 +114,7 @@ def run_policies(policies: Mapping[str, Policy], snapshot: MetricsSnapshot, plac
         try:
             answer = decide(snapshot, placement, resources, configs.get(name, {}))
         except Exception as exc:
-            failed[name] = "raised " + "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            failed[name] = _raised(exc)
             continue
         problem = _malformed(answer)
         if problem:
@@ -111,6 +122,10 @@ def run_policies(policies: Mapping[str, Policy], snapshot: MetricsSnapshot, plac
             continue
         proposals += [Proposal(name, rank, i, a) for i, a in enumerate(answer)]
     return proposals, failed
+
+
+def _raised(exc: BaseException) -> str:
+    return "raised " + "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
 def _malformed(answer: Any) -> str:
@@ -121,6 +136,77 @@ def _malformed(answer: Any) -> str:
         if not isinstance(a, Action) or type(a) not in PRIORITY:
             return f"returned {a!r:.80} in its list, which is not an action ({', '.join(k.__name__ for k in PRIORITY)})"
     return ""
+
+
+def invalid(action: Action, placement: Placement) -> str:
+    """Why ``action`` cannot be applied to ``placement`` as typed ("" when it can): a field of the
+    wrong type, or a PE, operator or worker that does not exist."""
+    pes, ops, workers = placement.pes, placement.plan.ops, placement.workers
+
+    def named(value, where, what: str) -> str:
+        if not isinstance(value, str):
+            return f"{what} is {type(value).__name__} {value!r:.60}, not a name"
+        return "" if value in where else f"{what} {value!r} does not exist"
+
+    def count(value, what: str) -> str:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        return "" if ok else f"{what} must be a whole number >= 1, not {value!r:.60}"
+
+    def names(values, where, what: str) -> str:
+        if values is None:
+            return ""
+        if not isinstance(values, tuple):
+            return f"{what} is {type(values).__name__}, not a tuple of names"
+        return next((p for v in values for p in [named(v, where, what[:-1])] if p), "")
+
+    if isinstance(action, Fuse):
+        checks = [named(action.pe_a, pes, "pe_a"), named(action.pe_b, pes, "pe_b")]
+    elif isinstance(action, Split):
+        checks = [named(action.pe, pes, "pe")]
+        if not checks[0]:
+            checks.append(names(action.operators, pes[action.pe].operators, "operators"))
+        if action.worker is not None:
+            checks.append(named(action.worker, workers, "worker"))
+    elif isinstance(action, Move):
+        checks = [named(action.pe, pes, "pe"), named(action.worker, workers, "worker")]
+    elif isinstance(action, (Replicate, Release)):
+        checks = [named(action.operator, ops, "operator"), count(action.copies, "copies"),
+                  names(action.routers, ops, "routers")]
+    elif isinstance(action, BorrowHosts):
+        checks = [count(action.n, "n")]
+    else:
+        checks = ["" if isinstance(action.host, str) else f"host is {type(action.host).__name__}, not a name"]
+    return next((c for c in checks if c), "")
+
+
+class Hysteresis:
+    """Actions held until asked for long enough (their :class:`~pescheduler.actions.Hold`).
+
+    Keyed by policy, kind and target: a round in which the policy does not ask
+    again starts the count over, and so does an action let through (the next
+    one is counted from scratch, as distributed's ``AdaptiveCore`` does with
+    ``wait_count``).
+    """
+
+    def __init__(self) -> None:
+        self.asked: dict[tuple, tuple[float, int]] = {}       # key -> (first asked, rounds in a row)
+
+    def admit(self, proposals: Iterable[Proposal], now: float) -> list[Proposal]:
+        """The proposals whose hold is over (and those without one); remembers the rest."""
+        ready, asked = [], {}
+        for p in proposals:
+            hold = p.action.hold
+            if hold is None:
+                ready.append(p)
+                continue
+            key = (p.policy, type(p.action).__name__, p.action.target)
+            first, rounds = self.asked.get(key, (now, 0))
+            if rounds + 1 >= hold.rounds and now - first >= hold.seconds:
+                ready.append(p)
+            else:
+                asked[key] = (first, rounds + 1)
+        self.asked = asked
+        return ready
 
 
 def touches(action: Action, placement: Placement) -> frozenset[str]:
@@ -223,8 +309,11 @@ class Controller:
                  configs: Mapping[str, Mapping] | None = None, cooldown_s: float = 5.0,
                  resources: Callable[[], ResourceView] = ResourceView, log_path: str | None = None,
                  on_decision: Callable[[Decision], None] = lambda d: None, deployment: str = "",
-                 keep: int = 1000) -> None:
+                 keep: int = 1000, deadline_s: float | None = None, strikes: int | None = None) -> None:
         self.policies = dict(policies)
+        self.deadlines = Deadlines(config.get_seconds("policies.deadline") if deadline_s is None else deadline_s,
+                                   int(config.get("policies.deadline-strikes")) if strikes is None else strikes)
+        self.hysteresis = Hysteresis()
         self.apply = apply
         self.configs = dict(configs) if configs is not None else policy_configs(self.policies)
         self.cooldown = Cooldown(cooldown_s)
@@ -239,17 +328,41 @@ class Controller:
     async def tick(self, snapshot: MetricsSnapshot, placement: Placement) -> list[Decision]:
         """One control round on ``snapshot``; returns this round's decisions."""
         self.ticks += 1
-        active = {n: p for n, p in self.policies.items() if n not in self.quarantined}
-        proposals, failed = run_policies(active, snapshot, placement, self.resources(), self.configs)
-        made = [Decision(snapshot.time, name, "quarantined", detail=why) for name, why in failed.items()]
-        self.quarantined.update(failed)
-        kept, lost = merge(proposals, placement)
+        proposals, made = await self._decide(snapshot, placement, self.resources())
+        checked = [(p, invalid(p.action, placement)) for p in proposals]
+        made += [Decision(snapshot.time, p.policy, "refused", p.action, f"invalid: {why}") for p, why in checked if why]
+        ready = self.hysteresis.admit([p for p, why in checked if not why], snapshot.time)
+        kept, lost = merge(ready, placement)
         made += [Decision(snapshot.time, p.policy, "overruled", p.action,
                           f"conflicts with {w.action!r} from {w.policy}") for p, w in lost]
         for p in kept:
             made.append(await self._attempt(p, snapshot.time, placement))
         self._record(made)
         return made
+
+    async def _decide(self, snapshot: MetricsSnapshot, placement: Placement,
+                      resources: ResourceView) -> tuple[list[Proposal], list[Decision]]:
+        """Each policy not quarantined, in order, each in a thread with a deadline."""
+        proposals: list[Proposal] = []
+        made: list[Decision] = []
+        for rank, (name, decide) in enumerate(self.policies.items()):
+            if name in self.quarantined:
+                continue
+            conf = self.configs.get(name, {})
+            outcome, answer = await self.deadlines.call(
+                name, lambda decide=decide, conf=conf: decide(snapshot, placement, resources, conf))
+            if outcome == "ok":
+                problem = _malformed(answer)
+            else:
+                problem = _raised(answer) if outcome == "raised" else answer
+            if outcome == "late":
+                made.append(Decision(snapshot.time, name, "skipped", detail=problem))
+            elif problem:
+                self.quarantined[name] = problem
+                made.append(Decision(snapshot.time, name, "quarantined", detail=problem))
+            else:
+                proposals += [Proposal(name, rank, i, a) for i, a in enumerate(answer)]
+        return proposals, made
 
     async def _attempt(self, p: Proposal, now: float, placement: Placement) -> Decision:
         keys = touches(p.action, placement)
@@ -268,8 +381,8 @@ class Controller:
     def _record(self, made: list[Decision]) -> None:
         for d in made:
             self.decisions.append(d)
-            if d.outcome == "quarantined":
-                logger.warning("policy %s quarantined: %s", d.policy, d.detail)
+            if d.outcome in ("quarantined", "skipped"):
+                logger.warning("policy %s %s: %s", d.policy, d.outcome, d.detail)
             try:
                 self.on_decision(d)
             except Exception:                 # the view must never stop the controller
@@ -282,3 +395,4 @@ class Controller:
                         f.write(json.dumps({"deployment": self.deployment, **d.as_dict()}, default=repr) + "\n")
             except OSError as exc:            # a full disk must not stop the app: the events still show it
                 logger.warning("cannot write the decision log %s: %s", self.log_path, exc)
+

@@ -1,7 +1,8 @@
 """The deployment's side of resource management: borrowed hosts join, leave, or are lost.
 
-:class:`HostManager` is owned by a :class:`~pescheduler.control.deployment.Deployment`.
-It starts the resource manager (in the background: an app never waits for, or
+:class:`HostManager` is owned by a deployment and works on it through the
+small :class:`Fleet` protocol (the deployment's Reconfigurer, watchers and
+state), so it is tested with a fake of a few lines. It starts the resource manager (in the background: an app never waits for, or
 stops because of, a resource manager that is slow, unreachable or refusing;
 it runs on what it holds), keeps the :class:`ResourceView` policies see, and
 turns the manager's events and the ``BorrowHosts``/``ReturnHost`` actions into
@@ -25,30 +26,46 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Awaitable, Callable, Mapping, Protocol
 
 from .. import config
-from ..actions import BorrowHosts, Move, ReturnHost
+from ..actions import Action, BorrowHosts, Move, ReturnHost
 from ..errors import InvalidApplication
+from ..plan.placement import Placement
 from .reconfigure import ApplyRecord
 from .resources import (Host, HostAvailable, HostLost, HostReturnRequested, ResourceView,
                         ReturnRequest)
 from ..plan.transforms import least_loaded
-
-if TYPE_CHECKING:
-    from .deployment import Deployment
 
 logger = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 30.0       # a granted worker's PE host must answer within this
 
 
+class Fleet(Protocol):
+    """What the host manager needs of a deployment: its layout (read, and changed only through
+    the Reconfigurer), its watchers, and where to report."""
+
+    def placement(self) -> Placement: ...
+    def running(self, pe_id: str) -> bool: ...
+    async def apply(self, action: Action, timeout: float) -> ApplyRecord: ...
+    async def add_workers(self, host_id: str, infos: dict[str, dict]) -> None: ...
+    async def remove_workers(self, workers: set[str]) -> None: ...
+    async def watch(self, worker: str, on_lost: Callable[[str, Exception], Awaitable[None]]) -> None: ...
+    async def pe_info(self, worker: str) -> dict: ...
+    def record(self, record: ApplyRecord) -> ApplyRecord: ...
+    def event(self, kind: str, text: str) -> None: ...
+    async def fail(self, reason: str) -> None: ...
+
+
 class HostManager:
     """Borrowed hosts of one deployment; see the module docstring."""
 
-    def __init__(self, dep: "Deployment", rm_name: str | None) -> None:
-        self.dep = dep
+    def __init__(self, fleet: Fleet, rm_name: str | None) -> None:
+        self.fleet = fleet
         self.rm_name = rm_name
+        self.managers: Mapping[str, type] = {}
+        self.scheduler_address = ""
         self.rm = None
         self.error = ""                                   # why there is no resource manager
         self.borrowed: dict[str, Host] = {}
@@ -58,25 +75,29 @@ class HostManager:
         self._returning: dict[str, asyncio.Task] = {}
         self._starting: asyncio.Task | None = None
         self._leaving: set[str] = set()                   # hosts being given back now
+        self._infos: dict[str, dict[str, dict]] = {}      # host -> its workers' pe_info answers
 
     # -- lifecycle ------------------------------------------------------------------------
-    def check(self) -> None:
-        """Refuse an unknown resource manager name before anything starts (a user mistake)."""
-        if self.rm_name and self.rm_name not in self.dep.plugins.resource_managers:
-            known = ", ".join(sorted(self.dep.plugins.resource_managers)) or "(none)"
+    def check(self, managers: Mapping[str, type]) -> None:
+        """Refuse an unknown resource manager name before anything starts (a user mistake);
+        ``managers``: the installed ones, by name."""
+        self.managers = managers
+        if self.rm_name and self.rm_name not in managers:
+            known = ", ".join(sorted(managers)) or "(none)"
             raise InvalidApplication(f"unknown resource manager {self.rm_name!r}. Known: {known}. "
                                      f"Register one with a pescheduler_resource_managers() hook.")
 
-    def start(self) -> None:
+    def start(self, scheduler_address: str) -> None:
         """Start the resource manager in the background; the app does not wait for it."""
-        self.check()
+        self.check(self.managers)
+        self.scheduler_address = scheduler_address
         if self.rm_name:
             self._starting = asyncio.create_task(self._start_rm())
 
     async def _start_rm(self) -> None:
-        cls = self.dep.plugins.resource_managers[self.rm_name]
+        cls = self.managers[self.rm_name]
         settings = dict(config.get(f"rm.{self.rm_name}") or {})
-        rm = cls(self.dep.scheduler_address, settings)
+        rm = cls(self.scheduler_address, settings)
         try:
             await asyncio.wait_for(rm.start(self._on_event), config.get_seconds("rm.start-timeout"))
         except Exception as exc:
@@ -111,7 +132,7 @@ class HostManager:
 
     def view(self) -> ResourceView:
         """What policies see: hosts held and borrowed, how many more could be had, returns due."""
-        placement = self.dep.placement()
+        placement = self.fleet.placement()
         held = tuple(sorted(set(placement.hosts.values()))) if placement else ()
         return ResourceView(held=held, borrowed=tuple(self.borrowed),
                             lendable=self.rm.lendable() if self.rm else 0,
@@ -120,10 +141,10 @@ class HostManager:
 
     # -- actions ----------------------------------------------------------------------------
     async def apply(self, action, timeout: float) -> ApplyRecord:
-        """``BorrowHosts`` or ``ReturnHost``, recorded like every action."""
+        """``BorrowHosts`` or ``ReturnHost`` (the Reconfigurer records the outcome like every action's)."""
         if isinstance(action, BorrowHosts):
-            return self.dep._record(await self._borrow(action, timeout))
-        return self.dep._record(await self.give_back(action.host, time.time() + timeout, action))
+            return await self._borrow(action, timeout)
+        return await self.give_back(action.host, time.time() + timeout, action)
 
     async def _borrow(self, action: BorrowHosts, timeout: float) -> ApplyRecord:
         try:
@@ -156,7 +177,8 @@ class HostManager:
             await self.rm.return_host(host)
             return False
         self.borrowed[host.host_id] = host
-        await self.dep._add_workers(host.host_id, dict(zip(host.workers, infos)))
+        self._infos[host.host_id] = dict(zip(host.workers, infos))
+        await self.fleet.add_workers(host.host_id, self._infos[host.host_id])
         for w in host.workers:
             self._watchers[w] = asyncio.create_task(self._watch(w, host.host_id))
         self._event("host", f"borrowed {host.host_id}: workers {', '.join(host.workers)}")
@@ -168,7 +190,7 @@ class HostManager:
         deadline = loop.time() + JOIN_TIMEOUT_S
         while True:
             try:
-                return await self.dep.client.rpc(worker).pe_info()
+                return await self.fleet.pe_info(worker)
             except Exception:
                 if loop.time() >= deadline:
                     raise
@@ -184,7 +206,7 @@ class HostManager:
                                               f"(borrowed: {', '.join(self.borrowed) or 'none'})")
         if host_id in self._leaving:
             return ApplyRecord(action, False, f"{host_id} is being returned already")
-        if not [w for w in self.dep.placement().workers if w not in host.workers]:
+        if not [w for w in self.fleet.placement().workers if w not in host.workers]:
             return ApplyRecord(action, False, f"cannot return {host_id}: no other worker would be left")
         self._leaving.add(host_id)
         try:
@@ -194,23 +216,24 @@ class HostManager:
 
     async def _evacuate_and_return(self, host: Host, deadline: float, action) -> ApplyRecord:
         host_id, t0, leaving = host.host_id, time.monotonic(), set(host.workers)
-        await self.dep._remove_workers(leaving)          # fence: nothing new lands there
+        await self.fleet.remove_workers(leaving)          # fence: nothing new lands there
         pause = 0.0
         while True:
-            on_host = [p for p, pe in self.dep.placement().pes.items()         # a finished PE has
-                       if pe.worker in leaving and self.dep.board.pe_state.get(p) == "running"]  # nothing to move
+            on_host = [p for p, pe in self.fleet.placement().pes.items()        # a finished PE has
+                       if pe.worker in leaving and self.fleet.running(p)]       # nothing to move
             if not on_host:
                 break
-            target = least_loaded(self.dep.placement())      # fenced workers are not candidates
+            target = least_loaded(self.fleet.placement())      # fenced workers are not candidates
             remaining = max(1.0, deadline - time.time())
-            record = await self.dep._apply(Move(on_host[0], target, reason=f"return host {host_id}"), remaining)
+            record = await self.fleet.apply(Move(on_host[0], target, reason=f"return host {host_id}"), remaining)
             if not record.applied:
-                await self.dep._add_workers(host_id, {w: self.dep.worker_info[w] for w in host.workers})
+                await self.fleet.add_workers(host_id, self._infos[host_id])
                 return ApplyRecord(action, False, f"cannot return {host_id}: moving {on_host[0]} "
                                                   f"was refused: {record.reason}")
             pause += record.pause_ms
         self._stop_watching(host.workers)
         self.borrowed.pop(host_id, None)
+        self._infos.pop(host_id, None)
         await self.rm.return_host(host)
         self.returns.pop(host_id, None)
         late = time.time() - deadline
@@ -246,7 +269,7 @@ class HostManager:
                                                                                      f"{self.rm_name}"))
             if not record.applied and (host_id not in self.borrowed or host_id in self._leaving):
                 return                    # a ReturnHost applied by hand or a policy is giving it back
-            self.dep._record(record)
+            self.fleet.record(record)
             if not record.applied:
                 self._event("host", f"could not return {host_id} by its deadline: {record.reason}")
         except Exception as exc:
@@ -261,13 +284,13 @@ class HostManager:
             return
         self.returns.pop(host.host_id, None)
         self._stop_watching(held.workers)
-        on_host = [p for p, pe in self.dep.placement().pes.items() if pe.worker in held.workers]
+        on_host = [p for p, pe in self.fleet.placement().pes.items() if pe.worker in held.workers]
         text = f"host {host.host_id} lost: {reason or 'no reason given'}"
         self._mark("lost", host.host_id)
         self._event("host-lost", text + (f"; its PEs {', '.join(on_host)} are gone" if on_host else ""))
-        await self.dep._remove_workers(set(held.workers))    # nobody calls a dead worker (30 s timeouts)
+        await self.fleet.remove_workers(set(held.workers))    # nobody calls a dead worker (30 s timeouts)
         if on_host:
-            await self.dep._fail(f"{text}. PEs {', '.join(on_host)} ran there; "
+            await self.fleet.fail(f"{text}. PEs {', '.join(on_host)} ran there; "
                                  f"recovery from a lost host is not implemented yet")
 
     # -- watching borrowed workers ----------------------------------------------------------------
@@ -283,12 +306,12 @@ class HostManager:
         async def lost(worker: str, exc: Exception) -> None:
             if host_id in self.borrowed:
                 await self._lost(self.borrowed[host_id], f"worker {worker} went away ({type(exc).__name__})")
-        await self.dep._watch(worker, on_lost=lost)
+        await self.fleet.watch(worker, lost)
 
     # -- records ----------------------------------------------------------------------------------
     def _event(self, kind: str, text: str) -> None:
         logger.info("%s", text)
-        self.dep.board.event(kind, text)
+        self.fleet.event(kind, text)
 
     def _mark(self, what: str, host: str, t0: float | None = None, **figures) -> None:
         now = time.monotonic()

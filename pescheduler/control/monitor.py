@@ -102,18 +102,16 @@ class MetricsSnapshot:
 class Monitor:
     """Folds rounds of ``pe_stats`` answers into snapshots; keeps a bounded history."""
 
-    def __init__(self, placement: Placement, history: int = 60) -> None:
-        self.placement = placement
+    def __init__(self, history: int = 60) -> None:
         self.history: deque[MetricsSnapshot] = deque(maxlen=history)
         self._last: dict[str, tuple[float, dict]] = {}          # pe -> (time, cumulative stats)
         self.latest = MetricsSnapshot(time.monotonic(), 0.0)
 
-    def replace(self, placement: Placement) -> None:
-        """Follow a reconfiguration; counters of PEs that went are dropped."""
+    def update(self, answers: list[dict], placement: Placement) -> MetricsSnapshot:
+        """Fold one round of answers over ``placement`` (the Reconfigurer's, read now: the
+        placement is held once); counters of PEs that went are dropped."""
         self.placement = placement
         self._last = {pe: v for pe, v in self._last.items() if pe in placement.pes}
-
-    def update(self, answers: list[dict]) -> MetricsSnapshot:
         now = time.monotonic()
         ops: dict[str, OperatorMetrics] = {}
         pes: dict[str, PEMetrics] = {}

@@ -365,3 +365,26 @@ def transform(placement: Placement, action) -> Placement:
     except KeyError:
         raise ActionRefused(f"{type(action).__name__} is not a placement transform") from None
     return fn(placement, action)
+
+
+# -- the worker set (the Reconfigurer applies these; H1) -------------------------------------------
+
+def add_workers(placement: Placement, hosts: dict[str, str]) -> Placement:
+    """``hosts`` (``worker -> host``) join the placement; workers already in it are kept as they are."""
+    new = tuple(w for w in hosts if w not in placement.workers)
+    return replace(placement, workers=placement.workers + new,
+                   hosts=MappingProxyType({**placement.hosts, **{w: hosts[w] for w in new}}))
+
+
+def remove_workers(placement: Placement, workers: set[str]) -> Placement:
+    """``workers`` leave: nothing new is placed there, their slots go (their PEs move separately)."""
+    return replace(placement, workers=tuple(w for w in placement.workers if w not in workers),
+                   hosts=MappingProxyType({w: h for w, h in placement.hosts.items() if w not in workers}),
+                   slots=MappingProxyType({k: s for k, s in placement.slots.items() if s.worker not in workers}))
+
+
+def add_slot(placement: Placement, worker: str) -> Placement:
+    """One more standard slot on ``worker`` (of the placement), numbered after the highest id."""
+    n = max((int(s.rsplit("-", 1)[1]) for s in placement.slots), default=0) + 1
+    slot = Slot(worker, placement.hosts.get(worker, ""))
+    return replace(placement, slots=MappingProxyType({**placement.slots, f"slot-{n}": slot}))

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from pescheduler.actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
-from pescheduler.control.controller import (Controller, Cooldown, Proposal, UnknownPolicyError, merge, run_policies,
-                                    select_policies, touches)
+from pescheduler.actions import BorrowHosts, Fuse, Hold, Move, Release, Replicate, ReturnHost, Split
+from pescheduler.control.controller import (Controller, Cooldown, Hysteresis, Proposal, UnknownPolicyError, invalid,
+                                            merge, run_policies, select_policies, touches)
 from pescheduler.control.monitor import MetricsSnapshot
 from pescheduler.plugins import load_plugins
 from pescheduler.control.reconfigure import ApplyRecord
@@ -148,7 +148,7 @@ def test_a_quarantined_policy_is_never_called_again_and_the_others_go_on():
 def test_apply_raising_is_a_refusal_not_a_crash():
     async def broken(action):
         raise ConnectionError("worker gone")
-    ctl = Controller({"p": says(Move("op1", "w"))}, broken)
+    ctl = Controller({"p": says(Move("op1", PL.workers[0]))}, broken)     # valid, but applying raises
     [d] = tick(ctl)
     assert d.outcome == "refused" and d.detail == "ConnectionError: worker gone"
 
@@ -219,3 +219,65 @@ def test_an_unwritable_decision_log_does_not_stop_the_round(tmp_path):
     ctl = Controller({"p": says(Replicate("op2"))}, runtime.apply, log_path=str(blocker / "decisions.jsonl"))
     [d] = tick(ctl)
     assert d.outcome == "applied" and list(ctl.decisions) == [d]
+
+
+# -- hysteresis, deadlines, validation (issue 12, issue 20 item 3) ------------------------------------
+
+def test_hysteresis_lets_an_action_through_only_after_its_rounds_and_seconds_in_a_row():
+    h = Hysteresis()
+    down = Proposal("rate", 0, 0, Release("op2", 1, hold=Hold(rounds=2)))
+    calm = Proposal("copy", 1, 0, Release("op3", 1, hold=Hold(seconds=10)))
+    now = Proposal("copy", 1, 1, Replicate("op1"))
+    assert h.admit([down, calm, now], 100.0) == [now]              # no hold: at once
+    assert h.admit([down, calm], 105.0) == [down]                 # 2nd round in a row; 5 s < 10 s
+    assert h.admit([calm], 108.0) == []                           # down starts over (it was let through)
+    assert h.admit([down], 109.0) == []                           # calm not asked: its clock restarts
+    assert h.admit([calm], 110.0) == [] and h.admit([calm], 119.0) == []
+    assert h.admit([calm], 120.0) == [calm]
+
+
+def test_an_invalid_action_is_refused_with_its_reason_and_the_policys_others_still_apply():
+    junk = Move(["op1"], PL.workers[0])                           # a list as a PE id
+    runtime = FakeRuntime()
+    ctl = Controller({"p": says(junk, Replicate("nope"), Release("op2", 0), Fuse("op3", "op4"))}, runtime.apply)
+    for t in (1.0, 20.0):                                         # every round, not only the first
+        made = tick(ctl, t)
+        assert [(d.outcome, d.detail.split(":")[0]) for d in made] == [
+            ("refused", "invalid"), ("refused", "invalid"), ("refused", "invalid"), ("applied", "")]
+    assert "pe is list ['op1']" in made[0].detail and "operator 'nope' does not exist" in made[1].detail
+    assert "copies must be a whole number >= 1" in made[2].detail
+    assert [repr(a) for a in runtime.asked] == ["Fuse('op3', 'op4')"] * 2 and ctl.quarantined == {}
+    assert invalid(Split("op1", ("op2",)), PL) == "operator 'op2' does not exist"
+    assert invalid(Move("op1", PL.workers[1]), PL) == "" and invalid(BorrowHosts(True), PL)
+
+
+def test_a_policy_over_its_deadline_is_skipped_then_quarantined_and_the_round_goes_on():
+    import threading
+    import time
+
+    release = threading.Event()
+
+    def slow(snapshot, placement, resources, config):
+        release.wait(20)                                          # a policy sleeping 20 s
+        return [Replicate("op2")]
+    runtime = FakeRuntime()
+    ctl = Controller({"slow": slow, "good": says(Fuse("op3", "op4"))}, runtime.apply, cooldown_s=0,
+                     deadline_s=0.2, strikes=3)
+
+    async def rounds():
+        made = []
+        for t in (1.0, 2.0, 3.0, 4.0):
+            t0 = time.monotonic()
+            made.append(await ctl.tick(snap(t), PL))
+            assert time.monotonic() - t0 < 5                      # never the 20 s
+        return made
+    try:
+        made = asyncio.run(rounds())
+    finally:
+        release.set()
+    assert [(d.policy, d.outcome) for d in made[0]] == [("slow", "skipped"), ("good", "applied")]
+    assert "longer than its deadline of 0.2 s" in made[0][0].detail
+    assert "still deciding" in made[1][0].detail and made[1][0].outcome == "skipped"
+    assert made[2][0].outcome == "quarantined" and "3 rounds in a row" in made[2][0].detail
+    assert [d.policy for d in made[3]] == ["good"] and "slow" in ctl.quarantined
+    assert len(runtime.asked) == 4                                # good's action every round

@@ -12,6 +12,7 @@ from types import MappingProxyType
 import pytest
 
 from pescheduler.actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
+from pescheduler.control.controller import Hysteresis, Proposal
 from pescheduler.control.monitor import MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from pescheduler.operator import Parallelism
 from pescheduler.policies import copy, rate, threshold
@@ -24,6 +25,17 @@ NONE = ResourceView()
 def same(got, expected) -> bool:
     """Actions equal in what they do (``reason`` differs by design: it carries the figures)."""
     return repr(got) == repr(expected)
+
+
+def held_by_the_controller(decide):
+    """``decide`` with the controller core's hysteresis in front: what would reach merging
+    (the policies are stateless; the rounds and seconds of a ``Hold`` are counted here)."""
+    hysteresis = Hysteresis()
+
+    def call(snap, placement, resources, conf):
+        proposals = [Proposal("p", 0, i, a) for i, a in enumerate(decide(snap, placement, resources, conf))]
+        return [p.action for p in hysteresis.admit(proposals, snap.time)]
+    return call
 
 
 def chain(**kw) -> Simulation:
@@ -103,19 +115,20 @@ def test_rate_releases_copies_in_one_step_once_the_load_has_fallen_for_down_afte
     ops = steady(pl, 1000, {"op2": 0.1 / 3})
     for c in ("op2", "op2#1", "op2#2"):
         ops[c] = (1000 / 3, 1000 / 3, 0.1 / 3)                       # 10,000 t/s per busy second
-    conf = {"history": {}}                                           # down-after: 2 windows
-    assert rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf) == []
-    [action] = rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf)
-    assert same(action, Release("op2", 2))
+    conf: dict = {}                                                  # down-after: 2 windows
+    held = held_by_the_controller(rate.pescheduler_policy_decide)
+    assert held(snapshot(pl, ops), pl, NONE, conf) == []
+    [action] = held(snapshot(pl, ops), pl, NONE, conf)
+    assert same(action, Release("op2", 2)) and action.hold.rounds == 2
     assert "1 instance(s)" in action.reason and action.figures["instances"] == 3
     assert "2 windows in a row" in action.reason
     high = dict(ops, **{c: (1000 / 3, 1000 / 3, 0.7) for c in ("op2", "op2#1", "op2#2")})   # in band: restart
     conf["down-after"] = 3
-    assert rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf) == []
-    assert rate.pescheduler_policy_decide(snapshot(pl, high), pl, NONE, conf) == []
-    assert rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf) == []
-    assert rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf) == []
-    assert len(rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf)) == 1
+    assert held(snapshot(pl, ops), pl, NONE, conf) == []
+    assert held(snapshot(pl, high), pl, NONE, conf) == []
+    assert held(snapshot(pl, ops), pl, NONE, conf) == []
+    assert held(snapshot(pl, ops), pl, NONE, conf) == []
+    assert len(held(snapshot(pl, ops), pl, NONE, conf)) == 1
 
 
 def test_rate_never_copies_sources_or_singletons_and_borrows_when_slots_run_out():
@@ -143,7 +156,7 @@ def test_rate_settings_come_from_the_config():
 def test_copy_asks_for_copies_where_traffic_concentrates():
     pl = chain().placement
     ops = steady(pl, 2500, {"op2": 1.0})
-    [action] = copy.decide(snapshot(pl, ops), pl, {}, {})
+    [action] = copy.decide(snapshot(pl, ops), pl, {})
     assert same(action, Replicate("op2", 1)) and action.routers is None
     assert "concentrates on op2" in action.reason and action.figures["hottest_busy"] == 1.0
 
@@ -154,7 +167,7 @@ def test_copy_copies_are_exclusive_to_the_busiest_router_unless_keyed():
     edges = [("a", "hot"), ("b", "hot"), ("a", "k"), ("b", "k")]
     pl = Simulation(graph, edges, hosts=2).placement
     ops = {"a": (0, 300, 0.1), "b": (0, 900, 0.1), "hot": (1200, 1200, 0.9), "k": (1200, 1200, 0.95)}
-    actions = copy.decide(snapshot(pl, ops), pl, {}, {})
+    actions = copy.decide(snapshot(pl, ops), pl, {})
     assert same(actions, [Replicate("hot", 1, routers=("b",)), Replicate("k", 1)])
     assert actions[1].routers is None and "exclusive to router b" in actions[0].reason
 
@@ -163,16 +176,16 @@ def test_copy_releases_only_after_the_concentration_is_gone_long_enough():
     sim = chain()
     assert sim.apply(Replicate("op2", 1))
     pl = sim.placement
-    memory: dict = {}
     conf = {"release-after": "10s"}
+    held = held_by_the_controller(lambda s, p, r, c: copy.decide(s, p, c))
     calm = steady(pl, 500, {"op2": 0.2, "op2#1": 0.2})                # 0.4 of a core in all: calm
     warm = steady(pl, 1000, {"op2": 0.35, "op2#1": 0.35})             # 0.7: neither hot nor calm
-    assert copy.decide(snapshot(pl, calm, t=100.0), pl, conf, memory) == []
-    assert copy.decide(snapshot(pl, calm, t=105.0), pl, conf, memory) == []
-    assert copy.decide(snapshot(pl, warm, t=108.0), pl, conf, memory) == []    # the clock restarts
-    assert copy.decide(snapshot(pl, calm, t=109.0), pl, conf, memory) == []
-    assert copy.decide(snapshot(pl, calm, t=118.0), pl, conf, memory) == []
-    [action] = copy.decide(snapshot(pl, calm, t=119.0), pl, conf, memory)
+    assert held(snapshot(pl, calm, t=100.0), pl, NONE, conf) == []
+    assert held(snapshot(pl, calm, t=105.0), pl, NONE, conf) == []
+    assert held(snapshot(pl, warm, t=108.0), pl, NONE, conf) == []    # the clock restarts
+    assert held(snapshot(pl, calm, t=109.0), pl, NONE, conf) == []
+    assert held(snapshot(pl, calm, t=118.0), pl, NONE, conf) == []
+    [action] = held(snapshot(pl, calm, t=119.0), pl, NONE, conf)
     assert same(action, Release("op2", 1)) and "gone for 10 s" in action.reason
 
 
@@ -244,7 +257,7 @@ def test_threshold_returns_a_borrowed_host_its_fusions_empty():
 def test_policies_answer_nothing_before_the_first_window():
     pl = chain().placement
     empty = MetricsSnapshot(0.0, 0.0)
-    assert rate.pescheduler_policy_decide(empty, pl, NONE, {}) == [] and copy.decide(empty, pl, {}, {}) == []
+    assert rate.pescheduler_policy_decide(empty, pl, NONE, {}) == [] and copy.decide(empty, pl, {}) == []
     assert threshold.pescheduler_policy_decide(empty, pl, NONE, {}) == []
 
 
@@ -255,11 +268,10 @@ def test_no_scaling_down_on_a_backlog_figures_understate_it():
     ops = steady(pl, 0, {"op2": 0.0, "op2#1": 0.0, "op2#2": 0.0})          # nothing gets through
     stalled = snapshot(pl, ops, {"op1": {"backpressure": 1.0}})
     assert rate.pescheduler_policy_decide(stalled, pl, NONE, {}) == []
-    memory: dict = {}
-    assert all(copy.decide(snapshot(pl, ops, {"op1": {"backpressure": 1.0}}, t=t), pl, {}, memory) == []
+    assert all(copy.decide(snapshot(pl, ops, {"op1": {"backpressure": 1.0}}, t=t), pl, {}) == []
                for t in (1.0, 100.0))
     full = snapshot(pl, ops, {"op2#1": {"queue_batches": 8, "max_queue_batches": 8}})
-    conf = {"history": {}, "down-after": 1}
+    conf = {"down-after": 1}
     assert rate.pescheduler_policy_decide(full, pl, NONE, conf) == []
     [release] = rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, conf)   # idle, nothing waiting
     assert same(release, Release("op2", 2))
@@ -289,11 +301,12 @@ def test_threshold_borrows_no_host_for_what_a_host_cannot_help_and_returns_idle_
     # the source's PE is over upper, but a source is never copied: no host would help
     assert threshold.pescheduler_policy_decide(snapshot(pl, ops), pl, ResourceView(lendable=3), {}) == []
     assert sim.apply(BorrowHosts(1))
-    pl, res, memory = sim.placement, sim.resources(), {}
-    conf = {"history": memory, "idle-return-after": "30s"}
-    assert threshold.pescheduler_policy_decide(snapshot(pl, ops, t=100.0), pl, res, conf) == []     # just borrowed: empty
-    assert threshold.pescheduler_policy_decide(snapshot(pl, ops, t=129.0), pl, res, conf) == []
-    [back] = threshold.pescheduler_policy_decide(snapshot(pl, ops, t=130.0), pl, res, conf)
+    pl, res = sim.placement, sim.resources()
+    conf = {"idle-return-after": "30s"}
+    held = held_by_the_controller(threshold.pescheduler_policy_decide)
+    assert held(snapshot(pl, ops, t=100.0), pl, res, conf) == []     # just borrowed: empty
+    assert held(snapshot(pl, ops, t=129.0), pl, res, conf) == []
+    [back] = held(snapshot(pl, ops, t=130.0), pl, res, conf)
     assert same(back, ReturnHost("h2")) and "run nothing for 30 s" in back.reason
 
 
@@ -305,7 +318,7 @@ def test_copy_adds_no_copies_for_a_hot_key_the_others_idle_beside():
     snap = sim.step()
     busy = [snap.operators[o].busy for o in ("agg", "agg#1", "agg#2")]
     assert busy[0] == pytest.approx(1.0) and max(busy[1:]) < 0.5        # the hot key group saturates one
-    assert copy.decide(snap, sim.placement, {}, {}) == []
+    assert copy.decide(snap, sim.placement, {}) == []
     assert rate.pescheduler_policy_decide(snap, sim.placement, sim.resources(), {}) == []   # sized right already
 
 

@@ -1,22 +1,22 @@
-"""HostManager against a small fake deployment and manager: no cluster, plain data.
+"""HostManager against a small fake Fleet and manager: no cluster, plain data.
 
 The fake keeps a placement and applies ``Move`` by rewriting it (or refuses
 what the test says), so every branch of giving a host back is checked fast.
+The real path is tests/integration/test_hosts.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
-from types import MappingProxyType, SimpleNamespace
+from types import MappingProxyType
 
 from pescheduler.actions import BorrowHosts, Move, ReturnHost
 from pescheduler.control.hosts import HostManager
 from pescheduler.plan.placement import PE, LogicalPlan, Placement
 from pescheduler.control.reconfigure import ApplyRecord
 from pescheduler.control.resources import Host, HostLost, HostReturnRequested
-from pescheduler.plan.transforms import move
+from pescheduler.plan.transforms import add_workers, move, remove_workers
 
 
 class FakeRM:
@@ -41,64 +41,48 @@ class FakeRM:
         pass
 
 
-class FakeDeployment:
-    """What HostManager uses of a Deployment, over a placement held in memory."""
+class FakeFleet:
+    """The host manager's Fleet over a placement in memory: ``apply`` moves (or refuses)."""
 
     def __init__(self, refuse_moves: str = "") -> None:
-        plan = LogicalPlan("app", {}, ())
-        self._placement = Placement(plan, MappingProxyType({"a": PE(("a",), "w0", "home"),
-                                                            "b": PE(("b",), "w0", "home")}),
-                                    ("w0",), MappingProxyType({"w0": "home"}))
+        pes = MappingProxyType({"a": PE(("a",), "w0", "home"), "b": PE(("b",), "w0", "home")})
+        self.pl = Placement(LogicalPlan("app", {}, ()), pes, ("w0",), MappingProxyType({"w0": "home"}))
         self.refuse_moves, self.records, self.events, self.failed = refuse_moves, [], [], None
-        self.worker_info = {"w0": {}}
-        self.plugins = SimpleNamespace(resource_managers={"fake": FakeRM})
-        self.scheduler_address, self.id = "tcp://fake:1", "dep"
-        self.board = SimpleNamespace(pe_state={"a": "running", "b": "running"},
-                                     event=lambda kind, text: self.events.append((kind, text)))
-        self.client = SimpleNamespace(rpc=lambda w: SimpleNamespace(pe_info=lambda: asyncio.sleep(0, {"w": w}),
-                                                                   pe_wait=self._never))
-        self._done = asyncio.Event()
+        self.placement, self.running = lambda: self.pl, lambda pe: True
+        self.event = lambda kind, text: self.events.append((kind, text))
+        self.record = lambda r: self.records.append(r) or r
 
-    async def _never(self, **kw):
+    async def apply(self, action, timeout):
+        if not self.refuse_moves:
+            self.pl = move(self.pl, action)
+        return self.record(ApplyRecord(action, not self.refuse_moves, self.refuse_moves, 5.0))
+
+    async def add_workers(self, host_id, infos):
+        self.pl = add_workers(self.pl, dict.fromkeys(infos, host_id))
+
+    async def remove_workers(self, workers):
+        self.pl = remove_workers(self.pl, workers)
+
+    async def watch(self, worker, on_lost):
         await asyncio.Event().wait()
 
-    def placement(self):
-        return self._placement
+    async def pe_info(self, worker):
+        return {"w": worker}
 
-    async def _add_workers(self, host_id, infos):
-        self.worker_info.update(infos)
-        pl = self._placement
-        self._placement = replace(pl, workers=pl.workers + tuple(w for w in infos if w not in pl.workers),
-                                  hosts=MappingProxyType({**pl.hosts, **{w: host_id for w in infos}}))
-
-    async def _remove_workers(self, workers):
-        pl = self._placement
-        self._placement = replace(pl, workers=tuple(w for w in pl.workers if w not in workers),
-                                  hosts=MappingProxyType({w: h for w, h in pl.hosts.items() if w not in workers}))
-
-    async def _apply(self, action, timeout):
-        if self.refuse_moves:
-            return self._record(ApplyRecord(action, False, self.refuse_moves))
-        self._placement = move(self._placement, action)
-        return self._record(ApplyRecord(action, True, "", 5.0))
-
-    def _record(self, record):
-        self.records.append(record)
-        return record
-
-    async def _fail(self, reason):
+    async def fail(self, reason):
         self.failed = reason
 
 
 def scenario(body, refuse_moves=""):
     """Run ``body(dep, hm)`` with a started manager and host h1 borrowed, PE b moved onto it."""
     async def run():
-        dep = FakeDeployment(refuse_moves)
+        dep = FakeFleet(refuse_moves)
         hm = HostManager(dep, "fake")
-        hm.start()
+        hm.check({"fake": FakeRM})
+        hm.start("tcp://fake:1")
         await hm.ready(5)
         assert (await hm.apply(BorrowHosts(1), 5)).applied
-        dep._placement = move(dep._placement, Move("b", "w-h1"))
+        dep.pl = move(dep.pl, Move("b", "w-h1"))
         try:
             return await body(dep, hm)
         finally:
@@ -131,7 +115,7 @@ def test_a_refused_move_keeps_the_host_and_says_why():
 def test_returning_what_was_not_borrowed_or_the_last_worker_is_refused():
     async def body(dep, hm):
         assert "was not borrowed" in (await hm.give_back("home", time.time() + 10)).reason
-        await dep._remove_workers({"w0"})
+        await dep.remove_workers({"w0"})
         assert "no other worker would be left" in (await hm.give_back("h1", time.time() + 10)).reason
     scenario(body)
 

@@ -196,3 +196,20 @@ def test_the_compiler_fuses_only_what_can_fuse_allows(monkeypatch):
     # refuse fusing into the sink's PE: the edge nearest the sink is skipped, the next one fused
     monkeypatch.setattr(compiler, "can_fuse", lambda pl, a, b: "no" if "print-4" in (a, b) else None)
     assert list(compile_app(app, plugins, ["tcp://a", "tcp://b"]).pes) == ["numbers-1->tag-2->tag-3", "print-4"]
+
+
+def test_workers_join_and_leave_and_slots_are_added_after_the_highest_id(placement):
+    from pescheduler.plan.transforms import add_slot, add_workers, remove_workers, with_slots
+
+    grown = add_workers(placement, {"tcp://d": "hd", "tcp://a": "elsewhere"})
+    assert grown.workers == (*WORKERS, "tcp://d") and grown.hosts["tcp://d"] == "hd"
+    assert grown.hosts.get("tcp://a") == placement.hosts.get("tcp://a")        # already in: unchanged
+    slotted = add_slot(with_slots(grown, 1), "tcp://d")
+    assert slotted.slots[f"slot-{len(slotted.slots)}"].worker == "tcp://d"
+    assert slotted.slots[f"slot-{len(slotted.slots)}"].host == "hd"
+    fenced = remove_workers(slotted, {"tcp://d"})
+    assert "tcp://d" not in fenced.workers and "tcp://d" not in fenced.hosts
+    assert all(s.worker != "tcp://d" for s in fenced.slots.values()) and fenced.pes == slotted.pes
+    added = add_slot(fenced, "tcp://a").slots.keys() - fenced.slots.keys()
+    assert len(added) == 1 and int(added.pop().rsplit("-", 1)[1]) > max(
+        int(k.rsplit("-", 1)[1]) for k in fenced.slots)                          # numbered after the highest

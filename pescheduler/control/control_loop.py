@@ -1,0 +1,129 @@
+"""The control loop: collect → snapshot → policies → merge → apply → record, every monitor interval.
+
+One task per deployment. Each interval it collects every worker's counters
+(and dead letters), folds them into the monitor's snapshot and publishes the
+status; then, when policies are active, it starts a controller round
+(``controller.py``: policies in threads with deadlines, hysteresis, merge,
+cooldown, apply through the :class:`~pescheduler.control.reconfigurer.Reconfigurer`,
+record). A round runs beside the loop and never two at once: applying may
+take a while, and a round still running when the next snapshot comes skips
+that snapshot. Between intervals the loop looks for a stop command every
+:data:`COMMAND_POLL_S`; that poll is also the scheduler's heartbeat (a
+scheduler that does not answer ends the run, as a lost scheduler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from .. import config
+from .controller import Controller
+from .deadletters import DeadLetters
+from .gateway import SchedulerLost, WorkerGateway
+from .monitor import Monitor
+from .reconfigurer import Reconfigurer
+from .state import DeploymentState
+
+logger = logging.getLogger(__name__)
+
+COMMAND_POLL_S = 0.5     # how often a stop command from the CLI (and the scheduler) is looked for
+
+
+class ControlLoop:
+    """Collects, decides and applies on a timer; see the module docstring."""
+
+    def __init__(self, gateway: WorkerGateway, reconfigurer: Reconfigurer, state: DeploymentState,
+                 monitor: Monitor, dead: DeadLetters, publish: Callable[[], dict]) -> None:
+        self.gateway = gateway
+        self.reconfigurer = reconfigurer
+        self.state = state
+        self.monitor = monitor
+        self.dead = dead
+        self.publish = publish                  # the status dict to publish after each collect
+        self.controller: Controller | None = None
+        self.on_stop: Callable[[], Awaitable[None]] = _nothing           # a stop command came
+        self.on_scheduler_lost: Callable[[str], Awaitable[None]] = _nothing_said
+        self.sampled = asyncio.Event()          # set (and replaced) after each collect
+        self._round: asyncio.Task | None = None
+        self._ticked = None
+
+    async def collect(self) -> None:
+        """Every worker's counters into a snapshot; dead letters kept; the status published."""
+        try:
+            answers = await self.gateway.stats(self.reconfigurer.running_on())
+        except Exception as exc:        # a lost worker is reported by its watcher
+            logger.debug("collect failed: %s", exc)
+            return
+        for answer in answers:
+            for dead in answer["dead_letters"]:
+                self.dead.keep(dead)
+        snapshot = self.monitor.update(answers, self.reconfigurer.placement)
+        for pe_id, m in snapshot.pes.items():
+            if m.threaded and pe_id not in self.state.threaded:
+                self.state.threaded.add(pe_id)
+                self.state.event("thread", f"PE {pe_id} works in its own thread: its operators block or run long")
+        self.sampled.set()                 # wake next_snapshot() callers, then re-arm
+        self.sampled = asyncio.Event()
+        await self.gateway.publish(self.publish())
+
+    async def run(self, done: asyncio.Event) -> None:
+        """Until ``done``: collect every interval, start rounds, obey commands, watch the scheduler."""
+        interval = config.get_seconds("monitor.interval")
+        loop = asyncio.get_running_loop()
+        due = loop.time() + interval
+        try:
+            while not done.is_set():
+                try:
+                    await asyncio.wait_for(done.wait(), max(0.0, min(due, loop.time() + COMMAND_POLL_S) - loop.time()))
+                except asyncio.TimeoutError:
+                    pass
+                if done.is_set():
+                    break
+                if loop.time() >= due:
+                    await self.collect()
+                    due = loop.time() + interval
+                    self._start_round()
+                await self._commands()
+        finally:
+            await self._cancel_round()
+
+    def _start_round(self) -> None:
+        """A controller round on the newest snapshot, unless one is still running."""
+        snap = self.monitor.latest
+        if self.controller is None or (self._round is not None and not self._round.done()) \
+                or snap is self._ticked or not self.state.live:
+            return
+        self._ticked = snap
+        self._round = asyncio.create_task(self.controller.tick(snap, self.reconfigurer.placement))
+        self._round.add_done_callback(_report)
+
+    async def _commands(self) -> None:
+        try:
+            command = await self.gateway.take_command()
+        except SchedulerLost as exc:
+            await self.on_scheduler_lost(str(exc))
+            return
+        if command == "stop" and not self.state.ended:
+            self.state.event("stop", "stop requested from the command line")
+            await self.on_stop()
+
+    async def _cancel_round(self) -> None:
+        if self._round is not None and not self._round.done():
+            self._round.cancel()
+            await asyncio.gather(self._round, return_exceptions=True)
+
+
+def _report(task: asyncio.Task) -> None:
+    """A failed round (a bug, not a policy: those are quarantined) is logged; the next runs."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("control round failed", exc_info=task.exception())
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def _nothing_said(why: str) -> None:
+    return None

@@ -1,0 +1,139 @@
+"""The worker gateway: every call from the control plane to the cluster, typed, in one place.
+
+The control plane talks to PE hosts (``worker/pehost.py``'s handlers) and to
+the scheduler (worker list, published status, stop commands) only through a
+:class:`WorkerGateway`. Calls to one worker are bounded where a dead worker
+would otherwise hold them for Dask's connect timeout (30 s): the ending paths
+(``stop``, ``drain``) after a loss must be quick.
+
+The reconfiguration protocol (``reconfigure.execute``) is written against
+``rpc(worker)``; it gets :attr:`WorkerGateway.rpc`, the one raw door left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Iterable
+
+import cloudpickle
+from distributed import Client
+
+from ..plan.placement import Placement
+from ..worker.specs import PESpec
+
+logger = logging.getLogger(__name__)
+
+ENDING_TIMEOUT_S = 3.0       # a stop or drain call to a worker that does not answer is given up
+SCHEDULER_TIMEOUT_S = 2.0    # a scheduler that does not answer a metadata call within this is lost
+
+
+class SchedulerLost(ConnectionError):
+    """The scheduler did not answer: the run cannot go on (and no worker is to blame)."""
+
+
+class WorkerGateway:
+    """Typed calls to the PE hosts of one deployment and to its scheduler."""
+
+    def __init__(self, client: Client, deployment: str, plugins: tuple[str, ...]) -> None:
+        self.client = client
+        self.deployment = deployment
+        self.plugins = plugins
+        self.rpc = client.rpc                 # for reconfigure.execute, the protocol's own steps
+
+    # -- the scheduler ---------------------------------------------------------------------
+    async def workers(self) -> dict[str, dict]:
+        """``address -> scheduler's worker info`` of every worker now in the cluster."""
+        info = await self.client.scheduler.identity(n_workers=-1)
+        return dict(info["workers"])
+
+    async def publish(self, status: dict) -> None:
+        """Publish the status (``python -m pescheduler status`` reads it); failures are logged only."""
+        try:
+            await asyncio.wait_for(self.client.set_metadata(["pescheduler", "deployments", self.deployment],
+                                                            status), SCHEDULER_TIMEOUT_S)
+        except Exception as exc:
+            logger.debug("publishing status failed: %s", exc)
+
+    async def take_command(self) -> str | None:
+        """A command (``stop``) the CLI left for this deployment, taken once; raises
+        :class:`SchedulerLost` when the scheduler does not answer (the poll is the heartbeat)."""
+        key = ["pescheduler", "commands", self.deployment]
+        try:
+            command = await asyncio.wait_for(self.client.get_metadata(key, default=None), SCHEDULER_TIMEOUT_S)
+            if command:
+                await asyncio.wait_for(self.client.set_metadata(key, None), SCHEDULER_TIMEOUT_S)
+        except asyncio.TimeoutError as exc:
+            if self.client.status == "running":     # connected but slow (a loaded machine): not gone
+                return None
+            raise SchedulerLost(f"no answer within {SCHEDULER_TIMEOUT_S:g} s, client {self.client.status}") from exc
+        except OSError as exc:
+            raise SchedulerLost(f"{type(exc).__name__}: {exc}") from exc
+        return command
+
+    async def scheduler_alive(self) -> bool:
+        """False when the client lost its scheduler connection or a call to it fails; a call
+        that is only slow (a loaded machine) counts as alive."""
+        if self.client.status != "running":
+            return False
+        try:
+            await asyncio.wait_for(self.client.scheduler.identity(n_workers=0), SCHEDULER_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return self.client.status == "running"
+        except Exception:
+            return False
+        return True
+
+    # -- PE hosts ------------------------------------------------------------------------
+    async def pe_info(self, worker: str) -> dict:
+        """The worker's PE host: pid, cores, slots (the answer ``build_specs`` places with)."""
+        return await self.client.rpc(worker).pe_info()
+
+    async def launch(self, specs: dict[str, PESpec], placement: Placement) -> None:
+        """Ship every PE's spec, then start them (receivers exist before senders connect)."""
+        by_worker: dict[str, list[PESpec]] = {}
+        for pe_id, spec in specs.items():
+            by_worker.setdefault(placement.pes[pe_id].worker, []).append(spec)
+        await asyncio.gather(*(self.client.rpc(w).pe_deploy(specs=cloudpickle.dumps(s), plugins=self.plugins)
+                               for w, s in by_worker.items()))
+        await asyncio.gather(*(self.client.rpc(w).pe_start(deployment=self.deployment,
+                                                           pe_ids=[s.pe_id for s in ss])
+                               for w, ss in by_worker.items()))
+
+    async def warm(self, slots_per_worker: dict[str, int]) -> None:
+        """Warm standard slots: plug-ins imported, a thread per slot started."""
+        await asyncio.gather(*(self.client.rpc(w).pe_warm(plugins=self.plugins, slots=n)
+                               for w, n in slots_per_worker.items()))
+
+    async def stats(self, workers: Iterable[str], dead_letters: bool = True) -> list[dict]:
+        """Every worker's cumulative PE counters (and, by default, the dead letters taken off it)."""
+        return list(await asyncio.gather(*(self.client.rpc(w).pe_stats(deployment=self.deployment,
+                                                                       dead_letters=dead_letters)
+                                           for w in workers)))
+
+    async def watch(self, worker: str, version: int, timeout: float) -> dict:
+        """Long-poll the PE states on ``worker`` newer than ``version``."""
+        return await self.client.rpc(worker).pe_wait(deployment=self.deployment, version=version,
+                                                     timeout=timeout)
+
+    async def drain(self, workers: Iterable[str]) -> None:
+        """End the sources on ``workers`` as if exhausted (bounded; a dead worker is skipped)."""
+        await self._ending("pe_drain", workers)
+
+    async def stop(self, workers: Iterable[str]) -> None:
+        """Stop the deployment's PEs on ``workers`` (bounded; a dead worker is skipped)."""
+        await self._ending("pe_stop", workers)
+
+    async def _ending(self, handler: str, workers: Iterable[str]) -> None:
+        workers = list(workers)
+        calls = [asyncio.wait_for(getattr(self.client.rpc(w), handler)(deployment=self.deployment),
+                                  ENDING_TIMEOUT_S) for w in workers]
+        for w, result in zip(workers, await asyncio.gather(*calls, return_exceptions=True)):
+            if isinstance(result, BaseException):
+                logger.debug("%s on %s failed: %s", handler, w, result)
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.client.close(), ENDING_TIMEOUT_S)
+        except Exception as exc:
+            logger.debug("closing the client failed: %s", exc)

@@ -1,0 +1,192 @@
+"""The Reconfigurer: the only writer of a deployment's placement, channels and epoch.
+
+Everything that changes the layout goes through here, under one lock
+(:attr:`Reconfigurer.lock`):
+
+* :meth:`Reconfigurer.launch`: the first placement is deployed;
+* :meth:`Reconfigurer.apply`: an action (Fuse, Split, Move, Replicate,
+  Release; BorrowHosts/ReturnHost are handed to the host manager) becomes a
+  new placement (``plan/transforms.py``), a reconfiguration plan and the
+  protocol that runs it (``reconfigure.py``), and an :class:`ApplyRecord`.
+  When no warm slot is left it starts a worker on the embedded cluster first
+  (the cold start) and places there;
+* :meth:`Reconfigurer.add_workers` / :meth:`remove_workers`: borrowed hosts
+  join and leave (``hosts.py``).
+
+The lock is the one a checkpoint coordinator must take too: checkpoints and
+reconfigurations never interleave (a barrier crossing a half-rewired graph
+would snapshot a state no placement had).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+from ..actions import Action, ActionRefused, BorrowHosts, ReturnHost
+from ..plan.placement import Placement
+from ..plan.transforms import NoSlotLeft, add_slot, add_workers, remove_workers, transform, with_slots
+from ..plan.wiring import build_specs, channel_ids
+from .cluster import EmbeddedCluster
+from .gateway import WorkerGateway
+from .reconfigure import ApplyRecord, execute, plan_reconfiguration
+from .state import DeploymentState
+
+logger = logging.getLogger(__name__)
+
+HostActions = Callable[[Action, float], Awaitable[ApplyRecord]]
+
+
+class Reconfigurer:
+    """Holds the placement (once), the channels and the epoch; applies every change to them."""
+
+    def __init__(self, gateway: WorkerGateway, state: DeploymentState, deployment: str,
+                 cluster: EmbeddedCluster | None, slots_per_host: int) -> None:
+        self.gateway = gateway
+        self.state = state
+        self.deployment = deployment
+        self.cluster = cluster
+        self.slots_per_host = slots_per_host
+        self.placement: Placement | None = None
+        self.channels: dict = {}
+        self.epoch = 0
+        self.worker_info: dict[str, dict] = {}
+        self.records: list[ApplyRecord] = []
+        self.lock = asyncio.Lock()                  # reconfigurations (and, later, checkpoints) take it
+        self.host_actions: HostActions | None = None      # the host manager's apply, for Borrow/Return
+        self.on_worker: Callable[[str], None] = lambda worker: None      # a worker joined: watch it
+        self.on_failure: Callable[[str], Awaitable[None]]     # the protocol failed half-way: fail the run
+        self.last_cold_start_s: float | None = None
+
+    # -- the first placement ----------------------------------------------------------------
+    async def known_workers(self) -> list[str]:
+        """Every worker in the cluster, its PE host's answer kept in :attr:`worker_info`."""
+        info = await self.gateway.workers()
+        addresses = sorted(info)
+        answers = await asyncio.gather(*(self.gateway.pe_info(w) for w in addresses))
+        for address, answer in zip(addresses, answers):
+            self.worker_info[address] = {**answer, "host": info[address].get("host", "")}
+        return addresses
+
+    async def launch(self, placement: Placement) -> None:
+        """Deploy ``placement``: every PE started, every standard slot warm."""
+        async with self.lock:
+            self.channels = channel_ids(placement, self.deployment, 0)
+            specs = build_specs(placement, self.worker_info, self.deployment, self.channels)
+            await self.gateway.launch(specs, placement)
+            self.placement = placement
+            await self._warm(placement)
+
+    async def _warm(self, placement: Placement) -> None:
+        per_worker: dict[str, int] = {}
+        for slot in placement.slots.values():
+            per_worker[slot.worker] = per_worker.get(slot.worker, 0) + 1
+        await self.gateway.warm(per_worker)
+
+    # -- actions -----------------------------------------------------------------------------
+    async def apply(self, action: Action, timeout: float) -> ApplyRecord:
+        """Apply ``action``; refused (with the reason) when impossible, recorded either way."""
+        if isinstance(action, (BorrowHosts, ReturnHost)):
+            if self.host_actions is None:
+                return self.record(ApplyRecord(action, False, "no host manager"))
+            return self.record(await self.host_actions(action, timeout))
+        async with self.lock:
+            try:
+                old, new, plan = await self._planned(action)
+            except ActionRefused as exc:
+                return self.record(ApplyRecord(action, False, str(exc)))
+            return self.record(await self._run(action, old, new, plan, timeout))
+
+    async def _planned(self, action: Action):
+        """The placement now, the one ``action`` makes and the plan between them (a cold start
+        first when no warm slot is left); raises :class:`ActionRefused`."""
+        if not self.state.live:
+            raise ActionRefused(f"the deployment is {self.state.state}")
+        try:
+            new = transform(self.placement, action)
+        except NoSlotLeft as exc:
+            new = transform(await self._cold_slot(action, exc), action)
+        old = self.placement
+        plan = plan_reconfiguration(old, new, self.channels, self.deployment, self.epoch + 1)
+        done = self.state.done_pes(plan.retired)
+        if done:
+            raise ActionRefused(f"PE {done[0]!r} is {self.state.pe_state.get(done[0])}: nothing to move")
+        return old, new, plan
+
+    async def _run(self, action: Action, old: Placement, new: Placement, plan, timeout: float) -> ApplyRecord:
+        self.epoch += 1
+        steps: dict[str, float] = {}
+        try:
+            pause = await execute(self.gateway.rpc, old, new, plan, self.worker_info, self.deployment,
+                                  f"{self.deployment}/reconf/{self.epoch}", timeout, self.gateway.plugins, steps)
+        except Exception as exc:
+            logger.error("reconfiguration %r failed", action, exc_info=True)
+            await self.on_failure(f"reconfiguration {action!r} failed: {type(exc).__name__}: {exc}")
+            return ApplyRecord(action, False, f"failed: {exc}")
+        self.placement, self.channels = new, plan.channels
+        self.state.pes_replaced(new.pes)
+        moved = {op: (old.pe_of(op), new.pe_of(op)) for op in new.plan.ops if op in old.plan.ops
+                 and (old.pe_of(op), old.pes[old.pe_of(op)].worker) != (new.pe_of(op), new.pes[new.pe_of(op)].worker)}
+        return ApplyRecord(action, True, getattr(action, "reason", ""), pause * 1000,
+                           plan.retired, plan.created, moved, steps=steps)
+
+    async def _cold_slot(self, action: Action, exc: NoSlotLeft) -> Placement:
+        """No warm slot is left: start a new worker (a cold start) with one slot.
+
+        Only an embedded cluster can grow this way; on another cluster the
+        action is refused (borrow a host instead). The record's ``cold``
+        figure says how long the worker took to start.
+        """
+        if self.cluster is None:
+            raise ActionRefused(f"{exc} and the cluster is not ours to grow: borrow a host (BorrowHosts) first")
+        t0 = time.perf_counter()
+        before = set(self.placement.workers)
+        await self.cluster.grow(self.gateway.client)
+        await self.known_workers()
+        joined = [w for w in self.worker_info if w not in before]
+        if not joined:
+            raise ActionRefused(f"{exc}; starting a new worker failed")
+        worker = joined[0]
+        grown = add_slot(add_workers(self.placement, {worker: self.worker_info[worker]["host"]}), worker)
+        self.placement = grown
+        await self._warm(grown)
+        self.on_worker(worker)
+        self.last_cold_start_s = time.perf_counter() - t0
+        self.state.event("cold-start", f"no warm slot for {action!r}: started worker {worker} "
+                                       f"in {self.last_cold_start_s:.2f} s")
+        return grown
+
+    def record(self, record: ApplyRecord) -> ApplyRecord:
+        """Keep ``record`` (``Deployment.records()``) and say what happened in the events."""
+        self.records.append(record)
+        if record.applied:
+            self.state.event("reconfigure", f"{record.action!r}: {len(record.moved)} operators moved, "
+                                            f"pause {record.pause_ms:.1f} ms")
+        else:
+            self.state.event("refused", f"{record.action!r}: {record.reason}")
+        return record
+
+    # -- the worker set (hosts.py borrows and returns hosts) --------------------------------
+    async def add_workers(self, host_id: str, infos: dict[str, dict]) -> None:
+        """Workers of ``host_id`` (their ``pe_info`` answers) join the placement, slots warmed."""
+        async with self.lock:
+            for worker, info in infos.items():
+                self.worker_info[worker] = {**info, "host": host_id}
+            grown = add_workers(self.placement, dict.fromkeys(infos, host_id))
+            self.placement = with_slots(grown, self.slots_per_host)
+        await self._warm(self.placement)
+
+    async def remove_workers(self, workers: set[str]) -> None:
+        """``workers`` leave the placement: nothing new is placed there (their PEs move separately)."""
+        async with self.lock:
+            self.placement = remove_workers(self.placement, workers)
+
+    def running_on(self) -> list[str]:
+        """Workers of the placement plus any still running a PE (a host being given back has
+        left ``workers`` while its PEs move off)."""
+        pl = self.placement
+        if pl is None:
+            return []
+        return list(dict.fromkeys(list(pl.workers) + [pe.worker for pe in pl.pes.values()]))
