@@ -1,0 +1,282 @@
+"""The native provider: queries as a chain of the project's operators, run in-process.
+
+In-process, events go through a :class:`pescheduler.worker.chain.Chain` of the
+registered operator plug-ins, fed and watermarked by
+:class:`pescheduler.worker.source_driver.SourceDriver` exactly as in a PE: one code
+path. :meth:`NativeProcessor.application` builds the same operators, with the
+same parameters, into an ``Application``.
+
+Sharing: aggregate queries that read the same stream (no filter in front),
+key and window share one window operator and one aggregate plan, so each
+distinct aggregate is computed once per window for all of them; queries may
+come and go while events flow (see ``operators/window.py``).
+
+Schemas: ``push_event`` checks the payload and raises :class:`SchemaError`
+(naming the field and the type it expects) before anything changes. A
+deployed application checks the same way in an ``ep_schema`` operator and
+dead-letters what does not fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..operator import DeadLetter, Operator, OperatorContext
+from ..plan.app import Application, Stream as AppStream
+from ..worker.chain import Chain, MIN_WATERMARK
+from ..worker.source_driver import SourceDriver, pump
+from .api import (Aggregate, Correlate, Definition, EventProcessor, Pattern, Stream, _span,
+                  as_definition, pattern_functions)
+from .schema import TS_FIELD, Schema
+
+
+@dataclass
+class _Node:
+    """One operator of the processor's graph, as ``application()`` rebuilds it."""
+
+    op: Operator
+    kind: str
+    name: str
+    inputs: list[str]
+    owners: set = field(default_factory=set)     # query ids using it
+
+
+@dataclass
+class _StreamState:
+    schema: Schema
+    max_delay: int
+    op_id: str
+    source: Operator
+    driver: SourceDriver
+
+
+class NativeProcessor(EventProcessor):
+    """The in-process engine: a chain of the project's operators; see the module docstring.
+
+    ``share=False`` gives every aggregate query its own window operator (the
+    baseline the sharing benchmark measures against).
+    """
+
+    def __init__(self, provider: Any = "native", share: bool = True) -> None:
+        super().__init__("native")
+        self.share = share
+        self._streams: dict[str, _StreamState] = {}
+        self._nodes: dict[str, _Node] = {}          # insertion order is topological
+        self._groups: dict[tuple, str] = {}         # shared window key -> op id
+        self._late: dict[str, list] = {}
+        self._chain: Chain | None = None
+        self._rebuild()
+
+    # -- streams ------------------------------------------------------------------------------
+    def register_stream(self, name: str, schema: Mapping[str, Any], max_delay: Any = 0) -> None:
+        """Declare stream ``name`` with ``schema`` ({field: type}); events are checked against it."""
+        from pescheduler.operators.ep_io import PushedSource
+
+        self._open()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a stream name is a non-empty string, got {name!r}")
+        if name in self._streams:
+            raise ValueError(f"stream {name!r} is registered already")
+        source = PushedSource(max_delay=max_delay)
+        op_id = f"stream.{name}"
+        self._streams[name] = _StreamState(Schema(name, schema), source.max_delay, op_id, source,
+                                           SourceDriver(op_id, source, 10_000))
+        self._rebuild()
+
+    def remove_stream(self, name: str) -> None:
+        self._stream(name)
+        users = [q for q, d in self._queries.items() if name in d.streams()]
+        if users:
+            raise ValueError(f"stream {name!r} is read by queries {users}; remove them first")
+        del self._streams[name]
+        self._rebuild()
+
+    def _stream(self, name: str) -> _StreamState:
+        try:
+            return self._streams[name]
+        except KeyError:
+            raise KeyError(f"unknown stream {name!r}; registered: {sorted(self._streams)}") from None
+
+    # -- queries ------------------------------------------------------------------------------
+    def create_query(self, query_id: Any, definition: Any) -> None:
+        self._open()
+        definition = as_definition(definition)
+        if query_id in self._queries:
+            raise ValueError(f"query {query_id!r} exists already")
+        for name in definition.streams():
+            self._stream(name)
+        self._processors[query_id] = []
+        try:
+            self._build(query_id, definition)
+        except Exception:
+            self._drop_owner(query_id)
+            del self._processors[query_id]
+            raise
+        self._queries[query_id] = definition
+        self._rebuild()
+
+    def remove_query(self, query_id: Any) -> None:
+        self._known_query(query_id)
+        self._drop_owner(query_id)
+        del self._queries[query_id], self._processors[query_id]
+        self._rebuild()
+
+    # -- events -------------------------------------------------------------------------------
+    def _schema(self, stream: str) -> Schema:
+        return self._stream(stream).schema
+
+    def _push(self, stream: str, events: list[dict]) -> None:
+        state = self._streams[stream]
+        state.source.offer(events)
+        self._pump(state)
+
+    def _pump(self, state: _StreamState) -> None:
+        """Move what the stream's source holds into the chain, with watermarks, as a PE does."""
+        while pump(state.driver, self._chain):
+            pass
+
+    def _end(self) -> None:
+        for state in self._streams.values():
+            state.source.end()
+            self._pump(state)
+
+    # -- what came out besides results --------------------------------------------------------
+    def late(self, query_id: Any) -> list:
+        return [e for op_id, node in self._nodes.items() if query_id in node.owners
+                for e in self._late.get(op_id, ())]
+
+    def dead_letters(self) -> list[DeadLetter]:
+        return self._dead + self._chain.dead_letters
+
+    # -- building the graph -------------------------------------------------------------------
+    def _build(self, query_id: Any, d: Definition) -> None:
+        """Add the operators of ``d``; an aggregate joins a shared window when one fits."""
+        prev = self._streams[d.stream.name].op_id
+        for i, f in enumerate(d.filters, start=1):
+            prev = self._add(f"{query_id}.filter{i}", "filter", {"fn": f.predicate}, [prev], query_id)
+        t, window = d.terminal, d.stream.window
+        if isinstance(t, Aggregate):
+            self._aggregate(query_id, d.stream, prev, t)
+            return
+        if isinstance(t, Correlate):
+            within = t.within if t.within is not None else _span(window, "correlate")
+            keys = {name: getattr(t, name) for name in ("on", "left_key", "right_key")
+                    if getattr(t, name) is not None}
+            prev = self._add(f"{query_id}.correlate", "join",
+                             {"within": within, "predicate": t.predicate, **keys},
+                             [prev, self._stream(t.right).op_id], query_id)
+        elif isinstance(t, Pattern):
+            within = t.within if t.within is not None else _span(window, "pattern")
+            define, do = pattern_functions(t)
+            prev = self._add(f"{query_id}.pattern", "pattern",
+                             {"pattern": t.pattern, "define": define, "do": do, "within": within,
+                              "output": t.output, "key": d.stream.key}, [prev], query_id)
+        self._add(f"{query_id}.out", "ep_output", {"processors": {query_id: self._processors[query_id]}},
+                  [prev], query_id, kind="sink")
+
+    def _aggregate(self, query_id: Any, stream: Stream, prev: str, t: Aggregate) -> None:
+        if stream.window is None:
+            raise ValueError(f"query {query_id!r}: an aggregate needs a window on its stream, "
+                             f"e.g. ep.Stream({stream.name!r}, window=ep.Tumbling('1s'))")
+        name, params = stream.window.operator()
+        group = (prev, name, tuple(sorted(params.items())), stream.key,
+                 None if self.share else query_id)
+        op_id = self._groups.get(group)
+        if op_id is None:
+            op_id = f"{name}{len(self._groups) + 1}.{stream.name}"
+            while op_id in self._nodes:
+                op_id += "'"
+            self._add(op_id, name, {**params, "key": stream.key, "queries": {query_id: t.aggregates}},
+                      [prev], query_id)
+            self._add(f"{op_id}.out", "ep_output", {"processors": self._processors, "tagged": True},
+                      [op_id], query_id, kind="sink")
+            self._groups[group] = op_id
+            return
+        self._nodes[op_id].op.add_query(query_id, t.aggregates)
+        for shared in (op_id, f"{op_id}.out"):
+            self._nodes[shared].owners.add(query_id)
+
+    def _add(self, op_id: str, name: str, params: dict, inputs: list[str], query_id: Any,
+             kind: str = "operator") -> str:
+        from ..plugins import active_plugins
+
+        if op_id in self._nodes:
+            raise ValueError(f"operator id {op_id!r} is taken; choose another query id")
+        op = active_plugins().operator(name, kind)(**params)
+        op.open(OperatorContext(op_id, pe_id="ep", extra={"inputs": list(inputs)}))
+        self._nodes[op_id] = _Node(op, kind, name, list(inputs), {query_id})
+        return op_id
+
+    def _drop_owner(self, query_id: Any) -> None:
+        """Release what ``query_id`` used: shared windows drop its query, unused operators go."""
+        for op_id, node in list(self._nodes.items()):
+            if query_id not in node.owners:
+                continue
+            node.owners.discard(query_id)
+            if query_id in getattr(node.op, "query_ids", ()):
+                node.op.remove_query(query_id)
+            if not node.owners:
+                del self._nodes[op_id]
+                self._late.pop(op_id, None)
+        live = set(self._nodes)
+        self._groups = {g: op_id for g, op_id in self._groups.items() if op_id in live}
+
+    def _rebuild(self) -> None:
+        """A new chain over the current operators; operator state and watermarks carry over."""
+        ops = {s.op_id: s.source for s in self._streams.values()}
+        ops.update((op_id, n.op) for op_id, n in self._nodes.items())
+        edges = [(src, "out", op_id) for op_id, n in self._nodes.items() for src in n.inputs]
+        old, self._chain = self._chain, Chain(ops, edges, on_side=self._side)
+        if old is not None:
+            self._dead.extend(old.dead_letters)
+            self._chain.restore_progress({k: v for k, v in old.progress().items() if k in ops})
+        for state in self._streams.values():
+            if state.driver.emitted_wm > MIN_WATERMARK:     # bring new operators up to event time
+                self._chain.watermark_from(state.op_id, state.driver.emitted_wm)
+
+    def _side(self, op_id: str, port: str, items: list) -> None:
+        self._late.setdefault(op_id, []).extend(items)
+
+    # -- compiling to an application ------------------------------------------------------------
+    def application(self, name: str, sources: Mapping[str, Any]) -> Application:
+        """The queries as an :class:`Application` for ``pescheduler.deploy``.
+
+        ``sources[stream]`` says where each stream's events come from in the
+        deployment: ``(registry_name, params)`` of a source (its tuples carry
+        ``ts``), or a list of ``(payload, ts)`` pairs (an ``iterable`` source).
+        Every event passes an ``ep_schema`` check; then come the very
+        operators this processor runs, with their current parameters
+        (``Operator.parameters()``: shared windows carry all their queries).
+        """
+        app = Application(name)
+        handles: dict[str, AppStream] = {}
+        used = set().union(*(d.streams() for d in self._queries.values())) if self._queries else set()
+        for stream in sorted(used):
+            state = self._stream(stream)
+            if stream not in sources:
+                raise ValueError(f"application: no source for stream {stream!r}; pass "
+                                 f"sources={{{stream!r}: ('jsonl', {{'path': ...}})}} or a list of events")
+            src_name, params = _source_spec(sources[stream])
+            params.setdefault("max_delay", state.max_delay)
+            raw = app.source(src_name, id=f"{state.op_id}.source", **params)
+            handles[state.op_id] = raw.apply("ep_schema", id=state.op_id, schema=state.schema)
+        for op_id, node in self._nodes.items():
+            ins = [handles[src] for src in node.inputs]
+            params = node.op.parameters()
+            if node.kind == "sink":
+                handles[op_id] = ins[0].sink(node.name, id=op_id, **params)
+            elif len(ins) == 2:
+                handles[op_id] = ins[0].join(ins[1], id=op_id, **params)
+            else:
+                handles[op_id] = ins[0].apply(node.name, id=op_id, **params)
+        return app
+
+
+def _source_spec(spec: Any) -> tuple[str, dict]:
+    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str):
+        return spec[0], dict(spec[1])
+    if isinstance(spec, list):
+        return "iterable", {"items": [{**payload, TS_FIELD: ts} for payload, ts in spec]}
+    raise TypeError(f"a stream's source is (registry_name, params) or a list of (payload, ts), "
+                    f"got {spec!r}")
