@@ -1,0 +1,128 @@
+"""The databases behind the SQL bridge: how to open each, and the SQL that differs between them.
+
+``open_provider(provider)`` takes what ``EventProcessor(provider=...)`` was
+given and returns ``(connection, dialect, owned)``:
+
+* ``"sqlite"``: the standard library's ``sqlite3``, in memory (the embedded
+  database, as H2 was for JEPC);
+* ``"duckdb"``: an in-memory DuckDB (the ``duckdb`` package);
+* ``"postgresql://..."`` / ``"postgres://..."``: PostgreSQL through psycopg 3;
+* an open DB-API 2.0 connection: used as it is (and not closed by us); the
+  dialect follows the driver's module (sqlite3, duckdb, psycopg), else the
+  standard SQL of :class:`Dialect` with the driver's ``paramstyle``.
+
+Everything else the bridge writes is standard SQL; a dialect only says how
+to write a placeholder, a column type, true division, Python's floor modulo,
+and an exact integer ``SUM``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+_MARKS = {"qmark": "?", "format": "%s", "pyformat": "%s", "numeric": None, "named": None}
+
+
+class Dialect:
+    """Standard SQL; subclasses change what their database spells otherwise."""
+
+    name = "sql"
+    mark = "?"
+    types = {int: "BIGINT", float: "DOUBLE PRECISION", str: "TEXT", bool: "BOOLEAN"}
+    real_type = "DOUBLE PRECISION"
+
+    def __init__(self, mark: str | None = None) -> None:
+        if mark is not None:
+            self.mark = mark
+
+    def param(self, value: Any = None) -> str:
+        return self.mark
+
+    def real(self, sql: str) -> str:
+        return f"CAST({sql} AS {self.real_type})"
+
+    def floor_mod(self, a: str, b: str) -> str:
+        return f"MOD(MOD({a}, {b}) + {b}, {b})"
+
+    def int_sum(self, sql: str) -> str:
+        """``SUM`` of an integer column as an integer (PostgreSQL widens it to numeric)."""
+        return f"CAST(SUM({sql}) AS BIGINT)"
+
+    def cursor(self, connection: Any) -> Any:
+        return connection.cursor()
+
+    def begin(self, cursor: Any) -> None:
+        """Start the transaction one pushed batch runs in (DB-API drivers start one implicitly)."""
+
+
+class SQLite(Dialect):
+    name = "sqlite"
+    types = {int: "INTEGER", float: "REAL", str: "TEXT", bool: "INTEGER"}
+    real_type = "REAL"
+
+    def floor_mod(self, a: str, b: str) -> str:
+        return f"((({a}) % ({b})) + ({b})) % ({b})"
+
+    def int_sum(self, sql: str) -> str:
+        return f"SUM({sql})"
+
+
+class DuckDB(Dialect):
+    name = "duckdb"
+    types = {int: "BIGINT", float: "DOUBLE", str: "VARCHAR", bool: "BOOLEAN"}
+    real_type = "DOUBLE"
+
+    def int_sum(self, sql: str) -> str:
+        return f"SUM({sql})"
+
+    def cursor(self, connection: Any) -> Any:
+        return connection        # a DuckDB cursor is a connection of its own, with its own transactions
+
+    def begin(self, cursor: Any) -> None:
+        cursor.execute("BEGIN TRANSACTION")     # DuckDB autocommits each statement otherwise
+
+
+class PostgreSQL(Dialect):
+    name = "postgresql"
+    mark = "%s"
+
+
+def open_provider(provider: Any) -> tuple[Any, Dialect, bool]:
+    """``(connection, dialect, owned)`` for ``provider`` (see the module docstring)."""
+    if isinstance(provider, str):
+        if provider == "sqlite":
+            import sqlite3
+
+            return sqlite3.connect(":memory:", check_same_thread=False), SQLite(), True
+        if provider == "duckdb":
+            import duckdb
+
+            return duckdb.connect(":memory:"), DuckDB(), True
+        if provider.startswith(("postgresql://", "postgres://")):
+            import psycopg
+
+            return psycopg.connect(provider), PostgreSQL(), True
+        raise ValueError(f"unknown provider {provider!r}: use 'native', 'sqlite', 'duckdb', a URL "
+                         f"'postgresql://user@host:port/db', or an open DB-API 2.0 connection")
+    if not callable(getattr(provider, "cursor", None)) or not callable(getattr(provider, "commit", None)):
+        raise TypeError(f"provider {provider!r} is not a DB-API 2.0 connection (it has no cursor() "
+                        f"and commit())")
+    return provider, dialect_of(provider), False
+
+
+def dialect_of(connection: Any) -> Dialect:
+    """The dialect of an open connection, from its driver's module."""
+    module = type(connection).__module__.split(".")[0]
+    if module == "sqlite3":
+        return SQLite()
+    if module in ("duckdb", "_duckdb"):
+        return DuckDB()
+    if module == "psycopg" or module == "psycopg2":
+        return PostgreSQL()
+    style = getattr(sys.modules.get(module), "paramstyle", "qmark")
+    mark = _MARKS.get(style)
+    if mark is None:
+        raise ValueError(f"DB-API driver {module!r} uses paramstyle {style!r}; the bridge binds "
+                         f"parameters as qmark (?) or format (%s)")
+    return Dialect(mark)

@@ -1,0 +1,639 @@
+"""The SQL bridge: ``pescheduler.ep`` queries run by a standard database (JEPC's design).
+
+As in "Event Processing on your own Database" (BTW 2013), each query
+definition becomes SQL over tables the bridge creates (temporary tables, so
+nothing outlives the connection's session):
+
+* every stream has a *batch table*: a pushed event (or a pushed batch) is
+  inserted there, the queries reading the stream run over it, then it is
+  emptied;
+* every time window of a query is a *window table*: the events that enter it
+  are inserted from the batch table, and those that can reach no window any
+  more are purged by the watermark (the freshest event's time minus the
+  stream's ``max_delay``);
+* filters, aggregates (``COUNT``, ``SUM``, ``MIN``, ``MAX``, and sums of
+  squares: ``avg``, ``var`` and ``stddev`` are derived from those as the
+  native engine derives them, so results are equal to the last bit on
+  integers) and correlations (a join of the batch table with the other
+  side's window table) are generated SQL;
+* a pattern's *symbol stream* is computed in the database (one boolean
+  column per symbol: the parts of its predicate that read only the event)
+  and fed to the NFA of ``operators/pattern.py``, which applies what reads
+  the run's measures. Same automaton, same semantics as the native engine.
+
+*When* things happen (which events are late, when a window fires, in which
+order results come out) is decided here exactly as the native operators
+decide it, so both give the same results in the same order; *what* comes out
+is computed by the database.
+
+Safety: every value (event fields, literals of expressions, window bounds)
+is a bound parameter; table names are generated; field names are checked to
+be identifiers and prefixed (``f_<name>``), so no user text is ever SQL.
+Predicates must be expressions (``ep.col``...): a Python function cannot run
+in a database, and is refused at ``create_query`` saying how to write it.
+
+Session and count windows are not bridged yet (``create_query`` says so).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from ..aggregates import parse_request
+from ..operator import MAX_WATERMARK, MIN_WATERMARK, Emitter
+from .api import (Aggregate, Correlate, Definition, EventProcessor, Pattern, Sliding, Tumbling, _span,
+                  as_definition, pattern_functions)
+from .expr import IDENTIFIER, Expr, Field, conjuncts, lift, to_sql
+from .providers import open_provider
+from .schema import TS_FIELD, Schema
+
+_TABLES = itertools.count(1)
+_INT64 = (-(2**63), 2**63 - 1)
+BATCH = 10_000                # as the native engine's source driver: a push is cut into batches of this
+BASE = ("count", "sum", "sumsq", "min", "max")
+DERIVED = {"avg": ("sum", "count"), "var": ("sum", "sumsq", "count"), "stddev": ("sum", "sumsq", "count")}
+
+
+def _bound(v: int) -> int:
+    """A watermark bound as a 64-bit parameter (Python's ints are wider than a BIGINT)."""
+    return min(max(v, _INT64[0]), _INT64[1])
+
+
+def column(name: str) -> str:
+    return f"f_{name}"
+
+
+def _lambda_error(query_id: Any, what: str, example: str) -> TypeError:
+    return TypeError(f"query {query_id!r}: {what} is a Python function, which a database cannot run; "
+                     f"write it as an expression, e.g. {example}")
+
+
+@dataclass
+class _SQLStream:
+    schema: Schema
+    max_delay: int
+    table: str
+    max_ts: int = MIN_WATERMARK
+    wm: int = MIN_WATERMARK
+    seq: int = 0
+    batch: dict = field(default_factory=dict)         # seq -> event of the batch being processed
+
+
+class SQLProcessor(EventProcessor):
+    """Queries as SQL on a database; see the module docstring and :class:`EventProcessor`."""
+
+    def __init__(self, provider: Any = "sqlite", share: bool = True) -> None:
+        super().__init__(provider)
+        self.conn, self.dialect, self._owned = open_provider(provider)
+        self.cur = self.dialect.cursor(self.conn)
+        self._streams: dict[str, _SQLStream] = {}
+        self._runners: dict[Any, "_Query"] = {}
+
+    # -- SQL -----------------------------------------------------------------------------------
+    def sql(self, text: str, params: list | tuple = ()) -> list:
+        self.cur.execute(text, tuple(params))
+        return self.cur.fetchall() if self.cur.description is not None else []
+
+    def ddl(self, text: str) -> None:
+        self.cur.execute(text)
+        self.conn.commit()
+
+    def p(self) -> str:
+        return self.dialect.param()
+
+    # -- streams -------------------------------------------------------------------------------
+    def register_stream(self, name: str, schema: Mapping[str, Any], max_delay: Any = 0) -> None:
+        from pescheduler.operators.ep_io import PushedSource
+
+        self._open()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a stream name is a non-empty string, got {name!r}")
+        if name in self._streams:
+            raise ValueError(f"stream {name!r} is registered already")
+        checked = Schema(name, schema)
+        bad = [f for f in checked.fields if not IDENTIFIER.match(f)]
+        if bad:
+            raise ValueError(f"stream {name!r}: field {bad[0]!r} is not an identifier (letters, digits, _), "
+                             f"which a database column needs")
+        table = f"ep_{next(_TABLES)}_batch"
+        cols = "".join(f", {column(f)} {self.dialect.types[t]}" for f, t in checked.fields.items())
+        self.ddl(f"CREATE TEMPORARY TABLE {table} (seq BIGINT, ts BIGINT{cols})")
+        self._streams[name] = _SQLStream(checked, PushedSource(max_delay=max_delay).max_delay, table)
+
+    def remove_stream(self, name: str) -> None:
+        state = self._stream(name)
+        users = [q for q, d in self._queries.items() if name in d.streams()]
+        if users:
+            raise ValueError(f"stream {name!r} is read by queries {users}; remove them first")
+        self.ddl(f"DROP TABLE {state.table}")
+        del self._streams[name]
+
+    def _stream(self, name: str) -> _SQLStream:
+        try:
+            return self._streams[name]
+        except KeyError:
+            raise KeyError(f"unknown stream {name!r}; registered: {sorted(self._streams)}") from None
+
+    def _schema(self, stream: str) -> Schema:
+        return self._stream(stream).schema
+
+    # -- queries -------------------------------------------------------------------------------
+    def create_query(self, query_id: Any, definition: Any) -> None:
+        self._open()
+        definition = as_definition(definition)
+        if query_id in self._queries:
+            raise ValueError(f"query {query_id!r} exists already")
+        for name in definition.streams():
+            self._stream(name)
+        t, window = definition.terminal, definition.stream.window
+        if isinstance(t, Aggregate):
+            if window is None:
+                raise ValueError(f"query {query_id!r}: an aggregate needs a window on its stream, "
+                                 f"e.g. ep.Stream({definition.stream.name!r}, window=ep.Tumbling('1s'))")
+            if isinstance(window, Sliding) and window.slide == "event":
+                kind = _OverAggregate
+            elif isinstance(window, (Tumbling, Sliding)):
+                kind = _WindowAggregate
+            else:
+                raise ValueError(f"query {query_id!r}: {type(window).__name__} windows run on the native "
+                                 f"provider only (not bridged to SQL yet); use ep.Tumbling or ep.Sliding")
+        elif isinstance(t, Correlate):
+            kind = _Correlate
+        elif isinstance(t, Pattern):
+            kind = _Pattern
+        else:
+            kind = _Filter
+        runner = kind(self, query_id, definition)      # checks and compiles; creates its tables last
+        self._processors[query_id] = []
+        self._queries[query_id] = definition
+        self._runners[query_id] = runner
+
+    def remove_query(self, query_id: Any) -> None:
+        self._known_query(query_id)
+        self._runners.pop(query_id).drop()
+        del self._queries[query_id], self._processors[query_id]
+
+    def late(self, query_id: Any) -> list:
+        self._known_query(query_id)
+        return list(self._runners[query_id].late)
+
+    # -- events --------------------------------------------------------------------------------
+    def _push(self, stream: str, events: list[dict]) -> None:
+        for i in range(0, len(events), BATCH):
+            self._batch(stream, events[i:i + BATCH])
+
+    def _batch(self, stream: str, events: list[dict]) -> None:
+        """Insert, run every query reading ``stream``, advance the watermark, purge: one transaction."""
+        state = self._streams[stream]
+        fields = list(state.schema.fields)
+        rows, batch = [], {}
+        for e in events:
+            state.seq += 1
+            batch[state.seq] = e
+            rows.append((state.seq, e[TS_FIELD], *(e[f] for f in fields)))
+            if e[TS_FIELD] > state.max_ts:
+                state.max_ts = e[TS_FIELD]
+        self.dialect.begin(self.cur)
+        marks = ", ".join([self.p()] * (2 + len(fields)))
+        self.cur.executemany(f"INSERT INTO {state.table} VALUES ({marks})", rows)
+        state.batch = batch
+        readers = [r for r in self._runners.values() if stream in r.streams]
+        for r in readers:
+            r.on_batch(stream, state)
+        wm = state.max_ts - state.max_delay - 1
+        if state.max_ts != MIN_WATERMARK and wm > state.wm:
+            state.wm = wm
+            for r in readers:
+                r.advance()
+        self.sql(f"DELETE FROM {state.table}")
+        state.batch = {}
+        self.conn.commit()
+
+    def _end(self) -> None:
+        for name, state in self._streams.items():
+            self.dialect.begin(self.cur)
+            state.wm = MAX_WATERMARK
+            for r in [r for r in self._runners.values() if name in r.streams]:
+                r.advance()
+            self.conn.commit()
+        if self._owned:
+            self.conn.close()
+
+    def emit(self, query_id: Any, rows: list) -> None:
+        """Hand ``rows`` to the query's output processors (a failing one is dead-lettered)."""
+        from pescheduler.operators.ep_io import OutputProcessors
+
+        if rows:
+            out = Emitter()
+            OutputProcessors({query_id: self._processors[query_id]}).process(rows, out)
+            self._dead.extend(out.dead or ())
+
+    def application(self, name: str, sources: Mapping[str, Any]) -> Any:
+        """The queries as a deployable ``Application`` (the native operators: see ``native.py``)."""
+        from .native import NativeProcessor
+
+        twin = NativeProcessor()
+        for stream, state in self._streams.items():
+            twin.register_stream(stream, dict(state.schema.fields), state.max_delay)
+        for query_id, definition in self._queries.items():
+            twin.create_query(query_id, definition)
+        return twin.application(name, sources)
+
+
+# -- one query each ------------------------------------------------------------------------------
+class _Query:
+    """A query's SQL and state on one processor; subclasses per query kind."""
+
+    def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
+        self.proc, self.query_id, self.d = proc, query_id, d
+        self.streams = d.streams()
+        self.late: list = []
+        self.tables: list[str] = []
+        self.schema = proc._stream(d.stream.name).schema
+        self.wm = self._stream_wm()
+        params: list = []
+        where = [self.predicate(f.predicate, "filter", "n", params) for f in d.filters]
+        self.where = " AND ".join(where) or "1 = 1"
+        self.where_params = params
+
+    def _stream_wm(self) -> int:
+        return min(self.proc._streams[s].wm for s in self.streams)
+
+    def predicate(self, pred: Any, what: str, alias: str, params: list,
+                  sides: Mapping[str, tuple[str, Schema]] | None = None) -> str:
+        """``pred`` (an expression) as SQL over table ``alias``; a Python function is refused."""
+        if not isinstance(pred, Expr):
+            if callable(pred):
+                raise _lambda_error(self.query_id, f"the {what} {pred!r}",
+                                    "ep.col('a') - ep.col('b') == 1")
+            pred = lift(pred)
+        sides = sides or {"event": (alias, self.schema)}
+        return to_sql(pred, lambda f: self.column(f, sides), self.proc.dialect, params)
+
+    def column(self, f: Field, sides: Mapping[str, tuple[str, Schema]]) -> str:
+        if f.side not in sides:
+            raise ValueError(f"query {self.query_id!r}: {f!r} has no meaning here "
+                             f"(this expression may read {', '.join(sides)} fields)")
+        alias, schema = sides[f.side]
+        if f.name == TS_FIELD:
+            return f"{alias}.ts"
+        if f.name not in schema.fields:
+            raise ValueError(f"query {self.query_id!r}: {f!r}: stream {schema.stream!r} has no field "
+                             f"{f.name!r}; its schema is {schema.describe()}")
+        return f"{alias}.{column(f.name)}"
+
+    def table(self, schema: Schema, extra: str = "") -> str:
+        name = f"ep_{next(_TABLES)}_window"
+        cols = "".join(f", {column(f)} {self.proc.dialect.types[t]}" for f, t in schema.fields.items())
+        self.proc.ddl(f"CREATE TEMPORARY TABLE {name} (seq BIGINT, ts BIGINT{extra}{cols})")
+        self.tables.append(name)
+        return name
+
+    def drop(self) -> None:
+        for t in self.tables:
+            self.proc.ddl(f"DROP TABLE {t}")
+
+    def on_batch(self, stream: str, state: _SQLStream) -> None:
+        raise NotImplementedError
+
+    def advance(self) -> None:
+        wm = self._stream_wm()
+        if wm > self.wm:
+            self.wm = wm
+            self.on_watermark(wm)
+
+    def on_watermark(self, wm: int) -> None:
+        pass
+
+
+class _Filter(_Query):
+    """Filters only: the events of the batch table that pass, in push order."""
+
+    def on_batch(self, stream: str, state: _SQLStream) -> None:
+        rows = self.proc.sql(f"SELECT seq FROM {state.table} n WHERE {self.where} ORDER BY seq",
+                             self.where_params)
+        self.proc.emit(self.query_id, [state.batch[s] for (s,) in rows])
+
+
+class _Aggregates:
+    """``{output: (function, field)}`` as SQL over base aggregates, derived as the native plan does."""
+
+    def __init__(self, query_id: Any, spec: Mapping, schema: Schema, dialect: Any, alias: str) -> None:
+        self.outputs: list[tuple[str, str, str | None]] = []
+        self.base: list[tuple[str, str | None]] = []
+        for out, request in spec.items():
+            fn, fld = parse_request(out, request)
+            if not isinstance(fn, str) or fn not in BASE + tuple(DERIVED):
+                raise ValueError(f"query {query_id!r}: aggregate {out!r}: {fn!r} is not one the SQL bridge "
+                                 f"knows ({', '.join(BASE + tuple(DERIVED))}); plug-in aggregates run on "
+                                 f"the native provider")
+            if fn != "count":
+                if not isinstance(fld, str) or fld not in schema.fields:
+                    raise ValueError(f"query {query_id!r}: aggregate {out!r}: {fld!r} is not a field of "
+                                     f"stream {schema.stream!r} ({schema.describe()})")
+            else:
+                fld = None
+            self.outputs.append((out, fn, fld))
+            for b in DERIVED.get(fn, (fn,)):
+                key = (b, None if b == "count" else fld)
+                if key not in self.base:
+                    self.base.append(key)
+        parts = []
+        for fn, fld in self.base:
+            c = f"{alias}.{column(fld)}" if fld else None
+            integer = fld is not None and schema.fields[fld] is int
+            if fn == "count":
+                parts.append("COUNT(*)")
+            elif fn == "sum":
+                parts.append(dialect.int_sum(c) if integer else f"SUM({c})")
+            elif fn == "sumsq":
+                parts.append(dialect.int_sum(f"{c} * {c}") if integer else f"SUM({c} * {c})")
+            else:
+                parts.append(f"{fn.upper()}({c})")
+        self.sql = ", ".join(parts)
+
+    def row(self, values: tuple) -> dict:
+        got = dict(zip(self.base, values))
+        out = {}
+        for name, fn, fld in self.outputs:
+            n = got[("count", None)] if ("count", None) in got else None
+            if fn in BASE:
+                out[name] = got[(fn, fld)]
+            else:
+                total = got[("sum", fld)]
+                if fn == "avg":
+                    out[name] = total / n
+                else:
+                    var = max(0.0, got[("sumsq", fld)] / n - (total / n) ** 2)
+                    out[name] = var if fn == "var" else var ** 0.5
+        return out
+
+
+class _Windowed(_Query):
+    def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
+        super().__init__(proc, query_id, d)
+        key = d.stream.key
+        if key is not None and (not isinstance(key, str) or key not in self.schema.fields):
+            raise ValueError(f"query {query_id!r}: key {key!r} is not a field of stream "
+                             f"{self.schema.stream!r} ({self.schema.describe()})")
+        self.key = key
+        self.kcol = f"q.{column(key)}" if key else None
+        self.aggs = _Aggregates(query_id, d.terminal.aggregates, self.schema, proc.dialect, "q")
+
+    def result(self, k: Any, ws: int, we: int, values: tuple) -> dict:
+        head = {self.key: k} if self.key else {}
+        return {**head, "window_start": ws, "window_end": we, **self.aggs.row(values)}
+
+
+class _WindowAggregate(_Windowed):
+    """Tumbling or sliding windows: panes of ``slide`` in a window table, fired by the watermark."""
+
+    def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
+        super().__init__(proc, query_id, d)
+        w = d.stream.window
+        self.size = w.span
+        self.slide = self.size if isinstance(w, Tumbling) else _span(Sliding(w.slide, w.slide), "slide")
+        if self.size <= 0 or self.slide <= 0 or self.size % self.slide:
+            raise ValueError(f"query {query_id!r}: window size ({self.size} ms) must be a positive multiple "
+                             f"of slide ({self.slide} ms)")
+        self.fired_end: int | None = None
+        if self.wm > MIN_WATERMARK:
+            self.fired_end = (self.wm + 1) - (self.wm + 1) % self.slide
+        self.t = self.table(self.schema, ", pane BIGINT")
+        cols = ", ".join(column(f) for f in self.schema.fields)
+        p, dialect = proc.p(), proc.dialect
+        pane = f"(n.ts - {dialect.floor_mod('n.ts', p)})"
+        self.pane_params = [self.slide] * pane.count(p)
+        self.insert = (f"INSERT INTO {self.t} (seq, ts, pane, {cols}) SELECT n.seq, n.ts, {pane}, "
+                       + ", ".join(f"n.{column(f)}" for f in self.schema.fields)
+                       + f" FROM {{batch}} n WHERE {self.where} AND {pane} > {p}")
+        self.late_sql = f"SELECT seq FROM {{batch}} n WHERE {self.where} AND {pane} <= {p} ORDER BY seq"
+        group = f"GROUP BY {self.kcol} ORDER BY MIN(q.pane), MIN(q.first)" if self.key else ""
+        first = (f", FIRST_VALUE(seq) OVER (PARTITION BY {column(self.key)} ORDER BY pane, seq) AS first"
+                 if self.key else "")
+        self.fire_sql = (f"SELECT {self.kcol + ', ' if self.key else ''}{self.aggs.sql} FROM "
+                         f"(SELECT *{first} FROM {self.t} WHERE pane >= {p} AND pane < {p}) q {group}")
+
+    def on_batch(self, stream: str, state: _SQLStream) -> None:
+        lim = _bound(self.wm - self.size + 1)       # panes starting at or before this are late
+        params = [*self.where_params, *self.pane_params, lim]
+        late = self.proc.sql(self.late_sql.format(batch=state.table), params)
+        self.late.extend(state.batch[s] for (s,) in late)
+        self.proc.sql(self.insert.format(batch=state.table), [*self.pane_params, *params])
+
+    def on_watermark(self, wm: int) -> None:
+        starts = [p for (p,) in self.proc.sql(f"SELECT DISTINCT pane FROM {self.t} ORDER BY pane")]
+        if starts:
+            self._fire(starts, wm + 1)
+            self.proc.sql(f"DELETE FROM {self.t} WHERE pane <= {self.proc.p()}", [_bound(wm - self.size + 1)])
+        self.fired_end = (wm + 1) - (wm + 1) % self.slide
+
+    def _fire(self, starts: list, last_end: int) -> None:
+        """Every window ending in ``(fired_end, last_end]`` with data, by end (``Window._fire``)."""
+        from bisect import bisect_left
+
+        size, slide = self.size, self.slide
+        end = starts[0] + slide
+        if self.fired_end is not None:
+            end = max(end, self.fired_end + slide)
+        rows = []
+        while end <= last_end:
+            lo = bisect_left(starts, end - size)
+            if lo == len(starts):
+                break
+            if starts[lo] >= end:
+                end = starts[lo] + slide
+                continue
+            for values in self.proc.sql(self.fire_sql, [end - size, end]):
+                k, values = (values[0], values[1:]) if self.key else (None, values)
+                rows.append(self.result(k, end - size, end, values))
+            end += slide
+        self.proc.emit(self.query_id, rows)
+
+
+class _OverAggregate(_Windowed):
+    """``Sliding(size, "event")``: a row per event over its key's ``(ts - size, ts]``."""
+
+    def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
+        super().__init__(proc, query_id, d)
+        self.size = d.stream.window.span
+        self.t = self.table(self.schema)
+        p = proc.p()
+        cols = ", ".join(column(f) for f in self.schema.fields)
+        self.insert = (f"INSERT INTO {self.t} (seq, ts, {cols}) SELECT n.seq, n.ts, "
+                       + ", ".join(f"n.{column(f)}" for f in self.schema.fields)
+                       + f" FROM {{batch}} n WHERE {self.where} AND n.ts > {p}")
+        self.late_sql = f"SELECT seq FROM {{batch}} n WHERE {self.where} AND n.ts <= {p} ORDER BY seq"
+        tk = f"t.{column(self.key)}" if self.key else None
+        same_key = f"q.{column(self.key)} = {tk} AND " if self.key else ""
+        self.fire_sql = (f"SELECT t.seq, t.ts{', ' + tk if tk else ''}, {self.aggs.sql} FROM {self.t} t "
+                         f"JOIN {self.t} q ON {same_key}q.ts > t.ts - {p} AND q.ts <= t.ts "
+                         f"WHERE t.ts > {p} AND t.ts <= {p} GROUP BY t.seq, t.ts{', ' + tk if tk else ''}")
+
+    def on_batch(self, stream: str, state: _SQLStream) -> None:
+        params = [*self.where_params, _bound(self.wm)]
+        self.late.extend(state.batch[s] for (s,) in self.proc.sql(self.late_sql.format(batch=state.table),
+                                                                   params))
+        self.proc.sql(self.insert.format(batch=state.table), params)
+
+    def on_watermark(self, wm: int) -> None:
+        raise AssertionError("advance() is overridden")
+
+    def advance(self) -> None:
+        wm = self._stream_wm()
+        if wm <= self.wm:
+            return
+        old, self.wm = self.wm, wm
+        got = self.proc.sql(self.fire_sql, [self.size, _bound(old), wm])
+        # Order as the native engine takes them: by ts, keys in first-arrival order, then arrival.
+        first: dict = {}
+        for seq, ts, *rest in got:
+            k = rest[0] if self.key else None
+            first[ts, k] = min(first.get((ts, k), seq), seq)
+        got.sort(key=lambda r: (r[1], first[r[1], r[2] if self.key else None], r[0]))
+        rows = []
+        for seq, ts, *rest in got:
+            k, values = (rest[0], rest[1:]) if self.key else (None, rest)
+            rows.append(self.result(k, ts - self.size + 1, ts + 1, tuple(values)))
+        self.proc.emit(self.query_id, rows)
+        self.proc.sql(f"DELETE FROM {self.t} WHERE ts <= {self.proc.p()}", [_bound(wm - self.size)])
+
+
+class _Correlate(_Query):
+    """Pairs within ``within`` (inclusive): each new event joins the other side's window table."""
+
+    def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
+        super().__init__(proc, query_id, d)
+        t: Correlate = d.terminal
+        if t.right == d.stream.name:
+            raise ValueError(f"query {query_id!r}: correlating a stream with itself runs on the native "
+                             f"provider only")
+        self.within = t.within if t.within is not None else _span(d.stream.window, "correlate")
+        from ..timeutil import parse_duration
+
+        self.within = parse_duration(self.within)
+        self.left, self.right = d.stream.name, t.right
+        schemas = {"left": self.schema, "right": proc._stream(t.right).schema}
+        self.schemas = schemas
+        p = proc.p()
+        # The join condition, written once per direction (new left events, new right events).
+        self.cond: dict[str, tuple[str, list]] = {}
+        for new, old in (("left", "right"), ("right", "left")):
+            alias = {new: "n", old: "o"}
+            sides = {s: (alias[s], schemas[s]) for s in ("left", "right")}
+            params: list = []
+            parts = [f"o.ts >= n.ts - {p} AND o.ts <= n.ts + {p}"]
+            lk = t.left_key if t.left_key is not None else t.on
+            rk = t.right_key if t.right_key is not None else t.on
+            if (lk is None) != (rk is None):
+                raise ValueError(f"query {query_id!r}: give keys for both sides (on=, or left_key= and "
+                                 f"right_key=)")
+            if lk is not None:
+                kl = self._key(lk, "left", sides)
+                kr = self._key(rk, "right", sides)
+                parts.append(f"{kl[0]} = {kr[0]}")
+                params += kl[1] + kr[1]
+            if t.predicate is not None:
+                parts.append(self.predicate(t.predicate, "correlation predicate", "n", params, sides))
+            self.cond[new] = (" AND ".join(parts), params)
+        self.tables_of = {"left": self.table(schemas["left"]), "right": self.table(schemas["right"])}
+        self.events: dict[str, dict] = {"left": {}, "right": {}}
+
+    def _key(self, key: Any, side: str, sides: dict) -> tuple[str, list]:
+        if isinstance(key, str):
+            key = Field("event", key)
+        if not isinstance(key, Expr):
+            raise _lambda_error(self.query_id, f"the {side} key {key!r}", "left_key=ep.col('a') - 2")
+        params: list = []
+        mapped = {"event": sides[side]}
+        return to_sql(key, lambda f: self.column(f, mapped), self.proc.dialect, params), params
+
+    def on_batch(self, stream: str, state: _SQLStream) -> None:
+        side = "left" if stream == self.left else "right"
+        other = "right" if side == "left" else "left"
+        p, wm = self.proc.p(), _bound(self.wm)
+        where, wparams = (self.where, self.where_params) if side == "left" else ("1 = 1", [])
+        late = self.proc.sql(f"SELECT seq FROM {state.table} n WHERE {where} AND n.ts <= {p} ORDER BY seq",
+                             [*wparams, wm])
+        self.late.extend(state.batch[s] for (s,) in late)
+        cond, cparams = self.cond[side]
+        pairs = self.proc.sql(f"SELECT n.seq, o.seq FROM {state.table} n JOIN {self.tables_of[other]} o "
+                              f"ON {cond} WHERE {where} AND n.ts > {p} ORDER BY n.seq, o.seq",
+                              [self.within, self.within, *cparams, *wparams, wm])
+        mine, theirs = state.batch, self.events[other]
+        rows = []
+        for s, o in pairs:
+            a, b = (mine[s], theirs[o]) if side == "left" else (theirs[o], mine[s])
+            rows.append({"left": a, "right": b, "ts": max(a[TS_FIELD], b[TS_FIELD])})
+        self.proc.emit(self.query_id, rows)
+        kept = self.proc.sql(f"SELECT seq FROM {state.table} n WHERE {where} AND n.ts > {p}", [*wparams, wm])
+        fields = ", ".join(column(f) for f in self.schemas[side].fields)
+        self.proc.sql(f"INSERT INTO {self.tables_of[side]} (seq, ts, {fields}) SELECT seq, ts, {fields} "
+                      f"FROM {state.table} n WHERE {where} AND n.ts > {p}", [*wparams, wm])
+        self.events[side].update((s, state.batch[s]) for (s,) in kept)
+
+    def on_watermark(self, wm: int) -> None:
+        bound = wm - self.within                     # ts <= bound can meet nothing that is not late
+        for side, table in self.tables_of.items():
+            self.proc.sql(f"DELETE FROM {table} WHERE ts <= {self.proc.p()}", [_bound(bound)])
+            events = self.events[side]
+            for s in [s for s, e in events.items() if e[TS_FIELD] <= bound]:
+                del events[s]
+
+
+class _Symbols(dict):
+    """An event with the truth of each symbol's database-side predicate (the symbol stream)."""
+
+    __slots__ = ("bits",)
+
+
+class _Pattern(_Query):
+    """The symbol stream from the database, the NFA of ``operators/pattern.py`` on top."""
+
+    def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
+        from pescheduler.operators.pattern import Pattern as NFA
+
+        super().__init__(proc, query_id, d)
+        t: Pattern = d.terminal
+        within = t.within if t.within is not None else _span(d.stream.window, "pattern")
+        define, do = pattern_functions(t)
+        params: list = []
+        bits, preds = [], {}
+        for i, (symbol, pred) in enumerate(define.items()):
+            if not isinstance(pred, Expr):
+                raise _lambda_error(query_id, f"the predicate of symbol {symbol!r}",
+                                    "ep.col('a') - ep.measure('z1') == 1")
+            in_db = [c for c in conjuncts(pred) if not any(s == "measure" for s, _ in c.refs())]
+            rest = [c for c in conjuncts(pred) if c not in in_db]
+            sql = " AND ".join(self.predicate(c, "pattern predicate", "n", params) for c in in_db)
+            bits.append(f"CASE WHEN {sql or '1 = 1'} THEN 1 ELSE 0 END")
+            preds[symbol] = self._symbol(i, rest)
+        self.symbols_sql = f"SELECT seq, {', '.join(bits)} FROM {{batch}} n WHERE {self.where} ORDER BY seq"
+        self.symbol_params = params + self.where_params
+        key = d.stream.key
+        self.nfa = NFA(t.pattern, preds, do=do, within=within, output=t.output, key=key)
+        if self.wm > MIN_WATERMARK:
+            self.nfa.on_watermark(self.wm, Emitter())
+
+    @staticmethod
+    def _symbol(i: int, rest: list[Expr]) -> Callable:
+        if not rest:
+            return lambda e, m: e.bits[i]
+        return lambda e, m: e.bits[i] and all(c(e, m) for c in rest)
+
+    def on_batch(self, stream: str, state: _SQLStream) -> None:
+        events = []
+        for seq, *bits in self.proc.sql(self.symbols_sql.format(batch=state.table), self.symbol_params):
+            e = _Symbols(state.batch[seq])
+            e.bits = [bool(b) for b in bits]
+            events.append(e)
+        out = Emitter()
+        self.nfa.process(events, out)
+        self.late.extend(dict(e) for e in (out.sides or {}).get("late", ()))
+
+    def on_watermark(self, wm: int) -> None:
+        out = Emitter()
+        self.nfa.on_watermark(wm, out)
+        self.proc.emit(self.query_id, list(out))

@@ -1,0 +1,54 @@
+"""A real PostgreSQL server for tests: Debian's package, a fresh cluster in a temp dir, stopped by its pg_ctl.
+
+``running(tmp)`` installs ``postgresql`` when missing (tests/debian.py),
+``initdb``s a cluster into ``tmp``, starts it with ``pg_ctl`` on a free port
+with its unix socket in ``tmp`` (no TCP listener), yields a
+``postgresql://`` URL, and stops that one server with ``pg_ctl stop``
+(which signals the PID in its own ``postmaster.pid``) at the end. The server
+refuses to run as root, so as root the cluster belongs to the ``postgres``
+user the package creates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+from typing import Iterator
+
+from debian import require
+
+
+def _bin_dirs() -> tuple[str, ...]:
+    return tuple(sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)) or ("/usr/lib/postgresql/15/bin",)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running(tmp: str) -> Iterator[str]:
+    initdb = require("initdb", "postgresql", search=_bin_dirs())
+    pg_ctl = os.path.join(os.path.dirname(initdb), "pg_ctl")
+    user = "postgres" if os.geteuid() == 0 else None
+    data, sock = os.path.join(tmp, "data"), os.path.join(tmp, "sock")
+    os.makedirs(sock, exist_ok=True)
+    if user:
+        shutil.chown(tmp, user)
+        shutil.chown(sock, user)
+    run = dict(user=user, check=True, capture_output=True, text=True, timeout=120)
+    subprocess.run([initdb, "-D", data, "-U", "postgres", "-A", "trust", "--no-sync"], **run)
+    port = _free_port()
+    options = f"-p {port} -k {sock} -c listen_addresses='' -c fsync=off -c synchronous_commit=off"
+    subprocess.run([pg_ctl, "start", "-w", "-t", "60", "-D", data, "-l", os.path.join(tmp, "log"),
+                    "-o", options], **run)
+    try:
+        yield f"postgresql://postgres@/postgres?host={sock}&port={port}"
+    finally:
+        subprocess.run([pg_ctl, "stop", "-w", "-t", "60", "-m", "fast", "-D", data], **run)
