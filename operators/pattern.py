@@ -20,16 +20,30 @@ updates the measures when the symbol is taken (a new dict per run: runs never
 share measures). ``output(measures) -> dict`` makes the result; by default it
 is ``{**measures, "start_ts": first_ts, "ts": last_ts}``.
 
-Strict contiguity, per key: events are taken in timestamp order (they are
-buffered until the watermark passes them, so matches come out ``max_delay``
-after their last event). A run is a partial match; at each step it must take
-the next event of its key or it dies. Every event may also start a new run,
-so runs overlap and all matches are found (like ``ALL MATCHES`` with
-overlapping starts). A completed match is emitted once, when its last event is
-taken; a run in an accepting state that can go on (``y+`` at the end) stays
-alive, so ``x y+`` reports ``x y``, ``x y y``, ... each once. Distinct ways
-to match (other events, or the same events read as other symbols) are
-distinct matches.
+Semantics (JEPC's strictly sequential, time-instant semantics, exactly):
+
+* Strict contiguity, per key: events are taken in timestamp order (they are
+  buffered until the watermark passes them, so matches come out ``max_delay``
+  after their last event). A run is a partial match; at each step it must
+  take the next event of its key or it dies.
+* Every event may start a run, so matches overlap and every match is found:
+  for each start event, every contiguous sequence of events that the
+  pattern accepts. In SQL's ``MATCH_RECOGNIZE`` terms this is ``ALL MATCHES``
+  with ``AFTER MATCH SKIP TO NEXT ROW`` *and* every match per start (SQL
+  reports only the preferred one per start row); in Flink CEP terms it is
+  ``noSkip()`` with strict contiguity (``next()``), ``oneOrMore()``
+  ``consecutive()``. ``AFTER MATCH SKIP PAST LAST ROW`` (non-overlapping) is
+  what a consumer gets by dropping matches that start before the previous
+  one's ``ts``.
+* A match is reported **once per distinct sequence of matched events and
+  output value**, when its last event is taken. Runs that took the same
+  events and hold equal measures are one run (the NFA's state is the set of
+  pattern positions they reached), so ``x (y | y)`` or ``x y* y*`` report
+  each match once however many ways the regular expression can parse it;
+  the same events read as other symbols are another match only when that
+  changes the measures (``do``) and so the output.
+* A run in an accepting state that can go on (``y+`` at the end) stays
+  alive, so ``x y+`` reports ``x y``, ``x y y``, ... each once.
 
 Equal timestamps are alternatives: the events of one key with the same ``ts``
 form one *step*. Each run takes exactly one of them (it forks once per event
@@ -181,12 +195,13 @@ class Pattern(Operator):
         self._pos = [(s, define[s], do.get(s), p in last, tuple(sorted(follow[p])))
                      for p, s in enumerate(parser.symbols)]
         self._first = tuple(sorted(first))
+        self._ids = 0                         # run identities: one per distinct sequence of events
         self.within = None if within is None else parse_duration(within)
         self.output = output
         self.ts_field = ts_field
         self._ts = itemgetter(ts_field)
         self._set_key(key)
-        self._runs: dict[Any, list] = {}     # key -> [(position, measures, start_ts)]
+        self._runs: dict[Any, list] = {}     # key -> [(positions, measures, start_ts, events id)]
         self._pending: list = []             # events not yet passed by the watermark
         self._wm = MIN_WATERMARK
 
@@ -225,31 +240,58 @@ class Pattern(Operator):
             self._expire(watermark)
 
     def _step(self, k: Any, ts: int, events: list, emit: Emitter) -> None:
-        """Every run of key ``k`` takes one of ``events`` (all at ``ts``) or dies; each may start one."""
+        """Every run of key ``k`` takes one of ``events`` (all at ``ts``) or dies; each may start one.
+
+        Runs that took the same events (the same run identity and event) and
+        reach equal measures merge into one: their position sets unite. So a
+        match is emitted once per distinct event sequence and output.
+        """
         pos, within = self._pos, self.within
-        runs = []
-        for p, measures, start in self._runs.get(k, ()):
+        ids: dict = {}                             # (parent id, event index) -> new id
+        new: dict = {}                             # new id -> [[positions, measures, start, accepting]]
+        for positions, measures, start, ident in self._runs.get(k, ()):
             if within is None or ts - start <= within:
-                self._take(pos[p][4], measures, start, ts, events, runs, emit)
-        self._take(self._first, {}, ts, ts, events, runs, emit)
+                nexts = {q for p in positions for q in pos[p][4]}
+                self._take(sorted(nexts), measures, start, ident, events, ids, new)
+        self._take(self._first, {}, ts, None, events, ids, new)
+        runs = []
+        for ident, entries in new.items():
+            done: list = []
+            for positions, m, start, accepting in entries:
+                if accepting:
+                    result = self._result(m, start, ts)
+                    if result not in done:
+                        done.append(result)
+                        emit(result)
+                alive = tuple(sorted(q for q in positions if pos[q][4]))
+                if alive:
+                    runs.append((alive, m, start, ident))
         if runs:
             self._runs[k] = runs
         else:
             self._runs.pop(k, None)
 
-    def _take(self, nexts: tuple, measures: dict, start: int, ts: int, events: list,
-              runs: list, emit: Emitter) -> None:
+    def _take(self, nexts: Any, measures: dict, start: int, ident: Any, events: list,
+              ids: dict, new: dict) -> None:
         pos = self._pos
-        for e in events:
+        for i, e in enumerate(events):
             for q in nexts:
-                _sym, pred, do, accepting, follow = pos[q]
+                _sym, pred, do, accepting, _follow = pos[q]
                 if not pred(e, measures):
                     continue
                 m = {**measures, **do(e, measures)} if do is not None else measures
-                if accepting:
-                    emit(self._result(m, start, ts))
-                if follow:
-                    runs.append((q, m, start))
+                eid = ids.get((ident, i))
+                if eid is None:
+                    eid = ids[ident, i] = self._ids
+                    self._ids += 1
+                entries = new.setdefault(eid, [])
+                for entry in entries:
+                    if entry[1] is m or entry[1] == m:
+                        entry[0].add(q)
+                        entry[3] = entry[3] or accepting
+                        break
+                else:
+                    entries.append([{q}, m, start, accepting])
 
     def _result(self, measures: dict, start: int, ts: int) -> Any:
         if self.output is not None:
@@ -270,8 +312,8 @@ class Pattern(Operator):
     def snapshot(self) -> dict:
         """Runs (measures copied), events waiting for the watermark, and the watermark."""
         return {"symbols": [p[0] for p in self._pos], "watermark": self._wm,
-                "pending": list(self._pending),
-                "runs": {k: [(p, dict(m), s) for p, m, s in v] for k, v in self._runs.items()}}
+                "pending": list(self._pending), "ids": self._ids,
+                "runs": {k: [(p, dict(m), s, i) for p, m, s, i in v] for k, v in self._runs.items()}}
 
     def restore(self, state: dict) -> None:
         symbols = [p[0] for p in self._pos]
@@ -280,4 +322,24 @@ class Pattern(Operator):
                              f"into a pattern over {symbols}")
         self._wm = state["watermark"]
         self._pending = list(state["pending"])
-        self._runs = {k: [(p, dict(m), s) for p, m, s in v] for k, v in state["runs"].items()}
+        self._ids = state["ids"]
+        self._runs = {k: [(p, dict(m), s, i) for p, m, s, i in v] for k, v in state["runs"].items()}
+
+    # -- copies: key groups move with their runs and waiting events ------------------------
+    def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
+        """The runs and waiting events of the keys where ``owns(key)``; the watermark as it was."""
+        key = self._key
+        if key is None:
+            raise ValueError("an unkeyed pattern is one sequence: it cannot be split into copies")
+        return {**state, "runs": {k: v for k, v in state["runs"].items() if owns(k)},
+                "pending": [e for e in state["pending"] if owns(key(e))]}
+
+    def merge_states(self, states: list) -> dict:
+        """Every instance's runs and waiting events (disjoint keys), at the least advanced
+        watermark, so no step is taken twice or skipped."""
+        runs: dict = {}
+        for st in states:
+            runs.update(st["runs"])
+        return {**states[0], "runs": runs, "pending": [e for st in states for e in st["pending"]],
+                "watermark": min(st["watermark"] for st in states),
+                "ids": max(st["ids"] for st in states)}

@@ -1,4 +1,9 @@
-"""pescheduler.ep in-process: every query kind against plain Python, schemas, sharing, lifecycle."""
+"""pescheduler.ep on every provider: every query kind against plain Python, schemas, sharing, lifecycle.
+
+Each test taking ``provider`` runs on the native engine, sqlite, DuckDB and a
+real PostgreSQL server (tests/unit/conftest.py); what only the native
+engine has (its operator graph) is checked there alone.
+"""
 
 import random
 
@@ -11,8 +16,8 @@ from pescheduler.testing import run_operators
 SCHEMA = {"id": str, "a": int, "b": float}
 
 
-def processor(*streams, max_delay=0):
-    proc = ep.EventProcessor()
+def processor(*streams, max_delay=0, provider="native"):
+    proc = ep.EventProcessor(provider)
     for name in streams:
         proc.register_stream(name, SCHEMA, max_delay=max_delay)
     return proc
@@ -31,16 +36,15 @@ def events(n=300, seed=3):
             for i in range(n)]
 
 
-def test_filter_aggregate_correlate_pattern_equal_plain_python():
-    proc = processor("s", "t")
+def test_filter_aggregate_correlate_pattern_equal_plain_python(provider):
+    proc = processor("s", "t", provider=provider)
     window = ep.Tumbling(20)
-    filtered = collect(proc, "f", ep.Stream("s").filter(lambda e: e["a"] - e["b"] == 1))
+    filtered = collect(proc, "f", ep.Stream("s").filter(ep.col("a") - ep.col("b") == 1))
     counted = collect(proc, "n", ep.Stream("s", window=window, key="id").aggregate({"n": "count"}))
     pairs = collect(proc, "c", ep.Stream("s", window=window)
-                    .correlate("t", lambda l, r: l["a"] - r["b"] == 2))
+                    .correlate("t", ep.left("a") - ep.right("b") == 2))
     rising = collect(proc, "p", ep.Stream("s", window=window).pattern(
-        "x y", {"x": lambda e, m: True, "y": lambda e, m: e["a"] - m["z"] == 1},
-        do={"x": lambda e, m: {"z": e["a"]}}))
+        "x y", {"x": True, "y": ep.col("a") - ep.measure("z") == 1}, do={"x": {"z": ep.col("a")}}))
     s, t = events(seed=1), events(seed=2)
     for (ps, ts), (pt, tt) in zip(s, t):
         proc.push_event("s", ps, ts)
@@ -73,8 +77,14 @@ def test_a_definition_may_be_a_generated_list_of_operator_objects():
         ep.Definition([ep.Filter(bool)])
 
 
-def test_session_and_count_windows_through_ep():
-    proc = processor("s")
+def test_session_and_count_windows_through_ep(provider):
+    proc = processor("s", provider=provider)
+    if provider != "native":                 # not bridged to SQL yet: refused, saying where they run
+        with pytest.raises(ValueError, match="Session windows run on the native provider only"):
+            proc.create_query("s", ep.Stream("s", window=ep.Session(5), key="id").aggregate({"n": "count"}))
+        with pytest.raises(ValueError, match="CountWindow windows run on the native provider only"):
+            proc.create_query("c", ep.Stream("s", window=ep.CountWindow(3)).aggregate({"n": "count"}))
+        return
     sessions = collect(proc, "s", ep.Stream("s", window=ep.Session(5), key="id").aggregate({"n": "count"}))
     counts = collect(proc, "c", ep.Stream("s", window=ep.CountWindow(3), key="id")
                      .aggregate({"hi": ("max", "a")}))
@@ -93,8 +103,8 @@ def test_session_and_count_windows_through_ep():
     ({"id": "x", "a": 1, "b": 1.0}, "0", "'ts' must be int"),
     ([1, 2], 0, "an event is a dict of {id: str, a: int, b: float}"),
 ])
-def test_a_bad_event_raises_naming_the_field_and_changes_nothing(payload, ts, message):
-    proc = processor("s")
+def test_a_bad_event_raises_naming_the_field_and_changes_nothing(payload, ts, message, provider):
+    proc = processor("s", provider=provider)
     rows = collect(proc, "q", ep.Stream("s", window=ep.Tumbling(10)).aggregate({"s": ("sum", "b")}))
     proc.push_event("s", {"id": "x", "a": 1, "b": 2}, 1)           # an int is a float
     with pytest.raises(ep.SchemaError, match=message):
@@ -107,15 +117,16 @@ def test_a_bad_event_raises_naming_the_field_and_changes_nothing(payload, ts, me
     assert proc.dead_letters() == []
 
 
-def test_queries_on_one_stream_and_window_share_one_operator_and_come_and_go():
-    proc = processor("s")
+def test_queries_on_one_stream_and_window_share_one_operator_and_come_and_go(provider):
+    native = provider == "native"
+    proc = processor("s", provider=provider)
     window = ep.Sliding(40, 10)
     spec = {"all": {"m": ("avg", "a"), "sd": ("stddev", "a")}, "mean": {"m": ("avg", "a")},
             "late": {"v": ("var", "a"), "lo": ("min", "b")}}
     rows = {q: collect(proc, q, ep.Stream("s", window=window, key="id").aggregate(spec[q]))
             for q in ("all", "mean")}
-    shared = [n for n in proc._nodes.values() if isinstance(n.op, Window)]
-    assert len(shared) == 1 and shared[0].op.plan.layout == ("sum(a)", "count(None)", "sumsq(a)")
+    shared = [n for n in proc._nodes.values() if isinstance(n.op, Window)] if native else []
+    assert not native or len(shared) == 1 and shared[0].op.plan.layout == ("sum(a)", "count(None)", "sumsq(a)")
     stream = events(400)
     for i, (payload, ts) in enumerate(stream):
         if i == 150:
@@ -124,7 +135,7 @@ def test_queries_on_one_stream_and_window_share_one_operator_and_come_and_go():
                                    .aggregate(spec["late"]))
         proc.push_event("s", payload, ts)
     proc.close()
-    assert shared[0].op.plan.layout == ("sum(a)", "count(None)", "sumsq(a)", "min(b)")
+    assert not native or shared[0].op.plan.layout == ("sum(a)", "count(None)", "sumsq(a)", "min(b)")
 
     def alone(q):
         return run_operators([{**p, "ts": ts} for p, ts in stream],
@@ -136,10 +147,10 @@ def test_queries_on_one_stream_and_window_share_one_operator_and_come_and_go():
         [r for r in alone("late") if r["window_start"] > head_ts]
 
 
-def test_output_processors_come_and_go_and_a_failing_one_disturbs_nothing():
-    proc = processor("s")
+def test_output_processors_come_and_go_and_a_failing_one_disturbs_nothing(provider):
+    proc = processor("s", provider=provider)
     first, second = [], []
-    proc.create_query("q", ep.Stream("s").filter(lambda e: e["a"] > 0))
+    proc.create_query("q", ep.Stream("s").filter(ep.col("a") > 0))
     proc.add_output_processor("q", first.append)
     proc.add_output_processor("q", lambda row: 1 / 0)
     proc.push_event("s", {"id": "x", "a": 1, "b": 0.0}, 0)
@@ -153,8 +164,8 @@ def test_output_processors_come_and_go_and_a_failing_one_disturbs_nothing():
         proc.remove_output_processor("q", first.append)
 
 
-def test_late_events_lifecycle_errors_and_the_module_functions():
-    proc = processor("s", max_delay=5)
+def test_late_events_lifecycle_errors_and_the_module_functions(provider):
+    proc = processor("s", max_delay=5, provider=provider)
     rows = collect(proc, "q", ep.Stream("s", window=ep.Tumbling(10)).aggregate({"n": "count"}))
     for ts in (0, 30, 12, 26):               # watermark 24 after ts 30: 12 is late, 26 is not
         proc.push_event("s", {"id": "x", "a": 1, "b": 0.0}, ts)
@@ -167,7 +178,8 @@ def test_late_events_lifecycle_errors_and_the_module_functions():
         proc.create_query("q", ep.Stream("s"))
     with pytest.raises(ValueError, match="an aggregate needs a window"):
         proc.create_query("bad", ep.Stream("s").aggregate({"n": "count"}))
-    assert "bad" not in proc._processors and len(proc._nodes) == 2
+    assert "bad" not in proc._processors
+    assert provider != "native" or len(proc._nodes) == 2
     proc.remove_query("q")                   # its open windows go with it
     proc.remove_stream("s")
     proc.close()
@@ -185,8 +197,8 @@ def test_late_events_lifecycle_errors_and_the_module_functions():
     assert seen == [{"id": "x", "a": 1, "b": 0.0, "ts": 7}]
 
 
-def test_application_has_the_same_operators_with_a_schema_check_per_stream():
-    proc = processor("s", "t")
+def test_application_has_the_same_operators_with_a_schema_check_per_stream(provider):
+    proc = processor("s", "t", provider=provider)
     proc.create_query("m", ep.Stream("s", window=ep.Tumbling(10)).aggregate({"m": ("avg", "a")}))
     proc.create_query("m2", ep.Stream("s", window=ep.Tumbling(10)).aggregate({"n": "count"}))
     proc.create_query("c", ep.Stream("s", window=ep.Tumbling(10)).correlate("t"))
@@ -217,12 +229,12 @@ def test_unshared_processor_gives_each_query_its_own_window_and_the_same_results
     assert runs[True] == runs[False] and all(runs[True])
 
 
-def test_correlate_with_keys_equals_the_same_predicate_tested_on_every_pair():
+def test_correlate_with_keys_equals_the_same_predicate_tested_on_every_pair(provider):
     runs = []
     for keyed in (False, True):
-        proc = processor("s", "t")
-        spec = (ep.Correlate("t", left_key=lambda l: l["a"] - 2, right_key="b") if keyed else
-                ep.Correlate("t", lambda l, r: l["a"] - r["b"] == 2))
+        proc = processor("s", "t", provider=provider)
+        spec = (ep.Correlate("t", left_key=ep.col("a") - 2, right_key="b") if keyed else
+                ep.Correlate("t", ep.left("a") - ep.right("b") == 2))
         rows = collect(proc, "c", ep.Definition([ep.Stream("s", window=ep.Tumbling(20)), spec]))
         for (ps, ts), (pt, tt) in zip(events(seed=1), events(seed=2)):
             proc.push_event("s", ps, ts)
