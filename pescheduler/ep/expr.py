@@ -231,11 +231,15 @@ def to_sql(expr: Expr, column: Callable[[Field], str], dialect: Any, params: lis
             return f"ABS({sql(e.a)})"
         if isinstance(e, Not):
             return f"(NOT {sql(e.a)})"
+        if e.op == "%":                  # floor_mod writes a once, then b three times
+            a = sql(e.a)
+            mark = len(params)
+            b = sql(e.b)
+            params.extend(params[mark:] * 2)
+            return dialect.floor_mod(a, b)
         a, b = sql(e.a), sql(e.b)
         if e.op == "/":
             return f"({dialect.real(a)} / {b})"
-        if e.op == "%":
-            return dialect.floor_mod(a, b)
         return f"({a} {_SQL.get(e.op, e.op)} {b})"
 
     return sql(expr)

@@ -43,6 +43,7 @@ class Dialect:
         return f"CAST({sql} AS {self.real_type})"
 
     def floor_mod(self, a: str, b: str) -> str:
+        """Python's ``a % b`` (the sign of ``b``): ``a`` written once, then ``b`` three times."""
         return f"MOD(MOD({a}, {b}) + {b}, {b})"
 
     def int_sum(self, sql: str) -> str:

@@ -50,6 +50,9 @@ from .providers import open_provider
 from .schema import TS_FIELD, Schema
 
 _TABLES = itertools.count(1)
+LO = type("LO", (), {"__repr__": lambda self: "LO"})()
+"""A parameter standing for the first sequence number of the batch being processed."""
+KEEP = 1_000                  # batch tables are emptied once they hold this many rows
 _INT64 = (-(2**63), 2**63 - 1)
 BATCH = 10_000                # as the native engine's source driver: a push is cut into batches of this
 BASE = ("count", "sum", "sumsq", "min", "max")
@@ -78,6 +81,7 @@ class _SQLStream:
     max_ts: int = MIN_WATERMARK
     wm: int = MIN_WATERMARK
     seq: int = 0
+    emptied: int = 0                                  # the batch table holds rows after this seq
     batch: dict = field(default_factory=dict)         # seq -> event of the batch being processed
 
 
@@ -90,10 +94,11 @@ class SQLProcessor(EventProcessor):
         self.cur = self.dialect.cursor(self.conn)
         self._streams: dict[str, _SQLStream] = {}
         self._runners: dict[Any, "_Query"] = {}
+        self._lo = 0
 
     # -- SQL -----------------------------------------------------------------------------------
     def sql(self, text: str, params: list | tuple = ()) -> list:
-        self.cur.execute(text, tuple(params))
+        self.cur.execute(text, tuple(self._lo if v is LO else v for v in params))
         return self.cur.fetchall() if self.cur.description is not None else []
 
     def ddl(self, text: str) -> None:
@@ -187,6 +192,8 @@ class SQLProcessor(EventProcessor):
     def _batch(self, stream: str, events: list[dict]) -> None:
         """Insert, run every query reading ``stream``, advance the watermark, purge: one transaction."""
         state = self._streams[stream]
+        if not events:
+            return
         fields = list(state.schema.fields)
         rows, batch = [], {}
         for e in events:
@@ -196,6 +203,10 @@ class SQLProcessor(EventProcessor):
             if e[TS_FIELD] > state.max_ts:
                 state.max_ts = e[TS_FIELD]
         self.dialect.begin(self.cur)
+        if state.seq - len(rows) - state.emptied >= KEEP:   # rows of earlier batches: no query reads them
+            self.sql(f"DELETE FROM {state.table}")
+            state.emptied = state.seq - len(rows)
+        self._lo = state.seq - len(rows) + 1
         marks = ", ".join([self.p()] * (2 + len(fields)))
         self.cur.executemany(f"INSERT INTO {state.table} VALUES ({marks})", rows)
         state.batch = batch
@@ -207,7 +218,6 @@ class SQLProcessor(EventProcessor):
             state.wm = wm
             for r in readers:
                 r.advance()
-        self.sql(f"DELETE FROM {state.table}")
         state.batch = {}
         self.conn.commit()
 
@@ -253,9 +263,9 @@ class _Query:
         self.tables: list[str] = []
         self.schema = proc._stream(d.stream.name).schema
         self.wm = self._stream_wm()
-        params: list = []
-        where = [self.predicate(f.predicate, "filter", "n", params) for f in d.filters]
-        self.where = " AND ".join(where) or "1 = 1"
+        params: list = [LO]
+        where = [f"n.seq >= {proc.p()}"] + [self.predicate(f.predicate, "filter", "n", params) for f in d.filters]
+        self.where = " AND ".join(where)
         self.where_params = params
 
     def _stream_wm(self) -> int:
@@ -399,6 +409,7 @@ class _WindowAggregate(_Windowed):
             raise ValueError(f"query {query_id!r}: window size ({self.size} ms) must be a positive multiple "
                              f"of slide ({self.slide} ms)")
         self.fired_end: int | None = None
+        self.panes: set = set()                 # pane starts that may hold rows (a superset)
         if self.wm > MIN_WATERMARK:
             self.fired_end = (self.wm + 1) - (self.wm + 1) % self.slide
         self.t = self.table(self.schema, ", pane BIGINT")
@@ -417,17 +428,23 @@ class _WindowAggregate(_Windowed):
                          f"(SELECT *{first} FROM {self.t} WHERE pane >= {p} AND pane < {p}) q {group}")
 
     def on_batch(self, stream: str, state: _SQLStream) -> None:
-        lim = _bound(self.wm - self.size + 1)       # panes starting at or before this are late
-        params = [*self.where_params, *self.pane_params, lim]
-        late = self.proc.sql(self.late_sql.format(batch=state.table), params)
-        self.late.extend(state.batch[s] for (s,) in late)
+        lim = self.wm - self.size + 1               # panes starting at or before this are late
+        params = [*self.where_params, *self.pane_params, _bound(lim)]
+        panes = {e[TS_FIELD] - e[TS_FIELD] % self.slide for e in state.batch.values()}
+        if min(panes) <= lim:                      # only then can the database find late ones
+            late = self.proc.sql(self.late_sql.format(batch=state.table), params)
+            self.late.extend(state.batch[s] for (s,) in late)
+        self.panes.update(p for p in panes if p > lim)
         self.proc.sql(self.insert.format(batch=state.table), [*self.pane_params, *params])
 
     def on_watermark(self, wm: int) -> None:
-        starts = [p for (p,) in self.proc.sql(f"SELECT DISTINCT pane FROM {self.t} ORDER BY pane")]
+        starts = sorted(self.panes)
         if starts:
             self._fire(starts, wm + 1)
-            self.proc.sql(f"DELETE FROM {self.t} WHERE pane <= {self.proc.p()}", [_bound(wm - self.size + 1)])
+            bound = wm - self.size + 1
+            if starts[0] <= bound:
+                self.proc.sql(f"DELETE FROM {self.t} WHERE pane <= {self.proc.p()}", [_bound(bound)])
+                self.panes = {p for p in starts if p > bound}
         self.fired_end = (wm + 1) - (wm + 1) % self.slide
 
     def _fire(self, starts: list, last_end: int) -> None:
@@ -459,6 +476,7 @@ class _OverAggregate(_Windowed):
     def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
         super().__init__(proc, query_id, d)
         self.size = d.stream.window.span
+        self.swept = MIN_WATERMARK
         self.t = self.table(self.schema)
         p = proc.p()
         cols = ", ".join(column(f) for f in self.schema.fields)
@@ -474,8 +492,9 @@ class _OverAggregate(_Windowed):
 
     def on_batch(self, stream: str, state: _SQLStream) -> None:
         params = [*self.where_params, _bound(self.wm)]
-        self.late.extend(state.batch[s] for (s,) in self.proc.sql(self.late_sql.format(batch=state.table),
-                                                                   params))
+        if min(e[TS_FIELD] for e in state.batch.values()) <= self.wm:
+            self.late.extend(state.batch[s] for (s,) in self.proc.sql(self.late_sql.format(batch=state.table),
+                                                                       params))
         self.proc.sql(self.insert.format(batch=state.table), params)
 
     def on_watermark(self, wm: int) -> None:
@@ -498,7 +517,9 @@ class _OverAggregate(_Windowed):
             k, values = (rest[0], rest[1:]) if self.key else (None, rest)
             rows.append(self.result(k, ts - self.size + 1, ts + 1, tuple(values)))
         self.proc.emit(self.query_id, rows)
-        self.proc.sql(f"DELETE FROM {self.t} WHERE ts <= {self.proc.p()}", [_bound(wm - self.size)])
+        if wm - self.swept >= self.size:           # forget what no future window reaches, now and then
+            self.swept = wm
+            self.proc.sql(f"DELETE FROM {self.t} WHERE ts <= {self.proc.p()}", [_bound(wm - self.size)])
 
 
 class _Correlate(_Query):
@@ -554,10 +575,11 @@ class _Correlate(_Query):
         side = "left" if stream == self.left else "right"
         other = "right" if side == "left" else "left"
         p, wm = self.proc.p(), _bound(self.wm)
-        where, wparams = (self.where, self.where_params) if side == "left" else ("1 = 1", [])
-        late = self.proc.sql(f"SELECT seq FROM {state.table} n WHERE {where} AND n.ts <= {p} ORDER BY seq",
-                             [*wparams, wm])
-        self.late.extend(state.batch[s] for (s,) in late)
+        where, wparams = (self.where, self.where_params) if side == "left" else (f"n.seq >= {p}", [LO])
+        if min(e[TS_FIELD] for e in state.batch.values()) <= self.wm:
+            late = self.proc.sql(f"SELECT seq FROM {state.table} n WHERE {where} AND n.ts <= {p} ORDER BY seq",
+                                 [*wparams, wm])
+            self.late.extend(state.batch[s] for (s,) in late)
         cond, cparams = self.cond[side]
         pairs = self.proc.sql(f"SELECT n.seq, o.seq FROM {state.table} n JOIN {self.tables_of[other]} o "
                               f"ON {cond} WHERE {where} AND n.ts > {p} ORDER BY n.seq, o.seq",
@@ -568,11 +590,11 @@ class _Correlate(_Query):
             a, b = (mine[s], theirs[o]) if side == "left" else (theirs[o], mine[s])
             rows.append({"left": a, "right": b, "ts": max(a[TS_FIELD], b[TS_FIELD])})
         self.proc.emit(self.query_id, rows)
-        kept = self.proc.sql(f"SELECT seq FROM {state.table} n WHERE {where} AND n.ts > {p}", [*wparams, wm])
         fields = ", ".join(column(f) for f in self.schemas[side].fields)
         self.proc.sql(f"INSERT INTO {self.tables_of[side]} (seq, ts, {fields}) SELECT seq, ts, {fields} "
                       f"FROM {state.table} n WHERE {where} AND n.ts > {p}", [*wparams, wm])
-        self.events[side].update((s, state.batch[s]) for (s,) in kept)
+        # The events the window table now holds, by seq (a superset: filtered ones are never asked for).
+        self.events[side].update((s, e) for s, e in state.batch.items() if e[TS_FIELD] > self.wm)
 
     def on_watermark(self, wm: int) -> None:
         bound = wm - self.within                     # ts <= bound can meet nothing that is not late
