@@ -1,6 +1,6 @@
 """Event-processing benchmark: the JEPC workload (BTW 2013) and shared aggregates.
 
-    python bench/ep.py [--quick] [--events N]
+    python bench/ep.py [--quick] [--events N] [--providers native,sqlite,duckdb] [--postgres]
 
 Part 1 reproduces the evaluation of "Event Processing on your own Database"
 (JEPC): one event per millisecond of event time, pushed one at a time through
@@ -19,7 +19,18 @@ i (1..Count) has a window of 500 + Count/2 - i ms:
 It prints input events/s (both streams count for correlation and mixed)
 beside the paper's figures for H2 via JDBC on an i7 at Count = 80 (filter 219,
 aggregation 49, correlation 18, mixed 100 events/s), which were measured on
-other hardware: compare orders of magnitude, not digits.
+other hardware (a 2013 i7, H2 on disk, vs today's shared 2-core machine):
+compare orders of magnitude, not digits.
+
+Providers: the same queries (written as expressions, ``ep.col``..., so a
+database can run them) through every provider (``EventProcessor(provider)``):
+the native engine, sqlite3, DuckDB and, with ``--postgres``, a PostgreSQL
+server of its own (tests/pg_server.py: Debian's package, a temp cluster,
+stopped at the end). A database is measured pushing one event at a time
+(``push_event``, the paper's setting) and in batches of ``--batch`` ms of
+events per stream (``push_events``: triggering per batch, which the paper
+expects to be faster), over ``--db-events`` ms; each figure is also given as
+a ratio to the native engine's in the same run.
 
 Part 2: K = 1, 10, 100 queries each asking avg, var and stddev of one field
 over one sliding window (1 s every 100 ms), shared (one window operator, one
@@ -46,7 +57,7 @@ def window(count: int, i: int) -> ep.Sliding:
 
 
 def filter_query(count: int, i: int) -> ep.Definition:
-    return ep.Stream("s").filter(lambda e, i=i: e["a"] - e["b"] == i)
+    return ep.Stream("s").filter(ep.col("a") - ep.col("b") == i)
 
 
 def aggregation_query(count: int, i: int) -> ep.Definition:
@@ -54,16 +65,14 @@ def aggregation_query(count: int, i: int) -> ep.Definition:
 
 
 def correlation_query(count: int, i: int) -> ep.Definition:
-    return ep.Stream("s", window=window(count, i)).correlate(
-        "t", lambda left, right, i=i: left["a"] - right["b"] == i + 1)
+    return ep.Stream("s", window=window(count, i)).correlate("t", ep.left("a") - ep.right("b") == i + 1)
 
 
 def pattern_query(count: int, i: int) -> ep.Definition:
     return ep.Stream("s", window=window(count, i)).pattern(
-        "x y u", {"x": lambda e, m: True,
-                  "y": lambda e, m, i=i: e["a"] - m["z1"] == i,
-                  "u": lambda e, m, i=i: e["a"] - m["z2"] == i},
-        do={"x": lambda e, m: {"z1": e["a"]}, "y": lambda e, m: {"z2": e["a"]}})
+        "x y u", {"x": True, "y": ep.col("a") - ep.measure("z1") == i,
+                  "u": ep.col("a") - ep.measure("z2") == i},
+        do={"x": {"z1": ep.col("a")}, "y": {"z2": ep.col("a")}})
 
 
 KINDS = {"filter": filter_query, "aggregation": aggregation_query,
@@ -81,9 +90,11 @@ def events(n: int, seed: int) -> list[dict]:
     return [{"a": rnd.randrange(100), "b": rnd.randrange(100)} for _ in range(n)]
 
 
-def run(definitions: list[ep.Definition], n: int, share: bool = True) -> tuple[float, int]:
-    """Push ``n`` ms of events (stream t too when a query reads it); (input events/s, results)."""
-    proc = ep.EventProcessor(share=share)
+def run(definitions: list[ep.Definition], n: int, share: bool = True, provider: str = "native",
+        batch: int = 0) -> tuple[float, int]:
+    """Push ``n`` ms of events (stream t too when a query reads it), one at a time or ``batch`` ms
+    at a time; (input events/s, results)."""
+    proc = ep.EventProcessor(provider, share=share)
     for name in ("s", "t"):
         proc.register_stream(name, SCHEMA)
     results = [0]
@@ -97,10 +108,16 @@ def run(definitions: list[ep.Definition], n: int, share: bool = True) -> tuple[f
     s, t = events(n, 1), events(n, 2) if two else []
     push = proc.push_event
     t0 = time.perf_counter()
-    for ts in range(n):
-        push("s", s[ts], ts)
-        if two:
-            push("t", t[ts], ts)
+    if batch:
+        for lo in range(0, n, batch):
+            proc.push_events("s", [(s[ts], ts) for ts in range(lo, min(n, lo + batch))])
+            if two:
+                proc.push_events("t", [(t[ts], ts) for ts in range(lo, min(n, lo + batch))])
+    else:
+        for ts in range(n):
+            push("s", s[ts], ts)
+            if two:
+                push("t", t[ts], ts)
     proc.close()
     elapsed = time.perf_counter() - t0
     return (n * (2 if two else 1)) / elapsed, results[0]
@@ -128,6 +145,31 @@ def jepc(counts: list[int], n: int, repeat: int) -> None:
             print(f"{kind:<14}{rate:>12,.0f}{paper:>12}{rate / paper:>9,.1f}x")
 
 
+def providers(names: list[str], counts: list[int], n: int, batch: int) -> None:
+    """Every kind through every provider at ``counts``, per event and per batch, vs native in this run."""
+    print(f"Providers: {n} ms of events per run; per event (push_event) and per batch of {batch} ms "
+          f"(push_events); ratio to the native engine in this run")
+    header = f"{'provider':<12}{'trigger':<10}{'kind':<13}" + "".join(f"{f'Count={c}':>11}" for c in counts)
+    print(header + f"{'x H2@80':>9}{'x native':>10}")
+    native: dict[tuple[str, int], float] = {}
+    for name in names:
+        label = "postgresql" if name.startswith("postgres") else name
+        for trigger in ((0,) if name == "native" else (0, batch)):
+            for kind in (*KINDS, "mixed"):
+                shown = counts if kind != "mixed" else [c for c in counts if c >= 4]
+                rates = {c: run(queries(kind, c), n, provider=name, batch=trigger)[0] for c in shown}
+                if name == "native":
+                    native.update(((kind, c), r) for c, r in rates.items())
+                last = shown[-1]
+                paper = PAPER.get(kind)
+                h2 = f"{rates[last] / paper:>8.1f}x" if paper and last == 80 else f"{'-':>9}"
+                ratio = rates[last] / native[kind, last] if (kind, last) in native else 1.0
+                print(f"{label:<12}{('batch' if trigger else 'event'):<10}{kind:<13}"
+                      + "".join(f"{rates[c]:>11,.0f}" if c in rates else f"{'':>11}" for c in counts)
+                      + f"{h2}{ratio:>9.3f}x")
+    sys.stdout.flush()
+
+
 def sharing(ks: list[int], n: int, repeat: int) -> None:
     stats = {"m": ("avg", "a"), "v": ("var", "a"), "sd": ("stddev", "a")}
     win = ep.Sliding("1s", "100ms")
@@ -152,10 +194,32 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Count = 80 only, fewer events (< 1 min)")
     parser.add_argument("--events", type=int, default=None,
                         help="ms of events per JEPC run (default 3000; --quick 800)")
+    parser.add_argument("--providers", default="native,sqlite,duckdb",
+                        help="comma-separated providers for the provider table ('' to skip)")
+    parser.add_argument("--postgres", action="store_true",
+                        help="also PostgreSQL: a server of its own via tests/pg_server.py")
+    parser.add_argument("--db-events", type=int, default=None,
+                        help="ms of events per provider run (default 300; --quick 30)")
+    parser.add_argument("--batch", type=int, default=100, help="ms of events per push_events batch")
     args = parser.parse_args()
     n = args.events or (800 if args.quick else 3000)
     jepc([80] if args.quick else [1, 20, 40, 60, 80, 100], n, 1 if args.quick else 2)
     print()
+    names = [p for p in args.providers.split(",") if p]
+    if names:
+        db_n = args.db_events or (30 if args.quick else 300)
+        counts = [80] if args.quick else [1, 20, 80, 100]
+        if args.postgres:
+            import os
+
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+            from pg_server import running
+
+            with running() as url:
+                providers([*names, url], counts, db_n, args.batch)
+        else:
+            providers(names, counts, db_n, args.batch)
+        print()
     sharing([1, 10, 100], 5000 if args.quick else 20_000, 2 if args.quick else 5)
     sys.stdout.flush()
 

