@@ -229,6 +229,11 @@ def _span(window: Any, what: str) -> int:
     return span
 
 
+def function(fn: Any) -> Any:
+    """What the native engine calls: an expression compiled to Python, anything else as it is."""
+    return fn.function() if isinstance(fn, Expr) else fn
+
+
 def pattern_functions(t: Pattern) -> tuple[dict, dict | None]:
     """``define`` and ``do`` as the NFA calls them: ``fn(event, measures)``.
 
@@ -236,13 +241,13 @@ def pattern_functions(t: Pattern) -> tuple[dict, dict | None]:
     or a constant (``True``: every event); ``do[symbol]`` may be ``{measure:
     expression}``. Plain functions pass through unchanged.
     """
-    define = {s: p if callable(p) else lift(p) for s, p in t.define.items()}
+    define = {s: function(p) if callable(p) else lift(p).function() for s, p in t.define.items()}
     if t.do is None:
         return define, None
     do = {}
     for s, fn in t.do.items():
         if isinstance(fn, Mapping):
-            exprs = {name: lift(e) for name, e in fn.items()}
+            exprs = {name: lift(e).function() for name, e in fn.items()}
             fn = (lambda exprs: lambda e, m: {name: x(e, m) for name, x in exprs.items()})(exprs)
         do[s] = fn
     return define, do
@@ -277,6 +282,7 @@ class EventProcessor:
         self._queries: dict[Any, Definition] = {}
         self._processors: dict[Any, list[Callable]] = {}
         self._dead: list[DeadLetter] = []
+        self._streams: dict[str, Any] = {}
         self._closed = False
 
     # -- the calls every provider implements ----------------------------------------------
@@ -298,7 +304,38 @@ class EventProcessor:
 
     def _schema(self, stream: str) -> Schema:
         """The schema of registered ``stream`` (KeyError naming the registered ones)."""
-        raise NotImplementedError
+        return self._stream(stream).schema
+
+    def _stream(self, name: str) -> Any:
+        try:
+            return self._streams[name]
+        except KeyError:
+            raise KeyError(f"unknown stream {name!r}; registered: {sorted(self._streams)}") from None
+
+    def _check_new_stream(self, name: str) -> None:
+        self._open()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a stream name is a non-empty string, got {name!r}")
+        if name in self._streams:
+            raise ValueError(f"stream {name!r} is registered already")
+
+    def _new_query(self, query_id: Any, definition: Any) -> Definition:
+        """``definition`` checked for a new query ``query_id`` over registered streams."""
+        self._open()
+        definition = as_definition(definition)
+        if query_id in self._queries:
+            raise ValueError(f"query {query_id!r} exists already")
+        for name in definition.streams():
+            self._stream(name)
+        return definition
+
+    def _check_unread(self, name: str) -> Any:
+        """The state of stream ``name``, which no query may read any more (it is being removed)."""
+        state = self._stream(name)
+        users = [q for q, d in self._queries.items() if name in d.streams()]
+        if users:
+            raise ValueError(f"stream {name!r} is read by queries {users}; remove them first")
+        return state
 
     def _push(self, stream: str, events: list[dict]) -> None:
         """Process checked ``events`` (with ``ts``) of ``stream`` as one batch."""

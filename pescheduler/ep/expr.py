@@ -80,11 +80,15 @@ class Expr:
                         f"& | ~ (not and/or/not), each in parentheses")
 
     def __call__(self, first: Any, second: Any = None) -> Any:
+        return self.function()(first, second)
+
+    def function(self) -> Callable[..., Any]:
+        """The expression compiled to a Python function ``fn(first, second=None)`` (once)."""
         try:
-            fn = self._fn
+            return self._fn
         except AttributeError:
-            fn = self._fn = _python(self)
-        return fn(first, second)
+            self._fn = _python(self)
+            return self._fn
 
     def refs(self) -> set[tuple[str, str]]:
         """Every ``(side, field)`` the expression reads."""
@@ -209,7 +213,7 @@ def _python(expr: Expr) -> Callable[[Any, Any], Any]:
             return f"(not {src(e.a)})"
         return f"({src(e.a)} {_BINARY[e.op]} {src(e.b)})"
 
-    code = f"lambda a0, a1: {src(expr)}"
+    code = f"lambda a0, a1=None: {src(expr)}"
     return eval(code, {"c": consts, "__builtins__": {"abs": abs}})   # noqa: S307 (our own source)
 
 

@@ -27,7 +27,7 @@ from ..plan.app import Application, Stream as AppStream
 from ..worker.chain import Chain, MIN_WATERMARK
 from ..worker.source_driver import SourceDriver, pump
 from .api import (Aggregate, Correlate, Definition, EventProcessor, Pattern, Stream, _span,
-                  as_definition, pattern_functions)
+                  function, pattern_functions)
 from .schema import TS_FIELD, Schema
 
 
@@ -73,11 +73,7 @@ class NativeProcessor(EventProcessor):
         """Declare stream ``name`` with ``schema`` ({field: type}); events are checked against it."""
         from pescheduler.operators.ep_io import PushedSource
 
-        self._open()
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a stream name is a non-empty string, got {name!r}")
-        if name in self._streams:
-            raise ValueError(f"stream {name!r} is registered already")
+        self._check_new_stream(name)
         source = PushedSource(max_delay=max_delay)
         op_id = f"stream.{name}"
         self._streams[name] = _StreamState(Schema(name, schema), source.max_delay, op_id, source,
@@ -85,27 +81,13 @@ class NativeProcessor(EventProcessor):
         self._rebuild()
 
     def remove_stream(self, name: str) -> None:
-        self._stream(name)
-        users = [q for q, d in self._queries.items() if name in d.streams()]
-        if users:
-            raise ValueError(f"stream {name!r} is read by queries {users}; remove them first")
+        self._check_unread(name)
         del self._streams[name]
         self._rebuild()
 
-    def _stream(self, name: str) -> _StreamState:
-        try:
-            return self._streams[name]
-        except KeyError:
-            raise KeyError(f"unknown stream {name!r}; registered: {sorted(self._streams)}") from None
-
     # -- queries ------------------------------------------------------------------------------
     def create_query(self, query_id: Any, definition: Any) -> None:
-        self._open()
-        definition = as_definition(definition)
-        if query_id in self._queries:
-            raise ValueError(f"query {query_id!r} exists already")
-        for name in definition.streams():
-            self._stream(name)
+        definition = self._new_query(query_id, definition)
         self._processors[query_id] = []
         try:
             self._build(query_id, definition)
@@ -123,9 +105,6 @@ class NativeProcessor(EventProcessor):
         self._rebuild()
 
     # -- events -------------------------------------------------------------------------------
-    def _schema(self, stream: str) -> Schema:
-        return self._stream(stream).schema
-
     def _push(self, stream: str, events: list[dict]) -> None:
         state = self._streams[stream]
         state.source.offer(events)
@@ -154,17 +133,17 @@ class NativeProcessor(EventProcessor):
         """Add the operators of ``d``; an aggregate joins a shared window when one fits."""
         prev = self._streams[d.stream.name].op_id
         for i, f in enumerate(d.filters, start=1):
-            prev = self._add(f"{query_id}.filter{i}", "filter", {"fn": f.predicate}, [prev], query_id)
+            prev = self._add(f"{query_id}.filter{i}", "filter", {"fn": function(f.predicate)}, [prev], query_id)
         t, window = d.terminal, d.stream.window
         if isinstance(t, Aggregate):
             self._aggregate(query_id, d.stream, prev, t)
             return
         if isinstance(t, Correlate):
             within = t.within if t.within is not None else _span(window, "correlate")
-            keys = {name: getattr(t, name) for name in ("on", "left_key", "right_key")
+            keys = {name: function(getattr(t, name)) for name in ("on", "left_key", "right_key")
                     if getattr(t, name) is not None}
             prev = self._add(f"{query_id}.correlate", "join",
-                             {"within": within, "predicate": t.predicate, **keys},
+                             {"within": within, "predicate": function(t.predicate), **keys},
                              [prev, self._stream(t.right).op_id], query_id)
         elif isinstance(t, Pattern):
             within = t.within if t.within is not None else _span(window, "pattern")

@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping
 from ..aggregates import parse_request
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, Emitter
 from .api import (Aggregate, Correlate, Definition, EventProcessor, Pattern, Sliding, Tumbling, _span,
-                  as_definition, pattern_functions)
+                  pattern_functions)
 from .expr import IDENTIFIER, Expr, Field, conjuncts, lift, to_sql
 from .providers import open_provider
 from .schema import TS_FIELD, Schema
@@ -112,11 +112,7 @@ class SQLProcessor(EventProcessor):
     def register_stream(self, name: str, schema: Mapping[str, Any], max_delay: Any = 0) -> None:
         from pescheduler.operators.ep_io import PushedSource
 
-        self._open()
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a stream name is a non-empty string, got {name!r}")
-        if name in self._streams:
-            raise ValueError(f"stream {name!r} is registered already")
+        self._check_new_stream(name)
         checked = Schema(name, schema)
         bad = [f for f in checked.fields if not IDENTIFIER.match(f)]
         if bad:
@@ -128,30 +124,13 @@ class SQLProcessor(EventProcessor):
         self._streams[name] = _SQLStream(checked, PushedSource(max_delay=max_delay).max_delay, table)
 
     def remove_stream(self, name: str) -> None:
-        state = self._stream(name)
-        users = [q for q, d in self._queries.items() if name in d.streams()]
-        if users:
-            raise ValueError(f"stream {name!r} is read by queries {users}; remove them first")
+        state = self._check_unread(name)
         self.ddl(f"DROP TABLE {state.table}")
         del self._streams[name]
 
-    def _stream(self, name: str) -> _SQLStream:
-        try:
-            return self._streams[name]
-        except KeyError:
-            raise KeyError(f"unknown stream {name!r}; registered: {sorted(self._streams)}") from None
-
-    def _schema(self, stream: str) -> Schema:
-        return self._stream(stream).schema
-
     # -- queries -------------------------------------------------------------------------------
     def create_query(self, query_id: Any, definition: Any) -> None:
-        self._open()
-        definition = as_definition(definition)
-        if query_id in self._queries:
-            raise ValueError(f"query {query_id!r} exists already")
-        for name in definition.streams():
-            self._stream(name)
+        definition = self._new_query(query_id, definition)
         t, window = definition.terminal, definition.stream.window
         if isinstance(t, Aggregate):
             if window is None:
@@ -623,10 +602,11 @@ class _Pattern(_Query):
         super().__init__(proc, query_id, d)
         t: Pattern = d.terminal
         within = t.within if t.within is not None else _span(d.stream.window, "pattern")
-        define, do = pattern_functions(t)
+        _, do = pattern_functions(t)
         params: list = []
         bits, preds = [], {}
-        for i, (symbol, pred) in enumerate(define.items()):
+        for i, (symbol, pred) in enumerate(t.define.items()):
+            pred = pred if isinstance(pred, Expr) or callable(pred) else lift(pred)
             if not isinstance(pred, Expr):
                 raise _lambda_error(query_id, f"the predicate of symbol {symbol!r}",
                                     "ep.col('a') - ep.measure('z1') == 1")
@@ -646,7 +626,8 @@ class _Pattern(_Query):
     def _symbol(i: int, rest: list[Expr]) -> Callable:
         if not rest:
             return lambda e, m: e.bits[i]
-        return lambda e, m: e.bits[i] and all(c(e, m) for c in rest)
+        fns = [c.function() for c in rest]
+        return lambda e, m: e.bits[i] and all(fn(e, m) for fn in fns)
 
     def on_batch(self, stream: str, state: _SQLStream) -> None:
         events = []
