@@ -125,7 +125,8 @@ class SQLProcessor(EventProcessor):
 
     def remove_stream(self, name: str) -> None:
         state = self._check_unread(name)
-        self.ddl(f"DROP TABLE {state.table}")
+        if not self._closed:
+            self.ddl(f"DROP TABLE {state.table}")
         del self._streams[name]
 
     # -- queries -------------------------------------------------------------------------------
@@ -156,7 +157,9 @@ class SQLProcessor(EventProcessor):
 
     def remove_query(self, query_id: Any) -> None:
         self._known_query(query_id)
-        self._runners.pop(query_id).drop()
+        runner = self._runners.pop(query_id)
+        if not self._closed:                            # closed: its tables are gone already
+            runner.drop()
         del self._queries[query_id], self._processors[query_id]
 
     def late(self, query_id: Any) -> list:
@@ -212,6 +215,11 @@ class SQLProcessor(EventProcessor):
             self.conn.commit()
         if self._owned:
             self.conn.close()
+            return
+        for r in self._runners.values():               # the caller's connection: leave it as it was
+            r.drop()
+        for state in self._streams.values():
+            self.ddl(f"DROP TABLE {state.table}")
 
     def emit(self, query_id: Any, rows: list) -> None:
         """Hand ``rows`` to the query's output processors (a failing one is dead-lettered)."""

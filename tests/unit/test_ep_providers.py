@@ -163,3 +163,21 @@ def test_a_match_is_reported_once_however_the_pattern_parses_it(provider, patter
     d = ep.Stream("s", window=ep.Tumbling(10)).pattern(pattern, {"x": ep.col("a") == 0, "y": ep.col("a") == 1})
     rows, _ = one(provider, d, [("s", 0, 1), ("s", 1, 2)])
     assert [(r["start_ts"], r["ts"]) for r in rows] == expected
+
+
+def test_a_connection_of_the_caller_is_left_as_it_was():
+    """A DB-API connection handed in stays open, without the bridge's tables, after close()."""
+    import sqlite3
+
+    conn = sqlite3.connect(":memory:")
+    proc = ep.EventProcessor(conn)
+    proc.register_stream("s", {"a": int})
+    rows = []
+    proc.create_query("q", ep.Stream("s", window=ep.Tumbling(5)).aggregate({"n": "count"}))
+    proc.add_output_processor("q", rows.append)
+    proc.push_event("s", {"a": 1}, 1)
+    assert conn.execute("SELECT COUNT(*) FROM sqlite_temp_master").fetchone()[0] == 2
+    proc.close()
+    proc.remove_query("q")
+    assert rows == [{"window_start": 0, "window_end": 5, "n": 1}]
+    assert conn.execute("SELECT COUNT(*) FROM sqlite_temp_master").fetchone()[0] == 0
