@@ -95,6 +95,7 @@ class SQLProcessor(EventProcessor):
         self._streams: dict[str, _SQLStream] = {}
         self._runners: dict[Any, "_Query"] = {}
         self._lo = 0
+        self._combined: dict[str, tuple] = {}     # stream -> (filter queries, SQL, params)
 
     # -- SQL -----------------------------------------------------------------------------------
     def sql(self, text: str, params: list | tuple = ()) -> list:
@@ -196,8 +197,12 @@ class SQLProcessor(EventProcessor):
             self.cur.executemany(f"INSERT INTO {state.table} VALUES ({marks})", rows)
         state.batch = batch
         readers = [r for r in self._runners.values() if stream in r.streams]
+        filters = [r for r in readers if type(r) is _Filter]
+        if len(filters) > 1:
+            self._filter_all(stream, state, filters)
         for r in readers:
-            r.on_batch(stream, state)
+            if len(filters) <= 1 or type(r) is not _Filter:
+                r.on_batch(stream, state)
         wm = state.max_ts - state.max_delay - 1
         if state.max_ts != MIN_WATERMARK and wm > state.wm:
             state.wm = wm
@@ -205,6 +210,18 @@ class SQLProcessor(EventProcessor):
                 r.advance()
         state.batch = {}
         self.conn.commit()
+
+    def _filter_all(self, stream: str, state: _SQLStream, filters: list) -> None:
+        """Every filter query of ``stream`` in one statement: a column of truth per query."""
+        key = tuple(id(r) for r in filters)
+        cached = self._combined.get(stream)
+        if cached is None or cached[0] != key:
+            cols = ", ".join(f"CASE WHEN {r.where} THEN 1 ELSE 0 END" for r in filters)
+            text = f"SELECT seq, {cols} FROM {state.table} n WHERE n.seq >= {self.p()} ORDER BY seq"
+            cached = self._combined[stream] = (key, text, [v for r in filters for v in r.where_params] + [LO])
+        rows = self.sql(cached[1], cached[2])
+        for i, r in enumerate(filters, start=1):
+            self.emit(r.query_id, [state.batch[row[0]] for row in rows if row[i]])
 
     def _end(self) -> None:
         for name, state in self._streams.items():
