@@ -18,7 +18,7 @@ BENCH = Path(__file__).parent.parent.parent / "bench"
     ("parallel.py", (), ("0 lost, 0 duplicated", "cold (new worker)")),
     ("hosts.py", ("--rm", "local"), ("0 lost, 0 duplicated",)),
     ("ep.py", (), ("filter", "aggregation", "correlation", "pattern", "mixed", "goal: K = 100 shared",
-                   "sqlite      batch", "duckdb      event")),
+                   "sqlite      batch", "duckdb      batch")),
     ("policies.py", (), ("rate", "copy", "threshold", "controller (rate+copy)", "(baseline pass)", "best ms")),
 ])
 def test_benchmark_quick_runs_and_prints_its_figures(tmp_path, script, args, expected):
