@@ -25,7 +25,10 @@ from debian import require
 
 
 def _bin_dirs() -> tuple[str, ...]:
-    return tuple(sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)) or ("/usr/lib/postgresql/15/bin",)
+    """Where Debian puts the server binaries (not on PATH): the installed versions, newest first, then
+    the versions a fresh install may bring (looked for again after installing)."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
+    return (*found, *(f"/usr/lib/postgresql/{v}/bin" for v in range(18, 12, -1)))
 
 
 def _free_port() -> int:
