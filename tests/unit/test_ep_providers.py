@@ -131,12 +131,18 @@ def test_watermark_is_newest_minus_max_delay_minus_one_and_an_event_at_the_bound
     assert [r["window_end"] - 1 for r in rows] == [15, 20]
 
 
-def test_a_window_fires_when_the_watermark_reaches_its_last_ms(provider):
+def counting(provider, size):
+    """A processor with stream s and query q: a count per tumbling window of ``size``; its rows."""
     proc = ep.EventProcessor(provider)
     proc.register_stream("s", {"a": int})
     rows = []
-    proc.create_query("q", ep.Stream("s", window=ep.Tumbling(10)).aggregate({"n": "count"}))
+    proc.create_query("q", ep.Stream("s", window=ep.Tumbling(size)).aggregate({"n": "count"}))
     proc.add_output_processor("q", rows.append)
+    return proc, rows
+
+
+def test_a_window_fires_when_the_watermark_reaches_its_last_ms(provider):
+    proc, rows = counting(provider, 10)
     proc.push_event("s", {"a": 1}, 3)
     proc.push_event("s", {"a": 1}, 10)          # watermark 9 = the window's last ms: it fires
     assert [(r["window_end"], r["n"]) for r in rows] == [(10, 1)]
@@ -170,11 +176,7 @@ def test_a_connection_of_the_caller_is_left_as_it_was():
     import sqlite3
 
     conn = sqlite3.connect(":memory:")
-    proc = ep.EventProcessor(conn)
-    proc.register_stream("s", {"a": int})
-    rows = []
-    proc.create_query("q", ep.Stream("s", window=ep.Tumbling(5)).aggregate({"n": "count"}))
-    proc.add_output_processor("q", rows.append)
+    proc, rows = counting(conn, 5)
     proc.push_event("s", {"a": 1}, 1)
     assert conn.execute("SELECT COUNT(*) FROM sqlite_temp_master").fetchone()[0] == 2
     proc.close()
