@@ -30,7 +30,7 @@ def cli(*args, env, timeout=120):
 def test_status_and_stop_reach_a_running_deployment(tmp_path):
     out = tmp_path / "counts.jsonl"
     (tmp_path / "app.py").write_text(APP.format(out=str(out)))
-    env = {**os.environ, "PESCHEDULER__STATE_FILE": str(tmp_path / "state.json")}
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
     deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
                                "--workers", "2", "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -55,4 +55,4 @@ def test_status_and_stop_reach_a_running_deployment(tmp_path):
             deploy.wait()
     counts = [json.loads(line)["n"] for line in out.read_text().splitlines()]
     assert counts and sum(counts) > 0                # stop drained: the open windows fired
-    assert not (tmp_path / "state.json").exists()    # the deployment removed its record
+    assert not list((tmp_path / "state").iterdir())   # the deployment removed its record
