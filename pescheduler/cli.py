@@ -9,7 +9,8 @@ Example::
 Exit status: 0 when the app finished or was stopped, 1 when it failed (or no
 deployment was found, or a cluster was unreachable), 2 for a mistake in the
 app, its configuration, a ``--plugin`` module or the command line, reported
-before any worker starts (the message names the fix; no traceback), 130 on Ctrl-C.
+before any worker starts (the message names the fix; no traceback), 130 on Ctrl-C,
+143 on SIGTERM (both drain and stop everything the deployment started first).
 """
 
 from __future__ import annotations
@@ -42,26 +43,30 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status (the console script exits with it)."""
     args = parser().parse_args(argv)
     try:
-        return args.run(args)
-    except KeyboardInterrupt as exc:
-        return 143 if isinstance(exc, Terminated) else 130
+        with _sigterm_as_interrupt():
+            return args.run(args)
+    except Terminated:
+        return 143
+    except KeyboardInterrupt:
+        return 130
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM: handled as Ctrl-C is (drain, then stop), as Flink's and Kubernetes' graceful stop."""
+    """SIGTERM (a service manager, ``kill``): handled as Ctrl-C is (drain, flush, stop what was started)."""
 
 
 @contextmanager
-def _sigterm_drains() -> Iterator[None]:
-    """While a deployment runs, SIGTERM raises :class:`Terminated` in the main thread, so the
-    same ``finally: dep.stop()`` drains sources and flushes sinks (within its drain timeout)."""
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into :class:`Terminated` in the main thread; Python's default would exit at once,
+    leaving worker processes and Spark JVMs started in their own sessions behind."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def terminated(signum, frame):
+    def interrupt(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)     # one is enough: a second must not cut the stop short
         raise Terminated()
-    previous = signal.signal(signal.SIGTERM, terminated)
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
     finally:
@@ -184,12 +189,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     info.print(f"running on {dep.scheduler_address}; `python -m pescheduler status` or `stop` from another "
                f"terminal{' with --cluster ' + dep.scheduler_address if args.cluster else ''}", soft_wrap=True)
     try:
-        with _sigterm_drains():
-            final = _follow(dep, args, out)
+        final = _follow(dep, args, out)     # SIGTERM: Terminated from main's handler, drained below
     except DeploymentFailed as exc:
         return _fail(err, f"{app.name} failed: {exc.reason}", 1)
-    except KeyboardInterrupt:
-        err.print("interrupted: draining sources and flushing sinks before stopping…")
+    except KeyboardInterrupt as exc:
+        why = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        err.print(f"{why}: draining sources and flushing sinks before stopping…")
         raise
     finally:
         dep.stop()

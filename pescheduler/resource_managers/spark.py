@@ -136,18 +136,31 @@ class SparkResourceManager:
         self._poller: asyncio.Task | None = None
         self._own_gateway = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._aborted = False                  # the start was given up (set from the event loop)
+        self._start_done = False               # the starting thread has finished
+        self._start_lock = threading.Lock()
 
     # -- the ResourceManager protocol ---------------------------------------------------
     async def start(self, on_event) -> None:
         from distributed import Client
 
         self._on_event, self._loop = on_event, asyncio.get_running_loop()
+        starting = asyncio.ensure_future(asyncio.to_thread(self._start_spark))
         try:
-            await asyncio.to_thread(self._start_spark)
+            await asyncio.shield(starting)
             self._client = await Client(self.scheduler_address, asynchronous=True, timeout=10,
                                         set_as_default=False)
         except BaseException:
-            await self.close()
+            # Cancelled (the app ended first) or failed. A thread cannot be cancelled: if it still
+            # runs, it is told to give up and stops what it started itself (see _start_spark), so
+            # the deployment's stop does not wait for a JVM start; otherwise close stops it here.
+            with self._start_lock:
+                self._aborted = True
+                running = not self._start_done
+            if running and self.cluster is not None:
+                self.cluster.abort()
+            if not running:
+                await self.close()
             raise
         self._poller = asyncio.create_task(self._poll())
 
@@ -187,15 +200,29 @@ class SparkResourceManager:
 
     # -- Spark ---------------------------------------------------------------------------
     def _start_spark(self) -> None:
+        """Start Spark (blocking); if the start was given up meanwhile, stop all it started, here."""
+        try:
+            self._start_spark_now()
+        finally:
+            with self._start_lock:
+                self._start_done = True
+                given_up = self._aborted
+            if given_up:
+                self._stop_spark()
+
+    def _start_spark_now(self) -> None:
         """Start a standalone cluster (unless ``master`` is given) and the SparkContext (blocking)."""
         spark_home()                  # pyspark installed? (says how to install it if not)
         check_java()
         master = self.settings["master"]
         if not master:
-            self.cluster = StandaloneCluster(int(self.settings["workers"]),
-                                             str(self.settings["worker-memory"])).start()
+            # Held before it starts, so a close from the event loop can abort and stop it.
+            self.cluster = StandaloneCluster(int(self.settings["workers"]), str(self.settings["worker-memory"]))
+            self.cluster.start()
             master = self.cluster.master_url
             self.max_executors = min(self.max_executors, self.cluster.n_workers)   # one core each
+        if self._aborted:
+            raise ResourceManagerUnavailable("spark: start aborted before the application was created")
         from pyspark import SparkConf, SparkContext
 
         local = master.startswith(("spark://127.", "spark://localhost"))
