@@ -8,9 +8,15 @@ import subprocess
 import sys
 import time
 
+import re
+from pathlib import Path
+
+import jsonschema
 import pytest
 
 pytestmark = pytest.mark.integration
+STATUS_SCHEMA = json.loads(re.search(r"```json\n(.*?)```", (Path(__file__).parents[2] / "docs" / "status.md")
+                                     .read_text(), re.S).group(1))
 
 APP = """
 from pescheduler import Application
@@ -44,6 +50,7 @@ def test_status_and_stop_reach_a_running_deployment(tmp_path):
             assert time.monotonic() < deadline, status.stderr
             time.sleep(0.2)                          # another process: nothing to await but its file
         shown = json.loads(status.stdout)
+        jsonschema.validate(shown, STATUS_SCHEMA)       # docs/status.md is what a script gets
         assert shown["app"] == "live-cli"
         assert [pe["operators"] for pe in shown["pes"]] == [["generator-1"], ["key_by-2", "window-3", "jsonl-4"]]
         stop = cli("stop", env=env)
