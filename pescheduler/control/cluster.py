@@ -28,10 +28,11 @@ import subprocess
 import sys
 import tempfile
 
+import dask.config
 from distributed import Client, Scheduler
 from distributed.utils import silence_logging_cmgr
 
-from .. import config
+from .. import config, dashboard
 from ..resource_managers import processes
 from ..resource_managers.workers import named_workers
 
@@ -78,8 +79,12 @@ class EmbeddedCluster:
         """Start the scheduler and ``n_workers`` worker processes; the scheduler's address."""
         # As LocalCluster does: the scheduler's INFO lines would bury the live view.
         self._quiet.enter_context(silence_logging_cmgr(logging.WARNING))
-        self._scheduler = await Scheduler(host=HOST, port=0, dashboard_address=f"{HOST}:0",
-                                          validate=False)
+        # The /pescheduler page through the dashboard's own extension point (no second server).
+        routes = [*dask.config.get("distributed.scheduler.http.routes"), "pescheduler.dashboard"]
+        with dask.config.set({"distributed.scheduler.http.routes": routes}):
+            self._scheduler = await Scheduler(host=HOST, port=0, dashboard_address=f"{HOST}:0",
+                                              validate=False)
+        dashboard.install(self._scheduler)
         for _ in range(self.n_workers):
             self._spawn()
         return self._scheduler.address
