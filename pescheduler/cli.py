@@ -186,8 +186,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     except OSError as exc:       # includes the connect timeout of an unreachable scheduler
         where = f"reach the cluster at {args.cluster}" if args.cluster else "start the embedded cluster"
         return _fail(err, f"cannot {where}: {exc}", 1)
-    info.print(f"running on {dep.scheduler_address}; `python -m pescheduler status` or `stop` from another "
-               f"terminal{' with --cluster ' + dep.scheduler_address if args.cluster else ''}", soft_wrap=True)
+    embedded = getattr(dep, "cluster", None)
+    page = f"; dashboard {embedded.dashboard_link.replace('/status', '/pescheduler')}" \
+        if embedded is not None and hasattr(embedded, "dashboard_link") else ""
+    name = f" {args.name}" if args.name else ""
+    info.print(f"running on {dep.scheduler_address}{page}; `python -m pescheduler status{name}` or "
+               f"`stop{name}` from another terminal"
+               f"{' with --cluster ' + dep.scheduler_address if args.cluster else ''}", soft_wrap=True)
     try:
         final = _follow(dep, args, out)     # SIGTERM: Terminated from main's handler, drained below
     except DeploymentFailed as exc:

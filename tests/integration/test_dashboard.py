@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import html
+import json
 import re
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +63,85 @@ def test_metrics_with_the_pescheduler_prefix_are_on_the_dashboards_metrics(runni
     text = get(base + "/metrics")
     assert re.search(r'^pescheduler_deployment_running\{.*app="dash".*\} 1\.0$', text, re.M)
     assert "pescheduler_pe_tuples_in_per_second" in text and "dask_scheduler_workers" in text
+
+
+# -- as a person sees it: headless Chromium draws the page ---------------------------------------------
+
+RECORD_DRAWN_TEXT = """
+window.__drawn = [];
+const fillText = CanvasRenderingContext2D.prototype.fillText;
+CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {
+    window.__drawn.push(String(text));
+    return fillText.call(this, text, ...rest);
+};
+"""
+SCREENSHOT = Path(__file__).parents[2] / "docs" / "dashboard.png"
+
+
+def test_chromium_draws_every_pe_name_on_the_page(running, tmp_path):
+    """Every canvas text Bokeh draws is recorded in the page (a wrapped fillText), read over the
+    DevTools protocol; a screenshot of the page is kept as docs/dashboard.png."""
+    from debian import require
+    from pescheduler.resource_managers import processes
+
+    dep, base = running
+    chromium = require("chromium", "chromium")
+    port = processes.free_port()
+    browser = processes.start("chromium", [
+        chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--no-first-run", "--disable-component-update", "--disable-sync", "--window-size=1280,1400",
+        f"--user-data-dir={tmp_path / 'profile'}", f"--remote-debugging-port={port}",
+        "--remote-allow-origins=*", "about:blank"], log_dir=str(tmp_path))
+    try:
+        drawn, png = asyncio.run(_draw(f"http://127.0.0.1:{port}", base + "/pescheduler", browser))
+    finally:
+        browser.stop()                               # by the PID this test started
+    for pe in dep.placement().pes:
+        assert pe in drawn, f"{pe} was not drawn; drawn: {sorted(set(drawn))[:40]}"
+    SCREENSHOT.write_bytes(png)
+
+
+async def _draw(devtools: str, url: str, browser) -> tuple[list[str], bytes]:
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.websocket import websocket_connect
+
+    async def targets():
+        response = await AsyncHTTPClient().fetch(devtools + "/json", raise_error=False)
+        return json.loads(response.body) if response.code == 200 else []
+    deadline = time.monotonic() + 60
+    while not [t for t in await _quietly(targets) or [] if t.get("type") == "page"]:
+        assert browser.alive() and time.monotonic() < deadline, browser.log_tail(20)
+        await asyncio.sleep(0.2)                     # Chromium announces no readiness but this
+    page = next(t for t in await targets() if t.get("type") == "page")
+    ws = await websocket_connect(page["webSocketDebuggerUrl"])
+    ids = iter(range(1, 10_000))
+
+    async def call(method, **params):
+        n = next(ids)
+        await ws.write_message(json.dumps({"id": n, "method": method, "params": params}))
+        while True:
+            answer = json.loads(await asyncio.wait_for(ws.read_message(), 60))
+            if answer.get("id") == n:
+                return answer.get("result", {})
+    await call("Page.enable")
+    await call("Page.addScriptToEvaluateOnNewDocument", source=RECORD_DRAWN_TEXT)
+    await call("Page.navigate", url=url)
+    deadline = time.monotonic() + 90
+    drawn: list[str] = []
+    while time.monotonic() < deadline:
+        result = await call("Runtime.evaluate", expression="JSON.stringify(window.__drawn || [])",
+                            returnByValue=True)
+        drawn = json.loads(result.get("result", {}).get("value") or "[]")
+        if any("->" in text for text in drawn):
+            break
+        await asyncio.sleep(0.3)                     # drawing happens in the page; polled through CDP
+    shot = await call("Page.captureScreenshot", format="png")
+    ws.close()
+    return drawn, base64.b64decode(shot["data"])
+
+
+async def _quietly(coro_fn):
+    try:
+        return await coro_fn()
+    except OSError:
+        return None
