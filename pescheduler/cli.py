@@ -168,7 +168,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         if args.cluster:
             _reachable(args.cluster)
         statefile.use_name(args.name)
-        info.print(f"deploying {app.name} on {args.cluster or 'an embedded LocalCluster'}…", soft_wrap=True)
+        info.print(f"deploying {app.name} on {args.cluster or 'an embedded Dask cluster on 127.0.0.1'}…", soft_wrap=True)
         with _spawned_workers_ignore_ctrl_c(embedded=args.cluster is None):
             dep = deploy(app, workers=args.workers, cluster=args.cluster, plugins=tuple(args.plugin),
                          **options)
