@@ -6,6 +6,7 @@ import asyncio
 import base64
 import html
 import json
+import os
 import re
 import time
 import urllib.request
@@ -80,7 +81,8 @@ SCREENSHOT = Path(__file__).parents[2] / "docs" / "dashboard.png"
 
 def test_chromium_draws_every_pe_name_on_the_page(running, tmp_path):
     """Every canvas text Bokeh draws is recorded in the page (a wrapped fillText), read over the
-    DevTools protocol; a screenshot of the page is kept as docs/dashboard.png."""
+    DevTools protocol. The screenshot goes to the test's folder; with PESCHEDULER_UPDATE_SCREENSHOT=1
+    it replaces docs/dashboard.png (how that file was made)."""
     from debian import require
     from pescheduler.resource_managers import processes
 
@@ -98,7 +100,10 @@ def test_chromium_draws_every_pe_name_on_the_page(running, tmp_path):
         browser.stop()                               # by the PID this test started
     for pe in dep.placement().pes:
         assert pe in drawn, f"{pe} was not drawn; drawn: {sorted(set(drawn))[:40]}"
-    SCREENSHOT.write_bytes(png)
+    (tmp_path / "dashboard.png").write_bytes(png)
+    assert png.startswith(b"\x89PNG")
+    if os.environ.get("PESCHEDULER_UPDATE_SCREENSHOT"):
+        SCREENSHOT.write_bytes(png)
 
 
 async def _draw(devtools: str, url: str, browser) -> tuple[list[str], bytes]:
