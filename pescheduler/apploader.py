@@ -30,7 +30,7 @@ import uuid
 import cloudpickle
 
 from .plan.app import Application
-from .errors import AppLoadError
+from .errors import AppLoadError, InvalidApplication
 
 MISSING_APP_FIX = ("app.py must define a module-level `app = Application(...)` "
                    "or a function `build()` returning one")
@@ -143,3 +143,33 @@ def _forget(module: types.ModuleType) -> None:
     """Undo the registration of a module whose loading failed."""
     cloudpickle.unregister_pickle_by_value(module)
     sys.modules.pop(module.__name__, None)
+
+
+def check_app(app: Application, path: str | os.PathLike, plugins) -> None:
+    """Resolve and check every operator of ``app`` now, before any cluster starts.
+
+    The compiler's own ``validate`` phase runs (unknown operators with the
+    names that exist, bad parameters, the graph's shape); its error becomes
+    an AppLoadError at the line of ``path`` that names the operator.
+    """
+    from .plan.compiler import CompileContext, validate
+
+    path = os.fspath(path)
+    try:
+        validate(app, CompileContext(plugins, (), {}))
+    except InvalidApplication as exc:
+        op_id = str(exc).split(":", 1)[0]
+        node = app.nodes.get(op_id)
+        line = _line_naming(path, node.name) if node else None
+        fix = "use one of the names listed, or load the plug-in that provides it with --plugin MODULE"
+        raise AppLoadError(path, str(exc) + (f"\n    {linecache.getline(os.path.abspath(path), line).strip()}"
+                                             if line else ""), fix, line) from None
+
+
+def _line_naming(path: str, name: str) -> int | None:
+    """The first line of ``path`` that names ``name`` (quoted, or as a ``.name(`` shorthand)."""
+    marks = (f'"{name}"', f"'{name}'", f".{name}(")
+    for number, text in enumerate(linecache.getlines(os.path.abspath(path)), 1):
+        if any(m in text for m in marks):
+            return number
+    return None

@@ -1,21 +1,22 @@
-"""The command line: ``python -m pescheduler deploy | status | stop | plugins``.
+"""The command line: ``python -m pescheduler deploy | status | stop | list | plugins``.
 
 Example::
 
-    python -m pescheduler deploy examples/connected_cars.py --workers 4
-    python -m pescheduler status          # from another terminal
-    python -m pescheduler stop
+    python -m pescheduler deploy examples/connected_cars.py --workers 4 --name cars
+    python -m pescheduler status cars     # from another terminal
+    python -m pescheduler stop cars
 
 Exit status: 0 when the app finished or was stopped, 1 when it failed (or no
-deployment was found), 2 for a mistake in the app, its configuration or the
-command line (the message names the fix; no traceback), 130 on Ctrl-C.
+deployment was found, or a cluster was unreachable), 2 for a mistake in the
+app, its configuration, a ``--plugin`` module or the command line, reported
+before any worker starts (the message names the fix; no traceback), 130 on Ctrl-C,
+143 on SIGTERM (both drain and stop everything the deployment started first).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -28,13 +29,13 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__, config
-from .errors import AppLoadError, DeploymentFailed, InvalidApplication
+from .control import statefile
+from .errors import AppLoadError, ConfigError, DeploymentFailed, InvalidApplication
 from .liveview import LiveView, format_event, format_line, new_events, render
-from .plugins import Plugins, UnknownOperatorError, load_plugins
+from .plugins import PluginError, Plugins, UnknownOperatorError, load_plugins
 
-USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError)
+USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError, ConfigError, PluginError)
 RUNNING = ("starting", "running")
-CONNECT_TIMEOUT_S = 10
 PIPE_WIDTH = 200      # tables written to a pipe are not wrapped at 80 columns
 
 
@@ -42,26 +43,30 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status (the console script exits with it)."""
     args = parser().parse_args(argv)
     try:
-        return args.run(args)
-    except KeyboardInterrupt as exc:
-        return 143 if isinstance(exc, Terminated) else 130
+        with _sigterm_as_interrupt():
+            return args.run(args)
+    except Terminated:
+        return 143
+    except KeyboardInterrupt:
+        return 130
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM: handled as Ctrl-C is (drain, then stop), as Flink's and Kubernetes' graceful stop."""
+    """SIGTERM (a service manager, ``kill``): handled as Ctrl-C is (drain, flush, stop what was started)."""
 
 
 @contextmanager
-def _sigterm_drains() -> Iterator[None]:
-    """While a deployment runs, SIGTERM raises :class:`Terminated` in the main thread, so the
-    same ``finally: dep.stop()`` drains sources and flushes sinks (within its drain timeout)."""
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into :class:`Terminated` in the main thread; Python's default would exit at once,
+    leaving worker processes and Spark JVMs started in their own sessions behind."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def terminated(signum, frame):
+    def interrupt(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)     # one is enough: a second must not cut the stop short
         raise Terminated()
-    previous = signal.signal(signal.SIGTERM, terminated)
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
     finally:
@@ -77,8 +82,8 @@ def parser() -> argparse.ArgumentParser:
     dep.add_argument("app", help="Python file defining `app = Application(...)` or `build()`")
     where = dep.add_mutually_exclusive_group()
     where.add_argument("--cluster", metavar="ADDR", help="scheduler of a running Dask cluster")
-    where.add_argument("--workers", type=int, metavar="N",
-                       help="size of the embedded LocalCluster (default: pescheduler.cluster.workers)")
+    where.add_argument("--workers", type=_at_least_one, metavar="N",
+                       help="worker processes of the embedded cluster (default: pescheduler.cluster.workers)")
     dep.add_argument("--rm", metavar="NAME", help="resource manager (local, spark)")
     dep.add_argument("--policy", action="append", metavar="NAME",
                      help="active policy, repeatable (default: pescheduler.policies.default, rate and copy); "
@@ -87,18 +92,22 @@ def parser() -> argparse.ArgumentParser:
     dep.add_argument("--duration", type=_positive, metavar="S", help="stop after S seconds")
     _plugin_option(dep)
     dep.add_argument("--json", action="store_true", help="one JSON status per line instead of the view")
+    dep.add_argument("--name", metavar="N", help="name `status N` and `stop N` use (default: the app's name)")
     dep.set_defaults(run=cmd_deploy)
 
     status = sub.add_parser("status", help="placement, rates, busy/backpressure per PE")
-    status.add_argument("--cluster", metavar="ADDR", help="scheduler address (default: the state file)")
-    status.add_argument("--json", action="store_true", help="print the status dict as JSON")
+    _target(status)
+    status.add_argument("--json", action="store_true", help="print the status as JSON (docs/status.md)")
     status.set_defaults(run=cmd_status)
 
     stop = sub.add_parser("stop", help="drain sources, flush sinks, stop")
-    stop.add_argument("--cluster", metavar="ADDR", help="scheduler address (default: the state file)")
+    _target(stop)
     stop.add_argument("--timeout", type=_positive, default=60.0, metavar="S",
                       help="how long to wait for the deployment to confirm (default 60)")
     stop.set_defaults(run=cmd_stop)
+
+    listing = sub.add_parser("list", help="the embedded deployments running on this machine")
+    listing.set_defaults(run=cmd_list)
 
     plugins = sub.add_parser("plugins", help="operators, aggregates, policies, resource managers found")
     _plugin_option(plugins)
@@ -109,6 +118,21 @@ def parser() -> argparse.ArgumentParser:
 def _plugin_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="also load this plug-in module, repeatable")
+
+
+def _target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", help="the deployment's name (`list` shows them; needed when several run)")
+    p.add_argument("--cluster", metavar="ADDR", help="scheduler address of a deployment on another cluster")
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
 
 
 def _positive(text: str) -> float:
@@ -133,25 +157,25 @@ def _fail(console: Console, message: str, code: int) -> int:
 # -- deploy -------------------------------------------------------------------------------
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    """Load config and app, deploy, follow until the end; stop in any case."""
-    from .apploader import load_app
+    """Check config, plug-ins and app; deploy; follow until the end; stop in any case."""
     from .control.deployment import deploy
-    from .plugins import activate
 
     out, err = _console(), _console(stderr=True)
     info = err if args.json else out        # --json keeps stdout pure JSON lines
     options = _later_options(args)
     try:
-        if args.config:
-            _load_config(args.config)
-        activate(args.plugin)       # before the app: its operator and aggregate names may come from them
-        app = load_app(args.app)
-        info.print(f"deploying {app.name} on {args.cluster or 'an embedded LocalCluster'}…", soft_wrap=True)
+        app = _prepare(args)
+        if args.cluster:
+            _reachable(args.cluster)
+        statefile.use_name(args.name)
+        info.print(f"deploying {app.name} on {args.cluster or 'an embedded Dask cluster on 127.0.0.1'}…", soft_wrap=True)
         with _spawned_workers_ignore_ctrl_c(embedded=args.cluster is None):
             dep = deploy(app, workers=args.workers, cluster=args.cluster, plugins=tuple(args.plugin),
                          **options)
     except USER_ERRORS as exc:
         return _fail(err, str(exc), 2)
+    except ClusterUnreachable as exc:
+        return _fail(err, str(exc), 1)
     except DeploymentFailed as exc:
         return _fail(err, f"deploy failed: {exc.reason}", 1)
     except TypeError as exc:
@@ -162,15 +186,20 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     except OSError as exc:       # includes the connect timeout of an unreachable scheduler
         where = f"reach the cluster at {args.cluster}" if args.cluster else "start the embedded cluster"
         return _fail(err, f"cannot {where}: {exc}", 1)
-    info.print(f"running on {dep.scheduler_address}; `python -m pescheduler status` or `stop` from another "
-               f"terminal{' with --cluster ' + dep.scheduler_address if args.cluster else ''}", soft_wrap=True)
+    embedded = getattr(dep, "cluster", None)
+    page = f"; dashboard {embedded.dashboard_link.replace('/status', '/pescheduler')}" \
+        if embedded is not None and hasattr(embedded, "dashboard_link") else ""
+    name = f" {args.name}" if args.name else ""
+    info.print(f"running on {dep.scheduler_address}{page}; `python -m pescheduler status{name}` or "
+               f"`stop{name}` from another terminal"
+               f"{' with --cluster ' + dep.scheduler_address if args.cluster else ''}", soft_wrap=True)
     try:
-        with _sigterm_drains():
-            final = _follow(dep, args, out)
+        final = _follow(dep, args, out)     # SIGTERM: Terminated from main's handler, drained below
     except DeploymentFailed as exc:
         return _fail(err, f"{app.name} failed: {exc.reason}", 1)
-    except KeyboardInterrupt:
-        err.print("interrupted: draining sources and flushing sinks before stopping…")
+    except KeyboardInterrupt as exc:
+        why = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        err.print(f"{why}: draining sources and flushing sinks before stopping…")
         raise
     finally:
         dep.stop()
@@ -178,6 +207,43 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return _fail(err, f"{app.name} failed: {final.get('error')}", 1)
     info.print(f"{app.name} {final['state']} after {final['elapsed_s']:.1f} s", soft_wrap=True)
     return 0
+
+
+def _prepare(args: argparse.Namespace):
+    """Everything checked before any worker starts: config, plug-ins, settings, the app file; the app."""
+    from .apploader import check_app, load_app
+    from .plugins import activate, require_loaded
+
+    if args.config:
+        _load_config(args.config)
+    found = activate(args.plugin)   # before the app: its operator and aggregate names may come from them
+    require_loaded(found, args.plugin)
+    config.validate()               # after the plug-ins: they declare their own settings
+    app = load_app(args.app)
+    check_app(app, args.app, found)
+    return app
+
+
+class ClusterUnreachable(OSError):
+    """``--cluster ADDR`` did not answer within ``pescheduler.cluster.connect-timeout``."""
+
+
+def _reachable(address: str) -> None:
+    """Connect to the scheduler once, bounded, so an unreachable one fails fast and by name."""
+    import asyncio
+
+    from distributed.comm import connect
+
+    timeout = config.get_seconds("cluster.connect-timeout")
+
+    async def probe() -> None:
+        comm = await connect(address, timeout=timeout)
+        await comm.close()
+    try:
+        asyncio.run(probe())
+    except (OSError, ValueError, TypeError) as exc:
+        raise ClusterUnreachable(f"cannot reach the cluster at {address} within {timeout:g} s "
+                                 f"({type(exc).__name__}: {exc}); is its scheduler running?") from None
 
 
 @contextmanager
@@ -206,7 +272,7 @@ def _load_config(path: str) -> None:
     try:
         config.load_file(path)
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise InvalidApplication(f"--config {path}: {exc}") from None
+        raise ConfigError(f"--config {path}: {exc}") from None
 
 
 def _later_options(args: argparse.Namespace) -> dict:
@@ -257,9 +323,9 @@ def _wait(dep, duration: float | None, tick: Callable[[dict], None]) -> dict:
 # -- status / stop --------------------------------------------------------------------------
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print the status the deployment last published to the scheduler."""
+    """Print the status the deployment last published to the scheduler (``--json``: docs/status.md)."""
     out, err = _console(), _console(stderr=True)
-    found = _published(args.cluster, err)
+    found = _published(args, err)
     if isinstance(found, int):
         return found
     _address, statuses = found
@@ -271,18 +337,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _published(cluster: str | None, err: Console) -> tuple[str, list[dict]] | int:
+def _published(args: argparse.Namespace, err: Console) -> tuple[str, list[dict]] | int:
     """The scheduler address and every deployment's published status, or the exit code (said why)."""
-    address = _scheduler_address(cluster, err)
-    if address is None:
-        return 1
+    address = _scheduler_address(args.cluster, args.name, err)
+    if isinstance(address, int):
+        return address
     try:
         with _client(address) as client:
             statuses = _deployments(client)
     except OSError as exc:
         return _fail(err, f"cannot reach the scheduler at {address}: {exc}", 1)
+    if args.cluster and args.name:
+        statuses = [s for s in statuses if args.name in (s.get("app"), s.get("id"))]
     if not statuses:
-        return _fail(err, f"no pescheduler deployment has published status on {address}", 1)
+        return _fail(err, f"no pescheduler deployment{' ' + args.name if args.name else ''} "
+                          f"has published status on {address}", 1)
     return address, statuses
 
 
@@ -295,13 +364,18 @@ def _deployments(client) -> list[dict]:
 def cmd_stop(args: argparse.Namespace) -> int:
     """Ask the running deployment to drain and stop, and wait until it says it has."""
     out, err = _console(), _console(stderr=True)
-    found = _published(args.cluster, err)
+    found = _published(args, err)
     if isinstance(found, int):
         return found
     address, statuses = found
+    running = [s for s in statuses if s["state"] in RUNNING]
+    if len(running) > 1:
+        names = ", ".join(f"{s['app']} ({s['id']})" for s in running)
+        return _fail(err, f"{len(running)} deployments run on {address}: {names}; "
+                          f"name one: `python -m pescheduler stop NAME --cluster {address}`", 2)
     try:
         with _client(address) as client:
-            status = statuses[0]
+            status = (running or statuses)[0]
             if status["state"] not in RUNNING:
                 # Never leave a "stop" behind: only a running deployment is asked.
                 out.print(f"{status['app']} is already {status['state']}")
@@ -329,38 +403,48 @@ def _await_stop(client, deployment: str, timeout: float) -> dict:
         time.sleep(0.25)
 
 
-def _scheduler_address(cluster: str | None, err: Console) -> str | None:
-    """``--cluster``, else the embedded deployment's state file; None (said why) if neither."""
+def _scheduler_address(cluster: str | None, name: str | None, err: Console) -> str | int:
+    """``--cluster``, else the named (or only) embedded deployment's scheduler; else the exit code, said why."""
     if cluster:
         return cluster
-    path = os.path.expanduser(config.get("state-file"))
-    try:
-        with open(path) as f:
-            state = json.load(f)
-    except FileNotFoundError:
-        _fail(err, f"no deployment found: no --cluster given and no running embedded deployment "
-                   f"(it records itself in {path}). Start one with `python -m pescheduler deploy app.py`.", 1)
-        return None
-    except (OSError, ValueError) as exc:
-        _fail(err, f"no deployment found: cannot read {path}: {exc}", 1)
-        return None
-    if not _alive(state.get("pid")):
-        _fail(err, f"no deployment found: the deployment recorded in {path} "
-                   f"(pid {state.get('pid')}) is no longer running", 1)
-        return None
-    return state["scheduler"]
+    if name:
+        state = statefile.read(name)
+        if state is None:
+            return _fail(err, f"no running deployment named {name!r} (in {statefile.directory()}); "
+                              f"running: {_names() or 'none'}", 1)
+        return state["scheduler"]
+    running = statefile.running()
+    if not running:
+        return _fail(err, f"no deployment found: no --cluster given and no running embedded deployment "
+                          f"(each records itself in {statefile.directory()}). "
+                          f"Start one with `python -m pescheduler deploy app.py`.", 1)
+    if len(running) > 1:
+        return _fail(err, f"{len(running)} deployments are running: {_names()}; name one, "
+                          f"e.g. `python -m pescheduler status {running[0]['name']}`", 2)
+    return running[0]["scheduler"]
 
 
-def _alive(pid) -> bool:
-    import psutil
+def _names() -> str:
+    return ", ".join(s["name"] for s in statefile.running())
 
-    return isinstance(pid, int) and psutil.pid_exists(pid)
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """The embedded deployments running on this machine: name, app, scheduler, pid, age."""
+    out = _console()
+    table = Table(title="deployments", title_justify="left")
+    for header in ("name", "app", "scheduler", "pid", "running for"):
+        table.add_column(header)
+    for state in statefile.running():
+        table.add_row(state["name"], state["app"], state["scheduler"], str(state["pid"]),
+                      f"{time.time() - state.get('started', time.time()):.0f} s")
+    out.print(table)
+    return 0
 
 
 def _client(address: str):
     from distributed import Client
 
-    return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+    return Client(address, timeout=config.get_seconds("cluster.connect-timeout"), set_as_default=False)
 
 
 # -- plugins ----------------------------------------------------------------------------------

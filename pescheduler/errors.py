@@ -15,6 +15,10 @@ class InvalidApplication(PeschedulerError, ValueError):
     """The application graph is wrong (unknown operator, no sink, bad parameters)."""
 
 
+class ConfigError(PeschedulerError, ValueError):
+    """A ``pescheduler`` setting is unknown or has a bad value; the message names key, value and fix."""
+
+
 class AppLoadError(PeschedulerError):
     """app.py could not be loaded: the message names ``file[:line[:column]]``, the problem and the fix.
 

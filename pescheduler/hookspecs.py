@@ -62,6 +62,27 @@ def pescheduler_resource_managers():
     """
 
 
+@hookspec
+def pescheduler_config():
+    """Return this plug-in's default settings: a mapping placed under ``pescheduler`` in dask.config.
+
+    Collecting: every implementation is called when the plugin manager is
+    built, and each mapping is added to the declared defaults beside
+    ``pescheduler.yaml``, so the plug-in's knobs have one home (here), users
+    override them where they override pescheduler's own (``--config FILE``,
+    ``PESCHEDULER__...``), and a misspelt key is an error naming the closest
+    one. A plug-in adds keys only: redeclaring a packaged key is an error
+    naming the plug-in. Read the values without fallbacks, e.g. a policy's
+    ``config["queue-batches"]``.
+
+    Example::
+
+        @pescheduler.hookimpl
+        def pescheduler_config():
+            return {"policies": {"latency-guard": {"queue-batches": 4}}}
+    """
+
+
 # -- Control loop: called by the controller every monitor interval -------------------
 
 @hookspec

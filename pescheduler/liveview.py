@@ -134,8 +134,96 @@ def slots_line(status: dict) -> Text:
 
 
 def render(status: dict) -> RenderableType:
-    """The whole view: PE table, totals line, standard slots, recent events."""
+    """The whole view: PE table, totals line, standard slots, recent events (``status``: all of it)."""
     return Group(pe_table(status), totals(status), slots_line(status), events_table(status))
+
+
+# -- one screen (the live view): everything fits, the busiest first ------------------------------
+
+SCREEN_EVENTS = 5       # latest events (decisions, reconfigurations) on a full screen
+
+
+def summary(status: dict) -> Text:
+    """One line: app, state, elapsed, PEs and workers, total in/out, dead letters, late, decisions."""
+    pes = list(status.get("pes", ()))
+    workers = {pe.get("worker") for pe in pes if pe.get("worker")}
+    state = status.get("state", "")
+    line = Text(f"{status.get('app', '')} ", style="bold")
+    line.append(state, style=STATE_STYLES.get(state, ""))
+    line.append(f" {float(status.get('elapsed_s') or 0):.0f}s | ")
+    dead = int(status.get("dead_letters") or 0)
+    line.append(f"dead {dead}", style="red" if dead else "")
+    # the least needed last: a narrow terminal cuts it first
+    line.append(f" late {int(status.get('late_events') or 0)} | in "
+                f"{rate(sum(float(p.get('tuples_in_per_s') or 0) for p in pes))} | "
+                f"{len(pes)} PEs on {len(workers)} workers")
+    counts = decision_counts(status)
+    if counts:
+        line.append(" | " + " ".join(f"{n} {outcome}" for outcome, n in counts.items()),
+                    style="red" if "quarantined" in counts else EVENT_STYLES["policy"])
+    line.no_wrap, line.overflow = True, "ellipsis"
+    return line
+
+
+def busiest_first(pes) -> list[dict]:
+    """PEs by busy fraction, then backpressure, highest first: where to look comes first."""
+    return sorted(pes, key=lambda pe: (-float(pe.get("busy") or 0), -float(pe.get("backpressure") or 0),
+                                       pe.get("pe", "")))
+
+
+def compact_pe_table(pes: list[dict]) -> Table:
+    """PE, worker, in, out, busy, backpressure: one line each, names shortened with an ellipsis."""
+    table = Table(box=None, padding=(0, 1), expand=False, show_edge=False, pad_edge=False)
+    # Figures keep their width (7 for "12.3k/s", 4 for "100%"); names give way, with an ellipsis.
+    table.add_column("PE", no_wrap=True, overflow="ellipsis", max_width=30)
+    table.add_column("worker", no_wrap=True, overflow="ellipsis", max_width=15)
+    for header, width in (("in", 8), ("out", 8), ("busy", 4), ("bp", 4)):
+        table.add_column(header, justify="right", no_wrap=True, min_width=width)
+    for pe in pes:
+        name = pe.get("pe", "") + ("" if pe.get("state", "running") == "running" else f" ({pe['state']})")
+        table.add_row(name, short_worker(pe.get("worker", "")), rate(pe.get("tuples_in_per_s")),
+                      rate(pe.get("tuples_out_per_s")),
+                      Text(percent(pe.get("busy")), style=load_style(pe.get("busy"))),
+                      Text(percent(pe.get("backpressure")), style=load_style(pe.get("backpressure"))))
+    return table
+
+
+def _one_line(text: str, style: str = "") -> Text:
+    line = Text(text, style=style)
+    line.no_wrap, line.overflow = True, "ellipsis"
+    return line
+
+
+def screen(status: dict, height: int = 24) -> RenderableType:
+    """What the live view shows in ``height`` lines (24: a classic terminal): a summary line,
+    the error if any, the busiest PEs first (as many as fit), the standard slots, and the
+    latest events. Every line is one terminal line; longer texts end in an ellipsis."""
+    parts: list[RenderableType] = [summary(status)]
+    if status.get("error"):
+        parts.append(_one_line(f"error: {status['error']}", "red"))
+    slots = list(status.get("slots", ()))
+    events = list(status.get("events", ()))
+    shown_events = min(len(events), SCREEN_EVENTS, max(0, height - len(parts) - 6))
+    room = height - len(parts) - 1 - (1 if slots else 0) - (1 + shown_events if shown_events else 0)
+    pes = busiest_first(status.get("pes", ()))
+    if len(pes) > room:
+        parts.append(compact_pe_table(pes[:max(0, room - 1)]))
+        parts.append(_one_line(f"… {len(pes) - max(0, room - 1)} more PEs (python -m pescheduler status)",
+                               "dim"))
+    else:
+        parts.append(compact_pe_table(pes))
+    if slots:
+        parts.append(_one_line("slots " + "  ".join(f"{s['slot']}:{','.join(s['copies']) or 'free'}"
+                                                     for s in slots)))
+    if shown_events:
+        parts.append(_one_line("latest events", "bold"))
+        for event in events[-shown_events:]:
+            kind = event.get("kind", "")
+            line = _one_line(f"{float(event.get('t') or 0):6.1f}s ")
+            line.append(f"{kind} ", style=EVENT_STYLES.get(kind, ""))
+            line.append(event.get("text", ""))
+            parts.append(line)
+    return Group(*parts)
 
 
 # -- plain text (not a terminal) ------------------------------------------------------------
@@ -194,7 +282,8 @@ class LiveView:
                  refresh_per_second: float = 2.0) -> None:
         self.get_status = get_status
         self.last: dict = {}
-        self.live = Live(get_renderable=self._renderable, console=console,
+        self.console = console or Console()
+        self.live = Live(get_renderable=self._renderable, console=self.console,
                          refresh_per_second=refresh_per_second, transient=False)
 
     def _renderable(self) -> RenderableType:
@@ -202,7 +291,7 @@ class LiveView:
             self.last = self.get_status()
         except Exception:
             pass
-        return render(self.last)
+        return screen(self.last, self.console.size.height - 1)   # the last line holds the cursor
 
     def refresh(self) -> None:
         self.live.refresh()

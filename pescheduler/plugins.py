@@ -16,7 +16,8 @@ from typing import Iterable
 
 import pluggy
 
-from . import hookspecs
+from . import config, hookspecs
+from .errors import ConfigError
 
 ENTRY_POINT_GROUP = "pescheduler"
 hookimpl = pluggy.HookimplMarker("pescheduler")
@@ -73,6 +74,19 @@ class UnknownOperatorError(LookupError):
     """An app names an operator no plug-in provides."""
 
 
+def require_loaded(found: Plugins, modules: Iterable[str]) -> None:
+    """Raise PluginError naming each of ``modules`` (``--plugin``) that failed to load, and why."""
+    wanted = set(modules)
+    failed = [f for f in found.failures if f.name in wanted]
+    if failed:
+        raise PluginError("; ".join(f"--plugin {f.name} failed to load: {f.error.strip().splitlines()[-1]}"
+                                    for f in failed))
+
+
+class PluginError(ImportError):
+    """A plug-in named with ``--plugin`` failed to load (import error, bad hook signature, unknown hook)."""
+
+
 def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
     return importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
 
@@ -87,9 +101,29 @@ def load_plugins(modules: Iterable[str] = ()) -> Plugins:
         _register(found, ep.name, origin, ep.load)
     for module in modules:
         _register(found, module, f"--plugin {module}", lambda m=module: importlib.import_module(m))
-    pm.check_pending()
+    _unknown_hooks(found)
     _collect(found)
     return found
+
+
+def _unknown_hooks(found: Plugins) -> None:
+    """A ``pescheduler_*`` function no hookspec names (a misspelt hook) fails its plug-in, by name.
+
+    ``pm.check_pending()`` would raise for the first one and hide the others.
+    """
+    pm = found.manager
+    for name in list(pm.hook.__dict__):
+        caller = getattr(pm.hook, name)
+        if not name.startswith("pescheduler_") or caller.spec is not None:
+            continue
+        for impl in caller.get_hookimpls():
+            plugin = pm.get_name(impl.plugin)
+            known = ", ".join(sorted(n for n in pm.hook.__dict__ if getattr(pm.hook, n).spec is not None))
+            found.failures.append(PluginFailure(
+                plugin, found.origins.get(plugin, ""),
+                f"{name} is not a pescheduler hook (known: {known}); see pescheduler/hookspecs.py"))
+            pm.unregister(impl.plugin)
+            found.origins.pop(plugin, None)
 
 
 def _register(found: Plugins, name: str, origin: str, load) -> None:
@@ -129,6 +163,12 @@ def _collect(found: Plugins) -> None:
             found.aggregates[agg.name] = agg
     for impl in pm.hook.pescheduler_resource_managers.get_hookimpls():
         found.resource_managers.update(impl.function() or {})
+    for impl in pm.hook.pescheduler_config.get_hookimpls():
+        plugin_name = pm.get_name(impl.plugin)
+        try:
+            config.declare(plugin_name, impl.function() or {})
+        except ConfigError as exc:
+            found.failures.append(PluginFailure(plugin_name, found.origins.get(plugin_name, ""), str(exc)))
 
 
 @lru_cache(maxsize=None)

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from dask.utils import parse_timedelta
 
+from pescheduler.config import section
 from pescheduler.control.monitor import MetricsSnapshot
 from pescheduler.operator import Parallelism
 from pescheduler.plan.placement import Placement
@@ -113,12 +114,13 @@ def hosts_for(slots_needed: int, placement: Placement) -> int:
     return max(1, math.ceil(slots_needed / per_host))
 
 
-def setting(config: Mapping[str, Any], key: str, default: Any) -> Any:
-    """``config[key]`` (dask.config spells keys with ``-`` or ``_``), else ``default``."""
-    for k in (key, key.replace("-", "_")):
-        if config.get(k) is not None:
-            return config[k]
-    return default
+def settings(name: str, config: Mapping[str, Any]) -> dict:
+    """Policy ``name``'s settings: ``config`` over the declared ``pescheduler.policies.<name>``.
+
+    The defaults live in pescheduler.yaml only; a caller passing ``{}`` (a test,
+    the simulator) gets them too.
+    """
+    return section(f"policies.{name}", config)
 
 
 def seconds(value: Any) -> float:

@@ -29,7 +29,7 @@ from pescheduler.actions import Action, Hold, Release, Replicate
 from pescheduler.operator import Parallelism
 from pescheduler.plugins import hookimpl
 
-from ._common import View, seconds, setting, take_slots
+from ._common import View, seconds, settings, take_slots
 
 
 @hookimpl
@@ -39,11 +39,12 @@ def pescheduler_policy_decide(snapshot, placement, resources, config):
 
 
 def decide(snapshot, placement, config) -> list[Action]:
-    hot = float(setting(config, "hot", 0.8))
-    calm = float(setting(config, "calm", 0.5))
-    target = float(setting(config, "target", 0.7))
-    release_after = seconds(setting(config, "release-after", "10s"))
-    max_copies = int(setting(config, "max-copies", 4))
+    cfg = settings("copy", config)
+    hot = float(cfg["hot"])
+    calm = float(cfg["calm"])
+    target = float(cfg["target"])
+    release_after = seconds(cfg["release-after"])
+    max_copies = int(cfg["max-copies"])
     actions: list[Action] = []
     view = View.of(snapshot, placement)
     spare = view.free_slots()

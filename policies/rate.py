@@ -32,7 +32,7 @@ import math
 from pescheduler.actions import Action, BorrowHosts, Hold, Release, Replicate
 from pescheduler.plugins import hookimpl
 
-from ._common import Load, View, hosts_for, setting, take_slots
+from ._common import Load, View, hosts_for, settings, take_slots
 
 
 MAX_BLOCKED = 0.5      # of a source's time counted as blocked when estimating its offered rate
@@ -41,11 +41,12 @@ MAX_BLOCKED = 0.5      # of a source's time counted as blocked when estimating i
 @hookimpl
 def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Action]:
     """DS2 sizing of every operator; see the module docstring."""
-    target = float(setting(config, "target-utilisation", 0.7))
-    tolerance = float(setting(config, "tolerance", 0.15))
-    max_copies = int(setting(config, "max-copies", 16))
-    min_busy = float(setting(config, "min-busy", 0.02))
-    down_after = int(setting(config, "down-after", 2))
+    cfg = settings("rate", config)
+    target = float(cfg["target-utilisation"])
+    tolerance = float(cfg["tolerance"])
+    max_copies = int(cfg["max-copies"])
+    min_busy = float(cfg["min-busy"])
+    down_after = int(cfg["down-after"])
     if not snapshot.operators:
         return []
     view = View.of(snapshot, placement)

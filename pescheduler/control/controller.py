@@ -290,7 +290,7 @@ def _caller(impl) -> Policy:
 
 def policy_configs(names: Iterable[str]) -> dict[str, dict]:
     """Each policy's settings (``pescheduler.policies.<name>``) plus its own ``history`` dict."""
-    settings = {n: config.get(f"policies.{n}") for n in names}
+    settings = {n: config.section(f"policies.{n}") for n in names}
     # a policy named like a controller key (``cooldown``) finds no mapping there: it gets none
     return {n: {**(s if isinstance(s, dict) else {}), "history": {}} for n, s in settings.items()}
 

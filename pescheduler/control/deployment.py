@@ -108,6 +108,8 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     """
     if config_file:
         config.load_file(config_file)
+    activate(tuple(plugins))    # plug-ins declare their settings (pescheduler_config) before the check
+    config.validate()           # an unknown key or bad value fails here, before anything starts
     if options:
         unknown = ", ".join(sorted(options))
         raise TypeError(f"deploy() got options this version does not support yet: {unknown}")

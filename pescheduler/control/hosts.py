@@ -96,7 +96,7 @@ class HostManager:
 
     async def _start_rm(self) -> None:
         cls = self.managers[self.rm_name]
-        settings = dict(config.get(f"rm.{self.rm_name}") or {})
+        settings = config.section(f"rm.{self.rm_name}")
         rm = cls(self.scheduler_address, settings)
         try:
             await asyncio.wait_for(rm.start(self._on_event), config.get_seconds("rm.start-timeout"))

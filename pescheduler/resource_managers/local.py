@@ -31,6 +31,7 @@ from typing import Awaitable, Callable
 import yaml
 from dask.utils import parse_timedelta
 
+from .. import config
 from ..control.resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
 from . import processes
 from .workers import named_workers, retire
@@ -70,13 +71,13 @@ class LocalResourceManager:
     name = "local"
 
     def __init__(self, scheduler_address: str, settings: dict | None = None) -> None:
-        s = settings or {}
+        s = config.section("rm.local", settings)      # defaults: pescheduler.yaml only
         self.scheduler_address = scheduler_address
-        self.budget = int(s.get("hosts", 2))
-        self.workers_per_host = int(s.get("workers-per-host", 1))
-        self.start_timeout = parse_timedelta(s.get("start-timeout", "60s"), default="seconds")
-        self.reclaim_after = s.get("reclaim-after")
-        self.demand = s.get("demand")
+        self.budget = int(s["hosts"])
+        self.workers_per_host = int(s["workers-per-host"])
+        self.start_timeout = parse_timedelta(s["start-timeout"], default="seconds")
+        self.reclaim_after = s["reclaim-after"]
+        self.demand = s["demand"]
         self.ids = [f"local-{i}" for i in range(1, self.budget + 1)]
         self.held: dict[str, _Held] = {}
         self.wanted: set[str] = set()

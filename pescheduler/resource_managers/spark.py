@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from dask.utils import parse_timedelta
 
+from .. import config
 from ..control.resources import (Host, HostLost, HostReturnRequested, ResourceManagerUnavailable)
 from .spark_standalone import LIGHT_JVM, StandaloneCluster, check_java, spark_home
 from .workers import named_workers, retire
@@ -85,14 +86,15 @@ def spark_conf(master: str, s: dict, local: bool = False) -> dict:
 
     ``local``: the cluster runs on this machine, so the driver listens on the loopback only.
     """
+    s = config.section("rm.spark", s)
     conf = {
         "spark.master": master, "spark.app.name": "pescheduler",
         "spark.dynamicAllocation.enabled": "true",
         "spark.dynamicAllocation.shuffleTracking.enabled": "true",
         "spark.dynamicAllocation.shuffleTracking.timeout": "10s",
         "spark.dynamicAllocation.minExecutors": "0",
-        "spark.dynamicAllocation.maxExecutors": str(s.get("max-executors", 2)),
-        "spark.dynamicAllocation.executorIdleTimeout": str(s.get("executor-idle-timeout", "2s")),
+        "spark.dynamicAllocation.maxExecutors": str(s["max-executors"]),
+        "spark.dynamicAllocation.executorIdleTimeout": str(s["executor-idle-timeout"]),
         "spark.dynamicAllocation.schedulerBacklogTimeout": "1s",     # whole seconds only
         "spark.standalone.executorRemoveDelayOnDisconnection": "0s",
         "spark.executor.cores": "1", "spark.executor.memory": "512m",
@@ -107,7 +109,7 @@ def spark_conf(master: str, s: dict, local: bool = False) -> dict:
     }
     if local:
         conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
-    conf.update({k: str(v) for k, v in (s.get("conf") or {}).items()})
+    conf.update({k: str(v) for k, v in s["conf"].items()})
     return conf
 
 
@@ -117,13 +119,13 @@ class SparkResourceManager:
     name = "spark"
 
     def __init__(self, scheduler_address: str, settings: dict | None = None) -> None:
-        s = settings or {}
+        s = config.section("rm.spark", settings)      # defaults: pescheduler.yaml only
         self.settings = s
         self.scheduler_address = scheduler_address
-        self.max_executors = int(s.get("max-executors", 2))
-        self.lease_timeout = parse_timedelta(s.get("lease-timeout", "90s"), default="seconds")
-        self.poll_s = parse_timedelta(s.get("poll-interval", "100ms"), default="seconds")
-        self.return_within = parse_timedelta(s.get("return-within", "10s"), default="seconds")
+        self.max_executors = int(s["max-executors"])
+        self.lease_timeout = parse_timedelta(s["lease-timeout"], default="seconds")
+        self.poll_s = parse_timedelta(s["poll-interval"], default="seconds")
+        self.return_within = parse_timedelta(s["return-within"], default="seconds")
         self.cluster: StandaloneCluster | None = None
         self.sc = None
         self.leases: dict[str, _Lease] = {}
@@ -134,18 +136,31 @@ class SparkResourceManager:
         self._poller: asyncio.Task | None = None
         self._own_gateway = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._aborted = False                  # the start was given up (set from the event loop)
+        self._start_done = False               # the starting thread has finished
+        self._start_lock = threading.Lock()
 
     # -- the ResourceManager protocol ---------------------------------------------------
     async def start(self, on_event) -> None:
         from distributed import Client
 
         self._on_event, self._loop = on_event, asyncio.get_running_loop()
+        starting = asyncio.ensure_future(asyncio.to_thread(self._start_spark))
         try:
-            await asyncio.to_thread(self._start_spark)
+            await asyncio.shield(starting)
             self._client = await Client(self.scheduler_address, asynchronous=True, timeout=10,
                                         set_as_default=False)
         except BaseException:
-            await self.close()
+            # Cancelled (the app ended first) or failed. A thread cannot be cancelled: if it still
+            # runs, it is told to give up and stops what it started itself (see _start_spark), so
+            # the deployment's stop does not wait for a JVM start; otherwise close stops it here.
+            with self._start_lock:
+                self._aborted = True
+                running = not self._start_done
+            if running and self.cluster is not None:
+                self.cluster.abort()
+            if not running:
+                await self.close()
             raise
         self._poller = asyncio.create_task(self._poll())
 
@@ -185,15 +200,29 @@ class SparkResourceManager:
 
     # -- Spark ---------------------------------------------------------------------------
     def _start_spark(self) -> None:
+        """Start Spark (blocking); if the start was given up meanwhile, stop all it started, here."""
+        try:
+            self._start_spark_now()
+        finally:
+            with self._start_lock:
+                self._start_done = True
+                given_up = self._aborted
+            if given_up:
+                self._stop_spark()
+
+    def _start_spark_now(self) -> None:
         """Start a standalone cluster (unless ``master`` is given) and the SparkContext (blocking)."""
         spark_home()                  # pyspark installed? (says how to install it if not)
         check_java()
-        master = self.settings.get("master")
+        master = self.settings["master"]
         if not master:
-            self.cluster = StandaloneCluster(int(self.settings.get("workers", 2)),
-                                             str(self.settings.get("worker-memory", "1g"))).start()
+            # Held before it starts, so a close from the event loop can abort and stop it.
+            self.cluster = StandaloneCluster(int(self.settings["workers"]), str(self.settings["worker-memory"]))
+            self.cluster.start()
             master = self.cluster.master_url
             self.max_executors = min(self.max_executors, self.cluster.n_workers)   # one core each
+        if self._aborted:
+            raise ResourceManagerUnavailable("spark: start aborted before the application was created")
         from pyspark import SparkConf, SparkContext
 
         local = master.startswith(("spark://127.", "spark://localhost"))

@@ -66,6 +66,11 @@ class StandaloneCluster:
         self.master_url = ""
         self.ui_url = ""
         self.executors: dict[int, psutil.Process] = {}     # psutil refuses to signal a reused PID
+        self.aborted = False        # set from another thread: a start in progress gives up and stops
+
+    def abort(self) -> None:
+        """Make a ``start`` running in another thread give up at its next poll (it then stops what it began)."""
+        self.aborted = True
 
     def start(self, timeout: float = 90.0) -> "StandaloneCluster":
         """Start the master, then the workers; returns once every worker is ALIVE at the master."""
@@ -96,6 +101,8 @@ class StandaloneCluster:
     def _await(self, ready, proc, deadline: float, what: str) -> None:
         """Poll ``ready`` until the deadline (no event exists for it); a dead process fails at once."""
         while not ready():
+            if self.aborted:
+                raise ResourceManagerUnavailable("spark: the standalone cluster's start was aborted")
             dead = [p for p in ([proc] if proc else self.workers) if not p.alive()]
             if dead:
                 raise ResourceManagerUnavailable(f"spark: {what}: {dead[0].name} exited "

@@ -8,9 +8,15 @@ import subprocess
 import sys
 import time
 
+import re
+from pathlib import Path
+
+import jsonschema
 import pytest
 
 pytestmark = pytest.mark.integration
+STATUS_SCHEMA = json.loads(re.search(r"```json\n(.*?)```", (Path(__file__).parents[2] / "docs" / "status.md")
+                                     .read_text(), re.S).group(1))
 
 APP = """
 from pescheduler import Application
@@ -30,7 +36,7 @@ def cli(*args, env, timeout=120):
 def test_status_and_stop_reach_a_running_deployment(tmp_path):
     out = tmp_path / "counts.jsonl"
     (tmp_path / "app.py").write_text(APP.format(out=str(out)))
-    env = {**os.environ, "PESCHEDULER__STATE_FILE": str(tmp_path / "state.json")}
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
     deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
                                "--workers", "2", "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -44,6 +50,7 @@ def test_status_and_stop_reach_a_running_deployment(tmp_path):
             assert time.monotonic() < deadline, status.stderr
             time.sleep(0.2)                          # another process: nothing to await but its file
         shown = json.loads(status.stdout)
+        jsonschema.validate(shown, STATUS_SCHEMA)       # docs/status.md is what a script gets
         assert shown["app"] == "live-cli"
         assert [pe["operators"] for pe in shown["pes"]] == [["generator-1"], ["key_by-2", "window-3", "jsonl-4"]]
         stop = cli("stop", env=env)
@@ -55,4 +62,4 @@ def test_status_and_stop_reach_a_running_deployment(tmp_path):
             deploy.wait()
     counts = [json.loads(line)["n"] for line in out.read_text().splitlines()]
     assert counts and sum(counts) > 0                # stop drained: the open windows fired
-    assert not (tmp_path / "state.json").exists()    # the deployment removed its record
+    assert not list((tmp_path / "state").iterdir())   # the deployment removed its record

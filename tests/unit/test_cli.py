@@ -34,7 +34,7 @@ def run(*args, cwd, env=None):
 
 
 def no_state_file(tmp_path) -> dict:
-    return {"DASK_PESCHEDULER__STATE_FILE": str(tmp_path / "state" / "current.json")}
+    return {"DASK_PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
 
 
 # -- plugins -------------------------------------------------------------------------------
@@ -68,16 +68,17 @@ def test_status_without_a_deployment_says_so_and_exits_1(tmp_path):
 def test_status_with_a_stale_state_file_exits_1(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    state = tmp_path / "state" / "current.json"
+    state = tmp_path / "state" / "old.json"
     state.parent.mkdir()
-    state.write_text(json.dumps({"scheduler": "tcp://127.0.0.1:1", "app": "old", "pid": gone.pid}))
+    state.write_text(json.dumps({"name": "old", "scheduler": "tcp://127.0.0.1:1", "app": "old", "pid": gone.pid}))
     result = run("status", cwd=tmp_path, env=no_state_file(tmp_path))
-    assert result.returncode == 1
-    assert f"(pid {gone.pid}) is no longer running" in result.stderr
+    assert result.returncode == 1 and "no deployment found" in result.stderr
+    named = run("status", "old", cwd=tmp_path, env=no_state_file(tmp_path))
+    assert named.returncode == 1 and "no running deployment named 'old'" in named.stderr
 
 
 def test_stop_without_a_deployment_exits_1(tmp_path, capsys):
-    with dask.config.set({"pescheduler.state-file": str(tmp_path / "none.json")}):
+    with dask.config.set({"pescheduler.state-dir": str(tmp_path / "none")}):
         assert cli.main(["stop"]) == 1
     assert "no deployment found" in capsys.readouterr().err
 
@@ -158,6 +159,7 @@ def fake_deploy(monkeypatch):
                 raise error
             return dep
         monkeypatch.setattr(pescheduler.control.deployment, "deploy", deploy)
+        monkeypatch.setattr(cli, "_reachable", lambda address: None)     # the fake's cluster "answers"
         return dep
     install.calls = calls
     return install
@@ -235,3 +237,111 @@ def test_options_this_version_refuses_exit_2(app_file, fake_deploy, capsys):
     fake_deploy(error=TypeError("deploy() got options this version does not support yet: policies"))
     assert cli.main(["deploy", app_file, "--policy", "threshold", "--cluster", "tcp://x:1"]) == 2
     assert "--policy: not available in this version" in capsys.readouterr().err
+
+
+# -- mistakes found before anything starts: exit 2, no traceback, deploy never called --------------
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_workers_below_one_is_a_usage_error(app_file, fake_deploy, capsys, value):
+    fake_deploy()
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["deploy", app_file, "--workers", value])
+    assert exit_.value.code == 2 and "--workers" in capsys.readouterr().err
+    assert fake_deploy.calls == []
+
+
+def test_unknown_and_bad_config_keys_exit_2_naming_them(app_file, fake_deploy, capsys, tmp_path):
+    fake_deploy()
+    (tmp_path / "bad.yaml").write_text("channel:\n  credit: 3\nbatch:\n  size: -5\n")
+    saved = __import__("copy").deepcopy(dask.config.config)
+    try:
+        assert cli.main(["deploy", app_file, "--config", str(tmp_path / "bad.yaml")]) == 2
+    finally:
+        dask.config.config.clear()
+        dask.config.config.update(saved)
+    err = capsys.readouterr().err
+    assert "channel.credit: unknown key; did you mean channel.credits?" in err
+    assert "batch.size: -5 is not valid; expected an integer >= 1" in err
+    assert fake_deploy.calls == []
+
+
+def test_unknown_operator_is_reported_with_file_and_line_before_deploying(tmp_path, fake_deploy, capsys):
+    fake_deploy()
+    app = tmp_path / "typo.py"
+    app.write_text('from pescheduler import Application\n\napp = Application("typo")\n'
+                   'src = app.source("iterable", items=[])\nsrc.apply("mapp").sink("print")\n')
+    assert cli.main(["deploy", str(app)]) == 2
+    err = capsys.readouterr().err
+    assert f"{app}:5: mapp-2: unknown operator 'mapp'" in err and "Known operators:" in err and " map," in err
+    assert fake_deploy.calls == []
+
+
+def test_a_plugin_that_fails_to_import_exits_2_naming_it(app_file, fake_deploy, capsys):
+    fake_deploy()
+    assert cli.main(["deploy", app_file, "--plugin", "no_such_plugin_module"]) == 2
+    assert "--plugin no_such_plugin_module failed to load: ModuleNotFoundError" in capsys.readouterr().err
+    assert fake_deploy.calls == []
+
+
+@pytest.mark.parametrize("body, said", [
+    ("def pescheduler_operators(extra):\n    return []\n", "extra"),                 # wrong signature
+    ("def pescheduler_operatorz():\n    return []\n", "pescheduler_operatorz is not a pescheduler hook"),
+])
+def test_a_plugin_hook_that_does_not_match_exits_2_naming_it(app_file, fake_deploy, capsys, tmp_path,
+                                                           monkeypatch, body, said):
+    fake_deploy()
+    name = f"bad_hook_{abs(hash(body))}"
+    (tmp_path / f"{name}.py").write_text("import pescheduler\n\n@pescheduler.hookimpl\n" + body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["deploy", app_file, "--plugin", name]) == 2
+    err = capsys.readouterr().err
+    assert f"--plugin {name} failed to load" in err and said in err
+    assert fake_deploy.calls == []
+
+
+def test_an_unreachable_cluster_fails_within_the_connect_timeout_naming_it(app_file, capsys):
+    import time
+
+    started = time.monotonic()
+    assert cli.main(["deploy", app_file, "--cluster", "tcp://127.0.0.1:1"]) == 1
+    took = time.monotonic() - started
+    assert "cannot reach the cluster at tcp://127.0.0.1:1 within 5 s" in capsys.readouterr().err
+    assert took < 5 + 3          # the timeout plus loading the app on a loaded machine
+
+
+# -- named deployments -------------------------------------------------------------------------------
+
+def _record(directory, name, pid):
+    directory.mkdir(exist_ok=True)
+    (directory / f"{name}.json").write_text(json.dumps(
+        {"name": name, "scheduler": f"tcp://127.0.0.1:{9000 + len(name)}", "app": "cars", "pid": pid,
+         "started": 0}))
+
+
+def test_status_and_stop_need_a_name_when_several_deployments_run(tmp_path):
+    env = no_state_file(tmp_path)
+    _record(tmp_path / "state", "alpha", os.getpid())          # this test process: alive
+    _record(tmp_path / "state", "beta", os.getpid())
+    for command in ("status", "stop"):
+        result = run(command, cwd=tmp_path, env=env)
+        assert result.returncode == 2, result.stderr
+        assert "2 deployments are running: alpha, beta; name one" in result.stderr
+    listed = run("list", cwd=tmp_path, env=env)
+    assert listed.returncode == 0
+    assert [line.split()[1] for line in listed.stdout.splitlines() if "tcp://" in line] == ["alpha", "beta"]
+
+
+def test_the_state_file_is_per_name_and_removed_only_by_its_writer(tmp_path):
+    from pescheduler.control import statefile
+
+    with dask.config.set({"pescheduler.state-dir": str(tmp_path)}):
+        statefile.use_name("nightly")
+        statefile.write("tcp://127.0.0.1:1234", "cars")
+        statefile.use_name(None)
+        statefile.write("tcp://127.0.0.1:1235", "cars app")     # a second deployment, by app name
+        assert [s["name"] for s in statefile.running()] == ["nightly", "cars_app"]
+        assert statefile.read("nightly")["scheduler"] == "tcp://127.0.0.1:1234"
+        statefile.remove()                                      # removes what this process wrote last
+        assert (tmp_path / "nightly.json").exists() and not (tmp_path / "cars_app.json").exists()
+    with pytest.raises(ValueError, match="--name"):
+        statefile.use_name("../x")

@@ -39,3 +39,136 @@ def test_config_file_with_or_without_the_top_level(tmp_path):
         dask.config.config.clear()
         dask.config.config.update(saved)
     assert config.get("channel.credits") == 8
+
+
+# -- validation: unknown keys, bad values ------------------------------------------------------
+
+import re
+from pathlib import Path
+
+import dask
+import pytest
+import yaml
+
+from pescheduler.errors import ConfigError
+
+
+def _restore():
+    import copy
+    return copy.deepcopy(dask.config.config)
+
+
+def _invalid(values: dict) -> str:
+    saved = _restore()
+    try:
+        dask.config.update(dask.config.config, {"pescheduler": values}, priority="new")
+        with pytest.raises(ConfigError) as info:
+            config.validate()
+        return str(info.value)
+    finally:
+        dask.config.config.clear()
+        dask.config.config.update(saved)
+
+
+def test_the_packaged_defaults_are_valid():
+    config.validate()
+
+
+def test_an_unknown_key_names_the_closest_valid_one():
+    message = _invalid({"channel": {"credit": 3}, "monitor": {"intervall": "1s"}})
+    assert "channel.credit: unknown key; did you mean channel.credits?" in message
+    assert "monitor.intervall: unknown key; did you mean monitor.interval?" in message
+
+
+def test_a_bad_value_names_key_value_and_expected_form():
+    message = _invalid({"batch": {"size": "big"}, "monitor": {"interval": "soon"},
+                        "policies": {"rate": {"tolerance": "wide"}}})
+    assert "batch.size: 'big' is not valid; expected an integer >= 1" in message
+    assert "monitor.interval: 'soon' is not valid; expected a duration such as 1s" in message
+    assert "policies.rate.tolerance: 'wide' is not valid; expected a number" in message
+
+
+def test_credits_must_be_at_least_one():
+    assert "channel.credits: 0 is not valid; expected an integer >= 1" in _invalid({"channel": {"credits": 0}})
+
+
+def test_underscores_spell_the_same_keys_and_nullable_keys_take_null():
+    saved = _restore()
+    try:
+        dask.config.update(dask.config.config, {"pescheduler": {"dead_letters": {"keep": 5, "path": None},
+                                                                "cluster": {"workers": 3},
+                                                                "rm": {"spark": {"conf": {"spark.x": 1}}}}})
+        config.validate()
+    finally:
+        dask.config.config.clear()
+        dask.config.config.update(saved)
+
+
+def test_section_gives_every_declared_default_under_what_was_given():
+    rate = config.section("policies.rate", {"max_copies": 3})
+    assert rate["max-copies"] == 3 and rate["tolerance"] == 0.15
+    assert config.section("policies.not-declared", {"a": 1}) == {"a": 1}
+
+
+def test_a_plugin_declares_its_section_once_and_may_not_redeclare_packaged_keys():
+    config.declare("test-plugin", {"policies": {"test-only": {"limit": 3}}})
+    config.declare("test-plugin", {"policies": {"test-only": {"limit": 3}}})      # loaded again: fine
+    assert config.section("policies.test-only")["limit"] == 3
+    assert "policies.test-only.limit" in config.declared_keys()
+    with pytest.raises(ConfigError, match="plug-in evil: its pescheduler_config redeclares batch.size"):
+        config.declare("evil", {"batch": {"size": 1}})
+
+
+# -- one home per knob: every key declared is read, every key read is declared ----------------
+
+ROOT = Path(config.__file__).parent.parent
+SOURCES = [p for d in ("pescheduler", "policies", "operators") for p in (ROOT / d).rglob("*.py")]
+DIRECT = re.compile(r'(?<![.\w])config\.(?:get|get_seconds|section)\(\s*"([^"{}]+)"')
+PACKAGED = config._leaves(yaml.safe_load((ROOT / "pescheduler" / "pescheduler.yaml").read_text())["pescheduler"],
+                          sections=True)
+POLICY_SECTION = re.compile(r'settings\(\s*"([^"]+)",')
+INDEXED = re.compile(r'\[\s*"([a-z][a-z0-9-]*)"\s*\]')
+
+
+def _reads() -> tuple[set[str], dict[str, set[str]]]:
+    """Keys read by name, and for each section read whole, the keys its reader indexes."""
+    direct: set[str] = set()
+    sections: dict[str, set[str]] = {}
+    for path in SOURCES:
+        text = path.read_text()
+        if re.search(r"^from \S+ import .*\bconfig\b", text, re.M):     # elsewhere `config` is a policy's settings dict, not this module
+            direct.update(DIRECT.findall(text))
+        for key in [k for k in DIRECT.findall(text) if k.startswith("rm.")]:
+            sections.setdefault(key, set()).update(INDEXED.findall(text))
+        for name in POLICY_SECTION.findall(text):
+            direct.add(f"policies.{name}")
+            sections.setdefault(f"policies.{name}", set()).update(re.findall(r'cfg\["([^"]+)"\]', text))
+    return direct, sections
+
+
+def test_every_declared_key_is_read_somewhere():
+    direct, sections = _reads()
+    unread = []
+    for key in PACKAGED:
+        if key in direct or any(key.startswith(s + ".") and key[len(s) + 1:] in read
+                                for s, read in sections.items()):
+            continue
+        if any(k.startswith(key + ".") for k in PACKAGED):
+            continue                                    # a section: its leaves are checked
+        unread.append(key)
+    assert unread == [], f"declared in pescheduler.yaml but never read: {unread}"
+
+
+def test_every_key_read_is_declared():
+    direct, sections = _reads()
+    declared = set(PACKAGED)
+    assert sorted(direct - declared) == []
+    for section, read in sections.items():
+        if section.startswith("policies."):
+            assert sorted(f"{section}.{k}" for k in read if f"{section}.{k}" not in declared) == []
+
+
+def test_no_policy_or_resource_manager_repeats_a_default():
+    pattern = re.compile(r'(?:setting|\.get)\(\s*(?:config|s|self\.settings),\s*"[^"]+",')
+    offenders = [p.name for p in SOURCES if pattern.search(p.read_text())]
+    assert offenders == []

@@ -120,4 +120,43 @@ def test_live_view_renders_from_the_callable_and_survives_a_failing_read():
         pass
     assert len(calls) >= 2                  # read at start and again for the final frame
     text = console.export_text()
-    assert "map-2->filter-3" in text and "dead letters 3" in text
+    assert "map-2->filter-3" in text and "dead 3 late 17" in text
+
+
+# -- one screen: 80 x 24 ---------------------------------------------------------------------------
+
+def _crowded() -> dict:
+    pes = [{"pe": f"window-{i}->jsonl-{i}-named-at-length-by-its-author", "operators": [f"window-{i}"],
+            "worker": f"tcp://127.0.0.1:4{i:04d}", "host": "local-1", "tuples_in_per_s": 1234.5 * i,
+            "tuples_out_per_s": 99.0 * i, "busy": (i * 7 % 30) / 30, "backpressure": 0.1}
+           for i in range(30)]
+    events = [{"t": float(i), "kind": "policy",
+               "text": f"rate applied Replicate('window-{i}', 2): window-{i} is offered 4000 t/s, more than it does"}
+              for i in range(20)]
+    return {**STATUS, "pes": pes, "events": events, "error": "lost worker tcp://127.0.0.1:40001 " * 4,
+            "slots": [{"slot": "s1", "worker": "tcp://127.0.0.1:5", "host": "h", "copies": ["window-5#1"]}]}
+
+
+def test_the_live_screen_fits_80_by_24_busiest_first_with_the_latest_decisions():
+    from pescheduler.liveview import screen
+
+    console = Console(width=80, height=24, record=True, color_system=None)
+    console.print(screen(_crowded(), 23))
+    lines = console.export_text().splitlines()
+    assert len(lines) <= 23 and max(len(line) for line in lines) <= 80
+    assert lines[0].startswith("connected-cars running 42s | dead 3 late 17 | in ")
+    assert lines[1].startswith("error: lost worker")
+    rows = [line for line in lines if line.startswith("window-")]
+    busy = [int(line.split()[-2].rstrip("%")) for line in rows]
+    assert busy == sorted(busy, reverse=True) and busy[0] == 97 and len(rows) >= 10
+    assert any(line.startswith("… ") and "more PEs" in line for line in lines)
+    assert "Replicate('window-19', 2)" in lines[-1] and "Replicate('window-15', 2)" in lines[-5]
+
+
+def test_a_small_deployment_shows_every_pe_and_no_more_line():
+    from pescheduler.liveview import screen
+
+    console = Console(width=80, height=24, record=True, color_system=None)
+    console.print(screen(STATUS, 23))
+    text = console.export_text()
+    assert "generator-1" in text and "map-2->filter-3 (finished)" in text and "more PEs" not in text

@@ -7,8 +7,8 @@ operator's queues have been empty for ``calm-windows`` windows in a row,
 its copies go.
 
 Settings (``pescheduler.policies.latency-guard.*`` in dask.config; nothing
-needs setting): ``queue-batches`` (default 4), ``calm-windows`` (default 5),
-``max-copies`` (default 2).
+needs setting): declared, with their defaults, by ``pescheduler_config``
+below, so a misspelt key is an error and the values are read without fallbacks.
 """
 
 from __future__ import annotations
@@ -16,6 +16,15 @@ from __future__ import annotations
 from pescheduler import Parallelism, Release, Replicate, hookimpl
 
 _HISTORY: dict = {}          # used when no controller passes config["history"] (a notebook)
+
+
+@hookimpl
+def pescheduler_config():
+    return {"policies": {"latency-guard": {
+        "queue-batches": 4,     # a PE with this many input batches waiting gets a copy of its busiest operator
+        "calm-windows": 5,      # windows in a row with empty queues before the copies go
+        "max-copies": 2,        # copies of one operator at most
+    }}}
 
 
 @hookimpl
@@ -27,15 +36,15 @@ def pescheduler_policy_decide(snapshot, placement, resources, config):
         waiting = sum(snapshot.pes[p].queue_batches for p in _pes_of(placement, op) if p in snapshot.pes)
         guarded[op] = calm + 1 if waiting == 0 else 0
         copies = placement.copies_of(op)
-        if guarded[op] >= config.get("calm-windows", 5) and copies:
+        if guarded[op] >= config["calm-windows"] and copies:
             del guarded[op]
             actions.append(Release(op, len(copies), reason=f"no tuple has waited for {op} for "
-                                                           f"{config.get('calm-windows', 5)} windows"))
+                                                           f"{config['calm-windows']} windows"))
     longest = max(snapshot.pes.values(), key=lambda m: (m.queue_batches, m.pe), default=None)
-    if longest is None or longest.queue_batches < config.get("queue-batches", 4):
+    if longest is None or longest.queue_batches < config["queue-batches"]:
         return actions
     op = _busiest_copyable(snapshot, placement, longest.operators)
-    if op and op not in {a.operator for a in actions} and len(placement.copies_of(op)) < config.get("max-copies", 2):
+    if op and op not in {a.operator for a in actions} and len(placement.copies_of(op)) < config["max-copies"]:
         guarded[op] = 0
         actions.append(Replicate(op, 1, figures={"queue_batches": longest.queue_batches, "pe": longest.pe},
                                  reason=f"PE {longest.pe} has the longest input queue "

@@ -1,0 +1,94 @@
+"""`deploy --rm spark` leaves no JVM behind, however it ends: normal end, failure, Ctrl-C, SIGTERM.
+
+The deploying process gets its own TMPDIR, so every process it starts (the
+standalone master and workers, executors, the driver's gateway JVM, the
+embedded cluster's workers) carries it in its environment and can be counted;
+nothing else on this shared machine does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.spark
+
+FINITE = """
+from pescheduler import Application
+app = Application("spark-cleanup")
+app.source("generator", events=2_000, keys=10, seed=1).sink("discard")
+"""
+FAILING = """
+from pescheduler import Application
+app = Application("spark-cleanup")
+app.source("generator", events=None, keys=10, rate=2_000).sink("jsonl", path="/proc/no/such/dir/out.jsonl")
+"""
+ENDLESS = """
+from pescheduler import Application
+app = Application("spark-cleanup")
+app.source("generator", events=None, keys=10, rate=2_000).sink("discard")
+"""
+EXIT_WITHIN_S = 150        # the stop includes stopping JVMs by PID (TERM, bounded wait, KILL)
+
+
+def tagged(tmp: str) -> list[psutil.Process]:
+    """Processes whose environment carries this test's TMPDIR (every one the deployment started)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("TMPDIR") == tmp and proc.pid != os.getpid():
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def jvms(procs: list[psutil.Process]) -> list[psutil.Process]:
+    def is_java(p):
+        try:
+            return "java" in os.path.basename(p.exe() or "") or "java" in " ".join(p.cmdline()[:1])
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
+    return [p for p in procs if is_java(p)]
+
+
+@pytest.mark.parametrize("ending, app, signum, codes", [
+    ("normal end", FINITE, None, (0,)),
+    ("failure", FAILING, None, (1,)),
+    ("ctrl-c", ENDLESS, signal.SIGINT, (130,)),
+    ("sigterm", ENDLESS, signal.SIGTERM, (143,)),
+])
+def test_every_jvm_started_for_rm_spark_is_stopped(tmp_path, ending, app, signum, codes):
+    tmp = str(tmp_path / "tmp")
+    os.makedirs(tmp)
+    (tmp_path / "app.py").write_text(app)
+    env = {**os.environ, "TMPDIR": tmp, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
+                               "--rm", "spark", "--workers", "1", "--policy", "none", "--json"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen_jvms = 0
+    try:
+        deadline = time.monotonic() + EXIT_WITHIN_S
+        while deploy.poll() is None and time.monotonic() < deadline:
+            seen_jvms = max(seen_jvms, len(jvms(tagged(tmp))))
+            if signum is not None and seen_jvms >= 1:
+                deploy.send_signal(signum)            # while Spark is still starting
+                signum = None
+            time.sleep(0.2)                           # sampling another process tree: nothing to await
+        code = deploy.wait(timeout=EXIT_WITHIN_S)
+        stderr = deploy.stderr.read()
+    finally:
+        if deploy.poll() is None:
+            deploy.kill()                             # by the PID this test started
+            deploy.wait()
+    left = tagged(tmp)
+    gone, alive = psutil.wait_procs(left, timeout=10)
+    assert seen_jvms >= 1, f"{ending}: no JVM was ever started, so the test proves nothing\n{stderr}"
+    assert code in codes, f"{ending}: exit {code}\n{stderr[-3000:]}"
+    assert [p.pid for p in alive] == [], f"{ending}: left running: {[(p.pid, p.cmdline()[:3]) for p in alive]}"
