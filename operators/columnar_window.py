@@ -63,6 +63,7 @@ class ColumnarPanes:
         self.keys: list = []
         self.index: dict = {}
         self._dict_cache: tuple = (None, None)
+        self._key_array: Any = None
         self.dtypes: dict = {}
 
     # -- in -------------------------------------------------------------------------------
@@ -94,8 +95,14 @@ class ColumnarPanes:
             cols = {k: v[keep] for k, v in cols.items()}
         if not len(panes):
             return True
-        lo, hi = panes.min(), panes.max()
-        starts = [int(lo)] if lo == hi else np.unique(panes).tolist()
+        lo, hi = int(panes.min()), int(panes.max())
+        if lo == hi:
+            starts = [lo]
+        elif (hi - lo) // self.slide < 4096:        # few panes: count them, no sort
+            hits = np.bincount((panes - lo) // self.slide)
+            starts = (np.flatnonzero(hits) * self.slide + lo).tolist()
+        else:
+            starts = np.unique(panes).tolist()
         for p in starts:
             sel = None if len(starts) == 1 else panes == p
             self._fold(p, gidx if sel is None else gidx[sel],
@@ -189,7 +196,9 @@ class ColumnarPanes:
                         np.maximum(acc, s, out=acc)
             order = np.concatenate(order_parts)
         m = len(order)
-        arrays = [pa.array(np.asarray(self.keys, dtype=object)[order]) if m else pa.array([], pa.string()),
+        if self._key_array is None or len(self._key_array) != len(self.keys):
+            self._key_array = pa.array(self.keys)
+        arrays = [self._key_array.take(pa.array(order)),
                   pa.array(np.full(m, ws, dtype=np.int64)), pa.array(np.full(m, we, dtype=np.int64))]
         names = [self.key, "window_start", "window_end"]
         for name, kind, ref in self.outputs:
