@@ -99,7 +99,7 @@ def numpy_columns(events: int) -> tuple[float, list]:
         keep = speed > 5
         car, speed, ts = car[keep], speed[keep], ts[keep]
         pane = ts - ts % SIZE
-        for p in np.unique(pane[[0, -1]]).tolist():
+        for p in range(int(pane.min()), int(pane.max()) + 1, SIZE):
             sel = pane == p
             acc = panes.get(p)
             if acc is None:
@@ -130,10 +130,11 @@ def in_process(events: int, columnar: bool = False, lambdas: bool = False) -> tu
         source = benchops.Premade(events=events, start_path=os.path.join(tmp, "start"), columnar=columnar)
         benchops.premade_events(events, columnar)
         sink = benchops.Collect(path=os.path.join(tmp, "out"))
-        t0 = time.perf_counter()
+        t0 = time.time()
         run_operators(source, *_ops(lambdas), sink, key_field="car")
-        elapsed = time.perf_counter() - t0
-    return elapsed, [r for b in sink.batches for r in (b if isinstance(b, list) else b.to_pylist())]
+        with open(os.path.join(tmp, "out"), "rb") as f:
+            result = pickle.load(f)
+    return result["end"] - t0, result["rows"]        # the sink's end: its pickling is not timed
 
 
 def deployed(events: int, workers: int = 1, columnar: bool = False, lambdas: bool = False) -> tuple[float, list]:

@@ -256,7 +256,7 @@ class Window(AggregatingWindow):
         self._init_aggregates(aggregates, queries, key, ts_field)
 
     def _compile_state(self) -> None:
-        self._update = self.plan.pane_updater(self.key, self.ts_field, self.slide)
+        self._update = self.plan.pane_updater(self.key, self.ts_field, self.slide, fixed=not self.named)
         self._to_dicts()
         self._colspec = None if self.named else (self.key, self.plan.layout)
 
