@@ -15,7 +15,6 @@ ratios to the hand-written loop over dicts and to numpy over the same columns
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -58,14 +57,7 @@ def ipc_codec(events: int = 1_000_000) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=2_000_000)
-    parser.add_argument("--channel-events", type=int, default=20_000_000)
-    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds; the best of each counts")
-    parser.add_argument("--quick", action="store_true", help="small run (smoke test)")
-    args = parser.parse_args()
-    if args.quick:
-        args.events, args.channel_events, args.repeat = 200_000, 2_000_000, 1
+    args = cars.arguments(__doc__, 20_000_000)
     n = args.events
     variants = {
         "hand loop, dicts": lambda: cars.hand_dicts(n),

@@ -39,7 +39,6 @@ The tree is plain data: :class:`Col`, :class:`Lit`, :class:`Binary` (``op`` in
 
 from __future__ import annotations
 
-import linecache
 from typing import Any, Callable, Iterable
 
 ARITHMETIC = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
@@ -90,6 +89,12 @@ class Expr:
 
     __hash__ = object.__hash__
 
+    def __setattr__(self, *_):
+        raise AttributeError("expressions are immutable")
+
+    def __reduce__(self):
+        return (type(self), tuple(getattr(self, name) for name in self.__slots__))
+
     def __bool__(self):
         raise TypeError("an expression has no truth value: combine conditions with & | ~, "
                         "not and/or/not (and parenthesise comparisons)")
@@ -123,12 +128,6 @@ class Col(Expr):
             raise TypeError(f"col() takes a field name, got {name!r}")
         object.__setattr__(self, "name", name)
 
-    def __setattr__(self, *_):
-        raise AttributeError("expressions are immutable")
-
-    def __reduce__(self):
-        return (Col, (self.name,))
-
     def __repr__(self) -> str:
         return f"col({self.name!r})"
 
@@ -142,12 +141,6 @@ class Lit(Expr):
         if not (value is None or isinstance(value, (bool, int, float, str))):
             raise TypeError(f"a literal must be None, bool, int, float or str, got {value!r}")
         object.__setattr__(self, "value", value)
-
-    def __setattr__(self, *_):
-        raise AttributeError("expressions are immutable")
-
-    def __reduce__(self):
-        return (Lit, (self.value,))
 
     def __repr__(self) -> str:
         return f"lit({self.value!r})"
@@ -163,12 +156,6 @@ class Binary(Expr):
             raise ValueError(f"unknown binary operator {op!r}; known: {sorted(BINARY)}")
         for name, value in (("op", op), ("left", left), ("right", right)):
             object.__setattr__(self, name, value)
-
-    def __setattr__(self, *_):
-        raise AttributeError("expressions are immutable")
-
-    def __reduce__(self):
-        return (Binary, (self.op, self.left, self.right))
 
     def children(self) -> tuple[Expr, ...]:
         return (self.left, self.right)
@@ -187,12 +174,6 @@ class Unary(Expr):
             raise ValueError(f"unknown unary operator {op!r}; known: {UNARY}")
         object.__setattr__(self, "op", op)
         object.__setattr__(self, "operand", operand)
-
-    def __setattr__(self, *_):
-        raise AttributeError("expressions are immutable")
-
-    def __reduce__(self):
-        return (Unary, (self.op, self.operand))
 
     def children(self) -> tuple[Expr, ...]:
         return (self.operand,)
@@ -342,16 +323,9 @@ def compile_rows(steps: Iterable[tuple[str, Any]], title: str = "run") -> Callab
             raise ValueError(f"unknown step {kind!r}")
     materialise()
     lines += [f"{ind}append(t)", f"    return out, ({', '.join(f'd{i}' for i in range(len(steps)))},)"]
-    return _generate(lines, "run", ns, title)
+    from .aggregates import _generate     # the project's one code generator (linecache-visible)
 
-
-def _generate(lines: list[str], name: str, namespace: dict, title: str) -> Callable:
-    """Compile generated source; tracebacks and profiles show it (linecache)."""
-    source = "\n".join(lines) + "\n"
-    filename = f"<pescheduler.expr {title} {hash(source) & 0xFFFFFFFF:08x}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), namespace)
-    return namespace[name]
+    return _generate(lines, "run", ns, f"expr {title}")
 
 
 # -- Arrow: pyarrow.compute kernels --------------------------------------------------------------
