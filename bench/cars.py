@@ -113,6 +113,13 @@ def numpy_columns(events: int) -> tuple[float, list]:
     return elapsed, rows
 
 
+def baselines(events: int) -> dict:
+    """The three baselines every speed benchmark prints first."""
+    return {"hand loop, dicts": lambda: hand_dicts(events),
+            "hand loop, tuples": lambda: hand_tuples(events),
+            "numpy over columns": lambda: numpy_columns(events)}
+
+
 def _ops(lambdas: bool) -> list:
     from pescheduler.operators.basic import Filter, KeyBy, Map
     from pescheduler.operators.window import Window

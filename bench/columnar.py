@@ -60,9 +60,7 @@ def main() -> None:
     args = cars.arguments(__doc__, 20_000_000)
     n = args.events
     variants = {
-        "hand loop, dicts": lambda: cars.hand_dicts(n),
-        "hand loop, tuples": lambda: cars.hand_tuples(n),
-        "numpy over columns": lambda: cars.numpy_columns(n),
+        **cars.baselines(n),
         "columnar in-process (Arrow + col)": lambda: cars.in_process(n, columnar=True),
         "columnar on 1 worker (deploy)": lambda: cars.deployed(n, columnar=True),
         "fused per tuple in-process, col expressions": lambda: cars.in_process(n),

@@ -71,9 +71,7 @@ def main() -> None:
     args = cars.arguments(__doc__, 4_000_000)
     n = args.events
     variants = {
-        "hand loop, dicts": lambda: cars.hand_dicts(n),
-        "hand loop, tuples": lambda: cars.hand_tuples(n),
-        "numpy over columns": lambda: cars.numpy_columns(n),
+        **cars.baselines(n),
         "fused in-process, col expressions": lambda: cars.in_process(n),
         "fused in-process, lambdas over dicts": lambda: cars.in_process(n, lambdas=True),
         "fused on 1 worker (deploy), col expressions": lambda: cars.deployed(n),
