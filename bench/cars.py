@@ -137,8 +137,9 @@ def in_process(events: int, columnar: bool = False, lambdas: bool = False) -> tu
         source = benchops.Premade(events=events, start_path=os.path.join(tmp, "start"), columnar=columnar)
         benchops.premade_events(events, columnar)
         sink = benchops.Collect(path=os.path.join(tmp, "out"))
+        ops = _ops(lambdas)
         t0 = time.time()
-        run_operators(source, *_ops(lambdas), sink, key_field="car")
+        run_operators(source, *ops, sink, key_field="car")
         with open(os.path.join(tmp, "out"), "rb") as f:
             result = pickle.load(f)
     return result["end"] - t0, result["rows"]        # the sink's end: its pickling is not timed
