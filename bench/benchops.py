@@ -26,22 +26,26 @@ from pescheduler import Operator, Parallelism, Sink, Source
 class Replay(Source):
     name = "replay"
 
-    def __init__(self, events: int = 1_000_000, stamp: bool = False, **kw) -> None:
+    def __init__(self, events: int = 1_000_000, stamp: bool = False, columnar: bool = False, **kw) -> None:
         super().__init__(ts_field=None, **kw)
-        self.events, self.stamp, self.i = events, stamp, 0
+        self.events, self.stamp, self.columnar, self.i = events, stamp, columnar, 0
 
     def open(self, context) -> None:
         super().open(context)
         from pescheduler.operators.sources import GeneratorSource
 
-        gen = GeneratorSource(events=min(self.events, 200_000), keys=10_000, seed=1)
+        gen = GeneratorSource(events=min(self.events, 200_000), keys=10_000, seed=1, columnar=self.columnar)
         self.pool = []
         while (batch := gen.read(10_000)) is not None:
-            self.pool.extend(batch)
+            self.pool.append(batch) if self.columnar else self.pool.extend(batch)
 
     def read(self, n):
         if self.i >= self.events:
             return None
+        if self.columnar:                   # whole Arrow batches (65,536 rows), round robin
+            batch = self.pool[(self.i // 65_536) % len(self.pool)]
+            self.i += len(batch)
+            return batch
         start = self.i % len(self.pool)
         batch = self.pool[start:start + min(n, self.events - self.i)]
         self.i += len(batch)
@@ -51,8 +55,69 @@ class Replay(Source):
         return batch
 
 
+_PREMADE: dict = {}
+
+
+def premade_events(events: int, columnar: bool, keys: int = 10_000, seed: int = 7) -> list:
+    """The generator's events made once per process: lists of dicts, or RecordBatches of 65,536 rows."""
+    spec = (events, columnar, keys, seed)
+    if spec not in _PREMADE:
+        from pescheduler.operators.sources import GeneratorSource
+
+        gen = GeneratorSource(events=events, keys=keys, seed=seed, columnar=columnar)
+        _PREMADE.clear()
+        _PREMADE[spec] = list(iter(lambda: gen.read(1000), None))
+    return _PREMADE[spec]
+
+
+class Premade(Source):
+    """The connected-car events, made in ``open()`` (not timed); writes the wall clock of the
+    first read to ``start_path`` so the benchmark times source start -> sink end across processes."""
+
+    name = "premade"
+
+    def __init__(self, events: int, start_path: str, columnar: bool = False, **kw) -> None:
+        super().__init__(**kw)
+        self.events, self.start_path, self.columnar, self.i = events, start_path, columnar, 0
+
+    def open(self, context) -> None:
+        super().open(context)
+        self.batches = premade_events(self.events, self.columnar)
+
+    def read(self, n):
+        if self.i == 0:
+            with open(self.start_path, "w") as f:
+                f.write(repr(time.time()))
+        if self.i >= len(self.batches):
+            return None
+        self.i += 1
+        return self.batches[self.i - 1]
+
+
+class Collect(Sink):
+    """Keeps every batch (rows or Arrow); at the end notes the wall clock, then writes the rows."""
+
+    name = "collect"
+    columnar = True
+
+    def __init__(self, path: str) -> None:
+        self.path, self.batches = path, []
+
+    def process(self, batch, emit):
+        self.batches.append(batch)
+
+    def flush(self, emit):
+        end = time.time()
+        import pickle
+
+        rows = [r for b in self.batches for r in (b if isinstance(b, list) else b.to_pylist())]
+        with open(self.path, "wb") as f:
+            pickle.dump({"end": end, "rows": rows}, f)
+
+
 class Throughput(Sink):
     name = "throughput"
+    columnar = True         # Arrow batches are counted whole
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -66,7 +131,7 @@ class Throughput(Sink):
             self.first = now
         self.last = now
         self.count += len(batch)
-        if batch and "sent" in batch[0]:
+        if isinstance(batch, list) and batch and "sent" in batch[0]:
             self.latencies.append(now - batch[0]["sent"])
 
     def flush(self, emit):
@@ -202,4 +267,4 @@ class Arrivals(Sink):
 
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Replay, Throughput, Counter, KeyedSum, Arrivals]
+    return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect]

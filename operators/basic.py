@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+from pescheduler.expr import Expr, compile_rows, run_arrow
 from pescheduler.operator import Emitter, Operator, Parallelism
 
 
@@ -19,30 +20,59 @@ def _callable(op: str, fn: Any) -> Callable:
     return fn
 
 
-class Map(Operator):
-    """``fn(t)`` for every tuple: ``stream.map(lambda e: {**e, "speed": e["speed"] / 3.6})``."""
+class Fusable(Operator):
+    """A stateless operator the chain may fuse into one generated loop with its neighbours.
+
+    ``steps`` says what it does per tuple (see ``pescheduler.expr.compile_rows``);
+    ``columnar`` is true when every step is an expression, so a
+    ``pyarrow.RecordBatch`` is handled whole.
+    """
+
+    parallelism = Parallelism.STATELESS
+    fusable = True
+    steps: tuple = ()
+
+    def _compile(self) -> None:
+        self.columnar = all(kind in ("assign", "where") for kind, _ in self.steps)
+        self._run = compile_rows(self.steps, self.name)
+
+    def process(self, batch: Any, emit: Emitter) -> None:
+        if isinstance(batch, list):
+            emit.many(self._run(batch)[0])
+        else:
+            emit.columns(run_arrow(self.steps, batch))
+
+
+class Map(Fusable):
+    """A new tuple per tuple, from a function or from expressions.
+
+    ``stream.map(lambda e: {**e, "speed": e["speed"] / 3.6})`` calls the
+    function per tuple; ``stream.map(speed=col("speed") / 3.6)`` sets fields
+    from expressions (``pescheduler.expr``), which the chain compiles into its
+    fused loop and which also run on Arrow batches. Prefer expressions: a
+    lambda costs a Python call per tuple and only works on rows.
+    """
 
     name = "map"
-    parallelism = Parallelism.STATELESS
 
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = _callable("map", fn)
+    def __init__(self, fn: Callable[[Any], Any] | None = None, **columns: Any) -> None:
+        if (fn is None) == (not columns):
+            raise TypeError("map: give a function or field=expression pairs, not both")
+        self.fn = None if fn is None else _callable("map", fn)
+        self.steps = (("map", fn),) if fn is not None else (("assign", dict(columns)),)
+        self._compile()
 
-    def process(self, batch: list, emit: Emitter) -> None:
-        emit.many(map(self.fn, batch))
 
-
-class Filter(Operator):
-    """Keep the tuples for which ``fn(t)`` is true: ``stream.filter(lambda e: e["speed"] > 5)``."""
+class Filter(Fusable):
+    """Keep the tuples for which ``fn(t)`` is true; ``fn`` may be an expression
+    (``stream.filter(col("speed") > 5)``: kept when true, dropped when false or null)."""
 
     name = "filter"
-    parallelism = Parallelism.STATELESS
 
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = _callable("filter", fn)
-
-    def process(self, batch: list, emit: Emitter) -> None:
-        emit.many(filter(self.fn, batch))
+    def __init__(self, fn: Callable[[Any], Any] | Expr) -> None:
+        self.fn = fn if isinstance(fn, Expr) else _callable("filter", fn)
+        self.steps = (("where", fn),) if isinstance(fn, Expr) else (("filter", fn),)
+        self._compile()
 
 
 class FlatMap(Operator):
@@ -59,7 +89,7 @@ class FlatMap(Operator):
         emit.many([item for t in batch for item in fn(t)])
 
 
-class KeyBy(Operator):
+class KeyBy(Fusable):
     """Mark the stream as keyed by ``field`` (a field name or a callable of the tuple).
 
     Tuples pass through unchanged; the compiler hands ``field`` to the KEYED
@@ -68,12 +98,15 @@ class KeyBy(Operator):
     """
 
     name = "key_by"
-    parallelism = Parallelism.STATELESS
+    columnar = True
 
     def __init__(self, field: str | Callable[[Any], Any]) -> None:
         if not (isinstance(field, str) or callable(field)):
             raise TypeError(f"key_by: field must be a field name or a callable, got {field!r}")
         self.field = field
 
-    def process(self, batch: list, emit: Emitter) -> None:
-        emit.many(batch)
+    def process(self, batch: Any, emit: Emitter) -> None:
+        if isinstance(batch, list):
+            emit.many(batch)
+        else:
+            emit.columns(batch)

@@ -89,6 +89,7 @@ class DiscardSink(Sink):
     """
 
     name = "discard"
+    columnar = True         # an Arrow batch is dropped whole
 
     def process(self, batch: list, emit: Emitter) -> None:
         pass

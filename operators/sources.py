@@ -85,14 +85,21 @@ class GeneratorSource(Source):
     The sequence is the same whatever batch sizes ``read`` is asked for: every
     event draws the same random numbers in the same order (jitter comes from
     a second stream for that reason).
+
+    ``columnar=True`` yields the same events as ``pyarrow.RecordBatch`` es of
+    ``columnar_rows`` rows (``car`` dictionary-encoded); numpy draws from the
+    very Mersenne Twister state ``random.Random`` holds, so the values are
+    bit-identical to the per-tuple events.
     """
 
     name = "generator"
 
     def __init__(self, events: int | None = None, keys: int = 10_000, seed: int = 0,
                  start_ts: int = 1_700_000_000_000, interval_ms: int = 1, disorder_ms: int = 0,
-                 hotspots: list[dict] | None = None, **kwargs: Any) -> None:
+                 hotspots: list[dict] | None = None, columnar: bool = False,
+                 columnar_rows: int = 65_536, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.columnar, self.columnar_rows = columnar, columnar_rows
         if events is not None and events < 0 or keys < 1 or interval_ms < 0 or disorder_ms < 0:
             raise ValueError(f"generator: need events >= 0 (or None), keys >= 1, interval_ms >= 0, "
                              f"disorder_ms >= 0; got events={events!r}, keys={keys!r}, "
@@ -106,11 +113,16 @@ class GeneratorSource(Source):
         self._rng = random.Random(seed)
         self._jitter = random.Random(f"{seed}/disorder")
 
-    def read(self, n: int) -> list | None:
+    def read(self, n: int) -> Any:
+        if self.columnar:
+            n = max(n, self.columnar_rows)
         start = self._index
         stop = start + n if self.events is None else min(start + n, self.events)
         if stop <= start:
             return None
+        if self.columnar and not self.disorder_ms and not self._phase(start, stop)[2]:
+            self._index = stop
+            return self._columns(start, stop)
         batch: list = []
         while start < stop:                 # one segment per hot-spot phase crossed
             seg_stop, hot, share = self._phase(start, stop)
@@ -121,7 +133,30 @@ class GeneratorSource(Source):
             for e in batch:
                 e["ts"] -= int(jitter() * span)
         self._index = stop
-        return batch
+        return _record_batch(batch) if self.columnar else batch
+
+    def _columns(self, start: int, stop: int) -> Any:
+        """Events ``start..stop`` (no hot spot) as one RecordBatch, drawn by numpy from our MT state."""
+        import numpy as np
+        import pyarrow as pa
+
+        state = self._rng.getstate()
+        mt = np.random.RandomState()
+        mt.set_state(("MT19937", np.array(state[1][:-1], dtype=np.uint32), state[1][-1]))
+        draws = mt.random_sample(4 * (stop - start)).reshape(-1, 4)
+        words, pos = mt.get_state()[1:3]
+        self._rng.setstate((state[0], tuple(words.tolist()) + (int(pos),), None))
+        if not hasattr(self, "_car_dictionary"):
+            self._car_dictionary = pa.array(self.cars)
+        step = self.interval_ms
+        ts0 = self.start_ts + start * step
+        cars = np.minimum((draws[:, 0] * len(self.cars)).astype(np.int32), len(self.cars) - 1)
+        return pa.RecordBatch.from_arrays(
+            [pa.DictionaryArray.from_arrays(cars, self._car_dictionary), draws[:, 1] * 130.0,
+             48.0 + draws[:, 2] * 0.3, 11.3 + draws[:, 3] * 0.5,
+             np.arange(ts0, ts0 + (stop - start) * step, step, dtype=np.int64) if step
+             else np.full(stop - start, ts0, dtype=np.int64)],
+            names=["car", "speed", "lat", "lon", "ts"])
 
     def _phase(self, start: int, stop: int) -> tuple[int, list, float]:
         """The phase covering event ``start``: where it stops, its hot cars and share."""
@@ -156,6 +191,12 @@ class GeneratorSource(Source):
         self._index = state["index"]
         self._rng.setstate(state["rng"])
         self._jitter.setstate(state["jitter"])
+
+
+def _record_batch(rows: list) -> Any:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pylist(rows)
 
 
 def _phases(hotspots: list[dict], cars: list[str]) -> list[tuple[int, list, float]]:

@@ -237,6 +237,7 @@ class Window(AggregatingWindow):
     """
 
     name = "window"
+    columnar = True         # Arrow batches are aggregated vectorised (columnar_window.py)
 
     def __init__(self, size: Any, slide: Any = None, aggregates: dict | None = None,
                  key: str | Callable | None = None, ts_field: str = "ts",
@@ -251,17 +252,50 @@ class Window(AggregatingWindow):
         self._panes: dict[Any, dict] = {}          # pane start -> {key: slots}, keys first-seen
         self._wm = MIN_WATERMARK
         self._fired_end: int | None = None          # every window ending at or before is done
+        self._cols = None                           # ColumnarPanes while Arrow batches come in
         self._init_aggregates(aggregates, queries, key, ts_field)
 
     def _compile_state(self) -> None:
-        self._update = self.plan.pane_updater(self.key, self.ts_field, self.slide)
+        self._update = self.plan.pane_updater(self.key, self.ts_field, self.slide, fixed=not self.named)
+        self._to_dicts()
+        self._colspec = None if self.named else (self.key, self.plan.layout)
+
+    def _columns(self, batch: Any, late: Callable) -> bool:
+        """Fold an Arrow batch in vectorised; False when it must go the row path."""
+        if self._cols is None:
+            if self._colspec is None or self._panes:
+                return False
+            from .columnar_window import ColumnarPanes, columnar_spec
+
+            outputs = columnar_spec(self.plan, self._queries[None][1], self.key, self.named)
+            if outputs is None:
+                self._colspec = None
+                return False
+            self._cols = ColumnarPanes(self.plan, self.key, self.ts_field, self.slide, self.size, outputs)
+        elif self._panes:
+            return False
+        return self._cols.add(batch, self._wm - self.size + 1, late)
+
+    def _to_dicts(self) -> None:
+        """Columnar state becomes ordinary panes (rows arrived, a query changed, a restore)."""
+        if self._cols is not None:
+            self._panes.update(self._cols.to_dicts())
+            self._cols = None
 
     def _slot_lists(self) -> Iterable[list]:
         return (s for d in self._panes.values() for s in d.values())
 
     # -- data -------------------------------------------------------------------------
-    def process(self, batch: list, emit: Emitter) -> None:
+    def process(self, batch: Any, emit: Emitter) -> None:
         late: list = []
+        if not isinstance(batch, list):
+            if self._columns(batch, late.append):
+                for t in late:
+                    emit.to("late", t)
+                return
+            batch = batch.to_pylist()
+        if self._cols is not None:
+            self._to_dicts()
         items = iter(batch)
         lim = self._wm - self.size + 1          # panes starting at or before this are late
         failed = self._update(items, self._panes, lim, late.append)
@@ -273,16 +307,23 @@ class Window(AggregatingWindow):
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
+        cols = self._cols
+        if cols is not None and cols.panes:
+            starts = sorted(cols.panes)
+            self._fire(starts, watermark + 1, lambda sel, ws, we: emit.columns(cols.window(sel, ws, we)))
+            cols.drop(watermark - self.size + 1)
         if self._panes:
             starts = sorted(self._panes)
-            self._fire(starts, watermark + 1, emit.append)
+            self._fire(starts, watermark + 1,
+                       lambda sel, ws, we: self._emit(self._window(sel), ws, we, emit.append))
             self._drop(starts, watermark)
         # Even with nothing to fire, windows ending here are done: a tuple
         # arriving later must not reopen them.
         self._fired_end = (watermark + 1) - (watermark + 1) % self.slide
 
-    def _fire(self, starts: list, last_end: int, out: Callable) -> None:
-        """Emit every window ending in ``(fired_end, last_end]`` that has data, by end."""
+    def _fire(self, starts: list, last_end: int, fire: Callable) -> None:
+        """``fire(pane starts, ws, we)`` for every window ending in ``(fired_end, last_end]``
+        that has data, by end."""
         size, slide = self.size, self.slide
         end = starts[0] + slide
         if self._fired_end is not None:
@@ -295,7 +336,7 @@ class Window(AggregatingWindow):
                 end = starts[lo] + slide
                 continue
             hi = bisect_left(starts, end, lo)
-            self._emit(self._window(starts[lo:hi]), end - size, end, out)
+            fire(starts[lo:hi], end - size, end)
             end += slide
 
     def _window(self, starts: list) -> Any:
@@ -322,12 +363,14 @@ class Window(AggregatingWindow):
     # -- state --------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """Panes (copied: slots are updated in place), watermark and fired frontier."""
+        panes = self._cols.to_dicts() if self._cols is not None else _copy_panes(self._panes)
         return {"layout": self.plan.layout, "size": self.size, "slide": self.slide,
-                "panes": _copy_panes(self._panes), "watermark": self._wm,
+                "panes": panes, "watermark": self._wm,
                 "fired_end": self._fired_end}
 
     def restore(self, state: dict) -> None:
         self._check_state(state, size=self.size, slide=self.slide)
+        self._cols = None
         self._panes = _copy_panes(state["panes"])
         self._wm = state["watermark"]
         self._fired_end = state["fired_end"]

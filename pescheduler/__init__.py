@@ -8,6 +8,7 @@ Public names::
 
     Application, Stream           describe an app (pescheduler.plan.app)
     deploy, Deployment            run it (pescheduler.control.deployment)
+    col, lit                      expressions for map/filter, compiled per backend (pescheduler.expr)
     Operator, Source, Sink, Parallelism, Emitter, OperatorContext
                                   write operator plug-ins (pescheduler.operator)
     hookimpl                      mark plug-in hook implementations
@@ -27,6 +28,7 @@ API), ``resource_managers/``.
 from .actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
 from .plan.app import Application, Stream
 from .control.deployment import Deployment, deploy
+from .expr import col, lit
 from .errors import AppLoadError, DeploymentFailed, InvalidApplication, PeschedulerError
 from .operator import (MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, OperatorContext,
                        Parallelism, Sink, Source)
@@ -39,7 +41,7 @@ from .plan.placement import Placement
 __version__ = "0.1.0"
 
 __all__ = [
-    "Application", "Stream", "deploy", "Deployment", "Operator", "Source", "Sink", "Parallelism",
+    "Application", "Stream", "deploy", "Deployment", "col", "lit", "Operator", "Source", "Sink", "Parallelism",
     "Emitter", "OperatorContext", "DeadLetter", "MAX_WATERMARK", "MIN_WATERMARK", "hookimpl",
     "MetricsSnapshot", "Placement", "ResourceManager", "ResourceView", "Host", "HostAvailable",
     "HostLost", "HostReturnRequested",

@@ -299,7 +299,7 @@ class AggregatePlan:
         return list(dict.fromkeys(n.field for n in self.slots if n.aggregate.needs_field))
 
     # -- generated code -----------------------------------------------------------------
-    def pane_updater(self, key: Any, ts_field: Any, slide: int) -> Callable:
+    def pane_updater(self, key: Any, ts_field: Any, slide: int, fixed: bool = False) -> Callable:
         """Generate ``update(items, panes, lim, late) -> None | (tuple, exc)``.
 
         Folds the tuples of the iterator ``items`` into ``panes``
@@ -307,9 +307,10 @@ class AggregatePlan:
         pane starts at or before ``lim`` goes to ``late(t)``. ``key`` is a field,
         a callable, or None (one group). On a bad tuple it returns ``(t, exc)``
         having changed nothing for that tuple; call again with the same iterator
-        to go on after it.
+        to go on after it. ``fixed``: the plan never changes while state exists (one
+        unnamed query), so no slot list can be short and the length check is left out.
         """
-        return _generate(_PaneUpdaterSource(self, key, ts_field, slide).lines(), "update",
+        return _generate(_PaneUpdaterSource(self, key, ts_field, slide, fixed).lines(), "update",
                          self._namespace(key=key), f"update {self.layout}")
 
     def folder(self, key: Any = None) -> Callable:
@@ -449,8 +450,8 @@ class AggregatePlan:
 class _PaneUpdaterSource:
     """Builds the source of the per-batch update loop (see ``AggregatePlan.pane_updater``)."""
 
-    def __init__(self, plan: AggregatePlan, key: Any, ts_field: Any, slide: int) -> None:
-        self.plan, self.key, self.ts_field, self.slide = plan, key, ts_field, slide
+    def __init__(self, plan: AggregatePlan, key: Any, ts_field: Any, slide: int, fixed: bool = False) -> None:
+        self.plan, self.key, self.ts_field, self.slide, self.fixed = plan, key, ts_field, slide, fixed
         self.values = {f: f"v{i}" for i, f in enumerate(plan.fields)}
 
     def lines(self) -> list[str]:
@@ -478,12 +479,13 @@ class _PaneUpdaterSource:
             "            s = d.get(k)",
             "            if s is None:",
             f"                d[k] = [{', '.join(self.slot_exprs(init=True))}]",
-            f"            elif len(s) == {len(self.plan.slots)}:",
+            "            else:" if self.fixed else f"            elif len(s) == {len(self.plan.slots)}:",
             *[f"                n{i} = {e}" for i, e in enumerate(self.slot_exprs(init=False))],
             *[f"                s[{i}] = n{i}" for i in range(len(self.plan.slots))],
             *(["                pass"] if not self.plan.slots else []),
-            "            else:                      # short: made before a query added slots",
-            "                s[:] = _prefix(s, t)",
+            *([] if self.fixed else [
+                "            else:                      # short: made before a query added slots",
+                "                s[:] = _prefix(s, t)"]),
             "    except Exception as exc:",
             "        return t, exc",
             "    return None",

@@ -95,7 +95,7 @@ class Emitter(list):
     letters (``emit.dead_letter(t, exc)``) are rare and kept out of that path.
     """
 
-    __slots__ = ("sides", "dead")
+    __slots__ = ("sides", "dead", "batches")
 
     __call__ = list.append
     many = list.extend
@@ -104,6 +104,14 @@ class Emitter(list):
         super().__init__()
         self.sides: dict[str, list] | None = None
         self.dead: list[DeadLetter] | None = None
+        self.batches: list | None = None
+
+    def columns(self, batch: Any) -> None:
+        """Emit a whole ``pyarrow.RecordBatch`` (operators with ``columnar = True``)."""
+        if self.batches is None:
+            self.batches = []
+        if len(batch):
+            self.batches.append(batch)
 
     def to(self, port: str, item: Any) -> None:
         """Emit ``item`` on the named side output ``port`` (declared in ``outputs``)."""
@@ -165,6 +173,7 @@ class Operator:
     parallelism: ClassVar[Parallelism] = Parallelism.STATELESS
     outputs: ClassVar[tuple[str, ...]] = ()   # side output ports besides the main one
     kind: ClassVar[str] = "operator"          # "source" | "operator" | "sink"
+    columnar: bool = False                    # process() takes pyarrow.RecordBatch whole (else rows)
 
     def __new__(cls, *args: Any, **kwargs: Any):
         self = super().__new__(cls)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .worker.chain import Chain
+from .worker.chain import Chain, rows
 from .operator import DeadLetter, Operator, OperatorContext, Source
 from .worker.source_driver import SourceDriver, pump
 
@@ -42,7 +42,7 @@ class CollectingOutput:
         self.result = result
 
     def send(self, batch: list) -> None:
-        self.result.output.extend(batch)
+        self.result.output.extend(batch if isinstance(batch, list) else rows(batch))
 
     def watermark(self, wm: int) -> None:
         self.result.watermarks.append(wm)

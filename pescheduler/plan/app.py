@@ -100,10 +100,15 @@ class Stream:
         node = self.app._add("operator", name, params, [(self.op_id, self.port)], id, self.key_field)
         return Stream(self.app, node.op_id)
 
-    def map(self, fn: Callable, *, id: str | None = None) -> "Stream":
-        return self.apply("map", id=id, fn=fn)
+    def map(self, fn: Callable | None = None, *, id: str | None = None, **columns: Any) -> "Stream":
+        """``map(lambda t: ...)`` per tuple, or ``map(field=col(...) ...)``: fields set from
+        expressions (``pescheduler.expr``), compiled into the fused loop and run on Arrow batches."""
+        if fn is not None:
+            columns["fn"] = fn
+        return self.apply("map", id=id, **columns)
 
-    def filter(self, fn: Callable, *, id: str | None = None) -> "Stream":
+    def filter(self, fn: Any, *, id: str | None = None) -> "Stream":
+        """Keep tuples where ``fn(t)`` (a function) or an expression (``col("speed") > 5``) is true."""
         out = self.apply("filter", id=id, fn=fn)
         out.key_field = self.key_field      # filtering keeps tuples as they are, so the key holds
         return out

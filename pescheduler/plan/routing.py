@@ -136,6 +136,8 @@ class Router:
             self.targets[i](batch)
             return
         # Hot path for KEYED copies: one key read and one hash per tuple.
+        if not isinstance(batch, list):
+            batch = batch.to_pylist()       # an Arrow batch split by key: as rows
         parts: list[list] = [[] for _ in self.targets]
         owner, key, groups = self.owner_index, self.key, KEY_GROUPS
         for t in batch:

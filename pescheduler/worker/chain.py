@@ -8,7 +8,14 @@ channel). The same class runs inside a worker's PE and in
 deployment.
 
 Hot path: :meth:`Chain._push` runs once per batch per operator; everything
-per tuple happens inside the operators' own loops.
+per tuple happens inside the operators' own loops. A linear run of fusable
+stateless operators (map, filter, key_by: ``fusable = True`` and ``steps``)
+runs as ONE generated loop per batch (:class:`FusedRun`), as Flink's operator
+chaining with code generation or Beam's fused stages do, so a tuple costs no
+Python call per operator and no intermediate list.
+
+A batch is a list of tuples or a ``pyarrow.RecordBatch``; an operator that
+does not declare ``columnar = True`` receives a RecordBatch as a list of dicts.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ class Node:
     """One operator inside a chain, with its input watermarks and open inputs."""
 
     __slots__ = ("op_id", "op", "process", "stats", "in_wm", "wm", "open_inputs",
-                 "has_watermark", "has_flush", "stateless", "ended", "partial")
+                 "has_watermark", "has_flush", "stateless", "ended", "partial", "columnar")
 
     def __init__(self, op_id: str, op: Operator, inputs: Iterable[str]) -> None:
         self.op_id = op_id
@@ -70,6 +77,31 @@ class Node:
         self.stateless = op.parallelism is Parallelism.STATELESS
         self.ended = False
         self.partial = False        # a MERGEABLE copy: emits partials for its original
+        self.columnar = bool(getattr(op, "columnar", False))
+
+
+class FusedRun:
+    """Consecutive fusable operators of a chain compiled into one loop (``expr.compile_rows``).
+
+    Per-operator counts stay exact (each step counts what it drops); busy
+    time is shared equally, since one loop cannot time its parts.
+    """
+
+    __slots__ = ("nodes", "fn", "step_node", "columnar")
+
+    def __init__(self, nodes: list[Node]) -> None:
+        from ..expr import compile_rows
+
+        self.nodes = nodes
+        steps = [(node, step) for node in nodes for step in node.op.steps]
+        self.step_node = [nodes.index(node) for node, _ in steps]
+        self.fn = compile_rows([step for _, step in steps], "->".join(n.op_id for n in nodes))
+        self.columnar = all(n.columnar for n in nodes)
+
+
+def rows(batch: Any) -> list:
+    """A columnar batch as a list of dicts, for an operator that takes rows."""
+    return batch.to_pylist()
 
 
 class Chain:
@@ -146,9 +178,12 @@ class Chain:
         """
         by_port: dict[tuple[str, str], list[tuple[str, Callable]]] = {}
         index: dict[str, list] = {}
+        runs = self._fused_runs()
         for src, port, dst in self.edges:
             node = self.nodes[dst]
-            if self.logical(src) == dst:            # a MERGEABLE copy's partials
+            if dst in runs:
+                push = partial(self._push_run, runs[dst])
+            elif self.logical(src) == dst:            # a MERGEABLE copy's partials
                 push = partial(self._push, node, process=node.op.absorb)
             else:
                 inputs = index.setdefault(dst, [])
@@ -187,6 +222,38 @@ class Chain:
                 calls.append(router.send)
             self.routes[(src, port)] = calls
 
+    def _fused_runs(self) -> dict[str, FusedRun]:
+        """First op id -> :class:`FusedRun` for every linear run of two or more fusable operators.
+
+        ``a`` fuses with ``b`` when ``a``'s only output is ``b`` (no channel, no
+        router, no side port) and ``b``'s only input is ``a``.
+        """
+        def fusable(n: Node) -> bool:
+            return (getattr(n.op, "fusable", False) and not n.partial
+                    and not overrides(n.op, "process_input"))
+        outs: dict[str, list] = {}
+        ins: dict[str, int] = {}
+        for src, port, dst in self.edges:
+            outs.setdefault(src, []).append((port, dst))
+            ins[dst] = ins.get(dst, 0) + 1
+        leaving = {src for src, _p, _o in self.outs}
+        nxt: dict[str, str] = {}
+        for op_id, node in self.nodes.items():
+            o = outs.get(op_id, [])
+            if not fusable(node) or op_id in leaving or len(o) != 1 or o[0][0] != "out":
+                continue
+            dst = o[0][1]
+            if (fusable(self.nodes[dst]) and ins[dst] == 1 and self.logical(op_id) != dst
+                    and (op_id, "out", self.logical(dst)) not in self.routing):
+                nxt[op_id] = dst
+        runs = {}
+        for head in set(nxt) - set(nxt.values()):
+            ids = [head]
+            while ids[-1] in nxt:
+                ids.append(nxt[ids[-1]])
+            runs[head] = FusedRun([self.nodes[i] for i in ids])
+        return runs
+
     # -- data ----------------------------------------------------------------------
     def emit_from(self, op_id: str, batch: list, port: str = "out") -> None:
         """A batch produced by ``op_id`` (a source here, or a producer in another PE)."""
@@ -196,9 +263,43 @@ class Chain:
         for target in self.routes.get((op_id, port), ()):
             target(batch)
 
-    def _push(self, node: Node, batch: list, process: Callable | None = None) -> None:
+    def _push_run(self, run: FusedRun, batch: Any) -> None:
+        # Hot path: one call per batch for the whole run. On any error the batch
+        # is replayed operator by operator (they are stateless), so the failing
+        # tuples are dead-lettered by the operator that rejects them.
+        head = run.nodes[0]
+        if not isinstance(batch, list):
+            if run.columnar:
+                self._push(head, batch)
+                return
+            batch = rows(batch)
+        t0 = perf_counter()
+        try:
+            out, drops = run.fn(batch)
+        except Exception:
+            self._push(head, batch)
+            return
+        share = (perf_counter() - t0) / len(run.nodes)
+        dropped = [0] * len(run.nodes)
+        for i, d in zip(run.step_node, drops):
+            dropped[i] += d
+        n = len(batch)
+        for node, d in zip(run.nodes, dropped):
+            stats = node.stats
+            stats.busy_s += share
+            stats.tuples_in += n
+            stats.batches_in += 1
+            n -= d
+            stats.tuples_out += n
+        if out:
+            for target in self.routes.get((run.nodes[-1].op_id, "out"), ()):
+                target(out)
+
+    def _push(self, node: Node, batch: Any, process: Callable | None = None) -> None:
         # Hot path: one call per batch per operator. ``process`` is set for
         # operators that tell their inputs apart (process_input).
+        if not node.columnar and not isinstance(batch, list):
+            batch = rows(batch)
         emit = Emitter()
         t0 = perf_counter()
         try:
@@ -211,6 +312,8 @@ class Chain:
         stats.batches_in += 1
         if emit.sides is not None or emit.dead is not None:
             self._route_rare(node, emit)
+        if emit.batches is not None:
+            self._route_columns(node, emit.batches)
         if emit:
             stats.tuples_out += len(emit)
             for target in self.routes.get((node.op_id, "out"), ()):
@@ -226,6 +329,8 @@ class Chain:
         ``emit.dead_letter`` (the built-in window does).
         """
         emit = Emitter()
+        if not isinstance(batch, list):
+            batch = rows(batch)
         if not node.stateless:
             for item in batch:
                 emit.dead_letter(item, exc)
@@ -245,6 +350,14 @@ class Chain:
             if one.dead:
                 emit.dead = (emit.dead or []) + one.dead
         return emit
+
+    def _route_columns(self, node: Node, batches: list) -> None:
+        """Columnar results go on whole (an operator may emit rows and RecordBatches)."""
+        targets = self.routes.get((node.op_id, "out"), ())
+        for batch in batches:
+            node.stats.tuples_out += len(batch)
+            for target in targets:
+                target(batch)
 
     def _route_rare(self, node: Node, emit: Emitter) -> None:
         if emit.dead:
@@ -354,6 +467,8 @@ class Chain:
         node.stats.busy_s += perf_counter() - t0
         if emit.sides is not None or emit.dead is not None:
             self._route_rare(node, emit)
+        if emit.batches is not None:
+            self._route_columns(node, emit.batches)
         if emit:
             node.stats.tuples_out += len(emit)
             for target in self.routes.get((node.op_id, "out"), ()):

@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from .chain import Chain
 
 
+def _column_max(batch, field: str) -> int:
+    """The largest event time of an Arrow record batch."""
+    import pyarrow.compute as pc
+
+    return pc.max(batch.column(field)).as_py()
+
+
 class SourceDriver:
     """Reads batches from one source and tracks its watermark and pace."""
 
@@ -76,7 +83,8 @@ class SourceDriver:
             self.count += len(batch)
             field = self.source.ts_field
             if field is not None:
-                top = max(map(itemgetter(field), batch))
+                top = (max(map(itemgetter(field), batch)) if isinstance(batch, list)
+                       else _column_max(batch, field))
                 if top > self.max_ts:
                     self.max_ts = top
         return batch

@@ -30,3 +30,16 @@ def test_benchmark_quick_runs_and_prints_its_figures(tmp_path, script, args, exp
     if script == "policies.py":
         row = next(r for r in result.stdout.splitlines() if r.startswith("5-op chain, 4x bottleneck    rate "))
         assert row.split()[5:8] == ["1", "1", "2"], row     # one action, at interval 1, bp-free from 2
+
+
+@pytest.mark.parametrize("script, expected", [
+    ("fusion.py", ("hand loop, tuples", "numpy over columns", "unfused, one PE per operator", "channel, 2 worker")),
+    ("columnar.py", ("columnar on 1 worker (deploy)", "numpy over columns", "Arrow IPC channel")),
+])
+def test_speed_benchmarks_quick_check_every_variant_output(tmp_path, script, expected):
+    # Each variant's output is asserted equal to the hand loop's inside the script (exit 1 if not).
+    result = subprocess.run([sys.executable, str(BENCH / script), "--quick"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    for line in expected:
+        assert line in result.stdout, result.stdout[-3000:]

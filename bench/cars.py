@@ -1,0 +1,218 @@
+"""The connected-car pipeline every way we run it, over the same pre-made events (shared by
+fusion.py and columnar.py).
+
+Work: speed km/h -> m/s, keep speed > 5, 60 s tumbling event-time window
+average per car. Every variant reads events made before its clock starts
+(the generator's, seed 7, 10,000 cars) and returns ``(seconds, rows)``; rows
+are checked against the hand loop's after the clock stops:
+exactly for every pescheduler variant, to 1e-12 for numpy (``bincount`` adds
+per-batch partial sums, a different float order).
+
+Baselines (honest: the same work, no more): a hand-written loop over the
+dicts, the same loop over tuples, and numpy over the same columns.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+import pyarrow.compute  # noqa: F401  (imported before any clock starts)
+
+import pescheduler
+from pescheduler import Application, col
+
+import benchops
+import pescheduler.operators.columnar_window  # noqa: F401
+
+SIZE = 60_000
+
+
+def _rows(panes: dict) -> list:
+    return [{"car": k, "window_start": p, "window_end": p + SIZE, "avg_speed": s / n}
+            for p, d in panes.items() for k, (s, n) in d.items()]
+
+
+def hand_dicts(events: int) -> tuple[float, list]:
+    """The loop a user would write over the event dicts (the same dict work as the lambda app)."""
+    batches = benchops.premade_events(events, False)
+    t0 = time.perf_counter()
+    panes: dict = {}
+    for batch in batches:
+        for e in batch:
+            e = {**e, "speed": e["speed"] / 3.6}
+            if e["speed"] > 5:
+                ts = e["ts"]
+                p = ts - ts % SIZE
+                d = panes.get(p)
+                if d is None:
+                    d = panes[p] = {}
+                s = d.get(e["car"])
+                if s is None:
+                    d[e["car"]] = [e["speed"], 1]
+                else:
+                    s[0] += e["speed"]
+                    s[1] += 1
+    rows = _rows(panes)
+    return time.perf_counter() - t0, rows
+
+
+def hand_tuples(events: int) -> tuple[float, list]:
+    """The same loop over ``(car, speed, lat, lon, ts)`` tuples (made before the clock starts)."""
+    batches = [[(e["car"], e["speed"], e["lat"], e["lon"], e["ts"]) for e in b]
+               for b in benchops.premade_events(events, False)]
+    t0 = time.perf_counter()
+    panes: dict = {}
+    for batch in batches:
+        for car, speed, _lat, _lon, ts in batch:
+            speed = speed / 3.6
+            if speed > 5:
+                p = ts - ts % SIZE
+                d = panes.get(p)
+                if d is None:
+                    d = panes[p] = {}
+                s = d.get(car)
+                if s is None:
+                    d[car] = [speed, 1]
+                else:
+                    s[0] += speed
+                    s[1] += 1
+    rows = _rows(panes)
+    return time.perf_counter() - t0, rows
+
+
+def numpy_columns(events: int) -> tuple[float, list]:
+    """numpy over the same columns (Arrow batches as numpy arrays): per-pane bincount sums."""
+    batches = benchops.premade_events(events, True)
+    cols = [(b.column(0).indices.to_numpy(), b.column(1).to_numpy(), b.column(4).to_numpy()) for b in batches]
+    cars = batches[0].column(0).dictionary.to_pylist()
+    k = len(cars)
+    t0 = time.perf_counter()
+    panes: dict = {}
+    for car, speed, ts in cols:
+        speed = speed / 3.6
+        keep = speed > 5
+        car, speed, ts = car[keep], speed[keep], ts[keep]
+        pane = ts - ts % SIZE
+        for p in range(int(pane.min()), int(pane.max()) + 1, SIZE):
+            sel = pane == p
+            acc = panes.get(p)
+            if acc is None:
+                acc = panes[p] = [np.zeros(k), np.zeros(k, dtype=np.int64)]
+            acc[0] += np.bincount(car[sel], weights=speed[sel], minlength=k)
+            acc[1] += np.bincount(car[sel], minlength=k)
+    out = {p: (s / np.maximum(n, 1), n > 0) for p, (s, n) in panes.items()}
+    elapsed = time.perf_counter() - t0
+    rows = [{"car": cars[i], "window_start": p, "window_end": p + SIZE, "avg_speed": avg[i]}
+            for p, (avg, present) in out.items() for i in np.flatnonzero(present).tolist()]
+    return elapsed, rows
+
+
+def baselines(events: int) -> dict:
+    """The three baselines every speed benchmark prints first."""
+    return {"hand loop, dicts": lambda: hand_dicts(events),
+            "hand loop, tuples": lambda: hand_tuples(events),
+            "numpy over columns": lambda: numpy_columns(events)}
+
+
+def _ops(lambdas: bool) -> list:
+    from pescheduler.operators.basic import Filter, KeyBy, Map
+    from pescheduler.operators.window import Window
+
+    first = ([Map(lambda e: {**e, "speed": e["speed"] / 3.6}), Filter(lambda e: e["speed"] > 5)] if lambdas
+             else [Map(speed=col("speed") / 3.6), Filter(col("speed") > 5)])
+    return first + [KeyBy("car"), Window(size="60s", aggregates={"avg_speed": ("avg", "speed")})]
+
+
+def in_process(events: int, columnar: bool = False, lambdas: bool = False) -> tuple[float, list]:
+    """The runtime's fused chain in this process (pescheduler.testing), no cluster."""
+    from pescheduler.testing import run_operators
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source = benchops.Premade(events=events, start_path=os.path.join(tmp, "start"), columnar=columnar)
+        benchops.premade_events(events, columnar)
+        sink = benchops.Collect(path=os.path.join(tmp, "out"))
+        ops = _ops(lambdas)
+        t0 = time.time()
+        run_operators(source, *ops, sink, key_field="car")
+        with open(os.path.join(tmp, "out"), "rb") as f:
+            result = pickle.load(f)
+    return result["end"] - t0, result["rows"]        # the sink's end: its pickling is not timed
+
+
+def deployed(events: int, workers: int = 1, columnar: bool = False, lambdas: bool = False) -> tuple[float, list]:
+    """A real deployment on the embedded cluster: source start -> sink end (wall clock)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        start, out = os.path.join(tmp, "start"), os.path.join(tmp, "out")
+        app = Application(f"cars-{workers}-{'columnar' if columnar else 'rows'}")
+        s = app.source("premade", events=events, start_path=start, columnar=columnar)
+        s = (s.map(lambda e: {**e, "speed": e["speed"] / 3.6}).filter(lambda e: e["speed"] > 5) if lambdas
+             else s.map(speed=col("speed") / 3.6).filter(col("speed") > 5))
+        (s.key_by("car").window(size="60s", aggregates={"avg_speed": ("avg", "speed")})
+            .sink("collect", path=out))
+        with pescheduler.deploy(app, workers=workers, policies=[], plugins=["benchops"]) as dep:
+            dep.wait(timeout=900)
+            pes = len(dep.placement().pes)
+        with open(out, "rb") as f:
+            result = pickle.load(f)
+        with open(start) as f:
+            t0 = float(f.read())
+    deployed.pes = pes
+    return result["end"] - t0, result["rows"]
+
+
+def same(rows: list, reference: list, tolerance: float = 0.0) -> bool:
+    """Equal result sets (order aside); ``tolerance`` relative on the averages."""
+    if len(rows) != len(reference):
+        return False
+    key = lambda r: (r["window_start"], r["car"])  # noqa: E731
+    for a, b in zip(sorted(rows, key=key), sorted(reference, key=key)):
+        if key(a) != key(b) or a["window_end"] != b["window_end"]:
+            return False
+        if a["avg_speed"] != b["avg_speed"] and not (
+                tolerance and math.isclose(a["avg_speed"], b["avg_speed"], rel_tol=tolerance)):
+            return False
+    return True
+
+
+def measure(variants: dict[str, Callable[[], tuple[float, list]]], repeat: int) -> dict[str, float]:
+    """Best time of each variant over ``repeat`` interleaved rounds; every output checked."""
+    best: dict[str, float] = {}
+    reference = None
+    for _ in range(repeat):
+        for label, run in variants.items():
+            t, rows = run()
+            reference = reference if reference is not None else rows
+            ok = same(rows, reference, 1e-12 if "numpy" in label else 0.0)
+            assert ok, f"{label}: output differs from the hand loop's"
+            best[label] = min(best.get(label, t), t)
+    measure.rows = len(reference)
+    return best
+
+
+def report(best: dict[str, float], events: int, hand: str, numpy_label: str) -> None:
+    print(f"connected-car pipeline, {events:,} pre-made events, {measure.rows:,} window results, "
+          f"output checked for every variant; load: {os.getloadavg()[0]:.1f} (1-min, 2 cores shared)")
+    print(f"  {'variant':<58s} {'M ev/s':>7s} {'x hand loop':>11s} {'x numpy':>8s}")
+    for label, t in best.items():
+        print(f"  {label:<58s} {events / t / 1e6:7.2f} {best[hand] / t:11.2f} {best[numpy_label] / t:8.2f}")
+
+
+def arguments(doc: str, channel_events: int) -> "argparse.Namespace":
+    """The command line both speed benchmarks take (``--quick``: a small smoke run)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--channel-events", type=int, default=channel_events)
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds; the best of each counts")
+    parser.add_argument("--quick", action="store_true", help="small run (smoke test)")
+    args = parser.parse_args()
+    if args.quick:
+        args.events, args.channel_events, args.repeat = 200_000, channel_events // 10, 1
+    return args
