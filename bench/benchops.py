@@ -127,6 +127,12 @@ class KeyedSum(Operator):
     def restore(self, state):
         self.sums = dict(state)
 
+    def split_state(self, state, owns):
+        return {k: v for k, v in state.items() if owns(k)}
+
+    def merge_states(self, states):
+        return {k: v for state in states for k, v in state.items()}
+
 
 class Arrivals(Sink):
     """Per batch: arrival time (``time.time()``) and size; which numbers (``field``) were seen.
