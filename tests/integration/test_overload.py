@@ -5,7 +5,8 @@ channels get a single credit (so a credit window is always nearly used up)
 and windows are 100 ms of event time (so the copy sends partials back to its
 original's PE on almost every batch): the PE of the original and its copy
 feed each other, the cycle that deadlocked. Every monitor window after the
-copy must show both instances taking tuples, no stall may be reported, and
+copy must show an instance taking tuples, each must take some over the five,
+no stall may be reported, and
 after the drain every window count must equal a plain-Python count of the
 events the source emitted (nothing lost or doubled by the replays).
 """
@@ -56,11 +57,13 @@ def test_a_copied_window_keeps_flowing_at_overload_and_ends_exact(cluster, tmp_p
                 break
         record = dep.apply(Replicate("window-3", 1), timeout=WAIT)
         assert record.applied, record.reason
-        dep.next_snapshot(timeout=WAIT)                 # the window in which the copy started
-        for _ in range(5):
+        first = dep.next_snapshot(timeout=WAIT)         # the window in which the copy started
+        for _ in range(5):          # the deadlock stopped both for good; a loaded machine may starve one a while
             snap = dep.next_snapshot(timeout=WAIT)
             flowing = {op: snap.operators[op].tuples_in_per_s for op in ("window-3", "window-3#1")}
-            assert all(rate > 0 for rate in flowing.values()), f"an instance stopped: {flowing}"
+            assert any(rate > 0 for rate in flowing.values()), f"both instances stopped: {flowing}"
+        grew = {op: snap.operators[op].tuples_in - first.operators[op].tuples_in for op in ("window-3", "window-3#1")}
+        assert all(n > 0 for n in grew.values()), f"an instance took nothing in 5 s: {grew}"
     finally:
         status = dep.stop(drain_timeout=WAIT)
     assert status["state"] == "stopped", status["error"]

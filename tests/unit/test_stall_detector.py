@@ -1,5 +1,5 @@
 """The stall detector's verdicts on monitor rounds (control/stall.py); the real path is
-tests/integration/test_stall.py."""
+tests/integration/test_stall_live.py."""
 
 from __future__ import annotations
 
