@@ -170,17 +170,20 @@ class KeyedSum(Operator):
     name = "keyed_sum"
     parallelism = Parallelism.KEYED
 
-    def __init__(self, field: str = "n") -> None:
-        self.field = field
+    def __init__(self, field: str = "n", keep: tuple = ()) -> None:
+        self.field, self.keep = field, tuple(keep)       # keep: input fields carried to the output
         self.sums: dict = {}
 
     def process(self, batch, emit):
-        key, field, sums = self.context.key_field, self.field, self.sums
+        key, field, sums, keep = self.context.key_field, self.field, self.sums, self.keep
         out = []
         for t in batch:
             k = t[key]
             s = sums[k] = sums.get(k, 0) + t[field]
-            out.append({"n": t["n"], "key": k, "sum": s})
+            r = {"n": t["n"], "key": k, "sum": s}
+            if keep:
+                r.update((f, t[f]) for f in keep)
+            out.append(r)
         emit.many(out)
 
     def snapshot(self):
@@ -188,6 +191,12 @@ class KeyedSum(Operator):
 
     def restore(self, state):
         self.sums = dict(state)
+
+    def split_state(self, state, owns):
+        return {k: v for k, v in state.items() if owns(k)}
+
+    def merge_states(self, states):
+        return {k: v for state in states for k, v in state.items()}
 
 
 class Arrivals(Sink):
@@ -265,6 +274,98 @@ class Arrivals(Sink):
                        "count": self.count}, f)
 
 
+class Schedule(Source):
+    """``{"n", "key", "ts": n, "sent": wall time}`` paced by a schedule of ``(seconds, tuples/s)``
+    phases, from the first read on; ends after the last phase (or when drained). Position and
+    start time move with it, so a moved source keeps to the schedule."""
+
+    name = "schedule"
+
+    def __init__(self, phases: list, keys: int = 100, **kw) -> None:
+        super().__init__(ts_field="ts", **kw)
+        self.phases, self.keys, self.i, self.t0 = [tuple(p) for p in phases], keys, 0, None
+
+    def due(self, elapsed: float) -> float | None:
+        """Tuples the schedule has offered after ``elapsed`` seconds (None: past its end)."""
+        total, t = 0.0, 0.0
+        for seconds, rate in self.phases:
+            if elapsed < t + seconds:
+                return total + (elapsed - t) * rate
+            total, t = total + seconds * rate, t + seconds
+        return None
+
+    def read(self, n):
+        now = time.time()
+        if self.t0 is None:
+            self.t0 = now
+        due = self.due(now - self.t0)
+        if due is None:
+            return None
+        i, keys = self.i, self.keys
+        hi = min(i + n, int(due))
+        self.i = max(i, hi)
+        return [{"n": j, "key": j % keys, "ts": j, "sent": now} for j in range(i, hi)]
+
+    def snapshot(self):
+        return (self.i, self.t0)
+
+    def restore(self, state):
+        self.i, self.t0 = state
+
+
+class KeyedCheck(Sink):
+    """Checks a ``schedule`` -> ``keyed_sum(keep=("sent",))`` stream tuple by tuple: numbers seen twice, per-key
+    order (each key's numbers must rise), running sums (closed form), and per batch the age of
+    its oldest tuple with the arrival time. Written to ``path`` as JSON at end of stream."""
+
+    name = "keyed_check"
+
+    def __init__(self, path: str, keys: int = 100) -> None:
+        self.path, self.keys = path, keys
+        self.seen = bytearray()
+        self.last: dict = {}
+        self.duplicates = self.order = self.bad_sums = self.count = 0
+        self.arrived, self.latency = array("d"), array("d")
+
+    def process(self, batch, emit):
+        if not batch:
+            return
+        now = time.time()
+        self.arrived.append(now)
+        self.latency.append(now - min(t["sent"] for t in batch))
+        seen, last, keys = self.seen, self.last, self.keys
+        for t in batch:
+            n, k = t["n"], t["key"]
+            if n >= len(seen):
+                seen.extend(bytes(max(n + 1 - len(seen), len(seen))))
+            if seen[n]:
+                self.duplicates += 1
+            seen[n] = 1
+            if n <= last.get(k, -1):
+                self.order += 1
+            last[k] = n
+            j = (n - k) // keys
+            if t["sum"] != (j + 1) * k + keys * j * (j + 1) // 2:
+                self.bad_sums += 1
+        self.count += len(batch)
+
+    def snapshot(self):
+        return {k: getattr(self, k) for k in ("seen", "last", "duplicates", "order", "bad_sums", "count",
+                                              "arrived", "latency")}
+
+    def restore(self, state):
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def flush(self, emit):
+        first_gap = self.seen.find(0)
+        with open(self.path, "w") as f:
+            json.dump({"count": self.count, "distinct": sum(self.seen), "max": len(self.seen) - 1,
+                       "first_missing": first_gap, "duplicates": self.duplicates, "order": self.order,
+                       "bad_sums": self.bad_sums, "arrived": self.arrived.tolist(),
+                       "latency": self.latency.tolist()}, f)
+
+
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect]
+    return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck]

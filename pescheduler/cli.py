@@ -203,8 +203,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         raise
     finally:
         dep.stop()
-    if final["state"] == "failed":
-        return _fail(err, f"{app.name} failed: {final.get('error')}", 1)
+    if final["state"] in ("failed", "stalled"):
+        why = final.get("error") or next((e["text"] for e in reversed(final["events"]) if e["kind"] == "stalled"), "")
+        return _fail(err, f"{app.name} {final['state']}: {why}", 1)
     info.print(f"{app.name} {final['state']} after {final['elapsed_s']:.1f} s", soft_wrap=True)
     return 0
 

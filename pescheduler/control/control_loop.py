@@ -23,6 +23,7 @@ from .controller import Controller
 from .deadletters import DeadLetters
 from .gateway import SchedulerLost, WorkerGateway
 from .monitor import Monitor
+from . import stall
 from .reconfigurer import Reconfigurer
 from .state import DeploymentState
 
@@ -60,6 +61,7 @@ class ControlLoop:
             for dead in answer["dead_letters"]:
                 self.dead.keep(dead)
         snapshot = self.monitor.update(answers, self.reconfigurer.placement)
+        await stall.check(self, answers)          # no progress with input pending: stalled, then failed
         for pe_id, m in snapshot.pes.items():
             if m.threaded and pe_id not in self.state.threaded:
                 self.state.threaded.add(pe_id)

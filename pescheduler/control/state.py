@@ -23,7 +23,8 @@ from typing import Iterable
 EVENTS_KEPT = 200
 FINAL = ("stopped", "finished", "failed")
 TRANSITIONS = {"starting": ("running", "failed", "stopped"),
-               "running": ("stopping", "finished", "failed", "stopped"),
+               "running": ("stopping", "finished", "failed", "stopped", "stalled"),
+               "stalled": ("running", "stopping", "finished", "failed", "stopped"),   # stall.py
                "stopping": ("stopped", "failed")}
 
 

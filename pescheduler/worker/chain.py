@@ -149,11 +149,15 @@ class Chain:
         counts for the watermark.
         """
         self.edges = [e for e in edges if e[2] in self.nodes]
+        last_gone = []          # operators whose last open input went while the others had ended
         for node in self.nodes.values():
             ups = list(dict.fromkeys(s for s, _p, d in self.edges if d == node.op_id))
             for gone in [u for u in node.in_wm if u not in ups]:
                 del node.in_wm[gone]
-                node.open_inputs.discard(gone)
+                if gone in node.open_inputs:
+                    node.open_inputs.discard(gone)
+                    if not node.open_inputs and node.in_wm and not node.ended:
+                        last_gone.append((node, gone))
             for u in ups:
                 if u not in node.in_wm:
                     node.in_wm[u] = MIN_WATERMARK if initial_wm is None else max(initial_wm, node.wm)
@@ -168,6 +172,10 @@ class Chain:
         if initial_wm is not None:           # live: an input that went may free event time
             for node in self.nodes.values():
                 self._reevaluate(node)
+        for node, gone in last_gone:
+            # A released copy was the only input still open (the source had ended first): the
+            # operator ends now, as it would have on that input's END; else it waited forever.
+            self._close_input(node, gone)
 
     def _build_routes(self) -> None:
         """``(src, port)`` -> callables: fused consumers, channels, and routers over instances.

@@ -92,34 +92,42 @@ def decode(payload: bytes) -> list:
 class CreditGate:
     """Credits a sender holds; waiting for one is backpressure, and is timed."""
 
-    __slots__ = ("credits", "_event", "_blocked_s", "_since")
+    __slots__ = ("credits", "_event", "_blocked_s", "_since", "wake")
 
     def __init__(self, credits: int) -> None:
         self.credits = credits
         self._event = asyncio.Event()
         self._blocked_s = 0.0
         self._since: float | None = None          # when the current wait began
+        self.wake: Callable[[], None] = lambda: None    # also told of credit (the PE's idle wait)
 
     @property
     def blocked_s(self) -> float:
         """Seconds blocked so far, the wait in progress included (a sample may land mid-wait)."""
         return self._blocked_s + (perf_counter() - self._since if self._since is not None else 0.0)
 
+    def begin_wait(self) -> None:
+        self._since = perf_counter()
+
+    def end_wait(self) -> None:
+        self._blocked_s += perf_counter() - self._since
+        self._since = None
+
     async def acquire(self) -> None:
         if self.credits <= 0:
-            self._since = perf_counter()
+            self.begin_wait()
             try:
                 while self.credits <= 0:
                     self._event.clear()
                     await self._event.wait()
             finally:
-                self._blocked_s += perf_counter() - self._since
-                self._since = None
+                self.end_wait()
         self.credits -= 1
 
     def release(self, n: int = 1) -> None:
         self.credits += n
         self._event.set()
+        self.wake()
 
 
 class Inbox:

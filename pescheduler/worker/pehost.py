@@ -175,16 +175,18 @@ class PEHost:
                         for pe_id, pe in self._of(deployment).items()}}
 
     # -- reconfiguration (the controller's side is reconfigure.py) ---------------------------
-    def pe_reconf(self, deployment: str, marker: str, hold: dict[str, list[str]], align: list[str],
-                  release: list[str] = ()) -> None:
+    async def pe_reconf(self, deployment: str, marker: str, hold: dict[str, list[str]], align: list[str],
+                        release: list[str] = ()) -> None:
         """Begin: upstream PEs send ``marker`` and hold the channels into the PEs being replaced;
         those PEs pause their sources and align on the marker (``release``: copies going away,
-        whose partials go to their original first)."""
+        whose partials go to their original first). Each PE changes between its turns."""
         pes = self._of(deployment)
         for pe_id, channel_ids in hold.items():
-            pes[pe_id].hold(channel_ids, marker)
+            async with pes[pe_id].turns.lock:
+                pes[pe_id].hold(channel_ids, marker)
         for pe_id in align:
-            pes[pe_id].begin_align(marker, release=pe_id in release)
+            async with pes[pe_id].turns.lock:
+                pes[pe_id].begin_align(marker, release=pe_id in release)
 
     async def pe_reconf_wait(self, deployment: str, marker: str, aligned: list[str],
                              seen: dict[str, list[str]], timeout: float) -> dict:
@@ -207,10 +209,14 @@ class PEHost:
             except asyncio.TimeoutError:
                 pass
 
-    def pe_snapshot(self, deployment: str, pe_ids: list[str]) -> bytes:
+    async def pe_snapshot(self, deployment: str, pe_ids: list[str]) -> bytes:
         """The aligned PEs' operator states, progress and source positions (cloudpickled)."""
         pes = self._of(deployment)
-        return cloudpickle.dumps({pe_id: pes[pe_id].snapshot() for pe_id in pe_ids})
+        states = {}
+        for pe_id in pe_ids:
+            async with pes[pe_id].turns.lock:        # not while a turn in its thread changes them
+                states[pe_id] = pes[pe_id].snapshot()
+        return cloudpickle.dumps(states)
 
     async def pe_rewire(self, deployment: str, pe_id: str, outputs: bytes = b"",
                         remove_outputs: list[str] = (), add_inputs: bytes = b"",
@@ -219,12 +225,13 @@ class PEHost:
         """Change a PE that stays: new inputs registered (``edges``: its operators' inputs now),
         held outputs re-pointed, routers re-built (``routing``, ``copies``: copies came or went)."""
         pe = self._of(deployment)[pe_id]
-        if outputs or remove_outputs or routing:
-            await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
-                            self._receiver, self.data_address,
-                            cloudpickle.loads(routing) if routing else None, copies)
-        pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
-                      cloudpickle.loads(edges) if edges else None, copies)
+        async with pe.turns.lock:                  # never under a turn running in the PE's thread
+            if outputs or remove_outputs or routing:
+                await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
+                                self._receiver, self.data_address,
+                                cloudpickle.loads(routing) if routing else None, copies)
+            pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
+                          cloudpickle.loads(edges) if edges else None, copies)
 
     def pe_drain(self, deployment: str) -> list[str]:
         """End the deployment's sources here as if exhausted: windows fire, sinks flush, PEs finish."""

@@ -18,6 +18,7 @@ from dataclasses import replace
 from time import perf_counter
 from typing import Any, Callable
 
+from . import flow
 from .chain import MIN_WATERMARK, Chain
 from .channels import (DATA, END, MARKER, WATERMARK, ChannelIn, ChannelOut, Inbox,
                        LocalChannelOut, TcpChannelOut, decode)
@@ -28,7 +29,7 @@ from .specs import InputSpec, OutputSpec, PESpec
 from .turns import Turns
 
 SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked again
-RELIEF_BATCHES = 2       # backlog (in credit windows) a PE may build on a blocked channel while taking input
+RELIEF_BATCHES = 2       # backlog (in credit windows) that makes an out-of-credit channel full (flow.py)
 
 
 class PERunner:
@@ -64,6 +65,8 @@ class PERunner:
         self.first_input_at: float | None = None   # wall clock of the first batch in (copy activation)
         self.side_counts: dict[str, int] = {}
         self.task: asyncio.Task | None = None
+        self.full: frozenset[str] = frozenset()     # producers of full output channels (flow.py)
+        self._feeds: dict[tuple[str, str], bool] = {}   # input -> feeds a full channel, for self.full
 
     # -- wiring ---------------------------------------------------------------------
     async def connect(self, local_receivers: Callable[[str], tuple[Inbox, ChannelIn]],
@@ -89,6 +92,7 @@ class PERunner:
                                     lambda item, exc, op=out.src_op: self._dead(item, exc, op))
             await channel.connect(out.dst_data)
         channel.dst_ops = out.dst_ops          # routers pick channels by the instance they reach
+        channel.gate.wake = self.inbox.event.set     # credit wakes an idle PE (see _idle)
         return channel
 
     def _dead(self, item: Any, exc: BaseException, op_id: str) -> None:
@@ -123,7 +127,8 @@ class PERunner:
                     await self._idle()
             if self.stopping:
                 raise asyncio.CancelledError
-            await self._flush()
+            for _spec, channel in self.outs:   # every input ended: nothing left to defer (flow.py)
+                await channel.flush()
             self.state = "finished"
         except asyncio.CancelledError:
             self.state = "stopped"
@@ -143,7 +148,7 @@ class PERunner:
     def _read_sources(self) -> bool:
         progressed = False
         for driver in self.sources:
-            if driver.ended or driver.paused or driver.delay() > 0:
+            if driver.ended or driver.paused or driver.delay() > 0 or self._feeds_full(driver.op_id):
                 continue
             if pump(driver, self.chain) != 0:      # a batch, or the end
                 progressed = True
@@ -156,8 +161,14 @@ class PERunner:
             return False
         chain, aligner = self.chain, self.aligner
         deadline = perf_counter() + self.spec.time_slice_s
+        deferred: list = []             # items of inputs that feed a full channel, in order (flow.py)
+        taken = False
         while items:
-            channel, kind, payload = items.popleft()
+            item = channel, kind, payload = items.popleft()
+            if self.full and self._feeds_full(channel.src_op, channel.port):
+                deferred.append(item)
+                continue
+            taken = True
             if aligner.marker is not None and aligner.park(channel, kind, payload):
                 continue                        # blocked at the marker until aligned
             if kind == DATA:
@@ -178,19 +189,44 @@ class PERunner:
                 self._on_marker(channel, payload)
             if perf_counter() >= deadline:
                 break
-        return True
+        if deferred:
+            items.extendleft(reversed(deferred))   # back in front: each channel stays FIFO
+        return taken
+
+    def _feeds_full(self, op_id: str, port: str = "out") -> bool:
+        """Would taking this input (a channel's producer and port, or a source here) emit into a
+        full output channel? Cached until the full set or the chain's edges change."""
+        if not self.full:
+            return False
+        hit = self._feeds.get((op_id, port))
+        if hit is None:
+            hit = self._feeds[(op_id, port)] = flow.feeds(self.chain.edges, self.chain.nodes, op_id, port,
+                                                          self.full)
+        return hit
 
     async def _flush(self) -> None:
-        """Ship outputs. Out of credit on a channel, keep taking input while that channel's
-        backlog is small: fused non-adjacent operators can make two PEs feed each other, and
-        if both only waited for the other's credit neither would ever grant it. The backlog
-        stays bounded (``RELIEF_BATCHES`` times the credit window); past it the PE waits, and
-        that wait is the backpressure the monitor counts."""
-        for _spec, channel in self.outs:
-            if channel.pending and not await channel.flush(wait=False):
-                if self.inbox.items and channel.data_pending() < RELIEF_BATCHES * self.spec.credits:
-                    continue
-                await channel.flush()
+        """Ship what credit allows, never waiting for it, and note which channels are full.
+
+        A channel out of credit with ``RELIEF_BATCHES`` credit windows buffered
+        is full: until it has credit again the PE takes no input that feeds it,
+        and takes all other input (flow.py: waiting instead deadlocked PEs that
+        feed each other). When nothing is left to take, ``_idle`` waits for
+        credit, and that wait is the backpressure the monitor counts.
+        """
+        full = set()
+        for spec, channel in self.outs:
+            if (channel.pending and not await channel.flush(wait=False)
+                    and channel.data_pending() >= RELIEF_BATCHES * self.spec.credits):
+                full.add(spec.src_op)
+        if full != self.full:
+            self.full, self._feeds = frozenset(full), {}
+
+    def _ready(self) -> bool:
+        """Work that needs no waiting: input this PE may take, or output credit lets it ship."""
+        if any(not self._feeds_full(c.src_op, c.port) for c, _kind, _payload in self.inbox.items):
+            return True
+        return any(ch.pending and not ch.held and (ch.gate.credits > 0 or ch.pending[0][0] != DATA)
+                   for _s, ch in self.outs)
 
     async def _idle(self) -> None:
         """Nothing to do: wait for input, or until a paced or empty source is due.
@@ -201,20 +237,30 @@ class PERunner:
         stays unsent can stall a whole reconfiguration.
         """
         self.inbox.event.clear()
-        if self.inbox.items or any(ch.pending and not ch.held for _s, ch in self.outs):
+        if self._ready():
             return
-        waits = [d.delay() or SOURCE_POLL_S for d in self.sources if not (d.ended or d.paused)]
-        t0 = self._idle_since = perf_counter()
+        waits = [d.delay() or SOURCE_POLL_S for d in self.sources
+                 if not (d.ended or d.paused or self._feeds_full(d.op_id))]
+        # Output waiting for credit: the wait is backpressure (on its gate), not idle time.
+        blocked = next((ch.gate for _s, ch in self.outs if ch.pending and not ch.held), None)
+        if blocked is None:
+            t0 = self._idle_since = perf_counter()
+        else:
+            blocked.begin_wait()
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel
             # that lands as the event fires, and the PE would outlive pe_stop.
+            # The event is set by input, by credit (gate.wake) and by control calls.
             async with asyncio.timeout(min(waits) if waits else None):
                 await self.inbox.event.wait()
         except TimeoutError:
             pass
         finally:
-            self.idle_s += perf_counter() - t0
-            self._idle_since = None
+            if blocked is None:
+                self.idle_s += perf_counter() - t0
+                self._idle_since = None
+            else:
+                blocked.end_wait()
 
     # -- reconfiguration (see reconfigure.py for the protocol) ------------------------------
     def _on_marker(self, channel: ChannelIn, marker: Any) -> None:
@@ -329,6 +375,7 @@ class PERunner:
         if edges is not None:
             self.spec = replace(self.spec, edges=edges)
             self.chain.set_edges(edges, initial_wm=MIN_WATERMARK)
+        self._feeds = {}
 
     def stop(self) -> None:
         """End the loop at its next turn (and cancel it: either alone would do, both are sure)."""

@@ -29,6 +29,12 @@ class Turns:
         self.thread: ThreadPoolExecutor | None = None    # set when operators block or run long
         self.threaded_because = ""
         self._inflight: Future | None = None
+        # Held by a turn in the thread and by the control calls that change the chain, its routes
+        # or channels (pehost: pe_reconf, pe_rewire, pe_snapshot), so they run between turns. Without
+        # it a rewire switched routes while the thread emitted: a batch on the new route overtook the
+        # held batches replayed ahead of it (issue 20: per-key order and keyed sums broke under CPU
+        # load, when 10 ms turns stretch past THREAD_AFTER_S and PEs go threaded).
+        self.lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
 
@@ -53,9 +59,10 @@ class Turns:
                 self.threaded_because = f"a turn took {took * 1000:.0f} ms"
                 self.thread = self.spare_thread or ThreadPoolExecutor(1, thread_name_prefix=f"pe-{self.name}")
         else:
-            self._inflight = self.thread.submit(work)
-            progressed = await asyncio.wrap_future(self._inflight)
-            self._inflight = None
+            async with self.lock:
+                self._inflight = self.thread.submit(work)
+                progressed = await asyncio.wrap_future(self._inflight)
+                self._inflight = None
         return progressed
 
     def on_loop(self, fn: Callable[[], None]) -> None:

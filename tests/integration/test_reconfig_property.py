@@ -140,13 +140,13 @@ class Reconfigurations(RuleBasedStateMachine):
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def run_machine(cluster: str, at_least: int, max_rounds: int = 20) -> int:
+def run_machine(cluster: str, at_least: int, max_rounds: int = 20, examples: int = 10, steps: int = 25) -> int:
     """Run the machine until it has applied ``at_least`` reconfigurations (bounded in rounds)."""
     Reconfigurations.cluster = cluster
     Reconfigurations.applied = 0
     for _ in range(max_rounds):
         run_state_machine_as_test(Reconfigurations, settings=settings(
-            max_examples=10, stateful_step_count=25, deadline=None,
+            max_examples=examples, stateful_step_count=steps, deadline=None,
             suppress_health_check=list(HealthCheck)))
         if Reconfigurations.applied >= at_least:
             break

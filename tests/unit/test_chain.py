@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support_ops import Collect, Numbers, RunningSum, Tag
 
-from pescheduler import MAX_WATERMARK, Operator, OperatorContext, Parallelism
+from pescheduler import MAX_WATERMARK, MIN_WATERMARK, Operator, OperatorContext, Parallelism
 from pescheduler.worker.chain import CallbackError, Chain
 from pescheduler.testing import CollectingOutput, RunResult
 
@@ -131,3 +131,22 @@ def test_stats_count_tuples_and_busy_time():
     stats = chain.nodes["op1"].stats
     assert (stats.tuples_in, stats.tuples_out, stats.batches_in) == (100, 100, 1)
     assert stats.busy_s > 0
+
+
+def test_an_operator_ends_when_its_last_open_input_is_a_released_copy():
+    # The source ended first; the copy's partials edge was the only open input left. When the
+    # copy is released (its edge goes), the window must end and fire: it waited forever before
+    # (found by bench/overload.py: a drain that never finished).
+    from support_ops import WindowCount
+
+    sink = Collect()
+    win = WindowCount(size=10)
+    chain = Chain({"s": Numbers(count=25, step=1), "w": win, "k": sink},
+                  [("s", "out", "w"), ("w#1", "out", "w"), ("w", "out", "k")], copies={"w#1": "w"})
+    chain.emit_from("s", [{"n": i, "ts": i} for i in range(25)])
+    chain.end_from("s")
+    assert not chain.nodes["w"].ended and sink.items == []
+    chain.set_edges([("s", "out", "w"), ("w", "out", "k")], initial_wm=MIN_WATERMARK)
+    assert chain.nodes["w"].ended
+    assert [(r["window_start"], r["count"]) for r in sink.items] == [(0, 10), (10, 10), (20, 5)]
+    assert chain.nodes["k"].ended

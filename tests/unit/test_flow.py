@@ -1,0 +1,231 @@
+"""No credit deadlock on any placement a transform can produce (worker/flow.py).
+
+A model of credits and routes, checked exhaustively. Each channel of a
+placement has a sender-side buffer (``pending``), ``credits`` and the
+receiver's inbox (``credits + inbox == CREDITS``). A PE takes one batch from
+an input (a channel, or a source of its own, which never runs dry) and emits
+one batch on every output channel its operators reach from that input (the
+worst case: a router picks one instance, a window may emit nothing); before
+its next take it ships what credit allows, as the PE loop flushes after every
+turn. Which inputs a PE may take is decided by the runtime's own
+``flow.feeds`` over the PE's real consumer edges (``wiring.consumer_edges``).
+
+Every reachable state of the model is enumerated (credits 1, so the space is
+small) and each must let some PE take or ship a batch: with an endless source
+a state where nothing can move is a deadlock. Placements come from random
+sequences of Fuse, Split, Move, Replicate and Release on an app with
+STATELESS, KEYED and MERGEABLE (window) operators and two branches, so
+copies of keyed and windowed operators, fused non-adjacent operators and
+copies next to their originals are all covered. The same model with the
+rule the PE loop had before (issue 20: wait for credit, taking nothing, once
+a channel's backlog is at the limit or the inbox is empty) finds the
+deadlock of a copied window under load, so the check can fail.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pescheduler import Application
+from pescheduler.actions import ActionRefused, Fuse, Move, Release, Replicate, Split
+from pescheduler.plan.compiler import compile_app
+from pescheduler.plan.wiring import consumer_edges
+from pescheduler.plan.transforms import transform
+from pescheduler.plugins import load_plugins
+from pescheduler.worker import flow
+from pescheduler.worker.runtime import RELIEF_BATCHES
+
+WORKERS = ["tcp://a", "tcp://b", "tcp://c"]
+CREDITS = 1
+LIMIT = RELIEF_BATCHES * CREDITS          # a channel out of credit with this backlog is full
+SMALL = 6                                 # channels up to which every model state is enumerated
+
+
+def app() -> Application:
+    a = Application("flow")
+    keyed = a.source("numbers", count=10**9, keys=5).apply("tag").key_by("key")
+    keyed.apply("running_sum").sink("collect")
+    keyed.window(size=1000, aggregates={"n": ("count", "n")}).apply("tag").sink("collect")
+    return a
+
+
+@pytest.fixture(scope="module")
+def base():
+    return compile_app(app(), load_plugins(["support_ops"]), WORKERS, {w: w for w in WORKERS})
+
+
+class Model:
+    """The placement's channels and, per PE, what each input reaches."""
+
+    def __init__(self, placement) -> None:
+        plan = placement.plan
+        self.channels = sorted({(s, p, dst_pe) for s, p, _d, dst_pe in placement.channels()})
+        self.src_pe = [placement.pe_of(s) for s, _p, _pe in self.channels]
+        self.pes = list(placement.pes)
+        self.inputs: dict[str, list] = {}          # pe -> [(channel index or None for a source, outs it reaches)]
+        self.edges = {pe: consumer_edges(placement, pe) for pe in self.pes}
+        self.members = {pe: placement.pes[pe].operators for pe in self.pes}
+        self._feeds: dict = {}
+        self.outs = {pe: [i for i, _ in enumerate(self.channels) if self.src_pe[i] == pe] for pe in self.pes}
+        for pe in self.pes:
+            ins = [(i, (s, p)) for i, (s, p, dst) in enumerate(self.channels) if dst == pe]
+            ins += [(None, (op, "out")) for op in self.members[pe] if not plan.upstream(op)]
+            self.inputs[pe] = [(i, key, self._reach(pe, *key)) for i, key in ins]
+
+    def feeds(self, pe: str, op: str, port: str, full: frozenset) -> bool:
+        key = (pe, op, port, full)
+        if key not in self._feeds:
+            self._feeds[key] = flow.feeds(self.edges[pe], self.members[pe], op, port, full)
+        return self._feeds[key]
+
+    def dependency_cycle(self) -> list | None:
+        """A cycle of the channel dependency graph (as for wormhole routing, Dally and Seitz):
+        channel ``c`` depends on ``d`` when ``d`` leaves ``c``'s receiver and, while ``d`` is
+        full, that PE does not take ``c``. A deadlock is a set of full channels each waiting on
+        another, so without a cycle here no state of any schedule deadlocks."""
+        deps = {i: [o for o in self.outs[dst] if self.feeds(dst, src, port, frozenset([self.channels[o][0]]))]
+                for i, (src, port, dst) in enumerate(self.channels)}
+        state: dict[int, int] = {}
+
+        def visit(c: int, path: list) -> list | None:
+            state[c] = 1
+            for d in deps[c]:
+                if state.get(d) == 1:
+                    return path + [self.channels[d]]
+                if d not in state and (found := visit(d, path + [self.channels[d]])):
+                    return found
+            state[c] = 2
+            return None
+
+        for c in deps:
+            if c not in state and (found := visit(c, [self.channels[c]])):
+                return found
+        return None
+
+    def _reach(self, pe: str, op: str, port: str) -> list[int]:
+        start = [op] if op in self.members[pe] else [d for s, p, d in self.edges[pe] if (s, p) == (op, port)]
+        ops = flow.downstream(self.edges[pe], start)
+        return [i for i in self.outs[pe] if self.channels[i][0] in ops]
+
+    def initial(self) -> tuple:
+        return tuple((0, CREDITS) for _ in self.channels) + tuple(None for _ in self.pes)
+
+    def moves(self, state: tuple, rule: str) -> list[tuple]:
+        n = len(self.channels)
+        chans, waiting = state[:n], state[n:]
+        out = []
+        for i, (pending, credits) in enumerate(chans):          # ship: the sender's flush
+            if pending and credits:
+                new = list(state)
+                new[i] = (pending - 1, credits - 1)
+                pe = self.pes.index(self.src_pe[i])
+                if waiting[pe] == i and pending == 1:
+                    new[n + pe] = None                           # (old rule) its blocking flush returns
+                out.append(tuple(new))
+        for k, pe in enumerate(self.pes):
+            if waiting[k] is not None or any(chans[i][0] and chans[i][1] for i in self.outs[pe]):
+                continue                                         # blocked, or it flushes first
+            inbox = {i: CREDITS - chans[i][1] for i, _key, _r in self.inputs[pe] if i is not None}
+            full = {self.channels[i][0] for i in self.outs[pe] if chans[i][0] >= LIMIT and not chans[i][1]}
+            if rule == "old":
+                stuck = [i for i in self.outs[pe] if chans[i][0] and not chans[i][1]
+                         and (chans[i][0] >= LIMIT or not any(inbox.values()))]
+                if stuck:                                        # it awaits a whole flush of that channel
+                    new = list(state)
+                    new[n + k] = stuck[0]
+                    out.append(tuple(new))
+                    continue
+            for i, (op, port), reach in self.inputs[pe]:
+                if i is not None and not inbox[i]:
+                    continue
+                if rule == "new" and self.feeds(pe, op, port, frozenset(full)):
+                    continue
+                new = list(state)
+                if i is not None:
+                    new[i] = (chans[i][0], chans[i][1] + 1)      # taken: its credit goes back
+                for o in reach:
+                    new[o] = (new[o][0] + 1, new[o][1])
+                out.append(tuple(new))
+        return out
+
+    def deadlock(self, rule: str, limit: int = 200_000) -> tuple | None:
+        """A reachable state where nothing can move, or None (every state enumerated)."""
+        start = self.initial()
+        seen, todo = {start}, deque([start])
+        while todo:
+            state = todo.popleft()
+            nexts = self.moves(state, rule)
+            if not nexts:
+                return state
+            for s in nexts:
+                if s not in seen:
+                    seen.add(s)
+                    todo.append(s)
+            assert len(seen) < limit, "state space larger than expected"
+        return None
+
+    def describe(self, state: tuple) -> str:
+        return "; ".join(f"{c} pending {p} credits {k}" for c, (p, k) in zip(self.channels, state))
+
+
+def test_the_copied_window_deadlocks_under_the_old_rule_and_not_under_flow(base):
+    placement = transform(base, Replicate("window-6", 1))
+    model = Model(placement)
+    assert any(placement.plan.ops[s].copy_of for s, _p, _pe in model.channels), "the copy's partials travel"
+    assert model.deadlock("old") is not None
+    found = model.deadlock("new")
+    assert found is None, model.describe(found)
+
+
+def test_fused_non_adjacent_operators_feeding_each_other(base):
+    placement = transform(base, Fuse("numbers-1", "key_by-3->running_sum-4->window-6->collect-5->tag-7->collect-8"))
+    model = Model(placement)
+    assert model.dependency_cycle() is None and model.deadlock("new") is None
+
+
+def test_the_dependency_graph_has_the_cycle_of_the_old_rule(base):
+    model = Model(transform(base, Replicate("window-6", 1)))
+    model.feeds = lambda pe, op, port, full: bool(full)     # old rule: waiting for credit, it takes nothing
+    assert model.dependency_cycle() is not None
+
+
+ACTIONS = st.one_of(
+    st.builds(lambda op: Replicate(op, 1), st.sampled_from(["tag-2", "running_sum-4", "window-6", "tag-7"])),
+    st.builds(lambda op: Release(op, 1), st.sampled_from(["tag-2", "running_sum-4", "window-6", "tag-7"])),
+    st.tuples(st.integers(0, 20), st.integers(0, 20)),           # fuse the i-th and j-th PE
+    st.tuples(st.integers(0, 20), st.integers(1, 5), st.sampled_from(WORKERS)),   # split the i-th PE
+    st.tuples(st.integers(0, 20), st.sampled_from(WORKERS)),     # move the i-th PE
+)
+
+
+def concrete(placement, drawn):
+    """A drawn action made concrete on ``placement`` (PEs chosen by index)."""
+    if not isinstance(drawn, tuple):
+        return drawn
+    pes = list(placement.pes)
+    if len(drawn) == 2 and isinstance(drawn[1], int):
+        return Fuse(pes[drawn[0] % len(pes)], pes[drawn[1] % len(pes)])
+    if len(drawn) == 3:
+        ops = placement.pes[pes[drawn[0] % len(pes)]].operators
+        return Split(pes[drawn[0] % len(pes)], ops[: drawn[1] % max(1, len(ops) - 1) + 1], worker=drawn[2])
+    return Move(pes[drawn[0] % len(pes)], drawn[1])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(ACTIONS, min_size=1, max_size=8))
+def test_no_placement_a_transform_produces_can_deadlock(base, steps):
+    placement = base
+    for drawn in steps:
+        try:
+            placement = transform(placement, concrete(placement, drawn))
+        except (ActionRefused, ValueError):
+            continue
+    model = Model(placement)
+    assert model.dependency_cycle() is None, [str(s) for s in steps]
+    if len(model.channels) <= SMALL:           # and every state of the model, where it stays small
+        found = model.deadlock("new")
+        assert found is None, f"{[str(s) for s in steps]}: {model.describe(found)}"
