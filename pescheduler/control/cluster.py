@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import logging
 
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Security
+
+
+LOOPBACK = "127.0.0.1"
 
 
 class EmbeddedCluster:
-    """A ``LocalCluster`` of single-threaded worker processes on 127.0.0.1."""
+    """A ``LocalCluster`` of single-threaded worker processes on 127.0.0.1.
 
-    def __init__(self, n_workers: int) -> None:
+    Everything it opens (scheduler, nannies, workers, dashboard, PE data
+    servers) listens on loopback only: nobody on the network can reach it.
+    ``security``: a ``distributed.Security`` (or ``True``: throw-away
+    certificates) makes every connection TLS, against other users of this host.
+    """
+
+    def __init__(self, n_workers: int, security=None) -> None:
         self.n_workers = n_workers
+        self.security = Security.temporary() if security is True else security
         self._cluster: LocalCluster | None = None
 
     @property
@@ -28,7 +38,8 @@ class EmbeddedCluster:
         """Start the scheduler and ``n_workers`` workers; the scheduler's address."""
         self._cluster = await LocalCluster(
             n_workers=self.n_workers, threads_per_worker=1, processes=True, asynchronous=True,
-            dashboard_address=":0", silence_logs=logging.WARNING)
+            host=LOOPBACK, dashboard_address=f"{LOOPBACK}:0", silence_logs=logging.WARNING,
+            security=self.security)
         return self._cluster.scheduler_address
 
     async def wait_for_workers(self, client: Client) -> None:
