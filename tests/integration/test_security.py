@@ -251,3 +251,72 @@ def test_deploy_with_security_true_runs_the_embedded_cluster_on_tls(tmp_path):
 def test_security_true_is_refused_for_a_given_cluster(cluster):
     with pytest.raises(ValueError, match="throw-away certificates"):
         pescheduler.deploy(running_app("unused"), cluster=cluster, security=True)
+
+
+CLI_APP = """
+from pescheduler import Application
+
+app = Application("tls-cli")
+(app.source("generator", events=None, keys=50, rate=20_000)
+    .key_by("car").window(size="1s", aggregates={{"n": ("count", "speed")}})
+    .sink("jsonl", path={out!r}))
+"""
+
+
+def certificate_files(tmp_path) -> list[str]:
+    """``--tls-ca-file/--tls-cert/--tls-key`` of a throw-away self-signed certificate made here."""
+    from distributed import Security
+
+    made = Security.temporary()
+    (tmp_path / "ca.pem").write_text(made.tls_ca_file)
+    (tmp_path / "cert.pem").write_text(made.tls_client_cert)
+    (tmp_path / "key.pem").write_text(made.tls_client_key)
+    return ["--tls-ca-file", str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "cert.pem"),
+            "--tls-key", str(tmp_path / "key.pem")]
+
+
+def test_the_cli_tls_flags_run_deploy_status_and_stop_over_tls(tmp_path):
+    import subprocess
+    import sys
+
+    from waiting import until
+
+    out, state = tmp_path / "counts.jsonl", tmp_path / "state.json"
+    (tmp_path / "app.py").write_text(CLI_APP.format(out=str(out)))
+    tls = certificate_files(tmp_path)
+    env = {**os.environ, "PESCHEDULER__STATE_FILE": str(state)}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "pescheduler", *args], capture_output=True, text=True,
+                              env=env, timeout=BOUND * 2)
+
+    log = open(tmp_path / "deploy.log", "w")          # a file, not a pipe nobody reads: it would fill and block
+    deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
+                               "--workers", "2", "--rm", "none", "--policy", "none", *tls],
+                              stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        until(lambda: state.exists() or deploy.poll() is not None, BOUND * 2, "the deployment's state file")
+        assert deploy.poll() is None, (tmp_path / "deploy.log").read_text()
+        assert json.loads(state.read_text())["scheduler"].startswith("tls://")
+        assert cli("status", "--json").returncode != 0               # no certificate: no talk
+        shown = cli("status", "--json", *tls)
+        assert shown.returncode == 0, shown.stderr
+        stop = cli("stop", *tls)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert deploy.wait(timeout=BOUND * 2) == 0
+    finally:
+        if deploy.poll() is None:
+            deploy.kill()                            # by the PID this test started
+            deploy.wait()
+        log.close()
+    assert sum(json.loads(line)["n"] for line in out.read_text().splitlines()) > 0
+
+
+def test_tls_flags_must_come_together(tmp_path, capsys):
+    from pescheduler.cli import main
+
+    (tmp_path / "ca.pem").write_text("x")
+    with pytest.raises(SystemExit) as exit_:
+        main(["status", "--cluster", "tls://127.0.0.1:1", "--tls-ca-file", str(tmp_path / "ca.pem")])
+    assert exit_.value.code == 2
+    assert "--tls-cert, --tls-key" in capsys.readouterr().err
