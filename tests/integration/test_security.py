@@ -59,7 +59,7 @@ def crossing_channels(dep) -> list[tuple[str, str]]:
     """``(channel id, receiving data server)`` of every channel between two workers."""
     pl = dep.placement()
     found = []
-    for (src, _port, dst_pe), channel_id in dep.channels.items():
+    for (src, _port, dst_pe), channel_id in dep.reconfigurer.channels.items():
         sender, receiver = pl.pes[pl.pe_of(src)].worker, pl.pes[dst_pe].worker
         if sender != receiver:
             found.append((channel_id, dep.worker_info[receiver]["data_address"]))
