@@ -43,6 +43,12 @@ class Host:
         self.lookup(channel_id)
         return self.secret
 
+    async def proven_sender(self) -> TcpChannelOut:
+        """A sender holding the secret, connected (one credit)."""
+        out = TcpChannelOut(CHANNEL, credits=1, dead_letter=lambda item, exc: None)
+        await out.connect(self.address, Credentials(self.secret))
+        return out
+
     def protocol(self) -> FrameReceiver:
         p = FrameReceiver(self.lookup, self.secret_of)
         self.protocols.append(p)
@@ -97,10 +103,8 @@ def run(coro):
 
 def test_a_sender_with_the_secret_gets_through_and_credit_comes_back():
     async def scenario():
-        secret = handshake.new_secret()
-        async with Host(secret) as host:
-            out = TcpChannelOut(CHANNEL, credits=1, dead_letter=lambda item, exc: None)
-            await out.connect(host.address, Credentials(secret))
+        async with Host(handshake.new_secret()) as host:
+            out = await host.proven_sender()
             out.send([{"n": 1}])
             out.watermark(42)
             out.hold(("dep-1/reconf/1", 7))
@@ -201,10 +205,8 @@ def _frames(data: bytes) -> list[tuple[int, bytes]]:
 
 def test_an_intruder_cannot_take_credit_from_the_real_sender():
     async def scenario():
-        secret = handshake.new_secret()
-        async with Host(secret) as host:
-            out = TcpChannelOut(CHANNEL, credits=1, dead_letter=lambda item, exc: None)
-            await out.connect(host.address, Credentials(secret))
+        async with Host(handshake.new_secret()) as host:
+            out = await host.proven_sender()
             bound = host.receiver.grant
             reader, writer = await raw(host.address)          # the intruder: a bare HELLO, then gone
             await read_frame(reader)
