@@ -91,6 +91,7 @@ def parser() -> argparse.ArgumentParser:
     dep.add_argument("--config", metavar="FILE", help="YAML file of pescheduler settings")
     dep.add_argument("--duration", type=_positive, metavar="S", help="stop after S seconds")
     _plugin_option(dep)
+    _tls_options(dep)
     dep.add_argument("--json", action="store_true", help="one JSON status per line instead of the view")
     dep.add_argument("--name", metavar="N", help="name `status N` and `stop N` use (default: the app's name)")
     dep.set_defaults(run=cmd_deploy)
@@ -98,12 +99,14 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="placement, rates, busy/backpressure per PE")
     _target(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON (docs/status.md)")
+    _tls_options(status)
     status.set_defaults(run=cmd_status)
 
     stop = sub.add_parser("stop", help="drain sources, flush sinks, stop")
     _target(stop)
     stop.add_argument("--timeout", type=_positive, default=60.0, metavar="S",
                       help="how long to wait for the deployment to confirm (default 60)")
+    _tls_options(stop)
     stop.set_defaults(run=cmd_stop)
 
     listing = sub.add_parser("list", help="the embedded deployments running on this machine")
@@ -133,6 +136,30 @@ def _at_least_one(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
     return value
+
+
+def _tls_options(p: argparse.ArgumentParser) -> None:
+    """Dask's own TLS flags; the same certificates also secure the PE data plane (docs/security.md)."""
+    tls = p.add_argument_group("TLS (as `dask scheduler`/`dask worker`; all three, or none)")
+    tls.add_argument("--tls-ca-file", metavar="PATH", help="CA certificate(s) of the cluster")
+    tls.add_argument("--tls-cert", metavar="PATH", help="certificate of this process (and of an embedded cluster)")
+    tls.add_argument("--tls-key", metavar="PATH", help="private key of --tls-cert")
+
+
+def _security(args: argparse.Namespace):
+    """A ``distributed.Security`` from the TLS flags (every role: an embedded cluster uses it too), or None."""
+    files = {"--tls-ca-file": args.tls_ca_file, "--tls-cert": args.tls_cert, "--tls-key": args.tls_key}
+    if not any(files.values()):
+        return None
+    missing = [flag for flag, path in files.items() if not path or not os.path.isfile(path)]
+    if missing:
+        raise SystemExit(_fail(_console(stderr=True), f"TLS needs --tls-ca-file, --tls-cert and --tls-key, "
+                                                      f"each an existing file: check {', '.join(missing)}", 2))
+    from distributed import Security
+
+    roles = {f"tls_{role}_{kind}": path for role in ("client", "scheduler", "worker")
+             for kind, path in (("cert", args.tls_cert), ("key", args.tls_key))}
+    return Security(tls_ca_file=args.tls_ca_file, require_encryption=True, **roles)
 
 
 def _positive(text: str) -> float:
@@ -283,6 +310,9 @@ def _later_options(args: argparse.Namespace) -> dict:
         options["rm"] = args.rm
     if args.policy:
         options["policies"] = [] if args.policy == ["none"] else list(args.policy)
+    security = _security(args)
+    if security is not None:
+        options["security"] = security
     return options
 
 
@@ -326,7 +356,7 @@ def _wait(dep, duration: float | None, tick: Callable[[dict], None]) -> dict:
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the status the deployment last published to the scheduler (``--json``: docs/status.md)."""
     out, err = _console(), _console(stderr=True)
-    found = _published(args, err)
+    found = _published(args, err, _security(args))
     if isinstance(found, int):
         return found
     _address, statuses = found
@@ -338,13 +368,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _published(args: argparse.Namespace, err: Console) -> tuple[str, list[dict]] | int:
+def _published(args: argparse.Namespace, err: Console, security=None) -> tuple[str, list[dict]] | int:
     """The scheduler address and every deployment's published status, or the exit code (said why)."""
     address = _scheduler_address(args.cluster, args.name, err)
     if isinstance(address, int):
         return address
     try:
-        with _client(address) as client:
+        with _client(address, security) as client:
             statuses = _deployments(client)
     except OSError as exc:
         return _fail(err, f"cannot reach the scheduler at {address}: {exc}", 1)
@@ -365,7 +395,8 @@ def _deployments(client) -> list[dict]:
 def cmd_stop(args: argparse.Namespace) -> int:
     """Ask the running deployment to drain and stop, and wait until it says it has."""
     out, err = _console(), _console(stderr=True)
-    found = _published(args, err)
+    security = _security(args)
+    found = _published(args, err, security)
     if isinstance(found, int):
         return found
     address, statuses = found
@@ -375,7 +406,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return _fail(err, f"{len(running)} deployments run on {address}: {names}; "
                           f"name one: `python -m pescheduler stop NAME --cluster {address}`", 2)
     try:
-        with _client(address) as client:
+        with _client(address, security) as client:
             status = (running or statuses)[0]
             if status["state"] not in RUNNING:
                 # Never leave a "stop" behind: only a running deployment is asked.
@@ -442,10 +473,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _client(address: str):
+def _client(address: str, security=None):
     from distributed import Client
 
-    return Client(address, timeout=config.get_seconds("cluster.connect-timeout"), set_as_default=False)
+    return Client(address, timeout=config.get_seconds("cluster.connect-timeout"), set_as_default=False,
+                  security=security)
 
 
 # -- plugins ----------------------------------------------------------------------------------

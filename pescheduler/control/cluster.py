@@ -15,6 +15,11 @@ pescheduler; apps travel by value (cloudpickle) as before. Workers are
 started and stopped by PID (:mod:`pescheduler.resource_managers.processes`),
 in their own session so a terminal's Ctrl-C reaches only the deploying
 process, which drains and then stops them. Everything listens on 127.0.0.1.
+
+``security`` (a ``distributed.Security``, or ``True`` for throw-away
+certificates) makes every connection TLS, the PE data plane included
+(docs/security.md); the workers get the same certificates as files in the
+cluster's private temporary folder.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import sys
 import tempfile
 
 import dask.config
-from distributed import Client, Scheduler
+from distributed import Client, Scheduler, Security
 from distributed.utils import silence_logging_cmgr
 
 from .. import config, dashboard
@@ -40,14 +45,14 @@ HOST = "127.0.0.1"
 DEATH_TIMEOUT_S = 30       # a worker whose deploying process died (SIGKILL) exits by itself after this
 
 
-def worker_process(scheduler: str, name: str, log_dir: str) -> processes.Process:
+def worker_process(scheduler: str, name: str, log_dir: str, tls: list[str] = ()) -> processes.Process:
     """A single-threaded ``dask worker`` called ``name`` joining ``scheduler``, started by command line.
 
     Its stdout is ours (a ``print`` sink shows where the user looks, as with
     LocalCluster); its log lines (stderr) go to ``log_dir/name.log``.
     """
     cmd = [sys.executable, "-m", "distributed.cli.dask_worker", scheduler, "--nthreads", "1", "--no-nanny",
-           "--no-dashboard", "--host", HOST, "--name", name, "--death-timeout", str(DEATH_TIMEOUT_S)]
+           "--no-dashboard", "--host", HOST, "--name", name, "--death-timeout", str(DEATH_TIMEOUT_S), *tls]
     log_path = os.path.join(log_dir, f"{name}.log")
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(cmd, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -58,8 +63,9 @@ def worker_process(scheduler: str, name: str, log_dir: str) -> processes.Process
 class EmbeddedCluster:
     """An in-process scheduler (with its dashboard) and single-threaded worker processes on 127.0.0.1."""
 
-    def __init__(self, n_workers: int) -> None:
+    def __init__(self, n_workers: int, security: Security | bool | None = None) -> None:
         self.n_workers = n_workers
+        self.security = Security.temporary() if security is True else security or None
         self._scheduler: Scheduler | None = None
         self._workers: list[processes.Process] = []
         self._log_dir = tempfile.mkdtemp(prefix="pescheduler-cluster-")
@@ -83,16 +89,34 @@ class EmbeddedCluster:
         routes = [*dask.config.get("distributed.scheduler.http.routes"), "pescheduler.dashboard"]
         with dask.config.set({"distributed.scheduler.http.routes": routes}):
             self._scheduler = await Scheduler(host=HOST, port=0, dashboard_address=f"{HOST}:0",
-                                              validate=False)
+                                              validate=False, security=self.security,
+                                              protocol="tls" if self.security else None)
         dashboard.install(self._scheduler)
         for _ in range(self.n_workers):
             self._spawn()
         return self._scheduler.address
 
     def _spawn(self) -> processes.Process:
-        proc = worker_process(self._scheduler.address, f"embedded-{len(self._workers)}", self._log_dir)
+        proc = worker_process(self._scheduler.address, f"embedded-{len(self._workers)}", self._log_dir,
+                              self._tls_flags())
         self._workers.append(proc)
         return proc
+
+    def _tls_flags(self) -> list[str]:
+        """``dask worker``'s TLS flags for the cluster's certificates (written to files when given as PEM)."""
+        if self.security is None:
+            return []
+        flags = []
+        for flag, value in (("--tls-ca-file", self.security.tls_ca_file),
+                            ("--tls-cert", self.security.tls_worker_cert),
+                            ("--tls-key", self.security.tls_worker_key)):
+            if value and "-----BEGIN" in value:
+                path = os.path.join(self._log_dir, flag.strip("-") + ".pem")
+                with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                    f.write(value)
+                value = path
+            flags += [flag, value]
+        return flags
 
     async def wait_for_workers(self, client: Client) -> None:
         """Until the workers started with the cluster have joined (``pescheduler.cluster.start-timeout``)."""

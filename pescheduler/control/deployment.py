@@ -97,7 +97,7 @@ def default_rm(cluster: str | None) -> str | None:
 def deploy(app: Application, *, workers: int | None = None, cluster: str | None = None,
            plugins: tuple[str, ...] | list[str] = (), config_file: str | None = None,
            rm: str | None = None, policies: list[str] | tuple[str, ...] | None = None,
-           **options: Any) -> "Deployment":
+           security: Any = None, **options: Any) -> "Deployment":
     """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`.
 
     ``rm`` names the resource manager hosts are borrowed from (``"local"``,
@@ -105,6 +105,8 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     ``policies`` names the active policies, by entry-point name (default
     ``pescheduler.policies.default``: ``rate`` and ``copy``); ``[]`` runs none,
     and actions are then applied only by hand (:meth:`Deployment.apply`).
+    ``security``: a ``distributed.Security`` for a TLS cluster (``True``: the
+    embedded cluster with throw-away certificates); see docs/security.md.
     """
     if config_file:
         config.load_file(config_file)
@@ -113,13 +115,16 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     if options:
         unknown = ", ".join(sorted(options))
         raise TypeError(f"deploy() got options this version does not support yet: {unknown}")
+    if security is True and cluster is not None:
+        raise ValueError("security=True makes throw-away certificates for the embedded cluster; for the "
+                         f"cluster at {cluster} pass its distributed.Security")
     rm = default_rm(cluster) if rm is None else (None if rm == "none" else rm)
     if policies is None:
         policies = config.get("policies.default") or ()
     elif isinstance(policies, str):          # policies="rate": one name, not its letters
         policies = [policies]
     dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins), rm=rm,
-                     policies=tuple(policies))
+                     policies=tuple(policies), security=security)
     try:
         dep._start()
     except BaseException:
@@ -132,7 +137,8 @@ class Deployment:
     """A running application: placement, status, dead letters, wait and stop."""
 
     def __init__(self, app: Application, *, workers: int | None, cluster: str | None,
-                 plugins: tuple[str, ...], rm: str | None = None, policies: tuple[str, ...] = ()) -> None:
+                 plugins: tuple[str, ...], rm: str | None = None, policies: tuple[str, ...] = (),
+                 security: Any = None) -> None:
         self.app = app
         self.n_workers = workers or default_worker_count()
         self.cluster_address = cluster
@@ -142,6 +148,7 @@ class Deployment:
         self.client: Client | None = None
         self.scheduler_address = ""
         self.id = f"{app.name}-{uuid.uuid4().hex[:8]}"
+        self.security = security                  # distributed.Security (or True) for a TLS cluster
         self.state = DeploymentState()
         self.monitor = Monitor(int(config.get("monitor.history")))
         self.dead = DeadLetters()
@@ -260,11 +267,13 @@ class Deployment:
         chosen = select_policies(self.plugins, self.policy_names)     # an unknown name fails before any start
         self.hosts.check(self.plugins.resource_managers)
         if self.cluster_address is None:
-            self.cluster = EmbeddedCluster(self.n_workers)
+            self.cluster = EmbeddedCluster(self.n_workers, self.security)
             self.scheduler_address = await self.cluster.start()
+            self.security = self.cluster.security
         else:
             self.scheduler_address = self.cluster_address
-        self.client = await Client(self.scheduler_address, asynchronous=True)
+        self.client = await Client(self.scheduler_address, asynchronous=True,
+                                   security=None if self.security is True else self.security)
         await self.client.register_plugin(PEHostPlugin(), name=PLUGIN_NAME)
         self.gateway = WorkerGateway(self.client, self.id, self.plugin_modules)
         self.reconfigurer = rc = Reconfigurer(self.gateway, self.state, self.id, self.cluster,

@@ -19,6 +19,7 @@ from typing import Any, Iterable
 import cloudpickle
 from distributed import Client
 
+from ..worker.handshake import new_secret
 from ..plan.placement import Placement
 from ..worker.specs import PESpec
 
@@ -38,6 +39,7 @@ class WorkerGateway:
     def __init__(self, client: Client, deployment: str, plugins: tuple[str, ...]) -> None:
         self.client = client
         self.deployment = deployment
+        self.secret = new_secret()            # proves our PEs to each other (worker/handshake.py)
         self.plugins = plugins
         self.rpc = client.rpc                 # for reconfigure.execute, the protocol's own steps
 
@@ -86,7 +88,9 @@ class WorkerGateway:
 
     # -- PE hosts ------------------------------------------------------------------------
     async def pe_info(self, worker: str) -> dict:
-        """The worker's PE host: pid, cores, slots (the answer ``build_specs`` places with)."""
+        """The worker's PE host: pid, cores, slots (the answer ``build_specs`` places with).
+        Every worker the deployment learns is asked here, so it also gets the data-plane secret."""
+        await self.client.rpc(worker).pe_secret(deployment=self.deployment, secret=self.secret)
         return await self.client.rpc(worker).pe_info()
 
     async def launch(self, specs: dict[str, PESpec], placement: Placement) -> None:

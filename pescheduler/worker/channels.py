@@ -22,6 +22,11 @@ Columnar batches (``pyarrow.RecordBatch``) travel as one Arrow IPC stream
 message each: no per-row work on either side, and the receiver reads the
 columns straight out of the frame (zero-copy). A data frame is Arrow when it
 starts with the IPC continuation marker, which no pickle can start with.
+
+Who may connect (handshake.py): the data server speaks first with a nonce;
+until the sender proved with an HMAC that it holds the deployment's secret,
+only one small HELLO frame is read and no receiver is touched. Markers are
+msgpack, never pickle; data batches are unpickled only from a proven peer.
 """
 
 from __future__ import annotations
@@ -35,8 +40,13 @@ from collections import deque
 from time import perf_counter
 from typing import Any, Callable
 
+from . import handshake
+from .handshake import Credentials, HandshakeRefused
+
 DATA, WATERMARK, END, CREDIT, HELLO, MARKER = 1, 2, 3, 4, 5, 6
 _HOLD = 0                                # local to a sender's buffer: never on the wire
+CHALLENGE, WELCOME = 16, 17              # the handshake (handshake.py): server nonce, server proof
+MALFORMED = -1                           # local to an inbox: a frame a proven peer sent that cannot be read
 logger = logging.getLogger(__name__)
 HEADER = struct.Struct("!IB")           # payload length, kind
 WM = struct.Struct("!q")
@@ -268,13 +278,37 @@ class TcpChannelOut(ChannelOut):
         self.writer: asyncio.StreamWriter | None = None
         self._credit_task: asyncio.Task | None = None
 
-    async def connect(self, address: str) -> None:
+    async def connect(self, address: str, credentials: Credentials) -> None:
+        """Connect (TLS when ``credentials.ssl``), prove the deployment's secret, check the server's."""
         host, port = address.rsplit(":", 1)
-        self.reader, self.writer = await asyncio.open_connection(host, int(port))
-        name = self.channel_id.encode()
-        self.writer.write(HEADER.pack(len(name), HELLO) + name)
-        await self.writer.drain()
+        async with asyncio.timeout(handshake.HANDSHAKE_TIMEOUT_S):
+            self.reader, self.writer = await asyncio.open_connection(host, int(port), ssl=credentials.ssl)
+            await self._handshake(credentials.secret, address)
         self._credit_task = asyncio.create_task(self._read_credits(), name=f"credits {self.channel_id}")
+
+    async def _handshake(self, secret: bytes, address: str) -> None:
+        try:
+            server_nonce = await self._expect(CHALLENGE)
+            mine = handshake.new_nonce()
+            hello = handshake.encode_hello(self.channel_id, mine,
+                                           handshake.client_proof(secret, server_nonce, mine, self.channel_id))
+            self.writer.write(HEADER.pack(len(hello), HELLO) + hello)
+            await self.writer.drain()
+            proof = await self._expect(WELCOME)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            self.writer.transport.abort()
+            raise HandshakeRefused(f"the data server at {address} closed channel {self.channel_id!r} "
+                                   f"during the handshake (no receiver for it there?): {exc!r}") from None
+        if not handshake.verify(handshake.server_proof(secret, server_nonce, mine, self.channel_id), proof):
+            self.writer.transport.abort()
+            raise HandshakeRefused(f"the data server at {address} did not prove it belongs to this "
+                                   f"deployment (channel {self.channel_id!r})")
+
+    async def _expect(self, kind: int) -> bytes:
+        length, got = HEADER.unpack(await self.reader.readexactly(HEADER.size))
+        if got != kind or length > handshake.MAX_HELLO_BYTES:
+            raise ConnectionError(f"expected frame kind {kind}, got {got} ({length} bytes)")
+        return await self.reader.readexactly(length)
 
     async def _read_credits(self) -> None:
         reader = self.reader
@@ -293,7 +327,7 @@ class TcpChannelOut(ChannelOut):
         elif kind == WATERMARK:
             body = WM.pack(payload)
         elif kind == MARKER:
-            body = pickle.dumps(payload, protocol=5)
+            body = handshake.encode_control(payload)
         else:
             body = b""
         self.writer.write(HEADER.pack(len(body), kind))
@@ -326,6 +360,11 @@ class FrameReceiver(asyncio.BufferedProtocol):
     stays encoded in the inbox and is decoded by the PE when it takes the
     batch, inside its own time slice.
 
+    Open handshake (see handshake.py): until the peer's HELLO proves the
+    deployment's secret, only a HELLO of at most ``MAX_HELLO_BYTES`` is read;
+    anything else, a wrong proof, or silence for ``HANDSHAKE_TIMEOUT_S`` closes
+    the connection, and no receiver has been looked at but to find its secret.
+
     Close handshake: after END nothing more arrives, so our receive buffer is
     empty and closing sends FIN, not RST. The sender waits for that EOF before
     it closes; had it closed first with our credit frames unread, its kernel
@@ -334,8 +373,13 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     CHUNK = 1 << 18
 
-    def __init__(self, lookup: Callable[[str], tuple[Inbox, ChannelIn]]) -> None:
+    def __init__(self, lookup: Callable[[str], tuple[Inbox, ChannelIn]], secret_of: Callable[[str], bytes]) -> None:
         self.lookup = lookup
+        self.secret_of = secret_of          # channel id -> its deployment's secret (KeyError: none here)
+        self.nonce = handshake.new_nonce()
+        self.limit = handshake.MAX_HELLO_BYTES      # largest frame accepted (any size once proven)
+        self._on_frame = self._hello
+        self._timeout: asyncio.TimerHandle | None = None
         self.buf = bytearray(self.CHUNK)
         self.start = self.end = 0
         self.inbox: Inbox | None = None
@@ -345,6 +389,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
+        transport.write(HEADER.pack(len(self.nonce), CHALLENGE) + self.nonce)
+        self._timeout = asyncio.get_running_loop().call_later(
+            handshake.HANDSHAKE_TIMEOUT_S, self._refuse, "no HELLO in time")
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if len(self.buf) - self.end < self.CHUNK // 4:
@@ -361,33 +408,66 @@ class FrameReceiver(asyncio.BufferedProtocol):
         buf, size = self.buf, HEADER.size
         while self.end - self.start >= size and not self.transport.is_closing():
             length, kind = HEADER.unpack_from(buf, self.start)
+            if length > self.limit:
+                return self._refuse(f"a {length}-byte frame before the handshake")
             begin = self.start + size
             if self.end - begin < length:
                 return
             body = bytes(buf[begin:begin + length])
             self.start = begin + length
-            self._frame(kind, body)
+            self._on_frame(kind, body)
         if self.start == self.end:
             self.start = self.end = 0
 
+    def _hello(self, kind: int, body: bytes) -> None:
+        """The first frame: a HELLO whose proof holds, or the connection is closed untouched."""
+        if kind != HELLO:
+            return self._refuse(f"frame kind {kind} before HELLO")
+        try:
+            channel_id, client_nonce, proof = handshake.decode_hello(body)
+            secret = self.secret_of(channel_id)
+            inbox, receiver = self.lookup(channel_id)
+        except (ValueError, KeyError) as exc:
+            return self._refuse(str(exc.args[0]) if exc.args else repr(exc))
+        if not handshake.verify(handshake.client_proof(secret, self.nonce, client_nonce, channel_id), proof):
+            return self._refuse(f"wrong proof for channel {channel_id!r}")
+        self._timeout.cancel()
+        self.inbox, self.receiver = inbox, receiver
+        welcome = handshake.server_proof(secret, self.nonce, client_nonce, channel_id)
+        self.transport.write(HEADER.pack(len(welcome), WELCOME) + welcome)
+        self.limit = 0xFFFFFFFF
+        self.receiver.grant = self._grant
+        self._on_frame = self._frame
+
+    def _refuse(self, reason: str) -> None:
+        """Close an unproven connection; nothing it sent has reached any receiver."""
+        if not self.transport.is_closing():
+            logger.warning("refused a data connection from %s: %s",
+                           self.transport.get_extra_info("peername"), reason)
+            self.transport.abort()
+
     def _frame(self, kind: int, body: bytes) -> None:
-        if kind == HELLO:
-            try:
-                self.inbox, self.receiver = self.lookup(body.decode())
-            except KeyError as exc:
-                logger.error("refusing a data connection: %s", exc.args[0])
-                self.transport.close()
-                return
-            self.receiver.grant = self._grant
-        elif kind == WATERMARK:
+        """A frame from a proven peer. One that cannot be read is a dead letter naming the channel."""
+        if kind == DATA:
+            self.inbox.put(self.receiver, kind, body)
+        elif kind == WATERMARK and len(body) == WM.size:
             self.inbox.put(self.receiver, kind, WM.unpack(body)[0])
         elif kind == MARKER:
-            self.inbox.put(self.receiver, kind, pickle.loads(body))
-        else:
+            try:
+                marker = handshake.decode_control(body)
+            except Exception as exc:
+                return self._malformed(kind, body, exc)
+            self.inbox.put(self.receiver, kind, marker)
+        elif kind == END:
             self.inbox.put(self.receiver, kind, body)
-            if kind == END:
+            if self.receiver.grant == self._grant:
                 self.receiver.grant = lambda: None
-                self.transport.close()
+            self.transport.close()
+        else:
+            self._malformed(kind, body, ValueError(f"unknown frame kind {kind} or bad length {len(body)}"))
+
+    def _malformed(self, kind: int, body: bytes, exc: BaseException) -> None:
+        self.inbox.put(self.receiver, MALFORMED, (bytes(body[:256]), f"frame kind {kind}, {len(body)} bytes: {exc!r}"))
 
     def _grant(self) -> None:
         """Return one credit; grants within one loop turn go back as one frame (one syscall)."""
@@ -401,5 +481,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self._credits = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.receiver is not None:
+        if self._timeout is not None:
+            self._timeout.cancel()
+        if self.receiver is not None and self.receiver.grant == self._grant:
             self.receiver.grant = lambda: None     # the sender went away (its PE stopped)

@@ -7,7 +7,10 @@ their pinning on restart. A worker plugin is installed on every worker,
 including ones that join late or restart, and its handlers are reached over
 Dask's own RPC (``rpc(worker).pe_deploy(...)``).
 
-Each host also runs a small TCP server for data channels (see channels.py).
+Each host also runs a small TCP server for data channels (see channels.py),
+bound to the worker's own address (never every interface), TLS when the
+worker has Dask TLS certificates, and open only to processes holding a
+deployment's secret (handshake.py), which ``pe_secret`` hands over.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .channels import ChannelIn, FrameReceiver, Inbox
+from .handshake import Credentials, tls_contexts
 from ..plugins import activate
 from .runtime import PERunner
 from .specs import PESpec
@@ -33,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "pescheduler"
 STOP_TIMEOUT_S = 5.0
-HANDLERS = ("pe_info", "pe_warm", "pe_deploy", "pe_start", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
+HANDLERS = ("pe_info", "pe_secret", "pe_warm", "pe_deploy", "pe_start", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
             "pe_reconf", "pe_reconf_wait", "pe_snapshot", "pe_rewire")
 
 
@@ -64,6 +68,8 @@ class PEHost:
         self.pes: dict[tuple[str, str], PERunner] = {}     # (deployment, pe_id) -> PE
         self.server: asyncio.AbstractServer | None = None
         self.data_address = ""
+        self.secrets: dict[str, bytes] = {}          # deployment -> its data-plane secret
+        self.client_ssl = None                       # TLS context for channels we open (None: plain)
         self.version = 0                     # bumped whenever a PE changes state
         self._changed = asyncio.Event()
         self.warm_threads: list[ThreadPoolExecutor] = []   # standard slots' threads, started idle
@@ -73,8 +79,10 @@ class PEHost:
 
     async def start(self) -> None:
         ip = self.worker.ip if hasattr(self.worker, "ip") else "127.0.0.1"
+        server_ssl, self.client_ssl = tls_contexts(getattr(self.worker, "security", None))
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: FrameReceiver(self._receiver), host=ip, port=0)
+        self.server = await loop.create_server(lambda: FrameReceiver(self._receiver, self._secret_of),
+                                               host=ip, port=0, ssl=server_ssl)
         port = self.server.sockets[0].getsockname()[1]
         self.data_address = f"{ip}:{port}"
         for name in HANDLERS:
@@ -93,6 +101,18 @@ class PEHost:
                 return pe.inbox, pe.receivers[channel_id]
         raise KeyError(f"no PE on {self.worker.address} receives channel {channel_id!r}")
 
+    def _secret_of(self, channel_id: str) -> bytes:
+        """The secret of the deployment whose PE here receives ``channel_id`` (KeyError: none)."""
+        for (deployment, _pe), pe in self.pes.items():
+            if channel_id in pe.receivers:
+                return self.secrets[deployment]
+        raise KeyError(f"no PE on {self.worker.address} receives channel {channel_id!r}")
+
+    def _credentials(self, deployment: str) -> Credentials:
+        if deployment not in self.secrets:
+            raise RuntimeError(f"deployment {deployment!r} has not handed its secret to {self.worker.address}")
+        return Credentials(self.secrets[deployment], self.client_ssl)
+
     # -- handlers (called by the controller over Dask RPC) -----------------------------
     def _of(self, deployment: str) -> dict[str, PERunner]:
         return {pe_id: pe for (dep, pe_id), pe in self.pes.items() if dep == deployment}
@@ -100,6 +120,10 @@ class PEHost:
     def pe_info(self) -> dict:
         return {"worker": self.worker.address, "data_address": self.data_address, "pid": os.getpid(),
                 "pes": [f"{dep}/{pe_id}" for dep, pe_id in sorted(self.pes)]}
+
+    def pe_secret(self, deployment: str, secret: bytes) -> None:
+        """The deployment's data-plane secret (over Dask's RPC: the one channel already trusted)."""
+        self.secrets[deployment] = bytes(secret)
 
     def pe_warm(self, plugins: list[str] = (), slots: int = 0) -> dict:
         """Keep ``slots`` standard slots warm here: every operator plug-in imported, one idle
@@ -126,6 +150,7 @@ class PEHost:
             assert isinstance(spec, PESpec)
             spare = self.warm_threads.pop() if spec.pe_id in spec.copies and self.warm_threads else None
             pe = PERunner(spec, self.worker.address, on_change=self._bump, spare_thread=spare)
+            pe.credentials = self._credentials(spec.deployment)
             self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
         if start and made:
@@ -261,6 +286,8 @@ class PEHost:
                 except (asyncio.CancelledError, Exception):
                     pass
             stopped.append(pe_id)
+        if deployment is not None and pe_ids is None:
+            self.secrets.pop(deployment, None)          # the deployment is over here
         self._bump()
         return stopped
 

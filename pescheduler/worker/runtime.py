@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from . import flow
 from .chain import MIN_WATERMARK, Chain
-from .channels import (DATA, END, MARKER, WATERMARK, ChannelIn, ChannelOut, Inbox,
+from .channels import (DATA, END, MALFORMED, MARKER, WATERMARK, ChannelIn, ChannelOut, Inbox,
                        LocalChannelOut, TcpChannelOut, decode)
 from ..operator import DeadLetter, OperatorContext, Source
 from .aligner import Aligner
@@ -57,6 +57,7 @@ class PERunner:
         self.turns = Turns(spec.pe_id, spec.time_slice_s, spare_thread)   # on the loop or in a thread
         self.aligner = Aligner()                   # markers seen, alignment (see aligner.py)
         self.on_change = on_change                 # the PE host's: a PE changed state
+        self.credentials = None                    # set by the PE host: deployment secret, TLS (handshake.py)
         self.state = "created"
         self.error: str | None = None
         self.idle_s = 0.0
@@ -90,12 +91,12 @@ class PERunner:
         else:
             channel = TcpChannelOut(out.channel_id, self.spec.credits,
                                     lambda item, exc, op=out.src_op: self._dead(item, exc, op))
-            await channel.connect(out.dst_data)
+            await channel.connect(out.dst_data, self.credentials)
         channel.dst_ops = out.dst_ops          # routers pick channels by the instance they reach
         channel.gate.wake = self.inbox.event.set     # credit wakes an idle PE (see _idle)
         return channel
 
-    def _dead(self, item: Any, exc: BaseException, op_id: str) -> None:
+    def _dead(self, item: Any, exc: BaseException | str, op_id: str) -> None:
         self.chain.dead_letters.append(DeadLetter.of(item, exc, op_id))
 
     def _side(self, op_id: str, port: str, items: list) -> None:
@@ -175,7 +176,12 @@ class PERunner:
                 if self.first_input_at is None:
                     self.first_input_at = time.time()
                 self.inbox.data_batches -= 1
-                batch = decode(payload) if isinstance(payload, bytes) else payload
+                try:
+                    batch = decode(payload) if isinstance(payload, bytes) else payload
+                except Exception as exc:        # a proven peer's unreadable batch: a dead letter, not a failure
+                    self.turns.on_loop(channel.grant)
+                    self._dead(payload[:256], exc, f"channel {channel.channel_id}")
+                    continue
                 self.turns.on_loop(channel.grant)    # per batch, so the sender keeps pipelining
                 channel.tuples += len(batch)
                 chain.emit_from(channel.src_op, batch, channel.port)
@@ -187,6 +193,8 @@ class PERunner:
                 self._check_aligned()
             elif kind == MARKER:
                 self._on_marker(channel, payload)
+            elif kind == MALFORMED:         # a control frame that could not be read (channels.py)
+                self._dead(*payload, f"channel {channel.channel_id}")
             if perf_counter() >= deadline:
                 break
         if deferred:

@@ -20,6 +20,7 @@ BENCH = Path(__file__).parent.parent.parent / "bench"
     ("ep.py", (), ("filter", "aggregation", "correlation", "pattern", "mixed", "goal: K = 100 shared",
                    "sqlite      batch", "duckdb      batch")),
     ("policies.py", (), ("rate", "copy", "threshold", "controller (rate+copy)", "(baseline pass)", "best ms")),
+    ("security.py", (), ("(a) no handshake", "(b) authenticated", "(c) authenticated, TLS", "load average")),
 ])
 def test_benchmark_quick_runs_and_prints_its_figures(tmp_path, script, args, expected):
     result = subprocess.run([sys.executable, str(BENCH / script), "--quick", *args],
