@@ -355,6 +355,8 @@ class PERunner:
                           "busy_s": s.busy_s, "dead_letters": s.dead_letters, "side": dict(s.side)}
         for driver in self.sources:
             ops[driver.op_id]["tuples_out"] = driver.count
+            if driver.lag is not None and not driver.ended:
+                ops[driver.op_id]["lag"] = driver.lag()       # records behind per partition
         return {
             "pe": self.pe_id, "state": self.state, "error": self.error,
             "elapsed_s": perf_counter() - self.started_at if self.started_at else 0.0,
