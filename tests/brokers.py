@@ -146,12 +146,13 @@ def produce(address: str, topic: str, records, partition_of=None) -> None:
 def consume_all(address: str, topic: str, expect: int, timeout: float = 30.0,
                 isolation: str = "read_uncommitted") -> list:
     """Every record value of ``topic`` from the start, until ``expect`` arrived (bounded)."""
-    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": address, "group.id": f"check-{time.time_ns()}",
+    consumer = Consumer({"bootstrap.servers": address, "group.id": "pescheduler-tests",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
                          "isolation.level": isolation})
-    consumer.subscribe([topic])
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])     # no group join to wait for
     out: list = []
     deadline = time.monotonic() + timeout
     try:
