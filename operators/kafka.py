@@ -103,6 +103,7 @@ class KafkaSource(Source):
     name = "kafka"
     parallelism = Parallelism.STATELESS
     partitioned = True
+    poll_interval = 0.005      # reads never block; fetched records are waiting in librdkafka's queue
 
     def __init__(self, topic: str, bootstrap_servers: str = "127.0.0.1:9092", group_id: str | None = None,
                  start: str | dict = EARLIEST, value_format: str | Callable = "json",
@@ -219,7 +220,14 @@ class KafkaSource(Source):
             self._assign()
 
     def watermark(self) -> int | None:
-        return self._clock.watermark()
+        return self._clock.watermark(self._behind)
+
+    def _behind(self, p: int) -> bool:
+        """Records of partition ``p`` wait on the broker (by the end offset last fetched; no request)."""
+        from confluent_kafka import TopicPartition
+
+        _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+        return high > self._next.get(p, high)
 
     def lag(self) -> dict[str, int]:
         from confluent_kafka import TopicPartition

@@ -4,7 +4,8 @@ A broker source reads several partitions (Kafka partitions, Redis streams)
 whose event times advance independently. :class:`PartitionClock` keeps one
 watermark per partition, as Flink's per-split watermarks do: the source's
 watermark is the least of them, and a partition that delivered nothing for
-``idle_timeout`` stops holding it back until it delivers again.
+``idle_timeout`` and has nothing waiting on the broker stops holding it back until it
+delivers again.
 """
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ from typing import Any, Callable
 from pescheduler.operator import MIN_WATERMARK
 
 _encode_json = json.JSONEncoder(separators=(",", ":"), default=str).encode
+_decode_json = json.JSONDecoder().decode
+
+
+def json_value(value: bytes) -> Any:
+    """A JSON record value: UTF-8 text decoded first, half the cost of ``json.loads(bytes)``
+    (which sniffs the encoding of every value)."""
+    return _decode_json(value.decode())
 
 
 def decoder(value_format: str | Callable[[bytes], Any]) -> Callable[[bytes], Any]:
@@ -23,7 +31,7 @@ def decoder(value_format: str | Callable[[bytes], Any]) -> Callable[[bytes], Any
     if callable(value_format):
         return value_format
     if value_format == "json":
-        return json.loads
+        return json_value
     if value_format == "bytes":
         return bytes
     raise ValueError(f"value_format must be 'json', 'bytes' or a callable, got {value_format!r}")
@@ -66,10 +74,16 @@ class PartitionClock:
             self.max_ts[partition] = ts
         self.active[partition] = monotonic()
 
-    def watermark(self) -> int | None:
-        """The least watermark of the busy partitions; ``None`` if none is busy or none has data."""
+    def watermark(self, behind: Callable[[Any], bool] | None = None) -> int | None:
+        """The least watermark of the busy partitions; ``None`` if none is busy or none has data.
+
+        ``behind(p)``: the broker holds records of ``p`` not read yet. Such a
+        partition is never idle, however long it has been quiet: the reader
+        is busy with the others' backlog, and its records are not late.
+        """
         horizon = monotonic() - self.idle_timeout_s
-        busy = [self.max_ts[p] for p, t in self.active.items() if t >= horizon]
+        busy = [self.max_ts[p] for p, t in self.active.items()
+                if t >= horizon or (behind is not None and behind(p))]
         if not busy or min(busy) == MIN_WATERMARK:
             return None
         return min(busy) - self.max_delay - 1

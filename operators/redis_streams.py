@@ -56,6 +56,7 @@ class RedisStreamSource(Source):
     name = "redis"
     parallelism = Parallelism.STATELESS
     partitioned = True
+    poll_interval = 0.01       # XREAD without BLOCK: ask again soon when a stream had nothing new
 
     def __init__(self, stream: str | list[str], url: str = "redis://127.0.0.1:6379/0", start: str | dict = "0-0",
                  value_format: str | Callable = "json", event_time: str | None = "id",

@@ -326,6 +326,11 @@ class Source(Operator):
     #: partitions over its copies, releasing gathers them (see :class:`Share`).
     partitioned: ClassVar[bool] = False
 
+    #: Seconds the runtime waits before asking again after ``read`` returned ``[]`` (``None``: its
+    #: default, 50 ms). A broker source whose reads never block sets it lower so an empty local
+    #: queue does not leave records fetched meanwhile waiting.
+    poll_interval: ClassVar[float | None] = None
+
     def position(self) -> Any:
         """Where this source stands in its durable input, or ``None`` if it has no such place.
 

@@ -203,7 +203,8 @@ class PERunner:
         self.inbox.event.clear()
         if self.inbox.items or any(ch.pending and not ch.held for _s, ch in self.outs):
             return
-        waits = [d.delay() or SOURCE_POLL_S for d in self.sources if not (d.ended or d.paused)]
+        waits = [d.delay() or getattr(d.source, "poll_interval", None) or SOURCE_POLL_S
+                 for d in self.sources if not (d.ended or d.paused)]
         t0 = self._idle_since = perf_counter()
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel
