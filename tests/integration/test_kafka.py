@@ -299,3 +299,16 @@ def test_a_restored_sink_fences_its_predecessor(kafka):
     out = committed(kafka, "eos-fence", 2, aborted={2})
     assert sorted((r["n"], r["checkpoint"]) for r in out) == [(1, 1), (2, 3)]
     new.close()
+
+
+def test_kafka_cars_example_as_written(kafka):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent.parent / "examples" / "kafka_cars.py"
+    result = subprocess.run([sys.executable, str(example), "--bootstrap", kafka, "--events", "5000"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "late events: 0" in result.stdout
+    assert "equal to the plain-Python reference: True" in result.stdout, result.stdout[-2000:]
