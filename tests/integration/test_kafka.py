@@ -312,3 +312,16 @@ def test_kafka_cars_example_as_written(kafka):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "late events: 0" in result.stdout
     assert "equal to the plain-Python reference: True" in result.stdout, result.stdout[-2000:]
+
+
+def test_kafka_benchmark_quick_runs_and_prints_its_figures(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).parent.parent.parent / "bench" / "kafka.py"
+    result = subprocess.run([sys.executable, str(bench), "--quick"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for line in ("(a) plain confluent-kafka loop", "ratio", "(c) the same, exactly-once sink", "machine load"):
+        assert line in result.stdout, result.stdout[-2000:]
