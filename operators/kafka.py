@@ -28,10 +28,10 @@ from __future__ import annotations
 from time import monotonic, sleep
 from typing import Any, Callable
 
-from pescheduler.operator import Parallelism, Share, Sink, Source
+from pescheduler.operator import Parallelism, Sink
 from pescheduler.timeutil import parse_duration
 
-from .partitions import PartitionClock, decoder, encoder
+from .partitions import PartitionedSource, decoder, encoder
 
 EARLIEST, LATEST = "earliest", "latest"
 
@@ -85,7 +85,7 @@ def _create_topic(config: dict, topic: str, partitions: int, timeout_s: float) -
             raise
 
 
-class KafkaSource(Source):
+class KafkaSource(PartitionedSource):
     """Records of a Kafka topic: ``app.source("kafka", topic="cars", bootstrap_servers="host:9092")``.
 
     ``start``: ``"earliest"``, ``"latest"`` or ``{partition: offset}`` (partitions
@@ -101,8 +101,6 @@ class KafkaSource(Source):
     """
 
     name = "kafka"
-    parallelism = Parallelism.STATELESS
-    partitioned = True
     poll_interval = 0.005      # reads never block; fetched records are waiting in librdkafka's queue
 
     def __init__(self, topic: str, bootstrap_servers: str = "127.0.0.1:9092", group_id: str | None = None,
@@ -111,20 +109,15 @@ class KafkaSource(Source):
                  create: bool = False, partitions: int = 1, config: dict | None = None,
                  ts_field: str | None = "ts", **kwargs: Any) -> None:
         stamp = event_time == "timestamp"
-        super().__init__(ts_field=(ts_field if stamp else event_time), **kwargs)
+        super().__init__(ts_field=(ts_field if stamp else event_time), idle_timeout=idle_timeout, **kwargs)
         if not (start in (EARLIEST, LATEST) or isinstance(start, dict)):
             raise ValueError(f"kafka start must be 'earliest', 'latest' or {{partition: offset}}, got {start!r}")
         self.topic, self.servers, self.group_id = topic, bootstrap_servers, group_id
         self.start = start if isinstance(start, str) else {int(p): int(o) for p, o in start.items()}
         self.decode = decoder(value_format)
         self.stamp = stamp and self.ts_field is not None
-        self.idle_timeout_s = parse_duration(idle_timeout) / 1000
         self.timeout_s = parse_duration(connect_timeout) / 1000
         self.create, self.partitions, self.config = create, partitions, dict(config or {})
-        self.share = Share()
-        self._next: dict[int, int] = {}          # partition -> next offset to read (every partition known)
-        self._clock = PartitionClock(self.max_delay, self.idle_timeout_s)
-        self._saved_ts: dict[int, int] = {}
         self._mine: list[int] = []
         self._consumer = None
 
@@ -150,10 +143,10 @@ class KafkaSource(Source):
         from confluent_kafka import KafkaException, TopicPartition
 
         for p in partitions:
-            if p in self._next:
+            if p in self._positions:
                 continue
             if isinstance(self.start, dict) and p in self.start:
-                self._next[p] = self.start[p]
+                self._positions[p] = self.start[p]
                 continue
             try:
                 low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p),
@@ -161,12 +154,12 @@ class KafkaSource(Source):
             except KafkaException as exc:
                 raise ConnectionError(f"kafka: no offsets for {self.topic}[{p}] from {self.servers} "
                                       f"within {self.timeout_s:g} s ({exc})") from None
-            self._next[p] = high if self.start == LATEST else low
+            self._positions[p] = high if self.start == LATEST else low
 
     def _assign(self) -> None:
         from confluent_kafka import TopicPartition
 
-        self._consumer.assign([TopicPartition(self.topic, p, self._next[p]) for p in self._mine])
+        self._consumer.assign([TopicPartition(self.topic, p, self._positions[p]) for p in self._mine])
         self._clock.assign(self._mine, self._saved_ts)
 
     # -- reading (hot path) -------------------------------------------------------
@@ -175,7 +168,7 @@ class KafkaSource(Source):
         if not msgs:
             return []
         # Hot loop: one decode per record; offsets and event time per partition.
-        out, decode, nxt, field, stamp = [], self.decode, self._next, self.ts_field, self.stamp
+        out, decode, nxt, field, stamp = [], self.decode, self._positions, self.ts_field, self.stamp
         top: dict[int, int] = {}
         for m in msgs:
             if m.error() is not None:
@@ -211,11 +204,8 @@ class KafkaSource(Source):
             raise KafkaException(err)
 
     # -- positions, watermarks, lag -----------------------------------------------
-    def position(self) -> dict[int, int]:
-        return dict(self._next)
-
     def seek(self, position: dict) -> None:
-        self._next.update({int(p): int(o) for p, o in position.items()})
+        self._positions.update({int(p): int(o) for p, o in position.items()})
         if self._consumer is not None:
             self._assign()
 
@@ -227,7 +217,7 @@ class KafkaSource(Source):
         from confluent_kafka import TopicPartition
 
         _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
-        return high > self._next.get(p, high)
+        return high > self._positions.get(p, high)
 
     def lag(self) -> dict[str, int]:
         from confluent_kafka import TopicPartition
@@ -236,32 +226,8 @@ class KafkaSource(Source):
         for p in self._mine:
             _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
             if high >= 0:
-                behind[str(p)] = max(0, high - self._next.get(p, high))
+                behind[str(p)] = max(0, high - self._positions.get(p, high))
         return behind
-
-    def snapshot(self) -> dict:
-        return {"positions": dict(self._next), "max_ts": dict(self._clock.max_ts), "share": self.share}
-
-    def restore(self, state: dict) -> None:
-        self._next = dict(state["positions"])
-        self._saved_ts = dict(state.get("max_ts", {}))
-        self.share = state.get("share", Share())
-
-    def merge_states(self, states: list) -> dict:
-        """Each instance's offsets for the partitions it read win over what it only carried."""
-        merged: dict = {"positions": {}, "max_ts": {}, "share": Share()}
-        for s in states:
-            for key in ("positions", "max_ts"):
-                merged[key].update({p: v for p, v in s[key].items() if p not in merged[key]})
-        for s in states:
-            mine = {p for p in s["positions"] if s["share"](p)}
-            for key in ("positions", "max_ts"):
-                merged[key].update({p: v for p, v in s[key].items() if p in mine})
-        return merged
-
-    def split_state(self, state: dict, owns: Share) -> dict:
-        """Every offset travels (a later re-split needs them all); ``owns`` says which to read."""
-        return {**state, "share": owns}
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -274,7 +240,7 @@ class KafkaSource(Source):
         from confluent_kafka import KafkaException, TopicPartition
 
         try:
-            self._consumer.commit(offsets=[TopicPartition(self.topic, p, self._next[p]) for p in self._mine],
+            self._consumer.commit(offsets=[TopicPartition(self.topic, p, self._positions[p]) for p in self._mine],
                                   asynchronous=False)
         except KafkaException:
             pass        # only outside tools read it; the position that counts is in the checkpoint

@@ -14,7 +14,8 @@ import json
 from time import monotonic
 from typing import Any, Callable
 
-from pescheduler.operator import MIN_WATERMARK
+from pescheduler.operator import MIN_WATERMARK, Parallelism, Share, Source
+from pescheduler.timeutil import parse_duration
 
 _encode_json = json.JSONEncoder(separators=(",", ":"), default=str).encode
 _decode_json = json.JSONDecoder().decode
@@ -87,3 +88,52 @@ class PartitionClock:
         if not busy or min(busy) == MIN_WATERMARK:
             return None
         return min(busy) - self.max_delay - 1
+
+
+class PartitionedSource(Source):
+    """A source whose numbered partitions pescheduler assigns to its instances (Kafka, Redis Streams).
+
+    Keeps ``{partition: position}`` for every partition it knows (read or
+    carried from a predecessor), the per-partition :class:`PartitionClock`,
+    and its :class:`Share`. ``snapshot``/``restore`` move all three;
+    ``merge_states``/``split_state`` gather and re-deal them when copies come
+    or go. Subclasses set ``_positions`` as they read and map a partition to
+    its number with ``_number`` (Kafka: the partition itself).
+    """
+
+    parallelism = Parallelism.STATELESS
+    partitioned = True
+
+    def __init__(self, *, idle_timeout: Any = "5s", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.share = Share()
+        self._positions: dict = {}
+        self._clock = PartitionClock(self.max_delay, parse_duration(idle_timeout) / 1000)
+        self._saved_ts: dict = {}
+
+    def _number(self, partition: Any) -> int:
+        return partition
+
+    def position(self) -> dict:
+        return dict(self._positions)
+
+    def snapshot(self) -> dict:
+        return {"positions": dict(self._positions), "max_ts": dict(self._clock.max_ts), "share": self.share}
+
+    def restore(self, state: dict) -> None:
+        self._positions = dict(state["positions"])
+        self._saved_ts = dict(state.get("max_ts", {}))
+        self.share = state.get("share", Share())
+
+    def merge_states(self, states: list) -> dict:
+        """Each instance's positions for the partitions it read win over those it only carried."""
+        merged: dict = {"positions": {}, "max_ts": {}, "share": Share()}
+        for owner in (False, True):
+            for s in states:
+                for key in ("positions", "max_ts"):
+                    merged[key].update({p: v for p, v in s[key].items() if s["share"](self._number(p)) == owner})
+        return merged
+
+    def split_state(self, state: dict, owns: Share) -> dict:
+        """Every position travels (a later re-split needs them all); ``owns`` says which to read."""
+        return {**state, "share": owns}

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from pescheduler.operator import Parallelism, Share, Sink, Source
+from pescheduler.operator import Parallelism, Sink
 from pescheduler.timeutil import parse_duration
 
-from .partitions import PartitionClock, decoder, encoder
+from .partitions import PartitionedSource, decoder, encoder
 
 FIELD = b"data"          # the entry field holding the encoded tuple ("json"/"bytes" formats)
 
@@ -40,7 +40,7 @@ def _streams(stream: str | list[str]) -> list[str]:
     return names
 
 
-class RedisStreamSource(Source):
+class RedisStreamSource(PartitionedSource):
     """Entries of Redis streams: ``app.source("redis", stream="cars", url="redis://127.0.0.1:6379")``.
 
     ``start``: ``"0-0"`` (from the beginning, default), ``"$"`` (only entries
@@ -54,8 +54,6 @@ class RedisStreamSource(Source):
     """
 
     name = "redis"
-    parallelism = Parallelism.STATELESS
-    partitioned = True
     poll_interval = 0.01       # XREAD without BLOCK: ask again soon when a stream had nothing new
 
     def __init__(self, stream: str | list[str], url: str = "redis://127.0.0.1:6379/0", start: str | dict = "0-0",
@@ -63,7 +61,7 @@ class RedisStreamSource(Source):
                  idle_timeout: Any = "5s", connect_timeout: Any = "10s", ts_field: str | None = "ts",
                  **kwargs: Any) -> None:
         stamp = event_time == "id"
-        super().__init__(ts_field=(ts_field if stamp else event_time), **kwargs)
+        super().__init__(ts_field=(ts_field if stamp else event_time), idle_timeout=idle_timeout, **kwargs)
         self.streams, self.url = _streams(stream), url
         if not (isinstance(start, (str, dict))):
             raise ValueError(f"redis start must be '0-0', '$' or {{stream: entry id}}, got {start!r}")
@@ -73,10 +71,7 @@ class RedisStreamSource(Source):
         self.whole = callable(value_format)          # a callable decodes the whole field dict
         self.stamp = stamp and self.ts_field is not None
         self.timeout_s = parse_duration(connect_timeout) / 1000
-        self.share = Share()
-        self._last: dict[str, str] = {}          # stream -> last entry id read
-        self._clock = PartitionClock(self.max_delay, parse_duration(idle_timeout) / 1000)
-        self._saved_ts: dict[str, int] = {}
+        self._index = {s: i for i, s in enumerate(self.streams)}
         self._client = None
         self._mine: dict[str, str] = {}
 
@@ -85,10 +80,10 @@ class RedisStreamSource(Source):
         self._client = _client(self.url, self.timeout_s)
         mine = [s for i, s in enumerate(self.streams) if self.share(i)]
         for s in mine:
-            if s not in self._last:
+            if s not in self._positions:
                 start = self.start.get(s, "0-0") if isinstance(self.start, dict) else self.start
-                self._last[s] = self._newest(s) if start == "$" else start
-        self._mine = {s: self._last[s] for s in mine}
+                self._positions[s] = self._newest(s) if start == "$" else start
+        self._mine = {s: self._positions[s] for s in mine}
         self._clock.assign(mine, self._saved_ts)
 
     def _newest(self, stream: str) -> str:
@@ -104,7 +99,7 @@ class RedisStreamSource(Source):
         for name, entries in answer:
             stream = name.decode()
             out.extend(self._decode(stream, entries))
-            self._mine[stream] = self._last[stream] = entries[-1][0].decode()
+            self._mine[stream] = self._positions[stream] = entries[-1][0].decode()
         return out
 
     def _decode(self, stream: str, entries: list) -> list:
@@ -133,37 +128,15 @@ class RedisStreamSource(Source):
             self._clock.seen_max(stream, top)
         return out
 
-    def position(self) -> dict[str, str]:
-        return dict(self._last)
-
     def seek(self, position: dict) -> None:
-        self._last.update(position)
-        self._mine = {s: self._last[s] for s in self._mine}
+        self._positions.update(position)
+        self._mine = {s: self._positions[s] for s in self._mine}
 
     def watermark(self) -> int | None:
         return self._clock.watermark()
 
-    def snapshot(self) -> dict:
-        return {"positions": dict(self._last), "max_ts": dict(self._clock.max_ts), "share": self.share}
-
-    def restore(self, state: dict) -> None:
-        self._last = dict(state["positions"])
-        self._saved_ts = dict(state.get("max_ts", {}))
-        self.share = state.get("share", Share())
-
-    def merge_states(self, states: list) -> dict:
-        """Each instance's ids for the streams it read win over what it only carried."""
-        merged: dict = {"positions": {}, "max_ts": {}, "share": Share()}
-        index = {s: i for i, s in enumerate(self.streams)}
-        for owner_first in (False, True):
-            for s in states:
-                for key in ("positions", "max_ts"):
-                    merged[key].update({k: v for k, v in s[key].items()
-                                        if s["share"](index[k]) == owner_first})
-        return merged
-
-    def split_state(self, state: dict, owns: Share) -> dict:
-        return {**state, "share": owns}
+    def _number(self, stream: str) -> int:
+        return self._index[stream]
 
     def close(self) -> None:
         if self._client is not None:

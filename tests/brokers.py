@@ -31,6 +31,12 @@ class Broker:
     proc: subprocess.Popen
     log: str
 
+    def __enter__(self) -> "Broker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()

@@ -22,12 +22,8 @@ BLOCKS = re.findall(r"```python broker\n(.*?)```", DOC.read_text(), re.S)
 
 @pytest.fixture(scope="module")
 def brokers():
-    kafka, redis = start_tansu(), start_redis()
-    try:
+    with start_tansu() as kafka, start_redis() as redis:
         yield kafka.address, f"redis://{redis.address}/0"
-    finally:
-        kafka.stop()
-        redis.stop()
 
 
 def test_connector_docs_run_as_written(brokers, monkeypatch):

@@ -28,11 +28,8 @@ WAIT = 60
 
 @pytest.fixture(scope="module")
 def kafka():
-    broker = start_tansu()
-    try:
+    with start_tansu() as broker:
         yield broker.address
-    finally:
-        broker.stop()
 
 
 def values(msgs) -> list:

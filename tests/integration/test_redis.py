@@ -27,11 +27,8 @@ WAIT = 60
 
 @pytest.fixture(scope="module")
 def redis_url():
-    broker = start_redis()
-    try:
+    with start_redis() as broker:
         yield f"redis://{broker.address}/0"
-    finally:
-        broker.stop()
 
 
 @pytest.fixture
@@ -51,7 +48,13 @@ def fill(client, stream: str, numbers) -> None:
 
 
 def output(client, stream: str, expect: int) -> list:
-    until(lambda: client.xlen(stream) >= expect, WAIT, f"{expect} entries in {stream}")
+    try:
+        until(lambda: client.xlen(stream) >= expect, WAIT, f"{expect} entries in {stream}")
+    except AssertionError as exc:
+        got = sorted(json.loads(f[b"data"])["n"] for _id, f in client.xrange(stream))
+        missing = sorted(set(range(expect)) - set(got))
+        raise AssertionError(f"{exc}: {len(got)} there, {len(got) - len(set(got))} doubled, "
+                             f"missing {missing[:20]}{'...' if len(missing) > 20 else ''}") from None
     return [json.loads(fields[b"data"]) for _id, fields in client.xrange(stream)]
 
 
