@@ -171,3 +171,17 @@ def consume_all(address: str, topic: str, expect: int, timeout: float = 30.0,
     finally:
         consumer.close()
     return out
+
+
+def fails_fast(app, cluster: str, match: str, within_s: float = 30.0) -> None:
+    """Deploying ``app`` fails with an error matching ``match`` within ``within_s`` (no hang)."""
+    import pytest
+
+    import pescheduler
+    from pescheduler.errors import DeploymentFailed
+
+    t0 = time.monotonic()
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        with pytest.raises(DeploymentFailed, match=match):
+            dep.wait(timeout=60)
+    assert time.monotonic() - t0 < within_s, f"failing took {time.monotonic() - t0:.0f} s"
