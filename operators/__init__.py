@@ -3,11 +3,12 @@
 It registers through the ``pescheduler`` entry-point group
 (``builtin-operators``) exactly as a third-party plug-in does:
 
-* sources: ``iterable``, ``generator``, ``jsonl`` (:mod:`.sources`)
+* sources: ``iterable``, ``generator``, ``jsonl`` (:mod:`.sources`), ``kafka`` (:mod:`.kafka`),
+  ``redis`` (:mod:`.redis_streams`)
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
   (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
-* sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`)
+* sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`), ``kafka``, ``redis``
 * the ends of ``pescheduler.ep`` queries: ``ep_schema`` and the sink ``ep_output`` (:mod:`.ep_io`)
 * aggregates: ``count``, ``sum``, ``sumsq``, ``min``, ``max``, ``avg``, ``var``,
   ``stddev`` (:mod:`pescheduler.aggregates`)
@@ -22,16 +23,18 @@ from .basic import Filter, FlatMap, KeyBy, Map
 from .count_window import CountWindow
 from .ep_io import OutputProcessors, SchemaCheck
 from .join import Join
+from .kafka import KafkaSink, KafkaSource
 from .over_window import OverWindow
 from .pattern import Pattern
+from .redis_streams import RedisStreamSink, RedisStreamSource
 from .session import SessionWindow
 from .sinks import DiscardSink, JsonlSink, ParquetSink, PrintSink
 from .sources import GeneratorSource, IterableSource, JsonlSource
 from .window import Window
 
-OPERATORS = [IterableSource, GeneratorSource, JsonlSource, Map, Filter, FlatMap, KeyBy, Window,
+OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStreamSource, Map, Filter, FlatMap, KeyBy, Window,
              SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, JsonlSink, PrintSink, DiscardSink,
-             ParquetSink, OutputProcessors]
+             ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors]
 
 __all__ = [cls.__name__ for cls in OPERATORS]
 

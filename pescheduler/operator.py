@@ -329,9 +329,91 @@ class Source(Operator):
     def process(self, batch: list, emit: Emitter) -> None:  # sources have no input
         raise TypeError("a source has no input")
 
+    # -- durable positions (checkpoints, restore) ----------------------------------
+    #: True for a source that reads numbered partitions (Kafka partitions, Redis streams) and lets
+    #: pescheduler, not the broker, decide which instance reads which: replicating it spreads the
+    #: partitions over its copies, releasing gathers them (see :class:`Share`).
+    partitioned: ClassVar[bool] = False
 
-class Sink(Operator):
-    """Base class of sinks: ``process`` writes, ``flush`` makes it durable."""
+    #: Seconds the runtime waits before asking again after ``read`` returned ``[]`` (``None``: its
+    #: default, 50 ms). A broker source whose reads never block sets it lower so an empty local
+    #: queue does not leave records fetched meanwhile waiting.
+    poll_interval: ClassVar[float | None] = None
+
+    def position(self) -> Any:
+        """Where this source stands in its durable input, or ``None`` if it has no such place.
+
+        A fresh instance with the same parameters that is given this value by
+        :meth:`seek` reads on exactly after the last tuple ``read`` returned:
+        nothing skipped, nothing again. It is small and plain (picklable,
+        JSON-friendly): Kafka ``{partition: next offset}``, Redis Streams
+        ``{stream: last entry id}``. Checkpoints store it beside the
+        operator state; ``snapshot`` still moves everything else.
+        """
+        return None
+
+    def seek(self, position: Any) -> None:
+        """Go on from ``position`` (a value :meth:`position` returned); before or after ``open``."""
+        raise NotImplementedError(f"{type(self).__name__} has no durable position to seek to")
+
+    def watermark(self) -> int | None:
+        """Event time this source has completed, if it tracks it itself (per partition), else ``None``.
+
+        The default (not overridden) lets the runtime derive the watermark
+        from the largest ``ts_field`` seen. A partitioned source overrides it
+        to return the least of its partitions' watermarks, skipping partitions
+        idle for longer than its ``idle_timeout``; ``None`` means no progress now.
+        """
+        return None
+
+    def lag(self) -> dict[str, int] | None:
+        """Records behind per partition (the broker's end offset minus ``position``), for the
+        monitor; ``None`` when the source cannot tell."""
+        return None
+
+
+@dataclass(frozen=True)
+class Share:
+    """Which partitions one instance of a partitioned source reads: partition number ``p`` is its
+    when ``p % count == index``. Passed as ``owns`` to ``split_state`` when copies come or go, and
+    callable like the key-group test a KEYED operator receives."""
+
+    index: int = 0
+    count: int = 1
+
+    def __call__(self, partition: int) -> bool:
+        return partition % self.count == self.index
+
+
+class CommitHooks:
+    """Two-phase commit hooks a sink implements to take part in checkpoints (exactly-once output).
+
+    The checkpoint coordinator calls, on every sink instance, ``pre_commit(id)``
+    when the checkpoint barrier passes the sink (make what was written since
+    the last checkpoint durable but not yet visible, e.g. flush a Kafka
+    transaction), then ``commit(id)`` once checkpoint ``id`` is complete on every
+    operator (make it visible), or ``abort(id)`` if the checkpoint failed.
+    ``commit`` must be idempotent: after a restore it may be called again for
+    a checkpoint that was already committed.
+    """
+
+    def pre_commit(self, checkpoint_id: int) -> None:
+        """The barrier of ``checkpoint_id`` passed: output before it is durable, not yet visible."""
+
+    def commit(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: make its output visible (idempotent)."""
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` failed: discard its output (the stream replays it)."""
+
+
+class Sink(Operator, CommitHooks):
+    """Base class of sinks: ``process`` writes, ``flush`` makes it durable.
+
+    A sink that can hold output back until a checkpoint completes overrides
+    the :class:`CommitHooks` (``pre_commit`` / ``commit`` / ``abort``); the
+    defaults do nothing, which is at-least-once.
+    """
 
     kind = "sink"
     parallelism = Parallelism.SINGLETON

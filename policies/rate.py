@@ -23,6 +23,8 @@ than it is offered, and ``out / (1 - backpressure)`` (the rate it keeps while
 not blocked) estimates it; a source blocked nearly all the time reveals
 little (it may be far behind, or just fast), so the estimate counts at most
 half the time as blocked: such a source is sized up at most 2x per step.
+A source that reports lag (Kafka) is offered its backlog over ``catch-up``
+(5 min) on top, so a burst is drained within that time.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import math
 from pescheduler.actions import Action, BorrowHosts, Hold, Release, Replicate
 from pescheduler.plugins import hookimpl
 
-from ._common import Load, View, hosts_for, settings, take_slots
+from ._common import Load, View, hosts_for, seconds, settings, take_slots
 
 
 MAX_BLOCKED = 0.5      # of a source's time counted as blocked when estimating its offered rate
@@ -50,7 +52,7 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
     if not snapshot.operators:
         return []
     view = View.of(snapshot, placement)
-    offered = target_rates(view)
+    offered = target_rates(view, seconds(cfg["catch-up"]))
     actions: list[Action] = []
     spare = view.free_slots()
     short = 0
@@ -84,8 +86,14 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
     return actions
 
 
-def target_rates(view: View) -> dict[str, float]:
-    """Tuples/s each operator is offered: source rates pushed through observed selectivities."""
+def target_rates(view: View, catch_up_s: float = 300.0) -> dict[str, float]:
+    """Tuples/s each operator is offered: source rates pushed through observed selectivities.
+
+    A source that reports lag (records behind on its broker) is offered its
+    backlog spread over ``catch_up_s`` on top, so what follows it is sized to
+    drain the backlog within that time (the Flink Kubernetes autoscaler's
+    catch-up duration).
+    """
     rate_in: dict[str, float] = {}
     rate_out: dict[str, float] = {}
     for op in view.originals:
@@ -97,7 +105,8 @@ def target_rates(view: View) -> dict[str, float]:
             declared = view.placement.plan.ops[op].params.get("rate")
             pe = view.snapshot.pes.get(view.pe_of[op])
             blocked = min(pe.backpressure, MAX_BLOCKED) if pe else 0.0
-            rate_in[op] = rate_out[op] = float(declared) if declared else now.tuples_out / (1.0 - blocked)
+            rate_in[op] = rate_out[op] = float(declared) if declared else (
+                now.tuples_out / (1.0 - blocked) + _backlog(view, op) / catch_up_s)
             continue
         if any(u not in rate_out for u in ups):
             continue
@@ -105,6 +114,12 @@ def target_rates(view: View) -> dict[str, float]:
         selectivity = now.tuples_out / now.tuples_in if now.tuples_in > 0 else 1.0
         rate_out[op] = rate_in[op] * selectivity
     return rate_in
+
+
+def _backlog(view: View, op: str) -> int:
+    """Records behind on the broker, summed over the source's instances and partitions."""
+    metrics = view.snapshot.operators
+    return sum(sum(metrics[i].lag.values()) for i in view.instances[op] if i in metrics)
 
 
 def _true_rate(now: Load, min_busy: float) -> float:

@@ -118,7 +118,7 @@ def keyed_rebalanced(old: Placement, new: Placement) -> set[str]:
     replaced, so all of that operator's state is snapshotted and re-split."""
     pes = set()
     for x, op in new.plan.ops.items():
-        if op.copy_of or op.parallelism is not Parallelism.KEYED:
+        if op.copy_of or not _shares_state(op):
             continue
         if old.instances(x) != new.instances(x) or old.routes.get(x) != new.routes.get(x):
             pes |= {old.pe_of(i) for i in old.instances(x)}
@@ -135,7 +135,7 @@ def redistribute(old: Placement, new: Placement, states: dict[str, dict]) -> dic
     """
     out = dict(states)
     for x, op in new.plan.ops.items():
-        if op.copy_of or op.parallelism is not Parallelism.KEYED:
+        if op.copy_of or not _shares_state(op):
             continue
         before, after = old.instances(x), new.instances(x)
         if before == after and old.routes.get(x) == new.routes.get(x):
@@ -146,6 +146,11 @@ def redistribute(old: Placement, new: Placement, states: dict[str, dict]) -> dic
         impl = op.cls(**op.params)
         merged = impl.merge_states([s["state"] for s in saved])
         progress = _least_progress([s["progress"] for s in saved])
+        if op.kind == "source":
+            for inst in before:
+                out.pop(inst, None)
+            out.update(_partitions_over(impl, merged, progress, after, states))
+            continue
         owners = new.routes[x].owners() if x in new.routes else [x] * KEY_GROUPS
         for inst in before:
             out.pop(inst, None)
@@ -154,6 +159,22 @@ def redistribute(old: Placement, new: Placement, states: dict[str, dict]) -> dic
             part = impl.split_state(merged, lambda k, mine=mine: key_group(k) in mine)
             out[inst] = {"state": part, "progress": progress, "driver": None}
     return out
+
+
+def _shares_state(op) -> bool:
+    """Instances of ``op`` divide its work by state that moves when copies come or go: a KEYED
+    operator's key groups, a partitioned source's partitions."""
+    return op.parallelism is Parallelism.KEYED or bool(getattr(op.cls, "partitioned", False))
+
+
+def _partitions_over(impl, merged, progress, after, states) -> dict[str, dict]:
+    """A partitioned source's positions dealt over its new instances (``Share(i, n)``); an
+    instance that existed keeps its own pacing and watermark progress (its driver)."""
+    from ..operator import Share
+
+    return {inst: {"state": impl.split_state(merged, Share(i, len(after))), "progress": progress,
+                   "driver": states[inst]["driver"] if inst in states else None}
+            for i, inst in enumerate(after)}
 
 
 def _least_progress(progresses: list[tuple]) -> tuple:

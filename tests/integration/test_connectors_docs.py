@@ -1,0 +1,40 @@
+"""docs/connectors.md runs as written: its ```python broker blocks, against brokers the fixtures start.
+
+The plain ```python blocks of every doc run in tests/unit/test_docs.py without a broker; these
+need one, so they are marked with the info string ``python broker`` and run here, with the
+``KAFKA`` and ``REDIS`` environment variables pointing at the fixtures' brokers.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from brokers import consume_all, start_redis, start_tansu
+
+pytestmark = [pytest.mark.integration, pytest.mark.broker]
+
+DOC = Path(__file__).parent.parent.parent / "docs" / "connectors.md"
+BLOCKS = re.findall(r"```python broker\n(.*?)```", DOC.read_text(), re.S)
+
+
+@pytest.fixture(scope="module")
+def brokers():
+    with start_tansu() as kafka, start_redis() as redis:
+        yield kafka.address, f"redis://{redis.address}/0"
+
+
+def test_connector_docs_run_as_written(brokers, monkeypatch):
+    import redis
+
+    kafka, redis_url = brokers
+    monkeypatch.setenv("KAFKA", kafka)
+    monkeypatch.setenv("REDIS", redis_url)
+    assert len(BLOCKS) == 2
+    for i, code in enumerate(BLOCKS):
+        exec(compile(code, f"connectors.md[broker {i}]", "exec"), {"__name__": f"docs_broker_{i}"})
+    windows = consume_all(kafka, "avg-speed", 1, timeout=30)
+    assert windows, "the Kafka example wrote no window"
+    assert redis.Redis.from_url(redis_url).xlen("doubled") == 1000

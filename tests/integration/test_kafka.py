@@ -1,0 +1,320 @@
+"""The Kafka source and sink against a real Kafka-protocol broker (Tansu, started by the fixture).
+
+Output is checked exactly (every record once) through Kafka, through
+partition reassignment when the source is replicated and released mid-stream,
+from given start offsets, and after a seek to a saved position; lag reaches
+the snapshot and status; bad input fails clearly or is dead-lettered.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import pescheduler
+from pescheduler import Application, Release, Replicate
+from pescheduler.errors import DeploymentFailed
+from pescheduler.operator import OperatorContext
+
+from brokers import consume_all, create_topic, fails_fast, produce, start_tansu
+from waiting import until
+
+pytestmark = [pytest.mark.integration, pytest.mark.broker]
+
+WAIT = 60
+
+
+@pytest.fixture(scope="module")
+def kafka():
+    with start_tansu() as broker:
+        yield broker.address
+
+
+def values(msgs) -> list:
+    return [json.loads(m.value()) for m in msgs]
+
+
+def numbered(n: int) -> list[dict]:
+    return [{"n": i, "ts": 1_700_000_000_000 + i} for i in range(n)]
+
+
+def wait_for_output(address: str, topic: str, expect: int) -> list:
+    out = consume_all(address, topic, expect, timeout=WAIT)
+    assert len(out) >= expect, f"only {len(out)} of {expect} records reached {topic}"
+    return values(out)
+
+
+def test_kafka_to_kafka_every_record_once(kafka, cluster):
+    create_topic(kafka, "exact-in", 3)
+    create_topic(kafka, "exact-out", 2)
+    produce(kafka, "exact-in", numbered(3000), partition_of=lambda r: r["n"] % 3)
+    app = Application("kafka-exact")
+    (app.source("kafka", topic="exact-in", bootstrap_servers=kafka, event_time="ts")
+        .map(lambda t: {**t, "double": 2 * t["n"]})
+        .sink("kafka", topic="exact-out", bootstrap_servers=kafka, key="n"))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        out = wait_for_output(kafka, "exact-out", 3000)
+        until(lambda: "kafka-1" in dep.snapshot().operators, WAIT, "a snapshot with the source")
+        dep.stop()
+    assert sorted(r["n"] for r in out) == list(range(3000))
+    assert all(r["double"] == 2 * r["n"] for r in out)
+
+
+def test_replicate_and_release_the_source_spread_and_gather_partitions(kafka, cluster):
+    n = 6000
+    create_topic(kafka, "spread-in", 4)
+    create_topic(kafka, "spread-out", 1)
+    produce(kafka, "spread-in", numbered(n), partition_of=lambda r: r["n"] % 4)
+    app = Application("kafka-spread")
+    (app.source("kafka", topic="spread-in", bootstrap_servers=kafka, rate=1500, event_time="ts")
+        .sink("kafka", topic="spread-out", bootstrap_servers=kafka))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        until(lambda: dep.snapshot().operators.get("kafka-1") and dep.snapshot().operators["kafka-1"].tuples_out > 0,
+              WAIT, "the source reads")
+        rec = dep.apply(Replicate("kafka-1", 1))
+        assert rec.applied, rec.reason
+        assert dep.placement().pes["kafka-1#1"].copy_of == "kafka-1"
+        until(lambda: _read_by(dep, "kafka-1#1") > 0 and _read_by(dep, "kafka-1") > 0, WAIT,
+              "both instances read")
+        lag = dep.snapshot().operators
+        assert set(lag["kafka-1"].lag) | set(lag["kafka-1#1"].lag) == {"0", "1", "2", "3"}
+        assert not set(lag["kafka-1"].lag) & set(lag["kafka-1#1"].lag), "a partition read twice"
+        rec = dep.apply(Release("kafka-1", 1))
+        assert rec.applied, rec.reason
+        assert "kafka-1#1" not in dep.placement().pes
+        out = wait_for_output(kafka, "spread-out", n)
+        time.sleep(0)
+        dep.stop()
+    assert sorted(r["n"] for r in out) == list(range(n)), "a record lost or doubled"
+
+
+def _read_by(dep, op: str) -> int:
+    m = dep.snapshot().operators.get(op)
+    return m.tuples_out if m else 0
+
+
+def test_start_offsets_per_partition(kafka, cluster):
+    create_topic(kafka, "start-in", 2)
+    create_topic(kafka, "start-out", 1)
+    produce(kafka, "start-in", numbered(100), partition_of=lambda r: r["n"] % 2)   # 50 per partition
+    app = Application("kafka-start")
+    (app.source("kafka", topic="start-in", bootstrap_servers=kafka, start={0: 40, "1": 45})
+        .sink("kafka", topic="start-out", bootstrap_servers=kafka))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        out = wait_for_output(kafka, "start-out", 15)
+        dep.stop()
+    # partition 0 holds the even numbers in order (offset k = 2k), partition 1 the odd ones
+    assert sorted(r["n"] for r in out) == sorted([2 * k for k in range(40, 50)] + [2 * k + 1 for k in range(45, 50)])
+
+
+def open_source(address: str, **params):
+    from pescheduler.operators.kafka import KafkaSource
+
+    src = KafkaSource(bootstrap_servers=address, **params)
+    src.open(OperatorContext("kafka-1"))
+    return src
+
+
+def read_until(src, expect: int) -> list:
+    got: list = []
+    deadline = time.monotonic() + WAIT
+    while len(got) < expect and time.monotonic() < deadline:
+        got += src.read(min(100, expect - len(got)))
+    return got
+
+
+def test_seek_to_a_position_resumes_exactly_after_the_last_record(kafka):
+    create_topic(kafka, "seek-in", 3)
+    produce(kafka, "seek-in", numbered(900), partition_of=lambda r: r["n"] % 3)
+    first = open_source(kafka, topic="seek-in")
+    head = read_until(first, 400)
+    saved = first.position()
+    assert sum(saved.values()) == 400 and set(saved) == {0, 1, 2}
+    first.close()
+    second = KafkaSource_fresh(kafka)
+    second.seek(json.loads(json.dumps({str(p): o for p, o in saved.items()})))   # survives JSON
+    second.open(OperatorContext("kafka-1"))
+    tail = read_until(second, 500)
+    assert second.lag() == {"0": 0, "1": 0, "2": 0}
+    second.close()
+    assert sorted(t["n"] for t in head + tail) == list(range(900))
+
+
+def KafkaSource_fresh(address):
+    from pescheduler.operators.kafka import KafkaSource
+
+    return KafkaSource(topic="seek-in", bootstrap_servers=address)
+
+
+def test_watermark_is_the_least_busy_partition_and_idle_ones_do_not_hold_it(kafka):
+    create_topic(kafka, "wm-in", 2)
+    produce(kafka, "wm-in", [{"n": 0, "ts": 10_000}, {"n": 1, "ts": 50_000}], partition_of=lambda r: r["n"])
+    src = open_source(kafka, topic="wm-in", event_time="ts", max_delay=1000, idle_timeout="1s")
+    read_until(src, 2)
+    assert src.watermark() == 10_000 - 1000 - 1           # partition 0 holds it back
+    produce(kafka, "wm-in", [{"n": 3, "ts": 60_000}], partition_of=lambda r: 1)
+    until(lambda: src.read(10) or src.watermark() == 60_000 - 1001, WAIT, "partition 0 going idle")
+    until(lambda: src.read(10) == [] and src.watermark() == 60_000 - 1001, WAIT,
+          "the watermark of the busy partition alone")
+    src.close()
+
+
+def test_lag_is_in_the_snapshot_and_in_status(kafka, cluster):
+    create_topic(kafka, "lag-in", 2)
+    produce(kafka, "lag-in", numbered(20_000), partition_of=lambda r: r["n"] % 2)
+    app = Application("kafka-lag")
+    app.source("kafka", topic="lag-in", bootstrap_servers=kafka, rate=500).sink("discard")
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        snap = dep.next_snapshot(timeout=WAIT)
+        until(lambda: sum(dep.snapshot().operators["kafka-1"].lag.values()) > 0, WAIT, "lag reported")
+        lag = dep.snapshot().operators["kafka-1"].lag
+        assert set(lag) == {"0", "1"} and 15_000 < sum(lag.values()) <= 20_000
+        row = next(o for o in dep.status()["operators"] if o["op"] == "kafka-1")
+        assert row["lag"] == dict(lag) or sum(row["lag"].values()) <= sum(lag.values())
+        until(lambda: dep.next_snapshot(timeout=WAIT).operators["kafka-1"].lag_per_s < 0, WAIT,
+              "the lag trend shows it draining")
+        assert snap is not None
+        dep.stop()
+
+
+def test_unreachable_broker_fails_naming_the_address_within_bounded_time(cluster):
+    app = Application("kafka-unreachable")
+    app.source("kafka", topic="x", bootstrap_servers="127.0.0.1:1", connect_timeout="3s").sink("discard")
+    fails_fast(app, cluster, "127.0.0.1:1")
+
+
+def test_missing_topic_fails_naming_it_unless_created(kafka, cluster):
+    app = Application("kafka-missing")
+    app.source("kafka", topic="no-such-topic", bootstrap_servers=kafka).sink("discard")
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        with pytest.raises(DeploymentFailed, match="'no-such-topic' does not exist"):
+            dep.wait(timeout=WAIT)
+    src = open_source(kafka, topic="made-for-me", create=True, partitions=3)
+    assert src.lag() == {"0": 0, "1": 0, "2": 0} or set(src.position()) == {0, 1, 2}
+    src.close()
+
+
+def test_a_record_that_does_not_decode_is_dead_lettered_with_partition_and_offset(kafka, cluster):
+    from confluent_kafka import Producer
+
+    create_topic(kafka, "bad-in", 1)
+    create_topic(kafka, "bad-out", 1)
+    producer = Producer({"bootstrap.servers": kafka})
+    for i in range(10):
+        producer.produce("bad-in", b"{not json" if i == 4 else json.dumps({"n": i}).encode(), partition=0)
+    assert producer.flush(30) == 0
+    app = Application("kafka-bad")
+    (app.source("kafka", topic="bad-in", bootstrap_servers=kafka)
+        .sink("kafka", topic="bad-out", bootstrap_servers=kafka))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        out = wait_for_output(kafka, "bad-out", 9)
+        until(lambda: dep.dead_letters(), WAIT, "the dead letter")
+        dead = dep.dead_letters()
+        dep.stop()
+    assert sorted(r["n"] for r in out) == [i for i in range(10) if i != 4]
+    assert len(dead) == 1 and dead[0]["item"]["partition"] == 0 and dead[0]["item"]["offset"] == 4
+    assert "bad-in[0]@4" in dead[0]["error"]
+
+
+# -- exactly-once: the two-phase commit hooks checkpoints will call -----------------------------
+#
+# Tansu's read_committed hides open transactions but was seen to still return records of
+# aborted ones. So these tests never rely on read_committed hiding aborted records: every
+# record carries the checkpoint it was written for, and the committed set is checked as
+# "records of committed checkpoints, exactly once", with records of aborted checkpoints
+# filtered by that tag (what a complete read_committed would do). What they do rely on,
+# and check, is the part Tansu implements: nothing of an open (pre-committed, not yet
+# committed) transaction is visible, and a committed one is visible whole.
+
+def open_sink(address: str, topic: str, op_id: str = "kafka-9", state=None):
+    from pescheduler.operators.kafka import KafkaSink
+
+    sink = KafkaSink(topic=topic, bootstrap_servers=address, exactly_once=True, transactional_id="eos-test")
+    if state is not None:
+        sink.restore(state)
+    sink.open(OperatorContext(op_id))
+    return sink
+
+
+def committed(address: str, topic: str, expect: int, aborted=frozenset()) -> list:
+    msgs = consume_all(address, topic, expect, timeout=10, isolation="read_committed")
+    return [r for r in values(msgs) if r["checkpoint"] not in aborted]
+
+
+def test_transactions_become_visible_only_when_their_checkpoint_commits(kafka):
+    create_topic(kafka, "eos-out", 1)
+    sink = open_sink(kafka, "eos-out")
+    sink.process([{"n": i, "checkpoint": 1} for i in range(100)], None)
+    sink.pre_commit(1)                               # barrier 1 passed: durable, not visible
+    sink.process([{"n": i, "checkpoint": 2} for i in range(100, 150)], None)
+    assert committed(kafka, "eos-out", 1) == [], "a pre-committed transaction is visible"
+    sink.commit(1)
+    # A real broker shows checkpoint 1 now; Tansu hides every record while any transaction on
+    # the partition is open (checkpoint 2's), so visibility is checked once that one ended.
+    sink.pre_commit(2)
+    sink.commit(2)
+    first = committed(kafka, "eos-out", 150)
+    assert sorted(r["n"] for r in first) == list(range(150))
+    sink.process([{"n": i, "checkpoint": 3} for i in range(150, 200)], None)
+    sink.pre_commit(3)
+    sink.abort(3)                                    # checkpoint 3 failed: its records are replayed
+    sink.process([{"n": i, "checkpoint": 4} for i in range(150, 200)], None)
+    sink.pre_commit(4)
+    sink.commit(4)
+    sink.commit(4)                                   # idempotent
+    sink.flush(None)                                 # end of stream commits the open transaction
+    out = committed(kafka, "eos-out", 250, aborted={3})
+    assert sorted(r["n"] for r in out) == list(range(200)), "lost or doubled across abort and replay"
+    assert {r["checkpoint"] for r in out} == {1, 2, 4}
+    sink.close()
+
+
+def test_a_restored_sink_fences_its_predecessor(kafka):
+    from confluent_kafka import KafkaException
+
+    create_topic(kafka, "eos-fence", 1)
+    old = open_sink(kafka, "eos-fence", op_id="kafka-7")
+    old.process([{"n": 1, "checkpoint": 1}], None)
+    old.pre_commit(1)
+    old.commit(1)
+    saved = old.snapshot()
+    old.process([{"n": 2, "checkpoint": 2}], None)    # a zombie: written after the checkpoint
+    old.pre_commit(2)
+    new = open_sink(kafka, "eos-fence", op_id="kafka-7", state=saved)   # restore from checkpoint 1
+    with pytest.raises(KafkaException):
+        old.commit(2)                                # fenced: the zombie cannot commit
+    new.process([{"n": 2, "checkpoint": 3}], None)
+    new.pre_commit(3)
+    new.commit(3)
+    new.flush(None)
+    out = committed(kafka, "eos-fence", 2, aborted={2})
+    assert sorted((r["n"], r["checkpoint"]) for r in out) == [(1, 1), (2, 3)]
+    new.close()
+
+
+def test_kafka_cars_example_as_written(kafka):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent.parent / "examples" / "kafka_cars.py"
+    result = subprocess.run([sys.executable, str(example), "--bootstrap", kafka, "--events", "5000"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "late events: 0" in result.stdout
+    assert "equal to the plain-Python reference: True" in result.stdout, result.stdout[-2000:]
+
+
+def test_kafka_benchmark_quick_runs_and_prints_its_figures(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).parent.parent.parent / "bench" / "kafka.py"
+    result = subprocess.run([sys.executable, str(bench), "--quick"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for line in ("(a) plain confluent-kafka loop", "ratio", "(c) the same, exactly-once sink", "machine load"):
+        assert line in result.stdout, result.stdout[-2000:]

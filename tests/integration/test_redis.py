@@ -1,0 +1,136 @@
+"""The Redis Streams source and sink against a real redis-server (started by the fixture).
+
+Exact output through Redis, streams spread over source copies and gathered on
+release without loss or doubling, resuming from a saved position, and the
+bad-input cases (unreachable server, an entry that does not decode).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import pescheduler
+from pescheduler import Application, Release, Replicate
+from pescheduler.operator import OperatorContext
+
+from brokers import fails_fast, start_redis
+from waiting import until
+
+pytestmark = [pytest.mark.integration, pytest.mark.broker]
+
+WAIT = 60
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    with start_redis() as broker:
+        yield f"redis://{broker.address}/0"
+
+
+@pytest.fixture
+def client(redis_url):
+    import redis
+
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+def fill(client, stream: str, numbers) -> None:
+    pipe = client.pipeline(transaction=False)
+    for i in numbers:
+        pipe.xadd(stream, {"data": json.dumps({"n": i, "ts": 1_700_000_000_000 + i})})
+    pipe.execute()
+
+
+def output(client, stream: str, expect: int) -> list:
+    try:
+        until(lambda: client.xlen(stream) >= expect, WAIT, f"{expect} entries in {stream}")
+    except AssertionError as exc:
+        got = sorted(json.loads(f[b"data"])["n"] for _id, f in client.xrange(stream))
+        missing = sorted(set(range(expect)) - set(got))
+        raise AssertionError(f"{exc}: {len(got)} there, {len(got) - len(set(got))} doubled, "
+                             f"missing {missing[:20]}{'...' if len(missing) > 20 else ''}") from None
+    return [json.loads(fields[b"data"]) for _id, fields in client.xrange(stream)]
+
+
+def test_redis_to_redis_every_entry_once(redis_url, client, cluster):
+    fill(client, "exact-in", range(2000))
+    app = Application("redis-exact")
+    (app.source("redis", stream="exact-in", url=redis_url, event_time="ts")
+        .map(lambda t: {**t, "double": 2 * t["n"]})
+        .sink("redis", stream="exact-out", url=redis_url))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        out = output(client, "exact-out", 2000)
+        dep.stop()
+    assert sorted(r["n"] for r in out) == list(range(2000))
+    assert all(r["double"] == 2 * r["n"] for r in out)
+
+
+def test_streams_spread_over_copies_and_gather_on_release(redis_url, client, cluster):
+    streams = ["spread-a", "spread-b", "spread-c"]
+    for k, s in enumerate(streams):
+        fill(client, s, range(k, 4500, 3))
+    app = Application("redis-spread")
+    (app.source("redis", stream=streams, url=redis_url, rate=1500, event_time="ts")
+        .sink("redis", stream="spread-out", url=redis_url))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        until(lambda: _read_by(dep, "redis-1") > 0, WAIT, "the source reads")
+        rec = dep.apply(Replicate("redis-1", 1))
+        assert rec.applied, rec.reason
+        until(lambda: _read_by(dep, "redis-1#1") > 0, WAIT, "the copy reads")
+        rec = dep.apply(Release("redis-1", 1))
+        assert rec.applied, rec.reason
+        out = output(client, "spread-out", 4500)
+        dep.stop()
+    assert sorted(r["n"] for r in out) == list(range(4500)), "an entry lost or doubled"
+
+
+def _read_by(dep, op: str) -> int:
+    m = dep.snapshot().operators.get(op)
+    return m.tuples_out if m else 0
+
+
+def test_seek_to_a_position_resumes_after_the_last_entry(redis_url, client):
+    from pescheduler.operators.redis_streams import RedisStreamSource
+
+    fill(client, "seek-a", range(0, 300, 2))
+    fill(client, "seek-b", range(1, 300, 2))
+    first = RedisStreamSource(stream=["seek-a", "seek-b"], url=redis_url)
+    first.open(OperatorContext("redis-1"))
+    head = first.read(100)
+    saved = json.loads(json.dumps(first.position()))
+    first.close()
+    second = RedisStreamSource(stream=["seek-a", "seek-b"], url=redis_url)
+    second.seek(saved)
+    second.open(OperatorContext("redis-1"))
+    tail: list = []
+    deadline = time.monotonic() + WAIT
+    while len(head) + len(tail) < 300 and time.monotonic() < deadline:
+        tail += second.read(64)
+    second.close()
+    assert sorted(t["n"] for t in head + tail) == list(range(300))
+
+
+def test_unreachable_server_fails_naming_the_url(cluster):
+    app = Application("redis-unreachable")
+    app.source("redis", stream="x", url="redis://127.0.0.1:1/0", connect_timeout="2s").sink("discard")
+    fails_fast(app, cluster, "redis://127.0.0.1:1/0")
+
+
+def test_an_entry_that_does_not_decode_is_dead_lettered_with_its_id(redis_url, client, cluster):
+    fill(client, "bad-in", range(5))
+    bad_id = client.xadd("bad-in", {"data": b"{not json"}).decode()
+    fill(client, "bad-in", range(5, 10))
+    app = Application("redis-bad")
+    app.source("redis", stream="bad-in", url=redis_url).sink("redis", stream="bad-out", url=redis_url)
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        out = output(client, "bad-out", 10)
+        until(lambda: dep.dead_letters(), WAIT, "the dead letter")
+        dead = dep.dead_letters()
+        dep.stop()
+    assert sorted(r["n"] for r in out) == list(range(10))
+    assert len(dead) == 1 and dead[0]["item"]["id"] == bad_id and dead[0]["item"]["stream"] == "bad-in"

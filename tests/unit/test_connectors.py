@@ -1,0 +1,105 @@
+"""The broker connectors' pure parts: per-partition watermarks, value formats, and how a
+partitioned source's positions are spread over copies and gathered (no broker; the same
+paths run against real brokers in tests/integration/test_kafka.py and test_redis.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pescheduler import Application, Release, Replicate
+from pescheduler.control.reconfigure import keyed_rebalanced, redistribute
+from pescheduler.operator import MIN_WATERMARK, Share
+from pescheduler.operators.kafka import KafkaSource
+from pescheduler.operators.partitions import PartitionClock, decoder, encoder
+from pescheduler.operators.redis_streams import RedisStreamSource
+from pescheduler.plan.compiler import compile_app
+from pescheduler.plan.transforms import transform, with_slots
+from pescheduler.plugins import load_plugins
+
+
+def test_watermark_is_the_least_partition_and_idle_partitions_stop_holding_it():
+    clock = PartitionClock(max_delay=100, idle_timeout_s=0.05)
+    clock.assign([0, 1])
+    clock.seen_max(0, 10_000)
+    assert clock.watermark() is None                       # partition 1 has no data yet
+    clock.seen_max(1, 5_000)
+    assert clock.watermark() == 5_000 - 101
+    time.sleep(0.06)
+    clock.seen_max(0, 12_000)                              # 1 quiet for longer than idle_timeout
+    assert clock.watermark() == 12_000 - 101
+    assert clock.watermark(behind=lambda p: p == 1) == 5_000 - 101   # quiet but with a backlog: not idle
+
+
+def test_share_deals_partitions_round_robin():
+    owned = [[p for p in range(7) if Share(i, 3)(p)] for i in range(3)]
+    assert owned == [[0, 3, 6], [1, 4], [2, 5]]
+
+
+def test_value_formats_round_trip_and_refuse_unknown_names():
+    assert decoder("json")(encoder("json")({"a": 1})) == {"a": 1}
+    assert decoder("bytes")(b"x") == b"x"
+    assert decoder(lambda b: b.upper())(b"x") == b"X"
+    with pytest.raises(ValueError, match="value_format"):
+        decoder("xml")
+
+
+def test_kafka_merge_prefers_the_owner_and_split_keeps_every_offset():
+    src = KafkaSource(topic="t")
+    a = {"positions": {0: 10, 1: 3, 2: 7}, "max_ts": {0: 5}, "share": Share(0, 2)}   # reads 0, 2
+    b = {"positions": {0: 1, 1: 20, 2: 1}, "max_ts": {1: 9}, "share": Share(1, 2)}   # reads 1
+    merged = src.merge_states([a, b])
+    assert merged["positions"] == {0: 10, 1: 20, 2: 7} and merged["max_ts"] == {0: 5, 1: 9}
+    part = src.split_state(merged, Share(1, 3))
+    assert part["positions"] == merged["positions"] and part["share"] == Share(1, 3)
+
+
+def test_redis_merge_prefers_the_stream_owner():
+    src = RedisStreamSource(stream=["a", "b"])
+    one = {"positions": {"a": "5-0", "b": "0-0"}, "max_ts": {}, "share": Share(0, 2)}
+    two = {"positions": {"a": "0-0", "b": "9-1"}, "max_ts": {}, "share": Share(1, 2)}
+    assert src.merge_states([one, two])["positions"] == {"a": "5-0", "b": "9-1"}
+
+
+def test_start_and_event_time_arguments():
+    assert KafkaSource(topic="t", event_time="when").ts_field == "when"
+    assert KafkaSource(topic="t", event_time=None).ts_field is None
+    assert KafkaSource(topic="t").ts_field == "ts"            # the record timestamp goes to ts
+    assert KafkaSource(topic="t", start={"1": "5"}).start == {1: 5}
+    with pytest.raises(ValueError, match="start"):
+        KafkaSource(topic="t", start="yesterday")
+
+
+WORKERS = ["tcp://a", "tcp://b", "tcp://c"]
+
+
+@pytest.fixture
+def placement():
+    app = Application("spread")
+    app.source("kafka", topic="t").map(lambda t: t).sink("discard")
+    return with_slots(compile_app(app, load_plugins([]), WORKERS, {w: w for w in WORKERS}), 1)
+
+
+def test_replicating_a_partitioned_source_replaces_every_instance_and_deals_its_partitions(placement):
+    new = transform(placement, Replicate("kafka-1", 2))
+    assert new.instances("kafka-1") == ["kafka-1", "kafka-1#1", "kafka-1#2"]
+    assert keyed_rebalanced(placement, new) == {placement.pe_of("kafka-1")}     # the original is replaced
+    saved = {"kafka-1": {"state": {"positions": {0: 4, 1: 8, 2: 1}, "max_ts": {}, "share": Share()},
+                         "progress": ({}, MIN_WATERMARK, set(), False), "driver": {"count": 13}}}
+    states = redistribute(placement, new, saved)
+    assert [states[i]["state"]["share"] for i in new.instances("kafka-1")] == [Share(0, 3), Share(1, 3), Share(2, 3)]
+    assert all(states[i]["state"]["positions"] == {0: 4, 1: 8, 2: 1} for i in new.instances("kafka-1"))
+    assert states["kafka-1"]["driver"] == {"count": 13} and states["kafka-1#1"]["driver"] is None
+
+
+def test_releasing_gathers_the_partitions_on_the_remaining_instances(placement):
+    two = transform(placement, Replicate("kafka-1", 1))
+    one = transform(two, Release("kafka-1", 1))
+    saved = {"kafka-1": {"state": {"positions": {0: 4, 1: 2}, "max_ts": {}, "share": Share(0, 2)},
+                         "progress": ({}, MIN_WATERMARK, set(), False), "driver": None},
+             "kafka-1#1": {"state": {"positions": {0: 0, 1: 9}, "max_ts": {}, "share": Share(1, 2)},
+                           "progress": ({}, MIN_WATERMARK, set(), False), "driver": None}}
+    states = redistribute(two, one, saved)
+    assert "kafka-1#1" not in states
+    assert states["kafka-1"]["state"] == {"positions": {0: 4, 1: 9}, "max_ts": {}, "share": Share(0, 1)}
