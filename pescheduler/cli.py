@@ -16,6 +16,7 @@ before any worker starts (the message names the fix; no traceback), 130 on Ctrl-
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import signal
 import sys

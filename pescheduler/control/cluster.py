@@ -52,7 +52,7 @@ def worker_process(scheduler: str, name: str, log_dir: str, tls: list[str] = ())
     LocalCluster); its log lines (stderr) go to ``log_dir/name.log``.
     """
     cmd = [sys.executable, "-m", "distributed.cli.dask_worker", scheduler, "--nthreads", "1", "--no-nanny",
-           "--no-dashboard", "--host", HOST, "--name", name, "--death-timeout", str(DEATH_TIMEOUT_S), *tls]
+           "--no-dashboard", "--dashboard-address", f"{HOST}:0", "--host", HOST, "--name", name, "--death-timeout", str(DEATH_TIMEOUT_S), *tls]
     log_path = os.path.join(log_dir, f"{name}.log")
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(cmd, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,

@@ -52,6 +52,12 @@ def _same_imports() -> dict:
     return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
 
+def _listen_where(scheduler_address: str) -> list[str]:
+    """A scheduler on loopback (the embedded cluster) keeps its hosts' workers on loopback too."""
+    host = scheduler_address.split("://", 1)[-1].rsplit(":", 1)[0]
+    return ["--host", host, "--dashboard-address", f"{host}:0"] if host.startswith("127.") else []
+
+
 def load_schedule(demand) -> list[dict]:
     """A demand schedule from a list, or a ``.yaml``/``.yml``/``.json`` file, sorted by time."""
     if isinstance(demand, str):
@@ -141,7 +147,8 @@ class LocalResourceManager:
         names = [f"{host_id}-w{i}" for i in range(self.workers_per_host)]
         procs = [processes.start(name, [sys.executable, "-m", "distributed.cli.dask_worker",
                                         self.scheduler_address, "--nthreads", "1", "--no-nanny",
-                                        "--no-dashboard", "--name", name, "--death-timeout", "30"],
+                                        "--no-dashboard", "--name", name, "--death-timeout", "30",
+                                        *_listen_where(self.scheduler_address)],
                                  env=_same_imports())
                  for name in names]
         self.held[host_id] = _Held(Host(host_id), procs)         # reserved while it starts

@@ -124,7 +124,7 @@ def test_a_killed_scheduler_ends_the_run_within_5_s_as_a_lost_scheduler(tmp_path
 def test_sigterm_drains_like_ctrl_c(tmp_path):
     out = tmp_path / "counts.jsonl"
     (tmp_path / "app.py").write_text(APP.format(out=str(out)))
-    env = {**os.environ, "PESCHEDULER__STATE_FILE": str(tmp_path / "state.json")}
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
     deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
                                "--workers", "2", "--json", "--policy", "none"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -281,10 +281,11 @@ def test_the_cli_tls_flags_run_deploy_status_and_stop_over_tls(tmp_path):
 
     from waiting import until
 
-    out, state = tmp_path / "counts.jsonl", tmp_path / "state.json"
+    out, states = tmp_path / "counts.jsonl", tmp_path / "state"
     (tmp_path / "app.py").write_text(CLI_APP.format(out=str(out)))
     tls = certificate_files(tmp_path)
-    env = {**os.environ, "PESCHEDULER__STATE_FILE": str(state)}
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(states)}
+    state = states / "tls-cli.json"                  # one state file per deployment, named after it
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "pescheduler", *args], capture_output=True, text=True,
@@ -292,7 +293,7 @@ def test_the_cli_tls_flags_run_deploy_status_and_stop_over_tls(tmp_path):
 
     log = open(tmp_path / "deploy.log", "w")          # a file, not a pipe nobody reads: it would fill and block
     deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
-                               "--workers", "2", "--rm", "none", "--policy", "none", *tls],
+                               "--workers", "2", "--rm", "none", "--policy", "none", "--name", "tls-cli", *tls],
                               stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         until(lambda: state.exists() or deploy.poll() is not None, BOUND * 2, "the deployment's state file")
