@@ -1,15 +1,15 @@
 """Metrics: what PE hosts report, turned into the immutable snapshot policies receive.
 
-PE hosts report cumulative counters (tuples, busy CPU seconds in operator code,
+PE hosts report cumulative counters (tuples, busy seconds in operator code,
 seconds blocked on downstream credit, seconds idle waiting for input) plus
 psutil figures for their worker process and host. :class:`Monitor` keeps the previous
 report per PE and turns differences into per-second rates and fractions of
 wall time, as Flink's busy/backPressured/idle ms-per-second: ``busy +
 backpressure + idle`` is about 1, the rest being framework time (decoding,
-routing) and, on a contended core, time waiting for the CPU. Busy is CPU time
-(``time.thread_time`` of the thread running the operator), so
-``tuples_in_per_s / busy`` is the true rate per CPU second (DS2) however many
-processes share the core; whether more CPU is there to be had is the host's
+routing) and, on a contended core, time waiting for a CPU. Busy excludes that
+wait (``worker/busy.py``: wall time minus the thread's run-queue wait; blocking
+calls count), so ``tuples_in_per_s / busy`` is the true processing rate (DS2)
+however many processes share the core; whether more CPU is there to be had is the host's
 ``cpu`` (:meth:`MetricsSnapshot.saturated`). A late or lost report costs
 precision, never correctness.
 
@@ -36,7 +36,7 @@ class OperatorMetrics:
     pe: str
     tuples_in_per_s: float = 0.0
     tuples_out_per_s: float = 0.0
-    busy: float = 0.0                # CPU seconds per second in this operator's code (cores)
+    busy: float = 0.0                # seconds per second in this operator's code, CPU waits excluded
     tuples_in: int = 0
     tuples_out: int = 0
     dead_letters: int = 0

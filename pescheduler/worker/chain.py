@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from time import thread_time as busy_clock   # busy is CPU time: see OperatorStats
+from .busy import busy_clock
 from typing import Any, Callable, Iterable, Protocol
 
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, Parallelism, overrides
@@ -50,10 +50,9 @@ class Output(Protocol):
 class OperatorStats:
     """Counters the monitor reads; updated once per batch, never per tuple.
 
-    ``busy_s`` is CPU time of the thread running the operator (``time.thread_time``), not wall
-    time: on a core shared with other work, wall time grows as the PE's share shrinks, and a
-    rate per busy second would fall with contention. Per CPU second it is the operator's true
-    processing rate (DS2), whatever else runs on the core."""
+    ``busy_s`` is on :func:`~pescheduler.worker.busy.busy_clock`: the operator's time minus the
+    time its thread waited for a CPU, so a rate per busy second is its true processing rate
+    (DS2) whatever else shares the core."""
 
     tuples_in: int = 0
     tuples_out: int = 0

@@ -17,7 +17,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING
 
 from ..operator import MIN_WATERMARK, Source
-from .chain import busy_clock
+from .busy import busy_clock
 
 if TYPE_CHECKING:
     from .chain import Chain
@@ -124,7 +124,7 @@ def pump(driver: SourceDriver, chain: "Chain") -> int | None:
     batch = driver.read()
     node = chain.nodes.get(driver.op_id)
     if node is not None:
-        node.stats.busy_s += busy_clock() - t0          # source code is busy (CPU) time
+        node.stats.busy_s += busy_clock() - t0          # source code is busy time
     if driver.rejected:
         chain.reject(driver.op_id, driver.take_rejected())
     if batch is None:

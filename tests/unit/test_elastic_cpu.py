@@ -1,4 +1,4 @@
-"""Elasticity that tells the truth (issue 15, items 1 and 2): busy is CPU time, a copy onto a host
+"""Elasticity that tells the truth (issue 15, items 1 and 2): busy excludes waiting for a CPU, a copy onto a host
 with no more CPU is refused with that reason, and the ``local`` manager lends only the cores here."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_local_lends_only_the_cores_left_by_the_workers_here_unless_oversubscrib
     assert demo.lendable() == 3 and demo.host_budget()["oversubscribe"] is True
 
 
-# -- busy is CPU time ----------------------------------------------------------------------------
+# -- busy excludes the wait for a CPU ----------------------------------------------------------------------------
 
 class Spin(Operator):
     """Burns CPU for ``seconds`` of its own thread's CPU time per batch."""
@@ -80,7 +80,7 @@ class Spin(Operator):
             pass
 
 
-def test_busy_is_the_pe_threads_cpu_time_not_wall_time_on_a_shared_core():
+def test_busy_on_a_shared_core_is_the_cpu_the_pe_got_not_the_wall_time_it_waited():
     """The PE's thread and a spinning process pinned to one core: busy is the PE's CPU share."""
     core = min(os.sched_getaffinity(0))
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -136,3 +136,20 @@ def test_a_replicate_onto_a_saturated_host_is_refused_with_that_reason():
     assert [(d.outcome, d.detail) for d in made] == [("refused", why)] and asked == []
     assert [d.outcome for d in asyncio.run(ctl.tick(snapshot(0.4), PL))] == ["applied"]   # CPU to spare
     assert [repr(a) for a in asked] == ["Replicate('op2', 1)"]
+
+
+class Sleep(Operator):
+    """Blocks 50 ms per batch, as a call to a slow service would."""
+
+    name = "sleep"
+
+    def process(self, batch, emit) -> None:
+        time.sleep(0.05)
+
+
+def test_an_operator_that_blocks_is_busy_while_it_blocks():
+    """Copies of a blocking operator help, so its blocked time counts (CPU time alone would not)."""
+    chain = Chain({"sleep": Sleep()}, [("src", "out", "sleep")])
+    for _ in range(4):
+        chain.emit_from("src", [{"x": 1}])
+    assert 0.19 < chain.nodes["sleep"].stats.busy_s < 1.0
