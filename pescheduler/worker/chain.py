@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from .busy import busy_clock
 from typing import Any, Callable, Iterable, Protocol
 
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, Parallelism, overrides
 from ..plan.routing import Router
+from .busy import busy_clock
 
 
 
@@ -285,13 +285,13 @@ class Chain:
                 self._push(head, batch)
                 return
             batch = rows(batch)
-        t0 = perf_counter()
+        t0 = busy_clock()
         try:
             out, drops = run.fn(batch)
         except Exception:
             self._push(head, batch)
             return
-        share = (perf_counter() - t0) / len(run.nodes)
+        share = (busy_clock() - t0) / len(run.nodes)
         dropped = [0] * len(run.nodes)
         for i, d in zip(run.step_node, drops):
             dropped[i] += d
