@@ -72,7 +72,7 @@ def test_default_policies_copy_on_a_rate_rise_release_on_the_fall_and_the_output
                 "pescheduler.policies.decision-log": str(log),
                 # the policies' sizing is tested here, not the saturated-host refusal (test_elastic_cpu):
                 # on a machine shared with other work the host is rightly "out of CPU"
-                "pescheduler.policies.saturated-cpu": None}
+                "pescheduler.policies.saturated-cpu": 1}
     with dask.config.set(settings), pescheduler.deploy(stepped_app(out), cluster=cluster) as dep:
         assert list(dep.controller.policies) == ["rate", "copy"]             # the defaults
         status = dep.wait(timeout=WAIT)

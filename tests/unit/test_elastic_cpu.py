@@ -107,8 +107,9 @@ def test_busy_on_a_shared_core_is_the_cpu_the_pe_got_not_the_wall_time_it_waited
         spinner.kill()
         spinner.wait(10)
     busy, wall = result["busy"], result["wall"]
-    assert busy == pytest.approx(0.8, abs=0.05)            # the CPU the operator was given ...
-    assert busy <= result["proc_cpu"] + 0.02               # ... which the kernel counts for its thread ...
+    cpu = result["proc_cpu"]                              # the kernel's count for the PE's thread
+    assert cpu == pytest.approx(0.8, abs=0.05)
+    assert busy >= 0.78 and busy - cpu < 0.25 * (wall - cpu), (busy, cpu, wall)   # the CPU it got ...
     assert busy < 0.75 * wall, (busy, wall)                # ... not the wall time it waited for its share
 
 
@@ -123,7 +124,7 @@ def test_a_replicate_onto_a_saturated_host_is_refused_with_that_reason():
     assert onto_saturated(Replicate("op2"), PL, snapshot(0.5), 0.9) == ""
     why = onto_saturated(Replicate("op2"), PL, snapshot(0.97), 0.9)
     assert why == "host 'h0' has no more CPU: 97% of its cores in use (above 90%); a copy of 'op2' there would only share it"
-    assert onto_saturated(Replicate("op2"), PL, snapshot(0.97), None) == ""     # saturated-cpu: null
+    assert onto_saturated(Replicate("op2"), PL, snapshot(1.0), 1) == ""        # saturated-cpu: 1, never
     asked = []
 
     async def apply(action):
