@@ -131,6 +131,7 @@ class SparkDemand:
 def rounds(rm: str, n: int, rate: float) -> dict:
     demand = LocalDemand() if rm == "local" else SparkDemand()
     settings = {"pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": demand,
+                "pescheduler.rm.local.oversubscribe": True,       # a host beyond the cores here: a demo
                 "pescheduler.rm.spark": {"workers": 1, "max-executors": 1, "executor-idle-timeout": "30s",
                                          "return-within": f"{RETURN_WITHIN_S}s"},
                 "pescheduler.monitor.interval": "200ms", "pescheduler.policies.default": []}

@@ -25,6 +25,12 @@ policy over it is skipped that round and quarantined after
 ``pescheduler.policies.deadline-strikes`` rounds in a row (``isolation.py``). Each action is
 validated on return (:func:`invalid`: field types, targets that exist): an
 invalid one is *refused* with its reason, the policy's other actions go on.
+A ``Replicate`` whose copies would land on a host with no more CPU
+(:func:`onto_saturated`, ``pescheduler.policies.saturated-cpu``) is refused
+with that reason too: a copy there only shares the cores the original
+already lacks. The check lives here, not in the pure transform, because the
+placement carries no metrics and this is where every action meets the
+snapshot, so no policy has to remember it.
 
 A policy that raises, or returns anything but a list of actions, is
 *quarantined*: never called again in this deployment, with the reason
@@ -46,10 +52,11 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from .. import config
-from ..actions import (Action, BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split)
+from ..actions import (Action, ActionRefused, BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split)
 from .isolation import Deadlines
 from ..errors import InvalidApplication
 from .monitor import MetricsSnapshot
+from ..plan import transforms
 from ..plan.placement import Placement
 from .resources import ResourceView
 
@@ -297,6 +304,23 @@ def policy_configs(names: Iterable[str]) -> dict[str, dict]:
 
 # -- the thin loop ------------------------------------------------------------------------------
 
+def onto_saturated(action: Action, placement: Placement, snapshot: MetricsSnapshot, limit: float | None) -> str:
+    """Why ``action`` would copy an operator onto a host with no more CPU, or "" (not a
+    ``Replicate``, no limit, or every landing host has CPU to spare). The copies land where
+    the pure transform puts them; one it refuses is left for apply to refuse with its reason."""
+    if not isinstance(action, Replicate) or limit is None:
+        return ""
+    try:
+        after = transforms.replicate(placement, action)
+    except ActionRefused:
+        return ""
+    for pe_id in after.pes.keys() - placement.pes.keys():
+        why = snapshot.saturated(after.pes[pe_id].host, limit)
+        if why:
+            return f"{why}; a copy of {action.operator!r} there would only share it"
+    return ""
+
+
 class Controller:
     """Runs the selected policies on each snapshot and applies what survives merge and cooldown.
 
@@ -309,8 +333,10 @@ class Controller:
                  configs: Mapping[str, Mapping] | None = None, cooldown_s: float = 5.0,
                  resources: Callable[[], ResourceView] = ResourceView, log_path: str | None = None,
                  on_decision: Callable[[Decision], None] = lambda d: None, deployment: str = "",
-                 keep: int = 1000, deadline_s: float | None = None, strikes: int | None = None) -> None:
+                 keep: int = 1000, deadline_s: float | None = None, strikes: int | None = None,
+                 saturated_cpu: float | None = None) -> None:
         self.policies = dict(policies)
+        self.saturated_cpu = config.get("policies.saturated-cpu") if saturated_cpu is None else saturated_cpu
         self.deadlines = Deadlines(config.get_seconds("policies.deadline") if deadline_s is None else deadline_s,
                                    int(config.get("policies.deadline-strikes")) if strikes is None else strikes)
         self.hysteresis = Hysteresis()
@@ -331,6 +357,9 @@ class Controller:
         proposals, made = await self._decide(snapshot, placement, self.resources())
         checked = [(p, invalid(p.action, placement)) for p in proposals]
         made += [Decision(snapshot.time, p.policy, "refused", p.action, f"invalid: {why}") for p, why in checked if why]
+        checked = [(p, onto_saturated(p.action, placement, snapshot, self.saturated_cpu))
+                   for p, why in checked if not why]
+        made += [Decision(snapshot.time, p.policy, "refused", p.action, why) for p, why in checked if why]
         ready = self.hysteresis.admit([p for p, why in checked if not why], snapshot.time)
         kept, lost = merge(ready, placement)
         made += [Decision(snapshot.time, p.policy, "overruled", p.action,

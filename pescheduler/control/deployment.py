@@ -171,7 +171,7 @@ class Deployment:
     def status(self) -> dict:
         """The status dict shown by the live view and ``python -m pescheduler status``."""
         return {"id": self.id, **status_view(self.app.name, self.state, self.monitor.latest, self.placement(),
-                                             self.dead.count)}
+                                             self.dead.count, self.hosts.view())}
 
     def snapshot(self) -> MetricsSnapshot:
         """The last monitor window: the immutable snapshot policies receive."""

@@ -137,7 +137,8 @@ class HostManager:
         return ResourceView(held=held, borrowed=tuple(self.borrowed),
                             lendable=self.rm.lendable() if self.rm else 0,
                             pending_returns=tuple(self.returns.values()),
-                            manager=self.rm_name or "none")
+                            manager=self.rm_name or "none",
+                            budget=getattr(self.rm, "host_budget", dict)() if self.rm else {})
 
     # -- actions ----------------------------------------------------------------------------
     async def apply(self, action, timeout: float) -> ApplyRecord:

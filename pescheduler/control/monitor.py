@@ -2,11 +2,16 @@
 
 PE hosts report cumulative counters (tuples, busy seconds in operator code,
 seconds blocked on downstream credit, seconds idle waiting for input) plus
-psutil figures for their worker process. :class:`Monitor` keeps the previous
+psutil figures for their worker process and host. :class:`Monitor` keeps the previous
 report per PE and turns differences into per-second rates and fractions of
 wall time, as Flink's busy/backPressured/idle ms-per-second: ``busy +
 backpressure + idle`` is about 1, the rest being framework time (decoding,
-routing). A late or lost report costs precision, never correctness.
+routing) and, on a contended core, time waiting for a CPU. Busy excludes that
+wait (``worker/busy.py``: wall time minus the thread's run-queue wait; blocking
+calls count), so ``tuples_in_per_s / busy`` is the true processing rate (DS2)
+however many processes share the core; whether more CPU is there to be had is the host's
+``cpu`` (:meth:`MetricsSnapshot.saturated`). A late or lost report costs
+precision, never correctness.
 
 Sampling costs one RPC per worker per interval and a few counters per batch
 (never per tuple).
@@ -31,7 +36,7 @@ class OperatorMetrics:
     pe: str
     tuples_in_per_s: float = 0.0
     tuples_out_per_s: float = 0.0
-    busy: float = 0.0                # fraction of wall time in this operator's code
+    busy: float = 0.0                # seconds per second in this operator's code, CPU waits excluded
     tuples_in: int = 0
     tuples_out: int = 0
     dead_letters: int = 0
@@ -91,6 +96,14 @@ class MetricsSnapshot:
     pes: Mapping[str, PEMetrics] = field(default_factory=dict)
     workers: Mapping[str, WorkerMetrics] = field(default_factory=dict)
     hosts: Mapping[str, HostMetrics] = field(default_factory=dict)
+
+    def saturated(self, host: str, limit: float | None) -> str | None:
+        """Why ``host`` has no more CPU to give (its CPU use, all cores, above ``limit``), or None:
+        a busy PE there needs more CPU, but a copy on that host would only share what it has."""
+        h = self.hosts.get(host)
+        if limit is None or h is None or h.cpu <= limit:
+            return None
+        return f"host {host!r} has no more CPU: {h.cpu:.0%} of its cores in use (above {limit:.0%})"
 
     @property
     def dead_letters(self) -> int:

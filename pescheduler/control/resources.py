@@ -14,7 +14,7 @@ workers join, and its ``pescheduler.rm.<name>`` settings (a dict).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol, runtime_checkable
+from typing import Any, Awaitable, Callable, Mapping, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,9 @@ class ResourceView:
     ``borrowed``: those of them that were borrowed and may be returned;
     ``lendable``: how many more hosts a ``BorrowHosts`` could get now (an
     estimate: the manager may still grant fewer); ``pending_returns``: hosts
-    the manager wants back, with deadlines.
+    the manager wants back, with deadlines; ``budget``: what bounds the
+    lending, from the manager's optional ``host_budget()`` (the ``local``
+    manager: the cores here and who uses them).
     """
 
     held: tuple[str, ...] = ()
@@ -76,6 +78,7 @@ class ResourceView:
     lendable: int = 0
     pending_returns: tuple[ReturnRequest, ...] = ()
     manager: str = "none"
+    budget: Mapping[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict
 
 from .monitor import MetricsSnapshot
+from .resources import ResourceView
 from ..plan.placement import Placement
 from .state import DeploymentState
 
@@ -20,8 +21,9 @@ _NO_FIGURES = {"tuples_in_per_s": 0.0, "tuples_out_per_s": 0.0, "busy": 0.0, "ba
 
 
 def status_view(app_name: str, state: DeploymentState, snap: MetricsSnapshot | None,
-                placement: Placement | None, dead_letters: int) -> dict:
-    """The status dict; ``dead_letters`` is the count received (every one, kept or not)."""
+                placement: Placement | None, dead_letters: int, resources: ResourceView | None = None) -> dict:
+    """The status dict; ``dead_letters`` is the count received (every one, kept or not);
+    ``resources``: what the resource manager holds and lends, and the budget bounding it."""
     snap = snap or MetricsSnapshot(time.monotonic(), 0.0)
     pes = []
     for pe_id, pe in (placement.pes.items() if placement else ()):
@@ -41,5 +43,6 @@ def status_view(app_name: str, state: DeploymentState, snap: MetricsSnapshot | N
         "dead_letters": dead_letters, "late_events": snap.late_events,
         "slots": [{"slot": s, "worker": slot.worker, "host": slot.host, "copies": list(slot.copies)}
                   for s, slot in (placement.slots.items() if placement else ())],
+        "resources": asdict(resources or ResourceView()),
         "events": list(state.events),
     }

@@ -15,6 +15,14 @@ borrowing and returning runs on one machine:
 A wanted host is not lent until it is freed. With ``reclaim-after`` set, a
 wanted host still held that long after its deadline is taken back by force
 (its workers stopped) and reported lost, as a real cluster manager would.
+
+It lends only what the machine has: the hosts it lends hold no more worker
+processes than the cores left over by the workers already running here
+(:func:`core_budget`: the CPUs this process may run on, lowered by a cgroup v2
+CPU quota), so a borrowed "host" is never just more processes on busy cores.
+``oversubscribe: true`` lifts that cap, for demos of borrowing on a small
+machine; :meth:`LocalResourceManager.host_budget` says which applies (``status``
+shows it under ``resources``).
 """
 
 from __future__ import annotations
@@ -23,11 +31,15 @@ import asyncio
 import inspect
 import json
 import logging
+import math
+import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+import psutil
 import yaml
 from dask.utils import parse_timedelta
 
@@ -58,6 +70,37 @@ def _listen_where(scheduler_address: str) -> list[str]:
     return ["--host", host, "--dashboard-address", f"{host}:0"] if host.startswith("127.") else []
 
 
+CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def core_budget(cpu_max: str = CPU_MAX) -> tuple[int, str]:
+    """Whole cores this process may use, and where the figure comes from.
+
+    The CPUs of its affinity mask (``os.sched_getaffinity``: taskset, cpusets),
+    lowered by a cgroup v2 quota (``cpu.max`` holds ``"quota period"``, or
+    ``"max period"`` for none) rounded down, never below one core.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    source = f"{cores} CPUs in the affinity mask"
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return cores, source
+    if quota != "max" and float(period) > 0:
+        allowed = max(1, math.floor(float(quota) / float(period)))
+        if allowed < cores:
+            return allowed, f"cgroup quota {quota}/{period} in {cpu_max}"
+    return cores, source
+
+
+def _here(address: str) -> bool:
+    """Whether a worker address is on this machine (loopback, or one of its own addresses)."""
+    host = address.rsplit("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    own = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return host.startswith("127.") or host in {"::1", "localhost", socket.gethostname()} | own
+
+
 def load_schedule(demand) -> list[dict]:
     """A demand schedule from a list, or a ``.yaml``/``.yml``/``.json`` file, sorted by time."""
     if isinstance(demand, str):
@@ -83,6 +126,9 @@ class LocalResourceManager:
         self.workers_per_host = int(s["workers-per-host"])
         self.start_timeout = parse_timedelta(s["start-timeout"], default="seconds")
         self.reclaim_after = s["reclaim-after"]
+        self.oversubscribe = bool(s["oversubscribe"])
+        self.cores, self.cores_from = core_budget()
+        self.workers_here = 0                    # workers on this machine not started by us (at start)
         self.demand = s["demand"]
         self.ids = [f"local-{i}" for i in range(1, self.budget + 1)]
         self.held: dict[str, _Held] = {}
@@ -102,6 +148,8 @@ class LocalResourceManager:
                                         set_as_default=False)
         except OSError as exc:
             raise ResourceManagerUnavailable(f"local: cannot reach the scheduler {self.scheduler_address}: {exc}")
+        info = self._client.scheduler_info()
+        self.workers_here = sum(1 for addr in info.get("workers", {}) if _here(addr))
         self.t0 = time.monotonic()
         if callable(self.demand):
             self._tasks.append(asyncio.create_task(self._run_callable(self.demand)))
@@ -109,10 +157,26 @@ class LocalResourceManager:
             self._tasks.append(asyncio.create_task(self._run_schedule(load_schedule(self.demand))))
 
     def lendable(self) -> int:
-        return sum(1 for h in self.ids if h not in self.held and h not in self.wanted)
+        return len(self._free())
+
+    def _free(self) -> list[str]:
+        """Hosts that may be lent now: not held, not wanted, and (unless oversubscribing)
+        within the cores the workers already here leave."""
+        free = [h for h in self.ids if h not in self.held and h not in self.wanted]
+        if self.oversubscribe:
+            return free
+        spare = self.cores - self.workers_here - self.workers_per_host * len(self.held)
+        return free[:max(0, spare // self.workers_per_host)]
+
+    def host_budget(self) -> dict:
+        """The host budget as ``status`` shows it: cores here, where that figure comes from,
+        worker processes using them, and how many hosts may still be lent."""
+        return {"cores": self.cores, "cores_from": self.cores_from, "workers_here": self.workers_here,
+                "workers_lent": self.workers_per_host * len(self.held), "workers_per_host": self.workers_per_host,
+                "hosts": self.budget, "lendable": self.lendable(), "oversubscribe": self.oversubscribe}
 
     async def request_hosts(self, n: int) -> list[Host]:
-        free = [h for h in self.ids if h not in self.held and h not in self.wanted][:max(0, n)]
+        free = self._free()[:max(0, n)]
         started = await asyncio.gather(*(self._start_host(h) for h in free))
         return [h for h in started if h is not None]
 

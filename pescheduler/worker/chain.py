@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from time import perf_counter
 from typing import Any, Callable, Iterable, Protocol
 
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, Parallelism, overrides
 from ..plan.routing import Router
+from .busy import busy_clock
 
 
 
@@ -48,7 +48,11 @@ class Output(Protocol):
 
 @dataclass
 class OperatorStats:
-    """Counters the monitor reads; updated once per batch, never per tuple."""
+    """Counters the monitor reads; updated once per batch, never per tuple.
+
+    ``busy_s`` is on :func:`~pescheduler.worker.busy.busy_clock`: the operator's time minus the
+    time its thread waited for a CPU, so a rate per busy second is its true processing rate
+    (DS2) whatever else shares the core."""
 
     tuples_in: int = 0
     tuples_out: int = 0
@@ -281,13 +285,13 @@ class Chain:
                 self._push(head, batch)
                 return
             batch = rows(batch)
-        t0 = perf_counter()
+        t0 = busy_clock()
         try:
             out, drops = run.fn(batch)
         except Exception:
             self._push(head, batch)
             return
-        share = (perf_counter() - t0) / len(run.nodes)
+        share = (busy_clock() - t0) / len(run.nodes)
         dropped = [0] * len(run.nodes)
         for i, d in zip(run.step_node, drops):
             dropped[i] += d
@@ -309,13 +313,13 @@ class Chain:
         if not node.columnar and not isinstance(batch, list):
             batch = rows(batch)
         emit = Emitter()
-        t0 = perf_counter()
+        t0 = busy_clock()
         try:
             (process or node.process)(batch, emit)
         except Exception as exc:
             emit = self._isolate(node, batch, exc, process or node.process)
         stats = node.stats
-        stats.busy_s += perf_counter() - t0
+        stats.busy_s += busy_clock() - t0
         stats.tuples_in += len(batch)
         stats.batches_in += 1
         if emit.sides is not None or emit.dead is not None:
@@ -467,12 +471,12 @@ class Chain:
         the PE with its traceback (``CallbackError`` names the operator).
         """
         emit = Emitter()
-        t0 = perf_counter()
+        t0 = busy_clock()
         try:
             method(*args, emit)
         except Exception as exc:
             raise CallbackError(f"{node.op_id}.{method.__name__} raised {type(exc).__name__}: {exc}") from exc
-        node.stats.busy_s += perf_counter() - t0
+        node.stats.busy_s += busy_clock() - t0
         if emit.sides is not None or emit.dead is not None:
             self._route_rare(node, emit)
         if emit.batches is not None:

@@ -17,6 +17,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING
 
 from ..operator import MIN_WATERMARK, Source
+from .busy import busy_clock
 
 if TYPE_CHECKING:
     from .chain import Chain
@@ -119,11 +120,11 @@ def pump(driver: SourceDriver, chain: "Chain") -> int | None:
     emitted, the watermark advanced. Returns the tuples emitted (0: nothing ready now), or
     None when the source ended (the chain has been told). The read counts as the source's
     busy time."""
-    t0 = perf_counter()
+    t0 = busy_clock()
     batch = driver.read()
     node = chain.nodes.get(driver.op_id)
     if node is not None:
-        node.stats.busy_s += perf_counter() - t0        # source code is busy time
+        node.stats.busy_s += busy_clock() - t0          # source code is busy time
     if driver.rejected:
         chain.reject(driver.op_id, driver.take_rejected())
     if batch is None:

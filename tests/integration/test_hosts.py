@@ -21,6 +21,7 @@ from waiting import until
 pytestmark = pytest.mark.integration
 
 WAIT = 120          # seconds: a bound on every wait
+DEMO = {"pescheduler.rm.local.oversubscribe": True}   # hosts beyond this 2-core machine's cores: a demo
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +60,7 @@ def test_a_host_asked_back_by_the_schedule_is_returned_before_its_deadline(tmp_p
     schedule = tmp_path / "demand.yaml"
     schedule.write_text("- {at: 6, want: 1, within: 10}   # host local-1 back within 10 s\n")
     out, count = tmp_path / "out.jsonl", 30_000
-    with dask.config.set({"pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": str(schedule)}):
+    with dask.config.set({**DEMO, "pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": str(schedule)}):
         with pescheduler.deploy(numbers_app(out, count, rate=2_500), workers=2, rm="local",
                                 plugins=["support_ops"], policies=[]) as dep:
             assert dep.apply(BorrowHosts(1, reason="test"), timeout=WAIT).applied
@@ -83,7 +84,7 @@ def test_a_host_asked_back_by_the_schedule_is_returned_before_its_deadline(tmp_p
 def test_a_host_freed_by_the_schedule_is_borrowed_and_processes_tuples(tmp_path):
     demand = [{"at": 0, "want": 1, "within": 5}, {"at": 3, "free": 1}]
     out, count = tmp_path / "out.jsonl", 30_000
-    with dask.config.set({"pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": demand}):
+    with dask.config.set({**DEMO, "pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": demand}):
         with pescheduler.deploy(numbers_app(out, count, rate=3_000), workers=2, rm="local",
                                 plugins=["support_ops"], policies=[]) as dep:
             refused = dep.apply(BorrowHosts(1))
@@ -159,7 +160,7 @@ def kill_host(host):
 
 def test_a_lost_host_is_a_clear_error_failing_the_app_only_if_its_pes_ran_there(tmp_path):
     out, count = tmp_path / "out.jsonl", 20_000
-    with dask.config.set({"pescheduler.rm.local.hosts": 2}):
+    with dask.config.set({**DEMO, "pescheduler.rm.local.hosts": 2}):
         with pescheduler.deploy(numbers_app(out, count, rate=2_500), workers=2, rm="local",
                                 plugins=["support_ops"]) as dep:
             assert dep.apply(BorrowHosts(2), timeout=WAIT).applied

@@ -1,0 +1,156 @@
+"""Elasticity that tells the truth (issue 15, items 1 and 2): busy excludes waiting for a CPU, a copy onto a host
+with no more CPU is refused with that reason, and the ``local`` manager lends only the cores here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from types import MappingProxyType
+
+import psutil
+import pytest
+
+from pescheduler.actions import Replicate
+from pescheduler.control.controller import Controller, onto_saturated
+from pescheduler.control.monitor import HostMetrics, MetricsSnapshot
+from pescheduler.control.reconfigure import ApplyRecord
+from pescheduler.operator import Operator
+from pescheduler.resource_managers import local
+from pescheduler.sim import Simulation
+from pescheduler.worker.chain import Chain
+
+PL = Simulation.chain(5).placement          # hosts h0, h1; a copy of op2 lands on h0 (slot-1)
+
+
+# -- the core budget -----------------------------------------------------------------------------
+
+def test_the_core_budget_honours_a_cgroup_quota_and_never_falls_below_one_core(tmp_path):
+    mask = len(os.sched_getaffinity(0))
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("max 100000\n")                    # no quota: the affinity mask decides
+    assert local.core_budget(str(cpu_max)) == (mask, f"{mask} CPUs in the affinity mask")
+    cpu_max.write_text("50000 100000\n")                  # half a core: one whole core, not zero
+    assert local.core_budget(str(cpu_max)) == (1, f"cgroup quota 50000/100000 in {cpu_max}")
+    cpu_max.write_text(f"{(mask + 3) * 100000} 100000\n")   # a quota above the mask: the mask decides
+    assert local.core_budget(str(cpu_max))[0] == mask
+    assert local.core_budget(str(tmp_path / "absent"))[0] == mask    # cgroup v1, or no cgroup fs
+
+
+def test_local_lends_only_the_cores_left_by_the_workers_here_unless_oversubscribing(tmp_path, monkeypatch):
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("400000 100000\n")                 # a 4-core quota
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(local, "CPU_MAX", str(cpu_max))
+    monkeypatch.setattr(local, "core_budget", lambda real=local.core_budget: real(local.CPU_MAX))
+    rm = local.LocalResourceManager("tcp://unused:1", {"hosts": 3})
+    rm.workers_here = 2                                   # the embedded cluster's two workers
+    assert rm.lendable() == 2                             # 4 cores - 2 workers: two 1-worker hosts, not 3
+    budget = rm.host_budget()
+    assert budget["cores"] == 4 and budget["cores_from"] == f"cgroup quota 400000/100000 in {cpu_max}"
+    assert budget["lendable"] == 2 and budget["oversubscribe"] is False
+    rm.held["local-1"] = local._Held(local.Host("local-1"))
+    assert rm.lendable() == 1 and rm.host_budget()["workers_lent"] == 1
+    rm.workers_here = 3
+    assert rm.lendable() == 0                             # the machine is full: nothing to lend
+    two = local.LocalResourceManager("tcp://unused:1", {"hosts": 3, "workers-per-host": 2})
+    two.workers_here = 1
+    assert two.lendable() == 1                            # 3 spare cores hold one 2-worker host
+    demo = local.LocalResourceManager("tcp://unused:1", {"hosts": 3, "oversubscribe": True})
+    demo.workers_here = 4
+    assert demo.lendable() == 3 and demo.host_budget()["oversubscribe"] is True
+
+
+# -- busy excludes the wait for a CPU ----------------------------------------------------------------------------
+
+class Spin(Operator):
+    """Burns CPU for ``seconds`` of its own thread's CPU time per batch."""
+
+    name = "spin"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def process(self, batch, emit) -> None:
+        end = time.thread_time() + self.seconds
+        while time.thread_time() < end:
+            pass
+
+
+def test_busy_on_a_shared_core_is_the_cpu_the_pe_got_not_the_wall_time_it_waited():
+    """The PE's thread and a spinning process pinned to one core: busy is the PE's CPU share."""
+    core = min(os.sched_getaffinity(0))
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(spinner.pid, {core})
+        result: dict = {}
+
+        def pe_thread() -> None:
+            os.sched_setaffinity(0, {core})               # this thread only (Linux: pid 0 = the caller)
+            chain = Chain({"spin": Spin(0.02)}, [("src", "out", "spin")])
+            cpu0, wall0 = time.thread_time(), time.perf_counter()
+            for _ in range(40):                           # 0.8 s of CPU; about twice that in wall time
+                chain.emit_from("src", [{"x": 1}])
+            result.update(busy=chain.nodes["spin"].stats.busy_s, wall=time.perf_counter() - wall0,
+                          cpu=time.thread_time() - cpu0)
+            tid = threading.get_native_id()
+            result["proc_cpu"] = next(t.user_time + t.system_time for t in psutil.Process().threads() if t.id == tid)
+
+        t = threading.Thread(target=pe_thread)
+        t.start()
+        t.join(60)
+        assert not t.is_alive()
+    finally:
+        spinner.kill()
+        spinner.wait(10)
+    busy, wall = result["busy"], result["wall"]
+    cpu = result["proc_cpu"]                              # the kernel's count for the PE's thread
+    assert cpu == pytest.approx(0.8, abs=0.05)
+    assert busy >= 0.78 and busy - cpu < 0.25 * (wall - cpu), (busy, cpu, wall)   # the CPU it got ...
+    assert busy < 0.75 * wall, (busy, wall)                # ... not the wall time it waited for its share
+
+
+# -- no copy onto a host with no more CPU ----------------------------------------------------------
+
+def snapshot(h0_cpu: float) -> MetricsSnapshot:
+    hosts = {"h0": HostMetrics("h0", h0_cpu), "h1": HostMetrics("h1", 0.3)}
+    return MetricsSnapshot(1.0, 1.0, hosts=MappingProxyType(hosts))
+
+
+def test_a_replicate_onto_a_saturated_host_is_refused_with_that_reason():
+    assert onto_saturated(Replicate("op2"), PL, snapshot(0.5), 0.9) == ""
+    why = onto_saturated(Replicate("op2"), PL, snapshot(0.97), 0.9)
+    assert why == "host 'h0' has no more CPU: 97% of its cores in use (above 90%); a copy of 'op2' there would only share it"
+    assert onto_saturated(Replicate("op2"), PL, snapshot(1.0), 1) == ""        # saturated-cpu: 1, never
+    asked = []
+
+    async def apply(action):
+        asked.append(action)
+        return ApplyRecord(action, True, action.reason)
+
+    ctl = Controller({"rate": lambda s, p, r, c: [Replicate("op2", reason="op2 is 1.4 cores busy")]}, apply,
+                     saturated_cpu=0.9)
+    made = asyncio.run(ctl.tick(snapshot(0.97), PL))
+    assert [(d.outcome, d.detail) for d in made] == [("refused", why)] and asked == []
+    assert [d.outcome for d in asyncio.run(ctl.tick(snapshot(0.4), PL))] == ["applied"]   # CPU to spare
+    assert [repr(a) for a in asked] == ["Replicate('op2', 1)"]
+
+
+class Sleep(Operator):
+    """Blocks 50 ms per batch, as a call to a slow service would."""
+
+    name = "sleep"
+
+    def process(self, batch, emit) -> None:
+        time.sleep(0.05)
+
+
+def test_an_operator_that_blocks_is_busy_while_it_blocks():
+    """Copies of a blocking operator help, so its blocked time counts (CPU time alone would not)."""
+    chain = Chain({"sleep": Sleep()}, [("src", "out", "sleep")])
+    for _ in range(4):
+        chain.emit_from("src", [{"x": 1}])
+    assert 0.19 < chain.nodes["sleep"].stats.busy_s < 1.0
