@@ -28,15 +28,14 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from ..expr import BOOLEAN, COMPARISON, Binary, Col, Expr, Lit, Unary, Visitor, col, conjuncts, lift, lit
+from ..expr import BINARY, Binary, Col, Expr, Lit, Unary, Visitor, col, conjuncts, lift, lit
 
 __all__ = ["IDENTIFIER", "Col", "Expr", "col", "conjuncts", "left", "lift", "lit", "measure", "right",
            "to_sql"]
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
-_SQL = {"eq": "=", "ne": "<>", "and": "AND", "or": "OR", **{op: COMPARISON[op] for op in
-                                                            ("lt", "le", "gt", "ge")}}
+_SQL = {**BINARY, "eq": "=", "ne": "<>", "and": "AND", "or": "OR"}   # what SQL spells differently
 
 
 def left(name: str) -> Col:
@@ -79,9 +78,7 @@ class _Sql(Visitor):
     def binary(self, e: Binary, a: str, b: str) -> str:
         if e.op == "div":
             return f"({self.dialect.real(a)} / NULLIF({b}, 0))"
-        if e.op in BOOLEAN or e.op in COMPARISON:
-            return f"({a} {_SQL[e.op]} {b})"
-        return f"({a} {'+' if e.op == 'add' else '-' if e.op == 'sub' else '*'} {b})"
+        return f"({a} {_SQL[e.op]} {b})"
 
     def unary(self, e: Unary, x: str) -> str:
         return {"neg": f"(-{x})", "not": f"(NOT {x})", "abs": f"ABS({x})",
