@@ -155,6 +155,8 @@ def test_modulo_is_floor_modulo_and_by_zero_is_null(backend):
     rows = [{"a": a, "b": b, "x": None, "s": None} for a, b in ((7, 3), (-7, 3), (7, -3), (5, 0), (None, 2))]
     assert values(backend, col("a") % col("b"), rows) == [1, 2, -2, None, None]
     assert values(backend, col("a") % 2.5, rows)[:3] == [7 % 2.5, -7 % 2.5, 7 % 2.5]
+    assert values(backend, col("a") % -3, rows) == [-2, -1, -2, -1, None]
+    assert values(backend, col("a") % 0, rows) == [None] * 5
 
 
 def test_the_callable_runs_the_rows_code_on_every_side():
