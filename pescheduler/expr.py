@@ -7,7 +7,16 @@ compiles it. The same tree runs three ways:
   whole fused run of map/filter steps (no call per tuple per operator);
 * **Arrow** (``pyarrow.RecordBatch``): :func:`evaluate_arrow` maps each node to a
   ``pyarrow.compute`` kernel, so a batch is never split into rows;
-* **SQL** (the ``ep`` database providers) walks the tree with a :class:`Visitor`.
+* **Python callable** (the native ``ep`` engine): ``expr(event)``,
+  ``expr(left, right)`` or ``expr(event, measures)`` runs the same generated
+  code as the rows backend, compiled once per node (:meth:`Expr.function`);
+* **SQL** (the ``ep`` database providers, :mod:`pescheduler.ep.expr`) walks the
+  tree with a :class:`Visitor`, every literal a bound parameter.
+
+A column belongs to a *side*: ``col`` reads the event (the only side a stream
+map/filter has); ``pescheduler.ep`` adds ``left``/``right`` (the two events of a
+correlation) and ``measure`` (a pattern run's measures), which read the second
+argument of the callable. ``ep.col`` *is* this ``col``.
 
 Example::
 
@@ -26,8 +35,12 @@ Semantics, identical on every backend (the tests check both):
   (``False & null`` is False, ``True | null`` is True); a filter keeps only rows
   whose predicate is true (null drops the row), as SQL's WHERE does.
 * ``+ - *`` keep integers integral (int with float gives float); ``/`` is true
-  division and always gives a float; division by zero gives null (SQL's
-  ``a / NULLIF(b, 0)``), not an error.
+  division and always gives a float; ``%`` is Python's floor modulo (the sign
+  of the divisor) on every backend. Division or modulo by zero gives null
+  (SQL's ``a / NULLIF(b, 0)``), not an error -- on the native EP engine too,
+  so a query gives the same rows there as on a database (a decision: the EP
+  engine used to dead-letter the event instead; a null is what every SQL
+  provider gives, and a filter drops it).
 * comparing values of different kinds (a string with a number) is an error:
   on rows the tuple is dead-lettered, on Arrow the batch fails.
 * a missing field is an error (KeyError on rows, on Arrow a missing column).
@@ -41,19 +54,22 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-ARITHMETIC = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+ARITHMETIC = {"add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%"}
 COMPARISON = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 BOOLEAN = {"and": "&", "or": "|"}
 BINARY = {**ARITHMETIC, **COMPARISON, **BOOLEAN}
 """Binary operators: name -> the Python operator that builds it."""
 UNARY = ("neg", "not", "is_null", "is_not_null", "abs")
 """Unary operators and functions."""
+SIDES = ("event", "left", "right", "measure")
+"""What a column reads: the event (first argument), or in EP predicates the left/right event of a
+correlation or a pattern run's measures (``left`` reads the first argument, the others the second)."""
 
 
 class Expr:
     """A node of the tree; operators on it build bigger trees (it is immutable)."""
 
-    __slots__ = ()
+    __slots__ = ("_fn",)      # the compiled Python function, set once by function()
 
     def _bin(self, op: str, other: Any, swap: bool = False) -> "Binary":
         other = other if isinstance(other, Expr) else Lit(other)
@@ -67,6 +83,8 @@ class Expr:
     def __rmul__(self, o): return self._bin("mul", o, True)
     def __truediv__(self, o): return self._bin("div", o)
     def __rtruediv__(self, o): return self._bin("div", o, True)
+    def __mod__(self, o): return self._bin("mod", o)
+    def __rmod__(self, o): return self._bin("mod", o, True)
     def __eq__(self, o): return self._bin("eq", o)        # type: ignore[override]
     def __ne__(self, o): return self._bin("ne", o)        # type: ignore[override]
     def __lt__(self, o): return self._bin("lt", o)
@@ -99,19 +117,35 @@ class Expr:
         raise TypeError("an expression has no truth value: combine conditions with & | ~, "
                         "not and/or/not (and parenthesise comparisons)")
 
+    def __call__(self, first: Any, second: Any = None) -> Any:
+        """Evaluate on ``event``, ``(left, right)`` or ``(event, measures)``: null is None."""
+        return self.function()(first, second)
+
+    def function(self) -> Callable[[Any, Any], Any]:
+        """The expression compiled to ``fn(first, second=None)`` (generated once, then cached)."""
+        try:
+            return self._fn
+        except AttributeError:
+            object.__setattr__(self, "_fn", compile_function(self))
+            return self._fn
+
     def children(self) -> tuple["Expr", ...]:
         return ()
 
-    def columns(self) -> set[str]:
-        """Every field the expression reads."""
-        found: set[str] = set()
+    def refs(self) -> set[tuple[str, str]]:
+        """Every ``(side, field)`` the expression reads."""
+        found: set[tuple[str, str]] = set()
         stack: list[Expr] = [self]
         while stack:
             node = stack.pop()
             if isinstance(node, Col):
-                found.add(node.name)
+                found.add((node.side, node.name))
             stack.extend(node.children())
         return found
+
+    def columns(self) -> set[str]:
+        """Every field the expression reads."""
+        return {name for _, name in self.refs()}
 
     def same(self, other: "Expr") -> bool:
         """Structural equality (``==`` builds a comparison instead)."""
@@ -119,17 +153,20 @@ class Expr:
 
 
 class Col(Expr):
-    """The value of field ``name``."""
+    """The value of field ``name`` of ``side`` (one of :data:`SIDES`)."""
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "side")
 
-    def __init__(self, name: str) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"col() takes a field name, got {name!r}")
+    def __init__(self, name: str, side: str = "event") -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"col() takes a field name (a non-empty string), got {name!r}")
+        if side not in SIDES:
+            raise ValueError(f"unknown side {side!r}; known: {SIDES}")
         object.__setattr__(self, "name", name)
+        object.__setattr__(self, "side", side)
 
     def __repr__(self) -> str:
-        return f"col({self.name!r})"
+        return f"{'col' if self.side == 'event' else self.side}({self.name!r})"
 
 
 class Lit(Expr):
@@ -192,6 +229,18 @@ def lit(value: Any) -> Lit:
     return Lit(value)
 
 
+def lift(value: Any) -> Expr:
+    """``value`` as a node: an expression as it is, a constant as a literal."""
+    return value if isinstance(value, Expr) else Lit(value)
+
+
+def conjuncts(e: Expr) -> list[Expr]:
+    """``a & b & c`` as ``[a, b, c]`` (the parts two backends may share out)."""
+    if isinstance(e, Binary) and e.op == "and":
+        return conjuncts(e.left) + conjuncts(e.right)
+    return [e]
+
+
 class Visitor:
     """Walks a tree bottom-up: ``visit(e)`` calls ``col``/``lit``/``binary``/``unary``.
 
@@ -224,9 +273,10 @@ class _PyCode(Visitor):
     checks are written only where a value can be None.
     """
 
-    def __init__(self, lines: list[str], env: dict[str, str], reads: dict[str, str], indent: str,
-                 counter: list[int]) -> None:
+    def __init__(self, lines: list[str], env: dict[str, str], reads: dict, indent: str,
+                 counter: list[int], args: dict[str, str] | None = None) -> None:
         self.lines, self.env, self.reads, self.indent, self.counter = lines, env, reads, indent, counter
+        self.args = args or {"event": "t"}        # side -> the variable holding its mapping
 
     def _var(self, value: str) -> str:
         name = f"v{self.counter[0]}"
@@ -235,11 +285,15 @@ class _PyCode(Visitor):
         return name
 
     def col(self, e: Col) -> tuple[str, bool]:
-        if e.name in self.env:                     # assigned earlier in this run
+        if e.side == "event" and e.name in self.env:          # assigned earlier in this run
             return self.env[e.name], True
-        if e.name not in self.reads:
-            self.reads[e.name] = self._var(f"t[{e.name!r}]")
-        return self.reads[e.name], True
+        if e.side not in self.args:
+            raise ValueError(f"{e!r} has no meaning here (this expression may read "
+                             f"{', '.join(self.args)} fields)")
+        key = (e.side, e.name)
+        if key not in self.reads:
+            self.reads[key] = self._var(f"{self.args[e.side]}[{e.name!r}]")
+        return self.reads[key], True
 
     def lit(self, e: Lit) -> tuple[str, bool]:
         return repr(e.value), e.value is None
@@ -250,7 +304,7 @@ class _PyCode(Visitor):
             return self._boolean(e.op, a, an, b, bn)
         nulls = [x for x, n in ((a, an), (b, bn)) if n]
         checks = [f"{x} is None" for x in nulls]
-        if e.op == "div" and not (isinstance(e.right, Lit) and e.right.value not in (0, None)):
+        if e.op in ("div", "mod") and not (isinstance(e.right, Lit) and e.right.value not in (0, None)):
             checks.append(f"{b} == 0")
         value = f"{a} {BINARY[e.op]} {b}" if e.op not in COMPARISON else f"{a} {COMPARISON[e.op]} {b}"
         if not checks:
@@ -328,6 +382,18 @@ def compile_rows(steps: Iterable[tuple[str, Any]], title: str = "run") -> Callab
     return _generate(lines, "run", ns, f"expr {title}")
 
 
+def compile_function(e: Expr) -> Callable[[Any, Any], Any]:
+    """``fn(first, second=None)``: ``e`` on one event (``col``/``left`` read ``first``,
+    ``right``/``measure`` read ``second``), with the null rules of :func:`compile_rows`."""
+    lines = ["def fn(a0, a1=None):"]
+    args = {"event": "a0", "left": "a0", "right": "a1", "measure": "a1"}
+    code, _ = _PyCode(lines, {}, {}, "    ", [0], args).visit(e)
+    lines.append(f"    return {code}")
+    from .aggregates import _generate
+
+    return _generate(lines, "fn", {}, f"expr {e!r}"[:80])
+
+
 # -- Arrow: pyarrow.compute kernels --------------------------------------------------------------
 
 class _ArrowEval(Visitor):
@@ -356,10 +422,24 @@ class _ArrowEval(Visitor):
             if isinstance(e.right, Lit) and e.right.value not in (0, None):
                 return q
             return pc.if_else(pc.equal(b, 0), pa.scalar(None, f64), q)
+        if e.op == "mod":
+            return self._floor_mod(a, b)
         fn = {"add": pc.add, "sub": pc.subtract, "mul": pc.multiply, "eq": pc.equal,
               "ne": pc.not_equal, "lt": pc.less, "le": pc.less_equal, "gt": pc.greater,
               "ge": pc.greater_equal, "and": pc.and_kleene, "or": pc.or_kleene}[e.op]
         return fn(a, b)
+
+    def _floor_mod(self, a: Any, b: Any) -> Any:
+        """Python's ``a % b`` (the sign of ``b``); null where ``b`` is 0, as ``/``."""
+        pc, pa = self.pc, self.pa
+        b = pc.if_else(pc.equal(b, 0), pa.scalar(None, b.type), b)
+        if all(pa.types.is_integer(x.type) for x in (a, b)):
+            r = pc.subtract(a, pc.multiply(b, pc.divide(a, b)))       # truncated remainder
+            fix = pc.and_(pc.not_equal(r, 0), pc.not_equal(pc.less(r, 0), pc.less(b, 0)))
+            return pc.if_else(fix, pc.add(r, b), r)
+        f64 = pa.float64()
+        a, b = pc.cast(a, f64), pc.cast(b, f64)
+        return pc.subtract(a, pc.multiply(b, pc.floor(pc.divide(a, b))))
 
     def unary(self, e: Unary, x: Any) -> Any:
         pc = self.pc

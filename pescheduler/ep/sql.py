@@ -45,7 +45,7 @@ from ..aggregates import parse_request
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, Emitter
 from .api import (Aggregate, Correlate, Definition, EventProcessor, Pattern, Sliding, Tumbling, _span,
                   pattern_functions)
-from .expr import IDENTIFIER, Expr, Field, conjuncts, lift, to_sql
+from .expr import IDENTIFIER, Col, Expr, conjuncts, lift, to_sql
 from .providers import open_provider
 from .schema import TS_FIELD, Schema
 
@@ -289,7 +289,7 @@ class _Query:
         sides = sides or {"event": (alias, self.schema)}
         return to_sql(pred, lambda f: self.column(f, sides), self.proc.dialect, params)
 
-    def column(self, f: Field, sides: Mapping[str, tuple[str, Schema]]) -> str:
+    def column(self, f: Col, sides: Mapping[str, tuple[str, Schema]]) -> str:
         if f.side not in sides:
             raise ValueError(f"query {self.query_id!r}: {f!r} has no meaning here "
                              f"(this expression may read {', '.join(sides)} fields)")
@@ -571,7 +571,7 @@ class _Correlate(_Query):
 
     def _key(self, key: Any, side: str, sides: dict) -> tuple[str, list]:
         if isinstance(key, str):
-            key = Field("event", key)
+            key = Col(key)
         if not isinstance(key, Expr):
             raise _lambda_error(self.query_id, f"the {side} key {key!r}", "left_key=ep.col('a') - 2")
         params: list = []
@@ -635,8 +635,9 @@ class _Pattern(_Query):
             if not isinstance(pred, Expr):
                 raise _lambda_error(query_id, f"the predicate of symbol {symbol!r}",
                                     "ep.col('a') - ep.measure('z1') == 1")
-            in_db = [c for c in conjuncts(pred) if not any(s == "measure" for s, _ in c.refs())]
-            rest = [c for c in conjuncts(pred) if c not in in_db]
+            parts = conjuncts(pred)
+            in_db = [c for c in parts if not any(s == "measure" for s, _ in c.refs())]
+            rest = [c for c in parts if any(s == "measure" for s, _ in c.refs())]
             sql = " AND ".join(self.predicate(c, "pattern predicate", "n", params) for c in in_db)
             bits.append(f"CASE WHEN {sql or '1 = 1'} THEN 1 ELSE 0 END")
             preds[symbol] = self._symbol(i, rest)

@@ -20,6 +20,9 @@ def stream(seed, n=120, jitter=6):
 QUERIES = {
     "filter": ep.Stream("s").filter((ep.col("a") - ep.col("b") == 1) | ~ep.col("on")),
     "filter-mod": ep.Stream("s").filter((ep.col("a") % 3 == 1) & (ep.col("a") / 2 >= 1)),
+    # by zero: null on every provider, the native engine included (null | on keeps the row when on)
+    "filter-zero": ep.Stream("s").filter((ep.col("a") / (ep.col("b") - 2) >= 1)
+                                         | (ep.col("a") % (ep.col("a") - 3) == 0) | ep.col("on")),
     "tumbling": ep.Stream("s", window=ep.Tumbling(20), key="id").aggregate(
         {"n": "count", "m": ("avg", "a"), "sd": ("stddev", "a"), "lo": ("min", "b"), "s": ("sum", "a")}),
     "sliding": ep.Stream("s", window=ep.Sliding(30, 10)).filter(ep.col("a") > 1).aggregate(

@@ -148,3 +148,27 @@ def test_the_same_app_on_arrow_batches_gives_the_same_rows_and_windows():
     assert len(rows.output) > 1000
     assert columns.output == rows.output            # bit-identical floats, same order
     assert isinstance(columns.chain.nodes["window-4"].op._cols.keys, list)   # it ran columnar
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_modulo_is_floor_modulo_and_by_zero_is_null(backend):
+    rows = [{"a": a, "b": b, "x": None, "s": None} for a, b in ((7, 3), (-7, 3), (7, -3), (5, 0), (None, 2))]
+    assert values(backend, col("a") % col("b"), rows) == [1, 2, -2, None, None]
+    assert values(backend, col("a") % 2.5, rows)[:3] == [7 % 2.5, -7 % 2.5, 7 % 2.5]
+    assert values(backend, col("a") % -3, rows) == [-2, -1, -2, -1, None]
+    assert values(backend, col("a") % 0, rows) == [None] * 5
+
+
+def test_the_callable_runs_the_rows_code_on_every_side():
+    from pescheduler import ep
+
+    assert ep.col is col and ep.lit is lit
+    e = (col("a") / col("b") > 1) | col("s").is_null()
+    for row in ROWS:
+        assert e(row) == compile_rows([("assign", {"y": e})])([row])[0][0]["y"]
+    assert (ep.left("a") - ep.right("b") == 2)({"a": 5}, {"b": 3}) is True
+    assert (col("a") - ep.measure("z"))({"a": 4}, {"z": None}) is None
+    assert repr(ep.right("b") % 2) == "(right('b') % lit(2))"
+    assert pickle.loads(pickle.dumps(ep.measure("z") + 1)).refs() == {("measure", "z")}
+    with pytest.raises(ValueError, match="no meaning here"):
+        compile_rows([("where", ep.left("a") > 1)])
