@@ -58,8 +58,28 @@ OPEN_MAPPINGS = {"rm.spark.conf"}        # any keys: passed through to Spark as 
 
 
 def get(key: str) -> Any:
-    """``pescheduler.<key>`` from dask.config, e.g. ``get("batch.size")``; a missing key raises KeyError."""
-    return dask.config.get(f"pescheduler.{key}")
+    """``pescheduler.<key>`` from dask.config, e.g. ``get("batch.size")``; a missing key raises KeyError.
+
+    A key missing because a caller replaced its whole section (``dask.config.set(
+    {"pescheduler.rm.spark": {"master": ...}})`` sets that mapping, it does not
+    merge into it) falls back to its declared default.
+    """
+    try:
+        return dask.config.get(f"pescheduler.{key}")
+    except KeyError:
+        return _declared_default(key)
+
+
+def _declared_default(key: str) -> Any:
+    """The default declared for ``pescheduler.<key>`` (pescheduler.yaml or a plug-in's hook); KeyError if none."""
+    for defaults in reversed(dask.config.defaults):
+        value = dask.config.get(f"pescheduler.{key}", default=_MISSING, config=defaults)
+        if value is not _MISSING:
+            return value
+    raise KeyError(f"pescheduler.{key}")
+
+
+_MISSING = object()
 
 
 def get_seconds(key: str) -> float:
@@ -76,9 +96,11 @@ def section(name: str, given: Mapping[str, Any] | None = None) -> dict:
     """
     # A plug-in that declares no settings has no section (or one named like another key,
     # a policy called ``cooldown``): it gets what it was given.
-    declared = dask.config.get(f"pescheduler.{name}", default=None)
-    declared = declared if isinstance(declared, Mapping) else {}
-    merged = {_dashed(k): v for k, v in declared.items()}
+    merged: dict = {}
+    for layer in (*dask.config.defaults, dask.config.config):   # a replaced section keeps its defaults
+        declared = dask.config.get(f"pescheduler.{name}", default=None, config=layer)
+        if isinstance(declared, Mapping):
+            merged.update({_dashed(k): v for k, v in declared.items()})
     merged.update({_dashed(k): v for k, v in (given or {}).items()})
     return merged
 

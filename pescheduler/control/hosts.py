@@ -97,13 +97,15 @@ class HostManager:
     async def _start_rm(self) -> None:
         cls = self.managers[self.rm_name]
         settings = config.section(f"rm.{self.rm_name}")
-        rm = cls(self.scheduler_address, settings)
+        rm = None
         try:
+            rm = cls(self.scheduler_address, settings)     # a bad setting fails here: reported, not lost
             await asyncio.wait_for(rm.start(self._on_event), config.get_seconds("rm.start-timeout"))
         except Exception as exc:
             self.error = f"resource manager {self.rm_name!r} unavailable: {type(exc).__name__}: {exc}"
             self._event("rm-unavailable", self.error + "; running on the hosts held")
-            await self._close_quietly(rm)
+            if rm is not None:
+                await self._close_quietly(rm)
             return
         self.rm = rm
         self._event("rm", f"resource manager {self.rm_name!r} ready ({rm.lendable()} hosts lendable)")

@@ -262,7 +262,7 @@ class SparkResourceManager:
         import urllib.request
 
         url = f"{self.sc.uiWebUrl}/api/v1/applications/{self.sc.applicationId}/executors"
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(url, timeout=30) as r:    # a loaded driver answers slowly
             return [e for e in json.load(r) if e["id"] != "driver"]
 
     # -- leases ----------------------------------------------------------------------------

@@ -48,9 +48,11 @@ def check_java() -> str:
 
 def daemon_env(log_dir: str) -> dict:
     # maxRetries=0: a busy port fails the daemon (reported with its log) instead of it moving
-    # silently to the next port, where nobody would look for it.
+    # silently to the next port, where nobody would look for it. The master's REST submission
+    # server is off: nothing here submits through it, and on its fixed port 6066 a second master
+    # on the machine failed to bind it, after which that master never registered a worker.
     return {"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "256m",
-            "SPARK_DAEMON_JAVA_OPTS": f"{LIGHT_JVM} -Dspark.port.maxRetries=0", "SPARK_WORKER_DIR": os.path.join(log_dir, "work"),
+            "SPARK_DAEMON_JAVA_OPTS": f"{LIGHT_JVM} -Dspark.port.maxRetries=0 -Dspark.master.rest.enabled=false", "SPARK_WORKER_DIR": os.path.join(log_dir, "work"),
             "SPARK_HOME": spark_home()}
 
 

@@ -75,7 +75,6 @@ def run_batch(sc, result):
     result["ran_on"] = sc.parallelize([0], 1).map(task).collect()[0]
 
 
-@pytest.mark.xfail(reason="session 3 merge regression, open in issue 15/17 notes: the Spark RM never becomes ready here (lendable stays 0); to fix next session", strict=False)
 def test_hosts_borrowed_from_spark_returned_to_a_batch_job_and_borrowed_again(spark_cluster, tmp_path):
     out = tmp_path / "out.jsonl"
     settings = {"master": spark_cluster.master_url, "max-executors": 2, "executor-idle-timeout": "2s",

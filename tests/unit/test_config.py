@@ -172,3 +172,15 @@ def test_no_policy_or_resource_manager_repeats_a_default():
     pattern = re.compile(r'(?:setting|\.get)\(\s*(?:config|s|self\.settings),\s*"[^"]+",')
     offenders = [p.name for p in SOURCES if pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_a_section_replaced_by_dask_config_set_keeps_its_declared_defaults():
+    # dask.config.set({"pescheduler.rm.spark": {...}}) replaces the mapping rather than merging
+    # into it; the Spark manager then died on KeyError('max-executors') inside a background task
+    # and never became ready (session 3's regression).
+    with dask.config.set({"pescheduler.rm.spark": {"master": "spark://h:7077", "max_executors": 4}}):
+        s = config.section("rm.spark")
+        assert (s["master"], s["max-executors"], s["lease-timeout"]) == ("spark://h:7077", 4, "90s")
+        assert config.get("rm.spark.lease-timeout") == "90s"
+        with pytest.raises(KeyError):
+            config.get("rm.spark.no-such-key")
