@@ -20,7 +20,7 @@ import pytest
 
 from pescheduler.resource_managers import processes
 
-pytestmark = [pytest.mark.scale, pytest.mark.integration]
+pytestmark = [pytest.mark.scale, pytest.mark.integration, pytest.mark.timeout(1500)]   # 8 workers + a 600 s run
 
 SCALE = float(os.environ.get("PESCHEDULER_SCALE", "1"))
 EVENTS = max(6_000, int(60_000 * SCALE))
