@@ -43,7 +43,7 @@ if _env:
 NULLABLE_FORMS = {
     "cluster.workers": "an integer >= 1 or null",
     "dead-letters.path": "a file path or null",
-    "rm.name": "a resource manager name (local, spark, none) or null",
+    "rm.name": "a resource manager name (local, lab, spark, none) or null",
     "rm.local.demand": "a schedule file, a list of {at, want|free} entries, a callable, or null",
     "rm.local.reclaim-after": "a duration such as 10s, or null",
     "rm.spark.master": "spark://host:port or null",

@@ -71,7 +71,7 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
             n = take_slots(spare, want - now.instances, view.worker(op))
             short += want - now.instances - n
             if n > 0:
-                actions.append(Replicate(op, n, figures=figures, reason=(
+                actions.append(Replicate(op, n, hosts=view.cool_hosts(), figures=figures, reason=(
                     f"{op} is offered {offered[op]:.0f} t/s and processes {figures['true_rate_per_s']:.0f} t/s "
                     f"per busy second: {want} instances run it at {target:.0%} (it has {now.instances})")))
         elif not view.backlogged(op):              # a backlog understates the load: never scale down on it

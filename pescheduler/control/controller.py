@@ -26,9 +26,10 @@ policy over it is skipped that round and quarantined after
 validated on return (:func:`invalid`: field types, targets that exist): an
 invalid one is *refused* with its reason, the policy's other actions go on.
 A ``Replicate`` whose copies would land on a host with no more CPU
-(:func:`onto_saturated`, ``pescheduler.policies.saturated-cpu``) is refused
-with that reason too: a copy there only shares the cores the original
-already lacks. The check lives here, not in the pure transform, because the
+(:func:`onto_saturated`, ``pescheduler.policies.saturated-cpu``) is steered
+to slots on hosts with CPU to spare (:func:`steer`), and refused with that
+reason when none has a slot for it: a copy on a saturated host only shares
+the cores the original already lacks. The check lives here, not in the pure transform, because the
 placement carries no metrics and this is where every action meets the
 snapshot, so no policy has to remember it.
 
@@ -48,7 +49,7 @@ import os
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from .. import config
@@ -321,6 +322,28 @@ def onto_saturated(action: Action, placement: Placement, snapshot: MetricsSnapsh
     return ""
 
 
+def steer(action: Action, placement: Placement, snapshot: MetricsSnapshot,
+          limit: float | None) -> tuple[Action, str]:
+    """``action``, steered off hosts with no more CPU when its copies would land there, and
+    why it must be refused ("" when it need not): a ``Replicate`` whose copies would share a
+    saturated host's cores goes to slots on hosts below ``limit`` instead (``hosts=``), and is
+    refused only when those have no slot for it."""
+    why = onto_saturated(action, placement, snapshot, limit)
+    if not why:
+        return action, ""
+    cool = tuple(h for h in dict.fromkeys(s.host for s in placement.slots.values())
+                 if not snapshot.saturated(h, limit) and (action.hosts is None or h in action.hosts))
+    if cool:
+        steered = replace(action, hosts=cool, reason=f"{action.reason}; steered to {', '.join(cool)}: "
+                                                     f"{why.split(';')[0]}".lstrip("; "))
+        try:
+            transforms.replicate(placement, steered)
+            return steered, ""
+        except ActionRefused:
+            pass
+    return action, why
+
+
 class Controller:
     """Runs the selected policies on each snapshot and applies what survives merge and cooldown.
 
@@ -357,9 +380,9 @@ class Controller:
         proposals, made = await self._decide(snapshot, placement, self.resources())
         checked = [(p, invalid(p.action, placement)) for p in proposals]
         made += [Decision(snapshot.time, p.policy, "refused", p.action, f"invalid: {why}") for p, why in checked if why]
-        checked = [(p, onto_saturated(p.action, placement, snapshot, self.saturated_cpu))
-                   for p, why in checked if not why]
-        made += [Decision(snapshot.time, p.policy, "refused", p.action, why) for p, why in checked if why]
+        checked = [(p, steer(p.action, placement, snapshot, self.saturated_cpu)) for p, why in checked if not why]
+        made += [Decision(snapshot.time, p.policy, "refused", p.action, why) for p, (_a, why) in checked if why]
+        checked = [(replace(p, action=a), "") for p, (a, why) in checked if not why]
         ready = self.hysteresis.admit([p for p, why in checked if not why], snapshot.time)
         kept, lost = merge(ready, placement)
         made += [Decision(snapshot.time, p.policy, "overruled", p.action,

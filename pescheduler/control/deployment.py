@@ -42,7 +42,7 @@ from ..plan.placement import Placement
 from ..plugins import Plugins, activate
 from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
 from . import statefile
-from .cluster import EmbeddedCluster
+from .cluster import HOST as CLUSTER_HOST, EmbeddedCluster
 from .control_loop import ControlLoop
 from .controller import Controller, policy_configs, select_policies
 from .deadletters import DeadLetters
@@ -267,7 +267,7 @@ class Deployment:
         chosen = select_policies(self.plugins, self.policy_names)     # an unknown name fails before any start
         self.hosts.check(self.plugins.resource_managers)
         if self.cluster_address is None:
-            self.cluster = EmbeddedCluster(self.n_workers, self.security)
+            self.cluster = EmbeddedCluster(self.n_workers, self.security, self._cluster_host())
             self.scheduler_address = await self.cluster.start()
             self.security = self.cluster.security
         else:
@@ -300,6 +300,17 @@ class Deployment:
         self._tasks = [asyncio.create_task(self._watch(w)) for w in placement.workers]
         self._tasks.append(asyncio.create_task(self.loop.run(self._done)))
         self.hosts.start(self.scheduler_address)
+
+    def _cluster_host(self) -> str:
+        """Where the embedded cluster listens: loopback, or the address a resource manager's
+        hosts reach it on (``cluster_network(settings)`` of its class: the lab's bridge, an object
+        with ``address`` and ``remove()``, removed once the cluster has closed)."""
+        make = getattr(self.plugins.resource_managers.get(self.hosts.rm_name or ""), "cluster_network", None)
+        if make is not None:
+            self._network = make(config.section(f"rm.{self.hosts.rm_name}"))
+        return self._network.address if self._network is not None else CLUSTER_HOST
+
+    _network = None          # what cluster_network made (closed after the cluster)
 
     def _controller(self, chosen: dict) -> Controller:
         timeout = config.get_seconds("policies.apply-timeout")
@@ -410,6 +421,8 @@ class Deployment:
                 await asyncio.wait_for(self.cluster.close(), CLOSE_CLUSTER_S)
             except Exception as exc:
                 logger.warning("closing the embedded cluster failed: %s", exc)
+        if self._network is not None:
+            await asyncio.to_thread(self._network.remove)
 
 
 class _Fleet:
