@@ -37,7 +37,7 @@ A policy that raises, or returns anything but a list of actions, is
 *quarantined*: never called again in this deployment, with the reason
 logged; the other policies go on. Every decision (applied, refused,
 overruled, suppressed, quarantined) goes to the decision log (JSON lines,
-``pescheduler.policies.decision-log``) and to ``on_decision`` (the
+``pescheduler.policies.decision-log``; host events and copy activations too, :func:`append_log`) and to ``on_decision`` (the
 deployment's status events, so the live view shows it).
 """
 
@@ -439,12 +439,20 @@ class Controller:
                 self.on_decision(d)
             except Exception:                 # the view must never stop the controller
                 logger.exception("decision callback failed")
-        if self.log_path and made:
-            try:
-                os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
-                with open(self.log_path, "a") as f:
-                    for d in made:
-                        f.write(json.dumps({"deployment": self.deployment, **d.as_dict()}, default=repr) + "\n")
-            except OSError as exc:            # a full disk must not stop the app: the events still show it
-                logger.warning("cannot write the decision log %s: %s", self.log_path, exc)
+        append_log(self.log_path, self.deployment, [d.as_dict() for d in made])
+
+
+def append_log(path: str | None, deployment: str, entries: list[dict]) -> None:
+    """``entries`` as JSON lines in the decision log at ``path`` (none: nothing). Decisions, host
+    events (``{"event": "host", ...}``) and copy activations share it, in the order they happen."""
+    if not path or not entries:
+        return
+    try:
+        path = os.path.expanduser(path)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "a") as f:
+            for e in entries:
+                f.write(json.dumps({"deployment": deployment, **e}, default=repr) + "\n")
+    except OSError as exc:            # a full disk must not stop the app: the events still show it
+        logger.warning("cannot write the decision log %s: %s", path, exc)
 

@@ -28,6 +28,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 import uuid
 from typing import Any, Coroutine
 
@@ -44,7 +45,7 @@ from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
 from . import statefile
 from .cluster import HOST as CLUSTER_HOST, EmbeddedCluster
 from .control_loop import ControlLoop
-from .controller import Controller, policy_configs, select_policies
+from .controller import Controller, append_log, policy_configs, select_policies
 from .deadletters import DeadLetters
 from .gateway import WorkerGateway
 from .hosts import HostManager
@@ -253,6 +254,11 @@ class Deployment:
         """Each worker's PE host answer (pid, cores, host)."""
         return self.reconfigurer.worker_info if self.reconfigurer else {}
 
+    def activations(self) -> dict[str, float]:
+        """Copy PE -> ms from the decision to replicate to the copy's first processed batch
+        (seen at the monitor's next collect after it happened)."""
+        return dict(self.reconfigurer.activations) if self.reconfigurer else {}
+
     @property
     def _last_cold_start_s(self) -> float | None:
         return self.reconfigurer.last_cold_start_s if self.reconfigurer else None
@@ -280,6 +286,11 @@ class Deployment:
                                               int(config.get("standard.slots-per-host")))
         rc.host_actions, rc.on_failure = self.hosts.apply, self._fail
         rc.on_worker = lambda worker: self._tasks.append(asyncio.create_task(self._watch(worker)))
+        log = config.get("policies.decision-log")
+        rc.on_activation = lambda copy, ms: append_log(log, self.id, [
+            {"at": round(time.time(), 3), "event": "activation", "copy": copy, "ms": round(ms, 1)}])
+        self.hosts.on_mark = lambda entry: append_log(log, self.id, [
+            {"at": round(time.time(), 3), "event": "host", **{k: v for k, v in entry.items() if k != "t"}}])
         if self.cluster is not None:
             await self.cluster.wait_for_workers(self.client)
         workers = await rc.known_workers()
