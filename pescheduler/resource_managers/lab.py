@@ -35,6 +35,7 @@ from dask.utils import parse_timedelta
 from .. import config
 from ..control.resources import Host, ResourceManagerUnavailable
 from . import lab_net, processes
+from ..worker.cgroup import QUOTA_ENV
 from .local import _same_imports
 from .workers import named_workers, retire
 
@@ -141,7 +142,7 @@ class LabResourceManager:
             await asyncio.to_thread(group.create)
             names = [f"{host_id}-w{i}" for i in range(max(1, math.ceil(self.cpu)))]
             for name in names:
-                held.procs.append(self._worker(name, ns))
+                held.procs.append(self._worker(name, ns, self.cpu / len(names)))
                 group.add(held.procs[-1].pid)
             found = await named_workers(self._client, names, self.start_timeout, lambda: _gone(held.procs))
         except (RuntimeError, TimeoutError, OSError) as exc:
@@ -158,10 +159,12 @@ class LabResourceManager:
                           "cgroup": group.name, "cpu": self.cpu})
         return held.host
 
-    def _worker(self, name: str, ns: lab_net.Namespace) -> processes.Process:
+    def _worker(self, name: str, ns: lab_net.Namespace, cores: float) -> processes.Process:
+        """A worker inside ``ns``; told its share of the quota (it cannot read the cgroup: ``ip netns
+        exec`` gives it a fresh ``/sys``), so the host's CPU is reported against the quota."""
         cmd = [sys.executable, "-m", "distributed.cli.dask_worker", self.scheduler_address, "--nthreads", "1",
                "--no-nanny", "--no-dashboard", "--host", ns.address, "--name", name, "--death-timeout", "30"]
-        return processes.start(name, ns.command(cmd), env=_same_imports())
+        return processes.start(name, ns.command(cmd), env={**_same_imports(), QUOTA_ENV: str(cores)})
 
     async def _remove(self, held: _LabHost) -> None:
         """Stop the host's workers by PID, then delete its cgroup and namespace by name."""

@@ -5,7 +5,7 @@ its workers share the machine's ``/proc/stat`` with every other process, so
 ``psutil.cpu_percent`` would call the host saturated whenever the machine is.
 :class:`QuotaCPU` measures what the host really has: the group's CPU time over
 its quota (v2 ``cpu.stat``/``cpu.max``, or v1 ``cpuacct.usage`` and
-``cpu.cfs_quota_us``). :func:`own_quota` finds the group of this process, or
+``cpu.cfs_quota_us``). :func:`host_quota` finds the quota of this worker, or
 None when no quota bounds it (then the machine's CPU is the host's).
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 
 def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> dict[str, str]:
@@ -48,25 +49,48 @@ def cpu_hierarchy(mounts: dict[str, str]) -> str | None:
 
 
 class QuotaCPU:
-    """CPU use of a cgroup as a fraction of its quota, between calls of :meth:`fraction`."""
+    """CPU use under a quota of ``cores``, as a fraction of it, between calls of :meth:`fraction`;
+    ``usage()`` gives the CPU seconds used so far."""
 
-    def __init__(self, usage_file: str, seconds_per_unit: float, cores: float) -> None:
-        self.usage_file, self.scale, self.cores = usage_file, seconds_per_unit, cores
-        self._last = (time.monotonic(), self._usage())
-
-    def _usage(self) -> float:
-        with open(self.usage_file) as f:
-            text = f.read()
-        if self.usage_file.endswith("cpu.stat"):
-            text = next(line.split()[1] for line in text.splitlines() if line.startswith("usage_usec"))
-        return int(text.split()[0]) * self.scale
+    def __init__(self, usage: Callable[[], float], cores: float) -> None:
+        self.usage, self.cores = usage, cores
+        self._last = (time.monotonic(), usage())
 
     def fraction(self) -> float:
-        """The group's CPU time since the last call over what its quota allowed (0..1)."""
-        now, used = time.monotonic(), self._usage()
+        """CPU time used since the last call over what the quota allowed (0..1)."""
+        now, used = time.monotonic(), self.usage()
         t0, u0 = self._last
         self._last = (now, used)
         return min(1.0, (used - u0) / max(now - t0, 1e-9) / self.cores)
+
+
+def _counter(path: str, seconds_per_unit: float) -> Callable[[], float]:
+    """CPU seconds from a cgroup file: v2 ``cpu.stat``'s ``usage_usec``, or v1 ``cpuacct.usage`` (ns)."""
+    def usage() -> float:
+        with open(path) as f:
+            text = f.read()
+        if path.endswith("cpu.stat"):
+            text = next(line.split()[1] for line in text.splitlines() if line.startswith("usage_usec"))
+        return int(text.split()[0]) * seconds_per_unit
+    return usage
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def host_quota() -> QuotaCPU | None:
+    """The quota this worker's host gives it: ``PESCHEDULER_CPU_QUOTA`` (cores per worker, set by
+    the lab, whose workers cannot see the cgroup files: ``ip netns exec`` mounts a fresh
+    ``/sys``), else this process's own cgroup quota, else None."""
+    given = os.environ.get(QUOTA_ENV)
+    if given:
+        return QuotaCPU(_own_cpu_seconds, float(given))
+    return own_quota()
+
+
+QUOTA_ENV = "PESCHEDULER_CPU_QUOTA"
 
 
 def own_quota(proc_cgroup: str = "/proc/self/cgroup") -> QuotaCPU | None:
@@ -91,7 +115,7 @@ def _v2_quota(mounts: dict[str, str], groups: dict[str, str]) -> QuotaCPU | None
     where = os.path.join(mounts["v2"], groups[""].lstrip("/"))
     with open(os.path.join(where, "cpu.max")) as f:
         quota, period = f.read().split()[:2]
-    return None if quota == "max" else QuotaCPU(os.path.join(where, "cpu.stat"), 1e-6, int(quota) / int(period))
+    return None if quota == "max" else QuotaCPU(_counter(os.path.join(where, "cpu.stat"), 1e-6), int(quota) / int(period))
 
 
 def _v1_quota(mounts: dict[str, str], groups: dict[str, str]) -> QuotaCPU | None:
@@ -103,4 +127,5 @@ def _v1_quota(mounts: dict[str, str], groups: dict[str, str]) -> QuotaCPU | None
         period = int(f.read())
     if quota <= 0:
         return None
-    return QuotaCPU(os.path.join(mounts["cpuacct"], v1["cpuacct"].lstrip("/"), "cpuacct.usage"), 1e-9, quota / period)
+    return QuotaCPU(_counter(os.path.join(mounts["cpuacct"], v1["cpuacct"].lstrip("/"), "cpuacct.usage"), 1e-9),
+                    quota / period)

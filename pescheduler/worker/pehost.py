@@ -27,7 +27,7 @@ import cloudpickle
 import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .cgroup import own_quota
+from .cgroup import host_quota
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
 from ..plugins import activate
@@ -77,7 +77,7 @@ class PEHost:
         self._process = psutil.Process()
         self._process.cpu_percent(None)         # start the CPU measurement window
         psutil.cpu_percent(None)
-        self._quota = own_quota()               # a lab host: its CPU is its cgroup quota's, not the machine's
+        self._quota = host_quota()               # a lab host: its CPU is its cgroup quota's, not the machine's
 
     async def start(self) -> None:
         ip = self.worker.ip if hasattr(self.worker, "ip") else "127.0.0.1"
