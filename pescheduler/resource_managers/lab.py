@@ -37,7 +37,7 @@ from ..control.resources import Host, ResourceManagerUnavailable
 from . import lab_net, processes
 from ..worker.cgroup import QUOTA_ENV
 from .local import _same_imports
-from .workers import named_workers, retire
+from .workers import named_workers, retire_quietly, start_hosts
 
 logger = logging.getLogger(__name__)
 
@@ -112,17 +112,13 @@ class LabResourceManager:
 
     async def request_hosts(self, n: int) -> list[Host]:
         ids = [f"lab-{i}" for i in range(1, self.budget + 1) if f"lab-{i}" not in self.held][:max(0, n)]
-        started = await asyncio.gather(*(self._start_host(h) for h in ids))
-        return [h for h in started if h is not None]
+        return await start_hosts(self._start_host, ids)
 
     async def return_host(self, host: Host) -> None:
         held = self.held.pop(host.host_id, None)
         if held is None:
             return
-        try:
-            await retire(self._client, list(held.host.workers), timeout=10)
-        except Exception as exc:          # the processes are stopped by PID below anyway
-            logger.warning("lab: retiring %s failed: %s", host.host_id, exc)
+        await retire_quietly(self._client, held.host, "lab")
         await self._remove(held)
 
     async def close(self) -> None:
