@@ -442,9 +442,18 @@ class Controller:
         append_log(self.log_path, self.deployment, [d.as_dict() for d in made])
 
 
+def event(kind: str, outcome: str, target: str, figures: Mapping[str, Any], detail: str = "") -> dict:
+    """A decision-log line for what no policy decided, in a decision's shape: a host event
+    (``kind`` "host", ``outcome`` borrowed/returned/lost/refused/return-requested) or a copy's
+    activation (``kind`` "activation", ``outcome`` "activated", ``figures["ms"]``)."""
+    return {"at": round(time.time(), 3), "t": round(time.monotonic(), 3), "policy": None, "outcome": outcome,
+            "action": None, "kind": kind, "target": target, "reason": "", "figures": dict(figures),
+            "detail": detail, "pause_ms": 0.0}
+
+
 def append_log(path: str | None, deployment: str, entries: list[dict]) -> None:
     """``entries`` as JSON lines in the decision log at ``path`` (none: nothing). Decisions, host
-    events (``{"event": "host", ...}``) and copy activations share it, in the order they happen."""
+    events and copy activations (:func:`event`) share it, in the order they happen."""
     if not path or not entries:
         return
     try:

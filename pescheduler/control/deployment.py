@@ -28,7 +28,6 @@ import asyncio
 import logging
 import os
 import threading
-import time
 import uuid
 from typing import Any, Coroutine
 
@@ -45,7 +44,7 @@ from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
 from . import statefile
 from .cluster import HOST as CLUSTER_HOST, EmbeddedCluster
 from .control_loop import ControlLoop
-from .controller import Controller, append_log, policy_configs, select_policies
+from .controller import Controller, append_log, event, policy_configs, select_policies
 from .deadletters import DeadLetters
 from .gateway import WorkerGateway
 from .hosts import HostManager
@@ -287,10 +286,11 @@ class Deployment:
         rc.host_actions, rc.on_failure = self.hosts.apply, self._fail
         rc.on_worker = lambda worker: self._tasks.append(asyncio.create_task(self._watch(worker)))
         log = config.get("policies.decision-log")
-        rc.on_activation = lambda copy, ms: append_log(log, self.id, [
-            {"at": round(time.time(), 3), "event": "activation", "copy": copy, "ms": round(ms, 1)}])
-        self.hosts.on_mark = lambda entry: append_log(log, self.id, [
-            {"at": round(time.time(), 3), "event": "host", **{k: v for k, v in entry.items() if k != "t"}}])
+        rc.on_activation = lambda copy, ms: append_log(log, self.id, [event("activation", "activated", copy,
+                                                                          {"ms": round(ms, 1)})])
+        self.hosts.on_mark = lambda e: append_log(log, self.id, [event(
+            "host", e["what"], e["host"], {k: v for k, v in e.items() if k not in ("t", "what", "host", "reason")},
+            e.get("reason", ""))])
         if self.cluster is not None:
             await self.cluster.wait_for_workers(self.client)
         workers = await rc.known_workers()

@@ -25,7 +25,7 @@ import logging
 import time
 from typing import Awaitable, Callable
 
-from ..actions import Action, ActionRefused, BorrowHosts, ReturnHost
+from ..actions import Action, ActionRefused, BorrowHosts, Replicate, ReturnHost
 from ..plan.placement import Placement
 from ..plan.transforms import NoSlotLeft, add_slot, add_workers, remove_workers, transform, with_slots
 from ..plan.wiring import build_specs, channel_ids
@@ -102,8 +102,10 @@ class Reconfigurer:
             except ActionRefused as exc:
                 return self.record(ApplyRecord(action, False, str(exc)))
             record = self.record(await self._run(action, old, new, plan, timeout))
-        if record.applied:
-            self.activating.update({p: decided for p in record.created if new.pes[p].copy_of})
+        if record.applied:          # a copy retired before its first batch was seen has no figure
+            self.activating = {p: t for p, t in self.activating.items() if p not in record.retired}
+            if isinstance(action, Replicate):
+                self.activating.update({p: decided for p in record.created if new.pes[p].copy_of})
         return record
 
     def activated(self, answers: list[dict]) -> dict[str, float]:

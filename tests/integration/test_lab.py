@@ -61,7 +61,7 @@ def test_a_borrowed_lab_host_is_a_namespace_with_a_quota_a_copy_runs_there_and_r
             assert rec.applied, rec.reason
             copy = dep.placement().pes["hot#1"]
             assert copy.host == "lab-1" and copy.worker == host.workers[0]
-            until(lambda: dep.pe_stats().get("hot#1", {}).get("first_input_at"), 60, "the copy's first batch")
+            until(lambda: "hot#1" in dep.activations(), 60, "the copy's first batch, seen by the monitor")
 
             rec = dep.apply(ReturnHost("lab-1"), timeout=120)
             assert rec.applied, rec.reason
@@ -70,14 +70,17 @@ def test_a_borrowed_lab_host_is_a_namespace_with_a_quota_a_copy_runs_there_and_r
             assert ns not in _ip("netns", "list").split()
             assert not held.group.exists() and not held.namespace.exists()
             dep.wait(timeout=180)
-            assert dep.activations()["hot#1"] > 0
+            activation = dep.activations()["hot#1"]
+            assert activation > 0
         assert bridge.name not in _ip("-br", "link")                        # the bridge went with the cluster
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == EVENTS and len({(r["car"], r["ts"]) for r in rows}) == EVENTS     # none lost or doubled
     events = [json.loads(line) for line in log.read_text().splitlines()]
-    hosts = [(e["what"], e["host"]) for e in events if e.get("event") == "host"]
+    hosts = [(e["outcome"], e["target"]) for e in events if e["kind"] == "host"]
     assert hosts == [("borrowed", "lab-1"), ("returned", "lab-1")], hosts
-    assert [e["copy"] for e in events if e.get("event") == "activation"] == ["hot#1"]
+    activations = [(e["outcome"], e["target"], e["figures"]["ms"]) for e in events if e["kind"] == "activation"]
+    assert activations == [("activated", "hot#1", round(activation, 1))]
+    assert events[0]["kind"] == "host" and events[0]["figures"]["took_s"] > 0
 
 
 def _quota(group) -> float:
