@@ -77,3 +77,24 @@ def test_without_root_the_lab_names_what_it_lacks(monkeypatch):
         "the `tc` command (Debian package iproute2) for delay and loss",
         "a cgroup CPU controller: neither cgroup v2 with `cpu` in cgroup.controllers nor the v1 `cpu` and "
         "`cpuacct` hierarchies are mounted"]
+
+
+def test_rate_with_every_slot_host_saturated_borrows_or_asks_so_the_refusal_is_recorded():
+    from pescheduler.control.resources import ResourceView
+    from pescheduler.policies import rate
+
+    sim = Simulation.chain(5, costs={2: 4e-4}, source_rate=4000.0)
+    hot = sim.step()
+    saturated = MetricsSnapshot(hot.time, hot.interval_s, hot.operators, hot.pes, hot.workers,
+                                MappingProxyType({h: HostMetrics(h, 0.97) for h in ("h0", "h1")}))
+    lendable = rate.pescheduler_policy_decide(saturated, sim.placement, ResourceView(lendable=2), {})
+    assert [repr(a) for a in lendable] == ["BorrowHosts(2)"]                  # no spare slot: borrow
+    asked = rate.pescheduler_policy_decide(saturated, sim.placement, ResourceView(lendable=0), {})
+    assert [repr(a) for a in asked] == ["Replicate('op2', 2)"]               # nothing to borrow: on record
+    refused = asyncio.run(Controller({"rate": lambda s, p, r, c: asked}, _never, cooldown_s=0)
+                          .tick(saturated, sim.placement))
+    assert [(d.outcome, d.detail[:34]) for d in refused] == [("refused", "host 'h1' has no more CPU: 97% of ")]
+
+
+async def _never(action):
+    raise AssertionError(f"{action!r} must not be applied")
