@@ -315,7 +315,7 @@ def onto_saturated(action: Action, placement: Placement, snapshot: MetricsSnapsh
         after = transforms.replicate(placement, action)
     except ActionRefused:
         return ""
-    for pe_id in after.pes.keys() - placement.pes.keys():
+    for pe_id in [p for p in after.pes if p not in placement.pes]:      # in order: the same reason every run
         why = snapshot.saturated(after.pes[pe_id].host, limit)
         if why:
             return f"{why}; a copy of {action.operator!r} there would only share it"

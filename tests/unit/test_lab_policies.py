@@ -93,7 +93,7 @@ def test_rate_with_every_slot_host_saturated_borrows_or_asks_so_the_refusal_is_r
     assert [repr(a) for a in asked] == ["Replicate('op2', 2)"]               # nothing to borrow: on record
     refused = asyncio.run(Controller({"rate": lambda s, p, r, c: asked}, _never, cooldown_s=0)
                           .tick(saturated, sim.placement))
-    assert [(d.outcome, d.detail[:34]) for d in refused] == [("refused", "host 'h1' has no more CPU: 97% of ")]
+    assert [(d.outcome, d.detail[:34]) for d in refused] == [("refused", "host 'h0' has no more CPU: 97% of ")]
 
 
 async def _never(action):
