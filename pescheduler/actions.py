@@ -28,9 +28,15 @@ class Action:
     hold: Hold | None = field(default=None, kw_only=True, compare=False)
 
     def __repr__(self) -> str:
-        """``Split('map-2->filter-3', ('filter-3',))``: the arguments that matter, in order."""
-        shown = [repr(getattr(self, f.name)) for f in fields(self)
-                 if f.name not in ("reason", "figures", "hold") and getattr(self, f.name) is not None]
+        """``Split('map-2->filter-3', ('filter-3',))``: the arguments that matter, in order (by
+        keyword after one left out: ``Replicate('x', 1, hosts=('lab-1',))``)."""
+        shown, skipped = [], False
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("reason", "figures", "hold") or value is None:
+                skipped = skipped or f.name not in ("reason", "figures", "hold")
+                continue
+            shown.append(f"{f.name}={value!r}" if skipped else repr(value))
         return f"{type(self).__name__}({', '.join(shown)})"
 
     @property
@@ -89,15 +95,20 @@ class Replicate(Action):
     *exclusive* to it (weight N, N being the number of routers), as in the
     Fujitsu standard-thread method. KEYED operators' copies are always shared:
     every router must agree on who owns a key group.
+
+    ``hosts``: the copies land only on standard slots of these hosts (``None``:
+    any). The controller fills it in to steer copies off hosts with no CPU to spare.
     """
 
     operator: str
     copies: int = 1
     routers: tuple[str, ...] | None = None
+    hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.routers is not None:
-            object.__setattr__(self, "routers", tuple(self.routers))
+        for name in ("routers", "hosts"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def target(self) -> str:

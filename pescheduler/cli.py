@@ -85,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--cluster", metavar="ADDR", help="scheduler of a running Dask cluster")
     where.add_argument("--workers", type=_at_least_one, metavar="N",
                        help="worker processes of the embedded cluster (default: pescheduler.cluster.workers)")
-    dep.add_argument("--rm", metavar="NAME", help="resource manager (local, spark)")
+    dep.add_argument("--rm", metavar="NAME", help="resource manager (local, lab, spark, none)")
     dep.add_argument("--policy", action="append", metavar="NAME",
                      help="active policy, repeatable (default: pescheduler.policies.default, rate and copy); "
                           "`--policy none` for none")

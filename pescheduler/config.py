@@ -43,7 +43,7 @@ if _env:
 NULLABLE_FORMS = {
     "cluster.workers": "an integer >= 1 or null",
     "dead-letters.path": "a file path or null",
-    "rm.name": "a resource manager name (local, spark, none) or null",
+    "rm.name": "a resource manager name (local, lab, spark, none) or null",
     "rm.local.demand": "a schedule file, a list of {at, want|free} entries, a callable, or null",
     "rm.local.reclaim-after": "a duration such as 10s, or null",
     "rm.spark.master": "spark://host:port or null",
@@ -53,7 +53,7 @@ NULLABLE_FORMS = {
 # Integers that must be at least 1 (0 would hang or divide by zero); others must be >= 0.
 AT_LEAST_ONE = {"batch.size", "channel.credits", "pe.time-slice-ms", "monitor.history", "cluster.workers",
                 "rm.local.workers-per-host", "rm.spark.workers", "rm.spark.max-executors",
-                "policies.rate.down-after"}
+                "policies.rate.down-after", "policies.move.after", "rm.lab.hosts"}
 OPEN_MAPPINGS = {"rm.spark.conf"}        # any keys: passed through to Spark as they are
 
 

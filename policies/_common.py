@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from dask.utils import parse_timedelta
 
-from pescheduler.config import section
+from pescheduler.config import get, section
 from pescheduler.control.monitor import MetricsSnapshot
 from pescheduler.operator import Parallelism
 from pescheduler.plan.placement import Placement
@@ -53,6 +53,7 @@ class View:
                 self.upstream[d].append(s)
         self.pe_of = {op: p for p, pe in placement.pes.items() for op in pe.operators}
         self._loads: dict[str, Load | None] = {}
+        self._saturated: set[str] | None = None
 
     _last: "View | None" = None
 
@@ -103,8 +104,26 @@ class View:
         return any(p in metrics and metrics[p].backpressure >= blocked for p in senders if p in pes)
 
     def free_slots(self) -> list[str]:
-        """Workers of the standard slots holding no copy, in slot order."""
-        return [s.worker for s in self.placement.slots.values() if not s.copies]
+        """Workers of the standard slots holding no copy on hosts with CPU to spare, in slot order
+        (a copy on a saturated host would only share its cores: such slots are not spare)."""
+        hot = self.saturated_hosts()
+        return [s.worker for s in self.placement.slots.values() if not s.copies and s.host not in hot]
+
+    def saturated_hosts(self) -> set[str]:
+        """Hosts of standard slots using more of their CPU than ``policies.saturated-cpu``."""
+        if self._saturated is None:
+            limit = get("policies.saturated-cpu")
+            self._saturated = {s.host for s in self.placement.slots.values()
+                               if self.snapshot.saturated(s.host, limit)}
+        return self._saturated
+
+    def cool_hosts(self) -> tuple[str, ...] | None:
+        """Where copies should land (``Replicate(hosts=...)``): the slot hosts with CPU to spare,
+        or None (anywhere) when no slot host is saturated."""
+        hot = self.saturated_hosts()
+        if not hot:
+            return None
+        return tuple(dict.fromkeys(s.host for s in self.placement.slots.values() if s.host not in hot))
 
 
 def hosts_for(slots_needed: int, placement: Placement) -> int:

@@ -61,7 +61,7 @@ def decide(snapshot, placement, config) -> list[Action]:
             n = take_slots(spare, wanted, view.worker(op)) if wanted > 0 else 0
             if n > 0:
                 router = _router(view, op)
-                actions.append(Replicate(op, n, routers=router, figures=figures, reason=(
+                actions.append(Replicate(op, n, routers=router, hosts=view.cool_hosts(), figures=figures, reason=(
                     f"traffic concentrates on {op}: an instance is {now.hottest:.0%} busy "
                     f"(≥ {hot:.0%}); {n} cop{'y' if n == 1 else 'ies'} on standard slots"
                     + (f", exclusive to router {router[0]}" if router else ""))))

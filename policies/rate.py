@@ -70,10 +70,14 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
         if want > now.instances:
             n = take_slots(spare, want - now.instances, view.worker(op))
             short += want - now.instances - n
+            why = (f"{op} is offered {offered[op]:.0f} t/s and processes {figures['true_rate_per_s']:.0f} t/s "
+                   f"per busy second: {want} instances run it at {target:.0%} (it has {now.instances})")
             if n > 0:
-                actions.append(Replicate(op, n, figures=figures, reason=(
-                    f"{op} is offered {offered[op]:.0f} t/s and processes {figures['true_rate_per_s']:.0f} t/s "
-                    f"per busy second: {want} instances run it at {target:.0%} (it has {now.instances})")))
+                actions.append(Replicate(op, n, hosts=view.cool_hosts(), figures=figures, reason=why))
+            elif view.saturated_hosts() and resources.lendable == 0:
+                # nowhere to go and nothing to borrow: asked anyway, so the controller's refusal
+                # (no host has CPU to spare) is on the record
+                actions.append(Replicate(op, want - now.instances, figures=figures, reason=why))
         elif not view.backlogged(op):              # a backlog understates the load: never scale down on it
             actions.append(Release(op, now.instances - want, figures=figures, hold=Hold(rounds=down_after), reason=(
                 f"{op} is offered {offered[op]:.0f} t/s: {want} instance(s) run it at or under "

@@ -20,6 +20,11 @@ process, which drains and then stops them. Everything listens on 127.0.0.1.
 certificates) makes every connection TLS, the PE data plane included
 (docs/security.md); the workers get the same certificates as files in the
 cluster's private temporary folder.
+
+``host`` moves the scheduler and workers off loopback onto one address of
+this machine, for a resource manager whose hosts live in network namespaces
+(the ``lab``'s bridge: reachable from its namespaces, from nowhere else).
+Dashboards stay on loopback.
 """
 
 from __future__ import annotations
@@ -45,14 +50,15 @@ HOST = "127.0.0.1"
 DEATH_TIMEOUT_S = 30       # a worker whose deploying process died (SIGKILL) exits by itself after this
 
 
-def worker_process(scheduler: str, name: str, log_dir: str, tls: list[str] = ()) -> processes.Process:
+def worker_process(scheduler: str, name: str, log_dir: str, tls: list[str] = (),
+                   host: str = HOST) -> processes.Process:
     """A single-threaded ``dask worker`` called ``name`` joining ``scheduler``, started by command line.
 
     Its stdout is ours (a ``print`` sink shows where the user looks, as with
     LocalCluster); its log lines (stderr) go to ``log_dir/name.log``.
     """
     cmd = [sys.executable, "-m", "distributed.cli.dask_worker", scheduler, "--nthreads", "1", "--no-nanny",
-           "--no-dashboard", "--dashboard-address", f"{HOST}:0", "--host", HOST, "--name", name, "--death-timeout", str(DEATH_TIMEOUT_S), *tls]
+           "--no-dashboard", "--dashboard-address", f"{HOST}:0", "--host", host, "--name", name, "--death-timeout", str(DEATH_TIMEOUT_S), *tls]
     log_path = os.path.join(log_dir, f"{name}.log")
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(cmd, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -61,10 +67,12 @@ def worker_process(scheduler: str, name: str, log_dir: str, tls: list[str] = ())
 
 
 class EmbeddedCluster:
-    """An in-process scheduler (with its dashboard) and single-threaded worker processes on 127.0.0.1."""
+    """An in-process scheduler (with its dashboard) and single-threaded worker processes on 127.0.0.1
+    (or ``host``)."""
 
-    def __init__(self, n_workers: int, security: Security | bool | None = None) -> None:
+    def __init__(self, n_workers: int, security: Security | bool | None = None, host: str = HOST) -> None:
         self.n_workers = n_workers
+        self.host = host
         self.security = Security.temporary() if security is True else security or None
         self._scheduler: Scheduler | None = None
         self._workers: list[processes.Process] = []
@@ -88,7 +96,7 @@ class EmbeddedCluster:
         # The /pescheduler page through the dashboard's own extension point (no second server).
         routes = [*dask.config.get("distributed.scheduler.http.routes"), "pescheduler.dashboard"]
         with dask.config.set({"distributed.scheduler.http.routes": routes}):
-            self._scheduler = await Scheduler(host=HOST, port=0, dashboard_address=f"{HOST}:0",
+            self._scheduler = await Scheduler(host=self.host, port=0, dashboard_address=f"{HOST}:0",
                                               validate=False, security=self.security,
                                               protocol="tls" if self.security else None)
         dashboard.install(self._scheduler)
@@ -98,7 +106,7 @@ class EmbeddedCluster:
 
     def _spawn(self) -> processes.Process:
         proc = worker_process(self._scheduler.address, f"embedded-{len(self._workers)}", self._log_dir,
-                              self._tls_flags())
+                              self._tls_flags(), self.host)
         self._workers.append(proc)
         return proc
 

@@ -61,6 +61,7 @@ class ControlLoop:
             for dead in answer["dead_letters"]:
                 self.dead.keep(dead)
         snapshot = self.monitor.update(answers, self.reconfigurer.placement)
+        self.reconfigurer.activated(answers)      # copies that processed their first batch since
         await stall.check(self, answers)          # no progress with input pending: stalled, then failed
         for pe_id, m in snapshot.pes.items():
             if m.threaded and pe_id not in self.state.threaded:

@@ -26,9 +26,10 @@ policy over it is skipped that round and quarantined after
 validated on return (:func:`invalid`: field types, targets that exist): an
 invalid one is *refused* with its reason, the policy's other actions go on.
 A ``Replicate`` whose copies would land on a host with no more CPU
-(:func:`onto_saturated`, ``pescheduler.policies.saturated-cpu``) is refused
-with that reason too: a copy there only shares the cores the original
-already lacks. The check lives here, not in the pure transform, because the
+(:func:`onto_saturated`, ``pescheduler.policies.saturated-cpu``) is steered
+to slots on hosts with CPU to spare (:func:`steer`), and refused with that
+reason when none has a slot for it: a copy on a saturated host only shares
+the cores the original already lacks. The check lives here, not in the pure transform, because the
 placement carries no metrics and this is where every action meets the
 snapshot, so no policy has to remember it.
 
@@ -36,7 +37,7 @@ A policy that raises, or returns anything but a list of actions, is
 *quarantined*: never called again in this deployment, with the reason
 logged; the other policies go on. Every decision (applied, refused,
 overruled, suppressed, quarantined) goes to the decision log (JSON lines,
-``pescheduler.policies.decision-log``) and to ``on_decision`` (the
+``pescheduler.policies.decision-log``; host events and copy activations too, :func:`append_log`) and to ``on_decision`` (the
 deployment's status events, so the live view shows it).
 """
 
@@ -48,7 +49,7 @@ import os
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from .. import config
@@ -314,11 +315,33 @@ def onto_saturated(action: Action, placement: Placement, snapshot: MetricsSnapsh
         after = transforms.replicate(placement, action)
     except ActionRefused:
         return ""
-    for pe_id in after.pes.keys() - placement.pes.keys():
+    for pe_id in [p for p in after.pes if p not in placement.pes]:      # in order: the same reason every run
         why = snapshot.saturated(after.pes[pe_id].host, limit)
         if why:
             return f"{why}; a copy of {action.operator!r} there would only share it"
     return ""
+
+
+def steer(action: Action, placement: Placement, snapshot: MetricsSnapshot,
+          limit: float | None) -> tuple[Action, str]:
+    """``action``, steered off hosts with no more CPU when its copies would land there, and
+    why it must be refused ("" when it need not): a ``Replicate`` whose copies would share a
+    saturated host's cores goes to slots on hosts below ``limit`` instead (``hosts=``), and is
+    refused only when those have no slot for it."""
+    why = onto_saturated(action, placement, snapshot, limit)
+    if not why:
+        return action, ""
+    cool = tuple(h for h in dict.fromkeys(s.host for s in placement.slots.values())
+                 if not snapshot.saturated(h, limit) and (action.hosts is None or h in action.hosts))
+    if cool:
+        steered = replace(action, hosts=cool, reason=f"{action.reason}; steered to {', '.join(cool)}: "
+                                                     f"{why.split(';')[0]}".lstrip("; "))
+        try:
+            transforms.replicate(placement, steered)
+            return steered, ""
+        except ActionRefused:
+            pass
+    return action, why
 
 
 class Controller:
@@ -357,9 +380,9 @@ class Controller:
         proposals, made = await self._decide(snapshot, placement, self.resources())
         checked = [(p, invalid(p.action, placement)) for p in proposals]
         made += [Decision(snapshot.time, p.policy, "refused", p.action, f"invalid: {why}") for p, why in checked if why]
-        checked = [(p, onto_saturated(p.action, placement, snapshot, self.saturated_cpu))
-                   for p, why in checked if not why]
-        made += [Decision(snapshot.time, p.policy, "refused", p.action, why) for p, why in checked if why]
+        checked = [(p, steer(p.action, placement, snapshot, self.saturated_cpu)) for p, why in checked if not why]
+        made += [Decision(snapshot.time, p.policy, "refused", p.action, why) for p, (_a, why) in checked if why]
+        checked = [(replace(p, action=a), "") for p, (a, why) in checked if not why]
         ready = self.hysteresis.admit([p for p, why in checked if not why], snapshot.time)
         kept, lost = merge(ready, placement)
         made += [Decision(snapshot.time, p.policy, "overruled", p.action,
@@ -416,12 +439,29 @@ class Controller:
                 self.on_decision(d)
             except Exception:                 # the view must never stop the controller
                 logger.exception("decision callback failed")
-        if self.log_path and made:
-            try:
-                os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
-                with open(self.log_path, "a") as f:
-                    for d in made:
-                        f.write(json.dumps({"deployment": self.deployment, **d.as_dict()}, default=repr) + "\n")
-            except OSError as exc:            # a full disk must not stop the app: the events still show it
-                logger.warning("cannot write the decision log %s: %s", self.log_path, exc)
+        append_log(self.log_path, self.deployment, [d.as_dict() for d in made])
+
+
+def event(kind: str, outcome: str, target: str, figures: Mapping[str, Any], detail: str = "") -> dict:
+    """A decision-log line for what no policy decided, in a decision's shape: a host event
+    (``kind`` "host", ``outcome`` borrowed/returned/lost/refused/return-requested) or a copy's
+    activation (``kind`` "activation", ``outcome`` "activated", ``figures["ms"]``)."""
+    return {"at": round(time.time(), 3), "t": round(time.monotonic(), 3), "policy": None, "outcome": outcome,
+            "action": None, "kind": kind, "target": target, "reason": "", "figures": dict(figures),
+            "detail": detail, "pause_ms": 0.0}
+
+
+def append_log(path: str | None, deployment: str, entries: list[dict]) -> None:
+    """``entries`` as JSON lines in the decision log at ``path`` (none: nothing). Decisions, host
+    events and copy activations (:func:`event`) share it, in the order they happen."""
+    if not path or not entries:
+        return
+    try:
+        path = os.path.expanduser(path)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "a") as f:
+            for e in entries:
+                f.write(json.dumps({"deployment": deployment, **e}, default=repr) + "\n")
+    except OSError as exc:            # a full disk must not stop the app: the events still show it
+        logger.warning("cannot write the decision log %s: %s", path, exc)
 

@@ -42,9 +42,9 @@ from ..plan.placement import Placement
 from ..plugins import Plugins, activate
 from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
 from . import statefile
-from .cluster import EmbeddedCluster
+from .cluster import HOST as CLUSTER_HOST, EmbeddedCluster
 from .control_loop import ControlLoop
-from .controller import Controller, policy_configs, select_policies
+from .controller import Controller, append_log, event, policy_configs, select_policies
 from .deadletters import DeadLetters
 from .gateway import WorkerGateway
 from .hosts import HostManager
@@ -253,6 +253,11 @@ class Deployment:
         """Each worker's PE host answer (pid, cores, host)."""
         return self.reconfigurer.worker_info if self.reconfigurer else {}
 
+    def activations(self) -> dict[str, float]:
+        """Copy PE -> ms from the decision to replicate to the copy's first processed batch
+        (seen at the monitor's next collect after it happened)."""
+        return dict(self.reconfigurer.activations) if self.reconfigurer else {}
+
     @property
     def _last_cold_start_s(self) -> float | None:
         return self.reconfigurer.last_cold_start_s if self.reconfigurer else None
@@ -267,7 +272,7 @@ class Deployment:
         chosen = select_policies(self.plugins, self.policy_names)     # an unknown name fails before any start
         self.hosts.check(self.plugins.resource_managers)
         if self.cluster_address is None:
-            self.cluster = EmbeddedCluster(self.n_workers, self.security)
+            self.cluster = EmbeddedCluster(self.n_workers, self.security, self._cluster_host())
             self.scheduler_address = await self.cluster.start()
             self.security = self.cluster.security
         else:
@@ -280,6 +285,12 @@ class Deployment:
                                               int(config.get("standard.slots-per-host")))
         rc.host_actions, rc.on_failure = self.hosts.apply, self._fail
         rc.on_worker = lambda worker: self._tasks.append(asyncio.create_task(self._watch(worker)))
+        log = config.get("policies.decision-log")
+        rc.on_activation = lambda copy, ms: append_log(log, self.id, [event("activation", "activated", copy,
+                                                                          {"ms": round(ms, 1)})])
+        self.hosts.on_mark = lambda e: append_log(log, self.id, [event(
+            "host", e["what"], e["host"], {k: v for k, v in e.items() if k not in ("t", "what", "host", "reason")},
+            e.get("reason", ""))])
         if self.cluster is not None:
             await self.cluster.wait_for_workers(self.client)
         workers = await rc.known_workers()
@@ -300,6 +311,17 @@ class Deployment:
         self._tasks = [asyncio.create_task(self._watch(w)) for w in placement.workers]
         self._tasks.append(asyncio.create_task(self.loop.run(self._done)))
         self.hosts.start(self.scheduler_address)
+
+    def _cluster_host(self) -> str:
+        """Where the embedded cluster listens: loopback, or the address a resource manager's
+        hosts reach it on (``cluster_network(settings)`` of its class: the lab's bridge, an object
+        with ``address`` and ``remove()``, removed once the cluster has closed)."""
+        make = getattr(self.plugins.resource_managers.get(self.hosts.rm_name or ""), "cluster_network", None)
+        if make is not None:
+            self._network = make(config.section(f"rm.{self.hosts.rm_name}"))
+        return self._network.address if self._network is not None else CLUSTER_HOST
+
+    _network = None          # what cluster_network made (closed after the cluster)
 
     def _controller(self, chosen: dict) -> Controller:
         timeout = config.get_seconds("policies.apply-timeout")
@@ -410,6 +432,8 @@ class Deployment:
                 await asyncio.wait_for(self.cluster.close(), CLOSE_CLUSTER_S)
             except Exception as exc:
                 logger.warning("closing the embedded cluster failed: %s", exc)
+        if self._network is not None:
+            await asyncio.to_thread(self._network.remove)
 
 
 class _Fleet:

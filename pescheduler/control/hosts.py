@@ -155,14 +155,17 @@ class HostManager:
         except asyncio.TimeoutError:
             return ApplyRecord(action, False, f"resource manager {self.rm_name!r} is still starting")
         if not usable:
+            self._mark("refused", "", reason=self.error or "no resource manager")
             return ApplyRecord(action, False, self.error or "no resource manager (deploy with rm=...)")
         t0 = time.monotonic()
         try:
             granted = await asyncio.wait_for(self.rm.request_hosts(action.n), timeout)
         except Exception as exc:
+            self._mark("refused", "", t0=t0, reason=f"{type(exc).__name__}: {exc}")
             return ApplyRecord(action, False, f"resource manager failed: {type(exc).__name__}: {exc}")
         adopted = [h.host_id for h in granted if await self.adopt(h)]
         if not adopted:
+            self._mark("refused", "", t0=t0, reason=f"granted none of {action.n}")
             return ApplyRecord(action, False, f"{self.rm_name} granted no host "
                                               f"({self.rm.lendable()} lendable now)")
         self._mark("borrowed", ",".join(adopted), t0=t0)
@@ -320,4 +323,7 @@ class HostManager:
         now = time.monotonic()
         self.timeline.append({"t": now, "what": what, "host": host,
                               **({"took_s": now - t0} if t0 is not None else {}), **figures})
+        self.on_mark(self.timeline[-1])
+
+    on_mark: Callable[[dict], None] = staticmethod(lambda entry: None)   # the deployment's decision log
 

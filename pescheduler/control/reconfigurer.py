@@ -25,7 +25,7 @@ import logging
 import time
 from typing import Awaitable, Callable
 
-from ..actions import Action, ActionRefused, BorrowHosts, ReturnHost
+from ..actions import Action, ActionRefused, BorrowHosts, Replicate, ReturnHost
 from ..plan.placement import Placement
 from ..plan.transforms import NoSlotLeft, add_slot, add_workers, remove_workers, transform, with_slots
 from ..plan.wiring import build_specs, channel_ids
@@ -59,6 +59,9 @@ class Reconfigurer:
         self.on_worker: Callable[[str], None] = lambda worker: None      # a worker joined: watch it
         self.on_failure: Callable[[str], Awaitable[None]]     # the protocol failed half-way: fail the run
         self.last_cold_start_s: float | None = None
+        self.activating: dict[str, float] = {}     # copy PE -> when its Replicate was decided (time.time())
+        self.activations: dict[str, float] = {}    # copy PE -> ms from the decision to its first batch
+        self.on_activation: Callable[[str, float], None] = lambda copy, ms: None
 
     # -- the first placement ----------------------------------------------------------------
     async def known_workers(self) -> list[str]:
@@ -92,12 +95,32 @@ class Reconfigurer:
             if self.host_actions is None:
                 return self.record(ApplyRecord(action, False, "no host manager"))
             return self.record(await self.host_actions(action, timeout))
+        decided = time.time()
         async with self.lock:
             try:
                 old, new, plan = await self._planned(action)
             except ActionRefused as exc:
                 return self.record(ApplyRecord(action, False, str(exc)))
-            return self.record(await self._run(action, old, new, plan, timeout))
+            record = self.record(await self._run(action, old, new, plan, timeout))
+        if record.applied:          # a copy retired before its first batch was seen has no figure
+            self.activating = {p: t for p, t in self.activating.items() if p not in record.retired}
+            if isinstance(action, Replicate):
+                self.activating.update({p: decided for p in record.created if new.pes[p].copy_of})
+        return record
+
+    def activated(self, answers: list[dict]) -> dict[str, float]:
+        """Copies whose first batch the workers' ``answers`` report: ``{copy: ms}`` from the
+        decision (``apply`` called) to that batch, kept in :attr:`activations` and reported."""
+        seen = {}
+        for answer in answers:
+            for pe_id, stats in answer["pes"].items():
+                first = stats.get("first_input_at")
+                if first and pe_id in self.activating:
+                    seen[pe_id] = self.activations[pe_id] = (first - self.activating.pop(pe_id)) * 1000
+                    self.state.event("activation", f"copy {pe_id} processed its first batch "
+                                                   f"{seen[pe_id]:.0f} ms after the decision")
+                    self.on_activation(pe_id, seen[pe_id])
+        return seen
 
     async def _planned(self, action: Action):
         """The placement now, the one ``action`` makes and the plan between them (a cold start

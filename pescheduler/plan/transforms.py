@@ -156,7 +156,7 @@ def replicate(placement: Placement, action: Replicate) -> Placement:
         if unknown or not action.routers:
             raise ActionRefused(f"{unknown or '()'} do not feed {op_id!r}; its routers are {routers}")
     home = placement.pes[placement.pe_of(op_id)]
-    slots = pick_slots(placement, op_id, action.copies, avoid=home.worker)
+    slots = pick_slots(placement, op_id, action.copies, avoid=home.worker, hosts=action.hosts)
     taken = set(placement.plan.ops)
     made, n = [], 1
     for _ in slots:
@@ -310,15 +310,19 @@ def candidate_slots(placement: Placement, op_id: str) -> list[str]:
     return slots[offset:] + slots[:offset]
 
 
-def pick_slots(placement: Placement, op_id: str, n: int, avoid: str) -> list[str]:
-    """``n`` slots from ``op_id``'s candidate list, off worker ``avoid``: free ones first, then
-    shared ones least used; refuses with :class:`NoSlotLeft` when there are not enough."""
-    candidates = [s for s in candidate_slots(placement, op_id) if placement.slots[s].worker != avoid]
+def pick_slots(placement: Placement, op_id: str, n: int, avoid: str,
+               hosts: tuple[str, ...] | None = None) -> list[str]:
+    """``n`` slots from ``op_id``'s candidate list, off worker ``avoid`` (and on ``hosts`` when
+    given): free ones first, then shared ones least used; refuses with :class:`NoSlotLeft`
+    when there are not enough."""
+    candidates = [s for s in candidate_slots(placement, op_id) if placement.slots[s].worker != avoid
+                  and (hosts is None or placement.slots[s].host in hosts)]
     mine = {s for s in candidates if any(placement.copies.get(c) == op_id for c in placement.slots[s].copies)}
     usable = [s for s in candidates if s not in mine]
     usable.sort(key=lambda s: len(placement.slots[s].copies))       # stable: list order breaks ties
     if len(usable) < n:
-        raise NoSlotLeft(f"{op_id!r} needs {n} standard slot(s) off {avoid}; {len(usable)} usable "
+        where = f" on hosts {', '.join(hosts)}" if hosts is not None else ""
+        raise NoSlotLeft(f"{op_id!r} needs {n} standard slot(s) off {avoid}{where}; {len(usable)} usable "
                          f"of {len(placement.slots)} (slots holding a copy of it already, or on its "
                          f"own worker, do not count)")
     return usable[:n]

@@ -46,7 +46,7 @@ from dask.utils import parse_timedelta
 from .. import config
 from ..control.resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
 from . import processes
-from .workers import named_workers, retire
+from .workers import named_workers, retire_quietly, start_hosts
 
 logger = logging.getLogger(__name__)
 
@@ -177,17 +177,13 @@ class LocalResourceManager:
 
     async def request_hosts(self, n: int) -> list[Host]:
         free = self._free()[:max(0, n)]
-        started = await asyncio.gather(*(self._start_host(h) for h in free))
-        return [h for h in started if h is not None]
+        return await start_hosts(self._start_host, free)
 
     async def return_host(self, host: Host) -> None:
         held = self.held.pop(host.host_id, None)
         if held is None:
             return
-        try:
-            await retire(self._client, list(held.host.workers), timeout=10)
-        except Exception as exc:          # the processes are stopped by PID below anyway
-            logger.warning("local: retiring %s failed: %s", host.host_id, exc)
+        await retire_quietly(self._client, held.host, "local")
         for proc in held.procs:
             if not await proc.wait_exit(5.0):
                 await proc.astop()

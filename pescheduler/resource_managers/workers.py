@@ -9,7 +9,10 @@ once instead of at the deadline).
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+import logging
+from typing import Awaitable, Callable
+
+logger = logging.getLogger(__name__)
 
 POLL_S = 0.1
 
@@ -42,3 +45,18 @@ async def retire(client, addresses: list[str], timeout: float) -> None:
     if addresses:
         await asyncio.wait_for(client.retire_workers(workers=list(addresses), close_workers=True,
                                                      remove=True), timeout)
+
+
+async def start_hosts(start: Callable[[str], Awaitable], ids: list[str]) -> list:
+    """Start the hosts ``ids`` at once with ``start(host_id)``; the ones that came up (not None)."""
+    started = await asyncio.gather(*(start(h) for h in ids))
+    return [h for h in started if h is not None]
+
+
+async def retire_quietly(client, host, manager: str) -> None:
+    """Retire ``host``'s workers, bounded; a failure is only logged (the manager then stops its
+    processes by PID anyway)."""
+    try:
+        await retire(client, list(host.workers), timeout=10)
+    except Exception as exc:
+        logger.warning("%s: retiring %s failed: %s", manager, host.host_id, exc)

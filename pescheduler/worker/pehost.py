@@ -27,6 +27,7 @@ import cloudpickle
 import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from .cgroup import host_quota
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
 from ..plugins import activate
@@ -76,6 +77,7 @@ class PEHost:
         self._process = psutil.Process()
         self._process.cpu_percent(None)         # start the CPU measurement window
         psutil.cpu_percent(None)
+        self._quota = host_quota()               # a lab host: its CPU is its cgroup quota's, not the machine's
 
     async def start(self) -> None:
         ip = self.worker.ip if hasattr(self.worker, "ip") else "127.0.0.1"
@@ -185,7 +187,7 @@ class PEHost:
     def _process_stats(self) -> dict:
         """This worker's CPU (fraction of a core) and memory, and its host's, since the last call."""
         return {"cpu": self._process.cpu_percent(None) / 100, "memory_bytes": self._process.memory_info().rss,
-                "host_cpu": psutil.cpu_percent(None) / 100, "host_memory": psutil.virtual_memory().percent / 100}
+                "host_cpu": self._quota.fraction() if self._quota else psutil.cpu_percent(None) / 100, "host_memory": psutil.virtual_memory().percent / 100}
 
     async def pe_wait(self, deployment: str, version: int, timeout: float) -> dict:
         """Long poll: return when a PE changed state after ``version``, or at ``timeout``."""

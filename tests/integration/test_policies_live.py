@@ -134,4 +134,4 @@ def test_deploy_names_an_unknown_policy_and_the_installed_ones(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pescheduler", "deploy", str(app), "--policy", "rate",
                              "--policy", "ds3"], capture_output=True, text=True, timeout=WAIT, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "unknown policy 'ds3'" in result.stderr and "copy, rate, threshold" in result.stderr
+    assert "unknown policy 'ds3'" in result.stderr and "copy, move, rate, threshold" in result.stderr

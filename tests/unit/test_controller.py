@@ -184,7 +184,7 @@ def test_an_unknown_policy_names_the_installed_ones():
     with pytest.raises(UnknownPolicyError) as err:
         select_policies(load_plugins(), ["rate", "ds3"])
     assert "unknown policy 'ds3'" in str(err.value)
-    assert "copy, rate, threshold" in str(err.value)
+    assert "copy, move, rate, threshold" in str(err.value)
 
 
 def test_an_installed_but_unselected_policy_is_never_called(tmp_path, monkeypatch):

@@ -15,10 +15,11 @@ import psutil
 import pytest
 
 from pescheduler.actions import Replicate
-from pescheduler.control.controller import Controller, onto_saturated
+from pescheduler.control.controller import Controller, onto_saturated, steer
 from pescheduler.control.monitor import HostMetrics, MetricsSnapshot
 from pescheduler.control.reconfigure import ApplyRecord
 from pescheduler.operator import Operator
+from pescheduler.plan import transforms
 from pescheduler.resource_managers import local
 from pescheduler.sim import Simulation
 from pescheduler.worker.chain import Chain
@@ -115,16 +116,20 @@ def test_busy_on_a_shared_core_is_the_cpu_the_pe_got_not_the_wall_time_it_waited
 
 # -- no copy onto a host with no more CPU ----------------------------------------------------------
 
-def snapshot(h0_cpu: float) -> MetricsSnapshot:
-    hosts = {"h0": HostMetrics("h0", h0_cpu), "h1": HostMetrics("h1", 0.3)}
+def snapshot(h0_cpu: float, h1_cpu: float = 0.3) -> MetricsSnapshot:
+    hosts = {"h0": HostMetrics("h0", h0_cpu), "h1": HostMetrics("h1", h1_cpu)}
     return MetricsSnapshot(1.0, 1.0, hosts=MappingProxyType(hosts))
 
 
-def test_a_replicate_onto_a_saturated_host_is_refused_with_that_reason():
+def test_a_replicate_onto_a_saturated_host_is_steered_to_a_host_with_cpu_else_refused():
     assert onto_saturated(Replicate("op2"), PL, snapshot(0.5), 0.9) == ""
     why = onto_saturated(Replicate("op2"), PL, snapshot(0.97), 0.9)
     assert why == "host 'h0' has no more CPU: 97% of its cores in use (above 90%); a copy of 'op2' there would only share it"
     assert onto_saturated(Replicate("op2"), PL, snapshot(1.0), 1) == ""        # saturated-cpu: 1, never
+    steered, refusal = steer(Replicate("op2", reason="hot"), PL, snapshot(0.97), 0.9)
+    assert refusal == "" and repr(steered) == "Replicate('op2', 1, hosts=('h1',))"
+    assert steered.reason == "hot; steered to h1: host 'h0' has no more CPU: 97% of its cores in use (above 90%)"
+    assert transforms.replicate(PL, steered).pes["op2#1"].host == "h1"
     asked = []
 
     async def apply(action):
@@ -132,11 +137,13 @@ def test_a_replicate_onto_a_saturated_host_is_refused_with_that_reason():
         return ApplyRecord(action, True, action.reason)
 
     ctl = Controller({"rate": lambda s, p, r, c: [Replicate("op2", reason="op2 is 1.4 cores busy")]}, apply,
-                     saturated_cpu=0.9)
-    made = asyncio.run(ctl.tick(snapshot(0.97), PL))
+                     saturated_cpu=0.9, cooldown_s=0)
+    both = snapshot(0.97, 0.95)                          # no host has CPU to spare: refused
+    made = asyncio.run(ctl.tick(both, PL))
     assert [(d.outcome, d.detail) for d in made] == [("refused", why)] and asked == []
-    assert [d.outcome for d in asyncio.run(ctl.tick(snapshot(0.4), PL))] == ["applied"]   # CPU to spare
-    assert [repr(a) for a in asked] == ["Replicate('op2', 1)"]
+    assert [d.outcome for d in asyncio.run(ctl.tick(snapshot(0.97), PL))] == ["applied"]   # h1 has CPU
+    assert [d.outcome for d in asyncio.run(ctl.tick(snapshot(0.4), PL))] == ["applied"]    # h0 has CPU again
+    assert [repr(a) for a in asked] == ["Replicate('op2', 1, hosts=('h1',))", "Replicate('op2', 1)"]
 
 
 class Sleep(Operator):

@@ -1,0 +1,285 @@
+"""The lab's pieces of a host: a bridge, network namespaces on it, cgroup CPU quotas.
+
+Each object here creates what it names and removes exactly that, by name:
+:class:`LabNetwork` a bridge ``pslabN`` holding ``10.213.N.1/24`` in this
+network namespace; :class:`Namespace` a network namespace ``pslabN-hI``
+wired to it by a veth pair (its own address ``10.213.N.(I+1)``, optional
+``tc netem`` delay and loss on both ends); :class:`CpuGroup` a cgroup with a
+CPU quota (v2 ``cpu.max``, or v1 ``cpu.cfs_quota_us`` plus a ``cpuacct``
+group for its usage, whichever the machine mounts). Objects still alive at
+interpreter exit are removed then (``atexit``), so a crash in between leaves
+nothing behind; nothing is ever removed by a pattern.
+
+The commands are ``ip`` and ``tc`` (iproute2); everything needs root.
+:func:`missing` says what of that is absent, so the lab can refuse with a
+clear reason instead of half-building a host.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ipaddress
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import psutil
+
+from ..worker.cgroup import cgroup_mounts, cpu_hierarchy
+
+logger = logging.getLogger(__name__)
+
+NETWORKS: dict[str, "LabNetwork"] = {}   # bridge address -> a lab network this process made
+_LIVE: dict[int, object] = {}           # id -> object with remove(): what is still ours to remove
+_LOCK = threading.Lock()
+
+
+def _own(obj) -> None:
+    with _LOCK:
+        _LIVE[id(obj)] = obj
+
+
+def _disown(obj) -> None:
+    with _LOCK:
+        _LIVE.pop(id(obj), None)
+
+
+@atexit.register
+def _remove_leftovers() -> None:
+    """At exit, remove what this process created and did not remove (newest first)."""
+    for obj in reversed(list(_LIVE.values())):
+        try:
+            obj.remove()
+        except Exception as exc:           # exiting: say it, go on with the rest
+            logger.warning("lab: removing %r at exit failed: %s", obj, exc)
+
+
+@contextlib.contextmanager
+def _undo_on_failure(obj):
+    """Own ``obj`` (removed at exit unless removed before); a failed create removes what it made."""
+    _own(obj)
+    try:
+        yield
+    except BaseException:
+        obj.remove()
+        raise
+
+
+def run(*cmd: str) -> str:
+    """Run a command; its stdout, or ``RuntimeError`` with its stderr."""
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+# -- what the lab needs ---------------------------------------------------------------------
+
+def missing(netem: bool) -> list[str]:
+    """What the lab needs and this machine lacks (empty: all there)."""
+    lacks = []
+    if os.geteuid() != 0:
+        lacks.append(f"root (running as uid {os.geteuid()}): namespaces and cgroups need it")
+    for tool, why in (("ip", "network namespaces"), ("tc", "delay and loss")):
+        if (tool == "ip" or netem) and shutil.which(tool) is None:
+            lacks.append(f"the `{tool}` command (Debian package iproute2) for {why}")
+    if netem and not lacks and not _has_netem():
+        lacks.append("netem in this kernel (`tc qdisc ... netem` says the kind is unknown: sch_netem "
+                     "is not built in): set pescheduler.rm.lab.delay and loss to 0")
+    if cpu_hierarchy(cgroup_mounts()) is None:
+        lacks.append("a cgroup CPU controller: neither cgroup v2 with `cpu` in cgroup.controllers "
+                     "nor the v1 `cpu` and `cpuacct` hierarchies are mounted")
+    return lacks
+
+
+def _has_netem() -> bool:
+    """Whether the kernel has netem: tried on the loopback of a throw-away namespace."""
+    probe = f"pslab-probe-{os.getpid()}"
+    run("ip", "netns", "add", probe)
+    try:
+        run("tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms")
+        return True
+    except RuntimeError:
+        return False
+    finally:
+        _quiet("ip", "netns", "del", probe)
+
+
+# -- the bridge -------------------------------------------------------------------------------
+
+class LabNetwork:
+    """A bridge ``pslabN`` with ``10.213.N.1/24`` (the first free ``/24`` of ``subnet``).
+
+    The deployment's scheduler and workers listen on that address, so the lab's
+    namespaces reach them; no other machine does (the bridge has no port to
+    the outside).
+    """
+
+    def __init__(self, subnet: str) -> None:
+        self.subnet = ipaddress.ip_network(subnet)
+        self.index, self.net = self._free()
+        self.name = f"pslab{self.index}"
+        self.address = str(self.net.network_address + 1)
+        self.hosts = 0
+
+    def _free(self) -> tuple[int, ipaddress.IPv4Network]:
+        used = {ipaddress.ip_address(a.address) for addrs in psutil.net_if_addrs().values()
+                for a in addrs if a.family.name == "AF_INET"}
+        links = set(psutil.net_if_addrs())
+        for i, net in enumerate(self.subnet.subnets(new_prefix=24)):
+            if not any(u in net for u in used) and f"pslab{i}" not in links:
+                return i, net
+        raise RuntimeError(f"lab: no free /24 left in {self.subnet}")
+
+    def create(self) -> "LabNetwork":
+        with _undo_on_failure(self):
+            self._create()
+        return self
+
+    def _create(self) -> None:
+        run("ip", "link", "add", self.name, "type", "bridge")
+        run("ip", "addr", "add", f"{self.address}/24", "dev", self.name)
+        run("ip", "link", "set", self.name, "up")
+        NETWORKS[self.address] = self
+
+    def next_address(self) -> str:
+        """The next host's address on the bridge (``.2``, ``.3``, ...)."""
+        self.hosts += 1
+        if self.hosts + 1 >= self.net.num_addresses - 1:
+            raise RuntimeError(f"lab: no address left on {self.net}")
+        return str(self.net.network_address + 1 + self.hosts)
+
+    def remove(self) -> None:
+        _disown(self)
+        NETWORKS.pop(self.address, None)
+        _quiet("ip", "link", "del", self.name)
+
+    def __repr__(self) -> str:
+        return f"LabNetwork({self.name}, {self.address}/24)"
+
+
+def _quiet(*cmd: str) -> None:
+    """Run a removal; one whose target is already gone is not an error."""
+    try:
+        run(*cmd)
+    except RuntimeError as exc:
+        if "Cannot find" not in str(exc) and "No such" not in str(exc) and "not exist" not in str(exc):
+            logger.warning("lab: %s", exc)
+
+
+# -- a host's namespace ------------------------------------------------------------------------------
+
+class Namespace:
+    """A network namespace on the lab bridge: veth ``<bridge>h<I>`` to the bridge, ``eth0``
+    inside with ``address``; ``delay_ms``/``loss_pct`` as netem on both ends (each way)."""
+
+    def __init__(self, network: LabNetwork, index: int, address: str,
+                 delay_ms: float = 0.0, loss_pct: float = 0.0) -> None:
+        self.name = f"{network.name}-h{index}"
+        self.veth = f"{network.name}h{index}"
+        self.bridge = network.name
+        self.address = address
+        self.delay_ms, self.loss_pct = delay_ms, loss_pct
+
+    def create(self) -> "Namespace":
+        with _undo_on_failure(self):
+            self._create()
+        return self
+
+    def _create(self) -> None:
+        run("ip", "netns", "add", self.name)
+        run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.name)
+        run("ip", "link", "set", self.veth, "master", self.bridge, "up")
+        run("ip", "-n", self.name, "addr", "add", f"{self.address}/24", "dev", "eth0")
+        run("ip", "-n", self.name, "link", "set", "eth0", "up")
+        run("ip", "-n", self.name, "link", "set", "lo", "up")
+        if self.delay_ms or self.loss_pct:
+            netem = ["netem", "delay", f"{self.delay_ms}ms", "loss", f"{self.loss_pct}%"]
+            run("tc", "qdisc", "add", "dev", self.veth, "root", *netem)
+            run("tc", "-n", self.name, "qdisc", "add", "dev", "eth0", "root", *netem)
+
+    def command(self, cmd: list[str]) -> list[str]:
+        """``cmd`` run inside the namespace (``ip netns exec`` execs it: the PID stays the same)."""
+        return ["ip", "netns", "exec", self.name, *cmd]
+
+    def exists(self) -> bool:
+        return self.name in run("ip", "netns", "list").split()
+
+    def remove(self) -> None:
+        """Delete the namespace (its ``eth0`` and so the veth pair go with it)."""
+        _disown(self)
+        _quiet("ip", "netns", "del", self.name)
+        _quiet("ip", "link", "del", self.veth)       # normally gone with its peer already
+
+    def __repr__(self) -> str:
+        return f"Namespace({self.name}, {self.address})"
+
+
+# -- a host's CPU quota --------------------------------------------------------------------------------
+
+class CpuGroup:
+    """A cgroup named ``name`` whose processes share ``cores`` of CPU time (a quota per period)."""
+
+    PERIOD_US = 100_000
+
+    def __init__(self, name: str, cores: float) -> None:
+        self.name, self.cores = name, float(cores)
+        mounts = cgroup_mounts()
+        self.kind = cpu_hierarchy(mounts)
+        if self.kind is None:
+            raise RuntimeError("lab: no cgroup CPU controller mounted")
+        roots = [mounts["v2"]] if self.kind == "v2" else list(dict.fromkeys([mounts["cpu"], mounts["cpuacct"]]))
+        self.dirs = [os.path.join(root, name) for root in roots]
+
+    def create(self) -> "CpuGroup":
+        with _undo_on_failure(self):
+            self._create()
+        return self
+
+    def _create(self) -> None:
+        quota = max(1000, int(self.cores * self.PERIOD_US))
+        for d in self.dirs:
+            os.mkdir(d)
+        if self.kind == "v2":
+            _write(os.path.join(self.dirs[0], "cpu.max"), f"{quota} {self.PERIOD_US}")
+        else:
+            _write(os.path.join(self.dirs[0], "cpu.cfs_period_us"), str(self.PERIOD_US))
+            _write(os.path.join(self.dirs[0], "cpu.cfs_quota_us"), str(quota))
+
+    def add(self, pid: int) -> None:
+        """Put process ``pid`` (and so the children it starts later) in the group."""
+        for d in self.dirs:
+            _write(os.path.join(d, "cgroup.procs"), str(pid))
+
+    def pids(self) -> list[int]:
+        with open(os.path.join(self.dirs[0], "cgroup.procs")) as f:
+            return [int(p) for p in f.read().split()]
+
+    def exists(self) -> bool:
+        return any(os.path.isdir(d) for d in self.dirs)
+
+    def remove(self, timeout: float = 5.0) -> None:
+        """Remove the group once its processes have gone (they were stopped by PID first)."""
+        _disown(self)
+        deadline = time.monotonic() + timeout
+        for d in self.dirs:
+            while os.path.isdir(d):
+                try:
+                    os.rmdir(d)
+                except OSError as exc:      # EBUSY while an exiting process is still counted
+                    if time.monotonic() >= deadline:
+                        logger.warning("lab: cannot remove cgroup %s: %s", d, exc)
+                        break
+                    time.sleep(0.05)        # bounded; no event says "the group is empty"
+
+    def __repr__(self) -> str:
+        return f"CpuGroup({self.name}, {self.cores} cores, {self.kind})"
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
