@@ -191,6 +191,16 @@ def activate(modules: tuple[str, ...] | list[str]) -> Plugins:
     return active_plugins()
 
 
+def prepare(modules: tuple[str, ...] | list[str] = ()) -> Plugins:
+    """The plug-ins and settings checked before anything starts (the command line and ``deploy()``):
+    entry points plus ``modules`` activated, a module of ``modules`` that failed to load an error
+    (:class:`PluginError`), then every setting validated, after the plug-ins declared theirs."""
+    found = activate(tuple(modules))
+    require_loaded(found, modules)
+    config.validate()
+    return found
+
+
 def active_plugins() -> Plugins:
     """The plugin set activated in this process (entry points alone until ``activate``)."""
     return default_plugins(_active_modules)

@@ -39,7 +39,8 @@ from ..errors import DeploymentFailed
 from ..plan.app import Application
 from ..plan.compiler import compile_app
 from ..plan.placement import Placement
-from ..plugins import Plugins, activate
+from ..apploader import check_app
+from ..plugins import Plugins, activate, prepare
 from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
 from . import statefile
 from .cluster import EmbeddedCluster
@@ -110,8 +111,8 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     """
     if config_file:
         config.load_file(config_file)
-    activate(tuple(plugins))    # plug-ins declare their settings (pescheduler_config) before the check
-    config.validate()           # an unknown key or bad value fails here, before anything starts
+    # The command line's pre-flight checks, before any process starts: plug-ins, settings, the app.
+    check_app(app, prepare(tuple(plugins)))
     if options:
         unknown = ", ".join(sorted(options))
         raise TypeError(f"deploy() got options this version does not support yet: {unknown}")
