@@ -57,7 +57,9 @@ def pescheduler_resource_managers():
 
     Collecting. ``deploy --rm NAME`` selects one by name. The runtime builds the
     chosen class as ``cls(scheduler_address, settings)`` (``settings``: the
-    ``pescheduler.rm.<name>`` config) and uses the methods of
+    ``pescheduler.rm.<name>`` config; on a TLS cluster also ``security=``, the
+    deployment's ``distributed.Security``, for its own Client and the workers
+    it starts) and uses the methods of
     ``pescheduler.control.resources.ResourceManager``, ``lendable()`` included.
     """
 

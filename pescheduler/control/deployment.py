@@ -300,7 +300,7 @@ class Deployment:
             statefile.write(self.scheduler_address, self.app.name)
         self._tasks = [asyncio.create_task(self._watch(w)) for w in placement.workers]
         self._tasks.append(asyncio.create_task(self.loop.run(self._done)))
-        self.hosts.start(self.scheduler_address)
+        self.hosts.start(self.scheduler_address, None if self.security is True else self.security)
 
     def _controller(self, chosen: dict) -> Controller:
         timeout = config.get_seconds("policies.apply-timeout")
