@@ -4,8 +4,6 @@ paths run against real brokers in tests/integration/test_kafka.py and test_redis
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from pescheduler import Application, Release, Replicate
@@ -20,15 +18,18 @@ from pescheduler.plugins import load_plugins
 
 
 def test_watermark_is_the_least_partition_and_idle_partitions_stop_holding_it():
-    clock = PartitionClock(max_delay=100, idle_timeout_s=0.05)
+    now = [100.0]
+    clock = PartitionClock(max_delay=100, idle_timeout_s=5.0, clock=lambda: now[0])
     clock.assign([0, 1])
     clock.seen_max(0, 10_000)
     assert clock.watermark() is None                       # partition 1 has no data yet
     clock.seen_max(1, 5_000)
     assert clock.watermark() == 5_000 - 101
-    time.sleep(0.06)
-    clock.seen_max(0, 12_000)                              # 1 quiet for longer than idle_timeout
-    assert clock.watermark() == 12_000 - 101
+    now[0] += 5.0
+    clock.seen_max(0, 12_000)
+    assert clock.watermark() == 5_000 - 101                # 1 quiet exactly idle_timeout: still counts
+    now[0] += 0.001
+    assert clock.watermark() == 12_000 - 101               # 1 quiet for longer than idle_timeout
     assert clock.watermark(behind=lambda p: p == 1) == 5_000 - 101   # quiet but with a backlog: not idle
 
 
