@@ -104,3 +104,18 @@ def test_releasing_gathers_the_partitions_on_the_remaining_instances(placement):
     states = redistribute(two, one, saved)
     assert "kafka-1#1" not in states
     assert states["kafka-1"]["state"] == {"positions": {0: 4, 1: 9}, "max_ts": {}, "share": Share(0, 1)}
+
+
+def test_redis_entries_through_a_position_as_redis_estimates_them():
+    from pescheduler.operators.redis_streams import entries_through
+
+    info = {"entries-added": 10, "length": 6, "last-generated-id": b"20-0", "first-entry": (b"11-0", {}),
+            "max-deleted-entry-id": b"0-0"}                        # 4 trimmed from the head, 6 left: 11..20
+    assert entries_through("0-0", info) == 4                      # before the first: everything trimmed
+    assert entries_through("11-0", info) == 5 and entries_through("20-0", info) == 10
+    assert entries_through("15-0", info) is None                  # inside: the source counts itself
+    assert entries_through("21-0", info) is None                  # beyond the last: not a position of it
+    deleted = {**info, "max-deleted-entry-id": b"13-0"}           # a hole after the first entry
+    assert entries_through("0-0", deleted) is None and entries_through("20-0", deleted) == 10
+    assert entries_through("0-0", {**info, "entries-added": 0, "length": 0}) == 0
+    assert entries_through("3-0", {**info, "length": 0}) == 10    # emptied: all before the last id
