@@ -279,7 +279,7 @@ def test_the_cli_tls_flags_run_deploy_status_and_stop_over_tls(tmp_path):
     import subprocess
     import sys
 
-    from waiting import until
+    from waiting import reap, until
 
     out, states = tmp_path / "counts.jsonl", tmp_path / "state"
     (tmp_path / "app.py").write_text(CLI_APP.format(out=str(out)))
@@ -306,9 +306,7 @@ def test_the_cli_tls_flags_run_deploy_status_and_stop_over_tls(tmp_path):
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert deploy.wait(timeout=BOUND * 2) == 0
     finally:
-        if deploy.poll() is None:
-            deploy.kill()                            # by the PID this test started
-            deploy.wait()
+        reap(deploy)                                 # by the PID this test started
         log.close()
     assert sum(json.loads(line)["n"] for line in out.read_text().splitlines()) > 0
 
