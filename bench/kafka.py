@@ -19,7 +19,6 @@ Prints events/s of each, the ratio (goal >= 0.7), and the machine load (it is sh
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -31,6 +30,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import pescheduler  # noqa: E402
 from pescheduler import Application  # noqa: E402
 from pescheduler.operators.partitions import json_value  # noqa: E402
+
+import options  # noqa: E402  (bench/, beside this file)
 
 GENERATOR = dict(keys=10_000, seed=7)
 PARTITIONS = 2
@@ -123,13 +124,7 @@ def deployed(address: str, topic: str, out_topic: str, events: int,
 def main() -> None:
     from brokers import create_topic, start_tansu
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=300_000)
-    parser.add_argument("--repeat", type=int, default=2, help="runs of each variant; the best counts")
-    parser.add_argument("--quick", action="store_true", help="20,000 events, one run (a smoke test)")
-    args = parser.parse_args()
-    if args.quick:
-        args.events, args.repeat = 20_000, 1
+    args = options.arguments(__doc__, 300_000, 2, 20_000, "runs of each variant; the best counts")
     n = args.events
     broker = start_tansu()
     try:

@@ -20,7 +20,6 @@ best of ``--repeat`` interleaved runs, and the machine's load average.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing
 import os
@@ -29,6 +28,8 @@ import time
 from pescheduler.worker.channels import (DATA, END, HEADER, HELLO, ChannelIn, FrameReceiver, Inbox,
                                          TcpChannelOut, decode)
 from pescheduler.worker.handshake import Credentials, new_secret, tls_contexts
+
+import options  # bench/, beside this file
 
 CHANNEL = "bench/0/src.out->sink"
 VARIANTS = ("none", "auth", "tls")
@@ -139,13 +140,7 @@ def one_run(variant: str, events: int, security) -> float:
 def main() -> None:
     from distributed import Security
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=5, help="interleaved runs of each variant; the best counts")
-    parser.add_argument("--quick", action="store_true", help="100,000 events, one run each (a smoke test)")
-    args = parser.parse_args()
-    if args.quick:
-        args.events, args.repeat = 100_000, 1
+    args = options.arguments(__doc__, 1_000_000, 5, 100_000, "interleaved runs of each variant; the best counts")
     security = Security.temporary()
     load_before = os.getloadavg()
     rates: dict[str, list[float]] = {v: [] for v in VARIANTS}

@@ -59,21 +59,22 @@ class PartitionClock:
     start does not let event time run ahead of it.
     """
 
-    def __init__(self, max_delay: int, idle_timeout_s: float) -> None:
+    def __init__(self, max_delay: int, idle_timeout_s: float, clock: Callable[[], float] = monotonic) -> None:
         self.max_delay = max_delay
         self.idle_timeout_s = idle_timeout_s
+        self.clock = clock                        # seconds, monotonic (a test passes its own)
         self.max_ts: dict[Any, int] = {}
         self.active: dict[Any, float] = {}        # partition -> when it last delivered (or was assigned)
 
     def assign(self, partitions, max_ts: dict | None = None) -> None:
-        now = monotonic()
+        now = self.clock()
         self.active = {p: now for p in partitions}
         self.max_ts = {p: (max_ts or {}).get(p, MIN_WATERMARK) for p in partitions}
 
     def seen_max(self, partition: Any, ts: int) -> None:
         if ts > self.max_ts.get(partition, MIN_WATERMARK):
             self.max_ts[partition] = ts
-        self.active[partition] = monotonic()
+        self.active[partition] = self.clock()
 
     def watermark(self, behind: Callable[[Any], bool] | None = None) -> int | None:
         """The least watermark of the busy partitions; ``None`` if none is busy or none has data.
@@ -82,7 +83,7 @@ class PartitionClock:
         partition is never idle, however long it has been quiet: the reader
         is busy with the others' backlog, and its records are not late.
         """
-        horizon = monotonic() - self.idle_timeout_s
+        horizon = self.clock() - self.idle_timeout_s
         busy = [self.max_ts[p] for p, t in self.active.items()
                 if t >= horizon or (behind is not None and behind(p))]
         if not busy or min(busy) == MIN_WATERMARK:

@@ -6,12 +6,21 @@ than in Redis. Several streams are partitions of one source: stream ``i`` of
 ``stream=[...]`` belongs to the instance whose :class:`~pescheduler.operator.Share`
 owns ``i``, so replicating the source spreads streams over its copies.
 Reads never block (no ``BLOCK``): the PE loop asks again when it is idle.
+
+Lag (entries behind per stream, for the monitor as Kafka's records behind):
+``XINFO STREAM`` says how many entries were ever added; the source counts how
+many of those lie at or before its position, as Redis does for a consumer
+group's ``entries-read`` (:func:`entries_through`), and adds what it reads
+since. The info is fetched on the source's own read path, pipelined, at most
+twice per monitor interval, so asking for the lag costs no round trip.
 """
 
 from __future__ import annotations
 
+from time import monotonic
 from typing import Any, Callable
 
+from pescheduler import config
 from pescheduler.operator import Parallelism, Sink
 from pescheduler.timeutil import parse_duration
 
@@ -31,6 +40,35 @@ def _client(url: str, timeout_s: float):
         raise ConnectionError(f"redis: cannot reach {url} within {timeout_s:g} s ({exc}); "
                               f"is redis-server running, and is url right?") from None
     return client
+
+
+def _entry_id(text: bytes | str) -> tuple[int, int]:
+    ms, _, seq = (text.decode() if isinstance(text, bytes) else str(text)).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def entries_through(position: str, info: dict) -> int | None:
+    """How many entries were ever added to a stream up to and including ``position``, from its
+    ``XINFO STREAM`` answer; ``None`` when nobody can tell (a position inside the stream after
+    entries were deleted there). The same estimate Redis makes for a consumer group created at
+    an id (``streamEstimateDistanceFromFirstEverEntry``): exact at the last entry or before
+    the first; unknowable in between, which the source then counts itself as it reads."""
+    added, length = int(info["entries-added"]), int(info["length"])
+    at, last = _entry_id(position), _entry_id(info["last-generated-id"])
+    if added == 0:
+        return 0
+    if at == last or (length == 0 and at <= last):
+        return added
+    if at > last:
+        return None
+    first = _entry_id(info["first-entry"][0]) if info.get("first-entry") else last
+    deleted = _entry_id(info["max-deleted-entry-id"])
+    if deleted == (0, 0) or deleted < first:        # nothing deleted after the first entry
+        if at < first:
+            return added - length
+        if at == first:
+            return added - length + 1
+    return None
 
 
 def _streams(stream: str | list[str]) -> list[str]:
@@ -74,6 +112,9 @@ class RedisStreamSource(PartitionedSource):
         self._index = {s: i for i, s in enumerate(self.streams)}
         self._client = None
         self._mine: dict[str, str] = {}
+        self._through: dict[str, int | None] = {}    # stream -> entries ever added up to the position
+        self._added: dict[str, int] = {}             # stream -> entries ever added (last XINFO)
+        self._info_due = 0.0                          # when to fetch XINFO STREAM again (monotonic)
 
     def open(self, context: Any) -> None:
         super().open(context)
@@ -94,13 +135,49 @@ class RedisStreamSource(PartitionedSource):
     def read(self, n: int) -> list:
         if not self._mine:
             return []
-        answer = self._client.xread(self._mine, count=n)
+        if monotonic() >= self._info_due:
+            return self._read_with_info(n)
+        return self._took(self._client.xread(self._mine, count=n))
+
+    def _took(self, answer: list) -> list:
         out: list = []
         for name, entries in answer:
             stream = name.decode()
             out.extend(self._decode(stream, entries))
             self._mine[stream] = self._positions[stream] = entries[-1][0].decode()
+            through = self._through.get(stream)
+            self._through[stream] = None if through is None else through + len(entries)
         return out
+
+    def _read_with_info(self, n: int) -> list:
+        """XINFO STREAM of each stream read, then XREAD, in one round trip; the lag's figures."""
+        self._info_due = monotonic() + config.get_seconds("monitor.interval") / 2
+        pipe = self._client.pipeline(transaction=False)
+        for stream in self._mine:
+            pipe.xinfo_stream(stream)
+        pipe.xread(self._mine, count=n)
+        *infos, answer = pipe.execute(raise_on_error=False)
+        if isinstance(answer, Exception):
+            raise answer
+        for stream, info in zip(list(self._mine), infos):
+            if isinstance(info, Exception):           # no such stream (yet): nothing added, nothing behind
+                info = {"entries-added": 0, "length": 0, "last-generated-id": b"0-0"}
+            self._added[stream] = int(info["entries-added"])
+            known = entries_through(self._mine[stream], info)
+            if known is not None:
+                self._through[stream] = known
+            elif _entry_id(info.get("max-deleted-entry-id", b"0-0")) > _entry_id(self._mine[stream]):
+                self._through[stream] = None         # deleted entries ahead: the count would be wrong
+        return self._took(answer)
+
+    def lag(self) -> dict[str, int]:
+        """Entries behind per stream (those whose count is known; see the module docstring)."""
+        behind = {}
+        for stream in list(self._mine):
+            through, added = self._through.get(stream), self._added.get(stream)
+            if through is not None and added is not None:
+                behind[stream] = max(0, added - through)
+        return behind
 
     def _decode(self, stream: str, entries: list) -> list:
         out, decode, field, stamp, top = [], self.decode, self.ts_field, self.stamp, None
@@ -131,6 +208,7 @@ class RedisStreamSource(PartitionedSource):
     def seek(self, position: dict) -> None:
         self._positions.update(position)
         self._mine = {s: self._positions[s] for s in self._mine}
+        self._through, self._info_due = {}, 0.0      # counted again from the new position
 
     def watermark(self) -> int | None:
         return self._clock.watermark()

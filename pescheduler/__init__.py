@@ -29,7 +29,7 @@ from .actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Sp
 from .plan.app import Application, Stream
 from .control.deployment import Deployment, deploy
 from .expr import col, lit
-from .errors import AppLoadError, DeploymentFailed, InvalidApplication, PeschedulerError
+from .errors import AppCheckFailed, AppLoadError, DeploymentFailed, InvalidApplication, PeschedulerError
 from .operator import (MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, OperatorContext,
                        Parallelism, Sink, Source)
 from .plugins import hookimpl
@@ -45,6 +45,6 @@ __all__ = [
     "Emitter", "OperatorContext", "DeadLetter", "MAX_WATERMARK", "MIN_WATERMARK", "hookimpl",
     "MetricsSnapshot", "Placement", "ResourceManager", "ResourceView", "Host", "HostAvailable",
     "HostLost", "HostReturnRequested",
-    "PeschedulerError", "InvalidApplication", "AppLoadError", "DeploymentFailed",
+    "PeschedulerError", "InvalidApplication", "AppLoadError", "AppCheckFailed", "DeploymentFailed",
     "Fuse", "Split", "Move", "Replicate", "Release", "BorrowHosts", "ReturnHost",
 ]

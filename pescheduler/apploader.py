@@ -30,7 +30,7 @@ import uuid
 import cloudpickle
 
 from .plan.app import Application
-from .errors import AppLoadError, InvalidApplication
+from .errors import AppCheckFailed, AppLoadError, InvalidApplication
 
 MISSING_APP_FIX = ("app.py must define a module-level `app = Application(...)` "
                    "or a function `build()` returning one")
@@ -145,31 +145,26 @@ def _forget(module: types.ModuleType) -> None:
     sys.modules.pop(module.__name__, None)
 
 
-def check_app(app: Application, path: str | os.PathLike, plugins) -> None:
+def check_app(app: Application, plugins, path: str | os.PathLike | None = None) -> None:
     """Resolve and check every operator of ``app`` now, before any cluster starts.
 
-    The compiler's own ``validate`` phase runs (unknown operators with the
-    names that exist, bad parameters, the graph's shape); its error becomes
-    an AppLoadError at the line of ``path`` that names the operator.
+    The pre-flight check of both ways in, the command line and
+    ``pescheduler.deploy()``: the compiler's own ``validate`` phase runs
+    (unknown operators with the names that exist, bad parameters, the graph's
+    shape) and its error becomes an :class:`AppCheckFailed` at the file and line
+    that added the operator (``path`` as the user gave it, when that is the file).
     """
     from .plan.compiler import CompileContext, validate
 
-    path = os.fspath(path)
     try:
         validate(app, CompileContext(plugins, (), {}))
     except InvalidApplication as exc:
-        op_id = str(exc).split(":", 1)[0]
-        node = app.nodes.get(op_id)
-        line = _line_naming(path, node.name) if node else None
-        fix = "use one of the names listed, or load the plug-in that provides it with --plugin MODULE"
-        raise AppLoadError(path, str(exc) + (f"\n    {linecache.getline(os.path.abspath(path), line).strip()}"
-                                             if line else ""), fix, line) from None
-
-
-def _line_naming(path: str, name: str) -> int | None:
-    """The first line of ``path`` that names ``name`` (quoted, or as a ``.name(`` shorthand)."""
-    marks = (f'"{name}"', f"'{name}'", f".{name}(")
-    for number, text in enumerate(linecache.getlines(os.path.abspath(path)), 1):
-        if any(m in text for m in marks):
-            return number
-    return None
+        node = app.nodes.get(str(exc).split(":", 1)[0])
+        file, line = node.where if node is not None and node.where else (path and os.fspath(path), None)
+        if path is not None and file and os.path.abspath(path) == file:
+            file = os.fspath(path)          # messages show the path as the user gave it
+        code = linecache.getline(os.path.abspath(file), line).strip() if file and line else ""
+        fix = ("use one of the names listed, or load the plug-in that provides it (--plugin MODULE; "
+               "deploy(..., plugins=[MODULE]) in Python)" if "unknown " in str(exc) else "correct that line")
+        raise AppCheckFailed(file or f"application {app.name!r}", str(exc) + (f"\n    {code}" if code else ""),
+                             fix, line) from None

@@ -241,15 +241,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace):
     """Everything checked before any worker starts: config, plug-ins, settings, the app file; the app."""
     from .apploader import check_app, load_app
-    from .plugins import activate, require_loaded
+    from .plugins import prepare
 
     if args.config:
         _load_config(args.config)
-    found = activate(args.plugin)   # before the app: its operator and aggregate names may come from them
-    require_loaded(found, args.plugin)
-    config.validate()               # after the plug-ins: they declare their own settings
+    found = prepare(args.plugin)    # before the app: its operator and aggregate names may come from them
     app = load_app(args.app)
-    check_app(app, args.app, found)
+    check_app(app, found, args.app)
     return app
 
 

@@ -120,25 +120,37 @@ def load_file(path: str) -> dict:
     return data
 
 
-_from_plugins: dict[str, dict] = {}      # plug-in name -> the defaults it declared
+_from_plugins: dict[tuple[str, str], dict] = {}      # (plug-in name, hook) -> the defaults it declared
 
 
-def declare(plugin: str, defaults: Mapping[str, Any]) -> None:
-    """Add a plug-in's default settings (from its ``pescheduler_config`` hook) beside the packaged ones.
+def declare(plugin: str, defaults: Mapping[str, Any], hook: str = "pescheduler_config") -> None:
+    """Add a plug-in's default settings (from its ``hook``) beside the packaged ones.
 
     A plug-in declares new keys only: a key declared elsewhere raises
     ConfigError naming the plug-in. Declaring the same again is a no-op (the
     plug-in set may be loaded more than once in a process).
     """
+    if not isinstance(defaults, Mapping):
+        raise ConfigError(f"plug-in {plugin}: its {hook} returned {type(defaults).__name__}, not a mapping")
     defaults = copy.deepcopy(dict(defaults))
-    if _from_plugins.get(plugin) == defaults:
+    if _from_plugins.get((plugin, hook)) == defaults:
         return
     clash = sorted(set(_leaves(defaults)) & set(_leaves(_declared)))
     if clash:
-        raise ConfigError(f"plug-in {plugin}: its pescheduler_config redeclares {', '.join(clash)}")
-    _from_plugins[plugin] = defaults
+        raise ConfigError(f"plug-in {plugin}: its {hook} redeclares {', '.join(clash)}")
+    _from_plugins[(plugin, hook)] = defaults
     dask.config.update(_declared, copy.deepcopy(defaults))
     dask.config.update_defaults({"pescheduler": copy.deepcopy(defaults)})
+
+
+def declare_policy(policy: str, defaults: Mapping[str, Any]) -> None:
+    """Declare a policy's settings (its ``pescheduler_policy_defaults``) as ``policies.<policy>``;
+    a dotted name (a ``--plugin pkg.module`` policy) nests, as reading ``policies.pkg.module`` does."""
+    tree: Any = defaults
+    if isinstance(defaults, Mapping):           # else declare() says what is wrong with it
+        for part in reversed(["policies", *policy.split(".")]):
+            tree = {part: tree}
+    declare(policy, tree, "pescheduler_policy_defaults")
 
 
 def declared_keys() -> list[str]:
@@ -182,6 +194,11 @@ def _check(given: Mapping, declared: Mapping, prefix: str) -> list[str]:
 def _unknown(key: str) -> str:
     close = difflib.get_close_matches(key, declared_keys(), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else "; `pescheduler/pescheduler.yaml` lists the keys"
+    if key.startswith("policies.") and not close:
+        hint = ("; a policy declares the settings it takes with a pescheduler_policy_defaults hook "
+                "(docs/policies.md)")
+    elif key.startswith("policies."):
+        hint += " (a policy declares its settings with a pescheduler_policy_defaults hook)"
     return f"{key}: unknown key{hint}"
 
 

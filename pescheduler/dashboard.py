@@ -14,8 +14,8 @@ points, so there is no second server and the page is where Dask users look:
 
 The page is a Bokeh document (the library of distributed's own pages) built
 from that history on each request and refreshed by the browser every few
-seconds: placement of PEs on workers, busy / backpressure / input rate per PE
-over time, and the events and decisions as a timeline.
+seconds: placement of PEs on workers with the channels between them, busy /
+backpressure / input rate per PE over time, and the events and decisions as a timeline.
 """
 
 from __future__ import annotations
@@ -147,7 +147,8 @@ def page(now: dict[str, dict], samples: list) -> object:
 
 
 def placement_plot(status: dict):
-    """Each PE a box at its worker's row, named, coloured by how busy it is."""
+    """Each PE a box at its worker's row, named, coloured by how busy it is; the channels between
+    PEs as lines from box to box (drawn first, so the boxes sit on top)."""
     from bokeh.models import ColumnDataSource, HoverTool, LabelSet
     from bokeh.plotting import figure
 
@@ -167,9 +168,11 @@ def placement_plot(status: dict):
         data["colour"].append("#d62728" if busy >= 0.8 else "#ff7f0e" if busy >= 0.3 else "#2ca02c")
     source = ColumnDataSource(data)
     width = max(column_of.values(), default=0) + 1
-    plot = figure(title="placement: PEs on workers (colour: busy)", y_range=workers,
+    plot = figure(title="placement: PEs on workers, channels between them (colour: busy)", y_range=workers,
                   x_range=(-0.5, width - 0.5), height=80 + 60 * len(workers), sizing_mode="stretch_width",
                   tools="", toolbar_location=None, name="placement")
+    plot.segment("x0", "y0", "x1", "y1", source=edge_source(status, data), line_color="#555555",
+                 line_width=2, line_alpha=0.6)
     plot.rect("x", "y", width=0.9, height=0.6, source=source, fill_color="colour", fill_alpha=0.35,
               line_color="colour")
     plot.add_layout(LabelSet(x="x", y="y", text="pe", source=source, text_align="center",
@@ -177,6 +180,22 @@ def placement_plot(status: dict):
     plot.add_tools(HoverTool(tooltips=[("PE", "@pe"), ("operators", "@operators"), ("busy", "@busy{0%}")]))
     plot.xaxis.visible = False
     return plot
+
+
+def edge_source(status: dict, boxes: dict):
+    """The channels of ``status`` as segments between the PE boxes at ``boxes`` (``pe``, ``x``, ``y``),
+    a ColumnDataSource named ``pe-edges`` (``from``, ``to``, ``edges``: what a browser draws)."""
+    from bokeh.models import ColumnDataSource
+
+    at = {pe: (x, y) for pe, x, y in zip(boxes["pe"], boxes["x"], boxes["y"])}
+    data: dict[str, list] = {"from": [], "to": [], "edges": [], "x0": [], "y0": [], "x1": [], "y1": []}
+    for channel in status.get("channels", ()):
+        a, b = str(channel.get("from", "")), str(channel.get("to", ""))
+        if a in at and b in at:
+            for name, value in (("from", a), ("to", b), ("edges", ", ".join(channel.get("edges", ()))),
+                                ("x0", at[a][0]), ("y0", at[a][1]), ("x1", at[b][0]), ("y1", at[b][1])):
+                data[name].append(value)
+    return ColumnDataSource(data, name="pe-edges")
 
 
 def series_plots(dep_id: str, samples: list) -> list:

@@ -39,6 +39,14 @@ class AppLoadError(PeschedulerError):
         return type(self), (self.file, self.problem, self.fix, self.line, self.column)
 
 
+class AppCheckFailed(AppLoadError, InvalidApplication):
+    """The app loaded but does not check (an unknown operator, bad parameters, its graph's shape),
+    found before any cluster starts; the message names the file and line that wrote the operator.
+
+    Both an :class:`AppLoadError` (file, line, fix) and an :class:`InvalidApplication`.
+    """
+
+
 class DeploymentFailed(PeschedulerError):
     """A running deployment failed; ``reason`` says why."""
 

@@ -57,7 +57,9 @@ def pescheduler_resource_managers():
 
     Collecting. ``deploy --rm NAME`` selects one by name. The runtime builds the
     chosen class as ``cls(scheduler_address, settings)`` (``settings``: the
-    ``pescheduler.rm.<name>`` config) and uses the methods of
+    ``pescheduler.rm.<name>`` config; on a TLS cluster also ``security=``, the
+    deployment's ``distributed.Security``, for its own Client and the workers
+    it starts) and uses the methods of
     ``pescheduler.control.resources.ResourceManager``, ``lendable()`` included.
     """
 
@@ -80,6 +82,30 @@ def pescheduler_config():
         @pescheduler.hookimpl
         def pescheduler_config():
             return {"policies": {"latency-guard": {"queue-batches": 4}}}
+    """
+
+
+@hookspec
+def pescheduler_policy_defaults():
+    """Return this policy's settings with their defaults: a mapping placed under
+    ``pescheduler.policies.<name>``, where ``<name>`` is the name the policy is
+    registered by (its entry-point name, or the module given to ``--plugin``).
+
+    Per plug-in: each policy's implementation is called when the plugin manager
+    is built, and its mapping is declared as that policy's section, so the
+    policy does not spell its own name (the installer's entry point chooses it),
+    users set the keys where they set any other (``--config FILE``,
+    ``PESCHEDULER__POLICIES__<NAME>__<KEY>``), a misspelt key is an error
+    naming the closest one, and ``config`` in ``pescheduler_policy_decide``
+    holds every key, read without fallbacks. A policy with no settings needs
+    no implementation. (``pescheduler_config`` declares settings anywhere
+    else under ``pescheduler``, e.g. an operator plug-in's.)
+
+    Example::
+
+        @pescheduler.hookimpl
+        def pescheduler_policy_defaults():
+            return {"busy": 0.9}        # a copy above 90% busy
     """
 
 

@@ -32,14 +32,29 @@ EVENT_STYLES = {"failed": "red", "refused": "yellow", "reconfigure": "cyan", "po
 
 # -- figures ------------------------------------------------------------------------------
 
+def count(n: float) -> str:
+    """A count, short: ``950``, ``12.3k``, ``1.25M``."""
+    n = float(n or 0.0)
+    if n >= 1e6:
+        return f"{n / 1e6:.2f}M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f}k"
+    return f"{n:.0f}"
+
+
 def rate(per_s: float) -> str:
     """Tuples per second, short: ``950/s``, ``12.3k/s``, ``1.25M/s``."""
-    per_s = float(per_s or 0.0)
-    if per_s >= 1e6:
-        return f"{per_s / 1e6:.2f}M/s"
-    if per_s >= 1e3:
-        return f"{per_s / 1e3:.1f}k/s"
-    return f"{per_s:.0f}/s"
+    return count(per_s) + "/s"
+
+
+def pe_lag(status: dict) -> dict[str, int]:
+    """Records (Kafka) or entries (Redis) behind on the broker, summed per PE over its sources'
+    partitions; only PEs with a source that reports lag."""
+    behind: dict[str, int] = {}
+    for op in status.get("operators", ()):
+        if op.get("lag") and op.get("pe"):
+            behind[op["pe"]] = behind.get(op["pe"], 0) + sum(op["lag"].values())
+    return behind
 
 
 def percent(fraction: float) -> str:
@@ -73,21 +88,24 @@ def decision_counts(status: dict) -> dict[str, int]:
 # -- rich renderables ---------------------------------------------------------------------
 
 def pe_table(status: dict) -> Table:
-    """One row per PE: operators, placement, rates, busy and backpressure in colour."""
+    """One row per PE: operators, placement, rates, busy and backpressure in colour; the lag of
+    its sources when one reports it (:func:`pe_lag`)."""
     table = Table(title=f"{status.get('app', '')}: processing elements", title_justify="left",
                   expand=False)
     for header in ("PE", "operators", "worker", "host"):
         table.add_column(header, overflow="fold")
-    for header in ("in", "out", "busy", "backpr."):
+    lag = pe_lag(status)
+    for header in ("in", "out", "busy", "backpr.") + (("lag",) if lag else ()):
         table.add_column(header, justify="right", no_wrap=True)
     for pe in status.get("pes", ()):
         name = Text(pe.get("pe", ""))
         if pe.get("state", "running") != "running":
             name.append(f" ({pe['state']})", style=STATE_STYLES.get(pe["state"], ""))
+        behind = (count(lag[pe["pe"]]) if pe.get("pe") in lag else "",) if lag else ()
         table.add_row(name, ", ".join(pe.get("operators", ())), short_worker(pe.get("worker", "")),
                       pe.get("host", ""), rate(pe.get("tuples_in_per_s")), rate(pe.get("tuples_out_per_s")),
                       Text(percent(pe.get("busy")), style=load_style(pe.get("busy"))),
-                      Text(percent(pe.get("backpressure")), style=load_style(pe.get("backpressure"))))
+                      Text(percent(pe.get("backpressure")), style=load_style(pe.get("backpressure"))), *behind)
     return table
 
 
@@ -171,20 +189,23 @@ def busiest_first(pes) -> list[dict]:
                                        pe.get("pe", "")))
 
 
-def compact_pe_table(pes: list[dict]) -> Table:
-    """PE, worker, in, out, busy, backpressure: one line each, names shortened with an ellipsis."""
+def compact_pe_table(pes: list[dict], lag: dict[str, int] | None = None) -> Table:
+    """PE, worker, in, out, busy, backpressure, and with ``lag`` (:func:`pe_lag`) what its
+    sources have left on the broker: one line each, names shortened with an ellipsis."""
     table = Table(box=None, padding=(0, 1), expand=False, show_edge=False, pad_edge=False)
     # Figures keep their width (7 for "12.3k/s", 4 for "100%"); names give way, with an ellipsis.
-    table.add_column("PE", no_wrap=True, overflow="ellipsis", max_width=30)
+    table.add_column("PE", no_wrap=True, overflow="ellipsis", max_width=30 if not lag else 22)
     table.add_column("worker", no_wrap=True, overflow="ellipsis", max_width=15)
-    for header, width in (("in", 8), ("out", 8), ("busy", 4), ("bp", 4)):
+    figures = (("in", 8), ("out", 8), ("busy", 4), ("bp", 4)) + ((("lag", 6),) if lag else ())
+    for header, width in figures:
         table.add_column(header, justify="right", no_wrap=True, min_width=width)
     for pe in pes:
         name = pe.get("pe", "") + ("" if pe.get("state", "running") == "running" else f" ({pe['state']})")
+        behind = (count(lag[pe["pe"]]) if pe.get("pe") in lag else "",) if lag else ()
         table.add_row(name, short_worker(pe.get("worker", "")), rate(pe.get("tuples_in_per_s")),
                       rate(pe.get("tuples_out_per_s")),
                       Text(percent(pe.get("busy")), style=load_style(pe.get("busy"))),
-                      Text(percent(pe.get("backpressure")), style=load_style(pe.get("backpressure"))))
+                      Text(percent(pe.get("backpressure")), style=load_style(pe.get("backpressure"))), *behind)
     return table
 
 
@@ -196,8 +217,8 @@ def _one_line(text: str, style: str = "") -> Text:
 
 def screen(status: dict, height: int = 24) -> RenderableType:
     """What the live view shows in ``height`` lines (24: a classic terminal): a summary line,
-    the error if any, the busiest PEs first (as many as fit), the standard slots, and the
-    latest events. Every line is one terminal line; longer texts end in an ellipsis."""
+    the error if any, the busiest PEs first (as many as fit; a ``lag`` column when a source
+    reports what it has left on its broker), the standard slots, and the latest events. Every line is one terminal line; longer texts end in an ellipsis."""
     parts: list[RenderableType] = [summary(status)]
     if status.get("error"):
         parts.append(_one_line(f"error: {status['error']}", "red"))
@@ -205,13 +226,13 @@ def screen(status: dict, height: int = 24) -> RenderableType:
     events = list(status.get("events", ()))
     shown_events = min(len(events), SCREEN_EVENTS, max(0, height - len(parts) - 6))
     room = height - len(parts) - 1 - (1 if slots else 0) - (1 + shown_events if shown_events else 0)
-    pes = busiest_first(status.get("pes", ()))
+    pes, lag = busiest_first(status.get("pes", ())), pe_lag(status)
     if len(pes) > room:
-        parts.append(compact_pe_table(pes[:max(0, room - 1)]))
+        parts.append(compact_pe_table(pes[:max(0, room - 1)], lag))
         parts.append(_one_line(f"… {len(pes) - max(0, room - 1)} more PEs (python -m pescheduler status)",
                                "dim"))
     else:
-        parts.append(compact_pe_table(pes))
+        parts.append(compact_pe_table(pes, lag))
     if slots:
         parts.append(_one_line("slots " + "  ".join(f"{s['slot']}:{','.join(s['copies']) or 'free'}"
                                                      for s in slots)))

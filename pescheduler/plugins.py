@@ -164,11 +164,18 @@ def _collect(found: Plugins) -> None:
     for impl in pm.hook.pescheduler_resource_managers.get_hookimpls():
         found.resource_managers.update(impl.function() or {})
     for impl in pm.hook.pescheduler_config.get_hookimpls():
-        plugin_name = pm.get_name(impl.plugin)
-        try:
-            config.declare(plugin_name, impl.function() or {})
-        except ConfigError as exc:
-            found.failures.append(PluginFailure(plugin_name, found.origins.get(plugin_name, ""), str(exc)))
+        _declare(found, impl, config.declare)
+    for impl in pm.hook.pescheduler_policy_defaults.get_hookimpls():
+        _declare(found, impl, config.declare_policy)
+
+
+def _declare(found: Plugins, impl, declare) -> None:
+    """Declare what a plug-in's settings hook returns; a clash or a non-mapping fails that plug-in."""
+    plugin_name = found.manager.get_name(impl.plugin)
+    try:
+        declare(plugin_name, impl.function() or {})
+    except ConfigError as exc:
+        found.failures.append(PluginFailure(plugin_name, found.origins.get(plugin_name, ""), str(exc)))
 
 
 @lru_cache(maxsize=None)
@@ -189,6 +196,16 @@ def activate(modules: tuple[str, ...] | list[str]) -> Plugins:
     global _active_modules
     _active_modules = tuple(sorted(set(_active_modules) | set(modules)))
     return active_plugins()
+
+
+def prepare(modules: tuple[str, ...] | list[str] = ()) -> Plugins:
+    """The plug-ins and settings checked before anything starts (the command line and ``deploy()``):
+    entry points plus ``modules`` activated, a module of ``modules`` that failed to load an error
+    (:class:`PluginError`), then every setting validated, after the plug-ins declared theirs."""
+    found = activate(tuple(modules))
+    require_loaded(found, modules)
+    config.validate()
+    return found
 
 
 def active_plugins() -> Plugins:

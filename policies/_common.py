@@ -134,12 +134,28 @@ def hosts_for(slots_needed: int, placement: Placement) -> int:
 
 
 def settings(name: str, config: Mapping[str, Any]) -> dict:
-    """Policy ``name``'s settings: ``config`` over the declared ``pescheduler.policies.<name>``.
+    """Policy ``name``'s settings: ``config`` over the declared ``pescheduler.policies.<name>``,
+    each value in the form of its declared default (an integer, a number; a duration in seconds),
+    so a policy reads ``cfg["max-copies"]`` where it uses it, with no conversion of its own.
 
     The defaults live in pescheduler.yaml only; a caller passing ``{}`` (a test,
     the simulator) gets them too.
     """
-    return section(f"policies.{name}", config)
+    declared = section(f"policies.{name}")
+    return {key: _like(declared.get(key), value) for key, value in section(f"policies.{name}", config).items()}
+
+
+def _like(default: Any, value: Any) -> Any:
+    """``value`` in the form of ``default`` (a setting given as ``"3"`` or ``3.0`` where 3 is declared)."""
+    if value is None or isinstance(default, bool) or default is None:
+        return value
+    if isinstance(default, int):
+        return int(value)
+    if isinstance(default, float):
+        return float(value)
+    if isinstance(default, str) and default[:1].isdigit():          # a duration: "10s", "500ms"
+        return seconds(value)
+    return value
 
 
 def seconds(value: Any) -> float:

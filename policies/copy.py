@@ -29,7 +29,7 @@ from pescheduler.actions import Action, Hold, Release, Replicate
 from pescheduler.operator import Parallelism
 from pescheduler.plugins import hookimpl
 
-from ._common import View, seconds, settings, take_slots
+from ._common import View, settings, take_slots
 
 
 @hookimpl
@@ -39,12 +39,9 @@ def pescheduler_policy_decide(snapshot, placement, resources, config):
 
 
 def decide(snapshot, placement, config) -> list[Action]:
-    cfg = settings("copy", config)
-    hot = float(cfg["hot"])
-    calm = float(cfg["calm"])
-    target = float(cfg["target"])
-    release_after = seconds(cfg["release-after"])
-    max_copies = int(cfg["max-copies"])
+    cfg = settings("copy", config)          # numbers, and durations in seconds
+    hot, calm, target = cfg["hot"], cfg["calm"], cfg["target"]
+    release_after, max_copies = cfg["release-after"], cfg["max-copies"]
     actions: list[Action] = []
     view = View.of(snapshot, placement)
     spare = view.free_slots()

@@ -34,7 +34,7 @@ import math
 from pescheduler.actions import Action, BorrowHosts, Hold, Release, Replicate
 from pescheduler.plugins import hookimpl
 
-from ._common import Load, View, hosts_for, seconds, settings, take_slots
+from ._common import Load, View, hosts_for, settings, take_slots
 
 
 MAX_BLOCKED = 0.5      # of a source's time counted as blocked when estimating its offered rate
@@ -43,16 +43,13 @@ MAX_BLOCKED = 0.5      # of a source's time counted as blocked when estimating i
 @hookimpl
 def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Action]:
     """DS2 sizing of every operator; see the module docstring."""
-    cfg = settings("rate", config)
-    target = float(cfg["target-utilisation"])
-    tolerance = float(cfg["tolerance"])
-    max_copies = int(cfg["max-copies"])
-    min_busy = float(cfg["min-busy"])
-    down_after = int(cfg["down-after"])
+    cfg = settings("rate", config)          # numbers, and durations in seconds
+    target, tolerance, min_busy = cfg["target-utilisation"], cfg["tolerance"], cfg["min-busy"]
+    max_copies, down_after = cfg["max-copies"], cfg["down-after"]
     if not snapshot.operators:
         return []
     view = View.of(snapshot, placement)
-    offered = target_rates(view, seconds(cfg["catch-up"]))
+    offered = target_rates(view, cfg["catch-up"])
     actions: list[Action] = []
     spare = view.free_slots()
     short = 0

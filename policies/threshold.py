@@ -29,7 +29,7 @@ from pescheduler.actions import Action, BorrowHosts, Fuse, Hold, Move, Replicate
 from pescheduler.plan.transforms import can_fuse
 from pescheduler.plugins import hookimpl
 
-from ._common import View, seconds, settings, take_slots
+from ._common import View, settings, take_slots
 
 
 BLOCKED = 0.1       # backpressure above which a PE's busy understates its load
@@ -39,11 +39,8 @@ HOPELESS = object()  # _relieve: over the bound, and neither room nor a new host
 @hookimpl
 def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Action]:
     """Split/copy over ``upper``, fuse under ``lower``, borrow and return hosts; see the module."""
-    cfg = settings("threshold", config)
-    upper = float(cfg["upper"])
-    lower = float(cfg["lower"])
-    headroom = float(cfg["fuse-headroom"])
-    box = cfg["memory-box"]
+    cfg = settings("threshold", config)     # numbers, and durations in seconds
+    upper, lower, headroom, box = cfg["upper"], cfg["lower"], cfg["fuse-headroom"], cfg["memory-box"]
     pes = {p: m for p, m in snapshot.pes.items() if p in placement.pes and not placement.pes[p].copy_of}
     actions: list[Action] = []
     workers = set(placement.workers)
@@ -69,7 +66,7 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
     if homeless and resources.lendable > 0 and not resources.pending_returns:
         actions.append(BorrowHosts(1, figures={"pes_without_room": homeless},
                                    reason=f"{homeless} PE(s) over {upper:.0%} and no worker or slot has room"))
-    actions += _returns(placement, resources, actions, seconds(cfg["idle-return-after"]))
+    actions += _returns(placement, resources, actions, cfg["idle-return-after"])
     return actions
 
 

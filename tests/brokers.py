@@ -149,23 +149,31 @@ def produce(address: str, topic: str, records, partition_of=None) -> None:
     assert left == 0, f"{left} records not delivered to {topic}"
 
 
-def consume_all(address: str, topic: str, expect: int, timeout: float = 30.0,
+def consume_all(address: str, topic: str, expect: int | None, timeout: float = 30.0,
                 isolation: str = "read_uncommitted") -> list:
-    """Every record value of ``topic`` from the start, until ``expect`` arrived (bounded)."""
+    """Every record value of ``topic`` from the start, until ``expect`` arrived, or with
+    ``expect=None`` up to each partition's end offset now (every record a drained deployment
+    wrote, duplicates included); bounded by ``timeout``."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": address, "group.id": "pescheduler-tests",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
                          "isolation.level": isolation})
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])     # no group join to wait for
     out: list = []
+    read_to = dict.fromkeys(partitions, 0)
+
+    def done() -> bool:
+        return len(out) >= expect if expect is not None else all(read_to[p] >= ends[p] for p in partitions)
     deadline = time.monotonic() + timeout
     try:
-        while len(out) < expect and time.monotonic() < deadline:
+        while not done() and time.monotonic() < deadline:
             for m in consumer.consume(1000, 0.2):
                 if m.error() is None:
                     out.append(m)
+                    read_to[m.partition()] = m.offset() + 1
                 elif m.error().code() != KafkaError._PARTITION_EOF:
                     raise RuntimeError(str(m.error()))
     finally:

@@ -1,4 +1,5 @@
-"""Bounded waits for tests: one helper for state that has no event, one for processes that do.
+"""Bounded waits for tests: one helper for state that has no event, one for processes that do,
+and one that ends a process a test started if it is still running.
 
 ``until`` polls: a resource manager's view, Spark's and the deployment's
 records change in other threads and processes and signal nothing a test can
@@ -34,3 +35,11 @@ def gone(pids, timeout: float, what: str) -> None:
     _, alive = psutil.wait_procs(procs, timeout=timeout)
     left = [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"timed out after {timeout} s waiting for {what}: {left} still running"
+
+
+def reap(popen) -> None:
+    """In a test's ``finally``: kill a ``subprocess.Popen`` the test started (by its PID) if it
+    still runs (the test failed before it ended), and collect it."""
+    if popen.poll() is None:
+        popen.kill()
+        popen.wait()

@@ -44,7 +44,7 @@ from distributed.utils import silence_logging_cmgr
 
 from .. import config, dashboard
 from ..resource_managers import processes
-from ..resource_managers.workers import named_workers
+from ..resource_managers.workers import named_workers, tls_flags
 
 HOST = "127.0.0.1"
 DEATH_TIMEOUT_S = 30       # a worker whose deploying process died (SIGKILL) exits by itself after this
@@ -106,25 +106,9 @@ class EmbeddedCluster:
 
     def _spawn(self) -> processes.Process:
         proc = worker_process(self._scheduler.address, f"embedded-{len(self._workers)}", self._log_dir,
-                              self._tls_flags(), self.host)
+                              tls_flags(self.security, self._log_dir), self.host)
         self._workers.append(proc)
         return proc
-
-    def _tls_flags(self) -> list[str]:
-        """``dask worker``'s TLS flags for the cluster's certificates (written to files when given as PEM)."""
-        if self.security is None:
-            return []
-        flags = []
-        for flag, value in (("--tls-ca-file", self.security.tls_ca_file),
-                            ("--tls-cert", self.security.tls_worker_cert),
-                            ("--tls-key", self.security.tls_worker_key)):
-            if value and "-----BEGIN" in value:
-                path = os.path.join(self._log_dir, flag.strip("-") + ".pem")
-                with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                    f.write(value)
-                value = path
-            flags += [flag, value]
-        return flags
 
     async def wait_for_workers(self, client: Client) -> None:
         """Until the workers started with the cluster have joined (``pescheduler.cluster.start-timeout``)."""

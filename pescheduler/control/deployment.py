@@ -39,7 +39,8 @@ from ..errors import DeploymentFailed
 from ..plan.app import Application
 from ..plan.compiler import compile_app
 from ..plan.placement import Placement
-from ..plugins import Plugins, activate
+from ..apploader import check_app
+from ..plugins import Plugins, activate, prepare
 from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
 from . import statefile
 from .cluster import HOST as CLUSTER_HOST, EmbeddedCluster
@@ -110,8 +111,8 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     """
     if config_file:
         config.load_file(config_file)
-    activate(tuple(plugins))    # plug-ins declare their settings (pescheduler_config) before the check
-    config.validate()           # an unknown key or bad value fails here, before anything starts
+    # The command line's pre-flight checks, before any process starts: plug-ins, settings, the app.
+    check_app(app, prepare(tuple(plugins)))
     if options:
         unknown = ", ".join(sorted(options))
         raise TypeError(f"deploy() got options this version does not support yet: {unknown}")
@@ -310,7 +311,7 @@ class Deployment:
             statefile.write(self.scheduler_address, self.app.name)
         self._tasks = [asyncio.create_task(self._watch(w)) for w in placement.workers]
         self._tasks.append(asyncio.create_task(self.loop.run(self._done)))
-        self.hosts.start(self.scheduler_address)
+        self.hosts.start(self.scheduler_address, None if self.security is True else self.security)
 
     def _cluster_host(self) -> str:
         """Where the embedded cluster listens: loopback, or the address a resource manager's

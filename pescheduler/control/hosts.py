@@ -66,6 +66,7 @@ class HostManager:
         self.rm_name = rm_name
         self.managers: Mapping[str, type] = {}
         self.scheduler_address = ""
+        self.security = None
         self.rm = None
         self.error = ""                                   # why there is no resource manager
         self.borrowed: dict[str, Host] = {}
@@ -87,10 +88,11 @@ class HostManager:
             raise InvalidApplication(f"unknown resource manager {self.rm_name!r}. Known: {known}. "
                                      f"Register one with a pescheduler_resource_managers() hook.")
 
-    def start(self, scheduler_address: str) -> None:
-        """Start the resource manager in the background; the app does not wait for it."""
+    def start(self, scheduler_address: str, security=None) -> None:
+        """Start the resource manager in the background; the app does not wait for it.
+        ``security``: the cluster's ``distributed.Security`` (TLS), passed on to the manager."""
         self.check(self.managers)
-        self.scheduler_address = scheduler_address
+        self.scheduler_address, self.security = scheduler_address, security
         if self.rm_name:
             self._starting = asyncio.create_task(self._start_rm())
 
@@ -99,7 +101,8 @@ class HostManager:
         settings = config.section(f"rm.{self.rm_name}")
         rm = None
         try:
-            rm = cls(self.scheduler_address, settings)     # a bad setting fails here: reported, not lost
+            # a bad setting fails here: reported, not lost
+            rm = cls(self.scheduler_address, settings, **({"security": self.security} if self.security else {}))
             await asyncio.wait_for(rm.start(self._on_event), config.get_seconds("rm.start-timeout"))
         except Exception as exc:
             self.error = f"resource manager {self.rm_name!r} unavailable: {type(exc).__name__}: {exc}"

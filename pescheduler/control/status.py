@@ -41,8 +41,19 @@ def status_view(app_name: str, state: DeploymentState, snap: MetricsSnapshot | N
         "workers": [asdict(w) for w in snap.workers.values()],
         "hosts": [dict(asdict(h), workers=list(h.workers)) for h in snap.hosts.values()],
         "dead_letters": dead_letters, "late_events": snap.late_events,
+        "channels": channels(placement) if placement else [],
         "slots": [{"slot": s, "worker": slot.worker, "host": slot.host, "copies": list(slot.copies)}
                   for s, slot in (placement.slots.items() if placement else ())],
         "resources": asdict(resources or ResourceView()),
         "events": list(state.events),
     }
+
+
+def channels(placement: Placement) -> list[dict]:
+    """The channels between PEs, one per pair that exchanges tuples: ``{"from", "to", "edges"}``,
+    ``edges`` naming the operator edges it carries (``"window-4[late]->print-6"`` for a side output)."""
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for src, port, dst, dst_pe in placement.channels():
+        edge = f"{src}{'' if port == 'out' else f'[{port}]'}->{dst}"
+        pairs.setdefault((placement.pe_of(src), dst_pe), []).append(edge)
+    return [{"from": a, "to": b, "edges": edges} for (a, b), edges in sorted(pairs.items())]

@@ -21,6 +21,8 @@ parameters at once, so a misspelt argument fails on the line that wrote it.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -37,6 +39,19 @@ class OpNode:
     params: dict
     inputs: list[tuple[str, str]] = field(default_factory=list)   # (upstream op_id, port)
     key_field: str | Callable | None = None     # key of the stream it reads, from key_by
+    where: tuple[str, int] | None = None        # (file, line) of the app's code that added it
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _written_at() -> tuple[str, int] | None:
+    """The file and line of the first caller outside pescheduler: where the app's author wrote the
+    operator, so a check made later (an unknown name at deploy) points there."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
 
 
 class Application:
@@ -60,7 +75,7 @@ class Application:
         if op_id in self.nodes:
             raise InvalidApplication(f"operator id {op_id!r} is used twice; give each id= a unique value")
         _check_params(kind, name, params)
-        node = OpNode(op_id, kind, name, params, list(inputs), key_field)
+        node = OpNode(op_id, kind, name, params, list(inputs), key_field, _written_at())
         self.nodes[op_id] = node
         return node
 

@@ -2,7 +2,8 @@
 
 It lends up to ``pescheduler.rm.local.hosts`` hosts (``local-1``, ``local-2``,
 ...), each ``workers-per-host`` single-threaded ``dask worker`` processes
-started against the deployment's scheduler and stopped by PID. An optional
+started against the deployment's scheduler (with its TLS certificates when
+the cluster uses TLS) and stopped by PID. An optional
 *demand* stands for the other users of the cluster, so every path of
 borrowing and returning runs on one machine:
 
@@ -33,8 +34,10 @@ import json
 import logging
 import math
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -46,7 +49,7 @@ from dask.utils import parse_timedelta
 from .. import config
 from ..control.resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
 from . import processes
-from .workers import named_workers, retire_quietly, start_hosts
+from .workers import named_workers, retire_quietly, start_hosts, tls_flags
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +122,10 @@ class LocalResourceManager:
 
     name = "local"
 
-    def __init__(self, scheduler_address: str, settings: dict | None = None) -> None:
+    def __init__(self, scheduler_address: str, settings: dict | None = None, security=None) -> None:
         s = config.section("rm.local", settings)      # defaults: pescheduler.yaml only
         self.scheduler_address = scheduler_address
+        self.security = security                      # distributed.Security of a TLS cluster, or None
         self.budget = int(s["hosts"])
         self.workers_per_host = int(s["workers-per-host"])
         self.start_timeout = parse_timedelta(s["start-timeout"], default="seconds")
@@ -136,6 +140,7 @@ class LocalResourceManager:
         self._on_event: Callable[..., Awaitable[None]] | None = None
         self._client = None
         self._tasks: list[asyncio.Task] = []
+        self._tls_dir = tempfile.mkdtemp(prefix="pescheduler-local-rm-") if security is not None else None
         self.t0 = time.monotonic()
 
     # -- the ResourceManager protocol ---------------------------------------------------
@@ -145,7 +150,7 @@ class LocalResourceManager:
         self._on_event = on_event
         try:
             self._client = await Client(self.scheduler_address, asynchronous=True, timeout=10,
-                                        set_as_default=False)
+                                        set_as_default=False, security=self.security)
         except OSError as exc:
             raise ResourceManagerUnavailable(f"local: cannot reach the scheduler {self.scheduler_address}: {exc}")
         info = self._client.scheduler_info()
@@ -196,6 +201,8 @@ class LocalResourceManager:
             await self.return_host(self.held[host_id].host)
         if self._client is not None:
             await self._client.close()
+        if self._tls_dir is not None:
+            shutil.rmtree(self._tls_dir, ignore_errors=True)
 
     # -- hosts ---------------------------------------------------------------------------
     def host_id(self, ref) -> str:
@@ -208,7 +215,8 @@ class LocalResourceManager:
         procs = [processes.start(name, [sys.executable, "-m", "distributed.cli.dask_worker",
                                         self.scheduler_address, "--nthreads", "1", "--no-nanny",
                                         "--no-dashboard", "--name", name, "--death-timeout", "30",
-                                        *_listen_where(self.scheduler_address)],
+                                        *_listen_where(self.scheduler_address),
+                                        *tls_flags(self.security, self._tls_dir)],
                                  env=_same_imports())
                  for name in names]
         self.held[host_id] = _Held(Host(host_id), procs)         # reserved while it starts

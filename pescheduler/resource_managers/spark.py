@@ -118,10 +118,11 @@ class SparkResourceManager:
 
     name = "spark"
 
-    def __init__(self, scheduler_address: str, settings: dict | None = None) -> None:
+    def __init__(self, scheduler_address: str, settings: dict | None = None, security=None) -> None:
         s = config.section("rm.spark", settings)      # defaults: pescheduler.yaml only
         self.settings = s
         self.scheduler_address = scheduler_address
+        self.security = security                      # distributed.Security of a TLS cluster, or None
         self.max_executors = int(s["max-executors"])
         self.lease_timeout = parse_timedelta(s["lease-timeout"], default="seconds")
         self.poll_s = parse_timedelta(s["poll-interval"], default="seconds")
@@ -149,7 +150,7 @@ class SparkResourceManager:
         try:
             await asyncio.shield(starting)
             self._client = await Client(self.scheduler_address, asynchronous=True, timeout=10,
-                                        set_as_default=False)
+                                        set_as_default=False, security=self.security)
         except BaseException:
             # Cancelled (the app ended first) or failed. A thread cannot be cancelled: if it still
             # runs, it is told to give up and stops what it started itself (see _start_spark), so

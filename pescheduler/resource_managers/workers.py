@@ -1,4 +1,5 @@
-"""Finding the Dask workers a host brought: by the names the resource manager gave them.
+"""Finding the Dask workers a host brought: by the names the resource manager gave them; and the
+TLS flags a ``dask worker`` command needs to join a TLS cluster.
 
 The scheduler offers no event for "a worker named X joined", so this polls its
 identity every ``POLL_S`` until a deadline (or until ``gone()`` says the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Awaitable, Callable
 
 logger = logging.getLogger(__name__)
@@ -60,3 +62,19 @@ async def retire_quietly(client, host, manager: str) -> None:
         await retire(client, list(host.workers), timeout=10)
     except Exception as exc:
         logger.warning("%s: retiring %s failed: %s", manager, host.host_id, exc)
+def tls_flags(security, folder: str) -> list[str]:
+    """``dask worker``'s ``--tls-ca-file/--tls-cert/--tls-key`` for ``security`` (a
+    ``distributed.Security``; none: ``[]``). Certificates given as PEM text (``Security.temporary()``)
+    are written to files readable only by this user in ``folder``, which the caller removes."""
+    if security is None:
+        return []
+    flags = []
+    for flag, value in (("--tls-ca-file", security.tls_ca_file), ("--tls-cert", security.tls_worker_cert),
+                        ("--tls-key", security.tls_worker_key)):
+        if value and "-----BEGIN" in value:
+            path = os.path.join(folder, flag.strip("-") + ".pem")
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(value)
+            value = path
+        flags += [flag, value]
+    return flags

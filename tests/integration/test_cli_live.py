@@ -14,6 +14,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from waiting import reap
+
 pytestmark = pytest.mark.integration
 STATUS_SCHEMA = json.loads(re.search(r"```json\n(.*?)```", (Path(__file__).parents[2] / "docs" / "status.md")
                                      .read_text(), re.S).group(1))
@@ -57,9 +59,7 @@ def test_status_and_stop_reach_a_running_deployment(tmp_path):
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert deploy.wait(timeout=120) == 0
     finally:
-        if deploy.poll() is None:
-            deploy.kill()                            # by the PID this test started
-            deploy.wait()
+        reap(deploy)                                 # by the PID this test started
     counts = [json.loads(line)["n"] for line in out.read_text().splitlines()]
     assert counts and sum(counts) > 0                # stop drained: the open windows fired
     assert not list((tmp_path / "state").iterdir())   # the deployment removed its record

@@ -53,6 +53,38 @@ def test_the_pescheduler_page_draws_every_pe_with_bokeh(running):
     assert "series-busy" in page and "series-backpressure" in page
 
 
+def drawn_source(page: str, name: str) -> dict:
+    """The data of the Bokeh ColumnDataSource called ``name`` in a served page's document JSON."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            attributes = node.get("attributes") or {}
+            if node.get("name") == "ColumnDataSource" and attributes.get("name") == name:
+                found.append(dict(attributes["data"]["entries"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+    for doc in re.findall(r'<script type="application/json"[^>]*>(.*?)</script>', page, re.S):
+        walk(json.loads(html.unescape(doc)))
+    assert len(found) == 1, f"{len(found)} sources called {name}"
+    return found[0]
+
+
+def test_the_page_draws_the_channels_between_the_pes(running):
+    dep, base = running
+    pl = dep.placement()
+    crossing = {(pl.pe_of(src), dst_pe) for src, _port, _dst, dst_pe in pl.channels()}
+    assert crossing, "the app crosses PEs on two workers"
+
+    def edges():
+        data = drawn_source(get(base + "/pescheduler"), "pe-edges")
+        return set(zip(data["from"], data["to"]))
+    until(lambda: edges() == crossing, 60, "the page to draw every channel between PEs")
+
+
 def test_metrics_with_the_pescheduler_prefix_are_on_the_dashboards_metrics(running):
     dep, base = running
     pe = next(iter(dep.placement().pes))

@@ -16,7 +16,7 @@ from distributed import Client
 
 import pescheduler
 from pescheduler import Application, DeploymentFailed
-from waiting import gone, until
+from waiting import gone, reap, until
 
 pytestmark = pytest.mark.integration
 
@@ -136,9 +136,7 @@ def test_sigterm_drains_like_ctrl_c(tmp_path):
         code = deploy.wait(timeout=WAIT)
         err = deploy.stderr.read()
     finally:
-        if deploy.poll() is None:
-            deploy.kill()                            # by the PID this test started
-            deploy.wait()
+        reap(deploy)                                 # by the PID this test started
     assert code == 143, err
     assert "draining sources and flushing sinks" in err
     counts = [json.loads(line)["n"] for line in out.read_text().splitlines()]

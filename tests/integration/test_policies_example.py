@@ -68,12 +68,29 @@ def test_the_packages_own_tests_pass_against_the_installed_copy(installed, tmp_p
 def test_deploy_policy_latency_guard_copies_the_queued_operator(installed, tmp_path):
     out, log = tmp_path / "out.jsonl", tmp_path / "decisions.jsonl"
     (tmp_path / "app.py").write_text(APP.format(out=str(out)))
-    (tmp_path / "conf.yaml").write_text(f"policies:\n  decision-log: {log}\n")
+    # its settings under the entry-point name, declared by its pescheduler_policy_defaults
+    (tmp_path / "conf.yaml").write_text(f"policies:\n  decision-log: {log}\n  latency-guard:\n    max-copies: 1\n")
     result = run(["-m", "pescheduler", "deploy", "app.py", "--workers", "3", "--policy", "latency-guard",
                   "--config", "conf.yaml"], installed, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert sorted(json.loads(line)["v"] for line in out.read_text().splitlines()) == list(range(1, 16_001))
     decisions = [json.loads(line) for line in log.read_text().splitlines()]
     assert {d["policy"] for d in decisions} == {"latency-guard"}
-    up = [d for d in decisions if d["outcome"] == "applied" and d["action"] == "Replicate('slow', 1)"]
-    assert up and "longest input queue" in up[0]["reason"], decisions
+    asked = [d for d in decisions if d["action"] == "Replicate('slow', 1)"]
+    assert asked and "longest input queue" in asked[0]["reason"], decisions
+    # on a loaded machine the controller refuses a copy onto a host with no CPU to spare
+    assert all(d["outcome"] == "applied" or "has no more CPU" in d["detail"] for d in asked), asked
+    applied = [i for i, d in enumerate(decisions) if d["outcome"] == "applied" and d["kind"] == "Replicate"]
+    assert not applied or not [d for d in decisions[applied[0] + 1:] if d["kind"] == "Replicate"], \
+        "max-copies: 1 (set in conf.yaml) was not honoured"
+
+
+def test_a_misspelt_setting_of_the_installed_policy_names_the_closest(installed, tmp_path):
+    (tmp_path / "app.py").write_text(APP.format(out=str(tmp_path / "out.jsonl")))
+    (tmp_path / "conf.yaml").write_text("policies:\n  latency-guard:\n    max-copys: 1\n")
+    result = run(["-m", "pescheduler", "deploy", "app.py", "--policy", "latency-guard", "--config", "conf.yaml"],
+                 installed, tmp_path)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "policies.latency-guard.max-copys: unknown key; did you mean policies.latency-guard.max-copies?" \
+        in result.stderr
+    assert not (tmp_path / "out.jsonl").exists()

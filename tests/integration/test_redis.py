@@ -115,6 +115,58 @@ def test_seek_to_a_position_resumes_after_the_last_entry(redis_url, client):
     assert sorted(t["n"] for t in head + tail) == list(range(300))
 
 
+def test_lag_counts_the_entries_behind_per_stream(redis_url, client):
+    """Against the real server: counted from the start, as the source reads, as entries arrive,
+    after a seek into the middle (unknown until it catches up), and refused after deletions ahead."""
+    import dask
+
+    from pescheduler.operators.redis_streams import RedisStreamSource
+
+    fill(client, "lag-a", range(200))
+    fill(client, "lag-b", range(200))
+    with dask.config.set({"pescheduler.monitor.interval": "0s"}):     # XINFO on every read: exact figures
+        src = RedisStreamSource(stream=["lag-a", "lag-b"], url=redis_url)
+        src.open(OperatorContext("redis-1"))
+        assert len(src.read(50)) == 100 and src.lag() == {"lag-a": 150, "lag-b": 150}
+        fill(client, "lag-a", range(200, 210))
+        assert len(src.read(50)) == 100 and src.lag() == {"lag-a": 110, "lag-b": 100}
+        saved = src.position()
+        src.close()
+        again = RedisStreamSource(stream=["lag-a", "lag-b"], url=redis_url)
+        again.seek(saved)
+        again.open(OperatorContext("redis-1"))
+        read = len(again.read(10))
+        assert read == 20 and again.lag() == {}      # mid-stream after a seek: nobody can tell yet
+        deadline = time.monotonic() + WAIT
+        while read < 210 and time.monotonic() < deadline:
+            read += len(again.read(100))
+        assert read == 210 and again.read(100) == [] and again.lag() == {"lag-a": 0, "lag-b": 0}
+        fill(client, "lag-b", range(5))
+        again.read(2)
+        assert again.lag() == {"lag-a": 0, "lag-b": 3}
+        ahead = [entry_id for entry_id, _ in client.xrange("lag-b")][-1]
+        client.xdel("lag-b", ahead)                  # deleted before being read: it would be counted
+        again.read(1)
+        assert again.lag() == {"lag-a": 0}
+        again.close()
+
+
+def test_lag_is_in_the_snapshot_and_in_status(redis_url, client, cluster):
+    fill(client, "lag-in", range(20_000))
+    app = Application("redis-lag")
+    app.source("redis", stream="lag-in", url=redis_url, rate=500).sink("discard")
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        until(lambda: sum(dep.snapshot().operators["redis-1"].lag.values()) > 0
+              if "redis-1" in dep.snapshot().operators else False, WAIT, "lag reported")
+        lag = dep.snapshot().operators["redis-1"].lag
+        assert set(lag) == {"lag-in"} and 15_000 < lag["lag-in"] <= 20_000
+        row = next(o for o in dep.status()["operators"] if o["op"] == "redis-1")
+        assert set(row["lag"]) == {"lag-in"} and row["lag"]["lag-in"] <= lag["lag-in"]
+        until(lambda: dep.next_snapshot(timeout=WAIT).operators["redis-1"].lag_per_s < 0, WAIT,
+              "the lag trend shows it draining")
+        dep.stop()
+
+
 def test_unreachable_server_fails_naming_the_url(cluster):
     app = Application("redis-unreachable")
     app.source("redis", stream="x", url="redis://127.0.0.1:1/0", connect_timeout="2s").sink("discard")

@@ -279,7 +279,7 @@ def test_the_cli_tls_flags_run_deploy_status_and_stop_over_tls(tmp_path):
     import subprocess
     import sys
 
-    from waiting import until
+    from waiting import reap, until
 
     out, states = tmp_path / "counts.jsonl", tmp_path / "state"
     (tmp_path / "app.py").write_text(CLI_APP.format(out=str(out)))
@@ -306,9 +306,7 @@ def test_the_cli_tls_flags_run_deploy_status_and_stop_over_tls(tmp_path):
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert deploy.wait(timeout=BOUND * 2) == 0
     finally:
-        if deploy.poll() is None:
-            deploy.kill()                            # by the PID this test started
-            deploy.wait()
+        reap(deploy)                                 # by the PID this test started
         log.close()
     assert sum(json.loads(line)["n"] for line in out.read_text().splitlines()) > 0
 
@@ -321,3 +319,37 @@ def test_tls_flags_must_come_together(tmp_path, capsys):
         main(["status", "--cluster", "tls://127.0.0.1:1", "--tls-ca-file", str(tmp_path / "ca.pem")])
     assert exit_.value.code == 2
     assert "--tls-cert, --tls-key" in capsys.readouterr().err
+
+
+def test_a_host_borrowed_from_the_local_manager_joins_a_tls_cluster_over_tls(tmp_path):
+    """The local resource manager's own Client and the workers it starts take the deployment's
+    certificates: borrowing works on a TLS cluster, and the borrowed worker's data server refuses
+    a plain connection as the others do."""
+    import dask
+
+    from pescheduler import BorrowHosts, Move
+    from waiting import until
+
+    out = tmp_path / "o.jsonl"
+    with dask.config.set({"pescheduler.rm.local.oversubscribe": True, "pescheduler.rm.local.hosts": 1}):
+        with pescheduler.deploy(running_app(out), workers=2, security=True, rm="local",
+                                plugins=["support_ops"], policies=[]) as dep:
+            assert dep.scheduler_address.startswith("tls://")
+            until(lambda: dep.resources().lendable == 1, BOUND, "the local manager to reach the TLS scheduler")
+            borrowed = dep.apply(BorrowHosts(1, reason="test"), timeout=2 * BOUND)
+            assert borrowed.applied, borrowed.reason
+            [worker] = dep.hosts.borrowed["local-1"].workers
+            assert worker.startswith("tls://")
+            sink = next(p for p, pe in dep.placement().pes.items() if "jsonl-5" in pe.operators)
+            moved = dep.apply(Move(sink, worker), timeout=BOUND)
+            assert moved.applied, moved.reason
+
+            def processing_there():
+                m = dep.next_snapshot(timeout=BOUND).pes.get(sink)
+                return m is not None and m.worker == worker and m.tuples_in_per_s > 0
+            until(processing_there, BOUND, f"{sink} to process tuples on the borrowed host")
+            data_address = dep.worker_info[worker]["data_address"]
+            channel_id = next(c for c, address in crossing_channels(dep) if address == data_address)
+            assert CHALLENGE not in frames_in(intrude(data_address, frame(HELLO, channel_id.encode())))[:1]
+            assert_drained(dep.stop())
+    assert assert_exact(out) > 0

@@ -17,6 +17,8 @@ import time
 import psutil
 import pytest
 
+from waiting import reap
+
 pytestmark = pytest.mark.spark
 
 FINITE = """
@@ -84,9 +86,7 @@ def test_every_jvm_started_for_rm_spark_is_stopped(tmp_path, ending, app, signum
         code = deploy.wait(timeout=EXIT_WITHIN_S)
         stderr = deploy.stderr.read()
     finally:
-        if deploy.poll() is None:
-            deploy.kill()                             # by the PID this test started
-            deploy.wait()
+        reap(deploy)                                 # by the PID this test started
     left = tagged(tmp)
     gone, alive = psutil.wait_procs(left, timeout=10)
     assert seen_jvms >= 1, f"{ending}: no JVM was ever started, so the test proves nothing\n{stderr}"

@@ -4,8 +4,6 @@ paths run against real brokers in tests/integration/test_kafka.py and test_redis
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from pescheduler import Application, Release, Replicate
@@ -20,15 +18,18 @@ from pescheduler.plugins import load_plugins
 
 
 def test_watermark_is_the_least_partition_and_idle_partitions_stop_holding_it():
-    clock = PartitionClock(max_delay=100, idle_timeout_s=0.05)
+    now = [100.0]
+    clock = PartitionClock(max_delay=100, idle_timeout_s=5.0, clock=lambda: now[0])
     clock.assign([0, 1])
     clock.seen_max(0, 10_000)
     assert clock.watermark() is None                       # partition 1 has no data yet
     clock.seen_max(1, 5_000)
     assert clock.watermark() == 5_000 - 101
-    time.sleep(0.06)
-    clock.seen_max(0, 12_000)                              # 1 quiet for longer than idle_timeout
-    assert clock.watermark() == 12_000 - 101
+    now[0] += 5.0
+    clock.seen_max(0, 12_000)
+    assert clock.watermark() == 5_000 - 101                # 1 quiet exactly idle_timeout: still counts
+    now[0] += 0.001
+    assert clock.watermark() == 12_000 - 101               # 1 quiet for longer than idle_timeout
     assert clock.watermark(behind=lambda p: p == 1) == 5_000 - 101   # quiet but with a backlog: not idle
 
 
@@ -103,3 +104,18 @@ def test_releasing_gathers_the_partitions_on_the_remaining_instances(placement):
     states = redistribute(two, one, saved)
     assert "kafka-1#1" not in states
     assert states["kafka-1"]["state"] == {"positions": {0: 4, 1: 9}, "max_ts": {}, "share": Share(0, 1)}
+
+
+def test_redis_entries_through_a_position_as_redis_estimates_them():
+    from pescheduler.operators.redis_streams import entries_through
+
+    info = {"entries-added": 10, "length": 6, "last-generated-id": b"20-0", "first-entry": (b"11-0", {}),
+            "max-deleted-entry-id": b"0-0"}                        # 4 trimmed from the head, 6 left: 11..20
+    assert entries_through("0-0", info) == 4                      # before the first: everything trimmed
+    assert entries_through("11-0", info) == 5 and entries_through("20-0", info) == 10
+    assert entries_through("15-0", info) is None                  # inside: the source counts itself
+    assert entries_through("21-0", info) is None                  # beyond the last: not a position of it
+    deleted = {**info, "max-deleted-entry-id": b"13-0"}           # a hole after the first entry
+    assert entries_through("0-0", deleted) is None and entries_through("20-0", deleted) == 10
+    assert entries_through("0-0", {**info, "entries-added": 0, "length": 0}) == 0
+    assert entries_through("3-0", {**info, "length": 0}) == 10    # emptied: all before the last id

@@ -160,3 +160,36 @@ def test_a_small_deployment_shows_every_pe_and_no_more_line():
     console.print(screen(STATUS, 23))
     text = console.export_text()
     assert "generator-1" in text and "map-2->filter-3 (finished)" in text and "more PEs" not in text
+
+
+def _lagging() -> dict:
+    crowded = _crowded()
+    crowded["operators"] = [{"op": f"window-{i}", "pe": crowded["pes"][i]["pe"], "lag": {"0": 12_345 * i, "1": 7}}
+                            for i in (1, 29)]
+    return crowded
+
+
+def test_the_live_screen_has_a_lag_column_for_pes_whose_sources_report_it_and_still_fits_80_by_24():
+    from pescheduler.liveview import screen
+
+    console = Console(width=80, height=24, record=True, color_system=None)
+    console.print(screen(_lagging(), 23))
+    lines = console.export_text().splitlines()
+    assert len(lines) <= 23 and max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if line.split()[:2] == ["PE", "worker"])
+    assert header.split()[-1] == "lag"
+    lagging = [line for line in lines if line.startswith("window-29")]
+    assert lagging and lagging[0].split()[-1] == "358.0k"          # 12,345 * 29 + 7 behind, short
+    assert [line.split()[-1] for line in lines if line.startswith("window-2")][:1] == ["10%"]   # no lag: blank
+
+
+def test_without_lag_there_is_no_lag_column():
+    from pescheduler.liveview import screen
+
+    text = text_of(screen(STATUS, 23))
+    assert " lag" not in text.splitlines()[1]
+
+
+def test_the_status_table_shows_lag_too():
+    text = text_of(render(_lagging()))
+    assert "lag" in text and "358.0k" in text

@@ -6,8 +6,8 @@ and asks for one copy of its busiest operator that may be copied. Once that
 operator's queues have been empty for ``calm-windows`` windows in a row,
 its copies go.
 
-Settings (``pescheduler.policies.latency-guard.*`` in dask.config; nothing
-needs setting): declared, with their defaults, by ``pescheduler_config``
+Settings (``pescheduler.policies.latency-guard.*`` in dask.config, named after
+the entry point pyproject.toml registers; nothing needs setting): declared, with their defaults, by ``pescheduler_policy_defaults``
 below, so a misspelt key is an error and the values are read without fallbacks.
 """
 
@@ -19,12 +19,12 @@ _HISTORY: dict = {}          # used when no controller passes config["history"] 
 
 
 @hookimpl
-def pescheduler_config():
-    return {"policies": {"latency-guard": {
+def pescheduler_policy_defaults():
+    return {
         "queue-batches": 4,     # a PE with this many input batches waiting gets a copy of its busiest operator
         "calm-windows": 5,      # windows in a row with empty queues before the copies go
         "max-copies": 2,        # copies of one operator at most
-    }}}
+    }
 
 
 @hookimpl
