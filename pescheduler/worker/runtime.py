@@ -304,10 +304,12 @@ class PERunner:
         self.turns.on_loop(self.inbox.event.set)
 
     def hold(self, channel_ids: list[str], marker: Any) -> None:
-        """Send ``marker`` on these output channels, then hold them until rewired."""
-        for _spec, channel in self.outs:
+        """Send ``marker`` on these output channels, then hold them until rewired; the
+        operators feeding them hold back their watermarks and end too (Chain.freeze)."""
+        for spec, channel in self.outs:
             if channel.channel_id in channel_ids:
                 channel.hold(marker)
+                self.chain.freeze([spec.src_op])
         self.inbox.event.set()
 
     def snapshot(self) -> dict[str, dict]:
@@ -367,6 +369,7 @@ class PERunner:
                     if channel.channel_id not in ended:
                         ended.add(channel.channel_id)
                         channel.end()
+        self.chain.thaw()                      # watermarks held back since the hold: behind the data
         self.inbox.event.set()
         for _spec, old in olds:
             await old.close(timeout=0)
