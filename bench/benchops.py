@@ -366,44 +366,6 @@ class KeyedCheck(Sink):
                        "latency": self.latency.tolist()}, f)
 
 
-class SecondCount(Operator):
-    """MERGEABLE: tuples per ``size`` ms of event time (``ts``), over all keys. A copy hands the
-    counts of closed windows to its original (``take_partials``), which adds them in (``absorb``)
-    before it fires, so every window is emitted once with its exact count."""
-
-    name = "second_count"
-    parallelism = Parallelism.MERGEABLE
-
-    def __init__(self, size: int = 1000) -> None:
-        self.size, self.counts = size, {}
-
-    def process(self, batch, emit):
-        size, counts = self.size, self.counts
-        for t in batch:
-            w = t["ts"] - t["ts"] % size
-            counts[w] = counts.get(w, 0) + 1
-
-    def _closed(self, watermark):
-        return sorted(w for w in self.counts if watermark is None or w + self.size - 1 <= watermark)
-
-    def on_watermark(self, watermark, emit):
-        for w in self._closed(watermark):
-            emit({"window_start": w, "count": self.counts.pop(w)})
-
-    def take_partials(self, watermark):
-        return [(w, self.counts.pop(w)) for w in self._closed(watermark)]
-
-    def absorb(self, partials, emit):
-        for w, c in partials:
-            self.counts[w] = self.counts.get(w, 0) + c
-
-    def snapshot(self):
-        return dict(self.counts)
-
-    def restore(self, state):
-        self.counts = dict(state)
-
-
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck, SecondCount]
+    return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck]

@@ -6,8 +6,8 @@ Pipeline (bench/benchops.py operators), three branches from one source:
 ``schedule`` (numbers every tuple, stamps its wall time, follows the rate
 schedule) -> ``key_by`` -> ``keyed_sum`` (KEYED, keeping the stamp) -> ``keyed_check``;
 the same ``key_by`` -> ``window`` (KEYED, per key and second of event
-time) -> jsonl; ``second_count`` (MERGEABLE: copies hand partial counts to
-the original) -> jsonl; and ``map`` (STATELESS) -> ``arrivals``.
+time) -> jsonl; ``window_count`` (MERGEABLE, tests/support_ops.py: copies hand
+partial counts to the original) -> jsonl; and ``map`` (STATELESS) -> ``arrivals``.
 
 1. Capacity: the same pipeline unthrottled, no policies, on the same
    embedded cluster size; capacity = tuples/s through the keyed sink over
@@ -38,12 +38,15 @@ import time
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# window_count, the MERGEABLE operator the copy tests use (tests/support_ops.py)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 import pescheduler  # noqa: E402
 from pescheduler import Application, Release, Replicate  # noqa: E402
 
 KEYS = 100
 WINDOW_MS = 1000
+PLUGINS = ["benchops", "support_ops"]
 OPS = {"map": "STATELESS", "sum": "KEYED", "win": "KEYED", "count": "MERGEABLE"}
 
 
@@ -56,7 +59,7 @@ def build(name: str, tmp: str, phases: list) -> Application:
     (keyed.window(size=WINDOW_MS, aggregates={"count": ("count", "n")}, id="win")
         .sink("jsonl", id="wsink", path=os.path.join(tmp, "windows.jsonl")))
     src.map(lambda t: {"n": t["n"]}, id="map").sink("arrivals", id="msink", path=os.path.join(tmp, "map.json"))
-    src.apply("second_count", id="count", size=WINDOW_MS).sink("jsonl", id="csink",
+    src.apply("window_count", id="count", size=WINDOW_MS).sink("jsonl", id="csink",
                                                                path=os.path.join(tmp, "counts.jsonl"))
     return app
 
@@ -73,7 +76,7 @@ def emitted(status: dict) -> int:
 def capacity(seconds: float) -> float:
     """Tuples/s through the keyed branch, unthrottled, over the second half of the run."""
     with tempfile.TemporaryDirectory() as tmp:
-        with pescheduler.deploy(build("overload-capacity", tmp, [(seconds, 1e9)]), plugins=["benchops"],
+        with pescheduler.deploy(build("overload-capacity", tmp, [(seconds, 1e9)]), plugins=PLUGINS,
                                 policies=[]) as dep:
             dep.wait(timeout=seconds * 10 + 120)
         with open(os.path.join(tmp, "check.json")) as f:
@@ -91,7 +94,7 @@ def run(cap: float, seconds: float, every: float, seed: int) -> dict:
     rng = random.Random(seed)
     actions, rss = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        dep = pescheduler.deploy(build("overload", tmp, phases), plugins=["benchops"])
+        dep = pescheduler.deploy(build("overload", tmp, phases), plugins=PLUGINS)
         try:
             t_start = time.time()
             next_action = time.monotonic() + every
@@ -168,7 +171,7 @@ def main() -> None:
     r = run(cap, seconds, every, args.seed)
     status, check, mapped = r["status"], r["check"], r["map"]
     n = emitted(status)
-    print(f"overload: schedule -> key_by -> keyed_sum -> check | window | second_count | map -> sinks, default policies "
+    print(f"overload: schedule -> key_by -> keyed_sum -> check | window | window_count | map -> sinks, default policies "
           f"({status['state']}); capacity {cap:,.0f} tuples/s measured unthrottled in this run")
     print("  offered: " + " -> ".join(f"{rate / cap:.1f}x ({rate:,.0f}/s) for {s:.0f} s" for s, rate in r["phases"]))
     lost_keyed = n - check["distinct"]

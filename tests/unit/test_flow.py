@@ -215,15 +215,20 @@ def concrete(placement, drawn):
     return Move(pes[drawn[0] % len(pes)], drawn[1])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps=st.lists(ACTIONS, min_size=1, max_size=8))
-def test_no_placement_a_transform_produces_can_deadlock(base, steps):
-    placement = base
+def placed(placement, steps):
+    """``placement`` after the drawn actions that apply (refused ones are skipped)."""
     for drawn in steps:
         try:
             placement = transform(placement, concrete(placement, drawn))
         except (ActionRefused, ValueError):
             continue
+    return placement
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(ACTIONS, min_size=1, max_size=8))
+def test_no_placement_a_transform_produces_can_deadlock(base, steps):
+    placement = placed(base, steps)
     model = Model(placement)
     assert model.dependency_cycle() is None, [str(s) for s in steps]
     if len(model.channels) <= SMALL:           # and every state of the model, where it stays small
@@ -243,12 +248,7 @@ def test_a_reconfiguration_parks_nothing_so_the_flow_rule_alone_decides(base, st
     from pescheduler.control.reconfigure import plan_reconfiguration
     from pescheduler.plan.wiring import channel_ids
 
-    placement = base
-    for drawn in steps:
-        try:
-            placement = transform(placement, concrete(placement, drawn))
-        except (ActionRefused, ValueError):
-            continue
+    placement = placed(base, steps)
     try:
         new = transform(placement, concrete(placement, last))
     except (ActionRefused, ValueError):
