@@ -112,7 +112,7 @@ class Router:
     """
 
     __slots__ = ("instances", "targets", "weights", "_current", "_total", "owner_index", "key",
-                 "tuples")
+                 "tuples", "field", "_owner_of")
 
     def __init__(self, spec: RouterTargets, targets: list[Callable[[list], None]],
                  key_field: str | Callable | None = None) -> None:
@@ -124,6 +124,8 @@ class Router:
         self.tuples = [0] * len(targets)
         self.owner_index: list[int] | None = None
         self.key = None
+        self.field = key_field if isinstance(key_field, str) else None    # Arrow batches split by column
+        self._owner_of: dict = {}           # key -> instance index, for Arrow batches
         if spec.owners:
             index = {inst: i for i, inst in enumerate(spec.instances)}
             self.owner_index = [index[o] for o in spec.owners]
@@ -137,7 +139,9 @@ class Router:
             return
         # Hot path for KEYED copies: one key read and one hash per tuple.
         if not isinstance(batch, list):
-            batch = batch.to_pylist()       # an Arrow batch split by key: as rows
+            if self._send_columns(batch):
+                return
+            batch = batch.to_pylist()       # an Arrow batch keyed by a callable, or with nulls: as rows
         parts: list[list] = [[] for _ in self.targets]
         owner, key, groups = self.owner_index, self.key, KEY_GROUPS
         for t in batch:
@@ -146,6 +150,34 @@ class Router:
             if part:
                 self.tuples[i] += len(part)
                 self.targets[i](part)
+
+    def _send_columns(self, batch: Any) -> bool:
+        """Split an Arrow batch by key group and stay columnar: one hash per distinct key (the
+        key column dictionary-encoded), then a numpy mask and ``RecordBatch.filter`` per instance.
+        Issue 16: splitting rows (``to_pylist``) made a copied columnar window ~50x slower and
+        its key groups went the row path. False when the key is not one plain column."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        i = batch.schema.get_field_index(self.field) if self.field is not None else -1
+        if i < 0 or batch.column(i).null_count:
+            return False
+        column = batch.column(i)
+        encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+        owner_of, owner, groups = self._owner_of, self.owner_index, KEY_GROUPS
+        per_value = np.fromiter((owner_of[k] if k in owner_of else
+                                 owner_of.setdefault(k, owner[key_group(k, groups)])
+                                 for k in encoded.dictionary.to_pylist()),
+                                dtype=np.int32, count=len(encoded.dictionary))
+        instance = per_value[encoded.indices.to_numpy(zero_copy_only=False)]
+        for n, target in enumerate(self.targets):
+            mask = instance == n
+            rows = int(mask.sum())
+            if rows:
+                self.tuples[n] += rows
+                target(batch if rows == len(batch) else batch.filter(pa.array(mask)))
+        return True
 
     def _pick(self) -> int:
         """Smooth weighted round robin (nginx): even spacing, exact shares over a cycle."""

@@ -160,6 +160,7 @@ class Chain:
         self.routers: dict[tuple[str, str, str], Router] = {}
         self.dead_letters: list[DeadLetter] = []
         self.on_side = on_side
+        self.frozen: dict[str, list] = {}          # op id -> [deferred watermark, deferred end] (freeze)
         self.set_edges(list(edges))
 
     def logical(self, op_id: str) -> str:
@@ -424,6 +425,10 @@ class Chain:
     # -- watermarks and end of stream -------------------------------------------------
     def watermark_from(self, op_id: str, wm: int) -> None:
         """Event time at ``op_id``'s output reached ``wm``: fire what it completes downstream."""
+        if op_id in self.frozen:
+            deferred = self.frozen[op_id]
+            deferred[0] = wm if deferred[0] is None else max(wm, deferred[0])
+            return
         for node in self._wm_targets.get(op_id, ()):
             self._advance(node, op_id, wm)
         for out in self.outputs.get(op_id, ()):
@@ -451,6 +456,9 @@ class Chain:
 
     def end_from(self, op_id: str) -> None:
         """``op_id`` will produce nothing more: close event time and flush downstream."""
+        if op_id in self.frozen:
+            self.frozen[op_id][1] = True
+            return
         source = self.nodes.get(op_id)
         if source is not None and not source.in_wm:
             source.ended = True
@@ -514,6 +522,28 @@ class Chain:
                 target(emit)
 
     # -- reconfiguration ----------------------------------------------------------------
+    def freeze(self, op_ids: Iterable[str]) -> None:
+        """Hold back the watermarks and end of stream ``op_ids`` emit, until :meth:`thaw`.
+
+        While a reconfiguration holds one of an operator's output channels,
+        the data it routes there waits, to be re-sent on the new routes; its
+        watermark must wait too. Had it gone on along the channels still open,
+        an instance behind them (a copy's original) would fire a window ahead
+        of the held data, and absorb or count it again when it is re-sent: a
+        window emitted twice, or its tuples late (issue 20).
+        """
+        for op_id in op_ids:
+            self.frozen.setdefault(op_id, [None, False])
+
+    def thaw(self) -> None:
+        """Emit what :meth:`freeze` held back (after the held data was re-sent)."""
+        deferred, self.frozen = self.frozen, {}
+        for op_id, (wm, ended) in deferred.items():
+            if wm is not None:
+                self.watermark_from(op_id, wm)
+            if ended:
+                self.end_from(op_id)
+
     def rewire(self, removed: list[Output] = (), added: list[tuple[str, str, Output]] = (),
                routing: dict | None = None, copies: dict[str, str] | None = None) -> None:
         """Outputs leave and join, routers change (copies came or went): routes are rebuilt.

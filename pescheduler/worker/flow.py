@@ -22,6 +22,15 @@ which does not take it. By the rule ``v_i`` reaches ``u_(i+1)`` inside
 operator graph, which has none (a copy's partials go to its original, which
 feeds nothing back to the copy). tests/unit/test_flow.py checks this on every
 placement random transforms produce, with this very function.
+
+With the Aligner (aligner.py): an aligning PE parks what a channel brings
+after its marker and grants no credit for it, which could starve a sender
+this rule counts on. A reconfiguration never parks: every input of a PE being
+replaced is held by its sender right after the marker, and a held channel is
+never full (it waits for the rewire, not for credit), so markers travel as
+batches do in the model above (tests/unit/test_flow.py checks the holds on
+every reconfiguration random transforms produce). A checkpoint barrier, whose
+senders go on, parks by design; it must keep to the same argument.
 """
 
 from __future__ import annotations

@@ -119,7 +119,11 @@ class PERunner:
                 inputs = [src for src, _port, dst in self.spec.edges if dst == op_id]
                 op.open(OperatorContext(op_id=op_id, pe_id=self.pe_id, worker=self.worker_address,
                                         key_field=key_field, extra={"inputs": inputs}))
-            while not self.chain.finished and not self.stopping:
+            # A PE whose chain ended while a reconfiguration holds its outputs stays until the
+            # rewire: the held data and the end it held back (Chain.freeze) still have to go out on
+            # the new channels, and only this loop ships them (issue 16: a fast columnar source
+            # ended during the pause of a Replicate, and the window's new PE waited forever).
+            while not (self.chain.finished and not self.chain.frozen) and not self.stopping:
                 progressed = await self.turns.run(self._work)
                 await self._flush()
                 if progressed:
@@ -304,10 +308,12 @@ class PERunner:
         self.turns.on_loop(self.inbox.event.set)
 
     def hold(self, channel_ids: list[str], marker: Any) -> None:
-        """Send ``marker`` on these output channels, then hold them until rewired."""
-        for _spec, channel in self.outs:
+        """Send ``marker`` on these output channels, then hold them until rewired; the
+        operators feeding them hold back their watermarks and end too (Chain.freeze)."""
+        for spec, channel in self.outs:
             if channel.channel_id in channel_ids:
                 channel.hold(marker)
+                self.chain.freeze([spec.src_op])
         self.inbox.event.set()
 
     def snapshot(self) -> dict[str, dict]:
@@ -367,6 +373,7 @@ class PERunner:
                     if channel.channel_id not in ended:
                         ended.add(channel.channel_id)
                         channel.end()
+        self.chain.thaw()                      # watermarks held back since the hold: behind the data
         self.inbox.event.set()
         for _spec, old in olds:
             await old.close(timeout=0)
@@ -426,8 +433,11 @@ class PERunner:
             "operators": ops,
             "side": dict(self.side_counts),
             "channels_out": {ch.channel_id: {"tuples": ch.tuples, "batches": ch.batches,
-                                             "credits": ch.gate.credits, "pending": len(ch.pending)}
+                                             "credits": ch.gate.credits, "pending": len(ch.pending),
+                                             "held": ch.held}
                              for _s, ch in self.outs},
+            "full": sorted(self.full),              # producers of full output channels (flow.py)
+            "aligning": self.aligner.marker is not None and not self.aligner.aligned,
             "channels_in": {c.channel_id: {"tuples": c.tuples} for c in self.receivers.values()},
         }
 

@@ -41,6 +41,16 @@ def reference(n: int) -> Counter:
     return counts
 
 
+def next_snapshot(dep):
+    """The next monitor snapshot; if none comes in WAIT s, fail with the deployment's state."""
+    try:
+        return dep.next_snapshot(timeout=WAIT)
+    except TimeoutError:
+        status = dep.status()
+        raise AssertionError(f"no snapshot in {WAIT} s: {status['state']} {status.get('error')} "
+                             f"{[e['text'][:300] for e in status['events'][-6:]]} {dep.pe_stats()}") from None
+
+
 def test_a_copied_window_keeps_flowing_at_overload_and_ends_exact(cluster, tmp_path):
     out = tmp_path / "counts.jsonl"
     app = Application("overload-window")
@@ -57,9 +67,9 @@ def test_a_copied_window_keeps_flowing_at_overload_and_ends_exact(cluster, tmp_p
                 break
         record = dep.apply(Replicate("window-3", 1), timeout=WAIT)
         assert record.applied, record.reason
-        first = dep.next_snapshot(timeout=WAIT)         # the window in which the copy started
+        first = next_snapshot(dep)                      # the window in which the copy started
         for _ in range(5):          # the deadlock stopped both for good; a loaded machine may starve one a while
-            snap = dep.next_snapshot(timeout=WAIT)
+            snap = next_snapshot(dep)
             flowing = {op: snap.operators[op].tuples_in_per_s for op in ("window-3", "window-3#1")}
             assert any(rate > 0 for rate in flowing.values()), f"both instances stopped: {flowing}"
         grew = {op: snap.operators[op].tuples_in - first.operators[op].tuples_in for op in ("window-3", "window-3#1")}

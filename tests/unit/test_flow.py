@@ -215,17 +215,48 @@ def concrete(placement, drawn):
     return Move(pes[drawn[0] % len(pes)], drawn[1])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps=st.lists(ACTIONS, min_size=1, max_size=8))
-def test_no_placement_a_transform_produces_can_deadlock(base, steps):
-    placement = base
+def placed(placement, steps):
+    """``placement`` after the drawn actions that apply (refused ones are skipped)."""
     for drawn in steps:
         try:
             placement = transform(placement, concrete(placement, drawn))
         except (ActionRefused, ValueError):
             continue
+    return placement
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(ACTIONS, min_size=1, max_size=8))
+def test_no_placement_a_transform_produces_can_deadlock(base, steps):
+    placement = placed(base, steps)
     model = Model(placement)
     assert model.dependency_cycle() is None, [str(s) for s in steps]
     if len(model.channels) <= SMALL:           # and every state of the model, where it stays small
         found = model.deadlock("new")
         assert found is None, f"{[str(s) for s in steps]}: {model.describe(found)}"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(ACTIONS, min_size=0, max_size=6), last=ACTIONS)
+def test_a_reconfiguration_parks_nothing_so_the_flow_rule_alone_decides(base, steps, last):
+    """The flow rule and the Aligner together: an aligning PE parks what a channel brings after
+    its marker, and parked batches grant no credit, so parking could starve a sender the flow rule
+    counts on. In a reconfiguration every input of a PE being replaced is held by its sender right
+    after the marker (an upstream that stays holds it; a replaced upstream holds its outputs once
+    aligned), so nothing is ever parked, and the model above (markers travel as batches do, held
+    channels are never full: test_held_watermarks) is the whole story."""
+    from pescheduler.control.reconfigure import plan_reconfiguration
+    from pescheduler.plan.wiring import channel_ids
+
+    placement = placed(base, steps)
+    try:
+        new = transform(placement, concrete(placement, last))
+    except (ActionRefused, ValueError):
+        return
+    old_channels = channel_ids(placement, "d", 1)
+    plan = plan_reconfiguration(placement, new, old_channels, "d", 2)
+    held = {cid for cids in plan.hold.values() for cid in cids}
+    for (src, port, dst_pe), cid in old_channels.items():
+        if dst_pe in plan.retired:
+            assert cid in held or placement.pe_of(src) in plan.retired, \
+                f"{cid} into a replaced PE is not held after its marker ({last}): its batches would be parked"

@@ -52,3 +52,25 @@ def test_key_group_is_stable_across_processes():
     assert seen == {f"{key_group('car-0042')} {key_group(('a', 1))}\n"}
     small = {key_group(k) for k in range(50)}
     assert len(small) > 30 and max(small) >= 64, "small int keys spread over the groups"
+
+
+def test_an_arrow_batch_is_split_by_key_group_as_arrow_exactly_as_its_rows_would_be():
+    """Issue 16: a copied keyed window fed columnar batches; the split stays Arrow (per-key order
+    within each part kept) and sends every row where the row path would."""
+    import pyarrow as pa
+
+    owners = even_key_groups(["x", "x#1"])
+    spec = RouterTargets(("x", "x#1"), owners=tuple("x" if g in owners["x"] else "x#1" for g in range(KEY_GROUPS)))
+    rows = [{"car": f"car-{i * 7 % 50}", "n": i} for i in range(1000)]
+    for batch in (pa.RecordBatch.from_pylist(rows),
+                  pa.RecordBatch.from_arrays([pa.array([r["car"] for r in rows]).dictionary_encode(),
+                                              pa.array([r["n"] for r in rows])], names=["car", "n"])):
+        arrow, arrow_targets = collecting(2)
+        plain, plain_targets = collecting(2)
+        router = Router(spec, arrow_targets, key_field="car")
+        router.send(batch)
+        Router(spec, plain_targets, key_field="car").send(rows)
+        assert all(isinstance(b, pa.RecordBatch) for part in arrow for b in part)
+        assert [[r for b in part for r in b.to_pylist()] for part in arrow] == \
+            [[r for b in part for r in b] for part in plain]
+        assert router.tuples == [sum(len(b) for b in part) for part in plain] and all(router.tuples)
