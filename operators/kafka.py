@@ -205,6 +205,7 @@ class KafkaSource(PartitionedSource):
 
     # -- positions, watermarks, lag -----------------------------------------------
     def seek(self, position: dict) -> None:
+        """Next offsets ``{partition: offset}`` (keys ``int`` or ``str``: JSON keeps only text keys)."""
         self._positions.update({int(p): int(o) for p, o in position.items()})
         if self._consumer is not None:
             self._assign()
@@ -365,10 +366,9 @@ class KafkaSink(Sink):
             self._pool.append(producer)
 
     def abort(self, checkpoint_id: int) -> None:
-        producer = self._prepared.pop(checkpoint_id, None)
-        if producer is not None:
-            producer.abort_transaction(self.timeout_s)
-            self._pool.append(producer)
+        """Checkpoint ``checkpoint_id`` failed and the job goes on: its transaction stays parked and
+        the next :meth:`commit` commits it (its records will not be read again). A rewind aborts
+        it instead, by fencing, when a restored instance opens."""
 
     def snapshot(self) -> dict:
         return {"transactional_ids": self._ids}

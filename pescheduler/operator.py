@@ -341,19 +341,35 @@ class Source(Operator):
     poll_interval: ClassVar[float | None] = None
 
     def position(self) -> Any:
-        """Where this source stands in its durable input, or ``None`` if it has no such place.
+        """Where this source stands in its durable input: the checkpoint's record of it.
 
         A fresh instance with the same parameters that is given this value by
         :meth:`seek` reads on exactly after the last tuple ``read`` returned:
-        nothing skipped, nothing again. It is small and plain (picklable,
-        JSON-friendly): Kafka ``{partition: next offset}``, Redis Streams
-        ``{stream: last entry id}``. Checkpoints store it beside the
-        operator state; ``snapshot`` still moves everything else.
+        nothing skipped, nothing again. It is small and survives JSON and
+        msgpack unchanged (a dict with ``str`` keys): ``generator``
+        ``{"index": n}``, ``iterable`` ``{"offset": n}``, ``jsonl``
+        ``{"file", "offset", "line", "done"}``, Kafka ``{"partition": next
+        offset}``, Redis Streams ``{stream: last entry id}``. A partitioned
+        source reports the partitions its :class:`Share` reads, so the
+        positions of its instances are disjoint and their union (``dict``
+        merge) is the whole source's. Checkpoints take it at the barrier,
+        beside ``snapshot()``.
+
+        The default raises :class:`~pescheduler.errors.NotReplayable`: a
+        source that cannot rewind cannot take part in a checkpoint.
         """
-        return None
+        from .errors import NotReplayable
+
+        raise NotReplayable(f"source {self.name or type(self).__name__!r} ({type(self).__name__}) cannot "
+                            f"rewind: it has no position()/seek(), so a checkpoint could not replay what "
+                            f"it read after the barrier; implement position() and seek(), or read from a "
+                            f"replayable source (generator, jsonl, iterable over a list, kafka, redis)")
 
     def seek(self, position: Any) -> None:
-        """Go on from ``position`` (a value :meth:`position` returned); before or after ``open``."""
+        """Go on from ``position`` (a value :meth:`position` returned, also after a JSON round
+        trip); before or after ``open``, on a fresh instance or one ``restore`` d from the same
+        checkpoint. A partitioned source takes the union of its instances' positions and
+        reads its own share of it."""
         raise NotImplementedError(f"{type(self).__name__} has no durable position to seek to")
 
     def watermark(self) -> int | None:
@@ -388,31 +404,53 @@ class Share:
 class CommitHooks:
     """Two-phase commit hooks a sink implements to take part in checkpoints (exactly-once output).
 
-    The checkpoint coordinator calls, on every sink instance, ``pre_commit(id)``
-    when the checkpoint barrier passes the sink (make what was written since
-    the last checkpoint durable but not yet visible, e.g. flush a Kafka
-    transaction), then ``commit(id)`` once checkpoint ``id`` is complete on every
-    operator (make it visible), or ``abort(id)`` if the checkpoint failed.
-    ``commit`` must be idempotent: after a restore it may be called again for
-    a checkpoint that was already committed.
+    What the checkpoint coordinator calls, and in which order:
+
+    1. At the barrier of checkpoint ``id``, on the sink's PE: ``pre_commit(id)``,
+       then ``snapshot()``. Everything the sink received before the barrier is
+       staged (durable, not visible) under ``id``; the snapshot names what is
+       staged, so restoring it knows what belongs to the checkpoint.
+    2. Once checkpoint ``id`` is complete (every acknowledgement in, manifest
+       written): ``commit(id)`` makes visible what was staged under ``id`` *and
+       every earlier id* not yet visible, in order. Idempotent.
+    3. ``abort(id)``: checkpoint ``id`` will never complete but the job goes
+       on without rewinding. Its staged output is *kept* and made visible by
+       the next ``commit``: its input will not be read again, so dropping it
+       would lose it (Flink's two-phase-commit sink does the same).
+    4. Recovery: a fresh instance gets ``restore(state)`` (the snapshot of the
+       restored checkpoint ``k``), then ``open``, then ``commit(k)``.
+       ``restore`` itself discards whatever was staged or written after that
+       snapshot (an unfinished epoch, checkpoints after ``k``); ``commit(k)``
+       publishes what ``k`` staged if the crash came before its commit did.
+       No ``abort`` is needed, so a coordinator that has lost track of the
+       ids it triggered after ``k`` (the deploying process died) recovers the
+       same way.
+
+    A sink that never sees ``pre_commit`` writes straight through, as without
+    checkpoints. The end of a finite stream (``flush``) makes everything
+    visible: it is the stream's last checkpoint.
     """
 
     def pre_commit(self, checkpoint_id: int) -> None:
         """The barrier of ``checkpoint_id`` passed: output before it is durable, not yet visible."""
 
     def commit(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` completed: make its output visible (idempotent)."""
+        """Checkpoint ``checkpoint_id`` completed: make its output and any earlier staged output
+        visible (idempotent; also on an instance restored from that checkpoint)."""
 
     def abort(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` failed: discard its output (the stream replays it)."""
+        """Checkpoint ``checkpoint_id`` failed and the job goes on: keep its output for the next
+        ``commit`` (rewinding is ``restore``'s job, not this one's)."""
 
 
 class Sink(Operator, CommitHooks):
     """Base class of sinks: ``process`` writes, ``flush`` makes it durable.
 
     A sink that can hold output back until a checkpoint completes overrides
-    the :class:`CommitHooks` (``pre_commit`` / ``commit`` / ``abort``); the
-    defaults do nothing, which is at-least-once.
+    the :class:`CommitHooks` (``pre_commit`` / ``commit`` / ``abort``): its
+    output is exactly-once through failures. The defaults do nothing, which
+    is at-least-once (a restored stream writes again what came after the
+    checkpoint).
     """
 
     kind = "sink"
