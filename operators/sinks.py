@@ -214,7 +214,8 @@ class ParquetSink(Sink):
     ``pre_commit`` on (or from ``open`` when ``context.extra["checkpoint"]`` is
     set), files are written under ``path/.staging-<writer>/e<epoch>/`` and
     ``commit(id)`` renames the files of the epochs sealed up to ``id`` into
-    place. Files are numbered (``seq``), so ``restore`` removes every file
+    place. Without ``roll``, ``pre_commit`` also writes the rows buffered so
+    far, so a checkpoint's rows are visible when it commits. Files are numbered (``seq``), so ``restore`` removes every file
     written after its snapshot, staged or published, and keeps the rest.
     """
 
@@ -287,8 +288,13 @@ class ParquetSink(Sink):
 
     # -- two-phase commit --------------------------------------------------------------
     def pre_commit(self, checkpoint_id: float) -> None:
-        """Seal the files written since the last barrier under ``checkpoint_id``."""
+        """Seal the files written since the last barrier under ``checkpoint_id``. Without ``roll``
+        the rows buffered are written first (a file per checkpoint at least, as Flink's bulk
+        formats roll on checkpoint); with ``roll`` an open window's rows stay state until the
+        watermark closes it, so a window is still one set of files."""
         self._staged = True
+        if self.roll_ms is None and self.buffers.get(0):
+            self._write(self.buffers.pop(0))
         if self._epoch_files:
             self._epochs.seal(checkpoint_id, self._epoch_files)
         else:
