@@ -115,6 +115,40 @@ def test_seek_to_a_position_resumes_after_the_last_entry(redis_url, client):
     assert sorted(t["n"] for t in head + tail) == list(range(300))
 
 
+def test_the_union_of_shared_instances_positions_seeks_one_fresh_instance(redis_url, client):
+    """Each copy's position covers its own streams; their union resumes a single fresh instance."""
+    import msgpack
+
+    from pescheduler.operator import Share
+    from pescheduler.operators.redis_streams import RedisStreamSource
+
+    names = ["union-a", "union-b", "union-c"]
+    for k, name in enumerate(names):
+        fill(client, name, range(k, 300, 3))
+    heads, saved = [], {}
+    for i in range(2):
+        copy = RedisStreamSource(stream=names, url=redis_url)
+        copy.restore({"positions": {}, "max_ts": {}, "share": Share(i, 2)})
+        copy.open(OperatorContext("redis-1"))
+        heads += copy.read(40)
+        part = copy.position()
+        assert set(part) == ({"union-a", "union-c"} if i == 0 else {"union-b"})
+        saved.update(part)
+        copy.close()
+    stored = msgpack.unpackb(msgpack.packb(json.loads(json.dumps(saved))))
+    assert stored == saved
+    single = RedisStreamSource(stream=names, url=redis_url)
+    single.seek(stored)
+    single.open(OperatorContext("redis-1"))
+    tail: list = []
+    deadline = time.monotonic() + WAIT
+    while len(heads) + len(tail) < 300 and time.monotonic() < deadline:
+        tail += single.read(64)
+    assert single.read(64) == []
+    single.close()
+    assert sorted(t["n"] for t in heads + tail) == list(range(300)), "lost or doubled across the seek"
+
+
 def test_unreachable_server_fails_naming_the_url(cluster):
     app = Application("redis-unreachable")
     app.source("redis", stream="x", url="redis://127.0.0.1:1/0", connect_timeout="2s").sink("discard")
