@@ -10,7 +10,7 @@ from typing import Any
 
 from pescheduler.operator import Emitter, Sink
 
-from .staging import Epochs, clear, epoch_of, staging_dir
+from .staging import Epochs, clear, epoch_of, serialized, staging_dir
 
 # One encoder built once: json.dumps with non-default arguments builds a new
 # encoder on every call, which dominates the cost of small tuples.
@@ -65,10 +65,13 @@ class JsonlSink(Sink):
             self._reinstate(self._state)
         else:
             clear(self._staging)
-            self._staged = bool(context.extra.get("checkpoint"))
+        self._staged = self._staged or bool(context.extra.get("checkpoint"))
 
+    @serialized
     def snapshot(self) -> dict:
         """What is published (the file's size) and what is staged (epochs and sizes); durable."""
+        if self._fd is None:                    # never opened: what it was restored with
+            return dict(self._state or {"continue": True})
         os.fsync(self._fd)
         if self._part is not None:
             os.fsync(self._part)
@@ -104,6 +107,7 @@ class JsonlSink(Sink):
     def _part_path(self, epoch: int) -> str:
         return os.path.join(self._staging, f"e{epoch:010d}.part")
 
+    @serialized
     def process(self, batch: list, emit: Emitter) -> None:
         data = _lines(batch).encode()
         if self._staged:
@@ -117,6 +121,7 @@ class JsonlSink(Sink):
             _write_all(self._fd, data)
 
     # -- two-phase commit --------------------------------------------------------------
+    @serialized
     def pre_commit(self, checkpoint_id: int) -> None:
         """Seal what came since the last barrier under ``checkpoint_id`` (durable, not visible)."""
         if not self._staged:                    # the first barrier: staged from now on
@@ -132,6 +137,7 @@ class JsonlSink(Sink):
             self._epochs.current += 1
         self._part_size = 0
 
+    @serialized
     def commit(self, checkpoint_id: float) -> None:
         """Append the sealed epochs of checkpoints up to ``checkpoint_id`` to the file, in order."""
         for _cid, epoch, _size in self._epochs.due(checkpoint_id):
@@ -144,6 +150,7 @@ class JsonlSink(Sink):
             os.fsync(self._fd)
             os.remove(part)
 
+    @serialized
     def flush(self, emit: Emitter) -> None:
         """End of stream: everything received is published (the stream's last checkpoint)."""
         if self._staged:
@@ -152,6 +159,7 @@ class JsonlSink(Sink):
         if self._fd is not None:
             os.fsync(self._fd)
 
+    @serialized
     def close(self) -> None:
         for fd in (self._fd, self._part):
             if fd is not None:
@@ -247,8 +255,9 @@ class ParquetSink(Sink):
         else:
             self._remove_files_after(0)
             clear(self._staging)
-            self._staged = bool(context.extra.get("checkpoint"))
+        self._staged = self._staged or bool(context.extra.get("checkpoint"))
 
+    @serialized
     def process(self, batch: list, emit: Emitter) -> None:
         if self.roll_ms is None:
             rows = self.buffers.setdefault(0, [])
@@ -262,11 +271,13 @@ class ParquetSink(Sink):
         for t in batch:
             self.buffers.setdefault(t[ts] - t[ts] % roll, []).append(t)
 
+    @serialized
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         if self.roll_ms is not None:
             for start in sorted(w for w in self.buffers if w + self.roll_ms <= watermark):
                 self._write(self.buffers.pop(start))
 
+    @serialized
     def flush(self, emit: Emitter) -> None:
         for start in sorted(self.buffers):
             self._write(self.buffers.pop(start))
@@ -274,6 +285,7 @@ class ParquetSink(Sink):
             self.pre_commit(float("inf"))
             self.commit(float("inf"))
 
+    @serialized
     def snapshot(self) -> dict:
         return {"buffers": {k: list(v) for k, v in self.buffers.items()}, "seq": self.seq,
                 "staged": self._staged, "epochs": self._epochs.state(), "open": self._epoch_files}
@@ -287,6 +299,7 @@ class ParquetSink(Sink):
                 self._epoch_files = state["open"]
 
     # -- two-phase commit --------------------------------------------------------------
+    @serialized
     def pre_commit(self, checkpoint_id: float) -> None:
         """Seal the files written since the last barrier under ``checkpoint_id``. Without ``roll``
         the rows buffered are written first (a file per checkpoint at least, as Flink's bulk
@@ -301,6 +314,7 @@ class ParquetSink(Sink):
             self._epochs.current += 1
         self._epoch_files = 0
 
+    @serialized
     def commit(self, checkpoint_id: float) -> None:
         """Rename the files of the epochs sealed up to ``checkpoint_id`` into place (idempotent:
         a file already renamed is no longer staged)."""

@@ -12,8 +12,10 @@ checkpoint) in its state.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 
 
@@ -67,3 +69,14 @@ def clear(folder: str) -> None:
     """Remove a staging folder and everything in it (a fresh start)."""
     shutil.rmtree(folder, ignore_errors=True)
 
+
+
+def serialized(method):
+    """Run ``method`` under the instance's re-entrant lock: a coordinator may call ``commit`` from
+    another thread than the PE's, and a commit must not interleave with a snapshot (the snapshot
+    records the published size and the staged epochs, which a commit changes together)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self.__dict__.setdefault("_commit_lock", threading.RLock()):
+            return method(self, *args, **kwargs)
+    return locked
