@@ -131,10 +131,7 @@ class JsonlSink(Sink):
             os.fsync(self._part)
             os.close(self._part)
             self._part = None
-        if self._part_size:
-            self._epochs.seal(checkpoint_id, self._part_size)
-        else:
-            self._epochs.current += 1
+        self._epochs.seal(checkpoint_id, self._part_size)
         self._part_size = 0
 
     @serialized
@@ -308,10 +305,7 @@ class ParquetSink(Sink):
         self._staged = True
         if self.roll_ms is None and self.buffers.get(0):
             self._write(self.buffers.pop(0))
-        if self._epoch_files:
-            self._epochs.seal(checkpoint_id, self._epoch_files)
-        else:
-            self._epochs.current += 1
+        self._epochs.seal(checkpoint_id, self._epoch_files)
         self._epoch_files = 0
 
     @serialized

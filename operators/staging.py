@@ -30,9 +30,11 @@ class Epochs:
     current: int = 0
     pending: list = field(default_factory=list)
 
-    def seal(self, checkpoint_id: int, size: int) -> None:
-        """The open epoch is complete under ``checkpoint_id``; the next one opens."""
-        self.pending.append([checkpoint_id, self.current, size])
+    def seal(self, checkpoint_id: float, size: int) -> None:
+        """The open epoch is complete under ``checkpoint_id`` (kept if it wrote anything); the
+        next one opens."""
+        if size:
+            self.pending.append([checkpoint_id, self.current, size])
         self.current += 1
 
     def due(self, checkpoint_id: float) -> list:

@@ -94,6 +94,15 @@ def _read_by(dep, op: str) -> int:
     return m.tuples_out if m else 0
 
 
+def read_rest(source, expect: int) -> list:
+    """Read until ``expect`` entries came (bounded by WAIT)."""
+    got: list = []
+    deadline = time.monotonic() + WAIT
+    while len(got) < expect and time.monotonic() < deadline:
+        got += source.read(64)
+    return got
+
+
 def test_seek_to_a_position_resumes_after_the_last_entry(redis_url, client):
     from pescheduler.operators.redis_streams import RedisStreamSource
 
@@ -107,10 +116,7 @@ def test_seek_to_a_position_resumes_after_the_last_entry(redis_url, client):
     second = RedisStreamSource(stream=["seek-a", "seek-b"], url=redis_url)
     second.seek(saved)
     second.open(OperatorContext("redis-1"))
-    tail: list = []
-    deadline = time.monotonic() + WAIT
-    while len(head) + len(tail) < 300 and time.monotonic() < deadline:
-        tail += second.read(64)
+    tail = read_rest(second, 300 - len(head))
     second.close()
     assert sorted(t["n"] for t in head + tail) == list(range(300))
 
@@ -140,10 +146,7 @@ def test_the_union_of_shared_instances_positions_seeks_one_fresh_instance(redis_
     single = RedisStreamSource(stream=names, url=redis_url)
     single.seek(stored)
     single.open(OperatorContext("redis-1"))
-    tail: list = []
-    deadline = time.monotonic() + WAIT
-    while len(heads) + len(tail) < 300 and time.monotonic() < deadline:
-        tail += single.read(64)
+    tail = read_rest(single, 300 - len(heads))
     assert single.read(64) == []
     single.close()
     assert sorted(t["n"] for t in heads + tail) == list(range(300)), "lost or doubled across the seek"
