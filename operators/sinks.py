@@ -289,7 +289,7 @@ class ParquetSink(Sink):
 
     def restore(self, state: dict | None) -> None:
         if state:
-            self.buffers = {k: list(v) for k, v in state["buffers"].items()}
+            self.buffers = {int(k): list(v) for k, v in state["buffers"].items()}   # JSON keys are text
             self.seq, self._restored = state["seq"], True
             if "epochs" in state:
                 self._staged, self._epochs = state["staged"], Epochs.of(state["epochs"])
