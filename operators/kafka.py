@@ -366,9 +366,14 @@ class KafkaSink(Sink):
             self._pool.append(producer)
 
     def abort(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` failed and the job goes on: its transaction stays parked and
-        the next :meth:`commit` commits it (its records will not be read again). A rewind aborts
-        it instead, by fencing, when a restored instance opens."""
+        """Abort the parked transactions of ``checkpoint_id`` and later (the stream replays them).
+        On a just-restored instance fencing in ``open`` has aborted what its predecessor left open.
+        A checkpoint that merely failed gets no call: its parked transaction goes with the next
+        :meth:`commit`."""
+        for cid in sorted(c for c in self._prepared if c >= checkpoint_id):
+            producer = self._prepared.pop(cid)
+            producer.abort_transaction(self.timeout_s)
+            self._pool.append(producer)
 
     def snapshot(self) -> dict:
         return {"transactional_ids": self._ids}

@@ -70,7 +70,7 @@ class JsonlSink(Sink):
     @serialized
     def snapshot(self) -> dict:
         """What is published (the file's size) and what is staged (epochs and sizes); durable."""
-        if self._fd is None:                    # never opened: what it was restored with
+        if self._fd is None:                    # not open: what it was restored with, or closed with
             return dict(self._state or {"continue": True})
         os.fsync(self._fd)
         if self._part is not None:
@@ -157,7 +157,23 @@ class JsonlSink(Sink):
             os.fsync(self._fd)
 
     @serialized
+    def abort(self, checkpoint_id: int) -> None:
+        """Drop the epochs sealed for ``checkpoint_id`` and later, and the open one (the stream
+        replays them). On a just-restored sink ``restore`` has done this already."""
+        self._epochs.pending, dropped = ([p for p in self._epochs.pending if p[0] < checkpoint_id],
+                                         [p for p in self._epochs.pending if p[0] >= checkpoint_id])
+        if self._part is not None:
+            os.close(self._part)
+            self._part = None
+        for epoch in [e for _c, e, _n in dropped] + [self._epochs.current]:
+            if os.path.exists(self._part_path(epoch)):
+                os.remove(self._part_path(epoch))
+        self._part_size = 0
+
+    @serialized
     def close(self) -> None:
+        if self._fd is not None:
+            self._state = self.snapshot()       # a snapshot after close (a finished PE) says the same
         for fd in (self._fd, self._part):
             if fd is not None:
                 os.close(fd)
@@ -321,6 +337,16 @@ class ParquetSink(Sink):
                         os.makedirs(target, exist_ok=True)
                         os.replace(os.path.join(folder, f), os.path.join(target, f))
             clear(root)
+
+    @serialized
+    def abort(self, checkpoint_id: int) -> None:
+        """Drop the files staged for ``checkpoint_id`` and later, and the open epoch's (the stream
+        replays them). On a just-restored sink ``restore`` has done this already."""
+        dropped = [e for c, e, _n in self._epochs.pending if c >= checkpoint_id] + [self._epochs.current]
+        self._epochs.pending = [p for p in self._epochs.pending if p[0] < checkpoint_id]
+        for epoch in dropped:
+            clear(os.path.join(self._staging, f"e{epoch:010d}"))
+        self._epoch_files = 0
 
     # -- files ------------------------------------------------------------------------
     def _write(self, rows: list) -> None:

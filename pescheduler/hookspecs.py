@@ -49,16 +49,15 @@ def pescheduler_operators():
       last tuple returned before it. A partitioned source reports its own
       partitions; the union of its copies' positions seeks any instance. A
       source that cannot rewind raises ``pescheduler.errors.NotReplayable``
-      (the default).
+      (the default, unless the source overrides ``restore``).
     - ``Sink.pre_commit(id)`` at the barrier, before ``snapshot()``: stage what
       came before it (durable, not visible). ``Sink.commit(id)`` once checkpoint
       ``id`` is complete: publish what is staged under ``id`` and earlier ids;
-      idempotent. ``Sink.abort(id)``: the checkpoint failed and the job goes on
-      without rewinding, so its staged output waits for the next ``commit``.
-      Recovery from checkpoint ``k``: ``restore(state)``, ``open``, ``commit(k)``
-      on a fresh instance; ``restore`` drops what was staged or published after
-      that snapshot. A sink that never sees ``pre_commit`` writes straight
-      through (at-least-once through failures).
+      idempotent. A failed checkpoint gets no call (its output goes with the
+      next commit). Recovery from checkpoint ``n``: ``restore(state)``, ``open``,
+      ``commit(n)``, ``abort(n + 1)`` on a fresh instance: ``abort`` discards
+      what was staged after ``n``. A sink that never sees ``pre_commit`` writes
+      straight through (at-least-once through failures).
     """
 
 

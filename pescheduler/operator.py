@@ -355,14 +355,19 @@ class Source(Operator):
         merge) is the whole source's. Checkpoints take it at the barrier,
         beside ``snapshot()``.
 
-        The default raises :class:`~pescheduler.errors.NotReplayable`: a
-        source that cannot rewind cannot take part in a checkpoint.
+        The default: ``None`` for a source that overrides ``restore`` (its
+        snapshot carries its place and ``restore`` rewinds it); otherwise it
+        raises :class:`~pescheduler.errors.NotReplayable`, since a source that
+        cannot rewind cannot take part in a checkpoint.
         """
         from .errors import NotReplayable
 
+        if overrides(self, "restore"):
+            return None
         raise NotReplayable(f"source {self.name or type(self).__name__!r} ({type(self).__name__}) cannot "
-                            f"rewind: it has no position()/seek(), so a checkpoint could not replay what "
-                            f"it read after the barrier; implement position() and seek(), or read from a "
+                            f"rewind: it has neither position()/seek() nor restore(), so a checkpoint could not "
+                            f"replay what it read after the barrier; implement position() and seek(), or read "
+                            f"from a "
                             f"replayable source (generator, jsonl, iterable over a list, kafka, redis)")
 
     def seek(self, position: Any) -> None:
@@ -404,7 +409,7 @@ class Share:
 class CommitHooks:
     """Two-phase commit hooks a sink implements to take part in checkpoints (exactly-once output).
 
-    What the checkpoint coordinator calls, and in which order:
+    What the checkpoint coordinator calls (worker/barriers.py), and in which order:
 
     1. At the barrier of checkpoint ``id``, on the sink's PE: ``pre_commit(id)``,
        then ``snapshot()``. Everything the sink received before the barrier is
@@ -413,18 +418,15 @@ class CommitHooks:
     2. Once checkpoint ``id`` is complete (every acknowledgement in, manifest
        written): ``commit(id)`` makes visible what was staged under ``id`` *and
        every earlier id* not yet visible, in order. Idempotent.
-    3. ``abort(id)``: checkpoint ``id`` will never complete but the job goes
-       on without rewinding. Its staged output is *kept* and made visible by
-       the next ``commit``: its input will not be read again, so dropping it
-       would lose it (Flink's two-phase-commit sink does the same).
-    4. Recovery: a fresh instance gets ``restore(state)`` (the snapshot of the
-       restored checkpoint ``k``), then ``open``, then ``commit(k)``.
-       ``restore`` itself discards whatever was staged or written after that
-       snapshot (an unfinished epoch, checkpoints after ``k``); ``commit(k)``
-       publishes what ``k`` staged if the crash came before its commit did.
-       No ``abort`` is needed, so a coordinator that has lost track of the
-       ids it triggered after ``k`` (the deploying process died) recovers the
-       same way.
+    3. A checkpoint that fails while the job goes on gets no call: its input
+       is not read again, so what it staged goes out with the next ``commit``
+       (as Flink's two-phase-commit sinks do).
+    4. Recovery from checkpoint ``n``: a fresh instance gets ``restore(state)``,
+       ``open``, ``commit(n)`` (the crash may have come between the manifest and
+       the commit), then ``abort(n + 1)``: discard everything staged after
+       ``n``, because the sources replay it. The built-in file sinks already cut
+       their files back to the snapshot in ``restore`` (a torn commit included),
+       so a coordinator that lost track of later ids recovers them the same way.
 
     A sink that never sees ``pre_commit`` writes straight through, as without
     checkpoints. The end of a finite stream (``flush``) makes everything
@@ -435,12 +437,12 @@ class CommitHooks:
         """The barrier of ``checkpoint_id`` passed: output before it is durable, not yet visible."""
 
     def commit(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` completed: make its output and any earlier staged output
-        visible (idempotent; also on an instance restored from that checkpoint)."""
+        """Checkpoint ``checkpoint_id`` completed: make output staged up to it visible
+        (idempotent; also on an instance restored from that checkpoint)."""
 
     def abort(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` failed and the job goes on: keep its output for the next
-        ``commit`` (rewinding is ``restore``'s job, not this one's)."""
+        """Restored from ``checkpoint_id - 1``: discard output staged for ``checkpoint_id`` and
+        later, and what came since the last barrier (the stream replays it)."""
 
 
 class Sink(Operator, CommitHooks):

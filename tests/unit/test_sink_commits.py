@@ -46,6 +46,32 @@ def opened(sink, state=None, checkpoint=True):
     return sink
 
 
+def restored(sink, state, checkpoint_id):
+    """Recovery from ``checkpoint_id`` as the coordinator does it (worker/barriers.py)."""
+    opened(sink, state)
+    sink.commit(checkpoint_id)
+    sink.abort(checkpoint_id + 1)
+    return sink
+
+
+@pytest.mark.parametrize("kind", SINKS)
+def test_abort_drops_what_was_staged_for_that_checkpoint_and_after(tmp_path, kind):
+    make, rows = SINKS[kind]
+    sink = opened(make(tmp_path))
+    sink.process(ITEMS[:8], None)
+    sink.pre_commit(1)
+    sink.process(ITEMS[8:12], None)
+    sink.pre_commit(2)
+    sink.process(ITEMS[12:16], None)                     # since the last barrier
+    sink.abort(2)
+    sink.commit(2)
+    assert rows(tmp_path) == list(range(8))
+    sink.process(ITEMS[8:20], None)                      # the replay
+    sink.flush(None)
+    assert rows(tmp_path) == list(range(20))
+    sink.close()
+
+
 def crash(sink):
     """A killed process: descriptors gone, nothing flushed or published."""
     sink.close()
@@ -62,9 +88,8 @@ def test_output_is_visible_only_once_its_checkpoint_commits(tmp_path, kind):
     sink.commit(1)
     assert rows(tmp_path) == list(range(10))
     sink.commit(1)                                       # idempotent
-    sink.pre_commit(2)
-    sink.abort(2)                                        # failed, the job goes on: kept for the next commit
-    sink.process(ITEMS[20:30], None)
+    sink.pre_commit(2)                                   # checkpoint 2 fails, the job goes on: no call,
+    sink.process(ITEMS[20:30], None)                     # what it staged goes with the next commit
     sink.pre_commit(3)
     sink.commit(3)
     assert rows(tmp_path) == list(range(30))
@@ -85,16 +110,14 @@ def test_a_restored_sink_drops_what_came_after_its_checkpoint_and_commits_it_onc
     sink.pre_commit(2)                                   # checkpoint 2 never completes
     sink.process(ITEMS[17:19], None)
     crash(sink)                                          # ... before commit(1) ran
-    again = opened(make(tmp_path), saved)
-    again.commit(1)
+    again = restored(make(tmp_path), saved, 1)
     assert rows(tmp_path) == list(range(10))
     again.process(ITEMS[10:25], None)                    # the replay from checkpoint 1's position
     again.pre_commit(2)
     again.commit(2)
     assert rows(tmp_path) == list(range(25))
     crash(again)                                         # after commit(2) ran: restore is idempotent
-    third = opened(make(tmp_path), saved)
-    third.commit(1)
+    third = restored(make(tmp_path), saved, 1)
     assert rows(tmp_path) == list(range(10)), "restoring checkpoint 1 keeps exactly its output"
     third.process(ITEMS[10:], None)
     third.flush(None)
@@ -110,8 +133,7 @@ def test_jsonl_a_commit_torn_by_a_crash_is_cut_back_and_done_once(tmp_path):
     with open(tmp_path / "out.jsonl", "a") as f:         # commit(1) got half-way: a torn append
         f.write('{"n":0,"ts":0}\n{"n":1,')
     crash(sink)
-    again = opened(JsonlSink(path=str(tmp_path / "out.jsonl")), saved)
-    again.commit(1)
+    again = restored(JsonlSink(path=str(tmp_path / "out.jsonl")), saved, 1)
     assert jsonl_rows(tmp_path / "out.jsonl") == list(range(8))
     again.close()
 
@@ -160,8 +182,7 @@ def test_any_interleaving_with_crashes_writes_every_item_exactly_once(tmp_path_f
                 step = "crash"
             else:
                 sink.commit(cid)
-        elif step == "abort" and pending:
-            sink.abort(max(pending))
+        elif step == "abort" and pending:          # a checkpoint fails, the job goes on: no call
             pending.pop(max(pending))
         if step == "crash":
             crash(sink)
@@ -169,8 +190,7 @@ def test_any_interleaving_with_crashes_writes_every_item_exactly_once(tmp_path_f
             if complete is None:
                 sink, pos = opened(make(folder)), 0
             else:
-                sink, pos = opened(make(folder), complete[2]), complete[1]
-                sink.commit(complete[0])
+                sink, pos = restored(make(folder), complete[2], complete[0]), complete[1]
         visible = rows(folder)
         if kind == "jsonl":
             assert visible == list(range(len(visible))), "visible output is not a clean prefix"

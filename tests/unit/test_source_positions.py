@@ -130,6 +130,15 @@ def test_a_source_without_positions_is_not_replayable_by_default():
     with pytest.raises(NotReplayable, match="'ticks'.*implement position\\(\\) and seek\\(\\)"):
         Ticks().position()
 
+    class Counted(Ticks):                    # its snapshot carries its place: restore rewinds it
+        def snapshot(self):
+            return 0
+
+        def restore(self, state):
+            pass
+
+    assert Counted().position() is None
+
 
 # -- jsonl --------------------------------------------------------------------------------
 
