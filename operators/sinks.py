@@ -75,6 +75,9 @@ class JsonlSink(Sink):
         os.fsync(self._fd)
         if self._part is not None:
             os.fsync(self._part)
+        return self._where()
+
+    def _where(self) -> dict:
         return {"continue": True, "size": os.fstat(self._fd).st_size, "staged": self._staged,
                 "epochs": self._epochs.state(), "open": self._part_size}
 
@@ -173,7 +176,7 @@ class JsonlSink(Sink):
     @serialized
     def close(self) -> None:
         if self._fd is not None:
-            self._state = self.snapshot()       # a snapshot after close (a finished PE) says the same
+            self._state = self._where()         # a snapshot after close (a finished PE) says the same
         for fd in (self._fd, self._part):
             if fd is not None:
                 os.close(fd)
