@@ -206,6 +206,7 @@ class KafkaSource(PartitionedSource):
 
     # -- positions, watermarks, lag -----------------------------------------------
     def seek(self, position: dict) -> None:
+        """Next offsets ``{partition: offset}`` (keys ``int`` or ``str``: JSON keeps only text keys)."""
         self._positions.update({int(p): int(o) for p, o in position.items()})
         if self._consumer is not None:
             self._assign()
@@ -366,8 +367,12 @@ class KafkaSink(Sink):
             self._pool.append(producer)
 
     def abort(self, checkpoint_id: int) -> None:
-        producer = self._prepared.pop(checkpoint_id, None)
-        if producer is not None:
+        """Abort the parked transactions of ``checkpoint_id`` and later (the stream replays them).
+        On a just-restored instance fencing in ``open`` has aborted what its predecessor left open.
+        A checkpoint that merely failed gets no call: its parked transaction goes with the next
+        :meth:`commit`."""
+        for cid in sorted(c for c in self._prepared if c >= checkpoint_id):
+            producer = self._prepared.pop(cid)
             producer.abort_transaction(self.timeout_s)
             self._pool.append(producer)
 

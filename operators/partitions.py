@@ -116,7 +116,10 @@ class PartitionedSource(Source):
         return partition
 
     def position(self) -> dict:
-        return dict(self._positions)
+        """``{str(partition): position}`` of the partitions this instance reads (its :class:`Share`):
+        the positions of all instances are disjoint and their union is the source's. Positions it
+        only carries for a later re-split are left out, so a merge never lets a stale one win."""
+        return {str(p): v for p, v in self._positions.items() if self.share(self._number(p))}
 
     def snapshot(self) -> dict:
         return {"positions": dict(self._positions), "max_ts": dict(self._clock.max_ts), "share": self.share}

@@ -10,6 +10,8 @@ from typing import Any
 
 from pescheduler.operator import Emitter, Sink
 
+from .staging import Epochs, clear, epoch_of, serialized, staging_dir
+
 # One encoder built once: json.dumps with non-default arguments builds a new
 # encoder on every call, which dominates the cost of small tuples.
 _encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
@@ -23,11 +25,21 @@ class JsonlSink(Sink):
     """Write tuples to ``path``, one compact JSON object per line (``default=str``).
 
     ``open`` creates the parent directories and truncates the file, unless the
-    sink was restored from a snapshot (it moved to another PE or worker): then
-    it appends where its predecessor stopped. Each batch
-    is one ``os.write`` on an ``O_APPEND`` descriptor, so a reader (or a
-    ``jsonl`` source following the file) never sees half a batch from a
+    sink was restored from a snapshot (it moved to another PE or worker, or a
+    checkpoint is restored): then it goes on where that snapshot left the file.
+    Each batch is one ``os.write`` on an ``O_APPEND`` descriptor, so a reader
+    (or a ``jsonl`` source following the file) never sees half a batch from a
     crash-free writer; ``flush`` fsyncs, so a finished stream is on disk.
+
+    With checkpoints (two-phase commit, exactly-once): from the first
+    ``pre_commit`` on (or from ``open`` when ``context.extra["checkpoint"]`` is
+    set), batches go to a staging file ``.<name>.staging/e<epoch>.part`` beside
+    ``path``, one per epoch between barriers. ``pre_commit(id)`` fsyncs and
+    seals the epoch; ``commit(id)`` appends the sealed epochs of ids up to
+    ``id`` to ``path`` and removes their parts. The snapshot records the size
+    ``path`` had and the sealed epochs with their sizes, so ``restore`` cuts
+    ``path`` back to exactly what the restored checkpoint had published (a
+    commit that crashed half-way included) and drops staging written after it.
     """
 
     name = "jsonl"
@@ -35,39 +47,147 @@ class JsonlSink(Sink):
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
         self._fd: int | None = None
-        self._continue = False
+        self._state: dict | None = None         # from restore: what open() reinstates
+        self._staged = False                    # two-phase mode: output goes to the epoch's part
+        self._epochs = Epochs()
+        self._part: int | None = None           # the open epoch's part file
+        self._part_size = 0
 
     def open(self, context: Any) -> None:
         super().open(context)
+        self._staging = staging_dir(self.path)
         parent = os.path.dirname(self.path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        truncate = 0 if self._continue else os.O_TRUNC
+        truncate = 0 if self._state else os.O_TRUNC
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | truncate | os.O_APPEND, 0o644)
+        if self._state:
+            self._reinstate(self._state)
+        else:
+            clear(self._staging)
+        self._staged = self._staged or bool(context.extra.get("checkpoint"))
 
+    @serialized
     def snapshot(self) -> dict:
-        """Every batch is already in the file: a successor only needs to append."""
-        if self._fd is not None:
-            os.fsync(self._fd)
-        return {"continue": True}
+        """What is published (the file's size) and what is staged (epochs and sizes); durable."""
+        if self._fd is None:                    # not open: what it was restored with, or closed with
+            return dict(self._state or {"continue": True})
+        os.fsync(self._fd)
+        if self._part is not None:
+            os.fsync(self._part)
+        return self._where()
+
+    def _where(self) -> dict:
+        return {"continue": True, "size": os.fstat(self._fd).st_size, "staged": self._staged,
+                "epochs": self._epochs.state(), "open": self._part_size}
 
     def restore(self, state: dict | None) -> None:
-        self._continue = bool(state and state.get("continue"))
+        self._state = state if state and state.get("continue") else None
 
+    def _reinstate(self, state: dict) -> None:
+        """Files as the snapshot left them: published epochs since kept, the rest cut away."""
+        if "size" not in state:                 # a snapshot of an older version: append on
+            return
+        self._staged, self._epochs = state["staged"], Epochs.of(state["epochs"])
+        size = state["size"] + sum(n for _c, e, n in self._epochs.pending if not os.path.exists(self._part_path(e)))
+        have = os.fstat(self._fd).st_size
+        if have < size:
+            raise RuntimeError(f"jsonl sink: {self.path} has {have} bytes but the restored checkpoint "
+                               f"published {size}; was it changed or replaced outside the stream?")
+        os.ftruncate(self._fd, size)            # drop a half-done commit and anything published later
+        os.fsync(self._fd)
+        for name in os.listdir(self._staging) if os.path.isdir(self._staging) else []:
+            epoch = epoch_of(name)
+            if epoch is None or not self._epochs.known(epoch):
+                os.remove(os.path.join(self._staging, name))
+        self._part_size = state["open"]
+        current = self._part_path(self._epochs.current)
+        if os.path.exists(current):
+            os.truncate(current, self._part_size)
+        elif self._part_size:
+            raise RuntimeError(f"jsonl sink: staging file {current} of the restored snapshot is gone")
+
+    def _part_path(self, epoch: int) -> str:
+        return os.path.join(self._staging, f"e{epoch:010d}.part")
+
+    @serialized
     def process(self, batch: list, emit: Emitter) -> None:
         data = _lines(batch).encode()
-        written = os.write(self._fd, data)
-        while written < len(data):          # a short write (signal, huge batch): finish it
-            written += os.write(self._fd, data[written:])
+        if self._staged:
+            if self._part is None:
+                os.makedirs(self._staging, exist_ok=True)
+                self._part = os.open(self._part_path(self._epochs.current),
+                                     os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            _write_all(self._part, data)
+            self._part_size += len(data)
+        else:
+            _write_all(self._fd, data)
 
+    # -- two-phase commit --------------------------------------------------------------
+    @serialized
+    def pre_commit(self, checkpoint_id: int) -> None:
+        """Seal what came since the last barrier under ``checkpoint_id`` (durable, not visible)."""
+        if not self._staged:                    # the first barrier: staged from now on
+            os.fsync(self._fd)
+            self._staged = True
+        if self._part is not None:
+            os.fsync(self._part)
+            os.close(self._part)
+            self._part = None
+        self._epochs.seal(checkpoint_id, self._part_size)
+        self._part_size = 0
+
+    @serialized
+    def commit(self, checkpoint_id: float) -> None:
+        """Append the sealed epochs of checkpoints up to ``checkpoint_id`` to the file, in order."""
+        for _cid, epoch, _size in self._epochs.due(checkpoint_id):
+            part = self._part_path(epoch)
+            if not os.path.exists(part):
+                continue                        # published before a restore: restore kept it
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    _write_all(self._fd, chunk)
+            os.fsync(self._fd)
+            os.remove(part)
+
+    @serialized
     def flush(self, emit: Emitter) -> None:
+        """End of stream: everything received is published (the stream's last checkpoint)."""
+        if self._staged:
+            self.pre_commit(float("inf"))
+            self.commit(float("inf"))
         if self._fd is not None:
             os.fsync(self._fd)
 
+    @serialized
+    def abort(self, checkpoint_id: int) -> None:
+        """Drop the epochs sealed for ``checkpoint_id`` and later, and the open one (the stream
+        replays them). On a just-restored sink ``restore`` has done this already."""
+        self._epochs.pending, dropped = ([p for p in self._epochs.pending if p[0] < checkpoint_id],
+                                         [p for p in self._epochs.pending if p[0] >= checkpoint_id])
+        if self._part is not None:
+            os.close(self._part)
+            self._part = None
+        for epoch in [e for _c, e, _n in dropped] + [self._epochs.current]:
+            if os.path.exists(self._part_path(epoch)):
+                os.remove(self._part_path(epoch))
+        self._part_size = 0
+
+    @serialized
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            self._state = self._where()         # a snapshot after close (a finished PE) says the same
+        for fd in (self._fd, self._part):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._part = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """One ``os.write`` of ``data`` (O_APPEND: atomic for readers), finished if it came up short."""
+    written = os.write(fd, data)
+    while written < len(data):              # a short write (signal, huge batch): finish it
+        written += os.write(fd, data[written:])
 
 
 class PrintSink(Sink):
@@ -113,6 +233,14 @@ class ParquetSink(Sink):
     earlier run of the same operator left in ``path``, as ``jsonl`` truncates.
     Keep each field's type stable across tuples: every file carries the
     schema pyarrow infers from its rows.
+
+    With checkpoints (two-phase commit, exactly-once): from the first
+    ``pre_commit`` on (or from ``open`` when ``context.extra["checkpoint"]`` is
+    set), files are written under ``path/.staging-<writer>/e<epoch>/`` and
+    ``commit(id)`` renames the files of the epochs sealed up to ``id`` into
+    place. Without ``roll``, ``pre_commit`` also writes the rows buffered so
+    far, so a checkpoint's rows are visible when it commits. Files are numbered (``seq``), so ``restore`` removes every file
+    written after its snapshot, staged or published, and keeps the rest.
     """
 
     name = "parquet"
@@ -129,14 +257,23 @@ class ParquetSink(Sink):
         self.buffers: dict[int, list] = {}       # window start (0 without roll) -> rows to write
         self.seq = 0
         self._restored = False
+        self._staged = False
+        self._epochs = Epochs()
+        self._epoch_files = 0                    # files written in the open epoch
 
     def open(self, context: Any) -> None:
         super().open(context)
         self._writer = context.op_id.replace("#", "_copy")
+        self._staging = os.path.join(self.path, f".staging-{self._writer}")
         os.makedirs(self.path, exist_ok=True)
-        if not self._restored:
-            self._remove_earlier_files()
+        if self._restored:
+            self._remove_files_after(self.seq)
+        else:
+            self._remove_files_after(0)
+            clear(self._staging)
+        self._staged = self._staged or bool(context.extra.get("checkpoint"))
 
+    @serialized
     def process(self, batch: list, emit: Emitter) -> None:
         if self.roll_ms is None:
             rows = self.buffers.setdefault(0, [])
@@ -150,30 +287,78 @@ class ParquetSink(Sink):
         for t in batch:
             self.buffers.setdefault(t[ts] - t[ts] % roll, []).append(t)
 
+    @serialized
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         if self.roll_ms is not None:
             for start in sorted(w for w in self.buffers if w + self.roll_ms <= watermark):
                 self._write(self.buffers.pop(start))
 
+    @serialized
     def flush(self, emit: Emitter) -> None:
         for start in sorted(self.buffers):
             self._write(self.buffers.pop(start))
+        if self._staged:                          # end of stream: the last checkpoint
+            self.pre_commit(float("inf"))
+            self.commit(float("inf"))
 
+    @serialized
     def snapshot(self) -> dict:
-        return {"buffers": {k: list(v) for k, v in self.buffers.items()}, "seq": self.seq}
+        return {"buffers": {k: list(v) for k, v in self.buffers.items()}, "seq": self.seq,
+                "staged": self._staged, "epochs": self._epochs.state(), "open": self._epoch_files}
 
     def restore(self, state: dict | None) -> None:
         if state:
-            self.buffers = {k: list(v) for k, v in state["buffers"].items()}
+            self.buffers = {int(k): list(v) for k, v in state["buffers"].items()}   # JSON keys are text
             self.seq, self._restored = state["seq"], True
+            if "epochs" in state:
+                self._staged, self._epochs = state["staged"], Epochs.of(state["epochs"])
+                self._epoch_files = state["open"]
 
+    # -- two-phase commit --------------------------------------------------------------
+    @serialized
+    def pre_commit(self, checkpoint_id: float) -> None:
+        """Seal the files written since the last barrier under ``checkpoint_id``. Without ``roll``
+        the rows buffered are written first (a file per checkpoint at least, as Flink's bulk
+        formats roll on checkpoint); with ``roll`` an open window's rows stay state until the
+        watermark closes it, so a window is still one set of files."""
+        self._staged = True
+        if self.roll_ms is None and self.buffers.get(0):
+            self._write(self.buffers.pop(0))
+        self._epochs.seal(checkpoint_id, self._epoch_files)
+        self._epoch_files = 0
+
+    @serialized
+    def commit(self, checkpoint_id: float) -> None:
+        """Rename the files of the epochs sealed up to ``checkpoint_id`` into place (idempotent:
+        a file already renamed is no longer staged)."""
+        for _cid, epoch, _files in self._epochs.due(checkpoint_id):
+            root = os.path.join(self._staging, f"e{epoch:010d}")
+            for folder, _dirs, files in os.walk(root):
+                target = os.path.join(self.path, os.path.relpath(folder, root))
+                for f in files:
+                    if not f.startswith("."):
+                        os.makedirs(target, exist_ok=True)
+                        os.replace(os.path.join(folder, f), os.path.join(target, f))
+            clear(root)
+
+    @serialized
+    def abort(self, checkpoint_id: int) -> None:
+        """Drop the files staged for ``checkpoint_id`` and later, and the open epoch's (the stream
+        replays them). On a just-restored sink ``restore`` has done this already."""
+        dropped = [e for c, e, _n in self._epochs.pending if c >= checkpoint_id] + [self._epochs.current]
+        self._epochs.pending = [p for p in self._epochs.pending if p[0] < checkpoint_id]
+        for epoch in dropped:
+            clear(os.path.join(self._staging, f"e{epoch:010d}"))
+        self._epoch_files = 0
+
+    # -- files ------------------------------------------------------------------------
     def _write(self, rows: list) -> None:
         """``rows`` as files of at most ``self.rows`` rows, per partition value."""
         groups: dict[Any, list] = {}
         for t in rows:
             groups.setdefault(t[self.partition_by] if self.partition_by else None, []).append(t)
         for value, part in groups.items():
-            folder = self.path if value is None else os.path.join(self.path, f"{self.partition_by}={value}")
+            folder = "" if value is None else f"{self.partition_by}={value}"
             for i in range(0, len(part), self.rows):
                 self._write_file(folder, part[i:i + self.rows])
 
@@ -183,16 +368,26 @@ class ParquetSink(Sink):
 
         if self.partition_by:
             rows = [{k: v for k, v in t.items() if k != self.partition_by} for t in rows]
+        root = os.path.join(self._staging, f"e{self._epochs.current:010d}") if self._staged else self.path
+        folder = os.path.join(root, folder)
         os.makedirs(folder, exist_ok=True)
         self.seq += 1
+        self._epoch_files += 1
         name = f"part-{self._writer}-{self.seq:06d}.parquet"
         tmp = os.path.join(folder, f".{name}.tmp")
         pq.write_table(pa.Table.from_pylist(rows), tmp)
         os.replace(tmp, os.path.join(folder, name))
 
-    def _remove_earlier_files(self) -> None:
+    def _remove_files_after(self, seq: int) -> None:
+        """Remove this writer's files numbered above ``seq``, published or staged, and staged
+        epochs its bookkeeping does not know (written after the snapshot being restored)."""
         prefix = f"part-{self._writer}-"
         for folder, _dirs, files in os.walk(self.path):
             for f in files:
-                if f.startswith(prefix) and f.endswith(".parquet"):
+                if f.startswith(prefix) and f.endswith(".parquet") and int(f[len(prefix):-8]) > seq:
                     os.remove(os.path.join(folder, f))
+        if os.path.isdir(self._staging):
+            for name in os.listdir(self._staging):
+                epoch = epoch_of(name)
+                if epoch is None or not self._epochs.known(epoch):
+                    clear(os.path.join(self._staging, name))

@@ -3,7 +3,11 @@
 Every source takes the common ``rate``, ``ts_field`` and ``max_delay``
 arguments of :class:`pescheduler.operator.Source` and keeps its read position
 in ``snapshot()``, so ``restore`` on a fresh instance with the same parameters
-goes on where the first one stopped (checkpoints, moving a PE).
+goes on where the first one stopped (moving a PE). Each also reports a small
+JSON-safe ``position()`` that ``seek`` on a fresh instance rewinds to
+(checkpoints): ``generator`` the event index, ``iterable`` the item offset
+(lists, tuples, ranges; a one-shot iterator refuses), ``jsonl`` the file and
+byte offset.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Sequence
 from itertools import islice, repeat
 from typing import Any, Iterable
 
+from pescheduler.errors import NotReplayable
 from pescheduler.operator import Source
 
 
@@ -23,6 +29,12 @@ class IterableSource(Source):
     A list, tuple or range is sliced per batch. A one-shot iterator (a
     generator) works too, but ``restore`` then needs it re-creatable: the new
     instance skips ``offset`` items of its own ``items``.
+
+    Checkpoints: a sequence (list, tuple, range: anything indexable in a fixed
+    order) is replayable, its position the number of items read. Anything
+    else (a generator, an iterator, a set whose order differs between
+    processes) raises :class:`~pescheduler.errors.NotReplayable` from
+    ``position()``: it cannot be read again after a crash.
     """
 
     name = "iterable"
@@ -55,6 +67,18 @@ class IterableSource(Source):
     def restore(self, state: dict) -> None:
         self._offset = state["offset"]
         self._iter = None
+
+    def position(self) -> dict:
+        if not isinstance(self.items, Sequence):
+            raise NotReplayable(
+                f"source 'iterable' over a {type(self.items).__name__} cannot rewind: a one-shot "
+                f"iterator read after a checkpoint is gone after a crash; pass a list (or tuple, range) "
+                f"as items=, write the data to a file for the 'jsonl' source, or deploy without checkpoint=")
+        return {"offset": self._offset}
+
+    def seek(self, position: dict) -> None:
+        self.position()                     # refuses a one-shot iterator
+        self.restore(position)
 
 
 def _skip(iterator, n: int) -> None:
@@ -140,12 +164,8 @@ class GeneratorSource(Source):
         import numpy as np
         import pyarrow as pa
 
-        state = self._rng.getstate()
-        mt = np.random.RandomState()
-        mt.set_state(("MT19937", np.array(state[1][:-1], dtype=np.uint32), state[1][-1]))
-        draws = mt.random_sample(4 * (stop - start)).reshape(-1, 4)
-        words, pos = mt.get_state()[1:3]
-        self._rng.setstate((state[0], tuple(words.tolist()) + (int(pos),), None))
+        with _numpy_twin(self._rng) as mt:
+            draws = mt.random_sample(4 * (stop - start)).reshape(-1, 4)
         if not hasattr(self, "_car_dictionary"):
             self._car_dictionary = pa.array(self.cars)
         step = self.interval_ms
@@ -191,6 +211,52 @@ class GeneratorSource(Source):
         self._index = state["index"]
         self._rng.setstate(state["rng"])
         self._jitter.setstate(state["jitter"])
+
+    def position(self) -> dict:
+        """The index of the next event (the random streams are re-derived from it by ``seek``)."""
+        return {"index": self._index}
+
+    def seek(self, position: dict) -> None:
+        """Event ``index`` next: fresh random streams moved on by the draws of the events before
+        it (four per event, one jitter each with ``disorder_ms``), at numpy's speed."""
+        index = int(position["index"])
+        if index == self._index:
+            return                          # already there (a fresh instance at 0, or restored)
+        self._rng, self._jitter = random.Random(self.seed), random.Random(f"{self.seed}/disorder")
+        _advance(self._rng, 4 * index)
+        if self.disorder_ms:
+            _advance(self._jitter, index)
+        self._index = index
+
+
+class _numpy_twin:
+    """``with _numpy_twin(rng) as mt``: a numpy ``RandomState`` on ``rng``'s very Mersenne Twister
+    state, whose draws ``rng`` then continues after. ``random_sample`` consumes two 32-bit words
+    per double exactly as ``random.random`` does, so the numbers are bit-identical."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def __enter__(self) -> Any:
+        import numpy as np
+
+        self.state = self.rng.getstate()
+        self.mt = np.random.RandomState()
+        self.mt.set_state(("MT19937", np.array(self.state[1][:-1], dtype=np.uint32), self.state[1][-1]))
+        return self.mt
+
+    def __exit__(self, *exc: Any) -> None:
+        words, pos = self.mt.get_state()[1:3]
+        self.rng.setstate((self.state[0], tuple(words.tolist()) + (int(pos),), None))
+
+
+def _advance(rng: random.Random, draws: int) -> None:
+    """Move ``rng`` on by ``draws`` calls of ``random()`` (in chunks: bounded memory)."""
+    with _numpy_twin(rng) as mt:
+        while draws > 0:
+            chunk = min(draws, 1 << 22)
+            mt.random_sample(chunk)
+            draws -= chunk
 
 
 def _record_batch(rows: list) -> Any:
@@ -315,11 +381,16 @@ class JsonlSource(Source):
     def close(self) -> None:
         self._close_file()
 
-    def snapshot(self) -> dict:
-        return {"done": sorted(self._done), "current": self._current, "offset": self._offset,
+    def position(self) -> dict:
+        """The files read to the end, the current one and the bytes of complete lines read in it
+        (a partial last line of a followed file is not counted: it is read again whole)."""
+        return {"done": sorted(self._done), "file": self._current, "offset": self._offset,
                 "line": self._line}
 
-    def restore(self, state: dict) -> None:
+    def seek(self, position: dict) -> None:
         self._close_file()
-        self._done = set(state["done"])
-        self._current, self._offset, self._line = state["current"], state["offset"], state["line"]
+        self._done = set(position["done"])
+        self._current, self._offset, self._line = position["file"], position["offset"], position["line"]
+
+    snapshot = position
+    restore = seek

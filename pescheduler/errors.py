@@ -53,3 +53,7 @@ class DeploymentFailed(PeschedulerError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class NotReplayable(PeschedulerError):
+    """A source that cannot rewind cannot take part in a checkpoint."""

@@ -38,6 +38,26 @@ def pescheduler_operators():
         @pescheduler.hookimpl
         def pescheduler_operators():
             return [Threshold]
+
+    Sources and sinks among them take part in checkpoints through methods the
+    runtime calls on each instance (``pescheduler.operator``; the operator
+    guide, docs/operators.md, has the guarantee table):
+
+    - ``Source.position()`` at a checkpoint barrier: a small value that survives
+      JSON and msgpack unchanged (a dict with text keys); ``Source.seek(position)``
+      on a fresh instance, before or after ``open``, reads on exactly after the
+      last tuple returned before it. A partitioned source reports its own
+      partitions; the union of its copies' positions seeks any instance. A
+      source that cannot rewind raises ``pescheduler.errors.NotReplayable``
+      (the default, unless the source overrides ``restore``).
+    - ``Sink.pre_commit(id)`` at the barrier, before ``snapshot()``: stage what
+      came before it (durable, not visible). ``Sink.commit(id)`` once checkpoint
+      ``id`` is complete: publish what is staged under ``id`` and earlier ids;
+      idempotent. A failed checkpoint gets no call (its output goes with the
+      next commit). Recovery from checkpoint ``n``: ``restore(state)``, ``open``,
+      ``commit(n)``, ``abort(n + 1)`` on a fresh instance: ``abort`` discards
+      what was staged after ``n``. A sink that never sees ``pre_commit`` writes
+      straight through (at-least-once through failures).
     """
 
 

@@ -341,19 +341,40 @@ class Source(Operator):
     poll_interval: ClassVar[float | None] = None
 
     def position(self) -> Any:
-        """Where this source stands in its durable input, or ``None`` if it has no such place.
+        """Where this source stands in its durable input: the checkpoint's record of it.
 
         A fresh instance with the same parameters that is given this value by
         :meth:`seek` reads on exactly after the last tuple ``read`` returned:
-        nothing skipped, nothing again. It is small and plain (picklable,
-        JSON-friendly): Kafka ``{partition: next offset}``, Redis Streams
-        ``{stream: last entry id}``. Checkpoints store it beside the
-        operator state; ``snapshot`` still moves everything else.
+        nothing skipped, nothing again. It is small and survives JSON and
+        msgpack unchanged (a dict with ``str`` keys): ``generator``
+        ``{"index": n}``, ``iterable`` ``{"offset": n}``, ``jsonl``
+        ``{"file", "offset", "line", "done"}``, Kafka ``{"partition": next
+        offset}``, Redis Streams ``{stream: last entry id}``. A partitioned
+        source reports the partitions its :class:`Share` reads, so the
+        positions of its instances are disjoint and their union (``dict``
+        merge) is the whole source's. Checkpoints take it at the barrier,
+        beside ``snapshot()``.
+
+        The default: ``None`` for a source that overrides ``restore`` (its
+        snapshot carries its place and ``restore`` rewinds it); otherwise it
+        raises :class:`~pescheduler.errors.NotReplayable`, since a source that
+        cannot rewind cannot take part in a checkpoint.
         """
-        return None
+        from .errors import NotReplayable
+
+        if overrides(self, "restore"):
+            return None
+        raise NotReplayable(f"source {self.name or type(self).__name__!r} ({type(self).__name__}) cannot "
+                            f"rewind: it has neither position()/seek() nor restore(), so a checkpoint could not "
+                            f"replay what it read after the barrier; implement position() and seek(), or read "
+                            f"from a "
+                            f"replayable source (generator, jsonl, iterable over a list, kafka, redis)")
 
     def seek(self, position: Any) -> None:
-        """Go on from ``position`` (a value :meth:`position` returned); before or after ``open``."""
+        """Go on from ``position`` (a value :meth:`position` returned, also after a JSON round
+        trip); before or after ``open``, on a fresh instance or one ``restore`` d from the same
+        checkpoint. A partitioned source takes the union of its instances' positions and
+        reads its own share of it."""
         raise NotImplementedError(f"{type(self).__name__} has no durable position to seek to")
 
     def watermark(self) -> int | None:
@@ -388,31 +409,50 @@ class Share:
 class CommitHooks:
     """Two-phase commit hooks a sink implements to take part in checkpoints (exactly-once output).
 
-    The checkpoint coordinator calls, on every sink instance, ``pre_commit(id)``
-    when the checkpoint barrier passes the sink (make what was written since
-    the last checkpoint durable but not yet visible, e.g. flush a Kafka
-    transaction), then ``commit(id)`` once checkpoint ``id`` is complete on every
-    operator (make it visible), or ``abort(id)`` if the checkpoint failed.
-    ``commit`` must be idempotent: after a restore it may be called again for
-    a checkpoint that was already committed.
+    What the checkpoint coordinator calls (worker/barriers.py), and in which order:
+
+    1. At the barrier of checkpoint ``id``, on the sink's PE: ``pre_commit(id)``,
+       then ``snapshot()``. Everything the sink received before the barrier is
+       staged (durable, not visible) under ``id``; the snapshot names what is
+       staged, so restoring it knows what belongs to the checkpoint.
+    2. Once checkpoint ``id`` is complete (every acknowledgement in, manifest
+       written): ``commit(id)`` makes visible what was staged under ``id`` *and
+       every earlier id* not yet visible, in order. Idempotent.
+    3. A checkpoint that fails while the job goes on gets no call: its input
+       is not read again, so what it staged goes out with the next ``commit``
+       (as Flink's two-phase-commit sinks do).
+    4. Recovery from checkpoint ``n``: a fresh instance gets ``restore(state)``,
+       ``open``, ``commit(n)`` (the crash may have come between the manifest and
+       the commit), then ``abort(n + 1)``: discard everything staged after
+       ``n``, because the sources replay it. The built-in file sinks already cut
+       their files back to the snapshot in ``restore`` (a torn commit included),
+       so a coordinator that lost track of later ids recovers them the same way.
+
+    A sink that never sees ``pre_commit`` writes straight through, as without
+    checkpoints. The end of a finite stream (``flush``) makes everything
+    visible: it is the stream's last checkpoint.
     """
 
     def pre_commit(self, checkpoint_id: int) -> None:
         """The barrier of ``checkpoint_id`` passed: output before it is durable, not yet visible."""
 
     def commit(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` completed: make its output visible (idempotent)."""
+        """Checkpoint ``checkpoint_id`` completed: make output staged up to it visible
+        (idempotent; also on an instance restored from that checkpoint)."""
 
     def abort(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` failed: discard its output (the stream replays it)."""
+        """Restored from ``checkpoint_id - 1``: discard output staged for ``checkpoint_id`` and
+        later, and what came since the last barrier (the stream replays it)."""
 
 
 class Sink(Operator, CommitHooks):
     """Base class of sinks: ``process`` writes, ``flush`` makes it durable.
 
     A sink that can hold output back until a checkpoint completes overrides
-    the :class:`CommitHooks` (``pre_commit`` / ``commit`` / ``abort``); the
-    defaults do nothing, which is at-least-once.
+    the :class:`CommitHooks` (``pre_commit`` / ``commit`` / ``abort``): its
+    output is exactly-once through failures. The defaults do nothing, which
+    is at-least-once (a restored stream writes again what came after the
+    checkpoint).
     """
 
     kind = "sink"

@@ -32,6 +32,12 @@ class Numbers(Source):
     def restore(self, state):
         self.i = state
 
+    def position(self):
+        return {"i": self.i}
+
+    def seek(self, position):
+        self.i = position["i"]
+
 
 class Tag(Operator):
     """Adds ``tag`` to each tuple (a stateless map with a parameter)."""

@@ -94,6 +94,15 @@ def _read_by(dep, op: str) -> int:
     return m.tuples_out if m else 0
 
 
+def read_rest(source, expect: int) -> list:
+    """Read until ``expect`` entries came (bounded by WAIT)."""
+    got: list = []
+    deadline = time.monotonic() + WAIT
+    while len(got) < expect and time.monotonic() < deadline:
+        got += source.read(64)
+    return got
+
+
 def test_seek_to_a_position_resumes_after_the_last_entry(redis_url, client):
     from pescheduler.operators.redis_streams import RedisStreamSource
 
@@ -107,10 +116,7 @@ def test_seek_to_a_position_resumes_after_the_last_entry(redis_url, client):
     second = RedisStreamSource(stream=["seek-a", "seek-b"], url=redis_url)
     second.seek(saved)
     second.open(OperatorContext("redis-1"))
-    tail: list = []
-    deadline = time.monotonic() + WAIT
-    while len(head) + len(tail) < 300 and time.monotonic() < deadline:
-        tail += second.read(64)
+    tail = read_rest(second, 300 - len(head))
     second.close()
     assert sorted(t["n"] for t in head + tail) == list(range(300))
 
@@ -165,6 +171,37 @@ def test_lag_is_in_the_snapshot_and_in_status(redis_url, client, cluster):
         until(lambda: dep.next_snapshot(timeout=WAIT).operators["redis-1"].lag_per_s < 0, WAIT,
               "the lag trend shows it draining")
         dep.stop()
+
+
+def test_the_union_of_shared_instances_positions_seeks_one_fresh_instance(redis_url, client):
+    """Each copy's position covers its own streams; their union resumes a single fresh instance."""
+    import msgpack
+
+    from pescheduler.operator import Share
+    from pescheduler.operators.redis_streams import RedisStreamSource
+
+    names = ["union-a", "union-b", "union-c"]
+    for k, name in enumerate(names):
+        fill(client, name, range(k, 300, 3))
+    heads, saved = [], {}
+    for i in range(2):
+        copy = RedisStreamSource(stream=names, url=redis_url)
+        copy.restore({"positions": {}, "max_ts": {}, "share": Share(i, 2)})
+        copy.open(OperatorContext("redis-1"))
+        heads += copy.read(40)
+        part = copy.position()
+        assert set(part) == ({"union-a", "union-c"} if i == 0 else {"union-b"})
+        saved.update(part)
+        copy.close()
+    stored = msgpack.unpackb(msgpack.packb(json.loads(json.dumps(saved))))
+    assert stored == saved
+    single = RedisStreamSource(stream=names, url=redis_url)
+    single.seek(stored)
+    single.open(OperatorContext("redis-1"))
+    tail = read_rest(single, 300 - len(heads))
+    assert single.read(64) == []
+    single.close()
+    assert sorted(t["n"] for t in heads + tail) == list(range(300)), "lost or doubled across the seek"
 
 
 def test_unreachable_server_fails_naming_the_url(cluster):
