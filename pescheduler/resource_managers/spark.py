@@ -272,7 +272,9 @@ class SparkResourceManager:
         from .spark_lease import lease as lease_task
 
         lease = _Lease(host_id)
-        sc, args = self.sc, (self.scheduler_address, host_id)
+        # The Security travels with the task (a Security made by ``temporary()`` holds its PEM
+        # text, so an executor on another machine needs no certificate files of its own).
+        sc, args = self.sc, (self.scheduler_address, host_id, self.security)
 
         def run() -> None:
             try:

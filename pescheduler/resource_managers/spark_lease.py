@@ -17,20 +17,24 @@ def lease(args: tuple) -> str:
     Returns a one-line outcome (``closed ...`` or ``failed ...``), never raises.
     """
     scheduler, host_id = args[0], args[1]
+    security = args[2] if len(args) > 2 else None
     try:
         if _retried():
             return f"not restarted {host_id}: its first attempt was lost (the host is reported lost)"
         import asyncio
 
-        return asyncio.run(_serve(scheduler, host_id))
+        return asyncio.run(_serve(scheduler, host_id, security))
     except BaseException as exc:          # noqa: BLE001 - see the module docstring
         return f"failed {host_id}: {type(exc).__name__}: {exc}"
 
 
-async def _serve(scheduler: str, host_id: str) -> str:
+async def _serve(scheduler: str, host_id: str, security=None) -> str:
     from distributed import Worker
 
-    worker = await Worker(scheduler, nthreads=1, name=host_id, dashboard=False, death_timeout=DEATH_TIMEOUT_S)
+    # ``security``: the deployment's distributed.Security on a TLS cluster (the worker then
+    # listens with TLS too: its protocol follows the scheduler address's).
+    worker = await Worker(scheduler, nthreads=1, name=host_id, dashboard=False, death_timeout=DEATH_TIMEOUT_S,
+                          security=security)
     await worker.finished()
     return f"closed {host_id}"
 
