@@ -45,3 +45,12 @@ class DeploymentFailed(PeschedulerError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class NotReplayable(PeschedulerError):
+    """A source cannot rewind (a one-shot iterator), so a checkpoint could not resume it; says what to use."""
+
+
+class CheckpointError(PeschedulerError, ValueError):
+    """A checkpoint cannot be taken or restored (none complete in the storage, an unknown id, a
+    checkpoint that timed out); the message names the storage and the id."""
