@@ -96,6 +96,8 @@ class CheckpointCoordinator:
             t0, p0 = time.time(), time.perf_counter()
             try:
                 results = await self._collect(checkpoint_id, placement)
+                if not self.state.live:     # a drain began meanwhile: sources may have ended early
+                    raise CheckpointError(f"the deployment is {self.state.state}")
                 size = await asyncio.to_thread(self._store, checkpoint_id, results, placement, t0,
                                                time.perf_counter() - p0)
             except Exception as exc:
