@@ -120,11 +120,12 @@ class CheckpointCoordinator:
             by_worker.setdefault(pe.worker, []).append(pe_id)
         with_sources = {pe_id for pe_id, pe in placement.pes.items()
                         if any(placement.plan.ops[op].kind == "source" for op in pe.operators)}
-        await asyncio.gather(*(self.gateway.ckpt_begin(w, checkpoint_id, [p for p in pes if p in with_sources])
-                               for w, pes in by_worker.items()))
-        answers = await asyncio.wait_for(
-            asyncio.gather(*(self.gateway.ckpt_wait(w, checkpoint_id, pes, self.timeout)
-                             for w, pes in by_worker.items())), self.timeout + WAIT_SLACK_S)
+        _raise_first(await asyncio.gather(
+            *(self.gateway.ckpt_begin(w, checkpoint_id, [p for p in pes if p in with_sources])
+              for w, pes in by_worker.items()), return_exceptions=True))
+        answers = _raise_first(await asyncio.gather(
+            *(asyncio.wait_for(self.gateway.ckpt_wait(w, checkpoint_id, pes, self.timeout), self.timeout + WAIT_SLACK_S)
+              for w, pes in by_worker.items()), return_exceptions=True))
         results: dict[str, dict] = {}
         for answer in answers:
             results.update(answer["results"])
@@ -167,3 +168,11 @@ class CheckpointCoordinator:
         last = self.completed[-1].as_dict() if self.completed else None
         return {"storage": self.store.url, "interval_s": self.interval, "completed": len(self.completed),
                 "aborted": self.aborted, "last": last, "last_error": self.last_error}
+
+
+def _raise_first(answers: list):
+    """Every call was awaited (none left unretrieved); the first failure is raised."""
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            raise answer
+    return answers
