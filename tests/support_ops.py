@@ -170,7 +170,7 @@ def pescheduler_aggregates():
 
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Numbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, Committed]
+    return [Numbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, Committed, OneShot]
 
 
 class Committed(Sink):
@@ -254,3 +254,24 @@ def committed_output(path) -> list:
         with open(os.path.join(path, name)) as f:
             rows.extend(json.loads(line) for line in f)
     return rows
+
+
+class OneShot(Source):
+    """A source that cannot rewind (like ``iterable`` over a generator): checkpoints refuse it."""
+
+    name = "one_shot"
+
+    def __init__(self, count: int = 10, **kw) -> None:
+        super().__init__(**kw)
+        self.left = iter(range(count))
+
+    def read(self, n):
+        from itertools import islice
+
+        batch = [{"n": i, "ts": i} for i in islice(self.left, n)]
+        return batch or None
+
+    def position(self):
+        from pescheduler.errors import NotReplayable
+
+        raise NotReplayable("one_shot reads a one-shot iterator and cannot rewind; use `numbers` to checkpoint")

@@ -51,3 +51,16 @@ def checkpoint_settings(app_name: str, checkpoint: Any, interval: Any, restore: 
                               int(config.get("checkpoint.retain")),
                               store.resolve(restore) if restore is not None else None,
                               int(config.get("restart.attempts")), config.get_seconds("restart.backoff"))
+
+
+def refuse_unreplayable(app, plugins) -> None:
+    """Checkpoints need sources that can rewind: a source whose ``position()`` raises
+    :class:`~pescheduler.errors.NotReplayable` (a one-shot iterator) is refused with its reason,
+    before any worker starts. Sources are built here with the app's parameters and not opened."""
+    for node in app.nodes.values():
+        if node.kind != "source" or (node.kind, node.name) not in plugins.operators:
+            continue                          # an unknown name: the compiler says so
+        try:
+            plugins.operator(node.name, "source")(**node.params).position()
+        except NotImplementedError:
+            pass                              # its snapshot() holds where it is

@@ -37,8 +37,8 @@ from .. import config
 from ..actions import Action
 from ..checkpoint import CheckpointCoordinator, Recovery
 from ..checkpoint.restore import load_states
-from ..checkpoint.settings import CheckpointSettings, checkpoint_settings
-from ..errors import DeploymentFailed, NotReplayable
+from ..checkpoint.settings import CheckpointSettings, checkpoint_settings, refuse_unreplayable
+from ..errors import DeploymentFailed
 from ..plan.app import Application
 from ..plan.compiler import compile_app
 from ..plan.placement import Placement
@@ -118,7 +118,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     """
     if config_file:
         config.load_file(config_file)
-    activate(tuple(plugins))    # plug-ins declare their settings (pescheduler_config) before the check
+    found = activate(tuple(plugins))    # plug-ins declare their settings (pescheduler_config) before the check
     config.validate()           # an unknown key or bad value fails here, before anything starts
     if options:
         unknown = ", ".join(sorted(options))
@@ -128,6 +128,8 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
                          f"cluster at {cluster} pass its distributed.Security")
     rm = default_rm(cluster) if rm is None else (None if rm == "none" else rm)
     checkpoints = checkpoint_settings(app.name, checkpoint, checkpoint_interval, restore)
+    if checkpoints is not None:
+        refuse_unreplayable(app, found)
     if policies is None:
         policies = config.get("policies.default") or ()
     elif isinstance(policies, str):          # policies="rate": one name, not its letters
@@ -345,18 +347,9 @@ class Deployment:
 
     # -- checkpoints (pescheduler/checkpoint/) ------------------------------------------------
     async def _restored(self, placement: Placement) -> dict[str, dict] | None:
-        """Checkpointing on: every source must be able to rewind (else NotReplayable says why);
-        ``restore=``: the checkpoint's state mapped onto ``placement``."""
+        """``restore=``: the checkpoint's state mapped onto ``placement``."""
         ckpt = self.checkpoint_settings
-        if ckpt is None:
-            return None
-        for op in placement.plan.ops.values():
-            if op.kind == "source" and not op.copy_of:
-                try:
-                    op.cls(**op.params).position()
-                except NotImplementedError:
-                    pass                    # its snapshot() holds where it is
-        if ckpt.restore_id is None:
+        if ckpt is None or ckpt.restore_id is None:
             return None
         self.state.event("restore", f"from checkpoint {ckpt.restore_id} in {ckpt.store.url}")
         return await asyncio.to_thread(load_states, ckpt.store, ckpt.restore_id, placement)

@@ -61,6 +61,9 @@ class Barriers:
         if checkpoint_id <= self.done_upto or self.current == checkpoint_id:
             return
         pe = self.pe
+        if pe.aligner.marker is not None and not is_barrier(pe.aligner.marker):
+            self.done_upto = checkpoint_id      # a reconfiguration aligns here: a late barrier of an
+            return                              # aborted checkpoint must not take its place
         if pe.state != "running" or pe.chain is None or pe.chain.finished:
             self._take(checkpoint_id)           # nothing moves here any more: its state as it is
             return

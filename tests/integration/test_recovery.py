@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 import pescheduler
-from pescheduler import Application
+from pescheduler import Application, Fuse, Move
 from support_ops import committed_output
 from waiting import gone, until
 
@@ -104,6 +104,38 @@ def test_join_killed_mid_stream_reports_every_pair_once(tmp_path):
     expected = sorted((x["a"], y["b"]) for x in left for y in right
                       if x["k"] == y["k"] and abs(x["ts"] - y["ts"]) <= 25)
     assert got == expected and len(got) > 500
+
+
+def test_reconfigurations_before_and_after_a_kill_keep_the_windows_exact(tmp_path):
+    """A Move and a Fuse take the Reconfigurer's lock as checkpoints do: a checkpoint after a move
+    restores onto the moved layout's operators, and the restored job reconfigures again."""
+    out = tmp_path / "out"
+    app = Application("reconfigured")
+    (app.source("numbers", count=40_000, keys=20, step=1, rate=3_000)
+        .map(lambda e: {**e, "n": e["n"]}, id="m")
+        .key_by("key")
+        .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")}, id="win")
+        .sink("committed", path=str(out)))
+    with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
+                            checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.3s") as dep:
+        pl = dep.placement()
+        pe = pl.pe_of("m")
+        assert dep.apply(Move(pe, next(w for w in pl.workers if w != pl.pes[pe].worker))).applied
+        moved_at = len(dep.checkpoints())
+        until(lambda: len(dep.checkpoints()) > moved_at, WAIT, "a checkpoint after the move")
+        kill_worker_of(dep, "win")
+        until(lambda: any("first_output_s" in r for r in dep.recovery.restarts), WAIT, "output after the restore")
+        pl = dep.placement()
+        a, b = pl.pe_of("m"), pl.pe_of("win")
+        if a != b:
+            assert dep.apply(Fuse(a, b)).applied
+        dep.wait(timeout=WAIT)
+    expected: dict = {}
+    for i in range(40_000):
+        c, s = expected.get((i % 20, i // 1000 * 1000), (0, 0))
+        expected[(i % 20, i // 1000 * 1000)] = (c + 1, s + i)
+    got = [(r["key"], r["window_start"], r["c"], r["s"]) for r in committed_output(out)]
+    assert sorted(got) == sorted((k, w, c, s) for (k, w), (c, s) in expected.items())
 
 
 APP = """

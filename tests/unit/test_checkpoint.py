@@ -10,12 +10,14 @@ import uuid
 import cloudpickle
 import pytest
 
+import pescheduler
+
 from pescheduler import Application
 from pescheduler.checkpoint import CheckpointCoordinator, CheckpointStore
 from pescheduler.checkpoint.restore import load_states
 from pescheduler.checkpoint.settings import checkpoint_settings
 from pescheduler.control.state import DeploymentState
-from pescheduler.errors import CheckpointError
+from pescheduler.errors import CheckpointError, NotReplayable
 from pescheduler.plan.compiler import compile_app
 from pescheduler.plugins import load_plugins
 from pescheduler.worker.barriers import barrier, is_barrier
@@ -166,3 +168,10 @@ def test_settings_are_checked_before_anything_starts(tmp_path):
         checkpoint_settings("a", str(tmp_path), None, "latest")
     s = checkpoint_settings("a", str(tmp_path), "250ms", None)
     assert s.interval == 0.25 and s.retain == 3 and s.attempts == 3
+
+
+def test_a_source_that_cannot_rewind_is_refused_before_any_worker_starts(tmp_path):
+    app = Application("one-shot")
+    app.source("one_shot").sink("collect")
+    with pytest.raises(NotReplayable, match="cannot rewind; use `numbers`"):
+        pescheduler.deploy(app, plugins=["support_ops"], checkpoint=str(tmp_path / "ckpt"))
