@@ -175,3 +175,39 @@ def test_a_source_that_cannot_rewind_is_refused_before_any_worker_starts(tmp_pat
     app.source("one_shot").sink("collect")
     with pytest.raises(NotReplayable, match="cannot rewind; use `numbers`"):
         pescheduler.deploy(app, plugins=["support_ops"], checkpoint=str(tmp_path / "ckpt"))
+
+
+def test_a_pe_snapshots_exactly_the_input_before_the_barrier_on_every_channel():
+    """Chandy-Lamport at one PE: c1 delivers its barrier first; what c1 carries after it is parked
+    (not in the snapshot) until c2's barrier aligns the PE; then it is processed, in order."""
+    from support_ops import RunningSum
+
+    from pescheduler.operator import OperatorContext
+    from pescheduler.worker.channels import DATA, MARKER
+    from pescheduler.worker.runtime import PERunner
+    from pescheduler.worker.specs import InputSpec, PESpec
+
+    async def scenario():
+        spec = PESpec("pe", "d", {"sum": (RunningSum, {}, "k")}, [("a", "out", "sum"), ("b", "out", "sum")],
+                      inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")])
+        pe = PERunner(spec, "w")
+        await pe.connect(lambda channel_id: None, "here")
+        pe.turns.bind()
+        pe.state = "running"
+        pe.ops["sum"].open(OperatorContext(op_id="sum", pe_id="pe", worker="w", key_field="k", extra={}))
+        c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
+        for channel, kind, payload in [(c1, DATA, [{"k": 1, "n": 1}]), (c1, MARKER, barrier(1)),
+                                       (c1, DATA, [{"k": 1, "n": 10}]), (c2, DATA, [{"k": 1, "n": 100}])]:
+            pe.inbox.put(channel, kind, payload)
+        pe._read_inbox()
+        assert pe.ops["sum"].sums == {1: 101} and 1 not in pe.barriers.results    # c1's 10 is parked
+        pe.inbox.put(c2, MARKER, barrier(1))
+        pe._read_inbox()
+        saved = cloudpickle.loads(pe.barriers.results[1]["state"])
+        assert saved["sum"]["state"] == {1: 101}                                    # before both barriers
+        assert pe.ops["sum"].sums == {1: 111} and pe.aligner.marker is None        # then the parked 10
+        pe.inbox.put(c1, MARKER, barrier(1))                                        # a late duplicate: ignored
+        pe._read_inbox()
+        assert pe.aligner.marker is None and pe.barriers.current is None
+
+    asyncio.run(scenario())
