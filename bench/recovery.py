@@ -42,7 +42,7 @@ import dask.config  # noqa: E402
 
 import pescheduler  # noqa: E402
 from pescheduler import Application  # noqa: E402
-from support_ops import committed_output  # noqa: E402
+from support_ops import committed_windows, count_sum_windows  # noqa: E402
 
 WORKERS = 3
 
@@ -130,12 +130,8 @@ def kills(n: int, tmp: str) -> None:
             dep.wait(timeout=600)
             restarts = list(dep.recovery.restarts)
     to_output = [r["at"] - k + r["first_output_s"] for k, r in zip(killed_at, restarts) if "first_output_s" in r]
-    sums: dict = {}
-    for i in range(count):
-        c, s = sums.get((i % keys, i // 1000 * 1000), (0, 0))
-        sums[(i % keys, i // 1000 * 1000)] = (c + 1, s + i)
-    expected = Counter((k, w, c, s) for (k, w), (c, s) in sums.items())
-    got = Counter((r["key"], r["window_start"], r["c"], r["s"]) for r in committed_output(out))
+    expected = Counter(count_sum_windows(count, keys))
+    got = Counter(committed_windows(out))
     lost, dup = sum((expected - got).values()), sum((got - expected).values())
     print(f"   {len(restarts)} restarts for {len(killed_at)} kills; kill → first output after restore: "
           f"p50 {statistics.median(to_output):.2f} s, max {max(to_output):.2f} s (goal ≤ 3 s)")

@@ -275,3 +275,18 @@ class OneShot(Source):
         from pescheduler.errors import NotReplayable
 
         raise NotReplayable("one_shot reads a one-shot iterator and cannot rewind; use `numbers` to checkpoint")
+
+
+def count_sum_windows(count: int, keys: int) -> list:
+    """Plain-Python reference of ``numbers(count, keys, step=1)`` → ``key_by("key")`` → 1 s windows of
+    ``c = count(n)`` and ``s = sum(n)``: sorted ``(key, window_start, c, s)``."""
+    windows: dict = {}
+    for i in range(count):
+        c, s = windows.get((i % keys, i // 1000 * 1000), (0, 0))
+        windows[(i % keys, i // 1000 * 1000)] = (c + 1, s + i)
+    return sorted((k, w, c, s) for (k, w), (c, s) in windows.items())
+
+
+def committed_windows(path) -> list:
+    """The ``(key, window_start, c, s)`` a ``committed`` sink made visible, sorted."""
+    return sorted((r["key"], r["window_start"], r["c"], r["s"]) for r in committed_output(path))

@@ -91,8 +91,11 @@ class Barriers:
 
     def aligned(self) -> None:
         """The whole PE is aligned: snapshot, then release parked input and the sources."""
-        checkpoint_id = self.current
-        self._take(checkpoint_id)
+        self._take(self.current)
+        self._release()
+
+    def _release(self) -> None:
+        """End the alignment: parked input goes back in front of the inbox, sources read on."""
         parked = self.pe.aligner.finish()
         self.pe.inbox.items.extendleft(reversed(parked))
         self.current = None
@@ -127,12 +130,7 @@ class Barriers:
         self.done_upto = max(self.done_upto, checkpoint_id)
         self.results.pop(checkpoint_id, None)
         if self.current == checkpoint_id:
-            parked = self.pe.aligner.finish()
-            self.pe.inbox.items.extendleft(reversed(parked))
-            self.current = None
-            for driver in self.pe.sources:
-                driver.paused = False
-            self.pe.inbox.event.set()
+            self._release()
 
     def restored(self, restore: dict[str, dict]) -> None:
         """Sinks restored from checkpoint N (``saved["checkpoint"]``) commit N (again: a crash may

@@ -23,7 +23,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, Fuse, Move
-from support_ops import committed_output
+from support_ops import committed_output, committed_windows, count_sum_windows
 from waiting import gone, until
 
 pytestmark = pytest.mark.integration
@@ -76,12 +76,7 @@ def test_keyed_window_killed_mid_stream_matches_the_reference_exactly(tmp_path):
         kill_worker_of(dep, window)
         dep.wait(timeout=WAIT)
         restarted(dep)
-    expected: dict = {}
-    for i in range(30_000):
-        c, s = expected.get((i % 20, i // 1000 * 1000), (0, 0))
-        expected[(i % 20, i // 1000 * 1000)] = (c + 1, s + i)
-    got = [(r["key"], r["window_start"], r["c"], r["s"]) for r in committed_output(out)]
-    assert sorted(got) == sorted((k, w, c, s) for (k, w), (c, s) in expected.items())
+    assert committed_windows(out) == count_sum_windows(30_000, 20)
 
 
 def test_join_killed_mid_stream_reports_every_pair_once(tmp_path):
@@ -130,12 +125,7 @@ def test_reconfigurations_before_and_after_a_kill_keep_the_windows_exact(tmp_pat
         if a != b:
             assert dep.apply(Fuse(a, b)).applied
         dep.wait(timeout=WAIT)
-    expected: dict = {}
-    for i in range(40_000):
-        c, s = expected.get((i % 20, i // 1000 * 1000), (0, 0))
-        expected[(i % 20, i // 1000 * 1000)] = (c + 1, s + i)
-    got = [(r["key"], r["window_start"], r["c"], r["s"]) for r in committed_output(out)]
-    assert sorted(got) == sorted((k, w, c, s) for (k, w), (c, s) in expected.items())
+    assert committed_windows(out) == count_sum_windows(40_000, 20)
 
 
 APP = """
