@@ -15,11 +15,14 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import pescheduler
 from pescheduler import Application, Fuse, Move
@@ -126,6 +129,40 @@ def test_reconfigurations_before_and_after_a_kill_keep_the_windows_exact(tmp_pat
             assert dep.apply(Fuse(a, b)).applied
         dep.wait(timeout=WAIT)
     assert committed_windows(out) == count_sum_windows(40_000, 20)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps=st.lists(st.sampled_from(["kill", "move"]), min_size=2, max_size=3), data=st.data())
+def test_random_kills_interleaved_with_random_reconfigurations_lose_and_repeat_nothing(steps, data):
+    """Kills of random workers (any PE's: source, window or sink) between random moves."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out")
+        app = Application("interleaved")
+        (app.source("numbers", count=24_000, keys=20, step=1, rate=3_000)
+            .map(lambda e: e, id="m")
+            .key_by("key")
+            .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")}, id="win")
+            .sink("committed", path=out))
+        with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
+                                checkpoint=os.path.join(tmp, "ckpt"), checkpoint_interval="0.3s") as dep:
+            for step in steps:
+                seen = len(dep.checkpoints())
+                until(lambda: len(dep.checkpoints()) > seen or dep.status()["state"] != "running", WAIT,
+                      "a checkpoint since the last step")
+                if dep.status()["state"] != "running":
+                    break
+                pl = dep.placement()
+                pe = data.draw(st.sampled_from(sorted(pl.pes)), label="pe")
+                if step == "kill":
+                    os.kill(dep.worker_info[pl.pes[pe].worker]["pid"], signal.SIGKILL)
+                    kills = sum(1 for _ in dep.recovery.restarts) + 1
+                    until(lambda: len(dep.recovery.restarts) >= kills, WAIT, "the restart")
+                else:
+                    others = [w for w in pl.workers if w != pl.pes[pe].worker]
+                    if others:
+                        dep.apply(Move(pe, data.draw(st.sampled_from(others), label="to")))
+            dep.wait(timeout=WAIT)
+        assert committed_windows(out) == count_sum_windows(24_000, 20)
 
 
 APP = """
