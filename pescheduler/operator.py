@@ -392,19 +392,23 @@ class CommitHooks:
     when the checkpoint barrier passes the sink (make what was written since
     the last checkpoint durable but not yet visible, e.g. flush a Kafka
     transaction), then ``commit(id)`` once checkpoint ``id`` is complete on every
-    operator (make it visible), or ``abort(id)`` if the checkpoint failed.
-    ``commit`` must be idempotent: after a restore it may be called again for
-    a checkpoint that was already committed.
+    operator (make it visible). ``commit(id)`` makes *everything* staged up to
+    ``id`` visible: a checkpoint that was aborted is not replayed, so what was
+    staged for it goes out with the next complete one (as in Flink).
+    ``abort(id)`` comes on restore: a sink restored from checkpoint ``n`` gets
+    ``commit(n)`` (idempotent: the crash may have come between the manifest and
+    the commit) then ``abort(n + 1)``: discard everything staged after ``n``,
+    because the sources replay it (worker/barriers.py, docs/checkpoints.md).
     """
 
     def pre_commit(self, checkpoint_id: int) -> None:
         """The barrier of ``checkpoint_id`` passed: output before it is durable, not yet visible."""
 
     def commit(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` completed: make its output visible (idempotent)."""
+        """Checkpoint ``checkpoint_id`` completed: make output staged up to it visible (idempotent)."""
 
     def abort(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` failed: discard its output (the stream replays it)."""
+        """Restored: discard output staged for ``checkpoint_id`` and later (the stream replays it)."""
 
 
 class Sink(Operator, CommitHooks):
