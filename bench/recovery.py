@@ -116,8 +116,8 @@ def kills(n: int, tmp: str) -> None:
                     break
                 first = len(dep.checkpoints())
                 deadline = time.monotonic() + 60
-                while len(dep.checkpoints()) <= first and time.monotonic() < deadline:
-                    time.sleep(0.05)          # a checkpoint after the last restore, so progress is kept
+                while (len(dep.checkpoints()) <= first or dep.recovery.replacing) and time.monotonic() < deadline:
+                    time.sleep(0.05)          # a checkpoint after the last restore, and the lost worker replaced
                 time.sleep(rng.uniform(0.1, 0.6))
                 pl = dep.placement()
                 worker = pl.pes[pl.pe_of("win")].worker

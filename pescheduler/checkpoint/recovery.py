@@ -54,6 +54,13 @@ class Recovery:
         self.dead: set[str] = set()              # workers known lost: never called again
         self._task: asyncio.Task | None = None
         self._background: list[asyncio.Task] = []
+        self._replacing: list[asyncio.Task] = []     # replacement workers being started
+        self._replace_lock = asyncio.Lock()
+
+    @property
+    def replacing(self) -> bool:
+        """A replacement worker is being started (embedded cluster)."""
+        return any(not t.done() for t in self._replacing)
 
     @property
     def active(self) -> bool:
@@ -88,7 +95,9 @@ class Recovery:
                 record["checkpoint"] = checkpoint_id
                 dep.state.event("restart", f"{record['reason']}: restoring checkpoint {checkpoint_id} "
                                            f"(attempt {record['attempt']} of {self.attempts})")
-                await dep.gateway.stop(w for w in rc.running_on() if w not in self.dead)
+                # Every old PE stops, on workers taken for lost too (bounded; a dead one refuses at
+                # once): a worker whose watch only failed must not go on writing beside the restore.
+                await dep.gateway.stop(rc.running_on())
                 workers = await self._live()
                 placement = compile_app(dep.app, dep.plugins, workers,
                                         {w: rc.worker_info[w]["host"] for w in workers})
@@ -107,25 +116,38 @@ class Recovery:
             coordinator.paused = False
         self._background.append(asyncio.create_task(self._first_output(record, p0, placement)))
         if dep.cluster is not None:
-            self._background.append(asyncio.create_task(self._replace()))
+            self._replacing.append(asyncio.create_task(self._replace()))
 
     async def _live(self) -> list[str]:
         """Workers the scheduler lists that answer now (their PE host info refreshed)."""
         gateway, rc = self.dep.gateway, self.dep.reconfigurer
         info = await gateway.workers()
         candidates = [w for w in sorted(info) if w not in self.dead]
-        answers = await asyncio.gather(*(asyncio.wait_for(gateway.pe_info(w), PROBE_S) for w in candidates),
-                                       return_exceptions=True)
+        answers = await asyncio.gather(*(self._probe(w) for w in candidates), return_exceptions=True)
         live = []
         for worker, answer in zip(candidates, answers):
             if isinstance(answer, BaseException):
+                logger.info("worker %s taken for lost: %s", worker, answer)
                 self.dead.add(worker)
                 continue
             rc.worker_info[worker] = {**answer, "host": info[worker].get("host", "")}
             live.append(worker)
+        if not live and self.replacing:
+            await asyncio.gather(*self._replacing, return_exceptions=True)   # a worker is on its way
+            return await self._live()
         if not live:
             raise RuntimeError("no worker left to restore onto")
         return live
+
+    async def _probe(self, worker: str) -> dict:
+        """The worker's PE host info. A refused connection is a dead worker; a slow answer (a
+        loaded machine) is asked again, longer, before the worker is given up."""
+        for bound in (PROBE_S, 3 * PROBE_S):
+            try:
+                return await asyncio.wait_for(self.dep.gateway.pe_info(worker), bound)
+            except asyncio.TimeoutError:
+                continue
+        raise TimeoutError(f"no answer within {4 * PROBE_S:g} s")
 
     async def _first_output(self, record: dict, p0: float, placement) -> None:
         """Time from the loss to the first tuple into a sink after the restore (in the record,
@@ -149,18 +171,25 @@ class Recovery:
         self._log(record)
 
     async def _replace(self) -> None:
-        """Start a worker for each one lost, so later losses still find room (embedded cluster)."""
+        """Start a worker for the one lost, so later losses still find room (embedded cluster;
+        one at a time: each takes the workers that joined and nobody knows yet)."""
         dep, rc = self.dep, self.dep.reconfigurer
-        try:
-            await dep.cluster.grow(dep.gateway.client)
-            info = await dep.gateway.workers()
-            new = [w for w in info if w not in rc.worker_info and w not in self.dead]
-            for worker in new:
-                answer = await asyncio.wait_for(dep.gateway.pe_info(worker), PROBE_S)
-                await rc.add_workers(info[worker].get("host", ""), {worker: answer})
-                dep._watch_all([worker])
-        except Exception as exc:
-            logger.warning("starting a replacement worker failed: %s", exc)
+        async with self._replace_lock:
+            try:
+                await dep.cluster.grow(dep.gateway.client)
+                info = await dep.gateway.workers()
+            except Exception as exc:
+                logger.warning("starting a replacement worker failed: %s", exc)
+                return
+            for worker in [w for w in info if w not in rc.worker_info and w not in self.dead]:
+                try:
+                    answer = await self._probe(worker)
+                except Exception:
+                    self.dead.add(worker)
+                    continue
+                if worker not in rc.worker_info:
+                    await rc.add_workers(info[worker].get("host", ""), {worker: answer})
+                    dep._watch_all([worker])
 
     def _log(self, record: dict) -> None:
         path = config.get("policies.decision-log")
@@ -180,7 +209,7 @@ class Recovery:
                 "restarts": [dict(r) for r in self.restarts[-10:]]}
 
     async def close(self) -> None:
-        for task in [self._task, *self._background]:
-            if task is not None and not task.done():
-                task.cancel()
-        await asyncio.gather(*(t for t in [self._task, *self._background] if t is not None), return_exceptions=True)
+        tasks = [t for t in [self._task, *self._background, *self._replacing] if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
