@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PROBE_S = 3.0             # a worker that does not answer within this is taken for lost
+PROBE_S = 1.0             # a worker that does not answer within this is asked whether the scheduler still lists it
 FIRST_OUTPUT_S = 120.0    # how long the first output after a restore is looked for
 
 
@@ -95,9 +95,14 @@ class Recovery:
                 record["checkpoint"] = checkpoint_id
                 dep.state.event("restart", f"{record['reason']}: restoring checkpoint {checkpoint_id} "
                                            f"(attempt {record['attempt']} of {self.attempts})")
-                # Every old PE stops, on workers taken for lost too (bounded; a dead one refuses at
-                # once): a worker whose watch only failed must not go on writing beside the restore.
-                await dep.gateway.stop(rc.running_on())
+                # Every old PE stops. On workers taken for lost the call is not awaited: a dead
+                # address is only given up after the gateway's bound (3 s), but a worker whose
+                # watch only failed must still not go on writing beside the restore.
+                old = rc.running_on()
+                listed = await dep.gateway.workers()
+                self.dead |= {w for w in old if w not in listed}    # the scheduler saw them go
+                self._background.append(asyncio.create_task(dep.gateway.stop(w for w in old if w in self.dead)))
+                await dep.gateway.stop(w for w in old if w not in self.dead)
                 workers = await self._live()
                 placement = compile_app(dep.app, dep.plugins, workers,
                                         {w: rc.worker_info[w]["host"] for w in workers})
@@ -140,14 +145,15 @@ class Recovery:
         return live
 
     async def _probe(self, worker: str) -> dict:
-        """The worker's PE host info. A refused connection is a dead worker; a slow answer (a
-        loaded machine) is asked again, longer, before the worker is given up."""
-        for bound in (PROBE_S, 3 * PROBE_S):
-            try:
-                return await asyncio.wait_for(self.dep.gateway.pe_info(worker), bound)
-            except asyncio.TimeoutError:
-                continue
-        raise TimeoutError(f"no answer within {4 * PROBE_S:g} s")
+        """The worker's PE host info. No answer within :data:`PROBE_S`: a worker the scheduler
+        no longer lists is lost; one it still lists is only slow (a loaded machine) and is asked
+        again, longer, before it is given up."""
+        try:
+            return await asyncio.wait_for(self.dep.gateway.pe_info(worker), PROBE_S)
+        except asyncio.TimeoutError:
+            if worker not in await self.dep.gateway.workers():
+                raise TimeoutError(f"no answer within {PROBE_S:g} s and gone from the scheduler") from None
+        return await asyncio.wait_for(self.dep.gateway.pe_info(worker), 10 * PROBE_S)
 
     async def _first_output(self, record: dict, p0: float, placement) -> None:
         """Time from the loss to the first tuple into a sink after the restore (in the record,
