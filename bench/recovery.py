@@ -42,7 +42,7 @@ import dask.config  # noqa: E402
 
 import pescheduler  # noqa: E402
 from pescheduler import Application  # noqa: E402
-from support_ops import committed_windows, count_sum_windows  # noqa: E402
+from support_ops import committed_windows, count_sum_windows, last_checkpoint  # noqa: E402
 
 WORKERS = 3
 
@@ -114,9 +114,9 @@ def kills(n: int, tmp: str) -> None:
             for _ in range(n):
                 if dep._done.is_set():
                     break
-                first = len(dep.checkpoints())
+                first = last_checkpoint(dep)
                 deadline = time.monotonic() + 60
-                while (len(dep.checkpoints()) <= first or dep.recovery.replacing) and time.monotonic() < deadline:
+                while (last_checkpoint(dep) <= first or dep.recovery.replacing) and time.monotonic() < deadline:
                     time.sleep(0.05)          # a checkpoint after the last restore, and the lost worker replaced
                 time.sleep(rng.uniform(0.1, 0.6))
                 pl = dep.placement()

@@ -290,3 +290,9 @@ def count_sum_windows(count: int, keys: int) -> list:
 def committed_windows(path) -> list:
     """The ``(key, window_start, c, s)`` a ``committed`` sink made visible, sorted."""
     return sorted((r["key"], r["window_start"], r["c"], r["s"]) for r in committed_output(path))
+
+
+def last_checkpoint(dep) -> int:
+    """The id of a deployment's newest complete checkpoint (0: none yet)."""
+    done = dep.checkpoints()
+    return done[-1]["id"] if done else 0

@@ -200,7 +200,8 @@ class Deployment:
         return self._loop.run(self.checkpointer.trigger(), timeout)
 
     def checkpoints(self) -> list[dict]:
-        """Complete checkpoints of this run, oldest first: id, time, duration_s, bytes, url."""
+        """Complete checkpoints of this run, oldest first (the newest 10 × ``retain``): id, time,
+        duration_s, bytes, url. Only the newest ``retain`` are still in the storage."""
         return [c.as_dict() for c in self.checkpointer.completed] if self.checkpointer else []
 
     def snapshot(self) -> MetricsSnapshot:

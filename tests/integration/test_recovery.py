@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import pescheduler
 from pescheduler import Application, Fuse, Move
-from support_ops import committed_output, committed_windows, count_sum_windows
+from support_ops import committed_output, committed_windows, count_sum_windows, last_checkpoint
 from waiting import gone, until
 
 pytestmark = pytest.mark.integration
@@ -119,8 +119,8 @@ def test_reconfigurations_before_and_after_a_kill_keep_the_windows_exact(tmp_pat
         pl = dep.placement()
         pe = pl.pe_of("m")
         assert dep.apply(Move(pe, next(w for w in pl.workers if w != pl.pes[pe].worker))).applied
-        moved_at = len(dep.checkpoints())
-        until(lambda: len(dep.checkpoints()) > moved_at, WAIT, "a checkpoint after the move")
+        moved_at = last_checkpoint(dep)
+        until(lambda: last_checkpoint(dep) > moved_at, WAIT, "a checkpoint after the move")
         kill_worker_of(dep, "win")
         until(lambda: any("first_output_s" in r for r in dep.recovery.restarts), WAIT, "output after the restore")
         pl = dep.placement()
@@ -146,8 +146,8 @@ def test_random_kills_interleaved_with_random_reconfigurations_lose_and_repeat_n
         with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
                                 checkpoint=os.path.join(tmp, "ckpt"), checkpoint_interval="0.3s") as dep:
             for step in steps:
-                seen = len(dep.checkpoints())
-                until(lambda: len(dep.checkpoints()) > seen or dep.status()["state"] != "running", WAIT,
+                seen = last_checkpoint(dep)
+                until(lambda: last_checkpoint(dep) > seen or dep.status()["state"] != "running", WAIT,
                       "a checkpoint since the last step")
                 if dep.status()["state"] != "running":
                     break
