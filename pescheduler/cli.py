@@ -31,11 +31,12 @@ from rich.text import Text
 
 from . import __version__, config
 from .control import statefile
-from .errors import AppLoadError, ConfigError, DeploymentFailed, InvalidApplication
+from .errors import AppLoadError, CheckpointError, ConfigError, DeploymentFailed, InvalidApplication, NotReplayable
 from .liveview import LiveView, format_event, format_line, new_events, render
 from .plugins import PluginError, Plugins, UnknownOperatorError, load_plugins
 
-USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError, ConfigError, PluginError)
+USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError, ConfigError, PluginError, CheckpointError,
+               NotReplayable)
 RUNNING = ("starting", "running")
 PIPE_WIDTH = 200      # tables written to a pipe are not wrapped at 80 columns
 
@@ -91,6 +92,11 @@ def parser() -> argparse.ArgumentParser:
                           "`--policy none` for none")
     dep.add_argument("--config", metavar="FILE", help="YAML file of pescheduler settings")
     dep.add_argument("--duration", type=_positive, metavar="S", help="stop after S seconds")
+    dep.add_argument("--checkpoint", nargs="?", const=True, metavar="URL",
+                     help="take checkpoints to this directory or fsspec URL (alone: the default directory); "
+                          "a lost worker then restores the last one (docs/checkpoints.md)")
+    dep.add_argument("--checkpoint-interval", metavar="DURATION", help="time between checkpoints (default 1s)")
+    dep.add_argument("--restore", metavar="latest|ID", help="start from this checkpoint of --checkpoint's storage")
     _plugin_option(dep)
     _tls_options(dep)
     dep.add_argument("--json", action="store_true", help="one JSON status per line instead of the view")
@@ -221,6 +227,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     info.print(f"running on {dep.scheduler_address}{page}; `python -m pescheduler status{name}` or "
                f"`stop{name}` from another terminal"
                f"{' with --cluster ' + dep.scheduler_address if args.cluster else ''}", soft_wrap=True)
+    ckpt = getattr(dep, "checkpoint_settings", None)
+    if ckpt is not None:
+        info.print(f"checkpoints every {ckpt.interval:g} s in {ckpt.store.url}"
+                   + (f", restored from checkpoint {ckpt.restore_id}" if ckpt.restore_id is not None else ""),
+                   soft_wrap=True)
     try:
         final = _follow(dep, args, out)     # SIGTERM: Terminated from main's handler, drained below
     except DeploymentFailed as exc:
@@ -312,6 +323,9 @@ def _later_options(args: argparse.Namespace) -> dict:
     security = _security(args)
     if security is not None:
         options["security"] = security
+    for name in ("checkpoint", "checkpoint_interval", "restore"):
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
     return options
 
 

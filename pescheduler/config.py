@@ -42,6 +42,7 @@ if _env:
 # key's form is its default's type (an integer, a number, a duration, a string, a list).
 NULLABLE_FORMS = {
     "cluster.workers": "an integer >= 1 or null",
+    "checkpoint.storage": "an fsspec URL or directory, or null",
     "dead-letters.path": "a file path or null",
     "rm.name": "a resource manager name (local, lab, spark, none) or null",
     "rm.local.demand": "a schedule file, a list of {at, want|free} entries, a callable, or null",
@@ -53,7 +54,7 @@ NULLABLE_FORMS = {
 # Integers that must be at least 1 (0 would hang or divide by zero); others must be >= 0.
 AT_LEAST_ONE = {"batch.size", "channel.credits", "pe.time-slice-ms", "monitor.history", "cluster.workers",
                 "rm.local.workers-per-host", "rm.spark.workers", "rm.spark.max-executors",
-                "policies.rate.down-after", "policies.move.after", "rm.lab.hosts"}
+                "policies.rate.down-after", "policies.move.after", "rm.lab.hosts", "checkpoint.retain"}
 OPEN_MAPPINGS = {"rm.spark.conf"}        # any keys: passed through to Spark as they are
 
 

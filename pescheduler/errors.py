@@ -57,3 +57,8 @@ class DeploymentFailed(PeschedulerError):
 
 class NotReplayable(PeschedulerError):
     """A source that cannot rewind cannot take part in a checkpoint."""
+
+
+class CheckpointError(PeschedulerError, ValueError):
+    """A checkpoint cannot be taken or restored (none complete in the storage, an unknown id, a
+    checkpoint that timed out); the message names the storage and the id."""

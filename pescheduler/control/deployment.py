@@ -35,6 +35,9 @@ from distributed import Client
 
 from .. import config
 from ..actions import Action
+from ..checkpoint import CheckpointCoordinator, Recovery
+from ..checkpoint.restore import load_states
+from ..checkpoint.settings import CheckpointSettings, checkpoint_settings, refuse_unreplayable
 from ..errors import DeploymentFailed
 from ..plan.app import Application
 from ..plan.compiler import compile_app
@@ -98,7 +101,8 @@ def default_rm(cluster: str | None) -> str | None:
 def deploy(app: Application, *, workers: int | None = None, cluster: str | None = None,
            plugins: tuple[str, ...] | list[str] = (), config_file: str | None = None,
            rm: str | None = None, policies: list[str] | tuple[str, ...] | None = None,
-           security: Any = None, **options: Any) -> "Deployment":
+           security: Any = None, checkpoint: Any = None, checkpoint_interval: Any = None,
+           restore: Any = None, **options: Any) -> "Deployment":
     """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`.
 
     ``rm`` names the resource manager hosts are borrowed from (``"local"``,
@@ -108,11 +112,16 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     and actions are then applied only by hand (:meth:`Deployment.apply`).
     ``security``: a ``distributed.Security`` for a TLS cluster (``True``: the
     embedded cluster with throw-away certificates); see docs/security.md.
+    ``checkpoint``: a directory or fsspec URL (``True``: ``pescheduler.checkpoint.storage``) where
+    aligned checkpoints are taken every ``checkpoint_interval`` (``"1s"``); a lost worker then
+    restores the last one (``pescheduler.restart.*``). ``restore="latest"`` or an id starts from a
+    checkpoint in that storage; see docs/checkpoints.md.
     """
     if config_file:
         config.load_file(config_file)
     # The command line's pre-flight checks, before any process starts: plug-ins, settings, the app.
-    check_app(app, prepare(tuple(plugins)))
+    found = prepare(tuple(plugins))
+    check_app(app, found)
     if options:
         unknown = ", ".join(sorted(options))
         raise TypeError(f"deploy() got options this version does not support yet: {unknown}")
@@ -120,12 +129,16 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
         raise ValueError("security=True makes throw-away certificates for the embedded cluster; for the "
                          f"cluster at {cluster} pass its distributed.Security")
     rm = default_rm(cluster) if rm is None else (None if rm == "none" else rm)
+    checkpoints = checkpoint_settings(app.name, checkpoint, checkpoint_interval, restore)
+    if checkpoints is not None:
+        refuse_unreplayable(app, found)
     if policies is None:
         policies = config.get("policies.default") or ()
     elif isinstance(policies, str):          # policies="rate": one name, not its letters
         policies = [policies]
     dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins), rm=rm,
                      policies=tuple(policies), security=security)
+    dep.checkpoint_settings = checkpoints
     try:
         dep._start()
     except BaseException:
@@ -163,6 +176,11 @@ class Deployment:
         self._scheduler_lost = False
         self.hosts = HostManager(_Fleet(self), rm)
         self.policy_names = tuple(policies)
+        self.checkpoint_settings: CheckpointSettings | None = None   # set by deploy(checkpoint=...)
+        self.checkpointer: CheckpointCoordinator | None = None
+        self.recovery: Recovery | None = None
+        self._generation = 0          # bumped by a restore: watch answers about older PEs are dropped
+        self._watchers: dict[str, asyncio.Task] = {}
 
     # -- public API ---------------------------------------------------------------------
     def placement(self) -> Placement:
@@ -171,8 +189,22 @@ class Deployment:
 
     def status(self) -> dict:
         """The status dict shown by the live view and ``python -m pescheduler status``."""
-        return {"id": self.id, **status_view(self.app.name, self.state, self.monitor.latest, self.placement(),
-                                             self.dead.count, self.hosts.view())}
+        status = {"id": self.id, **status_view(self.app.name, self.state, self.monitor.latest, self.placement(),
+                                               self.dead.count, self.hosts.view())}
+        if self.checkpointer is not None:
+            status["checkpoints"] = {**self.checkpointer.view(), "restart": self.recovery.view()}
+        return status
+
+    def checkpoint(self, timeout: float | None = None) -> int:
+        """Take a checkpoint now; its id once complete (``CheckpointError`` if it was aborted)."""
+        if self.checkpointer is None:
+            raise RuntimeError("checkpointing is off: deploy(app, checkpoint=DIR_OR_URL) turns it on")
+        return self._loop.run(self.checkpointer.trigger(), timeout)
+
+    def checkpoints(self) -> list[dict]:
+        """Complete checkpoints of this run, oldest first (the newest 10 × ``retain``): id, time,
+        duration_s, bytes, url. Only the newest ``retain`` are still in the storage."""
+        return [c.as_dict() for c in self.checkpointer.completed] if self.checkpointer else []
 
     def snapshot(self) -> MetricsSnapshot:
         """The last monitor window: the immutable snapshot policies receive."""
@@ -285,7 +317,7 @@ class Deployment:
         self.reconfigurer = rc = Reconfigurer(self.gateway, self.state, self.id, self.cluster,
                                               int(config.get("standard.slots-per-host")))
         rc.host_actions, rc.on_failure = self.hosts.apply, self._fail
-        rc.on_worker = lambda worker: self._tasks.append(asyncio.create_task(self._watch(worker)))
+        rc.on_worker = lambda worker: self._watch_all([worker])
         log = config.get("policies.decision-log")
         rc.on_activation = lambda copy, ms: append_log(log, self.id, [event("activation", "activated", copy,
                                                                           {"ms": round(ms, 1)})])
@@ -298,7 +330,7 @@ class Deployment:
         if not workers:
             raise DeploymentFailed(f"the cluster at {self.scheduler_address} has no workers")
         placement = compile_app(self.app, self.plugins, workers, {w: rc.worker_info[w]["host"] for w in workers})
-        await rc.launch(placement)
+        await rc.launch(placement, await self._restored(placement))
         self.state.running(placement.pes)
         self.state.event("deploy", f"{len(placement.pes)} PEs on "
                                    f"{len({pe.worker for pe in placement.pes.values()})} workers")
@@ -309,8 +341,9 @@ class Deployment:
             self.state.event("policy", f"active: {', '.join(chosen)}")
         if self.cluster is not None:
             statefile.write(self.scheduler_address, self.app.name)
-        self._tasks = [asyncio.create_task(self._watch(w)) for w in placement.workers]
+        self._watch_all(placement.workers)
         self._tasks.append(asyncio.create_task(self.loop.run(self._done)))
+        self._start_checkpoints()
         self.hosts.start(self.scheduler_address, None if self.security is True else self.security)
 
     def _cluster_host(self) -> str:
@@ -337,19 +370,49 @@ class Deployment:
                           log_path=config.get("policies.decision-log"), deployment=self.id,
                           on_decision=lambda d: self.state.event("policy", d.text()))
 
+    # -- checkpoints (pescheduler/checkpoint/) ------------------------------------------------
+    async def _restored(self, placement: Placement) -> dict[str, dict] | None:
+        """``restore=``: the checkpoint's state mapped onto ``placement``."""
+        ckpt = self.checkpoint_settings
+        if ckpt is None or ckpt.restore_id is None:
+            return None
+        self.state.event("restore", f"from checkpoint {ckpt.restore_id} in {ckpt.store.url}")
+        return await asyncio.to_thread(load_states, ckpt.store, ckpt.restore_id, placement)
+
+    def _start_checkpoints(self) -> None:
+        ckpt = self.checkpoint_settings
+        if ckpt is None:
+            return
+        ids = ckpt.store.ids()
+        self.checkpointer = CheckpointCoordinator(self.gateway, self.reconfigurer, self.state, ckpt.store,
+                                                  interval=ckpt.interval, timeout=ckpt.timeout, retain=ckpt.retain,
+                                                  first_id=(ids[-1] if ids else 0) + 1)
+        self.recovery = Recovery(self, ckpt.attempts, ckpt.backoff)
+        self.state.event("checkpoint", f"every {ckpt.interval:g} s to {ckpt.store.url}")
+        self._tasks.append(asyncio.create_task(self.checkpointer.run(self._done)))
+
     # -- watching and ending -------------------------------------------------------------------
+    def _watch_all(self, workers) -> None:
+        """Watch each of ``workers`` that has no live watcher (a restore restarts the ended ones)."""
+        for worker in workers:
+            task = self._watchers.get(worker)
+            if task is None or task.done():
+                self._watchers[worker] = task = asyncio.create_task(self._watch(worker))
+                self._tasks.append(task)
+
     async def _watch(self, worker: str, on_lost=None) -> None:
         """Long-poll one worker's PE states. A lost worker fails the deployment, unless
         ``on_lost(worker, exc)`` handles it (a borrowed host's worker: a lost host); a watch
         that fails because the scheduler went is a lost scheduler, not a lost worker."""
         version = -1
         while not self._done.is_set():
+            generation = self._generation
             try:
                 answer = await self.gateway.watch(worker, version, WATCH_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if self._done.is_set():
+                if self._done.is_set() or (self.recovery is not None and worker in self.recovery.dead):
                     return
                 if not await self.gateway.scheduler_alive():
                     await self._lost_scheduler(f"{type(exc).__name__} from worker {worker}")
@@ -359,6 +422,8 @@ class Deployment:
                     await self._fail(f"lost worker {worker}: {type(exc).__name__}: {exc}", lost={worker})
                 return
             version = answer["version"]
+            if generation != self._generation or (self.recovery is not None and self.recovery.active):
+                continue                 # about PEs a restore replaced (or is replacing)
             self.state.pes_reported(answer["pes"])
             failed = [s["error"] for s in answer["pes"].values() if s["state"] == "failed"]
             if failed:
@@ -381,10 +446,13 @@ class Deployment:
 
     async def _lost_scheduler(self, why: str) -> None:
         self._scheduler_lost = True
-        await self._fail(f"lost scheduler {self.scheduler_address}: {why}")
+        await self._fail(f"lost scheduler {self.scheduler_address}: {why}", final=True)
 
-    async def _fail(self, reason: str, lost: set[str] = frozenset()) -> None:
-        """Fail the run (once) and stop its PEs on the workers still there, quickly."""
+    async def _fail(self, reason: str, lost: set[str] = frozenset(), final: bool = False) -> None:
+        """Fail the run (once) and stop its PEs on the workers still there, quickly; unless
+        checkpoints are on and a restart attempt is left (``final``: no restore tried)."""
+        if not final and self.recovery is not None and self.state.live and self.recovery.handle(reason, set(lost)):
+            return
         if self._done.is_set() or not self.state.fail(reason):
             return
         self._done.set()
@@ -419,6 +487,8 @@ class Deployment:
         if self._done is not None:
             self.state.to("stopped")
             self._done.set()
+        if self.recovery is not None:
+            await self.recovery.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -120,6 +120,27 @@ class WorkerGateway:
         return await self.client.rpc(worker).pe_wait(deployment=self.deployment, version=version,
                                                      timeout=timeout)
 
+    # -- checkpoints (pescheduler/checkpoint/coordinator.py) ------------------------------
+    async def ckpt_begin(self, worker: str, checkpoint_id: int, pe_ids: list[str]) -> None:
+        """Start checkpoint ``checkpoint_id`` at these PEs (those with sources)."""
+        await self.client.rpc(worker).pe_ckpt_begin(deployment=self.deployment, checkpoint_id=checkpoint_id,
+                                                    pe_ids=pe_ids)
+
+    async def ckpt_wait(self, worker: str, checkpoint_id: int, pe_ids: list[str], timeout: float) -> dict:
+        """The PEs' snapshots for ``checkpoint_id`` once all are taken (or ``timeout``)."""
+        return await self.client.rpc(worker).pe_ckpt_wait(deployment=self.deployment, checkpoint_id=checkpoint_id,
+                                                          pe_ids=pe_ids, timeout=timeout)
+
+    async def ckpt_end(self, workers: Iterable[str], checkpoint_id: int, complete: bool) -> None:
+        """Sinks commit (``complete``) or discard checkpoint ``checkpoint_id``; bounded per worker."""
+        workers = list(workers)
+        calls = [asyncio.wait_for(self.client.rpc(w).pe_ckpt_end(deployment=self.deployment,
+                                                                  checkpoint_id=checkpoint_id, complete=complete),
+                                  ENDING_TIMEOUT_S) for w in workers]
+        for w, result in zip(workers, await asyncio.gather(*calls, return_exceptions=True)):
+            if isinstance(result, BaseException):
+                logger.info("ending checkpoint %s on %s failed: %s", checkpoint_id, w, result)
+
     async def drain(self, workers: Iterable[str]) -> None:
         """End the sources on ``workers`` as if exhausted (bounded; a dead worker is skipped)."""
         await self._ending("pe_drain", workers)

@@ -73,14 +73,22 @@ class Reconfigurer:
             self.worker_info[address] = {**answer, "host": info[address].get("host", "")}
         return addresses
 
-    async def launch(self, placement: Placement) -> None:
-        """Deploy ``placement``: every PE started, every standard slot warm."""
+    async def launch(self, placement: Placement, restore: dict[str, dict] | None = None) -> None:
+        """Deploy ``placement``: every PE started (``restore``: op_id -> saved state, from a
+        checkpoint), every standard slot warm."""
         async with self.lock:
-            self.channels = channel_ids(placement, self.deployment, 0)
-            specs = build_specs(placement, self.worker_info, self.deployment, self.channels)
-            await self.gateway.launch(specs, placement)
-            self.placement = placement
-            await self._warm(placement)
+            await self.relaunch(placement, restore)
+
+    async def relaunch(self, placement: Placement, restore: dict[str, dict] | None = None) -> None:
+        """:meth:`launch` for a caller already holding :attr:`lock` (a recovery, whose old PEs are
+        stopped): channels of a new epoch, so nothing of the old wiring is taken for new."""
+        self.channels = channel_ids(placement, self.deployment, self.epoch)
+        specs = build_specs(placement, self.worker_info, self.deployment, self.channels)
+        for pe_id, spec in specs.items():
+            spec.restore = {op: restore[op] for op in placement.pes[pe_id].operators if op in (restore or {})}
+        await self.gateway.launch(specs, placement)
+        self.placement = placement
+        await self._warm(placement)
 
     async def _warm(self, placement: Placement) -> None:
         per_worker: dict[str, int] = {}

@@ -216,6 +216,12 @@ class ChannelOut:
             self.pending.append((MARKER, marker))
         self.pending.append((_HOLD, None))
 
+    def marker(self, marker: Any) -> None:
+        """Ship ``marker`` behind everything buffered and go on (a checkpoint barrier; an ended
+        channel carries none: END aligns as well)."""
+        if not self.ended:
+            self.pending.append((MARKER, marker))
+
     def take_held(self) -> list:
         """The items emitted after the hold, to be re-sent on the replacement channels."""
         items = [item for item in self.pending if item[0] != _HOLD]

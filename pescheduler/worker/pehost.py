@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 PLUGIN_NAME = "pescheduler"
 STOP_TIMEOUT_S = 5.0
 HANDLERS = ("pe_info", "pe_secret", "pe_warm", "pe_deploy", "pe_start", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
-            "pe_reconf", "pe_reconf_wait", "pe_snapshot", "pe_rewire")
+            "pe_reconf", "pe_reconf_wait", "pe_snapshot", "pe_rewire", "pe_ckpt_begin", "pe_ckpt_wait",
+            "pe_ckpt_end")
 
 
 class PEHostPlugin(WorkerPlugin):
@@ -259,6 +260,52 @@ class PEHost:
                                 cloudpickle.loads(routing) if routing else None, copies)
             pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
                           cloudpickle.loads(edges) if edges else None, copies)
+
+    # -- checkpoints (the controller's side is pescheduler/checkpoint/, the PE's barriers.py) ----
+    async def pe_ckpt_begin(self, deployment: str, checkpoint_id: int, pe_ids: list[str]) -> None:
+        """Start checkpoint ``checkpoint_id`` at these PEs (those holding sources): barriers flow on."""
+        pes = self._of(deployment)
+        for pe_id in pe_ids:
+            if pe_id in pes:
+                async with pes[pe_id].turns.lock:
+                    pes[pe_id].barriers.begin(checkpoint_id)
+
+    async def pe_ckpt_wait(self, deployment: str, checkpoint_id: int, pe_ids: list[str],
+                           timeout: float) -> dict:
+        """Until every listed PE here has snapshotted for ``checkpoint_id`` (or ``timeout``): their
+        results (``{"state": bytes, "positions": ...}`` or ``{"error": ...}``), taken off the PEs.
+        A PE that is gone, or failed, answers with an error."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            self._changed.clear()
+            pes = self._of(deployment)
+            gone = [p for p in pe_ids if p not in pes or pes[p].state == "failed"]
+            missing = [p for p in pe_ids if p in pes and checkpoint_id not in pes[p].barriers.results]
+            for p in missing:
+                if pes[p].state == "finished":     # every input ended before a barrier came: as it is
+                    pes[p].barriers.begin(checkpoint_id)
+            missing = [p for p in missing if checkpoint_id not in pes[p].barriers.results]
+            if gone or not missing or loop.time() >= deadline:
+                break
+            try:
+                await asyncio.wait_for(self._changed.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                pass
+        results = {p: pes[p].barriers.results.pop(checkpoint_id) for p in pe_ids
+                   if p in pes and checkpoint_id in pes[p].barriers.results}
+        results.update({p: {"error": f"PE {p} is gone or failed on {self.worker.address}"} for p in gone})
+        return {"results": results, "missing": missing}
+
+    async def pe_ckpt_end(self, deployment: str, checkpoint_id: int, complete: bool) -> None:
+        """Checkpoint ``checkpoint_id`` is complete (sinks commit) or aborted (sinks discard, PEs
+        still aligning on it go on)."""
+        for pe in self._of(deployment).values():
+            async with pe.turns.lock:
+                if complete:
+                    pe.barriers.commit(checkpoint_id)
+                else:
+                    pe.barriers.abort(checkpoint_id)
 
     def pe_drain(self, deployment: str) -> list[str]:
         """End the deployment's sources here as if exhausted: windows fire, sinks flush, PEs finish."""

@@ -24,6 +24,7 @@ from .channels import (DATA, END, MALFORMED, MARKER, WATERMARK, ChannelIn, Chann
                        LocalChannelOut, TcpChannelOut, decode)
 from ..operator import DeadLetter, OperatorContext, Source
 from .aligner import Aligner
+from .barriers import Barriers, is_barrier
 from .source_driver import SourceDriver, pump
 from .specs import InputSpec, OutputSpec, PESpec
 from .turns import Turns
@@ -44,6 +45,8 @@ class PERunner:
         self.ops = {op_id: cls(**params) for op_id, (cls, params, _key) in spec.ops.items()}
         for op_id, saved in spec.restore.items():
             self.ops[op_id].restore(saved["state"])       # before open(): a restored op continues
+            if saved.get("position") is not None:         # a checkpoint's durable source position
+                self.ops[op_id].seek(saved["position"])
         self.inbox = Inbox()
         self.receivers = {i.channel_id: ChannelIn(i.channel_id, i.src_op, i.port) for i in spec.inputs}
         self.outs: list[tuple[OutputSpec, ChannelOut]] = []
@@ -56,6 +59,7 @@ class PERunner:
         self.stopping = False                      # set by stop(): the loop ends at its next turn
         self.turns = Turns(spec.pe_id, spec.time_slice_s, spare_thread)   # on the loop or in a thread
         self.aligner = Aligner()                   # markers seen, alignment (see aligner.py)
+        self.barriers = Barriers(self)             # checkpoints (see barriers.py)
         self.on_change = on_change                 # the PE host's: a PE changed state
         self.credentials = None                    # set by the PE host: deployment secret, TLS (handshake.py)
         self.state = "created"
@@ -119,6 +123,7 @@ class PERunner:
                 inputs = [src for src, _port, dst in self.spec.edges if dst == op_id]
                 op.open(OperatorContext(op_id=op_id, pe_id=self.pe_id, worker=self.worker_address,
                                         key_field=key_field, extra={"inputs": inputs}))
+            self.barriers.restored(self.spec.restore)     # sinks restored from a checkpoint settle it
             # A PE whose chain ended while a reconfiguration holds its outputs stays until the
             # rewire: the held data and the end it held back (Chain.freeze) still have to go out on
             # the new channels, and only this loop ships them (issue 16: a fast columnar source
@@ -170,12 +175,15 @@ class PERunner:
         taken = False
         while items:
             item = channel, kind, payload = items.popleft()
+            # Parked before deferred: a channel blocked at a barrier keeps its items in one place,
+            # in order, until the snapshot hands them back in front of the inbox (barriers.py).
+            if aligner.marker is not None and aligner.park(channel, kind, payload):
+                taken = True
+                continue                        # blocked at the marker until aligned
             if self.full and self._feeds_full(channel.src_op, channel.port):
                 deferred.append(item)
                 continue
             taken = True
-            if aligner.marker is not None and aligner.park(channel, kind, payload):
-                continue                        # blocked at the marker until aligned
             if kind == DATA:
                 if self.first_input_at is None:
                     self.first_input_at = time.time()
@@ -277,6 +285,10 @@ class PERunner:
     # -- reconfiguration (see reconfigure.py for the protocol) ------------------------------
     def _on_marker(self, channel: ChannelIn, marker: Any) -> None:
         """A marker arrived behind all data before it on ``channel``: note it, maybe align."""
+        if is_barrier(marker):
+            if self.barriers.arrived(channel, marker):
+                self._check_aligned()
+            return
         self.aligner.arrived(channel.channel_id, marker)
         self._check_aligned()
         self.turns.on_loop(self.on_change)
@@ -294,6 +306,8 @@ class PERunner:
 
     def _check_aligned(self) -> None:
         if self.aligner.advance(self.chain, self.receivers.values()):
+            if self.barriers.current is not None:
+                self.barriers.aligned()          # snapshot taken, parked input back, sources on
             self.turns.on_loop(self.on_change)
 
     def _op_aligned(self, op_id: str, marker: Any, release: bool) -> None:

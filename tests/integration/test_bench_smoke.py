@@ -23,6 +23,7 @@ BENCH = Path(__file__).parent.parent.parent / "bench"
     ("security.py", (), ("(a) no handshake", "(b) authenticated", "(c) authenticated, TLS", "load average")),
     pytest.param("elastic.py", (), ("steps", "instances", "oracle 2", "relief", "borrowed lab-1", "activation",
                                     "0 lost, 0 duplicated"), marks=pytest.mark.lab),
+    ("recovery.py", (), ("checkpoint every 1 s", "duration p50", "0 lost, 0 duplicated", "kill → first output")),
 ])
 def test_benchmark_quick_runs_and_prints_its_figures(tmp_path, script, args, expected):
     result = subprocess.run([sys.executable, str(BENCH / script), "--quick", *args],

@@ -222,6 +222,17 @@ def test_rm_and_policies_are_passed_only_when_given(app_file, fake_deploy):
     assert none["policies"] == []
 
 
+def test_checkpoint_flags_reach_deploy_only_when_given(app_file, fake_deploy):
+    fake_deploy([status("finished")] * 3)
+    cli.main(["deploy", app_file])
+    cli.main(["deploy", app_file, "--checkpoint", "s3://b/ck", "--checkpoint-interval", "2s", "--restore", "latest"])
+    cli.main(["deploy", app_file, "--checkpoint"])
+    plain, given, default = fake_deploy.calls
+    assert not {"checkpoint", "checkpoint_interval", "restore"} & set(plain)
+    assert (given["checkpoint"], given["checkpoint_interval"], given["restore"]) == ("s3://b/ck", "2s", "latest")
+    assert default["checkpoint"] is True and "restore" not in default
+
+
 def test_embedded_workers_are_spawned_with_ctrl_c_ignored(app_file, fake_deploy):
     fake_deploy([status("finished")] * 2)
     before = signal.getsignal(signal.SIGINT)

@@ -1,0 +1,12 @@
+"""Checkpoints and recovery: barriers, the coordinator, storage, restore (docs/checkpoints.md).
+
+The PE's side of a barrier is ``pescheduler/worker/barriers.py``; the
+sources' ``position()/seek()`` and the sinks' commit hooks are the operator
+contract (``pescheduler/operator.py``).
+"""
+
+from .coordinator import CheckpointCoordinator, CompletedCheckpoint
+from .recovery import Recovery
+from .storage import CheckpointStore, default_location
+
+__all__ = ["CheckpointCoordinator", "CheckpointStore", "CompletedCheckpoint", "Recovery", "default_location"]

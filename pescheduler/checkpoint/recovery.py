@@ -1,0 +1,221 @@
+"""Recovery: a lost worker, a lost host or a failed PE restores the last complete checkpoint.
+
+Without checkpoints such a loss ends the run (``DeploymentFailed``). With
+them, and while ``pescheduler.restart.attempts`` remain, the deployment's
+``_fail`` hands the loss here instead, and this restores the **whole job**
+(not only the failed region, as Flink's region failover would): after
+``pescheduler.restart.backoff``, under the Reconfigurer's lock (no checkpoint
+or reconfiguration meanwhile),
+
+1. every PE still running is stopped;
+2. the workers still alive are found (each must answer within a bound);
+3. the app is re-compiled onto them and the checkpoint's state mapped onto
+   that placement by operator id (restore.py), sources rewound to their
+   checkpointed positions, sinks told to commit that checkpoint (again) and
+   to discard what they staged after it (``worker/barriers.py``);
+4. the PEs start; the embedded cluster starts a replacement worker in the
+   background, so the next loss still finds room.
+
+Each restart is recorded (status, events and the decision log) with the
+time from the loss being noticed to the first tuple reaching a sink again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from time import perf_counter
+from typing import TYPE_CHECKING
+
+from .. import config
+from ..plan.compiler import compile_app
+from .restore import load_states
+
+if TYPE_CHECKING:
+    from ..control.deployment import Deployment
+
+logger = logging.getLogger(__name__)
+
+PROBE_S = 1.0             # a worker that does not answer within this is asked whether the scheduler still lists it
+FIRST_OUTPUT_S = 120.0    # how long the first output after a restore is looked for
+
+
+class Recovery:
+    """The restart strategy of one deployment (attempts, backoff) and its restarts so far."""
+
+    def __init__(self, dep: "Deployment", attempts: int, backoff: float) -> None:
+        self.dep = dep
+        self.attempts = attempts
+        self.backoff = backoff
+        self.restarts: list[dict] = []
+        self.dead: set[str] = set()              # workers known lost: never called again
+        self._task: asyncio.Task | None = None
+        self._background: list[asyncio.Task] = []
+        self._replacing: list[asyncio.Task] = []     # replacement workers being started
+        self._replace_lock = asyncio.Lock()
+
+    @property
+    def replacing(self) -> bool:
+        """A replacement worker is being started (embedded cluster)."""
+        return any(not t.done() for t in self._replacing)
+
+    @property
+    def active(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def handle(self, reason: str, lost: set[str]) -> bool:
+        """Take the loss over (True: a restore runs, or already ran for it), or leave it to fail the run."""
+        self.dead |= set(lost)
+        if self.active:
+            return True                          # the same loss, seen by another watcher
+        if len(self.restarts) >= self.attempts:
+            self.dep.state.event("restart", f"no restart attempt left ({self.attempts} used)")
+            return False
+        if not self.dep.checkpointer.completed and not self.dep.checkpointer.store.completed():
+            self.dep.state.event("restart", "no complete checkpoint to restore yet")
+            return False
+        self._task = asyncio.create_task(self._restore(reason), name="pescheduler recovery")
+        return True
+
+    async def _restore(self, reason: str) -> None:
+        dep, rc, coordinator = self.dep, self.dep.reconfigurer, self.dep.checkpointer
+        p0, t_loss = perf_counter(), time.time()
+        coordinator.paused = True
+        record = {"attempt": len(self.restarts) + 1, "of": self.attempts, "at": t_loss,
+                  "reason": reason.strip().splitlines()[0], "lost": sorted(self.dead)}
+        self.restarts.append(record)
+        try:
+            await asyncio.sleep(self.backoff)
+            dep._generation += 1                 # watchers drop answers about the old PEs
+            async with rc.lock:
+                checkpoint_id = (await asyncio.to_thread(coordinator.store.completed))[-1]
+                record["checkpoint"] = checkpoint_id
+                dep.state.event("restart", f"{record['reason']}: restoring checkpoint {checkpoint_id} "
+                                           f"(attempt {record['attempt']} of {self.attempts})")
+                # Every old PE stops. On workers taken for lost the call is not awaited: a dead
+                # address is only given up after the gateway's bound (3 s), but a worker whose
+                # watch only failed must still not go on writing beside the restore.
+                old = rc.running_on()
+                listed = await dep.gateway.workers()
+                self.dead |= {w for w in old if w not in listed}    # the scheduler saw them go
+                self._background.append(asyncio.create_task(dep.gateway.stop(w for w in old if w in self.dead)))
+                await dep.gateway.stop(w for w in old if w not in self.dead)
+                workers = await self._live()
+                placement = compile_app(dep.app, dep.plugins, workers,
+                                        {w: rc.worker_info[w]["host"] for w in workers})
+                states = await asyncio.to_thread(load_states, coordinator.store, checkpoint_id, placement)
+                rc.epoch += 1
+                await rc.relaunch(placement, states)
+                dep.state.running(placement.pes)
+            dep._watch_all(placement.workers)
+            record["restore_s"] = round(perf_counter() - p0, 3)
+        except Exception as exc:
+            logger.error("recovery failed", exc_info=True)
+            record["error"] = f"{type(exc).__name__}: {exc}"
+            await dep._fail(f"{reason}; restoring the last checkpoint failed: {record['error']}", final=True)
+            return
+        finally:
+            coordinator.paused = False
+        self._background.append(asyncio.create_task(self._first_output(record, p0, placement)))
+        if dep.cluster is not None:
+            self._replacing.append(asyncio.create_task(self._replace()))
+
+    async def _live(self) -> list[str]:
+        """Workers the scheduler lists that answer now (their PE host info refreshed)."""
+        gateway, rc = self.dep.gateway, self.dep.reconfigurer
+        info = await gateway.workers()
+        candidates = [w for w in sorted(info) if w not in self.dead]
+        answers = await asyncio.gather(*(self._probe(w) for w in candidates), return_exceptions=True)
+        live = []
+        for worker, answer in zip(candidates, answers):
+            if isinstance(answer, BaseException):
+                logger.info("worker %s taken for lost: %s", worker, answer)
+                self.dead.add(worker)
+                continue
+            rc.worker_info[worker] = {**answer, "host": info[worker].get("host", "")}
+            live.append(worker)
+        if not live and self.replacing:
+            await asyncio.gather(*self._replacing, return_exceptions=True)   # a worker is on its way
+            return await self._live()
+        if not live:
+            raise RuntimeError("no worker left to restore onto")
+        return live
+
+    async def _probe(self, worker: str) -> dict:
+        """The worker's PE host info. No answer within :data:`PROBE_S`: a worker the scheduler
+        no longer lists is lost; one it still lists is only slow (a loaded machine) and is asked
+        again, longer, before it is given up."""
+        try:
+            return await asyncio.wait_for(self.dep.gateway.pe_info(worker), PROBE_S)
+        except asyncio.TimeoutError:
+            if worker not in await self.dep.gateway.workers():
+                raise TimeoutError(f"no answer within {PROBE_S:g} s and gone from the scheduler") from None
+        return await asyncio.wait_for(self.dep.gateway.pe_info(worker), 10 * PROBE_S)
+
+    async def _first_output(self, record: dict, p0: float, placement) -> None:
+        """Time from the loss to the first tuple into a sink after the restore (in the record,
+        the events and the decision log)."""
+        sinks = {op for op, o in placement.plan.ops.items() if o.kind == "sink"}
+        workers = sorted({pe.worker for pe in placement.pes.values()})
+        deadline = perf_counter() + FIRST_OUTPUT_S
+        while perf_counter() < deadline and not self.dep._done.is_set():
+            try:
+                answers = await self.dep.gateway.stats(workers, dead_letters=False)
+            except Exception:
+                answers = []
+            if any(s["operators"].get(op, {}).get("tuples_in", 0) for a in answers
+                   for s in a["pes"].values() for op in sinks):     # restored PEs count from 0
+                record["first_output_s"] = round(perf_counter() - p0, 3)
+                break
+            await asyncio.sleep(0.02)
+        self.dep.state.event("restart", f"attempt {record['attempt']}: restored checkpoint "
+                                        f"{record.get('checkpoint')} in {record.get('restore_s')} s, "
+                                        f"first output {record.get('first_output_s', 'not seen')} s after the loss")
+        self._log(record)
+
+    async def _replace(self) -> None:
+        """Start a worker for the one lost, so later losses still find room (embedded cluster;
+        one at a time: each takes the workers that joined and nobody knows yet)."""
+        dep, rc = self.dep, self.dep.reconfigurer
+        async with self._replace_lock:
+            try:
+                await dep.cluster.grow(dep.gateway.client)
+                info = await dep.gateway.workers()
+            except Exception as exc:
+                logger.warning("starting a replacement worker failed: %s", exc)
+                return
+            for worker in [w for w in info if w not in rc.worker_info and w not in self.dead]:
+                try:
+                    answer = await self._probe(worker)
+                except Exception:
+                    self.dead.add(worker)
+                    continue
+                if worker not in rc.worker_info:
+                    await rc.add_workers(info[worker].get("host", ""), {worker: answer})
+                    dep._watch_all([worker])
+
+    def _log(self, record: dict) -> None:
+        path = config.get("policies.decision-log")
+        if not path:
+            return
+        path = os.path.expanduser(path)
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "a") as f:
+                f.write(json.dumps({"deployment": self.dep.id, "kind": "restart", **record}, default=repr) + "\n")
+        except OSError as exc:
+            logger.warning("cannot write the decision log %s: %s", path, exc)
+
+    def view(self) -> dict:
+        """The restart part of the status: the strategy and what it did."""
+        return {"attempts": self.attempts, "backoff_s": self.backoff, "used": len(self.restarts),
+                "restarts": [dict(r) for r in self.restarts[-10:]]}
+
+    async def close(self) -> None:
+        tasks = [t for t in [self._task, *self._background, *self._replacing] if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,159 @@
+"""One PE's side of a checkpoint: align on the barrier, snapshot, forward it, hand the bytes over.
+
+A checkpoint barrier is a marker (``("checkpoint", id)``) that travels in-band
+like a reconfiguration marker (aligner.py). The coordinator
+(``pescheduler/checkpoint/coordinator.py``) starts it at every PE that holds a
+source; every other PE starts aligning when the barrier first arrives on one
+of its inputs. While a PE aligns, its sources read nothing and the channels
+that delivered the barrier are parked (what they carry belongs to the next
+checkpoint), so each operator's snapshot holds exactly the input before the
+barrier. Once every operator of the PE is aligned:
+
+1. sinks get ``pre_commit(id)``, then every operator's ``snapshot()``, the
+   chain's watermark progress and each source's ``position()`` are taken and
+   pickled right there: the state is copied before the PE changes it again
+   (the synchronous part, as Flink's);
+2. parked input goes back in front of the inbox and the sources read on;
+3. the bytes wait in :attr:`Barriers.results` until the coordinator takes them
+   (``pe_ckpt_wait``); writing them to storage happens in the deploying
+   process, off every PE loop (the asynchronous part).
+
+State is snapshotted per operator instance (one blob per operator, not per
+key group): a KEYED operator's state is re-split by key group only when a
+restore places its instances differently (``reconfigure.redistribute``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from ..errors import NotReplayable
+from ..operator import Sink, Source
+
+if TYPE_CHECKING:
+    from .runtime import PERunner
+
+BARRIER = "checkpoint"
+
+
+def barrier(checkpoint_id: int) -> tuple[str, int]:
+    """The in-band marker of checkpoint ``checkpoint_id`` (msgpack keeps it a tuple: hashable)."""
+    return (BARRIER, checkpoint_id)
+
+
+def is_barrier(marker: Any) -> bool:
+    return isinstance(marker, tuple) and len(marker) == 2 and marker[0] == BARRIER
+
+
+class Barriers:
+    """The checkpoints one PE takes part in: the one it aligns on, and results not yet taken."""
+
+    def __init__(self, pe: "PERunner") -> None:
+        self.pe = pe
+        self.current: int | None = None         # checkpoint being aligned on
+        self.done_upto = 0                      # barriers up to this id are taken or aborted here
+        self.results: dict[int, dict] = {}      # id -> {"state": bytes, "positions": {...}} or {"error": str}
+
+    def begin(self, checkpoint_id: int) -> None:
+        """Align on checkpoint ``checkpoint_id`` (the coordinator's trigger, or its barrier's first arrival)."""
+        if checkpoint_id <= self.done_upto or self.current == checkpoint_id:
+            return
+        pe = self.pe
+        if pe.aligner.marker is not None and not is_barrier(pe.aligner.marker):
+            self.done_upto = checkpoint_id      # a reconfiguration aligns here: a late barrier of an
+            return                              # aborted checkpoint must not take its place
+        if pe.state != "running" or pe.chain is None or pe.chain.finished:
+            self._take(checkpoint_id)           # nothing moves here any more: its state as it is
+            return
+        self.current = checkpoint_id
+        for driver in pe.sources:
+            driver.paused = True
+        pe.aligner.begin(barrier(checkpoint_id), self._op_aligned)
+        pe._check_aligned()
+
+    def arrived(self, channel, marker: tuple) -> bool:
+        """A barrier arrived on ``channel``; False if it belongs to a checkpoint already over here."""
+        checkpoint_id = marker[1]
+        if checkpoint_id <= self.done_upto:
+            return False
+        self.pe.aligner.arrived(channel.channel_id, marker)
+        self.begin(checkpoint_id)
+        return True
+
+    def _op_aligned(self, op_id: str) -> None:
+        """``op_id`` has the barrier on every input: its outputs carry it on (behind its data)."""
+        for spec, channel in self.pe.outs:
+            if spec.src_op == op_id:
+                channel.marker(barrier(self.current))
+        self.pe.turns.on_loop(self.pe.inbox.event.set)
+
+    def aligned(self) -> None:
+        """The whole PE is aligned: snapshot, then release parked input and the sources."""
+        self._take(self.current)
+        self._release()
+
+    def _release(self) -> None:
+        """End the alignment: parked input goes back in front of the inbox, sources read on."""
+        parked = self.pe.aligner.finish()
+        self.pe.inbox.items.extendleft(reversed(parked))
+        self.current = None
+        for driver in self.pe.sources:
+            driver.paused = False
+        self.pe.inbox.event.set()
+
+    def _take(self, checkpoint_id: int) -> None:
+        pe = self.pe
+        try:
+            for op in pe.ops.values():
+                if isinstance(op, Sink):
+                    op.pre_commit(checkpoint_id)
+            positions = {op_id: _position(op) for op_id, op in pe.ops.items() if isinstance(op, Source)}
+            state = cloudpickle.dumps(pe.snapshot())
+            self.results[checkpoint_id] = {"state": state, "positions": positions}
+        except NotReplayable as exc:
+            self.results[checkpoint_id] = {"error": str(exc)}
+        except Exception as exc:
+            self.results[checkpoint_id] = {"error": f"PE {pe.pe_id}: snapshot failed: {type(exc).__name__}: {exc}"}
+        self.done_upto = max(self.done_upto, checkpoint_id)
+        pe.turns.on_loop(pe.on_change)
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` failed: stop aligning on it.
+
+        Sinks are *not* told to abort: nothing is replayed after a failed checkpoint that the
+        run goes on from, so what they staged for it is committed with the next complete one
+        (``commit(n)`` makes everything staged up to ``n`` visible, as Flink's two-phase-commit
+        sinks do). ``abort`` is for a restore, which replays what came after (:meth:`restored`).
+        """
+        self.done_upto = max(self.done_upto, checkpoint_id)
+        self.results.pop(checkpoint_id, None)
+        if self.current == checkpoint_id:
+            self._release()
+
+    def restored(self, restore: dict[str, dict]) -> None:
+        """Sinks restored from checkpoint N (``saved["checkpoint"]``) commit N (again: a crash may
+        have come between the manifest and the commit; ``commit`` is idempotent), then abort N + 1:
+        whatever was staged after N is discarded, because the sources replay it."""
+        for op_id, saved in restore.items():
+            op, done = self.pe.ops[op_id], saved.get("checkpoint")
+            if done is not None and isinstance(op, Sink):
+                op.commit(done)
+                op.abort(done + 1)
+            if done is not None:
+                self.done_upto = max(self.done_upto, done)
+
+    def commit(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is complete: sinks make its output visible."""
+        for op in self.pe.ops.values():
+            if isinstance(op, Sink):
+                op.commit(checkpoint_id)
+
+
+def _position(source: Source) -> Any:
+    """The source's durable position (``None``: it keeps it only in its snapshot)."""
+    try:
+        return source.position()
+    except NotImplementedError:
+        return None

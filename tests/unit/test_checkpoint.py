@@ -1,0 +1,213 @@
+"""Checkpoint bookkeeping without a cluster: storage and manifest atomicity, retain, the
+coordinator's trigger → acks → store → commit (or abort) against a fake gateway.
+The same path runs on a real cluster in tests/integration/test_recovery.py."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import cloudpickle
+import pytest
+
+import pescheduler
+
+from pescheduler import Application
+from pescheduler.checkpoint import CheckpointCoordinator, CheckpointStore
+from pescheduler.checkpoint.restore import load_states
+from pescheduler.checkpoint.settings import checkpoint_settings
+from pescheduler.control.state import DeploymentState
+from pescheduler.errors import CheckpointError, NotReplayable
+from pescheduler.plan.compiler import compile_app
+from pescheduler.plugins import load_plugins
+from pescheduler.worker.barriers import barrier, is_barrier
+
+WORKERS = ["tcp://w1", "tcp://w2"]
+
+
+def memory_store() -> CheckpointStore:
+    return CheckpointStore(f"memory://ckpt-{uuid.uuid4().hex}")
+
+
+def placement():
+    app = Application("unit")
+    app.source("numbers", count=10).apply("running_sum").sink("collect")
+    return compile_app(app, load_plugins(["support_ops"]), WORKERS, {w: "h" for w in WORKERS})
+
+
+class FakeGateway:
+    """Answers the coordinator's three calls as PE hosts would; records the ends."""
+
+    def __init__(self, error_from: str | None = None) -> None:
+        self.begun: list[tuple[str, int, list]] = []
+        self.ended: list[tuple[int, bool]] = []
+        self.error_from = error_from
+        self.ops_of: dict[str, tuple] = {}      # pe -> its operators (set by coordinator())
+
+    async def ckpt_begin(self, worker, checkpoint_id, pe_ids):
+        self.begun.append((worker, checkpoint_id, list(pe_ids)))
+
+    async def ckpt_wait(self, worker, checkpoint_id, pe_ids, timeout):
+        results = {}
+        for pe in pe_ids:
+            if pe == self.error_from:
+                results[pe] = {"error": f"PE {pe}: snapshot failed"}
+            else:
+                state = {op: {"state": {"n": checkpoint_id}, "progress": ({}, 0, set(), False), "driver": None}
+                         for op in self.ops_of[pe]}
+                results[pe] = {"state": cloudpickle.dumps(state), "positions": {}}
+        return {"results": results, "missing": []}
+
+    async def ckpt_end(self, workers, checkpoint_id, complete):
+        self.ended.append((checkpoint_id, complete))
+
+
+class FakeReconfigurer:
+    def __init__(self, pl) -> None:
+        self.lock = asyncio.Lock()
+        self.placement = pl
+        self.deployment = "unit-1"
+
+
+def coordinator(store, gateway, retain=3):
+    state = DeploymentState()
+    pl = placement()
+    state.running(pl.pes)
+    gateway.ops_of = {pe_id: pe.operators for pe_id, pe in pl.pes.items()}
+    return CheckpointCoordinator(gateway, FakeReconfigurer(pl), state, store, interval=1.0, timeout=1.0,
+                                 retain=retain)
+
+
+def test_barriers_are_markers_that_survive_msgpack():
+    from pescheduler.worker.handshake import decode_control, encode_control
+
+    assert is_barrier(decode_control(encode_control(barrier(7)))) and not is_barrier("dep/reconf/7")
+
+
+def test_a_checkpoint_without_its_manifest_is_not_complete_and_the_manifest_appears_whole():
+    store = memory_store()
+    store.write(1, "pe.state", b"x" * 10)
+    assert store.ids() == [1] and store.completed() == []
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        store.resolve("latest")
+    store.commit_manifest(1, {"id": 1})
+    assert store.completed() == [1] and store.resolve("latest") == 1 and store.manifest(1) == {"id": 1}
+    assert [p for p in store.fs.ls(store._dir(1), detail=False) if "MANIFEST" in p] == [store._dir(1) + "/MANIFEST.json"]
+    with pytest.raises(CheckpointError, match="not complete"):
+        store.resolve(2)
+
+
+def test_prune_keeps_the_newest_complete_checkpoints_and_drops_older_incomplete_ones():
+    store = memory_store()
+    for i in range(1, 6):
+        store.write(i, "s", b"1")
+        if i != 4:
+            store.commit_manifest(i, {"id": i})
+    store.write(6, "s", b"1")              # in progress, newer than every complete one: kept
+    assert store.prune(2) == [1, 2, 4]
+    assert store.ids() == [3, 5, 6] and store.completed() == [3, 5]
+
+
+def test_trigger_acks_stores_manifest_last_then_commits():
+    store, gateway = memory_store(), FakeGateway()
+    coord = coordinator(store, gateway)
+    assert asyncio.run(coord.trigger()) == 1
+    pl = coord.reconfigurer.placement
+    sources = {pe for pe, p in pl.pes.items() if any(pl.plan.ops[o].kind == "source" for o in p.operators)}
+    assert {pe for _w, _i, pes in gateway.begun for pe in pes} == sources      # barriers start at sources only
+    assert gateway.ended == [(1, True)]
+    manifest = store.manifest(1)
+    assert set(manifest["files"]) == set(pl.pes) and manifest["bytes"] > 0
+    assert coord.completed[0].id == 1 and coord.completed[0].bytes == manifest["bytes"]
+    states = load_states(store, 1, pl)                  # by operator id, tagged with the checkpoint
+    assert {op for op in states} == set(pl.plan.ops) and all(s["checkpoint"] == 1 for s in states.values())
+
+
+def test_an_erring_pe_aborts_the_checkpoint_discards_it_and_the_next_goes_on():
+    store = memory_store()
+    pe = next(iter(placement().pes))
+    gateway = FakeGateway(error_from=pe)
+    coord = coordinator(store, gateway)
+    with pytest.raises(CheckpointError, match="snapshot failed"):
+        asyncio.run(coord.trigger())
+    assert gateway.ended == [(1, False)] and store.ids() == [] and coord.aborted == 1
+    gateway.error_from = None
+    assert asyncio.run(coord.trigger()) == 2 and store.completed() == [2]
+
+
+def test_retain_keeps_three_by_default():
+    store = memory_store()
+    coord = coordinator(store, FakeGateway())
+    for _ in range(5):
+        asyncio.run(coord.trigger())
+    assert store.completed() == [3, 4, 5]
+
+
+def test_a_checkpoint_waits_for_a_reconfiguration_holding_the_lock():
+    store, gateway = memory_store(), FakeGateway()
+    coord = coordinator(store, gateway)
+
+    async def scenario():
+        await coord.reconfigurer.lock.acquire()
+        task = asyncio.create_task(coord.trigger())
+        await asyncio.sleep(0.05)
+        assert gateway.begun == [] and not task.done()      # no barrier while the lock is held
+        coord.reconfigurer.lock.release()
+        return await asyncio.wait_for(task, 5)
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_settings_are_checked_before_anything_starts(tmp_path):
+    assert checkpoint_settings("a", None, None, None) is None
+    with pytest.raises(CheckpointError, match="need checkpoint="):
+        checkpoint_settings("a", None, None, "latest")
+    with pytest.raises(CheckpointError, match="positive"):
+        checkpoint_settings("a", str(tmp_path), "-1s", None)
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        checkpoint_settings("a", str(tmp_path), None, "latest")
+    s = checkpoint_settings("a", str(tmp_path), "250ms", None)
+    assert s.interval == 0.25 and s.retain == 3 and s.attempts == 3
+
+
+def test_a_source_that_cannot_rewind_is_refused_before_any_worker_starts(tmp_path):
+    app = Application("one-shot")
+    app.source("one_shot").sink("collect")
+    with pytest.raises(NotReplayable, match="cannot rewind; use `numbers`"):
+        pescheduler.deploy(app, plugins=["support_ops"], checkpoint=str(tmp_path / "ckpt"))
+
+
+def test_a_pe_snapshots_exactly_the_input_before_the_barrier_on_every_channel():
+    """Chandy-Lamport at one PE: c1 delivers its barrier first; what c1 carries after it is parked
+    (not in the snapshot) until c2's barrier aligns the PE; then it is processed, in order."""
+    from support_ops import RunningSum
+
+    from pescheduler.operator import OperatorContext
+    from pescheduler.worker.channels import DATA, MARKER
+    from pescheduler.worker.runtime import PERunner
+    from pescheduler.worker.specs import InputSpec, PESpec
+
+    async def scenario():
+        spec = PESpec("pe", "d", {"sum": (RunningSum, {}, "k")}, [("a", "out", "sum"), ("b", "out", "sum")],
+                      inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")])
+        pe = PERunner(spec, "w")
+        await pe.connect(lambda channel_id: None, "here")
+        pe.turns.bind()
+        pe.state = "running"
+        pe.ops["sum"].open(OperatorContext(op_id="sum", pe_id="pe", worker="w", key_field="k", extra={}))
+        c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
+        for channel, kind, payload in [(c1, DATA, [{"k": 1, "n": 1}]), (c1, MARKER, barrier(1)),
+                                       (c1, DATA, [{"k": 1, "n": 10}]), (c2, DATA, [{"k": 1, "n": 100}])]:
+            pe.inbox.put(channel, kind, payload)
+        pe._read_inbox()
+        assert pe.ops["sum"].sums == {1: 101} and 1 not in pe.barriers.results    # c1's 10 is parked
+        pe.inbox.put(c2, MARKER, barrier(1))
+        pe._read_inbox()
+        saved = cloudpickle.loads(pe.barriers.results[1]["state"])
+        assert saved["sum"]["state"] == {1: 101}                                    # before both barriers
+        assert pe.ops["sum"].sums == {1: 111} and pe.aligner.marker is None        # then the parked 10
+        pe.inbox.put(c1, MARKER, barrier(1))                                        # a late duplicate: ignored
+        pe._read_inbox()
+        assert pe.aligner.marker is None and pe.barriers.current is None
+
+    asyncio.run(scenario())
