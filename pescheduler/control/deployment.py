@@ -147,6 +147,12 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     return dep
 
 
+# A PE's error naming one of these saw a channel break: maybe only because its peer was killed.
+_BROKEN_CHANNEL = ("ConnectionResetError", "BrokenPipeError", "IncompleteReadError", "ConnectionRefusedError",
+                   "CommClosedError", "StreamClosedError")
+PEER_PROBE_S = 2.0           # a live worker answers pe_info within this even on a loaded machine
+
+
 class Deployment:
     """A running application: placement, status, dead letters, wait and stop."""
 
@@ -427,10 +433,37 @@ class Deployment:
             self.state.pes_reported(answer["pes"])
             failed = [s["error"] for s in answer["pes"].values() if s["state"] == "failed"]
             if failed:
-                await self._fail(failed[0])
+                gone = await self._peer_gone(worker, failed[0])
+                if gone:             # the PE only saw its channel to a killed worker break
+                    why = failed[0].strip().splitlines()[-1]
+                    await self._fail(f"lost worker {gone}: a channel to it broke ({why})", lost={gone})
+                else:
+                    await self._fail(failed[0])
                 return
             if self.state.all_finished() and not self._done.is_set():
                 await self._finish()
+
+    async def _peer_gone(self, reporter: str, error: str) -> str | None:
+        """The worker a PE's broken channel points at, if it is gone, else None.
+
+        A killed worker breaks its peers' channels at once (ConnectionResetError in
+        the PE), often before its own watcher or the scheduler says so; the run's
+        cause is then the lost worker, not the PE that noticed. A dead process
+        refuses a connection at once; one the scheduler no longer lists is gone too.
+        """
+        if not any(name in error for name in _BROKEN_CHANNEL):
+            return None
+        others = sorted(w for w in self.reconfigurer.running_on() if w != reporter and w not in self._gone)
+        if not others:
+            return None
+        answers = await asyncio.gather(*(asyncio.wait_for(self.gateway.pe_info(w), PEER_PROBE_S)
+                                         for w in others), return_exceptions=True)
+        listed = await self.gateway.workers()
+        for worker, answer in zip(others, answers):
+            refused = isinstance(answer, Exception) and not isinstance(answer, asyncio.TimeoutError)
+            if refused or worker not in listed:
+                return worker
+        return None
 
     async def _finish(self) -> None:
         """Every PE finished: the last counters and dead letters in, then the verdict on them."""
@@ -460,6 +493,7 @@ class Deployment:
         await self.gateway.stop(w for w in self.reconfigurer.running_on() if w not in lost)
 
     _gone: set = frozenset()         # workers known lost: nobody calls them again
+
 
     async def _drain(self, timeout: float) -> None:
         """End the sources as if exhausted, so windows fire and sinks flush, then stop."""
