@@ -18,8 +18,7 @@ All figures come from one run on an embedded cluster (3 workers):
      sink after the restore (p50/max; goal ≤ 3 s), and lost/duplicated
      windows against a plain-Python reference (goal 0/0).
 
-The exactly-once sink is ``committed`` from tests/support_ops.py (two-phase
-commit), until the built-in jsonl sink is two-phase.
+The exactly-once sink is the built-in ``jsonl`` (two-phase commit under checkpoints).
 """
 
 from __future__ import annotations
@@ -100,12 +99,12 @@ def durations(seconds: float, tmp: str) -> None:
 def kills(n: int, tmp: str) -> None:
     count, keys, rate = 30_000 + n * 25_000, 50, 3_000      # long enough that every kill lands mid-stream
     print(f"3. {n} SIGKILLs of the window's worker, {count:,} events at {rate:,}/s")
-    out = os.path.join(tmp, "kills")
+    out = os.path.join(tmp, "kills.jsonl")
     app = Application("kills")
     (app.source("numbers", count=count, keys=keys, rate=rate)
         .key_by("key")
         .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")}, id="win")
-        .sink("committed", path=out))
+        .sink("jsonl", path=out))
     killed_at: list[float] = []
     with dask.config.set({"pescheduler.restart.attempts": n + 1}):
         with pescheduler.deploy(app, workers=WORKERS, plugins=["support_ops"], policies=[],

@@ -176,90 +176,16 @@ def pescheduler_aggregates():
 
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Numbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, Committed, OneShot]
-
-
-class Committed(Sink):
-    """An exactly-once sink for the recovery tests (until the built-in jsonl sink is two-phase):
-    tuples are kept in memory, written to ``staged-<id>.jsonl`` at checkpoint ``id``'s barrier
-    (``pre_commit``), renamed to ``part-<id>.jsonl`` when a complete checkpoint covers them
-    (``commit``), and discarded on restore (``abort``: staged after the restored checkpoint).
-    The end of the stream commits what is left as ``part-999999.jsonl``. Output: the parts in order."""
-
-    name = "committed"
-
-    def __init__(self, path: str) -> None:
-        self.dir = path
-        self.buffer: list = []
-        self.staged: list[int] = []
-
-    def open(self, context) -> None:
-        import os
-
-        super().open(context)
-        os.makedirs(self.dir, exist_ok=True)
-
-    def process(self, batch, emit) -> None:
-        self.buffer.extend(batch)
-
-    def _write(self, name: str, rows: list) -> None:
-        import json
-        import os
-
-        tmp = os.path.join(self.dir, f".{name}.tmp")
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(self.dir, name))
-
-    def pre_commit(self, checkpoint_id: int) -> None:
-        self._write(f"staged-{checkpoint_id:06d}.jsonl", self.buffer)
-        self.buffer = []
-        self.staged.append(checkpoint_id)
-
-    def snapshot(self):
-        return {"staged": list(self.staged)}
-
-    def restore(self, state) -> None:
-        self.staged = list(state["staged"])
-
-    def commit(self, checkpoint_id: int) -> None:
-        import os
-
-        for sid in [s for s in self.staged if s <= checkpoint_id]:
-            staged = os.path.join(self.dir, f"staged-{sid:06d}.jsonl")
-            if os.path.exists(staged):
-                os.replace(staged, os.path.join(self.dir, f"part-{sid:06d}.jsonl"))
-        self.staged = [s for s in self.staged if s > checkpoint_id]
-
-    def abort(self, checkpoint_id: int) -> None:
-        import os
-        import re
-
-        for name in os.listdir(self.dir):
-            m = re.fullmatch(r"staged-(\d+)\.jsonl", name)
-            if m and int(m.group(1)) >= checkpoint_id:
-                os.remove(os.path.join(self.dir, name))
-        self.staged = [s for s in self.staged if s < checkpoint_id]
-
-    def flush(self, emit) -> None:
-        if self.staged:
-            self.commit(self.staged[-1])
-        self._write("part-999999.jsonl", self.buffer)
-        self.buffer = []
+    return [Numbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot]
 
 
 def committed_output(path) -> list:
-    """What a ``committed`` sink made visible, in order."""
+    """What a ``jsonl`` sink made visible, in order (two-phase under checkpoints: only output a
+    complete checkpoint covers is in the file)."""
     import json
-    import os
 
-    rows = []
-    for name in sorted(n for n in os.listdir(path) if n.startswith("part-")):
-        with open(os.path.join(path, name)) as f:
-            rows.extend(json.loads(line) for line in f)
-    return rows
+    with open(path) as f:
+        return [json.loads(line) for line in f]
 
 
 class OneShot(Source):
@@ -294,7 +220,7 @@ def count_sum_windows(count: int, keys: int) -> list:
 
 
 def committed_windows(path) -> list:
-    """The ``(key, window_start, c, s)`` a ``committed`` sink made visible, sorted."""
+    """The ``(key, window_start, c, s)`` a ``jsonl`` sink made visible, sorted."""
     return sorted((r["key"], r["window_start"], r["c"], r["s"]) for r in committed_output(path))
 
 

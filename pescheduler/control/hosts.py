@@ -14,8 +14,9 @@ changes of the placement's worker set:
   leave by ``Move`` actions through the one reconfiguration protocol, then its
   workers leave the placement and the manager gets it back, before the
   deadline or with a status event saying by how much and why it was missed;
-* a lost host is a clear error in the status events (and fails the
-  deployment if PEs ran there: recovery is not implemented yet).
+* a lost host is a clear error in the status events; if PEs ran there, the
+  deployment restores its last checkpoint onto the hosts left (checkpoint/
+  recovery.py), or fails naming the host when checkpoints are off.
 
 Every step is recorded in :attr:`HostManager.timeline` (monotonic times), which
 the benchmark reads.
@@ -299,8 +300,8 @@ class HostManager:
         self._event("host-lost", text + (f"; its PEs {', '.join(on_host)} are gone" if on_host else ""))
         await self.fleet.remove_workers(set(held.workers))    # nobody calls a dead worker (30 s timeouts)
         if on_host:
-            await self.fleet.fail(f"{text}. PEs {', '.join(on_host)} ran there; "
-                                 f"recovery from a lost host is not implemented yet")
+            await self.fleet.fail(f"{text}. PEs {', '.join(on_host)} ran there (with checkpoint= on, "
+                                 f"the last checkpoint is restored onto the hosts left)")
 
     # -- watching borrowed workers ----------------------------------------------------------------
     def _stop_watching(self, workers) -> None:

@@ -3,9 +3,9 @@
 Each test streams for several seconds on a real embedded cluster, waits for a
 complete checkpoint, kills a real process by PID mid-stream, and compares
 what the sink made visible with a plain-Python reference, exactly. The sink
-is ``committed`` from tests/support_ops.py: a two-phase-commit sink written
-for these tests (staged per checkpoint, visible on commit, discarded on
-restore), standing in until the built-in jsonl sink is two-phase (issue 13 item 4).
+is the built-in ``jsonl``, two-phase under checkpoints (staged per checkpoint,
+appended to the file on commit, cut back on restore), so the file itself is
+the exactly-once output, also after ``--restore latest`` in a new process.
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ def restarted(dep) -> dict:
 
 
 def test_stateless_chain_killed_mid_stream_gives_every_tuple_exactly_once(tmp_path):
-    out = tmp_path / "out"
+    out = tmp_path / "out.jsonl"
     app = Application("stateless")
     (app.source("numbers", count=30_000, keys=10, rate=3_000)
         .map(lambda e: {"n": e["n"], "twice": e["n"] * 2})
-        .sink("committed", path=str(out)))
+        .sink("jsonl", path=str(out)))
     with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
                             checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
         kill_worker_of(dep, "map-2")
@@ -67,12 +67,12 @@ def test_stateless_chain_killed_mid_stream_gives_every_tuple_exactly_once(tmp_pa
 
 
 def test_keyed_window_killed_mid_stream_matches_the_reference_exactly(tmp_path):
-    out = tmp_path / "out"
+    out = tmp_path / "out.jsonl"
     app = Application("windows")
     (app.source("numbers", count=30_000, keys=20, step=1, rate=3_000)
         .key_by("key")
         .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")})
-        .sink("committed", path=str(out)))
+        .sink("jsonl", path=str(out)))
     with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
                             checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
         window = next(op for op in dep.placement().plan.ops if op.startswith("window"))
@@ -87,11 +87,11 @@ def test_join_killed_mid_stream_reports_every_pair_once(tmp_path):
     left = [{"k": rng.randrange(5), "a": i, "ts": i * 10} for i in range(3_000)]
     right = sorted(({"k": rng.randrange(5), "b": i, "ts": i * 10 + rng.randrange(-30, 30)} for i in range(3_000)),
                    key=lambda e: e["ts"])
-    out = tmp_path / "out"
+    out = tmp_path / "out.jsonl"
     app = Application("join")
     lhs = app.source("iterable", items=left, rate=400)
     rhs = app.source("iterable", items=right, rate=400)
-    lhs.join(rhs, within=25, on="k", id="pairs").sink("committed", path=str(out))
+    lhs.join(rhs, within=25, on="k", id="pairs").sink("jsonl", path=str(out))
     with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
                             checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
         kill_worker_of(dep, "pairs")
@@ -107,13 +107,13 @@ def test_join_killed_mid_stream_reports_every_pair_once(tmp_path):
 def test_reconfigurations_before_and_after_a_kill_keep_the_windows_exact(tmp_path):
     """A Move and a Fuse take the Reconfigurer's lock as checkpoints do: a checkpoint after a move
     restores onto the moved layout's operators, and the restored job reconfigures again."""
-    out = tmp_path / "out"
+    out = tmp_path / "out.jsonl"
     app = Application("reconfigured")
     (app.source("numbers", count=40_000, keys=20, step=1, rate=3_000)
         .map(lambda e: {**e, "n": e["n"]}, id="m")
         .key_by("key")
         .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")}, id="win")
-        .sink("committed", path=str(out)))
+        .sink("jsonl", path=str(out)))
     with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
                             checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.3s") as dep:
         pl = dep.placement()
@@ -136,13 +136,13 @@ def test_reconfigurations_before_and_after_a_kill_keep_the_windows_exact(tmp_pat
 def test_random_kills_interleaved_with_random_reconfigurations_lose_and_repeat_nothing(steps, data):
     """Kills of random workers (any PE's: source, window or sink) between random moves."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out")
+        out = os.path.join(tmp, "out.jsonl")
         app = Application("interleaved")
         (app.source("numbers", count=36_000, keys=20, step=1, rate=3_000)
             .map(lambda e: e, id="m")
             .key_by("key")
             .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")}, id="win")
-            .sink("committed", path=out))
+            .sink("jsonl", path=out))
         with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
                                 checkpoint=os.path.join(tmp, "ckpt"), checkpoint_interval="0.3s") as dep:
             for step in steps:
@@ -172,12 +172,12 @@ from pescheduler import Application
 app = Application("resumable")
 (app.source("numbers", count=40_000, keys=10, rate=4_000)
     .map(lambda e: {{"n": e["n"], "square": e["n"] * e["n"]}})
-    .sink("committed", path={out!r}))
+    .sink("jsonl", path={out!r}))
 """
 
 
 def test_restore_latest_after_the_deploying_process_is_killed_continues_exactly(tmp_path):
-    out, storage = tmp_path / "out", tmp_path / "ckpt"
+    out, storage = tmp_path / "out.jsonl", tmp_path / "ckpt"
     (tmp_path / "app.py").write_text(APP.format(out=str(out)))
     env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state"),
            "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}

@@ -126,6 +126,6 @@ def test_a_lost_host_is_reported_once_and_fails_the_app_only_with_pes_on_it():
         await hm._on_event(HostLost(host, "executor died"))
         await hm._on_event(HostLost(host, "executor died"))
         assert [k for k, _ in dep.events].count("host-lost") == 1
-        assert "recovery from a lost host is not implemented" in dep.failed
+        assert "the last checkpoint is restored onto the hosts left" in dep.failed
         assert "w-h1" not in dep.placement().workers and hm.view().borrowed == ()
     scenario(body)
