@@ -30,3 +30,25 @@ def assert_drained(status: dict) -> None:
     """``stop()`` drained: every PE finished (a stalled channel leaves its PEs running until stopped)."""
     assert status["error"] is None
     assert {pe["pe"]: pe["state"] for pe in status["pes"]} == {pe["pe"]: "finished" for pe in status["pes"]}
+
+
+def sink_on_a_borrowed_tls_host(dep, bound: float) -> str:
+    """Borrow one host, check its worker joined over TLS, move the sink's PE there and wait
+    until it processes tuples there; the borrowed worker's address."""
+    from pescheduler import BorrowHosts, Move
+    from waiting import until
+
+    borrowed = dep.apply(BorrowHosts(1, reason="test"), timeout=3 * bound)
+    assert borrowed.applied, borrowed.reason
+    [host] = dep.hosts.borrowed.values()
+    [worker] = host.workers
+    assert worker.startswith("tls://")
+    sink = next(p for p, pe in dep.placement().pes.items() if "jsonl-5" in pe.operators)
+    moved = dep.apply(Move(sink, worker), timeout=bound)
+    assert moved.applied, moved.reason
+
+    def processing_there():
+        m = dep.next_snapshot(timeout=bound).pes.get(sink)
+        return m is not None and m.worker == worker and m.tuples_in_per_s > 0
+    until(processing_there, bound, f"{sink} to process tuples on the borrowed host")
+    return worker

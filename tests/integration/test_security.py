@@ -23,7 +23,7 @@ import pytest
 import pescheduler
 from pescheduler import Application
 from pescheduler.worker import handshake
-from guarded import assert_drained, assert_exact, running_app
+from guarded import assert_drained, assert_exact, running_app, sink_on_a_borrowed_tls_host
 from pescheduler.worker.channels import CHALLENGE, DATA, HEADER, HELLO, MARKER, WATERMARK, WELCOME, WM
 
 pytestmark = pytest.mark.integration
@@ -303,7 +303,6 @@ def test_a_host_borrowed_from_the_local_manager_joins_a_tls_cluster_over_tls(tmp
     a plain connection as the others do."""
     import dask
 
-    from pescheduler import BorrowHosts, Move
     from waiting import until
 
     out = tmp_path / "o.jsonl"
@@ -312,18 +311,7 @@ def test_a_host_borrowed_from_the_local_manager_joins_a_tls_cluster_over_tls(tmp
                                 plugins=["support_ops"], policies=[]) as dep:
             assert dep.scheduler_address.startswith("tls://")
             until(lambda: dep.resources().lendable == 1, BOUND, "the local manager to reach the TLS scheduler")
-            borrowed = dep.apply(BorrowHosts(1, reason="test"), timeout=2 * BOUND)
-            assert borrowed.applied, borrowed.reason
-            [worker] = dep.hosts.borrowed["local-1"].workers
-            assert worker.startswith("tls://")
-            sink = next(p for p, pe in dep.placement().pes.items() if "jsonl-5" in pe.operators)
-            moved = dep.apply(Move(sink, worker), timeout=BOUND)
-            assert moved.applied, moved.reason
-
-            def processing_there():
-                m = dep.next_snapshot(timeout=BOUND).pes.get(sink)
-                return m is not None and m.worker == worker and m.tuples_in_per_s > 0
-            until(processing_there, BOUND, f"{sink} to process tuples on the borrowed host")
+            worker = sink_on_a_borrowed_tls_host(dep, BOUND)
             data_address = dep.worker_info[worker]["data_address"]
             channel_id = next(c for c, address in crossing_channels(dep) if address == data_address)
             assert CHALLENGE not in frames_in(intrude(data_address, frame(HELLO, channel_id.encode())))[:1]

@@ -7,8 +7,7 @@ import dask
 import pytest
 
 import pescheduler
-from pescheduler import BorrowHosts, Move
-from guarded import assert_drained, assert_exact, running_app
+from guarded import assert_drained, assert_exact, running_app, sink_on_a_borrowed_tls_host
 from waiting import until
 
 pytestmark = pytest.mark.spark
@@ -24,18 +23,6 @@ def test_a_host_borrowed_from_spark_joins_a_tls_cluster_over_tls(spark_cluster, 
                                 plugins=["support_ops"], policies=[]) as dep:
             assert dep.scheduler_address.startswith("tls://")
             until(lambda: dep.resources().lendable == 1, 3 * BOUND, "the Spark application to start")
-            borrowed = dep.apply(BorrowHosts(1, reason="test"), timeout=3 * BOUND)
-            assert borrowed.applied, borrowed.reason
-            [host] = dep.hosts.borrowed.values()
-            [worker] = host.workers
-            assert worker.startswith("tls://")
-            sink = next(p for p, pe in dep.placement().pes.items() if "jsonl-5" in pe.operators)
-            moved = dep.apply(Move(sink, worker), timeout=BOUND)
-            assert moved.applied, moved.reason
-
-            def processing_there():
-                m = dep.next_snapshot(timeout=BOUND).pes.get(sink)
-                return m is not None and m.worker == worker and m.tuples_in_per_s > 0
-            until(processing_there, BOUND, f"{sink} to process tuples on the Spark host")
+            sink_on_a_borrowed_tls_host(dep, BOUND)
             assert_drained(dep.stop())
     assert assert_exact(out) > 0
