@@ -27,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
 from dask.utils import parse_timedelta
@@ -37,7 +39,7 @@ from ..control.resources import Host, ResourceManagerUnavailable
 from . import lab_net, processes
 from ..worker.cgroup import QUOTA_ENV
 from .local import _same_imports
-from .workers import named_workers, retire_quietly, start_hosts
+from .workers import named_workers, retire_quietly, start_hosts, tls_flags
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +62,12 @@ class LabResourceManager:
 
     name = "lab"
 
-    def __init__(self, scheduler_address: str, settings: dict | None = None) -> None:
+    def __init__(self, scheduler_address: str, settings: dict | None = None, security=None) -> None:
         s = _settings(settings)
         self.scheduler_address = scheduler_address
+        self.security = security                      # distributed.Security of a TLS cluster, or None
+        # the certificates as files for the workers' command line (removed on close)
+        self._tls_dir = tempfile.mkdtemp(prefix="pescheduler-lab-rm-") if security is not None else None
         self.budget = int(s["hosts"])
         self.cpu = float(s["cpu"])
         self.delay_ms, self.loss_pct = s["delay_ms"], s["loss_pct"]
@@ -95,7 +100,7 @@ class LabResourceManager:
                 f"listens on the lab's bridge)")
         try:
             self._client = await Client(self.scheduler_address, asynchronous=True, timeout=10,
-                                        set_as_default=False)
+                                        set_as_default=False, security=self.security)
         except OSError as exc:
             raise ResourceManagerUnavailable(f"lab: cannot reach the scheduler {self.scheduler_address}: {exc}")
 
@@ -126,6 +131,8 @@ class LabResourceManager:
             await self.return_host(held.host)
         if self._client is not None:
             await self._client.close()
+        if self._tls_dir is not None:
+            shutil.rmtree(self._tls_dir, ignore_errors=True)
 
     # -- hosts ---------------------------------------------------------------------------
     async def _start_host(self, host_id: str) -> Host | None:
@@ -159,7 +166,8 @@ class LabResourceManager:
         """A worker inside ``ns``; told its share of the quota (it cannot read the cgroup: ``ip netns
         exec`` gives it a fresh ``/sys``), so the host's CPU is reported against the quota."""
         cmd = [sys.executable, "-m", "distributed.cli.dask_worker", self.scheduler_address, "--nthreads", "1",
-               "--no-nanny", "--no-dashboard", "--host", ns.address, "--name", name, "--death-timeout", "30"]
+               "--no-nanny", "--no-dashboard", "--host", ns.address, "--name", name, "--death-timeout", "30",
+               *tls_flags(self.security, self._tls_dir)]
         return processes.start(name, ns.command(cmd), env={**_same_imports(), QUOTA_ENV: str(cores)})
 
     async def _remove(self, held: _LabHost) -> None:

@@ -100,3 +100,20 @@ def test_the_lab_says_what_it_lacks_instead_of_half_building_a_host():
     lacks = lab_net.missing(netem=True)
     assert lacks == [] or lacks == ["netem in this kernel (`tc qdisc ... netem` says the kind is unknown: "
                                     "sch_netem is not built in): set pescheduler.rm.lab.delay and loss to 0"]
+
+
+def test_a_lab_host_joins_a_tls_cluster_over_tls(tmp_path):
+    """Issue 19: on a TLS cluster the lab's own client and the workers it starts inside the
+    namespace take the deployment's certificates; the sink moved there streams exactly."""
+    from guarded import assert_drained, assert_exact, running_app, sink_on_a_borrowed_tls_host
+
+    out = tmp_path / "o.jsonl"
+    with dask.config.set({"pescheduler.rm.lab.cpu": 0.5}):
+        with pescheduler.deploy(running_app(out), workers=2, rm="lab", security=True,
+                                plugins=["support_ops"], policies=[]) as dep:
+            assert dep.scheduler_address.startswith(f"tls://{dep._network.address}:")
+            until(lambda: dep.resources().lendable >= 1, 60, "the lab manager to reach the TLS scheduler")
+            worker = sink_on_a_borrowed_tls_host(dep, 60)
+            assert worker.startswith(f"tls://{dep.hosts.borrowed['lab-1'].info['address']}:")
+            assert_drained(dep.stop())
+    assert assert_exact(out) > 0
