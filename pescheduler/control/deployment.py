@@ -434,6 +434,8 @@ class Deployment:
             failed = [s["error"] for s in answer["pes"].values() if s["state"] == "failed"]
             if failed:
                 gone = await self._peer_gone(worker, failed[0])
+                if generation != self._generation or (self.recovery is not None and self.recovery.active):
+                    continue         # a restore began while the peers were probed: these PEs are gone
                 if gone:             # the PE only saw its channel to a killed worker break
                     why = failed[0].strip().splitlines()[-1]
                     await self._fail(f"lost worker {gone}: a channel to it broke ({why})", lost={gone})
