@@ -150,7 +150,6 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
 # A PE's error naming one of these saw a channel break: maybe only because its peer was killed.
 _BROKEN_CHANNEL = ("ConnectionResetError", "BrokenPipeError", "IncompleteReadError", "ConnectionRefusedError",
                    "CommClosedError", "StreamClosedError")
-PEER_PROBE_S = 2.0           # a live worker answers pe_info within this even on a loaded machine
 
 
 class Deployment:
@@ -456,16 +455,7 @@ class Deployment:
         if not any(name in error for name in _BROKEN_CHANNEL):
             return None
         others = sorted(w for w in self.reconfigurer.running_on() if w != reporter and w not in self._gone)
-        if not others:
-            return None
-        answers = await asyncio.gather(*(asyncio.wait_for(self.gateway.pe_info(w), PEER_PROBE_S)
-                                         for w in others), return_exceptions=True)
-        listed = await self.gateway.workers()
-        for worker, answer in zip(others, answers):
-            refused = isinstance(answer, Exception) and not isinstance(answer, asyncio.TimeoutError)
-            if refused or worker not in listed:
-                return worker
-        return None
+        return await self.gateway.first_gone(others) if others else None
 
     async def _finish(self) -> None:
         """Every PE finished: the last counters and dead letters in, then the verdict on them."""

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 ENDING_TIMEOUT_S = 3.0       # a stop or drain call to a worker that does not answer is given up
 SCHEDULER_TIMEOUT_S = 2.0    # a scheduler that does not answer a metadata call within this is lost
+PROBE_S = 2.0                # a live worker answers pe_info within this even on a loaded machine
 
 
 class SchedulerLost(ConnectionError):
@@ -85,6 +86,19 @@ class WorkerGateway:
         except Exception:
             return False
         return True
+
+    async def first_gone(self, workers: list[str]) -> str | None:
+        """The first of ``workers`` that is gone: it refuses a call (a dead process does at once)
+        or the scheduler no longer lists it; None when all are there. A call that is only slow
+        (a loaded machine) does not count."""
+        answers = await asyncio.gather(*(asyncio.wait_for(self.client.rpc(w).pe_info(), PROBE_S)
+                                         for w in workers), return_exceptions=True)
+        listed = await self.workers()
+        for worker, answer in zip(workers, answers):
+            refused = isinstance(answer, Exception) and not isinstance(answer, asyncio.TimeoutError)
+            if refused or worker not in listed:
+                return worker
+        return None
 
     # -- PE hosts ------------------------------------------------------------------------
     async def pe_info(self, worker: str) -> dict:
