@@ -74,15 +74,22 @@ def test_deploy_policy_latency_guard_copies_the_queued_operator(installed, tmp_p
                   "--config", "conf.yaml"], installed, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert sorted(json.loads(line)["v"] for line in out.read_text().splitlines()) == list(range(1, 16_001))
-    decisions = [json.loads(line) for line in log.read_text().splitlines()]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    # host events and copy activations share the log; they carry no policy
+    assert {d["kind"] for d in lines if d["policy"] is None} <= {"host", "activation"}, lines
+    decisions = [d for d in lines if d["policy"] is not None]
     assert {d["policy"] for d in decisions} == {"latency-guard"}
     asked = [d for d in decisions if d["action"] == "Replicate('slow', 1)"]
     assert asked and "longest input queue" in asked[0]["reason"], decisions
-    # on a loaded machine the controller refuses a copy onto a host with no CPU to spare
-    assert all(d["outcome"] == "applied" or "has no more CPU" in d["detail"] for d in asked), asked
-    applied = [i for i, d in enumerate(decisions) if d["outcome"] == "applied" and d["kind"] == "Replicate"]
-    assert not applied or not [d for d in decisions[applied[0] + 1:] if d["kind"] == "Replicate"], \
-        "max-copies: 1 (set in conf.yaml) was not honoured"
+    # applied; refused on a loaded machine (no host with CPU to spare); or held by the cooldown that
+    # follows a Release of the copy, when the queue builds up again
+    assert all(d["outcome"] == "applied" or "has no more CPU" in d["detail"] or d["detail"].startswith("cooldown")
+               for d in asked), json.dumps(asked, indent=1)
+    copies = 0
+    for d in decisions:
+        if d["outcome"] == "applied" and d["target"] == "slow":
+            copies = copies + 1 if d["kind"] == "Replicate" else 0 if d["kind"] == "Release" else copies
+            assert copies <= 1, "max-copies: 1 (set in conf.yaml) was not honoured: " + json.dumps(decisions)
 
 
 def test_a_misspelt_setting_of_the_installed_policy_names_the_closest(installed, tmp_path):
