@@ -18,9 +18,9 @@ Printed, from this one run:
   instances            of ``burn`` at the end and at the peak, vs the oracle
   over-provisioning    instances at the end beyond the oracle (goal <= 1)
   relief               first monitor window from which the source is not held
-                       back by backpressure (< 10 %) for two windows in a row,
-                       in seconds and monitor intervals (goal <= 2 intervals
-                       after the first decision)
+                       back by backpressure (< 10 %) for two windows in a row:
+                       its end in seconds, and which window it is counted from
+                       the first decision (goal: the 1st or 2nd)
   hosts                lab hosts borrowed and returned
   activation           per copy: decision -> its first processed batch
   exactly once         every number reached the sink once (lost, duplicated)
@@ -140,9 +140,11 @@ def main() -> None:
     if r["relief_s"] is None:
         print("  relief               not relieved (the source stayed backpressured)")
     else:
-        after = r["relief_s"] - (r["first_decision_s"] or 0.0)
-        print(f"  relief               {r['relief_s']:.1f} s from the start, {after:.1f} s = {after / iv:.1f} "
-              f"monitor intervals after the first decision   goal <= 2: {'met' if after / iv <= 2 else 'not met'}")
+        # monitor windows that end after the first decision, up to the first relieved one: the
+        # window in which relief happened counts, whatever part of it was still held back
+        k = sum(1 for t, _bp in r["windows"] if (r["first_decision_s"] or 0.0) < t <= r["relief_s"])
+        print(f"  relief               {r['relief_s']:.1f} s from the start: monitor window {k} after the first "
+              f"decision is the first not held back   goal <= 2: {'met' if k <= 2 else 'not met'}")
     borrowed = [e["host"] for e in r["timeline"] if e["what"] == "borrowed"]
     returned = [e["host"] for e in r["timeline"] if e["what"] == "returned"]
     print(f"  hosts                borrowed {', '.join(borrowed) or 'none'}; returned {', '.join(returned) or 'none'}")

@@ -13,6 +13,8 @@ from typing import Any, Mapping
 
 from dask.utils import parse_timedelta
 
+from pescheduler.actions import Fuse, Hold, ReturnHost
+from pescheduler import config
 from pescheduler.config import get, section
 from pescheduler.control.monitor import MetricsSnapshot
 from pescheduler.operator import Parallelism
@@ -174,3 +176,25 @@ def take_slots(free: list[str], n: int, avoid: str) -> int:
         else:
             i += 1
     return got
+
+
+def idle_returns(placement: Placement, resources, planned: list) -> list:
+    """``ReturnHost`` for the borrowed hosts that this decision's fusions empty, or that have run
+    nothing (no PE, no copy) for ``policies.idle-return-after`` (a host just borrowed is empty
+    until something moves there: the ReturnHost's ``Hold``, counted by the controller, waits)."""
+    idle_s = config.get_seconds("policies.idle-return-after")
+    leaving = {a.pe_b for a in planned if isinstance(a, Fuse)}
+    had = {placement.hosts.get(pe.worker, pe.host) for pe in placement.pes.values()}
+    used = {placement.hosts.get(pe.worker, pe.host) for p, pe in placement.pes.items() if p not in leaving}
+    used |= {s.host for s in placement.slots.values() if s.copies}
+    actions = []
+    for h in resources.borrowed:
+        if h in used:
+            continue
+        if h in had:
+            actions.append(ReturnHost(h, figures={"pes_left": 0},
+                                      reason=f"borrowed host {h} runs nothing once fused: return it"))
+        else:
+            actions.append(ReturnHost(h, figures={"idle_s": idle_s}, hold=Hold(seconds=idle_s),
+                                      reason=f"borrowed host {h} has run nothing for {idle_s:.0f} s"))
+    return actions

@@ -25,6 +25,11 @@ little (it may be far behind, or just fast), so the estimate counts at most
 half the time as blocked: such a source is sized up at most 2x per step.
 A source that reports lag (Kafka) is offered its backlog over ``catch-up``
 (5 min) on top, so a burst is drained within that time.
+
+Hosts: when free standard slots run short, hosts are borrowed for the copies
+that do not fit; a borrowed host that has run nothing for
+``policies.idle-return-after`` (its copies released) is returned, so a load
+that falls ends with the hosts it borrowed given back.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import math
 from pescheduler.actions import Action, BorrowHosts, Hold, Release, Replicate
 from pescheduler.plugins import hookimpl
 
-from ._common import Load, View, hosts_for, settings, take_slots
+from ._common import Load, View, hosts_for, idle_returns, settings, take_slots
 
 
 MAX_BLOCKED = 0.5      # of a source's time counted as blocked when estimating its offered rate
@@ -84,6 +89,8 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
         actions.append(BorrowHosts(min(resources.lendable, hosts_for(short, placement)),
                                    figures={"slots_short": short},
                                    reason=f"{short} more copies are needed than free standard slots"))
+    elif not short:
+        actions += idle_returns(placement, resources, actions)     # scale-in ends with the hosts
     return actions
 
 

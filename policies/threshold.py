@@ -18,18 +18,18 @@ between a lower and an upper bound of one core:
 * When a split, copy or move finds no place, one host is borrowed (if the
   resource manager can lend one; never for a source or SINGLETON PE, which a
   host would not help); a borrowed host that fusions empty is returned, and
-  so is one that has run nothing for ``idle-return-after``.
+  so is one that has run nothing for ``policies.idle-return-after``.
 """
 
 from __future__ import annotations
 
 import heapq
 
-from pescheduler.actions import Action, BorrowHosts, Fuse, Hold, Move, Replicate, ReturnHost, Split
+from pescheduler.actions import Action, BorrowHosts, Fuse, Move, Replicate, Split
 from pescheduler.plan.transforms import can_fuse
 from pescheduler.plugins import hookimpl
 
-from ._common import View, settings, take_slots
+from ._common import View, idle_returns, settings, take_slots
 
 
 BLOCKED = 0.1       # backpressure above which a PE's busy understates its load
@@ -66,7 +66,7 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
     if homeless and resources.lendable > 0 and not resources.pending_returns:
         actions.append(BorrowHosts(1, figures={"pes_without_room": homeless},
                                    reason=f"{homeless} PE(s) over {upper:.0%} and no worker or slot has room"))
-    actions += _returns(placement, resources, actions, cfg["idle-return-after"])
+    actions += idle_returns(placement, resources, actions)
     return actions
 
 
@@ -185,25 +185,4 @@ def _fusions(view, pes, cpu, resources, lower, ceiling) -> list[Action]:
                                                "lower": lower},
                                 reason=f"{kind} {a} ({pes[a].busy:.0%}) and {b} ({pes[b].busy:.0%}) are under "
                                        f"{lower:.0%}: one PE on {placement.pes[a].worker}"))
-    return actions
-
-
-def _returns(placement, resources, planned, idle_s: float) -> list[Action]:
-    """Borrowed hosts that this decision's fusions empty, or that have run nothing (no PE, no
-    copy) for ``idle_s`` (a host just borrowed is empty until something moves there: the
-    ReturnHost's ``Hold``, counted by the controller)."""
-    leaving = {a.pe_b for a in planned if isinstance(a, Fuse)}
-    had = {placement.hosts.get(pe.worker, pe.host) for pe in placement.pes.values()}
-    used = {placement.hosts.get(pe.worker, pe.host) for p, pe in placement.pes.items() if p not in leaving}
-    used |= {s.host for s in placement.slots.values() if s.copies}
-    actions = []
-    for h in resources.borrowed:
-        if h in used:
-            continue
-        if h in had:
-            actions.append(ReturnHost(h, figures={"pes_left": 0},
-                                      reason=f"borrowed host {h} runs nothing once fused: return it"))
-        else:
-            actions.append(ReturnHost(h, figures={"idle_s": idle_s}, hold=Hold(seconds=idle_s),
-                                      reason=f"borrowed host {h} has run nothing for {idle_s:.0f} s"))
     return actions

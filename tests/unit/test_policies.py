@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from types import MappingProxyType
 
+import dask.config
 import pytest
 
 from pescheduler.actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
@@ -314,12 +315,24 @@ def test_threshold_borrows_no_host_for_what_a_host_cannot_help_and_returns_idle_
     assert threshold.pescheduler_policy_decide(snapshot(pl, ops), pl, ResourceView(lendable=3), {}) == []
     assert sim.apply(BorrowHosts(1))
     pl, res = sim.placement, sim.resources()
-    conf = {"idle-return-after": "30s"}
     held = held_by_the_controller(threshold.pescheduler_policy_decide)
-    assert held(snapshot(pl, ops, t=100.0), pl, res, conf) == []     # just borrowed: empty
-    assert held(snapshot(pl, ops, t=129.0), pl, res, conf) == []
-    [back] = held(snapshot(pl, ops, t=130.0), pl, res, conf)
+    with dask.config.set({"pescheduler.policies.idle-return-after": "30s"}):
+        assert held(snapshot(pl, ops, t=100.0), pl, res, {}) == []     # just borrowed: empty
+        assert held(snapshot(pl, ops, t=129.0), pl, res, {}) == []
+        [back] = held(snapshot(pl, ops, t=130.0), pl, res, {})
     assert same(back, ReturnHost("h2")) and "run nothing for 30 s" in back.reason
+
+
+def test_rate_returns_a_borrowed_host_its_released_copies_left_idle():
+    sim = chain(host_pool=1)
+    assert sim.apply(BorrowHosts(1))
+    pl, res = sim.placement, sim.resources()
+    ops = steady(pl, 100, {"op0": 0.1, "op1": 0.1, "op2": 0.1, "op3": 0.1, "op4": 0.1})    # sized right
+    held = held_by_the_controller(rate.pescheduler_policy_decide)
+    with dask.config.set({"pescheduler.policies.idle-return-after": "20s"}):
+        assert held(snapshot(pl, ops, t=100.0), pl, res, {}) == []
+        [back] = held(snapshot(pl, ops, t=120.0), pl, res, {})
+    assert same(back, ReturnHost("h2")) and "run nothing for 20 s" in back.reason
 
 
 def test_copy_adds_no_copies_for_a_hot_key_the_others_idle_beside():
