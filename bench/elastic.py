@@ -1,27 +1,34 @@
-"""Elastic sizing on lab hosts: one hot operator at 1.25x one core, default policies, how fast and how exact.
+"""Elastic sizing on lab hosts: a step load on one hot operator, default policies; how fast, how stable, how exact.
 
-    python bench/elastic.py [--quick] [--cost-us MICROSECONDS] [--load 1.25] [--seconds S]
+    python bench/elastic.py [--quick] [--steps 1,2.5,1] [--phase-seconds S] [--host-cpu 0.5] [--cost-us US]
+                            [--policy NAME ...]
+    python bench/elastic.py --steps 2.5 --phase-seconds 600      # the 10-minute steady soak (flip-flops)
 
-Pipeline (bench/benchops.py operators): ``counter`` paced to the offered rate
+Pipeline (bench/benchops.py operators): ``schedule`` paced by the load phases
 -> ``burn`` (a STATELESS map spending about ``--cost-us`` of pure-Python CPU
 per tuple) -> ``arrivals`` (every number seen, duplicates counted), on a
 2-worker embedded cluster with the ``lab`` resource manager (hosts: network
-namespaces with a 1-core cgroup quota each; needs root) and the default
-policies (``rate`` + ``copy``). The offered rate is ``--load`` times what
-``burn`` processes per CPU second, calibrated in this process first, so the
-oracle size is ``ceil(load)`` instances (2 for 1.25x).
+namespaces with a ``--host-cpu`` cgroup quota each; needs root) and the
+default policies (``rate`` + ``copy``; ``--policy`` names others, repeatable:
+``--policy rate --policy copy --policy move``). The load unit is one lab host's
+capacity: ``--host-cpu`` times what ``burn`` processes per CPU second,
+calibrated in this process first; ``--steps 1,2.5,1`` offers 1x, then 2.5x,
+then 1x of it, ``--phase-seconds`` each. The oracle size of a phase is its
+offered rate over the per-CPU-second rate, rounded up.
 
-Printed, from this one run:
+Printed, per phase and in total:
 
   steps                applied scaling actions on ``burn`` and host borrows
-                       (DS2 reports <= 3 steps to converge, Dhalion 6)
-  instances            of ``burn`` at the end and at the peak, vs the oracle
-  over-provisioning    instances at the end beyond the oracle (goal <= 1)
-  relief               first monitor window from which the source is not held
-                       back by backpressure (< 10 %) for two windows in a row:
-                       its end in seconds, and which window it is counted from
-                       the first decision (goal: the 1st or 2nd)
-  hosts                lab hosts borrowed and returned
+                       and returns (DS2 reports <= 3 steps to converge, Dhalion 6)
+  instances            of ``burn`` at the end of the phase and at its peak, vs
+                       the phase's oracle (goal: never more than one over)
+  relief               the first monitor window, counted from the phase's first
+                       decision, that starts two in a row in which the source is
+                       held back by backpressure less than 10 % of the time
+                       (goal: the 1st or 2nd)
+  flip-flops           changes of direction of ``burn``'s instance count inside
+                       a phase, whose load does not change (goal 0)
+  hosts                lab hosts borrowed and returned, with times
   activation           per copy: decision -> its first processed batch
   exactly once         every number reached the sink once (lost, duplicated)
 
@@ -47,11 +54,12 @@ from dask.utils import parse_timedelta  # noqa: E402
 
 import pescheduler  # noqa: E402
 from pescheduler import Application  # noqa: E402
-from pescheduler.actions import BorrowHosts, Move, Release, Replicate  # noqa: E402
+from pescheduler.actions import BorrowHosts, Move, Release, Replicate, ReturnHost  # noqa: E402
 from parallel import make_burn  # noqa: E402
 
 RELIEVED_BP = 0.1          # a source blocked less than this is not held back
-SCALING = (Replicate, Release, BorrowHosts, Move)
+SCALING = (Replicate, Release, BorrowHosts, ReturnHost, Move)
+TAIL_S = 60.0              # the schedule's last phase runs on this long, so a stop (not the end) drains it
 
 
 def cpu_rate(burn, n: int = 5_000) -> float:
@@ -62,40 +70,56 @@ def cpu_rate(burn, n: int = 5_000) -> float:
     return n / (time.thread_time() - t0)
 
 
-def build(burn, offered: float, out: str) -> Application:
+def build(burn, phases: list[tuple[float, float]], out: str) -> Application:
     app = Application("bench-elastic")
-    (app.source("counter", id="src", keys=100, rate=offered)
+    (app.source("schedule", id="src", keys=100, phases=phases)
         .map(burn, id="burn")
         .sink("arrivals", id="sink", path=out))
     return app
 
 
-def relief(windows: list[tuple[float, float]]) -> float | None:
-    """Seconds from the start to the first of two windows in a row with the source unblocked."""
-    for (t, bp), (_t2, bp2) in zip(windows, windows[1:]):
-        if bp < RELIEVED_BP and bp2 < RELIEVED_BP:
-            return t
+def relief(windows: list[dict], since: float) -> int | None:
+    """Which monitor window after ``since`` (1 = the first ending after it) starts two in a row
+    with the source unblocked; None when none does."""
+    after = [w for w in windows if w["t"] > since]
+    for k, (a, b) in enumerate(zip(after, after[1:]), start=1):
+        if a["bp"] < RELIEVED_BP and b["bp"] < RELIEVED_BP:
+            return k
     return None
 
 
-def run(cost_us: float, load: float, seconds: float, interval: str) -> dict:
+def flip_flops(counts: list[int]) -> int:
+    """Changes of direction in a sequence of instance counts (up then down, or down then up)."""
+    moves = [b - a for a, b in zip(counts, counts[1:]) if b != a]
+    return sum(1 for a, b in zip(moves, moves[1:]) if (a > 0) != (b > 0))
+
+
+def run(cost_us: float, steps: list[float], phase_s: float, host_cpu: float, interval: str,
+        policies: list[str] | None = None) -> dict:
     burn = make_burn(cost_us)
     rate = cpu_rate(burn)
-    offered = load * rate
+    unit = host_cpu * rate
+    phases = [(phase_s, s * unit) for s in steps]
+    schedule = phases[:-1] + [(phase_s + TAIL_S, phases[-1][1])]
     out = os.path.join(tempfile.mkdtemp(prefix="bench-elastic-"), "arrivals.json")
-    settings = {"pescheduler.monitor.interval": interval, "pescheduler.rm.lab.cpu": 1.0,
+    settings = {"pescheduler.monitor.interval": interval, "pescheduler.rm.lab.cpu": host_cpu,
                 "pescheduler.policies.decision-log": None}
+    total = phase_s * len(steps)
     with dask.config.set(settings):
-        with pescheduler.deploy(build(burn, offered, out), workers=2, plugins=["benchops"], rm="lab") as dep:
-            first = dep.next_snapshot(timeout=60)
-            t0, windows, peak = first.time, [], 1
-            while time.monotonic() - t0 < seconds:
-                snap = dep.next_snapshot(timeout=30)
-                src = snap.pes.get(dep.placement().pe_of("src"))
-                if src is not None:
-                    windows.append((snap.time - t0, src.backpressure))
-                peak = max(peak, len(dep.placement().instances("burn")))
-            instances = len(dep.placement().instances("burn"))
+        with pescheduler.deploy(build(burn, schedule, out), workers=2, plugins=["benchops"], rm="lab",
+                               policies=policies) as dep:
+            windows = []
+            t0 = None
+            while t0 is None or time.monotonic() - t0 < total:
+                snap = dep.next_snapshot(timeout=60)
+                src = snap.operators.get("src")
+                if t0 is None:
+                    if not src or not src.tuples_out:
+                        continue                    # the schedule starts with the first read
+                    t0 = snap.time - parse_timedelta(interval)
+                pe = snap.pes.get(dep.placement().pe_of("src"))
+                windows.append({"t": snap.time - t0, "bp": pe.backpressure if pe else 0.0,
+                                "n": len(dep.placement().instances("burn"))})
             decisions = [d for d in dep.controller.decisions if d.outcome == "applied" and isinstance(d.action, SCALING)]
             others = [f"t={d.t - t0:.1f}s {d.text()}" for d in dep.controller.decisions if d.outcome != "applied"]
             timeline = list(dep.hosts.timeline)
@@ -105,58 +129,77 @@ def run(cost_us: float, load: float, seconds: float, interval: str) -> dict:
             sent = dep.snapshot().operators["src"].tuples_out
     with open(out) as f:
         arrivals = json.load(f)
-    first_decision = min((d.t - t0 for d in decisions), default=None)
-    return {"rate": rate, "offered": offered, "oracle": math.ceil(load - 1e-9), "instances": instances,
-            "peak": peak, "steps": [(round(d.t - t0, 1), repr(d.action)) for d in decisions],
-            "relief_s": relief(windows), "first_decision_s": first_decision, "count": sent,
+    return {"rate": rate, "unit": unit, "phases": phases, "steps_x": steps, "phase_s": phase_s, "t0": t0,
+            "decisions": [(d.t - t0, d.action) for d in decisions], "windows": windows, "count": sent,
             "arrivals": arrivals, "timeline": timeline, "activations": activations, "budget": budget,
-            "interval_s": parse_timedelta(interval), "windows": windows, "others": others}
+            "others": others}
+
+
+def report(r: dict, verbose: bool) -> None:
+    windows, phase_s = r["windows"], r["phase_s"]
+    total_flips = 0
+    for i, (x, (_s, offered)) in enumerate(zip(r["steps_x"], r["phases"])):
+        lo, hi = i * phase_s, (i + 1) * phase_s
+        ws = [w for w in windows if lo < w["t"] <= hi]
+        acts = [(t, a) for t, a in r["decisions"] if lo <= t < hi]
+        oracle = math.ceil(offered / r["rate"] - 1e-9)
+        end = ws[-1]["n"] if ws else 0
+        peak = max((w["n"] for w in ws), default=0)
+        flips = flip_flops([w["n"] for w in ws])
+        total_flips += flips
+        first = min((t for t, _a in acts), default=lo)
+        held = any(w["bp"] >= RELIEVED_BP for w in ws)
+        k = relief(ws, first)
+        print(f"phase {i + 1}: {x:g}x one host = {offered / 1e3:.1f} k/s for {phase_s:.0f} s   oracle {oracle}")
+        print(f"  steps                {len(acts)}   (DS2 reports <= 3, Dhalion 6)   "
+              + (", ".join(f"t={t:.1f}s {a!r}" for t, a in acts) or "none"))
+        print(f"  instances            {end} at the end, {peak} at the peak; oracle {oracle}   "
+              f"over-provisioning {end - oracle:+d}, goal <= 1: {'met' if end - oracle <= 1 else 'not met'}")
+        if not held:
+            print("  relief               never held back in this phase")
+        elif k is None:
+            print("  relief               not relieved (the source stayed backpressured)")
+        else:
+            print(f"  relief               monitor window {k} after the phase's first decision starts two unblocked "
+                  f"in a row   goal <= 2: {'met' if k <= 2 else 'not met'}")
+        print(f"  flip-flops           {flips}   goal 0")
+    borrowed = [f"{e['host']}" for e in r["timeline"] if e["what"] == "borrowed"]
+    returned = [f"{e['host']}" for e in r["timeline"] if e["what"] == "returned"]
+    print(f"hosts                  borrowed {', '.join(borrowed) or 'none'}; returned {', '.join(returned) or 'none'}")
+    print("activation             " + (", ".join(f"{c} {ms:.0f} ms" for c, ms in r["activations"].items())
+                                      or "no copy") + "   (decision -> first batch processed by the copy)")
+    print(f"flip-flops             {total_flips} in all")
+    runs, a = r["arrivals"]["runs"], r["arrivals"]
+    seen = sum(e - s for s, e in runs)
+    lost, dup = r["count"] - seen, a["duplicates"]
+    print(f"exactly once           {r['count']} sent, {lost} lost, {dup} duplicated")
+    if verbose:
+        print("not applied:\n  " + "\n  ".join(r["others"][:40]))
+    print("windows (s: source backpressure/instances)  "
+          + " ".join(f"{w['t']:.0f}:{w['bp']:.2f}/{w['n']}" for w in windows))
+    if lost or dup:
+        sys.exit(1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (20 s of stream)")
+    parser.add_argument("--quick", action="store_true", help="short phases (12 s each)")
+    parser.add_argument("--steps", default="1,2.5,1", help="offered load per phase, in multiples of one lab host")
+    parser.add_argument("--phase-seconds", type=float, default=None, help="length of each phase (default 60, quick 12)")
+    parser.add_argument("--host-cpu", type=float, default=0.5, help="cores of CPU quota per lab host")
     parser.add_argument("--cost-us", type=float, default=100.0, help="CPU per tuple in the hot operator")
-    parser.add_argument("--load", type=float, default=1.25, help="offered rate, in multiples of one core's")
-    parser.add_argument("--seconds", type=float, default=None, help="how long the load is offered")
+    parser.add_argument("--policy", action="append", help="a policy to run (repeatable); default: rate and copy")
     parser.add_argument("--verbose", action="store_true", help="also print the decisions not applied")
     args = parser.parse_args()
-    seconds = args.seconds or (20.0 if args.quick else 90.0)
+    steps = [float(s) for s in args.steps.split(",")]
+    phase_s = args.phase_seconds or (12.0 if args.quick else 60.0)
     interval = "1s"
-    r = run(args.cost_us, args.load, seconds, interval)
-    iv = r["interval_s"]
-    runs, a = r["arrivals"]["runs"], r["arrivals"]
-    seen = sum(e - s for s, e in runs)
+    r = run(args.cost_us, steps, phase_s, args.host_cpu, interval, args.policy)
     print(f"hot STATELESS operator, ~{args.cost_us:.0f} us/tuple = {r['rate'] / 1e3:.1f} k tuples per CPU second; "
-          f"offered {r['offered'] / 1e3:.1f} k/s = {args.load:.2f}x one core; lab hosts of "
-          f"{r['budget'].get('cpu_per_host')} core; monitor interval {iv:g} s; {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print(f"  steps                {len(r['steps'])}   (DS2 reports <= 3, Dhalion 6)   "
-          + ", ".join(f"t={t}s {a_}" for t, a_ in r["steps"]))
-    print(f"  instances            {r['instances']} at the end, {r['peak']} at the peak; oracle {r['oracle']} "
-          f"(offered / per-CPU-second rate, rounded up)")
-    over = r["instances"] - r["oracle"]
-    print(f"  over-provisioning    {over:+d} instance(s)   goal <= 1: {'met' if over <= 1 else 'not met'}")
-    if r["relief_s"] is None:
-        print("  relief               not relieved (the source stayed backpressured)")
-    else:
-        # monitor windows that end after the first decision, up to the first relieved one: the
-        # window in which relief happened counts, whatever part of it was still held back
-        k = sum(1 for t, _bp in r["windows"] if (r["first_decision_s"] or 0.0) < t <= r["relief_s"])
-        print(f"  relief               {r['relief_s']:.1f} s from the start: monitor window {k} after the first "
-              f"decision is the first not held back   goal <= 2: {'met' if k <= 2 else 'not met'}")
-    borrowed = [e["host"] for e in r["timeline"] if e["what"] == "borrowed"]
-    returned = [e["host"] for e in r["timeline"] if e["what"] == "returned"]
-    print(f"  hosts                borrowed {', '.join(borrowed) or 'none'}; returned {', '.join(returned) or 'none'}")
-    print("  activation           " + (", ".join(f"{c} {ms:.0f} ms" for c, ms in r["activations"].items())
-                                      or "no copy") + "   (decision -> first batch processed by the copy)")
-    lost, dup = r["count"] - seen, a["duplicates"]
-    print(f"  exactly once         {r['count']} sent, {lost} lost, {dup} duplicated")
-    if args.verbose:
-        print("  not applied:\n    " + "\n    ".join(r["others"][:20]))
-    print("  windows (s: source backpressure)  " + " ".join(f"{t:.0f}:{bp:.2f}" for t, bp in r["windows"]))
-    if lost or dup:
-        sys.exit(1)
+          f"one lab host = {args.host_cpu:g} core = {r['unit'] / 1e3:.1f} k/s; lab hosts of "
+          f"{r['budget'].get('cpu_per_host')} core; monitor interval {parse_timedelta(interval):g} s; "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    report(r, args.verbose)
 
 
 if __name__ == "__main__":
