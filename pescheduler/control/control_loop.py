@@ -85,12 +85,21 @@ class ControlLoop:
                 if done.is_set():
                     break
                 if loop.time() >= due:
-                    await self.collect()
+                    await self._guarded(self.collect)
                     due = loop.time() + interval
                     self._start_round()
-                await self._commands()
+                await self._guarded(self._commands)
         finally:
             await self._cancel_round()
+
+    async def _guarded(self, step: Callable[[], Awaitable[None]]) -> None:
+        """``step``, with a failure logged (traceback) and put on the record instead of ending the
+        loop: a monitor that stopped silently would blind the policies, status and stall detection."""
+        try:
+            await step()
+        except Exception as exc:
+            logger.exception("control loop: %s failed", step.__name__)
+            self.state.event("error", f"control loop: {step.__name__} failed: {exc!r}")
 
     def _start_round(self) -> None:
         """A controller round on the newest snapshot, unless one is still running."""
