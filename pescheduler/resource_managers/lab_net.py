@@ -121,30 +121,37 @@ class LabNetwork:
 
     def __init__(self, subnet: str) -> None:
         self.subnet = ipaddress.ip_network(subnet)
-        self.index, self.net = self._free()
-        self.name = f"pslab{self.index}"
-        self.address = str(self.net.network_address + 1)
+        self.index, self.net, self.name, self.address = -1, None, "", ""
         self.hosts = 0
 
-    def _free(self) -> tuple[int, ipaddress.IPv4Network]:
+    def _candidates(self):
+        """``(N, /24)`` of ``subnet`` that no interface here has an address in, nor a ``pslabN``."""
         used = {ipaddress.ip_address(a.address) for addrs in psutil.net_if_addrs().values()
                 for a in addrs if a.family.name == "AF_INET"}
         links = set(psutil.net_if_addrs())
         for i, net in enumerate(self.subnet.subnets(new_prefix=24)):
             if not any(u in net for u in used) and f"pslab{i}" not in links:
-                return i, net
-        raise RuntimeError(f"lab: no free /24 left in {self.subnet}")
+                yield i, net
 
     def create(self) -> "LabNetwork":
-        with _undo_on_failure(self):
-            self._create()
-        return self
-
-    def _create(self) -> None:
-        run("ip", "link", "add", self.name, "type", "bridge")
-        run("ip", "addr", "add", f"{self.address}/24", "dev", self.name)
-        run("ip", "link", "set", self.name, "up")
-        NETWORKS[self.address] = self
+        """Claim the first free ``/24``: adding the link ``pslabN`` is the claim (the kernel adds a
+        name once), so two deployments starting a lab at the same moment take different ones, and
+        a lost claim never removes the bridge the other one made."""
+        for i, net in self._candidates():
+            try:
+                run("ip", "link", "add", f"pslab{i}", "type", "bridge")
+            except RuntimeError as exc:
+                if "exists" in str(exc):
+                    continue                        # another lab took it since we looked
+                raise
+            self.index, self.net, self.name = i, net, f"pslab{i}"
+            self.address = str(net.network_address + 1)
+            with _undo_on_failure(self):
+                run("ip", "addr", "add", f"{self.address}/24", "dev", self.name)
+                run("ip", "link", "set", self.name, "up")
+                NETWORKS[self.address] = self
+            return self
+        raise RuntimeError(f"lab: no free /24 left in {self.subnet}")
 
     def next_address(self) -> str:
         """The next host's address on the bridge (``.2``, ``.3``, ...)."""

@@ -117,3 +117,27 @@ def test_a_lab_host_joins_a_tls_cluster_over_tls(tmp_path):
             assert worker.startswith(f"tls://{dep.hosts.borrowed['lab-1'].info['address']}:")
             assert_drained(dep.stop())
     assert assert_exact(out) > 0
+
+
+def test_two_labs_claiming_the_same_free_subnet_at_once_take_different_bridges():
+    from pescheduler.resource_managers import lab_net
+
+    first = lab_net.LabNetwork("10.213.0.0/16").create()
+    try:
+        class Stale(lab_net.LabNetwork):
+            """Looked for a free /24 before ``first`` was made: offers first's index first."""
+
+            def _candidates(self):
+                yield first.index, first.net
+                yield from super()._candidates()
+
+        second = Stale("10.213.0.0/16").create()
+        try:
+            assert second.name != first.name and second.address != first.address
+            assert first.name in _ip("link", "show", first.name)       # the lost claim removed nothing
+            assert first.address in _ip("addr", "show", first.name)
+        finally:
+            second.remove()
+        assert second.name not in _ip("-o", "link", "show")
+    finally:
+        first.remove()
