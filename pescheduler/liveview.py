@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from dask.utils import format_bytes
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
@@ -151,9 +152,37 @@ def slots_line(status: dict) -> Text:
     return line
 
 
+def checkpoint_line(status: dict) -> Text | None:
+    """Checkpoints, one line: the last complete one (id, age, duration, bytes), failures (aborted
+    checkpoints, restarts used); None when the deployment takes none."""
+    ckpt = status.get("checkpoints")
+    if not ckpt:
+        return None
+    line = Text("checkpoint ", style="bold")
+    last = ckpt.get("last")
+    if last:
+        line.append(f"{last['id']} {float(last.get('age_s') or 0):.0f}s ago, took "
+                    f"{float(last['duration_s']) * 1000:.0f} ms, {format_bytes(int(last['bytes']))}")
+    else:
+        line.append("none complete yet", style="yellow")
+    aborted = int(ckpt.get("aborted") or 0)
+    line.append(f" | aborted {aborted}", style="yellow" if aborted else "")
+    restart = ckpt.get("restart") or {}
+    if restart:
+        used = int(restart.get("used") or 0)
+        line.append(f" | restarts {used}/{restart.get('attempts', 0)}", style="red" if used else "")
+    if ckpt.get("last_error"):
+        line.append(f" | {ckpt['last_error']}", style="dim")
+    line.no_wrap, line.overflow = True, "ellipsis"
+    return line
+
+
 def render(status: dict) -> RenderableType:
-    """The whole view: PE table, totals line, standard slots, recent events (``status``: all of it)."""
-    return Group(pe_table(status), totals(status), slots_line(status), events_table(status))
+    """The whole view: PE table, totals line, checkpoints, standard slots, recent events
+    (``status``: all of it)."""
+    ckpt = checkpoint_line(status)
+    return Group(pe_table(status), totals(status), *([ckpt] if ckpt else []), slots_line(status),
+                 events_table(status))
 
 
 # -- one screen (the live view): everything fits, the busiest first ------------------------------
@@ -217,11 +246,14 @@ def _one_line(text: str, style: str = "") -> Text:
 
 def screen(status: dict, height: int = 24) -> RenderableType:
     """What the live view shows in ``height`` lines (24: a classic terminal): a summary line,
-    the error if any, the busiest PEs first (as many as fit; a ``lag`` column when a source
+    the error if any, the checkpoint line (with checkpoints on), the busiest PEs first (as many as fit; a ``lag`` column when a source
     reports what it has left on its broker), the standard slots, and the latest events. Every line is one terminal line; longer texts end in an ellipsis."""
     parts: list[RenderableType] = [summary(status)]
     if status.get("error"):
         parts.append(_one_line(f"error: {status['error']}", "red"))
+    ckpt = checkpoint_line(status)
+    if ckpt is not None:
+        parts.append(ckpt)
     slots = list(status.get("slots", ()))
     events = list(status.get("events", ()))
     shown_events = min(len(events), SCREEN_EVENTS, max(0, height - len(parts) - 6))

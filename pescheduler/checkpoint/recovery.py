@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PROBE_S = 1.0             # a worker that does not answer within this is asked whether the scheduler still lists it
 FIRST_OUTPUT_S = 120.0    # how long the first output after a restore is looked for
 
 
@@ -77,20 +76,29 @@ class Recovery:
         if not self.dep.checkpointer.completed and not self.dep.checkpointer.store.completed():
             self.dep.state.event("restart", "no complete checkpoint to restore yet")
             return False
+        self.dep.checkpointer.interrupt(reason)      # the checkpoint in flight cannot complete now
         self._task = asyncio.create_task(self._restore(reason), name="pescheduler recovery")
         return True
 
     async def _restore(self, reason: str) -> None:
         dep, rc, coordinator = self.dep, self.dep.reconfigurer, self.dep.checkpointer
         p0, t_loss = perf_counter(), time.time()
-        coordinator.paused = True
         record = {"attempt": len(self.restarts) + 1, "of": self.attempts, "at": t_loss,
                   "reason": reason.strip().splitlines()[0], "lost": sorted(self.dead)}
         self.restarts.append(record)
+        phases = record["phases"] = {}
+        mark = [perf_counter()]
+
+        def phase(name: str) -> None:        # seconds each step took (bench/recovery.py prints them)
+            now = perf_counter()
+            phases[name], mark[0] = round(now - mark[0], 3), now
+
         try:
             await asyncio.sleep(self.backoff)
+            phase("backoff")
             dep._generation += 1                 # watchers drop answers about the old PEs
             async with rc.lock:
+                phase("lock")
                 checkpoint_id = (await asyncio.to_thread(coordinator.store.completed))[-1]
                 record["checkpoint"] = checkpoint_id
                 dep.state.event("restart", f"{record['reason']}: restoring checkpoint {checkpoint_id} "
@@ -103,13 +111,18 @@ class Recovery:
                 self.dead |= {w for w in old if w not in listed}    # the scheduler saw them go
                 self._background.append(asyncio.create_task(dep.gateway.stop(w for w in old if w in self.dead)))
                 await dep.gateway.stop(w for w in old if w not in self.dead)
+                phase("stop")
                 workers = await self._live()
+                phase("probe")
                 placement = compile_app(dep.app, dep.plugins, workers,
                                         {w: rc.worker_info[w]["host"] for w in workers})
+                phase("compile")
                 states = await asyncio.to_thread(load_states, coordinator.store, checkpoint_id, placement)
+                phase("load")
                 rc.epoch += 1
                 await rc.relaunch(placement, states)
                 dep.state.running(placement.pes)
+                phase("relaunch")
             dep._watch_all(placement.workers)
             record["restore_s"] = round(perf_counter() - p0, 3)
         except Exception as exc:
@@ -145,15 +158,17 @@ class Recovery:
         return live
 
     async def _probe(self, worker: str) -> dict:
-        """The worker's PE host info. No answer within :data:`PROBE_S`: a worker the scheduler
+        """The worker's PE host info. No answer within ``calls.probe``: a worker the scheduler
         no longer lists is lost; one it still lists is only slow (a loaded machine) and is asked
         again, longer, before it is given up."""
+        gateway = self.dep.gateway
         try:
-            return await asyncio.wait_for(self.dep.gateway.pe_info(worker), PROBE_S)
+            return await asyncio.wait_for(gateway.pe_info(worker), gateway.probe_timeout)
         except asyncio.TimeoutError:
-            if worker not in await self.dep.gateway.workers():
-                raise TimeoutError(f"no answer within {PROBE_S:g} s and gone from the scheduler") from None
-        return await asyncio.wait_for(self.dep.gateway.pe_info(worker), 10 * PROBE_S)
+            if worker not in await gateway.workers():
+                raise TimeoutError(f"no answer within {gateway.probe_timeout:g} s and gone from the "
+                                   f"scheduler") from None
+        return await asyncio.wait_for(gateway.pe_info(worker), 10 * gateway.probe_timeout)
 
     async def _first_output(self, record: dict, p0: float, placement) -> None:
         """Time from the loss to the first tuple into a sink after the restore (in the record,
@@ -163,7 +178,7 @@ class Recovery:
         deadline = perf_counter() + FIRST_OUTPUT_S
         while perf_counter() < deadline and not self.dep._done.is_set():
             try:
-                answers = await self.dep.gateway.stats(workers, dead_letters=False)
+                answers = await self.dep.gateway.stats(workers, dead_letters=False, bounded=True)
             except Exception:
                 answers = []
             if any(s["operators"].get(op, {}).get("tuples_in", 0) for a in answers

@@ -2,9 +2,10 @@
 
 The control plane talks to PE hosts (``worker/pehost.py``'s handlers) and to
 the scheduler (worker list, published status, stop commands) only through a
-:class:`WorkerGateway`. Calls to one worker are bounded where a dead worker
-would otherwise hold them for Dask's connect timeout (30 s): the ending paths
-(``stop``, ``drain``) after a loss must be quick.
+:class:`WorkerGateway`. Calls that may reach a dead worker are bounded
+(``pescheduler.calls.*``), where it would otherwise hold them for Dask's
+connect timeout (30 s): the ending paths (``stop``, ``drain``, a checkpoint's
+end) and everything a recovery calls after a loss must be quick.
 
 The reconfiguration protocol (``reconfigure.execute``) is written against
 ``rpc(worker)``; it gets :attr:`WorkerGateway.rpc`, the one raw door left.
@@ -19,15 +20,12 @@ from typing import Any, Iterable
 import cloudpickle
 from distributed import Client
 
+from .. import config
 from ..worker.handshake import new_secret
 from ..plan.placement import Placement
 from ..worker.specs import PESpec
 
 logger = logging.getLogger(__name__)
-
-ENDING_TIMEOUT_S = 3.0       # a stop or drain call to a worker that does not answer is given up
-SCHEDULER_TIMEOUT_S = 2.0    # a scheduler that does not answer a metadata call within this is lost
-PROBE_S = 2.0                # a live worker answers pe_info within this even on a loaded machine
 
 
 class SchedulerLost(ConnectionError):
@@ -43,18 +41,29 @@ class WorkerGateway:
         self.secret = new_secret()            # proves our PEs to each other (worker/handshake.py)
         self.plugins = plugins
         self.rpc = client.rpc                 # for reconfigure.execute, the protocol's own steps
+        self.worker_timeout = config.get_seconds("calls.worker")
+        self.probe_timeout = config.get_seconds("calls.probe")
+        self.scheduler_timeout = config.get_seconds("calls.scheduler")
 
     # -- the scheduler ---------------------------------------------------------------------
     async def workers(self) -> dict[str, dict]:
-        """``address -> scheduler's worker info`` of every worker now in the cluster."""
-        info = await self.client.scheduler.identity(n_workers=-1)
+        """``address -> scheduler's worker info`` of every worker now in the cluster; raises
+        :class:`SchedulerLost` when the scheduler does not answer within ``calls.scheduler``
+        (a connected but slow one is given ten times as long: a loaded machine)."""
+        try:
+            info = await asyncio.wait_for(self.client.scheduler.identity(n_workers=-1), self.scheduler_timeout)
+        except asyncio.TimeoutError:
+            if self.client.status != "running":
+                raise SchedulerLost(f"no answer within {self.scheduler_timeout:g} s, "
+                                    f"client {self.client.status}") from None
+            info = await asyncio.wait_for(self.client.scheduler.identity(n_workers=-1), 10 * self.scheduler_timeout)
         return dict(info["workers"])
 
     async def publish(self, status: dict) -> None:
         """Publish the status (``python -m pescheduler status`` reads it); failures are logged only."""
         try:
             await asyncio.wait_for(self.client.set_metadata(["pescheduler", "deployments", self.deployment],
-                                                            status), SCHEDULER_TIMEOUT_S)
+                                                            status), self.scheduler_timeout)
         except Exception as exc:
             logger.debug("publishing status failed: %s", exc)
 
@@ -63,13 +72,13 @@ class WorkerGateway:
         :class:`SchedulerLost` when the scheduler does not answer (the poll is the heartbeat)."""
         key = ["pescheduler", "commands", self.deployment]
         try:
-            command = await asyncio.wait_for(self.client.get_metadata(key, default=None), SCHEDULER_TIMEOUT_S)
+            command = await asyncio.wait_for(self.client.get_metadata(key, default=None), self.scheduler_timeout)
             if command:
-                await asyncio.wait_for(self.client.set_metadata(key, None), SCHEDULER_TIMEOUT_S)
+                await asyncio.wait_for(self.client.set_metadata(key, None), self.scheduler_timeout)
         except asyncio.TimeoutError as exc:
             if self.client.status == "running":     # connected but slow (a loaded machine): not gone
                 return None
-            raise SchedulerLost(f"no answer within {SCHEDULER_TIMEOUT_S:g} s, client {self.client.status}") from exc
+            raise SchedulerLost(f"no answer within {self.scheduler_timeout:g} s, client {self.client.status}") from exc
         except OSError as exc:
             raise SchedulerLost(f"{type(exc).__name__}: {exc}") from exc
         return command
@@ -80,7 +89,7 @@ class WorkerGateway:
         if self.client.status != "running":
             return False
         try:
-            await asyncio.wait_for(self.client.scheduler.identity(n_workers=0), SCHEDULER_TIMEOUT_S)
+            await asyncio.wait_for(self.client.scheduler.identity(n_workers=0), self.scheduler_timeout)
         except asyncio.TimeoutError:
             return self.client.status == "running"
         except Exception:
@@ -91,7 +100,7 @@ class WorkerGateway:
         """The first of ``workers`` that is gone: it refuses a call (a dead process does at once)
         or the scheduler no longer lists it; None when all are there. A call that is only slow
         (a loaded machine) does not count."""
-        answers = await asyncio.gather(*(asyncio.wait_for(self.client.rpc(w).pe_info(), PROBE_S)
+        answers = await asyncio.gather(*(asyncio.wait_for(self.client.rpc(w).pe_info(), self.probe_timeout)
                                          for w in workers), return_exceptions=True)
         listed = await self.workers()
         for worker, answer in zip(workers, answers):
@@ -123,11 +132,15 @@ class WorkerGateway:
         await asyncio.gather(*(self.client.rpc(w).pe_warm(plugins=self.plugins, slots=n)
                                for w, n in slots_per_worker.items()))
 
-    async def stats(self, workers: Iterable[str], dead_letters: bool = True) -> list[dict]:
-        """Every worker's cumulative PE counters (and, by default, the dead letters taken off it)."""
-        return list(await asyncio.gather(*(self.client.rpc(w).pe_stats(deployment=self.deployment,
-                                                                       dead_letters=dead_letters)
-                                           for w in workers)))
+    async def stats(self, workers: Iterable[str], dead_letters: bool = True, bounded: bool = False) -> list[dict]:
+        """Every worker's cumulative PE counters (and, by default, the dead letters taken off it).
+        ``bounded``: each call is given up after ``calls.worker`` (raising), for callers that
+        must not wait on a worker that died meanwhile."""
+        calls = [self.client.rpc(w).pe_stats(deployment=self.deployment, dead_letters=dead_letters)
+                 for w in workers]
+        if bounded:
+            calls = [asyncio.wait_for(c, self.worker_timeout) for c in calls]
+        return list(await asyncio.gather(*calls))
 
     async def watch(self, worker: str, version: int, timeout: float) -> dict:
         """Long-poll the PE states on ``worker`` newer than ``version``."""
@@ -135,10 +148,11 @@ class WorkerGateway:
                                                      timeout=timeout)
 
     # -- checkpoints (pescheduler/checkpoint/coordinator.py) ------------------------------
-    async def ckpt_begin(self, worker: str, checkpoint_id: int, pe_ids: list[str]) -> None:
-        """Start checkpoint ``checkpoint_id`` at these PEs (those with sources)."""
-        await self.client.rpc(worker).pe_ckpt_begin(deployment=self.deployment, checkpoint_id=checkpoint_id,
-                                                    pe_ids=pe_ids)
+    async def ckpt_begin(self, worker: str, checkpoint_id: int, pe_ids: list[str], epoch: int) -> None:
+        """Start checkpoint ``checkpoint_id`` of ``epoch`` at these PEs (those with sources); bounded:
+        a worker that does not answer within ``calls.worker`` aborts the checkpoint."""
+        await asyncio.wait_for(self.client.rpc(worker).pe_ckpt_begin(
+            deployment=self.deployment, checkpoint_id=checkpoint_id, pe_ids=pe_ids, epoch=epoch), self.worker_timeout)
 
     async def ckpt_wait(self, worker: str, checkpoint_id: int, pe_ids: list[str], timeout: float) -> dict:
         """The PEs' snapshots for ``checkpoint_id`` once all are taken (or ``timeout``)."""
@@ -150,7 +164,7 @@ class WorkerGateway:
         workers = list(workers)
         calls = [asyncio.wait_for(self.client.rpc(w).pe_ckpt_end(deployment=self.deployment,
                                                                   checkpoint_id=checkpoint_id, complete=complete),
-                                  ENDING_TIMEOUT_S) for w in workers]
+                                  self.worker_timeout) for w in workers]
         for w, result in zip(workers, await asyncio.gather(*calls, return_exceptions=True)):
             if isinstance(result, BaseException):
                 logger.info("ending checkpoint %s on %s failed: %s", checkpoint_id, w, result)
@@ -166,13 +180,13 @@ class WorkerGateway:
     async def _ending(self, handler: str, workers: Iterable[str]) -> None:
         workers = list(workers)
         calls = [asyncio.wait_for(getattr(self.client.rpc(w), handler)(deployment=self.deployment),
-                                  ENDING_TIMEOUT_S) for w in workers]
+                                  self.worker_timeout) for w in workers]
         for w, result in zip(workers, await asyncio.gather(*calls, return_exceptions=True)):
             if isinstance(result, BaseException):
                 logger.debug("%s on %s failed: %s", handler, w, result)
 
     async def close(self) -> None:
         try:
-            await asyncio.wait_for(self.client.close(), ENDING_TIMEOUT_S)
+            await asyncio.wait_for(self.client.close(), self.worker_timeout)
         except Exception as exc:
             logger.debug("closing the client failed: %s", exc)

@@ -55,6 +55,7 @@ class ReconfigurationPlan:
     edges: dict[str, list] = field(default_factory=dict)      # staying PE -> its consumer edges, if changed
     routing: dict[str, dict] = field(default_factory=dict)    # staying PE -> its routers, if changed
     released: tuple[str, ...] = ()             # retired copies that have no successor
+    epoch: int = 0                             # the epoch it makes (its PEs' specs carry it)
 
     @property
     def moved(self) -> bool:
@@ -100,7 +101,7 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
     routing = _changed(same, routing_for, old, new)
     released = tuple(p for p in retired if p not in new.pes and old.pes[p].copy_of)
     return ReconfigurationPlan(retired, created, hold, seen, channels, upstream, downstream,
-                               edges, routing, released)
+                               edges, routing, released, epoch)
 
 
 def _changed(pes, of, old: Placement, new: Placement) -> dict:
@@ -292,7 +293,7 @@ async def _rewire_downstream(rpc, new, plan, worker_info, deployment) -> None:
 
 
 async def _start_created(rpc, new, plan, worker_info, deployment, states, plugins) -> None:
-    specs = build_specs(new, worker_info, deployment, plan.channels, plan.created)
+    specs = build_specs(new, worker_info, deployment, plan.channels, plan.created, plan.epoch)
     by_worker: dict[str, list] = {}
     for pe_id, spec in specs.items():
         spec.restore = {op: states[op] for op in new.pes[pe_id].operators if op in states}

@@ -83,7 +83,7 @@ class Reconfigurer:
         """:meth:`launch` for a caller already holding :attr:`lock` (a recovery, whose old PEs are
         stopped): channels of a new epoch, so nothing of the old wiring is taken for new."""
         self.channels = channel_ids(placement, self.deployment, self.epoch)
-        specs = build_specs(placement, self.worker_info, self.deployment, self.channels)
+        specs = build_specs(placement, self.worker_info, self.deployment, self.channels, epoch=self.epoch)
         for pe_id, spec in specs.items():
             spec.restore = {op: restore[op] for op in placement.pes[pe_id].operators if op in (restore or {})}
         await self.gateway.launch(specs, placement)

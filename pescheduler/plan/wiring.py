@@ -62,8 +62,9 @@ def copy_map(placement: Placement) -> dict[str, str]:
 
 
 def build_specs(placement: Placement, worker_info: dict[str, dict], deployment: str,
-                channels: dict[ChannelKey, str], pe_ids=None) -> dict[str, PESpec]:
-    """A :class:`PESpec` for each PE (or those in ``pe_ids``): operators, edges, channels."""
+                channels: dict[ChannelKey, str], pe_ids=None, epoch: int = 0) -> dict[str, PESpec]:
+    """A :class:`PESpec` for each PE (or those in ``pe_ids``): operators, edges, channels;
+    ``epoch``: the Reconfigurer's epoch creating them (checkpoint barriers of older ones are stale)."""
     plan = placement.plan
     wanted = set(placement.pes if pe_ids is None else pe_ids)
     batch_size = int(config.get("batch.size"))
@@ -75,7 +76,7 @@ def build_specs(placement: Placement, worker_info: dict[str, dict], deployment: 
         ops = {op: (plan.ops[op].cls, dict(plan.ops[op].params), plan.ops[op].key_field) for op in pe.operators}
         specs[pe_id] = PESpec(pe_id, deployment, ops, consumer_edges(placement, pe_id), batch_size=batch_size,
                               credits=credits, time_slice_s=time_slice,
-                              routing=routing_for(placement, pe_id), copies=copy_map(placement))
+                              routing=routing_for(placement, pe_id), copies=copy_map(placement), epoch=epoch)
     for key, channel_id in channels.items():
         src, port, dst_pe = key
         src_pe = placement.pe_of(src)

@@ -1,7 +1,7 @@
 """One PE's side of a checkpoint: align on the barrier, snapshot, forward it, hand the bytes over.
 
-A checkpoint barrier is a marker (``("checkpoint", id)``) that travels in-band
-like a reconfiguration marker (aligner.py). The coordinator
+A checkpoint barrier is a marker (``("checkpoint", id, epoch)``) that travels
+in-band like a reconfiguration marker (aligner.py). The coordinator
 (``pescheduler/checkpoint/coordinator.py``) starts it at every PE that holds a
 source; every other PE starts aligning when the barrier first arrives on one
 of its inputs. While a PE aligns, its sources read nothing and the channels
@@ -17,6 +17,14 @@ barrier. Once every operator of the PE is aligned:
 3. the bytes wait in :attr:`Barriers.results` until the coordinator takes them
    (``pe_ckpt_wait``); writing them to storage happens in the deploying
    process, off every PE loop (the asynchronous part).
+
+A barrier carries the Reconfigurer's epoch when its checkpoint began. A PE
+ignores barriers of checkpoints it knows are over (taken or aborted here) and
+barriers older than the PE itself (an epoch before its spec's): a PE created
+by a reconfiguration or a restore never heard of the checkpoints aborted
+before it, and a stale barrier of one (still queued in a channel that was
+re-wired to it) would otherwise pause its sources and park the channel until
+the next checkpoint's barrier came.
 
 State is snapshotted per operator instance (one blob per operator, not per
 key group): a KEYED operator's state is re-split by key group only when a
@@ -38,13 +46,14 @@ if TYPE_CHECKING:
 BARRIER = "checkpoint"
 
 
-def barrier(checkpoint_id: int) -> tuple[str, int]:
-    """The in-band marker of checkpoint ``checkpoint_id`` (msgpack keeps it a tuple: hashable)."""
-    return (BARRIER, checkpoint_id)
+def barrier(checkpoint_id: int, epoch: int) -> tuple[str, int, int]:
+    """The in-band marker of checkpoint ``checkpoint_id``, begun in ``epoch`` (msgpack keeps it a
+    tuple: hashable)."""
+    return (BARRIER, checkpoint_id, epoch)
 
 
 def is_barrier(marker: Any) -> bool:
-    return isinstance(marker, tuple) and len(marker) == 2 and marker[0] == BARRIER
+    return isinstance(marker, tuple) and len(marker) == 3 and marker[0] == BARRIER
 
 
 class Barriers:
@@ -53,40 +62,47 @@ class Barriers:
     def __init__(self, pe: "PERunner") -> None:
         self.pe = pe
         self.current: int | None = None         # checkpoint being aligned on
+        self.epoch = 0                          # the epoch its barrier carries
         self.done_upto = 0                      # barriers up to this id are taken or aborted here
         self.results: dict[int, dict] = {}      # id -> {"state": bytes, "positions": {...}} or {"error": str}
 
-    def begin(self, checkpoint_id: int) -> None:
-        """Align on checkpoint ``checkpoint_id`` (the coordinator's trigger, or its barrier's first arrival)."""
-        if checkpoint_id <= self.done_upto or self.current == checkpoint_id:
-            return
+    def begin(self, checkpoint_id: int, epoch: int | None = None) -> None:
+        """Align on checkpoint ``checkpoint_id`` of ``epoch`` (the coordinator's trigger, or its
+        barrier's first arrival; ``None``: the coordinator asks this PE itself, so it is current)."""
         pe = self.pe
+        epoch = pe.spec.epoch if epoch is None else epoch
+        if self.stale(checkpoint_id, epoch) or self.current == checkpoint_id:
+            return
         if pe.aligner.marker is not None and not is_barrier(pe.aligner.marker):
             self.done_upto = checkpoint_id      # a reconfiguration aligns here: a late barrier of an
             return                              # aborted checkpoint must not take its place
         if pe.state != "running" or pe.chain is None or pe.chain.finished:
             self._take(checkpoint_id)           # nothing moves here any more: its state as it is
             return
-        self.current = checkpoint_id
+        self.current, self.epoch = checkpoint_id, epoch
         for driver in pe.sources:
             driver.paused = True
-        pe.aligner.begin(barrier(checkpoint_id), self._op_aligned)
+        pe.aligner.begin(barrier(checkpoint_id, epoch), self._op_aligned)
         pe._check_aligned()
 
     def arrived(self, channel, marker: tuple) -> bool:
         """A barrier arrived on ``channel``; False if it belongs to a checkpoint already over here."""
-        checkpoint_id = marker[1]
-        if checkpoint_id <= self.done_upto:
+        _, checkpoint_id, epoch = marker
+        if self.stale(checkpoint_id, epoch):
             return False
         self.pe.aligner.arrived(channel.channel_id, marker)
-        self.begin(checkpoint_id)
+        self.begin(checkpoint_id, epoch)
         return True
+
+    def stale(self, checkpoint_id: int, epoch: int) -> bool:
+        """A checkpoint over here (taken or aborted), or begun before this PE existed."""
+        return checkpoint_id <= self.done_upto or epoch < self.pe.spec.epoch
 
     def _op_aligned(self, op_id: str) -> None:
         """``op_id`` has the barrier on every input: its outputs carry it on (behind its data)."""
         for spec, channel in self.pe.outs:
             if spec.src_op == op_id:
-                channel.marker(barrier(self.current))
+                channel.marker(barrier(self.current, self.epoch))
         self.pe.turns.on_loop(self.pe.inbox.event.set)
 
     def aligned(self) -> None:

@@ -262,13 +262,13 @@ class PEHost:
                           cloudpickle.loads(edges) if edges else None, copies)
 
     # -- checkpoints (the controller's side is pescheduler/checkpoint/, the PE's barriers.py) ----
-    async def pe_ckpt_begin(self, deployment: str, checkpoint_id: int, pe_ids: list[str]) -> None:
-        """Start checkpoint ``checkpoint_id`` at these PEs (those holding sources): barriers flow on."""
+    async def pe_ckpt_begin(self, deployment: str, checkpoint_id: int, pe_ids: list[str], epoch: int) -> None:
+        """Start checkpoint ``checkpoint_id`` of ``epoch`` at these PEs (those holding sources): barriers flow on."""
         pes = self._of(deployment)
         for pe_id in pe_ids:
             if pe_id in pes:
                 async with pes[pe_id].turns.lock:
-                    pes[pe_id].barriers.begin(checkpoint_id)
+                    pes[pe_id].barriers.begin(checkpoint_id, epoch)
 
     async def pe_ckpt_wait(self, deployment: str, checkpoint_id: int, pe_ids: list[str],
                            timeout: float) -> dict:

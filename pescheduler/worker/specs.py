@@ -49,3 +49,4 @@ class PESpec:
     restore: dict[str, dict] = field(default_factory=dict)   # op_id -> {"state", "progress", "driver"}
     routing: dict[tuple[str, str, str], tuple] = field(default_factory=dict)   # see wiring.routing_for
     copies: dict[str, str] = field(default_factory=dict)     # copy op -> original (whole plan)
+    epoch: int = 0            # the Reconfigurer's epoch that created it: older checkpoint barriers are stale

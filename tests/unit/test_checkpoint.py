@@ -38,16 +38,23 @@ def placement():
 class FakeGateway:
     """Answers the coordinator's three calls as PE hosts would; records the ends."""
 
+    worker_timeout = 1.0
+
     def __init__(self, error_from: str | None = None) -> None:
         self.begun: list[tuple[str, int, list]] = []
+        self.hang_on: str | None = None         # a worker whose ckpt_wait never answers
+        self.hanging = asyncio.Event()          # set once it is called
         self.ended: list[tuple[int, bool]] = []
         self.error_from = error_from
         self.ops_of: dict[str, tuple] = {}      # pe -> its operators (set by coordinator())
 
-    async def ckpt_begin(self, worker, checkpoint_id, pe_ids):
+    async def ckpt_begin(self, worker, checkpoint_id, pe_ids, epoch):
         self.begun.append((worker, checkpoint_id, list(pe_ids)))
 
     async def ckpt_wait(self, worker, checkpoint_id, pe_ids, timeout):
+        if worker == self.hang_on:
+            self.hanging.set()
+            await asyncio.Event().wait()
         results = {}
         for pe in pe_ids:
             if pe == self.error_from:
@@ -67,21 +74,22 @@ class FakeReconfigurer:
         self.lock = asyncio.Lock()
         self.placement = pl
         self.deployment = "unit-1"
+        self.epoch = 0
 
 
-def coordinator(store, gateway, retain=3):
+def coordinator(store, gateway, retain=3, timeout=1.0):
     state = DeploymentState()
     pl = placement()
     state.running(pl.pes)
     gateway.ops_of = {pe_id: pe.operators for pe_id, pe in pl.pes.items()}
-    return CheckpointCoordinator(gateway, FakeReconfigurer(pl), state, store, interval=1.0, timeout=1.0,
+    return CheckpointCoordinator(gateway, FakeReconfigurer(pl), state, store, interval=1.0, timeout=timeout,
                                  retain=retain)
 
 
 def test_barriers_are_markers_that_survive_msgpack():
     from pescheduler.worker.handshake import decode_control, encode_control
 
-    assert is_barrier(decode_control(encode_control(barrier(7)))) and not is_barrier("dep/reconf/7")
+    assert is_barrier(decode_control(encode_control(barrier(7, 2)))) and not is_barrier("dep/reconf/7")
 
 
 def test_a_checkpoint_without_its_manifest_is_not_complete_and_the_manifest_appears_whole():
@@ -133,6 +141,45 @@ def test_an_erring_pe_aborts_the_checkpoint_discards_it_and_the_next_goes_on():
     assert gateway.ended == [(1, False)] and store.ids() == [] and coord.aborted == 1
     gateway.error_from = None
     assert asyncio.run(coord.trigger()) == 2 and store.completed() == [2]
+
+
+def test_a_pe_that_cannot_answer_aborts_at_once_not_at_the_timeout():
+    """One worker's PE erred; another worker's PEs wait for a barrier that will never come (their
+    upstream is dead). The checkpoint is aborted on the first error, not after its 30 s timeout."""
+    store, pl = memory_store(), placement()
+    first = next(iter(pl.pes))
+    gateway = FakeGateway(error_from=first)
+    gateway.hang_on = next(w for w in WORKERS if w != pl.pes[first].worker)
+    coord = coordinator(store, gateway, timeout=30.0)
+
+    async def run():
+        with pytest.raises(CheckpointError, match="snapshot failed"):
+            await asyncio.wait_for(coord.trigger(), 5.0)
+
+    asyncio.run(run())
+    assert gateway.hanging.is_set() and gateway.ended == [(1, False)] and store.ids() == []
+
+
+def test_a_recovery_interrupts_the_checkpoint_in_flight_and_releases_the_lock():
+    """A loss while a checkpoint waits for its PEs: :meth:`interrupt` aborts it at once (no worker is
+    called: they are being stopped), so the restore gets the lock, and no checkpoint starts until
+    it is done. bench/recovery.py's 33 s restart was the restore waiting out the checkpoint timeout."""
+    store, gateway = memory_store(), FakeGateway()
+    coord = coordinator(store, gateway, timeout=30.0)
+    gateway.hang_on = coord.reconfigurer.placement.pes[next(iter(coord.reconfigurer.placement.pes))].worker
+
+    async def run():
+        trigger = asyncio.create_task(coord.trigger())
+        await asyncio.wait_for(gateway.hanging.wait(), 5.0)
+        coord.interrupt("lost worker tcp://w2")
+        with pytest.raises(CheckpointError, match="interrupted: lost worker"):
+            await asyncio.wait_for(trigger, 5.0)
+        assert not coord.reconfigurer.lock.locked()
+        with pytest.raises(CheckpointError, match="recovering"):
+            await coord.trigger()
+
+    asyncio.run(run())
+    assert gateway.ended == [] and store.ids() == [] and coord.aborted == 1
 
 
 def test_retain_keeps_three_by_default():
@@ -196,18 +243,107 @@ def test_a_pe_snapshots_exactly_the_input_before_the_barrier_on_every_channel():
         pe.state = "running"
         pe.ops["sum"].open(OperatorContext(op_id="sum", pe_id="pe", worker="w", key_field="k", extra={}))
         c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
-        for channel, kind, payload in [(c1, DATA, [{"k": 1, "n": 1}]), (c1, MARKER, barrier(1)),
+        for channel, kind, payload in [(c1, DATA, [{"k": 1, "n": 1}]), (c1, MARKER, barrier(1, 0)),
                                        (c1, DATA, [{"k": 1, "n": 10}]), (c2, DATA, [{"k": 1, "n": 100}])]:
             pe.inbox.put(channel, kind, payload)
         pe._read_inbox()
         assert pe.ops["sum"].sums == {1: 101} and 1 not in pe.barriers.results    # c1's 10 is parked
-        pe.inbox.put(c2, MARKER, barrier(1))
+        pe.inbox.put(c2, MARKER, barrier(1, 0))
         pe._read_inbox()
         saved = cloudpickle.loads(pe.barriers.results[1]["state"])
         assert saved["sum"]["state"] == {1: 101}                                    # before both barriers
         assert pe.ops["sum"].sums == {1: 111} and pe.aligner.marker is None        # then the parked 10
-        pe.inbox.put(c1, MARKER, barrier(1))                                        # a late duplicate: ignored
+        pe.inbox.put(c1, MARKER, barrier(1, 0))                                        # a late duplicate: ignored
         pe._read_inbox()
         assert pe.aligner.marker is None and pe.barriers.current is None
 
     asyncio.run(scenario())
+
+
+def test_a_stale_barrier_of_an_aborted_checkpoint_does_not_pause_a_pe_created_later():
+    """Checkpoint 3 (epoch 0) was aborted; a reconfiguration then made this PE (epoch 1), which never
+    heard of the abort. Its barrier, still queued in a channel re-wired to the PE, arrives: it is
+    ignored (the input behind it is processed, nothing parked, no alignment begun), and the next
+    checkpoint's barriers align and snapshot the PE as usual. Before barriers carried their epoch
+    the PE aligned on it and parked c1 until checkpoint 4's barrier came."""
+    from support_ops import RunningSum
+
+    from pescheduler.operator import OperatorContext
+    from pescheduler.worker.channels import DATA, MARKER
+    from pescheduler.worker.runtime import PERunner
+    from pescheduler.worker.specs import InputSpec, PESpec
+
+    async def scenario():
+        spec = PESpec("pe", "d", {"sum": (RunningSum, {}, "k")}, [("a", "out", "sum"), ("b", "out", "sum")],
+                      inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")], epoch=1)
+        pe = PERunner(spec, "w")
+        await pe.connect(lambda channel_id: None, "here")
+        pe.turns.bind()
+        pe.state = "running"
+        pe.ops["sum"].open(OperatorContext(op_id="sum", pe_id="pe", worker="w", key_field="k", extra={}))
+        c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
+        for channel, kind, payload in [(c1, MARKER, barrier(3, 0)), (c1, DATA, [{"k": 1, "n": 1}])]:
+            pe.inbox.put(channel, kind, payload)
+        pe._read_inbox()
+        assert pe.aligner.marker is None and pe.barriers.current is None
+        assert pe.ops["sum"].sums == {1: 1}                                    # not parked behind it
+        for channel in (c1, c2):
+            pe.inbox.put(channel, MARKER, barrier(4, 1))
+        pe._read_inbox()
+        assert cloudpickle.loads(pe.barriers.results[4]["state"])["sum"]["state"] == {1: 1}
+        assert 3 not in pe.barriers.results and pe.aligner.marker is None
+
+    asyncio.run(scenario())
+
+
+def test_a_checkpoint_of_a_two_instance_window_restores_onto_three_instances_exactly():
+    """A KEYED window ran as 2 instances (key groups split between them) when checkpoint 1 was
+    taken; the restore places it as 3. Each of the 3 restores exactly the keys of the key groups
+    it owns now, with the very aggregates one window fed every record would hold, and nothing
+    twice: restore onto another parallelism is exact (docs/checkpoints.md, "Key groups")."""
+    from pescheduler.actions import Replicate
+    from pescheduler.operator import OperatorContext
+    from pescheduler.plan.routing import key_group
+    from pescheduler.plan.transforms import transform
+
+    app = Application("unit")
+    (app.source("numbers", count=10).key_by("key")
+        .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")}, id="win").sink("collect"))
+    base = compile_app(app, load_plugins(["support_ops"]), WORKERS, {w: f"h{i}" for i, w in enumerate(WORKERS)})
+    two, three = transform(base, Replicate("win", 1)), transform(base, Replicate("win", 2))
+    records = [{"n": i, "key": f"car-{i % 97}", "ts": i * 7} for i in range(2_000)]
+
+    def window(op_id: str, owns=lambda key: True):
+        op = base.plan.ops["win"]
+        impl = op.cls(**op.params)
+        impl.open(OperatorContext(op_id=op_id, pe_id="pe", worker="w", key_field="key", extra={}))
+        impl.process([r for r in records if owns(r["key"])], None)
+        return impl.snapshot()
+
+    owners = two.routes["win"].owners()
+    results = {}
+    for inst in two.instances("win"):
+        state = {inst: {"state": window(inst, lambda k: owners[key_group(k)] == inst),
+                        "progress": ({}, 0, set(), False), "driver": None}}
+        results[two.pe_of(inst)] = {"state": cloudpickle.dumps(state), "positions": {}}
+    for pe_id, pe in two.pes.items():
+        if pe_id not in results:
+            results[pe_id] = {"state": cloudpickle.dumps({}), "positions": {}}
+    store = memory_store()
+    coord = coordinator(store, FakeGateway())
+    coord.reconfigurer.placement = two
+    coord._store(1, results, two, 0.0, 0.1)
+
+    restored = load_states(store, 1, three)
+    whole = window("win")["panes"]
+    owners3 = three.routes["win"].owners()
+    assert len(three.instances("win")) == 3
+    seen: dict = {}
+    for inst in three.instances("win"):
+        panes = restored[inst]["state"]["panes"]
+        for pane, by_key in panes.items():
+            for key, agg in by_key.items():
+                assert owners3[key_group(key)] == inst                  # only key groups it owns now
+                assert (pane, key) not in seen and agg == whole[pane][key]
+                seen[(pane, key)] = agg
+    assert len(seen) == sum(len(d) for d in whole.values())           # and every key, once

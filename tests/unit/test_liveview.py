@@ -193,3 +193,34 @@ def test_without_lag_there_is_no_lag_column():
 def test_the_status_table_shows_lag_too():
     text = text_of(render(_lagging()))
     assert "lag" in text and "358.0k" in text
+
+
+def _checkpointing() -> dict:
+    crowded = _crowded()
+    crowded["checkpoints"] = {"storage": "/tmp/c", "interval_s": 1.0, "completed": 12, "aborted": 2,
+                              "last": {"id": 14, "time": 1.0, "duration_s": 0.0456, "bytes": 1_234_567,
+                                       "url": "/tmp/c/chk-000014", "age_s": 3.4},
+                              "last_error": "checkpoint 13: CheckpointError: interrupted: lost worker",
+                              "restart": {"attempts": 3, "backoff_s": 0.1, "used": 1, "restarts": []}}
+    return crowded
+
+
+def test_the_live_screen_has_a_checkpoint_line_and_still_fits_80_by_24():
+    from pescheduler.liveview import screen
+
+    console = Console(width=80, height=24, record=True, color_system=None)
+    console.print(screen(_checkpointing(), 23))
+    lines = console.export_text().splitlines()
+    assert len(lines) <= 23 and max(len(line) for line in lines) <= 80
+    line = next(line for line in lines if line.startswith("checkpoint "))
+    assert line.startswith("checkpoint 14 3s ago, took 46 ms, 1.18 MiB | aborted 2 | restarts 1/3")
+    assert "Replicate('window-19', 2)" in lines[-1]                   # the latest event still shown
+    assert "checkpoint 14" in text_of(render(_checkpointing()))      # and in `status`'s view
+
+
+def test_without_checkpoints_there_is_no_checkpoint_line_and_before_the_first_it_says_so():
+    from pescheduler.liveview import checkpoint_line, screen
+
+    assert not any(line.startswith("checkpoint") for line in text_of(screen(STATUS, 23)).splitlines())
+    waiting = {"checkpoints": {"completed": 0, "aborted": 0, "last": None, "last_error": None}}
+    assert checkpoint_line(waiting).plain == "checkpoint none complete yet | aborted 0"
