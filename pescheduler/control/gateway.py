@@ -97,9 +97,10 @@ class WorkerGateway:
         return True
 
     async def first_gone(self, workers: list[str]) -> str | None:
-        """The first of ``workers`` that is gone: it refuses a call (a dead process does at once)
-        or the scheduler no longer lists it; None when all are there. A call that is only slow
-        (a loaded machine) does not count."""
+        """The first of ``workers`` that is gone: a call to it fails (an open connection to a dead
+        process breaks at once) or the scheduler no longer lists it; None when all are there. A
+        call that only times out does not count: a loaded machine, or a new connection to a dead
+        address, which Dask retries until its connect timeout; the scheduler's list decides then."""
         answers = await asyncio.gather(*(asyncio.wait_for(self.client.rpc(w).pe_info(), self.probe_timeout)
                                          for w in workers), return_exceptions=True)
         listed = await self.workers()

@@ -224,24 +224,31 @@ def test_a_source_that_cannot_rewind_is_refused_before_any_worker_starts(tmp_pat
         pescheduler.deploy(app, plugins=["support_ops"], checkpoint=str(tmp_path / "ckpt"))
 
 
+async def _running_sum_pe(spec):
+    """A PE of ``spec`` (one ``RunningSum`` "sum" keyed on "k"), connected and running, fed by hand."""
+    from pescheduler.operator import OperatorContext
+    from pescheduler.worker.runtime import PERunner
+
+    pe = PERunner(spec, "w")
+    await pe.connect(lambda channel_id: None, "here")
+    pe.turns.bind()
+    pe.state = "running"
+    pe.ops["sum"].open(OperatorContext(op_id="sum", pe_id="pe", worker="w", key_field="k", extra={}))
+    return pe
+
+
 def test_a_pe_snapshots_exactly_the_input_before_the_barrier_on_every_channel():
     """Chandy-Lamport at one PE: c1 delivers its barrier first; what c1 carries after it is parked
     (not in the snapshot) until c2's barrier aligns the PE; then it is processed, in order."""
     from support_ops import RunningSum
 
-    from pescheduler.operator import OperatorContext
     from pescheduler.worker.channels import DATA, MARKER
-    from pescheduler.worker.runtime import PERunner
     from pescheduler.worker.specs import InputSpec, PESpec
 
     async def scenario():
         spec = PESpec("pe", "d", {"sum": (RunningSum, {}, "k")}, [("a", "out", "sum"), ("b", "out", "sum")],
                       inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")])
-        pe = PERunner(spec, "w")
-        await pe.connect(lambda channel_id: None, "here")
-        pe.turns.bind()
-        pe.state = "running"
-        pe.ops["sum"].open(OperatorContext(op_id="sum", pe_id="pe", worker="w", key_field="k", extra={}))
+        pe = await _running_sum_pe(spec)
         c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
         for channel, kind, payload in [(c1, DATA, [{"k": 1, "n": 1}]), (c1, MARKER, barrier(1, 0)),
                                        (c1, DATA, [{"k": 1, "n": 10}]), (c2, DATA, [{"k": 1, "n": 100}])]:
@@ -268,19 +275,13 @@ def test_a_stale_barrier_of_an_aborted_checkpoint_does_not_pause_a_pe_created_la
     the PE aligned on it and parked c1 until checkpoint 4's barrier came."""
     from support_ops import RunningSum
 
-    from pescheduler.operator import OperatorContext
     from pescheduler.worker.channels import DATA, MARKER
-    from pescheduler.worker.runtime import PERunner
     from pescheduler.worker.specs import InputSpec, PESpec
 
     async def scenario():
         spec = PESpec("pe", "d", {"sum": (RunningSum, {}, "k")}, [("a", "out", "sum"), ("b", "out", "sum")],
                       inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")], epoch=1)
-        pe = PERunner(spec, "w")
-        await pe.connect(lambda channel_id: None, "here")
-        pe.turns.bind()
-        pe.state = "running"
-        pe.ops["sum"].open(OperatorContext(op_id="sum", pe_id="pe", worker="w", key_field="k", extra={}))
+        pe = await _running_sum_pe(spec)
         c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
         for channel, kind, payload in [(c1, MARKER, barrier(3, 0)), (c1, DATA, [{"k": 1, "n": 1}])]:
             pe.inbox.put(channel, kind, payload)

@@ -34,6 +34,15 @@ def text_of(renderable) -> str:
     return console.export_text()
 
 
+def screen_80_by_24(renderable) -> list[str]:
+    """The lines ``renderable`` prints on an 80×24 terminal, checked to fit (23: one for the prompt)."""
+    console = Console(width=80, height=24, record=True, color_system=None)
+    console.print(renderable)
+    lines = console.export_text().splitlines()
+    assert len(lines) <= 23 and max(len(line) for line in lines) <= 80
+    return lines
+
+
 def test_rates_are_short():
     assert [rate(950), rate(12_345), rate(1_250_000), rate(None)] == ["950/s", "12.3k/s", "1.25M/s", "0/s"]
 
@@ -140,10 +149,7 @@ def _crowded() -> dict:
 def test_the_live_screen_fits_80_by_24_busiest_first_with_the_latest_decisions():
     from pescheduler.liveview import screen
 
-    console = Console(width=80, height=24, record=True, color_system=None)
-    console.print(screen(_crowded(), 23))
-    lines = console.export_text().splitlines()
-    assert len(lines) <= 23 and max(len(line) for line in lines) <= 80
+    lines = screen_80_by_24(screen(_crowded(), 23))
     assert lines[0].startswith("connected-cars running 42s | dead 3 late 17 | in ")
     assert lines[1].startswith("error: lost worker")
     rows = [line for line in lines if line.startswith("window-")]
@@ -172,10 +178,7 @@ def _lagging() -> dict:
 def test_the_live_screen_has_a_lag_column_for_pes_whose_sources_report_it_and_still_fits_80_by_24():
     from pescheduler.liveview import screen
 
-    console = Console(width=80, height=24, record=True, color_system=None)
-    console.print(screen(_lagging(), 23))
-    lines = console.export_text().splitlines()
-    assert len(lines) <= 23 and max(len(line) for line in lines) <= 80
+    lines = screen_80_by_24(screen(_lagging(), 23))
     header = next(line for line in lines if line.split()[:2] == ["PE", "worker"])
     assert header.split()[-1] == "lag"
     lagging = [line for line in lines if line.startswith("window-29")]
@@ -208,10 +211,7 @@ def _checkpointing() -> dict:
 def test_the_live_screen_has_a_checkpoint_line_and_still_fits_80_by_24():
     from pescheduler.liveview import screen
 
-    console = Console(width=80, height=24, record=True, color_system=None)
-    console.print(screen(_checkpointing(), 23))
-    lines = console.export_text().splitlines()
-    assert len(lines) <= 23 and max(len(line) for line in lines) <= 80
+    lines = screen_80_by_24(screen(_checkpointing(), 23))
     line = next(line for line in lines if line.startswith("checkpoint "))
     assert line.startswith("checkpoint 14 3s ago, took 46 ms, 1.18 MiB | aborted 2 | restarts 1/3")
     assert "Replicate('window-19', 2)" in lines[-1]                   # the latest event still shown
