@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import dask.config
 import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -80,6 +81,27 @@ def test_keyed_window_killed_mid_stream_matches_the_reference_exactly(tmp_path):
         dep.wait(timeout=WAIT)
         restarted(dep)
     assert committed_windows(out) == count_sum_windows(30_000, 20)
+
+
+def test_a_kill_while_a_checkpoint_waits_restores_without_waiting_for_it(tmp_path):
+    """Checkpoints back to back (one is nearly always in flight) with a 60 s timeout: the window's
+    worker is SIGKILLed, so PEs downstream never see the barrier and a call to the dead worker is
+    retried by Dask until its 30 s connect timeout. The loss aborts that checkpoint at once: the
+    restore takes the lock within seconds (it waited up to 33 s in bench/recovery.py before)."""
+    out = tmp_path / "out.jsonl"
+    app = Application("windows")
+    (app.source("numbers", count=30_000, keys=20, step=1, rate=3_000)
+        .key_by("key")
+        .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")}, id="win")
+        .sink("jsonl", path=str(out)))
+    with dask.config.set({"pescheduler.checkpoint.timeout": "60s"}):
+        with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
+                                checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.05s") as dep:
+            kill_worker_of(dep, "win")
+            dep.wait(timeout=WAIT)
+            record = restarted(dep)
+    assert committed_windows(out) == count_sum_windows(30_000, 20)
+    assert record["phases"]["lock"] < 10 and record["first_output_s"] < 20, record
 
 
 def test_join_killed_mid_stream_reports_every_pair_once(tmp_path):
