@@ -121,3 +121,51 @@ def test_a_crash_between_checkpoint_completion_and_the_commit_loses_and_repeats_
     out = committed(kafka, "eos-gap-out")
     assert sorted(r["n"] for r in out) == list(range(n)), "lost or doubled around the crash"
     assert all(r["twice"] == 2 * r["n"] for r in out)
+
+
+APP = """
+from pescheduler import Application
+
+app = Application("kafka-resumable")
+(app.source("kafka", topic="eos-cli-in", bootstrap_servers={kafka!r}, event_time="ts", rate=2_000)
+    .map(lambda t: {{"n": t["n"], "twice": 2 * t["n"]}})
+    .sink("kafka", topic="eos-cli-out", bootstrap_servers={kafka!r}, key="n", exactly_once=True))
+"""
+
+
+def test_restore_latest_after_the_deploying_process_is_killed_publishes_exactly(kafka, tmp_path):
+    """`python -m pescheduler deploy --checkpoint` SIGKILLed with its workers mid-stream; the same
+    command with `--restore latest` goes on; the committed output is every record once."""
+    n = 12_000
+    create_topic(kafka, "eos-cli-in", 2)
+    create_topic(kafka, "eos-cli-out", 2)
+    produce(kafka, "eos-cli-in", numbered(n, 10), partition_of=lambda r: r["n"] % 2)
+    storage = tmp_path / "ckpt"
+    (tmp_path / "app.py").write_text(APP.format(kafka=kafka))
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state"),
+           "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"), "--workers", "2",
+           "--policy", "none", "--checkpoint", str(storage), "--checkpoint-interval", "0.5s"]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        until(lambda: len(list(storage.glob("chk-*/MANIFEST.json"))) >= 2 and committed(kafka, "eos-cli-out"),
+              WAIT, "two complete checkpoints and committed output")
+    finally:
+        tree = [first, *psutil.Process(first.pid).children(recursive=True)]   # the deployer and its workers
+        for proc in tree:
+            proc.send_signal(signal.SIGKILL)
+        gone([p.pid for p in tree], WAIT, "the killed deployment's processes")
+    before = len(committed(kafka, "eos-cli-out"))
+    assert 0 < before < n, f"killed with {before} of {n} records published: not mid-stream"
+    resumed = subprocess.Popen(cmd + ["--restore", "latest"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    try:
+        until(lambda: len(committed(kafka, "eos-cli-out")) >= n or resumed.poll() is not None, WAIT,
+              "every record published by the resumed run")
+    finally:
+        resumed.send_signal(signal.SIGTERM)            # drains: the open transaction commits
+        _out, err = resumed.communicate(timeout=WAIT)
+    assert resumed.returncode == 143, err[-3000:]           # the CLI's exit status for a drained SIGTERM
+    out = committed(kafka, "eos-cli-out")
+    assert sorted(r["n"] for r in out) == list(range(n)), "lost or doubled across the kill"
+    assert all(r["twice"] == 2 * r["n"] for r in out)
