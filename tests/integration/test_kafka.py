@@ -355,5 +355,6 @@ def test_kafka_benchmark_quick_runs_and_prints_its_figures(tmp_path):
     result = subprocess.run([sys.executable, str(bench), "--quick"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for line in ("(a) plain confluent-kafka loop", "ratio", "(c) the same, exactly-once sink", "machine load"):
+    for line in ("(a) plain confluent-kafka loop", "ratio", "(c) the same, checkpoints every 1 s",
+                 "(d) (c) with the exactly-once sink", "machine load"):
         assert line in result.stdout, result.stdout[-2000:]
