@@ -257,6 +257,22 @@ class KafkaSink(Sink):
     ``exactly_once=True``: records go into Kafka transactions that become
     visible when a checkpoint completes (:meth:`commit`), or at the end of the
     stream; read them with ``isolation.level=read_committed``.
+
+    Exactly-once through a crash *between* a checkpoint's completion and its
+    commit: librdkafka cannot take over a dead producer's open transaction
+    (Flink's Java client resumes it by producer id and epoch). So each parked
+    transaction also carries the checkpoint id as a transactional offset
+    commit (``send_offsets_to_transaction``) to the instance's marker group
+    ``{prefix}-{op_id}`` (offset = checkpoint id plus the marker's value when
+    the run began, so a later run's ids 1, 2, ... still count up; on the
+    output topic's partition 0), committed atomically with the records; and the records of
+    every parked transaction travel in the checkpoint's snapshot. A restored
+    instance first fences its predecessor's transactional ids (after which
+    no transaction of theirs can still commit), then reads the marker: the
+    carried transactions of checkpoints above it were never published, and
+    are written again in one fresh transaction that marks the restored
+    checkpoint; those at or below it were, and are dropped. The price: a
+    checkpoint holds what the sink wrote during the interval before it.
     """
 
     name = "kafka"
@@ -275,9 +291,13 @@ class KafkaSink(Sink):
         self._producer = None
         self._failed: list[str] = []
         self._pool: list = []                    # idle transactional producers
-        self._prepared: dict[int, Any] = {}      # checkpoint id -> producer with a flushed open transaction
+        self._prepared: dict[int, tuple] = {}    # checkpoint id -> (producer with a flushed open transaction, records)
+        self._records: list = []                 # (value, key) of the open transaction, for the snapshot
+        self._carried: list = []                 # restored: [checkpoint id, records] a predecessor had parked
         self._ids = 0                            # transactional ids made so far (k in {prefix}-{op}-{k})
         self._fence = 0                          # restored: ids a predecessor may have left open
+        self._marker = None                      # consumer of the marker group (its metadata, its offset)
+        self._base: int | None = None            # the marker when this run began (restored, or read in open)
 
     def open(self, context: Any) -> None:
         super().open(context)
@@ -288,8 +308,16 @@ class KafkaSink(Sink):
             self._producer = probe
             return
         probe.flush(0)
-        for _ in range(self._fence):             # fence and abort what a predecessor left open
+        from confluent_kafka import Consumer
+
+        self._marker = Consumer({**base, "group.id": f"{self.prefix}-{context.op_id}",
+                                 "enable.auto.commit": False, "isolation.level": "read_committed"})
+        # Fence and abort what a predecessor left open: the ids its snapshot counted, and one more
+        # it may have made for a barrier after that snapshot before it died.
+        for _ in range(self._fence + 1 if self._fence else 0):
             self._pool.append(self._transactional())
+        if self._base is None:
+            self._base = self.published()
         self._producer = self._next_transaction()
 
     def _make(self, transactional_id: str | None):
@@ -323,6 +351,12 @@ class KafkaSink(Sink):
             self._failed.append(f"{self.topic}: {err}")
 
     def process(self, batch: list, emit: Any) -> None:
+        if self.exactly_once:
+            encode, key = self.encode, self.key
+            pairs = [(encode(t), None if key is None else str(t[key]).encode()) for t in batch]
+            self._records.extend(pairs)
+            self._produce(self._producer, pairs)
+            return
         produce, encode, topic, key = self._producer.produce, self.encode, self.topic, self.key
         for t in batch:
             while True:
@@ -335,6 +369,19 @@ class KafkaSink(Sink):
                 except BufferError:                      # local queue full: let librdkafka send
                     self._producer.poll(0.05)
         self._producer.poll(0)
+        self._check()
+
+    def _produce(self, producer, pairs: list) -> None:
+        """Produce encoded ``(value, key)`` pairs (a transaction's, kept for the snapshot)."""
+        produce, topic = producer.produce, self.topic
+        for value, key in pairs:
+            while True:
+                try:
+                    produce(topic, value, key)
+                    break
+                except BufferError:                      # local queue full: let librdkafka send
+                    producer.poll(0.05)
+        producer.poll(0)
         self._check()
 
     def _check(self) -> None:
@@ -350,50 +397,96 @@ class KafkaSink(Sink):
                                  "flush timed out")
 
     # -- two-phase commit (called by checkpoints) ------------------------------------
+    def _mark(self, producer, checkpoint_id: int) -> None:
+        """Put 'checkpoint ``checkpoint_id`` is published' into ``producer``'s open transaction."""
+        from confluent_kafka import TopicPartition
+
+        producer.send_offsets_to_transaction([TopicPartition(self.topic, 0, self._base + int(checkpoint_id))],
+                                             self._marker.consumer_group_metadata(), self.timeout_s)
+
+    def published(self) -> int:
+        """The marker group's offset: the base plus the last checkpoint id whose transaction
+        committed (0: none ever)."""
+        from confluent_kafka import TopicPartition
+
+        [tp] = self._marker.committed([TopicPartition(self.topic, 0)], timeout=self.timeout_s)
+        return max(tp.offset, 0)
+
     def pre_commit(self, checkpoint_id: int) -> None:
-        """Flush this transaction and park it for ``checkpoint_id``; the next one takes new records."""
-        if not self.exactly_once:
-            self._drain(self._producer)
-            return
+        """Flush this transaction, mark it with ``checkpoint_id`` and park it; the next one takes
+        new records."""
         self._drain(self._producer)
-        self._prepared[checkpoint_id] = self._producer
-        self._producer = self._next_transaction()
+        if not self.exactly_once:
+            return
+        self._mark(self._producer, checkpoint_id)
+        self._prepared[checkpoint_id] = (self._producer, self._records)
+        self._producer, self._records = self._next_transaction(), []
 
     def commit(self, checkpoint_id: int) -> None:
-        """Commit every parked transaction up to ``checkpoint_id`` (already committed ones are gone)."""
+        """Commit every parked transaction up to ``checkpoint_id`` (already committed ones are gone);
+        on a restored instance first publish, once, the carried ones its predecessor did not."""
+        if self._carried:
+            self._republish(checkpoint_id)
         for cid in sorted(c for c in self._prepared if c <= checkpoint_id):
-            producer = self._prepared.pop(cid)
+            producer, _records = self._prepared.pop(cid)
             producer.commit_transaction(self.timeout_s)
             self._pool.append(producer)
+
+    def _republish(self, checkpoint_id: int) -> None:
+        """The carried transactions up to ``checkpoint_id`` that the marker says never committed,
+        written again in one transaction that marks the newest of them."""
+        due = [c for c in self._carried if c[0] <= checkpoint_id]
+        self._carried = [c for c in self._carried if c[0] > checkpoint_id]
+        done = self.published() - self._base
+        lost = [c for c in due if c[0] > done]
+        if not lost:
+            return
+        producer = self._next_transaction()
+        for _cid, records in sorted(lost, key=lambda c: c[0]):
+            self._produce(producer, records)
+        self._drain(producer)
+        self._mark(producer, max(c[0] for c in lost))
+        producer.commit_transaction(self.timeout_s)
+        self._pool.append(producer)
 
     def abort(self, checkpoint_id: int) -> None:
         """Abort the parked transactions of ``checkpoint_id`` and later (the stream replays them).
         On a just-restored instance fencing in ``open`` has aborted what its predecessor left open.
         A checkpoint that merely failed gets no call: its parked transaction goes with the next
         :meth:`commit`."""
+        self._carried = [c for c in self._carried if c[0] < checkpoint_id]
         for cid in sorted(c for c in self._prepared if c >= checkpoint_id):
-            producer = self._prepared.pop(cid)
+            producer, _records = self._prepared.pop(cid)
             producer.abort_transaction(self.timeout_s)
             self._pool.append(producer)
 
     def snapshot(self) -> dict:
-        return {"transactional_ids": self._ids}
+        """The transactional ids made (to fence) and the records of every parked transaction, to
+        publish again should the checkpoint complete but its commit never run."""
+        parked = [[cid, records] for cid, (_producer, records) in sorted(self._prepared.items())]
+        return {"transactional_ids": self._ids, "parked": self._carried + parked, "marker_base": self._base}
 
     def restore(self, state: dict) -> None:
         self._fence = state.get("transactional_ids", 0)
+        self._base = state.get("marker_base")
+        self._carried = [list(c) for c in state.get("parked", [])]
 
     def flush(self, emit: Any) -> None:
-        """End of stream: deliver everything; with transactions, commit the open one (the final
-        checkpoint of a finite stream)."""
+        """End of stream: deliver everything; with transactions, commit the parked ones (of a
+        checkpoint the end cut short) and the open one: the final checkpoint of a finite stream."""
         if self._producer is None:
             return
         self._drain(self._producer)
         if self.exactly_once:
+            self.commit(max(self._prepared, default=0))
             self._producer.commit_transaction(self.timeout_s)
             self._pool.append(self._producer)
-            self._producer = None
+            self._producer, self._records = None, []
 
     def close(self) -> None:
         if self._producer is not None and not self.exactly_once:
             self._producer.flush(self.timeout_s)
+        if self._marker is not None:
+            self._marker.close()
+            self._marker = None
         self._producer = None

@@ -25,6 +25,7 @@ from pescheduler.operator import Parallelism, Sink
 from pescheduler.timeutil import parse_duration
 
 from .partitions import PartitionedSource, decoder, encoder
+from .staging import Epochs, serialized
 
 FIELD = b"data"          # the entry field holding the encoded tuple ("json"/"bytes" formats)
 
@@ -222,14 +223,48 @@ class RedisStreamSource(PartitionedSource):
             self._client = None
 
 
+# Publish staged epochs: every entry of each staged list, in order, XADDed to the stream, then the
+# list deleted, all in one script (Redis runs a script atomically: a commit is whole or absent,
+# and a repeated one finds no list left). KEYS: the stream, then the lists; ARGV[1]: maxlen or "".
+_PUBLISH = """
+local n = 0
+for i = 2, #KEYS do
+  for _, packed in ipairs(redis.call('LRANGE', KEYS[i], 0, -1)) do
+    if ARGV[1] ~= '' then
+      redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(cmsgpack.unpack(packed)))
+    else
+      redis.call('XADD', KEYS[1], '*', unpack(cmsgpack.unpack(packed)))
+    end
+    n = n + 1
+  end
+  redis.call('DEL', KEYS[i])
+end
+return n
+"""
+
+
 class RedisStreamSink(Sink):
     """Append tuples to a Redis stream: ``.sink("redis", stream="out", url="redis://127.0.0.1:6379")``.
 
     One ``XADD`` per tuple, pipelined per batch (one round trip). ``value_format``
     ``"json"`` / ``"bytes"`` / a callable store the encoded tuple in the ``data``
     field; ``"fields"`` stores a dict tuple's items as the entry's fields.
-    ``maxlen`` trims the stream approximately (``MAXLEN ~``). At-least-once: a
-    batch is in Redis when ``process`` returns.
+    ``maxlen`` trims the stream approximately (``MAXLEN ~``).
+
+    Without checkpoints: at-least-once, a batch is in the stream when
+    ``process`` returns. With checkpoints: exactly-once, by two-phase commit
+    inside Redis. Between barriers the entries are staged in a list per epoch
+    (``{stream}:pescheduler-staging:{op_id}:e<epoch>``; the hash tag keeps it in
+    the stream's cluster slot); ``pre_commit(id)`` seals the epoch under
+    ``id`` (:class:`~.staging.Epochs`, as the file sinks do); ``commit(id)``
+    moves the sealed lists into the stream with one Lua script, which Redis
+    runs atomically, so a crash leaves a commit whole or absent and a repeated
+    commit finds nothing left to move. A restored sink deletes the lists its
+    snapshot did not know (output after the checkpoint: the sources replay
+    it). Why not ids derived from checkpoint and sequence, rejected by
+    ``XADD`` on replay: a replay after a restore need not deliver the same
+    tuples in the same order (partitions interleave differently, barriers
+    fall elsewhere), so equal ids would not mean equal entries.
     """
 
     name = "redis"
@@ -242,22 +277,99 @@ class RedisStreamSink(Sink):
         self.encode = None if self.fields else encoder(value_format)
         self.timeout_s = parse_duration(connect_timeout) / 1000
         self._client = None
+        self._staged = False                    # two-phase mode (checkpoints on)
+        self._epochs = Epochs()
+        self._state: dict | None = None         # from restore: what open() reinstates
+        self._publish = None
 
     def open(self, context: Any) -> None:
         super().open(context)
         self._client = _client(self.url, self.timeout_s)
+        self._prefix = f"{{{self.stream}}}:pescheduler-staging:{context.op_id}:e"
+        self._publish = self._client.register_script(_PUBLISH)
+        if self._state is not None:
+            self._reinstate(self._state)
+        else:
+            self._discard(lambda epoch: True)   # a fresh run: staging of an earlier one is stale
+        self._staged = self._staged or bool(context.extra.get("checkpoint"))
+
+    def _entries(self, batch: list) -> list:
+        if self.fields:
+            return [{k: str(v) for k, v in t.items()} for t in batch]
+        encode = self.encode
+        return [{FIELD: encode(t)} for t in batch]
 
     def process(self, batch: list, emit: Any) -> None:
         pipe = self._client.pipeline(transaction=False)
-        xadd, stream, maxlen = pipe.xadd, self.stream, self.maxlen
-        if self.fields:
-            for t in batch:
-                xadd(stream, {k: str(v) for k, v in t.items()}, maxlen=maxlen, approximate=True)
+        if self._staged:
+            import msgpack
+
+            packed = [msgpack.packb([x for kv in e.items() for x in kv], use_bin_type=False) for e in self._entries(batch)]
+            pipe.rpush(self._prefix + str(self._epochs.current), *packed)
         else:
-            encode = self.encode
-            for t in batch:
-                xadd(stream, {FIELD: encode(t)}, maxlen=maxlen, approximate=True)
+            xadd, stream, maxlen = pipe.xadd, self.stream, self.maxlen
+            for fields in self._entries(batch):
+                xadd(stream, fields, maxlen=maxlen, approximate=True)
         pipe.execute()
+
+    # -- two-phase commit (called by checkpoints) ------------------------------------
+    @serialized
+    def pre_commit(self, checkpoint_id: int) -> None:
+        """Seal the open epoch under ``checkpoint_id`` (already in Redis: durable as Redis is)."""
+        if not self._staged:
+            self._staged = True                 # checkpoints began: stage from now on
+            return
+        self._epochs.seal(checkpoint_id, self._client.llen(self._prefix + str(self._epochs.current)))
+
+    @serialized
+    def commit(self, checkpoint_id: int) -> None:
+        """Move the sealed epochs of ids up to ``checkpoint_id`` into the stream, atomically."""
+        due = self._epochs.due(checkpoint_id)
+        if due:
+            self._publish(keys=[self.stream] + [self._prefix + str(e) for _c, e, _n in due],
+                          args=["" if self.maxlen is None else self.maxlen])
+
+    @serialized
+    def abort(self, checkpoint_id: int) -> None:
+        """Drop the sealed epochs of ``checkpoint_id`` and later (the stream replays them)."""
+        gone = [p for p in self._epochs.pending if p[0] >= checkpoint_id]
+        self._epochs.pending = [p for p in self._epochs.pending if p[0] < checkpoint_id]
+        if gone:
+            self._client.delete(*(self._prefix + str(e) for _c, e, _n in gone))
+
+    @serialized
+    def snapshot(self) -> dict:
+        """The sealed epochs, and how many entries the open one holds (0 right after a barrier; a
+        reconfiguration's snapshot in mid-epoch keeps what came before its marker)."""
+        if self._client is None:
+            return dict(self._state or {})
+        opened = self._client.llen(self._prefix + str(self._epochs.current)) if self._staged else 0
+        return {"staged": self._staged, "epochs": self._epochs.state(), "open": opened}
+
+    def restore(self, state: dict | None) -> None:
+        self._state = state if state and "epochs" in state else None
+
+    def _reinstate(self, state: dict) -> None:
+        """Staging as the snapshot left it: its sealed epochs wait for their commit; the open
+        epoch is cut back to what it held then, later ones are deleted (the stream replays them)."""
+        self._staged, self._epochs = state["staged"], Epochs.of(state["epochs"])
+        current, kept = self._epochs.current, state.get("open", 0)
+        self._discard(lambda epoch: not self._epochs.known(epoch) or (epoch == current and not kept))
+        if kept:
+            self._client.ltrim(self._prefix + str(current), 0, kept - 1)
+
+    def _discard(self, unwanted) -> None:
+        cut = len(self._prefix)
+        names = (k.decode() for k in self._client.scan_iter(match=self._prefix + "*", count=1000))
+        keys = [k for k in names if k[cut:].isdigit() and unwanted(int(k[cut:]))]
+        if keys:
+            self._client.delete(*keys)
+
+    def flush(self, emit: Any) -> None:
+        """End of stream: staged output is published (the stream's last checkpoint)."""
+        if self._staged and self._client is not None:
+            self._epochs.seal(float("inf"), self._client.llen(self._prefix + str(self._epochs.current)))
+            self.commit(float("inf"))
 
     def close(self) -> None:
         if self._client is not None:

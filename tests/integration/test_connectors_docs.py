@@ -7,12 +7,13 @@ need one, so they are marked with the info string ``python broker`` and run here
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
-from brokers import consume_all, start_redis, start_tansu
+from brokers import committed_log, consume_all, start_redis, start_tansu
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
 
@@ -32,9 +33,12 @@ def test_connector_docs_run_as_written(brokers, monkeypatch):
     kafka, redis_url = brokers
     monkeypatch.setenv("KAFKA", kafka)
     monkeypatch.setenv("REDIS", redis_url)
-    assert len(BLOCKS) == 2
+    assert len(BLOCKS) == 3
     for i, code in enumerate(BLOCKS):
         exec(compile(code, f"connectors.md[broker {i}]", "exec"), {"__name__": f"docs_broker_{i}"})
     windows = consume_all(kafka, "avg-speed", 1, timeout=30)
     assert windows, "the Kafka example wrote no window"
     assert redis.Redis.from_url(redis_url).xlen("doubled") == 1000
+    paid = [json.loads(v) for values in committed_log(kafka, "payments-cents").values() for v in values]
+    assert sorted(p["id"] for p in paid) == list(range(5000))            # exactly-once: each once
+    assert all(p["cents"] == 100 * p["amount"] for p in paid)

@@ -223,3 +223,32 @@ def test_an_entry_that_does_not_decode_is_dead_lettered_with_its_id(redis_url, c
         dep.stop()
     assert sorted(r["n"] for r in out) == list(range(10))
     assert len(dead) == 1 and dead[0]["item"]["id"] == bad_id and dead[0]["item"]["stream"] == "bad-in"
+
+
+def test_with_checkpoints_a_killed_sink_worker_loses_and_repeats_nothing(redis_url, client, tmp_path):
+    """Redis source → map → redis sink under checkpoints, the sink's worker SIGKILLed mid-stream:
+    the stream holds every entry once (staged per epoch, moved in by one script per commit)."""
+    import os
+    import signal
+
+    n = 12_000
+    fill(client, "eos-in", range(n))
+    app = Application("redis-eos")
+    (app.source("redis", stream="eos-in", url=redis_url, event_time=None, rate=2_000)
+        .map(lambda t: {"n": t["n"], "twice": 2 * t["n"]}, id="twice")
+        .sink("redis", stream="eos-out", url=redis_url))
+    with pescheduler.deploy(app, workers=3, policies=[], checkpoint=str(tmp_path / "ckpt"),
+                            checkpoint_interval="0.5s") as dep:
+        until(lambda: len(dep.checkpoints()) >= 2, WAIT, "two complete checkpoints")
+        assert client.xlen("eos-out") < n, "killed after everything was written"
+        placement = dep.placement()
+        os.kill(dep.worker_info[placement.pes[placement.pe_of("redis-3")].worker]["pid"], signal.SIGKILL)
+        until(lambda: dep.recovery.restarts and "first_output_s" in dep.recovery.restarts[-1], WAIT,
+              "a restart with output after it")
+        until(lambda: dep.snapshot().operators.get("redis-1") is not None
+              and dep.snapshot().operators["redis-1"].lag == {"eos-in": 0}, WAIT, "the whole stream read")
+        dep.stop()
+    out = [json.loads(f[b"data"]) for _id, f in client.xrange("eos-out")]
+    assert sorted(r["n"] for r in out) == list(range(n)), "an entry lost or doubled"
+    assert all(r["twice"] == 2 * r["n"] for r in out)
+    assert not list(client.scan_iter(match="{eos-out}:pescheduler-staging:*")), "staging left behind"

@@ -1,0 +1,171 @@
+"""Exactly-once through Kafka with real crashes (issue 14): a SIGKILLed worker, a crash between a
+checkpoint's completion and the sink's commit, a SIGKILLed deploying process.
+
+The output topic is read as a complete ``read_committed`` consumer reads it: from the log's own
+COMMIT/ABORT control records (``brokers.committed_log``), because Tansu's read_committed was seen
+to return the records of aborted transactions (a fenced producer's), which every crash here
+leaves behind. So these tests neither pass because of that gap (an aborted transaction's
+records would show up as duplicates) nor fail only because of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+import pescheduler
+from pescheduler import Application
+
+from brokers import committed_log, create_topic, produce, start_tansu
+from waiting import gone, until
+
+pytestmark = [pytest.mark.integration, pytest.mark.broker]
+
+WAIT = 120
+T0 = 1_700_000_000_000                      # event time of record 0 (ms, a whole second)
+TESTS = str(Path(__file__).parent.parent)
+
+
+@pytest.fixture(scope="module")
+def kafka():
+    with start_tansu() as broker:
+        yield broker.address
+
+
+def numbered(n: int, keys: int) -> list[dict]:
+    return [{"n": i, "key": i % keys, "ts": T0 + i} for i in range(n)]
+
+
+def committed(address: str, topic: str) -> list:
+    return [json.loads(v) for values in committed_log(address, topic).values() for v in values]
+
+
+def window_reference(n: int, keys: int) -> list:
+    """Plain Python: 1 s event-time windows per key of count and sum of ``n``."""
+    windows: dict = {}
+    for r in numbered(n, keys):
+        c, s = windows.get((r["key"], r["ts"] // 1000 * 1000), (0, 0))
+        windows[(r["key"], r["ts"] // 1000 * 1000)] = (c + 1, s + r["n"])
+    return sorted((k, w, c, s) for (k, w), (c, s) in windows.items())
+
+
+def read_everything(dep, partitions: int) -> None:
+    """Wait until the (restored) source has read every record of its topic."""
+    def done() -> bool:
+        lag = dep.snapshot().operators.get("kafka-1")
+        return lag is not None and len(lag.lag) == partitions and not any(lag.lag.values())
+    until(done, WAIT, "the source to read the whole topic")
+
+
+def restart_of(dep) -> dict:
+    until(lambda: dep.recovery.restarts and "first_output_s" in dep.recovery.restarts[-1], WAIT,
+          "a restart with output after it")
+    return dep.recovery.restarts[-1]
+
+
+def test_window_worker_killed_mid_stream_gives_the_reference_exactly(kafka, tmp_path):
+    n, keys = 24_000, 12
+    create_topic(kafka, "eos-win-in", 3)
+    create_topic(kafka, "eos-win-out", 2)
+    produce(kafka, "eos-win-in", numbered(n, keys), partition_of=lambda r: r["n"] % 3)
+    app = Application("kafka-eos-window")
+    (app.source("kafka", topic="eos-win-in", bootstrap_servers=kafka, event_time="ts", max_delay="100ms",
+                rate=3_000)
+        .key_by("key")
+        .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")}, id="win")
+        .sink("kafka", topic="eos-win-out", bootstrap_servers=kafka, key="key", exactly_once=True))
+    with pescheduler.deploy(app, workers=3, policies=[], checkpoint=str(tmp_path / "ckpt"),
+                            checkpoint_interval="0.5s") as dep:
+        until(lambda: len(dep.checkpoints()) >= 2, WAIT, "two complete checkpoints")
+        assert sum(dep.snapshot().operators["kafka-1"].lag.values()) > 0, "killed after the input was read"
+        placement = dep.placement()
+        os.kill(dep.worker_info[placement.pes[placement.pe_of("win")].worker]["pid"], signal.SIGKILL)
+        record = restart_of(dep)
+        read_everything(dep, 3)
+        status = dep.stop()                # drains: the last windows fire, the open transaction commits
+    assert status["late_events"] == 0
+    assert record["checkpoint"] >= 2
+    out = committed(kafka, "eos-win-out")
+    assert sorted((r["key"], r["window_start"], r["c"], r["s"]) for r in out) == window_reference(n, keys)
+
+
+def test_a_crash_between_checkpoint_completion_and_the_commit_loses_and_repeats_nothing(kafka, tmp_path):
+    """The sink's worker SIGKILLs itself when checkpoint k's commit reaches it: checkpoint k is
+    complete, its transaction never committed, and the records of k are past the restored
+    source positions. Only the records carried in k's snapshot, published again by the restored
+    sink because the marker group says k was not, can bring them back."""
+    n = 15_000
+    flag = tmp_path / "crashed-at"
+    create_topic(kafka, "eos-gap-in", 2)
+    create_topic(kafka, "eos-gap-out", 2)
+    produce(kafka, "eos-gap-in", numbered(n, 10), partition_of=lambda r: r["n"] % 2)
+    app = Application("kafka-eos-gap")
+    (app.source("kafka", topic="eos-gap-in", bootstrap_servers=kafka, event_time="ts", rate=2_500)
+        .map(lambda t: {"n": t["n"], "twice": 2 * t["n"]})
+        .sink("kafka_commit_crash", crash_flag=str(flag), after=2, topic="eos-gap-out",
+              bootstrap_servers=kafka, key="n", exactly_once=True))
+    with pescheduler.deploy(app, workers=3, policies=[], plugins=["kafka_faults"],
+                            checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
+        record = restart_of(dep)
+        crashed_at = int(flag.read_text())
+        read_everything(dep, 2)
+        dep.stop()
+    assert record["checkpoint"] == crashed_at, "not restored from the checkpoint whose commit was lost"
+    out = committed(kafka, "eos-gap-out")
+    assert sorted(r["n"] for r in out) == list(range(n)), "lost or doubled around the crash"
+    assert all(r["twice"] == 2 * r["n"] for r in out)
+
+
+APP = """
+from pescheduler import Application
+
+app = Application("kafka-resumable")
+(app.source("kafka", topic="eos-cli-in", bootstrap_servers={kafka!r}, event_time="ts", rate=2_000)
+    .map(lambda t: {{"n": t["n"], "twice": 2 * t["n"]}})
+    .sink("kafka", topic="eos-cli-out", bootstrap_servers={kafka!r}, key="n", exactly_once=True))
+"""
+
+
+def test_restore_latest_after_the_deploying_process_is_killed_publishes_exactly(kafka, tmp_path):
+    """`python -m pescheduler deploy --checkpoint` SIGKILLed with its workers mid-stream; the same
+    command with `--restore latest` goes on; the committed output is every record once."""
+    n = 12_000
+    create_topic(kafka, "eos-cli-in", 2)
+    create_topic(kafka, "eos-cli-out", 2)
+    produce(kafka, "eos-cli-in", numbered(n, 10), partition_of=lambda r: r["n"] % 2)
+    storage = tmp_path / "ckpt"
+    (tmp_path / "app.py").write_text(APP.format(kafka=kafka))
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state"),
+           "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"), "--workers", "2",
+           "--policy", "none", "--checkpoint", str(storage), "--checkpoint-interval", "0.5s"]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        until(lambda: len(list(storage.glob("chk-*/MANIFEST.json"))) >= 2 and committed(kafka, "eos-cli-out"),
+              WAIT, "two complete checkpoints and committed output")
+    finally:
+        tree = [first, *psutil.Process(first.pid).children(recursive=True)]   # the deployer and its workers
+        for proc in tree:
+            proc.send_signal(signal.SIGKILL)
+        gone([p.pid for p in tree], WAIT, "the killed deployment's processes")
+    before = len(committed(kafka, "eos-cli-out"))
+    assert 0 < before < n, f"killed with {before} of {n} records published: not mid-stream"
+    resumed = subprocess.Popen(cmd + ["--restore", "latest"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    try:
+        until(lambda: len(committed(kafka, "eos-cli-out")) >= n or resumed.poll() is not None, WAIT,
+              "every record published by the resumed run")
+    finally:
+        resumed.send_signal(signal.SIGTERM)            # drains: the open transaction commits
+        _out, err = resumed.communicate(timeout=WAIT)
+    assert resumed.returncode == 143, err[-3000:]           # the CLI's exit status for a drained SIGTERM
+    out = committed(kafka, "eos-cli-out")
+    assert sorted(r["n"] for r in out) == list(range(n)), "lost or doubled across the kill"
+    assert all(r["twice"] == 2 * r["n"] for r in out)
