@@ -16,6 +16,11 @@ into a 2-partition topic once; then, in the same run:
   (d) (c) with the exactly-once (transactional) Kafka sink: a transaction per checkpoint,
       committed when it completes, its records carried in the checkpoint. (d)/(c) is the
       price of the transactions alone.
+  (e) lag: a burst of records already waiting in a topic, 1.5x what one instance of a hot
+      map (``burn``, about 200 us of CPU per record) processes within the ``rate`` policy's
+      ``catch-up`` target (30 s; ``--quick`` 10 s), deployed on 2 workers with the default
+      policies: whether the backlog is drained within the target (one instance alone could
+      not), the scaling steps taken, and the consumer lag as the monitor saw it.
 
 Prints events/s of each, the ratio (goal >= 0.7), and the machine load (it is shared).
 """
@@ -125,6 +130,56 @@ def deployed(address: str, topic: str, out_topic: str, events: int, exactly_once
     return elapsed, n_pes, idle
 
 
+def burst(address: str, catch_up_s: float, cost_us: float = 200.0) -> dict:
+    """(e): a backlog of 1.5x what one ``burn`` instance does in ``catch_up_s``, drained by a
+    deployment with the default policies; seconds from the first snapshot until the lag is 0."""
+    import dask.config
+    from confluent_kafka import Producer
+
+    from brokers import create_topic
+    from parallel import make_burn
+
+    burn = make_burn(cost_us)
+    t0 = time.thread_time()
+    for i in range(5_000):
+        burn({"n": i})
+    per_cpu_s = 5_000 / (time.thread_time() - t0)
+    events = int(1.5 * per_cpu_s * catch_up_s)
+    create_topic(address, "burst", PARTITIONS)
+    producer = Producer({"bootstrap.servers": address, "linger.ms": 20, "queue.buffering.max.messages": 500_000})
+    for i in range(events):
+        producer.produce("burst", json.dumps({"n": i}).encode(), partition=i % PARTITIONS)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(120) == 0
+    app = Application("bench-kafka-burst")
+    (app.source("kafka", topic="burst", bootstrap_servers=address, id="src")
+        .map(burn, id="burn")
+        .sink("discard", id="sink"))
+    settings = {"pescheduler.policies.rate.catch-up": f"{catch_up_s}s", "pescheduler.monitor.interval": "1s",
+                "pescheduler.policies.decision-log": None}
+    lags = []
+    with dask.config.set(settings), pescheduler.deploy(app, workers=2) as dep:
+        first = dep.next_snapshot(timeout=60)
+        start, drained = first.time, None
+        limit = 4 * (catch_up_s + events / per_cpu_s)      # generous: a loaded machine drains late, not never
+        while time.monotonic() - start < limit:
+            snap = dep.next_snapshot(timeout=60)
+            src = snap.operators.get("src")
+            behind = sum(src.lag.values()) if src is not None and src.lag else None
+            lags.append((snap.time - start, behind, len(dep.placement().instances("burn"))))
+            done = dep.pe_stats()
+            read = sum(s["operators"].get("sink", {}).get("tuples_in", 0) for s in done.values())
+            if behind == 0 and read >= events:
+                drained = snap.time - start
+                break
+        steps = [f"t={d.t - start:.1f}s {d.action!r}" for d in dep.controller.decisions if d.outcome == "applied"]
+        refused = [f"t={d.t - start:.1f}s {d.action!r}: {d.detail}" for d in dep.controller.decisions
+                   if d.outcome == "refused"][:3]
+    return {"events": events, "per_cpu_s": per_cpu_s, "drained_s": drained, "steps": steps, "refused": refused,
+            "lags": lags, "limit_s": limit}
+
+
 def main() -> None:
     from brokers import create_topic, start_tansu
 
@@ -154,6 +209,18 @@ def main() -> None:
         print(f"(c) the same, checkpoints every 1 s {c:11,.0f} events/s  vs (b) {c / b:.2f}")
         print(f"(d) (c) with the exactly-once sink {d:12,.0f} events/s  vs (c) {d / c:.2f}  "
               f"(a transaction per checkpoint)")
+        catch_up = 10.0 if args.quick else 30.0
+        e = burst(broker.address, catch_up)
+        alone = e["events"] / e["per_cpu_s"]
+        verdict = (f"drained in {e['drained_s']:.1f} s  goal <= {catch_up:.0f} s: "
+                   f"{'met' if e['drained_s'] <= catch_up else 'not met'}" if e["drained_s"] is not None
+                   else f"not drained within {e['limit_s']:.0f} s")
+        print(f"(e) lag: a backlog of {e['events']:,} records ({alone:.0f} s of one instance's CPU), "
+              f"catch-up {catch_up:.0f} s: {verdict}")
+        print("    steps: " + (", ".join(e["steps"]) or "none") + ("; refused: " + "; ".join(e["refused"])
+                                                                   if e["refused"] else ""))
+        print("    lag (s: records behind / instances of burn): "
+              + " ".join(f"{t:.0f}:{b if b is not None else '?'}/{n}" for t, b, n in e["lags"]))
         print(f"machine load (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}  cores: {os.cpu_count()}")
     finally:
         broker.stop()
