@@ -153,7 +153,9 @@ class LocalResourceManager:
                                         set_as_default=False, security=self.security)
         except OSError as exc:
             raise ResourceManagerUnavailable(f"local: cannot reach the scheduler {self.scheduler_address}: {exc}")
-        info = self._client.scheduler_info()
+        # asked of the scheduler now: the client's cached scheduler_info() can predate the workers'
+        # registration and said 0, so a 2-core machine running 2 workers lent 2 more "hosts"
+        info = await self._client.scheduler.identity()
         self.workers_here = sum(1 for addr in info.get("workers", {}) if _here(addr))
         self.t0 = time.monotonic()
         if callable(self.demand):

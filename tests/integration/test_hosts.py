@@ -192,3 +192,17 @@ def test_deploy_with_rm_on_the_command_line(tmp_path):
     assert "cli-rm finished" in result.stdout
     assert "resource manager 'local' ready" in result.stdout
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 100
+
+
+def test_the_local_manager_counts_the_workers_already_running_here_before_lending(tmp_path):
+    """The embedded cluster's workers use cores of this machine: the local manager lends only the
+    cores they leave (it once read a cached scheduler view without them and lent 2 hosts on 2 cores)."""
+    from pescheduler.resource_managers.local import core_budget
+
+    cores, _ = core_budget()
+    with pescheduler.deploy(numbers_app(tmp_path / "o.jsonl", 2_000, 1_000), workers=2, rm="local",
+                            plugins=["support_ops"], policies=[]) as dep:
+        until(lambda: dep.status()["resources"].get("budget", {}).get("workers_here") == 2, WAIT,
+              "the local manager to count the two embedded workers")
+        assert dep.resources().lendable == min(2, max(0, cores - 2))
+        dep.stop()
