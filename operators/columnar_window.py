@@ -60,7 +60,7 @@ class _Pane:
     def order(self) -> np.ndarray:
         """The pane's key indices, first seen first."""
         keys = np.flatnonzero(self.present)
-        return keys[np.argsort(self.first[keys], kind="stable")]
+        return keys[np.argsort(self.first[keys])]     # arrival numbers are unique: any sort will do
 
 
 class ColumnarPanes:
@@ -114,6 +114,7 @@ class ColumnarPanes:
                 return True
             lo_ts = int(ts.min())
         base, self.seq = self.seq, self.seq + len(ts)   # arrival numbers of these rows: base + position
+        cols = {f: cols[f] for kind, f in self.kinds if kind != "count"}     # what the slots read
         lo, hi = lo_ts - lo_ts % slide, hi_ts - hi_ts % slide
         if lo == hi:
             self._fold(lo, gidx, cols, base, None)
@@ -225,7 +226,11 @@ class ColumnarPanes:
         m = len(order)
         if self._key_array is None or len(self._key_array) != len(self.keys):
             self._key_array = pa.array(self.keys)
-        arrays = [self._key_array.take(pa.array(order)),
+        keys = self._key_array
+        # String keys stay dictionary-encoded, as they came: indices into the key list, no string copied.
+        arrays = [pa.DictionaryArray.from_arrays(order.astype(np.int32), keys)
+                  if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)
+                  else keys.take(pa.array(order)),
                   pa.array(np.full(m, ws, dtype=np.int64)), pa.array(np.full(m, we, dtype=np.int64))]
         names = [self.key, "window_start", "window_end"]
         for name, kind, ref in self.outputs:
