@@ -18,9 +18,13 @@ import json
 import time
 from array import array
 from bisect import bisect_right
+from operator import itemgetter
 
 import pescheduler
 from pescheduler import Operator, Parallelism, Sink, Source
+
+
+_TS = itemgetter("ts")
 
 
 class Replay(Source):
@@ -32,12 +36,19 @@ class Replay(Source):
 
     def open(self, context) -> None:
         super().open(context)
+        self.pool = self.make_pool(min(self.events, 200_000), self.columnar)
+
+    @staticmethod
+    def make_pool(events: int, columnar: bool) -> list:
+        """Distinct events to replay: dicts, or RecordBatches of 65,536 rows (bench/channel.py's
+        raw socket loop sends the very same)."""
         from pescheduler.operators.sources import GeneratorSource
 
-        gen = GeneratorSource(events=min(self.events, 200_000), keys=10_000, seed=1, columnar=self.columnar)
-        self.pool = []
+        gen = GeneratorSource(events=events, keys=10_000, seed=1, columnar=columnar)
+        pool = []
         while (batch := gen.read(10_000)) is not None:
-            self.pool.append(batch) if self.columnar else self.pool.extend(batch)
+            pool.append(batch) if columnar else pool.extend(batch)
+        return pool
 
     def read(self, n):
         if self.i >= self.events:
@@ -122,7 +133,7 @@ class Throughput(Sink):
     def __init__(self, path: str) -> None:
         self.path = path
         self.first = self.last = None
-        self.count = 0
+        self.count = self.ts_sum = 0        # what arrived, checked by bench/channel.py
         self.latencies: list[float] = []
 
     def process(self, batch, emit):
@@ -131,13 +142,19 @@ class Throughput(Sink):
             self.first = now
         self.last = now
         self.count += len(batch)
+        if isinstance(batch, list):
+            self.ts_sum += sum(map(_TS, batch))
+        else:
+            import pyarrow.compute as pc
+
+            self.ts_sum += pc.sum(batch.column("ts")).as_py()
         if isinstance(batch, list) and batch and "sent" in batch[0]:
             self.latencies.append(now - batch[0]["sent"])
 
     def flush(self, emit):
         with open(self.path, "w") as f:
             json.dump({"first": self.first, "last": self.last, "count": self.count,
-                       "latencies": self.latencies}, f)
+                       "ts_sum": self.ts_sum, "latencies": self.latencies}, f)
 
 
 class Counter(Source):

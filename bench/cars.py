@@ -203,16 +203,15 @@ def report(best: dict[str, float], events: int, hand: str, numpy_label: str) -> 
         print(f"  {label:<58s} {events / t / 1e6:7.2f} {best[hand] / t:11.2f} {best[numpy_label] / t:8.2f}")
 
 
-def arguments(doc: str, channel_events: int) -> "argparse.Namespace":
+def arguments(doc: str) -> "argparse.Namespace":
     """The command line both speed benchmarks take (``--quick``: a small smoke run)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=2_000_000)
-    parser.add_argument("--channel-events", type=int, default=channel_events)
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds; the best of each counts")
     parser.add_argument("--quick", action="store_true", help="small run (smoke test)")
     args = parser.parse_args()
     if args.quick:
-        args.events, args.channel_events, args.repeat = 200_000, channel_events // 10, 1
+        args.events, args.repeat = 200_000, 1
     return args

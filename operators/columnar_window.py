@@ -44,13 +44,23 @@ def columnar_spec(plan: Any, query: Any, key: Any, named: bool) -> list | None:
     return outs
 
 
+_NEVER = np.iinfo(np.int64).max
+
+
 class _Pane:
-    __slots__ = ("slots", "present", "order")
+    """One pane's slot arrays over the key index; ``first[k]``: when key ``k`` first arrived."""
+
+    __slots__ = ("slots", "present", "first")
 
     def __init__(self, slots: list, capacity: int) -> None:
         self.slots = slots
         self.present = np.zeros(capacity, dtype=bool)
-        self.order: list[int] = []          # key indices, first seen first
+        self.first = np.full(capacity, _NEVER, dtype=np.int64)
+
+    def order(self) -> np.ndarray:
+        """The pane's key indices, first seen first."""
+        keys = np.flatnonzero(self.present)
+        return keys[np.argsort(self.first[keys])]     # arrival numbers are unique: any sort will do
 
 
 class ColumnarPanes:
@@ -64,6 +74,7 @@ class ColumnarPanes:
         self.index: dict = {}
         self._dict_cache: tuple = (None, None)
         self._key_array: Any = None
+        self.seq = 0                        # tuples folded so far: arrival order across batches
         self.dtypes: dict = {}
 
     # -- in -------------------------------------------------------------------------------
@@ -85,28 +96,42 @@ class ColumnarPanes:
             return False
         gidx = self._key_indices(batch.column(ki))
         ts = cols[self.ts_field]
-        panes = ts - ts % self.slide
-        is_late = panes <= lim
-        if is_late.any():
+        if not len(ts):
+            return True
+        slide = self.slide
+        # Panes are found from the batch's time range and a few comparisons,
+        # not a modulo per row (the costliest line of this method before).
+        lo_ts, hi_ts = int(ts.min()), int(ts.max())
+        late_below = lim - lim % slide + slide       # ts below: its pane starts at or before lim
+        if lo_ts < late_below:
+            is_late = ts < late_below
             for t in batch.filter(pa.array(is_late)).to_pylist():
                 late(t)
             keep = ~is_late
-            panes, gidx = panes[keep], gidx[keep]
-            cols = {k: v[keep] for k, v in cols.items()}
-        if not len(panes):
-            return True
-        lo, hi = int(panes.min()), int(panes.max())
+            gidx, cols = gidx[keep], {k: v[keep] for k, v in cols.items()}
+            ts = cols[self.ts_field]
+            if not len(ts):
+                return True
+            lo_ts = int(ts.min())
+        base, self.seq = self.seq, self.seq + len(ts)   # arrival numbers of these rows: base + position
+        cols = {f: cols[f] for kind, f in self.kinds if kind != "count"}     # what the slots read
+        lo, hi = lo_ts - lo_ts % slide, hi_ts - hi_ts % slide
         if lo == hi:
-            starts = [lo]
-        elif (hi - lo) // self.slide < 4096:        # few panes: count them, no sort
-            hits = np.bincount((panes - lo) // self.slide)
-            starts = (np.flatnonzero(hits) * self.slide + lo).tolist()
+            self._fold(lo, gidx, cols, base, None)
+            return True
+        if hi - lo == slide:                        # two panes (the common case): one comparison
+            second = ts >= hi
+            parts = [(lo, ~second), (hi, second)]
+        elif (hi - lo) // slide < 64:               # a few panes: bucket by binary search
+            bounds = np.arange(lo + slide, hi + 1, slide, dtype=np.int64)
+            bucket = np.searchsorted(bounds, ts, side="right")
+            parts = ((p, bucket == j) for j, p in enumerate(range(lo, hi + 1, slide)))
         else:
-            starts = np.unique(panes).tolist()
-        for p in starts:
-            sel = None if len(starts) == 1 else panes == p
-            self._fold(p, gidx if sel is None else gidx[sel],
-                       cols if sel is None else {k: v[sel] for k, v in cols.items()})
+            bucket = ts - ts % slide
+            parts = ((p, bucket == p) for p in np.unique(bucket).tolist())
+        for p, sel in parts:
+            if sel.any():
+                self._fold(p, gidx[sel], {k: v[sel] for k, v in cols.items()}, base, sel)
         return True
 
     def _key_indices(self, arr: Any) -> np.ndarray:
@@ -126,17 +151,19 @@ class ColumnarPanes:
             self._dict_cache = (dictionary, mapping)
         return mapping[arr.indices.to_numpy()]
 
-    def _fold(self, p: int, idx: np.ndarray, cols: dict) -> None:
+    def _fold(self, p: int, idx: np.ndarray, cols: dict, base: int, sel: np.ndarray | None) -> None:
+        """Add rows ``idx`` (key indices; the batch's rows where ``sel``, all if None) to pane ``p``."""
         n = len(self.keys)
         pane = self.panes.get(p)
         if pane is None:
             pane = self.panes[p] = _Pane([self._empty(kind, f, n) for kind, f in self.kinds], n)
         elif len(pane.present) < n:
             self._grow(pane, n)
-        fresh = idx[~pane.present[idx]]
-        if len(fresh):
-            new = pc.unique(pa.array(fresh)).to_numpy()      # first-seen order
-            pane.order.extend(new.tolist())
+        fresh = ~pane.present[idx]
+        if fresh.any():                              # keys new to the pane: note their first arrival
+            new = idx[fresh]
+            at = np.flatnonzero(fresh) if sel is None else np.flatnonzero(sel)[fresh]
+            np.minimum.at(pane.first, new, at + base)
             pane.present[new] = True
         for s, (kind, f) in zip(pane.slots, self.kinds):
             if kind == "count":
@@ -166,6 +193,7 @@ class ColumnarPanes:
     def _grow(self, pane: _Pane, n: int) -> None:
         extra = n - len(pane.present)
         pane.present = np.concatenate([pane.present, np.zeros(extra, dtype=bool)])
+        pane.first = np.concatenate([pane.first, np.full(extra, _NEVER, dtype=np.int64)])
         pane.slots = [np.concatenate([s, self._empty(kind, f, extra)])
                       for s, (kind, f) in zip(pane.slots, self.kinds)]
 
@@ -178,13 +206,13 @@ class ColumnarPanes:
                 self._grow(self.panes[p], n)
         first = self.panes[starts[0]]
         if len(starts) == 1:
-            order, slots = np.asarray(first.order, dtype=np.int64), first.slots
+            order, slots = first.order(), first.slots
         else:
-            seen, order_parts = first.present.copy(), [np.asarray(first.order, dtype=np.int64)]
+            seen, order_parts = first.present.copy(), [first.order()]
             slots = [s.copy() for s in first.slots]
             for p in starts[1:]:
                 pane = self.panes[p]
-                o = np.asarray(pane.order, dtype=np.int64)
+                o = pane.order()
                 order_parts.append(o[~seen[o]])
                 seen |= pane.present
                 for acc, s, (kind, _f) in zip(slots, pane.slots, self.kinds):
@@ -198,7 +226,11 @@ class ColumnarPanes:
         m = len(order)
         if self._key_array is None or len(self._key_array) != len(self.keys):
             self._key_array = pa.array(self.keys)
-        arrays = [self._key_array.take(pa.array(order)),
+        keys = self._key_array
+        # String keys stay dictionary-encoded, as they came: indices into the key list, no string copied.
+        arrays = [pa.DictionaryArray.from_arrays(order.astype(np.int32), keys)
+                  if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)
+                  else keys.take(pa.array(order)),
                   pa.array(np.full(m, ws, dtype=np.int64)), pa.array(np.full(m, we, dtype=np.int64))]
         names = [self.key, "window_start", "window_end"]
         for name, kind, ref in self.outputs:
@@ -220,5 +252,5 @@ class ColumnarPanes:
         out = {}
         for p, pane in sorted(self.panes.items()):
             lists = [s.tolist() for s in pane.slots]
-            out[p] = {self.keys[k]: [col[k] for col in lists] for k in pane.order}
+            out[p] = {self.keys[k]: [col[k] for col in lists] for k in pane.order().tolist()}
         return out

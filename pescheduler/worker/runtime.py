@@ -189,7 +189,7 @@ class PERunner:
                     self.first_input_at = time.time()
                 self.inbox.data_batches -= 1
                 try:
-                    batch = decode(payload) if isinstance(payload, bytes) else payload
+                    batch = decode(payload) if isinstance(payload, (bytes, bytearray)) else payload
                 except Exception as exc:        # a proven peer's unreadable batch: a dead letter, not a failure
                     self.turns.on_loop(channel.grant)
                     self._dead(payload[:256], exc, f"channel {channel.channel_id}")

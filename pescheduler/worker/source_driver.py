@@ -49,6 +49,10 @@ class SourceDriver:
         self.rejected: list = []   # dead letters from the source (malformed input), for the chain
         self.own_watermark = type(source).watermark is not Source.watermark   # per-partition event time
         self.lag = source.lag if type(source).lag is not Source.lag else None
+        if getattr(source, "columnar", False):
+            # Arrow batches will come: load the kernels now, while the PE opens, not on the
+            # first batch (importing pyarrow.compute takes 0.1-0.4 s, issue 16).
+            import pyarrow.compute  # noqa: F401
 
     def pause(self) -> None:
         """Read nothing until the PE goes away (a reconfiguration aligns it)."""

@@ -37,8 +37,9 @@ def test_benchmark_quick_runs_and_prints_its_figures(tmp_path, script, args, exp
 
 
 @pytest.mark.parametrize("script, expected", [
-    ("fusion.py", ("hand loop, tuples", "numpy over columns", "unfused, one PE per operator", "channel, 2 worker")),
-    ("columnar.py", ("columnar on 1 worker (deploy)", "numpy over columns", "Arrow IPC channel")),
+    ("fusion.py", ("hand loop, tuples", "numpy over columns", "unfused, one PE per operator")),
+    ("columnar.py", ("columnar on 1 worker (deploy)", "numpy over columns")),
+    ("channel.py", ("raw socket + pickle", "pescheduler", "p99", "raw socket (IPC bytes)")),
 ])
 def test_speed_benchmarks_quick_check_every_variant_output(tmp_path, script, expected):
     # Each variant's output is asserted equal to the hand loop's inside the script (exit 1 if not).

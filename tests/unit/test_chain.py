@@ -150,3 +150,36 @@ def test_an_operator_ends_when_its_last_open_input_is_a_released_copy():
     assert chain.nodes["w"].ended
     assert [(r["window_start"], r["count"]) for r in sink.items] == [(0, 10), (10, 10), (20, 5)]
     assert chain.nodes["k"].ended
+
+
+class GcProbe(Operator):
+    """Records whether the cyclic GC was running while it processed each batch."""
+
+    name = "gc_probe"
+
+    def __init__(self):
+        self.enabled = []
+
+    def process(self, batch, emit):
+        import gc
+
+        self.enabled.append(gc.isenabled())
+        emit.many(batch)
+
+
+def test_the_gc_is_paused_for_a_batch_and_left_as_the_caller_had_it():
+    import gc
+
+    from pescheduler.testing import run_operators
+
+    probe = GcProbe()
+    assert gc.isenabled()
+    result = run_operators([{"n": i} for i in range(5)], probe, batch_size=2, ts_field=None)
+    assert probe.enabled == [False, False, False] and gc.isenabled()
+    assert [t["n"] for t in result.output] == [0, 1, 2, 3, 4]
+    gc.disable()
+    try:
+        run_operators([{"n": 1}], GcProbe(), ts_field=None)
+        assert not gc.isenabled()             # a caller that paused it keeps it paused
+    finally:
+        gc.enable()

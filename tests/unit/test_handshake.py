@@ -121,6 +121,34 @@ def test_a_sender_with_the_secret_gets_through_and_credit_comes_back():
     run(scenario())
 
 
+def test_large_arrow_frames_and_small_pickles_arrive_whole_and_in_order():
+    """Frames of at least FrameReceiver.BIG bytes are received into buffers of their own (no copy
+    out of the shared one): they must come out byte-exact, with the small frames around them."""
+    pa = pytest.importorskip("pyarrow")
+    from pescheduler.worker.channels import decode
+
+    big = pa.RecordBatch.from_pydict({"ts": list(range(300_000)), "v": [i / 7 for i in range(300_000)]})
+    small = big.slice(0, 10)
+
+    async def scenario():
+        async with Host(handshake.new_secret()) as host:
+            out = TcpChannelOut(CHANNEL, credits=4, dead_letter=lambda item, exc: None)
+            await out.connect(host.address, Credentials(host.secret))
+            for batch in (big, [{"n": 1}], small, big):
+                out.send(batch)
+            out.watermark(7)
+            await out.flush()
+            items = await host.items(5)
+            assert [kind for kind, _ in items] == [DATA] * 4 + [WATERMARK]
+            got = [decode(payload) for _, payload in items[:4]]
+            assert got[0].equals(big) and got[3].equals(big) and got[2].equals(small)
+            assert got[1] == [{"n": 1}]
+            assert len(items[0][1]) > FrameReceiver.BIG > len(items[2][1])
+            assert host.protocols[0].big is None and len(host.protocols[0].buf) == FrameReceiver.CHUNK
+            await out.close(timeout=1)
+    run(scenario())
+
+
 def test_wrong_secret_is_refused_and_touches_nothing():
     async def scenario():
         async with Host(handshake.new_secret()) as host:
