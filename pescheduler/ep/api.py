@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..operator import DeadLetter
 from ..timeutil import parse_duration
-from .expr import Expr, lift
+from .expr import Expr, equi_keys, lift
 from .schema import Schema, SchemaError
 
 # -- windows ---------------------------------------------------------------------------------
@@ -227,6 +227,18 @@ def _span(window: Any, what: str) -> int:
         raise ValueError(f"{what}: give within=, or a time window (ep.Tumbling/ep.Sliding) on the "
                          f"stream whose size bounds it")
     return span
+
+
+def correlation_keys(d: "Definition", t: Correlate, schema: Callable[[str], Any]) -> tuple | None:
+    """Equal keys hidden in an expression predicate without ``on=``/keys (``expr.equi_keys``), or None.
+
+    Both providers use them: a hash lookup of the other side's window instead
+    of testing the predicate on every pair (it is still tested on the pairs found).
+    """
+    if not isinstance(t.predicate, Expr) or t.on is not None or t.left_key is not None:
+        return None
+    names = {"left": d.stream.name, "right": t.right}
+    return equi_keys(t.predicate, lambda side, name: schema(names[side]).fields.get(name))
 
 
 def function(fn: Any) -> Any:

@@ -20,14 +20,14 @@ dead-letters what does not fit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..operator import DeadLetter, Operator, OperatorContext
 from ..plan.app import Application, Stream as AppStream
 from ..worker.chain import Chain, MIN_WATERMARK
 from ..worker.source_driver import SourceDriver, pump
 from .api import (Aggregate, Correlate, Definition, EventProcessor, Pattern, Stream, _span,
-                  function, pattern_functions)
+                  correlation_keys, function, pattern_functions)
 from .schema import TS_FIELD, Schema
 
 
@@ -122,8 +122,12 @@ class NativeProcessor(EventProcessor):
 
     # -- what came out besides results --------------------------------------------------------
     def late(self, query_id: Any) -> list:
-        return [e for op_id, node in self._nodes.items() if query_id in node.owners
-                for e in self._late.get(op_id, ())]
+        late = []
+        for op_id, node in self._nodes.items():
+            if query_id in node.owners:
+                items = self._late.get(op_id, ())
+                late += [e for m, e in items if m == query_id] if node.name == "ep_group" else items
+        return late
 
     def dead_letters(self) -> list[DeadLetter]:
         return self._dead + self._chain.dead_letters
@@ -132,49 +136,84 @@ class NativeProcessor(EventProcessor):
     def _build(self, query_id: Any, d: Definition) -> None:
         """Add the operators of ``d``; an aggregate joins a shared window when one fits."""
         prev = self._streams[d.stream.name].op_id
-        for i, f in enumerate(d.filters, start=1):
-            prev = self._add(f"{query_id}.filter{i}", "filter", {"fn": function(f.predicate)}, [prev], query_id)
+        if d.terminal is None and self.share:
+            self._filters(query_id, d, prev)
+            return
         t, window = d.terminal, d.stream.window
         if isinstance(t, Aggregate):
+            for i, f in enumerate(d.filters, start=1):
+                prev = self._add(f"{query_id}.filter{i}", "filter", {"fn": function(f.predicate)}, [prev],
+                                 query_id)
             self._aggregate(query_id, d.stream, prev, t)
             return
         if isinstance(t, Correlate):
             within = t.within if t.within is not None else _span(window, "correlate")
             keys = {name: function(getattr(t, name)) for name in ("on", "left_key", "right_key")
                     if getattr(t, name) is not None}
-            prev = self._add(f"{query_id}.correlate", "join",
-                             {"within": within, "predicate": function(t.predicate), **keys},
-                             [prev, self._stream(t.right).op_id], query_id)
-        elif isinstance(t, Pattern):
+            derived = correlation_keys(d, t, self._schema)
+            if not keys and derived:
+                keys = {"left_key": derived[0].function(), "right_key": derived[1].function()}
+            op = ("join", {"within": within, "predicate": function(t.predicate), **keys})
+            inputs = [prev, self._stream(t.right).op_id]
+        else:
             within = t.within if t.within is not None else _span(window, "pattern")
             define, do = pattern_functions(t)
-            prev = self._add(f"{query_id}.pattern", "pattern",
-                             {"pattern": t.pattern, "define": define, "do": do, "within": within,
-                              "output": t.output, "key": d.stream.key}, [prev], query_id)
+            op = ("pattern", {"pattern": t.pattern, "define": define, "do": do, "within": within,
+                              "output": t.output, "key": d.stream.key})
+            inputs = [prev]
+        ops = [("filter", {"fn": function(f.predicate)}) for f in d.filters] + [op]
+        if self.share:             # one chain operator for every such query over these inputs
+            label = "+".join(i.split(".", 1)[1] for i in inputs)
+            self._shared(query_id, ("ep_group", *inputs), "ep_group", inputs, label,
+                         {"inputs": len(inputs), "members": {query_id: {"query": query_id, "ops": ops}}},
+                         lambda group: group.add_member(query_id, query_id, ops))
+            return
+        for i, (name, params) in enumerate(ops[:-1], start=1):
+            prev = self._add(f"{query_id}.filter{i}", name, params, [prev], query_id)
+        suffix = "correlate" if isinstance(t, Correlate) else "pattern"
+        prev = self._add(f"{query_id}.{suffix}", op[0], op[1], [prev, *inputs[1:]], query_id)
         self._add(f"{query_id}.out", "ep_output", {"processors": {query_id: self._processors[query_id]}},
                   [prev], query_id, kind="sink")
+
+    def _filters(self, query_id: Any, d: Definition, prev: str) -> None:
+        """A filter-only query joins its stream's one ``ep_filter`` operator (operators/ep_filter.py)."""
+        predicates = [f.predicate for f in d.filters]
+        self._shared(query_id, (prev, "ep_filter"), "ep_filter", [prev], d.stream.name, {"queries": {query_id: predicates}},
+                     lambda op: op.add_query(query_id, predicates))
+
+    def _shared(self, query_id: Any, group: tuple, name: str, inputs: list[str], label: str, params: dict,
+                join: Callable[[Operator], None]) -> None:
+        """The operator of ``group`` (created with ``params`` and a tagged output the first time)
+        serves ``query_id`` too (``join(op)`` adds it)."""
+        op_id = self._groups.get(group)
+        if op_id is None:
+            op_id = f"{name}{len(self._groups) + 1}.{label}"
+            while op_id in self._nodes:
+                op_id += "'"
+            self._add(op_id, name, params, inputs, query_id)
+            self._add(f"{op_id}.out", "ep_output", {"processors": self._processors, "tagged": True},
+                      [op_id], query_id, kind="sink")
+            self._groups[group] = op_id
+            return
+        join(self._nodes[op_id].op)
+        for shared in (op_id, f"{op_id}.out"):
+            self._nodes[shared].owners.add(query_id)
 
     def _aggregate(self, query_id: Any, stream: Stream, prev: str, t: Aggregate) -> None:
         if stream.window is None:
             raise ValueError(f"query {query_id!r}: an aggregate needs a window on its stream, "
                              f"e.g. ep.Stream({stream.name!r}, window=ep.Tumbling('1s'))")
         name, params = stream.window.operator()
+        if name == "over_window" and self.share:      # every size in one operator (operators/ep_over.py)
+            size = params["size"]
+            self._shared(query_id, (prev, "ep_over", stream.key), "ep_over", [prev], stream.name,
+                         {"key": stream.key, "lanes": {size: {query_id: t.aggregates}}},
+                         lambda op: op.add_query(query_id, size, t.aggregates))
+            return
         group = (prev, name, tuple(sorted(params.items())), stream.key,
                  None if self.share else query_id)
-        op_id = self._groups.get(group)
-        if op_id is None:
-            op_id = f"{name}{len(self._groups) + 1}.{stream.name}"
-            while op_id in self._nodes:
-                op_id += "'"
-            self._add(op_id, name, {**params, "key": stream.key, "queries": {query_id: t.aggregates}},
-                      [prev], query_id)
-            self._add(f"{op_id}.out", "ep_output", {"processors": self._processors, "tagged": True},
-                      [op_id], query_id, kind="sink")
-            self._groups[group] = op_id
-            return
-        self._nodes[op_id].op.add_query(query_id, t.aggregates)
-        for shared in (op_id, f"{op_id}.out"):
-            self._nodes[shared].owners.add(query_id)
+        self._shared(query_id, group, name, [prev], stream.name, {**params, "key": stream.key, "queries": {query_id: t.aggregates}},
+                     lambda op: op.add_query(query_id, t.aggregates))
 
     def _add(self, op_id: str, name: str, params: dict, inputs: list[str], query_id: Any,
              kind: str = "operator") -> str:
@@ -195,6 +234,8 @@ class NativeProcessor(EventProcessor):
             node.owners.discard(query_id)
             if query_id in getattr(node.op, "query_ids", ()):
                 node.op.remove_query(query_id)
+            if query_id in getattr(node.op, "members", ()):
+                node.op.remove_member(query_id)
             if not node.owners:
                 del self._nodes[op_id]
                 self._late.pop(op_id, None)
@@ -245,8 +286,9 @@ class NativeProcessor(EventProcessor):
             params = node.op.parameters()
             if node.kind == "sink":
                 handles[op_id] = ins[0].sink(node.name, id=op_id, **params)
-            elif len(ins) == 2:
-                handles[op_id] = ins[0].join(ins[1], id=op_id, **params)
+            elif len(ins) == 2:                       # a join, or the group of the correlations
+                node_ = app._add("operator", node.name, params, [(h.op_id, h.port) for h in ins], op_id, None)
+                handles[op_id] = AppStream(app, node_.op_id)
             else:
                 handles[op_id] = ins[0].apply(node.name, id=op_id, **params)
         return app

@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping
 from ..aggregates import parse_request
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, Emitter
 from .api import (Aggregate, Correlate, Definition, EventProcessor, Pattern, Sliding, Tumbling, _span,
-                  pattern_functions)
+                  correlation_keys, pattern_functions)
 from .expr import IDENTIFIER, Col, Expr, conjuncts, lift, to_sql
 from .providers import open_provider
 from .schema import TS_FIELD, Schema
@@ -548,6 +548,7 @@ class _Correlate(_Query):
         p = proc.p()
         # The join condition, written once per direction (new left events, new right events).
         self.cond: dict[str, tuple[str, list]] = {}
+        derived = correlation_keys(d, t, proc._schema)
         for new, old in (("left", "right"), ("right", "left")):
             alias = {new: "n", old: "o"}
             sides = {s: (alias[s], schemas[s]) for s in ("left", "right")}
@@ -558,6 +559,8 @@ class _Correlate(_Query):
             if (lk is None) != (rk is None):
                 raise ValueError(f"query {query_id!r}: give keys for both sides (on=, or left_key= and "
                                  f"right_key=)")
+            if lk is None and derived is not None:      # equal keys the predicate implies: a hash join
+                lk, rk = derived
             if lk is not None:
                 kl = self._key(lk, "left", sides)
                 kr = self._key(rk, "right", sides)

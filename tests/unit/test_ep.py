@@ -207,9 +207,10 @@ def test_application_has_the_same_operators_with_a_schema_check_per_stream(provi
     names = {op_id: node.name for op_id, node in app.nodes.items()}
     assert names == {"stream.s.source": "iterable", "stream.s": "ep_schema", "stream.t.source": "jsonl",
                      "stream.t": "ep_schema", "window1.s": "window", "window1.s.out": "ep_output",
-                     "c.correlate": "join", "c.out": "ep_output"}
+                     "ep_group2.s+t": "ep_group", "ep_group2.s+t.out": "ep_output"}
     assert app.nodes["window1.s"].params["queries"] == {"m": {"m": ("avg", "a")}, "m2": {"n": "count"}}
-    assert app.nodes["c.correlate"].inputs == [("stream.s", "out"), ("stream.t", "out")]
+    assert app.nodes["ep_group2.s+t"].inputs == [("stream.s", "out"), ("stream.t", "out")]
+    assert [name for name, _ in app.nodes["ep_group2.s+t"].params["members"]["c"]["ops"]] == ["join"]
     with pytest.raises(ValueError, match="no source for stream 't'"):
         proc.application("ep-app", {"s": []})
 
@@ -222,7 +223,8 @@ def test_unshared_processor_gives_each_query_its_own_window_and_the_same_results
         rows = [collect(proc, q, ep.Stream("s", window=ep.Sliding(30, "event"), key="id")
                         .aggregate({"m": ("avg", "a"), "sd": ("stddev", "b")})) for q in range(3)]
         windows = [n for n in proc._nodes.values() if n.name == "over_window"]
-        assert len(windows) == (1 if share else 3)
+        lanes = [lane for n in proc._nodes.values() if n.name == "ep_over" for lane in n.op.lanes.values()]
+        assert (len(lanes), len(windows)) == ((1, 0) if share else (0, 3))
         for payload, ts in events(200):
             proc.push_event("s", payload, ts)
         proc.close()

@@ -1,0 +1,118 @@
+"""Per-event sliding windows of several sizes over one stream, as one operator.
+
+The JEPC aggregation runs Count queries ``COUNT(*) OVER (RANGE w_i
+PRECEDING)`` with Count different sizes ``w_i``. As Count ``over_window``
+operators, every event is held, sorted and released Count times; here it is
+held and released once, then each *lane* (one :class:`OverWindow` per
+distinct size, itself shared by every query of that size and key) slides
+and folds it. Each lane is the very operator a query would have alone, so
+rows are equal to the last bit (same folds, same order); per query, rows
+come in the order ``over_window`` gives them.
+
+``ep_over(key=None, lanes={size: {query_id: aggregates}})`` emits
+``(query_id, row)`` for a tagged ``ep_output``; queries come and go
+(``add_query(query_id, size, aggregates)`` / ``remove_query``). Late events
+(``ts <= watermark`` on arrival) go to the ``late`` side output once.
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+from operator import itemgetter
+from typing import Any, Callable
+
+from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
+from pescheduler.timeutil import parse_duration
+
+from .over_window import OverWindow
+
+
+class OverLanes(Operator):
+    """Over-windows of several sizes sharing their input; see the module docstring."""
+
+    name = "ep_over"
+    parallelism = Parallelism.KEYED
+    outputs = ("late",)
+
+    def __init__(self, key: str | Callable | None = None, lanes: dict | None = None,
+                 ts_field: str = "ts") -> None:
+        self.key, self.ts_field = key, ts_field
+        self.lanes: dict[int, OverWindow] = {}
+        self._of: dict[Any, int] = {}             # query id -> its lane's size
+        self._pending: list = []
+        self._wm = MIN_WATERMARK
+        self._context: OperatorContext | None = None
+        for size, queries in (lanes or {}).items():
+            for query_id, aggregates in queries.items():
+                self.add_query(query_id, size, aggregates)
+
+    def open(self, context: OperatorContext) -> None:
+        super().open(context)
+        self._context = context
+        for lane in self.lanes.values():
+            lane.open(context)
+
+    @property
+    def query_ids(self) -> list:
+        return list(self._of)
+
+    def add_query(self, query_id: Any, size: Any, aggregates: dict) -> None:
+        size = parse_duration(size)
+        lane = self.lanes.get(size)
+        if lane is None:
+            lane = OverWindow(size, key=self.key, ts_field=self.ts_field, queries={query_id: aggregates})
+            lane._wm = lane._swept = self._wm
+            if self._context is not None:
+                lane.open(self._context)
+            self.lanes[size] = lane
+        else:
+            lane.add_query(query_id, aggregates)
+        self._of[query_id] = size
+
+    def remove_query(self, query_id: Any) -> None:
+        size = self._of.pop(query_id)
+        lane = self.lanes[size]
+        lane.remove_query(query_id)
+        if not lane.query_ids:
+            del self.lanes[size]
+
+    def parameters(self) -> dict:
+        return {"key": self.key, "ts_field": self.ts_field,
+                "lanes": {size: lane.parameters()["queries"] for size, lane in self.lanes.items()}}
+
+    # -- data ------------------------------------------------------------------------------
+    def process(self, batch: list, emit: Emitter) -> None:
+        lanes = list(self.lanes.values())
+        if lanes:                                 # the lanes' hold: one key function, one watermark
+            lane = lanes[0]
+            lane._wm, lane._pending = self._wm, self._pending
+            lane._hold(batch, emit)
+
+    def on_watermark(self, watermark: int, emit: Emitter) -> None:
+        self._wm = watermark
+        ready = [p for p in self._pending if p[0] <= watermark]
+        if ready:
+            self._pending = [p for p in self._pending if p[0] > watermark]
+            ready.sort(key=itemgetter(0))
+        lanes = list(self.lanes.values())
+        for ts, step in groupby(ready, itemgetter(0)):
+            peers: dict[Any, list] = {}
+            for _, k, t in step:
+                peers.setdefault(k, []).append(t)
+            for lane in lanes:
+                for k, events in peers.items():
+                    lane._step(k, ts, events, emit)
+        for lane in lanes:
+            lane._wm = watermark
+            if watermark - lane._swept >= lane.size:
+                lane._sweep(watermark)
+
+    # -- state ---------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        return {"watermark": self._wm, "pending": list(self._pending),
+                "lanes": {size: lane.snapshot() for size, lane in self.lanes.items()}}
+
+    def restore(self, state: dict) -> None:
+        self._wm, self._pending = state["watermark"], list(state["pending"])
+        for size, s in state["lanes"].items():
+            self.lanes[size].restore(s)
