@@ -17,7 +17,12 @@ the filters, input 1 straight to the last operator's ``process_input``.
 Results leave as ``(query_id, row)`` for a tagged ``ep_output``; a member
 with ``"query": None`` is an operator that tags its rows itself (a window
 shared by several queries). Side outputs (late events) leave as
-``(member_id, item)``.
+``(member_id, item)``. A stream correlated with itself is a one-input group
+whose member has ``"both": True``: each batch goes in as the left side
+(through the filters), then whole as the right side, so that every ordered
+pair within reach is reported once, an event with itself included (the
+chain folds two edges from one operator into one input, so a two-input
+join over the same stream would see only its left side).
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
 
 
 class _Member:
-    __slots__ = ("query", "names", "ops", "two")
+    __slots__ = ("query", "names", "ops", "two", "both")
 
-    def __init__(self, query: Any, names: list, ops: list, two: bool) -> None:
-        self.query, self.names, self.ops, self.two = query, names, ops, two
+    def __init__(self, query: Any, names: list, ops: list, two: bool, both: bool) -> None:
+        self.query, self.names, self.ops, self.two, self.both = query, names, ops, two, both
 
 
 class QueryGroup(Operator):
@@ -48,7 +53,7 @@ class QueryGroup(Operator):
         self.members: dict[Any, _Member] = {}
         self._context: OperatorContext | None = None
         for member_id, spec in (members or {}).items():
-            self.add_member(member_id, spec["query"], spec["ops"])
+            self.add_member(member_id, spec["query"], spec["ops"], spec.get("both", False))
 
     def open(self, context: OperatorContext) -> None:
         super().open(context)
@@ -63,8 +68,9 @@ class QueryGroup(Operator):
         for op in m.ops:
             op.open(OperatorContext(c.op_id, pe_id=c.pe_id, extra=dict(c.extra)))
 
-    def add_member(self, member_id: Any, query: Any, ops: list) -> None:
-        """``ops``: ``[(name, params) or an operator, ...]`` (filters, then the query's operator)."""
+    def add_member(self, member_id: Any, query: Any, ops: list, both: bool = False) -> None:
+        """``ops``: ``[(name, params) or an operator, ...]`` (filters, then the query's operator);
+        ``both``: the one input is both inputs of the last operator (a stream correlated with itself)."""
         from pescheduler.plugins import active_plugins
 
         if member_id in self.members:
@@ -76,7 +82,7 @@ class QueryGroup(Operator):
                 op = active_plugins().operator(name, "operator")(**params)
             built.append(op)
             names.append(op.name)
-        m = _Member(query, names, built, self.inputs == 2)
+        m = _Member(query, names, built, self.inputs == 2 or both, both)
         self._open(m)
         self.members[member_id] = m
 
@@ -89,7 +95,8 @@ class QueryGroup(Operator):
 
     def parameters(self) -> dict:
         return {"inputs": self.inputs, "members": {
-            mid: {"query": m.query, "ops": [(n, op.parameters()) for n, op in zip(m.names, m.ops)]}
+            mid: {"query": m.query, "ops": [(n, op.parameters()) for n, op in zip(m.names, m.ops)],
+                  "both": m.both}
             for mid, m in self.members.items()}}
 
     # -- data ------------------------------------------------------------------------------
@@ -110,6 +117,8 @@ class QueryGroup(Operator):
                         break
                 else:
                     self._run(mid, m, input_index, b, emit)
+                if m.both:                     # then the whole batch as the right side
+                    self._run(mid, m, 1, batch, emit)
             else:
                 self._run(mid, m, input_index, b, emit)
 

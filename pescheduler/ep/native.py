@@ -162,11 +162,16 @@ class NativeProcessor(EventProcessor):
                               "output": t.output, "key": d.stream.key})
             inputs = [prev]
         ops = [("filter", {"fn": function(f.predicate)}) for f in d.filters] + [op]
-        if self.share:             # one chain operator for every such query over these inputs
+        both = len(inputs) == 2 and inputs[0] == inputs[1]      # a stream correlated with itself
+        if both:
+            inputs = inputs[:1]
+        if self.share or both:     # one chain operator for every such query over these inputs
             label = "+".join(i.split(".", 1)[1] for i in inputs)
-            self._shared(query_id, ("ep_group", *inputs), "ep_group", inputs, label,
-                         {"inputs": len(inputs), "members": {query_id: {"query": query_id, "ops": ops}}},
-                         lambda group: group.add_member(query_id, query_id, ops))
+            group = ("ep_group", *inputs) if self.share else ("ep_group", query_id)
+            self._shared(query_id, group, "ep_group", inputs, label,
+                         {"inputs": len(inputs), "members": {query_id: {"query": query_id, "ops": ops,
+                                                                        "both": both}}},
+                         lambda group: group.add_member(query_id, query_id, ops, both))
             return
         for i, (name, params) in enumerate(ops[:-1], start=1):
             prev = self._add(f"{query_id}.filter{i}", name, params, [prev], query_id)

@@ -32,7 +32,10 @@ be identifiers and prefixed (``f_<name>``), so no user text is ever SQL.
 Predicates must be expressions (``ep.col``...): a Python function cannot run
 in a database, and is refused at ``create_query`` saying how to write it.
 
-Session and count windows are not bridged yet (``create_query`` says so).
+Session windows are computed with ``LAG`` (a new session where the gap to
+the previous event of the key is at least ``gap``) and a running ``SUM`` of
+those starts; count windows with ``ROW_NUMBER`` and a ``ROWS`` frame of
+``count`` rows (window functions: SQLite 3.28+, DuckDB, PostgreSQL 11+).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from typing import Any, Callable, Mapping
 
 from ..aggregates import parse_request
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, Emitter
-from .api import (Aggregate, Correlate, Definition, EventProcessor, Pattern, Sliding, Tumbling, _span,
+from .api import (Aggregate, Correlate, CountWindow, Definition, EventProcessor, Pattern, Session, Sliding,
+                  Tumbling, _span,
                   correlation_keys, pattern_functions)
 from .expr import IDENTIFIER, Col, Expr, conjuncts, lift, to_sql
 from .providers import open_provider
@@ -142,16 +146,19 @@ class SQLProcessor(EventProcessor):
                 kind = _OverAggregate
             elif isinstance(window, (Tumbling, Sliding)):
                 kind = _WindowAggregate
+            elif isinstance(window, Session):
+                kind = _SessionAggregate
             else:
-                raise ValueError(f"query {query_id!r}: {type(window).__name__} windows run on the native "
-                                 f"provider only (not bridged to SQL yet); use ep.Tumbling or ep.Sliding")
+                kind = _CountAggregate
         elif isinstance(t, Correlate):
             kind = _Correlate
         elif isinstance(t, Pattern):
             kind = _Pattern
         else:
             kind = _Filter
-        runner = kind(self, query_id, definition)      # checks and compiles; creates its tables last
+        runner = next((r for r in self._runners.values() if r.joins(query_id, definition)), None)
+        if runner is None:
+            runner = kind(self, query_id, definition)  # checks and compiles; creates its tables last
         self._processors[query_id] = []
         self._queries[query_id] = definition
         self._runners[query_id] = runner
@@ -159,7 +166,7 @@ class SQLProcessor(EventProcessor):
     def remove_query(self, query_id: Any) -> None:
         self._known_query(query_id)
         runner = self._runners.pop(query_id)
-        if not self._closed:                            # closed: its tables are gone already
+        if runner.leave(query_id) and not self._closed:   # closed: its tables are gone already
             runner.drop()
         del self._queries[query_id], self._processors[query_id]
 
@@ -190,13 +197,9 @@ class SQLProcessor(EventProcessor):
             self.sql(f"DELETE FROM {state.table}")
             state.emptied = state.seq - len(rows)
         self._lo = state.seq - len(rows) + 1
-        marks = ", ".join([self.p()] * (2 + len(fields)))
-        if len(rows) == 1:                          # one pushed event: cheaper than executemany
-            self.cur.execute(f"INSERT INTO {state.table} VALUES ({marks})", rows[0])
-        else:
-            self.cur.executemany(f"INSERT INTO {state.table} VALUES ({marks})", rows)
+        self.dialect.insert(self.cur, state.table, ["seq", "ts", *map(column, fields)], rows)
         state.batch = batch
-        readers = [r for r in self._runners.values() if stream in r.streams]
+        readers = self._readers(stream)
         filters = [r for r in readers if type(r) is _Filter]
         if len(filters) > 1:
             self._filter_all(stream, state, filters)
@@ -210,6 +213,11 @@ class SQLProcessor(EventProcessor):
                 r.advance()
         state.batch = {}
         self.conn.commit()
+
+    def _readers(self, stream: str | None) -> list:
+        """The runners reading ``stream`` (every runner for None), each once (some serve many queries)."""
+        found = {id(r): r for r in self._runners.values() if stream is None or stream in r.streams}
+        return list(found.values())
 
     def _filter_all(self, stream: str, state: _SQLStream, filters: list) -> None:
         """Every filter query of ``stream`` in one statement: a column of truth per query."""
@@ -227,13 +235,13 @@ class SQLProcessor(EventProcessor):
         for name, state in self._streams.items():
             self.dialect.begin(self.cur)
             state.wm = MAX_WATERMARK
-            for r in [r for r in self._runners.values() if name in r.streams]:
+            for r in self._readers(name):
                 r.advance()
             self.conn.commit()
         if self._owned:
             self.conn.close()
             return
-        for r in self._runners.values():               # the caller's connection: leave it as it was
+        for r in self._readers(None):                  # the caller's connection: leave it as it was
             r.drop()
         for state in self._streams.values():
             self.ddl(f"DROP TABLE {state.table}")
@@ -274,6 +282,14 @@ class _Query:
         where = [f"n.seq >= {proc.p()}"] + [self.predicate(f.predicate, "filter", "n", params) for f in d.filters]
         self.where = " AND ".join(where)
         self.where_params = params
+
+    def joins(self, query_id: Any, d: Definition) -> bool:
+        """Whether this runner takes query ``query_id`` too (runners serving many queries say yes)."""
+        return False
+
+    def leave(self, query_id: Any) -> bool:
+        """``query_id`` is removed; True when this runner serves no query any more."""
+        return True
 
     def _stream_wm(self) -> int:
         return min(self.proc._streams[s].wm for s in self.streams)
@@ -357,19 +373,24 @@ class _Aggregates:
                 key = (b, None if b == "count" else fld)
                 if key not in self.base:
                     self.base.append(key)
+        self.schema, self.dialect, self.alias = schema, dialect, alias
+        self.sql = ", ".join(self.parts())
+
+    def parts(self, over: str = "") -> list[str]:
+        """Each base aggregate as SQL; ``over``: a window clause (``OVER (...)``) for each."""
         parts = []
         for fn, fld in self.base:
-            c = f"{alias}.{column(fld)}" if fld else None
-            integer = fld is not None and schema.fields[fld] is int
+            c = f"{self.alias}.{column(fld)}" if fld else None
+            integer = fld is not None and self.schema.fields[fld] is int
             if fn == "count":
-                parts.append("COUNT(*)")
+                parts.append(f"COUNT(*){over}")
             elif fn == "sum":
-                parts.append(dialect.int_sum(c) if integer else f"SUM({c})")
+                parts.append(self.dialect.int_sum(c, over) if integer else f"SUM({c}){over}")
             elif fn == "sumsq":
-                parts.append(dialect.int_sum(f"{c} * {c}") if integer else f"SUM({c} * {c})")
+                parts.append(self.dialect.int_sum(f"{c} * {c}", over) if integer else f"SUM({c} * {c}){over}")
             else:
-                parts.append(f"{fn.upper()}({c})")
-        self.sql = ", ".join(parts)
+                parts.append(f"{fn.upper()}({c}){over}")
+        return parts
 
     def row(self, values: tuple) -> dict:
         got = dict(zip(self.base, values))
@@ -478,24 +499,69 @@ class _WindowAggregate(_Windowed):
 
 
 class _OverAggregate(_Windowed):
-    """``Sliding(size, "event")``: a row per event over its key's ``(ts - size, ts]``."""
+    """``Sliding(size, "event")``: a row per event over its key's ``(ts - size, ts]``.
+
+    One runner serves every such query of a stream with the same key and
+    filters, whatever its size (the JEPC aggregation: Count sizes): one window
+    table, one insert per batch, and one statement per watermark computing
+    every query's aggregates as window functions (``RANGE BETWEEN size - 1
+    PRECEDING AND CURRENT ROW``: peers included, as the native engine does).
+    A query joins a runner only while it has seen no event (so that no window
+    of the newcomer holds events from before it existed).
+    """
 
     def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
         super().__init__(proc, query_id, d)
-        self.size = d.stream.window.span
+        self.members: dict[Any, tuple[int, _Aggregates]] = {}
         self.swept = MIN_WATERMARK
         self.t = self.table(self.schema)
+        self.born = proc._streams[d.stream.name].seq
         p = proc.p()
         cols = ", ".join(column(f) for f in self.schema.fields)
         self.insert = (f"INSERT INTO {self.t} (seq, ts, {cols}) SELECT n.seq, n.ts, "
                        + ", ".join(f"n.{column(f)}" for f in self.schema.fields)
                        + f" FROM {{batch}} n WHERE {self.where} AND n.ts > {p}")
         self.late_sql = f"SELECT seq FROM {{batch}} n WHERE {self.where} AND n.ts <= {p} ORDER BY seq"
-        tk = f"t.{column(self.key)}" if self.key else None
-        same_key = f"q.{column(self.key)} = {tk} AND " if self.key else ""
-        self.fire_sql = (f"SELECT t.seq, t.ts{', ' + tk if tk else ''}, {self.aggs.sql} FROM {self.t} t "
-                         f"JOIN {self.t} q ON {same_key}q.ts > t.ts - {p} AND q.ts <= t.ts "
-                         f"WHERE t.ts > {p} AND t.ts <= {p} GROUP BY t.seq, t.ts{', ' + tk if tk else ''}")
+        self._add(query_id, d)
+
+    def joins(self, query_id: Any, d: Definition) -> bool:
+        w = d.stream.window
+        if not (isinstance(d.terminal, Aggregate) and isinstance(w, Sliding) and w.slide == "event"
+                and d.stream.name == self.d.stream.name and d.stream.key == self.key
+                and self.proc._streams[d.stream.name].seq == self.born):
+            return False
+        probe = _Query(self.proc, query_id, d)           # the filters, as SQL: the same ones?
+        if (probe.where, probe.where_params) != (self.where, self.where_params):
+            return False
+        self._add(query_id, d)
+        return True
+
+    def _add(self, query_id: Any, d: Definition) -> None:
+        size = d.stream.window.span
+        if size <= 0:
+            raise ValueError(f"query {query_id!r}: an event window's size must be positive, got {size}")
+        self.members[query_id] = (size, _Aggregates(query_id, d.terminal.aggregates, self.schema,
+                                                    self.proc.dialect, "q"))
+        self._compile()
+
+    def leave(self, query_id: Any) -> bool:
+        del self.members[query_id]
+        if self.members:
+            self._compile()
+        return not self.members
+
+    def _compile(self) -> None:
+        p = self.proc.p()
+        self.size = max(size for size, _ in self.members.values())
+        part = f"PARTITION BY q.{column(self.key)} " if self.key else ""
+        cols = []
+        for size, aggs in self.members.values():      # sizes are ints of ours, checked: no user text
+            cols += aggs.parts(f" OVER w{size}")
+        windows = ", ".join(f"w{size} AS ({part}ORDER BY q.ts RANGE BETWEEN {int(size) - 1} PRECEDING "
+                            f"AND CURRENT ROW)" for size in sorted({s for s, _ in self.members.values()}))
+        key = f", q.{column(self.key)}" if self.key else ""
+        self.fire_sql = (f"SELECT * FROM (SELECT q.seq, q.ts{key}, {', '.join(cols)} FROM {self.t} q "
+                         f"WHERE q.ts > {p} WINDOW {windows}) w WHERE w.ts > {p} AND w.ts <= {p}")
 
     def on_batch(self, stream: str, state: _SQLStream) -> None:
         params = [*self.where_params, _bound(self.wm)]
@@ -512,21 +578,144 @@ class _OverAggregate(_Windowed):
         if wm <= self.wm:
             return
         old, self.wm = self.wm, wm
-        got = self.proc.sql(self.fire_sql, [self.size, _bound(old), wm])
+        got = self.proc.sql(self.fire_sql, [_bound(old - self.size), _bound(old), wm])
         # Order as the native engine takes them: by ts, keys in first-arrival order, then arrival.
+        n = 3 if self.key else 2
         first: dict = {}
-        for seq, ts, *rest in got:
-            k = rest[0] if self.key else None
-            first[ts, k] = min(first.get((ts, k), seq), seq)
+        for row in got:
+            k = row[2] if self.key else None
+            first[row[1], k] = min(first.get((row[1], k), row[0]), row[0])
         got.sort(key=lambda r: (r[1], first[r[1], r[2] if self.key else None], r[0]))
-        rows = []
-        for seq, ts, *rest in got:
-            k, values = (rest[0], rest[1:]) if self.key else (None, rest)
-            rows.append(self.result(k, ts - self.size + 1, ts + 1, tuple(values)))
-        self.proc.emit(self.query_id, rows)
+        at = n
+        for query_id, (size, aggs) in self.members.items():
+            width = len(aggs.base)
+            rows = []
+            for row in got:
+                k = row[2] if self.key else None
+                head = {self.key: k} if self.key else {}
+                rows.append({**head, "window_start": row[1] - size + 1, "window_end": row[1] + 1,
+                             **aggs.row(tuple(row[at:at + width]))})
+            at += width
+            self.proc.emit(query_id, rows)
         if wm - self.swept >= self.size:           # forget what no future window reaches, now and then
             self.swept = wm
             self.proc.sql(f"DELETE FROM {self.t} WHERE ts <= {self.proc.p()}", [_bound(wm - self.size)])
+
+
+class _Kept(_Windowed):
+    """A window table of the query's on-time events (late ones reported): sessions, count windows."""
+
+    def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
+        super().__init__(proc, query_id, d)
+        self.t = self.table(self.schema)
+        p = proc.p()
+        cols = ", ".join(column(f) for f in self.schema.fields)
+        self.insert = (f"INSERT INTO {self.t} (seq, ts, {cols}) SELECT n.seq, n.ts, "
+                       + ", ".join(f"n.{column(f)}" for f in self.schema.fields)
+                       + f" FROM {{batch}} n WHERE {self.where} AND n.ts > {p}")
+        self.late_sql = f"SELECT seq FROM {{batch}} n WHERE {self.where} AND n.ts <= {p} ORDER BY seq"
+        self.part = f"PARTITION BY q.{column(self.key)} " if self.key else ""
+        self.kcols = f", q.{column(self.key)}" if self.key else ""
+
+    def on_batch(self, stream: str, state: _SQLStream) -> None:
+        params = [*self.where_params, _bound(self.wm)]
+        if min(e[TS_FIELD] for e in state.batch.values()) <= self.wm:
+            self.late.extend(state.batch[s] for (s,) in self.proc.sql(self.late_sql.format(batch=state.table),
+                                                                       params))
+        self.proc.sql(self.insert.format(batch=state.table), params)
+
+
+class _SessionAggregate(_Kept):
+    """``Session(gap)``: per key, a new session where the gap to the key's previous event (``LAG``)
+    is at least ``gap``; a session fires when the watermark reaches its last ms
+    (``last ts + gap - 1``), in order of end, start, then the order its key opened a session."""
+
+    def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
+        super().__init__(proc, query_id, d)
+        from ..timeutil import parse_duration
+
+        self.gap = parse_duration(d.stream.window.gap)
+        if self.gap <= 0:
+            raise ValueError(f"query {query_id!r}: a session gap must be positive, got {d.stream.window.gap!r}")
+        p = proc.p()
+        self.opened: dict = {}                 # key -> the order it opened a session (while it has one)
+        self.next = 0
+        order = "ORDER BY q.ts, q.seq"
+        sessions = (f"SELECT q.*, SUM(q.start) OVER ({self.part}{order} ROWS UNBOUNDED PRECEDING) AS sid FROM "
+                    f"(SELECT q.*, CASE WHEN q.ts - LAG(q.ts) OVER ({self.part}{order}) < {p} THEN 0 ELSE 1 END "
+                    f"AS start FROM {self.t} q) q")
+        group = f"q.{column(self.key)}, q.sid" if self.key else "q.sid"
+        self.fire_sql = (f"SELECT {'q.' + column(self.key) + ', ' if self.key else ''}MIN(q.ts), MAX(q.ts), "
+                         f"{self.aggs.sql} FROM ({sessions}) q GROUP BY {group}")
+        self.purge_sql = (f"DELETE FROM {self.t} WHERE seq IN (SELECT q.seq FROM (SELECT q.seq, MAX(q.ts) OVER "
+                          f"(PARTITION BY {group}) AS last FROM ({sessions}) q) q WHERE q.last <= {p})")
+
+    def on_batch(self, stream: str, state: _SQLStream) -> None:
+        super().on_batch(stream, state)
+        if all(e[TS_FIELD] <= self.wm for e in state.batch.values()):
+            return
+        passed = self.proc.sql(f"SELECT seq FROM {state.table} n WHERE {self.where} AND n.ts > {self.proc.p()} "
+                               f"ORDER BY seq", [*self.where_params, _bound(self.wm)])
+        for (seq,) in passed:                  # keys that open a session now, in arrival order
+            k = state.batch[seq][self.key] if self.key else None
+            if k not in self.opened:
+                self.opened[k] = self.next
+                self.next += 1
+
+    def on_watermark(self, wm: int) -> None:
+        if not self.opened:
+            return
+        got = self.proc.sql(self.fire_sql, [self.gap])
+        fired, open_keys = [], set()
+        for row in got:
+            k, first, last, values = (row[0], row[1], row[2], row[3:]) if self.key else (None, *row[:2], row[2:])
+            if last + self.gap - 1 <= wm:
+                fired.append((last + self.gap, first, self.opened[k], k, tuple(values)))
+            else:
+                open_keys.add(k)
+        if not fired:
+            return
+        fired.sort(key=lambda f: f[:3])
+        self.proc.emit(self.query_id, [self.result(k, first, end, values) for end, first, _, k, values in fired])
+        self.proc.sql(self.purge_sql, [self.gap, _bound(wm - self.gap + 1)])
+        self.opened = {k: n for k, n in self.opened.items() if k in open_keys}
+
+
+class _CountAggregate(_Kept):
+    """``CountWindow(count, slide)``: per key, ``ROW_NUMBER`` in event-time order (equal times in
+    arrival order); a window ends at every ``slide``-th row from the ``count``-th, aggregated
+    over a frame of ``count`` rows, and comes out when the watermark passes its last row."""
+
+    def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
+        super().__init__(proc, query_id, d)
+        w = d.stream.window
+        count, slide = w.count, w.slide if w.slide is not None else w.count
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (count, slide)) \
+                or count % slide:
+            raise ValueError(f"query {query_id!r}: a count window's count and slide are positive ints, "
+                             f"count a multiple of slide; got count={w.count!r}, slide={w.slide!r}")
+        self.count, self.slide = count, slide
+        self.taken = self.wm
+        p = proc.p()
+        order = "ORDER BY q.ts, q.seq"
+        frame = f"{self.part}{order} ROWS BETWEEN {int(count) - 1} PRECEDING AND CURRENT ROW"
+        self.fire_sql = (f"SELECT * FROM (SELECT q.seq, q.ts{self.kcols}, ROW_NUMBER() OVER ({self.part}{order}) "
+                         f"AS rn, FIRST_VALUE(q.ts) OVER ({frame}) AS first, "
+                         f"{', '.join(self.aggs.parts(f' OVER ({frame})'))} FROM {self.t} q) w "
+                         f"WHERE w.ts > {p} AND w.ts <= {p} AND w.rn >= {p} AND {proc.dialect.floor_mod(f'w.rn - {p}', p)} = 0 "
+                         f"ORDER BY w.ts, w.seq")
+
+    def on_watermark(self, wm: int) -> None:
+        got = self.proc.sql(self.fire_sql, [_bound(self.taken), _bound(wm), self.count, self.count,
+                                              *[self.slide] * 3])   # floor_mod writes its divisor 3 times
+        self.taken = wm
+        n = 3 if self.key else 2
+        rows = []
+        for row in got:
+            k = row[2] if self.key else None
+            first, values = row[n + 1], tuple(row[n + 2:])
+            rows.append(self.result(k, first, row[1] + 1, values))
+        self.proc.emit(self.query_id, rows)
 
 
 class _Correlate(_Query):
@@ -535,9 +724,6 @@ class _Correlate(_Query):
     def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
         super().__init__(proc, query_id, d)
         t: Correlate = d.terminal
-        if t.right == d.stream.name:
-            raise ValueError(f"query {query_id!r}: correlating a stream with itself runs on the native "
-                             f"provider only")
         self.within = t.within if t.within is not None else _span(d.stream.window, "correlate")
         from ..timeutil import parse_duration
 
@@ -582,7 +768,13 @@ class _Correlate(_Query):
         return to_sql(key, lambda f: self.column(f, mapped), self.proc.dialect, params), params
 
     def on_batch(self, stream: str, state: _SQLStream) -> None:
-        side = "left" if stream == self.left else "right"
+        """A stream correlated with itself: the batch as the left side, then as the right
+        (as the native engine: every ordered pair within reach, an event with itself included)."""
+        for side in ("left", "right"):
+            if stream == getattr(self, side):
+                self._side(side, state)
+
+    def _side(self, side: str, state: _SQLStream) -> None:
         other = "right" if side == "left" else "left"
         p, wm = self.proc.p(), _bound(self.wm)
         where, wparams = (self.where, self.where_params) if side == "left" else (f"n.seq >= {p}", [LO])

@@ -80,12 +80,6 @@ def test_a_definition_may_be_a_generated_list_of_operator_objects():
 
 def test_session_and_count_windows_through_ep(provider):
     proc = processor("s", provider=provider)
-    if provider != "native":                 # not bridged to SQL yet: refused, saying where they run
-        with pytest.raises(ValueError, match="Session windows run on the native provider only"):
-            proc.create_query("s", ep.Stream("s", window=ep.Session(5), key="id").aggregate({"n": "count"}))
-        with pytest.raises(ValueError, match="CountWindow windows run on the native provider only"):
-            proc.create_query("c", ep.Stream("s", window=ep.CountWindow(3)).aggregate({"n": "count"}))
-        return
     sessions = collect(proc, "s", ep.Stream("s", window=ep.Session(5), key="id").aggregate({"n": "count"}))
     counts = collect(proc, "c", ep.Stream("s", window=ep.CountWindow(3), key="id")
                      .aggregate({"hi": ("max", "a")}))

@@ -4,6 +4,8 @@ written-down semantics (docs/operators.md, "Event-processing semantics"), each c
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pescheduler import ep
 
@@ -186,3 +188,48 @@ def test_a_connection_of_the_caller_is_left_as_it_was():
     proc.remove_query("q")
     assert rows == [{"window_start": 0, "window_end": 5, "n": 1}]
     assert conn.execute("SELECT COUNT(*) FROM sqlite_temp_master").fetchone()[0] == 0
+
+
+# -- sessions, count windows and self-correlation on every provider, against the native engine --------
+EVENTS = st.lists(st.tuples(st.sampled_from(["k0", "k1", "k2"]), st.integers(0, 6), st.integers(0, 5)),
+                  min_size=1, max_size=60)
+WINDOWED = {
+    "session": ep.Stream("s", window=ep.Session(5), key="id").aggregate(
+        {"n": "count", "m": ("avg", "a"), "lo": ("min", "a"), "s": ("sum", "a")}),
+    "session-filtered": ep.Stream("s", window=ep.Session(3)).filter(ep.col("a") > 1).aggregate({"n": "count"}),
+    "count": ep.Stream("s", window=ep.CountWindow(3), key="id").aggregate({"hi": ("max", "a"), "n": "count"}),
+    "count-sliding": ep.Stream("s", window=ep.CountWindow(4, 2)).aggregate({"s": ("sum", "a"), "v": ("var", "a")}),
+    "self": ep.Stream("s", window=ep.Tumbling(4)).filter(ep.col("a") != 3).correlate(
+        "s", ep.left("a") < ep.right("a")),
+    "self-keyed": ep.Stream("s", window=ep.Tumbling(3)).correlate("s", ep.left("a") - ep.right("a") == 1),
+}
+
+
+def windowed(provider, events, max_delay, batch):
+    proc = ep.EventProcessor(provider)
+    proc.register_stream("s", {"id": str, "a": int}, max_delay=max_delay)
+    out = {q: [] for q in WINDOWED}
+    for q, d in WINDOWED.items():
+        proc.create_query(q, d)
+        proc.add_output_processor(q, out[q].append)
+    pushed, ts = [], 0
+    for k, a, step in events:                 # time moves on by step, with jitter below max_delay
+        ts += step
+        pushed.append(({"id": k, "a": a}, max(0, ts - (a % (max_delay + 1)))))
+    try:
+        for i in range(0, len(pushed), batch):
+            proc.push_events("s", pushed[i:i + batch])
+        late = {q: proc.late(q) for q in WINDOWED}
+    finally:
+        proc.close()                          # a database connection is not left open by a failure
+    return out, late
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=EVENTS, max_delay=st.sampled_from([0, 3]), batch=st.sampled_from([1, 7]))
+def test_sessions_count_windows_and_self_correlation_equal_native_on_random_streams(provider, events,
+                                                                                     max_delay, batch):
+    """LAG sessions, ROW_NUMBER count windows and a stream joined with itself give the native rows,
+    in the native order, and the same late events, per event and per batch."""
+    expected = windowed("native", events, max_delay, batch)
+    assert windowed(provider, events, max_delay, batch) == expected
