@@ -99,7 +99,8 @@ class SQLProcessor(EventProcessor):
         self._streams: dict[str, _SQLStream] = {}
         self._runners: dict[Any, "_Query"] = {}
         self._lo = 0
-        self._combined: dict[str, tuple] = {}     # stream -> (filter queries, SQL, params)
+        self._combined: dict[str, tuple] = {}     # stream -> (filter queries, statements)
+        self._lookups: dict[str, list] = {}       # batch table -> literal tables of its filters
 
     # -- SQL -----------------------------------------------------------------------------------
     def sql(self, text: str, params: list | tuple = ()) -> list:
@@ -131,7 +132,9 @@ class SQLProcessor(EventProcessor):
     def remove_stream(self, name: str) -> None:
         state = self._check_unread(name)
         if not self._closed:
+            self._drop_lookups(name)
             self.ddl(f"DROP TABLE {state.table}")
+        self._combined.pop(name, None)
         del self._streams[name]
 
     # -- queries -------------------------------------------------------------------------------
@@ -192,6 +195,12 @@ class SQLProcessor(EventProcessor):
             rows.append((state.seq, e[TS_FIELD], *(e[f] for f in fields)))
             if e[TS_FIELD] > state.max_ts:
                 state.max_ts = e[TS_FIELD]
+        readers = self._readers(stream)
+        filters = [r for r in readers if type(r) is _Filter]
+        key = tuple(id(r) for r in filters)
+        if len(filters) > 1 and self._combined.get(stream, (None,))[0] != key:   # DDL: before the batch
+            self._drop_lookups(stream)
+            self._combined[stream] = (key, self._filter_statements(state, filters))
         self.dialect.begin(self.cur)
         if state.seq - len(rows) - state.emptied >= KEEP:   # rows of earlier batches: no query reads them
             self.sql(f"DELETE FROM {state.table}")
@@ -199,8 +208,6 @@ class SQLProcessor(EventProcessor):
         self._lo = state.seq - len(rows) + 1
         self.dialect.insert(self.cur, state.table, ["seq", "ts", *map(column, fields)], rows)
         state.batch = batch
-        readers = self._readers(stream)
-        filters = [r for r in readers if type(r) is _Filter]
         if len(filters) > 1:
             self._filter_all(stream, state, filters)
         for r in readers:
@@ -220,16 +227,70 @@ class SQLProcessor(EventProcessor):
         return list(found.values())
 
     def _filter_all(self, stream: str, state: _SQLStream, filters: list) -> None:
-        """Every filter query of ``stream`` in one statement: a column of truth per query."""
-        key = tuple(id(r) for r in filters)
-        cached = self._combined.get(stream)
-        if cached is None or cached[0] != key:
-            cols = ", ".join(f"CASE WHEN {r.where} THEN 1 ELSE 0 END" for r in filters)
-            text = f"SELECT seq, {cols} FROM {state.table} n WHERE n.seq >= {self.p()} ORDER BY seq"
-            cached = self._combined[stream] = (key, text, [v for r in filters for v in r.where_params] + [LO])
-        rows = self.sql(cached[1], cached[2])
-        for i, r in enumerate(filters, start=1):
-            self.emit(r.query_id, [state.batch[row[0]] for row in rows if row[i]])
+        """Every filter query of ``stream`` in few statements.
+
+        Queries whose one predicate is ``expression == literal`` with the same
+        expression (the JEPC filters: ``a - b = i``, i = 1..Count) become one
+        join of the batch with a table of their literals: the database computes
+        the expression once per event and finds the queries by equality (one
+        small statement; 80 ``CASE`` columns with 160 parameters cost DuckDB
+        hundreds of ms to bind). The others share one statement with a column
+        of truth per query.
+        """
+        hits: dict[int, list] = {id(r): [] for r in filters}
+        for text, params, owners in self._combined[stream][1]:
+            rows = self.sql(text, params)
+            if owners is None:                       # (seq, query index) per hit, by seq
+                for seq, i in rows:
+                    hits[id(filters[i])].append(state.batch[seq])
+            else:
+                for row in rows:
+                    for i, r in enumerate(owners, start=1):
+                        if row[i]:
+                            hits[id(r)].append(state.batch[row[0]])
+        for r in filters:
+            self.emit(r.query_id, hits[id(r)])
+
+    def _filter_statements(self, state: _SQLStream, filters: list) -> list:
+        """``[(SQL, params, owners)]``: a join with a literal table per shared expression (owners
+        None: rows are (seq, index in ``filters``)), one CASE statement for the rest."""
+        from .expr import Binary, Lit
+
+        groups: dict[tuple, list] = {}
+        for i, r in enumerate(filters):
+            preds = [f.predicate for f in r.d.filters]
+            c = preds[0] if len(preds) == 1 else None
+            if isinstance(c, Binary) and c.op == "eq":
+                e, lit = (c.left, c.right) if isinstance(c.right, Lit) else (c.right, c.left)
+                if isinstance(lit, Lit) and not isinstance(e, Lit) and type(lit.value) in (int, str):
+                    groups.setdefault((repr(e), type(lit.value)), []).append((i, e, lit.value))
+        statements, grouped = [], set()
+        for (_, kind), members in groups.items():
+            if len(members) < 2:
+                continue
+            table = f"ep_{next(_TABLES)}_lookup"
+            self.ddl(f"CREATE TEMPORARY TABLE {table} (q BIGINT, v {self.dialect.types[kind]})")
+            self.dialect.insert(self.cur, table, ["q", "v"], [(i, v) for i, _, v in members])
+            self.conn.commit()
+            self._lookups.setdefault(state.table, []).append(table)
+            params: list = []
+            e_sql = filters[members[0][0]].predicate(members[0][1], "filter", "n", params)
+            statements.append((f"SELECT n.seq, l.q FROM {state.table} n JOIN {table} l ON {e_sql} = l.v "
+                               f"WHERE n.seq >= {self.p()} ORDER BY n.seq, l.q", params + [LO], None))
+            grouped.update(i for i, _, _ in members)
+        rest = [r for i, r in enumerate(filters) if i not in grouped]
+        if rest:
+            cols = ", ".join(f"CASE WHEN {r.where} THEN 1 ELSE 0 END" for r in rest)
+            statements.append((f"SELECT seq, {cols} FROM {state.table} n WHERE n.seq >= {self.p()} ORDER BY seq",
+                               [v for r in rest for v in r.where_params] + [LO], rest))
+        return statements
+
+    def _drop_lookups(self, stream: str | None) -> None:
+        """Drop the literal tables of ``stream``'s filters (every stream's for None)."""
+        tables = [self._streams[stream].table] if stream is not None else list(self._lookups)
+        for t in tables:
+            for lookup in self._lookups.pop(t, ()):
+                self.ddl(f"DROP TABLE {lookup}")
 
     def _end(self) -> None:
         for name, state in self._streams.items():
@@ -241,6 +302,7 @@ class SQLProcessor(EventProcessor):
         if self._owned:
             self.conn.close()
             return
+        self._drop_lookups(None)
         for r in self._readers(None):                  # the caller's connection: leave it as it was
             r.drop()
         for state in self._streams.values():
@@ -356,12 +418,24 @@ class _Aggregates:
     def __init__(self, query_id: Any, spec: Mapping, schema: Schema, dialect: Any, alias: str) -> None:
         self.outputs: list[tuple[str, str, str | None]] = []
         self.base: list[tuple[str, str | None]] = []
+        self.python: list[tuple[str, Any, str | None]] = []     # plug-in aggregates: run in Python
         for out, request in spec.items():
             fn, fld = parse_request(out, request)
             if not isinstance(fn, str) or fn not in BASE + tuple(DERIVED):
-                raise ValueError(f"query {query_id!r}: aggregate {out!r}: {fn!r} is not one the SQL bridge "
-                                 f"knows ({', '.join(BASE + tuple(DERIVED))}); plug-in aggregates run on "
-                                 f"the native provider")
+                from ..operators.window import _plugin_aggregates
+                from ..aggregates import AggregatePlan
+
+                agg = AggregatePlan(registry=_plugin_aggregates()).lookup(fn)
+                if not agg.is_base:
+                    raise ValueError(f"query {query_id!r}: aggregate {out!r}: derived plug-in aggregates "
+                                     f"run on the native provider; on a database use a base one "
+                                     f"(create/update/merge)")
+                if agg.needs_field and (not isinstance(fld, str) or fld not in schema.fields):
+                    raise ValueError(f"query {query_id!r}: aggregate {out!r}: {fld!r} is not a field of "
+                                     f"stream {schema.stream!r} ({schema.describe()})")
+                self.python.append((out, agg, fld if agg.needs_field else None))
+                self.outputs.append((out, "python", fld))
+                continue
             if fn != "count":
                 if not isinstance(fld, str) or fld not in schema.fields:
                     raise ValueError(f"query {query_id!r}: aggregate {out!r}: {fld!r} is not a field of "
@@ -373,6 +447,8 @@ class _Aggregates:
                 key = (b, None if b == "count" else fld)
                 if key not in self.base:
                     self.base.append(key)
+        if ("count", None) not in self.base:       # a row needs one column at least
+            self.base.append(("count", None))
         self.schema, self.dialect, self.alias = schema, dialect, alias
         self.sql = ", ".join(self.parts())
 
@@ -392,12 +468,25 @@ class _Aggregates:
                 parts.append(f"{fn.upper()}({c}){over}")
         return parts
 
-    def row(self, values: tuple) -> dict:
+    def fold(self, events: list) -> dict:
+        """The plug-in aggregates over ``events`` (a window's, in event-time then arrival order),
+        run in Python: ``create``, ``update`` per value, ``result``."""
+        out = {}
+        for name, agg, fld in self.python:
+            acc = agg.create()
+            for e in events:
+                acc = agg.update(acc, e[fld] if fld is not None else None)
+            out[name] = agg.result(acc) if agg.result is not None else acc
+        return out
+
+    def row(self, values: tuple, python: dict | None = None) -> dict:
         got = dict(zip(self.base, values))
         out = {}
         for name, fn, fld in self.outputs:
             n = got[("count", None)] if ("count", None) in got else None
-            if fn in BASE:
+            if fn == "python":
+                out[name] = python[name]
+            elif fn in BASE:
                 out[name] = got[(fn, fld)]
             else:
                 total = got[("sum", fld)]
@@ -420,9 +509,16 @@ class _Windowed(_Query):
         self.kcol = f"q.{column(key)}" if key else None
         self.aggs = _Aggregates(query_id, d.terminal.aggregates, self.schema, proc.dialect, "q")
 
-    def result(self, k: Any, ws: int, we: int, values: tuple) -> dict:
+    def result(self, k: Any, ws: int, we: int, values: tuple, python: dict | None = None) -> dict:
         head = {self.key: k} if self.key else {}
-        return {**head, "window_start": ws, "window_end": we, **self.aggs.row(values)}
+        return {**head, "window_start": ws, "window_end": we, **self.aggs.row(values, python)}
+
+    def python_only_on_time_windows(self) -> None:
+        if self.aggs.python:
+            raise ValueError(f"query {self.query_id!r}: plug-in aggregate {self.aggs.python[0][0]!r}: on a "
+                             f"database, plug-in aggregates run over ep.Tumbling and ep.Sliding windows "
+                             f"(in Python, over the window table's rows); this window runs on the native "
+                             f"provider")
 
 
 class _WindowAggregate(_Windowed):
@@ -465,6 +561,22 @@ class _WindowAggregate(_Windowed):
         self.panes.update(p for p in panes if p > lim)
         self.proc.sql(self.insert.format(batch=state.table), [*self.pane_params, *params])
 
+    def _python(self, start: int, end: int) -> dict:
+        """The plug-in aggregates of window ``[start, end)``, per key, over its rows in event order."""
+        fields = [f for _, _, f in self.aggs.python if f is not None]
+        if self.key:
+            fields.append(self.key)
+        cols = "".join(f", {column(f)}" for f in dict.fromkeys(fields))
+        p = self.proc.p()
+        got = self.proc.sql(f"SELECT ts{cols} FROM {self.t} WHERE pane >= {p} AND pane < {p} "
+                            f"ORDER BY ts, seq", [start, end])
+        names = list(dict.fromkeys(fields))
+        per_key: dict = {}
+        for row in got:
+            e = dict(zip(names, row[1:]))
+            per_key.setdefault(e.get(self.key) if self.key else None, []).append(e)
+        return {k: self.aggs.fold(events) for k, events in per_key.items()}
+
     def on_watermark(self, wm: int) -> None:
         starts = sorted(self.panes)
         if starts:
@@ -491,9 +603,10 @@ class _WindowAggregate(_Windowed):
             if starts[lo] >= end:
                 end = starts[lo] + slide
                 continue
+            python = self._python(end - size, end) if self.aggs.python else None
             for values in self.proc.sql(self.fire_sql, [end - size, end]):
                 k, values = (values[0], values[1:]) if self.key else (None, values)
-                rows.append(self.result(k, end - size, end, values))
+                rows.append(self.result(k, end - size, end, values, python and python[k]))
             end += slide
         self.proc.emit(self.query_id, rows)
 
@@ -512,6 +625,7 @@ class _OverAggregate(_Windowed):
 
     def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
         super().__init__(proc, query_id, d)
+        self.python_only_on_time_windows()
         self.members: dict[Any, tuple[int, _Aggregates]] = {}
         self.swept = MIN_WATERMARK
         self.t = self.table(self.schema)
@@ -533,16 +647,18 @@ class _OverAggregate(_Windowed):
         probe = _Query(self.proc, query_id, d)           # the filters, as SQL: the same ones?
         if (probe.where, probe.where_params) != (self.where, self.where_params):
             return False
-        self._add(query_id, d)
-        return True
+        return self._add(query_id, d)
 
-    def _add(self, query_id: Any, d: Definition) -> None:
+    def _add(self, query_id: Any, d: Definition) -> bool:
         size = d.stream.window.span
         if size <= 0:
             raise ValueError(f"query {query_id!r}: an event window's size must be positive, got {size}")
-        self.members[query_id] = (size, _Aggregates(query_id, d.terminal.aggregates, self.schema,
-                                                    self.proc.dialect, "q"))
+        aggs = _Aggregates(query_id, d.terminal.aggregates, self.schema, self.proc.dialect, "q")
+        if aggs.python:                              # refused by the runner of its own
+            return False
+        self.members[query_id] = (size, aggs)
         self._compile()
+        return True
 
     def leave(self, query_id: Any) -> bool:
         del self.members[query_id]
@@ -634,6 +750,7 @@ class _SessionAggregate(_Kept):
         super().__init__(proc, query_id, d)
         from ..timeutil import parse_duration
 
+        self.python_only_on_time_windows()
         self.gap = parse_duration(d.stream.window.gap)
         if self.gap <= 0:
             raise ValueError(f"query {query_id!r}: a session gap must be positive, got {d.stream.window.gap!r}")
@@ -688,6 +805,7 @@ class _CountAggregate(_Kept):
 
     def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
         super().__init__(proc, query_id, d)
+        self.python_only_on_time_windows()
         w = d.stream.window
         count, slide = w.count, w.slide if w.slide is not None else w.count
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (count, slide)) \

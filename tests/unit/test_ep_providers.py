@@ -233,3 +233,58 @@ def test_sessions_count_windows_and_self_correlation_equal_native_on_random_stre
     in the native order, and the same late events, per event and per batch."""
     expected = windowed("native", events, max_delay, batch)
     assert windowed(provider, events, max_delay, batch) == expected
+
+
+def test_filters_of_one_shape_are_found_by_their_literal_and_leave_no_table_behind():
+    """Count filters ``a - b == i`` (the JEPC filters) on a database are one join with a table of
+    their literals; each query gets exactly its events, and a caller's connection is left clean."""
+    import sqlite3
+
+    conn = sqlite3.connect(":memory:")
+    proc = ep.EventProcessor(conn)
+    proc.register_stream("s", SCHEMA)
+    out = {}
+    for i in range(-2, 4):
+        out[i] = []
+        proc.create_query(i, ep.Stream("s").filter(ep.col("a") - ep.col("b") == i))
+        proc.add_output_processor(i, out[i].append)
+    out["odd"] = []
+    proc.create_query("odd", ep.Stream("s").filter(ep.col("a") % 2 == 1))
+    proc.add_output_processor("odd", out["odd"].append)
+    events = stream(7)
+    proc.push_events("s", events[:50])
+    assert conn.execute("SELECT COUNT(*) FROM sqlite_temp_master WHERE name LIKE '%lookup'").fetchone()[0] == 1
+    proc.push_events("s", events[50:])
+    proc.close()
+    pushed = [{**p, "ts": ts} for p, ts in events]
+    assert all(out[i] == [e for e in pushed if e["a"] - e["b"] == i] for i in range(-2, 4))
+    assert out["odd"] == [e for e in pushed if e["a"] % 2 == 1] and out[0] and out[1]
+    assert conn.execute("SELECT COUNT(*) FROM sqlite_temp_master").fetchone()[0] == 0
+
+
+def test_a_plug_in_aggregate_runs_in_python_over_the_window_rows_of_a_database(provider):
+    """A plug-in aggregate (no SQL form) over a time window: the database keeps the window's
+    rows, Python folds them; the rows equal the native engine's. Other windows refuse it there."""
+    from pescheduler.aggregates import Aggregate
+
+    distinct = Aggregate("distinct", create=frozenset, update=lambda acc, v: acc | {v},
+                         merge=lambda a, b: a | b, result=lambda acc: sorted(acc))
+
+    def rows(p):
+        proc = ep.EventProcessor(p)
+        proc.register_stream("s", SCHEMA)
+        out = []
+        proc.create_query("q", ep.Stream("s", window=ep.Sliding(20, 10), key="id").aggregate(
+            {"ids": (distinct, "a"), "n": "count", "m": ("max", "b")}))
+        proc.add_output_processor("q", out.append)
+        proc.push_events("s", stream(11, n=80))
+        proc.close()
+        return out
+    expected = rows("native")
+    assert rows(provider) == expected and any(len(r["ids"]) > 1 for r in expected)
+    if provider != "native":
+        proc = ep.EventProcessor(provider)
+        proc.register_stream("s", SCHEMA)
+        with pytest.raises(ValueError, match="plug-in aggregates run over ep.Tumbling and ep.Sliding"):
+            proc.create_query("x", ep.Stream("s", window=ep.Session(5)).aggregate({"d": (distinct, "a")}))
+        proc.close()
