@@ -200,7 +200,7 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true",
                         help="also PostgreSQL: a server of its own via tests/pg_server.py")
     parser.add_argument("--db-events", type=int, default=None,
-                        help="ms of events per provider run (default 300; --quick 30)")
+                        help="ms of events per provider run (default 300; --quick 200)")
     parser.add_argument("--batch", type=int, default=100, help="ms of events per push_events batch")
     args = parser.parse_args()
     n = args.events or (800 if args.quick else 3000)
@@ -208,7 +208,7 @@ def main() -> None:
     print()
     names = [p for p in args.providers.split(",") if p]
     if names:
-        db_n = args.db_events or (30 if args.quick else 300)
+        db_n = args.db_events or (200 if args.quick else 300)
         counts = [80] if args.quick else [1, 20, 80, 100]
         if args.postgres:
             import os

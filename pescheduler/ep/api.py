@@ -235,7 +235,8 @@ def correlation_keys(d: "Definition", t: Correlate, schema: Callable[[str], Any]
     Both providers use them: a hash lookup of the other side's window instead
     of testing the predicate on every pair (it is still tested on the pairs found).
     """
-    if not isinstance(t.predicate, Expr) or t.on is not None or t.left_key is not None:
+    if not isinstance(t.predicate, Expr) or t.on is not None or t.left_key is not None or \
+            any(side not in ("left", "right") for side, _ in t.predicate.refs()):
         return None
     names = {"left": d.stream.name, "right": t.right}
     return equi_keys(t.predicate, lambda side, name: schema(names[side]).fields.get(name))

@@ -134,7 +134,8 @@ def equi_keys(predicate: Expr, types: Callable[[str, str], Any]) -> tuple[Expr, 
     is an equation ``sum(left terms) + c == -sum(right terms)``: each side's
     key is one expression over its own event, so a join looks pairs up by hash
     instead of testing every pair (``ep.left("a") - ep.right("b") == 2`` keys
-    ``a - 2`` against ``b``). Only over ``int`` fields and ``int`` literals
+    ``a - 2`` against ``b``). Columns of side ``measure`` count as constants
+    (the SQL bridge's parameter table: a correlation has no measures). Only over ``int`` fields and ``int`` literals
     (``types(side, field)``), where moving a term across ``==`` is exact; the
     predicate itself is still tested on the pairs found.
     """
@@ -150,7 +151,7 @@ def equi_keys(predicate: Expr, types: Callable[[str, str], Any]) -> tuple[Expr, 
             if not all(types(side, name) is int for side, name in refs) or not all(
                     _exact(n) for n in _nodes(t)):
                 break
-            which = {side for side, _ in refs}
+            which = {side for side, _ in refs if side != "measure"}   # the SQL bridge's parameters
             if not which:
                 sides["const"].append((sign, t))
             elif len(which) == 1 and which <= {"left", "right"}:

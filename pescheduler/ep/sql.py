@@ -36,6 +36,13 @@ Session windows are computed with ``LAG`` (a new session where the gap to
 the previous event of the key is at least ``gap``) and a running ``SUM`` of
 those starts; count windows with ``ROW_NUMBER`` and a ``ROWS`` frame of
 ``count`` rows (window functions: SQLite 3.28+, DuckDB, PostgreSQL 11+).
+Plug-in aggregates over time windows run in Python over the window table's
+rows. A stream correlated with itself is processed as the left side, then
+as the right. Sharing across queries (the paper's Count parallel queries):
+per-event windows of one stream, key and filters share one table and one
+statement; filters ``expression == literal`` of one expression are one join
+with a table of their literals. ``MATCH_RECOGNIZE`` is in none of SQLite,
+DuckDB and PostgreSQL: patterns always take the symbol-stream + NFA route.
 """
 
 from __future__ import annotations
@@ -48,8 +55,8 @@ from ..aggregates import parse_request
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, Emitter
 from .api import (Aggregate, Correlate, CountWindow, Definition, EventProcessor, Pattern, Session, Sliding,
                   Tumbling, _span,
-                  correlation_keys, pattern_functions)
-from .expr import IDENTIFIER, Col, Expr, conjuncts, lift, to_sql
+                  pattern_functions)
+from .expr import IDENTIFIER, Col, Expr, conjuncts, equi_keys, lift, to_sql
 from .providers import open_provider
 from .schema import TS_FIELD, Schema
 
@@ -611,7 +618,31 @@ class _WindowAggregate(_Windowed):
         self.proc.emit(self.query_id, rows)
 
 
-class _OverAggregate(_Windowed):
+class _Kept(_Windowed):
+    """A window table of the query's on-time events (late ones reported): per-event windows,
+    sessions, count windows."""
+
+    def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
+        super().__init__(proc, query_id, d)
+        self.t = self.table(self.schema)
+        p = proc.p()
+        cols = ", ".join(column(f) for f in self.schema.fields)
+        self.insert = (f"INSERT INTO {self.t} (seq, ts, {cols}) SELECT n.seq, n.ts, "
+                       + ", ".join(f"n.{column(f)}" for f in self.schema.fields)
+                       + f" FROM {{batch}} n WHERE {self.where} AND n.ts > {p}")
+        self.late_sql = f"SELECT seq FROM {{batch}} n WHERE {self.where} AND n.ts <= {p} ORDER BY seq"
+        self.part = f"PARTITION BY q.{column(self.key)} " if self.key else ""
+        self.kcols = f", q.{column(self.key)}" if self.key else ""
+
+    def on_batch(self, stream: str, state: _SQLStream) -> None:
+        params = [*self.where_params, _bound(self.wm)]
+        if min(e[TS_FIELD] for e in state.batch.values()) <= self.wm:
+            self.late.extend(state.batch[s] for (s,) in self.proc.sql(self.late_sql.format(batch=state.table),
+                                                                       params))
+        self.proc.sql(self.insert.format(batch=state.table), params)
+
+
+class _OverAggregate(_Kept):
     """``Sliding(size, "event")``: a row per event over its key's ``(ts - size, ts]``.
 
     One runner serves every such query of a stream with the same key and
@@ -628,14 +659,7 @@ class _OverAggregate(_Windowed):
         self.python_only_on_time_windows()
         self.members: dict[Any, tuple[int, _Aggregates]] = {}
         self.swept = MIN_WATERMARK
-        self.t = self.table(self.schema)
         self.born = proc._streams[d.stream.name].seq
-        p = proc.p()
-        cols = ", ".join(column(f) for f in self.schema.fields)
-        self.insert = (f"INSERT INTO {self.t} (seq, ts, {cols}) SELECT n.seq, n.ts, "
-                       + ", ".join(f"n.{column(f)}" for f in self.schema.fields)
-                       + f" FROM {{batch}} n WHERE {self.where} AND n.ts > {p}")
-        self.late_sql = f"SELECT seq FROM {{batch}} n WHERE {self.where} AND n.ts <= {p} ORDER BY seq"
         self._add(query_id, d)
 
     def joins(self, query_id: Any, d: Definition) -> bool:
@@ -669,7 +693,7 @@ class _OverAggregate(_Windowed):
     def _compile(self) -> None:
         p = self.proc.p()
         self.size = max(size for size, _ in self.members.values())
-        part = f"PARTITION BY q.{column(self.key)} " if self.key else ""
+        part = self.part
         cols = []
         for size, aggs in self.members.values():      # sizes are ints of ours, checked: no user text
             cols += aggs.parts(f" OVER w{size}")
@@ -678,13 +702,6 @@ class _OverAggregate(_Windowed):
         key = f", q.{column(self.key)}" if self.key else ""
         self.fire_sql = (f"SELECT * FROM (SELECT q.seq, q.ts{key}, {', '.join(cols)} FROM {self.t} q "
                          f"WHERE q.ts > {p} WINDOW {windows}) w WHERE w.ts > {p} AND w.ts <= {p}")
-
-    def on_batch(self, stream: str, state: _SQLStream) -> None:
-        params = [*self.where_params, _bound(self.wm)]
-        if min(e[TS_FIELD] for e in state.batch.values()) <= self.wm:
-            self.late.extend(state.batch[s] for (s,) in self.proc.sql(self.late_sql.format(batch=state.table),
-                                                                       params))
-        self.proc.sql(self.insert.format(batch=state.table), params)
 
     def on_watermark(self, wm: int) -> None:
         raise AssertionError("advance() is overridden")
@@ -716,29 +733,6 @@ class _OverAggregate(_Windowed):
         if wm - self.swept >= self.size:           # forget what no future window reaches, now and then
             self.swept = wm
             self.proc.sql(f"DELETE FROM {self.t} WHERE ts <= {self.proc.p()}", [_bound(wm - self.size)])
-
-
-class _Kept(_Windowed):
-    """A window table of the query's on-time events (late ones reported): sessions, count windows."""
-
-    def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
-        super().__init__(proc, query_id, d)
-        self.t = self.table(self.schema)
-        p = proc.p()
-        cols = ", ".join(column(f) for f in self.schema.fields)
-        self.insert = (f"INSERT INTO {self.t} (seq, ts, {cols}) SELECT n.seq, n.ts, "
-                       + ", ".join(f"n.{column(f)}" for f in self.schema.fields)
-                       + f" FROM {{batch}} n WHERE {self.where} AND n.ts > {p}")
-        self.late_sql = f"SELECT seq FROM {{batch}} n WHERE {self.where} AND n.ts <= {p} ORDER BY seq"
-        self.part = f"PARTITION BY q.{column(self.key)} " if self.key else ""
-        self.kcols = f", q.{column(self.key)}" if self.key else ""
-
-    def on_batch(self, stream: str, state: _SQLStream) -> None:
-        params = [*self.where_params, _bound(self.wm)]
-        if min(e[TS_FIELD] for e in state.batch.values()) <= self.wm:
-            self.late.extend(state.batch[s] for (s,) in self.proc.sql(self.late_sql.format(batch=state.table),
-                                                                       params))
-        self.proc.sql(self.insert.format(batch=state.table), params)
 
 
 class _SessionAggregate(_Kept):
@@ -837,27 +831,50 @@ class _CountAggregate(_Kept):
 
 
 class _Correlate(_Query):
-    """Pairs within ``within`` (inclusive): each new event joins the other side's window table."""
+    """Pairs within ``within`` (inclusive): each new event joins the other side's window table.
+
+    The queries' literals live in a *parameter table* (a row per query: its
+    index, ``within`` and the literals of its predicate), which the join reads:
+    queries of one shape (the JEPC correlations ``left.a - right.b = i + 1``,
+    i = 1..Count, each with its window) share their window tables and run as
+    one statement per batch (``JOIN params p``), not Count statements. A query
+    joins a runner while it has seen no event, reading the same streams with
+    the same filters, no explicit keys, and a predicate of the same shape.
+    """
 
     def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
         super().__init__(proc, query_id, d)
         t: Correlate = d.terminal
-        self.within = t.within if t.within is not None else _span(d.stream.window, "correlate")
-        from ..timeutil import parse_duration
-
-        self.within = parse_duration(self.within)
         self.left, self.right = d.stream.name, t.right
         schemas = {"left": self.schema, "right": proc._stream(t.right).schema}
         self.schemas = schemas
+        self.born = self._seqs()
+        if t.predicate is not None and not isinstance(t.predicate, Expr):
+            raise _lambda_error(query_id, f"the correlation predicate {t.predicate!r}",
+                                "ep.left('a') - ep.right('b') == 2")
+        self.shape, values = _template(t.predicate)
+        self.shareable = (t.on is None and t.left_key is None and t.right_key is None
+                          and self.left != self.right and values is not None)
+        if values is None:                           # literals a parameter table cannot hold: inline
+            self.shape, values = (t.predicate, [])
+        ptypes = {f"l{i}": type(v) for i, v in enumerate(values)}
+        self.ptypes = ptypes
+        pschema = Schema("params", ptypes) if ptypes else None
         p = proc.p()
         # The join condition, written once per direction (new left events, new right events).
         self.cond: dict[str, tuple[str, list]] = {}
-        derived = correlation_keys(d, t, proc._schema)
+        names = {"left": self.left, "right": self.right}
+        derived = None
+        if t.on is None and t.left_key is None and self.shape is not None:
+            derived = equi_keys(self.shape, lambda side, name: ptypes.get(name) if side == "measure"
+                                else proc._schema(names[side]).fields.get(name))
         for new, old in (("left", "right"), ("right", "left")):
             alias = {new: "n", old: "o"}
             sides = {s: (alias[s], schemas[s]) for s in ("left", "right")}
+            if pschema is not None:
+                sides["measure"] = ("p", pschema)
             params: list = []
-            parts = [f"o.ts >= n.ts - {p} AND o.ts <= n.ts + {p}"]
+            parts = ["o.ts >= n.ts - p.w AND o.ts <= n.ts + p.w"]
             lk = t.left_key if t.left_key is not None else t.on
             rk = t.right_key if t.right_key is not None else t.on
             if (lk is None) != (rk is None):
@@ -870,11 +887,59 @@ class _Correlate(_Query):
                 kr = self._key(rk, "right", sides)
                 parts.append(f"{kl[0]} = {kr[0]}")
                 params += kl[1] + kr[1]
-            if t.predicate is not None:
-                parts.append(self.predicate(t.predicate, "correlation predicate", "n", params, sides))
+            if self.shape is not None:
+                parts.append(self.predicate(self.shape, "correlation predicate", "n", params, sides))
             self.cond[new] = (" AND ".join(parts), params)
         self.tables_of = {"left": self.table(schemas["left"]), "right": self.table(schemas["right"])}
         self.events: dict[str, dict] = {"left": {}, "right": {}}
+        self.members: dict[Any, tuple[int, int]] = {}      # query id -> (index, within)
+        self.indices = itertools.count()
+        self.params = f"ep_{next(_TABLES)}_params"
+        cols = "".join(f", {column(n)} {proc.dialect.types[t_]}" for n, t_ in ptypes.items())
+        proc.ddl(f"CREATE TEMPORARY TABLE {self.params} (q BIGINT, w BIGINT{cols})")
+        self.tables.append(self.params)
+        self._member(query_id, d, values)
+
+    def _member(self, query_id: Any, d: Definition, values: list) -> None:
+        from ..timeutil import parse_duration
+
+        t = d.terminal
+        within = parse_duration(t.within if t.within is not None else _span(d.stream.window, "correlate"))
+        i = next(self.indices)
+        self.members[query_id] = (i, within)
+        self.within = max(w for _, w in self.members.values())
+        self.proc.dialect.insert(self.proc.cur, self.params, ["q", "w", *map(column, self.ptypes)],
+                                 [(i, within, *values)])
+        self.proc.conn.commit()
+
+    def joins(self, query_id: Any, d: Definition) -> bool:
+        t = d.terminal
+        if not (self.shareable and isinstance(t, Correlate) and (d.stream.name, t.right) == (self.left, self.right)
+                and t.on is None and t.left_key is None and t.right_key is None
+                and self._seqs() == self.born):
+            return False
+        shape, values = _template(t.predicate) if isinstance(t.predicate, Expr) or t.predicate is None \
+            else (None, None)
+        if values is None or repr(shape) != repr(self.shape) or \
+                {f"l{i}": type(v) for i, v in enumerate(values)} != self.ptypes:
+            return False
+        probe = _Query(self.proc, query_id, d)           # the filters, as SQL: the same ones?
+        if (probe.where, probe.where_params) != (self.where, self.where_params):
+            return False
+        self._member(query_id, d, values)
+        return True
+
+    def _seqs(self) -> tuple[int, int]:
+        """How many events each side has seen (a query joins only while this is unchanged)."""
+        return self.proc._streams[self.left].seq, self.proc._streams[self.right].seq
+
+    def leave(self, query_id: Any) -> bool:
+        i, _ = self.members.pop(query_id)
+        if self.members and not self.proc._closed:
+            self.proc.sql(f"DELETE FROM {self.params} WHERE q = {self.proc.p()}", [i])
+            self.proc.conn.commit()
+            self.within = max(w for _, w in self.members.values())
+        return not self.members
 
     def _key(self, key: Any, side: str, sides: dict) -> tuple[str, list]:
         if isinstance(key, str):
@@ -882,7 +947,7 @@ class _Correlate(_Query):
         if not isinstance(key, Expr):
             raise _lambda_error(self.query_id, f"the {side} key {key!r}", "left_key=ep.col('a') - 2")
         params: list = []
-        mapped = {"event": sides[side]}
+        mapped = {"event": sides[side], **({"measure": sides["measure"]} if "measure" in sides else {})}
         return to_sql(key, lambda f: self.column(f, mapped), self.proc.dialect, params), params
 
     def on_batch(self, stream: str, state: _SQLStream) -> None:
@@ -901,15 +966,16 @@ class _Correlate(_Query):
                                  [*wparams, wm])
             self.late.extend(state.batch[s] for (s,) in late)
         cond, cparams = self.cond[side]
-        pairs = self.proc.sql(f"SELECT n.seq, o.seq FROM {state.table} n JOIN {self.tables_of[other]} o "
-                              f"ON {cond} WHERE {where} AND n.ts > {p} ORDER BY n.seq, o.seq",
-                              [self.within, self.within, *cparams, *wparams, wm])
+        pairs = self.proc.sql(f"SELECT p.q, n.seq, o.seq FROM {state.table} n JOIN {self.params} p ON 1 = 1 "
+                              f"JOIN {self.tables_of[other]} o ON {cond} WHERE {where} AND n.ts > {p} "
+                              f"ORDER BY p.q, n.seq, o.seq", [*cparams, *wparams, wm])
         mine, theirs = state.batch, self.events[other]
-        rows = []
-        for s, o in pairs:
+        rows: dict[int, list] = {}
+        for q, s, o in pairs:
             a, b = (mine[s], theirs[o]) if side == "left" else (theirs[o], mine[s])
-            rows.append({"left": a, "right": b, "ts": max(a[TS_FIELD], b[TS_FIELD])})
-        self.proc.emit(self.query_id, rows)
+            rows.setdefault(q, []).append({"left": a, "right": b, "ts": max(a[TS_FIELD], b[TS_FIELD])})
+        for query_id, (i, _) in self.members.items():
+            self.proc.emit(query_id, rows.get(i, []))
         fields = ", ".join(column(f) for f in self.schemas[side].fields)
         self.proc.sql(f"INSERT INTO {self.tables_of[side]} (seq, ts, {fields}) SELECT seq, ts, {fields} "
                       f"FROM {state.table} n WHERE {where} AND n.ts > {p}", [*wparams, wm])
@@ -923,6 +989,32 @@ class _Correlate(_Query):
             events = self.events[side]
             for s in [s for s, e in events.items() if e[TS_FIELD] <= bound]:
                 del events[s]
+
+
+def _template(predicate: Any) -> tuple[Any, list | None]:
+    """``predicate`` with each literal a column of the parameter table (``measure`` side ``l0``,
+    ``l1``...), and the literals; ``(predicate, None)`` when one cannot be a column (null, bool)."""
+    from .expr import Binary, Lit, Unary
+
+    values: list = []
+
+    def walk(e: Expr) -> Expr:
+        if isinstance(e, Lit):
+            values.append(e.value)
+            return Col(f"l{len(values) - 1}", "measure")   # the bridge's own use of that side
+        if isinstance(e, Binary):
+            return Binary(e.op, walk(e.left), walk(e.right))
+        if isinstance(e, Unary):
+            return Unary(e.op, walk(e.operand))
+        return e
+    if predicate is None:
+        return None, []
+    if any(side == "measure" for side, _ in lift(predicate).refs()):
+        return predicate, None                       # (refused later: no measures in a correlation)
+    shape = walk(lift(predicate))
+    if any(type(v) not in (int, float, str) for v in values):
+        return predicate, None
+    return shape, values
 
 
 class _Symbols(dict):

@@ -240,3 +240,19 @@ def test_correlate_with_keys_equals_the_same_predicate_tested_on_every_pair(prov
         proc.close()
         runs.append(sorted((r["left"]["ts"], r["right"]["ts"]) for r in rows))
     assert runs[0] == runs[1] and runs[0]
+
+
+def test_equal_keys_are_derived_only_where_moving_a_term_across_equals_is_exact():
+    from pescheduler.ep.expr import equi_keys
+
+    ints = {("left", "a"): int, ("right", "b"): int, ("left", "x"): float}
+    types = lambda side, name: ints.get((side, name))          # noqa: E731
+    keys = equi_keys((ep.left("a") - ep.right("b") == 2) & (ep.left("a") > 0), types)
+    assert keys is not None and keys[0]({"a": 5}) == keys[1]({"b": 3}) == 3
+    assert equi_keys(ep.left("a") + 1 == ep.right("b") * 2, types)[1]({"b": 4}) == 8
+    for not_exact in (ep.left("x") - ep.right("b") == 2,        # a float field: rounding
+                      ep.left("a") / 2 == ep.right("b"),        # division
+                      ep.left("a") - ep.right("b") == 2.0,      # a float literal
+                      ep.left("a") - ep.right("b") > 2,         # not an equation
+                      ep.left("a") * ep.right("b") == 2):       # a term reading both sides
+        assert equi_keys(not_exact, types) is None, not_exact

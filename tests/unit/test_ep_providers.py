@@ -288,3 +288,34 @@ def test_a_plug_in_aggregate_runs_in_python_over_the_window_rows_of_a_database(p
         with pytest.raises(ValueError, match="plug-in aggregates run over ep.Tumbling and ep.Sliding"):
             proc.create_query("x", ep.Stream("s", window=ep.Session(5)).aggregate({"d": (distinct, "a")}))
         proc.close()
+
+
+def test_correlations_of_one_shape_share_one_statement_and_equal_native(provider):
+    """Count correlations ``left.a - right.b == i`` with Count windows (JEPC) share their window
+    tables and one join with a table of their literals; one leaves, one comes after events began:
+    every query's pairs equal the native engine's."""
+    def pairs(p):
+        proc = ep.EventProcessor(p)
+        for name in ("s", "t"):
+            proc.register_stream(name, {"id": str, "a": int, "b": int})
+        out = {}
+        for i in range(-1, 4):
+            out[i] = []
+            proc.create_query(i, ep.Stream("s", window=ep.Tumbling(6 + i)).correlate(
+                "t", ep.left("a") - ep.right("b") == i))
+            proc.add_output_processor(i, out[i].append)
+        s = [({"id": e["id"], "a": e["a"], "b": int(e["b"])}, ts) for e, ts in stream(3, n=60, jitter=0)]
+        t = [({"id": e["id"], "a": e["a"], "b": int(e["b"])}, ts) for e, ts in stream(4, n=60, jitter=0)]
+        for k in range(0, 60, 10):
+            if k == 30:
+                proc.remove_query(2)
+                out["late"] = []
+                proc.create_query("late", ep.Stream("s", window=ep.Tumbling(5)).correlate(
+                    "t", ep.left("a") - ep.right("b") == 1))
+                proc.add_output_processor("late", out["late"].append)
+            proc.push_events("s", s[k:k + 10])
+            proc.push_events("t", t[k:k + 10])
+        proc.close()
+        return out
+    expected = pairs("native")
+    assert pairs(provider) == expected and all(expected.values())
