@@ -107,6 +107,7 @@ class SQLProcessor(EventProcessor):
         self._runners: dict[Any, "_Query"] = {}
         self._lo = 0
         self._combined: dict[str, tuple] = {}     # stream -> (filter queries, statements)
+        self._symbols: dict[str, tuple] = {}      # stream -> (pattern queries, SQL, params)
         self._lookups: dict[str, list] = {}       # batch table -> literal tables of its filters
 
     # -- SQL -----------------------------------------------------------------------------------
@@ -142,6 +143,7 @@ class SQLProcessor(EventProcessor):
             self._drop_lookups(name)
             self.ddl(f"DROP TABLE {state.table}")
         self._combined.pop(name, None)
+        self._symbols.pop(name, None)
         del self._streams[name]
 
     # -- queries -------------------------------------------------------------------------------
@@ -217,8 +219,12 @@ class SQLProcessor(EventProcessor):
         state.batch = batch
         if len(filters) > 1:
             self._filter_all(stream, state, filters)
+        patterns = [r for r in readers if type(r) is _Pattern]
+        if len(patterns) > 1:
+            self._symbols_all(stream, state, patterns)
+        together = (_Filter,) * (len(filters) > 1) + (_Pattern,) * (len(patterns) > 1)
         for r in readers:
-            if len(filters) <= 1 or type(r) is not _Filter:
+            if type(r) not in together:
                 r.on_batch(stream, state)
         wm = state.max_ts - state.max_delay - 1
         if state.max_ts != MIN_WATERMARK and wm > state.wm:
@@ -257,6 +263,23 @@ class SQLProcessor(EventProcessor):
                             hits[id(r)].append(state.batch[row[0]])
         for r in filters:
             self.emit(r.query_id, hits[id(r)])
+
+    def _symbols_all(self, stream: str, state: _SQLStream, patterns: list) -> None:
+        """The symbol streams of every pattern query of ``stream`` in one statement: per query a
+        column saying whether the event passed its filters, then its symbol columns."""
+        key = tuple(id(r) for r in patterns)
+        cached = self._symbols.get(stream)
+        if cached is None or cached[0] != key:
+            cols = ", ".join(f"CASE WHEN {r.where} THEN 1 ELSE 0 END, {r.bits}" for r in patterns)
+            cached = self._symbols[stream] = (
+                key, f"SELECT seq, {cols} FROM {state.table} n WHERE n.seq >= {self.p()} ORDER BY seq",
+                [v for r in patterns for v in (*r.where_params, *r.bit_params)] + [LO])
+        rows = self.sql(cached[1], cached[2])
+        at = 1
+        for r in patterns:
+            width = len(r.nfa_symbols)
+            r.feed([(row[0], *row[at + 1:at + 1 + width]) for row in rows if row[at]], state)
+            at += 1 + width
 
     def _filter_statements(self, state: _SQLStream, filters: list) -> list:
         """``[(SQL, params, owners)]``: a join with a literal table per shared expression (owners
@@ -1046,7 +1069,8 @@ class _Pattern(_Query):
             sql = " AND ".join(self.predicate(c, "pattern predicate", "n", params) for c in in_db)
             bits.append(f"CASE WHEN {sql or '1 = 1'} THEN 1 ELSE 0 END")
             preds[symbol] = self._symbol(i, rest)
-        self.symbols_sql = f"SELECT seq, {', '.join(bits)} FROM {{batch}} n WHERE {self.where} ORDER BY seq"
+        self.bits, self.bit_params, self.nfa_symbols = ", ".join(bits), params, list(t.define)
+        self.symbols_sql = f"SELECT seq, {self.bits} FROM {{batch}} n WHERE {self.where} ORDER BY seq"
         self.symbol_params = params + self.where_params
         key = d.stream.key
         self.nfa = NFA(t.pattern, preds, do=do, within=within, output=t.output, key=key)
@@ -1061,8 +1085,12 @@ class _Pattern(_Query):
         return lambda e, m: e.bits[i] and all(fn(e, m) for fn in fns)
 
     def on_batch(self, stream: str, state: _SQLStream) -> None:
+        self.feed(self.proc.sql(self.symbols_sql.format(batch=state.table), self.symbol_params), state)
+
+    def feed(self, rows: list, state: _SQLStream) -> None:
+        """``(seq, bit, ...)`` of the events that passed the filters, in order, to the NFA."""
         events = []
-        for seq, *bits in self.proc.sql(self.symbols_sql.format(batch=state.table), self.symbol_params):
+        for seq, *bits in rows:
             e = _Symbols(state.batch[seq])
             e.bits = [bool(b) for b in bits]
             events.append(e)
