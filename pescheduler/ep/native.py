@@ -183,8 +183,8 @@ class NativeProcessor(EventProcessor):
     def _filters(self, query_id: Any, d: Definition, prev: str) -> None:
         """A filter-only query joins its stream's one ``ep_filter`` operator (operators/ep_filter.py)."""
         predicates = [f.predicate for f in d.filters]
-        self._shared(query_id, (prev, "ep_filter"), "ep_filter", [prev], d.stream.name, {"queries": {query_id: predicates}},
-                     lambda op: op.add_query(query_id, predicates))
+        self._shared(query_id, (prev, "ep_filter"), "ep_filter", [prev], d.stream.name,
+                     {"queries": {query_id: predicates}}, lambda op: op.add_query(query_id, predicates))
 
     def _shared(self, query_id: Any, group: tuple, name: str, inputs: list[str], label: str, params: dict,
                 join: Callable[[Operator], None]) -> None:
@@ -217,7 +217,8 @@ class NativeProcessor(EventProcessor):
             return
         group = (prev, name, tuple(sorted(params.items())), stream.key,
                  None if self.share else query_id)
-        self._shared(query_id, group, name, [prev], stream.name, {**params, "key": stream.key, "queries": {query_id: t.aggregates}},
+        self._shared(query_id, group, name, [prev], stream.name,
+                     {**params, "key": stream.key, "queries": {query_id: t.aggregates}},
                      lambda op: op.add_query(query_id, t.aggregates))
 
     def _add(self, op_id: str, name: str, params: dict, inputs: list[str], query_id: Any,

@@ -837,7 +837,8 @@ class _CountAggregate(_Kept):
         self.fire_sql = (f"SELECT * FROM (SELECT q.seq, q.ts{self.kcols}, ROW_NUMBER() OVER ({self.part}{order}) "
                          f"AS rn, FIRST_VALUE(q.ts) OVER ({frame}) AS first, "
                          f"{', '.join(self.aggs.parts(f' OVER ({frame})'))} FROM {self.t} q) w "
-                         f"WHERE w.ts > {p} AND w.ts <= {p} AND w.rn >= {p} AND {proc.dialect.floor_mod(f'w.rn - {p}', p)} = 0 "
+                         f"WHERE w.ts > {p} AND w.ts <= {p} AND w.rn >= {p} "
+                         f"AND {proc.dialect.floor_mod(f'w.rn - {p}', p)} = 0 "
                          f"ORDER BY w.ts, w.seq")
 
     def on_watermark(self, wm: int) -> None:
