@@ -95,9 +95,12 @@ class DuckDB(Dialect):
     def insert(self, cursor: Any, table: str, columns: list[str], rows: list[tuple]) -> None:
         """A batch as an Arrow table DuckDB scans in place: ``executemany`` runs one statement
         per row (about 5 ms each), this one statement per batch."""
-        if len(rows) < 8:
+        try:
+            import pyarrow as pa
+        except ImportError:                     # (pescheduler[ep-databases] brings it)
+            pa = None
+        if len(rows) < 8 or pa is None:
             return super().insert(cursor, table, columns, rows)
-        import pyarrow as pa
 
         data = pa.Table.from_arrays([pa.array(list(c)) for c in zip(*rows)], names=columns)
         cursor.register("ep_arrow_batch", data)
