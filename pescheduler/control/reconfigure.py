@@ -262,7 +262,30 @@ async def _wait_drained(rpc, old, plan, deployment, marker, timeout) -> None:
     failed = [f for a in answers for f in a["failed"]]
     missing = [m for a in answers for m in a["missing"]]
     if failed or missing:
-        raise ReconfigurationFailed(f"did not drain: failed {failed}, still waiting for {missing}")
+        report = await _pe_report(rpc, old, deployment)
+        raise ReconfigurationFailed(f"did not drain: failed {failed}, still waiting for {missing}; "
+                                    f"the PEs then:\n{report}")
+
+
+async def _pe_report(rpc, old: Placement, deployment: str) -> str:
+    """One line per PE of ``old``: state, aligning, queue, full producers, and per output channel
+    its credits, pending items and whether it is held (why a drain did not finish, in one read)."""
+    try:
+        answers = await asyncio.wait_for(asyncio.gather(
+            *(rpc(w).pe_stats(deployment=deployment, dead_letters=False) for w in old.workers)), 5)
+    except Exception as exc:                   # the report must not hide the failure it explains
+        return f"(no PE stats: {type(exc).__name__}: {exc})"
+    lines = []
+    for answer in answers:
+        for pe_id, s in sorted(answer["pes"].items()):
+            outs = " ".join(f"{c.split('/', 1)[-1]}[cr={o['credits']} pend={o['pending']}"
+                            f"{' HELD' if o['held'] else ''}]" for c, o in s["channels_out"].items())
+            ins = " ".join(f"{c.split('/', 1)[-1]}[{'END' if i.get('ended') else ''}"
+                           f"{'M' if i.get('marked') else ''}]" for c, i in s["channels_in"].items())
+            lines.append(f"  {pe_id}@{answer['worker']}: {s['state']} aligning={s['aligning']} "
+                         f"queue={s['queue_batches']} full={s['full']} frozen={s.get('frozen')} "
+                         f"threaded={s['threaded']}\n    in: {ins}\n    out: {outs}")
+    return "\n".join(lines)
 
 
 async def _snapshot(rpc, old, retired, deployment) -> dict[str, dict]:

@@ -155,7 +155,7 @@ class Reconfigurer:
         except Exception as exc:
             logger.error("reconfiguration %r failed", action, exc_info=True)
             await self.on_failure(f"reconfiguration {action!r} failed: {type(exc).__name__}: {exc}")
-            return ApplyRecord(action, False, f"failed: {exc}")
+            return ApplyRecord(action, False, f"failed: {exc}", steps=steps)
         self.placement, self.channels = new, plan.channels
         self.state.pes_replaced(new.pes)
         moved = {op: (old.pe_of(op), new.pe_of(op)) for op in new.plan.ops if op in old.plan.ops

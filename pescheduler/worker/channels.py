@@ -166,7 +166,9 @@ class Inbox:
         self.event.set()
 
     def queued_tuples(self) -> int:
-        return sum(len(p) for _c, k, p in self.items if k == DATA and isinstance(p, list))
+        # A copy first (one C call under the GIL): a PE working in its thread pops items while
+        # the event loop asks for stats, and iterating the deque itself would raise.
+        return sum(len(p) for _c, k, p in list(self.items) if k == DATA and isinstance(p, list))
 
 
 class ChannelIn:

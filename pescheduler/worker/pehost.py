@@ -62,6 +62,42 @@ class PEHostPlugin(WorkerPlugin):
             await host.close()
 
 
+class Changes:
+    """A version number bumped whenever one of the host's PEs changes, and waits for the next bump.
+
+    Each wait names the version it looked at, so a change between its look and its wait
+    ends it at once. (One shared ``asyncio.Event`` that every wait cleared before looking lost
+    changes: a set landing between one wait's look and its ``wait_for`` task's first step was
+    wiped by another wait's clear, and the drain of a reconfiguration sat out its timeout;
+    tests/unit/test_pehost_waits.py.)
+    """
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._waiters: list[asyncio.Future] = []
+
+    def bump(self) -> None:
+        self.version += 1
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def after(self, version: int, timeout: float) -> None:
+        """Return once the version is past ``version``, or after ``timeout`` seconds."""
+        if self.version > version:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)       # before any await: no bump can slip past
+        try:
+            await asyncio.wait_for(waiter, max(timeout, 0.0))
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+
 class PEHost:
     """The PEs of one worker, their data server, and the handlers the controller calls."""
 
@@ -72,8 +108,7 @@ class PEHost:
         self.data_address = ""
         self.secrets: dict[str, bytes] = {}          # deployment -> its data-plane secret
         self.client_ssl = None                       # TLS context for channels we open (None: plain)
-        self.version = 0                     # bumped whenever a PE changes state
-        self._changed = asyncio.Event()
+        self.changes = Changes()             # bumped whenever a PE changes state; the waits below
         self.warm_threads: list[ThreadPoolExecutor] = []   # standard slots' threads, started idle
         self._process = psutil.Process()
         self._process.cpu_percent(None)         # start the CPU measurement window
@@ -170,9 +205,12 @@ class PEHost:
         self._bump()
         return list(pe_ids)
 
+    @property
+    def version(self) -> int:
+        return self.changes.version
+
     def _bump(self) -> None:
-        self.version += 1
-        self._changed.set()
+        self.changes.bump()
 
     def pe_stats(self, deployment: str, dead_letters: bool = True) -> dict:
         """Cumulative counters of the deployment's PEs here, and (``dead_letters``, the monitor's
@@ -192,12 +230,7 @@ class PEHost:
 
     async def pe_wait(self, deployment: str, version: int, timeout: float) -> dict:
         """Long poll: return when a PE changed state after ``version``, or at ``timeout``."""
-        if self.version <= version:
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
+        await self.changes.after(version, timeout)
         return {"version": self.version,
                 "pes": {pe_id: {"state": pe.state, "error": pe.error}
                         for pe_id, pe in self._of(deployment).items()}}
@@ -223,7 +256,7 @@ class PEHost:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            self._changed.clear()          # before looking: a change while we look wakes the wait below
+            looked = self.changes.version      # a change after this look ends the wait below
             pes = self._of(deployment)
             missing = [p for p in aligned if p in pes and not pes[p].aligner.aligned]
             missing += [f"{p}<-{c}" for p, cs in seen.items() if p in pes
@@ -232,10 +265,7 @@ class PEHost:
             failed = [pes[p].error for p in aligned if p in pes and pes[p].state == "failed"]
             if not missing or failed or loop.time() >= deadline:
                 return {"missing": missing, "failed": failed}
-            try:
-                await asyncio.wait_for(self._changed.wait(), deadline - loop.time())
-            except asyncio.TimeoutError:
-                pass
+            await self.changes.after(looked, deadline - loop.time())
 
     async def pe_snapshot(self, deployment: str, pe_ids: list[str]) -> bytes:
         """The aligned PEs' operator states, progress and source positions (cloudpickled)."""
@@ -278,7 +308,7 @@ class PEHost:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            self._changed.clear()
+            looked = self.changes.version
             pes = self._of(deployment)
             gone = [p for p in pe_ids if p not in pes or pes[p].state == "failed"]
             missing = [p for p in pe_ids if p in pes and checkpoint_id not in pes[p].barriers.results]
@@ -288,10 +318,7 @@ class PEHost:
             missing = [p for p in missing if checkpoint_id not in pes[p].barriers.results]
             if gone or not missing or loop.time() >= deadline:
                 break
-            try:
-                await asyncio.wait_for(self._changed.wait(), deadline - loop.time())
-            except asyncio.TimeoutError:
-                pass
+            await self.changes.after(looked, deadline - loop.time())
         results = {p: pes[p].barriers.results.pop(checkpoint_id) for p in pe_ids
                    if p in pes and checkpoint_id in pes[p].barriers.results}
         results.update({p: {"error": f"PE {p} is gone or failed on {self.worker.address}"} for p in gone})

@@ -433,6 +433,7 @@ class PERunner:
             ops[driver.op_id]["tuples_out"] = driver.count
             if driver.lag is not None and not driver.ended:
                 ops[driver.op_id]["lag"] = driver.lag()       # records behind per partition
+        marked = list(self.aligner.seen.values())     # a copy: a turn in the PE's thread may add one
         return {
             "pe": self.pe_id, "state": self.state, "error": self.error,
             "elapsed_s": perf_counter() - self.started_at if self.started_at else 0.0,
@@ -452,7 +453,10 @@ class PERunner:
                              for _s, ch in self.outs},
             "full": sorted(self.full),              # producers of full output channels (flow.py)
             "aligning": self.aligner.marker is not None and not self.aligner.aligned,
-            "channels_in": {c.channel_id: {"tuples": c.tuples} for c in self.receivers.values()},
+            "channels_in": {c.channel_id: {"tuples": c.tuples, "ended": c.ended,
+                                           "marked": any(c.channel_id in seen for seen in marked)}
+                            for c in self.receivers.values()},
+            "frozen": sorted(self.chain.frozen) if self.chain else [],
         }
 
     def take_dead_letters(self) -> list[DeadLetter]:

@@ -1,0 +1,57 @@
+"""The PE host's waits (the drain's ``pe_reconf_wait``, the controller's ``pe_wait`` long poll,
+``pe_ckpt_wait``) never miss a PE's change, whatever the other waits do meanwhile.
+
+Issue 20: under CPU load a reconfiguration's drain sometimes waited out its whole timeout
+(a ``Replicate`` paused 9 s) although every PE had aligned. All three waits shared one
+``asyncio.Event`` that each cleared before looking: ``pe_reconf_wait`` looked, then
+``asyncio.wait_for`` (Python 3.11) scheduled the wait as a task of its own; a PE aligned
+(``set``) and the controller's next ``pe_wait`` arrived (``clear``) before that task ran, so the
+set was wiped before anyone waited on it. A loaded worker runs a long batch of ready callbacks
+per loop turn, which is where both land together. Here the same three steps run in that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from pescheduler.worker.aligner import Aligner
+from pescheduler.worker.pehost import PEHost
+
+
+def _host_with_one_pe():
+    host = PEHost(SimpleNamespace(address="tcp://127.0.0.1:1", handlers={}))
+    pe = SimpleNamespace(aligner=Aligner(), state="running", error=None, receivers={})
+    host.pes[("dep", "r")] = pe
+    return host, pe
+
+
+def test_a_pe_that_aligns_while_the_controller_polls_again_is_seen_at_once():
+    async def scenario():
+        host, pe = _host_with_one_pe()
+        drain = asyncio.create_task(host.pe_reconf_wait("dep", "m", aligned=["r"], seen={}, timeout=5))
+        await asyncio.sleep(0)                 # the drain looked: "r" has not aligned yet
+        pe.aligner.aligned = True
+        host._bump()                           # "r" aligns (PERunner._check_aligned -> on_change)
+        poll = host.pe_wait("dep", host.version, timeout=5)    # the controller's next long poll
+        poll.send(None)                        # starts in the same loop turn, before the drain waits
+        try:
+            answer = await asyncio.wait_for(drain, 1)
+        finally:
+            poll.close()
+        assert answer == {"missing": [], "failed": []}
+    asyncio.run(scenario())
+
+
+def test_the_long_poll_returns_on_a_change_and_at_its_timeout_without_one():
+    async def scenario():
+        host, _pe = _host_with_one_pe()
+        version = host.version
+        poll = asyncio.create_task(host.pe_wait("dep", version, timeout=5))
+        await asyncio.sleep(0)
+        host._bump()
+        answer = await asyncio.wait_for(poll, 1)
+        assert answer["version"] == version + 1 and answer["pes"]["r"]["state"] == "running"
+        quiet = await asyncio.wait_for(host.pe_wait("dep", host.version, timeout=0.05), 1)
+        assert quiet["version"] == version + 1
+    asyncio.run(scenario())
