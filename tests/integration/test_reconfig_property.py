@@ -127,7 +127,8 @@ class Reconfigurations(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             status = self.dep.stop()
-            history = "\n".join([repr(r.action) for r in self.dep.records()] +
+            history = "\n".join([f"{r.action!r}: {'applied' if r.applied else r.reason[:200]} "
+                                  f"pause {r.pause_ms:.0f} ms, steps {r.steps}" for r in self.dep.records()] +
                                  [f"{e['kind']}: {e['text']}" for e in status["events"]])
             assert status["state"] == "stopped", f"{status['error']}\n{history}"
             assert not any("did not finish" in e["text"] for e in status["events"]), history
