@@ -154,7 +154,7 @@ def deployed(events: int, workers: int = 1, columnar: bool = False, lambdas: boo
         s = (s.map(lambda e: {**e, "speed": e["speed"] / 3.6}).filter(lambda e: e["speed"] > 5) if lambdas
              else s.map(speed=col("speed") / 3.6).filter(col("speed") > 5))
         (s.key_by("car").window(size="60s", aggregates={"avg_speed": ("avg", "speed")})
-            .sink("collect", path=out))
+            .sink("collect_batches", path=out))
         with pescheduler.deploy(app, workers=workers, policies=[], plugins=["benchops"]) as dep:
             dep.wait(timeout=900)
             pes = len(dep.placement().pes)
