@@ -141,7 +141,7 @@ class Monitor:
                                         "workers": []})
             h["workers"].append(worker)
             for pe_id, stats in answer["pes"].items():
-                if pe_id in self.placement.pes:
+                if self._current(pe_id, worker, stats):
                     pes[pe_id] = self._pe(pe_id, stats, now, ops)
         snapshot = MetricsSnapshot(
             now, now - self.latest.time if self.history else 0.0,
@@ -151,6 +151,13 @@ class Monitor:
         self.latest = snapshot
         self.history.append(snapshot)
         return snapshot
+
+    def _current(self, pe_id: str, worker: str, stats: dict) -> bool:
+        """Whether ``stats`` are of the placement's PE ``pe_id``: on its worker, running its
+        operators. While a reconfiguration replaces a PE, the old one (same id, other operators
+        or worker) still answers for a moment; folding it in raised KeyError and mixed counters."""
+        pe = self.placement.pes.get(pe_id)
+        return pe is not None and pe.worker == worker and all(o in stats["operators"] for o in pe.operators)
 
     def _pe(self, pe_id: str, stats: dict, now: float, ops: dict) -> PEMetrics:
         t_prev, prev = self._last.get(pe_id, (now - max(stats["elapsed_s"], 1e-9), None))

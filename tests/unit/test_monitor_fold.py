@@ -1,0 +1,26 @@
+"""The monitor folds only the placement's own PEs: while a reconfiguration replaces a PE, the old
+one (same id, other operators or another worker) still answers for a moment."""
+
+from __future__ import annotations
+
+from pescheduler.control.monitor import Monitor
+from pescheduler.sim import Simulation
+
+
+def stats(operators: list[str], n: int) -> dict:
+    return {"elapsed_s": 1.0, "state": "running", "backpressure_s": 0.0, "idle_s": 0.0, "queue_batches": 0,
+            "queue_tuples": 0, "max_queue_batches": 8,
+            "operators": {o: {"tuples_in": n, "tuples_out": n, "busy_s": 0.1, "dead_letters": 0, "side": {}}
+                          for o in operators}}
+
+
+def test_an_old_pe_answering_under_its_id_is_left_out_not_folded_in():
+    placement = Simulation.chain(3).placement
+    pe_id, pe = next((p, x) for p, x in placement.pes.items() if "op1" in x.operators)
+    other = next(w for w in placement.workers if w != pe.worker)
+    answers = [{"worker": pe.worker, "pes": {pe_id: stats(["key"], 50)}},       # same id, other operators
+               {"worker": other, "pes": {pe_id: stats(list(pe.operators), 70)}}]  # same id, other worker
+    snapshot = Monitor().update(answers, placement)
+    assert pe_id not in snapshot.pes and "key" not in snapshot.operators
+    right = [{"worker": pe.worker, "pes": {pe_id: stats(list(pe.operators), 90)}}]
+    assert Monitor().update(right, placement).pes[pe_id].worker == pe.worker
