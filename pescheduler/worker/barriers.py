@@ -117,7 +117,7 @@ class Barriers:
         self.current = None
         for driver in self.pe.sources:
             driver.paused = False
-        self.pe.inbox.event.set()
+        self.pe.turns.on_loop(self.pe.inbox.event.set)      # called in the PE's thread once it has one
 
     def _take(self, checkpoint_id: int) -> None:
         pe = self.pe
