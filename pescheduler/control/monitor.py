@@ -160,7 +160,13 @@ class Monitor:
         return pe is not None and pe.worker == worker and all(o in stats["operators"] for o in pe.operators)
 
     def _pe(self, pe_id: str, stats: dict, now: float, ops: dict) -> PEMetrics:
-        t_prev, prev = self._last.get(pe_id, (now - max(stats["elapsed_s"], 1e-9), None))
+        t_prev, prev = self._last.get(pe_id, (now, None))
+        if prev is None or _restarted(prev, stats):
+            # A PE the monitor has not seen, or a new one under the same id (a Move keeps the
+            # name, a restore restarts it): its counters start at zero, so its first window is
+            # its own elapsed time. Deltas against the old PE's counters went negative (a
+            # backpressure of -67 after a Release in bench/elastic.py).
+            t_prev, prev = now - max(stats["elapsed_s"], 1e-9), None
         self._last[pe_id] = (now, stats)
         dt = max(now - t_prev, 1e-9)
         prev = prev or {"operators": {}, "backpressure_s": 0.0, "idle_s": 0.0}
@@ -189,3 +195,14 @@ class Monitor:
             queue_batches=stats["queue_batches"], queue_tuples=stats["queue_tuples"],
             max_queue_batches=stats["max_queue_batches"], backpressure_s=stats["backpressure_s"],
             threaded=stats.get("threaded", False))
+
+
+def _restarted(prev: dict, stats: dict) -> bool:
+    """Whether ``stats`` come from a newer PE than ``prev`` under the same id: its clock or a
+    cumulative counter went back."""
+    if stats["elapsed_s"] < prev["elapsed_s"] or stats["backpressure_s"] < prev["backpressure_s"] \
+            or stats["idle_s"] < prev["idle_s"]:
+        return True
+    before = prev["operators"]
+    return any(o["tuples_in"] < before[op]["tuples_in"] or o["busy_s"] < before[op]["busy_s"]
+               for op, o in stats["operators"].items() if op in before)

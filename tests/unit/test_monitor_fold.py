@@ -24,3 +24,19 @@ def test_an_old_pe_answering_under_its_id_is_left_out_not_folded_in():
     assert pe_id not in snapshot.pes and "key" not in snapshot.operators
     right = [{"worker": pe.worker, "pes": {pe_id: stats(list(pe.operators), 90)}}]
     assert Monitor().update(right, placement).pes[pe_id].worker == pe.worker
+
+
+def test_a_new_pe_under_the_same_id_starts_its_rates_from_zero_not_from_the_old_pes_counters():
+    placement = Simulation.chain(3).placement
+    pe_id, pe = next((p, x) for p, x in placement.pes.items() if "op1" in x.operators)
+
+    def answer(elapsed: float, blocked: float, n: int) -> list[dict]:
+        s = stats(list(pe.operators), n)
+        s.update(elapsed_s=elapsed, backpressure_s=blocked)
+        return [{"worker": pe.worker, "pes": {pe_id: s}}]
+
+    monitor = Monitor()
+    monitor.update(answer(60.0, 50.0, 600_000), placement)
+    fresh = monitor.update(answer(0.5, 0.25, 1_000), placement).pes[pe_id]   # the PE was replaced
+    assert 0.0 <= fresh.backpressure <= 1.0 and fresh.tuples_in_per_s >= 0.0
+    assert all(monitor.latest.operators[o].busy >= 0.0 for o in pe.operators)
