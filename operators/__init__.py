@@ -12,7 +12,9 @@ It registers through the ``pescheduler`` entry-point group
 * the ends of ``pescheduler.ep`` queries: ``ep_schema`` and the sink ``ep_output`` (:mod:`.ep_io`);
   filter-only ep queries of one stream together: ``ep_filter`` (:mod:`.ep_filter`); the other
   ep queries over the same inputs as one chain operator: ``ep_group`` (:mod:`.ep_group`); per-event
-  windows of several sizes: ``ep_over`` (:mod:`.ep_over`)
+  windows of several sizes: ``ep_over`` (:mod:`.ep_over`); pattern queries of a stream with shared
+  runs: ``ep_patterns`` (:mod:`.ep_pattern`); correlations of one shape sharing their buffers:
+  ``ep_correlate`` (:mod:`.ep_correlate`)
 * aggregates: ``count``, ``sum``, ``sumsq``, ``min``, ``max``, ``avg``, ``var``,
   ``stddev`` (:mod:`pescheduler.aggregates`)
 """
@@ -24,9 +26,11 @@ from pescheduler.plugins import hookimpl
 
 from .basic import Filter, FlatMap, KeyBy, Map
 from .count_window import CountWindow
+from .ep_correlate import SharedCorrelations
 from .ep_filter import SharedFilter
 from .ep_group import QueryGroup
 from .ep_over import OverLanes
+from .ep_pattern import SharedPatterns
 from .ep_io import OutputProcessors, SchemaCheck
 from .join import Join
 from .kafka import KafkaSink, KafkaSource
@@ -39,7 +43,8 @@ from .sources import GeneratorSource, IterableSource, JsonlSource
 from .window import Window
 
 OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStreamSource, Map, Filter, FlatMap, KeyBy, Window,
-             SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, SharedFilter, QueryGroup, OverLanes, JsonlSink, PrintSink, DiscardSink,
+             SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, SharedFilter, QueryGroup, OverLanes, SharedPatterns, SharedCorrelations,
+             JsonlSink, PrintSink, DiscardSink,
              ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors]
 
 __all__ = [cls.__name__ for cls in OPERATORS]

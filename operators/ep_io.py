@@ -55,21 +55,24 @@ class OutputProcessors(Sink):
     def process(self, batch: list, emit: Emitter) -> None:
         # A processor that raises loses only its own call: the row is dead-lettered
         # with the error, and the other processors and queries still get theirs.
+        # The hot path of Count queries: the processors called inline, no helper call per row (a
+        # processor that adds or removes processors while called takes effect from the next row on).
         if self.tagged:
+            get = self.processors.get
             for query_id, row in batch:
-                self._call(query_id, self.processors.get(query_id, ()), row, emit)
+                for fn in tuple(get(query_id, ())):
+                    try:
+                        fn(row)
+                    except Exception as exc:
+                        emit.dead_letter({"query": query_id, "row": row}, exc)
             return
         ((query_id, fns),) = self.processors.items()
         for row in batch:
-            self._call(query_id, fns, row, emit)
-
-    @staticmethod
-    def _call(query_id: Any, fns: list, row: Any, emit: Emitter) -> None:
-        for fn in list(fns):
-            try:
-                fn(row)
-            except Exception as exc:
-                emit.dead_letter({"query": query_id, "row": row}, exc)
+            for fn in tuple(fns):
+                try:
+                    fn(row)
+                except Exception as exc:
+                    emit.dead_letter({"query": query_id, "row": row}, exc)
 
 
 class PushedSource(Source):
@@ -90,6 +93,10 @@ class PushedSource(Source):
 
     def end(self) -> None:
         self._ended = True
+
+    def holding(self) -> bool:
+        """Whether events offered are still to be read."""
+        return bool(self._buffer)
 
     def read(self, n: int) -> list | None:
         if not self._buffer:

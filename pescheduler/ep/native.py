@@ -111,8 +111,9 @@ class NativeProcessor(EventProcessor):
         self._pump(state)
 
     def _pump(self, state: _StreamState) -> None:
-        """Move what the stream's source holds into the chain, with watermarks, as a PE does."""
-        while pump(state.driver, self._chain):
+        """Move what the stream's source holds into the chain, with watermarks, as a PE does
+        (until it holds nothing: no empty read after the last batch, one event is one read)."""
+        while pump(state.driver, self._chain) and state.source.holding():
             pass
 
     def _end(self) -> None:
@@ -126,7 +127,8 @@ class NativeProcessor(EventProcessor):
         for op_id, node in self._nodes.items():
             if query_id in node.owners:
                 items = self._late.get(op_id, ())
-                late += [e for m, e in items if m == query_id] if node.name == "ep_group" else items
+                tagged = node.name in ("ep_group", "ep_patterns", "ep_correlate")   # (member or query, event)
+                late += [e for m, e in items if m == query_id] if tagged else items
         return late
 
     def dead_letters(self) -> list[DeadLetter]:
@@ -148,6 +150,8 @@ class NativeProcessor(EventProcessor):
             return
         if isinstance(t, Correlate):
             within = t.within if t.within is not None else _span(window, "correlate")
+            if self._shared_correlation(query_id, d, t, within, prev):
+                return
             keys = {name: function(getattr(t, name)) for name in ("on", "left_key", "right_key")
                     if getattr(t, name) is not None}
             derived = correlation_keys(d, t, self._schema)
@@ -157,6 +161,13 @@ class NativeProcessor(EventProcessor):
             inputs = [prev, self._stream(t.right).op_id]
         else:
             within = t.within if t.within is not None else _span(window, "pattern")
+            if self.share and not d.filters:       # one hold, shared runs (operators/ep_pattern.py)
+                spec = {"pattern": t.pattern, "define": t.define, "do": t.do, "within": within,
+                        "output": t.output}
+                self._shared(query_id, (prev, "ep_patterns", d.stream.key), "ep_patterns", [prev],
+                             d.stream.name, {"key": d.stream.key, "queries": {query_id: spec}},
+                             lambda op: op.add_query(query_id, spec))
+                return
             define, do = pattern_functions(t)
             op = ("pattern", {"pattern": t.pattern, "define": define, "do": do, "within": within,
                               "output": t.output, "key": d.stream.key})
@@ -179,6 +190,28 @@ class NativeProcessor(EventProcessor):
         prev = self._add(f"{query_id}.{suffix}", op[0], op[1], [prev, *inputs[1:]], query_id)
         self._add(f"{query_id}.out", "ep_output", {"processors": {query_id: self._processors[query_id]}},
                   [prev], query_id, kind="sink")
+
+    def _shared_correlation(self, query_id: Any, d: Definition, t: Correlate, within: Any, prev: str) -> bool:
+        """A correlation of two streams whose predicate keys a hash join up to its literals joins the
+        ``ep_correlate`` operator of its shape (operators/ep_correlate.py); False when it cannot."""
+        from pescheduler.operators.ep_correlate import split
+
+        if not self.share or d.filters or t.right == d.stream.name or any(
+                getattr(t, k) is not None for k in ("on", "left_key", "right_key")):
+            return False
+        names = {"left": d.stream.name, "right": t.right}
+        form = split(t.predicate, lambda side, name: self._schema(names[side]).fields.get(name))
+        if form is None:
+            return False
+        shape, left, right, constant, exact = form
+        spec = {"predicate": t.predicate, "within": within}
+        inputs = [prev, self._stream(t.right).op_id]
+        self._shared(query_id, ("ep_correlate", *inputs, shape), "ep_correlate", inputs,
+                     f"{d.stream.name}+{t.right}",
+                     {"shape": shape, "left": left, "right": right, "constant": constant, "exact": exact,
+                      "queries": {query_id: spec}},
+                     lambda op: op.add_query(query_id, spec))
+        return True
 
     def _filters(self, query_id: Any, d: Definition, prev: str) -> None:
         """A filter-only query joins its stream's one ``ep_filter`` operator (operators/ep_filter.py)."""

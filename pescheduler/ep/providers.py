@@ -103,11 +103,7 @@ class DuckDB(Dialect):
             return super().insert(cursor, table, columns, rows)
 
         data = pa.Table.from_arrays([pa.array(list(c)) for c in zip(*rows)], names=columns)
-        cursor.register("ep_arrow_batch", data)
-        try:
-            cursor.execute(f"INSERT INTO {table} SELECT {', '.join(columns)} FROM ep_arrow_batch")
-        finally:
-            cursor.unregister("ep_arrow_batch")
+        cursor.from_arrow(data).insert_into(table)     # one call (register/INSERT/unregister were three)
 
 
 class PostgreSQL(Dialect):
@@ -125,7 +121,9 @@ def open_provider(provider: Any) -> tuple[Any, Dialect, bool]:
         if provider == "duckdb":
             import duckdb
 
-            return duckdb.connect(":memory:"), DuckDB(), True
+            # One thread: a batch's statements are small, and on a loaded machine every hand-over
+            # between DuckDB's threads waits for a CPU (per-batch time rose with the load).
+            return duckdb.connect(":memory:", config={"threads": 1}), DuckDB(), True
         if provider.startswith(("postgresql://", "postgres://")):
             import psycopg
 

@@ -48,6 +48,7 @@ DuckDB and PostgreSQL: patterns always take the symbol-stream + NFA route.
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -64,6 +65,7 @@ _TABLES = itertools.count(1)
 LO = type("LO", (), {"__repr__": lambda self: "LO"})()
 """A parameter standing for the first sequence number of the batch being processed."""
 KEEP = 1_000                  # batch tables are emptied once they hold this many rows
+PURGE = 1_000                 # count-window tables are purged once this many rows may have come
 _INT64 = (-(2**63), 2**63 - 1)
 BATCH = 10_000                # as the native engine's source driver: a push is cut into batches of this
 BASE = ("count", "sum", "sumsq", "min", "max")
@@ -109,6 +111,10 @@ class SQLProcessor(EventProcessor):
         self._combined: dict[str, tuple] = {}     # stream -> (filter queries, statements)
         self._symbols: dict[str, tuple] = {}      # stream -> (pattern queries, SQL, params)
         self._lookups: dict[str, list] = {}       # batch table -> literal tables of its filters
+        from pescheduler.operators.ep_io import OutputProcessors
+
+        self._output = OutputProcessors(self._processors, tagged=True)   # built once: an operator's
+        # construction checks its parameters (inspect), too slow for every batch of every query
 
     # -- SQL -----------------------------------------------------------------------------------
     def sql(self, text: str, params: list | tuple = ()) -> list:
@@ -340,11 +346,9 @@ class SQLProcessor(EventProcessor):
 
     def emit(self, query_id: Any, rows: list) -> None:
         """Hand ``rows`` to the query's output processors (a failing one is dead-lettered)."""
-        from pescheduler.operators.ep_io import OutputProcessors
-
         if rows:
             out = Emitter()
-            OutputProcessors({query_id: self._processors[query_id]}).process(rows, out)
+            self._output.process([(query_id, row) for row in rows], out)
             self._dead.extend(out.dead or ())
 
     def application(self, name: str, sources: Mapping[str, Any]) -> Any:
@@ -543,12 +547,19 @@ class _Windowed(_Query):
         head = {self.key: k} if self.key else {}
         return {**head, "window_start": ws, "window_end": we, **self.aggs.row(values, python)}
 
-    def python_only_on_time_windows(self) -> None:
-        if self.aggs.python:
-            raise ValueError(f"query {self.query_id!r}: plug-in aggregate {self.aggs.python[0][0]!r}: on a "
-                             f"database, plug-in aggregates run over ep.Tumbling and ep.Sliding windows "
-                             f"(in Python, over the window table's rows); this window runs on the native "
-                             f"provider")
+    def _events(self, since: int | None = None) -> dict:
+        """The window table's events (the fields plug-in aggregates read) per key, in event-time
+        then arrival order: ``{key: [(seq, event)]}``; ``since``: only those with ``ts > since``."""
+        fields = list(dict.fromkeys([f for _, _, f in self.aggs.python if f is not None]
+                                    + ([self.key] if self.key else [])))
+        cols = "".join(f", {column(f)}" for f in fields)
+        where, params = ("", []) if since is None else (f" WHERE ts > {self.proc.p()}", [_bound(since)])
+        per_key: dict = {}
+        for row in self.proc.sql(f"SELECT seq, ts{cols} FROM {self.t}{where} ORDER BY ts, seq", params):
+            e = dict(zip(fields, row[2:]))
+            e[TS_FIELD] = row[1]
+            per_key.setdefault(e.get(self.key) if self.key else None, []).append((row[0], e))
+        return per_key
 
 
 class _WindowAggregate(_Windowed):
@@ -593,19 +604,8 @@ class _WindowAggregate(_Windowed):
 
     def _python(self, start: int, end: int) -> dict:
         """The plug-in aggregates of window ``[start, end)``, per key, over its rows in event order."""
-        fields = [f for _, _, f in self.aggs.python if f is not None]
-        if self.key:
-            fields.append(self.key)
-        cols = "".join(f", {column(f)}" for f in dict.fromkeys(fields))
-        p = self.proc.p()
-        got = self.proc.sql(f"SELECT ts{cols} FROM {self.t} WHERE pane >= {p} AND pane < {p} "
-                            f"ORDER BY ts, seq", [start, end])
-        names = list(dict.fromkeys(fields))
-        per_key: dict = {}
-        for row in got:
-            e = dict(zip(names, row[1:]))
-            per_key.setdefault(e.get(self.key) if self.key else None, []).append(e)
-        return {k: self.aggs.fold(events) for k, events in per_key.items()}
+        return {k: self.aggs.fold([e for _, e in events if start <= e[TS_FIELD] < end])
+                for k, events in self._events(start - 1).items()}
 
     def on_watermark(self, wm: int) -> None:
         starts = sorted(self.panes)
@@ -679,7 +679,6 @@ class _OverAggregate(_Kept):
 
     def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
         super().__init__(proc, query_id, d)
-        self.python_only_on_time_windows()
         self.members: dict[Any, tuple[int, _Aggregates]] = {}
         self.swept = MIN_WATERMARK
         self.born = proc._streams[d.stream.name].seq
@@ -701,8 +700,6 @@ class _OverAggregate(_Kept):
         if size <= 0:
             raise ValueError(f"query {query_id!r}: an event window's size must be positive, got {size}")
         aggs = _Aggregates(query_id, d.terminal.aggregates, self.schema, self.proc.dialect, "q")
-        if aggs.python:                              # refused by the runner of its own
-            return False
         self.members[query_id] = (size, aggs)
         self._compile()
         return True
@@ -743,14 +740,21 @@ class _OverAggregate(_Kept):
             first[row[1], k] = min(first.get((row[1], k), row[0]), row[0])
         got.sort(key=lambda r: (r[1], first[r[1], r[2] if self.key else None], r[0]))
         at = n
+        python = any(aggs.python for _, aggs in self.members.values())
+        per_key = self._events(old - self.size) if python and got else {}
+        times = {k: [e[TS_FIELD] for _, e in events] for k, events in per_key.items()}
         for query_id, (size, aggs) in self.members.items():
             width = len(aggs.base)
             rows = []
             for row in got:
                 k = row[2] if self.key else None
                 head = {self.key: k} if self.key else {}
+                folded = None
+                if aggs.python:                   # plug-in aggregates: in Python over (ts - size, ts]
+                    lo, hi = bisect_right(times[k], row[1] - size), bisect_right(times[k], row[1])
+                    folded = aggs.fold([e for _, e in per_key[k][lo:hi]])
                 rows.append({**head, "window_start": row[1] - size + 1, "window_end": row[1] + 1,
-                             **aggs.row(tuple(row[at:at + width]))})
+                             **aggs.row(tuple(row[at:at + width]), folded)})
             at += width
             self.proc.emit(query_id, rows)
         if wm - self.swept >= self.size:           # forget what no future window reaches, now and then
@@ -767,7 +771,6 @@ class _SessionAggregate(_Kept):
         super().__init__(proc, query_id, d)
         from ..timeutil import parse_duration
 
-        self.python_only_on_time_windows()
         self.gap = parse_duration(d.stream.window.gap)
         if self.gap <= 0:
             raise ValueError(f"query {query_id!r}: a session gap must be positive, got {d.stream.window.gap!r}")
@@ -810,7 +813,10 @@ class _SessionAggregate(_Kept):
         if not fired:
             return
         fired.sort(key=lambda f: f[:3])
-        self.proc.emit(self.query_id, [self.result(k, first, end, values) for end, first, _, k, values in fired])
+        per_key = self._events() if self.aggs.python else None       # plug-in aggregates: in Python
+        self.proc.emit(self.query_id, [self.result(k, first, end, values, per_key and self.aggs.fold(
+            [e for _, e in per_key[k] if first <= e[TS_FIELD] <= end - self.gap]))
+            for end, first, _, k, values in fired])
         self.proc.sql(self.purge_sql, [self.gap, _bound(wm - self.gap + 1)])
         self.opened = {k: n for k, n in self.opened.items() if k in open_keys}
 
@@ -818,11 +824,16 @@ class _SessionAggregate(_Kept):
 class _CountAggregate(_Kept):
     """``CountWindow(count, slide)``: per key, ``ROW_NUMBER`` in event-time order (equal times in
     arrival order); a window ends at every ``slide``-th row from the ``count``-th, aggregated
-    over a frame of ``count`` rows, and comes out when the watermark passes its last row."""
+    over a frame of ``count`` rows, and comes out when the watermark passes its last row.
+
+    Purge: rows of a key that no window to come reaches go, a multiple of ``slide`` at a time,
+    so the numbering of the rows left keeps the windows where they were (the next window's
+    ``count`` rows stay). It runs once the table may have grown by :data:`PURGE` rows, so the
+    table holds at most about ``count`` rows per key plus that.
+    """
 
     def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
         super().__init__(proc, query_id, d)
-        self.python_only_on_time_windows()
         w = d.stream.window
         count, slide = w.count, w.slide if w.slide is not None else w.count
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (count, slide)) \
@@ -831,27 +842,52 @@ class _CountAggregate(_Kept):
                              f"count a multiple of slide; got count={w.count!r}, slide={w.slide!r}")
         self.count, self.slide = count, slide
         self.taken = self.wm
-        p = proc.p()
+        self.added = 0                           # rows inserted since the last purge (at most)
+        p, mod = proc.p(), proc.dialect.floor_mod
         order = "ORDER BY q.ts, q.seq"
         frame = f"{self.part}{order} ROWS BETWEEN {int(count) - 1} PRECEDING AND CURRENT ROW"
         self.fire_sql = (f"SELECT * FROM (SELECT q.seq, q.ts{self.kcols}, ROW_NUMBER() OVER ({self.part}{order}) "
                          f"AS rn, FIRST_VALUE(q.ts) OVER ({frame}) AS first, "
                          f"{', '.join(self.aggs.parts(f' OVER ({frame})'))} FROM {self.t} q) w "
                          f"WHERE w.ts > {p} AND w.ts <= {p} AND w.rn >= {p} "
-                         f"AND {proc.dialect.floor_mod(f'w.rn - {p}', p)} = 0 "
+                         f"AND {mod(f'w.rn - {p}', p)} = 0 "
                          f"ORDER BY w.ts, w.seq")
+        # n rows of a key passed by the watermark: the windows ending at them have fired; the next
+        # ends at count + j * slide > n, so its first row is j * slide + 1, and the rows before go.
+        self.purge_sql = (f"DELETE FROM {self.t} WHERE seq IN (SELECT w.seq FROM (SELECT q.seq, ROW_NUMBER() "
+                          f"OVER ({self.part}{order}) AS rn, SUM(CASE WHEN q.ts <= {p} THEN 1 ELSE 0 END) "
+                          f"OVER ({self.part}) AS n FROM {self.t} q) w WHERE w.n >= {p} "
+                          f"AND w.rn <= w.n - {p} - {mod(f'w.n - {p}', p)} + {p})")
+
+    def on_batch(self, stream: str, state: _SQLStream) -> None:
+        super().on_batch(stream, state)
+        self.added += len(state.batch)
 
     def on_watermark(self, wm: int) -> None:
         got = self.proc.sql(self.fire_sql, [_bound(self.taken), _bound(wm), self.count, self.count,
                                               *[self.slide] * 3])   # floor_mod writes its divisor 3 times
         self.taken = wm
         n = 3 if self.key else 2
+        frames = self._frames(got) if self.aggs.python else None
         rows = []
         for row in got:
             k = row[2] if self.key else None
             first, values = row[n + 1], tuple(row[n + 2:])
-            rows.append(self.result(k, first, row[1] + 1, values))
+            rows.append(self.result(k, first, row[1] + 1, values, frames and self.aggs.fold(frames[row[0]])))
         self.proc.emit(self.query_id, rows)
+        if self.added >= max(PURGE, self.count):
+            self.added = 0
+            self.proc.sql(self.purge_sql, [_bound(wm), self.count, self.count, self.count, *[self.slide] * 4])
+
+    def _frames(self, fired: list) -> dict:
+        """seq of each fired window's last row -> the ``count`` events of its frame, in order."""
+        per_key = self._events()
+        where = {seq: (k, i) for k, events in per_key.items() for i, (seq, _) in enumerate(events)}
+        frames = {}
+        for row in fired:
+            k, i = where[row[0]]
+            frames[row[0]] = [e for _, e in per_key[k][i - self.count + 1:i + 1]]
+        return frames
 
 
 class _Correlate(_Query):
@@ -1018,24 +1054,13 @@ class _Correlate(_Query):
 def _template(predicate: Any) -> tuple[Any, list | None]:
     """``predicate`` with each literal a column of the parameter table (``measure`` side ``l0``,
     ``l1``...), and the literals; ``(predicate, None)`` when one cannot be a column (null, bool)."""
-    from .expr import Binary, Lit, Unary
+    from ..operators.ep_correlate import template
 
-    values: list = []
-
-    def walk(e: Expr) -> Expr:
-        if isinstance(e, Lit):
-            values.append(e.value)
-            return Col(f"l{len(values) - 1}", "measure")   # the bridge's own use of that side
-        if isinstance(e, Binary):
-            return Binary(e.op, walk(e.left), walk(e.right))
-        if isinstance(e, Unary):
-            return Unary(e.op, walk(e.operand))
-        return e
     if predicate is None:
         return None, []
     if any(side == "measure" for side, _ in lift(predicate).refs()):
         return predicate, None                       # (refused later: no measures in a correlation)
-    shape = walk(lift(predicate))
+    shape, values = template(predicate)
     if any(type(v) not in (int, float, str) for v in values):
         return predicate, None
     return shape, values

@@ -33,6 +33,11 @@ def build(out_dir):
         "mean": ep.Stream("s", window=window, key="id").aggregate({"m": ("avg", "a")}),
         "spread": ep.Stream("s", window=window, key="id").aggregate({"m": ("avg", "a"), "sd": ("stddev", "a")}),
         "correlate": ep.Stream("s", window=ep.Tumbling(20)).correlate("t", lambda l, r: l["a"] - r["b"] == 2),
+        # of one shape: one ep_correlate with shared buffers, and one ep_patterns automaton
+        "near": ep.Stream("s", window=ep.Tumbling(20)).correlate("t", ep.left("a") - ep.right("b") == 2),
+        "near3": ep.Stream("s", window=ep.Tumbling(10)).correlate("t", ep.left("a") - ep.right("b") == 3),
+        "rise": ep.Stream("s", window=ep.Tumbling(30), key="id").pattern(
+            "x y", {"x": True, "y": ep.col("a") - ep.measure("z") == 1}, do={"x": {"z": ep.col("a")}}),
         "pattern": ep.Stream("s", window=ep.Tumbling(30), key="id").pattern(
             "x y", {"x": lambda e, m: True, "y": lambda e, m: e["a"] - m["z"] == 1},
             do={"x": lambda e, m: {"z": e["a"]}}),

@@ -1,0 +1,406 @@
+"""Every pattern query of a stream (one key, no filters) in one operator, their runs shared.
+
+The JEPC workload runs Count patterns of one shape side by side (``x y u``
+with ``y: a - z1 == i``, ``u: a - z2 == i`` for i = 1..Count). As one
+``pattern`` operator each, every event is held, sorted and released Count
+times, and Count automata start a run that is the same run in each of them.
+Here events are held and released once, and queries of one *shape* (the
+same pattern, ``do`` and predicates up to one ``expression == literal``
+conjunct per symbol) are one automaton whose runs carry the set of queries
+they are a run of (per position): a predicate's shared part is evaluated
+once, its expression computed once, and the queries whose literal equals
+the value are found in a dict (as ``ep_filter`` finds filters), so an event
+costs a lookup per run, not Count tests. A query's ``within`` drops it from
+the runs that grew older than its own.
+
+For each query the runs are exactly those of its own ``pattern`` operator
+(``operators/pattern.py``: the same Glushkov automaton, strict contiguity,
+alternatives at one timestamp, one report per distinct sequence of events and
+output), restricted to the runs it belongs to; so rows are equal, in the
+same order per query. A query with a Python predicate, ``do`` function or
+``output`` is an automaton of its own (still released with the others).
+
+``ep_patterns(key=None, queries={query_id: {"pattern", "define", "do",
+"within", "output"}})`` (``define``/``do`` as ``ep.Pattern`` takes them:
+expressions, constants or functions) emits ``(query_id, row)`` for a tagged
+``ep_output``; late events (``ts <= watermark`` on arrival) go to the
+``late`` side output as ``(query_id, event)``, once per query. Queries come
+and go (``add_query`` / ``remove_query``); a query sees the events that
+arrive after it joined.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_left
+from itertools import groupby
+from operator import itemgetter
+from typing import Any, Callable, Mapping
+
+from pescheduler.expr import Binary, Expr, Lit, conjuncts, lift
+from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, Parallelism, per_instance
+from pescheduler.timeutil import parse_duration
+
+from .ep_filter import _indexable
+from .pattern import Pattern
+
+EMPTY: frozenset = frozenset()
+
+
+def _split(pred: Any) -> tuple[Expr | None, Any, Expr | None]:
+    """``(expression, literal, rest)``: the first ``expression == literal`` conjunct of ``pred``
+    (a query's parameter) and the conjunction of the others (None: nothing else to test)."""
+    found, rest = None, None
+    for c in conjuncts(lift(pred)):
+        if found is None and isinstance(c, Binary) and c.op == "eq":
+            x, lit = (c.left, c.right) if isinstance(c.right, Lit) else (c.right, c.left)
+            if isinstance(lit, Lit) and not isinstance(x, Lit) and _indexable(lit.value):
+                found = (x, lit.value)
+                continue
+        if isinstance(c, Lit) and c.value is True:
+            continue
+        rest = c if rest is None else Binary("and", rest, c)
+    return (found[0], found[1], rest) if found else (None, None, rest)
+
+
+def _shape(query_id: Any, spec: Mapping) -> tuple:
+    """What queries of one automaton have in common; a query that runs Python is alone."""
+    define, do = spec["define"], spec.get("do") or {}
+    if spec.get("output") is not None or any(callable(p) and not isinstance(p, Expr) for p in define.values()) \
+            or any(not isinstance(m, Mapping) for m in do.values()):
+        return ("alone", query_id)
+    symbols = []
+    for s, p in sorted(define.items()):
+        x, _, rest = _split(p)
+        symbols.append((s, repr(x) if x is not None else None, repr(rest)))
+    dos = tuple((s, tuple((n, repr(lift(e))) for n, e in sorted(m.items()))) for s, m in sorted(do.items()))
+    return (spec["pattern"], tuple(symbols), dos)
+
+
+def _restrict(runs: list, qs: frozenset) -> list:
+    """The runs of the queries ``qs``."""
+    out = []
+    for pq, m, start, ident in runs:
+        mine = {p: s & qs for p, s in pq.items() if not s.isdisjoint(qs)}
+        if mine:
+            out.append((mine, m, start, ident))
+    return out
+
+
+class _Family:
+    """Queries of one shape: one automaton whose runs carry, per position, the queries they serve."""
+
+    def __init__(self, shape: tuple, nfa: Pattern, spec: Mapping) -> None:
+        self.shape = shape
+        self.queries: dict[Any, tuple] = {}          # query id -> (within, born, {symbol: literal})
+        self.all: frozenset = EMPTY
+        # position -> (symbol, accepting, follow)
+        self.pos = [(s, acc, follow) for s, _pred, _do, acc, follow in nfa._pos]
+        self.first = nfa._first
+        self.output = spec.get("output")
+        self.do = {p[0]: p[2] for p in nfa._pos}
+        self.index: dict[str, dict] = {}              # symbol -> {literal: frozenset of queries}
+        preds = {p[0]: p[1] for p in nfa._pos}
+        alone = shape[0] == "alone"
+        self.match = {s: self._matcher(s, spec["define"][s], preds[s], alone) for s in preds}
+        self.runs: dict[Any, list] = {}              # key -> [({position: queries}, measures, start, id)]
+        self._alive: dict[int, frozenset] = {}       # age -> queries whose within reaches it
+        self.min_within: float = float("inf")
+        self.max_within: float | None = None
+        self.latest_born = 0
+
+    def _matcher(self, symbol: str, pred: Any, fn: Callable, alone: bool) -> Callable:
+        """``match(event, measures, queries) -> the queries whose predicate holds``."""
+        if alone:
+            return lambda e, m, qs: qs if fn(e, m) else EMPTY
+        x, _, rest = _split(pred)
+        test = rest.function() if rest is not None else None
+        if x is None:
+            if test is None:
+                return lambda e, m, qs: qs
+            return lambda e, m, qs: qs if test(e, m) else EMPTY
+        value, index = x.function(), self.index.setdefault(symbol, {})
+
+        def match(e: Any, m: Any, qs: frozenset) -> frozenset:
+            if test is not None and not test(e, m):
+                return EMPTY
+            hit = index.get(value(e, m))
+            return EMPTY if hit is None else hit & qs
+        return match
+
+    def add(self, query_id: Any, spec: Mapping, born: int) -> None:
+        literals = {}
+        if self.shape[0] != "alone":
+            for s, p in spec["define"].items():
+                x, lit, _ = _split(p)
+                if x is not None:
+                    literals[s] = lit
+                    index = self.index[s]
+                    index[lit] = index.get(lit, EMPTY) | {query_id}
+        within = spec.get("within")
+        self.queries[query_id] = (None if within is None else parse_duration(within), born, literals)
+        self._changed()
+
+    def remove(self, query_id: Any) -> None:
+        _, _, literals = self.queries.pop(query_id)
+        for s, lit in literals.items():
+            index = self.index[s]
+            index[lit] = index[lit] - {query_id}
+            if not index[lit]:
+                del index[lit]
+        for k in list(self.runs):
+            runs = []
+            for pq, m, start, ident in self.runs[k]:
+                pq = {p: qs - {query_id} for p, qs in pq.items() if qs - {query_id}}
+                if pq:
+                    runs.append((pq, m, start, ident))
+            if runs:
+                self.runs[k] = runs
+            else:
+                del self.runs[k]
+        self._changed()
+
+    def _changed(self) -> None:
+        self.all = frozenset(self.queries)
+        self._alive = {}
+        withins = [w for w, _, _ in self.queries.values()]
+        self.min_within = min((w for w in withins if w is not None), default=float("inf"))
+        self.max_within = None if None in withins or not withins else max(withins)
+        self.latest_born = max((b for _, b, _ in self.queries.values()), default=0)
+
+    def alive(self, age: int) -> frozenset:
+        got = self._alive.get(age)
+        if got is None:
+            if len(self._alive) > 4096:
+                self._alive = {}
+            got = self._alive[age] = frozenset(q for q, (w, _, _) in self.queries.items() if w is None or w >= age)
+        return got
+
+    # -- one step: the events of one key at one timestamp ------------------------------------
+    def step(self, k: Any, ts: int, events: list, seqs: list, ids: Any, out: list) -> None:
+        """As ``Pattern._step``, for every query of the family at once (see the module docstring).
+
+        A query that joined while some of these events were waiting sees only those that came
+        after it (as its own operator would have): such queries step apart, on their events."""
+        runs = self.runs.get(k, [])
+        if self.latest_born <= seqs[0]:
+            kept = self._step(ts, events, runs, self.all, ids, out)
+        else:
+            parts: dict[int, frozenset] = {}
+            for q, (_, born, _) in self.queries.items():
+                j = bisect_left(seqs, born)
+                parts[j] = parts.get(j, EMPTY) | {q}
+            kept = []
+            for j, qs in sorted(parts.items()):
+                mine = _restrict(runs, qs)
+                kept += mine if j == len(events) else self._step(ts, events[j:], mine, qs, ids, out)
+        if kept:
+            self.runs[k] = kept
+        else:
+            self.runs.pop(k, None)
+
+    def _step(self, ts: int, events: list, runs: list, every: frozenset, ids: Any, out: list) -> list:
+        pos = self.pos
+        made: dict = {}                             # (parent id, event index) -> new id
+        new: dict = {}                              # new id -> [[{position: queries}, measures, start, accepting]]
+        for pq, measures, start, ident in runs:
+            age = ts - start
+            if age > self.min_within:
+                ok = self.alive(age)
+                pq = {p: qs & ok for p, qs in pq.items() if not qs.isdisjoint(ok)}
+                if not pq:
+                    continue
+            nexts: dict = {}
+            for p, qs in pq.items():
+                for n in pos[p][2]:
+                    had = nexts.get(n)
+                    nexts[n] = qs if had is None or had is qs else had | qs
+            self._take(sorted(nexts.items()), measures, start, ident, events, ids, made, new)
+        self._take([(n, every) for n in self.first], {}, ts, None, events, ids, made, new)
+        kept = []
+        output = self.output
+        for ident, entries in new.items():
+            done: dict = {}
+            for pq, m, start, accepting in entries:
+                for q in accepting:
+                    result = output(m) if output is not None else {**m, "start_ts": start, "ts": ts}
+                    seen = done.setdefault(q, [])
+                    if result not in seen:
+                        seen.append(result)
+                        out.append((q, result))
+                alive = {p: qs for p, qs in pq.items() if pos[p][2]}
+                if alive:
+                    kept.append((alive, m, start, ident))
+        return kept
+
+    def _take(self, nexts: list, measures: dict, start: int, ident: Any, events: list,
+              ids: Any, made: dict, new: dict) -> None:
+        pos, match, do = self.pos, self.match, self.do
+        for i, e in enumerate(events):
+            for n, qs in nexts:
+                sym, accepting, _ = pos[n]
+                got = match[sym](e, measures, qs)
+                if not got:
+                    continue
+                fn = do.get(sym)
+                m = {**measures, **fn(e, measures)} if fn is not None else measures
+                eid = made.get((ident, i))
+                if eid is None:
+                    eid = made[ident, i] = next(ids)
+                entries = new.setdefault(eid, [])
+                for entry in entries:
+                    if entry[1] is m or entry[1] == m:
+                        had = entry[0].get(n)
+                        entry[0][n] = got if had is None else had | got
+                        if accepting:
+                            entry[3] = entry[3] | got
+                        break
+                else:
+                    entries.append([{n: got}, m, start, got if accepting else EMPTY])
+
+    def expire(self, watermark: int) -> None:
+        """Drop runs no query's ``within`` reaches any more (their next event is too far)."""
+        if self.max_within is None:
+            return
+        horizon = watermark - self.max_within
+        for k in list(self.runs):
+            runs = [r for r in self.runs[k] if r[2] > horizon]
+            if runs:
+                self.runs[k] = runs
+            else:
+                del self.runs[k]
+
+
+class SharedPatterns(Operator):
+    """Pattern queries of one stream and key sharing a hold and their runs; see the module docstring."""
+
+    name = "ep_patterns"
+    parallelism = per_instance(Parallelism.KEYED,
+                               lambda op: Parallelism.SINGLETON if op.key is None else Parallelism.KEYED)
+    outputs = ("late",)
+
+    def __init__(self, key: str | None = None, queries: dict | None = None, ts_field: str = "ts") -> None:
+        self.key, self.ts_field = key, ts_field
+        self._key = itemgetter(key) if isinstance(key, str) else key
+        self._specs: dict[Any, dict] = {}
+        self._families: list[_Family] = []
+        self._of: dict[Any, _Family] = {}
+        self._pending: list = []                    # (ts, arrival seq, event) not yet passed by the watermark
+        self._seq = 0
+        self._ids = itertools.count()
+        self._wm = MIN_WATERMARK
+        for query_id, spec in (queries or {}).items():
+            self.add_query(query_id, spec)
+
+    @property
+    def query_ids(self) -> list:
+        return list(self._specs)
+
+    def add_query(self, query_id: Any, spec: Mapping) -> None:
+        """Query ``query_id``: ``{"pattern", "define", "do", "within", "output"}`` as ``ep.Pattern``
+        (``within`` resolved); it joins the automaton of its shape, or starts one."""
+        from pescheduler.ep.api import pattern_functions, Pattern as Definition
+
+        if query_id in self._specs:
+            raise ValueError(f"ep_patterns: query {query_id!r} exists already")
+        spec = dict(spec)
+        define, do = pattern_functions(Definition(spec["pattern"], spec["define"], spec.get("do"), spec.get("output")))
+        nfa = Pattern(spec["pattern"], define, do=do, within=spec.get("within"), output=spec.get("output"))
+        shape = _shape(query_id, spec)
+        family = next((f for f in self._families if f.shape == shape), None)
+        if family is None:
+            family = _Family(shape, nfa, spec)
+            self._families.append(family)
+        family.add(query_id, spec, self._seq + 1)
+        self._specs[query_id] = spec
+        self._of[query_id] = family
+
+    def remove_query(self, query_id: Any) -> None:
+        family = self._of.pop(query_id)
+        del self._specs[query_id]
+        family.remove(query_id)
+        if not family.queries:
+            self._families.remove(family)
+
+    def parameters(self) -> dict:
+        return {"key": self.key, "ts_field": self.ts_field, "queries": {q: dict(s) for q, s in self._specs.items()}}
+
+    # -- data ------------------------------------------------------------------------------
+    def process(self, batch: list, emit: Emitter) -> None:
+        wm, ts_f, pending = self._wm, self.ts_field, self._pending
+        for e in batch:
+            ts = e[ts_f]
+            if ts <= wm:
+                for q in self._specs:
+                    emit.to("late", (q, e))
+            else:
+                self._seq += 1
+                pending.append((ts, self._seq, e))
+
+    def on_watermark(self, watermark: int, emit: Emitter) -> None:
+        self._wm = watermark
+        ready = [p for p in self._pending if p[0] <= watermark]
+        if ready:
+            self._pending = [p for p in self._pending if p[0] > watermark]
+            ready.sort(key=itemgetter(0))          # stable: arrival order within a timestamp
+            key, families, ids, out = self._key, self._families, self._ids, []
+            for ts, step in groupby(ready, itemgetter(0)):
+                groups: dict[Any, tuple[list, list]] = {}
+                for _, seq, e in step:
+                    k = key(e) if key is not None else None
+                    g = groups.get(k)
+                    if g is None:
+                        groups[k] = ([e], [seq])
+                    else:
+                        g[0].append(e)
+                        g[1].append(seq)
+                for k, (events, seqs) in groups.items():
+                    for family in families:
+                        family.step(k, ts, events, seqs, ids, out)
+            if out:
+                emit.many(out)
+        for family in self._families:
+            family.expire(watermark)
+
+    # -- state ---------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        return {"watermark": self._wm, "pending": list(self._pending), "seq": self._seq,
+                "ids": next(self._ids), "families": [(f.shape, {k: list(v) for k, v in f.runs.items()},
+                                                      {q: b for q, (_, b, _) in f.queries.items()})
+                                                     for f in self._families]}
+
+    def restore(self, state: dict) -> None:
+        shapes = [f.shape for f in self._families]
+        if [s for s, _, _ in state["families"]] != shapes:
+            raise ValueError(f"ep_patterns state of shapes {[s for s, _, _ in state['families']]} cannot be "
+                             f"restored into {shapes}")
+        self._wm, self._pending, self._seq = state["watermark"], list(state["pending"]), state["seq"]
+        self._ids = itertools.count(state["ids"])
+        for f, (_, runs, born) in zip(self._families, state["families"]):
+            f.runs = {k: list(v) for k, v in runs.items()}
+            for q, b in born.items():
+                if q in f.queries:
+                    w, _, lits = f.queries[q]
+                    f.queries[q] = (w, b, lits)
+            f._changed()
+
+    def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
+        """The runs and waiting events of the keys where ``owns(key)``."""
+        if self._key is None:
+            raise ValueError("an unkeyed pattern is one sequence: it cannot be split into copies")
+        key = self._key
+        return {**state, "pending": [p for p in state["pending"] if owns(key(p[2]))],
+                "families": [(s, {k: v for k, v in runs.items() if owns(k)}, born)
+                             for s, runs, born in state["families"]]}
+
+    def merge_states(self, states: list) -> dict:
+        """Every instance's runs and waiting events (disjoint keys), at the least advanced watermark."""
+        families = []
+        for i, (shape, _, born) in enumerate(states[0]["families"]):
+            runs: dict = {}
+            for st in states:
+                runs.update(st["families"][i][1])
+            families.append((shape, runs, born))
+        return {**states[0], "families": families, "watermark": min(st["watermark"] for st in states),
+                "pending": [p for st in states for p in st["pending"]],
+                "seq": max(st["seq"] for st in states), "ids": max(st["ids"] for st in states)}

@@ -1,0 +1,143 @@
+"""Queries of one shape share their work on the native engine (``ep_patterns``, ``ep_correlate``,
+``ep_over`` lanes): per query, rows and late events equal those of the query's own operator
+(``EventProcessor(share=False)``), in the same order, on random streams with equal timestamps,
+out-of-order events, queries added and removed while events flow."""
+
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pescheduler import ep
+
+SCHEMA = {"id": str, "a": int, "b": int}
+
+
+def stream(seed, n, span=5, jitter=3):
+    """``n`` events on 3 keys, ts climbing one per event with up to ``jitter`` ms out of order."""
+    rnd = random.Random(seed)
+    return [({"id": f"k{rnd.randrange(3)}", "a": rnd.randrange(span), "b": rnd.randrange(span)},
+             max(0, i // 2 - rnd.randint(0, jitter))) for i in range(n)]
+
+
+def jepc_pattern(i, size, key=None):
+    return ep.Stream("s", window=ep.Tumbling(size), key=key).pattern(
+        "x y u", {"x": True, "y": ep.col("a") - ep.measure("z1") == i, "u": ep.col("a") - ep.measure("z2") == i},
+        do={"x": {"z1": ep.col("a")}, "y": {"z2": ep.col("a")}})
+
+
+PATTERNS = {
+    **{f"jepc{i}": jepc_pattern(i, 6 + i) for i in range(-1, 3)},
+    **{f"keyed{i}": jepc_pattern(i, 8, key="id") for i in range(0, 2)},
+    **{f"plus{i}": ep.Stream("s", window=ep.Tumbling(5 + i)).pattern(
+        "x y+ u", {"x": ep.col("a") < 3, "y": (ep.col("a") >= ep.measure("z")) & (ep.col("b") - ep.measure("z") == i),
+                   "u": (ep.col("a") < ep.measure("z")) | (ep.col("b") == 0)},
+        do={"x": {"z": ep.col("a")}, "y": {"z": ep.col("a")}}) for i in range(0, 3)},
+    **{f"alt{i}": ep.Stream("s", window=ep.Tumbling(4)).pattern(
+        "x (y | y) y*", {"x": ep.col("a") <= 2, "y": ep.col("b") - ep.col("a") == i}) for i in (0, 1)},
+    "python": ep.Stream("s", window=ep.Tumbling(5)).pattern("x y", {"x": lambda e, m: e["a"] > 2, "y": True}),
+}
+LATER = {"jepc9": jepc_pattern(1, 7), "plus9": ep.Stream("s", window=ep.Tumbling(9)).pattern(
+    "x y+ u", {"x": ep.col("a") < 3, "y": (ep.col("a") >= ep.measure("z")) & (ep.col("b") - ep.measure("z") == 1),
+               "u": (ep.col("a") < ep.measure("z")) | (ep.col("b") == 0)},
+    do={"x": {"z": ep.col("a")}, "y": {"z": ep.col("a")}})}
+
+CORRELATIONS = {
+    **{f"c{i}": ep.Stream("s", window=ep.Tumbling(4 + i)).correlate("t", ep.left("a") - ep.right("b") == i)
+       for i in range(-1, 3)},
+    **{f"more{i}": ep.Stream("s", window=ep.Tumbling(3)).correlate(
+        "t", (ep.left("a") + 1 == ep.right("b") - i) & (ep.left("b") <= ep.right("a"))) for i in (0, 2)},
+}
+LATER_CORRELATIONS = {"c9": ep.Stream("s", window=ep.Tumbling(6)).correlate("t", ep.left("a") - ep.right("b") == 1)}
+
+
+def run(share, queries, later, events, max_delay, batch):
+    """Results and late events per query; half-way, the first query leaves and ``later`` come."""
+    proc = ep.EventProcessor(share=share)
+    for name in ("s", "t"):
+        proc.register_stream(name, SCHEMA, max_delay=max_delay)
+    out = {q: [] for q in (*queries, *later)}
+    for q, d in queries.items():
+        proc.create_query(q, d)
+        proc.add_output_processor(q, out[q].append)
+    late = {}
+    s, t = events
+    half = len(s) // 2
+    for i in range(0, len(s), batch):
+        if i >= half and later and not late:
+            first = next(iter(queries))
+            late[first] = proc.late(first)
+            proc.remove_query(first)
+            for q, d in later.items():
+                proc.create_query(q, d)
+                proc.add_output_processor(q, out[q].append)
+        proc.push_events("s", s[i:i + batch])
+        proc.push_events("t", t[i:i + batch])
+    late.update({q: proc.late(q) for q in proc._queries})
+    nodes = [n.name for n in proc._nodes.values()]
+    proc.close()
+    return out, late, nodes
+
+
+SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10**6), max_delay=st.sampled_from([0, 3]), batch=st.sampled_from([1, 4]))
+def test_pattern_queries_of_one_shape_share_runs_and_give_each_query_its_own_rows(seed, max_delay, batch):
+    events = (stream(seed, 120), stream(seed + 1, 120))
+    shared, shared_late, nodes = run(True, PATTERNS, LATER, events, max_delay, batch)
+    alone, alone_late, _ = run(False, PATTERNS, LATER, events, max_delay, batch)
+    assert shared == alone
+    assert shared_late == alone_late
+    assert nodes.count("ep_patterns") == 2 and "pattern" not in nodes and "ep_group" not in nodes
+
+
+def test_one_automaton_serves_every_query_of_a_shape():
+    proc = ep.EventProcessor()
+    proc.register_stream("s", SCHEMA)
+    for q, d in PATTERNS.items():
+        proc.create_query(q, d)
+    (op,) = [n.op for n in proc._nodes.values() if n.name == "ep_patterns" and "jepc-1" in n.op.query_ids]
+    sizes = sorted(len(f.queries) for f in op._families)
+    assert sizes == [1, 2, 3, 4], sizes       # python alone, alt, plus, jepc (keyed ones: another operator)
+    rows = []
+    proc.add_output_processor("jepc1", rows.append)
+    for ts, a in enumerate([5, 6, 7, 0, 1, 3]):            # 5 6 7: a match of i = 1 at ts 2
+        proc.push_event("s", {"id": "k", "a": a, "b": 0}, ts)
+    proc.close()
+    assert rows == [{"z1": 5, "z2": 6, "start_ts": 0, "ts": 2}]
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10**6), max_delay=st.sampled_from([0, 2]), batch=st.sampled_from([1, 5]))
+def test_correlations_of_one_shape_share_their_buffers_and_give_each_query_its_own_pairs(seed, max_delay, batch):
+    events = (stream(seed, 120), stream(seed + 7, 120))
+    shared, shared_late, nodes = run(True, CORRELATIONS, LATER_CORRELATIONS, events, max_delay, batch)
+    alone, alone_late, _ = run(False, CORRELATIONS, LATER_CORRELATIONS, events, max_delay, batch)
+    assert shared == alone and any(shared.values())
+    assert shared_late == alone_late
+    assert nodes.count("ep_correlate") == 2 and "join" not in nodes and "ep_group" not in nodes
+
+
+def test_a_correlation_that_keys_no_hash_join_stays_a_join_of_its_own():
+    proc = ep.EventProcessor()
+    for name in ("s", "t"):
+        proc.register_stream(name, {"a": int, "x": float})
+    proc.create_query("f", ep.Stream("s", window=ep.Tumbling(5)).correlate("t", ep.left("x") - ep.right("a") == 1))
+    proc.create_query("g", ep.Stream("s", window=ep.Tumbling(5)).correlate("t", ep.left("a") < ep.right("a")))
+    assert [n.name for n in proc._nodes.values()].count("ep_correlate") == 0
+    proc.close()
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10**6), batch=st.sampled_from([1, 6]))
+def test_event_windows_of_several_sizes_equal_their_own_over_windows(seed, batch):
+    queries = {f"n{w}": ep.Stream("s", window=ep.Sliding(w, "event"), key="id").aggregate(
+        {"n": "count", "s": ("sum", "a"), "m": ("avg", "b")}) for w in (3, 7, 12)}
+    queries["lo"] = ep.Stream("s", window=ep.Sliding(5, "event"), key="id").aggregate({"lo": ("min", "a")})
+    events = (stream(seed, 150), [])
+    shared, shared_late, nodes = run(True, queries, {}, events, 2, batch)
+    alone, alone_late, _ = run(False, queries, {}, events, 2, batch)
+    assert shared == alone and shared_late == alone_late and all(shared.values())
+    assert nodes.count("ep_over") == 1
