@@ -79,17 +79,24 @@ def run(share, queries, later, events, max_delay, batch):
     return out, late, nodes
 
 
+def same_rows_shared_or_not(queries, later, events, max_delay, batch):
+    """Run shared and unshared; every query's rows and late events equal: (rows, operator names)."""
+    shared, shared_late, nodes = run(True, queries, later, events, max_delay, batch)
+    alone, alone_late, _ = run(False, queries, later, events, max_delay, batch)
+    assert shared == alone
+    assert shared_late == alone_late
+    return shared, nodes
+
+
 SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
 @given(seed=st.integers(0, 10**6), max_delay=st.sampled_from([0, 3]), batch=st.sampled_from([1, 4]))
 def test_pattern_queries_of_one_shape_share_runs_and_give_each_query_its_own_rows(seed, max_delay, batch):
-    events = (stream(seed, 120), stream(seed + 1, 120))
-    shared, shared_late, nodes = run(True, PATTERNS, LATER, events, max_delay, batch)
-    alone, alone_late, _ = run(False, PATTERNS, LATER, events, max_delay, batch)
-    assert shared == alone
-    assert shared_late == alone_late
+    shared, nodes = same_rows_shared_or_not(PATTERNS, LATER, (stream(seed, 120), stream(seed + 1, 120)),
+                                            max_delay, batch)
+    assert any(shared.values())
     assert nodes.count("ep_patterns") == 2 and "pattern" not in nodes and "ep_group" not in nodes
 
 
@@ -112,11 +119,9 @@ def test_one_automaton_serves_every_query_of_a_shape():
 @SETTINGS
 @given(seed=st.integers(0, 10**6), max_delay=st.sampled_from([0, 2]), batch=st.sampled_from([1, 5]))
 def test_correlations_of_one_shape_share_their_buffers_and_give_each_query_its_own_pairs(seed, max_delay, batch):
-    events = (stream(seed, 120), stream(seed + 7, 120))
-    shared, shared_late, nodes = run(True, CORRELATIONS, LATER_CORRELATIONS, events, max_delay, batch)
-    alone, alone_late, _ = run(False, CORRELATIONS, LATER_CORRELATIONS, events, max_delay, batch)
-    assert shared == alone and any(shared.values())
-    assert shared_late == alone_late
+    shared, nodes = same_rows_shared_or_not(CORRELATIONS, LATER_CORRELATIONS,
+                                            (stream(seed, 120), stream(seed + 7, 120)), max_delay, batch)
+    assert any(shared.values())
     assert nodes.count("ep_correlate") == 2 and "join" not in nodes and "ep_group" not in nodes
 
 
@@ -136,8 +141,6 @@ def test_event_windows_of_several_sizes_equal_their_own_over_windows(seed, batch
     queries = {f"n{w}": ep.Stream("s", window=ep.Sliding(w, "event"), key="id").aggregate(
         {"n": "count", "s": ("sum", "a"), "m": ("avg", "b")}) for w in (3, 7, 12)}
     queries["lo"] = ep.Stream("s", window=ep.Sliding(5, "event"), key="id").aggregate({"lo": ("min", "a")})
-    events = (stream(seed, 150), [])
-    shared, shared_late, nodes = run(True, queries, {}, events, 2, batch)
-    alone, alone_late, _ = run(False, queries, {}, events, 2, batch)
-    assert shared == alone and shared_late == alone_late and all(shared.values())
+    shared, nodes = same_rows_shared_or_not(queries, {}, (stream(seed, 150), []), 2, batch)
+    assert all(shared.values())
     assert nodes.count("ep_over") == 1
