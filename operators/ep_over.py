@@ -28,6 +28,9 @@ from pescheduler.timeutil import parse_duration
 from .over_window import OverWindow
 
 
+_COUNT = ("count(None)",)      # the plan layout of a lane whose queries only count rows
+
+
 class OverLanes(Operator):
     """Over-windows of several sizes sharing their input; see the module docstring."""
 
@@ -98,13 +101,19 @@ class OverLanes(Operator):
         lanes = list(self.lanes.values())
         if ready:
             out = emit.append
-            # per lane: the query taggers, made once per release (not a closure per row)
-            tags = [[(rows, lambda row, q=q: out((q, row))) for q, rows in lane._rows] for lane in lanes]
+            # per lane: COUNT(*) outputs, or the query taggers, made once per release (not per row)
+            plans = [(lane, self._counts(lane)) for lane in lanes]
+            tags = [None if counts is not None else [(rows, lambda row, q=q: out((q, row))) for q, rows in lane._rows]
+                    for lane, counts in plans]
             for ts, step in groupby(ready, itemgetter(0)):
                 peers: dict[Any, list] = {}
                 for _, k, t in step:
                     peers.setdefault(k, []).append(t)
-                for lane, tagged in zip(lanes, tags):
+                for (lane, counts), tagged in zip(plans, tags):
+                    if counts is not None:
+                        for k, events in peers.items():
+                            self._count(lane, counts, k, ts, events, out)
+                        continue
                     if lane._subtract is None:          # min/max: the lane refolds (over_window)
                         for k, events in peers.items():
                             lane._step(k, ts, events, emit)
@@ -115,6 +124,42 @@ class OverLanes(Operator):
             lane._wm = watermark
             if watermark - lane._swept >= lane.size:
                 lane._sweep(watermark)
+
+    @staticmethod
+    def _counts(lane: OverWindow) -> list | None:
+        """``[(query id, output names)]`` when every query of ``lane`` asks ``COUNT(*)`` only
+        (the JEPC aggregation), else None."""
+        if lane._compiled != _COUNT:
+            return None
+        if getattr(lane, "_counted", (None,))[0] is not lane._rows:
+            names = [(q, tuple(out for out, _ in query.outputs)) for q, (_, query) in lane._queries.items()]
+            lane._counted = (lane._rows, names)
+        return lane._counted[1]
+
+    @staticmethod
+    def _count(lane: OverWindow, counts: list, k: Any, ts: int, events: list, out: Any) -> None:
+        """A COUNT(*) lane: the count is the window's length, the rows are written here (the
+        same rows as the plan's row writer: key, window_start, window_end, then the outputs)."""
+        state = lane._keys.get(k)
+        if state is None:
+            window = deque()
+            state = lane._keys[k] = [window, [0]]
+        else:
+            window = state[0]
+            bound = ts - lane.size
+            while window and window[0][0] <= bound:
+                window.popleft()
+        for t in events:
+            window.append((ts, t))
+        n = state[1][0] = len(window)
+        ws, we, key = ts - lane.size + 1, ts + 1, lane._key_name
+        for _ in events:
+            for q, names in counts:
+                row = {key: k, "window_start": ws, "window_end": we} if key else \
+                    {"window_start": ws, "window_end": we}
+                for name in names:
+                    row[name] = n
+                out((q, row))
 
     @staticmethod
     def _slide(lane: OverWindow, tagged: list, k: Any, ts: int, events: list, emit: Emitter) -> None:

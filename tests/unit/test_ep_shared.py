@@ -141,6 +141,10 @@ def test_event_windows_of_several_sizes_equal_their_own_over_windows(seed, batch
     queries = {f"n{w}": ep.Stream("s", window=ep.Sliding(w, "event"), key="id").aggregate(
         {"n": "count", "s": ("sum", "a"), "m": ("avg", "b")}) for w in (3, 7, 12)}
     queries["lo"] = ep.Stream("s", window=ep.Sliding(5, "event"), key="id").aggregate({"lo": ("min", "a")})
+    for w in (4, 9):                          # COUNT(*) lanes (the JEPC aggregation), keyed and not
+        queries[f"c{w}"] = ep.Stream("s", window=ep.Sliding(w, "event"), key="id").aggregate({"n": "count", "m": "count"})
+        queries[f"k{w}"] = ep.Stream("s", window=ep.Sliding(w, "event"), key="id").aggregate({"x": "count"})
+        queries[f"u{w}"] = ep.Stream("s", window=ep.Sliding(w, "event")).aggregate({"n": "count"})
     shared, nodes = same_rows_shared_or_not(queries, {}, (stream(seed, 150), []), 2, batch)
     assert all(shared.values())
-    assert nodes.count("ep_over") == 1
+    assert nodes.count("ep_over") == 2
