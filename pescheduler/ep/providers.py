@@ -121,9 +121,7 @@ def open_provider(provider: Any) -> tuple[Any, Dialect, bool]:
         if provider == "duckdb":
             import duckdb
 
-            # One thread: a batch's statements are small, and on a loaded machine every hand-over
-            # between DuckDB's threads waits for a CPU (per-batch time rose with the load).
-            return duckdb.connect(":memory:", config={"threads": 1}), DuckDB(), True
+            return duckdb.connect(":memory:"), DuckDB(), True
         if provider.startswith(("postgresql://", "postgres://")):
             import psycopg
 
