@@ -1,6 +1,6 @@
 """Event-processing benchmark: the JEPC workload (BTW 2013) and shared aggregates.
 
-    python bench/ep.py [--quick] [--events N] [--providers native,sqlite,duckdb] [--postgres]
+    python bench/ep.py [--quick] [--events N] [--providers native,sqlite,duckdb] [--postgres] [--budget S]
 
 Part 1 reproduces the evaluation of "Event Processing on your own Database"
 (JEPC): one event per millisecond of event time, pushed one at a time through
