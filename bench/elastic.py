@@ -14,7 +14,8 @@ default policies (``rate`` + ``copy``; ``--policy`` names others, repeatable:
 capacity: ``--host-cpu`` times what ``burn`` processes per CPU second,
 calibrated in this process first; ``--steps 1,2.5,1`` offers 1x, then 2.5x,
 then 1x of it, ``--phase-seconds`` each. The oracle size of a phase is its
-offered rate over the per-CPU-second rate, rounded up.
+offered rate over the per-CPU-second rate times the cores the weakest instance
+can use (one, or a lab host's quota), rounded up.
 
 Printed, per phase and in total:
 
@@ -117,11 +118,12 @@ def run(cost_us: float, steps: list[float], phase_s: float, host_cpu: float, int
                     if not src or not src.tuples_out:
                         continue                    # the schedule starts with the first read
                     t0 = snap.time - parse_timedelta(interval)
-                pe = snap.pes.get(dep.placement().pe_of("src"))
-                windows.append({"t": snap.time - t0, "bp": pe.backpressure if pe else 0.0,
-                                "n": len(dep.placement().instances("burn"))})
+                windows.append(window(snap, dep.placement(), t0))
             decisions = [d for d in dep.controller.decisions if d.outcome == "applied" and isinstance(d.action, SCALING)]
             others = [f"t={d.t - t0:.1f}s {d.text()}" for d in dep.controller.decisions if d.outcome != "applied"]
+            figures = [f"t={d.t - t0:.1f}s {d.policy} {d.action!r}: {dict(d.action.figures)}" for d in decisions]
+            records = [f"{r.action!r}: pause {r.pause_ms:.1f} ms, steps {r.steps}" for r in dep.records()
+                       if r.applied and isinstance(r.action, Replicate)]
             timeline = list(dep.hosts.timeline)
             activations = dep.activations()
             budget = dep.resources().budget
@@ -132,7 +134,21 @@ def run(cost_us: float, steps: list[float], phase_s: float, host_cpu: float, int
     return {"rate": rate, "unit": unit, "phases": phases, "steps_x": steps, "phase_s": phase_s, "t0": t0,
             "decisions": [(d.t - t0, d.action) for d in decisions], "windows": windows, "count": sent,
             "arrivals": arrivals, "timeline": timeline, "activations": activations, "budget": budget,
-            "others": others}
+            "others": others, "figures": figures, "records": records}
+
+
+def window(snap, placement, t0: float) -> dict:
+    """What one monitor window showed: the source's backpressure and rate, ``burn``'s instances,
+    per instance its rate per busy (CPU) second, busy fraction and host, and each host's CPU."""
+    pe = snap.pes.get(placement.pe_of("src"))
+    src = snap.operators.get("src")
+    burns = {i: snap.operators[i] for i in placement.instances("burn") if i in snap.operators}
+    return {"t": snap.time - t0, "bp": pe.backpressure if pe else 0.0, "n": len(placement.instances("burn")),
+            "src_out": src.tuples_out_per_s if src else 0.0,
+            "burn": {i: (m.tuples_in_per_s, m.busy, placement.pes[placement.pe_of(i)].host) for i, m in burns.items()},
+            "cores": min((snap.workers[w].cores for w in {placement.pes[placement.pe_of(i)].worker for i in burns}
+                          if w in snap.workers), default=1.0),
+            "hosts": {h: m.cpu for h, m in snap.hosts.items()}}
 
 
 def report(r: dict, verbose: bool) -> None:
@@ -142,7 +158,11 @@ def report(r: dict, verbose: bool) -> None:
         lo, hi = i * phase_s, (i + 1) * phase_s
         ws = [w for w in windows if lo < w["t"] <= hi]
         acts = [(t, a) for t, a in r["decisions"] if lo <= t < hi]
-        oracle = math.ceil(offered / r["rate"] - 1e-9)
+        # DS2's oracle counts cores (offered / per-CPU-second rate); an instance on a lab host has
+        # only its quota, and each instance gets an equal share: in instances, the oracle is the
+        # cores over what the weakest instance at the end of the phase can use
+        cores = ws[-1]["cores"] if ws else 1.0
+        oracle = math.ceil(offered / (r["rate"] * cores) - 1e-9)
         end = ws[-1]["n"] if ws else 0
         peak = max((w["n"] for w in ws), default=0)
         flips = flip_flops([w["n"] for w in ws])
@@ -150,7 +170,8 @@ def report(r: dict, verbose: bool) -> None:
         first = min((t for t, _a in acts), default=lo)
         held = any(w["bp"] >= RELIEVED_BP for w in ws)
         k = relief(ws, first)
-        print(f"phase {i + 1}: {x:g}x one host = {offered / 1e3:.1f} k/s for {phase_s:.0f} s   oracle {oracle}")
+        print(f"phase {i + 1}: {x:g}x one host = {offered / 1e3:.1f} k/s for {phase_s:.0f} s   oracle {oracle} "
+              f"instance(s) of {cores:g} core ({offered / r['rate']:.2f} cores of work)")
         print(f"  steps                {len(acts)}   (DS2 reports <= 3, Dhalion 6)   "
               + (", ".join(f"t={t:.1f}s {a!r}" for t, a in acts) or "none"))
         print(f"  instances            {end} at the end, {peak} at the peak; oracle {oracle}   "
@@ -175,6 +196,14 @@ def report(r: dict, verbose: bool) -> None:
     print(f"exactly once           {r['count']} sent, {lost} lost, {dup} duplicated")
     if verbose:
         print("not applied:\n  " + "\n  ".join(r["others"][:40]))
+        print("applied, with the figures they were decided on:\n  " + "\n  ".join(r["figures"]))
+        print("replications (protocol):\n  " + "\n  ".join(r["records"]))
+        print("windows (t: source out/s bp | burn instance in/s busy rate-per-busy-s @host | host cpu)")
+        for w in windows:
+            inst = " ".join(f"{i} {tin:.0f}/s {busy:.2f} {tin / busy if busy else 0:.0f}@{host or '-'}"
+                            for i, (tin, busy, host) in w["burn"].items())
+            hosts = " ".join(f"{h or '-'}:{c:.2f}" for h, c in w["hosts"].items())
+            print(f"  {w['t']:5.1f}: {w['src_out']:.0f}/s bp {w['bp']:.2f} | {inst} | {hosts}")
     print("windows (s: source backpressure/instances)  "
           + " ".join(f"{w['t']:.0f}:{w['bp']:.2f}/{w['n']}" for w in windows))
     if lost or dup:

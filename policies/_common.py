@@ -30,7 +30,8 @@ class Load:
     tuples_in: float          # tuples/s into every instance
     tuples_out: float
     busy: float               # cores: busy fractions summed over instances
-    hottest: float            # the busiest instance's busy fraction
+    hottest: float            # the busiest instance's busy fraction of the CPU it can use
+    capacity: float = 1.0     # cores the weakest instance can use: routing gives each an equal share
 
 
 class View:
@@ -75,12 +76,14 @@ class View:
         metrics, names = self.snapshot.operators, self.instances[op]
         if len(names) == 1:                       # the common case, kept cheap: 10,000 per decision
             m = metrics.get(op)
-            found = None if m is None else Load(op, 1, m.tuples_in_per_s, m.tuples_out_per_s, m.busy, m.busy)
+            cores = self.cores(self.worker(op)) if m is not None else 1.0
+            found = None if m is None else Load(op, 1, m.tuples_in_per_s, m.tuples_out_per_s, m.busy,
+                                                m.busy / cores, cores)
         else:
-            seen = [metrics[i] for i in names if i in metrics]
-            found = Load(op, len(names), sum(m.tuples_in_per_s for m in seen),
-                         sum(m.tuples_out_per_s for m in seen), sum(m.busy for m in seen),
-                         max(m.busy for m in seen)) if seen else None
+            seen = [(metrics[i], self.cores(self.placement.pes[self.pe_of[i]].worker)) for i in names if i in metrics]
+            found = Load(op, len(names), sum(m.tuples_in_per_s for m, _c in seen),
+                         sum(m.tuples_out_per_s for m, _c in seen), sum(m.busy for m, _c in seen),
+                         max(m.busy / c for m, c in seen), min(c for _m, c in seen)) if seen else None
         self._loads[op] = found
         return found
 
@@ -91,6 +94,16 @@ class View:
 
     def worker(self, op: str) -> str:
         return self.placement.pes[self.pe_of[op]].worker
+
+    def cores(self, worker: str) -> float:
+        """CPU one instance on ``worker`` can use: a core, or its share of its host's quota (a lab
+        host of half a core): what sizing by CPU seconds divides by."""
+        m = self.snapshot.workers.get(worker)
+        return m.cores if m is not None and m.cores > 0 else 1.0
+
+    def workers(self, op: str) -> set[str]:
+        """The workers running ``op`` or one of its copies."""
+        return {self.placement.pes[self.pe_of[i]].worker for i in self.instances[op] if i in self.pe_of}
 
     def backlogged(self, op: str, blocked: float = 0.1) -> bool:
         """``op`` has more input than it takes: a full input window on an instance, or a sender
@@ -128,10 +141,15 @@ class View:
         return tuple(dict.fromkeys(s.host for s in self.placement.slots.values() if s.host not in hot))
 
 
-def hosts_for(slots_needed: int, placement: Placement) -> int:
-    """Hosts to borrow for ``slots_needed`` more slots (at least one)."""
+def hosts_for(slots_needed: int, placement: Placement, budget: Mapping[str, Any] | None = None) -> int:
+    """Hosts to borrow for ``slots_needed`` more copies (at least one). A copy takes one slot
+    per worker (:func:`take_slots`), so a host lends no more than its workers (the manager's
+    ``workers_per_host``, when its budget says: a lab host of half a core runs one worker)."""
     hosts = {s.host for s in placement.slots.values()} or {""}
     per_host = max(1, len(placement.slots) // len(hosts))
+    workers = (budget or {}).get("workers_per_host")
+    if workers:
+        per_host = min(per_host, int(workers))
     return max(1, math.ceil(slots_needed / per_host))
 
 
@@ -165,13 +183,16 @@ def seconds(value: Any) -> float:
     return float(parse_timedelta(value, default="seconds"))
 
 
-def take_slots(free: list[str], n: int, avoid: str) -> int:
-    """Take up to ``n`` of the ``free`` slot workers that are not ``avoid`` (a copy on its
-    original's worker adds no core); ``free`` shrinks; returns how many were taken."""
+def take_slots(free: list[str], n: int, avoid: str | set[str]) -> int:
+    """Take up to ``n`` of the ``free`` slot workers that are not in ``avoid`` (the workers
+    running the operator already), one per worker: a second instance in one worker process
+    shares its GIL and its host's CPU, so it adds no core (the placement spreads copies the same
+    way, ``transforms.pick_slots``); ``free`` shrinks; returns how many were taken."""
+    avoid = {avoid} if isinstance(avoid, str) else set(avoid)
     got, i = 0, 0
     while got < n and i < len(free):
-        if free[i] != avoid:
-            free.pop(i)
+        if free[i] not in avoid:
+            avoid.add(free.pop(i))
             got += 1
         else:
             i += 1

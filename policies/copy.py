@@ -9,7 +9,8 @@ traffic there. Copies go again once the concentration has been gone for
 hot spot that moves leaves nothing behind.
 
 Here a router is an operator feeding others. Traffic concentrates on ``X``
-when an instance of ``X`` is busy ``hot`` of the time or more; the copies
+when an instance of ``X`` is busy ``hot`` of the CPU it can use or more (a core, or its
+host's quota); the copies
 asked for bring the work per instance to ``target`` (at most ``max-copies``
 in all, no more than free slots; none when the average instance is already
 under ``target``: one hot instance among idle ones is a hot key, which more
@@ -18,7 +19,8 @@ copies are exclusive to the one sending the most (weight N at that router,
 as in the method), except for KEYED operators, whose copies every router
 shares. The concentration is gone when all of ``X``'s instances together are
 busy less than ``calm`` of one core and nothing waits for them (a backlog
-with idle instances is a stall, not calm).
+with idle instances is a stall, not calm); then the copies the work no
+longer needs at ``target`` go, not always all of them.
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ def decide(snapshot, placement, config) -> list[Action]:
         if now.hottest >= hot:
             # enough instances for the work at ``target`` each; none when the work is already spread
             # that thin and one instance is still hot (a hot key: copies cannot split it further)
-            wanted = min(math.ceil(now.busy / target - 1e-9) - now.instances, max_copies - copies)
-            n = take_slots(spare, wanted, view.worker(op)) if wanted > 0 else 0
+            wanted = min(math.ceil(now.busy / (target * now.capacity) - 1e-9) - now.instances, max_copies - copies)
+            n = take_slots(spare, wanted, view.workers(op)) if wanted > 0 else 0
             if n > 0:
                 router = _router(view, op)
                 actions.append(Replicate(op, n, routers=router, hosts=view.cool_hosts(), figures=figures, reason=(
@@ -63,12 +65,18 @@ def decide(snapshot, placement, config) -> list[Action]:
                     f"(≥ {hot:.0%}); {n} cop{'y' if n == 1 else 'ies'} on standard slots"
                     + (f", exclusive to router {router[0]}" if router else ""))))
         elif copies and now.busy < calm and not view.backlogged(op):
-            actions.append(Release(op, copies, figures={**figures, "calm_s": release_after},
-                                   hold=Hold(seconds=release_after),
-                                   reason=(f"the concentration on {op} has been gone for "
-                                           f"{release_after:.0f} s (all instances {now.busy:.0%} "
-                                           f"of a core < {calm:.0%}): its {copies} cop"
-                                           f"{'y goes' if copies == 1 else 'ies go'}")))
+            # only the copies the work does not need at ``target``: releasing all of them left a
+            # half-core instance with more than it can do, and the next window copied again
+            # (issue 15: the flip-flops of bench/elastic.py's last phase)
+            keep = max(1, math.ceil(now.busy / (target * now.capacity) - 1e-9))
+            surplus = min(copies, now.instances - keep)
+            if surplus > 0:
+                actions.append(Release(op, surplus, figures={**figures, "calm_s": release_after, "keep": keep},
+                                       hold=Hold(seconds=release_after),
+                                       reason=(f"the concentration on {op} has been gone for "
+                                               f"{release_after:.0f} s (all instances {now.busy:.0%} "
+                                               f"of a core < {calm:.0%}): {surplus} of its {copies} cop"
+                                               f"{'y goes' if surplus == 1 else 'ies go'}")))
     return actions
 
 

@@ -6,7 +6,11 @@ backpressure or idling. One pass in topological order then pushes the
 sources' offered rate through the observed selectivities and gives every
 operator the number of instances that runs it at ``target-utilisation``:
 
-    instances(X) = ceil(target_in(X) / (true_rate(X) * target))
+    instances(X) = ceil(target_in(X) / (true_rate(X) * target * cores))
+
+``cores`` is what one instance can use: a core, or less on a host with a CPU
+quota (a lab host of half a core); every instance gets an equal share of the
+input, so the weakest instance, copies' slots included, sets it.
 
 Scaling is in one step, up or down, through Replicate/Release of copies on
 standard slots. No change while the projected utilisation at the current size
@@ -39,7 +43,7 @@ import math
 from pescheduler.actions import Action, BorrowHosts, Hold, Release, Replicate
 from pescheduler.plugins import hookimpl
 
-from ._common import Load, View, hosts_for, idle_returns, settings, take_slots
+from ._common import Load, View, hosts_for, idle_returns, settings
 
 
 MAX_BLOCKED = 0.5      # of a source's time counted as blocked when estimating its offered rate
@@ -62,18 +66,22 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
         now = view.load(op)
         if op not in offered or now is None or not view.replicable(op):
             continue
-        want = min(_instances(now, offered[op], target, min_busy), max_copies + 1)
+        want = min(_instances(now, offered[op], target, min_busy, now.capacity), max_copies + 1)
         projected = _utilisation(now, offered[op], min_busy)
         if abs(projected - target) <= tolerance or want == now.instances:
             continue
         figures = {"offered_in_per_s": round(offered[op], 3), "true_rate_per_s": round(_true_rate(now, min_busy), 3),
                    "instances": now.instances, "wanted": want, "projected_utilisation": round(projected, 3),
-                   "target": target}
+                   "target": target, "cores_per_instance": now.capacity}
         if want > now.instances:
-            n = take_slots(spare, want - now.instances, view.worker(op))
+            taken, want = _slots_for(view, op, now, offered[op] / _true_rate(now, min_busy), target,
+                                     max_copies + 1, spare)
+            n = len(taken)
             short += want - now.instances - n
+            figures.update(wanted=want, cores_per_instance=min([now.capacity] + [view.cores(w) for w in taken]))
             why = (f"{op} is offered {offered[op]:.0f} t/s and processes {figures['true_rate_per_s']:.0f} t/s "
-                   f"per busy second: {want} instances run it at {target:.0%} (it has {now.instances})")
+                   f"per busy second: {want} instances of {figures['cores_per_instance']:g} core run it at "
+                   f"{target:.0%} (it has {now.instances})")
             if n > 0:
                 actions.append(Replicate(op, n, hosts=view.cool_hosts(), figures=figures, reason=why))
             elif view.saturated_hosts() and resources.lendable == 0:
@@ -86,7 +94,7 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
                 f"{target:.0%} (it has {now.instances}, projected {projected:.0%} each, "
                 f"{down_after} windows in a row)")))
     if short and resources.lendable > 0 and not resources.pending_returns:
-        actions.append(BorrowHosts(min(resources.lendable, hosts_for(short, placement)),
+        actions.append(BorrowHosts(min(resources.lendable, hosts_for(short, placement, resources.budget)),
                                    figures={"slots_short": short},
                                    reason=f"{short} more copies are needed than free standard slots"))
     elif not short:
@@ -135,16 +143,37 @@ def _true_rate(now: Load, min_busy: float) -> float:
     return now.tuples_in / now.busy if now.busy >= min_busy and now.tuples_in > 0 else 0.0
 
 
-def _instances(now: Load, offered: float, target: float, min_busy: float) -> int:
+def _instances(now: Load, offered: float, target: float, min_busy: float, cores: float = 1.0) -> int:
+    """Instances of ``cores`` CPU each that run the offered load at ``target``."""
     rate = _true_rate(now, min_busy)
     if rate <= 0:
         return 1             # (almost) idle: one instance is plenty
-    return max(1, math.ceil(offered / (rate * target) - 1e-9))
+    return max(1, math.ceil(offered / (rate * target * cores) - 1e-9))
 
 
 def _utilisation(now: Load, offered: float, min_busy: float) -> float:
-    """Busy fraction per instance at the current size under the offered load."""
+    """Busy fraction of the CPU it can use, per instance, at the current size under the offered
+    load (the weakest instance's: each gets an equal share)."""
     rate = _true_rate(now, min_busy)
     if rate <= 0:
-        return now.busy / now.instances
-    return offered / (rate * now.instances)
+        return now.busy / (now.instances * now.capacity)
+    return offered / (rate * now.instances * now.capacity)
+
+
+def _slots_for(view: View, op: str, now: Load, cpu: float, target: float, limit: int,
+               spare: list[str]) -> tuple[list[str], int]:
+    """The spare slot workers ``op``'s copies take (removed from ``spare``, one per worker off the
+    workers running it) until ``cpu`` cores of work run at ``target`` on every instance, and the
+    instances that needs. A slot's worker may give a copy less than a core (a lab host's quota):
+    each instance gets an equal share, so the weakest sets the size (issue 15: sized for a core per
+    copy, copies on half-core hosts stayed backpressured and the next window asked for more)."""
+    n, cores, avoid, taken = now.instances, now.capacity, view.workers(op), []
+    while cpu / (n * cores) > target + 1e-9 and n < limit:
+        worker = next((w for w in spare if w not in avoid), None)
+        if worker is None:
+            break
+        spare.remove(worker)
+        avoid.add(worker)
+        taken.append(worker)
+        n, cores = n + 1, min(cores, view.cores(worker))
+    return taken, min(limit, max(n, math.ceil(cpu / (target * cores) - 1e-9)))

@@ -68,12 +68,15 @@ class PEMetrics:
 
 @dataclass(frozen=True)
 class WorkerMetrics:
-    """A worker process: CPU as a fraction of one core, resident memory."""
+    """A worker process: CPU as a fraction of one core, resident memory, and ``cores``: the CPU
+    one PE there can use (a thread: one core, or less under a quota such as a lab host's half core;
+    a policy sizing by CPU seconds needs it to know what an instance there can process)."""
 
     worker: str
     host: str
     cpu: float = 0.0
     memory_bytes: int = 0
+    cores: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,8 @@ class Monitor:
             worker = answer["worker"]
             host = self.placement.hosts.get(worker, answer.get("host", ""))
             proc = answer.get("process", {})
-            workers[worker] = WorkerMetrics(worker, host, proc.get("cpu", 0.0), proc.get("memory_bytes", 0))
+            workers[worker] = WorkerMetrics(worker, host, proc.get("cpu", 0.0), proc.get("memory_bytes", 0),
+                                            proc.get("cores", 1.0))
             h = hosts.setdefault(host, {"cpu": proc.get("host_cpu", 0.0), "memory": proc.get("host_memory", 0.0),
                                         "workers": []})
             h["workers"].append(worker)

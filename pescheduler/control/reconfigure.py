@@ -14,9 +14,11 @@ same keep running untouched; the others are *retired* and replaced by
    so they have processed all of it before any data of the new PEs exists.
 3. **Snapshot** the retired PEs' operator state, watermark progress and source
    positions, and stop them.
-4. **Re-wire and restore.** Downstream PEs register the new input channels;
-   created PEs start from the snapshots; upstream PEs point their held
-   channels at the created PEs and re-send what they held.
+4. **Re-wire and restore**, in two rounds of parallel calls: created PEs are
+   built from the snapshots while downstream PEs register the new input
+   channels; then created PEs start while upstream PEs point their held
+   channels at them and re-send what they held (an upstream channel needs
+   the created PE's receiver, a created PE's channel the downstream's).
 5. **Resume.**
 
 Nothing before the marker is processed by a new PE and nothing after it by an
@@ -244,9 +246,15 @@ async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan
     states = redistribute(old, new, await step("snapshot", _snapshot(rpc, old, plan.retired, deployment)))
     await step("stop", asyncio.gather(*(rpc(old.pes[p].worker).pe_stop(deployment=deployment, pe_ids=[p])
                                         for p in plan.retired)))
-    await step("rewire downstream", _rewire_downstream(rpc, new, plan, worker_info, deployment))
-    await step("start", _start_created(rpc, new, plan, worker_info, deployment, states, plugins))
-    await step("rewire upstream", _rewire_upstream(rpc, new, plan, worker_info, deployment))
+    # Two rounds of calls in parallel, not three in a row (issue 15: a copy's activation). The
+    # created PEs' receivers must exist before an upstream PE opens a channel to them (deploy
+    # before rewire upstream), and a downstream PE must know its new inputs before a created PE
+    # connects (rewire downstream before start); nothing else orders these calls.
+    await step("deploy + rewire downstream", asyncio.gather(
+        _deploy_created(rpc, new, plan, worker_info, deployment, states, plugins),
+        _rewire_downstream(rpc, new, plan, worker_info, deployment)))
+    await step("start + rewire upstream", asyncio.gather(
+        _start_created(rpc, new, plan, deployment), _rewire_upstream(rpc, new, plan, worker_info, deployment)))
     return time.perf_counter() - t0
 
 
@@ -315,19 +323,22 @@ async def _rewire_downstream(rpc, new, plan, worker_info, deployment) -> None:
     await asyncio.gather(*calls)
 
 
-async def _start_created(rpc, new, plan, worker_info, deployment, states, plugins) -> None:
+async def _deploy_created(rpc, new, plan, worker_info, deployment, states, plugins) -> None:
+    """Build the created PEs (not started), restored from ``states``: their receivers exist."""
     specs = build_specs(new, worker_info, deployment, plan.channels, plan.created, plan.epoch)
     by_worker: dict[str, list] = {}
     for pe_id, spec in specs.items():
         spec.restore = {op: states[op] for op in new.pes[pe_id].operators if op in states}
         by_worker.setdefault(new.pes[pe_id].worker, []).append(spec)
-    if len(by_worker) == 1:            # no created PE sends to another's worker: one round trip
-        (w, ss), = by_worker.items()
-        await rpc(w).pe_deploy(specs=cloudpickle.dumps(ss), plugins=plugins, start=True)
-        return
     await asyncio.gather(*(rpc(w).pe_deploy(specs=cloudpickle.dumps(s), plugins=plugins) for w, s in by_worker.items()))
-    await asyncio.gather(*(rpc(w).pe_start(deployment=deployment, pe_ids=[s.pe_id for s in ss])
-                           for w, ss in by_worker.items()))
+
+
+async def _start_created(rpc, new, plan, deployment) -> None:
+    """Start the created PEs: each opens its outgoing channels, then runs."""
+    by_worker: dict[str, list[str]] = {}
+    for pe_id in plan.created:
+        by_worker.setdefault(new.pes[pe_id].worker, []).append(pe_id)
+    await asyncio.gather(*(rpc(w).pe_start(deployment=deployment, pe_ids=p) for w, p in by_worker.items()))
 
 
 async def _rewire_upstream(rpc, new, plan, worker_info, deployment) -> None:

@@ -320,12 +320,27 @@ def pick_slots(placement: Placement, op_id: str, n: int, avoid: str,
     mine = {s for s in candidates if any(placement.copies.get(c) == op_id for c in placement.slots[s].copies)}
     usable = [s for s in candidates if s not in mine]
     usable.sort(key=lambda s: len(placement.slots[s].copies))       # stable: list order breaks ties
+    usable = _spread(placement, op_id, usable)
     if len(usable) < n:
         where = f" on hosts {', '.join(hosts)}" if hosts is not None else ""
         raise NoSlotLeft(f"{op_id!r} needs {n} standard slot(s) off {avoid}{where}; {len(usable)} usable "
                          f"of {len(placement.slots)} (slots holding a copy of it already, or on its "
                          f"own worker, do not count)")
     return usable[:n]
+
+
+def _spread(placement: Placement, op_id: str, slots: list[str]) -> list[str]:
+    """``slots`` with those on a worker no instance of ``op_id`` runs on first, one per worker,
+    then the rest, each part in the given order: a second instance in one worker process shares
+    its GIL and its host's CPU (a lab host of half a core runs one worker with two slots), so it
+    adds no core while a slot elsewhere does (issue 15)."""
+    used = {placement.pes[placement.pe_of(i)].worker for i in placement.instances(op_id)}
+    first = []
+    for s in slots:
+        if placement.slots[s].worker not in used:
+            used.add(placement.slots[s].worker)
+            first.append(s)
+    return first + [s for s in slots if s not in first]
 
 
 def with_slots(placement: Placement, per_host: int) -> Placement:

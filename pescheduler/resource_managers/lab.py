@@ -111,7 +111,8 @@ class LabResourceManager:
         """What ``status`` shows under ``resources``: the lab's hosts and what each one is."""
         net = self.network
         return {"hosts": self.budget, "held": len(self.held), "lendable": self.lendable(),
-                "cpu_per_host": self.cpu, "delay_ms": self.delay_ms, "loss_pct": self.loss_pct,
+                "cpu_per_host": self.cpu, "workers_per_host": max(1, math.ceil(self.cpu)),
+                "delay_ms": self.delay_ms, "loss_pct": self.loss_pct,
                 "bridge": f"{net.name} {net.address}/24" if net else None,
                 "addresses": {h: lh.namespace.address for h, lh in self.held.items()}}
 

@@ -226,6 +226,7 @@ class PEHost:
     def _process_stats(self) -> dict:
         """This worker's CPU (fraction of a core) and memory, and its host's, since the last call."""
         return {"cpu": self._process.cpu_percent(None) / 100, "memory_bytes": self._process.memory_info().rss,
+                "cores": min(1.0, self._quota.cores) if self._quota else 1.0,      # what one PE here can use
                 "host_cpu": self._quota.fraction() if self._quota else psutil.cpu_percent(None) / 100, "host_memory": psutil.virtual_memory().percent / 100}
 
     async def pe_wait(self, deployment: str, version: int, timeout: float) -> dict:

@@ -164,6 +164,55 @@ def test_rate_settings_come_from_the_config():
     assert same(action, Replicate("op2", 1)) and action.figures["target"] == 0.3
 
 
+def with_cores(snap, cores: dict) -> MetricsSnapshot:
+    """``snap`` with some workers giving a PE less than a core (``worker -> cores``: a lab host's quota)."""
+    workers = {w: replace(m, cores=cores.get(w, m.cores)) for w, m in snap.workers.items()}
+    return replace(snap, workers=MappingProxyType(workers))
+
+
+def test_rate_sizes_by_the_cpu_an_instance_can_use_on_its_host():
+    pl = chain().placement
+    ops = steady(pl, 1000, {"op2": 0.5})                      # op2: 2,000 t/s per busy second, 0.5 core of work
+    assert rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {}) == []       # 50% of a core: fine
+    # on a host whose quota gives a PE half a core the same work is 100% of what it can use:
+    # ceil(0.5 / (0.7 * 0.5)) = 2 instances
+    half = with_cores(snapshot(pl, ops), {w: 0.5 for w in pl.workers})
+    [action] = rate.pescheduler_policy_decide(half, pl, NONE, {})
+    assert same(action, Replicate("op2", 1)) and action.figures["projected_utilisation"] == pytest.approx(1.0)
+    assert action.figures["cores_per_instance"] == 0.5 and "instances of 0.5 core" in action.reason
+
+
+def test_rate_counts_the_cores_of_the_slots_its_copies_take():
+    pl = chain().placement
+    ops = steady(pl, 2000, {"op2": 1.0})                      # a full core of work on a 1-core worker
+    [action] = rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {})
+    assert same(action, Replicate("op2", 1))                  # ceil(1 / 0.7) = 2 of a core each
+    # both slots give a copy half a core: two instances of half a core are 100% busy, three 67%
+    slots = {s.worker: 0.5 for s in pl.slots.values()}
+    [action] = rate.pescheduler_policy_decide(with_cores(snapshot(pl, ops), slots), pl, NONE, {})
+    assert same(action, Replicate("op2", 2)) and action.figures["wanted"] == 3
+
+
+def test_copies_take_one_slot_per_worker_and_never_one_on_a_worker_running_the_operator():
+    from pescheduler.plan.placement import Slot
+    from pescheduler.policies._common import take_slots
+
+    pl = chain().placement
+    w3 = "sim://h1/w3"                                        # two slots on one worker, one on another
+    pl = replace(pl, slots=MappingProxyType({"slot-1": Slot(w3, "h1"), "slot-2": Slot(w3, "h1"),
+                                             "slot-3": Slot("sim://h0/w0", "h0")}))
+    ops = steady(pl, 2500, {"op2": 1.0})
+    snap = snapshot(pl, ops, {"op0": {"backpressure": 0.5}})  # wants ceil(5000 / 1750) = 3 instances
+    [action] = rate.pescheduler_policy_decide(snap, pl, NONE, {})
+    assert same(action, Replicate("op2", 2))
+    sim = Simulation.chain(5)
+    sim._set_placement(pl)
+    assert sim.apply(Replicate("op2", 2))
+    assert sorted(sim.placement.pes[c].worker for c in ("op2#1", "op2#2")) == sorted([w3, "sim://h0/w0"])
+    free = [w3, w3, "sim://h0/w0"]
+    assert take_slots(free, 3, {"sim://h0/w0"}) == 1 and free == [w3, "sim://h0/w0"]
+
+
 # -- copy (Fujitsu) ---------------------------------------------------------------------------
 
 def test_copy_asks_for_copies_where_traffic_concentrates():
@@ -200,6 +249,20 @@ def test_copy_releases_only_after_the_concentration_is_gone_long_enough():
     assert held(snapshot(pl, calm, t=118.0), pl, NONE, conf) == []
     [action] = held(snapshot(pl, calm, t=119.0), pl, NONE, conf)
     assert same(action, Release("op2", 1)) and "gone for 10 s" in action.reason
+
+
+def test_copy_releases_only_the_copies_the_work_no_longer_needs_on_half_core_hosts():
+    sim = chain()
+    assert sim.apply(Replicate("op2", 2))
+    pl = sim.placement
+    conf = {"release-after": "0s"}
+    calm = steady(pl, 900, {"op2": 0.15, "op2#1": 0.15, "op2#2": 0.15})     # 0.45 of a core in all: calm
+    [action] = copy.decide(snapshot(pl, calm), pl, conf)
+    assert same(action, Release("op2", 2))                                  # a core per instance: one does
+    # half a core per instance: 0.45 / (0.7 * 0.5) -> 2 stay, one copy goes (all going flip-flopped)
+    half = with_cores(snapshot(pl, calm), {w: 0.5 for w in pl.workers})
+    [action] = copy.decide(half, pl, conf)
+    assert same(action, Release("op2", 1)) and action.figures["keep"] == 2
 
 
 # -- threshold (IBM) ----------------------------------------------------------------------------
