@@ -235,9 +235,10 @@ class CpuGroup:
     task's) puts it first in line up to that cap, so a lab host gets its
     quota while the machine is loaded, as a real host has its own cores.
     Without the weight the group counts as one task against every other
-    runnable one: at a load of 8 on 2 cores a 0.5-core host got about a
-    fifth of a core, and sizing by the hosts' quotas measured the machine's
-    load instead (issue 15).
+    runnable one: measured at a load average of 29 on this 2-core machine
+    (cgroup v1), a spinning process under a 0.5-core quota got 0.20 of a
+    core with the default weight and 0.50 with this one; sizing by the hosts'
+    quotas measured the machine's load instead (issue 15).
     """
 
     PERIOD_US = 100_000
