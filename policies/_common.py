@@ -21,9 +21,6 @@ from pescheduler.operator import Parallelism
 from pescheduler.plan.placement import Placement
 
 
-MIN_CORES = 0.05        # the least CPU an instance is counted as having (a starved one's sizing stays finite)
-
-
 @dataclass(frozen=True)
 class Load:
     """One operator over the last interval, all its instances together."""
@@ -79,11 +76,11 @@ class View:
         metrics, names = self.snapshot.operators, self.instances[op]
         if len(names) == 1:                       # the common case, kept cheap: 10,000 per decision
             m = metrics.get(op)
-            cores = self.usable(op) if m is not None else 1.0
+            cores = self.cores(self.worker(op)) if m is not None else 1.0
             found = None if m is None else Load(op, 1, m.tuples_in_per_s, m.tuples_out_per_s, m.busy,
                                                 m.busy / cores, cores)
         else:
-            seen = [(metrics[i], self.usable(i)) for i in names if i in metrics]
+            seen = [(metrics[i], self.cores(self.placement.pes[self.pe_of[i]].worker)) for i in names if i in metrics]
             found = Load(op, len(names), sum(m.tuples_in_per_s for m, _c in seen),
                          sum(m.tuples_out_per_s for m, _c in seen), sum(m.busy for m, _c in seen),
                          max(m.busy / c for m, c in seen), min(c for _m, c in seen)) if seen else None
@@ -103,20 +100,6 @@ class View:
         host of half a core): what sizing by CPU seconds divides by."""
         m = self.snapshot.workers.get(worker)
         return m.cores if m is not None and m.cores > 0 else 1.0
-
-    def usable(self, instance: str) -> float:
-        """CPU the PE running ``instance`` can use: its worker's :meth:`cores`, and on a host with
-        no more CPU (``policies.saturated-cpu``) no more than it had, the part of the window it was
-        not waiting for a CPU (busy + idle + blocked on credit). Measured at a load average of 28
-        on 2 cores, a hot operator alone on an embedded worker was busy 0.12 of the time with its
-        queue full: sized as if it had a core, it was never copied and stayed backpressured."""
-        pe_id = self.pe_of[instance]
-        pe = self.placement.pes[pe_id]
-        cores = self.cores(pe.worker)
-        m = self.snapshot.pes.get(pe_id)
-        if m is not None and pe.host in self.saturated_hosts():
-            cores = max(MIN_CORES, min(cores, m.busy + m.idle + m.backpressure))
-        return cores
 
     def workers(self, op: str) -> set[str]:
         """The workers running ``op`` or one of its copies."""

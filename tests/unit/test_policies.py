@@ -193,19 +193,6 @@ def test_rate_counts_the_cores_of_the_slots_its_copies_take():
     assert same(action, Replicate("op2", 2)) and action.figures["wanted"] == 3
 
 
-def test_rate_counts_only_the_cpu_an_instance_got_on_a_host_with_none_to_spare():
-    from pescheduler.control.monitor import HostMetrics
-
-    pl = chain().placement                                    # op2 on h0; slot-1 on h0, slot-2 on h1
-    ops = steady(pl, 1000, {"op2": 0.2})                      # 5,000 t/s per busy second: 0.2 core of work
-    snap = snapshot(pl, ops, {"op1": {"idle": 0.9}})          # op1 (also on h0) waits for input: not starved
-    assert rate.pescheduler_policy_decide(snap, pl, NONE, {}) == []           # a fifth of a core: fine
-    # h0 has no CPU to spare and op2 was busy 0.2 of the window, never idle: it had 0.2 of a core
-    starved = replace(snap, hosts=MappingProxyType({"h0": HostMetrics("h0", 0.99), "h1": HostMetrics("h1", 0.3)}))
-    [action] = rate.pescheduler_policy_decide(starved, pl, NONE, {})
-    assert same(action, Replicate("op2", 1, hosts=("h1",))) and action.figures["projected_utilisation"] == 1.0
-
-
 def test_copies_take_one_slot_per_worker_and_never_one_on_a_worker_running_the_operator():
     from pescheduler.plan.placement import Slot
     from pescheduler.policies._common import take_slots
