@@ -15,7 +15,10 @@ points, so there is no second server and the page is where Dask users look:
 The page is a Bokeh document (the library of distributed's own pages) built
 from that history on each request and refreshed by the browser every few
 seconds: placement of PEs on workers with the channels between them, busy /
-backpressure / input rate per PE over time, and the events and decisions as a timeline.
+backpressure / input rate per PE over time, the consumer lag of broker sources
+per partition over time, checkpoints (completed and aborted over time, the
+duration and size of each, the last one) and the events and decisions as a timeline.
+Everything drawn or exported is read from the published status (docs/status.md).
 """
 
 from __future__ import annotations
@@ -27,7 +30,20 @@ from distributed.http.utils import RequestHandler
 from tornado.ioloop import PeriodicCallback
 
 HISTORY = 300           # samples kept per scheduler (one a second: five minutes)
-REFRESH_S = 3           # the page reloads itself this often
+REFRESH_S = 3           # the page reloads itself this often, once drawn
+RELOAD = """<script>
+// Reload every few seconds, but only once Bokeh has drawn every plot (its documents are idle): a
+// fixed refresh (<meta http-equiv="refresh">) reloaded a loaded machine's browser before it had
+// drawn anything, so the page stayed blank.
+(function () {
+  function reload_when_drawn() {
+    const docs = (window.Bokeh && window.Bokeh.documents) || [];
+    if (docs.length > 0 && docs.every((doc) => doc.is_idle)) { window.location.reload(); }
+    else { window.setTimeout(reload_when_drawn, 500); }
+  }
+  window.setTimeout(reload_when_drawn, REFRESH_MS);
+})();
+</script>"""
 _history: dict[int, deque] = {}     # id(scheduler) -> (time, {deployment id: status})
 _schedulers: dict[int, object] = {}
 
@@ -60,43 +76,93 @@ _registered = False
 
 
 class PeschedulerCollector:
-    """``pescheduler_*`` metrics of every deployment on the schedulers this process serves."""
+    """``pescheduler_*`` metrics of every deployment on the schedulers this process serves: one
+    family per entry of :data:`METRICS`, labelled ``deployment`` and ``app`` and the entry's own."""
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        pe_labels = ["deployment", "app", "pe", "worker"]
-        gauges = {name: GaugeMetricFamily(f"pescheduler_pe_{name}", text, labels=pe_labels) for name, text in (
-            ("tuples_in_per_second", "Tuples a PE took in per second, last monitor window"),
-            ("tuples_out_per_second", "Tuples a PE emitted per second, last monitor window"),
-            ("busy", "Fraction of a core a PE spent in operator code"),
-            ("backpressure", "Fraction of time a PE was blocked on downstream credit"),
-            ("queue_batches", "Input batches waiting at a PE"))}
-        dead = CounterMetricFamily("pescheduler_dead_letters", "Tuples an operator raised on",
-                                   labels=["deployment", "app"])
-        late = CounterMetricFamily("pescheduler_late_events", "Events later than the allowed delay",
-                                   labels=["deployment", "app"])
-        running = GaugeMetricFamily("pescheduler_deployment_running", "1 while the deployment runs",
-                                    labels=["deployment", "app", "state"])
-        decisions = GaugeMetricFamily("pescheduler_decisions", "Policy decisions among the kept events, by "
-                                      "outcome", labels=["deployment", "app", "outcome"])
-        for scheduler in list(_schedulers.values()):
-            for dep_id, status in published(scheduler).items():
-                app = str(status.get("app", ""))
-                for pe in status.get("pes", ()):
-                    labels = [dep_id, app, str(pe.get("pe", "")), str(pe.get("worker", ""))]
-                    gauges["tuples_in_per_second"].add_metric(labels, float(pe.get("tuples_in_per_s") or 0))
-                    gauges["tuples_out_per_second"].add_metric(labels, float(pe.get("tuples_out_per_s") or 0))
-                    gauges["busy"].add_metric(labels, float(pe.get("busy") or 0))
-                    gauges["backpressure"].add_metric(labels, float(pe.get("backpressure") or 0))
-                    gauges["queue_batches"].add_metric(labels, float(pe.get("queue_batches") or 0))
-                dead.add_metric([dep_id, app], float(status.get("dead_letters") or 0))
-                late.add_metric([dep_id, app], float(status.get("late_events") or 0))
-                state = str(status.get("state", ""))
-                running.add_metric([dep_id, app, state], 1.0 if state in ("starting", "running") else 0.0)
-                for outcome, n in _decision_counts(status).items():
-                    decisions.add_metric([dep_id, app, outcome], float(n))
-        yield from (*gauges.values(), dead, late, running, decisions)
+        statuses = [(dep_id, str(status.get("app", "")), status) for scheduler in list(_schedulers.values())
+                    for dep_id, status in published(scheduler).items()]
+        for kind, name, text, labels, rows in METRICS:
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                name, text, labels=["deployment", "app", *labels])
+            for dep_id, app, status in statuses:
+                for values, figure in rows(status):
+                    family.add_metric([dep_id, app, *values], float(figure or 0))
+            yield family
+
+
+def _per_pe(field: str):
+    return lambda status: [((str(pe.get("pe", "")), str(pe.get("worker", ""))), pe.get(field))
+                           for pe in status.get("pes", ())]
+
+
+def _state(status: dict) -> list:
+    state = str(status.get("state", ""))
+    return [((state,), 1.0 if state in ("starting", "running") else 0.0)]
+
+
+def _checkpoint(name: str):
+    return lambda status: [((), figure) for key, figure in checkpoint_figures(status).items() if key == name]
+
+
+METRICS = (     # (kind, name (a counter's gets _total), help, labels beyond deployment and app, rows of a status)
+    ("gauge", "pescheduler_pe_tuples_in_per_second", "Tuples a PE took in per second, last monitor window",
+     ["pe", "worker"], _per_pe("tuples_in_per_s")),
+    ("gauge", "pescheduler_pe_tuples_out_per_second", "Tuples a PE emitted per second, last monitor window",
+     ["pe", "worker"], _per_pe("tuples_out_per_s")),
+    ("gauge", "pescheduler_pe_busy", "Fraction of a core a PE spent in operator code", ["pe", "worker"],
+     _per_pe("busy")),
+    ("gauge", "pescheduler_pe_backpressure", "Fraction of time a PE was blocked on downstream credit",
+     ["pe", "worker"], _per_pe("backpressure")),
+    ("gauge", "pescheduler_pe_queue_batches", "Input batches waiting at a PE", ["pe", "worker"],
+     _per_pe("queue_batches")),
+    ("counter", "pescheduler_dead_letters", "Tuples an operator raised on", [],
+     lambda status: [((), status.get("dead_letters"))]),
+    ("counter", "pescheduler_late_events", "Events later than the allowed delay", [],
+     lambda status: [((), status.get("late_events"))]),
+    ("gauge", "pescheduler_deployment_running", "1 while the deployment runs", ["state"], _state),
+    ("gauge", "pescheduler_decisions", "Policy decisions among the kept events, by outcome", ["outcome"],
+     lambda status: [((outcome,), n) for outcome, n in _decision_counts(status).items()]),
+    ("gauge", "pescheduler_consumer_lag", "Records (Kafka) or entries (Redis) a broker source is behind, "
+     "per partition", ["source", "partition"],
+     lambda status: [((source, partition), behind) for source, partition, behind in lag_rows(status)]),
+    ("counter", "pescheduler_restarts", "Restores from a checkpoint after a lost worker", [],
+     lambda status: [((), ((status.get("checkpoints") or {}).get("restart") or {}).get("used"))]),
+    ("counter", "pescheduler_checkpoints_completed", "Checkpoints completed", [],
+     _checkpoint("checkpoints_completed")),
+    ("counter", "pescheduler_checkpoints_aborted", "Checkpoints aborted", [], _checkpoint("checkpoints_aborted")),
+    ("gauge", "pescheduler_checkpoint_last_duration_seconds", "The last complete checkpoint: trigger to commit",
+     [], _checkpoint("checkpoint_last_duration_seconds")),
+    ("gauge", "pescheduler_checkpoint_last_bytes", "The last complete checkpoint: state stored", [],
+     _checkpoint("checkpoint_last_bytes")),
+    ("gauge", "pescheduler_checkpoint_last_timestamp_seconds", "The last complete checkpoint: when it completed "
+     "(unix time)", [], _checkpoint("checkpoint_last_timestamp_seconds")),
+)
+
+
+def lag_rows(status: dict) -> list[tuple[str, str, int]]:
+    """``(source, partition, behind)`` of every broker source in ``status`` (operators with ``lag``:
+    Kafka partitions, Redis streams), sorted."""
+    return sorted((str(op.get("op", "")), str(partition), int(behind or 0))
+                  for op in status.get("operators", ()) for partition, behind in (op.get("lag") or {}).items())
+
+
+def checkpoint_figures(status: dict) -> dict[str, float]:
+    """The checkpoint metrics of ``status`` by metric name (without ``pescheduler_``); empty when the
+    deployment takes no checkpoints, the ``last`` ones only once one is complete."""
+    ckpt = status.get("checkpoints")
+    if not ckpt:
+        return {}
+    figures = {"checkpoints_completed": float(ckpt.get("completed") or 0),
+               "checkpoints_aborted": float(ckpt.get("aborted") or 0)}
+    last = ckpt.get("last")
+    if last:
+        figures.update(checkpoint_last_duration_seconds=float(last["duration_s"]),
+                       checkpoint_last_bytes=float(last["bytes"]),
+                       checkpoint_last_timestamp_seconds=float(last["time"]) + float(last["duration_s"]))
+    return figures
 
 
 def _decision_counts(status: dict) -> dict[str, int]:
@@ -127,8 +193,7 @@ class PeschedulerPage(RequestHandler):
         samples = list(_history.get(id(self.server), ()))
         now = published(self.server)
         html = file_html(page(now, samples), INLINE, title="pescheduler")
-        refresh = f'<meta http-equiv="refresh" content="{REFRESH_S}">'
-        self.write(html.replace("<head>", "<head>\n" + refresh, 1))
+        self.write(html.replace("<head>", "<head>\n" + RELOAD.replace("REFRESH_MS", str(REFRESH_S * 1000)), 1))
 
 
 def page(now: dict[str, dict], samples: list) -> object:
@@ -142,7 +207,8 @@ def page(now: dict[str, dict], samples: list) -> object:
         parts.append(Div(text=f"<h3>{_esc(status.get('app', ''))} <small>{_esc(dep_id)} — "
                               f"{_esc(status.get('state', ''))}, {float(status.get('elapsed_s') or 0):.0f} s, "
                               f"dead letters {int(status.get('dead_letters') or 0)}</small></h3>"))
-        parts += [placement_plot(status), *series_plots(dep_id, samples), timeline_plot(status)]
+        parts += [placement_plot(status), *series_plots(dep_id, samples), *lag_plots(dep_id, samples, status),
+                  *checkpoint_plots(dep_id, samples, status), timeline_plot(status)]
     return column(*parts, sizing_mode="stretch_width")
 
 
@@ -222,6 +288,112 @@ def series_plots(dep_id: str, samples: list) -> list:
             plot.legend.location, plot.legend.label_text_font_size = "top_left", "9px"
         plots.append(plot)
     return plots
+
+
+def lag_series(dep_id: str, samples: list, status: dict) -> dict[tuple[str, str], tuple[list, list]]:
+    """``(source, partition) -> (times in ms, records behind)`` over the samples, the current status last."""
+    series: dict[tuple[str, str], tuple[list, list]] = {}
+    for t, one in [*((t, s.get(dep_id, {})) for t, s in samples), (time.time(), status)]:
+        for source, partition, behind in lag_rows(one):
+            ts, ys = series.setdefault((source, partition), ([], []))
+            ts.append(t * 1000)
+            ys.append(behind)
+    return series
+
+
+def lag_plots(dep_id: str, samples: list, status: dict) -> list:
+    """Consumer lag per source and partition over time (one line each, in a ColumnDataSource named
+    ``consumer-lag``); none when no source reports lag."""
+    from bokeh.models import ColumnDataSource
+    from bokeh.palettes import Category10_10
+    from bokeh.plotting import figure
+
+    series = lag_series(dep_id, samples, status)
+    if not series:
+        return []
+    keys = sorted(series)
+    source = ColumnDataSource({"source": [s for s, _ in keys], "partition": [p for _, p in keys],
+                               "label": [f"{s} {p}" for s, p in keys], "xs": [series[k][0] for k in keys],
+                               "ys": [series[k][1] for k in keys],
+                               "colour": [Category10_10[i % 10] for i in range(len(keys))]}, name="consumer-lag")
+    plot = figure(title="consumer lag (records or entries behind, per source and partition)",
+                  x_axis_type="datetime", height=220, sizing_mode="stretch_width", tools="pan,wheel_zoom,reset",
+                  name="series-lag")
+    plot.multi_line("xs", "ys", source=source, line_color="colour", line_width=2, legend_field="label")
+    plot.legend.location, plot.legend.label_text_font_size = "top_left", "9px"
+    return [plot]
+
+
+def checkpoint_history(dep_id: str, samples: list, status: dict) -> tuple[dict, dict]:
+    """Checkpoints over the samples: ``counts`` (``t`` in ms, ``completed``, ``aborted`` at each
+    sample, the current status last) and ``each`` (one entry per complete checkpoint seen in a
+    status's ``recent`` or ``last``, by id: ``id``, ``t`` completion in ms, ``duration_ms``, ``bytes``)."""
+    counts: dict[str, list] = {"t": [], "completed": [], "aborted": []}
+    seen: dict[int, dict] = {}
+    for t, ckpt in [*((t, s.get(dep_id, {}).get("checkpoints")) for t, s in samples),
+                    (time.time(), status.get("checkpoints"))]:
+        if not ckpt:
+            continue
+        counts["t"].append(t * 1000)
+        counts["completed"].append(int(ckpt.get("completed") or 0))
+        counts["aborted"].append(int(ckpt.get("aborted") or 0))
+        for c in [*(ckpt.get("recent") or ()), *([ckpt["last"]] if ckpt.get("last") else [])]:
+            seen[int(c["id"])] = c
+    each: dict[str, list] = {"id": [], "t": [], "duration_ms": [], "bytes": []}
+    for checkpoint_id, c in sorted(seen.items()):
+        each["id"].append(checkpoint_id)
+        each["t"].append((float(c["time"]) + float(c["duration_s"])) * 1000)
+        each["duration_ms"].append(float(c["duration_s"]) * 1000)
+        each["bytes"].append(int(c["bytes"]))
+    return counts, each
+
+
+def checkpoint_plots(dep_id: str, samples: list, status: dict) -> list:
+    """The last checkpoint in words; completed and aborted over time (source ``checkpoint-counts``);
+    the duration and size of each checkpoint (source ``checkpoints``). None without checkpoints."""
+    from bokeh.models import ColumnDataSource, Div, HoverTool
+    from bokeh.plotting import figure
+
+    ckpt = status.get("checkpoints")
+    if not ckpt:
+        return []
+    counts, each = checkpoint_history(dep_id, samples, status)
+    counts_source = ColumnDataSource(counts, name="checkpoint-counts")
+    each_source = ColumnDataSource(each, name="checkpoints")
+    tally = figure(title="checkpoints completed and aborted", x_axis_type="datetime", height=200,
+                   sizing_mode="stretch_width", tools="pan,wheel_zoom,reset", name="checkpoint-tally")
+    tally.step("t", "completed", source=counts_source, line_width=2, color="#2ca02c", legend_label="completed",
+               mode="after")
+    tally.step("t", "aborted", source=counts_source, line_width=2, color="#d62728", legend_label="aborted",
+               mode="after")
+    tally.legend.location, tally.legend.label_text_font_size = "top_left", "9px"
+    plots = [Div(text=checkpoint_summary(ckpt), name="checkpoint-last"), tally]
+    for field, title in (("duration_ms", "checkpoint duration (ms, trigger to commit)"),
+                         ("bytes", "checkpoint size (bytes of state stored)")):
+        plot = figure(title=title, x_axis_type="datetime", height=200, sizing_mode="stretch_width",
+                      tools="pan,wheel_zoom,reset", name=f"checkpoint-{field}")
+        plot.scatter("t", field, source=each_source, size=7)
+        plot.add_tools(HoverTool(tooltips=[("checkpoint", "@id"), ("took", "@duration_ms{0.0} ms"),
+                                           ("size", "@bytes bytes")]))
+        plots.append(plot)
+    return plots
+
+
+def checkpoint_summary(ckpt: dict) -> str:
+    """The checkpoint part of a status in one HTML line: the last complete one, aborted, restarts."""
+    from dask.utils import format_bytes
+
+    last = ckpt.get("last")
+    text = (f"<b>last checkpoint</b> {int(last['id'])}: {float(last.get('age_s') or 0):.0f} s ago, took "
+            f"{float(last['duration_s']) * 1000:.0f} ms, {format_bytes(int(last['bytes']))} at {_esc(last['url'])}"
+            if last else "<b>no checkpoint complete yet</b>")
+    restart = ckpt.get("restart") or {}
+    text += (f" — completed {int(ckpt.get('completed') or 0)}, aborted {int(ckpt.get('aborted') or 0)}, "
+             f"restarts {int(restart.get('used') or 0)} of {int(restart.get('attempts') or 0)}, "
+             f"every {float(ckpt.get('interval_s') or 0):g} s to {_esc(ckpt.get('storage', ''))}")
+    if ckpt.get("last_error"):
+        text += f"<br><small>last error: {_esc(ckpt['last_error'])}</small>"
+    return f"<p>{text}</p>"
 
 
 def timeline_plot(status: dict):

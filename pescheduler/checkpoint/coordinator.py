@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+RECENT = 20       # complete checkpoints listed in the status (the dashboard draws each one's duration and size)
+
 
 @dataclass(frozen=True)
 class CompletedCheckpoint:
@@ -69,6 +71,7 @@ class CheckpointCoordinator:
         self.retain = retain
         self.next_id = first_id
         self.completed: list[CompletedCheckpoint] = []
+        self.completed_count = 0     # every one since the start (``completed`` keeps the newest)
         self.aborted = 0
         self.last_error: str | None = None
         self.paused = False          # set while a recovery restores (recovery.py)
@@ -143,6 +146,7 @@ class CheckpointCoordinator:
             done = CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, size,
                                        f"{self.store.url.rstrip('/')}/chk-{checkpoint_id:06d}")
         self.completed.append(done)
+        self.completed_count += 1
         del self.completed[:-max(self.retain, 1) * 10]            # a bounded history for status
         await asyncio.to_thread(self.store.prune, self.retain)
         self.state.event("checkpoint", f"checkpoint {checkpoint_id} complete: {size} bytes in "
@@ -211,8 +215,9 @@ class CheckpointCoordinator:
         last = self.completed[-1].as_dict() if self.completed else None
         if last is not None:          # since it completed, as of this status (the views show it)
             last["age_s"] = round(max(0.0, time.time() - last["time"] - last["duration_s"]), 3)
-        return {"storage": self.store.url, "interval_s": self.interval, "completed": len(self.completed),
-                "aborted": self.aborted, "last": last, "last_error": self.last_error}
+        return {"storage": self.store.url, "interval_s": self.interval, "completed": self.completed_count,
+                "aborted": self.aborted, "last": last, "last_error": self.last_error,
+                "recent": [c.as_dict() for c in self.completed[-RECENT:]]}
 
 
 async def _first_failure(calls: list) -> list:

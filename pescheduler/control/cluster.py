@@ -24,7 +24,7 @@ cluster's private temporary folder.
 ``host`` moves the scheduler and workers off loopback onto one address of
 this machine, for a resource manager whose hosts live in network namespaces
 (the ``lab``'s bridge: reachable from its namespaces, from nowhere else).
-Dashboards stay on loopback.
+Dashboards stay on loopback unless ``pescheduler.cluster.dashboard`` asks for another address.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class EmbeddedCluster:
         self.host = host
         self.security = Security.temporary() if security is True else security or None
         self._scheduler: Scheduler | None = None
+        self._dashboard_host = HOST
         self._workers: list[processes.Process] = []
         self._log_dir = tempfile.mkdtemp(prefix="pescheduler-cluster-")
         self._quiet = contextlib.ExitStack()
@@ -87,7 +88,7 @@ class EmbeddedCluster:
     @property
     def dashboard_link(self) -> str:
         """``http://127.0.0.1:PORT/status``: the scheduler's dashboard (pages need bokeh installed)."""
-        return f"http://{HOST}:{self._scheduler.http_server.port}/status"
+        return f"http://{self._dashboard_host}:{self._scheduler.http_server.port}/status"
 
     async def start(self) -> str:
         """Start the scheduler and ``n_workers`` worker processes; the scheduler's address."""
@@ -96,7 +97,10 @@ class EmbeddedCluster:
         # The /pescheduler page through the dashboard's own extension point (no second server).
         routes = [*dask.config.get("distributed.scheduler.http.routes"), "pescheduler.dashboard"]
         with dask.config.set({"distributed.scheduler.http.routes": routes}):
-            self._scheduler = await Scheduler(host=self.host, port=0, dashboard_address=f"{HOST}:0",
+            dashboard_address = config.get("cluster.dashboard")
+            host = dashboard_address.rsplit(":", 1)[0].strip("[]")
+            self._dashboard_host = HOST if host in ("", "0.0.0.0", "::") else host    # where a browser here goes
+            self._scheduler = await Scheduler(host=self.host, port=0, dashboard_address=dashboard_address,
                                               validate=False, security=self.security,
                                               protocol="tls" if self.security else None)
         dashboard.install(self._scheduler)

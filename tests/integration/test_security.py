@@ -317,3 +317,29 @@ def test_a_host_borrowed_from_the_local_manager_joins_a_tls_cluster_over_tls(tmp
             assert CHALLENGE not in frames_in(intrude(data_address, frame(HELLO, channel_id.encode())))[:1]
             assert_drained(dep.stop())
     assert assert_exact(out) > 0
+
+
+def test_the_embedded_dashboard_listens_elsewhere_only_when_asked():
+    """The default is loopback (test above); ``pescheduler.cluster.dashboard`` moves it, and the
+    link printed for a browser on this machine still works."""
+    import asyncio
+    import urllib.request
+
+    import dask
+
+    from pescheduler.control.cluster import EmbeddedCluster
+
+    async def started() -> tuple[int, str, str]:
+        with dask.config.set({"pescheduler.cluster.dashboard": "0.0.0.0:0"}):
+            cluster = EmbeddedCluster(0)
+            await cluster.start()
+        try:
+            port = cluster._scheduler.http_server.port
+            assert ("0.0.0.0", port) in listening(os.getpid())
+            link = cluster.dashboard_link.replace("/status", "/pescheduler")
+            page = await asyncio.to_thread(lambda: urllib.request.urlopen(link, timeout=BOUND).read().decode())
+            return port, link, page
+        finally:
+            await cluster.close()
+    port, link, page = asyncio.run(started())
+    assert link == f"http://127.0.0.1:{port}/pescheduler" and "No deployment has published status" in page

@@ -50,3 +50,91 @@ def test_a_status_without_channels_draws_none():
     status = {"app": "old", "state": "running", "pes": [{"pe": "a", "worker": WORKERS[0]}]}
     [source] = dashboard.page({"dep-1": status}, []).select({"name": "pe-edges"})
     assert source.data["from"] == []
+
+
+# -- consumer lag and checkpoints: drawn and exported from the published status ----------------------
+
+def lagging(behind: dict[str, int], completed: int = 0, recent=(), aborted: int = 0, used: int = 0) -> dict:
+    """A status with a Kafka source at ``behind`` (partition -> records) and, given ``completed``,
+    checkpoints whose newest complete ones are ``recent`` (ids)."""
+    status = {"app": "lag", "state": "running", "pes": [{"pe": "kafka-1", "worker": WORKERS[0]}],
+              "operators": [{"op": "kafka-1", "pe": "kafka-1", "lag": dict(behind)},
+                            {"op": "map-2", "pe": "kafka-1"}]}
+    if completed:
+        each = [{"id": i, "time": 1000.0 + i, "duration_s": i / 100, "bytes": 100 * i, "url": f"/c/chk-{i}"}
+                for i in recent]
+        status["checkpoints"] = {"storage": "/c", "interval_s": 1.0, "completed": completed, "aborted": aborted,
+                                 "last": {**each[-1], "age_s": 0.5}, "last_error": None, "recent": each,
+                                 "restart": {"attempts": 3, "backoff_s": 1.0, "used": used, "restarts": []}}
+    return status
+
+
+def test_the_lag_is_one_line_per_source_and_partition_over_the_samples_the_current_status_last():
+    samples = [(1.0, {"d": lagging({"0": 50, "1": 70})}), (2.0, {"d": lagging({"0": 40, "1": 65})}),
+               (3.0, {"other": lagging({"0": 1})})]                 # another deployment's sample
+    [source] = dashboard.page({"d": lagging({"0": 30, "1": 60})}, samples).select({"name": "consumer-lag"})
+    assert (source.data["source"], source.data["partition"]) == (["kafka-1"] * 2, ["0", "1"])
+    assert source.data["ys"] == [[50, 40, 30], [70, 65, 60]]
+    assert source.data["xs"][0][:2] == [1000.0, 2000.0] and source.data["label"] == ["kafka-1 0", "kafka-1 1"]
+
+
+def test_no_source_with_lag_draws_no_lag_plot():
+    status = {"app": "gen", "state": "running", "pes": [], "operators": [{"op": "generator-1", "pe": "g"}]}
+    assert not list(dashboard.page({"d": status}, [(1.0, {"d": status})]).select({"name": "consumer-lag"}))
+
+
+def test_checkpoints_over_time_each_one_once_and_the_last_in_words():
+    samples = [(1.0, {"d": lagging({}, completed=2, recent=[1, 2])}),
+               (2.0, {"d": lagging({}, completed=4, recent=[2, 3, 4], aborted=1)})]
+    now = lagging({}, completed=5, recent=[4, 5], aborted=1, used=1)
+    layout = dashboard.page({"d": now}, samples)
+    [counts] = layout.select({"name": "checkpoint-counts"})
+    assert counts.data["completed"] == [2, 4, 5] and counts.data["aborted"] == [0, 1, 1]
+    [each] = layout.select({"name": "checkpoints"})
+    assert each.data["id"] == [1, 2, 3, 4, 5]             # seen in several statuses, drawn once each
+    assert each.data["duration_ms"] == [10.0, 20.0, 30.0, 40.0, 50.0]
+    assert each.data["bytes"] == [100, 200, 300, 400, 500]
+    assert each.data["t"][0] == (1001.0 + 0.01) * 1000     # completion: trigger time + duration
+    [last] = layout.select({"name": "checkpoint-last"})
+    assert "last checkpoint</b> 5:" in last.text and "aborted 1" in last.text and "restarts 1 of 3" in last.text
+
+
+def test_a_deployment_without_checkpoints_draws_none():
+    assert not list(dashboard.page({"d": lagging({"0": 1})}, []).select({"name": "checkpoints"}))
+
+
+def exported(statuses: dict[str, dict]) -> str:
+    """The /metrics text the collector gives for a scheduler publishing ``statuses``."""
+    import prometheus_client
+
+    class Scheduler:          # a scheduler's metadata as install() reads it (served for real: test_dashboard.py)
+        def get_metadata(self, keys, default=None):
+            assert keys == ["pescheduler", "deployments"]
+            return statuses
+
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(dashboard.PeschedulerCollector())
+    scheduler = Scheduler()
+    dashboard._schedulers[id(scheduler)] = scheduler
+    try:
+        return prometheus_client.generate_latest(registry).decode()
+    finally:
+        del dashboard._schedulers[id(scheduler)]
+
+
+def test_metrics_export_the_lag_per_partition_the_restarts_and_the_checkpoint_figures():
+    text = exported({"lag-1": lagging({"0": 30, "1": 60}, completed=7, recent=[6, 7], aborted=2, used=1)})
+    assert 'pescheduler_consumer_lag{app="lag",deployment="lag-1",partition="1",source="kafka-1"} 60.0' in text
+    assert 'pescheduler_restarts_total{app="lag",deployment="lag-1"} 1.0' in text
+    assert 'pescheduler_checkpoints_completed_total{app="lag",deployment="lag-1"} 7.0' in text
+    assert 'pescheduler_checkpoints_aborted_total{app="lag",deployment="lag-1"} 2.0' in text
+    assert 'pescheduler_checkpoint_last_duration_seconds{app="lag",deployment="lag-1"} 0.07' in text
+    assert 'pescheduler_checkpoint_last_bytes{app="lag",deployment="lag-1"} 700.0' in text
+    assert 'pescheduler_checkpoint_last_timestamp_seconds{app="lag",deployment="lag-1"} 1007.07' in text
+
+
+def test_without_checkpoints_restarts_are_zero_and_no_checkpoint_figure_is_exported():
+    text = exported({"gen-1": {"app": "gen", "state": "running", "pes": [], "operators": []}})
+    assert 'pescheduler_restarts_total{app="gen",deployment="gen-1"} 0.0' in text
+    assert "pescheduler_checkpoint_last_bytes{" not in text and "pescheduler_consumer_lag{" not in text
+    assert "pescheduler_checkpoints_completed_total{" not in text

@@ -328,3 +328,31 @@ def test_frame_kinds_do_not_collide():
     kinds = [DATA, WATERMARK, END, CREDIT, HELLO, MARKER, CHALLENGE, WELCOME, MALFORMED]
     assert len(set(kinds)) == len(kinds)
     assert struct.calcsize("!B") == 1 and all(0 < k < 256 for k in kinds if k != MALFORMED)
+
+
+def test_a_proven_peer_cannot_make_a_marker_unpickle_anything(tmp_path):
+    """Markers are msgpack even from a proven peer (issue 19: no pickle for control frames): a
+    marker carrying a pickle that would create a file arrives as a dead letter, and no file exists.
+    (A receiver that unpickled markers would pass the tests above on their bad-msgpack bytes.)"""
+    evil = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(evil), "w"))
+
+    async def scenario():
+        secret = handshake.new_secret()
+        async with Host(secret) as host:
+            reader, writer = await raw(host.address)
+            _kind, nonce = await read_frame(reader)
+            mine = handshake.new_nonce()
+            writer.write(frame(HELLO, handshake.encode_hello(CHANNEL, mine,
+                                                             handshake.client_proof(secret, nonce, mine, CHANNEL))))
+            assert (await read_frame(reader))[0] == WELCOME
+            writer.write(frame(MARKER, pickle.dumps(Payload(), protocol=5)) + frame(END))
+            items = await host.items(2)
+            assert [k for k, _ in items] == [MALFORMED, END]
+            assert "frame kind 6" in items[0][1][1]
+            writer.close()
+    run(scenario())
+    assert not evil.exists(), "a marker was unpickled"

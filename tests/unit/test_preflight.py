@@ -77,3 +77,18 @@ def test_a_plugin_module_that_fails_to_load_is_refused_before_any_start(nothing_
     app.source("iterable", items=[1]).sink("print")
     with pytest.raises(PluginError, match="--plugin no_such_plugin_module failed to load"):
         pescheduler.deploy(app, workers=2, plugins=["no_such_plugin_module"], policies=[])
+
+
+def test_a_misspelt_setting_and_a_bad_value_are_refused_before_any_start(nothing_starts):
+    """Settings are checked in deploy() too (issue 17: config validated at start, nothing starts)."""
+    import dask
+
+    from pescheduler.errors import ConfigError
+
+    app = Application("tuned")
+    app.source("iterable", items=[1]).sink("print")
+    with dask.config.set({"pescheduler.channel.credit": 3, "pescheduler.batch.size": -5}):
+        with pytest.raises(ConfigError) as err:
+            pescheduler.deploy(app, workers=2, policies=[])
+    assert "channel.credit: unknown key; did you mean channel.credits?" in str(err.value)
+    assert "batch.size: -5 is not valid; expected an integer >= 1" in str(err.value)
