@@ -66,8 +66,18 @@ def install(scheduler) -> None:
 
 
 def dask_setup(scheduler) -> None:
-    """``dask scheduler --preload pescheduler.dashboard``: the page and metrics on that scheduler."""
+    """``dask scheduler --preload pescheduler.dashboard``: the page and metrics on that scheduler.
+
+    A preload starts after the scheduler built its web routes from
+    ``distributed.scheduler.http.routes``, so the page's route is added to the running web
+    application here (without it ``/pescheduler`` was a 404 there, /metrics alone worked)."""
+    import dask.config
+    from distributed.http.utils import get_handlers
+
     install(scheduler)
+    application = getattr(scheduler, "http_application", None)
+    if application is not None and __name__ not in dask.config.get("distributed.scheduler.http.routes"):
+        application.add_handlers(r".*$", get_handlers(scheduler, [__name__]))
 
 
 # -- Prometheus --------------------------------------------------------------------------------
