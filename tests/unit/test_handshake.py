@@ -199,47 +199,6 @@ def test_frames_in_pooled_memory_stay_exact_while_later_frames_reuse_it():
     run(scenario())
 
 
-def test_send_all_ships_every_piece_in_order_through_a_full_socket():
-    """The sender's gathering sendmsg: a socket whose buffer fills again and again takes every
-    piece, whole and in order (partial sends resumed mid-piece, empty pieces skipped)."""
-    import socket
-
-    import pyarrow as pa
-
-    from pescheduler.worker.channels import send_all
-
-    class Counting(socket.socket):
-        calls = 0
-
-        def sendmsg(self, *args):
-            self.calls += 1
-            return super().sendmsg(*args)
-
-    big = pa.py_buffer(bytes(range(256)) * 20_000)
-    pieces = [b"head", b"", bytearray(b"x" * 700_001), big, memoryview(b"tail" * 1000)] * 3
-    want = b"".join(bytes(p) for p in pieces)
-
-    async def scenario():
-        a, b = socket.socketpair()
-        sender = Counting(fileno=a.detach())
-        sender.setblocking(False)
-        b.setblocking(False)
-        loop = asyncio.get_running_loop()
-        got = bytearray()
-
-        async def receive():
-            while len(got) < len(want):
-                got.extend(await loop.sock_recv(b, 65536))
-
-        async with asyncio.timeout(BOUND):
-            await asyncio.gather(send_all(sender, pieces), receive())
-        sender.close()
-        b.close()
-        assert bytes(got) == want
-        assert sender.calls > 3                   # the socket was full: sends were resumed
-    run(scenario())
-
-
 def test_wrong_secret_is_refused_and_touches_nothing():
     async def scenario():
         async with Host(handshake.new_secret()) as host:
