@@ -34,7 +34,7 @@ class Fusable(Operator):
 
     def _compile(self) -> None:
         self.columnar = all(kind in ("assign", "where") for kind, _ in self.steps)
-        self._run = compile_rows(self.steps, self.name)
+        self._run = compile_rows(self.steps, self.name, inline_lambdas=False)    # tracebacks: the user's line
 
     def process(self, batch: Any, emit: Emitter) -> None:
         if isinstance(batch, list):
@@ -50,7 +50,8 @@ class Map(Fusable):
     function per tuple; ``stream.map(speed=col("speed") / 3.6)`` sets fields
     from expressions (``pescheduler.expr``), which the chain compiles into its
     fused loop and which also run on Arrow batches. Prefer expressions: a
-    lambda costs a Python call per tuple and only works on rows.
+    lambda only works on rows, and costs a Python call per tuple unless it is
+    one self-contained expression in a fused run (``pescheduler.inline``).
     """
 
     name = "map"

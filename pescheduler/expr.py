@@ -54,6 +54,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+from .inline import inline
+
 ARITHMETIC = {"add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%"}
 COMPARISON = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 BOOLEAN = {"and": "&", "or": "|"}
@@ -328,13 +330,17 @@ class _PyCode(Visitor):
         return (self._var(f"None if {x} is None else {value}"), True) if n else (self._var(value), False)
 
 
-def compile_rows(steps: Iterable[tuple[str, Any]], title: str = "run") -> Callable:
+def compile_rows(steps: Iterable[tuple[str, Any]], title: str = "run", inline_lambdas: bool = True) -> Callable:
     """Generate ``run(batch) -> (out, drops)``: one loop over a list of tuples for every step.
 
     ``steps`` are ``("assign", {field: Expr})`` (a map with expressions: a new
     dict with those fields), ``("where", Expr)`` (a filter), ``("map", fn)`` and
     ``("filter", fn)`` (lambdas, called per tuple). ``drops[i]`` counts the
     tuples step ``i`` removed, so each fused operator's counts stay exact.
+    ``inline_lambdas``: a one-expression lambda runs in the loop itself, not
+    called (``pescheduler.inline``; off where a failing tuple's traceback
+    should show the user's own line: an operator run alone, the replay of a
+    fused run that raised).
     Assignments are kept in locals and the dict is built once, after the last
     filter that could drop the tuple (or before a lambda that needs it).
     """
@@ -368,11 +374,19 @@ def compile_rows(steps: Iterable[tuple[str, Any]], title: str = "run") -> Callab
             lines += [f"{ind}if {test}:", f"{ind}    d{i} += 1", f"{ind}    continue"]
         elif kind in ("map", "filter"):
             materialise()
-            ns[f"f{i}"] = arg
+            inlined = inline(arg, _generated) if inline_lambdas else None
+            if inlined is None:
+                ns[f"f{i}"] = arg
+                code = f"f{i}(t)"
+            else:                               # the lambda's own expression, in place (inline.py)
+                param, code = inlined
+                if param != "t":
+                    lines.append(f"{ind}{param} = t")
+                code = f"({code})"
             if kind == "map":
-                lines.append(f"{ind}t = f{i}(t)")
+                lines.append(f"{ind}t = {code}")
             else:
-                lines += [f"{ind}if not f{i}(t):", f"{ind}    d{i} += 1", f"{ind}    continue"]
+                lines += [f"{ind}if not {code}:", f"{ind}    d{i} += 1", f"{ind}    continue"]
         else:
             raise ValueError(f"unknown step {kind!r}")
     materialise()
@@ -380,6 +394,12 @@ def compile_rows(steps: Iterable[tuple[str, Any]], title: str = "run") -> Callab
     from .aggregates import _generate     # the project's one code generator (linecache-visible)
 
     return _generate(lines, "run", ns, f"expr {title}")
+
+
+def _generated(name: str) -> bool:
+    """A name :func:`compile_rows`'s loop uses itself (an inlined lambda must not use it)."""
+    return name in ("run", "batch", "out", "append", "t") or (
+        name[:1] in ("d", "f", "v") and name[1:].isdigit())
 
 
 def compile_function(e: Expr) -> Callable[[Any, Any], Any]:

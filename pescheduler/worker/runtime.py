@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from . import flow
 from .chain import MIN_WATERMARK, Chain
-from .channels import (DATA, END, MALFORMED, MARKER, WATERMARK, ChannelIn, ChannelOut, Inbox,
+from .channels import (DATA, ENCODED, END, MALFORMED, MARKER, WATERMARK, ChannelIn, ChannelOut, Inbox,
                        LocalChannelOut, TcpChannelOut, decode)
 from ..operator import DeadLetter, OperatorContext, Source
 from .aligner import Aligner
@@ -189,10 +189,10 @@ class PERunner:
                     self.first_input_at = time.time()
                 self.inbox.data_batches -= 1
                 try:
-                    batch = decode(payload) if isinstance(payload, (bytes, bytearray)) else payload
+                    batch = decode(payload) if isinstance(payload, ENCODED) else payload
                 except Exception as exc:        # a proven peer's unreadable batch: a dead letter, not a failure
                     self.turns.on_loop(channel.grant)
-                    self._dead(payload[:256], exc, f"channel {channel.channel_id}")
+                    self._dead(bytes(payload[:256]), exc, f"channel {channel.channel_id}")
                     continue
                 self.turns.on_loop(channel.grant)    # per batch, so the sender keeps pipelining
                 channel.tuples += len(batch)

@@ -150,6 +150,55 @@ def test_large_arrow_frames_and_small_pickles_arrive_whole_and_in_order():
     run(scenario())
 
 
+def _numbered(i: int, rows: int = 100_000):
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict({"ts": pa.array(range(i * rows, (i + 1) * rows)),
+                                       "v": pa.array([i + 0.5] * rows)})
+
+
+def test_frames_in_pooled_memory_stay_exact_while_later_frames_reuse_it():
+    """Large frames are received into Arrow's memory pool (frame_buffer), which hands memory freed
+    by earlier frames to later ones. A batch decoded from a frame, and a frame still undecoded in the
+    inbox, must stay exact however many frames arrive after them (a pool that handed out a buffer
+    still referenced would overwrite them), and the memory must go back once nothing holds it."""
+    import pyarrow as pa
+
+    from pescheduler.worker.channels import decode
+
+    async def scenario():
+        async with Host(handshake.new_secret()) as host:
+            out = TcpChannelOut(CHANNEL, credits=64, dead_letter=lambda item, exc: None)
+            await out.connect(host.address, Credentials(host.secret))
+            base = pa.total_allocated_bytes()
+            out.send(_numbered(0))
+            out.send(_numbered(1))
+            await out.flush()
+            (_, first), (_, second) = await host.items(2)
+            assert isinstance(first.obj, pa.Buffer) and isinstance(second.obj, pa.Buffer)
+            frame_bytes = len(first)
+            kept = decode(first)                  # decoded and held; its frame is dropped below
+            undecoded = second                    # a frame still encoded, as the inbox holds it
+            host.inbox.items.clear()
+            del first, second
+            for i in range(2, 40):
+                out.send(_numbered(i))
+                await out.flush()
+                (_, payload), = await host.items(1)
+                host.inbox.items.clear()
+                got = decode(payload)
+                del payload
+                assert got.equals(_numbered(i))
+                del got                           # its memory goes back to the pool for the next frame
+            assert kept.equals(_numbered(0))
+            assert decode(undecoded).equals(_numbered(1))
+            assert pa.total_allocated_bytes() - base >= 2 * frame_bytes     # both still held
+            del kept, undecoded
+            assert pa.total_allocated_bytes() - base < frame_bytes         # and released
+            await out.close(timeout=1)
+    run(scenario())
+
+
 def test_wrong_secret_is_refused_and_touches_nothing():
     async def scenario():
         async with Host(handshake.new_secret()) as host:
