@@ -208,7 +208,7 @@ def burst(address: str, catch_up_s: float, workers: int = 2, cost_us: float = 10
     for i in range(2_000):
         burn({"n": i})
     cost = (time.thread_time() - t0) / 2_000
-    overhead = overhead_per_record(address, 20_000, workers)
+    overhead = overhead_per_record(address, 40_000, workers)
     cores = len(os.sched_getaffinity(0))
     instances = min(workers, max(1, math.ceil(cores * cost / (cost + overhead) - 1e-9)))
     per_record = max((cost + overhead) / cores, cost / instances)

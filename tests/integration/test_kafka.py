@@ -399,6 +399,34 @@ def test_an_exactly_once_sink_knows_at_open_whether_checkpoints_commit_it(kafka,
         assert sorted(json.loads(v)["n"] for v in visible[0]) == list(range(n)) and not still_open[0]
 
 
+def test_a_closed_exactly_once_sink_leaves_no_client_running(kafka):
+    """librdkafka runs threads for every client. A sink's producers refer back to it (their
+    delivery callback), so one it still held after close lived until the cycle collector ran,
+    reconnecting meanwhile to a broker the tests had stopped ("Connect ... refused" after the
+    broker tests). Closed, every one of them is gone at once (the collector is off here)."""
+    import gc
+    import os
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    create_topic(kafka, "closed-out", 1)
+    gc.collect()
+    gc.disable()
+    try:
+        before = threads()
+        sink = open_sink(kafka, "closed-out")
+        for checkpoint in (1, 2):
+            sink.process([{"n": checkpoint}], None)
+            sink.pre_commit(checkpoint)                  # two parked transactions, a third one open
+        sink.commit(1)
+        assert threads() > before
+        sink.close()
+        until(lambda: threads() <= before, WAIT, f"the sink's client threads to end ({threads()} > {before})")
+    finally:
+        gc.enable()
+
+
 def test_kafka_cars_example_as_written(kafka):
     import subprocess
     import sys

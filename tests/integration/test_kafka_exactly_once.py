@@ -194,12 +194,12 @@ def test_sink_copies_replicated_released_and_restored_onto_fewer_hand_over_exact
     copy's checkpointed state are handed to the original, which fences the copy's transactional
     ids and writes again what it had not published: every record once, no transaction left open."""
 
-    n = 16_000
+    n = 20_000
     create_topic(kafka, "eos-copies-in", 3)
     create_topic(kafka, "eos-copies-out", 2)
     produce(kafka, "eos-copies-in", numbered(n, 10), partition_of=lambda r: r["n"] % 3)
     app = Application("kafka-eos-sink-copies")
-    (app.source("kafka", topic="eos-copies-in", bootstrap_servers=kafka, event_time="ts", rate=1_500)
+    (app.source("kafka", topic="eos-copies-in", bootstrap_servers=kafka, event_time="ts", rate=1_000)
         .map(lambda t: {"n": t["n"], "twice": 2 * t["n"]}, id="twice")
         .sink("kafka", topic="eos-copies-out", bootstrap_servers=kafka, key="n", exactly_once=True, id="out"))
     with pescheduler.deploy(app, workers=3, policies=[], checkpoint=str(tmp_path / "ckpt"),

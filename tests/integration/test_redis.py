@@ -281,10 +281,10 @@ def test_sink_copies_replicated_released_and_restored_onto_fewer_hand_over_their
         now = last_checkpoint()
         until(lambda: last_checkpoint() >= now + count, WAIT, f"{count} more complete checkpoints")
 
-    n = 12_000
+    n = 15_000
     fill(client, "copies-in", range(n))
     app = Application("redis-sink-copies")
-    (app.source("redis", stream="copies-in", url=redis_url, event_time=None, rate=1_200)
+    (app.source("redis", stream="copies-in", url=redis_url, event_time=None, rate=800)
         .map(lambda t: {"n": t["n"], "twice": 2 * t["n"]}, id="twice")
         .sink("redis", stream="copies-out", url=redis_url, id="out"))
     with pescheduler.deploy(app, workers=3, policies=[], checkpoint=str(tmp_path / "ckpt"),
