@@ -16,11 +16,14 @@ into a 2-partition topic once; then, in the same run:
   (d) (c) with the exactly-once (transactional) Kafka sink: a transaction per checkpoint,
       committed when it completes, its records carried in the checkpoint. (d)/(c) is the
       price of the transactions alone.
-  (e) lag: a burst of records already waiting in a topic, 1.5x what one instance of a hot
-      map (``burn``, about 200 us of CPU per record) processes within the ``rate`` policy's
-      ``catch-up`` target (30 s; ``--quick`` 10 s), deployed on 2 workers with the default
-      policies: whether the backlog is drained within the target (one instance alone could
-      not), the scaling steps taken, and the consumer lag as the monitor saw it.
+  (e) lag: a backlog of records already waiting in a topic, drained by a hot map (``burn``,
+      about 1 ms of CPU per record) deployed on 2 workers with the default policies (``rate``
+      + ``copy``), against the ``rate`` policy's ``catch-up`` target (30 s; ``--quick`` 10 s).
+      The backlog is sized from the measured costs (the map's, and the rest of each record's:
+      source, sink, runtime, from a calibration run) so that the oracle, the instances the
+      machine's cores allow from the first second, drains it in 0.6 of the target, and one
+      instance alone could not. Printed: the oracle next to what the policies did (time to
+      drain, steps taken or refused, CPU per record), and the consumer lag as the monitor saw it.
 
 Prints events/s of each, the ratio (goal >= 0.7), and the machine load (it is shared).
 """
@@ -130,28 +133,87 @@ def deployed(address: str, topic: str, out_topic: str, events: int, exactly_once
     return elapsed, n_pes, idle
 
 
-def burst(address: str, catch_up_s: float, cost_us: float = 200.0) -> dict:
-    """(e): a backlog of 1.5x what one ``burn`` instance does in ``catch_up_s``, drained by a
-    deployment with the default policies; seconds from the first snapshot until the lag is 0."""
-    import dask.config
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) these processes have used so far."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def produce_numbers(address: str, topic: str, events: int) -> None:
+    """``{"n": i}`` records, spread over the partitions of a new topic."""
     from confluent_kafka import Producer
 
     from brokers import create_topic
+
+    create_topic(address, topic, PARTITIONS)
+    producer = Producer({"bootstrap.servers": address, "linger.ms": 20, "queue.buffering.max.messages": 500_000})
+    for i in range(events):
+        producer.produce(topic, json.dumps({"n": i}).encode(), partition=i % PARTITIONS)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(120) == 0
+
+
+def sink_count(dep, sink: str = "sink") -> int:
+    return sum(s["operators"].get(sink, {}).get("tuples_in", 0) for s in dep.pe_stats().values())
+
+
+def overhead_per_record(address: str, events: int, workers: int) -> float:
+    """CPU seconds per record of everything but the map's own work (the Kafka source's fetching
+    and decoding, the sink, the runtime, the monitor), summed over the worker processes and this
+    one: ``source -> identity map -> discard`` deployed as (e) is, reading ``events`` records."""
+    produce_numbers(address, "burst-calibrate", events)
+    app = Application("bench-kafka-calibrate")
+    (app.source("kafka", topic="burst-calibrate", bootstrap_servers=address, id="src")
+        .map(lambda t: t, id="same")
+        .sink("discard", id="sink"))
+    with pescheduler.deploy(app, workers=workers, policies=[]) as dep:
+        pids = [info["pid"] for info in dep.worker_info.values()] + [os.getpid()]
+        c0, read0 = cpu_seconds(pids), sink_count(dep)
+        deadline = time.monotonic() + 300
+        while (read := sink_count(dep)) < events and time.monotonic() < deadline:
+            time.sleep(0.05)             # polling the PE's counters: the stream never ends by itself
+        used = cpu_seconds(pids) - c0
+    assert read >= events, f"calibration read {read} of {events} records"
+    return used / max(1, read - read0)
+
+
+def burst(address: str, catch_up_s: float, workers: int = 2, cost_us: float = 1000.0,
+          share: float = 0.6) -> dict:
+    """(e): a backlog the oracle drains in ``share`` of ``catch_up_s``, drained by a deployment
+    with the default policies; seconds from the first snapshot until the lag is 0.
+
+    The oracle is the best sizing the machine allows: ``k`` instances of the map, one per worker
+    process at most (a copy in the same process shares its interpreter), no more than the cores
+    left after the source's, sink's and runtime's share of each record
+    (:func:`overhead_per_record`), from the first second. Its time per record is the larger of
+    the whole work spread over every core and the map's work over its ``k`` instances.
+    """
+    import math
+
+    import dask.config
+
     from parallel import make_burn
 
     burn = make_burn(cost_us)
     t0 = time.thread_time()
-    for i in range(5_000):
+    for i in range(2_000):
         burn({"n": i})
-    per_cpu_s = 5_000 / (time.thread_time() - t0)
-    events = int(1.5 * per_cpu_s * catch_up_s)
-    create_topic(address, "burst", PARTITIONS)
-    producer = Producer({"bootstrap.servers": address, "linger.ms": 20, "queue.buffering.max.messages": 500_000})
-    for i in range(events):
-        producer.produce("burst", json.dumps({"n": i}).encode(), partition=i % PARTITIONS)
-        if i % 10_000 == 0:
-            producer.poll(0)
-    assert producer.flush(120) == 0
+    cost = (time.thread_time() - t0) / 2_000
+    overhead = overhead_per_record(address, 40_000, workers)
+    cores = len(os.sched_getaffinity(0))
+    instances = min(workers, max(1, math.ceil(cores * cost / (cost + overhead) - 1e-9)))
+    per_record = max((cost + overhead) / cores, cost / instances)
+    events = int(share * catch_up_s / per_record)
+    produce_numbers(address, "burst", events)
     app = Application("bench-kafka-burst")
     (app.source("kafka", topic="burst", bootstrap_servers=address, id="src")
         .map(burn, id="burn")
@@ -159,24 +221,26 @@ def burst(address: str, catch_up_s: float, cost_us: float = 200.0) -> dict:
     settings = {"pescheduler.policies.rate.catch-up": f"{catch_up_s}s", "pescheduler.monitor.interval": "1s",
                 "pescheduler.policies.decision-log": None}
     lags = []
-    with dask.config.set(settings), pescheduler.deploy(app, workers=2) as dep:
+    with dask.config.set(settings), pescheduler.deploy(app, workers=workers) as dep:
+        pids = [info["pid"] for info in dep.worker_info.values()] + [os.getpid()]
         first = dep.next_snapshot(timeout=60)
-        start, drained = first.time, None
-        limit = 4 * (catch_up_s + events / per_cpu_s)      # generous: a loaded machine drains late, not never
+        start, drained, c0 = first.time, None, cpu_seconds(pids)
+        limit = 4 * (catch_up_s + events * cost)      # generous: a loaded machine drains late, not never
         while time.monotonic() - start < limit:
             snap = dep.next_snapshot(timeout=60)
             src = snap.operators.get("src")
             behind = sum(src.lag.values()) if src is not None and src.lag else None
             lags.append((snap.time - start, behind, len(dep.placement().instances("burn"))))
-            done = dep.pe_stats()
-            read = sum(s["operators"].get("sink", {}).get("tuples_in", 0) for s in done.values())
-            if behind == 0 and read >= events:
+            if behind == 0 and sink_count(dep) >= events:
                 drained = snap.time - start
                 break
+        used = cpu_seconds(pids) - c0
         steps = [f"t={d.t - start:.1f}s {d.action!r}" for d in dep.controller.decisions if d.outcome == "applied"]
         refused = [f"t={d.t - start:.1f}s {d.action!r}: {d.detail}" for d in dep.controller.decisions
                    if d.outcome == "refused"][:3]
-    return {"events": events, "per_cpu_s": per_cpu_s, "drained_s": drained, "steps": steps, "refused": refused,
+    return {"events": events, "cost_us": cost * 1e6, "overhead_us": overhead * 1e6, "cores": cores,
+            "oracle_instances": instances, "oracle_s": events * per_record, "alone_s": events * cost,
+            "run_us": used / max(1, events) * 1e6, "drained_s": drained, "steps": steps, "refused": refused,
             "lags": lags, "limit_s": limit}
 
 
@@ -211,12 +275,15 @@ def main() -> None:
               f"(a transaction per checkpoint)")
         catch_up = 10.0 if args.quick else 30.0
         e = burst(broker.address, catch_up)
-        alone = e["events"] / e["per_cpu_s"]
         verdict = (f"drained in {e['drained_s']:.1f} s  goal <= {catch_up:.0f} s: "
                    f"{'met' if e['drained_s'] <= catch_up else 'not met'}" if e["drained_s"] is not None
                    else f"not drained within {e['limit_s']:.0f} s")
-        print(f"(e) lag: a backlog of {e['events']:,} records ({alone:.0f} s of one instance's CPU), "
-              f"catch-up {catch_up:.0f} s: {verdict}")
+        print(f"(e) lag: a backlog of {e['events']:,} records (the map {e['cost_us']:.0f} us of CPU each, the rest "
+              f"{e['overhead_us']:.0f} us; {e['cores']} cores), catch-up {catch_up:.0f} s")
+        print(f"    oracle: {e['oracle_instances']} instance(s) of the map from the start drain it in "
+              f"{e['oracle_s']:.1f} s; one instance alone needs >= {e['alone_s']:.1f} s")
+        print(f"    default policies (rate + copy): {verdict}  (CPU per record in the run "
+              f"{e['run_us']:.0f} us, oracle's {e['cost_us'] + e['overhead_us']:.0f} us)")
         print("    steps: " + (", ".join(e["steps"]) or "none") + ("; refused: " + "; ".join(e["refused"])
                                                                    if e["refused"] else ""))
         print("    lag (s: records behind / instances of burn): "

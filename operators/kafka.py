@@ -265,7 +265,10 @@ class KafkaSink(Sink):
     ``value_format``: ``"json"`` (default), ``"bytes"`` or a callable ``tuple -> bytes``.
     ``exactly_once=True``: records go into Kafka transactions that become
     visible when a checkpoint completes (:meth:`commit`), or at the end of the
-    stream; read them with ``isolation.level=read_committed``.
+    stream; read them with ``isolation.level=read_committed``. Without
+    checkpoints (``context.extra["checkpoint"]`` false) nothing would ever
+    commit them: each batch is then a transaction of its own, committed as
+    it is written, and no record is kept in memory.
 
     Exactly-once through a crash *between* a checkpoint's completion and its
     commit: librdkafka cannot take over a dead producer's open transaction
@@ -282,6 +285,17 @@ class KafkaSink(Sink):
     are written again in one fresh transaction that marks the restored
     checkpoint; those at or below it were, and are dropped. The price: a
     checkpoint holds what the sink wrote during the interval before it.
+
+    Copies that go away (a Release, or a restore onto fewer instances) hand
+    over: :meth:`merge_states` gives their snapshots to the original, which
+    fences their transactional ids when it opens (their open transactions
+    are aborted at once, not left to ``transaction.timeout.ms`` holding
+    ``read_committed`` readers back) and writes again, in its own open
+    transaction, what they had not published: the records of their open
+    transaction (a reconfiguration's snapshot carries them; a checkpoint's
+    has none, its barrier having just parked them) and of their parked
+    transactions above their marker. They are visible with the original's
+    next commit, so a restore before it replays them instead.
     """
 
     name = "kafka"
@@ -299,10 +313,14 @@ class KafkaSink(Sink):
         self.timeout_s = parse_duration(connect_timeout) / 1000
         self._producer = None
         self._failed: list[str] = []
+        self._op: str | None = None              # this instance's operator id (from open, or restored)
+        self._checkpointed = False               # checkpoints commit the transactions (else each batch does)
         self._pool: list = []                    # idle transactional producers
         self._prepared: dict[int, tuple] = {}    # checkpoint id -> (producer with a flushed open transaction, records)
         self._records: list = []                 # (value, key) of the open transaction, for the snapshot
         self._carried: list = []                 # restored: [checkpoint id, records] a predecessor had parked
+        self._reopen: list = []                  # restored: (value, key) of an open transaction to write again
+        self._adopt: list = []                   # restored: states of copies this instance takes over
         self._ids = 0                            # transactional ids made so far (k in {prefix}-{op}-{k})
         self._fence = 0                          # restored: ids a predecessor may have left open
         self._marker = None                      # consumer of the marker group (its metadata, its offset)
@@ -310,24 +328,39 @@ class KafkaSink(Sink):
 
     def open(self, context: Any) -> None:
         super().open(context)
-        base = {"bootstrap.servers": self.servers, "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000)}
+        self._op = context.op_id
+        self._checkpointed = bool(context.extra.get("checkpoint"))
+        base = self._base_config()
         probe = self._make(None)
         topic_partitions(probe, base, self.topic, self.servers, self.timeout_s, self.create, self.partitions)
         if not self.exactly_once:
-            self._producer = probe
+            self._producer, self._adopt = probe, []      # copies of it carry nothing to take over
             return
         probe.flush(0)
-        from confluent_kafka import Consumer
-
-        self._marker = Consumer({**base, "group.id": f"{self.prefix}-{context.op_id}",
-                                 "enable.auto.commit": False, "isolation.level": "read_committed"})
+        self._marker = self._marker_reader(self._op)
         # Fence and abort what a predecessor left open: the ids its snapshot counted, and one more
         # it may have made for a barrier after that snapshot before it died.
         for _ in range(self._fence + 1 if self._fence else 0):
             self._pool.append(self._transactional())
         if self._base is None:
-            self._base = self.published()
+            self._base = self._published(self._marker)
+        for state in self._adopt:
+            self._reopen += self._take_over(state)
+        self._adopt = []
         self._producer = self._next_transaction()
+        if self._reopen:
+            self._write(self._reopen)
+            self._reopen = []
+
+    def _base_config(self) -> dict:
+        return {"bootstrap.servers": self.servers, "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000)}
+
+    def _marker_reader(self, op_id: str):
+        """A consumer of ``op_id``'s marker group (never subscribed: it reads and commits offsets only)."""
+        from confluent_kafka import Consumer
+
+        return Consumer({**self._base_config(), "group.id": f"{self.prefix}-{op_id}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
 
     def _make(self, transactional_id: str | None):
         from confluent_kafka import Producer
@@ -338,11 +371,11 @@ class KafkaSink(Sink):
             conf["transactional.id"] = transactional_id
         return Producer(conf)
 
-    def _transactional(self):
+    def _initialised(self, tid: str):
+        """A producer of transactional id ``tid``, initialised: any earlier producer of ``tid`` is
+        fenced and its open transaction aborted."""
         from confluent_kafka import KafkaException
 
-        tid = f"{self.prefix}-{self.context.op_id}-{self._ids}"
-        self._ids += 1
         producer = self._make(tid)
         try:
             producer.init_transactions(self.timeout_s)
@@ -350,10 +383,31 @@ class KafkaSink(Sink):
             raise _connect_error(f"transactions ({tid})", self.servers, self.timeout_s, exc) from None
         return producer
 
+    def _transactional(self):
+        producer = self._initialised(f"{self.prefix}-{self._op}-{self._ids}")
+        self._ids += 1
+        return producer
+
     def _next_transaction(self):
         producer = self._pool.pop(0) if self._pool else self._transactional()
         producer.begin_transaction()
         return producer
+
+    def _take_over(self, state: dict) -> list:
+        """A copy's state handed over (:meth:`merge_states`): its transactional ids fenced, so
+        none of its transactions can still commit or hold ``read_committed`` readers back; then
+        the ``(value, key)`` pairs it had not published, to write again: its open transaction's
+        and those of its parked transactions above its marker."""
+        ids = state.get("transactional_ids", 0)
+        for k in range(ids + 1 if ids else 0):
+            self._initialised(f"{self.prefix}-{state['op']}-{k}")      # fences; dropped at once
+        marker = self._marker_reader(state["op"])
+        try:
+            done = self._published(marker) - (state.get("marker_base") or 0)
+        finally:
+            marker.close()
+        lost = [pair for cid, records in state.get("parked", []) if cid > done for pair in records]
+        return lost + [tuple(p) for p in state.get("open", [])]
 
     def _delivered(self, err, msg) -> None:
         if err is not None:
@@ -362,9 +416,12 @@ class KafkaSink(Sink):
     def process(self, batch: list, emit: Any) -> None:
         if self.exactly_once:
             encode, key = self.encode, self.key
-            pairs = [(encode(t), None if key is None else str(t[key]).encode()) for t in batch]
-            self._records.extend(pairs)
-            self._produce(self._producer, pairs)
+            self._write([(encode(t), None if key is None else str(t[key]).encode()) for t in batch])
+            if not self._checkpointed:         # no checkpoint will commit it: the batch is a transaction
+                self._drain(self._producer)
+                self._producer.commit_transaction(self.timeout_s)
+                self._pool.append(self._producer)
+                self._producer = self._next_transaction()
             return
         produce, encode, topic, key = self._producer.produce, self.encode, self.topic, self.key
         for t in batch:
@@ -380,8 +437,15 @@ class KafkaSink(Sink):
         self._producer.poll(0)
         self._check()
 
+    def _write(self, pairs: list) -> None:
+        """Encoded ``(value, key)`` pairs into the open transaction (kept for the snapshot while
+        checkpoints are on: a parked transaction's records travel in it)."""
+        if self._checkpointed:
+            self._records.extend(pairs)
+        self._produce(self._producer, pairs)
+
     def _produce(self, producer, pairs: list) -> None:
-        """Produce encoded ``(value, key)`` pairs (a transaction's, kept for the snapshot)."""
+        """Produce encoded ``(value, key)`` pairs."""
         produce, topic = producer.produce, self.topic
         for value, key in pairs:
             while True:
@@ -416,9 +480,12 @@ class KafkaSink(Sink):
     def published(self) -> int:
         """The marker group's offset: the base plus the last checkpoint id whose transaction
         committed (0: none ever)."""
+        return self._published(self._marker)
+
+    def _published(self, marker) -> int:
         from confluent_kafka import TopicPartition
 
-        [tp] = self._marker.committed([TopicPartition(self.topic, 0)], timeout=self.timeout_s)
+        [tp] = marker.committed([TopicPartition(self.topic, 0)], timeout=self.timeout_s)
         return max(tp.offset, 0)
 
     def pre_commit(self, checkpoint_id: int) -> None:
@@ -427,6 +494,7 @@ class KafkaSink(Sink):
         self._drain(self._producer)
         if not self.exactly_once:
             return
+        self._checkpointed = True          # checkpoints are on (a sink opened without being told)
         self._mark(self._producer, checkpoint_id)
         self._prepared[checkpoint_id] = (self._producer, self._records)
         self._producer, self._records = self._next_transaction(), []
@@ -470,15 +538,32 @@ class KafkaSink(Sink):
             self._pool.append(producer)
 
     def snapshot(self) -> dict:
-        """The transactional ids made (to fence) and the records of every parked transaction, to
-        publish again should the checkpoint complete but its commit never run."""
+        """The transactional ids made (to fence), the records of every parked transaction (to
+        publish again should the checkpoint complete but its commit never run) and of the open one
+        (none at a checkpoint's barrier, which has just parked it; a reconfiguration's snapshot
+        hands them to the successor), and states of copies taken over but not opened yet."""
         parked = [[cid, records] for cid, (_producer, records) in sorted(self._prepared.items())]
-        return {"transactional_ids": self._ids, "parked": self._carried + parked, "marker_base": self._base}
+        return {"op": self._op, "transactional_ids": self._ids, "parked": self._carried + parked,
+                "marker_base": self._base, "open": list(self._records) + self._reopen, "adopt": list(self._adopt)}
 
     def restore(self, state: dict) -> None:
+        self._op = state.get("op")
         self._fence = state.get("transactional_ids", 0)
         self._base = state.get("marker_base")
         self._carried = [list(c) for c in state.get("parked", [])]
+        self._reopen = [tuple(p) for p in state.get("open", [])]
+        self._adopt = list(state.get("adopt", []))
+
+    def merge_states(self, states: list) -> dict:
+        """The first instance's state taking over the others' (copies that go away): the first
+        fences their transactional ids when it opens and writes again what they had not
+        published (:meth:`_take_over`)."""
+        first, *others = states
+        adopt = list(first.get("adopt", []))
+        for state in others:
+            if state and state.get("op"):
+                adopt += [{k: v for k, v in state.items() if k != "adopt"}] + list(state.get("adopt", []))
+        return {**first, "adopt": adopt}
 
     def flush(self, emit: Any) -> None:
         """End of stream: deliver everything; with transactions, commit the parked ones (of a
@@ -498,4 +583,7 @@ class KafkaSink(Sink):
         if self._marker is not None:
             self._marker.close()
             self._marker = None
-        self._producer = None
+        # Every producer refers back to this sink (its delivery callback): dropped here, each is
+        # destroyed now rather than whenever the cycle collector runs, so none goes on reconnecting
+        # to a broker that has stopped. Transactions left open are fenced by the successor.
+        self._producer, self._pool, self._prepared = None, [], {}

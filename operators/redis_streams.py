@@ -261,7 +261,11 @@ class RedisStreamSink(Sink):
     runs atomically, so a crash leaves a commit whole or absent and a repeated
     commit finds nothing left to move. A restored sink deletes the lists its
     snapshot did not know (output after the checkpoint: the sources replay
-    it). Why not ids derived from checkpoint and sequence, rejected by
+    it). A copy that goes away (a Release, a restore onto fewer instances)
+    hands its staging over (:meth:`merge_states`): the original takes its
+    lists as they stood at its snapshot, and publishes them with its own
+    commits (an open epoch, which only a reconfiguration's snapshot has, with
+    the original's next checkpoint). Why not ids derived from checkpoint and sequence, rejected by
     ``XADD`` on replay: a replay after a restore need not deliver the same
     tuples in the same order (partitions interleave differently, barriers
     fall elsewhere), so equal ids would not mean equal entries.
@@ -281,17 +285,29 @@ class RedisStreamSink(Sink):
         self._epochs = Epochs()
         self._state: dict | None = None         # from restore: what open() reinstates
         self._publish = None
+        self._adopted: list = []                # [checkpoint id | None, list key] of copies taken over
+        self._adopt: list = []                  # restored: states of copies to take over in open()
 
     def open(self, context: Any) -> None:
         super().open(context)
         self._client = _client(self.url, self.timeout_s)
-        self._prefix = f"{{{self.stream}}}:pescheduler-staging:{context.op_id}:e"
+        self._prefix = self._prefix_of(context.op_id)
         self._publish = self._client.register_script(_PUBLISH)
         if self._state is not None:
             self._reinstate(self._state)
-        else:
-            self._discard(lambda epoch: True)   # a fresh run: staging of an earlier one is stale
+        elif not self._adopt and "#" not in context.op_id:   # a fresh original (copies X#k start mid-run):
+            self._discard(lambda epoch: True)   # a fresh run, so an earlier one's staging is stale,
+            stale = list(self._client.scan_iter(match=self._prefix_of(context.op_id + "#*") + "*", count=1000))
+            if stale:                           # its copies' too
+                self._client.delete(*stale)
         self._staged = self._staged or bool(context.extra.get("checkpoint"))
+        for state in self._adopt:
+            self._take_over(state)
+        self._adopt = []
+
+    def _prefix_of(self, op_id: str) -> str:
+        """Staging lists of instance ``op_id`` are this plus the epoch (in the stream's cluster slot)."""
+        return f"{{{self.stream}}}:pescheduler-staging:{op_id}:e"
 
     def _entries(self, batch: list) -> list:
         if self.fields:
@@ -316,6 +332,9 @@ class RedisStreamSink(Sink):
     @serialized
     def pre_commit(self, checkpoint_id: int) -> None:
         """Seal the open epoch under ``checkpoint_id`` (already in Redis: durable as Redis is)."""
+        for adopted in self._adopted:
+            if adopted[0] is None:              # a copy's open epoch, taken over: this checkpoint's
+                adopted[0] = checkpoint_id
         if not self._staged:
             self._staged = True                 # checkpoints began: stage from now on
             return
@@ -323,19 +342,25 @@ class RedisStreamSink(Sink):
 
     @serialized
     def commit(self, checkpoint_id: int) -> None:
-        """Move the sealed epochs of ids up to ``checkpoint_id`` into the stream, atomically."""
-        due = self._epochs.due(checkpoint_id)
+        """Move the sealed epochs of ids up to ``checkpoint_id`` (with those of copies taken over)
+        into the stream, oldest checkpoint first, atomically."""
+        due = [(c, self._prefix + str(e)) for c, e, _n in self._epochs.due(checkpoint_id)]
+        taken = [a for a in self._adopted if a[0] is not None and a[0] <= checkpoint_id]
+        self._adopted = [a for a in self._adopted if a not in taken]
+        due += [(c, key) for c, key in taken]
         if due:
-            self._publish(keys=[self.stream] + [self._prefix + str(e) for _c, e, _n in due],
+            self._publish(keys=[self.stream] + [key for _c, key in sorted(due, key=lambda d: d[0])],
                           args=["" if self.maxlen is None else self.maxlen])
 
     @serialized
     def abort(self, checkpoint_id: int) -> None:
         """Drop the sealed epochs of ``checkpoint_id`` and later (the stream replays them)."""
-        gone = [p for p in self._epochs.pending if p[0] >= checkpoint_id]
+        gone = [self._prefix + str(e) for c, e, _n in self._epochs.pending if c >= checkpoint_id]
         self._epochs.pending = [p for p in self._epochs.pending if p[0] < checkpoint_id]
+        gone += [key for c, key in self._adopted if c is not None and c >= checkpoint_id]
+        self._adopted = [a for a in self._adopted if a[0] is None or a[0] < checkpoint_id]
         if gone:
-            self._client.delete(*(self._prefix + str(e) for _c, e, _n in gone))
+            self._client.delete(*gone)
 
     @serialized
     def snapshot(self) -> dict:
@@ -344,23 +369,53 @@ class RedisStreamSink(Sink):
         if self._client is None:
             return dict(self._state or {})
         opened = self._client.llen(self._prefix + str(self._epochs.current)) if self._staged else 0
-        return {"staged": self._staged, "epochs": self._epochs.state(), "open": opened}
+        return {"op": self.context.op_id, "staged": self._staged, "epochs": self._epochs.state(), "open": opened,
+                "adopted": [list(a) for a in self._adopted], "adopt": list(self._adopt)}
 
     def restore(self, state: dict | None) -> None:
         self._state = state if state and "epochs" in state else None
+        self._adopted = [list(a) for a in (state or {}).get("adopted", [])]
+        self._adopt = list((state or {}).get("adopt", []))
+
+    def merge_states(self, states: list) -> dict:
+        """The first instance's state taking over the others' (copies that go away): it publishes
+        their staged lists with its own commits (:meth:`_take_over`)."""
+        first, *others = states
+        adopt = list(first.get("adopt", []))
+        for state in others:
+            if state and "epochs" in state:
+                adopt += [{k: v for k, v in state.items() if k != "adopt"}] + list(state.get("adopt", []))
+        return {**first, "adopt": adopt}
+
+    def _take_over(self, state: dict) -> None:
+        """A copy's staging as its snapshot left it, now this instance's to publish: its sealed
+        epochs with their checkpoints, its open epoch (cut back to what it held then) with this
+        instance's next one; what it staged after the snapshot is deleted (the stream replays it)."""
+        prefix, epochs = self._prefix_of(state["op"]), Epochs.of(state["epochs"])
+        if self._cut_back(prefix, epochs, state.get("open", 0)):
+            self._adopted.append([None, prefix + str(epochs.current)])
+        self._adopted += [[c, prefix + str(e)] for c, e, _n in epochs.pending]
+        self._adopted += [list(a) for a in state.get("adopted", [])]
 
     def _reinstate(self, state: dict) -> None:
         """Staging as the snapshot left it: its sealed epochs wait for their commit; the open
         epoch is cut back to what it held then, later ones are deleted (the stream replays them)."""
         self._staged, self._epochs = state["staged"], Epochs.of(state["epochs"])
-        current, kept = self._epochs.current, state.get("open", 0)
-        self._discard(lambda epoch: not self._epochs.known(epoch) or (epoch == current and not kept))
-        if kept:
-            self._client.ltrim(self._prefix + str(current), 0, kept - 1)
+        self._cut_back(self._prefix, self._epochs, state.get("open", 0))
 
-    def _discard(self, unwanted) -> None:
-        cut = len(self._prefix)
-        names = (k.decode() for k in self._client.scan_iter(match=self._prefix + "*", count=1000))
+    def _cut_back(self, prefix: str, epochs: Epochs, kept: int) -> bool:
+        """The lists under ``prefix`` as ``epochs`` knew them: later epochs deleted, the open one
+        cut back to its first ``kept`` entries; whether it keeps any."""
+        current = epochs.current
+        self._discard(lambda epoch: not epochs.known(epoch) or (epoch == current and not kept), prefix)
+        if kept:
+            self._client.ltrim(prefix + str(current), 0, kept - 1)
+        return bool(kept)
+
+    def _discard(self, unwanted, prefix: str | None = None) -> None:
+        prefix = prefix or self._prefix
+        cut = len(prefix)
+        names = (k.decode() for k in self._client.scan_iter(match=prefix + "*", count=1000))
         keys = [k for k in names if k[cut:].isdigit() and unwanted(int(k[cut:]))]
         if keys:
             self._client.delete(*keys)
@@ -368,7 +423,7 @@ class RedisStreamSink(Sink):
     def flush(self, emit: Any) -> None:
         """End of stream: staged output is published (the stream's last checkpoint)."""
         if self._staged and self._client is not None:
-            self._epochs.seal(float("inf"), self._client.llen(self._prefix + str(self._epochs.current)))
+            self.pre_commit(float("inf"))
             self.commit(float("inf"))
 
     def close(self) -> None:

@@ -84,10 +84,12 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
                    f"{target:.0%} (it has {now.instances})")
             if n > 0:
                 actions.append(Replicate(op, n, hosts=view.cool_hosts(), figures=figures, reason=why))
-            elif view.saturated_hosts() and resources.lendable == 0:
+            elif view.saturated_hosts() and resources.lendable == 0 and (ask := min(
+                    want - now.instances, _usable_slots(view, op))):
                 # nowhere to go and nothing to borrow: asked anyway, so the controller's refusal
-                # (no host has CPU to spare) is on the record
-                actions.append(Replicate(op, want - now.instances, figures=figures, reason=why))
+                # (no host has CPU to spare) is on the record; for no more copies than there are
+                # slots, or the refusal would be for slots, and a possible step would be lost
+                actions.append(Replicate(op, ask, figures=figures, reason=why))
         elif not view.backlogged(op):              # a backlog understates the load: never scale down on it
             actions.append(Release(op, now.instances - want, figures=figures, hold=Hold(rounds=down_after), reason=(
                 f"{op} is offered {offered[op]:.0f} t/s: {want} instance(s) run it at or under "
@@ -136,6 +138,14 @@ def _backlog(view: View, op: str) -> int:
     """Records behind on the broker, summed over the source's instances and partitions."""
     metrics = view.snapshot.operators
     return sum(sum(metrics[i].lag.values()) for i in view.instances[op] if i in metrics)
+
+
+def _usable_slots(view: View, op: str) -> int:
+    """Slots a copy of ``op`` could take, whatever their hosts' CPU (as the Replicate transform
+    counts them): off ``op``'s own worker, holding no copy of it yet."""
+    home, copies = view.worker(op), view.placement.copies
+    return sum(1 for s in view.placement.slots.values()
+               if s.worker != home and not any(copies.get(c) == op for c in s.copies))
 
 
 def _true_rate(now: Load, min_busy: float) -> float:

@@ -244,12 +244,19 @@ def _exactly(sock, n: int) -> bytes:
 def committed_log(address: str, topic: str) -> dict[int, list[bytes]]:
     """``{partition: [value, ...]}``: every record of ``topic`` a complete read_committed consumer
     returns now (non-transactional records, and those of committed transactions), in log order."""
+    return transaction_log(address, topic)[0]
+
+
+def transaction_log(address: str, topic: str) -> tuple[dict[int, list[bytes]], dict[int, int]]:
+    """:func:`committed_log`, and ``{partition: records}`` of transactions still open there (no
+    COMMIT or ABORT yet: they hold every read_committed reader of the partition back)."""
     from confluent_kafka.admin import AdminClient
     from kafka.record import MemoryRecords
 
     partitions = AdminClient({"bootstrap.servers": address}).list_topics(topic, timeout=10).topics[topic].partitions
     host, port = address.rsplit(":", 1)
     out: dict[int, list[bytes]] = {}
+    still_open: dict[int, int] = {}
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         for p in sorted(partitions):
             pending: dict[int, list[bytes]] = {}       # producer id -> records of its open transaction
@@ -275,4 +282,5 @@ def committed_log(address: str, topic: str) -> dict[int, list[bytes]]:
                 if not moved:
                     break
             out[p] = values
-    return out
+            still_open[p] = sum(len(records) for records in pending.values())
+    return out, still_open

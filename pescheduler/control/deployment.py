@@ -319,6 +319,7 @@ class Deployment:
                                    security=None if self.security is True else self.security)
         await self.client.register_plugin(PEHostPlugin(), name=PLUGIN_NAME)
         self.gateway = WorkerGateway(self.client, self.id, self.plugin_modules)
+        self.gateway.checkpoint = self.checkpoint_settings is not None
         self.reconfigurer = rc = Reconfigurer(self.gateway, self.state, self.id, self.cluster,
                                               int(config.get("standard.slots-per-host")))
         rc.host_actions, rc.on_failure = self.hosts.apply, self._fail

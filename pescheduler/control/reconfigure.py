@@ -37,7 +37,7 @@ from typing import Any
 
 import cloudpickle
 
-from ..operator import Parallelism
+from ..operator import Operator, Parallelism
 from ..plan.placement import Placement
 from ..plan.routing import KEY_GROUPS, key_group
 from ..plan.wiring import ChannelKey, build_specs, channel_ids, consumer_edges, copy_map, output_spec, routing_for
@@ -121,7 +121,11 @@ def keyed_rebalanced(old: Placement, new: Placement) -> set[str]:
     replaced, so all of that operator's state is snapshotted and re-split."""
     pes = set()
     for x, op in new.plan.ops.items():
-        if op.copy_of or not _shares_state(op):
+        if op.copy_of:
+            continue
+        if _hands_over(op) and set(old.instances(x)) - set(new.instances(x)):
+            pes.add(old.pe_of(x))               # the original takes over what released copies staged
+        if not _shares_state(op):
             continue
         if old.instances(x) != new.instances(x) or old.routes.get(x) != new.routes.get(x):
             pes |= {old.pe_of(i) for i in old.instances(x)}
@@ -138,7 +142,11 @@ def redistribute(old: Placement, new: Placement, states: dict[str, dict]) -> dic
     """
     out = dict(states)
     for x, op in new.plan.ops.items():
-        if op.copy_of or not _shares_state(op):
+        if op.copy_of:
+            continue
+        if _hands_over(op):
+            _hand_over(op, old.instances(x), new.instances(x), out)
+        if not _shares_state(op):
             continue
         before, after = old.instances(x), new.instances(x)
         if before == after and old.routes.get(x) == new.routes.get(x):
@@ -168,6 +176,23 @@ def _shares_state(op) -> bool:
     """Instances of ``op`` divide its work by state that moves when copies come or go: a KEYED
     operator's key groups, a partitioned source's partitions."""
     return op.parallelism is Parallelism.KEYED or bool(getattr(op.cls, "partitioned", False))
+
+
+def _hands_over(op) -> bool:
+    """A sink whose instances stage output until a checkpoint commits it (merge_states): what an
+    instance that goes away staged is handed to the original, or it would never be published."""
+    return op.kind == "sink" and getattr(op.cls, "merge_states") is not getattr(Operator, "merge_states")
+
+
+def _hand_over(op, before: list[str], after: list[str], states: dict[str, dict]) -> None:
+    """The states of ``op``'s instances not in ``after`` merged into the original's (in place):
+    a released copy, or a copy a restore onto fewer instances leaves out."""
+    gone = [i for i in before if i not in after and i in states]
+    if not gone or op.op_id not in states:
+        return
+    impl = op.cls(**op.params)
+    mine = states[op.op_id]
+    states[op.op_id] = {**mine, "state": impl.merge_states([mine["state"]] + [states.pop(i)["state"] for i in gone])}
 
 
 def _partitions_over(impl, merged, progress, after, states) -> dict[str, dict]:

@@ -107,6 +107,7 @@ class PEHost:
         self.server: asyncio.AbstractServer | None = None
         self.data_address = ""
         self.secrets: dict[str, bytes] = {}          # deployment -> its data-plane secret
+        self.checkpointing: set[str] = set()         # deployments that take checkpoints
         self.client_ssl = None                       # TLS context for channels we open (None: plain)
         self.changes = Changes()             # bumped whenever a PE changes state; the waits below
         self.warm_threads: list[ThreadPoolExecutor] = []   # standard slots' threads, started idle
@@ -159,9 +160,12 @@ class PEHost:
         return {"worker": self.worker.address, "data_address": self.data_address, "pid": os.getpid(),
                 "pes": [f"{dep}/{pe_id}" for dep, pe_id in sorted(self.pes)]}
 
-    def pe_secret(self, deployment: str, secret: bytes) -> None:
-        """The deployment's data-plane secret (over Dask's RPC: the one channel already trusted)."""
+    def pe_secret(self, deployment: str, secret: bytes, checkpoint: bool = False) -> None:
+        """The deployment's data-plane secret (over Dask's RPC: the one channel already trusted),
+        and whether it takes checkpoints (its operators read it in ``context.extra["checkpoint"]``)."""
         self.secrets[deployment] = bytes(secret)
+        if checkpoint:
+            self.checkpointing.add(deployment)
 
     def pe_warm(self, plugins: list[str] = (), slots: int = 0) -> dict:
         """Keep ``slots`` standard slots warm here: every operator plug-in imported, one idle
@@ -189,6 +193,7 @@ class PEHost:
             spare = self.warm_threads.pop() if spec.pe_id in spec.copies and self.warm_threads else None
             pe = PERunner(spec, self.worker.address, on_change=self._bump, spare_thread=spare)
             pe.credentials = self._credentials(spec.deployment)
+            pe.checkpointing = spec.deployment in self.checkpointing
             self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
         if start and made:
@@ -365,6 +370,7 @@ class PEHost:
             stopped.append(pe_id)
         if deployment is not None and pe_ids is None:
             self.secrets.pop(deployment, None)          # the deployment is over here
+            self.checkpointing.discard(deployment)
         self._bump()
         return stopped
 

@@ -35,7 +35,14 @@ def test_connector_docs_run_as_written(brokers, monkeypatch):
     monkeypatch.setenv("REDIS", redis_url)
     assert len(BLOCKS) == 3
     for i, code in enumerate(BLOCKS):
-        exec(compile(code, f"connectors.md[broker {i}]", "exec"), {"__name__": f"docs_broker_{i}"})
+        namespace = {"__name__": f"docs_broker_{i}"}
+        try:
+            exec(compile(code, f"connectors.md[broker {i}]", "exec"), namespace)
+        finally:
+            # The block's lambdas refer to this namespace, which holds them (through the app): a
+            # cycle that kept the block's Kafka producer alive until the collector ran, reconnecting
+            # to the broker after the fixture had stopped it ("Connect ... refused").
+            namespace.clear()
     windows = consume_all(kafka, "avg-speed", 1, timeout=30)
     assert windows, "the Kafka example wrote no window"
     assert redis.Redis.from_url(redis_url).xlen("doubled") == 1000

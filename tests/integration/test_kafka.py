@@ -265,7 +265,7 @@ def open_sink(address: str, topic: str, op_id: str = "kafka-9", state=None):
     sink = KafkaSink(topic=topic, bootstrap_servers=address, exactly_once=True, transactional_id="eos-test")
     if state is not None:
         sink.restore(state)
-    sink.open(OperatorContext(op_id))
+    sink.open(OperatorContext(op_id, extra={"checkpoint": True}))     # as the runtime tells it
     return sink
 
 
@@ -331,6 +331,7 @@ def test_a_restored_sink_fences_its_predecessor(kafka):
     out = committed(kafka, "eos-fence", 2, aborted={2})
     assert sorted((r["n"], r["checkpoint"]) for r in out) == [(1, 1), (2, 3)]
     new.close()
+    old.close()
 
 
 def test_a_restored_sink_publishes_a_completed_checkpoint_its_predecessor_never_committed(kafka):
@@ -362,6 +363,68 @@ def test_a_restored_sink_publishes_a_completed_checkpoint_its_predecessor_never_
             new.close()
         assert log(topic) == list(range(120)), f"{topic}: checkpoint 2 lost or doubled"
         old.close()
+
+
+def sink_in(dep, op: str) -> int:
+    m = dep.snapshot().operators.get(op)
+    return m.tuples_in if m else 0
+
+
+def test_an_exactly_once_sink_knows_at_open_whether_checkpoints_commit_it(kafka, cluster, tmp_path):
+    """``context.extra["checkpoint"]``: with checkpoints on (one an hour, so none passes here) the
+    records wait in the open transaction for a checkpoint or the end to commit them; without,
+    no checkpoint ever would, so each batch is a transaction committed as it is written."""
+    from brokers import transaction_log
+
+    n = 2000
+    create_topic(kafka, "flag-in", 2)
+    produce(kafka, "flag-in", numbered(n), partition_of=lambda r: r["n"] % 2)
+    for checkpoints in (True, False):
+        out_topic = f"flag-out-{'ckpt' if checkpoints else 'none'}"
+        create_topic(kafka, out_topic, 1)
+        app = Application(f"kafka-flag-{checkpoints}")
+        (app.source("kafka", topic="flag-in", bootstrap_servers=kafka, event_time="ts")
+            .sink("kafka", topic=out_topic, bootstrap_servers=kafka, exactly_once=True, id="out"))
+        durable = {"checkpoint": str(tmp_path / out_topic), "checkpoint_interval": "1h"} if checkpoints else {}
+        with pescheduler.deploy(app, cluster=cluster, policies=[], **durable) as dep:
+            until(lambda: sink_in(dep, "out") >= n, WAIT, "the sink to have every record")
+            if checkpoints:
+                visible, still_open = transaction_log(kafka, out_topic)
+                assert not any(visible.values()) and sum(still_open.values()) == n, (visible, still_open)
+            else:
+                until(lambda: sum(map(len, transaction_log(kafka, out_topic)[0].values())) == n, WAIT,
+                      "every record committed while the deployment runs")
+            dep.stop()                      # the end commits the open transaction
+        visible, still_open = transaction_log(kafka, out_topic)
+        assert sorted(json.loads(v)["n"] for v in visible[0]) == list(range(n)) and not still_open[0]
+
+
+def test_a_closed_exactly_once_sink_leaves_no_client_running(kafka):
+    """librdkafka runs threads for every client. A sink's producers refer back to it (their
+    delivery callback), so one it still held after close lived until the cycle collector ran,
+    reconnecting meanwhile to a broker the tests had stopped ("Connect ... refused" after the
+    broker tests). Closed, every one of them is gone at once (the collector is off here)."""
+    import gc
+    import os
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    create_topic(kafka, "closed-out", 1)
+    gc.collect()
+    gc.disable()
+    try:
+        before = threads()
+        sink = open_sink(kafka, "closed-out")
+        for checkpoint in (1, 2):
+            sink.process([{"n": checkpoint}], None)
+            sink.pre_commit(checkpoint)                  # two parked transactions, a third one open
+        sink.commit(1)
+        assert threads() > before
+        sink.close()
+        until(lambda: threads() <= before, WAIT, f"the sink's client threads to end ({threads()} > {before})")
+    finally:
+        gc.enable()
 
 
 def test_kafka_cars_example_as_written(kafka):

@@ -21,9 +21,9 @@ import psutil
 import pytest
 
 import pescheduler
-from pescheduler import Application
+from pescheduler import Application, Release, Replicate
 
-from brokers import committed_log, create_topic, produce, start_tansu
+from brokers import committed_log, create_topic, produce, start_tansu, transaction_log
 from waiting import gone, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
@@ -169,3 +169,57 @@ def test_restore_latest_after_the_deploying_process_is_killed_publishes_exactly(
     out = committed(kafka, "eos-cli-out")
     assert sorted(r["n"] for r in out) == list(range(n)), "lost or doubled across the kill"
     assert all(r["twice"] == 2 * r["n"] for r in out)
+
+
+def copy_wrote(dep, copy: str) -> bool:
+    m = dep.snapshot().operators.get(copy)
+    return m is not None and m.tuples_in > 0
+
+
+def last_checkpoint(dep) -> int:
+    done = dep.checkpoints()
+    return done[-1]["id"] if done else 0
+
+
+def checkpoints_after(dep, count: int) -> None:
+    """Until ``count`` more checkpoints completed than now."""
+    now = last_checkpoint(dep)
+    until(lambda: last_checkpoint(dep) >= now + count, WAIT, f"{count} more complete checkpoints")
+
+
+def test_sink_copies_replicated_released_and_restored_onto_fewer_hand_over_exactly(kafka, tmp_path):
+    """An exactly-once sink replicated, its copy released mid-transaction, replicated again (the
+    same copy id), and the copy's worker SIGKILLed: the restore compiles the app afresh, one sink
+    instance where the checkpoint had two. A released copy's open transaction and the killed
+    copy's checkpointed state are handed to the original, which fences the copy's transactional
+    ids and writes again what it had not published: every record once, no transaction left open."""
+
+    n = 20_000
+    create_topic(kafka, "eos-copies-in", 3)
+    create_topic(kafka, "eos-copies-out", 2)
+    produce(kafka, "eos-copies-in", numbered(n, 10), partition_of=lambda r: r["n"] % 3)
+    app = Application("kafka-eos-sink-copies")
+    (app.source("kafka", topic="eos-copies-in", bootstrap_servers=kafka, event_time="ts", rate=1_000)
+        .map(lambda t: {"n": t["n"], "twice": 2 * t["n"]}, id="twice")
+        .sink("kafka", topic="eos-copies-out", bootstrap_servers=kafka, key="n", exactly_once=True, id="out"))
+    with pescheduler.deploy(app, workers=3, policies=[], checkpoint=str(tmp_path / "ckpt"),
+                            checkpoint_interval="0.5s") as dep:
+        checkpoints_after(dep, 1)
+        for step in ("replicate", "release", "replicate"):
+            rec = dep.apply(Replicate("out", 1) if step == "replicate" else Release("out", 1))
+            assert rec.applied, f"{step}: {rec.reason}"
+            if step == "replicate":
+                until(lambda: copy_wrote(dep, "out#1"), WAIT, "the sink's copy writes")
+            checkpoints_after(dep, 2)
+        assert sum(dep.snapshot().operators["kafka-1"].lag.values()) > 0, "the input was read before the kill"
+        placement = dep.placement()
+        os.kill(dep.worker_info[placement.pes["out#1"].worker]["pid"], signal.SIGKILL)
+        restart_of(dep)
+        assert dep.placement().instances("out") == ["out"], "restored onto as many sink instances"
+        read_everything(dep, 3)
+        dep.stop()
+    committed_values, still_open = transaction_log(kafka, "eos-copies-out")
+    out = [json.loads(v) for values in committed_values.values() for v in values]
+    assert sorted(r["n"] for r in out) == list(range(n)), "lost or doubled through the sink's copies"
+    assert all(r["twice"] == 2 * r["n"] for r in out)
+    assert not any(still_open.values()), f"transactions left open (records per partition): {still_open}"

@@ -243,12 +243,67 @@ def test_with_checkpoints_a_killed_sink_worker_loses_and_repeats_nothing(redis_u
         assert client.xlen("eos-out") < n, "killed after everything was written"
         placement = dep.placement()
         os.kill(dep.worker_info[placement.pes[placement.pe_of("redis-3")].worker]["pid"], signal.SIGKILL)
-        until(lambda: dep.recovery.restarts and "first_output_s" in dep.recovery.restarts[-1], WAIT,
-              "a restart with output after it")
-        until(lambda: dep.snapshot().operators.get("redis-1") is not None
-              and dep.snapshot().operators["redis-1"].lag == {"eos-in": 0}, WAIT, "the whole stream read")
+        read_after_a_restart(dep, "eos-in")
         dep.stop()
-    out = [json.loads(f[b"data"]) for _id, f in client.xrange("eos-out")]
+    assert_every_entry_once(client, "eos-out", n)
+
+
+def read_after_a_restart(dep, stream: str) -> None:
+    """Until a restart has had output after it and the source has read the whole of ``stream``."""
+    until(lambda: dep.recovery.restarts and "first_output_s" in dep.recovery.restarts[-1], WAIT,
+          "a restart with output after it")
+    until(lambda: dep.snapshot().operators.get("redis-1") is not None
+          and dep.snapshot().operators["redis-1"].lag == {stream: 0}, WAIT, "the whole stream read")
+
+
+def assert_every_entry_once(client, stream: str, n: int) -> None:
+    """``stream`` holds ``{"n", "twice"}`` for every ``n`` below ``n`` once, and no staging is left."""
+    out = [json.loads(f[b"data"]) for _id, f in client.xrange(stream)]
     assert sorted(r["n"] for r in out) == list(range(n)), "an entry lost or doubled"
     assert all(r["twice"] == 2 * r["n"] for r in out)
-    assert not list(client.scan_iter(match="{eos-out}:pescheduler-staging:*")), "staging left behind"
+    assert not list(client.scan_iter(match=f"{{{stream}}}:pescheduler-staging:*")), "staging left behind"
+
+
+def test_sink_copies_replicated_released_and_restored_onto_fewer_hand_over_their_staging(redis_url, client,
+                                                                                          tmp_path):
+    """The redis sink under checkpoints replicated, its copy released mid-epoch, replicated again
+    (the same copy id) and the copy's worker SIGKILLed, the restore placing one sink instance
+    where the checkpoint had two: what a copy staged is handed to the original and published
+    with its commits. Every entry once, and no staging list left behind."""
+    import os
+    import signal
+
+    def last_checkpoint() -> int:
+        done = dep.checkpoints()
+        return done[-1]["id"] if done else 0
+
+    def checkpoints_after(count: int) -> None:
+        now = last_checkpoint()
+        until(lambda: last_checkpoint() >= now + count, WAIT, f"{count} more complete checkpoints")
+
+    n = 15_000
+    fill(client, "copies-in", range(n))
+    app = Application("redis-sink-copies")
+    (app.source("redis", stream="copies-in", url=redis_url, event_time=None, rate=800)
+        .map(lambda t: {"n": t["n"], "twice": 2 * t["n"]}, id="twice")
+        .sink("redis", stream="copies-out", url=redis_url, id="out"))
+    with pescheduler.deploy(app, workers=3, policies=[], checkpoint=str(tmp_path / "ckpt"),
+                            checkpoint_interval="0.5s") as dep:
+        checkpoints_after(1)
+        for step in ("replicate", "release", "replicate"):
+            rec = dep.apply(Replicate("out", 1) if step == "replicate" else Release("out", 1))
+            assert rec.applied, f"{step}: {rec.reason}"
+            if step == "replicate":
+                until(lambda: (dep.snapshot().operators.get("out#1") or _Zero).tuples_in > 0, WAIT,
+                      "the sink's copy writes")
+            checkpoints_after(2)
+        assert client.xlen("copies-out") < n, "killed after everything was written"
+        os.kill(dep.worker_info[dep.placement().pes["out#1"].worker]["pid"], signal.SIGKILL)
+        read_after_a_restart(dep, "copies-in")
+        assert dep.placement().instances("out") == ["out"], "restored onto as many sink instances"
+        dep.stop()
+    assert_every_entry_once(client, "copies-out", n)
+
+
+class _Zero:
+    tuples_in = 0

@@ -106,6 +106,54 @@ def test_releasing_gathers_the_partitions_on_the_remaining_instances(placement):
     assert states["kafka-1"]["state"] == {"positions": {0: 4, 1: 9}, "max_ts": {}, "share": Share(0, 1)}
 
 
+def progress():
+    return ({}, MIN_WATERMARK, set(), False)
+
+
+def sink_app():
+    app = Application("sink-copies")
+    (app.source("kafka", topic="t").map(lambda t: t)
+        .sink("kafka", topic="o", exactly_once=True, id="out"))
+    return with_slots(compile_app(app, load_plugins([]), WORKERS, {w: w for w in WORKERS}), 1)
+
+
+def test_a_released_sink_copy_hands_its_state_to_the_original():
+    one = sink_app()
+    two = transform(one, Replicate("out", 1))
+    assert keyed_rebalanced(one, two) == set(), "a new copy takes nothing over: the original stays"
+    after = transform(two, Release("out", 1))
+    assert keyed_rebalanced(two, after) == {two.pe_of("out")}, "the original is replaced to take over"
+    mine = {"op": "out", "transactional_ids": 2, "marker_base": 0, "parked": [], "open": [(b"a", None)],
+            "adopt": []}
+    copy = {"op": "out#1", "transactional_ids": 3, "marker_base": 7, "parked": [[4, [(b"b", None)]]],
+            "open": [(b"c", None)], "adopt": []}
+    saved = {"out": {"state": mine, "progress": progress(), "driver": None},
+             "out#1": {"state": copy, "progress": progress(), "driver": None}}
+    for placed in (after, one):              # a Release, and a restore onto fewer instances
+        states = redistribute(two, placed, saved)
+        assert "out#1" not in states
+        merged = states["out"]["state"]
+        assert merged["open"] == [(b"a", None)] and merged["transactional_ids"] == 2
+        assert merged["adopt"] == [{k: v for k, v in copy.items() if k != "adopt"}]
+
+
+def test_sinks_merge_states_keep_the_first_and_take_the_others_over():
+    from pescheduler.operators.kafka import KafkaSink
+    from pescheduler.operators.redis_streams import RedisStreamSink
+
+    inner = {"op": "k#2", "transactional_ids": 1, "parked": [], "open": []}
+    a = {"op": "k", "transactional_ids": 1, "parked": [], "open": [], "adopt": []}
+    b = {"op": "k#1", "transactional_ids": 2, "parked": [[3, []]], "open": [], "adopt": [inner]}
+    merged = KafkaSink(topic="o", exactly_once=True).merge_states([a, b])
+    assert {k: v for k, v in merged.items() if k != "adopt"} == {k: v for k, v in a.items() if k != "adopt"}
+    assert [s["op"] for s in merged["adopt"]] == ["k#1", "k#2"]
+    r1 = {"op": "r", "staged": True, "epochs": {"current": 3, "pending": []}, "open": 0, "adopted": [], "adopt": []}
+    r2 = {"op": "r#1", "staged": True, "epochs": {"current": 5, "pending": [[4, 4, 9]]}, "open": 2,
+          "adopted": [], "adopt": []}
+    merged = RedisStreamSink(stream="s").merge_states([r1, r2])
+    assert merged["epochs"] == r1["epochs"] and [s["op"] for s in merged["adopt"]] == ["r#1"]
+
+
 def test_redis_entries_through_a_position_as_redis_estimates_them():
     from pescheduler.operators.redis_streams import entries_through
 

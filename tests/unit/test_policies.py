@@ -121,6 +121,25 @@ def test_rate_sizes_a_lagging_sources_downstream_to_drain_the_backlog_within_cat
     assert same(action, Replicate("op2", 2)) and action.figures["offered_in_per_s"] == pytest.approx(4000)
 
 
+def test_rate_asks_a_lagging_sources_downstream_for_no_more_copies_than_there_are_slots():
+    from pescheduler.control.monitor import HostMetrics
+
+    sim = Simulation.chain(3, hosts=2, slots_per_host=1)
+    pl = sim.placement
+    home = pl.pes[pl.pe_of("op1")].worker
+    usable = sum(1 for s in pl.slots.values() if s.worker != home)
+    ops = steady(pl, 1000, {"op1": 0.5})
+    snap = snapshot(pl, ops)
+    hot = replace(snap, hosts=MappingProxyType({h: HostMetrics(h, cpu=0.99) for h in set(pl.hosts.values())}),
+                  operators=MappingProxyType({**snap.operators,
+                                              "op0": replace(snap.operators["op0"], lag={"0": 1_000_000})}))
+    # every host saturated, nothing to lend: no free slot, so the ask goes on the record for the
+    # controller to refuse (no CPU to spare), capped to the slots a copy could take at all
+    [action] = [a for a in rate.pescheduler_policy_decide(hot, pl, NONE, {"catch-up": "10s"}) if a.operator == "op1"]
+    assert action.figures["wanted"] - 1 > usable >= 1
+    assert same(action, Replicate("op1", usable))
+
+
 def test_rate_releases_copies_in_one_step_once_the_load_has_fallen_for_down_after_windows():
     sim = chain()
     assert sim.apply(Replicate("op2", 2))
