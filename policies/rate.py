@@ -141,11 +141,10 @@ def _backlog(view: View, op: str) -> int:
 
 
 def _usable_slots(view: View, op: str) -> int:
-    """Slots a copy of ``op`` could take, whatever their hosts' CPU (as the Replicate transform
-    counts them): off ``op``'s own worker, holding no copy of it yet."""
-    home, copies = view.worker(op), view.placement.copies
-    return sum(1 for s in view.placement.slots.values()
-               if s.worker != home and not any(copies.get(c) == op for c in s.copies))
+    """Slots a copy of ``op`` could take, whatever their hosts' CPU: one per worker not running
+    ``op`` yet (as ``take_slots`` and the Replicate transform spread copies)."""
+    running = set(view.workers(op))
+    return len({s.worker for s in view.placement.slots.values() if s.worker not in running})
 
 
 def _true_rate(now: Load, min_busy: float) -> float:
