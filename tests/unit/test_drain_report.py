@@ -23,8 +23,9 @@ class _Worker:
     def __init__(self, pe) -> None:
         self.pe = pe
 
-    async def pe_reconf_wait(self, **_kw) -> dict:
-        return {"missing": ["down<-c-copy"], "failed": []}
+    async def pe_reconf_wait(self, timeout: float, **_kw) -> dict:
+        await asyncio.sleep(timeout)                         # nothing moves
+        return {"missing": ["down<-c-copy"], "failed": [], "progress": 7, "times": {}}
 
     async def pe_stats(self, deployment: str, dead_letters: bool) -> dict:
         assert deployment == "dep" and not dead_letters

@@ -21,7 +21,7 @@ from pescheduler.worker.pehost import PEHost
 
 def _host_with_one_pe():
     host = PEHost(SimpleNamespace(address="tcp://127.0.0.1:1", handlers={}))
-    pe = SimpleNamespace(aligner=Aligner(), state="running", error=None, receivers={})
+    pe = SimpleNamespace(aligner=Aligner(), state="running", error=None, receivers={}, sources=[])
     host.pes[("dep", "r")] = pe
     return host, pe
 
@@ -39,7 +39,7 @@ def test_a_pe_that_aligns_while_the_controller_polls_again_is_seen_at_once():
             answer = await asyncio.wait_for(drain, 1)
         finally:
             poll.close()
-        assert answer == {"missing": [], "failed": []}
+        assert answer["missing"] == [] and answer["failed"] == []
     asyncio.run(scenario())
 
 
