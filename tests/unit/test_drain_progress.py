@@ -85,4 +85,7 @@ def test_progress_counts_what_lies_ahead_of_the_marker_and_nothing_else():
         pe.aligner.arrived("c-src", "m1")
         answer = _drain_progress(pes, "m1", [], {"up": ["c-src"]})
         assert answer["progress"] == before[0] + 2 and set(answer["times"]) == {"up<-c-src"}
+        pe.aligner.arrived("c-other", "m0")              # a marker from a neighbour then replaced:
+        pe.set_inputs([], ["c-other"])                   # its input goes, and the marker with it
+        assert "m0" not in pe.aligner.seen and pe.aligner.has_seen("m1", "c-src")
     asyncio.run(scenario())
