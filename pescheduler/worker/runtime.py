@@ -434,7 +434,7 @@ class PERunner:
             s = node.stats
             ops[op_id] = {"tuples_in": s.tuples_in, "tuples_out": s.tuples_out, "batches_in": s.batches_in,
                           "busy_s": s.busy_s, "dead_letters": s.dead_letters, "side": dict(s.side)}
-        for driver in self.sources:
+        for driver in self.sources if self.chain else ():    # deployed, not yet started: no chain
             ops[driver.op_id]["tuples_out"] = driver.count
             if driver.lag is not None and not driver.ended:
                 ops[driver.op_id]["lag"] = driver.lag()       # records behind per partition

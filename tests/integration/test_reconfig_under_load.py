@@ -46,4 +46,6 @@ def saturated():
 
 def test_random_reconfigurations_stay_exact_with_the_cpu_saturated(cluster, saturated):
     assert all(os.path.exists(f"/proc/{pid}") for pid in saturated), "the competing processes run"
-    assert run_machine(cluster, at_least=20, max_rounds=3, examples=2, steps=12) >= 20
+    # Rounds go on only while fewer than 20 applied: Hypothesis draws short examples and no-op steps
+    # (a Release with no copy), and 3 rounds once applied 14 with every result exact.
+    assert run_machine(cluster, at_least=20, max_rounds=8, examples=2, steps=12) >= 20
