@@ -121,8 +121,11 @@ def _overtakable(old: Placement, new: Placement, old_channels: dict[ChannelKey, 
     Why only those: the buffered data is then processed by a PE that starts after the old one
     drained, from its snapshot, which holds nothing of that data, and behind nothing else of
     this channel. A PE that stays could still have the old channel's earlier batches in flight
-    when the re-sent ones arrive on another channel. Under load this is what keeps a drain
-    from waiting behind each holder's backlog (issue 20: drains grew 0.5 -> 9 s).
+    when the re-sent ones arrive on another channel. And only where the channel served every
+    consumer of its port: a fanned-out batch shipped on one channel and overtaken on another
+    would be re-sent to a new PE that runs both consumers, and the first would take it twice
+    (the property test under load found "a number doubled" after a Fuse). Under load this keeps
+    a drain from waiting behind each holder's backlog (issue 20: drains grew 0.5 -> 9 s).
     """
     out: dict[str, list[str]] = {}
     held = {cid for cids in hold.values() for cid in cids}
@@ -131,8 +134,9 @@ def _overtakable(old: Placement, new: Placement, old_channels: dict[ChannelKey, 
             continue
         members = set(old.pes[dst_pe].operators)
         served = {old.original(d) for s, p, d in old.plan.edges if (s, p) == (src, port) and d in members}
-        if not served or not served <= set(new.plan.ops):
-            continue
+        everyone = {old.original(d) for s, p, d in old.plan.edges if (s, p) == (src, port)}
+        if not served or served != everyone or not served <= set(new.plan.ops):
+            continue                   # fan-out: a re-sent batch would reach a consumer that had it
         if {new.pe_of(i) for x in served for i in new.instances(x)} <= created:
             out.setdefault(old.pe_of(src), []).append(cid)
     return out

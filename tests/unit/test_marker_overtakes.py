@@ -15,7 +15,7 @@ import asyncio
 from test_held_watermarks import HERE, ORIGINAL_ONLY, _flush, _kinds, _upstream
 
 from pescheduler import Application
-from pescheduler.actions import Move, Release, Replicate
+from pescheduler.actions import Fuse, Move, Release, Replicate
 from pescheduler.control.reconfigure import plan_reconfiguration
 from pescheduler.plan.compiler import compile_app
 from pescheduler.plan.transforms import transform
@@ -139,3 +139,18 @@ def test_a_marker_overtakes_only_where_every_re_send_target_is_created():
     middle = old.pe_of(keyed)
     _new, plan = _plan(old, channels, Move(middle, next(w for w in WORKERS if w != old.pes[middle].worker)))
     assert plan.overtake == plan.hold and plan.hold
+
+
+def test_a_fanned_out_port_does_not_overtake():
+    """One port feeding two consumers in two PEs: a batch shipped on one channel and overtaken on
+    the other would be re-sent to a PE that runs both after a Fuse, and the first takes it twice."""
+    app = Application("t")
+    numbers = app.source("numbers", count=10**9)
+    numbers.apply("tag").sink("collect")
+    numbers.apply("tag").sink("collect")
+    old = compile_app(app, load_plugins(["support_ops"]), WORKERS, {w: w for w in WORKERS})
+    channels = channel_ids(old, "d", 0)
+    fed = [pe for pe in old.pes if any(key[2] == pe and key[0] == "numbers-1" for key in channels)]
+    assert len(fed) == 2, old.pes
+    _new, plan = _plan(old, channels, Fuse(*fed))
+    assert plan.hold and plan.overtake == {}, (plan.hold, plan.overtake)
