@@ -116,7 +116,7 @@ def run(cap: float, seconds: float, every: float, seed: int) -> dict:
                     k += 1
                     rec = dep.apply(action, timeout=60)
                     actions.append((round(time.time() - t_start, 1), repr(action), rec.applied,
-                                    round(rec.pause_ms), rec.reason[:80]))
+                                    round(rec.pause_ms), rec.reason[:80], round(rec.steps.get("drain", 0))))
                     next_action = time.monotonic() + every
             status = dep.wait(timeout=seconds + 300)
         except BaseException:
@@ -204,7 +204,8 @@ def main() -> None:
     print(f"  manual actions: {len(r['actions'])} ({len(applied)} applied); "
           f"policy reconfigurations: {sum(1 for e in status['events'] if e['kind'] == 'reconfigure') - len(applied)}")
     for a in r["actions"]:
-        print(f"    t={a[0]:6.1f}s {a[1]:<28s} {'applied' if a[2] else 'refused'} pause {a[3]} ms {a[4]}")
+        print(f"    t={a[0]:6.1f}s {a[1]:<28s} {'applied' if a[2] else 'refused'} pause {a[3]} ms "
+              f"(drain {a[5]} ms) {a[4]}")
     print(f"total {time.perf_counter() - t_begin:.0f} s")
     ok = (lost_keyed == check["duplicates"] == lost_map == mapped["duplicates"] == check["order"]
           == check["bad_sums"] == len(stalls) == wrong_windows == wrong_counts == 0)

@@ -6,12 +6,16 @@ same keep running untouched; the others are *retired* and replaced by
 
 1. **Pause at a marker.** Every unchanged PE feeding a retired one sends a
    marker on that channel and holds it (what it emits next waits in its
-   buffer). Retired PEs pause their sources.
+   buffer). Retired PEs pause their sources. Where everything the channel's
+   data will be re-sent to is a created PE, the marker overtakes what the
+   channel still buffers, which is re-sent with the rest (``_overtakable``).
 2. **Drain.** A retired PE that has the marker (or END) on every input has
    processed everything before it; it sends the marker on all its outputs and
    holds them (aligned, as Flink aligns checkpoint barriers). Unchanged PEs fed
    by retired ones take the marker behind the last data the old PEs produced,
    so they have processed all of it before any data of the new PEs exists.
+   The drain fails only when nothing ahead of the markers moves for the
+   timeout (``_wait_drained``).
 3. **Snapshot** the retired PEs' operator state, watermark progress and source
    positions, and stop them.
 4. **Re-wire and restore**, in two rounds of parallel calls: created PEs are
@@ -58,6 +62,7 @@ class ReconfigurationPlan:
     routing: dict[str, dict] = field(default_factory=dict)    # staying PE -> its routers, if changed
     released: tuple[str, ...] = ()             # retired copies that have no successor
     epoch: int = 0                             # the epoch it makes (its PEs' specs carry it)
+    overtake: dict[str, list[str]] = field(default_factory=dict)  # held channels the marker may overtake on
 
     @property
     def moved(self) -> bool:
@@ -102,8 +107,39 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
     edges = _changed(same, consumer_edges, old, new)
     routing = _changed(same, routing_for, old, new)
     released = tuple(p for p in retired if p not in new.pes and old.pes[p].copy_of)
+    overtake = _overtakable(old, new, old_channels, hold, set(retired), set(created))
     return ReconfigurationPlan(retired, created, hold, seen, channels, upstream, downstream,
-                               edges, routing, released, epoch)
+                               edges, routing, released, epoch, overtake)
+
+
+def _overtakable(old: Placement, new: Placement, old_channels: dict[ChannelKey, str],
+                 hold: dict[str, list[str]], retired: set[str], created: set[str]) -> dict[str, list[str]]:
+    """The held channels whose marker may go ahead of what they buffer (ChannelOut.hold): those
+    into a retired PE whose every re-send target (each instance, in the new placement, of an
+    operator the channel served) runs in a created PE.
+
+    Why only those: the buffered data is then processed by a PE that starts after the old one
+    drained, from its snapshot, which holds nothing of that data, and behind nothing else of
+    this channel. A PE that stays could still have the old channel's earlier batches in flight
+    when the re-sent ones arrive on another channel. And only where the channel served every
+    consumer of its port: a fanned-out batch shipped on one channel and overtaken on another
+    would be re-sent to a new PE that runs both consumers, and the first would take it twice
+    (the property test under load found "a number doubled" after a Fuse). Under load this keeps
+    a drain from waiting behind each holder's backlog (issue 20: drains grew 0.5 -> 9 s).
+    """
+    out: dict[str, list[str]] = {}
+    held = {cid for cids in hold.values() for cid in cids}
+    for (src, port, dst_pe), cid in old_channels.items():
+        if cid not in held or dst_pe not in retired:
+            continue
+        members = set(old.pes[dst_pe].operators)
+        served = {old.original(d) for s, p, d in old.plan.edges if (s, p) == (src, port) and d in members}
+        everyone = {old.original(d) for s, p, d in old.plan.edges if (s, p) == (src, port)}
+        if not served or served != everyone or not served <= set(new.plan.ops):
+            continue                   # fan-out: a re-sent batch would reach a consumer that had it
+        if {new.pe_of(i) for x in served for i in new.instances(x)} <= created:
+            out.setdefault(old.pe_of(src), []).append(cid)
+    return out
 
 
 def _changed(pes, of, old: Placement, new: Placement) -> dict:
@@ -249,17 +285,20 @@ async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan
     steps = {} if steps is None else steps
     by_worker: dict[str, dict] = {}
     for pe_id, channels in plan.hold.items():
-        by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": [], "release": []})["hold"][pe_id] = channels
+        todo = by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": [], "release": [], "overtake": {}})
+        todo["hold"][pe_id] = channels
+        if pe_id in plan.overtake:
+            todo["overtake"][pe_id] = plan.overtake[pe_id]
     for pe_id in plan.retired:
-        todo = by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": [], "release": []})
+        todo = by_worker.setdefault(old.pes[pe_id].worker, {"hold": {}, "align": [], "release": [], "overtake": {}})
         todo["align"].append(pe_id)
         if pe_id in plan.released:
             todo["release"].append(pe_id)
 
-    async def step(name: str, coro) -> Any:
+    async def step(name: str, coro, limit: float | None = timeout) -> Any:
         t = time.perf_counter()
         try:
-            return await asyncio.wait_for(coro, timeout)
+            return await asyncio.wait_for(coro, limit)
         except asyncio.TimeoutError:
             raise ReconfigurationFailed(f"step {name!r} took more than {timeout:.0f}s") from None
         finally:
@@ -267,7 +306,7 @@ async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan
 
     await step("pause", asyncio.gather(*(rpc(w).pe_reconf(deployment=deployment, marker=marker, **todo)
                                          for w, todo in by_worker.items())))
-    await step("drain", _wait_drained(rpc, old, plan, deployment, marker, timeout))
+    await step("drain", _wait_drained(rpc, old, plan, deployment, marker, timeout, steps), limit=None)  # bounds itself
     states = redistribute(old, new, await step("snapshot", _snapshot(rpc, old, plan.retired, deployment)))
     await step("stop", asyncio.gather(*(rpc(old.pes[p].worker).pe_stop(deployment=deployment, pe_ids=[p])
                                         for p in plan.retired)))
@@ -283,21 +322,57 @@ async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan
     return time.perf_counter() - t0
 
 
-async def _wait_drained(rpc, old, plan, deployment, marker, timeout) -> None:
+DRAIN_LOOK_S = 1.0     # how often the controller looks at a drain that is not done (progress, timeline)
+DRAIN_CAP = 10         # a drain still moving after this many times its bound fails anyway
+
+
+async def _wait_drained(rpc, old, plan, deployment, marker, timeout, steps: dict | None = None) -> None:
+    """Until every retired PE aligned and every staying PE took the marker from the retired ones.
+
+    The bound is on standing still, not on length: the drain fails when nothing
+    ahead of the markers moved for ``timeout`` (a lost wake-up, a deadlock), not
+    while the PEs still work through what was queued before them. That work is
+    finite (retired PEs' sources are paused, their senders hold behind the
+    marker) but it is done at whatever speed the CPU allows: with both cores
+    saturated by other processes a window copy's drain took 9 s of steady
+    progress and was reported as "did not drain" (issue 20). ``DRAIN_CAP`` times
+    the bound is the end in any case (only a bug keeps work ahead of a marker growing).
+    ``steps`` gets when, after the drain began, each PE aligned and each staying
+    PE took the marker from each listed channel: where a slow drain went.
+    """
     workers: dict[str, dict] = {}
     for pe_id in plan.retired:
         workers.setdefault(old.pes[pe_id].worker, {"aligned": [], "seen": {}})["aligned"].append(pe_id)
     for pe_id, channels in plan.seen.items():
         workers.setdefault(old.pes[pe_id].worker, {"aligned": [], "seen": {}})["seen"][pe_id] = channels
-    answers = await asyncio.gather(*(rpc(w).pe_reconf_wait(deployment=deployment, marker=marker,
-                                                           timeout=0.9 * timeout, **want)   # answers first
-                                     for w, want in workers.items()))
-    failed = [f for a in answers for f in a["failed"]]
-    missing = [m for a in answers for m in a["missing"]]
-    if failed or missing:
-        report = await _pe_report(rpc, old, deployment)
-        raise ReconfigurationFailed(f"did not drain: failed {failed}, still waiting for {missing}; "
-                                    f"the PEs then:\n{report}")
+    loop = asyncio.get_running_loop()
+    began, wall = loop.time(), time.time()
+    last, moved_at = None, began
+    while True:
+        look = min(DRAIN_LOOK_S, 0.9 * timeout)
+        try:
+            answers = await asyncio.wait_for(asyncio.gather(*(
+                rpc(w).pe_reconf_wait(deployment=deployment, marker=marker, timeout=look, **want)
+                for w, want in workers.items())), timeout + look)
+        except asyncio.TimeoutError:
+            raise ReconfigurationFailed(f"did not drain: a worker did not answer within {timeout:.0f}s") from None
+        failed = [f for a in answers for f in a["failed"]]
+        missing = [m for a in answers for m in a["missing"]]
+        for a in answers:
+            for name, at in a.get("times", {}).items():
+                if steps is not None:
+                    steps[f"drain {name}"] = round(max(at - wall, 0.0) * 1000, 1)
+        if not failed and not missing:
+            return
+        now = loop.time()
+        progress = [a.get("progress") for a in answers]
+        if progress != last:
+            last, moved_at = progress, now
+        if failed or now - moved_at >= timeout or now - began >= DRAIN_CAP * timeout:
+            report = await _pe_report(rpc, old, deployment)
+            raise ReconfigurationFailed(f"did not drain: failed {failed}, still waiting for {missing} "
+                                        f"(nothing moved for {now - moved_at:.1f}s, {now - began:.1f}s "
+                                        f"in all); the PEs then:\n{report}")
 
 
 async def _pe_report(rpc, old: Placement, deployment: str) -> str:

@@ -22,6 +22,7 @@ copy's partials, wakes its loop) through the ``on_op`` callback given to
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -30,20 +31,46 @@ if TYPE_CHECKING:
     from .channels import ChannelIn
 
 
+KEEP_MARKERS = 8     # markers remembered at most (the one being aligned on is always kept)
+
+
 class Aligner:
-    """The markers a PE has seen on its inputs, and its alignment on one of them."""
+    """The markers a PE has seen on its inputs, and its alignment on one of them.
+
+    ``seen`` is bounded: a PE that stays while a neighbour is replaced notes the
+    marker on its input from that neighbour (the drain waits for it) and never
+    aligns on it, so nothing would ever drop the entry: one per reconfiguration,
+    for the life of the run. Removing the input forgets it (:meth:`forget`), and
+    no more than ``KEEP_MARKERS`` markers are kept in any case: reconfigurations
+    run one at a time, so only the newest can still be waited for.
+    """
 
     def __init__(self) -> None:
-        self.seen: dict[Any, set[str]] = {}        # marker -> input channels it arrived on
+        self.seen: dict[Any, dict[str, float]] = {}    # marker -> input channel -> when it arrived
         self.marker: Any = None                    # the marker being aligned on (None: not aligning)
         self.aligned_ops: set[str] = set()
         self.aligned = False                       # every operator of the PE is aligned
+        self.aligned_at: float | None = None       # wall clock of the last alignment (where a drain went)
         self.parked: deque = deque()               # (channel, kind, payload) from blocked channels
         self._on_op: Callable[[str], None] = lambda op_id: None
 
     def arrived(self, channel_id: str, marker: Any) -> None:
         """``marker`` arrived on ``channel_id``, behind all data sent before it."""
-        self.seen.setdefault(marker, set()).add(channel_id)
+        if marker not in self.seen:
+            self.seen[marker] = {}
+            for old in [m for m in self.seen if m != self.marker][:-KEEP_MARKERS]:
+                del self.seen[old]              # oldest first (dicts keep insertion order)
+        self.seen[marker].setdefault(channel_id, time.time())
+
+    def forget(self, channel_ids: Iterable[str]) -> None:
+        """These input channels are gone: drop what they delivered, and markers left with none."""
+        gone = set(channel_ids)
+        for marker in list(self.seen):
+            channels = self.seen[marker]
+            for channel_id in gone & channels.keys():
+                del channels[channel_id]
+            if not channels and marker != self.marker:
+                del self.seen[marker]
 
     def has_seen(self, marker: Any, channel_id: str) -> bool:
         return channel_id in self.seen.get(marker, ())
@@ -62,7 +89,7 @@ class Aligner:
         """
         if self.marker is None or self.aligned:
             return False
-        seen = self.seen.get(self.marker, set())
+        seen = self.seen.get(self.marker, {})
         receivers = list(receivers)
         for op_id, node in chain.nodes.items():
             if op_id in self.aligned_ops:
@@ -71,12 +98,12 @@ class Aligner:
                 self.aligned_ops.add(op_id)
                 self._on_op(op_id)
         if len(self.aligned_ops) == len(chain.nodes):
-            self.aligned = True
+            self.aligned, self.aligned_at = True, time.time()
             return True
         return False
 
     def _input_aligned(self, chain: "Chain", receivers: list["ChannelIn"], node: "Node", upstream: str,
-                       seen: set[str]) -> bool:
+                       seen: dict[str, float]) -> bool:
         if upstream in chain.nodes:
             return upstream in self.aligned_ops
         if upstream not in node.open_inputs:

@@ -542,7 +542,7 @@ class Chain:
                 target(emit)
 
     # -- reconfiguration ----------------------------------------------------------------
-    def freeze(self, op_ids: Iterable[str]) -> None:
+    def freeze(self, op_ids: Iterable[str], watermark: int | None = None) -> None:
         """Hold back the watermarks and end of stream ``op_ids`` emit, until :meth:`thaw`.
 
         While a reconfiguration holds one of an operator's output channels,
@@ -551,9 +551,14 @@ class Chain:
         an instance behind them (a copy's original) would fire a window ahead
         of the held data, and absorb or count it again when it is re-sent: a
         window emitted twice, or its tuples late (issue 20).
+
+        ``watermark``: one the operator already emitted that must wait as well
+        (it was buffered in a channel whose marker overtook it, ChannelOut.hold).
         """
         for op_id in op_ids:
-            self.frozen.setdefault(op_id, [None, False])
+            held = self.frozen.setdefault(op_id, [None, False])
+            if watermark is not None and (held[0] is None or held[0] < watermark):
+                held[0] = watermark
 
     def thaw(self) -> None:
         """Emit what :meth:`freeze` held back (after the held data was re-sent)."""

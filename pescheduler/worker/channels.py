@@ -229,16 +229,35 @@ class ChannelOut:
         self.pending.append((END, None))
         self.ended = True
 
-    def hold(self, marker: Any) -> None:
+    def hold(self, marker: Any, overtake: bool = False) -> int | None:
         """Ship everything buffered, then ``marker``, then nothing until rewired.
 
         What the chain emits after this stays in ``pending`` (bounded by the
         pause) and is handed to the replacement channels by :meth:`take_held`.
         A channel that already ended carries no marker: END aligns as well.
+
+        ``overtake``: the marker goes ahead of the data buffered, which stays
+        behind the hold and is re-sent on the new route with the rest (as
+        Flink's unaligned checkpoints let a barrier overtake buffered data), so
+        the receiver drains at most the credit window already shipped, not the
+        backlog a loaded sender built. Only for channels whose re-sent data goes
+        to PEs the reconfiguration creates (reconfigure._overtakable). The
+        buffered watermarks are taken out and the newest is returned: it must
+        follow the re-sent data, as the watermarks held back after the hold do
+        (Chain.freeze); re-sent between two held channels' backlogs it would
+        make the other's data late. A channel that ended does not overtake.
         """
+        if overtake and not self.ended:
+            # In place: a flush awaiting credit or the socket holds this very deque.
+            newest = next((p for kind, p in reversed(self.pending) if kind == WATERMARK), None)
+            backlog = [item for item in self.pending if item[0] != WATERMARK]
+            self.pending.clear()
+            self.pending.extend([(MARKER, marker), (_HOLD, None), *backlog])
+            return newest
         if not self.ended:
             self.pending.append((MARKER, marker))
         self.pending.append((_HOLD, None))
+        return None
 
     def marker(self, marker: Any) -> None:
         """Ship ``marker`` behind everything buffered and go on (a checkpoint barrier; an ended

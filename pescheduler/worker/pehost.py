@@ -243,14 +243,16 @@ class PEHost:
 
     # -- reconfiguration (the controller's side is reconfigure.py) ---------------------------
     async def pe_reconf(self, deployment: str, marker: str, hold: dict[str, list[str]], align: list[str],
-                        release: list[str] = ()) -> None:
-        """Begin: upstream PEs send ``marker`` and hold the channels into the PEs being replaced;
-        those PEs pause their sources and align on the marker (``release``: copies going away,
-        whose partials go to their original first). Each PE changes between its turns."""
+                        release: list[str] = (), overtake: dict[str, list[str]] | None = None) -> None:
+        """Begin: upstream PEs send ``marker`` and hold the channels into the PEs being replaced
+        (``overtake``: ahead of what those channels buffer); those PEs pause their sources and
+        align on the marker (``release``: copies going away, whose partials go to their original
+        first). Each PE changes between its turns."""
         pes = self._of(deployment)
+        overtake = overtake or {}
         for pe_id, channel_ids in hold.items():
             async with pes[pe_id].turns.lock:
-                pes[pe_id].hold(channel_ids, marker)
+                pes[pe_id].hold(channel_ids, marker, overtake.get(pe_id, ()))
         for pe_id in align:
             async with pes[pe_id].turns.lock:
                 pes[pe_id].begin_align(marker, release=pe_id in release)
@@ -258,7 +260,13 @@ class PEHost:
     async def pe_reconf_wait(self, deployment: str, marker: str, aligned: list[str],
                              seen: dict[str, list[str]], timeout: float) -> dict:
         """Until every PE in ``aligned`` has aligned on ``marker`` and every PE in ``seen`` has
-        taken it from the listed input channels (all data before it processed), or ``timeout``."""
+        taken it from the listed input channels (all data before it processed), or ``timeout``.
+
+        The answer also says how far the drain got: ``progress``, a count that grows with every
+        batch those PEs take ahead of the marker, every marker they note and every operator
+        that aligns (the controller fails a drain only when it stops growing), and ``times``,
+        the wall clock at which each PE aligned and each listed channel delivered the marker.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -270,7 +278,7 @@ class PEHost:
                         and not pes[p].receivers.get(c, _ENDED).ended]
             failed = [pes[p].error for p in aligned if p in pes and pes[p].state == "failed"]
             if not missing or failed or loop.time() >= deadline:
-                return {"missing": missing, "failed": failed}
+                return {"missing": missing, "failed": failed, **_drain_progress(pes, marker, aligned, seen)}
             await self.changes.after(looked, deadline - loop.time())
 
     async def pe_snapshot(self, deployment: str, pe_ids: list[str]) -> bytes:
@@ -386,6 +394,44 @@ class _Ended:
 
 
 _ENDED = _Ended()
+
+
+def _drain_progress(pes: dict[str, PERunner], marker: str, aligned: list[str],
+                    seen: dict[str, list[str]]) -> dict:
+    """How far a drain got here (see ``pe_reconf_wait``): ``progress`` and ``times``.
+
+    Only what lies ahead of the marker counts: the PEs being replaced take a
+    finite amount (their sources paused, their senders held behind the
+    marker), and of a PE that stays only the channels from them; its other
+    inputs flow on forever and would make a stuck drain look busy.
+    """
+    progress, times = 0, {}
+    for p in aligned:
+        pe = pes.get(p)
+        if pe is None:
+            continue
+        arrived = dict(pe.aligner.seen.get(marker, {}))
+        progress += sum(c.tuples for c in list(pe.receivers.values())) + sum(d.count for d in pe.sources)
+        progress += len(pe.aligner.aligned_ops) + len(arrived)
+        times.update({f"{p}<-{_from(c)}": at for c, at in arrived.items()})
+        if pe.aligner.aligned and pe.aligner.aligned_at is not None:
+            times[f"{p} aligned"] = pe.aligner.aligned_at
+    for p, channel_ids in seen.items():
+        pe = pes.get(p)
+        if pe is None:
+            continue
+        arrived = pe.aligner.seen.get(marker, {})
+        for c in channel_ids:
+            progress += getattr(pe.receivers.get(c), "tuples", 0)
+            if c in arrived:
+                progress += 1
+                times[f"{p}<-{_from(c)}"] = arrived[c]
+    return {"progress": progress, "times": times}
+
+
+def _from(channel_id: str) -> str:
+    """``dep/epoch/src.port->pe`` as ``src.port``: what a timeline line needs."""
+    return channel_id.rsplit("/", 1)[-1].split("->", 1)[0]
 
 
 def _portable(item):

@@ -16,7 +16,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from time import perf_counter
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from . import flow
 from .chain import MIN_WATERMARK, Chain
@@ -323,13 +323,15 @@ class PERunner:
         # before it can send what this PE's other operators wait for.
         self.turns.on_loop(self.inbox.event.set)
 
-    def hold(self, channel_ids: list[str], marker: Any) -> None:
+    def hold(self, channel_ids: list[str], marker: Any, overtake: Iterable[str] = ()) -> None:
         """Send ``marker`` on these output channels, then hold them until rewired; the
-        operators feeding them hold back their watermarks and end too (Chain.freeze)."""
+        operators feeding them hold back their watermarks and end too (Chain.freeze).
+        On the ``overtake`` ones the marker goes ahead of what they buffer (ChannelOut.hold)."""
+        overtake = set(overtake)
         for spec, channel in self.outs:
             if channel.channel_id in channel_ids:
-                channel.hold(marker)
-                self.chain.freeze([spec.src_op])
+                overtaken_wm = channel.hold(marker, overtake=channel.channel_id in overtake)
+                self.chain.freeze([spec.src_op], overtaken_wm)
         self.inbox.event.set()
 
     def snapshot(self) -> dict[str, dict]:
@@ -403,6 +405,7 @@ class PERunner:
             self.receivers[spec.channel_id] = ChannelIn(spec.channel_id, spec.src_op, spec.port)
         for channel_id in remove:
             self.receivers.pop(channel_id, None)
+        self.aligner.forget(remove)
         if edges is not None:
             self.spec = replace(self.spec, edges=edges)
             self.chain.set_edges(edges, initial_wm=MIN_WATERMARK)
@@ -431,7 +434,7 @@ class PERunner:
             s = node.stats
             ops[op_id] = {"tuples_in": s.tuples_in, "tuples_out": s.tuples_out, "batches_in": s.batches_in,
                           "busy_s": s.busy_s, "dead_letters": s.dead_letters, "side": dict(s.side)}
-        for driver in self.sources:
+        for driver in self.sources if self.chain else ():    # deployed, not yet started: no chain
             ops[driver.op_id]["tuples_out"] = driver.count
             if driver.lag is not None and not driver.ended:
                 ops[driver.op_id]["lag"] = driver.lag()       # records behind per partition

@@ -8,6 +8,12 @@ and then a rewire ran on the event loop while the thread was still emitting
 (see ``PERunner._step``). This runs the same state machine (every number
 once, per-key order, exact keyed sums and windows) with ``2 x cores`` busy
 loops competing for the CPU, started here and stopped by PID.
+
+The "did not drain" that remained was slow progress, not a stuck drain: each
+drain's timeline (``ApplyRecord.steps``, "drain PE<-op.port" and "drain PE
+aligned") showed every marker arriving, behind the batches queued before it,
+in 5-15 s at a load of 20 on 2 cores. A drain now fails only when nothing
+ahead of its markers moves for the bound (tests/unit/test_drain_progress.py).
 """
 
 from __future__ import annotations
@@ -40,4 +46,6 @@ def saturated():
 
 def test_random_reconfigurations_stay_exact_with_the_cpu_saturated(cluster, saturated):
     assert all(os.path.exists(f"/proc/{pid}") for pid in saturated), "the competing processes run"
-    assert run_machine(cluster, at_least=20, max_rounds=3, examples=2, steps=12) >= 20
+    # Rounds go on only while fewer than 20 applied: Hypothesis draws short examples and no-op steps
+    # (a Release with no copy), and 3 rounds once applied 14 with every result exact.
+    assert run_machine(cluster, at_least=20, max_rounds=8, examples=2, steps=12) >= 20

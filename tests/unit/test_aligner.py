@@ -53,3 +53,29 @@ def test_a_channel_is_blocked_from_its_marker_until_the_alignment_finishes():
     assert aligner.advance(chain, receivers)
     assert aligner.finish() == [(c1, DATA, [2]), (c1, DATA, [3])]
     assert not aligner.park(c1, DATA, [5]) and aligner.marker is None and not aligner.aligned
+
+
+def test_markers_a_pe_never_aligns_on_are_bounded_and_the_newest_is_kept():
+    """Issue 20: a PE that stays while its neighbours are replaced notes every marker on its input
+    from them and never aligns on one, so ``seen`` grew by one entry per reconfiguration."""
+    from pescheduler.worker.aligner import KEEP_MARKERS
+
+    aligner = Aligner()
+    aligner.begin("current", lambda op_id: None)
+    aligner.arrived("c1", "current")
+    for epoch in range(1000):
+        aligner.arrived("c1", f"reconf/{epoch}")
+    assert len(aligner.seen) == KEEP_MARKERS + 1, "the newest markers and the one being aligned on"
+    assert aligner.has_seen("current", "c1") and aligner.has_seen("reconf/999", "c1")
+    assert not aligner.has_seen("reconf/0", "c1")
+
+
+def test_an_input_that_is_removed_takes_its_markers_with_it():
+    aligner = Aligner()
+    aligner.arrived("c1", "m1")
+    aligner.arrived("c2", "m1")
+    aligner.arrived("c1", "m2")
+    aligner.forget(["c1"])
+    assert aligner.seen == {"m1": {"c2": aligner.seen["m1"]["c2"]}}
+    aligner.forget(["c2"])
+    assert aligner.seen == {}

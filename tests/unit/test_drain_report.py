@@ -23,8 +23,9 @@ class _Worker:
     def __init__(self, pe) -> None:
         self.pe = pe
 
-    async def pe_reconf_wait(self, **_kw) -> dict:
-        return {"missing": ["down<-c-copy"], "failed": []}
+    async def pe_reconf_wait(self, timeout: float, **_kw) -> dict:
+        await asyncio.sleep(timeout)                         # nothing moves
+        return {"missing": ["down<-c-copy"], "failed": [], "progress": 7, "times": {}}
 
     async def pe_stats(self, deployment: str, dead_letters: bool) -> dict:
         assert deployment == "dep" and not dead_letters
@@ -53,3 +54,18 @@ def test_a_drain_that_fails_reports_credits_holds_and_markers_of_every_pe():
     assert "c-w[cr=0 pend=1]" in text, text                # out of credit, one batch waiting
     assert "c-copy[cr=" in text and "HELD" in text, text   # the held channel
     assert "c-src[M]" in text, text                        # the marker arrived on this input
+
+
+def test_a_pe_deployed_but_not_started_answers_stats():
+    """Created PEs on two workers are deployed, then started in a second round trip; a monitor or
+    drain report asking in between got KeyError for the PE's source (it has no chain yet), and
+    the worker's whole pe_stats answer failed (seen in test_reconfig_under_load)."""
+    from support_ops import Numbers, Tag
+
+    from pescheduler.worker.runtime import PERunner
+    from pescheduler.worker.specs import PESpec
+
+    spec = PESpec("pe", "dep", {"numbers-1": (Numbers, {"count": 10}, None), "tag-2": (Tag, {}, None)},
+                  [("numbers-1", "out", "tag-2")])
+    stats = PERunner(spec, "tcp://w").stats()
+    assert stats["state"] == "created" and stats["operators"] == {}

@@ -21,7 +21,7 @@ from pescheduler.worker.pehost import PEHost
 
 def _host_with_one_pe():
     host = PEHost(SimpleNamespace(address="tcp://127.0.0.1:1", handlers={}))
-    pe = SimpleNamespace(aligner=Aligner(), state="running", error=None, receivers={})
+    pe = SimpleNamespace(aligner=Aligner(), state="running", error=None, receivers={}, sources=[])
     host.pes[("dep", "r")] = pe
     return host, pe
 
@@ -39,7 +39,7 @@ def test_a_pe_that_aligns_while_the_controller_polls_again_is_seen_at_once():
             answer = await asyncio.wait_for(drain, 1)
         finally:
             poll.close()
-        assert answer == {"missing": [], "failed": []}
+        assert answer["missing"] == [] and answer["failed"] == []
     asyncio.run(scenario())
 
 
@@ -54,4 +54,44 @@ def test_the_long_poll_returns_on_a_change_and_at_its_timeout_without_one():
         assert answer["version"] == version + 1 and answer["pes"]["r"]["state"] == "running"
         quiet = await asyncio.wait_for(host.pe_wait("dep", host.version, timeout=0.05), 1)
         assert quiet["version"] == version + 1
+    asyncio.run(scenario())
+
+
+def test_a_rewire_waits_for_the_turn_running_in_the_pe_s_thread():
+    """Issue 20, the per-key order race: under CPU load a PE's turns stretch past THREAD_AFTER_S
+    and it moves to a thread; a rewire then ran on the event loop while the thread was still
+    emitting, and a batch on the new route overtook the held ones re-sent ahead of it. Control
+    calls that change a PE's routes or inputs wait for the turn in progress (Turns.lock)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cloudpickle
+    from test_held_watermarks import _upstream
+
+    from pescheduler.worker.specs import InputSpec
+
+    async def scenario():
+        host, _ = _host_with_one_pe()
+        pe, _inboxes = await _upstream()
+        host.pes[("dep", "up")] = pe
+        pe.turns.bind()
+        pe.turns.thread = ThreadPoolExecutor(1)
+        started, finish = threading.Event(), threading.Event()
+
+        def turn() -> bool:
+            started.set()
+            finish.wait(10)
+            return True
+
+        running = asyncio.create_task(pe.turns.run(turn))
+        assert await asyncio.to_thread(started.wait, 10)
+        rewire = asyncio.create_task(host.pe_rewire("dep", "up", add_inputs=cloudpickle.dumps(
+            [InputSpec("c-new", "src", "out")])))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not rewire.done() and "c-new" not in pe.receivers, "the rewire ran under the turn"
+        finish.set()
+        await asyncio.wait_for(asyncio.gather(running, rewire), 10)
+        assert "c-new" in pe.receivers
+        pe.turns.thread.shutdown()
     asyncio.run(scenario())

@@ -1,0 +1,91 @@
+"""A drain's bound is on standing still, not on its length (issue 20).
+
+With both cores saturated by other processes, a window copy's Release drained for 9 s of
+steady progress (every PE moving, drains in that run growing from 0.5 to 5 s) and the run
+failed with "did not drain" at its 10 s bound. The work ahead of a reconfiguration's markers
+is finite, so a drain that moves finishes; one that stops moving is a bug (a lost wake-up, a
+deadlock) and still fails after the bound. Here the controller's side runs against workers
+whose answers move or stand still, and the PE host's progress count on a real PE runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+from test_held_watermarks import _upstream
+
+from pescheduler.control.reconfigure import ReconfigurationFailed, ReconfigurationPlan, _wait_drained
+from pescheduler.worker.channels import DATA
+from pescheduler.worker.pehost import _drain_progress
+from pescheduler.worker.specs import InputSpec
+
+OLD = SimpleNamespace(workers=("tcp://w",), pes={"r": SimpleNamespace(worker="tcp://w")})
+PLAN = ReconfigurationPlan(retired=("r",), created=("r",), hold={}, seen={}, channels={})
+BOUND = 0.4
+
+
+class _Worker:
+    """A PE host whose PE ``r`` aligns after ``moving_for`` seconds; until then its progress
+    count grows on every answer (``moves``) or stands still."""
+
+    def __init__(self, moving_for: float, moves: bool) -> None:
+        self.done_at = time.monotonic() + moving_for
+        self.moves = moves
+        self.progress = 0
+
+    async def pe_reconf_wait(self, timeout: float, **_kw) -> dict:
+        await asyncio.sleep(min(timeout, max(self.done_at - time.monotonic(), 0)))
+        if time.monotonic() >= self.done_at:
+            return {"missing": [], "failed": [], "progress": self.progress, "times": {"r aligned": time.time()}}
+        self.progress += self.moves
+        return {"missing": ["r"], "failed": [], "progress": self.progress, "times": {}}
+
+    async def pe_stats(self, deployment: str, dead_letters: bool) -> dict:
+        return {"worker": "tcp://w", "pes": {}}
+
+
+def test_a_drain_that_keeps_moving_past_its_bound_finishes():
+    worker, steps = _Worker(moving_for=4 * BOUND, moves=True), {}
+    t0 = time.monotonic()
+    asyncio.run(_wait_drained(lambda _w: worker, OLD, PLAN, "dep", "m1", timeout=BOUND, steps=steps))
+    assert time.monotonic() - t0 >= 4 * BOUND
+    assert steps["drain r aligned"] >= 3 * BOUND * 1000, steps        # when, after the drain began, r aligned
+
+
+def test_a_drain_that_stands_still_fails_after_its_bound():
+    worker = _Worker(moving_for=60, moves=False)
+    t0 = time.monotonic()
+    with pytest.raises(ReconfigurationFailed, match=r"did not drain: .*still waiting for \['r'\] \(nothing moved"):
+        asyncio.run(_wait_drained(lambda _w: worker, OLD, PLAN, "dep", "m1", timeout=BOUND))
+    assert BOUND <= time.monotonic() - t0 < 10 * BOUND
+
+
+def test_progress_counts_what_lies_ahead_of_the_marker_and_nothing_else():
+    """A PE that stays takes data on other inputs forever: only its channels from the PEs being
+    replaced count, or a stuck drain would look busy. A replaced PE's every input counts."""
+    async def scenario():
+        pe, _inboxes = await _upstream()
+        pe.set_inputs([InputSpec("c-other", "src", "out")], [])
+        pes = {"up": pe}
+
+        def progress(**want):
+            return _drain_progress(pes, "m1", want.get("aligned", []), want.get("seen", {}))["progress"]
+
+        before = progress(seen={"up": ["c-src"]}), progress(aligned=["up"])
+        pe.inbox.put(pe.receivers["c-other"], DATA, [{"n": 1, "ts": 1}, {"n": 2, "ts": 2}])
+        pe._read_inbox()
+        assert progress(seen={"up": ["c-src"]}) == before[0], "another input of a PE that stays"
+        assert progress(aligned=["up"]) == before[1] + 2
+        pe.inbox.put(pe.receivers["c-src"], DATA, [{"n": 3, "ts": 3}])
+        pe._read_inbox()
+        assert progress(seen={"up": ["c-src"]}) == before[0] + 1
+        pe.aligner.arrived("c-src", "m1")
+        answer = _drain_progress(pes, "m1", [], {"up": ["c-src"]})
+        assert answer["progress"] == before[0] + 2 and set(answer["times"]) == {"up<-c-src"}
+        pe.aligner.arrived("c-other", "m0")              # a marker from a neighbour then replaced:
+        pe.set_inputs([], ["c-other"])                   # its input goes, and the marker with it
+        assert "m0" not in pe.aligner.seen and pe.aligner.has_seen("m1", "c-src")
+    asyncio.run(scenario())
