@@ -21,7 +21,7 @@ BENCH = Path(__file__).parent.parent.parent / "bench"
                    "sqlite      batch", "duckdb      batch")),
     ("policies.py", (), ("rate", "copy", "threshold", "controller (rate+copy)", "(baseline pass)", "best ms")),
     ("security.py", (), ("(a) no handshake", "(b) authenticated", "(c) authenticated, TLS", "load average")),
-    pytest.param("elastic.py", (), ("phase 3", "steps", "instances", "oracle 2", "relief", "flip-flops",
+    pytest.param("elastic.py", (), ("phase 3", "steps", "instances", "oracle", "relief", "flip-flops",
                                     "hosts                  borrowed", "activation", "0 lost, 0 duplicated"), marks=pytest.mark.lab),
     ("recovery.py", (), ("checkpoint every 1 s", "duration p50", "0 lost, 0 duplicated", "kill → first output")),
 ])
