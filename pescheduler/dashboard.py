@@ -65,6 +65,21 @@ def install(scheduler) -> None:
     _register_collector()
 
 
+def _live_schedulers() -> list:
+    """The schedulers still serving; closed ones are forgotten (a process that deployed on an
+    embedded cluster before kept exporting that finished deployment's metrics)."""
+    from distributed.core import Status
+
+    live = []
+    for key, scheduler in list(_schedulers.items()):
+        if getattr(scheduler, "status", None) in (Status.closing, Status.closed, Status.failed):
+            _schedulers.pop(key, None)
+            _history.pop(key, None)
+        else:
+            live.append(scheduler)
+    return live
+
+
 def dask_setup(scheduler) -> None:
     """``dask scheduler --preload pescheduler.dashboard``: the page and metrics on that scheduler.
 
@@ -92,7 +107,7 @@ class PeschedulerCollector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        statuses = [(dep_id, str(status.get("app", "")), status) for scheduler in list(_schedulers.values())
+        statuses = [(dep_id, str(status.get("app", "")), status) for scheduler in _live_schedulers()
                     for dep_id, status in published(scheduler).items()]
         for kind, name, text, labels, rows in METRICS:
             family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
