@@ -10,18 +10,33 @@ from pescheduler.aggregates import Aggregate
 
 
 class Numbers(Source):
-    """``{"n": i, "key": i % keys, "ts": i * step}`` for i in [0, count)."""
+    """``{"n": i, "key": i % keys, "ts": i * step}`` for i in [0, count).
+
+    With ``hold_at`` and ``release`` (a file path) it emits nothing past ``hold_at`` until that
+    file exists: a test that must act while the stream still runs (borrow a host, move a PE onto
+    it) lets it finish when done, however long its steps took on a loaded machine, and still
+    checks the whole stream exactly."""
 
     name = "numbers"
 
-    def __init__(self, count: int = 1000, keys: int = 10, step: int = 1, **kw) -> None:
+    def __init__(self, count: int = 1000, keys: int = 10, step: int = 1, hold_at: int | None = None,
+                 release: str | None = None, **kw) -> None:
         super().__init__(**kw)
         self.count, self.keys, self.step, self.i = count, keys, step, 0
+        self.hold_at, self.release = hold_at, release
+
+    def _held(self) -> bool:
+        import os
+
+        return self.hold_at is not None and self.i >= self.hold_at and not os.path.exists(self.release)
 
     def read(self, n):
         if self.i >= self.count:
             return None
-        hi = min(self.count, self.i + n)
+        if self._held():
+            return []
+        hi = min(self.count, self.i + n, self.count if self.hold_at is None or self.i >= self.hold_at
+                 else self.hold_at)
         out = [{"n": i, "key": i % self.keys, "ts": i * self.step} for i in range(self.i, hi)]
         self.i = hi
         return out

@@ -77,6 +77,7 @@ class HostManager:
         self._returning: dict[str, asyncio.Task] = {}
         self._starting: asyncio.Task | None = None
         self._leaving: set[str] = set()                   # hosts being given back now
+        self._asked_early: dict[str, HostReturnRequested] = {}  # asked back before they were adopted
         self._infos: dict[str, dict[str, dict]] = {}      # host -> its workers' pe_info answers
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -184,6 +185,7 @@ class HostManager:
             infos = await asyncio.gather(*(self._pe_info(w) for w in host.workers))
         except Exception as exc:
             self._event("host", f"host {host.host_id} joined but its workers do not answer ({exc}); giving it back")
+            self._asked_early.pop(host.host_id, None)
             await self.rm.return_host(host)
             return False
         self.borrowed[host.host_id] = host
@@ -192,6 +194,9 @@ class HostManager:
         for w in host.workers:
             self._watchers[w] = asyncio.create_task(self._watch(w, host.host_id))
         self._event("host", f"borrowed {host.host_id}: workers {', '.join(host.workers)}")
+        early = self._asked_early.pop(host.host_id, None)
+        if early is not None:
+            self._return_requested(early)
         return True
 
     async def _pe_info(self, worker: str) -> dict:
@@ -265,7 +270,12 @@ class HostManager:
 
     def _return_requested(self, event: HostReturnRequested) -> None:
         host_id = event.host.host_id
-        if host_id in self.returns or host_id not in self.borrowed:
+        if host_id not in self.borrowed:
+            # the manager can ask a host back while its grant is still on the way here (a
+            # loaded machine starts workers slowly): the request holds from the adoption on
+            self._asked_early[host_id] = event
+            return
+        if host_id in self.returns:
             return
         self.returns[host_id] = ReturnRequest(host_id, event.deadline)
         self._mark("return-requested", host_id)

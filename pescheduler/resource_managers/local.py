@@ -137,6 +137,7 @@ class LocalResourceManager:
         self.ids = [f"local-{i}" for i in range(1, self.budget + 1)]
         self.held: dict[str, _Held] = {}
         self.wanted: set[str] = set()
+        self._due: dict[str, float] = {}          # wanted while starting: host -> its deadline
         self._on_event: Callable[..., Awaitable[None]] | None = None
         self._client = None
         self._tasks: list[asyncio.Task] = []
@@ -231,10 +232,14 @@ class LocalResourceManager:
         except (RuntimeError, TimeoutError, OSError) as exc:
             logger.warning("local: host %s did not start: %s", host_id, exc)
             self.held.pop(host_id, None)
+            self._due.pop(host_id, None)
             await asyncio.gather(*(p.astop() for p in procs))
             return None
         host = Host(host_id, tuple(found[n] for n in names), {"pids": [p.pid for p in procs]})
         self.held[host_id] = _Held(host, procs)
+        due = self._due.pop(host_id, None)
+        if due is not None and host_id in self.wanted:
+            self._tasks.append(asyncio.create_task(self._ask_back(host, due)))
         return host
 
     # -- external demand --------------------------------------------------------------------
@@ -242,17 +247,24 @@ class LocalResourceManager:
         """Another user wants host ``ref`` within ``within`` seconds: ask for it back if held."""
         host_id = self.host_id(ref)
         self.wanted.add(host_id)
-        held = self.held.get(host_id)
-        if held is None or not held.host.workers:
-            return
         deadline = time.time() + float(within)
-        await self._on_event(HostReturnRequested(held.host, deadline))
+        held = self.held.get(host_id)
+        if held is None:
+            return
+        if not held.host.workers:                 # still starting: asked back once it has started
+            self._due[host_id] = deadline
+            return
+        await self._ask_back(held.host, deadline)
+
+    async def _ask_back(self, host: Host, deadline: float) -> None:
+        await self._on_event(HostReturnRequested(host, deadline))
         if self.reclaim_after is not None:
-            self._tasks.append(asyncio.create_task(self._reclaim(host_id, deadline)))
+            self._tasks.append(asyncio.create_task(self._reclaim(host.host_id, deadline)))
 
     def free(self, ref) -> None:
         """Host ``ref`` is free again: it may be lent."""
         self.wanted.discard(self.host_id(ref))
+        self._due.pop(self.host_id(ref), None)
 
     async def _reclaim(self, host_id: str, deadline: float) -> None:
         await asyncio.sleep(max(0.0, deadline - time.time()) + float(self.reclaim_after))

@@ -31,9 +31,12 @@ def no_policies():
         yield
 
 
-def numbers_app(path, count, rate):
+def numbers_app(path, count, rate, release=None):
+    """``release``: a file path; the stream stops at half ``count`` until it exists (``let_finish``),
+    so the test's steps (borrow a host, move onto it) happen while it runs however loaded the machine."""
     app = Application("hosts")
-    (app.source("numbers", count=count, keys=7, rate=rate)
+    held = {"hold_at": count // 2, "release": str(release)} if release else {}
+    (app.source("numbers", count=count, keys=7, rate=rate, **held)
         .apply("tag").key_by("key").apply("running_sum").sink("jsonl", path=str(path)))
     return app
 
@@ -48,6 +51,10 @@ def assert_exact(path, count):
         assert r["sum"] == sums[r["key"]]
 
 
+def let_finish(release):
+    release.write_text("")
+
+
 def sink_pe(dep):
     return next(p for p, pe in dep.placement().pes.items() if "jsonl-5" in pe.operators)
 
@@ -59,9 +66,9 @@ def pids_of(host):
 def test_a_host_asked_back_by_the_schedule_is_returned_before_its_deadline(tmp_path):
     schedule = tmp_path / "demand.yaml"
     schedule.write_text("- {at: 6, want: 1, within: 10}   # host local-1 back within 10 s\n")
-    out, count = tmp_path / "out.jsonl", 30_000
+    out, count, release = tmp_path / "out.jsonl", 30_000, tmp_path / "release"
     with dask.config.set({**DEMO, "pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": str(schedule)}):
-        with pescheduler.deploy(numbers_app(out, count, rate=2_500), workers=2, rm="local",
+        with pescheduler.deploy(numbers_app(out, count, rate=2_500, release=release), workers=2, rm="local",
                                 plugins=["support_ops"], policies=[]) as dep:
             assert dep.apply(BorrowHosts(1, reason="test"), timeout=WAIT).applied
             host = dep.hosts.borrowed["local-1"]
@@ -74,6 +81,7 @@ def test_a_host_asked_back_by_the_schedule_is_returned_before_its_deadline(tmp_p
             assert dep.placement().pes[sink_pe(dep)].host != "local-1"
             assert "local-1" not in dep.placement().hosts.values()
             assert dep.resources().lendable == 0                   # still wanted by the other user
+            let_finish(release)
             dep.wait(timeout=WAIT)
     done = next(e for e in dep.hosts.timeline if e["what"] == "returned")
     assert done["late_s"] < 0
@@ -83,9 +91,9 @@ def test_a_host_asked_back_by_the_schedule_is_returned_before_its_deadline(tmp_p
 
 def test_a_host_freed_by_the_schedule_is_borrowed_and_processes_tuples(tmp_path):
     demand = [{"at": 0, "want": 1, "within": 5}, {"at": 3, "free": 1}]
-    out, count = tmp_path / "out.jsonl", 30_000
+    out, count, release = tmp_path / "out.jsonl", 30_000, tmp_path / "release"
     with dask.config.set({**DEMO, "pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": demand}):
-        with pescheduler.deploy(numbers_app(out, count, rate=3_000), workers=2, rm="local",
+        with pescheduler.deploy(numbers_app(out, count, rate=3_000, release=release), workers=2, rm="local",
                                 plugins=["support_ops"], policies=[]) as dep:
             refused = dep.apply(BorrowHosts(1))
             assert not refused.applied and "granted no host" in refused.reason
@@ -101,6 +109,7 @@ def test_a_host_freed_by_the_schedule_is_borrowed_and_processes_tuples(tmp_path)
                 return m is not None and m.worker == worker and m.host == "local-1" and m.tuples_in_per_s > 0
             until(processing_there, 30, f"{pe} to process tuples on local-1")
             host = dep.hosts.borrowed["local-1"]
+            let_finish(release)
             dep.wait(timeout=WAIT)
     assert not [p for p in pids_of(host) if psutil.pid_exists(p)]          # closed with the deployment
     assert_exact(out, count)
@@ -161,7 +170,7 @@ def kill_host(host):
 def test_a_lost_host_is_a_clear_error_failing_the_app_only_if_its_pes_ran_there(tmp_path):
     out, count = tmp_path / "out.jsonl", 20_000
     with dask.config.set({**DEMO, "pescheduler.rm.local.hosts": 2}):
-        with pescheduler.deploy(numbers_app(out, count, rate=2_500), workers=2, rm="local",
+        with pescheduler.deploy(numbers_app(out, count, rate=2_500, release=tmp_path / "never"), workers=2, rm="local",
                                 plugins=["support_ops"]) as dep:
             assert dep.apply(BorrowHosts(2), timeout=WAIT).applied
             empty, used = (dep.hosts.borrowed[h] for h in ("local-1", "local-2"))

@@ -103,6 +103,26 @@ def test_a_return_request_moves_the_pes_off_and_returns_before_the_deadline():
     assert isinstance(record.action, ReturnHost) and record.applied and "before its deadline" in record.reason
 
 
+def test_a_host_asked_back_before_its_grant_arrived_is_returned_once_adopted():
+    """A loaded machine starts a lent host's workers slowly: the manager may ask it back while
+    the grant is still on its way. The request once counted only for hosts already adopted, so it
+    was dropped and the host kept past its deadline (test_hosts failed so at load 25)."""
+    async def run():
+        dep = FakeFleet()
+        hm = HostManager(dep, "fake")
+        hm.check({"fake": FakeRM})
+        hm.start("tcp://fake:1")
+        await hm.ready(5)
+        await hm._on_event(HostReturnRequested(Host("h1", ("w-h1",)), time.time() + 10))
+        assert not hm.returns and not hm._returning                 # nothing to give back yet
+        assert (await hm.apply(BorrowHosts(1), 5)).applied
+        assert hm.view().pending_returns[0].host == "h1"
+        await hm._returning["h1"]
+        assert hm.rm.returned == ["h1"] and "w-h1" not in dep.placement().workers
+        await hm.close()
+    asyncio.run(run())
+
+
 def test_a_refused_move_keeps_the_host_and_says_why():
     async def body(dep, hm):
         record = await hm.give_back("h1", time.time() + 10)
