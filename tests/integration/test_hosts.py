@@ -7,7 +7,9 @@ plays the other users of the cluster. Every stream here is checked exactly
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 
 import dask
 import psutil
@@ -63,17 +65,26 @@ def pids_of(host):
     return host.info.get("pids", [])
 
 
-def test_a_host_asked_back_by_the_schedule_is_returned_before_its_deadline(tmp_path):
-    schedule = tmp_path / "demand.yaml"
-    schedule.write_text("- {at: 6, want: 1, within: 10}   # host local-1 back within 10 s\n")
+def test_a_host_asked_back_by_the_other_user_is_returned_before_its_deadline(tmp_path, request):
+    """The other user (a demand callable, as a schedule's ``want`` entry calls it) wants the host
+    back once the sink runs there, within 10 s: it is returned in time, the sink moved home."""
+    moved = threading.Event()
+    request.addfinalizer(moved.set)                    # a failed test leaves no thread waiting
+
+    async def other_user(control):
+        if await asyncio.to_thread(moved.wait, WAIT):
+            await control.want(1, within=10)
+
     out, count, release = tmp_path / "out.jsonl", 30_000, tmp_path / "release"
-    with dask.config.set({**DEMO, "pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": str(schedule)}):
+    with dask.config.set({**DEMO, "pescheduler.rm.local.hosts": 1, "pescheduler.rm.local.demand": other_user}):
         with pescheduler.deploy(numbers_app(out, count, rate=2_500, release=release), workers=2, rm="local",
                                 plugins=["support_ops"], policies=[]) as dep:
             assert dep.apply(BorrowHosts(1, reason="test"), timeout=WAIT).applied
             host = dep.hosts.borrowed["local-1"]
             assert dep.apply(Move(sink_pe(dep), host.workers[0])).applied
             assert dep.placement().pes[sink_pe(dep)].host == "local-1"
+            let_finish(release)                        # the stream flows on while the host is returned
+            moved.set()
             until(lambda: any(isinstance(r.action, ReturnHost) for r in dep.records()), 30,
                   "local-1 to be returned")
             returned = next(r for r in dep.records() if isinstance(r.action, ReturnHost))
@@ -107,9 +118,9 @@ def test_a_host_freed_by_the_schedule_is_borrowed_and_processes_tuples(tmp_path)
             def processing_there():
                 m = dep.next_snapshot(timeout=10).pes.get(pe)
                 return m is not None and m.worker == worker and m.host == "local-1" and m.tuples_in_per_s > 0
+            let_finish(release)                       # the second half flows through local-1
             until(processing_there, 30, f"{pe} to process tuples on local-1")
             host = dep.hosts.borrowed["local-1"]
-            let_finish(release)
             dep.wait(timeout=WAIT)
     assert not [p for p in pids_of(host) if psutil.pid_exists(p)]          # closed with the deployment
     assert_exact(out, count)
