@@ -26,6 +26,7 @@ this source against the plain confluent-kafka consumer loop.)
 
 from __future__ import annotations
 
+from functools import partial
 from time import monotonic, sleep
 from typing import Any, Callable
 
@@ -272,19 +273,18 @@ class KafkaSink(Sink):
 
     Exactly-once through a crash *between* a checkpoint's completion and its
     commit: librdkafka cannot take over a dead producer's open transaction
-    (Flink's Java client resumes it by producer id and epoch). So each parked
-    transaction also carries the checkpoint id as a transactional offset
-    commit (``send_offsets_to_transaction``) to the instance's marker group
-    ``{prefix}-{op_id}`` (offset = checkpoint id plus the marker's value when
-    the run began, so a later run's ids 1, 2, ... still count up; on the
-    output topic's partition 0), committed atomically with the records; and the records of
-    every parked transaction travel in the checkpoint's snapshot. A restored
-    instance first fences its predecessor's transactional ids (after which
-    no transaction of theirs can still commit), then reads the marker: the
-    carried transactions of checkpoints above it were never published, and
-    are written again in one fresh transaction that marks the restored
-    checkpoint; those at or below it were, and are dropped. The price: a
-    checkpoint holds what the sink wrote during the interval before it.
+    (Flink's Java client resumes it by producer id and epoch). So the records
+    of every parked transaction travel in the checkpoint's snapshot, with its
+    transactional id and where its first record landed (partition and offset,
+    from the delivery report). A restored instance first fences every
+    transactional id its state names (after which none of those transactions
+    can still commit, and each has its COMMIT or ABORT in the log), then reads
+    from the log how each carried transaction ended (:mod:`.kafka_log`): one
+    that committed is dropped; one that did not is written again when its
+    checkpoint's :meth:`commit` reaches the sink, on its own transactional id
+    and before that id writes anything else, so a restore repeated from the same
+    checkpoint finds that transaction committed after the aborted one. The
+    price: a checkpoint holds what the sink wrote during the interval before it.
 
     Copies that go away (a Release, or a restore onto fewer instances) hand
     over: :meth:`merge_states` gives their snapshots to the original, which
@@ -294,8 +294,8 @@ class KafkaSink(Sink):
     transaction, what they had not published: the records of their open
     transaction (a reconfiguration's snapshot carries them; a checkpoint's
     has none, its barrier having just parked them) and of their parked
-    transactions above their marker. They are visible with the original's
-    next commit, so a restore before it replays them instead.
+    transactions the log shows were not committed. They are visible with the
+    original's next commit, so a restore before it replays them instead.
     """
 
     name = "kafka"
@@ -312,60 +312,80 @@ class KafkaSink(Sink):
         self.create, self.partitions, self.config = create, partitions, dict(config or {})
         self.timeout_s = parse_duration(connect_timeout) / 1000
         self._producer = None
+        self._meta = None                        # a plain producer: metadata for reading the log
         self._failed: list[str] = []
         self._op: str | None = None              # this instance's operator id (from open, or restored)
         self._checkpointed = False               # checkpoints commit the transactions (else each batch does)
         self._pool: list = []                    # idle transactional producers
-        self._prepared: dict[int, tuple] = {}    # checkpoint id -> (producer with a flushed open transaction, records)
+        self._names: dict[int, str] = {}         # id(producer) -> its transactional id
+        self._first: dict[str, tuple | None] = {}    # transactional id -> (partition, offset) of its
+        #                                          open transaction's first record (delivery reports)
+        self._prepared: dict[int, tuple] = {}    # checkpoint id -> (producer with a flushed open transaction,
+        #                                          records, transactional id, first record's place)
         self._records: list = []                 # (value, key) of the open transaction, for the snapshot
-        self._carried: list = []                 # restored: [checkpoint id, records] a predecessor had parked
+        self._carried: list = []                 # restored: [checkpoint id, records, tid, place] parked before
+        self._lost: list = []                    # opened: those of them the log says never committed
+        self._held: dict[str, Any] = {}          # tid -> its producer, kept to write its lost records again
         self._reopen: list = []                  # restored: (value, key) of an open transaction to write again
         self._adopt: list = []                   # restored: states of copies this instance takes over
         self._ids = 0                            # transactional ids made so far (k in {prefix}-{op}-{k})
         self._fence = 0                          # restored: ids a predecessor may have left open
-        self._marker = None                      # consumer of the marker group (its metadata, its offset)
-        self._base: int | None = None            # the marker when this run began (restored, or read in open)
 
     def open(self, context: Any) -> None:
         super().open(context)
         self._op = context.op_id
         self._checkpointed = bool(context.extra.get("checkpoint"))
-        base = self._base_config()
+        base = {"bootstrap.servers": self.servers, "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000)}
         probe = self._make(None)
         topic_partitions(probe, base, self.topic, self.servers, self.timeout_s, self.create, self.partitions)
         if not self.exactly_once:
             self._producer, self._adopt = probe, []      # copies of it carry nothing to take over
             return
-        probe.flush(0)
-        self._marker = self._marker_reader(self._op)
+        self._meta = probe
         # Fence and abort what a predecessor left open: the ids its snapshot counted, and one more
-        # it may have made for a barrier after that snapshot before it died.
+        # it may have made for a barrier after that snapshot before it died; and every id of the
+        # copies taken over. Only then does the log say how each of their transactions ended.
         for _ in range(self._fence + 1 if self._fence else 0):
             self._pool.append(self._transactional())
-        if self._base is None:
-            self._base = self._published(self._marker)
         for state in self._adopt:
-            self._reopen += self._take_over(state)
+            ids = state.get("transactional_ids", 0)
+            for k in range(ids + 1 if ids else 0):
+                self._initialised(f"{self.prefix}-{state['op']}-{k}")      # fences; dropped at once
+        for state in self._adopt:
+            lost = [pair for entry in map(_entry, state.get("parked", [])) if not self._published(entry)
+                    for pair in entry[1]]
+            self._reopen += lost + [tuple(p) for p in state.get("open", [])]
         self._adopt = []
+        self._lost = [entry for entry in self._carried if not self._published(entry)]
+        self._carried = []
+        for entry in self._lost:         # its id writes nothing before its lost records (:meth:`_republish`)
+            held = [p for p in self._pool if self._names[id(p)] == entry[2]]
+            if held:
+                self._pool.remove(held[0])
+                self._held[entry[2]] = held[0]
         self._producer = self._next_transaction()
         if self._reopen:
             self._write(self._reopen)
             self._reopen = []
 
-    def _base_config(self) -> dict:
-        return {"bootstrap.servers": self.servers, "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000)}
+    def _published(self, entry: list) -> bool:
+        """Whether the parked transaction ``[checkpoint id, records, tid, (partition, offset)]``
+        committed, as the log says (its transactional id is fenced by now). One without records
+        has nothing to lose; one without a place (a snapshot of an older version) is written again."""
+        from .kafka_log import committed_from
 
-    def _marker_reader(self, op_id: str):
-        """A consumer of ``op_id``'s marker group (never subscribed: it reads and commits offsets only)."""
-        from confluent_kafka import Consumer
-
-        return Consumer({**self._base_config(), "group.id": f"{self.prefix}-{op_id}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+        _cid, records, _tid, place = entry
+        if not records:
+            return True
+        if place is None:
+            return False
+        return committed_from(self._meta, self.topic, int(place[0]), int(place[1]), self.timeout_s * 3)
 
     def _make(self, transactional_id: str | None):
         from confluent_kafka import Producer
 
-        conf = {"bootstrap.servers": self.servers, "linger.ms": 5, "on_delivery": self._delivered,
+        conf = {"bootstrap.servers": self.servers, "linger.ms": 5,
+                "on_delivery": partial(self._delivered, transactional_id),
                 "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000), **self.config}
         if transactional_id is not None:
             conf["transactional.id"] = transactional_id
@@ -381,6 +401,7 @@ class KafkaSink(Sink):
             producer.init_transactions(self.timeout_s)
         except KafkaException as exc:
             raise _connect_error(f"transactions ({tid})", self.servers, self.timeout_s, exc) from None
+        self._names[id(producer)] = tid
         return producer
 
     def _transactional(self):
@@ -388,30 +409,19 @@ class KafkaSink(Sink):
         self._ids += 1
         return producer
 
-    def _next_transaction(self):
-        producer = self._pool.pop(0) if self._pool else self._transactional()
+    def _begin(self, producer):
         producer.begin_transaction()
+        self._first[self._names[id(producer)]] = None
         return producer
 
-    def _take_over(self, state: dict) -> list:
-        """A copy's state handed over (:meth:`merge_states`): its transactional ids fenced, so
-        none of its transactions can still commit or hold ``read_committed`` readers back; then
-        the ``(value, key)`` pairs it had not published, to write again: its open transaction's
-        and those of its parked transactions above its marker."""
-        ids = state.get("transactional_ids", 0)
-        for k in range(ids + 1 if ids else 0):
-            self._initialised(f"{self.prefix}-{state['op']}-{k}")      # fences; dropped at once
-        marker = self._marker_reader(state["op"])
-        try:
-            done = self._published(marker) - (state.get("marker_base") or 0)
-        finally:
-            marker.close()
-        lost = [pair for cid, records in state.get("parked", []) if cid > done for pair in records]
-        return lost + [tuple(p) for p in state.get("open", [])]
+    def _next_transaction(self):
+        return self._begin(self._pool.pop(0) if self._pool else self._transactional())
 
-    def _delivered(self, err, msg) -> None:
+    def _delivered(self, tid: str | None, err, msg) -> None:
         if err is not None:
             self._failed.append(f"{self.topic}: {err}")
+        elif tid is not None and self._first.get(tid) is None:
+            self._first[tid] = (msg.partition(), msg.offset())
 
     def process(self, batch: list, emit: Any) -> None:
         if self.exactly_once:
@@ -470,61 +480,42 @@ class KafkaSink(Sink):
                                  "flush timed out")
 
     # -- two-phase commit (called by checkpoints) ------------------------------------
-    def _mark(self, producer, checkpoint_id: int) -> None:
-        """Put 'checkpoint ``checkpoint_id`` is published' into ``producer``'s open transaction."""
-        from confluent_kafka import TopicPartition
-
-        producer.send_offsets_to_transaction([TopicPartition(self.topic, 0, self._base + int(checkpoint_id))],
-                                             self._marker.consumer_group_metadata(), self.timeout_s)
-
-    def published(self) -> int:
-        """The marker group's offset: the base plus the last checkpoint id whose transaction
-        committed (0: none ever)."""
-        return self._published(self._marker)
-
-    def _published(self, marker) -> int:
-        from confluent_kafka import TopicPartition
-
-        [tp] = marker.committed([TopicPartition(self.topic, 0)], timeout=self.timeout_s)
-        return max(tp.offset, 0)
-
     def pre_commit(self, checkpoint_id: int) -> None:
-        """Flush this transaction, mark it with ``checkpoint_id`` and park it; the next one takes
-        new records."""
+        """Flush this transaction (every delivery report in: where its first record landed is
+        known) and park it; the next one takes new records."""
         self._drain(self._producer)
         if not self.exactly_once:
             return
         self._checkpointed = True          # checkpoints are on (a sink opened without being told)
-        self._mark(self._producer, checkpoint_id)
-        self._prepared[checkpoint_id] = (self._producer, self._records)
+        tid = self._names[id(self._producer)]
+        self._prepared[checkpoint_id] = (self._producer, self._records, tid, self._first.get(tid))
         self._producer, self._records = self._next_transaction(), []
 
     def commit(self, checkpoint_id: int) -> None:
         """Commit every parked transaction up to ``checkpoint_id`` (already committed ones are gone);
         on a restored instance first publish, once, the carried ones its predecessor did not."""
-        if self._carried:
+        if self._lost:
             self._republish(checkpoint_id)
         for cid in sorted(c for c in self._prepared if c <= checkpoint_id):
-            producer, _records = self._prepared.pop(cid)
+            producer, *_ = self._prepared.pop(cid)
             producer.commit_transaction(self.timeout_s)
             self._pool.append(producer)
 
     def _republish(self, checkpoint_id: int) -> None:
-        """The carried transactions up to ``checkpoint_id`` that the marker says never committed,
-        written again in one transaction that marks the newest of them."""
-        due = [c for c in self._carried if c[0] <= checkpoint_id]
-        self._carried = [c for c in self._carried if c[0] > checkpoint_id]
-        done = self.published() - self._base
-        lost = [c for c in due if c[0] > done]
-        if not lost:
-            return
-        producer = self._next_transaction()
-        for _cid, records in sorted(lost, key=lambda c: c[0]):
-            self._produce(producer, records)
-        self._drain(producer)
-        self._mark(producer, max(c[0] for c in lost))
-        producer.commit_transaction(self.timeout_s)
-        self._pool.append(producer)
+        """The lost transactions up to ``checkpoint_id``, each written again in a transaction of
+        its own transactional id: the first that id writes since it was fenced, so the log shows a
+        commit of that producer after the aborted transaction, as :meth:`_published` looks for."""
+        due = sorted((e for e in self._lost if e[0] <= checkpoint_id), key=lambda e: e[0])
+        self._lost = [e for e in self._lost if e[0] > checkpoint_id]
+        for _cid, records, tid, *_place in due:
+            producer = self._held.pop(tid, None)
+            if producer is None:                  # a snapshot of an older version names no id
+                producer = self._pool.pop(0) if self._pool else self._transactional()
+            self._begin(producer)
+            self._produce(producer, [tuple(p) for p in records])
+            self._drain(producer)
+            producer.commit_transaction(self.timeout_s)
+            self._pool.append(producer)
 
     def abort(self, checkpoint_id: int) -> None:
         """Abort the parked transactions of ``checkpoint_id`` and later (the stream replays them).
@@ -532,32 +523,36 @@ class KafkaSink(Sink):
         A checkpoint that merely failed gets no call: its parked transaction goes with the next
         :meth:`commit`."""
         self._carried = [c for c in self._carried if c[0] < checkpoint_id]
+        for entry in [e for e in self._lost if e[0] >= checkpoint_id]:
+            self._lost.remove(entry)
+            if entry[2] in self._held:
+                self._pool.append(self._held.pop(entry[2]))
         for cid in sorted(c for c in self._prepared if c >= checkpoint_id):
-            producer, _records = self._prepared.pop(cid)
+            producer, *_ = self._prepared.pop(cid)
             producer.abort_transaction(self.timeout_s)
             self._pool.append(producer)
 
     def snapshot(self) -> dict:
-        """The transactional ids made (to fence), the records of every parked transaction (to
-        publish again should the checkpoint complete but its commit never run) and of the open one
-        (none at a checkpoint's barrier, which has just parked it; a reconfiguration's snapshot
-        hands them to the successor), and states of copies taken over but not opened yet."""
-        parked = [[cid, records] for cid, (_producer, records) in sorted(self._prepared.items())]
-        return {"op": self._op, "transactional_ids": self._ids, "parked": self._carried + parked,
-                "marker_base": self._base, "open": list(self._records) + self._reopen, "adopt": list(self._adopt)}
+        """The transactional ids made (to fence), every parked transaction (its records, to
+        publish again should the checkpoint complete but its commit never run; its id and first
+        record's place, to learn from the log whether it did), the open one's records (none at a
+        checkpoint's barrier, which has just parked it; a reconfiguration's snapshot hands them
+        to the successor), and states of copies taken over but not opened yet."""
+        parked = [[cid, records, tid, place] for cid, (_producer, records, tid, place) in sorted(self._prepared.items())]
+        return {"op": self._op, "transactional_ids": self._ids, "parked": self._carried + self._lost + parked,
+                "open": list(self._records) + self._reopen, "adopt": list(self._adopt)}
 
     def restore(self, state: dict) -> None:
         self._op = state.get("op")
         self._fence = state.get("transactional_ids", 0)
-        self._base = state.get("marker_base")
-        self._carried = [list(c) for c in state.get("parked", [])]
+        self._carried = [_entry(c) for c in state.get("parked", [])]
         self._reopen = [tuple(p) for p in state.get("open", [])]
         self._adopt = list(state.get("adopt", []))
 
     def merge_states(self, states: list) -> dict:
         """The first instance's state taking over the others' (copies that go away): the first
         fences their transactional ids when it opens and writes again what they had not
-        published (:meth:`_take_over`)."""
+        published (see :meth:`open`)."""
         first, *others = states
         adopt = list(first.get("adopt", []))
         for state in others:
@@ -567,12 +562,13 @@ class KafkaSink(Sink):
 
     def flush(self, emit: Any) -> None:
         """End of stream: deliver everything; with transactions, commit the parked ones (of a
-        checkpoint the end cut short) and the open one: the final checkpoint of a finite stream."""
+        checkpoint the end cut short), the lost ones still due and the open one: the final
+        checkpoint of a finite stream."""
         if self._producer is None:
             return
         self._drain(self._producer)
         if self.exactly_once:
-            self.commit(max(self._prepared, default=0))
+            self.commit(max([*self._prepared, *(e[0] for e in self._lost)], default=0))
             self._producer.commit_transaction(self.timeout_s)
             self._pool.append(self._producer)
             self._producer, self._records = None, []
@@ -580,10 +576,13 @@ class KafkaSink(Sink):
     def close(self) -> None:
         if self._producer is not None and not self.exactly_once:
             self._producer.flush(self.timeout_s)
-        if self._marker is not None:
-            self._marker.close()
-            self._marker = None
         # Every producer refers back to this sink (its delivery callback): dropped here, each is
         # destroyed now rather than whenever the cycle collector runs, so none goes on reconnecting
         # to a broker that has stopped. Transactions left open are fenced by the successor.
-        self._producer, self._pool, self._prepared = None, [], {}
+        self._producer, self._pool, self._prepared, self._held, self._meta = None, [], {}, {}, None
+
+
+def _entry(parked: list) -> list:
+    """A parked transaction as snapshots keep it: ``[checkpoint id, records, tid, (partition,
+    offset)]`` (a snapshot of an older version has the first two only)."""
+    return [*parked, None, None][:4]

@@ -200,46 +200,10 @@ def fails_fast(app, cluster: str, match: str, within_s: float = 30.0) -> None:
 # Tansu hides open transactions from a read_committed consumer but was seen to still return the
 # records of aborted ones: its fetch answers carry no list of aborted transactions, which is what
 # librdkafka filters by. It does write the COMMIT/ABORT control records into the log. So the
-# exactly-once tests read the log itself (Fetch v4 over a socket; record batches parsed by
-# kafka-python's record module) and apply the control records as the Kafka protocol defines:
+# exactly-once tests read the log itself (pescheduler.operators.kafka_log.fetch: Fetch v4 over a
+# socket; record batches parsed by kafka-python's record module) and apply the control records as the Kafka protocol defines:
 # a transactional batch of producer P counts only if P's next control record in that partition
 # is a COMMIT. A transaction still open when read has no control record yet: it does not count.
-
-def _fetch_v4(sock, correlation: int, topic: str, partition: int, offset: int) -> tuple[int, bytes]:
-    """One Fetch (v4, read_uncommitted: control batches included) of ``topic[partition]`` from
-    ``offset``: (high watermark, the record batches' bytes)."""
-    import struct
-
-    name, client = topic.encode(), b"pescheduler-tests"
-    body = struct.pack(">hhih", 1, 4, correlation, len(client)) + client
-    body += struct.pack(">iiiib", -1, 100, 1, 8 << 20, 0)                 # replica, wait, min, max bytes, isolation
-    body += struct.pack(">ih", 1, len(name)) + name
-    body += struct.pack(">iiqi", 1, partition, offset, 8 << 20)
-    sock.sendall(struct.pack(">i", len(body)) + body)
-    size = struct.unpack(">i", _exactly(sock, 4))[0]
-    data = _exactly(sock, size)
-    pos = 4 + 4 + 4                                  # correlation id, throttle time, topics array
-    (tlen,) = struct.unpack_from(">h", data, pos)
-    pos += 2 + tlen + 4                              # topic name, partitions array
-    _part, error, high, _lso = struct.unpack_from(">ihqq", data, pos)
-    pos += 22
-    (n_aborted,) = struct.unpack_from(">i", data, pos)
-    pos += 4 + max(n_aborted, 0) * 16
-    (rlen,) = struct.unpack_from(">i", data, pos)
-    if error:
-        raise RuntimeError(f"fetch {topic}[{partition}]@{offset}: Kafka error code {error}")
-    return high, bytes(data[pos + 4: pos + 4 + max(rlen, 0)])
-
-
-def _exactly(sock, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("broker closed the connection")
-        buf += chunk
-    return bytes(buf)
-
 
 def committed_log(address: str, topic: str) -> dict[int, list[bytes]]:
     """``{partition: [value, ...]}``: every record of ``topic`` a complete read_committed consumer
@@ -253,6 +217,8 @@ def transaction_log(address: str, topic: str) -> tuple[dict[int, list[bytes]], d
     from confluent_kafka.admin import AdminClient
     from kafka.record import MemoryRecords
 
+    from pescheduler.operators.kafka_log import fetch
+
     partitions = AdminClient({"bootstrap.servers": address}).list_topics(topic, timeout=10).topics[topic].partitions
     host, port = address.rsplit(":", 1)
     out: dict[int, list[bytes]] = {}
@@ -263,7 +229,7 @@ def transaction_log(address: str, topic: str) -> tuple[dict[int, list[bytes]], d
             values, offset, high, correlation = [], 0, 1, 0
             while offset < high:
                 correlation += 1
-                high, raw = _fetch_v4(sock, correlation, topic, p, offset)
+                high, raw = fetch(sock, correlation, topic, p, offset)
                 records, moved = MemoryRecords(raw), False
                 while records.has_next():
                     batch = records.next_batch()

@@ -365,6 +365,51 @@ def test_a_restored_sink_publishes_a_completed_checkpoint_its_predecessor_never_
         old.close()
 
 
+def test_the_log_says_how_each_transaction_ended_where_tansus_committed_offsets_do_not(kafka):
+    """kafka_log.committed_from reads the control records: a committed transaction, a fenced
+    one (ABORT), one written again on the same transactional id after its abort (the restored
+    sink's way), and one still open (no control record: a bounded wait, then TimeoutError); two
+    of them committed while another transaction was open on the partition, where Tansu defers
+    (and reorders) the committed offsets the sink used to read instead."""
+    from confluent_kafka import Consumer, Producer
+
+    from pescheduler.operators.kafka_log import committed_from
+
+    create_topic(kafka, "eos-log", 1)
+    client = Consumer({"bootstrap.servers": kafka, "group.id": "eos-log", "enable.auto.commit": False})
+    firsts: dict = {}
+
+    def producer(tid):
+        p = Producer({"bootstrap.servers": kafka, "transactional.id": tid, "linger.ms": 0,
+                      "on_delivery": lambda err, msg: firsts.setdefault(tid, msg.offset())})
+        p.init_transactions(10)
+        p.begin_transaction()
+        return p
+
+    def write(p, value):
+        p.produce("eos-log", value)
+        p.flush(10)
+
+    late, early, other = producer("log-2"), producer("log-0"), producer("log-other")
+    write(late, b"late")                   # log-2 begins first ...
+    write(other, b"other")                 # ... another transaction opens on the partition ...
+    write(late, b"late")
+    late.commit_transaction(10)            # ... one commits behind it,
+    write(early, b"early")
+    write(other, b"other")
+    early.commit_transaction(10)           # then another
+    assert committed_from(client, "eos-log", 0, firsts["log-2"], 5)
+    assert committed_from(client, "eos-log", 0, firsts["log-0"], 5)
+    with pytest.raises(TimeoutError):
+        committed_from(client, "eos-log", 0, firsts["log-other"], 0.5)      # still open: no outcome yet
+    fenced = producer("log-other")         # the same id again: the open transaction is aborted
+    assert not committed_from(client, "eos-log", 0, firsts["log-other"], 5)
+    write(fenced, b"again")                # written again on its own id, the first since the fence
+    fenced.commit_transaction(10)
+    assert committed_from(client, "eos-log", 0, firsts["log-other"], 5)
+    client.close()
+
+
 def sink_in(dep, op: str) -> int:
     m = dep.snapshot().operators.get(op)
     return m.tuples_in if m else 0

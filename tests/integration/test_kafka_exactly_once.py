@@ -187,12 +187,6 @@ def checkpoints_after(dep, count: int) -> None:
     until(lambda: last_checkpoint(dep) >= now + count, WAIT, f"{count} more complete checkpoints")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Tansu answers a group's committed offset late while other transactions are open on the partition "
-    "(traced in the sink: checkpoints 5, 6, 7 committed and read back as 3; one producer's offset 9 reads "
-    "8 until another producer's open transaction there ends). The restored sink reads its marker stale "
-    "and publishes the last checkpoint again: 1 run in 3. A marker topic of its own did not cure it. "
-    "Apache Kafka answers the committed offset. See the session-6 note, issue 14"))
 def test_sink_copies_replicated_released_and_restored_onto_fewer_hand_over_exactly(kafka, tmp_path):
     """An exactly-once sink replicated, its copy released mid-transaction, replicated again (the
     same copy id), and the copy's worker SIGKILLed: the restore compiles the app afresh, one sink
