@@ -202,6 +202,8 @@ def burst(address: str, catch_up_s: float, workers: int = 2, cost_us: float = 10
     import dask.config
 
     from parallel import make_burn
+    from pescheduler.policies._common import View
+    from pescheduler.policies.rate import queued
 
     burn = make_burn(cost_us)
     t0 = time.thread_time()
@@ -230,7 +232,9 @@ def burst(address: str, catch_up_s: float, workers: int = 2, cost_us: float = 10
             snap = dep.next_snapshot(timeout=60)
             src = snap.operators.get("src")
             behind = sum(src.lag.values()) if src is not None and src.lag else None
-            lags.append((snap.time - start, behind, len(dep.placement().instances("burn"))))
+            placement = dep.placement()
+            lags.append((snap.time - start, behind, queued(View(snap, placement), "burn"),
+                         len(placement.instances("burn"))))
             if behind == 0 and sink_count(dep) >= events:
                 drained = snap.time - start
                 break
@@ -286,8 +290,8 @@ def main() -> None:
               f"{e['run_us']:.0f} us, oracle's {e['cost_us'] + e['overhead_us']:.0f} us)")
         print("    steps: " + (", ".join(e["steps"]) or "none") + ("; refused: " + "; ".join(e["refused"])
                                                                    if e["refused"] else ""))
-        print("    lag (s: records behind / instances of burn): "
-              + " ".join(f"{t:.0f}:{b if b is not None else '?'}/{n}" for t, b, n in e["lags"]))
+        print("    lag (s: records behind on the broker + read and queued at burn / instances of burn): "
+              + " ".join(f"{t:.0f}:{b if b is not None else '?'}+{q}/{n}" for t, b, q, n in e["lags"]))
         print(f"machine load (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}  cores: {os.cpu_count()}")
     finally:
         broker.stop()

@@ -17,6 +17,7 @@ from pescheduler.control.controller import Hysteresis, Proposal
 from pescheduler.control.monitor import MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from pescheduler.operator import Parallelism
 from pescheduler.policies import copy, rate, threshold
+from pescheduler.policies._common import View
 from pescheduler.control.resources import ResourceView
 from pescheduler.sim import SimOperator, Simulation
 
@@ -117,6 +118,23 @@ def test_rate_sizes_a_lagging_sources_downstream_to_drain_the_backlog_within_cat
         {**snap.operators, "op0": replace(snap.operators["op0"], lag={"0": 90_000, "1": 90_000})}))
     assert rate.pescheduler_policy_decide(snap, pl, NONE, {}) == []          # no lag: 50% busy is fine
     # 180,000 behind over 60 s: offered 1,000 + 3,000 t/s, op2 needs ceil(4000 / 1400) = 3 instances
+    [action] = rate.pescheduler_policy_decide(lagging, pl, NONE, {"catch-up": "60s"})
+    assert same(action, Replicate("op2", 2)) and action.figures["offered_in_per_s"] == pytest.approx(4000)
+
+
+def test_rate_counts_what_a_lagging_source_read_but_waits_in_channels_as_backlog():
+    """Lag counts only records not read yet: 120,000 of a backlog already read and queued at
+    op1's and op2's inputs are offered over catch-up too; without lag the queues change nothing."""
+    pl = chain().placement
+    ops = steady(pl, 1000, {"op2": 0.5})                      # op2: 2,000 t/s per busy second
+    queues = {pl.pe_of("op1"): {"queue_tuples": 60_000}, pl.pe_of("op2"): {"queue_tuples": 60_000}}
+    snap = snapshot(pl, ops, queues)
+    assert rate.queued(View(snap, pl), "op2") == 60_000 and rate.queued(View(snap, pl), "op0") == 0
+    assert rate.pescheduler_policy_decide(snap, pl, NONE, {"catch-up": "60s"}) == []   # no lagging source
+    lagging = replace(snap, operators=MappingProxyType(
+        {**snap.operators, "op0": replace(snap.operators["op0"], lag={"0": 60_000})}))
+    # offered 1,000 + 60,000 / 60 (lag) + 60,000 / 60 (op1's queue) + 60,000 / 60 (op2's) = 4,000 t/s:
+    # op2 needs ceil(4000 / 1400) = 3 instances, as for a lag of 180,000 not read at all
     [action] = rate.pescheduler_policy_decide(lagging, pl, NONE, {"catch-up": "60s"})
     assert same(action, Replicate("op2", 2)) and action.figures["offered_in_per_s"] == pytest.approx(4000)
 
