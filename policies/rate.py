@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import math
 
+import dask.config
+
 from pescheduler.actions import Action, BorrowHosts, Hold, Release, Replicate
 from pescheduler.plugins import hookimpl
 
@@ -155,9 +157,14 @@ def _backlog(view: View, op: str) -> int:
 
 def queued(view: View, op: str) -> int:
     """Tuples waiting at the input of ``op``'s instances: in the input queues of the PEs they
-    head (an operator fused after another takes its input synchronously: nothing waits there)."""
+    head (an operator fused after another takes its input synchronously: nothing waits there).
+    Batches from another worker wait there as undecoded frames whose tuples the queue cannot
+    count (its ``queue_tuples`` says 0 while ``queue_batches`` does not): those count as full
+    batches (``pescheduler.batch.size``), which is what a source reading a backlog sends."""
     pes, metrics = view.placement.pes, view.snapshot.pes
-    return sum(metrics[p].queue_tuples for p in {view.pe_of[i] for i in view.instances[op] if i in view.pe_of}
+    full = int(dask.config.get("pescheduler.batch.size", 1000))
+    return sum(metrics[p].queue_tuples or metrics[p].queue_batches * full
+               for p in {view.pe_of[i] for i in view.instances[op] if i in view.pe_of}
                if p in metrics and pes[p].operators[0] in view.instances[op])
 
 

@@ -130,6 +130,9 @@ def test_rate_counts_what_a_lagging_source_read_but_waits_in_channels_as_backlog
     queues = {pl.pe_of("op1"): {"queue_tuples": 60_000}, pl.pe_of("op2"): {"queue_tuples": 60_000}}
     snap = snapshot(pl, ops, queues)
     assert rate.queued(View(snap, pl), "op2") == 60_000 and rate.queued(View(snap, pl), "op0") == 0
+    frames = snapshot(pl, ops, {pl.pe_of("op1"): {"queue_batches": 8}})     # from another worker: undecoded
+    with dask.config.set({"pescheduler.batch.size": 500}):
+        assert rate.queued(View(frames, pl), "op1") == 4_000
     assert rate.pescheduler_policy_decide(snap, pl, NONE, {"catch-up": "60s"}) == []   # no lagging source
     lagging = replace(snap, operators=MappingProxyType(
         {**snap.operators, "op0": replace(snap.operators["op0"], lag={"0": 60_000})}))
