@@ -15,11 +15,16 @@ Schemas: ``push_event`` checks the payload and raises :class:`SchemaError`
 (naming the field and the type it expects) before anything changes. A
 deployed application checks the same way in an ``ep_schema`` operator and
 dead-letters what does not fit.
+
+Busy time: the chain measures each operator on ``time.perf_counter`` (wall time, no
+system call), not a PE's ``busy_clock``: in-process nothing sizes by it, and with
+one event per batch its system calls were a tenth of the time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, Callable, Mapping
 
 from ..operator import DeadLetter, Operator, OperatorContext
@@ -286,7 +291,7 @@ class NativeProcessor(EventProcessor):
         ops = {s.op_id: s.source for s in self._streams.values()}
         ops.update((op_id, n.op) for op_id, n in self._nodes.items())
         edges = [(src, "out", op_id) for op_id, n in self._nodes.items() for src in n.inputs]
-        old, self._chain = self._chain, Chain(ops, edges, on_side=self._side)
+        old, self._chain = self._chain, Chain(ops, edges, on_side=self._side, clock=perf_counter)
         if old is not None:
             self._dead.extend(old.dead_letters)
             self._chain.restore_progress({k: v for k, v in old.progress().items() if k in ops})

@@ -148,3 +148,23 @@ def test_event_windows_of_several_sizes_equal_their_own_over_windows(seed, batch
     shared, nodes = same_rows_shared_or_not(queries, {}, (stream(seed, 150), []), 2, batch)
     assert all(shared.values())
     assert nodes.count("ep_over") == 2
+
+
+def test_the_in_process_engine_times_its_operators_without_a_system_call():
+    """A PE's chain measures busy time on ``busy_clock`` (schedstat, a system call: the monitor and
+    the policies size by it); the in-process engine's on ``perf_counter``, and still measures it."""
+    import time
+
+    from pescheduler.worker.busy import busy_clock
+    from pescheduler.worker.chain import Chain
+
+    assert Chain({}, []).clock is busy_clock
+    proc = ep.EventProcessor()
+    proc.register_stream("s", SCHEMA)
+    proc.create_query("q", ep.Stream("s").filter(ep.col("a") == 1))
+    proc.push_events("s", [({"id": "k", "a": 1, "b": 0}, ts) for ts in range(50)])
+    chain = proc._chain
+    assert chain.clock is time.perf_counter
+    stats = next(n.stats for op_id, n in chain.nodes.items() if n.op.name == "ep_filter")
+    assert stats.tuples_in == 50 and stats.busy_s > 0
+    proc.close()
