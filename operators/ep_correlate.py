@@ -93,12 +93,12 @@ class SharedCorrelations(Operator):
         self._lkey, self._rkey, self._const = left.function(), right.function(), constant.function()
         self._specs: dict[Any, dict] = {}
         self._queries: list[tuple] = []             # (query id, C_q, within, predicate or None, born)
-        self._left: dict[Any, list] = {}            # L(l) -> left events in arrival order
-        self._right: dict[Any, list] = {}           # R(r) -> right events
+        self._left: dict[Any, list] = {}            # L(l) -> (event, seq, ts) in arrival order
+        self._right: dict[Any, list] = {}           # R(r) -> (event, seq, ts)
         self._seq = 0                               # events arrived (a query meets later ones only)
         self._wm = MIN_WATERMARK
         self._oldest = MAX_WATERMARK
-        self.within = 0
+        self._queries_changed()
         for query_id, spec in (queries or {}).items():
             self.add_query(query_id, spec)
 
@@ -118,12 +118,19 @@ class SharedCorrelations(Operator):
         self._specs[query_id] = dict(spec)
         pred = None if self.exact else spec["predicate"].function()
         self._queries.append((query_id, c, parse_duration(spec["within"]), pred, self._seq))
-        self.within = max(q[2] for q in self._queries)
+        self._queries_changed()
 
     def remove_query(self, query_id: Any) -> None:
         del self._specs[query_id]
         self._queries = [q for q in self._queries if q[0] != query_id]
+        self._queries_changed()
+
+    def _queries_changed(self) -> None:
+        """The probes each side makes per event: a left event's key plus ``C_q`` is the right
+        side's key of its partners, a right event's key minus ``C_q`` the left side's."""
         self.within = max((q[2] for q in self._queries), default=0)
+        self._probes = ([(q, c, w, p, b) for q, c, w, p, b in self._queries],
+                        [(q, -c, w, p, b) for q, c, w, p, b in self._queries])
 
     def parameters(self) -> dict:
         return {"shape": self.shape, "left": self.left, "right": self.right, "constant": self.constant,
@@ -138,9 +145,10 @@ class SharedCorrelations(Operator):
         left = input_index == 0
         own, other = (self._left, self._right) if left else (self._right, self._left)
         key = self._lkey if left else self._rkey
-        sign = 1 if left else -1
-        ts_f, wm, oldest, queries = self.ts_field, self._wm, self._oldest, self._queries
-        out = emit.append
+        # the probes: (query id, what its key is on the other side minus this side's, within, predicate, born)
+        queries = self._probes[input_index]
+        ts_f, wm, oldest = self.ts_field, self._wm, self._oldest
+        out, find = emit.append, other.get
         for e in batch:
             ts = e[ts_f]
             if ts <= wm:
@@ -152,24 +160,33 @@ class SharedCorrelations(Operator):
                 self._seq += 1
                 continue
             seq = self._seq
-            for query_id, c, within, pred, born in queries:
-                found = other.get(k + sign * c)
+            # The hot loop of Count correlations: one probe per query, then per event found (in
+            # arrival order) the query's own join's tests; a row per pair, as its join writes it.
+            for query_id, d, within, pred, born in queries:
+                found = find(k + d)
                 if not found:
                     continue
-                for o in found:
-                    if o[1] < born:                  # arrived before the query joined
-                        continue
-                    o = o[0]
-                    o_ts = o[ts_f]
-                    if -within <= ts - o_ts <= within:
+                lo, hi = ts - within, ts + within
+                if pred is None:
+                    if left:
+                        for o, o_seq, o_ts in found:
+                            if lo <= o_ts <= hi and o_seq >= born:
+                                out((query_id, {"left": e, "right": o, "ts": ts if ts > o_ts else o_ts}))
+                    else:
+                        for o, o_seq, o_ts in found:
+                            if lo <= o_ts <= hi and o_seq >= born:
+                                out((query_id, {"left": o, "right": e, "ts": ts if ts > o_ts else o_ts}))
+                    continue
+                for o, o_seq, o_ts in found:
+                    if lo <= o_ts <= hi and o_seq >= born:
                         l, r = (e, o) if left else (o, e)
-                        if pred is None or pred(l, r):
+                        if pred(l, r):
                             out((query_id, {"left": l, "right": r, "ts": ts if ts > o_ts else o_ts}))
             bucket = own.get(k)
             if bucket is None:
-                own[k] = [(e, seq)]
+                own[k] = [(e, seq, ts)]
             else:
-                bucket.append((e, seq))
+                bucket.append((e, seq, ts))
             self._seq = seq + 1
             if ts < oldest:
                 oldest = ts
@@ -186,12 +203,12 @@ class SharedCorrelations(Operator):
             self._oldest = min(self._purge(self._left, bound), self._purge(self._right, bound))
 
     def _purge(self, side: dict, bound: int) -> int:
-        ts_f, oldest = self.ts_field, MAX_WATERMARK
+        oldest = MAX_WATERMARK
         for k in list(side):
-            kept = [p for p in side[k] if p[0][ts_f] > bound]
+            kept = [p for p in side[k] if p[2] > bound]
             if kept:
                 side[k] = kept
-                oldest = min(oldest, min(p[0][ts_f] for p in kept))
+                oldest = min(oldest, min(p[2] for p in kept))
             else:
                 del side[k]
         return oldest
@@ -209,6 +226,6 @@ class SharedCorrelations(Operator):
         self._right = {k: list(v) for k, v in state["right"].items()}
         born = state["born"]
         self._queries = [(q, c, w, p, born.get(q, b)) for q, c, w, p, b in self._queries]
-        ts_f = self.ts_field
-        self._oldest = min((p[0][ts_f] for side in (self._left, self._right) for v in side.values() for p in v),
+        self._queries_changed()
+        self._oldest = min((p[2] for side in (self._left, self._right) for v in side.values() for p in v),
                            default=MAX_WATERMARK)

@@ -60,7 +60,16 @@ class OutputProcessors(Sink):
         if self.tagged:
             get = self.processors.get
             for query_id, row in batch:
-                for fn in tuple(get(query_id, ())):
+                fns = get(query_id)
+                if not fns:
+                    continue
+                if len(fns) == 1:                   # the usual case: no copy of the list per row
+                    try:
+                        fns[0](row)
+                    except Exception as exc:
+                        emit.dead_letter({"query": query_id, "row": row}, exc)
+                    continue
+                for fn in tuple(fns):
                     try:
                         fn(row)
                     except Exception as exc:

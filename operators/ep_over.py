@@ -45,6 +45,7 @@ class OverLanes(Operator):
         self._of: dict[Any, int] = {}             # query id -> its lane's size
         self._pending: list = []
         self._wm = MIN_WATERMARK
+        self._plan: tuple | None = None          # _compile_lanes(), made again when lanes change
         self._context: OperatorContext | None = None
         for size, queries in (lanes or {}).items():
             for query_id, aggregates in queries.items():
@@ -55,6 +56,7 @@ class OverLanes(Operator):
         self._context = context
         for lane in self.lanes.values():
             lane.open(context)
+        self._plan = None                         # the key may be in the generated code
 
     @property
     def query_ids(self) -> list:
@@ -72,6 +74,7 @@ class OverLanes(Operator):
         else:
             lane.add_query(query_id, aggregates)
         self._of[query_id] = size
+        self._plan = None
 
     def remove_query(self, query_id: Any) -> None:
         size = self._of.pop(query_id)
@@ -79,6 +82,7 @@ class OverLanes(Operator):
         lane.remove_query(query_id)
         if not lane.query_ids:
             del self.lanes[size]
+        self._plan = None
 
     def parameters(self) -> dict:
         return {"key": self.key, "ts_field": self.ts_field,
@@ -98,68 +102,38 @@ class OverLanes(Operator):
         if ready:
             self._pending = [p for p in self._pending if p[0] > watermark]
             ready.sort(key=itemgetter(0))
-        lanes = list(self.lanes.values())
-        if ready:
             out = emit.append
-            # per lane: COUNT(*) outputs, or the query taggers, made once per release (not per row)
-            plans = [(lane, self._counts(lane)) for lane in lanes]
-            tags = [None if counts is not None else [(rows, lambda row, q=q: out((q, row))) for q, rows in lane._rows]
-                    for lane, counts in plans]
+            if self._plan is None:
+                self._plan = self._compile_lanes()
+            counting, others = self._plan
+            # the other lanes' query taggers, made once per release (not per row)
+            tags = [None if lane._subtract is None else
+                    [(rows, lambda row, q=q: out((q, row))) for q, rows in lane._rows] for lane in others]
             for ts, step in groupby(ready, itemgetter(0)):
                 peers: dict[Any, list] = {}
                 for _, k, t in step:
                     peers.setdefault(k, []).append(t)
-                for (lane, counts), tagged in zip(plans, tags):
-                    if counts is not None:
-                        for k, events in peers.items():
-                            self._count(lane, counts, k, ts, events, out)
-                        continue
-                    if lane._subtract is None:          # min/max: the lane refolds (over_window)
+                if counting is not None:
+                    counting(ts, peers, out)
+                for lane, tagged in zip(others, tags):
+                    if tagged is None:                  # min/max: the lane refolds (over_window)
                         for k, events in peers.items():
                             lane._step(k, ts, events, emit)
                         continue
                     for k, events in peers.items():
                         self._slide(lane, tagged, k, ts, events, emit)
-        for lane in lanes:
+        for lane in self.lanes.values():
             lane._wm = watermark
             if watermark - lane._swept >= lane.size:
                 lane._sweep(watermark)
 
-    @staticmethod
-    def _counts(lane: OverWindow) -> list | None:
-        """``[(query id, output names)]`` when every query of ``lane`` asks ``COUNT(*)`` only
-        (the JEPC aggregation), else None."""
-        if lane._compiled != _COUNT:
-            return None
-        if getattr(lane, "_counted", (None,))[0] is not lane._rows:
-            names = [(q, tuple(out for out, _ in query.outputs)) for q, (_, query) in lane._queries.items()]
-            lane._counted = (lane._rows, names)
-        return lane._counted[1]
-
-    @staticmethod
-    def _count(lane: OverWindow, counts: list, k: Any, ts: int, events: list, out: Any) -> None:
-        """A COUNT(*) lane: the count is the window's length, the rows are written here (the
-        same rows as the plan's row writer: key, window_start, window_end, then the outputs)."""
-        state = lane._keys.get(k)
-        if state is None:
-            window = deque()
-            state = lane._keys[k] = [window, [0]]
-        else:
-            window = state[0]
-            bound = ts - lane.size
-            while window and window[0][0] <= bound:
-                window.popleft()
-        for t in events:
-            window.append((ts, t))
-        n = state[1][0] = len(window)
-        ws, we, key = ts - lane.size + 1, ts + 1, lane._key_name
-        for _ in events:
-            for q, names in counts:
-                row = {key: k, "window_start": ws, "window_end": we} if key else \
-                    {"window_start": ws, "window_end": we}
-                for name in names:
-                    row[name] = n
-                out((q, row))
+    def _compile_lanes(self) -> tuple[Callable | None, list[OverWindow]]:
+        """``(counting, others)``: one generated ``counting(ts, peers, out)`` for every lane whose
+        queries only ask ``COUNT(*)`` (the JEPC aggregation; None when there is none), and the
+        other lanes, which fold. Made again when queries come or go, or state is restored."""
+        counting = [lane for lane in self.lanes.values() if lane._compiled == _COUNT]
+        others = [lane for lane in self.lanes.values() if lane._compiled != _COUNT]
+        return (_count_lanes(counting) if counting else None), others
 
     @staticmethod
     def _slide(lane: OverWindow, tagged: list, k: Any, ts: int, events: list, emit: Emitter) -> None:
@@ -204,3 +178,52 @@ class OverLanes(Operator):
         self._wm, self._pending = state["watermark"], list(state["pending"])
         for size, s in state["lanes"].items():
             self.lanes[size].restore(s)
+        self._plan = None
+
+
+def _count_lanes(lanes: list[OverWindow]) -> Callable:
+    """Generate ``counting(ts, peers, out)``: every ``COUNT(*)`` lane of ``lanes`` slid to ``ts``,
+    ``peers`` ({key: events at ts}) appended, and the rows of each of its queries written.
+
+    A lane's count is its window's length, so it keeps no fold: each key's state is
+    ``[deque of (ts, event), [count]]``, the state ``OverWindow`` keeps for that plan (so a
+    lane may leave this path when a query asking more joins it, and snapshots are its own).
+    Unrolled per lane and query, the rows are dict displays with constant keys (the same
+    rows as the plan's row writer: key, window_start, window_end, then the outputs).
+    """
+    from pescheduler.aggregates import _generate
+
+    namespace: dict[str, Any] = {"deque": deque}
+
+    def literal(value: Any) -> str:
+        if type(value) is str:
+            return repr(value)
+        name = f"_v{len(namespace)}"
+        namespace[name] = value
+        return name
+
+    lines = ["def counting(ts, peers, out):", "    we = ts + 1",
+             "    for k, events in peers.items():", "        items = [(ts, t) for t in events]"]
+    for i, lane in enumerate(lanes):
+        namespace[f"_lane{i}"] = lane
+        head = [] if lane._key_name is None else [f"{lane._key_name!r}: k"]
+        head += ["'window_start': ws", "'window_end': we"]
+        lines += [f"        keys = _lane{i}._keys",
+                  "        state = keys.get(k)",
+                  "        if state is None:",
+                  "            window = deque(items)",
+                  "            n = len(window)",
+                  "            keys[k] = [window, [n]]",
+                  "        else:",
+                  "            window = state[0]",
+                  f"            bound = ts - {lane.size}",
+                  "            while window and window[0][0] <= bound:",
+                  "                window.popleft()",
+                  "            window.extend(items)",
+                  "            n = state[1][0] = len(window)",
+                  f"        ws = ts - {lane.size - 1}",
+                  "        for _ in events:"]
+        for qid, (_, query) in lane._queries.items():
+            row = ", ".join(head + [f"{literal(name)}: n" for name in query.names])
+            lines.append(f"            out(({literal(qid)}, {{{row}}}))")
+    return _generate(lines, "counting", namespace, f"ep_over counting {len(lanes)} lanes")
