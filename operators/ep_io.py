@@ -110,5 +110,8 @@ class PushedSource(Source):
     def read(self, n: int) -> list | None:
         if not self._buffer:
             return None if self._ended else []
-        batch, self._buffer = self._buffer[:n], self._buffer[n:]
+        if len(self._buffer) <= n:                  # push_event: the whole buffer, not a copy
+            batch, self._buffer = self._buffer, []
+        else:
+            batch, self._buffer = self._buffer[:n], self._buffer[n:]
         return batch

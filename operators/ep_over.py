@@ -22,7 +22,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any, Callable
 
-from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
+from pescheduler.operator import MAX_WATERMARK, MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.timeutil import parse_duration
 
 from .over_window import OverWindow
@@ -46,6 +46,7 @@ class OverLanes(Operator):
         self._pending: list = []
         self._wm = MIN_WATERMARK
         self._plan: tuple | None = None          # _compile_lanes(), made again when lanes change
+        self._sweep_due = MIN_WATERMARK           # the watermark at which a lane is next swept
         self._context: OperatorContext | None = None
         for size, queries in (lanes or {}).items():
             for query_id, aggregates in queries.items():
@@ -74,7 +75,7 @@ class OverLanes(Operator):
         else:
             lane.add_query(query_id, aggregates)
         self._of[query_id] = size
-        self._plan = None
+        self._plan, self._sweep_due = None, MIN_WATERMARK
 
     def remove_query(self, query_id: Any) -> None:
         size = self._of.pop(query_id)
@@ -82,7 +83,7 @@ class OverLanes(Operator):
         lane.remove_query(query_id)
         if not lane.query_ids:
             del self.lanes[size]
-        self._plan = None
+        self._plan, self._sweep_due = None, MIN_WATERMARK
 
     def parameters(self) -> dict:
         return {"key": self.key, "ts_field": self.ts_field,
@@ -122,10 +123,12 @@ class OverLanes(Operator):
                         continue
                     for k, events in peers.items():
                         self._slide(lane, tagged, k, ts, events, emit)
-        for lane in self.lanes.values():
-            lane._wm = watermark
-            if watermark - lane._swept >= lane.size:
-                lane._sweep(watermark)
+        if watermark >= self._sweep_due:           # not a loop over the lanes per watermark
+            for lane in self.lanes.values():
+                if watermark - lane._swept >= lane.size:
+                    lane._sweep(watermark)
+            self._sweep_due = min((lane._swept + lane.size for lane in self.lanes.values()),
+                                  default=MAX_WATERMARK)
 
     def _compile_lanes(self) -> tuple[Callable | None, list[OverWindow]]:
         """``(counting, others)``: one generated ``counting(ts, peers, out)`` for every lane whose
@@ -172,13 +175,14 @@ class OverLanes(Operator):
     # -- state ---------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         return {"watermark": self._wm, "pending": list(self._pending),
-                "lanes": {size: lane.snapshot() for size, lane in self.lanes.items()}}
+                "lanes": {size: {**lane.snapshot(), "watermark": self._wm}      # lanes follow ours
+                          for size, lane in self.lanes.items()}}
 
     def restore(self, state: dict) -> None:
         self._wm, self._pending = state["watermark"], list(state["pending"])
         for size, s in state["lanes"].items():
             self.lanes[size].restore(s)
-        self._plan = None
+        self._plan, self._sweep_due = None, MIN_WATERMARK
 
 
 def _count_lanes(lanes: list[OverWindow]) -> Callable:

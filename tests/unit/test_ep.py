@@ -95,6 +95,8 @@ def test_session_and_count_windows_through_ep(provider):
     ({"id": "x", "a": True, "b": 1.0}, 0, "field 'a' must be int, got bool"),
     ({"id": "x", "b": 1.0}, 0, r"field 'a' \(int\) is missing"),
     ({"id": "x", "a": 1, "b": 1.0, "c": 2}, 0, "unknown field 'c'"),
+    ({"id": "x", "b": 1.0, "c": 2}, 0, r"field 'a' \(int\) is missing"),     # as many fields as the schema
+    ({"id": "x", "a": None, "b": 1.0}, 0, "field 'a' must be int, got NoneType None"),
     ({"id": "x", "a": 1, "b": 1.0}, "0", "'ts' must be int"),
     ([1, 2], 0, "an event is a dict of {id: str, a: int, b: float}"),
 ])
