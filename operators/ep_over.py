@@ -115,7 +115,7 @@ class OverLanes(Operator):
                 for _, k, t in step:
                     peers.setdefault(k, []).append(t)
                 if counting is not None:
-                    counting(ts, peers, out)
+                    counting(ts, peers, emit.extend)
                 for lane, tagged in zip(others, tags):
                     if tagged is None:                  # min/max: the lane refolds (over_window)
                         for k, events in peers.items():
@@ -131,7 +131,7 @@ class OverLanes(Operator):
                                   default=MAX_WATERMARK)
 
     def _compile_lanes(self) -> tuple[Callable | None, list[OverWindow]]:
-        """``(counting, others)``: one generated ``counting(ts, peers, out)`` for every lane whose
+        """``(counting, others)``: one generated ``counting(ts, peers, many)`` for every lane whose
         queries only ask ``COUNT(*)`` (the JEPC aggregation; None when there is none), and the
         other lanes, which fold. Made again when queries come or go, or state is restored."""
         counting = [lane for lane in self.lanes.values() if lane._compiled == _COUNT]
@@ -186,8 +186,9 @@ class OverLanes(Operator):
 
 
 def _count_lanes(lanes: list[OverWindow]) -> Callable:
-    """Generate ``counting(ts, peers, out)``: every ``COUNT(*)`` lane of ``lanes`` slid to ``ts``,
-    ``peers`` ({key: events at ts}) appended, and the rows of each of its queries written.
+    """Generate ``counting(ts, peers, many)``: every ``COUNT(*)`` lane of ``lanes`` slid to ``ts``,
+    ``peers`` ({key: events at ts}) appended, and the rows of each of its queries written
+    (``many``: the emitter's ``extend``).
 
     A lane's count is its window's length, so it keeps no fold: each key's state is
     ``[deque of (ts, event), [count]]``, the state ``OverWindow`` keeps for that plan (so a
@@ -206,28 +207,29 @@ def _count_lanes(lanes: list[OverWindow]) -> Callable:
         namespace[name] = value
         return name
 
-    lines = ["def counting(ts, peers, out):", "    we = ts + 1",
+    lines = ["def counting(ts, peers, many):", "    we = ts + 1",
              "    for k, events in peers.items():", "        items = [(ts, t) for t in events]"]
+    rows = []
     for i, lane in enumerate(lanes):
         namespace[f"_lane{i}"] = lane
-        head = [] if lane._key_name is None else [f"{lane._key_name!r}: k"]
-        head += ["'window_start': ws", "'window_end': we"]
         lines += [f"        keys = _lane{i}._keys",
                   "        state = keys.get(k)",
                   "        if state is None:",
                   "            window = deque(items)",
-                  "            n = len(window)",
-                  "            keys[k] = [window, [n]]",
+                  f"            n{i} = len(window)",
+                  f"            keys[k] = [window, [n{i}]]",
                   "        else:",
                   "            window = state[0]",
                   f"            bound = ts - {lane.size}",
                   "            while window and window[0][0] <= bound:",
                   "                window.popleft()",
                   "            window.extend(items)",
-                  "            n = state[1][0] = len(window)",
-                  f"        ws = ts - {lane.size - 1}",
-                  "        for _ in events:"]
+                  f"            n{i} = state[1][0] = len(window)"]
+        head = [] if lane._key_name is None else [f"{lane._key_name!r}: k"]
+        head += [f"'window_start': ts - {lane.size - 1}", "'window_end': we"]
         for qid, (_, query) in lane._queries.items():
-            row = ", ".join(head + [f"{literal(name)}: n" for name in query.names])
-            lines.append(f"            out(({literal(qid)}, {{{row}}}))")
+            row = ", ".join(head + [f"{literal(name)}: n{i}" for name in query.names])
+            rows.append(f"({literal(qid)}, {{{row}}})")
+    # every query's row in one list display (no call per row); one row per event (peers)
+    lines += ["        for _ in events:", "            many([" + ",\n                  ".join(rows) + "])"]
     return _generate(lines, "counting", namespace, f"ep_over counting {len(lanes)} lanes")
