@@ -237,7 +237,26 @@ async def _running_sum_pe(spec):
     return pe
 
 
-def test_a_pe_snapshots_exactly_the_input_before_the_barrier_on_every_channel():
+def _take_all(pe) -> None:
+    """Turns of the PE's inbox until it is empty, as its loop takes them.
+
+    One ``_read_inbox`` ends when its time slice is used up, after any item: a
+    test that took all its items in one call failed on a loaded machine (load
+    23), when the process lost the CPU for a slice between two items. The tests
+    below run with a slice of 0 too (one item per turn) to keep to this.
+    """
+    for _ in range(100):
+        if not pe.inbox.items:
+            return
+        pe._read_inbox()
+    raise AssertionError(f"the inbox did not empty: {list(pe.inbox.items)}")
+
+
+SLICES = pytest.mark.parametrize("time_slice_s", [0.0, 0.05], ids=["a-turn-per-item", "default-slice"])
+
+
+@SLICES
+def test_a_pe_snapshots_exactly_the_input_before_the_barrier_on_every_channel(time_slice_s):
     """Chandy-Lamport at one PE: c1 delivers its barrier first; what c1 carries after it is parked
     (not in the snapshot) until c2's barrier aligns the PE; then it is processed, in order."""
     from support_ops import RunningSum
@@ -247,27 +266,29 @@ def test_a_pe_snapshots_exactly_the_input_before_the_barrier_on_every_channel():
 
     async def scenario():
         spec = PESpec("pe", "d", {"sum": (RunningSum, {}, "k")}, [("a", "out", "sum"), ("b", "out", "sum")],
-                      inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")])
+                      inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")],
+                      time_slice_s=time_slice_s)
         pe = await _running_sum_pe(spec)
         c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
         for channel, kind, payload in [(c1, DATA, [{"k": 1, "n": 1}]), (c1, MARKER, barrier(1, 0)),
                                        (c1, DATA, [{"k": 1, "n": 10}]), (c2, DATA, [{"k": 1, "n": 100}])]:
             pe.inbox.put(channel, kind, payload)
-        pe._read_inbox()
+        _take_all(pe)
         assert pe.ops["sum"].sums == {1: 101} and 1 not in pe.barriers.results    # c1's 10 is parked
         pe.inbox.put(c2, MARKER, barrier(1, 0))
-        pe._read_inbox()
+        _take_all(pe)
         saved = cloudpickle.loads(pe.barriers.results[1]["state"])
         assert saved["sum"]["state"] == {1: 101}                                    # before both barriers
         assert pe.ops["sum"].sums == {1: 111} and pe.aligner.marker is None        # then the parked 10
         pe.inbox.put(c1, MARKER, barrier(1, 0))                                        # a late duplicate: ignored
-        pe._read_inbox()
+        _take_all(pe)
         assert pe.aligner.marker is None and pe.barriers.current is None
 
     asyncio.run(scenario())
 
 
-def test_a_stale_barrier_of_an_aborted_checkpoint_does_not_pause_a_pe_created_later():
+@SLICES
+def test_a_stale_barrier_of_an_aborted_checkpoint_does_not_pause_a_pe_created_later(time_slice_s):
     """Checkpoint 3 (epoch 0) was aborted; a reconfiguration then made this PE (epoch 1), which never
     heard of the abort. Its barrier, still queued in a channel re-wired to the PE, arrives: it is
     ignored (the input behind it is processed, nothing parked, no alignment begun), and the next
@@ -280,17 +301,18 @@ def test_a_stale_barrier_of_an_aborted_checkpoint_does_not_pause_a_pe_created_la
 
     async def scenario():
         spec = PESpec("pe", "d", {"sum": (RunningSum, {}, "k")}, [("a", "out", "sum"), ("b", "out", "sum")],
-                      inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")], epoch=1)
+                      inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")], epoch=1,
+                      time_slice_s=time_slice_s)
         pe = await _running_sum_pe(spec)
         c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
         for channel, kind, payload in [(c1, MARKER, barrier(3, 0)), (c1, DATA, [{"k": 1, "n": 1}])]:
             pe.inbox.put(channel, kind, payload)
-        pe._read_inbox()
+        _take_all(pe)
         assert pe.aligner.marker is None and pe.barriers.current is None
         assert pe.ops["sum"].sums == {1: 1}                                    # not parked behind it
         for channel in (c1, c2):
             pe.inbox.put(channel, MARKER, barrier(4, 1))
-        pe._read_inbox()
+        _take_all(pe)
         assert cloudpickle.loads(pe.barriers.results[4]["state"])["sum"]["state"] == {1: 1}
         assert 3 not in pe.barriers.results and pe.aligner.marker is None
 
