@@ -27,6 +27,7 @@ import cloudpickle
 import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from . import flow
 from .cgroup import host_quota
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
@@ -404,6 +405,14 @@ def _drain_progress(pes: dict[str, PERunner], marker: str, aligned: list[str],
     finite amount (their sources paused, their senders held behind the
     marker), and of a PE that stays only the channels from them; its other
     inputs flow on forever and would make a stuck drain look busy.
+
+    Shipping counts too: a batch a PE being replaced sends, and a batch a PE
+    that stays sends on a *full* channel that a listed channel feeds. While
+    that channel is full the PE takes nothing from the listed channel (the
+    flow rule, flow.py), so the marker waits behind the full channel's
+    backlog, which then only shrinks; with a slow PE downstream granting one
+    credit at a time, the listed channel's tuples stood still for 11 s while
+    the backlog went out, and the drain failed (issue 20, at load 32).
     """
     progress, times = 0, {}
     for p in aligned:
@@ -412,7 +421,7 @@ def _drain_progress(pes: dict[str, PERunner], marker: str, aligned: list[str],
             continue
         arrived = dict(pe.aligner.seen.get(marker, {}))
         progress += sum(c.tuples for c in list(pe.receivers.values())) + sum(d.count for d in pe.sources)
-        progress += len(pe.aligner.aligned_ops) + len(arrived)
+        progress += len(pe.aligner.aligned_ops) + len(arrived) + sum(ch.batches for _s, ch in list(pe.outs))
         times.update({f"{p}<-{_from(c)}": at for c, at in arrived.items()})
         if pe.aligner.aligned and pe.aligner.aligned_at is not None:
             times[f"{p} aligned"] = pe.aligner.aligned_at
@@ -426,7 +435,21 @@ def _drain_progress(pes: dict[str, PERunner], marker: str, aligned: list[str],
             if c in arrived:
                 progress += 1
                 times[f"{p}<-{_from(c)}"] = arrived[c]
+        progress += _shipped_toward(pe, channel_ids)
     return {"progress": progress, "times": times}
+
+
+def _shipped_toward(pe: PERunner, channel_ids: list[str]) -> int:
+    """Batches ``pe`` shipped on its full output channels that these input channels feed: the
+    backlog a marker on them waits behind (see ``_drain_progress``)."""
+    full = pe.full
+    if not full or pe.chain is None:
+        return 0
+    edges = pe.chain.edges
+    start = [d for c in channel_ids if (r := pe.receivers.get(c)) is not None
+             for s, port, d in edges if (s, port) == (r.src_op, r.port)]
+    reach = flow.downstream(edges, start) & full
+    return sum(ch.batches for spec, ch in list(pe.outs) if spec.src_op in reach)
 
 
 def _from(channel_id: str) -> str:

@@ -18,7 +18,7 @@ import pytest
 from test_held_watermarks import _upstream
 
 from pescheduler.control.reconfigure import ReconfigurationFailed, ReconfigurationPlan, _wait_drained
-from pescheduler.worker.channels import DATA
+from pescheduler.worker.channels import DATA, MARKER
 from pescheduler.worker.pehost import _drain_progress
 from pescheduler.worker.specs import InputSpec
 
@@ -88,4 +88,45 @@ def test_progress_counts_what_lies_ahead_of_the_marker_and_nothing_else():
         pe.aligner.arrived("c-other", "m0")              # a marker from a neighbour then replaced:
         pe.set_inputs([], ["c-other"])                   # its input goes, and the marker with it
         assert "m0" not in pe.aligner.seen and pe.aligner.has_seen("m1", "c-src")
+    asyncio.run(scenario())
+
+
+def test_a_full_pe_shipping_its_backlog_toward_the_marker_is_progress():
+    """The property test at load 32 (6 busy loops): a Move of the source PE failed "did not drain,
+    nothing moved for 11.6 s" while the PE that stays (tag-2) had the marker in its inbox behind
+    data it would not take: its output channel was full (out of credit, 49 items buffered), so
+    by the flow rule it takes no input feeding that channel until the backlog is under
+    RELIEF_BATCHES windows, and the slow PE downstream granted credit one batch at a time. Each
+    batch shipped is work ahead of the marker (the backlog only shrinks while the PE is full),
+    but only the channel's tuples counted, and they stood still. Here on a real PE runner."""
+    async def scenario():
+        pe, _inboxes = await _upstream()
+        for _spec, out in pe.outs:
+            out.gate.credits = 0
+        src = pe.receivers["c-src"]
+        for n in range(60):
+            pe.inbox.put(src, DATA, [{"n": n, "ts": n}])
+        while pe.inbox.items:
+            pe._read_inbox()
+        await pe._flush()
+        assert pe.full == {"tag"}
+        pe.inbox.put(src, DATA, [{"n": 60, "ts": 60}])
+        pe.inbox.put(src, MARKER, "m1")
+        pe._read_inbox()
+        assert len(pe.inbox.items) == 2, "deferred: it feeds the full channel"
+        pes = {"up": pe}
+        before = _drain_progress(pes, "m1", [], {"up": ["c-src"]})["progress"]
+        pe.outs[0][1].gate.release(1)          # the slow PE downstream takes one batch
+        await pe._flush()
+        pe._read_inbox()
+        assert pe.full == {"tag"} and len(pe.inbox.items) == 2, "still full: the marker still waits"
+        assert _drain_progress(pes, "m1", [], {"up": ["c-src"]})["progress"] > before
+        # A full channel that the listed input does not feed is no progress toward its marker.
+        pe.set_inputs([InputSpec("c-other", "elsewhere", "out")], [])
+        assert _drain_progress(pes, "m1", [], {"up": ["c-other"]})["progress"] == 0
+        # A PE being replaced: everything it ships is ahead of the marker.
+        aligned = _drain_progress(pes, "m1", ["up"], {})["progress"]
+        pe.outs[1][1].gate.release(1)
+        await pe._flush()
+        assert _drain_progress(pes, "m1", ["up"], {})["progress"] > aligned
     asyncio.run(scenario())

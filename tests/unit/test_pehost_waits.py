@@ -21,7 +21,8 @@ from pescheduler.worker.pehost import PEHost
 
 def _host_with_one_pe():
     host = PEHost(SimpleNamespace(address="tcp://127.0.0.1:1", handlers={}))
-    pe = SimpleNamespace(aligner=Aligner(), state="running", error=None, receivers={}, sources=[])
+    pe = SimpleNamespace(aligner=Aligner(), state="running", error=None, receivers={}, sources=[], outs=[],
+                         full=frozenset(), chain=None)
     host.pes[("dep", "r")] = pe
     return host, pe
 
