@@ -21,6 +21,7 @@ from pescheduler.errors import CheckpointError, NotReplayable
 from pescheduler.plan.compiler import compile_app
 from pescheduler.plugins import load_plugins
 from pescheduler.worker.barriers import barrier, is_barrier
+from inbox import take_all
 
 WORKERS = ["tcp://w1", "tcp://w2"]
 
@@ -237,21 +238,6 @@ async def _running_sum_pe(spec):
     return pe
 
 
-def _take_all(pe) -> None:
-    """Turns of the PE's inbox until it is empty, as its loop takes them.
-
-    One ``_read_inbox`` ends when its time slice is used up, after any item: a
-    test that took all its items in one call failed on a loaded machine (load
-    23), when the process lost the CPU for a slice between two items. The tests
-    below run with a slice of 0 too (one item per turn) to keep to this.
-    """
-    for _ in range(100):
-        if not pe.inbox.items:
-            return
-        pe._read_inbox()
-    raise AssertionError(f"the inbox did not empty: {list(pe.inbox.items)}")
-
-
 SLICES = pytest.mark.parametrize("time_slice_s", [0.0, 0.05], ids=["a-turn-per-item", "default-slice"])
 
 
@@ -273,15 +259,15 @@ def test_a_pe_snapshots_exactly_the_input_before_the_barrier_on_every_channel(ti
         for channel, kind, payload in [(c1, DATA, [{"k": 1, "n": 1}]), (c1, MARKER, barrier(1, 0)),
                                        (c1, DATA, [{"k": 1, "n": 10}]), (c2, DATA, [{"k": 1, "n": 100}])]:
             pe.inbox.put(channel, kind, payload)
-        _take_all(pe)
+        take_all(pe)
         assert pe.ops["sum"].sums == {1: 101} and 1 not in pe.barriers.results    # c1's 10 is parked
         pe.inbox.put(c2, MARKER, barrier(1, 0))
-        _take_all(pe)
+        take_all(pe)
         saved = cloudpickle.loads(pe.barriers.results[1]["state"])
         assert saved["sum"]["state"] == {1: 101}                                    # before both barriers
         assert pe.ops["sum"].sums == {1: 111} and pe.aligner.marker is None        # then the parked 10
         pe.inbox.put(c1, MARKER, barrier(1, 0))                                        # a late duplicate: ignored
-        _take_all(pe)
+        take_all(pe)
         assert pe.aligner.marker is None and pe.barriers.current is None
 
     asyncio.run(scenario())
@@ -307,12 +293,12 @@ def test_a_stale_barrier_of_an_aborted_checkpoint_does_not_pause_a_pe_created_la
         c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
         for channel, kind, payload in [(c1, MARKER, barrier(3, 0)), (c1, DATA, [{"k": 1, "n": 1}])]:
             pe.inbox.put(channel, kind, payload)
-        _take_all(pe)
+        take_all(pe)
         assert pe.aligner.marker is None and pe.barriers.current is None
         assert pe.ops["sum"].sums == {1: 1}                                    # not parked behind it
         for channel in (c1, c2):
             pe.inbox.put(channel, MARKER, barrier(4, 1))
-        _take_all(pe)
+        take_all(pe)
         assert cloudpickle.loads(pe.barriers.results[4]["state"])["sum"]["state"] == {1: 1}
         assert 3 not in pe.barriers.results and pe.aligner.marker is None
 

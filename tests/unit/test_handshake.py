@@ -19,6 +19,7 @@ from pescheduler.worker.channels import (CHALLENGE, CREDIT, DATA, END, HEADER, H
                                          WATERMARK, WELCOME, WM, ChannelIn, FrameReceiver, Inbox,
                                          TcpChannelOut, encode)
 from pescheduler.worker.handshake import Credentials, HandshakeRefused
+from inbox import take_all
 
 CHANNEL = "dep-1/0/src.out->pe-2"
 BOUND = 10.0       # seconds: every wait in this file is bounded by this
@@ -363,7 +364,7 @@ def test_a_pe_dead_letters_an_unreadable_batch_and_goes_on():
         for payload in (b"not a pickle", encode([{"n": 1}], None)):
             pe.inbox.put(channel, DATA, payload)
         pe.inbox.put(channel, MALFORMED, (b"\xc1", "frame kind 6: bad marker"))
-        pe._read_inbox()
+        take_all(pe)
         assert pe.ops["sink"].items == [{"n": 1}]
         dead = pe.take_dead_letters()
         assert [d.operator for d in dead] == [f"channel {CHANNEL}"] * 2
