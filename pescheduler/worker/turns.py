@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from time import perf_counter
 from typing import Callable
+
+from .busy import busy_clock
 
 THREAD_AFTER_S = 0.1     # a turn this long means an operator blocks or runs long: give the PE a thread
 
@@ -46,15 +47,18 @@ class Turns:
         """One turn of ``work``: on the event loop, or in this PE's thread once a turn ran long.
 
         A turn longer than twice the time slice (and than ``THREAD_AFTER_S``)
-        means an operator blocks or runs long; from then on the PE works in its own thread (order kept:
+        means an operator blocks or runs long. The turn is timed on the busy clock
+        (busy.py): blocking counts, waiting for a CPU does not, so a quick turn
+        preempted on a loaded machine does not send the PE to a thread (a source
+        went threaded at load 28). From then on the PE works in its own thread (order kept:
         one thread, one turn at a time) so the worker's event loop keeps
         answering heartbeats and control calls. Anything that touches loop
         objects (credit grants, events) is handed to the loop thread-safely.
         """
         if self.thread is None:
-            t0 = perf_counter()
+            t0 = busy_clock()
             progressed = work()
-            took = perf_counter() - t0
+            took = busy_clock() - t0
             if took > max(2 * self.time_slice_s, THREAD_AFTER_S):
                 self.threaded_because = f"a turn took {took * 1000:.0f} ms"
                 self.thread = self.spare_thread or ThreadPoolExecutor(1, thread_name_prefix=f"pe-{self.name}")

@@ -40,3 +40,26 @@ def test_a_long_turn_moves_the_pe_to_its_thread_and_loop_work_is_handed_back():
         turns.close()
 
     asyncio.run(main())
+
+
+def test_a_turn_is_timed_on_the_busy_clock_so_waiting_for_a_cpu_does_not_send_the_pe_to_a_thread(monkeypatch):
+    """On a loaded machine a quick turn can wait 100s of ms for a CPU; the busy clock (busy.py)
+    leaves that wait out, so the PE stays on the loop (a source went threaded at load 28 when
+    turns were timed on wall time). The clock is stubbed here: a turn preempted for 0.5 s of
+    wall time has advanced the busy clock by 5 ms (it fails on wall-time timing)."""
+    import pescheduler.worker.turns as turns_module
+
+    readings = iter([10.0, 10.005])
+    monkeypatch.setattr(turns_module, "busy_clock", lambda: next(readings))
+
+    async def main():
+        turns = Turns("pe-1", time_slice_s=0.01)
+        turns.bind()
+
+        def preempted():
+            time.sleep(THREAD_AFTER_S * 1.5)      # the wall time the turn took (here: a CPU wait)
+            return True
+
+        assert await turns.run(preempted) and turns.thread is None and not turns.threaded_because
+
+    asyncio.run(main())
