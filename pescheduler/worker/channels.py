@@ -231,9 +231,16 @@ class ChannelOut:
         self.opening = asyncio.ensure_future(run())
 
     async def opened(self) -> None:
-        """Return once the channel is open (at once when it is); raise why it could not open."""
-        if self.opening is not None:
-            await asyncio.shield(self.opening)
+        """Return once the channel is open (at once when it is, or was closed while opening);
+        raise why it could not open."""
+        opening = self.opening
+        if opening is None:
+            return
+        try:
+            await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            if not opening.cancelled():          # the caller itself is cancelled
+                raise
 
     def can_ship(self) -> bool:
         """Something buffered could go now without waiting: open, and credit or a control item first."""

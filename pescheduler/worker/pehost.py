@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "pescheduler"
 STOP_TIMEOUT_S = 5.0
-HANDLERS = ("pe_info", "pe_secret", "pe_warm", "pe_deploy", "pe_start", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
+HANDLERS = ("pe_info", "pe_secret", "pe_warm", "pe_deploy", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
             "pe_reconf", "pe_reconf_wait", "pe_snapshot", "pe_rewire", "pe_ckpt_begin", "pe_ckpt_wait",
             "pe_ckpt_end")
 
@@ -224,7 +224,8 @@ class PEHost:
         """Build the PEs (not started): receivers exist before any sender connects.
 
         ``plugins`` are the deployment's ``--plugin`` modules, activated here too.
-        ``start``: start them at once (one round trip, when every PE they send to exists).
+        ``start``: start them at once, while their output channels open; the call answers once
+        they are open (a channel to a receiver not built yet waits for it there, ``_expect``).
         Answers the PEs made and the milliseconds of each part (:class:`Laps`).
         """
         laps = Laps()
@@ -246,12 +247,6 @@ class PEHost:
         if start and made:
             await self._start(spec.deployment, made, laps)
         return laps.answer(pes=made)
-
-    async def pe_start(self, deployment: str, pe_ids: list[str]) -> dict:
-        """Open each PE's outgoing channels, then start its loop (answers :class:`Laps`)."""
-        laps = Laps()
-        await self._start(deployment, pe_ids, laps)
-        return laps.answer(pes=list(pe_ids))
 
     async def _start(self, deployment: str, pe_ids: list[str], laps: Laps) -> None:
         """Start the PEs while their output channels open, then wait for those (a channel that
