@@ -12,8 +12,12 @@ All figures come from this one run:
   (b) with one copy on the warm standard slot of the other core: the same
       figure, and its ratio to (a) (goal >= 1.7x on 2 cores);
   (c) copy activation, from the decision (``dep.apply(Replicate)`` called) to
-      the first batch the copy processes, on a warm slot; then the same for a
-      second copy that finds no warm slot and starts a worker (the cold path).
+      the first batch the copy processes, on a warm slot, split where it goes:
+      until the upstream PE routes to the copy (planning, the rewire call's
+      queueing, its turn wait and switch, from ``ApplyRecord.steps``), then
+      until the router hands the copy a batch; the protocol's own end (every
+      channel open) and its steps; then the same for a second copy that finds
+      no warm slot and starts a worker (the cold path).
 
 Output is checked: every number reaches the sink exactly once (counts).
 """
