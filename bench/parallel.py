@@ -12,8 +12,12 @@ All figures come from this one run:
   (b) with one copy on the warm standard slot of the other core: the same
       figure, and its ratio to (a) (goal >= 1.7x on 2 cores);
   (c) copy activation, from the decision (``dep.apply(Replicate)`` called) to
-      the first batch the copy processes, on a warm slot; then the same for a
-      second copy that finds no warm slot and starts a worker (the cold path).
+      the first batch the copy processes, on a warm slot, split where it goes:
+      until the upstream PE routes to the copy (planning, the rewire call's
+      queueing, its turn wait and switch, from ``ApplyRecord.steps``), then
+      until the router hands the copy a batch; the protocol's own end (every
+      channel open) and its steps; then the same for a second copy that finds
+      no warm slot and starts a worker (the cold path).
 
 Output is checked: every number reaches the sink exactly once (counts).
 """
@@ -82,6 +86,16 @@ def activation_ms(dep, copy: str, decided_at: float) -> float:
     raise RuntimeError(f"{copy} processed nothing within 30 s")
 
 
+def switched_ms(steps: dict[str, float]) -> float:
+    """From the decision to the moment the upstream PE routes to the copy, from an ApplyRecord's
+    steps: planning, the protocol steps before the rewiring round, then the upstream's rewire
+    call until its switch (queued, waiting for its turn, the switch itself)."""
+    before = steps.get("plan", 0.0) + sum(steps.get(k, 0.0) for k in ("pause", "drain", "snapshot", "stop"))
+    upstream = [k[:-len(": queued")] for k in steps if k.startswith("rewire out ") and k.endswith(": queued")]
+    return before + max((sum(steps.get(f"{u}: {part}", 0.0) for part in ("queued", "turn wait", "outputs"))
+                         for u in upstream), default=0.0)
+
+
 def run(cost_us: float, seconds: float, repeat: int) -> dict:
     import dask.config
 
@@ -139,8 +153,12 @@ def main() -> None:
     print(f"      warm standard slot      {w:8.1f} ms (median of {len(r['warm_ms'])}: "
           f"{', '.join(f'{x:.1f}' for x in r['warm_ms'])})   goal <= {ACTIVATION_GOAL_MS:.0f} ms: "
           f"{'met' if w <= ACTIVATION_GOAL_MS else 'not met'}")
+    switched = [switched_ms(s) for s in r["steps"]]
+    s = statistics.median(switched)
+    print(f"      of which: decision -> upstream routes to the copy {s:6.1f} ms (median), "
+          f"then -> its first batch {statistics.median(w - x for w, x in zip(r['warm_ms'], switched)):6.1f} ms")
     p = statistics.median(r["protocol_ms"])
-    print(f"      of which the protocol   {p:8.1f} ms (median; steps of the last: "
+    print(f"      protocol, to its end    {p:8.1f} ms (median; steps of the last, ms: "
           f"{', '.join(f'{k} {v:.1f}' for k, v in r['steps'][-1].items() if v >= 0.5)})")
     print(f"      cold (new worker)       {r['cold_ms']:8.1f} ms (worker start {r['cold_start_s']:.2f} s)"
           f"   warm is {r['cold_ms'] / w:.0f}x faster")

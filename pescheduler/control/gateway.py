@@ -121,15 +121,14 @@ class WorkerGateway:
         return await self.client.rpc(worker).pe_info()
 
     async def launch(self, specs: dict[str, PESpec], placement: Placement) -> None:
-        """Ship every PE's spec, then start them (receivers exist before senders connect)."""
+        """Ship every PE's spec and start it, one call per worker, all at once: a channel to a
+        PE another worker has not built yet waits for it there (``PEHost._expect``)."""
         by_worker: dict[str, list[PESpec]] = {}
         for pe_id, spec in specs.items():
             by_worker.setdefault(placement.pes[pe_id].worker, []).append(spec)
-        await asyncio.gather(*(self.client.rpc(w).pe_deploy(specs=cloudpickle.dumps(s), plugins=self.plugins)
+        await asyncio.gather(*(self.client.rpc(w).pe_deploy(specs=cloudpickle.dumps(s), plugins=self.plugins,
+                                                            start=True)
                                for w, s in by_worker.items()))
-        await asyncio.gather(*(self.client.rpc(w).pe_start(deployment=self.deployment,
-                                                           pe_ids=[s.pe_id for s in ss])
-                               for w, ss in by_worker.items()))
 
     async def warm(self, slots_per_worker: dict[str, int]) -> None:
         """Warm standard slots: plug-ins imported, a thread per slot started."""

@@ -18,11 +18,12 @@ same keep running untouched; the others are *retired* and replaced by
    timeout (``_wait_drained``).
 3. **Snapshot** the retired PEs' operator state, watermark progress and source
    positions, and stop them.
-4. **Re-wire and restore**, in two rounds of parallel calls: created PEs are
-   built from the snapshots while downstream PEs register the new input
-   channels; then created PEs start while upstream PEs point their held
-   channels at them and re-send what they held (an upstream channel needs
-   the created PE's receiver, a created PE's channel the downstream's).
+4. **Re-wire and restore**, in one round of parallel calls: created PEs are
+   built from the snapshots and started, downstream PEs register the new input
+   channels, upstream PEs point their held channels at the created PEs and
+   re-send what they held. A channel whose receiver is not there yet waits
+   for it at the receiving worker; data never reaches a receiver before it
+   exists, so no call needs another's answer.
 5. **Resume.**
 
 Nothing before the marker is processed by a new PE and nothing after it by an
@@ -304,21 +305,25 @@ async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan
         finally:
             steps[name] = round((time.perf_counter() - t) * 1000, 3)
 
-    await step("pause", asyncio.gather(*(rpc(w).pe_reconf(deployment=deployment, marker=marker, **todo)
-                                         for w, todo in by_worker.items())))
-    await step("drain", _wait_drained(rpc, old, plan, deployment, marker, timeout, steps), limit=None)  # bounds itself
-    states = redistribute(old, new, await step("snapshot", _snapshot(rpc, old, plan.retired, deployment)))
-    await step("stop", asyncio.gather(*(rpc(old.pes[p].worker).pe_stop(deployment=deployment, pe_ids=[p])
-                                        for p in plan.retired)))
-    # Two rounds of calls in parallel, not three in a row (issue 15: a copy's activation). The
-    # created PEs' receivers must exist before an upstream PE opens a channel to them (deploy
-    # before rewire upstream), and a downstream PE must know its new inputs before a created PE
-    # connects (rewire downstream before start); nothing else orders these calls.
-    await step("deploy + rewire downstream", asyncio.gather(
-        _deploy_created(rpc, new, plan, worker_info, deployment, states, plugins),
-        _rewire_downstream(rpc, new, plan, worker_info, deployment)))
-    await step("start + rewire upstream", asyncio.gather(
-        _start_created(rpc, new, plan, deployment), _rewire_upstream(rpc, new, plan, worker_info, deployment)))
+    states: dict[str, dict] = {}
+    if by_worker:           # a copy added beside PEs that all stay has nothing to pause (issue 15)
+        await step("pause", asyncio.gather(*(rpc(w).pe_reconf(deployment=deployment, marker=marker, **todo)
+                                             for w, todo in by_worker.items())))
+        await step("drain", _wait_drained(rpc, old, plan, deployment, marker, timeout, steps), limit=None)  # bounds itself
+        states = await step("snapshot", _snapshot(rpc, old, plan.retired, deployment))
+        await step("stop", asyncio.gather(*(rpc(old.pes[p].worker).pe_stop(deployment=deployment, pe_ids=[p])
+                                            for p in plan.retired)))
+    states = redistribute(old, new, states)
+    # One round of calls in parallel (issue 15: a copy's activation; it was three in a row, then
+    # two). Nothing orders them: a channel opened to a receiver that is not there yet (a created
+    # PE still being deployed, an input its downstream PE has not registered yet) waits for it
+    # at the receiving worker (PEHost._expect), and no PE waits for its channels to open
+    # (ChannelOut.open_in_background). So a copy works from the moment its upstream routes to
+    # it, while its own output channel still waits for the downstream worker's busy loop.
+    await step("deploy + start + rewire", asyncio.gather(
+        _deploy_created(rpc, new, plan, worker_info, deployment, states, plugins, steps),
+        _rewire_downstream(rpc, new, plan, worker_info, deployment, steps),
+        _rewire_upstream(rpc, new, plan, worker_info, deployment, steps)))
     return time.perf_counter() - t0
 
 
@@ -410,43 +415,50 @@ async def _snapshot(rpc, old, retired, deployment) -> dict[str, dict]:
     return states
 
 
-async def _rewire_downstream(rpc, new, plan, worker_info, deployment) -> None:
+async def _timed(steps: dict, label: str, call) -> Any:
+    """Await one worker call; ``steps`` gets its milliseconds under ``label``, how long it waited
+    before the handler ran (``queued``: transit and a busy worker loop) and the handler's parts
+    (``pehost.Laps``) in the order they ran."""
+    sent, t = time.time(), time.perf_counter()
+    answer = await call
+    steps[label] = round((time.perf_counter() - t) * 1000, 3)
+    if isinstance(answer, dict) and "ms" in answer:
+        steps[f"{label}: queued"] = round(max(answer["began"] - sent, 0.0) * 1000, 3)
+        steps.update({f"{label}: {part}": ms for part, ms in answer["ms"].items()})
+    return answer
+
+
+async def _rewire_downstream(rpc, new, plan, worker_info, deployment, steps) -> None:
     from ..worker.specs import InputSpec
 
     calls = []
     for pe_id in set(plan.seen) | set(plan.downstream_inputs) | set(plan.edges):
         adds = [InputSpec(plan.channels[k], k[0], k[1]) for k in plan.downstream_inputs.get(pe_id, [])]
         edges = cloudpickle.dumps(plan.edges[pe_id]) if pe_id in plan.edges else b""
-        calls.append(rpc(new.pes[pe_id].worker).pe_rewire(
+        calls.append(_timed(steps, f"rewire in {pe_id}", rpc(new.pes[pe_id].worker).pe_rewire(
             deployment=deployment, pe_id=pe_id, add_inputs=cloudpickle.dumps(adds),
-            remove_inputs=plan.seen.get(pe_id, []), edges=edges, copies=copy_map(new)))
+            remove_inputs=plan.seen.get(pe_id, []), edges=edges, copies=copy_map(new))))
     await asyncio.gather(*calls)
 
 
-async def _deploy_created(rpc, new, plan, worker_info, deployment, states, plugins) -> None:
-    """Build the created PEs (not started), restored from ``states``: their receivers exist."""
+async def _deploy_created(rpc, new, plan, worker_info, deployment, states, plugins, steps) -> None:
+    """Build the created PEs, restored from ``states``, and start them (``pe_deploy(start=True)``)."""
     specs = build_specs(new, worker_info, deployment, plan.channels, plan.created, plan.epoch)
     by_worker: dict[str, list] = {}
     for pe_id, spec in specs.items():
         spec.restore = {op: states[op] for op in new.pes[pe_id].operators if op in states}
         by_worker.setdefault(new.pes[pe_id].worker, []).append(spec)
-    await asyncio.gather(*(rpc(w).pe_deploy(specs=cloudpickle.dumps(s), plugins=plugins) for w, s in by_worker.items()))
+    await asyncio.gather(*(_timed(steps, f"deploy {','.join(x.pe_id for x in s)}",
+                                  rpc(w).pe_deploy(specs=cloudpickle.dumps(s), plugins=plugins, start=True))
+                           for w, s in by_worker.items()))
 
 
-async def _start_created(rpc, new, plan, deployment) -> None:
-    """Start the created PEs: each opens its outgoing channels, then runs."""
-    by_worker: dict[str, list[str]] = {}
-    for pe_id in plan.created:
-        by_worker.setdefault(new.pes[pe_id].worker, []).append(pe_id)
-    await asyncio.gather(*(rpc(w).pe_start(deployment=deployment, pe_ids=p) for w, p in by_worker.items()))
-
-
-async def _rewire_upstream(rpc, new, plan, worker_info, deployment) -> None:
+async def _rewire_upstream(rpc, new, plan, worker_info, deployment, steps) -> None:
     calls = []
     for pe_id in set(plan.hold) | set(plan.upstream_outputs) | set(plan.routing):
         outs = [output_spec(new, worker_info, k, plan.channels[k]) for k in plan.upstream_outputs.get(pe_id, [])]
         routing = cloudpickle.dumps(plan.routing[pe_id]) if pe_id in plan.routing else b""
-        calls.append(rpc(new.pes[pe_id].worker).pe_rewire(
+        calls.append(_timed(steps, f"rewire out {pe_id}", rpc(new.pes[pe_id].worker).pe_rewire(
             deployment=deployment, pe_id=pe_id, outputs=cloudpickle.dumps(outs),
-            remove_outputs=plan.hold.get(pe_id, []), routing=routing, copies=copy_map(new)))
+            remove_outputs=plan.hold.get(pe_id, []), routing=routing, copies=copy_map(new))))
     await asyncio.gather(*calls)

@@ -103,13 +103,14 @@ class Reconfigurer:
             if self.host_actions is None:
                 return self.record(ApplyRecord(action, False, "no host manager"))
             return self.record(await self.host_actions(action, timeout))
-        decided = time.time()
+        decided, t0 = time.time(), time.perf_counter()
         async with self.lock:
             try:
                 old, new, plan = await self._planned(action)
             except ActionRefused as exc:
                 return self.record(ApplyRecord(action, False, str(exc)))
-            record = self.record(await self._run(action, old, new, plan, timeout))
+            steps = {"plan": round((time.perf_counter() - t0) * 1000, 3)}     # the lock and the planning
+            record = self.record(await self._run(action, old, new, plan, timeout, steps))
         if record.applied:          # a copy retired before its first batch was seen has no figure
             self.activating = {p: t for p, t in self.activating.items() if p not in record.retired}
             if isinstance(action, Replicate):
@@ -146,9 +147,10 @@ class Reconfigurer:
             raise ActionRefused(f"PE {done[0]!r} is {self.state.pe_state.get(done[0])}: nothing to move")
         return old, new, plan
 
-    async def _run(self, action: Action, old: Placement, new: Placement, plan, timeout: float) -> ApplyRecord:
+    async def _run(self, action: Action, old: Placement, new: Placement, plan, timeout: float,
+                   steps: dict[str, float] | None = None) -> ApplyRecord:
         self.epoch += 1
-        steps: dict[str, float] = {}
+        steps = {} if steps is None else steps
         try:
             pause = await execute(self.gateway.rpc, old, new, plan, self.worker_info, self.deployment,
                                   f"{self.deployment}/reconf/{self.epoch}", timeout, self.gateway.plugins, steps)

@@ -214,6 +214,37 @@ class ChannelOut:
         self.ended = False
         self.held = False          # paused at a reconfiguration marker: ship nothing more
         self.dst_ops: tuple[str, ...] = ()    # consumers this channel reaches (for routers)
+        self.opening: asyncio.Future | None = None    # still being opened (see open_in_background)
+
+    def open_in_background(self, opening) -> None:
+        """Open with ``opening`` (a coroutine) while the PE already runs: until it is done the
+        channel holds no credit, so what the chain emits waits in ``pending`` (bounded as by any
+        credit wait) and a PE copy works from its first batch on, not from its last connect
+        (issue 15: the downstream worker's busy loop answered a handshake in 50-100 ms).
+        A failed opening fails every later :meth:`flush` and :meth:`opened`."""
+        credits, self.gate.credits = self.gate.credits, 0
+
+        async def run() -> None:
+            await opening
+            self.opening = None
+            self.gate.release(credits)
+        self.opening = asyncio.ensure_future(run())
+
+    async def opened(self) -> None:
+        """Return once the channel is open (at once when it is, or was closed while opening);
+        raise why it could not open."""
+        opening = self.opening
+        if opening is None:
+            return
+        try:
+            await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            if not opening.cancelled():          # the caller itself is cancelled
+                raise
+
+    def can_ship(self) -> bool:
+        """Something buffered could go now without waiting: open, and credit or a control item first."""
+        return bool(self.pending) and self.opening is None and (self.gate.credits > 0 or self.pending[0][0] != DATA)
 
     # Output protocol (synchronous, from the chain)
     def send(self, batch: list) -> None:
@@ -278,6 +309,10 @@ class ChannelOut:
         data batch it has no credit for (True when nothing is left to ship).
         """
         pending = self.pending
+        if self.opening is not None and pending and not self.held:
+            if not wait:
+                return False
+            await self.opened()
         while pending and not self.held:
             kind, payload = pending[0]
             if kind == DATA and not wait and self.gate.credits <= 0:
@@ -302,16 +337,32 @@ class ChannelOut:
 
     async def close(self, timeout: float = 10.0) -> None:
         """Release the transport (nothing to do for in-memory channels)."""
+        if self.opening is not None:
+            self.opening.cancel()
 
 
 class LocalChannelOut(ChannelOut):
-    """Same-worker channel: the batch object itself goes into the receiver's inbox."""
+    """Same-worker channel: the batch object itself goes into the receiver's inbox.
 
-    def __init__(self, channel_id: str, credits: int, inbox: Inbox, receiver: ChannelIn) -> None:
+    Without ``inbox`` and ``receiver`` it is opened by :meth:`attach` once the
+    receiving PE is there (``open_in_background``)."""
+
+    def __init__(self, channel_id: str, credits: int, inbox: Inbox | None = None,
+                 receiver: ChannelIn | None = None) -> None:
         super().__init__(channel_id, credits)
+        if receiver is not None:
+            self.attach(inbox, receiver)
+
+    def attach(self, inbox: Inbox, receiver: ChannelIn) -> None:
         self.inbox = inbox
         self.receiver = receiver
         receiver.grant = self.gate.release
+
+    def attach_later(self, expect: Callable[[str], Any]) -> None:
+        """Attach once ``expect(channel_id)`` yields the receiver (a PE still being deployed here)."""
+        async def attach() -> None:
+            self.attach(*await expect(self.channel_id))
+        self.open_in_background(attach())
 
     async def _write(self, kind: int, payload: Any) -> None:
         self.inbox.put(self.receiver, kind, payload)
@@ -329,10 +380,24 @@ class TcpChannelOut(ChannelOut):
 
     async def connect(self, address: str, credentials: Credentials) -> None:
         """Connect (TLS when ``credentials.ssl``), prove the deployment's secret, check the server's."""
+        self.open(address, credentials)
+        await self.opened()
+
+    def open(self, address: str, credentials: Credentials) -> None:
+        """:meth:`connect` in the background (``open_in_background``): the PE need not wait."""
+        self.open_in_background(self._connect(address, credentials))
+
+    async def _connect(self, address: str, credentials: Credentials) -> None:
         host, port = address.rsplit(":", 1)
-        async with asyncio.timeout(handshake.HANDSHAKE_TIMEOUT_S):
-            self.reader, self.writer = await asyncio.open_connection(host, int(port), ssl=credentials.ssl)
-            await self._handshake(credentials.secret, address)
+        try:
+            async with asyncio.timeout(handshake.HANDSHAKE_TIMEOUT_S):
+                self.reader, self.writer = await asyncio.open_connection(host, int(port), ssl=credentials.ssl)
+                await self._handshake(credentials.secret, address)
+        except TimeoutError:
+            if self.writer is not None:
+                self.writer.transport.abort()
+            raise HandshakeRefused(f"the data server at {address} did not accept channel {self.channel_id!r} "
+                                   f"within {handshake.HANDSHAKE_TIMEOUT_S:g} s (no receiver for it there?)") from None
         # drain() returns once the transport holds less than this: with asyncio's 64 KiB default
         # an Arrow frame (megabytes) was sent to the last byte before the PE could read and encode
         # the next one. Memory stays bounded by the credits (one frame each), as before.
@@ -395,6 +460,7 @@ class TcpChannelOut(ChannelOut):
 
     async def close(self, timeout: float = 10.0) -> None:
         """After END, wait for the receiver's EOF (see serve_connection), then close."""
+        await super().close(timeout)
         if self._credit_task is not None:
             if self.ended:
                 try:
@@ -450,9 +516,12 @@ class FrameReceiver(asyncio.BufferedProtocol):
     CHUNK = 1 << 18
     BIG = 1 << 16               # frames at least this large are received into their own buffer
 
-    def __init__(self, lookup: Callable[[str], tuple[Inbox, ChannelIn]], secret_of: Callable[[str], bytes]) -> None:
+    def __init__(self, lookup: Callable[[str], tuple[Inbox, ChannelIn]], secret_of: Callable[[str], bytes],
+                 expect: Callable[[str], Any] | None = None) -> None:
         self.lookup = lookup
         self.secret_of = secret_of          # channel id -> its deployment's secret (KeyError: none here)
+        self.expect = expect                # channel id -> awaitable (inbox, receiver) once it exists
+        self._parked: asyncio.Future | None = None
         self.nonce = handshake.new_nonce()
         self.limit = handshake.MAX_HELLO_BYTES      # largest frame accepted (any size once proven)
         self._on_frame = self._hello
@@ -469,8 +538,10 @@ class FrameReceiver(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         transport.write(HEADER.pack(len(self.nonce), CHALLENGE) + self.nonce)
-        self._timeout = asyncio.get_running_loop().call_later(
-            handshake.HANDSHAKE_TIMEOUT_S, self._refuse, "no HELLO in time")
+        self._timeout = asyncio.get_running_loop().call_later(handshake.HANDSHAKE_TIMEOUT_S, self._too_late)
+
+    def _too_late(self) -> None:
+        self._refuse("no receiver for the channel came in time" if self._parked else "no HELLO in time")
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.big is not None:                        # a large frame's body: straight into its own buffer
@@ -517,20 +588,44 @@ class FrameReceiver(asyncio.BufferedProtocol):
             self.start = self.end = 0
 
     def _hello(self, kind: int, body: bytes) -> None:
-        """The first frame: a HELLO whose proof holds, or the connection is closed untouched."""
+        """The first frame: a HELLO whose proof holds, or the connection is closed untouched.
+
+        A proven HELLO for a receiver that is not here yet (a reconfiguration deploys a PE or
+        adds an input while its senders already connect) waits for it (``expect``), within the
+        handshake's time; the sender sends nothing before WELCOME, so nothing is buffered."""
         if kind != HELLO:
             return self._refuse(f"frame kind {kind} before HELLO")
         try:
             channel_id, client_nonce, proof = handshake.decode_hello(body)
             secret = self.secret_of(channel_id)
-            inbox, receiver = self.lookup(channel_id)
         except (ValueError, KeyError) as exc:
             return self._refuse(str(exc.args[0]) if exc.args else repr(exc))
         if not handshake.verify(handshake.client_proof(secret, self.nonce, client_nonce, channel_id), proof):
             return self._refuse(f"wrong proof for channel {channel_id!r}")
+        welcome = handshake.server_proof(secret, self.nonce, client_nonce, channel_id)
+        try:
+            found = self.lookup(channel_id)
+        except KeyError as exc:
+            if self.expect is None:
+                return self._refuse(str(exc.args[0]) if exc.args else repr(exc))
+            self._on_frame = lambda kind, _body: self._refuse(f"frame kind {kind} before WELCOME")
+            self._parked = asyncio.ensure_future(self.expect(channel_id))
+            self._parked.add_done_callback(lambda done: self._unpark(done, welcome))
+            return
+        self._welcome(*found, welcome)
+
+    def _unpark(self, done: asyncio.Future, welcome: bytes) -> None:
+        self._parked = None
+        error = None if done.cancelled() else done.exception()
+        if self.transport.is_closing():
+            return
+        if done.cancelled() or error is not None:
+            return self._refuse(f"no receiver came: {error!r}")
+        self._welcome(*done.result(), welcome)
+
+    def _welcome(self, inbox: Inbox, receiver: ChannelIn, welcome: bytes) -> None:
         self._timeout.cancel()
         self.inbox, self.receiver = inbox, receiver
-        welcome = handshake.server_proof(secret, self.nonce, client_nonce, channel_id)
         self.transport.write(HEADER.pack(len(welcome), WELCOME) + welcome)
         self.limit = 0xFFFFFFFF
         self.receiver.grant = self._grant
@@ -580,5 +675,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timeout is not None:
             self._timeout.cancel()
+        if self._parked is not None:
+            self._parked.cancel()
         if self.receiver is not None and self.receiver.grant == self._grant:
             self.receiver.grant = lambda: None     # the sender went away (its PE stopped)

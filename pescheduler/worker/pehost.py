@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import pickle
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
@@ -27,7 +28,7 @@ import cloudpickle
 import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from . import flow
+from . import flow, handshake
 from .cgroup import host_quota
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "pescheduler"
 STOP_TIMEOUT_S = 5.0
-HANDLERS = ("pe_info", "pe_secret", "pe_warm", "pe_deploy", "pe_start", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
+HANDLERS = ("pe_info", "pe_secret", "pe_warm", "pe_deploy", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
             "pe_reconf", "pe_reconf_wait", "pe_snapshot", "pe_rewire", "pe_ckpt_begin", "pe_ckpt_wait",
             "pe_ckpt_end")
 
@@ -99,6 +100,24 @@ class Changes:
                 self._waiters.remove(waiter)
 
 
+class Laps:
+    """Milliseconds per part of one handler call, and when it began (wall clock): the controller
+    keeps them in ``ApplyRecord.steps``, so a slow activation says where its time went."""
+
+    def __init__(self) -> None:
+        self.began = time.time()
+        self._t = perf_counter()
+        self.ms: dict[str, float] = {}
+
+    def lap(self, part: str) -> None:
+        now = perf_counter()
+        self.ms[part] = round(self.ms.get(part, 0.0) + (now - self._t) * 1000, 3)
+        self._t = now
+
+    def answer(self, **more) -> dict:
+        return {"began": self.began, "ms": self.ms, **more}
+
+
 class PEHost:
     """The PEs of one worker, their data server, and the handlers the controller calls."""
 
@@ -111,6 +130,7 @@ class PEHost:
         self.checkpointing: set[str] = set()         # deployments that take checkpoints
         self.client_ssl = None                       # TLS context for channels we open (None: plain)
         self.changes = Changes()             # bumped whenever a PE changes state; the waits below
+        self.arrivals = Changes()            # bumped whenever receivers are added (see _expect)
         self.warm_threads: list[ThreadPoolExecutor] = []   # standard slots' threads, started idle
         self._process = psutil.Process()
         self._process.cpu_percent(None)         # start the CPU measurement window
@@ -121,7 +141,7 @@ class PEHost:
         ip = self.worker.ip if hasattr(self.worker, "ip") else "127.0.0.1"
         server_ssl, self.client_ssl = tls_contexts(getattr(self.worker, "security", None))
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: FrameReceiver(self._receiver, self._secret_of),
+        self.server = await loop.create_server(lambda: FrameReceiver(self._receiver, self._secret_of, self._expect),
                                                host=ip, port=0, ssl=server_ssl)
         port = self.server.sockets[0].getsockname()[1]
         self.data_address = f"{ip}:{port}"
@@ -141,11 +161,30 @@ class PEHost:
                 return pe.inbox, pe.receivers[channel_id]
         raise KeyError(f"no PE on {self.worker.address} receives channel {channel_id!r}")
 
+    async def _expect(self, channel_id: str) -> tuple[Inbox, ChannelIn]:
+        """The receiver of ``channel_id`` once a PE here has it: a reconfiguration deploys PEs and
+        adds inputs while their senders already open channels (reconfigure.execute). Bounded by
+        the handshake's time; KeyError after it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + handshake.HANDSHAKE_TIMEOUT_S
+        while True:
+            looked = self.arrivals.version
+            try:
+                return self._receiver(channel_id)
+            except KeyError:
+                if loop.time() >= deadline:
+                    raise
+            await self.arrivals.after(looked, deadline - loop.time())
+
     def _secret_of(self, channel_id: str) -> bytes:
-        """The secret of the deployment whose PE here receives ``channel_id`` (KeyError: none)."""
+        """The secret of the deployment whose PE here receives ``channel_id``, or (a receiver still
+        to come, see _expect) whose name the id begins with: ``deployment/epoch/...`` (KeyError: none)."""
         for (deployment, _pe), pe in self.pes.items():
             if channel_id in pe.receivers:
                 return self.secrets[deployment]
+        mine = [d for d in self.secrets if channel_id.startswith(d + "/")]
+        if mine:
+            return self.secrets[max(mine, key=len)]
         raise KeyError(f"no PE on {self.worker.address} receives channel {channel_id!r}")
 
     def _credentials(self, deployment: str) -> Credentials:
@@ -181,15 +220,21 @@ class PEHost:
         return {"slots": len(self.warm_threads), "operators": len(found.operators),
                 "ms": round((perf_counter() - t0) * 1000, 3)}
 
-    async def pe_deploy(self, specs: bytes, plugins: list[str] = (), start: bool = False) -> list[str]:
+    async def pe_deploy(self, specs: bytes, plugins: list[str] = (), start: bool = False) -> dict:
         """Build the PEs (not started): receivers exist before any sender connects.
 
         ``plugins`` are the deployment's ``--plugin`` modules, activated here too.
-        ``start``: start them at once (one round trip, when every PE they send to exists).
+        ``start``: start them at once, while their output channels open; the call answers once
+        they are open (a channel to a receiver not built yet waits for it there, ``_expect``).
+        Answers the PEs made and the milliseconds of each part (:class:`Laps`).
         """
+        laps = Laps()
         activate(plugins)
+        laps.lap("plugins")
+        specs = cloudpickle.loads(specs)
+        laps.lap("unpickle")
         made = []
-        for spec in cloudpickle.loads(specs):
+        for spec in specs:
             assert isinstance(spec, PESpec)
             spare = self.warm_threads.pop() if spec.pe_id in spec.copies and self.warm_threads else None
             pe = PERunner(spec, self.worker.address, on_change=self._bump, spare_thread=spare)
@@ -197,19 +242,24 @@ class PEHost:
             pe.checkpointing = spec.deployment in self.checkpointing
             self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
+        self.arrivals.bump()                     # channels to them that were waiting go on
+        laps.lap("build")
         if start and made:
-            await self.pe_start(spec.deployment, made)
-        return made
+            await self._start(spec.deployment, made, laps)
+        return laps.answer(pes=made)
 
-    async def pe_start(self, deployment: str, pe_ids: list[str]) -> list[str]:
-        """Open each PE's outgoing channels, then start its loop."""
-        for pe_id in pe_ids:
-            await self.pes[(deployment, pe_id)].connect(self._receiver, self.data_address)
-        for pe_id in pe_ids:
-            task = self.pes[(deployment, pe_id)].start()
-            task.add_done_callback(lambda _t: self._bump())
+    async def _start(self, deployment: str, pe_ids: list[str], laps: Laps) -> None:
+        """Start the PEs while their output channels open, then wait for those (a channel that
+        cannot open fails the call: the PE's data waits in it meanwhile, nothing is lost)."""
+        pes = [self.pes[(deployment, pe_id)] for pe_id in pe_ids]
+        for pe in pes:
+            pe.open_outputs(self._receiver, self.data_address, self._expect)
+        for pe in pes:
+            pe.start().add_done_callback(lambda _t: self._bump())
         self._bump()
-        return list(pe_ids)
+        laps.lap("start")
+        await asyncio.gather(*(pe.opened() for pe in pes))
+        laps.lap("connect")
 
     @property
     def version(self) -> int:
@@ -294,17 +344,26 @@ class PEHost:
     async def pe_rewire(self, deployment: str, pe_id: str, outputs: bytes = b"",
                         remove_outputs: list[str] = (), add_inputs: bytes = b"",
                         remove_inputs: list[str] = (), edges: bytes = b"", routing: bytes = b"",
-                        copies: dict[str, str] | None = None) -> None:
+                        copies: dict[str, str] | None = None) -> dict:
         """Change a PE that stays: new inputs registered (``edges``: its operators' inputs now),
-        held outputs re-pointed, routers re-built (``routing``, ``copies``: copies came or went)."""
+        held outputs re-pointed, routers re-built (``routing``, ``copies``: copies came or went).
+        Answers the milliseconds of each part (:class:`Laps`)."""
+        laps = Laps()
         pe = self._of(deployment)[pe_id]
         async with pe.turns.lock:                  # never under a turn running in the PE's thread
+            laps.lap("turn wait")
             if outputs or remove_outputs or routing:
                 await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
                                 self._receiver, self.data_address,
-                                cloudpickle.loads(routing) if routing else None, copies)
+                                cloudpickle.loads(routing) if routing else None, copies, self._expect)
+                laps.lap("outputs")
             pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
                           cloudpickle.loads(edges) if edges else None, copies)
+            self.arrivals.bump()                 # channels to the new inputs that were waiting go on
+            laps.lap("inputs")
+        await pe.opened()                        # outside the turn: the PE goes on meanwhile
+        laps.lap("connect")
+        return laps.answer()
 
     # -- checkpoints (the controller's side is pescheduler/checkpoint/, the PE's barriers.py) ----
     async def pe_ckpt_begin(self, deployment: str, checkpoint_id: int, pe_ids: list[str], epoch: int) -> None:

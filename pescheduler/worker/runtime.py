@@ -78,9 +78,17 @@ class PERunner:
     async def connect(self, local_receivers: Callable[[str], tuple[Inbox, ChannelIn]],
                       data_address: str) -> None:
         """Open the outgoing channels (in memory when the receiver is on this worker)."""
+        self.open_outputs(local_receivers, data_address)
+        await self.opened()
+
+    def open_outputs(self, local_receivers: Callable[[str], tuple[Inbox, ChannelIn]], data_address: str,
+                     expect: Callable[[str], Any] | None = None) -> None:
+        """Begin opening the outgoing channels and build the chain: the PE may start before they
+        are open (their data waits, ChannelOut.open_in_background). ``expect``: how to wait for
+        a receiver on this worker that is not there yet (without it, a KeyError)."""
         outputs: dict[tuple[str, str], list[ChannelOut]] = {}
         for out in self.spec.outputs:
-            channel = await self._open_channel(out, local_receivers, data_address)
+            channel = self._open_channel(out, local_receivers, data_address, expect)
             self.outs.append((out, channel))
             outputs.setdefault((out.src_op, out.port), []).append(channel)
         self.chain = Chain(self.ops, self.spec.edges, outputs, on_side=self._side,
@@ -89,14 +97,23 @@ class PERunner:
         if progress:
             self.chain.restore_progress(progress)
 
-    async def _open_channel(self, out: OutputSpec, local_receivers, data_address: str) -> ChannelOut:
+    async def opened(self) -> None:
+        """Return once every output channel is open; raise why one could not open."""
+        await asyncio.gather(*(channel.opened() for _spec, channel in self.outs))
+
+    def _open_channel(self, out: OutputSpec, local_receivers, data_address: str, expect=None) -> ChannelOut:
         if out.dst_data == data_address:
-            inbox, receiver = local_receivers(out.channel_id)
-            channel = LocalChannelOut(out.channel_id, self.spec.credits, inbox, receiver)
+            channel = LocalChannelOut(out.channel_id, self.spec.credits)
+            try:
+                channel.attach(*local_receivers(out.channel_id))
+            except KeyError:
+                if expect is None:
+                    raise
+                channel.attach_later(expect)
         else:
             channel = TcpChannelOut(out.channel_id, self.spec.credits,
                                     lambda item, exc, op=out.src_op: self._dead(item, exc, op))
-            await channel.connect(out.dst_data, self.credentials)
+            channel.open(out.dst_data, self.credentials)
         channel.dst_ops = out.dst_ops          # routers pick channels by the instance they reach
         channel.gate.wake = self.inbox.event.set     # credit wakes an idle PE (see _idle)
         return channel
@@ -247,8 +264,7 @@ class PERunner:
         """Work that needs no waiting: input this PE may take, or output credit lets it ship."""
         if any(not self._feeds_full(c.src_op, c.port) for c, _kind, _payload in self.inbox.items):
             return True
-        return any(ch.pending and not ch.held and (ch.gate.credits > 0 or ch.pending[0][0] != DATA)
-                   for _s, ch in self.outs)
+        return any(not ch.held and ch.can_ship() for _s, ch in self.outs)
 
     async def _idle(self) -> None:
         """Nothing to do: wait for input, or until a paced or empty source is due.
@@ -343,11 +359,13 @@ class PERunner:
 
     async def rewire(self, outputs: list[OutputSpec], remove: list[str], local_receivers,
                      data_address: str, routing: dict | None = None,
-                     copies: dict[str, str] | None = None) -> None:
+                     copies: dict[str, str] | None = None, expect=None) -> None:
         """Replace held output channels by new ones and install new routers; what the old
         channels held goes on along the new routes.
 
-        New channels are opened first. From taking the held items to switching
+        New channels begin to open first, and the PE does not wait for them
+        (their data waits in them until open: :meth:`opened` is awaited by the
+        caller, outside the PE's turn). From taking the held items to switching
         the routes there is no ``await``: the PE loop must not emit into a
         channel that is being replaced, or what it emits would be lost. Held
         data is re-sent through the new route to the operator the old channel
@@ -355,7 +373,7 @@ class PERunner:
         a released copy reaches the instances that remain, and a batch held
         for a KEYED operator is split by the new key-group owners.
         """
-        opened = [(out, await self._open_channel(out, local_receivers, data_address)) for out in outputs]
+        opened = [(out, self._open_channel(out, local_receivers, data_address, expect)) for out in outputs]
         olds: list[tuple[OutputSpec, ChannelOut]] = [(spec, ch) for spec, ch in self.outs if ch.channel_id in remove]
         held = {ch.channel_id: ch.take_held() for _spec, ch in olds}
         served = {ch.channel_id: list(dict.fromkeys(self.chain.logical(d) for d in ch.dst_ops)) for _s, ch in olds}
