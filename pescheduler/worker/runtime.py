@@ -203,16 +203,11 @@ class PERunner:
                 deferred.append(item)           # feeds a full channel (flow.py), or behind its own
                 waiting.add(id(channel))
                 continue
-            if kind == DATA and len(spent) > 1:
-                turn = self._turn(channel, items, waiting, yielded, spent)
-                if turn is None:                # one that spent less waits in this pass: next pass
-                    items.appendleft(item)
-                    break
-                if not turn:
-                    deferred.append(item)
-                    waiting.add(id(channel))
-                    yielded.add(id(channel))
-                    continue
+            if kind == DATA and len(spent) > 1 and not self._turn(channel, items, yielded, spent):
+                deferred.append(item)           # one that spent less has a batch: its turn first
+                waiting.add(id(channel))
+                yielded.add(id(channel))
+                continue
             taken = True
             if kind == DATA:
                 if self.first_input_at is None:
@@ -255,16 +250,16 @@ class PERunner:
         self._spent = {c: spent.get(c, floor) - floor for c in queued}
         return self._spent
 
-    def _turn(self, channel: ChannelIn, items, waiting: set[int], yielded: set[int],
-              spent: dict[int, float]) -> bool | None:
-        """Is it ``channel``'s turn for a data batch? False when a channel that spent less has an
-        item further on that may be taken; None when one that spent less gave way to another in
-        this pass (the pass ends: its item is back in front for the next)."""
+    def _turn(self, channel: ChannelIn, items, yielded: set[int], spent: dict[int, float]) -> bool:
+        """Is it ``channel``'s turn for a data batch? Not while a channel that spent less waits
+        for its turn in this pass, or has an item further on that may be taken. The channel that
+        spent least among those with batches always may: a pass that has batches takes one (a
+        pass that took nothing would spin the PE loop without yielding)."""
         mine = spent.get(id(channel), 0.0)
         if any(spent.get(c, 0.0) < mine for c in yielded):
-            return None
-        return not any(c is not channel and id(c) not in waiting and spent.get(id(c), 0.0) < mine
-                       and not (self.full and self._feeds_full(c.src_op, c.port))
+            return False
+        return not any(c is not channel and spent.get(id(c), 0.0) < mine
+                       and (id(c) in yielded or not (self.full and self._feeds_full(c.src_op, c.port)))
                        for c, _kind, _payload in list(items))
 
     def _feeds_full(self, op_id: str, port: str = "out") -> bool:

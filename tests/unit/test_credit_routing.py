@@ -147,3 +147,25 @@ def test_a_cheap_input_is_not_kept_waiting_behind_an_expensive_inputs_credit_win
         assert [n for kind, n in ORDER if kind == "fast"] == [0, 1, 2, 3]
         assert ORDER.index(("fast", 3)) < ORDER.index(("slow", 1)), ORDER     # in arrival order: after all 4
     asyncio.run(scenario())
+
+
+def test_every_pass_over_an_inbox_with_batches_takes_one():
+    """A pass that took nothing would leave the PE loop spinning on its worker's event loop
+    without yielding (seen: the monitor got no snapshot for 60 s). Order X, Y, Z with Z having
+    spent least and X less than Y: X waits for Z, Y waits for X, Z's batch is taken."""
+    async def scenario():
+        spec = PESpec("pe", "dep", {op: (Note, {}, None) for op in ("nx", "ny", "nz")},
+                      [("x", "out", "nx"), ("y", "out", "ny"), ("z", "out", "nz")],
+                      inputs=[InputSpec(f"c-{c}", c, "out") for c in "xyz"])
+        pe = PERunner(spec, "tcp://pe")
+        await pe.connect(lambda cid: (_ for _ in ()).throw(KeyError(cid)), HERE)
+        x, y, z = (pe.receivers[f"c-{c}"] for c in "xyz")
+        pe._spent = {id(x): 1.0, id(y): 2.0, id(z): 0.0}
+        for n, channel in enumerate((x, y, z)):
+            pe.inbox.put(channel, DATA, [{"n": n}])
+        ORDER.clear()
+        assert pe._read_inbox() and ORDER[0] == ("fast", 2), ORDER
+        for _ in range(3):
+            pe._read_inbox()
+        assert sorted(ORDER) == [("fast", 0), ("fast", 1), ("fast", 2)] and not pe.inbox.items
+    asyncio.run(scenario())
