@@ -102,7 +102,7 @@ def onto(dep, op: str, worker: str) -> None:
     assert dep.placement().pes[dep.placement().pe_of(op)].worker == worker
 
 
-RELIEF_WINDOWS = 3
+RELIEF_WINDOWS = 2
 
 
 class Windows:
