@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from inbox import take_all
 from support_ops import Tag
 
 from pescheduler.operator import Operator
@@ -138,11 +139,7 @@ def test_a_cheap_input_is_not_kept_waiting_behind_an_expensive_inputs_credit_win
         for n in range(4):
             pe.inbox.put(fast, DATA, [{"n": n}])
         ORDER.clear()
-        passes = 0
-        while pe.inbox.items and passes < 50:
-            pe._read_inbox()
-            passes += 1
-        assert not pe.inbox.items
+        take_all(pe)
         assert [n for kind, n in ORDER if kind == "slow"] == [0, 1, 2, 3]     # each input stays FIFO
         assert [n for kind, n in ORDER if kind == "fast"] == [0, 1, 2, 3]
         assert ORDER.index(("fast", 3)) < ORDER.index(("slow", 1)), ORDER     # in arrival order: after all 4
@@ -165,7 +162,6 @@ def test_every_pass_over_an_inbox_with_batches_takes_one():
             pe.inbox.put(channel, DATA, [{"n": n}])
         ORDER.clear()
         assert pe._read_inbox() and ORDER[0] == ("fast", 2), ORDER
-        for _ in range(3):
-            pe._read_inbox()
+        take_all(pe)
         assert sorted(ORDER) == [("fast", 0), ("fast", 1), ("fast", 2)] and not pe.inbox.items
     asyncio.run(scenario())
