@@ -45,21 +45,20 @@ def test_a_long_turn_moves_the_pe_to_its_thread_and_loop_work_is_handed_back():
 def test_a_turn_is_timed_on_the_busy_clock_so_waiting_for_a_cpu_does_not_send_the_pe_to_a_thread(monkeypatch):
     """On a loaded machine a quick turn can wait 100s of ms for a CPU; the busy clock (busy.py)
     leaves that wait out, so the PE stays on the loop (a source went threaded at load 28 when
-    turns were timed on wall time). The clock is stubbed here: a turn preempted for 0.5 s of
-    wall time has advanced the busy clock by 5 ms (it fails on wall-time timing)."""
+    turns were timed on wall time). The clock is stubbed: the decision follows it alone, a turn
+    of 5 ms on it stays on the loop and one of 0.5 s on it (taking no wall time) goes to a thread,
+    which wall-time timing would not do."""
     import pescheduler.worker.turns as turns_module
 
-    readings = iter([10.0, 10.005])
+    readings = iter([10.0, 10.005, 20.0, 20.0 + THREAD_AFTER_S * 5])
     monkeypatch.setattr(turns_module, "busy_clock", lambda: next(readings))
 
     async def main():
         turns = Turns("pe-1", time_slice_s=0.01)
         turns.bind()
-
-        def preempted():
-            time.sleep(THREAD_AFTER_S * 1.5)      # the wall time the turn took (here: a CPU wait)
-            return True
-
-        assert await turns.run(preempted) and turns.thread is None and not turns.threaded_because
+        assert await turns.run(lambda: True) and turns.thread is None and not turns.threaded_because
+        assert await turns.run(lambda: True) and turns.thread is not None
+        assert turns.threaded_because == f"a turn took {THREAD_AFTER_S * 5 * 1000:.0f} ms"
+        turns.close()
 
     asyncio.run(main())
