@@ -43,8 +43,7 @@ from __future__ import annotations
 
 import math
 
-import dask.config
-
+from pescheduler import config as pescheduler_config
 from pescheduler.actions import Action, BorrowHosts, Hold, Release, Replicate
 from pescheduler.plugins import hookimpl
 
@@ -162,7 +161,7 @@ def queued(view: View, op: str) -> int:
     count (its ``queue_tuples`` says 0 while ``queue_batches`` does not): those count as full
     batches (``pescheduler.batch.size``), which is what a source reading a backlog sends."""
     pes, metrics = view.placement.pes, view.snapshot.pes
-    full = int(dask.config.get("pescheduler.batch.size", 1000))
+    full = int(pescheduler_config.get("batch.size"))
     return sum(metrics[p].queue_tuples or metrics[p].queue_batches * full
                for p in {view.pe_of[i] for i in view.instances[op] if i in view.pe_of}
                if p in metrics and pes[p].operators[0] in view.instances[op])
