@@ -17,7 +17,13 @@ under ``target``: one hot instance among idle ones is a hot key, which more
 copies cannot split). With several routers the
 copies are exclusive to the one sending the most (weight N at that router,
 as in the method), except for KEYED operators, whose copies every router
-shares. The concentration is gone when all of ``X``'s instances together are
+shares. A STATELESS operator's routers send each batch to the instance with
+the most room (plan/routing.py), so one busy instance beside others with room
+is not a concentration: its level is its instances' mean; and once it has
+copies, a further one waits until the level stayed hot ``SETTLE_ROUNDS``
+windows (issue 15: right after the first copy the original and the copy,
+draining the backlog built before it at full speed, drew a second copy the
+load did not need). The concentration is gone when all of ``X``'s instances together are
 busy less than ``calm`` of one core and nothing waits for them (a backlog
 with idle instances is a stall, not calm); then the copies the work no
 longer needs at ``target`` go, not always all of them.
@@ -32,6 +38,9 @@ from pescheduler.operator import Parallelism
 from pescheduler.plugins import hookimpl
 
 from ._common import View, settings, take_slots
+
+
+SETTLE_ROUNDS = 3      # windows a STATELESS operator with copies stays hot before another copy
 
 
 @hookimpl
@@ -53,15 +62,20 @@ def decide(snapshot, placement, config) -> list[Action]:
             continue
         copies = now.instances - 1
         figures = {"hottest_busy": round(now.hottest, 3), "busy_cores": round(now.busy, 3), "copies": copies}
-        if now.hottest >= hot:
+        by_credit = view.placement.plan.ops[op].parallelism is Parallelism.STATELESS
+        level = now.busy / (now.instances * now.capacity) if by_credit else now.hottest
+        if level >= hot:
             # enough instances for the work at ``target`` each; none when the work is already spread
             # that thin and one instance is still hot (a hot key: copies cannot split it further)
             wanted = min(math.ceil(now.busy / (target * now.capacity) - 1e-9) - now.instances, max_copies - copies)
             n = take_slots(spare, wanted, view.workers(op)) if wanted > 0 else 0
             if n > 0:
                 router = _router(view, op)
-                actions.append(Replicate(op, n, routers=router, hosts=view.cool_hosts(), figures=figures, reason=(
-                    f"traffic concentrates on {op}: an instance is {now.hottest:.0%} busy "
+                hold = Hold(rounds=SETTLE_ROUNDS) if by_credit and copies else None
+                actions.append(Replicate(op, n, routers=router, hosts=view.cool_hosts(), figures=figures, hold=hold,
+                                         reason=(
+                    f"traffic concentrates on {op}: {'its instances are' if by_credit else 'an instance is'} "
+                    f"{level:.0%} busy "
                     f"(≥ {hot:.0%}); {n} cop{'y' if n == 1 else 'ies'} on standard slots"
                     + (f", exclusive to router {router[0]}" if router else ""))))
         elif copies and now.busy < calm and not view.backlogged(op):

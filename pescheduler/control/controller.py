@@ -29,7 +29,11 @@ A ``Replicate`` whose copies would land on a host with no more CPU
 (:func:`onto_saturated`, ``pescheduler.policies.saturated-cpu``) is steered
 to slots on hosts with CPU to spare (:func:`steer`), and refused with that
 reason when none has a slot for it: a copy on a saturated host only shares
-the cores the original already lacks. The check lives here, not in the pure transform, because the
+the cores the original already lacks. One that finds no slot left, which an
+embedded cluster meets by starting a worker (a cold start), is refused
+(:func:`cold_start_refusal`) when the machine it would start on has no more
+CPU and no lender has a host: that worker would share the same saturated
+cores. The check lives here, not in the pure transform, because the
 placement carries no metrics and this is where every action meets the
 snapshot, so no policy has to remember it.
 
@@ -322,15 +326,40 @@ def onto_saturated(action: Action, placement: Placement, snapshot: MetricsSnapsh
     return ""
 
 
+def cold_start_refusal(action: Action, placement: Placement, snapshot: MetricsSnapshot, limit: float | None,
+                       resources: ResourceView | None) -> str:
+    """Why ``action`` must not start a worker on this machine, or "": it needs a slot no worker
+    has left (an embedded cluster then starts one: ``Reconfigurer._cold_slot``), every host the
+    deployment did not borrow (the machine it starts on) has no more CPU, and no lender has a
+    host. Issue 15: cold-started workers on the saturated machine of the elastic bench got
+    0.05-0.2 core each, and the rate policy asked for ever more of them."""
+    if not isinstance(action, Replicate) or limit is None or resources is None or resources.lendable > 0:
+        return ""
+    try:
+        transforms.replicate(placement, action)
+        return ""
+    except transforms.NoSlotLeft as exc:
+        short = str(exc)
+    except ActionRefused:
+        return ""                              # apply refuses it with its own reason
+    own = [h for h in dict.fromkeys(placement.hosts.values()) if h not in resources.borrowed]
+    whys = [snapshot.saturated(h, limit) for h in own]
+    if not own or not all(whys):
+        return ""
+    return (f"{short}, and a worker started on this machine would only share its CPU: {whys[0]}; "
+            f"no lender has a host (lendable 0)")
+
+
 def steer(action: Action, placement: Placement, snapshot: MetricsSnapshot,
-          limit: float | None) -> tuple[Action, str]:
+          limit: float | None, resources: ResourceView | None = None) -> tuple[Action, str]:
     """``action``, steered off hosts with no more CPU when its copies would land there, and
     why it must be refused ("" when it need not): a ``Replicate`` whose copies would share a
     saturated host's cores goes to slots on hosts below ``limit`` instead (``hosts=``), and is
-    refused only when those have no slot for it."""
+    refused only when those have no slot for it, or when it would start a worker on a saturated
+    machine with nothing to borrow (:func:`cold_start_refusal`, given ``resources``)."""
     why = onto_saturated(action, placement, snapshot, limit)
     if not why:
-        return action, ""
+        return action, cold_start_refusal(action, placement, snapshot, limit, resources)
     cool = tuple(h for h in dict.fromkeys(s.host for s in placement.slots.values())
                  if not snapshot.saturated(h, limit) and (action.hosts is None or h in action.hosts))
     if cool:
@@ -377,10 +406,12 @@ class Controller:
     async def tick(self, snapshot: MetricsSnapshot, placement: Placement) -> list[Decision]:
         """One control round on ``snapshot``; returns this round's decisions."""
         self.ticks += 1
-        proposals, made = await self._decide(snapshot, placement, self.resources())
+        resources = self.resources()
+        proposals, made = await self._decide(snapshot, placement, resources)
         checked = [(p, invalid(p.action, placement)) for p in proposals]
         made += [Decision(snapshot.time, p.policy, "refused", p.action, f"invalid: {why}") for p, why in checked if why]
-        checked = [(p, steer(p.action, placement, snapshot, self.saturated_cpu)) for p, why in checked if not why]
+        checked = [(p, steer(p.action, placement, snapshot, self.saturated_cpu, resources))
+                   for p, why in checked if not why]
         made += [Decision(snapshot.time, p.policy, "refused", p.action, why) for p, (_a, why) in checked if why]
         checked = [(replace(p, action=a), "") for p, (a, why) in checked if not why]
         ready = self.hysteresis.admit([p for p, why in checked if not why], snapshot.time)

@@ -3,12 +3,22 @@
 When operator ``X`` has copies, every upstream instance feeding it (a
 *router*) splits its batches between ``X`` and the copies it uses:
 
-* STATELESS and MERGEABLE: weighted, a whole batch at a time (smooth
-  weighted round robin, so per-tuple cost is zero). A router sends weight 1
-  to the original, N to each copy it uses exclusively (N = the number of
-  routers feeding ``X``) and 1 to a copy it shares, as in Fujitsu's
-  standard-thread method: with one exclusive copy per router, original and
-  copies end up evenly loaded.
+* STATELESS: by credit, a whole batch at a time: each batch goes to the
+  instance with the most room (credit minus what its channel already
+  buffers; ties in turn), so an instance on a starved host takes what it can
+  and the others the rest. Splitting evenly in turn instead, the slowest
+  instance set the pace of all (issue 15: a copy on a lab host with CPU to
+  spare ran at a third of it, held back with the original on a saturated
+  host). Nothing ties a STATELESS operator's tuple to an instance: no key,
+  no state, no order to keep between instances. The operator's producer
+  counts as held back only when every instance is out of credit
+  (:meth:`Router.room_besides`, worker/flow.py).
+* MERGEABLE: weighted, a whole batch at a time (smooth weighted round
+  robin, so per-tuple cost is zero). A router sends weight 1 to the
+  original, N to each copy it uses exclusively (N = the number of routers
+  feeding ``X``) and 1 to a copy it shares, as in Fujitsu's standard-thread
+  method: with one exclusive copy per router, original and copies end up
+  evenly loaded.
 * KEYED: the key space is :data:`KEY_GROUPS` groups; each instance owns some;
   a tuple goes to the owner of ``key_group(key)``. Ownership changes only
   through the reconfiguration protocol, which moves the groups' state.
@@ -43,6 +53,17 @@ def key_group(key: Any, groups: int = KEY_GROUPS) -> int:
 
 
 _MASK = (1 << 64) - 1
+_HELD_ROOM = -(1 << 40)          # a held channel's room: below any channel's backlog
+
+
+def _room(channel: Any) -> int:
+    """Batches ``channel`` takes before its sender waits: its credit minus the data it buffers
+    (``None``: an operator in the router's own PE, room 0)."""
+    if channel is None:
+        return 0
+    if channel.holding:
+        return _HELD_ROOM
+    return channel.gate.credits - channel.data_pending()
 
 
 def key_function(key_field: str | Callable | None) -> Callable[[Any], Any]:
@@ -81,18 +102,20 @@ class RouterTargets:
     instances: tuple[str, ...]
     weights: tuple[int, ...] = ()
     owners: tuple[str, ...] = ()          # KEYED: group -> instance
+    by_credit: bool = False               # STATELESS: each batch to the instance with the most room
 
 
 def router_targets(original: str, copies: list[str], route: Route, router: str,
-                   routers: list[str]) -> RouterTargets:
-    """What ``router`` sends to, out of ``original`` and its ``copies`` (pure)."""
+                   routers: list[str], stateless: bool = False) -> RouterTargets:
+    """What ``router`` sends to, out of ``original`` and its ``copies`` (pure).
+    ``stateless``: the operator is STATELESS, so batches go by credit."""
     if route.key_groups is not None:
         owners = tuple(route.owners())
         return RouterTargets(tuple([original] + copies), owners=owners)
     n = len(routers)
     used = [c for c in copies if router in route.users.get(c, ())]
     weights = [1] + [n if route.users[c] == (router,) and n > 1 else 1 for c in used]
-    return RouterTargets(tuple([original] + used), tuple(weights))
+    return RouterTargets(tuple([original] + used), tuple(weights), by_credit=stateless)
 
 
 def even_key_groups(instances: list[str]) -> dict[str, tuple[int, ...]]:
@@ -107,17 +130,21 @@ class Router:
 
     ``targets[i]`` receives the part for instance ``i`` (a channel's ``send``
     or a fused operator's push). Weighted routing sends whole batches (smooth
-    weighted round robin); keyed routing splits a batch by key group. Counts
-    per instance are kept for the monitor and the tests.
+    weighted round robin); routing by credit sends whole batches to the
+    instance with the most room (``channels[i]``: the channel ``targets[i]``
+    sends on, None for an operator in this PE); keyed routing splits a batch by
+    key group. Counts per instance are kept for the monitor and the tests.
     """
 
     __slots__ = ("instances", "targets", "weights", "_current", "_total", "owner_index", "key",
-                 "tuples", "field", "_owner_of")
+                 "tuples", "field", "_owner_of", "channels", "_next")
 
     def __init__(self, spec: RouterTargets, targets: list[Callable[[list], None]],
-                 key_field: str | Callable | None = None) -> None:
+                 key_field: str | Callable | None = None, channels: list | None = None) -> None:
         self.instances = spec.instances
         self.targets = targets
+        self.channels = channels if spec.by_credit and channels is not None and not spec.owners else None
+        self._next = 0                      # by credit: where the search for the most room starts
         self.weights = list(spec.weights) or [1] * len(targets)
         self._current = [0] * len(targets)
         self._total = sum(self.weights)
@@ -133,7 +160,7 @@ class Router:
 
     def send(self, batch: list) -> None:
         if self.owner_index is None:
-            i = self._pick()
+            i = self._pick() if self.channels is None else self._most_room()
             self.tuples[i] += len(batch)
             self.targets[i](batch)
             return
@@ -178,6 +205,31 @@ class Router:
                 self.tuples[n] += rows
                 target(batch if rows == len(batch) else batch.filter(pa.array(mask)))
         return True
+
+    def _most_room(self) -> int:
+        """The instance with the most room: credit minus data its channel buffers; an operator in
+        this PE has room 0 (it runs the batch here, at this PE's pace: instances with credit to
+        spare go first, and it takes what none of them can); a held channel (a reconfiguration
+        waits for its rewire) comes last. Ties go in turn, from the one after the last pick."""
+        channels = self.channels
+        n = len(channels)
+        best, best_room = 0, None
+        for k in range(n):
+            i = (self._next + k) % n
+            room = _room(channels[i])
+            if best_room is None or room > best_room:
+                best, best_room = i, room
+        self._next = (best + 1) % n
+        return best
+
+    def room_besides(self, channel: Any, full: Callable[[Any], bool]) -> bool | None:
+        """Does an instance other than the one ``channel`` reaches still take batches: an operator
+        in this PE, or a channel that is neither held (nor about to be) nor ``full``? None when ``channel`` is not one
+        of this router's (worker/flow.py: a STATELESS operator's output is full only when every
+        instance's is)."""
+        if self.channels is None or not any(c is channel for c in self.channels):
+            return None
+        return any(c is None or (c is not channel and not c.holding and not full(c)) for c in self.channels)
 
     def _pick(self) -> int:
         """Smooth weighted round robin (nginx): even spacing, exact shares over a cycle."""

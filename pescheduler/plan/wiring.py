@@ -7,6 +7,7 @@ a fuse or split is wired exactly like one built at deploy time.
 from __future__ import annotations
 
 from .. import config
+from ..operator import Parallelism
 from .placement import Placement
 from .routing import router_targets
 from ..worker.specs import InputSpec, OutputSpec, PESpec
@@ -45,7 +46,8 @@ def routing_for(placement: Placement, pe_id: str) -> dict[tuple[str, str, str], 
             if src != op_id or x not in placement.routes or placement.copies.get(src) == x:
                 continue
             routers = routers_of(placement, x)
-            targets = router_targets(x, placement.copies_of(x), placement.routes[x], src, routers)
+            targets = router_targets(x, placement.copies_of(x), placement.routes[x], src, routers,
+                                     stateless=plan.ops[x].parallelism is Parallelism.STATELESS)
             routing[(src, port, x)] = (targets, plan.ops[x].key_field)
     return routing
 

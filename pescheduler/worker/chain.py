@@ -229,7 +229,7 @@ class Chain:
         through one :class:`Router`; the others each once (a channel serving
         several consumers in its PE is called once).
         """
-        by_port: dict[tuple[str, str], list[tuple[str, Callable]]] = {}
+        by_port: dict[tuple[str, str], list[tuple[str, Callable, Output | None]]] = {}
         index: dict[str, list] = {}
         runs = self._fused_runs()
         for src, port, dst in self.edges:
@@ -245,35 +245,54 @@ class Chain:
                 k = inputs.index((self.logical(src), port))   # the app's input order, copies folded
                 process = partial(node.op.process_input, k) if overrides(node.op, "process_input") else None
                 push = partial(self._push, node, process=process)
-            by_port.setdefault((src, port), []).append((dst, push))
+            by_port.setdefault((src, port), []).append((dst, push, None))
         self.outputs: dict[str, list[Output]] = {}
         for src, port, out in self.outs:
             for dst in getattr(out, "dst_ops", None) or (None,):
-                by_port.setdefault((src, port), []).append((dst, out.send))
+                by_port.setdefault((src, port), []).append((dst, out.send, out))
             if out not in self.outputs.setdefault(src, []):
                 self.outputs[src].append(out)
         self.routes = {}
         self.routers = {}
         self.consumer_routes: dict[tuple[str, str, str], list[Callable]] = {}
+        self._by_credit: dict[int, list[Router]] = {}     # id(channel) -> routers that route by credit over it
+        unrouted: set[int] = set()                        # channels that carry batches no router chose
         for (src, port), targets in by_port.items():
             calls: list[Callable] = []
-            grouped: dict[tuple, dict[str, Callable]] = {}
-            for dst, call in targets:
+            grouped: dict[tuple, dict[str, tuple[Callable, Output | None]]] = {}
+            for dst, call, out in targets:
                 key = (src, port, self.logical(dst)) if dst is not None else None
                 if key in self.routing:
-                    grouped.setdefault(key, {})[dst] = call
+                    grouped.setdefault(key, {})[dst] = (call, out)
                     continue
+                if out is not None:
+                    unrouted.add(id(out))
                 if key is not None:
                     self.consumer_routes.setdefault(key, []).append(call)
                 if call not in calls:
                     calls.append(call)
             for key, by_instance in grouped.items():
                 spec, key_field = self.routing[key]
-                router = Router(spec, [by_instance[i] for i in spec.instances], key_field)
+                instances = [by_instance[i] for i in spec.instances]
+                router = Router(spec, [call for call, _out in instances], key_field,
+                                channels=[out for _call, out in instances])
                 self.routers[key] = router
                 self.consumer_routes[key] = [router.send]
                 calls.append(router.send)
+                if router.channels is not None:
+                    for out in router.channels:
+                        if out is not None:
+                            self._by_credit.setdefault(id(out), []).append(router)
             self.routes[(src, port)] = calls
+        for channel in unrouted:
+            self._by_credit.pop(channel, None)
+
+    def spared(self, channel: Output, full: Callable[[Output], bool]) -> bool:
+        """Is every batch ``channel`` carries routed by credit over instances of which another
+        still takes batches? Then ``channel`` being out of credit holds nothing back: its router
+        sends elsewhere (worker/flow.py)."""
+        routers = self._by_credit.get(id(channel))
+        return bool(routers) and all(r.room_besides(channel, full) for r in routers)
 
     def _fused_runs(self) -> dict[str, FusedRun]:
         """First op id -> :class:`FusedRun` for every linear run of two or more fusable operators.

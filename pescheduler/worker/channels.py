@@ -213,6 +213,7 @@ class ChannelOut:
         self.batches = 0
         self.ended = False
         self.held = False          # paused at a reconfiguration marker: ship nothing more
+        self.holding = False       # a hold was asked (held once what precedes the marker shipped)
         self.dst_ops: tuple[str, ...] = ()    # consumers this channel reaches (for routers)
         self.opening: asyncio.Future | None = None    # still being opened (see open_in_background)
 
@@ -278,6 +279,7 @@ class ChannelOut:
         (Chain.freeze); re-sent between two held channels' backlogs it would
         make the other's data late. A channel that ended does not overtake.
         """
+        self.holding = True
         if overtake and not self.ended:
             # In place: a flush awaiting credit or the socket holds this very deque.
             newest = next((p for kind, p in reversed(self.pending) if kind == WATERMARK), None)
@@ -331,6 +333,11 @@ class ChannelOut:
     def data_pending(self) -> int:
         """Data batches buffered, not yet shipped."""
         return sum(1 for kind, _ in self.pending if kind == DATA)
+
+    def full(self, backlog: int) -> bool:
+        """Out of credit with ``backlog`` data batches buffered (worker/flow.py). A held channel
+        never is: it waits for the rewire, not for credit."""
+        return not self.held and self.gate.credits <= 0 and self.data_pending() >= backlog
 
     async def _write(self, kind: int, payload: Any) -> None:
         raise NotImplementedError

@@ -15,6 +15,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from time import perf_counter
 from typing import Any, Callable, Iterable
 
@@ -24,6 +25,7 @@ from .channels import (DATA, ENCODED, END, MALFORMED, MARKER, WATERMARK, Channel
                        LocalChannelOut, TcpChannelOut, decode)
 from ..operator import DeadLetter, OperatorContext, Source
 from .aligner import Aligner
+from .busy import busy_clock
 from .barriers import Barriers, is_barrier
 from .source_driver import SourceDriver, pump
 from .specs import InputSpec, OutputSpec, PESpec
@@ -73,6 +75,7 @@ class PERunner:
         self.task: asyncio.Task | None = None
         self.full: frozenset[str] = frozenset()     # producers of full output channels (flow.py)
         self._feeds: dict[tuple[str, str], bool] = {}   # input -> feeds a full channel, for self.full
+        self._spent: dict[int, float] = {}         # id(input channel) -> busy time its batches took (_read_inbox)
 
     # -- wiring ---------------------------------------------------------------------
     async def connect(self, local_receivers: Callable[[str], tuple[Inbox, ChannelIn]],
@@ -184,13 +187,27 @@ class PERunner:
         return progressed
 
     def _read_inbox(self) -> bool:
-        """Take inbox items until it is empty or the time slice is used up."""
+        """Take inbox items until it is empty or the time slice is used up.
+
+        Inputs share the PE's time fairly (start-time fair queueing): a data
+        batch waits while another channel that has spent less of the PE's busy
+        time on its batches has one to take. In arrival order, a cheap input
+        (a copy's output into the sink fused with its original) queued behind
+        the credit window of an expensive one (the original's own input: a
+        second of CPU on a starved host) and held the copy back by credit
+        (issue 15); turns of one batch each still gave each copy one batch per
+        expensive one. Each channel stays FIFO: once one of its items waits,
+        the rest of its items wait behind it.
+        """
         items = self.inbox.items
         if not items:
             return False
         chain, aligner = self.chain, self.aligner
         deadline = perf_counter() + self.spec.time_slice_s
-        deferred: list = []             # items of inputs that feed a full channel, in order (flow.py)
+        deferred: list = []             # items that wait for a later turn, in order
+        waiting: set[int] = set()       # ids of channels with an item in ``deferred``
+        yielded: set[int] = set()       # those of them that wait for their turn (not for credit)
+        spent = self._share_start(items)
         taken = False
         while items:
             item = channel, kind, payload = items.popleft()
@@ -199,8 +216,14 @@ class PERunner:
             if aligner.marker is not None and aligner.park(channel, kind, payload):
                 taken = True
                 continue                        # blocked at the marker until aligned
-            if self.full and self._feeds_full(channel.src_op, channel.port):
-                deferred.append(item)
+            if id(channel) in waiting or (self.full and self._feeds_full(channel.src_op, channel.port)):
+                deferred.append(item)           # feeds a full channel (flow.py), or behind its own
+                waiting.add(id(channel))
+                continue
+            if kind == DATA and len(spent) > 1 and not self._turn(channel, items, yielded, spent):
+                deferred.append(item)           # one that spent less has a batch: its turn first
+                waiting.add(id(channel))
+                yielded.add(id(channel))
                 continue
             taken = True
             if kind == DATA:
@@ -215,7 +238,9 @@ class PERunner:
                     continue
                 self.turns.on_loop(channel.grant)    # per batch, so the sender keeps pipelining
                 channel.tuples += len(batch)
+                t0 = busy_clock()
                 chain.emit_from(channel.src_op, batch, channel.port)
+                spent[id(channel)] = spent.get(id(channel), 0.0) + busy_clock() - t0
             elif kind == WATERMARK:
                 chain.watermark_from(channel.src_op, payload)
             elif kind == END:
@@ -231,6 +256,28 @@ class PERunner:
         if deferred:
             items.extendleft(reversed(deferred))   # back in front: each channel stays FIFO
         return taken
+
+    def _share_start(self, items) -> dict[int, float]:
+        """Busy time spent per input channel with items queued now (``_read_inbox``), counted
+        from the least-served one: a channel that had none starts level with it (an idle spell
+        banks no time)."""
+        queued = {id(c) for c, _kind, _payload in list(items)}   # a copy: the event loop appends
+        spent = {c: t for c, t in self._spent.items() if c in queued}
+        floor = min(spent.values(), default=0.0)
+        self._spent = {c: spent.get(c, floor) - floor for c in queued}
+        return self._spent
+
+    def _turn(self, channel: ChannelIn, items, yielded: set[int], spent: dict[int, float]) -> bool:
+        """Is it ``channel``'s turn for a data batch? Not while a channel that spent less waits
+        for its turn in this pass, or has an item further on that may be taken. The channel that
+        spent least among those with batches always may: a pass that has batches takes one (a
+        pass that took nothing would spin the PE loop without yielding)."""
+        mine = spent.get(id(channel), 0.0)
+        if any(spent.get(c, 0.0) < mine for c in yielded):
+            return False
+        return not any(c is not channel and spent.get(id(c), 0.0) < mine
+                       and (id(c) in yielded or not (self.full and self._feeds_full(c.src_op, c.port)))
+                       for c, _kind, _payload in list(items))
 
     def _feeds_full(self, op_id: str, port: str = "out") -> bool:
         """Would taking this input (a channel's producer and port, or a source here) emit into a
@@ -249,14 +296,16 @@ class PERunner:
         A channel out of credit with ``RELIEF_BATCHES`` credit windows buffered
         is full: until it has credit again the PE takes no input that feeds it,
         and takes all other input (flow.py: waiting instead deadlocked PEs that
-        feed each other). When nothing is left to take, ``_idle`` waits for
-        credit, and that wait is the backpressure the monitor counts.
+        feed each other). A channel to an instance of a STATELESS operator is
+        spared while another instance takes batches: its router sends them
+        there (plan/routing.py). When nothing is left to take, ``_idle`` waits
+        for credit, and that wait is the backpressure the monitor counts.
         """
-        full = set()
-        for spec, channel in self.outs:
-            if (channel.pending and not await channel.flush(wait=False)
-                    and channel.data_pending() >= RELIEF_BATCHES * self.spec.credits):
-                full.add(spec.src_op)
+        out_of_credit = [(spec, channel) for spec, channel in self.outs
+                         if channel.pending and not await channel.flush(wait=False)]
+        full_ = partial(ChannelOut.full, backlog=RELIEF_BATCHES * self.spec.credits)
+        full = {spec.src_op for spec, channel in out_of_credit
+                if full_(channel) and not self.chain.spared(channel, full_)}
         if full != self.full:
             self.full, self._feeds = frozenset(full), {}
 

@@ -47,7 +47,7 @@ def assert_every_number_once(rows):
     assert len(numbers) > RATE // 2
 
 
-def test_stateless_copy_takes_half_the_traffic_and_goes_without_loss(cluster, tmp_path):
+def test_stateless_copy_takes_a_share_of_the_traffic_and_goes_without_loss(cluster, tmp_path):
     out = tmp_path / "tagged.jsonl"
     app = Application("copies-stateless")
     app.source("numbers", count=10**9, keys=5, rate=RATE).apply("tag").sink("jsonl", path=str(out))
@@ -61,8 +61,10 @@ def test_stateless_copy_takes_half_the_traffic_and_goes_without_loss(cluster, tm
         last = dep.next_snapshot(timeout=WAIT)
         last = dep.next_snapshot(timeout=WAIT)
         share = {op: last.operators[op].tuples_in - first.operators[op].tuples_in for op in ("tag-2", "tag-2#1")}
-        # one router, one shared copy: weights 1:1, whole batches alternate
-        assert share["tag-2#1"] == pytest.approx(share["tag-2"], rel=0.15), share
+        # STATELESS: whole batches by credit (plan/routing.py), so each instance takes what it has
+        # room for; with credit to spare on both they alternate, and neither is starved
+        total = share["tag-2"] + share["tag-2#1"]
+        assert min(share.values()) >= 0.2 * total, share
         rec = dep.apply(Release("tag-2", 1))
         assert rec.applied, rec.reason
         assert "tag-2#1" not in dep.placement().pes

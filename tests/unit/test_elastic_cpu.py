@@ -121,6 +121,38 @@ def snapshot(h0_cpu: float, h1_cpu: float = 0.3) -> MetricsSnapshot:
     return MetricsSnapshot(1.0, 1.0, hosts=MappingProxyType(hosts))
 
 
+def test_no_worker_is_cold_started_on_a_saturated_machine_with_nothing_to_borrow():
+    """Replicate 3 of op2 finds 2 slots: an embedded cluster would start a worker for the third
+    (Reconfigurer._cold_slot). On a machine with no more CPU and no lender that is refused, with
+    the reason the decision log gets; with CPU to spare, or a host to borrow, it is not."""
+    from pescheduler.control.controller import cold_start_refusal
+    from pescheduler.control.resources import ResourceView
+
+    held = ResourceView(held=("h0", "h1"))
+    why = cold_start_refusal(Replicate("op2", 3), PL, snapshot(0.97, 0.95), 0.9, held)
+    assert why.startswith("'op2' needs 3 standard slot(s)") and "a worker started on this machine would only " \
+        "share its CPU: host 'h0' has no more CPU: 97% of its cores in use (above 90%)" in why, why
+    assert cold_start_refusal(Replicate("op2", 3), PL, snapshot(0.97, 0.5), 0.9, held) == ""   # h1 has CPU
+    assert cold_start_refusal(Replicate("op2", 3), PL, snapshot(0.97, 0.95), 0.9,
+                              ResourceView(held=("h0", "h1"), lendable=1)) == ""              # borrow instead
+    assert cold_start_refusal(Replicate("op2", 2), PL, snapshot(0.97, 0.95), 0.9, held) == ""  # warm slots
+    # a borrowed host is not where a cold start lands: only h0 counts, and it is saturated
+    assert cold_start_refusal(Replicate("op2", 3), PL, snapshot(0.97, 0.5), 0.9,
+                              ResourceView(held=("h0", "h1"), borrowed=("h1",))) != ""
+    _steered, refusal = steer(Replicate("op2", 3), PL, snapshot(0.97, 0.95), 0.9, held)
+    assert refusal == why
+    asked = []
+
+    async def apply(action):
+        asked.append(action)
+        return ApplyRecord(action, True, action.reason)
+
+    ctl = Controller({"rate": lambda s, p, r, c: [Replicate("op2", 3)]}, apply, saturated_cpu=0.9, cooldown_s=0,
+                     resources=lambda: held)
+    made = asyncio.run(ctl.tick(snapshot(0.97, 0.95), PL))
+    assert not asked and [(d.outcome, d.detail) for d in made] == [("refused", why)]
+
+
 def test_a_replicate_onto_a_saturated_host_is_steered_to_a_host_with_cpu_else_refused():
     assert onto_saturated(Replicate("op2"), PL, snapshot(0.5), 0.9) == ""
     why = onto_saturated(Replicate("op2"), PL, snapshot(0.97), 0.9)

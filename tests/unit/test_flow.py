@@ -20,6 +20,15 @@ copies next to their originals are all covered. The same model with the
 rule the PE loop had before (issue 20: wait for credit, taking nothing, once
 a channel's backlog is at the limit or the inbox is empty) finds the
 deadlock of a copied window under load, so the check can fail.
+
+A STATELESS operator's instances take batches by credit (plan/routing.py):
+its router sends a batch to ONE instance, and a channel to one of them is
+full only when no other instance takes batches (an instance fused into the
+sending PE always does). The model's ``credit`` rule has the PE loop's
+``_flush`` decide the full set with the runtime's own ``Chain.spared``
+condition, and lets a router pick any instance that is not full (the
+runtime picks the one with the most room: one of these), so every schedule
+of the runtime is among the model's.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from hypothesis import strategies as st
 from pescheduler import Application
 from pescheduler.actions import ActionRefused, Fuse, Move, Release, Replicate, Split
 from pescheduler.plan.compiler import compile_app
-from pescheduler.plan.wiring import consumer_edges
+from pescheduler.plan.wiring import consumer_edges, routing_for
 from pescheduler.plan.transforms import transform
 from pescheduler.plugins import load_plugins
 from pescheduler.worker import flow
@@ -71,10 +80,16 @@ class Model:
         self.members = {pe: placement.pes[pe].operators for pe in self.pes}
         self._feeds: dict = {}
         self.outs = {pe: [i for i, _ in enumerate(self.channels) if self.src_pe[i] == pe] for pe in self.pes}
+        self.placement = placement
+        self.index = {c: i for i, c in enumerate(self.channels)}
+        self.groups: dict[int, list[list]] = {}       # channel -> the by-credit routers' members it is one of
+        self.options: dict[str, list] = {}            # pe -> [(channel or None, key, alternatives)]
         for pe in self.pes:
             ins = [(i, (s, p)) for i, (s, p, dst) in enumerate(self.channels) if dst == pe]
             ins += [(None, (op, "out")) for op in self.members[pe] if not plan.upstream(op)]
             self.inputs[pe] = [(i, key, self._reach(pe, *key)) for i, key in ins]
+            self._credit_groups(pe)
+            self.options[pe] = [(i, key, self._alternatives(pe, *key)) for i, key in ins]
 
     def feeds(self, pe: str, op: str, port: str, full: frozenset) -> bool:
         key = (pe, op, port, full)
@@ -111,6 +126,74 @@ class Model:
         ops = flow.downstream(self.edges[pe], start)
         return [i for i in self.outs[pe] if self.channels[i][0] in ops]
 
+    # -- the credit rule (STATELESS copies) ----------------------------------------------------
+    def _credit_groups(self, pe: str) -> None:
+        """Per by-credit router of ``pe``: its members (a channel index, or None when the instance
+        runs in ``pe``); a channel counts as routed by credit only when every consumer it serves
+        is reached through such a router (as ``Chain._by_credit`` drops channels that carry
+        batches no router chose)."""
+        plan, pl = self.placement.plan, self.placement
+        routed: dict[int, list] = {}
+        unrouted: set[int] = set()
+        for (src, port, x), (targets, _key) in routing_for(pl, pe).items():
+            members = [None if pl.pe_of(d) == pe else self.index[(src, port, pl.pe_of(d))]
+                       for d in targets.instances]
+            for m in members:
+                if m is not None:
+                    routed.setdefault(m, []).append(members if targets.by_credit else None)
+        for src, port, d in plan.edges:
+            if src in self.members[pe] and pl.pe_of(d) != pe and pl.original(d) not in [
+                    x for (s, p, x) in routing_for(pl, pe) if (s, p) == (src, port)]:
+                unrouted.add(self.index[(src, port, pl.pe_of(d))])
+        for c, groups in routed.items():
+            if c not in unrouted and all(g is not None for g in groups):
+                self.groups[c] = groups
+
+    def _alternatives(self, pe: str, op: str, port: str) -> list[tuple[frozenset, frozenset]]:
+        """What taking one batch of ``op.port``'s input may emit: ``(channels, chosen)`` pairs,
+        ``chosen`` being the channels a by-credit router picked (each must not be full)."""
+        start = [op] if op in self.members[pe] else [d for s, p, d in self.edges[pe] if (s, p) == (op, port)]
+        return _product([self._process(pe, d) for d in start])
+
+    def _process(self, pe: str, op: str) -> list[tuple[frozenset, frozenset]]:
+        """``op`` (in ``pe``) processes a batch and emits on every port (the worst case)."""
+        plan, pl = self.placement.plan, self.placement
+        routing = routing_for(pl, pe)
+        parts = []
+        for port in dict.fromkeys(p for s, p, _d in plan.edges if s == op):
+            consumers = [d for s, p, d in plan.edges if (s, p) == (op, port)]
+            by_router: dict[str, list[str]] = {}
+            for d in consumers:
+                by_router.setdefault(pl.original(d) if (op, port, pl.original(d)) in routing else d, []).append(d)
+            for x, ds in by_router.items():
+                spec = routing[(op, port, x)][0] if (op, port, x) in routing else None
+                if spec is not None and spec.by_credit:        # ONE instance, any that is not full
+                    alts = []
+                    for d in spec.instances:
+                        if pl.pe_of(d) == pe:
+                            alts += self._process(pe, d)
+                        else:
+                            c = self.index[(op, port, pl.pe_of(d))]
+                            alts.append((frozenset([c]), frozenset([c])))
+                    parts.append(alts)
+                    continue
+                for d in ds:                                   # every one (weighted, keyed: worst case)
+                    if pl.pe_of(d) == pe:
+                        parts.append(self._process(pe, d))
+                    else:
+                        c = self.index[(op, port, pl.pe_of(d))]
+                        parts.append([(frozenset([c]), frozenset())])
+        return _product(parts)
+
+    def full_set(self, pe: str, chans: tuple, rule: str) -> set[str]:
+        """The producers ``_flush`` holds back on: a full channel, unless (credit rule) another
+        instance of each by-credit router it is one of still takes batches (``Chain.spared``)."""
+        full = {i for i in self.outs[pe] if chans[i][0] >= LIMIT and not chans[i][1]}
+        if rule == "credit":
+            full = {i for i in full if not (i in self.groups and all(
+                any(m is None or (m != i and m not in full) for m in g) for g in self.groups[i]))}
+        return {self.channels[i][0] for i in full}
+
     def initial(self) -> tuple:
         return tuple((0, CREDITS) for _ in self.channels) + tuple(None for _ in self.pes)
 
@@ -130,7 +213,10 @@ class Model:
             if waiting[k] is not None or any(chans[i][0] and chans[i][1] for i in self.outs[pe]):
                 continue                                         # blocked, or it flushes first
             inbox = {i: CREDITS - chans[i][1] for i, _key, _r in self.inputs[pe] if i is not None}
-            full = {self.channels[i][0] for i in self.outs[pe] if chans[i][0] >= LIMIT and not chans[i][1]}
+            full = self.full_set(pe, chans, rule)
+            if rule == "credit":
+                out += self._takes(state, pe, inbox, full)
+                continue
             if rule == "old":
                 stuck = [i for i in self.outs[pe] if chans[i][0] and not chans[i][1]
                          and (chans[i][0] >= LIMIT or not any(inbox.values()))]
@@ -147,6 +233,25 @@ class Model:
                 new = list(state)
                 if i is not None:
                     new[i] = (chans[i][0], chans[i][1] + 1)      # taken: its credit goes back
+                for o in reach:
+                    new[o] = (new[o][0] + 1, new[o][1])
+                out.append(tuple(new))
+        return out
+
+    def _takes(self, state: tuple, pe: str, inbox: dict, full: set[str]) -> list[tuple]:
+        """Under the credit rule: each input ``pe`` may take, with each emission its routers allow."""
+        n = len(self.channels)
+        chans = state[:n]
+        out = []
+        for i, (op, port), alternatives in self.options[pe]:
+            if (i is not None and not inbox[i]) or self.feeds(pe, op, port, frozenset(full)):
+                continue
+            for reach, chosen in alternatives:
+                if any(chans[c][0] >= LIMIT and not chans[c][1] for c in chosen):
+                    continue                                   # a router never picks a full instance
+                new = list(state)
+                if i is not None:
+                    new[i] = (chans[i][0], chans[i][1] + 1)
                 for o in reach:
                     new[o] = (new[o][0] + 1, new[o][1])
                 out.append(tuple(new))
@@ -170,6 +275,14 @@ class Model:
 
     def describe(self, state: tuple) -> str:
         return "; ".join(f"{c} pending {p} credits {k}" for c, (p, k) in zip(self.channels, state))
+
+
+def _product(parts: list[list[tuple[frozenset, frozenset]]]) -> list[tuple[frozenset, frozenset]]:
+    """Every way of choosing one alternative from each part, unioned."""
+    combos = [(frozenset(), frozenset())]
+    for alts in parts:
+        combos = list(dict.fromkeys((a | r, b | q) for a, b in combos for r, q in alts))
+    return combos
 
 
 def test_the_copied_window_deadlocks_under_the_old_rule_and_not_under_flow(base):
@@ -260,3 +373,38 @@ def test_a_reconfiguration_parks_nothing_so_the_flow_rule_alone_decides(base, st
         if dst_pe in plan.retired:
             assert cid in held or placement.pe_of(src) in plan.retired, \
                 f"{cid} into a replaced PE is not held after its marker ({last}): its batches would be parked"
+
+
+@pytest.mark.parametrize("copied", ["tag-2", "tag-7"])
+def test_a_stateless_copy_by_credit_passes_over_a_full_instance_and_never_deadlocks(base, copied):
+    """A copy of a STATELESS ``tag``: its router takes batches by credit, over two channels
+    (``tag-2``'s) or a channel and the instance in its own PE (``tag-7``, fused with the window).
+    Some reachable state has a channel into one instance full while the PE still takes input (the
+    rule at work), and no reachable state deadlocks."""
+    model = Model(transform(base, Replicate(copied, 1)))
+    assert model.groups, f"{copied}'s instances are reached by credit"
+    assert model.deadlock("credit") is None
+    start = model.initial()
+    seen, todo, spared = {start}, deque([start]), False
+    n = len(model.channels)
+    while todo and not spared:
+        state = todo.popleft()
+        for pe in model.pes:
+            chans = state[:n]
+            raw = {model.channels[i][0] for i in model.outs[pe] if chans[i][0] >= LIMIT and not chans[i][1]}
+            spared |= bool(raw - model.full_set(pe, chans, "credit"))
+        for s in model.moves(state, "credit"):
+            if s not in seen:
+                seen.add(s)
+                todo.append(s)
+    assert spared, "no state where a full instance was passed over"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(ACTIONS, min_size=1, max_size=8))
+def test_no_placement_deadlocks_when_stateless_copies_take_batches_by_credit(base, steps):
+    placement = placed(base, steps)
+    model = Model(placement)
+    if model.groups and len(model.channels) <= SMALL - 1:   # every state enumerated, kept quick
+        found = model.deadlock("credit")
+        assert found is None, f"{[str(s) for s in steps]}: {model.describe(found)}"

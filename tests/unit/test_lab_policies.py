@@ -98,3 +98,29 @@ def test_rate_with_every_slot_host_saturated_borrows_or_asks_so_the_refusal_is_r
 
 async def _never(action):
     raise AssertionError(f"{action!r} must not be applied")
+
+
+def test_a_busy_instance_beside_one_with_room_is_no_concentration_for_a_stateless_operator():
+    """Its routers send by credit: the original still draining its backlog (100 %) beside a copy with
+    room (55 %) runs 0.78 of each on average, under ``hot``; a second copy would be one too many
+    (issue 15). A MERGEABLE operator's routers split evenly: its hot instance still asks for one."""
+    from pescheduler.actions import Replicate
+    from pescheduler.operator import Parallelism
+    from pescheduler.plan import transforms
+
+    def two_instances(parallelism, copy_busy=0.55):
+        pl = transforms.replicate(Simulation.chain(5, parallelism=parallelism).placement, Replicate("op2", 1))
+        busy = {"op2": 1.0, "op2#1": copy_busy}
+        ops = {o: OperatorMetrics(o, pl.original(o), tuples_in_per_s=1000, tuples_out_per_s=1000,
+                                  busy=busy.get(o, 0.1)) for o in pl.plan.ops}
+        pes = {p: PEMetrics(p, pe.operators, pe.worker, pe.host, busy=max(busy.get(o, 0.1) for o in pe.operators))
+               for p, pe in pl.pes.items()}
+        hosts = {"h0": HostMetrics("h0", 0.5), "h1": HostMetrics("h1", 0.5)}
+        return copy.decide(MetricsSnapshot(1.0, 1.0, MappingProxyType(ops), MappingProxyType(pes),
+                                           hosts=MappingProxyType(hosts)), pl, {})
+
+    assert two_instances(Parallelism.STATELESS) == []
+    (more,) = two_instances(Parallelism.MERGEABLE)
+    assert isinstance(more, Replicate) and "an instance is 100% busy" in more.reason, more.reason
+    (hot,) = two_instances(Parallelism.STATELESS, copy_busy=0.95)      # both hot: one more, once it stays so
+    assert "its instances are 98% busy" in hot.reason and hot.hold == Hold(rounds=copy.SETTLE_ROUNDS), hot

@@ -74,3 +74,75 @@ def test_an_arrow_batch_is_split_by_key_group_as_arrow_exactly_as_its_rows_would
         assert [[r for b in part for r in b.to_pylist()] for part in arrow] == \
             [[r for b in part for r in b] for part in plain]
         assert router.tuples == [sum(len(b) for b in part) for part in plain] and all(router.tuples)
+
+
+# -- STATELESS copies: each batch to the instance with the most room (issue 15) -------------------
+
+def credit_router(channels, fused=()):
+    """A by-credit router over real sending ends (``ChannelOut``: credit, buffer, hold); the
+    instances in ``fused`` run in the router's own PE (no channel)."""
+    from pescheduler.worker.channels import ChannelOut
+
+    outs = [None if i in fused else ChannelOut(f"c{i}", credits) for i, credits in enumerate(channels)]
+    targets = [(lambda b, i=i: None) if outs[i] is None else outs[i].send for i in range(len(outs))]
+    names = tuple(["x"] + [f"x#{i}" for i in range(1, len(outs))])
+    router = Router(RouterTargets(names, (1,) * len(outs), by_credit=True), targets, channels=outs)
+    return router, outs
+
+
+def test_by_credit_each_batch_goes_to_the_instance_with_the_most_room():
+    router, (slow, fast) = credit_router([8, 8])
+    slow.gate.credits = 0                     # the original's receiver is starved: nothing comes back
+    for b in range(6):
+        router.send([b])
+    assert router.tuples == [0, 6] and len(fast.pending) == 6
+    fast.gate.credits = 0                     # now both are out of credit: the smaller backlog goes first
+    for b in range(6):
+        router.send([b])
+    assert router.tuples == [6, 6] and slow.data_pending() == fast.data_pending() == 6
+
+
+def test_by_credit_ties_go_in_turn_and_a_fused_instance_takes_what_channels_cannot():
+    router, outs = credit_router([2, 2, 0], fused={2})
+    picks = []
+    for b in range(8):
+        before = list(router.tuples)
+        router.send([b])
+        picks.append(next(i for i in range(3) if router.tuples[i] > before[i]))
+    # room 2, 2 against 0 in this PE: the channels first, in turn; at 0 all three tie, in turn;
+    # below 0 (out of credit, a backlog) this PE runs the batches itself
+    assert picks == [0, 1, 0, 1, 2, 0, 1, 2]
+    for b in range(4):
+        router.send([b])
+    assert router.tuples == [3, 3, 6]
+
+
+def test_by_credit_a_held_channel_comes_last_and_never_counts_as_room():
+    router, (held, live) = credit_router([8, 8])
+    held.hold("m1")
+    live.gate.credits = 0
+    for b in range(3):
+        router.send([b])
+    assert router.tuples == [0, 3], "a backlog behind credit beats one behind a rewire"
+    full = lambda c: c.full(2)                # noqa: E731  (out of credit, 2 batches buffered)
+    assert router.room_besides(live, full) is False      # the held one does not relieve the live one
+    assert router.room_besides(held, full) is False
+    other, (a, b) = credit_router([8, 8])
+    a.gate.credits = 0
+    for n in range(3):
+        a.send([n])
+    assert other.room_besides(a, full) is True and other.room_besides(live, full) is None
+
+
+def test_router_targets_route_by_credit_only_a_stateless_operator():
+    from pescheduler.plan.routing import Route, router_targets
+
+    route = Route(users={"x#1": ("up",)})
+    assert router_targets("x", ["x#1"], route, "up", ["up"], stateless=True).by_credit
+    assert not router_targets("x", ["x#1"], route, "up", ["up"]).by_credit          # MERGEABLE: weighted
+    keyed = Route(key_groups=even_key_groups(["x", "x#1"]))
+    spec = router_targets("x", ["x#1"], keyed, "up", ["up"], stateless=True)
+    assert spec.owners and not spec.by_credit
+    got, targets = collecting(2)
+    router = Router(spec, targets, "key", channels=[None, None])
+    assert router.channels is None            # keyed routing never goes by credit
