@@ -3,11 +3,16 @@
 When operator ``X`` has copies, every upstream instance feeding it (a
 *router*) splits its batches between ``X`` and the copies it uses:
 
-* STATELESS: by credit, a whole batch at a time: each batch goes to the
-  instance with the most room (credit minus what its channel already
-  buffers; ties in turn), so an instance on a starved host takes what it can
-  and the others the rest. Splitting evenly in turn instead, the slowest
-  instance set the pace of all (issue 15: a copy on a lab host with CPU to
+* STATELESS: in weighted turns while every instance has room, by credit
+  when one has none, a whole batch at a time: an instance whose channel is
+  out of credit gives its turn to the instance with the most room (credit
+  minus what its channel already buffers; ties in turn), so an instance on a
+  starved host takes what it can and the others the rest. Turns come first
+  because room alone misleads: a copy on the sender's own worker shares its
+  event loop, so its channel shows little room while the sender runs, and
+  sending every batch to the most room sent nearly all of them to the remote
+  original (bench/parallel.py, one copy: 1.21x, with turns first 1.87x).
+  Splitting in turn alone, the slowest instance set the pace of all (issue 15: a copy on a lab host with CPU to
   spare ran at a third of it, held back with the original on a saturated
   host). Nothing ties a STATELESS operator's tuple to an instance: no key,
   no state, no order to keep between instances. The operator's producer
@@ -207,11 +212,15 @@ class Router:
         return True
 
     def _most_room(self) -> int:
-        """The instance with the most room: credit minus data its channel buffers; an operator in
+        """The weighted turn's instance if it has room (or runs in this PE); else the instance
+        with the most room: credit minus data its channel buffers; an operator in
         this PE has room 0 (it runs the batch here, at this PE's pace: instances with credit to
         spare go first, and it takes what none of them can); a held channel (a reconfiguration
         waits for its rewire) comes last. Ties go in turn, from the one after the last pick."""
         channels = self.channels
+        i = self._pick()
+        if channels[i] is None or _room(channels[i]) > 0:
+            return i
         n = len(channels)
         best, best_room = 0, None
         for k in range(n):
