@@ -57,7 +57,11 @@ def test_status_and_stop_reach_a_running_deployment(tmp_path):
         assert [pe["operators"] for pe in shown["pes"]] == [["generator-1"], ["key_by-2", "window-3", "jsonl-4"]]
         stop = cli("stop", env=env)
         assert stop.returncode == 0, stop.stdout + stop.stderr
-        assert deploy.wait(timeout=120) == 0
+        # communicate, not wait: --json prints a status line per monitor interval into the pipe, and
+        # on a loaded machine (slow to reach "running") they filled it before the stop: the deploying
+        # process blocked in print and never exited (reproduced at load 15, faulthandler in _follow)
+        _, stderr = deploy.communicate(timeout=120)
+        assert deploy.returncode == 0, stderr
     finally:
         reap(deploy)                                 # by the PID this test started
     counts = [json.loads(line)["n"] for line in out.read_text().splitlines()]

@@ -133,8 +133,8 @@ def test_sigterm_drains_like_ctrl_c(tmp_path):
             if json.loads(line)["state"] == "running":
                 break
         deploy.send_signal(signal.SIGTERM)
-        code = deploy.wait(timeout=WAIT)
-        err = deploy.stderr.read()
+        _, err = deploy.communicate(timeout=WAIT)    # not wait: status lines must not fill the pipe
+        code = deploy.returncode
     finally:
         reap(deploy)                                 # by the PID this test started
     assert code == 143, err
