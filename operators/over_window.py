@@ -65,6 +65,31 @@ class OverWindow(AggregatingWindow):
     def _slot_lists(self) -> Iterable[list]:
         return (state[1] for state in self._keys.values())
 
+    def add_query(self, query_id: Any, aggregates: dict) -> None:
+        """Start ``query_id``; aggregates new to the plan are folded from each key's window.
+
+        A pane-based window lets a new aggregate start empty and report only the windows it
+        saw whole (``window.py``); here a key's window moves with every event and a busy key
+        is never empty, so that would mean no row for it ever. The window's events are kept,
+        so the new slots are made complete at once: from its first row on, the query sees
+        the whole window, as a query whose aggregates the plan had already does. (A key
+        whose events the new aggregate cannot take stays as it was: no row for that query
+        until its window has emptied.)
+        """
+        super().add_query(query_id, aggregates)
+        n = len(self.plan.slots)
+        for state in self._keys.values():
+            window, slots = state
+            if len(slots) == n:
+                continue
+            full = None
+            try:
+                for _, t in window:
+                    full = self._fold(full, t)
+            except Exception:
+                continue
+            state[1] = full
+
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
         self._hold(batch, emit)

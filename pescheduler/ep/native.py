@@ -54,6 +54,7 @@ class _StreamState:
     op_id: str
     source: Operator
     driver: SourceDriver
+    pushed: int = 0                               # events pushed so far (see NativeProcessor._shared)
 
 
 class NativeProcessor(EventProcessor):
@@ -69,6 +70,7 @@ class NativeProcessor(EventProcessor):
         self._streams: dict[str, _StreamState] = {}
         self._nodes: dict[str, _Node] = {}          # insertion order is topological
         self._groups: dict[tuple, str] = {}         # shared window key -> op id
+        self._epochs: dict[str, tuple] = {}         # shared op id -> its inputs' events pushed when made
         self._late: dict[str, list] = {}
         self._chain: Chain | None = None
         self._rebuild()
@@ -112,6 +114,7 @@ class NativeProcessor(EventProcessor):
     # -- events -------------------------------------------------------------------------------
     def _push(self, stream: str, events: list[dict]) -> None:
         state = self._streams[stream]
+        state.pushed += len(events)
         state.source.offer(events)
         self._pump(state)
 
@@ -225,10 +228,20 @@ class NativeProcessor(EventProcessor):
                      {"queries": {query_id: predicates}}, lambda op: op.add_query(query_id, predicates))
 
     def _shared(self, query_id: Any, group: tuple, name: str, inputs: list[str], label: str, params: dict,
-                join: Callable[[Operator], None]) -> None:
+                join: Callable[[Operator], None], fresh: bool = False) -> None:
         """The operator of ``group`` (created with ``params`` and a tagged output the first time)
-        serves ``query_id`` too (``join(op)`` adds it)."""
+        serves ``query_id`` too (``join(op)`` adds it).
+
+        ``fresh`` (windows): a query sees the events pushed after it was created, as on the SQL
+        providers (each query's window tables start empty), so it joins the group's operator
+        only while no event has come in since that was made; else it gets a new one, which the
+        queries after it join (until events come in). Shared correlations and patterns need no
+        new operator: they hold events, not results, and tell a query's events by arrival.
+        """
+        epoch = tuple(self._pushed(i) for i in inputs)
         op_id = self._groups.get(group)
+        if op_id is not None and fresh and self._epochs.get(op_id) != epoch:
+            op_id = None
         if op_id is None:
             op_id = f"{name}{len(self._groups) + 1}.{label}"
             while op_id in self._nodes:
@@ -236,11 +249,15 @@ class NativeProcessor(EventProcessor):
             self._add(op_id, name, params, inputs, query_id)
             self._add(f"{op_id}.out", "ep_output", {"processors": self._processors, "tagged": True},
                       [op_id], query_id, kind="sink")
-            self._groups[group] = op_id
+            self._groups[group], self._epochs[op_id] = op_id, epoch
             return
         join(self._nodes[op_id].op)
         for shared in (op_id, f"{op_id}.out"):
             self._nodes[shared].owners.add(query_id)
+
+    def _pushed(self, op_id: str) -> int:
+        """Events pushed so far into the stream whose source is ``op_id`` (0 for an operator)."""
+        return next((s.pushed for s in self._streams.values() if s.op_id == op_id), 0)
 
     def _aggregate(self, query_id: Any, stream: Stream, prev: str, t: Aggregate) -> None:
         if stream.window is None:
@@ -251,13 +268,13 @@ class NativeProcessor(EventProcessor):
             size = params["size"]
             self._shared(query_id, (prev, "ep_over", stream.key), "ep_over", [prev], stream.name,
                          {"key": stream.key, "lanes": {size: {query_id: t.aggregates}}},
-                         lambda op: op.add_query(query_id, size, t.aggregates))
+                         lambda op: op.add_query(query_id, size, t.aggregates), fresh=True)
             return
         group = (prev, name, tuple(sorted(params.items())), stream.key,
                  None if self.share else query_id)
         self._shared(query_id, group, name, [prev], stream.name,
                      {**params, "key": stream.key, "queries": {query_id: t.aggregates}},
-                     lambda op: op.add_query(query_id, t.aggregates))
+                     lambda op: op.add_query(query_id, t.aggregates), fresh=True)
 
     def _add(self, op_id: str, name: str, params: dict, inputs: list[str], query_id: Any,
              kind: str = "operator") -> str:
@@ -285,6 +302,7 @@ class NativeProcessor(EventProcessor):
                 self._late.pop(op_id, None)
         live = set(self._nodes)
         self._groups = {g: op_id for g, op_id in self._groups.items() if op_id in live}
+        self._epochs = {op_id: e for op_id, e in self._epochs.items() if op_id in live}
 
     def _rebuild(self) -> None:
         """A new chain over the current operators; operator state and watermarks carry over."""

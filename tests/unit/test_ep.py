@@ -132,16 +132,17 @@ def test_queries_on_one_stream_and_window_share_one_operator_and_come_and_go(pro
                                    .aggregate(spec["late"]))
         proc.push_event("s", payload, ts)
     proc.close()
-    assert not native or shared[0].op.plan.layout == ("sum(a)", "count(None)", "sumsq(a)", "min(b)")
+    # "all" left: what only it read is freed; "late", created mid-stream, has a window of its
+    # own (it sees the events pushed after it, as on a database), so the shared one is unchanged
+    windows = [n for n in proc._nodes.values() if isinstance(n.op, Window)] if native else []
+    assert not native or shared[0].op.plan.layout == ("sum(a)", "count(None)") and len(windows) == 2
 
-    def alone(q):
-        return run_operators([{**p, "ts": ts} for p, ts in stream],
+    def alone(q, start=0):
+        return run_operators([{**p, "ts": ts} for p, ts in stream[start:]],
                              Window(40, 10, aggregates=spec[q], key="id"), batch_size=1, max_delay=0).output
     assert rows["mean"] == alone("mean")                           # exact across the changes
     assert rows["all"] == alone("all")[:len(rows["all"])] and rows["all"]
-    head_ts = stream[149][1]
-    assert [r for r in rows["late"] if r["window_start"] > head_ts] == \
-        [r for r in alone("late") if r["window_start"] > head_ts]
+    assert rows["late"] == alone("late", 150) and rows["late"]
 
 
 def test_output_processors_come_and_go_and_a_failing_one_disturbs_nothing(provider):

@@ -9,6 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pescheduler import ep
+from pescheduler.operator import Emitter, OperatorContext
+from pescheduler.operators.ep_over import OverLanes
 
 SCHEMA = {"id": str, "a": int, "b": int}
 
@@ -173,36 +175,33 @@ def test_the_in_process_engine_times_its_operators_without_a_system_call():
 def test_a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting():
     """A ``COUNT(*)`` lane keeps no fold (its count is its window's length); when a query asking a
     sum joins its size it folds, and when that query leaves it counts again: every row of the
-    counting query equals the count over its window throughout, the sums are the window's."""
-    proc = ep.EventProcessor()
-    proc.register_stream("s", SCHEMA)
-    out = {"c4": [], "sum4": [], "c6": []}
-    sizes = {"c4": 4, "sum4": 4, "c6": 6}
-
-    def query(q):
-        aggregates = {"s": ("sum", "a")} if q == "sum4" else {"n": "count"}
-        proc.create_query(q, ep.Stream("s", window=ep.Sliding(sizes[q], "event"), key="id").aggregate(aggregates))
-        proc.add_output_processor(q, out[q].append)
-    query("c4")
-    query("c6")
+    counting queries equals the count over its window throughout, and the sum query, new to the
+    lane's plan, reports from its first event on for every key, the busy ones whose windows
+    held events already included, each row the sum over its whole window (the lane folds the
+    new aggregate from the events it keeps). Through ``ep`` a query created mid-stream gets an
+    operator of its own (test_ep_providers), so this is ``ep_over``'s own ``add_query``."""
+    lanes = OverLanes(key="id", lanes={4: {"c4": {"n": ("count", None)}}, 6: {"c6": {"n": ("count", None)}}})
+    lanes.open(OperatorContext("lanes"))
     rnd = random.Random(7)
-    # keys k0, k1, then k2, k3 once sum4 joins (a key's slots are made when it first comes, so
-    # an aggregate new to the plan reports only on new keys), then all four
-    events = [({"id": f"k{rnd.randrange(2) + (2 if ts >= 30 else 0) - (rnd.randrange(2) * 2 if ts >= 60 else 0)}",
-                "a": rnd.randrange(10), "b": 0}, ts) for ts in range(90)]
-    for ts, event in enumerate(events):
-        if ts == 30:
-            query("sum4")
-        if ts == 60:
-            proc.remove_query("sum4")
-        proc.push_event("s", *event)
-    proc.close()
+    # two keys, both busy throughout (a key never goes quiet for 4 ms, so its window never empties)
+    events = [{"id": f"k{ts % 2}", "a": rnd.randrange(10), "ts": ts} for ts in range(90)]
+    out = []
+    for t in events:
+        if t["ts"] == 30:
+            lanes.add_query("sum4", 4, {"s": ("sum", "a")})
+        if t["ts"] == 60:
+            lanes.remove_query("sum4")
+        emit = Emitter()
+        lanes.process([t], emit)
+        lanes.on_watermark(t["ts"], emit)
+        out += emit
+    rows = {q: [row for tag, row in out if tag == q] for q in ("c4", "c6", "sum4")}
 
     def window(row, size):
-        return [e for e, ts in events if e["id"] == row["id"] and row["window_end"] - size <= ts < row["window_end"]]
-    assert len(out["c4"]) == len(out["c6"]) == 90 and len(out["sum4"]) >= 25
-    for q in ("c4", "c6"):
-        assert all(row["n"] == len(window(row, sizes[q])) and row["window_start"] == row["window_end"] - sizes[q]
-                   for row in out[q])
-    assert all(row["s"] == sum(e["a"] for e in window(row, 4)) for row in out["sum4"])
-    assert {row["window_end"] for row in out["sum4"]} <= set(range(31, 62))
+        return [e for e in events if e["id"] == row["id"] and row["window_end"] - size <= e["ts"] < row["window_end"]]
+    assert len(rows["c4"]) == len(rows["c6"]) == 90
+    for q, size in (("c4", 4), ("c6", 6)):
+        assert all(row["n"] == len(window(row, size)) and row["window_start"] == row["window_end"] - size
+                   for row in rows[q])
+    assert [row["window_end"] - 1 for row in rows["sum4"]] == list(range(30, 60))
+    assert all(row["s"] == sum(e["a"] for e in window(row, 4)) for row in rows["sum4"])
