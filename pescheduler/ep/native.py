@@ -9,7 +9,9 @@ same parameters, into an ``Application``.
 Sharing: aggregate queries that read the same stream (no filter in front),
 key and window share one window operator and one aggregate plan, so each
 distinct aggregate is computed once per window for all of them; queries may
-come and go while events flow (see ``operators/window.py``).
+come and go while events flow. A query sees the events pushed after it was created,
+as on a database: a window query created after events came in gets a window operator
+of its own (``NativeProcessor._shared``).
 
 Schemas: ``push_event`` checks the payload and raises :class:`SchemaError`
 (naming the field and the type it expects) before anything changes. A
