@@ -339,9 +339,19 @@ class SharedPatterns(Operator):
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
-        ready = [p for p in self._pending if p[0] <= watermark]
-        if ready:
-            self._pending = [p for p in self._pending if p[0] > watermark]
+        pending = self._pending
+        ready = [p for p in pending if p[0] <= watermark]
+        if len(ready) == 1:                         # one event released (pushed one at a time)
+            self._pending = [] if len(pending) == 1 else [p for p in pending if p[0] > watermark]
+            ts, seq, e = ready[0]
+            k = self._key(e) if self._key is not None else None
+            out: list = []
+            for family in self._families:
+                family.step(k, ts, [e], [seq], self._ids, out)
+            if out:
+                emit.many(out)
+        elif ready:
+            self._pending = [p for p in pending if p[0] > watermark]
             ready.sort(key=itemgetter(0))          # stable: arrival order within a timestamp
             key, families, ids, out = self._key, self._families, self._ids, []
             for ts, step in groupby(ready, itemgetter(0)):
