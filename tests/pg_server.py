@@ -1,27 +1,42 @@
-"""A real PostgreSQL server for tests: Debian's package, a fresh cluster in a temp dir, stopped by its pg_ctl.
+"""A real PostgreSQL server for tests: Debian's package, a fresh cluster in a temp dir, a child of this process.
 
 ``running()`` installs ``postgresql`` when missing (tests/debian.py),
-``initdb``s a cluster into a temp dir of its own, starts it with ``pg_ctl`` on a free port
-with its unix socket in ``tmp`` (no TCP listener), yields a
-``postgresql://`` URL, and stops that one server with ``pg_ctl stop``
-(which signals the PID in its own ``postmaster.pid``) at the end. The server
-refuses to run as root, so as root the cluster belongs to the ``postgres``
-user the package creates (and lives in a fresh dir under /tmp that user can
-reach, not under pytest's root-only tmp), removed at the end.
+``initdb``s a cluster into a temp dir of its own and runs ``postgres`` in the
+foreground as a child of this process on a free port, with its unix socket in
+that dir (no TCP listener); it yields a ``postgresql://`` URL and stops that
+one server by its PID (SIGINT, PostgreSQL's fast shutdown) at the end. The
+server refuses to run as root, so as root the cluster belongs to the
+``postgres`` user the package creates (and lives in a fresh dir under /tmp that
+user can reach, not under pytest's root-only tmp), removed at the end.
+
+A test process killed with SIGKILL runs no ``finally``, so two things make its
+server go anyway: ``setpriv --pdeathsig INT`` (util-linux) has the kernel send
+the server SIGINT when this process dies, and each dir records its owner
+(PID and start time in ``owner``): the next ``running()`` removes the dirs
+whose owner is gone, first stopping a server still running there (the PID in
+its ``postmaster.pid``, checked to be a ``postgres`` on that data dir). A dir
+of a live owner, another developer's run, is never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 from typing import Iterator
 
+import psutil
+
 from debian import require
+from waiting import gone, until
+
+PREFIX = "pescheduler-pg-"
 
 
 def _bin_dirs() -> tuple[str, ...]:
@@ -39,31 +54,100 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def running() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="pescheduler-pg-") as tmp:
+    remove_stale()
+    with tempfile.TemporaryDirectory(prefix=PREFIX) as tmp:
+        me = psutil.Process()
+        with open(os.path.join(tmp, "owner"), "w") as f:
+            json.dump({"pid": me.pid, "started": me.create_time()}, f)
         yield from _server(tmp)
 
 
 def _server(tmp: str) -> Iterator[str]:
     initdb = require("initdb", "postgresql", search=_bin_dirs())
-    pg_ctl = os.path.join(os.path.dirname(initdb), "pg_ctl")
+    postgres = os.path.join(os.path.dirname(initdb), "postgres")
     user = "postgres" if os.geteuid() == 0 else None
     data, sock = os.path.join(tmp, "data"), os.path.join(tmp, "sock")
     os.makedirs(sock, exist_ok=True)
     if user:
         shutil.chown(tmp, user)
         shutil.chown(sock, user)
-    run = dict(user=user, capture_output=True, text=True, timeout=120)
-    _run([initdb, "-D", data, "-U", "postgres", "-A", "trust", "--no-sync"], run)
+    done = subprocess.run([initdb, "-D", data, "-U", "postgres", "-A", "trust", "--no-sync"],
+                          user=user, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"initdb failed ({done.returncode}):\n{done.stdout}{done.stderr}")
     port = _free_port()
-    options = f"-p {port} -k {sock} -c listen_addresses='' -c fsync=off -c synchronous_commit=off"
-    _run([pg_ctl, "start", "-w", "-t", "60", "-D", data, "-l", os.path.join(tmp, "log"), "-o", options], run)
+    setpriv = require("setpriv", "util-linux")
+    with open(os.path.join(tmp, "log"), "wb") as log:
+        server = subprocess.Popen(
+            [setpriv, "--pdeathsig", "INT", postgres, "-D", data, "-p", str(port), "-k", sock,
+             "-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off"],
+            user=user, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
+        until(lambda: server.poll() is not None or _ready(data), 60, "postgres to accept connections")
+        if server.poll() is not None:
+            raise RuntimeError(f"postgres exited ({server.returncode}):\n{_tail(tmp)}")
         yield f"postgresql://postgres@/postgres?host={sock}&port={port}"
     finally:
-        _run([pg_ctl, "stop", "-w", "-t", "60", "-m", "fast", "-D", data], run)
+        _stop(server)
 
 
-def _run(cmd: list[str], options: dict) -> None:
-    done = subprocess.run(cmd, **options)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:2])} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+def _ready(data: str) -> bool:
+    """postmaster.pid's 8th line is the server's status: ``ready`` once it accepts connections."""
+    try:
+        with open(os.path.join(data, "postmaster.pid")) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return False
+    return len(lines) >= 8 and lines[7].strip() == "ready"
+
+
+def _stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        server.send_signal(signal.SIGINT)        # fast shutdown: ends the sessions, then the server
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _tail(tmp: str) -> str:
+    with open(os.path.join(tmp, "log"), errors="replace") as f:
+        return f.read()[-3000:]
+
+
+def remove_stale() -> list[str]:
+    """Remove the dirs of servers whose owning process is gone (SIGKILLed runs); returns them."""
+    removed = []
+    for tmp in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*")):
+        try:
+            with open(os.path.join(tmp, "owner")) as f:
+                owner = json.load(f)
+        except (OSError, ValueError):
+            continue                              # not (yet) recorded: not ours to judge
+        if _alive(owner["pid"], owner["started"]):
+            continue
+        server = _postmaster(os.path.join(tmp, "data"))
+        if server is not None:
+            server.kill()
+            gone([server.pid], 30, f"the stale postgres {server.pid} of {tmp}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int, started: float) -> bool:
+    try:
+        return abs(psutil.Process(pid).create_time() - started) < 1
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _postmaster(data: str) -> psutil.Process | None:
+    """The server its ``postmaster.pid`` names, if that PID still is a postgres on ``data``."""
+    try:
+        with open(os.path.join(data, "postmaster.pid")) as f:
+            proc = psutil.Process(int(f.readline()))
+        return proc if data in proc.cmdline() else None
+    except (OSError, ValueError, psutil.Error):
+        return None

@@ -1,0 +1,65 @@
+"""tests/pg_server.py leaves no server behind, even when the test process is SIGKILLed mid-test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+import pg_server
+from waiting import gone, reap, until
+
+pytestmark = pytest.mark.database
+
+TESTS = Path(__file__).parent.parent
+
+
+def test_a_sigkilled_test_run_leaves_no_postgres_and_the_next_start_removes_its_dir(tmp_path):
+    url_file = tmp_path / "url"
+    (tmp_path / "test_holds_a_server.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from pg_server import running
+
+        def test_holds_a_server():
+            with running() as url:
+                open({str(url_file)!r} + ".part", "w").write(url)
+                __import__("os").rename({str(url_file)!r} + ".part", {str(url_file)!r})
+                sys.stdin.read()          # held until the parent kills this run
+    """))
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider",
+                            str(tmp_path / "test_holds_a_server.py")],
+                           cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        until(lambda: url_file.exists() or run.poll() is not None, 180, "the child run's server")
+        assert run.poll() is None, "the child pytest run ended before holding a server"
+        sock = url_file.read_text().split("host=")[1].split("&")[0]
+        tmp = os.path.dirname(sock)
+        data = os.path.join(tmp, "data")
+        postmaster = pg_server._postmaster(data)
+        assert postmaster is not None, f"no postgres runs on {data}"
+        server_pids = [postmaster.pid, *(c.pid for c in postmaster.children())]
+
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(30)
+        gone(server_pids, 60, "the postgres of the SIGKILLed run (its parent-death signal)")
+        assert not [p.pid for p in psutil.process_iter(["cmdline"]) if data in (p.info["cmdline"] or [])]
+        assert os.path.isdir(tmp), "the SIGKILLed run had no chance to remove its dir"
+
+        assert tmp in pg_server.remove_stale()
+        assert not os.path.exists(tmp)
+    finally:
+        reap(run)
+
+
+def test_the_dir_of_a_live_run_is_not_stale(postgres_url):
+    tmp = os.path.dirname(postgres_url.split("host=")[1].split("&")[0])
+    assert tmp not in pg_server.remove_stale()
+    assert pg_server._postmaster(os.path.join(tmp, "data")) is not None
