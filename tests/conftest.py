@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The scale tests (marker ``scale``) read PESCHEDULER_SCALE: the default run (CI's) is their
+# bounded version, a tenth of the events or steps; ``PESCHEDULER_SCALE=1 python -m pytest -m scale``
+# is the full one. Set here, before any test module reads it.
+os.environ.setdefault("PESCHEDULER_SCALE", "0.1")
 
 
 @pytest.fixture(scope="session")
