@@ -145,8 +145,12 @@ class Reconfigurations(RuleBasedStateMachine):
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def run_machine(cluster: str, at_least: int, max_rounds: int = 20, examples: int = 10, steps: int = 25) -> int:
-    """Run the machine until it has applied ``at_least`` reconfigurations (bounded in rounds)."""
+def run_machine(cluster: str, at_least: int, max_rounds: int = 40, examples: int = 3, steps: int = 50) -> int:
+    """Run the machine until it has applied ``at_least`` reconfigurations (bounded in rounds).
+
+    Long examples in short rounds: each example pays a deploy, a drained stop and the output check
+    (about 4.5 s at load 12), and a round runs all its examples even once the count is reached.
+    """
     Reconfigurations.cluster = cluster
     Reconfigurations.applied = 0
     for _ in range(max_rounds):

@@ -153,10 +153,13 @@ def test_reconfigurations_before_and_after_a_kill_keep_the_windows_exact(tmp_pat
     assert committed_windows(out) == count_sum_windows(40_000, 20)
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.scale
+@settings(max_examples=max(1, round(3 * float(os.environ.get("PESCHEDULER_SCALE", "1")))), deadline=None,
+          suppress_health_check=list(HealthCheck))
 @given(steps=st.lists(st.sampled_from(["kill", "move"]), min_size=2, max_size=3), data=st.data())
 def test_random_kills_interleaved_with_random_reconfigurations_lose_and_repeat_nothing(steps, data):
-    """Kills of random workers (any PE's: source, window or sink) between random moves."""
+    """Kills of random workers (any PE's: source, window or sink) between random moves: three random
+    runs at full scale, one in the default run (its bounded version: tests/conftest.py)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.jsonl")
         app = Application("interleaved")
