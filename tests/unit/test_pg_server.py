@@ -57,6 +57,7 @@ def test_a_sigkilled_test_run_leaves_no_postgres_and_the_next_start_removes_its_
         assert not os.path.exists(tmp)
     finally:
         reap(run)
+        pg_server.remove_stale()         # a failed check leaves no server either
 
 
 def test_the_dir_of_a_live_run_is_not_stale(postgres_url):
