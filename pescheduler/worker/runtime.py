@@ -298,8 +298,9 @@ class PERunner:
         and takes all other input (flow.py: waiting instead deadlocked PEs that
         feed each other). A channel to an instance of a STATELESS operator is
         spared while another instance takes batches: its router sends them
-        there (plan/routing.py). When nothing is left to take, ``_idle`` waits
-        for credit, and that wait is the backpressure the monitor counts.
+        there (plan/routing.py). When nothing is left to take while a full
+        channel holds input back, ``_idle`` waits for its credit, and that wait
+        is the backpressure the monitor counts.
         """
         out_of_credit = [(spec, channel) for spec, channel in self.outs
                          if channel.pending and not await channel.flush(wait=False)]
@@ -315,6 +316,14 @@ class PERunner:
             return True
         return any(not ch.held and ch.can_ship() for _s, ch in self.outs)
 
+    def _holding_back(self):
+        """The gate of a full output channel (flow.py) while the flow holds input back for it,
+        else None: that wait, and only that one, is backpressure."""
+        if not self.full:
+            return None
+        return next((ch.gate for spec, ch in self.outs
+                     if spec.src_op in self.full and ch.pending and not ch.held), None)
+
     async def _idle(self) -> None:
         """Nothing to do: wait for input, or until a paced or empty source is due.
 
@@ -328,8 +337,10 @@ class PERunner:
             return
         waits = [d.delay() or getattr(d.source, "poll_interval", None) or SOURCE_POLL_S for d in self.sources
                  if not (d.ended or d.paused or self._feeds_full(d.op_id))]
-        # Output waiting for credit: the wait is backpressure (on its gate), not idle time.
-        blocked = next((ch.gate for _s, ch in self.outs if ch.pending and not ch.held), None)
+        # The wait is backpressure (on a full channel's gate), not idle time, only while the flow
+        # holds input back for a full channel: a paced source waiting for its schedule while one
+        # routed channel waits for credit and another instance has room is idle (issue 15).
+        blocked = self._holding_back()
         if blocked is None:
             t0 = self._idle_since = perf_counter()
         else:
