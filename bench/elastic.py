@@ -148,7 +148,9 @@ def window(snap, placement, t0: float) -> dict:
             "burn": {i: (m.tuples_in_per_s, m.busy, placement.pes[placement.pe_of(i)].host) for i, m in burns.items()},
             "cores": min((snap.workers[w].cores for w in {placement.pes[placement.pe_of(i)].worker for i in burns}
                           if w in snap.workers), default=1.0),
-            "hosts": {h: m.cpu for h, m in snap.hosts.items()}}
+            "hosts": {h: m.cpu for h, m in snap.hosts.items()},
+            "pes": {p: ("+".join(m.operators), m.busy, m.backpressure, m.idle, m.queue_batches)
+                    for p, m in snap.pes.items()}}
 
 
 def report(r: dict, verbose: bool) -> None:
@@ -204,6 +206,8 @@ def report(r: dict, verbose: bool) -> None:
                             for i, (tin, busy, host) in w["burn"].items())
             hosts = " ".join(f"{h or '-'}:{c:.2f}" for h, c in w["hosts"].items())
             print(f"  {w['t']:5.1f}: {w['src_out']:.0f}/s bp {w['bp']:.2f} | {inst} | {hosts}")
+            print("         PEs (busy bp idle queue): " + "  ".join(
+                f"{ops} {b:.2f} {bp:.2f} {i:.2f} {q}" for ops, b, bp, i, q in w["pes"].values()))
     print("windows (s: source backpressure/instances)  "
           + " ".join(f"{w['t']:.0f}:{w['bp']:.2f}/{w['n']}" for w in windows))
     if lost or dup:

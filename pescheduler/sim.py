@@ -32,9 +32,10 @@ The model, per step (steady state; no transients, no randomness):
   backpressure (the rest of its wall time it waits for the core). A PE with an
   operator upstream of a saturated PE (in another PE) is blocked on credit:
   ``backpressure = 1 - busy``. Any other PE is ``idle = 1 - busy``. A source
-  is paced without catch-up: throttled to ``f`` of its rate, it is blocked
-  ``1 - f`` of the time and idle for the rest (so ``out / (1 - backpressure)``
-  is its offered rate, which rate-sizing policies estimate that way).
+  keeps to its pace with catch-up, as the runtime's do (a schedule, a declared
+  ``rate``, a broker's backlog): throttled to ``f < 1`` of its rate it falls
+  behind, always has input ready and is blocked whenever not busy, never
+  idle (a source that idles has caught up: policies/rate.py).
 * Queues: a blocked or CPU-bound PE has its credit window full
   (``credits`` batches per input channel); otherwise the M/M/1 mean
   ``u / (1 - u)`` batches, capped by the window.
@@ -463,9 +464,8 @@ class Simulation:
             window = credits * self._pe_inputs[k]
             if pe_sat[k]:
                 bp, idle, qb = 0.0, 0.0, window
-            elif pe_blocked[k] and k in throttle:      # a paced source: blocked while behind
-                bp = 1.0 - throttle[k]
-                idle, qb = max(0.0, 1.0 - bp - busy), 0
+            elif pe_blocked[k] and k in throttle:      # a paced source behind its pace: always ready
+                bp, idle, qb = max(0.0, 1.0 - busy), 0.0, 0
             elif pe_blocked[k]:
                 bp, idle, qb = max(0.0, 1.0 - busy), 0.0, window
             else:

@@ -27,6 +27,13 @@ than it is offered, and ``out / (1 - backpressure)`` (the rate it keeps while
 not blocked) estimates it; a source blocked nearly all the time reveals
 little (it may be far behind, or just fast), so the estimate counts at most
 half the time as blocked: such a source is sized up at most 2x per step.
+A source whose PE also idled in the window (waiting for its next input: a
+paced or polled source) had caught up with what it was offered: the time it
+was blocked was made up, and its output is its offered rate. Dividing by the
+blocked time anyway read a backlog draining after a scale-in as load: a
+source emitting its offered 5.2k/s while blocked half the time was taken as
+offered 8.7-10k/s, and a Replicate followed a Release (issue 15, the flip-flops
+of bench/elastic.py's last phase).
 A source that reports lag (Kafka) is offered its backlog over ``catch-up``
 (5 min) on top, so a burst is drained within that time; what such a source
 has read but is still queued at the input of an operator after it is backlog
@@ -45,12 +52,14 @@ import math
 
 from pescheduler import config as pescheduler_config
 from pescheduler.actions import Action, BorrowHosts, Hold, Release, Replicate
+from pescheduler.operator import Parallelism
 from pescheduler.plugins import hookimpl
 
 from ._common import Load, View, hosts_for, idle_returns, settings
 
 
 MAX_BLOCKED = 0.5      # of a source's time counted as blocked when estimating its offered rate
+CAUGHT_UP_IDLE = 0.02  # a source PE idle this share of a window had nothing left to emit: out is offered
 
 
 @hookimpl
@@ -77,6 +86,8 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
         figures = {"offered_in_per_s": round(offered[op], 3), "true_rate_per_s": round(_true_rate(now, min_busy), 3),
                    "instances": now.instances, "wanted": want, "projected_utilisation": round(projected, 3),
                    "target": target, "cores_per_instance": now.capacity}
+        if want > now.instances and _hot_key(view, op, now, target):
+            continue
         if want > now.instances:
             taken, want = _slots_for(view, op, now, offered[op] / _true_rate(now, min_busy), target,
                                      max_copies + 1, spare)
@@ -131,7 +142,7 @@ def target_rates(view: View, catch_up_s: float = 300.0) -> dict[str, float]:
         if not ups:
             declared = view.placement.plan.ops[op].params.get("rate")
             pe = view.snapshot.pes.get(view.pe_of[op])
-            blocked = min(pe.backpressure, MAX_BLOCKED) if pe else 0.0
+            blocked = min(pe.backpressure, MAX_BLOCKED) if pe and pe.idle < CAUGHT_UP_IDLE else 0.0
             rate_in[op] = rate_out[op] = float(declared) if declared else (
                 now.tuples_out / (1.0 - blocked) + _backlog(view, op) / catch_up_s)
             if any(view.snapshot.operators[i].lag for i in view.instances[op] if i in view.snapshot.operators):
@@ -165,6 +176,15 @@ def queued(view: View, op: str) -> int:
     return sum(metrics[p].queue_tuples or metrics[p].queue_batches * full
                for p in {view.pe_of[i] for i in view.instances[op] if i in view.pe_of}
                if p in metrics and pes[p].operators[0] in view.instances[op])
+
+
+def _hot_key(view: View, op: str, now: Load, target: float) -> bool:
+    """A KEYED operator with copies whose instances are, on average, under ``target`` while
+    its source is held back: one hot key group saturates one instance, and more instances
+    cannot split it (the copy policy's rule too). Its source, behind, reveals only a lower
+    bound of its offered rate, so sizing on it would ask for copies every window."""
+    return (now.instances > 1 and view.placement.plan.ops[op].parallelism is Parallelism.KEYED
+            and now.busy < target * now.instances * now.capacity)
 
 
 def _usable_slots(view: View, op: str) -> int:

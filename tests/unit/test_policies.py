@@ -233,6 +233,29 @@ def test_rate_counts_the_cores_of_the_slots_its_copies_take():
     assert same(action, Replicate("op2", 2)) and action.figures["wanted"] == 3
 
 
+def test_rate_takes_a_source_that_idled_as_offered_what_it_emitted_however_long_it_was_blocked():
+    """Replays bench/elastic.py's last phase (1x one lab host after 2.5x), whose flip-flop was a
+    Release then a Replicate decided on an offered 8,697/s when 5.1k/s was offered: the backlog left
+    from 2.5x drained through the two remaining half-core instances and held the paced source back
+    40-50% of each window, while it kept to its schedule and idled between reads."""
+    sim = Simulation.chain(3, hosts=2)                     # op0 (the paced source) -> op1 (burn) -> op2 (sink)
+    assert sim.apply(Replicate("op1", 1))
+    pl = sim.placement
+    ops = {"op0": (0, 5100, 0.01), "op1": (2550, 2550, 0.255), "op1#1": (2550, 2550, 0.255),
+           "op2": (5100, 5100, 0.05)}                      # burn: 10,000 t/s per busy second, 0.5 core each
+    held = held_by_the_controller(rate.pescheduler_policy_decide)
+    for bp in (0.5, 0.45, 0.41, 0.35, 0.3):                # the backlog drains, window after window
+        source = {"backpressure": bp, "idle": 0.3}
+        snap = with_cores(snapshot(pl, ops, {"op0": source}), {w: 0.5 for w in pl.workers})
+        # 5,100/s on two instances of half a core is 51% of each: two stay, nothing to do
+        assert held(snap, pl, NONE, {}) == [], bp
+    # the same window from a source that never idled (always ready: it emits whenever not blocked)
+    # is offered 5,100 / (1 - 0.41) = 8,644/s, 86% of two instances: one more
+    busy_source = with_cores(snapshot(pl, ops, {"op0": {"backpressure": 0.41}}), {w: 0.5 for w in pl.workers})
+    [action] = rate.pescheduler_policy_decide(busy_source, pl, NONE, {})
+    assert same(action, Replicate("op1", 1)) and action.figures["offered_in_per_s"] == pytest.approx(8644, abs=1)
+
+
 def test_copies_take_one_slot_per_worker_and_never_one_on_a_worker_running_the_operator():
     from pescheduler.plan.placement import Slot
     from pescheduler.policies._common import take_slots
