@@ -13,9 +13,10 @@ default policies (``rate`` + ``copy``; ``--policy`` names others, repeatable:
 ``--policy rate --policy copy --policy move``). The load unit is one lab host's
 capacity: ``--host-cpu`` times what ``burn`` processes per CPU second,
 calibrated in this process first; ``--steps 1,2.5,1`` offers 1x, then 2.5x,
-then 1x of it, ``--phase-seconds`` each. The oracle size of a phase is its
-offered rate over the per-CPU-second rate times the cores the weakest instance
-can use (one, or a lab host's quota), rounded up.
+then 1x of it, ``--phase-seconds`` each. The oracle size of a phase is the
+fewest instances whose cores hold its work (offered rate over the
+per-CPU-second rate): the original's (a core on the embedded cluster) and a
+lab host's quota per copy, added up since ``burn``'s batches go by credit.
 
 Printed, per phase and in total:
 
@@ -131,7 +132,7 @@ def run(cost_us: float, steps: list[float], phase_s: float, host_cpu: float, int
             sent = dep.snapshot().operators["src"].tuples_out
     with open(out) as f:
         arrivals = json.load(f)
-    return {"rate": rate, "unit": unit, "phases": phases, "steps_x": steps, "phase_s": phase_s, "t0": t0,
+    return {"rate": rate, "unit": unit, "host_cpu": host_cpu, "phases": phases, "steps_x": steps, "phase_s": phase_s, "t0": t0,
             "decisions": [(d.t - t0, d.action) for d in decisions], "windows": windows, "count": sent,
             "arrivals": arrivals, "timeline": timeline, "activations": activations, "budget": budget,
             "others": others, "figures": figures, "records": records}
@@ -146,8 +147,7 @@ def window(snap, placement, t0: float) -> dict:
     return {"t": snap.time - t0, "bp": pe.backpressure if pe else 0.0, "n": len(placement.instances("burn")),
             "src_out": src.tuples_out_per_s if src else 0.0,
             "burn": {i: (m.tuples_in_per_s, m.busy, placement.pes[placement.pe_of(i)].host) for i, m in burns.items()},
-            "cores": min((snap.workers[w].cores for w in {placement.pes[placement.pe_of(i)].worker for i in burns}
-                          if w in snap.workers), default=1.0),
+            "cores": getattr(snap.workers.get(placement.pes[placement.pe_of("burn")].worker), "cores", 1.0),
             "hosts": {h: m.cpu for h, m in snap.hosts.items()},
             "pes": {p: ("+".join(m.operators), m.busy, m.backpressure, m.idle, m.queue_batches)
                     for p, m in snap.pes.items()}}
@@ -160,11 +160,10 @@ def report(r: dict, verbose: bool) -> None:
         lo, hi = i * phase_s, (i + 1) * phase_s
         ws = [w for w in windows if lo < w["t"] <= hi]
         acts = [(t, a) for t, a in r["decisions"] if lo <= t < hi]
-        # DS2's oracle counts cores (offered / per-CPU-second rate); an instance on a lab host has
-        # only its quota, and each instance gets an equal share: in instances, the oracle is the
-        # cores over what the weakest instance at the end of the phase can use
-        cores = ws[-1]["cores"] if ws else 1.0
-        oracle = math.ceil(offered / (r["rate"] * cores) - 1e-9)
+        # DS2's oracle counts cores (offered / per-CPU-second rate); in instances: the original's
+        # cores, then a lab host's quota per copy (by credit, the instances' cores add up)
+        cores, work = (ws[-1]["cores"] if ws else 1.0), offered / r["rate"]
+        oracle = 1 + max(0, math.ceil((work - cores) / r["host_cpu"] - 1e-9))
         end = ws[-1]["n"] if ws else 0
         peak = max((w["n"] for w in ws), default=0)
         flips = flip_flops([w["n"] for w in ws])
@@ -173,7 +172,7 @@ def report(r: dict, verbose: bool) -> None:
         held = any(w["bp"] >= RELIEVED_BP for w in ws)
         k = relief(ws, first)
         print(f"phase {i + 1}: {x:g}x one host = {offered / 1e3:.1f} k/s for {phase_s:.0f} s   oracle {oracle} "
-              f"instance(s) of {cores:g} core ({offered / r['rate']:.2f} cores of work)")
+              f"instance(s): the original's {cores:g} core + copies of {r['host_cpu']:g} ({work:.2f} cores of work)")
         print(f"  steps                {len(acts)}   (DS2 reports <= 3, Dhalion 6)   "
               + (", ".join(f"t={t:.1f}s {a!r}" for t, a in acts) or "none"))
         print(f"  instances            {end} at the end, {peak} at the peak; oracle {oracle}   "

@@ -31,7 +31,8 @@ class Load:
     tuples_out: float
     busy: float               # cores: busy fractions summed over instances
     hottest: float            # the busiest instance's busy fraction of the CPU it can use
-    capacity: float = 1.0     # cores the weakest instance can use: routing gives each an equal share
+    capacity: float = 1.0     # cores the weakest instance can use
+    cores: float = 1.0        # cores all its instances can use together, as its routing lets them (View.load)
 
 
 class View:
@@ -78,14 +79,23 @@ class View:
             m = metrics.get(op)
             cores = self.cores(self.worker(op)) if m is not None else 1.0
             found = None if m is None else Load(op, 1, m.tuples_in_per_s, m.tuples_out_per_s, m.busy,
-                                                m.busy / cores, cores)
+                                                m.busy / cores, cores, cores)
         else:
             seen = [(metrics[i], self.cores(self.placement.pes[self.pe_of[i]].worker)) for i in names if i in metrics]
+            weakest = min((c for _m, c in seen), default=1.0)
             found = Load(op, len(names), sum(m.tuples_in_per_s for m, _c in seen),
                          sum(m.tuples_out_per_s for m, _c in seen), sum(m.busy for m, _c in seen),
-                         max(m.busy / c for m, c in seen), min(c for _m, c in seen)) if seen else None
+                         max(m.busy / c for m, c in seen), weakest,
+                         (sum(c for _m, c in seen) + (len(names) - len(seen)) * weakest if self.by_credit(op)
+                          else len(names) * weakest)) if seen else None
         self._loads[op] = found
         return found
+
+    def by_credit(self, op: str) -> bool:
+        """Are ``op``'s batches routed by credit (STATELESS, plan/routing.py)? Then its instances'
+        CPU adds up: each takes what it can. Otherwise each gets an equal share, and the weakest
+        instance sets what all of them can do."""
+        return self.placement.plan.ops[op].parallelism is Parallelism.STATELESS
 
     def replicable(self, op: str) -> bool:
         """Copies could help: not a source (a copy would read the input twice), not SINGLETON."""

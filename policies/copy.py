@@ -63,11 +63,12 @@ def decide(snapshot, placement, config) -> list[Action]:
         copies = now.instances - 1
         figures = {"hottest_busy": round(now.hottest, 3), "busy_cores": round(now.busy, 3), "copies": copies}
         by_credit = view.placement.plan.ops[op].parallelism is Parallelism.STATELESS
-        level = now.busy / (now.instances * now.capacity) if by_credit else now.hottest
+        level = now.busy / now.cores if by_credit else now.hottest
+        per = now.cores / now.instances         # cores per instance: a copy is counted at as many
         if level >= hot:
             # enough instances for the work at ``target`` each; none when the work is already spread
             # that thin and one instance is still hot (a hot key: copies cannot split it further)
-            wanted = min(math.ceil(now.busy / (target * now.capacity) - 1e-9) - now.instances, max_copies - copies)
+            wanted = min(math.ceil(now.busy / (target * per) - 1e-9) - now.instances, max_copies - copies)
             n = take_slots(spare, wanted, view.workers(op)) if wanted > 0 else 0
             if n > 0:
                 router = _router(view, op)
@@ -82,7 +83,7 @@ def decide(snapshot, placement, config) -> list[Action]:
             # only the copies the work does not need at ``target``: releasing all of them left a
             # half-core instance with more than it can do, and the next window copied again
             # (issue 15: the flip-flops of bench/elastic.py's last phase)
-            keep = max(1, math.ceil(now.busy / (target * now.capacity) - 1e-9))
+            keep = max(1, math.ceil(now.busy / (target * per) - 1e-9))
             surplus = min(copies, now.instances - keep)
             if surplus > 0:
                 actions.append(Release(op, surplus, figures={**figures, "calm_s": release_after, "keep": keep},

@@ -9,8 +9,10 @@ operator the number of instances that runs it at ``target-utilisation``:
     instances(X) = ceil(target_in(X) / (true_rate(X) * target * cores))
 
 ``cores`` is what one instance can use: a core, or less on a host with a CPU
-quota (a lab host of half a core); every instance gets an equal share of the
-input, so the weakest instance, copies' slots included, sets it.
+quota (a lab host of half a core). A STATELESS operator's batches go by
+credit (plan/routing.py), so its instances' cores add up: a copy of half a
+core adds half a core. Any other operator's instances get equal shares of
+the input, so the weakest instance, copies' slots included, sets it.
 
 Scaling is in one step, up or down, through Replicate/Release of copies on
 standard slots. No change while the projected utilisation at the current size
@@ -79,21 +81,21 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
         now = view.load(op)
         if op not in offered or now is None or not view.replicable(op):
             continue
-        want = min(_instances(now, offered[op], target, min_busy, now.capacity), max_copies + 1)
+        want = min(_instances(now, offered[op], target, min_busy, now.cores / now.instances), max_copies + 1)
         projected = _utilisation(now, offered[op], min_busy)
         if abs(projected - target) <= tolerance or want == now.instances:
             continue
         figures = {"offered_in_per_s": round(offered[op], 3), "true_rate_per_s": round(_true_rate(now, min_busy), 3),
                    "instances": now.instances, "wanted": want, "projected_utilisation": round(projected, 3),
-                   "target": target, "cores_per_instance": now.capacity}
+                   "target": target, "cores_per_instance": round(now.cores / now.instances, 3)}
         if want > now.instances and _hot_key(view, op, now, target):
             continue
         if want > now.instances:
-            taken, want = _slots_for(view, op, now, offered[op] / _true_rate(now, min_busy), target,
-                                     max_copies + 1, spare)
+            taken, want, cores = _slots_for(view, op, now, offered[op] / _true_rate(now, min_busy), target,
+                                            max_copies + 1, spare)
             n = len(taken)
             short += want - now.instances - n
-            figures.update(wanted=want, cores_per_instance=min([now.capacity] + [view.cores(w) for w in taken]))
+            figures.update(wanted=want, cores_per_instance=round(cores, 3))
             why = (f"{op} is offered {offered[op]:.0f} t/s and processes {figures['true_rate_per_s']:.0f} t/s "
                    f"per busy second: {want} instances of {figures['cores_per_instance']:g} core run it at "
                    f"{target:.0%} (it has {now.instances})")
@@ -184,7 +186,7 @@ def _hot_key(view: View, op: str, now: Load, target: float) -> bool:
     cannot split it (the copy policy's rule too). Its source, behind, reveals only a lower
     bound of its offered rate, so sizing on it would ask for copies every window."""
     return (now.instances > 1 and view.placement.plan.ops[op].parallelism is Parallelism.KEYED
-            and now.busy < target * now.instances * now.capacity)
+            and now.busy < target * now.cores)
 
 
 def _usable_slots(view: View, op: str) -> int:
@@ -208,28 +210,33 @@ def _instances(now: Load, offered: float, target: float, min_busy: float, cores:
 
 
 def _utilisation(now: Load, offered: float, min_busy: float) -> float:
-    """Busy fraction of the CPU it can use, per instance, at the current size under the offered
-    load (the weakest instance's: each gets an equal share)."""
+    """Busy fraction of the CPU its instances can use (``Load.cores``) at the current size under
+    the offered load."""
     rate = _true_rate(now, min_busy)
     if rate <= 0:
-        return now.busy / (now.instances * now.capacity)
-    return offered / (rate * now.instances * now.capacity)
+        return now.busy / now.cores
+    return offered / (rate * now.cores)
 
 
 def _slots_for(view: View, op: str, now: Load, cpu: float, target: float, limit: int,
-               spare: list[str]) -> tuple[list[str], int]:
+               spare: list[str]) -> tuple[list[str], int, float]:
     """The spare slot workers ``op``'s copies take (removed from ``spare``, one per worker off the
-    workers running it) until ``cpu`` cores of work run at ``target`` on every instance, and the
-    instances that needs. A slot's worker may give a copy less than a core (a lab host's quota):
-    each instance gets an equal share, so the weakest sets the size (issue 15: sized for a core per
-    copy, copies on half-core hosts stayed backpressured and the next window asked for more)."""
-    n, cores, avoid, taken = now.instances, now.capacity, view.workers(op), []
-    while cpu / (n * cores) > target + 1e-9 and n < limit:
+    workers running it) until ``cpu`` cores of work run at ``target``, the instances that needs, and
+    the cores per instance it counted on. A slot's worker may give a copy less than a core (a lab
+    host's quota). Routed by credit (STATELESS), the instances' cores add up: each takes what it
+    can. Otherwise each gets an equal share and the weakest sets the size (issue 15: sized for a
+    core per copy, copies on half-core hosts stayed backpressured and the next window asked for
+    more). Instances beyond the free slots are counted at the cores per instance so far."""
+    additive = view.by_credit(op)
+    n, weakest, total, avoid, taken = now.instances, now.capacity, now.cores, view.workers(op), []
+    while cpu / total > target + 1e-9 and n < limit:
         worker = next((w for w in spare if w not in avoid), None)
         if worker is None:
             break
         spare.remove(worker)
         avoid.add(worker)
         taken.append(worker)
-        n, cores = n + 1, min(cores, view.cores(worker))
-    return taken, min(limit, max(n, math.ceil(cpu / (target * cores) - 1e-9)))
+        n, weakest = n + 1, min(weakest, view.cores(worker))
+        total = total + view.cores(worker) if additive else n * weakest
+    per = total / n
+    return taken, min(limit, max(n, math.ceil(cpu / (target * per) - 1e-9))), per

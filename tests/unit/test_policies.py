@@ -227,10 +227,32 @@ def test_rate_counts_the_cores_of_the_slots_its_copies_take():
     ops = steady(pl, 2000, {"op2": 1.0})                      # a full core of work on a 1-core worker
     [action] = rate.pescheduler_policy_decide(snapshot(pl, ops), pl, NONE, {})
     assert same(action, Replicate("op2", 1))                  # ceil(1 / 0.7) = 2 of a core each
-    # both slots give a copy half a core: two instances of half a core are 100% busy, three 67%
+    # both slots give a copy half a core. op2 is STATELESS: batches go by credit, so the cores add
+    # up: the original's core and a half-core copy run a core of work at 67%
     slots = {s.worker: 0.5 for s in pl.slots.values()}
     [action] = rate.pescheduler_policy_decide(with_cores(snapshot(pl, ops), slots), pl, NONE, {})
+    assert same(action, Replicate("op2", 1)) and action.figures["wanted"] == 2
+    assert action.figures["cores_per_instance"] == 0.75
+    # a MERGEABLE op2 gets equal shares: two instances of half a core are 100% busy, three 67%
+    merge = Simulation.chain(5, parallelism=Parallelism.MERGEABLE).placement
+    [action] = rate.pescheduler_policy_decide(with_cores(snapshot(merge, ops), slots), merge, NONE, {})
     assert same(action, Replicate("op2", 2)) and action.figures["wanted"] == 3
+
+
+def test_rate_and_copy_add_up_the_cores_of_a_stateless_operators_instances():
+    """Routed by credit, a STATELESS operator's instances each take what they can: a copy on a
+    half-core lab host beside the original's core is 1.5 cores, not two instances of half a core."""
+    sim = chain(hosts=2)
+    assert sim.apply(Replicate("op2", 1))
+    pl = sim.placement
+    half = {pl.pes[pl.pe_of("op2#1")].worker: 0.5}
+    # 2,000 t/s per busy second; offered 2,000/s is 1.0 core of work, 67% of 1.5 cores: in band
+    ops = steady(pl, 2000, {"op2": 0.6})
+    ops["op2"], ops["op2#1"] = (1200, 1200, 0.6), (800, 800, 0.4)
+    assert rate.pescheduler_policy_decide(with_cores(snapshot(pl, ops), half), pl, NONE, {}) == []
+    assert copy.decide(with_cores(snapshot(pl, ops), half), pl, {}) == []       # 67% < hot 80%
+    # the same work on equal shares of half a core would be 100% busy: a copy each policy would ask
+    assert copy.decide(with_cores(snapshot(pl, ops), {w: 0.5 for w in pl.workers}), pl, {})
 
 
 def test_rate_takes_a_source_that_idled_as_offered_what_it_emitted_however_long_it_was_blocked():
