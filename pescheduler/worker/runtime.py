@@ -152,8 +152,7 @@ class PERunner:
             # ended during the pause of a Replicate, and the window's new PE waited forever).
             while not (self.chain.finished and not self.chain.frozen) and not self.stopping:
                 progressed = await self.turns.run(self._work)
-                await self._flush()
-                if progressed:
+                if await self._flush() or progressed:    # input held back for a full channel may go now
                     await asyncio.sleep(0)          # let the worker answer its calls
                 else:
                     await self._idle()
@@ -290,8 +289,11 @@ class PERunner:
                                                           self.full)
         return hit
 
-    async def _flush(self) -> None:
-        """Ship what credit allows, never waiting for it, and note which channels are full.
+    async def _flush(self) -> bool:
+        """Ship what credit allows, never waiting for it, and note which channels are full;
+        True when a channel stopped being full: the input it held back may be taken now (a
+        source skipped in this turn for it has no inbox item to wake the PE, and waiting a
+        source poll instead idled a source that was behind for half its time).
 
         A channel out of credit with ``RELIEF_BATCHES`` credit windows buffered
         is full: until it has credit again the PE takes no input that feeds it,
@@ -307,8 +309,10 @@ class PERunner:
         full_ = partial(ChannelOut.full, backlog=RELIEF_BATCHES * self.spec.credits)
         full = {spec.src_op for spec, channel in out_of_credit
                 if full_(channel) and not self.chain.spared(channel, full_)}
+        freed = bool(self.full - full)
         if full != self.full:
             self.full, self._feeds = frozenset(full), {}
+        return freed
 
     def _ready(self) -> bool:
         """Work that needs no waiting: input this PE may take, or output credit lets it ship."""
