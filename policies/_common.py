@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from dask.utils import parse_timedelta
 
-from pescheduler.actions import Fuse, Hold, ReturnHost
+from pescheduler.actions import Fuse, Hold, Replicate, ReturnHost
 from pescheduler import config
 from pescheduler.config import get, section
 from pescheduler.control.monitor import MetricsSnapshot
@@ -212,12 +212,17 @@ def take_slots(free: list[str], n: int, avoid: str | set[str]) -> int:
 def idle_returns(placement: Placement, resources, planned: list) -> list:
     """``ReturnHost`` for the borrowed hosts that this decision's fusions empty, or that have run
     nothing (no PE, no copy) for ``policies.idle-return-after`` (a host just borrowed is empty
-    until something moves there: the ReturnHost's ``Hold``, counted by the controller, waits)."""
+    until something moves there: the ReturnHost's ``Hold``, counted by the controller, waits).
+    A host this decision's copies may go to is not returned (bench/elastic.py's soak: a
+    Replicate steered to lab-2 and lab-2's return, its hold just over, applied in one round)."""
     idle_s = config.get_seconds("policies.idle-return-after")
     leaving = {a.pe_b for a in planned if isinstance(a, Fuse)}
     had = {placement.hosts.get(pe.worker, pe.host) for pe in placement.pes.values()}
     used = {placement.hosts.get(pe.worker, pe.host) for p, pe in placement.pes.items() if p not in leaving}
     used |= {s.host for s in placement.slots.values() if s.copies}
+    for a in planned:       # copies placed in this decision may land on a host that is empty now
+        if isinstance(a, Replicate):
+            used |= set(a.hosts) if a.hosts else {s.host for s in placement.slots.values()}
     actions = []
     for h in resources.borrowed:
         if h in used:

@@ -483,6 +483,18 @@ def test_rate_returns_a_borrowed_host_its_released_copies_left_idle():
     assert same(back, ReturnHost("h2")) and "run nothing for 20 s" in back.reason
 
 
+def test_rate_returns_no_borrowed_host_its_copies_may_go_to_in_the_same_decision():
+    sim = chain(host_pool=1)
+    assert sim.apply(BorrowHosts(1))
+    pl, res = sim.placement, sim.resources()
+    ops = steady(pl, 100, {"op0": 0.1, "op1": 0.1, "op2": 0.1, "op3": 0.1, "op4": 0.1})
+    hot = dict(ops, op2=(100, 100, 1.0))                      # op2 needs a copy: h2's slot may take it
+    held = held_by_the_controller(rate.pescheduler_policy_decide)
+    with dask.config.set({"pescheduler.policies.idle-return-after": "20s"}):
+        assert held(snapshot(pl, ops, t=100.0), pl, res, {}) == []     # h2 idle: its return is held
+        assert same(held(snapshot(pl, hot, t=120.0), pl, res, {}), [Replicate("op2", 1)])
+
+
 def test_copy_adds_no_copies_for_a_hot_key_the_others_idle_beside():
     graph = {"src": SimOperator(1e-5), "agg": SimOperator(4e-4, parallelism=Parallelism.KEYED, key_skew=0.6),
              "sink": SimOperator(1e-5)}
