@@ -33,6 +33,7 @@ from typing import Any, Callable
 from pescheduler.operator import Parallelism, Sink
 from pescheduler.timeutil import parse_duration
 
+from .kafka_log import SECURITY_PREFIXES, LogReader
 from .partitions import PartitionedSource, decoder, encoder
 
 EARLIEST, LATEST = "earliest", "latest"
@@ -41,6 +42,13 @@ EARLIEST, LATEST = "earliest", "latest"
 def _connect_error(what: str, servers: str, timeout_s: float, exc: BaseException | str) -> ConnectionError:
     return ConnectionError(f"kafka {what}: cannot reach the broker at {servers} within {timeout_s:g} s "
                            f"({exc}); is it running, and is bootstrap_servers right?")
+
+
+def _base(servers: str, timeout_s: float, config: dict) -> dict:
+    """librdkafka settings every client of a source or sink shares, its admin client (topic
+    creation) included: the address, the connect timeout, and ``config``'s security settings."""
+    return {"bootstrap.servers": servers, "socket.connection.setup.timeout.ms": int(timeout_s * 1000),
+            **{k: v for k, v in config.items() if k.startswith(SECURITY_PREFIXES)}}
 
 
 def topic_partitions(client, admin_config: dict, topic: str, servers: str, timeout_s: float,
@@ -129,7 +137,7 @@ class KafkaSource(PartitionedSource):
         super().open(context)
         from confluent_kafka import Consumer
 
-        base = {"bootstrap.servers": self.servers, "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000)}
+        base = _base(self.servers, self.timeout_s, self.config)
         self._consumer = Consumer({**base, "group.id": self.group_id or f"pescheduler-{self.topic}",
                                    "enable.auto.commit": False, "enable.auto.offset.store": False,
                                    "enable.partition.eof": False, "auto.offset.reset": "earliest",
@@ -312,7 +320,6 @@ class KafkaSink(Sink):
         self.create, self.partitions, self.config = create, partitions, dict(config or {})
         self.timeout_s = parse_duration(connect_timeout) / 1000
         self._producer = None
-        self._meta = None                        # a plain producer: metadata for reading the log
         self._failed: list[str] = []
         self._op: str | None = None              # this instance's operator id (from open, or restored)
         self._checkpointed = False               # checkpoints commit the transactions (else each batch does)
@@ -335,13 +342,25 @@ class KafkaSink(Sink):
         super().open(context)
         self._op = context.op_id
         self._checkpointed = bool(context.extra.get("checkpoint"))
-        base = {"bootstrap.servers": self.servers, "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000)}
-        probe = self._make(None)
-        topic_partitions(probe, base, self.topic, self.servers, self.timeout_s, self.create, self.partitions)
+        base = _base(self.servers, self.timeout_s, self.config)
         if not self.exactly_once:
-            self._producer, self._adopt = probe, []      # copies of it carry nothing to take over
+            producer = self._make(None)
+            topic_partitions(producer, base, self.topic, self.servers, self.timeout_s, self.create, self.partitions)
+            self._producer, self._adopt = producer, []      # copies of it carry nothing to take over
             return
-        self._meta = probe
+        # The log reader first: it refuses, naming it, a security setting it could not connect with.
+        with LogReader(self.config.get("bootstrap.servers", self.servers), self.config, self.timeout_s) as log:
+            topic_partitions(self._make(None), base, self.topic, self.servers, self.timeout_s, self.create,
+                             self.partitions)
+            self._settle(log)
+        self._producer = self._next_transaction()
+        if self._reopen:
+            self._write(self._reopen)
+            self._reopen = []
+
+    def _settle(self, log) -> None:
+        """Fence what predecessors and copies left open, then learn from the log which of their
+        parked transactions never committed (:attr:`_lost`, :attr:`_reopen`)."""
         # Fence and abort what a predecessor left open: the ids its snapshot counted, and one more
         # it may have made for a barrier after that snapshot before it died; and every id of the
         # copies taken over. Only then does the log say how each of their transactions ended.
@@ -352,34 +371,28 @@ class KafkaSink(Sink):
             for k in range(ids + 1 if ids else 0):
                 self._initialised(f"{self.prefix}-{state['op']}-{k}")      # fences; dropped at once
         for state in self._adopt:
-            lost = [pair for entry in map(_entry, state.get("parked", [])) if not self._published(entry)
+            lost = [pair for entry in map(_entry, state.get("parked", [])) if not self._published(log, entry)
                     for pair in entry[1]]
             self._reopen += lost + [tuple(p) for p in state.get("open", [])]
         self._adopt = []
-        self._lost = [entry for entry in self._carried if not self._published(entry)]
+        self._lost = [entry for entry in self._carried if not self._published(log, entry)]
         self._carried = []
         for entry in self._lost:         # its id writes nothing before its lost records (:meth:`_republish`)
             held = [p for p in self._pool if self._names[id(p)] == entry[2]]
             if held:
                 self._pool.remove(held[0])
                 self._held[entry[2]] = held[0]
-        self._producer = self._next_transaction()
-        if self._reopen:
-            self._write(self._reopen)
-            self._reopen = []
 
-    def _published(self, entry: list) -> bool:
+    def _published(self, log, entry: list) -> bool:
         """Whether the parked transaction ``[checkpoint id, records, tid, (partition, offset)]``
         committed, as the log says (its transactional id is fenced by now). One without records
         has nothing to lose; one without a place (a snapshot of an older version) is written again."""
-        from .kafka_log import committed_from
-
         _cid, records, _tid, place = entry
         if not records:
             return True
         if place is None:
             return False
-        return committed_from(self._meta, self.topic, int(place[0]), int(place[1]), self.timeout_s * 3)
+        return log.committed_from(self.topic, int(place[0]), int(place[1]), self.timeout_s * 3)
 
     def _make(self, transactional_id: str | None):
         from confluent_kafka import Producer
@@ -454,13 +467,14 @@ class KafkaSink(Sink):
             self._records.extend(pairs)
         self._produce(self._producer, pairs)
 
-    def _produce(self, producer, pairs: list) -> None:
-        """Produce encoded ``(value, key)`` pairs."""
+    def _produce(self, producer, pairs: list, partition: int | None = None) -> None:
+        """Produce encoded ``(value, key)`` pairs (into ``partition``, or where the partitioner says)."""
         produce, topic = producer.produce, self.topic
+        where = {} if partition is None else {"partition": partition}
         for value, key in pairs:
             while True:
                 try:
-                    produce(topic, value, key)
+                    produce(topic, value, key, **where)
                     break
                 except BufferError:                      # local queue full: let librdkafka send
                     producer.poll(0.05)
@@ -504,15 +518,24 @@ class KafkaSink(Sink):
     def _republish(self, checkpoint_id: int) -> None:
         """The lost transactions up to ``checkpoint_id``, each written again in a transaction of
         its own transactional id: the first that id writes since it was fenced, so the log shows a
-        commit of that producer after the aborted transaction, as :meth:`_published` looks for."""
+        commit of that producer after the aborted transaction, as :meth:`_published` looks for.
+
+        That commit must be in the partition :meth:`_published` reads, the one the lost
+        transaction's first record landed in. Keyed records go where their keys sent them before,
+        so into that partition too; unkeyed ones land where the partitioner happens to put them
+        (a whole batch in one partition), so the first is written into it explicitly."""
         due = sorted((e for e in self._lost if e[0] <= checkpoint_id), key=lambda e: e[0])
         self._lost = [e for e in self._lost if e[0] > checkpoint_id]
-        for _cid, records, tid, *_place in due:
+        for _cid, records, tid, place in due:
             producer = self._held.pop(tid, None)
             if producer is None:                  # a snapshot of an older version names no id
                 producer = self._pool.pop(0) if self._pool else self._transactional()
             self._begin(producer)
-            self._produce(producer, [tuple(p) for p in records])
+            pairs = [tuple(p) for p in records]
+            if place is not None and pairs and pairs[0][1] is None:
+                self._produce(producer, pairs[:1], partition=int(place[0]))
+                pairs = pairs[1:]
+            self._produce(producer, pairs)
             self._drain(producer)
             producer.commit_transaction(self.timeout_s)
             self._pool.append(producer)
@@ -579,7 +602,7 @@ class KafkaSink(Sink):
         # Every producer refers back to this sink (its delivery callback): dropped here, each is
         # destroyed now rather than whenever the cycle collector runs, so none goes on reconnecting
         # to a broker that has stopped. Transactions left open are fenced by the successor.
-        self._producer, self._pool, self._prepared, self._held, self._meta = None, [], {}, {}, None
+        self._producer, self._pool, self._prepared, self._held = None, [], {}, {}
 
 
 def _entry(parked: list) -> list:

@@ -104,6 +104,10 @@ class PartitionedSource(Source):
 
     parallelism = Parallelism.STATELESS
     partitioned = True
+    #: What it has not read waits at the broker, where any copy of what follows can take it: the
+    #: PE reads it no further ahead than the credit window of the channel it feeds and one batch
+    #: (worker/runtime.py ``SOURCE_BACKLOG``), not into a backlog behind one instance.
+    backlog_elsewhere = True
 
     def __init__(self, *, idle_timeout: Any = "5s", **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -11,6 +11,7 @@ persistence in a temporary directory.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -30,6 +31,7 @@ class Broker:
     address: str
     proc: subprocess.Popen
     log: str
+    group: bool = False          # started as a process group leader: stop signals the group (its PID)
 
     def __enter__(self) -> "Broker":
         return self
@@ -39,7 +41,10 @@ class Broker:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()
+            if self.group:
+                os.killpg(self.proc.pid, signal.SIGTERM)     # and the children it forked per connection
+            else:
+                self.proc.terminate()
             try:
                 gone([self.proc.pid], 10, f"broker {self.address} to exit")
             except AssertionError:
@@ -64,16 +69,80 @@ def tansu_binary() -> str:
 
 def start_tansu() -> Broker:
     """A Kafka-protocol broker (Tansu, in-memory storage); ready once a client sees its metadata."""
-    port = free_port()
+    broker = _tansu(free_port())
+    _wait_ready(broker, _kafka_ready)
+    return broker
+
+
+def _tansu(port: int, advertised: int | None = None) -> Broker:
     url = f"tcp://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False).name
     with open(log, "wb") as out:
-        proc = subprocess.Popen([tansu_binary(), "broker", "--listener-url", url,
-                                 "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+        proc = subprocess.Popen([tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url",
+                                 f"tcp://127.0.0.1:{advertised or port}", "--storage-engine", "memory://tansu/"],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    broker = Broker(f"127.0.0.1:{port}", proc, log)
-    _wait_ready(broker, _kafka_ready)
-    return broker
+    return Broker(f"127.0.0.1:{port}", proc, log)
+
+
+@dataclass
+class TlsKafka:
+    """Tansu behind a TLS front: clients reach ``address`` only with TLS and a client certificate
+    (``config``: the librdkafka settings that connect). Tansu 0.6.0 serves no TLS itself (its
+    ``--cert`` and ``--key`` are refused together, and ``--cert`` alone leaves the listener plain),
+    so socat terminates TLS and forwards to Tansu's plain port, which advertises the TLS one."""
+
+    address: str
+    config: dict
+    broker: Broker
+    front: Broker
+
+    def __enter__(self) -> "TlsKafka":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        try:
+            self.front.stop()
+        finally:
+            self.broker.stop()
+
+
+def start_tansu_tls() -> TlsKafka:
+    """Tansu behind mutual TLS, with a CA and certificates made for the run (trustme)."""
+    import trustme
+
+    socat = require("socat", "socat")
+    folder = tempfile.mkdtemp(prefix="tansu-tls-")
+    ca = trustme.CA()
+    server, client = ca.issue_cert("127.0.0.1", "localhost"), ca.issue_cert("client.pescheduler.test")
+    files = {name: os.path.join(folder, name) for name in ("ca.pem", "server.pem", "server.key",
+                                                          "client.pem", "client.key")}
+    ca.cert_pem.write_to_path(files["ca.pem"])
+    for name, cert in (("server", server), ("client", client)):
+        cert.private_key_pem.write_to_path(files[f"{name}.key"])
+        for i, pem in enumerate(cert.cert_chain_pems):
+            pem.write_to_path(files[f"{name}.pem"], append=i > 0)
+    inner, outer = free_port(), free_port()
+    broker = _tansu(inner, advertised=outer)
+    log = os.path.join(folder, "socat.log")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([socat, f"OPENSSL-LISTEN:{outer},bind=127.0.0.1,reuseaddr,fork,"
+                                 f"cert={files['server.pem']},key={files['server.key']},cafile={files['ca.pem']},"
+                                 f"verify=1", f"TCP:127.0.0.1:{inner}"],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    front = Broker(f"127.0.0.1:{outer}", proc, log, group=True)
+    config = {"security.protocol": "ssl", "ssl.ca.location": files["ca.pem"],
+              "ssl.certificate.location": files["client.pem"], "ssl.key.location": files["client.key"]}
+    tls = TlsKafka(front.address, config, broker, front)
+    try:
+        _wait_ready(front, lambda address: _kafka_ready(address, config))
+    except BaseException:
+        broker.stop()
+        raise
+    return tls
 
 
 def start_redis() -> Broker:
@@ -100,11 +169,11 @@ def _wait_ready(broker: Broker, ready) -> None:
         time.sleep(0.1)       # a process starting up signals nothing we can await
 
 
-def _kafka_ready(address: str) -> bool:
+def _kafka_ready(address: str, config: dict | None = None) -> bool:
     from confluent_kafka.admin import AdminClient
 
     try:
-        AdminClient({"bootstrap.servers": address}).list_topics(timeout=1)
+        AdminClient({"bootstrap.servers": address, **(config or {})}).list_topics(timeout=1)
         return True
     except Exception:
         return False
@@ -200,53 +269,40 @@ def fails_fast(app, cluster: str, match: str, within_s: float = 30.0) -> None:
 # Tansu hides open transactions from a read_committed consumer but was seen to still return the
 # records of aborted ones: its fetch answers carry no list of aborted transactions, which is what
 # librdkafka filters by. It does write the COMMIT/ABORT control records into the log. So the
-# exactly-once tests read the log itself (pescheduler.operators.kafka_log.fetch: Fetch v4 over a
-# socket; record batches parsed by kafka-python's record module) and apply the control records as the Kafka protocol defines:
-# a transactional batch of producer P counts only if P's next control record in that partition
-# is a COMMIT. A transaction still open when read has no control record yet: it does not count.
+# exactly-once tests read the log itself (pescheduler.operators.kafka_log.LogReader: Fetch through
+# kafka-python's client, record batches parsed by its record module) and apply the control records
+# as the Kafka protocol defines: a transactional batch of producer P counts only if P's next control
+# record in that partition is a COMMIT. A transaction still open when read has no control record
+# yet: it does not count.
 
-def committed_log(address: str, topic: str) -> dict[int, list[bytes]]:
+def committed_log(address: str, topic: str, config: dict | None = None) -> dict[int, list[bytes]]:
     """``{partition: [value, ...]}``: every record of ``topic`` a complete read_committed consumer
     returns now (non-transactional records, and those of committed transactions), in log order."""
-    return transaction_log(address, topic)[0]
+    return transaction_log(address, topic, config)[0]
 
 
-def transaction_log(address: str, topic: str) -> tuple[dict[int, list[bytes]], dict[int, int]]:
+def transaction_log(address: str, topic: str, config: dict | None = None
+                    ) -> tuple[dict[int, list[bytes]], dict[int, int]]:
     """:func:`committed_log`, and ``{partition: records}`` of transactions still open there (no
-    COMMIT or ABORT yet: they hold every read_committed reader of the partition back)."""
-    from confluent_kafka.admin import AdminClient
-    from kafka.record import MemoryRecords
+    COMMIT or ABORT yet: they hold every read_committed reader of the partition back). ``config``:
+    librdkafka security settings (TLS, SASL) to connect with."""
+    from pescheduler.operators.kafka_log import LogReader
 
-    from pescheduler.operators.kafka_log import fetch
-
-    partitions = AdminClient({"bootstrap.servers": address}).list_topics(topic, timeout=10).topics[topic].partitions
-    host, port = address.rsplit(":", 1)
     out: dict[int, list[bytes]] = {}
     still_open: dict[int, int] = {}
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        for p in sorted(partitions):
+    with LogReader(address, config) as log:
+        for p in log.partitions(topic):
             pending: dict[int, list[bytes]] = {}       # producer id -> records of its open transaction
-            values, offset, high, correlation = [], 0, 1, 0
-            while offset < high:
-                correlation += 1
-                high, raw = fetch(sock, correlation, topic, p, offset)
-                records, moved = MemoryRecords(raw), False
-                while records.has_next():
-                    batch = records.next_batch()
-                    if batch.next_offset <= offset:
-                        continue
-                    moved, offset = True, batch.next_offset
-                    if batch.is_control_batch:
-                        control = next(iter(batch))
-                        done = pending.pop(batch.producer_id, [])
-                        if control.commit:
-                            values.extend(done)
-                    elif batch.is_transactional:
-                        pending.setdefault(batch.producer_id, []).extend(r.value for r in batch)
-                    else:
-                        values.extend(r.value for r in batch)
-                if not moved:
-                    break
+            values: list[bytes] = []
+            for batch in log.batches(topic, p):
+                if batch.is_control_batch:
+                    done = pending.pop(batch.producer_id, [])
+                    if next(iter(batch)).commit:
+                        values.extend(done)
+                elif batch.is_transactional:
+                    pending.setdefault(batch.producer_id, []).extend(r.value for r in batch)
+                else:
+                    values.extend(r.value for r in batch)
             out[p] = values
             still_open[p] = sum(len(records) for records in pending.values())
     return out, still_open

@@ -33,6 +33,7 @@ from .turns import Turns
 
 SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked again
 RELIEF_BATCHES = 2       # backlog (in credit windows) that makes an out-of-credit channel full (flow.py)
+SOURCE_BACKLOG = 1       # batches buffered on an out-of-credit channel that stop a broker source feeding it
 
 
 class PERunner:
@@ -75,6 +76,8 @@ class PERunner:
         self.task: asyncio.Task | None = None
         self.full: frozenset[str] = frozenset()     # producers of full output channels (flow.py)
         self._feeds: dict[tuple[str, str], bool] = {}   # input -> feeds a full channel, for self.full
+        self.backed: frozenset[str] = frozenset()   # producers of out-of-credit channels a source must not feed
+        self._backs: dict[tuple[str, str], bool] = {}   # source -> feeds such a channel, for self.backed
         self._spent: dict[int, float] = {}         # id(input channel) -> busy time its batches took (_read_inbox)
 
     # -- wiring ---------------------------------------------------------------------
@@ -179,7 +182,7 @@ class PERunner:
     def _read_sources(self) -> bool:
         progressed = False
         for driver in self.sources:
-            if driver.ended or driver.paused or driver.delay() > 0 or self._feeds_full(driver.op_id):
+            if driver.ended or driver.paused or driver.delay() > 0 or self._source_held(driver):
                 continue
             if pump(driver, self.chain) != 0:      # a batch, or the end
                 progressed = True
@@ -289,6 +292,25 @@ class PERunner:
                                                           self.full)
         return hit
 
+    def _source_held(self, driver: SourceDriver) -> bool:
+        """Would reading ``driver``'s source emit into a full output channel, or, for a source
+        whose backlog waits at a broker (``backlog_elsewhere``: Kafka, Redis Streams), into one
+        out of credit with ``SOURCE_BACKLOG`` batches buffered? Then it waits: what it has not read
+        stays where any copy of what follows can take it, instead of lining up in a channel to
+        one instance (bench/kafka.py (e)). No sender waits on a source, so this stricter rule
+        keeps flow.py's argument. Other sources read ahead as channel input does: a generator
+        that stops at one batch lost a third of bench/parallel.py's copy speed-up."""
+        op_id = driver.op_id
+        if self._feeds_full(op_id):
+            return True
+        if not self.backed or not getattr(driver.source, "backlog_elsewhere", False):
+            return False
+        hit = self._backs.get((op_id, "out"))
+        if hit is None:
+            hit = self._backs[(op_id, "out")] = flow.feeds(self.chain.edges, self.chain.nodes, op_id, "out",
+                                                           self.backed)
+        return hit
+
     async def _flush(self) -> bool:
         """Ship what credit allows, never waiting for it, and note which channels are full;
         True when a channel stopped being full: the input it held back may be taken now (a
@@ -312,6 +334,13 @@ class PERunner:
         freed = bool(self.full - full)
         if full != self.full:
             self.full, self._feeds = frozenset(full), {}
+        if any(getattr(d.source, "backlog_elsewhere", False) for d in self.sources):
+            backed_ = partial(ChannelOut.full, backlog=SOURCE_BACKLOG)
+            backed = {spec.src_op for spec, channel in out_of_credit
+                      if backed_(channel) and not self.chain.spared(channel, backed_)}
+            freed = freed or bool(self.backed - backed)      # a held source has no inbox item to wake it
+            if backed != self.backed:
+                self.backed, self._backs = frozenset(backed), {}
         return freed
 
     def _ready(self) -> bool:
@@ -323,10 +352,11 @@ class PERunner:
     def _holding_back(self):
         """The gate of a full output channel (flow.py) while the flow holds input back for it,
         else None: that wait, and only that one, is backpressure."""
-        if not self.full:
+        held = self.full | self.backed      # backed: a broker source waits (_source_held)
+        if not held:
             return None
         return next((ch.gate for spec, ch in self.outs
-                     if spec.src_op in self.full and ch.pending and not ch.held), None)
+                     if spec.src_op in held and ch.pending and not ch.held), None)
 
     async def _idle(self) -> None:
         """Nothing to do: wait for input, or until a paced or empty source is due.
@@ -340,7 +370,7 @@ class PERunner:
         if self._ready():
             return
         waits = [d.delay() or getattr(d.source, "poll_interval", None) or SOURCE_POLL_S for d in self.sources
-                 if not (d.ended or d.paused or self._feeds_full(d.op_id))]
+                 if not (d.ended or d.paused or self._source_held(d))]
         # The wait is backpressure (on a full channel's gate), not idle time, only while the flow
         # holds input back for a full channel: a paced source waiting for its schedule while one
         # routed channel waits for credit and another instance has room is idle (issue 15).

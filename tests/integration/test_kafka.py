@@ -337,14 +337,19 @@ def test_a_restored_sink_fences_its_predecessor(kafka):
 def test_a_restored_sink_publishes_a_completed_checkpoint_its_predecessor_never_committed(kafka):
     """The hooks behind the crash test in test_kafka_exactly_once.py, branch by branch: the
     records of checkpoint 2 travel in its snapshot; a restore whose predecessor died before
-    committing 2 writes them again (once, however often the restore is repeated); one whose
-    predecessor did commit 2 does not."""
+    committing 2 writes them again (once, however often the restore is repeated: the second
+    restore finds the first one's COMMIT in the partition it reads); one whose predecessor did
+    commit 2 does not."""
     from brokers import committed_log
 
     def log(topic):
         return sorted(json.loads(v)["n"] for vs in committed_log(kafka, topic).values() for v in vs)
 
-    for topic, committed_before_the_crash in (("eos-lost", False), ("eos-done", True)):
+    # Unkeyed records: where the restore writes them again is the partitioner's choice (a whole
+    # batch in one partition), and must not decide whether a second restore sees them committed:
+    # three rounds, each taking the other partition with even odds, were it left to chance.
+    for topic, committed_before_the_crash in (("eos-lost", False), ("eos-done", True), ("eos-lost-2", False),
+                                              ("eos-lost-3", False)):
         create_topic(kafka, topic, 2)
         old = open_sink(kafka, topic, op_id="kafka-5")
         old.process([{"n": i} for i in range(50)], None)
@@ -366,17 +371,17 @@ def test_a_restored_sink_publishes_a_completed_checkpoint_its_predecessor_never_
 
 
 def test_the_log_says_how_each_transaction_ended_where_tansus_committed_offsets_do_not(kafka):
-    """kafka_log.committed_from reads the control records: a committed transaction, a fenced
+    """kafka_log.LogReader.committed_from reads the control records: a committed transaction, a fenced
     one (ABORT), one written again on the same transactional id after its abort (the restored
     sink's way), and one still open (no control record: a bounded wait, then TimeoutError); two
     of them committed while another transaction was open on the partition, where Tansu defers
     (and reorders) the committed offsets the sink used to read instead."""
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Producer
 
-    from pescheduler.operators.kafka_log import committed_from
+    from pescheduler.operators.kafka_log import LogReader
 
     create_topic(kafka, "eos-log", 1)
-    client = Consumer({"bootstrap.servers": kafka, "group.id": "eos-log", "enable.auto.commit": False})
+    log = LogReader(kafka)
     firsts: dict = {}
 
     def producer(tid):
@@ -398,16 +403,52 @@ def test_the_log_says_how_each_transaction_ended_where_tansus_committed_offsets_
     write(early, b"early")
     write(other, b"other")
     early.commit_transaction(10)           # then another
-    assert committed_from(client, "eos-log", 0, firsts["log-2"], 5)
-    assert committed_from(client, "eos-log", 0, firsts["log-0"], 5)
+    assert log.committed_from("eos-log", 0, firsts["log-2"], 5)
+    assert log.committed_from("eos-log", 0, firsts["log-0"], 5)
     with pytest.raises(TimeoutError):
-        committed_from(client, "eos-log", 0, firsts["log-other"], 0.5)      # still open: no outcome yet
+        log.committed_from("eos-log", 0, firsts["log-other"], 0.5)      # still open: no outcome yet
     fenced = producer("log-other")         # the same id again: the open transaction is aborted
-    assert not committed_from(client, "eos-log", 0, firsts["log-other"], 5)
+    assert not log.committed_from("eos-log", 0, firsts["log-other"], 5)
     write(fenced, b"again")                # written again on its own id, the first since the fence
     fenced.commit_transaction(10)
-    assert committed_from(client, "eos-log", 0, firsts["log-other"], 5)
-    client.close()
+    assert log.committed_from("eos-log", 0, firsts["log-other"], 5)
+    log.close()
+
+
+def test_a_restored_sink_reads_the_log_over_tls_with_its_own_settings():
+    """The exactly-once sink's security settings reach its log reader (kafka-python): a broker
+    reachable only through mutual TLS, the sink creating its topic and writing there with them,
+    and a restore that must read from the log how checkpoint 2 ended (its predecessor died
+    before committing it) publishing it once; a reader without them is refused by the broker."""
+    from brokers import committed_log, start_tansu_tls
+    from pescheduler.operators.kafka import KafkaSink
+    from pescheduler.operators.kafka_log import LogReader
+
+    def opened(tls, state=None):
+        sink = KafkaSink(topic="eos-tls", bootstrap_servers=tls.address, exactly_once=True, create=True,
+                         partitions=2, transactional_id="eos-tls", config=tls.config)
+        if state is not None:
+            sink.restore(state)
+        sink.open(OperatorContext("kafka-7", extra={"checkpoint": True}))
+        return sink
+
+    with start_tansu_tls() as tls:
+        old = opened(tls)
+        old.process([{"n": i} for i in range(40)], None)
+        old.pre_commit(1)
+        old.commit(1)
+        old.process([{"n": i} for i in range(40, 100)], None)
+        old.pre_commit(2)
+        saved = old.snapshot()                          # the process dies before commit(2)
+        assert [entry[2] for entry in saved["parked"]], "checkpoint 2's transaction is carried"
+        new = opened(tls, saved)                        # fences, then asks the log (over TLS)
+        new.commit(2)
+        new.close()
+        old.close()
+        log = committed_log(tls.address, "eos-tls", tls.config)
+        assert sorted(json.loads(v)["n"] for vs in log.values() for v in vs) == list(range(100))
+        with LogReader(tls.address, timeout_s=2) as plain, pytest.raises(ConnectionError, match=tls.address):
+            plain.partitions("eos-tls")
 
 
 def sink_in(dep, op: str) -> int:
