@@ -10,6 +10,13 @@ group for its usage, whichever the machine mounts). Objects still alive at
 interpreter exit are removed then (``atexit``), so a crash in between leaves
 nothing behind; nothing is ever removed by a pattern.
 
+A process killed outright (SIGKILL, the OOM killer) runs no ``atexit``. So
+each process also keeps a ledger of what it owns in :data:`LEDGER_DIR`
+(one file named by its PID and start time), and the next lab to start
+removes what the ledgers of dead processes name (:func:`remove_stale`):
+their cgroups' processes are killed by PID, then the namespaces, veths,
+bridges and cgroups go, each by its recorded name.
+
 The commands are ``ip`` and ``tc`` (iproute2); everything needs root.
 :func:`missing` says what of that is absent, so the lab can refuse with a
 clear reason instead of half-building a host.
@@ -20,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ipaddress
+import json
 import logging
 import os
 import shutil
@@ -38,14 +46,90 @@ _LIVE: dict[int, object] = {}           # id -> object with remove(): what is st
 _LOCK = threading.Lock()
 
 
+LEDGER_DIR = "/run/pescheduler-lab"      # one ledger per process: what it owns (tmpfs: gone at boot)
+
+
 def _own(obj) -> None:
     with _LOCK:
         _LIVE[id(obj)] = obj
+        _write_ledger()
 
 
 def _disown(obj) -> None:
     with _LOCK:
-        _LIVE.pop(id(obj), None)
+        if _LIVE.pop(id(obj), None) is not None:
+            _write_ledger()
+
+
+def _ledger_path(pid: int | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    return os.path.join(LEDGER_DIR, f"{pid}-{psutil.Process(pid).create_time():.2f}.json")
+
+
+def _write_ledger() -> None:
+    """Record what this process owns (under ``_LOCK``); no ledger once it owns nothing."""
+    path = _ledger_path()
+    records = [obj.record() for obj in _LIVE.values()]
+    if not records:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    os.makedirs(LEDGER_DIR, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(records, f)
+    os.replace(path + ".tmp", path)
+
+
+def _alive(name: str) -> bool:
+    """Whether the process a ledger file is named after (``PID-STARTTIME.json``) still runs."""
+    pid, _, start = name.removesuffix(".json").partition("-")
+    try:
+        return f"{psutil.Process(int(pid)).create_time():.2f}" == start
+    except (ValueError, psutil.NoSuchProcess):
+        return False
+
+
+def remove_stale() -> list[str]:
+    """Remove what dead processes' ledgers name; what was removed, for the log and the tests."""
+    removed: list[str] = []
+    if not os.path.isdir(LEDGER_DIR):
+        return removed
+    for name in sorted(os.listdir(LEDGER_DIR)):
+        if not name.endswith(".json") or _alive(name):
+            continue
+        path = os.path.join(LEDGER_DIR, name)
+        try:
+            with open(path) as f:
+                records = json.load(f)
+        except (OSError, ValueError):
+            records = []
+        order = {"cgroup": 0, "netns": 1, "bridge": 2}    # stop processes first, the bridge last
+        for record in sorted(records, key=lambda r: order.get(r.get("kind"), 3)):
+            removed.append(_remove_record(record))
+        os.unlink(path)
+    if removed:
+        logger.warning("lab: removed what killed processes left: %s", ", ".join(removed))
+    return removed
+
+
+def _remove_record(record: dict) -> str:
+    kind = record["kind"]
+    if kind == "cgroup":
+        for d in record["dirs"]:
+            with contextlib.suppress(OSError), open(os.path.join(d, "cgroup.procs")) as f:
+                for pid in f.read().split():
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        psutil.Process(int(pid)).kill()      # a worker of the dead process's lab host
+        group = CpuGroup.__new__(CpuGroup)
+        group.name, group.dirs = record["name"], record["dirs"]
+        group.remove(timeout=10.0)
+        return f"cgroup {record['name']}"
+    if kind == "netns":
+        _quiet("ip", "netns", "del", record["name"])
+        _quiet("ip", "link", "del", record["veth"])
+        return f"namespace {record['name']}"
+    _quiet("ip", "link", "del", record["name"])
+    return f"bridge {record['name']}"
 
 
 @atexit.register
@@ -137,6 +221,7 @@ class LabNetwork:
         """Claim the first free ``/24``: adding the link ``pslabN`` is the claim (the kernel adds a
         name once), so two deployments starting a lab at the same moment take different ones, and
         a lost claim never removes the bridge the other one made."""
+        remove_stale()
         for i, net in self._candidates():
             try:
                 run("ip", "link", "add", f"pslab{i}", "type", "bridge")
@@ -152,6 +237,9 @@ class LabNetwork:
                 NETWORKS[self.address] = self
             return self
         raise RuntimeError(f"lab: no free /24 left in {self.subnet}")
+
+    def record(self) -> dict:
+        return {"kind": "bridge", "name": self.name}
 
     def next_address(self) -> str:
         """The next host's address on the bridge (``.2``, ``.3``, ...)."""
@@ -208,6 +296,9 @@ class Namespace:
             netem = ["netem", "delay", f"{self.delay_ms}ms", "loss", f"{self.loss_pct}%"]
             run("tc", "qdisc", "add", "dev", self.veth, "root", *netem)
             run("tc", "-n", self.name, "qdisc", "add", "dev", "eth0", "root", *netem)
+
+    def record(self) -> dict:
+        return {"kind": "netns", "name": self.name, "veth": self.veth}
 
     def command(self, cmd: list[str]) -> list[str]:
         """``cmd`` run inside the namespace (``ip netns exec`` execs it: the PID stays the same)."""
@@ -269,6 +360,9 @@ class CpuGroup:
             _write(os.path.join(self.dirs[0], "cpu.cfs_period_us"), str(self.PERIOD_US))
             _write(os.path.join(self.dirs[0], "cpu.cfs_quota_us"), str(quota))
             _write(os.path.join(self.dirs[0], "cpu.shares"), str(1024 * self.WEIGHT_TASKS))  # a task: 1024
+
+    def record(self) -> dict:
+        return {"kind": "cgroup", "name": self.name, "dirs": self.dirs}
 
     def add(self, pid: int) -> None:
         """Put process ``pid`` (and so the children it starts later) in the group."""
