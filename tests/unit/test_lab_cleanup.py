@@ -22,15 +22,15 @@ from tests.waiting import gone
 pytestmark = pytest.mark.lab
 
 CHILD = """
-import json, subprocess, sys, time
+import json, signal, subprocess, sys
 from pescheduler.resource_managers import lab_net
 net = lab_net.LabNetwork("10.213.0.0/16").create()
 ns = lab_net.Namespace(net, 1, net.next_address()).create()
 group = lab_net.CpuGroup(f"{net.name}-h1-test", 0.5).create()
-worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+worker = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
 group.add(worker.pid)
 print(json.dumps({"bridge": net.name, "netns": ns.name, "cgroup": group.dirs, "worker": worker.pid}), flush=True)
-time.sleep(600)
+signal.pause()                       # until the test kills it
 """
 
 
