@@ -56,6 +56,8 @@ class PERunner:
         self.chain: Chain | None = None
         self.sources = [SourceDriver(op_id, op, spec.batch_size)
                         for op_id, op in self.ops.items() if isinstance(op, Source)]
+        # a source whose backlog waits at a broker reads no further than SOURCE_BACKLOG (_flush)
+        self._broker_sources = any(getattr(d.source, "backlog_elsewhere", False) for d in self.sources)
         for driver in self.sources:
             if driver.op_id in spec.restore:
                 driver.restore(spec.restore[driver.op_id]["driver"])
@@ -283,13 +285,17 @@ class PERunner:
 
     def _feeds_full(self, op_id: str, port: str = "out") -> bool:
         """Would taking this input (a channel's producer and port, or a source here) emit into a
-        full output channel? Cached until the full set or the chain's edges change."""
-        if not self.full:
+        full output channel?"""
+        return self._feeds_into(self.full, self._feeds, op_id, port)
+
+    def _feeds_into(self, producers: frozenset[str], cache: dict, op_id: str, port: str = "out") -> bool:
+        """Would taking input ``(op_id, port)`` emit into an output channel of one of ``producers``?
+        Cached in ``cache`` until that set or the chain's edges change."""
+        if not producers:
             return False
-        hit = self._feeds.get((op_id, port))
+        hit = cache.get((op_id, port))
         if hit is None:
-            hit = self._feeds[(op_id, port)] = flow.feeds(self.chain.edges, self.chain.nodes, op_id, port,
-                                                          self.full)
+            hit = cache[(op_id, port)] = flow.feeds(self.chain.edges, self.chain.nodes, op_id, port, producers)
         return hit
 
     def _source_held(self, driver: SourceDriver) -> bool:
@@ -300,16 +306,9 @@ class PERunner:
         one instance (bench/kafka.py (e)). No sender waits on a source, so this stricter rule
         keeps flow.py's argument. Other sources read ahead as channel input does: a generator
         that stops at one batch lost a third of bench/parallel.py's copy speed-up."""
-        op_id = driver.op_id
-        if self._feeds_full(op_id):
-            return True
-        if not self.backed or not getattr(driver.source, "backlog_elsewhere", False):
-            return False
-        hit = self._backs.get((op_id, "out"))
-        if hit is None:
-            hit = self._backs[(op_id, "out")] = flow.feeds(self.chain.edges, self.chain.nodes, op_id, "out",
-                                                           self.backed)
-        return hit
+        return self._feeds_full(driver.op_id) or (
+            getattr(driver.source, "backlog_elsewhere", False)
+            and self._feeds_into(self.backed, self._backs, driver.op_id))
 
     async def _flush(self) -> bool:
         """Ship what credit allows, never waiting for it, and note which channels are full;
@@ -334,7 +333,7 @@ class PERunner:
         freed = bool(self.full - full)
         if full != self.full:
             self.full, self._feeds = frozenset(full), {}
-        if any(getattr(d.source, "backlog_elsewhere", False) for d in self.sources):
+        if self._broker_sources:
             backed_ = partial(ChannelOut.full, backlog=SOURCE_BACKLOG)
             backed = {spec.src_op for spec, channel in out_of_credit
                       if backed_(channel) and not self.chain.spared(channel, backed_)}
