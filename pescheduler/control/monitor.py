@@ -13,6 +13,18 @@ however many processes share the core; whether more CPU is there to be had is th
 ``cpu`` (:meth:`MetricsSnapshot.saturated`). A late or lost report costs
 precision, never correctness.
 
+A host's ``cpu`` is the deployment's own: the CPU of its processes over the
+cores they may use. A lab host's workers share its quota (each is told its
+part). Hosts without a quota on one machine (the embedded cluster, the
+``local`` manager's hosts, the lab's bridge host) are names for processes on
+the same cores: their workers, the lab's and this deploying process (the
+scheduler and control loop) are added up per machine (its boot id) over the
+machine's core budget. Everything else the machine runs is ``machine_cpu``,
+for ``status``: on a shared machine other users' load says nothing about
+whether the deployment has used what it may (counted in, every Replicate was
+refused at load 8 while the deployment used a core of two), and busy time is
+CPU time, so a copy's figures do not depend on it either.
+
 Sampling costs one RPC per worker per interval and a few counters per batch
 (never per tuple).
 """
@@ -20,12 +32,15 @@ Sampling costs one RPC per worker per interval and a few counters per batch
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+import psutil
+
 from ..plan.placement import Placement
+from ..worker.cgroup import machine_id
 
 
 @dataclass(frozen=True)
@@ -81,12 +96,15 @@ class WorkerMetrics:
 
 @dataclass(frozen=True)
 class HostMetrics:
-    """A host: CPU as a fraction of all its cores, memory in use as a fraction."""
+    """A host: the deployment's CPU as a fraction of the cores it may use there (its quota, or
+    its machine's cores), memory in use as a fraction, and the CPU everything on the host uses
+    (``machine_cpu``, other tenants included)."""
 
     host: str
     cpu: float = 0.0
     memory: float = 0.0
     workers: tuple[str, ...] = ()
+    machine_cpu: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -106,7 +124,7 @@ class MetricsSnapshot:
         h = self.hosts.get(host)
         if limit is None or h is None or h.cpu <= limit:
             return None
-        return f"host {host!r} has no more CPU: {h.cpu:.0%} of its cores in use (above {limit:.0%})"
+        return f"host {host!r} has no more CPU: the deployment uses {h.cpu:.0%} of its cores (above {limit:.0%})"
 
     @property
     def dead_letters(self) -> int:
@@ -117,6 +135,29 @@ class MetricsSnapshot:
         return sum(o.late for o in self.operators.values())
 
 
+def host_figures(hosts: Mapping[str, list[dict]], here: str, here_cpu: float) -> dict[str, HostMetrics]:
+    """Each host's figures from its workers' ``process`` reports (see the module docstring):
+    a host whose workers all have a ``share`` of a quota uses their CPU over their shares;
+    any other uses what the deployment's processes on its machine use (``here_cpu``, this
+    process's, counts on machine ``here``) over that machine's cores."""
+    on_machine: dict[str, float] = defaultdict(float)
+    on_machine[here] += here_cpu
+    for procs in hosts.values():
+        for p in procs:
+            on_machine[p.get("machine", "")] += p.get("cpu", 0.0)
+    figures = {}
+    for host, procs in hosts.items():
+        shares = [p.get("share") for p in procs]
+        if all(shares):
+            cpu = sum(p.get("cpu", 0.0) for p in procs) / sum(shares)
+        else:
+            cpu = on_machine[procs[0].get("machine", "")] / max(procs[0].get("machine_cores", 1), 1)
+        figures[host] = HostMetrics(host, min(1.0, cpu), max(p.get("host_memory", 0.0) for p in procs),
+                                    tuple(p["worker"] for p in procs),
+                                    max(p.get("host_cpu", 0.0) for p in procs))
+    return figures
+
+
 class Monitor:
     """Folds rounds of ``pe_stats`` answers into snapshots; keeps a bounded history."""
 
@@ -124,6 +165,9 @@ class Monitor:
         self.history: deque[MetricsSnapshot] = deque(maxlen=history)
         self._last: dict[str, tuple[float, dict]] = {}          # pe -> (time, cumulative stats)
         self.latest = MetricsSnapshot(time.monotonic(), 0.0)
+        self._machine = machine_id()                # this process's: its CPU counts on this machine
+        self._process = psutil.Process()
+        self._process.cpu_percent(None)
 
     def update(self, answers: list[dict], placement: Placement) -> MetricsSnapshot:
         """Fold one round of answers over ``placement`` (the Reconfigurer's, read now: the
@@ -134,24 +178,21 @@ class Monitor:
         ops: dict[str, OperatorMetrics] = {}
         pes: dict[str, PEMetrics] = {}
         workers: dict[str, WorkerMetrics] = {}
-        hosts: dict[str, dict] = {}
+        hosts: dict[str, list[dict]] = {}
         for answer in answers:
             worker = answer["worker"]
             host = self.placement.hosts.get(worker, answer.get("host", ""))
             proc = answer.get("process", {})
             workers[worker] = WorkerMetrics(worker, host, proc.get("cpu", 0.0), proc.get("memory_bytes", 0),
                                             proc.get("cores", 1.0))
-            h = hosts.setdefault(host, {"cpu": proc.get("host_cpu", 0.0), "memory": proc.get("host_memory", 0.0),
-                                        "workers": []})
-            h["workers"].append(worker)
+            hosts.setdefault(host, []).append({**proc, "worker": worker})
             for pe_id, stats in answer["pes"].items():
                 if self._current(pe_id, worker, stats):
                     pes[pe_id] = self._pe(pe_id, stats, now, ops)
         snapshot = MetricsSnapshot(
             now, now - self.latest.time if self.history else 0.0,
             MappingProxyType(ops), MappingProxyType(pes), MappingProxyType(workers),
-            MappingProxyType({k: HostMetrics(k, v["cpu"], v["memory"], tuple(v["workers"]))
-                              for k, v in hosts.items()}))
+            MappingProxyType(host_figures(hosts, self._machine, self._process.cpu_percent(None) / 100)))
         self.latest = snapshot
         self.history.append(snapshot)
         return snapshot

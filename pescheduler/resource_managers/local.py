@@ -32,7 +32,6 @@ import asyncio
 import inspect
 import json
 import logging
-import math
 import os
 import shutil
 import socket
@@ -48,6 +47,7 @@ from dask.utils import parse_timedelta
 
 from .. import config
 from ..control.resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
+from ..worker.cgroup import CPU_MAX, core_budget  # noqa: F401  (CPU_MAX: where tests point core_budget)
 from . import processes
 from .workers import named_workers, retire_quietly, start_hosts, tls_flags
 
@@ -71,30 +71,6 @@ def _listen_where(scheduler_address: str) -> list[str]:
     """A scheduler on loopback (the embedded cluster) keeps its hosts' workers on loopback too."""
     host = scheduler_address.split("://", 1)[-1].rsplit(":", 1)[0]
     return ["--host", host, "--dashboard-address", f"{host}:0"] if host.startswith("127.") else []
-
-
-CPU_MAX = "/sys/fs/cgroup/cpu.max"
-
-
-def core_budget(cpu_max: str = CPU_MAX) -> tuple[int, str]:
-    """Whole cores this process may use, and where the figure comes from.
-
-    The CPUs of its affinity mask (``os.sched_getaffinity``: taskset, cpusets),
-    lowered by a cgroup v2 quota (``cpu.max`` holds ``"quota period"``, or
-    ``"max period"`` for none) rounded down, never below one core.
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    source = f"{cores} CPUs in the affinity mask"
-    try:
-        with open(cpu_max) as f:
-            quota, period = f.read().split()[:2]
-    except (OSError, ValueError):
-        return cores, source
-    if quota != "max" and float(period) > 0:
-        allowed = max(1, math.floor(float(quota) / float(period)))
-        if allowed < cores:
-            return allowed, f"cgroup quota {quota}/{period} in {cpu_max}"
-    return cores, source
 
 
 def _here(address: str) -> bool:

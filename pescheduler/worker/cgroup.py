@@ -11,7 +11,9 @@ None when no quota bounds it (then the machine's CPU is the host's).
 
 from __future__ import annotations
 
+import math
 import os
+import socket
 import time
 from typing import Callable
 
@@ -129,3 +131,39 @@ def _v1_quota(mounts: dict[str, str], groups: dict[str, str]) -> QuotaCPU | None
         return None
     return QuotaCPU(_counter(os.path.join(mounts["cpuacct"], v1["cpuacct"].lstrip("/"), "cpuacct.usage"), 1e-9),
                     quota / period)
+
+
+CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def core_budget(cpu_max: str = CPU_MAX) -> tuple[int, str]:
+    """Whole cores this process may use, and where the figure comes from.
+
+    The CPUs of its affinity mask (``os.sched_getaffinity``: taskset, cpusets),
+    lowered by a cgroup v2 quota (``cpu.max`` holds ``"quota period"``, or
+    ``"max period"`` for none) rounded down, never below one core.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    source = f"{cores} CPUs in the affinity mask"
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return cores, source
+    if quota != "max" and float(period) > 0:
+        allowed = max(1, math.floor(float(quota) / float(period)))
+        if allowed < cores:
+            return allowed, f"cgroup quota {quota}/{period} in {cpu_max}"
+    return cores, source
+
+
+def machine_id(boot_id: str = "/proc/sys/kernel/random/boot_id") -> str:
+    """Which machine this process runs on, the same inside the lab's network namespaces (they
+    share ``/proc``): the kernel's boot id, else the host name. Hosts that are only names for
+    processes on one machine (the embedded cluster, the ``local`` manager's hosts) share its
+    cores, and the monitor adds up their CPU by it."""
+    try:
+        with open(boot_id) as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()

@@ -29,7 +29,7 @@ import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from . import flow, handshake
-from .cgroup import host_quota
+from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
 from ..plugins import activate
@@ -136,6 +136,9 @@ class PEHost:
         self._process.cpu_percent(None)         # start the CPU measurement window
         psutil.cpu_percent(None)
         self._quota = host_quota()               # a lab host: its CPU is its cgroup quota's, not the machine's
+        share = os.environ.get(QUOTA_ENV)
+        self._share = float(share) if share else None   # this worker's part of a lab host's quota
+        self._machine, (self._machine_cores, _) = machine_id(), core_budget()
 
     async def start(self) -> None:
         ip = self.worker.ip if hasattr(self.worker, "ip") else "127.0.0.1"
@@ -280,10 +283,15 @@ class PEHost:
                 "pes": {pe_id: pe.stats() for pe_id, pe in pes.items()}, "dead_letters": dead}
 
     def _process_stats(self) -> dict:
-        """This worker's CPU (fraction of a core) and memory, and its host's, since the last call."""
+        """This worker's CPU (cores used) and memory since the last call, and what the monitor needs
+        to add up the deployment's own CPU per host (``share``: its part of a lab host's quota;
+        ``machine``/``machine_cores``: the machine and cores hosts without a quota share), beside
+        everything the host runs (``host_cpu``, other tenants included)."""
         return {"cpu": self._process.cpu_percent(None) / 100, "memory_bytes": self._process.memory_info().rss,
                 "cores": min(1.0, self._quota.cores) if self._quota else 1.0,      # what one PE here can use
-                "host_cpu": self._quota.fraction() if self._quota else psutil.cpu_percent(None) / 100, "host_memory": psutil.virtual_memory().percent / 100}
+                "share": self._share, "machine": self._machine, "machine_cores": self._machine_cores,
+                "host_cpu": self._quota.fraction() if self._quota else psutil.cpu_percent(None) / 100,
+                "host_memory": psutil.virtual_memory().percent / 100}
 
     async def pe_wait(self, deployment: str, version: int, timeout: float) -> dict:
         """Long poll: return when a PE changed state after ``version``, or at ``timeout``."""

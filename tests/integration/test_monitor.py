@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -10,6 +12,7 @@ from distributed import Client
 
 import pescheduler
 from pescheduler import Application
+from waiting import reap
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +50,27 @@ def test_slow_operator_is_busy_and_its_upstream_backpressured(cluster, tmp_path)
                 t0 = time.perf_counter()
                 client.run(os.getpid, workers=[mapper.worker])
                 assert time.perf_counter() - t0 < 0.25
+
+
+def test_a_hosts_cpu_is_what_the_deployment_uses_not_what_other_users_load_the_machine_with(cluster, tmp_path):
+    """Two busy loops of another user fill the machine's cores; a light stream's host still shows
+    CPU to spare (its own processes' use), and ``machine_cpu`` shows the machine's load. Counted
+    in, every Replicate on a shared machine was refused at load 8 (issue 15)."""
+    app = Application("light")
+    app.source("generator", events=None, keys=10, rate=500).sink("jsonl", path=str(tmp_path / "o.jsonl"))
+    others = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+            deadline = time.monotonic() + 60
+            snap = dep.next_snapshot(timeout=30)
+            while not (snap.hosts and all(h.machine_cpu >= 0.9 for h in snap.hosts.values())
+                       and snap.operators.get("generator-1") and snap.operators["generator-1"].tuples_out_per_s > 0):
+                assert time.monotonic() < deadline, f"the busy loops never showed: {snap.hosts}"
+                snap = dep.next_snapshot(timeout=30)
+            for host in snap.hosts.values():
+                assert host.cpu < 0.6, host             # 500 tuples/s: a small part of the cores
+                assert snap.saturated(host.host, 0.9) is None
+            assert dep.status()["hosts"][0]["machine_cpu"] >= 0.0
+    finally:
+        for p in others:
+            reap(p)

@@ -131,7 +131,7 @@ def test_no_worker_is_cold_started_on_a_saturated_machine_with_nothing_to_borrow
     held = ResourceView(held=("h0", "h1"))
     why = cold_start_refusal(Replicate("op2", 3), PL, snapshot(0.97, 0.95), 0.9, held)
     assert why.startswith("'op2' needs 3 standard slot(s)") and "a worker started on this machine would only " \
-        "share its CPU: host 'h0' has no more CPU: 97% of its cores in use (above 90%)" in why, why
+        "share its CPU: host 'h0' has no more CPU: the deployment uses 97% of its cores (above 90%)" in why, why
     assert cold_start_refusal(Replicate("op2", 3), PL, snapshot(0.97, 0.5), 0.9, held) == ""   # h1 has CPU
     assert cold_start_refusal(Replicate("op2", 3), PL, snapshot(0.97, 0.95), 0.9,
                               ResourceView(held=("h0", "h1"), lendable=1)) == ""              # borrow instead
@@ -156,11 +156,11 @@ def test_no_worker_is_cold_started_on_a_saturated_machine_with_nothing_to_borrow
 def test_a_replicate_onto_a_saturated_host_is_steered_to_a_host_with_cpu_else_refused():
     assert onto_saturated(Replicate("op2"), PL, snapshot(0.5), 0.9) == ""
     why = onto_saturated(Replicate("op2"), PL, snapshot(0.97), 0.9)
-    assert why == "host 'h0' has no more CPU: 97% of its cores in use (above 90%); a copy of 'op2' there would only share it"
+    assert why == "host 'h0' has no more CPU: the deployment uses 97% of its cores (above 90%); a copy of 'op2' there would only share it"
     assert onto_saturated(Replicate("op2"), PL, snapshot(1.0), 1) == ""        # saturated-cpu: 1, never
     steered, refusal = steer(Replicate("op2", reason="hot"), PL, snapshot(0.97), 0.9)
     assert refusal == "" and repr(steered) == "Replicate('op2', 1, hosts=('h1',))"
-    assert steered.reason == "hot; steered to h1: host 'h0' has no more CPU: 97% of its cores in use (above 90%)"
+    assert steered.reason == "hot; steered to h1: host 'h0' has no more CPU: the deployment uses 97% of its cores (above 90%)"
     assert transforms.replicate(PL, steered).pes["op2#1"].host == "h1"
     asked = []
 
@@ -193,3 +193,31 @@ def test_an_operator_that_blocks_is_busy_while_it_blocks():
     for _ in range(4):
         chain.emit_from("src", [{"x": 1}])
     assert 0.19 < chain.nodes["sleep"].stats.busy_s < 1.0
+
+
+# -- a host's CPU is the deployment's own ----------------------------------------------------------
+
+def test_a_hosts_cpu_adds_up_the_deployments_processes_on_its_machine_and_a_lab_hosts_over_its_quota():
+    """Hosts without a quota on one machine share its cores: the embedded host's figure counts
+    its workers, the local manager's host's and the lab's workers (the same silicon) and the
+    deploying process, over the machine's cores. A lab host's is its workers' CPU over their
+    shares of its quota. Other users' load (``host_cpu``, what psutil sees) is only shown."""
+    from pescheduler.control.monitor import host_figures
+
+    def proc(worker, cpu, machine="m1", share=None, seen=0.99):
+        return {"worker": worker, "cpu": cpu, "machine": machine, "machine_cores": 2, "share": share,
+                "host_cpu": seen, "host_memory": 0.4}
+
+    hosts = {"127.0.0.1": [proc("w0", 0.5), proc("w1", 0.25)],
+             "local-1": [proc("w2", 0.25)],
+             "lab-1": [proc("w3", 0.2, share=0.25), proc("w4", 0.1, share=0.25)],
+             "far": [proc("w5", 0.5, machine="m2")]}
+    figures = host_figures(hosts, "m1", 0.3)
+    # m1: 0.5 + 0.25 + 0.25 + 0.2 + 0.1 (the lab's workers) + 0.3 (this process) = 1.6 of 2 cores
+    assert figures["127.0.0.1"].cpu == pytest.approx(0.8) and figures["local-1"].cpu == pytest.approx(0.8)
+    assert figures["lab-1"].cpu == pytest.approx(0.6)                  # 0.3 of its 0.5 core
+    assert figures["far"].cpu == pytest.approx(0.25)                   # its own machine: this process is not there
+    assert figures["127.0.0.1"].machine_cpu == 0.99 and figures["127.0.0.1"].workers == ("w0", "w1")
+    assert figures["127.0.0.1"].memory == 0.4
+    assert MetricsSnapshot(1.0, 1.0, hosts=MappingProxyType(figures)).saturated("127.0.0.1", 0.9) is None
+    assert host_figures({"h": [proc("w0", 2.5)]}, "m1", 0.0)["h"].cpu == 1.0    # a fraction of its cores

@@ -32,7 +32,7 @@ def test_move_takes_the_busiest_pe_off_a_saturated_host_to_the_idle_hosts_least_
     actions = move.decide(snap(0.97, 0.2, {"op1": 0.9, "op2": 0.6}), PL, {})
     assert [repr(a) for a in actions] == ["Move('op1', 'sim://h1/w0')"]      # h1/w0 runs no PE
     assert actions[0].hold == Hold(rounds=2)
-    assert actions[0].reason == ("host 'h0' has no more CPU: 97% of its cores in use (above 90%); its busiest "
+    assert actions[0].reason == ("host 'h0' has no more CPU: the deployment uses 97% of its cores (above 90%); its busiest "
                                  "PE op1 (90% busy) moves to h1 (20% of its cores in use)")
 
 
@@ -93,7 +93,7 @@ def test_rate_with_every_slot_host_saturated_borrows_or_asks_so_the_refusal_is_r
     assert [repr(a) for a in asked] == ["Replicate('op2', 2)"]               # nothing to borrow: on record
     refused = asyncio.run(Controller({"rate": lambda s, p, r, c: asked}, _never, cooldown_s=0)
                           .tick(saturated, sim.placement))
-    assert [(d.outcome, d.detail[:34]) for d in refused] == [("refused", "host 'h0' has no more CPU: 97% of ")]
+    assert [(d.outcome, d.detail[:34]) for d in refused] == [("refused", "host 'h0' has no more CPU: the dep")]
 
 
 async def _never(action):
