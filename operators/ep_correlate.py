@@ -26,6 +26,7 @@ events that arrived after it joined.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from typing import Any, Callable, Mapping
 
 from pescheduler.expr import Binary, Col, Expr, Lit, Unary, conjuncts, lift
@@ -85,6 +86,7 @@ class SharedCorrelations(Operator):
     name = "ep_correlate"
     parallelism = Parallelism.SINGLETON
     outputs = ("late",)
+    grouped = True          # results leave as (query_id, [rows]) for a grouped ep_output
 
     def __init__(self, shape: str, left: Expr, right: Expr, constant: Expr, exact: bool,
                  queries: dict | None = None, ts_field: str = "ts") -> None:
@@ -93,8 +95,8 @@ class SharedCorrelations(Operator):
         self._lkey, self._rkey, self._const = left.function(), right.function(), constant.function()
         self._specs: dict[Any, dict] = {}
         self._queries: list[tuple] = []             # (query id, C_q, within, predicate or None, born)
-        self._left: dict[Any, list] = {}            # L(l) -> (event, seq, ts) in arrival order
-        self._right: dict[Any, list] = {}           # R(r) -> (event, seq, ts)
+        self._left: dict[Any, list] = {}            # L(l) -> its events in arrival order (_bucket)
+        self._right: dict[Any, list] = {}           # R(r) -> its events
         self._seq = 0                               # events arrived (a query meets later ones only)
         self._wm = MIN_WATERMARK
         self._oldest = MAX_WATERMARK
@@ -149,6 +151,7 @@ class SharedCorrelations(Operator):
         queries = self._probes[input_index]
         ts_f, wm, oldest = self.ts_field, self._wm, self._oldest
         out, find = emit.append, other.get
+        side = "right" if left else "left"          # the partner's field in a row
         for e in batch:
             ts = e[ts_f]
             if ts <= wm:
@@ -160,37 +163,58 @@ class SharedCorrelations(Operator):
                 self._seq += 1
                 continue
             seq = self._seq
-            # The hot loop of Count correlations: one probe per query, then per event found (in
-            # arrival order) the query's own join's tests; a row per pair, as its join writes it.
+            # The hot loop of Count correlations: one probe per query, then the events found that
+            # pass the query's own join's tests, in arrival order; a row per pair, as its join
+            # writes it, the rows of one query and event leaving together (one item, for a grouped
+            # ep_output: no tuple per row). A bucket whose events came in event-time order (the
+            # usual case) holds the ones in the window as a suffix: found by bisection, no test
+            # per event. A row is a copy of this event's template with the partner set (cheaper
+            # than a dict display). Loops, not comprehensions: a few rows per probe.
+            row = {"left": e, "right": None, "ts": ts} if left else {"left": None, "right": e, "ts": ts}
             for query_id, d, within, pred, born in queries:
                 found = find(k + d)
-                if not found:
+                if found is None:
                     continue
-                lo, hi = ts - within, ts + within
-                if pred is None:
-                    if left:
-                        for o, o_seq, o_ts in found:
-                            if lo <= o_ts <= hi and o_seq >= born:
-                                out((query_id, {"left": e, "right": o, "ts": ts if ts > o_ts else o_ts}))
-                    else:
-                        for o, o_seq, o_ts in found:
-                            if lo <= o_ts <= hi and o_seq >= born:
-                                out((query_id, {"left": o, "right": e, "ts": ts if ts > o_ts else o_ts}))
-                    continue
-                for o, o_seq, o_ts in found:
-                    if lo <= o_ts <= hi and o_seq >= born:
-                        l, r = (e, o) if left else (o, e)
-                        if pred(l, r):
-                            out((query_id, {"left": l, "right": r, "ts": ts if ts > o_ts else o_ts}))
+                evs, tss, seqs, ordered = found
+                if ordered and pred is None and tss[-1] <= ts:
+                    i = bisect_left(tss, ts - within)
+                    if born > seqs[0]:                  # a query newer than some of these events
+                        i = max(i, bisect_left(seqs, born))
+                    rows = []
+                    add = rows.append
+                    for o in evs[i:]:
+                        r = row.copy()
+                        r[side] = o
+                        add(r)
+                else:
+                    rows = self._pairs(e, ts, left, ts - within, ts + within, pred, born, found)
+                if rows:
+                    out((query_id, rows))
             bucket = own.get(k)
             if bucket is None:
-                own[k] = [(e, seq, ts)]
+                own[k] = [[e], [ts], [seq], True]
             else:
-                bucket.append((e, seq, ts))
+                if ts < bucket[1][-1]:
+                    bucket[3] = False
+                bucket[0].append(e)
+                bucket[1].append(ts)
+                bucket[2].append(seq)
             self._seq = seq + 1
             if ts < oldest:
                 oldest = ts
         self._oldest = oldest
+
+    @staticmethod
+    def _pairs(e: dict, ts: int, left: bool, lo: int, hi: int, pred: Callable | None, born: int,
+               bucket: list) -> list:
+        """The rows of ``e`` with the events of ``bucket`` one by one, as ``join`` tests them."""
+        rows = []
+        for o, o_ts, o_seq in zip(bucket[0], bucket[1], bucket[2]):
+            if lo <= o_ts <= hi and o_seq >= born:
+                l, r = (e, o) if left else (o, e)
+                if pred is None or pred(l, r):
+                    rows.append({"left": l, "right": r, "ts": ts if ts > o_ts else o_ts})
+        return rows
 
     def process(self, batch: list, emit: Emitter) -> None:
         raise TypeError("ep_correlate needs to know which input a batch is from: the runtime calls "
@@ -202,13 +226,22 @@ class SharedCorrelations(Operator):
         if self._oldest <= bound - self.within // 2:       # in bulk, as join purges
             self._oldest = min(self._purge(self._left, bound), self._purge(self._right, bound))
 
-    def _purge(self, side: dict, bound: int) -> int:
+    @staticmethod
+    def _purge(side: dict, bound: int) -> int:
+        """Drop the events at or before ``bound``; the oldest ts left."""
         oldest = MAX_WATERMARK
         for k in list(side):
-            kept = [p for p in side[k] if p[2] > bound]
-            if kept:
-                side[k] = kept
-                oldest = min(oldest, min(p[2] for p in kept))
+            bucket = side[k]
+            evs, tss, seqs, ordered = bucket
+            if ordered:
+                i = bisect_right(tss, bound)
+                if i:
+                    del evs[:i], tss[:i], seqs[:i]
+            else:
+                keep = [i for i, t in enumerate(tss) if t > bound]
+                side[k] = bucket = _bucket([(evs[i], seqs[i], tss[i]) for i in keep])
+            if bucket[0]:
+                oldest = min(oldest, bucket[1][0] if bucket[3] else min(bucket[1]))
             else:
                 del side[k]
         return oldest
@@ -217,15 +250,24 @@ class SharedCorrelations(Operator):
     def snapshot(self) -> dict:
         return {"watermark": self._wm, "seq": self._seq,
                 "born": {q[0]: q[4] for q in self._queries},
-                "left": {k: list(v) for k, v in self._left.items()},
-                "right": {k: list(v) for k, v in self._right.items()}}
+                "left": {k: list(zip(b[0], b[2], b[1])) for k, b in self._left.items()},
+                "right": {k: list(zip(b[0], b[2], b[1])) for k, b in self._right.items()}}
 
     def restore(self, state: dict) -> None:
         self._wm, self._seq = state["watermark"], state["seq"]
-        self._left = {k: list(v) for k, v in state["left"].items()}
-        self._right = {k: list(v) for k, v in state["right"].items()}
+        self._left = {k: _bucket(v) for k, v in state["left"].items()}
+        self._right = {k: _bucket(v) for k, v in state["right"].items()}
         born = state["born"]
         self._queries = [(q, c, w, p, born.get(q, b)) for q, c, w, p, b in self._queries]
         self._queries_changed()
-        self._oldest = min((p[2] for side in (self._left, self._right) for v in side.values() for p in v),
+        self._oldest = min((t for side in (self._left, self._right) for b in side.values() for t in b[1]),
                            default=MAX_WATERMARK)
+
+
+def _bucket(events: list) -> list:
+    """A key's events from ``(event, seq, ts)`` in arrival order, as a side holds them:
+    ``[events, their ts, their seqs, ordered]`` (``ordered``: the ts never fall, so the
+    events in a window are a suffix)."""
+    tss = [t for _, _, t in events]
+    return [[e for e, _, _ in events], tss, [s for _, s, _ in events],
+            all(a <= b for a, b in zip(tss, tss[1:]))]

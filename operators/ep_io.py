@@ -39,49 +39,73 @@ class OutputProcessors(Sink):
     """Call the output processors of each result's query.
 
     ``processors``: ``{query_id: [fn, ...]}``. With ``tagged`` the input is
-    ``(query_id, row)`` pairs (a window shared by several queries); without,
+    ``(query_id, row)`` pairs (a window shared by several queries); with
+    ``grouped`` too, ``(query_id, [row, ...])``: the rows one event gave one
+    query (``ep_correlate``: a pair per event found), called in that order; without,
     every row belongs to the one query in ``processors``. The dict may be the
     caller's live one, so processors added later are called from then on.
     """
 
     name = "ep_output"
 
-    def __init__(self, processors: dict[Any, list[Callable]], tagged: bool = False) -> None:
-        if not tagged and len(processors) != 1:
-            raise ValueError(f"ep_output: untagged results belong to one query, got {list(processors)}")
+    def __init__(self, processors: dict[Any, list[Callable]], tagged: bool = False,
+                 grouped: bool = False) -> None:
+        if not tagged and (grouped or len(processors) != 1):
+            raise ValueError(f"ep_output: untagged results belong to one query, got {list(processors)}"
+                             + (" (grouped results are tagged)" if grouped else ""))
         self.processors = processors
-        self.tagged = tagged
+        self.tagged, self.grouped = tagged, grouped
 
     def process(self, batch: list, emit: Emitter) -> None:
         # A processor that raises loses only its own call: the row is dead-lettered
         # with the error, and the other processors and queries still get theirs.
         # The hot path of Count queries: the processors called inline, no helper call per row (a
-        # processor that adds or removes processors while called takes effect from the next row on).
-        if self.tagged:
-            get = self.processors.get
-            for query_id, row in batch:
+        # processor that adds or removes processors while called takes effect from the next
+        # item on: the next row, or with ``grouped`` the next group).
+        if not self.tagged:
+            ((query_id, fns),) = self.processors.items()
+            for row in batch:
+                self._each(query_id, row, fns, emit)
+            return
+        get = self.processors.get
+        if self.grouped:
+            for query_id, rows in batch:
                 fns = get(query_id)
                 if not fns:
                     continue
-                if len(fns) == 1:                   # the usual case: no copy of the list per row
-                    try:
-                        fns[0](row)
-                    except Exception as exc:
-                        emit.dead_letter({"query": query_id, "row": row}, exc)
+                if len(fns) > 1:
+                    for row in rows:
+                        self._each(query_id, row, fns, emit)
                     continue
-                for fn in tuple(fns):
+                fn, left = fns[0], iter(rows)
+                while True:                         # one try per group; after a failure, go on
                     try:
-                        fn(row)
+                        for row in left:
+                            fn(row)
+                        break
                     except Exception as exc:
                         emit.dead_letter({"query": query_id, "row": row}, exc)
             return
-        ((query_id, fns),) = self.processors.items()
-        for row in batch:
-            for fn in tuple(fns):
+        for query_id, row in batch:
+            fns = get(query_id)
+            if not fns:
+                continue
+            if len(fns) == 1:                       # the usual case: no copy of the list per row
                 try:
-                    fn(row)
+                    fns[0](row)
                 except Exception as exc:
                     emit.dead_letter({"query": query_id, "row": row}, exc)
+                continue
+            self._each(query_id, row, fns, emit)
+
+    @staticmethod
+    def _each(query_id: Any, row: Any, fns: list, emit: Emitter) -> None:
+        """Every processor of ``fns`` on ``row`` (a copy of the list: one may add or remove some)."""
+        for fn in tuple(fns):
+            try:
+                fn(row)
+            except Exception as exc:
+                emit.dead_letter({"query": query_id, "row": row}, exc)
 
 
 class PushedSource(Source):

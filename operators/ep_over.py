@@ -99,36 +99,49 @@ class OverLanes(Operator):
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
-        ready = [p for p in self._pending if p[0] <= watermark]
+        pending = self._pending
+        if len(pending) == 1 and pending[0][0] <= watermark:   # events pushed one at a time
+            ready, self._pending = pending, []
+        else:
+            ready = [p for p in pending if p[0] <= watermark]
+            if ready:
+                self._pending = [p for p in pending if p[0] > watermark]
+                ready.sort(key=itemgetter(0))
         if ready:
-            self._pending = [p for p in self._pending if p[0] > watermark]
-            ready.sort(key=itemgetter(0))
-            out = emit.append
             if self._plan is None:
                 self._plan = self._compile_lanes()
             counting, others = self._plan
-            # the other lanes' query taggers, made once per release (not per row)
-            tags = [None if lane._subtract is None else
-                    [(rows, lambda row, q=q: out((q, row))) for q, rows in lane._rows] for lane in others]
-            for ts, step in groupby(ready, itemgetter(0)):
-                peers: dict[Any, list] = {}
-                for _, k, t in step:
-                    peers.setdefault(k, []).append(t)
-                if counting is not None:
-                    counting(ts, peers, emit.extend)
-                for lane, tagged in zip(others, tags):
-                    if tagged is None:                  # min/max: the lane refolds (over_window)
-                        for k, events in peers.items():
-                            lane._step(k, ts, events, emit)
-                        continue
-                    for k, events in peers.items():
-                        self._slide(lane, tagged, k, ts, events, emit)
+            if len(ready) == 1 and counting is not None and not others:    # one event, COUNT(*) lanes only (JEPC)
+                ts, k, t = ready[0]
+                counting(ts, {k: [t]}, emit.extend)
+            else:
+                self._release(ready, counting, others, emit)
         if watermark >= self._sweep_due:           # not a loop over the lanes per watermark
             for lane in self.lanes.values():
                 if watermark - lane._swept >= lane.size:
                     lane._sweep(watermark)
             self._sweep_due = min((lane._swept + lane.size for lane in self.lanes.values()),
                                   default=MAX_WATERMARK)
+
+    def _release(self, ready: list, counting: Callable | None, others: list, emit: Emitter) -> None:
+        """Slide every lane over ``ready`` (``(ts, key, event)`` by ts), a timestamp at a time."""
+        out = emit.append
+        # the other lanes' query taggers, made once per release (not per row)
+        tags = [None if lane._subtract is None else
+                [(rows, lambda row, q=q: out((q, row))) for q, rows in lane._rows] for lane in others]
+        for ts, step in groupby(ready, itemgetter(0)):
+            peers: dict[Any, list] = {}
+            for _, k, t in step:
+                peers.setdefault(k, []).append(t)
+            if counting is not None:
+                counting(ts, peers, emit.extend)
+            for lane, tagged in zip(others, tags):
+                if tagged is None:                  # min/max: the lane refolds (over_window)
+                    for k, events in peers.items():
+                        lane._step(k, ts, events, emit)
+                    continue
+                for k, events in peers.items():
+                    self._slide(lane, tagged, k, ts, events, emit)
 
     def _compile_lanes(self) -> tuple[Callable | None, list[OverWindow]]:
         """``(counting, others)``: one generated ``counting(ts, peers, many)`` for every lane whose
@@ -208,7 +221,8 @@ def _count_lanes(lanes: list[OverWindow]) -> Callable:
         return name
 
     lines = ["def counting(ts, peers, many):", "    we = ts + 1",
-             "    for k, events in peers.items():", "        items = [(ts, t) for t in events]"]
+             "    for k, events in peers.items():",
+             "        items = [(ts, events[0])] if len(events) == 1 else [(ts, t) for t in events]"]
     rows = []
     for i, lane in enumerate(lanes):
         namespace[f"_lane{i}"] = lane

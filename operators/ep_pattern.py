@@ -97,6 +97,7 @@ class _Family:
         # position -> (symbol, accepting, follow)
         self.pos = [(s, acc, follow) for s, _pred, _do, acc, follow in nfa._pos]
         self.first = nfa._first
+        self._starts: list = []
         self.output = spec.get("output")
         self.do = {p[0]: p[2] for p in nfa._pos}
         self.index: dict[str, dict] = {}              # symbol -> {literal: frozenset of queries}
@@ -162,6 +163,7 @@ class _Family:
 
     def _changed(self) -> None:
         self.all = frozenset(self.queries)
+        self._starts = [(n, self.all) for n in self.first]     # where every query's new runs start
         self._alive = {}
         withins = [w for w, _, _ in self.queries.values()]
         self.min_within = min((w for w in withins if w is not None), default=float("inf"))
@@ -216,7 +218,8 @@ class _Family:
                     had = nexts.get(n)
                     nexts[n] = qs if had is None or had is qs else had | qs
             self._take(sorted(nexts.items()), measures, start, ident, events, ids, made, new)
-        self._take([(n, every) for n in self.first], {}, ts, None, events, ids, made, new)
+        starts = self._starts if every is self.all else [(n, every) for n in self.first]
+        self._take(starts, {}, ts, None, events, ids, made, new)
         kept = []
         output = self.output
         for ident, entries in new.items():
@@ -228,7 +231,10 @@ class _Family:
                     if result not in seen:
                         seen.append(result)
                         out.append((q, result))
-                alive = {p: qs for p, qs in pq.items() if pos[p][2]}
+                if len(pq) == 1:                # the usual case; a run's dict is not changed once kept
+                    alive = pq if pos[next(iter(pq))][2] else None
+                else:
+                    alive = {p: qs for p, qs in pq.items() if pos[p][2]}
                 if alive:
                     kept.append((alive, m, start, ident))
         return kept

@@ -261,7 +261,11 @@ def pattern_functions(t: Pattern) -> tuple[dict, dict | None]:
     for s, fn in t.do.items():
         if isinstance(fn, Mapping):
             exprs = {name: lift(e).function() for name, e in fn.items()}
-            fn = (lambda exprs: lambda e, m: {name: x(e, m) for name, x in exprs.items()})(exprs)
+            if len(exprs) == 1:                 # the usual case: one measure, no loop per event
+                ((name, x),) = exprs.items()
+                fn = (lambda name, x: lambda e, m: {name: x(e, m)})(name, x)
+            else:
+                fn = (lambda exprs: lambda e, m: {name: x(e, m) for name, x in exprs.items()})(exprs)
         do[s] = fn
     return define, do
 

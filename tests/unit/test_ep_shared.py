@@ -119,12 +119,79 @@ def test_one_automaton_serves_every_query_of_a_shape():
 
 
 @SETTINGS
-@given(seed=st.integers(0, 10**6), max_delay=st.sampled_from([0, 2]), batch=st.sampled_from([1, 5]))
-def test_correlations_of_one_shape_share_their_buffers_and_give_each_query_its_own_pairs(seed, max_delay, batch):
+@given(seed=st.integers(0, 10**6), max_delay=st.sampled_from([0, 2]), batch=st.sampled_from([1, 5]),
+       jitter=st.sampled_from([0, 3]))
+def test_correlations_of_one_shape_share_their_buffers_and_give_each_query_its_own_pairs(seed, max_delay, batch,
+                                                                                       jitter):
+    """In event-time order (jitter 0: every key's events found by bisection) and out of it."""
     shared, nodes = same_rows_shared_or_not(CORRELATIONS, LATER_CORRELATIONS,
-                                            (stream(seed, 120), stream(seed + 7, 120)), max_delay, batch)
+                                            (stream(seed, 120, jitter=jitter), stream(seed + 7, 120, jitter=jitter)),
+                                            max_delay, batch)
     assert any(shared.values())
     assert nodes.count("ep_correlate") == 2 and "join" not in nodes and "ep_group" not in nodes
+
+
+def test_shared_correlations_resume_from_a_snapshot_as_if_never_stopped():
+    """``ep_correlate``'s state (both sides' events, out-of-order ones included, and each query's
+    start) restored into a new instance: the rest of the streams give the same rows."""
+    from pescheduler.operators.ep_correlate import SharedCorrelations, split
+
+    predicate = ep.left("a") - ep.right("b") == 1
+    shape, left, right, constant, exact = split(predicate, lambda side, name: int)
+
+    def make():
+        op = SharedCorrelations(shape, left, right, constant, exact, {"q1": {"predicate": predicate, "within": 6}})
+        op.open(OperatorContext("corr"))
+        return op
+    s, t = stream(3, 160, jitter=3), stream(4, 160, jitter=3)
+    events = [(side, {**p, "ts": ts}) for i in range(160) for side, (p, ts) in ((0, s[i]), (1, t[i]))]
+
+    def feed(op, part):
+        out = []
+        for side, e in part:
+            emit = Emitter()
+            op.process_input(side, [e], emit)
+            op.on_watermark(e["ts"] - 4, emit)
+            out += emit
+        return out
+    whole = make()
+    later_q = {"predicate": ep.left("a") - ep.right("b") == 2, "within": 4}
+    first = feed(whole, events[:150])
+    whole.add_query("q2", later_q)
+    rest = feed(whole, events[150:])
+    stopped = make()
+    assert feed(stopped, events[:150]) == first
+    stopped.add_query("q2", later_q)
+    state = stopped.snapshot()
+    assert any(len(v) > 1 for side in ("left", "right") for v in state[side].values())
+    resumed = make()
+    resumed.add_query("q2", later_q)
+    resumed.restore(state)
+    assert feed(resumed, events[150:]) == rest
+    assert {q for q, rows in rest} == {"q1", "q2"}
+
+
+def test_a_processor_that_raises_on_one_pair_loses_only_that_pair():
+    """A correlation's rows leave ``ep_correlate`` grouped per query and event (one item for the
+    ``ep_output``): a processor raising on one row still gets the others of its group."""
+    proc = ep.EventProcessor()
+    for name in ("s", "t"):
+        proc.register_stream(name, SCHEMA)
+    proc.create_query("q", ep.Stream("s", window=ep.Tumbling(10)).correlate("t", ep.left("a") == ep.right("b")))
+    seen = []
+
+    def picky(row):
+        if row["right"]["ts"] == 1:
+            raise ValueError("not this one")
+        seen.append(row["right"]["ts"])
+    proc.add_output_processor("q", picky)
+    assert [n.name for n in proc._nodes.values()] == ["ep_correlate", "ep_output"]
+    proc.push_events("t", [({"id": "k", "a": 0, "b": 5}, ts) for ts in range(3)])
+    proc.push_event("s", {"id": "k", "a": 5, "b": 0}, 3)
+    proc.close()
+    assert seen == [0, 2]
+    (dead,) = proc.dead_letters()
+    assert "not this one" in dead.error and dead.item["query"] == "q" and dead.item["row"]["right"]["ts"] == 1
 
 
 def test_a_correlation_that_keys_no_hash_join_stays_a_join_of_its_own():
