@@ -34,9 +34,17 @@ dask.config.update_defaults({"pescheduler": copy.deepcopy(_declared)})
 
 # dask reads DASK_PESCHEDULER__X; the short PESCHEDULER__X form is ours and documented.
 _ENV_PREFIX = "PESCHEDULER__"
-_env = {"DASK_PESCHEDULER__" + k[len(_ENV_PREFIX):]: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIX)}
-if _env:
-    dask.config.update(dask.config.config, dask.config.collect_env(_env), priority="new")
+
+
+def apply_env() -> None:
+    """Apply ``PESCHEDULER__X`` variables over dask's config (at import; again in a forked worker,
+    after ``dask.config.refresh()`` with the deploying process's environment)."""
+    env = {"DASK_PESCHEDULER__" + k[len(_ENV_PREFIX):]: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIX)}
+    if env:
+        dask.config.update(dask.config.config, dask.config.collect_env(env), priority="new")
+
+
+apply_env()
 
 # The expected form of keys whose default is null or that may be set to null; every other
 # key's form is its default's type (an integer, a number, a duration, a string, a list).
