@@ -28,7 +28,8 @@ Printed, per phase and in total:
                        sizing step of ``burn``, that starts two in a row in
                        which the source keeps its schedule: its lag (due but not
                        emitted, ``schedule``'s ``lag()``) grows by less than 5 %
-                       of the offered rate (goal: the 1st or 2nd); then the
+                       of the offered rate, and keeps it to the phase's end
+                       (goal: the 1st or 2nd); then the
                        backlog left and whether backpressure fell under 0.10
                        (headroom) or stayed (the offered rate carried at capacity)
   carried              in a phase held back: what each instance processed over
@@ -88,12 +89,14 @@ def build(burn, phases: list[tuple[float, float]], out: str) -> Application:
     return app
 
 
-def relief(windows: list[dict], since: float, held=lambda w: w["bp"] >= RELIEVED_BP) -> int | None:
+def relief(windows: list[dict], since: float, held=lambda w: w["bp"] >= RELIEVED_BP,
+           lasting=lambda a, z: True) -> int | None:
     """Which monitor window after ``since`` (1 = the first ending after it) starts two in a row
-    in which the source is not ``held`` back; None when none does."""
+    in which the source is not ``held`` back, and from which it stays so to the last window
+    (``lasting(that window, the last)``); None when none does."""
     after = [w for w in windows if w["t"] > since]
     for k, (a, b) in enumerate(zip(after, after[1:]), start=1):
-        if not held(a) and not held(b):
+        if not held(a) and not held(b) and lasting(a, after[-1]):
             return k
     return None
 
@@ -102,6 +105,13 @@ def behind(offered: float):
     """Is the source held back behind its offered rate in a window: its lag (what its schedule
     had due but it had not emitted) growing by more than ``KEEPS_UP`` of the offered rate?"""
     return lambda w: w["lag_per_s"] > KEEPS_UP * offered
+
+
+def kept_up(offered: float):
+    """Did the source keep its schedule from window ``a`` to window ``z``: its lag grew by less
+    than ``KEEPS_UP`` of the offered rate over that time? (A copy's start drains the tuples queued
+    for it at once, and the lag falls for two windows before it grows again: that is no relief.)"""
+    return lambda a, z: z["lag"] - a["lag"] <= KEEPS_UP * offered * (z["t"] - a["t"])
 
 
 def carried(ws: list[dict], offered: float) -> str:
@@ -204,26 +214,28 @@ def report(r: dict, verbose: bool) -> None:
         # lender's start-up time, printed with it)
         sized = min((t for t, a in acts if isinstance(a, (Replicate, Release))), default=first)
         late = behind(offered)
-        held = any(late(w) for w in ws)
-        k = relief(ws, sized, late)
-        k_bp = relief(ws, sized)
+        inner = [w for w in ws if w["t"] <= hi - 1.0]      # the last window may straddle the next step
+        held = any(late(w) for w in inner)
+        k = relief(inner, sized, late, kept_up(offered))
+        k_bp = relief(inner, sized)
         print(f"phase {i + 1}: {x:g}x one host = {offered / 1e3:.1f} k/s for {phase_s:.0f} s   oracle {oracle} "
               f"instance(s): the original's {cores:g} core + copies of {r['host_cpu']:g} ({work:.2f} cores of work)")
         print(f"  steps                {len(acts)}   (DS2 reports <= 3, Dhalion 6)   "
               + (", ".join(f"t={t:.1f}s {a!r}" for t, a in acts) or "none"))
         print(f"  instances            {end} at the end, {peak} at the peak; oracle {oracle}   "
               f"over-provisioning {end - oracle:+d}, goal <= 1: {'met' if end - oracle <= 1 else 'not met'}")
-        after = [w for w in ws if w["t"] > sized]
+        after = [w for w in inner if w["t"] > sized]
         if not held:
             print("  relief               never held back behind its offered rate in this phase")
         elif not acts:
             print("  relief               held back behind its offered rate, and no sizing step was taken")
         elif k is None:
-            print("  relief               not relieved (the source's lag kept growing)")
+            print("  relief               not relieved (the source's lag kept growing, or grew again)")
         else:
             print(f"  relief               monitor window {k} after the first sizing step (t={sized:.1f}s"
                   + (f", {sized - first:.1f} s after the phase's first decision" if sized > first else "")
-                  + f") starts two in a row keeping the schedule (lag growth < {KEEPS_UP:.0%} of offered)   "
+                  + f") starts two in a row keeping the schedule and it is kept to the phase's end "
+                  f"(lag growth < {KEEPS_UP:.0%} of offered)   "
                   f"goal <= 2: {'met' if k <= 2 else 'not met'}")
         if held:
             since = after[k - 1:] if k else after
