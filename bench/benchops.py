@@ -323,6 +323,14 @@ class Schedule(Source):
         self.i = max(i, hi)
         return [{"n": j, "key": j % keys, "ts": j, "sent": now} for j in range(i, hi)]
 
+    def lag(self):
+        """Tuples the schedule has offered but the source has not emitted yet (held back by
+        backpressure): its backlog, as a broker source's lag is. The monitor turns its change into
+        ``lag_per_s``, so the ``rate`` policy reads the offered rate as output plus lag growth
+        instead of guessing it from the time blocked."""
+        due = self.due(time.time() - self.t0) if self.t0 is not None else 0.0
+        return {"schedule": max(0, int(due) - self.i) if due is not None else 0}
+
     def snapshot(self):
         return (self.i, self.t0)
 

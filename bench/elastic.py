@@ -25,9 +25,17 @@ Printed, per phase and in total:
   instances            of ``burn`` at the end of the phase and at its peak, vs
                        the phase's oracle (goal: never more than one over)
   relief               the first monitor window, counted from the phase's first
-                       decision, that starts two in a row in which the source is
-                       held back by backpressure less than 10 % of the time
-                       (goal: the 1st or 2nd)
+                       sizing step of ``burn``, that starts two in a row in
+                       which the source keeps its schedule: its lag (due but not
+                       emitted, ``schedule``'s ``lag()``) grows by less than 5 %
+                       of the offered rate, and keeps it to the phase's end
+                       (goal: the 1st or 2nd); then the
+                       backlog left and whether backpressure fell under 0.10
+                       (headroom) or stayed (the offered rate carried at capacity)
+  carried              in a phase held back: what each instance processed over
+                       its last windows, busy fraction and host CPU (an instance
+                       whose host has no core left for it carries a fraction of
+                       what the oracle counts on)
   flip-flops           changes of direction of ``burn``'s instance count inside
                        a phase, whose load does not change (goal 0)
   hosts                lab hosts borrowed and returned, with times
@@ -59,7 +67,8 @@ from pescheduler import Application  # noqa: E402
 from pescheduler.actions import BorrowHosts, Move, Release, Replicate, ReturnHost  # noqa: E402
 from parallel import make_burn  # noqa: E402
 
-RELIEVED_BP = 0.1          # a source blocked less than this is not held back
+RELIEVED_BP = 0.1          # a source blocked less than this has headroom: it never waits for credit
+KEEPS_UP = 0.05            # a source whose lag grows by less than this share of its offered rate keeps its schedule
 SCALING = (Replicate, Release, BorrowHosts, ReturnHost, Move)
 TAIL_S = 60.0              # the schedule's last phase runs on this long, so a stop (not the end) drains it
 
@@ -80,14 +89,45 @@ def build(burn, phases: list[tuple[float, float]], out: str) -> Application:
     return app
 
 
-def relief(windows: list[dict], since: float) -> int | None:
+def relief(windows: list[dict], since: float, held=lambda w: w["bp"] >= RELIEVED_BP,
+           lasting=lambda a, z: True) -> int | None:
     """Which monitor window after ``since`` (1 = the first ending after it) starts two in a row
-    with the source unblocked; None when none does."""
+    in which the source is not ``held`` back, and from which it stays so to the last window
+    (``lasting(that window, the last)``); None when none does."""
     after = [w for w in windows if w["t"] > since]
     for k, (a, b) in enumerate(zip(after, after[1:]), start=1):
-        if a["bp"] < RELIEVED_BP and b["bp"] < RELIEVED_BP:
+        if not held(a) and not held(b) and lasting(a, after[-1]):
             return k
     return None
+
+
+def behind(offered: float):
+    """Is the source held back behind its offered rate in a window: its lag (what its schedule
+    had due but it had not emitted) growing by more than ``KEEPS_UP`` of the offered rate?"""
+    return lambda w: w["lag_per_s"] > KEEPS_UP * offered
+
+
+def kept_up(offered: float):
+    """Did the source keep its schedule from window ``a`` to window ``z``: its lag grew by less
+    than ``KEEPS_UP`` of the offered rate over that time? (A copy's start drains the tuples queued
+    for it at once, and the lag falls for two windows before it grows again: that is no relief.)"""
+    return lambda a, z: z["lag"] - a["lag"] <= KEEPS_UP * offered * (z["t"] - a["t"])
+
+
+def carried(ws: list[dict], offered: float) -> str:
+    """What each instance of ``burn`` processed over the phase's last windows, with its busy
+    fraction and host: whether the instances had the cores the oracle counts on (an original on a
+    host with no CPU left processes a fraction of what its core would)."""
+    if not ws:
+        return "no window"
+    per: dict[str, list] = {}
+    for w in ws:
+        for i, (tin, busy, host) in w["burn"].items():
+            per.setdefault(i, []).append((tin, busy, host))
+    parts = [f"{i} {sum(t for t, _b, _h in v) / len(ws) / 1e3:.1f} k/s at busy {sum(b for _t, b, _h in v) / len(ws):.2f}"
+             f" @{v[-1][2] or '-'} (CPU {max(w['hosts'].get(v[-1][2], 0.0) for w in ws):.2f})" for i, v in per.items()]
+    total = sum(t for v in per.values() for t, _b, _h in v) / len(ws)
+    return f"{', '.join(parts)}: {total / 1e3:.1f} of {offered / 1e3:.1f} k/s offered (last {len(ws)} windows)"
 
 
 def flip_flops(counts: list[int]) -> int:
@@ -146,6 +186,7 @@ def window(snap, placement, t0: float) -> dict:
     burns = {i: snap.operators[i] for i in placement.instances("burn") if i in snap.operators}
     return {"t": snap.time - t0, "bp": pe.backpressure if pe else 0.0, "n": len(placement.instances("burn")),
             "src_out": src.tuples_out_per_s if src else 0.0,
+            "lag": sum(src.lag.values()) if src else 0, "lag_per_s": src.lag_per_s if src else 0.0,
             "burn": {i: (m.tuples_in_per_s, m.busy, placement.pes[placement.pe_of(i)].host) for i, m in burns.items()},
             "cores": getattr(snap.workers.get(placement.pes[placement.pe_of("burn")].worker), "cores", 1.0),
             "hosts": {h: m.cpu for h, m in snap.hosts.items()},
@@ -169,21 +210,43 @@ def report(r: dict, verbose: bool) -> None:
         flips = flip_flops([w["n"] for w in ws])
         total_flips += flips
         first = min((t for t, _a in acts), default=lo)
-        held = any(w["bp"] >= RELIEVED_BP for w in ws)
-        k = relief(ws, first)
+        # relief counts from the phase's first sizing step of burn (a borrow before it is the
+        # lender's start-up time, printed with it)
+        sized = min((t for t, a in acts if isinstance(a, (Replicate, Release))), default=first)
+        late = behind(offered)
+        inner = [w for w in ws if w["t"] <= hi - 1.0]      # the last window may straddle the next step
+        held = any(late(w) for w in inner)
+        k = relief(inner, sized, late, kept_up(offered))
+        k_bp = relief(inner, sized)
         print(f"phase {i + 1}: {x:g}x one host = {offered / 1e3:.1f} k/s for {phase_s:.0f} s   oracle {oracle} "
               f"instance(s): the original's {cores:g} core + copies of {r['host_cpu']:g} ({work:.2f} cores of work)")
         print(f"  steps                {len(acts)}   (DS2 reports <= 3, Dhalion 6)   "
               + (", ".join(f"t={t:.1f}s {a!r}" for t, a in acts) or "none"))
         print(f"  instances            {end} at the end, {peak} at the peak; oracle {oracle}   "
               f"over-provisioning {end - oracle:+d}, goal <= 1: {'met' if end - oracle <= 1 else 'not met'}")
+        after = [w for w in inner if w["t"] > sized]
         if not held:
-            print("  relief               never held back in this phase")
+            print("  relief               never held back behind its offered rate in this phase")
+        elif not acts:
+            print("  relief               held back behind its offered rate, and no sizing step was taken")
         elif k is None:
-            print("  relief               not relieved (the source stayed backpressured)")
+            print("  relief               not relieved (the source's lag kept growing, or grew again)")
         else:
-            print(f"  relief               monitor window {k} after the phase's first decision starts two unblocked "
-                  f"in a row   goal <= 2: {'met' if k <= 2 else 'not met'}")
+            print(f"  relief               monitor window {k} after the first sizing step (t={sized:.1f}s"
+                  + (f", {sized - first:.1f} s after the phase's first decision" if sized > first else "")
+                  + f") starts two in a row keeping the schedule and it is kept to the phase's end "
+                  f"(lag growth < {KEEPS_UP:.0%} of offered)   "
+                  f"goal <= 2: {'met' if k <= 2 else 'not met'}")
+        if held:
+            since = after[k - 1:] if k else after
+            mean_bp = sum(w["bp"] for w in since) / max(1, len(since))
+            print(f"  backlog              {ws[-1]['lag']} tuples behind at the end of the phase; "
+                  + (f"backpressure under {RELIEVED_BP:.2f} from window {k_bp}" if k_bp else
+                     f"backpressure stayed >= {RELIEVED_BP:.2f} (mean {mean_bp:.2f} "
+                     + ("once relieved: the instances carry the offered rate with no headroom)" if k else
+                        "after the sizing step)")))
+        if held:
+            print("  carried              " + carried(ws[-5:], offered))
         print(f"  flip-flops           {flips}   goal 0")
     borrowed = [f"{e['host']}" for e in r["timeline"] if e["what"] == "borrowed"]
     returned = [f"{e['host']}" for e in r["timeline"] if e["what"] == "returned"]
@@ -204,7 +267,8 @@ def report(r: dict, verbose: bool) -> None:
             inst = " ".join(f"{i} {tin:.0f}/s {busy:.2f} {tin / busy if busy else 0:.0f}@{host or '-'}"
                             for i, (tin, busy, host) in w["burn"].items())
             hosts = " ".join(f"{h or '-'}:{c:.2f}" for h, c in w["hosts"].items())
-            print(f"  {w['t']:5.1f}: {w['src_out']:.0f}/s bp {w['bp']:.2f} | {inst} | {hosts}")
+            print(f"  {w['t']:5.1f}: {w['src_out']:.0f}/s bp {w['bp']:.2f} lag {w['lag']} ({w['lag_per_s']:+.0f}/s)"
+                  f" | {inst} | {hosts}")
             print("         PEs (busy bp idle queue): " + "  ".join(
                 f"{ops} {b:.2f} {bp:.2f} {i:.2f} {q}" for ops, b, bp, i, q in w["pes"].values()))
     print("windows (s: source backpressure/instances)  "

@@ -58,6 +58,7 @@ class View:
         self.pe_of = {op: p for p, pe in placement.pes.items() for op in pe.operators}
         self._loads: dict[str, Load | None] = {}
         self._saturated: set[str] | None = None
+        self._behind: set[str] | None = None
 
     _last: "View | None" = None
 
@@ -117,8 +118,9 @@ class View:
 
     def backlogged(self, op: str, blocked: float = 0.1) -> bool:
         """``op`` has more input than it takes: a full input window on an instance, or a sender
-        in another PE blocked on it. Its figures then understate its load (zero when stalled),
-        so policies never scale it down on them."""
+        in another PE blocked on it, or a source before it far behind (:meth:`behind`). Its
+        figures then understate its load (zero when stalled), so policies never scale it down on
+        them."""
         pes, metrics = self.placement.pes, self.snapshot.pes
         mine = {self.pe_of[i] for i in self.instances[op] if i in self.pe_of}
         for p in mine:
@@ -126,7 +128,28 @@ class View:
             if m is not None and m.max_queue_batches and m.queue_batches >= m.max_queue_batches:
                 return True
         senders = {self.pe_of[u] for u in self.upstream[op] if u in self.pe_of} - mine
-        return any(p in metrics and metrics[p].backpressure >= blocked for p in senders if p in pes)
+        return any(p in metrics and metrics[p].backpressure >= blocked for p in senders if p in pes) \
+            or op in self.behind()
+
+    def behind(self) -> set[str]:
+        """Sources that report lag and are more than a monitor window of their output behind, and the
+        operators after them: those process a backlog (a source far behind need not be blocked:
+        on a starved host it reads less than it is offered), so nothing is scaled down on their
+        figures, as the Flink autoscaler scales nothing down while a source processes backlog
+        (bench/elastic.py: a Release 1.1M tuples behind, then a Replicate, then a Release)."""
+        if self._behind is None:
+            ops, window = self.snapshot.operators, max(self.snapshot.interval_s, 1.0)
+            late = set()
+            for op in self.originals:
+                if self.upstream[op]:
+                    if any(u in late for u in self.upstream[op]):
+                        late.add(op)
+                    continue
+                seen = [ops[i] for i in self.instances[op] if i in ops and ops[i].lag]
+                if seen and sum(sum(m.lag.values()) for m in seen) > window * sum(m.tuples_out_per_s for m in seen):
+                    late.add(op)
+            self._behind = late
+        return self._behind
 
     def free_slots(self) -> list[str]:
         """Workers of the standard slots holding no copy on hosts with CPU to spare, in slot order

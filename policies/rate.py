@@ -24,7 +24,14 @@ while the operator is backlogged (its figures then understate its load, down to 
 when it is stalled).
 
 The sources' offered rate is what DS2 takes as given. A source that declares
-its ``rate`` is offered that. Otherwise a backpressured source emits less
+its ``rate`` is offered that. A source that reports lag (Kafka, Redis
+Streams, a paced schedule: records offered but not emitted yet) is offered its
+output plus the growth of its lag over the window (the monitor's
+``lag_per_s``), as the Flink Kubernetes autoscaler computes a source's data
+rate: exact while it is held back (the lag grows by what it could not emit) and
+while it drains a backlog (the lag falls by what it emits beyond its offered
+rate). A held-back source that cannot tell reveals only a lower bound, so the
+rest is a guess: a backpressured source emits less
 than it is offered, and ``out / (1 - backpressure)`` (the rate it keeps while
 not blocked) estimates it; a source blocked nearly all the time reveals
 little (it may be far behind, or just fast), so the estimate counts at most
@@ -36,14 +43,19 @@ blocked time anyway read a backlog draining after a scale-in as load: a
 source emitting its offered 5.2k/s while blocked half the time was taken as
 offered 8.7-10k/s, and a Replicate followed a Release (issue 15, the flip-flops
 of bench/elastic.py's last phase).
-A source that reports lag (Kafka) is offered its backlog over ``catch-up``
+A source that reports lag is offered its backlog over ``catch-up``
 (5 min) on top, so a burst is drained within that time; what such a source
 has read but is still queued at the input of an operator after it is backlog
 too (lag counts only records not read yet), and that operator is offered it
 over ``catch-up`` on top of what flows in.
 
 Hosts: when free standard slots run short, hosts are borrowed for the copies
-that do not fit; a borrowed host that has run nothing for
+that do not fit, each counted at the CPU a lent host gives one instance (the
+manager's budget, ``cpu_per_host``: a lab host's half core), and the copies
+wait for them: once they are there, all of them go in one ``Replicate``
+(issue 15: a copy into the one free slot at once and the rest after the
+borrow were two steps, and counting the hosts to borrow at a core each
+borrowed half of what was needed: a third). A borrowed host that has run nothing for
 ``policies.idle-return-after`` (its copies released) is returned, so a load
 that falls ends with the hosts it borrowed given back.
 """
@@ -76,6 +88,8 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
     offered = target_rates(view, cfg["catch-up"])
     actions: list[Action] = []
     spare = view.free_slots()
+    borrowing = resources.lendable > 0 and not resources.pending_returns
+    lent = _lent_cores(resources.budget) if borrowing else None
     short = 0
     for op in view.originals:
         now = view.load(op)
@@ -92,14 +106,17 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
             continue
         if want > now.instances:
             taken, want, cores = _slots_for(view, op, now, offered[op] / _true_rate(now, min_busy), target,
-                                            max_copies + 1, spare)
+                                            max_copies + 1, spare, lent)
             n = len(taken)
-            short += want - now.instances - n
+            missing = want - now.instances - n
+            short += missing
             figures.update(wanted=want, cores_per_instance=round(cores, 3))
             why = (f"{op} is offered {offered[op]:.0f} t/s and processes {figures['true_rate_per_s']:.0f} t/s "
                    f"per busy second: {want} instances of {figures['cores_per_instance']:g} core run it at "
                    f"{target:.0%} (it has {now.instances})")
-            if n > 0:
+            # one step: while hosts are borrowed for the rest, the free slots wait for them (the
+            # borrow is applied within this round; the next round places every copy)
+            if n > 0 and not (missing and borrowing):
                 actions.append(Replicate(op, n, hosts=view.cool_hosts(), figures=figures, reason=why))
             elif view.saturated_hosts() and resources.lendable == 0 and (ask := min(
                     want - now.instances, _usable_slots(view, op))):
@@ -112,7 +129,7 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
                 f"{op} is offered {offered[op]:.0f} t/s: {want} instance(s) run it at or under "
                 f"{target:.0%} (it has {now.instances}, projected {projected:.0%} each, "
                 f"{down_after} windows in a row)")))
-    if short and resources.lendable > 0 and not resources.pending_returns:
+    if short and borrowing:
         actions.append(BorrowHosts(min(resources.lendable, hosts_for(short, placement, resources.budget)),
                                    figures={"slots_short": short},
                                    reason=f"{short} more copies are needed than free standard slots"))
@@ -143,12 +160,18 @@ def target_rates(view: View, catch_up_s: float = 300.0) -> dict[str, float]:
         ups = view.upstream[op]
         if not ups:
             declared = view.placement.plan.ops[op].params.get("rate")
-            pe = view.snapshot.pes.get(view.pe_of[op])
-            blocked = min(pe.backpressure, MAX_BLOCKED) if pe and pe.idle < CAUGHT_UP_IDLE else 0.0
-            rate_in[op] = rate_out[op] = float(declared) if declared else (
-                now.tuples_out / (1.0 - blocked) + _backlog(view, op) / catch_up_s)
-            if any(view.snapshot.operators[i].lag for i in view.instances[op] if i in view.snapshot.operators):
+            reported = [view.snapshot.operators[i] for i in view.instances[op] if i in view.snapshot.operators]
+            if any(m.lag for m in reported):
                 lagging.add(op)
+            if declared:
+                rate_in[op] = rate_out[op] = float(declared)
+            elif op in lagging:             # it knows how far behind it is: output + lag growth, no guess
+                rate_in[op] = rate_out[op] = max(0.0, now.tuples_out + sum(m.lag_per_s for m in reported)) \
+                    + _backlog(view, op) / catch_up_s
+            else:
+                pe = view.snapshot.pes.get(view.pe_of[op])
+                blocked = min(pe.backpressure, MAX_BLOCKED) if pe and pe.idle < CAUGHT_UP_IDLE else 0.0
+                rate_in[op] = rate_out[op] = now.tuples_out / (1.0 - blocked)
             continue
         if any(u not in rate_out for u in ups):
             continue
@@ -218,15 +241,25 @@ def _utilisation(now: Load, offered: float, min_busy: float) -> float:
     return offered / (rate * now.cores)
 
 
+def _lent_cores(budget) -> float | None:
+    """Cores one instance gets on a host the manager would lend (a lab host's quota per worker,
+    at most a core), when its budget says; None when it does not."""
+    cpu, workers = (budget or {}).get("cpu_per_host"), (budget or {}).get("workers_per_host") or 1
+    return min(1.0, float(cpu) / int(workers)) if cpu else None
+
+
 def _slots_for(view: View, op: str, now: Load, cpu: float, target: float, limit: int,
-               spare: list[str]) -> tuple[list[str], int, float]:
+               spare: list[str], lent: float | None = None) -> tuple[list[str], int, float]:
     """The spare slot workers ``op``'s copies take (removed from ``spare``, one per worker off the
     workers running it) until ``cpu`` cores of work run at ``target``, the instances that needs, and
     the cores per instance it counted on. A slot's worker may give a copy less than a core (a lab
     host's quota). Routed by credit (STATELESS), the instances' cores add up: each takes what it
     can. Otherwise each gets an equal share and the weakest sets the size (issue 15: sized for a
     core per copy, copies on half-core hosts stayed backpressured and the next window asked for
-    more). Instances beyond the free slots are counted at the cores per instance so far."""
+    more). Instances beyond the free slots are counted at ``lent`` cores each (what a host the
+    manager lends gives one: borrowing for copies of a core when its hosts have half a core each
+    borrowed half of what was needed, and a second step followed), or, when nothing can be
+    borrowed or the manager does not say, at the cores per instance so far."""
     additive = view.by_credit(op)
     n, weakest, total, avoid, taken = now.instances, now.capacity, now.cores, view.workers(op), []
     while cpu / total > target + 1e-9 and n < limit:
@@ -238,5 +271,8 @@ def _slots_for(view: View, op: str, now: Load, cpu: float, target: float, limit:
         taken.append(worker)
         n, weakest = n + 1, min(weakest, view.cores(worker))
         total = total + view.cores(worker) if additive else n * weakest
+    while lent and cpu / total > target + 1e-9 and n < limit:      # on hosts still to be borrowed
+        n, weakest = n + 1, min(weakest, lent)
+        total = total + lent if additive else n * weakest
     per = total / n
     return taken, min(limit, max(n, math.ceil(cpu / (target * per) - 1e-9))), per

@@ -40,3 +40,25 @@ def test_a_new_pe_under_the_same_id_starts_its_rates_from_zero_not_from_the_old_
     fresh = monitor.update(answer(0.5, 0.25, 1_000), placement).pes[pe_id]   # the PE was replaced
     assert 0.0 <= fresh.backpressure <= 1.0 and fresh.tuples_in_per_s >= 0.0
     assert all(monitor.latest.operators[o].busy >= 0.0 for o in pe.operators)
+
+
+def test_rates_are_per_second_of_the_pes_own_clock_between_its_samples_not_the_monitors():
+    """A loaded worker answers late by varying amounts: counters taken 1 s apart on the worker
+    arrive 0.3 s or 1.8 s apart at the monitor. The rates (and a source's lag growth, sampled with
+    its output) are per second of the PE's own elapsed time between the two samples."""
+    placement = Simulation.chain(3).placement
+    pe_id = placement.pe_of("op0")
+    monitor = Monitor()
+
+    def answer(elapsed: float, emitted: int, lag: int) -> list[dict]:
+        s = stats(["op0"], emitted)
+        s.update(elapsed_s=elapsed)
+        s["operators"]["op0"]["lag"] = {"schedule": lag}
+        return [{"worker": placement.pes[pe_id].worker, "pes": {pe_id: s}}]
+
+    monitor.update(answer(10.0, 100_000, 500), placement)
+    when, first = monitor._last[pe_id]
+    monitor._last[pe_id] = (when - 1.8, first)          # the next answer reaches the monitor 1.8 s later
+    late = monitor.update(answer(11.0, 110_000, 3_500), placement).operators["op0"]
+    assert late.tuples_out_per_s == 10_000 and late.lag_per_s == 3_000           # 13,000/s offered
+    assert late.tuples_out_per_s + late.lag_per_s == 13_000
