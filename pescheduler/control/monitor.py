@@ -17,9 +17,9 @@ A host's ``cpu`` is the deployment's own: the CPU of its processes over the
 cores they may use. A lab host's workers share its quota (each is told its
 part). Hosts without a quota on one machine (the embedded cluster, the
 ``local`` manager's hosts, the lab's bridge host) are names for processes on
-the same cores: their workers, the lab's and this deploying process (the
-scheduler and control loop) are added up per machine (its boot id) over the
-machine's core budget. Everything else the machine runs is ``machine_cpu``,
+the same cores: their workers and this deploying process (the scheduler and
+control loop) are added up per machine (its boot id) over the machine's core
+budget less the lab quotas lent on it. Everything else the machine runs is ``machine_cpu``,
 for ``status``: on a shared machine other users' load says nothing about
 whether the deployment has used what it may (counted in, every Replicate was
 refused at load 8 while the deployment used a core of two), and busy time is
@@ -138,20 +138,29 @@ class MetricsSnapshot:
 def host_figures(hosts: Mapping[str, list[dict]], here: str, here_cpu: float) -> dict[str, HostMetrics]:
     """Each host's figures from its workers' ``process`` reports (see the module docstring):
     a host whose workers all have a ``share`` of a quota uses their CPU over their shares;
-    any other uses what the deployment's processes on its machine use (``here_cpu``, this
-    process's, counts on machine ``here``) over that machine's cores."""
-    on_machine: dict[str, float] = defaultdict(float)
-    on_machine[here] += here_cpu
+    any other uses what the deployment's other processes on its machine use (``here_cpu``, this
+    process's, counts on machine ``here``) over that machine's cores less the quotas lent on it.
+    The lab's hosts are cut from the same cores, and their cgroups get their quota first: with a
+    lab host of half a core on two cores, the embedded host has a core and a half (issue 15: counted
+    at two, a copy went to the embedded host, where neither instance got its core)."""
+    used: dict[str, float] = defaultdict(float)     # machine -> CPU of processes not under a quota
+    lent: dict[str, float] = defaultdict(float)     # machine -> cores of quotas on it
+    used[here] += here_cpu
     for procs in hosts.values():
         for p in procs:
-            on_machine[p.get("machine", "")] += p.get("cpu", 0.0)
+            machine = p.get("machine", "")
+            if p.get("share"):
+                lent[machine] += p["share"]
+            else:
+                used[machine] += p.get("cpu", 0.0)
     figures = {}
     for host, procs in hosts.items():
         shares = [p.get("share") for p in procs]
         if all(shares):
             cpu = sum(p.get("cpu", 0.0) for p in procs) / sum(shares)
         else:
-            cpu = on_machine[procs[0].get("machine", "")] / max(procs[0].get("machine_cores", 1), 1)
+            machine = procs[0].get("machine", "")
+            cpu = used[machine] / max(procs[0].get("machine_cores", 1) - lent[machine], 0.5)
         figures[host] = HostMetrics(host, min(1.0, cpu), max(p.get("host_memory", 0.0) for p in procs),
                                     tuple(p["worker"] for p in procs),
                                     max(p.get("host_cpu", 0.0) for p in procs))

@@ -199,9 +199,10 @@ def test_an_operator_that_blocks_is_busy_while_it_blocks():
 
 def test_a_hosts_cpu_adds_up_the_deployments_processes_on_its_machine_and_a_lab_hosts_over_its_quota():
     """Hosts without a quota on one machine share its cores: the embedded host's figure counts
-    its workers, the local manager's host's and the lab's workers (the same silicon) and the
-    deploying process, over the machine's cores. A lab host's is its workers' CPU over their
-    shares of its quota. Other users' load (``host_cpu``, what psutil sees) is only shown."""
+    its workers, the local manager's host's and the deploying process, over the machine's cores
+    less the lab's quotas on it (the same silicon, which the lab's cgroups get first). A lab
+    host's is its workers' CPU over their shares of its quota. Other users' load (``host_cpu``,
+    what psutil sees) is only shown."""
     from pescheduler.control.monitor import host_figures
 
     def proc(worker, cpu, machine="m1", share=None, seen=0.99):
@@ -213,8 +214,8 @@ def test_a_hosts_cpu_adds_up_the_deployments_processes_on_its_machine_and_a_lab_
              "lab-1": [proc("w3", 0.2, share=0.25), proc("w4", 0.1, share=0.25)],
              "far": [proc("w5", 0.5, machine="m2")]}
     figures = host_figures(hosts, "m1", 0.3)
-    # m1: 0.5 + 0.25 + 0.25 + 0.2 + 0.1 (the lab's workers) + 0.3 (this process) = 1.6 of 2 cores
-    assert figures["127.0.0.1"].cpu == pytest.approx(0.8) and figures["local-1"].cpu == pytest.approx(0.8)
+    # m1: 0.5 + 0.25 + 0.25 + 0.3 (this process) = 1.3 of the 1.5 cores the lab's half core leaves
+    assert figures["127.0.0.1"].cpu == pytest.approx(1.3 / 1.5) and figures["local-1"].cpu == pytest.approx(1.3 / 1.5)
     assert figures["lab-1"].cpu == pytest.approx(0.6)                  # 0.3 of its 0.5 core
     assert figures["far"].cpu == pytest.approx(0.25)                   # its own machine: this process is not there
     assert figures["127.0.0.1"].machine_cpu == 0.99 and figures["127.0.0.1"].workers == ("w0", "w1")
