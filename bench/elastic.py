@@ -245,7 +245,6 @@ def report(r: dict, verbose: bool) -> None:
                      f"backpressure stayed >= {RELIEVED_BP:.2f} (mean {mean_bp:.2f} "
                      + ("once relieved: the instances carry the offered rate with no headroom)" if k else
                         "after the sizing step)")))
-        if held:
             print("  carried              " + carried(ws[-5:], offered))
         print(f"  flip-flops           {flips}   goal 0")
     borrowed = [f"{e['host']}" for e in r["timeline"] if e["what"] == "borrowed"]

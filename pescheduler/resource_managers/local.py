@@ -47,7 +47,7 @@ from dask.utils import parse_timedelta
 
 from .. import config
 from ..control.resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
-from ..worker.cgroup import CPU_MAX, core_budget  # noqa: F401  (CPU_MAX: where tests point core_budget)
+from ..worker.cgroup import core_budget
 from . import processes
 from .workers import named_workers, retire_quietly, start_hosts, tls_flags
 

@@ -217,7 +217,7 @@ def test_deploy_with_rm_on_the_command_line(tmp_path):
 def test_the_local_manager_counts_the_workers_already_running_here_before_lending(tmp_path):
     """The embedded cluster's workers use cores of this machine: the local manager lends only the
     cores they leave (it once read a cached scheduler view without them and lent 2 hosts on 2 cores)."""
-    from pescheduler.resource_managers.local import core_budget
+    from pescheduler.worker.cgroup import core_budget
 
     cores, _ = core_budget()
     with pescheduler.deploy(numbers_app(tmp_path / "o.jsonl", 2_000, 1_000), workers=2, rm="local",

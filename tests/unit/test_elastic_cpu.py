@@ -22,6 +22,7 @@ from pescheduler.operator import Operator
 from pescheduler.plan import transforms
 from pescheduler.resource_managers import local
 from pescheduler.sim import Simulation
+from pescheduler.worker import cgroup
 from pescheduler.worker.chain import Chain
 
 PL = Simulation.chain(5).placement          # hosts h0, h1; a copy of op2 lands on h0 (slot-1)
@@ -33,20 +34,19 @@ def test_the_core_budget_honours_a_cgroup_quota_and_never_falls_below_one_core(t
     mask = len(os.sched_getaffinity(0))
     cpu_max = tmp_path / "cpu.max"
     cpu_max.write_text("max 100000\n")                    # no quota: the affinity mask decides
-    assert local.core_budget(str(cpu_max)) == (mask, f"{mask} CPUs in the affinity mask")
+    assert cgroup.core_budget(str(cpu_max)) == (mask, f"{mask} CPUs in the affinity mask")
     cpu_max.write_text("50000 100000\n")                  # half a core: one whole core, not zero
-    assert local.core_budget(str(cpu_max)) == (1, f"cgroup quota 50000/100000 in {cpu_max}")
+    assert cgroup.core_budget(str(cpu_max)) == (1, f"cgroup quota 50000/100000 in {cpu_max}")
     cpu_max.write_text(f"{(mask + 3) * 100000} 100000\n")   # a quota above the mask: the mask decides
-    assert local.core_budget(str(cpu_max))[0] == mask
-    assert local.core_budget(str(tmp_path / "absent"))[0] == mask    # cgroup v1, or no cgroup fs
+    assert cgroup.core_budget(str(cpu_max))[0] == mask
+    assert cgroup.core_budget(str(tmp_path / "absent"))[0] == mask    # cgroup v1, or no cgroup fs
 
 
 def test_local_lends_only_the_cores_left_by_the_workers_here_unless_oversubscribing(tmp_path, monkeypatch):
     cpu_max = tmp_path / "cpu.max"
     cpu_max.write_text("400000 100000\n")                 # a 4-core quota
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
-    monkeypatch.setattr(local, "CPU_MAX", str(cpu_max))
-    monkeypatch.setattr(local, "core_budget", lambda real=local.core_budget: real(local.CPU_MAX))
+    monkeypatch.setattr(local, "core_budget", lambda real=cgroup.core_budget: real(str(cpu_max)))
     rm = local.LocalResourceManager("tcp://unused:1", {"hosts": 3})
     rm.workers_here = 2                                   # the embedded cluster's two workers
     assert rm.lendable() == 2                             # 4 cores - 2 workers: two 1-worker hosts, not 3
