@@ -12,8 +12,9 @@ fails with pages of "Nanny failed to start". Here the scheduler runs in this
 process (as in ``LocalCluster``) and each worker is a ``dask worker --no-nanny``
 process, so it imports only distributed and pescheduler; apps travel by
 value (cloudpickle) as before. Workers are forked from one process that has
-imported both already (:mod:`pescheduler.control.forkserver`): a deploy's
-workers start in a fraction of the time and CPU of one import each. Workers are
+imported both already (:mod:`pescheduler.control.forkserver`, one per deploying
+process, kept from one embedded cluster to the next): a deploy's workers start
+in a fraction of the time and CPU of one import each. Workers are
 started and stopped by PID (:mod:`pescheduler.resource_managers.processes`),
 in their own session so a terminal's Ctrl-C reaches only the deploying
 process, which drains and then stops them. Everything listens on 127.0.0.1.
@@ -43,7 +44,7 @@ from distributed import Client, Scheduler, Security
 from distributed.utils import silence_logging_cmgr
 
 from .. import config, dashboard
-from .forkserver import ForkServer
+from . import forkserver
 from ..resource_managers import processes
 from ..resource_managers.workers import named_workers, tls_flags
 
@@ -69,7 +70,7 @@ class EmbeddedCluster:
         self._dashboard_host = HOST
         self._workers: list[processes.Process] = []
         self._log_dir = tempfile.mkdtemp(prefix="pescheduler-cluster-")
-        self._forks: ForkServer | None = None
+        self._forks: forkserver.ForkServer | None = None
         self._named = 0
         self._quiet = contextlib.ExitStack()
 
@@ -87,8 +88,8 @@ class EmbeddedCluster:
         """Start the scheduler and ``n_workers`` worker processes; the scheduler's address."""
         # As LocalCluster does: the scheduler's INFO lines would bury the live view.
         self._quiet.enter_context(silence_logging_cmgr(logging.WARNING))
-        # Started first: its imports overlap the scheduler's start.
-        self._forks = ForkServer(os.path.join(self._log_dir, "forkserver.log"))
+        # Asked first: a new server's imports overlap the scheduler's start.
+        self._forks = forkserver.shared()
         # The /pescheduler page through the dashboard's own extension point (no second server).
         routes = [*dask.config.get("distributed.scheduler.http.routes"), "pescheduler.dashboard"]
         with dask.config.set({"distributed.scheduler.http.routes": routes}):
@@ -133,8 +134,6 @@ class EmbeddedCluster:
     async def close(self) -> None:
         """Stop every worker process by PID (SIGTERM, then SIGKILL), then the scheduler."""
         await asyncio.gather(*(p.astop() for p in self._workers))
-        if self._forks is not None:
-            await asyncio.to_thread(self._forks.close)
         if self._scheduler is not None:
             await self._scheduler.close()
         self._quiet.close()

@@ -3,10 +3,15 @@
 Why: a ``dask worker`` started by command line spends most of its start-up
 importing distributed, and again importing pescheduler when its first PE
 arrives: about a CPU-second each, times the number of workers, on every
-``deploy``. Here one *fork server* process per embedded cluster imports them
-once; each worker is a fork of it that runs ``dask worker``'s own ``main``
-with the arguments, environment, working directory and ``sys.path`` the
-deploying process has at that moment, exactly what the command line gave.
+``deploy``. Here one *fork server* process imports them once; each worker is
+a fork of it that runs ``dask worker``'s own ``main`` with the arguments,
+environment, working directory and ``sys.path`` the deploying process has at
+that moment, exactly what the command line gave.
+
+The server holds nothing but those imports, so one serves every embedded
+cluster a process starts (:func:`shared`): a script, notebook or test run that
+deploys again does not pay the imports again (about a second of wall time and
+a CPU-second per ``deploy``). It is stopped by PID when that process exits.
 
 Why not multiprocessing's ``forkserver``: its children unpickle their
 preparation data, which re-runs the deploying script's ``__main__`` (the
@@ -24,14 +29,17 @@ stops it by PID as any other process.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 
 # What a worker imports to start and to run its first PE.
@@ -66,6 +74,9 @@ class ForkServer:
             raise RuntimeError(f"the embedded cluster's fork server exited ({self._server.wait()})")
         return ForkedPopen(args, json.loads(reply)["pid"], *fds)
 
+    def alive(self) -> bool:
+        return self._server.poll() is None
+
     def close(self) -> None:
         """Let the server exit (its forked workers are stopped by their owner, by PID) and wait for it."""
         self._sock.close()
@@ -74,6 +85,45 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._server.kill()
             self._server.wait()
+
+
+_shared: tuple[ForkServer, str] | None = None      # this process's server and its log folder
+_shared_lock = threading.Lock()
+
+
+def shared() -> ForkServer:
+    """This process's fork server, started on first use (or again if it died) and stopped at exit."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or not _shared[0].alive():
+            _close_shared()
+            folder = tempfile.mkdtemp(prefix="pescheduler-forkserver-")
+            _shared = (ForkServer(os.path.join(folder, "forkserver.log")), folder)
+        return _shared[0]
+
+
+@atexit.register
+def _close_shared() -> None:
+    """At exit (and before a replacement): the server stopped by its PID, its log folder removed."""
+    global _shared
+    if _shared is not None:
+        server, folder = _shared
+        _shared = None
+        server.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _forget_in_child() -> None:
+    """A forked copy of a deploying process starts its own server: the parent's socket is closed
+    here (the parent's server must see EOF when the parent exits), its process left alone."""
+    global _shared, _shared_lock
+    _shared_lock = threading.Lock()          # another thread may have held it at the fork
+    if _shared is not None:
+        _shared[0]._sock.close()
+        _shared = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class ForkedPopen:

@@ -9,7 +9,9 @@ process's; it is stopped by PID and its exit code reaches the deploying process.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
 import sys
 
 import psutil
@@ -74,3 +76,35 @@ def test_exit_codes_and_stdout_reach_the_deploying_process_and_the_server_stops_
     finally:
         server.close()
     assert server._server.returncode == 0 and not psutil.pid_exists(pid)
+
+
+SHARED = """
+import asyncio, json, sys
+from pescheduler.control import forkserver
+from pescheduler.control.cluster import EmbeddedCluster
+
+async def once():
+    cluster = EmbeddedCluster(1)
+    try:
+        await cluster.start()
+        return forkserver.shared()._server.pid, cluster._workers[0].pid
+    finally:
+        await cluster.close()
+
+first, second = asyncio.run(once()), asyncio.run(once())
+print(json.dumps({"servers": [first[0], second[0]], "workers": [first[1], second[1]],
+                  "folder": forkserver._shared[1]}))
+"""
+
+
+def test_one_fork_server_serves_every_embedded_cluster_of_a_process_and_stops_at_its_exit(tmp_path):
+    # Two embedded clusters one after the other (a script or test run deploying twice): the second
+    # forks from the server the first started (no second import of distributed and pescheduler);
+    # when the process exits, the server has been stopped and its log folder removed.
+    done = subprocess.run([sys.executable, "-c", SHARED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    (server, again), workers = seen["servers"], seen["workers"]
+    assert server == again and workers[0] != workers[1]
+    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+    assert not os.path.exists(seen["folder"])
