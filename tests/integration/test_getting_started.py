@@ -3,7 +3,9 @@
 The files it asks for (``cars.py``, ``tuning.yaml``) are its own blocks, written
 into a fresh folder; each line of its ``bash`` blocks is then run there, as
 typed. A line ending in ``&``, and a ``deploy`` of the endless app (a terminal
-of its own in the guide), runs in the background; ``kill %N`` ends the N-th
+of its own in the guide), runs in the background (``&`` lines one after the
+other, as typed: the next other line waits until their scheduler answers and
+their workers joined); ``kill %N`` ends the N-th
 background job, as the shell would; every other line must exit 0 (``list`` and
 ``status`` are asked again until the deployment they name runs, as a person
 would look again). Two things differ from a terminal, both forced by a shared
@@ -143,9 +145,16 @@ def test_the_guide_runs_as_written(tmp_path):
     deploys: dict[str, subprocess.Popen] = {}       # --name, or the --cluster address -> its deploy
     lines = lines_of("bash")
     assert lines[0] == "pip install -e ." and any("--preload pescheduler.dashboard" in line for line in lines)
+    ready: list = []            # checks of the ``&`` jobs started since the last line that was waited for
     try:
         for line in lines[1:]:
             argv = shell.argv(line.rstrip("&").strip())
+            if not line.endswith("&"):
+                # As at a prompt: ``&`` lines are typed one after the other (the workers retry until
+                # their scheduler answers); the next line that needs them waits until they are up.
+                for check in ready:
+                    check()
+                ready.clear()
             if argv[0] == "kill":
                 for job in argv[1:]:
                     proc = shell.shell_jobs[int(job.lstrip("%")) - 1]
@@ -158,9 +167,11 @@ def test_the_guide_runs_as_written(tmp_path):
                     deploys[key] = proc
                     watch_deploy(shell, proc, key, argv)
                 elif "scheduler" in argv:
-                    until(lambda: answers(argv), BOUND, f"the scheduler of `{line}`")
+                    ready.append(lambda argv=argv, line=line: until(lambda: answers(argv), BOUND,
+                                                                    f"the scheduler of `{line}`"))
                 else:
-                    worker_joined(shell, argv, len([a for a, _p, _l in shell.jobs if "worker" in a]))
+                    n = len([a for a, _p, _l in shell.jobs if "worker" in a])
+                    ready.append(lambda argv=argv, n=n: worker_joined(shell, argv, n))
             elif argv[3:4] == ["stop"]:
                 key = option(argv, "--cluster") or argv[4]
                 done = shell.run(argv)
@@ -171,6 +182,8 @@ def test_the_guide_runs_as_written(tmp_path):
                 assert done.returncode == 0, f"`{line}`: {done.stdout}{done.stderr}"
                 if argv[3:4] == ["plugins"]:
                     assert "generator" in done.stdout
+        for check in ready:
+            check()
         assert deploys and all(proc.poll() == 0 for proc in deploys.values()), "a deployment was never stopped"
         assert all(proc.poll() is not None for _a, proc, _l in shell.jobs), "the guide left a process running"
         assert shell.run([sys.executable, "-m", "pescheduler", "list"]).returncode == 0
