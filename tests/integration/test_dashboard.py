@@ -286,6 +286,9 @@ def test_a_restart_counts_in_pescheduler_restarts_total(running):
     import signal
 
     dep, base = running
+    # A loss before the first complete checkpoint fails the deployment (nothing to restore): run
+    # alone (-k), this test killed right after the start, and no restart ever came.
+    until(lambda: dep.checkpoints(), WAIT, "a complete checkpoint to restore")
     pl = dep.placement()
     os.kill(dep.worker_info[pl.pes[pl.pe_of("map-2")].worker]["pid"], signal.SIGKILL)
     until(lambda: (metric(get(base + "/metrics"), "pescheduler_restarts_total", app="dash") or 0) >= 1, WAIT,
