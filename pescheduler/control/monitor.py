@@ -52,13 +52,13 @@ class OperatorMetrics:
     tuples_in_per_s: float = 0.0
     tuples_out_per_s: float = 0.0
     busy: float = 0.0                # seconds per second in this operator's code, CPU waits excluded
-    batches_in_per_s: float = 0.0    # batches it took (tuples_in_per_s / this: tuples per batch)
     tuples_in: int = 0
     tuples_out: int = 0
     dead_letters: int = 0
     late: int = 0
     lag: Mapping[str, int] = field(default_factory=dict, hash=False)   # source: records behind per partition
     lag_per_s: float = 0.0           # source: change of the total lag per second (< 0: catching up)
+    batches_in_per_s: float = 0.0    # batches it took (tuples_in_per_s / this: tuples per batch)
 
 
 @dataclass(frozen=True)
