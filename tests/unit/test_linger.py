@@ -11,7 +11,12 @@ import asyncio
 import pytest
 
 import pescheduler.worker.channels as channels
+from pescheduler.operators.sources import IterableSource
 from pescheduler.worker.channels import DATA, END, MARKER, WATERMARK, ChannelIn, Inbox, LocalChannelOut
+from pescheduler.worker.runtime import PERunner
+from pescheduler.worker.specs import OutputSpec, PESpec
+
+HERE = "127.0.0.1:1"
 
 
 class Clock:
@@ -150,3 +155,34 @@ def test_flush_that_waits_ships_lingering_data_and_linger_zero_ships_each_batch(
         assert shipped(plain_inbox) == [(DATA, [1]), (DATA, [2])]     # today's behaviour
 
     asyncio.run(main())
+
+
+class OneAtATime(IterableSource):
+    """Returns one item per read, whatever is asked: a paced source's reads at a low rate."""
+
+    def read(self, n):
+        return super().read(1)
+
+
+def test_a_pe_ships_full_batches_from_small_reads_and_its_end_at_once():
+    """On a real PE runner: a source returning one tuple a read, ``batch.size`` 10 and a linger of
+    a minute. The channel carries batches of 10 (not 25 of one), in order, and the last 5 go with
+    END at once: the PE ends within the test's bound, not after the linger."""
+    async def scenario():
+        spec = PESpec("src", "dep", {"src": (OneAtATime, {"items": [{"n": i, "ts": i} for i in range(25)]}, None)}, [],
+                      outputs=[OutputSpec("c-w", "src", "out", "pe-w", "tcp://w", HERE, ("w",))],
+                      batch_size=10, linger_s=60.0)
+        pe = PERunner(spec, "tcp://src")
+        inbox = Inbox()
+        receiver = ChannelIn("c-w", "src", "out")
+        await pe.connect(lambda cid: (inbox, receiver), HERE)
+        receiver.grant = pe.outs[0][1].gate.release          # the receiver takes every batch
+        await asyncio.wait_for(pe.start(), 30)
+        items = shipped(inbox)
+        assert pe.state == "finished", pe.error
+        assert [len(p) for k, p in items if k == DATA] == [10, 10, 5] and items[-1] == (END, None)
+        assert [t["n"] for k, p in items if k == DATA for t in p] == list(range(25))
+        wms = [p for k, p in items if k == WATERMARK]
+        assert wms == sorted(set(wms)) and len(wms) <= 3       # only the newest behind each batch
+        assert pe.state == "finished"
+    asyncio.run(scenario())
