@@ -119,6 +119,15 @@ class View:
             return cores
         return m.busy
 
+    def crowded(self, op: str) -> bool:
+        """Does a host running ``op`` have no CPU left at all, other tenants' use included (its
+        ``machine_cpu`` over ``policies.saturated-cpu``)? A share an instance lost there went to
+        other processes: a copy beside it would only take theirs, and go again when their load
+        does (bench/elastic.py at load 7.6: seven flip-flops in one phase)."""
+        limit = get("policies.saturated-cpu")
+        hosts = {self.placement.pes[self.pe_of[i]].host for i in self.instances[op] if i in self.pe_of}
+        return any((h := self.snapshot.hosts.get(host)) is not None and h.machine_cpu > limit for host in hosts)
+
     def headroom(self, op: str) -> float:
         """Cores the hosts running ``op`` have left (their workers' cores times the share of its
         cores the deployment does not use): what instances of ``op`` could get on top of what

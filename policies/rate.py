@@ -111,7 +111,10 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
         # full cores: a share lost to other processes for a window or two must not buy copies
         # (phase 1 of bench/elastic.py at load 6: Replicate, Release), so such a step waits
         # ``down-after`` windows in a row (the controller counts the Hold).
+        # Nor where the share went to other tenants of a full machine (View.crowded).
         share_only = _utilisation(now, offered[op], min_busy, now.cores) <= target + tolerance
+        if share_only and want > now.instances and view.crowded(op):
+            continue
         hold = Hold(rounds=down_after) if share_only else None
         if want > now.instances and _hot_key(view, op, now, target):
             continue

@@ -329,9 +329,10 @@ def test_rate_sizes_by_the_cpu_an_instance_can_use_on_its_host():
 STARVED_PE = {"idle": 0.0, "backpressure": 0.0, "queue_batches": 8}     # input all window, none left over
 
 
-def with_hosts(snap, placement, cpu: dict) -> MetricsSnapshot:
-    """``snap`` with host figures: ``host -> the deployment's CPU there`` (a fraction of its cores)."""
-    hosts = {h: HostMetrics(h, c, 0.1, tuple(w for w, wh in placement.hosts.items() if wh == h))
+def with_hosts(snap, placement, cpu: dict, machine: float = 0.0) -> MetricsSnapshot:
+    """``snap`` with host figures: ``host -> the deployment's CPU there`` (a fraction of its cores),
+    and what everything on each uses (``machine_cpu``, other tenants included)."""
+    hosts = {h: HostMetrics(h, c, 0.1, tuple(w for w, wh in placement.hosts.items() if wh == h), max(c, machine))
              for h, c in cpu.items()}
     return replace(snap, hosts=MappingProxyType(hosts))
 
@@ -352,6 +353,10 @@ def test_rate_sizes_by_the_cpu_an_instance_really_got_and_waits_when_only_the_sh
     assert same(action, Replicate("op2", 1)) and action.hold.rounds == 2
     assert action.figures["projected_utilisation"] == pytest.approx(1.0)
     assert action.figures["cores_per_instance"] == pytest.approx(0.8)    # 0.6 got + a slot's core
+    # the share went to other tenants of a machine with no CPU left: a copy would only take theirs
+    host = pl.pes[pl.pe_of("op2")].host
+    assert rate.pescheduler_policy_decide(with_hosts(starved, pl, {host: 0.4}, machine=0.95), pl, NONE, {}) == []
+    assert len(rate.pescheduler_policy_decide(with_hosts(starved, pl, {host: 0.4}, machine=0.6), pl, NONE, {})) == 1
     # busy 0.9 of 9,000 t/s: a full core would be over the band too, so no wait
     [action] = rate.pescheduler_policy_decide(snapshot(pl, steady(pl, 9000, {"op2": 0.9}), {"op2": STARVED_PE}),
                                               pl, NONE, {})
