@@ -188,6 +188,7 @@ def window(snap, placement, t0: float) -> dict:
             "src_out": src.tuples_out_per_s if src else 0.0,
             "lag": sum(src.lag.values()) if src else 0, "lag_per_s": src.lag_per_s if src else 0.0,
             "burn": {i: (m.tuples_in_per_s, m.busy, placement.pes[placement.pe_of(i)].host) for i, m in burns.items()},
+            "per_batch": {i: m.tuples_in_per_s / m.batches_in_per_s for i, m in burns.items() if m.batches_in_per_s},
             "cores": getattr(snap.workers.get(placement.pes[placement.pe_of("burn")].worker), "cores", 1.0),
             "hosts": {h: m.cpu for h, m in snap.hosts.items()},
             "pes": {p: ("+".join(m.operators), m.busy, m.backpressure, m.idle, m.queue_batches)
@@ -261,10 +262,10 @@ def report(r: dict, verbose: bool) -> None:
         print("not applied:\n  " + "\n  ".join(r["others"][:40]))
         print("applied, with the figures they were decided on:\n  " + "\n  ".join(r["figures"]))
         print("replications (protocol):\n  " + "\n  ".join(r["records"]))
-        print("windows (t: source out/s bp | burn instance in/s busy rate-per-busy-s @host | host cpu)")
+        print("windows (t: source out/s bp | burn instance in/s busy rate-per-busy-s @host tuples/batch | host cpu)")
         for w in windows:
             inst = " ".join(f"{i} {tin:.0f}/s {busy:.2f} {tin / busy if busy else 0:.0f}@{host or '-'}"
-                            for i, (tin, busy, host) in w["burn"].items())
+                            f" {w['per_batch'].get(i, 0):.1f}/b" for i, (tin, busy, host) in w["burn"].items())
             hosts = " ".join(f"{h or '-'}:{c:.2f}" for h, c in w["hosts"].items())
             print(f"  {w['t']:5.1f}: {w['src_out']:.0f}/s bp {w['bp']:.2f} lag {w['lag']} ({w['lag_per_s']:+.0f}/s)"
                   f" | {inst} | {hosts}")

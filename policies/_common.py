@@ -21,6 +21,9 @@ from pescheduler.operator import Parallelism
 from pescheduler.plan.placement import Placement
 
 
+STARVED = 0.05         # an instance idle and blocked less than this share of a window had input all of it
+
+
 @dataclass(frozen=True)
 class Load:
     """One operator over the last interval, all its instances together."""
@@ -33,6 +36,8 @@ class Load:
     hottest: float            # the busiest instance's busy fraction of the CPU it can use
     capacity: float = 1.0     # cores the weakest instance can use
     cores: float = 1.0        # cores all its instances can use together, as its routing lets them (View.load)
+    got_capacity: float = 1.0  # as ``capacity`` and ``cores``, counting what instances really got (View.got)
+    got: float = 1.0
 
 
 class View:
@@ -79,18 +84,63 @@ class View:
         if len(names) == 1:                       # the common case, kept cheap: 10,000 per decision
             m = metrics.get(op)
             cores = self.cores(self.worker(op)) if m is not None else 1.0
+            got = self.got(op, m, cores) if m is not None else 1.0
             found = None if m is None else Load(op, 1, m.tuples_in_per_s, m.tuples_out_per_s, m.busy,
-                                                m.busy / cores, cores, cores)
+                                                m.busy / cores, cores, cores, got, got)
         else:
             seen = [(metrics[i], self.cores(self.placement.pes[self.pe_of[i]].worker)) for i in names if i in metrics]
-            weakest = min((c for _m, c in seen), default=1.0)
+            got = [self.got(i, m, c) for i, (m, c) in zip((i for i in names if i in metrics), seen)]
+            weakest, weakest_got = min((c for _m, c in seen), default=1.0), min(got, default=1.0)
+            missing = len(names) - len(seen)
             found = Load(op, len(names), sum(m.tuples_in_per_s for m, _c in seen),
                          sum(m.tuples_out_per_s for m, _c in seen), sum(m.busy for m, _c in seen),
                          max(m.busy / c for m, c in seen), weakest,
-                         (sum(c for _m, c in seen) + (len(names) - len(seen)) * weakest if self.by_credit(op)
-                          else len(names) * weakest)) if seen else None
+                         (sum(c for _m, c in seen) + missing * weakest if self.by_credit(op)
+                          else len(names) * weakest),
+                         weakest_got,
+                         (sum(got) + missing * weakest_got if self.by_credit(op)
+                          else len(names) * weakest_got)) if seen else None
         self._loads[op] = found
         return found
+
+    def got(self, instance: str, m, cores: float) -> float:
+        """The cores ``instance`` really got, of the ``cores`` its worker may give one PE (the
+        ``rate`` policy sizes by it, ``Load.got``): an instance whose PE had input all window
+        (idle and backpressure together under ``STARVED``, input still queued at the sample)
+        and was busy 0.6 of it had 0.6 of a core, whatever took the rest (other processes on
+        its cores, the framework's own time). Sized at a full core it looked 60 % busy while its
+        input backed up, and the hot spot was never relieved (issue 15). When the share comes
+        back the instance idles and counts at ``cores`` again (rate.py holds what that would
+        take away). A PE not running, or busy under ``STARVED`` (too little to tell), counts at
+        ``cores``."""
+        pe = self.snapshot.pes.get(self.pe_of.get(instance, ""))
+        if pe is None or pe.state != "running" or m.busy < STARVED or m.busy >= cores \
+                or pe.idle + pe.backpressure >= STARVED or not pe.queue_batches:
+            return cores
+        return m.busy
+
+    def crowded(self, op: str) -> bool:
+        """Does a host running ``op`` have no CPU left at all, other tenants' use included (its
+        ``machine_cpu`` over ``policies.saturated-cpu``)? A share an instance lost there went to
+        other processes: a copy beside it would only take theirs, and go again when their load
+        does (bench/elastic.py at load 7.6: seven flip-flops in one phase)."""
+        limit = get("policies.saturated-cpu")
+        hosts = {self.placement.pes[self.pe_of[i]].host for i in self.instances[op] if i in self.pe_of}
+        return any((h := self.snapshot.hosts.get(host)) is not None and h.machine_cpu > limit for host in hosts)
+
+    def headroom(self, op: str) -> float:
+        """Cores the hosts running ``op`` have left (their workers' cores times the share of its
+        cores the deployment does not use): what instances of ``op`` could get on top of what
+        they use now, however many of them there are on those hosts; infinite when a host's
+        figures are missing (nothing known against it)."""
+        hosts = {self.placement.pes[self.pe_of[i]].host for i in self.instances[op] if i in self.pe_of}
+        left = 0.0
+        for host in hosts:
+            h = self.snapshot.hosts.get(host)
+            if h is None:
+                return math.inf
+            left += max(0.0, 1.0 - h.cpu) * sum(self.cores(w) for w in h.workers)
+        return left
 
     def by_credit(self, op: str) -> bool:
         """Are ``op``'s batches routed by credit (STATELESS, plan/routing.py)? Then its instances'

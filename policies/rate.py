@@ -9,7 +9,9 @@ operator the number of instances that runs it at ``target-utilisation``:
     instances(X) = ceil(target_in(X) / (true_rate(X) * target * cores))
 
 ``cores`` is what one instance can use: a core, or less on a host with a CPU
-quota (a lab host of half a core). A STATELESS operator's batches go by
+quota (a lab host of half a core), or what it really got: an instance that
+had input all window and was busy 0.6 of it had 0.6 of a core (``View.got``:
+the rest went to other processes on its cores or to the framework). A STATELESS operator's batches go by
 credit (plan/routing.py), so its instances' cores add up: a copy of half a
 core adds half a core. Any other operator's instances get equal shares of
 the input, so the weakest instance, copies' slots included, sets it.
@@ -21,7 +23,10 @@ once; down only after ``down-after`` windows in a row say so (one noisy
 window of a busy machine must not take copies away: the Release carries a
 ``Hold`` the controller counts, so the policy keeps no memory), and never
 while the operator is backlogged (its figures then understate its load, down to zero
-when it is stalled).
+when it is stalled), nor while the instances left would not carry the load on
+the CPU the operator gets now plus what its hosts have left (a copy asked for
+because instances got a share of their cores idles once it is there, and at
+full cores would look superfluous).
 
 The sources' offered rate is what DS2 takes as given. A source that declares
 its ``rate`` is offered that. A source that reports lag (Kafka, Redis
@@ -90,18 +95,27 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
     spare = view.free_slots()
     borrowing = resources.lendable > 0 and not resources.pending_returns
     lent = _lent_cores(resources.budget) if borrowing else None
-    short = 0
+    short, short_held = 0, False
     for op in view.originals:
         now = view.load(op)
         if op not in offered or now is None or not view.replicable(op):
             continue
-        want = min(_instances(now, offered[op], target, min_busy, now.cores / now.instances), max_copies + 1)
+        want = min(_instances(now, offered[op], target, min_busy, now.got / now.instances), max_copies + 1)
         projected = _utilisation(now, offered[op], min_busy)
         if abs(projected - target) <= tolerance or want == now.instances:
             continue
         figures = {"offered_in_per_s": round(offered[op], 3), "true_rate_per_s": round(_true_rate(now, min_busy), 3),
                    "instances": now.instances, "wanted": want, "projected_utilisation": round(projected, 3),
-                   "target": target, "cores_per_instance": round(now.cores / now.instances, 3)}
+                   "target": target, "cores_per_instance": round(now.got / now.instances, 3)}
+        # Up only because instances got a share of their cores (View.got), not for the load at
+        # full cores: a share lost to other processes for a window or two must not buy copies
+        # (phase 1 of bench/elastic.py at load 6: Replicate, Release), so such a step waits
+        # ``down-after`` windows in a row (the controller counts the Hold).
+        # Nor where the share went to other tenants of a full machine (View.crowded).
+        share_only = _utilisation(now, offered[op], min_busy, now.cores) <= target + tolerance
+        if share_only and want > now.instances and view.crowded(op):
+            continue
+        hold = Hold(rounds=down_after) if share_only else None
         if want > now.instances and _hot_key(view, op, now, target):
             continue
         if want > now.instances:
@@ -117,21 +131,25 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
             # one step: while hosts are borrowed for the rest, the free slots wait for them (the
             # borrow is applied within this round; the next round places every copy)
             if n > 0 and not (missing and borrowing):
-                actions.append(Replicate(op, n, hosts=view.cool_hosts(), figures=figures, reason=why))
+                actions.append(Replicate(op, n, hosts=view.cool_hosts(), figures=figures, reason=why, hold=hold))
+            elif missing and borrowing and share_only:
+                short_held = True
             elif view.saturated_hosts() and resources.lendable == 0 and (ask := min(
                     want - now.instances, _usable_slots(view, op))):
                 # nowhere to go and nothing to borrow: asked anyway, so the controller's refusal
                 # (no host has CPU to spare) is on the record; for no more copies than there are
                 # slots, or the refusal would be for slots, and a possible step would be lost
-                actions.append(Replicate(op, ask, figures=figures, reason=why))
-        elif not view.backlogged(op):              # a backlog understates the load: never scale down on it
+                actions.append(Replicate(op, ask, figures=figures, reason=why, hold=hold))
+        elif not view.backlogged(op) and _room_after_release(view, op, now, want, offered[op],
+                                                             target + tolerance, min_busy):
+            # a backlog understates the load: never scale down on it
             actions.append(Release(op, now.instances - want, figures=figures, hold=Hold(rounds=down_after), reason=(
                 f"{op} is offered {offered[op]:.0f} t/s: {want} instance(s) run it at or under "
                 f"{target:.0%} (it has {now.instances}, projected {projected:.0%} each, "
                 f"{down_after} windows in a row)")))
     if short and borrowing:
         actions.append(BorrowHosts(min(resources.lendable, hosts_for(short, placement, resources.budget)),
-                                   figures={"slots_short": short},
+                                   figures={"slots_short": short}, hold=Hold(rounds=down_after) if short_held else None,
                                    reason=f"{short} more copies are needed than free standard slots"))
     elif not short:
         actions += idle_returns(placement, resources, actions)     # scale-in ends with the hosts
@@ -232,13 +250,29 @@ def _instances(now: Load, offered: float, target: float, min_busy: float, cores:
     return max(1, math.ceil(offered / (rate * target * cores) - 1e-9))
 
 
-def _utilisation(now: Load, offered: float, min_busy: float) -> float:
-    """Busy fraction of the CPU its instances can use (``Load.cores``) at the current size under
-    the offered load."""
+def _utilisation(now: Load, offered: float, min_busy: float, cores: float | None = None) -> float:
+    """Busy fraction of the CPU its instances get (``Load.got``; or ``cores``) at the current size
+    under the offered load."""
+    rate = _true_rate(now, min_busy)
+    cores = now.got if cores is None else cores
+    if rate <= 0:
+        return now.busy / cores
+    return offered / (rate * cores)
+
+
+def _room_after_release(view: View, op: str, now: Load, want: int, offered: float, ceiling: float,
+                        min_busy: float) -> bool:
+    """Would the ``want`` instances left after a ``Release`` carry ``offered`` under ``ceiling``,
+    given the CPU ``op`` really gets: at most their cores, and at most what it uses now plus what
+    its hosts have left (``View.headroom``)? Fewer instances on the same cores get no more CPU
+    between them. Without this, copies asked for while instances got a share of their cores
+    (``View.got``) idle once they are there, look over-provisioned at full cores, and the Release
+    that follows starves them again: a flip-flop that no hold outlasts."""
     rate = _true_rate(now, min_busy)
     if rate <= 0:
-        return now.busy / now.cores
-    return offered / (rate * now.cores)
+        return True
+    cores = min(want * now.cores / now.instances, now.busy + view.headroom(op))      # at full cores each
+    return offered <= ceiling * rate * cores + 1e-9
 
 
 def _lent_cores(budget) -> float | None:
@@ -261,7 +295,7 @@ def _slots_for(view: View, op: str, now: Load, cpu: float, target: float, limit:
     borrowed half of what was needed, and a second step followed), or, when nothing can be
     borrowed or the manager does not say, at the cores per instance so far."""
     additive = view.by_credit(op)
-    n, weakest, total, avoid, taken = now.instances, now.capacity, now.cores, view.workers(op), []
+    n, weakest, total, avoid, taken = now.instances, now.got_capacity, now.got, view.workers(op), []
     while cpu / total > target + 1e-9 and n < limit:
         worker = next((w for w in spare if w not in avoid), None)
         if worker is None:

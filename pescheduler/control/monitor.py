@@ -58,6 +58,7 @@ class OperatorMetrics:
     late: int = 0
     lag: Mapping[str, int] = field(default_factory=dict, hash=False)   # source: records behind per partition
     lag_per_s: float = 0.0           # source: change of the total lag per second (< 0: catching up)
+    batches_in_per_s: float = 0.0    # batches it took (tuples_in_per_s / this: tuples per batch)
 
 
 @dataclass(frozen=True)
@@ -230,12 +231,13 @@ class Monitor:
         prev = prev or {"operators": {}, "backpressure_s": 0.0, "idle_s": 0.0}
         busy = 0.0
         for op_id, o in stats["operators"].items():
-            p = prev["operators"].get(op_id, {"tuples_in": 0, "tuples_out": 0, "busy_s": 0.0})
+            p = prev["operators"].get(op_id, {"tuples_in": 0, "tuples_out": 0, "busy_s": 0.0, "batches_in": 0})
             lag = o.get("lag", {})
             m = OperatorMetrics(op_id, pe_id,
                                 tuples_in_per_s=(o["tuples_in"] - p["tuples_in"]) / dt,
                                 tuples_out_per_s=(o["tuples_out"] - p["tuples_out"]) / dt,
                                 busy=min(1.0, (o["busy_s"] - p["busy_s"]) / dt),
+                                batches_in_per_s=(o.get("batches_in", 0) - p.get("batches_in", 0)) / dt,
                                 tuples_in=o["tuples_in"], tuples_out=o["tuples_out"],
                                 dead_letters=o["dead_letters"], late=o["side"].get("late", 0),
                                 lag=lag, lag_per_s=(sum(lag.values()) - sum(p.get("lag", lag).values())) / dt)

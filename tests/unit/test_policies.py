@@ -14,7 +14,7 @@ import pytest
 
 from pescheduler.actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
 from pescheduler.control.controller import Hysteresis, Proposal
-from pescheduler.control.monitor import MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
+from pescheduler.control.monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from pescheduler.operator import Parallelism
 from pescheduler.policies import copy, rate, threshold
 from pescheduler.policies._common import View
@@ -324,6 +324,71 @@ def test_rate_sizes_by_the_cpu_an_instance_can_use_on_its_host():
     [action] = rate.pescheduler_policy_decide(half, pl, NONE, {})
     assert same(action, Replicate("op2", 1)) and action.figures["projected_utilisation"] == pytest.approx(1.0)
     assert action.figures["cores_per_instance"] == 0.5 and "instances of 0.5 core" in action.reason
+
+
+STARVED_PE = {"idle": 0.0, "backpressure": 0.0, "queue_batches": 8}     # input all window, none left over
+
+
+def with_hosts(snap, placement, cpu: dict, machine: float = 0.0) -> MetricsSnapshot:
+    """``snap`` with host figures: ``host -> the deployment's CPU there`` (a fraction of its cores),
+    and what everything on each uses (``machine_cpu``, other tenants included)."""
+    hosts = {h: HostMetrics(h, c, 0.1, tuple(w for w, wh in placement.hosts.items() if wh == h), max(c, machine))
+             for h, c in cpu.items()}
+    return replace(snap, hosts=MappingProxyType(hosts))
+
+
+def test_rate_sizes_by_the_cpu_an_instance_really_got_and_waits_when_only_the_share_asks():
+    """op2 processes 10,000 t/s per busy second and is offered 6,000: at a full core 60 % busy, in
+    band. Its PE had input all window (idle 0, backpressure 0, a full queue) and was busy 0.6: it
+    got 0.6 of its core, so it runs at 100 % of what it gets and needs a second instance. Only
+    the share asks (at a full core it is in band), so the step waits ``down-after`` windows."""
+    pl = chain().placement
+    ops = steady(pl, 6000, {"op2": 0.6})
+    assert rate.pescheduler_policy_decide(snapshot(pl, ops, {"op2": {"idle": 0.4}}), pl, NONE, {}) == []
+    starved = snapshot(pl, ops, {"op2": STARVED_PE})
+    assert View(starved, pl).load("op2").got == pytest.approx(0.6)
+    held = held_by_the_controller(rate.pescheduler_policy_decide)
+    assert held(starved, pl, NONE, {}) == []                             # one window is not enough
+    [action] = held(starved, pl, NONE, {})
+    assert same(action, Replicate("op2", 1)) and action.hold.rounds == 2
+    assert action.figures["projected_utilisation"] == pytest.approx(1.0)
+    assert action.figures["cores_per_instance"] == pytest.approx(0.8)    # 0.6 got + a slot's core
+    # the share went to other tenants of a machine with no CPU left: a copy would only take theirs
+    host = pl.pes[pl.pe_of("op2")].host
+    assert rate.pescheduler_policy_decide(with_hosts(starved, pl, {host: 0.4}, machine=0.95), pl, NONE, {}) == []
+    assert len(rate.pescheduler_policy_decide(with_hosts(starved, pl, {host: 0.4}, machine=0.6), pl, NONE, {})) == 1
+    # busy 0.9 of 9,000 t/s: a full core would be over the band too, so no wait
+    [action] = rate.pescheduler_policy_decide(snapshot(pl, steady(pl, 9000, {"op2": 0.9}), {"op2": STARVED_PE}),
+                                              pl, NONE, {})
+    assert same(action, Replicate("op2", 1)) and action.hold is None
+
+
+def test_copies_asked_for_a_lost_share_are_not_released_while_their_hosts_have_no_cpu_left():
+    """Replayed windows, through the controller's hysteresis: the starved original gets its copy;
+    then both instances idle (30 % busy each, the share came back only because the work is split)
+    on hosts whose CPU the deployment uses up. At full cores one instance would do, but the one
+    left would get no more CPU than the two get now: no Release, no flip-flop. Once the hosts
+    have CPU to spare, the copy goes after ``down-after`` windows."""
+    sim = chain()
+    held = held_by_the_controller(rate.pescheduler_policy_decide)
+    pl = sim.placement
+    starved = snapshot(pl, steady(pl, 6000, {"op2": 0.6}), {"op2": STARVED_PE})
+    decided = [held(replace(starved, time=t), pl, NONE, {}) for t in (1.0, 2.0)]
+    assert decided[0] == [] and same(decided[1], [Replicate("op2", 1)])
+    assert sim.apply(decided[1][0])
+    pl = sim.placement
+    ops = steady(pl, 6000, {"op2": 0.3})
+    for c in ("op2", "op2#1"):
+        ops[c] = (3000, 3000, 0.3)
+    split = snapshot(pl, ops, {p: {"idle": 0.7} for p in (pl.pe_of("op2"), pl.pe_of("op2#1"))})
+    hosts = {pl.pes[pl.pe_of(i)].host for i in ("op2", "op2#1")}
+    full = with_hosts(split, pl, {h: 1.0 for h in hosts})
+    for t in range(3, 13):                                    # ten windows: nothing comes down
+        assert held(replace(full, time=float(t)), pl, NONE, {}) == []
+    spare = with_hosts(split, pl, {h: 0.5 for h in hosts})
+    assert held(replace(spare, time=13.0), pl, NONE, {}) == []
+    [release] = held(replace(spare, time=14.0), pl, NONE, {})
+    assert same(release, Release("op2", 1))
 
 
 def test_rate_counts_the_cores_of_the_slots_its_copies_take():
