@@ -178,7 +178,7 @@ class Recovery:
         deadline = perf_counter() + FIRST_OUTPUT_S
         while perf_counter() < deadline and not self.dep._done.is_set():
             try:
-                answers = await self.dep.gateway.stats(workers, dead_letters=False, bounded=True)
+                answers = await self.dep.gateway.stats(workers, dead_letters=False)
             except Exception:
                 answers = []
             if any(s["operators"].get(op, {}).get("tuples_in", 0) for a in answers

@@ -53,7 +53,7 @@ class ControlLoop:
     async def collect(self) -> None:
         """Every worker's counters into a snapshot; dead letters kept; the status published."""
         try:
-            answers = await self.gateway.stats(self.reconfigurer.running_on(), bounded=True)
+            answers = await self.gateway.stats(self.reconfigurer.running_on())
         except Exception as exc:        # a lost worker is reported by its watcher
             logger.debug("collect failed: %s", exc)
             return

@@ -135,15 +135,14 @@ class WorkerGateway:
         await asyncio.gather(*(self.client.rpc(w).pe_warm(plugins=self.plugins, slots=n)
                                for w, n in slots_per_worker.items()))
 
-    async def stats(self, workers: Iterable[str], dead_letters: bool = True, bounded: bool = False) -> list[dict]:
+    async def stats(self, workers: Iterable[str], dead_letters: bool = True) -> list[dict]:
         """Every worker's cumulative PE counters (and, by default, the dead letters taken off it).
-        ``bounded``: each call is given up after ``calls.worker`` (raising), for callers that
-        must not wait on a worker that died meanwhile."""
-        calls = [self.client.rpc(w).pe_stats(deployment=self.deployment, dead_letters=dead_letters)
-                 for w in workers]
-        if bounded:
-            calls = [asyncio.wait_for(c, self.worker_timeout) for c in calls]
-        return list(await asyncio.gather(*calls))
+        Each call is given up after ``calls.worker`` (raising): a worker SIGKILLed a moment ago
+        otherwise holds its caller for Dask's 30 s connect retry (the control loop then published
+        no status and ran no policy for 30 s after every loss)."""
+        return list(await asyncio.gather(*(
+            asyncio.wait_for(self.client.rpc(w).pe_stats(deployment=self.deployment, dead_letters=dead_letters),
+                             self.worker_timeout) for w in workers)))
 
     async def watch(self, worker: str, version: int, timeout: float) -> dict:
         """Long-poll the PE states on ``worker`` newer than ``version``."""

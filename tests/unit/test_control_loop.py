@@ -16,7 +16,7 @@ class Gateway:
     def __init__(self) -> None:
         self.published = 0
 
-    async def stats(self, workers, bounded=False):
+    async def stats(self, workers):
         return []
 
     async def publish(self, status) -> None:
