@@ -26,6 +26,7 @@ this source against the plain confluent-kafka consumer loop.)
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from time import monotonic, sleep
 from typing import Any, Callable
@@ -36,7 +37,15 @@ from pescheduler.timeutil import parse_duration
 from .kafka_log import SECURITY_PREFIXES, LogReader
 from .partitions import PartitionedSource, decoder, encoder
 
+logger = logging.getLogger(__name__)
+
 EARLIEST, LATEST = "earliest", "latest"
+# librdkafka's producer defaults to allow.auto.create.topics=true (its consumer to false; see
+# librdkafka's CONFIGURATION.md): a producer's metadata request for a missing topic then makes the
+# broker create it with the broker's default partition count (Tansu: 4) before create_topics runs.
+# Every client here asks for metadata without it, so create=/partitions= alone decide.
+AUTO_CREATE = "allow.auto.create.topics"
+NO_AUTO_CREATE = {AUTO_CREATE: False}
 
 
 def _connect_error(what: str, servers: str, timeout_s: float, exc: BaseException | str) -> ConnectionError:
@@ -51,37 +60,67 @@ def _base(servers: str, timeout_s: float, config: dict) -> dict:
             **{k: v for k, v in config.items() if k.startswith(SECURITY_PREFIXES)}}
 
 
+def _checked(config: dict | None, what: str) -> dict:
+    """``config`` as given, refused (ValueError) when it sets ``allow.auto.create.topics``: whether
+    and how a topic is created is ``create=`` and ``partitions=``'s job (see :data:`NO_AUTO_CREATE`)."""
+    config = dict(config or {})
+    if AUTO_CREATE in config:
+        raise ValueError(f"kafka {what}: config sets {AUTO_CREATE!r}; a missing topic is created with "
+                         f"create=True and partitions=N instead (the broker's auto-creation would use its "
+                         f"own default partition count)")
+    return config
+
+
 def topic_partitions(client, admin_config: dict, topic: str, servers: str, timeout_s: float,
                      create: bool, partitions: int) -> list[int]:
     """The partition numbers of ``topic`` (created with ``partitions`` if missing and ``create``).
 
+    ``client`` (a consumer or producer made with :data:`NO_AUTO_CREATE`) asks for the metadata:
+    with librdkafka's producer default the question alone would make the broker create the topic
+    with its own default partition count. A topic that exists keeps its partitions; with
+    ``create`` and another count than ``partitions`` a warning names both.
     Raises ConnectionError naming ``servers`` when the broker does not answer
     within ``timeout_s``, and LookupError naming the topic when it is missing.
     """
     from confluent_kafka import KafkaException
 
     try:
-        meta = client.list_topics(topic, timeout=timeout_s)
+        found = _partitions_of(client, topic, timeout_s)
     except KafkaException as exc:
         raise _connect_error("metadata", servers, timeout_s, exc) from None
-    info = meta.topics.get(topic)
-    if info is not None and info.error is None and info.partitions:
-        return sorted(info.partitions)
-    if not create:
+    if not found and not create:
         raise LookupError(f"kafka topic {topic!r} does not exist on {servers} "
                           f"(create it, or pass create=True)")
-    _create_topic(admin_config, topic, partitions, timeout_s)
+    if not found and _create_topic(admin_config, topic, partitions, timeout_s):
+        deadline = monotonic() + timeout_s
+        while len(found) != partitions and monotonic() < deadline:     # metadata catches up with the creation
+            sleep(0.05)
+            found = _partitions_of(client, topic, timeout_s)
+        if len(found) != partitions:
+            raise LookupError(f"kafka topic {topic!r} was created on {servers} but its {partitions} partitions "
+                              f"did not appear in the metadata within {timeout_s:g} s")
+        return found
     deadline = monotonic() + timeout_s
-    while monotonic() < deadline:                # metadata catches up with the creation
-        info = client.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if info is not None and info.error is None and len(info.partitions) == partitions:
-            return sorted(info.partitions)
+    while not found and monotonic() < deadline:     # created by another instance (or client) meanwhile
         sleep(0.05)
-    raise LookupError(f"kafka topic {topic!r} was created on {servers} but its {partitions} partitions "
-                      f"did not appear in the metadata within {timeout_s:g} s")
+        found = _partitions_of(client, topic, timeout_s)
+    if not found:
+        raise LookupError(f"kafka topic {topic!r} was created on {servers} by another client but did not "
+                          f"appear in the metadata within {timeout_s:g} s")
+    if create and len(found) != partitions:
+        logger.warning("kafka topic %r on %s already exists with %d partitions, not partitions=%d: "
+                       "it is used as it is", topic, servers, len(found), partitions)
+    return found
 
 
-def _create_topic(config: dict, topic: str, partitions: int, timeout_s: float) -> None:
+def _partitions_of(client, topic: str, timeout_s: float) -> list[int]:
+    """``topic``'s partition numbers in ``client``'s metadata, ``[]`` when it does not exist."""
+    info = client.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    return sorted(info.partitions) if info is not None and info.error is None and info.partitions else []
+
+
+def _create_topic(config: dict, topic: str, partitions: int, timeout_s: float) -> bool:
+    """Create ``topic`` with ``partitions`` partitions: True, or False when it exists already."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -93,6 +132,8 @@ def _create_topic(config: dict, topic: str, partitions: int, timeout_s: float) -
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:    # another instance won the race
             raise
+        return False
+    return True
 
 
 class KafkaSource(PartitionedSource):
@@ -127,7 +168,7 @@ class KafkaSource(PartitionedSource):
         self.decode = decoder(value_format)
         self.stamp = stamp and self.ts_field is not None
         self.timeout_s = parse_duration(connect_timeout) / 1000
-        self.create, self.partitions, self.config = create, partitions, dict(config or {})
+        self.create, self.partitions, self.config = create, partitions, _checked(config, "source")
         self._mine: list[int] = []
         self._consumer = None
         self._ends: dict[int, int] = {}    # partition -> the largest end offset seen (open's query, fetches)
@@ -141,7 +182,7 @@ class KafkaSource(PartitionedSource):
         self._consumer = Consumer({**base, "group.id": self.group_id or f"pescheduler-{self.topic}",
                                    "enable.auto.commit": False, "enable.auto.offset.store": False,
                                    "enable.partition.eof": False, "auto.offset.reset": "earliest",
-                                   "queued.min.messages": 20_000, **self.config})
+                                   "queued.min.messages": 20_000, **self.config, **NO_AUTO_CREATE})
         everything = topic_partitions(self._consumer, base, self.topic, self.servers, self.timeout_s,
                                       self.create, self.partitions)
         self._mine = [p for p in everything if self.share(p)]
@@ -317,7 +358,7 @@ class KafkaSink(Sink):
         self.encode = encoder(value_format)
         self.exactly_once = exactly_once
         self.prefix = transactional_id or f"pescheduler-{topic}"
-        self.create, self.partitions, self.config = create, partitions, dict(config or {})
+        self.create, self.partitions, self.config = create, partitions, _checked(config, "sink")
         self.timeout_s = parse_duration(connect_timeout) / 1000
         self._producer = None
         self._failed: list[str] = []
@@ -399,7 +440,7 @@ class KafkaSink(Sink):
 
         conf = {"bootstrap.servers": self.servers, "linger.ms": 5,
                 "on_delivery": partial(self._delivered, transactional_id),
-                "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000), **self.config}
+                "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000), **self.config, **NO_AUTO_CREATE}
         if transactional_id is not None:
             conf["transactional.id"] = transactional_id
         return Producer(conf)

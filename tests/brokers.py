@@ -199,6 +199,17 @@ def create_topic(address: str, topic: str, partitions: int) -> None:
         future.result(timeout=20)
 
 
+def topic_size(address: str, topic: str) -> int | None:
+    """``topic``'s partition count in the broker's metadata, None when it does not exist. Asked
+    with ``allow.auto.create.topics`` off: librdkafka's admin client is a producer, whose default
+    would make the broker create the missing topic it asks about."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": address, "allow.auto.create.topics": False})
+    info = admin.list_topics(topic, timeout=10).topics.get(topic)
+    return len(info.partitions) if info is not None and info.error is None else None
+
+
 def produce(address: str, topic: str, records, partition_of=None) -> None:
     """Produce JSON ``records`` (dicts) to ``topic``; ``partition_of(record)`` picks the partition."""
     import json

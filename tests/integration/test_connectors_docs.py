@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from brokers import committed_log, consume_all, start_redis, start_tansu
+from brokers import committed_log, consume_all, start_redis, start_tansu, topic_size
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
 
@@ -49,3 +49,5 @@ def test_connector_docs_run_as_written(brokers, monkeypatch):
     paid = [json.loads(v) for values in committed_log(kafka, "payments-cents").values() for v in values]
     assert sorted(p["id"] for p in paid) == list(range(5000))            # exactly-once: each once
     assert all(p["cents"] == 100 * p["amount"] for p in paid)
+    # the sinks' create=True, partitions=N made exactly N, not the broker's auto-created default (4)
+    assert (topic_size(kafka, "avg-speed"), topic_size(kafka, "payments-cents")) == (1, 2)

@@ -18,7 +18,7 @@ from pescheduler import Application, Release, Replicate
 from pescheduler.errors import DeploymentFailed
 from pescheduler.operator import OperatorContext
 
-from brokers import consume_all, create_topic, fails_fast, produce, start_tansu
+from brokers import consume_all, create_topic, fails_fast, produce, start_tansu, topic_size
 from waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
@@ -225,6 +225,59 @@ def test_missing_topic_fails_naming_it_unless_created(kafka, cluster):
     src = open_source(kafka, topic="made-for-me", create=True, partitions=3)
     assert src.lag() == {"0": 0, "1": 0, "2": 0} or set(src.position()) == {"0", "1", "2"}
     src.close()
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_a_sink_creates_a_missing_topic_with_exactly_the_partitions_asked_for(kafka, exactly_once):
+    # librdkafka's producer asks for metadata with allow.auto.create.topics=true by default, and
+    # Tansu then auto-created the topic with its default 4 partitions before create_topics ran.
+    from pescheduler.operators.kafka import KafkaSink
+
+    topic = f"sized-3-{'eos' if exactly_once else 'plain'}"
+    assert topic_size(kafka, topic) is None
+    sink = KafkaSink(topic=topic, bootstrap_servers=kafka, create=True, partitions=3, exactly_once=exactly_once)
+    sink.open(OperatorContext("kafka-2", extra={"checkpoint": False}))
+    sink.process([{"n": i} for i in range(30)], None)
+    sink.flush(None)
+    sink.close()
+    assert topic_size(kafka, topic) == 3
+    assert sorted(r["n"] for r in values(consume_all(kafka, topic, 30, timeout=WAIT))) == list(range(30))
+
+
+def test_a_source_creates_a_missing_topic_with_exactly_the_partitions_asked_for(kafka):
+    src = open_source(kafka, topic="sized-5-src", create=True, partitions=5)
+    src.close()
+    assert topic_size(kafka, "sized-5-src") == 5
+
+
+def test_an_existing_topic_of_another_size_is_used_as_it_is_with_a_warning_naming_both(kafka, caplog):
+    from pescheduler.operators.kafka import KafkaSink
+
+    create_topic(kafka, "sized-other", 5)
+    sink = KafkaSink(topic="sized-other", bootstrap_servers=kafka, create=True, partitions=2)
+    with caplog.at_level("WARNING", logger="pescheduler.operators.kafka"):
+        sink.open(OperatorContext("kafka-2"))
+    sink.process([{"n": i} for i in range(20)], None)
+    sink.flush(None)
+    sink.close()
+    assert topic_size(kafka, "sized-other") == 5
+    warned = [r.getMessage() for r in caplog.records if "sized-other" in r.getMessage()]
+    assert len(warned) == 1 and "5 partitions" in warned[0] and "partitions=2" in warned[0], warned
+    src = open_source(kafka, topic="sized-other", create=True, partitions=5)      # the count it has: quiet
+    assert len(read_until(src, 20)) == 20
+    src.close()
+    assert len([r for r in caplog.records if "sized-other" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("side", ["source", "sink"])
+def test_a_missing_topic_without_create_is_refused_and_not_auto_created(kafka, side):
+    from pescheduler.operators.kafka import KafkaSink, KafkaSource
+
+    topic = f"never-made-{side}"
+    op = (KafkaSource if side == "source" else KafkaSink)(topic=topic, bootstrap_servers=kafka)
+    with pytest.raises(LookupError, match=f"'{topic}' does not exist"):
+        op.open(OperatorContext("kafka-1"))
+    assert topic_size(kafka, topic) is None
 
 
 def test_a_record_that_does_not_decode_is_dead_lettered_with_partition_and_offset(kafka, cluster):
