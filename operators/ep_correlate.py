@@ -171,6 +171,7 @@ class SharedCorrelations(Operator):
             # per event. A row is a copy of this event's template with the partner set (cheaper
             # than a dict display). Loops, not comprehensions: a few rows per probe.
             row = {"left": e, "right": None, "ts": ts} if left else {"left": None, "right": e, "ts": ts}
+            copy = row.copy
             for query_id, d, within, pred, born in queries:
                 found = find(k + d)
                 if found is None:
@@ -183,7 +184,7 @@ class SharedCorrelations(Operator):
                     rows = []
                     add = rows.append
                     for o in evs[i:]:
-                        r = row.copy()
+                        r = copy()
                         r[side] = o
                         add(r)
                 else:

@@ -41,6 +41,9 @@ from .busy import busy_clock
 
 
 
+_NO_ARG = object()          # Chain._call without an argument (flush)
+
+
 class CallbackError(RuntimeError):
     """An operator's on_watermark or flush raised: the PE cannot go on without losing results."""
 
@@ -259,6 +262,8 @@ class Chain:
         # engine's deliveries) is not called per watermark for nothing.
         self._wm_outputs = {src: [out.watermark for out in outs if not getattr(out, "timeless", False)]
                             for src, outs in self.outputs.items()}
+        # the operators whose watermark anything downstream waits for (else it stops there)
+        self._wm_down = {op_id for op_id in self.nodes if self._wm_targets.get(op_id) or self._wm_outputs.get(op_id)}
         self.routes = {}
         self.routers = {}
         self.consumer_routes: dict[tuple[str, str, str], list[Callable]] = {}
@@ -501,7 +506,8 @@ class Chain:
                         self._call(node, self._partials(node), new)
                     elif node.has_watermark:
                         self._call(node, node.op.on_watermark, new)
-                    self.watermark_from(node.op_id, new)
+                    if node.op_id in self._wm_down:
+                        self.watermark_from(node.op_id, new)
         for call in self._wm_outputs.get(op_id, ()):
             call(wm)
 
@@ -569,8 +575,10 @@ class Chain:
             if node.partial:
                 self._call(node, self._partials(node), None)
 
-    def _call(self, node: Node, method: Callable, *args: Any) -> None:
-        """Run a watermark/flush callback and route what it emits like a batch result.
+    def _call(self, node: Node, method: Callable, arg: Any = _NO_ARG) -> None:
+        """Run a watermark/flush callback (``method(arg, emit)``, or ``method(emit)`` without
+        ``arg``) and route what it emits like a batch result. One optional argument, not
+        ``*args``: a call through ``*args`` cost 0.6 us more, once per operator per watermark.
 
         An error here belongs to no tuple, and the results it would have
         emitted are lost, so it is not dead-lettered: it propagates and fails
@@ -580,7 +588,10 @@ class Chain:
         clock = self.clock
         t0 = clock()
         try:
-            method(*args, emit)
+            if arg is _NO_ARG:
+                method(emit)
+            else:
+                method(arg, emit)
         except Exception as exc:
             raise CallbackError(f"{node.op_id}.{method.__name__} raised {type(exc).__name__}: {exc}") from exc
         node.stats.busy_s += clock() - t0
