@@ -91,9 +91,8 @@ class OverLanes(Operator):
 
     # -- data ------------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
-        lanes = list(self.lanes.values())
-        if lanes:                                 # the lanes' hold: one key function, one watermark
-            lane = lanes[0]
+        lane = next(iter(self.lanes.values()), None)     # (no list of the lanes per batch)
+        if lane is not None:                      # the lanes' hold: one key function, one watermark
             lane._wm, lane._pending = self._wm, self._pending
             lane._hold(batch, emit)
 
