@@ -169,6 +169,7 @@ class _Family:
         self.min_within = min((w for w in withins if w is not None), default=float("inf"))
         self.max_within = None if None in withins or not withins else max(withins)
         self.latest_born = max((b for _, b, _ in self.queries.values()), default=0)
+        self._expire_due = MIN_WATERMARK
 
     def alive(self, age: int) -> frozenset:
         got = self._alive.get(age)
@@ -265,9 +266,14 @@ class _Family:
                     entries.append([{n: got}, m, start, got if accepting else EMPTY])
 
     def expire(self, watermark: int) -> None:
-        """Drop runs no query's ``within`` reaches any more (their next event is too far)."""
-        if self.max_within is None:
+        """Drop runs no query's ``within`` reaches any more (their next event is too far).
+
+        Memory only, so in sweeps half a ``within`` apart, not per watermark: a step drops
+        the runs of its key that no query's ``within`` reaches (``alive``) anyway; a sweep
+        frees those of keys no event came to."""
+        if self.max_within is None or watermark < self._expire_due:
             return
+        self._expire_due = watermark + max(1, self.max_within // 2)
         horizon = watermark - self.max_within
         for k in list(self.runs):
             runs = [r for r in self.runs[k] if r[2] > horizon]
@@ -346,7 +352,10 @@ class SharedPatterns(Operator):
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
         pending = self._pending
-        ready = [p for p in pending if p[0] <= watermark]
+        if not pending or len(pending) == 1 and pending[0][0] <= watermark:   # (one at a time: no scan)
+            ready = pending
+        else:
+            ready = [p for p in pending if p[0] <= watermark]
         if len(ready) == 1:                         # one event released (pushed one at a time)
             self._pending = [] if len(pending) == 1 else [p for p in pending if p[0] > watermark]
             ts, seq, e = ready[0]
