@@ -179,7 +179,7 @@ class SharedCorrelations(Operator):
                 evs, tss, seqs, ordered = found
                 if ordered and pred is None and tss[-1] <= ts:
                     i = bisect_left(tss, ts - within)
-                    if born > seqs[0]:                  # a query newer than some of these events
+                    if born and born > seqs[0]:         # a query newer than some of these events
                         i = max(i, bisect_left(seqs, born))
                     rows = []
                     add = rows.append
