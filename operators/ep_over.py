@@ -25,7 +25,7 @@ from typing import Any, Callable
 from pescheduler.operator import MAX_WATERMARK, MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.timeutil import parse_duration
 
-from .over_window import OverWindow
+from .over_window import OverWindow, released
 
 
 _COUNT = ("count(None)",)      # the plan layout of a lane whose queries only count rows
@@ -98,14 +98,7 @@ class OverLanes(Operator):
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
-        pending = self._pending
-        if len(pending) == 1 and pending[0][0] <= watermark:   # events pushed one at a time
-            ready, self._pending = pending, []
-        else:
-            ready = [p for p in pending if p[0] <= watermark]
-            if ready:
-                self._pending = [p for p in pending if p[0] > watermark]
-                ready.sort(key=itemgetter(0))
+        ready, self._pending = released(self._pending, watermark)
         if ready:
             if self._plan is None:
                 self._plan = self._compile_lanes()

@@ -42,6 +42,7 @@ from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, Parallelism, 
 from pescheduler.timeutil import parse_duration
 
 from .ep_filter import _indexable
+from .over_window import released
 from .pattern import Pattern
 
 EMPTY: frozenset = frozenset()
@@ -351,13 +352,8 @@ class SharedPatterns(Operator):
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
-        pending = self._pending
-        if not pending or len(pending) == 1 and pending[0][0] <= watermark:   # (one at a time: no scan)
-            ready = pending
-        else:
-            ready = [p for p in pending if p[0] <= watermark]
+        ready, self._pending = released(self._pending, watermark)   # by ts, arrival order within
         if len(ready) == 1:                         # one event released (pushed one at a time)
-            self._pending = [] if len(pending) == 1 else [p for p in pending if p[0] > watermark]
             ts, seq, e = ready[0]
             k = self._key(e) if self._key is not None else None
             out: list = []
@@ -366,8 +362,6 @@ class SharedPatterns(Operator):
             if out:
                 emit.many(out)
         elif ready:
-            self._pending = [p for p in pending if p[0] > watermark]
-            ready.sort(key=itemgetter(0))          # stable: arrival order within a timestamp
             key, families, ids, out = self._key, self._families, self._ids, []
             for ts, step in groupby(ready, itemgetter(0)):
                 groups: dict[Any, tuple[list, list]] = {}
