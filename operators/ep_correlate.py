@@ -150,7 +150,6 @@ class SharedCorrelations(Operator):
         # the probes: (query id, what its key is on the other side minus this side's, within, predicate, born)
         queries = self._probes[input_index]
         ts_f, wm, oldest = self.ts_field, self._wm, self._oldest
-        out, find = emit.append, other.get
         side = "right" if left else "left"          # the partner's field in a row
         for e in batch:
             ts = e[ts_f]
@@ -172,24 +171,23 @@ class SharedCorrelations(Operator):
             # than a dict display). Loops, not comprehensions: a few rows per probe.
             row = {"left": e, "right": None, "ts": ts} if left else {"left": None, "right": e, "ts": ts}
             for query_id, d, within, pred, born in queries:
-                found = find(k + d)
+                found = other.get(k + d)
                 if found is None:
                     continue
                 evs, tss, seqs, ordered = found
                 if ordered and pred is None and tss[-1] <= ts:
                     i = bisect_left(tss, ts - within)
-                    if born > seqs[0]:                  # a query newer than some of these events
+                    if born and born > seqs[0]:         # a query newer than some of these events
                         i = max(i, bisect_left(seqs, born))
                     rows = []
-                    add = rows.append
-                    for o in evs[i:]:
+                    for o in evs[i:]:       # (method calls: a bound method called is slower on 3.11)
                         r = row.copy()
                         r[side] = o
-                        add(r)
+                        rows.append(r)
                 else:
                     rows = self._pairs(e, ts, left, ts - within, ts + within, pred, born, found)
                 if rows:
-                    out((query_id, rows))
+                    emit.append((query_id, rows))
             bucket = own.get(k)
             if bucket is None:
                 own[k] = [[e], [ts], [seq], True]

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from pescheduler.operator import MAX_WATERMARK, MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.timeutil import parse_duration
 
-from .over_window import OverWindow
+from .over_window import OverWindow, released
 
 
 _COUNT = ("count(None)",)      # the plan layout of a lane whose queries only count rows
@@ -91,29 +91,21 @@ class OverLanes(Operator):
 
     # -- data ------------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
-        lanes = list(self.lanes.values())
-        if lanes:                                 # the lanes' hold: one key function, one watermark
-            lane = lanes[0]
+        lane = next(iter(self.lanes.values()), None)     # (no list of the lanes per batch)
+        if lane is not None:                      # the lanes' hold: one key function, one watermark
             lane._wm, lane._pending = self._wm, self._pending
             lane._hold(batch, emit)
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
-        pending = self._pending
-        if len(pending) == 1 and pending[0][0] <= watermark:   # events pushed one at a time
-            ready, self._pending = pending, []
-        else:
-            ready = [p for p in pending if p[0] <= watermark]
-            if ready:
-                self._pending = [p for p in pending if p[0] > watermark]
-                ready.sort(key=itemgetter(0))
+        ready, self._pending = released(self._pending, watermark)
         if ready:
             if self._plan is None:
                 self._plan = self._compile_lanes()
             counting, others = self._plan
             if len(ready) == 1 and counting is not None and not others:    # one event, COUNT(*) lanes only (JEPC)
                 ts, k, t = ready[0]
-                counting(ts, {k: [t]}, emit.extend)
+                counting(ts, {k: [t]}, emit)
             else:
                 self._release(ready, counting, others, emit)
         if watermark >= self._sweep_due:           # not a loop over the lanes per watermark
@@ -134,7 +126,7 @@ class OverLanes(Operator):
             for _, k, t in step:
                 peers.setdefault(k, []).append(t)
             if counting is not None:
-                counting(ts, peers, emit.extend)
+                counting(ts, peers, emit)
             for lane, tagged in zip(others, tags):
                 if tagged is None:                  # min/max: the lane refolds (over_window)
                     for k, events in peers.items():
@@ -144,7 +136,7 @@ class OverLanes(Operator):
                     self._slide(lane, tagged, k, ts, events, emit)
 
     def _compile_lanes(self) -> tuple[Callable | None, list[OverWindow]]:
-        """``(counting, others)``: one generated ``counting(ts, peers, many)`` for every lane whose
+        """``(counting, others)``: one generated ``counting(ts, peers, emit)`` for every lane whose
         queries only ask ``COUNT(*)`` (the JEPC aggregation; None when there is none), and the
         other lanes, which fold. Made again when queries come or go, or state is restored."""
         counting = [lane for lane in self.lanes.values() if lane._compiled == _COUNT]
@@ -199,9 +191,9 @@ class OverLanes(Operator):
 
 
 def _count_lanes(lanes: list[OverWindow]) -> Callable:
-    """Generate ``counting(ts, peers, many)``: every ``COUNT(*)`` lane of ``lanes`` slid to ``ts``,
+    """Generate ``counting(ts, peers, emit)``: every ``COUNT(*)`` lane of ``lanes`` slid to ``ts``,
     ``peers`` ({key: events at ts}) appended, and the rows of each of its queries written
-    (``many``: the emitter's ``extend``).
+    (``emit.extend``: on Python 3.11 a method call, faster than calling a bound ``extend``).
 
     A lane's count is its window's length, so it keeps no fold: each key's state is
     ``[deque of (ts, event), [count]]``, the state ``OverWindow`` keeps for that plan (so a
@@ -220,7 +212,7 @@ def _count_lanes(lanes: list[OverWindow]) -> Callable:
         namespace[name] = value
         return name
 
-    lines = ["def counting(ts, peers, many):", "    we = ts + 1",
+    lines = ["def counting(ts, peers, emit):", "    we = ts + 1",
              "    for k, events in peers.items():",
              "        items = [(ts, events[0])] if len(events) == 1 else [(ts, t) for t in events]"]
     rows = []
@@ -245,5 +237,5 @@ def _count_lanes(lanes: list[OverWindow]) -> Callable:
             row = ", ".join(head + [f"{literal(name)}: n{i}" for name in query.names])
             rows.append(f"({literal(qid)}, {{{row}}})")
     # every query's row in one list display (no call per row); one row per event (peers)
-    lines += ["        for _ in events:", "            many([" + ",\n                  ".join(rows) + "])"]
+    lines += ["        for _ in events:", "            emit.extend([" + ",\n                  ".join(rows) + "])"]
     return _generate(lines, "counting", namespace, f"ep_over counting {len(lanes)} lanes")

@@ -42,6 +42,7 @@ from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, Parallelism, 
 from pescheduler.timeutil import parse_duration
 
 from .ep_filter import _indexable
+from .over_window import released
 from .pattern import Pattern
 
 EMPTY: frozenset = frozenset()
@@ -169,6 +170,7 @@ class _Family:
         self.min_within = min((w for w in withins if w is not None), default=float("inf"))
         self.max_within = None if None in withins or not withins else max(withins)
         self.latest_born = max((b for _, b, _ in self.queries.values()), default=0)
+        self._expire_due = MIN_WATERMARK
 
     def alive(self, age: int) -> frozenset:
         got = self._alive.get(age)
@@ -265,9 +267,14 @@ class _Family:
                     entries.append([{n: got}, m, start, got if accepting else EMPTY])
 
     def expire(self, watermark: int) -> None:
-        """Drop runs no query's ``within`` reaches any more (their next event is too far)."""
-        if self.max_within is None:
+        """Drop runs no query's ``within`` reaches any more (their next event is too far).
+
+        Memory only, so in sweeps half a ``within`` apart, not per watermark: a step drops
+        the runs of its key that no query's ``within`` reaches (``alive``) anyway; a sweep
+        frees those of keys no event came to."""
+        if self.max_within is None or watermark < self._expire_due:
             return
+        self._expire_due = watermark + max(1, self.max_within // 2)
         horizon = watermark - self.max_within
         for k in list(self.runs):
             runs = [r for r in self.runs[k] if r[2] > horizon]
@@ -345,10 +352,8 @@ class SharedPatterns(Operator):
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
-        pending = self._pending
-        ready = [p for p in pending if p[0] <= watermark]
+        ready, self._pending = released(self._pending, watermark)   # by ts, arrival order within
         if len(ready) == 1:                         # one event released (pushed one at a time)
-            self._pending = [] if len(pending) == 1 else [p for p in pending if p[0] > watermark]
             ts, seq, e = ready[0]
             k = self._key(e) if self._key is not None else None
             out: list = []
@@ -357,8 +362,6 @@ class SharedPatterns(Operator):
             if out:
                 emit.many(out)
         elif ready:
-            self._pending = [p for p in pending if p[0] > watermark]
-            ready.sort(key=itemgetter(0))          # stable: arrival order within a timestamp
             key, families, ids, out = self._key, self._families, self._ids, []
             for ts, step in groupby(ready, itemgetter(0)):
                 groups: dict[Any, tuple[list, list]] = {}

@@ -376,8 +376,12 @@ class EventProcessor:
         A payload that does not fit the schema raises :class:`SchemaError`
         and changes nothing.
         """
-        schema = self._schema(stream)
-        self._open()
+        try:                                # the hot path: no helper call per event
+            schema = self._streams[stream].schema
+        except KeyError:
+            schema = self._schema(stream)   # raises, naming the registered streams
+        if self._closed:
+            self._open()                    # raises
         self._push(stream, [schema.event(payload, ts)])
 
     def push_events(self, stream: str, events: Iterable[tuple[Mapping[str, Any], int]]) -> None:

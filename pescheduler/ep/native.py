@@ -375,7 +375,11 @@ class NativeProcessor(EventProcessor):
 class _Delivery:
     """An ``ep_output`` as one of the chain's outputs (``Chain(outputs=...)``): each result
     batch goes to its ``process`` as it leaves the operator; what a processor rejects joins
-    the chain's dead letters under the sink's id, as when it ran in the chain."""
+    the chain's dead letters under the sink's id, as when it ran in the chain. ``timeless``:
+    results carry their own times, so the chain does not call :meth:`watermark` (once per
+    operator per pushed event, for nothing)."""
+
+    timeless = True
 
     def __init__(self, op_id: str, op: Operator, proc: NativeProcessor) -> None:
         self.op_id, self.op, self.proc = op_id, op, proc

@@ -183,3 +183,49 @@ def test_the_gc_is_paused_for_a_batch_and_left_as_the_caller_had_it():
         assert not gc.isenabled()             # a caller that paused it keeps it paused
     finally:
         gc.enable()
+
+
+class Timeless(CollectingOutput):
+    """An output whose results carry their own times (the in-process ep engine's deliveries)."""
+
+    timeless = True
+
+
+def test_a_timeless_output_gets_batches_and_the_end_but_no_watermark_call():
+    marks, kept, timeless = Marks(), RunResult(), RunResult()
+    chain = Chain({"s": Numbers(), "m": marks}, [("s", "out", "m")],
+                  {("m", "out"): [CollectingOutput(kept), Timeless(timeless)]})
+    chain.emit_from("s", batch(0, 3))
+    chain.watermark_from("s", 7)
+    chain.end_from("s")
+    assert marks.seen == [7, MAX_WATERMARK]
+    assert kept.watermarks == [7] and timeless.watermarks == []     # the end goes by end()
+    assert [t["n"] for t in timeless.output] == [0, 1, 2] and timeless.ended and kept.ended
+
+
+def test_an_output_added_by_rewire_gets_the_next_batches_and_watermarks():
+    # each node keeps its out port's routes (Chain._build_routes): a rewire must renew them
+    marks, first, added = Marks(), RunResult(), RunResult()
+    chain = Chain({"s": Numbers(), "m": marks}, [("s", "out", "m")], {("m", "out"): [CollectingOutput(first)]})
+    chain.emit_from("s", batch(0, 2))
+    out = CollectingOutput(added)
+    chain.rewire(added=[("m", "out", out)])
+    chain.emit_from("s", batch(4, 6))                  # (Marks sends n == 3 to its late port)
+    chain.watermark_from("s", 9)
+    assert [t["n"] for t in first.output] == [0, 1, 4, 5] and [t["n"] for t in added.output] == [4, 5]
+    assert added.watermarks == [9]
+    chain.rewire(removed=[out])
+    chain.emit_from("s", batch(6, 7))
+    assert [t["n"] for t in added.output] == [4, 5] and [t["n"] for t in first.output][-1] == 6
+
+
+def test_an_emitters_side_outputs_and_dead_letters_are_its_own():
+    # Emitter keeps them as class-level None until first used (no __init__ per batch)
+    from pescheduler import Emitter
+
+    one = Emitter()
+    one.to("late", 1)
+    one.dead_letter(2, ValueError("bad"))
+    other = Emitter()
+    assert one.sides == {"late": [1]} and [d.item for d in one.dead] == [2]
+    assert other.sides is None and other.dead is None and other.batches is None and other == []

@@ -272,3 +272,19 @@ def test_a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting():
                    for row in rows[q])
     assert [row["window_end"] - 1 for row in rows["sum4"]] == list(range(30, 60))
     assert all(row["s"] == sum(e["a"] for e in window(row, 4)) for row in rows["sum4"])
+
+
+def test_released_gives_what_the_watermark_passed_by_time_arrival_order_within():
+    from pescheduler.operators.over_window import released
+
+    one, two, three = (5, "a"), (6, "b"), (5, "c")
+    assert released([], 9) == ([], [])
+    assert released([one], 5) == ([one], []) and released([one], 4) == ([], [one])
+    assert released([one, two], 5) == ([one], [two])          # pushed one at a time: the usual hold
+    assert released([two, one], 5) == ([one], [two])          # out of order: the scan
+    assert released([two, one], 6) == ([one, two], [])        # sorted by time
+    assert released([two, one, three], 5) == ([one, three], [two])   # arrival order within a time
+    assert released([two, one, three], 6) == ([one, three, two], [])
+    held = [two]
+    ready, rest = released(held, 5)
+    assert ready == [] and rest is held                       # nothing passed: the hold is kept
