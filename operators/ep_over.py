@@ -25,7 +25,8 @@ from typing import Any, Callable
 from pescheduler.operator import MAX_WATERMARK, MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.timeutil import parse_duration
 
-from .over_window import OverWindow, released
+from .over_window import OverWindow
+from .window import released
 
 
 _COUNT = ("count(None)",)      # the plan layout of a lane whose queries only count rows

@@ -42,7 +42,7 @@ from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, Parallelism, 
 from pescheduler.timeutil import parse_duration
 
 from .ep_filter import _indexable
-from .over_window import released
+from .window import released
 from .pattern import Pattern
 
 EMPTY: frozenset = frozenset()

@@ -125,17 +125,15 @@ class View:
         other processes: a copy beside it would only take theirs, and go again when their load
         does (bench/elastic.py at load 7.6: seven flip-flops in one phase)."""
         limit = get("policies.saturated-cpu")
-        hosts = {self.placement.pes[self.pe_of[i]].host for i in self.instances[op] if i in self.pe_of}
-        return any((h := self.snapshot.hosts.get(host)) is not None and h.machine_cpu > limit for host in hosts)
+        return any((h := self.snapshot.hosts.get(host)) is not None and h.machine_cpu > limit for host in self.hosts(op))
 
     def headroom(self, op: str) -> float:
         """Cores the hosts running ``op`` have left (their workers' cores times the share of its
         cores the deployment does not use): what instances of ``op`` could get on top of what
         they use now, however many of them there are on those hosts; infinite when a host's
         figures are missing (nothing known against it)."""
-        hosts = {self.placement.pes[self.pe_of[i]].host for i in self.instances[op] if i in self.pe_of}
         left = 0.0
-        for host in hosts:
+        for host in self.hosts(op):
             h = self.snapshot.hosts.get(host)
             if h is None:
                 return math.inf
@@ -165,6 +163,10 @@ class View:
     def workers(self, op: str) -> set[str]:
         """The workers running ``op`` or one of its copies."""
         return {self.placement.pes[self.pe_of[i]].worker for i in self.instances[op] if i in self.pe_of}
+
+    def hosts(self, op: str) -> set[str]:
+        """The hosts running ``op`` or one of its copies."""
+        return {self.placement.pes[self.pe_of[i]].host for i in self.instances[op] if i in self.pe_of}
 
     def backlogged(self, op: str, blocked: float = 0.1) -> bool:
         """``op`` has more input than it takes: a full input window on an instance, or a sender

@@ -7,7 +7,7 @@ channel). The same class runs inside a worker's PE and in
 ``pescheduler.testing``, so a unit test exercises the exact code path of a
 deployment.
 
-Hot path: :meth:`Chain._push` runs once per batch per operator; everything
+Hot path: :meth:`Chain._run` runs once per batch per operator; everything
 per tuple happens inside the operators' own loops. A linear run of fusable
 stateless operators (map, filter, key_by: ``fusable = True`` and ``steps``)
 runs as ONE generated loop per batch (:class:`FusedRun`), as Flink's operator
@@ -365,12 +365,12 @@ class Chain:
         head = run.nodes[0]
         if not isinstance(batch, list):
             if run.columnar:
-                self._push(head, batch)
+                self._run(head, None, batch)
                 return
             batch = rows(batch)
         if run.sample_due():
             before = [node.stats.busy_s for node in run.nodes]
-            self._push(head, batch)
+            self._run(head, None, batch)
             run.learn([node.stats.busy_s - b for node, b in zip(run.nodes, before)])
             return
         clock = self.clock
@@ -378,7 +378,7 @@ class Chain:
         try:
             out, drops = run.fn(batch)
         except Exception:
-            self._push(head, batch)
+            self._run(head, None, batch)
             return
         spent = clock() - t0
         dropped = [0] * len(run.nodes)
@@ -395,9 +395,6 @@ class Chain:
         if out:
             for target in run.nodes[-1].targets:
                 target(out)
-
-    def _push(self, node: Node, batch: Any, process: Callable | None = None) -> None:
-        self._run(node, process, batch)
 
     def _run(self, node: Node, process: Callable | None, batch: Any) -> None:
         # Hot path: one call per batch per operator (the routes' partials call it). ``process``
@@ -501,13 +498,7 @@ class Chain:
                 in_wm[op_id] = wm
                 new = wm if len(in_wm) == 1 else min(in_wm.values())
                 if new > node.wm:
-                    node.wm = new
-                    if node.partial:
-                        self._call(node, self._partials(node), new)
-                    elif node.has_watermark:
-                        self._call(node, node.op.on_watermark, new)
-                    if node.op_id in self._wm_down:
-                        self.watermark_from(node.op_id, new)
+                    self._moved(node, new)
         for call in self._wm_outputs.get(op_id, ()):
             call(wm)
 
@@ -522,14 +513,20 @@ class Chain:
         if not node.in_wm:
             return
         new = min(node.in_wm.values())
-        if new <= node.wm:
-            return
+        if new > node.wm:
+            self._moved(node, new)
+
+    def _moved(self, node: Node, new: int) -> None:
+        """``node``'s watermark moved to ``new``: its callback, then downstream where something
+        waits for it (``_wm_down``), or where a reconfiguration holds it back (``freeze``: an
+        output rewired in meanwhile gets it at ``thaw``)."""
         node.wm = new
         if node.partial:
             self._call(node, self._partials(node), new)
         elif node.has_watermark:
             self._call(node, node.op.on_watermark, new)
-        self.watermark_from(node.op_id, new)
+        if node.op_id in self._wm_down or self.frozen:
+            self.watermark_from(node.op_id, new)
 
     def end_from(self, op_id: str) -> None:
         """``op_id`` will produce nothing more: close event time and flush downstream."""

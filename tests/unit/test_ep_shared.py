@@ -275,7 +275,7 @@ def test_a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting():
 
 
 def test_released_gives_what_the_watermark_passed_by_time_arrival_order_within():
-    from pescheduler.operators.over_window import released
+    from pescheduler.operators.window import released
 
     one, two, three = (5, "a"), (6, "b"), (5, "c")
     assert released([], 9) == ([], [])
