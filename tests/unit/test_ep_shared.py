@@ -168,7 +168,7 @@ def test_shared_correlations_resume_from_a_snapshot_as_if_never_stopped():
     resumed.add_query("q2", later_q)
     resumed.restore(state)
     assert feed(resumed, events[150:]) == rest
-    assert {q for q, rows in rest} == {"q1", "q2"}
+    assert {item[0] for item in rest} == {"q1", "q2"}
 
 
 def test_a_processor_that_raises_on_one_pair_loses_only_that_pair():
