@@ -179,7 +179,8 @@ class SharedCorrelations(Operator):
                     continue
                 evs, tss, seqs, ordered = found
                 if ordered and pred is None and tss[-1] <= ts:
-                    i = bisect_left(tss, ts - within)
+                    lo = ts - within                    # (no bisection when all are in the window)
+                    i = 0 if tss[0] >= lo else bisect_left(tss, lo)
                     if born and born > seqs[0]:         # a query newer than some of these events
                         i = max(i, bisect_left(seqs, born))
                     if i < len(evs):
