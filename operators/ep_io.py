@@ -40,10 +40,15 @@ class OutputProcessors(Sink):
 
     ``processors``: ``{query_id: [fn, ...]}``. With ``tagged`` the input is
     ``(query_id, row)`` pairs (a window shared by several queries); with
-    ``grouped`` too, ``(query_id, [row, ...])``: the rows one event gave one
-    query (``ep_correlate``: a pair per event found), called in that order; without,
-    every row belongs to the one query in ``processors``. The dict may be the
-    caller's live one, so processors added later are called from then on.
+    ``grouped`` too, ``(query_id, rows, template, field)``: the rows one event
+    gave one query (``ep_correlate``: a pair per event found), called in that
+    order. ``rows`` is the list of rows when ``template`` is None; else it
+    holds the partners, and each row is a copy of ``template`` with ``field``
+    set to one of them, written here just before it is handed over (one loop
+    over the pairs, not one that builds rows and one that hands them over).
+    Without ``tagged``, every row belongs to the one query in ``processors``.
+    The dict may be the caller's live one, so processors added later are
+    called from then on.
     """
 
     name = "ep_output"
@@ -69,19 +74,25 @@ class OutputProcessors(Sink):
             return
         processors = self.processors            # (processors.get(...), not a bound get: faster on 3.11)
         if self.grouped:
-            for query_id, rows in batch:
+            for query_id, rows, template, field in batch:
                 fns = processors.get(query_id)
                 if not fns:
                     continue
                 if len(fns) > 1:
-                    for row in rows:
+                    for row in (rows if template is None else _completed(template, field, rows)):
                         self._each(query_id, row, fns, emit)
                     continue
                 fn, left = fns[0], iter(rows)
                 while True:                         # one try per group; after a failure, go on
                     try:
-                        for row in left:
-                            fn(row)
+                        if template is None:
+                            for row in left:
+                                fn(row)
+                        else:
+                            for partner in left:
+                                row = template.copy()
+                                row[field] = partner
+                                fn(row)
                         break
                     except Exception as exc:
                         emit.dead_letter({"query": query_id, "row": row}, exc)
@@ -106,6 +117,16 @@ class OutputProcessors(Sink):
                 fn(row)
             except Exception as exc:
                 emit.dead_letter({"query": query_id, "row": row}, exc)
+
+
+def _completed(template: dict, field: str, partners: list) -> list:
+    """The rows of a grouped item: ``template`` with ``field`` set to each partner."""
+    rows = []
+    for partner in partners:
+        row = template.copy()
+        row[field] = partner
+        rows.append(row)
+    return rows
 
 
 class PushedSource(Source):

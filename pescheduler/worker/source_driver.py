@@ -89,8 +89,12 @@ class SourceDriver:
             self.count += len(batch)
             field = self.source.ts_field
             if field is not None and not self.own_watermark:
-                top = (max(map(itemgetter(field), batch)) if isinstance(batch, list)
-                       else _column_max(batch, field))
+                if not isinstance(batch, list):
+                    top = _column_max(batch, field)
+                elif len(batch) == 1:                   # one event pushed (ep.push_event)
+                    top = batch[0][field]
+                else:
+                    top = max(map(itemgetter(field), batch))
                 if top > self.max_ts:
                     self.max_ts = top
         return batch

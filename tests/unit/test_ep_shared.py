@@ -168,7 +168,7 @@ def test_shared_correlations_resume_from_a_snapshot_as_if_never_stopped():
     resumed.add_query("q2", later_q)
     resumed.restore(state)
     assert feed(resumed, events[150:]) == rest
-    assert {q for q, rows in rest} == {"q1", "q2"}
+    assert {item[0] for item in rest} == {"q1", "q2"}
 
 
 def test_a_processor_that_raises_on_one_pair_loses_only_that_pair():
@@ -192,6 +192,31 @@ def test_a_processor_that_raises_on_one_pair_loses_only_that_pair():
     assert seen == [0, 2]
     (dead,) = proc.dead_letters()
     assert "not this one" in dead.error and dead.item["query"] == "q" and dead.item["row"]["right"]["ts"] == 1
+
+
+def test_a_correlation_hands_its_output_the_partners_found_and_the_output_writes_the_rows():
+    """``ep_correlate`` emits, per query and arriving event, the partners in the window and the
+    event's row template; ``ep_output`` writes each row (the template with the partner set) as it
+    hands it over. Two processors of a query each get every row, in arrival order."""
+    proc = ep.EventProcessor()
+    for name in ("s", "t"):
+        proc.register_stream(name, SCHEMA)
+    proc.create_query("q", ep.Stream("s", window=ep.Tumbling(10)).correlate("t", ep.left("a") == ep.right("b")))
+    first, second = [], []
+    proc.add_output_processor("q", first.append)
+    proc.add_output_processor("q", second.append)
+    op = next(n.op for n in proc._nodes.values() if n.name == "ep_correlate")
+    t_events = [{"id": "k", "a": 0, "b": 5, "ts": ts} for ts in range(3)]
+    proc.push_events("t", [({k: v for k, v in e.items() if k != "ts"}, e["ts"]) for e in t_events])
+    proc.push_event("s", {"id": "k", "a": 5, "b": 0}, 4)
+    assert first == second == [{"left": {"id": "k", "a": 5, "b": 0, "ts": 4}, "right": e, "ts": 4}
+                               for e in t_events]
+    emit = Emitter()
+    op.process_input(0, [{"id": "k", "a": 5, "b": 1, "ts": 5}], emit)     # the item itself
+    ((query_id, partners, template, field),) = emit
+    assert (query_id, partners, field) == ("q", t_events, "right")
+    assert template == {"left": {"id": "k", "a": 5, "b": 1, "ts": 5}, "right": None, "ts": 5}
+    proc.close()
 
 
 def test_a_correlation_that_keys_no_hash_join_stays_a_join_of_its_own():
