@@ -387,6 +387,9 @@ def _published(args: argparse.Namespace, err: Console, security=None) -> tuple[s
     address = _scheduler_address(args.cluster, args.name, err)
     if isinstance(address, int):
         return address
+    if address.startswith("tls://") and security is None and not _tls_configured():
+        # said at once: without a certificate every connect attempt fails until connect-timeout
+        return _fail(err, f"the scheduler at {address} speaks TLS: give --tls-ca-file, --tls-cert and --tls-key", 1)
     try:
         with _client(address, security) as client:
             statuses = _deployments(client)
@@ -398,6 +401,13 @@ def _published(args: argparse.Namespace, err: Console, security=None) -> tuple[s
         return _fail(err, f"no pescheduler deployment{' ' + args.name if args.name else ''} "
                           f"has published status on {address}", 1)
     return address, statuses
+
+
+def _tls_configured() -> bool:
+    """Dask's own config (``distributed.comm.tls.*``) gives clients a TLS context."""
+    from distributed import Security
+
+    return Security().get_connection_args("client").get("ssl_context") is not None
 
 
 def _deployments(client) -> list[dict]:
