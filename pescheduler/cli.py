@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import json
+import logging
 import signal
 import sys
 import threading
@@ -386,6 +387,9 @@ def _published(args: argparse.Namespace, err: Console, security=None) -> tuple[s
     address = _scheduler_address(args.cluster, args.name, err)
     if isinstance(address, int):
         return address
+    if address.startswith("tls://") and security is None and not _tls_configured():
+        # said at once: without a certificate every connect attempt fails until connect-timeout
+        return _fail(err, f"the scheduler at {address} speaks TLS: give --tls-ca-file, --tls-cert and --tls-key", 1)
     try:
         with _client(address, security) as client:
             statuses = _deployments(client)
@@ -397,6 +401,13 @@ def _published(args: argparse.Namespace, err: Console, security=None) -> tuple[s
         return _fail(err, f"no pescheduler deployment{' ' + args.name if args.name else ''} "
                           f"has published status on {address}", 1)
     return address, statuses
+
+
+def _tls_configured() -> bool:
+    """Dask's own config (``distributed.comm.tls.*``) gives clients a TLS context."""
+    from distributed import Security
+
+    return Security().get_connection_args("client").get("ssl_context") is not None
 
 
 def _deployments(client) -> list[dict]:
@@ -418,6 +429,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
         names = ", ".join(f"{s['app']} ({s['id']})" for s in running)
         return _fail(err, f"{len(running)} deployments run on {address}: {names}; "
                           f"name one: `python -m pescheduler stop NAME --cluster {address}`", 2)
+    client_log = logging.getLogger("distributed.client")
+    level = client_log.level
     try:
         with _client(address, security) as client:
             status = (running or statuses)[0]
@@ -428,8 +441,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
             client.set_metadata(["pescheduler", "commands", status["id"]], "stop")
             out.print(f"stop requested: {status['app']} drains its sources, flushes its sinks and stops…")
             status = _await_stop(client, status["id"], args.timeout)
+            if status is None:          # closing cancels the client's reconnect: expected, not an error
+                client_log.setLevel(logging.CRITICAL)
     except OSError:
         status = None           # the embedded cluster closed with the deployment: it stopped
+    finally:
+        client_log.setLevel(level)
     if status is not None and status["state"] in RUNNING:
         return _fail(err, f"{status['app']} did not stop within {args.timeout:.0f} s; "
                           f"try again or raise --timeout", 1)
@@ -437,10 +454,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def _await_stop(client, deployment: str, timeout: float) -> dict:
-    """Poll the published status (the scheduler offers no way to wait on metadata)."""
+def _await_stop(client, deployment: str, timeout: float) -> dict | None:
+    """Poll the published status (the scheduler offers no way to wait on metadata); None once
+    the client lost the scheduler: an embedded cluster closes with its deployment, and a call
+    now would wait out the client's reconnect (``cluster.connect-timeout``) to learn that."""
     deadline = time.monotonic() + timeout
     while True:
+        if client.status != "running":
+            return None
         status = client.get_metadata(["pescheduler", "deployments", deployment],
                                      default=None) or {"state": "stopped"}
         if status["state"] not in RUNNING or time.monotonic() >= deadline:

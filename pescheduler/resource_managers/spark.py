@@ -155,11 +155,11 @@ class SparkResourceManager:
             # Cancelled (the app ended first) or failed. A thread cannot be cancelled: if it still
             # runs, it is told to give up and stops what it started itself (see _start_spark), so
             # the deployment's stop does not wait for a JVM start; otherwise close stops it here.
-            with self._start_lock:
+            with self._start_lock:          # the thread makes self.cluster under this lock too
                 self._aborted = True
                 running = not self._start_done
-            if running and self.cluster is not None:
-                self.cluster.abort()
+                if running and self.cluster is not None:
+                    self.cluster.abort()
             if not running:
                 await self.close()
             raise
@@ -217,8 +217,13 @@ class SparkResourceManager:
         check_java()
         master = self.settings["master"]
         if not master:
-            # Held before it starts, so a close from the event loop can abort and stop it.
-            self.cluster = StandaloneCluster(int(self.settings["workers"]), str(self.settings["worker-memory"]))
+            # Held before it starts, so a close from the event loop can abort and stop it; made
+            # under the lock, so an abort that came first (during check_java) is not missed: the
+            # cluster would start in full, then be stopped (the deploying process waited ~10 s).
+            with self._start_lock:
+                if self._aborted:
+                    raise ResourceManagerUnavailable("spark: start aborted before the cluster was started")
+                self.cluster = StandaloneCluster(int(self.settings["workers"]), str(self.settings["worker-memory"]))
             self.cluster.start()
             master = self.cluster.master_url
             self.max_executors = min(self.max_executors, self.cluster.n_workers)   # one core each

@@ -55,8 +55,11 @@ def test_status_and_stop_reach_a_running_deployment(tmp_path):
         jsonschema.validate(shown, STATUS_SCHEMA)       # docs/status.md is what a script gets
         assert shown["app"] == "live-cli"
         assert [pe["operators"] for pe in shown["pes"]] == [["generator-1"], ["key_by-2", "window-3", "jsonl-4"]]
-        stop = cli("stop", env=env)
+        # The embedded cluster closes with the deployment: stop says so once its client lost the
+        # scheduler, not after waiting out the client's reconnect (connect-timeout, made long here).
+        stop = cli("stop", env={**env, "PESCHEDULER__CLUSTER__CONNECT_TIMEOUT": "300s"}, timeout=60)
         assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert "stopped" in stop.stdout and "ERROR" not in stop.stderr, stop.stdout + stop.stderr
         # communicate, not wait: --json prints a status line per monitor interval into the pipe, and
         # on a loaded machine (slow to reach "running") they filled it before the stop: the deploying
         # process blocked in print and never exited (reproduced at load 15, faulthandler in _follow)

@@ -21,15 +21,17 @@ from waiting import reap
 
 pytestmark = pytest.mark.spark
 
+# The finite apps run 5 s: the deploying process stops a Spark start its run no longer needs at
+# once, so a shorter run could end before Spark's first JVM and the test would prove nothing.
 FINITE = """
 from pescheduler import Application
 app = Application("spark-cleanup")
-app.source("generator", events=2_000, keys=10, seed=1).sink("discard")
+app.source("generator", events=10_000, keys=10, seed=1, rate=2_000).sink("discard")
 """
 FAILING = """
 from pescheduler import Application
 app = Application("spark-cleanup")
-app.source("generator", events=None, keys=10, rate=2_000).sink("jsonl", path="/proc/no/such/dir/out.jsonl")
+app.source("generator", events=10_000, keys=10, seed=1, rate=2_000).sink("jsonl", path="/dev/full")   # fsync: EINVAL
 """
 ENDLESS = """
 from pescheduler import Application

@@ -356,3 +356,11 @@ def test_the_state_file_is_per_name_and_removed_only_by_its_writer(tmp_path):
         assert (tmp_path / "nightly.json").exists() and not (tmp_path / "cars_app.json").exists()
     with pytest.raises(ValueError, match="--name"):
         statefile.use_name("../x")
+
+
+def test_status_of_a_tls_scheduler_without_certificates_says_so_at_once(tmp_path, capsys):
+    """Without TLS flags (or Dask TLS config) no connect to a tls:// scheduler can succeed: said at
+    once, not after every attempt failed until connect-timeout (made long here)."""
+    with dask.config.set({"pescheduler.cluster.connect-timeout": "300s"}):
+        assert cli.main(["status", "--cluster", "tls://127.0.0.1:1"]) == 1
+    assert "speaks TLS: give --tls-ca-file, --tls-cert and --tls-key" in capsys.readouterr().err
