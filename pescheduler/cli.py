@@ -441,7 +441,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
             client.set_metadata(["pescheduler", "commands", status["id"]], "stop")
             out.print(f"stop requested: {status['app']} drains its sources, flushes its sinks and stops…")
             status = _await_stop(client, status["id"], args.timeout)
-            if status is None:          # closing cancels the client's reconnect: expected, not an error
+            if status is None or status["state"] not in RUNNING:
+                # stopped: an embedded cluster closes with its deployment, now or while this client
+                # closes, and the client's cancelled reconnect is expected then, not an error
                 client_log.setLevel(logging.CRITICAL)
     except OSError:
         status = None           # the embedded cluster closed with the deployment: it stopped

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -77,16 +78,27 @@ def test_every_jvm_started_for_rm_spark_is_stopped(tmp_path, ending, app, signum
                                "--rm", "spark", "--workers", "1", "--policy", "none", "--json"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen_jvms = 0
+    lines: list[str] = []
+    running = threading.Event()         # deploy() returned: Ctrl-C is no longer ignored (cli.py says why)
+
+    def read_stderr():
+        for line in deploy.stderr:
+            lines.append(line)
+            if line.startswith("running on "):
+                running.set()
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + EXIT_WITHIN_S
         while deploy.poll() is None and time.monotonic() < deadline:
             seen_jvms = max(seen_jvms, len(jvms(tagged(tmp))))
-            if signum is not None and seen_jvms >= 1:
+            if signum is not None and seen_jvms >= 1 and running.is_set():
                 deploy.send_signal(signum)            # while Spark is still starting
                 signum = None
             time.sleep(0.2)                           # sampling another process tree: nothing to await
         code = deploy.wait(timeout=EXIT_WITHIN_S)
-        stderr = deploy.stderr.read()
+        reader.join(timeout=10)
+        stderr = "".join(lines)
     finally:
         reap(deploy)                                 # by the PID this test started
     left = tagged(tmp)
