@@ -7,7 +7,8 @@ Run it on the embedded default (a LocalCluster with one worker per core)::
 Results go to ``out/avg_speed.jsonl``: one line per car and minute with
 ``car``, ``window_start``, ``window_end`` (ms, end exclusive) and ``avg_speed``
 (m/s). ``reference()`` computes the same in plain Python; the tests compare
-the two exactly.
+the two: the same rows, each average to the last bits the order of its
+additions allows (a copy of an upstream operator may interleave a car's events).
 """
 
 from pescheduler import Application

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -42,11 +43,20 @@ def deploy_example(tmp_path, module) -> tuple[list, list]:
     return sorted(rows, key=lambda r: (r["window_start"], r["car"])), reference
 
 
+def assert_same_averages(rows: list, reference: list) -> None:
+    """The same rows (cars, windows) as the reference, each average equal to the last bits that the
+    order of its additions allows: the default policies may copy an upstream operator, and a car's
+    events then reach the window in another interleaving (a float sum depends on its order)."""
+    assert [{**r, "avg_speed": None} for r in rows] == [{**r, "avg_speed": None} for r in reference]
+    off = [(r, w) for r, w in zip(rows, reference) if not math.isclose(r["avg_speed"], w["avg_speed"], rel_tol=1e-12)]
+    assert off == [], off[:3]
+
+
 def test_connected_cars_example_as_written_equals_reference(tmp_path):
     import connected_cars
 
     rows, reference = deploy_example(tmp_path, connected_cars)
-    assert rows == reference
+    assert_same_averages(rows, reference)
 
 
 def test_live_reconfiguration_example_as_written():
@@ -72,4 +82,4 @@ def test_columnar_example_as_written_writes_exactly_the_per_tuple_results(tmp_pa
     import connected_cars_columnar
 
     rows, reference = deploy_example(tmp_path, connected_cars_columnar)
-    assert rows == reference
+    assert_same_averages(rows, reference)
