@@ -249,7 +249,7 @@ class NativeProcessor(EventProcessor):
             while op_id in self._nodes:
                 op_id += "'"
             self._add(op_id, name, params, inputs, query_id)
-            grouped = getattr(self._nodes[op_id].op, "grouped", False)    # (query_id, [rows]) items
+            grouped = getattr(self._nodes[op_id].op, "grouped", False)    # (query_id, rows or partners, template, field) items: ep_io
             self._add(f"{op_id}.out", "ep_output",
                       {"processors": self._processors, "tagged": True, "grouped": grouped},
                       [op_id], query_id, kind="sink")
