@@ -51,6 +51,7 @@ apply_env()
 NULLABLE_FORMS = {
     "cluster.workers": "an integer >= 1 or null",
     "checkpoint.storage": "an fsspec URL or directory, or null",
+    "checkpoint.key": "a secret string, or null for the key file",
     "dead-letters.path": "a file path or null",
     "rm.name": "a resource manager name (local, lab, spark, none) or null",
     "rm.local.demand": "a schedule file, a list of {at, want|free} entries, a callable, or null",
@@ -228,7 +229,7 @@ def _fits_nullable(key: str, value: Any) -> str | None:
     if key == "policies.threshold.memory-box":
         return None if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 \
             else NULLABLE_FORMS[key]
-    if key in ("rm.name", "rm.spark.master", "dead-letters.path"):
+    if key in ("rm.name", "rm.spark.master", "dead-letters.path", "checkpoint.key"):
         return None if isinstance(value, str) else NULLABLE_FORMS[key]
     return None
 

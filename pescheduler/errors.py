@@ -62,3 +62,9 @@ class NotReplayable(PeschedulerError):
 class CheckpointError(PeschedulerError, ValueError):
     """A checkpoint cannot be taken or restored (none complete in the storage, an unknown id, a
     checkpoint that timed out); the message names the storage and the id."""
+
+
+class CheckpointDamaged(CheckpointError):
+    """A stored checkpoint fails its checks (a file missing, truncated, or not matching its signature,
+    a manifest not signed with this deployment's key): it is never loaded; a restore falls back to
+    the previous intact one and logs this reason."""

@@ -6,8 +6,10 @@ last (storage.py), and only then are the sinks told to commit; a checkpoint
 that errs or passes ``pescheduler.checkpoint.timeout`` is aborted (sinks
 discard its staging, PEs still aligning on it go on) and the next one is
 tried at the next interval. It holds the :class:`~pescheduler.control.reconfigurer.Reconfigurer`'s
-lock from trigger to commit, so a checkpoint and a reconfiguration never
-interleave: a barrier never crosses a half-rewired graph.
+lock from the trigger to the last PE's snapshot, so a checkpoint and a
+reconfiguration never interleave: a barrier never crosses a half-rewired
+graph. Writing the snapshots to storage comes after the lock is released and
+is bounded by the timeout: a recovery never waits behind a hung storage.
 
 A checkpoint is aborted as soon as one worker's answer says it cannot
 complete (a PE gone or erred, a call refused), and at once when a recovery
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 import cloudpickle
 
 from ..errors import CheckpointError
+from .restore import placement_blob
 from .storage import CheckpointStore
 
 if TYPE_CHECKING:
@@ -77,6 +81,7 @@ class CheckpointCoordinator:
         self.paused = False          # set while a recovery restores (recovery.py)
         self._calling: asyncio.Task | None = None        # the call to workers in flight (interrupt cancels it)
         self._interrupted: str | None = None             # why the checkpoint in flight was interrupted
+        self._one_at_a_time = asyncio.Lock()             # checkpoints are taken and written in id order
 
     def interrupt(self, reason: str) -> None:
         """A recovery begins: no checkpoint starts until it ends (:attr:`paused`), and the one in
@@ -117,38 +122,70 @@ class CheckpointCoordinator:
                 await self.trigger()
             except CheckpointError:
                 pass                  # recorded in events and last_error
+            except Exception as exc:  # a bug or an unexpected storage error: said, and the next one goes on
+                logger.error("checkpoint failed", exc_info=True)
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self.state.event("checkpoint", f"checkpoint failed: {self.last_error}")
 
     async def trigger(self) -> int:
         """Take one checkpoint now; its id once complete. Raises :class:`CheckpointError` if it is
-        aborted (a PE failed or erred, the timeout passed) or cannot start."""
-        async with self.reconfigurer.lock:
-            if not self.state.live or self.paused:
-                raise CheckpointError(f"no checkpoint while the deployment is "
-                                      f"{'recovering' if self.paused else self.state.state}")
-            checkpoint_id, self.next_id = self.next_id, self.next_id + 1
-            placement = self.reconfigurer.placement
-            workers = sorted({pe.worker for pe in placement.pes.values()})
-            t0, p0 = time.time(), time.perf_counter()
-            self._interrupted = None
+        aborted (a PE failed or erred, the timeout passed) or cannot start.
+
+        The Reconfigurer's lock is held from the barriers to the last snapshot only: writing to
+        storage (bounded by the timeout too) happens after it is released, so a reconfiguration
+        or a recovery never waits behind a slow or hung storage. Checkpoints are taken one at a
+        time (a second trigger waits without holding the Reconfigurer's lock)."""
+        async with self._one_at_a_time:
+            async with self.reconfigurer.lock:
+                if not self.state.live or self.paused:
+                    raise CheckpointError(f"no checkpoint while the deployment is "
+                                          f"{'recovering' if self.paused else self.state.state}")
+                checkpoint_id, self.next_id = self.next_id, self.next_id + 1
+                placement = self.reconfigurer.placement
+                workers = sorted({pe.worker for pe in placement.pes.values()})
+                t0, p0 = time.time(), time.perf_counter()
+                self._interrupted = None
+                try:
+                    results = await self._call(self._collect(checkpoint_id, placement, self.reconfigurer.epoch))
+                    if not self.state.live:     # a drain began meanwhile: sources may have ended early
+                        raise CheckpointError(f"the deployment is {self.state.state}")
+                except Exception as exc:
+                    await self._abort(checkpoint_id, workers, exc)
+                    raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
             try:
-                results = await self._call(self._collect(checkpoint_id, placement, self.reconfigurer.epoch))
-                if not self.state.live:     # a drain began meanwhile: sources may have ended early
-                    raise CheckpointError(f"the deployment is {self.state.state}")
-                size = await asyncio.to_thread(self._store, checkpoint_id, results, placement, t0,
-                                               time.perf_counter() - p0)
+                size = await self._write(checkpoint_id, results, placement, t0, p0)
             except Exception as exc:
-                await self._abort(checkpoint_id, workers, exc)
+                await self._abort(checkpoint_id, workers, exc, written=True)
                 raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
+        return await self._complete(checkpoint_id, t0, p0, size)
+
+    async def _write(self, checkpoint_id: int, results: dict[str, dict], placement: "Placement", t0: float,
+                     p0: float) -> int:
+        """Store the checkpoint in a thread, bounded by the timeout; past it the thread is told to
+        give up (it writes no manifest after that) and the checkpoint is aborted."""
+        abandoned = threading.Event()
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self._store, checkpoint_id, results, placement, t0,
+                                                            time.perf_counter() - p0, abandoned), self.timeout)
+        except asyncio.TimeoutError:
+            abandoned.set()
+            raise CheckpointError(f"writing it to {self.store.url} took longer than {self.timeout:g} s") from None
+
+    async def _complete(self, checkpoint_id: int, t0: float, p0: float, size: int) -> int:
+        """The manifest is written: sinks commit (under the lock again: between reconfigurations,
+        on the workers of the placement as it is now), the history and events say so, old ones go."""
+        async with self.reconfigurer.lock:
+            workers = sorted({pe.worker for pe in self.reconfigurer.placement.pes.values()})
             try:
                 await self._call(self.gateway.ckpt_end(workers, checkpoint_id, complete=True))
             except CheckpointError:
-                pass                        # complete: the restore that interrupted commits it
-            done = CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, size,
-                                       f"{self.store.url.rstrip('/')}/chk-{checkpoint_id:06d}")
+                pass                    # complete: the restore that interrupted commits it
+        done = CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, size,
+                                   f"{self.store.url}/chk-{checkpoint_id:06d}")
         self.completed.append(done)
         self.completed_count += 1
         del self.completed[:-max(self.retain, 1) * 10]            # a bounded history for status
-        await asyncio.to_thread(self.store.prune, self.retain)
+        await asyncio.to_thread(self.store.prune, self.retain)   # failures logged, retried next time
         self.state.event("checkpoint", f"checkpoint {checkpoint_id} complete: {size} bytes in "
                                        f"{done.duration_s * 1000:.0f} ms")
         return checkpoint_id
@@ -182,25 +219,32 @@ class CheckpointCoordinator:
         return answer["results"]
 
     def _store(self, checkpoint_id: int, results: dict[str, dict], placement: "Placement", t0: float,
-               took: float) -> int:
-        """State files, placement, then the manifest (in a thread: off the control loop)."""
-        files, positions, size = {}, {}, 0
+               took: float, abandoned: threading.Event) -> int:
+        """State files and the placement (each synced), then the manifest listing them (in a
+        thread: off the control loop). Nothing more is written once ``abandoned`` is set."""
+        files, positions = [], {}
         for pe_id, result in sorted(results.items()):
-            name = f"{pe_id}.state"
+            _go_on(abandoned)
             blob = cloudpickle.dumps({"ops": result["state"], "positions": result["positions"]})
-            size += self.store.write(checkpoint_id, name, blob)
-            files[pe_id] = {"path": name, "bytes": len(blob), "operators": list(placement.pes[pe_id].operators)}
+            files.append({**self.store.put(checkpoint_id, f"{pe_id}.state", blob), "role": "state", "pe": pe_id,
+                          "operators": list(placement.pes[pe_id].operators)})
             positions.update(result["positions"])
-        size += self.store.write(checkpoint_id, "placement.pkl", cloudpickle.dumps(placement))
+        _go_on(abandoned)
+        files.append({**self.store.put(checkpoint_id, "placement.pkl", placement_blob(placement)),
+                      "role": "placement"})
+        size = sum(f["bytes"] for f in files)
+        _go_on(abandoned)
         self.store.commit_manifest(checkpoint_id, {
             "id": checkpoint_id, "deployment": self.reconfigurer.deployment, "time": t0,
             "duration_s": round(took, 6), "bytes": size, "files": files, "positions": positions,
             "placement": {pe_id: {"worker": pe.worker, "operators": list(pe.operators)}
-                          for pe_id, pe in placement.pes.items()},
-            "placement_file": "placement.pkl"})
+                          for pe_id, pe in placement.pes.items()}})
+        if abandoned.is_set():          # given up while the manifest was written: not complete after all
+            self.store.discard(checkpoint_id)
         return size
 
-    async def _abort(self, checkpoint_id: int, workers: list[str], exc: BaseException) -> None:
+    async def _abort(self, checkpoint_id: int, workers: list[str], exc: BaseException,
+                     written: bool = False) -> None:
         self.aborted += 1
         self.last_error = f"checkpoint {checkpoint_id}: {type(exc).__name__}: {exc}"
         self.state.event("checkpoint", f"checkpoint {checkpoint_id} aborted: {exc}")
@@ -208,16 +252,29 @@ class CheckpointCoordinator:
             await self._call(self.gateway.ckpt_end(workers, checkpoint_id, complete=False))
         except CheckpointError:
             pass
-        await asyncio.to_thread(self.store.discard, checkpoint_id)
+        if written:                  # its files, if the storage answers (bounded: never waits on a hung one)
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.store.discard, checkpoint_id), self.timeout)
+            except (asyncio.TimeoutError, OSError) as exc:
+                logger.warning("removing aborted checkpoint %s failed (pruned later): %s", checkpoint_id, exc)
 
     def view(self) -> dict:
         """The checkpoint part of the status."""
         last = self.completed[-1].as_dict() if self.completed else None
         if last is not None:          # since it completed, as of this status (the views show it)
             last["age_s"] = round(max(0.0, time.time() - last["time"] - last["duration_s"]), 3)
-        return {"storage": self.store.url, "interval_s": self.interval, "completed": self.completed_count,
+        origin = self.store.origin
+        return {"storage": self.store.url, "run": self.store.run,
+                "restored_from": f"{origin[0]}/{origin[1]}" if origin else None,
+                "interval_s": self.interval, "completed": self.completed_count,
                 "aborted": self.aborted, "last": last, "last_error": self.last_error,
+                "prune_error": self.store.prune_error,
                 "recent": [c.as_dict() for c in self.completed[-RECENT:]]}
+
+
+def _go_on(abandoned: threading.Event) -> None:
+    if abandoned.is_set():
+        raise CheckpointError("given up: the write took longer than pescheduler.checkpoint.timeout")
 
 
 async def _first_failure(calls: list) -> list:

@@ -73,7 +73,7 @@ class Recovery:
         if len(self.restarts) >= self.attempts:
             self.dep.state.event("restart", f"no restart attempt left ({self.attempts} used)")
             return False
-        if not self.dep.checkpointer.completed and not self.dep.checkpointer.store.completed():
+        if not self.dep.checkpointer.store.restorable():        # this run's own, or the one it started from
             self.dep.state.event("restart", "no complete checkpoint to restore yet")
             return False
         self.dep.checkpointer.interrupt(reason)      # the checkpoint in flight cannot complete now
@@ -99,7 +99,7 @@ class Recovery:
             dep._generation += 1                 # watchers drop answers about the old PEs
             async with rc.lock:
                 phase("lock")
-                checkpoint_id = (await asyncio.to_thread(coordinator.store.completed))[-1]
+                checkpoint_id = (await asyncio.to_thread(coordinator.store.restorable))[-1]
                 record["checkpoint"] = checkpoint_id
                 dep.state.event("restart", f"{record['reason']}: restoring checkpoint {checkpoint_id} "
                                            f"(attempt {record['attempt']} of {self.attempts})")
@@ -118,6 +118,7 @@ class Recovery:
                                         {w: rc.worker_info[w]["host"] for w in workers})
                 phase("compile")
                 states = await asyncio.to_thread(load_states, coordinator.store, checkpoint_id, placement)
+                record["checkpoint"] = next((s["checkpoint"] for s in states.values()), checkpoint_id)
                 phase("load")
                 rc.epoch += 1
                 await rc.relaunch(placement, states)

@@ -5,25 +5,69 @@ restore onto a different placement (other workers, no copies any more, a
 re-compiled app) maps state by operator id through the very function a
 reconfiguration uses (``reconfigure.redistribute``): a KEYED operator whose
 instances differ gets its key groups merged and re-split, a partitioned
-source its partitions spread again.
+source its partitions spread again. It is stored without operator parameters
+(a Kafka ``sasl.password``, a URL with a password): the mapping reads only the
+old placement's instances and routes, and the new placement's parameters.
+
+Every file is read through :meth:`CheckpointStore.read`, which checks its size
+and signature before anything is unpickled; a damaged checkpoint falls back to
+the previous one this run may restore, with the reason logged.
 """
 
 from __future__ import annotations
 
+import io
+import logging
+
 import cloudpickle
 
 from ..control.reconfigure import redistribute
-from ..plan.placement import Placement
+from ..errors import CheckpointDamaged, CheckpointError
+from ..plan.placement import LogicalOp, Placement
 from .storage import CheckpointStore
+
+logger = logging.getLogger(__name__)
+
+
+class _WithoutParameters(cloudpickle.Pickler):
+    """Pickles a placement with every operator's parameters left out (they may hold secrets)."""
+
+    def reducer_override(self, obj):
+        if type(obj) is LogicalOp:
+            return LogicalOp, (obj.op_id, obj.kind, obj.name, obj.cls, {}, obj.inputs, obj.key_field)
+        return super().reducer_override(obj)
+
+
+def placement_blob(placement: Placement) -> bytes:
+    """The placement as a checkpoint stores it: instances, PEs and routes, no parameters."""
+    buffer = io.BytesIO()
+    _WithoutParameters(buffer).dump(placement)
+    return buffer.getvalue()
 
 
 def load_states(store: CheckpointStore, checkpoint_id: int, placement: Placement) -> dict[str, dict]:
-    """``op_id -> {"state", "progress", "driver", "position", "checkpoint"}`` for ``placement``."""
+    """``op_id -> {"state", "progress", "driver", "position", "checkpoint"}`` for ``placement``, from
+    ``checkpoint_id`` or, if it is damaged, the newest older one this run may restore (logged;
+    ``"checkpoint"`` says which was loaded)."""
+    reasons = []
+    for candidate in reversed([i for i in store.restorable() if i <= checkpoint_id] or [checkpoint_id]):
+        try:
+            return _load(store, candidate, placement)
+        except CheckpointDamaged as exc:
+            logger.warning("%s is damaged, not restored: %s", store.describe(candidate), exc)
+            reasons.append(f"{candidate}: {exc}")
+    raise CheckpointError(f"no intact checkpoint to restore in {store.url} ({'; '.join(reasons)})")
+
+
+def _load(store: CheckpointStore, checkpoint_id: int, placement: Placement) -> dict[str, dict]:
+    """One checkpoint's states mapped onto ``placement``; every file verified before it is unpickled."""
     manifest = store.manifest(checkpoint_id)
-    taken_by = cloudpickle.loads(store.read(checkpoint_id, manifest["placement_file"]))
+    run = manifest["run"]
+    placement_file = next(e for e in manifest["files"] if e["role"] == "placement")
+    taken_by = cloudpickle.loads(store.read(placement_file, run))
     states: dict[str, dict] = {}
-    for entry in manifest["files"].values():
-        blob = cloudpickle.loads(store.read(checkpoint_id, entry["path"]))
+    for entry in (e for e in manifest["files"] if e["role"] == "state"):
+        blob = cloudpickle.loads(store.read(entry, run))
         ops = cloudpickle.loads(blob["ops"])
         for op_id, saved in ops.items():
             saved["position"] = blob["positions"].get(op_id)

@@ -10,6 +10,7 @@ from dask.utils import parse_timedelta
 
 from .. import config
 from ..errors import CheckpointError
+from .keys import checkpoint_key
 from .storage import CheckpointStore, default_location
 
 
@@ -19,7 +20,7 @@ class CheckpointSettings:
     interval: float            # seconds
     timeout: float
     retain: int
-    restore_id: int | None     # the checkpoint to start from (None: from the beginning)
+    restore_id: int | None     # the checkpoint to start from (None: from the beginning); its run: store.origin
     attempts: int              # pescheduler.restart.*
     backoff: float
 
@@ -37,7 +38,7 @@ def checkpoint_settings(app_name: str, checkpoint: Any, interval: Any, restore: 
         return None
     url = (config.get("checkpoint.storage") or default_location(app_name)) if checkpoint is True else str(checkpoint)
     try:
-        store = CheckpointStore(url)
+        store = CheckpointStore(url, checkpoint_key())
     except (OSError, ValueError, ImportError) as exc:
         raise CheckpointError(f"checkpoint storage {url!r} cannot be opened: {type(exc).__name__}: {exc}") from None
     try:
@@ -47,9 +48,11 @@ def checkpoint_settings(app_name: str, checkpoint: Any, interval: Any, restore: 
         every = -1.0
     if every <= 0:
         raise CheckpointError(f"checkpoint_interval must be positive, got {interval!r}")
+    if restore is not None:
+        store.origin = store.resolve(restore)
     return CheckpointSettings(store, every, config.get_seconds("checkpoint.timeout"),
                               int(config.get("checkpoint.retain")),
-                              store.resolve(restore) if restore is not None else None,
+                              store.origin[1] if store.origin else None,
                               int(config.get("restart.attempts")), config.get_seconds("restart.backoff"))
 
 

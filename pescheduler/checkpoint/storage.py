@@ -1,34 +1,51 @@
 """Where checkpoints live: any fsspec URL (a local directory by default, ``memory://`` in tests).
 
-Layout under the storage root (docs/checkpoints.md)::
+Layout under the storage root (docs/checkpoints.md), one directory per run as
+Flink's ``<dir>/<job-id>/chk-N``::
 
-    chk-000001/                 one directory per checkpoint id
-        <pe>.state              a PE's operator states, progress and source positions (cloudpickle)
-        placement.pkl           the placement that took it (cloudpickle), to map state on restore
-        MANIFEST.json           written last, atomically: the checkpoint is complete iff it exists
-    chk-000002/...
+    run-20261128T004512123456-3fa9c1/      one run of the app (made by deploy)
+        chk-000001/                        one directory per checkpoint id
+            <pe>.state                     a PE's operator states and source positions (cloudpickle)
+            placement.pkl                  the placement that took it, operator parameters left out
+            MANIFEST.json                  written last, fsynced, atomically: the checkpoint is complete
+        chk-000002/...
 
-A checkpoint without ``MANIFEST.json`` was aborted or cut short by a crash and
-is never restored; :meth:`CheckpointStore.prune` removes it with the
-checkpoints beyond ``retain``. The manifest is written to a temporary name and
-moved into place: a rename on a local disk (atomic); on object stores, whose
-``mv`` copies, a single PUT of the final object is atomic as well.
+A run writes, prunes and (on recovery) restores only its own directory, plus
+the one checkpoint of another run it was explicitly started from (``origin``),
+so two runs of one app never touch each other's files and a fresh run never
+restores a previous run's state. Every file is signed (HMAC-SHA256 with a key
+that never touches the storage, keys.py); the manifest lists each file with
+its size, signature and the checkpoint it lives in (a later incremental
+checkpoint can list files of earlier ones), and is signed itself. Nothing is
+unpickled before its signature matched. On a local disk files are created
+owner-only (0600, directories 0700) and fsynced before the manifest, which is
+written to a temporary name, fsynced, renamed and its directory fsynced; on
+object stores a single PUT of the final object is atomic as well.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import secrets
+import time
 import uuid
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
-from ..errors import CheckpointError
+from ..errors import CheckpointDamaged, CheckpointError
+from .keys import sign, signed_by
+
+logger = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
+FORMAT = 2                    # manifest format: per-run layout, signed files
 _DIR = re.compile(r"chk-(\d+)$")
+_RUN = re.compile(r"run-[0-9T]+-[0-9a-f]+$")
 
 
 def default_location(app_name: str) -> str:
@@ -39,81 +56,243 @@ def default_location(app_name: str) -> str:
     return os.path.join(base, "checkpoints", app_name)
 
 
+def new_run_id() -> str:
+    """``run-<UTC time to the microsecond>-<random>``: runs sort by their start."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now % 1 * 1e6):06d}"
+    return f"run-{stamp}-{secrets.token_hex(3)}"
+
+
+def canonical(body: dict) -> bytes:
+    """The bytes a manifest's signature covers (JSON, keys sorted)."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
 class CheckpointStore:
-    """Reads and writes checkpoints under one fsspec URL."""
+    """One run's checkpoints under one fsspec URL, and the checkpoint it started from (``origin``)."""
 
-    def __init__(self, url: str) -> None:
-        self.url = str(url)
-        self.fs, self.root = fsspec.core.url_to_fs(self.url)
-        self.root = self.root.rstrip("/")
-        self.fs.makedirs(self.root, exist_ok=True)
+    def __init__(self, url: str, key: bytes, run: str | None = None) -> None:
+        self.storage = str(url).rstrip("/")
+        self.key = key
+        self.run = run or new_run_id()
+        self.origin: tuple[str, int] | None = None    # (run, id) this run was started from
+        self.fs, root = fsspec.core.url_to_fs(self.storage)
+        self.root = root.rstrip("/")
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self._makedirs(self.root)
+        self.prune_error: str | None = None           # the last pruning failure (retried next time)
 
-    def _dir(self, checkpoint_id: int) -> str:
-        return f"{self.root}/chk-{checkpoint_id:06d}"
+    @property
+    def url(self) -> str:
+        """This run's directory."""
+        return f"{self.storage}/{self.run}"
 
-    def write(self, checkpoint_id: int, name: str, data: bytes) -> int:
-        """Store one file of checkpoint ``checkpoint_id``; its size."""
-        self.fs.makedirs(self._dir(checkpoint_id), exist_ok=True)
-        self.fs.pipe_file(f"{self._dir(checkpoint_id)}/{name}", data)
-        return len(data)
+    # -- paths ------------------------------------------------------------------------------
+    def _run_dir(self, run: str) -> str:
+        return f"{self.root}/{run}"
 
-    def read(self, checkpoint_id: int, name: str) -> bytes:
-        return self.fs.cat_file(f"{self._dir(checkpoint_id)}/{name}")
+    def _dir(self, checkpoint_id: int, run: str | None = None) -> str:
+        if run is None:
+            run = self.origin[0] if self.origin and checkpoint_id == self.origin[1] else self.run
+        return f"{self._run_dir(run)}/chk-{checkpoint_id:06d}"
+
+    def describe(self, checkpoint_id: int) -> str:
+        """``checkpoint 12 of run run-... in URL``: which files a restore reads."""
+        run = self.origin[0] if self.origin and checkpoint_id == self.origin[1] else self.run
+        return f"checkpoint {checkpoint_id} of run {run} in {self.storage}"
+
+    # -- writing ----------------------------------------------------------------------------
+    def _makedirs(self, path: str) -> None:
+        if self.local:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        else:
+            self.fs.makedirs(path, exist_ok=True)
+
+    def _put(self, path: str, data: bytes) -> None:
+        """Write ``path`` whole; on a local disk owner-only and fsynced."""
+        if not self.local:
+            self.fs.pipe_file(path, data)
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _sync_dir(self, path: str) -> None:
+        if self.local:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def put(self, checkpoint_id: int, name: str, data: bytes) -> dict:
+        """Store one file of checkpoint ``checkpoint_id``; its manifest entry (path relative to the
+        run, the checkpoint it lives in, size, signature)."""
+        self._makedirs(self._dir(checkpoint_id))
+        self._put(f"{self._dir(checkpoint_id)}/{name}", data)
+        return {"path": f"chk-{checkpoint_id:06d}/{name}", "chk": checkpoint_id, "bytes": len(data),
+                "hmac": sign(self.key, data)}
 
     def commit_manifest(self, checkpoint_id: int, manifest: dict) -> None:
-        """Write the manifest last, under a temporary name then moved: the checkpoint is complete."""
-        tmp = f"{self._dir(checkpoint_id)}/.{MANIFEST}.{uuid.uuid4().hex}"
-        self.fs.pipe_file(tmp, json.dumps(manifest, indent=1, default=repr).encode())
-        self.fs.mv(tmp, f"{self._dir(checkpoint_id)}/{MANIFEST}")
+        """Sign and write the manifest last (temporary name, fsync, rename, fsync the directory):
+        the checkpoint is complete. Its files must be written (and synced) before."""
+        body = json.loads(json.dumps({**manifest, "format": FORMAT, "run": self.run}, default=repr))
+        data = json.dumps({**body, "hmac": sign(self.key, canonical(body))}, indent=1).encode()
+        where = self._dir(checkpoint_id)
+        self._sync_dir(where)                         # the state files' names are durable first
+        tmp = f"{where}/.{MANIFEST}.{uuid.uuid4().hex}"
+        self._put(tmp, data)
+        self.fs.mv(tmp, f"{where}/{MANIFEST}")
+        self._sync_dir(where)
 
-    def manifest(self, checkpoint_id: int) -> dict:
-        return json.loads(self.read(checkpoint_id, MANIFEST))
-
-    def ids(self) -> list[int]:
-        """Every checkpoint directory's id, complete or not, ascending."""
+    # -- reading (verified) -----------------------------------------------------------------
+    def manifest(self, checkpoint_id: int, run: str | None = None) -> dict:
+        """The manifest, its signature checked (:class:`CheckpointDamaged` if it does not match)."""
+        where = self._dir(checkpoint_id, run)
         try:
-            names = self.fs.ls(self.root, detail=False)
+            doc = json.loads(self.fs.cat_file(f"{where}/{MANIFEST}"))
+            digest = doc.pop("hmac")
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise CheckpointDamaged(f"{where}/{MANIFEST} unreadable: {type(exc).__name__}: {exc}") from None
+        if not signed_by(self.key, canonical(doc), digest):
+            raise CheckpointDamaged(f"{where}/{MANIFEST} is not signed with this deployment's checkpoint key "
+                                    f"(tampered, or written with another key: see pescheduler.checkpoint.key)")
+        return doc
+
+    def read(self, entry: dict, run: str) -> bytes:
+        """A file a manifest lists, its size and signature checked before anyone unpickles it."""
+        path = f"{self._run_dir(run)}/{entry['path']}"
+        try:
+            data = self.fs.cat_file(path)
+        except OSError as exc:
+            raise CheckpointDamaged(f"{path} unreadable: {type(exc).__name__}: {exc}") from None
+        if len(data) != entry["bytes"]:
+            raise CheckpointDamaged(f"{path} has {len(data)} bytes, its manifest says {entry['bytes']}")
+        if not signed_by(self.key, data, entry["hmac"]):
+            raise CheckpointDamaged(f"{path} does not match its signature in the manifest (tampered)")
+        return data
+
+    def verify(self, checkpoint_id: int, run: str | None = None) -> dict:
+        """The manifest, checked, and every file it lists present with its size (no state read)."""
+        manifest = self.manifest(checkpoint_id, run)
+        base = self._run_dir(manifest["run"])
+        for entry in manifest["files"]:
+            try:
+                size = self.fs.size(f"{base}/{entry['path']}")
+            except OSError:
+                size = None
+            if size != entry["bytes"]:
+                raise CheckpointDamaged(f"{base}/{entry['path']}: {size} bytes, its manifest says {entry['bytes']}")
+        return manifest
+
+    # -- listing ----------------------------------------------------------------------------
+    def ids(self, run: str | None = None) -> list[int]:
+        """Every checkpoint directory's id of ``run`` (this one), complete or not, ascending."""
+        try:
+            names = self.fs.ls(self._run_dir(run or self.run), detail=False)
         except FileNotFoundError:
             return []
         found = (_DIR.search(n.rstrip("/")) for n in names)
         return sorted(int(m.group(1)) for m in found if m)
 
-    def completed(self) -> list[int]:
-        """Ids of complete checkpoints (their manifest exists), ascending."""
-        return [i for i in self.ids() if self.fs.exists(f"{self._dir(i)}/{MANIFEST}")]
+    def completed(self, run: str | None = None) -> list[int]:
+        """Ids of ``run``'s (this run's) complete checkpoints (their manifest exists), ascending."""
+        run = run or self.run
+        return [i for i in self.ids(run) if self.fs.exists(f"{self._dir(i, run)}/{MANIFEST}")]
 
-    def resolve(self, restore: Any) -> int:
-        """The id ``restore`` names: ``"latest"`` (the newest complete one) or an id."""
-        done = self.completed()
+    def restorable(self) -> list[int]:
+        """What a recovery may restore, oldest first: the checkpoint this run started from, then
+        the ones it completed (ids go on from the origin's, so they never clash)."""
+        return ([self.origin[1]] if self.origin else []) + self.completed()
+
+    def next_id(self) -> int:
+        return max([0, *self.restorable(), *self.ids()]) + 1
+
+    def runs(self) -> list[str]:
+        """The runs in the storage, oldest first."""
+        try:
+            names = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(n.rstrip("/").rsplit("/", 1)[-1] for n in names if _RUN.search(n.rstrip("/")))
+
+    # -- choosing what to restore ------------------------------------------------------------
+    def resolve(self, restore: Any) -> tuple[str, int]:
+        """The checkpoint ``restore`` names, verified: ``"latest"`` (the newest intact one of the
+        newest run that has one; damaged ones are skipped with a logged reason), an id (in the
+        newest run that has it complete) or ``"RUN/ID"``."""
         if restore == "latest":
-            if not done:
-                raise CheckpointError(f"no complete checkpoint in {self.url} to restore; "
-                                      f"deploy without --restore to start from the beginning")
-            return done[-1]
-        try:
-            wanted = int(restore)
-        except (TypeError, ValueError):
-            raise CheckpointError(f"--restore {restore!r}: give 'latest' or a checkpoint id "
-                                  f"(complete ones in {self.url}: {done or 'none'})") from None
-        if wanted not in done:
-            raise CheckpointError(f"checkpoint {wanted} is not complete in {self.url} "
-                                  f"(complete ones: {done or 'none'})")
-        return wanted
+            return self._latest()
+        run, wanted = self._parse(restore)
+        runs = [run] if run else list(reversed(self.runs()))
+        for candidate in runs:
+            if wanted in self.completed(candidate):
+                try:
+                    self.verify(wanted, candidate)
+                except CheckpointDamaged as exc:
+                    raise CheckpointError(f"checkpoint {wanted} of run {candidate} is damaged: {exc}") from None
+                return candidate, wanted
+        raise CheckpointError(f"checkpoint {restore} is not complete in {self.storage} "
+                              f"(complete ones: {self._listing() or 'none'})")
 
-    def discard(self, checkpoint_id: int) -> None:
-        """Remove a checkpoint's directory (aborted, or beyond ``retain``)."""
+    def _latest(self) -> tuple[str, int]:
+        skipped = []
+        for run in reversed(self.runs()):
+            for checkpoint_id in reversed(self.completed(run)):
+                try:
+                    self.verify(checkpoint_id, run)
+                    return run, checkpoint_id
+                except CheckpointDamaged as exc:
+                    logger.warning("checkpoint %s of run %s skipped: %s", checkpoint_id, run, exc)
+                    skipped.append(f"{run}/{checkpoint_id}: {exc}")
+        damaged = f" (damaged: {'; '.join(skipped)})" if skipped else ""
+        raise CheckpointError(f"no complete checkpoint in {self.storage} to restore{damaged}; "
+                              f"deploy without --restore to start from the beginning")
+
+    def _parse(self, restore: Any) -> tuple[str | None, int]:
+        run, _, number = str(restore).rpartition("/")
         try:
-            self.fs.rm(self._dir(checkpoint_id), recursive=True)
+            return run or None, int(number)
+        except (TypeError, ValueError):
+            raise CheckpointError(f"--restore {restore!r}: give 'latest', a checkpoint id or RUN/ID "
+                                  f"(complete ones in {self.storage}: {self._listing() or 'none'})") from None
+
+    def _listing(self) -> str:
+        return ", ".join(f"{run}/{i}" for run in self.runs() for i in self.completed(run))
+
+    # -- removing ---------------------------------------------------------------------------
+    def discard(self, checkpoint_id: int) -> None:
+        """Remove one of this run's checkpoint directories (aborted, or beyond ``retain``)."""
+        try:
+            self.fs.rm(self._dir(checkpoint_id, self.run), recursive=True)
         except FileNotFoundError:
             pass
 
     def prune(self, retain: int) -> list[int]:
-        """Keep the newest ``retain`` complete checkpoints; remove older ones and incomplete
-        ones older than the newest complete one. The ids removed."""
-        done = self.completed()
+        """Keep this run's newest ``retain`` complete checkpoints; remove its older ones and
+        incomplete ones older than the newest complete one. The ids removed. A removal that fails
+        is logged (and kept in :attr:`prune_error`) and tried again at the next prune: it never
+        stops checkpointing. Other runs' directories are never touched."""
+        self.prune_error = None
+        try:
+            done = self.completed()
+            ids = self.ids()
+        except OSError as exc:
+            return self._prune_failed(f"listing {self.url}: {type(exc).__name__}: {exc}")
         keep = set(done[-retain:]) if retain > 0 else set()
         newest = done[-1] if done else 0
-        gone = [i for i in self.ids() if i not in keep and (i in done or i < newest)]
-        for i in gone:
-            self.discard(i)
+        gone = []
+        for i in (i for i in ids if i not in keep and (i in done or i < newest)):
+            try:
+                self.discard(i)
+                gone.append(i)
+            except OSError as exc:
+                self._prune_failed(f"removing {self._dir(i, self.run)}: {type(exc).__name__}: {exc}")
         return gone
+
+    def _prune_failed(self, what: str) -> list[int]:
+        self.prune_error = f"pruning old checkpoints failed ({what}); tried again after the next checkpoint"
+        logger.warning("%s", self.prune_error)
+        return []

@@ -382,17 +382,17 @@ class Deployment:
         ckpt = self.checkpoint_settings
         if ckpt is None or ckpt.restore_id is None:
             return None
-        self.state.event("restore", f"from checkpoint {ckpt.restore_id} in {ckpt.store.url}")
+        logger.info("restoring %s", ckpt.store.describe(ckpt.restore_id))
+        self.state.event("restore", f"from {ckpt.store.describe(ckpt.restore_id)}")
         return await asyncio.to_thread(load_states, ckpt.store, ckpt.restore_id, placement)
 
     def _start_checkpoints(self) -> None:
         ckpt = self.checkpoint_settings
         if ckpt is None:
             return
-        ids = ckpt.store.ids()
         self.checkpointer = CheckpointCoordinator(self.gateway, self.reconfigurer, self.state, ckpt.store,
                                                   interval=ckpt.interval, timeout=ckpt.timeout, retain=ckpt.retain,
-                                                  first_id=(ids[-1] if ids else 0) + 1)
+                                                  first_id=ckpt.store.next_id())
         self.recovery = Recovery(self, ckpt.attempts, ckpt.backoff)
         self.state.event("checkpoint", f"every {ckpt.interval:g} s to {ckpt.store.url}")
         self._tasks.append(asyncio.create_task(self.checkpointer.run(self._done)))

@@ -148,7 +148,7 @@ def test_restore_latest_after_the_deploying_process_is_killed_publishes_exactly(
            "--policy", "none", "--checkpoint", str(storage), "--checkpoint-interval", "0.5s"]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        until(lambda: len(list(storage.glob("chk-*/MANIFEST.json"))) >= 2 and committed(kafka, "eos-cli-out"),
+        until(lambda: len(list(storage.glob("run-*/chk-*/MANIFEST.json"))) >= 2 and committed(kafka, "eos-cli-out"),
               WAIT, "two complete checkpoints and committed output")
     finally:
         tree = [first, *psutil.Process(first.pid).children(recursive=True)]   # the deployer and its workers

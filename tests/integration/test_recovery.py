@@ -211,7 +211,7 @@ def test_restore_latest_after_the_deploying_process_is_killed_continues_exactly(
            "--checkpoint-interval", "0.5s"]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
-        until(lambda: len(list(storage.glob("chk-*/MANIFEST.json"))) >= 2, WAIT, "two complete checkpoints")
+        until(lambda: len(list(storage.glob("run-*/chk-*/MANIFEST.json"))) >= 2, WAIT, "two complete checkpoints")
     finally:
         tree = [first, *psutil.Process(first.pid).children(recursive=True)]   # the deployer and its workers
         for proc in tree:

@@ -5,6 +5,7 @@ The same path runs on a real cluster in tests/integration/test_recovery.py."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 
 import cloudpickle
@@ -26,8 +27,11 @@ from inbox import take_all
 WORKERS = ["tcp://w1", "tcp://w2"]
 
 
+KEY = b"k" * 32
+
+
 def memory_store() -> CheckpointStore:
-    return CheckpointStore(f"memory://ckpt-{uuid.uuid4().hex}")
+    return CheckpointStore(f"memory://ckpt-{uuid.uuid4().hex}", KEY)
 
 
 def placement():
@@ -95,12 +99,13 @@ def test_barriers_are_markers_that_survive_msgpack():
 
 def test_a_checkpoint_without_its_manifest_is_not_complete_and_the_manifest_appears_whole():
     store = memory_store()
-    store.write(1, "pe.state", b"x" * 10)
+    entry = store.put(1, "pe.state", b"x" * 10)
     assert store.ids() == [1] and store.completed() == []
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         store.resolve("latest")
-    store.commit_manifest(1, {"id": 1})
-    assert store.completed() == [1] and store.resolve("latest") == 1 and store.manifest(1) == {"id": 1}
+    store.commit_manifest(1, {"id": 1, "files": [entry]})
+    assert store.completed() == [1] and store.resolve("latest") == (store.run, 1)
+    assert store.manifest(1)["id"] == 1 and store.read(entry, store.run) == b"x" * 10
     assert [p for p in store.fs.ls(store._dir(1), detail=False) if "MANIFEST" in p] == [store._dir(1) + "/MANIFEST.json"]
     with pytest.raises(CheckpointError, match="not complete"):
         store.resolve(2)
@@ -109,10 +114,10 @@ def test_a_checkpoint_without_its_manifest_is_not_complete_and_the_manifest_appe
 def test_prune_keeps_the_newest_complete_checkpoints_and_drops_older_incomplete_ones():
     store = memory_store()
     for i in range(1, 6):
-        store.write(i, "s", b"1")
+        store.put(i, "s", b"1")
         if i != 4:
-            store.commit_manifest(i, {"id": i})
-    store.write(6, "s", b"1")              # in progress, newer than every complete one: kept
+            store.commit_manifest(i, {"id": i, "files": []})
+    store.put(6, "s", b"1")              # in progress, newer than every complete one: kept
     assert store.prune(2) == [1, 2, 4]
     assert store.ids() == [3, 5, 6] and store.completed() == [3, 5]
 
@@ -126,7 +131,7 @@ def test_trigger_acks_stores_manifest_last_then_commits():
     assert {pe for _w, _i, pes in gateway.begun for pe in pes} == sources      # barriers start at sources only
     assert gateway.ended == [(1, True)]
     manifest = store.manifest(1)
-    assert set(manifest["files"]) == set(pl.pes) and manifest["bytes"] > 0
+    assert {f["pe"] for f in manifest["files"] if f["role"] == "state"} == set(pl.pes) and manifest["bytes"] > 0
     assert coord.completed[0].id == 1 and coord.completed[0].bytes == manifest["bytes"]
     states = load_states(store, 1, pl)                  # by operator id, tagged with the checkpoint
     assert {op for op in states} == set(pl.plan.ops) and all(s["checkpoint"] == 1 for s in states.values())
@@ -341,7 +346,7 @@ def test_a_checkpoint_of_a_two_instance_window_restores_onto_three_instances_exa
     store = memory_store()
     coord = coordinator(store, FakeGateway())
     coord.reconfigurer.placement = two
-    coord._store(1, results, two, 0.0, 0.1)
+    coord._store(1, results, two, 0.0, 0.1, threading.Event())
 
     restored = load_states(store, 1, three)
     whole = window("win")["panes"]
