@@ -48,14 +48,18 @@ def placement_blob(placement: Placement) -> bytes:
 def load_states(store: CheckpointStore, checkpoint_id: int, placement: Placement) -> dict[str, dict]:
     """``op_id -> {"state", "progress", "driver", "position", "checkpoint"}`` for ``placement``, from
     ``checkpoint_id`` or, if it is damaged, the newest older one this run may restore (logged;
-    ``"checkpoint"`` says which was loaded)."""
+    ``"checkpoint"`` says which was loaded, and ``store.origin`` too when it is another run's)."""
     reasons = []
     for candidate in reversed([i for i in store.restorable() if i <= checkpoint_id] or [checkpoint_id]):
         try:
-            return _load(store, candidate, placement)
+            states = _load(store, candidate, placement)
         except CheckpointDamaged as exc:
             logger.warning("%s is damaged, not restored: %s", store.describe(candidate), exc)
             reasons.append(f"{candidate}: {exc}")
+            continue
+        if candidate in store.borrowed:          # the status names what this run started from
+            store.origin = (store.borrowed[candidate], candidate)
+        return states
     raise CheckpointError(f"no intact checkpoint to restore in {store.url} ({'; '.join(reasons)})")
 
 

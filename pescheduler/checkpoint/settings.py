@@ -49,7 +49,7 @@ def checkpoint_settings(app_name: str, checkpoint: Any, interval: Any, restore: 
     if every <= 0:
         raise CheckpointError(f"checkpoint_interval must be positive, got {interval!r}")
     if restore is not None:
-        store.origin = store.resolve(restore)
+        store.start_from(restore)
     return CheckpointSettings(store, every, config.get_seconds("checkpoint.timeout"),
                               int(config.get("checkpoint.retain")),
                               store.origin[1] if store.origin else None,

@@ -76,6 +76,7 @@ class CheckpointStore:
         self.key = key
         self.run = run or new_run_id()
         self.origin: tuple[str, int] | None = None    # (run, id) this run was started from
+        self.borrowed: dict[int, str] = {}            # id -> run: other runs' checkpoints it may restore
         self.fs, root = fsspec.core.url_to_fs(self.storage)
         self.root = root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
@@ -92,21 +93,35 @@ class CheckpointStore:
         return f"{self.root}/{run}"
 
     def _dir(self, checkpoint_id: int, run: str | None = None) -> str:
-        if run is None:
-            run = self.origin[0] if self.origin and checkpoint_id == self.origin[1] else self.run
-        return f"{self._run_dir(run)}/chk-{checkpoint_id:06d}"
+        return f"{self._run_dir(run or self.borrowed.get(checkpoint_id, self.run))}/chk-{checkpoint_id:06d}"
 
     def describe(self, checkpoint_id: int) -> str:
         """``checkpoint 12 of run run-... in URL``: which files a restore reads."""
-        run = self.origin[0] if self.origin and checkpoint_id == self.origin[1] else self.run
-        return f"checkpoint {checkpoint_id} of run {run} in {self.storage}"
+        return f"checkpoint {checkpoint_id} of run {self.borrowed.get(checkpoint_id, self.run)} in {self.storage}"
+
+    def start_from(self, restore: Any) -> None:
+        """Start this run from the checkpoint ``restore`` names (:meth:`resolve`). With ``"latest"``
+        the older complete checkpoints of that run are kept to fall back on if it proves damaged
+        when read; an id named explicitly is restored or fails."""
+        run, checkpoint_id = self.origin = self.resolve(restore)
+        older = [i for i in self.completed(run) if i < checkpoint_id] if restore == "latest" else []
+        self.borrowed = {i: run for i in [*older, checkpoint_id]}
 
     # -- writing ----------------------------------------------------------------------------
     def _makedirs(self, path: str) -> None:
-        if self.local:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        else:
+        """``path`` and its missing parents; on a local disk each owner-only (0700)."""
+        if not self.local:
             self.fs.makedirs(path, exist_ok=True)
+            return
+        missing = []
+        while path and not os.path.isdir(path):
+            missing.append(path)
+            path = os.path.dirname(path)
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                pass
 
     def _put(self, path: str, data: bytes) -> None:
         """Write ``path`` whole; on a local disk owner-only and fsynced."""
@@ -159,6 +174,8 @@ class CheckpointStore:
         if not signed_by(self.key, canonical(doc), digest):
             raise CheckpointDamaged(f"{where}/{MANIFEST} is not signed with this deployment's checkpoint key "
                                     f"(tampered, or written with another key: see pescheduler.checkpoint.key)")
+        if doc.get("id") != checkpoint_id:
+            raise CheckpointDamaged(f"{where}/{MANIFEST} is checkpoint {doc.get('id')}'s manifest, not {checkpoint_id}'s")
         return doc
 
     def read(self, entry: dict, run: str) -> bytes:
@@ -203,12 +220,13 @@ class CheckpointStore:
         return [i for i in self.ids(run) if self.fs.exists(f"{self._dir(i, run)}/{MANIFEST}")]
 
     def restorable(self) -> list[int]:
-        """What a recovery may restore, oldest first: the checkpoint this run started from, then
-        the ones it completed (ids go on from the origin's, so they never clash)."""
-        return ([self.origin[1]] if self.origin else []) + self.completed()
+        """What a recovery may restore, oldest first: the checkpoint this run started from (and
+        the ones before it to fall back on), then the ones it completed (ids go on from the
+        origin's, so they never clash)."""
+        return sorted(self.borrowed) + self.completed()
 
     def next_id(self) -> int:
-        return max([0, *self.restorable(), *self.ids()]) + 1
+        return max([0, *self.borrowed, *self.ids()]) + 1
 
     def runs(self) -> list[str]:
         """The runs in the storage, oldest first."""

@@ -1,0 +1,182 @@
+"""Issue 31: checkpoint storage you can trust, broken on purpose against real clusters and real files.
+
+Each test runs real deployments (embedded Dask clusters, worker processes
+killed by PID) over one checkpoint directory and damages it as an outsider
+or a crash would: a tampered state file (a pickle that would run code), a
+truncated one, an empty one next to its MANIFEST, a removal that fails while
+pruning, two runs of one app at once, and a fresh run that loses a worker
+before its own first checkpoint. The output of the ``jsonl`` sink (two-phase
+under checkpoints) is compared with the plain-Python reference exactly, or
+the failure must be loud.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import stat
+from pathlib import Path
+
+import dask.config
+import pytest
+
+import pescheduler
+from pescheduler import Application, DeploymentFailed
+from pescheduler.checkpoint.storage import CheckpointStore
+from support_ops import committed_output
+from waiting import until
+
+pytestmark = pytest.mark.integration
+
+WAIT = 120
+COUNT = 6_000
+
+
+def app(out: Path, count: int = COUNT, rate: int = 3_000, name: str = "durable") -> Application:
+    a = Application(name)
+    (a.source("numbers", count=count, keys=10, rate=rate)
+        .map(lambda e: {"n": e["n"], "square": e["n"] * e["n"]})
+        .sink("jsonl", path=str(out)))
+    return a
+
+
+def expected(count: int = COUNT) -> list[dict]:
+    return [{"n": i, "square": i * i} for i in range(count)]
+
+
+def deploy(application, storage: Path, **kw):
+    return pescheduler.deploy(application, workers=2, plugins=["support_ops"], policies=[],
+                              checkpoint=str(storage), **kw)
+
+
+def finished_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A first run that took several checkpoints and ended: its output file and the storage."""
+    out, storage = tmp_path / "out.jsonl", tmp_path / "ckpt"
+    with deploy(app(out), storage, checkpoint_interval="0.2s") as dep:
+        dep.wait(timeout=WAIT)
+        assert len(dep.checkpoints()) >= 2, dep.checkpoints()
+    assert committed_output(out) == expected()
+    return out, storage
+
+
+def manifests(storage: Path) -> list[Path]:
+    """Every complete checkpoint's manifest, oldest id first (any layout)."""
+    return sorted(storage.rglob("chk-*/MANIFEST.json"), key=lambda p: p.parent.name)
+
+
+class _Touch:
+    """Unpickling this creates a file: what an outsider's pickle would do with write access."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def _damage(state_file: Path, how: str, marker: Path) -> None:
+    size = state_file.stat().st_size
+    if how == "tampered":            # same size (pickle ignores what follows its STOP), other bytes
+        evil = pickle.dumps(_Touch(str(marker)))
+        assert len(evil) <= size
+        state_file.write_bytes(evil + b"\0" * (size - len(evil)))
+    elif how == "truncated":
+        state_file.write_bytes(state_file.read_bytes()[: size // 2])
+    else:
+        state_file.write_bytes(b"")
+
+
+@pytest.mark.parametrize("how", ["tampered", "truncated", "empty"])
+def test_a_damaged_newest_checkpoint_is_never_loaded_and_the_restore_falls_back(tmp_path, how, caplog):
+    """The newest checkpoint's state file is damaged after the run; ``restore="latest"`` must not
+    unpickle it (a tampered one would run the outsider's code), must say why it is skipped, and
+    must restore the previous complete checkpoint: the output is still exact."""
+    out, storage = finished_run(tmp_path)
+    newest = manifests(storage)[-1].parent
+    marker = tmp_path / "outsider-code-ran"
+    _damage(next(newest.glob("*.state")), how, marker)
+    try:
+        with deploy(app(out), storage, restore="latest") as dep:
+            restored_from = dep.wait(timeout=WAIT)["checkpoints"].get("restored_from")
+    finally:
+        assert not marker.exists(), "an unsigned pickle from the checkpoint storage was loaded"
+    assert restored_from.endswith(f"/{int(newest.name[4:]) - 1}"), restored_from
+    assert any(newest.name[4:].lstrip("0") in r.getMessage() and ("damaged" in r.getMessage()
+               or "skipped" in r.getMessage()) for r in caplog.records if r.levelname == "WARNING")
+    assert committed_output(out) == expected()
+
+
+def test_checkpoint_files_are_owner_only_and_hold_no_secret_parameters(tmp_path):
+    """Files 0600, directories 0700; an operator parameter named like a password never reaches
+    the storage (the placement is stored without parameters)."""
+    out, storage = tmp_path / "out.jsonl", tmp_path / "ckpt"
+    a = Application("secretive")
+    (a.source("numbers", count=3_000, keys=10, rate=3_000,       # a URL with a password, as a connector's
+              release="redis://user:hunter2-do-not-store@127.0.0.1/0")
+        .sink("jsonl", path=str(out)))
+    with deploy(a, storage, checkpoint_interval="0.2s") as dep:
+        dep.wait(timeout=WAIT)
+    files = [p for p in storage.rglob("*") if p.is_file()]
+    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files), \
+        {str(p): oct(p.stat().st_mode) for p in files}
+    dirs = [p for p in storage.rglob("*") if p.is_dir()]
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o700 for p in dirs), {str(p): oct(p.stat().st_mode) for p in dirs}
+    assert not [p for p in files if b"hunter2-do-not-store" in p.read_bytes()]
+
+
+def test_a_fresh_run_that_loses_a_worker_before_its_first_checkpoint_does_not_restore_another_run(tmp_path):
+    """A previous run left complete checkpoints in the directory; a new run of the same app,
+    started without ``restore=``, loses a worker before it took one of its own. It has nothing
+    of its own to restore: it fails loudly rather than going on from the other run's state."""
+    out, storage = finished_run(tmp_path)
+    again = tmp_path / "again.jsonl"
+    with deploy(app(again, count=60_000, rate=2_000), storage, checkpoint_interval="600s") as dep:
+        until(lambda: any(s["operators"].get("map-2", {}).get("tuples_in", 0) for s in dep.pe_stats().values()),
+              WAIT, "the new run's first tuples")
+        worker = dep.placement().pes[dep.placement().pe_of("map-2")].worker
+        os.kill(dep.worker_info[worker]["pid"], signal.SIGKILL)
+        with pytest.raises(DeploymentFailed, match="lost worker"):
+            dep.wait(timeout=WAIT)
+        assert dep.status()["checkpoints"]["restart"]["restarts"] == []
+
+
+def test_two_runs_of_one_app_at_once_keep_their_own_checkpoints(tmp_path):
+    """Two runs checkpoint into one directory at the same time, keeping one checkpoint each: neither
+    prunes nor overwrites the other's, and each one's last checkpoint is its own. (Their apps are
+    named apart: one running deployment per name is refused on its own account.)"""
+    storage = tmp_path / "ckpt"
+    with dask.config.set({"pescheduler.checkpoint.retain": 1}):
+        with deploy(app(tmp_path / "a.jsonl", 9_000, name="run-a"), storage, checkpoint_interval="0.1s") as a, \
+                deploy(app(tmp_path / "b.jsonl", 9_000, name="run-b"), storage, checkpoint_interval="0.1s") as b:
+            a.wait(timeout=WAIT)
+            b.wait(timeout=WAIT)
+            lasts = {dep.id: dep.checkpoints()[-1]["url"] for dep in (a, b)}
+    for deployment, url in lasts.items():
+        manifest = json.loads((Path(url) / "MANIFEST.json").read_text())
+        assert manifest["deployment"] == deployment
+    assert committed_output(tmp_path / "a.jsonl") == expected(9_000) == committed_output(tmp_path / "b.jsonl")
+
+
+def test_a_pruning_failure_is_logged_and_retried_and_checkpoints_go_on(tmp_path, monkeypatch, caplog):
+    """Removing old checkpoints fails (a storage error) for a while: checkpointing goes on, the
+    status says why, and the old ones are removed once the storage lets them be."""
+    real, failures = CheckpointStore.discard, {"left": 4}
+
+    def flaky(self, checkpoint_id):
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise PermissionError(13, "Permission denied (injected)")
+        return real(self, checkpoint_id)
+
+    monkeypatch.setattr(CheckpointStore, "discard", flaky)
+    out, storage = tmp_path / "out.jsonl", tmp_path / "ckpt"
+    with deploy(app(out, count=30_000), storage, checkpoint_interval="0.1s") as dep:
+        until(lambda: dep.status()["checkpoints"]["completed"] >= 10, WAIT, "checkpoints going on after failures")
+        assert failures["left"] == 0 and dep.status()["state"] == "running"
+        dep.wait(timeout=WAIT)
+        retained = len(dep.checkpoints()[-3:])
+    assert any("pruning old checkpoints failed" in r.getMessage() for r in caplog.records)
+    assert len(manifests(storage)) == retained == 3
+    assert committed_output(out) == expected(30_000)
