@@ -361,3 +361,75 @@ def test_a_checkpoint_of_a_two_instance_window_restores_onto_three_instances_exa
                 assert (pane, key) not in seen and agg == whole[pane][key]
                 seen[(pane, key)] = agg
     assert len(seen) == sum(len(d) for d in whole.values())           # and every key, once
+
+
+def test_a_hung_storage_write_is_bounded_by_the_timeout_and_never_holds_the_reconfigurers_lock():
+    """The storage hangs (an NFS or S3 write that never returns): the checkpoint is aborted after
+    ``checkpoint.timeout`` and, while the write hangs, the Reconfigurer's lock is free (a recovery
+    or a reconfiguration never waits behind storage). No manifest appears when the write resumes."""
+    import threading as th
+
+    store, gateway = memory_store(), FakeGateway()
+    coord = coordinator(store, gateway, timeout=0.5)
+    hung, release = th.Event(), th.Event()
+    pipe_file = store.fs.pipe_file
+
+    def hanging(path, data, **kw):
+        hung.set()
+        release.wait(30)
+        return pipe_file(path, data, **kw)
+
+    store.fs.pipe_file = hanging
+
+    async def scenario():
+        trigger = asyncio.create_task(coord.trigger())
+        await asyncio.wait_for(asyncio.to_thread(hung.wait, 5), 6)
+        assert not coord.reconfigurer.lock.locked()             # writing, and the lock is free
+        with pytest.raises(CheckpointError, match="longer than 0.5 s"):
+            await asyncio.wait_for(trigger, 5)
+        release.set()
+
+    try:
+        asyncio.run(scenario())          # its end waits for the write thread, released below
+    finally:
+        release.set()
+    assert coord.aborted == 1 and gateway.ended == [(1, False)] and store.completed() == []
+
+
+def test_files_signed_with_another_key_are_refused_and_a_shared_secret_restores_anywhere(tmp_path):
+    """A checkpoint written with one key does not load with another (a forged or foreign one is
+    never unpickled); two machines given the same ``pescheduler.checkpoint.key`` derive the same key."""
+    import dask.config
+
+    from pescheduler.checkpoint.keys import checkpoint_key
+    from pescheduler.errors import CheckpointDamaged
+
+    store = CheckpointStore(str(tmp_path), KEY)
+    coord = coordinator(store, FakeGateway())
+    asyncio.run(coord.trigger())
+    stranger = CheckpointStore(str(tmp_path), b"x" * 32, run=store.run)
+    with pytest.raises(CheckpointDamaged, match="not signed with this deployment's checkpoint key"):
+        stranger.manifest(1)
+    with pytest.raises(CheckpointError, match="no complete checkpoint .*damaged"):
+        stranger.resolve("latest")
+    with dask.config.set({"pescheduler.checkpoint.key": "correct horse"}):
+        here = checkpoint_key()
+    with dask.config.set({"pescheduler.checkpoint.key": "correct horse"}):
+        assert checkpoint_key() == here and len(here) == 32
+
+
+def test_the_key_file_is_made_owner_only_and_refused_when_others_can_read_it(tmp_path):
+    import os
+    import stat
+
+    import dask.config
+
+    from pescheduler.checkpoint.keys import checkpoint_key, key_path
+
+    with dask.config.set({"pescheduler.state-dir": str(tmp_path / "deployments")}):
+        key = checkpoint_key()
+        path = key_path()
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and checkpoint_key() == key and len(key) == 32
+        os.chmod(path, 0o644)
+        with pytest.raises(CheckpointError, match="readable by others"):
+            checkpoint_key()
