@@ -1,8 +1,9 @@
 """The key checkpoint files are signed with: an HMAC key that never touches the checkpoint storage.
 
 Write access to the storage must not be code execution in the deploying
-process, so nothing read from it is unpickled unless its HMAC-SHA256, taken
-with this key when it was written, matches (storage.py). The key is either
+process, so nothing read from it is unpickled unless it is proven written by
+this deployment: each checkpoint's manifest carries an HMAC-SHA256 taken with
+this key, and lists every file's SHA-256 (storage.py). The key is either
 
 - ``pescheduler.checkpoint.key``: a secret the user gives (the same one on
   every machine that restores the run's checkpoints), or
