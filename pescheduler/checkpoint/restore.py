@@ -3,7 +3,7 @@
 The placement that took the checkpoint is stored beside its state, so a
 restore onto a different placement (other workers, no copies any more, a
 re-compiled app) maps state by operator id through the very function a
-reconfiguration uses (``reconfigure.redistribute``): a KEYED operator whose
+reconfiguration uses (``plan/state.py``'s ``redistribute``): a KEYED operator whose
 instances differ gets its key groups merged and re-split, a partitioned
 source its partitions spread again. It is stored without operator parameters
 (a Kafka ``sasl.password``, a URL with a password): the mapping reads only the
@@ -21,9 +21,9 @@ import logging
 
 import cloudpickle
 
-from ..control.reconfigure import redistribute
 from ..errors import CheckpointDamaged, CheckpointError
 from ..plan.placement import LogicalOp, Placement
+from ..plan.state import redistribute
 from .storage import CheckpointStore
 
 logger = logging.getLogger(__name__)
