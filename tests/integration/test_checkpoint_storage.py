@@ -180,3 +180,22 @@ def test_a_pruning_failure_is_logged_and_retried_and_checkpoints_go_on(tmp_path,
     assert any("pruning old checkpoints failed" in r.getMessage() for r in caplog.records)
     assert len(manifests(storage)) == retained == 3
     assert committed_output(out) == expected(30_000)
+
+
+def test_a_run_started_from_another_runs_checkpoint_restores_it_after_a_loss_before_its_own(tmp_path):
+    """The exception to "a recovery restores only its own run's checkpoints": the one the run was
+    explicitly started from. A run restored from the newest checkpoint of a run stopped mid-stream
+    loses a worker before its own first checkpoint: it restores that one again, exactly."""
+    out, storage = tmp_path / "out.jsonl", tmp_path / "ckpt"
+    with deploy(app(out, count=20_000), storage, checkpoint_interval="0.3s") as first:
+        until(lambda: len(first.checkpoints()) >= 2, WAIT, "two checkpoints of the first run")
+    with deploy(app(out, count=20_000), storage, restore="latest", checkpoint_interval="600s") as dep:
+        origin = dep.status()["checkpoints"]["restored_from"]
+        until(lambda: any(s["operators"].get("map-2", {}).get("tuples_in", 0) for s in dep.pe_stats().values()),
+              WAIT, "the restored run's first tuples")
+        worker = dep.placement().pes[dep.placement().pe_of("map-2")].worker
+        os.kill(dep.worker_info[worker]["pid"], signal.SIGKILL)
+        dep.wait(timeout=WAIT)
+        restarts = dep.status()["checkpoints"]["restart"]["restarts"]
+    assert [f"{origin.rsplit('/', 1)[0]}/{r['checkpoint']}" for r in restarts] == [origin]
+    assert committed_output(out) == expected(20_000)
