@@ -20,8 +20,6 @@ class CheckpointSettings:
     timeout: float
     retain: int
     restore_id: int | None     # the checkpoint to start from (None: from the beginning)
-    attempts: int              # pescheduler.restart.*
-    backoff: float
 
 
 def checkpoint_settings(app_name: str, checkpoint: Any, interval: Any, restore: Any) -> CheckpointSettings | None:
@@ -49,8 +47,7 @@ def checkpoint_settings(app_name: str, checkpoint: Any, interval: Any, restore: 
         raise CheckpointError(f"checkpoint_interval must be positive, got {interval!r}")
     return CheckpointSettings(store, every, config.get_seconds("checkpoint.timeout"),
                               int(config.get("checkpoint.retain")),
-                              store.resolve(restore) if restore is not None else None,
-                              int(config.get("restart.attempts")), config.get_seconds("restart.backoff"))
+                              store.resolve(restore) if restore is not None else None)
 
 
 def refuse_unreplayable(app, plugins) -> None:
