@@ -145,14 +145,18 @@ def start_tansu_tls() -> TlsKafka:
     return tls
 
 
-def start_redis() -> Broker:
-    """A redis-server without persistence on a free port; ready once it answers PING."""
+def start_redis(port: int | None = None, folder: str | None = None, durable: bool = False) -> Broker:
+    """A redis-server on a free port (or ``port``); ready once it answers PING. Without
+    persistence, unless ``durable``: then every write is in its append-only file in ``folder``
+    before Redis answers, so a server SIGKILLed and started again on ``folder`` (and ``port``)
+    has everything it acknowledged, as a real deployment's would."""
     binary = require("redis-server", "redis-server")
-    port = free_port()
-    folder = tempfile.mkdtemp(prefix="redis-")
+    port = port or free_port()
+    folder = folder or tempfile.mkdtemp(prefix="redis-")
     log = os.path.join(folder, "redis.log")
+    aof = ["--appendonly", "yes", "--appendfsync", "always"] if durable else ["--appendonly", "no"]
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", folder, "--logfile", log],
+                             *aof, "--dir", folder, "--logfile", log],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     broker = Broker(f"127.0.0.1:{port}", proc, log)
     _wait_ready(broker, _redis_ready)
