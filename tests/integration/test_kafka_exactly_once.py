@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -23,7 +24,8 @@ import pytest
 import pescheduler
 from pescheduler import Application, Release, Replicate
 
-from brokers import committed_log, create_topic, produce, start_tansu, transaction_log
+from brokers import (committed_log, create_topic, produce, start_fronted_tansu, start_tansu, tcp_front,
+                     transaction_log)
 from waiting import gone, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
@@ -223,3 +225,39 @@ def test_sink_copies_replicated_released_and_restored_onto_fewer_hand_over_exact
     assert sorted(r["n"] for r in out) == list(range(n)), "lost or doubled through the sink's copies"
     assert all(r["twice"] == 2 * r["n"] for r in out)
     assert not any(still_open.values()), f"transactions left open (records per partition): {still_open}"
+
+
+def test_a_broker_away_for_five_seconds_costs_restores_not_records(tmp_path):
+    """Issue 31, finding 8: the broker unreachable for 5 s mid-stream (the TCP front every
+    client goes through stopped by its PID: connections dropped, new ones refused), then
+    reachable again: the run goes on and the committed output is every record once. Here
+    librdkafka's own reconnects ride the outage out (no PE failed, no restore, on this machine;
+    main's code passed too): the guard is that nothing in the sink's commit path turns an
+    outage this short into a failure or a gap. An outage that fails PEs (a refused Redis) is
+    restored by the restart strategy: test_redis."""
+    n = 12_000
+    broker, front = start_fronted_tansu()
+    try:
+        kafka = front.address
+        create_topic(kafka, "outage-in", 2)
+        create_topic(kafka, "outage-out", 2)
+        produce(kafka, "outage-in", numbered(n, 10), partition_of=lambda r: r["n"] % 2)
+        app = Application("kafka-outage")
+        (app.source("kafka", topic="outage-in", bootstrap_servers=kafka, event_time="ts", rate=2_000)
+            .map(lambda t: {"n": t["n"], "twice": 2 * t["n"]})
+            .sink("kafka", topic="outage-out", bootstrap_servers=kafka, key="n", exactly_once=True))
+        with pescheduler.deploy(app, workers=3, policies=[], checkpoint=str(tmp_path / "ckpt"),
+                                checkpoint_interval="0.5s") as dep:
+            until(lambda: len(dep.checkpoints()) >= 2, WAIT, "two complete checkpoints")
+            front.stop()
+            time.sleep(5)                    # the outage's length (a fault, not a synchronisation)
+            front = tcp_front(int(kafka.rsplit(":", 1)[1]), int(broker.address.rsplit(":", 1)[1]))
+            read_everything(dep, 2)
+            status = dep.stop()
+        assert status["state"] == "stopped", status.get("error")
+        out = committed(kafka, "outage-out")
+    finally:
+        front.stop()
+        broker.stop()
+    assert sorted(r["n"] for r in out) == list(range(n)), "lost or doubled around the outage"
+    assert all(r["twice"] == 2 * r["n"] for r in out)

@@ -311,7 +311,7 @@ class _Zero:
 
 def test_a_redis_killed_and_started_again_mid_stream_costs_restores_not_entries(tmp_path):
     """Issue 31, findings 2 and 4: the sink's Redis (append-only, fsync always) SIGKILLed by PID
-    between checkpoints and started again 2 s later on its files. The sink's writes and commits
+    between checkpoints and started again 5 s later on its files. The sink's writes and commits
     fail meanwhile: its PE fails (no batch re-run tuple by tuple, nothing dead-lettered, no
     staged epoch forgotten) and the run restores, with a growing pause, until Redis is back;
     the stream then holds every entry once. Before: the failed batches became dead letters and
@@ -331,7 +331,7 @@ def test_a_redis_killed_and_started_again_mid_stream_costs_restores_not_entries(
             until(lambda: len(dep.checkpoints()) >= 2, WAIT, "two complete checkpoints")
             broker.proc.kill()
             broker.proc.wait(timeout=10)
-            time.sleep(2)                    # the outage's length (a fault, not a synchronisation)
+            time.sleep(5)                    # the outage's length (a fault, not a synchronisation)
             broker = start_redis(port=int(broker.address.rsplit(":", 1)[1]), folder=str(tmp_path), durable=True)
             status = dep.wait(timeout=WAIT)
             assert dep.dead_letters() == []
