@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 from ..errors import DeliveryFailed
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, Parallelism, overrides
-from ..plan.routing import Router
+from .routing import Router
 from .busy import busy_clock
 
 
