@@ -264,3 +264,50 @@ def test_a_later_checkpoint_keeps_the_staging_of_a_commit_that_failed(small_disk
     again = restored(JsonlSink(path=path), saved, 2)
     assert jsonl_rows(path) == list(range(200)) + list(range(5))
     again.close()
+
+
+# -- the exactly-once Kafka sink's commit: a parked transaction stays parked until Kafka committed it
+# (a stand-in producer here; tests/integration/test_kafka_exactly_once.py kills a real sink at each
+# step of its commit against a real broker)
+
+class Producer:
+    """Answers ``commit_transaction`` with the errors given, in turn, then commits."""
+
+    def __init__(self, *errors):
+        self.errors, self.commits = list(errors), 0
+
+    def commit_transaction(self, timeout):
+        self.commits += 1
+        if self.errors:
+            from confluent_kafka import KafkaException
+
+            raise KafkaException(self.errors.pop(0))
+
+
+def kafka_sink_with(producer):
+    from pescheduler.operators.kafka import KafkaSink
+
+    sink = KafkaSink(topic="out", exactly_once=True)
+    sink._prepared[1] = (producer, [(b"v", None)], "tid-0", (0, 0))
+    return sink
+
+
+def test_kafka_a_commit_kafka_calls_retriable_is_committed_again():
+    from confluent_kafka import KafkaError
+
+    producer = Producer(KafkaError(KafkaError._TIMED_OUT, "commit timed out", retriable=True))
+    sink = kafka_sink_with(producer)
+    with dask.config.set(FAST_RETRIES):
+        sink.commit(1)
+    assert producer.commits == 2 and sink._prepared == {} and sink._pool == [producer]
+
+
+def test_kafka_a_commit_that_must_abort_fails_the_pe_and_keeps_the_transaction_parked():
+    from confluent_kafka import KafkaError
+
+    producer = Producer(KafkaError(KafkaError._STATE, "must abort", txn_requires_abort=True))
+    sink = kafka_sink_with(producer)
+    with dask.config.set(FAST_RETRIES), pytest.raises(DeliveryFailed, match="must abort"):
+        sink.commit(1)
+    assert list(sink._prepared) == [1], "the parked transaction was forgotten"
+    assert sink.snapshot()["parked"][0][0] == 1        # a later checkpoint still carries it
