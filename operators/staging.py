@@ -86,17 +86,22 @@ def retried(what: str, call, transient: tuple = (OSError,)):
     """``call()``, again after a growing pause while it raises one of ``transient``
     (``pescheduler.sinks.retry.*``); then :class:`~pescheduler.errors.DeliveryFailed` naming
     ``what``, which fails the PE (a checkpointed run restores and commits again). ``call`` must
-    be safe to repeat: the commits that use this undo a part-done step before they raise."""
+    be safe to repeat: the commits that use this undo a part-done step before they raise.
+    The settings are read only after a failure (a sink calls this per batch)."""
+    try:
+        return call()
+    except transient as exc:
+        error = exc
     backoff = Backoff(config.get_seconds("sinks.retry.backoff"), config.get_seconds("sinks.retry.max-backoff"),
                       float(config.get("sinks.retry.backoff-multiplier")))
     attempts = int(config.get("sinks.retry.attempts"))
-    for attempt in range(attempts):
+    for attempt in range(1, attempts):
+        time.sleep(backoff.delay(attempt - 1))
         try:
             return call()
         except transient as exc:
-            if attempt == attempts - 1:
-                raise DeliveryFailed(f"{what} failed {attempts} times, last: {type(exc).__name__}: {exc}") from exc
-            time.sleep(backoff.delay(attempt))
+            error = exc
+    raise DeliveryFailed(f"{what} failed {attempts} times, last: {type(error).__name__}: {error}") from error
 
 
 def serialized(method):
