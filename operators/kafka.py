@@ -31,11 +31,13 @@ from functools import partial
 from time import monotonic, sleep
 from typing import Any, Callable
 
+from pescheduler.errors import DeliveryFailed
 from pescheduler.operator import Parallelism, Sink
 from pescheduler.timeutil import parse_duration
 
 from .kafka_log import SECURITY_PREFIXES, LogReader
 from .partitions import PartitionedSource, decoder, encoder
+from .staging import retried
 
 logger = logging.getLogger(__name__)
 
@@ -345,6 +347,14 @@ class KafkaSink(Sink):
     has none, its barrier having just parked them) and of their parked
     transactions the log shows were not committed. They are visible with the
     original's next commit, so a restore before it replays them instead.
+
+    Failures: a record not delivered, or a flush that times out, fails the
+    PE (:class:`~pescheduler.errors.DeliveryFailed`): the batch is never
+    replayed tuple by tuple (it would be written twice), and a checkpointed
+    run restores. A parked transaction stays parked until its commit
+    returned: a commit Kafka calls retriable (a timeout) is tried again
+    (``pescheduler.sinks.retry.*``), one that must abort fails the PE, and
+    the restored sink learns from the log that it never committed.
     """
 
     name = "kafka"
@@ -483,23 +493,12 @@ class KafkaSink(Sink):
             self._write([(encode(t), None if key is None else str(t[key]).encode()) for t in batch])
             if not self._checkpointed:         # no checkpoint will commit it: the batch is a transaction
                 self._drain(self._producer)
-                self._producer.commit_transaction(self.timeout_s)
+                self._commit_transaction(self._producer, "a batch")
                 self._pool.append(self._producer)
                 self._producer = self._next_transaction()
             return
-        produce, encode, topic, key = self._producer.produce, self.encode, self.topic, self.key
-        for t in batch:
-            while True:
-                try:
-                    if key is None:
-                        produce(topic, encode(t))
-                    else:
-                        produce(topic, encode(t), str(t[key]).encode())
-                    break
-                except BufferError:                      # local queue full: let librdkafka send
-                    self._producer.poll(0.05)
-        self._producer.poll(0)
-        self._check()
+        encode, key = self.encode, self.key            # a tuple that cannot be encoded fails before any write
+        self._produce(self._producer, [(encode(t), None if key is None else str(t[key]).encode()) for t in batch])
 
     def _write(self, pairs: list) -> None:
         """Encoded ``(value, key)`` pairs into the open transaction (kept for the snapshot while
@@ -525,14 +524,14 @@ class KafkaSink(Sink):
     def _check(self) -> None:
         if self._failed:
             failed, self._failed = self._failed, []
-            raise RuntimeError(f"kafka sink: {len(failed)} record(s) not delivered, first: {failed[0]}")
+            raise DeliveryFailed(f"kafka sink: {len(failed)} record(s) not delivered, first: {failed[0]}")
 
     def _drain(self, producer) -> None:
         left = producer.flush(self.timeout_s * 3)
         self._check()
         if left:
-            raise _connect_error(f"sink ({left} records unacknowledged)", self.servers, self.timeout_s * 3,
-                                 "flush timed out")
+            raise DeliveryFailed(str(_connect_error(f"sink ({left} records unacknowledged)", self.servers,
+                                                    self.timeout_s * 3, "flush timed out")))
 
     # -- two-phase commit (called by checkpoints) ------------------------------------
     def pre_commit(self, checkpoint_id: int) -> None:
@@ -552,9 +551,25 @@ class KafkaSink(Sink):
         if self._lost:
             self._republish(checkpoint_id)
         for cid in sorted(c for c in self._prepared if c <= checkpoint_id):
-            producer, *_ = self._prepared.pop(cid)
-            producer.commit_transaction(self.timeout_s)
+            producer = self._prepared[cid][0]
+            self._commit_transaction(producer, f"checkpoint {cid}")
+            del self._prepared[cid]             # only once Kafka said it committed
             self._pool.append(producer)
+
+    def _commit_transaction(self, producer, what: str) -> None:
+        """Commit ``producer``'s transaction; Kafka's retriable errors are tried again (its
+        documented handling: call commit again), any other fails the PE (DeliveryFailed)."""
+        from confluent_kafka import KafkaException
+
+        def commit() -> None:
+            try:
+                producer.commit_transaction(self.timeout_s)
+            except KafkaException as exc:
+                if exc.args and exc.args[0].retriable():
+                    raise _Retriable(str(exc)) from exc
+                raise DeliveryFailed(f"kafka sink: committing the transaction of {what} on {self.topic} "
+                                     f"failed: {exc}") from exc
+        retried(f"kafka sink: committing the transaction of {what} on {self.topic}", commit, (_Retriable,))
 
     def _republish(self, checkpoint_id: int) -> None:
         """The lost transactions up to ``checkpoint_id``, each written again in a transaction of
@@ -566,20 +581,25 @@ class KafkaSink(Sink):
         so into that partition too; unkeyed ones land where the partitioner happens to put them
         (a whole batch in one partition), so the first is written into it explicitly."""
         due = sorted((e for e in self._lost if e[0] <= checkpoint_id), key=lambda e: e[0])
-        self._lost = [e for e in self._lost if e[0] > checkpoint_id]
-        for _cid, records, tid, place in due:
-            producer = self._held.pop(tid, None)
-            if producer is None:                  # a snapshot of an older version names no id
-                producer = self._pool.pop(0) if self._pool else self._transactional()
-            self._begin(producer)
-            pairs = [tuple(p) for p in records]
-            if place is not None and pairs and pairs[0][1] is None:
-                self._produce(producer, pairs[:1], partition=int(place[0]))
-                pairs = pairs[1:]
-            self._produce(producer, pairs)
-            self._drain(producer)
-            producer.commit_transaction(self.timeout_s)
-            self._pool.append(producer)
+        for entry in due:
+            self._republish_one(entry)
+            self._lost.remove(entry)             # only once its transaction committed
+
+    def _republish_one(self, entry: list) -> None:
+        """One lost transaction written again and committed (see :meth:`_republish`)."""
+        _cid, records, tid, place = entry
+        producer = self._held.pop(tid, None)
+        if producer is None:                  # a snapshot of an older version names no id
+            producer = self._pool.pop(0) if self._pool else self._transactional()
+        self._begin(producer)
+        pairs = [tuple(p) for p in records]
+        if place is not None and pairs and pairs[0][1] is None:
+            self._produce(producer, pairs[:1], partition=int(place[0]))
+            pairs = pairs[1:]
+        self._produce(producer, pairs)
+        self._drain(producer)
+        self._commit_transaction(producer, f"checkpoint {_cid} (written again)")
+        self._pool.append(producer)
 
     def abort(self, checkpoint_id: int) -> None:
         """Abort the parked transactions of ``checkpoint_id`` and later (the stream replays them).
@@ -633,7 +653,7 @@ class KafkaSink(Sink):
         self._drain(self._producer)
         if self.exactly_once:
             self.commit(max([*self._prepared, *(e[0] for e in self._lost)], default=0))
-            self._producer.commit_transaction(self.timeout_s)
+            self._commit_transaction(self._producer, "the end of the stream")
             self._pool.append(self._producer)
             self._producer, self._records = None, []
 
@@ -644,6 +664,10 @@ class KafkaSink(Sink):
         # destroyed now rather than whenever the cycle collector runs, so none goes on reconnecting
         # to a broker that has stopped. Transactions left open are fenced by the successor.
         self._producer, self._pool, self._prepared, self._held = None, [], {}, {}
+
+
+class _Retriable(Exception):
+    """A Kafka error its client says to retry (e.g. a transaction commit that timed out)."""
 
 
 def _entry(parked: list) -> list:

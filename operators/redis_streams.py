@@ -21,11 +21,12 @@ from time import monotonic
 from typing import Any, Callable
 
 from pescheduler import config
+from pescheduler.errors import DeliveryFailed
 from pescheduler.operator import Parallelism, Sink
 from pescheduler.timeutil import parse_duration
 
 from .partitions import PartitionedSource, decoder, encoder
-from .staging import Epochs, serialized
+from .staging import Epochs, retried, serialized
 
 FIELD = b"data"          # the entry field holding the encoded tuple ("json"/"bytes" formats)
 
@@ -269,6 +270,14 @@ class RedisStreamSink(Sink):
     ``XADD`` on replay: a replay after a restore need not deliver the same
     tuples in the same order (partitions interleave differently, barriers
     fall elsewhere), so equal ids would not mean equal entries.
+
+    Failures: a staged epoch leaves the bookkeeping only once the script that
+    published it returned, and a commit that lost its connection is tried again
+    (``pescheduler.sinks.retry.*``; the script is idempotent); a write that
+    fails is never replayed tuple by tuple: without checkpoints it is retried
+    (at-least-once), with them the PE fails at once
+    (:class:`~pescheduler.errors.DeliveryFailed`) and the restore cuts the
+    staging back to the checkpoint, so nothing is written twice.
     """
 
     name = "redis"
@@ -316,17 +325,20 @@ class RedisStreamSink(Sink):
         return [{FIELD: encode(t)} for t in batch]
 
     def process(self, batch: list, emit: Any) -> None:
+        entries = self._entries(batch)          # a tuple that cannot be encoded fails before any write
         pipe = self._client.pipeline(transaction=False)
         if self._staged:
             import msgpack
 
-            packed = [msgpack.packb([x for kv in e.items() for x in kv], use_bin_type=False) for e in self._entries(batch)]
+            packed = [msgpack.packb([x for kv in e.items() for x in kv], use_bin_type=False) for e in entries]
             pipe.rpush(self._prefix + str(self._epochs.current), *packed)
-        else:
-            xadd, stream, maxlen = pipe.xadd, self.stream, self.maxlen
-            for fields in self._entries(batch):
-                xadd(stream, fields, maxlen=maxlen, approximate=True)
-        pipe.execute()
+            _or_fail(pipe.execute, f"redis sink: staging a batch for {self.stream}")
+            return
+        xadd, stream, maxlen = pipe.xadd, self.stream, self.maxlen
+        for fields in entries:
+            xadd(stream, fields, maxlen=maxlen, approximate=True)
+        what = f"redis sink: writing a batch to {self.stream}"
+        _or_fail(lambda: retried(what, pipe.execute, _transient()), what)
 
     # -- two-phase commit (called by checkpoints) ------------------------------------
     @serialized
@@ -344,13 +356,17 @@ class RedisStreamSink(Sink):
     def commit(self, checkpoint_id: int) -> None:
         """Move the sealed epochs of ids up to ``checkpoint_id`` (with those of copies taken over)
         into the stream, oldest checkpoint first, atomically."""
-        due = [(c, self._prefix + str(e)) for c, e, _n in self._epochs.due(checkpoint_id)]
+        epochs = self._epochs.due(checkpoint_id)
+        due = [(c, self._prefix + str(e)) for c, e, _n in epochs]
         taken = [a for a in self._adopted if a[0] is not None and a[0] <= checkpoint_id]
-        self._adopted = [a for a in self._adopted if a not in taken]
         due += [(c, key) for c, key in taken]
         if due:
-            self._publish(keys=[self.stream] + [key for _c, key in sorted(due, key=lambda d: d[0])],
-                          args=["" if self.maxlen is None else self.maxlen])
+            keys = [self.stream] + [key for _c, key in sorted(due, key=lambda d: d[0])]
+            retried(f"redis sink: committing checkpoint {checkpoint_id} to {self.stream}",
+                    lambda: self._publish(keys=keys, args=["" if self.maxlen is None else self.maxlen]), _transient())
+        for _c, epoch, _n in epochs:            # confirmed by Redis: no longer pending
+            self._epochs.published(epoch)
+        self._adopted = [a for a in self._adopted if a not in taken]
 
     @serialized
     def abort(self, checkpoint_id: int) -> None:
@@ -430,3 +446,22 @@ class RedisStreamSink(Sink):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _transient() -> tuple:
+    """Redis errors worth trying again: the connection went or an answer timed out."""
+    import redis
+
+    return (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def _or_fail(call, what: str):
+    """``call()``; a Redis error fails the PE (:class:`~pescheduler.errors.DeliveryFailed`):
+    a staged write that may or may not have landed is not tried again, the restore cuts the
+    staging back to its checkpoint instead."""
+    import redis
+
+    try:
+        return call()
+    except redis.exceptions.RedisError as exc:
+        raise DeliveryFailed(f"{what} failed: {type(exc).__name__}: {exc}") from exc

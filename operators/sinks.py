@@ -10,7 +10,7 @@ from typing import Any
 
 from pescheduler.operator import Emitter, Sink
 
-from .staging import Epochs, clear, epoch_of, serialized, staging_dir
+from .staging import Epochs, clear, epoch_of, retried, serialized, staging_dir
 
 # One encoder built once: json.dumps with non-default arguments builds a new
 # encoder on every call, which dominates the cost of small tuples.
@@ -40,6 +40,13 @@ class JsonlSink(Sink):
     ``path`` had and the sealed epochs with their sizes, so ``restore`` cuts
     ``path`` back to exactly what the restored checkpoint had published (a
     commit that crashed half-way included) and drops staging written after it.
+
+    A write that fails (a full disk) is cut back to where it began, so no torn
+    line stays, and tried again (``pescheduler.sinks.retry.*``); then the PE
+    fails (:class:`~pescheduler.errors.DeliveryFailed`), never dead letters
+    with later output published past the gap. An epoch stays pending until
+    its part is appended and fsynced: ``commit`` may be called again after a
+    failure and publishes each epoch exactly once.
     """
 
     name = "jsonl"
@@ -118,10 +125,10 @@ class JsonlSink(Sink):
                 os.makedirs(self._staging, exist_ok=True)
                 self._part = os.open(self._part_path(self._epochs.current),
                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            _write_all(self._part, data)
+            _append(self._part, data, f"jsonl sink: staging to {self._part_path(self._epochs.current)}")
             self._part_size += len(data)
         else:
-            _write_all(self._fd, data)
+            _append(self._fd, data, f"jsonl sink: writing to {self.path}")
 
     # -- two-phase commit --------------------------------------------------------------
     @serialized
@@ -139,16 +146,28 @@ class JsonlSink(Sink):
 
     @serialized
     def commit(self, checkpoint_id: float) -> None:
-        """Append the sealed epochs of checkpoints up to ``checkpoint_id`` to the file, in order."""
+        """Append the sealed epochs of checkpoints up to ``checkpoint_id`` to the file, in order;
+        each leaves the bookkeeping only once appended and fsynced (a failure cuts the file back
+        and raises, and a later call publishes what is left)."""
         for _cid, epoch, _size in self._epochs.due(checkpoint_id):
             part = self._part_path(epoch)
-            if not os.path.exists(part):
-                continue                        # published before a restore: restore kept it
+            if os.path.exists(part):            # else published before a restore: restore kept it
+                retried(f"jsonl sink: publishing {part} to {self.path}", lambda: self._publish(part))
+            self._epochs.published(epoch)
+            if os.path.exists(part):
+                os.remove(part)
+
+    def _publish(self, part: str) -> None:
+        """Append ``part`` to the file and fsync; on an error the file is cut back to before it."""
+        size = os.fstat(self._fd).st_size
+        try:
             with open(part, "rb") as f:
                 while chunk := f.read(1 << 20):
                     _write_all(self._fd, chunk)
             os.fsync(self._fd)
-            os.remove(part)
+        except OSError:
+            os.ftruncate(self._fd, size)
+            raise
 
     @serialized
     def flush(self, emit: Emitter) -> None:
@@ -181,6 +200,20 @@ class JsonlSink(Sink):
             if fd is not None:
                 os.close(fd)
         self._fd = self._part = None
+
+
+def _append(fd: int, data: bytes, what: str) -> None:
+    """Append ``data`` to ``fd`` whole or not at all: a failed write is cut back (no torn line)
+    and tried again (:func:`~.staging.retried`), then fails the PE."""
+    size = os.fstat(fd).st_size
+
+    def write() -> None:
+        try:
+            _write_all(fd, data)
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    retried(what, write)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -340,6 +373,7 @@ class ParquetSink(Sink):
                         os.makedirs(target, exist_ok=True)
                         os.replace(os.path.join(folder, f), os.path.join(target, f))
             clear(root)
+            self._epochs.published(epoch)
 
     @serialized
     def abort(self, checkpoint_id: int) -> None:

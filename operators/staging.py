@@ -16,7 +16,12 @@ import functools
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass, field
+
+from pescheduler import config
+from pescheduler.errors import DeliveryFailed
+from pescheduler.restart import Backoff
 
 
 @dataclass
@@ -38,10 +43,14 @@ class Epochs:
         self.current += 1
 
     def due(self, checkpoint_id: float) -> list:
-        """Take the sealed epochs of checkpoints up to ``checkpoint_id``, oldest first."""
-        due = [p for p in self.pending if p[0] <= checkpoint_id]
-        self.pending = [p for p in self.pending if p[0] > checkpoint_id]
-        return due
+        """The sealed epochs of checkpoints up to ``checkpoint_id``, oldest first. They stay
+        pending until :meth:`published` says the external system confirmed each: a commit that
+        fails part-way forgets nothing, and calling it again finishes the job."""
+        return sorted((p for p in self.pending if p[0] <= checkpoint_id), key=lambda p: p[0])
+
+    def published(self, epoch: int) -> None:
+        """The external system confirmed ``epoch``'s output: it is no longer pending."""
+        self.pending = [p for p in self.pending if p[1] != epoch]
 
     def state(self) -> dict:
         return {"current": self.current, "pending": [list(p) for p in self.pending]}
@@ -71,6 +80,28 @@ def clear(folder: str) -> None:
     """Remove a staging folder and everything in it (a fresh start)."""
     shutil.rmtree(folder, ignore_errors=True)
 
+
+
+def retried(what: str, call, transient: tuple = (OSError,)):
+    """``call()``, again after a growing pause while it raises one of ``transient``
+    (``pescheduler.sinks.retry.*``); then :class:`~pescheduler.errors.DeliveryFailed` naming
+    ``what``, which fails the PE (a checkpointed run restores and commits again). ``call`` must
+    be safe to repeat: the commits that use this undo a part-done step before they raise.
+    The settings are read only after a failure (a sink calls this per batch)."""
+    try:
+        return call()
+    except transient as exc:
+        error = exc
+    backoff = Backoff(config.get_seconds("sinks.retry.backoff"), config.get_seconds("sinks.retry.max-backoff"),
+                      float(config.get("sinks.retry.backoff-multiplier")))
+    attempts = int(config.get("sinks.retry.attempts"))
+    for attempt in range(1, attempts):
+        time.sleep(backoff.delay(attempt - 1))
+        try:
+            return call()
+        except transient as exc:
+            error = exc
+    raise DeliveryFailed(f"{what} failed {attempts} times, last: {type(error).__name__}: {error}") from error
 
 
 def serialized(method):

@@ -63,7 +63,8 @@ NULLABLE_FORMS = {
 # Integers that must be at least 1 (0 would hang or divide by zero); others must be >= 0.
 AT_LEAST_ONE = {"batch.size", "channel.credits", "pe.time-slice-ms", "monitor.history", "cluster.workers",
                 "rm.local.workers-per-host", "rm.spark.workers", "rm.spark.max-executors",
-                "policies.rate.down-after", "policies.move.after", "rm.lab.hosts", "checkpoint.retain"}
+                "policies.rate.down-after", "policies.move.after", "rm.lab.hosts", "checkpoint.retain",
+                "sinks.retry.attempts"}
 OPEN_MAPPINGS = {"rm.spark.conf"}        # any keys: passed through to Spark as they are
 
 

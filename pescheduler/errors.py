@@ -55,6 +55,13 @@ class DeploymentFailed(PeschedulerError):
         self.reason = reason
 
 
+class DeliveryFailed(PeschedulerError):
+    """A sink could not hand output to its external system (a write, a delivery or a commit
+    failed, transient errors retried first). Never a dead letter: the PE fails, so a checkpointed
+    run restores its last checkpoint (and the sink commits again) and any other run fails loudly;
+    re-running the batch tuple by tuple would write part of it twice."""
+
+
 class NotReplayable(PeschedulerError):
     """A source that cannot rewind cannot take part in a checkpoint."""
 

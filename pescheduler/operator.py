@@ -417,7 +417,13 @@ class CommitHooks:
        staged, so restoring it knows what belongs to the checkpoint.
     2. Once checkpoint ``id`` is complete (every acknowledgement in, manifest
        written): ``commit(id)`` makes visible what was staged under ``id`` *and
-       every earlier id* not yet visible, in order. Idempotent.
+       every earlier id* not yet visible, in order. Idempotent, and it forgets
+       nothing it has not published: what is staged stays in the sink's
+       bookkeeping (and its snapshots) until the external system confirmed it,
+       so a ``commit`` that raised may be called again and finishes the job. A
+       ``commit`` that raises fails the sink's PE: the run restores (step 4)
+       and commits again, or fails loudly; a sink that cannot deliver raises
+       :class:`~pescheduler.errors.DeliveryFailed` from ``process`` too.
     3. A checkpoint that fails while the job goes on gets no call: its input
        is not read again, so what it staged goes out with the next ``commit``
        (as Flink's two-phase-commit sinks do).

@@ -145,14 +145,51 @@ def start_tansu_tls() -> TlsKafka:
     return tls
 
 
-def start_redis() -> Broker:
-    """A redis-server without persistence on a free port; ready once it answers PING."""
+def start_fronted_tansu() -> tuple[Broker, Broker]:
+    """Tansu that clients reach only through a plain TCP front (socat, :func:`tcp_front`) and
+    the front, both ready. Stopping the front by its PID is a broker outage that keeps the log
+    (Tansu's storage is in memory, so a stopped Tansu would come back empty); starting the front
+    again on the same port ends it. Tansu advertises the front's port, so every connection of a
+    client goes through it."""
+    inner, outer = free_port(), free_port()
+    broker = _tansu(inner, advertised=outer)
+    try:
+        front = tcp_front(outer, inner)
+    except BaseException:
+        broker.stop()
+        raise
+    try:
+        _wait_ready(front, _kafka_ready)
+    except BaseException:
+        broker.stop()
+        raise
+    return broker, front
+
+
+def tcp_front(port: int, to: int) -> Broker:
+    """socat forwarding 127.0.0.1:``port`` to 127.0.0.1:``to``, a process group of its own (it
+    forks per connection: stopping it by its PID drops every connection through it)."""
+    socat = require("socat", "socat")
+    log = tempfile.NamedTemporaryFile(prefix="socat-", suffix=".log", delete=False).name
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([socat, f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork", f"TCP:127.0.0.1:{to}"],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    return Broker(f"127.0.0.1:{port}", proc, log, group=True)
+
+
+def start_redis(port: int | None = None, folder: str | None = None, durable: bool = False) -> Broker:
+    """A redis-server on a free port (or ``port``); ready once it answers PING. Without
+    persistence, unless ``durable``: then every write is in its append-only file in ``folder``
+    before Redis answers, so a server SIGKILLed and started again on ``folder`` (and ``port``)
+    has everything it acknowledged, as a real deployment's would."""
     binary = require("redis-server", "redis-server")
-    port = free_port()
-    folder = tempfile.mkdtemp(prefix="redis-")
+    port = port or free_port()
+    folder = folder or tempfile.mkdtemp(prefix="redis-")
     log = os.path.join(folder, "redis.log")
+    aof = ["--appendonly", "yes", "--appendfsync", "always"] if durable else ["--appendonly", "no"]
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", folder, "--logfile", log],
+                             *aof, "--dir", folder, "--logfile", log],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     broker = Broker(f"127.0.0.1:{port}", proc, log)
     _wait_ready(broker, _redis_ready)

@@ -1,11 +1,12 @@
 """Fault injection for the Kafka exactly-once tests, loaded with ``plugins=["kafka_faults"]``.
 
-``sink("kafka_commit_crash", crash_flag=PATH, after=K, ...)`` is the Kafka sink with one hook:
-the first time a checkpoint ``>= K`` completes and its ``commit`` reaches the sink, it writes
+``sink("kafka_commit_crash", crash_flag=PATH, after=K, at=STEP, ...)`` is the Kafka sink with one
+hook: the first time a checkpoint ``>= K`` completes and its ``commit`` reaches the sink, it writes
 that checkpoint's id to ``crash_flag`` and SIGKILLs its own process (the Dask worker hosting
-it), before anything is committed: a real crash right between a checkpoint's completion (its
-manifest is written) and the sink's commit. ``crash_flag`` existing disarms it, so the
-restored instance runs as the plain sink.
+it) at ``STEP`` of the commit: ``"before"`` anything is committed (a real crash right between a
+checkpoint's completion, its manifest written, and the sink's commit), or ``"after"`` Kafka
+committed the transaction and before the sink's bookkeeping knows it. ``crash_flag`` existing
+disarms it, so the restored instance runs as the plain sink.
 """
 
 from __future__ import annotations
@@ -20,17 +21,27 @@ from pescheduler.operators.kafka import KafkaSink
 class CommitCrashSink(KafkaSink):
     name = "kafka_commit_crash"
 
-    def __init__(self, crash_flag: str, after: int = 2, **params) -> None:
+    def __init__(self, crash_flag: str, after: int = 2, at: str = "before", **params) -> None:
         super().__init__(**params)
-        self.crash_flag, self.after = crash_flag, after
+        self.crash_flag, self.after, self.at = crash_flag, after, at
 
     def commit(self, checkpoint_id: int) -> None:
-        if checkpoint_id >= self.after and self._prepared and not os.path.exists(self.crash_flag):
-            with open(self.crash_flag + ".tmp", "w") as f:
-                f.write(str(checkpoint_id))
-            os.replace(self.crash_flag + ".tmp", self.crash_flag)
-            os.kill(os.getpid(), signal.SIGKILL)
+        armed = checkpoint_id >= self.after and self._prepared and not os.path.exists(self.crash_flag)
+        if armed and self.at == "before":
+            self._crash(checkpoint_id)
         super().commit(checkpoint_id)
+
+    def _commit_transaction(self, producer, what: str) -> None:
+        super()._commit_transaction(producer, what)
+        if self.at == "after" and not os.path.exists(self.crash_flag) and what.startswith("checkpoint "):
+            if int(what.split()[1]) >= self.after:
+                self._crash(int(what.split()[1]))
+
+    def _crash(self, checkpoint_id: int) -> None:
+        with open(self.crash_flag + ".tmp", "w") as f:
+            f.write(str(checkpoint_id))
+        os.replace(self.crash_flag + ".tmp", self.crash_flag)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @pescheduler.hookimpl

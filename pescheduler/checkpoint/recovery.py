@@ -1,11 +1,12 @@
 """Recovery: a lost worker, a lost host or a failed PE restores the last complete checkpoint.
 
 Without checkpoints such a loss ends the run (``DeploymentFailed``). With
-them, and while ``pescheduler.restart.attempts`` remain, the deployment's
-``_fail`` hands the loss here instead, and this restores the **whole job**
-(not only the failed region, as Flink's region failover would): after
-``pescheduler.restart.backoff``, under the Reconfigurer's lock (no checkpoint
-or reconfiguration meanwhile),
+them, and while the restart strategy allows (``pescheduler/restart.py``,
+``pescheduler.restart.*``: Flink's exponential delay with a failure-rate
+limit), the deployment's ``_fail`` hands the loss here instead, and this
+restores the **whole job** (not only the failed region, as Flink's region
+failover would): after the strategy's pause, under the Reconfigurer's lock
+(no checkpoint or reconfiguration meanwhile),
 
 1. every PE still running is stopped;
 2. the workers still alive are found (each must answer within a bound);
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from .. import config
 from ..plan.compiler import compile_app
+from ..restart import RestartStrategy
 from .restore import load_states
 
 if TYPE_CHECKING:
@@ -43,12 +45,11 @@ FIRST_OUTPUT_S = 120.0    # how long the first output after a restore is looked 
 
 
 class Recovery:
-    """The restart strategy of one deployment (attempts, backoff) and its restarts so far."""
+    """The restores of one deployment: its restart strategy and its restarts so far."""
 
-    def __init__(self, dep: "Deployment", attempts: int, backoff: float) -> None:
+    def __init__(self, dep: "Deployment", strategy: RestartStrategy) -> None:
         self.dep = dep
-        self.attempts = attempts
-        self.backoff = backoff
+        self.strategy = strategy
         self.restarts: list[dict] = []
         self.dead: set[str] = set()              # workers known lost: never called again
         self._task: asyncio.Task | None = None
@@ -70,21 +71,23 @@ class Recovery:
         self.dead |= set(lost)
         if self.active:
             return True                          # the same loss, seen by another watcher
-        if len(self.restarts) >= self.attempts:
-            self.dep.state.event("restart", f"no restart attempt left ({self.attempts} used)")
-            return False
         if not self.dep.checkpointer.store.restorable():        # this run's own, or the one it started from
             self.dep.state.event("restart", "no complete checkpoint to restore yet")
             return False
+        pause = self.strategy.on_failure(time.monotonic())
+        if pause is None:
+            self.dep.state.event("restart", self.strategy.refused)
+            return False
         self.dep.checkpointer.interrupt(reason)      # the checkpoint in flight cannot complete now
-        self._task = asyncio.create_task(self._restore(reason), name="pescheduler recovery")
+        self._task = asyncio.create_task(self._restore(reason, pause), name="pescheduler recovery")
         return True
 
-    async def _restore(self, reason: str) -> None:
+    async def _restore(self, reason: str, pause: float) -> None:
         dep, rc, coordinator = self.dep, self.dep.reconfigurer, self.dep.checkpointer
         p0, t_loss = perf_counter(), time.time()
-        record = {"attempt": len(self.restarts) + 1, "of": self.attempts, "at": t_loss,
-                  "reason": reason.strip().splitlines()[0], "lost": sorted(self.dead)}
+        record = {"attempt": len(self.restarts) + 1, "in_a_row": self.strategy.streak, "of": self.strategy.attempts,
+                  "at": t_loss, "backoff_s": round(pause, 3), "reason": reason.strip().splitlines()[0],
+                  "lost": sorted(self.dead)}
         self.restarts.append(record)
         phases = record["phases"] = {}
         mark = [perf_counter()]
@@ -94,7 +97,7 @@ class Recovery:
             phases[name], mark[0] = round(now - mark[0], 3), now
 
         try:
-            await asyncio.sleep(self.backoff)
+            await asyncio.sleep(pause)
             phase("backoff")
             dep._generation += 1                 # watchers drop answers about the old PEs
             async with rc.lock:
@@ -102,7 +105,8 @@ class Recovery:
                 checkpoint_id = (await asyncio.to_thread(coordinator.store.restorable))[-1]
                 record["checkpoint"] = checkpoint_id
                 dep.state.event("restart", f"{record['reason']}: restoring checkpoint {checkpoint_id} "
-                                           f"(attempt {record['attempt']} of {self.attempts})")
+                                           f"(attempt {record['in_a_row']} of {self.strategy.attempts} in a row, "
+                                           f"after {pause:g} s)")
                 # Every old PE stops. On workers taken for lost the call is not awaited: a dead
                 # address is only given up after the gateway's bound (3 s), but a worker whose
                 # watch only failed must still not go on writing beside the restore.
@@ -227,7 +231,8 @@ class Recovery:
 
     def view(self) -> dict:
         """The restart part of the status: the strategy and what it did."""
-        return {"attempts": self.attempts, "backoff_s": self.backoff, "used": len(self.restarts),
+        return {"attempts": self.strategy.attempts, "backoff_s": self.strategy.backoff.initial,
+                "used": len(self.restarts),
                 "restarts": [dict(r) for r in self.restarts[-10:]]}
 
     async def close(self) -> None:

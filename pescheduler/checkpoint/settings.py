@@ -21,8 +21,6 @@ class CheckpointSettings:
     timeout: float
     retain: int
     restore_id: int | None     # the checkpoint to start from (None: from the beginning); its run: store.origin
-    attempts: int              # pescheduler.restart.*
-    backoff: float
 
 
 def checkpoint_settings(app_name: str, checkpoint: Any, interval: Any, restore: Any) -> CheckpointSettings | None:
@@ -52,8 +50,7 @@ def checkpoint_settings(app_name: str, checkpoint: Any, interval: Any, restore: 
         store.start_from(restore)
     return CheckpointSettings(store, every, config.get_seconds("checkpoint.timeout"),
                               int(config.get("checkpoint.retain")),
-                              store.origin[1] if store.origin else None,
-                              int(config.get("restart.attempts")), config.get_seconds("restart.backoff"))
+                              store.origin[1] if store.origin else None)
 
 
 def refuse_unreplayable(app, plugins) -> None:

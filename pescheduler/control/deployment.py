@@ -44,6 +44,7 @@ from ..plan.compiler import compile_app
 from ..plan.placement import Placement
 from ..apploader import check_app
 from ..plugins import Plugins, activate, prepare
+from ..restart import RestartStrategy
 from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
 from . import statefile
 from .cluster import HOST as CLUSTER_HOST, EmbeddedCluster
@@ -394,7 +395,7 @@ class Deployment:
         self.checkpointer = CheckpointCoordinator(self.gateway, self.reconfigurer, self.state, ckpt.store,
                                                   interval=ckpt.interval, timeout=ckpt.timeout, retain=ckpt.retain,
                                                   first_id=ckpt.store.next_id())
-        self.recovery = Recovery(self, ckpt.attempts, ckpt.backoff)
+        self.recovery = Recovery(self, RestartStrategy.of_config())
         self.state.event("checkpoint", f"every {ckpt.interval:g} s to {ckpt.store.url}")
         self._tasks.append(asyncio.create_task(self.checkpointer.run(self._done)))
 

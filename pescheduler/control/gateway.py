@@ -169,7 +169,7 @@ class WorkerGateway:
                                   self.worker_timeout) for w in workers]
         for w, result in zip(workers, await asyncio.gather(*calls, return_exceptions=True)):
             if isinstance(result, BaseException):
-                logger.info("ending checkpoint %s on %s failed: %s", checkpoint_id, w, result)
+                logger.warning("ending checkpoint %s on %s failed: %s", checkpoint_id, w, result)
 
     async def drain(self, workers: Iterable[str]) -> None:
         """End the sources on ``workers`` as if exhausted (bounded; a dead worker is skipped)."""

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from ..errors import NotReplayable
+from ..errors import DeliveryFailed, NotReplayable
 from ..operator import Sink, Source
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ class Barriers:
         self.epoch = 0                          # the epoch its barrier carries
         self.done_upto = 0                      # barriers up to this id are taken or aborted here
         self.results: dict[int, dict] = {}      # id -> {"state": bytes, "positions": {...}} or {"error": str}
+        self.failure: DeliveryFailed | None = None   # a sink's commit failed: the PE fails at its next turn
 
     def begin(self, checkpoint_id: int, epoch: int | None = None) -> None:
         """Align on checkpoint ``checkpoint_id`` of ``epoch`` (the coordinator's trigger, or its
@@ -161,10 +162,24 @@ class Barriers:
                 self.done_upto = max(self.done_upto, done)
 
     def commit(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` is complete: sinks make its output visible."""
-        for op in self.pe.ops.values():
+        """Checkpoint ``checkpoint_id`` is complete: sinks make its output visible. A commit that
+        fails (transient errors were retried by the sink) fails the PE, as Flink fails the task:
+        a checkpointed run then restores this checkpoint, whose sinks commit it again, and a run
+        that cannot restore fails loudly; the checkpoint never counts as published meanwhile."""
+        for op_id, op in self.pe.ops.items():
             if isinstance(op, Sink):
-                op.commit(checkpoint_id)
+                try:
+                    op.commit(checkpoint_id)
+                except Exception as exc:
+                    self.failure = DeliveryFailed(f"PE {self.pe.pe_id}: sink {op_id}: committing checkpoint "
+                                                  f"{checkpoint_id} failed: {type(exc).__name__}: {exc}")
+                    self.pe.turns.on_loop(self.pe.inbox.event.set)
+                    raise self.failure from exc
+
+    def check(self) -> None:
+        """Raise the commit failure that fails this PE, if any (the PE's loop calls it)."""
+        if self.failure is not None:
+            raise self.failure
 
 
 def _position(source: Source) -> Any:

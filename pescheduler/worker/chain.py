@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterable, Protocol
 
+from ..errors import DeliveryFailed
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, Parallelism, overrides
 from .routing import Router
 from .busy import busy_clock
@@ -428,8 +429,13 @@ class Chain:
         the bad tuples are dead-lettered. For a stateful operator a re-run could
         apply part of the batch twice, so the whole batch is dead-lettered with
         the traceback; such operators isolate tuples themselves with
-        ``emit.dead_letter`` (the built-in window does).
+        ``emit.dead_letter`` (the built-in window does). A sink that could not
+        deliver (:class:`~pescheduler.errors.DeliveryFailed`) is neither: the
+        PE fails, since a re-run would write part of the batch twice and dead
+        letters would hide lost output.
         """
+        if isinstance(exc, DeliveryFailed):
+            raise exc
         emit = Emitter()
         if not isinstance(batch, list):
             batch = rows(batch)

@@ -181,6 +181,7 @@ class PERunner:
                 await channel.close()
 
     def _work(self) -> bool:
+        self.barriers.check()                   # a sink's commit failed outside the loop: fail here
         return self._read_sources() | self._read_inbox()
 
     def _read_sources(self) -> bool:

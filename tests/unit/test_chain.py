@@ -6,6 +6,7 @@ import pytest
 from support_ops import Collect, Numbers, RunningSum, Tag
 
 from pescheduler import MAX_WATERMARK, MIN_WATERMARK, Operator, OperatorContext, Parallelism
+from pescheduler.errors import DeliveryFailed
 from pescheduler.worker.chain import CallbackError, Chain
 from pescheduler.testing import CollectingOutput, RunResult
 
@@ -64,6 +65,30 @@ def linear(*ops):
 
 def batch(lo, hi):
     return [{"n": i, "key": i % 2, "ts": i} for i in range(lo, hi)]
+
+
+class Undeliverable(Operator):
+    """A stateless sink whose external system took the batch's first half, then went away."""
+
+    name = "undeliverable"
+
+    def __init__(self):
+        self.delivered = []
+
+    def process(self, batch, emit):
+        self.delivered += batch[:len(batch) // 2]
+        raise DeliveryFailed("broker gone")
+
+
+def test_a_sink_that_cannot_deliver_fails_the_pe_instead_of_rerunning_the_batch():
+    """Finding 4 of issue 31: re-run tuple by tuple, the half already delivered went out twice
+    and the failure became dead letters nobody reads as lost output."""
+    sink = Undeliverable()
+    chain, names, result = linear(Numbers(), sink)
+    with pytest.raises(DeliveryFailed, match="broker gone"):
+        chain.emit_from("op0", batch(0, 6))
+    assert [t["n"] for t in sink.delivered] == [0, 1, 2]
+    assert chain.dead_letters == []
 
 
 def test_stateless_error_dead_letters_only_the_bad_tuples():

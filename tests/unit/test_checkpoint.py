@@ -220,7 +220,7 @@ def test_settings_are_checked_before_anything_starts(tmp_path):
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         checkpoint_settings("a", str(tmp_path), None, "latest")
     s = checkpoint_settings("a", str(tmp_path), "250ms", None)
-    assert s.interval == 0.25 and s.retain == 3 and s.attempts == 3
+    assert s.interval == 0.25 and s.retain == 3
 
 
 def test_a_source_that_cannot_rewind_is_refused_before_any_worker_starts(tmp_path):

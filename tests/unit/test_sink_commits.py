@@ -10,11 +10,14 @@ from that checkpoint's position.
 import json
 import os
 
+import dask.config
 import pyarrow.dataset as ds
 import pytest
+import tmpfs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pescheduler.errors import DeliveryFailed
 from pescheduler.operator import OperatorContext
 from pescheduler.operators.sinks import JsonlSink, ParquetSink
 
@@ -201,3 +204,110 @@ def test_any_interleaving_with_crashes_writes_every_item_exactly_once(tmp_path_f
     sink.flush(None)
     sink.close()
     assert rows(folder) == list(range(len(ITEMS)))
+
+
+# -- a real full disk (a small tmpfs, tests/tmpfs.py): nothing forgotten, nothing torn ---------
+
+FAST_RETRIES = {"pescheduler.sinks.retry.backoff": "1ms", "pescheduler.sinks.retry.max-backoff": "1ms"}
+PADDED = [{"n": i, "pad": "x" * 200} for i in range(200)]        # about 45 KiB of lines
+
+
+@pytest.fixture
+def small_disk():
+    with tmpfs.mounted(1 << 20) as folder:
+        yield folder
+
+
+def test_jsonl_a_commit_on_a_full_disk_forgets_nothing_and_publishes_once_room_is_back(small_disk):
+    path = os.path.join(small_disk, "out.jsonl")
+    sink = opened(JsonlSink(path=path))
+    sink.process(PADDED, None)
+    sink.pre_commit(1)
+    filler = tmpfs.fill(small_disk, leave=8192)       # the append fits only in part: a torn line
+    with dask.config.set(FAST_RETRIES), pytest.raises(Exception, match="No space left"):
+        sink.commit(1)
+    assert os.path.getsize(path) == 0, "a torn append was left in the file"
+    os.remove(filler)
+    sink.commit(1)                                    # called again: finishes the job
+    sink.commit(1)                                    # and once more: nothing twice
+    assert jsonl_rows(path) == list(range(200))
+    sink.close()
+
+
+def test_jsonl_a_write_on_a_full_disk_fails_the_pe_without_a_torn_line(small_disk):
+    path = os.path.join(small_disk, "out.jsonl")
+    sink = opened(JsonlSink(path=path), checkpoint=False)
+    sink.process(PADDED[:10], None)
+    tmpfs.fill(small_disk, leave=8192)
+    with dask.config.set(FAST_RETRIES), pytest.raises(DeliveryFailed, match="No space left"):
+        sink.process(PADDED, None)                    # a PE failure, not 200 dead letters
+    assert jsonl_rows(path) == list(range(10))
+    sink.close()
+
+
+def test_a_later_checkpoint_keeps_the_staging_of_a_commit_that_failed(small_disk):
+    """Checkpoint 1 completed and its commit failed on the full disk; checkpoint 2 is taken
+    after: its snapshot must still name checkpoint 1's epoch, or a restore from 2 deletes that
+    staging as unknown and 1's rows are gone for good."""
+    path = os.path.join(small_disk, "out.jsonl")
+    sink = opened(JsonlSink(path=path))
+    sink.process(PADDED, None)
+    sink.pre_commit(1)
+    filler = tmpfs.fill(small_disk, leave=8192)
+    with dask.config.set(FAST_RETRIES), pytest.raises(Exception, match="No space left"):
+        sink.commit(1)
+    os.remove(filler)
+    sink.process(ITEMS[:5], None)
+    sink.pre_commit(2)
+    saved = sink.snapshot()
+    crash(sink)
+    again = restored(JsonlSink(path=path), saved, 2)
+    assert jsonl_rows(path) == list(range(200)) + list(range(5))
+    again.close()
+
+
+# -- the exactly-once Kafka sink's commit: a parked transaction stays parked until Kafka committed it
+# (a stand-in producer here; tests/integration/test_kafka_exactly_once.py kills a real sink at each
+# step of its commit against a real broker)
+
+class Producer:
+    """Answers ``commit_transaction`` with the errors given, in turn, then commits."""
+
+    def __init__(self, *errors):
+        self.errors, self.commits = list(errors), 0
+
+    def commit_transaction(self, timeout):
+        self.commits += 1
+        if self.errors:
+            from confluent_kafka import KafkaException
+
+            raise KafkaException(self.errors.pop(0))
+
+
+def kafka_sink_with(producer):
+    from pescheduler.operators.kafka import KafkaSink
+
+    sink = KafkaSink(topic="out", exactly_once=True)
+    sink._prepared[1] = (producer, [(b"v", None)], "tid-0", (0, 0))
+    return sink
+
+
+def test_kafka_a_commit_kafka_calls_retriable_is_committed_again():
+    from confluent_kafka import KafkaError
+
+    producer = Producer(KafkaError(KafkaError._TIMED_OUT, "commit timed out", retriable=True))
+    sink = kafka_sink_with(producer)
+    with dask.config.set(FAST_RETRIES):
+        sink.commit(1)
+    assert producer.commits == 2 and sink._prepared == {} and sink._pool == [producer]
+
+
+def test_kafka_a_commit_that_must_abort_fails_the_pe_and_keeps_the_transaction_parked():
+    from confluent_kafka import KafkaError
+
+    producer = Producer(KafkaError(KafkaError._STATE, "must abort", txn_requires_abort=True))
+    sink = kafka_sink_with(producer)
+    with dask.config.set(FAST_RETRIES), pytest.raises(DeliveryFailed, match="must abort"):
+        sink.commit(1)
+    assert list(sink._prepared) == [1], "the parked transaction was forgotten"
+    assert sink.snapshot()["parked"][0][0] == 1        # a later checkpoint still carries it
