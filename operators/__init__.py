@@ -4,7 +4,7 @@ It registers through the ``pescheduler`` entry-point group
 (``builtin-operators``) exactly as a third-party plug-in does:
 
 * sources: ``iterable``, ``generator``, ``jsonl`` (:mod:`.sources`), ``kafka`` (:mod:`.kafka`),
-  ``redis`` (:mod:`.redis_streams`)
+  ``redis`` (:mod:`.redis_streams`), ``files`` (:mod:`.files`)
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
   (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
@@ -26,6 +26,7 @@ from pescheduler.plugins import hookimpl
 
 from .basic import Filter, FlatMap, KeyBy, Map
 from .count_window import CountWindow
+from .files import FilesSource
 from .ep_correlate import SharedCorrelations
 from .ep_filter import SharedFilter
 from .ep_group import QueryGroup
@@ -45,7 +46,8 @@ from .window import Window
 OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStreamSource, Map, Filter, FlatMap, KeyBy, Window,
              SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, SharedFilter, QueryGroup, OverLanes, SharedPatterns, SharedCorrelations,
              JsonlSink, PrintSink, DiscardSink,
-             ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors]
+             ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors,
+             FilesSource]
 
 __all__ = [cls.__name__ for cls in OPERATORS]
 
