@@ -1,0 +1,103 @@
+"""Issue 32: files in, Delta and Iceberg tables out, exactly once through a SIGKILLed worker.
+
+Each test streams Parquet files (written with pyarrow into a local directory) through a real
+embedded cluster with checkpoints, SIGKILLs the worker that runs the table sink once a
+checkpoint is complete, and reads the table back with the format's own reader (deltalake,
+pyiceberg on its SQL catalog over SQLite): every row exactly once. The files source's copies
+and its object-store path (``memory://`` in the deploying process) are tested without a kill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import pescheduler
+from pescheduler import Application, Replicate
+from waiting import until
+
+pytestmark = pytest.mark.integration
+
+WAIT = 120                      # a bound on every wait
+FILES, ROWS = 12, 2_500         # 30,000 rows read at 3,000 rows/s: ten seconds of stream
+
+
+def write_files(folder) -> None:
+    folder.mkdir()
+    for f in range(FILES):
+        n = list(range(f * ROWS, (f + 1) * ROWS))
+        pq.write_table(pa.table({"n": n, "k": [f"k{i % 3}" for i in n]}), folder / f"part-{f:03d}.parquet",
+                       row_group_size=1_000)
+
+
+def files_app(folder, sink: str, **params) -> Application:
+    app = Application(f"files-to-{sink}")
+    (app.source("files", path=str(folder), format="parquet", rate=3_000, ts_field=None)
+        .map(lambda r: {**r, "twice": 2 * r["n"]})
+        .sink(sink, partition_by="k", **params))
+    return app
+
+
+def kill_worker_of(dep, op_id: str) -> None:
+    until(lambda: dep.checkpoints(), WAIT, "a complete checkpoint")
+    placement = dep.placement()
+    os.kill(dep.worker_info[placement.pes[placement.pe_of(op_id)].worker]["pid"], signal.SIGKILL)
+
+
+def run_killed(app, tmp_path, sink_id: str) -> None:
+    with pescheduler.deploy(app, workers=3, policies=[], checkpoint=str(tmp_path / "ckpt"),
+                            checkpoint_interval="0.5s") as dep:
+        kill_worker_of(dep, sink_id)
+        assert dep.wait(timeout=WAIT)["state"] == "finished"
+        assert dep.status()["checkpoints"]["restart"]["restarts"], "no restart was recorded"
+
+
+def assert_exactly_once(rows: list) -> None:
+    assert sorted(r["n"] for r in rows) == list(range(FILES * ROWS))
+    assert all(r["twice"] == 2 * r["n"] and r["k"] == f"k{r['n'] % 3}" for r in rows)
+
+
+def test_files_to_delta_with_the_sinks_worker_killed_writes_every_row_once(tmp_path):
+    from deltalake import DeltaTable
+
+    write_files(tmp_path / "in")
+    run_killed(files_app(tmp_path / "in", "delta", path=str(tmp_path / "delta")), tmp_path, "delta-3")
+    table = DeltaTable(str(tmp_path / "delta"))
+    assert_exactly_once(table.to_pyarrow_table().to_pylist())
+    assert table.metadata().partition_columns == ["k"]
+
+
+def test_files_to_iceberg_with_the_sinks_worker_killed_writes_every_row_once(tmp_path):
+    from pyiceberg.catalog import load_catalog
+
+    write_files(tmp_path / "in")
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/wh"}
+    run_killed(files_app(tmp_path / "in", "iceberg", catalog=catalog, table="lake.numbers"), tmp_path, "iceberg-3")
+    table = load_catalog("default", **catalog).load_table("lake.numbers")
+    assert_exactly_once(table.scan().to_arrow().to_pylist())
+    assert len(table.metadata.snapshots) >= 2          # one snapshot per checkpoint, not one in all
+
+
+def test_two_copies_of_the_files_source_split_the_files_and_read_every_row_once(tmp_path):
+    write_files(tmp_path / "in")
+    out = tmp_path / "out.jsonl"
+    app = Application("files-copies")
+    app.source("files", path=str(tmp_path / "in"), rate=2_000, ts_field=None).sink("jsonl", path=str(out))
+    with pescheduler.deploy(app, workers=2, policies=[]) as dep:
+        until(lambda: read_by(dep, "files-1") > 0, WAIT, "the source reads")
+        rec = dep.apply(Replicate("files-1", 1))
+        assert rec.applied, rec.reason
+        until(lambda: read_by(dep, "files-1#1") > 0, WAIT, "the copy reads files of its own")
+        assert dep.wait(timeout=WAIT)["state"] == "finished"
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["n"] for r in rows) == list(range(FILES * ROWS)), "a row lost or read twice"
+
+
+def read_by(dep, op: str) -> int:
+    m = dep.snapshot().operators.get(op)
+    return m.tuples_out if m else 0
