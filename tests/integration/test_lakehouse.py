@@ -101,3 +101,17 @@ def test_two_copies_of_the_files_source_split_the_files_and_read_every_row_once(
 def read_by(dep, op: str) -> int:
     m = dep.snapshot().operators.get(op)
     return m.tuples_out if m else 0
+
+
+def test_files_to_parquet_with_the_sinks_worker_killed_duckdb_reads_every_row_once(tmp_path):
+    import duckdb
+
+    write_files(tmp_path / "in")
+    out = tmp_path / "table"
+    app = Application("files-to-parquet")
+    (app.source("files", path=str(tmp_path / "in"), rate=3_000, ts_field=None)
+        .map(lambda r: {**r, "twice": 2 * r["n"]})
+        .sink("parquet", path=str(out), rows=4_000, partition_by="k"))
+    run_killed(app, tmp_path, "parquet-3")
+    rows = duckdb.sql(f"select * from read_parquet('{out}/**/*.parquet', hive_partitioning=true)").to_arrow_table()
+    assert_exactly_once(rows.to_pylist())
