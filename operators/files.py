@@ -44,7 +44,8 @@ class FilesSource(PartitionedSource):
 
     name = "files"
     parallelism = Parallelism.STATELESS
-    requires = ("fsspec",)
+    requires = ("pyarrow",)             # the default format; jsonl and csv need only fsspec
+    install = "pescheduler[lakehouse]"
 
     def __init__(self, path: str, format: str = "parquet", watch: bool = False, poll: Any = "1s",
                  columnar: bool = False, columnar_rows: int = 65_536, storage_options: dict | None = None,
