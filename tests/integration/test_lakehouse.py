@@ -115,3 +115,95 @@ def test_files_to_parquet_with_the_sinks_worker_killed_duckdb_reads_every_row_on
     run_killed(app, tmp_path, "parquet-3")
     rows = duckdb.sql(f"select * from read_parquet('{out}/**/*.parquet', hive_partitioning=true)").to_arrow_table()
     assert_exactly_once(rows.to_pylist())
+
+
+APP = """
+from pescheduler import Application
+
+app = Application("files-to-{sink}")
+(app.source("files", path={folder!r}, rate=2_000, ts_field=None)
+    .map(lambda r: {{**r, "twice": 2 * r["n"]}})
+    .sink({sink!r}, partition_by="k", **{params!r}))
+"""
+
+
+@pytest.mark.parametrize("sink", ["delta", "iceberg"])
+def test_restore_latest_after_the_deploying_process_is_killed_writes_every_row_once(tmp_path, sink):
+    """The deploying process and its workers SIGKILLed mid-stream, then ``deploy --restore latest``:
+    the restored sink goes on under its writer identity, so the commit it repeats is skipped."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from waiting import gone
+
+    write_files(tmp_path / "in")
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/wh"}
+    params = {"path": str(tmp_path / "delta")} if sink == "delta" else {"catalog": catalog, "table": "lake.numbers"}
+    (tmp_path / "app.py").write_text(APP.format(sink=sink, folder=str(tmp_path / "in"), params=params))
+    storage = tmp_path / "ckpt"
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    cmd = [sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"), "--workers", "2", "--json",
+           "--policy", "none", "--checkpoint", str(storage), "--checkpoint-interval", "1s"]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        # Killed once the table holds the newest complete checkpoint's commit: the restore from it
+        # then repeats a commit the table already has (the path the writer identity protects).
+        until(lambda: 2 <= newest_checkpoint(storage) in committed_ids(sink, tmp_path, catalog),
+              WAIT, "the newest complete checkpoint committed to the table")
+    finally:
+        tree = [first, *psutil.Process(first.pid).children(recursive=True)]
+        for proc in tree:
+            proc.send_signal(signal.SIGKILL)
+        gone([p.pid for p in tree], WAIT, "the killed deployment's processes")
+    before = len(read_table(sink, tmp_path, catalog))
+    assert 0 < before < FILES * ROWS                                # killed mid-stream, after a commit
+    resumed = subprocess.run(cmd + ["--restore", "latest"], capture_output=True, text=True, env=env, timeout=WAIT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_exactly_once(read_table(sink, tmp_path, catalog))
+
+
+def newest_checkpoint(storage) -> int:
+    ids = [int("".join(c for c in m.parent.name if c.isdigit()) or 0) for m in storage.glob("**/MANIFEST.json")]
+    return max(ids, default=0)
+
+
+def committed_ids(sink: str, tmp_path, catalog: dict) -> set:
+    """The checkpoint ids the table holds commits of (Delta: the log's txn actions; Iceberg: the
+    snapshots' properties)."""
+    if sink == "delta":
+        log = tmp_path / "delta" / "_delta_log"
+        actions = [json.loads(line) for f in log.glob("*.json") for line in f.read_text().splitlines()] \
+            if log.is_dir() else []
+        return {a["txn"]["version"] for a in actions if "txn" in a}
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        snapshots = load_table(catalog).metadata.snapshots
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return set()
+    return {int(s.summary["pescheduler.checkpoint"]) for s in snapshots if s.summary["pescheduler.checkpoint"]}
+
+
+def load_table(catalog: dict):
+    from pyiceberg.catalog import load_catalog
+
+    return load_catalog("default", **catalog).load_table("lake.numbers")
+
+
+def read_table(sink: str, tmp_path, catalog: dict) -> list:
+    if sink == "delta":
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(str(tmp_path / "delta")).to_pyarrow_table().to_pylist()
+        except TableNotFoundError:
+            return []
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        return load_table(catalog).scan().to_arrow().to_pylist()
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return []
