@@ -35,9 +35,10 @@ def write_files(folder) -> None:
                        row_group_size=1_000)
 
 
-def files_app(folder, sink: str, **params) -> Application:
+def files_app(folder, sink: str, source_options: dict | None = None, **params) -> Application:
     app = Application(f"files-to-{sink}")
-    (app.source("files", path=str(folder), format="parquet", rate=3_000, ts_field=None)
+    (app.source("files", path=str(folder), format="parquet", rate=3_000, ts_field=None,
+                storage_options=source_options)
         .map(lambda r: {**r, "twice": 2 * r["n"]})
         .sink(sink, partition_by="k", **params))
     return app
