@@ -24,7 +24,7 @@ from typing import Any
 
 from pescheduler.operator import Emitter, Sink
 
-from .staging import Epochs, serialized
+from .staging import serialized
 
 
 class TableSink(Sink):
@@ -42,8 +42,7 @@ class TableSink(Sink):
         self.partition_by = [partition_by] if isinstance(partition_by, str) else list(partition_by or [])
         self.rows = int(rows)
         self._open_rows: list = []              # Arrow tables of the open epoch
-        self._sealed: dict[int, Any] = {}       # epoch -> Arrow table waiting for its checkpoint
-        self._epochs = Epochs()
+        self._sealed: list = []                 # [checkpoint id, Arrow table] waiting for its checkpoint
         self._staged = False
         self._last_id = 0                       # the highest checkpoint id sealed
         self._token: str | None = None
@@ -80,28 +79,25 @@ class TableSink(Sink):
         if checkpoint_id == float("inf"):       # the end of the stream: the id after the last one
             checkpoint_id = self._last_id + 1
         self._last_id = max(self._last_id, int(checkpoint_id))
-        rows = sum(map(len, self._open_rows))
-        if rows:
-            self._sealed[self._epochs.current] = self._take_open()
-        self._epochs.seal(int(checkpoint_id), rows)
+        if self._open_rows:
+            self._sealed.append([int(checkpoint_id), self._take_open()])
 
     @serialized
     def commit(self, checkpoint_id: float) -> None:
-        """One table commit per sealed epoch up to ``checkpoint_id``, skipping those the table
-        already holds for this writer (a replay)."""
-        due = self._epochs.due(checkpoint_id)
+        """One table commit per sealed epoch up to ``checkpoint_id``, oldest first, skipping those
+        the table already holds for this writer (a replay). An epoch leaves the state only once
+        committed, so a commit that fails half-way is finished by the next one."""
+        due = [p for p in self._sealed if p[0] <= checkpoint_id]
         done = self._committed() if due else None
-        for cid, epoch, _rows in due:
-            table = self._sealed.pop(epoch)
-            if done is None or cid > done:
-                self._append(table, cid)
+        for entry in due:
+            if done is None or entry[0] > done:
+                self._append(entry[1], entry[0])
+            self._sealed.remove(entry)
 
     @serialized
     def abort(self, checkpoint_id: int) -> None:
         """Drop the epochs sealed for ``checkpoint_id`` and later and the open one (replayed)."""
-        for _cid, epoch, _rows in [p for p in self._epochs.pending if p[0] >= checkpoint_id]:
-            self._sealed.pop(epoch, None)
-        self._epochs.pending = [p for p in self._epochs.pending if p[0] < checkpoint_id]
+        self._sealed = [p for p in self._sealed if p[0] < checkpoint_id]
         self._open_rows = []
 
     @serialized
@@ -116,13 +112,12 @@ class TableSink(Sink):
     @serialized
     def snapshot(self) -> dict:
         return {"token": self._token, "staged": self._staged, "last": self._last_id,
-                "epochs": self._epochs.state(), "sealed": dict(self._sealed), "open": list(self._open_rows)}
+                "sealed": [list(p) for p in self._sealed], "open": list(self._open_rows)}
 
     def restore(self, state: dict | None) -> None:
         if state:
             self._token, self._staged, self._last_id = state["token"], state["staged"], state["last"]
-            self._epochs, self._sealed = Epochs.of(state["epochs"]), dict(state["sealed"])
-            self._open_rows = list(state["open"])
+            self._sealed, self._open_rows = [list(p) for p in state["sealed"]], list(state["open"])
 
     # -- the table format ------------------------------------------------------------
     def _committed(self) -> int | None:

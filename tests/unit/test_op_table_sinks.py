@@ -132,3 +132,25 @@ def test_iceberg_partitions_by_identity_and_refuses_a_table_without_namespace(tm
     assert [f.name for f in fmt._table().spec().fields] == ["k"]
     with pytest.raises(ValueError, match="namespace.name"):
         IcebergSink(catalog=fmt.catalog, table="numbers")
+
+
+def test_a_commit_that_fails_half_way_is_finished_by_the_next_one(fmt, monkeypatch):
+    sink = opened(fmt.sink())
+    for cid, first in ((1, 0), (2, 5)):
+        sink.process(rows(first, 5), Emitter())
+        sink.pre_commit(cid)
+    append, calls = type(sink)._append, []
+
+    def failing_second(self, table, checkpoint_id):
+        calls.append(checkpoint_id)
+        if len(calls) == 2:
+            raise OSError("the store went away")
+        append(self, table, checkpoint_id)
+
+    monkeypatch.setattr(type(sink), "_append", failing_second)
+    with pytest.raises(OSError):
+        sink.commit(2)
+    assert [r["n"] for r in fmt.rows()] == list(range(5))
+    monkeypatch.setattr(type(sink), "_append", append)
+    sink.commit(2)
+    assert [r["n"] for r in fmt.rows()] == list(range(10)) and fmt.commits() == 2
