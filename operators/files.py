@@ -79,7 +79,7 @@ class FilesSource(PartitionedSource):
         while True:
             if self._batches is None and not self._next_file(n):
                 return [] if self.watch else None
-            batch = next(self._batches, None)
+            batch = self._next_batch()
             if batch is None:
                 self._positions[self._file] = DONE
                 self._file = self._batches = None
@@ -88,6 +88,16 @@ class FilesSource(PartitionedSource):
             rows = _as_rows(batch, self.columnar)
             if len(rows):
                 return rows
+
+    def _next_batch(self) -> Any:
+        """The current file's next batch, ``None`` at its end; a file that breaks while it is read
+        (a corrupt row group) is dead-lettered from the row reached and left."""
+        try:
+            return next(self._batches, None)
+        except Exception as exc:
+            row = self._positions[self._file]
+            self.reject({"file": self._file, "row": row}, f"{self._file}: unreadable from row {row} ({exc!r})")
+            return None
 
     def _next_file(self, n: int) -> bool:
         """Open the first of this copy's files not read to its end; False when there is none now."""

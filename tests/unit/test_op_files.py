@@ -123,3 +123,18 @@ def test_a_missing_path_is_named_and_a_bad_format_refused(tmp_path):
         opened(path=str(tmp_path / "nowhere")).read(10)
     with pytest.raises(ValueError, match="format must be one of parquet, jsonl, csv"):
         FilesSource(path=str(tmp_path), format="xml")
+
+
+def test_a_file_that_breaks_while_read_is_dead_lettered_from_the_row_reached(tmp_path):
+    table = pa.table({"n": list(range(100))})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=10)
+    page = pq.ParquetFile(tmp_path / "a.parquet").metadata.row_group(5).column(0).data_page_offset
+    data = bytearray((tmp_path / "a.parquet").read_bytes())
+    data[page:page + 16] = b"\xff" * 16                   # the 6th row group's page header
+    (tmp_path / "a.parquet").write_bytes(bytes(data))
+    write_parquet(fsspec.filesystem("file"), str(tmp_path / "b.parquet"), 100, 5)
+    src = opened(path=str(tmp_path))
+    rows = drain(src, n=10)
+    [dead] = src.take_rejected()
+    assert dead.item["file"].endswith("a.parquet") and "unreadable from row 50" in dead.error
+    assert [r["n"] for r in rows] == list(range(50)) + list(range(100, 105))   # the next file read on
