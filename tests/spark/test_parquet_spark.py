@@ -42,3 +42,31 @@ def test_spark_reads_the_streams_parquet_files_as_the_streams_output(tmp_path):
     expected = sorted(connected_cars.reference(EVENTS), key=key)
     assert sorted(rows, key=key) == expected
     assert len(files) == -(-len(expected) // 5_000)           # rolled at 5,000 rows per file
+
+
+def test_spark_reads_a_checkpointed_parquet_table_written_from_files_exactly(tmp_path):
+    """Files in (the ``files`` source), the two-phase parquet sink out: staged files live beside
+    the table, so Spark reads exactly the committed rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import SparkSession
+
+    from pescheduler.resource_managers.spark import stop_driver_jvm
+
+    (tmp_path / "in").mkdir()
+    for f in range(4):
+        pq.write_table(pa.table({"n": list(range(f * 1000, (f + 1) * 1000))}), tmp_path / "in" / f"{f}.parquet")
+    app = Application("files-to-parquet")
+    (app.source("files", path=str(tmp_path / "in"), ts_field=None)
+        .sink("parquet", path=str(tmp_path / "table"), rows=1_500))
+    with pescheduler.deploy(app, workers=2, policies=[], checkpoint=str(tmp_path / "ckpt"),
+                            checkpoint_interval="0.2s") as dep:
+        assert dep.wait(timeout=120)["state"] == "finished"
+    spark = (SparkSession.builder.master("local[1]").appName("read-files-parquet")
+             .config("spark.driver.memory", "512m").config("spark.ui.enabled", "false").getOrCreate())
+    try:
+        numbers = sorted(r["n"] for r in spark.read.parquet(str(tmp_path / "table")).collect())
+    finally:
+        spark.stop()
+        stop_driver_jvm()
+    assert numbers == list(range(4000))
