@@ -39,16 +39,28 @@ _COMPARE = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: 
 def lift_steps(kind: str, fn: Any) -> tuple:
     """The ``compile_rows`` steps ``kind`` ("map" or "filter") of ``fn`` means, as expressions;
     :class:`~pescheduler.inline.NotProvable` when they would not provably mean the same."""
-    node = proven(fn, 1)
-    if builtins_read(fn) - {"abs"}:
-        raise NotProvable(f"it calls {', '.join(sorted(builtins_read(fn) - {'abs'}))}, which has no expression")
-    sides = {node.args.args[0].arg: "event"}
+    body, lifter = _proven(fn, ("event",))
     if kind == "filter":
-        tree = _Lifter(sides).expr(node.body)
+        tree = lifter.expr(body)
         return (("where", tree if isinstance(tree, Py) else Py("truth", tree)),)
-    if not isinstance(node.body, ast.Dict):
+    if not isinstance(body, ast.Dict):
         raise NotProvable("it returns no dict display ({...})")
-    return (_Lifter(sides).dict(node.body),)
+    return (lifter.dict(body),)
+
+
+def lift_expression(fn: Any, sides: tuple[str, ...]) -> Expr:
+    """The body of the lambda ``fn`` as a tree of :class:`Py` nodes, its parameters reading
+    ``sides`` in order (``("left", "right")`` for an EP correlation's predicate)."""
+    body, lifter = _proven(fn, sides)
+    return lifter.expr(body)
+
+
+def _proven(fn: Any, sides: tuple[str, ...]) -> tuple[ast.AST, "_Lifter"]:
+    node = proven(fn, len(sides))
+    calls = builtins_read(fn) - {"abs"}
+    if calls:
+        raise NotProvable(f"it calls {', '.join(sorted(calls))}, which has no expression")
+    return node.body, _Lifter({a.arg: side for a, side in zip(node.args.args, sides)})
 
 
 def why_not(kind: str, fn: Any) -> str | None:
