@@ -18,6 +18,8 @@ does not shadow: no globals, no closures, no defaults, no nested scope, no
 source file edited since -- is called as before. Only fused runs inline: a
 batch that raises there is replayed operator by operator, each operator
 calling its function, so a dead letter's traceback shows the user's own line.
+:func:`proven` is that proof on its own, saying why when it fails; lifting a
+lambda to an expression tree (``pescheduler.lift``) starts from it.
 """
 
 from __future__ import annotations
