@@ -391,6 +391,36 @@ class KeyedCheck(Sink):
                        "latency": self.latency.tolist()}, f)
 
 
+class Latency(Sink):
+    """Event-created -> sink wall-clock latency of every ``every``-th tuple (``sent``: ``replay``'s
+    stamp, ``time.monotonic`` of the host both processes share), and the arrival span, pickled to
+    ``path`` at end of stream (bench/latency.py)."""
+
+    name = "latency"
+
+    def __init__(self, path: str, every: int = 1) -> None:
+        self.path, self.every = path, every
+        self.first = self.last = None
+        self.count = 0
+        self.latencies = array("d")
+
+    def process(self, batch, emit):
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        self.last = now
+        self.count += len(batch)
+        self.latencies.extend(now - t["sent"] for t in batch[::self.every])
+
+    def flush(self, emit):
+        import pickle
+
+        with open(self.path, "wb") as f:
+            pickle.dump({"first": self.first, "last": self.last, "count": self.count,
+                         "latencies": self.latencies.tobytes()}, f)
+
+
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck]
+    return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck, Latency]
+
