@@ -7,7 +7,8 @@ clock), a chain of 2 PEs (``replay`` -> ``latency``) or 3 PEs (``replay`` ->
 ``map`` -> ``latency``), each PE on its own worker process, carries it; the
 sink takes ``now - sent`` per tuple. First each shape's capacity is measured
 (unpaced), then the latency at 1 k/s, 10 k/s, 50 % and 90 % of that capacity:
-p50/p99/p99.9/max and the throughput reached at each.
+p50/p99/p99.9/max and the throughput reached at each. Every run checks the
+sink saw every tuple sent (exit 1 if not).
 
 Two channel behaviours in the same run, each in its own process (so nothing of
 one leaks into the other's workers): **before** -- a fixed 5 ms linger after
@@ -52,6 +53,9 @@ def run(shape: int, rate: float | None, events: int, before: bool) -> dict:
             dep.wait(timeout=600)
         with open(path, "rb") as f:
             r = pickle.load(f)
+    if r["count"] != events:
+        print(f"{shape} PEs at {rate}: the sink saw {r['count']} tuples of {events} sent")
+        sys.exit(1)
     lat = array("d")
     lat.frombytes(r["latencies"])
     lat = sorted(x * 1000 for x in lat)
