@@ -136,12 +136,17 @@ class Throughput(Sink):
         self.count = self.ts_sum = 0        # what arrived, checked by bench/channel.py
         self.latencies: list[float] = []
 
-    def process(self, batch, emit):
+    def _arrived(self, batch) -> float:
+        """Count ``batch`` in; its arrival time."""
         now = time.monotonic()
         if self.first is None:
             self.first = now
         self.last = now
         self.count += len(batch)
+        return now
+
+    def process(self, batch, emit):
+        now = self._arrived(batch)
         if isinstance(batch, list):
             self.ts_sum += sum(map(_TS, batch))
         else:
@@ -391,25 +396,21 @@ class KeyedCheck(Sink):
                        "latency": self.latency.tolist()}, f)
 
 
-class Latency(Sink):
+class Latency(Throughput):
     """Event-created -> sink wall-clock latency of every ``every``-th tuple (``sent``: ``replay``'s
     stamp, ``time.monotonic`` of the host both processes share), and the arrival span, pickled to
     ``path`` at end of stream (bench/latency.py)."""
 
     name = "latency"
+    columnar = False
 
     def __init__(self, path: str, every: int = 1) -> None:
-        self.path, self.every = path, every
-        self.first = self.last = None
-        self.count = 0
+        super().__init__(path)
+        self.every = every
         self.latencies = array("d")
 
     def process(self, batch, emit):
-        now = time.monotonic()
-        if self.first is None:
-            self.first = now
-        self.last = now
-        self.count += len(batch)
+        now = self._arrived(batch)
         self.latencies.extend(now - t["sent"] for t in batch[::self.every])
 
     def flush(self, emit):
