@@ -63,7 +63,7 @@ def proven(fn: Any, arity: int) -> ast.Lambda:
     if (code.co_argcount != arity or code.co_posonlyargcount or code.co_kwonlyargcount
             or code.co_flags & (0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200)   # *args **kw generator coroutine
             or getattr(fn, "__defaults__", None) or getattr(fn, "__kwdefaults__", None)):
-        raise NotProvable(f"its parameters are not just {arity} plain one{'s' if arity > 1 else ''}")
+        raise NotProvable(f"it does not take exactly {arity} plain parameter{'s' if arity > 1 else ''}")
     if code.co_freevars or code.co_cellvars:
         raise NotProvable(f"it reads a variable of an enclosing function ({', '.join(code.co_freevars)})")
     for ins in dis.get_instructions(code):
