@@ -119,6 +119,7 @@ def test_a_lifted_lambda_on_an_arrow_batch_gives_what_calling_it_gives(case, ite
 def test_clean_columns_stay_columnar_and_a_dirty_batch_is_replayed_by_the_users_function():
     batch = pa.RecordBatch.from_pylist([{"speed": 36, "ts": 1}, {"speed": 72, "ts": 2}])
     to_ms, fast = Map(lambda e: {**e, "speed": e["speed"] / 3.6}), Filter(lambda e: e["speed"] > 15)
+    assert to_ms.columnar and fast.columnar                  # an Arrow batch reaches them whole
     clean = run_columns(batch, to_ms, fast)
     assert clean.output == [{"speed": 20.0, "ts": 2}] and not clean.dead_letters
     ops = Map(lambda e: {**e, "r": 10 / e["speed"]})
