@@ -136,12 +136,17 @@ class Throughput(Sink):
         self.count = self.ts_sum = 0        # what arrived, checked by bench/channel.py
         self.latencies: list[float] = []
 
-    def process(self, batch, emit):
+    def _arrived(self, batch) -> float:
+        """Count ``batch`` in; its arrival time."""
         now = time.monotonic()
         if self.first is None:
             self.first = now
         self.last = now
         self.count += len(batch)
+        return now
+
+    def process(self, batch, emit):
+        now = self._arrived(batch)
         if isinstance(batch, list):
             self.ts_sum += sum(map(_TS, batch))
         else:
@@ -391,6 +396,32 @@ class KeyedCheck(Sink):
                        "latency": self.latency.tolist()}, f)
 
 
+class Latency(Throughput):
+    """Event-created -> sink wall-clock latency of every ``every``-th tuple (``sent``: ``replay``'s
+    stamp, ``time.monotonic`` of the host both processes share), and the arrival span, pickled to
+    ``path`` at end of stream (bench/latency.py)."""
+
+    name = "latency"
+    columnar = False
+
+    def __init__(self, path: str, every: int = 1) -> None:
+        super().__init__(path)
+        self.every = every
+        self.latencies = array("d")
+
+    def process(self, batch, emit):
+        now = self._arrived(batch)
+        self.latencies.extend(now - t["sent"] for t in batch[::self.every])
+
+    def flush(self, emit):
+        import pickle
+
+        with open(self.path, "wb") as f:
+            pickle.dump({"first": self.first, "last": self.last, "count": self.count,
+                         "latencies": self.latencies.tobytes()}, f)
+
+
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck]
+    return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck, Latency]
+

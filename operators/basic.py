@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from pescheduler.expr import Expr, compile_rows, run_arrow
+from pescheduler.inline import NotProvable
+from pescheduler.lift import lift_steps
 from pescheduler.operator import Emitter, Operator, Parallelism
 
 
@@ -32,9 +34,21 @@ class Fusable(Operator):
     fusable = True
     steps: tuple = ()
 
-    def _compile(self) -> None:
-        self.columnar = all(kind in ("assign", "where") for kind, _ in self.steps)
-        self._run = compile_rows(self.steps, self.name, inline_lambdas=False)    # tracebacks: the user's line
+    def _compile(self, called: tuple = ()) -> None:
+        """``called``: the steps calling the user's function when ``steps`` lifted it
+        (``pescheduler.lift``): run alone on rows it is called, so a failing tuple's
+        traceback shows the user's own line; fused and on Arrow, the lifted steps run."""
+        self.columnar = all(kind in ("assign", "project", "where") for kind, _ in self.steps)
+        self._run = compile_rows(called or self.steps, self.name, inline_lambdas=False)
+
+    def _lift(self, kind: str, fn: Callable) -> None:
+        """``steps`` from the lambda ``fn`` lifted to expressions where provably the same."""
+        called = ((kind, fn),)
+        try:
+            self.steps = lift_steps(kind, fn)
+        except NotProvable:
+            self.steps = called
+        self._compile(called)
 
     def process(self, batch: Any, emit: Emitter) -> None:
         if isinstance(batch, list):
@@ -49,9 +63,9 @@ class Map(Fusable):
     ``stream.map(lambda e: {**e, "speed": e["speed"] / 3.6})`` calls the
     function per tuple; ``stream.map(speed=col("speed") / 3.6)`` sets fields
     from expressions (``pescheduler.expr``), which the chain compiles into its
-    fused loop and which also run on Arrow batches. Prefer expressions: a
-    lambda only works on rows, and costs a Python call per tuple unless it is
-    one self-contained expression in a fused run (``pescheduler.inline``).
+    fused loop and which also run on Arrow batches. A lambda made only of what
+    expressions have is lifted to one (``pescheduler.lift``) and runs the same;
+    any other function is called per tuple, on rows.
     """
 
     name = "map"
@@ -60,7 +74,10 @@ class Map(Fusable):
         if (fn is None) == (not columns):
             raise TypeError("map: give a function or field=expression pairs, not both")
         self.fn = None if fn is None else _callable("map", fn)
-        self.steps = (("map", fn),) if fn is not None else (("assign", dict(columns)),)
+        if fn is not None:
+            self._lift("map", fn)
+            return
+        self.steps = (("assign", dict(columns)),)
         self._compile()
 
 
@@ -72,7 +89,10 @@ class Filter(Fusable):
 
     def __init__(self, fn: Callable[[Any], Any] | Expr) -> None:
         self.fn = fn if isinstance(fn, Expr) else _callable("filter", fn)
-        self.steps = (("where", fn),) if isinstance(fn, Expr) else (("filter", fn),)
+        if not isinstance(fn, Expr):
+            self._lift("filter", fn)
+            return
+        self.steps = (("where", fn),)
         self._compile()
 
 

@@ -221,6 +221,70 @@ class Unary(Expr):
         return f"{self.op}({self.operand!r})"
 
 
+PYTHON = {"add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%", "eq": "==", "ne": "!=", "lt": "<",
+          "le": "<=", "gt": ">", "ge": ">=", "and": "and", "or": "or", "in": "in", "not_in": "not in",
+          "not": "not", "truth": "not not", "neg": "-", "abs": "abs", "is_none": "is None",
+          "is_not_none": "is not None"}
+"""Operators of :class:`Py` nodes (a lifted lambda's), by the Python they stand for."""
+
+
+class PythonOnly(ArithmeticError):
+    """A backend cannot give Python's exact result for this batch (a null, a zero divisor, a type
+    it does not map exactly): the rows are run by the Python function instead."""
+
+
+class Py(Expr):
+    """Python's own ``op`` (:data:`PYTHON`) on ``args``: what :mod:`pescheduler.lift` makes of a lambda.
+
+    Unlike :class:`Binary`/:class:`Unary`, exactly Python's semantics: arithmetic
+    with None raises, division by zero raises, ``and``/``or`` short-circuit and
+    give an operand, a filter keeps what is truthy. ``in``/``not_in``: ``args``
+    are the value then the literals of a tuple. Rows run it as the same nested
+    Python expression; Arrow runs kernels where they are provably the same and
+    raises :class:`PythonOnly` otherwise (``pescheduler.exact_arrow``)."""
+
+    __slots__ = ("op", "args")
+
+    def __init__(self, op: str, *args: Expr) -> None:
+        if op not in PYTHON:
+            raise ValueError(f"unknown Python operator {op!r}; known: {sorted(PYTHON)}")
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "args", tuple(args))
+
+    def __reduce__(self):
+        return (type(self), (self.op, *self.args))
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.args
+
+    def __repr__(self) -> str:
+        return f"py({python_source(self, repr)})"
+
+
+def python_source(e: Expr, read: Callable[[Col], str]) -> str:
+    """``e`` as one nested Python expression, evaluated exactly as the lambda it came from
+    (same order, same short-circuits); ``read(col)`` gives the source reading a field."""
+    if isinstance(e, Col):
+        return read(e)
+    if isinstance(e, Lit):
+        return repr(e.value)
+    if not isinstance(e, Py):
+        raise TypeError(f"{e!r} is not Python code (col expressions have null semantics)")
+    args = [python_source(a, read) for a in e.args]
+    op, sym = e.op, PYTHON[e.op]
+    if op in ("and", "or"):
+        return "(" + f" {sym} ".join(args) + ")"
+    if op in ("in", "not_in"):
+        return f"({args[0]} {sym} ({''.join(a + ', ' for a in args[1:])}))"
+    if op in ("is_none", "is_not_none"):
+        return f"({args[0]} {sym})"
+    if op == "abs":
+        return f"abs({args[0]})"
+    if op in ("not", "truth", "neg"):
+        return f"({sym} {args[0]})"
+    return f"({args[0]} {sym} {args[1]})"
+
+
 def col(name: str) -> Col:
     """A field of the tuple: ``col("speed") / 3.6``."""
     return Col(name)
@@ -258,12 +322,18 @@ class Visitor:
             return self.binary(e, self.visit(e.left), self.visit(e.right))
         if isinstance(e, Unary):
             return self.unary(e, self.visit(e.operand))
+        if isinstance(e, Py):
+            return self.py(e)
         raise TypeError(f"not an expression: {e!r}")
 
     def col(self, e: Col) -> Any: raise NotImplementedError
     def lit(self, e: Lit) -> Any: raise NotImplementedError
     def binary(self, e: Binary, left: Any, right: Any) -> Any: raise NotImplementedError
     def unary(self, e: Unary, operand: Any) -> Any: raise NotImplementedError
+
+    def py(self, e: "Py") -> Any:
+        """A lifted lambda's node (its children unvisited: Python's order is the backend's to keep)."""
+        raise TypeError(f"{e!r} has Python's semantics, which this backend does not give")
 
 
 # -- rows: generated Python ---------------------------------------------------------------------
@@ -320,6 +390,16 @@ class _PyCode(Visitor):
         return self._var(f"{short} if ({a} is {short} or {b} is {short}) else "
                          f"(None if ({a} is None or {b} is None) else {other})"), True
 
+    def py(self, e: Py) -> tuple[str, bool]:
+        """The lambda's own expression, nested as written: no read hoisted out of a short-circuit."""
+        def read(c: Col) -> str:
+            if c.side == "event" and c.name in self.env:
+                return self.env[c.name]
+            if c.side not in self.args:
+                raise ValueError(f"{c!r} has no meaning here")
+            return f"{self.args[c.side]}[{c.name!r}]"
+        return self._var(python_source(e, read)), False
+
     def unary(self, e: Unary, operand: tuple) -> tuple[str, bool]:
         x, n = operand
         if e.op == "is_null":
@@ -334,7 +414,8 @@ def compile_rows(steps: Iterable[tuple[str, Any]], title: str = "run", inline_la
     """Generate ``run(batch) -> (out, drops)``: one loop over a list of tuples for every step.
 
     ``steps`` are ``("assign", {field: Expr})`` (a map with expressions: a new
-    dict with those fields), ``("where", Expr)`` (a filter), ``("map", fn)`` and
+    dict with those fields), ``("project", {field: Expr})`` (a dict of only
+    those fields), ``("where", Expr)`` (a filter), ``("map", fn)`` and
     ``("filter", fn)`` (lambdas, called per tuple). ``drops[i]`` counts the
     tuples step ``i`` removed, so each fused operator's counts stay exact.
     ``inline_lambdas``: a one-expression lambda runs in the loop itself, not
@@ -368,6 +449,11 @@ def compile_rows(steps: Iterable[tuple[str, Any]], title: str = "run", inline_la
                 e = e if isinstance(e, Expr) else Lit(e)
                 new[name] = _PyCode(lines, env, reads, ind, counter).visit(e)[0]
             env.update(new)
+        elif kind == "project":                # a new dict of just these fields (a lifted lambda's)
+            new = {name: _PyCode(lines, env, reads, ind, counter).visit(e)[0] for name, e in arg.items()}
+            env.clear()
+            reads.clear()
+            lines.append(f"{ind}t = {{{', '.join(f'{k!r}: {v}' for k, v in new.items())}}}")
         elif kind == "where":
             code, nullable = _PyCode(lines, env, reads, ind, counter).visit(arg)
             test = f"{code} is not True" if nullable else f"not {code}"
@@ -461,6 +547,11 @@ class _ArrowEval(Visitor):
         a, b = pc.cast(a, f64), pc.cast(b, f64)
         return pc.subtract(a, pc.multiply(b, pc.floor(pc.divide(a, b))))
 
+    def py(self, e: Py) -> Any:
+        from .exact_arrow import evaluate
+
+        return evaluate(e, self.visit)
+
     def unary(self, e: Unary, x: Any) -> Any:
         pc = self.pc
         if e.op in ("is_null", "is_not_null"):
@@ -490,6 +581,14 @@ def run_arrow(steps: Iterable[tuple[str, Any]], batch: Any) -> Any:
                     arr = arr.combine_chunks()
                 i = batch.schema.get_field_index(name)
                 batch = (batch.set_column(i, name, arr) if i >= 0 else batch.append_column(name, arr))
+        elif kind == "project":
+            arrays = [evaluate_arrow(e, batch) for e in arg.values()]
+            arrays = [pa.repeat(a, batch.num_rows) if isinstance(a, pa.Scalar) else a for a in arrays]
+            batch = pa.RecordBatch.from_arrays(arrays, names=list(arg))
+        elif kind == "where" and isinstance(arg, Py):          # a lifted filter keeps what is truthy
+            from .exact_arrow import mask
+
+            batch = batch.filter(mask(evaluate_arrow(arg, batch), batch.num_rows))
         elif kind == "where":
             mask = evaluate_arrow(arg, batch)
             if isinstance(mask, pa.Scalar):

@@ -18,6 +18,8 @@ does not shadow: no globals, no closures, no defaults, no nested scope, no
 source file edited since -- is called as before. Only fused runs inline: a
 batch that raises there is replayed operator by operator, each operator
 calling its function, so a dead letter's traceback shows the user's own line.
+:func:`proven` is that proof on its own, saying why when it fails; lifting a
+lambda to an expression tree (``pescheduler.lift``) starts from it.
 """
 
 from __future__ import annotations
@@ -33,29 +35,52 @@ _SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp
            ast.Await, ast.Yield, ast.YieldFrom)
 
 
+class NotProvable(Exception):
+    """Why a function is not provably one expression of its own source (the text says it)."""
+
+
 def inline(fn: Any, taken: Callable[[str], bool]) -> tuple[str, str] | None:
     """``(parameter, expression source)`` of ``fn`` when the loop may run it in place, else None.
 
     ``taken(name)``: the generated loop uses ``name`` itself; the lambda may use
     no such name (but ``t``, as its parameter: the tuple the loop hands over)."""
-    code = getattr(fn, "__code__", None)
-    if (code is None or getattr(fn, "__name__", None) != "<lambda>" or code.co_argcount != 1
-            or code.co_posonlyargcount or code.co_kwonlyargcount or code.co_freevars or code.co_cellvars
-            or code.co_flags & (0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200)   # *args **kw generator coroutine
-            or getattr(fn, "__defaults__", None) or getattr(fn, "__kwdefaults__", None)):
+    try:
+        node = proven(fn, 1)
+    except NotProvable:
         return None
-    param = code.co_varnames[0]
-    if taken(param) and param != "t":
-        return None
-    for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            name = ins.argval
-            if name in fn.__globals__ or not hasattr(builtins, name) or taken(name):
-                return None
-    node = _find(code)
-    if node is None or any(isinstance(n, _SCOPES) for n in ast.walk(node.body)):
+    param = fn.__code__.co_varnames[0]
+    if (taken(param) and param != "t") or any(taken(name) for name in builtins_read(fn)):
         return None
     return param, ast.unparse(node.body)
+
+
+def proven(fn: Any, arity: int) -> ast.Lambda:
+    """The parsed lambda ``fn`` provably is (byte-identical code), reading only its ``arity``
+    parameters, literals and unshadowed builtins; else :class:`NotProvable` saying why."""
+    code = getattr(fn, "__code__", None)
+    if code is None or getattr(fn, "__name__", None) != "<lambda>":
+        raise NotProvable("it is not a lambda")
+    if (code.co_argcount != arity or code.co_posonlyargcount or code.co_kwonlyargcount
+            or code.co_flags & (0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200)   # *args **kw generator coroutine
+            or getattr(fn, "__defaults__", None) or getattr(fn, "__kwdefaults__", None)):
+        raise NotProvable(f"it does not take exactly {arity} plain parameter{'s' if arity > 1 else ''}")
+    if code.co_freevars or code.co_cellvars:
+        raise NotProvable(f"it reads a variable of an enclosing function ({', '.join(code.co_freevars)})")
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and (
+                ins.argval in fn.__globals__ or not hasattr(builtins, ins.argval)):
+            raise NotProvable(f"it reads the global {ins.argval!r}, which may change")
+    node = _find(code)
+    if node is None:
+        raise NotProvable("its source is not found as it was compiled")
+    if any(isinstance(n, _SCOPES) for n in ast.walk(node.body)):
+        raise NotProvable("it has a scope of its own (a comprehension, a lambda, :=, await or yield)")
+    return node
+
+
+def builtins_read(fn: Any) -> set[str]:
+    """The builtins a proven lambda reads (names it loads that are not its parameters)."""
+    return {ins.argval for ins in dis.get_instructions(fn.__code__) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
 
 
 def _find(code: Any) -> ast.Lambda | None:

@@ -39,6 +39,7 @@ from ..checkpoint import CheckpointCoordinator, Recovery
 from ..checkpoint.restore import load_states
 from ..checkpoint.settings import CheckpointSettings, checkpoint_settings, refuse_unreplayable
 from ..errors import DeploymentFailed
+from ..lift import python_calls
 from ..plan.app import Application
 from ..plan.compiler import compile_app
 from ..plan.placement import Placement
@@ -342,6 +343,8 @@ class Deployment:
         self.state.running(placement.pes)
         self.state.event("deploy", f"{len(placement.pes)} PEs on "
                                    f"{len({pe.worker for pe in placement.pes.values()})} workers")
+        for note in python_calls(self.app):
+            self.state.event("python", note)
         self.loop = ControlLoop(self.gateway, rc, self.state, self.monitor, self.dead, self.status)
         self.loop.on_stop, self.loop.on_scheduler_lost = lambda: self._drain(30.0), self._lost_scheduler
         if chosen:

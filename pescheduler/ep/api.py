@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ..operator import DeadLetter
 from ..timeutil import parse_duration
 from ..joinkeys import equi_keys
+from .lifted import lift_definition
 from .predicates import Expr
 from .schema import Schema, SchemaError
 
@@ -335,7 +336,7 @@ class EventProcessor:
             raise ValueError(f"query {query_id!r} exists already")
         for name in definition.streams():
             self._stream(name)
-        return definition
+        return lift_definition(definition, self._schema)      # lambdas as expressions where exact
 
     def _check_unread(self, name: str) -> Any:
         """The state of stream ``name``, which no query may read any more (it is being removed)."""

@@ -35,6 +35,16 @@ batches that go as one only the newest goes, behind them (only the newest
 matters; records are then judged by it, as by Flink's periodic watermarks).
 With ``linger`` 0 every batch goes as it was emitted, as credit allows.
 
+Linger only while batching pays (as Nagle's algorithm, and as Flink's buffer
+debloating sizes buffers to a time target): when the receiver is idle (all
+credit back: it holds none of our batches) and no batch went for ``linger``,
+the data goes at once, so a quiet channel adds no latency; a busy one ships
+at most one batch per ``linger`` (or a full one at once), so its batches grow
+with the rate and a steady trickle is not shipped a tuple a batch (issue 15).
+``linger`` is therefore the latency target: no tuple waits longer in a channel
+(1 ms by default; issue 34 measured p99 6.3 ms across two PEs at 1 k and 10 k
+events/s with a fixed 5 ms linger).
+
 Two PEs on one worker exchange batch objects in memory (no serialisation)
 through the same gate.
 
@@ -225,6 +235,8 @@ class ChannelOut:
         self.pending: deque = deque()
         self.linger_s = linger_s   # how long a small batch may wait for more (module doc); 0: never
         self.batch_size = batch_size
+        self.credits_max = credits  # all of them back: the receiver holds none of our batches (idle)
+        self._shipped_at = float("-inf")   # when the last data batch went (linger only)
         self._tuples = 0           # data tuples buffered (linger only)
         self._since: float | None = None   # when the oldest of them was buffered (linger only)
         self._urgent = False       # a control item is buffered: ship everything now
@@ -269,16 +281,23 @@ class ChannelOut:
 
     def ripe(self) -> bool:
         """May the buffered data go now? Always without linger; with it, once it fills a batch,
-        its oldest tuple has waited ``linger``, or a control item waits behind it."""
+        a control item waits behind it, or its deadline passed (:meth:`_deadline`)."""
         return (not self.linger_s or self._urgent or self._tuples >= self.batch_size or self._since is None
-                or perf_counter() - self._since >= self.linger_s)
+                or perf_counter() >= self._deadline())
+
+    def _deadline(self) -> float:
+        """When the buffered data goes: ``linger`` after its oldest tuple, or ``linger`` after the
+        last batch went if the receiver is idle (all credit back), so a quiet channel ships at once
+        and a busy one at most once per ``linger`` (module doc)."""
+        idle = self.gate.credits >= self.credits_max
+        return min(self._since, self._shipped_at) + self.linger_s if idle else self._since + self.linger_s
 
     def linger_left(self) -> float | None:
         """Seconds until the buffered data ripens; None when none waits to (the PE's idle wait)."""
         if not self.linger_s or not self._tuples or self._urgent or self._tuples >= self.batch_size \
                 or self._since is None:
             return None
-        left = self._since + self.linger_s - perf_counter()
+        left = self._deadline() - perf_counter()
         return left if left > 0 else None
 
     # Output protocol (synchronous, from the chain)
@@ -375,6 +394,7 @@ class ChannelOut:
                 await self.gate.acquire()
                 if self.linger_s:
                     payload = self._coalesce(payload)
+                    self._shipped_at = perf_counter()
                 self.tuples += len(payload)
                 self.batches += 1
             await self._write(kind, payload)

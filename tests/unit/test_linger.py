@@ -48,6 +48,9 @@ def shipped(inbox):
 def test_small_batches_wait_for_linger_then_go_as_one_with_the_newest_watermark(clock):
     async def main():
         out, inbox = channel()
+        out.send([0])                  # a quiet channel, the receiver idle: it goes at once
+        assert await out.flush(wait=False) and shipped(inbox) == [(DATA, [0])]
+        inbox.items.clear()            # (the receiver has not taken it: its credit is out)
         first, second = [1, 2], [3]
         out.send(first)
         out.watermark(1)
@@ -62,7 +65,7 @@ def test_small_batches_wait_for_linger_then_go_as_one_with_the_newest_watermark(
         assert await out.flush(wait=False)
         assert shipped(inbox) == [(DATA, [1, 2, 3]), (WATERMARK, 2)]
         assert first == [1, 2] and second == [3]       # fan-out channels share these objects
-        assert out.batches == 1 and out.tuples == 3 and out.gate.credits == 7
+        assert out.batches == 2 and out.tuples == 4 and out.gate.credits == 6
         assert not out.pending and out.linger_left() is None
 
     asyncio.run(main())
@@ -157,6 +160,36 @@ def test_flush_that_waits_ships_lingering_data_and_linger_zero_ships_each_batch(
     asyncio.run(main())
 
 
+def test_an_idle_receiver_gets_data_at_once_but_a_busy_channel_ships_once_per_linger(clock):
+    """The receiver idle (all credit back): what comes after a quiet ``linger`` goes at once; what
+    comes within ``linger`` of the last batch waits for that ``linger`` to pass, idle or not, so a
+    steady trickle still ships a batch per ``linger``, not a batch per tuple."""
+    async def main():
+        out, inbox = channel()
+        out.send([1])
+        assert out.can_ship() and await out.flush(wait=False)
+        assert shipped(inbox) == [(DATA, [1])]
+        inbox.items.clear()
+        out.gate.release()                      # the receiver took it: idle again
+        clock.now += 0.001
+        out.send([2])
+        assert not out.can_ship() and out.linger_left() == pytest.approx(0.004)    # 5 ms after the last
+        clock.now += 0.004
+        assert out.can_ship() and await out.flush(wait=False)
+        assert shipped(inbox) == [(DATA, [2])]
+        inbox.items.clear()
+        clock.now += 0.002
+        out.send([3])                           # the receiver holds [2]: not idle, 5 ms after [3]
+        assert not out.can_ship() and out.linger_left() == pytest.approx(0.005)
+        out.gate.release()                      # it takes [2]: idle, 5 ms after [2] went
+        assert out.linger_left() == pytest.approx(0.003)
+        clock.now += 0.010
+        out.send([4])                           # quiet for longer than linger: at once
+        assert out.can_ship() and out.linger_left() is None
+
+    asyncio.run(main())
+
+
 class OneAtATime(IterableSource):
     """Returns one item per read, whatever is asked: a paced source's reads at a low rate."""
 
@@ -166,8 +199,9 @@ class OneAtATime(IterableSource):
 
 def test_a_pe_ships_full_batches_from_small_reads_and_its_end_at_once():
     """On a real PE runner: a source returning one tuple a read, ``batch.size`` 10 and a linger of
-    a minute. The channel carries batches of 10 (not 25 of one), in order, and the last 5 go with
-    END at once: the PE ends within the test's bound, not after the linger."""
+    a minute. The first tuple goes at once (the channel was quiet), then batches of 10 (not one a
+    tuple), in order, and the last 4 go with END at once: the PE ends within the test's bound, not
+    after the linger."""
     async def scenario():
         spec = PESpec("src", "dep", {"src": (OneAtATime, {"items": [{"n": i, "ts": i} for i in range(25)]}, None)}, [],
                       outputs=[OutputSpec("c-w", "src", "out", "pe-w", "tcp://w", HERE, ("w",))],
@@ -180,9 +214,9 @@ def test_a_pe_ships_full_batches_from_small_reads_and_its_end_at_once():
         await asyncio.wait_for(pe.start(), 30)
         items = shipped(inbox)
         assert pe.state == "finished", pe.error
-        assert [len(p) for k, p in items if k == DATA] == [10, 10, 5] and items[-1] == (END, None)
+        assert [len(p) for k, p in items if k == DATA] == [1, 10, 10, 4] and items[-1] == (END, None)
         assert [t["n"] for k, p in items if k == DATA for t in p] == list(range(25))
         wms = [p for k, p in items if k == WATERMARK]
-        assert wms == sorted(set(wms)) and len(wms) <= 3       # only the newest behind each batch
+        assert wms == sorted(set(wms)) and len(wms) <= 4       # only the newest behind each batch
         assert pe.state == "finished"
     asyncio.run(scenario())

@@ -1,0 +1,115 @@
+"""Latency benchmark: event-created -> sink wall-clock latency across PEs on different workers.
+
+    python bench/latency.py [--duration 5] [--quick]
+
+``replay`` stamps each tuple when it is read (``sent``, the host's monotonic
+clock), a chain of 2 PEs (``replay`` -> ``latency``) or 3 PEs (``replay`` ->
+``map`` -> ``latency``), each PE on its own worker process, carries it; the
+sink takes ``now - sent`` per tuple. First each shape's capacity is measured
+(unpaced), then the latency at 1 k/s, 10 k/s, 50 % and 90 % of that capacity:
+p50/p99/p99.9/max and the throughput reached at each. Every run checks the
+sink saw every tuple sent (exit 1 if not).
+
+Two channel behaviours in the same run, each in its own process (so nothing of
+one leaks into the other's workers): **before** -- a fixed 5 ms linger after
+the oldest buffered tuple (issue 34's starting point, loaded as the
+``fixedlinger`` plug-in); **after** -- today's channels with their default
+latency target (``pescheduler.batch.linger``): at once when the receiver is
+idle, at most one batch per linger when busy.
+Goals (issue 34, quiet machine): across 2 PEs p99 <= 2 ms at 1 k/s and 10 k/s,
+<= 10 ms at 50 % of capacity, <= 50 ms at 90 %; throughput at 90 % no lower
+than before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from array import array
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(shape: int, rate: float | None, events: int, before: bool) -> dict:
+    """One deployment: ``shape`` PEs, ``rate`` tuples/s (None: unpaced); what the sink saw."""
+    import pescheduler
+    from pescheduler import Application
+
+    every = max(1, events // 200_000)            # at most about 200 k latency samples
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "lat.pickle")
+        app = Application(f"latency{shape}")
+        stream = app.source("replay", events=events, stamp=True, rate=rate)
+        if shape == 3:
+            stream = stream.map(lambda e: {**e, "hop": 1})
+        stream.sink("latency", path=path, every=every)
+        plugins = ["benchops"] + (["fixedlinger"] if before else [])
+        with pescheduler.deploy(app, workers=shape, plugins=plugins, policies=[]) as dep:
+            assert len({pe.worker for pe in dep.placement().pes.values()}) == shape
+            dep.wait(timeout=600)
+        with open(path, "rb") as f:
+            r = pickle.load(f)
+    if r["count"] != events:
+        print(f"{shape} PEs at {rate}: the sink saw {r['count']} tuples of {events} sent")
+        sys.exit(1)
+    lat = array("d")
+    lat.frombytes(r["latencies"])
+    lat = sorted(x * 1000 for x in lat)
+    at = lambda q: lat[min(len(lat) - 1, int(len(lat) * q))]  # noqa: E731
+    return {"count": r["count"], "tuples_s": r["count"] / max(r["last"] - r["first"], 1e-9),
+            "p50": at(0.5), "p99": at(0.99), "p999": at(0.999), "max": lat[-1]}
+
+
+def one(before: bool, duration: float) -> list[dict]:
+    """Every shape and rate for one channel behaviour (run in its own process by :func:`main`)."""
+    if before:
+        os.environ["PESCHEDULER__BATCH__LINGER"] = "5ms"
+    rows = []
+    for shape in (2, 3):
+        capacity = run(shape, None, 400_000, before)["tuples_s"]
+        for label, rate in (("1k/s", 1_000), ("10k/s", 10_000), ("50%", capacity / 2), ("90%", capacity * 0.9)):
+            r = run(shape, rate, max(1000, int(rate * duration)), before)
+            rows.append({"shape": shape, "label": label, "rate": rate, "capacity": capacity, **r})
+    return rows
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per paced run")
+    parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    parser.add_argument("--one", choices=["before", "after"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.duration = 1.0
+    if args.one:
+        print(json.dumps(one(args.one == "before", args.duration)))
+        return
+    load = os.getloadavg()[0]
+    found = {}
+    for which in ("before", "after"):
+        out = subprocess.run([sys.executable, __file__, "--one", which, "--duration", str(args.duration)],
+                             capture_output=True, text=True, check=True)
+        found[which] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"event-created -> sink latency, each PE on its own worker; load {load:.1f} -> "
+          f"{os.getloadavg()[0]:.1f} (1-min, 2 cores shared); ms")
+    print(f"{'':>8} {'PEs':>3} {'rate':>6} | {'before: p50':>11} {'p99':>7} {'p99.9':>7} {'max':>7} {'k/s':>7} |"
+          f" {'after: p50':>10} {'p99':>7} {'p99.9':>7} {'max':>7} {'k/s':>7}")
+    for b, a in zip(found["before"], found["after"]):
+        cells = [f"{r['p50']:11.2f} {r['p99']:7.2f} {r['p999']:7.2f} {r['max']:7.1f} {r['tuples_s'] / 1e3:7.1f}"
+                 for r in (b, a)]
+        print(f"{'':>8} {a['shape']:>3} {a['label']:>6} | {cells[0]} | {cells[1]:>}")
+    print("capacity (unpaced, k tuples/s): " + ", ".join(
+        f"{n} PEs before {found['before'][i]['capacity'] / 1e3:.0f} after {found['after'][i]['capacity'] / 1e3:.0f}"
+        for n, i in ((2, 0), (3, 4))))
+    print("goals across 2 PEs: p99 <= 2 ms at 1k/s and 10k/s, <= 10 ms at 50 %, <= 50 ms at 90 %; "
+          "throughput at 90 % no lower than before")
+
+
+if __name__ == "__main__":
+    main()

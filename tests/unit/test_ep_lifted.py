@@ -1,0 +1,86 @@
+"""EP lambda predicates as expressions (pescheduler/ep/lifted.py): where the schemas make a lambda and
+its ``col`` tree agree, the query gets the expression (a hash probe for an equation, SQL on the database
+providers) and answers exactly what calling the lambda answers."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from pescheduler import ep
+from pescheduler.expr import Expr
+
+SCHEMA = {"a": int, "b": int, "x": float, "s": str, "f": bool}
+CORRELATIONS = [
+    lambda l, r: l["a"] - r["b"] == 2,
+    lambda l, r: l["a"] == r["a"] and l["x"] > r["x"],
+    lambda l, r: l["s"] == r["s"] or not r["f"],
+    lambda l, r: abs(l["x"] - r["x"]) / 2 < 1.5,
+    lambda l, r: l["a"] % 3 == r["b"] % 3,
+]
+FILTERS = [lambda e: e["a"] * 2 > e["x"], lambda e: -e["b"] <= e["a"] < 3 and e["f"], lambda e: e["s"] != "y"]
+EVENT = st.fixed_dictionaries({"a": st.integers(-3, 6), "b": st.integers(-3, 6),
+                               "x": st.floats(-5, 5, allow_nan=False).map(lambda v: round(v, 1)),
+                               "s": st.sampled_from("xyz"), "f": st.booleans()})
+PUSHES = st.lists(st.tuples(st.sampled_from("st"), EVENT), max_size=25)
+
+
+def answers(provider: str, query: ep.Definition, pushes: list) -> tuple[list, object]:
+    """What ``query`` gives on ``provider`` for ``pushes`` (one per ms), and the predicate it ran."""
+    proc = ep.EventProcessor(provider)
+    try:
+        for name in "st":
+            proc.register_stream(name, SCHEMA)
+        got: list = []
+        proc.create_query("q", query)
+        proc.add_output_processor("q", got.append)
+        for ts, (stream, event) in enumerate(pushes):
+            proc.push_event(stream, event, ts)
+        return got, proc._queries["q"].terminal or proc._queries["q"].filters[0]
+    finally:
+        proc.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(CORRELATIONS), PUSHES)
+def test_a_lifted_correlation_answers_what_calling_the_lambda_answers(predicate, pushes):
+    def query(p):
+        return ep.Stream("s", window=ep.Tumbling("10ms")).correlate("t", p)
+    want, called = answers("native", query(functools.partial(predicate)), pushes)    # not a lambda: called
+    got, ran = answers("native", query(predicate), pushes)
+    assert not isinstance(called.predicate, Expr) and isinstance(ran.predicate, Expr)
+    assert got == want
+    assert answers("sqlite", query(predicate), pushes)[0] == want
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(FILTERS), PUSHES)
+def test_a_lifted_filter_answers_what_calling_the_lambda_answers(predicate, pushes):
+    want, _ = answers("native", ep.Stream("s").filter(functools.partial(predicate)), pushes)
+    got, ran = answers("native", ep.Stream("s").filter(predicate), pushes)
+    assert isinstance(ran.predicate, Expr) and got == want
+    assert answers("sqlite", ep.Stream("s").filter(predicate), pushes)[0] == want
+
+
+def test_an_equation_in_a_lambda_becomes_the_shared_hash_probe():
+    proc = ep.EventProcessor("native")
+    for name in "st":
+        proc.register_stream(name, SCHEMA)
+    proc.create_query("q", ep.Stream("s", window=ep.Tumbling("1s")).correlate("t", lambda l, r: l["a"] - r["b"] == 2))
+    assert any(op_id.startswith("ep_correlate") for op_id in proc._nodes)       # not a join testing every pair
+    proc.close()
+
+
+def test_what_the_schema_cannot_make_exact_stays_a_lambda():
+    proc = ep.EventProcessor("sqlite")
+    for name in "st":
+        proc.register_stream(name, SCHEMA)
+    for predicate in (lambda e: e["a"] / e["b"] > 1,          # a zero divisor raises in Python
+                      lambda e: e["x"] % 2 > 1,                # % of floats
+                      lambda e: e["a"] and e["f"],             # and of an int gives an operand
+                      lambda e: e["s"] < 1):                   # str < int raises in Python
+        with pytest.raises(TypeError, match="write it as an expression"):
+            proc.create_query("q", ep.Stream("s").filter(predicate))
+    proc.close()
