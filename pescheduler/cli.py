@@ -32,12 +32,13 @@ from rich.text import Text
 
 from . import __version__, config
 from .control import statefile
-from .errors import AppLoadError, CheckpointError, ConfigError, DeploymentFailed, InvalidApplication, NotReplayable
+from .errors import (AppLoadError, CheckpointError, ConfigError, DeploymentClash, DeploymentFailed,
+                     InvalidApplication, NotReplayable)
 from .liveview import LiveView, format_event, format_line, new_events, render
 from .plugins import PluginError, Plugins, UnknownOperatorError, load_plugins
 
 USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError, ConfigError, PluginError, CheckpointError,
-               NotReplayable)
+               NotReplayable, DeploymentClash)
 RUNNING = ("starting", "running")
 PIPE_WIDTH = 200      # tables written to a pipe are not wrapped at 80 columns
 
@@ -206,7 +207,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         info.print(f"deploying {app.name} on {args.cluster or 'an embedded Dask cluster on 127.0.0.1'}…", soft_wrap=True)
         with _spawned_workers_ignore_ctrl_c(embedded=args.cluster is None):
             dep = deploy(app, workers=args.workers, cluster=args.cluster, plugins=tuple(args.plugin),
-                         **options)
+                         name=statefile.name_of(app.name), **options)
     except USER_ERRORS as exc:
         return _fail(err, str(exc), 2)
     except ClusterUnreachable as exc:
@@ -396,7 +397,7 @@ def _published(args: argparse.Namespace, err: Console, security=None) -> tuple[s
     except OSError as exc:
         return _fail(err, f"cannot reach the scheduler at {address}: {exc}", 1)
     if args.cluster and args.name:
-        statuses = [s for s in statuses if args.name in (s.get("app"), s.get("id"))]
+        statuses = [s for s in statuses if args.name in (s.get("name"), s.get("app"), s.get("id"))]
     if not statuses:
         return _fail(err, f"no pescheduler deployment{' ' + args.name if args.name else ''} "
                           f"has published status on {address}", 1)

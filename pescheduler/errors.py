@@ -62,3 +62,8 @@ class NotReplayable(PeschedulerError):
 class CheckpointError(PeschedulerError, ValueError):
     """A checkpoint cannot be taken or restored (none complete in the storage, an unknown id, a
     checkpoint that timed out); the message names the storage and the id."""
+
+
+class DeploymentClash(PeschedulerError, ValueError):
+    """A deployment of the same name, or one writing the same file, is already running; the message
+    names both and the fix. Refused before anything starts: both would truncate and interleave output."""

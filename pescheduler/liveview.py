@@ -28,7 +28,7 @@ STATE_STYLES = {"starting": "yellow", "running": "green", "finished": "bold gree
                 "stopped": "yellow", "failed": "bold red"}
 
 EVENT_STYLES = {"failed": "red", "refused": "yellow", "reconfigure": "cyan", "policy": "magenta",
-                "stop": "yellow"}
+                "stop": "yellow", "error": "red"}
 
 
 # -- figures ------------------------------------------------------------------------------

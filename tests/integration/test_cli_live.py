@@ -14,7 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from waiting import reap
+from waiting import reap, until
 
 pytestmark = pytest.mark.integration
 STATUS_SCHEMA = json.loads(re.search(r"```json\n(.*?)```", (Path(__file__).parents[2] / "docs" / "status.md")
@@ -70,3 +70,34 @@ def test_status_and_stop_reach_a_running_deployment(tmp_path):
     counts = [json.loads(line)["n"] for line in out.read_text().splitlines()]
     assert counts and sum(counts) > 0                # stop drained: the open windows fired
     assert not list((tmp_path / "state").iterdir())   # the deployment removed its record
+
+
+def test_a_running_name_and_a_written_path_are_refused_naming_the_running_one(tmp_path):
+    """Issue 36: the same deploy twice hid the first from `list`/`stop` and both truncated one file."""
+    out = tmp_path / "counts.jsonl"
+    (tmp_path / "app.py").write_text(APP.format(out=str(out)))
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    first = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
+                              "--workers", "2", "--name", "cars"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        until(lambda: first.poll() is not None or (tmp_path / "state" / "cars.json").exists(), 120,
+              "the first deployment to record itself")
+        assert first.poll() is None, first.stderr.read()
+        again = cli("deploy", str(tmp_path / "app.py"), "--workers", "2", "--name", "cars", env=env)
+        assert again.returncode == 2, again.stdout + again.stderr
+        assert "a deployment named 'cars' is already running on this machine" in again.stderr
+        assert "running on" not in again.stdout           # refused before anything started
+        other = cli("deploy", str(tmp_path / "app.py"), "--workers", "2", "--name", "other", env=env)
+        assert other.returncode == 2, other.stdout + other.stderr
+        assert f"'other' would write {out}, which the running deployment 'cars' of app 'live-cli'" \
+            in other.stderr.replace("\n", " "), other.stderr
+        listed = cli("list", env=env)
+        assert [line.split()[1] for line in listed.stdout.splitlines() if "live-cli" in line] == ["cars"]
+        stop = cli("stop", "cars", env=env, timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        _, stderr = first.communicate(timeout=120)
+        assert first.returncode == 0, stderr
+    finally:
+        reap(first)
+    assert out.read_text()                     # the first one's output, untouched by the refused ones

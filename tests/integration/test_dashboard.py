@@ -22,6 +22,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application
+from pescheduler.control.status import short_pe
 from waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
@@ -101,7 +102,7 @@ def drawn_source(page: str, name: str) -> dict:
 def test_the_page_draws_the_channels_between_the_pes(running):
     dep, base = running
     pl = dep.placement()
-    crossing = {(pl.pe_of(src), dst_pe) for src, _port, _dst, dst_pe in pl.channels()}
+    crossing = {(short_pe(pl.pe_of(src)), short_pe(dst_pe)) for src, _port, _dst, dst_pe in pl.channels()}
     assert crossing, "the app crosses PEs on two workers"
 
     def edges():
@@ -112,7 +113,7 @@ def test_the_page_draws_the_channels_between_the_pes(running):
 
 def test_metrics_with_the_pescheduler_prefix_are_on_the_dashboards_metrics(running):
     dep, base = running
-    pe = next(iter(dep.placement().pes))
+    pe = short_pe(next(iter(dep.placement().pes)))       # status and metrics name a PE by its first operator
 
     def busy_line():
         text = get(base + "/metrics")

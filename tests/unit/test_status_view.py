@@ -1,0 +1,40 @@
+"""``status`` stays small as apps grow (issue 36): a PE is named by its first operator in every row,
+its full id (every operator joined by ``->``) once, as its ``name``."""
+
+from __future__ import annotations
+
+import json
+
+from pescheduler import Application
+from pescheduler.control.monitor import MetricsSnapshot, OperatorMetrics
+from pescheduler.control.state import DeploymentState
+from pescheduler.control.status import status_view
+from pescheduler.plan.compiler import compile_app
+from pescheduler.plugins import load_plugins
+
+WORKERS = ("tcp://127.0.0.1:1001", "tcp://127.0.0.1:1002")
+
+
+def status_of(maps: int) -> dict:
+    app = Application("long")
+    stream = app.source("iterable", items=[1])
+    for _ in range(maps):
+        stream = stream.map(lambda t: t)
+    stream.sink("print")
+    placement = compile_app(app, load_plugins(), list(WORKERS), {w: "h0" for w in WORKERS})
+    snap = MetricsSnapshot(0.0, 1.0, operators={op: OperatorMetrics(op, placement.pe_of(op))
+                                                 for op in app.nodes})
+    return status_view("long", DeploymentState(), snap, placement, 0)
+
+
+def test_the_status_grows_linearly_with_the_operators():
+    small, large = (len(json.dumps(status_of(n))) for n in (10, 200))
+    assert large / small < 200 / 10 * 1.2, (small, large)      # was 300 KB at 200: the square
+
+
+def test_a_pe_is_named_once_and_referred_to_by_its_first_operator():
+    status = status_of(3)
+    fused = next(pe for pe in status["pes"] if len(pe["operators"]) > 1)
+    assert fused["pe"] == fused["operators"][0] and fused["name"] == "->".join(fused["operators"])
+    assert {op["pe"] for op in status["operators"]} == {pe["pe"] for pe in status["pes"]}
+    assert all(c["from"] in {pe["pe"] for pe in status["pes"]} for c in status["channels"])
