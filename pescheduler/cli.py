@@ -34,13 +34,14 @@ from . import __version__, config
 from .control import statefile
 from .errors import (AppLoadError, CheckpointError, ConfigError, DeploymentClash, DeploymentFailed,
                      InvalidApplication, NotReplayable)
-from .liveview import LiveView, format_event, format_line, new_events, render
+from .liveview import LiveView, dead_letter_lines, format_event, format_line, new_events, render
 from .plugins import PluginError, Plugins, UnknownOperatorError, load_plugins
 
 USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError, ConfigError, PluginError, CheckpointError,
                NotReplayable, DeploymentClash)
 RUNNING = ("starting", "running")
 PIPE_WIDTH = 200      # tables written to a pipe are not wrapped at 80 columns
+NARROW = 80           # `status` and `plugins` fit this off a terminal (a terminal: its own width)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +109,9 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="placement, rates, busy/backpressure per PE")
     _target(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON (docs/status.md)")
+    status.add_argument("--wide", action="store_true", help="every column (hosts too), wider than 80")
+    status.add_argument("--dead-letters", type=int, default=0, metavar="N",
+                        help="also print the newest N dead letters: exception, the app's line, the tuple")
     _tls_options(status)
     status.set_defaults(run=cmd_status)
 
@@ -178,11 +182,11 @@ def _positive(text: str) -> float:
     return value
 
 
-def _console(stderr: bool = False) -> Console:
+def _console(stderr: bool = False, width: int | None = None) -> Console:
     probe = Console(stderr=stderr)
     # markup off: app names, paths and error texts may hold [brackets] rich would eat.
     return Console(stderr=stderr, highlight=False, markup=False,
-                   width=None if probe.is_terminal else PIPE_WIDTH)
+                   width=None if probe.is_terminal else width or PIPE_WIDTH)
 
 
 def _fail(console: Console, message: str, code: int) -> int:
@@ -377,9 +381,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     _address, statuses = found
     if args.json:
         print(json.dumps(statuses[0] if len(statuses) == 1 else statuses, indent=2, default=str))
-    else:
-        for status in statuses:
-            out.print(render(status))
+        return 0
+    out = _console(width=None if args.wide else NARROW)
+    for status in statuses:
+        out.print(render(status, wide=args.wide))
+        shown = dead_letter_lines(status, args.dead_letters)
+        if args.dead_letters:
+            out.print(f"newest {len(shown) // 3} dead letters of {status.get('app')}"
+                      + ("" if shown else ": none kept"))
+        for line in shown:
+            out.print(line, overflow="fold")
     return 0
 
 

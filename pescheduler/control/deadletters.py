@@ -22,7 +22,8 @@ from .monitor import MetricsSnapshot
 class DeadLetters:
     """The newest ``pescheduler.dead-letters.keep`` dead letters, and a count of all per operator."""
 
-    def __init__(self) -> None:
+    def __init__(self, files: dict[str, str] | None = None) -> None:
+        self.files = files or {}     # operator id -> the file that added it (failures.readable)
         self.kept: deque = deque(maxlen=int(config.get("dead-letters.keep")))
         self.per_op: Counter = Counter()
         self.path = config.get("dead-letters.path")
@@ -46,7 +47,7 @@ class DeadLetters:
                 f.write(json.dumps(dead, default=repr) + "\n")
         if dead.get("op", "") in self.first:
             return None
-        first = self.first[dead.get("op", "")] = readable(dead)
+        first = self.first[dead.get("op", "")] = self._readable(dead)
         return first
 
     def errors(self) -> list[dict]:
@@ -55,7 +56,10 @@ class DeadLetters:
 
     def recent(self) -> list[dict]:
         """The newest ``pescheduler.dead-letters.recent`` dead letters, readable, oldest first."""
-        return [readable(d) for d in list(self.kept)[-self.shown:]] if self.shown else []
+        return [self._readable(d) for d in list(self.kept)[-self.shown:]] if self.shown else []
+
+    def _readable(self, dead: dict) -> dict:
+        return readable(dead, self.files.get(str(dead.get("op", "")).split("#", 1)[0]))
 
     def verdict(self, snapshot: MetricsSnapshot) -> str | None:
         """Why the run failed by its dead letters (None when it did not): the first operator that

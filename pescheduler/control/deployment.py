@@ -192,7 +192,7 @@ class Deployment:
         self.security = security                  # distributed.Security (or True) for a TLS cluster
         self.state = DeploymentState()
         self.monitor = Monitor(int(config.get("monitor.history")))
-        self.dead = DeadLetters()
+        self.dead = DeadLetters({n.op_id: n.where[0] for n in app.nodes.values() if n.where})
         self.gateway: WorkerGateway | None = None
         self.reconfigurer: Reconfigurer | None = None
         self.loop: ControlLoop | None = None

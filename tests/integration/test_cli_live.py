@@ -101,3 +101,52 @@ def test_a_running_name_and_a_written_path_are_refused_naming_the_running_one(tm
     finally:
         reap(first)
     assert out.read_text()                     # the first one's output, untouched by the refused ones
+
+
+FAILING_APP = """
+from pescheduler import Application
+
+def speed_kmh(e):
+    return {{**e, "kmh": 3600 / (int(e["car"][4:]) % 25)}}      # car-0, car-25: ZeroDivisionError
+
+app = Application("failing")
+(app.source("generator", events=None, keys=50, rate=5_000)
+    .map(speed_kmh)
+    .sink("jsonl", path={out!r}))
+"""
+
+
+def test_the_first_exception_per_operator_is_in_status(tmp_path):
+    """Issue 36: "dead letters 4772" and nowhere the exception."""
+    app = tmp_path / "app.py"
+    app.write_text(FAILING_APP.format(out=str(tmp_path / "out.jsonl")))
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(app), "--workers", "2"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        shown = {}
+
+        def errors_published():
+            status = cli("status", "--json", env=env)
+            shown.update(json.loads(status.stdout) if status.returncode == 0 else {})
+            assert deploy.poll() is None, deploy.stderr.read()
+            return shown.get("errors") and len(shown.get("recent_dead_letters") or ()) >= 3
+        until(errors_published, 120, "the deployment to publish its first error")
+        jsonschema.validate(shown, STATUS_SCHEMA)
+        assert len(shown["errors"]) == 1, shown["errors"]
+        first = shown["errors"][0]
+        assert (first["op"], first["type"], first["message"]) == ("map-2", "ZeroDivisionError", "division by zero")
+        assert first["where"] == f"{app}:5" and first["count"] >= 1
+        assert int(eval(first["sample"])["car"][4:]) % 25 == 0
+        text = cli("status", "failing", "--dead-letters", "3", env=env)
+        assert text.returncode == 0, text.stderr
+        lines = text.stdout.splitlines()
+        assert max(map(len, lines)) <= 80, text.stdout          # fits 80 columns off a terminal
+        assert "first error per operator" in text.stdout and "ZeroDivisionError" in text.stdout
+        assert "newest 3 dead letters of failing" in text.stdout
+        assert text.stdout.count("map-2: ZeroDivisionError: division by zero\n") == 3
+        assert text.stdout.replace("\n", "").count(f"  at {app}:5") == 3
+        assert cli("stop", env=env, timeout=120).returncode == 0
+        deploy.communicate(timeout=120)
+    finally:
+        reap(deploy)
