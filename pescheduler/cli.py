@@ -35,7 +35,8 @@ from .control import statefile
 from .errors import (AppLoadError, CheckpointError, ConfigError, DeploymentClash, DeploymentFailed,
                      InvalidApplication, NotReplayable)
 from .liveview import LiveView, dead_letter_lines, format_event, format_line, new_events, render
-from .plugins import PluginError, Plugins, UnknownOperatorError, load_plugins
+from .plugins import PluginError, Plugins, UnknownOperatorError, internal, load_plugins
+from .suggest import did_you_mean
 
 USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError, ConfigError, PluginError, CheckpointError,
                NotReplayable, DeploymentClash)
@@ -127,6 +128,9 @@ def parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", help="operators, aggregates, policies, resource managers found")
     _plugin_option(plugins)
+    plugins.add_argument("--describe", metavar="NAME",
+                         help="the parameters of this operator, source, sink, aggregate or policy")
+    plugins.add_argument("--all", action="store_true", help="also the ep planner's internal ep_* operators")
     plugins.set_defaults(run=cmd_plugins)
     return top
 
@@ -531,33 +535,64 @@ def _client(address: str, security=None):
 # -- plugins ----------------------------------------------------------------------------------
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    """List what every plug-in provides and which failed to load; exit 0 either way."""
-    out = _console()
+    """List what every plug-in provides and which failed to load (exit 0 either way); ``--describe``:
+    one name's parameters (exit 2 for a name nothing provides)."""
+    out = _console(width=NARROW)
     found = load_plugins(tuple(args.plugin))
-    out.print(operators_table(found))
+    if args.describe:
+        return _describe(found, args.describe, out)
+    out.print(operators_table(found, args.all))
     out.print(aggregates_table(found))
     defaults = config.get("policies.default") or ()
     out.print(_named_table("policies", {n: found.origins.get(n, "") + (" (default)" if n in defaults else "")
                                         for n in found.policies()}))
     out.print(_named_table("resource managers", {n: f"{c.__module__}.{c.__qualname__}"
                                                  for n, c in found.resource_managers.items()}))
+    out.print(_named_table("plug-ins", dict(found.origins)))
     if found.failures:
         out.print(failures_table(found))
+    return 0
+
+
+def _describe(found: Plugins, name: str, out: Console) -> int:
+    """Every entry called ``name``: kind, summary, a table of its parameters."""
+    from .reference import describe, entries
+
+    described = describe(found, name)
+    if not described:
+        hint = did_you_mean(name, {e.name for e in entries(found, everything=True)})
+        return _fail(_console(stderr=True), f"nothing called {name!r} is provided by a plug-in.{hint} "
+                                            f"`python -m pescheduler plugins` lists them", 2)
+    for entry in described:
+        out.print(Text(f"{entry.kind} {entry.name}", style="bold"), Text(entry.summary))
+        table = Table(box=None, padding=(0, 1))
+        for header in ("parameter", "type", "default", "meaning"):
+            table.add_column(header, overflow="fold")
+        for p in entry.params:
+            table.add_row(p.name, p.type, p.default, p.meaning)
+        out.print(table if entry.params else Text("(no parameters)"))
     return 0
 
 
 KIND_ORDER = {"source": 0, "operator": 1, "sink": 2}
 
 
-def operators_table(found: Plugins) -> Table:
-    """Operators by kind, each with its class, plug-in and origin (distribution or module)."""
-    table = Table(title="operators", title_justify="left")
-    for header in ("kind", "name", "class", "plug-in", "origin"):
-        table.add_column(header)
+def operators_table(found: Plugins, everything: bool = False) -> Table:
+    """Operators by kind, each with its plug-in and what it does; ``ep_*`` ones only with ``everything``."""
+    table = Table(title="operators (`plugins --describe NAME`: parameters)", title_justify="left")
+    for header in ("kind", "name", "plug-in", "what it does"):
+        table.add_column(header, overflow="fold")
     for (kind, name), cls in sorted(found.operators.items(), key=lambda kv: (KIND_ORDER.get(kv[0][0], 9), kv[0])):
-        plugin = found.operator_origins.get((kind, name), "")
-        table.add_row(kind, name, f"{cls.__module__}.{cls.__qualname__}", plugin, found.origins.get(plugin, ""))
+        if everything or not internal(name):
+            table.add_row(kind, name, found.operator_origins.get((kind, name), ""), _first_line(cls.__doc__))
     return table
+
+
+def _first_line(doc: str | None) -> str:
+    """The docstring's first sentence."""
+    from .reference import first_sentence
+
+    return first_sentence(doc or "")
 
 
 def aggregates_table(found: Plugins) -> Table:

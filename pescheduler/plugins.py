@@ -53,7 +53,7 @@ class Plugins:
         try:
             return self.operators[(kind, name)]
         except KeyError:
-            names = sorted(n for k, n in self.operators if k == kind and not _internal(n))
+            names = sorted(n for k, n in self.operators if k == kind and not internal(n))
             known = ", ".join(names) or "(none)"
             hint = ""
             if self.failures:
@@ -72,7 +72,7 @@ class Plugins:
         }
 
 
-def _internal(name: str) -> bool:
+def internal(name: str) -> bool:
     """Operators the ``ep`` planner places itself (``ep_*``): not for apps, hidden from listings."""
     return name.startswith("ep_")
 
