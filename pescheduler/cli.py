@@ -123,8 +123,10 @@ def parser() -> argparse.ArgumentParser:
     _tls_options(stop)
     stop.set_defaults(run=cmd_stop)
 
-    listing = sub.add_parser("list", help="the embedded deployments running on this machine")
-    listing.set_defaults(run=cmd_list)
+    listing = sub.add_parser("list", help="the embedded deployments running on this machine (--cluster: there)")
+    listing.add_argument("--cluster", metavar="ADDR", help="the deployments on the cluster of this scheduler")
+    _tls_options(listing)
+    listing.set_defaults(run=cmd_list, name=None)
 
     plugins = sub.add_parser("plugins", help="operators, aggregates, policies, resource managers found")
     _plugin_option(plugins)
@@ -212,8 +214,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         if args.cluster:
             _reachable(args.cluster)
         statefile.use_name(args.name)
-        info.print(f"deploying {app.name} on {args.cluster or 'an embedded Dask cluster on 127.0.0.1'}…", soft_wrap=True)
-        with _spawned_workers_ignore_ctrl_c(embedded=args.cluster is None):
+        with _ctrl_c_deferred() as ctrl_c:
+            info.print(f"deploying {app.name} on {args.cluster or 'an embedded Dask cluster on 127.0.0.1'}…",
+                       soft_wrap=True)
             dep = deploy(app, workers=args.workers, cluster=args.cluster, plugins=tuple(args.plugin),
                          name=statefile.name_of(app.name), **options)
     except USER_ERRORS as exc:
@@ -231,8 +234,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         where = f"reach the cluster at {args.cluster}" if args.cluster else "start the embedded cluster"
         return _fail(err, f"cannot {where}: {exc}", 1)
     embedded = getattr(dep, "cluster", None)
-    page = f"; dashboard {embedded.dashboard_link.replace('/status', '/pescheduler')}" \
-        if embedded is not None and hasattr(embedded, "dashboard_link") else ""
+    link = embedded.dashboard_link if embedded is not None and hasattr(embedded, "dashboard_link") else \
+        getattr(dep, "dashboard", "")
+    page = f"; dashboard {link.replace('/status', '/pescheduler')}" if link else ""
     name = f" {args.name}" if args.name else ""
     info.print(f"running on {dep.scheduler_address}{page}; `python -m pescheduler status{name}` or "
                f"`stop{name}` from another terminal"
@@ -243,6 +247,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                    + (f", restored from checkpoint {ckpt.restore_id}" if ckpt.restore_id is not None else ""),
                    soft_wrap=True)
     try:
+        if ctrl_c.requested:                # Ctrl-C while it started: the clean stop, now
+            raise KeyboardInterrupt
         final = _follow(dep, args, out)     # SIGTERM: Terminated from main's handler, drained below
     except DeploymentFailed as exc:
         return _fail(err, f"{app.name} failed: {exc.reason}", 1)
@@ -294,22 +300,34 @@ def _reachable(address: str) -> None:
                                  f"({type(exc).__name__}: {exc}); is its scheduler running?") from None
 
 
-@contextmanager
-def _spawned_workers_ignore_ctrl_c(embedded: bool) -> Iterator[None]:
-    """Ignore SIGINT while the embedded cluster spawns its worker processes.
+class CtrlC:
+    """Whether Ctrl-C came while ``deploy()`` started the deployment (:func:`_ctrl_c_deferred`)."""
 
-    Ctrl-C in a terminal signals the whole process group, workers included; a
-    worker killed by it cannot drain, so the clean stop would hang. An ignored
-    signal is inherited across fork and exec (a Python handler is not), so
-    workers spawned in this window ignore Ctrl-C and this process alone handles
-    it. The price: Ctrl-C is ignored for the seconds the cluster takes to start.
+    requested = False
+
+
+@contextmanager
+def _ctrl_c_deferred() -> Iterator[CtrlC]:
+    """Acknowledge Ctrl-C while ``deploy()`` starts, and honour it once it has returned.
+
+    Interrupting ``deploy()`` half-way would leave what it had started (the
+    embedded cluster, a resource manager's hosts) to half-done cleanup; the
+    deployment is stopped cleanly instead, as soon as there is one to stop. Its
+    worker processes start in their own sessions, so a terminal's Ctrl-C reaches
+    this process alone.
     """
-    if not embedded or threading.current_thread() is not threading.main_thread():
-        yield
+    ctrl_c = CtrlC()
+    if threading.current_thread() is not threading.main_thread():
+        yield ctrl_c
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def acknowledge(signum, frame):
+        ctrl_c.requested = True
+        sys.stderr.write("Ctrl-C: stopping once the cluster is up (it is starting)…\n")
+        sys.stderr.flush()
+    previous = signal.signal(signal.SIGINT, acknowledge)
     try:
-        yield
+        yield ctrl_c
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -494,14 +512,15 @@ def _scheduler_address(cluster: str | None, name: str | None, err: Console) -> s
     if name:
         state = statefile.read(name)
         if state is None:
-            return _fail(err, f"no running deployment named {name!r} (in {statefile.directory()}); "
-                              f"running: {_names() or 'none'}", 1)
+            return _fail(err, f"no deployment named {name!r} runs embedded on this machine (running: "
+                              f"{_names() or 'none'}); one deployed with --cluster is found with "
+                              f"`--cluster ADDR`, its scheduler's address", 1)
         return state["scheduler"]
     running = statefile.running()
     if not running:
-        return _fail(err, f"no deployment found: no --cluster given and no running embedded deployment "
-                          f"(each records itself in {statefile.directory()}). "
-                          f"Start one with `python -m pescheduler deploy app.py`.", 1)
+        return _fail(err, "no deployment found: none runs embedded on this machine; one deployed with "
+                          "--cluster is found with `--cluster ADDR`, its scheduler's address. "
+                          "Start one with `python -m pescheduler deploy app.py`.", 1)
     if len(running) > 1:
         return _fail(err, f"{len(running)} deployments are running: {_names()}; name one, "
                           f"e.g. `python -m pescheduler status {running[0]['name']}`", 2)
@@ -513,14 +532,32 @@ def _names() -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """The embedded deployments running on this machine: name, app, scheduler, pid, age."""
+    """The embedded deployments running on this machine: name, app, scheduler, pid, age; with
+    ``--cluster``, every deployment that published status on that cluster."""
     out = _console()
+    if args.cluster:
+        return _list_cluster(args, out)
     table = Table(title="deployments", title_justify="left")
     for header in ("name", "app", "scheduler", "pid", "running for"):
         table.add_column(header)
     for state in statefile.running():
         table.add_row(state["name"], state["app"], state["scheduler"], str(state["pid"]),
                       f"{time.time() - state.get('started', time.time()):.0f} s")
+    out.print(table)
+    return 0
+
+
+def _list_cluster(args: argparse.Namespace, out: Console) -> int:
+    found = _published(args, _console(stderr=True), _security(args))
+    if isinstance(found, int):
+        return found
+    address, statuses = found
+    table = Table(title=f"deployments on {address}", title_justify="left")
+    for header in ("name", "app", "state", "running for"):
+        table.add_column(header)
+    for status in statuses:
+        table.add_row(status.get("name") or status["app"], status["app"], status["state"],
+                      f"{float(status.get('elapsed_s') or 0):.0f} s")
     out.print(table)
     return 0
 

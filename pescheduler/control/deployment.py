@@ -166,6 +166,13 @@ def _claim(dep: "Deployment", name: str | None, outputs: list[str]) -> None:
     refuse_same_outputs(dep.name, outputs, running)
 
 
+def _dashboard(scheduler: str, info: dict) -> str:
+    """The Dask dashboard of the scheduler at ``scheduler`` (``""`` when it serves none)."""
+    port = (info.get("services") or {}).get("dashboard")
+    host = scheduler.split("://", 1)[-1].rsplit(":", 1)[0]
+    return f"http://{host}:{port}/status" if port else ""
+
+
 # A PE's error naming one of these saw a channel break: maybe only because its peer was killed.
 _BROKEN_CHANNEL = ("ConnectionResetError", "BrokenPipeError", "IncompleteReadError", "ConnectionRefusedError",
                    "CommClosedError", "StreamClosedError")
@@ -189,6 +196,7 @@ class Deployment:
         self.name = statefile.name_of(app.name)   # what `status NAME` and `stop NAME` match
         self.outputs: list[str] = []              # the local paths its sinks write (plan/outputs.py)
         self.unique_name = False                  # deploy(name=): a running one of that name is refused
+        self.dashboard = ""                       # a given cluster's Dask dashboard, when it serves one
         self.security = security                  # distributed.Security (or True) for a TLS cluster
         self.state = DeploymentState()
         self.monitor = Monitor(int(config.get("monitor.history")))
@@ -342,6 +350,7 @@ class Deployment:
         self.client = await Client(self.scheduler_address, asynchronous=True,
                                    security=None if self.security is True else self.security)
         if self.cluster is None:
+            self.dashboard = _dashboard(self.scheduler_address, self.client.scheduler_info())
             running = running_published(await self.client.get_metadata(["pescheduler", "deployments"], default=None))
             if self.unique_name:
                 refuse_same_name(self.name, running, f"on {self.scheduler_address}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -150,3 +151,23 @@ def test_the_first_exception_per_operator_is_in_status(tmp_path):
         deploy.communicate(timeout=120)
     finally:
         reap(deploy)
+
+
+def test_ctrl_c_while_the_cluster_starts_stops_cleanly_once_it_is_up(tmp_path):
+    """Issue 36: Ctrl-C while the embedded cluster spawned was dropped silently."""
+    out = tmp_path / "counts.jsonl"
+    (tmp_path / "app.py").write_text(APP.format(out=str(out)))
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
+                               "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first = deploy.stdout.readline()             # said before the cluster starts (seconds, more under load)
+        assert first.startswith("deploying live-cli"), first + deploy.stderr.read()
+        deploy.send_signal(signal.SIGINT)
+        stdout, stderr = deploy.communicate(timeout=180)
+    finally:
+        reap(deploy)
+    assert deploy.returncode == 130, stdout + stderr
+    assert "Ctrl-C: stopping once the cluster is up" in stderr
+    assert "running on" in stdout and "interrupted: draining sources" in stderr     # up, then stopped
+    assert not list((tmp_path / "state").iterdir())  # the clean stop removed the record
