@@ -15,8 +15,8 @@ import pickle
 from collections import Counter, deque
 
 from .. import config
+from ..metrics import MetricsSnapshot
 from .failures import readable
-from .monitor import MetricsSnapshot
 
 
 class DeadLetters:

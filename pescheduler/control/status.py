@@ -3,7 +3,7 @@
 PEs are named by :func:`short_pe` in every row; the PE's full id is its row's ``name``.
 A pure view: :func:`status_view` reads the :class:`~pescheduler.control.state.DeploymentState`
 (state, PE states, events), the monitor's latest
-:class:`~pescheduler.control.monitor.MetricsSnapshot` and the placement, and
+:class:`~pescheduler.metrics.MetricsSnapshot` and the placement, and
 builds the dict; it holds and changes nothing.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from .monitor import MetricsSnapshot
-from .resources import ResourceView
+from ..metrics import MetricsSnapshot
+from ..resources import ResourceView
 from ..plan.placement import Placement
 from .state import DeploymentState
 

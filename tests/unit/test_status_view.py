@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from pescheduler import Application
-from pescheduler.control.monitor import MetricsSnapshot, OperatorMetrics
+from pescheduler.metrics import MetricsSnapshot, OperatorMetrics
 from pescheduler.control.state import DeploymentState
 from pescheduler.control.status import status_view
 from pescheduler.plan.compiler import compile_app
