@@ -80,3 +80,15 @@ def test_deploy_checks_requirements_in_python_too(monkeypatch):
         check_app(app, found)
     assert "print-2: sink 'print' needs no_such_module_36" in str(err.value)
     assert err.value.fix == 'pip install "pescheduler[extra36]"'
+
+
+def test_a_policy_module_declares_what_it_needs_too(monkeypatch):
+    from pescheduler.control.controller import UnknownPolicyError, select_policies
+
+    found = load_plugins()
+    rate = found.policies()["rate"]
+    monkeypatch.setattr(rate, "requires", ("no_such_module_36",), raising=False)
+    with pytest.raises(UnknownPolicyError, match=r"policy 'rate' needs no_such_module_36, which is not "
+                                                 r"installed: pip install no_such_module_36"):
+        select_policies(found, ["rate"])
+    assert list(select_policies(found, ["copy"])) == ["copy"]
