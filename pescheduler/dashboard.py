@@ -441,9 +441,11 @@ def timeline_plot(status: dict):
     source = ColumnDataSource({"t": [float(e.get("t") or 0) for e in events],
                                "kind": [str(e.get("kind", "")) for e in events],
                                "text": [str(e.get("text", "")) for e in events]})
+    # the axis spans the whole run: events that all came at the start stay there, not spread over ms
+    span = max([float(status.get("elapsed_s") or 0), *source.data["t"], 1.0])
     plot = figure(title="events and decisions (seconds since the start)", y_range=kinds,
-                  height=60 + 40 * len(kinds), sizing_mode="stretch_width", tools="pan,wheel_zoom,reset",
-                  name="timeline")
+                  x_range=(0, span * 1.02), height=60 + 40 * len(kinds), sizing_mode="stretch_width",
+                  tools="pan,wheel_zoom,reset", name="timeline")
     plot.scatter("t", "kind", source=source, size=10, marker="diamond")
     plot.add_tools(HoverTool(tooltips=[("t", "@t{0.0} s"), ("", "@text")]))
     return plot
