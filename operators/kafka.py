@@ -154,6 +154,8 @@ class KafkaSource(PartitionedSource):
     """
 
     name = "kafka"
+    requires = ("confluent_kafka",)       # checked at deploy (pescheduler/requirements.py)
+    install = "pescheduler[kafka]"
     poll_interval = 0.005      # reads never block; fetched records are waiting in librdkafka's queue
 
     def __init__(self, topic: str, bootstrap_servers: str = "127.0.0.1:9092", group_id: str | None = None,
@@ -358,6 +360,8 @@ class KafkaSink(Sink):
     """
 
     name = "kafka"
+    requires = ("confluent_kafka", "kafka")   # kafka: kafka-python reads the log (kafka_log)
+    install = "pescheduler[kafka]"
     parallelism = Parallelism.STATELESS
 
     def __init__(self, topic: str, bootstrap_servers: str = "127.0.0.1:9092", key: str | None = None,

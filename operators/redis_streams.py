@@ -94,6 +94,8 @@ class RedisStreamSource(PartitionedSource):
     """
 
     name = "redis"
+    requires = ("redis",)                 # checked at deploy (pescheduler/requirements.py)
+    install = "pescheduler[redis]"
     poll_interval = 0.01       # XREAD without BLOCK: ask again soon when a stream had nothing new
 
     def __init__(self, stream: str | list[str], url: str = "redis://127.0.0.1:6379/0", start: str | dict = "0-0",
@@ -281,6 +283,8 @@ class RedisStreamSink(Sink):
     """
 
     name = "redis"
+    requires = ("redis",)                 # checked at deploy (pescheduler/requirements.py)
+    install = "pescheduler[redis]"
     parallelism = Parallelism.STATELESS
 
     def __init__(self, stream: str, url: str = "redis://127.0.0.1:6379/0", value_format: str | Callable = "json",

@@ -282,6 +282,8 @@ class ParquetSink(Sink):
     """
 
     name = "parquet"
+    requires = ("pyarrow",)               # checked at deploy (pescheduler/requirements.py)
+    install = "pescheduler[columnar]"
 
     def __init__(self, path: str | os.PathLike, rows: int = 100_000, roll: str | int | None = None,
                  partition_by: str | None = None, ts_field: str = "ts", storage_options: dict | None = None) -> None:

@@ -79,6 +79,7 @@ class Aggregate:
     result_src: str | None = None
     subtract: Callable[[Any, Any], Any] | None = None
     subtract_src: str | None = None
+    doc: str = ""       # what it computes, one line: `plugins --describe` and docs/reference.md show it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "uses", tuple(self.uses))
@@ -110,28 +111,36 @@ def _variance(total, total_sq, n):
 # does not order (None) is rejected with the tuple that brought it instead of
 # poisoning the pane for every later tuple.
 BUILTINS: dict[str, Aggregate] = {a.name: a for a in (
-    Aggregate("count", create=lambda: 0, update=lambda a, v: a + 1, merge=lambda a, b: a + b,
+    Aggregate("count", doc="the number of tuples (whatever the field)",
+              create=lambda: 0, update=lambda a, v: a + 1, merge=lambda a, b: a + b,
               needs_field=False, init_src="1", update_src="{a} + 1", merge_src="{a} + {b}",
               subtract=lambda a, v: a - 1, subtract_src="{a} - 1"),
-    Aggregate("sum", create=lambda: 0, update=lambda a, v: a + v, merge=lambda a, b: a + b,
+    Aggregate("sum", doc="the sum of the field",
+              create=lambda: 0, update=lambda a, v: a + v, merge=lambda a, b: a + b,
               init_src="0 + {v}", update_src="{a} + {v}", merge_src="{a} + {b}",
               subtract=lambda a, v: a - v, subtract_src="{a} - {v}"),
-    Aggregate("sumsq", create=lambda: 0, update=lambda a, v: a + v * v, merge=lambda a, b: a + b,
+    Aggregate("sumsq", doc="the sum of the field's squares",
+              create=lambda: 0, update=lambda a, v: a + v * v, merge=lambda a, b: a + b,
               init_src="{v} * {v}", update_src="{a} + {v} * {v}", merge_src="{a} + {b}",
               subtract=lambda a, v: a - v * v, subtract_src="{a} - {v} * {v}"),
-    Aggregate("min", create=lambda: None, update=lambda a, v: v if a is None else _minimum(a, v),
+    Aggregate("min", doc="the smallest value of the field",
+              create=lambda: None, update=lambda a, v: v if a is None else _minimum(a, v),
               merge=lambda a, b: b if a is None else a if b is None else _minimum(a, b),
               init_src="min({v}, {v})", update_src="{v} if {v} < {a} else {a}",
               merge_src="{b} if {b} < {a} else {a}"),
-    Aggregate("max", create=lambda: None, update=lambda a, v: v if a is None else _maximum(a, v),
+    Aggregate("max", doc="the largest value of the field",
+              create=lambda: None, update=lambda a, v: v if a is None else _maximum(a, v),
               merge=lambda a, b: b if a is None else a if b is None else _maximum(a, b),
               init_src="max({v}, {v})", update_src="{v} if {v} > {a} else {a}",
               merge_src="{b} if {b} > {a} else {a}"),
-    Aggregate("avg", uses=("sum", "count"), result=lambda total, n: total / n,
+    Aggregate("avg", doc="the mean of the field (sum / count)",
+              uses=("sum", "count"), result=lambda total, n: total / n,
               result_src="{sum} / {count}"),
-    Aggregate("var", uses=("sum", "sumsq", "count"), result=_variance,
+    Aggregate("var", doc="the population variance of the field",
+              uses=("sum", "sumsq", "count"), result=_variance,
               result_src="max(0.0, {sumsq} / {count} - ({sum} / {count}) ** 2)"),
-    Aggregate("stddev", uses=("var",), result=lambda var: var ** 0.5, result_src="{var} ** 0.5"),
+    Aggregate("stddev", doc="the population standard deviation of the field",
+              uses=("var",), result=lambda var: var ** 0.5, result_src="{var} ** 0.5"),
 )}
 """The built-in aggregates; ``var`` is the population variance."""
 

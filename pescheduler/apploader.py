@@ -160,11 +160,27 @@ def check_app(app: Application, plugins, path: str | os.PathLike | None = None) 
         validate(app, CompileContext(plugins, (), {}))
     except InvalidApplication as exc:
         node = app.nodes.get(str(exc).split(":", 1)[0])
-        file, line = node.where if node is not None and node.where else (path and os.fspath(path), None)
-        if path is not None and file and os.path.abspath(path) == file:
-            file = os.fspath(path)          # messages show the path as the user gave it
-        code = linecache.getline(os.path.abspath(file), line).strip() if file and line else ""
         fix = ("use one of the names listed, or load the plug-in that provides it (--plugin MODULE; "
                "deploy(..., plugins=[MODULE]) in Python)" if "unknown " in str(exc) else "correct that line")
-        raise AppCheckFailed(file or f"application {app.name!r}", str(exc) + (f"\n    {code}" if code else ""),
-                             fix, line) from None
+        raise _at_node(app, node, path, str(exc), fix) from None
+    _check_requirements(app, plugins, path)
+
+
+def _check_requirements(app: Application, plugins, path: str | os.PathLike | None) -> None:
+    """Every operator's declared libraries importable here (``requires``), else the pip command."""
+    from .requirements import problem
+
+    for node in app.nodes.values():
+        lacking = problem(node.kind, node.name, plugins.operators[(node.kind, node.name)])
+        if lacking is not None:
+            raise _at_node(app, node, path, f"{node.op_id}: {lacking[0]}", lacking[1])
+
+
+def _at_node(app: Application, node, path: str | os.PathLike | None, problem: str, fix: str) -> AppCheckFailed:
+    """AppCheckFailed at the file and line that added ``node`` (the app as a whole without one)."""
+    file, line = node.where if node is not None and node.where else (path and os.fspath(path), None)
+    if path is not None and file and os.path.abspath(path) == file:
+        file = os.fspath(path)          # messages show the path as the user gave it
+    code = linecache.getline(os.path.abspath(file), line).strip() if file and line else ""
+    return AppCheckFailed(file or f"application {app.name!r}", problem + (f"\n    {code}" if code else ""),
+                          fix, line)

@@ -32,14 +32,17 @@ from rich.text import Text
 
 from . import __version__, config
 from .control import statefile
-from .errors import AppLoadError, CheckpointError, ConfigError, DeploymentFailed, InvalidApplication, NotReplayable
-from .liveview import LiveView, format_event, format_line, new_events, render
-from .plugins import PluginError, Plugins, UnknownOperatorError, load_plugins
+from .errors import (AppLoadError, CheckpointError, ConfigError, DeploymentClash, DeploymentFailed,
+                     InvalidApplication, NotReplayable)
+from .liveview import LiveView, dead_letter_lines, format_event, format_line, new_events, render
+from .plugins import PluginError, Plugins, UnknownOperatorError, internal, load_plugins
+from .suggest import did_you_mean
 
 USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError, ConfigError, PluginError, CheckpointError,
-               NotReplayable)
+               NotReplayable, DeploymentClash)
 RUNNING = ("starting", "running")
 PIPE_WIDTH = 200      # tables written to a pipe are not wrapped at 80 columns
+NARROW = 80           # `status` and `plugins` fit this off a terminal (a terminal: its own width)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +110,9 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="placement, rates, busy/backpressure per PE")
     _target(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON (docs/status.md)")
+    status.add_argument("--wide", action="store_true", help="every column (hosts too), wider than 80")
+    status.add_argument("--dead-letters", type=int, default=0, metavar="N",
+                        help="also print the newest N dead letters: exception, the app's line, the tuple")
     _tls_options(status)
     status.set_defaults(run=cmd_status)
 
@@ -117,11 +123,16 @@ def parser() -> argparse.ArgumentParser:
     _tls_options(stop)
     stop.set_defaults(run=cmd_stop)
 
-    listing = sub.add_parser("list", help="the embedded deployments running on this machine")
-    listing.set_defaults(run=cmd_list)
+    listing = sub.add_parser("list", help="the embedded deployments running on this machine (--cluster: there)")
+    listing.add_argument("--cluster", metavar="ADDR", help="the deployments on the cluster of this scheduler")
+    _tls_options(listing)
+    listing.set_defaults(run=cmd_list, name=None)
 
     plugins = sub.add_parser("plugins", help="operators, aggregates, policies, resource managers found")
     _plugin_option(plugins)
+    plugins.add_argument("--describe", metavar="NAME",
+                         help="the parameters of this operator, source, sink, aggregate or policy")
+    plugins.add_argument("--all", action="store_true", help="also the ep planner's internal ep_* operators")
     plugins.set_defaults(run=cmd_plugins)
     return top
 
@@ -177,11 +188,11 @@ def _positive(text: str) -> float:
     return value
 
 
-def _console(stderr: bool = False) -> Console:
+def _console(stderr: bool = False, width: int | None = None) -> Console:
     probe = Console(stderr=stderr)
     # markup off: app names, paths and error texts may hold [brackets] rich would eat.
     return Console(stderr=stderr, highlight=False, markup=False,
-                   width=None if probe.is_terminal else PIPE_WIDTH)
+                   width=None if probe.is_terminal else width or PIPE_WIDTH)
 
 
 def _fail(console: Console, message: str, code: int) -> int:
@@ -203,10 +214,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         if args.cluster:
             _reachable(args.cluster)
         statefile.use_name(args.name)
-        info.print(f"deploying {app.name} on {args.cluster or 'an embedded Dask cluster on 127.0.0.1'}…", soft_wrap=True)
-        with _spawned_workers_ignore_ctrl_c(embedded=args.cluster is None):
+        with _ctrl_c_deferred() as ctrl_c:
+            info.print(f"deploying {app.name} on {args.cluster or 'an embedded Dask cluster on 127.0.0.1'}…",
+                       soft_wrap=True)
             dep = deploy(app, workers=args.workers, cluster=args.cluster, plugins=tuple(args.plugin),
-                         **options)
+                         name=statefile.name_of(app.name), **options)
     except USER_ERRORS as exc:
         return _fail(err, str(exc), 2)
     except ClusterUnreachable as exc:
@@ -222,8 +234,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         where = f"reach the cluster at {args.cluster}" if args.cluster else "start the embedded cluster"
         return _fail(err, f"cannot {where}: {exc}", 1)
     embedded = getattr(dep, "cluster", None)
-    page = f"; dashboard {embedded.dashboard_link.replace('/status', '/pescheduler')}" \
-        if embedded is not None and hasattr(embedded, "dashboard_link") else ""
+    link = embedded.dashboard_link if embedded is not None and hasattr(embedded, "dashboard_link") else \
+        getattr(dep, "dashboard", "")
+    page = f"; dashboard {link.replace('/status', '/pescheduler')}" if link else ""
     name = f" {args.name}" if args.name else ""
     info.print(f"running on {dep.scheduler_address}{page}; `python -m pescheduler status{name}` or "
                f"`stop{name}` from another terminal"
@@ -234,6 +247,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                    + (f", restored from checkpoint {ckpt.restore_id}" if ckpt.restore_id is not None else ""),
                    soft_wrap=True)
     try:
+        if ctrl_c.requested:                # Ctrl-C while it started: the clean stop, now
+            raise KeyboardInterrupt
         final = _follow(dep, args, out)     # SIGTERM: Terminated from main's handler, drained below
     except DeploymentFailed as exc:
         return _fail(err, f"{app.name} failed: {exc.reason}", 1)
@@ -285,22 +300,34 @@ def _reachable(address: str) -> None:
                                  f"({type(exc).__name__}: {exc}); is its scheduler running?") from None
 
 
-@contextmanager
-def _spawned_workers_ignore_ctrl_c(embedded: bool) -> Iterator[None]:
-    """Ignore SIGINT while the embedded cluster spawns its worker processes.
+class CtrlC:
+    """Whether Ctrl-C came while ``deploy()`` started the deployment (:func:`_ctrl_c_deferred`)."""
 
-    Ctrl-C in a terminal signals the whole process group, workers included; a
-    worker killed by it cannot drain, so the clean stop would hang. An ignored
-    signal is inherited across fork and exec (a Python handler is not), so
-    workers spawned in this window ignore Ctrl-C and this process alone handles
-    it. The price: Ctrl-C is ignored for the seconds the cluster takes to start.
+    requested = False
+
+
+@contextmanager
+def _ctrl_c_deferred() -> Iterator[CtrlC]:
+    """Acknowledge Ctrl-C while ``deploy()`` starts, and honour it once it has returned.
+
+    Interrupting ``deploy()`` half-way would leave what it had started (the
+    embedded cluster, a resource manager's hosts) to half-done cleanup; the
+    deployment is stopped cleanly instead, as soon as there is one to stop. Its
+    worker processes start in their own sessions, so a terminal's Ctrl-C reaches
+    this process alone.
     """
-    if not embedded or threading.current_thread() is not threading.main_thread():
-        yield
+    ctrl_c = CtrlC()
+    if threading.current_thread() is not threading.main_thread():
+        yield ctrl_c
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def acknowledge(signum, frame):
+        ctrl_c.requested = True
+        sys.stderr.write("Ctrl-C: stopping once the cluster is up (it is starting)…\n")
+        sys.stderr.flush()
+    previous = signal.signal(signal.SIGINT, acknowledge)
     try:
-        yield
+        yield ctrl_c
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -376,9 +403,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     _address, statuses = found
     if args.json:
         print(json.dumps(statuses[0] if len(statuses) == 1 else statuses, indent=2, default=str))
-    else:
-        for status in statuses:
-            out.print(render(status))
+        return 0
+    out = _console(width=None if args.wide else NARROW)
+    for status in statuses:
+        out.print(render(status, wide=args.wide))
+        shown = dead_letter_lines(status, args.dead_letters)
+        if args.dead_letters:
+            out.print(f"newest {len(shown) // 3} dead letters of {status.get('app')}"
+                      + ("" if shown else ": none kept"))
+        for line in shown:
+            out.print(line, overflow="fold")
     return 0
 
 
@@ -396,7 +430,7 @@ def _published(args: argparse.Namespace, err: Console, security=None) -> tuple[s
     except OSError as exc:
         return _fail(err, f"cannot reach the scheduler at {address}: {exc}", 1)
     if args.cluster and args.name:
-        statuses = [s for s in statuses if args.name in (s.get("app"), s.get("id"))]
+        statuses = [s for s in statuses if args.name in (s.get("name"), s.get("app"), s.get("id"))]
     if not statuses:
         return _fail(err, f"no pescheduler deployment{' ' + args.name if args.name else ''} "
                           f"has published status on {address}", 1)
@@ -478,14 +512,15 @@ def _scheduler_address(cluster: str | None, name: str | None, err: Console) -> s
     if name:
         state = statefile.read(name)
         if state is None:
-            return _fail(err, f"no running deployment named {name!r} (in {statefile.directory()}); "
-                              f"running: {_names() or 'none'}", 1)
+            return _fail(err, f"no deployment named {name!r} runs embedded on this machine (running: "
+                              f"{_names() or 'none'}); one deployed with --cluster is found with "
+                              f"`--cluster ADDR`, its scheduler's address", 1)
         return state["scheduler"]
     running = statefile.running()
     if not running:
-        return _fail(err, f"no deployment found: no --cluster given and no running embedded deployment "
-                          f"(each records itself in {statefile.directory()}). "
-                          f"Start one with `python -m pescheduler deploy app.py`.", 1)
+        return _fail(err, "no deployment found: none runs embedded on this machine; one deployed with "
+                          "--cluster is found with `--cluster ADDR`, its scheduler's address. "
+                          "Start one with `python -m pescheduler deploy app.py`.", 1)
     if len(running) > 1:
         return _fail(err, f"{len(running)} deployments are running: {_names()}; name one, "
                           f"e.g. `python -m pescheduler status {running[0]['name']}`", 2)
@@ -497,14 +532,32 @@ def _names() -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """The embedded deployments running on this machine: name, app, scheduler, pid, age."""
+    """The embedded deployments running on this machine: name, app, scheduler, pid, age; with
+    ``--cluster``, every deployment that published status on that cluster."""
     out = _console()
+    if args.cluster:
+        return _list_cluster(args, out)
     table = Table(title="deployments", title_justify="left")
     for header in ("name", "app", "scheduler", "pid", "running for"):
         table.add_column(header)
     for state in statefile.running():
         table.add_row(state["name"], state["app"], state["scheduler"], str(state["pid"]),
                       f"{time.time() - state.get('started', time.time()):.0f} s")
+    out.print(table)
+    return 0
+
+
+def _list_cluster(args: argparse.Namespace, out: Console) -> int:
+    found = _published(args, _console(stderr=True), _security(args))
+    if isinstance(found, int):
+        return found
+    address, statuses = found
+    table = Table(title=f"deployments on {address}", title_justify="left")
+    for header in ("name", "app", "state", "running for"):
+        table.add_column(header)
+    for status in statuses:
+        table.add_row(status.get("name") or status["app"], status["app"], status["state"],
+                      f"{float(status.get('elapsed_s') or 0):.0f} s")
     out.print(table)
     return 0
 
@@ -519,33 +572,64 @@ def _client(address: str, security=None):
 # -- plugins ----------------------------------------------------------------------------------
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    """List what every plug-in provides and which failed to load; exit 0 either way."""
-    out = _console()
+    """List what every plug-in provides and which failed to load (exit 0 either way); ``--describe``:
+    one name's parameters (exit 2 for a name nothing provides)."""
+    out = _console(width=NARROW)
     found = load_plugins(tuple(args.plugin))
-    out.print(operators_table(found))
+    if args.describe:
+        return _describe(found, args.describe, out)
+    out.print(operators_table(found, args.all))
     out.print(aggregates_table(found))
     defaults = config.get("policies.default") or ()
     out.print(_named_table("policies", {n: found.origins.get(n, "") + (" (default)" if n in defaults else "")
                                         for n in found.policies()}))
     out.print(_named_table("resource managers", {n: f"{c.__module__}.{c.__qualname__}"
                                                  for n, c in found.resource_managers.items()}))
+    out.print(_named_table("plug-ins", dict(found.origins)))
     if found.failures:
         out.print(failures_table(found))
+    return 0
+
+
+def _describe(found: Plugins, name: str, out: Console) -> int:
+    """Every entry called ``name``: kind, summary, a table of its parameters."""
+    from .reference import describe, entries
+
+    described = describe(found, name)
+    if not described:
+        hint = did_you_mean(name, {e.name for e in entries(found, everything=True)})
+        return _fail(_console(stderr=True), f"nothing called {name!r} is provided by a plug-in.{hint} "
+                                            f"`python -m pescheduler plugins` lists them", 2)
+    for entry in described:
+        out.print(Text(f"{entry.kind} {entry.name}", style="bold"), Text(entry.summary))
+        table = Table(box=None, padding=(0, 1))
+        for header in ("parameter", "type", "default", "meaning"):
+            table.add_column(header, overflow="fold")
+        for p in entry.params:
+            table.add_row(p.name, p.type, p.default, p.meaning)
+        out.print(table if entry.params else Text("(no parameters)"))
     return 0
 
 
 KIND_ORDER = {"source": 0, "operator": 1, "sink": 2}
 
 
-def operators_table(found: Plugins) -> Table:
-    """Operators by kind, each with its class, plug-in and origin (distribution or module)."""
-    table = Table(title="operators", title_justify="left")
-    for header in ("kind", "name", "class", "plug-in", "origin"):
-        table.add_column(header)
+def operators_table(found: Plugins, everything: bool = False) -> Table:
+    """Operators by kind, each with its plug-in and what it does; ``ep_*`` ones only with ``everything``."""
+    table = Table(title="operators (`plugins --describe NAME`: parameters)", title_justify="left")
+    for header in ("kind", "name", "plug-in", "what it does"):
+        table.add_column(header, overflow="fold")
     for (kind, name), cls in sorted(found.operators.items(), key=lambda kv: (KIND_ORDER.get(kv[0][0], 9), kv[0])):
-        plugin = found.operator_origins.get((kind, name), "")
-        table.add_row(kind, name, f"{cls.__module__}.{cls.__qualname__}", plugin, found.origins.get(plugin, ""))
+        if everything or not internal(name):
+            table.add_row(kind, name, found.operator_origins.get((kind, name), ""), _first_line(cls.__doc__))
     return table
+
+
+def _first_line(doc: str | None) -> str:
+    """The docstring's first sentence."""
+    from .reference import first_sentence
+
+    return first_sentence(doc or "")
 
 
 def aggregates_table(found: Plugins) -> Table:

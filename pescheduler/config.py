@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 from typing import Any, Mapping
 
@@ -25,6 +24,7 @@ import yaml
 from dask.utils import parse_timedelta
 
 from .errors import ConfigError
+from .suggest import closest
 
 _DEFAULTS = os.path.join(os.path.dirname(__file__), "pescheduler.yaml")
 
@@ -203,8 +203,8 @@ def _check(given: Mapping, declared: Mapping, prefix: str) -> list[str]:
 
 
 def _unknown(key: str) -> str:
-    close = difflib.get_close_matches(key, declared_keys(), n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]}?" if close else "; `pescheduler/pescheduler.yaml` lists the keys"
+    close = closest(key, declared_keys())
+    hint = f"; did you mean {close}?" if close else "; `pescheduler/pescheduler.yaml` lists the keys"
     if key.startswith("policies.") and not close:
         hint = ("; a policy declares the settings it takes with a pescheduler_policy_defaults hook "
                 "(docs/policies.md)")

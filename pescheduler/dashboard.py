@@ -232,9 +232,19 @@ def page(now: dict[str, dict], samples: list) -> object:
         parts.append(Div(text=f"<h3>{_esc(status.get('app', ''))} <small>{_esc(dep_id)} — "
                               f"{_esc(status.get('state', ''))}, {float(status.get('elapsed_s') or 0):.0f} s, "
                               f"dead letters {int(status.get('dead_letters') or 0)}</small></h3>"))
-        parts += [placement_plot(status), *series_plots(dep_id, samples), *lag_plots(dep_id, samples, status),
+        parts += [*errors_div(status), placement_plot(status), *series_plots(dep_id, samples), *lag_plots(dep_id, samples, status),
                   *checkpoint_plots(dep_id, samples, status), timeline_plot(status)]
     return column(*parts, sizing_mode="stretch_width")
+
+
+def errors_div(status: dict) -> list:
+    """The first exception of each operator that dead-lettered (none: nothing drawn)."""
+    from bokeh.models import Div
+
+    rows = "".join(f"<li><b>{_esc(e.get('op', ''))}</b> ×{int(e.get('count') or 0)}: "
+                   f"{_esc(e.get('type', ''))}: {_esc(e.get('message', ''))} at {_esc(e.get('where', ''))}"
+                   f"<br><code>{_esc(e.get('sample', ''))}</code></li>" for e in status.get("errors") or ())
+    return [Div(text=f"<p>First error per operator:</p><ul>{rows}</ul>", name="errors")] if rows else []
 
 
 def placement_plot(status: dict):
@@ -431,9 +441,11 @@ def timeline_plot(status: dict):
     source = ColumnDataSource({"t": [float(e.get("t") or 0) for e in events],
                                "kind": [str(e.get("kind", "")) for e in events],
                                "text": [str(e.get("text", "")) for e in events]})
+    # the axis spans the whole run: events that all came at the start stay there, not spread over ms
+    span = max([float(status.get("elapsed_s") or 0), *source.data["t"], 1.0])
     plot = figure(title="events and decisions (seconds since the start)", y_range=kinds,
-                  height=60 + 40 * len(kinds), sizing_mode="stretch_width", tools="pan,wheel_zoom,reset",
-                  name="timeline")
+                  x_range=(0, span * 1.02), height=60 + 40 * len(kinds), sizing_mode="stretch_width",
+                  tools="pan,wheel_zoom,reset", name="timeline")
     plot.scatter("t", "kind", source=source, size=10, marker="diamond")
     plot.add_tools(HoverTool(tooltips=[("t", "@t{0.0} s"), ("", "@text")]))
     return plot

@@ -75,3 +75,8 @@ class CheckpointDamaged(CheckpointError):
     """A stored checkpoint fails its checks (a file missing, truncated, or not matching its signature,
     a manifest not signed with this deployment's key): it is never loaded; a restore falls back to
     the previous intact one and logs this reason."""
+
+
+class DeploymentClash(PeschedulerError, ValueError):
+    """A deployment of the same name, or one writing the same file, is already running; the message
+    names both and the fix. Refused before anything starts: both would truncate and interleave output."""

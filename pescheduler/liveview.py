@@ -28,7 +28,7 @@ STATE_STYLES = {"starting": "yellow", "running": "green", "finished": "bold gree
                 "stopped": "yellow", "failed": "bold red"}
 
 EVENT_STYLES = {"failed": "red", "refused": "yellow", "reconfigure": "cyan", "policy": "magenta",
-                "stop": "yellow"}
+                "stop": "yellow", "error": "red"}
 
 
 # -- figures ------------------------------------------------------------------------------
@@ -88,12 +88,12 @@ def decision_counts(status: dict) -> dict[str, int]:
 
 # -- rich renderables ---------------------------------------------------------------------
 
-def pe_table(status: dict) -> Table:
+def pe_table(status: dict, wide: bool = True) -> Table:
     """One row per PE: operators, placement, rates, busy and backpressure in colour; the lag of
-    its sources when one reports it (:func:`pe_lag`)."""
+    its sources when one reports it (:func:`pe_lag`); ``wide=False``: no host column."""
     table = Table(title=f"{status.get('app', '')}: processing elements", title_justify="left",
                   expand=False)
-    for header in ("PE", "operators", "worker", "host"):
+    for header in ("PE", "operators", "worker") + (("host",) if wide else ()):
         table.add_column(header, overflow="fold")
     lag = pe_lag(status)
     for header in ("in", "out", "busy", "backpr.") + (("lag",) if lag else ()):
@@ -104,7 +104,7 @@ def pe_table(status: dict) -> Table:
             name.append(f" ({pe['state']})", style=STATE_STYLES.get(pe["state"], ""))
         behind = (count(lag[pe["pe"]]) if pe.get("pe") in lag else "",) if lag else ()
         table.add_row(name, ", ".join(pe.get("operators", ())), short_worker(pe.get("worker", "")),
-                      pe.get("host", ""), rate(pe.get("tuples_in_per_s")), rate(pe.get("tuples_out_per_s")),
+                      *((pe.get("host", ""),) if wide else ()), rate(pe.get("tuples_in_per_s")), rate(pe.get("tuples_out_per_s")),
                       Text(percent(pe.get("busy")), style=load_style(pe.get("busy"))),
                       Text(percent(pe.get("backpressure")), style=load_style(pe.get("backpressure"))), *behind)
     return table
@@ -177,12 +177,41 @@ def checkpoint_line(status: dict) -> Text | None:
     return line
 
 
-def render(status: dict) -> RenderableType:
-    """The whole view: PE table, totals line, checkpoints, standard slots, recent events
-    (``status``: all of it)."""
-    ckpt = checkpoint_line(status)
-    return Group(pe_table(status), totals(status), *([ckpt] if ckpt else []), slots_line(status),
-                 events_table(status))
+def errors_table(status: dict) -> Table | None:
+    """The first exception of each operator that dead-lettered: what, where, on what, how often."""
+    errors = list(status.get("errors") or ())
+    if not errors:
+        return None
+    table = Table(title="first error per operator", title_justify="left", title_style="red")
+    for header in ("operator", "count", "exception", "at", "sample"):
+        table.add_column(header, overflow="fold")
+    for e in errors:
+        table.add_row(e.get("op", ""), str(e.get("count", "")), exception_text(e), e.get("where", ""),
+                      e.get("sample", ""))
+    return table
+
+
+def exception_text(error: dict) -> str:
+    """``Type: message`` of a readable dead letter (control/failures.py)."""
+    return ": ".join(part for part in (error.get("type"), error.get("message")) if part)
+
+
+def dead_letter_lines(status: dict, last: int) -> list[str]:
+    """The newest ``last`` dead letters status carries, three lines each: operator and exception,
+    the app's line, the tuple."""
+    lines = []
+    for d in list(status.get("recent_dead_letters") or ())[-last:] if last > 0 else ():
+        lines += [f"{d.get('op', '')}: {exception_text(d)}", f"  at {d.get('where') or '?'}",
+                  f"  {d.get('sample', '')}"]
+    return lines
+
+
+def render(status: dict, wide: bool = True) -> RenderableType:
+    """The whole view: PE table, totals line, checkpoints, standard slots, first errors, recent
+    events (``status``: all of it); ``wide=False`` leaves out the hosts so it fits 80 columns."""
+    ckpt, errors = checkpoint_line(status), errors_table(status)
+    return Group(pe_table(status, wide), totals(status), *([ckpt] if ckpt else []), slots_line(status),
+                 *([errors] if errors else []), events_table(status))
 
 
 # -- one screen (the live view): everything fits, the busiest first ------------------------------

@@ -18,6 +18,7 @@ import pluggy
 
 from . import config, hookspecs
 from .errors import ConfigError
+from .suggest import did_you_mean
 
 ENTRY_POINT_GROUP = "pescheduler"
 hookimpl = pluggy.HookimplMarker("pescheduler")
@@ -52,13 +53,14 @@ class Plugins:
         try:
             return self.operators[(kind, name)]
         except KeyError:
-            known = ", ".join(sorted(n for k, n in self.operators if k == kind)) or "(none)"
+            names = sorted(n for k, n in self.operators if k == kind and not internal(n))
+            known = ", ".join(names) or "(none)"
             hint = ""
             if self.failures:
                 hint = " Some plug-ins failed to load: " + "; ".join(
                     f"{f.name} ({f.error.strip().splitlines()[-1]})" for f in self.failures)
             raise UnknownOperatorError(
-                f"unknown {kind} {name!r}. Known {kind}s: {known}. "
+                f"unknown {kind} {name!r}.{did_you_mean(name, names)} Known {kind}s: {known}. "
                 f"Register it with a pescheduler_operators() hook in a module named by the "
                 f"'pescheduler' entry-point group or by --plugin.{hint}") from None
 
@@ -68,6 +70,11 @@ class Plugins:
             self.manager.get_name(impl.plugin): impl.plugin
             for impl in self.manager.hook.pescheduler_policy_decide.get_hookimpls()
         }
+
+
+def internal(name: str) -> bool:
+    """Operators the ``ep`` planner places itself (``ep_*``): not for apps, hidden from listings."""
+    return name.startswith("ep_")
 
 
 class UnknownOperatorError(LookupError):

@@ -16,10 +16,12 @@ resource manager. Nothing here runs on a worker. Where things are:
   ``controller.py`` its decision core (hysteresis, merge, cooldown, validation),
   ``isolation.py`` the policies' deadlines;
 * ``state.py``: the deployment's and PEs' state machine; ``status.py`` its view;
-  ``monitor.py`` snapshots; ``deadletters.py`` dead letters kept, counted, judged;
+  ``monitor.py`` snapshots; ``deadletters.py`` dead letters kept, counted, judged,
+  ``failures.py`` one made readable (exception, the app's line, a sample);
 * ``hosts.py``: borrowed hosts (through the small ``Fleet`` protocol; the resource managers'
   contract is ``pescheduler/resources.py``);
-* ``cluster.py``: the embedded cluster; ``statefile.py``: where ``status``/``stop`` find it.
+* ``cluster.py``: the embedded cluster; ``statefile.py``: where ``status``/``stop`` find it;
+  ``claims.py``: one running deployment per name and per output path.
 
 Every knob's default is in ``pescheduler/pescheduler.yaml``, one comment each.
 """

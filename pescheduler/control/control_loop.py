@@ -59,7 +59,11 @@ class ControlLoop:
             return
         for answer in answers:
             for dead in answer["dead_letters"]:
-                self.dead.keep(dead)
+                first = self.dead.keep(dead)
+                if first is not None:
+                    self.state.event("error", f"{first['op']} raised {first['type'] or 'an error'}: "
+                                              f"{first['message']} at {first['where'] or '?'} "
+                                              f"(its first dead letter; `status --dead-letters 20`)")
         snapshot = self.monitor.update(answers, self.reconfigurer.placement)
         self.reconfigurer.activated(answers)      # copies that processed their first batch since
         await stall.check(self, answers)          # no progress with input pending: stalled, then failed

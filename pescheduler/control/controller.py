@@ -63,6 +63,8 @@ from ..errors import InvalidApplication
 from ..metrics import MetricsSnapshot
 from ..plan import transforms
 from ..plan.placement import Placement
+from ..requirements import problem
+from ..suggest import did_you_mean
 from ..resources import ResourceView
 
 logger = logging.getLogger(__name__)
@@ -285,9 +287,12 @@ def select_policies(plugins, names: Iterable[str]) -> dict[str, Policy]:
         if name not in impls:
             failed = [f for f in plugins.failures if f.name == name]
             why = (f": it failed to load ({failed[0].error.strip().splitlines()[-1]})" if failed else
-                   f". Installed policies: {', '.join(sorted(impls)) or '(none)'}; a policy is a plug-in "
+                   f".{did_you_mean(name, impls)} Installed policies: {', '.join(sorted(impls)) or '(none)'}; a policy is a plug-in "
                    f"implementing pescheduler_policy_decide, named by its 'pescheduler' entry point")
             raise UnknownPolicyError(f"unknown policy {name!r}{why}")
+        lacking = problem("policy", name, impls[name].plugin)
+        if lacking is not None:
+            raise UnknownPolicyError(f"{lacking[0]}: {lacking[1]}")
         chosen[name] = _caller(impls[name])
     return chosen
 

@@ -16,23 +16,28 @@ from collections import Counter, deque
 
 from .. import config
 from ..metrics import MetricsSnapshot
+from .failures import readable
 
 
 class DeadLetters:
     """The newest ``pescheduler.dead-letters.keep`` dead letters, and a count of all per operator."""
 
-    def __init__(self) -> None:
+    def __init__(self, files: dict[str, str] | None = None) -> None:
+        self.files = files or {}     # operator id -> the file that added it (failures.readable)
         self.kept: deque = deque(maxlen=int(config.get("dead-letters.keep")))
         self.per_op: Counter = Counter()
         self.path = config.get("dead-letters.path")
         self.max_ratio = float(config.get("dead-letters.max-ratio"))
+        self.first: dict[str, dict] = {}      # operator -> its first dead letter, readable (failures.py)
+        self.shown = int(config.get("dead-letters.recent"))
 
     @property
     def count(self) -> int:
         return sum(self.per_op.values())
 
-    def keep(self, dead: dict) -> None:
-        """One dead letter as a worker sent it (the item pickled, or its repr)."""
+    def keep(self, dead: dict) -> dict | None:
+        """One dead letter as a worker sent it (the item pickled, or its repr); returns it readable
+        when it is its operator's first (the live view's events show that one)."""
         item = dead["item"]
         dead["item"] = pickle.loads(item["pickle"]) if "pickle" in item else item["repr"]
         self.kept.append(dead)
@@ -40,6 +45,21 @@ class DeadLetters:
         if self.path:
             with open(os.path.expanduser(self.path), "a") as f:
                 f.write(json.dumps(dead, default=repr) + "\n")
+        if dead.get("op", "") in self.first:
+            return None
+        first = self.first[dead.get("op", "")] = self._readable(dead)
+        return first
+
+    def errors(self) -> list[dict]:
+        """The first dead letter of each operator, readable, with how many it has made."""
+        return [{**first, "count": self.per_op[op]} for op, first in sorted(self.first.items())]
+
+    def recent(self) -> list[dict]:
+        """The newest ``pescheduler.dead-letters.recent`` dead letters, readable, oldest first."""
+        return [self._readable(d) for d in list(self.kept)[-self.shown:]] if self.shown else []
+
+    def _readable(self, dead: dict) -> dict:
+        return readable(dead, self.files.get(str(dead.get("op", "")).split("#", 1)[0]))
 
     def verdict(self, snapshot: MetricsSnapshot) -> str | None:
         """Why the run failed by its dead letters (None when it did not): the first operator that

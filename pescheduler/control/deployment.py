@@ -47,7 +47,9 @@ from ..apploader import check_app
 from ..plugins import Plugins, activate, prepare
 from ..restart import RestartStrategy
 from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
+from ..plan.outputs import written_paths
 from . import statefile
+from .claims import free_name, refuse_same_name, refuse_same_outputs, running_published
 from .cluster import HOST as CLUSTER_HOST, EmbeddedCluster
 from .control_loop import ControlLoop
 from .controller import Controller, append_log, event, policy_configs, select_policies
@@ -105,7 +107,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
            plugins: tuple[str, ...] | list[str] = (), config_file: str | None = None,
            rm: str | None = None, policies: list[str] | tuple[str, ...] | None = None,
            security: Any = None, checkpoint: Any = None, checkpoint_interval: Any = None,
-           restore: Any = None, **options: Any) -> "Deployment":
+           restore: Any = None, name: str | None = None, **options: Any) -> "Deployment":
     """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`.
 
     ``rm`` names the resource manager hosts are borrowed from (``"local"``,
@@ -119,6 +121,10 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     aligned checkpoints are taken every ``checkpoint_interval`` (``"1s"``); a lost worker then
     restores the last one (``pescheduler.restart.*``). ``restore="latest"`` or an id starts from a
     checkpoint in that storage; see docs/checkpoints.md.
+    ``name``: what ``status NAME`` and ``stop NAME`` match (default: the app's name, suffixed
+    ``-2``... when an embedded deployment of that name runs); a given name that runs already on this
+    machine (embedded) or on ``cluster`` is refused (:class:`~pescheduler.errors.DeploymentClash`), as is
+    a deployment writing a local path a running one writes.
     """
     if config_file:
         config.load_file(config_file)
@@ -142,12 +148,32 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins), rm=rm,
                      policies=tuple(policies), security=security)
     dep.checkpoint_settings = checkpoints
+    _claim(dep, name, written_paths(app, found))
     try:
         dep._start()
     except BaseException:
         dep._shutdown()
         raise
     return dep
+
+
+def _claim(dep: "Deployment", name: str | None, outputs: list[str]) -> None:
+    """Name the deployment and refuse clashes with those running on this machine (``claims.py``);
+    a cluster's own are checked once connected (:meth:`Deployment._astart`)."""
+    running = statefile.running()
+    dep.name, dep.outputs, dep.unique_name = statefile.checked_name(name or dep.name), outputs, name is not None
+    if dep.cluster_address is None and dep.unique_name:
+        refuse_same_name(dep.name, running, "on this machine")
+    elif dep.cluster_address is None:        # recorded apart, so `list` and `stop` see both
+        dep.name = free_name(dep.name, {s["name"] for s in running})
+    refuse_same_outputs(dep.name, outputs, running)
+
+
+def _dashboard(scheduler: str, info: dict) -> str:
+    """The Dask dashboard of the scheduler at ``scheduler`` (``""`` when it serves none)."""
+    port = (info.get("services") or {}).get("dashboard")
+    host = scheduler.split("://", 1)[-1].rsplit(":", 1)[0]
+    return f"http://{host}:{port}/status" if port else ""
 
 
 # A PE's error naming one of these saw a channel break: maybe only because its peer was killed.
@@ -170,10 +196,14 @@ class Deployment:
         self.client: Client | None = None
         self.scheduler_address = ""
         self.id = f"{app.name}-{uuid.uuid4().hex[:8]}"
+        self.name = statefile.name_of(app.name)   # what `status NAME` and `stop NAME` match
+        self.outputs: list[str] = []              # the local paths its sinks write (plan/outputs.py)
+        self.unique_name = False                  # deploy(name=): a running one of that name is refused
+        self.dashboard = ""                       # a given cluster's Dask dashboard, when it serves one
         self.security = security                  # distributed.Security (or True) for a TLS cluster
         self.state = DeploymentState()
         self.monitor = Monitor(int(config.get("monitor.history")))
-        self.dead = DeadLetters()
+        self.dead = DeadLetters({n.op_id: n.where[0] for n in app.nodes.values() if n.where})
         self.gateway: WorkerGateway | None = None
         self.reconfigurer: Reconfigurer | None = None
         self.loop: ControlLoop | None = None
@@ -197,8 +227,10 @@ class Deployment:
 
     def status(self) -> dict:
         """The status dict shown by the live view and ``python -m pescheduler status``."""
-        status = {"id": self.id, **status_view(self.app.name, self.state, self.monitor.latest, self.placement(),
-                                               self.dead.count, self.hosts.view())}
+        status = {"id": self.id, "name": self.name, "outputs": self.outputs,
+                  **status_view(self.app.name, self.state, self.monitor.latest, self.placement(),
+                                self.dead.count, self.hosts.view()),
+                  "errors": self.dead.errors(), "recent_dead_letters": self.dead.recent()}
         if self.checkpointer is not None:
             status["checkpoints"] = {**self.checkpointer.view(), "restart": self.recovery.view()}
         return status
@@ -320,6 +352,12 @@ class Deployment:
             self.scheduler_address = self.cluster_address
         self.client = await Client(self.scheduler_address, asynchronous=True,
                                    security=None if self.security is True else self.security)
+        if self.cluster is None:
+            self.dashboard = _dashboard(self.scheduler_address, self.client.scheduler_info())
+            running = running_published(await self.client.get_metadata(["pescheduler", "deployments"], default=None))
+            if self.unique_name:
+                refuse_same_name(self.name, running, f"on {self.scheduler_address}")
+            refuse_same_outputs(self.name, self.outputs, running)
         await self.client.register_plugin(PEHostPlugin(), name=PLUGIN_NAME)
         self.gateway = WorkerGateway(self.client, self.id, self.plugin_modules)
         self.gateway.checkpoint = self.checkpoint_settings is not None
@@ -351,7 +389,7 @@ class Deployment:
             self.loop.controller = self._controller(chosen)
             self.state.event("policy", f"active: {', '.join(chosen)}")
         if self.cluster is not None:
-            statefile.write(self.scheduler_address, self.app.name)
+            statefile.write(self.scheduler_address, self.app.name, self.outputs, self.name)
         self._watch_all(placement.workers)
         self._tasks.append(asyncio.create_task(self.loop.run(self._done)))
         self._start_checkpoints()

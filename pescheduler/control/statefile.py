@@ -32,9 +32,14 @@ _written: str | None = None      # the file this process wrote
 def use_name(name: str | None) -> None:
     """Record the next deployment of this process under ``name`` (None: under its app's name)."""
     global _chosen
-    if name is not None and not re.fullmatch(r"[\w.-]+", name):
+    _chosen = None if name is None else checked_name(name)
+
+
+def checked_name(name: str) -> str:
+    """``name`` when it can name a file here; ValueError otherwise."""
+    if not re.fullmatch(r"[\w.-]+", name):
         raise ValueError(f"--name {name!r}: use letters, digits, '.', '-' and '_' only")
-    _chosen = name
+    return name
 
 
 def directory() -> str:
@@ -45,16 +50,22 @@ def path(name: str) -> str:
     return os.path.join(directory(), f"{name}.json")
 
 
-def write(scheduler: str, app_name: str) -> None:
-    """Record this process's deployment (scheduler address, app, pid) under its name."""
+def name_of(app_name: str) -> str:
+    """The name this process's next deployment of ``app_name`` is recorded under."""
+    return _chosen or re.sub(r"[^\w.-]", "_", app_name)
+
+
+def write(scheduler: str, app_name: str, outputs: list[str] = (), name: str | None = None) -> None:
+    """Record this process's deployment (scheduler address, app, pid, the local paths it writes)
+    under ``name`` (default :func:`name_of` the app)."""
     global _written
-    name = _chosen or re.sub(r"[^\w.-]", "_", app_name)
+    name = name or name_of(app_name)
     os.makedirs(directory(), exist_ok=True)
     target = path(name)
     tmp = f"{target}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump({"name": name, "scheduler": scheduler, "app": app_name, "pid": os.getpid(),
-                   "started": time.time()}, f)
+                   "started": time.time(), "outputs": list(outputs)}, f)
     os.replace(tmp, target)         # readers never see half a file
     _written = target
 

@@ -1,5 +1,6 @@
 """The status of a deployment as the live view, ``status --json`` and tests see it.
 
+PEs are named by :func:`short_pe` in every row; the PE's full id is its row's ``name``.
 A pure view: :func:`status_view` reads the :class:`~pescheduler.control.state.DeploymentState`
 (state, PE states, events), the monitor's latest
 :class:`~pescheduler.metrics.MetricsSnapshot` and the placement, and
@@ -28,15 +29,15 @@ def status_view(app_name: str, state: DeploymentState, snap: MetricsSnapshot | N
     pes = []
     for pe_id, pe in (placement.pes.items() if placement else ()):
         m = snap.pes.get(pe_id)
-        row = asdict(m) if m else {"pe": pe_id, "worker": pe.worker, "host": pe.host, **_NO_FIGURES}
-        row["operators"] = list(pe.operators)
+        row = asdict(m) if m else {"worker": pe.worker, "host": pe.host, **_NO_FIGURES}
+        row["pe"], row["name"], row["operators"] = short_pe(pe_id), pe_id, list(pe.operators)
         row["state"] = state.pe_state.get(pe_id, row.get("state", "running"))
         pes.append(row)
     return {
         "app": app_name, "state": state.state, "error": state.error,
         "elapsed_s": round((state.t_end or time.monotonic()) - state.t0, 3),
         "pes": pes,
-        "operators": [{"op": m.op_id, **{k: v for k, v in asdict(m).items() if k != "op_id"}}
+        "operators": [{"op": m.op_id, **{k: v for k, v in asdict(m).items() if k != "op_id"}, "pe": short_pe(m.pe)}
                       for m in snap.operators.values()],
         "workers": [asdict(w) for w in snap.workers.values()],
         "hosts": [dict(asdict(h), workers=list(h.workers)) for h in snap.hosts.values()],
@@ -56,4 +57,11 @@ def channels(placement: Placement) -> list[dict]:
     for src, port, dst, dst_pe in placement.channels():
         edge = f"{src}{'' if port == 'out' else f'[{port}]'}->{dst}"
         pairs.setdefault((placement.pe_of(src), dst_pe), []).append(edge)
-    return [{"from": a, "to": b, "edges": edges} for (a, b), edges in sorted(pairs.items())]
+    return [{"from": short_pe(a), "to": short_pe(b), "edges": edges} for (a, b), edges in sorted(pairs.items())]
+
+
+def short_pe(pe_id: str) -> str:
+    """A PE's id in status: its first operator's (unique: an operator runs in one PE). The full id
+    lists every operator (``map-2->map-3->...``); repeated in every operator's row it made the
+    status grow with the square of the operator count, so it appears once, as the PE's ``name``."""
+    return pe_id.split("->", 1)[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from waiting import reap
+from waiting import reap, until
 
 pytestmark = pytest.mark.integration
 STATUS_SCHEMA = json.loads(re.search(r"```json\n(.*?)```", (Path(__file__).parents[2] / "docs" / "status.md")
@@ -70,3 +71,103 @@ def test_status_and_stop_reach_a_running_deployment(tmp_path):
     counts = [json.loads(line)["n"] for line in out.read_text().splitlines()]
     assert counts and sum(counts) > 0                # stop drained: the open windows fired
     assert not list((tmp_path / "state").iterdir())   # the deployment removed its record
+
+
+def test_a_running_name_and_a_written_path_are_refused_naming_the_running_one(tmp_path):
+    """Issue 36: the same deploy twice hid the first from `list`/`stop` and both truncated one file."""
+    out = tmp_path / "counts.jsonl"
+    (tmp_path / "app.py").write_text(APP.format(out=str(out)))
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    first = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
+                              "--workers", "2", "--name", "cars"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        until(lambda: first.poll() is not None or (tmp_path / "state" / "cars.json").exists(), 120,
+              "the first deployment to record itself")
+        assert first.poll() is None, first.stderr.read()
+        again = cli("deploy", str(tmp_path / "app.py"), "--workers", "2", "--name", "cars", env=env)
+        assert again.returncode == 2, again.stdout + again.stderr
+        assert "a deployment named 'cars' is already running on this machine" in again.stderr
+        assert "running on" not in again.stdout           # refused before anything started
+        other = cli("deploy", str(tmp_path / "app.py"), "--workers", "2", "--name", "other", env=env)
+        assert other.returncode == 2, other.stdout + other.stderr
+        assert f"'other' would write {out}, which the running deployment 'cars' of app 'live-cli'" \
+            in other.stderr.replace("\n", " "), other.stderr
+        listed = cli("list", env=env)
+        assert [line.split()[1] for line in listed.stdout.splitlines() if "live-cli" in line] == ["cars"]
+        stop = cli("stop", "cars", env=env, timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        _, stderr = first.communicate(timeout=120)
+        assert first.returncode == 0, stderr
+    finally:
+        reap(first)
+    assert out.read_text()                     # the first one's output, untouched by the refused ones
+
+
+FAILING_APP = """
+from pescheduler import Application
+
+def speed_kmh(e):
+    return {{**e, "kmh": 3600 / (int(e["car"][4:]) % 25)}}      # car-0, car-25: ZeroDivisionError
+
+app = Application("failing")
+(app.source("generator", events=None, keys=50, rate=5_000)
+    .map(speed_kmh)
+    .sink("jsonl", path={out!r}))
+"""
+
+
+def test_the_first_exception_per_operator_is_in_status(tmp_path):
+    """Issue 36: "dead letters 4772" and nowhere the exception."""
+    app = tmp_path / "app.py"
+    app.write_text(FAILING_APP.format(out=str(tmp_path / "out.jsonl")))
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(app), "--workers", "2"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        shown = {}
+
+        def errors_published():
+            status = cli("status", "--json", env=env)
+            shown.update(json.loads(status.stdout) if status.returncode == 0 else {})
+            assert deploy.poll() is None, deploy.stderr.read()
+            return shown.get("errors") and len(shown.get("recent_dead_letters") or ()) >= 3
+        until(errors_published, 120, "the deployment to publish its first error")
+        jsonschema.validate(shown, STATUS_SCHEMA)
+        assert len(shown["errors"]) == 1, shown["errors"]
+        first = shown["errors"][0]
+        assert (first["op"], first["type"], first["message"]) == ("map-2", "ZeroDivisionError", "division by zero")
+        assert first["where"] == f"{app}:5" and first["count"] >= 1
+        assert int(eval(first["sample"])["car"][4:]) % 25 == 0
+        text = cli("status", "failing", "--dead-letters", "3", env=env)
+        assert text.returncode == 0, text.stderr
+        lines = text.stdout.splitlines()
+        assert max(map(len, lines)) <= 80, text.stdout          # fits 80 columns off a terminal
+        assert "first error per operator" in text.stdout and "ZeroDivisionError" in text.stdout
+        assert "newest 3 dead letters of failing" in text.stdout
+        assert text.stdout.count("map-2: ZeroDivisionError: division by zero\n") == 3
+        assert text.stdout.replace("\n", "").count(f"  at {app}:5") == 3
+        assert cli("stop", env=env, timeout=120).returncode == 0
+        deploy.communicate(timeout=120)
+    finally:
+        reap(deploy)
+
+
+def test_ctrl_c_while_the_cluster_starts_stops_cleanly_once_it_is_up(tmp_path):
+    """Issue 36: Ctrl-C while the embedded cluster spawned was dropped silently."""
+    out = tmp_path / "counts.jsonl"
+    (tmp_path / "app.py").write_text(APP.format(out=str(out)))
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
+                               "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first = deploy.stdout.readline()             # said before the cluster starts (seconds, more under load)
+        assert first.startswith("deploying live-cli"), first + deploy.stderr.read()
+        deploy.send_signal(signal.SIGINT)
+        stdout, stderr = deploy.communicate(timeout=180)
+    finally:
+        reap(deploy)
+    assert deploy.returncode == 130, stdout + stderr
+    assert "Ctrl-C: stopping once the cluster is up" in stderr
+    assert "running on" in stdout and "interrupted: draining sources" in stderr     # up, then stopped
+    assert not list((tmp_path / "state").iterdir())  # the clean stop removed the record

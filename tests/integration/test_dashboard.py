@@ -22,6 +22,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application
+from pescheduler.control.status import short_pe
 from waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
@@ -71,7 +72,7 @@ def test_the_dashboard_listens_on_the_loopback_only(running):
 
 def test_the_pescheduler_page_draws_every_pe_with_bokeh(running):
     dep, base = running
-    pes = [html.escape(pe) for pe in dep.placement().pes]      # the document JSON sits in HTML: "->" is "-&gt;"
+    pes = [short_pe(pe) for pe in dep.placement().pes]         # status names a PE by its first operator
     until(lambda: all(pe in get(base + "/pescheduler") for pe in pes), 60, "the page to list every PE")
     page = get(base + "/pescheduler")
     assert "Bokeh" in page and "placement" in page and "pe-labels" in page and "timeline" in page
@@ -101,7 +102,7 @@ def drawn_source(page: str, name: str) -> dict:
 def test_the_page_draws_the_channels_between_the_pes(running):
     dep, base = running
     pl = dep.placement()
-    crossing = {(pl.pe_of(src), dst_pe) for src, _port, _dst, dst_pe in pl.channels()}
+    crossing = {(short_pe(pl.pe_of(src)), short_pe(dst_pe)) for src, _port, _dst, dst_pe in pl.channels()}
     assert crossing, "the app crosses PEs on two workers"
 
     def edges():
@@ -112,7 +113,7 @@ def test_the_page_draws_the_channels_between_the_pes(running):
 
 def test_metrics_with_the_pescheduler_prefix_are_on_the_dashboards_metrics(running):
     dep, base = running
-    pe = next(iter(dep.placement().pes))
+    pe = short_pe(next(iter(dep.placement().pes)))       # status and metrics name a PE by its first operator
 
     def busy_line():
         text = get(base + "/metrics")
@@ -222,7 +223,7 @@ def test_chromium_draws_the_pe_names_the_lag_and_the_checkpoints(running, tmp_pa
         "--no-first-run", "--disable-component-update", "--disable-sync", "--window-size=1280,2200",
         f"--user-data-dir={tmp_path / 'profile'}", f"--remote-debugging-port={port}",
         "--remote-allow-origins=*", "about:blank"], log_dir=str(tmp_path))
-    want = [*dep.placement().pes, "redis-1 dash-in", "completed", "aborted", "last checkpoint"]
+    want = [*map(short_pe, dep.placement().pes), "redis-1 dash-in", "completed", "aborted", "last checkpoint"]
     try:
         drawn, png = asyncio.run(_draw(f"http://127.0.0.1:{port}", base + "/pescheduler", browser, want))
     finally:

@@ -206,6 +206,8 @@ def watch_deploy(shell: Terminal, proc: subprocess.Popen, key: str, argv: list[s
         assert proc.poll() is None, f"`{shlex.join(argv)}` ended: {shell.log(proc)}"
         return shell.run(command).returncode == 0
     until(runs, BOUND, f"`{shlex.join(command)}` to find {key}")
+    if key.startswith("tcp://"):                     # the start line names the cluster's dashboard too
+        assert f"dashboard {page}" in shell.log(proc), shell.log(proc)
     if page is None:                                 # the link the deploy printed
         found = re.search(r"dashboard (http://127\.0\.0\.1:\d+/pescheduler)", shell.log(proc))
         assert found, shell.log(proc)

@@ -79,7 +79,7 @@ def test_every_jvm_started_for_rm_spark_is_stopped(tmp_path, ending, app, signum
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen_jvms = 0
     lines: list[str] = []
-    running = threading.Event()         # deploy() returned: Ctrl-C is no longer ignored (cli.py says why)
+    running = threading.Event()         # deploy() returned: Ctrl-C stops at once (before, it waits for this: cli.py)
 
     def read_stderr():
         for line in deploy.stderr:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pescheduler import Application, dashboard
 from pescheduler.control.state import DeploymentState
-from pescheduler.control.status import channels, status_view
+from pescheduler.control.status import channels, short_pe, status_view
 from pescheduler.plan.compiler import compile_app
 from pescheduler.plugins import load_plugins
 
@@ -24,7 +24,7 @@ def placement():
 
 def test_the_status_lists_one_channel_per_pe_pair_that_exchanges_tuples():
     pl = placement()
-    crossing = {(pl.pe_of(src), dst_pe) for src, _port, _dst, dst_pe in pl.channels()}
+    crossing = {(short_pe(pl.pe_of(src)), short_pe(dst_pe)) for src, _port, _dst, dst_pe in pl.channels()}
     listed = channels(pl)
     assert len(pl.pes) >= 2 and crossing
     assert {(c["from"], c["to"]) for c in listed} == crossing
@@ -138,3 +138,11 @@ def test_without_checkpoints_restarts_are_zero_and_no_checkpoint_figure_is_expor
     assert 'pescheduler_restarts_total{app="gen",deployment="gen-1"} 0.0' in text
     assert "pescheduler_checkpoint_last_bytes{" not in text and "pescheduler_consumer_lag{" not in text
     assert "pescheduler_checkpoints_completed_total{" not in text
+
+
+def test_the_timeline_spans_the_run_when_every_event_came_at_the_start():
+    """Issue 36: events all in the first milliseconds squashed the axis to a few ms."""
+    status = {"app": "edges", "state": "running", "elapsed_s": 120.0, "pes": [], "channels": [],
+              "events": [{"t": 0.001, "kind": "deploy", "text": "2 PEs"}, {"t": 0.004, "kind": "policy", "text": "x"}]}
+    [plot] = dashboard.page({"dep-1": status}, []).select({"name": "timeline"})
+    assert (plot.x_range.start, plot.x_range.end) == (0, 120.0 * 1.02)

@@ -46,7 +46,7 @@ def test_an_unknown_operator_names_the_app_line_and_the_known_names(nothing_star
     with pytest.raises(AppCheckFailed) as err:
         pescheduler.deploy(app, workers=2, policies=[])
     message = str(err.value)
-    assert message.startswith(f"{__file__}:{line}: mapp-2: unknown operator 'mapp'. Known operators:")
+    assert message.startswith(f"{__file__}:{line}: mapp-2: unknown operator 'mapp'. Did you mean 'map'? Known operators:")
     assert " map," in message and 'stream.apply("mapp").sink("print")' in message
     assert "plugins=[MODULE]" in message
     assert (err.value.file, err.value.line) == (__file__, line)
@@ -92,3 +92,18 @@ def test_a_misspelt_setting_and_a_bad_value_are_refused_before_any_start(nothing
             pescheduler.deploy(app, workers=2, policies=[])
     assert "channel.credit: unknown key; did you mean channel.credits?" in str(err.value)
     assert "batch.size: -5 is not valid; expected an integer >= 1" in str(err.value)
+
+
+def test_a_misspelt_operator_or_policy_gets_a_did_you_mean(nothing_starts):
+    from pescheduler.control.controller import UnknownPolicyError
+
+    app = Application("typos")
+    app.source("iterable", items=[1]).apply("fliter", fn=bool).sink("print")
+    with pytest.raises(AppCheckFailed) as err:
+        pescheduler.deploy(app, workers=2, policies=[])
+    assert "unknown operator 'fliter'. Did you mean 'filter'? Known operators:" in str(err.value)
+    assert "ep_" not in str(err.value)          # the ep planner's own operators are not offered
+    good = Application("policy-typo")
+    good.source("iterable", items=[1]).sink("print")
+    with pytest.raises(UnknownPolicyError, match=r"unknown policy 'rat'\. Did you mean 'rate'\?"):
+        pescheduler.deploy(good, workers=2, policies=["rat"])

@@ -1,0 +1,58 @@
+"""One running deployment per name and per output path.
+
+A second deployment of a running name hid the first from ``list`` and ``stop``;
+two writing the same file truncated and interleaved each other's rows. Both
+are refused before anything starts, naming the running one. The records
+compared are ``statefile`` records (embedded deployments on this machine) and
+the statuses deployments publish on a cluster; both carry ``name``, ``app``
+and ``outputs``.
+"""
+
+from __future__ import annotations
+
+from ..errors import DeploymentClash
+from ..plan.outputs import overlapping
+
+RUNNING = ("starting", "running", "stopping")
+
+
+def refuse_same_outputs(name: str, outputs: list[str], running: list[dict]) -> None:
+    """DeploymentClash when a running deployment writes one of ``outputs`` (or a path inside it)."""
+    for other in running:
+        shared = overlapping(outputs, list(other.get("outputs") or ()))
+        if shared:
+            raise DeploymentClash(
+                f"{name!r} would write {shared[0]}, which the running deployment {_called(other)} writes; "
+                f"two deployments writing one file truncate and mix each other's rows. Give this one "
+                f"another path, or stop the other first (`python -m pescheduler stop {other.get('name')}`)")
+
+
+def refuse_same_name(name: str, running: list[dict], where: str) -> None:
+    """DeploymentClash when a deployment called ``name`` runs (``where``: this machine, a cluster)."""
+    for other in running:
+        if name == other.get("name"):
+            raise DeploymentClash(
+                f"a deployment named {name!r} is already running {where} ({_called(other)}); stop it "
+                f"first (`python -m pescheduler stop {name}`) or give this one another --name")
+
+
+def free_name(name: str, taken: set[str]) -> str:
+    """``name``, else ``name-2``, ``name-3``...: the first not in ``taken``."""
+    n, chosen = 1, name
+    while chosen in taken:
+        n += 1
+        chosen = f"{name}-{n}"
+    return chosen
+
+
+def running_published(published: dict) -> list[dict]:
+    """The running ones of a cluster's published statuses (``pescheduler/deployments`` metadata);
+    one published before deployments had names is called by its app."""
+    return [{**s, "name": s.get("name") or s.get("app")} for s in (published or {}).values()
+            if s.get("state") in RUNNING]
+
+
+def _called(other: dict) -> str:
+    app, name = other.get("app", "?"), other.get("name") or other.get("id", "?")
+    pid = f", pid {other['pid']}" if other.get("pid") else ""
+    return f"{name!r} of app {app!r}{pid}" if name != app else f"{name!r}{pid}"
