@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from pescheduler import config
 from pescheduler.operator import Parallelism, Sink
+from pescheduler.redact import redact
 from pescheduler.timeutil import parse_duration
 
 from .partitions import PartitionedSource, decoder, encoder
@@ -38,7 +39,7 @@ def _client(url: str, timeout_s: float):
     try:
         client.ping()
     except redis.exceptions.RedisError as exc:
-        raise ConnectionError(f"redis: cannot reach {url} within {timeout_s:g} s ({exc}); "
+        raise ConnectionError(f"redis: cannot reach {redact(url)} within {timeout_s:g} s ({exc}); "
                               f"is redis-server running, and is url right?") from None
     return client
 

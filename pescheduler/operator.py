@@ -37,6 +37,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
+from .redact import redact
+
 
 MAX_WATERMARK = 2**63 - 1
 """The watermark that closes event time: sent at end of stream so every window fires."""
@@ -144,7 +146,7 @@ class DeadLetter:
             text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         else:
             text = error or ""
-        return cls(item, text, operator)
+        return cls(item, redact(text), operator)      # dead letters are shown and written out
 
 
 @dataclass

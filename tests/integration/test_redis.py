@@ -210,6 +210,25 @@ def test_unreachable_server_fails_naming_the_url(cluster):
     fails_fast(app, cluster, "redis://127.0.0.1:1/0")
 
 
+def test_an_unreachable_servers_password_is_in_no_error_status_or_published_status(cluster):
+    """A Redis URL's password never reaches the error, the status or the scheduler's metadata."""
+    from distributed import Client
+
+    from pescheduler.errors import DeploymentFailed
+
+    app = Application("redis-secret")
+    app.source("redis", stream="x", url="redis://:hunter2@127.0.0.1:1/0", connect_timeout="2s").sink("discard")
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        with pytest.raises(DeploymentFailed) as failed:
+            dep.wait(timeout=60)
+        status = json.dumps(dep.status())
+        with Client(cluster, timeout=30) as scheduler:
+            published = json.dumps(scheduler.get_metadata(["pescheduler", "deployments"], default={}), default=str)
+    assert "redis://:***@127.0.0.1:1/0" in str(failed.value)
+    for text in (str(failed.value), status, published):
+        assert "hunter2" not in text
+
+
 def test_an_entry_that_does_not_decode_is_dead_lettered_with_its_id(redis_url, client, cluster):
     fill(client, "bad-in", range(5))
     bad_id = client.xadd("bad-in", {"data": b"{not json"}).decode()
