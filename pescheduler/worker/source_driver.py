@@ -11,12 +11,11 @@ nothing is ready).
 
 from __future__ import annotations
 
-from operator import itemgetter
 from time import perf_counter
 
 from typing import TYPE_CHECKING
 
-from ..operator import MIN_WATERMARK, Source
+from ..operator import MIN_WATERMARK, DeadLetter, Source
 
 if TYPE_CHECKING:
     from .chain import Chain
@@ -87,16 +86,20 @@ class SourceDriver:
             return None
         if batch:
             self.count += len(batch)
-            field = self.source.ts_field
-            if field is not None and not self.own_watermark:
-                if not isinstance(batch, list):
-                    top = _column_max(batch, field)
-                elif len(batch) == 1:                   # one event pushed (ep.push_event)
-                    top = batch[0][field]
-                else:
-                    top = max(map(itemgetter(field), batch))
-                if top > self.max_ts:
-                    self.max_ts = top
+            if self.source.ts_field is not None and not self.own_watermark:
+                batch = self._event_times(batch)
+        return batch
+
+    def _event_times(self, batch):
+        """The batch without events that have no valid time (dead letters now); the watermark's
+        ``max_ts`` moved on by the valid ones."""
+        if isinstance(batch, list):
+            batch, bad, top = self.source.event_time.stamp(batch)
+            self.rejected.extend(DeadLetter.of(t, reason) for t, reason in bad)
+        else:
+            top = _column_max(batch, self.source.ts_field)
+        if top is not None and top > self.max_ts:
+            self.max_ts = top
         return batch
 
     def watermark(self) -> int | None:
@@ -151,6 +154,7 @@ class _Exhausted:
 
     def __init__(self, source: Source) -> None:
         self.ts_field, self.max_delay, self.rate = source.ts_field, source.max_delay, None
+        self.event_time = source.event_time
 
     def read(self, n: int) -> None:
         return None
