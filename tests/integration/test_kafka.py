@@ -327,6 +327,25 @@ def committed(address: str, topic: str, expect: int, aborted=frozenset()) -> lis
     return [r for r in values(msgs) if r["checkpoint"] not in aborted]
 
 
+def test_records_without_a_valid_event_time_are_dead_letters_and_the_rest_flows(kafka, cluster):
+    """A missing, None, text or NaN ``event_time`` field: a dead letter each, with the reason."""
+    create_topic(kafka, "badts-in", 2)
+    create_topic(kafka, "badts-out", 1)
+    bad = [{"n": -1}, {"n": -2, "ts": None}, {"n": -3, "ts": "noon"}, {"n": -4, "ts": float("nan")}]
+    produce(kafka, "badts-in", numbered(100)[:50] + bad + numbered(100)[50:], partition_of=lambda r: abs(r["n"]) % 2)
+    app = Application("kafka-badts")
+    (app.source("kafka", topic="badts-in", bootstrap_servers=kafka, event_time="ts")
+        .sink("kafka", topic="badts-out", bootstrap_servers=kafka))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        out = wait_for_output(kafka, "badts-out", 100)
+        until(lambda: len(dep.dead_letters()) >= 4, WAIT, "the four dead letters")
+        dead = dep.dead_letters()
+        status = dep.stop()
+    assert sorted(r["n"] for r in out) == list(range(100))
+    assert status["dead_letters"] == 4 and sorted(json.loads(d["item"]["value"])["n"] for d in dead) == [-4, -3, -2, -1]
+    assert all("event time" in d["error"] for d in dead), dead
+
+
 def test_transactions_become_visible_only_when_their_checkpoint_commits(kafka):
     create_topic(kafka, "eos-out", 1)
     sink = open_sink(kafka, "eos-out")

@@ -244,6 +244,26 @@ def test_an_entry_that_does_not_decode_is_dead_lettered_with_its_id(redis_url, c
     assert len(dead) == 1 and dead[0]["item"]["id"] == bad_id and dead[0]["item"]["stream"] == "bad-in"
 
 
+def test_entries_without_a_valid_event_time_are_dead_letters_and_the_rest_flows(redis_url, client, cluster):
+    """A missing, None, text or NaN ``event_time`` field: a dead letter each, with the reason."""
+    fill(client, "badts-in", range(50))
+    for bad in ({"n": -1}, {"n": -2, "ts": None}, {"n": -3, "ts": "noon"}, {"n": -4, "ts": float("nan")}):
+        client.xadd("badts-in", {"data": json.dumps(bad)})
+    fill(client, "badts-in", range(50, 100))
+    app = Application("redis-badts")
+    app.source("redis", stream="badts-in", url=redis_url, event_time="ts").sink("redis", stream="badts-out",
+                                                                                url=redis_url)
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        out = output(client, "badts-out", 100)
+        until(lambda: len(dep.dead_letters()) >= 4, WAIT, "the four dead letters")
+        dead = dep.dead_letters()
+        status = dep.stop()
+    assert sorted(r["n"] for r in out) == list(range(100))
+    assert status["dead_letters"] == 4
+    assert sorted(json.loads(d["item"]["fields"][b"data"])["n"] for d in dead) == [-4, -3, -2, -1]
+    assert all("event time" in d["error"] for d in dead), dead
+
+
 def test_with_checkpoints_a_killed_sink_worker_loses_and_repeats_nothing(redis_url, client, tmp_path):
     """Redis source → map → redis sink under checkpoints, the sink's worker SIGKILLed mid-stream:
     the stream holds every entry once (staged per epoch, moved in by one script per commit)."""
