@@ -59,3 +59,22 @@ def test_seconds_in_another_field_drive_windows_in_milliseconds(cluster, tmp_pat
         status = dep.wait(timeout=WAIT)
     assert windows(tmp_path / "out.jsonl") == Counter({("c0", T0 + s * 1000): 4 for s in range(10)})
     assert status["dead_letters"] == 0 and status["late_events"] == 0
+
+
+def test_an_endless_run_that_dead_letters_everything_fails_within_a_few_monitor_windows(cluster):
+    """Every event lacks its time (``ts_field`` names no field): over dead-letters.max-ratio, the
+    endless run fails loudly while it runs, naming the operator and the ratio."""
+    from pescheduler.errors import DeploymentFailed
+
+    app = Application("all-dead")
+    app.source("generator", rate=2000, ts_field="when").key_by("car").window("1s", aggregates={
+        "n": ("count", "speed")}).sink("discard")
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        with pytest.raises(DeploymentFailed, match=r"generator-1 dead-lettered \d+ of \d+ tuples \(100%.*max-ratio 0.5"):
+            dep.wait(timeout=WAIT)
+        status = dep.status()
+    running = next(e["t"] for e in status["events"] if e["kind"] in ("deploy", "running", "start")) \
+        if any(e["kind"] in ("deploy", "running", "start") for e in status["events"]) else 0.0
+    failed = next(e["t"] for e in status["events"] if e["kind"] == "dead letters")
+    assert failed - running < 10, status["events"]
+    assert status["state"] == "failed" and status["dead_letters"] >= 1000
