@@ -1,7 +1,7 @@
 """dead-letters.max-ratio judged while a run runs (after judge-after tuples) and at its end."""
 
 from pescheduler.control.deadletters import DeadLetters
-from pescheduler.control.monitor import MetricsSnapshot, OperatorMetrics
+from pescheduler.metrics import MetricsSnapshot, OperatorMetrics
 
 
 def snapshot(**ops):
