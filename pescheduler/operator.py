@@ -300,8 +300,9 @@ class Source(Operator):
     ISO-8601 strings are accepted as they are) and ``max_delay`` (bounded
     out-of-orderness for watermarks, default 1 s). A time read from another
     field or a callable, or not already milliseconds, is written into ``ts`` as
-    milliseconds (where windows, joins and patterns look); an event without a valid time is a dead letter with the reason
-    (:mod:`pescheduler.eventtime`). The runtime drives the source: it paces it
+    milliseconds (where windows, joins and patterns look); an event without a
+    valid time is a dead letter with the reason (:mod:`pescheduler.eventtime`).
+    The runtime drives the source: it paces it
     to ``rate``, asks for batches of the configured size, and emits a watermark
     after each batch of ``max(ts seen) - max_delay - 1``, as Flink's
     bounded-out-of-orderness generator does, so an event at most ``max_delay``

@@ -18,7 +18,7 @@ from pescheduler import Application, Release, Replicate
 from pescheduler.errors import DeploymentFailed
 from pescheduler.operator import OperatorContext
 
-from brokers import consume_all, create_topic, fails_fast, produce, start_tansu, topic_size
+from brokers import consume_all, create_topic, fails_fast, output_and_dead_letters, produce, start_tansu, topic_size
 from waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
@@ -336,11 +336,7 @@ def test_records_without_a_valid_event_time_are_dead_letters_and_the_rest_flows(
     app = Application("kafka-badts")
     (app.source("kafka", topic="badts-in", bootstrap_servers=kafka, event_time="ts")
         .sink("kafka", topic="badts-out", bootstrap_servers=kafka))
-    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
-        out = wait_for_output(kafka, "badts-out", 100)
-        until(lambda: len(dep.dead_letters()) >= 4, WAIT, "the four dead letters")
-        dead = dep.dead_letters()
-        status = dep.stop()
+    out, dead, status = output_and_dead_letters(app, cluster, lambda: wait_for_output(kafka, "badts-out", 100), 4)
     assert sorted(r["n"] for r in out) == list(range(100))
     assert status["dead_letters"] == 4 and sorted(json.loads(d["item"]["value"])["n"] for d in dead) == [-4, -3, -2, -1]
     assert all("event time" in d["error"] for d in dead), dead

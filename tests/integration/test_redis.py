@@ -16,7 +16,7 @@ import pescheduler
 from pescheduler import Application, Release, Replicate
 from pescheduler.operator import OperatorContext
 
-from brokers import fails_fast, start_redis
+from brokers import fails_fast, output_and_dead_letters, start_redis
 from waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
@@ -253,11 +253,7 @@ def test_entries_without_a_valid_event_time_are_dead_letters_and_the_rest_flows(
     app = Application("redis-badts")
     app.source("redis", stream="badts-in", url=redis_url, event_time="ts").sink("redis", stream="badts-out",
                                                                                 url=redis_url)
-    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
-        out = output(client, "badts-out", 100)
-        until(lambda: len(dep.dead_letters()) >= 4, WAIT, "the four dead letters")
-        dead = dep.dead_letters()
-        status = dep.stop()
+    out, dead, status = output_and_dead_letters(app, cluster, lambda: output(client, "badts-out", 100), 4)
     assert sorted(r["n"] for r in out) == list(range(100))
     assert status["dead_letters"] == 4
     assert sorted(json.loads(d["item"]["fields"][b"data"])["n"] for d in dead) == [-4, -3, -2, -1]
