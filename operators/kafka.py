@@ -146,8 +146,10 @@ class KafkaSource(PartitionedSource):
     ``value_format``: ``"json"`` (default), ``"bytes"`` or a callable ``bytes -> tuple``;
     a value that does not decode is dead-lettered with its partition and offset.
     ``event_time``: ``"timestamp"`` puts the record's Kafka timestamp (ms) into
-    the tuple's ``ts_field`` (``ts``; needs dict tuples), a field name reads
-    event time from the tuple, ``None`` has none. Watermarks are per partition
+    the tuple's ``ts_field`` (``ts``; needs dict tuples), a field name or a
+    callable reads event time from the tuple (a number in ``ts_unit``, default
+    ``"ms"``, a datetime or an ISO-8601 string), ``None`` has none; a record
+    without a valid event time is a dead letter with the reason. Watermarks are per partition
     (``max_delay``) and a partition idle for ``idle_timeout`` does not hold them
     back. ``create=True`` creates a missing topic with ``partitions`` partitions.
     ``config`` adds librdkafka consumer settings.
@@ -160,7 +162,7 @@ class KafkaSource(PartitionedSource):
 
     def __init__(self, topic: str, bootstrap_servers: str = "127.0.0.1:9092", group_id: str | None = None,
                  start: str | dict = EARLIEST, value_format: str | Callable = "json",
-                 event_time: str | None = "timestamp", idle_timeout: Any = "5s", connect_timeout: Any = "10s",
+                 event_time: str | Callable | None = "timestamp", idle_timeout: Any = "5s", connect_timeout: Any = "10s",
                  create: bool = False, partitions: int = 1, config: dict | None = None,
                  ts_field: str | None = "ts", **kwargs: Any) -> None:
         stamp = event_time == "timestamp"
@@ -226,6 +228,7 @@ class KafkaSource(PartitionedSource):
             return []
         # Hot loop: one decode per record; offsets and event time per partition.
         out, decode, nxt, field, stamp = [], self.decode, self._positions, self.ts_field, self.stamp
+        event_time = self.event_time
         top: dict[int, int] = {}
         for m in msgs:
             if m.error() is not None:
@@ -238,7 +241,7 @@ class KafkaSource(PartitionedSource):
                 if stamp:
                     ts = t[field] = m.timestamp()[1]
                 elif field is not None:
-                    ts = t[field]
+                    ts = event_time.stamp_one(t)       # BadEventTime: a dead letter with the reason
                 else:
                     out.append(t)
                     continue

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from pescheduler import config
 from pescheduler.errors import DeliveryFailed
 from pescheduler.operator import Parallelism, Sink
+from pescheduler.redact import redact
 from pescheduler.timeutil import parse_duration
 
 from .partitions import PartitionedSource, decoder, encoder
@@ -39,7 +40,7 @@ def _client(url: str, timeout_s: float):
     try:
         client.ping()
     except redis.exceptions.RedisError as exc:
-        raise ConnectionError(f"redis: cannot reach {url} within {timeout_s:g} s ({exc}); "
+        raise ConnectionError(f"redis: cannot reach {redact(url)} within {timeout_s:g} s ({exc}); "
                               f"is redis-server running, and is url right?") from None
     return client
 
@@ -89,8 +90,10 @@ class RedisStreamSource(PartitionedSource):
     ``"fields"`` gives the entry's fields as a dict of str; a callable receives
     the field dict (bytes). A bad entry is dead-lettered with its stream and id.
     ``event_time``: ``"id"`` puts the entry id's milliseconds (when Redis took it)
-    into ``ts_field``; a field name reads event time from the tuple; ``None``
-    has none. Watermarks are per stream, with ``idle_timeout`` as for Kafka.
+    into ``ts_field``; a field name or a callable reads event time from the
+    tuple (a number in ``ts_unit``, default ``"ms"``, a datetime or an ISO-8601
+    string); ``None`` has none; an entry without a valid event time is a dead
+    letter with the reason. Watermarks are per stream, with ``idle_timeout`` as for Kafka.
     """
 
     name = "redis"
@@ -99,7 +102,7 @@ class RedisStreamSource(PartitionedSource):
     poll_interval = 0.01       # XREAD without BLOCK: ask again soon when a stream had nothing new
 
     def __init__(self, stream: str | list[str], url: str = "redis://127.0.0.1:6379/0", start: str | dict = "0-0",
-                 value_format: str | Callable = "json", event_time: str | None = "id",
+                 value_format: str | Callable = "json", event_time: str | Callable | None = "id",
                  idle_timeout: Any = "5s", connect_timeout: Any = "10s", ts_field: str | None = "ts",
                  **kwargs: Any) -> None:
         stamp = event_time == "id"
@@ -185,6 +188,7 @@ class RedisStreamSource(PartitionedSource):
 
     def _decode(self, stream: str, entries: list) -> list:
         out, decode, field, stamp, top = [], self.decode, self.ts_field, self.stamp, None
+        event_time = self.event_time
         for entry_id, values in entries:
             try:
                 if self.fields:
@@ -194,7 +198,7 @@ class RedisStreamSource(PartitionedSource):
                 if stamp:
                     ts = t[field] = int(entry_id.split(b"-", 1)[0])
                 elif field is not None:
-                    ts = t[field]
+                    ts = event_time.stamp_one(t)       # BadEventTime: a dead letter with the reason
                 else:
                     out.append(t)
                     continue

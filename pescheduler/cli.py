@@ -182,10 +182,11 @@ def _security(args: argparse.Namespace):
 
 
 def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
+    """Seconds for ``--duration``/``--timeout``: longer than 0, finite (``nan`` never ends a run)."""
+    try:
+        return config.positive_seconds(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _console(stderr: bool = False, width: int | None = None) -> Console:

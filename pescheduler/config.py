@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import math
 import os
 from typing import Any, Mapping
 
@@ -66,6 +67,13 @@ AT_LEAST_ONE = {"batch.size", "channel.credits", "pe.time-slice-ms", "monitor.hi
                 "policies.rate.down-after", "policies.move.after", "rm.lab.hosts", "checkpoint.retain",
                 "sinks.retry.attempts"}
 OPEN_MAPPINGS = {"rm.spark.conf"}        # any keys: passed through to Spark as they are
+# Durations that must be longer than 0 (a bound of 0 fails every call, an interval of 0 spins);
+# every other duration may be 0 (no linger, no backoff, no cooldown). None may be negative or NaN.
+POSITIVE_DURATIONS = {"monitor.interval", "stall.timeout", "cluster.start-timeout", "cluster.connect-timeout",
+                      "checkpoint.timeout", "calls.worker", "calls.probe", "calls.scheduler", "rm.start-timeout",
+                      "rm.local.start-timeout", "rm.lab.start-timeout", "rm.spark.lease-timeout",
+                      "rm.spark.poll-interval", "rm.spark.executor-idle-timeout", "policies.apply-timeout",
+                      "policies.deadline"}
 
 
 def get(key: str) -> Any:
@@ -96,6 +104,16 @@ _MISSING = object()
 def get_seconds(key: str) -> float:
     """A duration setting (``"1s"``, ``"500ms"``, a number of seconds) in seconds."""
     return float(parse_timedelta(get(key), default="seconds"))
+
+
+def positive_seconds(value: str | int | float, name: str = "") -> float:
+    """A duration that must be longer than 0 (``"90s"``, ``"500ms"``, or a number of seconds) in
+    seconds; ConfigError naming ``name`` (a key; argparse names a flag itself) when it is 0,
+    negative, NaN or infinite."""
+    if not _is_duration(value) or parse_timedelta(value, default="seconds") <= 0:
+        raise ConfigError(f"{name + ': ' if name else ''}{value!r} is not valid; expected a duration longer than 0 "
+                          f"(e.g. 30s, 500ms or a number of seconds)")
+    return float(parse_timedelta(value, default="seconds"))
 
 
 def section(name: str, given: Mapping[str, Any] | None = None) -> dict:
@@ -243,7 +261,7 @@ def _fits(key: str, value: Any, default: Any) -> bool:
     if isinstance(default, float):
         return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
     if isinstance(default, str) and _is_duration(default):
-        return _is_duration(value)
+        return _is_duration(value) and (key not in POSITIVE_DURATIONS or parse_timedelta(value, default="seconds") > 0)
     if isinstance(default, str):
         return isinstance(value, str)
     if isinstance(default, list):
@@ -263,7 +281,8 @@ def _form(key: str, default: Any) -> str:
     if isinstance(default, float):
         return f"a number >= 0 (default {default})"
     if isinstance(default, str) and _is_duration(default):
-        return f"a duration such as {default}"
+        longer = " longer than 0" if key in POSITIVE_DURATIONS else ""
+        return f"a duration{longer} such as {default}"
     if isinstance(default, list):
         return f"a list such as {default}"
     if isinstance(default, dict):
@@ -276,13 +295,15 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_duration(value: Any) -> bool:
+    """A finite duration >= 0 (``nan``, ``inf`` and ``-1s`` are not)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return False
     if isinstance(value, str) and not value[:1].isdigit():
         return False
     try:
-        return parse_timedelta(value, default="seconds") >= 0
-    except (ValueError, KeyError, TypeError):
+        return math.isfinite(parse_timedelta(value, default="seconds")) and \
+            parse_timedelta(value, default="seconds") >= 0
+    except (ValueError, KeyError, TypeError, OverflowError):
         return False
 
 

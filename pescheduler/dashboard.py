@@ -13,8 +13,12 @@ points, so there is no second server and the page is where Dask users look:
   extensions add theirs (distributed/http/scheduler/prometheus/).
 
 The page is a Bokeh document (the library of distributed's own pages) built
-from that history on each request and refreshed by the browser every few
-seconds: placement of PEs on workers with the channels between them, busy /
+from that history on each request, in a thread (the scheduler's event loop
+goes on answering meanwhile), and refreshed by the browser every few seconds.
+Its cost is bounded whatever was ever published: only live deployments are
+sampled and drawn (at most ``pescheduler.dashboard.live-drawn``), the newest
+``dashboard.ended-listed`` ended ones are one line each, older ones a count.
+A live deployment shows: placement of PEs on workers with the channels between them, busy /
 backpressure / input rate per PE over time, the consumer lag of broker sources
 per partition over time, checkpoints (completed and aborted over time, the
 duration and size of each, the last one) and the events and decisions as a timeline.
@@ -23,11 +27,15 @@ Everything drawn or exported is read from the published status (docs/status.md).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 
 from distributed.http.utils import RequestHandler
 from tornado.ioloop import PeriodicCallback
+
+from . import config
+from .redact import redact
 
 HISTORY = 300           # samples kept per scheduler (one a second: five minutes)
 REFRESH_S = 3           # the page reloads itself this often, once drawn
@@ -59,7 +67,7 @@ def install(scheduler) -> None:
         return
     _schedulers[id(scheduler)] = scheduler
     samples = _history.setdefault(id(scheduler), deque(maxlen=HISTORY))
-    callback = PeriodicCallback(lambda: samples.append((time.time(), published(scheduler))), 1000)
+    callback = PeriodicCallback(lambda: samples.append((time.time(), live(published(scheduler))[0])), 1000)
     scheduler.periodic_callbacks["pescheduler-dashboard"] = callback
     callback.start()
     _register_collector()
@@ -210,25 +218,43 @@ def _register_collector() -> None:
 class PeschedulerPage(RequestHandler):
     """``GET /pescheduler``: the Bokeh page of every deployment on this scheduler."""
 
-    def get(self) -> None:
-        from bokeh.embed import file_html
-        from bokeh.resources import INLINE
-
+    async def get(self) -> None:
         install(self.server)            # a scheduler started without it still gets the page
         samples = list(_history.get(id(self.server), ()))
         now = published(self.server)
-        html = file_html(page(now, samples), INLINE, title="pescheduler")
+        html = await asyncio.to_thread(render, now, samples)     # off the scheduler's event loop
         self.write(html.replace("<head>", "<head>\n" + RELOAD.replace("REFRESH_MS", str(REFRESH_S * 1000)), 1))
 
 
+def render(now: dict[str, dict], samples: list) -> str:
+    """The page's HTML (Bokeh inline)."""
+    from bokeh.embed import file_html
+    from bokeh.resources import INLINE
+
+    return file_html(page(now, samples), INLINE, title="pescheduler")
+
+
+ENDED = ("stopped", "finished", "failed")
+
+
+def live(now: dict[str, dict]) -> tuple[dict[str, dict], list[tuple[str, dict]]]:
+    """``(live deployments, ended ones oldest first)`` of what was published (in publishing order)."""
+    running = {dep_id: s for dep_id, s in now.items() if s.get("state") not in ENDED}
+    return running, [(dep_id, s) for dep_id, s in now.items() if s.get("state") in ENDED]
+
+
 def page(now: dict[str, dict], samples: list) -> object:
-    """The Bokeh layout: per deployment, placement, figures over time, the event timeline."""
+    """The Bokeh layout: per live deployment, placement, figures over time, the event timeline;
+    the newest ended ones a line each (see the module docstring for the bounds)."""
     from bokeh.layouts import column
     from bokeh.models import Div
 
+    running, ended = live(now)
+    drawn = dict(sorted(running.items())[:int(config.get("dashboard.live-drawn"))])
     parts = [Div(text="<h2>pescheduler</h2>" + ("" if now else
                                                   "<p>No deployment has published status on this scheduler.</p>"))]
-    for dep_id, status in sorted(now.items()):
+    parts += _not_drawn(running, drawn, ended, int(config.get("dashboard.ended-listed")))
+    for dep_id, status in drawn.items():
         parts.append(Div(text=f"<h3>{_esc(status.get('app', ''))} <small>{_esc(dep_id)} — "
                               f"{_esc(status.get('state', ''))}, {float(status.get('elapsed_s') or 0):.0f} s, "
                               f"dead letters {int(status.get('dead_letters') or 0)}</small></h3>"))
@@ -245,6 +271,21 @@ def errors_div(status: dict) -> list:
                    f"{_esc(e.get('type', ''))}: {_esc(e.get('message', ''))} at {_esc(e.get('where', ''))}"
                    f"<br><code>{_esc(e.get('sample', ''))}</code></li>" for e in status.get("errors") or ())
     return [Div(text=f"<p>First error per operator:</p><ul>{rows}</ul>", name="errors")] if rows else []
+
+
+def _not_drawn(running: dict, drawn: dict, ended: list, listed: int) -> list:
+    """One line per ended deployment (the newest ``listed``), a count of the rest and of live
+    deployments beyond those drawn."""
+    from bokeh.models import Div
+
+    lines = [f"<li>{_esc(s.get('app', ''))} <small>{_esc(dep_id)} — {_esc(s.get('state', ''))}, "
+             f"{float(s.get('elapsed_s') or 0):.0f} s, dead letters {int(s.get('dead_letters') or 0)}"
+             f"{': ' + _esc(str(s.get('error') or '').splitlines()[0]) if s.get('error') else ''}</small></li>"
+             for dep_id, s in reversed(ended[-listed:] if listed else [])]
+    more = [f"{len(ended) - len(lines)} older ended deployments not shown"] * (len(ended) > len(lines)) + \
+        [f"{len(running) - len(drawn)} more live deployments not drawn"] * (len(running) > len(drawn))
+    text = (f"<h3>ended</h3><ul>{''.join(lines)}</ul>" if lines else "") + "".join(f"<p>{m}</p>" for m in more)
+    return [Div(text=text, name="ended")] if text else []
 
 
 def placement_plot(status: dict):
@@ -440,7 +481,7 @@ def timeline_plot(status: dict):
     kinds = sorted({str(e.get("kind", "")) for e in events}) or [""]
     source = ColumnDataSource({"t": [float(e.get("t") or 0) for e in events],
                                "kind": [str(e.get("kind", "")) for e in events],
-                               "text": [str(e.get("text", "")) for e in events]})
+                               "text": [redact(str(e.get("text", ""))) for e in events]})
     # the axis spans the whole run: events that all came at the start stay there, not spread over ms
     span = max([float(status.get("elapsed_s") or 0), *source.data["t"], 1.0])
     plot = figure(title="events and decisions (seconds since the start)", y_range=kinds,
@@ -452,9 +493,10 @@ def timeline_plot(status: dict):
 
 
 def _esc(text) -> str:
+    """``text`` for the page's HTML: secrets redacted (whatever published it), markup escaped."""
     import html
 
-    return html.escape(str(text))
+    return html.escape(redact(str(text)))
 
 
 routes = [("/pescheduler", PeschedulerPage, {})]

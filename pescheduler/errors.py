@@ -51,6 +51,9 @@ class DeploymentFailed(PeschedulerError):
     """A running deployment failed; ``reason`` says why."""
 
     def __init__(self, reason: str) -> None:
+        from .redact import redact
+
+        reason = redact(reason)      # it is printed and published: no URL password in it
         super().__init__(reason)
         self.reason = reason
 

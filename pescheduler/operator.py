@@ -37,6 +37,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
+from .eventtime import EventTime
+from .redact import redact
+
 
 MAX_WATERMARK = 2**63 - 1
 """The watermark that closes event time: sent at end of stream so every window fires."""
@@ -144,7 +147,7 @@ class DeadLetter:
             text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         else:
             text = error or ""
-        return cls(item, text, operator)
+        return cls(item, redact(text), operator)      # dead letters are shown and written out
 
 
 @dataclass
@@ -291,26 +294,44 @@ class Source(Operator):
     """Base class of sources: ``read(n)`` returns the next tuples.
 
     Every source takes ``rate`` (tuples per second, ``None`` = as fast as
-    possible), ``ts_field`` (the event-time field, milliseconds; ``None`` for no
-    event time) and ``max_delay`` (bounded out-of-orderness for watermarks,
-    default 1 s). The runtime drives the source: it paces it to ``rate``, asks
-    for batches of the configured size, and emits a watermark after each batch
-    of ``max(ts seen) - max_delay - 1``, as Flink's bounded-out-of-orderness
-    generator does, so an event at most ``max_delay`` late is never late.
+    possible), ``ts_field`` (the event-time field, default ``ts``, or a callable
+    ``tuple -> time``; ``None`` for no event time), ``ts_unit`` (``"ms"``, the
+    default, ``"s"``, ``"us"`` or ``"ns"`` for numbers; ``datetime`` values and
+    ISO-8601 strings are accepted as they are) and ``max_delay`` (bounded
+    out-of-orderness for watermarks, default 1 s). A time read from another
+    field or a callable, or not already milliseconds, is written into ``ts`` as
+    milliseconds (where windows, joins and patterns look); an event without a
+    valid time is a dead letter with the reason (:mod:`pescheduler.eventtime`).
+    The runtime drives the source: it paces it
+    to ``rate``, asks for batches of the configured size, and emits a watermark
+    after each batch of ``max(ts seen) - max_delay - 1``, as Flink's
+    bounded-out-of-orderness generator does, so an event at most ``max_delay``
+    late is never late.
     """
 
     kind = "source"
     parallelism = Parallelism.SINGLETON
 
-    def __init__(self, *, rate: float | None = None, ts_field: str | None = "ts",
-                 max_delay: Any = "1s") -> None:
+    def __init__(self, *, rate: float | None = None, ts_field: str | Callable | None = "ts",
+                 ts_unit: str = "ms", max_delay: Any = "1s") -> None:
         from .timeutil import parse_duration
 
         if rate is not None and rate <= 0:
             raise ValueError(f"rate must be positive, got {rate!r}")
         self.rate = rate
-        self.ts_field = ts_field
+        self.ts_field, self.ts_unit = ts_field, ts_unit
+        EventTime(ts_field, ts_unit)                  # a bad field or unit fails here, at app build
         self.max_delay = parse_duration(max_delay)
+
+    @property
+    def event_time(self) -> EventTime:
+        """How this source's event time is read (:class:`~pescheduler.eventtime.EventTime`), built
+        from ``ts_field``/``ts_unit`` as they are now (a subclass may set them itself)."""
+        field, unit = getattr(self, "ts_field", "ts"), getattr(self, "ts_unit", "ms")
+        cached = self.__dict__.get("_event_time")
+        if cached is None or cached.field is not field or cached.unit != unit:
+            cached = self.__dict__["_event_time"] = EventTime(field, unit)
+        return cached
 
     def read(self, n: int) -> list | None:
         """Return up to ``n`` tuples; ``[]`` when nothing is ready now; ``None`` at the end."""

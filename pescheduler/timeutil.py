@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
@@ -17,8 +18,8 @@ def parse_duration(value: str | int | float) -> int:
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"a duration cannot be negative: {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"a duration cannot be negative, NaN or infinite: {value!r}")
         return int(value)
     match = _PATTERN.match(str(value).lower())
     if not match or match.group(2) not in _UNITS and match.group(2) != "":

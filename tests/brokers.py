@@ -300,6 +300,19 @@ def consume_all(address: str, topic: str, expect: int | None, timeout: float = 3
     return out
 
 
+def output_and_dead_letters(app, cluster: str, read_output, dead: int, within_s: float = 60.0):
+    """Deploy ``app``, read its output with ``read_output()``, wait for ``dead`` dead letters, stop:
+    ``(output, dead letters, final status)``."""
+    import pescheduler
+    from waiting import until
+
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        out = read_output()
+        until(lambda: len(dep.dead_letters()) >= dead, within_s, f"{dead} dead letters")
+        letters = dep.dead_letters()
+        return out, letters, dep.stop()
+
+
 def fails_fast(app, cluster: str, match: str, within_s: float = 30.0) -> None:
     """Deploying ``app`` fails with an error matching ``match`` within ``within_s`` (no hang)."""
     import pytest

@@ -46,6 +46,7 @@ class ControlLoop:
         self.controller: Controller | None = None
         self.on_stop: Callable[[], Awaitable[None]] = _nothing           # a stop command came
         self.on_scheduler_lost: Callable[[str], Awaitable[None]] = _nothing_said
+        self.on_dead_letters: Callable[[str], Awaitable[None]] = _nothing_said   # over max-ratio: fail
         self.sampled = asyncio.Event()          # set (and replaced) after each collect
         self._round: asyncio.Task | None = None
         self._ticked = None
@@ -67,6 +68,11 @@ class ControlLoop:
         snapshot = self.monitor.update(answers, self.reconfigurer.placement)
         self.reconfigurer.activated(answers)      # copies that processed their first batch since
         await stall.check(self, answers)          # no progress with input pending: stalled, then failed
+        too_many = self.dead.verdict(snapshot, running=True) if self.state.live else None
+        if too_many:
+            self.state.event("dead letters", too_many)
+            logger.error("deployment fails: %s", too_many)
+            await self.on_dead_letters(too_many)
         for pe_id, m in snapshot.pes.items():
             if m.threaded and pe_id not in self.state.threaded:
                 self.state.threaded.add(pe_id)

@@ -4,7 +4,10 @@ Every dead letter taken off a worker is counted here, whichever part of the
 worker made it (an operator that raised, a tuple the channel could not
 pickle), so the status counter equals what was received. A run in which an
 operator dead-lettered more than ``pescheduler.dead-letters.max-ratio`` of
-its input is not a success: :meth:`DeadLetters.verdict` says why.
+its input is not a success: :meth:`DeadLetters.verdict` says why, at the
+end of a finite run and after every monitor window of a running one (an
+endless run that dead-letters everything fails within a window or two, not
+never).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class DeadLetters:
         self.max_ratio = float(config.get("dead-letters.max-ratio"))
         self.first: dict[str, dict] = {}      # operator -> its first dead letter, readable (failures.py)
         self.shown = int(config.get("dead-letters.recent"))
+        self.judge_after = int(config.get("dead-letters.judge-after"))
 
     @property
     def count(self) -> int:
@@ -61,14 +65,16 @@ class DeadLetters:
     def _readable(self, dead: dict) -> dict:
         return readable(dead, self.files.get(str(dead.get("op", "")).split("#", 1)[0]))
 
-    def verdict(self, snapshot: MetricsSnapshot) -> str | None:
+    def verdict(self, snapshot: MetricsSnapshot, running: bool = False) -> str | None:
         """Why the run failed by its dead letters (None when it did not): the first operator that
         dead-lettered more than ``max-ratio`` of the tuples it received (every one when it
-        received none counted, as a source does)."""
+        received none counted, as a source does). ``running``: judged mid-run, only operators
+        that have seen ``judge-after`` tuples (a first handful is no ratio)."""
+        least = self.judge_after if running else 1
         for op, n in sorted(self.per_op.items()):
             m = snapshot.operators.get(op)
             seen = max(m.tuples_in, m.tuples_out + n) if m is not None else n
-            if seen and n / seen > self.max_ratio:
+            if seen >= least and n / seen > self.max_ratio:
                 return (f"{op} dead-lettered {n} of {seen} tuples ({n / seen:.0%}, more than "
                         f"pescheduler.dead-letters.max-ratio {self.max_ratio:g}); see dead_letters()")
         return None

@@ -385,6 +385,7 @@ class Deployment:
             self.state.event("python", note)
         self.loop = ControlLoop(self.gateway, rc, self.state, self.monitor, self.dead, self.status)
         self.loop.on_stop, self.loop.on_scheduler_lost = lambda: self._drain(30.0), self._lost_scheduler
+        self.loop.on_dead_letters = lambda why: self._fail(why, final=True)   # a restore replays the same input
         if chosen:
             self.loop.controller = self._controller(chosen)
             self.state.event("policy", f"active: {', '.join(chosen)}")

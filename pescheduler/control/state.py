@@ -20,6 +20,8 @@ import time
 from collections import deque
 from typing import Iterable
 
+from ..redact import redact
+
 EVENTS_KEPT = 200
 FINAL = ("stopped", "finished", "failed")
 TRANSITIONS = {"starting": ("running", "failed", "stopped"),
@@ -56,7 +58,7 @@ class DeploymentState:
             return False
         self.state = state
         if state in FINAL:
-            self.error = error
+            self.error = None if error is None else redact(error)   # status, metadata, CLI, dashboard
             self.t_end = time.monotonic()
         return True
 
@@ -72,7 +74,7 @@ class DeploymentState:
         return True
 
     def event(self, kind: str, text: str) -> None:
-        self.events.append({"t": round(time.monotonic() - self.t0, 3), "kind": kind, "text": text})
+        self.events.append({"t": round(time.monotonic() - self.t0, 3), "kind": kind, "text": redact(text)})
 
     # -- its PEs ----------------------------------------------------------------------------
     def running(self, pes: Iterable[str]) -> None:

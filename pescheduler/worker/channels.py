@@ -625,6 +625,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     CHUNK = 1 << 18
     BIG = 1 << 16               # frames at least this large are received into their own buffer
+    # Until the peer is proven, a buffer just large enough for a HELLO: an unauthenticated
+    # connection costs a few KiB, not CHUNK (issue 31: 255 KiB each, no cap on their number).
+    UNPROVEN_CHUNK = 4 * (handshake.MAX_HELLO_BYTES + 8)
 
     def __init__(self, lookup: Callable[[str], tuple[Inbox, ChannelIn]], secret_of: Callable[[str], bytes],
                  expect: Callable[[str], Any] | None = None) -> None:
@@ -636,7 +639,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self.limit = handshake.MAX_HELLO_BYTES      # largest frame accepted (any size once proven)
         self._on_frame = self._hello
         self._timeout: asyncio.TimerHandle | None = None
-        self.buf = bytearray(self.CHUNK)
+        self.chunk = self.UNPROVEN_CHUNK
+        self.buf = bytearray(self.chunk)
+        self._gated = False                 # counted by the handshake gate until proven or gone
         self.start = self.end = 0
         self.big: memoryview | None = None   # the large frame being received (frame_buffer), fill, kind
         self.big_filled = self.big_kind = 0
@@ -647,6 +652,10 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
+        if not handshake.gate().admit(transport.get_extra_info("peername")):
+            transport.abort()
+            return
+        self._gated = True
         transport.write(HEADER.pack(len(self.nonce), CHALLENGE) + self.nonce)
         self._timeout = asyncio.get_running_loop().call_later(handshake.HANDSHAKE_TIMEOUT_S, self._too_late)
 
@@ -656,12 +665,14 @@ class FrameReceiver(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.big is not None:                        # a large frame's body: straight into its own buffer
             return self.big[self.big_filled:]
-        if len(self.buf) - self.end < self.CHUNK // 4:
+        if len(self.buf) < self.chunk:                  # proven: from the HELLO's size to CHUNK
+            self.buf.extend(bytes(self.chunk - len(self.buf)))
+        if len(self.buf) - self.end < self.chunk // 4:
             unread = self.end - self.start
             if self.start:                              # compact: move the unread tail to the front
                 self.buf[:unread] = self.buf[self.start:self.end]
                 self.start, self.end = 0, unread
-            if len(self.buf) - self.end < self.CHUNK // 4:
+            if len(self.buf) - self.end < self.chunk // 4:
                 self.buf.extend(bytes(len(self.buf)))    # a frame larger than the buffer: grow
         return memoryview(self.buf)[self.end:]
 
@@ -712,6 +723,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
             return self._refuse(str(exc.args[0]) if exc.args else repr(exc))
         if not handshake.verify(handshake.client_proof(secret, self.nonce, client_nonce, channel_id), proof):
             return self._refuse(f"wrong proof for channel {channel_id!r}")
+        self._ungate()                                  # proven: no longer the gate's to count
         welcome = handshake.server_proof(secret, self.nonce, client_nonce, channel_id)
         try:
             found = self.lookup(channel_id)
@@ -738,15 +750,20 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self.inbox, self.receiver = inbox, receiver
         self.transport.write(HEADER.pack(len(welcome), WELCOME) + welcome)
         self.limit = 0xFFFFFFFF
+        self.chunk = self.CHUNK                         # the buffer grows at the next read
         self.receiver.grant = self._grant
         self._on_frame = self._frame
 
     def _refuse(self, reason: str) -> None:
         """Close an unproven connection; nothing it sent has reached any receiver."""
         if not self.transport.is_closing():
-            logger.warning("refused a data connection from %s: %s",
-                           self.transport.get_extra_info("peername"), reason)
+            handshake.gate().refuse(self.transport.get_extra_info("peername"), reason)
             self.transport.abort()
+
+    def _ungate(self) -> None:
+        if self._gated:
+            self._gated = False
+            handshake.gate().done()
 
     def _frame(self, kind: int, body: bytes) -> None:
         """A frame from a proven peer. One that cannot be read is a dead letter naming the channel."""
@@ -783,6 +800,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self._credits = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._ungate()
         if self._timeout is not None:
             self._timeout.cancel()
         if self._parked is not None:

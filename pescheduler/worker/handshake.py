@@ -27,13 +27,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import ssl
 from dataclasses import dataclass
-from typing import Any
+from time import monotonic
+from typing import Any, Callable
 
 import msgpack
+
+from .. import config
+
+logger = logging.getLogger(__name__)
 
 NONCE_BYTES = 32
 SECRET_BYTES = 32
@@ -41,6 +47,62 @@ HANDSHAKE_TIMEOUT_S = 20.0      # an unauthenticated connection is closed after 
 MAX_HELLO_BYTES = 4096          # before the proof, no frame may be larger (nothing is buffered for it)
 _CLIENT = b"pescheduler data hello v1\0"
 _SERVER = b"pescheduler data welcome v1\0"
+
+
+class HandshakeGate:
+    """What unauthenticated connections may cost a worker: at most ``max_pending`` of them at once
+    and ``per_second`` new ones (a token bucket, bursts up to ``per_second``); the rest are closed
+    on arrival, before any buffer is allocated for them. Refusals (these and failed handshakes)
+    are logged once per ``log_every_s``, with their count, not once each: a flood must not
+    become a flood of log lines.
+    """
+
+    def __init__(self, max_pending: int, per_second: float, log_every_s: float,
+                 clock: Callable[[], float] = monotonic) -> None:
+        self.max_pending, self.per_second, self.log_every_s, self.clock = max_pending, per_second, log_every_s, clock
+        self.pending = 0
+        self.tokens, self.refilled = float(per_second), clock()
+        self.refused = 0                     # since the last log line
+        self.logged_at = -float("inf")
+
+    def admit(self, peer: Any) -> bool:
+        """Take a new connection from ``peer`` into the handshake (call :meth:`done` once when it
+        ends, proven or not), or refuse it: False, and it is counted for the log."""
+        now = self.clock()
+        self.tokens = min(float(self.per_second), self.tokens + (now - self.refilled) * self.per_second)
+        self.refilled = now
+        if self.pending >= self.max_pending or self.tokens < 1:
+            self.refuse(peer, f"over {self.max_pending} unauthenticated connections at once or "
+                              f"{self.per_second:g} new ones a second")
+            return False
+        self.tokens -= 1
+        self.pending += 1
+        return True
+
+    def done(self) -> None:
+        self.pending -= 1
+
+    def refuse(self, peer: Any, reason: str) -> None:
+        """Count a refused connection; log it, with those since the last line, once per interval."""
+        self.refused += 1
+        now = self.clock()
+        if now - self.logged_at >= self.log_every_s:
+            logger.warning("refused %d data connection(s) in the last %g s; the last from %s: %s",
+                           self.refused, self.log_every_s, peer, reason)
+            self.refused, self.logged_at = 0, now
+
+
+_gate: HandshakeGate | None = None
+
+
+def gate() -> HandshakeGate:
+    """This worker's gate (one data server per worker process), from ``channel.handshake.*``."""
+    global _gate
+    if _gate is None:
+        _gate = HandshakeGate(int(config.get("channel.handshake.max-pending")),
+                              float(config.get("channel.handshake.per-second")),
+                              config.get_seconds("channel.handshake.log-every"))
+    return _gate
 
 
 class HandshakeRefused(ConnectionError):

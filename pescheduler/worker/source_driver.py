@@ -11,12 +11,11 @@ nothing is ready).
 
 from __future__ import annotations
 
-from operator import itemgetter
 from time import perf_counter
 
 from typing import TYPE_CHECKING
 
-from ..operator import MIN_WATERMARK, Source
+from ..operator import MIN_WATERMARK, DeadLetter, Source
 
 if TYPE_CHECKING:
     from .chain import Chain
@@ -41,7 +40,8 @@ class SourceDriver:
             self.batch_size = max(1, min(batch_size, int(source.rate / 100)))
         self.max_ts = MIN_WATERMARK
         self.emitted_wm = MIN_WATERMARK
-        self.count = 0
+        self.count = 0             # tuples emitted (the source's tuples_out)
+        self.read_count = 0        # tuples read, dead letters included: what ``rate`` paces
         self.started = perf_counter()
         self.ended = False
         self.paused = False        # a reconfiguration is in progress: read nothing
@@ -69,11 +69,12 @@ class SourceDriver:
     def snapshot(self) -> dict:
         """Position and watermark progress (the source's own offset is in its snapshot)."""
         return {"max_ts": self.max_ts, "emitted_wm": self.emitted_wm, "count": self.count,
-                "ended": self.ended, "elapsed": perf_counter() - self.started}
+                "read": self.read_count, "ended": self.ended, "elapsed": perf_counter() - self.started}
 
     def restore(self, saved: dict | None) -> None:
         if saved:
             self.max_ts, self.emitted_wm, self.count = saved["max_ts"], saved["emitted_wm"], saved["count"]
+            self.read_count = saved.get("read", self.count)
             self.ended = saved["ended"]
             self.started = perf_counter() - saved["elapsed"]    # keep to the rate across the move
 
@@ -86,17 +87,22 @@ class SourceDriver:
             self.ended = True
             return None
         if batch:
-            self.count += len(batch)
-            field = self.source.ts_field
-            if field is not None and not self.own_watermark:
-                if not isinstance(batch, list):
-                    top = _column_max(batch, field)
-                elif len(batch) == 1:                   # one event pushed (ep.push_event)
-                    top = batch[0][field]
-                else:
-                    top = max(map(itemgetter(field), batch))
-                if top > self.max_ts:
-                    self.max_ts = top
+            self.read_count += len(batch)
+            if self.source.ts_field is not None and not self.own_watermark:
+                batch = self._event_times(batch)
+            self.count += len(batch)      # emitted: a dead letter is no output
+        return batch
+
+    def _event_times(self, batch):
+        """The batch without events that have no valid time (dead letters now); the watermark's
+        ``max_ts`` moved on by the valid ones."""
+        if isinstance(batch, list):
+            batch, bad, top = self.source.event_time.stamp(batch)
+            self.rejected.extend(DeadLetter.of(t, reason) for t, reason in bad)
+        else:
+            top = _column_max(batch, self.source.ts_field)
+        if top is not None and top > self.max_ts:
+            self.max_ts = top
         return batch
 
     def watermark(self) -> int | None:
@@ -119,7 +125,7 @@ class SourceDriver:
         rate = self.source.rate
         if not rate:
             return 0.0
-        return max(0.0, self.started + self.count / rate - perf_counter())
+        return max(0.0, self.started + self.read_count / rate - perf_counter())
 
 
 def pump(driver: SourceDriver, chain: "Chain") -> int | None:
@@ -151,6 +157,7 @@ class _Exhausted:
 
     def __init__(self, source: Source) -> None:
         self.ts_field, self.max_delay, self.rate = source.ts_field, source.max_delay, None
+        self.event_time = source.event_time
 
     def read(self, n: int) -> None:
         return None

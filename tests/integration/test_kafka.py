@@ -19,7 +19,7 @@ from pescheduler import Application, Release, Replicate
 from pescheduler.errors import DeliveryFailed, DeploymentFailed
 from pescheduler.operator import OperatorContext
 
-from brokers import consume_all, create_topic, fails_fast, produce, start_tansu, topic_size
+from brokers import consume_all, create_topic, fails_fast, output_and_dead_letters, produce, start_tansu, topic_size
 from waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
@@ -326,6 +326,21 @@ def open_sink(address: str, topic: str, op_id: str = "kafka-9", state=None):
 def committed(address: str, topic: str, expect: int, aborted=frozenset()) -> list:
     msgs = consume_all(address, topic, expect, timeout=10, isolation="read_committed")
     return [r for r in values(msgs) if r["checkpoint"] not in aborted]
+
+
+def test_records_without_a_valid_event_time_are_dead_letters_and_the_rest_flows(kafka, cluster):
+    """A missing, None, text or NaN ``event_time`` field: a dead letter each, with the reason."""
+    create_topic(kafka, "badts-in", 2)
+    create_topic(kafka, "badts-out", 1)
+    bad = [{"n": -1}, {"n": -2, "ts": None}, {"n": -3, "ts": "noon"}, {"n": -4, "ts": float("nan")}]
+    produce(kafka, "badts-in", numbered(100)[:50] + bad + numbered(100)[50:], partition_of=lambda r: abs(r["n"]) % 2)
+    app = Application("kafka-badts")
+    (app.source("kafka", topic="badts-in", bootstrap_servers=kafka, event_time="ts")
+        .sink("kafka", topic="badts-out", bootstrap_servers=kafka))
+    out, dead, status = output_and_dead_letters(app, cluster, lambda: wait_for_output(kafka, "badts-out", 100), 4)
+    assert sorted(r["n"] for r in out) == list(range(100))
+    assert status["dead_letters"] == 4 and sorted(json.loads(d["item"]["value"])["n"] for d in dead) == [-4, -3, -2, -1]
+    assert all("event time" in d["error"] for d in dead), dead
 
 
 def test_transactions_become_visible_only_when_their_checkpoint_commits(kafka):

@@ -16,7 +16,7 @@ import pescheduler
 from pescheduler import Application, Release, Replicate
 from pescheduler.operator import OperatorContext
 
-from brokers import fails_fast, start_redis
+from brokers import fails_fast, output_and_dead_letters, start_redis
 from waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
@@ -210,6 +210,25 @@ def test_unreachable_server_fails_naming_the_url(cluster):
     fails_fast(app, cluster, "redis://127.0.0.1:1/0")
 
 
+def test_an_unreachable_servers_password_is_in_no_error_status_or_published_status(cluster):
+    """A Redis URL's password never reaches the error, the status or the scheduler's metadata."""
+    from distributed import Client
+
+    from pescheduler.errors import DeploymentFailed
+
+    app = Application("redis-secret")
+    app.source("redis", stream="x", url="redis://:hunter2@127.0.0.1:1/0", connect_timeout="2s").sink("discard")
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        with pytest.raises(DeploymentFailed) as failed:
+            dep.wait(timeout=60)
+        status = json.dumps(dep.status())
+        with Client(cluster, timeout=30) as scheduler:
+            published = json.dumps(scheduler.get_metadata(["pescheduler", "deployments"], default={}), default=str)
+    assert "redis://:***@127.0.0.1:1/0" in str(failed.value)
+    for text in (str(failed.value), status, published):
+        assert "hunter2" not in text
+
+
 def test_an_entry_that_does_not_decode_is_dead_lettered_with_its_id(redis_url, client, cluster):
     fill(client, "bad-in", range(5))
     bad_id = client.xadd("bad-in", {"data": b"{not json"}).decode()
@@ -223,6 +242,22 @@ def test_an_entry_that_does_not_decode_is_dead_lettered_with_its_id(redis_url, c
         dep.stop()
     assert sorted(r["n"] for r in out) == list(range(10))
     assert len(dead) == 1 and dead[0]["item"]["id"] == bad_id and dead[0]["item"]["stream"] == "bad-in"
+
+
+def test_entries_without_a_valid_event_time_are_dead_letters_and_the_rest_flows(redis_url, client, cluster):
+    """A missing, None, text or NaN ``event_time`` field: a dead letter each, with the reason."""
+    fill(client, "badts-in", range(50))
+    for bad in ({"n": -1}, {"n": -2, "ts": None}, {"n": -3, "ts": "noon"}, {"n": -4, "ts": float("nan")}):
+        client.xadd("badts-in", {"data": json.dumps(bad)})
+    fill(client, "badts-in", range(50, 100))
+    app = Application("redis-badts")
+    app.source("redis", stream="badts-in", url=redis_url, event_time="ts").sink("redis", stream="badts-out",
+                                                                                url=redis_url)
+    out, dead, status = output_and_dead_letters(app, cluster, lambda: output(client, "badts-out", 100), 4)
+    assert sorted(r["n"] for r in out) == list(range(100))
+    assert status["dead_letters"] == 4
+    assert sorted(json.loads(d["item"]["fields"][b"data"])["n"] for d in dead) == [-4, -3, -2, -1]
+    assert all("event time" in d["error"] for d in dead), dead
 
 
 def test_with_checkpoints_a_killed_sink_worker_loses_and_repeats_nothing(redis_url, client, tmp_path):

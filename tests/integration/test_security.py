@@ -24,6 +24,7 @@ import pescheduler
 from pescheduler import Application
 from pescheduler.worker import handshake
 from guarded import assert_drained, assert_exact, running_app, sink_on_a_borrowed_tls_host
+from waiting import until
 from pescheduler.worker.channels import CHALLENGE, DATA, HEADER, HELLO, MARKER, WATERMARK, WELCOME, WM
 
 pytestmark = pytest.mark.integration
@@ -343,3 +344,37 @@ def test_the_embedded_dashboard_listens_elsewhere_only_when_asked():
             await cluster.close()
     port, link, page = asyncio.run(started())
     assert link == f"http://127.0.0.1:{port}/pescheduler" and "No deployment has published status" in page
+
+
+def test_a_flood_of_unauthenticated_connections_is_capped_and_the_stream_stays_exact(cluster, tmp_path):
+    """Hundreds of silent connections to a real worker's data server: at most
+    ``channel.handshake.max-pending`` are taken into the handshake (each with a few KiB, not a
+    256 KiB buffer), the rest are closed on arrival; once they go, new ones are taken again."""
+    from pescheduler import config
+
+    cap, out = int(config.get("channel.handshake.max-pending")), tmp_path / "sums.jsonl"
+    with pescheduler.deploy(running_app(out), cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
+        _channel_id, address = crossing_channels(dep)[0]
+        host, port = address.rsplit(":", 1)
+        flood = [socket.create_connection((host, int(port)), timeout=BOUND) for _ in range(4 * cap)]
+        try:
+            challenged = sum(1 for sock in flood if _first_bytes(sock))
+        finally:
+            for sock in flood:
+                sock.close()
+        assert 0 < challenged <= cap, f"{challenged} of {len(flood)} flood connections got a CHALLENGE"
+        hello = frame(HELLO, handshake.encode_hello("x", handshake.new_nonce(), b""))
+        until(lambda: frames_in(intrude(address, hello))[:1] == [CHALLENGE], BOUND,     # the server sees the
+              "the gate taking new connections once the flood went")                   # flood's EOFs first
+        assert dep.status()["state"] == "running"
+        assert_drained(dep.stop())
+        assert dep.dead_letters() == []
+    assert assert_exact(out) > 0
+
+
+def _first_bytes(sock: socket.socket) -> bytes:
+    """What the server sent first: its CHALLENGE, or nothing when it closed the connection at once."""
+    try:
+        return sock.recv(64)
+    except (ConnectionResetError, BrokenPipeError):
+        return b""

@@ -84,7 +84,7 @@ def test_a_bad_value_names_key_value_and_expected_form():
     message = _invalid({"batch": {"size": "big"}, "monitor": {"interval": "soon"},
                         "policies": {"rate": {"tolerance": "wide"}}})
     assert "batch.size: 'big' is not valid; expected an integer >= 1" in message
-    assert "monitor.interval: 'soon' is not valid; expected a duration such as 1s" in message
+    assert "monitor.interval: 'soon' is not valid; expected a duration longer than 0 such as 1s" in message
     assert "policies.rate.tolerance: 'wide' is not valid; expected a number" in message
 
 
@@ -184,3 +184,52 @@ def test_a_section_replaced_by_dask_config_set_keeps_its_declared_defaults():
         assert config.get("rm.spark.lease-timeout") == "90s"
         with pytest.raises(KeyError):
             config.get("rm.spark.no-such-key")
+
+
+# -- durations: 0 where a bound or interval needs time, negative, NaN and infinite refused -------------
+
+def test_zero_negative_nan_and_infinite_durations_are_refused_naming_the_key():
+    message = _invalid({"calls": {"worker": "0s", "probe": 0, "scheduler": float("nan")},
+                        "checkpoint": {"timeout": "-1s"}, "monitor": {"interval": float("inf")}})
+    for key, value in (("calls.worker", "'0s'"), ("calls.probe", "0"), ("calls.scheduler", "nan"),
+                       ("checkpoint.timeout", "'-1s'"), ("monitor.interval", "inf")):
+        assert f"{key}: {value} is not valid; expected a duration" in message, message
+
+
+def test_zero_stays_valid_where_it_means_none():
+    saved = _restore()
+    try:
+        dask.config.update(dask.config.config, {"pescheduler": {"batch": {"linger": "0ms"},
+                                                                "restart": {"backoff": 0}}})
+        config.validate()
+    finally:
+        dask.config.config.clear()
+        dask.config.config.update(saved)
+
+
+def test_every_duration_that_must_be_positive_is_a_declared_duration():
+    durations = {k for k in config.declared_keys() if isinstance(config.get(k), str) and config._is_duration(
+        config.get(k))}
+    assert config.POSITIVE_DURATIONS <= durations, config.POSITIVE_DURATIONS - durations
+
+
+def test_positive_seconds_takes_units_and_refuses_nan_zero_and_negative():
+    assert config.positive_seconds("90s") == 90.0 and config.positive_seconds("2") == 2.0
+    for bad in ("nan", "inf", "0", "0s", "-1", float("nan")):
+        with pytest.raises(ConfigError, match="expected a duration longer than 0"):
+            config.positive_seconds(bad, "--duration")
+
+
+APP = 'from pescheduler import Application\napp = Application("d")\napp.source("iterable", items=[]).sink("discard")\n'
+
+
+@pytest.mark.parametrize("args,named", [(["--duration", "nan"], "argument --duration: 'nan'"),
+                                        (["--duration", "0"], "argument --duration: '0'"),
+                                        (["--config", "zero.yaml"], "calls.worker: '0s' is not valid")])
+def test_the_cli_exits_2_naming_the_flag_or_key_before_any_worker_starts(tmp_path, args, named):
+    (tmp_path / "app.py").write_text(APP)
+    (tmp_path / "zero.yaml").write_text("calls:\n  worker: 0s\n")
+    result = subprocess.run([sys.executable, "-m", "pescheduler", "deploy", "app.py", *args], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and named in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "dashboard" not in result.stdout + result.stderr

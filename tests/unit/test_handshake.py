@@ -269,7 +269,7 @@ def test_unproven_peers_are_closed_before_any_receiver_is_touched(attack, tmp_pa
             assert host.receiver.grant is host.original_grant
             assert not host.inbox.items
             assert all(p.receiver is None for p in host.protocols)
-            assert len(host.protocols[0].buf) == FrameReceiver.CHUNK    # nothing buffered for a huge frame
+            assert len(host.protocols[0].buf) == FrameReceiver.UNPROVEN_CHUNK   # nothing buffered for a huge frame
             writer.close()
     run(scenario())
     assert not evil.exists()
@@ -392,3 +392,43 @@ def test_frame_kinds_do_not_collide():
     assert len(set(kinds)) == len(kinds)
     assert struct.calcsize("!B") == 1 and all(0 < k < 256 for k in kinds if k != MALFORMED)
 
+
+
+# -- the gate: what unauthenticated connections may cost a worker ------------------------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_gate_caps_pending_connections_and_admits_again_when_one_ends():
+    gate = handshake.HandshakeGate(max_pending=3, per_second=100, log_every_s=10, clock=Clock())
+    assert [gate.admit("peer") for _ in range(5)] == [True, True, True, False, False]
+    gate.done()
+    assert gate.admit("peer") and not gate.admit("peer")
+
+
+def test_the_gate_limits_new_connections_per_second_with_bursts_up_to_the_rate():
+    clock = Clock()
+    gate = handshake.HandshakeGate(max_pending=1000, per_second=4, log_every_s=10, clock=clock)
+    assert sum(gate.admit("peer") for _ in range(10)) == 4
+    clock.now = 0.5
+    assert sum(gate.admit("peer") for _ in range(10)) == 2
+
+
+def test_refusals_are_logged_once_per_interval_with_their_count(caplog):
+    clock = Clock()
+    gate = handshake.HandshakeGate(max_pending=0, per_second=100, log_every_s=10, clock=clock)
+    with caplog.at_level("WARNING", logger="pescheduler.worker.handshake"):
+        for _ in range(500):
+            gate.admit(("10.0.0.9", 4242))
+        clock.now = 10.0
+        gate.refuse(("10.0.0.9", 4242), "wrong proof")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("refused 1 data connection(s)")
+    assert lines[1].startswith("refused 500 data connection(s) in the last 10 s; the last from ('10.0.0.9', 4242): "
+                               "wrong proof")

@@ -1,0 +1,80 @@
+"""Event time in real deployments: bad times from a jsonl file are dead letters with the reason and
+every valid window comes out exact; times in seconds under another name drive windows in ms."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+import pescheduler
+from pescheduler import Application
+
+pytestmark = pytest.mark.integration
+
+WAIT = 120
+T0 = 1_700_000_000_000
+BAD = [{"car": "c0", "speed": -1}, {"car": "c0", "speed": -2, "ts": None},
+       {"car": "c0", "speed": -3, "ts": "noon"}, {"car": "c0", "speed": -4, "ts": float("nan")},
+       {"car": "c0", "speed": -5, "ts": float("inf")}]
+
+
+def write_jsonl(path, events) -> None:
+    with open(path, "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in events)      # NaN, Infinity: legal for json.loads
+
+
+def windows(path) -> Counter:
+    with open(path) as f:
+        return Counter({(r["car"], r["window_start"]): r["n"] for r in map(json.loads, f)})
+
+
+def test_bad_event_times_from_jsonl_are_dead_letters_and_every_window_is_exact(cluster, tmp_path):
+    good = [{"car": f"c{i % 3}", "speed": i, "ts": T0 + i * 100} for i in range(180)]
+    events = good[:40] + BAD + good[40:]
+    write_jsonl(tmp_path / "in.jsonl", events)
+    app = Application("bad-times")
+    (app.source("jsonl", path=str(tmp_path / "in.jsonl"))
+        .key_by("car").window("1s", aggregates={"n": ("count", "speed")})
+        .sink("jsonl", path=str(tmp_path / "out.jsonl")))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        status = dep.wait(timeout=WAIT)
+        dead = dep.dead_letters()
+    expected = Counter((e["car"], (e["ts"] - T0) // 1000 * 1000 + T0) for e in good)
+    assert windows(tmp_path / "out.jsonl") == expected
+    assert status["state"] == "finished" and status["dead_letters"] == len(BAD)
+    assert sorted(d["item"]["speed"] for d in dead) == [-5, -4, -3, -2, -1]
+    assert all("event time" in d["error"] and d["op"] == "jsonl-1" for d in dead), dead
+
+
+def test_seconds_in_another_field_drive_windows_in_milliseconds(cluster, tmp_path):
+    events = [{"car": "c0", "speed": i, "at": (T0 + i * 250) / 1000} for i in range(40)]
+    write_jsonl(tmp_path / "in.jsonl", events)
+    app = Application("seconds")
+    (app.source("jsonl", path=str(tmp_path / "in.jsonl"), ts_field="at", ts_unit="s", max_delay="0s")
+        .key_by("car").window("1s", aggregates={"n": ("count", "speed")})
+        .sink("jsonl", path=str(tmp_path / "out.jsonl")))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        status = dep.wait(timeout=WAIT)
+    assert windows(tmp_path / "out.jsonl") == Counter({("c0", T0 + s * 1000): 4 for s in range(10)})
+    assert status["dead_letters"] == 0 and status["late_events"] == 0
+
+
+def test_an_endless_run_that_dead_letters_everything_fails_within_a_few_monitor_windows(cluster):
+    """Every event lacks its time (``ts_field`` names no field): over dead-letters.max-ratio, the
+    endless run fails loudly while it runs, naming the operator and the ratio."""
+    from pescheduler.errors import DeploymentFailed
+
+    app = Application("all-dead")
+    app.source("generator", rate=2000, ts_field="when").key_by("car").window("1s", aggregates={
+        "n": ("count", "speed")}).sink("discard")
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        with pytest.raises(DeploymentFailed, match=r"generator-1 dead-lettered \d+ of \d+ tuples \(100%.*max-ratio 0.5"):
+            dep.wait(timeout=WAIT)
+        status = dep.status()
+    running = next(e["t"] for e in status["events"] if e["kind"] in ("deploy", "running", "start")) \
+        if any(e["kind"] in ("deploy", "running", "start") for e in status["events"]) else 0.0
+    failed = next(e["t"] for e in status["events"] if e["kind"] == "dead letters")
+    assert failed - running < 10, status["events"]
+    assert status["state"] == "failed" and status["dead_letters"] >= 1000
