@@ -38,6 +38,7 @@ from ..actions import Action
 from ..checkpoint import CheckpointCoordinator, Recovery
 from ..checkpoint.restore import load_states
 from ..checkpoint.settings import CheckpointSettings, checkpoint_settings, refuse_unreplayable
+from ..state.settings import backend_name
 from ..errors import DeploymentFailed
 from ..plan.app import Application
 from ..plan.compiler import compile_app
@@ -102,7 +103,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
            plugins: tuple[str, ...] | list[str] = (), config_file: str | None = None,
            rm: str | None = None, policies: list[str] | tuple[str, ...] | None = None,
            security: Any = None, checkpoint: Any = None, checkpoint_interval: Any = None,
-           restore: Any = None, **options: Any) -> "Deployment":
+           restore: Any = None, state: str | None = None, **options: Any) -> "Deployment":
     """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`.
 
     ``rm`` names the resource manager hosts are borrowed from (``"local"``,
@@ -116,6 +117,8 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     aligned checkpoints are taken every ``checkpoint_interval`` (``"1s"``); a lost worker then
     restores the last one (``pescheduler.restart.*``). ``restore="latest"`` or an id starts from a
     checkpoint in that storage; see docs/checkpoints.md.
+    ``state``: where KEYED operators keep their keyed state, ``"memory"`` or ``"disk"``
+    (RocksDB on each worker's disk; default ``pescheduler.state.backend``); see docs/state.md.
     """
     if config_file:
         config.load_file(config_file)
@@ -130,6 +133,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
                          f"cluster at {cluster} pass its distributed.Security")
     rm = default_rm(cluster) if rm is None else (None if rm == "none" else rm)
     checkpoints = checkpoint_settings(app.name, checkpoint, checkpoint_interval, restore)
+    state = backend_name(state)
     if checkpoints is not None:
         refuse_unreplayable(app, found)
     if policies is None:
@@ -139,6 +143,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins), rm=rm,
                      policies=tuple(policies), security=security)
     dep.checkpoint_settings = checkpoints
+    dep.state_backend = state
     try:
         dep._start()
     except BaseException:
@@ -182,6 +187,7 @@ class Deployment:
         self.hosts = HostManager(_Fleet(self), rm)
         self.policy_names = tuple(policies)
         self.checkpoint_settings: CheckpointSettings | None = None   # set by deploy(checkpoint=...)
+        self.state_backend = "memory"                                   # set by deploy(state=...)
         self.checkpointer: CheckpointCoordinator | None = None
         self.recovery: Recovery | None = None
         self._generation = 0          # bumped by a restore: watch answers about older PEs are dropped
@@ -320,6 +326,7 @@ class Deployment:
         await self.client.register_plugin(PEHostPlugin(), name=PLUGIN_NAME)
         self.gateway = WorkerGateway(self.client, self.id, self.plugin_modules)
         self.gateway.checkpoint = self.checkpoint_settings is not None
+        self.gateway.state = self.state_backend
         self.reconfigurer = rc = Reconfigurer(self.gateway, self.state, self.id, self.cluster,
                                               int(config.get("standard.slots-per-host")))
         rc.host_actions, rc.on_failure = self.hosts.apply, self._fail
