@@ -8,9 +8,11 @@ then select and join key groups; no key is visited.
 
 from __future__ import annotations
 
+import pickle
+from operator import itemgetter
 from typing import Any, Callable
 
-from .base import KeyedState, pack_group
+from .base import KeyedState, key_group, pack_group
 
 Groups = dict[int, tuple[Any, bytes]]
 
@@ -43,6 +45,74 @@ def merge_groups(parts: list[Groups]) -> Groups:
     out: Groups = {}
     for part in parts:
         out.update(part)
+    return out
+
+
+class GroupMemo:
+    """``key -> key group``, remembered: ``key_group`` costs ~0.8 us (a crc and a mix), a dict
+    lookup ~0.06 us, and a keyed operator asks for the same keys at every snapshot or write."""
+
+    def __init__(self) -> None:
+        self._of: dict = {}
+
+    def __call__(self, key: Any) -> int:
+        g = self._of.get(key)
+        if g is None:
+            g = self._of[key] = key_group(key)
+        return g
+
+    def forget(self, key: Any) -> None:
+        self._of.pop(key, None)
+
+    def prune(self, live: int) -> None:
+        """Start again when it holds more than twice the ``live`` keys (keys gone for good)."""
+        if len(self._of) > 2 * live + 1024:
+            self._of = {}
+
+
+def pack_namespaced(tables: dict, group_of: GroupMemo) -> Groups:
+    """``{namespace: {key: value}}`` (a window's panes) as whole key groups.
+
+    A group's bytes hold ``{namespace: [(position, key, value)]}``, the position being the
+    key's place in its namespace's dict, so :func:`unpack_namespaced` gives the keys back in
+    the order they were first seen. Packing is the copy (values are pickled). Hot loop: one
+    pass over every entry, about as long as copying the tables.
+    """
+    out: dict[int, dict] = {}
+    live = 0
+    for ns, table in tables.items():
+        live += len(table)
+        for pos, (key, value) in enumerate(table.items()):
+            g = group_of(key)
+            per_ns = out.get(g)
+            if per_ns is None:
+                per_ns = out[g] = {}
+            entries = per_ns.get(ns)
+            if entries is None:
+                entries = per_ns[ns] = []
+            entries.append((pos, key, value))
+    group_of.prune(live)
+    return {g: (next(iter(per_ns.values()))[0][1], pickle.dumps(per_ns, pickle.HIGHEST_PROTOCOL))
+            for g, per_ns in sorted(out.items())}
+
+
+def unpack_namespaced(groups: Groups) -> dict:
+    """The ``{namespace: {key: value}}`` of :func:`pack_namespaced`, namespaces ascending; keys of
+    several snapshots (a merge) that had the same position keep their groups' order."""
+    by_ns: dict = {}
+    for _g, (_key, data) in sorted(groups.items()):
+        for ns, entries in pickle.loads(data).items():
+            got = by_ns.get(ns)
+            if got is None:
+                by_ns[ns] = entries
+            else:
+                got += entries
+    first = itemgetter(0)
+    out = {}
+    for ns in sorted(by_ns):
+        entries = by_ns[ns]
+        entries.sort(key=first)
+        out[ns] = {key: value for _pos, key, value in entries}
     return out
 
 

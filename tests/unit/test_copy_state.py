@@ -47,7 +47,7 @@ def test_window_merge_of_splits_is_the_original_state():
     state = op.snapshot()
     parts = [op.split_state(state, lambda k, r=r: key_group(k) % 3 == r) for r in range(3)]
     merged = op.merge_states(parts)
-    assert merged["panes"] == state["panes"] and merged["watermark"] == state["watermark"]
+    assert merged["groups"] == state["groups"] and merged["watermark"] == state["watermark"]
 
 
 def test_join_state_splits_and_merges_by_key():
