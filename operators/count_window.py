@@ -108,8 +108,8 @@ class CountWindow(AggregatingWindow):
             state[1] = ts
         state[2] += 1
         state[3] = slots
-        keys.put(k, state)                      # before any return: a disk backend holds a copy
         if state[2] < self.slide:
+            keys.put(k, state)                  # a disk backend holds a copy: put back once per tuple
             return
         panes = state[0]
         panes.append((state[1], slots))

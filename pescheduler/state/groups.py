@@ -67,7 +67,7 @@ class GroupMemo:
     def prune(self, live: int) -> None:
         """Start again when it holds more than twice the ``live`` keys (keys gone for good)."""
         if len(self._of) > 2 * live + 1024:
-            self._of = {}
+            self._of.clear()
 
 
 def pack_namespaced(tables: dict, group_of: GroupMemo) -> Groups:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from .base import KEY_GROUPS, KeyedState, StateView
+from .base import KEY_GROUPS, KeyedState, StateView, key_group
 from .groups import GroupMemo
 
 
@@ -36,27 +36,40 @@ class MemoryState(KeyedState):
         self._tables: list[dict] = [{} for _ in range(KEY_GROUPS)]
         self._shared: set[int] = set()      # groups a live view still reads: copy before writing
         self._changed: set[int] = set()
-        # The hot path of a keyed operator asks once per tuple: remembered, not recomputed. Holds
-        # the keys held or asked for (a key deleted or moved away is forgotten).
+        # A keyed operator asks for a key's group once per tuple: remembered, not recomputed.
+        # Holds the keys held or asked for (a key deleted or moved away is forgotten).
         self._group = GroupMemo()
+        self._of = self._group._of
 
-    def _writable(self, key: Any) -> dict:
-        g = self._group(key)
-        self._changed.add(g)
-        if g in self._shared:
-            self._shared.discard(g)
-            self._tables[g] = dict(self._tables[g])
-        return self._tables[g]
-
+    # get and put are a keyed operator's per-tuple calls: the memo and the copy-on-write check
+    # are inline (a method call for each made a count window's hot path 1.8x slower).
     def get(self, key: Any, default: Any = None) -> Any:
-        return self._tables[self._group(key)].get(key, default)
+        g = self._of.get(key)
+        if g is None:
+            g = self._of[key] = key_group(key)
+        return self._tables[g].get(key, default)
 
     def put(self, key: Any, value: Any) -> None:
-        self._writable(key)[key] = value
+        g = self._of.get(key)
+        if g is None:
+            g = self._of[key] = key_group(key)
+        if g in self._shared:
+            self._unshare(g)
+        self._changed.add(g)
+        self._tables[g][key] = value
 
     def delete(self, key: Any) -> None:
-        self._writable(key).pop(key, None)
+        g = self._group(key)
+        if g in self._shared:
+            self._unshare(g)
+        self._changed.add(g)
+        self._tables[g].pop(key, None)
         self._group.forget(key)
+
+    def _unshare(self, g: int) -> None:
+        """Copy group ``g`` at its first write after a snapshot (the view keeps the old dict)."""
+        self._shared.discard(g)
+        self._tables[g] = dict(self._tables[g])
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         return iter(self._tables[group].items())
