@@ -134,7 +134,6 @@ class CountWindow(AggregatingWindow):
     def restore(self, state: dict) -> None:
         self._check_state(state, count=self.count, slide=self.slide)
         self._wm, self._pending = state["watermark"], list(state["pending"])
-        self._keys.drop_groups(self._keys.groups())
         restore_groups(self._keys, state["groups"])
 
     # -- copies: key groups move with their panes and waiting tuples ------------------------

@@ -31,7 +31,8 @@ def snapshot_groups(state: KeyedState) -> Groups:
 
 
 def restore_groups(state: KeyedState, groups: Groups) -> None:
-    """Install a snapshot's key groups into ``state``."""
+    """Make ``state`` hold exactly a snapshot's key groups."""
+    state.drop_groups(state.groups())
     state.import_groups({g: data for g, (_key, data) in groups.items()})
 
 
