@@ -91,6 +91,7 @@ def test_a_query_removed_compacts_the_slots_of_a_disk_backend(tmp_path):
     with dask.config.set({"pescheduler.state.backend": "disk", "pescheduler.state.dir": str(tmp_path)}):
         window = CountWindow(2, queries={"a": {"n": "count"}, "b": {"m": ("max", "v")}})
         window.open(OperatorContext("w", key_field="k"))
+        assert window._keys.backend == "disk"
         window.process([{"k": "x", "v": 5, "ts": 1}], Emitter())
         window.on_watermark(2, Emitter())
         window.remove_query("a")
