@@ -130,7 +130,7 @@ def child(backend: str, k: int, root: str) -> dict:
 def window_state(sizes: list[int]) -> None:
     from pescheduler.operator import Emitter, OperatorContext
     from pescheduler.operators.window import Window
-    from pescheduler.plan.routing import key_group
+    from pescheduler.wire import key_group
 
     print("\n2. time window (memory): snapshot+pickle, split, restore; previous way in the same run")
     print(f"{'K':>9} {'snapshot ms':>12} {'previous':>9} {'split ms':>9} {'previous':>9} {'restore ms':>11}")

@@ -6,7 +6,7 @@ that differ in size. As one ``join`` each, every event is buffered, purged and
 hashed Count times, under a key that differs per query (``a - i - 1``).
 Here the predicate's equation is split into what reads the left event
 (``L``), the right event (``R``) and the query's constant (``C_q``): the
-predicate holds only where ``L(l) + C_q == R(r)`` (``expr.equi_keys``: int
+predicate holds only where ``L(l) + C_q == R(r)`` (``joinkeys.equi_keys``: int
 fields and literals, where moving a term across ``==`` is exact). Each side
 is buffered once, hashed by its own part; an arriving left event looks up
 ``R = L(l) + C_q`` for each query, a right event ``L = R(r) - C_q``; the
@@ -31,6 +31,7 @@ from bisect import bisect_left, bisect_right
 from typing import Any, Callable, Mapping
 
 from pescheduler.expr import Binary, Col, Expr, Lit, Unary, conjuncts, lift
+from pescheduler.joinkeys import equi_keys, signed_terms, sum_of_terms
 from pescheduler.operator import MAX_WATERMARK, MIN_WATERMARK, Emitter, Operator, Parallelism
 from pescheduler.timeutil import parse_duration
 
@@ -56,8 +57,6 @@ def split(predicate: Any, types: Callable[[str, str], Any]) -> tuple[str, Expr, 
     """``(shape, L, R, C, exact)`` of a predicate whose equation keys a hash join with the
     literals apart: ``predicate`` holds only where ``L(left) + C(literals) == R(right)``;
     ``exact``: it says nothing more (no other test per pair). None when it has no such form."""
-    from pescheduler.ep.expr import _sum, _terms, equi_keys
-
     if not isinstance(predicate, Expr) or any(side not in ("left", "right") for side, _ in predicate.refs()):
         return None
     shape, values = template(predicate)
@@ -71,14 +70,14 @@ def split(predicate: Any, types: Callable[[str, str], Any]) -> tuple[str, Expr, 
         return None
     # left_key = L + C: the terms reading the left event, and the parameters (constants)
     terms: list = []
-    _terms(left_key, 1, terms)
+    signed_terms(left_key, 1, terms)
     lefts, consts = [], []
     for s, t in terms:
         (lefts if t.refs() and all(side != "measure" for side, _ in t.refs()) else consts).append((s, t))
     if not lefts or any(not all(side == "measure" for side, _ in t.refs()) for _, t in consts):
         return None
     exact = len(conjuncts(shape)) == 1
-    return repr(shape), _sum(lefts, "left"), right_key, _sum(consts, "left") if consts else Lit(0), exact
+    return repr(shape), sum_of_terms(lefts, "left"), right_key, sum_of_terms(consts, "left") if consts else Lit(0), exact
 
 
 class SharedCorrelations(Operator):

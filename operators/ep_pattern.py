@@ -88,6 +88,30 @@ def _restrict(runs: list, qs: frozenset) -> list:
     return out
 
 
+def pattern_functions(define: Mapping, do: Mapping | None) -> tuple[dict, dict | None]:
+    """``define`` and ``do`` (as ``ep.Pattern`` takes them) as the NFA calls them: ``fn(event, measures)``.
+
+    A symbol's predicate may be an expression (``ep.col("a") - ep.measure("z") == 1``)
+    or a constant (``True``: every event); ``do[symbol]`` may be ``{measure:
+    expression}``. Plain functions pass through unchanged.
+    """
+    calls = {s: p.function() if isinstance(p, Expr) else p if callable(p) else lift(p).function()
+             for s, p in define.items()}
+    if do is None:
+        return calls, None
+    steps = {}
+    for s, fn in do.items():
+        if isinstance(fn, Mapping):
+            exprs = {name: lift(e).function() for name, e in fn.items()}
+            if len(exprs) == 1:                 # the usual case: one measure, no loop per event
+                ((name, x),) = exprs.items()
+                fn = (lambda name, x: lambda e, m: {name: x(e, m)})(name, x)
+            else:
+                fn = (lambda exprs: lambda e, m: {name: x(e, m) for name, x in exprs.items()})(exprs)
+        steps[s] = fn
+    return calls, steps
+
+
 class _Family:
     """Queries of one shape: one automaton whose runs carry, per position, the queries they serve."""
 
@@ -312,12 +336,10 @@ class SharedPatterns(Operator):
     def add_query(self, query_id: Any, spec: Mapping) -> None:
         """Query ``query_id``: ``{"pattern", "define", "do", "within", "output"}`` as ``ep.Pattern``
         (``within`` resolved); it joins the automaton of its shape, or starts one."""
-        from pescheduler.ep.api import pattern_functions, Pattern as Definition
-
         if query_id in self._specs:
             raise ValueError(f"ep_patterns: query {query_id!r} exists already")
         spec = dict(spec)
-        define, do = pattern_functions(Definition(spec["pattern"], spec["define"], spec.get("do"), spec.get("output")))
+        define, do = pattern_functions(spec["define"], spec.get("do"))
         nfa = Pattern(spec["pattern"], define, do=do, within=spec.get("within"), output=spec.get("output"))
         shape = _shape(query_id, spec)
         family = next((f for f in self._families if f.shape == shape), None)

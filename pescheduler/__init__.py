@@ -14,15 +14,17 @@ Public names::
     hookimpl                      mark plug-in hook implementations
     Fuse, Split, Move, Replicate, Release, BorrowHosts, ReturnHost
                                   actions (pescheduler.actions) for Deployment.apply and policies
-    MetricsSnapshot, Placement    what a policy sees (pescheduler.control.monitor, pescheduler.plan.placement)
+    MetricsSnapshot, Placement    what a policy sees (pescheduler.metrics, pescheduler.plan.placement)
     ResourceManager, ResourceView, Host, HostAvailable, HostReturnRequested, HostLost
-                                  write a resource manager (pescheduler.control.resources)
+                                  write a resource manager (pescheduler.resources)
 
 Where things live: ``plan/`` (app, compiler, placement, transforms, routing:
 data, no cluster), ``control/`` (the deploying process: deployment,
 reconfiguration, controller, hosts, monitor, status), ``worker/`` (inside a
 Dask worker: PE host, PE loop, chain, channels), ``ep/`` (the event-processing
-API), ``resource_managers/``.
+API), ``resource_managers/``; between the layers, the contract types both sides import:
+``wire.py`` (the specs a PE is built from), ``metrics.py`` (what policies see),
+``resources.py`` (what a resource manager implements).
 """
 
 from .actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
@@ -33,8 +35,8 @@ from .errors import AppCheckFailed, AppLoadError, DeploymentFailed, InvalidAppli
 from .operator import (MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, OperatorContext,
                        Parallelism, Sink, Source)
 from .plugins import hookimpl
-from .control.monitor import MetricsSnapshot
-from .control.resources import (Host, HostAvailable, HostLost, HostReturnRequested, ResourceManager,
+from .metrics import MetricsSnapshot
+from .resources import (Host, HostAvailable, HostLost, HostReturnRequested, ResourceManager,
                                 ResourceView)
 from .plan.placement import Placement
 

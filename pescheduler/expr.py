@@ -10,7 +10,7 @@ compiles it. The same tree runs three ways:
 * **Python callable** (the native ``ep`` engine): ``expr(event)``,
   ``expr(left, right)`` or ``expr(event, measures)`` runs the same generated
   code as the rows backend, compiled once per node (:meth:`Expr.function`);
-* **SQL** (the ``ep`` database providers, :mod:`pescheduler.ep.expr`) walks the
+* **SQL** (the ``ep`` database providers, :mod:`pescheduler.ep.predicates`) walks the
   tree with a :class:`Visitor`, every literal a bound parameter.
 
 A column belongs to a *side*: ``col`` reads the event (the only side a stream

@@ -80,7 +80,7 @@ def pescheduler_resource_managers():
     ``pescheduler.rm.<name>`` config; on a TLS cluster also ``security=``, the
     deployment's ``distributed.Security``, for its own Client and the workers
     it starts) and uses the methods of
-    ``pescheduler.control.resources.ResourceManager``, ``lendable()`` included.
+    ``pescheduler.resources.ResourceManager``, ``lendable()`` included.
     """
 
 

@@ -3,7 +3,7 @@
 Operators are described by what a policy cares about (CPU seconds per tuple,
 selectivity, parallelism, key skew); the simulator places them on simulated
 workers ("sim://h{h}/w{c}", one core each) and hosts ("h{h}"), and each
-:meth:`Simulation.step` produces the :class:`~pescheduler.control.monitor.MetricsSnapshot`
+:meth:`Simulation.step` produces the :class:`~pescheduler.metrics.MetricsSnapshot`
 the monitor would for one interval. :meth:`Simulation.apply` takes the same
 actions the runtime takes (Fuse/Split/Move go through
 :func:`pescheduler.plan.transforms.transform`), so policy code runs unchanged at any
@@ -53,11 +53,11 @@ from typing import Mapping
 
 from .actions import (Action, ActionRefused, BorrowHosts, Fuse, Move, Release, Replicate,
                       ReturnHost, Split)
-from .control.monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
+from .metrics import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from .operator import Parallelism
 from .plan.placement import PE, LogicalOp, LogicalPlan, Placement
-from .control.reconfigure import ApplyRecord
-from .control.resources import ResourceView
+from .control.protocol import ApplyRecord
+from .resources import ResourceView
 from .plan.transforms import transform, with_slots
 
 __all__ = ["SimOperator", "Simulation", "LogEntry"]

@@ -16,7 +16,7 @@ from dask.utils import parse_timedelta
 from pescheduler.actions import Fuse, Hold, Replicate, ReturnHost
 from pescheduler import config
 from pescheduler.config import get, section
-from pescheduler.control.monitor import MetricsSnapshot
+from pescheduler.metrics import MetricsSnapshot
 from pescheduler.operator import Parallelism
 from pescheduler.plan.placement import Placement
 

@@ -3,7 +3,7 @@
 The placement that took the checkpoint is stored beside its state, so a
 restore onto a different placement (other workers, no copies any more, a
 re-compiled app) maps state by operator id through the very function a
-reconfiguration uses (``reconfigure.redistribute``): a KEYED operator whose
+reconfiguration uses (``plan/state.py``'s ``redistribute``): a KEYED operator whose
 instances differ gets its key groups merged and re-split, a partitioned
 source its partitions spread again.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import cloudpickle
 
-from ..control.reconfigure import redistribute
+from ..plan.state import redistribute
 from ..plan.placement import Placement
 from .storage import CheckpointStore
 

@@ -10,14 +10,15 @@ resource manager. Nothing here runs on a worker. Where things are:
   writer of the placement, channels and epoch; its ``lock`` is the one a checkpoint
   coordinator takes too (a ``checkpoint.py`` beside it would trigger barriers under it),
   so checkpoints and reconfigurations never interleave;
-* ``reconfigure.py``: the protocol one reconfiguration runs (pause at a marker, drain,
+* ``protocol.py``: the protocol one reconfiguration runs (pause at a marker, drain,
   snapshot, rewire, restore, resume);
 * ``control_loop.py``: collect → snapshot → policies → merge → apply → record;
   ``controller.py`` its decision core (hysteresis, merge, cooldown, validation),
   ``isolation.py`` the policies' deadlines;
 * ``state.py``: the deployment's and PEs' state machine; ``status.py`` its view;
   ``monitor.py`` snapshots; ``deadletters.py`` dead letters kept, counted, judged;
-* ``hosts.py`` and ``resources.py``: borrowed hosts (through the small ``Fleet`` protocol);
+* ``hosts.py``: borrowed hosts (through the small ``Fleet`` protocol; the resource managers'
+  contract is ``pescheduler/resources.py``);
 * ``cluster.py``: the embedded cluster; ``statefile.py``: where ``status``/``stop`` find it.
 
 Every knob's default is in ``pescheduler/pescheduler.yaml``, one comment each.

@@ -60,10 +60,10 @@ from .. import config
 from ..actions import (Action, ActionRefused, BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split)
 from .isolation import Deadlines
 from ..errors import InvalidApplication
-from .monitor import MetricsSnapshot
+from ..metrics import MetricsSnapshot
 from ..plan import transforms
 from ..plan.placement import Placement
-from .resources import ResourceView
+from ..resources import ResourceView
 
 logger = logging.getLogger(__name__)
 

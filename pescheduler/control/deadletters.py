@@ -15,7 +15,7 @@ import pickle
 from collections import Counter, deque
 
 from .. import config
-from .monitor import MetricsSnapshot
+from ..metrics import MetricsSnapshot
 
 
 class DeadLetters:

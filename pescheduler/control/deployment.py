@@ -53,10 +53,11 @@ from .controller import Controller, append_log, event, policy_configs, select_po
 from .deadletters import DeadLetters
 from .gateway import WorkerGateway
 from .hosts import HostManager
-from .monitor import MetricsSnapshot, Monitor
-from .reconfigure import ApplyRecord
+from ..metrics import MetricsSnapshot
+from .monitor import Monitor
+from .protocol import ApplyRecord
 from .reconfigurer import Reconfigurer
-from .resources import ResourceView
+from ..resources import ResourceView
 from .state import DeploymentState
 from .status import status_view
 
@@ -248,7 +249,7 @@ class Deployment:
         """Apply an action (Fuse, Split, Move, Replicate, Release) to the running app.
 
         An impossible action is refused with a reason and the stream is not
-        disturbed. Otherwise the reconfiguration protocol (reconfigure.py)
+        disturbed. Otherwise the reconfiguration protocol (protocol.py)
         runs and the record says how long the affected path paused.
         """
         return self._loop.run(self.reconfigurer.apply(action, timeout))

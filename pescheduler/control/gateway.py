@@ -7,7 +7,7 @@ the scheduler (worker list, published status, stop commands) only through a
 connect timeout (30 s): the ending paths (``stop``, ``drain``, a checkpoint's
 end) and everything a recovery calls after a loss must be quick.
 
-The reconfiguration protocol (``reconfigure.execute``) is written against
+The reconfiguration protocol (``protocol.execute``) is written against
 ``rpc(worker)``; it gets :attr:`WorkerGateway.rpc`, the one raw door left.
 """
 
@@ -23,7 +23,7 @@ from distributed import Client
 from .. import config
 from ..worker.handshake import new_secret
 from ..plan.placement import Placement
-from ..worker.specs import PESpec
+from ..wire import PESpec
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class WorkerGateway:
         self.plugins = plugins
         self.checkpoint = False               # the deployment takes checkpoints (set by deploy): PEs are told
         self.state = "memory"                 # its keyed-state backend (set by deploy): PEs are told
-        self.rpc = client.rpc                 # for reconfigure.execute, the protocol's own steps
+        self.rpc = client.rpc                 # for protocol.execute, the protocol's own steps
         self.worker_timeout = config.get_seconds("calls.worker")
         self.probe_timeout = config.get_seconds("calls.probe")
         self.scheduler_timeout = config.get_seconds("calls.scheduler")

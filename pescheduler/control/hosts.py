@@ -33,8 +33,8 @@ from .. import config
 from ..actions import Action, BorrowHosts, Move, ReturnHost
 from ..errors import InvalidApplication
 from ..plan.placement import Placement
-from .reconfigure import ApplyRecord
-from .resources import (Host, HostAvailable, HostLost, HostReturnRequested, ResourceView,
+from .protocol import ApplyRecord
+from ..resources import (Host, HostAvailable, HostLost, HostReturnRequested, ResourceView,
                         ReturnRequest)
 from ..plan.transforms import least_loaded
 

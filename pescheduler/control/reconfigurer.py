@@ -7,7 +7,7 @@ Everything that changes the layout goes through here, under one lock
 * :meth:`Reconfigurer.apply`: an action (Fuse, Split, Move, Replicate,
   Release; BorrowHosts/ReturnHost are handed to the host manager) becomes a
   new placement (``plan/transforms.py``), a reconfiguration plan and the
-  protocol that runs it (``reconfigure.py``), and an :class:`ApplyRecord`.
+  protocol that runs it (``protocol.py``), and an :class:`ApplyRecord`.
   When no warm slot is left it starts a worker on the embedded cluster first
   (the cold start) and places there;
 * :meth:`Reconfigurer.add_workers` / :meth:`remove_workers`: borrowed hosts
@@ -31,7 +31,7 @@ from ..plan.transforms import NoSlotLeft, add_slot, add_workers, remove_workers,
 from ..plan.wiring import build_specs, channel_ids
 from .cluster import EmbeddedCluster
 from .gateway import WorkerGateway
-from .reconfigure import ApplyRecord, execute, plan_reconfiguration
+from .protocol import ApplyRecord, execute, plan_reconfiguration
 from .state import DeploymentState
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 A pure view: :func:`status_view` reads the :class:`~pescheduler.control.state.DeploymentState`
 (state, PE states, events), the monitor's latest
-:class:`~pescheduler.control.monitor.MetricsSnapshot` and the placement, and
+:class:`~pescheduler.metrics.MetricsSnapshot` and the placement, and
 builds the dict; it holds and changes nothing.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from .monitor import MetricsSnapshot
-from .resources import ResourceView
+from ..metrics import MetricsSnapshot
+from ..resources import ResourceView
 from ..plan.placement import Placement
 from .state import DeploymentState
 

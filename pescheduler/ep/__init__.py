@@ -29,7 +29,8 @@ predicates written as expressions (``ep.col``, ``ep.left``/``ep.right``,
 
 The package: ``schema.py`` (what a pushed event must look like), ``api.py``
 (definitions and the processor's contract), ``native.py``, ``sql.py``,
-``providers.py``, ``expr.py``.
+``providers.py``, ``predicates.py``; ``api.py`` keeps the engines' registry
+(``EventProcessor(provider)`` picks ``native.py``'s or ``sql.py``'s class by it).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from typing import Any, Callable, Mapping
 
 from .api import (Aggregate, CountWindow, Correlate, Definition, EventProcessor, Filter, Output, Pattern,
                   Session, Sliding, Stream, Tumbling, as_definition)
-from .expr import Expr, col, left, lit, measure, right
+from .predicates import Expr, col, left, lit, measure, right
 from .native import NativeProcessor
+from .sql import SQLProcessor  # noqa: F401  (registers the SQL engine)
 from .schema import TS_FIELD, Schema, SchemaError
 
 __all__ = ["Aggregate", "CountWindow", "Correlate", "Definition", "EventProcessor", "Expr", "Filter",

@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..operator import DeadLetter
 from ..timeutil import parse_duration
-from .expr import Expr, equi_keys, lift
+from ..joinkeys import equi_keys
+from .predicates import Expr
 from .schema import Schema, SchemaError
 
 # -- windows ---------------------------------------------------------------------------------
@@ -230,7 +231,7 @@ def _span(window: Any, what: str) -> int:
 
 
 def correlation_keys(d: "Definition", t: Correlate, schema: Callable[[str], Any]) -> tuple | None:
-    """Equal keys hidden in an expression predicate without ``on=``/keys (``expr.equi_keys``), or None.
+    """Equal keys hidden in an expression predicate without ``on=``/keys (``joinkeys.equi_keys``), or None.
 
     Both providers use them: a hash lookup of the other side's window instead
     of testing the predicate on every pair (it is still tested on the pairs found).
@@ -247,30 +248,25 @@ def function(fn: Any) -> Any:
     return fn.function() if isinstance(fn, Expr) else fn
 
 
-def pattern_functions(t: Pattern) -> tuple[dict, dict | None]:
-    """``define`` and ``do`` as the NFA calls them: ``fn(event, measures)``.
-
-    A symbol's predicate may be an expression (``ep.col("a") - ep.measure("z") == 1``)
-    or a constant (``True``: every event); ``do[symbol]`` may be ``{measure:
-    expression}``. Plain functions pass through unchanged.
-    """
-    define = {s: function(p) if callable(p) else lift(p).function() for s, p in t.define.items()}
-    if t.do is None:
-        return define, None
-    do = {}
-    for s, fn in t.do.items():
-        if isinstance(fn, Mapping):
-            exprs = {name: lift(e).function() for name, e in fn.items()}
-            if len(exprs) == 1:                 # the usual case: one measure, no loop per event
-                ((name, x),) = exprs.items()
-                fn = (lambda name, x: lambda e, m: {name: x(e, m)})(name, x)
-            else:
-                fn = (lambda exprs: lambda e, m: {name: x(e, m) for name, x in exprs.items()})(exprs)
-        do[s] = fn
-    return define, do
-
-
 # -- the processor -------------------------------------------------------------------------------
+ENGINES: dict[str, type] = {}     # "native", "sql": the EventProcessor class a provider runs on
+
+
+def engine(name: str) -> Callable[[type], type]:
+    """Class decorator: ``name``'s engine is the class (``native.py`` and ``sql.py`` register
+    theirs), so ``EventProcessor(provider)`` picks it without importing the module that defines
+    it (which imports this one)."""
+    def register(cls: type) -> type:
+        ENGINES[name] = cls
+        return cls
+    return register
+
+
+def engine_for(provider: Any) -> type:
+    """The engine ``provider`` runs on: ``"native"``, else the SQL bridge (a database)."""
+    return ENGINES["native" if provider == "native" else "sql"]
+
+
 class EventProcessor:
     """Streams, queries and output processors on one provider.
 
@@ -287,12 +283,7 @@ class EventProcessor:
     """
 
     def __new__(cls, provider: Any = "native", *args: Any, **kwargs: Any) -> "EventProcessor":
-        if cls is EventProcessor:
-            if provider == "native":
-                from .native import NativeProcessor as cls
-            else:
-                from .sql import SQLProcessor as cls
-        return super().__new__(cls)
+        return super().__new__(engine_for(provider) if cls is EventProcessor else cls)
 
     def __init__(self, provider: Any = "native") -> None:
         self.provider = provider

@@ -30,11 +30,12 @@ from time import perf_counter
 from typing import Any, Callable, Mapping
 
 from ..operator import DeadLetter, Emitter, Operator, OperatorContext
+from ..operators.ep_pattern import pattern_functions
 from ..plan.app import Application, Stream as AppStream
 from ..worker.chain import Chain, MIN_WATERMARK
 from ..worker.source_driver import SourceDriver, pump
 from .api import (Aggregate, Correlate, Definition, EventProcessor, Pattern, Stream, _span,
-                  correlation_keys, function, pattern_functions)
+                  correlation_keys, engine, function)
 from .schema import TS_FIELD, Schema
 
 
@@ -59,6 +60,7 @@ class _StreamState:
     pushed: int = 0                               # events pushed so far (see NativeProcessor._shared)
 
 
+@engine("native")
 class NativeProcessor(EventProcessor):
     """The in-process engine: a chain of the project's operators; see the module docstring.
 
@@ -178,7 +180,7 @@ class NativeProcessor(EventProcessor):
                              d.stream.name, {"key": d.stream.key, "queries": {query_id: spec}},
                              lambda op: op.add_query(query_id, spec))
                 return
-            define, do = pattern_functions(t)
+            define, do = pattern_functions(t.define, t.do)
             op = ("pattern", {"pattern": t.pattern, "define": define, "do": do, "within": within,
                               "output": t.output, "key": d.stream.key})
             inputs = [prev]

@@ -54,10 +54,11 @@ from typing import Any, Callable, Mapping
 
 from ..aggregates import parse_request
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, Emitter
+from ..operators.ep_pattern import pattern_functions
 from .api import (Aggregate, Correlate, CountWindow, Definition, EventProcessor, Pattern, Session, Sliding,
-                  Tumbling, _span,
-                  pattern_functions)
-from .expr import IDENTIFIER, Col, Expr, conjuncts, equi_keys, lift, to_sql
+                  Tumbling, _span, engine, engine_for)
+from ..joinkeys import equi_keys
+from .predicates import IDENTIFIER, Col, Expr, conjuncts, lift, to_sql
 from .providers import open_provider
 from .schema import TS_FIELD, Schema
 
@@ -98,6 +99,7 @@ class _SQLStream:
     batch: dict = field(default_factory=dict)         # seq -> event of the batch being processed
 
 
+@engine("sql")
 class SQLProcessor(EventProcessor):
     """Queries as SQL on a database; see the module docstring and :class:`EventProcessor`."""
 
@@ -290,7 +292,7 @@ class SQLProcessor(EventProcessor):
     def _filter_statements(self, state: _SQLStream, filters: list) -> list:
         """``[(SQL, params, owners)]``: a join with a literal table per shared expression (owners
         None: rows are (seq, index in ``filters``)), one CASE statement for the rest."""
-        from .expr import Binary, Lit
+        from ..expr import Binary, Lit
 
         groups: dict[tuple, list] = {}
         for i, r in enumerate(filters):
@@ -353,9 +355,7 @@ class SQLProcessor(EventProcessor):
 
     def application(self, name: str, sources: Mapping[str, Any]) -> Any:
         """The queries as a deployable ``Application`` (the native operators: see ``native.py``)."""
-        from .native import NativeProcessor
-
-        twin = NativeProcessor()
+        twin = engine_for("native")()
         for stream, state in self._streams.items():
             twin.register_stream(stream, dict(state.schema.fields), state.max_delay)
         for query_id, definition in self._queries.items():
@@ -1081,7 +1081,7 @@ class _Pattern(_Query):
         super().__init__(proc, query_id, d)
         t: Pattern = d.terminal
         within = t.within if t.within is not None else _span(d.stream.window, "pattern")
-        _, do = pattern_functions(t)
+        _, do = pattern_functions(t.define, t.do)
         params: list = []
         bits, preds = [], {}
         for i, (symbol, pred) in enumerate(t.define.items()):

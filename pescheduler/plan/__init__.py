@@ -5,6 +5,7 @@ Nothing here talks to a cluster. The deploying process compiles an
 logical plan and then a physical plan, ``Placement`` (:mod:`.compiler`,
 :mod:`.placement`); every change to it is a pure function of the placement
 (:mod:`.transforms`, where :func:`~.transforms.can_fuse` is the one fusion
-rule); :mod:`.wiring` turns a placement into the wire specs
-(``pescheduler.worker.specs``) the workers run.
+rule); :mod:`.state` deals operator state over a changed placement;
+:mod:`.wiring` turns a placement into the wire specs (``pescheduler.wire``)
+the workers run.
 """

@@ -3,7 +3,7 @@
 Each checks first and refuses with :class:`ActionRefused` (the reason is the
 message) before it builds anything, so a refused action leaves the running
 application untouched. The runtime then applies the difference between the
-two placements with one protocol (see reconfigure.py).
+two placements with one protocol (see control/protocol.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from .. import config
 from ..operator import Parallelism
 from .placement import Placement
 from .routing import router_targets
-from ..worker.specs import InputSpec, OutputSpec, PESpec
+from ..wire import InputSpec, OutputSpec, PESpec
 from .transforms import routers_of
 
 ChannelKey = tuple[str, str, str]          # (producing op, port, consuming PE)

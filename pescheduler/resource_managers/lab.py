@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from dask.utils import parse_timedelta
 
 from .. import config
-from ..control.resources import Host, ResourceManagerUnavailable
+from ..resources import Host, ResourceManagerUnavailable
 from . import lab_net, processes
 from ..worker.cgroup import QUOTA_ENV
 from .local import _same_imports

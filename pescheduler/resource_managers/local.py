@@ -46,7 +46,7 @@ import yaml
 from dask.utils import parse_timedelta
 
 from .. import config
-from ..control.resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
+from ..resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
 from ..worker.cgroup import core_budget
 from . import processes
 from .workers import named_workers, retire_quietly, start_hosts, tls_flags

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from dask.utils import parse_timedelta
 
 from .. import config
-from ..control.resources import (Host, HostLost, HostReturnRequested, ResourceManagerUnavailable)
+from ..resources import (Host, HostLost, HostReturnRequested, ResourceManagerUnavailable)
 from .spark_standalone import LIGHT_JVM, StandaloneCluster, check_java, spark_home
 from .workers import named_workers, retire
 

@@ -20,7 +20,7 @@ import urllib.request
 
 import psutil
 
-from ..control.resources import ResourceManagerUnavailable
+from ..resources import ResourceManagerUnavailable
 from . import processes
 
 LIGHT_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"

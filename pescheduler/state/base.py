@@ -1,7 +1,7 @@
 """The keyed-state contract: values by key, partitioned into the key groups copies own.
 
 A KEYED operator's state is a map from its keys to values. Copies of an operator
-own whole key groups (``plan/routing.py``: ``key_group(key)``, 128 of them), so
+own whole key groups (``pescheduler/wire.py``: ``key_group(key)``, 128 of them), so
 everything that moves state (a checkpoint, a restore, a Replicate or Release)
 moves whole key groups: :meth:`KeyedState.export_groups` and
 :meth:`KeyedState.import_groups` carry them in one format whatever the backend,
@@ -20,7 +20,7 @@ import pickle
 from abc import ABC, abstractmethod
 from typing import Any, Iterable, Iterator
 
-from ..plan.routing import KEY_GROUPS, key_group
+from ..wire import KEY_GROUPS, key_group
 
 __all__ = ["KEY_GROUPS", "KeyedState", "StateView", "key_group", "pack_group", "unpack_group"]
 

@@ -28,7 +28,7 @@ the next checkpoint's barrier came.
 
 State is snapshotted per operator instance (one blob per operator, not per
 key group): a KEYED operator's state is re-split by key group only when a
-restore places its instances differently (``reconfigure.redistribute``).
+restore places its instances differently (``plan/state.py``'s ``redistribute``).
 """
 
 from __future__ import annotations

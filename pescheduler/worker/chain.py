@@ -36,7 +36,7 @@ from functools import partial
 from typing import Any, Callable, Iterable, Protocol
 
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, Parallelism, overrides
-from ..plan.routing import Router
+from .routing import Router
 from .busy import busy_clock
 
 

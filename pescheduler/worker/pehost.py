@@ -34,7 +34,7 @@ from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
 from ..plugins import activate
 from .runtime import PERunner
-from .specs import PESpec
+from ..wire import PESpec
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class PEHost:
 
     async def _expect(self, channel_id: str) -> tuple[Inbox, ChannelIn]:
         """The receiver of ``channel_id`` once a PE here has it: a reconfiguration deploys PEs and
-        adds inputs while their senders already open channels (reconfigure.execute). Bounded by
+        adds inputs while their senders already open channels (protocol.execute). Bounded by
         the handshake's time; KeyError after it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + handshake.HANDSHAKE_TIMEOUT_S
@@ -304,7 +304,7 @@ class PEHost:
                 "pes": {pe_id: {"state": pe.state, "error": pe.error}
                         for pe_id, pe in self._of(deployment).items()}}
 
-    # -- reconfiguration (the controller's side is reconfigure.py) ---------------------------
+    # -- reconfiguration (the controller's side is control/protocol.py) ---------------------------
     async def pe_reconf(self, deployment: str, marker: str, hold: dict[str, list[str]], align: list[str],
                         release: list[str] = (), overtake: dict[str, list[str]] | None = None) -> None:
         """Begin: upstream PEs send ``marker`` and hold the channels into the PEs being replaced

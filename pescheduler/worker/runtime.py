@@ -5,7 +5,7 @@ batch (turns.py has the measurements and when a PE moves to a thread). The
 loop bounds how long it holds the event loop (``pescheduler.pe.time-slice-ms``)
 so heartbeats keep flowing. Its parts live beside it: the source pump
 (source_driver.py), marker alignment (aligner.py), turns (turns.py), and the
-wire specs it is built from (specs.py).
+wire specs it is built from (pescheduler/wire.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..operator import DeadLetter, OperatorContext, Source
 from .aligner import Aligner
 from .barriers import Barriers, is_barrier
 from .source_driver import SourceDriver, pump
-from .specs import InputSpec, OutputSpec, PESpec
+from ..wire import InputSpec, OutputSpec, PESpec
 from .turns import Turns
 
 SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked again
@@ -405,7 +405,7 @@ class PERunner:
             else:
                 blocked.end_wait()
 
-    # -- reconfiguration (see reconfigure.py for the protocol) ------------------------------
+    # -- reconfiguration (see control/protocol.py for the protocol) ------------------------------
     def _on_marker(self, channel: ChannelIn, marker: Any) -> None:
         """A marker arrived behind all data before it on ``channel``: note it, maybe align."""
         if is_barrier(marker):

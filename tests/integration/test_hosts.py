@@ -17,7 +17,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, BorrowHosts, Move, ReturnHost
-from pescheduler.control.resources import ResourceManagerUnavailable
+from pescheduler.resources import ResourceManagerUnavailable
 from waiting import until
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from pescheduler.resource_managers import processes, spark_standalone
-from pescheduler.control.resources import ResourceManagerUnavailable
+from pescheduler.resources import ResourceManagerUnavailable
 
 pytestmark = pytest.mark.spark
 

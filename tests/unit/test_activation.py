@@ -1,7 +1,7 @@
 """Activation in one round of calls: no call waits for another's answer (issue 15).
 
 Two real PE hosts on loopback (their data servers, handshakes and PE loops), as
-the protocol's last round (``reconfigure.execute``) drives them: the upstream
+the protocol's last round (``protocol.execute``) drives them: the upstream
 PE is pointed at a created PE, the created PE is deployed and started, and the
 downstream PE registers the created PE's channel, all at once and here in the
 worst order: the upstream first (the created PE is not deployed yet), the
@@ -25,7 +25,7 @@ from pescheduler.worker import handshake
 from pescheduler.worker.channels import DATA, TcpChannelOut
 from pescheduler.worker.handshake import Credentials, HandshakeRefused
 from pescheduler.worker.pehost import PEHost
-from pescheduler.worker.specs import InputSpec, OutputSpec, PESpec
+from pescheduler.wire import InputSpec, OutputSpec, PESpec
 
 DEP = "dep-a"
 BOUND = 10.0                       # seconds: every wait here is bounded by this

@@ -249,7 +249,7 @@ def test_a_pe_snapshots_exactly_the_input_before_the_barrier_on_every_channel(ti
     from support_ops import RunningSum
 
     from pescheduler.worker.channels import DATA, MARKER
-    from pescheduler.worker.specs import InputSpec, PESpec
+    from pescheduler.wire import InputSpec, PESpec
 
     async def scenario():
         spec = PESpec("pe", "d", {"sum": (RunningSum, {}, "k")}, [("a", "out", "sum"), ("b", "out", "sum")],
@@ -284,7 +284,7 @@ def test_a_stale_barrier_of_an_aborted_checkpoint_does_not_pause_a_pe_created_la
     from support_ops import RunningSum
 
     from pescheduler.worker.channels import DATA, MARKER
-    from pescheduler.worker.specs import InputSpec, PESpec
+    from pescheduler.wire import InputSpec, PESpec
 
     async def scenario():
         spec = PESpec("pe", "d", {"sum": (RunningSum, {}, "k")}, [("a", "out", "sum"), ("b", "out", "sum")],
@@ -313,7 +313,7 @@ def test_a_checkpoint_of_a_two_instance_window_restores_onto_three_instances_exa
     twice: restore onto another parallelism is exact (docs/checkpoints.md, "Key groups")."""
     from pescheduler.actions import Replicate
     from pescheduler.operator import OperatorContext
-    from pescheduler.plan.routing import key_group
+    from pescheduler.wire import key_group
     from pescheduler.plan.transforms import transform
 
     app = Application("unit")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pescheduler import Application, Release, Replicate
-from pescheduler.control.reconfigure import keyed_rebalanced, redistribute
+from pescheduler.plan.state import keyed_rebalanced, redistribute
 from pescheduler.operator import MIN_WATERMARK, Share
 from pescheduler.operators.kafka import KafkaSource
 from pescheduler.operators.partitions import PartitionClock, decoder, encoder

@@ -11,10 +11,10 @@ import pytest
 from pescheduler.actions import BorrowHosts, Fuse, Hold, Move, Release, Replicate, ReturnHost, Split
 from pescheduler.control.controller import (Controller, Cooldown, Hysteresis, Proposal, UnknownPolicyError, invalid,
                                             merge, run_policies, select_policies, touches)
-from pescheduler.control.monitor import MetricsSnapshot
+from pescheduler.metrics import MetricsSnapshot
 from pescheduler.plugins import load_plugins
-from pescheduler.control.reconfigure import ApplyRecord
-from pescheduler.control.resources import ResourceView
+from pescheduler.control.protocol import ApplyRecord
+from pescheduler.resources import ResourceView
 from pescheduler.sim import Simulation
 
 PL = Simulation.chain(5).placement          # PEs op0 .. op4, one operator each

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pescheduler import Emitter
 from pescheduler.operator import OperatorContext
 from pescheduler.plugins import load_plugins
-from pescheduler.plan.routing import key_group
+from pescheduler.wire import key_group
 from pescheduler.testing import run_operators
 
 EVENTS = [{"car": f"car-{i % 37}", "speed": float(i % 90), "ts": i * 250} for i in range(2000)]

@@ -17,10 +17,10 @@ from inbox import take_all
 from support_ops import Tag
 
 from pescheduler.operator import Operator
-from pescheduler.plan.routing import RouterTargets
+from pescheduler.wire import RouterTargets
 from pescheduler.worker.channels import DATA, WATERMARK, ChannelIn, Inbox
 from pescheduler.worker.runtime import RELIEF_BATCHES, PERunner
-from pescheduler.worker.specs import InputSpec, OutputSpec, PESpec
+from pescheduler.wire import InputSpec, OutputSpec, PESpec
 
 HERE = "127.0.0.1:1"
 BY_CREDIT = {("tag", "out", "w"): (RouterTargets(("w", "w#1"), (1, 1), by_credit=True), None)}

@@ -17,10 +17,10 @@ from types import SimpleNamespace
 import pytest
 from test_held_watermarks import _upstream
 
-from pescheduler.control.reconfigure import ReconfigurationFailed, ReconfigurationPlan, _wait_drained
+from pescheduler.control.protocol import ReconfigurationFailed, ReconfigurationPlan, _wait_drained
 from pescheduler.worker.channels import DATA, MARKER
 from pescheduler.worker.pehost import _drain_progress
-from pescheduler.worker.specs import InputSpec
+from pescheduler.wire import InputSpec
 
 OLD = SimpleNamespace(workers=("tcp://w",), pes={"r": SimpleNamespace(worker="tcp://w")})
 PLAN = ReconfigurationPlan(retired=("r",), created=("r",), hold={}, seen={}, channels={})

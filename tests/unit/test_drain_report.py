@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from test_held_watermarks import _upstream
 
-from pescheduler.control.reconfigure import ReconfigurationFailed, ReconfigurationPlan, _wait_drained
+from pescheduler.control.protocol import ReconfigurationFailed, ReconfigurationPlan, _wait_drained
 
 
 class _Worker:
@@ -63,7 +63,7 @@ def test_a_pe_deployed_but_not_started_answers_stats():
     from support_ops import Numbers, Tag
 
     from pescheduler.worker.runtime import PERunner
-    from pescheduler.worker.specs import PESpec
+    from pescheduler.wire import PESpec
 
     spec = PESpec("pe", "dep", {"numbers-1": (Numbers, {"count": 10}, None), "tag-2": (Tag, {}, None)},
                   [("numbers-1", "out", "tag-2")])

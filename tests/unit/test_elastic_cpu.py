@@ -16,8 +16,8 @@ import pytest
 
 from pescheduler.actions import Replicate
 from pescheduler.control.controller import Controller, onto_saturated, steer
-from pescheduler.control.monitor import HostMetrics, MetricsSnapshot
-from pescheduler.control.reconfigure import ApplyRecord
+from pescheduler.metrics import HostMetrics, MetricsSnapshot
+from pescheduler.control.protocol import ApplyRecord
 from pescheduler.operator import Operator
 from pescheduler.plan import transforms
 from pescheduler.resource_managers import local
@@ -126,7 +126,7 @@ def test_no_worker_is_cold_started_on_a_saturated_machine_with_nothing_to_borrow
     (Reconfigurer._cold_slot). On a machine with no more CPU and no lender that is refused, with
     the reason the decision log gets; with CPU to spare, or a host to borrow, it is not."""
     from pescheduler.control.controller import cold_start_refusal
-    from pescheduler.control.resources import ResourceView
+    from pescheduler.resources import ResourceView
 
     held = ResourceView(held=("h0", "h1"))
     why = cold_start_refusal(Replicate("op2", 3), PL, snapshot(0.97, 0.95), 0.9, held)

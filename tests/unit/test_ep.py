@@ -246,7 +246,7 @@ def test_correlate_with_keys_equals_the_same_predicate_tested_on_every_pair(prov
 
 
 def test_equal_keys_are_derived_only_where_moving_a_term_across_equals_is_exact():
-    from pescheduler.ep.expr import equi_keys
+    from pescheduler.joinkeys import equi_keys
 
     ints = {("left", "a"): int, ("right", "b"): int, ("left", "x"): float}
     types = lambda side, name: ints.get((side, name))          # noqa: E731

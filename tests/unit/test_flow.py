@@ -358,7 +358,7 @@ def test_a_reconfiguration_parks_nothing_so_the_flow_rule_alone_decides(base, st
     after the marker (an upstream that stays holds it; a replaced upstream holds its outputs once
     aligned), so nothing is ever parked, and the model above (markers travel as batches do, held
     channels are never full: test_held_watermarks) is the whole story."""
-    from pescheduler.control.reconfigure import plan_reconfiguration
+    from pescheduler.control.protocol import plan_reconfiguration
     from pescheduler.plan.wiring import channel_ids
 
     placement = placed(base, steps)

@@ -16,10 +16,10 @@ import asyncio
 
 from support_ops import Tag
 
-from pescheduler.plan.routing import RouterTargets
+from pescheduler.wire import RouterTargets
 from pescheduler.worker.channels import DATA, END, MARKER, WATERMARK, ChannelIn, Inbox
 from pescheduler.worker.runtime import PERunner
-from pescheduler.worker.specs import InputSpec, OutputSpec, PESpec
+from pescheduler.wire import InputSpec, OutputSpec, PESpec
 
 HERE = "127.0.0.1:1"
 BOTH = {("tag", "out", "w"): (RouterTargets(("w", "w#1"), (1, 1)), None)}

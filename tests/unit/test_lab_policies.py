@@ -10,8 +10,8 @@ import dask.config
 
 from pescheduler.actions import Hold
 from pescheduler.control.controller import Controller
-from pescheduler.control.monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics
-from pescheduler.control.reconfigure import ApplyRecord
+from pescheduler.metrics import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics
+from pescheduler.control.protocol import ApplyRecord
 from pescheduler.policies import copy, move
 from pescheduler.resource_managers import lab_net
 from pescheduler.sim import Simulation
@@ -80,7 +80,7 @@ def test_without_root_the_lab_names_what_it_lacks(monkeypatch):
 
 
 def test_rate_with_every_slot_host_saturated_borrows_or_asks_so_the_refusal_is_recorded():
-    from pescheduler.control.resources import ResourceView
+    from pescheduler.resources import ResourceView
     from pescheduler.policies import rate
 
     sim = Simulation.chain(5, costs={2: 4e-4}, source_rate=4000.0)

@@ -14,7 +14,7 @@ import pescheduler.worker.channels as channels
 from pescheduler.operators.sources import IterableSource
 from pescheduler.worker.channels import DATA, END, MARKER, WATERMARK, ChannelIn, Inbox, LocalChannelOut
 from pescheduler.worker.runtime import PERunner
-from pescheduler.worker.specs import OutputSpec, PESpec
+from pescheduler.wire import OutputSpec, PESpec
 
 HERE = "127.0.0.1:1"
 

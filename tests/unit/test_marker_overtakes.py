@@ -3,7 +3,7 @@ the new route, in order, ahead of what was emitted after the hold (issue 20).
 
 Under a saturated CPU a reconfiguration's marker waited behind each holder's backlog, one
 credit window per round trip with the PE it feeds, and drains grew from 0.5 to 9 s. Where every
-re-send target is a PE the reconfiguration creates (reconfigure._overtakable), the marker goes
+re-send target is a PE the reconfiguration creates (protocol._overtakable), the marker goes
 first (Flink's unaligned checkpoints let a barrier overtake in-flight data the same way). Here
 on a real PE runner with in-memory channels, and on the plans random transforms produce.
 """
@@ -16,13 +16,13 @@ from test_held_watermarks import HERE, ORIGINAL_ONLY, _flush, _kinds, _upstream
 
 from pescheduler import Application
 from pescheduler.actions import Fuse, Move, Release, Replicate
-from pescheduler.control.reconfigure import plan_reconfiguration
+from pescheduler.control.protocol import plan_reconfiguration
 from pescheduler.plan.compiler import compile_app
 from pescheduler.plan.transforms import transform
 from pescheduler.plan.wiring import channel_ids
 from pescheduler.plugins import load_plugins
 from pescheduler.worker.channels import DATA, END, MARKER, WATERMARK, ChannelIn, Inbox
-from pescheduler.worker.specs import OutputSpec
+from pescheduler.wire import OutputSpec
 
 NOWHERE = lambda cid: (_ for _ in ()).throw(KeyError(cid))     # noqa: E731  (no new local receiver)
 

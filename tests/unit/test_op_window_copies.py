@@ -8,7 +8,7 @@ from pescheduler.operators.count_window import CountWindow
 from pescheduler.operators.over_window import OverWindow
 from pescheduler.operators.session import SessionWindow
 from pescheduler.operators.window import Window
-from pescheduler.plan.routing import key_group
+from pescheduler.wire import key_group
 from test_op_window import AGGS, feed
 
 EVENTS = [{"k": f"k{i % 7}", "v": i % 13, "ts": 3 * i - (i % 5)} for i in range(600)]

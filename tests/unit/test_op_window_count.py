@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
-from pescheduler.plan.routing import KEY_GROUPS, key_group
+from pescheduler.wire import KEY_GROUPS, key_group
 from pescheduler.operators.count_window import CountWindow
 from test_op_window import AGGS, FUNCS, check_against_reference, check_snapshot_midstream, streams
 from test_op_window_session import arrivals

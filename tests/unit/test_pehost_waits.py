@@ -69,7 +69,7 @@ def test_a_rewire_waits_for_the_turn_running_in_the_pe_s_thread():
     import cloudpickle
     from test_held_watermarks import _upstream
 
-    from pescheduler.worker.specs import InputSpec
+    from pescheduler.wire import InputSpec
 
     async def scenario():
         host, _ = _host_with_one_pe()

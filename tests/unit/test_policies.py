@@ -14,11 +14,11 @@ import pytest
 
 from pescheduler.actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
 from pescheduler.control.controller import Hysteresis, Proposal
-from pescheduler.control.monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
+from pescheduler.metrics import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from pescheduler.operator import Parallelism
 from pescheduler.policies import copy, rate, threshold
 from pescheduler.policies._common import View
-from pescheduler.control.resources import ResourceView
+from pescheduler.resources import ResourceView
 from pescheduler.sim import SimOperator, Simulation
 
 NONE = ResourceView()
@@ -125,7 +125,7 @@ def phase_2_windows(lag: bool):
     host h0 (a core), its copy and the free slot on lab-like hosts h1, h2 of half a core each. With
     ``lag`` the source reports what its schedule had due but it had not emitted, as
     bench/benchops.py's ``schedule`` does: its growth is the offered rate minus the output."""
-    from pescheduler.control.monitor import HostMetrics
+    from pescheduler.metrics import HostMetrics
 
     sim = Simulation.chain(3, hosts=3, slots_per_host=1)
     assert sim.apply(Replicate("op1", 1))
@@ -168,7 +168,7 @@ def test_rate_borrows_the_hosts_a_step_needs_at_their_quota_and_places_every_cop
     took a second step when it turned out half a core; copying into the free slot at once made
     the rest a second step too. So: borrow one host for the second copy and hold the first; once
     it is there, both copies go in one Replicate."""
-    from pescheduler.control.monitor import HostMetrics
+    from pescheduler.metrics import HostMetrics
 
     sim = Simulation.chain(3, hosts=2, slots_per_host=1)
     pl = sim.placement
@@ -223,7 +223,7 @@ def test_rate_counts_what_a_lagging_source_read_but_waits_in_channels_as_backlog
 
 
 def test_rate_asks_a_lagging_sources_downstream_for_no_more_copies_than_there_are_slots():
-    from pescheduler.control.monitor import HostMetrics
+    from pescheduler.metrics import HostMetrics
 
     sim = Simulation.chain(3, hosts=2, slots_per_host=1)
     pl = sim.placement

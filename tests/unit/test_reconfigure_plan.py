@@ -8,7 +8,7 @@ from pescheduler import Application
 from pescheduler.actions import Fuse, Move, Split
 from pescheduler.plan.compiler import compile_app
 from pescheduler.plugins import load_plugins
-from pescheduler.control.reconfigure import plan_reconfiguration
+from pescheduler.control.protocol import plan_reconfiguration
 from pescheduler.plan.transforms import transform
 from pescheduler.plan.wiring import channel_ids
 

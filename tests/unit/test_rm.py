@@ -13,7 +13,7 @@ from pescheduler.control.deployment import default_rm
 from pescheduler.plugins import load_plugins
 from pescheduler.resource_managers.local import LocalResourceManager, load_schedule
 from pescheduler.resource_managers.spark import Demand, batch_demand, spark_conf
-from pescheduler.control.resources import HostReturnRequested, ResourceManager
+from pescheduler.resources import HostReturnRequested, ResourceManager
 
 
 def test_builtin_managers_travel_the_entry_point_road_and_are_listed(capsys):
@@ -62,7 +62,7 @@ def test_a_wanted_host_is_not_lendable_until_freed_and_a_held_one_is_asked_back(
         await rm.want(2, within=10)                         # not held: only marked wanted
         assert rm.lendable() == 1 and not events
         from pescheduler.resource_managers.local import _Held
-        from pescheduler.control.resources import Host
+        from pescheduler.resources import Host
         rm.held["local-1"] = _Held(Host("local-1", ("tcp://w:1",)))
         await rm.want("local-1", within=10)
         assert rm.lendable() == 0
@@ -123,7 +123,7 @@ def test_missing_java_or_pyspark_is_a_clear_error(monkeypatch):
     import builtins
 
     from pescheduler.resource_managers import spark_standalone
-    from pescheduler.control.resources import ResourceManagerUnavailable
+    from pescheduler.resources import ResourceManagerUnavailable
 
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")

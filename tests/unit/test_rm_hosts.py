@@ -14,8 +14,8 @@ from types import MappingProxyType
 from pescheduler.actions import BorrowHosts, Move, ReturnHost
 from pescheduler.control.hosts import HostManager
 from pescheduler.plan.placement import PE, LogicalPlan, Placement
-from pescheduler.control.reconfigure import ApplyRecord
-from pescheduler.control.resources import Host, HostLost, HostReturnRequested
+from pescheduler.control.protocol import ApplyRecord
+from pescheduler.resources import Host, HostLost, HostReturnRequested
 from pescheduler.plan.transforms import add_workers, move, remove_workers
 
 

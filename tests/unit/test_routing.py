@@ -7,7 +7,9 @@ import subprocess
 import sys
 from collections import Counter
 
-from pescheduler.plan.routing import KEY_GROUPS, Router, RouterTargets, even_key_groups, key_group
+from pescheduler.plan.routing import even_key_groups
+from pescheduler.wire import KEY_GROUPS, RouterTargets, key_group
+from pescheduler.worker.routing import Router
 
 
 def collecting(n):
@@ -45,7 +47,7 @@ def test_keyed_router_sends_each_key_to_the_owner_of_its_group():
 
 def test_key_group_is_stable_across_processes():
     """crc32, not hash(): routers and state splits in different processes agree on a str key."""
-    code = "from pescheduler.plan.routing import key_group; print(key_group('car-0042'), key_group(('a', 1)))"
+    code = "from pescheduler.wire import key_group; print(key_group('car-0042'), key_group(('a', 1)))"
     seen = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
                            capture_output=True, text=True, check=True, timeout=60).stdout
             for seed in ("1", "2")}

@@ -8,7 +8,7 @@ from types import MappingProxyType
 import pytest
 
 from pescheduler.actions import (BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split)
-from pescheduler.control.monitor import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
+from pescheduler.metrics import HostMetrics, MetricsSnapshot, OperatorMetrics, PEMetrics, WorkerMetrics
 from pescheduler.operator import Parallelism
 from pescheduler.plan.placement import Placement
 from pescheduler.sim import SimOperator, Simulation

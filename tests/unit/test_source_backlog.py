@@ -15,7 +15,7 @@ import asyncio
 from pescheduler.operators.sources import IterableSource
 from pescheduler.worker.channels import ChannelIn, Inbox
 from pescheduler.worker.runtime import RELIEF_BATCHES, SOURCE_BACKLOG, PERunner
-from pescheduler.worker.specs import OutputSpec, PESpec
+from pescheduler.wire import OutputSpec, PESpec
 
 HERE = "127.0.0.1:1"
 

@@ -8,7 +8,8 @@ from pescheduler import Application
 from pescheduler.actions import ActionRefused, Fuse, Move, Release, Replicate, Split
 from pescheduler.plan.compiler import compile_app
 from pescheduler.plugins import load_plugins
-from pescheduler.plan.routing import KEY_GROUPS, router_targets
+from pescheduler.plan.routing import router_targets
+from pescheduler.wire import KEY_GROUPS
 from pescheduler.plan.transforms import NoSlotLeft, candidate_slots, least_loaded, routers_of, transform
 
 WORKERS = ["tcp://a", "tcp://b", "tcp://c"]

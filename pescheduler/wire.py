@@ -1,14 +1,48 @@
 """The wire specs: what the deploying process sends a PE host to build and rewire a PE.
 
-Plain data, shipped with cloudpickle. They live apart from the PE loop
-(runtime.py) so the planner (``plan/wiring.py``) and the control plane build
-them without importing the worker's runtime.
+Plain data, shipped with cloudpickle, and the key-group contract both sides
+compute alike. They sit between the layers, imported by both and importing
+neither: the planner (``plan/wiring.py``) and the control plane build them,
+the worker (``worker/runtime.py``, ``worker/routing.py``) runs them, and
+``plan/`` and ``worker/`` import nothing of each other.
 """
 
 from __future__ import annotations
 
+import pickle
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
+
+
+KEY_GROUPS = 128
+
+
+def key_group(key: Any, groups: int = KEY_GROUPS) -> int:
+    """The key group of ``key``: stable across processes (``hash`` of a str is not) and spread
+    evenly even for small ints and similar strings (a 64-bit mix over crc32)."""
+    if type(key) is int:
+        h = key & _MASK
+    elif type(key) is str:
+        h = zlib.crc32(key.encode())
+    else:
+        h = zlib.crc32(pickle.dumps(key, protocol=4))
+    h = ((h ^ (h >> 33)) * 0xFF51AFD7ED558CCD) & _MASK        # murmur3's fmix64
+    h = ((h ^ (h >> 33)) * 0xC4CEB9FE1A85EC53) & _MASK
+    return (h ^ (h >> 33)) % groups
+
+
+_MASK = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class RouterTargets:
+    """One router's distribution list for one consumer: instances and their weights."""
+
+    instances: tuple[str, ...]
+    weights: tuple[int, ...] = ()
+    owners: tuple[str, ...] = ()          # KEYED: group -> instance
+    by_credit: bool = False               # STATELESS: each batch to the instance with the most room
 
 
 @dataclass
@@ -48,6 +82,6 @@ class PESpec:
     credits: int = 8
     time_slice_s: float = 0.05
     restore: dict[str, dict] = field(default_factory=dict)   # op_id -> {"state", "progress", "driver"}
-    routing: dict[tuple[str, str, str], tuple] = field(default_factory=dict)   # see wiring.routing_for
+    routing: dict[tuple[str, str, str], tuple] = field(default_factory=dict)   # see plan/wiring.routing_for
     copies: dict[str, str] = field(default_factory=dict)     # copy op -> original (whole plan)
     epoch: int = 0            # the Reconfigurer's epoch that created it: older checkpoint barriers are stale
