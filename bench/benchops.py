@@ -415,13 +415,7 @@ class EveryKey(Source):
         self.i = hi
         return out
 
-    def snapshot(self):
-        return self.i
-
-    def restore(self, state):
-        self.i = state
-
-    def position(self):
+    def position(self):                  # a checkpoint's record of it (bench/state.py checkpoints)
         return {"i": self.i}
 
     def seek(self, position):

@@ -1,6 +1,6 @@
 """Keyed state benchmark: the memory and disk backends against plain dicts, and what moves on a rescale.
 
-    python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--no-live]
+    python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3]
 
 For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figures from it:
 
@@ -18,7 +18,7 @@ For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figu
   2. The time window's snapshot, split and restore at K keys (operators/window.py, in-process):
      today's per-key-group snapshot against the previous one (copy of every pane, then pickle),
      and a split by key group against the previous split by key.
-  3. Live (not with --no-live): a count window holding K keys on a 2-worker embedded cluster,
+  3. Live: a count window holding K keys on a 2-worker embedded cluster,
      per backend: Replicate and Release pause (``ApplyRecord.pause_ms``), the last checkpoint's
      duration and bytes, the largest worker RSS and this (deploying) process's RSS.
 
@@ -208,16 +208,16 @@ def main() -> None:
     parser.add_argument("--keys", default="1000,10000,100000,1000000", help="comma-separated K")
     parser.add_argument("--huge", action="store_true", help="add K = 10^7 (minutes, GBs)")
     parser.add_argument("--quick", action="store_true", help="K = 10^3 and 10^4 only")
-    parser.add_argument("--no-live", action="store_true", help="skip part 3 (the deployments)")
+    parser.add_argument("--parts", default="1,2,3", help="which parts to run (3: the deployments)")
     args = parser.parse_args()
     sizes = [1000, 10_000] if args.quick else [int(x) for x in args.keys.split(",")]
     if args.huge:
         sizes.append(10**7)
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine: compare ratios)")
-    backends(sizes)
-    window_state(sizes)
-    if not args.no_live:
-        live(sizes)
+    parts = {int(p) for p in args.parts.split(",")}
+    for part, run in ((1, backends), (2, window_state), (3, live)):
+        if part in parts:
+            run(sizes)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,9 @@ class CountWindow(AggregatingWindow):
                              f"sliding count windows are built from panes of slide tuples")
         self._pending: list = []            # tuples not yet passed by the watermark
         # key -> [full panes [(first_ts, slots)], current pane's first ts, tuples in it, its slots],
-        # in memory until open() moves it to the deployment's backend (restore comes before open)
+        # in memory until open() moves it to the deployment's backend (restore comes before open);
+        # not closed by close(): a PE that finished can still be snapshotted for a Release, so a
+        # disk store lives as long as this operator (removed when it is collected)
         self._keys = MemoryState()
         self._wm = MIN_WATERMARK
         self._init_aggregates(aggregates, queries, key, ts_field)
@@ -67,9 +69,6 @@ class CountWindow(AggregatingWindow):
     def open(self, context: OperatorContext) -> None:
         super().open(context)
         self._keys = adopt(context, self._keys)
-
-    def close(self) -> None:
-        self._keys.close()
 
     def _slot_lists(self) -> Iterable[list]:
         """Every key's slot lists; each group's keys are put back once changed (a disk backend's

@@ -11,7 +11,8 @@ cache (recently read blocks), the other half its memtables (recent writes,
 charged to the same budget by a write buffer manager). What does not fit is in
 SST files on the worker's disk, so an instance may hold several times the
 worker's memory. A snapshot is a RocksDB checkpoint (the memtable flushed, then
-the SST files hard-linked into a directory beside the store: O(files), not
+the SST files hard-linked into a directory beside the store's, inside the
+instance's directory: O(files), not
 O(keys)) opened read-only; those immutable files are what an incremental
 checkpoint will upload next (rocksdict's ``Snapshot`` would be O(1), but its
 iterators read the live store, not the snapshot, in 0.3.29).
@@ -25,8 +26,10 @@ checkpoints plug in). Measured against plain dicts in bench/state.py.
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
 import shutil
+import weakref
 from typing import Any, Iterable, Iterator
 
 from .base import KeyedState, StateView, key_group
@@ -65,6 +68,12 @@ def _groups(source: Any) -> list[int]:
     return found
 
 
+def _shut(db: Any, path: str) -> None:
+    """Close a store (or a view's) and remove its directory."""
+    db.close()
+    shutil.rmtree(path, ignore_errors=True)
+
+
 class DiskView(StateView):
     """A RocksDB checkpoint of the store, opened read-only: the store as it was, while writes go on."""
 
@@ -74,6 +83,7 @@ class DiskView(StateView):
         Checkpoint(db).create_checkpoint(path)
         self.path = path
         self._snap = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only())
+        self._end = weakref.finalize(self, _shut, self._snap, path)
 
     def groups(self) -> list[int]:
         return _groups(self._snap)
@@ -82,17 +92,16 @@ class DiskView(StateView):
         return _range(self._snap, group)
 
     def release(self) -> None:
-        if self._snap is not None:
-            self._snap.close()
-            self._snap = None
-            shutil.rmtree(self.path, ignore_errors=True)
+        self._end()
+        self._snap = None
 
 
 class DiskState(KeyedState):
     """RocksDB in ``path`` with ``cache_bytes`` of memory; see the module docstring.
 
-    ``path`` is this instance's own directory (made fresh, removed at :meth:`close`: the
-    state is the operator's working set; durable copies are the checkpoint's).
+    ``path`` is this instance's own directory: the store in ``path/db``, views beside it. It
+    is the operator's working set (durable copies are the checkpoint's), removed by
+    :meth:`close` or, at the latest, when the state is garbage-collected or its process exits.
     """
 
     backend = "disk"
@@ -110,7 +119,8 @@ class DiskState(KeyedState):
             max(cache_bytes // 2, 1 << 20), False, cache))
         opts.set_write_buffer_size(max(cache_bytes // 8, 1 << 20))
         self.path = path
-        self._db = Rdict(path, opts)
+        self._db = Rdict(os.path.join(path, "db"), opts)
+        self._end = weakref.finalize(self, _shut, self._db, path)
         self._changed: set[int] = set()
         self._views: list[DiskView] = []
         self._view_ids = itertools.count()
@@ -138,7 +148,7 @@ class DiskState(KeyedState):
     def snapshot(self) -> DiskView:
         self._changed = set()
         self._views = [v for v in self._views if v._snap is not None]
-        view = DiskView(self._db, f"{self.path}.view-{next(self._view_ids)}")
+        view = DiskView(self._db, os.path.join(self.path, f"view-{next(self._view_ids)}"))
         self._views.append(view)
         return view
 
@@ -159,11 +169,8 @@ class DiskState(KeyedState):
             self._db.put(prefix + pickle.dumps(key, _PICKLE), pickle.dumps(value, _PICKLE))
 
     def close(self) -> None:
-        """Close the store and remove its directory (views taken from it end too)."""
-        if self._db is None:
-            return
+        """Close the store and remove its directory (views taken from it end first)."""
         for view in self._views:
             view.release()
-        self._views, db, self._db = [], self._db, None
-        db.close()
-        shutil.rmtree(self.path, ignore_errors=True)
+        self._views = []
+        self._end()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 import uuid
 from typing import Any
@@ -41,16 +42,30 @@ def cache_bytes() -> int:
         raise ValueError(f"pescheduler.state.cache: {raw!r} is not a size such as 256MB") from None
 
 
-def store_dir(owner: str) -> str:
-    """A fresh directory for one store under ``pescheduler.state.dir`` (null: the temp directory)."""
-    root = os.path.expanduser(config.get("state.dir") or tempfile.gettempdir())
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", owner)[:80]
-    path = os.path.join(root, "pescheduler-state", f"{safe}-{uuid.uuid4().hex[:12]}")
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
+
+
+def _root(deployment: str) -> str:
+    """``<pescheduler.state.dir>/pescheduler-state/<deployment>`` (null dir: the temp directory)."""
+    base = os.path.expanduser(config.get("state.dir") or tempfile.gettempdir())
+    return os.path.join(base, "pescheduler-state", _safe(deployment))
+
+
+def store_dir(owner: str, deployment: str = "local") -> str:
+    """A fresh directory for one store, in its deployment's directory."""
+    path = os.path.join(_root(deployment), f"{_safe(owner)}-{uuid.uuid4().hex[:12]}")
     os.makedirs(path)
     return path
 
 
-def open_state(backend: str | None = None, owner: str = "state") -> KeyedState:
+def remove_stores(deployment: str) -> None:
+    """Remove every store of ``deployment`` on this worker (its PE host calls it when the
+    deployment ends here: operators leave their stores open, see :func:`keyed_state`)."""
+    shutil.rmtree(_root(deployment), ignore_errors=True)
+
+
+def open_state(backend: str | None = None, owner: str = "state", deployment: str = "local") -> KeyedState:
     """A new, empty keyed state of ``backend`` (default ``pescheduler.state.backend``)."""
     name = backend_name(backend)
     if name == "memory":
@@ -60,21 +75,21 @@ def open_state(backend: str | None = None, owner: str = "state") -> KeyedState:
     from .disk import DiskState
 
     budget = cache_bytes()                 # a bad size fails before any directory is made
-    return DiskState(store_dir(owner), budget)
+    return DiskState(store_dir(owner, deployment), budget)
 
 
 def keyed_state(context: Any, name: str = "state") -> KeyedState:
     """The keyed state of an operator being opened: its deployment's backend, a store of its own.
 
-    Call it in ``open`` (after ``super().open(context)``) and close what it
-    returns in ``close``::
+    Call it in ``open`` (after ``super().open(context)``)::
 
         def open(self, context):
             super().open(context)
             self.state = keyed_state(context)
 
-        def close(self):
-            self.state.close()
+    Leave it open in the operator's ``close``: a PE that finished may still be snapshotted
+    (a Release of its copy); a disk store is removed when the state is garbage-collected or,
+    at the latest, when its deployment ends on the worker (:func:`remove_stores`).
     """
     owner = "-".join(p for p in (context.pe_id, context.op_id, f"c{context.copy_index}", name) if p)
-    return open_state(context.extra.get("state"), owner)
+    return open_state(context.extra.get("state"), owner, context.extra.get("deployment", "local"))

@@ -32,6 +32,7 @@ from . import flow, handshake
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
+from ..state.settings import remove_stores
 from ..plugins import activate
 from .runtime import PERunner
 from ..wire import PESpec
@@ -458,6 +459,7 @@ class PEHost:
             self.secrets.pop(deployment, None)          # the deployment is over here
             self.checkpointing.discard(deployment)
             self.state_backends.pop(deployment, None)
+            remove_stores(deployment)                   # its operators' disk state (docs/state.md)
         self._bump()
         return stopped
 

@@ -153,7 +153,7 @@ class PERunner:
                 op.open(OperatorContext(op_id=op_id, pe_id=self.pe_id, worker=self.worker_address,
                                         key_field=key_field,
                                         extra={"inputs": inputs, "checkpoint": self.checkpointing,
-                                               "state": self.state_backend}))
+                                               "state": self.state_backend, "deployment": self.spec.deployment}))
             self.barriers.restored(self.spec.restore)     # sinks restored from a checkpoint settle it
             # A PE whose chain ended while a reconfiguration holds its outputs stays until the
             # rewire: the held data and the end it held back (Chain.freeze) still have to go out on

@@ -138,3 +138,18 @@ def test_the_disk_backend_holds_more_than_its_cache(tmp_path):
         st.put(i, blob + i.to_bytes(4, "big"))
     assert all(st.get(i)[-4:] == i.to_bytes(4, "big") for i in range(0, 4000, 7))
     st.close()
+
+
+def test_a_disk_store_outlives_nothing_but_its_owner(tmp_path):
+    """Not closed, it stays usable (a finished PE may still be snapshotted); collected, it is gone."""
+    import gc
+
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path)}):
+        st = open_state("disk")
+    st.put("a", 1)
+    path = st.path
+    view = st.snapshot()
+    assert os.path.isdir(path) and dict(view.items(key_group("a"))) == {"a": 1}
+    del st, view
+    gc.collect()
+    assert not os.path.exists(path)
