@@ -110,13 +110,22 @@ def unpack_namespaced(groups: Groups) -> dict:
     out = {}
     for ns in sorted(by_ns):
         parts = by_ns[ns]
-        if len(parts) == 1:
-            out[ns] = parts[0][1]
-            continue
-        placed = [e for places, mine in parts for e in zip(places, mine.items())]
-        placed.sort(key=_first)
-        out[ns] = dict(map(_second, placed))
+        out[ns] = parts[0][1] if len(parts) == 1 else _in_place_order(parts)
     return out
+
+
+def _in_place_order(parts: list) -> dict:
+    """One namespace's entries from several groups, each put back at its position (one pass, no
+    sort); positions repeat only in a merge of several snapshots: then a stable sort."""
+    slots: list = [None] * (max(places[-1] for places, _ in parts) + 1)
+    for places, mine in parts:
+        for pos, kv in zip(places, mine.items()):
+            if slots[pos] is not None:
+                placed = [e for places, mine in parts for e in zip(places, mine.items())]
+                placed.sort(key=_first)
+                return dict(map(_second, placed))
+            slots[pos] = kv
+    return dict(filter(None, slots))
 
 
 _first, _second = itemgetter(0), itemgetter(1)
