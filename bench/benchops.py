@@ -10,6 +10,9 @@ For the reconfiguration benchmark: ``counter`` numbers every tuple it emits
 running sum (state that moves on fuse/split/move), and ``arrivals`` records
 when each batch arrived and which numbers it has seen, so the benchmark can
 draw throughput over time and prove every number arrived exactly once.
+
+``every_key`` gives each of K keys one tuple and holds the stream open: keyed state of K
+keys for bench/state.py.
 """
 
 from __future__ import annotations
@@ -421,7 +424,36 @@ class Latency(Throughput):
                          "latencies": self.latencies.tobytes()}, f)
 
 
+class EveryKey(Source):
+    """``{"key": i, "ts": i, "v": 1}`` once for each of ``keys`` keys, then nothing until the file
+    ``until`` exists, then the end: keyed state of ``keys`` keys held while a benchmark works on
+    it (bench/state.py)."""
+
+    name = "every_key"
+
+    def __init__(self, keys: int = 1000, until: str = "", **kw) -> None:
+        super().__init__(**kw)
+        self.keys, self.until, self.i = keys, until, 0
+
+    def read(self, n):
+        import os
+
+        if self.i >= self.keys:
+            return None if os.path.exists(self.until) else []
+        hi = min(self.keys, self.i + n)
+        out = [{"key": i, "ts": i, "v": 1} for i in range(self.i, hi)]
+        self.i = hi
+        return out
+
+    def position(self):                  # a checkpoint's record of it (bench/state.py checkpoints)
+        return {"i": self.i}
+
+    def seek(self, position):
+        self.i = position["i"]
+
+
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck, Latency]
+    return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck, Latency,
+            EveryKey]
 

@@ -22,6 +22,10 @@ rows come in that order. A tuple with ``ts <= watermark`` on arrival goes to the
 ``late`` side output; one that cannot be aggregated is dead-lettered alone.
 A key's panes stay until the end of the stream (count windows never expire by
 time).
+
+State: each key's panes live in the deployment's keyed state backend
+(``pescheduler.state``: memory or disk), so a snapshot holds whole key groups
+and a rescale moves key groups (docs/state.md).
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from operator import itemgetter
 from typing import Any, Callable, Iterable
 
 from pescheduler.operator import MIN_WATERMARK
-from pescheduler.operator import Emitter
+from pescheduler.operator import Emitter, OperatorContext
+from pescheduler.state import MemoryState
+from pescheduler.state.groups import adopt, merge_groups, restore_groups, snapshot_groups, split_groups
 
 from .window import AggregatingWindow
 
@@ -52,16 +58,30 @@ class CountWindow(AggregatingWindow):
             raise ValueError(f"count window: count ({count}) must be a multiple of slide ({slide}): "
                              f"sliding count windows are built from panes of slide tuples")
         self._pending: list = []            # tuples not yet passed by the watermark
-        # key -> [full panes [(first_ts, slots)], current pane's first ts, tuples in it, its slots]
-        self._keys: dict[Any, list] = {}
+        # key -> [full panes [(first_ts, slots)], current pane's first ts, tuples in it, its slots],
+        # in memory until open() moves it to the deployment's backend (restore comes before open);
+        # not closed by close(): a PE that finished can still be snapshotted for a Release, so a
+        # disk store lives as long as this operator (removed when it is collected)
+        self._keys = MemoryState()
         self._wm = MIN_WATERMARK
         self._init_aggregates(aggregates, queries, key, ts_field)
 
+    def open(self, context: OperatorContext) -> None:
+        super().open(context)
+        self._keys = adopt(context, self._keys)
+
     def _slot_lists(self) -> Iterable[list]:
-        for panes, _first, _n, slots in self._keys.values():
-            yield from (s for _, s in panes)
-            if slots is not None:
-                yield slots
+        """Every key's slot lists; each group's keys are put back once changed (a disk backend's
+        values are copies)."""
+        keys = self._keys
+        for g in keys.groups():
+            entries = list(keys.items(g))
+            for _k, (panes, _first, _n, slots) in entries:
+                yield from (s for _, s in panes)
+                if slots is not None:
+                    yield slots
+            for k, v in entries:
+                keys.put(k, v)
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
@@ -76,11 +96,11 @@ class CountWindow(AggregatingWindow):
 
     def _take(self, k: Any, ts: int, t: Any, out: Callable) -> None:
         """Fold ``t`` into its key's current pane; a full pane may complete a window."""
-        state = self._keys.get(k)
+        keys = self._keys
+        state = keys.get(k)
         if state is None:
             state = [[], ts, 0, None]
             slots = self._fold(None, t)
-            self._keys[k] = state
         else:
             slots = self._fold(state[3], t)
         if state[2] == 0:
@@ -88,6 +108,7 @@ class CountWindow(AggregatingWindow):
         state[2] += 1
         state[3] = slots
         if state[2] < self.slide:
+            keys.put(k, state)                  # a disk backend holds a copy: put back once per tuple
             return
         panes = state[0]
         panes.append((state[1], slots))
@@ -95,6 +116,7 @@ class CountWindow(AggregatingWindow):
         need = self.count // self.slide
         if len(panes) > need:
             del panes[0]
+        keys.put(k, state)
         if len(panes) == need:
             merged = panes[0][1]
             for _, s in panes[1:]:
@@ -103,29 +125,24 @@ class CountWindow(AggregatingWindow):
 
     # -- state --------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """Waiting tuples, each key's panes (slots copied) and the watermark."""
+        """Waiting tuples, the key groups of the keyed state (packed: a copy) and the watermark."""
         return {"layout": self.plan.layout, "count": self.count, "slide": self.slide,
                 "watermark": self._wm, "pending": list(self._pending),
-                "keys": [(k, _copy_key(v)) for k, v in self._keys.items()]}
+                "groups": snapshot_groups(self._keys)}
 
     def restore(self, state: dict) -> None:
         self._check_state(state, count=self.count, slide=self.slide)
         self._wm, self._pending = state["watermark"], list(state["pending"])
-        self._keys = {k: _copy_key(v) for k, v in state["keys"]}
+        restore_groups(self._keys, state["groups"])
 
     # -- copies: key groups move with their panes and waiting tuples ------------------------
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
-        """The keys where ``owns(key)``: their panes and waiting tuples."""
+        """The key groups where ``owns(key)`` and their keys' waiting tuples."""
         return {**state, "pending": [p for p in state["pending"] if owns(p[1])],
-                "keys": [(k, v) for k, v in state["keys"] if owns(k)]}
+                "groups": split_groups(state["groups"], owns)}
 
     def merge_states(self, states: list) -> dict:
-        """Every instance's keys (disjoint) at the least advanced watermark."""
+        """Every instance's key groups (disjoint) at the least advanced watermark."""
         return {**states[0], "watermark": min(s["watermark"] for s in states),
                 "pending": sorted((p for s in states for p in s["pending"]), key=itemgetter(0)),
-                "keys": [kv for s in states for kv in s["keys"]]}
-
-
-def _copy_key(state: list) -> list:
-    panes, first, n, slots = state
-    return [[(f, list(s)) for f, s in panes], first, n, None if slots is None else list(slots)]
+                "groups": merge_groups([s["groups"] for s in states])}

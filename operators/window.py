@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable
 from pescheduler.aggregates import AggregatePlan, Query
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
+from pescheduler.state.groups import GroupMemo, merge_groups, pack_namespaced, split_groups, unpack_namespaced
 from pescheduler.timeutil import parse_duration
 
 RESERVED = ("window_start", "window_end")
@@ -250,6 +251,7 @@ class Window(AggregatingWindow):
         self._wm = MIN_WATERMARK
         self._fired_end: int | None = None          # every window ending at or before is done
         self._cols = None                           # ColumnarPanes while Arrow batches come in
+        self._group_of = GroupMemo()                # key -> key group, for snapshots
         self._init_aggregates(aggregates, queries, key, ts_field)
 
     def _compile_state(self) -> None:
@@ -359,40 +361,33 @@ class Window(AggregatingWindow):
 
     # -- state --------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """Panes (copied: slots are updated in place), watermark and fired frontier."""
-        panes = self._cols.to_dicts() if self._cols is not None else _copy_panes(self._panes)
+        """Panes as whole key groups (packed: a copy, slots are updated in place), watermark and
+        fired frontier."""
+        panes = self._cols.to_dicts() if self._cols is not None else self._panes
         return {"layout": self.plan.layout, "size": self.size, "slide": self.slide,
-                "panes": panes, "watermark": self._wm,
+                "groups": pack_namespaced(panes, self._group_of), "watermark": self._wm,
                 "fired_end": self._fired_end}
 
     def restore(self, state: dict) -> None:
         self._check_state(state, size=self.size, slide=self.slide)
         self._cols = None
-        self._panes = _copy_panes(state["panes"])
+        self._panes = unpack_namespaced(state["groups"])
         self._wm = state["watermark"]
         self._fired_end = state["fired_end"]
 
     # -- copies: key groups move with their panes ---------------------------------------
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
-        """The panes of the keys where ``owns(key)``; watermark and fired frontier as they were."""
-        panes = {p: {k: s for k, s in d.items() if owns(k)} for p, d in state["panes"].items()}
-        return {**state, "panes": {p: d for p, d in panes.items() if d}}
+        """The key groups where ``owns(key)``, with their panes; watermark and fired frontier as
+        they were."""
+        return {**state, "groups": split_groups(state["groups"], owns)}
 
     def merge_states(self, states: list) -> dict:
-        """Every instance's panes (disjoint keys), at the least advanced watermark and frontier,
+        """Every instance's key groups (disjoint), at the least advanced watermark and frontier,
         so no window fires twice and none is skipped."""
-        panes: dict = {}
-        for st in states:
-            for p, d in st["panes"].items():
-                panes.setdefault(p, {}).update(d)
         fired = [st["fired_end"] for st in states]
-        return {**states[0], "panes": dict(sorted(panes.items())),
+        return {**states[0], "groups": merge_groups([st["groups"] for st in states]),
                 "watermark": min(st["watermark"] for st in states),
                 "fired_end": None if None in fired else min(fired)}
-
-
-def _copy_panes(panes: dict) -> dict:
-    return {p: {k: list(s) for k, s in d.items()} for p, d in panes.items()}
 
 
 def released(pending: list, watermark: int) -> tuple[list, list]:

@@ -101,6 +101,8 @@ def parser() -> argparse.ArgumentParser:
                           "a lost worker then restores the last one (docs/checkpoints.md)")
     dep.add_argument("--checkpoint-interval", metavar="DURATION", help="time between checkpoints (default 1s)")
     dep.add_argument("--restore", metavar="latest|ID", help="start from this checkpoint of --checkpoint's storage")
+    dep.add_argument("--state", choices=("memory", "disk"),
+                     help="where KEYED operators keep keyed state (default: pescheduler.state.backend; docs/state.md)")
     _plugin_option(dep)
     _tls_options(dep)
     dep.add_argument("--json", action="store_true", help="one JSON status per line instead of the view")
@@ -352,7 +354,7 @@ def _later_options(args: argparse.Namespace) -> dict:
     security = _security(args)
     if security is not None:
         options["security"] = security
-    for name in ("checkpoint", "checkpoint_interval", "restore"):
+    for name in ("checkpoint", "checkpoint_interval", "restore", "state"):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
     return options

@@ -60,6 +60,7 @@ NULLABLE_FORMS = {
     "rm.spark.master": "spark://host:port or null",
     "policies.decision-log": "a file path or null",
     "policies.threshold.memory-box": "a number of bytes or null",
+    "state.dir": "a directory or null",
 }
 # Integers that must be at least 1 (0 would hang or divide by zero); others must be >= 0.
 AT_LEAST_ONE = {"batch.size", "channel.credits", "pe.time-slice-ms", "monitor.history", "cluster.workers",
@@ -248,7 +249,7 @@ def _fits_nullable(key: str, value: Any) -> str | None:
     if key == "policies.threshold.memory-box":
         return None if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 \
             else NULLABLE_FORMS[key]
-    if key in ("rm.name", "rm.spark.master", "dead-letters.path", "checkpoint.key"):
+    if key in ("rm.name", "rm.spark.master", "dead-letters.path", "checkpoint.key", "state.dir"):
         return None if isinstance(value, str) else NULLABLE_FORMS[key]
     return None
 

@@ -239,6 +239,8 @@ class Operator:
         runtime snapshots every instance, merges the snapshots with
         :meth:`merge_states`, and restores each new instance with the part
         it owns. A KEYED operator without these two methods is never copied.
+        ``owns`` answers alike for every key of a key group (copies own whole key
+        groups), so state kept in ``pescheduler.state`` splits by key group.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot split its state by key")
 

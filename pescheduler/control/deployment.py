@@ -38,6 +38,7 @@ from ..actions import Action
 from ..checkpoint import CheckpointCoordinator, Recovery
 from ..checkpoint.restore import load_states
 from ..checkpoint.settings import CheckpointSettings, checkpoint_settings, refuse_unreplayable
+from ..state.settings import backend_name
 from ..errors import DeploymentFailed
 from ..lift import python_calls
 from ..plan.app import Application
@@ -107,7 +108,8 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
            plugins: tuple[str, ...] | list[str] = (), config_file: str | None = None,
            rm: str | None = None, policies: list[str] | tuple[str, ...] | None = None,
            security: Any = None, checkpoint: Any = None, checkpoint_interval: Any = None,
-           restore: Any = None, name: str | None = None, **options: Any) -> "Deployment":
+           restore: Any = None, name: str | None = None, state: str | None = None,
+           **options: Any) -> "Deployment":
     """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`.
 
     ``rm`` names the resource manager hosts are borrowed from (``"local"``,
@@ -125,6 +127,8 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     ``-2``... when an embedded deployment of that name runs); a given name that runs already on this
     machine (embedded) or on ``cluster`` is refused (:class:`~pescheduler.errors.DeploymentClash`), as is
     a deployment writing a local path a running one writes.
+    ``state``: where KEYED operators keep their keyed state, ``"memory"`` or ``"disk"``
+    (RocksDB on each worker's disk; default ``pescheduler.state.backend``); see docs/state.md.
     """
     if config_file:
         config.load_file(config_file)
@@ -139,6 +143,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
                          f"cluster at {cluster} pass its distributed.Security")
     rm = default_rm(cluster) if rm is None else (None if rm == "none" else rm)
     checkpoints = checkpoint_settings(app.name, checkpoint, checkpoint_interval, restore)
+    state = backend_name(state)
     if checkpoints is not None:
         refuse_unreplayable(app, found)
     if policies is None:
@@ -149,6 +154,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
                      policies=tuple(policies), security=security)
     dep.checkpoint_settings = checkpoints
     _claim(dep, name, written_paths(app, found))
+    dep.state_backend = state
     try:
         dep._start()
     except BaseException:
@@ -215,6 +221,7 @@ class Deployment:
         self.hosts = HostManager(_Fleet(self), rm)
         self.policy_names = tuple(policies)
         self.checkpoint_settings: CheckpointSettings | None = None   # set by deploy(checkpoint=...)
+        self.state_backend = "memory"                                   # set by deploy(state=...)
         self.checkpointer: CheckpointCoordinator | None = None
         self.recovery: Recovery | None = None
         self._generation = 0          # bumped by a restore: watch answers about older PEs are dropped
@@ -361,6 +368,7 @@ class Deployment:
         await self.client.register_plugin(PEHostPlugin(), name=PLUGIN_NAME)
         self.gateway = WorkerGateway(self.client, self.id, self.plugin_modules)
         self.gateway.checkpoint = self.checkpoint_settings is not None
+        self.gateway.state = self.state_backend
         self.reconfigurer = rc = Reconfigurer(self.gateway, self.state, self.id, self.cluster,
                                               int(config.get("standard.slots-per-host")))
         rc.host_actions, rc.on_failure = self.hosts.apply, self._fail

@@ -41,6 +41,7 @@ class WorkerGateway:
         self.secret = new_secret()            # proves our PEs to each other (worker/handshake.py)
         self.plugins = plugins
         self.checkpoint = False               # the deployment takes checkpoints (set by deploy): PEs are told
+        self.state = "memory"                 # its keyed-state backend (set by deploy): PEs are told
         self.rpc = client.rpc                 # for protocol.execute, the protocol's own steps
         self.worker_timeout = config.get_seconds("calls.worker")
         self.probe_timeout = config.get_seconds("calls.probe")
@@ -115,9 +116,9 @@ class WorkerGateway:
     async def pe_info(self, worker: str) -> dict:
         """The worker's PE host: pid, cores, slots (the answer ``build_specs`` places with).
         Every worker the deployment learns is asked here, so it also gets the data-plane secret
-        (and learns whether the deployment takes checkpoints)."""
+        (and learns whether the deployment takes checkpoints, and its keyed-state backend)."""
         await self.client.rpc(worker).pe_secret(deployment=self.deployment, secret=self.secret,
-                                                checkpoint=self.checkpoint)
+                                                checkpoint=self.checkpoint, state=self.state)
         return await self.client.rpc(worker).pe_info()
 
     async def launch(self, specs: dict[str, PESpec], placement: Placement) -> None:

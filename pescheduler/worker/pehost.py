@@ -32,6 +32,7 @@ from . import flow, handshake
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
+from ..state.settings import remove_stores
 from ..plugins import activate
 from .runtime import PERunner
 from ..wire import PESpec
@@ -128,6 +129,7 @@ class PEHost:
         self.data_address = ""
         self.secrets: dict[str, bytes] = {}          # deployment -> its data-plane secret
         self.checkpointing: set[str] = set()         # deployments that take checkpoints
+        self.state_backends: dict[str, str] = {}     # deployment -> its keyed-state backend
         self.client_ssl = None                       # TLS context for channels we open (None: plain)
         self.changes = Changes()             # bumped whenever a PE changes state; the waits below
         self.arrivals = Changes()            # bumped whenever receivers are added (see _expect)
@@ -203,10 +205,12 @@ class PEHost:
         return {"worker": self.worker.address, "data_address": self.data_address, "pid": os.getpid(),
                 "pes": [f"{dep}/{pe_id}" for dep, pe_id in sorted(self.pes)]}
 
-    def pe_secret(self, deployment: str, secret: bytes, checkpoint: bool = False) -> None:
+    def pe_secret(self, deployment: str, secret: bytes, checkpoint: bool = False, state: str = "memory") -> None:
         """The deployment's data-plane secret (over Dask's RPC: the one channel already trusted),
-        and whether it takes checkpoints (its operators read it in ``context.extra["checkpoint"]``)."""
+        whether it takes checkpoints and its keyed-state backend (its operators read them in
+        ``context.extra["checkpoint"]`` and ``context.extra["state"]``)."""
         self.secrets[deployment] = bytes(secret)
+        self.state_backends[deployment] = state
         if checkpoint:
             self.checkpointing.add(deployment)
 
@@ -243,6 +247,7 @@ class PEHost:
             pe = PERunner(spec, self.worker.address, on_change=self._bump, spare_thread=spare)
             pe.credentials = self._credentials(spec.deployment)
             pe.checkpointing = spec.deployment in self.checkpointing
+            pe.state_backend = self.state_backends.get(spec.deployment, "memory")
             self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
         self.arrivals.bump()                     # channels to them that were waiting go on
@@ -453,6 +458,8 @@ class PEHost:
         if deployment is not None and pe_ids is None:
             self.secrets.pop(deployment, None)          # the deployment is over here
             self.checkpointing.discard(deployment)
+            self.state_backends.pop(deployment, None)
+            remove_stores(deployment)                   # its operators' disk state (docs/state.md)
         self._bump()
         return stopped
 

@@ -68,6 +68,7 @@ class PERunner:
         self.on_change = on_change                 # the PE host's: a PE changed state
         self.credentials = None                    # set by the PE host: deployment secret, TLS (handshake.py)
         self.checkpointing = False                 # set by the PE host: the deployment takes checkpoints
+        self.state_backend = "memory"              # set by the PE host: the deployment's keyed-state backend
         self.state = "created"
         self.error: str | None = None
         self.idle_s = 0.0
@@ -151,7 +152,8 @@ class PERunner:
                 inputs = [src for src, _port, dst in self.spec.edges if dst == op_id]
                 op.open(OperatorContext(op_id=op_id, pe_id=self.pe_id, worker=self.worker_address,
                                         key_field=key_field,
-                                        extra={"inputs": inputs, "checkpoint": self.checkpointing}))
+                                        extra={"inputs": inputs, "checkpoint": self.checkpointing,
+                                               "state": self.state_backend, "deployment": self.spec.deployment}))
             self.barriers.restored(self.spec.restore)     # sinks restored from a checkpoint settle it
             # A PE whose chain ended while a reconfiguration holds its outputs stays until the
             # rewire: the held data and the end it held back (Chain.freeze) still have to go out on

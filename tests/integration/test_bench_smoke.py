@@ -57,3 +57,17 @@ def test_speed_benchmarks_quick_check_every_variant_output(tmp_path, script, exp
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
     for line in expected:
         assert line in result.stdout, result.stdout[-3000:]
+
+
+def test_state_benchmark_quick_prints_every_part(tmp_path):
+    """bench/state.py --quick (K = 10^3, 10^4): both backends, the window's snapshot, the live table."""
+    result = subprocess.run([sys.executable, str(BENCH / "state.py"), "--quick"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    rows = result.stdout.splitlines()
+    for k in ("1000", "10000"):
+        for backend in ("dict", "memory", "disk"):
+            assert any(r.split()[:2] == [k, backend] for r in rows), result.stdout[-3000:]
+        for backend in ("memory", "disk"):                  # part 3: a row per backend per K
+            assert sum(r.split()[:2] == [k, backend] for r in rows) == 2, result.stdout[-3000:]
+    assert "2. time window" in result.stdout and "3. live" in result.stdout

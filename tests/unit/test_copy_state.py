@@ -47,7 +47,7 @@ def test_window_merge_of_splits_is_the_original_state():
     state = op.snapshot()
     parts = [op.split_state(state, lambda k, r=r: key_group(k) % 3 == r) for r in range(3)]
     merged = op.merge_states(parts)
-    assert merged["panes"] == state["panes"] and merged["watermark"] == state["watermark"]
+    assert merged["groups"] == state["groups"] and merged["watermark"] == state["watermark"]
 
 
 def test_join_state_splits_and_merges_by_key():
@@ -57,3 +57,14 @@ def test_join_state_splits_and_merges_by_key():
     parts = [op.split_state(state, lambda k, want=want: k == want) for want in ("a", "b")]
     assert parts[0]["left"] == {"a": [1]} and parts[1]["right"] == {"b": [3]}
     assert op.merge_states(parts) == state
+
+
+def test_window_split_asks_about_key_groups_not_keys():
+    """A rescale's split of a time window picks whole key groups: owns() is asked once per group."""
+    op = window()
+    op.process([{"car": f"car-{i}", "speed": 1.0, "ts": 0} for i in range(1000)], Emitter())
+    state = op.snapshot()
+    asked = []
+    part = op.split_state(state, lambda k: asked.append(k) or key_group(k) % 2 == 0)
+    assert 0 < len(asked) <= 128
+    assert part["groups"] and all(g % 2 == 0 for g in part["groups"])

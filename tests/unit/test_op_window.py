@@ -6,6 +6,7 @@ import statistics
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from pescheduler.state.groups import unpack_namespaced
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
 from pescheduler.operators.window import Window
@@ -195,5 +196,5 @@ def test_late_boundary_and_pane_cleanup():
     window.on_watermark(19, out)
     window.process(ev[3:], out)
     window.on_watermark(29, out)
-    assert list(window.snapshot()["panes"]) == [30]     # fired panes are forgotten
+    assert list(unpack_namespaced(window.snapshot()["groups"])) == [30]     # fired panes are forgotten
     assert [r["window_start"] for r in out] == [0, 20]

@@ -1,9 +1,11 @@
 """Count windows against a plain-Python reference on random, out-of-order streams."""
 
+import dask.config
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pescheduler.operator import MAX_WATERMARK, Emitter
+from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
+from pescheduler.wire import KEY_GROUPS, key_group
 from pescheduler.operators.count_window import CountWindow
 from test_op_window import AGGS, FUNCS, check_against_reference, check_snapshot_midstream, streams
 from test_op_window_session import arrivals
@@ -56,3 +58,45 @@ def test_parameters_are_checked():
         CountWindow(0)
     with pytest.raises(ValueError, match="cannot be restored"):
         CountWindow(4, 2, {"n": "count"}).restore(CountWindow(4, 1, {"n": "count"}).snapshot())
+
+
+# -- state in the keyed-state backend (pescheduler/state/) -------------------------------------
+
+def test_split_asks_about_key_groups_not_keys():
+    """1000 keys in at most 128 key groups: a rescale's split visits groups, not keys."""
+    window = CountWindow(3, aggregates=AGGS)
+    window.open(OperatorContext("w", key_field="k"))
+    batch = [{"k": f"k{i}", "v": 1, "ts": i} for i in range(1000)]
+    window.process(batch, Emitter())
+    window.on_watermark(MAX_WATERMARK - 1, Emitter())
+    asked = []
+    part = window.split_state(window.snapshot(), lambda k: asked.append(k) or key_group(k) % 2 == 0)
+    assert 0 < len(asked) <= KEY_GROUPS
+    assert sorted(part["groups"]) == [g for g in range(KEY_GROUPS) if g % 2 == 0 and g in part["groups"]]
+
+
+def test_the_disk_backend_gives_what_memory_gives_across_a_split_and_merge(tmp_path):
+    """The copies test (split in two, merged back) with the windows' keys in RocksDB."""
+    from test_op_window_copies import test_split_in_two_then_merged_back_fires_what_one_instance_fires as copies
+
+    with dask.config.set({"pescheduler.state.backend": "disk", "pescheduler.state.dir": str(tmp_path)}):
+        window = CountWindow(3, aggregates=AGGS)
+        window.open(OperatorContext("w", key_field="k"))
+        assert window._keys.backend == "disk"
+        window.close()
+        copies("count")
+
+
+def test_a_query_removed_compacts_the_slots_of_a_disk_backend(tmp_path):
+    with dask.config.set({"pescheduler.state.backend": "disk", "pescheduler.state.dir": str(tmp_path)}):
+        window = CountWindow(2, queries={"a": {"n": "count"}, "b": {"m": ("max", "v")}})
+        window.open(OperatorContext("w", key_field="k"))
+        assert window._keys.backend == "disk"
+        window.process([{"k": "x", "v": 5, "ts": 1}], Emitter())
+        window.on_watermark(2, Emitter())
+        window.remove_query("a")
+        window.process([{"k": "x", "v": 7, "ts": 3}], Emitter())
+        out = Emitter()
+        window.on_watermark(4, out)
+        assert out == [("b", {"k": "x", "window_start": 1, "window_end": 4, "m": 7})]
+        window.close()

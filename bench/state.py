@@ -1,0 +1,229 @@
+"""Keyed state benchmark: the memory and disk backends against plain dicts, and what moves on a rescale.
+
+    python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3]
+
+For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figures from it:
+
+  1. Backends (pescheduler/state/), each (backend, K) in a fresh process so its RSS is its own;
+     values are a window's slots (``[count, sum, min, max]``, keys ``car-0000042``):
+       load, read      K puts (the fill), K gets in random order (best of 3): per second, and as
+                       a ratio to plain dicts
+       snapshot        the stall of ``snapshot()`` (memory: copy-on-write, O(key groups);
+                       disk: a RocksDB checkpoint, O(files))
+       full            bytes and time of exporting every key group from the view
+       1 % changed     key groups written after K/100 random puts, and their bytes: what an
+                       incremental checkpoint by key group would write
+       move half       export of half the key groups and import into a new store (a Replicate)
+       RSS             the process's resident memory after the load, less before it
+  2. The time window's snapshot, split and restore at K keys (operators/window.py, in-process):
+     today's per-key-group snapshot against the previous one (copy of every pane, then pickle),
+     a split by key group against the previous split by key, a restore (unpickle, keys back in
+     first-seen order) against the previous one (unpickle, copy of every pane). The first
+     snapshot also computes every key's group (later ones remember them).
+  3. Live: a count window holding K keys on a 2-worker embedded cluster,
+     per backend: Replicate and Release pause (``ApplyRecord.pause_ms``), the last checkpoint's
+     duration and bytes, the largest worker RSS and this (deploying) process's RSS.
+
+Figures on a loaded machine are only comparable as ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+VALUE = [12, 345.5, 1.25, 99.75]
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def keys_of(k: int) -> list[str]:
+    return [f"car-{i:07d}" for i in range(k)]
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# -- 1. backends, one (backend, K) per process --------------------------------------------------
+
+def one_backend(backend: str, k: int, root: str) -> dict:
+    """Every figure of part 1 for one backend and K (run in a child process)."""
+    import dask.config
+
+    from pescheduler.state import open_state
+
+    keys, rng = keys_of(k), random.Random(7)
+    order = keys[:]
+    rng.shuffle(order)
+    before = rss_bytes()
+    if backend == "dict":
+        d: dict = {}
+        load = timed(lambda: [d.__setitem__(key, list(VALUE)) for key in keys])
+        read = min(timed(lambda: [d.get(key) for key in order]) for _ in range(3))
+        return {"load": k / load, "read": k / read, "rss": rss_bytes() - before}
+    with dask.config.set({"pescheduler.state.dir": root, "pescheduler.state.cache": "256MB"}):
+        st = open_state(backend, owner=f"bench-{k}")
+    load = timed(lambda: [st.put(key, list(VALUE)) for key in keys])
+    read = min(timed(lambda: [st.get(key) for key in order]) for _ in range(3))
+    rss = rss_bytes() - before
+    t0 = time.perf_counter()
+    view = st.snapshot()
+    stall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    full = view.export()
+    full_s = time.perf_counter() - t0
+    view.release()
+    for key in order[: max(1, k // 100)]:
+        st.put(key, [13, 0.0, 0.0, 0.0])
+    changed = st.changed()
+    changed_bytes = sum(len(b) for b in st.export_groups(changed).values())
+    half = st.groups()[::2]
+    t0 = time.perf_counter()
+    with dask.config.set({"pescheduler.state.dir": root}):
+        other = open_state(backend, owner="other")
+    other.import_groups(st.export_groups(half))
+    move = time.perf_counter() - t0
+    other.close()
+    st.close()
+    return {"load": k / load, "read": k / read, "rss": rss, "snapshot_ms": stall * 1000,
+            "full_bytes": sum(map(len, full.values())), "full_ms": full_s * 1000,
+            "changed_groups": len(changed), "changed_bytes": changed_bytes, "move_ms": move * 1000}
+
+
+def backends(sizes: list[int]) -> None:
+    print("1. backends: per second, ratio to plain dicts; snapshot stall; bytes (one process each)")
+    print(f"{'K':>9} {'backend':8} {'load/s':>10} {'x dict':>7} {'read/s':>10} {'x dict':>7} "
+          f"{'snap ms':>8} {'full MB':>8} {'full ms':>8} {'1% grp':>6} {'1% MB':>7} {'move ms':>8} {'RSS MB':>7}")
+    with tempfile.TemporaryDirectory() as root:
+        for k in sizes:
+            rows = {b: child(b, k, root) for b in ("dict", "memory", "disk")}
+            base = rows["dict"]
+            for b, r in rows.items():
+                extra = "" if b == "dict" else (
+                    f"{r['snapshot_ms']:8.1f} {r['full_bytes'] / 1e6:8.2f} {r['full_ms']:8.0f} "
+                    f"{r['changed_groups']:6d} {r['changed_bytes'] / 1e6:7.2f} {r['move_ms']:8.0f}")
+                print(f"{k:9d} {b:8} {r['load']:10.0f} {r['load'] / base['load']:7.2f} {r['read']:10.0f} "
+                      f"{r['read'] / base['read']:7.2f} {extra or ' ' * 54:54} {r['rss'] / 2**20:7.1f}")
+
+
+def child(backend: str, k: int, root: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--one", backend, str(k), root],
+                         capture_output=True, text=True, check=True, timeout=3600)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- 2. the time window's snapshot ----------------------------------------------------------------
+
+def window_state(sizes: list[int]) -> None:
+    from pescheduler.operator import Emitter, OperatorContext
+    from pescheduler.operators.window import Window
+    from pescheduler.wire import key_group
+
+    print("\n2. time window (memory): snapshot+pickle, split, restore; previous way in the same run")
+    print(f"{'K':>9} {'1st snap':>9} {'snapshot':>9} {'previous':>9} {'split ms':>9} {'previous':>9} {'restore ms':>11} "
+          f"{'previous':>9}")
+    for k in sizes:
+        w = Window(60_000, aggregates={"n": ("count", "v"), "s": ("sum", "v")})
+        w.open(OperatorContext("w", key_field="key"))
+        keys = keys_of(k)
+        w.process([{"key": key, "v": 1.0, "ts": 1} for key in keys], Emitter())
+        t_first = timed(lambda: pickle.dumps(w.snapshot(), 5))       # every key's group computed
+        t0 = time.perf_counter()
+        snap = pickle.dumps(w.snapshot(), 5)                          # remembered from the first
+        t_snap = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        prev = pickle.dumps({p: {key: list(s) for key, s in d.items()} for p, d in w._panes.items()}, 5)
+        t_prev = time.perf_counter() - t0
+        mine = frozenset(range(0, 128, 2))
+        owns = lambda key: key_group(key) in mine        # what a rescale passes (plan/state.py)
+        state = pickle.loads(snap)
+        t_split = timed(lambda: w.split_state(state, owns))
+        panes = pickle.loads(prev)
+        t_prev_split = timed(lambda: {p: {key: s for key, s in d.items() if owns(key)} for p, d in panes.items()})
+        fresh = Window(60_000, aggregates={"n": ("count", "v"), "s": ("sum", "v")})
+        t_restore = timed(lambda: fresh.restore(pickle.loads(snap)))
+        t_prev_restore = timed(lambda: {p: {key: list(s) for key, s in d.items()} for p, d in pickle.loads(prev).items()})
+        assert sum(map(len, fresh._panes.values())) == k
+        print(f"{k:9d} {t_first * 1000:9.1f} {t_snap * 1000:9.1f} {t_prev * 1000:9.1f} {t_split * 1000:9.2f} "
+              f"{t_prev_split * 1000:9.1f} {t_restore * 1000:11.1f} {t_prev_restore * 1000:9.1f}")
+
+
+# -- 3. live: a count window of K keys, copied and released ---------------------------------------
+
+def live(sizes: list[int]) -> None:
+    import pescheduler
+    from pescheduler import Application, Release, Replicate
+
+    print("\n3. live: count window of K keys on 2 workers; checkpoints every 1 s")
+    print(f"{'K':>9} {'backend':8} {'Replicate ms':>13} {'Release ms':>11} {'ckpt s':>7} {'ckpt MB':>8} "
+          f"{'worker RSS MB':>14} {'deployer RSS MB':>16}")
+    for k in sizes:
+        for backend in ("memory", "disk"):
+            with tempfile.TemporaryDirectory() as tmp:
+                until = os.path.join(tmp, "done")
+                app = Application(f"state-{backend}-{k}")
+                (app.source("every_key", keys=k, until=until).key_by("key")
+                    .window(count=2**30, aggregates={"n": ("count", "v")}).sink("discard"))
+                with pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[], state=backend,
+                                        checkpoint=os.path.join(tmp, "ckpt"), checkpoint_interval="1s") as dep:
+                    op = next(x for x in dep.placement().plan.ops if x.startswith("count_window"))
+                    snap = wait_for(dep, lambda s: op in s.operators and s.operators[op].tuples_in >= k)
+                    rep, rel = dep.apply(Replicate(op, 1)), dep.apply(Release(op, 1))
+                    assert rep.applied and rel.applied, (rep.reason, rel.reason)
+                    seen = len(dep.checkpoints())
+                    wait_for(dep, lambda s: len(dep.checkpoints()) >= seen + 2)
+                    last = dep.checkpoints()[-1]
+                    worker_rss = max(w.memory_bytes for w in dep.snapshot().workers.values())
+                    open(until, "w").close()
+                    dep.wait(timeout=600)
+                print(f"{k:9d} {backend:8} {rep.pause_ms:13.1f} {rel.pause_ms:11.1f} {last['duration_s']:7.2f} "
+                      f"{last['bytes'] / 1e6:8.2f} {worker_rss / 2**20:14.0f} {rss_bytes() / 2**20:16.0f}")
+                del snap
+
+
+def wait_for(dep, predicate, timeout: float = 900):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snap = dep.next_snapshot(timeout=timeout)
+        if predicate(snap):
+            return snap
+    raise TimeoutError("the deployment did not get there")
+
+
+def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--one":
+        print(json.dumps(one_backend(sys.argv[2], int(sys.argv[3]), sys.argv[4])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", default="1000,10000,100000,1000000", help="comma-separated K")
+    parser.add_argument("--huge", action="store_true", help="add K = 10^7 (minutes, GBs)")
+    parser.add_argument("--quick", action="store_true", help="K = 10^3 and 10^4 only")
+    parser.add_argument("--parts", default="1,2,3", help="which parts to run (3: the deployments)")
+    args = parser.parse_args()
+    sizes = [1000, 10_000] if args.quick else [int(x) for x in args.keys.split(",")]
+    if args.huge:
+        sizes.append(10**7)
+    print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine: compare ratios)")
+    parts = {int(p) for p in args.parts.split(",")}
+    for part, run in ((1, backends), (2, window_state), (3, live)):
+        if part in parts:
+            run(sizes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""The keyed-state contract: values by key, partitioned into the key groups copies own.
+
+A KEYED operator's state is a map from its keys to values. Copies of an operator
+own whole key groups (``pescheduler/wire.py``: ``key_group(key)``, 128 of them), so
+everything that moves state (a checkpoint, a restore, a Replicate or Release)
+moves whole key groups: :meth:`KeyedState.export_groups` and
+:meth:`KeyedState.import_groups` carry them in one format whatever the backend,
+and :meth:`KeyedState.changed` says which groups a checkpoint must write again.
+
+A value read with :meth:`KeyedState.get` must not be changed in place: put the
+new value back. That is what lets the ``memory`` backend give a consistent view
+of every key group at a snapshot without copying them (copy-on-write of a
+group happens at its first write after the snapshot), and the ``disk`` backend
+store values as bytes.
+"""
+
+from __future__ import annotations
+
+import pickle
+from abc import ABC, abstractmethod
+from typing import Any, Iterable, Iterator
+
+from ..wire import KEY_GROUPS, key_group
+
+__all__ = ["KEY_GROUPS", "KeyedState", "StateView", "key_group", "pack_group", "unpack_group"]
+
+
+def pack_group(items: Iterable[tuple[Any, Any]]) -> bytes:
+    """One key group's entries as bytes: the format every backend exports and imports."""
+    return pickle.dumps(dict(items), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack_group(data: bytes) -> dict:
+    """The entries :func:`pack_group` packed, ``{key: value}``."""
+    return pickle.loads(data)
+
+
+class StateView(ABC):
+    """A consistent, read-only view of a :class:`KeyedState` as it was at :meth:`KeyedState.snapshot`.
+
+    Writes to the state after the snapshot do not show here, so the bytes of
+    a checkpoint can be produced from a view while the stream goes on.
+    Call :meth:`release` when done (the ``disk`` backend holds a store snapshot).
+    """
+
+    @abstractmethod
+    def groups(self) -> list[int]:
+        """The key groups holding at least one key, ascending."""
+
+    @abstractmethod
+    def items(self, group: int) -> Iterator[tuple[Any, Any]]:
+        """``(key, value)`` of one key group."""
+
+    def export(self, groups: Iterable[int] | None = None) -> dict[int, bytes]:
+        """``{group: bytes}`` of ``groups`` (default: every non-empty one), for :meth:`KeyedState.import_groups`."""
+        chosen = self.groups() if groups is None else sorted(groups)
+        return {g: pack_group(self.items(g)) for g in chosen}
+
+    def release(self) -> None:
+        """Let go of what the view holds."""
+
+
+class KeyedState(ABC):
+    """Values by key, partitioned into key groups; see the module docstring.
+
+    Example (the ``memory`` backend; ``pescheduler.state.open_state`` picks one)::
+
+        from pescheduler.state import MemoryState, key_group
+
+        state = MemoryState()
+        state.put("car-7", 3)
+        view = state.snapshot()           # consistent, O(key groups)
+        state.put("car-7", 4)             # the view still reads 3
+        g = key_group("car-7")
+        assert dict(view.items(g)) == {"car-7": 3} and state.changed() == {g}
+        moved = state.export_groups([g])  # what a rescale hands to the new owner
+        other = MemoryState()
+        other.import_groups(moved)
+        assert other.get("car-7") == 4
+    """
+
+    backend = ""
+
+    @abstractmethod
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value of ``key``, or ``default``."""
+
+    @abstractmethod
+    def put(self, key: Any, value: Any) -> None:
+        """Set ``key`` to ``value`` (marks its key group changed)."""
+
+    @abstractmethod
+    def delete(self, key: Any) -> None:
+        """Forget ``key`` (no error when absent; marks its key group changed)."""
+
+    @abstractmethod
+    def items(self, group: int) -> Iterator[tuple[Any, Any]]:
+        """``(key, value)`` of one key group, as it is now (do not write while iterating)."""
+
+    @abstractmethod
+    def groups(self) -> list[int]:
+        """The key groups holding at least one key, ascending."""
+
+    @abstractmethod
+    def snapshot(self) -> StateView:
+        """A consistent view of the state now; :meth:`changed` starts again from here."""
+
+    @abstractmethod
+    def changed(self) -> set[int]:
+        """Key groups written (put or delete) since the last :meth:`snapshot`."""
+
+    @abstractmethod
+    def drop_groups(self, groups: Iterable[int]) -> None:
+        """Forget every key of ``groups`` (they moved to another owner)."""
+
+    @abstractmethod
+    def _put_group(self, group: int, entries: dict) -> None:
+        """Replace ``group`` with ``entries`` (import's one step per group)."""
+
+    def export_groups(self, groups: Iterable[int] | None = None) -> dict[int, bytes]:
+        """``{group: bytes}`` of ``groups`` as they are now (default: every non-empty one)."""
+        chosen = self.groups() if groups is None else sorted(groups)
+        return {g: pack_group(self.items(g)) for g in chosen}
+
+    def import_groups(self, exported: dict[int, bytes]) -> None:
+        """Install whole key groups from :meth:`export_groups` (of any backend), replacing them."""
+        for g, data in exported.items():
+            if not 0 <= g < KEY_GROUPS:
+                raise ValueError(f"key group {g} is outside 0..{KEY_GROUPS - 1}")
+            self._put_group(g, unpack_group(data))
+
+    def __len__(self) -> int:
+        return sum(1 for g in self.groups() for _ in self.items(g))
+
+    def close(self) -> None:
+        """Release what the backend holds (files, memory)."""

@@ -1,0 +1,95 @@
+"""Which backend a KEYED operator's state lives in, and where: ``pescheduler.state.*``.
+
+The backend is the deployment's choice (``deploy(state=)``, ``deploy --state``,
+else ``pescheduler.state.backend``), carried to the operator in
+``context.extra["state"]``; the directory and the cache are the worker's own
+settings (``pescheduler.state.dir``, ``pescheduler.state.cache``), read where
+the store opens.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from typing import Any
+
+from dask.utils import parse_bytes
+
+from .. import config
+from .base import KeyedState
+
+BACKENDS = ("memory", "disk")
+
+
+def backend_name(chosen: str | None = None) -> str:
+    """``chosen`` checked, or ``pescheduler.state.backend``; ValueError names the known ones."""
+    name = config.get("state.backend") if chosen is None else chosen
+    if name not in BACKENDS:
+        raise ValueError(f"state backend {name!r} is unknown; choose one of {', '.join(BACKENDS)} "
+                         f"(deploy(state=), --state or pescheduler.state.backend)")
+    return name
+
+
+def cache_bytes() -> int:
+    """``pescheduler.state.cache`` in bytes (``256MB``, ``1GiB`` or a number)."""
+    raw = config.get("state.cache")
+    try:
+        return parse_bytes(raw) if isinstance(raw, str) else int(raw)
+    except (ValueError, TypeError):
+        raise ValueError(f"pescheduler.state.cache: {raw!r} is not a size such as 256MB") from None
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
+
+
+def _root(deployment: str) -> str:
+    """``<pescheduler.state.dir>/pescheduler-state/<deployment>`` (null dir: the temp directory)."""
+    base = os.path.expanduser(config.get("state.dir") or tempfile.gettempdir())
+    return os.path.join(base, "pescheduler-state", _safe(deployment))
+
+
+def store_dir(owner: str, deployment: str = "local") -> str:
+    """A fresh directory for one store, in its deployment's directory."""
+    path = os.path.join(_root(deployment), f"{_safe(owner)}-{uuid.uuid4().hex[:12]}")
+    os.makedirs(path)
+    return path
+
+
+def remove_stores(deployment: str) -> None:
+    """Remove every store of ``deployment`` on this worker (its PE host calls it when the
+    deployment ends here: operators leave their stores open, see :func:`keyed_state`)."""
+    shutil.rmtree(_root(deployment), ignore_errors=True)
+
+
+def open_state(backend: str | None = None, owner: str = "state", deployment: str = "local") -> KeyedState:
+    """A new, empty keyed state of ``backend`` (default ``pescheduler.state.backend``)."""
+    name = backend_name(backend)
+    if name == "memory":
+        from .memory import MemoryState
+
+        return MemoryState()
+    from .disk import DiskState
+
+    budget = cache_bytes()                 # a bad size fails before any directory is made
+    return DiskState(store_dir(owner, deployment), budget)
+
+
+def keyed_state(context: Any, name: str = "state") -> KeyedState:
+    """The keyed state of an operator being opened: its deployment's backend, a store of its own.
+
+    Call it in ``open`` (after ``super().open(context)``)::
+
+        def open(self, context):
+            super().open(context)
+            self.state = keyed_state(context)
+
+    Leave it open in the operator's ``close``: a PE that finished may still be snapshotted
+    (a Release of its copy); a disk store is removed when the state is garbage-collected or,
+    at the latest, when its deployment ends on the worker (:func:`remove_stores`).
+    """
+    owner = "-".join(p for p in (context.pe_id, context.op_id, f"c{context.copy_index}", name) if p)
+    return open_state(context.extra.get("state"), owner, context.extra.get("deployment", "local"))

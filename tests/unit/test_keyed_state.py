@@ -1,0 +1,155 @@
+"""The keyed-state backends (pescheduler/state/): one contract, checked on memory and on disk."""
+
+from __future__ import annotations
+
+import os
+
+import dask.config
+import pytest
+
+from pescheduler.operator import OperatorContext
+from pescheduler.state import KEY_GROUPS, key_group, keyed_state, open_state
+
+
+@pytest.fixture(params=["memory", "disk"])
+def state(request, tmp_path):
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path), "pescheduler.state.cache": "8MB"}):
+        st = open_state(request.param, owner="test")
+    yield st
+    st.close()
+
+
+def _keys_by_group(n: int) -> dict[int, list]:
+    by: dict[int, list] = {}
+    for i in range(n):
+        by.setdefault(key_group(f"k{i}"), []).append(f"k{i}")
+    return by
+
+
+def test_get_put_delete(state):
+    assert state.get("a") is None and state.get("a", 0) == 0
+    state.put("a", [1, 2])
+    state.put(7, {"x": 1})
+    state.put(("car", 3), 2.5)
+    assert (state.get("a"), state.get(7), state.get(("car", 3))) == ([1, 2], {"x": 1}, 2.5)
+    state.delete("a")
+    state.delete("never")                       # absent: no error
+    assert state.get("a") is None and len(state) == 2
+
+
+def test_a_key_group_iterates_exactly_its_keys(state):
+    for i in range(500):
+        state.put(f"k{i}", i)
+    by = _keys_by_group(500)
+    assert state.groups() == sorted(by)
+    for g, keys in by.items():
+        assert dict(state.items(g)) == {k: int(k[1:]) for k in keys}
+
+
+def test_a_snapshot_is_consistent_while_writes_go_on(state):
+    for i in range(200):
+        state.put(f"k{i}", i)
+    view = state.snapshot()
+    before = {g: dict(view.items(g)) for g in view.groups()}
+    for i in range(0, 200, 2):
+        state.put(f"k{i}", -i)
+    state.delete("k1")
+    state.put("new", 1)
+    assert {g: dict(view.items(g)) for g in view.groups()} == before
+    assert state.get("k2") == -2 and state.get("k1") is None
+    view.release()
+
+
+def test_changed_names_the_key_groups_written_since_the_snapshot(state):
+    for i in range(300):
+        state.put(f"k{i}", i)
+    state.snapshot().release()
+    assert state.changed() == set()
+    state.put("k5", 0)
+    state.delete("k6")
+    assert state.changed() == {key_group("k5"), key_group("k6")}
+
+
+def test_whole_key_groups_move_between_backends(state, tmp_path):
+    for i in range(400):
+        state.put(f"k{i}", [i])
+    by = _keys_by_group(400)
+    moving = sorted(by)[: len(by) // 2]
+    exported = state.export_groups(moving)
+    assert sorted(exported) == moving
+    for other_backend in ("memory", "disk"):
+        with dask.config.set({"pescheduler.state.dir": str(tmp_path)}):
+            other = open_state(other_backend, owner="other")
+        other.put(by[moving[0]][0], "stale")         # replaced by the import, not merged
+        other.import_groups(exported)
+        assert other.groups() == moving
+        assert {k: v for g in moving for k, v in other.items(g)} == {k: [int(k[1:])] for g in moving for k in by[g]}
+        other.close()
+    state.drop_groups(moving)
+    assert state.groups() == sorted(set(by) - set(moving))
+
+
+def test_a_view_exports_what_it_saw(state):
+    state.put("a", 1)
+    view = state.snapshot()
+    state.put("a", 2)
+    other = open_state("memory")
+    other.import_groups(view.export())
+    assert other.get("a") == 1
+
+
+def test_an_import_refuses_a_group_out_of_range_or_a_key_in_the_wrong_group(state):
+    with pytest.raises(ValueError, match="outside 0..127"):
+        state.import_groups({KEY_GROUPS: b""})
+    g = key_group("a")
+    from pescheduler.state import pack_group
+
+    if state.backend == "disk":
+        with pytest.raises(ValueError, match="not in key group|is in key group"):
+            state.import_groups({(g + 1) % KEY_GROUPS: pack_group([("a", 1)])})
+
+
+def test_an_unknown_backend_names_the_known_ones():
+    with pytest.raises(ValueError, match="'rocks' is unknown; choose one of memory, disk"):
+        open_state("rocks")
+    with dask.config.set({"pescheduler.state.cache": "lots"}), pytest.raises(ValueError, match="256MB"):
+        open_state("disk")
+
+
+def test_an_operator_gets_its_deployments_backend_in_a_directory_of_its_own(tmp_path):
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path)}):
+        ctx = OperatorContext(op_id="win", pe_id="pe1", extra={"state": "disk"})
+        a, b = keyed_state(ctx), keyed_state(ctx)
+        assert a.backend == "disk" and a.path != b.path and a.path.startswith(str(tmp_path))
+        a.put("x", 1)
+        assert b.get("x") is None
+        a.close()
+        assert not os.path.exists(a.path)
+        b.close()
+        assert keyed_state(OperatorContext(op_id="win")).backend == "memory"     # pescheduler.state.backend
+
+
+def test_the_disk_backend_holds_more_than_its_cache(tmp_path):
+    """4 MB of values through a 2 MB cache: everything reads back (the rest is in SST files)."""
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path), "pescheduler.state.cache": "2MB"}):
+        st = open_state("disk")
+    blob = os.urandom(1000)
+    for i in range(4000):
+        st.put(i, blob + i.to_bytes(4, "big"))
+    assert all(st.get(i)[-4:] == i.to_bytes(4, "big") for i in range(0, 4000, 7))
+    st.close()
+
+
+def test_a_disk_store_outlives_nothing_but_its_owner(tmp_path):
+    """Not closed, it stays usable (a finished PE may still be snapshotted); collected, it is gone."""
+    import gc
+
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path)}):
+        st = open_state("disk")
+    st.put("a", 1)
+    path = st.path
+    view = st.snapshot()
+    assert os.path.isdir(path) and dict(view.items(key_group("a"))) == {"a": 1}
+    del st, view
+    gc.collect()
+    assert not os.path.exists(path)
