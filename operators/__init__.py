@@ -4,7 +4,8 @@ It registers through the ``pescheduler`` entry-point group
 (``builtin-operators``) exactly as a third-party plug-in does:
 
 * sources: ``iterable``, ``generator``, ``jsonl`` (:mod:`.sources`), ``kafka`` (:mod:`.kafka`),
-  ``redis`` (:mod:`.redis_streams`), ``files`` (:mod:`.files`)
+  ``redis`` (:mod:`.redis_streams`), ``files`` (:mod:`.files`),
+  ``postgres_cdc`` (:mod:`.postgres_cdc`)
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
   (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
@@ -40,6 +41,7 @@ from .join import Join
 from .kafka import KafkaSink, KafkaSource
 from .over_window import OverWindow
 from .pattern import Pattern
+from .postgres_cdc import PostgresCdcSource
 from .redis_streams import RedisStreamSink, RedisStreamSource
 from .session import SessionWindow
 from .sinks import DiscardSink, JsonlSink, ParquetSink, PrintSink
@@ -50,7 +52,7 @@ OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStr
              SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, SharedFilter, QueryGroup, OverLanes, SharedPatterns, SharedCorrelations,
              JsonlSink, PrintSink, DiscardSink,
              ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors,
-             FilesSource, DeltaSink, IcebergSink]
+             FilesSource, DeltaSink, IcebergSink, PostgresCdcSource]
 
 __all__ = [cls.__name__ for cls in OPERATORS]
 
