@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -25,6 +29,7 @@ from waiting import until
 pytestmark = [pytest.mark.integration, pytest.mark.database]
 
 WAIT = 60                      # a bound on every wait
+DOC = Path(__file__).parent.parent.parent / "docs" / "connectors.md"
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +137,19 @@ def test_the_slot_advances_only_when_a_checkpoint_completes_and_seek_resumes(db)
     again.close()
 
 
+def test_a_dropped_connection_is_opened_again_and_nothing_is_lost(db):
+    url, conn = db
+    source = opened(url, snapshot=False)
+    conn.execute("INSERT INTO orders SELECT i, 0, '' FROM generate_series(1, 5) i")
+    assert len(read_until(source, 5)) == 5
+    (pid,) = source._conn.execute("SELECT pg_backend_pid()").fetchone()
+    conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+    conn.execute("INSERT INTO orders SELECT i, 0, '' FROM generate_series(6, 9) i")
+    assert sorted(r["id"] for r in read_until(source, 4)) == [6, 7, 8, 9]
+    assert source._conn.execute("SELECT pg_backend_pid()").fetchone()[0] != pid
+    source.close()
+
+
 @pytest.mark.parametrize("level", ["replica", "minimal"])
 def test_a_server_without_logical_wal_is_refused_naming_the_setting(level):
     with running(wal_level=level) as url:
@@ -182,3 +200,14 @@ def _lines(path) -> int:
 def _source_pe(placement) -> str:
     return next(pe_id for pe_id, pe in placement.pes.items()
                 if any(op.startswith("postgres_cdc") for op in pe.operators))
+
+
+def test_the_docs_postgres_block_runs_as_pasted(db, tmp_path):
+    """docs/connectors.md's ```python postgres block, in a file of its own, with PG_DSN set."""
+    url, _conn = db
+    (code,) = re.findall(r"```python postgres\n(.*?)```", DOC.read_text(), re.S)
+    (tmp_path / "pasted.py").write_text(code)
+    done = subprocess.run([sys.executable, "pasted.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PG_DSN": url})
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert "100 rows in the snapshot, 20 changes after it" in done.stdout
