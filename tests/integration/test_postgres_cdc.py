@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 import pescheduler
-from pescheduler import Application
+from pescheduler import Application, Replicate
 from pescheduler.operators import PostgresCdcSource
 from pg_server import running
 from waiting import until
@@ -185,6 +185,37 @@ def test_source_worker_killed_mid_stream_every_change_once_in_the_jsonl_sink(db,
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["op"], r["id"]) for r in rows) == sorted(
         [("insert", i) for i in range(1, 501)] + [("update", i) for i in range(1, 501)])
+
+
+def test_latest_keeps_the_current_row_per_key_through_a_live_copy(db, tmp_path):
+    """postgres_cdc -> key_by("id").latest() -> jsonl, latest copied while it runs: folding its
+    upserts and deletes gives the table as it is at the end."""
+    url, conn = db
+    conn.execute("INSERT INTO orders SELECT i, i, '' FROM generate_series(1, 300) i")
+    out = tmp_path / "state.jsonl"
+    app = Application("cdc-latest")
+    (app.source("postgres_cdc", dsn=url, tables=["orders"], slot="s", publication="p")
+        .key_by("id").latest(id="current")
+        .map(lambda c: {"op": c["op"], "id": c["id"], "amount": str((c["row"] or {}).get("amount"))})
+        .sink("jsonl", path=str(out)))
+    with pescheduler.deploy(app, workers=2, policies=[]) as dep:
+        until(lambda: _lines(out) >= 300, WAIT, "the snapshot's upserts")
+        record = dep.apply(Replicate("current", 1))
+        assert record.applied, record.reason
+        conn.execute("UPDATE orders SET amount = amount * 2 WHERE id % 3 = 0")
+        conn.execute("DELETE FROM orders WHERE id % 5 = 0")
+        conn.execute("INSERT INTO orders SELECT i, 1, '' FROM generate_series(301, 320) i")
+        until(lambda: _lines(out) >= 300 + 100 + 60 + 20, WAIT, "every change's effect")
+        dep.stop()
+    state: dict = {}
+    for line in out.read_text().splitlines():
+        c = json.loads(line)
+        if c["op"] == "upsert":
+            state[c["id"]] = c["amount"]
+        else:
+            del state[c["id"]]
+    table = dict(conn.execute("SELECT id, amount::text FROM orders").fetchall())
+    assert state == table
 
 
 def _confirmed(conn) -> int | None:
