@@ -58,6 +58,14 @@ def opened(url, **params) -> PostgresCdcSource:
     return source
 
 
+def reading_changes(url, conn, count: int) -> PostgresCdcSource:
+    """A source without a snapshot that has read the inserts of rows 1..count."""
+    source = opened(url, snapshot=False)
+    conn.execute("INSERT INTO orders SELECT i, 0, '' FROM generate_series(1, %s) i", [count])
+    assert len(read_until(source, count)) == count
+    return source
+
+
 def read_until(source, count: int) -> list[dict]:
     """Read until ``count`` changes came (the server makes WAL readable once flushed: a bounded wait)."""
     got: list[dict] = []
@@ -116,18 +124,14 @@ def test_writes_during_the_snapshot_are_in_it_or_after_it_never_both(db):
 
 def test_the_slot_advances_only_when_a_checkpoint_completes_and_seek_resumes(db):
     url, conn = db
-    source = opened(url, snapshot=False)
-    conn.execute("INSERT INTO orders SELECT i, 0, '' FROM generate_series(1, 10) i")
-    assert len(read_until(source, 10)) == 10
+    source = reading_changes(url, conn, 10)
     source.pre_commit(1)
     at_barrier = source.position()
     conn.execute("INSERT INTO orders SELECT i, 0, '' FROM generate_series(11, 15) i")
     assert len(read_until(source, 5)) == 5
-    confirmed = "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = 's'"
-    before = conn.execute(confirmed).fetchone()[0]
-    assert before < at_barrier["lsn"]
+    assert _confirmed(conn) < at_barrier["lsn"]
     source.commit(1)
-    assert conn.execute(confirmed).fetchone()[0] == at_barrier["lsn"]
+    assert _confirmed(conn) == at_barrier["lsn"]
     source.close()
     again = PostgresCdcSource(dsn=url, tables=["orders"], slot="s", publication="p")
     again.seek(json.loads(json.dumps(at_barrier)))
@@ -139,9 +143,7 @@ def test_the_slot_advances_only_when_a_checkpoint_completes_and_seek_resumes(db)
 
 def test_a_dropped_connection_is_opened_again_and_nothing_is_lost(db):
     url, conn = db
-    source = opened(url, snapshot=False)
-    conn.execute("INSERT INTO orders SELECT i, 0, '' FROM generate_series(1, 5) i")
-    assert len(read_until(source, 5)) == 5
+    source = reading_changes(url, conn, 5)
     (pid,) = source._conn.execute("SELECT pg_backend_pid()").fetchone()
     conn.execute("SELECT pg_terminate_backend(%s)", [pid])
     conn.execute("INSERT INTO orders SELECT i, 0, '' FROM generate_series(6, 9) i")
