@@ -5,8 +5,9 @@ The ``postgres_cdc`` source reads them from a replication slot through
 decodes (no connection): :class:`Decoder` keeps the relations the stream
 described (a ``Relation`` message comes before a table's first change in each
 decoding session) and turns Begin/Insert/Update/Delete/Commit into tuples.
-Column values stay PostgreSQL text; ``load(type oid, text)`` (psycopg's text
-loaders in the source) turns them into Python values.
+Column values come as PostgreSQL text; ``loader(type oid)`` gives the function
+that turns a column's text bytes into a Python value (psycopg's text loaders in
+the source), looked up once per column when its relation is described.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
+_SIZE = struct.Struct("!i")               # a column value's length
+_COUNT = struct.Struct("!h")              # a tuple's number of columns
 PG_EPOCH_MS = 946_684_800_000          # 2000-01-01 in milliseconds since 1970: pgoutput's timestamps count from it
 
 
@@ -25,7 +28,7 @@ class Relation:
     schema: str
     name: str
     columns: list[str]
-    types: list[int]
+    loads: list[Callable[[bytes], Any]]     # per column: its text bytes -> the value
     key: list[str]
 
     @property
@@ -75,10 +78,10 @@ class _Reader:
 
 
 class Decoder:
-    """Decodes one slot's messages in order; ``load(oid, text)`` makes a column's value."""
+    """Decodes one slot's messages in order; ``loader(oid)`` gives a column type's load function."""
 
-    def __init__(self, load: Callable[[int, str], Any]) -> None:
-        self.load = load
+    def __init__(self, loader: Callable[[int], Callable[[bytes], Any]]) -> None:
+        self.loader = loader
         self.relations: dict[int, Relation] = {}
 
     def decode(self, data: bytes) -> Any:
@@ -102,16 +105,16 @@ class Decoder:
         (oid,) = r.unpack("I")
         schema, name = r.string(), r.string()
         _identity, count = r.unpack("bh")
-        columns, types, key = [], [], []
+        columns, loads, key = [], [], []
         for _ in range(count):
             (flags,) = r.unpack("b")
             column = r.string()
             type_oid, _typmod = r.unpack("Ii")
             columns.append(column)
-            types.append(type_oid)
+            loads.append(self.loader(type_oid))
             if flags & 1:
                 key.append(column)
-        self.relations[oid] = Relation(schema, name, columns, types, key)
+        self.relations[oid] = Relation(schema, name, columns, loads, key)
 
     def _insert(self, r: _Reader) -> Change:
         relation = self.relations[r.unpack("I")[0]]
@@ -143,19 +146,23 @@ class Decoder:
         return {k: row[k] for k in relation.key} if kind == "K" else row
 
     def _tuple(self, r: _Reader, relation: Relation) -> dict:
-        """A TupleData: the columns sent, by name (NULL as None; an unchanged TOAST value left out)."""
-        (count,) = r.unpack("h")
+        """A TupleData: the columns sent, by name (NULL as None; an unchanged TOAST value left out).
+        The hot loop of decoding (once per column of every change): offsets kept in locals."""
+        data, at = r.data, r.at
+        (count,) = _COUNT.unpack_from(data, at)
+        at += 2
         row = {}
-        for column, type_oid in zip(relation.columns[:count], relation.types):
-            kind = r.byte()
-            if kind == "n":
+        for column, load in zip(relation.columns[:count], relation.loads):
+            kind, at = data[at], at + 1
+            if kind == 116:                                 # 't': text
+                (size,) = _SIZE.unpack_from(data, at)
+                row[column] = load(data[at + 4:at + 4 + size])
+                at += 4 + size
+            elif kind == 110:                               # 'n': NULL
                 row[column] = None
-            elif kind == "t":
-                (size,) = r.unpack("i")
-                row[column] = self.load(type_oid, r.data[r.at:r.at + size].decode())
-                r.at += size
-            elif kind != "u":
-                raise ValueError(f"pgoutput: unknown column kind {kind!r} (binary mode is not asked for)")
+            elif kind != 117:                               # 'u': unchanged TOAST, not sent
+                raise ValueError(f"pgoutput: unknown column kind {chr(kind)!r} (binary mode is not asked for)")
+        r.at = at
         return row
 
 

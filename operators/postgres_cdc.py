@@ -35,6 +35,9 @@ from pescheduler.operator import CommitHooks, Source
 
 from .pgoutput import Begin, Change, Commit, Decoder, Truncate
 
+# Rows a peek decodes past those already read: each peek decodes again from the slot's confirmed LSN,
+# so larger peeks mean fewer repeated decodes between two checkpoints (whole transactions always come).
+PEEK_ROWS = 10_000
 PEEK = ("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, %s, 'proto_version', '1', "
         "'publication_names', %s)")
 
@@ -143,16 +146,12 @@ class PostgresCdcSource(Source, CommitHooks):
         return {"op": "insert", "table": table, **{k: row[k] for k in key}, "after": row,
                 "lsn": self._lsn, "ts": self._snapshot_ts}
 
-    def _loader(self, type_oid: int, text: str) -> Any:
-        """A column's text as psycopg loads that type (text when it knows no loader)."""
+    def _loader(self, type_oid: int) -> Any:
+        """How psycopg loads a column of this type from text (text itself when it knows no loader)."""
         from psycopg.pq import Format
 
-        loaders = self.__dict__.setdefault("_loaders", {})
-        if type_oid not in loaders:
-            cls = self._conn.adapters.get_loader(type_oid, Format.TEXT)
-            loaders[type_oid] = cls(type_oid, self._conn) if cls else None
-        loader = loaders[type_oid]
-        return loader.load(text.encode()) if loader else text
+        cls = self._conn.adapters.get_loader(type_oid, Format.TEXT)
+        return cls(type_oid, self._conn).load if cls else _text
 
     # -- reading -------------------------------------------------------------------
     def read(self, n: int) -> list:
@@ -169,7 +168,7 @@ class PostgresCdcSource(Source, CommitHooks):
         """Decode the transactions after ``_lsn``: the slot replays from its confirmed LSN, so the rows
         up to ``_lsn`` are skipped (``_skip`` of them, grown when a peek held nothing new)."""
         while True:
-            limit = self._skip + max(n, 1000)
+            limit = self._skip + max(n, PEEK_ROWS)
             rows = self._retrying(lambda: self._conn.execute(PEEK, [self.slot, limit, self.publication]).fetchall())
             emitted = self._decode([bytes(data) for (data,) in rows])
             if emitted or len(rows) < limit:
@@ -261,6 +260,10 @@ class PostgresCdcSource(Source, CommitHooks):
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
+
+
+def _text(data: bytes) -> str:
+    return bytes(data).decode()
 
 
 def _ident(name: str) -> str:

@@ -21,7 +21,7 @@ COMMIT = b"C\x00\x00\x00\x00\x00\x01R\x85\xc0\x00\x00\x00\x00\x01R\x85\xf0\x00\x
 
 
 def decoder() -> Decoder:
-    d = Decoder(lambda oid, text: int(text) if oid == 23 else text)     # 23: int4, 25: text
+    d = Decoder(lambda oid: int if oid == 23 else bytes.decode)     # 23: int4, 25: text
     assert d.decode(RELATION) is None
     return d
 
@@ -41,7 +41,7 @@ def test_a_transaction_decodes_to_begin_changes_and_commit():
 
 
 def test_an_update_with_the_old_key_and_a_null_and_a_non_public_schema():
-    d = Decoder(lambda oid, text: text)
+    d = Decoder(lambda oid: bytes.decode)
     d.decode(RELATION.replace(b"public", b"sales"))
     update = d.decode(b"U\x00\x00@\x00K\x00\x02t\x00\x00\x00\x012n" + b"N\x00\x02t\x00\x00\x00\x014n")
     assert (update.before, update.after, update.relation.table) == ({"id": "2"}, {"id": "4", "v": None}, "sales.t")
