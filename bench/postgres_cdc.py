@@ -66,12 +66,13 @@ def main() -> None:
     import psycopg
 
     from pg_server import running
+    from pescheduler.operator import OperatorContext
     from pescheduler.operators import PostgresCdcSource
 
     with running() as url, psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
         source = PostgresCdcSource(dsn=url, tables=["t"], slot="cdc", publication="bench", snapshot=False)
-        source.open(None)
+        source.open(OperatorContext("postgres_cdc-1", extra={"checkpoint": True}))
         conn.execute("SELECT pg_create_logical_replication_slot('bare', 'pgoutput')")
         fill(conn, rows)
         conn.execute("SELECT pg_switch_wal()")      # flush: the slot functions read flushed WAL only

@@ -77,6 +77,7 @@ class PostgresCdcSource(Source, CommitHooks):
     # -- opening -------------------------------------------------------------------
     def open(self, context: Any) -> None:
         super().open(context)
+        self._checkpointed = bool(context is not None and context.extra.get("checkpoint"))
         self._conn = self._connect()
         self._decoder = Decoder(self._loader)
         self._check_wal_level()
@@ -171,6 +172,8 @@ class PostgresCdcSource(Source, CommitHooks):
             limit = self._skip + max(n, PEEK_ROWS)
             rows = self._retrying(lambda: self._conn.execute(PEEK, [self.slot, limit, self.publication]).fetchall())
             emitted = self._decode([bytes(data) for (data,) in rows])
+            if emitted and not self._checkpointed:
+                self._advance(self._lsn)            # nothing will be replayed: the slot need not keep it
             if emitted or len(rows) < limit:
                 return
             self._skip = len(rows)
@@ -251,10 +254,14 @@ class PostgresCdcSource(Source, CommitHooks):
         if not covered:
             return
         self._barriers = {cid: lsn for cid, lsn in self._barriers.items() if cid > checkpoint_id}
+        self._advance(max(covered))
+
+    def _advance(self, lsn: int) -> None:
+        """Move the slot's confirmed LSN up to ``lsn`` (never back): the server may drop the WAL before."""
         self._retrying(lambda: self._conn.execute(
             "SELECT pg_replication_slot_advance(slot_name, '0/0'::pg_lsn + %s::numeric) FROM pg_replication_slots "
             "WHERE slot_name = %s AND confirmed_flush_lsn < '0/0'::pg_lsn + %s::numeric",
-            [max(covered), self.slot, max(covered)]).fetchall())
+            [lsn, self.slot, lsn]).fetchall())
         self._skip = 0
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, Replicate
+from pescheduler.operator import OperatorContext
 from pescheduler.operators import PostgresCdcSource
 from pg_server import running
 from waiting import until
@@ -52,9 +53,10 @@ def db(server, request):
             conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
 
 
-def opened(url, **params) -> PostgresCdcSource:
+def opened(url, checkpointed: bool = True, **params) -> PostgresCdcSource:
+    """A source opened as a deployment with checkpoints (or without) opens it."""
     source = PostgresCdcSource(dsn=url, tables=["orders"], slot="s", publication="p", **params)
-    source.open(None)
+    source.open(OperatorContext("postgres_cdc-1", extra={"checkpoint": checkpointed}))
     return source
 
 
@@ -135,10 +137,19 @@ def test_the_slot_advances_only_when_a_checkpoint_completes_and_seek_resumes(db)
     source.close()
     again = PostgresCdcSource(dsn=url, tables=["orders"], slot="s", publication="p")
     again.seek(json.loads(json.dumps(at_barrier)))
-    again.open(None)
+    again.open(OperatorContext("postgres_cdc-1", extra={"checkpoint": True}))
     assert sorted(r["id"] for r in read_until(again, 5)) == [11, 12, 13, 14, 15]
     assert again.read(100) == []
     again.close()
+
+
+def test_without_checkpoints_the_slot_is_advanced_as_changes_are_read(db):
+    url, conn = db
+    source = opened(url, checkpointed=False, snapshot=False)
+    conn.execute("INSERT INTO orders SELECT i, 0, '' FROM generate_series(1, 10) i")
+    changes = read_until(source, 10)
+    assert _confirmed(conn) == changes[-1]["lsn"]        # the server may drop the WAL read
+    source.close()
 
 
 def test_a_dropped_connection_is_opened_again_and_nothing_is_lost(db):
