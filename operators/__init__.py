@@ -4,10 +4,12 @@ It registers through the ``pescheduler`` entry-point group
 (``builtin-operators``) exactly as a third-party plug-in does:
 
 * sources: ``iterable``, ``generator``, ``jsonl`` (:mod:`.sources`), ``kafka`` (:mod:`.kafka`),
-  ``redis`` (:mod:`.redis_streams`), ``files`` (:mod:`.files`)
+  ``redis`` (:mod:`.redis_streams`), ``files`` (:mod:`.files`),
+  ``postgres_cdc`` (:mod:`.postgres_cdc`)
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
-  (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
+  (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`),
+  ``latest`` (:mod:`.latest`)
 * sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`), ``kafka``, ``redis``,
   ``delta`` (:mod:`.delta`), ``iceberg`` (:mod:`.iceberg`)
 * the ends of ``pescheduler.ep`` queries: ``ep_schema`` and the sink ``ep_output`` (:mod:`.ep_io`);
@@ -38,8 +40,10 @@ from .ep_io import OutputProcessors, SchemaCheck
 from .iceberg import IcebergSink
 from .join import Join
 from .kafka import KafkaSink, KafkaSource
+from .latest import Latest
 from .over_window import OverWindow
 from .pattern import Pattern
+from .postgres_cdc import PostgresCdcSource
 from .redis_streams import RedisStreamSink, RedisStreamSource
 from .session import SessionWindow
 from .sinks import DiscardSink, JsonlSink, ParquetSink, PrintSink
@@ -50,7 +54,7 @@ OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStr
              SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, SharedFilter, QueryGroup, OverLanes, SharedPatterns, SharedCorrelations,
              JsonlSink, PrintSink, DiscardSink,
              ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors,
-             FilesSource, DeltaSink, IcebergSink]
+             FilesSource, DeltaSink, IcebergSink, PostgresCdcSource, Latest]
 
 __all__ = [cls.__name__ for cls in OPERATORS]
 

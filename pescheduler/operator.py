@@ -458,7 +458,9 @@ class CommitHooks:
        so a coordinator that lost track of later ids recovers them the same way.
 
     A sink that never sees ``pre_commit`` writes straight through, as without
-    checkpoints. The end of a finite stream (``flush``) makes everything
+    checkpoints. A source may implement them too (``pre_commit`` at its barrier,
+    ``commit`` once the checkpoint is complete): ``postgres_cdc`` advances its
+    replication slot only then. The end of a finite stream (``flush``) makes everything
     visible: it is the stream's last checkpoint.
     """
 

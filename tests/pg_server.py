@@ -53,16 +53,18 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running() -> Iterator[str]:
+def running(wal_level: str = "logical") -> Iterator[str]:
+    """A server with ``wal_level`` (``logical`` by default, so the ``postgres_cdc`` source can decode
+    its changes through replication slots; ``replica``/``minimal`` to test the refusal)."""
     remove_stale()
     with tempfile.TemporaryDirectory(prefix=PREFIX) as tmp:
         me = psutil.Process()
         with open(os.path.join(tmp, "owner"), "w") as f:
             json.dump({"pid": me.pid, "started": me.create_time()}, f)
-        yield from _server(tmp)
+        yield from _server(tmp, wal_level)
 
 
-def _server(tmp: str) -> Iterator[str]:
+def _server(tmp: str, wal_level: str) -> Iterator[str]:
     initdb = require("initdb", "postgresql", search=_bin_dirs())
     postgres = os.path.join(os.path.dirname(initdb), "postgres")
     user = "postgres" if os.geteuid() == 0 else None
@@ -80,7 +82,8 @@ def _server(tmp: str) -> Iterator[str]:
     with open(os.path.join(tmp, "log"), "wb") as log:
         server = subprocess.Popen(
             [setpriv, "--pdeathsig", "INT", postgres, "-D", data, "-p", str(port), "-k", sock,
-             "-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off"],
+             "-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off",
+             "-c", f"wal_level={wal_level}", *_replication(wal_level)],
             user=user, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
         until(lambda: server.poll() is not None or _ready(data), 60, "postgres to accept connections")
@@ -89,6 +92,13 @@ def _server(tmp: str) -> Iterator[str]:
         yield f"postgresql://postgres@/postgres?host={sock}&port={port}"
     finally:
         _stop(server)
+
+
+def _replication(wal_level: str) -> list[str]:
+    """Replication slots for ``logical`` (a few tests' slots at once); ``minimal`` must have no WAL senders."""
+    if wal_level == "minimal":
+        return ["-c", "max_wal_senders=0"]
+    return ["-c", "max_replication_slots=20", "-c", "max_wal_senders=20"]
 
 
 def _ready(data: str) -> bool:

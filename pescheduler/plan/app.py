@@ -178,6 +178,14 @@ class Stream:
         out.key_field = None
         return out
 
+    def latest(self, *, id: str | None = None, **params: Any) -> "Stream":
+        """The current row per key of a changelog (``postgres_cdc``): upserts and deletes of the
+        state, each with the row it replaced (operators/latest.py)."""
+        out = self.apply("latest", id=id, **params)
+        key = params.get("key", self.key_field)
+        out.key_field = key if isinstance(key, str) else None      # its rows carry a field key as it was
+        return out
+
     def late_events(self) -> "Stream":
         """The side output of events that arrived after their window fired."""
         return Stream(self.app, self.op_id, port="late")

@@ -9,7 +9,7 @@ that delivered the barrier are parked (what they carry belongs to the next
 checkpoint), so each operator's snapshot holds exactly the input before the
 barrier. Once every operator of the PE is aligned:
 
-1. sinks get ``pre_commit(id)``, then every operator's ``snapshot()``, the
+1. sinks (and sources with commit hooks) get ``pre_commit(id)``, then every operator's ``snapshot()``, the
    chain's watermark progress and each source's ``position()`` are taken and
    pickled right there: the state is copied before the PE changes it again
    (the synchronous part, as Flink's);
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from ..errors import DeliveryFailed, NotReplayable
-from ..operator import Sink, Source
+from ..operator import CommitHooks, Source
 
 if TYPE_CHECKING:
     from .runtime import PERunner
@@ -124,7 +124,7 @@ class Barriers:
         pe = self.pe
         try:
             for op in pe.ops.values():
-                if isinstance(op, Sink):
+                if isinstance(op, CommitHooks):
                     op.pre_commit(checkpoint_id)
             positions = {op_id: _position(op) for op_id, op in pe.ops.items() if isinstance(op, Source)}
             state = cloudpickle.dumps(pe.snapshot())
@@ -155,23 +155,24 @@ class Barriers:
         whatever was staged after N is discarded, because the sources replay it."""
         for op_id, saved in restore.items():
             op, done = self.pe.ops[op_id], saved.get("checkpoint")
-            if done is not None and isinstance(op, Sink):
+            if done is not None and isinstance(op, CommitHooks):
                 op.commit(done)
                 op.abort(done + 1)
             if done is not None:
                 self.done_upto = max(self.done_upto, done)
 
     def commit(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` is complete: sinks make its output visible. A commit that
+        """Checkpoint ``checkpoint_id`` is complete: sinks make its output visible (and a source with
+        the hooks, ``postgres_cdc``, lets its slot drop what the checkpoint covers). A commit that
         fails (transient errors were retried by the sink) fails the PE, as Flink fails the task:
         a checkpointed run then restores this checkpoint, whose sinks commit it again, and a run
         that cannot restore fails loudly; the checkpoint never counts as published meanwhile."""
         for op_id, op in self.pe.ops.items():
-            if isinstance(op, Sink):
+            if isinstance(op, CommitHooks):
                 try:
                     op.commit(checkpoint_id)
                 except Exception as exc:
-                    self.failure = DeliveryFailed(f"PE {self.pe.pe_id}: sink {op_id}: committing checkpoint "
+                    self.failure = DeliveryFailed(f"PE {self.pe.pe_id}: {op_id}: committing checkpoint "
                                                   f"{checkpoint_id} failed: {type(exc).__name__}: {exc}")
                     self.pe.turns.on_loop(self.pe.inbox.event.set)
                     raise self.failure from exc

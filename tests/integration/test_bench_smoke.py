@@ -33,6 +33,8 @@ BENCH = Path(__file__).parent.parent.parent / "bench"
     ("startup.py", (), ("command line", "forked", "(a)/(b): deploy→result")),
     ("connectors.py", (), ("parquet", "delta", "iceberg", "ms/commit", "output checked")),
     ("latency.py", (), ("before: p50", "after: p50", "capacity (unpaced", "goals across 2 PEs")),
+    pytest.param("postgres_cdc.py", (), ("output checked: each change once", "bare get_changes loop",
+                                         "ratio source/bare"), marks=pytest.mark.database),
 ])
 def test_benchmark_quick_runs_and_prints_its_figures(tmp_path, script, args, expected):
     result = subprocess.run([sys.executable, str(BENCH / script), "--quick", *args],

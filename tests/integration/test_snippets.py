@@ -6,7 +6,8 @@ block here is written to its own file and run that way, in its own process
 run exactly as a user's script is). A block that is only a fragment says so
 in its info string, `` ```python fragment ``, and is left out; a `` ```python broker ``
 block needs a Kafka/Redis broker and is run by tests/integration/test_connectors_docs.py
-against the brokers its fixtures start.
+against the brokers its fixtures start; a `` ```python postgres `` block needs a PostgreSQL server and
+is run by tests/integration/test_postgres_cdc.py against the one its fixture starts.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ ROOT = Path(__file__).parent.parent.parent
 FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.S | re.M)
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCKS = [(page.relative_to(ROOT).as_posix(), i, code) for page in PAGES
-          for i, (info, code) in enumerate(FENCE.findall(page.read_text())) if not {"fragment", "broker"} & set(info.split())]
+          for i, (info, code) in enumerate(FENCE.findall(page.read_text())) if not {"fragment", "broker", "postgres"} & set(info.split())]
 BLOCK_TIMEOUT_S = 300
 
 
