@@ -95,6 +95,10 @@ def position(node: exp.Expression, query: str) -> tuple[int | None, int | None]:
     if not starts:
         return None, None
     start = min(starts)
+    if "start" not in node.meta:        # a keyword sqlglot keeps no place for (CASE): the word before
+        word = node.sql_name() if isinstance(node, exp.Func) else node.key.upper()
+        at = query.upper().rfind(word, 0, start)
+        start = at if at >= 0 and "\n" not in query[at:start] and start - at < 40 else start
     return query.count("\n", 0, start) + 1, start - query.rfind("\n", 0, start)
 
 
