@@ -5,7 +5,8 @@ expressions, ``key_by``, ``window``), so a query fuses, runs on Arrow batches
 where the columnar path applies, and is copied, moved and checkpointed like a
 hand-written app. The one per-row Python call is the final projection, which
 keeps only the SELECT's fields (a map with expressions adds fields, it never
-drops any); it is left out when a window's rows already hold exactly those.
+drops any); it is left out when a window's rows already hold exactly those
+(then in the window's order: a row is a dict, its fields are found by name).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from .plan import WINDOW_FIELDS, QueryPlan
 
 
 class Projection:
-    """``t -> {name: t[name] for name in names}``: SELECT's fields, in its order (picklable)."""
+    """``t -> {name: t[name] for name in names}``: SELECT's fields, in its order (picklable; a
+    per-row call, which only SELECTs that drop or rename fields pay)."""
 
     def __init__(self, names: list[str]) -> None:
         self.names = tuple(names)
@@ -39,7 +41,7 @@ def build(plan: QueryPlan, stream: Stream) -> Stream:
         stream = _window(plan, stream)
     if plan.computed:
         stream = stream.map(**plan.computed)
-    if _fields_after(plan) != plan.columns:
+    if _fields_after(plan) != set(plan.columns):
         stream = stream.map(Projection(plan.columns))
     return stream
 
@@ -51,12 +53,11 @@ def _window(plan: QueryPlan, stream: Stream) -> Stream:
     return stream.filter(plan.having) if plan.having is not None else stream
 
 
-def _fields_after(plan: QueryPlan) -> list[str] | None:
+def _fields_after(plan: QueryPlan) -> set[str] | None:
     """The fields rows have before the projection, when known (a window's rows; else None)."""
     if plan.window is None:
         return None
-    fields = ([plan.key] if plan.key else []) + list(WINDOW_FIELDS) + list(plan.aggregates)
-    return fields + [name for name in plan.computed if name not in fields]
+    return {plan.key, *WINDOW_FIELDS, *plan.aggregates, *plan.computed} - {None}
 
 
 def describe(stream: Stream) -> list[dict[str, Any]]:
