@@ -7,7 +7,8 @@ its sink, each as a registry name and a JSON object of parameters::
     -- sink: jsonl {"path": "fast.jsonl"}
     SELECT car, speed * 3.6 AS kmh FROM cars WHERE speed > 30
 
-The whole text is handed to :func:`pescheduler.sql.sql` (SQL ignores the
+A comment whose first word is ``source`` or ``sink`` is such a line (written
+wrong, it is an error). The whole text is handed to :func:`pescheduler.sql.sql` (SQL ignores the
 comments), so an error's line and column are the file's. Every problem is an
 ``AppLoadError`` naming ``file:line:column``.
 """
@@ -21,8 +22,10 @@ import re
 from ..errors import AppLoadError
 from ..plan.app import Application
 
-HEADER = re.compile(r"^\s*--\s*(source\s+(?P<source>\w+)|sink)\s*:\s*(?P<name>[\w.-]+)\s*(?P<params>\{.*\})?\s*$",
-                    re.I)
+HEADER = re.compile(r"^\s*--\s*(source\s+(?P<source>\w+)|sink)\s*:\s*(?P<name>[\w.-]+)\s*(?P<params>\{.*)?$", re.I)
+"""``-- source NAME: REGISTRY_NAME {json}`` or ``-- sink: REGISTRY_NAME {json}``."""
+LOOKS_LIKE_HEADER = re.compile(r"^\s*--\s*(source|sink)\b", re.I)
+"""A comment whose first word is source or sink is a header: written wrong, it is an error, not ignored."""
 FIX = 'name each source and the sink in a comment: -- source cars: generator {"events": 1000}'
 
 
@@ -36,6 +39,8 @@ def load_sql_app(path: str) -> Application:
     sources, sink = {}, None
     for number, line in enumerate(text.splitlines(), start=1):
         match = HEADER.match(line)
+        if match is None and LOOKS_LIKE_HEADER.match(line):
+            raise AppLoadError(path, f"not a source or sink line: {line.strip()}", FIX, number)
         if match:
             name, params = match["name"], _params(path, number, match["params"])
             if match["source"]:

@@ -120,3 +120,32 @@ def test_random_queries_give_what_duckdb_gives_over_the_same_rows(query, seed):
     assert "late" not in result.sides
     expected = duckdb_rows(query, {"cars": rows}, COLUMNS)
     assert same_rows(result.output, expected), (query, result.output[:5], expected[:5])
+
+
+@pytest.mark.parametrize("text, problem, line", [
+    ('-- source cars: generator {"events": 10}\nSELECT car FROM cars\n', "the query has no sink", None),
+    ('-- source cars: generator {"events": 10\n-- sink: print\nSELECT car FROM cars\n', "not a JSON object", 1),
+    ('-- sink: print\nSELECT car FROM cars\n', "unknown source 'cars'", 2),
+    ('-- source cars generator\n-- sink: print\nSELECT car FROM cars\n', "not a source or sink line", 1),
+])
+def test_a_sql_file_names_its_sources_and_sink_or_is_refused_at_its_line(tmp_path, text, problem, line):
+    from pescheduler.apploader import load_app
+    from pescheduler.errors import AppLoadError
+
+    path = tmp_path / "query.sql"
+    path.write_text(text)
+    with pytest.raises(AppLoadError) as caught:
+        load_app(path)
+    assert problem in caught.value.problem and caught.value.line == line
+
+
+def test_a_sql_file_is_an_app_with_its_sources_query_and_sink(tmp_path):
+    from pescheduler.apploader import load_app
+
+    path = tmp_path / "fast.sql"
+    path.write_text('-- source cars: generator {"events": 10, "seed": 3}\n-- sink: jsonl {"path": "x.jsonl"}\n'
+                    "SELECT car, speed * 2 AS double FROM cars WHERE speed > 1\n")
+    app = load_app(path)
+    nodes = list(app.nodes.values())
+    assert app.name == "fast" and [n.name for n in nodes] == ["generator", "filter", "map", "map", "jsonl"]
+    assert nodes[0].params == {"events": 10, "seed": 3} and nodes[-1].params == {"path": "x.jsonl"}
