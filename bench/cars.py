@@ -149,12 +149,10 @@ def in_process(events: int, columnar: bool = False, lambdas: bool = False, query
 
 def _sql_ops(query: str) -> list:
     """The operators ``query`` compiles to over a stream ``cars``, made from the app's nodes."""
-    from pescheduler.plugins import active_plugins
+    from pescheduler.testing import chain_operators
 
     app = Application("cars-sql")
-    pescheduler.sql(query, sources={"cars": app.source("iterable", items=[])})
-    registry = active_plugins().operators
-    return [registry[(n.kind, n.name)](**n.params) for n in list(app.nodes.values())[1:]]
+    return chain_operators(pescheduler.sql(query, sources={"cars": app.source("iterable", items=[])}))[1]
 
 
 def deployed(events: int, workers: int = 1, columnar: bool = False, lambdas: bool = False,
