@@ -1,5 +1,5 @@
 """SQL benchmark: the connected-car query written in SQL against the same app written with ``col``
-expressions, per tuple, in one run.
+expressions, per tuple and columnar (Arrow batches), in one run.
 
     python bench/sql.py [--events 2000000] [--repeat 3] [--quick]
 
@@ -31,12 +31,14 @@ def main() -> None:
         **cars.baselines(n),
         "in-process, col expressions": lambda: cars.in_process(n),
         "in-process, SQL": lambda: cars.in_process(n, query=QUERY),
+        "columnar in-process, col expressions": lambda: cars.in_process(n, columnar=True),
+        "columnar in-process, SQL": lambda: cars.in_process(n, columnar=True, query=QUERY),
         "on 1 worker (deploy), col expressions": lambda: cars.deployed(n),
         "on 1 worker (deploy), SQL": lambda: cars.deployed(n, query=QUERY),
     }
     best = cars.measure(variants, args.repeat)
     cars.report(best, n, "hand loop, dicts", "numpy over columns")
-    for where in ("in-process", "on 1 worker (deploy)"):
+    for where in ("in-process", "columnar in-process", "on 1 worker (deploy)"):
         ratio = best[f"{where}, SQL"] / best[f"{where}, col expressions"]
         print(f"  {where}: SQL takes {ratio:.3f}x the time of the col-expression app")
 
