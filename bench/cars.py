@@ -129,15 +129,17 @@ def _ops(lambdas: bool) -> list:
     return first + [KeyBy("car"), Window(size="60s", aggregates={"avg_speed": ("avg", "speed")})]
 
 
-def in_process(events: int, columnar: bool = False, lambdas: bool = False) -> tuple[float, list]:
-    """The runtime's fused chain in this process (pescheduler.testing), no cluster."""
+def in_process(events: int, columnar: bool = False, lambdas: bool = False, query: str | None = None
+               ) -> tuple[float, list]:
+    """The runtime's fused chain in this process (pescheduler.testing), no cluster; ``query``: the
+    pipeline written in SQL (bench/sql.py), its operators made as a deployment makes them."""
     from pescheduler.testing import run_operators
 
     with tempfile.TemporaryDirectory() as tmp:
         source = benchops.Premade(events=events, start_path=os.path.join(tmp, "start"), columnar=columnar)
         benchops.premade_events(events, columnar)
         sink = benchops.Collect(path=os.path.join(tmp, "out"))
-        ops = _ops(lambdas)
+        ops = _ops(lambdas) if query is None else _sql_ops(query)
         t0 = time.time()
         run_operators(source, *ops, sink, key_field="car")
         with open(os.path.join(tmp, "out"), "rb") as f:
@@ -145,16 +147,29 @@ def in_process(events: int, columnar: bool = False, lambdas: bool = False) -> tu
     return result["end"] - t0, result["rows"]        # the sink's end: its pickling is not timed
 
 
-def deployed(events: int, workers: int = 1, columnar: bool = False, lambdas: bool = False) -> tuple[float, list]:
-    """A real deployment on the embedded cluster: source start -> sink end (wall clock)."""
+def _sql_ops(query: str) -> list:
+    """The operators ``query`` compiles to over a stream ``cars``, made from the app's nodes."""
+    from pescheduler.testing import chain_operators
+
+    app = Application("cars-sql")
+    return chain_operators(pescheduler.sql(query, sources={"cars": app.source("iterable", items=[])}))[1]
+
+
+def deployed(events: int, workers: int = 1, columnar: bool = False, lambdas: bool = False,
+             query: str | None = None) -> tuple[float, list]:
+    """A real deployment on the embedded cluster: source start -> sink end (wall clock); ``query``:
+    the pipeline written in SQL over the stream ``cars``."""
     with tempfile.TemporaryDirectory() as tmp:
         start, out = os.path.join(tmp, "start"), os.path.join(tmp, "out")
         app = Application(f"cars-{workers}-{'columnar' if columnar else 'rows'}")
         s = app.source("premade", events=events, start_path=start, columnar=columnar)
-        s = (s.map(lambda e: {**e, "speed": e["speed"] / 3.6}).filter(lambda e: e["speed"] > 5) if lambdas
-             else s.map(speed=col("speed") / 3.6).filter(col("speed") > 5))
-        (s.key_by("car").window(size="60s", aggregates={"avg_speed": ("avg", "speed")})
-            .sink("collect_batches", path=out))
+        if query is not None:
+            pescheduler.sql(query, sources={"cars": s}).sink("collect_batches", path=out)
+        else:
+            s = (s.map(lambda e: {**e, "speed": e["speed"] / 3.6}).filter(lambda e: e["speed"] > 5) if lambdas
+                 else s.map(speed=col("speed") / 3.6).filter(col("speed") > 5))
+            (s.key_by("car").window(size="60s", aggregates={"avg_speed": ("avg", "speed")})
+                .sink("collect_batches", path=out))
         with pescheduler.deploy(app, workers=workers, policies=[], plugins=["benchops"]) as dep:
             dep.wait(timeout=900)
             pes = len(dep.placement().pes)

@@ -6,7 +6,7 @@ It registers through the ``pescheduler`` entry-point group
 * sources: ``iterable``, ``generator``, ``jsonl`` (:mod:`.sources`), ``kafka`` (:mod:`.kafka`),
   ``redis`` (:mod:`.redis_streams`), ``files`` (:mod:`.files`),
   ``postgres_cdc`` (:mod:`.postgres_cdc`)
-* operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
+* operators: ``map``, ``filter``, ``flat_map``, ``key_by``, ``union`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
   (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`),
   ``latest`` (:mod:`.latest`)
@@ -27,7 +27,7 @@ from __future__ import annotations
 from pescheduler.aggregates import BUILTINS
 from pescheduler.plugins import hookimpl
 
-from .basic import Filter, FlatMap, KeyBy, Map
+from .basic import Filter, FlatMap, KeyBy, Map, Union
 from .count_window import CountWindow
 from .delta import DeltaSink
 from .files import FilesSource
@@ -50,7 +50,7 @@ from .sinks import DiscardSink, JsonlSink, ParquetSink, PrintSink
 from .sources import GeneratorSource, IterableSource, JsonlSource
 from .window import Window
 
-OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStreamSource, Map, Filter, FlatMap, KeyBy, Window,
+OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStreamSource, Map, Filter, FlatMap, KeyBy, Union, Window,
              SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, SharedFilter, QueryGroup, OverLanes, SharedPatterns, SharedCorrelations,
              JsonlSink, PrintSink, DiscardSink,
              ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors,

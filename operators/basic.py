@@ -1,4 +1,4 @@
-"""Stateless built-ins: ``map``, ``filter``, ``flat_map``, ``key_by``.
+"""Stateless built-ins: ``map``, ``filter``, ``flat_map``, ``key_by``, ``union``.
 
 Each handles a whole batch with one comprehension or C-level call and catches
 nothing: when a user function raises, the chain re-runs that batch tuple by
@@ -131,3 +131,15 @@ class KeyBy(Fusable):
             emit.many(batch)
         else:
             emit.columns(batch)
+
+
+class Union(Fusable):
+    """Every tuple of every input, as it comes (SQL's ``UNION ALL``; ``stream.union(other)``).
+
+    A pass-through with several inputs: the runtime already merges its inputs'
+    batches and holds its watermark to the slowest input, as for a join.
+    """
+
+    name = "union"
+    columnar = True
+    process = KeyBy.process

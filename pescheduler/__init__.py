@@ -9,6 +9,7 @@ Public names::
     Application, Stream           describe an app (pescheduler.plan.app)
     deploy, Deployment            run it (pescheduler.control.deployment)
     col, lit                      expressions for map/filter, compiled per backend (pescheduler.expr)
+    sql                           a streaming SQL query as a Stream: pescheduler.sql(query, sources={...})
     Operator, Source, Sink, Parallelism, Emitter, OperatorContext
                                   write operator plug-ins (pescheduler.operator)
     hookimpl                      mark plug-in hook implementations
@@ -50,3 +51,12 @@ __all__ = [
     "PeschedulerError", "InvalidApplication", "AppLoadError", "AppCheckFailed", "DeploymentFailed",
     "Fuse", "Split", "Move", "Replicate", "Release", "BorrowHosts", "ReturnHost",
 ]
+
+
+def __getattr__(name: str):
+    """``pescheduler.sql`` on first use (it imports sqlglot, which an app without SQL never needs)."""
+    if name == "sql":
+        import importlib
+
+        return importlib.import_module(".sql", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

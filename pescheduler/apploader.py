@@ -41,8 +41,13 @@ def load_app(path: str | os.PathLike) -> Application:
 
     When the module defines ``build``, it is called and must return the
     Application; otherwise exactly one module-level Application must exist.
+    A ``.sql`` file is a query with its sources and sink in comments (docs/sql.md).
     """
     path = os.fspath(path)      # messages show the path as the user gave it
+    if path.endswith(".sql"):   # a query naming its sources and sink (pescheduler.sql.sqlfile)
+        from .sql.sqlfile import load_sql_app
+
+        return load_sql_app(path)
     module = _execute(path)
     try:
         return _find_application(module, path)

@@ -84,6 +84,39 @@ def run_operators(items: Iterable[Any] | Source, *operators: Operator, batch_siz
     return result
 
 
+def run_stream(stream: Any, items: Iterable[Any] | None = None, **options: Any) -> RunResult:
+    """Run the operators an app wrote from its source to ``stream`` (a linear chain) in-process.
+
+    ``items`` replaces the source's tuples (by default the ``items`` of the
+    app's ``iterable`` source); ``options`` are :func:`run_operators`'.
+    """
+    source, ops, key = chain_operators(stream)
+    items = source.params["items"] if items is None else items
+    return run_operators(items, *ops, key_field=key, **options)
+
+
+def chain_operators(stream: Any) -> tuple[Any, list[Operator], Any]:
+    """``(source node, operators, key)`` of the linear chain from an app's source to ``stream``.
+
+    The operators are made from the app's nodes as a deployment makes them
+    (registry name and parameters), so what runs is what a deployment would run.
+    """
+    from .plugins import active_plugins
+
+    nodes = stream.app.nodes
+    chain = [nodes[stream.op_id]]
+    while chain[-1].inputs:
+        if len(chain[-1].inputs) != 1:
+            raise ValueError(f"a linear chain was expected; {chain[-1].op_id} has several inputs")
+        chain.append(nodes[chain[-1].inputs[0][0]])
+    source, *operators = reversed(chain)
+    registry = active_plugins().operators
+    keys = [n.key_field for n in operators if n.key_field is not None]
+    if len({repr(k) for k in keys}) > 1:
+        raise ValueError(f"one key is handed to every operator; this chain has {keys}")
+    return source, [registry[(n.kind, n.name)](**n.params) for n in operators], keys[0] if keys else None
+
+
 def drive_source(chain: Chain, driver: SourceDriver) -> None:
     """Read ``driver``'s source to the end into ``chain`` (no pacing: tests run flat out)."""
     while pump(driver, chain) is not None:

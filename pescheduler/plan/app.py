@@ -172,6 +172,12 @@ class Stream:
                              [(self.op_id, self.port), (other.op_id, other.port)], id, self.key_field)
         return Stream(self.app, node.op_id)
 
+    def union(self, *others: "Stream", id: str | None = None) -> "Stream":
+        """Every tuple of this stream and of ``others``, as they come (SQL's UNION ALL)."""
+        inputs = [(stream.op_id, stream.port) for stream in (self, *others)]
+        node = self.app._add("operator", "union", {}, inputs, id)
+        return Stream(self.app, node.op_id)
+
     def pattern(self, pattern: str, define: dict, *, id: str | None = None, **params: Any) -> "Stream":
         """Sequential pattern over the stream, per key if keyed (operators/pattern.py)."""
         out = self.apply("pattern", id=id, pattern=pattern, define=define, **params)

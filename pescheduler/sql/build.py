@@ -1,0 +1,74 @@
+"""A :class:`~pescheduler.sql.plan.QueryPlan` as operators on the source's ``Stream``.
+
+Each step is an ordinary operator of the app (``filter``/``map`` with ``col``
+expressions, ``key_by``, ``window``), so a query fuses, runs on Arrow batches
+where the columnar path applies, and is copied, moved and checkpointed like a
+hand-written app. The one per-row Python call is the final projection, which
+keeps only the SELECT's fields (a map with expressions adds fields, it never
+drops any); it is left out when a window's rows already hold exactly those
+(then in the window's order: a row is a dict, its fields are found by name).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..plan.app import Stream
+from .plan import WINDOW_FIELDS, QueryPlan
+
+
+class Projection:
+    """``t -> {name: t[name] for name in names}``: SELECT's fields, in its order (picklable; a
+    per-row call, which only SELECTs that drop or rename fields pay)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = tuple(names)
+
+    def __call__(self, t: dict) -> dict:
+        return {name: t[name] for name in self.names}
+
+    def __repr__(self) -> str:
+        return f"Projection({', '.join(self.names)})"
+
+
+def build(plan: QueryPlan, stream: Stream) -> Stream:
+    """The operators of ``plan`` appended to ``stream`` (the source it reads)."""
+    if plan.where is not None:
+        stream = stream.filter(plan.where)
+    if plan.inputs:
+        stream = stream.map(**plan.inputs)
+    if plan.window is not None:
+        stream = _window(plan, stream)
+    if plan.computed:
+        stream = stream.map(**plan.computed)
+    if _fields_after(plan) != set(plan.columns):
+        stream = stream.map(Projection(plan.columns))
+    return stream
+
+
+def _window(plan: QueryPlan, stream: Stream) -> Stream:
+    if plan.key is not None:
+        stream = stream.key_by(plan.key)
+    stream = stream.window(aggregates=plan.aggregates, **plan.window.params())
+    return stream.filter(plan.having) if plan.having is not None else stream
+
+
+def _fields_after(plan: QueryPlan) -> set[str] | None:
+    """The fields rows have before the projection, when known (a window's rows; else None)."""
+    if plan.window is None:
+        return None
+    return {plan.key, *WINDOW_FIELDS, *plan.aggregates, *plan.computed} - {None}
+
+
+def describe(stream: Stream) -> list[dict[str, Any]]:
+    """The operators ``stream`` was built from, source first: id, name, parameters (EXPLAIN)."""
+    nodes = stream.app.nodes
+    reached: set[str] = set()
+    pending = [stream.op_id]
+    while pending:
+        op_id = pending.pop()
+        if op_id not in reached:
+            reached.add(op_id)
+            pending.extend(src for src, _port in nodes[op_id].inputs)
+    return [{"id": op_id, "operator": node.name, "inputs": [s for s, _ in node.inputs], "params": node.params}
+            for op_id, node in nodes.items() if op_id in reached]      # nodes are in the order added

@@ -1,0 +1,102 @@
+"""sqlglot scalar expressions to ``col`` expression trees (:mod:`pescheduler.expr`).
+
+Only what the tree computes exactly as SQL does is translated; everything
+else is a :class:`~pescheduler.sql.parse.SQLError` naming the construct and
+its place. Not translated, on purpose:
+
+* ``%`` / ``MOD``: the tree's modulo is Python's floor modulo, SQL's truncates
+  (``-7 % 3`` is 2 against -1): translating it would give wrong results;
+* ``CASE``, ``COALESCE``, ``NULLIF`` and string functions: the tree has no
+  conditional node and no string functions yet.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from sqlglot import exp
+
+from ..expr import Expr, Lit, Unary, col, lit
+from .parse import error
+
+_BINARY: dict[type, Callable[[Expr, Expr], Expr]] = {
+    exp.Add: lambda a, b: a + b, exp.Sub: lambda a, b: a - b, exp.Mul: lambda a, b: a * b,
+    exp.Div: lambda a, b: a / b, exp.EQ: lambda a, b: a == b, exp.NEQ: lambda a, b: a != b,
+    exp.LT: lambda a, b: a < b, exp.LTE: lambda a, b: a <= b, exp.GT: lambda a, b: a > b,
+    exp.GTE: lambda a, b: a >= b, exp.And: lambda a, b: a & b, exp.Or: lambda a, b: a | b,
+}
+_UNARY: dict[type, Callable[[Expr], Expr]] = {
+    exp.Neg: lambda a: -a, exp.Not: lambda a: ~a, exp.Abs: abs,
+}
+_WHY_NOT = {
+    exp.Mod: "the expression tree's % is floor modulo and SQL's truncates, so it would give wrong "
+             "results on negative numbers",
+    exp.Case: "the expression tree has no conditional yet", exp.If: "the expression tree has no conditional yet",
+    exp.Coalesce: "the expression tree has no conditional yet",
+}
+
+
+class Translator:
+    """Translates the scalar expressions of one query; ``names`` maps a sub-tree's SQL text to a
+    field already computed under that name (aggregates, read after the window)."""
+
+    def __init__(self, query: str, names: dict[str, str] | None = None) -> None:
+        self.query = query
+        self.names = names or {}
+
+    def __call__(self, node: exp.Expression) -> Expr:
+        if node.sql() in self.names:
+            return col(self.names[node.sql()])
+        for kind, build in _BINARY.items():
+            if type(node) is kind:
+                return build(self(node.this), self(node.expression))
+        if type(node) in _UNARY:
+            return _UNARY[type(node)](self(node.this))
+        return self._leaf_or_special(node)
+
+    def _leaf_or_special(self, node: exp.Expression) -> Expr:
+        if isinstance(node, exp.Paren):
+            return self(node.this)
+        if isinstance(node, exp.Column):
+            return self._column(node)
+        if isinstance(node, (exp.Literal, exp.Boolean, exp.Null)):
+            return self._literal(node)
+        if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
+            return Unary("is_null", self(node.this))
+        if isinstance(node, exp.Between):
+            value = self(node.this)
+            return (value >= self(node.args["low"])) & (value <= self(node.args["high"]))
+        if isinstance(node, exp.In) and node.expressions and not node.args.get("query"):
+            return self._in(node)
+        raise self.unsupported(node)
+
+    def _column(self, node: exp.Column) -> Expr:
+        if node.table:
+            raise error(self.query, node, f"qualified column {node.sql()!r}: name the field alone "
+                                          f"(a query reads one table per SELECT)")
+        return col(node.name)
+
+    def _literal(self, node: exp.Expression) -> Lit:
+        if isinstance(node, exp.Null):
+            return lit(None)
+        if isinstance(node, exp.Boolean):
+            return lit(bool(node.this))
+        if node.is_string:
+            return lit(node.this)
+        text = node.this
+        return lit(float(text) if any(c in text for c in ".eE") else int(text))
+
+    def _in(self, node: exp.In) -> Expr:
+        value = self(node.this)
+        tests = [value == self(option) for option in node.expressions]
+        result = tests[0]
+        for test in tests[1:]:
+            result = result | test
+        return result
+
+    def unsupported(self, node: exp.Expression) -> Exception:
+        """The error for a construct with no translation (why, when known)."""
+        what = node.name.upper() if isinstance(node, exp.Anonymous) else (
+            node.sql_name() if isinstance(node, exp.Func) else node.key.upper())
+        why = _WHY_NOT.get(type(node), "not supported by pescheduler's SQL (see docs/sql.md)")
+        return error(self.query, node, f"{what} is not supported: {why}")

@@ -1,0 +1,77 @@
+"""Streaming SQL on the real runtime (workers, channels, watermarks), against DuckDB over the same rows."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pescheduler
+from pescheduler import Application
+from sql_oracle import duckdb_rows, same_rows
+
+pytestmark = pytest.mark.integration
+
+QUERY = """SELECT car, COUNT(*) AS n, AVG(speed) AS mean, window_start, window_end
+FROM TABLE(HOP(TABLE cars, DESCRIPTOR(ts), INTERVAL '1' SECOND, INTERVAL '2' SECOND))
+WHERE speed > 3
+GROUP BY car, window_start, window_end
+UNION ALL
+SELECT car, COUNT(*) AS n, MAX(speed) * 1.0 AS mean, window_start, window_end
+FROM SESSION(trucks, ts, INTERVAL '800' MILLISECOND)
+GROUP BY car, window_start, window_end HAVING COUNT(*) > 1"""
+
+
+def rows(seed: int, prefix: str) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"car": f"{prefix}{rng.randrange(5)}", "speed": rng.randrange(0, 30), "ts": i * 37 + rng.randrange(20)}
+            for i in range(1500)]
+
+
+def test_union_of_windowed_queries_over_two_sources_equals_duckdb(cluster, tmp_path):
+    cars, trucks = rows(1, "c"), rows(2, "t")
+    out = tmp_path / "sql.jsonl"
+    app = Application("sql")
+    sources = {"cars": app.source("iterable", items=cars, max_delay="100ms"),
+               "trucks": app.source("iterable", items=trucks, max_delay="100ms")}
+    pescheduler.sql(QUERY, sources=sources).sink("jsonl", path=str(out))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        status = dep.wait(timeout=120)
+    assert status["late_events"] == 0 and status["dead_letters"] == 0
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    expected = duckdb_rows(QUERY, {"cars": cars, "trucks": trucks}, {"car": "VARCHAR", "speed": "BIGINT", "ts": "BIGINT"})
+    assert len(got) > 100
+    assert same_rows(got, expected)
+
+
+def test_the_cars_sql_example_deploys_from_the_command_line_and_equals_the_python_reference(tmp_path):
+    import connected_cars
+
+    from waiting import reap
+
+    example = Path(__file__).parent.parent.parent / "examples" / "cars.sql"
+    proc = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(example), "--workers", "2"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        reap(proc)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    got = [json.loads(line) for line in (tmp_path / "cars_sql.jsonl").read_text().splitlines()]
+    expected = connected_cars.reference(200_000)
+    assert len(got) > 1000 and same_rows(got, expected)
+
+
+def test_a_bad_query_in_a_sql_file_exits_2_naming_the_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.sql"
+    bad.write_text('-- source cars: generator {"events": 10}\n-- sink: print\n'
+                   "SELECT car, speed % 7 AS m FROM cars\n")
+    done = subprocess.run([sys.executable, "-m", "pescheduler", "deploy", str(bad)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert f"{bad}:3:13: MOD is not supported" in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
