@@ -252,7 +252,7 @@ class PERunner:
             elif kind == END:
                 chain.end_from(channel.src_op)
                 channel.ended = True
-                self._check_aligned()
+                self.check_aligned()
             elif kind == MARKER:
                 self._on_marker(channel, payload)
             elif kind == MALFORMED:         # a control frame that could not be read (channels.py)
@@ -408,10 +408,10 @@ class PERunner:
         """A marker arrived behind all data before it on ``channel``: note it, maybe align."""
         if is_barrier(marker):
             if self.barriers.arrived(channel, marker):
-                self._check_aligned()
+                self.check_aligned()
             return
         self.aligner.arrived(channel.channel_id, marker)
-        self._check_aligned()
+        self.check_aligned()
         self.turns.on_loop(self.on_change)
 
     def begin_align(self, marker: Any, release: bool = False) -> None:
@@ -423,9 +423,9 @@ class PERunner:
         for driver in self.sources:
             driver.pause()
         self.aligner.begin(marker, lambda op_id: self._op_aligned(op_id, marker, release))
-        self._check_aligned()
+        self.check_aligned()
 
-    def _check_aligned(self) -> None:
+    def check_aligned(self) -> None:
         if self.aligner.advance(self.chain, self.receivers.values()):
             if self.barriers.current is not None:
                 self.barriers.aligned()          # snapshot taken, parked input back, sources on

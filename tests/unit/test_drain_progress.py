@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 from test_held_watermarks import _upstream
 
+from pescheduler.control.gateway import WorkerGateway
 from pescheduler.control.protocol import ReconfigurationFailed, ReconfigurationPlan, _wait_drained
 from pescheduler.worker.channels import DATA, MARKER
 from pescheduler.worker.pehost import _drain_progress
@@ -25,6 +26,11 @@ from pescheduler.wire import InputSpec
 OLD = SimpleNamespace(workers=("tcp://w",), pes={"r": SimpleNamespace(worker="tcp://w")})
 PLAN = ReconfigurationPlan(retired=("r",), created=("r",), hold={}, seen={}, channels={})
 BOUND = 0.4
+
+
+def gateway_to(worker) -> WorkerGateway:
+    """The deployment "dep"'s real gateway, over a client whose every worker is ``worker``."""
+    return WorkerGateway(SimpleNamespace(rpc=lambda _address: worker), "dep", ())
 
 
 class _Worker:
@@ -50,7 +56,7 @@ class _Worker:
 def test_a_drain_that_keeps_moving_past_its_bound_finishes():
     worker, steps = _Worker(moving_for=4 * BOUND, moves=True), {}
     t0 = time.monotonic()
-    asyncio.run(_wait_drained(lambda _w: worker, OLD, PLAN, "dep", "m1", timeout=BOUND, steps=steps))
+    asyncio.run(_wait_drained(gateway_to(worker), OLD, PLAN, "m1", timeout=BOUND, steps=steps))
     assert time.monotonic() - t0 >= 4 * BOUND
     assert steps["drain r aligned"] >= 3 * BOUND * 1000, steps        # when, after the drain began, r aligned
 
@@ -59,7 +65,7 @@ def test_a_drain_that_stands_still_fails_after_its_bound():
     worker = _Worker(moving_for=60, moves=False)
     t0 = time.monotonic()
     with pytest.raises(ReconfigurationFailed, match=r"did not drain: .*still waiting for \['r'\] \(nothing moved"):
-        asyncio.run(_wait_drained(lambda _w: worker, OLD, PLAN, "dep", "m1", timeout=BOUND))
+        asyncio.run(_wait_drained(gateway_to(worker), OLD, PLAN, "m1", timeout=BOUND))
     assert BOUND <= time.monotonic() - t0 < 10 * BOUND
 
 

@@ -12,6 +12,7 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from test_drain_progress import gateway_to
 from test_held_watermarks import _upstream
 
 from pescheduler.control.protocol import ReconfigurationFailed, ReconfigurationPlan, _wait_drained
@@ -45,7 +46,7 @@ def test_a_drain_that_fails_reports_credits_holds_and_markers_of_every_pe():
         plan = ReconfigurationPlan(retired=(), created=(), hold={}, seen={"up": ["c-copy"]}, channels={})
         worker = _Worker(pe)
         with pytest.raises(ReconfigurationFailed) as failed:
-            await _wait_drained(lambda _w: worker, old, plan, "dep", "m1", timeout=1)
+            await _wait_drained(gateway_to(worker), old, plan, "m1", timeout=1)
         return str(failed.value)
 
     text = asyncio.run(scenario())
