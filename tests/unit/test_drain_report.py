@@ -36,11 +36,11 @@ class _Worker:
 def test_a_drain_that_fails_reports_credits_holds_and_markers_of_every_pe():
     async def scenario():
         pe, _inboxes = await _upstream()
-        pe.hold(["c-copy"], "m1")
+        pe.rewirer.hold(["c-copy"], "m1")
         pe.outs[0][1].gate.credits = 0                       # c-w: out of credit
         pe.chain.emit_from("src", [{"n": 1, "ts": 1}])       # w
         pe.chain.emit_from("src", [{"n": 2, "ts": 2}])       # w#1, behind the marker
-        await pe._flush()
+        await pe.inputs.flush()
         pe.aligner.arrived("c-src", "m1")
         old = SimpleNamespace(workers=("tcp://w",), pes={"up": SimpleNamespace(worker="tcp://w")})
         plan = ReconfigurationPlan(retired=(), created=(), hold={}, seen={"up": ["c-copy"]}, channels={})
