@@ -2,7 +2,7 @@
 
 Pure bookkeeping (the caller passes the time and does the waiting), so the
 rules are tested without a cluster. Two users: a checkpointed deployment's
-recovery (``checkpoint/recovery.py``, ``pescheduler.restart.*``) and the
+recovery (``control/recovery.py``, ``pescheduler.restart.*``) and the
 sinks' retries of a transient write or commit error (``pescheduler.sinks.retry.*``).
 
 The restart strategy is Flink's *exponential-delay* strategy with its

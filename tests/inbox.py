@@ -1,6 +1,6 @@
 """Taking a PE's inbox in a unit test the way its loop does: turn by turn.
 
-One ``PERunner._read_inbox`` ends when its time slice is used up, after any
+One ``InputScheduler.take`` (worker/flow.py) ends when its time slice is used up, after any
 item: a test that took all its items in one call failed on a loaded machine
 (load 23), when the process lost the CPU for a slice between two items.
 """
@@ -13,5 +13,5 @@ def take_all(pe, turns: int = 100) -> None:
     for _ in range(turns):
         if not pe.inbox.items:
             return
-        pe._read_inbox()
+        pe.inputs.take()
     raise AssertionError(f"the inbox did not empty in {turns} turns: {list(pe.inbox.items)}")

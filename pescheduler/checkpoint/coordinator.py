@@ -36,10 +36,8 @@ from .restore import placement_blob
 from .storage import CheckpointStore
 
 if TYPE_CHECKING:
-    from ..control.gateway import WorkerGateway
-    from ..control.reconfigurer import Reconfigurer
-    from ..control.state import DeploymentState
     from ..plan.placement import Placement
+    from .ports import CheckpointCalls, Layout, Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +61,7 @@ class CompletedCheckpoint:
 class CheckpointCoordinator:
     """Takes a deployment's checkpoints, on a timer (:meth:`run`) or on demand (:meth:`trigger`)."""
 
-    def __init__(self, gateway: "WorkerGateway", reconfigurer: "Reconfigurer", state: "DeploymentState",
+    def __init__(self, gateway: "CheckpointCalls", reconfigurer: "Layout", state: "Lifecycle",
                  store: CheckpointStore, *, interval: float, timeout: float, retain: int,
                  first_id: int = 1) -> None:
         self.gateway = gateway
@@ -78,7 +76,7 @@ class CheckpointCoordinator:
         self.completed_count = 0     # every one since the start (``completed`` keeps the newest)
         self.aborted = 0
         self.last_error: str | None = None
-        self.paused = False          # set while a recovery restores (recovery.py)
+        self.paused = False          # set while a recovery restores (control/recovery.py)
         self._calling: asyncio.Task | None = None        # the call to workers in flight (interrupt cancels it)
         self._interrupted: str | None = None             # why the checkpoint in flight was interrupted
         self._one_at_a_time = asyncio.Lock()             # checkpoints are taken and written in id order

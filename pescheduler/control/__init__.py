@@ -7,9 +7,9 @@ resource manager. Nothing here runs on a worker. Where things are:
 * ``deployment.py``: :class:`Deployment`, the synchronous facade users hold, and ``deploy``;
 * ``gateway.py``: every call to PE hosts and the scheduler, typed (:class:`WorkerGateway`);
 * ``reconfigurer.py``: **where an action is applied** (``Reconfigurer.apply``), the only
-  writer of the placement, channels and epoch; its ``lock`` is the one a checkpoint
-  coordinator takes too (a ``checkpoint.py`` beside it would trigger barriers under it),
-  so checkpoints and reconfigurations never interleave;
+  writer of the placement, channels and epoch; its ``lock`` is the one the checkpoint
+  coordinator (``checkpoint/coordinator.py``) triggers barriers under, so checkpoints and
+  reconfigurations never interleave;
 * ``protocol.py``: the protocol one reconfiguration runs (pause at a marker, drain,
   snapshot, rewire, restore, resume);
 * ``control_loop.py``: collect → snapshot → policies → merge → apply → record;
@@ -20,6 +20,7 @@ resource manager. Nothing here runs on a worker. Where things are:
   ``failures.py`` one made readable (exception, the app's line, a sample);
 * ``hosts.py``: borrowed hosts (through the small ``Fleet`` protocol; the resource managers'
   contract is ``pescheduler/resources.py``);
+* ``recovery.py``: a lost worker, host or PE restores the last complete checkpoint;
 * ``cluster.py``: the embedded cluster; ``statefile.py``: where ``status``/``stop`` find it;
   ``claims.py``: one running deployment per name and per output path.
 

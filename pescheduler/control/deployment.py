@@ -35,7 +35,7 @@ from distributed import Client
 
 from .. import config
 from ..actions import Action
-from ..checkpoint import CheckpointCoordinator, Recovery
+from ..checkpoint import CheckpointCoordinator
 from ..checkpoint.restore import load_states
 from ..checkpoint.settings import CheckpointSettings, checkpoint_settings, refuse_unreplayable
 from ..state.settings import backend_name
@@ -61,6 +61,7 @@ from ..metrics import MetricsSnapshot
 from .monitor import Monitor
 from .protocol import ApplyRecord
 from .reconfigurer import Reconfigurer
+from .recovery import Recovery
 from ..resources import ResourceView
 from .state import DeploymentState
 from .status import status_view

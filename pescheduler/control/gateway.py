@@ -7,8 +7,9 @@ the scheduler (worker list, published status, stop commands) only through a
 connect timeout (30 s): the ending paths (``stop``, ``drain``, a checkpoint's
 end) and everything a recovery calls after a loss must be quick.
 
-The reconfiguration protocol (``protocol.execute``) is written against
-``rpc(worker)``; it gets :attr:`WorkerGateway.rpc`, the one raw door left.
+The reconfiguration protocol (``protocol.execute``) makes its steps' calls
+here too (``pause``, ``drain_status``, ``snapshot``, ``stop_pes``, ``deploy``,
+``rewire``): every handler name a PE host answers is spelled in this module only.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ class WorkerGateway:
         self.plugins = plugins
         self.checkpoint = False               # the deployment takes checkpoints (set by deploy): PEs are told
         self.state = "memory"                 # its keyed-state backend (set by deploy): PEs are told
-        self.rpc = client.rpc                 # for protocol.execute, the protocol's own steps
         self.worker_timeout = config.get_seconds("calls.worker")
         self.probe_timeout = config.get_seconds("calls.probe")
         self.scheduler_timeout = config.get_seconds("calls.scheduler")
@@ -127,9 +127,12 @@ class WorkerGateway:
         by_worker: dict[str, list[PESpec]] = {}
         for pe_id, spec in specs.items():
             by_worker.setdefault(placement.pes[pe_id].worker, []).append(spec)
-        await asyncio.gather(*(self.client.rpc(w).pe_deploy(specs=cloudpickle.dumps(s), plugins=self.plugins,
-                                                            start=True)
-                               for w, s in by_worker.items()))
+        await asyncio.gather(*(self.deploy(w, s) for w, s in by_worker.items()))
+
+    async def deploy(self, worker: str, specs: list[PESpec]) -> dict:
+        """Build these PEs on ``worker`` and start them; answers the handler's timings."""
+        return await self.client.rpc(worker).pe_deploy(specs=cloudpickle.dumps(specs), plugins=self.plugins,
+                                                       start=True)
 
     async def warm(self, slots_per_worker: dict[str, int]) -> None:
         """Warm standard slots: plug-ins imported, a thread per slot started."""
@@ -149,6 +152,31 @@ class WorkerGateway:
         """Long-poll the PE states on ``worker`` newer than ``version``."""
         return await self.client.rpc(worker).pe_wait(deployment=self.deployment, version=version,
                                                      timeout=timeout)
+
+    # -- a reconfiguration's steps (control/protocol.py; unbounded here: the protocol bounds each step)
+    async def pause(self, worker: str, marker: str, hold: dict[str, list[str]], align: list[str],
+                    release: list[str], overtake: dict[str, list[str]]) -> None:
+        """Upstream PEs send ``marker`` and hold these channels; the PEs in ``align`` align on it."""
+        await self.client.rpc(worker).pe_reconf(deployment=self.deployment, marker=marker, hold=hold, align=align,
+                                                release=release, overtake=overtake)
+
+    async def drain_status(self, worker: str, marker: str, aligned: list[str], seen: dict[str, list[str]],
+                           timeout: float) -> dict:
+        """Long-poll until these PEs aligned on (or took) ``marker``: what is missing, how far it got."""
+        return await self.client.rpc(worker).pe_reconf_wait(deployment=self.deployment, marker=marker,
+                                                             aligned=aligned, seen=seen, timeout=timeout)
+
+    async def snapshot(self, worker: str, pe_ids: list[str]) -> bytes:
+        """The aligned PEs' operator states, progress and source positions (cloudpickled)."""
+        return await self.client.rpc(worker).pe_snapshot(deployment=self.deployment, pe_ids=pe_ids)
+
+    async def stop_pes(self, worker: str, pe_ids: list[str]) -> list[str]:
+        """Stop these PEs (retired ones); raises what the worker raised."""
+        return await self.client.rpc(worker).pe_stop(deployment=self.deployment, pe_ids=pe_ids)
+
+    async def rewire(self, worker: str, pe_id: str, **changes: Any) -> dict:
+        """Change a PE that stays (``PEHost.pe_rewire``'s arguments); answers its parts' timings."""
+        return await self.client.rpc(worker).pe_rewire(deployment=self.deployment, pe_id=pe_id, **changes)
 
     # -- checkpoints (pescheduler/checkpoint/coordinator.py) ------------------------------
     async def ckpt_begin(self, worker: str, checkpoint_id: int, pe_ids: list[str], epoch: int) -> None:

@@ -15,7 +15,7 @@ changes of the placement's worker set:
   workers leave the placement and the manager gets it back, before the
   deadline or with a status event saying by how much and why it was missed;
 * a lost host is a clear error in the status events; if PEs ran there, the
-  deployment restores its last checkpoint onto the hosts left (checkpoint/
+  deployment restores its last checkpoint onto the hosts left (control/
   recovery.py), or fails naming the host when checkpoints are off.
 
 Every step is recorded in :attr:`HostManager.timeline` (monotonic times), which

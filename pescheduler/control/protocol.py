@@ -29,8 +29,8 @@ same keep running untouched; the others are *retired* and replaced by
 Nothing before the marker is processed by a new PE and nothing after it by an
 old one, so no tuple is lost or duplicated, and per-key order holds because
 every channel is FIFO and the old path is drained before the new one starts.
-The marker is opaque data carried in-band, so checkpoint barriers can use the
-same path later.
+The marker is opaque data carried in-band; checkpoint barriers travel the same
+path (``worker/barriers.py``), and the Reconfigurer's lock keeps the two apart.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from ..plan.placement import Placement
 from ..plan.state import keyed_rebalanced, redistribute
 from ..wire import InputSpec
 from ..plan.wiring import ChannelKey, build_specs, channel_ids, consumer_edges, copy_map, output_spec, routing_for
+from .gateway import WorkerGateway
 
 
 @dataclass(frozen=True)
@@ -178,11 +179,10 @@ class ReconfigurationFailed(RuntimeError):
     """The protocol could not complete (a PE failed or did not align in time)."""
 
 
-async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan, worker_info: dict,
-                  deployment: str, marker: str, timeout: float, plugins: tuple[str, ...] = (),
-                  steps: dict[str, float] | None = None) -> float:
-    """Run the protocol over Dask RPC (``rpc(worker)``); returns the pause in seconds and the
-    milliseconds each step took (``steps``, filled in as they run)."""
+async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: ReconfigurationPlan,
+                  worker_info: dict, marker: str, timeout: float, steps: dict[str, float] | None = None) -> float:
+    """Run the protocol through ``gateway`` (the deployment's calls to its PE hosts); returns the
+    pause in seconds and the milliseconds each step took (``steps``, filled in as they run)."""
     t0 = time.perf_counter()
     steps = {} if steps is None else steps
     by_worker: dict[str, dict] = {}
@@ -208,12 +208,10 @@ async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan
 
     states: dict[str, dict] = {}
     if by_worker:           # a copy added beside PEs that all stay has nothing to pause (issue 15)
-        await step("pause", asyncio.gather(*(rpc(w).pe_reconf(deployment=deployment, marker=marker, **todo)
-                                             for w, todo in by_worker.items())))
-        await step("drain", _wait_drained(rpc, old, plan, deployment, marker, timeout, steps), limit=None)  # bounds itself
-        states = await step("snapshot", _snapshot(rpc, old, plan.retired, deployment))
-        await step("stop", asyncio.gather(*(rpc(old.pes[p].worker).pe_stop(deployment=deployment, pe_ids=[p])
-                                            for p in plan.retired)))
+        await step("pause", asyncio.gather(*(gateway.pause(w, marker, **todo) for w, todo in by_worker.items())))
+        await step("drain", _wait_drained(gateway, old, plan, marker, timeout, steps), limit=None)  # bounds itself
+        states = await step("snapshot", _snapshot(gateway, old, plan.retired))
+        await step("stop", asyncio.gather(*(gateway.stop_pes(old.pes[p].worker, [p]) for p in plan.retired)))
     states = redistribute(old, new, states)
     # One round of calls in parallel (issue 15: a copy's activation; it was three in a row, then
     # two). Nothing orders them: a channel opened to a receiver that is not there yet (a created
@@ -222,9 +220,9 @@ async def execute(rpc, old: Placement, new: Placement, plan: ReconfigurationPlan
     # (ChannelOut.open_in_background). So a copy works from the moment its upstream routes to
     # it, while its own output channel still waits for the downstream worker's busy loop.
     await step("deploy + start + rewire", asyncio.gather(
-        _deploy_created(rpc, new, plan, worker_info, deployment, states, plugins, steps),
-        _rewire_downstream(rpc, new, plan, worker_info, deployment, steps),
-        _rewire_upstream(rpc, new, plan, worker_info, deployment, steps)))
+        _deploy_created(gateway, new, plan, worker_info, states, steps),
+        _rewire_downstream(gateway, new, plan, steps),
+        _rewire_upstream(gateway, new, plan, worker_info, steps)))
     return time.perf_counter() - t0
 
 
@@ -232,7 +230,7 @@ DRAIN_LOOK_S = 1.0     # how often the controller looks at a drain that is not d
 DRAIN_CAP = 10         # a drain still moving after this many times its bound fails anyway
 
 
-async def _wait_drained(rpc, old, plan, deployment, marker, timeout, steps: dict | None = None) -> None:
+async def _wait_drained(gateway: WorkerGateway, old, plan, marker, timeout, steps: dict | None = None) -> None:
     """Until every retired PE aligned and every staying PE took the marker from the retired ones.
 
     The bound is on standing still, not on length: the drain fails when nothing
@@ -258,8 +256,7 @@ async def _wait_drained(rpc, old, plan, deployment, marker, timeout, steps: dict
         look = min(DRAIN_LOOK_S, 0.9 * timeout)
         try:
             answers = await asyncio.wait_for(asyncio.gather(*(
-                rpc(w).pe_reconf_wait(deployment=deployment, marker=marker, timeout=look, **want)
-                for w, want in workers.items())), timeout + look)
+                gateway.drain_status(w, marker, timeout=look, **want) for w, want in workers.items())), timeout + look)
         except asyncio.TimeoutError:
             raise ReconfigurationFailed(f"did not drain: a worker did not answer within {timeout:.0f}s") from None
         failed = [f for a in answers for f in a["failed"]]
@@ -275,18 +272,17 @@ async def _wait_drained(rpc, old, plan, deployment, marker, timeout, steps: dict
         if progress != last:
             last, moved_at = progress, now
         if failed or now - moved_at >= timeout or now - began >= DRAIN_CAP * timeout:
-            report = await _pe_report(rpc, old, deployment)
+            report = await _pe_report(gateway, old)
             raise ReconfigurationFailed(f"did not drain: failed {failed}, still waiting for {missing} "
                                         f"(nothing moved for {now - moved_at:.1f}s, {now - began:.1f}s "
                                         f"in all); the PEs then:\n{report}")
 
 
-async def _pe_report(rpc, old: Placement, deployment: str) -> str:
+async def _pe_report(gateway: WorkerGateway, old: Placement) -> str:
     """One line per PE of ``old``: state, aligning, queue, full producers, and per output channel
     its credits, pending items and whether it is held (why a drain did not finish, in one read)."""
     try:
-        answers = await asyncio.wait_for(asyncio.gather(
-            *(rpc(w).pe_stats(deployment=deployment, dead_letters=False) for w in old.workers)), 5)
+        answers = await asyncio.wait_for(gateway.stats(old.workers, dead_letters=False), 5)
     except Exception as exc:                   # the report must not hide the failure it explains
         return f"(no PE stats: {type(exc).__name__}: {exc})"
     lines = []
@@ -302,13 +298,12 @@ async def _pe_report(rpc, old: Placement, deployment: str) -> str:
     return "\n".join(lines)
 
 
-async def _snapshot(rpc, old, retired, deployment) -> dict[str, dict]:
+async def _snapshot(gateway: WorkerGateway, old, retired) -> dict[str, dict]:
     """op_id -> saved state, gathered from every retired PE."""
     by_worker: dict[str, list[str]] = {}
     for pe_id in retired:
         by_worker.setdefault(old.pes[pe_id].worker, []).append(pe_id)
-    blobs = await asyncio.gather(*(rpc(w).pe_snapshot(deployment=deployment, pe_ids=p)
-                                   for w, p in by_worker.items()))
+    blobs = await asyncio.gather(*(gateway.snapshot(w, p) for w, p in by_worker.items()))
     states: dict[str, dict] = {}
     for blob in blobs:
         for pe_states in cloudpickle.loads(blob).values():
@@ -329,35 +324,34 @@ async def _timed(steps: dict, label: str, call) -> Any:
     return answer
 
 
-async def _rewire_downstream(rpc, new, plan, worker_info, deployment, steps) -> None:
+async def _rewire_downstream(gateway: WorkerGateway, new, plan, steps) -> None:
     calls = []
     for pe_id in set(plan.seen) | set(plan.downstream_inputs) | set(plan.edges):
         adds = [InputSpec(plan.channels[k], k[0], k[1]) for k in plan.downstream_inputs.get(pe_id, [])]
         edges = cloudpickle.dumps(plan.edges[pe_id]) if pe_id in plan.edges else b""
-        calls.append(_timed(steps, f"rewire in {pe_id}", rpc(new.pes[pe_id].worker).pe_rewire(
-            deployment=deployment, pe_id=pe_id, add_inputs=cloudpickle.dumps(adds),
+        calls.append(_timed(steps, f"rewire in {pe_id}", gateway.rewire(
+            new.pes[pe_id].worker, pe_id, add_inputs=cloudpickle.dumps(adds),
             remove_inputs=plan.seen.get(pe_id, []), edges=edges, copies=copy_map(new))))
     await asyncio.gather(*calls)
 
 
-async def _deploy_created(rpc, new, plan, worker_info, deployment, states, plugins, steps) -> None:
-    """Build the created PEs, restored from ``states``, and start them (``pe_deploy(start=True)``)."""
-    specs = build_specs(new, worker_info, deployment, plan.channels, plan.created, plan.epoch)
+async def _deploy_created(gateway: WorkerGateway, new, plan, worker_info, states, steps) -> None:
+    """Build the created PEs, restored from ``states``, and start them."""
+    specs = build_specs(new, worker_info, gateway.deployment, plan.channels, plan.created, plan.epoch)
     by_worker: dict[str, list] = {}
     for pe_id, spec in specs.items():
         spec.restore = {op: states[op] for op in new.pes[pe_id].operators if op in states}
         by_worker.setdefault(new.pes[pe_id].worker, []).append(spec)
-    await asyncio.gather(*(_timed(steps, f"deploy {','.join(x.pe_id for x in s)}",
-                                  rpc(w).pe_deploy(specs=cloudpickle.dumps(s), plugins=plugins, start=True))
+    await asyncio.gather(*(_timed(steps, f"deploy {','.join(x.pe_id for x in s)}", gateway.deploy(w, s))
                            for w, s in by_worker.items()))
 
 
-async def _rewire_upstream(rpc, new, plan, worker_info, deployment, steps) -> None:
+async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps) -> None:
     calls = []
     for pe_id in set(plan.hold) | set(plan.upstream_outputs) | set(plan.routing):
         outs = [output_spec(new, worker_info, k, plan.channels[k]) for k in plan.upstream_outputs.get(pe_id, [])]
         routing = cloudpickle.dumps(plan.routing[pe_id]) if pe_id in plan.routing else b""
-        calls.append(_timed(steps, f"rewire out {pe_id}", rpc(new.pes[pe_id].worker).pe_rewire(
-            deployment=deployment, pe_id=pe_id, outputs=cloudpickle.dumps(outs),
+        calls.append(_timed(steps, f"rewire out {pe_id}", gateway.rewire(
+            new.pes[pe_id].worker, pe_id, outputs=cloudpickle.dumps(outs),
             remove_outputs=plan.hold.get(pe_id, []), routing=routing, copies=copy_map(new))))
     await asyncio.gather(*calls)

@@ -54,7 +54,7 @@ class Reconfigurer:
         self.epoch = 0
         self.worker_info: dict[str, dict] = {}
         self.records: list[ApplyRecord] = []
-        self.lock = asyncio.Lock()                  # reconfigurations (and, later, checkpoints) take it
+        self.lock = asyncio.Lock()                  # reconfigurations and checkpoints take it
         self.host_actions: HostActions | None = None      # the host manager's apply, for Borrow/Return
         self.on_worker: Callable[[str], None] = lambda worker: None      # a worker joined: watch it
         self.on_failure: Callable[[str], Awaitable[None]]     # the protocol failed half-way: fail the run
@@ -70,14 +70,24 @@ class Reconfigurer:
         addresses = sorted(info)
         answers = await asyncio.gather(*(self.gateway.pe_info(w) for w in addresses))
         for address, answer in zip(addresses, answers):
-            self.worker_info[address] = {**answer, "host": info[address].get("host", "")}
+            self.know(address, answer, info[address].get("host", ""))
         return addresses
+
+    def know(self, worker: str, answer: dict, host: str) -> None:
+        """``worker``'s PE host answered ``answer`` (``pe_info``) on ``host``: what specs are built with."""
+        self.worker_info[worker] = {**answer, "host": host}
 
     async def launch(self, placement: Placement, restore: dict[str, dict] | None = None) -> None:
         """Deploy ``placement``: every PE started (``restore``: op_id -> saved state, from a
         checkpoint), every standard slot warm."""
         async with self.lock:
             await self.relaunch(placement, restore)
+
+    async def restart(self, placement: Placement, restore: dict[str, dict]) -> None:
+        """A recovery's launch (its caller holds :attr:`lock`, the old PEs stopped): a new epoch,
+        so the old PEs' channels and checkpoint barriers are stale to the new ones."""
+        self.epoch += 1
+        await self.relaunch(placement, restore)
 
     async def relaunch(self, placement: Placement, restore: dict[str, dict] | None = None) -> None:
         """:meth:`launch` for a caller already holding :attr:`lock` (a recovery, whose old PEs are
@@ -152,8 +162,8 @@ class Reconfigurer:
         self.epoch += 1
         steps = {} if steps is None else steps
         try:
-            pause = await execute(self.gateway.rpc, old, new, plan, self.worker_info, self.deployment,
-                                  f"{self.deployment}/reconf/{self.epoch}", timeout, self.gateway.plugins, steps)
+            pause = await execute(self.gateway, old, new, plan, self.worker_info,
+                                  f"{self.deployment}/reconf/{self.epoch}", timeout, steps)
         except Exception as exc:
             logger.error("reconfiguration %r failed", action, exc_info=True)
             await self.on_failure(f"reconfiguration {action!r} failed: {type(exc).__name__}: {exc}")
@@ -206,7 +216,7 @@ class Reconfigurer:
         """Workers of ``host_id`` (their ``pe_info`` answers) join the placement, slots warmed."""
         async with self.lock:
             for worker, info in infos.items():
-                self.worker_info[worker] = {**info, "host": host_id}
+                self.know(worker, info, host_id)
             grown = add_workers(self.placement, dict.fromkeys(infos, host_id))
             self.placement = with_slots(grown, self.slots_per_host)
         await self._warm(self.placement)

@@ -33,15 +33,17 @@ restore places its instances differently (``plan/state.py``'s ``redistribute``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
 import cloudpickle
 
 from ..errors import DeliveryFailed, NotReplayable
-from ..operator import CommitHooks, Source
-
-if TYPE_CHECKING:
-    from .runtime import PERunner
+from ..operator import CommitHooks, Operator, Source
+from ..wire import PESpec
+from .aligner import Aligner
+from .channels import ChannelOut, Inbox
+from .source_driver import SourceDriver
+from .turns import Turns
 
 BARRIER = "checkpoint"
 
@@ -56,10 +58,31 @@ def is_barrier(marker: Any) -> bool:
     return isinstance(marker, tuple) and len(marker) == 3 and marker[0] == BARRIER
 
 
+class CheckpointedPE(Protocol):
+    """What :class:`Barriers` reads and drives of its PE (``runtime.PERunner`` implements it;
+    named here so this module need not import the runtime, which imports it)."""
+
+    pe_id: str
+    spec: PESpec
+    state: str
+    chain: Any
+    ops: dict[str, Operator]
+    sources: list[SourceDriver]
+    outs: list[tuple[Any, ChannelOut]]
+    aligner: Aligner
+    turns: Turns
+    inbox: Inbox
+    on_change: Callable[[], None]
+
+    def snapshot(self) -> dict[str, dict]: ...
+
+    def check_aligned(self) -> None: ...
+
+
 class Barriers:
     """The checkpoints one PE takes part in: the one it aligns on, and results not yet taken."""
 
-    def __init__(self, pe: "PERunner") -> None:
+    def __init__(self, pe: CheckpointedPE) -> None:
         self.pe = pe
         self.current: int | None = None         # checkpoint being aligned on
         self.epoch = 0                          # the epoch its barrier carries
@@ -84,7 +107,7 @@ class Barriers:
         for driver in pe.sources:
             driver.paused = True
         pe.aligner.begin(barrier(checkpoint_id, epoch), self._op_aligned)
-        pe._check_aligned()
+        pe.check_aligned()
 
     def arrived(self, channel, marker: tuple) -> bool:
         """A barrier arrived on ``channel``; False if it belongs to a checkpoint already over here."""

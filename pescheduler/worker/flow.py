@@ -31,11 +31,21 @@ never full (it waits for the rewire, not for credit), so markers travel as
 batches do in the model above (tests/unit/test_flow.py checks the holds on
 every reconfiguration random transforms produce). A checkpoint barrier, whose
 senders go on, parks by design; it must keep to the same argument.
+
+:class:`InputScheduler` is the rule as the PE loop runs it, with the choice
+between inputs that are all free to go (fair shares of the PE's busy time).
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from functools import partial
+from time import perf_counter
+from typing import Any, Callable, Iterable
+
+from .channels import DATA, ChannelIn, ChannelOut, Inbox
+
+RELIEF_BATCHES = 2       # backlog (in credit windows) that makes an out-of-credit channel full
+SOURCE_BACKLOG = 1       # batches buffered on an out-of-credit channel that stop a broker source feeding it
 
 Edge = tuple[str, str, str]          # (producer, port, consumer) with the consumer in the PE
 
@@ -63,3 +73,192 @@ def feeds(edges: list[Edge], members: Iterable[str], op_id: str, port: str, full
         return False
     start = [op_id] if op_id in set(members) else [d for s, p, d in edges if s == op_id and p == port]
     return not full.isdisjoint(downstream(edges, start))
+
+
+class InputScheduler:
+    """One PE's input choice and flow gating: which inbox item it takes next, which input (a
+    channel's producer, or a source here) it holds back for a full output channel, and when the
+    wait for credit is backpressure.
+
+    ``outs`` is the PE's own list of ``(OutputSpec, ChannelOut)`` (rewired in place);
+    ``park(channel, kind, payload)`` keeps an item behind an alignment marker (True: kept);
+    ``handle(channel, kind, payload)`` processes one item taken; ``busy_s`` is the PE's busy
+    clock (the operators' counted time), which input shares are measured on.
+    """
+
+    def __init__(self, inbox: Inbox, outs: list, credits: int, time_slice_s: float,
+                 busy_s: Callable[[], float], park: Callable[..., bool], handle: Callable[..., None],
+                 broker_sources: bool = False) -> None:
+        self.inbox, self.outs, self.credits, self.time_slice_s = inbox, outs, credits, time_slice_s
+        self.busy_s, self.park, self.handle = busy_s, park, handle
+        self.broker_sources = broker_sources       # a source here whose backlog waits at a broker
+        self.chain: Any = None                     # set once the PE built its chain
+        self.full: frozenset[str] = frozenset()    # producers of full output channels
+        self.backed: frozenset[str] = frozenset()  # producers of out-of-credit channels a broker source must not feed
+        self.spent: dict[int, float] = {}          # id(input channel) -> busy time its batches took
+        self._feeds: dict[tuple[str, str], bool] = {}   # input -> feeds a full channel, for self.full
+        self._backs: dict[tuple[str, str], bool] = {}   # source -> feeds a backed channel
+
+    def take(self) -> bool:
+        """Take inbox items until it is empty or the time slice is used up (hot loop, hence long).
+
+        Inputs share the PE's time fairly (start-time fair queueing): a data
+        batch waits while another channel that has spent less of the PE's busy
+        time on its batches has one to take. In arrival order, a cheap input
+        (a copy's output into the sink fused with its original) queued behind
+        the credit window of an expensive one (the original's own input: a
+        second of CPU on a starved host) and held the copy back by credit
+        (issue 15); turns of one batch each still gave each copy one batch per
+        expensive one. Each channel stays FIFO: once one of its items waits,
+        the rest of its items wait behind it.
+        """
+        items = self.inbox.items
+        if not items:
+            return False
+        deadline = perf_counter() + self.time_slice_s
+        deferred: list = []             # items that wait for a later turn, in order
+        waiting: set[int] = set()       # ids of channels with an item in ``deferred``
+        yielded: set[int] = set()       # those of them that wait for their turn (not for credit)
+        spent = self._share_start(items)
+        taken = False
+        while items:
+            item = channel, kind, payload = items.popleft()
+            # Parked before deferred: a channel blocked at a barrier keeps its items in one place,
+            # in order, until the snapshot hands them back in front of the inbox (barriers.py).
+            if self.park(channel, kind, payload):
+                taken = True
+                continue                        # blocked at the marker until aligned
+            if id(channel) in waiting or (self.full and self.feeds_full(channel.src_op, channel.port)):
+                deferred.append(item)           # feeds a full channel, or behind its own
+                waiting.add(id(channel))
+                continue
+            if kind == DATA and len(spent) > 1 and not self._turn(channel, items, yielded, spent):
+                deferred.append(item)           # one that spent less has a batch: its turn first
+                waiting.add(id(channel))
+                yielded.add(id(channel))
+                continue
+            taken = True
+            if kind == DATA:
+                t0 = self.busy_s()
+                self.handle(channel, kind, payload)
+                spent[id(channel)] = spent.get(id(channel), 0.0) + self.busy_s() - t0
+            else:
+                self.handle(channel, kind, payload)
+            if perf_counter() >= deadline:
+                break
+        if deferred:
+            items.extendleft(reversed(deferred))   # back in front: each channel stays FIFO
+        return taken
+
+    def _share_start(self, items) -> dict[int, float]:
+        """Busy time spent per input channel with items queued now, counted from the least-served
+        one: a channel that had none starts level with it (an idle spell banks no time)."""
+        queued = {id(c) for c, _kind, _payload in list(items)}   # a copy: the event loop appends
+        spent = {c: t for c, t in self.spent.items() if c in queued}
+        floor = min(spent.values(), default=0.0)
+        self.spent = {c: spent.get(c, floor) - floor for c in queued}
+        return self.spent
+
+    def _turn(self, channel: ChannelIn, items, yielded: set[int], spent: dict[int, float]) -> bool:
+        """Is it ``channel``'s turn for a data batch? Not while a channel that spent less waits
+        for its turn in this pass, or has an item further on that may be taken. The channel that
+        spent least among those with batches always may: a pass that has batches takes one (a
+        pass that took nothing would spin the PE loop without yielding)."""
+        mine = spent.get(id(channel), 0.0)
+        if any(spent.get(c, 0.0) < mine for c in yielded):
+            return False
+        return not any(c is not channel and spent.get(id(c), 0.0) < mine
+                       and (id(c) in yielded or not (self.full and self.feeds_full(c.src_op, c.port)))
+                       for c, _kind, _payload in list(items))
+
+    def feeds_full(self, op_id: str, port: str = "out") -> bool:
+        """Would taking this input (a channel's producer and port, or a source here) emit into a
+        full output channel?"""
+        return self._feeds_into(self.full, self._feeds, op_id, port)
+
+    def _feeds_into(self, producers: frozenset[str], cache: dict, op_id: str, port: str = "out") -> bool:
+        """Would taking input ``(op_id, port)`` emit into an output channel of one of ``producers``?
+        Cached in ``cache`` until that set or the chain's edges change."""
+        if not producers:
+            return False
+        hit = cache.get((op_id, port))
+        if hit is None:
+            hit = cache[(op_id, port)] = feeds(self.chain.edges, self.chain.nodes, op_id, port, producers)
+        return hit
+
+    def edges_changed(self) -> None:
+        """The chain's inputs changed (a rewire): what feeds a full channel is found again."""
+        self._feeds = {}
+
+    def source_held(self, driver: Any) -> bool:
+        """Would reading ``driver``'s source emit into a full output channel, or, for a source
+        whose backlog waits at a broker (``backlog_elsewhere``: Kafka, Redis Streams), into one
+        out of credit with ``SOURCE_BACKLOG`` batches buffered? Then it waits: what it has not read
+        stays where any copy of what follows can take it, instead of lining up in a channel to
+        one instance (bench/kafka.py (e)). No sender waits on a source, so this stricter rule
+        keeps the argument above. Other sources read ahead as channel input does: a generator
+        that stops at one batch lost a third of bench/parallel.py's copy speed-up."""
+        return self.feeds_full(driver.op_id) or (
+            getattr(driver.source, "backlog_elsewhere", False)
+            and self._feeds_into(self.backed, self._backs, driver.op_id))
+
+    async def flush(self) -> bool:
+        """Ship what credit allows, never waiting for it, and note which channels are full;
+        True when a channel stopped being full: the input it held back may be taken now (a
+        source skipped in this turn for it has no inbox item to wake the PE, and waiting a
+        source poll instead idled a source that was behind for half its time).
+
+        A channel out of credit with ``RELIEF_BATCHES`` credit windows buffered
+        is full: until it has credit again the PE takes no input that feeds it,
+        and takes all other input (waiting instead deadlocked PEs that feed
+        each other). A channel to an instance of a STATELESS operator is
+        spared while another instance takes batches: its router sends them
+        there (plan/routing.py). When nothing is left to take while a full
+        channel holds input back, the PE's idle wait is for its credit, and
+        that wait is the backpressure the monitor counts.
+        """
+        out_of_credit = [(spec, channel) for spec, channel in self.outs
+                         if channel.pending and not await channel.flush(wait=False)]
+        freed, full = self._gated(out_of_credit, RELIEF_BATCHES * self.credits, self.full)
+        if full != self.full:
+            self.full, self._feeds = full, {}
+        if self.broker_sources:
+            held_free, backed = self._gated(out_of_credit, SOURCE_BACKLOG, self.backed)
+            freed = freed or held_free      # a held source has no inbox item to wake it
+            if backed != self.backed:
+                self.backed, self._backs = backed, {}
+        return freed
+
+    def _gated(self, out_of_credit: list, backlog: int, before: frozenset[str]) -> tuple[bool, frozenset[str]]:
+        """The producers whose channel is out of credit with ``backlog`` batches buffered (and not
+        spared by a router), and whether one of ``before`` left that set."""
+        full_ = partial(ChannelOut.full, backlog=backlog)
+        now = frozenset(spec.src_op for spec, channel in out_of_credit
+                        if full_(channel) and not self.chain.spared(channel, full_))
+        return bool(before - now), now
+
+    def ready(self) -> bool:
+        """Work that needs no waiting: input this PE may take, or output credit lets it ship."""
+        if any(not self.feeds_full(c.src_op, c.port) for c, _kind, _payload in self.inbox.items):
+            return True
+        return any(not ch.held and ch.can_ship() for _s, ch in self.outs)
+
+    def holding_back(self) -> Any:
+        """The gate of a full output channel while the flow holds input back for it, else None:
+        that wait, and only that one, is backpressure."""
+        held = self.full | self.backed      # backed: a broker source waits (source_held)
+        if not held:
+            return None
+        return next((ch.gate for spec, ch in self.outs
+                     if spec.src_op in held and ch.pending and not ch.held), None)
+
+    def shipped_toward(self, receivers: dict[str, ChannelIn], channel_ids: list[str]) -> int:
+        """Batches shipped on the full output channels these input channels feed: the backlog a
+        marker on them waits behind (a drain that only ships still moves, ``PEHost.pe_reconf_wait``)."""
+        if not self.full or self.chain is None:
+            return 0
+        edges = self.chain.edges
+        start = [d for c in channel_ids if (r := receivers.get(c)) is not None
+                 for s, port, d in edges if (s, port) == (r.src_op, r.port)]
+        reach = downstream(edges, start) & self.full
+        return sum(ch.batches for spec, ch in list(self.outs) if spec.src_op in reach)

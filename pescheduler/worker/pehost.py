@@ -28,7 +28,7 @@ import cloudpickle
 import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from . import flow, handshake
+from . import handshake
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
@@ -315,11 +315,9 @@ class PEHost:
         pes = self._of(deployment)
         overtake = overtake or {}
         for pe_id, channel_ids in hold.items():
-            async with pes[pe_id].turns.lock:
-                pes[pe_id].hold(channel_ids, marker, overtake.get(pe_id, ()))
+            await pes[pe_id].hold(channel_ids, marker, overtake.get(pe_id, ()))
         for pe_id in align:
-            async with pes[pe_id].turns.lock:
-                pes[pe_id].begin_align(marker, release=pe_id in release)
+            await pes[pe_id].align(marker, release=pe_id in release)
 
     async def pe_reconf_wait(self, deployment: str, marker: str, aligned: list[str],
                              seen: dict[str, list[str]], timeout: float) -> dict:
@@ -330,19 +328,31 @@ class PEHost:
         batch those PEs take ahead of the marker, every marker they note and every operator
         that aligns (the controller fails a drain only when it stops growing), and ``times``,
         the wall clock at which each PE aligned and each listed channel delivered the marker.
+
+        Only what lies ahead of the marker counts (``PERunner.alignment_status``): the PEs
+        being replaced take a finite amount (their sources paused, their senders held behind
+        the marker), and of a PE that stays only the channels from them; its other inputs flow
+        on forever and would make a stuck drain look busy. Shipping counts too: a batch a PE
+        being replaced sends, and a batch a PE that stays sends on a *full* channel that a
+        listed channel feeds. While that channel is full the PE takes nothing from the listed
+        channel (the flow rule, flow.py), so the marker waits behind the full channel's
+        backlog, which then only shrinks; with a slow PE downstream granting one credit at a
+        time, the listed channel's tuples stood still for 11 s while the backlog went out, and
+        the drain failed (issue 20, at load 32).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             looked = self.changes.version      # a change after this look ends the wait below
             pes = self._of(deployment)
-            missing = [p for p in aligned if p in pes and not pes[p].aligner.aligned]
-            missing += [f"{p}<-{c}" for p, cs in seen.items() if p in pes
-                        for c in cs if not pes[p].aligner.has_seen(marker, c)
-                        and not pes[p].receivers.get(c, _ENDED).ended]
+            status = {p: pes[p].alignment_status(marker) for p in aligned if p in pes}
+            status.update({p: pes[p].alignment_status(marker, cs) for p, cs in seen.items() if p in pes})
+            missing = [p if c == "aligned" else f"{p}<-{c}" for p, st in status.items() for c in st["missing"]]
             failed = [pes[p].error for p in aligned if p in pes and pes[p].state == "failed"]
             if not missing or failed or loop.time() >= deadline:
-                return {"missing": missing, "failed": failed, **_drain_progress(pes, marker, aligned, seen)}
+                return {"missing": missing, "failed": failed, "progress": sum(st["progress"] for st in status.values()),
+                        "times": {f"{p} aligned" if c == "aligned" else f"{p}<-{_from(c)}": at
+                                  for p, st in status.items() for c, at in st["times"].items()}}
             await self.changes.after(looked, deadline - loop.time())
 
     async def pe_snapshot(self, deployment: str, pe_ids: list[str]) -> bytes:
@@ -350,8 +360,7 @@ class PEHost:
         pes = self._of(deployment)
         states = {}
         for pe_id in pe_ids:
-            async with pes[pe_id].turns.lock:        # not while a turn in its thread changes them
-                states[pe_id] = pes[pe_id].snapshot()
+            states[pe_id] = await pes[pe_id].aligned_snapshot()
         return cloudpickle.dumps(states)
 
     async def pe_rewire(self, deployment: str, pe_id: str, outputs: bytes = b"",
@@ -363,17 +372,12 @@ class PEHost:
         Answers the milliseconds of each part (:class:`Laps`)."""
         laps = Laps()
         pe = self._of(deployment)[pe_id]
-        async with pe.turns.lock:                  # never under a turn running in the PE's thread
-            laps.lap("turn wait")
-            if outputs or remove_outputs or routing:
-                await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
-                                self._receiver, self.data_address,
-                                cloudpickle.loads(routing) if routing else None, copies, self._expect)
-                laps.lap("outputs")
-            pe.set_inputs(cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
-                          cloudpickle.loads(edges) if edges else None, copies)
-            self.arrivals.bump()                 # channels to the new inputs that were waiting go on
-            laps.lap("inputs")
+        await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
+                        cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
+                        cloudpickle.loads(edges) if edges else None, cloudpickle.loads(routing) if routing else None,
+                        copies, (self._receiver, self.data_address, self._expect), laps.lap)
+        self.arrivals.bump()                     # channels to the new inputs that were waiting go on
+        laps.lap("inputs")
         await pe.opened()                        # outside the turn: the PE goes on meanwhile
         laps.lap("connect")
         return laps.answer()
@@ -384,8 +388,7 @@ class PEHost:
         pes = self._of(deployment)
         for pe_id in pe_ids:
             if pe_id in pes:
-                async with pes[pe_id].turns.lock:
-                    pes[pe_id].barriers.begin(checkpoint_id, epoch)
+                await pes[pe_id].begin_checkpoint(checkpoint_id, epoch)
 
     async def pe_ckpt_wait(self, deployment: str, checkpoint_id: int, pe_ids: list[str],
                            timeout: float) -> dict:
@@ -398,16 +401,12 @@ class PEHost:
             looked = self.changes.version
             pes = self._of(deployment)
             gone = [p for p in pe_ids if p not in pes or pes[p].state == "failed"]
-            missing = [p for p in pe_ids if p in pes and checkpoint_id not in pes[p].barriers.results]
-            for p in missing:
-                if pes[p].state == "finished":     # every input ended before a barrier came: as it is
-                    pes[p].barriers.begin(checkpoint_id)
-            missing = [p for p in missing if checkpoint_id not in pes[p].barriers.results]
+            missing = [p for p in pe_ids if p in pes and pes[p].checkpoint_result(checkpoint_id) is None]
             if gone or not missing or loop.time() >= deadline:
                 break
             await self.changes.after(looked, deadline - loop.time())
-        results = {p: pes[p].barriers.results.pop(checkpoint_id) for p in pe_ids
-                   if p in pes and checkpoint_id in pes[p].barriers.results}
+        results = {p: result for p in pe_ids
+                   if p in pes and (result := pes[p].checkpoint_result(checkpoint_id, take=True)) is not None}
         results.update({p: {"error": f"PE {p} is gone or failed on {self.worker.address}"} for p in gone})
         return {"results": results, "missing": missing}
 
@@ -415,17 +414,11 @@ class PEHost:
         """Checkpoint ``checkpoint_id`` is complete (sinks commit) or aborted (sinks discard, PEs
         still aligning on it go on)."""
         for pe_id, pe in self._of(deployment).items():
-            async with pe.turns.lock:
-                if self.pes.get((deployment, pe_id)) is not pe:
-                    # Stopped while this call waited for its turn (a restore or a reconfiguration
-                    # replaced it): its successor settles the checkpoint from its own state. A
-                    # commit here would race the successor's fencing and its read of what was
-                    # published (a Kafka sink's records of the checkpoint published twice).
-                    continue
-                if complete:
-                    pe.barriers.commit(checkpoint_id)
-                else:
-                    pe.barriers.abort(checkpoint_id)
+            # Stopped while this call waited for its turn (a restore or a reconfiguration
+            # replaced it): its successor settles the checkpoint from its own state. A
+            # commit here would race the successor's fencing and its read of what was
+            # published (a Kafka sink's records of the checkpoint published twice).
+            await pe.commit(checkpoint_id, complete, still=lambda key=(deployment, pe_id), pe=pe: self.pes.get(key) is pe)
 
     def pe_drain(self, deployment: str) -> list[str]:
         """End the deployment's sources here as if exhausted: windows fire, sinks flush, PEs finish."""
@@ -462,68 +455,6 @@ class PEHost:
             remove_stores(deployment)                   # its operators' disk state (docs/state.md)
         self._bump()
         return stopped
-
-
-class _Ended:
-    ended = True
-
-
-_ENDED = _Ended()
-
-
-def _drain_progress(pes: dict[str, PERunner], marker: str, aligned: list[str],
-                    seen: dict[str, list[str]]) -> dict:
-    """How far a drain got here (see ``pe_reconf_wait``): ``progress`` and ``times``.
-
-    Only what lies ahead of the marker counts: the PEs being replaced take a
-    finite amount (their sources paused, their senders held behind the
-    marker), and of a PE that stays only the channels from them; its other
-    inputs flow on forever and would make a stuck drain look busy.
-
-    Shipping counts too: a batch a PE being replaced sends, and a batch a PE
-    that stays sends on a *full* channel that a listed channel feeds. While
-    that channel is full the PE takes nothing from the listed channel (the
-    flow rule, flow.py), so the marker waits behind the full channel's
-    backlog, which then only shrinks; with a slow PE downstream granting one
-    credit at a time, the listed channel's tuples stood still for 11 s while
-    the backlog went out, and the drain failed (issue 20, at load 32).
-    """
-    progress, times = 0, {}
-    for p in aligned:
-        pe = pes.get(p)
-        if pe is None:
-            continue
-        arrived = dict(pe.aligner.seen.get(marker, {}))
-        progress += sum(c.tuples for c in list(pe.receivers.values())) + sum(d.count for d in pe.sources)
-        progress += len(pe.aligner.aligned_ops) + len(arrived) + sum(ch.batches for _s, ch in list(pe.outs))
-        times.update({f"{p}<-{_from(c)}": at for c, at in arrived.items()})
-        if pe.aligner.aligned and pe.aligner.aligned_at is not None:
-            times[f"{p} aligned"] = pe.aligner.aligned_at
-    for p, channel_ids in seen.items():
-        pe = pes.get(p)
-        if pe is None:
-            continue
-        arrived = pe.aligner.seen.get(marker, {})
-        for c in channel_ids:
-            progress += getattr(pe.receivers.get(c), "tuples", 0)
-            if c in arrived:
-                progress += 1
-                times[f"{p}<-{_from(c)}"] = arrived[c]
-        progress += _shipped_toward(pe, channel_ids)
-    return {"progress": progress, "times": times}
-
-
-def _shipped_toward(pe: PERunner, channel_ids: list[str]) -> int:
-    """Batches ``pe`` shipped on its full output channels that these input channels feed: the
-    backlog a marker on them waits behind (see ``_drain_progress``)."""
-    full = pe.full
-    if not full or pe.chain is None:
-        return 0
-    edges = pe.chain.edges
-    start = [d for c in channel_ids if (r := pe.receivers.get(c)) is not None
-             for s, port, d in edges if (s, port) == (r.src_op, r.port)]
-    reach = flow.downstream(edges, start) & full
-    return sum(ch.batches for spec, ch in list(pe.outs) if spec.src_op in reach)
 
 
 def _from(channel_id: str) -> str:

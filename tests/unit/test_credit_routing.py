@@ -19,7 +19,8 @@ from support_ops import Tag
 from pescheduler.operator import Operator
 from pescheduler.wire import RouterTargets
 from pescheduler.worker.channels import DATA, WATERMARK, ChannelIn, Inbox
-from pescheduler.worker.runtime import RELIEF_BATCHES, PERunner
+from pescheduler.worker.flow import RELIEF_BATCHES
+from pescheduler.worker.runtime import PERunner
 from pescheduler.wire import InputSpec, OutputSpec, PESpec
 
 HERE = "127.0.0.1:1"
@@ -52,15 +53,15 @@ def test_an_instance_out_of_credit_is_passed_over_and_holds_nothing_back_while_a
         to_copy.gate.credits = 10 ** 6                        # the copy's host takes all it gets
         for n in range(3 * RELIEF_BATCHES * credits):         # an even split would fill to_w
             pe.chain.emit_from("src", [{"n": n, "ts": n}])
-            await pe._flush()
+            await pe.inputs.flush()
         assert to_w.data_pending() == 0 and _data(inboxes["c-copy"]) == 3 * RELIEF_BATCHES * credits
-        assert pe.full == frozenset(), "the copy takes batches: the source must not be held back"
+        assert pe.inputs.full == frozenset(), "the copy takes batches: the source must not be held back"
         to_copy.gate.credits = 0
         for n in range(3 * RELIEF_BATCHES * credits):         # the copy out of credit too
             pe.chain.emit_from("src", [{"n": n, "ts": n}])
-        await pe._flush()
+        await pe.inputs.flush()
         assert to_w.full(RELIEF_BATCHES * credits) and to_copy.full(RELIEF_BATCHES * credits)
-        assert pe.full == frozenset({"tag"}), "every instance is out of credit: now it is full"
+        assert pe.inputs.full == frozenset({"tag"}), "every instance is out of credit: now it is full"
     asyncio.run(scenario())
 
 
@@ -70,19 +71,19 @@ def test_a_held_instance_relieves_nothing_and_is_never_full_itself():
     async def scenario():
         pe, _inboxes, to_w, to_copy = await _upstream()
         credits = pe.spec.credits
-        pe.hold(["c-copy"], "m1")
+        pe.rewirer.hold(["c-copy"], "m1")
         to_w.gate.credits = 10 ** 6
         for n in range(8 * credits):
             pe.chain.emit_from("src", [{"n": n, "ts": n}])
-        await pe._flush()
-        assert pe.full == frozenset() and to_copy.held
+        await pe.inputs.flush()
+        assert pe.inputs.full == frozenset() and to_copy.held
         assert to_copy.data_pending() == 0, "with room elsewhere nothing waits behind the hold"
         to_w.gate.credits = 0
         for n in range(4 * RELIEF_BATCHES * credits):
             pe.chain.emit_from("src", [{"n": n, "ts": n}])
-        await pe._flush()
+        await pe.inputs.flush()
         assert not to_copy.full(RELIEF_BATCHES * credits)
-        assert pe.full == frozenset({"tag"})
+        assert pe.inputs.full == frozenset({"tag"})
     asyncio.run(scenario())
 
 
@@ -93,7 +94,7 @@ def test_watermarks_reach_every_instance_even_one_that_got_no_batch():
         for n in range(3):
             pe.chain.emit_from("src", [{"n": n, "ts": n}])
         pe.chain.watermark_from("src", 50)
-        await pe._flush()
+        await pe.inputs.flush()
         assert [k for _c, k, _p in inboxes["c-w"].items] == [WATERMARK]
         assert [k for _c, k, _p in inboxes["c-copy"].items] == [DATA, DATA, DATA, WATERMARK]
     asyncio.run(scenario())
@@ -157,11 +158,11 @@ def test_every_pass_over_an_inbox_with_batches_takes_one():
         pe = PERunner(spec, "tcp://pe")
         await pe.connect(lambda cid: (_ for _ in ()).throw(KeyError(cid)), HERE)
         x, y, z = (pe.receivers[f"c-{c}"] for c in "xyz")
-        pe._spent = {id(x): 1.0, id(y): 2.0, id(z): 0.0}
+        pe.inputs.spent = {id(x): 1.0, id(y): 2.0, id(z): 0.0}
         for n, channel in enumerate((x, y, z)):
             pe.inbox.put(channel, DATA, [{"n": n}])
         ORDER.clear()
-        assert pe._read_inbox() and ORDER[0] == ("fast", 2), ORDER
+        assert pe.inputs.take() and ORDER[0] == ("fast", 2), ORDER
         take_all(pe)
         assert sorted(ORDER) == [("fast", 0), ("fast", 1), ("fast", 2)] and not pe.inbox.items
     asyncio.run(scenario())

@@ -17,14 +17,19 @@ from types import SimpleNamespace
 import pytest
 from test_held_watermarks import _upstream
 
+from pescheduler.control.gateway import WorkerGateway
 from pescheduler.control.protocol import ReconfigurationFailed, ReconfigurationPlan, _wait_drained
 from pescheduler.worker.channels import DATA, MARKER
-from pescheduler.worker.pehost import _drain_progress
 from pescheduler.wire import InputSpec
 
 OLD = SimpleNamespace(workers=("tcp://w",), pes={"r": SimpleNamespace(worker="tcp://w")})
 PLAN = ReconfigurationPlan(retired=("r",), created=("r",), hold={}, seen={}, channels={})
 BOUND = 0.4
+
+
+def gateway_to(worker) -> WorkerGateway:
+    """The deployment "dep"'s real gateway, over a client whose every worker is ``worker``."""
+    return WorkerGateway(SimpleNamespace(rpc=lambda _address: worker), "dep", ())
 
 
 class _Worker:
@@ -50,7 +55,7 @@ class _Worker:
 def test_a_drain_that_keeps_moving_past_its_bound_finishes():
     worker, steps = _Worker(moving_for=4 * BOUND, moves=True), {}
     t0 = time.monotonic()
-    asyncio.run(_wait_drained(lambda _w: worker, OLD, PLAN, "dep", "m1", timeout=BOUND, steps=steps))
+    asyncio.run(_wait_drained(gateway_to(worker), OLD, PLAN, "m1", timeout=BOUND, steps=steps))
     assert time.monotonic() - t0 >= 4 * BOUND
     assert steps["drain r aligned"] >= 3 * BOUND * 1000, steps        # when, after the drain began, r aligned
 
@@ -59,7 +64,7 @@ def test_a_drain_that_stands_still_fails_after_its_bound():
     worker = _Worker(moving_for=60, moves=False)
     t0 = time.monotonic()
     with pytest.raises(ReconfigurationFailed, match=r"did not drain: .*still waiting for \['r'\] \(nothing moved"):
-        asyncio.run(_wait_drained(lambda _w: worker, OLD, PLAN, "dep", "m1", timeout=BOUND))
+        asyncio.run(_wait_drained(gateway_to(worker), OLD, PLAN, "m1", timeout=BOUND))
     assert BOUND <= time.monotonic() - t0 < 10 * BOUND
 
 
@@ -68,25 +73,24 @@ def test_progress_counts_what_lies_ahead_of_the_marker_and_nothing_else():
     replaced count, or a stuck drain would look busy. A replaced PE's every input counts."""
     async def scenario():
         pe, _inboxes = await _upstream()
-        pe.set_inputs([InputSpec("c-other", "src", "out")], [])
-        pes = {"up": pe}
+        pe.rewirer.set_inputs([InputSpec("c-other", "src", "out")], [])
 
         def progress(**want):
-            return _drain_progress(pes, "m1", want.get("aligned", []), want.get("seen", {}))["progress"]
+            return pe.alignment_status("m1", want["seen"]["up"] if "seen" in want else None)["progress"]
 
         before = progress(seen={"up": ["c-src"]}), progress(aligned=["up"])
         pe.inbox.put(pe.receivers["c-other"], DATA, [{"n": 1, "ts": 1}, {"n": 2, "ts": 2}])
-        pe._read_inbox()
+        pe.inputs.take()
         assert progress(seen={"up": ["c-src"]}) == before[0], "another input of a PE that stays"
         assert progress(aligned=["up"]) == before[1] + 2
         pe.inbox.put(pe.receivers["c-src"], DATA, [{"n": 3, "ts": 3}])
-        pe._read_inbox()
+        pe.inputs.take()
         assert progress(seen={"up": ["c-src"]}) == before[0] + 1
         pe.aligner.arrived("c-src", "m1")
-        answer = _drain_progress(pes, "m1", [], {"up": ["c-src"]})
-        assert answer["progress"] == before[0] + 2 and set(answer["times"]) == {"up<-c-src"}
+        answer = pe.alignment_status("m1", ["c-src"])
+        assert answer["progress"] == before[0] + 2 and set(answer["times"]) == {"c-src"}
         pe.aligner.arrived("c-other", "m0")              # a marker from a neighbour then replaced:
-        pe.set_inputs([], ["c-other"])                   # its input goes, and the marker with it
+        pe.rewirer.set_inputs([], ["c-other"])                   # its input goes, and the marker with it
         assert "m0" not in pe.aligner.seen and pe.aligner.has_seen("m1", "c-src")
     asyncio.run(scenario())
 
@@ -107,26 +111,25 @@ def test_a_full_pe_shipping_its_backlog_toward_the_marker_is_progress():
         for n in range(60):
             pe.inbox.put(src, DATA, [{"n": n, "ts": n}])
         while pe.inbox.items:
-            pe._read_inbox()
-        await pe._flush()
-        assert pe.full == {"tag"}
+            pe.inputs.take()
+        await pe.inputs.flush()
+        assert pe.inputs.full == {"tag"}
         pe.inbox.put(src, DATA, [{"n": 60, "ts": 60}])
         pe.inbox.put(src, MARKER, "m1")
-        pe._read_inbox()
+        pe.inputs.take()
         assert len(pe.inbox.items) == 2, "deferred: it feeds the full channel"
-        pes = {"up": pe}
-        before = _drain_progress(pes, "m1", [], {"up": ["c-src"]})["progress"]
+        before = pe.alignment_status("m1", ["c-src"])["progress"]
         pe.outs[0][1].gate.release(1)          # the slow PE downstream takes one batch
-        await pe._flush()
-        pe._read_inbox()
-        assert pe.full == {"tag"} and len(pe.inbox.items) == 2, "still full: the marker still waits"
-        assert _drain_progress(pes, "m1", [], {"up": ["c-src"]})["progress"] > before
+        await pe.inputs.flush()
+        pe.inputs.take()
+        assert pe.inputs.full == {"tag"} and len(pe.inbox.items) == 2, "still full: the marker still waits"
+        assert pe.alignment_status("m1", ["c-src"])["progress"] > before
         # A full channel that the listed input does not feed is no progress toward its marker.
-        pe.set_inputs([InputSpec("c-other", "elsewhere", "out")], [])
-        assert _drain_progress(pes, "m1", [], {"up": ["c-other"]})["progress"] == 0
+        pe.rewirer.set_inputs([InputSpec("c-other", "elsewhere", "out")], [])
+        assert pe.alignment_status("m1", ["c-other"])["progress"] == 0
         # A PE being replaced: everything it ships is ahead of the marker.
-        aligned = _drain_progress(pes, "m1", ["up"], {})["progress"]
+        aligned = pe.alignment_status("m1")["progress"]
         pe.outs[1][1].gate.release(1)
-        await pe._flush()
-        assert _drain_progress(pes, "m1", ["up"], {})["progress"] > aligned
+        await pe.inputs.flush()
+        assert pe.alignment_status("m1")["progress"] > aligned
     asyncio.run(scenario())

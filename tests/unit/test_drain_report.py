@@ -12,6 +12,7 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from test_drain_progress import gateway_to
 from test_held_watermarks import _upstream
 
 from pescheduler.control.protocol import ReconfigurationFailed, ReconfigurationPlan, _wait_drained
@@ -35,17 +36,17 @@ class _Worker:
 def test_a_drain_that_fails_reports_credits_holds_and_markers_of_every_pe():
     async def scenario():
         pe, _inboxes = await _upstream()
-        pe.hold(["c-copy"], "m1")
+        pe.rewirer.hold(["c-copy"], "m1")
         pe.outs[0][1].gate.credits = 0                       # c-w: out of credit
         pe.chain.emit_from("src", [{"n": 1, "ts": 1}])       # w
         pe.chain.emit_from("src", [{"n": 2, "ts": 2}])       # w#1, behind the marker
-        await pe._flush()
+        await pe.inputs.flush()
         pe.aligner.arrived("c-src", "m1")
         old = SimpleNamespace(workers=("tcp://w",), pes={"up": SimpleNamespace(worker="tcp://w")})
         plan = ReconfigurationPlan(retired=(), created=(), hold={}, seen={"up": ["c-copy"]}, channels={})
         worker = _Worker(pe)
         with pytest.raises(ReconfigurationFailed) as failed:
-            await _wait_drained(lambda _w: worker, old, plan, "dep", "m1", timeout=1)
+            await _wait_drained(gateway_to(worker), old, plan, "m1", timeout=1)
         return str(failed.value)
 
     text = asyncio.run(scenario())

@@ -25,7 +25,7 @@ A STATELESS operator's instances take batches by credit (plan/routing.py):
 its router sends a batch to ONE instance, and a channel to one of them is
 full only when no other instance takes batches (an instance fused into the
 sending PE always does). The model's ``credit`` rule has the PE loop's
-``_flush`` decide the full set with the runtime's own ``Chain.spared``
+``InputScheduler.flush`` decide the full set with the runtime's own ``Chain.spared``
 condition, and lets a router pick any instance that is not full (the
 runtime picks the one with the most room: one of these), so every schedule
 of the runtime is among the model's.
@@ -46,7 +46,7 @@ from pescheduler.plan.wiring import consumer_edges, routing_for
 from pescheduler.plan.transforms import transform
 from pescheduler.plugins import load_plugins
 from pescheduler.worker import flow
-from pescheduler.worker.runtime import RELIEF_BATCHES
+from pescheduler.worker.flow import RELIEF_BATCHES
 
 WORKERS = ["tcp://a", "tcp://b", "tcp://c"]
 CREDITS = 1
@@ -186,7 +186,7 @@ class Model:
         return _product(parts)
 
     def full_set(self, pe: str, chans: tuple, rule: str) -> set[str]:
-        """The producers ``_flush`` holds back on: a full channel, unless (credit rule) another
+        """The producers ``InputScheduler.flush`` holds back on: a full channel, unless (credit rule) another
         instance of each by-credit router it is one of still takes batches (``Chain.spared``)."""
         full = {i for i in self.outs[pe] if chans[i][0] >= LIMIT and not chans[i][1]}
         if rule == "credit":

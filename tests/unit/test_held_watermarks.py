@@ -38,6 +38,12 @@ async def _upstream():
     return pe, inboxes
 
 
+async def rewire_outputs(pe, outputs: list, remove: list[str], receivers, routing, copies) -> None:
+    """The PE host's rewire of ``pe``'s outputs (new channels to ``receivers`` on this worker),
+    through the PE's control port."""
+    await pe.rewire(outputs, remove, [], [], None, routing, copies, (receivers, HERE), lambda _part: None)
+
+
 async def _flush(pe):
     for _spec, channel in pe.outs:
         await channel.flush(wait=False)
@@ -53,7 +59,7 @@ def test_a_held_channel_holds_back_the_watermark_until_its_data_is_re_sent():
         chain = pe.chain
         chain.emit_from("src", [{"n": 1, "ts": 100}])          # smooth round robin: w
         chain.emit_from("src", [{"n": 2, "ts": 200}])          # w#1
-        pe.hold(["c-copy"], "m1")                              # Release(w, 1) begins
+        pe.rewirer.hold(["c-copy"], "m1")                              # Release(w, 1) begins
         chain.emit_from("src", [{"n": 3, "ts": 300}])          # w
         chain.emit_from("src", [{"n": 4, "ts": 400}])          # w#1: held, to be re-sent to w
         chain.watermark_from("src", 1999)                      # would close w's [0, 2000) window
@@ -61,8 +67,8 @@ def test_a_held_channel_holds_back_the_watermark_until_its_data_is_re_sent():
         await _flush(pe)
         assert _kinds(inboxes["c-copy"]) == [(DATA, [2]), (MARKER, "m1")]
         assert _kinds(inboxes["c-w"]) == [(DATA, [1]), (DATA, [3])], "nothing after the data yet"
-        await pe.rewire([], ["c-copy"], lambda cid: (_ for _ in ()).throw(KeyError(cid)), HERE,
-                        ORIGINAL_ONLY, {"w#1": "w"})
+        await rewire_outputs(pe, [], ["c-copy"], lambda cid: (_ for _ in ()).throw(KeyError(cid)),
+                             ORIGINAL_ONLY, {"w#1": "w"})
         await _flush(pe)
         assert _kinds(inboxes["c-w"]) == [(DATA, [1]), (DATA, [3]), (DATA, [4]), (WATERMARK, 1999), (END, None)]
         assert not chain.frozen
@@ -87,15 +93,15 @@ def test_a_held_channel_is_never_full_however_much_waits_behind_the_hold():
     async def scenario():
         pe, inboxes = await _upstream()
         credits = pe.spec.credits
-        pe.hold(["c-copy"], "m1")
+        pe.rewirer.hold(["c-copy"], "m1")
         pe.outs[0][1].gate.credits = 10 ** 6                  # c-w is taken as fast as it comes
         for n in range(8 * credits):                          # half of them to the held copy
             pe.chain.emit_from("src", [{"n": n, "ts": n}])
-        await pe._flush()
-        assert pe.full == frozenset() and pe.outs[1][1].held
+        await pe.inputs.flush()
+        assert pe.inputs.full == frozenset() and pe.outs[1][1].held
         pe.outs[0][1].gate.credits = 0
         for n in range(6 * credits):                          # c-w: out of credit, backlog grows
             pe.chain.emit_from("src", [{"n": n, "ts": n}])
-        await pe._flush()
-        assert pe.full == frozenset({"tag"})
+        await pe.inputs.flush()
+        assert pe.inputs.full == frozenset({"tag"})
     asyncio.run(scenario())

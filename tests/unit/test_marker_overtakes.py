@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from test_held_watermarks import HERE, ORIGINAL_ONLY, _flush, _kinds, _upstream
+from test_held_watermarks import HERE, ORIGINAL_ONLY, _flush, _kinds, _upstream, rewire_outputs
 
 from pescheduler import Application
 from pescheduler.actions import Fuse, Move, Release, Replicate
@@ -44,15 +44,16 @@ def test_the_marker_goes_ahead_of_the_held_backlog_which_follows_on_the_new_rout
         _backlog(pe)
         await _flush(pe)
         assert _kinds(inboxes["c-w"]) == [(DATA, [1])] and _kinds(inboxes["c-copy"]) == [(DATA, [2])]
-        pe.hold(["c-w", "c-copy"], "m1", overtake=["c-w", "c-copy"])
+        pe.rewirer.hold(["c-w", "c-copy"], "m1", overtake=["c-w", "c-copy"])
         pe.chain.emit_from("src", [{"n": 9, "ts": 9}])          # w: behind the hold
         pe.chain.emit_from("src", [{"n": 10, "ts": 10}])        # the copy: behind the hold
         await _flush(pe)
         assert _kinds(inboxes["c-w"]) == [(DATA, [1]), (MARKER, "m1")], "no credit needed, no backlog ahead"
         assert _kinds(inboxes["c-copy"]) == [(DATA, [2]), (MARKER, "m1")]
         fresh = Inbox()
-        await pe.rewire([OutputSpec("c-new", "tag", "out", "pe-w2", "tcp://w", HERE, ("w",))], ["c-w", "c-copy"],
-                        lambda cid: (fresh, ChannelIn(cid, "tag", "out")), HERE, ORIGINAL_ONLY, {"w#1": "w"})
+        await rewire_outputs(pe, [OutputSpec("c-new", "tag", "out", "pe-w2", "tcp://w", HERE, ("w",))],
+                             ["c-w", "c-copy"], lambda cid: (fresh, ChannelIn(cid, "tag", "out")), ORIGINAL_ONLY,
+                             {"w#1": "w"})
         await _flush(pe)
         assert [p for kind, p in _kinds(fresh) if kind == DATA] == [[3], [5], [7], [9], [4], [6], [8], [10]]
     asyncio.run(scenario())
@@ -63,7 +64,7 @@ def test_without_overtaking_the_marker_waits_behind_the_backlog():
         pe, inboxes = await _upstream()
         _backlog(pe)
         await _flush(pe)
-        pe.hold(["c-copy"], "m1")
+        pe.rewirer.hold(["c-copy"], "m1")
         await _flush(pe)
         assert _kinds(inboxes["c-copy"]) == [(DATA, [2])], "the marker needs credit for three batches first"
         assert pe.outs[1][1].data_pending() == 3
@@ -78,11 +79,12 @@ def test_the_backlog_s_watermark_follows_every_re_sent_batch():
         _backlog(pe)
         pe.chain.watermark_from("src", 8)                      # behind 3, 5, 7 and 4, 6, 8
         await _flush(pe)
-        pe.hold(["c-w", "c-copy"], "m1", overtake=["c-w", "c-copy"])
+        pe.rewirer.hold(["c-w", "c-copy"], "m1", overtake=["c-w", "c-copy"])
         await _flush(pe)
         fresh = Inbox()
-        await pe.rewire([OutputSpec("c-new", "tag", "out", "pe-w2", "tcp://w", HERE, ("w",))], ["c-w", "c-copy"],
-                        lambda cid: (fresh, ChannelIn(cid, "tag", "out")), HERE, ORIGINAL_ONLY, {"w#1": "w"})
+        await rewire_outputs(pe, [OutputSpec("c-new", "tag", "out", "pe-w2", "tcp://w", HERE, ("w",))],
+                             ["c-w", "c-copy"], lambda cid: (fresh, ChannelIn(cid, "tag", "out")), ORIGINAL_ONLY,
+                             {"w#1": "w"})
         await _flush(pe)
         assert _kinds(fresh) == [(DATA, [3]), (DATA, [5]), (DATA, [7]), (DATA, [4]), (DATA, [6]), (DATA, [8]),
                                  (WATERMARK, 8)]
@@ -95,7 +97,7 @@ def test_a_channel_that_ended_keeps_its_order_and_carries_no_marker():
         _backlog(pe)
         pe.chain.end_from("src")                               # END buffered behind the backlog
         await _flush(pe)
-        pe.hold(["c-copy"], "m1", overtake=["c-copy"])
+        pe.rewirer.hold(["c-copy"], "m1", overtake=["c-copy"])
         pe.outs[1][1].gate.credits = 100
         await _flush(pe)
         kinds = _kinds(inboxes["c-copy"])

@@ -21,8 +21,9 @@ from pescheduler.worker.pehost import PEHost
 
 def _host_with_one_pe():
     host = PEHost(SimpleNamespace(address="tcp://127.0.0.1:1", handlers={}))
-    pe = SimpleNamespace(aligner=Aligner(), state="running", error=None, receivers={}, sources=[], outs=[],
-                         full=frozenset(), chain=None)
+    pe = SimpleNamespace(aligner=Aligner(), state="running", error=None)
+    pe.alignment_status = lambda marker, channel_ids=None: {     # the PE's control port, as far as a drain asks
+        "missing": [] if pe.aligner.aligned else ["aligned"], "progress": 0, "times": {}}
     host.pes[("dep", "r")] = pe
     return host, pe
 
@@ -33,7 +34,7 @@ def test_a_pe_that_aligns_while_the_controller_polls_again_is_seen_at_once():
         drain = asyncio.create_task(host.pe_reconf_wait("dep", "m", aligned=["r"], seen={}, timeout=5))
         await asyncio.sleep(0)                 # the drain looked: "r" has not aligned yet
         pe.aligner.aligned = True
-        host._bump()                           # "r" aligns (PERunner._check_aligned -> on_change)
+        host._bump()                           # "r" aligns (PERunner.check_aligned -> on_change)
         poll = host.pe_wait("dep", host.version, timeout=5)    # the controller's next long poll
         poll.send(None)                        # starts in the same loop turn, before the drain waits
         try:

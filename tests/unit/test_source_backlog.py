@@ -14,7 +14,8 @@ import asyncio
 
 from pescheduler.operators.sources import IterableSource
 from pescheduler.worker.channels import ChannelIn, Inbox
-from pescheduler.worker.runtime import RELIEF_BATCHES, SOURCE_BACKLOG, PERunner
+from pescheduler.worker.flow import RELIEF_BATCHES, SOURCE_BACKLOG
+from pescheduler.worker.runtime import PERunner
 from pescheduler.wire import OutputSpec, PESpec
 
 HERE = "127.0.0.1:1"
@@ -45,16 +46,16 @@ def test_a_source_waits_with_one_batch_buffered_past_the_credit_window_and_reads
         spec, pe = _pe(BrokerLike)
         out = await _connected(pe)
         for _ in range(5 * spec.credits):               # the PE's loop: read, then ship what credit allows
-            pe._read_sources()
-            await pe._flush()
+            pe.read_sources()
+            await pe.inputs.flush()
         assert out.tuples == spec.credits * 100, "the credit window went out"
         assert out.data_pending() == 1, "one batch waits; the rest stays in the source"
-        assert pe._source_held(pe.sources[0]) and pe.full == frozenset(), \
+        assert pe.inputs.source_held(pe.sources[0]) and pe.inputs.full == frozenset(), \
             "the source waits; the channel is not full for flow.py's rule (input from channels)"
         out.gate.release(2)                               # the receiver took two batches
         for _ in range(5):
-            pe._read_sources()
-            await pe._flush()
+            pe.read_sources()
+            await pe.inputs.flush()
         assert out.tuples == (spec.credits + 2) * 100 and out.data_pending() == SOURCE_BACKLOG
     asyncio.run(scenario())
 
@@ -66,7 +67,7 @@ def test_a_source_without_a_backlog_elsewhere_reads_ahead_as_channel_input_does(
         spec, pe = _pe(IterableSource)
         out = await _connected(pe)
         for _ in range(5 * spec.credits):
-            pe._read_sources()
-            await pe._flush()
-        assert out.data_pending() == RELIEF_BATCHES * spec.credits and pe.full == frozenset({"src"})
+            pe.read_sources()
+            await pe.inputs.flush()
+        assert out.data_pending() == RELIEF_BATCHES * spec.credits and pe.inputs.full == frozenset({"src"})
     asyncio.run(scenario())

@@ -11,7 +11,7 @@ failover would): after the strategy's pause, under the Reconfigurer's lock
 1. every PE still running is stopped;
 2. the workers still alive are found (each must answer within a bound);
 3. the app is re-compiled onto them and the checkpoint's state mapped onto
-   that placement by operator id (restore.py), sources rewound to their
+   that placement by operator id (``checkpoint/restore.py``), sources rewound to their
    checkpointed positions, sinks told to commit that checkpoint (again) and
    to discard what they staged after it (``worker/barriers.py``);
 4. the PEs start; the embedded cluster starts a replacement worker in the
@@ -29,25 +29,52 @@ import logging
 import os
 import time
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .. import config
+from ..checkpoint.restore import load_states
 from ..plan.compiler import compile_app
 from ..restart import RestartStrategy
-from .restore import load_states
 
 if TYPE_CHECKING:
-    from ..control.deployment import Deployment
+    from ..checkpoint.coordinator import CheckpointCoordinator
+    from ..plan.app import Application
+    from ..plugins import Plugins
+    from .cluster import EmbeddedCluster
+    from .gateway import WorkerGateway
+    from .reconfigurer import Reconfigurer
+    from .state import DeploymentState
 
 logger = logging.getLogger(__name__)
 
 FIRST_OUTPUT_S = 120.0    # how long the first output after a restore is looked for
 
 
+class Supervised(Protocol):
+    """What a recovery drives of its deployment (``Deployment`` implements it): its parts, and the
+    steps of its failure path that a restore takes over. Named here so this module need not
+    import ``deployment.py``, which imports it."""
+
+    id: str
+    app: Application
+    plugins: Plugins | None
+    cluster: EmbeddedCluster | None
+    gateway: WorkerGateway
+    reconfigurer: Reconfigurer
+    checkpointer: CheckpointCoordinator | None
+    state: DeploymentState
+    _generation: int
+    _done: asyncio.Event | None
+
+    def _watch_all(self, workers) -> None: ...
+
+    async def _fail(self, reason: str, lost: set[str] = frozenset(), final: bool = False) -> None: ...
+
+
 class Recovery:
     """The restores of one deployment: its restart strategy and its restarts so far."""
 
-    def __init__(self, dep: "Deployment", strategy: RestartStrategy) -> None:
+    def __init__(self, dep: Supervised, strategy: RestartStrategy) -> None:
         self.dep = dep
         self.strategy = strategy
         self.restarts: list[dict] = []
@@ -124,8 +151,7 @@ class Recovery:
                 states = await asyncio.to_thread(load_states, coordinator.store, checkpoint_id, placement)
                 record["checkpoint"] = next((s["checkpoint"] for s in states.values()), checkpoint_id)
                 phase("load")
-                rc.epoch += 1
-                await rc.relaunch(placement, states)
+                await rc.restart(placement, states)
                 dep.state.running(placement.pes)
                 phase("relaunch")
             dep._watch_all(placement.workers)
@@ -153,7 +179,7 @@ class Recovery:
                 logger.info("worker %s taken for lost: %s", worker, answer)
                 self.dead.add(worker)
                 continue
-            rc.worker_info[worker] = {**answer, "host": info[worker].get("host", "")}
+            rc.know(worker, answer, info[worker].get("host", ""))
             live.append(worker)
         if not live and self.replacing:
             await asyncio.gather(*self._replacing, return_exceptions=True)   # a worker is on its way
