@@ -36,7 +36,8 @@ from typing import Any, Callable, Iterable
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, OperatorContext
 from pescheduler.state import MemoryState
-from pescheduler.state.groups import adopt, merge_groups, restore_groups, snapshot_groups, split_groups
+from pescheduler.state import adopt
+from pescheduler.state.groups import merge_groups, restore_groups, snapshot_groups, split_groups
 
 from .window import AggregatingWindow
 

@@ -83,3 +83,8 @@ class CheckpointDamaged(CheckpointError):
 class DeploymentClash(PeschedulerError, ValueError):
     """A deployment of the same name, or one writing the same file, is already running; the message
     names both and the fix. Refused before anything starts: both would truncate and interleave output."""
+
+
+class PythonOnly(ArithmeticError):
+    """A backend cannot give Python's exact result for this batch (a null, a zero divisor, a type
+    it does not map exactly): the rows are run by the Python function instead."""

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .expr import Lit, Py, PythonOnly
+from .errors import PythonOnly
 
 _CHECKED = {"add": pc.add_checked, "sub": pc.subtract_checked, "mul": pc.multiply_checked}
 _FLOAT = {"add": pc.add, "sub": pc.subtract, "mul": pc.multiply}
@@ -27,11 +27,11 @@ _ORDER = {"eq": pc.equal, "ne": pc.not_equal, "lt": pc.less, "le": pc.less_equal
           "ge": pc.greater_equal}
 
 
-def evaluate(e: Py, visit: Callable[[Any], Any]) -> Any:
+def evaluate(e: Any, visit: Callable[[Any], Any]) -> Any:
     """``e`` over the batch ``visit`` reads (an array, or a scalar where constant)."""
     op = e.op
     if op in ("in", "not_in"):
-        return _member(visit(e.args[0]), [a.value for a in e.args[1:] if isinstance(a, Lit)], op)
+        return _member(visit(e.args[0]), [a.value for a in e.args[1:]], op)
     args = [visit(a) for a in e.args]
     if op in ("is_none", "is_not_none"):
         return _is_null(args[0], op == "is_none")

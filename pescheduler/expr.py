@@ -228,11 +228,6 @@ PYTHON = {"add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%", "eq": "=="
 """Operators of :class:`Py` nodes (a lifted lambda's), by the Python they stand for."""
 
 
-class PythonOnly(ArithmeticError):
-    """A backend cannot give Python's exact result for this batch (a null, a zero divisor, a type
-    it does not map exactly): the rows are run by the Python function instead."""
-
-
 class Py(Expr):
     """Python's own ``op`` (:data:`PYTHON`) on ``args``: what :mod:`pescheduler.lift` makes of a lambda.
 
@@ -241,7 +236,7 @@ class Py(Expr):
     give an operand, a filter keeps what is truthy. ``in``/``not_in``: ``args``
     are the value then the literals of a tuple. Rows run it as the same nested
     Python expression; Arrow runs kernels where they are provably the same and
-    raises :class:`PythonOnly` otherwise (``pescheduler.exact_arrow``)."""
+    raises :class:`~pescheduler.errors.PythonOnly` otherwise (``pescheduler.exact_arrow``)."""
 
     __slots__ = ("op", "args")
 

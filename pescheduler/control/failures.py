@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sysconfig
@@ -27,11 +28,9 @@ _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 def _not_the_users() -> tuple[str, ...]:
     """Directories whose frames are pescheduler's or Python's, not the app's."""
-    import pescheduler
-    import pescheduler.operators
-    import pescheduler.policies
-
-    dirs = [os.path.dirname(m.__file__) for m in (pescheduler, pescheduler.operators, pescheduler.policies)]
+    # found, not imported: this module is imported by the package it names (no import cycle)
+    dirs = [importlib.util.find_spec(m).submodule_search_locations[0]
+            for m in ("pescheduler", "pescheduler.operators", "pescheduler.policies")]
     dirs += [sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")]
     return tuple(os.path.join(d, "") for d in dirs)
 

@@ -10,13 +10,13 @@ pushed batch, the end of the streams.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from ..operator import DeadLetter
 from ..timeutil import parse_duration
 from ..joinkeys import equi_keys
-from .lifted import lift_definition
+from .lifted import as_expression
 from .predicates import Expr
 from .schema import Schema, SchemaError
 
@@ -429,3 +429,22 @@ class EventProcessor:
     def _open(self) -> None:
         if self._closed:
             raise RuntimeError("this EventProcessor is closed (its streams have ended)")
+
+
+def lift_definition(d: Any, schema: Callable[[str], Any]) -> Any:
+    """Definition ``d`` with each filter's and correlation's lambda predicate a ``col`` expression
+    where :func:`as_expression` proves them the same (``schema(stream)``: its Schema)."""
+    def types(stream: str) -> Callable[[str], Any]:
+        return schema(stream).fields.get
+
+    steps = []
+    for step in d.steps:
+        sides: dict = {}
+        if isinstance(step, Filter):
+            sides = {"event": types(d.stream.name)}
+        elif isinstance(step, Correlate) and step.predicate is not None:
+            sides = {"left": types(d.stream.name), "right": types(step.right)}
+        expr = as_expression(step.predicate, tuple(sides), lambda side, name: sides[side](name)) \
+            if sides else None
+        steps.append(step if expr is None else replace(step, predicate=expr))
+    return Definition(tuple(steps))

@@ -100,26 +100,3 @@ class _Typed:
     def _need(ok: bool, what: str) -> None:
         if not ok:
             raise NotProvable(what)
-
-
-def lift_definition(d: Any, schema: Callable[[str], Any]) -> Any:
-    """Definition ``d`` with each filter's and correlation's lambda predicate a ``col`` expression
-    where :func:`as_expression` proves them the same (``schema(stream)``: its Schema)."""
-    from dataclasses import replace
-
-    from .api import Correlate, Definition, Filter
-
-    def types(stream: str) -> Callable[[str], Any]:
-        return schema(stream).fields.get
-
-    steps = []
-    for step in d.steps:
-        sides: dict = {}
-        if isinstance(step, Filter):
-            sides = {"event": types(d.stream.name)}
-        elif isinstance(step, Correlate) and step.predicate is not None:
-            sides = {"left": types(d.stream.name), "right": types(step.right)}
-        expr = as_expression(step.predicate, tuple(sides), lambda side, name: sides[side](name)) \
-            if sides else None
-        steps.append(step if expr is None else replace(step, predicate=expr))
-    return Definition(tuple(steps))

@@ -8,9 +8,9 @@ its own with :func:`keyed_state` at ``open``.
 
 from .base import KEY_GROUPS, KeyedState, StateView, key_group, pack_group, unpack_group
 from .memory import MemoryState
-from .settings import BACKENDS, backend_name, keyed_state, open_state
+from .settings import BACKENDS, adopt, backend_name, keyed_state, open_state
 
-__all__ = ["BACKENDS", "KEY_GROUPS", "KeyedState", "MemoryState", "StateView", "backend_name",
+__all__ = ["BACKENDS", "KEY_GROUPS", "KeyedState", "MemoryState", "StateView", "adopt", "backend_name",
            "key_group", "keyed_state", "open_state", "pack_group", "unpack_group"]
 
 

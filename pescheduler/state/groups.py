@@ -129,16 +129,3 @@ def _in_place_order(parts: list) -> dict:
 
 
 _first, _second = itemgetter(0), itemgetter(1)
-
-
-def adopt(context: Any, held: KeyedState) -> KeyedState:
-    """The operator's state in its deployment's backend (``keyed_state``), holding what ``held``
-    holds: an operator keeps a ``MemoryState`` until ``open`` because ``restore`` comes first."""
-    from .settings import backend_name, keyed_state
-
-    if backend_name(context.extra.get("state")) == held.backend:
-        return held
-    chosen = keyed_state(context)
-    chosen.import_groups(held.export_groups())
-    held.close()
-    return chosen

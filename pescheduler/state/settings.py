@@ -93,3 +93,14 @@ def keyed_state(context: Any, name: str = "state") -> KeyedState:
     """
     owner = "-".join(p for p in (context.pe_id, context.op_id, f"c{context.copy_index}", name) if p)
     return open_state(context.extra.get("state"), owner, context.extra.get("deployment", "local"))
+
+
+def adopt(context: Any, held: KeyedState) -> KeyedState:
+    """The operator's state in its deployment's backend (``keyed_state``), holding what ``held``
+    holds: an operator keeps a ``MemoryState`` until ``open`` because ``restore`` comes first."""
+    if backend_name(context.extra.get("state")) == held.backend:
+        return held
+    chosen = keyed_state(context)
+    chosen.import_groups(held.export_groups())
+    held.close()
+    return chosen
