@@ -7,7 +7,8 @@ It registers through the ``pescheduler`` entry-point group
   ``redis`` (:mod:`.redis_streams`)
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
-  (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`)
+  (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`),
+  ``process`` (keyed process functions with timers, :mod:`.process`)
 * sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`), ``kafka``, ``redis``
 * the ends of ``pescheduler.ep`` queries: ``ep_schema`` and the sink ``ep_output`` (:mod:`.ep_io`);
   filter-only ep queries of one stream together: ``ep_filter`` (:mod:`.ep_filter`); the other
@@ -36,6 +37,7 @@ from .join import Join
 from .kafka import KafkaSink, KafkaSource
 from .over_window import OverWindow
 from .pattern import Pattern
+from .process import Process
 from .redis_streams import RedisStreamSink, RedisStreamSource
 from .session import SessionWindow
 from .sinks import DiscardSink, JsonlSink, ParquetSink, PrintSink
@@ -45,6 +47,7 @@ from .window import Window
 OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStreamSource, Map, Filter, FlatMap, KeyBy, Window,
              SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, SharedFilter, QueryGroup, OverLanes, SharedPatterns, SharedCorrelations,
              JsonlSink, PrintSink, DiscardSink,
+             Process,
              ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors]
 
 __all__ = [cls.__name__ for cls in OPERATORS]

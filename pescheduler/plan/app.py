@@ -178,6 +178,13 @@ class Stream:
         out.key_field = None
         return out
 
+    def process(self, fn: type, *, ttl: Any = None, id: str | None = None, **params: Any) -> "Stream":
+        """A keyed process function: ``fn(**params)`` gets ``on_event(event, ctx)`` and
+        ``on_timer(ts, key, ctx)`` with per-key state and timers (operators/process.py)."""
+        if self.key_field is None:
+            raise InvalidApplication("process needs a keyed stream: call key_by(field) before process(...)")
+        return self.apply("process", id=id, fn=fn, params=params, ttl=ttl)
+
     def late_events(self) -> "Stream":
         """The side output of events that arrived after their window fired."""
         return Stream(self.app, self.op_id, port="late")
