@@ -9,7 +9,8 @@ with ``ctx`` a :class:`~.process_context.ProcessContext`: ``ctx.key``,
 ``ctx.emit(x)``, ``ctx.state`` (the key's dict), ``ctx.timers.at(ts)`` /
 ``ctx.timers.cancel(ts)`` (event time, ms), ``ctx.timers.after(seconds)``
 (processing time), ``ctx.watermark``. Everything a function keeps goes in
-``ctx.state``: the instance is remade on every copy and restore.
+``ctx.state``: the instance is remade on every copy and restore. A plug-in
+registers a function by name with :meth:`Process.named`.
 
 Order (what makes the output independent of batching, copies and moves): events
 wait until the watermark passes them and are then handled by ``ts`` (equal
@@ -64,6 +65,18 @@ class Process(Operator):
         self._wm = MIN_WATERMARK
         self._pending: list = []             # (ts, key, event) not yet passed by the watermark
         self._reset({})
+
+    @classmethod
+    def named(cls, name: str, fn: type) -> type:
+        """An operator class that runs ``fn`` under the registry name ``name``, for a plug-in to
+        return from ``pescheduler_operators``; apps then write ``key_by(k).process(name, **params)``.
+        Assign it to the module-level name it has, ``<fn>Process``, so workers import it by name."""
+        def __init__(self, ttl: Any = None, key: str | Callable | None = None, ts_field: str = "ts",
+                     **params: Any) -> None:
+            cls.__init__(self, fn, params, ttl, key, ts_field)
+
+        return type(f"{fn.__name__}Process", (cls,), {"name": name, "__init__": __init__,
+                                                        "__module__": fn.__module__, "__doc__": fn.__doc__})
 
     def _reset(self, records: dict) -> None:
         """Install ``records`` (key -> KeyRecord) and rebuild the timer queues from them."""

@@ -191,7 +191,7 @@ def pescheduler_aggregates():
 
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Numbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot]
+    return [Numbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
 
 
 def committed_output(path) -> list:
@@ -266,6 +266,15 @@ class Lapses:
         ctx.emit({"key": key, "timer": ts, "n": ctx.state.get("n", 0)})
         if ctx.state.get("n", 0) % 5 == 0:
             ctx.state.clear()
+
+
+def _lapses_process():
+    from pescheduler.operators.process import Process
+
+    return Process.named("lapses", Lapses)
+
+
+LapsesProcess = _lapses_process()           # a process function registered by name ("lapses")
 
 
 def process_reference(fn, events: list, key: str = "key", ttl: int | None = None) -> dict:

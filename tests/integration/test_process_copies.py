@@ -69,8 +69,8 @@ def assert_equals_reference(rows: list) -> None:
 def test_a_sigkilled_worker_restored_from_a_checkpoint_fires_every_timer_exactly_once(tmp_path):
     out = tmp_path / "alerts.jsonl"
     app = Application("process-recovery")
-    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE)
-        .key_by("key").process(Lapses, gap=GAP, id="lapses").sink("jsonl", path=str(out)))
+    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE)     # Lapses as registered by support_ops
+        .key_by("key").process("lapses", gap=GAP, id="lapses").sink("jsonl", path=str(out)))
     with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
                             checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
         until(lambda: dep.checkpoints(), WAIT, "a complete checkpoint")

@@ -196,3 +196,13 @@ def test_process_needs_a_class_with_on_event_and_a_keyed_stream():
         app.source("iterable", items=[]).process(Lapses)
     with pytest.raises(InvalidApplication, match="unexpected keyword"):
         app.source("iterable", items=[]).key_by("key").process(Lapses, gapp=3)
+
+
+def test_a_process_function_registered_by_name_runs_as_the_class_does():
+    from support_ops import LapsesProcess
+
+    events = [{"key": i % 3, "ts": i * 7, "i": i} for i in range(60)]
+    op = opened(LapsesProcess(gap=45, ttl=None))
+    assert LapsesProcess.name == "lapses" and op.parameters() == {"gap": 45, "ttl": None}
+    again = opened(type(op)(**op.parameters()))
+    assert per_key(feed([op], events, [10, 30])) == expected(events) == per_key(feed([again], events, [5]))
