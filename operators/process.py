@@ -43,7 +43,7 @@ from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, OperatorConte
 from pescheduler.timeutil import parse_duration
 
 from .process_context import KeyRecord, ProcessContext, TimerQueue
-from .window import key_getter, released
+from .window import hold, key_getter, released
 
 
 class Process(Operator):
@@ -98,16 +98,7 @@ class Process(Operator):
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
-        ts_f, wm, pending, key_of = self.ts_field, self._wm, self._pending, self._key_of
-        for t in batch:
-            try:
-                ts = t[ts_f]
-                if ts <= wm:
-                    emit.to("late", t)
-                else:
-                    pending.append((ts, key_of(t), t))
-            except Exception as exc:
-                emit.dead_letter(t, exc)
+        hold(batch, emit, self.ts_field, self._wm, self._pending, self._key_of)
         self._fire_processing(emit)
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
