@@ -9,7 +9,7 @@ It registers through the ``pescheduler`` entry-point group
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by``, ``union`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
   (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`),
-  ``latest`` (:mod:`.latest`)
+  ``latest`` (:mod:`.latest`), ``process`` (keyed process functions with timers, :mod:`.process`)
 * sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`), ``kafka``, ``redis``,
   ``delta`` (:mod:`.delta`), ``iceberg`` (:mod:`.iceberg`)
 * the ends of ``pescheduler.ep`` queries: ``ep_schema`` and the sink ``ep_output`` (:mod:`.ep_io`);
@@ -44,6 +44,7 @@ from .latest import Latest
 from .over_window import OverWindow
 from .pattern import Pattern
 from .postgres_cdc import PostgresCdcSource
+from .process import Process
 from .redis_streams import RedisStreamSink, RedisStreamSource
 from .session import SessionWindow
 from .sinks import DiscardSink, JsonlSink, ParquetSink, PrintSink
@@ -53,6 +54,7 @@ from .window import Window
 OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStreamSource, Map, Filter, FlatMap, KeyBy, Union, Window,
              SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, SharedFilter, QueryGroup, OverLanes, SharedPatterns, SharedCorrelations,
              JsonlSink, PrintSink, DiscardSink,
+             Process,
              ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors,
              FilesSource, DeltaSink, IcebergSink, PostgresCdcSource, Latest]
 

@@ -179,16 +179,7 @@ class AggregatingWindow(Operator):
     def _hold(self, batch: list, emit: Emitter) -> None:
         """Keep ``(ts, key, t)`` until the watermark passes ``ts`` (``self._pending``, keyed so
         that state splits by key); late tuples go aside, ones without a ts or key are dead."""
-        ts_f, wm, pending, key_of = self.ts_field, self._wm, self._pending, self._key_of
-        for t in batch:
-            try:
-                ts = t[ts_f]
-                if ts <= wm:
-                    emit.to("late", t)
-                else:
-                    pending.append((ts, key_of(t), t))
-            except Exception as exc:
-                emit.dead_letter(t, exc)
+        hold(batch, emit, self.ts_field, self._wm, self._pending, self._key_of)
 
     def _release(self, watermark: int) -> list:
         """``(ts, key, t)`` the watermark has passed, by ``ts`` (arrival order within a timestamp)."""
@@ -413,3 +404,18 @@ def released(pending: list, watermark: int) -> tuple[list, list]:
     rest = [p for p in pending if p[0] > watermark]
     ready.sort(key=itemgetter(0))
     return ready, rest
+
+
+def hold(batch: list, emit: Emitter, ts_field: str, watermark: int, pending: list, key_of: Callable) -> None:
+    """Append ``(ts, key, t)`` of each tuple of ``batch`` to ``pending`` (for :func:`released`);
+    a tuple with ``ts <= watermark`` goes to the ``late`` side output, one without a ts or key is
+    dead-lettered. Shared by every operator that takes tuples in event-time order."""
+    for t in batch:
+        try:
+            ts = t[ts_field]
+            if ts <= watermark:
+                emit.to("late", t)
+            else:
+                pending.append((ts, key_of(t), t))
+        except Exception as exc:
+            emit.dead_letter(t, exc)

@@ -191,7 +191,7 @@ def pescheduler_aggregates():
 
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Numbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot]
+    return [Numbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
 
 
 def committed_output(path) -> list:
@@ -243,3 +243,80 @@ def last_checkpoint(dep) -> int:
     """The id of a deployment's newest complete checkpoint (0: none yet)."""
     done = dep.checkpoints()
     return done[-1]["id"] if done else 0
+
+
+class Lapses:
+    """A process function for the timer tests: each event sets an event-time timer ``gap`` ms on and
+    every second event cancels the previous one, so timers are pending at every moment; a firing
+    reports the key's event count, which is exact only if events and timers are taken in timestamp
+    order; every fifth count empties the state (the key then holds no memory)."""
+
+    def __init__(self, gap: int = 45) -> None:
+        self.gap = gap
+
+    def on_event(self, event, ctx) -> None:
+        state = ctx.state
+        state["n"] = state.get("n", 0) + 1
+        if state["n"] % 2 == 0 and "due" in state:
+            ctx.timers.cancel(state["due"])
+        state["due"] = event["ts"] + self.gap
+        ctx.timers.at(state["due"])
+
+    def on_timer(self, ts, key, ctx) -> None:
+        ctx.emit({"key": key, "timer": ts, "n": ctx.state.get("n", 0)})
+        if ctx.state.get("n", 0) % 5 == 0:
+            ctx.state.clear()
+
+
+def _lapses_process():
+    from pescheduler.operators.process import Process
+
+    return Process.named("lapses", Lapses)
+
+
+LapsesProcess = _lapses_process()           # a process function registered by name ("lapses")
+
+
+def process_reference(fn, events: list, key: str = "key", ttl: int | None = None) -> dict:
+    """Plain-Python reference of ``key_by(key).process(fn)`` over a finite stream: per key, its events
+    by ``ts`` (arrival order within a timestamp), each event-time timer at ``T`` called after the events
+    with ``ts <= T`` and before later ones, the rest at the end. Returns ``{key: [emitted, ...]}``."""
+    by_key: dict = {}
+    for e in events:
+        by_key.setdefault(e[key], []).append(e)
+    return {k: _reference_key(fn, k, sorted(evs, key=lambda e: e["ts"]), ttl) for k, evs in by_key.items()}
+
+
+class _ReferenceContext:
+    def __init__(self, key) -> None:
+        self.key, self.state, self.pending, self.out, self.last = key, {}, set(), [], None
+        self.timers = self
+        self.emit = self.out.append
+
+    def at(self, ts) -> None:
+        self.pending.add(ts)
+
+    def cancel(self, ts) -> None:
+        self.pending.discard(ts)
+
+    def expire(self, now, ttl) -> None:
+        if ttl is not None and self.last is not None and now - self.last >= ttl:
+            self.state = {}
+
+    def fire_before(self, fn, bound, ttl) -> None:
+        while self.pending and min(self.pending) < bound:
+            ts = min(self.pending)
+            self.pending.discard(ts)
+            self.expire(ts, ttl)
+            fn.on_timer(ts, self.key, self)
+
+
+def _reference_key(fn, k, events: list, ttl) -> list:
+    ctx = _ReferenceContext(k)
+    for e in events:
+        ctx.fire_before(fn, e["ts"], ttl)
+        ctx.expire(e["ts"], ttl)
+        fn.on_event(e, ctx)
+        ctx.last = e["ts"]
+    ctx.fire_before(fn, float("inf"), ttl)
+    return ctx.out

@@ -192,6 +192,16 @@ class Stream:
         out.key_field = key if isinstance(key, str) else None      # its rows carry a field key as it was
         return out
 
+    def process(self, fn: type | str, *, ttl: Any = None, id: str | None = None, **params: Any) -> "Stream":
+        """A keyed process function: ``fn(**params)`` gets ``on_event(event, ctx)`` and
+        ``on_timer(ts, key, ctx)`` with per-key state and timers (operators/process.py); ``fn``
+        a class, or the name a plug-in registered one under (``Process.named``)."""
+        if self.key_field is None:
+            raise InvalidApplication("process needs a keyed stream: call key_by(field) before process(...)")
+        if isinstance(fn, str):
+            return self.apply(fn, id=id, ttl=ttl, **params)
+        return self.apply("process", id=id, fn=fn, params=params, ttl=ttl)
+
     def late_events(self) -> "Stream":
         """The side output of events that arrived after their window fired."""
         return Stream(self.app, self.op_id, port="late")

@@ -83,3 +83,19 @@ def test_columnar_example_as_written_writes_exactly_the_per_tuple_results(tmp_pa
 
     rows, reference = deploy_example(tmp_path, connected_cars_columnar)
     assert_same_averages(rows, reference)
+
+
+def test_heartbeat_alerts_example_as_written_equals_reference(tmp_path):
+    import heartbeat_alerts
+
+    proc = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(EXAMPLES / "heartbeat_alerts.py")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        reap(proc)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / heartbeat_alerts.OUTPUT).read_text().splitlines()]
+    reference = heartbeat_alerts.reference()
+    assert len(reference) > heartbeat_alerts.DEVICES          # silences besides the end of the stream
+    assert sorted(rows, key=lambda a: (a["device"], a["alert_at"])) == reference

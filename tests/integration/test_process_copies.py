@@ -1,0 +1,83 @@
+"""A keyed process function with event-time timers pending, copied and released on a real Dask
+deployment while tuples flow, or its worker SIGKILLed and the deployment restored from a checkpoint:
+every timer fires exactly once, as in the plain-Python reference.
+
+The source holds its last tuples until the test has applied the Replicate and the Release, so both
+happen mid-stream however slow the machine; every key has timers pending at every moment
+(support_ops.Lapses), and a firing reports the key's event count, which is right only when the
+key's state and timers moved together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+import pescheduler
+from pescheduler import Application, Release, Replicate
+from support_ops import Lapses, committed_output, process_reference
+from waiting import until
+
+pytestmark = pytest.mark.integration
+
+COUNT, KEYS, RATE, GAP = 12_000, 20, 2_000, 45
+WAIT = 120          # seconds: the bound on every wait
+
+
+def tuples_in(dep, op: str) -> None:
+    """Wait (bounded) until ``op`` has processed a tuple."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        snap = dep.next_snapshot(timeout=WAIT)
+        if op in snap.operators and snap.operators[op].tuples_in > 0:
+            return
+        assert time.monotonic() < deadline, f"{op} never got a tuple"
+
+
+def test_replicate_and_release_fire_every_pending_timer_exactly_once(cluster, tmp_path):
+    out, release = tmp_path / "alerts.jsonl", tmp_path / "release"
+    app = Application("process-copies")
+    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=COUNT - 1000, release=str(release))
+        .key_by("key").process(Lapses, gap=GAP, id="lapses").sink("jsonl", path=str(out)))
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
+        tuples_in(dep, "lapses")
+        rec = dep.apply(Replicate("lapses", 1), timeout=WAIT)
+        assert rec.applied, rec.reason
+        tuples_in(dep, "lapses#1")
+        rec = dep.apply(Release("lapses", 1), timeout=WAIT)
+        assert rec.applied, rec.reason
+        release.touch()
+        status = dep.wait(timeout=WAIT)
+    assert status["state"] == "finished", status
+    assert_equals_reference([json.loads(line) for line in out.read_text().splitlines()])
+
+
+def assert_equals_reference(rows: list) -> None:
+    got: dict = {}
+    for row in rows:
+        got.setdefault(row["key"], []).append(row)
+    events = [{"key": i % KEYS, "ts": i, "n": i} for i in range(COUNT)]
+    want = process_reference(Lapses(GAP), events)
+    assert sum(map(len, want.values())) > COUNT // 4
+    assert got == want
+
+
+def test_a_sigkilled_worker_restored_from_a_checkpoint_fires_every_timer_exactly_once(tmp_path):
+    out = tmp_path / "alerts.jsonl"
+    app = Application("process-recovery")
+    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE)     # Lapses as registered by support_ops
+        .key_by("key").process("lapses", gap=GAP, id="lapses").sink("jsonl", path=str(out)))
+    with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
+                            checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
+        until(lambda: dep.checkpoints(), WAIT, "a complete checkpoint")
+        placement = dep.placement()
+        worker = placement.pes[placement.pe_of("lapses")].worker
+        os.kill(dep.worker_info[worker]["pid"], signal.SIGKILL)
+        status = dep.wait(timeout=WAIT)
+        assert dep.status()["checkpoints"]["restart"]["restarts"], "no restart was recorded"
+    assert status["state"] == "finished", status
+    assert_equals_reference(committed_output(out))
