@@ -5,13 +5,13 @@ exact aggregates still come out exact."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 import pescheduler
 from pescheduler import Application, Release, Replicate
 from pescheduler.collection_aggregates import exact_percentile
+from waiting import processed, snapshot_until
 
 pytestmark = pytest.mark.integration
 
@@ -21,19 +21,6 @@ AGGREGATES = {"distinct": ("count_distinct", "n"), "median": ("percentile", "n",
               "first": ("first", "n"), "last": ("last", "n"), "top": ("top_k", "n", 3),
               "approx_distinct": ("approx_count_distinct", "n"),
               "approx_p90": ("approx_percentile", "n", 0.9)}
-
-
-def until(dep, predicate, what: str):
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        snap = dep.next_snapshot(timeout=WAIT)
-        if predicate(snap):
-            return snap
-    raise AssertionError(f"not within {WAIT}s: {what}")
-
-
-def processed(op):
-    return lambda snap: op in snap.operators and snap.operators[op].tuples_in > 0
 
 
 def reference() -> dict:
@@ -47,16 +34,16 @@ def reference() -> dict:
 def test_a_copy_of_the_window_mid_stream_keeps_the_exact_aggregates_exact(cluster, tmp_path):
     out, release = tmp_path / "aggs.jsonl", tmp_path / "release"
     app = Application("aggregates-copies")
-    (app.source("numbers", count=COUNT, keys=KEYS, rate=10_000, hold_at=COUNT // 2, release=str(release))
+    (app.source("numbers", count=COUNT, keys=KEYS, rate=5_000, hold_at=COUNT // 2, release=str(release))
         .key_by("key").window(size=1000, aggregates=AGGREGATES).sink("jsonl", path=str(out)))
     with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
-        until(dep, processed("window-3"), "the window processes tuples")
-        rec = dep.apply(Replicate("window-3", 1))
+        snapshot_until(dep, processed("window-3"), WAIT, "the window processes tuples")
+        rec = dep.apply(Replicate("window-3", 1))      # key groups move to the copy with their state
         assert rec.applied, rec.reason
-        until(dep, processed("window-3#1"), "the copy processes tuples")
-        rec = dep.apply(Release("window-3", 1))
+        release.write_text("")                         # the second half flows through both
+        snapshot_until(dep, processed("window-3#1"), WAIT, "the copy processes tuples")
+        rec = dep.apply(Release("window-3", 1))        # and back, merged into the original
         assert rec.applied, rec.reason
-        release.write_text("")
         dep.wait(timeout=WAIT)
     with open(out) as f:
         rows = {(r["key"], r["window_start"]): r for r in map(json.loads, f)}

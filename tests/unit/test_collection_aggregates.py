@@ -56,10 +56,12 @@ def test_merges_of_random_splits_equal_the_whole_and_the_exact_reference(events,
     assert whole == pytest.approx(reference(events))
     bounds = [0, *sorted(c for c in cuts if 0 < c < len(events)), len(events)]
     parts = [fold(plan, events[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+    before = [row(plan, part) for part in parts]
     merge, merged = plan.merger(), parts[0]
     for part in parts[1:]:
         merged = merge(merged, part)
     assert row(plan, merged) == whole
+    assert [row(plan, part) for part in parts] == before    # a merge changes neither side (sliding panes)
 
 
 @settings(max_examples=50, deadline=None)

@@ -81,7 +81,7 @@ def test_registry_comes_before_builtins():
 
 
 def test_errors_name_the_fix():
-    with pytest.raises(ValueError, match="unknown aggregate function 'median'. Known: avg, count"):
+    with pytest.raises(ValueError, match="unknown aggregate function 'median'. Known: approx_count_distinct, approx_percentile, avg, count"):
         AggregatePlan({"m": ("median", "v")})
     with pytest.raises(ValueError, match="expected \\(function, field\\)"):
         AggregatePlan({"m": 42})
