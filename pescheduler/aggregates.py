@@ -52,7 +52,10 @@ class Aggregate:
     and optionally ``result(acc) -> value`` (identity by default). Accumulators
     are values: ``update`` and ``merge`` return the new accumulator and never
     change their arguments, because one pane's accumulator is merged into
-    several sliding windows and shared with snapshots.
+    several sliding windows and shared with snapshots. (The collection
+    aggregates' ``update`` changes its set or sketch in place, which a pane
+    owns alone; their ``merge`` still builds a new one: see
+    :mod:`pescheduler.collection_aggregates`.)
 
     Derived: ``uses`` lists the aggregates it is computed from (over the same
     field), by registered name or as ``Aggregate`` objects, and
@@ -235,7 +238,8 @@ class AggregatePlan:
             return name
         agg = self.registry.get(name) or BUILTINS.get(name)
         if agg is None and name in PARAMETRISED:
-            what = "k, e.g. ('top_k', 'page', 10)" if name == "top_k" else f"q, e.g. ({name!r}, 'latency', 0.99)"
+            what = ("k, e.g. ('top_k', 'page', 10)" if name == "top_k"
+                    else f"q, e.g. ({name!r}, 'latency', 0.99)")
             raise ValueError(f"aggregate {name!r} needs a parameter: (function, field, {what}")
         if agg is None:
             known = ", ".join(sorted(set(self.registry) | set(BUILTINS) | set(PARAMETRISED)))

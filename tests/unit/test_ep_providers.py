@@ -339,7 +339,8 @@ def test_a_plug_in_aggregate_runs_in_python_over_the_window_rows_of_a_database(p
     assert rows(provider) == expected and any(len(r["ids"]) > 1 for r in expected)
 
 
-@pytest.mark.parametrize("window", [ep.Sliding(20, 10), ep.Session(3), ep.CountWindow(4, 2)], ids=repr)
+@pytest.mark.parametrize("window", [ep.Sliding(20, 10), ep.Session(3), ep.CountWindow(4, 2),
+                                    ep.Sliding(15, "event")], ids=repr)
 def test_the_collection_aggregates_on_a_database_equal_native(provider, window):
     """count_distinct, percentile, first/last (event time), top_k run in Python over the
     database's window rows; the rows equal the native engine's."""
