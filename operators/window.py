@@ -159,7 +159,7 @@ class AggregatingWindow(Operator):
     def _compile_state(self) -> None:
         """Generate the hot-path code for the current plan and key: by default the
         per-tuple folder and key getter that windows placing tuples one at a time use."""
-        self._fold = self.plan.folder()
+        self._fold = self.plan.folder(ts_field=self.ts_field)
         self._key_of = key_getter(self.key)
 
     def _slot_lists(self) -> Iterable[list]:

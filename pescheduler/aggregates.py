@@ -38,7 +38,10 @@ from __future__ import annotations
 
 import linecache
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Mapping
+
+from .collection_aggregates import PARAMETRISED, collection_aggregates, parametrised
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,10 @@ class Aggregate:
     and optionally ``result(acc) -> value`` (identity by default). Accumulators
     are values: ``update`` and ``merge`` return the new accumulator and never
     change their arguments, because one pane's accumulator is merged into
-    several sliding windows and shared with snapshots.
+    several sliding windows and shared with snapshots. (The collection
+    aggregates' ``update`` changes its set or sketch in place, which a pane
+    owns alone; their ``merge`` still builds a new one: see
+    :mod:`pescheduler.collection_aggregates`.)
 
     Derived: ``uses`` lists the aggregates it is computed from (over the same
     field), by registered name or as ``Aggregate`` objects, and
@@ -64,6 +70,9 @@ class Aggregate:
     optional Python expressions the code generator inlines instead of calling
     the functions (``{a}``/``{b}`` accumulators, ``{v}`` the value, ``{name}``
     a used aggregate's result); built-ins have them, plug-ins need not.
+
+    ``timed=True`` makes ``update`` take ``(event_time, value)`` instead of the
+    value (``first``/``last``), so an aggregate can order by event time.
     """
 
     name: str
@@ -80,6 +89,7 @@ class Aggregate:
     subtract: Callable[[Any, Any], Any] | None = None
     subtract_src: str | None = None
     doc: str = ""       # what it computes, one line: `plugins --describe` and docs/reference.md show it
+    timed: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "uses", tuple(self.uses))
@@ -141,8 +151,11 @@ BUILTINS: dict[str, Aggregate] = {a.name: a for a in (
               result_src="max(0.0, {sumsq} / {count} - ({sum} / {count}) ** 2)"),
     Aggregate("stddev", doc="the population standard deviation of the field",
               uses=("var",), result=lambda var: var ** 0.5, result_src="{var} ** 0.5"),
+    *collection_aggregates(Aggregate),
 )}
-"""The built-in aggregates; ``var`` is the population variance."""
+"""The built-in aggregates; ``var`` is the population variance. ``percentile``,
+``approx_percentile`` and ``top_k`` take a parameter and are made per request
+(see :mod:`pescheduler.collection_aggregates`)."""
 
 
 @dataclass(eq=False)
@@ -171,15 +184,24 @@ class Query:
 
 
 def parse_request(out_name: str, spec: Any) -> tuple[str | Aggregate, Any]:
-    """``(function, field)``, or a bare function for field-less ones (``"count"``).
+    """``(function, field)``, ``(function, field, parameter)`` for the parametrised
+    ones (``("percentile", "latency", 0.99)``), or a bare function for field-less
+    ones (``"count"``).
 
-    ``function`` is a registered name or an :class:`Aggregate` itself.
+    ``function`` is a registered name or an :class:`Aggregate` itself; a
+    parametrised request comes back as the ``Aggregate`` of that parameter.
     """
     if isinstance(spec, (str, Aggregate)):
         return spec, None
+    if isinstance(spec, (tuple, list)) and len(spec) == 3 and spec[0] in PARAMETRISED:
+        try:
+            return parametrised(Aggregate, spec[0], spec[2]), spec[1]
+        except ValueError as exc:
+            raise ValueError(f"aggregate {out_name!r}: {exc}") from None
     if isinstance(spec, (tuple, list)) and len(spec) in (1, 2) and isinstance(spec[0], (str, Aggregate)):
         return spec[0], (spec[1] if len(spec) == 2 else None)
     raise ValueError(f"aggregate {out_name!r}: expected (function, field), e.g. ('avg', 'speed'), "
+                     f"or (function, field, parameter), e.g. ('percentile', 'latency', 0.99); "
                      f"got {spec!r}")
 
 
@@ -224,8 +246,12 @@ class AggregatePlan:
                 raise ValueError(f"two different aggregates are named {name.name!r}")
             return name
         agg = self.registry.get(name) or BUILTINS.get(name)
+        if agg is None and name in PARAMETRISED:
+            what = ("k, e.g. ('top_k', 'page', 10)" if name == "top_k"
+                    else f"q, e.g. ({name!r}, 'latency', 0.99)")
+            raise ValueError(f"aggregate {name!r} needs a parameter: (function, field, {what}")
         if agg is None:
-            known = ", ".join(sorted(set(self.registry) | set(BUILTINS)))
+            known = ", ".join(sorted(set(self.registry) | set(BUILTINS) | set(PARAMETRISED)))
             raise ValueError(f"unknown aggregate function {name!r}. Known: {known}. "
                              f"Plug-ins add more with a pescheduler_aggregates() hook.")
         return agg
@@ -320,17 +346,22 @@ class AggregatePlan:
         unnamed query), so no slot list can be short and the length check is left out.
         """
         return _generate(_PaneUpdaterSource(self, key, ts_field, slide, fixed).lines(), "update",
-                         self._namespace(key=key), f"update {self.layout}")
+                         self._namespace(key=key, ts_field=ts_field), f"update {self.layout}")
 
-    def folder(self, key: Any = None) -> Callable:
+    def folder(self, key: Any = None, ts_field: Any = None) -> Callable:
         """Generate ``fold(s, t) -> slots``: ``t`` folded into ``s`` (a new list when ``s`` is None).
 
         For windows that place tuples one at a time (sessions, count windows).
         Like the pane updater, it computes everything before storing, so a
-        tuple that raises leaves ``s`` unchanged.
+        tuple that raises leaves ``s`` unchanged. ``ts_field``: the event time
+        the ``timed`` aggregates (``first``, ``last``) read.
         """
-        src = _PaneUpdaterSource(self, key, None, 1)
+        src = _PaneUpdaterSource(self, key, ts_field, 1)
+        timed = self.timed
+        if timed and ts_field is None:
+            raise ValueError(f"{', '.join(timed)} order by event time: this window needs a ts_field")
         lines = ["def fold(s, t):",
+                 *([f"    ts = t[{ts_field!r}]"] if timed else []),
                  *[f"    {var} = t[{f!r}]" for f, var in src.values.items()],
                  "    if s is None:",
                  f"        return [{', '.join(src.slot_exprs(init=True))}]",
@@ -340,7 +371,12 @@ class AggregatePlan:
                  *[f"    n{i} = {e}" for i, e in enumerate(src.slot_exprs(init=False))],
                  *[f"    s[{i}] = n{i}" for i in range(len(self.slots))],
                  "    return s"]
-        return _generate(lines, "fold", self._namespace(), f"fold {self.layout}")
+        return _generate(lines, "fold", self._namespace(ts_field=ts_field), f"fold {self.layout}")
+
+    @property
+    def timed(self) -> list[str]:
+        """The slots whose aggregate reads event time (``first``, ``last``)."""
+        return [repr(n) for n in self.slots if n.aggregate.timed]
 
     @property
     def invertible(self) -> bool:
@@ -387,10 +423,9 @@ class AggregatePlan:
                 f"    return [{', '.join(items)}]"]
         return _generate(body, "merge", self._namespace(), f"merge {self.layout}")
 
-    def _fold_prefix(self, s: list, t: Any) -> list:
+    def _fold_prefix(self, s: list, t: Any, ts_field: Any = None) -> list:
         """Slow path of the generated code: ``t`` folded into the slots a short list has."""
-        return [node.aggregate.update(a, t[node.field] if node.aggregate.needs_field else None)
-                for node, a in zip(self.slots, s)]
+        return [node.aggregate.update(a, _value(node, t, ts_field)) for node, a in zip(self.slots, s)]
 
     def _merge_prefix(self, a: list, b: list) -> list:
         """Slow path of the generated merge: the slots both lists have."""
@@ -444,9 +479,9 @@ class AggregatePlan:
             return "(" + agg.result_src.format(**dict(zip(map(_name, agg.uses), args))) + ")"
         return f"_result{i}({', '.join(args)})"
 
-    def _namespace(self, key: Any = None) -> dict:
+    def _namespace(self, key: Any = None, ts_field: Any = None) -> dict:
         """The functions generated code calls by name (plug-ins without templates)."""
-        ns: dict[str, Any] = {"_key": key, "_prefix": self._fold_prefix,
+        ns: dict[str, Any] = {"_key": key, "_prefix": partial(self._fold_prefix, ts_field=ts_field),
                               "_merge_prefix": self._merge_prefix}
         for node in self.slots:
             agg, i = node.aggregate, node.slot
@@ -510,6 +545,7 @@ class _PaneUpdaterSource:
         for node in self.plan.slots:
             agg, i = node.aggregate, node.slot
             v = self.values.get(node.field, "None") if agg.needs_field else "None"
+            v = f"(ts, {v})" if agg.timed else v
             if init:
                 src = agg.init_src.format(v=v) if agg.init_src else f"_update{i}(_create{i}(), {v})"
             else:
@@ -517,6 +553,13 @@ class _PaneUpdaterSource:
                        else f"_update{i}(s[{i}], {v})")
             exprs.append(f"({src})")
         return exprs
+
+
+def _value(node: PlanNode, t: Any, ts_field: Any) -> Any:
+    """What ``node``'s ``update`` takes from ``t``: the field's value, with the event time if timed."""
+    agg = node.aggregate
+    value = t[node.field] if agg.needs_field else None
+    return (t[ts_field], value) if agg.timed else value
 
 
 def _generate(lines: list[str], name: str, namespace: dict, title: str) -> Callable:

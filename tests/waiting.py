@@ -24,6 +24,22 @@ def until(predicate, timeout: float, what: str) -> None:
         time.sleep(POLL_S)
 
 
+def snapshot_until(dep, predicate, timeout: float, what: str):
+    """The first monitor snapshot of deployment ``dep`` for which ``predicate`` holds; each one
+    is awaited (no polling), and the whole wait is bounded by ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snap = dep.next_snapshot(timeout=timeout)
+        if predicate(snap):
+            return snap
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def processed(op):
+    """A snapshot predicate: operator ``op`` exists and has taken tuples in."""
+    return lambda snap: op in snap.operators and snap.operators[op].tuples_in > 0
+
+
 def gone(pids, timeout: float, what: str) -> None:
     """Wait (bounded) for every process in ``pids`` to exit; zombies count as exited."""
     procs = []

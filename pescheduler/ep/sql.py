@@ -504,12 +504,14 @@ class _Aggregates:
 
     def fold(self, events: list) -> dict:
         """The plug-in aggregates over ``events`` (a window's, in event-time then arrival order),
-        run in Python: ``create``, ``update`` per value, ``result``."""
+        run in Python: ``create``, ``update`` per value, ``result``. A timed aggregate
+        (``first``, ``last``) takes the event's position, which orders as its event time does."""
         out = {}
         for name, agg, fld in self.python:
             acc = agg.create()
-            for e in events:
-                acc = agg.update(acc, e[fld] if fld is not None else None)
+            for i, e in enumerate(events):
+                value = e[fld] if fld is not None else None
+                acc = agg.update(acc, (i, value) if agg.timed else value)
             out[name] = agg.result(acc) if agg.result is not None else acc
         return out
 

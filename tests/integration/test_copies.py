@@ -9,12 +9,12 @@ once, keyed running sums exact and in per-key order, window counts exact).
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 import pescheduler
 from pescheduler import Application, Release, Replicate
+from waiting import processed, snapshot_until
 
 pytestmark = pytest.mark.integration
 
@@ -29,16 +29,7 @@ def read(path):
 
 def until(dep, predicate, what: str):
     """The first monitor snapshot for which ``predicate`` holds (bounded by WAIT)."""
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        snap = dep.next_snapshot(timeout=WAIT)
-        if predicate(snap):
-            return snap
-    raise AssertionError(f"not within {WAIT}s: {what}")
-
-
-def processed(op):
-    return lambda snap: op in snap.operators and snap.operators[op].tuples_in > 0
+    return snapshot_until(dep, predicate, WAIT, what)
 
 
 def assert_every_number_once(rows):

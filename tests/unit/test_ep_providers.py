@@ -339,6 +339,26 @@ def test_a_plug_in_aggregate_runs_in_python_over_the_window_rows_of_a_database(p
     assert rows(provider) == expected and any(len(r["ids"]) > 1 for r in expected)
 
 
+@pytest.mark.parametrize("window", [ep.Sliding(20, 10), ep.Session(3), ep.CountWindow(4, 2),
+                                    ep.Sliding(15, "event")], ids=repr)
+def test_the_collection_aggregates_on_a_database_equal_native(provider, window):
+    """count_distinct, percentile, first/last (event time), top_k run in Python over the
+    database's window rows; the rows equal the native engine's."""
+    def rows(p):
+        proc = ep.EventProcessor(p)
+        proc.register_stream("s", SCHEMA, max_delay=3)
+        out = []
+        proc.create_query("q", ep.Stream("s", window=window, key="id").aggregate(
+            {"d": ("count_distinct", "a"), "p": ("percentile", "b", 0.75), "f": ("first", "a"),
+             "l": ("last", "a"), "t": ("top_k", "a", 2), "n": "count"}))
+        proc.add_output_processor("q", out.append)
+        proc.push_events("s", stream(13, n=80))
+        proc.close()
+        return out
+    expected = rows("native")
+    assert rows(provider) == expected and any(r["d"] > 1 for r in expected)
+
+
 def test_a_count_window_table_stays_bounded_over_a_long_stream(provider):
     """Rows of a count window that no window to come reaches are purged (a multiple of slide at a
     time, so the windows stay where they were): the table stays small, the rows equal native's."""

@@ -81,7 +81,7 @@ def test_registry_comes_before_builtins():
 
 
 def test_errors_name_the_fix():
-    with pytest.raises(ValueError, match="unknown aggregate function 'median'. Known: avg, count"):
+    with pytest.raises(ValueError, match="unknown aggregate function 'median'. Known: approx_count_distinct, approx_percentile, avg, count"):
         AggregatePlan({"m": ("median", "v")})
     with pytest.raises(ValueError, match="expected \\(function, field\\)"):
         AggregatePlan({"m": 42})
@@ -94,7 +94,8 @@ def test_errors_name_the_fix():
 
 def test_builtin_plugin_registers_the_aggregates_windows_use():
     assert {a.name for a in pescheduler_aggregates()} == set(BUILTINS) == {
-        "count", "sum", "sumsq", "min", "max", "avg", "var", "stddev"}
+        "count", "sum", "sumsq", "min", "max", "avg", "var", "stddev",
+        "count_distinct", "approx_count_distinct", "first", "last"}
     out = run_operators([{"v": 2, "ts": 0}, {"v": 6, "ts": 1}],
                         Window(10, aggregates={"sd": ("stddev", "v")})).output
     assert out == [{"window_start": 0, "window_end": 10, "sd": 2.0}]

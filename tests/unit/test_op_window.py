@@ -132,7 +132,7 @@ def test_sizes_are_durations_and_must_divide():
     assert (Window("1min", "15s").size, Window("1min", "15s").slide) == (60_000, 15_000)
     with pytest.raises(ValueError, match="multiple of slide"):
         Window("60s", "7s")
-    with pytest.raises(ValueError, match="Known: avg, count"):
+    with pytest.raises(ValueError, match="Known: approx_count_distinct, approx_percentile, avg, count"):
         Window("60s", aggregates={"x": ("median", "v")})
     with pytest.raises(ValueError, match="clash"):
         Window("60s", aggregates={"window_end": ("max", "v")})
