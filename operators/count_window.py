@@ -88,16 +88,23 @@ class CountWindow(AggregatingWindow):
         self._hold(batch, emit)
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
+        # the keys put since the last snapshot need no put after a change in place (memory
+        # backend); a disk backend's values are copies: an empty dict, every tuple puts back
+        written = self._keys.writable()
+        hot = {} if written is None else written
         for ts, k, t in self._release(watermark):
             try:
-                self._take(k, ts, t, emit.append)
+                self._take(k, ts, t, emit.append, hot)
             except Exception as exc:            # _take changes nothing when it raises
                 emit.dead_letter(t, exc)
 
-    def _take(self, k: Any, ts: int, t: Any, out: Callable) -> None:
-        """Fold ``t`` into its key's current pane; a full pane may complete a window."""
-        keys = self._keys
-        state = keys.get(k)
+    def _take(self, k: Any, ts: int, t: Any, out: Callable, hot: dict) -> None:
+        """Fold ``t`` into its key's current pane; a full pane may complete a window.
+        Hot path: a key of ``hot`` is changed in place with no call to the backend."""
+        state = hot.get(k)
+        fresh = state is None                   # not put since the snapshot: get, then put back
+        if fresh:
+            state = self._keys.get(k)
         if state is None:
             state = [[], ts, 0, None]
             slots = self._fold(None, t)
@@ -108,7 +115,8 @@ class CountWindow(AggregatingWindow):
         state[2] += 1
         state[3] = slots
         if state[2] < self.slide:
-            keys.put(k, state)                  # a disk backend holds a copy: put back once per tuple
+            if fresh:
+                self._keys.put(k, state)
             return
         panes = state[0]
         panes.append((state[1], slots))
@@ -116,7 +124,8 @@ class CountWindow(AggregatingWindow):
         need = self.count // self.slide
         if len(panes) > need:
             del panes[0]
-        keys.put(k, state)
+        if fresh:
+            self._keys.put(k, state)
         if len(panes) == need:
             merged = panes[0][1]
             for _, s in panes[1:]:
