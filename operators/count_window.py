@@ -88,21 +88,30 @@ class CountWindow(AggregatingWindow):
         self._hold(batch, emit)
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
-        # the keys put since the last snapshot need no put after a change in place (memory
-        # backend); a disk backend's values are copies: an empty dict, every tuple puts back
-        written = self._keys.writable()
+        """Hot loop (longer than ten lines on purpose): a key put since the last snapshot whose pane
+        does not fill is folded here, in place, with one dict lookup and no call but the fold (the
+        cost of a plain dict of panes); every other tuple goes through :meth:`_take`."""
+        written = self._keys.writable()         # None on disk (copies): every tuple is put back
         hot = {} if written is None else written
+        fold, last, out, dead = self._fold, self.slide - 1, emit.append, emit.dead_letter
         for ts, k, t in self._release(watermark):
-            try:
-                self._take(k, ts, t, emit.append, hot)
-            except Exception as exc:            # _take changes nothing when it raises
-                emit.dead_letter(t, exc)
+            try:                                # a fold that raises has changed nothing
+                state = hot.get(k)
+                if state is not None and state[2] < last:
+                    slots = fold(state[3], t)
+                    if state[2] == 0:
+                        state[1] = ts
+                    state[2] += 1
+                    state[3] = slots
+                else:
+                    self._take(k, ts, t, out, state)
+            except Exception as exc:
+                dead(t, exc)
 
-    def _take(self, k: Any, ts: int, t: Any, out: Callable, hot: dict) -> None:
-        """Fold ``t`` into its key's current pane; a full pane may complete a window.
-        Hot path: a key of ``hot`` is changed in place with no call to the backend."""
-        state = hot.get(k)
-        fresh = state is None                   # not put since the snapshot: get, then put back
+    def _take(self, k: Any, ts: int, t: Any, out: Callable, state: list | None) -> None:
+        """Fold ``t`` into its key's current pane (``state``: its value if put since the snapshot,
+        else None: read from the backend, put back); a full pane may complete a window."""
+        fresh = state is None
         if fresh:
             state = self._keys.get(k)
         if state is None:
