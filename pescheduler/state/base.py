@@ -117,6 +117,17 @@ class KeyedState(ABC):
     def _put_group(self, group: int, entries: dict) -> None:
         """Replace ``group`` with ``entries`` (import's one step per group)."""
 
+    def writable(self) -> dict | None:
+        """``{key: value}`` of the keys put since the last :meth:`snapshot`, the values being the
+        objects the state holds, or None when the backend holds copies (``disk``).
+
+        A keyed operator's per-tuple shortcut: a key found here needs no :meth:`put` after its
+        value was changed in place (its group is already copied away from any view and marked
+        changed), so the hot path is one dict lookup. Emptied by snapshot, delete, drop and
+        import: ask for it once per batch, never keep it across a snapshot.
+        """
+        return None
+
     def export_groups(self, groups: Iterable[int] | None = None) -> dict[int, bytes]:
         """``{group: bytes}`` of ``groups`` as they are now (default: every non-empty one)."""
         chosen = self.groups() if groups is None else sorted(groups)

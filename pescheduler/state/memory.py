@@ -3,7 +3,9 @@
 A snapshot costs O(key groups): the view keeps references to the group dicts
 of that moment and the state copies a group (a shallow dict copy) only at its
 first write after the snapshot. A stall at a checkpoint is then the copy of the
-groups written next, not of the whole state.
+groups written next, not of the whole state. ``writable()`` hands a keyed
+operator the keys put since the snapshot, so its hot path changes those in
+place with no call per tuple.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class MemoryState(KeyedState):
         self._tables: list[dict] = [{} for _ in range(KEY_GROUPS)]
         self._shared: set[int] = set()      # groups a live view still reads: copy before writing
         self._changed: set[int] = set()
+        self._written: dict = {}            # key -> value put since the snapshot (see writable)
         # A keyed operator asks for a key's group once per tuple: remembered, not recomputed.
         # Holds the keys held or asked for (a key deleted or moved away is forgotten).
         self._group = GroupMemo()
@@ -57,6 +60,7 @@ class MemoryState(KeyedState):
             self._unshare(g)
         self._changed.add(g)
         self._tables[g][key] = value
+        self._written[key] = value
 
     def delete(self, key: Any) -> None:
         g = self._group(key)
@@ -64,6 +68,7 @@ class MemoryState(KeyedState):
             self._unshare(g)
         self._changed.add(g)
         self._tables[g].pop(key, None)
+        self._written.pop(key, None)
         self._group.forget(key)
 
     def _unshare(self, g: int) -> None:
@@ -80,7 +85,11 @@ class MemoryState(KeyedState):
     def snapshot(self) -> MemoryView:
         self._shared = set(range(KEY_GROUPS))
         self._changed = set()
+        self._written.clear()               # cleared in place: nobody may hold it past a snapshot
         return MemoryView(list(self._tables))
+
+    def writable(self) -> dict:
+        return self._written
 
     def changed(self) -> set[int]:
         return set(self._changed)
@@ -92,6 +101,7 @@ class MemoryState(KeyedState):
     def _put_group(self, group: int, entries: dict) -> None:
         for key in self._tables[group]:
             self._group.forget(key)
+            self._written.pop(key, None)
         self._tables[group] = dict(entries)
         self._shared.discard(group)
         self._changed.add(group)

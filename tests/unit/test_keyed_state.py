@@ -8,7 +8,7 @@ import dask.config
 import pytest
 
 from pescheduler.operator import OperatorContext
-from pescheduler.state import KEY_GROUPS, key_group, keyed_state, open_state
+from pescheduler.state import KEY_GROUPS, key_group, keyed_state, open_state, pack_group
 
 
 @pytest.fixture(params=["memory", "disk"])
@@ -153,3 +153,31 @@ def test_a_disk_store_outlives_nothing_but_its_owner(tmp_path):
     del st, view
     gc.collect()
     assert not os.path.exists(path)
+
+
+def test_writable_holds_exactly_the_keys_put_since_the_snapshot_as_the_state_holds_them(state):
+    """An operator changes a value of writable() in place with no put: that must be a value the state
+    holds, in a group no view shares and already marked changed; anything else leaves it."""
+    if state.writable() is None:                # disk: values are copies, every change is put back
+        assert state.backend == "disk"
+        return
+    written = state.writable()
+    state.put("a", [1])
+    state.put("b", [2])
+    state.put("c", [3])
+    assert written == {"a": [1], "b": [2], "c": [3]} and written["a"] is state.get("a")
+    view = state.snapshot()
+    assert state.writable() is written and written == {}        # a view may share every group now
+    state.put("a", [10])
+    written["a"].append(11)                     # the operator's in-place change: in the state, not the view
+    assert state.get("a") == [10, 11] and dict(view.items(key_group("a")))["a"] == [1]
+    assert key_group("a") in state.changed()
+    state.delete("a")
+    assert "a" not in written
+    state.put("b", [20])
+    state.drop_groups([key_group("b")])
+    assert "b" not in written
+    state.put("c", [30])
+    state.import_groups({key_group("c"): pack_group([("c", [31])])})
+    assert "c" not in written and state.get("c") == [31]
+    view.release()

@@ -75,6 +75,28 @@ def test_split_asks_about_key_groups_not_keys():
     assert sorted(part["groups"]) == [g for g in range(KEY_GROUPS) if g % 2 == 0 and g in part["groups"]]
 
 
+def test_a_key_changed_in_place_after_a_snapshot_marks_its_group_and_leaves_the_snapshot_alone():
+    """The hot path changes a key's pane in place with no put: after a snapshot the first tuple of
+    a key must still go through the backend (group marked changed, snapshot bytes unchanged)."""
+    window, out = CountWindow(3, aggregates={"s": ("sum", "v")}, key="k"), Emitter()
+    window.open(OperatorContext("w", key_field="k"))
+    window.process([{"k": k, "v": 1, "ts": ts} for ts, k in enumerate("ababa", 1)], out)
+    window.on_watermark(10, out)                # a: 3 tuples (a window), b: 2 (pane in place)
+    snap = window.snapshot()
+    assert window._keys.changed() == set()
+    window.process([{"k": "b", "v": 100, "ts": 11}, {"k": "b", "v": 7, "ts": 12}], out)
+    window.on_watermark(20, out)
+    assert window._keys.changed() == {key_group("b")}
+    assert out == [{"k": "a", "window_start": 1, "window_end": 6, "s": 3},
+                   {"k": "b", "window_start": 2, "window_end": 12, "s": 102}]
+    fresh, again = CountWindow(3, aggregates={"s": ("sum", "v")}, key="k"), Emitter()
+    fresh.open(OperatorContext("w", key_field="k"))
+    fresh.restore(snap)                         # the snapshot still holds b's two tuples, not three
+    fresh.process([{"k": "b", "v": 100, "ts": 11}], again)
+    fresh.on_watermark(20, again)
+    assert again == [{"k": "b", "window_start": 2, "window_end": 12, "s": 102}]
+
+
 def test_the_disk_backend_gives_what_memory_gives_across_a_split_and_merge(tmp_path):
     """The copies test (split in two, merged back) with the windows' keys in RocksDB."""
     from test_op_window_copies import test_split_in_two_then_merged_back_fires_what_one_instance_fires as copies
