@@ -10,7 +10,7 @@ known keys their own slots back (they are unique, in slot order) and every
 unseen key the next free slot, in order of first appearance, in one C pass.
 (Measured against ``index_in`` on the known keys plus a second pass for the
 misses, and a sorted numpy index with ``searchsorted``: both slower on the
-connected-car workload; bench figures in docs/operators.md.)
+connected-car workload; figures in docs/expressions.md.)
 
 That pass rehashes the known keys, so when they far outnumber the batch's
 distinct keys (a long tail of old keys) the per-key Python dict is cheaper
@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-# Arrow hashing costs about a quarter of a Python dict look-up per key (L): above this many known
-# keys per distinct key in the batch, rehashing the known ones costs more than the dict.
+# Arrow hashing costs about a sixth of a Python dict look-up per key (L): above this many known keys
+# per distinct key in the batch (with a margin), rehashing the known ones would cost more than the dict.
 _ARROW_RATIO = 4
 
 
