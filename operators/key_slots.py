@@ -56,7 +56,8 @@ class KeySlots:
 
     def slots(self, values: Any) -> np.ndarray:
         """Slot of each of ``values`` (a batch's distinct keys, no nulls); unseen keys get new slots."""
-        if len(self.keys) <= _ARROW_RATIO * len(values) and _arrow_equal(values.type):
+        if (len(self.keys) <= _ARROW_RATIO * len(values) and _arrow_equal(values.type)
+                and not values.null_count):        # a null in a dictionary's values: a None key, as rows have
             if not self.keys:
                 return self._hashed(values.slice(0, 0), values)
             known = self.array()

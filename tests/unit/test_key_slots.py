@@ -19,3 +19,9 @@ def test_slots_stay_fixed_across_dictionaries_and_both_paths():
 def test_float_keys_keep_python_equality():
     slots = KeySlots()
     assert slots.slots(pa.array([0.0, -0.0, 1.5])).tolist() == [0, 0, 1]
+
+
+def test_a_null_among_a_dictionarys_values_is_the_none_key():
+    slots = KeySlots()
+    assert slots.slots(pa.array(["a", None, "b"])).tolist() == [0, 1, 2]
+    assert slots.keys == ["a", None, "b"]
