@@ -72,8 +72,11 @@ class Replay(Source):
 _PREMADE: dict = {}
 
 
-def premade_events(events: int, columnar: bool, keys: int = 10_000, seed: int = 7) -> list:
-    """The generator's events made once per process: lists of dicts, or RecordBatches of 65,536 rows."""
+def premade_events(events: int, columnar: bool, keys: int = 10_000, seed: int = 7,
+                   plain_keys: bool = False) -> list:
+    """The generator's events made once per process: lists of dicts, or RecordBatches of 65,536 rows
+    (``plain_keys``: the car column as plain strings, not over the generator's one dictionary, as a
+    key column arrives from most sources: every batch then brings its own keys to map)."""
     spec = (events, columnar, keys, seed)
     if spec not in _PREMADE:
         from pescheduler.operators.sources import GeneratorSource
@@ -81,7 +84,10 @@ def premade_events(events: int, columnar: bool, keys: int = 10_000, seed: int = 
         gen = GeneratorSource(events=events, keys=keys, seed=seed, columnar=columnar)
         _PREMADE.clear()
         _PREMADE[spec] = list(iter(lambda: gen.read(1000), None))
-    return _PREMADE[spec]
+    if plain_keys and (spec, "plain") not in _PREMADE:
+        _PREMADE[spec, "plain"] = [b.set_column(0, "car", b.column(0).cast(b.column(0).type.value_type))
+                                   for b in _PREMADE[spec]]
+    return _PREMADE[spec, "plain"] if plain_keys else _PREMADE[spec]
 
 
 class Premade(Source):
@@ -90,13 +96,15 @@ class Premade(Source):
 
     name = "premade"
 
-    def __init__(self, events: int, start_path: str, columnar: bool = False, **kw) -> None:
+    def __init__(self, events: int, start_path: str, columnar: bool = False, plain_keys: bool = False,
+                 **kw) -> None:
         super().__init__(**kw)
         self.events, self.start_path, self.columnar, self.i = events, start_path, columnar, 0
+        self.plain_keys = plain_keys
 
     def open(self, context) -> None:
         super().open(context)
-        self.batches = premade_events(self.events, self.columnar)
+        self.batches = premade_events(self.events, self.columnar, plain_keys=self.plain_keys)
 
     def read(self, n):
         if self.i == 0:

@@ -129,15 +129,17 @@ def _ops(lambdas: bool) -> list:
     return first + [KeyBy("car"), Window(size="60s", aggregates={"avg_speed": ("avg", "speed")})]
 
 
-def in_process(events: int, columnar: bool = False, lambdas: bool = False, query: str | None = None
-               ) -> tuple[float, list]:
+def in_process(events: int, columnar: bool = False, lambdas: bool = False, query: str | None = None,
+               plain_keys: bool = False) -> tuple[float, list]:
     """The runtime's fused chain in this process (pescheduler.testing), no cluster; ``query``: the
-    pipeline written in SQL (bench/sql.py), its operators made as a deployment makes them."""
+    pipeline written in SQL (bench/sql.py), its operators made as a deployment makes them;
+    ``plain_keys``: a plain key column, no shared dictionary (bench/columnar.py)."""
     from pescheduler.testing import run_operators
 
     with tempfile.TemporaryDirectory() as tmp:
-        source = benchops.Premade(events=events, start_path=os.path.join(tmp, "start"), columnar=columnar)
-        benchops.premade_events(events, columnar)
+        source = benchops.Premade(events=events, start_path=os.path.join(tmp, "start"), columnar=columnar,
+                                  plain_keys=plain_keys)
+        benchops.premade_events(events, columnar, plain_keys=plain_keys)
         sink = benchops.Collect(path=os.path.join(tmp, "out"))
         ops = _ops(lambdas) if query is None else _sql_ops(query)
         t0 = time.time()

@@ -9,6 +9,8 @@ ratios to the hand-written loop over dicts and to numpy over the same columns
 
   hand loop over dicts / over tuples, numpy over columns   (baselines)
   columnar in-process / on one Dask worker (deploy)
+  columnar in-process with a plain string key column (no shared dictionary:
+    every batch's keys are mapped to the window's slots, operators/key_slots.py)
   columnar in-process with the README's lambdas (lifted to expressions: pescheduler/lift.py)
   fused per tuple in-process (expressions), for the gap columnar closes
 
@@ -31,6 +33,7 @@ def main() -> None:
     variants = {
         **cars.baselines(n),
         "columnar in-process (Arrow + col)": lambda: cars.in_process(n, columnar=True),
+        "columnar in-process, plain key column": lambda: cars.in_process(n, columnar=True, plain_keys=True),
         "columnar on 1 worker (deploy)": lambda: cars.deployed(n, columnar=True),
         "columnar in-process, lambdas (lifted)": lambda: cars.in_process(n, columnar=True, lambdas=True),
         "fused per tuple in-process, col expressions": lambda: cars.in_process(n),

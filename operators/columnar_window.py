@@ -11,7 +11,8 @@ are bit-identical to the row path (a test checks it).
 Anything else (nulls in a read column, an unsupported aggregate, a mix of row
 and columnar state) is handed back as "not handled" and the window takes
 rows, after :meth:`ColumnarPanes.to_dicts` turned the arrays into its
-ordinary ``{pane: {key: slots}}`` state.
+ordinary ``{pane: {key: slots}}`` state. Keys map to slots in
+``key_slots.py``, vectorised whatever dictionary each batch brings.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from .key_slots import KeySlots
 
 _BASE = {"count", "sum", "sumsq", "min", "max"}
 
@@ -70,10 +73,8 @@ class ColumnarPanes:
         self.kinds = [(n.aggregate.name, n.field) for n in plan.slots]
         self.key, self.ts_field, self.slide, self.size, self.outputs = key, ts_field, slide, size, outputs
         self.panes: dict[int, _Pane] = {}
-        self.keys: list = []
-        self.index: dict = {}
+        self.keys = KeySlots()              # key -> slot, shared by every pane
         self._dict_cache: tuple = (None, None)
-        self._key_array: Any = None
         self.seq = 0                        # tuples folded so far: arrival order across batches
         self.dtypes: dict = {}
 
@@ -140,14 +141,7 @@ class ColumnarPanes:
         dictionary = arr.dictionary
         known, mapping = self._dict_cache
         if known is None or not (known is dictionary or known.equals(dictionary)):
-            index, keys = self.index, self.keys
-            mapping = np.empty(len(dictionary), dtype=np.int64)
-            for i, k in enumerate(dictionary.to_pylist()):
-                j = index.get(k)
-                if j is None:
-                    j = index[k] = len(keys)
-                    keys.append(k)
-                mapping[i] = j
+            mapping = self.keys.slots(dictionary)
             self._dict_cache = (dictionary, mapping)
         return mapping[arr.indices.to_numpy()]
 
@@ -224,9 +218,7 @@ class ColumnarPanes:
                         np.maximum(acc, s, out=acc)
             order = np.concatenate(order_parts)
         m = len(order)
-        if self._key_array is None or len(self._key_array) != len(self.keys):
-            self._key_array = pa.array(self.keys)
-        keys = self._key_array
+        keys = self.keys.array()
         # String keys stay dictionary-encoded, as they came: indices into the key list, no string copied.
         arrays = [pa.DictionaryArray.from_arrays(order.astype(np.int32), keys)
                   if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)
@@ -252,5 +244,5 @@ class ColumnarPanes:
         out = {}
         for p, pane in sorted(self.panes.items()):
             lists = [s.tolist() for s in pane.slots]
-            out[p] = {self.keys[k]: [col[k] for col in lists] for k in pane.order().tolist()}
+            out[p] = {self.keys.keys[k]: [col[k] for col in lists] for k in pane.order().tolist()}
         return out
