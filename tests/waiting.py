@@ -1,5 +1,6 @@
 """Bounded waits for tests: one helper for state that has no event, one for processes that do,
-and one that ends a process a test started if it is still running.
+one that ends a process a test started if it is still running, and one that runs
+``python -m pescheduler deploy`` as a user types it, to its end.
 
 ``until`` polls: a resource manager's view, Spark's and the deployment's
 records change in other threads and processes and signal nothing a test can
@@ -9,6 +10,8 @@ await. Processes do signal their exit, so ``gone`` waits on that
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import psutil
@@ -59,3 +62,17 @@ def reap(popen) -> None:
     if popen.poll() is None:
         popen.kill()
         popen.wait()
+
+
+def deploy_cli(app_file, cwd, *args: str, timeout: float = 600, meanwhile=lambda: None):
+    """``python -m pescheduler deploy APP_FILE ARGS`` in ``cwd``, to its end (exit 0 asserted):
+    its stdout, and what ``meanwhile()`` returned, computed while the deployment runs."""
+    proc = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(app_file), *args],
+                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        extra = meanwhile()
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        reap(proc)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    return stdout, extra

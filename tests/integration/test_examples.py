@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from waiting import reap
+from waiting import deploy_cli
 
 pytestmark = pytest.mark.integration
 
@@ -30,14 +30,7 @@ def cars_reference() -> list:
 def deploy_example(tmp_path, module) -> tuple[list, list]:
     """``python -m pescheduler deploy examples/<module>.py`` as a user types it: the rows it wrote,
     and the reference, computed here while the deployment runs (this process only waits for it)."""
-    proc = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(EXAMPLES / f"{module.__name__}.py")],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        reference = cars_reference()
-        stdout, stderr = proc.communicate(timeout=600)
-    finally:
-        reap(proc)
-    assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    stdout, reference = deploy_cli(EXAMPLES / f"{module.__name__}.py", tmp_path, meanwhile=cars_reference)
     assert "finished" in stdout
     rows = [json.loads(line) for line in (tmp_path / module.OUTPUT).read_text().splitlines()]
     return sorted(rows, key=lambda r: (r["window_start"], r["car"])), reference
@@ -88,13 +81,7 @@ def test_columnar_example_as_written_writes_exactly_the_per_tuple_results(tmp_pa
 def test_heartbeat_alerts_example_as_written_equals_reference(tmp_path):
     import heartbeat_alerts
 
-    proc = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(EXAMPLES / "heartbeat_alerts.py")],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=600)
-    finally:
-        reap(proc)
-    assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    deploy_cli(EXAMPLES / "heartbeat_alerts.py", tmp_path)
     rows = [json.loads(line) for line in (tmp_path / heartbeat_alerts.OUTPUT).read_text().splitlines()]
     reference = heartbeat_alerts.reference()
     assert len(reference) > heartbeat_alerts.DEVICES          # silences besides the end of the stream

@@ -51,16 +51,9 @@ def test_union_of_windowed_queries_over_two_sources_equals_duckdb(cluster, tmp_p
 def test_the_cars_sql_example_deploys_from_the_command_line_and_equals_the_python_reference(tmp_path):
     import connected_cars
 
-    from waiting import reap
+    from waiting import deploy_cli
 
-    example = Path(__file__).parent.parent.parent / "examples" / "cars.sql"
-    proc = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(example), "--workers", "2"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=300)
-    finally:
-        reap(proc)
-    assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    deploy_cli(Path(__file__).parent.parent.parent / "examples" / "cars.sql", tmp_path, "--workers", "2", timeout=300)
     got = [json.loads(line) for line in (tmp_path / "cars_sql.jsonl").read_text().splitlines()]
     expected = connected_cars.reference(200_000)
     assert len(got) > 1000 and same_rows(got, expected)
