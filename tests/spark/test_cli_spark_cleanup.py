@@ -32,7 +32,9 @@ app.source("generator", events=10_000, keys=10, seed=1, rate=2_000).sink("discar
 FAILING = """
 from pescheduler import Application
 app = Application("spark-cleanup")
-app.source("generator", events=10_000, keys=10, seed=1, rate=2_000).sink("jsonl", path="/dev/full")   # fsync: EINVAL
+(app.source("generator", events=20_000, keys=10, seed=1, rate=2_000)      # event i has ts 1.7e12 + i ms
+    .filter(lambda e: e["ts"] >= 1_700_000_016_000)                        # the first write about 8 s in:
+    .sink("jsonl", path="/dev/full"))                                      # ENOSPC fails it while Spark runs
 """
 ENDLESS = """
 from pescheduler import Application
