@@ -132,7 +132,11 @@ def test_forty_operators_on_eight_cli_workers_default_policies_exact_output(dask
     # The rate policy finds the hot operator among 40 (its busy time is measured inside a fused
     # run) and copies it; on a machine whose cores are already all in use (a loaded CI host) the
     # controller refuses that copy, saying so, since a copy there would only share the cores.
+    # Two policies may propose that copy in one round: the controller applies one and records the
+    # other as overruled by it.
     hot = [d for d in decisions if d["kind"] == "Replicate" and d["target"] == "hot"]
     assert hot, decisions
-    assert all(d["outcome"] == "applied" or "has no more CPU" in d["detail"] for d in hot), hot
+    settled = [d for d in hot if d["outcome"] == "applied" or "has no more CPU" in d["detail"]]
+    assert settled, hot
+    assert all(d in settled or (d["outcome"] == "overruled" and "Replicate('hot'" in d["detail"]) for d in hot), hot
     assert all(d["reason"] for d in decisions if d["action"])

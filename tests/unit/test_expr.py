@@ -147,7 +147,7 @@ def test_the_same_app_on_arrow_batches_gives_the_same_rows_and_windows():
     rows, columns = cars(False), cars(True)
     assert len(rows.output) > 1000
     assert columns.output == rows.output            # bit-identical floats, same order
-    assert isinstance(columns.chain.nodes["window-4"].op._cols.keys, list)   # it ran columnar
+    assert columns.chain.nodes["window-4"].op._cols is not None              # it ran columnar
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
