@@ -306,7 +306,7 @@ def test_live_events_window_worker_killed_six_seconds_in_commits_each_window_onc
                             checkpoint_interval="1s") as dep:
         feeder.start()
         try:
-            time.sleep(6)                        # the recipe's moment (a fault's time, not a synchronisation)
+            until(lambda: len(dep.checkpoints()) >= 5, WAIT, "five complete checkpoints (the recipe kills 6 s in)")
             placement = dep.placement()
             os.kill(dep.worker_info[placement.pes[placement.pe_of("win")].worker]["pid"], signal.SIGKILL)
             restart_of(dep)

@@ -11,7 +11,6 @@ the cause: never ``finished`` with rows missing, twice, or torn.
 from __future__ import annotations
 
 import os
-import time
 
 import dask.config
 import pytest
@@ -69,7 +68,7 @@ def test_a_disk_full_for_a_while_costs_restores_not_rows(tmp_path):
             until(lambda: dep.checkpoints(), WAIT, "a complete checkpoint")
             filler = tmpfs.fill(disk, leave=8192)
             until(lambda: restores(dep) >= 1, WAIT, "a restore after the disk filled")
-            time.sleep(0.5)                  # the disk stays full across a restore or two (not a wait for an event)
+            until(lambda: restores(dep) >= 2, WAIT, "a second restore while the disk stays full")
             os.remove(filler)
             status = dep.wait(timeout=WAIT)
         published = committed_output(out)
