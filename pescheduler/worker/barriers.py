@@ -71,7 +71,8 @@ class Barriers:
     def __init__(self, pe_id: str, epoch: int, ops: dict[str, Operator], sources: Sources,
                  aligner: Aligner, ports: Ports, turns: Turns, snapshot: Callable[[], dict[str, dict]],
                  on_change: Callable[[], None]) -> None:
-        self.pe_id, self.pe_epoch, self.ops, self.sources = pe_id, epoch, ops, sources
+        self.pe_id, self.ops, self.sources = pe_id, ops, sources
+        self.pe_epoch = epoch                   # the PE's own (its spec's): barriers begun before it are stale
         self.aligner, self.ports, self.turns, self.snapshot, self.on_change = aligner, ports, turns, snapshot, on_change
         self.current: int | None = None         # checkpoint being aligned on
         self.epoch = 0                          # the epoch its barrier carries

@@ -338,7 +338,7 @@ class PEHost:
         that aligns (the controller fails a drain only when it stops growing), and ``times``,
         the wall clock at which each PE aligned and each listed channel delivered the marker.
 
-        Only what lies ahead of the marker counts (``PERunner.alignment_status``): the PEs
+        Only what lies ahead of the marker counts (``PERunner.alignment_status``, rewirer.py): the PEs
         being replaced take a finite amount (their sources paused, their senders held behind
         the marker), and of a PE that stays only the channels from them; its other inputs flow
         on forever and would make a stuck drain look busy. Shipping counts too: a batch a PE

@@ -75,7 +75,7 @@ class Ports:
                                     linger_s=spec.linger_s, batch_size=spec.batch_size)
             channel.open(out.dst_data, self.credentials)
         channel.dst_ops = out.dst_ops          # routers pick channels by the instance they reach
-        channel.gate.wake = self.wake          # credit wakes an idle PE (runtime.py's _idle)
+        channel.gate.wake = self.wake          # credit wakes an idle PE (flow.InputScheduler.idle)
         return channel
 
     async def opened(self) -> None:
