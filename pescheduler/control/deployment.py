@@ -165,15 +165,20 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
 
 
 def _claim(dep: "Deployment", name: str | None, outputs: list[str]) -> None:
-    """Name the deployment and refuse clashes with those running on this machine (``claims.py``);
-    a cluster's own are checked once connected (:meth:`Deployment._astart`)."""
-    running = statefile.running()
+    """Name the deployment and refuse clashes with those running or starting on this machine
+    (``claims.py``), then claim name and paths, as one step under the state directory's lock: two
+    deploys started at once cannot both pass. A cluster's own are checked once connected
+    (:meth:`Deployment._astart`)."""
     dep.name, dep.outputs, dep.unique_name = statefile.checked_name(name or dep.name), outputs, name is not None
-    if dep.cluster_address is None and dep.unique_name:
-        refuse_same_name(dep.name, running, "on this machine")
-    elif dep.cluster_address is None:        # recorded apart, so `list` and `stop` see both
-        dep.name = free_name(dep.name, {s["name"] for s in running})
-    refuse_same_outputs(dep.name, outputs, running)
+    with statefile.locked():
+        running = statefile.running() + statefile.claims()
+        if dep.cluster_address is None and dep.unique_name:
+            refuse_same_name(dep.name, running, "on this machine")
+        elif dep.cluster_address is None:        # recorded apart, so `list` and `stop` see both
+            dep.name = free_name(dep.name, {s["name"] for s in running})
+        refuse_same_outputs(dep.name, outputs, running)
+        if dep.cluster_address is None:
+            statefile.claim(dep.name, dep.app.name, outputs)
 
 
 def _dashboard(scheduler: str, info: dict) -> str:
@@ -398,6 +403,7 @@ class Deployment:
         if chosen:
             self.loop.controller = self._controller(chosen)
             self.state.event("policy", f"active: {', '.join(chosen)}")
+        await self.gateway.publish(self.status())   # `stop NAME` right after the record finds a status
         if self.cluster is not None:
             statefile.write(self.scheduler_address, self.app.name, self.outputs, self.name)
         self._watch_all(placement.workers)
@@ -561,7 +567,7 @@ class Deployment:
             self._loop.run(self._aclose(), timeout=60)
         finally:
             self._loop.close()
-            statefile.remove()
+            statefile.remove(self.name)
 
     async def _aclose(self) -> None:
         if self._done is not None:

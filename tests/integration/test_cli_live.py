@@ -104,6 +104,39 @@ def test_a_running_name_and_a_written_path_are_refused_naming_the_running_one(tm
     assert out.read_text()                     # the first one's output, untouched by the refused ones
 
 
+@pytest.mark.parametrize("names", [("cars", "cars"), ("cars", "trucks")], ids=["same-name", "same-path"])
+def test_two_deploys_started_at_once_one_runs_and_the_other_exits_2_naming_it(tmp_path, names):
+    """Both checked the running ones before either had recorded itself (the record is written once
+    the cluster is up, seconds later), so both ran: the claim is now taken, under a lock, first."""
+    out = tmp_path / "counts.jsonl"
+    (tmp_path / "app.py").write_text(APP.format(out=str(out)))
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    logs = [tmp_path / f"deploy-{i}.out" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
+                               "--workers", "2", "--name", name], stdout=log.open("w"), stderr=subprocess.PIPE,
+                              text=True, env=env) for name, log in zip(names, logs)]
+    try:
+        until(lambda: any(p.poll() is not None for p in procs) or all("running on" in log.read_text()
+                                                                     for log in logs),
+              180, "one deploy to be refused, or both to run")
+        assert [p.poll() is None for p in procs].count(True) == 1, [log.read_text() for log in logs]
+        (loser, lost), (winner, won) = sorted(zip(procs, names), key=lambda pair: pair[0].poll() is None)
+        stderr = loser.stderr.read().replace("\n", " ")
+        assert loser.returncode == 2, stderr
+        clash = "a deployment named 'cars' is already running" if lost == won else \
+            f"{lost!r} would write {out}, which the running deployment {won!r}"
+        assert clash in stderr, stderr
+        assert "running on" not in logs[procs.index(loser)].read_text()     # refused before a worker started
+        stop = cli("stop", won, env=env, timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        _, stderr = winner.communicate(timeout=120)
+        assert winner.returncode == 0, stderr
+    finally:
+        for proc in procs:
+            reap(proc)
+    assert not list((tmp_path / "state").iterdir())   # record and claim removed by their writer
+
+
 FAILING_APP = """
 from pescheduler import Application
 
