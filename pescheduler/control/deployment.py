@@ -50,7 +50,7 @@ from ..restart import RestartStrategy
 from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
 from ..plan.outputs import written_paths
 from . import statefile
-from .claims import free_name, refuse_same_name, refuse_same_outputs, running_published
+from .claims import claim_on_cluster, free_name, refuse_same_name, refuse_same_outputs, withdraw_on_cluster
 from .cluster import HOST as CLUSTER_HOST, EmbeddedCluster
 from .control_loop import ControlLoop
 from .controller import Controller, append_log, event, policy_configs, select_policies
@@ -367,10 +367,8 @@ class Deployment:
                                    security=None if self.security is True else self.security)
         if self.cluster is None:
             self.dashboard = _dashboard(self.scheduler_address, self.client.scheduler_info())
-            running = running_published(await self.client.get_metadata(["pescheduler", "deployments"], default=None))
-            if self.unique_name:
-                refuse_same_name(self.name, running, f"on {self.scheduler_address}")
-            refuse_same_outputs(self.name, self.outputs, running)
+            await claim_on_cluster(self.client, self.status(), self.unique_name)
+            self._claimed_on_cluster = True
         await self.client.register_plugin(PEHostPlugin(), name=PLUGIN_NAME)
         self.gateway = WorkerGateway(self.client, self.id, self.plugin_modules)
         self.gateway.checkpoint = self.checkpoint_settings is not None
@@ -421,6 +419,7 @@ class Deployment:
         return self._network.address if self._network is not None else CLUSTER_HOST
 
     _network = None          # what cluster_network made (closed after the cluster)
+    _claimed_on_cluster = False  # claim_on_cluster published this one as starting on a given cluster
 
     def _controller(self, chosen: dict) -> Controller:
         timeout = config.get_seconds("policies.apply-timeout")
@@ -578,6 +577,8 @@ class Deployment:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.reconfigurer is None and self._claimed_on_cluster and not self._scheduler_lost:
+            await withdraw_on_cluster(self.client, self.status())
         if self.gateway is not None:
             await self.gateway.stop(w for w in self.reconfigurer.running_on() if w not in self._gone)
             await self.hosts.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from distributed import LocalCluster
 
 from waiting import reap, until
 
@@ -108,13 +109,29 @@ def test_a_running_name_and_a_written_path_are_refused_naming_the_running_one(tm
 def test_two_deploys_started_at_once_one_runs_and_the_other_exits_2_naming_it(tmp_path, names):
     """Both checked the running ones before either had recorded itself (the record is written once
     the cluster is up, seconds later), so both ran: the claim is now taken, under a lock, first."""
+    _race(tmp_path, names, "a deployment named 'cars' is already running on this machine")
+    assert not list((tmp_path / "state").iterdir())   # record and claim removed by their writer
+
+
+def test_two_deploys_on_one_cluster_started_at_once_one_runs_and_the_other_exits_2(tmp_path):
+    """On a given cluster the published statuses are compared: both were read before either published."""
+    with LocalCluster(n_workers=1, threads_per_worker=2, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=":0") as cluster:
+        address = cluster.scheduler_address
+        _race(tmp_path, ("cars", "cars"), f"a deployment named 'cars' is already running on {address}",
+              "--cluster", address)
+
+
+def _race(tmp_path, names, same_name, *args):
+    """Start ``deploy --name N`` for both ``names`` at once: exactly one runs (then stopped by its
+    name), the other exits 2 naming it before it starts anything."""
     out = tmp_path / "counts.jsonl"
     (tmp_path / "app.py").write_text(APP.format(out=str(out)))
     env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
     logs = [tmp_path / f"deploy-{i}.out" for i in range(2)]
     procs = [subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
-                               "--workers", "2", "--name", name], stdout=log.open("w"), stderr=subprocess.PIPE,
-                              text=True, env=env) for name, log in zip(names, logs)]
+                               "--name", name, *(args or ("--workers", "2"))], stdout=log.open("w"),
+                              stderr=subprocess.PIPE, text=True, env=env) for name, log in zip(names, logs)]
     try:
         until(lambda: any(p.poll() is not None for p in procs) or all("running on" in log.read_text()
                                                                      for log in logs),
@@ -123,18 +140,16 @@ def test_two_deploys_started_at_once_one_runs_and_the_other_exits_2_naming_it(tm
         (loser, lost), (winner, won) = sorted(zip(procs, names), key=lambda pair: pair[0].poll() is None)
         stderr = loser.stderr.read().replace("\n", " ")
         assert loser.returncode == 2, stderr
-        clash = "a deployment named 'cars' is already running" if lost == won else \
-            f"{lost!r} would write {out}, which the running deployment {won!r}"
+        clash = same_name if lost == won else f"{lost!r} would write {out}, which the running deployment {won!r}"
         assert clash in stderr, stderr
         assert "running on" not in logs[procs.index(loser)].read_text()     # refused before a worker started
-        stop = cli("stop", won, env=env, timeout=120)
+        stop = cli("stop", won, *args[:2], env=env, timeout=120)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         _, stderr = winner.communicate(timeout=120)
         assert winner.returncode == 0, stderr
     finally:
         for proc in procs:
             reap(proc)
-    assert not list((tmp_path / "state").iterdir())   # record and claim removed by their writer
 
 
 FAILING_APP = """
