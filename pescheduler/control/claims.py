@@ -25,15 +25,18 @@ CLUSTER_LOCK = "pescheduler-claims"       # the scheduler's lock around compare-
 PUBLISHED = ("pescheduler", "deployments")  # the metadata where deployments publish their status
 
 
-async def claim_on_cluster(client, status: dict, unique_name: bool) -> None:
-    """Refuse a clash with a deployment running or starting on ``client``'s cluster, then publish
-    the newcomer's ``status`` (``starting``: id, name, app, outputs), holding the cluster's lock throughout."""
+async def claim_on_cluster(client, status: dict, unique_name: bool) -> str:
+    """Refuse a clash with a deployment running or starting on ``client``'s cluster (a name not
+    ``unique_name`` gets a free suffix instead), then publish the newcomer's ``status``
+    (``starting``: id, name, app, outputs), holding the cluster's lock throughout; its name."""
     async with Lock(CLUSTER_LOCK, scheduler_rpc=client.scheduler, loop=client.loop):
         running = running_published(await client.get_metadata(list(PUBLISHED), default=None))
         if unique_name:
             refuse_same_name(status["name"], running, f"on {client.scheduler.address}")
-        refuse_same_outputs(status["name"], status["outputs"], running)
-        await client.set_metadata([*PUBLISHED, status["id"]], status)
+        name = free_name(status["name"], {s["name"] for s in running})
+        refuse_same_outputs(name, status["outputs"], running)
+        await client.set_metadata([*PUBLISHED, status["id"]], {**status, "name": name})
+        return name
 
 
 async def withdraw_on_cluster(client, status: dict) -> None:

@@ -110,7 +110,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
            rm: str | None = None, policies: list[str] | tuple[str, ...] | None = None,
            security: Any = None, checkpoint: Any = None, checkpoint_interval: Any = None,
            restore: Any = None, name: str | None = None, state: str | None = None,
-           **options: Any) -> "Deployment":
+           suffix: bool = False, **options: Any) -> "Deployment":
     """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`.
 
     ``rm`` names the resource manager hosts are borrowed from (``"local"``,
@@ -125,9 +125,10 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     restores the last one (``pescheduler.restart.*``). ``restore="latest"`` or an id starts from a
     checkpoint in that storage; see docs/checkpoints.md.
     ``name``: what ``status NAME`` and ``stop NAME`` match (default: the app's name, suffixed
-    ``-2``... when an embedded deployment of that name runs); a given name that runs already on this
+    ``-2``... when one of that name runs, on this machine or on ``cluster``); a given name that runs already on this
     machine (embedded) or on ``cluster`` is refused (:class:`~pescheduler.errors.DeploymentClash`), as is
-    a deployment writing a local path a running one writes.
+    a deployment writing a local path a running one writes. ``suffix=True``: a given name that runs
+    already is suffixed ``-2``, ``-3``... instead (``deploy --suffix``).
     ``state``: where KEYED operators keep their keyed state, ``"memory"`` or ``"disk"``
     (RocksDB on each worker's disk; default ``pescheduler.state.backend``); see docs/state.md.
     """
@@ -154,7 +155,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins), rm=rm,
                      policies=tuple(policies), security=security)
     dep.checkpoint_settings = checkpoints
-    _claim(dep, name, written_paths(app, found))
+    _claim(dep, name, written_paths(app, found), suffix)
     dep.state_backend = state
     try:
         dep._start()
@@ -164,12 +165,13 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     return dep
 
 
-def _claim(dep: "Deployment", name: str | None, outputs: list[str]) -> None:
+def _claim(dep: "Deployment", name: str | None, outputs: list[str], suffix: bool) -> None:
     """Name the deployment and refuse clashes with those running or starting on this machine
     (``claims.py``), then claim name and paths, as one step under the state directory's lock: two
     deploys started at once cannot both pass. A cluster's own are checked once connected
     (:meth:`Deployment._astart`)."""
-    dep.name, dep.outputs, dep.unique_name = statefile.checked_name(name or dep.name), outputs, name is not None
+    dep.name, dep.outputs = statefile.checked_name(name or dep.name), outputs
+    dep.unique_name = name is not None and not suffix
     with statefile.locked():
         running = statefile.running() + statefile.claims()
         if dep.cluster_address is None and dep.unique_name:
@@ -367,7 +369,7 @@ class Deployment:
                                    security=None if self.security is True else self.security)
         if self.cluster is None:
             self.dashboard = _dashboard(self.scheduler_address, self.client.scheduler_info())
-            await claim_on_cluster(self.client, self.status(), self.unique_name)
+            self.name = await claim_on_cluster(self.client, self.status(), self.unique_name)
             self._claimed_on_cluster = True
         await self.client.register_plugin(PEHostPlugin(), name=PLUGIN_NAME)
         self.gateway = WorkerGateway(self.client, self.id, self.plugin_modules)

@@ -152,6 +152,65 @@ def _race(tmp_path, names, same_name, *args):
             reap(proc)
 
 
+def _deploy(app_file, *args, env):
+    return subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(app_file), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _apps(tmp_path, n):
+    """``n`` app files of the same app, each writing its own output: (app file, output) pairs."""
+    made = []
+    for i in range(n):
+        out = tmp_path / f"counts-{i}.jsonl"
+        (tmp_path / f"app-{i}.py").write_text(APP.format(out=str(out)))
+        made.append((tmp_path / f"app-{i}.py", out))
+    return made
+
+
+def test_deploy_suffix_runs_beside_the_running_name_as_name_2(tmp_path):
+    """Issue 36: `--suffix` deploys as NAME-2 where a second deploy of a running name exits 2."""
+    (first_app, _), (second_app, second_out) = _apps(tmp_path, 2)
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    first = _deploy(first_app, "--workers", "1", "--name", "cars", env=env)
+    second = None
+    try:
+        until(lambda: first.poll() is not None or (tmp_path / "state" / "cars.json").exists(), 120,
+              "the first deployment to record itself")
+        second = _deploy(second_app, "--workers", "1", "--name", "cars", "--suffix", "--duration", "3", env=env)
+        stdout, stderr = second.communicate(timeout=180)
+        assert second.returncode == 0, stdout + stderr
+        assert "`python -m pescheduler status cars-2`" in stdout.replace("\n", " "), stdout
+        assert second_out.read_text()                  # it ran, beside the first
+        assert first.poll() is None                    # which still runs
+        assert cli("stop", "cars", env=env, timeout=120).returncode == 0
+        first.communicate(timeout=120)
+    finally:
+        reap(first)
+        if second is not None:
+            reap(second)
+
+
+def test_deploy_replace_stops_the_running_name_then_deploys(tmp_path):
+    """Issue 36: `--replace` stops the running deployment of that name (drained: its output is
+    complete) and then deploys under the name."""
+    (first_app, first_out), (second_app, second_out) = _apps(tmp_path, 2)
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    first = _deploy(first_app, "--workers", "1", "--name", "cars", env=env)
+    try:
+        until(lambda: first.poll() is not None or (tmp_path / "state" / "cars.json").exists(), 120,
+              "the first deployment to record itself")
+        again = cli("deploy", str(second_app), "--workers", "1", "--name", "cars", "--replace",
+                    "--duration", "3", env=env, timeout=240)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "--replace: stopping the running 'cars' first" in again.stdout
+        first.communicate(timeout=120)
+        assert first.returncode == 0                   # stopped cleanly, drained
+        assert first_out.read_text() and second_out.read_text()
+    finally:
+        reap(first)
+    assert not list((tmp_path / "state").iterdir())
+
+
 FAILING_APP = """
 from pescheduler import Application
 
