@@ -683,8 +683,14 @@ def aggregates_table(found: Plugins) -> Table:
     table = Table(title="aggregates", title_justify="left")
     table.add_column("name")
     table.add_column("computed from")
-    for name, agg in sorted(found.aggregates.items()):
-        table.add_row(name, ", ".join(getattr(agg, "uses", ())) or "-")
+    table.add_column("written")
+    from .collection_aggregates import PARAMETRISED
+
+    rows = {name: (", ".join(getattr(agg, "uses", ())) or "-", f"({name!r}, field)")
+            for name, agg in found.aggregates.items()}
+    rows.update({name: ("-", f"({name!r}, field, {about[0]})") for name, about in PARAMETRISED.items()})
+    for name, (uses, written) in sorted(rows.items()):
+        table.add_row(name, uses, written)
     return table
 
 
