@@ -77,7 +77,8 @@ def test_an_aggregate_missing_its_library_exits_2_with_the_pip_command_before_an
     (tmp_path / "app.py").write_text(SKETCH_APP.replace("OUT", repr(str(tmp_path / "out.jsonl"))))
     run = subprocess.run([sys.executable, "-c", BLOCKER.replace("MODULE", "datasketches"), "deploy",
                           str(tmp_path / "app.py"), "--workers", "2"], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path, env={**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")})
+                         timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")})
     assert run.returncode == 2, run.stdout + run.stderr
     assert (f"{tmp_path / 'app.py'}:7: window-3: aggregate 'approx_percentile(0.99)' needs datasketches, "
             f"which is not installed") in run.stderr, run.stderr
