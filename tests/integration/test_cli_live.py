@@ -211,6 +211,33 @@ def test_deploy_replace_stops_the_running_name_then_deploys(tmp_path):
     assert not list((tmp_path / "state").iterdir())
 
 
+def test_suffix_and_replace_on_a_cluster(tmp_path):
+    """On a --cluster the published statuses hold the names: --suffix finds cars-2 free there, and
+    --replace stops the running cars through the scheduler before deploying."""
+    (first_app, first_out), (second_app, second_out), (third_app, third_out) = _apps(tmp_path, 3)
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    with LocalCluster(n_workers=1, threads_per_worker=2, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=":0") as cluster:
+        address = cluster.scheduler_address
+        first = _deploy(first_app, "--cluster", address, "--name", "cars", env=env)
+        try:
+            until(lambda: first.poll() is not None or cli("status", "cars", "--cluster", address,
+                                                          env=env).returncode == 0, 120, "cars to publish")
+            beside = cli("deploy", str(second_app), "--cluster", address, "--name", "cars", "--suffix",
+                         "--duration", "3", env=env, timeout=240)
+            assert beside.returncode == 0, beside.stdout + beside.stderr
+            assert "status cars-2`" in beside.stdout.replace("\n", " ") and second_out.read_text()
+            assert first.poll() is None
+            again = cli("deploy", str(third_app), "--cluster", address, "--name", "cars", "--replace",
+                        "--duration", "3", env=env, timeout=240)
+            assert again.returncode == 0, again.stdout + again.stderr
+            assert "--replace: stopping the running 'cars' first" in again.stdout
+            first.communicate(timeout=120)
+            assert first.returncode == 0 and first_out.read_text() and third_out.read_text()
+        finally:
+            reap(first)
+
+
 FAILING_APP = """
 from pescheduler import Application
 
