@@ -172,6 +172,31 @@ class Stream:
                              [(self.op_id, self.port), (other.op_id, other.port)], id, self.key_field)
         return Stream(self.app, node.op_id)
 
+    def join_asof(self, other: "Stream", by: str | Callable | None = None, *, on: str = "ts",
+                  tolerance: Any = None, direction: str = "backward", id: str | None = None) -> "Stream":
+        """As-of join with ``other``: each event with ``other``'s event of the same ``by`` key
+        nearest before (``direction="backward"``), after or either side of its ``on`` time,
+        within ``tolerance``; exact under out-of-order input (operators/join_asof.py)."""
+        params = {"by": by, "on": on, "tolerance": tolerance, "direction": direction}
+        return self._two_inputs("join_asof", other, by, id, params)
+
+    def join_interval(self, other: "Stream", by: str | Callable | None = None, *, lower: Any, upper: Any,
+                      id: str | None = None, **params: Any) -> "Stream":
+        """Interval join with ``other``: pairs of equal ``by`` key with ``l.ts + lower <= r.ts <=
+        l.ts + upper`` (``lower="-5s", upper="0s"``), each reported once, when its newer event
+        arrives; ``join(within=w)`` is its symmetric case (operators/join.py)."""
+        if by is not None:
+            params["on"] = by
+        return self._two_inputs("join", other, by, id, {"lower": lower, "upper": upper, **params})
+
+    def _two_inputs(self, name: str, other: "Stream", by: Any, id: str | None, params: dict) -> "Stream":
+        """A KEYED operator of this stream (input 0) and ``other`` (input 1), keyed by ``by``
+        (default: this stream's key); both inputs are routed to its copies by that key."""
+        key = self.key_field if by is None else by
+        node = self.app._add("operator", name, params, [(self.op_id, self.port), (other.op_id, other.port)],
+                             id, key)
+        return Stream(self.app, node.op_id)
+
     def union(self, *others: "Stream", id: str | None = None) -> "Stream":
         """Every tuple of this stream and of ``others``, as they come (SQL's UNION ALL)."""
         inputs = [(stream.op_id, stream.port) for stream in (self, *others)]
