@@ -5,6 +5,7 @@ import pickle
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from support_ops import merge_asof
 from test_op_join import numbered
 
 from pescheduler.operator import MIN_WATERMARK, Emitter, OperatorContext
@@ -28,30 +29,6 @@ def on_time(steps):
         for e in arg:
             (late.append(e["id"]) if e["ts"] <= wm else sides[kind].append(e))
     return sides["L"], sides["R"], late
-
-
-def merge_asof(lefts, rights, tolerance, direction):
-    """pandas ``merge_asof(left, right, on="ts", by="k")`` over inputs sorted by ts (stably, so ties
-    keep arrival order): ``{left id: right id | None}``."""
-    out = {}
-    for l in lefts:
-        mine = sorted((r for r in rights if r["k"] == l["k"]), key=lambda r: r["ts"])
-        before = [r for r in mine if r["ts"] <= l["ts"]]
-        after = [r for r in mine if r["ts"] >= l["ts"]]
-        back = before[-1] if before else None
-        fwd = after[0] if after else None
-        if direction == "backward":
-            pick = back
-        elif direction == "forward":
-            pick = fwd
-        elif back is None or fwd is None:
-            pick = back or fwd
-        else:
-            pick = fwd if fwd["ts"] - l["ts"] < l["ts"] - back["ts"] else back
-        if pick is not None and tolerance is not None and abs(pick["ts"] - l["ts"]) > tolerance:
-            pick = None
-        out[l["id"]] = None if pick is None else pick["id"]
-    return out
 
 
 def run(join, steps):
