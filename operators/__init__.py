@@ -10,7 +10,7 @@ It registers through the ``pescheduler`` entry-point group
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
   (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`),
   ``latest`` (:mod:`.latest`), ``process`` (keyed process functions with timers, :mod:`.process`),
-  ``join_asof`` (:mod:`.join_asof`)
+  ``join_asof`` (:mod:`.join_asof`), ``lookup`` (:mod:`.lookup`)
 * sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`), ``kafka``, ``redis``,
   ``delta`` (:mod:`.delta`), ``iceberg`` (:mod:`.iceberg`)
 * the ends of ``pescheduler.ep`` queries: ``ep_schema`` and the sink ``ep_output`` (:mod:`.ep_io`);
@@ -43,6 +43,7 @@ from .join import Join
 from .join_asof import AsofJoin
 from .kafka import KafkaSink, KafkaSource
 from .latest import Latest
+from .lookup import Lookup
 from .over_window import OverWindow
 from .pattern import Pattern
 from .postgres_cdc import PostgresCdcSource
@@ -57,7 +58,7 @@ OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStr
              SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, SharedFilter, QueryGroup, OverLanes, SharedPatterns, SharedCorrelations,
              JsonlSink, PrintSink, DiscardSink,
              Process,
-             AsofJoin,
+             AsofJoin, Lookup,
              ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors,
              FilesSource, DeltaSink, IcebergSink, PostgresCdcSource, Latest]
 

@@ -178,7 +178,7 @@ class Stream:
         nearest before (``direction="backward"``), after or either side of its ``on`` time,
         within ``tolerance``; exact under out-of-order input (operators/join_asof.py)."""
         params = {"by": by, "on": on, "tolerance": tolerance, "direction": direction}
-        return self._two_inputs("join_asof", other, by, id, params)
+        return self._keyed("join_asof", (other,), by, id, params)
 
     def join_interval(self, other: "Stream", by: str | Callable | None = None, *, lower: Any, upper: Any,
                       id: str | None = None, **params: Any) -> "Stream":
@@ -187,14 +187,30 @@ class Stream:
         arrives; ``join(within=w)`` is its symmetric case (operators/join.py)."""
         if by is not None:
             params["on"] = by
-        return self._two_inputs("join", other, by, id, {"lower": lower, "upper": upper, **params})
+        return self._keyed("join", (other,), by, id, {"lower": lower, "upper": upper, **params})
 
-    def _two_inputs(self, name: str, other: "Stream", by: Any, id: str | None, params: dict) -> "Stream":
-        """A KEYED operator of this stream (input 0) and ``other`` (input 1), keyed by ``by``
-        (default: this stream's key); both inputs are routed to its copies by that key."""
+    def lookup(self, table: Any, key: str | Callable | None = None, *, table_key: str | None = None,
+               as_of: bool = False, on: str = "ts", id: str | None = None) -> "Stream":
+        """Enrich each event with its ``key``'s row of ``table``: a changelog ``Stream`` (CDC changes
+        or a ``latest()``; ``as_of=True``: the row as of the event's time), an iterable of rows or a
+        JSON-lines file's path (rows keyed by ``table_key``, default ``key``) (operators/lookup.py)."""
+        params = {"key": key, "as_of": as_of, "on": on}
+        if not isinstance(table, Stream):
+            kind = "path" if isinstance(table, (str, os.PathLike)) else "rows"
+            params.update({kind: os.fspath(table) if kind == "path" else table, "table_key": table_key})
+            return self._keyed("lookup", (), key, id, params)
+        if table_key is not None and table_key != key:
+            from ..expr import col
+
+            table = table.map(**{key: col(table_key)})     # both inputs carry the key copies route by
+        return self._keyed("lookup", (table,), key, id, params)
+
+    def _keyed(self, name: str, others: tuple, by: Any, id: str | None, params: dict) -> "Stream":
+        """A KEYED operator of this stream (input 0) and ``others`` (inputs 1, ...), keyed by ``by``
+        (default: this stream's key); every input is routed to its copies by that key."""
         key = self.key_field if by is None else by
-        node = self.app._add("operator", name, params, [(self.op_id, self.port), (other.op_id, other.port)],
-                             id, key)
+        inputs = [(stream.op_id, stream.port) for stream in (self, *others)]
+        node = self.app._add("operator", name, params, inputs, id, key)
         return Stream(self.app, node.op_id)
 
     def union(self, *others: "Stream", id: str | None = None) -> "Stream":

@@ -1,4 +1,4 @@
-"""An as-of join and an interval join copied and released on a real Dask deployment while both
+"""An as-of join, an interval join and an as-of lookup copied and released on a real Dask deployment while both
 inputs flow, and an as-of join whose worker is SIGKILLed and restored from a checkpoint: the output
 is exactly the plain-Python reference's, each result once.
 
@@ -18,6 +18,7 @@ from test_process_copies import tuples_in
 
 import pescheduler
 from pescheduler import Application, Release, Replicate
+from pescheduler.expr import col, lit
 from waiting import until
 
 pytestmark = pytest.mark.integration
@@ -90,6 +91,15 @@ def test_interval_join_replicated_and_released_mid_stream_is_exact(cluster, tmp_
     want = interval_reference()
     assert len(want) > COUNT // 10
     assert sorted((r["left"]["n"], r["right"]["n"]) for r in rows) == want
+
+
+def test_lookup_as_of_replicated_and_released_mid_stream_is_exact(cluster, tmp_path):
+    """The right input as a changelog: right ``n`` upserts its key's row to ``n`` at ts ``3n``."""
+    rows = copied_and_released(cluster, tmp_path, lambda left, right: left.lookup(
+        right.map(op=lit("upsert"), row=col("n")), key="key", as_of=True, id="j"))
+    lefts, rights = left_right()
+    want = merge_asof(lefts, rights, None, "backward", key="key", ident="n")
+    assert sorted(((r["left"]["n"], r["right"]) for r in rows), key=repr) == sorted(want.items(), key=repr)
 
 
 def test_asof_join_of_a_sigkilled_worker_restored_from_a_checkpoint_is_exact(tmp_path):
