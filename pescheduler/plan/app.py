@@ -243,6 +243,16 @@ class Stream:
             return self.apply(fn, id=id, ttl=ttl, **params)
         return self.apply("process", id=id, fn=fn, params=params, ttl=ttl)
 
+    def upstream(self) -> list[OpNode]:
+        """The app's operators this stream reads from, its own included, in the order they were added."""
+        nodes, reached, pending = self.app.nodes, set(), [self.op_id]
+        while pending:
+            op_id = pending.pop()
+            if op_id not in reached:
+                reached.add(op_id)
+                pending.extend(src for src, _port in nodes[op_id].inputs)
+        return [node for op_id, node in nodes.items() if op_id in reached]
+
     def late_events(self) -> "Stream":
         """The side output of events that arrived after their window fired."""
         return Stream(self.app, self.op_id, port="late")
