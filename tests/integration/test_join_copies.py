@@ -1,5 +1,5 @@
-"""An as-of join, an interval join and an as-of lookup copied and released on a real Dask deployment while both
-inputs flow, and an as-of join whose worker is SIGKILLed and restored from a checkpoint: the output
+"""An as-of join, an interval join and an as-of lookup copied and released on a real Dask deployment
+while both inputs flow, and an as-of join whose worker is SIGKILLed and restored from a checkpoint: the output
 is exactly the plain-Python reference's, each result once.
 
 Both sources hold their last tuples until the test has applied the Replicate and the Release, so
@@ -9,22 +9,17 @@ last right event, its waiting left events) and their keys' events still waiting 
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 from support_ops import committed_output, merge_asof
-from test_process_copies import tuples_in
+from test_process_copies import killed_and_restored, replicated_and_released
 
 import pescheduler
-from pescheduler import Application, Release, Replicate
+from pescheduler import Application
 from pescheduler.expr import col, lit
-from waiting import until
 
 pytestmark = pytest.mark.integration
 
 COUNT, KEYS, RATE, TOLERANCE, BOUNDS = 9_000, 16, 2_000, 40, (-30, 0)
-WAIT = 120          # seconds: the bound on every wait
 
 
 def two_inputs(app: Application, hold: str | None = None):
@@ -63,14 +58,7 @@ def copied_and_released(cluster, tmp_path, join) -> list:
     left, right = two_inputs(app, str(release))
     join(left, right).sink("jsonl", path=str(out))
     with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
-        tuples_in(dep, "j")
-        rec = dep.apply(Replicate("j", 1), timeout=WAIT)
-        assert rec.applied, rec.reason
-        tuples_in(dep, "j#1")
-        rec = dep.apply(Release("j", 1), timeout=WAIT)
-        assert rec.applied, rec.reason
-        release.touch()
-        status = dep.wait(timeout=WAIT)
+        status = replicated_and_released(dep, "j", release)
     assert status["state"] == "finished", status
     return committed_output(out)
 
@@ -107,14 +95,5 @@ def test_asof_join_of_a_sigkilled_worker_restored_from_a_checkpoint_is_exact(tmp
     app = Application("join-recovery")
     left, right = two_inputs(app)
     left.join_asof(right, by="key", tolerance=TOLERANCE, id="j").sink("jsonl", path=str(out))
-    with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
-                            checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
-        until(lambda: dep.checkpoints(), WAIT, "a complete checkpoint")
-        placement = dep.placement()
-        worker = placement.pes[placement.pe_of("j")].worker
-        os.kill(dep.worker_info[worker]["pid"], signal.SIGKILL)
-        status = dep.wait(timeout=WAIT)
-        assert dep.status()["checkpoints"]["restart"]["restarts"], "no restart was recorded"
-    assert status["state"] == "finished", status
-    rows = committed_output(out)
+    rows = killed_and_restored(app, "j", tmp_path, out)
     assert sorted(((r["left"]["n"], r["right"] and r["right"]["n"]) for r in rows), key=repr) == asof_reference()

@@ -6,7 +6,7 @@ import pickle
 import pytest
 from hypothesis import given, settings, strategies as st
 from support_ops import merge_asof
-from test_op_join import numbered
+from test_op_join import numbered, run
 
 from pescheduler.operator import MIN_WATERMARK, Emitter, OperatorContext
 from pescheduler.operators.join_asof import AsofJoin
@@ -31,35 +31,22 @@ def on_time(steps):
     return sides["L"], sides["R"], late
 
 
-def run(join, steps):
-    """``(results per step, late ids)``: results as ``(left id, right id | None, ts)``."""
-    per_step, late = [], []
-    for kind, arg in steps:
-        emit = Emitter()
-        if kind == "W":
-            join.on_watermark(arg, emit)
-        else:
-            (join.on_left if kind == "L" else join.on_right)(arg, emit)
-        per_step.append([(t["left"]["id"], t["right"] and t["right"]["id"], t["ts"]) for t in emit])
-        late += [t["id"] for t in (emit.sides or {}).get("late", [])]
-    return per_step, late
-
-
 @settings(max_examples=400, deadline=None)
 @given(scenario)
 def test_join_asof_equals_merge_asof_reference(case):
     steps, tolerance, direction = case
     steps = numbered(steps)
     join = AsofJoin(by="k", tolerance=tolerance, direction=direction)
-    per_step, late = run(join, steps)
+    per_step = run(join, steps)
     lefts, rights, want_late = on_time(steps)
-    got = [r for results in per_step for r in results]
+    got = [r for results, _ in per_step for r in results]
+    late = [i for _, ids in per_step for i in ids]
     assert sorted(late) == sorted(want_late)
     assert sorted(got, key=repr) == sorted(((l["id"], m, l["ts"]) for l, m in
                                             zip(lefts, merge_asof(lefts, rights, tolerance, direction).values())),
                                            key=repr)
     wm = prev = MIN_WATERMARK
-    for (kind, arg), results in zip(steps, per_step):     # a result comes once the watermark is past it,
+    for (kind, arg), (results, _) in zip(steps, per_step):     # a result comes once the watermark is past it,
         wm = max(wm, arg) if kind == "W" else wm        # and a backward one at that very watermark
         assert all(ts <= wm for _, _, ts in results)
         if direction == "backward" and kind == "W":
@@ -68,45 +55,42 @@ def test_join_asof_equals_merge_asof_reference(case):
     assert join.snapshot()["pending"] == [[], []] and not join._waiting
 
 
-@settings(max_examples=80, deadline=None)
-@given(scenario, st.integers(0, 30))
-def test_snapshot_restore_mid_stream_equals_uninterrupted(case, cut):
+def interrupted(case, cut):
+    """``(steps after cut, params, uninterrupted run, join run up to cut, what it gave)``."""
     steps, tolerance, direction = case
     steps = numbered(steps)
     cut = min(cut, len(steps))
     params = dict(by="k", tolerance=tolerance, direction=direction)
-    whole = run(AsofJoin(**params), steps)
     first = AsofJoin(**params)
-    head = run(first, steps[:cut])
+    return steps[cut:], params, run(AsofJoin(**params), steps), first, run(first, steps[:cut])
+
+
+@settings(max_examples=80, deadline=None)
+@given(scenario, st.integers(0, 30))
+def test_snapshot_restore_mid_stream_equals_uninterrupted(case, cut):
+    rest, params, whole, first, head = interrupted(case, cut)
     second = AsofJoin(**params)
     second.restore(pickle.loads(pickle.dumps(first.snapshot())))
-    tail = run(second, steps[cut:])
-    assert (head[0] + tail[0], head[1] + tail[1]) == whole
+    assert head + run(second, rest) == whole
 
 
 @settings(max_examples=80, deadline=None)
 @given(scenario, st.integers(0, 30))
 def test_copies_split_and_merged_mid_stream_give_the_same_results(case, cut):
     """A Replicate (split by key group) at ``cut``, then a Release (merge) at the end's watermark."""
-    steps, tolerance, direction = case
-    steps = numbered(steps)
-    cut = min(cut, len(steps))
-    params = dict(by="k", tolerance=tolerance, direction=direction)
-    whole = run(AsofJoin(**params), steps)
-    first = AsofJoin(**params)
-    head = run(first, steps[:cut])
+    rest, params, whole, first, head = interrupted(case, cut)
     state = first.snapshot()
     owns = [lambda k: key_group(k) % 2 == 0, lambda k: key_group(k) % 2 == 1]
     copies = [AsofJoin(**params) for _ in owns]
     for copy, mine in zip(copies, owns):
         copy.restore(first.split_state(state, mine))
     tails = [run(copy, [(kind, [e for e in arg if mine(e["k"])] if kind != "W" else arg)
-                        for kind, arg in steps[cut:-1]]) for copy, mine in zip(copies, owns)]
+                        for kind, arg in rest[:-1]]) for copy, mine in zip(copies, owns)]
     merged = AsofJoin(**params)
     merged.restore(merged.merge_states([c.snapshot() for c in copies]))
-    end = run(merged, steps[-1:])
-    got = sorted(r for part in (head, *tails, end) for results in part[0] for r in results)
-    assert got == sorted(r for results in whole[0] for r in results)
+    end = run(merged, rest[-1:])
+    got = sorted(r for part in (head, *tails, end) for results, _ in part for r in results)
+    assert got == sorted(r for results, _ in whole for r in results)
 
 
 def test_result_shape_ties_and_tolerance():

@@ -1,42 +1,19 @@
-"""Interval join (``lower``/``upper`` bounds of ``r.ts - l.ts``) against a nested-loop reference:
+"""Interval join (``lower``/``upper`` bounds of ``r.ts - l.ts``) against test_op_join's nested-loop reference:
 every pair once, when its second event arrives; ``within=w`` is the case ``lower=-w, upper=w``."""
 
 import pickle
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from test_op_join import numbered, pred, run, step
+from test_op_join import numbered, pred, reference, run, step
 
 from pescheduler import Application
-from pescheduler.operator import MIN_WATERMARK, Emitter
+from pescheduler.operator import Emitter
 from pescheduler.operators.join import Join
 from pescheduler.timeutil import parse_offset
 
 bounds = st.tuples(st.integers(-8, 8), st.integers(0, 8)).map(lambda lw: (lw[0], lw[0] + lw[1]))
 scenario = st.tuples(st.lists(step, max_size=25), bounds, st.booleans())
-
-
-def nested_loop(steps, lower, upper, use_pred):
-    """Per step: (sorted (left id, right id, ts) results, late ids): each arriving event against
-    every earlier event of the other side, ever."""
-    seen, wm, per_step = {"L": [], "R": []}, MIN_WATERMARK, []
-    for kind, arg in steps:
-        if kind == "W":
-            wm = max(wm, arg)
-            per_step.append(([], []))
-            continue
-        results, late = [], []
-        for e in arg:
-            if e["ts"] <= wm:
-                late.append(e["id"])
-                continue
-            for o in seen["R" if kind == "L" else "L"]:
-                l, r = (e, o) if kind == "L" else (o, e)
-                if l["k"] == r["k"] and lower <= r["ts"] - l["ts"] <= upper and (not use_pred or pred(l, r)):
-                    results.append((l["id"], r["id"], max(l["ts"], r["ts"])))
-            seen[kind].append(e)
-        per_step.append((sorted(results), late))
-    return per_step
 
 
 @settings(max_examples=400, deadline=None)
@@ -45,7 +22,7 @@ def test_interval_join_equals_nested_loop_reference(case):
     steps, (lower, upper), use_pred = case
     steps = numbered(steps)
     join = Join(lower=lower, upper=upper, on="k", predicate=pred if use_pred else None)
-    assert run(join, steps) == nested_loop(steps, lower, upper, use_pred)
+    assert run(join, steps) == reference(steps, lower, upper, use_pred)
     assert join.snapshot()["left"] == {} and join.snapshot()["right"] == {}   # all purged at the end
 
 
