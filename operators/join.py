@@ -52,7 +52,10 @@ def _key_fn(key: str | Callable | None) -> Callable | None:
 
 
 class Join(Operator):
-    """Window join of a left and a right stream; see the module docstring.
+    """Interval join of a left and a right stream; see the module docstring.
+
+    ``within``: the symmetric window, ``|l.ts - r.ts| <= within``. ``lower`` and ``upper``
+    instead: the bounds of ``r.ts - l.ts`` (durations, ``"-5s"`` before the left event).
 
     >>> from pescheduler.operator import Emitter
     >>> j, out = Join(within="5s", on="car"), Emitter()

@@ -50,7 +50,14 @@ _NOTHING = (None, ())                   # a key's value: (last right (ts, event)
 
 
 class AsofJoin(Operator):
-    """As-of join of a left and a right stream by key; see the module docstring."""
+    """As-of join of a left and a right stream by key; see the module docstring.
+
+    ``by``: the key field (or callable) of both sides; by default the preceding ``key_by``'s.
+    ``on``: the time field of both sides. ``tolerance``: how far (a duration, inclusive) the
+    right event may be from the left one; ``None``: any distance. ``direction``: ``"backward"``
+    (the latest right event at or before the left one), ``"forward"`` (the earliest at or after)
+    or ``"nearest"`` (the closer of the two).
+    """
 
     name = "join_asof"
     parallelism = Parallelism.KEYED

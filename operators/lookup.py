@@ -46,7 +46,13 @@ def row_of(change: dict) -> dict | None:
 
 
 class Lookup(AsofJoin):
-    """Enrich events from a static table or a changelog; see the module docstring."""
+    """Enrich events from a static table or a changelog; see the module docstring.
+
+    ``key``: the events' key field (and the changelog's). ``rows``: a static table, an iterable of
+    rows. ``path``: a static table, a JSON-lines file read at open. ``table_key``: the static rows'
+    key field (default ``key``). ``as_of``: take the changelog's row as of the event's time, not as
+    it is on arrival. ``on``: the time field of events and changes.
+    """
 
     name = "lookup"
 
