@@ -48,6 +48,30 @@ def test_union_of_windowed_queries_over_two_sources_equals_duckdb(cluster, tmp_p
     assert same_rows(got, expected)
 
 
+JOINS = """SELECT c.car, c.speed AS car_speed, t.speed AS truck_speed FROM cars c JOIN trucks t
+  ON c.car = t.car AND c.ts BETWEEN t.ts - 200 AND t.ts + 100
+UNION ALL
+SELECT c.car, c.speed AS car_speed, t.speed AS truck_speed FROM cars c ASOF LEFT JOIN trucks t
+  ON c.car = t.car AND c.ts >= t.ts
+WHERE c.speed > 10"""
+
+
+def test_interval_and_asof_joins_of_two_sources_equal_duckdb(cluster, tmp_path):
+    cars, trucks = rows(3, "v"), rows(4, "v")
+    out = tmp_path / "joins.jsonl"
+    app = Application("sql-joins")
+    sources = {"cars": app.source("iterable", items=cars, max_delay="100ms"),
+               "trucks": app.source("iterable", items=trucks, max_delay="100ms")}
+    pescheduler.sql(JOINS, sources=sources).sink("jsonl", path=str(out))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        status = dep.wait(timeout=120)
+    assert status["late_events"] == 0 and status["dead_letters"] == 0
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    expected = duckdb_rows(JOINS, {"cars": cars, "trucks": trucks}, {"car": "VARCHAR", "speed": "BIGINT", "ts": "BIGINT"})
+    assert len(got) > 1000
+    assert same_rows(got, expected)
+
+
 def test_the_cars_sql_example_deploys_from_the_command_line_and_equals_the_python_reference(tmp_path):
     import connected_cars
 
