@@ -22,7 +22,10 @@ watermark reaches ``l[on]`` (every right event at or before it has come); a
 forward or nearest one when the first right event after ``l[on]`` is taken, or
 when the watermark shows none can come that would be chosen (``l[on] +
 tolerance``, or the backward match's distance past ``l[on]``); with no
-tolerance and no right event after it, at the end of the stream. An event with
+tolerance and no right event after it, at the end of the stream. A result's ``ts``
+is its left event's: a forward or nearest result may come after the watermark
+passed it, so an event-time operator after the join would count it late (the
+output watermark is not held back yet). An event with
 ``on <= watermark`` on arrival is late and goes to the ``late`` side output
 (the window's lateness rule); one without a time or key is dead-lettered.
 
