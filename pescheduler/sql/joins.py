@@ -103,9 +103,11 @@ def _key(conditions: list, names: tuple, query: str, on: exp.Expression) -> str:
 
 
 def _only(conditions: list, query: str, on: exp.Expression, what: str) -> exp.Expression:
-    if len(conditions) != 1:
-        node = conditions[1] if conditions else on
-        raise error(query, node, f"ON takes the key's equality and {what}; put other conditions in WHERE")
+    """The one condition of ON besides the key's equality."""
+    if not conditions:
+        raise error(query, on, f"ON needs {what} besides the key's equality")
+    if len(conditions) > 1:
+        raise error(query, conditions[1], f"ON takes the key's equality and {what}; put other conditions in WHERE")
     return conditions[0]
 
 

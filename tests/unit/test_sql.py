@@ -67,7 +67,7 @@ def test_union_all_is_one_union_operator_over_both_selects():
      "'speed' is neither grouped by nor aggregated", 1, 13),
     ("SELECT car FROM trucks", "unknown source 'trucks'", 1, 17),
     ("SELECT car FROM cars UNION SELECT car FROM cars", "only UNION ALL", 1, 8),
-    ("SELECT a.car FROM cars a JOIN cars b ON a.car = b.car", "ON takes the key's equality and a time range", 1, 41),
+    ("SELECT a.car FROM cars a JOIN cars b ON a.car = b.car", "ON needs a time range, a.ts BETWEEN", 1, 41),
     ("SELECT a.car FROM cars a FULL JOIN cars b ON a.car = b.car", "FULL JOIN is not supported", 1, 31),
     ("SELECT car FROM cars a JOIN cars b ON a.car = b.car AND a.ts BETWEEN b.ts AND b.ts + 5",
      "a JOIN's query names the side of each field (a.car)", 1, 8),
