@@ -2,14 +2,16 @@
 watermark, with ties, late events, snapshots mid-stream and copies splitting the keys."""
 
 import pickle
+import random
 
+import dask
 import pytest
 from hypothesis import given, settings, strategies as st
 from support_ops import merge_asof
 from test_op_join import numbered, run
 
 from pescheduler.operator import MIN_WATERMARK, Emitter, OperatorContext
-from pescheduler.operators.join_asof import AsofJoin
+from pescheduler.operators.join_asof import DIRECTIONS, AsofJoin
 from pescheduler.state import key_group
 
 event = st.fixed_dictionaries({"k": st.integers(0, 2), "ts": st.integers(0, 20)})
@@ -129,3 +131,25 @@ def test_bad_arguments_inputs_and_restore_guard():
         join.process([{"k": 0, "ts": 3}], out)
     with pytest.raises(ValueError, match="tolerance"):
         AsofJoin(by="k", tolerance=5).restore(join.snapshot())
+
+
+def test_the_disk_backend_gives_what_memory_gives_across_a_restore(tmp_path):
+    """Keys in RocksDB (values are copies there: nothing may be changed in place), restored mid-stream."""
+    rng, steps = random.Random(5), []
+    for _ in range(120):
+        kind = rng.choice("LRW")
+        steps.append((kind, rng.randrange(6) if kind == "W" else
+                      [{"k": rng.randrange(5), "ts": rng.randrange(150)} for _ in range(rng.randrange(6))]))
+    steps = numbered(steps)
+    for direction in DIRECTIONS:
+        params = dict(by="k", tolerance=9, direction=direction)
+        memory = run(AsofJoin(**params), steps)
+        assert sum(len(results) for results, _ in memory) > 50
+        with dask.config.set({"pescheduler.state.backend": "disk", "pescheduler.state.dir": str(tmp_path)}):
+            first, second = AsofJoin(**params), AsofJoin(**params)
+            for op in (first, second):
+                op.open(OperatorContext(op_id="join_asof-3"))
+            assert first._keys.backend == "disk"
+            head = run(first, steps[:60])
+            second.restore(pickle.loads(pickle.dumps(first.snapshot())))
+            assert head + run(second, steps[60:]) == memory
