@@ -177,6 +177,8 @@ class Stream:
         """As-of join with ``other``: each event with ``other``'s event of the same ``by`` key
         nearest before (``direction="backward"``), after or either side of its ``on`` time,
         within ``tolerance``; exact under out-of-order input (operators/join_asof.py)."""
+        if by is None and self.key_field is None:
+            raise InvalidApplication("join_asof needs a key: by=\"field\", or key_by(field) before it")
         params = {"by": by, "on": on, "tolerance": tolerance, "direction": direction}
         return self._keyed("join_asof", (other,), by, id, params)
 
@@ -194,6 +196,9 @@ class Stream:
         """Enrich each event with its ``key``'s row of ``table``: a changelog ``Stream`` (CDC changes
         or a ``latest()``; ``as_of=True``: the row as of the event's time), an iterable of rows or a
         JSON-lines file's path (rows keyed by ``table_key``, default ``key``) (operators/lookup.py)."""
+        key = self.key_field if key is None else key
+        if key is None:
+            raise InvalidApplication("lookup needs a key: key=\"field\", or key_by(field) before it")
         params = {"key": key, "as_of": as_of, "on": on}
         if not isinstance(table, Stream):
             kind = "path" if isinstance(table, (str, os.PathLike)) else "rows"

@@ -11,6 +11,7 @@ from test_op_join import numbered
 from test_op_join_asof import on_time
 
 from pescheduler import Application
+from pescheduler.errors import InvalidApplication
 from pescheduler.operator import Emitter, OperatorContext
 from pescheduler.operators.lookup import Lookup
 
@@ -94,6 +95,11 @@ def test_stream_method_and_bad_arguments():
     assert renamed.name == "map" and set(renamed.params) == {"customer_id"}   # the table keyed as the events
     static = app.nodes[orders.lookup([{"id": 1}], key="id").op_id]
     assert static.params["rows"] == [{"id": 1}] and len(static.inputs) == 1
+    keyed = app.nodes[orders.key_by("id").lookup([{"id": 1}]).op_id]     # the key of the key_by
+    assert (keyed.params["key"], keyed.key_field) == ("id", "id")
+    for unkeyed in (lambda: orders.lookup([]), lambda: orders.join_asof(customers)):
+        with pytest.raises(InvalidApplication, match="needs a key"):
+            unkeyed()
     with pytest.raises(ValueError, match="as_of=True needs a changelog"):
         Lookup(key="id", rows=[], as_of=True)
     with pytest.raises(ValueError, match="not both"):
