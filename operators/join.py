@@ -217,8 +217,10 @@ class Join(Operator):
                 "right": {k: v for s in states for k, v in s["right"].items()}}
 
     def restore(self, state: dict) -> None:
-        if tuple(state["within"]) != (self.lower, self.upper):
-            raise ValueError(f"join state of bounds {tuple(state['within'])} ms cannot be restored into "
+        bounds = state["within"]            # (lower, upper); a number in snapshots of a symmetric join
+        bounds = (-bounds, bounds) if isinstance(bounds, int) else tuple(bounds)
+        if bounds != (self.lower, self.upper):
+            raise ValueError(f"join state of bounds {bounds} ms cannot be restored into "
                              f"bounds {(self.lower, self.upper)} ms (within=, or lower= and upper=)")
         self._wm = state["watermark"]
         self._left = {k: list(v) for k, v in state["left"].items()}

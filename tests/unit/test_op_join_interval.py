@@ -62,3 +62,4 @@ def test_bounds_are_checked_and_restore_names_them():
     with pytest.raises(ValueError, match="bounds"):
         Join(lower=-5, upper=5).restore(Join(lower=-5, upper=0).snapshot())
     Join(within=5).restore(Join(lower=-5, upper=5).snapshot())      # the same join
+    Join(within=5).restore({**Join(within=5).snapshot(), "within": 5})   # a snapshot written before bounds
