@@ -29,7 +29,7 @@ import cloudpickle
 from ..errors import CheckpointDamaged, CheckpointError
 from ..plan.placement import LogicalOp, Placement
 from ..plan.state import redistribute
-from ..state.incremental import load_snapshot
+from ..state.incremental import load_snapshot, with_entries
 from .storage import CheckpointStore
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def _load(store: CheckpointStore, checkpoint_id: int, placement: Placement) -> d
     states: dict[str, dict] = {}
     for entry in (e for e in manifest["files"] if e["role"] == "state"):
         blob = cloudpickle.loads(store.read(entry, run))
-        ops = load_snapshot(blob["ops"], blob.get("groups", []))
+        ops = load_snapshot(blob["ops"], with_entries(blob["groups"], groups))
         for op_id, saved in ops.items():
             saved["position"] = blob["positions"].get(op_id)
         states.update(ops)

@@ -20,10 +20,11 @@ file, else the group whole. Chains grow only from checkpoints known complete
 checkpoint wrote.
 
 The PE's ``.state`` file stores, in place of each view, ``{group: (a key of
-it, GroupRef)}``: a :class:`GroupRef` names the chain's files with their sizes
-and SHA-256. A restore hands those references to the worker that gets the
-group (``resolve_restore``), which reads and checks each file before
-unpickling it: the deploying process never holds state bytes.
+it, GroupRef)}``: a :class:`GroupRef` names the chain's files; the signed
+manifest lists each with its size and SHA-256. A restore hands those entries
+to the worker that gets the group (``resolve_restore``), which reads and
+checks each file before unpickling it: the deploying process never holds
+state bytes.
 
 Outside a checkpoint (a reconfiguration's snapshot, a test) a
 :class:`GroupsSnapshot` is an ordinary mapping ``{group: (key, bytes)}``, and
@@ -42,6 +43,7 @@ from typing import Any, Iterator
 import cloudpickle
 
 from .. import config
+from ..errors import CheckpointDamaged
 from .base import StateView, pack_group, unpack_group
 from .files import StateFiles
 
@@ -80,14 +82,11 @@ class GroupsSnapshot(Mapping):
 
 @dataclass(frozen=True)
 class GroupRef:
-    """One key group in a checkpoint: its chain's files (full first), as the signed manifest lists them."""
+    """One key group in a checkpoint: its chain's files (full first). In the PE's ``.state`` file
+    their paths; once restored (:func:`with_entries`), their signed manifest's entries."""
 
     run: str
     files: tuple
-
-    @property
-    def bytes(self) -> int:
-        return sum(f["bytes"] for f in self.files)
 
 
 # -- the PE's .state file: views set aside, references put back ----------------------------------
@@ -126,9 +125,15 @@ def load_snapshot(data: bytes, groups: list) -> Any:
     return _PutBack(data, groups).load()
 
 
-def references(state_file: dict) -> list[GroupRef]:
-    """Every :class:`GroupRef` of a loaded PE ``.state`` file."""
-    return [ref for groups in state_file["groups"] for _key, ref in groups.values()]
+def with_entries(groups: list[dict], entries: list[dict]) -> list[dict]:
+    """A ``.state`` file's ``groups``, each :class:`GroupRef`'s paths replaced by the entries of
+    the (verified) manifest (``entries``): what the worker checks each file against."""
+    by_path = {e["path"]: e for e in entries}
+    try:
+        return [{g: (key, GroupRef(ref.run, tuple(by_path[p] for p in ref.files)))
+                 for g, (key, ref) in part.items()} for part in groups]
+    except KeyError as exc:
+        raise CheckpointDamaged(f"key-group file {exc} is not in the signed manifest") from None
 
 
 # -- the worker's writer ---------------------------------------------------------------------------
@@ -187,7 +192,7 @@ class ChainWriter:
             self._pending.setdefault(checkpoint_id, {})[changes.token] = _Written(changes.seq, chains)
         run = files.url.rsplit("/", 1)[-1]
         written = [{**f, "role": "group"} for c in chains.values() for f in c.files]
-        return {g: (c.key, GroupRef(run, c.files)) for g, c in chains.items()}, written
+        return {g: (c.key, GroupRef(run, tuple(f["path"] for f in c.files))) for g, c in chains.items()}, written
 
     def _since(self, changes) -> tuple[dict, set, set] | None:
         """``(base chains, changed keys, groups replaced whole)`` since the last complete
