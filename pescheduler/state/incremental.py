@@ -98,6 +98,9 @@ class _SetAside(cloudpickle.Pickler):
 
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is GroupsSnapshot and obj._packed is None:
+            for i, seen in enumerate(self.views):          # one view named twice is written once
+                if seen is obj:
+                    return i
             self.views.append(obj)
             return len(self.views) - 1
         return None
