@@ -252,3 +252,16 @@ def test_a_write_from_another_thread_while_the_state_changes_is_the_barriers_sta
     writer.join(60)
     store.commit_manifest(1, {"id": 1, "files": result["pe"]["files"]})
     assert restored(store, 1) == {f"car-{i:07d}": [i, 1.0] for i in range(5_000)}
+
+
+def test_an_aborted_checkpoint_releases_the_views_it_held():
+    """A checkpoint aborted between the snapshot and the write lets go of its views: the memory
+    backend stops copying values on ``get`` (it copies only while a view may read them)."""
+    st, files = open_state("memory"), CheckpointFiles()
+    fill(st, 100)
+    blob, views = pickle_snapshot({"op": {"state": {"groups": snapshot_groups(st)}}})
+    files.hold("d", 1, "pe", {"state": blob, "views": views, "positions": {}})
+    del views
+    assert st.get("car-0000001") is not st.get("car-0000001")        # copies: a view lives
+    files.end("d", 1, complete=False)
+    assert st.get("car-0000001") is st.get("car-0000001")            # released: plain reads again
