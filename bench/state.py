@@ -197,7 +197,7 @@ def live(sizes: list[int]) -> None:
                     rep, rel = dep.apply(Replicate(op, 1)), dep.apply(Release(op, 1))
                     assert rep.applied and rel.applied, (rep.reason, rel.reason)
                     seen = len(dep.checkpoints())
-                    wait_for(dep, lambda s: len(dep.checkpoints()) >= seen + 2)
+                    wait_for(dep, lambda s: len(dep.checkpoints()) >= seen + 3)
                     last = dep.checkpoints()[-1]
                     worker_rss = max(w.memory_bytes for w in dep.snapshot().workers.values())
                     open(until, "w").close()

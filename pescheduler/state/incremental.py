@@ -37,7 +37,7 @@ import io
 import pickle
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 import cloudpickle
@@ -82,11 +82,20 @@ class GroupsSnapshot(Mapping):
 
 @dataclass(frozen=True)
 class GroupRef:
-    """One key group in a checkpoint: its chain's files (full first). In the PE's ``.state`` file
-    their paths; once restored (:func:`with_entries`), their signed manifest's entries."""
+    """One key group in a checkpoint: its chain's files, the full one first. The PE's ``.state``
+    file holds it compactly (``name`` is shared by a view's groups, ``chain`` the checkpoint
+    and kind of each file); once restored (:func:`with_entries`) ``files`` holds the signed
+    manifest's entries the worker checks each file against."""
 
     run: str
-    files: tuple
+    name: str                   # <pe>.<n>: the view's files are <name>.g<NNN>.full|delta
+    group: int
+    chain: tuple                # ((checkpoint id, "full" | "delta"), ...)
+    files: tuple = ()
+
+    @property
+    def paths(self) -> list[str]:
+        return [f"chk-{chk:06d}/{self.name}.g{self.group:03d}.{kind}" for chk, kind in self.chain]
 
 
 # -- the PE's .state file: views set aside, references put back ----------------------------------
@@ -133,7 +142,7 @@ def with_entries(groups: list[dict], entries: list[dict]) -> list[dict]:
     the (verified) manifest (``entries``): what the worker checks each file against."""
     by_path = {e["path"]: e for e in entries}
     try:
-        return [{g: (key, GroupRef(ref.run, tuple(by_path[p] for p in ref.files)))
+        return [{g: (key, replace(ref, files=tuple(by_path[p] for p in ref.paths)))
                  for g, (key, ref) in part.items()} for part in groups]
     except KeyError as exc:
         raise CheckpointDamaged(f"key-group file {exc} is not in the signed manifest") from None
@@ -195,7 +204,8 @@ class ChainWriter:
             self._pending.setdefault(checkpoint_id, {})[changes.token] = _Written(changes.seq, chains)
         run = files.url.rsplit("/", 1)[-1]
         written = [{**f, "role": "group"} for c in chains.values() for f in c.files]
-        return {g: (c.key, GroupRef(run, tuple(f["path"] for f in c.files))) for g, c in chains.items()}, written
+        return {g: (c.key, GroupRef(run, name, g, tuple((f["chk"], f["path"].rsplit(".", 1)[1]) for f in c.files)))
+                for g, c in chains.items()}, written
 
     def _since(self, changes) -> tuple[dict, set, set] | None:
         """``(base chains, changed keys, groups replaced whole)`` since the last complete
