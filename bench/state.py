@@ -220,8 +220,8 @@ def one_checkpoint(backend: str, k: int, root: str) -> dict:
     from pescheduler.state.groups import restore_groups, snapshot_groups
     from pescheduler.worker.ckpt_files import CheckpointFiles
 
-    with dask.config.set({"pescheduler.state.dir": root, "pescheduler.state.cache": "256MB"}):
-        st = open_state(backend, owner=f"ckpt-{k}")
+    dask.config.set({"pescheduler.state.dir": root, "pescheduler.state.cache": "256MB"})   # this process's
+    st = open_state(backend, owner=f"ckpt-{k}")
     keys = keys_of(k)
     for key in keys:
         st.put(key, list(VALUE))
@@ -241,12 +241,17 @@ def one_checkpoint(backend: str, k: int, root: str) -> dict:
     from pescheduler.state.incremental import resolve_restore
 
     worker_s = timed(lambda: (resolve_restore(saved), restore_groups(restored, saved["op"]["state"]["groups"])))
-    assert len(restored) == k
+    assert len(restored) == k                       # read from the storage, as a worker that lost its disk
+    from pescheduler.state.local import LocalCopies
+    from pescheduler.state.settings import deployment_dir
+
+    again, copies = deploying_side(store, 2), LocalCopies(deployment_dir("bench"))
+    local_s = timed(lambda: (resolve_restore(again, copies), restore_groups(restored, again["op"]["state"]["groups"])))
     st.close()
     return {"barrier_before_ms": before * 1000, "barrier_ms": out[1]["barrier_s"] * 1000,
             "full_s": out[1]["write_s"], "full_bytes": out[1]["bytes"], "inc_s": out[2]["write_s"],
             "inc_bytes": out[2]["bytes"], "state_bytes": out[2]["state_bytes"], "deploying_s": deploying_s,
-            "deploying_rss": deploying_rss, "worker_s": worker_s}
+            "deploying_rss": deploying_rss, "worker_s": worker_s, "local_s": local_s}
 
 
 def checkpoint_once(store, files, st, cid: int) -> dict:
@@ -289,9 +294,11 @@ def checkpoints(sizes: list[int]) -> None:
     print("\n4. checkpoints of keyed state, one process per (backend, K)")
     print("   barrier ms: the PE's synchronous part (before: packed and pickled there; now: a view set aside)")
     print("   full / 1%: the worker's write of the first checkpoint / of one after 1 % of keys changed")
-    print("   restore: the deploying process's part (s, RSS growth) and the worker's read and import")
+    print("   restore: the deploying process's part (s, RSS growth) and the worker's read and import, from the")
+    print("   storage and from its own copies (local recovery)")
     print(f"{'K':>9} {'backend':8} {'barrier before':>15} {'barrier now':>12} {'full s':>7} {'full MB':>8} "
-          f"{'1% s':>6} {'1% MB':>7} {'1%/full':>8} {'deployer s':>11} {'deployer RSS MB':>16} {'worker s':>9}")
+          f"{'1% s':>6} {'1% MB':>7} {'1%/full':>8} {'deployer s':>11} {'deployer RSS MB':>16} {'worker s':>9} "
+          f"{'local s':>8}")
     with tempfile.TemporaryDirectory() as root:
         for k in sizes:
             for backend in ("memory", "disk"):
@@ -299,7 +306,7 @@ def checkpoints(sizes: list[int]) -> None:
                 print(f"{k:9d} {backend:8} {r['barrier_before_ms']:15.1f} {r['barrier_ms']:12.2f} {r['full_s']:7.2f} "
                       f"{r['full_bytes'] / 1e6:8.2f} {r['inc_s']:6.2f} {r['inc_bytes'] / 1e6:7.3f} "
                       f"{r['inc_bytes'] / r['full_bytes']:8.3f} {r['deploying_s']:11.2f} "
-                      f"{r['deploying_rss'] / 2**20:16.1f} {r['worker_s']:9.2f}")
+                      f"{r['deploying_rss'] / 2**20:16.1f} {r['worker_s']:9.2f} {r['local_s']:8.2f}")
 
 
 def wait_for(dep, predicate, timeout: float = 900):

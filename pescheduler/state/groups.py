@@ -1,8 +1,9 @@
 """What a KEYED operator's snapshot holds of its keyed state: whole key groups.
 
-``{group: (a key of it, bytes)}`` (a :class:`GroupsSnapshot` packs them when read): the bytes are :func:`pack_group`'s, the key
-stands for its group when a rescale asks ``owns(key)`` (copies own whole key
-groups, so one key answers for all of them). Splitting and merging snapshots
+``{group: (a key of it, bytes)}`` (a :class:`GroupsSnapshot` packs them when
+read): the bytes are :func:`pack_group`'s, the key stands for its group when a
+rescale asks ``owns(key)`` (copies own whole key groups, so one key answers for
+all of them). Splitting and merging snapshots
 then select and join key groups; no key is visited.
 """
 

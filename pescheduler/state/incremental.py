@@ -44,8 +44,9 @@ import cloudpickle
 
 from .. import config
 from ..errors import CheckpointDamaged
-from .base import StateView, pack_group, unpack_group
+from .base import Changes, StateView, pack_group, unpack_group
 from .files import StateFiles
+from .local import LocalCopies
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
@@ -162,6 +163,7 @@ class _Chain:
 class _Written:
     seq: int                    # the view's snapshot number
     chains: dict                # group -> _Chain
+    run: str                    # the run whose storage holds the files
 
 
 class ChainWriter:
@@ -170,7 +172,8 @@ class ChainWriter:
     Keyed by the state object (``Changes.token``): a state replaced (a restore, a rescale) starts
     with full files. Writes happen in a worker thread (the PE host's ``pe_ckpt_write``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, local: LocalCopies | None = None) -> None:
+        self.local = local                          # copies of the files written here (local recovery)
         self._base: dict[str, _Written] = {}        # token -> chains of the newest complete checkpoint
         self._seen: dict[str, dict] = {}            # token -> {seq: Changes} since that one
         self._pending: dict[int, dict] = {}         # checkpoint id -> {token: _Written}
@@ -190,7 +193,7 @@ class ChainWriter:
 
     def _write_view(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView) -> tuple[dict, list]:
         try:
-            changes = view.changes
+            changes = view.changes or Changes(f"untracked-{id(view)}", 1)   # a view of another backend: whole
             with self._lock:
                 self._seen.setdefault(changes.token, {})[changes.seq] = changes
                 since = self._since(changes)
@@ -200,9 +203,9 @@ class ChainWriter:
                       for g in view.groups()}
         finally:
             view.release()
-        with self._lock:
-            self._pending.setdefault(checkpoint_id, {})[changes.token] = _Written(changes.seq, chains)
         run = files.url.rsplit("/", 1)[-1]
+        with self._lock:
+            self._pending.setdefault(checkpoint_id, {})[changes.token] = _Written(changes.seq, chains, run)
         written = [{**f, "role": "group"} for c in chains.values() for f in c.files]
         return {g: (c.key, GroupRef(run, name, g, tuple((f["chk"], f["path"].rsplit(".", 1)[1]) for f in c.files)))
                 for g, c in chains.items()}, written
@@ -232,17 +235,29 @@ class ChainWriter:
             data = pickle.dumps(view.delta(g, keys), _PICKLE)
             if len(prev.files) - 1 < config.get("checkpoint.max-deltas") and \
                     prev.delta_bytes + len(data) <= prev.full_bytes:
-                entry = files.put(checkpoint_id, f"{name}.delta", data)
+                entry = self._put(files, checkpoint_id, f"{name}.delta", data)
                 return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data))
         entries = dict(view.items(g))
         data = pack_group(entries.items())
-        entry = files.put(checkpoint_id, f"{name}.full", data)
+        entry = self._put(files, checkpoint_id, f"{name}.full", data)
         return _Chain(next(iter(entries)), (entry,), len(data), 0)
+
+    def _put(self, files: StateFiles, checkpoint_id: int, name: str, data: bytes) -> dict:
+        """A key-group file into the storage, and a copy kept on this worker."""
+        entry = files.put(checkpoint_id, name, data)
+        if self.local is not None:
+            self.local.keep(files.url.rsplit("/", 1)[-1], entry, data)
+        return entry
 
     def confirm(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete: its chains are what the next ones build on."""
         with self._lock:
             self._confirm(checkpoint_id)
+            bases = list(self._base.values())
+        if self.local is not None and bases:       # copies no base references any more go
+            keep = {p for b in bases for c in b.chains.values() for p in (f["path"] for f in c.files)}
+            for run in {b.run for b in bases}:
+                self.local.prune(run, keep)
 
     def _confirm(self, checkpoint_id: int) -> None:
         for token, written in self._pending.pop(checkpoint_id, {}).items():
@@ -256,35 +271,45 @@ class ChainWriter:
 
 # -- the restore, on the worker ---------------------------------------------------------------------
 
-def read_group(files: StateFiles, ref: GroupRef) -> bytes:
-    """One key group's bytes (:func:`pack_group`'s) from its chain, every file checked first."""
-    first = files.read(ref.files[0], ref.run)
-    if len(ref.files) == 1:
-        return first
-    entries = unpack_group(first)
-    for entry in ref.files[1:]:
-        puts, deletes = pickle.loads(files.read(entry, ref.run))
+def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = None) -> tuple[bytes, int]:
+    """One key group's bytes (:func:`pack_group`'s) from its chain, every file checked first (a
+    local copy when there is a good one), and how many files were read locally."""
+    datas, here = [], 0
+    for entry in ref.files:
+        data = None if local is None else local.read(ref.run, entry)
+        here += data is not None
+        datas.append(files.read(entry, ref.run) if data is None else data)
+    if len(datas) == 1:
+        return datas[0], here
+    entries = unpack_group(datas[0])
+    for data in datas[1:]:
+        puts, deletes = pickle.loads(data)
         for key in deletes:
             entries.pop(key, None)
         entries.update(puts)
-    return pack_group(entries.items())
+    return pack_group(entries.items()), here
 
 
-def resolve_restore(restore: dict) -> None:
+def resolve_restore(restore: dict, local: LocalCopies | None = None) -> tuple[int, int]:
     """In place: the :class:`GroupRef` in each operator's saved state (``spec.restore``) replaced
-    by its key group's bytes, read from the storage its ``"storage"`` names (in a worker thread,
-    before the PE is built)."""
+    by its key group's bytes, read from the storage its ``"storage"`` names or from this
+    worker's copies (in a worker thread, before the PE is built). ``(files, read locally)``."""
+    counts = [0, 0]
     for saved in restore.values():
         storage = saved.get("storage")
         if storage is not None:
-            saved["state"] = _resolved(saved["state"], StateFiles(storage))
+            saved["state"] = _resolved(saved["state"], StateFiles(storage), local, counts)
+    return counts[0], counts[1]
 
 
-def _resolved(value: Any, files: StateFiles) -> Any:
+def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: list) -> Any:
     if type(value) is GroupRef:
-        return read_group(files, value)
+        data, here = read_group(files, value, local)
+        counts[0] += len(value.files)
+        counts[1] += here
+        return data
     if type(value) is dict:
-        return {k: _resolved(v, files) for k, v in value.items()}
+        return {k: _resolved(v, files, local, counts) for k, v in value.items()}
     if type(value) in (list, tuple):
-        return type(value)(_resolved(v, files) for v in value)
+        return type(value)(_resolved(v, files, local, counts) for v in value)
     return value

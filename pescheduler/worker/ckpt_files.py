@@ -16,6 +16,8 @@ import threading
 
 from ..state.files import StateFiles
 from ..state.incremental import ChainWriter
+from ..state.local import LocalCopies
+from ..state.settings import deployment_dir
 
 
 class CheckpointFiles:
@@ -39,7 +41,8 @@ class CheckpointFiles:
         ``{pe_id: {"files": [...], "positions": {...}} or {"error": ...}}``."""
         with self._lock:
             taken = self._taken.pop((deployment, checkpoint_id), {})
-            writer = self._writers.setdefault(deployment, ChainWriter())
+            writer = self._writers.get(deployment) or self._writers.setdefault(
+                deployment, ChainWriter(LocalCopies(deployment_dir(deployment))))
         files, out = StateFiles(storage), {}
         for pe_id in pe_ids:
             result = taken.pop(pe_id, None)

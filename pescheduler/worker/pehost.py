@@ -34,7 +34,8 @@ from .ckpt_files import CheckpointFiles
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
 from ..state.incremental import resolve_restore
-from ..state.settings import remove_stores
+from ..state.local import LocalCopies
+from ..state.settings import deployment_dir, remove_stores
 from ..plugins import activate
 from .runtime import PERunner
 from ..wire import PESpec
@@ -247,7 +248,11 @@ class PEHost:
         for spec in specs:
             assert isinstance(spec, PESpec)
             if spec.restore:                     # key groups' files read here, checked (incremental.py)
-                await asyncio.to_thread(resolve_restore, spec.restore)
+                copies = LocalCopies(deployment_dir(spec.deployment))     # local recovery (state/local.py)
+                read, here = await asyncio.to_thread(resolve_restore, spec.restore, copies)
+                if read:
+                    logger.info("PE %s: %d key-group files restored, %d from this worker's copies", spec.pe_id,
+                                read, here)
             spare = self.warm_threads.pop() if spec.pe_id in spec.copies and self.warm_threads else None
             pe = PERunner(spec, self.worker.address, on_change=self._bump, spare_thread=spare)
             pe.credentials = self._credentials(spec.deployment)

@@ -22,10 +22,19 @@ from pescheduler.errors import CheckpointError
 from pescheduler.state import key_group, open_state
 from pescheduler.state.groups import restore_groups, snapshot_groups
 from pescheduler.state.incremental import load_snapshot, pickle_snapshot, resolve_restore, with_entries
+from pescheduler.state.local import LocalCopies
+from pescheduler.state.settings import deployment_dir
 from pescheduler.worker.ckpt_files import CheckpointFiles
 
 KEY = b"k" * 32
 K = 20_000
+
+
+@pytest.fixture(autouse=True)
+def worker_dir(tmp_path):
+    """The worker's directory (stores, local copies of checkpoint files) in the test's own."""
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path / "worker")}):
+        yield tmp_path / "worker"
 
 
 @pytest.fixture(params=["memory", "disk"])
@@ -265,3 +274,29 @@ def test_an_aborted_checkpoint_releases_the_views_it_held():
     assert st.get("car-0000001") is not st.get("car-0000001")        # copies: a view lives
     files.end("d", 1, complete=False)
     assert st.get("car-0000001") is st.get("car-0000001")            # released: plain reads again
+
+
+def test_a_restore_reads_this_workers_copies_and_the_storage_when_a_copy_is_bad(worker_dir):
+    """Local recovery: the files this worker wrote are read from its copies (checked against the
+    manifest's entries); a damaged or missing copy is read from the storage instead."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    st = open_state("memory")
+    fill(st, 2_000)
+    checkpoint(files, store, st, 1)
+    st.put("car-0000009", [9, 7.0])
+    checkpoint(files, store, st, 2)
+    copies = sorted((worker_dir / "pescheduler-state" / "d" / "checkpoint-copies").rglob("*.g*"))
+    assert len(copies) == 129                           # 128 full files and the one delta
+    manifest = store.manifest(2)
+    entry = next(e for e in manifest["files"] if e["role"] == "state")
+    blob = cloudpickle.loads(store.read(entry, store.run))
+    groups = with_entries(blob["groups"], [e for e in manifest["files"] if e["role"] == "group"])
+    fresh = lambda: {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}  # noqa: E731
+    assert resolve_restore(fresh(), LocalCopies(deployment_dir("d"))) == (129, 129)
+    copies[0].write_bytes(b"damaged")
+    copies[1].unlink()
+    saved = fresh()
+    assert resolve_restore(saved, LocalCopies(deployment_dir("d"))) == (129, 127)
+    target = open_state("memory")
+    restore_groups(target, saved["op"]["state"]["groups"])
+    assert len(target) == 2_000 and target.get("car-0000009") == [9, 7.0]
