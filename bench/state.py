@@ -134,7 +134,9 @@ def child(backend: str, k: int, root: str) -> dict:
 def child_of(part: str, backend: str, k: int, root: str) -> dict:
     """A part's figures for one (backend, K), measured in a fresh process."""
     out = subprocess.run([sys.executable, __file__, part, backend, str(k), root],
-                         capture_output=True, text=True, check=True, timeout=3600)
+                         capture_output=True, text=True, timeout=3600)
+    if out.returncode:
+        raise RuntimeError(f"{part} {backend} {k} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
