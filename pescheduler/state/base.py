@@ -167,12 +167,13 @@ class KeyedState(ABC):
         chosen = self.groups() if groups is None else sorted(groups)
         return {g: pack_group(self.items(g)) for g in chosen}
 
-    def import_groups(self, exported: dict[int, bytes]) -> None:
-        """Install whole key groups from :meth:`export_groups` (of any backend), replacing them."""
+    def import_groups(self, exported: dict[int, bytes | dict]) -> None:
+        """Install whole key groups from :meth:`export_groups` (of any backend), replacing them; a
+        group may also be given unpacked (``{key: value}``: a restore that applied deltas)."""
         for g, data in exported.items():
             if not 0 <= g < KEY_GROUPS:
                 raise ValueError(f"key group {g} is outside 0..{KEY_GROUPS - 1}")
-            self._put_group(g, unpack_group(data))
+            self._put_group(g, data if type(data) is dict else unpack_group(data))
 
     def __len__(self) -> int:
         return sum(1 for g in self.groups() for _ in self.items(g))

@@ -271,9 +271,11 @@ class ChainWriter:
 
 # -- the restore, on the worker ---------------------------------------------------------------------
 
-def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = None) -> tuple[bytes, int]:
-    """One key group's bytes (:func:`pack_group`'s) from its chain, every file checked first (a
-    local copy when there is a good one), and how many files were read locally."""
+def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = None) -> tuple[bytes | dict, int]:
+    """One key group from its chain, every file checked first (a local copy when there is a good
+    one): its full file's bytes (:func:`pack_group`'s) when it has no delta, else its entries with
+    the deltas applied (not packed again: ``import_groups`` takes either); and how many files were
+    read locally."""
     datas, here = [], 0
     for entry in ref.files:
         data = None if local is None else local.read(ref.run, entry)
@@ -287,7 +289,7 @@ def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = Non
         for key in deletes:
             entries.pop(key, None)
         entries.update(puts)
-    return pack_group(entries.items()), here
+    return entries, here
 
 
 def resolve_restore(restore: dict, local: LocalCopies | None = None) -> tuple[int, int]:
