@@ -110,7 +110,7 @@ class PERunner:
 
     def _open_channel(self, out: OutputSpec, local_receivers, data_address: str, expect=None) -> ChannelOut:
         if out.dst_data == data_address:
-            channel = LocalChannelOut(out.channel_id, self.spec.credits, linger_s=self.spec.linger_s,
+            channel = LocalChannelOut(out.channel_id, self.spec.credits, latency_s=self.spec.latency_s,
                                       batch_size=self.spec.batch_size)
             try:
                 channel.attach(*local_receivers(out.channel_id))
@@ -121,7 +121,7 @@ class PERunner:
         else:
             channel = TcpChannelOut(out.channel_id, self.spec.credits,
                                     lambda item, exc, op=out.src_op: self._dead(item, exc, op),
-                                    linger_s=self.spec.linger_s, batch_size=self.spec.batch_size)
+                                    latency_s=self.spec.latency_s, batch_size=self.spec.batch_size)
             channel.open(out.dst_data, self.credentials)
         channel.dst_ops = out.dst_ops          # routers pick channels by the instance they reach
         channel.gate.wake = self.inbox.event.set     # credit wakes an idle PE (see _idle)
