@@ -18,6 +18,14 @@ the oldest buffered tuple or a full batch (issue 34's starting point, loaded as
 the ``fixedlinger`` plug-in); **after** -- today's channels with their default
 latency target (``pescheduler.batch.latency``): batches sized from the measured
 rate to fill in half the target, at most the target's wait.
+The fire part: a window firing many keys at once, as a ``burst`` operator in
+the middle PE of 3 (``replay`` at 5 k/s -> ``burst`` -> ``latency``) emitting
+10^4, 10^5 and 3*10^5 results at once (one batch from one call) one second in;
+the tuple right behind the fire waits for all of it, so the latency's max is the
+stall the fire puts on every other tuple of its PE, and the results' p50 shows
+whether they leave together or as slices. Before: one frame; after: slices of
+``batch.size`` (channels.py).
+
 Goals (issue 34, quiet machine): across 2 PEs p99 <= 2 ms at 1 k/s and 10 k/s,
 <= 10 ms at 50 % of capacity, <= 50 ms at 90 %; throughput at 90 % no lower
 than before.
@@ -85,11 +93,43 @@ def one(before: bool, duration: float, capacities: dict | None) -> list[dict] | 
     return rows
 
 
-def sub(which: str, duration: float, capacities: dict | None = None):
-    """:func:`one` in a fresh process."""
+FIRES = (10_000, 100_000, 300_000)
+
+
+def fire(keys: int, before: bool) -> dict:
+    """One fire of ``keys`` results in the middle of 3 PEs (module doc): the latencies the sink saw."""
+    import pescheduler
+    from pescheduler import Application
+
+    events = 10_000
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "fire.pickle")
+        app = Application("fire")
+        (app.source("replay", events=events, stamp=True, rate=5_000)
+            .apply("burst", keys=keys, after=5_000)
+            .sink("latency", path=path))
+        plugins = ["benchops"] + (["fixedlinger"] if before else [])
+        with pescheduler.deploy(app, workers=3, plugins=plugins, policies=[]) as dep:
+            assert len({pe.worker for pe in dep.placement().pes.values()}) == 3
+            dep.wait(timeout=600)
+        with open(path, "rb") as f:
+            r = pickle.load(f)
+    if r["count"] != events + keys:
+        print(f"fire of {keys}: the sink saw {r['count']} tuples of {events + keys}")
+        sys.exit(1)
+    lat = array("d")
+    lat.frombytes(r["latencies"])
+    lat = sorted(x * 1000 for x in lat)
+    return {"keys": keys, "p50": lat[len(lat) // 2], "p999": lat[int(len(lat) * 0.999)], "max": lat[-1]}
+
+
+def sub(which: str, duration: float, capacities: dict | None = None, fires: bool = False):
+    """:func:`one` (or with ``fires`` the fire part) in a fresh process."""
     cmd = [sys.executable, __file__, "--one", which, "--duration", str(duration)]
     if capacities is not None:
         cmd += ["--capacities", json.dumps(capacities)]
+    if fires:
+        cmd += ["--fires"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -102,12 +142,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
     parser.add_argument("--one", choices=["before", "after"], help=argparse.SUPPRESS)
     parser.add_argument("--capacities", type=json.loads, help=argparse.SUPPRESS)
+    parser.add_argument("--fires", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fire-only", action="store_true", help="only the fire part")
     args = parser.parse_args()
     if args.quick:
         args.duration = 1.0
+    if args.one and args.fires:
+        print(json.dumps([fire(keys, args.one == "before") for keys in FIRES]))
+        return
     if args.one:
         print(json.dumps(one(args.one == "before", args.duration, args.capacities)))
         return
+    if args.fire_only:
+        return print_fires(os.getloadavg()[0], {which: sub(which, 0, fires=True) for which in ("before", "after")})
     load = os.getloadavg()[0]
     capacity: dict = {"before": {}, "after": {}}
     for which in ("before", "after", "before", "after"):
@@ -128,6 +175,16 @@ def main() -> None:
         for n in SHAPES) + "; 50 % and 90 % are of the higher, for both")
     print("goals across 2 PEs: p99 <= 2 ms at 1k/s and 10k/s, <= 10 ms at 50 %, <= 50 ms at 90 %; "
           "throughput at 90 % no lower than before")
+    print_fires(os.getloadavg()[0], {which: sub(which, 0, fires=True) for which in ("before", "after")})
+
+
+def print_fires(load: float, fires: dict) -> None:
+    print(f"a fire of many keys at once in the middle of 3 PEs, 5 k/s around it; load {load:.1f} -> "
+          f"{os.getloadavg()[0]:.1f}; ms (max: the tuple right behind the fire)")
+    print(f"{'keys':>8} | {'before: p50':>11} {'p99.9':>7} {'max':>7} | {'after: p50':>10} {'p99.9':>7} {'max':>7}")
+    for b, a in zip(fires["before"], fires["after"]):
+        print(f"{a['keys']:>8} | {b['p50']:11.2f} {b['p999']:7.1f} {b['max']:7.1f} | "
+              f"{a['p50']:10.2f} {a['p999']:7.1f} {a['max']:7.1f}")
 
 
 if __name__ == "__main__":
