@@ -123,13 +123,13 @@ def fire(keys: int, before: bool) -> dict:
     return {"keys": keys, "p50": lat[len(lat) // 2], "p999": lat[int(len(lat) * 0.999)], "max": lat[-1]}
 
 
-def sub(which: str, duration: float, capacities: dict | None = None, fires: bool = False):
-    """:func:`one` (or with ``fires`` the fire part) in a fresh process."""
+def sub(which: str, duration: float, capacities: dict | None = None, fires: tuple = ()):
+    """:func:`one` (or with ``fires`` the fire part, of so many keys) in a fresh process."""
     cmd = [sys.executable, __file__, "--one", which, "--duration", str(duration)]
     if capacities is not None:
         cmd += ["--capacities", json.dumps(capacities)]
     if fires:
-        cmd += ["--fires"]
+        cmd += ["--fires", ",".join(map(str, fires))]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -139,22 +139,23 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per paced run")
-    parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="short runs, one fire of 10^4 (smoke test)")
     parser.add_argument("--one", choices=["before", "after"], help=argparse.SUPPRESS)
     parser.add_argument("--capacities", type=json.loads, help=argparse.SUPPRESS)
-    parser.add_argument("--fires", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fires", type=lambda text: [int(k) for k in text.split(",")], help=argparse.SUPPRESS)
     parser.add_argument("--fire-only", action="store_true", help="only the fire part")
     args = parser.parse_args()
+    fires = FIRES[:1] if args.quick else FIRES
     if args.quick:
         args.duration = 1.0
     if args.one and args.fires:
-        print(json.dumps([fire(keys, args.one == "before") for keys in FIRES]))
+        print(json.dumps([fire(keys, args.one == "before") for keys in args.fires]))
         return
     if args.one:
         print(json.dumps(one(args.one == "before", args.duration, args.capacities)))
         return
     if args.fire_only:
-        return print_fires(os.getloadavg()[0], {which: sub(which, 0, fires=True) for which in ("before", "after")})
+        return print_fires(os.getloadavg()[0], {which: sub(which, 0, fires=fires) for which in ("before", "after")})
     load = os.getloadavg()[0]
     capacity: dict = {"before": {}, "after": {}}
     for which in ("before", "after", "before", "after"):
@@ -175,7 +176,7 @@ def main() -> None:
         for n in SHAPES) + "; 50 % and 90 % are of the higher, for both")
     print("goals across 2 PEs: p99 <= 2 ms at 1k/s and 10k/s, <= 10 ms at 50 %, <= 50 ms at 90 %; "
           "throughput at 90 % no lower than before")
-    print_fires(os.getloadavg()[0], {which: sub(which, 0, fires=True) for which in ("before", "after")})
+    print_fires(os.getloadavg()[0], {which: sub(which, 0, fires=fires) for which in ("before", "after")})
 
 
 def print_fires(load: float, fires: dict) -> None:
