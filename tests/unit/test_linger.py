@@ -16,7 +16,7 @@ from pescheduler.operator import Operator, OperatorContext
 from pescheduler.operators.sources import IterableSource
 from pescheduler.worker.channels import DATA, END, MARKER, WATERMARK, ChannelIn, Inbox, LocalChannelOut
 from pescheduler.worker.chain import Chain
-from pescheduler.worker.runtime import PERunner
+from pescheduler.worker.runtime import Hosting, PERunner
 from pescheduler.wire import OutputSpec, PESpec
 
 HERE = "127.0.0.1:1"
@@ -309,11 +309,11 @@ def test_a_pe_ships_full_batches_from_small_reads_and_its_end_at_once():
         spec = PESpec("src", "dep", {"src": (OneAtATime, {"items": [{"n": i, "ts": i} for i in range(25)]}, None)}, [],
                       outputs=[OutputSpec("c-w", "src", "out", "pe-w", "tcp://w", HERE, ("w",))],
                       batch_size=10, latency_s=60.0)
-        pe = PERunner(spec, "tcp://src")
+        pe = PERunner(spec, Hosting("tcp://src"))
         inbox = Inbox()
         receiver = ChannelIn("c-w", "src", "out")
         await pe.connect(lambda cid: (inbox, receiver), HERE)
-        receiver.grant = pe.outs[0][1].gate.release          # the receiver takes every batch
+        receiver.grant = pe.ports.outs[0][1].gate.release          # the receiver takes every batch
         await asyncio.wait_for(pe.start(), 30)
         items = shipped(inbox)
         assert pe.state == "finished", pe.error
@@ -347,7 +347,7 @@ def test_a_fire_of_many_keys_leaves_in_slices_in_order_and_the_loop_runs_between
                                      "w": (FireOnWatermark, {}, None)}, [("src", "out", "w")],
                       outputs=[OutputSpec("c-w", "w", "out", "pe-w", "tcp://w", HERE, ("w2",))],
                       batch_size=1000, latency_s=0.001, credits=2)
-        pe = PERunner(spec, "tcp://src")
+        pe = PERunner(spec, Hosting("tcp://src"))
         inbox = Inbox()
         receiver = ChannelIn("c-w", "w", "out")
         await pe.connect(lambda cid: (inbox, receiver), HERE)
@@ -366,7 +366,7 @@ def test_a_fire_of_many_keys_leaves_in_slices_in_order_and_the_loop_runs_between
                     _ch, kind, payload = inbox.items.popleft()
                     got.append((kind, payload, ticks[0]))
                     if kind == DATA:
-                        pe.outs[0][1].gate.release()
+                        pe.ports.outs[0][1].gate.release()
                 await asyncio.sleep(0)
 
         tick = asyncio.ensure_future(ticker())
