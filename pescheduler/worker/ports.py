@@ -62,7 +62,8 @@ class Ports:
         local_receivers, data_address, expect = connect
         spec = self.spec
         if out.dst_data == data_address:
-            channel = LocalChannelOut(out.channel_id, spec.credits, latency_s=spec.latency_s, batch_size=spec.batch_size)
+            channel = LocalChannelOut(out.channel_id, spec.credits, latency_s=spec.latency_s,
+                                      batch_size=spec.batch_size)
             try:
                 channel.attach(*local_receivers(out.channel_id))
             except KeyError:
