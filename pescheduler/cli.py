@@ -102,6 +102,9 @@ def parser() -> argparse.ArgumentParser:
                           "a lost worker then restores the last one (docs/checkpoints.md)")
     dep.add_argument("--checkpoint-interval", metavar="DURATION", help="time between checkpoints (default 1s)")
     dep.add_argument("--restore", metavar="latest|ID", help="start from this checkpoint of --checkpoint's storage")
+    dep.add_argument("--latency", type=_duration, metavar="DURATION",
+                     help="latency target the channels size their batches by (default: pescheduler.batch.latency, "
+                          "1ms; 0: never wait; docs/latency.md)")
     dep.add_argument("--state", choices=("memory", "disk"),
                      help="where KEYED operators keep keyed state (default: pescheduler.state.backend; docs/state.md)")
     _plugin_option(dep)
@@ -193,6 +196,14 @@ def _positive(text: str) -> float:
     """Seconds for ``--duration``/``--timeout``: longer than 0, finite (``nan`` never ends a run)."""
     try:
         return config.positive_seconds(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration(text: str) -> float:
+    """Seconds for ``--latency``: 0 or more, finite."""
+    try:
+        return config.seconds(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -398,7 +409,7 @@ def _later_options(args: argparse.Namespace) -> dict:
     security = _security(args)
     if security is not None:
         options["security"] = security
-    for name in ("checkpoint", "checkpoint_interval", "restore", "state"):
+    for name in ("checkpoint", "checkpoint_interval", "restore", "state", "latency"):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
     return options

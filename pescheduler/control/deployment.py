@@ -110,7 +110,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
            rm: str | None = None, policies: list[str] | tuple[str, ...] | None = None,
            security: Any = None, checkpoint: Any = None, checkpoint_interval: Any = None,
            restore: Any = None, name: str | None = None, state: str | None = None,
-           suffix: bool = False, **options: Any) -> "Deployment":
+           suffix: bool = False, latency: str | float | None = None, **options: Any) -> "Deployment":
     """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`.
 
     ``rm`` names the resource manager hosts are borrowed from (``"local"``,
@@ -131,6 +131,8 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     already is suffixed ``-2``, ``-3``... instead (``deploy --suffix``).
     ``state``: where KEYED operators keep their keyed state, ``"memory"`` or ``"disk"``
     (RocksDB on each worker's disk; default ``pescheduler.state.backend``); see docs/state.md.
+    ``latency``: the latency target every channel sizes its batches by (``"1ms"``, ``0``: never
+    wait; default ``pescheduler.batch.latency``); see docs/latency.md.
     """
     if config_file:
         config.load_file(config_file)
@@ -146,6 +148,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     rm = default_rm(cluster) if rm is None else (None if rm == "none" else rm)
     checkpoints = checkpoint_settings(app.name, checkpoint, checkpoint_interval, restore)
     state = backend_name(state)
+    latency_s = config.get_seconds("batch.latency") if latency is None else config.seconds(latency, "latency")
     if checkpoints is not None:
         refuse_unreplayable(app, found)
     if policies is None:
@@ -157,6 +160,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     dep.checkpoint_settings = checkpoints
     _claim(dep, name, written_paths(app, found), suffix)
     dep.state_backend = state
+    dep.latency_s = latency_s
     try:
         dep._start()
     except BaseException:
@@ -216,6 +220,7 @@ class Deployment:
         self.dashboard = ""                       # a given cluster's Dask dashboard, when it serves one
         self.security = security                  # distributed.Security (or True) for a TLS cluster
         self.state = DeploymentState()
+        self.latency_s = config.get_seconds("batch.latency")   # deploy(latency=): the channels' target
         self.monitor = Monitor(int(config.get("monitor.history")))
         self.dead = DeadLetters({n.op_id: n.where[0] for n in app.nodes.values() if n.where})
         self.gateway: WorkerGateway | None = None
@@ -390,7 +395,8 @@ class Deployment:
         workers = await rc.known_workers()
         if not workers:
             raise DeploymentFailed(f"the cluster at {self.scheduler_address} has no workers")
-        placement = compile_app(self.app, self.plugins, workers, {w: rc.worker_info[w]["host"] for w in workers})
+        placement = compile_app(self.app, self.plugins, workers, {w: rc.worker_info[w]["host"] for w in workers},
+                                self.latency_s)
         await rc.launch(placement, await self._restored(placement))
         self.state.running(placement.pes)
         self.state.event("deploy", f"{len(placement.pes)} PEs on "
