@@ -190,6 +190,7 @@ class PERunner:
         self.turns.on_loop(self.hosting.on_change)
 
     def check_aligned(self) -> None:
+        """Align the operators that now can; once the whole PE is, a checkpoint's snapshot is taken."""
         if self.aligner.advance(self.chain, self.ports.receivers.values()):
             if self.barriers.current is not None:
                 self.barriers.aligned()          # snapshot taken, parked input back, sources on
