@@ -25,6 +25,7 @@ The PE side (alignment, snapshot, forwarding the barrier) is ``worker/barriers.p
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -81,6 +82,7 @@ class CheckpointCoordinator:
         self._calling: asyncio.Task | None = None        # the call to workers in flight (interrupt cancels it)
         self._interrupted: str | None = None             # why the checkpoint in flight was interrupted
         self._one_at_a_time = asyncio.Lock()             # checkpoints are taken and written in id order
+        self._writing: asyncio.Future | None = None      # the manifest's write thread (close() waits for it)
 
     def interrupt(self, reason: str) -> None:
         """A recovery begins: no checkpoint starts until it ends (:attr:`paused`), and the one in
@@ -125,6 +127,19 @@ class CheckpointCoordinator:
                 logger.error("checkpoint failed", exc_info=True)
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self.state.event("checkpoint", f"checkpoint failed: {self.last_error}")
+
+    async def close(self) -> None:
+        """The deployment ends. Its tasks are cancelled, possibly while a manifest is being
+        written in its thread (which goes on: a cancelled await does not stop a thread) and before
+        the old checkpoints were pruned: wait for that write, then prune once more, both bounded
+        by the timeout, so a run leaves no more than ``retain`` checkpoints. A manifest written
+        this way is complete; the restore that uses it commits its sinks' output."""
+        if self._writing is not None and not self._writing.done():
+            await asyncio.wait([self._writing], timeout=self.timeout)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.store.prune, self.retain), self.timeout)
+        except asyncio.TimeoutError:
+            logger.warning("pruning old checkpoints at the end took longer than %g s; left", self.timeout)
 
     async def trigger(self) -> int:
         """Take one checkpoint now; its id once complete. Raises :class:`CheckpointError` if it is
@@ -182,8 +197,9 @@ class CheckpointCoordinator:
         errors = [r["error"] for r in results.values() if "error" in r]
         if errors:
             raise CheckpointError(errors[0])
-        return await asyncio.to_thread(self._store, checkpoint_id, results, placement, t0,
-                                       time.perf_counter() - p0, abandoned)
+        self._writing = asyncio.get_running_loop().run_in_executor(None, functools.partial(
+            self._store, checkpoint_id, results, placement, t0, time.perf_counter() - p0, abandoned))
+        return await asyncio.shield(self._writing)   # a cancelled caller leaves it to close()
 
     async def _complete(self, checkpoint_id: int, t0: float, p0: float, sizes: tuple[int, int]) -> int:
         """The manifest is written: sinks commit (under the lock again: between reconfigurations,

@@ -585,6 +585,8 @@ class Deployment:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.checkpointer is not None:
+            await self.checkpointer.close()
         if self.reconfigurer is None and self._claimed_on_cluster and not self._scheduler_lost:
             await withdraw_on_cluster(self.client, self.status())
         if self.gateway is not None:

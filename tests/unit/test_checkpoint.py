@@ -449,3 +449,39 @@ def test_the_key_file_is_made_owner_only_and_refused_when_others_can_read_it(tmp
         os.chmod(path, 0o644)
         with pytest.raises(CheckpointError, match="readable by others"):
             checkpoint_key()
+
+
+def test_a_checkpoint_cut_short_by_the_end_leaves_no_more_than_retain():
+    """The deployment ends (its tasks cancelled) while a manifest is being written: the write's
+    thread goes on and completes it after the prune that would have followed was cancelled, so a
+    run kept retain + 1 checkpoints (seen under load as 4 manifests where 3 are kept). ``close()``
+    waits for that write and prunes once more."""
+    import threading as th
+
+    store, gateway = memory_store(), FakeGateway()
+    coord = coordinator(store, gateway, retain=1, timeout=5.0)
+    hung, release = th.Event(), th.Event()
+    move = store.fs.mv
+
+    def hanging(source, target, **kw):             # the manifest's rename: the checkpoint completes
+        if target.endswith("chk-000002/MANIFEST.json"):
+            hung.set()
+            release.wait(30)
+        return move(source, target, **kw)
+
+    store.fs.mv = hanging
+
+    async def scenario():
+        await coord.trigger()
+        second = asyncio.create_task(coord.trigger())
+        await asyncio.wait_for(asyncio.to_thread(hung.wait, 5), 6)
+        second.cancel()                              # the deployment's end cancels its tasks
+        await asyncio.gather(second, return_exceptions=True)
+        release.set()
+        await asyncio.wait_for(coord.close(), 10)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+    assert store.completed() == [2]
