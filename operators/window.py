@@ -25,6 +25,11 @@ where the runtime counts it; nothing is dropped silently. A tuple that cannot
 be aggregated (missing field, wrong type) is dead-lettered alone; the rest of
 its batch counts.
 
+State: each pane is a keyed state of the deployment's backend (``pescheduler.state``:
+memory or disk) mapping a key to ``(seq, slots)``, ``seq`` the order the key was first
+seen in that pane. A fired pane goes as a whole (on disk, its store with it); a snapshot
+holds whole key groups, so a rescale moves key groups (docs/state.md).
+
 Several named queries can share one window (``queries={query_id:
 aggregates}``, then ``add_query`` / ``remove_query`` while the stream runs):
 see :class:`AggregatingWindow`, the base of every window kind here and in
