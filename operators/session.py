@@ -73,7 +73,7 @@ class SessionWindow(AggregatingWindow):
         """Every slot list; each group's records are put back once changed (disk values are copies)."""
         keys = self._keys
         for g in keys.groups():
-            entries = list(keys.items(g))
+            entries = [(k, keys.get(k)) for k, _r in list(keys.items(g))]   # get: not a view's
             for _k, (_seq, sessions) in entries:
                 yield from (s[2] for s in sessions)
             for k, record in entries:

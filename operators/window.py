@@ -328,7 +328,7 @@ class Window(AggregatingWindow):
         """Every slot list; each group's keys are put back once changed (disk values are copies)."""
         for pane in self._panes.values():
             for g in pane.groups():
-                entries = list(pane.items(g))
+                entries = [(k, pane.get(k)) for k, _e in list(pane.items(g))]   # get: not a view's
                 yield from (s for _k, (_seq, s) in entries)
                 for k, e in entries:
                     pane.put(k, e)

@@ -30,11 +30,14 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from . import handshake
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
+from .ckpt_files import CheckpointFiles
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
-from ..state.settings import remove_stores
+from ..state.incremental import resolve_restore
+from ..state.local import LocalCopies
+from ..state.settings import deployment_dir, remove_stores
 from ..plugins import activate
-from .runtime import PERunner
+from .runtime import Hosting, PERunner
 from ..wire import PESpec
 
 logger = logging.getLogger(__name__)
@@ -43,7 +46,7 @@ PLUGIN_NAME = "pescheduler"
 STOP_TIMEOUT_S = 5.0
 HANDLERS = ("pe_info", "pe_secret", "pe_warm", "pe_deploy", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
             "pe_reconf", "pe_reconf_wait", "pe_snapshot", "pe_rewire", "pe_ckpt_begin", "pe_ckpt_wait",
-            "pe_ckpt_end")
+            "pe_ckpt_end", "pe_ckpt_write")
 
 
 class PEHostPlugin(WorkerPlugin):
@@ -130,6 +133,7 @@ class PEHost:
         self.secrets: dict[str, bytes] = {}          # deployment -> its data-plane secret
         self.checkpointing: set[str] = set()         # deployments that take checkpoints
         self.state_backends: dict[str, str] = {}     # deployment -> its keyed-state backend
+        self.ckpt_files = CheckpointFiles()          # snapshots held until written to checkpoint storage
         self.client_ssl = None                       # TLS context for channels we open (None: plain)
         self.changes = Changes()             # bumped whenever a PE changes state; the waits below
         self.arrivals = Changes()            # bumped whenever receivers are added (see _expect)
@@ -160,11 +164,17 @@ class PEHost:
         if self.server is not None:
             self.server.close()
 
-    def _receiver(self, channel_id: str) -> tuple[Inbox, ChannelIn]:
-        for pe in self.pes.values():
-            if channel_id in pe.receivers:
-                return pe.inbox, pe.receivers[channel_id]
+    def _receiving(self, channel_id: str) -> tuple[str, tuple[Inbox, ChannelIn]]:
+        """The deployment whose PE here receives ``channel_id``, and its receiver (KeyError: none)."""
+        for (deployment, _pe), pe in self.pes.items():
+            try:
+                return deployment, pe.receiver(channel_id)
+            except KeyError:
+                continue
         raise KeyError(f"no PE on {self.worker.address} receives channel {channel_id!r}")
+
+    def _receiver(self, channel_id: str) -> tuple[Inbox, ChannelIn]:
+        return self._receiving(channel_id)[1]
 
     async def _expect(self, channel_id: str) -> tuple[Inbox, ChannelIn]:
         """The receiver of ``channel_id`` once a PE here has it: a reconfiguration deploys PEs and
@@ -184,13 +194,14 @@ class PEHost:
     def _secret_of(self, channel_id: str) -> bytes:
         """The secret of the deployment whose PE here receives ``channel_id``, or (a receiver still
         to come, see _expect) whose name the id begins with: ``deployment/epoch/...`` (KeyError: none)."""
-        for (deployment, _pe), pe in self.pes.items():
-            if channel_id in pe.receivers:
-                return self.secrets[deployment]
-        mine = [d for d in self.secrets if channel_id.startswith(d + "/")]
-        if mine:
-            return self.secrets[max(mine, key=len)]
-        raise KeyError(f"no PE on {self.worker.address} receives channel {channel_id!r}")
+        try:
+            deployment, _receiver = self._receiving(channel_id)
+        except KeyError:
+            mine = [d for d in self.secrets if channel_id.startswith(d + "/")]
+            if not mine:
+                raise
+            deployment = max(mine, key=len)
+        return self.secrets[deployment]
 
     def _credentials(self, deployment: str) -> Credentials:
         if deployment not in self.secrets:
@@ -243,11 +254,14 @@ class PEHost:
         made = []
         for spec in specs:
             assert isinstance(spec, PESpec)
+            if spec.restore:                     # key groups' files read here, checked (incremental.py)
+                copies = LocalCopies(deployment_dir(spec.deployment))     # local recovery (state/local.py)
+                read, here = await asyncio.to_thread(resolve_restore, spec.restore, copies)
+                if read:
+                    logger.info("PE %s: %d key-group files restored, %d from this worker's copies", spec.pe_id,
+                                read, here)
             spare = self.warm_threads.pop() if spec.pe_id in spec.copies and self.warm_threads else None
-            pe = PERunner(spec, self.worker.address, on_change=self._bump, spare_thread=spare)
-            pe.credentials = self._credentials(spec.deployment)
-            pe.checkpointing = spec.deployment in self.checkpointing
-            pe.state_backend = self.state_backends.get(spec.deployment, "memory")
+            pe = PERunner(spec, self._hosting(spec.deployment), spare_thread=spare)
             self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
         self.arrivals.bump()                     # channels to them that were waiting go on
@@ -255,6 +269,11 @@ class PEHost:
         if start and made:
             await self._start(spec.deployment, made, laps)
         return laps.answer(pes=made)
+
+    def _hosting(self, deployment: str) -> Hosting:
+        """What this host gives each PE of ``deployment`` it builds."""
+        return Hosting(self.worker.address, self._credentials(deployment), deployment in self.checkpointing,
+                       self.state_backends.get(deployment, "memory"), on_change=self._bump)
 
     async def _start(self, deployment: str, pe_ids: list[str], laps: Laps) -> None:
         """Start the PEs while their output channels open, then wait for those (a channel that
@@ -329,7 +348,7 @@ class PEHost:
         that aligns (the controller fails a drain only when it stops growing), and ``times``,
         the wall clock at which each PE aligned and each listed channel delivered the marker.
 
-        Only what lies ahead of the marker counts (``PERunner.alignment_status``): the PEs
+        Only what lies ahead of the marker counts (``PERunner.alignment_status``, rewirer.py): the PEs
         being replaced take a finite amount (their sources paused, their senders held behind
         the marker), and of a PE that stays only the channels from them; its other inputs flow
         on forever and would make a stuck drain look busy. Shipping counts too: a batch a PE
@@ -393,7 +412,8 @@ class PEHost:
     async def pe_ckpt_wait(self, deployment: str, checkpoint_id: int, pe_ids: list[str],
                            timeout: float) -> dict:
         """Until every listed PE here has snapshotted for ``checkpoint_id`` (or ``timeout``): their
-        results (``{"state": bytes, "positions": ...}`` or ``{"error": ...}``), taken off the PEs.
+        results (``{"taken": True}`` or ``{"error": ...}``), taken off the PEs and held until
+        :meth:`pe_ckpt_write` (or the checkpoint's end).
         A PE that is gone, or failed, answers with an error."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -405,14 +425,20 @@ class PEHost:
             if gone or not missing or loop.time() >= deadline:
                 break
             await self.changes.after(looked, deadline - loop.time())
-        results = {p: result for p in pe_ids
+        results = {p: self.ckpt_files.hold(deployment, checkpoint_id, p, result) for p in pe_ids
                    if p in pes and (result := pes[p].checkpoint_result(checkpoint_id, take=True)) is not None}
         results.update({p: {"error": f"PE {p} is gone or failed on {self.worker.address}"} for p in gone})
         return {"results": results, "missing": missing}
 
+    async def pe_ckpt_write(self, deployment: str, checkpoint_id: int, pe_ids: list[str], storage: str) -> dict:
+        """Write the held snapshots of ``checkpoint_id`` into ``storage`` (the run's directory), in
+        a thread: ``{pe_id: {"files", "positions"} or {"error"}}`` (ckpt_files.py)."""
+        return await asyncio.to_thread(self.ckpt_files.write, deployment, checkpoint_id, pe_ids, storage)
+
     async def pe_ckpt_end(self, deployment: str, checkpoint_id: int, complete: bool) -> None:
         """Checkpoint ``checkpoint_id`` is complete (sinks commit) or aborted (sinks discard, PEs
         still aligning on it go on)."""
+        self.ckpt_files.end(deployment, checkpoint_id, complete)
         for pe_id, pe in self._of(deployment).items():
             # Stopped while this call waited for its turn (a restore or a reconfiguration
             # replaced it): its successor settles the checkpoint from its own state. A
@@ -452,6 +478,7 @@ class PEHost:
             self.secrets.pop(deployment, None)          # the deployment is over here
             self.checkpointing.discard(deployment)
             self.state_backends.pop(deployment, None)
+            self.ckpt_files.forget(deployment)
             remove_stores(deployment)                   # its operators' disk state (docs/state.md)
         self._bump()
         return stopped

@@ -5,6 +5,7 @@ The same path runs on a real cluster in tests/integration/test_recovery.py."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import uuid
 
@@ -23,6 +24,7 @@ from pescheduler.errors import CheckpointError, NotReplayable
 from pescheduler.plan.compiler import compile_app
 from pescheduler.plugins import load_plugins
 from pescheduler.worker.barriers import barrier, is_barrier
+from pescheduler.worker.ckpt_files import CheckpointFiles
 from inbox import take_all
 
 WORKERS = ["tcp://w1", "tcp://w2"]
@@ -53,6 +55,7 @@ class FakeGateway:
         self.ended: list[tuple[int, bool]] = []
         self.error_from = error_from
         self.ops_of: dict[str, tuple] = {}      # pe -> its operators (set by coordinator())
+        self.held = collections.defaultdict(CheckpointFiles)    # worker -> its side of writing
 
     async def ckpt_begin(self, worker, checkpoint_id, pe_ids, epoch):
         self.begun.append((worker, checkpoint_id, list(pe_ids)))
@@ -68,11 +71,23 @@ class FakeGateway:
             else:
                 state = {op: {"state": {"n": checkpoint_id}, "progress": ({}, 0, set(), False), "driver": None}
                          for op in self.ops_of[pe]}
-                results[pe] = {"state": cloudpickle.dumps(state), "positions": {}}
+                results[pe] = self.held[worker].hold("unit-1", checkpoint_id, pe, {
+                    "state": cloudpickle.dumps(state), "views": [], "positions": {}})
         return {"results": results, "missing": []}
+
+    async def ckpt_write(self, worker, checkpoint_id, pe_ids, storage):
+        return self.held[worker].write("unit-1", checkpoint_id, pe_ids, storage)
 
     async def ckpt_end(self, workers, checkpoint_id, complete):
         self.ended.append((checkpoint_id, complete))
+
+
+def worker_written(store, checkpoint_id: int, results: dict) -> dict:
+    """``results`` (``pe -> {"state", "positions"}``) written to ``store`` as a worker writes them."""
+    files = CheckpointFiles()
+    for pe, result in results.items():
+        files.hold("unit-1", checkpoint_id, pe, {"views": [], **result})
+    return files.write("unit-1", checkpoint_id, list(results), store.url)
 
 
 class FakeReconfigurer:
@@ -234,9 +249,9 @@ def test_a_source_that_cannot_rewind_is_refused_before_any_worker_starts(tmp_pat
 async def _running_sum_pe(spec):
     """A PE of ``spec`` (one ``RunningSum`` "sum" keyed on "k"), connected and running, fed by hand."""
     from pescheduler.operator import OperatorContext
-    from pescheduler.worker.runtime import PERunner
+    from pescheduler.worker.runtime import Hosting, PERunner
 
-    pe = PERunner(spec, "w")
+    pe = PERunner(spec, Hosting("w"))
     await pe.connect(lambda channel_id: None, "here")
     pe.turns.bind()
     pe.state = "running"
@@ -261,18 +276,18 @@ def test_a_pe_snapshots_exactly_the_input_before_the_barrier_on_every_channel(ti
                       inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")],
                       time_slice_s=time_slice_s)
         pe = await _running_sum_pe(spec)
-        c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
+        c1, c2 = pe.ports.receivers["c1"], pe.ports.receivers["c2"]
         for channel, kind, payload in [(c1, DATA, [{"k": 1, "n": 1}]), (c1, MARKER, barrier(1, 0)),
                                        (c1, DATA, [{"k": 1, "n": 10}]), (c2, DATA, [{"k": 1, "n": 100}])]:
-            pe.inbox.put(channel, kind, payload)
+            pe.ports.inbox.put(channel, kind, payload)
         take_all(pe)
         assert pe.ops["sum"].sums == {1: 101} and 1 not in pe.barriers.results    # c1's 10 is parked
-        pe.inbox.put(c2, MARKER, barrier(1, 0))
+        pe.ports.inbox.put(c2, MARKER, barrier(1, 0))
         take_all(pe)
         saved = cloudpickle.loads(pe.barriers.results[1]["state"])
         assert saved["sum"]["state"] == {1: 101}                                    # before both barriers
         assert pe.ops["sum"].sums == {1: 111} and pe.aligner.marker is None        # then the parked 10
-        pe.inbox.put(c1, MARKER, barrier(1, 0))                                        # a late duplicate: ignored
+        pe.ports.inbox.put(c1, MARKER, barrier(1, 0))                                        # a late duplicate: ignored
         take_all(pe)
         assert pe.aligner.marker is None and pe.barriers.current is None
 
@@ -296,14 +311,14 @@ def test_a_stale_barrier_of_an_aborted_checkpoint_does_not_pause_a_pe_created_la
                       inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")], epoch=1,
                       time_slice_s=time_slice_s)
         pe = await _running_sum_pe(spec)
-        c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
+        c1, c2 = pe.ports.receivers["c1"], pe.ports.receivers["c2"]
         for channel, kind, payload in [(c1, MARKER, barrier(3, 0)), (c1, DATA, [{"k": 1, "n": 1}])]:
-            pe.inbox.put(channel, kind, payload)
+            pe.ports.inbox.put(channel, kind, payload)
         take_all(pe)
         assert pe.aligner.marker is None and pe.barriers.current is None
         assert pe.ops["sum"].sums == {1: 1}                                    # not parked behind it
         for channel in (c1, c2):
-            pe.inbox.put(channel, MARKER, barrier(4, 1))
+            pe.ports.inbox.put(channel, MARKER, barrier(4, 1))
         take_all(pe)
         assert cloudpickle.loads(pe.barriers.results[4]["state"])["sum"]["state"] == {1: 1}
         assert 3 not in pe.barriers.results and pe.aligner.marker is None
@@ -347,7 +362,7 @@ def test_a_checkpoint_of_a_two_instance_window_restores_onto_three_instances_exa
     store = memory_store()
     coord = coordinator(store, FakeGateway())
     coord.reconfigurer.placement = two
-    coord._store(1, results, two, 0.0, 0.1, threading.Event())
+    coord._store(1, worker_written(store, 1, results), two, 0.0, 0.1, threading.Event())
 
     restored = load_states(store, 1, three)
     whole = Window.panes(window("win"))
