@@ -159,9 +159,8 @@ def window_state(sizes: list[int]) -> None:
         t0 = time.perf_counter()
         snap = pickle.dumps(w.snapshot(), 5)                          # remembered from the first
         t_snap = time.perf_counter() - t0
-        plain = Window.panes(pickle.loads(snap))                     # the panes as plain dicts
         t0 = time.perf_counter()
-        prev = pickle.dumps({p: {key: list(s) for key, s in d.items()} for p, d in plain.items()}, 5)
+        prev = pickle.dumps({p: {key: list(s) for key, s in d.items()} for p, d in w._panes.items()}, 5)
         t_prev = time.perf_counter() - t0
         mine = frozenset(range(0, 128, 2))
         owns = lambda key: key_group(key) in mine        # what a rescale passes (plan/state.py)
@@ -172,7 +171,7 @@ def window_state(sizes: list[int]) -> None:
         fresh = Window(60_000, aggregates={"n": ("count", "v"), "s": ("sum", "v")})
         t_restore = timed(lambda: fresh.restore(pickle.loads(snap)))
         t_prev_restore = timed(lambda: {p: {key: list(s) for key, s in d.items()} for p, d in pickle.loads(prev).items()})
-        assert sum(map(len, fresh._panes.values())) == k             # each pane a keyed state
+        assert sum(map(len, fresh._panes.values())) == k
         print(f"{k:9d} {t_first * 1000:9.1f} {t_snap * 1000:9.1f} {t_prev * 1000:9.1f} {t_split * 1000:9.2f} "
               f"{t_prev_split * 1000:9.1f} {t_restore * 1000:11.1f} {t_prev_restore * 1000:9.1f}")
 

@@ -25,11 +25,6 @@ where the runtime counts it; nothing is dropped silently. A tuple that cannot
 be aggregated (missing field, wrong type) is dead-lettered alone; the rest of
 its batch counts.
 
-State: each pane is a keyed state of the deployment's backend (``pescheduler.state``:
-memory or disk) mapping a key to ``(seq, slots)``, ``seq`` the order the key was first
-seen in that pane. A fired pane goes as a whole (on disk, its store with it); a snapshot
-holds whole key groups, so a rescale moves key groups (docs/state.md).
-
 Several named queries can share one window (``queries={query_id:
 aggregates}``, then ``add_query`` / ``remove_query`` while the stream runs):
 see :class:`AggregatingWindow`, the base of every window kind here and in
@@ -38,8 +33,6 @@ see :class:`AggregatingWindow`, the base of every window kind here and in
 
 from __future__ import annotations
 
-import itertools
-import pickle
 from bisect import bisect_left
 from operator import itemgetter
 from typing import Any, Callable, Iterable
@@ -47,8 +40,7 @@ from typing import Any, Callable, Iterable
 from pescheduler.aggregates import AggregatePlan, Query
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
-from pescheduler.state import KeyedState, MemoryState, backend_name, keyed_state, pack_group, unpack_group
-from pescheduler.state.groups import GroupMemo, merge_groups, snapshot_groups, split_groups
+from pescheduler.state.groups import GroupMemo, merge_groups, pack_namespaced, split_groups, unpack_namespaced
 from pescheduler.timeutil import parse_duration
 
 RESERVED = ("window_start", "window_end")
@@ -246,51 +238,15 @@ class Window(AggregatingWindow):
         if self.size % self.slide:
             raise ValueError(f"window size ({self.size} ms) must be a multiple of slide "
                              f"({self.slide} ms): sliding windows are built from panes of slide")
-        # pane start -> that pane's {key: (seq, slots)} in the keyed state backend (one state per
-        # pane: a pane fires and goes as a whole; seq: the order keys were first seen, which a
-        # window lists them in); memory until open() names the deployment's backend (restore
-        # comes before open)
-        self._panes: dict[Any, KeyedState] = {}
-        self._batch: dict[Any, dict] = {}          # disk: pane start -> {key: slots} of this batch
-        self._born: set = set()                     # panes made since the last snapshot
-        self._seq = itertools.count()
-        self._context: OperatorContext | None = None
-        self._backend = "memory"                    # the deployment's, from open()
+        self._panes: dict[Any, dict] = {}          # pane start -> {key: slots}, keys first-seen
         self._wm = MIN_WATERMARK
         self._fired_end: int | None = None          # every window ending at or before is done
         self._cols = None                           # ColumnarPanes while Arrow batches come in
-        self._group_of = GroupMemo()                # key -> key group, shared by the panes
+        self._group_of = GroupMemo()                # key -> key group, for snapshots
         self._init_aggregates(aggregates, queries, key, ts_field)
 
-    def open(self, context: OperatorContext) -> None:
-        super().open(context)
-        self._context, self._backend = context, backend_name(context.extra.get("state"))
-        if self._backend != "memory":
-            for p, pane in list(self._panes.items()):
-                self._panes[p] = self._new_pane(p)
-                self._panes[p].import_groups(pane.export_groups())
-
-    def _new_pane(self, p: int) -> KeyedState:
-        """An empty state for pane ``p`` in the deployment's backend (memory before open)."""
-        if self._backend == "memory":
-            return MemoryState(self._group_of)
-        return keyed_state(self._context, f"pane{p}")
-
-    def _pane_of(self, p: int) -> tuple[dict, Callable, Callable]:
-        """``(written, get, put)`` of pane ``p`` for the updater (see ``keyed_pane_updater``):
-        in memory the state's own ``writable()``; on disk this batch's dict, put back at its end."""
-        pane = self._panes.get(p)
-        if pane is None:
-            pane = self._panes[p] = self._new_pane(p)
-            self._born.add(p)
-        written = pane.writable()
-        if written is not None:             # a pane born since the snapshot has every key in written
-            return written, _ABSENT.get if p in self._born else pane.get, pane.put
-        written = self._batch.setdefault(p, {})
-        return written, pane.get, written.__setitem__
-
     def _compile_state(self) -> None:
-        self._update = self.plan.keyed_pane_updater(self.key, self.ts_field, self.slide, fixed=not self.named)
+        self._update = self.plan.pane_updater(self.key, self.ts_field, self.slide, fixed=not self.named)
         self._to_dicts()
         self._colspec = None if self.named else (self.key, self.plan.layout)
 
@@ -313,25 +269,11 @@ class Window(AggregatingWindow):
     def _to_dicts(self) -> None:
         """Columnar state becomes ordinary panes (rows arrived, a query changed, a restore)."""
         if self._cols is not None:
-            self._absorb(self._cols.to_dicts())
+            self._panes.update(self._cols.to_dicts())
             self._cols = None
 
-    def _absorb(self, panes: dict) -> None:
-        """Put ``{pane start: {key: slots}}`` (keys first seen first) into the panes' states."""
-        seq = self._seq
-        for p, table in panes.items():
-            pane = self._panes[p] = self._new_pane(p)
-            for k, s in table.items():
-                pane.put(k, (next(seq), s))
-
     def _slot_lists(self) -> Iterable[list]:
-        """Every slot list; each group's keys are put back once changed (disk values are copies)."""
-        for pane in self._panes.values():
-            for g in pane.groups():
-                entries = [(k, pane.get(k)) for k, _e in list(pane.items(g))]   # get: not a view's
-                yield from (s for _k, (_seq, s) in entries)
-                for k, e in entries:
-                    pane.put(k, e)
+        return (s for d in self._panes.values() for s in d.values())
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: Any, emit: Emitter) -> None:
@@ -346,16 +288,10 @@ class Window(AggregatingWindow):
             self._to_dicts()
         items = iter(batch)
         lim = self._wm - self.size + 1          # panes starting at or before this are late
-        args = (lim, late.append, self._pane_of, self._seq.__next__)
-        failed = self._update(items, *args)
+        failed = self._update(items, self._panes, lim, late.append)
         while failed is not None:               # rare: a bad tuple; go on after it
             emit.dead_letter(*failed)
-            failed = self._update(items, *args)
-        for p, written in self._batch.items():  # disk: the batch's slots go back
-            pane = self._panes[p]
-            for k, e in written.items():
-                pane.put(k, e)
-        self._batch = {}
+            failed = self._update(items, self._panes, lim, late.append)
         for t in late:
             emit.to("late", t)
 
@@ -394,72 +330,41 @@ class Window(AggregatingWindow):
             end += slide
 
     def _window(self, starts: list) -> Any:
-        """``(key, slots)`` of one window: its panes merged in order of start, keys in the order
-        they were first seen in its panes (earliest pane first): by (pane, seq)."""
-        panes = [self._panes[p] for p in starts]
-        if len(panes) == 1:
-            pane = panes[0]
-            found = [(seq, k, s) for g in pane.groups() for k, (seq, s) in pane.items(g)]
-            found.sort(key=_FIRST)              # runs of a group are in seq order already
-            return [(k, s) for _seq, k, s in found]
-        merge, merged = self._merge, {}
-        for i, pane in enumerate(panes):
-            for g in pane.groups():
-                for k, (seq, s) in pane.items(g):
-                    a = merged.get(k)
-                    if a is None:
-                        merged[k] = [i, seq, k, s]
-                    else:
-                        a[3] = merge(a[3], s)
-        return [(k, s) for _i, _seq, k, s in sorted(merged.values(), key=_ORDER)]
+        """``(key, slots)`` of one window: its panes merged, keys in first-seen order."""
+        panes = self._panes
+        if len(starts) == 1:
+            return panes[starts[0]].items()
+        merged = dict(panes[starts[0]])
+        merge = self._merge
+        for p in starts[1:]:
+            for k, s in panes[p].items():
+                a = merged.get(k)
+                merged[k] = s if a is None else merge(a, s)
+        return merged.items()
 
     def _drop(self, starts: list, watermark: int) -> None:
-        """Forget panes that can reach no unfired window (a disk pane's store goes with it)."""
+        """Forget panes that can reach no unfired window."""
         bound = watermark - self.size + 1
         for p in starts:
             if p > bound:
                 break
-            self._panes.pop(p).close()
-        # keys come back pane after pane: keep a generous memo (a key's group costs ~0.8 us)
-        self._group_of.prune(2 * sum(map(len, self._panes.values())) + 32_768)
+            del self._panes[p]
 
     # -- state --------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """Panes as whole key groups (packed: a copy, slots are updated in place), watermark and
         fired frontier."""
-        if self._cols is not None:              # columnar panes: packed as the row panes would be
-            groups = _by_group(_columnar_groups(self._cols.to_dicts(), self._group_of, self._seq))
-        else:
-            groups = _by_group({p: snapshot_groups(pane) for p, pane in self._panes.items()})
-        self._born = set()
+        panes = self._cols.to_dicts() if self._cols is not None else self._panes
         return {"layout": self.plan.layout, "size": self.size, "slide": self.slide,
-                "groups": groups, "seq": next(self._seq),
-                "watermark": self._wm, "fired_end": self._fired_end}
+                "groups": pack_namespaced(panes, self._group_of), "watermark": self._wm,
+                "fired_end": self._fired_end}
 
     def restore(self, state: dict) -> None:
         self._check_state(state, size=self.size, slide=self.slide)
         self._cols = None
-        for pane in self._panes.values():
-            pane.close()
-        self._panes, self._born, self._seq = {}, set(), itertools.count(state["seq"])
-        for g, (_key, data) in state["groups"].items():      # whole key groups, no key visited
-            for p, packed in pickle.loads(data).items():
-                pane = self._panes.get(p)
-                if pane is None:
-                    pane = self._panes[p] = self._new_pane(p)
-                pane.import_groups({g: packed})
+        self._panes = unpack_namespaced(state["groups"])
         self._wm = state["watermark"]
         self._fired_end = state["fired_end"]
-
-    @staticmethod
-    def panes(state: dict) -> dict:
-        """``{pane start: {key: slots}}`` of a snapshot, panes ascending, keys first seen first
-        (tests, benches)."""
-        out: dict = {}
-        for _g, (_key, data) in state["groups"].items():
-            for p, packed in pickle.loads(data).items():
-                out.setdefault(p, []).extend((seq, k, s) for k, (seq, s) in unpack_group(packed).items())
-        return {p: {k: s for _seq, k, s in sorted(out[p], key=_FIRST)} for p in sorted(out)}
 
     # -- copies: key groups move with their panes ---------------------------------------
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
@@ -472,35 +377,8 @@ class Window(AggregatingWindow):
         so no window fires twice and none is skipped."""
         fired = [st["fired_end"] for st in states]
         return {**states[0], "groups": merge_groups([st["groups"] for st in states]),
-                "seq": max(st["seq"] for st in states),
                 "watermark": min(st["watermark"] for st in states),
                 "fired_end": None if None in fired else min(fired)}
-
-
-_FIRST, _ORDER = itemgetter(0), itemgetter(0, 1)
-_ABSENT: dict = {}      # its get is a C call answering None: a key not in a pane born since the snapshot
-
-
-def _columnar_groups(panes: dict, group_of: GroupMemo, seq: Any) -> dict:
-    """``{pane start: {group: (key, bytes)}}`` of columnar panes (``{pane start: {key: slots}}``,
-    keys first seen first), as :func:`snapshot_groups` gives a row pane's."""
-    out: dict = {}
-    for p, table in panes.items():
-        per: dict = {}
-        for k, s in table.items():
-            per.setdefault(group_of(k), {})[k] = (next(seq), s)
-        out[p] = {g: (next(iter(entries)), pack_group(entries.items())) for g, entries in per.items()}
-    return out
-
-
-def _by_group(per_pane: dict) -> dict:
-    """``{pane start: {group: (key, bytes)}}`` (each pane's :func:`snapshot_groups`) as the key
-    groups a split selects: ``{group: (a key of it, pickled {pane start: bytes})}``."""
-    groups: dict = {}
-    for p, packed in per_pane.items():
-        for g, (key, data) in packed.items():
-            groups.setdefault(g, (key, {}))[1][p] = data
-    return {g: (key, pickle.dumps(by_pane, pickle.HIGHEST_PROTOCOL)) for g, (key, by_pane) in sorted(groups.items())}
 
 
 def released(pending: list, watermark: int) -> tuple[list, list]:

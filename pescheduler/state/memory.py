@@ -70,16 +70,14 @@ class MemoryState(KeyedState):
 
     backend = "memory"
 
-    def __init__(self, group_of: GroupMemo | None = None) -> None:
-        """``group_of``: a memo of key groups shared with other states of the same keys (a
-        window's panes: a key's group is computed once, not once per pane)."""
+    def __init__(self) -> None:
         self._tables: list[dict] = [{} for _ in range(KEY_GROUPS)]
         self._shared: set[int] = set()      # groups a live view still reads: copy before writing
         self._changed: set[int] = set()
         self._written: dict = {}            # key -> value put since the snapshot (see writable)
         # A keyed operator asks for a key's group once per tuple: remembered, not recomputed.
         # Holds the keys held or asked for (a key deleted or moved away is forgotten).
-        self._group = GroupMemo() if group_of is None else group_of
+        self._group = GroupMemo()
         self._of = self._group._of
         self._deleted: set = set()          # keys deleted since the snapshot (Changes.keys with _written)
         self._whole: set[int] = set()       # groups replaced whole since the snapshot

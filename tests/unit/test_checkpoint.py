@@ -14,7 +14,7 @@ import pytest
 
 import pescheduler
 
-from pescheduler.operators.window import Window
+from pescheduler.state.groups import unpack_namespaced
 from pescheduler import Application
 from pescheduler.checkpoint import CheckpointCoordinator, CheckpointStore
 from pescheduler.checkpoint.restore import load_states
@@ -365,12 +365,12 @@ def test_a_checkpoint_of_a_two_instance_window_restores_onto_three_instances_exa
     coord._store(1, worker_written(store, 1, results), two, 0.0, 0.1, threading.Event())
 
     restored = load_states(store, 1, three)
-    whole = Window.panes(window("win"))
+    whole = unpack_namespaced(window("win")["groups"])
     owners3 = three.routes["win"].owners()
     assert len(three.instances("win")) == 3
     seen: dict = {}
     for inst in three.instances("win"):
-        panes = Window.panes(restored[inst]["state"])
+        panes = unpack_namespaced(restored[inst]["state"]["groups"])
         for pane, by_key in panes.items():
             for key, agg in by_key.items():
                 assert owners3[key_group(key)] == inst                  # only key groups it owns now

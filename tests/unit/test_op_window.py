@@ -3,15 +3,14 @@
 import math
 import statistics
 
-import dask.config
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from pescheduler.state.groups import unpack_namespaced
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
 from pescheduler.operators.window import Window
 from pescheduler.testing import run_operators
-from pescheduler.wire import key_group
 
 MAX_DELAY = 10
 AGGS = {"n": ("count", "v"), "total": ("sum", "v"), "mean": ("avg", "v"), "lo": ("min", "v"),
@@ -197,78 +196,5 @@ def test_late_boundary_and_pane_cleanup():
     window.on_watermark(19, out)
     window.process(ev[3:], out)
     window.on_watermark(29, out)
-    assert list(Window.panes(window.snapshot())) == [30]     # fired panes are forgotten
+    assert list(unpack_namespaced(window.snapshot()["groups"])) == [30]     # fired panes are forgotten
     assert [r["window_start"] for r in out] == [0, 20]
-
-
-# -- panes in the keyed-state backend (pescheduler/state/) ------------------------------------
-
-def _opened(window):
-    window.open(OperatorContext("w", key_field="k"))
-    return window
-
-
-def test_panes_live_in_the_backend_and_a_snapshot_is_left_alone_by_the_in_place_hot_path():
-    """Each pane is a keyed state: a tuple after a snapshot marks only its key's group changed, and
-    the slots it changes in place are not the snapshot's (a restore does not see the tuple)."""
-    window, out = _opened(Window(10, aggregates={"s": ("sum", "v")}, key="k")), Emitter()
-    window.process([{"k": k, "v": 1, "ts": ts} for ts, k in enumerate("abab")], out)
-    snap = window.snapshot()
-    pane = window._panes[0]
-    assert pane.changed() == set() and sorted(pane.groups()) == sorted({key_group("a"), key_group("b")})
-    window.process([{"k": "b", "v": 100, "ts": 5}], out)
-    assert pane.changed() == {key_group("b")}
-    window.on_watermark(MAX_WATERMARK, out)
-    assert sorted(r["s"] for r in out) == [2, 102]
-    fresh, again = _opened(Window(10, aggregates={"s": ("sum", "v")}, key="k")), Emitter()
-    fresh.restore(snap)
-    fresh.on_watermark(MAX_WATERMARK, again)
-    assert sorted(r["s"] for r in again) == [2, 2]
-
-
-def test_a_restore_imports_whole_key_groups_into_each_pane():
-    """A split part restores into panes holding only its key groups, each pane a backend state."""
-    window = _opened(Window(20, 10, AGGS))
-    window.process([{"k": f"k{i}", "v": i, "ts": i % 30} for i in range(500)], Emitter())
-    snap = window.snapshot()
-    even = lambda k: key_group(k) % 2 == 0       # noqa: E731
-    half = _opened(Window(20, 10, AGGS))
-    half.restore(window.split_state(snap, even))
-    assert sorted(half._panes) == [0, 10, 20]
-    for p, pane in half._panes.items():
-        assert pane.groups() and all(g % 2 == 0 for g in pane.groups())
-        assert dict(Window.panes(window.split_state(snap, even))[p]) == {
-            k: s for g in pane.groups() for k, (_seq, s) in pane.items(g)}
-
-
-@pytest.fixture
-def on_disk(tmp_path):
-    with dask.config.set({"pescheduler.state.backend": "disk", "pescheduler.state.dir": str(tmp_path)}):
-        yield tmp_path
-
-
-def test_the_disk_backend_gives_what_memory_gives_across_a_split_and_merge(on_disk):
-    """The copies test (split in two, merged back) with every pane's keys in RocksDB."""
-    from test_op_window_copies import test_split_in_two_then_merged_back_fires_what_one_instance_fires as copies
-
-    window = _opened(Window(60, 20, AGGS))
-    window.process([{"k": "a", "v": 1, "ts": 5}], Emitter())
-    assert window._panes[0].backend == "disk" and window._panes[0].get("a") is not None
-    window.on_watermark(MAX_WATERMARK, Emitter())
-    assert window._panes == {} and not any(on_disk.rglob("CURRENT"))    # a fired pane's store is gone
-    copies("window")
-
-
-def test_the_disk_backend_matches_the_reference_and_compacts_a_removed_query(on_disk):
-    events = [{"k": f"k{i % 9}", "v": i % 5, "ts": 3 * i - (i % 4)} for i in range(300)]
-    result = run_operators(events, Window(30, 10, AGGS), batch_size=17, max_delay=MAX_DELAY, key_field="k")
-    rows, _late, _dead = reference(events, 17, 30, 10)
-    assert_rows_equal(result.output, rows)          # in the same order as in memory
-    window = _opened(Window(10, queries={"a": {"n": "count"}, "b": {"m": ("max", "v")}}))
-    window.process([{"k": "x", "v": 5, "ts": 1}], Emitter())
-    assert window._panes[0].backend == "disk"
-    window.remove_query("a")
-    window.process([{"k": "x", "v": 7, "ts": 3}], Emitter())
-    out = Emitter()
-    window.on_watermark(MAX_WATERMARK, out)
-    assert out == [("b", {"k": "x", "window_start": 0, "window_end": 10, "m": 7})]

@@ -4,6 +4,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pescheduler.state.groups import unpack_namespaced
 from pescheduler.operator import MAX_WATERMARK, Emitter
 from pescheduler.operators.window import Window
 
@@ -106,7 +107,5 @@ def test_columnar_window_matches_the_row_window_over_batches_with_their_own_dict
 
 
 def _as_dicts(snapshot: dict) -> dict:
-    """A window snapshot's panes unpacked (packed bytes differ in pickle's memo references; columnar
-    panes are packed apart from the keyed state's records) and its window fields."""
-    fields = ("layout", "size", "slide", "watermark", "fired_end")
-    return {**{f: snapshot[f] for f in fields}, "panes": Window.panes(snapshot)}
+    """A window snapshot with its key groups unpacked: packed bytes differ in pickle's memo references."""
+    return {**snapshot, "groups": unpack_namespaced(snapshot["groups"])}
