@@ -17,6 +17,11 @@ event still to come (they all have ``ts > watermark``) can extend it. Sessions
 that fire together come in order of ``window_end``, then ``window_start``,
 then the order their keys opened a session. End of stream fires every session.
 
+State: each key's ``[seq, sessions]`` lives in the deployment's keyed state backend
+(``pescheduler.state``: memory or disk), so a snapshot holds whole key groups and a
+rescale moves key groups (docs/state.md). The firing timers (a heap of session ends)
+stay in memory and are rebuilt from the sessions at a restore.
+
 Late events: an event with ``ts <= watermark`` on arrival goes to the ``late``
 side output. (It could only have extended a session that may have fired.)
 Equal timestamps are simply in the same session. A tuple that cannot be
@@ -26,12 +31,15 @@ aggregated is dead-lettered alone.
 from __future__ import annotations
 
 import heapq
+import itertools
 from bisect import insort
 from operator import itemgetter
 from typing import Any, Callable, Iterable
 
 from pescheduler.operator import MIN_WATERMARK
-from pescheduler.operator import Emitter
+from pescheduler.operator import Emitter, OperatorContext
+from pescheduler.state import MemoryState, adopt
+from pescheduler.state.groups import merge_groups, restore_groups, snapshot_groups, split_groups
 from pescheduler.timeutil import parse_duration
 
 from .window import AggregatingWindow
@@ -47,101 +55,132 @@ class SessionWindow(AggregatingWindow):
         self.gap = parse_duration(gap)
         if self.gap <= 0:
             raise ValueError(f"a session gap must be positive, got gap={gap!r}")
-        self._sessions: dict[Any, list] = {}   # key -> [[start, end, slots]] by start, disjoint
-        self._seq: dict[Any, int] = {}         # key -> order it opened a session (ties on firing)
-        self._by_seq: dict[int, Any] = {}
+        # key -> [seq, [[start, end, slots]] by start, disjoint], seq the order the key opened a
+        # session (ties on firing); in memory until open() moves it to the deployment's backend
+        self._keys = MemoryState()
+        self._cache: dict = {}                 # disk: this batch's records, put back at its end
         self._next_seq = 0
-        self._heap: list = []                  # (end, start, seq) to fire; stale entries skipped
+        self._heap: list = []                  # (end, start, seq, n, key) to fire; stale ones skipped
+        self._pushes = itertools.count()       # n: ties of equal seq (merged copies) never compare keys
         self._wm = MIN_WATERMARK
         self._init_aggregates(aggregates, queries, key, ts_field)
 
+    def open(self, context: OperatorContext) -> None:
+        super().open(context)
+        self._keys = adopt(context, self._keys)
+
     def _slot_lists(self) -> Iterable[list]:
-        return (s[2] for sessions in self._sessions.values() for s in sessions)
+        """Every slot list; each group's records are put back once changed (disk values are copies)."""
+        keys = self._keys
+        for g in keys.groups():
+            entries = [(k, keys.get(k)) for k, _r in list(keys.items(g))]   # get: not a view's
+            for _k, (_seq, sessions) in entries:
+                yield from (s[2] for s in sessions)
+            for k, record in entries:
+                keys.put(k, record)
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
         ts_f, wm, key_of, gap = self.ts_field, self._wm, self._key_of, self.gap
+        written = self._keys.writable()         # memory: records put since the snapshot, in place
+        hot = self._cache if written is None else written
         for t in batch:
             try:
                 ts, k = t[ts_f], key_of(t)
                 if ts <= wm:
                     emit.to("late", t)
                     continue
-                self._place(k, ts, ts + gap, t)
+                record = hot.get(k)
+                if record is not None:
+                    self._place(k, ts, ts + gap, t, record)
+                    continue
+                record = self._record(k)
+                self._place(k, ts, ts + gap, t, record)
+                self._keep(k, record)
             except Exception as exc:            # _place changes nothing when it raises
                 emit.dead_letter(t, exc)
+        for k, record in self._cache.items():   # disk: the batch's records go back
+            self._keys.put(k, record)
+        self._cache = {}
 
-    def _place(self, k: Any, ts: int, end: int, t: Any) -> None:
+    def _record(self, k: Any) -> list:
+        """``k``'s record from the backend, or a new one for a new key."""
+        record = self._keys.get(k)
+        if record is None:
+            record = [self._next_seq, []]
+            self._next_seq += 1
+        return record
+
+    def _keep(self, k: Any, record: list) -> None:
+        """Make ``k``'s record writable in place: put (memory), or this batch's (disk)."""
+        if self._keys.writable() is None:
+            self._cache[k] = record
+        else:
+            self._keys.put(k, record)
+
+    def _place(self, k: Any, ts: int, end: int, t: Any, record: list) -> None:
         """Fold ``t`` into the sessions of ``k`` that ``[ts, end)`` overlaps, merging them."""
-        sessions = self._sessions.get(k)
+        sessions = record[1]
         hit = [s for s in sessions if s[0] < end and ts < s[1]] if sessions else []
         if len(hit) == 1:                       # the common case: extend one session in place
             s = hit[0]
             self._fold(s[2], t)
             if ts < s[0] or end > s[1]:
                 s[0], s[1] = min(s[0], ts), max(s[1], end)
-                self._schedule(k, s)
+                self._schedule(k, record[0], s)
             return
         slots = self._fold(None, t)
         for s in hit:
             slots = self._merge(s[2], slots)
         start = min([ts] + [s[0] for s in hit])
         end = max([end] + [s[1] for s in hit])
-        if sessions is None:
-            sessions = self._sessions[k] = []
-            self._seq[k], self._by_seq[self._next_seq] = self._next_seq, k
-            self._next_seq += 1
         for s in hit:
             sessions.remove(s)
         session = [start, end, slots]
         insort(sessions, session, key=itemgetter(0))
-        self._schedule(k, session)
+        self._schedule(k, record[0], session)
 
-    def _schedule(self, k: Any, session: list) -> None:
-        heapq.heappush(self._heap, (session[1], session[0], self._seq[k]))
+    def _schedule(self, k: Any, seq: int, session: list) -> None:
+        heapq.heappush(self._heap, (session[1], session[0], seq, next(self._pushes), k))
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
-        heap, out = self._heap, emit.append
+        heap, out, keys = self._heap, emit.append, self._keys
         while heap and heap[0][0] - 1 <= watermark:
-            end, start, seq = heapq.heappop(heap)
-            k = self._by_seq.get(seq)
-            sessions = self._sessions.get(k) if seq in self._by_seq else None
-            live = [s for s in sessions or () if s[0] == start and s[1] == end]
+            end, start, _seq, _n, k = heapq.heappop(heap)
+            record = keys.get(k)
+            live = [s for s in record[1] if s[0] == start and s[1] == end] if record else None
             if not live:
                 continue                        # stale: the session grew or merged since
-            sessions.remove(live[0])
+            record[1].remove(live[0])
             self._emit([(k, live[0][2])], start, end, out)
-            if not sessions:
-                del self._sessions[k], self._seq[k], self._by_seq[seq]
+            keys.put(k, record) if record[1] else keys.delete(k)
 
     # -- state --------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """Open sessions (slots copied), key order and watermark; the heap is rebuilt."""
+        """Open sessions as whole key groups (packed: a copy), key order and watermark; the
+        timers are rebuilt from the sessions at a restore."""
         return {"layout": self.plan.layout, "gap": self.gap, "watermark": self._wm,
-                "next_seq": self._next_seq,
-                "sessions": [(k, self._seq[k], [[a, b, list(s)] for a, b, s in v])
-                             for k, v in self._sessions.items()]}
+                "next_seq": self._next_seq, "groups": snapshot_groups(self._keys)}
 
     def restore(self, state: dict) -> None:
         self._check_state(state, gap=self.gap)
         self._wm, self._next_seq = state["watermark"], state["next_seq"]
-        self._sessions, self._seq, self._by_seq, self._heap = {}, {}, {}, []
-        for k, seq, sessions in state["sessions"]:
-            self._sessions[k] = [[a, b, list(s)] for a, b, s in sessions]
-            self._seq[k], self._by_seq[seq] = seq, k
-            for session in self._sessions[k]:
-                self._schedule(k, session)
+        restore_groups(self._keys, state["groups"])
+        self._heap = []
+        for g in self._keys.groups():           # the timers: one per open session
+            for k, (seq, sessions) in self._keys.items(g):
+                for session in sessions:
+                    self._schedule(k, seq, session)
 
     # -- copies: key groups move with their sessions ------------------------------------------
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
-        """The sessions of the keys where ``owns(key)``."""
-        return {**state, "sessions": [entry for entry in state["sessions"] if owns(entry[0])]}
+        """The key groups where ``owns(key)``, with their sessions."""
+        return {**state, "groups": split_groups(state["groups"], owns)}
 
     def merge_states(self, states: list) -> dict:
-        """Every instance's sessions (disjoint keys) at the least advanced watermark; keys are
-        renumbered in their old order, so ties on firing still break one way."""
-        entries = sorted((e for s in states for e in s["sessions"]), key=itemgetter(1))
+        """Every instance's key groups (disjoint) at the least advanced watermark; keys keep their
+        order numbers (equal ones, of different copies, fire in an order of their own)."""
         return {**states[0], "watermark": min(s["watermark"] for s in states),
-                "next_seq": len(entries),
-                "sessions": [(k, seq, sessions) for seq, (k, _, sessions) in enumerate(entries)]}
+                "next_seq": max(s["next_seq"] for s in states),
+                "groups": merge_groups([s["groups"] for s in states])}

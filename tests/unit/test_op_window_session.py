@@ -72,7 +72,7 @@ def test_gap_boundary_equal_timestamps_and_bridging_event():
     window.process([{"k": "a", "v": 1, "ts": 0}, {"k": "a", "v": 2, "ts": 0},   # same ts: one session
                     {"k": "a", "v": 3, "ts": 10},                               # exactly gap: a new one
                     {"k": "a", "v": 4, "ts": 25}], out)
-    assert [(s[0], s[1]) for s in window._sessions["a"]] == [(0, 10), (10, 20), (25, 35)]
+    assert [(s[0], s[1]) for s in window._keys.get("a")[1]] == [(0, 10), (10, 20), (25, 35)]
     window.process([{"k": "a", "v": 5, "ts": 18}], out)                         # bridges 10.. and 25..
     window.on_watermark(MAX_WATERMARK, out)
     assert out == [{"k": "a", "window_start": 0, "window_end": 10, "n": 2, "s": 3},
@@ -94,3 +94,37 @@ def test_fires_when_the_watermark_reaches_the_end_and_late_goes_aside():
         SessionWindow(0)
     with pytest.raises(ValueError, match="cannot be restored"):
         SessionWindow(5, {"n": "count"}).restore(window.snapshot())
+
+
+# -- sessions in the keyed-state backend (pescheduler/state/) ----------------------------------
+
+def test_sessions_live_in_the_backend_and_a_split_selects_key_groups():
+    """A key's sessions are a backend record: a tuple after a snapshot marks only its group, and a
+    split asks about key groups, not keys."""
+    from pescheduler.operator import OperatorContext
+    from pescheduler.wire import KEY_GROUPS, key_group
+
+    window = SessionWindow(10, {"n": "count"}, key="k")
+    window.open(OperatorContext("w", key_field="k"))
+    window.process([{"k": f"k{i}", "ts": i % 5} for i in range(1000)], Emitter())
+    snap = window.snapshot()
+    window.process([{"k": "k7", "ts": 6}], Emitter())
+    assert window._keys.changed() == {key_group("k7")}
+    asked = []
+    part = window.split_state(snap, lambda k: asked.append(k) or key_group(k) % 2 == 0)
+    assert 0 < len(asked) <= KEY_GROUPS and all(g % 2 == 0 for g in part["groups"])
+
+
+def test_the_disk_backend_gives_what_memory_gives_across_a_split_and_merge(tmp_path):
+    import dask.config
+
+    from pescheduler.operator import OperatorContext
+    from test_op_window_copies import test_split_in_two_then_merged_back_fires_what_one_instance_fires as copies
+
+    with dask.config.set({"pescheduler.state.backend": "disk", "pescheduler.state.dir": str(tmp_path)}):
+        window = SessionWindow(4, {"n": "count"}, key="k")
+        window.open(OperatorContext("w", key_field="k"))
+        window.process([{"k": "a", "ts": 1}], Emitter())
+        assert window._keys.backend == "disk" and window._keys.get("a")[1][0][:2] == [1, 5]
+        copies("session")
+        copies("shared")
