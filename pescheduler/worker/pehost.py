@@ -31,6 +31,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from . import handshake
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
 from .channels import ChannelIn, FrameReceiver, Inbox
+from .handover import HandOvers, exported
 from .handshake import Credentials, tls_contexts
 from ..state.settings import remove_stores
 from ..plugins import activate
@@ -131,6 +132,7 @@ class PEHost:
         self.checkpointing: set[str] = set()         # deployments that take checkpoints
         self.state_backends: dict[str, str] = {}     # deployment -> its keyed-state backend
         self.client_ssl = None                       # TLS context for channels we open (None: plain)
+        self.handovers = HandOvers(self._of, lambda address: self.worker.rpc(address), lambda: self.worker.address)
         self.changes = Changes()             # bumped whenever a PE changes state; the waits below
         self.arrivals = Changes()            # bumped whenever receivers are added (see _expect)
         self.warm_threads: list[ThreadPoolExecutor] = []   # standard slots' threads, started idle
@@ -152,6 +154,7 @@ class PEHost:
         self.data_address = f"{ip}:{port}"
         for name in HANDLERS:
             self.worker.handlers[name] = getattr(self, name)
+        self.worker.handlers.update(self.handovers.handlers())
 
     async def close(self) -> None:
         await self.pe_stop()
@@ -243,6 +246,7 @@ class PEHost:
         made = []
         for spec in specs:
             assert isinstance(spec, PESpec)
+            await self.handovers.resolve(spec)          # a new instance's key groups, from their old owner
             spare = self.warm_threads.pop() if spec.pe_id in spec.copies and self.warm_threads else None
             pe = PERunner(spec, self.worker.address, on_change=self._bump, spare_thread=spare)
             pe.credentials = self._credentials(spec.deployment)
@@ -366,16 +370,22 @@ class PEHost:
     async def pe_rewire(self, deployment: str, pe_id: str, outputs: bytes = b"",
                         remove_outputs: list[str] = (), add_inputs: bytes = b"",
                         remove_inputs: list[str] = (), edges: bytes = b"", routing: bytes = b"",
-                        copies: dict[str, str] | None = None) -> dict:
+                        copies: dict[str, str] | None = None, handover: list[dict] = ()) -> dict:
         """Change a PE that stays: new inputs registered (``edges``: its operators' inputs now),
-        held outputs re-pointed, routers re-built (``routing``, ``copies``: copies came or went).
+        held outputs re-pointed, routers re-built (``routing``, ``copies``: copies came or went);
+        ``handover``: key-group moves its instances export as its routers switch (handover.py).
         Answers the milliseconds of each part (:class:`Laps`)."""
         laps = Laps()
         pe = self._of(deployment)[pe_id]
+        parts = []
         await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
                         cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
                         cloudpickle.loads(edges) if edges else None, cloudpickle.loads(routing) if routing else None,
-                        copies, (self._receiver, self.data_address, self._expect), laps.lap)
+                        copies, (self._receiver, self.data_address, self._expect), laps.lap,
+                        before=lambda: parts.extend((m, exported(pe, m)) for m in handover))
+        if parts:
+            await self.handovers.send(deployment, parts)
+            laps.lap("handover")
         self.arrivals.bump()                     # channels to the new inputs that were waiting go on
         laps.lap("inputs")
         await pe.opened()                        # outside the turn: the PE goes on meanwhile
@@ -453,6 +463,7 @@ class PEHost:
             self.checkpointing.discard(deployment)
             self.state_backends.pop(deployment, None)
             remove_stores(deployment)                   # its operators' disk state (docs/state.md)
+            self.handovers.forget(deployment)
         self._bump()
         return stopped
 
