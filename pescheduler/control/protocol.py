@@ -16,15 +16,27 @@ same keep running untouched; the others are *retired* and replaced by
    so they have processed all of it before any data of the new PEs exists.
    The drain fails only when nothing ahead of the markers moves for the
    timeout (``_wait_drained``).
-3. **Snapshot** the retired PEs' operator state, watermark progress and source
-   positions, and stop them.
+3. **Hand over key groups, snapshot** the retired PEs' operator state, watermark
+   progress and source positions, and stop them. A KEYED operator's instances
+   in retired PEs first send the key groups that change owner straight to their
+   new owners' workers (``worker/handover.py``; a running owner imports them
+   now, a created one is built from them), so the snapshot that reaches this
+   process holds none of that state.
 4. **Re-wire and restore**, in one round of parallel calls: created PEs are
-   built from the snapshots and started, downstream PEs register the new input
-   channels, upstream PEs point their held channels at the created PEs and
-   re-send what they held. A channel whose receiver is not there yet waits
-   for it at the receiving worker; data never reaches a receiver before it
-   exists, so no call needs another's answer.
+   built from the snapshots (and the handed-over groups) and started,
+   downstream PEs register the new input channels, upstream PEs point their
+   held channels at the created PEs, switch their routers and re-send what
+   they held; a KEYED instance that stays and gives groups to a new copy
+   exports them in that very turn of its PE (it runs the routers:
+   ``group_moves``). A channel whose receiver is not there yet waits for it at
+   the receiving worker; data never reaches a receiver before it exists, so no
+   call needs another's answer.
 5. **Resume.**
+
+PEs of a KEYED operator's instances that keep their worker are not replaced
+(a Replicate leaves the original running; a Release retires only the copy),
+unless one of them would give groups to another copy outside its routers' PE:
+then every instance is replaced and the state re-split here (``keyed_rebalanced``).
 
 Nothing before the marker is processed by a new PE and nothing after it by an
 old one, so no tuple is lost or duplicated, and per-key order holds because
