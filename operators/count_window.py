@@ -38,7 +38,7 @@ from pescheduler.operator import Emitter, OperatorContext
 from pescheduler.state import MemoryState
 from pescheduler.state import adopt
 from pescheduler.state import key_group
-from pescheduler.state.groups import merge_groups, restore_groups, snapshot_groups, split_groups
+from pescheduler.state.groups import PackedOnPickle, merge_groups, restore_groups, snapshot_groups, split_groups
 
 from .window import AggregatingWindow
 
@@ -159,15 +159,13 @@ class CountWindow(AggregatingWindow):
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their
         panes and waiting tuples in :meth:`snapshot`'s form, removed here; the groups that stay
-        are not read."""
-        moving = [g for g in self._keys.groups() if g in groups]
-        one_key = {g: next(iter(self._keys.items(g)))[0] for g in moving}
-        packed = self._keys.export_groups(moving)
-        self._keys.drop_groups(moving)
+        are not read, and the moving ones are packed only when the part is pickled."""
+        taken = self._keys.take_groups(groups)        # packed when the part is pickled, off the turn
         leaving = [p for p in self._pending if key_group(p[1]) in groups]
         self._pending = [p for p in self._pending if key_group(p[1]) not in groups]
         return {"layout": self.plan.layout, "count": self.count, "slide": self.slide, "watermark": self._wm,
-                "pending": leaving, "groups": {g: (one_key[g], packed[g]) for g in moving}}
+                "pending": leaving, "groups": {g: (next(iter(entries)), PackedOnPickle(entries))
+                                               for g, entries in taken.items()}}
 
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported (:meth:`export_groups`) join this running one;

@@ -36,6 +36,17 @@ def restore_groups(state: KeyedState, groups: Groups) -> None:
     state.import_groups({g: data for g, (_key, data) in groups.items()})
 
 
+class PackedOnPickle:
+    """A key group's entries that become :func:`pack_group`'s bytes when pickled (they unpickle
+    as those bytes): a rescale exports groups in the PE's turn and packs them later, off it."""
+
+    def __init__(self, entries: dict) -> None:
+        self.entries = entries
+
+    def __reduce__(self):
+        return bytes, (pack_group(self.entries.items()),)
+
+
 def split_groups(groups: Groups, owns: Callable[[Any], bool]) -> Groups:
     """The key groups whose keys ``owns``."""
     return {g: kd for g, kd in groups.items() if owns(kd[0])}

@@ -94,7 +94,7 @@ class HandOvers:
         """Each exported part to its new owner's worker (this one: directly); the bytes sent."""
         sizes = []
         for move, part in parts:
-            blob = cloudpickle.dumps(part)
+            blob = await asyncio.to_thread(cloudpickle.dumps, part)    # off the loop the PEs run on
             sizes.append(len(blob))
             if move["dst_worker"] == self.address():
                 await self.pe_handover_put(deployment, move, blob)

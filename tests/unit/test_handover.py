@@ -17,6 +17,8 @@ from pescheduler.plan.transforms import transform
 from pescheduler.plan.wiring import channel_ids
 from pescheduler.plugins import load_plugins
 from pescheduler.testing import run_operators
+from pescheduler.state import MemoryState, pack_group
+from pescheduler.state.groups import PackedOnPickle
 from pescheduler.wire import KEY_GROUPS, PESpec, key_group
 from pescheduler.worker.handover import HandOvers, export_groups, import_groups
 
@@ -132,3 +134,17 @@ def test_a_new_instance_is_built_once_every_part_handed_to_it_is_here():
         return spec.restore["w#2"]
     restored = asyncio.run(scenario())
     assert restored["state"] == {"a": 1, "b": 2} and restored["progress"][:2] == ({"u": 3}, 3)
+
+
+def test_taken_groups_leave_the_state_at_once_and_are_packed_only_when_pickled():
+    state = MemoryState()
+    for i in range(1000):
+        state.put(f"car-{i}", [i])
+    view = state.snapshot()                       # a checkpoint's view still reads them
+    moving = set(state.groups()[::2])
+    taken = state.take_groups(moving)
+    assert set(taken) == moving and not moving & set(state.groups())
+    assert all(state.get(k) is None for g in moving for k in taken[g])
+    assert all(dict(view.items(g)) == taken[g] for g in moving)
+    g = min(moving)
+    assert cloudpickle.loads(cloudpickle.dumps(PackedOnPickle(taken[g]))) == pack_group(taken[g].items())
