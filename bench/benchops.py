@@ -432,6 +432,29 @@ class Latency(Throughput):
                          "latencies": self.latencies.tobytes()}, f)
 
 
+class Burst(Operator):
+    """Passes tuples on; once ``after`` have passed, emits ``keys`` results at once, each stamped
+    with the moment of the fire (``sent``), as a window firing ``keys`` keys does (the results are
+    made in ``open()``, so the fire itself costs only their stamps): bench/latency.py's fire part."""
+
+    name = "burst"
+
+    def __init__(self, keys: int, after: int = 1000) -> None:
+        self.keys, self.after, self.seen = keys, after, 0
+
+    def open(self, context) -> None:
+        self.results = [{"key": i, "sent": 0.0} for i in range(self.keys)]
+
+    def process(self, batch, emit):
+        emit.many(batch)
+        before, self.seen = self.seen, self.seen + len(batch)
+        if before < self.after <= self.seen:
+            now = time.monotonic()
+            for r in self.results:
+                r["sent"] = now
+            emit.many(self.results)
+
+
 class EveryKey(Source):
     """``{"key": i, "ts": i, "v": 1}`` once for each of ``keys`` keys, then nothing until the file
     ``until`` exists, then the end: keyed state of ``keys`` keys held while a benchmark works on
@@ -463,5 +486,5 @@ class EveryKey(Source):
 @pescheduler.hookimpl
 def pescheduler_operators():
     return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck, Latency,
-            EveryKey]
+            EveryKey, Burst]
 

@@ -1,6 +1,6 @@
 """Keyed state benchmark: the memory and disk backends against plain dicts, and what moves on a rescale.
 
-    python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3]
+    python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3,4]
 
 For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figures from it:
 
@@ -22,7 +22,13 @@ For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figu
      snapshot also computes every key's group (later ones remember them).
   3. Live: a count window holding K keys on a 2-worker embedded cluster,
      per backend: Replicate and Release pause (``ApplyRecord.pause_ms``), the last checkpoint's
-     duration and bytes, the largest worker RSS and this (deploying) process's RSS.
+     duration, bytes written and bytes referenced, the largest worker RSS and this (deploying)
+     process's RSS.
+  4. Checkpoints of keyed state (in-process, one (backend, K) per process): the PE's stall at the
+     barrier (its synchronous part: before, the key groups packed and pickled there; now, a view
+     set aside), the worker's write of a full checkpoint and of one after 1 % of the keys changed
+     (time, bytes, their ratio), and a restore: the deploying process's part (time, RSS growth:
+     it holds references, not state) and the worker's (read, check, apply deltas, import).
 
 Figures on a loaded machine are only comparable as ratios within one run.
 """
@@ -122,8 +128,15 @@ def backends(sizes: list[int]) -> None:
 
 
 def child(backend: str, k: int, root: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--one", backend, str(k), root],
-                         capture_output=True, text=True, check=True, timeout=3600)
+    return child_of("--one", backend, k, root)
+
+
+def child_of(part: str, backend: str, k: int, root: str) -> dict:
+    """A part's figures for one (backend, K), measured in a fresh process."""
+    out = subprocess.run([sys.executable, __file__, part, backend, str(k), root],
+                         capture_output=True, text=True, timeout=3600)
+    if out.returncode:
+        raise RuntimeError(f"{part} {backend} {k} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -171,7 +184,7 @@ def live(sizes: list[int]) -> None:
 
     print("\n3. live: count window of K keys on 2 workers; checkpoints every 1 s")
     print(f"{'K':>9} {'backend':8} {'Replicate ms':>13} {'Release ms':>11} {'ckpt s':>7} {'ckpt MB':>8} "
-          f"{'worker RSS MB':>14} {'deployer RSS MB':>16}")
+          f"{'state MB':>9} {'worker RSS MB':>14} {'deployer RSS MB':>16}")
     for k in sizes:
         for backend in ("memory", "disk"):
             with tempfile.TemporaryDirectory() as tmp:
@@ -186,14 +199,116 @@ def live(sizes: list[int]) -> None:
                     rep, rel = dep.apply(Replicate(op, 1)), dep.apply(Release(op, 1))
                     assert rep.applied and rel.applied, (rep.reason, rel.reason)
                     seen = len(dep.checkpoints())
-                    wait_for(dep, lambda s: len(dep.checkpoints()) >= seen + 2)
+                    wait_for(dep, lambda s: len(dep.checkpoints()) >= seen + 3)
                     last = dep.checkpoints()[-1]
                     worker_rss = max(w.memory_bytes for w in dep.snapshot().workers.values())
                     open(until, "w").close()
                     dep.wait(timeout=600)
                 print(f"{k:9d} {backend:8} {rep.pause_ms:13.1f} {rel.pause_ms:11.1f} {last['duration_s']:7.2f} "
-                      f"{last['bytes'] / 1e6:8.2f} {worker_rss / 2**20:14.0f} {rss_bytes() / 2**20:16.0f}")
+                      f"{last['bytes'] / 1e6:8.2f} {last['state_bytes'] / 1e6:9.2f} {worker_rss / 2**20:14.0f} "
+                      f"{rss_bytes() / 2**20:16.0f}")
                 del snap
+
+
+# -- 4. checkpoints of keyed state: the barrier, the worker's writes, the restore -------------------
+
+def one_checkpoint(backend: str, k: int, root: str) -> dict:
+    """Part 4 for one backend and K (run in a child process, so its RSS is its own)."""
+    import cloudpickle
+    import dask.config
+
+    from pescheduler.checkpoint import CheckpointStore
+    from pescheduler.state import open_state
+    from pescheduler.state.groups import restore_groups, snapshot_groups
+    from pescheduler.worker.ckpt_files import CheckpointFiles
+
+    dask.config.set({"pescheduler.state.dir": root, "pescheduler.state.cache": "256MB"})   # this process's
+    st = open_state(backend, owner=f"ckpt-{k}")
+    keys = keys_of(k)
+    for key in keys:
+        st.put(key, list(VALUE))
+    before = timed(lambda: cloudpickle.dumps({"op": {"groups": dict(snapshot_groups(st))}}))
+    store = CheckpointStore(os.path.join(root, f"ckpt-{backend}-{k}"), b"k" * 32)
+    files, out = CheckpointFiles(), {}
+    for cid in (1, 2):
+        if cid == 2:
+            for key in random.Random(cid).sample(keys, max(1, k // 100)):      # 1 % of the keys
+                st.put(key, [13, 0.0, 0.0, 0.0])
+        out[cid] = checkpoint_once(store, files, st, cid)
+    restored = open_state("memory")
+    rss0 = rss_bytes()
+    t0 = time.perf_counter()
+    saved = deploying_side(store, 2)
+    deploying_s, deploying_rss = time.perf_counter() - t0, rss_bytes() - rss0
+    from pescheduler.state.incremental import resolve_restore
+
+    worker_s = timed(lambda: (resolve_restore(saved), restore_groups(restored, saved["op"]["state"]["groups"])))
+    assert len(restored) == k                       # read from the storage, as a worker that lost its disk
+    from pescheduler.state.local import LocalCopies
+    from pescheduler.state.settings import deployment_dir
+
+    again, copies = deploying_side(store, 2), LocalCopies(deployment_dir("bench"))
+    local_s = timed(lambda: (resolve_restore(again, copies), restore_groups(restored, again["op"]["state"]["groups"])))
+    st.close()
+    return {"barrier_before_ms": before * 1000, "barrier_ms": out[1]["barrier_s"] * 1000,
+            "full_s": out[1]["write_s"], "full_bytes": out[1]["bytes"], "inc_s": out[2]["write_s"],
+            "inc_bytes": out[2]["bytes"], "state_bytes": out[2]["state_bytes"], "deploying_s": deploying_s,
+            "deploying_rss": deploying_rss, "worker_s": worker_s, "local_s": local_s}
+
+
+def checkpoint_once(store, files, st, cid: int) -> dict:
+    """One checkpoint as a PE and its worker take it: the barrier's part, then the worker's write."""
+    from pescheduler.state.groups import snapshot_groups
+    from pescheduler.state.incremental import pickle_snapshot
+
+    t0 = time.perf_counter()
+    blob, views = pickle_snapshot({"op": {"state": {"groups": snapshot_groups(st)}, "progress": None,
+                                          "driver": None}})
+    barrier = time.perf_counter() - t0
+    files.hold("bench", cid, "pe", {"state": blob, "views": views, "positions": {}})
+    t0 = time.perf_counter()
+    written = files.write("bench", cid, ["pe"], store.url)["pe"]["files"]
+    write = time.perf_counter() - t0
+    store.commit_manifest(cid, {"id": cid, "files": written})
+    files.end("bench", cid, complete=True)
+    return {"barrier_s": barrier, "write_s": write, "bytes": sum(f["bytes"] for f in written if f["chk"] == cid),
+            "state_bytes": sum(f["bytes"] for f in written)}
+
+
+def deploying_side(store, cid: int) -> dict:
+    """What the deploying process does to restore checkpoint ``cid`` (checkpoint/restore.py's _load
+    without the placement mapping): the manifest, the .state file, every key-group file hashed."""
+    import cloudpickle
+
+    from pescheduler.state.incremental import load_snapshot, with_entries
+
+    manifest = store.manifest(cid)
+    groups = [e for e in manifest["files"] if e["role"] == "group"]
+    for entry in groups:
+        store.files.check(entry, store.run)
+    state = next(e for e in manifest["files"] if e["role"] == "state")
+    blob = cloudpickle.loads(store.read(state, store.run))
+    ops = load_snapshot(blob["ops"], with_entries(blob["groups"], groups))
+    return {"op": {**ops["op"], "storage": store.storage}}
+
+
+def checkpoints(sizes: list[int]) -> None:
+    print("\n4. checkpoints of keyed state, one process per (backend, K)")
+    print("   barrier ms: the PE's synchronous part (before: packed and pickled there; now: a view set aside)")
+    print("   full / 1%: the worker's write of the first checkpoint / of one after 1 % of keys changed")
+    print("   restore: the deploying process's part (s, RSS growth) and the worker's read and import, from the")
+    print("   storage and from its own copies (local recovery)")
+    print(f"{'K':>9} {'backend':8} {'barrier before':>15} {'barrier now':>12} {'full s':>7} {'full MB':>8} "
+          f"{'1% s':>6} {'1% MB':>7} {'1%/full':>8} {'deployer s':>11} {'deployer RSS MB':>16} {'worker s':>9} "
+          f"{'local s':>8}")
+    with tempfile.TemporaryDirectory() as root:
+        for k in sizes:
+            for backend in ("memory", "disk"):
+                r = child_of("--checkpoint", backend, k, root)
+                print(f"{k:9d} {backend:8} {r['barrier_before_ms']:15.1f} {r['barrier_ms']:12.2f} {r['full_s']:7.2f} "
+                      f"{r['full_bytes'] / 1e6:8.2f} {r['inc_s']:6.2f} {r['inc_bytes'] / 1e6:7.3f} "
+                      f"{r['inc_bytes'] / r['full_bytes']:8.3f} {r['deploying_s']:11.2f} "
+                      f"{r['deploying_rss'] / 2**20:16.1f} {r['worker_s']:9.2f} {r['local_s']:8.2f}")
 
 
 def wait_for(dep, predicate, timeout: float = 900):
@@ -206,21 +321,22 @@ def wait_for(dep, predicate, timeout: float = 900):
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--one":
-        print(json.dumps(one_backend(sys.argv[2], int(sys.argv[3]), sys.argv[4])))
+    if len(sys.argv) == 5 and sys.argv[1] in ("--one", "--checkpoint"):
+        one = one_backend if sys.argv[1] == "--one" else one_checkpoint
+        print(json.dumps(one(sys.argv[2], int(sys.argv[3]), sys.argv[4])))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", default="1000,10000,100000,1000000", help="comma-separated K")
     parser.add_argument("--huge", action="store_true", help="add K = 10^7 (minutes, GBs)")
     parser.add_argument("--quick", action="store_true", help="K = 10^3 and 10^4 only")
-    parser.add_argument("--parts", default="1,2,3", help="which parts to run (3: the deployments)")
+    parser.add_argument("--parts", default="1,2,3,4", help="which parts to run (3: the deployments)")
     args = parser.parse_args()
     sizes = [1000, 10_000] if args.quick else [int(x) for x in args.keys.split(",")]
     if args.huge:
         sizes.append(10**7)
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine: compare ratios)")
     parts = {int(p) for p in args.parts.split(",")}
-    for part, run in ((1, backends), (2, window_state), (3, live)):
+    for part, run in ((1, backends), (2, window_state), (3, live), (4, checkpoints)):
         if part in parts:
             run(sizes)
 

@@ -9,7 +9,8 @@ It registers through the ``pescheduler`` entry-point group
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by``, ``union`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
   (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`),
-  ``latest`` (:mod:`.latest`), ``process`` (keyed process functions with timers, :mod:`.process`)
+  ``latest`` (:mod:`.latest`), ``process`` (keyed process functions with timers, :mod:`.process`),
+  ``join_asof`` (:mod:`.join_asof`), ``lookup`` (:mod:`.lookup`)
 * sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`), ``kafka``, ``redis``,
   ``delta`` (:mod:`.delta`), ``iceberg`` (:mod:`.iceberg`)
 * the ends of ``pescheduler.ep`` queries: ``ep_schema`` and the sink ``ep_output`` (:mod:`.ep_io`);
@@ -39,8 +40,10 @@ from .ep_pattern import SharedPatterns
 from .ep_io import OutputProcessors, SchemaCheck
 from .iceberg import IcebergSink
 from .join import Join
+from .join_asof import AsofJoin
 from .kafka import KafkaSink, KafkaSource
 from .latest import Latest
+from .lookup import Lookup
 from .over_window import OverWindow
 from .pattern import Pattern
 from .postgres_cdc import PostgresCdcSource
@@ -55,6 +58,7 @@ OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStr
              SessionWindow, CountWindow, OverWindow, Join, Pattern, SchemaCheck, SharedFilter, QueryGroup, OverLanes, SharedPatterns, SharedCorrelations,
              JsonlSink, PrintSink, DiscardSink,
              Process,
+             AsofJoin, Lookup,
              ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors,
              FilesSource, DeltaSink, IcebergSink, PostgresCdcSource, Latest]
 

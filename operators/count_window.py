@@ -74,10 +74,10 @@ class CountWindow(AggregatingWindow):
 
     def _slot_lists(self) -> Iterable[list]:
         """Every key's slot lists; each group's keys are put back once changed (a disk backend's
-        values are copies)."""
+        values are copies; ``get`` copies a memory value a checkpoint's view may still be reading)."""
         keys = self._keys
         for g in keys.groups():
-            entries = list(keys.items(g))
+            entries = [(k, keys.get(k)) for k, _ in list(keys.items(g))]
             for _k, (panes, _first, _n, slots) in entries:
                 yield from (s for _, s in panes)
                 if slots is not None:

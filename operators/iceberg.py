@@ -32,6 +32,17 @@ class IcebergSink(TableSink):
     requires = ("pyiceberg", "pyarrow")
     install = "pescheduler[lakehouse]"
 
+    @staticmethod
+    def writes(params: dict) -> list[str]:
+        """What it writes, for the one-writer check at deploy (``plan/outputs.py``): the table in a
+        SQLite catalog's file, ``<catalog file>/<namespace.name>`` (two deployments appending to one
+        table commit over each other's snapshots; other tables of that catalog are free). A catalog
+        on a server is not a local path: not checked."""
+        uri, table = (params.get("catalog") or {}).get("uri"), params.get("table")
+        if not isinstance(uri, str) or not uri.startswith("sqlite:///") or not isinstance(table, str):
+            return []
+        return [f"{uri[len('sqlite:///'):]}/{table}"]
+
     def __init__(self, catalog: dict, table: str, partition_by: str | list[str] | None = None,
                  rows: int = 1_000_000, catalog_name: str = "default") -> None:
         super().__init__(partition_by=partition_by, rows=rows)

@@ -1,13 +1,16 @@
-"""Event-time window join of two streams on a key, with an optional predicate.
+"""Event-time interval join of two streams on a key, with an optional predicate.
 
-``join(within, on=None, left_key=None, right_key=None, predicate=None)``
+``join(within, on=None, left_key=None, right_key=None, predicate=None)``, or
+``join_interval(lower, upper, ...)`` instead of ``within`` (Flink's interval
+join; ``within=w`` is its symmetric case ``lower=-w, upper=w``: one operator),
 pairs a left event ``l`` and a right event ``r`` when
 
 * their keys are equal (``on`` names one field for both sides; ``left_key`` /
   ``right_key`` a field name or a callable per side; with neither, the key of
   the preceding ``key_by``; with no key at all, every pair is a candidate),
-* ``|l[ts] - r[ts]| <= within`` (milliseconds, *both bounds inclusive*: equal
-  timestamps always qualify, and so does a distance of exactly ``within``),
+* ``l[ts] + lower <= r[ts] <= l[ts] + upper`` (durations or milliseconds,
+  *both bounds inclusive*; with ``within``: ``|l[ts] - r[ts]| <= within``, so
+  equal timestamps always qualify, and so does a distance of exactly ``within``),
 * ``predicate(l, r)`` is true (when given).
 
 Each result is emitted exactly once, when the second of the two events
@@ -18,9 +21,10 @@ buffer, then joins its own). A result is a new dict
 
 Watermarks: an event with ``ts <= watermark`` on arrival is late and goes to
 the ``late`` side output, unjoined (it could only meet events already
-purged). A buffered event with ``ts <= watermark - within`` can meet no
-future event (they all have ``ts > watermark``) and is forgotten (in bulk,
-once the oldest is half a window past that bound).
+purged). A buffered left event with ``ts <= watermark - upper``, or right
+event with ``ts <= watermark + lower``, can meet no future event (they all have
+``ts > watermark``) and is forgotten (in bulk, once the oldest is half a
+window past that bound).
 
 Two inputs: ``process`` does not say where a batch came from, so the runtime
 calls ``process_input(input_index, batch, emit)`` instead, ``input_index``
@@ -36,7 +40,7 @@ from typing import Any, Callable
 
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
-from pescheduler.timeutil import parse_duration
+from pescheduler.timeutil import parse_duration, parse_offset
 
 
 def _key_fn(key: str | Callable | None) -> Callable | None:
@@ -48,7 +52,10 @@ def _key_fn(key: str | Callable | None) -> Callable | None:
 
 
 class Join(Operator):
-    """Window join of a left and a right stream; see the module docstring.
+    """Interval join of a left and a right stream; see the module docstring.
+
+    ``within``: the symmetric window, ``|l.ts - r.ts| <= within``. ``lower`` and ``upper``
+    instead: the bounds of ``r.ts - l.ts`` (durations, ``"-5s"`` before the left event).
 
     >>> from pescheduler.operator import Emitter
     >>> j, out = Join(within="5s", on="car"), Emitter()
@@ -62,10 +69,11 @@ class Join(Operator):
     parallelism = Parallelism.KEYED
     outputs = ("late",)
 
-    def __init__(self, within: Any, on: str | Callable | None = None,
+    def __init__(self, within: Any = None, on: str | Callable | None = None,
                  left_key: str | Callable | None = None, right_key: str | Callable | None = None,
-                 predicate: Callable[[Any, Any], bool] | None = None, ts_field: str = "ts") -> None:
-        self.within = parse_duration(within)
+                 predicate: Callable[[Any, Any], bool] | None = None, ts_field: str = "ts",
+                 lower: Any = None, upper: Any = None) -> None:
+        self._set_bounds(within, lower, upper)
         if on is not None and (left_key is not None or right_key is not None):
             raise ValueError("join: give either on= (both sides) or left_key=/right_key=, not both")
         if (left_key is None) != (right_key is None):
@@ -81,6 +89,21 @@ class Join(Operator):
         self._right: dict[Any, list] = {}
         self._wm = MIN_WATERMARK
         self._oldest = MAX_WATERMARK       # smallest buffered ts: purge only when it can go
+
+    def _set_bounds(self, within: Any, lower: Any, upper: Any) -> None:
+        """``lower``/``upper`` (ms) of ``r[ts] - l[ts]``, from ``within`` or given; ``within``: the
+        distance past a watermark an event stays buffered (the larger of the two reaches)."""
+        if (within is None) == (lower is None and upper is None) or (lower is None) != (upper is None):
+            raise ValueError("join: give within= (a symmetric window) or both lower= and upper=, "
+                             f"got within={within!r}, lower={lower!r}, upper={upper!r}")
+        if within is not None:
+            width = parse_duration(within)
+            self.lower, self.upper = -width, width
+        else:
+            self.lower, self.upper = parse_offset(lower), parse_offset(upper)
+        if self.lower > self.upper:
+            raise ValueError(f"join: lower ({lower!r}) is after upper ({upper!r}): no pair could qualify")
+        self.within = max(self.upper, -self.lower)
 
     def _set_keys(self, left: str | Callable | None, right: str | Callable | None) -> None:
         self._key_specs = (left, right)
@@ -116,15 +139,16 @@ class Join(Operator):
                         "process_input(input_index, batch, emit) (see operators.join)")
 
     def on_left(self, batch: list, emit: Emitter) -> None:
-        self._probe(batch, emit, self._lkey, self._left, self._right, True)
+        self._probe(batch, emit, self._lkey, self._left, self._right, True, (-self.upper, -self.lower))
 
     def on_right(self, batch: list, emit: Emitter) -> None:
-        self._probe(batch, emit, self._rkey, self._right, self._left, False)
+        self._probe(batch, emit, self._rkey, self._right, self._left, False, (self.lower, self.upper))
 
     def _probe(self, batch: list, emit: Emitter, key: Callable | None, own: dict, other: dict,
-               left: bool) -> None:
-        # Hot loop: one probe of the other side's buffer per arriving event.
-        ts_f, within, wm, pred = self.ts_field, self.within, self._wm, self.predicate
+               left: bool, reach: tuple) -> None:
+        # Hot loop: one probe of the other side's buffer per arriving event; ``reach``: the
+        # bounds of ts - o_ts (the arriving event's time less the buffered one's).
+        ts_f, (lo, hi), wm, pred = self.ts_field, reach, self._wm, self.predicate
         oldest = self._oldest
         for e in batch:
             ts = e[ts_f]
@@ -134,7 +158,7 @@ class Join(Operator):
             k = key(e) if key is not None else None
             for o in other.get(k, ()):
                 o_ts = o[ts_f]
-                if -within <= ts - o_ts <= within:
+                if lo <= ts - o_ts <= hi:
                     l, r = (e, o) if left else (o, e)
                     if pred is None or pred(l, r):
                         emit({"left": l, "right": r, "ts": ts if ts > o_ts else o_ts})
@@ -149,11 +173,16 @@ class Join(Operator):
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
-        bound = watermark - self.within      # ts <= bound can meet nothing that is not late
         # A purge scans both buffers, so it waits until the oldest event is half a window past
         # the bound (the probe's distance test ignores those meanwhile): amortised O(1) per event.
-        if self._oldest <= bound - self.within // 2:
-            self._oldest = min(self._purge(self._left, bound), self._purge(self._right, bound))
+        if self._oldest <= watermark - self.within - self.within // 2:
+            self._purge_both()
+
+    def _purge_both(self) -> None:
+        """Forget what can meet nothing that is not late (a left ``ts <= watermark - upper``, a
+        right ``ts <= watermark + lower``)."""
+        self._oldest = min(self._purge(self._left, self._wm - self.upper),
+                           self._purge(self._right, self._wm + self.lower))
 
     def _purge(self, side: dict, bound: int) -> int:
         """Drop events with ``ts <= bound``; return the oldest ts left (MAX_WATERMARK if none)."""
@@ -170,10 +199,9 @@ class Join(Operator):
     # -- state --------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """Both buffers (lists copied; the events themselves are read-only) and the watermark."""
-        bound = self._wm - self.within          # what a lazy purge has left over goes first
-        if self._oldest <= bound:
-            self._oldest = min(self._purge(self._left, bound), self._purge(self._right, bound))
-        return {"within": self.within, "watermark": self._wm,
+        if self._oldest <= self._wm - self.within:     # what a lazy purge has left over goes first
+            self._purge_both()
+        return {"within": (self.lower, self.upper), "watermark": self._wm,
                 "left": {k: list(v) for k, v in self._left.items()},
                 "right": {k: list(v) for k, v in self._right.items()}}
 
@@ -189,9 +217,11 @@ class Join(Operator):
                 "right": {k: v for s in states for k, v in s["right"].items()}}
 
     def restore(self, state: dict) -> None:
-        if state["within"] != self.within:
-            raise ValueError(f"join state of within={state['within']} ms cannot be restored into "
-                             f"within={self.within} ms")
+        bounds = state["within"]            # (lower, upper); a number in snapshots of a symmetric join
+        bounds = (-bounds, bounds) if isinstance(bounds, int) else tuple(bounds)
+        if bounds != (self.lower, self.upper):
+            raise ValueError(f"join state of bounds {bounds} ms cannot be restored into "
+                             f"bounds {(self.lower, self.upper)} ms (within=, or lower= and upper=)")
         self._wm = state["watermark"]
         self._left = {k: list(v) for k, v in state["left"].items()}
         self._right = {k: list(v) for k, v in state["right"].items()}

@@ -73,6 +73,10 @@ class Aggregate:
 
     ``timed=True`` makes ``update`` take ``(event_time, value)`` instead of the
     value (``first``/``last``), so an aggregate can order by event time.
+
+    ``requires`` names the modules it imports when it runs and ``install`` what
+    ``pip install`` gets them (as operators declare them: ``pescheduler.requirements``);
+    a deploy using it without them exits 2 with that command before any worker starts.
     """
 
     name: str
@@ -90,6 +94,8 @@ class Aggregate:
     subtract_src: str | None = None
     doc: str = ""       # what it computes, one line: `plugins --describe` and docs/reference.md show it
     timed: bool = False
+    requires: tuple[str, ...] = ()
+    install: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "uses", tuple(self.uses))
@@ -203,6 +209,26 @@ def parse_request(out_name: str, spec: Any) -> tuple[str | Aggregate, Any]:
     raise ValueError(f"aggregate {out_name!r}: expected (function, field), e.g. ('avg', 'speed'), "
                      f"or (function, field, parameter), e.g. ('percentile', 'latency', 0.99); "
                      f"got {spec!r}")
+
+
+def reached(requests: Mapping[str, Any], registry: Mapping[str, Aggregate]) -> list[Aggregate]:
+    """Every aggregate ``requests`` use, the ones derived aggregates are computed from included
+    (what a deploy checks ``requires`` of); a request that does not resolve is left to the plan."""
+    plan, found, todo = AggregatePlan(registry=registry), {}, []
+    for out_name, spec in requests.items():
+        try:
+            todo.append(parse_request(out_name, spec)[0])
+        except ValueError:
+            continue
+    while todo:
+        try:
+            agg = plan.lookup(todo.pop())
+        except ValueError:
+            continue
+        if agg.name not in found:
+            found[agg.name] = agg
+            todo.extend(agg.uses)
+    return list(found.values())
 
 
 def _name(spec: str | Aggregate) -> str:

@@ -172,13 +172,28 @@ def check_app(app: Application, plugins, path: str | os.PathLike | None = None) 
 
 
 def _check_requirements(app: Application, plugins, path: str | os.PathLike | None) -> None:
-    """Every operator's declared libraries importable here (``requires``), else the pip command."""
+    """Every operator's and aggregate's declared libraries importable here (``requires``), else the
+    pip command."""
     from .requirements import problem
 
     for node in app.nodes.values():
-        lacking = problem(node.kind, node.name, plugins.operators[(node.kind, node.name)])
-        if lacking is not None:
-            raise _at_node(app, node, path, f"{node.op_id}: {lacking[0]}", lacking[1])
+        for kind, name, declares in _declaring(node, plugins):
+            lacking = problem(kind, name, declares)
+            if lacking is not None:
+                raise _at_node(app, node, path, f"{node.op_id}: {lacking[0]}", lacking[1])
+
+
+def _declaring(node, plugins) -> list[tuple[str, str, object]]:
+    """``node``'s operator class and the aggregates it computes (``aggregates=`` or ``queries=``)."""
+    from .aggregates import reached
+
+    found = [(node.kind, node.name, plugins.operators[(node.kind, node.name)])]
+    queries = node.params.get("queries")
+    requests = [node.params.get("aggregates"), *(queries.values() if isinstance(queries, dict) else ())]
+    for agg in reached({f"{i}.{out}": spec for i, request in enumerate(requests) if isinstance(request, dict)
+                        for out, spec in request.items()}, plugins.aggregates):
+        found.append(("aggregate", agg.name, agg))
+    return found
 
 
 def _at_node(app: Application, node, path: str | os.PathLike | None, problem: str, fix: str) -> AppCheckFailed:

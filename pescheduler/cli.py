@@ -42,6 +42,7 @@ USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError, ConfigErr
                NotReplayable, DeploymentClash)
 RUNNING = ("starting", "running")
 PIPE_WIDTH = 200      # tables written to a pipe are not wrapped at 80 columns
+STOP_TIMEOUT_S = 60.0  # how long `stop` (default) and `deploy --replace` wait for a deployment to stop
 NARROW = 80           # `status` and `plugins` fit this off a terminal (a terminal: its own width)
 
 
@@ -101,12 +102,20 @@ def parser() -> argparse.ArgumentParser:
                           "a lost worker then restores the last one (docs/checkpoints.md)")
     dep.add_argument("--checkpoint-interval", metavar="DURATION", help="time between checkpoints (default 1s)")
     dep.add_argument("--restore", metavar="latest|ID", help="start from this checkpoint of --checkpoint's storage")
+    dep.add_argument("--latency", type=_duration, metavar="DURATION",
+                     help="latency target the channels size their batches by (default: pescheduler.batch.latency, "
+                          "1ms; 0: never wait; docs/latency.md)")
     dep.add_argument("--state", choices=("memory", "disk"),
                      help="where KEYED operators keep keyed state (default: pescheduler.state.backend; docs/state.md)")
     _plugin_option(dep)
     _tls_options(dep)
     dep.add_argument("--json", action="store_true", help="one JSON status per line instead of the view")
     dep.add_argument("--name", metavar="N", help="name `status N` and `stop N` use (default: the app's name)")
+    clash = dep.add_mutually_exclusive_group()
+    clash.add_argument("--replace", action="store_true",
+                       help="stop the deployment running under this name first, then deploy")
+    clash.add_argument("--suffix", action="store_true",
+                       help="when this name runs, deploy as NAME-2 (NAME-3...) instead of exiting 2")
     dep.set_defaults(run=cmd_deploy)
 
     status = sub.add_parser("status", help="placement, rates, busy/backpressure per PE")
@@ -120,7 +129,7 @@ def parser() -> argparse.ArgumentParser:
 
     stop = sub.add_parser("stop", help="drain sources, flush sinks, stop")
     _target(stop)
-    stop.add_argument("--timeout", type=_positive, default=60.0, metavar="S",
+    stop.add_argument("--timeout", type=_positive, default=STOP_TIMEOUT_S, metavar="S",
                       help="how long to wait for the deployment to confirm (default 60)")
     _tls_options(stop)
     stop.set_defaults(run=cmd_stop)
@@ -191,6 +200,14 @@ def _positive(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _duration(text: str) -> float:
+    """Seconds for ``--latency``: 0 or more, finite."""
+    try:
+        return config.seconds(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _console(stderr: bool = False, width: int | None = None) -> Console:
     probe = Console(stderr=stderr)
     # markup off: app names, paths and error texts may hold [brackets] rich would eat.
@@ -217,11 +234,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         if args.cluster:
             _reachable(args.cluster)
         statefile.use_name(args.name)
+        replaced = _replace(args, statefile.name_of(app.name), info, err) if args.replace else 0
+        if replaced:
+            return replaced
         with _ctrl_c_deferred() as ctrl_c:
             info.print(f"deploying {app.name} on {args.cluster or 'an embedded Dask cluster on 127.0.0.1'}…",
                        soft_wrap=True)
             dep = deploy(app, workers=args.workers, cluster=args.cluster, plugins=tuple(args.plugin),
-                         name=statefile.name_of(app.name), **options)
+                         name=statefile.name_of(app.name), suffix=args.suffix, **options)
     except USER_ERRORS as exc:
         return _fail(err, str(exc), 2)
     except ClusterUnreachable as exc:
@@ -240,7 +260,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     link = embedded.dashboard_link if embedded is not None and hasattr(embedded, "dashboard_link") else \
         getattr(dep, "dashboard", "")
     page = f"; dashboard {link.replace('/status', '/pescheduler')}" if link else ""
-    name = f" {args.name}" if args.name else ""
+    shown = dep.name if args.suffix else args.name        # --suffix: NAME-2 when NAME runs
+    name = f" {shown}" if shown else ""
     info.print(f"running on {dep.scheduler_address}{page}; `python -m pescheduler status{name}` or "
                f"`stop{name}` from another terminal"
                f"{' with --cluster ' + dep.scheduler_address if args.cluster else ''}", soft_wrap=True)
@@ -266,6 +287,40 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return _fail(err, f"{app.name} {final['state']}: {why}", 1)
     info.print(f"{app.name} {final['state']} after {final['elapsed_s']:.1f} s", soft_wrap=True)
     return 0
+
+
+def _replace(args: argparse.Namespace, name: str, info: Console, err: Console) -> int:
+    """``deploy --replace``: stop the deployment running as ``name`` (here, or on ``--cluster``) and
+    wait until its process has released the name; 0 also when none runs."""
+    if not _runs(args, name):
+        return 0
+    info.print(f"--replace: stopping the running {name!r} first…", soft_wrap=True)
+    stopped = cmd_stop(argparse.Namespace(name=name, cluster=args.cluster, timeout=STOP_TIMEOUT_S,
+                                          tls_ca_file=args.tls_ca_file, tls_cert=args.tls_cert,
+                                          tls_key=args.tls_key))
+    if stopped == 0 and not args.cluster and not _released(name, STOP_TIMEOUT_S):
+        return _fail(err, f"--replace: {name!r} said it stopped, but its process still holds the name "
+                          f"after {STOP_TIMEOUT_S:.0f} s", 1)
+    return stopped
+
+
+def _runs(args: argparse.Namespace, name: str) -> bool:
+    """A deployment called ``name`` runs embedded here, or on ``--cluster``."""
+    if not args.cluster:
+        return statefile.read(name) is not None
+    with _client(args.cluster, _security(args)) as client:
+        return any(s["state"] in RUNNING and name == s.get("name") for s in _deployments(client))
+
+
+def _released(name: str, timeout: float) -> bool:
+    """Wait (bounded) until the process of the embedded deployment ``name`` removed its record and
+    claim, as it does last when it stops; another process's files signal nothing, so this polls."""
+    deadline = time.monotonic() + timeout
+    while statefile.read(name) is not None or any(c["name"] == name for c in statefile.claims()):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _prepare(args: argparse.Namespace):
@@ -354,7 +409,7 @@ def _later_options(args: argparse.Namespace) -> dict:
     security = _security(args)
     if security is not None:
         options["security"] = security
-    for name in ("checkpoint", "checkpoint_interval", "restore", "state"):
+    for name in ("checkpoint", "checkpoint_interval", "restore", "state", "latency"):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
     return options
@@ -639,8 +694,14 @@ def aggregates_table(found: Plugins) -> Table:
     table = Table(title="aggregates", title_justify="left")
     table.add_column("name")
     table.add_column("computed from")
-    for name, agg in sorted(found.aggregates.items()):
-        table.add_row(name, ", ".join(getattr(agg, "uses", ())) or "-")
+    table.add_column("written")
+    from .collection_aggregates import PARAMETRISED
+
+    rows = {name: (", ".join(getattr(agg, "uses", ())) or "-", f"({name!r}, field)")
+            for name, agg in found.aggregates.items()}
+    rows.update({name: ("-", f"({name!r}, field, {about[0]})") for name, about in PARAMETRISED.items()})
+    for name, (uses, written) in sorted(rows.items()):
+        table.add_row(name, uses, written)
     return table
 
 

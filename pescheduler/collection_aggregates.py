@@ -33,6 +33,10 @@ KLL_K = 200
 KLL_RANK_ERROR = 0.0133
 
 
+SKETCHES = {"requires": ("datasketches",), "install": "pescheduler[sketches]"}
+"""What the sketch aggregates need installed, checked at deploy (``Aggregate.requires``)."""
+
+
 def _sketches():
     """The ``datasketches`` module, or an error naming the extra that installs it."""
     try:
@@ -149,7 +153,7 @@ def collection_aggregates(Aggregate: type) -> tuple:
         Aggregate("count_distinct", create=set, update=_set_add, merge=lambda a, b: a | b,
                   result=len, doc="the number of distinct values of the field (exact: holds every value)"),
         Aggregate("approx_count_distinct", create=DistinctSketch, update=DistinctSketch.add,
-                  merge=DistinctSketch.merged, result=DistinctSketch.estimate,
+                  merge=DistinctSketch.merged, result=DistinctSketch.estimate, **SKETCHES,
                   doc="the number of distinct values, estimated (HyperLogLog, relative standard error 1.6 %)"),
         Aggregate("first", create=lambda: None, update=_earlier, merge=_earlier,
                   result=lambda a: a[1], timed=True, doc="the field's value at the earliest event time"),
@@ -178,8 +182,19 @@ def parametrised(Aggregate: type, name: str, param: Any) -> Any:
         return Aggregate(f"percentile({q})", create=list, update=_list_add, merge=lambda a, b: a + b,
                          result=lambda values: exact_percentile(values, q))
     return Aggregate(f"approx_percentile({q})", create=QuantileSketch, update=QuantileSketch.add,
-                     merge=QuantileSketch.merged, result=lambda s: s.sketch.get_quantile(q))
+                     merge=QuantileSketch.merged, result=lambda s: s.sketch.get_quantile(q), **SKETCHES)
 
 
-PARAMETRISED = ("percentile", "approx_percentile", "top_k")
-"""Aggregates requested as ``(name, field, parameter)``."""
+PARAMETRISED = {
+    "percentile": ("q", "float", "the fraction in [0, 1]: 0.5 the median, 0.99 the 99th percentile",
+                   "the q quantile of the field, interpolated linearly between ranks as numpy's "
+                   "default (exact: holds every value)"),
+    "approx_percentile": ("q", "float", "the fraction in [0, 1]: 0.5 the median, 0.99 the 99th percentile",
+                          f"the q quantile of the field, estimated (KLL sketch, rank error "
+                          f"{KLL_RANK_ERROR:.2%} of the count at 99 % confidence)"),
+    "top_k": ("k", "int", "how many values: the k most frequent",
+              "the k most frequent values of the field as (value, count) pairs, most frequent first, "
+              "ties by value (exact: counts every value)"),
+}
+"""Aggregates requested as ``(name, field, parameter)``: the parameter's name, type and meaning, and
+what the aggregate computes (``plugins --describe`` and docs/reference.md show them)."""

@@ -107,6 +107,15 @@ def get_seconds(key: str) -> float:
     return float(parse_timedelta(get(key), default="seconds"))
 
 
+def seconds(value: str | int | float, name: str = "") -> float:
+    """A duration that may be 0 (``"1ms"``, ``0``, a number of seconds) in seconds; ConfigError
+    naming ``name`` when it is negative, NaN, infinite or no duration."""
+    if not _is_duration(value):
+        raise ConfigError(f"{name + ': ' if name else ''}{value!r} is not valid; expected a duration of 0 or more "
+                          f"(e.g. 1ms, 0 or a number of seconds)")
+    return float(parse_timedelta(value, default="seconds"))
+
+
 def positive_seconds(value: str | int | float, name: str = "") -> float:
     """A duration that must be longer than 0 (``"90s"``, ``"500ms"``, or a number of seconds) in
     seconds; ConfigError naming ``name`` (a key; argparse names a flag itself) when it is 0,

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 
 from . import config
+from .collection_aggregates import PARAMETRISED
 from .plugins import Plugins, internal, load_plugins
 
 KINDS = ("source", "operator", "sink", "aggregate", "policy")
@@ -53,6 +54,7 @@ def entries(found: Plugins, everything: bool = False) -> list[Entry]:
     out = [_operator(kind, name, cls, found.origins.get(found.operator_origins.get((kind, name), ""), ""))
            for (kind, name), cls in found.operators.items() if everything or not internal(name)]
     out += [_aggregate(agg) for agg in found.aggregates.values()]
+    out += [_parametrised(name, *about) for name, about in PARAMETRISED.items()]
     out += [_policy(name, module, found.origins.get(name, "")) for name, module in found.policies().items()]
     return sorted(out, key=lambda e: (KINDS.index(e.kind), e.name))
 
@@ -122,6 +124,14 @@ def _aggregate(agg) -> Entry:
                  (Param("field", "str", REQUIRED, f"the field it aggregates; written {form} in aggregates={{...}}"),))
 
 
+def _parametrised(name: str, param: str, kind: str, meaning: str, summary: str) -> Entry:
+    """``percentile``/``approx_percentile``/``top_k``: requested as ``(name, field, parameter)``."""
+    form = f'("{name}", field, {param})'
+    return Entry("aggregate", name, summary,
+                 (Param("field", "str", REQUIRED, f"the field it aggregates; written {form} in aggregates={{...}}"),
+                  Param(param, kind, REQUIRED, meaning)))
+
+
 def _policy(name: str, module, origin: str) -> Entry:
     """A policy's settings: ``pescheduler.policies.<name>.*`` as declared, meanings from its module doc."""
     doc = inspect.getdoc(module) or ""
@@ -142,7 +152,8 @@ def markdown(found: Plugins) -> str:
     from .aggregates import BUILTINS
 
     for entry in entries(found):
-        if entry.origin.startswith("pescheduler ") or (entry.kind == "aggregate" and entry.name in BUILTINS):
+        if entry.origin.startswith("pescheduler ") or (entry.kind == "aggregate" and
+                                                       (entry.name in BUILTINS or entry.name in PARAMETRISED)):
             lines += _section(entry)
     return "\n".join(lines).rstrip() + "\n"
 

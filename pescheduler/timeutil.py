@@ -26,3 +26,17 @@ def parse_duration(value: str | int | float) -> int:
         raise ValueError(f"not a duration: {value!r} (write e.g. '60s', '500ms', '2min', or milliseconds)")
     number, unit = match.groups()
     return int(round(float(number) * _UNITS.get(unit or "ms", 1)))
+
+
+def parse_offset(value: str | int | float) -> int:
+    """A signed duration in whole milliseconds: an interval join's bound, ``"-5s"`` before the
+    event or ``"2s"`` after it.
+
+    >>> parse_offset("-5s"), parse_offset("0s"), parse_offset(-250)
+    (-5000, 0, -250)
+    """
+    if isinstance(value, str) and value.strip().startswith("-"):
+        return -parse_duration(value.strip()[1:])
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+        return -parse_duration(-value)
+    return parse_duration(value)

@@ -78,7 +78,7 @@ class PESpec:
     inputs: list[InputSpec] = field(default_factory=list)
     outputs: list[OutputSpec] = field(default_factory=list)
     batch_size: int = 1000
-    linger_s: float = 0.0     # how long a channel's small batch waits for more (channels.py)
+    latency_s: float = 0.0    # the latency target a channel sizes its batches by (channels.py)
     credits: int = 8
     time_slice_s: float = 0.05
     restore: dict[str, dict] = field(default_factory=dict)   # op_id -> {"state", "progress", "driver"}

@@ -72,9 +72,11 @@ def duckdb_rows(query: str, tables: dict[str, list[dict]], columns: dict[str, st
 
 
 def same_rows(got: list[dict], expected: list[dict]) -> bool:
-    """Equal as multisets of rows; floats to 1e-9 relative (DuckDB adds in another order)."""
+    """Equal as multisets of rows; floats to 1e-9 relative (DuckDB adds in another order); NULLs
+    (a LEFT JOIN's) sort first."""
     def key(row):
-        return tuple(sorted((k, round(v, 6) if isinstance(v, float) else v) for k, v in row.items()))
+        return tuple(sorted((k, v is not None, round(v, 6) if isinstance(v, float) else v)
+                            for k, v in row.items()))
     got, expected = sorted(got, key=key), sorted(expected, key=key)
     return len(got) == len(expected) and all(
         g.keys() == e.keys() and all(_close(g[k], e[k]) for k in g) for g, e in zip(got, expected))

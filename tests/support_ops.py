@@ -320,3 +320,34 @@ def _reference_key(fn, k, events: list, ttl) -> list:
         ctx.last = e["ts"]
     ctx.fire_before(fn, float("inf"), ttl)
     return ctx.out
+
+
+def merge_asof(lefts, rights, tolerance, direction, key="k", ident="id"):
+    """Plain-Python reference of ``join_asof``: pandas ``merge_asof(left, right, on="ts", by=key)``
+    over inputs sorted by ts (stably, so ties keep arrival order): ``{left id: right id | None}``."""
+    import bisect
+
+    by_key: dict = {}
+    for r in rights:
+        by_key.setdefault(r[key], []).append(r)
+    for rs in by_key.values():
+        rs.sort(key=lambda r: r["ts"])
+    times = {k: [r["ts"] for r in rs] for k, rs in by_key.items()}
+    out = {}
+    for l in lefts:
+        mine, ts = by_key.get(l[key], []), times.get(l[key], [])
+        i, j = bisect.bisect_right(ts, l["ts"]), bisect.bisect_left(ts, l["ts"])
+        back = mine[i - 1] if i else None           # the last of a tie: the sort is stable
+        fwd = mine[j] if j < len(mine) else None    # the first of a tie
+        if direction == "backward":
+            pick = back
+        elif direction == "forward":
+            pick = fwd
+        elif back is None or fwd is None:
+            pick = back or fwd
+        else:
+            pick = fwd if fwd["ts"] - l["ts"] < l["ts"] - back["ts"] else back
+        if pick is not None and tolerance is not None and abs(pick["ts"] - l["ts"]) > tolerance:
+            pick = None
+        out[l[ident]] = None if pick is None else pick[ident]
+    return out

@@ -1,8 +1,10 @@
 """The CheckpointCoordinator: trigger, acknowledge, store, complete (or abort) checkpoints.
 
 Shaped as Flink's: a checkpoint is *pending* from its trigger until every PE
-answered with its snapshot; then its state files are written, the manifest
-last (storage.py), and only then are the sinks told to commit; a checkpoint
+answered that its snapshot is taken; then each worker writes its PEs' state
+files straight to the storage (``worker/ckpt_files.py``: the deploying process
+never holds state bytes) and answers their entries, the manifest listing them
+is written last (storage.py), and only then are the sinks told to commit; a checkpoint
 that errs or passes ``pescheduler.checkpoint.timeout`` is aborted (sinks
 discard its staging, PEs still aligning on it go on) and the next one is
 tried at the next interval. It holds the :class:`~pescheduler.control.reconfigurer.Reconfigurer`'s
@@ -29,8 +31,6 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-import cloudpickle
-
 from ..errors import CheckpointError
 from .restore import placement_blob
 from .storage import CheckpointStore
@@ -51,8 +51,9 @@ class CompletedCheckpoint:
     id: int
     time: float            # unix time of the trigger
     duration_s: float      # trigger to commit
-    bytes: int             # state stored
+    bytes: int             # bytes this checkpoint wrote
     url: str               # where its directory is
+    state_bytes: int = 0   # bytes of every file it references (earlier checkpoints' unchanged key groups too)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -151,25 +152,40 @@ class CheckpointCoordinator:
                     await self._abort(checkpoint_id, workers, exc)
                     raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
             try:
-                size = await self._write(checkpoint_id, results, placement, t0, p0)
+                sizes = await self._write(checkpoint_id, placement, t0, p0)
             except Exception as exc:
                 await self._abort(checkpoint_id, workers, exc, written=True)
                 raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
-        return await self._complete(checkpoint_id, t0, p0, size)
+        return await self._complete(checkpoint_id, t0, p0, sizes)
 
-    async def _write(self, checkpoint_id: int, results: dict[str, dict], placement: "Placement", t0: float,
-                     p0: float) -> int:
-        """Store the checkpoint in a thread, bounded by the timeout; past it the thread is told to
+    async def _write(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float) -> tuple[int, int]:
+        """The workers write their PEs' files straight to the storage, then the manifest listing
+        them is written here in a thread; all bounded by the timeout: past it the thread is told to
         give up (it writes no manifest after that) and the checkpoint is aborted."""
         abandoned = threading.Event()
         try:
-            return await asyncio.wait_for(asyncio.to_thread(self._store, checkpoint_id, results, placement, t0,
-                                                            time.perf_counter() - p0, abandoned), self.timeout)
+            return await asyncio.wait_for(self._write_all(checkpoint_id, placement, t0, p0, abandoned), self.timeout)
         except asyncio.TimeoutError:
             abandoned.set()
             raise CheckpointError(f"writing it to {self.store.url} took longer than {self.timeout:g} s") from None
 
-    async def _complete(self, checkpoint_id: int, t0: float, p0: float, size: int) -> int:
+    async def _write_all(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float,
+                         abandoned: threading.Event) -> tuple[int, int]:
+        by_worker: dict[str, list[str]] = {}
+        for pe_id, pe in placement.pes.items():
+            by_worker.setdefault(pe.worker, []).append(pe_id)
+        answers = await self._call(_first_failure([self.gateway.ckpt_write(w, checkpoint_id, pes, self.store.url)
+                                                   for w, pes in by_worker.items()]))
+        results: dict[str, dict] = {}
+        for answer in answers:
+            results.update(answer)
+        errors = [r["error"] for r in results.values() if "error" in r]
+        if errors:
+            raise CheckpointError(errors[0])
+        return await asyncio.to_thread(self._store, checkpoint_id, results, placement, t0,
+                                       time.perf_counter() - p0, abandoned)
+
+    async def _complete(self, checkpoint_id: int, t0: float, p0: float, sizes: tuple[int, int]) -> int:
         """The manifest is written: sinks commit (under the lock again: between reconfigurations,
         on the workers of the placement as it is now), the history and events say so, old ones go."""
         async with self.reconfigurer.lock:
@@ -178,14 +194,15 @@ class CheckpointCoordinator:
                 await self._call(self.gateway.ckpt_end(workers, checkpoint_id, complete=True))
             except CheckpointError:
                 pass                    # complete: the restore that interrupted commits it
+        size, state_size = sizes
         done = CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, size,
-                                   f"{self.store.url}/chk-{checkpoint_id:06d}")
+                                   f"{self.store.url}/chk-{checkpoint_id:06d}", state_size)
         self.completed.append(done)
         self.completed_count += 1
         del self.completed[:-max(self.retain, 1) * 10]            # a bounded history for status
         await asyncio.to_thread(self.store.prune, self.retain)   # failures logged, retried next time
-        self.state.event("checkpoint", f"checkpoint {checkpoint_id} complete: {size} bytes in "
-                                       f"{done.duration_s * 1000:.0f} ms")
+        self.state.event("checkpoint", f"checkpoint {checkpoint_id} complete: {size} bytes written "
+                                       f"({state_size} referenced) in {done.duration_s * 1000:.0f} ms")
         return checkpoint_id
 
     async def _collect(self, checkpoint_id: int, placement: "Placement", epoch: int) -> dict[str, dict]:
@@ -217,29 +234,30 @@ class CheckpointCoordinator:
         return answer["results"]
 
     def _store(self, checkpoint_id: int, results: dict[str, dict], placement: "Placement", t0: float,
-               took: float, abandoned: threading.Event) -> int:
-        """State files and the placement (each synced), then the manifest listing them (in a
-        thread: off the control loop). Nothing more is written once ``abandoned`` is set."""
+               took: float, abandoned: threading.Event) -> tuple[int, int]:
+        """The placement (synced), then the manifest listing it and the files the workers wrote
+        (in a thread: off the control loop); ``(bytes written, bytes referenced)``. Nothing more
+        is written once ``abandoned`` is set."""
         files, positions = [], {}
         for pe_id, result in sorted(results.items()):
-            _go_on(abandoned)
-            blob = cloudpickle.dumps({"ops": result["state"], "positions": result["positions"]})
-            files.append({**self.store.put(checkpoint_id, f"{pe_id}.state", blob), "role": "state", "pe": pe_id,
-                          "operators": list(placement.pes[pe_id].operators)})
+            state, *groups = result["files"]
+            files += [{**state, "operators": list(placement.pes[pe_id].operators)}, *groups]
             positions.update(result["positions"])
         _go_on(abandoned)
         files.append({**self.store.put(checkpoint_id, "placement.pkl", placement_blob(placement)),
                       "role": "placement"})
-        size = sum(f["bytes"] for f in files)
+        size = sum(f["bytes"] for f in files if f["chk"] == checkpoint_id)
+        state_size = sum(f["bytes"] for f in files if f["role"] != "placement")
         _go_on(abandoned)
         self.store.commit_manifest(checkpoint_id, {
             "id": checkpoint_id, "deployment": self.reconfigurer.deployment, "time": t0,
-            "duration_s": round(took, 6), "bytes": size, "files": files, "positions": positions,
+            "duration_s": round(took, 6), "bytes": size, "state_bytes": state_size, "files": files,
+            "positions": positions,
             "placement": {pe_id: {"worker": pe.worker, "operators": list(pe.operators)}
                           for pe_id, pe in placement.pes.items()}})
         if abandoned.is_set():          # given up while the manifest was written: not complete after all
             self.store.discard(checkpoint_id)
-        return size
+        return size, state_size
 
     async def _abort(self, checkpoint_id: int, workers: list[str], exc: BaseException,
                      written: bool = False) -> None:

@@ -11,7 +11,12 @@ old placement's instances and routes, and the new placement's parameters.
 
 Every file is read through :meth:`CheckpointStore.read`, which checks its size
 and signature before anything is unpickled; a damaged checkpoint falls back to
-the previous one this run may restore, with the reason logged.
+the previous one this run may restore, with the reason logged. Keyed state is
+not read here: a KEYED operator's key groups are references to their files
+(``state/incremental.py``), mapped like any state, and the worker that gets a
+group reads its files (checked again there). Here those files are only hashed,
+in chunks, so a damaged one (of this checkpoint or an earlier one it
+references) falls back as well, with memory independent of the state's size.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import cloudpickle
 from ..errors import CheckpointDamaged, CheckpointError
 from ..plan.placement import LogicalOp, Placement
 from ..plan.state import redistribute
+from ..state.incremental import load_snapshot, with_entries
 from .storage import CheckpointStore
 
 logger = logging.getLogger(__name__)
@@ -69,12 +75,16 @@ def _load(store: CheckpointStore, checkpoint_id: int, placement: Placement) -> d
     run = manifest["run"]
     placement_file = next(e for e in manifest["files"] if e["role"] == "placement")
     taken_by = cloudpickle.loads(store.read(placement_file, run))
+    groups = [e for e in manifest["files"] if e["role"] == "group"]
+    for entry in groups:                      # hashed in chunks: read by the workers, not held here
+        store.files.check(entry, run)
     states: dict[str, dict] = {}
     for entry in (e for e in manifest["files"] if e["role"] == "state"):
         blob = cloudpickle.loads(store.read(entry, run))
-        ops = cloudpickle.loads(blob["ops"])
+        ops = load_snapshot(blob["ops"], with_entries(blob["groups"], groups))
         for op_id, saved in ops.items():
             saved["position"] = blob["positions"].get(op_id)
         states.update(ops)
     mapped = redistribute(taken_by, placement, states)
-    return {op_id: {**saved, "checkpoint": checkpoint_id} for op_id, saved in mapped.items()}
+    where = {"storage": store.storage} if groups else {}      # the workers read the key groups' files there
+    return {op_id: {**saved, "checkpoint": checkpoint_id, **where} for op_id, saved in mapped.items()}

@@ -5,7 +5,10 @@ Flink's ``<dir>/<job-id>/chk-N``::
 
     run-20261128T004512123456-3fa9c1/      one run of the app (made by deploy)
         chk-000001/                        one directory per checkpoint id
-            <pe>.state                     a PE's operator states and source positions (cloudpickle)
+            <pe>.state                     a PE's operator states and source positions (cloudpickle),
+                                           keyed state as references to key-group files
+            <pe>.<n>.g<NNN>.full|.delta    one key group of a KEYED operator: whole, or what changed
+                                           (written by the worker; later manifests may reference it)
             placement.pkl                  the placement that took it, operator parameters left out
             MANIFEST.json                  written last, fsynced, atomically: the checkpoint is complete
         chk-000002/...
@@ -26,8 +29,6 @@ object stores a single PUT of the final object is atomic as well.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -37,10 +38,8 @@ import time
 import uuid
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 from ..errors import CheckpointDamaged, CheckpointError
+from ..state.files import StateFiles
 from .keys import sign, signed_by
 
 logger = logging.getLogger(__name__)
@@ -80,10 +79,9 @@ class CheckpointStore:
         self.run = run or new_run_id()
         self.origin: tuple[str, int] | None = None    # (run, id) this run was started from
         self.borrowed: dict[int, str] = {}            # id -> run: other runs' checkpoints it may restore
-        self.fs, root = fsspec.core.url_to_fs(self.storage)
-        self.root = root.rstrip("/")
-        self.local = isinstance(self.fs, LocalFileSystem)
-        self._makedirs(self.root)
+        self.files = StateFiles(self.storage)         # the integrity rules (state/files.py)
+        self.fs, self.root, self.local = self.files.fs, self.files.root, self.files.local
+        self.files.makedirs(self.root)
         self.prune_error: str | None = None           # the last pruning failure (retried next time)
 
     @property
@@ -111,47 +109,10 @@ class CheckpointStore:
         self.borrowed = {i: run for i in [*older, checkpoint_id]}
 
     # -- writing ----------------------------------------------------------------------------
-    def _makedirs(self, path: str) -> None:
-        """``path`` and its missing parents; on a local disk each owner-only (0700)."""
-        if not self.local:
-            self.fs.makedirs(path, exist_ok=True)
-            return
-        missing = []
-        while path and not os.path.isdir(path):
-            missing.append(path)
-            path = os.path.dirname(path)
-        for directory in reversed(missing):
-            try:
-                os.mkdir(directory, 0o700)
-            except FileExistsError:
-                pass
-
-    def _put(self, path: str, data: bytes) -> None:
-        """Write ``path`` whole; on a local disk owner-only and fsynced."""
-        if not self.local:
-            self.fs.pipe_file(path, data)
-            return
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-
-    def _sync_dir(self, path: str) -> None:
-        if self.local:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
     def put(self, checkpoint_id: int, name: str, data: bytes) -> dict:
         """Store one file of checkpoint ``checkpoint_id``; its manifest entry (path relative to the
         run, the checkpoint it lives in, size, SHA-256: the signed manifest vouches for it)."""
-        self._makedirs(self._dir(checkpoint_id))
-        self._put(f"{self._dir(checkpoint_id)}/{name}", data)
-        return {"path": f"chk-{checkpoint_id:06d}/{name}", "chk": checkpoint_id, "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest()}
+        return StateFiles(self.url).put(checkpoint_id, name, data)
 
     def commit_manifest(self, checkpoint_id: int, manifest: dict) -> None:
         """Sign and write the manifest last (temporary name, fsync, rename, fsync the directory):
@@ -159,11 +120,12 @@ class CheckpointStore:
         body = json.loads(json.dumps({**manifest, "format": FORMAT, "run": self.run}, default=repr))
         data = json.dumps({**body, "hmac": sign(self.key, canonical(body))}, indent=1).encode()
         where = self._dir(checkpoint_id)
-        self._sync_dir(where)                         # the state files' names are durable first
+        self.files.makedirs(where)
+        self.files.sync_dir(where)                    # the state files' names are durable first
         tmp = f"{where}/.{MANIFEST}.{uuid.uuid4().hex}"
-        self._put(tmp, data)
+        self.files.write(tmp, data)
         self.fs.mv(tmp, f"{where}/{MANIFEST}")
-        self._sync_dir(where)
+        self.files.sync_dir(where)
 
     # -- reading (verified) -----------------------------------------------------------------
     def manifest(self, checkpoint_id: int, run: str | None = None) -> dict:
@@ -183,16 +145,7 @@ class CheckpointStore:
 
     def read(self, entry: dict, run: str) -> bytes:
         """A file a (verified) manifest lists, its size and SHA-256 checked before anyone unpickles it."""
-        path = f"{self._run_dir(run)}/{entry['path']}"
-        try:
-            data = self.fs.cat_file(path)
-        except OSError as exc:
-            raise CheckpointDamaged(f"{path} unreadable: {type(exc).__name__}: {exc}") from None
-        if len(data) != entry["bytes"]:
-            raise CheckpointDamaged(f"{path} has {len(data)} bytes, its manifest says {entry['bytes']}")
-        if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(entry["sha256"])):
-            raise CheckpointDamaged(f"{path} does not match its SHA-256 in the signed manifest (tampered)")
-        return data
+        return self.files.read(entry, run)
 
     def verify(self, checkpoint_id: int, run: str | None = None) -> dict:
         """The manifest, checked, and every file it lists present with its size (no state read)."""
@@ -293,25 +246,41 @@ class CheckpointStore:
 
     def prune(self, retain: int) -> list[int]:
         """Keep this run's newest ``retain`` complete checkpoints; remove its older ones and
-        incomplete ones older than the newest complete one. The ids removed. A removal that fails
-        is logged (and kept in :attr:`prune_error`) and tried again at the next prune: it never
-        stops checkpointing. Other runs' directories are never touched."""
+        incomplete ones older than the newest complete one, except the files a kept one still
+        references (an unchanged key group's file: the dropped checkpoint's directory stays,
+        without its manifest, until nothing references them). The ids whose directory went. A
+        removal that fails is logged (and kept in :attr:`prune_error`) and tried again at the
+        next prune: it never stops checkpointing. Other runs' directories are never touched."""
         self.prune_error = None
         try:
             done = self.completed()
             ids = self.ids()
-        except OSError as exc:
+            keep = set(done[-retain:]) if retain > 0 else set()
+            referenced = {e["path"] for i in keep for e in self.manifest(i)["files"]}
+        except (OSError, CheckpointDamaged) as exc:
             return self._prune_failed(f"listing {self.url}: {type(exc).__name__}: {exc}")
-        keep = set(done[-retain:]) if retain > 0 else set()
         newest = done[-1] if done else 0
         gone = []
         for i in (i for i in ids if i not in keep and (i in done or i < newest)):
             try:
-                self.discard(i)
-                gone.append(i)
+                if self._drop(i, referenced):
+                    gone.append(i)
             except OSError as exc:
                 self._prune_failed(f"removing {self._dir(i, self.run)}: {type(exc).__name__}: {exc}")
         return gone
+
+    def _drop(self, checkpoint_id: int, referenced: set[str]) -> bool:
+        """Remove checkpoint ``checkpoint_id``'s directory, or (while a kept checkpoint references
+        some of its files) its manifest and every other file; True if the directory went."""
+        prefix = f"chk-{checkpoint_id:06d}/"
+        if not any(p.startswith(prefix) for p in referenced):
+            self.discard(checkpoint_id)
+            return True
+        where = self._dir(checkpoint_id, self.run)
+        for path in self.fs.ls(where, detail=False):
+            if prefix + path.rstrip("/").rsplit("/", 1)[-1] not in referenced:
+                self.fs.rm(path)
+        return False
 
     def _prune_failed(self, what: str) -> list[int]:
         self.prune_error = f"pruning old checkpoints failed ({what}); tried again after the next checkpoint"

@@ -6,14 +6,42 @@ are refused before anything starts, naming the running one. The records
 compared are ``statefile`` records (embedded deployments on this machine) and
 the statuses deployments publish on a cluster; both carry ``name``, ``app``
 and ``outputs``.
+
+The comparison and the claim are one step, so two deploys started at once cannot
+both pass: on this machine under a lock on the state directory
+(``statefile.locked``), on a cluster under a Dask ``Lock`` held in its scheduler
+while the newcomer publishes itself as ``starting`` (:func:`claim_on_cluster`).
 """
 
 from __future__ import annotations
+
+from distributed import Lock
 
 from ..errors import DeploymentClash
 from ..plan.outputs import overlapping
 
 RUNNING = ("starting", "running", "stopping")
+CLUSTER_LOCK = "pescheduler-claims"       # the scheduler's lock around compare-and-publish
+PUBLISHED = ("pescheduler", "deployments")  # the metadata where deployments publish their status
+
+
+async def claim_on_cluster(client, status: dict, unique_name: bool) -> str:
+    """Refuse a clash with a deployment running or starting on ``client``'s cluster (a name not
+    ``unique_name`` gets a free suffix instead), then publish the newcomer's ``status``
+    (``starting``: id, name, app, outputs), holding the cluster's lock throughout; its name."""
+    async with Lock(CLUSTER_LOCK, scheduler_rpc=client.scheduler, loop=client.loop):
+        running = running_published(await client.get_metadata(list(PUBLISHED), default=None))
+        if unique_name:
+            refuse_same_name(status["name"], running, f"on {client.scheduler.address}")
+        name = free_name(status["name"], {s["name"] for s in running})
+        refuse_same_outputs(name, status["outputs"], running)
+        await client.set_metadata([*PUBLISHED, status["id"]], {**status, "name": name})
+        return name
+
+
+async def withdraw_on_cluster(client, status: dict) -> None:
+    """A start that failed after :func:`claim_on_cluster` publishes its final ``status``: no longer ``starting``."""
+    await client.set_metadata([*PUBLISHED, status["id"]], status)
 
 
 def refuse_same_outputs(name: str, outputs: list[str], running: list[dict]) -> None:

@@ -50,7 +50,7 @@ from ..restart import RestartStrategy
 from ..worker.pehost import PLUGIN_NAME, PEHostPlugin
 from ..plan.outputs import written_paths
 from . import statefile
-from .claims import free_name, refuse_same_name, refuse_same_outputs, running_published
+from .claims import claim_on_cluster, free_name, refuse_same_name, refuse_same_outputs, withdraw_on_cluster
 from .cluster import HOST as CLUSTER_HOST, EmbeddedCluster
 from .control_loop import ControlLoop
 from .controller import Controller, append_log, event, policy_configs, select_policies
@@ -110,7 +110,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
            rm: str | None = None, policies: list[str] | tuple[str, ...] | None = None,
            security: Any = None, checkpoint: Any = None, checkpoint_interval: Any = None,
            restore: Any = None, name: str | None = None, state: str | None = None,
-           **options: Any) -> "Deployment":
+           suffix: bool = False, latency: str | float | None = None, **options: Any) -> "Deployment":
     """Compile ``app`` into a placement and run it; returns the running :class:`Deployment`.
 
     ``rm`` names the resource manager hosts are borrowed from (``"local"``,
@@ -125,11 +125,14 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     restores the last one (``pescheduler.restart.*``). ``restore="latest"`` or an id starts from a
     checkpoint in that storage; see docs/checkpoints.md.
     ``name``: what ``status NAME`` and ``stop NAME`` match (default: the app's name, suffixed
-    ``-2``... when an embedded deployment of that name runs); a given name that runs already on this
+    ``-2``... when one of that name runs, on this machine or on ``cluster``); a given name that runs already on this
     machine (embedded) or on ``cluster`` is refused (:class:`~pescheduler.errors.DeploymentClash`), as is
-    a deployment writing a local path a running one writes.
+    a deployment writing a local path a running one writes. ``suffix=True``: a given name that runs
+    already is suffixed ``-2``, ``-3``... instead (``deploy --suffix``).
     ``state``: where KEYED operators keep their keyed state, ``"memory"`` or ``"disk"``
     (RocksDB on each worker's disk; default ``pescheduler.state.backend``); see docs/state.md.
+    ``latency``: the latency target every channel sizes its batches by (``"1ms"``, ``0``: never
+    wait; default ``pescheduler.batch.latency``); see docs/latency.md.
     """
     if config_file:
         config.load_file(config_file)
@@ -145,6 +148,7 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     rm = default_rm(cluster) if rm is None else (None if rm == "none" else rm)
     checkpoints = checkpoint_settings(app.name, checkpoint, checkpoint_interval, restore)
     state = backend_name(state)
+    latency_s = config.get_seconds("batch.latency") if latency is None else config.seconds(latency, "latency")
     if checkpoints is not None:
         refuse_unreplayable(app, found)
     if policies is None:
@@ -154,8 +158,9 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     dep = Deployment(app, workers=workers, cluster=cluster, plugins=tuple(plugins), rm=rm,
                      policies=tuple(policies), security=security)
     dep.checkpoint_settings = checkpoints
-    _claim(dep, name, written_paths(app, found))
+    _claim(dep, name, written_paths(app, found), suffix)
     dep.state_backend = state
+    dep.latency_s = latency_s
     try:
         dep._start()
     except BaseException:
@@ -164,16 +169,22 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     return dep
 
 
-def _claim(dep: "Deployment", name: str | None, outputs: list[str]) -> None:
-    """Name the deployment and refuse clashes with those running on this machine (``claims.py``);
-    a cluster's own are checked once connected (:meth:`Deployment._astart`)."""
-    running = statefile.running()
-    dep.name, dep.outputs, dep.unique_name = statefile.checked_name(name or dep.name), outputs, name is not None
-    if dep.cluster_address is None and dep.unique_name:
-        refuse_same_name(dep.name, running, "on this machine")
-    elif dep.cluster_address is None:        # recorded apart, so `list` and `stop` see both
-        dep.name = free_name(dep.name, {s["name"] for s in running})
-    refuse_same_outputs(dep.name, outputs, running)
+def _claim(dep: "Deployment", name: str | None, outputs: list[str], suffix: bool) -> None:
+    """Name the deployment and refuse clashes with those running or starting on this machine
+    (``claims.py``), then claim name and paths, as one step under the state directory's lock: two
+    deploys started at once cannot both pass. A cluster's own are checked once connected
+    (:meth:`Deployment._astart`)."""
+    dep.name, dep.outputs = statefile.checked_name(name or dep.name), outputs
+    dep.unique_name = name is not None and not suffix
+    with statefile.locked():
+        running = statefile.running() + statefile.claims()
+        if dep.cluster_address is None and dep.unique_name:
+            refuse_same_name(dep.name, running, "on this machine")
+        elif dep.cluster_address is None:        # recorded apart, so `list` and `stop` see both
+            dep.name = free_name(dep.name, {s["name"] for s in running})
+        refuse_same_outputs(dep.name, outputs, running)
+        if dep.cluster_address is None:
+            statefile.claim(dep.name, dep.app.name, outputs)
 
 
 def _dashboard(scheduler: str, info: dict) -> str:
@@ -209,6 +220,7 @@ class Deployment:
         self.dashboard = ""                       # a given cluster's Dask dashboard, when it serves one
         self.security = security                  # distributed.Security (or True) for a TLS cluster
         self.state = DeploymentState()
+        self.latency_s = config.get_seconds("batch.latency")   # deploy(latency=): the channels' target
         self.monitor = Monitor(int(config.get("monitor.history")))
         self.dead = DeadLetters({n.op_id: n.where[0] for n in app.nodes.values() if n.where})
         self.gateway: WorkerGateway | None = None
@@ -362,10 +374,8 @@ class Deployment:
                                    security=None if self.security is True else self.security)
         if self.cluster is None:
             self.dashboard = _dashboard(self.scheduler_address, self.client.scheduler_info())
-            running = running_published(await self.client.get_metadata(["pescheduler", "deployments"], default=None))
-            if self.unique_name:
-                refuse_same_name(self.name, running, f"on {self.scheduler_address}")
-            refuse_same_outputs(self.name, self.outputs, running)
+            self.name = await claim_on_cluster(self.client, self.status(), self.unique_name)
+            self._claimed_on_cluster = True
         await self.client.register_plugin(PEHostPlugin(), name=PLUGIN_NAME)
         self.gateway = WorkerGateway(self.client, self.id, self.plugin_modules)
         self.gateway.checkpoint = self.checkpoint_settings is not None
@@ -385,7 +395,8 @@ class Deployment:
         workers = await rc.known_workers()
         if not workers:
             raise DeploymentFailed(f"the cluster at {self.scheduler_address} has no workers")
-        placement = compile_app(self.app, self.plugins, workers, {w: rc.worker_info[w]["host"] for w in workers})
+        placement = compile_app(self.app, self.plugins, workers, {w: rc.worker_info[w]["host"] for w in workers},
+                                self.latency_s)
         await rc.launch(placement, await self._restored(placement))
         self.state.running(placement.pes)
         self.state.event("deploy", f"{len(placement.pes)} PEs on "
@@ -398,6 +409,7 @@ class Deployment:
         if chosen:
             self.loop.controller = self._controller(chosen)
             self.state.event("policy", f"active: {', '.join(chosen)}")
+        await self.gateway.publish(self.status())   # `stop NAME` right after the record finds a status
         if self.cluster is not None:
             statefile.write(self.scheduler_address, self.app.name, self.outputs, self.name)
         self._watch_all(placement.workers)
@@ -415,6 +427,7 @@ class Deployment:
         return self._network.address if self._network is not None else CLUSTER_HOST
 
     _network = None          # what cluster_network made (closed after the cluster)
+    _claimed_on_cluster = False  # claim_on_cluster published this one as starting on a given cluster
 
     def _controller(self, chosen: dict) -> Controller:
         timeout = config.get_seconds("policies.apply-timeout")
@@ -561,7 +574,7 @@ class Deployment:
             self._loop.run(self._aclose(), timeout=60)
         finally:
             self._loop.close()
-            statefile.remove()
+            statefile.remove(self.name)
 
     async def _aclose(self) -> None:
         if self._done is not None:
@@ -572,6 +585,8 @@ class Deployment:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.reconfigurer is None and self._claimed_on_cluster and not self._scheduler_lost:
+            await withdraw_on_cluster(self.client, self.status())
         if self.gateway is not None:
             await self.gateway.stop(w for w in self.reconfigurer.running_on() if w not in self._gone)
             await self.hosts.close()

@@ -191,9 +191,15 @@ class WorkerGateway:
             deployment=self.deployment, checkpoint_id=checkpoint_id, pe_ids=pe_ids, epoch=epoch), self.worker_timeout)
 
     async def ckpt_wait(self, worker: str, checkpoint_id: int, pe_ids: list[str], timeout: float) -> dict:
-        """The PEs' snapshots for ``checkpoint_id`` once all are taken (or ``timeout``)."""
+        """Whether the PEs' snapshots for ``checkpoint_id`` are all taken (or ``timeout``); the worker holds them."""
         return await self.client.rpc(worker).pe_ckpt_wait(deployment=self.deployment, checkpoint_id=checkpoint_id,
                                                           pe_ids=pe_ids, timeout=timeout)
+
+    async def ckpt_write(self, worker: str, checkpoint_id: int, pe_ids: list[str], storage: str) -> dict:
+        """The worker writes its PEs' snapshots of ``checkpoint_id`` into ``storage`` itself; their
+        manifest entries (the caller bounds it by the checkpoint's timeout)."""
+        return await self.client.rpc(worker).pe_ckpt_write(deployment=self.deployment, checkpoint_id=checkpoint_id,
+                                                           pe_ids=pe_ids, storage=storage)
 
     async def ckpt_end(self, workers: Iterable[str], checkpoint_id: int, complete: bool) -> None:
         """Sinks commit (``complete``) or discard checkpoint ``checkpoint_id``; bounded per worker."""

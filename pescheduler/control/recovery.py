@@ -146,7 +146,7 @@ class Recovery:
                 workers = await self._live()
                 phase("probe")
                 placement = compile_app(dep.app, dep.plugins, workers,
-                                        {w: rc.worker_info[w]["host"] for w in workers})
+                                        {w: rc.worker_info[w]["host"] for w in workers}, dep.latency_s)
                 phase("compile")
                 states = await asyncio.to_thread(load_states, coordinator.store, checkpoint_id, placement)
                 record["checkpoint"] = next((s["checkpoint"] for s in states.values()), checkpoint_id)

@@ -51,6 +51,13 @@ class Dialect:
         ``over``: a window clause."""
         return f"CAST(SUM({sql}){over} AS BIGINT)"
 
+    def collection(self, name: str, value: str, order: str, q: float | None) -> str | None:
+        """The SQL of collection aggregate ``name`` over column ``value`` in a ``GROUP BY`` (``order``:
+        the columns of event-time then arrival order; ``q``: a percentile's fraction, a checked float),
+        or None where this database has no form of it: the window's rows are then folded in Python.
+        Standard SQL has ``COUNT(DISTINCT)`` (a stream's schema refuses nulls, so none is left out)."""
+        return f"COUNT(DISTINCT {value})" if name == "count_distinct" else None
+
     def cursor(self, connection: Any) -> Any:
         return connection.cursor()
 
@@ -86,6 +93,13 @@ class DuckDB(Dialect):
     def int_sum(self, sql: str, over: str = "") -> str:
         return f"SUM({sql}){over}"
 
+    def collection(self, name: str, value: str, order: str, q: float | None) -> str | None:
+        """Also ``quantile_cont`` (linear between ranks, as the native ``percentile``) and ``first``/
+        ``last`` with an ``ORDER BY`` of their own."""
+        forms = {"percentile": f"QUANTILE_CONT({value}, {q!r})", "first": f"FIRST({value} ORDER BY {order})",
+                 "last": f"LAST({value} ORDER BY {order})"}
+        return forms.get(name) or super().collection(name, value, order, q)
+
     def cursor(self, connection: Any) -> Any:
         return connection        # a DuckDB cursor is a connection of its own, with its own transactions
 
@@ -109,6 +123,15 @@ class DuckDB(Dialect):
 class PostgreSQL(Dialect):
     name = "postgresql"
     mark = "%s"
+
+    def collection(self, name: str, value: str, order: str, q: float | None) -> str | None:
+        """Also ``PERCENTILE_CONT`` (an ordered-set aggregate, linear between ranks) and ``first``/``last``
+        as the first element of an ordered ``ARRAY_AGG`` (PostgreSQL has no ``FIRST``)."""
+        backwards = ", ".join(f"{c} DESC" for c in order.split(", "))
+        forms = {"percentile": f"PERCENTILE_CONT({q!r}) WITHIN GROUP (ORDER BY {value})",
+                 "first": f"(ARRAY_AGG({value} ORDER BY {order}))[1]",
+                 "last": f"(ARRAY_AGG({value} ORDER BY {backwards}))[1]"}
+        return forms.get(name) or super().collection(name, value, order, q)
 
 
 def open_provider(provider: Any) -> tuple[Any, Dialect, bool]:

@@ -37,7 +37,13 @@ the previous event of the key is at least ``gap``) and a running ``SUM`` of
 those starts; count windows with ``ROW_NUMBER`` and a ``ROWS`` frame of
 ``count`` rows (window functions: SQLite 3.28+, DuckDB, PostgreSQL 11+).
 Plug-in aggregates over time windows run in Python over the window table's
-rows. A stream correlated with itself is processed as the left side, then
+rows, as do the collection aggregates where the database has no form of them
+(``providers.Dialect.collection``): ``count_distinct`` is SQL everywhere,
+``percentile`` and ``first``/``last`` on DuckDB and PostgreSQL, in the ``GROUP BY``
+of tumbling, sliding and session windows (a percentile's fraction, a checked
+float, is the one literal written into SQL); over count and per-event windows
+(window functions) and for the sketches and ``top_k`` the fold stays.
+A stream correlated with itself is processed as the left side, then
 as the right. Sharing across queries (the paper's Count parallel queries):
 per-event windows of one stream, key and filters share one table and one
 statement; filters ``expression == literal`` of one expression are one join
@@ -449,12 +455,22 @@ class _Filter(_Query):
 class _Aggregates:
     """``{output: (function, field)}`` as SQL over base aggregates, derived as the native plan does."""
 
-    def __init__(self, query_id: Any, spec: Mapping, schema: Schema, dialect: Any, alias: str) -> None:
-        self.outputs: list[tuple[str, str, str | None]] = []
+    def __init__(self, query_id: Any, spec: Mapping, schema: Schema, dialect: Any, alias: str,
+                 grouped: bool = False) -> None:
+        self.outputs: list[tuple[str, str, Any]] = []
         self.base: list[tuple[str, str | None]] = []
         self.python: list[tuple[str, Any, str | None]] = []     # plug-in aggregates: run in Python
+        self.forms: dict[tuple[str, str], str] = {}             # collection aggregates the database computes
+        self.schema, self.dialect, self.alias = schema, dialect, alias
         for out, request in spec.items():
             fn, fld = parse_request(out, request)
+            form = self._collection(request, fld) if grouped else None
+            if form is not None:
+                key = (f"{request[0]}{request[2:]}", fld)
+                self.forms[key] = form
+                self.outputs.append((out, "sql", key))
+                self.base += [key] if key not in self.base else []
+                continue
             if not isinstance(fn, str) or fn not in BASE + tuple(DERIVED):
                 from ..operators.window import _plugin_aggregates
                 from ..aggregates import AggregatePlan
@@ -483,13 +499,25 @@ class _Aggregates:
                     self.base.append(key)
         if ("count", None) not in self.base:       # a row needs one column at least
             self.base.append(("count", None))
-        self.schema, self.dialect, self.alias = schema, dialect, alias
         self.sql = ", ".join(self.parts())
+
+    def _collection(self, request: Any, fld: Any) -> str | None:
+        """The database's SQL of a collection aggregate (``count_distinct``, ``percentile``, ``first``,
+        ``last``: :meth:`Dialect.collection`) in a ``GROUP BY``, or None: folded in Python."""
+        if not isinstance(request, (tuple, list)) or not isinstance(request[0], str) \
+                or not isinstance(fld, str) or fld not in self.schema.fields:
+            return None
+        q = float(request[2]) if len(request) == 3 else None     # checked by parse_request
+        return self.dialect.collection(request[0], f"{self.alias}.{column(fld)}",
+                                       f"{self.alias}.ts, {self.alias}.seq", q)
 
     def parts(self, over: str = "") -> list[str]:
         """Each base aggregate as SQL; ``over``: a window clause (``OVER (...)``) for each."""
         parts = []
         for fn, fld in self.base:
+            if (fn, fld) in self.forms:
+                parts.append(self.forms[(fn, fld)])
+                continue
             c = f"{self.alias}.{column(fld)}" if fld else None
             integer = fld is not None and self.schema.fields[fld] is int
             if fn == "count":
@@ -522,6 +550,8 @@ class _Aggregates:
             n = got[("count", None)] if ("count", None) in got else None
             if fn == "python":
                 out[name] = python[name]
+            elif fn == "sql":
+                out[name] = got[fld]
             elif fn in BASE:
                 out[name] = got[(fn, fld)]
             else:
@@ -535,6 +565,8 @@ class _Aggregates:
 
 
 class _Windowed(_Query):
+    GROUPED = True       # its aggregates are a GROUP BY (not window functions: no collection forms there)
+
     def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
         super().__init__(proc, query_id, d)
         key = d.stream.key
@@ -543,7 +575,7 @@ class _Windowed(_Query):
                              f"{self.schema.stream!r} ({self.schema.describe()})")
         self.key = key
         self.kcol = f"q.{column(key)}" if key else None
-        self.aggs = _Aggregates(query_id, d.terminal.aggregates, self.schema, proc.dialect, "q")
+        self.aggs = _Aggregates(query_id, d.terminal.aggregates, self.schema, proc.dialect, "q", self.GROUPED)
 
     def result(self, k: Any, ws: int, we: int, values: tuple, python: dict | None = None) -> dict:
         head = {self.key: k} if self.key else {}
@@ -605,9 +637,11 @@ class _WindowAggregate(_Windowed):
         self.proc.sql(self.insert.format(batch=state.table), [*self.pane_params, *params])
 
     def _python(self, start: int, end: int) -> dict:
-        """The plug-in aggregates of window ``[start, end)``, per key, over its rows in event order."""
-        return {k: self.aggs.fold([e for _, e in events if start <= e[TS_FIELD] < end])
+        """The plug-in aggregates of window ``[start, end)``, per key with rows in it (a key with rows
+        only after ``end`` has no window here: a percentile of no values has no value), in event order."""
+        rows = {k: [e for _, e in events if start <= e[TS_FIELD] < end]
                 for k, events in self._events(start - 1).items()}
+        return {k: self.aggs.fold(events) for k, events in rows.items() if events}
 
     def on_watermark(self, wm: int) -> None:
         starts = sorted(self.panes)
@@ -678,6 +712,8 @@ class _OverAggregate(_Kept):
     A query joins a runner only while it has seen no event (so that no window
     of the newcomer holds events from before it existed).
     """
+
+    GROUPED = False      # window functions (RANGE frames)
 
     def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
         super().__init__(proc, query_id, d)
@@ -833,6 +869,8 @@ class _CountAggregate(_Kept):
     ``count`` rows stay). It runs once the table may have grown by :data:`PURGE` rows, so the
     table holds at most about ``count`` rows per key plus that.
     """
+
+    GROUPED = False      # a ROWS frame: window functions
 
     def __init__(self, proc: SQLProcessor, query_id: Any, d: Definition) -> None:
         super().__init__(proc, query_id, d)

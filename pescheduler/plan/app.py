@@ -172,6 +172,52 @@ class Stream:
                              [(self.op_id, self.port), (other.op_id, other.port)], id, self.key_field)
         return Stream(self.app, node.op_id)
 
+    def join_asof(self, other: "Stream", by: str | Callable | None = None, *, on: str = "ts",
+                  tolerance: Any = None, direction: str = "backward", id: str | None = None) -> "Stream":
+        """As-of join with ``other``: each event with ``other``'s event of the same ``by`` key
+        nearest before (``direction="backward"``), after or either side of its ``on`` time,
+        within ``tolerance``; exact under out-of-order input (operators/join_asof.py)."""
+        if by is None and self.key_field is None:
+            raise InvalidApplication("join_asof needs a key: by=\"field\", or key_by(field) before it")
+        params = {"by": by, "on": on, "tolerance": tolerance, "direction": direction}
+        return self._keyed("join_asof", (other,), by, id, params)
+
+    def join_interval(self, other: "Stream", by: str | Callable | None = None, *, lower: Any, upper: Any,
+                      id: str | None = None, **params: Any) -> "Stream":
+        """Interval join with ``other``: pairs of equal ``by`` key with ``l.ts + lower <= r.ts <=
+        l.ts + upper`` (``lower="-5s", upper="0s"``), each reported once, when its newer event
+        arrives; ``join(within=w)`` is its symmetric case (operators/join.py)."""
+        if by is not None:
+            params["on"] = by
+        return self._keyed("join", (other,), by, id, {"lower": lower, "upper": upper, **params})
+
+    def lookup(self, table: Any, key: str | Callable | None = None, *, table_key: str | None = None,
+               as_of: bool = False, on: str = "ts", id: str | None = None) -> "Stream":
+        """Enrich each event with its ``key``'s row of ``table``: a changelog ``Stream`` (CDC changes
+        or a ``latest()``; ``as_of=True``: the row as of the event's time), an iterable of rows or a
+        JSON-lines file's path (rows keyed by ``table_key``, default ``key``) (operators/lookup.py)."""
+        key = self.key_field if key is None else key
+        if key is None:
+            raise InvalidApplication("lookup needs a key: key=\"field\", or key_by(field) before it")
+        params = {"key": key, "as_of": as_of, "on": on}
+        if not isinstance(table, Stream):
+            kind = "path" if isinstance(table, (str, os.PathLike)) else "rows"
+            params.update({kind: os.fspath(table) if kind == "path" else table, "table_key": table_key})
+            return self._keyed("lookup", (), key, id, params)
+        if table_key is not None and table_key != key:
+            from ..expr import col
+
+            table = table.map(**{key: col(table_key)})     # both inputs carry the key copies route by
+        return self._keyed("lookup", (table,), key, id, params)
+
+    def _keyed(self, name: str, others: tuple, by: Any, id: str | None, params: dict) -> "Stream":
+        """A KEYED operator of this stream (input 0) and ``others`` (inputs 1, ...), keyed by ``by``
+        (default: this stream's key); every input is routed to its copies by that key."""
+        key = self.key_field if by is None else by
+        inputs = [(stream.op_id, stream.port) for stream in (self, *others)]
+        node = self.app._add("operator", name, params, inputs, id, key)
+        return Stream(self.app, node.op_id)
+
     def union(self, *others: "Stream", id: str | None = None) -> "Stream":
         """Every tuple of this stream and of ``others``, as they come (SQL's UNION ALL)."""
         inputs = [(stream.op_id, stream.port) for stream in (self, *others)]
@@ -201,6 +247,16 @@ class Stream:
         if isinstance(fn, str):
             return self.apply(fn, id=id, ttl=ttl, **params)
         return self.apply("process", id=id, fn=fn, params=params, ttl=ttl)
+
+    def upstream(self) -> list[OpNode]:
+        """The app's operators this stream reads from, its own included, in the order they were added."""
+        nodes, reached, pending = self.app.nodes, set(), [self.op_id]
+        while pending:
+            op_id = pending.pop()
+            if op_id not in reached:
+                reached.add(op_id)
+                pending.extend(src for src, _port in nodes[op_id].inputs)
+        return [node for op_id, node in nodes.items() if op_id in reached]
 
     def late_events(self) -> "Stream":
         """The side output of events that arrived after their window fired."""

@@ -40,6 +40,7 @@ class CompileContext:
     plugins: Plugins
     workers: tuple[str, ...]
     hosts: dict[str, str]
+    latency_s: float = 0.0      # the deployment's latency target, carried in the placement
 
 
 def validate(app: Application, ctx: CompileContext) -> LogicalPlan:
@@ -170,7 +171,7 @@ def place(placement: Placement, ctx: CompileContext) -> Placement:
         worker = ctx.workers[i % len(ctx.workers)]
         pes[pe_id] = replace(pe, worker=worker, host=ctx.hosts.get(worker, ""))
     placed = replace(placement, pes=MappingProxyType(pes), workers=tuple(ctx.workers),
-                     hosts=MappingProxyType(dict(ctx.hosts)))
+                     hosts=MappingProxyType(dict(ctx.hosts)), latency_s=ctx.latency_s)
     slotted = with_slots(placed, int(config.get("standard.slots-per-host")))
     logger.info("place %s: %s; %d standard slot(s)", placement.logical.app_name,
                 ", ".join(f"{p} on {pe.worker}" for p, pe in slotted.pes.items()), len(slotted.slots))
@@ -191,8 +192,11 @@ PHASES: tuple[
 
 
 def compile_app(app: Application, plugins: Plugins, workers: list[str] | tuple[str, ...],
-                hosts: dict[str, str] | None = None) -> Placement:
-    """Run the phases in order and place the result on ``workers``."""
-    ctx = CompileContext(plugins, tuple(workers), dict(hosts or {}))
+                hosts: dict[str, str] | None = None, latency_s: float | None = None) -> Placement:
+    """Run the phases in order and place the result on ``workers``; ``latency_s``: the channels'
+    latency target (None: ``pescheduler.batch.latency``)."""
+    if latency_s is None:
+        latency_s = config.get_seconds("batch.latency")
+    ctx = CompileContext(plugins, tuple(workers), dict(hosts or {}), latency_s)
     (_, validate_), (_, annotate_), (_, fuse_), (_, place_) = PHASES
     return place_(fuse_(annotate_(validate_(app, ctx), ctx), ctx), ctx)

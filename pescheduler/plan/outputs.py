@@ -4,8 +4,9 @@ Two running deployments writing the same file truncate and interleave each
 other's output silently, so a deploy is refused when one of these paths is
 also written by a running deployment (``control/statefile.py`` holds theirs).
 A sink names the parameters that hold where it writes with ``writes``
-(default ``("path",)``); URLs with a scheme other than ``file://`` are not
-local and are left out.
+(default ``("path",)``), or makes ``writes(params)`` a function returning
+the paths (``iceberg``: the table in its catalog's file); URLs with a scheme
+other than ``file://`` are not local and are left out.
 
 Example::
 
@@ -26,8 +27,9 @@ def written_paths(app: Application, plugins) -> list[str]:
         cls = plugins.operators.get((node.kind, node.name))
         if node.kind != "sink" or cls is None:
             continue
-        for param in getattr(cls, "writes", ("path",)):
-            local = _local(node.params.get(param))
+        writes = getattr(cls, "writes", ("path",))
+        for where in writes(node.params) if callable(writes) else map(node.params.get, writes):
+            local = _local(where)
             if local:
                 found.add(local)
     return sorted(found)

@@ -194,6 +194,7 @@ class PhysicalPlan:
     slots: Mapping[str, Slot] = field(default_factory=dict)   # slot id -> slot
     routes: Mapping[str, Route] = field(default_factory=dict)  # copied operator -> how instances share
     copies: Mapping[str, str] = field(default_factory=dict)   # copy op -> original, oldest first
+    latency_s: float = 0.0    # the latency target every channel sizes its batches by (worker/channels.py)
 
     @cached_property
     def plan(self) -> InstanceGraph:

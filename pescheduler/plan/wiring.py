@@ -70,7 +70,6 @@ def build_specs(placement: Placement, worker_info: dict[str, dict], deployment: 
     plan = placement.plan
     wanted = set(placement.pes if pe_ids is None else pe_ids)
     batch_size = int(config.get("batch.size"))
-    linger = config.get_seconds("batch.linger")
     credits = int(config.get("channel.credits"))
     time_slice = float(config.get("pe.time-slice-ms")) / 1000
     specs = {}
@@ -78,7 +77,7 @@ def build_specs(placement: Placement, worker_info: dict[str, dict], deployment: 
         pe = placement.pes[pe_id]
         ops = {op: (plan.ops[op].cls, dict(plan.ops[op].params), plan.ops[op].key_field) for op in pe.operators}
         specs[pe_id] = PESpec(pe_id, deployment, ops, consumer_edges(placement, pe_id), batch_size=batch_size,
-                              linger_s=linger, credits=credits, time_slice_s=time_slice,
+                              latency_s=placement.latency_s, credits=credits, time_slice_s=time_slice,
                               routing=routing_for(placement, pe_id), copies=copy_map(placement), epoch=epoch)
     for key, channel_id in channels.items():
         src, port, dst_pe = key

@@ -24,8 +24,9 @@ from sqlglot import exp
 
 from ..plan.app import Stream
 from .build import build, describe
+from .joins import joined
 from .parse import SQLError, error, parse
-from .plan import QueryPlan, plan_select
+from .plan import plan_select
 
 __all__ = ["SQLError", "explain", "sql"]
 
@@ -48,7 +49,10 @@ def _stream(tree: exp.Expression, query: str, sources: Mapping[str, Stream]) -> 
     if isinstance(tree, exp.Union):
         return _union(tree, query, sources)
     plan = plan_select(tree, query)
-    return build(plan, _source(plan, tree, query, sources))
+    stream = _source(plan.source, tree, query, sources)
+    if plan.join is not None:
+        stream = joined(plan.join, stream, _source(plan.join.sources[1], tree, query, sources))
+    return build(plan, stream)
 
 
 def _union(tree: exp.Union, query: str, sources: Mapping[str, Stream]) -> Stream:
@@ -67,11 +71,12 @@ def _columns(tree: exp.Expression, query: str) -> list[str]:
     return _columns(tree.this, query) if isinstance(tree, exp.Union) else plan_select(tree, query).columns
 
 
-def _source(plan: QueryPlan, tree: exp.Expression, query: str, sources: Mapping[str, Stream]) -> Stream:
-    if plan.source not in sources:
-        node = next(tree.args["from_"].find_all(exp.Column, exp.Table))
-        raise error(query, node, f"unknown source {plan.source!r}; known: {', '.join(sorted(sources)) or 'none'}")
-    return sources[plan.source]
+def _source(name: str, tree: exp.Expression, query: str, sources: Mapping[str, Stream]) -> Stream:
+    if name not in sources:
+        named = (n for n in tree.find_all(exp.Column, exp.Table) if n.name == name)
+        node = next(named, next(tree.args["from_"].find_all(exp.Column, exp.Table)))
+        raise error(query, node, f"unknown source {name!r}; known: {', '.join(sorted(sources)) or 'none'}")
+    return sources[name]
 
 
 class _CallableModule(types.ModuleType):

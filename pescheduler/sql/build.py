@@ -62,13 +62,5 @@ def _fields_after(plan: QueryPlan) -> set[str] | None:
 
 def describe(stream: Stream) -> list[dict[str, Any]]:
     """The operators ``stream`` was built from, source first: id, name, parameters (EXPLAIN)."""
-    nodes = stream.app.nodes
-    reached: set[str] = set()
-    pending = [stream.op_id]
-    while pending:
-        op_id = pending.pop()
-        if op_id not in reached:
-            reached.add(op_id)
-            pending.extend(src for src, _port in nodes[op_id].inputs)
-    return [{"id": op_id, "operator": node.name, "inputs": [s for s, _ in node.inputs], "params": node.params}
-            for op_id, node in nodes.items() if op_id in reached]      # nodes are in the order added
+    return [{"id": node.op_id, "operator": node.name, "inputs": [s for s, _ in node.inputs], "params": node.params}
+            for node in stream.upstream()]

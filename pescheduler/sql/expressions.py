@@ -38,11 +38,13 @@ _WHY_NOT = {
 
 class Translator:
     """Translates the scalar expressions of one query; ``names`` maps a sub-tree's SQL text to a
-    field already computed under that name (aggregates, read after the window)."""
+    field already computed under that name (aggregates, read after the window); ``qualified``:
+    the query joins two sources, so every column names its side (``a.k``: the joined row's field)."""
 
-    def __init__(self, query: str, names: dict[str, str] | None = None) -> None:
+    def __init__(self, query: str, names: dict[str, str] | None = None, qualified: bool = False) -> None:
         self.query = query
         self.names = names or {}
+        self.qualified = qualified
 
     def __call__(self, node: exp.Expression) -> Expr:
         if node.sql() in self.names:
@@ -71,6 +73,11 @@ class Translator:
         raise self.unsupported(node)
 
     def _column(self, node: exp.Column) -> Expr:
+        if self.qualified:
+            if not node.table:
+                raise error(self.query, node, f"column {node.sql()!r}: a JOIN's query names the side of "
+                                              f"each field (a.{node.name})")
+            return col(f"{node.table}.{node.name}")
         if node.table:
             raise error(self.query, node, f"qualified column {node.sql()!r}: name the field alone "
                                           f"(a query reads one table per SELECT)")

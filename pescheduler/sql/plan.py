@@ -6,9 +6,10 @@ One SELECT reads one source, through at most one window table function
     filter (WHERE) -> map (expressions aggregated) -> key_by (GROUP BY key)
     -> window (the aggregates) -> filter (HAVING) -> map (SELECT's expressions) -> projection
 
-where every step that has nothing to do is left out. A clause the plan has
-no step for (JOIN, ORDER BY, LIMIT, DISTINCT, sub-queries, ...) is an error
-naming it, never ignored.
+where every step that has nothing to do is left out; or reads two sources
+through one JOIN (:mod:`.joins`: interval, as-of and temporal joins), filtered and
+projected. A clause the plan has no step for (ORDER BY, LIMIT, DISTINCT,
+sub-queries, ...) is an error naming it, never ignored.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from sqlglot import exp
 from ..expr import Expr
 from ..timeutil import parse_duration
 from .expressions import Translator
+from .joins import JoinPlan, plan_join
 from .parse import WINDOW_FUNCTIONS, error
 
 AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg",
               exp.VariancePop: "var", exp.StddevPop: "stddev"}
 """SQL aggregate -> the window operator's aggregate of the same meaning (``var`` is the population one)."""
 WINDOW_FIELDS = ("window_start", "window_end")
-_ALLOWED = {"expressions", "from_", "where", "group", "having"}
+_ALLOWED = {"expressions", "from_", "where", "group", "having", "joins"}
 _UNITS = {"MILLISECOND": 1, "SECOND": 1000, "MINUTE": 60_000, "HOUR": 3_600_000, "DAY": 86_400_000}
 
 
@@ -60,6 +62,7 @@ class QueryPlan:
     having: Expr | None = None
     computed: dict[str, Expr] = field(default_factory=dict)     # output name -> expression
     columns: list[str] = field(default_factory=list)           # the output's fields, in order
+    join: JoinPlan | None = None                               # FROM source JOIN another
 
 
 def plan_select(select: exp.Expression, query: str) -> QueryPlan:
@@ -75,12 +78,23 @@ def plan_select(select: exp.Expression, query: str) -> QueryPlan:
             raise error(query, node, f"{what.upper().rstrip('_')} is not supported in a streaming query")
     source, window = _from(select, query)
     plan = QueryPlan(source=source, window=window)
-    translate = Translator(query)
+    if select.args.get("joins"):
+        plan.join = plan_join(select, query, _interval)
+        _check_joined(select, plan, query)
+    translate = Translator(query, qualified=plan.join is not None)
     if select.args.get("where"):
         plan.where = translate(select.args["where"].this)
     _group(select, plan, query)
     _select_list(select, plan, query)
     return plan
+
+
+def _check_joined(select: exp.Select, plan: QueryPlan, query: str) -> None:
+    """A joined SELECT filters and projects; aggregating it is another query's work."""
+    node = select.args.get("group") or next(select.find_all(exp.AggFunc), None)
+    if node is not None:
+        raise error(query, node, "a JOIN's SELECT does not aggregate: aggregate its result in another "
+                                 "query (sources= takes any Stream)")
 
 
 def _from(select: exp.Select, query: str) -> tuple[str, Window | None]:
@@ -151,7 +165,7 @@ def _group(select: exp.Select, plan: QueryPlan, query: str) -> None:
 def _select_list(select: exp.Select, plan: QueryPlan, query: str) -> None:
     """Aggregates to the window, the rest to expressions over the window's (or source's) rows."""
     names = _aggregates(select, plan, query)
-    translate = Translator(query, names)
+    translate = Translator(query, names, qualified=plan.join is not None)
     if select.args.get("having"):
         if plan.window is None:
             raise error(query, select.args["having"], "HAVING needs a windowed GROUP BY")
@@ -172,7 +186,7 @@ def _output(item: exp.Expression, plan: QueryPlan, query: str, translate: Transl
     if plan.window is not None:
         _check_grouped(value, plan, query)
     expr = translate(value)
-    if not (isinstance(value, exp.Column) and value.name == name) and not (
+    if not (isinstance(value, exp.Column) and not value.table and value.name == name) and not (
             name in plan.aggregates and translate.names.get(value.sql()) == name):
         plan.computed[name] = expr
     plan.columns.append(name)

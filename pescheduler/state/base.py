@@ -17,12 +17,14 @@ store values as bytes.
 from __future__ import annotations
 
 import pickle
+import uuid
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from ..wire import KEY_GROUPS, key_group
 
-__all__ = ["KEY_GROUPS", "KeyedState", "StateView", "key_group", "pack_group", "unpack_group"]
+__all__ = ["KEY_GROUPS", "Changes", "KeyedState", "StateView", "key_group", "pack_group", "unpack_group"]
 
 
 def pack_group(items: Iterable[tuple[Any, Any]]) -> bytes:
@@ -33,6 +35,17 @@ def pack_group(items: Iterable[tuple[Any, Any]]) -> bytes:
 def unpack_group(data: bytes) -> dict:
     """The entries :func:`pack_group` packed, ``{key: value}``."""
     return pickle.loads(data)
+
+
+@dataclass
+class Changes:
+    """What one state was written between its previous snapshot and this one: an incremental
+    checkpoint writes these keys' groups as deltas (``state/incremental.py``)."""
+
+    token: str                          # the state object (a new one starts every chain again)
+    seq: int                            # this snapshot's number in that state (1, 2, ...)
+    keys: set = field(default_factory=set)          # keys put or deleted, in the backend's form
+    whole: set = field(default_factory=set)         # key groups replaced whole (import, drop)
 
 
 class StateView(ABC):
@@ -59,6 +72,16 @@ class StateView(ABC):
     def release(self) -> None:
         """Let go of what the view holds."""
 
+    changes: Changes | None = None      # set by the snapshot that made the view
+
+    @abstractmethod
+    def by_group(self, keys: Iterable[Any]) -> dict[int, list]:
+        """``keys`` (of :attr:`Changes.keys`) by key group."""
+
+    @abstractmethod
+    def delta(self, group: int, keys: Iterable[Any]) -> tuple[dict, list]:
+        """``({key: value}, [deleted key])`` of ``keys`` (one group's, :meth:`by_group`) in this view."""
+
 
 class KeyedState(ABC):
     """Values by key, partitioned into key groups; see the module docstring.
@@ -80,6 +103,17 @@ class KeyedState(ABC):
     """
 
     backend = ""
+    token = ""                          # this state object's id in :class:`Changes` (set by _track)
+    _seq = 0                            # snapshots taken of it
+
+    def _track(self) -> None:
+        """Start numbering this state's snapshots (a backend's ``__init__`` calls it)."""
+        self.token, self._seq = uuid.uuid4().hex, 0
+
+    def _changes(self, keys: set, whole: set) -> Changes:
+        """The next snapshot's :class:`Changes`."""
+        self._seq += 1
+        return Changes(self.token, self._seq, keys, whole)
 
     @abstractmethod
     def get(self, key: Any, default: Any = None) -> Any:
@@ -141,12 +175,13 @@ class KeyedState(ABC):
         self.drop_groups(chosen)
         return taken
 
-    def import_groups(self, exported: dict[int, bytes]) -> None:
-        """Install whole key groups from :meth:`export_groups` (of any backend), replacing them."""
+    def import_groups(self, exported: dict[int, bytes | dict]) -> None:
+        """Install whole key groups from :meth:`export_groups` (of any backend), replacing them; a
+        group may also be given unpacked (``{key: value}``: a restore that applied deltas)."""
         for g, data in exported.items():
             if not 0 <= g < KEY_GROUPS:
                 raise ValueError(f"key group {g} is outside 0..{KEY_GROUPS - 1}")
-            self._put_group(g, unpack_group(data))
+            self._put_group(g, data if type(data) is dict else unpack_group(data))
 
     def __len__(self) -> int:
         return sum(1 for g in self.groups() for _ in self.items(g))

@@ -32,7 +32,7 @@ import shutil
 import weakref
 from typing import Any, Iterable, Iterator
 
-from .base import KeyedState, StateView, key_group
+from .base import Changes, KeyedState, StateView, key_group
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
@@ -77,11 +77,12 @@ def _shut(db: Any, path: str) -> None:
 class DiskView(StateView):
     """A RocksDB checkpoint of the store, opened read-only: the store as it was, while writes go on."""
 
-    def __init__(self, db: Any, path: str) -> None:
+    def __init__(self, db: Any, path: str, changes: Changes | None = None) -> None:
         from rocksdict import AccessType, Checkpoint, Options, Rdict
 
         Checkpoint(db).create_checkpoint(path)
         self.path = path
+        self.changes = changes
         self._snap = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only())
         self._end = weakref.finalize(self, _shut, self._snap, path)
 
@@ -90,6 +91,22 @@ class DiskView(StateView):
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         return _range(self._snap, group)
+
+    def by_group(self, keys: Iterable[bytes]) -> dict[int, list]:
+        out: dict[int, list] = {}
+        for raw in keys:                    # encoded keys: their first byte is their group
+            out.setdefault(raw[0], []).append(raw)
+        return out
+
+    def delta(self, group: int, keys: Iterable[bytes]) -> tuple[dict, list]:
+        puts, deletes, loads = {}, [], pickle.loads
+        for raw in keys:
+            value = self._snap.get(raw)
+            if value is None:
+                deletes.append(loads(raw[1:]))
+            else:
+                puts[loads(raw[1:])] = loads(value)
+        return puts, deletes
 
     def release(self) -> None:
         self._end()
@@ -122,8 +139,11 @@ class DiskState(KeyedState):
         self._db = Rdict(os.path.join(path, "db"), opts)
         self._end = weakref.finalize(self, _shut, self._db, path)
         self._changed: set[int] = set()
+        self._dirty: set[bytes] = set()     # encoded keys put or deleted since the snapshot
+        self._whole: set[int] = set()       # groups replaced whole since the snapshot
         self._views: list[DiskView] = []
         self._view_ids = itertools.count()
+        self._track()
 
     def get(self, key: Any, default: Any = None) -> Any:
         raw = self._db.get(_encode(key))
@@ -132,11 +152,13 @@ class DiskState(KeyedState):
     def put(self, key: Any, value: Any) -> None:
         k = _encode(key)
         self._changed.add(k[0])
+        self._dirty.add(k)
         self._db.put(k, pickle.dumps(value, _PICKLE))
 
     def delete(self, key: Any) -> None:
         k = _encode(key)
         self._changed.add(k[0])
+        self._dirty.add(k)
         self._db.delete(k)
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
@@ -146,9 +168,10 @@ class DiskState(KeyedState):
         return _groups(self._db)
 
     def snapshot(self) -> DiskView:
-        self._changed = set()
+        changes = self._changes(self._dirty, self._whole)
+        self._changed, self._dirty, self._whole = set(), set(), set()
         self._views = [v for v in self._views if v._snap is not None]
-        view = DiskView(self._db, os.path.join(self.path, f"view-{next(self._view_ids)}"))
+        view = DiskView(self._db, os.path.join(self.path, f"view-{next(self._view_ids)}"), changes)
         self._views.append(view)
         return view
 
@@ -159,6 +182,7 @@ class DiskState(KeyedState):
         for g in groups:
             self._db.delete_range(_prefix(g), _prefix(g + 1))
             self._changed.add(g)
+            self._whole.add(g)
 
     def _put_group(self, group: int, entries: dict) -> None:
         """One write batch per group (a put per key through the binding was the cost of a restore)."""
@@ -173,6 +197,7 @@ class DiskState(KeyedState):
             batch.put(prefix + dumps(key, _PICKLE), dumps(value, _PICKLE))
         self._db.write(batch)
         self._changed.add(group)
+        self._whole.add(group)
 
     def close(self) -> None:
         """Close the store and remove its directory (views taken from it end first)."""

@@ -1,8 +1,9 @@
 """What a KEYED operator's snapshot holds of its keyed state: whole key groups.
 
-``{group: (a key of it, bytes)}``: the bytes are :func:`pack_group`'s, the key
-stands for its group when a rescale asks ``owns(key)`` (copies own whole key
-groups, so one key answers for all of them). Splitting and merging snapshots
+``{group: (a key of it, bytes)}`` (a :class:`GroupsSnapshot` packs them when
+read): the bytes are :func:`pack_group`'s, the key stands for its group when a
+rescale asks ``owns(key)`` (copies own whole key groups, so one key answers for
+all of them). Splitting and merging snapshots
 then select and join key groups; no key is visited.
 """
 
@@ -10,24 +11,18 @@ from __future__ import annotations
 
 import pickle
 from operator import itemgetter
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from .base import KEY_GROUPS, KeyedState, key_group, pack_group
+from .base import KEY_GROUPS, KeyedState, key_group
+from .incremental import GroupsSnapshot
 
 Groups = dict[int, tuple[Any, bytes]]
 
 
-def snapshot_groups(state: KeyedState) -> Groups:
-    """Every non-empty key group of ``state`` as it is now."""
-    view = state.snapshot()
-    try:
-        out = {}
-        for g in view.groups():
-            entries = dict(view.items(g))
-            out[g] = (next(iter(entries)), pack_group(entries.items()))
-        return out
-    finally:
-        view.release()
+def snapshot_groups(state: KeyedState) -> Mapping[int, tuple[Any, bytes]]:
+    """Every non-empty key group of ``state`` as it is now: a view, packed only when read (O(key
+    groups) here; a checkpoint writes it from a worker thread, incremental.py)."""
+    return GroupsSnapshot(state.snapshot())
 
 
 def restore_groups(state: KeyedState, groups: Groups) -> None:

@@ -6,27 +6,63 @@ first write after the snapshot. A stall at a checkpoint is then the copy of the
 groups written next, not of the whole state. ``writable()`` hands a keyed
 operator the keys put since the snapshot, so its hot path changes those in
 place with no call per tuple.
+
+A view is read while the stream goes on (a checkpoint's files are written
+from it in another thread), so the values it shares must not change in
+place: while a view lives, :meth:`MemoryState.get` hands out a copy of a
+value not put since the snapshot (the operator changes the copy and puts it
+back, as the contract asks). Once every view is released, ``get`` is a plain
+lookup again.
 """
 
 from __future__ import annotations
 
+import pickle
+import weakref
 from typing import Any, Iterable, Iterator
 
-from .base import KEY_GROUPS, KeyedState, StateView, key_group
+from .base import KEY_GROUPS, Changes, KeyedState, StateView, key_group
 from .groups import GroupMemo
+
+_PICKLE = pickle.HIGHEST_PROTOCOL
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy for the values a view shares (a pickle round trip: faster than ``deepcopy``)."""
+    return pickle.loads(pickle.dumps(value, _PICKLE))
 
 
 class MemoryView(StateView):
     """The group dicts as they were at the snapshot (shared with the state until it writes them)."""
 
-    def __init__(self, tables: list[dict]) -> None:
+    def __init__(self, tables: list[dict], changes: Changes | None = None, live: set | None = None) -> None:
         self._tables = tables
+        self.changes = changes
+        if live is not None:                # the state copies shared values while this view lives
+            live.add(id(self))
+            self._end = weakref.finalize(self, live.discard, id(self))
 
     def groups(self) -> list[int]:
         return [g for g, t in enumerate(self._tables) if t]
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         return iter(self._tables[group].items())
+
+    def by_group(self, keys: Iterable[Any]) -> dict[int, list]:
+        out: dict[int, list] = {}
+        for key in keys:
+            out.setdefault(key_group(key), []).append(key)
+        return out
+
+    def delta(self, group: int, keys: Iterable[Any]) -> tuple[dict, list]:
+        table = self._tables[group]
+        puts = {k: table[k] for k in keys if k in table}
+        return puts, [k for k in keys if k not in table]
+
+    def release(self) -> None:
+        end = getattr(self, "_end", None)
+        if end is not None:
+            end()
 
 
 class MemoryState(KeyedState):
@@ -43,6 +79,10 @@ class MemoryState(KeyedState):
         # Holds the keys held or asked for (a key deleted or moved away is forgotten).
         self._group = GroupMemo()
         self._of = self._group._of
+        self._deleted: set = set()          # keys deleted since the snapshot (Changes.keys with _written)
+        self._whole: set[int] = set()       # groups replaced whole since the snapshot
+        self._live: set[int] = set()        # ids of the views not yet released (see the module docstring)
+        self._track()
 
     # get and put are a keyed operator's per-tuple calls: the memo and the copy-on-write check
     # are inline (a method call for each made a count window's hot path 1.8x slower).
@@ -50,7 +90,10 @@ class MemoryState(KeyedState):
         g = self._of.get(key)
         if g is None:
             g = self._of[key] = key_group(key)
-        return self._tables[g].get(key, default)
+        value = self._tables[g].get(key, default)
+        if self._live and value is not default and key not in self._written:
+            return _copy(value)             # a live view may be reading this object
+        return value
 
     def put(self, key: Any, value: Any) -> None:
         g = self._of.get(key)
@@ -69,6 +112,7 @@ class MemoryState(KeyedState):
         self._changed.add(g)
         self._tables[g].pop(key, None)
         self._written.pop(key, None)
+        self._deleted.add(key)
         self._group.forget(key)
 
     def _unshare(self, g: int) -> None:
@@ -83,10 +127,14 @@ class MemoryState(KeyedState):
         return [g for g, t in enumerate(self._tables) if t]
 
     def snapshot(self) -> MemoryView:
+        """O(key groups + keys written since the last one): the changed keys are the next
+        incremental checkpoint's input."""
+        changes = self._changes(set(self._written) | self._deleted, self._whole)
+        self._deleted, self._whole = set(), set()
         self._shared = set(range(KEY_GROUPS))
         self._changed = set()
         self._written.clear()               # cleared in place: nobody may hold it past a snapshot
-        return MemoryView(list(self._tables))
+        return MemoryView(list(self._tables), changes, self._live)
 
     def writable(self) -> dict:
         return self._written
@@ -115,6 +163,7 @@ class MemoryState(KeyedState):
         self._tables[group] = dict(entries)
         self._shared.discard(group)
         self._changed.add(group)
+        self._whole.add(group)
 
     def __len__(self) -> int:
         return sum(map(len, self._tables))

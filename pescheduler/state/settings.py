@@ -46,15 +46,16 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
 
 
-def _root(deployment: str) -> str:
-    """``<pescheduler.state.dir>/pescheduler-state/<deployment>`` (null dir: the temp directory)."""
+def deployment_dir(deployment: str) -> str:
+    """``<pescheduler.state.dir>/pescheduler-state/<deployment>`` (null dir: the temp directory): this
+    worker's directory of the deployment (its operators' stores, its checkpoint copies: state/local.py)."""
     base = os.path.expanduser(config.get("state.dir") or tempfile.gettempdir())
     return os.path.join(base, "pescheduler-state", _safe(deployment))
 
 
 def store_dir(owner: str, deployment: str = "local") -> str:
     """A fresh directory for one store, in its deployment's directory."""
-    path = os.path.join(_root(deployment), f"{_safe(owner)}-{uuid.uuid4().hex[:12]}")
+    path = os.path.join(deployment_dir(deployment), f"{_safe(owner)}-{uuid.uuid4().hex[:12]}")
     os.makedirs(path)
     return path
 
@@ -62,7 +63,7 @@ def store_dir(owner: str, deployment: str = "local") -> str:
 def remove_stores(deployment: str) -> None:
     """Remove every store of ``deployment`` on this worker (its PE host calls it when the
     deployment ends here: operators leave their stores open, see :func:`keyed_state`)."""
-    shutil.rmtree(_root(deployment), ignore_errors=True)
+    shutil.rmtree(deployment_dir(deployment), ignore_errors=True)
 
 
 def open_state(backend: str | None = None, owner: str = "state", deployment: str = "local") -> KeyedState:

@@ -11,12 +11,14 @@ barrier. Once every operator of the PE is aligned:
 
 1. sinks (and sources with commit hooks) get ``pre_commit(id)``, then every operator's ``snapshot()``, the
    chain's watermark progress and each source's ``position()`` are taken and
-   pickled right there: the state is copied before the PE changes it again
-   (the synchronous part, as Flink's);
+   pickled right there, except keyed state: a KEYED operator's key groups are
+   a consistent view (O(key groups), ``state/incremental.py``), set aside
+   unpickled (the synchronous part, as Flink's);
 2. parked input goes back in front of the inbox and the sources read on;
-3. the bytes wait in :attr:`Barriers.results` until the coordinator takes them
-   (``pe_ckpt_wait``); writing them to storage happens in the deploying
-   process, off every PE loop (the asynchronous part).
+3. the result waits in :attr:`Barriers.results` until the coordinator takes it
+   (``pe_ckpt_wait``); then the worker writes the views' changed key groups
+   and the PE's file straight to the checkpoint storage, in a thread of its
+   own (``pe_ckpt_write``: the asynchronous part).
 
 A barrier carries the Reconfigurer's epoch when its checkpoint began. A PE
 ignores barriers of checkpoints it knows are over (taken or aborted here) and
@@ -35,10 +37,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import cloudpickle
-
 from ..errors import DeliveryFailed, NotReplayable
 from ..operator import CommitHooks, Operator, Source
+from ..state.incremental import pickle_snapshot
 from .aligner import Aligner
 from .ports import Ports
 from .source_driver import Sources
@@ -77,7 +78,7 @@ class Barriers:
         self.current: int | None = None         # checkpoint being aligned on
         self.epoch = 0                          # the epoch its barrier carries
         self.done_upto = 0                      # barriers up to this id are taken or aborted here
-        self.results: dict[int, dict] = {}      # id -> {"state": bytes, "positions": {...}} or {"error": str}
+        self.results: dict[int, dict] = {}      # id -> {"state": bytes, "views", "positions"} or {"error": str}
         self.failure: DeliveryFailed | None = None   # a sink's commit failed: the PE fails at its next turn
 
     def begin(self, checkpoint_id: int, epoch: int | None = None, moving: bool = True) -> bool:
@@ -137,8 +138,8 @@ class Barriers:
                 if isinstance(op, CommitHooks):
                     op.pre_commit(checkpoint_id)
             positions = {op_id: _position(op) for op_id, op in self.ops.items() if isinstance(op, Source)}
-            state = cloudpickle.dumps(self.snapshot())
-            self.results[checkpoint_id] = {"state": state, "positions": positions}
+            state, views = pickle_snapshot(self.snapshot())   # keyed state: views, written off the loop
+            self.results[checkpoint_id] = {"state": state, "views": views, "positions": positions}
         except NotReplayable as exc:
             self.results[checkpoint_id] = {"error": str(exc)}
         except Exception as exc:
@@ -162,7 +163,8 @@ class Barriers:
         sinks do). ``abort`` is for a restore, which replays what came after (:meth:`restored`).
         """
         self.done_upto = max(self.done_upto, checkpoint_id)
-        self.results.pop(checkpoint_id, None)
+        for snap in (self.results.pop(checkpoint_id, None) or {}).get("views", ()):
+            snap.view.release()
         if self.current == checkpoint_id:
             self._release()
 

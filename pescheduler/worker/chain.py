@@ -263,6 +263,8 @@ class Chain:
         # engine's deliveries) is not called per watermark for nothing.
         self._wm_outputs = {src: [out.watermark for out in outs if not getattr(out, "timeless", False)]
                             for src, outs in self.outputs.items()}
+        # what a watermark callback emitted (a window's fire) leaves the PE at once (ChannelOut.urge)
+        self._urges = [out.urge for outs in self.outputs.values() for out in outs if hasattr(out, "urge")]
         # the operators whose watermark anything downstream waits for (else it stops there)
         self._wm_down = {op_id for op_id in self.nodes if self._wm_targets.get(op_id) or self._wm_outputs.get(op_id)}
         self.routes = {}
@@ -606,6 +608,9 @@ class Chain:
             node.stats.tuples_out += len(emit)
             for target in node.targets:
                 target(emit)
+        if emit or emit.batches is not None:
+            for urge in self._urges:        # a fire's results waited for event time already
+                urge()
 
     # -- reconfiguration ----------------------------------------------------------------
     def freeze(self, op_ids: Iterable[str], watermark: int | None = None) -> None:

@@ -21,29 +21,33 @@ bounded by ``credits`` batches, however slow the consumer. Watermarks, end of
 stream and (later) reconfiguration/checkpoint markers travel on the same
 stream behind the data they follow and take no credit.
 
-Linger (``pescheduler.batch.linger``), as Kafka's ``linger.ms`` and Flink's
-buffer timeout: a channel ships its data when it holds ``batch.size`` tuples
-or when its oldest unshipped tuple has waited ``linger``, and the small
-batches it holds go as one (up to ``batch.size`` tuples). A paced source that
-returns what is due at each read, sent at once whenever credit was there, made
-about 1.6 tuples a batch at 5k tuples/s, and every batch paid a turn, the busy
-clock, a credit and a socket write on both sides (issue 15: about 0.6 of a
-core). Markers, checkpoint barriers and end of stream ship at once, with the
-data ahead of them (no added latency on reconfiguration, checkpoints or at the
-end). A watermark waits with the data ahead of it; of the watermarks between
-batches that go as one only the newest goes, behind them (only the newest
-matters; records are then judged by it, as by Flink's periodic watermarks).
-With ``linger`` 0 every batch goes as it was emitted, as credit allows.
+Latency target (``pescheduler.batch.latency``, ``deploy(latency=)``), sized by
+throughput as Flink's buffer debloating: each channel measures the rate it ships
+(an average over its batches) and aims its batches at what arrives in half the
+target, from one tuple (an idle channel ships at once) to ``batch.size`` (a busy
+one ships full batches, as a fixed linger did, and pays the per-batch costs --
+a turn, the busy clock, a credit, a socket write on both sides (issue 15) -- no
+more often than the rate needs). Buffered data goes when it reaches that size,
+fills a batch, or its oldest tuple has waited the target, whichever comes
+first, so no tuple waits in a channel longer than the target, and a busy
+channel's tuples about half of it. The small batches it holds go as one (up to
+``batch.size`` tuples). Issue 34 measured what a fixed linger costs: p99 6.3 ms
+across two PEs at 1 k and 10 k events/s with a 5 ms linger waiting for batches
+that never filled; the next rule (at once to an idle receiver, else at most a
+batch per linger) measured p99 15.4 ms at half the capacity against the fixed
+linger's 8.8 ms (quiet machine, one run).
 
-Linger only while batching pays (as Nagle's algorithm, and as Flink's buffer
-debloating sizes buffers to a time target): when the receiver is idle (all
-credit back: it holds none of our batches) and no batch went for ``linger``,
-the data goes at once, so a quiet channel adds no latency; a busy one ships
-at most one batch per ``linger`` (or a full one at once), so its batches grow
-with the rate and a steady trickle is not shipped a tuple a batch (issue 15).
-``linger`` is therefore the latency target: no tuple waits longer in a channel
-(1 ms by default; issue 34 measured p99 6.3 ms across two PEs at 1 k and 10 k
-events/s with a fixed 5 ms linger).
+What must not wait goes at once, with the data ahead of it: markers,
+checkpoint barriers and end of stream (no added latency on reconfiguration,
+checkpoints or at the end), and what a watermark or end-of-stream callback
+emitted (a window's fire: :meth:`ChannelOut.urge`). A watermark (a window
+downstream fires on it) goes at once when no batch went for a target, else a
+target after the last batch: event time downstream lags at most the target,
+and a trickle whose every read advances the watermark still ships batches, not
+a tuple a batch (issue 15). Of the watermarks between batches that go as one
+only the newest goes, behind them (only the newest matters; records are then
+judged by it, as by Flink's periodic watermarks). With a target of 0 every
+batch goes as it was emitted, as credit allows.
 
 Two PEs on one worker exchange batch objects in memory (no serialisation)
 through the same gate.
@@ -85,6 +89,14 @@ COUNT = struct.Struct("!I")
 
 ARROW_IPC = b"\xff\xff\xff\xff"         # an Arrow IPC message's continuation marker
 WRITE_BUFFER = 8 << 20                  # bytes a sender's transport may hold before drain() waits
+FILL = 0.5                              # a batch aims at what arrives in this share of the latency target
+RATE_WEIGHT = 0.25                      # weight of the newest batch in a channel's measured rate
+
+
+def batch_target(rate: float, latency_s: float, batch_size: int) -> int:
+    """Tuples a batch aims at (module doc): what arrives at ``rate`` tuples/s in ``FILL`` of the
+    latency target, from one (ship at once) to ``batch_size`` (a full batch)."""
+    return min(batch_size, max(1, round(rate * latency_s * FILL)))
 
 
 def encode(batch: list, dead_letter: Callable[[Any, BaseException], None]) -> bytes:
@@ -229,17 +241,19 @@ class ChannelOut:
     the PE loop awaits :meth:`flush` after each input batch.
     """
 
-    def __init__(self, channel_id: str, credits: int, linger_s: float = 0.0, batch_size: int = 1000) -> None:
+    def __init__(self, channel_id: str, credits: int, latency_s: float = 0.0, batch_size: int = 1000) -> None:
         self.channel_id = channel_id
         self.gate = CreditGate(credits)
         self.pending: deque = deque()
-        self.linger_s = linger_s   # how long a small batch may wait for more (module doc); 0: never
+        self.latency_s = latency_s  # the most a tuple waits here for more (module doc); 0: never
         self.batch_size = batch_size
-        self.credits_max = credits  # all of them back: the receiver holds none of our batches (idle)
-        self._shipped_at = float("-inf")   # when the last data batch went (linger only)
-        self._tuples = 0           # data tuples buffered (linger only)
-        self._since: float | None = None   # when the oldest of them was buffered (linger only)
-        self._urgent = False       # a control item is buffered: ship everything now
+        self.rate = 0.0            # tuples/s shipped, averaged over batches (with a target only)
+        self.target = 1            # tuples a batch aims at (batch_target of the rate)
+        self._shipped_at = float("-inf")   # when the last data batch went (with a target only)
+        self._tuples = 0           # data tuples buffered (with a target only)
+        self._since: float | None = None   # when the oldest of them was buffered (with a target only)
+        self._urgent = False       # a control item or a fire's results: ship everything now
+        self._wm_waits = False     # a watermark is buffered: it goes a target after the last batch at the latest
         self.tuples = 0
         self.batches = 0
         self.ended = False
@@ -280,39 +294,57 @@ class ChannelOut:
                 and (self.pending[0][0] != DATA or (self.gate.credits > 0 and self.ripe())))
 
     def ripe(self) -> bool:
-        """May the buffered data go now? Always without linger; with it, once it fills a batch,
-        a control item waits behind it, or its deadline passed (:meth:`_deadline`)."""
-        return (not self.linger_s or self._urgent or self._tuples >= self.batch_size or self._since is None
+        """May the buffered data go now? Always without a latency target; with one, once it
+        reaches the batch the rate asks for, something urgent waits behind it, or its oldest
+        tuple has waited the target (module doc)."""
+        return (not self.latency_s or self._urgent or self._tuples >= self.target or self._since is None
                 or perf_counter() >= self._deadline())
 
     def _deadline(self) -> float:
-        """When the buffered data goes: ``linger`` after its oldest tuple, or ``linger`` after the
-        last batch went if the receiver is idle (all credit back), so a quiet channel ships at once
-        and a busy one at most once per ``linger`` (module doc)."""
-        idle = self.gate.credits >= self.credits_max
-        return min(self._since, self._shipped_at) + self.linger_s if idle else self._since + self.linger_s
+        """When the buffered data goes at the latest: the target after its oldest tuple, or with a
+        watermark behind it the target after the last batch went (at once after a quiet target)."""
+        return (min(self._since, self._shipped_at) if self._wm_waits else self._since) + self.latency_s
 
     def linger_left(self) -> float | None:
         """Seconds until the buffered data ripens; None when none waits to (the PE's idle wait)."""
-        if not self.linger_s or not self._tuples or self._urgent or self._tuples >= self.batch_size \
+        if not self.latency_s or not self._tuples or self._urgent or self._tuples >= self.target \
                 or self._since is None:
             return None
         left = self._deadline() - perf_counter()
         return left if left > 0 else None
 
+    def urge(self) -> None:
+        """Ship what is buffered at once (what a window's fire emitted: it waited for event time
+        already, so it does not wait for more data)."""
+        if self.pending:
+            self._urgent = True
+
     # Output protocol (synchronous, from the chain)
     def send(self, batch: list) -> None:
-        self.pending.append((DATA, batch))
-        if self.linger_s:
+        if len(batch) > self.batch_size and isinstance(batch, list):
+            self._slice(batch)
+        else:
+            self.pending.append((DATA, batch))
+        if self.latency_s:
             if not self._tuples:
                 self._since = perf_counter()
             self._tuples += len(batch)
+
+    def _slice(self, batch: list) -> None:
+        """A batch larger than ``batch_size`` (a window firing many keys at once) is buffered as
+        slices of ``batch_size``, in order: each takes a credit and ships as a frame of its own, so
+        the PE encodes one credit window of them and goes on with its other input, the rest going as
+        credit comes back, and the receiver works on the first slices while later ones are still
+        encoded (one frame of 100 k results stalled the PE for 42-67 ms, issue 34)."""
+        size = self.batch_size
+        self.pending.extend((DATA, batch[i:i + size]) for i in range(0, len(batch), size))
 
     def watermark(self, wm: int) -> None:
         if self.pending and self.pending[-1][0] == WATERMARK:
             self.pending[-1] = (WATERMARK, wm)      # only the newest watermark matters
         else:
             self.pending.append((WATERMARK, wm))
+        self._wm_waits = True                       # a window downstream fires on it (_deadline)
 
     def end(self) -> None:
         self.pending.append((END, None))
@@ -362,7 +394,7 @@ class ChannelOut:
         """The items emitted after the hold, to be re-sent on the replacement channels."""
         items = [item for item in self.pending if item[0] != _HOLD]
         self.pending.clear()
-        self._tuples, self._since, self._urgent = 0, None, False
+        self._tuples, self._since, self._urgent, self._wm_waits = 0, None, False, False
         return items
 
     async def flush(self, wait: bool = True) -> bool:
@@ -392,15 +424,30 @@ class ChannelOut:
                 return True
             if kind == DATA:
                 await self.gate.acquire()
-                if self.linger_s:
+                if self.latency_s:
                     payload = self._coalesce(payload)
-                    self._shipped_at = perf_counter()
+                    self._measure(len(payload))
                 self.tuples += len(payload)
                 self.batches += 1
+            elif kind == WATERMARK:
+                self._wm_waits = False
             await self._write(kind, payload)
         if not pending:
             self._urgent = False
         return True
+
+    def _measure(self, shipped: int) -> None:
+        """A batch of ``shipped`` tuples goes now: fold the rate since the last one into the
+        channel's rate and size the next batch by it (``batch_target``). A sample is capped at the
+        rate that fills a batch: two batches shipped back to back (credit back after a wait) would
+        otherwise read as an endless rate, and the average would take many batches to come down."""
+        now = perf_counter()
+        gap = now - self._shipped_at
+        self._shipped_at = now
+        if gap > 0:
+            sample = min(shipped / gap, self.batch_size / (self.latency_s * FILL))
+            self.rate = sample if not self.rate else self.rate + RATE_WEIGHT * (sample - self.rate)
+            self.target = batch_target(self.rate, self.latency_s, self.batch_size)
 
     def _coalesce(self, batch: Any) -> Any:
         """``batch`` (just taken from ``pending``) and the list batches right behind it, up to
@@ -431,8 +478,8 @@ class ChannelOut:
         return batch if merged is None else merged
 
     def data_pending(self) -> int:
-        """Data batches buffered, not yet shipped (with linger: as they will go, coalesced)."""
-        if self.linger_s:
+        """Data batches buffered, not yet shipped (with a target: as they will go, coalesced)."""
+        if self.latency_s:
             return -(-self._tuples // self.batch_size)
         return sum(1 for kind, _ in self.pending if kind == DATA)
 
@@ -457,8 +504,8 @@ class LocalChannelOut(ChannelOut):
     receiving PE is there (``open_in_background``)."""
 
     def __init__(self, channel_id: str, credits: int, inbox: Inbox | None = None,
-                 receiver: ChannelIn | None = None, linger_s: float = 0.0, batch_size: int = 1000) -> None:
-        super().__init__(channel_id, credits, linger_s, batch_size)
+                 receiver: ChannelIn | None = None, latency_s: float = 0.0, batch_size: int = 1000) -> None:
+        super().__init__(channel_id, credits, latency_s, batch_size)
         if receiver is not None:
             self.attach(inbox, receiver)
 
@@ -481,8 +528,8 @@ class TcpChannelOut(ChannelOut):
     """Cross-worker channel over one TCP connection; credits come back on the same socket."""
 
     def __init__(self, channel_id: str, credits: int, dead_letter: Callable[[Any, BaseException], None],
-                 linger_s: float = 0.0, batch_size: int = 1000) -> None:
-        super().__init__(channel_id, credits, linger_s, batch_size)
+                 latency_s: float = 0.0, batch_size: int = 1000) -> None:
+        super().__init__(channel_id, credits, latency_s, batch_size)
         self.dead_letter = dead_letter
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None

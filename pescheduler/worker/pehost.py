@@ -30,10 +30,13 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from . import handshake
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
+from .ckpt_files import CheckpointFiles
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handover import HandOvers, exported
 from .handshake import Credentials, tls_contexts
-from ..state.settings import remove_stores
+from ..state.incremental import resolve_restore
+from ..state.local import LocalCopies
+from ..state.settings import deployment_dir, remove_stores
 from ..plugins import activate
 from .runtime import Hosting, PERunner
 from ..wire import PESpec
@@ -44,7 +47,7 @@ PLUGIN_NAME = "pescheduler"
 STOP_TIMEOUT_S = 5.0
 HANDLERS = ("pe_info", "pe_secret", "pe_warm", "pe_deploy", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
             "pe_reconf", "pe_reconf_wait", "pe_snapshot", "pe_rewire", "pe_ckpt_begin", "pe_ckpt_wait",
-            "pe_ckpt_end")
+            "pe_ckpt_end", "pe_ckpt_write")
 
 
 class PEHostPlugin(WorkerPlugin):
@@ -131,6 +134,7 @@ class PEHost:
         self.secrets: dict[str, bytes] = {}          # deployment -> its data-plane secret
         self.checkpointing: set[str] = set()         # deployments that take checkpoints
         self.state_backends: dict[str, str] = {}     # deployment -> its keyed-state backend
+        self.ckpt_files = CheckpointFiles()          # snapshots held until written to checkpoint storage
         self.client_ssl = None                       # TLS context for channels we open (None: plain)
         self.handovers = HandOvers(self._of, lambda address: self.worker.rpc(address), lambda: self.worker.address)
         self.changes = Changes()             # bumped whenever a PE changes state; the waits below
@@ -254,6 +258,12 @@ class PEHost:
         for spec in specs:
             assert isinstance(spec, PESpec)
             await self.handovers.resolve(spec)          # a new instance's key groups, from their old owner
+            if spec.restore:                     # key groups' files read here, checked (incremental.py)
+                copies = LocalCopies(deployment_dir(spec.deployment))     # local recovery (state/local.py)
+                read, here = await asyncio.to_thread(resolve_restore, spec.restore, copies)
+                if read:
+                    logger.info("PE %s: %d key-group files restored, %d from this worker's copies", spec.pe_id,
+                                read, here)
             spare = self.warm_threads.pop() if spec.pe_id in spec.copies and self.warm_threads else None
             pe = PERunner(spec, self._hosting(spec.deployment), spare_thread=spare)
             self.pes[(spec.deployment, spec.pe_id)] = pe
@@ -412,7 +422,8 @@ class PEHost:
     async def pe_ckpt_wait(self, deployment: str, checkpoint_id: int, pe_ids: list[str],
                            timeout: float) -> dict:
         """Until every listed PE here has snapshotted for ``checkpoint_id`` (or ``timeout``): their
-        results (``{"state": bytes, "positions": ...}`` or ``{"error": ...}``), taken off the PEs.
+        results (``{"taken": True}`` or ``{"error": ...}``), taken off the PEs and held until
+        :meth:`pe_ckpt_write` (or the checkpoint's end).
         A PE that is gone, or failed, answers with an error."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -424,14 +435,20 @@ class PEHost:
             if gone or not missing or loop.time() >= deadline:
                 break
             await self.changes.after(looked, deadline - loop.time())
-        results = {p: result for p in pe_ids
+        results = {p: self.ckpt_files.hold(deployment, checkpoint_id, p, result) for p in pe_ids
                    if p in pes and (result := pes[p].checkpoint_result(checkpoint_id, take=True)) is not None}
         results.update({p: {"error": f"PE {p} is gone or failed on {self.worker.address}"} for p in gone})
         return {"results": results, "missing": missing}
 
+    async def pe_ckpt_write(self, deployment: str, checkpoint_id: int, pe_ids: list[str], storage: str) -> dict:
+        """Write the held snapshots of ``checkpoint_id`` into ``storage`` (the run's directory), in
+        a thread: ``{pe_id: {"files", "positions"} or {"error"}}`` (ckpt_files.py)."""
+        return await asyncio.to_thread(self.ckpt_files.write, deployment, checkpoint_id, pe_ids, storage)
+
     async def pe_ckpt_end(self, deployment: str, checkpoint_id: int, complete: bool) -> None:
         """Checkpoint ``checkpoint_id`` is complete (sinks commit) or aborted (sinks discard, PEs
         still aligning on it go on)."""
+        self.ckpt_files.end(deployment, checkpoint_id, complete)
         for pe_id, pe in self._of(deployment).items():
             # Stopped while this call waited for its turn (a restore or a reconfiguration
             # replaced it): its successor settles the checkpoint from its own state. A
@@ -471,6 +488,7 @@ class PEHost:
             self.secrets.pop(deployment, None)          # the deployment is over here
             self.checkpointing.discard(deployment)
             self.state_backends.pop(deployment, None)
+            self.ckpt_files.forget(deployment)
             remove_stores(deployment)                   # its operators' disk state (docs/state.md)
             self.handovers.forget(deployment)
         self._bump()

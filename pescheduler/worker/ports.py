@@ -62,7 +62,8 @@ class Ports:
         local_receivers, data_address, expect = connect
         spec = self.spec
         if out.dst_data == data_address:
-            channel = LocalChannelOut(out.channel_id, spec.credits, linger_s=spec.linger_s, batch_size=spec.batch_size)
+            channel = LocalChannelOut(out.channel_id, spec.credits, latency_s=spec.latency_s,
+                                      batch_size=spec.batch_size)
             try:
                 channel.attach(*local_receivers(out.channel_id))
             except KeyError:
@@ -72,7 +73,7 @@ class Ports:
         else:
             channel = TcpChannelOut(out.channel_id, spec.credits,
                                     lambda item, exc, op=out.src_op: self.dead(item, exc, op),
-                                    linger_s=spec.linger_s, batch_size=spec.batch_size)
+                                    latency_s=spec.latency_s, batch_size=spec.batch_size)
             channel.open(out.dst_data, self.credentials)
         channel.dst_ops = out.dst_ops          # routers pick channels by the instance they reach
         channel.gate.wake = self.wake          # credit wakes an idle PE (flow.InputScheduler.idle)

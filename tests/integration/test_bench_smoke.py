@@ -64,7 +64,8 @@ def quick_runs(request, tmp_path_factory) -> dict[tuple[str, ...], Future]:
     ("recovery.py", (), ("checkpoint every 1 s", "duration p50", "0 lost, 0 duplicated", "kill → first output")),
     ("startup.py", (), ("command line", "forked", "(a)/(b): deploy→result")),
     ("connectors.py", (), ("parquet", "delta", "iceberg", "ms/commit", "output checked")),
-    ("latency.py", (), ("before: p50", "after: p50", "capacity (unpaced", "goals across 2 PEs")),
+    ("latency.py", (), ("before: p50", "after: p50", "capacity (unpaced", "goals across 2 PEs",
+                        "a fire of many keys at once")),
     pytest.param("postgres_cdc.py", (), ("output checked: each change once", "bare get_changes loop",
                                          "ratio source/bare"), marks=pytest.mark.database),
 ])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from distributed import LocalCluster
 
 from waiting import reap, until
 
@@ -102,6 +103,139 @@ def test_a_running_name_and_a_written_path_are_refused_naming_the_running_one(tm
     finally:
         reap(first)
     assert out.read_text()                     # the first one's output, untouched by the refused ones
+
+
+@pytest.mark.parametrize("names", [("cars", "cars"), ("cars", "trucks")], ids=["same-name", "same-path"])
+def test_two_deploys_started_at_once_one_runs_and_the_other_exits_2_naming_it(tmp_path, names):
+    """Both checked the running ones before either had recorded itself (the record is written once
+    the cluster is up, seconds later), so both ran: the claim is now taken, under a lock, first."""
+    _race(tmp_path, names, "a deployment named 'cars' is already running on this machine")
+    assert not list((tmp_path / "state").iterdir())   # record and claim removed by their writer
+
+
+def test_two_deploys_on_one_cluster_started_at_once_one_runs_and_the_other_exits_2(tmp_path):
+    """On a given cluster the published statuses are compared: both were read before either published."""
+    with LocalCluster(n_workers=1, threads_per_worker=2, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=":0") as cluster:
+        address = cluster.scheduler_address
+        _race(tmp_path, ("cars", "cars"), f"a deployment named 'cars' is already running on {address}",
+              "--cluster", address)
+
+
+def _race(tmp_path, names, same_name, *args):
+    """Start ``deploy --name N`` for both ``names`` at once: exactly one runs (then stopped by its
+    name), the other exits 2 naming it before it starts anything."""
+    out = tmp_path / "counts.jsonl"
+    (tmp_path / "app.py").write_text(APP.format(out=str(out)))
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    logs = [tmp_path / f"deploy-{i}.out" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
+                               "--name", name, *(args or ("--workers", "2"))], stdout=log.open("w"),
+                              stderr=subprocess.PIPE, text=True, env=env) for name, log in zip(names, logs)]
+    try:
+        until(lambda: any(p.poll() is not None for p in procs) or all("running on" in log.read_text()
+                                                                     for log in logs),
+              180, "one deploy to be refused, or both to run")
+        assert [p.poll() is None for p in procs].count(True) == 1, [log.read_text() for log in logs]
+        (loser, lost), (winner, won) = sorted(zip(procs, names), key=lambda pair: pair[0].poll() is None)
+        stderr = loser.stderr.read().replace("\n", " ")
+        assert loser.returncode == 2, stderr
+        clash = same_name if lost == won else f"{lost!r} would write {out}, which the running deployment {won!r}"
+        assert clash in stderr, stderr
+        assert "running on" not in logs[procs.index(loser)].read_text()     # refused before a worker started
+        stop = cli("stop", won, *args[:2], env=env, timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        _, stderr = winner.communicate(timeout=120)
+        assert winner.returncode == 0, stderr
+    finally:
+        for proc in procs:
+            reap(proc)
+
+
+def _deploy(app_file, *args, env):
+    return subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(app_file), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _apps(tmp_path, n):
+    """``n`` app files of the same app, each writing its own output: (app file, output) pairs."""
+    made = []
+    for i in range(n):
+        out = tmp_path / f"counts-{i}.jsonl"
+        (tmp_path / f"app-{i}.py").write_text(APP.format(out=str(out)))
+        made.append((tmp_path / f"app-{i}.py", out))
+    return made
+
+
+def test_deploy_suffix_runs_beside_the_running_name_as_name_2(tmp_path):
+    """Issue 36: `--suffix` deploys as NAME-2 where a second deploy of a running name exits 2."""
+    (first_app, _), (second_app, second_out) = _apps(tmp_path, 2)
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    first = _deploy(first_app, "--workers", "1", "--name", "cars", env=env)
+    second = None
+    try:
+        until(lambda: first.poll() is not None or (tmp_path / "state" / "cars.json").exists(), 120,
+              "the first deployment to record itself")
+        second = _deploy(second_app, "--workers", "1", "--name", "cars", "--suffix", "--duration", "3", env=env)
+        stdout, stderr = second.communicate(timeout=180)
+        assert second.returncode == 0, stdout + stderr
+        assert "`python -m pescheduler status cars-2`" in stdout.replace("\n", " "), stdout
+        assert second_out.read_text()                  # it ran, beside the first
+        assert first.poll() is None                    # which still runs
+        assert cli("stop", "cars", env=env, timeout=120).returncode == 0
+        first.communicate(timeout=120)
+    finally:
+        reap(first)
+        if second is not None:
+            reap(second)
+
+
+def test_deploy_replace_stops_the_running_name_then_deploys(tmp_path):
+    """Issue 36: `--replace` stops the running deployment of that name (drained: its output is
+    complete) and then deploys under the name."""
+    (first_app, first_out), (second_app, second_out) = _apps(tmp_path, 2)
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    first = _deploy(first_app, "--workers", "1", "--name", "cars", env=env)
+    try:
+        until(lambda: first.poll() is not None or (tmp_path / "state" / "cars.json").exists(), 120,
+              "the first deployment to record itself")
+        again = cli("deploy", str(second_app), "--workers", "1", "--name", "cars", "--replace",
+                    "--duration", "3", env=env, timeout=240)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "--replace: stopping the running 'cars' first" in again.stdout
+        first.communicate(timeout=120)
+        assert first.returncode == 0                   # stopped cleanly, drained
+        assert first_out.read_text() and second_out.read_text()
+    finally:
+        reap(first)
+    assert not list((tmp_path / "state").iterdir())
+
+
+def test_suffix_and_replace_on_a_cluster(tmp_path):
+    """On a --cluster the published statuses hold the names: --suffix finds cars-2 free there, and
+    --replace stops the running cars through the scheduler before deploying."""
+    (first_app, first_out), (second_app, second_out), (third_app, third_out) = _apps(tmp_path, 3)
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
+    with LocalCluster(n_workers=1, threads_per_worker=2, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=":0") as cluster:
+        address = cluster.scheduler_address
+        first = _deploy(first_app, "--cluster", address, "--name", "cars", env=env)
+        try:
+            until(lambda: first.poll() is not None or cli("status", "cars", "--cluster", address,
+                                                          env=env).returncode == 0, 120, "cars to publish")
+            beside = cli("deploy", str(second_app), "--cluster", address, "--name", "cars", "--suffix",
+                         "--duration", "3", env=env, timeout=240)
+            assert beside.returncode == 0, beside.stdout + beside.stderr
+            assert "status cars-2`" in beside.stdout.replace("\n", " ") and second_out.read_text()
+            assert first.poll() is None
+            again = cli("deploy", str(third_app), "--cluster", address, "--name", "cars", "--replace",
+                        "--duration", "3", env=env, timeout=240)
+            assert again.returncode == 0, again.stdout + again.stderr
+            assert "--replace: stopping the running 'cars' first" in again.stdout
+            first.communicate(timeout=120)
+            assert first.returncode == 0 and first_out.read_text() and third_out.read_text()
+        finally:
+            reap(first)
 
 
 FAILING_APP = """

@@ -78,6 +78,16 @@ def test_columnar_example_as_written_writes_exactly_the_per_tuple_results(tmp_pa
     assert_same_averages(rows, reference)
 
 
+def test_trades_asof_example_as_written_equals_reference(tmp_path):
+    import trades_asof
+
+    deploy_cli(EXAMPLES / "trades_asof.py", tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / trades_asof.OUTPUT).read_text().splitlines()]
+    reference = trades_asof.reference()
+    assert 0 < sum(line["bid"] is None for line in reference) < len(reference) // 10   # some quotes too old
+    assert sorted(rows, key=lambda line: (line["symbol"], line["ts"])) == reference
+
+
 def test_heartbeat_alerts_example_as_written_equals_reference(tmp_path):
     import heartbeat_alerts
 

@@ -77,6 +77,7 @@ class Terminal:
         self.env = {**os.environ, "PESCHEDULER__STATE_DIR": str(folder / "state")}
         self.jobs: list[tuple[list[str], subprocess.Popen, Path]] = []     # (argv, process, its log)
         self.shell_jobs: list[subprocess.Popen] = []       # the ``&`` ones: ``kill %N`` names them
+        self.redirected: list[Path] = []                   # the files ``CMD > FILE 2>&1`` lines wrote
 
     def argv(self, line: str) -> list[str]:
         for old, new in self.ports.items():
@@ -92,8 +93,11 @@ class Terminal:
         return subprocess.run(argv, cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=BOUND)
 
     def background(self, argv: list[str], ampersand: bool) -> subprocess.Popen:
-        """Start ``argv`` without waiting: a ``&`` job of this shell, or a terminal of its own."""
-        log = self.folder / f"job-{len(self.jobs) + 1}.log"
+        """Start ``argv`` without waiting: a ``&`` job of this shell, or a terminal of its own; its
+        output goes where the line redirects it (``> FILE 2>&1``, as the shell does), else to a log."""
+        argv, target = redirect(argv)
+        log = self.folder / (target or f"job-{len(self.jobs) + 1}.log")
+        self.redirected += [log] if target else []
         with open(log, "w") as out:                   # a file: a pipe nobody reads would fill and block
             proc = subprocess.Popen(argv, cwd=self.folder, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
@@ -115,6 +119,15 @@ class Terminal:
                 except ProcessLookupError:
                     pass
             reap(proc)
+
+
+def redirect(argv: list[str]) -> tuple[list[str], str | None]:
+    """``CMD > FILE 2>&1`` as the shell takes it: the command, and the file both its outputs go to."""
+    if ">" not in argv:
+        return argv, None
+    at = argv.index(">")
+    assert argv[at + 2:] == ["2>&1"], f"a redirection this terminal does not take: {shlex.join(argv)}"
+    return argv[:at], argv[at + 1]
 
 
 def deploys_forever(argv: list[str]) -> bool:
@@ -188,6 +201,9 @@ def test_the_guide_runs_as_written(tmp_path):
         assert all(proc.poll() is not None for _a, proc, _l in shell.jobs), "the guide left a process running"
         assert shell.run([sys.executable, "-m", "pescheduler", "list"]).returncode == 0
         assert not list((tmp_path / "state").glob("*.json")), "a deployment's record was left behind"
+        # the cluster's logs went to the files the guide names, not over the live view of its deploy
+        assert [p.name for p in shell.redirected] == ["scheduler.log", "worker-1.log", "worker-2.log"]
+        assert "Scheduler at" in shell.redirected[0].read_text()
     finally:
         shell.close()
 

@@ -38,20 +38,26 @@ def tuples_in(dep, op: str) -> None:
         assert time.monotonic() < deadline, f"{op} never got a tuple"
 
 
+def replicated_and_released(dep, op: str, release) -> dict:
+    """Replicate ``op`` once it has tuples, Release the copy once that has some, then let the source
+    (held until the file ``release`` exists) finish: the deployment's final status."""
+    tuples_in(dep, op)
+    rec = dep.apply(Replicate(op, 1), timeout=WAIT)
+    assert rec.applied, rec.reason
+    tuples_in(dep, f"{op}#1")
+    rec = dep.apply(Release(op, 1), timeout=WAIT)
+    assert rec.applied, rec.reason
+    release.touch()
+    return dep.wait(timeout=WAIT)
+
+
 def test_replicate_and_release_fire_every_pending_timer_exactly_once(cluster, tmp_path):
     out, release = tmp_path / "alerts.jsonl", tmp_path / "release"
     app = Application("process-copies")
     (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=COUNT - 1000, release=str(release))
         .key_by("key").process(Lapses, gap=GAP, id="lapses").sink("jsonl", path=str(out)))
     with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
-        tuples_in(dep, "lapses")
-        rec = dep.apply(Replicate("lapses", 1), timeout=WAIT)
-        assert rec.applied, rec.reason
-        tuples_in(dep, "lapses#1")
-        rec = dep.apply(Release("lapses", 1), timeout=WAIT)
-        assert rec.applied, rec.reason
-        release.touch()
-        status = dep.wait(timeout=WAIT)
+        status = replicated_and_released(dep, "lapses", release)
     assert status["state"] == "finished", status
     assert_equals_reference([json.loads(line) for line in out.read_text().splitlines()])
 
@@ -71,13 +77,19 @@ def test_a_sigkilled_worker_restored_from_a_checkpoint_fires_every_timer_exactly
     app = Application("process-recovery")
     (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE)     # Lapses as registered by support_ops
         .key_by("key").process("lapses", gap=GAP, id="lapses").sink("jsonl", path=str(out)))
+    assert_equals_reference(killed_and_restored(app, "lapses", tmp_path, out))
+
+
+def killed_and_restored(app, op: str, tmp_path, out) -> list:
+    """Deploy ``app`` on three workers with checkpoints, SIGKILL the worker of ``op`` after the first
+    complete one, wait for the restored deployment to finish: what its jsonl sink ``out`` committed."""
     with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
                             checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
         until(lambda: dep.checkpoints(), WAIT, "a complete checkpoint")
         placement = dep.placement()
-        worker = placement.pes[placement.pe_of("lapses")].worker
+        worker = placement.pes[placement.pe_of(op)].worker
         os.kill(dep.worker_info[worker]["pid"], signal.SIGKILL)
         status = dep.wait(timeout=WAIT)
         assert dep.status()["checkpoints"]["restart"]["restarts"], "no restart was recorded"
     assert status["state"] == "finished", status
-    assert_equals_reference(committed_output(out))
+    return committed_output(out)

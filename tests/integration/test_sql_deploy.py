@@ -32,19 +32,39 @@ def rows(seed: int, prefix: str) -> list[dict]:
             for i in range(1500)]
 
 
-def test_union_of_windowed_queries_over_two_sources_equals_duckdb(cluster, tmp_path):
-    cars, trucks = rows(1, "c"), rows(2, "t")
+def deployed_and_duckdb(cluster, tmp_path, query: str, cars: list, trucks: list) -> tuple[list, list]:
+    """``query`` over sources ``cars`` and ``trucks`` deployed on ``cluster`` (no late event, no dead
+    letter), and DuckDB's rows for it: ``(got, expected)``."""
     out = tmp_path / "sql.jsonl"
     app = Application("sql")
     sources = {"cars": app.source("iterable", items=cars, max_delay="100ms"),
                "trucks": app.source("iterable", items=trucks, max_delay="100ms")}
-    pescheduler.sql(QUERY, sources=sources).sink("jsonl", path=str(out))
+    pescheduler.sql(query, sources=sources).sink("jsonl", path=str(out))
     with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
         status = dep.wait(timeout=120)
     assert status["late_events"] == 0 and status["dead_letters"] == 0
     got = [json.loads(line) for line in out.read_text().splitlines()]
-    expected = duckdb_rows(QUERY, {"cars": cars, "trucks": trucks}, {"car": "VARCHAR", "speed": "BIGINT", "ts": "BIGINT"})
+    tables = {"cars": cars, "trucks": trucks}
+    return got, duckdb_rows(query, tables, {"car": "VARCHAR", "speed": "BIGINT", "ts": "BIGINT"})
+
+
+def test_union_of_windowed_queries_over_two_sources_equals_duckdb(cluster, tmp_path):
+    got, expected = deployed_and_duckdb(cluster, tmp_path, QUERY, rows(1, "c"), rows(2, "t"))
     assert len(got) > 100
+    assert same_rows(got, expected)
+
+
+JOINS = """SELECT c.car, c.speed AS car_speed, t.speed AS truck_speed FROM cars c JOIN trucks t
+  ON c.car = t.car AND c.ts BETWEEN t.ts - 200 AND t.ts + 100
+UNION ALL
+SELECT c.car, c.speed AS car_speed, t.speed AS truck_speed FROM cars c ASOF LEFT JOIN trucks t
+  ON c.car = t.car AND c.ts >= t.ts
+WHERE c.speed > 10"""
+
+
+def test_interval_and_asof_joins_of_two_sources_equal_duckdb(cluster, tmp_path):
+    got, expected = deployed_and_duckdb(cluster, tmp_path, JOINS, rows(3, "v"), rows(4, "v"))
+    assert len(got) > 1000
     assert same_rows(got, expected)
 
 

@@ -5,6 +5,7 @@ The same path runs on a real cluster in tests/integration/test_recovery.py."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import uuid
 
@@ -23,6 +24,7 @@ from pescheduler.errors import CheckpointError, NotReplayable
 from pescheduler.plan.compiler import compile_app
 from pescheduler.plugins import load_plugins
 from pescheduler.worker.barriers import barrier, is_barrier
+from pescheduler.worker.ckpt_files import CheckpointFiles
 from inbox import take_all
 
 WORKERS = ["tcp://w1", "tcp://w2"]
@@ -53,6 +55,7 @@ class FakeGateway:
         self.ended: list[tuple[int, bool]] = []
         self.error_from = error_from
         self.ops_of: dict[str, tuple] = {}      # pe -> its operators (set by coordinator())
+        self.held = collections.defaultdict(CheckpointFiles)    # worker -> its side of writing
 
     async def ckpt_begin(self, worker, checkpoint_id, pe_ids, epoch):
         self.begun.append((worker, checkpoint_id, list(pe_ids)))
@@ -68,11 +71,23 @@ class FakeGateway:
             else:
                 state = {op: {"state": {"n": checkpoint_id}, "progress": ({}, 0, set(), False), "driver": None}
                          for op in self.ops_of[pe]}
-                results[pe] = {"state": cloudpickle.dumps(state), "positions": {}}
+                results[pe] = self.held[worker].hold("unit-1", checkpoint_id, pe, {
+                    "state": cloudpickle.dumps(state), "views": [], "positions": {}})
         return {"results": results, "missing": []}
+
+    async def ckpt_write(self, worker, checkpoint_id, pe_ids, storage):
+        return self.held[worker].write("unit-1", checkpoint_id, pe_ids, storage)
 
     async def ckpt_end(self, workers, checkpoint_id, complete):
         self.ended.append((checkpoint_id, complete))
+
+
+def worker_written(store, checkpoint_id: int, results: dict) -> dict:
+    """``results`` (``pe -> {"state", "positions"}``) written to ``store`` as a worker writes them."""
+    files = CheckpointFiles()
+    for pe, result in results.items():
+        files.hold("unit-1", checkpoint_id, pe, {"views": [], **result})
+    return files.write("unit-1", checkpoint_id, list(results), store.url)
 
 
 class FakeReconfigurer:
@@ -347,7 +362,7 @@ def test_a_checkpoint_of_a_two_instance_window_restores_onto_three_instances_exa
     store = memory_store()
     coord = coordinator(store, FakeGateway())
     coord.reconfigurer.placement = two
-    coord._store(1, results, two, 0.0, 0.1, threading.Event())
+    coord._store(1, worker_written(store, 1, results), two, 0.0, 0.1, threading.Event())
 
     restored = load_states(store, 1, three)
     whole = unpack_namespaced(window("win")["groups"])

@@ -368,6 +368,20 @@ def test_the_state_file_is_per_name_and_removed_only_by_its_writer(tmp_path):
         statefile.use_name("../x")
 
 
+def test_a_claim_is_seen_while_its_process_lives_and_removed_with_its_record(tmp_path):
+    from pescheduler.control import statefile
+
+    with dask.config.set({"pescheduler.state-dir": str(tmp_path)}):
+        with statefile.locked():
+            statefile.claim("nightly", "cars", ["/tmp/out.jsonl"])
+        _record(tmp_path, "stale", 2 ** 22 + 1)                 # no such pid: a killed deployment's
+        (tmp_path / "stale.claim").write_text((tmp_path / "stale.json").read_text())
+        assert [(c["name"], c["outputs"]) for c in statefile.claims()] == [("nightly", ["/tmp/out.jsonl"])]
+        statefile.write("tcp://127.0.0.1:1234", "cars", name="nightly")
+        statefile.remove("nightly")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["stale.claim", "stale.json"]
+
+
 def test_status_of_a_tls_scheduler_without_certificates_says_so_at_once(tmp_path, capsys):
     """Without TLS flags (or Dask TLS config) no connect to a tls:// scheduler can succeed: said at
     once, not after every attempt failed until connect-timeout (made long here)."""

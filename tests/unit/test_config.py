@@ -199,7 +199,7 @@ def test_zero_negative_nan_and_infinite_durations_are_refused_naming_the_key():
 def test_zero_stays_valid_where_it_means_none():
     saved = _restore()
     try:
-        dask.config.update(dask.config.config, {"pescheduler": {"batch": {"linger": "0ms"},
+        dask.config.update(dask.config.config, {"pescheduler": {"batch": {"latency": "0ms"},
                                                                 "restart": {"backoff": 0}}})
         config.validate()
     finally:

@@ -344,19 +344,40 @@ def test_a_plug_in_aggregate_runs_in_python_over_the_window_rows_of_a_database(p
 def test_the_collection_aggregates_on_a_database_equal_native(provider, window):
     """count_distinct, percentile, first/last (event time), top_k run in Python over the
     database's window rows; the rows equal the native engine's."""
-    def rows(p):
-        proc = ep.EventProcessor(p)
-        proc.register_stream("s", SCHEMA, max_delay=3)
-        out = []
-        proc.create_query("q", ep.Stream("s", window=window, key="id").aggregate(
-            {"d": ("count_distinct", "a"), "p": ("percentile", "b", 0.75), "f": ("first", "a"),
-             "l": ("last", "a"), "t": ("top_k", "a", 2), "n": "count"}))
-        proc.add_output_processor("q", out.append)
-        proc.push_events("s", stream(13, n=80))
-        proc.close()
-        return out
-    expected = rows("native")
-    assert rows(provider) == expected and any(r["d"] > 1 for r in expected)
+    expected = collection_rows("native", window, 13)[0]
+    assert collection_rows(provider, window, 13)[0] == expected and any(r["d"] > 1 for r in expected)
+
+
+def collection_rows(provider, window, seed):
+    """The rows of a query of every collection aggregate over ``window``, and (on a database) the
+    query's aggregates: what it computes in SQL, what it folds in Python."""
+    proc = ep.EventProcessor(provider)
+    proc.register_stream("s", SCHEMA, max_delay=3)
+    out = []
+    proc.create_query("q", ep.Stream("s", window=window, key="id").aggregate(
+        {"d": ("count_distinct", "a"), "p": ("percentile", "b", 0.75), "f": ("first", "a"),
+         "l": ("last", "a"), "t": ("top_k", "a", 2), "n": "count"}))
+    proc.add_output_processor("q", out.append)
+    proc.push_events("s", stream(seed, n=80))
+    computed = proc._runners["q"].aggs if provider != "native" else None
+    proc.close()
+    return out, computed
+
+
+SQL_FORMS = {"sqlite": {"d"}, "duckdb": {"d", "p", "f", "l"}, "postgresql": {"d", "p", "f", "l"}}
+
+
+@pytest.mark.parametrize("provider", ["sqlite", "duckdb", pytest.param("postgresql", marks=pytest.mark.database)],
+                         indirect=True)
+@pytest.mark.parametrize("window", [ep.Sliding(20, 10), ep.Tumbling(10), ep.Session(3)], ids=repr)
+def test_collection_aggregates_with_an_sql_form_are_computed_by_the_database(provider, window):
+    """COUNT(DISTINCT), PERCENTILE_CONT / quantile_cont and first/last ordered by event time where the
+    database has them, in the GROUP BY of a time window; the rest (SQLite's percentile and first/last,
+    top_k, the sketches) folded in Python. Either way the rows are the native engine's."""
+    (expected, _), (got, aggs) = collection_rows("native", window, 17), collection_rows(provider, window, 17)
+    assert got == expected and any(r["d"] > 1 and r["f"] != r["l"] for r in expected)
+    assert {out for out, fn, _ in aggs.outputs if fn == "sql"} == SQL_FORMS[aggs.dialect.name]
+    assert {out for out, _, _ in aggs.python} == {"d", "p", "f", "l", "t"} - SQL_FORMS[aggs.dialect.name]
 
 
 def test_a_count_window_table_stays_bounded_over_a_long_stream(provider):

@@ -34,8 +34,9 @@ def numbered(steps):
     return out + [("W", MAX_WATERMARK)]
 
 
-def reference(steps, within, use_pred):
-    """Per step: (sorted (left id, right id, ts) results, late ids), by the documented rules."""
+def reference(steps, lower, upper, use_pred):
+    """Per step: (sorted (left id, right id, ts) results, late ids), by the documented rules: each
+    arriving event against every earlier event of the other side, ever (``lower <= r.ts - l.ts <= upper``)."""
     seen = {"L": [], "R": []}
     wm, per_step = MIN_WATERMARK, []
     for kind, arg in steps:
@@ -51,7 +52,7 @@ def reference(steps, within, use_pred):
                 continue
             for o in other:             # everything ever buffered: purging must lose nothing
                 l, r = (e, o) if kind == "L" else (o, e)
-                if l["k"] == r["k"] and abs(l["ts"] - r["ts"]) <= within and (not use_pred or pred(l, r)):
+                if l["k"] == r["k"] and lower <= r["ts"] - l["ts"] <= upper and (not use_pred or pred(l, r)):
                     results.append((l["id"], r["id"], max(l["ts"], r["ts"])))
             seen[kind].append(e)
         per_step.append((sorted(results), late))
@@ -59,6 +60,7 @@ def reference(steps, within, use_pred):
 
 
 def run(join, steps):
+    """Per step: (sorted (left id, right id | None, ts) results, late ids); any two-input join."""
     per_step = []
     for kind, arg in steps:
         emit = Emitter()
@@ -66,7 +68,7 @@ def run(join, steps):
             join.on_watermark(arg, emit)
         else:
             (join.on_left if kind == "L" else join.on_right)(arg, emit)
-        per_step.append((sorted((t["left"]["id"], t["right"]["id"], t["ts"]) for t in emit),
+        per_step.append((sorted((t["left"]["id"], t["right"] and t["right"]["id"], t["ts"]) for t in emit),
                          [t["id"] for t in (emit.sides or {}).get("late", [])]))
     return per_step
 
@@ -77,7 +79,7 @@ def test_join_equals_brute_force_reference(case):
     steps, within, use_pred = case
     steps = numbered(steps)
     join = Join(within=within, on="k", predicate=pred if use_pred else None)
-    assert run(join, steps) == reference(steps, within, use_pred)
+    assert run(join, steps) == reference(steps, -within, within, use_pred)
     assert join.snapshot()["left"] == {} and join.snapshot()["right"] == {}   # all purged at the end
 
 

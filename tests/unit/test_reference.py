@@ -43,3 +43,14 @@ def test_plugins_fits_80_columns_and_hides_internal_operators_unless_all(capsys)
     assert max(map(len, lines)) <= 80 and not any(" ep_" in line for line in lines)
     assert cli.main(["plugins", "--all"]) == 0
     assert " ep_filter " in capsys.readouterr().out
+
+
+def test_the_parametrised_aggregates_are_described_with_their_parameter(capsys):
+    """percentile q, approx_percentile q, top_k k: `--describe` named nothing for them."""
+    [percentile] = describe(load_plugins(), "percentile")
+    assert [(p.name, p.type, p.default) for p in percentile.params] == [("field", "str", REQUIRED),
+                                                                      ("q", "float", REQUIRED)]
+    assert cli.main(["plugins", "--describe", "top_k"]) == 0
+    out = capsys.readouterr().out
+    assert "aggregate top_k" in out and "(\"top_k\", field," in out and "most frequent" in out
+    assert "## aggregate `approx_percentile`" in markdown(load_plugins())

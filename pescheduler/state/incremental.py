@@ -1,0 +1,317 @@
+"""Asynchronous, incremental checkpoints of keyed state, written by the worker (docs/checkpoints.md).
+
+At a barrier a KEYED operator's snapshot holds a :class:`GroupsSnapshot`: a
+consistent view of its state (``KeyedState.snapshot``: O(key groups) for
+``memory``, a RocksDB checkpoint for ``disk``) and the keys written since the
+previous one (:class:`~pescheduler.state.base.Changes`). Nothing is copied
+on the PE's loop. The rest of the PE's snapshot is pickled there as before
+(:func:`pickle_snapshot` sets the views aside), and the worker's
+:class:`ChainWriter` then writes the views' key groups, in a thread of the
+worker, straight into the checkpoint storage.
+
+Each key group is a chain of files: one full file (:func:`pack_group`'s
+bytes) and up to ``pescheduler.checkpoint.max-deltas`` delta files, each
+holding ``({key: value} put, [key] deleted)`` since the chain's previous file
+(Flink's changelog idea). A checkpoint writes, per group: nothing when no key
+of it changed (the manifest references the earlier files), a delta when the
+chain is short enough and its deltas together stay smaller than its full
+file, else the group whole. Chains grow only from checkpoints known complete
+(:meth:`ChainWriter.confirm`): a delta never builds on a file an aborted
+checkpoint wrote.
+
+The PE's ``.state`` file stores, in place of each view, ``{group: (a key of
+it, GroupRef)}``: a :class:`GroupRef` names the chain's files; the signed
+manifest lists each with its size and SHA-256. A restore hands those entries
+to the worker that gets the group (``resolve_restore``), which reads and
+checks each file before unpickling it: the deploying process never holds
+state bytes.
+
+Outside a checkpoint (a reconfiguration's snapshot, a test) a
+:class:`GroupsSnapshot` is an ordinary mapping ``{group: (key, bytes)}``, and
+pickles as one.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
+
+import cloudpickle
+
+from .. import config
+from ..errors import CheckpointDamaged
+from .base import Changes, StateView, pack_group, unpack_group
+from .files import StateFiles
+from .local import LocalCopies
+
+_PICKLE = pickle.HIGHEST_PROTOCOL
+
+
+class GroupsSnapshot(Mapping):
+    """A KEYED operator's key groups at a snapshot, as a view: packed only when read."""
+
+    def __init__(self, view: StateView) -> None:
+        self.view = view
+        self._packed: dict | None = None
+
+    def _groups(self) -> dict:
+        if self._packed is None:
+            out = {}
+            for g in self.view.groups():
+                entries = dict(self.view.items(g))
+                out[g] = (next(iter(entries)), pack_group(entries.items()))
+            self._packed = out
+            self.view.release()
+        return self._packed
+
+    def __getitem__(self, group: int) -> tuple[Any, bytes]:
+        return self._groups()[group]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._groups())
+
+    def __len__(self) -> int:
+        return len(self._groups())
+
+    def __reduce__(self):
+        return dict, (self._groups(),)
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """One key group in a checkpoint: its chain's files, the full one first. The PE's ``.state``
+    file holds it compactly (``name`` is shared by a view's groups, ``chain`` the checkpoint
+    and kind of each file); once restored (:func:`with_entries`) ``files`` holds the signed
+    manifest's entries the worker checks each file against."""
+
+    run: str
+    name: str                   # <pe>.<n>: the view's files are <name>.g<NNN>.full|delta
+    group: int
+    chain: tuple                # ((checkpoint id, "full" | "delta"), ...)
+    files: tuple = ()
+
+    @property
+    def paths(self) -> list[str]:
+        return [f"chk-{chk:06d}/{self.name}.g{self.group:03d}.{kind}" for chk, kind in self.chain]
+
+
+# -- the PE's .state file: views set aside, references put back ----------------------------------
+
+class _SetAside(cloudpickle.Pickler):
+    def __init__(self, buffer: io.BytesIO) -> None:
+        super().__init__(buffer, protocol=_PICKLE)
+        self.views: list[GroupsSnapshot] = []
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is GroupsSnapshot and obj._packed is None:
+            for i, seen in enumerate(self.views):          # one view named twice is written once
+                if seen is obj:
+                    return i
+            self.views.append(obj)
+            return len(self.views) - 1
+        return None
+
+
+def pickle_snapshot(snapshot: Any) -> tuple[bytes, list[GroupsSnapshot]]:
+    """``snapshot`` pickled now, each unread :class:`GroupsSnapshot` set aside (numbered in order)."""
+    buffer = io.BytesIO()
+    pickler = _SetAside(buffer)
+    pickler.dump(snapshot)
+    return buffer.getvalue(), pickler.views
+
+
+class _PutBack(pickle.Unpickler):
+    def __init__(self, data: bytes, groups: list) -> None:
+        super().__init__(io.BytesIO(data))
+        self.groups = groups
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self.groups[pid]
+
+
+def load_snapshot(data: bytes, groups: list) -> Any:
+    """:func:`pickle_snapshot`'s bytes, view ``i`` replaced by ``groups[i]`` (``{g: (key, GroupRef)}``)."""
+    return _PutBack(data, groups).load()
+
+
+def with_entries(groups: list[dict], entries: list[dict]) -> list[dict]:
+    """A ``.state`` file's ``groups``, each :class:`GroupRef`'s paths replaced by the entries of
+    the (verified) manifest (``entries``): what the worker checks each file against."""
+    by_path = {e["path"]: e for e in entries}
+    try:
+        return [{g: (key, replace(ref, files=tuple(by_path[p] for p in ref.paths)))
+                 for g, (key, ref) in part.items()} for part in groups]
+    except KeyError as exc:
+        raise CheckpointDamaged(f"key-group file {exc} is not in the signed manifest") from None
+
+
+# -- the worker's writer ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Chain:
+    key: Any                    # a key of the group (stands for it when a rescale asks owns(key))
+    files: tuple                # entries, the full file first
+    full_bytes: int
+    delta_bytes: int
+
+
+@dataclass(frozen=True)
+class _Written:
+    seq: int                    # the view's snapshot number
+    chains: dict                # group -> _Chain
+    run: str                    # the run whose storage holds the files
+
+
+class ChainWriter:
+    """One deployment's key-group chains on this worker: writes views, learns which checkpoints completed.
+
+    Keyed by the state object (``Changes.token``): a state replaced (a restore, a rescale) starts
+    with full files. Writes happen in a worker thread (the PE host's ``pe_ckpt_write``)."""
+
+    def __init__(self, local: LocalCopies | None = None) -> None:
+        self.local = local                          # copies of the files written here (local recovery)
+        self._base: dict[str, _Written] = {}        # token -> chains of the newest complete checkpoint
+        self._seen: dict[str, dict] = {}            # token -> {seq: Changes} since that one
+        self._pending: dict[int, dict] = {}         # checkpoint id -> {token: _Written}
+        self._lock = threading.Lock()               # confirm() comes from the worker's loop
+
+    def write_pe(self, files: StateFiles, checkpoint_id: int, pe_id: str, taken: dict) -> dict:
+        """One PE's checkpoint: its groups' files, then its ``.state`` file; ``{"files", "positions"}``
+        with every file the checkpoint references (earlier checkpoints' included)."""
+        entries, refs = [], []
+        for i, snap in enumerate(taken["views"]):
+            groups, written = self._write_view(files, checkpoint_id, f"{pe_id}.{i}", snap.view)
+            refs.append(groups)
+            entries.extend(written)
+        blob = cloudpickle.dumps({"ops": taken["state"], "positions": taken["positions"], "groups": refs})
+        state = files.put(checkpoint_id, f"{pe_id}.state", blob)
+        return {"files": [{**state, "role": "state", "pe": pe_id}, *entries], "positions": taken["positions"]}
+
+    def _write_view(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView) -> tuple[dict, list]:
+        try:
+            changes = view.changes or Changes(f"untracked-{id(view)}", 1)   # a view of another backend: whole
+            with self._lock:
+                self._seen.setdefault(changes.token, {})[changes.seq] = changes
+                since = self._since(changes)
+            if since is not None:
+                since = (since[0], view.by_group(since[1]), since[2])
+            chains = {g: self._chain(files, checkpoint_id, f"{name}.g{g:03d}", view, g, since)
+                      for g in view.groups()}
+        finally:
+            view.release()
+        run = files.url.rsplit("/", 1)[-1]
+        with self._lock:
+            self._pending.setdefault(checkpoint_id, {})[changes.token] = _Written(changes.seq, chains, run)
+        written = [{**f, "role": "group"} for c in chains.values() for f in c.files]
+        return {g: (c.key, GroupRef(run, name, g, tuple((f["chk"], f["path"].rsplit(".", 1)[1]) for f in c.files)))
+                for g, c in chains.items()}, written
+
+    def _since(self, changes) -> tuple[dict, set, set] | None:
+        """``(base chains, changed keys, groups replaced whole)`` since the last complete
+        checkpoint, or None when a snapshot in between was not seen here (everything full)."""
+        base, seen = self._base.get(changes.token), self._seen[changes.token]
+        if base is None or any(s not in seen for s in range(base.seq + 1, changes.seq + 1)):
+            return None
+        keys, whole = set(), set()
+        for s in range(base.seq + 1, changes.seq + 1):
+            keys |= seen[s].keys
+            whole |= seen[s].whole
+        return base.chains, keys, whole
+
+    def _chain(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView, g: int,
+               since: tuple | None) -> _Chain:
+        """Group ``g``'s chain in this checkpoint: the base's as it was (no key changed), with one
+        more delta (the chain is short and its deltas stay smaller than its full file), or a
+        new full file."""
+        prev = None if since is None or g in since[2] else since[0].get(g)
+        if prev is not None:
+            keys = since[1].get(g)
+            if not keys:
+                return prev
+            data = pickle.dumps(view.delta(g, keys), _PICKLE)
+            if len(prev.files) - 1 < config.get("checkpoint.max-deltas") and \
+                    prev.delta_bytes + len(data) <= prev.full_bytes:
+                entry = self._put(files, checkpoint_id, f"{name}.delta", data)
+                return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data))
+        entries = dict(view.items(g))
+        data = pack_group(entries.items())
+        entry = self._put(files, checkpoint_id, f"{name}.full", data)
+        return _Chain(next(iter(entries)), (entry,), len(data), 0)
+
+    def _put(self, files: StateFiles, checkpoint_id: int, name: str, data: bytes) -> dict:
+        """A key-group file into the storage, and a copy kept on this worker."""
+        entry = files.put(checkpoint_id, name, data)
+        if self.local is not None:
+            self.local.keep(files.url.rsplit("/", 1)[-1], entry, data)
+        return entry
+
+    def confirm(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is complete: its chains are what the next ones build on."""
+        with self._lock:
+            self._confirm(checkpoint_id)
+            bases = list(self._base.values())
+        if self.local is not None and bases:       # copies no base references any more go
+            keep = {p for b in bases for c in b.chains.values() for p in (f["path"] for f in c.files)}
+            for run in {b.run for b in bases}:
+                self.local.prune(run, keep)
+
+    def _confirm(self, checkpoint_id: int) -> None:
+        for token, written in self._pending.pop(checkpoint_id, {}).items():
+            self._base[token] = written
+            seen = self._seen.get(token, {})
+            for s in [s for s in seen if s <= written.seq]:
+                del seen[s]
+        for older in [i for i in self._pending if i < checkpoint_id]:
+            del self._pending[older]
+
+
+# -- the restore, on the worker ---------------------------------------------------------------------
+
+def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = None) -> tuple[bytes | dict, int]:
+    """One key group from its chain, every file checked first (a local copy when there is a good
+    one): its full file's bytes (:func:`pack_group`'s) when it has no delta, else its entries with
+    the deltas applied (not packed again: ``import_groups`` takes either); and how many files were
+    read locally."""
+    datas, here = [], 0
+    for entry in ref.files:
+        data = None if local is None else local.read(ref.run, entry)
+        here += data is not None
+        datas.append(files.read(entry, ref.run) if data is None else data)
+    if len(datas) == 1:
+        return datas[0], here
+    entries = unpack_group(datas[0])
+    for data in datas[1:]:
+        puts, deletes = pickle.loads(data)
+        for key in deletes:
+            entries.pop(key, None)
+        entries.update(puts)
+    return entries, here
+
+
+def resolve_restore(restore: dict, local: LocalCopies | None = None) -> tuple[int, int]:
+    """In place: the :class:`GroupRef` in each operator's saved state (``spec.restore``) replaced
+    by its key group's bytes, read from the storage its ``"storage"`` names or from this
+    worker's copies (in a worker thread, before the PE is built). ``(files, read locally)``."""
+    counts = [0, 0]
+    for saved in restore.values():
+        storage = saved.get("storage")
+        if storage is not None:
+            saved["state"] = _resolved(saved["state"], StateFiles(storage), local, counts)
+    return counts[0], counts[1]
+
+
+def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: list) -> Any:
+    if type(value) is GroupRef:
+        data, here = read_group(files, value, local)
+        counts[0] += len(value.files)
+        counts[1] += here
+        return data
+    if type(value) is dict:
+        return {k: _resolved(v, files, local, counts) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_resolved(v, files, local, counts) for v in value)
+    return value

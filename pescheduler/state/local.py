@@ -1,0 +1,57 @@
+"""Local recovery: a worker keeps a copy of the key-group files it wrote, and reads them first.
+
+Flink's local recovery: a restored PE placed on a worker that survived reads
+its key groups from that worker's disk when the worker wrote them, and from
+the checkpoint storage otherwise. The copies live in the deployment's
+directory of the worker (``pescheduler.state.dir``, ``state/settings.py``),
+so they go when the deployment ends there. A copy is only a cache: it is
+read only when its size and SHA-256 are those of the signed manifest's
+entry; anything else (missing, damaged) reads the storage's file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+
+LOCAL = "checkpoint-copies"
+
+
+class LocalCopies:
+    """Copies of one deployment's key-group files on this worker: ``<dir>/<run>/chk-N/<file>``."""
+
+    def __init__(self, deployment_dir: str) -> None:
+        """``deployment_dir``: ``state.settings.deployment_dir(deployment)`` on this worker."""
+        self.root = os.path.join(deployment_dir, LOCAL)
+
+    def _path(self, run: str, path: str) -> str:
+        return os.path.join(self.root, run, *path.split("/"))
+
+    def keep(self, run: str, entry: dict, data: bytes) -> None:
+        """A copy of a file just written to the storage (owner-only; not fsynced: a cache)."""
+        path = self._path(run, entry["path"])
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+
+    def read(self, run: str, entry: dict) -> bytes | None:
+        """The copy of ``entry``'s file if there is one matching its size and SHA-256, else None."""
+        try:
+            with open(self._path(run, entry["path"]), "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        if len(data) != entry["bytes"] or not hmac.compare_digest(hashlib.sha256(data).hexdigest(),
+                                                                 str(entry["sha256"])):
+            return None
+        return data
+
+    def prune(self, run: str, keep: set[str]) -> None:
+        """Remove the copies of ``run`` whose path (``chk-N/<file>``) is not in ``keep``."""
+        base = os.path.join(self.root, run)
+        for folder in (os.listdir(base) if os.path.isdir(base) else []):
+            for name in os.listdir(os.path.join(base, folder)):
+                if f"{folder}/{name}" not in keep:
+                    os.remove(os.path.join(base, folder, name))

@@ -1,0 +1,80 @@
+"""The worker's side of writing a checkpoint: PE snapshots held, then written straight to storage.
+
+A PE's snapshot (``barriers.py``: small state pickled, keyed state as views)
+is taken off the PE by ``pe_ckpt_wait`` and held here while the coordinator
+still holds the reconfiguration lock; ``pe_ckpt_write`` then writes it, in a
+worker thread, into the checkpoint storage the coordinator names, and answers
+only the manifest entries (path, checkpoint, bytes, SHA-256): the deploying
+process signs a manifest listing them and never holds state bytes
+(docs/checkpoints.md). What a checkpoint that ended without being written
+held is released at its end.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..state.files import StateFiles
+from ..state.incremental import ChainWriter
+from ..state.local import LocalCopies
+from ..state.settings import deployment_dir
+
+
+class CheckpointFiles:
+    """Per deployment: snapshots taken and not yet written, and the key-group chains written."""
+
+    def __init__(self) -> None:
+        self._taken: dict[tuple[str, int], dict[str, dict]] = {}    # (deployment, id) -> pe_id -> result
+        self._writers: dict[str, ChainWriter] = {}
+        self._lock = threading.Lock()               # writes run in a thread, ends on the worker's loop
+
+    def hold(self, deployment: str, checkpoint_id: int, pe_id: str, result: dict) -> dict:
+        """Keep a PE's result until written; what ``pe_ckpt_wait`` answers for it (no state)."""
+        if "error" in result:
+            return result
+        with self._lock:
+            self._taken.setdefault((deployment, checkpoint_id), {})[pe_id] = result
+        return {"taken": True}
+
+    def write(self, deployment: str, checkpoint_id: int, pe_ids: list[str], storage: str) -> dict:
+        """Write the PEs' held snapshots under ``storage`` (the run's directory); in a thread.
+        ``{pe_id: {"files": [...], "positions": {...}} or {"error": ...}}``."""
+        with self._lock:
+            taken = self._taken.pop((deployment, checkpoint_id), {})
+            writer = self._writers.get(deployment) or self._writers.setdefault(
+                deployment, ChainWriter(LocalCopies(deployment_dir(deployment))))
+        files, out = StateFiles(storage), {}
+        for pe_id in pe_ids:
+            result = taken.pop(pe_id, None)
+            if result is None:
+                out[pe_id] = {"error": f"PE {pe_id}: no snapshot of checkpoint {checkpoint_id} held here"}
+                continue
+            out[pe_id] = writer.write_pe(files, checkpoint_id, pe_id, result)
+        _release(taken)
+        return out
+
+    def end(self, deployment: str, checkpoint_id: int, complete: bool) -> None:
+        """Checkpoint ``checkpoint_id`` is over: complete ones are what later chains build on;
+        snapshots still held of it (or older ones) are released."""
+        with self._lock:
+            stale = [k for k in self._taken if k[0] == deployment and k[1] <= checkpoint_id]
+            held = [self._taken.pop(k) for k in stale]
+            writer = self._writers.get(deployment)
+            if complete and writer is not None:
+                writer.confirm(checkpoint_id)
+        for results in held:
+            _release(results)
+
+    def forget(self, deployment: str) -> None:
+        """The deployment is over here."""
+        with self._lock:
+            self._writers.pop(deployment, None)
+            held = [self._taken.pop(k) for k in [k for k in self._taken if k[0] == deployment]]
+        for results in held:
+            _release(results)
+
+
+def _release(results: dict[str, dict]) -> None:
+    for result in results.values():
+        for snap in result.get("views", ()):
+            snap.view.release()

@@ -1,0 +1,302 @@
+"""Asynchronous, incremental checkpoints of keyed state (pescheduler/state/incremental.py), both backends.
+
+The worker's side (ChainWriter through CheckpointFiles, as ``pe_ckpt_write`` runs it) writes into a real
+``memory://`` or local-directory storage; the deploying process's side (manifest, prune, restore) is
+the real CheckpointStore and load_states.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+
+import cloudpickle
+import dask.config
+import pytest
+
+from pescheduler.checkpoint import CheckpointStore
+from pescheduler.checkpoint.restore import load_states, placement_blob
+from pescheduler.errors import CheckpointError
+from pescheduler.state import key_group, open_state
+from pescheduler.state.groups import restore_groups, snapshot_groups
+from pescheduler.state.incremental import load_snapshot, pickle_snapshot, resolve_restore, with_entries
+from pescheduler.state.local import LocalCopies
+from pescheduler.state.settings import deployment_dir
+from pescheduler.worker.ckpt_files import CheckpointFiles
+
+KEY = b"k" * 32
+K = 20_000
+
+
+@pytest.fixture(autouse=True)
+def worker_dir(tmp_path):
+    """The worker's directory (stores, local copies of checkpoint files) in the test's own."""
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path / "worker")}):
+        yield tmp_path / "worker"
+
+
+@pytest.fixture(params=["memory", "disk"])
+def state(request, tmp_path):
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path / "stores"), "pescheduler.state.cache": "8MB"}):
+        st = open_state(request.param, owner="test")
+    yield st
+    st.close()
+
+
+class Counted:
+    """A value that counts how often it is pickled (the per-key work of a snapshot)."""
+
+    pickled = 0
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __reduce__(self):
+        Counted.pickled += 1
+        return Counted, (self.n,)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Counted) and other.n == self.n
+
+
+def fill(state, k: int = K, value=lambda i: [i, 1.0]) -> None:
+    for i in range(k):
+        state.put(f"car-{i:07d}", value(i))
+
+
+def checkpoint(files: CheckpointFiles, store: CheckpointStore, state, checkpoint_id: int, complete=True) -> dict:
+    """One checkpoint of one PE holding ``state``, as the barrier and the worker take it; its manifest too."""
+    blob, views = pickle_snapshot({"op": {"state": {"groups": snapshot_groups(state)}, "progress": None,
+                                          "driver": None}})
+    files.hold("d", checkpoint_id, "pe", {"state": blob, "views": views, "positions": {}})
+    out = files.write("d", checkpoint_id, ["pe"], store.url)["pe"]
+    if complete:
+        store.commit_manifest(checkpoint_id, {"id": checkpoint_id, "files": out["files"]})
+        files.end("d", checkpoint_id, complete=True)
+    return out
+
+
+def written(out: dict, checkpoint_id: int) -> int:
+    return sum(f["bytes"] for f in out["files"] if f["chk"] == checkpoint_id)
+
+
+def restored(store: CheckpointStore, checkpoint_id: int) -> dict:
+    """What the worker restores: the state file's references, read and checked, as plain groups."""
+    manifest = store.manifest(checkpoint_id)
+    entry = next(e for e in manifest["files"] if e["role"] == "state")
+    blob = cloudpickle.loads(store.read(entry, store.run))
+    groups = with_entries(blob["groups"], [e for e in manifest["files"] if e["role"] == "group"])
+    saved = {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}
+    resolve_restore(saved)
+    target = open_state("memory")
+    restore_groups(target, saved["op"]["state"]["groups"])
+    return {k: target.get(k) for g in target.groups() for k, _ in target.items(g)}
+
+
+def test_after_one_percent_of_keys_changed_a_checkpoint_writes_under_five_percent(state):
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state)
+    full = written(checkpoint(files, store, state, 1), 1)
+    for i in range(0, K, 100):                          # 1 % of the keys
+        state.put(f"car-{i:07d}", [i, 2.0])
+    state.delete("car-0000001")
+    second = checkpoint(files, store, state, 2)
+    assert written(second, 2) <= 0.05 * full, (written(second, 2), full)
+    assert sum(f["bytes"] for f in second["files"]) >= full                 # it references the rest
+    expect = {f"car-{i:07d}": [i, 2.0 if i % 100 == 0 else 1.0] for i in range(K) if i != 1}
+    assert restored(store, 2) == expect
+
+
+def test_a_chain_is_rewritten_whole_after_max_deltas(state):
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 2_000)
+    group = f".g{key_group('car-0000007'):03d}."
+    lengths = []
+    with dask.config.set({"pescheduler.checkpoint.max-deltas": 2}):
+        for cid in range(1, 6):
+            state.put("car-0000007", [7, float(cid)])
+            out = checkpoint(files, store, state, cid)
+            lengths.append([f["path"] for f in out["files"] if group in f["path"]])
+    assert [len(chain) for chain in lengths] == [1, 2, 3, 1, 2]     # full, +delta, +delta, full again, +delta
+    assert lengths[3] == [f"chk-000004/pe.0{group}full"]
+    assert restored(store, 5)["car-0000007"] == [7, 5.0]
+
+
+def test_an_aborted_checkpoint_is_never_built_on(state):
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 2_000)
+    checkpoint(files, store, state, 1)
+    state.put("car-0000003", [3, 9.0])
+    checkpoint(files, store, state, 2, complete=False)   # written, then aborted: its files go
+    files.end("d", 2, complete=False)
+    store.discard(2)
+    state.put("car-0000004", [4, 9.0])
+    third = checkpoint(files, store, state, 3)
+    assert all(f["chk"] in (1, 3) for f in third["files"])
+    got = restored(store, 3)
+    assert got["car-0000003"] == [3, 9.0] and got["car-0000004"] == [4, 9.0]
+
+
+def test_the_barriers_part_does_no_work_per_key(state):
+    """The synchronous part at a barrier (the operator's snapshot, the PE's pickle) pickles no value:
+    its cost does not grow with the state; the worker's writer pickles every one, later."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 5_000, Counted)
+    Counted.pickled = 0
+    blob, views = pickle_snapshot({"op": {"state": {"groups": snapshot_groups(state)}}})
+    assert Counted.pickled == 0 and len(blob) < 2_000
+    files.hold("d", 1, "pe", {"state": blob, "views": views, "positions": {}})
+    files.write("d", 1, ["pe"], store.url)
+    assert Counted.pickled >= 5_000
+
+
+def test_a_value_changed_in_place_after_the_barrier_does_not_reach_the_checkpoint(state):
+    """The operator goes on while the worker writes: a value it reads and changes in place (as the
+    count window does) is a copy while a view lives, so the checkpoint holds the barrier's value."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 1_000)
+    blob, views = pickle_snapshot({"op": {"state": {"groups": snapshot_groups(state)}, "progress": None,
+                                          "driver": None}})
+    value = state.get("car-0000005")
+    value[1] = 99.0                                        # in place, before the put
+    state.put("car-0000005", value)
+    files.hold("d", 1, "pe", {"state": blob, "views": views, "positions": {}})
+    out = files.write("d", 1, ["pe"], store.url)["pe"]
+    store.commit_manifest(1, {"id": 1, "files": out["files"]})
+    assert restored(store, 1)["car-0000005"] == [5, 1.0] and state.get("car-0000005") == [5, 99.0]
+
+
+def test_retention_keeps_a_file_a_kept_checkpoint_references_and_drops_it_when_none_does(tmp_path):
+    store = CheckpointStore(str(tmp_path / "ckpt"), KEY)
+    shared = store.put(1, "pe.0.g005.full", b"group five")
+    own = store.put(1, "pe.state", b"state one")
+    store.commit_manifest(1, {"id": 1, "files": [own, shared]})
+    store.commit_manifest(2, {"id": 2, "files": [store.put(2, "pe.state", b"state two"), shared]})
+    store.prune(1)
+    one = os.path.join(store.root, store.run, "chk-000001")
+    assert sorted(os.listdir(one)) == ["pe.0.g005.full"]                # referenced by 2: kept
+    assert store.completed() == [2] and store.read(shared, store.run) == b"group five"
+    store.commit_manifest(3, {"id": 3, "files": [store.put(3, "pe.state", b"state three")]})
+    store.prune(1)
+    assert not os.path.exists(one) and store.completed() == [3]
+
+
+@pytest.mark.parametrize("how", ["tampered", "truncated"])
+def test_a_damaged_file_of_an_earlier_checkpoint_falls_back_loudly(tmp_path, caplog, how):
+    """Checkpoint 3 references checkpoint 2's delta of a key group; that file is damaged: the
+    restore of 3 says so, and of 2, and restores 1 (which does not reference it)."""
+    from test_checkpoint import placement
+
+    pl = placement()
+    store, files = CheckpointStore(str(tmp_path / "ckpt"), KEY), CheckpointFiles()
+    st = open_state("memory")
+    fill(st, 2_000)
+    op = next(o for o in pl.plan.ops if o.startswith("running_sum"))
+
+    def take(cid: int) -> dict:
+        blob, views = pickle_snapshot({op: {"state": {"groups": snapshot_groups(st)}, "progress": ({}, 0, set(), False),
+                                            "driver": None}})
+        files.hold("d", cid, pl.pe_of(op), {"state": blob, "views": views, "positions": {}})
+        return files.write("d", cid, [pl.pe_of(op)], store.url)[pl.pe_of(op)]
+
+    taken = []
+    for cid in (1, 2, 3):
+        st.put("car-0000042", [42, float(cid)])
+        out = take(cid)
+        placed = {**store.put(cid, "placement.pkl", placement_blob(pl)), "role": "placement"}
+        store.commit_manifest(cid, {"id": cid, "files": [*out["files"], placed]})
+        files.end("d", cid, complete=True)
+        taken.append(out)
+    delta = next(f for f in taken[1]["files"] if f["chk"] == 2 and f["path"].endswith(".delta"))
+    assert any(f["path"] == delta["path"] for f in taken[2]["files"])
+    path = os.path.join(store.root, store.run, delta["path"])
+    with open(path, "r+b") as f:
+        f.truncate(3) if how == "truncated" else (f.seek(0), f.write(b"X"))
+    with caplog.at_level(logging.WARNING):
+        states = load_states(store, 3, pl)
+    assert states[op]["checkpoint"] == 1
+    assert delta["path"] in caplog.text and "checkpoint 3" in caplog.text and "checkpoint 2" in caplog.text
+    resolve_restore(states)
+    target = open_state("memory")
+    restore_groups(target, states[op]["state"]["groups"])
+    assert target.get("car-0000042") == [42, 1.0] and len(target) == 2_000
+
+
+def test_a_damaged_file_every_kept_checkpoint_references_fails_loudly(tmp_path):
+    store, files = CheckpointStore(str(tmp_path / "ckpt"), KEY), CheckpointFiles()
+    from test_checkpoint import placement
+
+    pl = placement()
+    st = open_state("memory")
+    fill(st, 500)
+    op = next(o for o in pl.plan.ops if o.startswith("running_sum"))
+    blob, views = pickle_snapshot({op: {"state": {"groups": snapshot_groups(st)}, "progress": ({}, 0, set(), False),
+                                        "driver": None}})
+    files.hold("d", 1, pl.pe_of(op), {"state": blob, "views": views, "positions": {}})
+    out = files.write("d", 1, [pl.pe_of(op)], store.url)[pl.pe_of(op)]
+    store.commit_manifest(1, {"id": 1, "files": [*out["files"], {**store.put(1, "placement.pkl", placement_blob(pl)),
+                                                                 "role": "placement"}]})
+    group = next(f for f in out["files"] if f["role"] == "group")
+    with open(os.path.join(store.root, store.run, group["path"]), "ab") as f:
+        f.write(b"more")
+    with pytest.raises(CheckpointError, match="no intact checkpoint") as err:
+        load_states(store, 1, pl)
+    assert group["path"] in str(err.value)
+
+
+def test_a_write_from_another_thread_while_the_state_changes_is_the_barriers_state(state):
+    """The worker's thread writes while the operator writes on: the checkpoint is the barrier's."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 5_000)
+    blob, views = pickle_snapshot({"op": {"state": {"groups": snapshot_groups(state)}, "progress": None,
+                                          "driver": None}})
+    files.hold("d", 1, "pe", {"state": blob, "views": views, "positions": {}})
+    result = {}
+    writer = threading.Thread(target=lambda: result.update(files.write("d", 1, ["pe"], store.url)))
+    writer.start()
+    for i in range(5_000):
+        state.put(f"car-{i:07d}", [i, -1.0])
+    writer.join(60)
+    store.commit_manifest(1, {"id": 1, "files": result["pe"]["files"]})
+    assert restored(store, 1) == {f"car-{i:07d}": [i, 1.0] for i in range(5_000)}
+
+
+def test_an_aborted_checkpoint_releases_the_views_it_held():
+    """A checkpoint aborted between the snapshot and the write lets go of its views: the memory
+    backend stops copying values on ``get`` (it copies only while a view may read them)."""
+    st, files = open_state("memory"), CheckpointFiles()
+    fill(st, 100)
+    blob, views = pickle_snapshot({"op": {"state": {"groups": snapshot_groups(st)}}})
+    files.hold("d", 1, "pe", {"state": blob, "views": views, "positions": {}})
+    del views
+    assert st.get("car-0000001") is not st.get("car-0000001")        # copies: a view lives
+    files.end("d", 1, complete=False)
+    assert st.get("car-0000001") is st.get("car-0000001")            # released: plain reads again
+
+
+def test_a_restore_reads_this_workers_copies_and_the_storage_when_a_copy_is_bad(worker_dir):
+    """Local recovery: the files this worker wrote are read from its copies (checked against the
+    manifest's entries); a damaged or missing copy is read from the storage instead."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    st = open_state("memory")
+    fill(st, 2_000)
+    checkpoint(files, store, st, 1)
+    st.put("car-0000009", [9, 7.0])
+    checkpoint(files, store, st, 2)
+    copies = sorted((worker_dir / "pescheduler-state" / "d" / "checkpoint-copies").rglob("*.g*"))
+    assert len(copies) == 129                           # 128 full files and the one delta
+    manifest = store.manifest(2)
+    entry = next(e for e in manifest["files"] if e["role"] == "state")
+    blob = cloudpickle.loads(store.read(entry, store.run))
+    groups = with_entries(blob["groups"], [e for e in manifest["files"] if e["role"] == "group"])
+    fresh = lambda: {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}  # noqa: E731
+    assert resolve_restore(fresh(), LocalCopies(deployment_dir("d"))) == (129, 129)
+    copies[0].write_bytes(b"damaged")
+    copies[1].unlink()
+    saved = fresh()
+    assert resolve_restore(saved, LocalCopies(deployment_dir("d"))) == (129, 127)
+    target = open_state("memory")
+    restore_groups(target, saved["op"]["state"]["groups"])
+    assert len(target) == 2_000 and target.get("car-0000009") == [9, 7.0]
