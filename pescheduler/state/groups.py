@@ -13,7 +13,7 @@ import pickle
 from operator import itemgetter
 from typing import Any, Callable, Mapping
 
-from .base import KEY_GROUPS, KeyedState, key_group
+from .base import KEY_GROUPS, KeyedState, key_group, pack_group
 from .incremental import GroupsSnapshot
 
 Groups = dict[int, tuple[Any, bytes]]
