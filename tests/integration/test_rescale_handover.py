@@ -14,6 +14,7 @@ pytestmark = pytest.mark.integration
 
 KEYS = 20_000
 COUNT = 400_000
+RATE = 40_000
 
 
 class Through:
@@ -43,7 +44,8 @@ def test_a_replicate_and_release_of_a_big_keyed_window_pass_no_state_through_the
     through = Through(monkeypatch)
     release = tmp_path / "go-on"
     app = Application("handover")
-    (app.source("numbers", count=COUNT, keys=KEYS, hold_at=COUNT // 2, release=str(release)).key_by("key")
+    # paced: the second half flows for at least 5 s, so the Release finds the copy still running
+    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=COUNT // 2, release=str(release)).key_by("key")
         .window(count=10**6, aggregates={"total": ("sum", "n")}).sink("discard"))
     with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[]) as dep:
         op = next(x for x in dep.placement().plan.ops if x.startswith("count_window"))
