@@ -37,7 +37,8 @@ from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, OperatorContext
 from pescheduler.state import MemoryState
 from pescheduler.state import adopt
-from pescheduler.state.groups import merge_groups, restore_groups, snapshot_groups, split_groups
+from pescheduler.state import key_group
+from pescheduler.state.groups import PackedOnPickle, merge_groups, restore_groups, snapshot_groups, split_groups
 
 from .window import AggregatingWindow
 
@@ -155,6 +156,24 @@ class CountWindow(AggregatingWindow):
         restore_groups(self._keys, state["groups"])
 
     # -- copies: key groups move with their panes and waiting tuples ------------------------
+    def export_groups(self, groups: frozenset[int]) -> dict:
+        """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their
+        panes and waiting tuples in :meth:`snapshot`'s form, removed here; the groups that stay
+        are not read, and the moving ones are packed only when the part is pickled."""
+        taken = self._keys.take_groups(groups)        # packed when the part is pickled, off the turn
+        leaving = [p for p in self._pending if key_group(p[1]) in groups]
+        self._pending = [p for p in self._pending if key_group(p[1]) not in groups]
+        return {"layout": self.plan.layout, "count": self.count, "slide": self.slide, "watermark": self._wm,
+                "pending": leaving, "groups": {g: (next(iter(entries)), PackedOnPickle(entries))
+                                               for g, entries in taken.items()}}
+
+    def import_groups(self, state: dict) -> None:
+        """Key groups another instance exported (:meth:`export_groups`) join this running one;
+        its own watermark stays (the tuples handed over wait for the next one)."""
+        self._check_state(state, count=self.count, slide=self.slide)
+        self._keys.import_groups({g: data for g, (_key, data) in state["groups"].items()})
+        self._pending = sorted(self._pending + list(state["pending"]), key=itemgetter(0))
+
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
         """The key groups where ``owns(key)`` and their keys' waiting tuples."""
         return {**state, "pending": [p for p in state["pending"] if owns(p[1])],

@@ -85,3 +85,14 @@ class PESpec:
     routing: dict[tuple[str, str, str], tuple] = field(default_factory=dict)   # see plan/wiring.routing_for
     copies: dict[str, str] = field(default_factory=dict)     # copy op -> original (whole plan)
     epoch: int = 0            # the Reconfigurer's epoch that created it: older checkpoint barriers are stale
+
+
+def least_progress(progresses: list[tuple]) -> tuple:
+    """Chain progress ``(in_wm, wm, open_inputs, ended)`` no further than any of ``progresses``:
+    where instances' state is merged, no instance fires a window another had not."""
+    in_wm: dict[str, int] = {}
+    for p in progresses:
+        for u, w in p[0].items():
+            in_wm[u] = min(w, in_wm.get(u, w))
+    return (in_wm, min(p[1] for p in progresses), set().union(*(p[2] for p in progresses)),
+            all(p[3] for p in progresses))

@@ -170,6 +170,11 @@ class WorkerGateway:
         """The aligned PEs' operator states, progress and source positions (cloudpickled)."""
         return await self.client.rpc(worker).pe_snapshot(deployment=self.deployment, pe_ids=pe_ids)
 
+    async def handover(self, worker: str, moves: list[dict]) -> dict:
+        """The aligned PEs on ``worker`` export these key-group moves and send them to their new
+        owners' workers; answers counts and bytes sent, never the state."""
+        return await self.client.rpc(worker).pe_handover(deployment=self.deployment, moves=moves)
+
     async def stop_pes(self, worker: str, pe_ids: list[str]) -> list[str]:
         """Stop these PEs (retired ones); raises what the worker raised."""
         return await self.client.rpc(worker).pe_stop(deployment=self.deployment, pe_ids=pe_ids)

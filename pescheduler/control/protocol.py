@@ -16,15 +16,27 @@ same keep running untouched; the others are *retired* and replaced by
    so they have processed all of it before any data of the new PEs exists.
    The drain fails only when nothing ahead of the markers moves for the
    timeout (``_wait_drained``).
-3. **Snapshot** the retired PEs' operator state, watermark progress and source
-   positions, and stop them.
+3. **Hand over key groups, snapshot** the retired PEs' operator state, watermark
+   progress and source positions, and stop them. A KEYED operator's instances
+   in retired PEs first send the key groups that change owner straight to their
+   new owners' workers (``worker/handover.py``; a running owner imports them
+   now, a created one is built from them), so the snapshot that reaches this
+   process holds none of that state.
 4. **Re-wire and restore**, in one round of parallel calls: created PEs are
-   built from the snapshots and started, downstream PEs register the new input
-   channels, upstream PEs point their held channels at the created PEs and
-   re-send what they held. A channel whose receiver is not there yet waits
-   for it at the receiving worker; data never reaches a receiver before it
-   exists, so no call needs another's answer.
+   built from the snapshots (and the handed-over groups) and started,
+   downstream PEs register the new input channels, upstream PEs point their
+   held channels at the created PEs, switch their routers and re-send what
+   they held; a KEYED instance that stays and gives groups to a new copy
+   exports them in that very turn of its PE (it runs the routers:
+   ``group_moves``). A channel whose receiver is not there yet waits for it at
+   the receiving worker; data never reaches a receiver before it exists, so no
+   call needs another's answer.
 5. **Resume.**
+
+PEs of a KEYED operator's instances that keep their worker are not replaced
+(a Replicate leaves the original running; a Release retires only the copy),
+unless one of them would give groups to another copy outside its routers' PE:
+then every instance is replaced and the state re-split here (``keyed_rebalanced``).
 
 Nothing before the marker is processed by a new PE and nothing after it by an
 old one, so no tuple is lost or duplicated, and per-key order holds because
@@ -37,13 +49,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import cloudpickle
 
 from ..plan.placement import Placement
-from ..plan.state import keyed_rebalanced, redistribute
+from ..plan.state import GroupMove, group_moves, keyed_rebalanced, redistribute
 from ..wire import InputSpec
 from ..plan.wiring import ChannelKey, build_specs, channel_ids, consumer_edges, copy_map, output_spec, routing_for
 from .gateway import WorkerGateway
@@ -65,6 +77,7 @@ class ReconfigurationPlan:
     released: tuple[str, ...] = ()             # retired copies that have no successor
     epoch: int = 0                             # the epoch it makes (its PEs' specs carry it)
     overtake: dict[str, list[str]] = field(default_factory=dict)  # held channels the marker may overtake on
+    moves: tuple[GroupMove, ...] = ()          # KEYED operators' key groups that change owner, worker to worker
 
     @property
     def moved(self) -> bool:
@@ -76,9 +89,11 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
     """The difference between two placements as the protocol needs it (pure).
 
     ``force``: PEs to replace even though their operators and worker stay
-    (instances of a KEYED operator whose key groups change owner).
+    (instances of a KEYED operator whose key groups change owner, where they
+    cannot move from a running instance: ``group_moves``).
     """
-    force = set(force) | keyed_rebalanced(old, new)
+    moving = group_moves(old, new)
+    force = set(force) | keyed_rebalanced(old, new, frozenset(moving))
     same = {pe_id for pe_id, pe in old.pes.items()
             if pe_id in new.pes and pe_id not in force
             and (new.pes[pe_id].operators, new.pes[pe_id].worker) == (pe.operators, pe.worker)}
@@ -111,7 +126,8 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
     released = tuple(p for p in retired if p not in new.pes and old.pes[p].copy_of)
     overtake = _overtakable(old, new, old_channels, hold, set(retired), set(created))
     return ReconfigurationPlan(retired, created, hold, seen, channels, upstream, downstream,
-                               edges, routing, released, epoch, overtake)
+                               edges, routing, released, epoch, overtake,
+                               tuple(m for moves in moving.values() for m in moves))
 
 
 def _overtakable(old: Placement, new: Placement, old_channels: dict[ChannelKey, str],
@@ -210,9 +226,11 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
     if by_worker:           # a copy added beside PEs that all stay has nothing to pause (issue 15)
         await step("pause", asyncio.gather(*(gateway.pause(w, marker, **todo) for w, todo in by_worker.items())))
         await step("drain", _wait_drained(gateway, old, plan, marker, timeout, steps), limit=None)  # bounds itself
+        await step("handover", _hand_over_retired(gateway, plan, marker))
         states = await step("snapshot", _snapshot(gateway, old, plan.retired))
         await step("stop", asyncio.gather(*(gateway.stop_pes(old.pes[p].worker, [p]) for p in plan.retired)))
-    states = redistribute(old, new, states)
+    states = redistribute(old, new, states, frozenset(m.op for m in plan.moves))
+    states.update(_awaited_moves(plan, marker, timeout))
     # One round of calls in parallel (issue 15: a copy's activation; it was three in a row, then
     # two). Nothing orders them: a channel opened to a receiver that is not there yet (a created
     # PE still being deployed, an input its downstream PE has not registered yet) waits for it
@@ -222,8 +240,33 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
     await step("deploy + start + rewire", asyncio.gather(
         _deploy_created(gateway, new, plan, worker_info, states, steps),
         _rewire_downstream(gateway, new, plan, steps),
-        _rewire_upstream(gateway, new, plan, worker_info, steps)))
+        _rewire_upstream(gateway, new, plan, worker_info, steps, marker)))
     return time.perf_counter() - t0
+
+
+def _move(move: GroupMove, marker: str) -> dict:
+    """A group move as a worker takes it (plain data), tagged with the reconfiguration's marker."""
+    return {**asdict(move), "tag": marker}
+
+
+async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str) -> None:
+    """Key groups leave the aligned PEs going away, each straight to its new owner's worker (a
+    running instance imports them now, before any router switches to it)."""
+    by_worker: dict[str, list[dict]] = {}
+    for move in plan.moves:
+        if not move.src_live:
+            by_worker.setdefault(move.src_worker, []).append(_move(move, marker))
+    await asyncio.gather(*(gateway.handover(w, moves) for w, moves in by_worker.items()))
+
+
+def _awaited_moves(plan: ReconfigurationPlan, marker: str, timeout: float) -> dict[str, dict]:
+    """Restore entries of new instances whose key groups are handed to them: their worker builds
+    them once the parts named here arrived (``worker/handover.py``)."""
+    parts: dict[str, int] = {}
+    for move in plan.moves:
+        if not move.dst_live:
+            parts[move.dst] = parts.get(move.dst, 0) + 1
+    return {inst: {"handover": marker, "parts": n, "timeout": timeout} for inst, n in parts.items()}
 
 
 DRAIN_LOOK_S = 1.0     # how often the controller looks at a drain that is not done (progress, timeline)
@@ -346,12 +389,19 @@ async def _deploy_created(gateway: WorkerGateway, new, plan, worker_info, states
                            for w, s in by_worker.items()))
 
 
-async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps) -> None:
+async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps, marker: str) -> None:
+    """Staying PEs' outputs re-pointed and routers switched; an instance there that gives key
+    groups away exports them in the same turn (``handover``)."""
     calls = []
-    for pe_id in set(plan.hold) | set(plan.upstream_outputs) | set(plan.routing):
+    exports: dict[str, list[dict]] = {}
+    for move in plan.moves:
+        if move.src_live:
+            exports.setdefault(move.src_pe, []).append(_move(move, marker))
+    for pe_id in set(plan.hold) | set(plan.upstream_outputs) | set(plan.routing) | set(exports):
         outs = [output_spec(new, worker_info, k, plan.channels[k]) for k in plan.upstream_outputs.get(pe_id, [])]
         routing = cloudpickle.dumps(plan.routing[pe_id]) if pe_id in plan.routing else b""
         calls.append(_timed(steps, f"rewire out {pe_id}", gateway.rewire(
             new.pes[pe_id].worker, pe_id, outputs=cloudpickle.dumps(outs),
-            remove_outputs=plan.hold.get(pe_id, []), routing=routing, copies=copy_map(new))))
+            remove_outputs=plan.hold.get(pe_id, []), routing=routing, copies=copy_map(new),
+            handover=exports.get(pe_id, []))))
     await asyncio.gather(*calls)

@@ -3,22 +3,104 @@
 Pure: from the placement before and after and the snapshots of the retired
 instances to the snapshots the new instances restore. A reconfiguration
 (``control/protocol.py``) and a restore from a checkpoint onto another
-placement (``checkpoint/restore.py``) deal state by this one function.
+placement (``checkpoint/restore.py``) deal state by ``redistribute``.
+
+A reconfiguration moves a KEYED operator's key groups instance to instance
+instead (``group_moves``): the instances that keep their PE keep running, and
+only the groups that change owner travel, worker to worker
+(``worker/handover.py``), never through the deploying process.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..operator import Operator, Parallelism, Share
-from ..wire import KEY_GROUPS, key_group
+from ..wire import KEY_GROUPS, key_group, least_progress
 from .placement import Placement
 
 
-def keyed_rebalanced(old: Placement, new: Placement) -> set[str]:
+@dataclass(frozen=True)
+class GroupMove:
+    """Key groups of KEYED operator ``op`` that change owner: instance ``src`` (in PE ``src_pe``
+    on ``src_worker``) exports them, instance ``dst`` (PE ``dst_pe`` on ``dst_worker``) takes
+    them. ``src_live``/``dst_live``: that PE stays running through the reconfiguration."""
+
+    op: str
+    src: str
+    src_pe: str
+    src_worker: str
+    src_live: bool
+    dst: str
+    dst_pe: str
+    dst_worker: str
+    dst_live: bool
+    groups: tuple[int, ...]
+
+
+def group_moves(old: Placement, new: Placement) -> dict[str, list[GroupMove]]:
+    """KEYED operator -> the key-group moves a reconfiguration makes of it, for every operator
+    whose groups can move while the instances that keep their PE run on.
+
+    Where an instance that stays gives groups away, every operator routing to the
+    operator's instances must run in that instance's PE: the routing switch and the
+    export then happen in one turn of that PE, so nothing of a moved group is processed
+    there after it, and nothing before it elsewhere; and the groups must go to a new instance,
+    which starts once they are in (one that stays could take a routed tuple first). Any other
+    layout (a copy that stays and gives groups away) is left to ``keyed_rebalanced``: all
+    instances replaced.
+    """
+    out: dict[str, list[GroupMove]] = {}
+    for x, op in new.plan.ops.items():
+        if (op.copy_of or op.parallelism is not Parallelism.KEYED or op.kind == "source" or _hands_over(op)
+                or x not in old.plan.ops):
+            continue
+        moves = _moves_of(old, new, x)
+        if moves is not None and moves:
+            out[x] = moves
+    return out
+
+
+def _moves_of(old: Placement, new: Placement, x: str) -> list[GroupMove] | None:
+    """``x``'s group moves, or None when one that stays gives groups away outside its routers' PE."""
+    before, after = _owners(old, x), _owners(new, x)
+    by_pair: dict[tuple[str, str], list[int]] = {}
+    for g, (src, dst) in enumerate(zip(before, after)):
+        if src != dst or not _stays(old, new, src):
+            by_pair.setdefault((src, dst), []).append(g)
+    routers = {old.pe_of(s) for s, _p, d in old.plan.edges if old.original(d) == x}
+    routers |= {new.pe_of(s) for s, _p, d in new.plan.edges if new.original(d) == x}
+    moves = []
+    for (src, dst), groups in by_pair.items():
+        src_live, dst_live = _stays(old, new, src), _stays(old, new, dst)
+        if src_live and (dst_live or routers != {old.pe_of(src)}):
+            return None
+        moves.append(GroupMove(x, src, old.pe_of(src), old.pes[old.pe_of(src)].worker, src_live,
+                               dst, new.pe_of(dst), new.pes[new.pe_of(dst)].worker, dst_live,
+                               tuple(groups)))
+    return moves
+
+
+def _owners(placement: Placement, x: str) -> list[str]:
+    """Key group -> the instance of ``x`` that owns it."""
+    return placement.routes[x].owners() if x in placement.routes else [x] * KEY_GROUPS
+
+
+def _stays(old: Placement, new: Placement, inst: str) -> bool:
+    """``inst`` keeps running in its PE: same PE id, operators and worker before and after."""
+    if inst not in old.plan.ops or inst not in new.plan.ops or old.pe_of(inst) != new.pe_of(inst):
+        return False
+    before, after = old.pes[old.pe_of(inst)], new.pes[new.pe_of(inst)]
+    return (before.operators, before.worker) == (after.operators, after.worker)
+
+
+def keyed_rebalanced(old: Placement, new: Placement, moving: frozenset[str] = frozenset()) -> set[str]:
     """PEs running an instance of a KEYED operator whose key groups change owner: they are
-    replaced, so all of that operator's state is snapshotted and re-split."""
+    replaced, so all of that operator's state is snapshotted and re-split (``moving``:
+    operators whose groups move by ``group_moves`` instead)."""
     pes = set()
     for x, op in new.plan.ops.items():
-        if op.copy_of:
+        if op.copy_of or x in moving:
             continue
         if _hands_over(op) and set(old.instances(x)) - set(new.instances(x)):
             pes.add(old.pe_of(x))               # the original takes over what released copies staged
@@ -29,16 +111,23 @@ def keyed_rebalanced(old: Placement, new: Placement) -> set[str]:
     return pes
 
 
-def redistribute(old: Placement, new: Placement, states: dict[str, dict]) -> dict[str, dict]:
+def redistribute(old: Placement, new: Placement, states: dict[str, dict],
+                 moving: frozenset[str] = frozenset()) -> dict[str, dict]:
     """Snapshots for the new PEs: keyed state re-split when a KEYED operator's instances change.
 
     Every instance of such an operator was retired (``force``), so ``states``
     holds all of its keys: they are merged and each new instance restores
     the key groups it owns. Progress (watermarks) is the least advanced of
     the old instances', so no instance fires a window another had not.
+    ``moving``: operators whose key groups moved worker to worker (``group_moves``):
+    their instances' snapshots here are left out.
     """
     out = dict(states)
     for x, op in new.plan.ops.items():
+        if x in moving:
+            for inst in set(old.instances(x)) | set(new.instances(x)):
+                out.pop(inst, None)
+            continue
         if op.copy_of:
             continue
         if _hands_over(op):
@@ -53,7 +142,7 @@ def redistribute(old: Placement, new: Placement, states: dict[str, dict]) -> dic
             continue
         impl = op.cls(**op.params)
         merged = impl.merge_states([s["state"] for s in saved])
-        progress = _least_progress([s["progress"] for s in saved])
+        progress = least_progress([s["progress"] for s in saved])
         if op.kind == "source":
             for inst in before:
                 out.pop(inst, None)
@@ -98,13 +187,3 @@ def _partitions_over(impl, merged, progress, after, states) -> dict[str, dict]:
     return {inst: {"state": impl.split_state(merged, Share(i, len(after))), "progress": progress,
                    "driver": states[inst]["driver"] if inst in states else None}
             for i, inst in enumerate(after)}
-
-
-def _least_progress(progresses: list[tuple]) -> tuple:
-    """Chain progress ``(in_wm, wm, open_inputs, ended)`` no further than any of ``progresses``."""
-    in_wm: dict[str, int] = {}
-    for p in progresses:
-        for u, w in p[0].items():
-            in_wm[u] = min(w, in_wm.get(u, w))
-    return (in_wm, min(p[1] for p in progresses), set().union(*(p[2] for p in progresses)),
-            all(p[3] for p in progresses))

@@ -167,6 +167,14 @@ class KeyedState(ABC):
         chosen = self.groups() if groups is None else sorted(groups)
         return {g: pack_group(self.items(g)) for g in chosen}
 
+    def take_groups(self, groups: Iterable[int]) -> dict[int, dict]:
+        """Remove whole key groups and return their entries, unpacked (``{group: {key: value}}``):
+        a rescale hands them to another instance and packs them off the PE's turn."""
+        chosen = sorted(set(groups) & set(self.groups()))
+        taken = {g: dict(self.items(g)) for g in chosen}
+        self.drop_groups(chosen)
+        return taken
+
     def import_groups(self, exported: dict[int, bytes | dict]) -> None:
         """Install whole key groups from :meth:`export_groups` (of any backend), replacing them; a
         group may also be given unpacked (``{key: value}``: a restore that applied deltas)."""

@@ -13,7 +13,7 @@ import pickle
 from operator import itemgetter
 from typing import Any, Callable, Mapping
 
-from .base import KEY_GROUPS, KeyedState, key_group
+from .base import KEY_GROUPS, KeyedState, key_group, pack_group
 from .incremental import GroupsSnapshot
 
 Groups = dict[int, tuple[Any, bytes]]
@@ -29,6 +29,17 @@ def restore_groups(state: KeyedState, groups: Groups) -> None:
     """Make ``state`` hold exactly a snapshot's key groups."""
     state.drop_groups(state.groups())
     state.import_groups({g: data for g, (_key, data) in groups.items()})
+
+
+class PackedOnPickle:
+    """A key group's entries that become :func:`pack_group`'s bytes when pickled (they unpickle
+    as those bytes): a rescale exports groups in the PE's turn and packs them later, off it."""
+
+    def __init__(self, entries: dict) -> None:
+        self.entries = entries
+
+    def __reduce__(self):
+        return bytes, (pack_group(self.entries.items()),)
 
 
 def split_groups(groups: Groups, owns: Callable[[Any], bool]) -> Groups:

@@ -146,6 +146,16 @@ class MemoryState(KeyedState):
         for g in groups:
             self._put_group(g, {})
 
+    def take_groups(self, groups: Iterable[int]) -> dict[int, dict]:
+        """The group dicts themselves, replaced by empty ones: O(groups) plus forgetting their
+        keys, no copy (a view still reading one only reads it)."""
+        taken = {}
+        for g in sorted(groups):
+            if self._tables[g]:
+                taken[g] = self._tables[g]
+                self._put_group(g, {})
+        return taken
+
     def _put_group(self, group: int, entries: dict) -> None:
         for key in self._tables[group]:
             self._group.forget(key)

@@ -32,6 +32,7 @@ from . import handshake
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
 from .ckpt_files import CheckpointFiles
 from .channels import ChannelIn, FrameReceiver, Inbox
+from .handover import HandOvers, exported
 from .handshake import Credentials, tls_contexts
 from ..state.incremental import resolve_restore
 from ..state.local import LocalCopies
@@ -135,6 +136,7 @@ class PEHost:
         self.state_backends: dict[str, str] = {}     # deployment -> its keyed-state backend
         self.ckpt_files = CheckpointFiles()          # snapshots held until written to checkpoint storage
         self.client_ssl = None                       # TLS context for channels we open (None: plain)
+        self.handovers = HandOvers(self._of, lambda address: self.worker.rpc(address), lambda: self.worker.address)
         self.changes = Changes()             # bumped whenever a PE changes state; the waits below
         self.arrivals = Changes()            # bumped whenever receivers are added (see _expect)
         self.warm_threads: list[ThreadPoolExecutor] = []   # standard slots' threads, started idle
@@ -156,6 +158,7 @@ class PEHost:
         self.data_address = f"{ip}:{port}"
         for name in HANDLERS:
             self.worker.handlers[name] = getattr(self, name)
+        self.worker.handlers.update(self.handovers.handlers())
 
     async def close(self) -> None:
         await self.pe_stop()
@@ -254,6 +257,7 @@ class PEHost:
         made = []
         for spec in specs:
             assert isinstance(spec, PESpec)
+            await self.handovers.resolve(spec)          # a new instance's key groups, from their old owner
             if spec.restore:                     # key groups' files read here, checked (incremental.py)
                 copies = LocalCopies(deployment_dir(spec.deployment))     # local recovery (state/local.py)
                 read, here = await asyncio.to_thread(resolve_restore, spec.restore, copies)
@@ -385,16 +389,22 @@ class PEHost:
     async def pe_rewire(self, deployment: str, pe_id: str, outputs: bytes = b"",
                         remove_outputs: list[str] = (), add_inputs: bytes = b"",
                         remove_inputs: list[str] = (), edges: bytes = b"", routing: bytes = b"",
-                        copies: dict[str, str] | None = None) -> dict:
+                        copies: dict[str, str] | None = None, handover: list[dict] = ()) -> dict:
         """Change a PE that stays: new inputs registered (``edges``: its operators' inputs now),
-        held outputs re-pointed, routers re-built (``routing``, ``copies``: copies came or went).
+        held outputs re-pointed, routers re-built (``routing``, ``copies``: copies came or went);
+        ``handover``: key-group moves its instances export as its routers switch (handover.py).
         Answers the milliseconds of each part (:class:`Laps`)."""
         laps = Laps()
         pe = self._of(deployment)[pe_id]
+        parts = []
         await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
                         cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
                         cloudpickle.loads(edges) if edges else None, cloudpickle.loads(routing) if routing else None,
-                        copies, (self._receiver, self.data_address, self._expect), laps.lap)
+                        copies, (self._receiver, self.data_address, self._expect), laps.lap,
+                        before=lambda: parts.extend((m, exported(pe, m)) for m in handover))
+        if parts:
+            await self.handovers.send(deployment, parts)
+            laps.lap("handover")
         self.arrivals.bump()                     # channels to the new inputs that were waiting go on
         laps.lap("inputs")
         await pe.opened()                        # outside the turn: the PE goes on meanwhile
@@ -480,6 +490,7 @@ class PEHost:
             self.state_backends.pop(deployment, None)
             self.ckpt_files.forget(deployment)
             remove_stores(deployment)                   # its operators' disk state (docs/state.md)
+            self.handovers.forget(deployment)
         self._bump()
         return stopped
 

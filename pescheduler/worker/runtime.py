@@ -225,12 +225,15 @@ class PERunner:
 
     async def rewire(self, outputs: list[OutputSpec], remove_outputs: list[str], add_inputs: list[InputSpec],
                      remove_inputs: list[str], edges: list | None, routing: dict | None,
-                     copies: dict[str, str] | None, connect: Connect, lap: Callable[[str], None]) -> None:
+                     copies: dict[str, str] | None, connect: Connect, lap: Callable[[str], None],
+                     before: Callable[[], None] = lambda: None) -> None:
         """A reconfiguration changes this PE, which stays: held outputs re-pointed (``connect``:
         :meth:`open_outputs`' arguments for the new channels), routers re-built, new inputs
-        registered (``edges``: its operators' inputs now). ``lap`` marks each part's end."""
+        registered (``edges``: its operators' inputs now). ``lap`` marks each part's end;
+        ``before`` runs in the same turn just before the routers switch (handover.py)."""
         async with self.turns.lock:
             lap("turn wait")
+            before()
             if outputs or remove_outputs or routing:
                 await self.rewirer.rewire(outputs, remove_outputs, lambda out: self.ports.open_channel(out, connect),
                                           routing, copies)

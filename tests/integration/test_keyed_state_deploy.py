@@ -1,5 +1,6 @@
-"""Keyed state on disk, end to end: a count window keeps its keys in RocksDB on the workers
-while a copy of it is added and released mid-stream; the output is exact."""
+"""Keyed state end to end, on both backends: a count window keeps its keys in the backend on
+the workers (RocksDB on disk) while a copy of it is added, moved and released mid-stream; the
+output is exact."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import pytest
 
 import pescheduler
-from pescheduler import Application, Release, Replicate
+from pescheduler import Application, Move, Release, Replicate
 from test_copies import until           # the next monitor snapshot where a predicate holds
 
 pytestmark = pytest.mark.integration
@@ -36,22 +37,35 @@ def expected_rows() -> list[tuple]:
     return sorted(rows)
 
 
-def test_a_count_window_on_disk_is_copied_and_released_without_loss(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_a_count_window_is_copied_moved_and_released_live_without_loss(tmp_path, monkeypatch, backend):
+    """Replicate, Move of the copy and Release while tuples flow: the original's PE runs through
+    all three (only the copy's PE is created, moved and retired) and the output is exact."""
     monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path))       # the forked workers' setting
-    out = tmp_path / "windows.jsonl"
-    app = Application("state-on-disk")
-    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE).key_by("key")
-        .window(count=10, aggregates={"total": ("sum", "n")}).sink("jsonl", path=str(out)))
-    with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[], state="disk") as dep:
+    out, release = tmp_path / "windows.jsonl", tmp_path / "go-on"
+    app = Application(f"state-{backend}")
+    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=2 * COUNT // 3, release=str(release))
+        .key_by("key").window(count=10, aggregates={"total": ("sum", "n")}).sink("jsonl", path=str(out)))
+    with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[], state=backend) as dep:
         op = next(x for x in dep.placement().plan.ops if x.startswith("count_window"))
+        original = dep.placement().pe_of(op)
         until(dep, lambda s: op in s.operators and s.operators[op].tuples_in > 0, "the window counts")
-        assert len(stores(tmp_path)) == 1                  # the window's RocksDB, on its worker
-        assert dep.apply(Replicate(op, 1)).applied
+        if backend == "disk":
+            assert len(stores(tmp_path)) == 1              # the window's RocksDB, on its worker
+        record = dep.apply(Replicate(op, 1))
+        assert record.applied and original not in record.retired, record.as_dict()
         until(dep, lambda s: s.operators.get(f"{op}#1") and s.operators[f"{op}#1"].tuples_in > 0,
               "the copy counts")
-        copy = f"{op}_1"                                   # the copy's PE (#1), as its store directory names it
-        assert any(d.startswith(copy) for d in stores(tmp_path))   # its own RocksDB
-        assert dep.apply(Release(op, 1)).applied
+        copy = dep.placement().pe_of(f"{op}#1")
+        if backend == "disk":
+            assert any(d.startswith(copy.replace("#", "_")) for d in stores(tmp_path))   # its own RocksDB
+        there = next(w for w in dep.placement().workers if w != dep.placement().pes[copy].worker)
+        record = dep.apply(Move(copy, there))
+        assert record.applied and record.retired == (copy,), record.as_dict()
+        record = dep.apply(Release(op, 1))
+        assert record.applied and record.retired == (copy,), record.as_dict()
+        assert dep.placement().pe_of(op) == original
+        release.touch()
         status = dep.wait(timeout=120)
     assert status["state"] == "finished"
     with open(out) as f:

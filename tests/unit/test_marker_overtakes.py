@@ -127,9 +127,13 @@ def test_a_marker_overtakes_only_where_every_re_send_target_is_created():
     old, channels = _placed()
     keyed = next(op for op in old.plan.ops if op.startswith("running_sum"))
     count = next(op for op in old.plan.ops if op.startswith("window_count"))
-    # A KEYED operator gets a copy: its PE is replaced and the copy's created; the holder's backlog
-    # is re-split by the new key-group owners, all in created PEs.
-    new, plan = _plan(old, channels, Replicate(keyed, 1))
+    # A KEYED operator gets a second copy, which takes key groups from the first copy: every
+    # instance's PE is replaced and the new ones created; the holder's backlog is re-split by
+    # the new key-group owners, all in created PEs. (The first copy took its groups from the
+    # original, which stays and exports them in its routers' turn: nothing is held then.)
+    once = transform(old, Replicate(keyed, 1))
+    assert plan_reconfiguration(old, once, channels, "d", 1).hold == {}
+    new, plan = _plan(once, channel_ids(once, "d", 1), Replicate(keyed, 1))
     held = {c for cs in plan.hold.values() for c in cs}
     assert held and {c for cs in plan.overtake.values() for c in cs} == held
     # A MERGEABLE copy is released and its original stays: what was held for the copy goes to a

@@ -1,0 +1,150 @@
+"""Key-group hand-over on a rescale: which groups move between which instances (plan/state.py's
+group_moves), the reconfiguration plan that keeps running instances running, and the worker's
+export and import of groups (worker/handover.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import cloudpickle
+
+from pescheduler import Application
+from pescheduler.actions import Move, Release, Replicate
+from pescheduler.control.protocol import plan_reconfiguration
+from pescheduler.plan.compiler import compile_app
+from pescheduler.plan.state import group_moves
+from pescheduler.plan.transforms import transform
+from pescheduler.plan.wiring import channel_ids
+from pescheduler.plugins import load_plugins
+from pescheduler.testing import run_operators
+from pescheduler.state import MemoryState, pack_group
+from pescheduler.state.groups import PackedOnPickle
+from pescheduler.wire import KEY_GROUPS, PESpec, key_group
+from pescheduler.worker.handover import HandOvers, export_groups, import_groups
+
+from operators.count_window import CountWindow
+from support_ops import RunningSum
+
+WORKERS = ["tcp://a", "tcp://b"]
+
+
+def _placed():
+    app = Application("t")
+    (app.source("numbers", count=10**9, keys=50).key_by("key")
+        .window(count=10, aggregates={"total": ("sum", "n")}).sink("collect"))
+    placement = compile_app(app, load_plugins(["support_ops"]), WORKERS, {w: w for w in WORKERS})
+    window = next(op for op in placement.plan.ops if op.startswith("count_window"))
+    return placement, window
+
+
+def test_a_replicate_keeps_the_original_running_and_moves_only_the_copys_groups():
+    old, window = _placed()
+    new = transform(old, Replicate(window, 1))
+    plan = plan_reconfiguration(old, new, channel_ids(old, "d", 0), "d", 1)
+    copy = f"{window}#1"
+    assert plan.retired == () and plan.created == (new.pe_of(copy),)
+    (move,) = plan.moves
+    assert (move.src, move.dst, move.src_live, move.dst_live) == (window, copy, True, False)
+    assert set(move.groups) == set(new.routes[window].key_groups[copy])
+    assert 0 < len(move.groups) < KEY_GROUPS
+
+
+def test_a_release_retires_only_the_copy_whose_groups_go_to_the_running_original():
+    old, window = _placed()
+    two = transform(old, Replicate(window, 1))
+    one = transform(two, Release(window, 1))
+    plan = plan_reconfiguration(two, one, channel_ids(two, "d", 1), "d", 2)
+    copy = f"{window}#1"
+    assert plan.retired == (two.pe_of(copy),) and plan.created == ()
+    (move,) = plan.moves
+    assert (move.src, move.dst, move.src_live, move.dst_live) == (copy, window, False, True)
+    assert set(move.groups) == set(two.routes[window].key_groups[copy])
+
+
+def test_a_moved_copy_takes_all_its_groups_from_its_old_pe():
+    old, window = _placed()
+    two = transform(old, Replicate(window, 1))
+    copy_pe = two.pe_of(f"{window}#1")
+    there = next(w for w in WORKERS if w != two.pes[copy_pe].worker)
+    moved = transform(two, Move(copy_pe, there))
+    (move,) = group_moves(two, moved)[window]
+    assert (move.src_worker, move.dst_worker, move.src_live, move.dst_live) == (two.pes[copy_pe].worker, there,
+                                                                              False, False)
+    assert set(move.groups) == set(two.routes[window].key_groups[f"{window}#1"])
+
+
+def test_a_copy_that_stays_and_gives_groups_away_replaces_every_instance():
+    """A second copy takes groups from the first, whose PE holds no router: no live export, the
+    old way (all instances replaced, state re-split)."""
+    old, window = _placed()
+    two = transform(old, Replicate(window, 1))
+    three = transform(two, Replicate(window, 1))
+    assert window not in group_moves(two, three)
+    plan = plan_reconfiguration(two, three, channel_ids(two, "d", 1), "d", 2)
+    assert set(plan.retired) == {two.pe_of(window), two.pe_of(f"{window}#1")}
+
+
+def _fed(op, n=2000, keys=300):
+    """``op`` after ``n`` tuples over ``keys`` keys, opened as a PE would."""
+    run_operators([{"key": i % keys, "n": i, "ts": i} for i in range(n)], op, key_field="key")
+    return op
+
+
+def test_a_count_window_exports_only_the_moving_groups_and_imports_them_exactly():
+    whole = _fed(CountWindow(count=7, aggregates={"total": ("sum", "n")}, key="key"))
+    moving = frozenset(range(0, KEY_GROUPS, 3))
+    kept = _fed(CountWindow(count=7, aggregates={"total": ("sum", "n")}, key="key"))
+    part = export_groups(kept, moving)
+    assert set(part["groups"]) == {g for g in whole._keys.groups() if g in moving}
+    assert not set(kept._keys.groups()) & moving
+    fresh = CountWindow(count=7, aggregates={"total": ("sum", "n")}, key="key")
+    fresh.restore(cloudpickle.loads(cloudpickle.dumps(part)))
+    assert set(fresh._keys.groups()) == set(part["groups"])
+    import_groups(kept, cloudpickle.loads(cloudpickle.dumps(part)))
+    assert _state(kept) == _state(whole)
+
+
+def _state(window) -> dict:
+    keys = window._keys
+    return {k: v for g in keys.groups() for k, v in keys.items(g)}
+
+
+def test_an_operator_without_the_hooks_moves_groups_by_split_and_merge():
+    whole, kept = _fed(RunningSum()), _fed(RunningSum())
+    moving = frozenset(range(64))
+    part = export_groups(kept, moving)
+    assert part and all(key_group(k) in moving for k in part)
+    assert kept.sums and all(key_group(k) not in moving for k in kept.sums)
+    import_groups(kept, part)
+    assert kept.sums == whole.sums
+
+
+def test_a_new_instance_is_built_once_every_part_handed_to_it_is_here():
+    async def scenario():
+        host = HandOvers(lambda dep: {}, lambda address: None, lambda: "tcp://here")
+        spec = PESpec("w#2", "d", {"w#2": (RunningSum, {}, "key")}, [])
+        spec.restore = {"w#2": {"handover": "m", "parts": 2, "timeout": 5}}
+        waiting = asyncio.create_task(host.resolve(spec))
+        move = {"dst_live": False, "tag": "m", "dst": "w#2", "dst_worker": "tcp://here"}
+        await host.send("d", [(move, {"state": {"a": 1}, "progress": ({"u": 5}, 5, {"u"}, False)})])
+        await asyncio.sleep(0)
+        assert not waiting.done()                 # one part of two: not built yet
+        await host.send("d", [(move, {"state": {"b": 2}, "progress": ({"u": 3}, 3, {"u"}, False)})])
+        await asyncio.wait_for(waiting, 5)
+        return spec.restore["w#2"]
+    restored = asyncio.run(scenario())
+    assert restored["state"] == {"a": 1, "b": 2} and restored["progress"][:2] == ({"u": 3}, 3)
+
+
+def test_taken_groups_leave_the_state_at_once_and_are_packed_only_when_pickled():
+    state = MemoryState()
+    for i in range(1000):
+        state.put(f"car-{i}", [i])
+    view = state.snapshot()                       # a checkpoint's view still reads them
+    moving = set(state.groups()[::2])
+    taken = state.take_groups(moving)
+    assert set(taken) == moving and not moving & set(state.groups())
+    assert all(state.get(k) is None for g in moving for k in taken[g])
+    assert all(dict(view.items(g)) == taken[g] for g in moving)
+    g = min(moving)
+    assert cloudpickle.loads(cloudpickle.dumps(PackedOnPickle(taken[g]))) == pack_group(taken[g].items())
