@@ -61,6 +61,9 @@ class PERunner:
         self.stopping = False                      # set by stop(): the loop ends at its next turn
         self.turns = Turns(spec.pe_id, spec.time_slice_s, spare_thread,   # on the loop or in a thread
                            clock=self._busy_s)
+        waits = [op_id for op_id, op in self.ops.items() if op.may_block]
+        if waits:      # never the worker's loop: a delivery retrying for seconds would silence it
+            self.turns.go_threaded(f"{waits[0]} may wait on deliveries")
         self.aligner = Aligner()                   # markers seen, alignment (see aligner.py)
         self.barriers = Barriers(self)             # checkpoints (see barriers.py)
         # a source whose backlog waits at a broker reads no further than flow.SOURCE_BACKLOG
@@ -152,7 +155,8 @@ class PERunner:
                                         key_field=key_field,
                                         extra={"inputs": inputs, "checkpoint": self.checkpointing,
                                                "state": self.state_backend, "deployment": self.spec.deployment}))
-            self.barriers.restored(self.spec.restore)     # sinks restored from a checkpoint settle it
+            async with self.turns.lock:                  # sinks restored from a checkpoint settle it
+                await self.turns.off_loop(lambda: self.barriers.restored(self.spec.restore))
             # A PE whose chain ended while a reconfiguration holds its outputs stays until the
             # rewire: the held data and the end it held back (Chain.freeze) still have to go out on
             # the new channels, and only this loop ships them (issue 16: a fast columnar source
@@ -383,7 +387,7 @@ class PERunner:
             if not still():
                 return
             if complete:
-                self.barriers.commit(checkpoint_id)
+                await self.turns.off_loop(lambda: self.barriers.commit(checkpoint_id))
             else:
                 self.barriers.abort(checkpoint_id)
 
