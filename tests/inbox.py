@@ -11,7 +11,7 @@ from __future__ import annotations
 def take_all(pe, turns: int = 100) -> None:
     """Turns of ``pe``'s inbox until it is empty (bounded: fails naming what is left)."""
     for _ in range(turns):
-        if not pe.inbox.items:
+        if not pe.ports.inbox.items:
             return
         pe.inputs.take()
-    raise AssertionError(f"the inbox did not empty in {turns} turns: {list(pe.inbox.items)}")
+    raise AssertionError(f"the inbox did not empty in {turns} turns: {list(pe.ports.inbox.items)}")

@@ -33,16 +33,15 @@ restore places its instances differently (``plan/state.py``'s ``redistribute``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import cloudpickle
 
 from ..errors import DeliveryFailed, NotReplayable
 from ..operator import CommitHooks, Operator, Source
-from ..wire import PESpec
 from .aligner import Aligner
-from .channels import ChannelOut, Inbox
-from .source_driver import SourceDriver
+from .ports import Ports
+from .source_driver import Sources
 from .turns import Turns
 
 BARRIER = "checkpoint"
@@ -58,76 +57,67 @@ def is_barrier(marker: Any) -> bool:
     return isinstance(marker, tuple) and len(marker) == 3 and marker[0] == BARRIER
 
 
-class CheckpointedPE(Protocol):
-    """What :class:`Barriers` reads and drives of its PE (``runtime.PERunner`` implements it;
-    named here so this module need not import the runtime, which imports it)."""
-
-    pe_id: str
-    spec: PESpec
-    state: str
-    chain: Any
-    ops: dict[str, Operator]
-    sources: list[SourceDriver]
-    outs: list[tuple[Any, ChannelOut]]
-    aligner: Aligner
-    turns: Turns
-    inbox: Inbox
-    on_change: Callable[[], None]
-
-    def snapshot(self) -> dict[str, dict]: ...
-
-    def check_aligned(self) -> None: ...
-
-
 class Barriers:
-    """The checkpoints one PE takes part in: the one it aligns on, and results not yet taken."""
+    """The checkpoints one PE takes part in: the one it aligns on, and results not yet taken.
 
-    def __init__(self, pe: CheckpointedPE) -> None:
-        self.pe = pe
+    Its collaborators are the PE's parts it drives: the operators (commit hooks,
+    source positions), the source drivers (paused while aligning), the aligner,
+    the ports (outputs carry the barrier on; parked input goes back in front of
+    the inbox), the turns (wake-ups from the PE's thread), ``snapshot`` (the
+    operators' state, progress and source positions) and ``on_change`` (tell the
+    PE host a result is there).
+    """
+
+    def __init__(self, pe_id: str, epoch: int, ops: dict[str, Operator], sources: Sources,
+                 aligner: Aligner, ports: Ports, turns: Turns, snapshot: Callable[[], dict[str, dict]],
+                 on_change: Callable[[], None]) -> None:
+        self.pe_id, self.ops, self.sources = pe_id, ops, sources
+        self.pe_epoch = epoch                   # the PE's own (its spec's): barriers begun before it are stale
+        self.aligner, self.ports, self.turns, self.snapshot, self.on_change = aligner, ports, turns, snapshot, on_change
         self.current: int | None = None         # checkpoint being aligned on
         self.epoch = 0                          # the epoch its barrier carries
         self.done_upto = 0                      # barriers up to this id are taken or aborted here
         self.results: dict[int, dict] = {}      # id -> {"state": bytes, "positions": {...}} or {"error": str}
         self.failure: DeliveryFailed | None = None   # a sink's commit failed: the PE fails at its next turn
 
-    def begin(self, checkpoint_id: int, epoch: int | None = None) -> None:
+    def begin(self, checkpoint_id: int, epoch: int | None = None, moving: bool = True) -> bool:
         """Align on checkpoint ``checkpoint_id`` of ``epoch`` (the coordinator's trigger, or its
-        barrier's first arrival; ``None``: the coordinator asks this PE itself, so it is current)."""
-        pe = self.pe
-        epoch = pe.spec.epoch if epoch is None else epoch
+        barrier's first arrival; ``None``: the coordinator asks this PE itself, so it is current).
+        ``moving``: the PE runs and its chain has not ended; else it snapshots as it is, now.
+        True when the alignment began: the PE then checks it (``PERunner.check_aligned``)."""
+        epoch = self.pe_epoch if epoch is None else epoch
         if self.stale(checkpoint_id, epoch) or self.current == checkpoint_id:
-            return
-        if pe.aligner.marker is not None and not is_barrier(pe.aligner.marker):
+            return False
+        if self.aligner.marker is not None and not is_barrier(self.aligner.marker):
             self.done_upto = checkpoint_id      # a reconfiguration aligns here: a late barrier of an
-            return                              # aborted checkpoint must not take its place
-        if pe.state != "running" or pe.chain is None or pe.chain.finished:
+            return False                        # aborted checkpoint must not take its place
+        if not moving:
             self._take(checkpoint_id)           # nothing moves here any more: its state as it is
-            return
+            return False
         self.current, self.epoch = checkpoint_id, epoch
-        for driver in pe.sources:
-            driver.paused = True
-        pe.aligner.begin(barrier(checkpoint_id, epoch), self._op_aligned)
-        pe.check_aligned()
+        self.sources.pause()
+        self.aligner.begin(barrier(checkpoint_id, epoch), self._op_aligned)
+        return True
 
-    def arrived(self, channel, marker: tuple) -> bool:
-        """A barrier arrived on ``channel``; False if it belongs to a checkpoint already over here."""
+    def arrived(self, channel, marker: tuple, moving: bool) -> bool:
+        """A barrier arrived on ``channel``; False if it belongs to a checkpoint already over here
+        (True: the PE checks its alignment)."""
         _, checkpoint_id, epoch = marker
         if self.stale(checkpoint_id, epoch):
             return False
-        self.pe.aligner.arrived(channel.channel_id, marker)
-        self.begin(checkpoint_id, epoch)
+        self.aligner.arrived(channel.channel_id, marker)
+        self.begin(checkpoint_id, epoch, moving)
         return True
 
     def stale(self, checkpoint_id: int, epoch: int) -> bool:
         """A checkpoint over here (taken or aborted), or begun before this PE existed."""
-        return checkpoint_id <= self.done_upto or epoch < self.pe.spec.epoch
+        return checkpoint_id <= self.done_upto or epoch < self.pe_epoch
 
     def _op_aligned(self, op_id: str) -> None:
         """``op_id`` has the barrier on every input: its outputs carry it on (behind its data)."""
-        for spec, channel in self.pe.outs:
-            if spec.src_op == op_id:
-                channel.marker(barrier(self.current, self.epoch))
-        self.pe.turns.on_loop(self.pe.inbox.event.set)
+        for channel in self.ports.outputs_of(op_id):
+            channel.marker(barrier(self.current, self.epoch))
+        self.turns.on_loop(self.ports.wake)
 
     def aligned(self) -> None:
         """The whole PE is aligned: snapshot, then release parked input and the sources."""
@@ -136,28 +126,32 @@ class Barriers:
 
     def _release(self) -> None:
         """End the alignment: parked input goes back in front of the inbox, sources read on."""
-        parked = self.pe.aligner.finish()
-        self.pe.inbox.items.extendleft(reversed(parked))
+        self.ports.put_back(self.aligner.finish())
         self.current = None
-        for driver in self.pe.sources:
-            driver.paused = False
-        self.pe.turns.on_loop(self.pe.inbox.event.set)      # called in the PE's thread once it has one
+        self.sources.pause(False)
+        self.turns.on_loop(self.ports.wake)      # called in the PE's thread once it has one
 
     def _take(self, checkpoint_id: int) -> None:
-        pe = self.pe
         try:
-            for op in pe.ops.values():
+            for op in self.ops.values():
                 if isinstance(op, CommitHooks):
                     op.pre_commit(checkpoint_id)
-            positions = {op_id: _position(op) for op_id, op in pe.ops.items() if isinstance(op, Source)}
-            state = cloudpickle.dumps(pe.snapshot())
+            positions = {op_id: _position(op) for op_id, op in self.ops.items() if isinstance(op, Source)}
+            state = cloudpickle.dumps(self.snapshot())
             self.results[checkpoint_id] = {"state": state, "positions": positions}
         except NotReplayable as exc:
             self.results[checkpoint_id] = {"error": str(exc)}
         except Exception as exc:
-            self.results[checkpoint_id] = {"error": f"PE {pe.pe_id}: snapshot failed: {type(exc).__name__}: {exc}"}
+            self.results[checkpoint_id] = {"error": f"PE {self.pe_id}: snapshot failed: {type(exc).__name__}: {exc}"}
         self.done_upto = max(self.done_upto, checkpoint_id)
-        pe.turns.on_loop(pe.on_change)
+        self.turns.on_loop(self.on_change)
+
+    def settle(self, checkpoint_id: int, complete: bool) -> None:
+        """Checkpoint ``checkpoint_id`` is over: :meth:`commit` it if ``complete``, else :meth:`abort` it."""
+        if complete:
+            self.commit(checkpoint_id)
+        else:
+            self.abort(checkpoint_id)
 
     def abort(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` failed: stop aligning on it.
@@ -177,7 +171,7 @@ class Barriers:
         have come between the manifest and the commit; ``commit`` is idempotent), then abort N + 1:
         whatever was staged after N is discarded, because the sources replay it."""
         for op_id, saved in restore.items():
-            op, done = self.pe.ops[op_id], saved.get("checkpoint")
+            op, done = self.ops[op_id], saved.get("checkpoint")
             if done is not None and isinstance(op, CommitHooks):
                 op.commit(done)
                 op.abort(done + 1)
@@ -190,14 +184,14 @@ class Barriers:
         fails (transient errors were retried by the sink) fails the PE, as Flink fails the task:
         a checkpointed run then restores this checkpoint, whose sinks commit it again, and a run
         that cannot restore fails loudly; the checkpoint never counts as published meanwhile."""
-        for op_id, op in self.pe.ops.items():
+        for op_id, op in self.ops.items():
             if isinstance(op, CommitHooks):
                 try:
                     op.commit(checkpoint_id)
                 except Exception as exc:
-                    self.failure = DeliveryFailed(f"PE {self.pe.pe_id}: {op_id}: committing checkpoint "
+                    self.failure = DeliveryFailed(f"PE {self.pe_id}: {op_id}: committing checkpoint "
                                                   f"{checkpoint_id} failed: {type(exc).__name__}: {exc}")
-                    self.pe.turns.on_loop(self.pe.inbox.event.set)
+                    self.turns.on_loop(self.ports.wake)
                     raise self.failure from exc
 
     def check(self) -> None:

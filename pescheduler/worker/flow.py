@@ -38,9 +38,10 @@ between inputs that are all free to go (fair shares of the PE's busy time).
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 from time import perf_counter
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, ContextManager, Iterable
 
 from .channels import DATA, ChannelIn, ChannelOut, Inbox
 
@@ -243,9 +244,36 @@ class InputScheduler:
             return True
         return any(not ch.held and ch.can_ship() for _s, ch in self.outs)
 
+    async def idle(self, due: Callable[[], list[float]], waiting: Callable[[Any], ContextManager]) -> None:
+        """Nothing to do: wait for input or credit, or until the first of ``due()`` (seconds until
+        a paced or empty source is due, or a lingering channel ships) has passed. ``waiting(gate)``
+        counts the wait: backpressure on ``gate`` (:meth:`holding_back`), else idle time
+        (pe_figures.py).
+
+        Output that appeared while the last flush awaited (a reconfiguration
+        marker from ``hold``, an aligned operator's marker) is not waited on:
+        its wake-up may have come before the ``clear`` below, and a marker that
+        stays unsent can stall a whole reconfiguration.
+        """
+        event = self.inbox.event
+        event.clear()
+        if self.ready():
+            return
+        waits = due()
+        with waiting(self.holding_back()):
+            try:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel
+                # that lands as the event fires, and the PE would outlive pe_stop.
+                # The event is set by input, by credit (gate.wake) and by control calls.
+                async with asyncio.timeout(min(waits) if waits else None):
+                    await event.wait()
+            except TimeoutError:
+                pass
+
     def holding_back(self) -> Any:
         """The gate of a full output channel while the flow holds input back for it, else None:
-        that wait, and only that one, is backpressure."""
+        that wait, and only that one, is backpressure. (A paced source waiting for its schedule
+        while one routed channel waits for credit and another instance has room is idle, issue 15.)"""
         held = self.full | self.backed      # backed: a broker source waits (source_held)
         if not held:
             return None

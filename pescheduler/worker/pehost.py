@@ -34,7 +34,7 @@ from .channels import ChannelIn, FrameReceiver, Inbox
 from .handshake import Credentials, tls_contexts
 from ..state.settings import remove_stores
 from ..plugins import activate
-from .runtime import PERunner
+from .runtime import Hosting, PERunner
 from ..wire import PESpec
 
 logger = logging.getLogger(__name__)
@@ -160,11 +160,17 @@ class PEHost:
         if self.server is not None:
             self.server.close()
 
-    def _receiver(self, channel_id: str) -> tuple[Inbox, ChannelIn]:
-        for pe in self.pes.values():
-            if channel_id in pe.receivers:
-                return pe.inbox, pe.receivers[channel_id]
+    def _receiving(self, channel_id: str) -> tuple[str, tuple[Inbox, ChannelIn]]:
+        """The deployment whose PE here receives ``channel_id``, and its receiver (KeyError: none)."""
+        for (deployment, _pe), pe in self.pes.items():
+            try:
+                return deployment, pe.receiver(channel_id)
+            except KeyError:
+                continue
         raise KeyError(f"no PE on {self.worker.address} receives channel {channel_id!r}")
+
+    def _receiver(self, channel_id: str) -> tuple[Inbox, ChannelIn]:
+        return self._receiving(channel_id)[1]
 
     async def _expect(self, channel_id: str) -> tuple[Inbox, ChannelIn]:
         """The receiver of ``channel_id`` once a PE here has it: a reconfiguration deploys PEs and
@@ -184,13 +190,14 @@ class PEHost:
     def _secret_of(self, channel_id: str) -> bytes:
         """The secret of the deployment whose PE here receives ``channel_id``, or (a receiver still
         to come, see _expect) whose name the id begins with: ``deployment/epoch/...`` (KeyError: none)."""
-        for (deployment, _pe), pe in self.pes.items():
-            if channel_id in pe.receivers:
-                return self.secrets[deployment]
-        mine = [d for d in self.secrets if channel_id.startswith(d + "/")]
-        if mine:
-            return self.secrets[max(mine, key=len)]
-        raise KeyError(f"no PE on {self.worker.address} receives channel {channel_id!r}")
+        try:
+            deployment, _receiver = self._receiving(channel_id)
+        except KeyError:
+            mine = [d for d in self.secrets if channel_id.startswith(d + "/")]
+            if not mine:
+                raise
+            deployment = max(mine, key=len)
+        return self.secrets[deployment]
 
     def _credentials(self, deployment: str) -> Credentials:
         if deployment not in self.secrets:
@@ -244,10 +251,7 @@ class PEHost:
         for spec in specs:
             assert isinstance(spec, PESpec)
             spare = self.warm_threads.pop() if spec.pe_id in spec.copies and self.warm_threads else None
-            pe = PERunner(spec, self.worker.address, on_change=self._bump, spare_thread=spare)
-            pe.credentials = self._credentials(spec.deployment)
-            pe.checkpointing = spec.deployment in self.checkpointing
-            pe.state_backend = self.state_backends.get(spec.deployment, "memory")
+            pe = PERunner(spec, self._hosting(spec.deployment), spare_thread=spare)
             self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
         self.arrivals.bump()                     # channels to them that were waiting go on
@@ -255,6 +259,11 @@ class PEHost:
         if start and made:
             await self._start(spec.deployment, made, laps)
         return laps.answer(pes=made)
+
+    def _hosting(self, deployment: str) -> Hosting:
+        """What this host gives each PE of ``deployment`` it builds."""
+        return Hosting(self.worker.address, self._credentials(deployment), deployment in self.checkpointing,
+                       self.state_backends.get(deployment, "memory"), on_change=self._bump)
 
     async def _start(self, deployment: str, pe_ids: list[str], laps: Laps) -> None:
         """Start the PEs while their output channels open, then wait for those (a channel that
@@ -329,7 +338,7 @@ class PEHost:
         that aligns (the controller fails a drain only when it stops growing), and ``times``,
         the wall clock at which each PE aligned and each listed channel delivered the marker.
 
-        Only what lies ahead of the marker counts (``PERunner.alignment_status``): the PEs
+        Only what lies ahead of the marker counts (``PERunner.alignment_status``, rewirer.py): the PEs
         being replaced take a finite amount (their sources paused, their senders held behind
         the marker), and of a PE that stays only the channels from them; its other inputs flow
         on forever and would make a stuck drain look busy. Shipping counts too: a batch a PE

@@ -1,8 +1,10 @@
-"""How a reconfiguration changes a PE that stays: hold its outputs behind a marker, re-point them,
-register its new inputs (the PE's side of ``control/protocol.py``'s last round).
+"""The PE's side of a reconfiguration (``control/protocol.py``): a PE being replaced aligns on the
+marker and holds its outputs behind it; a PE that stays holds the outputs into the PEs being
+replaced behind the marker, then has them re-pointed and its new inputs registered; and either
+tells how far it is (:meth:`Rewirer.status`, what the drain waits on).
 
-Beside aligner.py, which brings a PE to the marker; this module is what
-happens to the PE's channels once it is there.
+Beside aligner.py, which decides when a PE is at the marker; this module is
+what happens to the PE's sources and channels then.
 """
 
 from __future__ import annotations
@@ -12,29 +14,52 @@ from typing import Any, Callable, Iterable
 from ..wire import InputSpec, OutputSpec
 from .aligner import Aligner
 from .chain import MIN_WATERMARK
-from .channels import DATA, END, WATERMARK, ChannelIn, ChannelOut, Inbox
+from .channels import DATA, END, WATERMARK, ChannelIn, ChannelOut
 from .flow import InputScheduler
+from .ports import Ports
+from .source_driver import Sources
+from .turns import Turns
 
 
 class Rewirer:
-    """Holds, re-points and registers one PE's channels (``outs`` and ``receivers`` are the PE's
-    own, changed in place; ``chain`` is set once the PE built it)."""
+    """Aligns, holds, re-points and registers one PE's sources and channels (``ports`` are the
+    PE's own, changed in place; ``chain`` is set once the PE built it)."""
 
-    def __init__(self, outs: list[tuple[OutputSpec, ChannelOut]], receivers: dict[str, ChannelIn],
-                 inbox: Inbox, aligner: Aligner, inputs: InputScheduler) -> None:
-        self.outs, self.receivers, self.inbox, self.aligner, self.inputs = outs, receivers, inbox, aligner, inputs
+    def __init__(self, ports: Ports, aligner: Aligner, inputs: InputScheduler, sources: Sources,
+                 turns: Turns) -> None:
+        self.ports, self.aligner, self.inputs, self.sources, self.turns = ports, aligner, inputs, sources, turns
         self.chain: Any = None
+
+    def align(self, marker: Any, release: bool = False) -> None:
+        """Pause the PE's sources and align its operators on ``marker`` (see aligner.py); the PE
+        then checks the alignment (``PERunner.check_aligned``).
+
+        ``release``: the PE is a copy going away; once aligned, a MERGEABLE
+        copy sends every partial it holds to its original, ahead of the marker.
+        """
+        self.sources.pause()
+        self.aligner.begin(marker, lambda op_id: self._op_aligned(op_id, marker, release))
+
+    def _op_aligned(self, op_id: str, marker: Any, release: bool) -> None:
+        """``op_id`` aligned: its output channels carry the marker on, then hold."""
+        if release and self.chain.nodes[op_id].partial:
+            self.chain.release_partials()
+        for channel in self.ports.outputs_of(op_id):
+            channel.hold(marker)
+        # Wake the loop so the marker ships now: another PE may need it
+        # before it can send what this PE's other operators wait for.
+        self.turns.on_loop(self.ports.wake)
 
     def hold(self, channel_ids: list[str], marker: Any, overtake: Iterable[str] = ()) -> None:
         """Send ``marker`` on these output channels, then hold them until rewired; the
         operators feeding them hold back their watermarks and end too (Chain.freeze).
         On the ``overtake`` ones the marker goes ahead of what they buffer (ChannelOut.hold)."""
         overtake = set(overtake)
-        for spec, channel in self.outs:
+        for spec, channel in self.ports.outs:
             if channel.channel_id in channel_ids:
                 overtaken_wm = channel.hold(marker, overtake=channel.channel_id in overtake)
                 self.chain.freeze([spec.src_op], overtaken_wm)
-        self.inbox.event.set()
+        self.ports.wake()
 
     async def rewire(self, outputs: list[OutputSpec], remove: list[str], open_channel: Callable[[OutputSpec], ChannelOut],
                       routing: dict | None = None, copies: dict[str, str] | None = None) -> None:
@@ -52,10 +77,11 @@ class Rewirer:
         for a KEYED operator is split by the new key-group owners.
         """
         opened = [(out, open_channel(out)) for out in outputs]
-        olds = [(spec, ch) for spec, ch in self.outs if ch.channel_id in remove]
+        outs = self.ports.outs
+        olds = [(spec, ch) for spec, ch in outs if ch.channel_id in remove]
         held = {ch.channel_id: ch.take_held() for _spec, ch in olds}
         served = {ch.channel_id: list(dict.fromkeys(self.chain.logical(d) for d in ch.dst_ops)) for _s, ch in olds}
-        self.outs[:] = [(spec, ch) for spec, ch in self.outs if ch.channel_id not in remove] + opened
+        outs[:] = [(spec, ch) for spec, ch in outs if ch.channel_id not in remove] + opened
         self.chain.rewire([ch for _s, ch in olds], [(out.src_op, out.port, ch) for out, ch in opened],
                           routing, copies)
         sent: dict[Any, set[int]] = {}         # target -> ids of batches replayed to it
@@ -66,7 +92,7 @@ class Rewirer:
                                          for call in self.chain.consumer_routes.get((spec.src_op, spec.port, x), ())))
             self._replay(held[old.channel_id], old, news, targets, sent, ended)
         self.chain.thaw()                      # watermarks held back since the hold: behind the data
-        self.inbox.event.set()
+        self.ports.wake()
         for _spec, old in olds:
             await old.close(timeout=0)
 
@@ -97,14 +123,33 @@ class Rewirer:
         """Register new input channels, forget removed ones, and (``edges``) the chain's new inputs."""
         if copies:
             self.chain.rewire(copies=copies)
+        receivers = self.ports.receivers
         for spec in add:
-            self.receivers[spec.channel_id] = ChannelIn(spec.channel_id, spec.src_op, spec.port)
+            receivers[spec.channel_id] = ChannelIn(spec.channel_id, spec.src_op, spec.port)
         for channel_id in remove:
-            self.receivers.pop(channel_id, None)
+            receivers.pop(channel_id, None)
         self.aligner.forget(remove)
         if edges is not None:
             self.chain.set_edges(edges, initial_wm=MIN_WATERMARK)
         self.inputs.edges_changed()
+
+    def status(self, marker: Any, channel_ids: list[str] | None = None) -> dict:
+        """How far this PE is with ``marker``: ``missing``, ``progress`` and ``times`` of channel
+        ids or ``"aligned"`` (see ``PEHost.pe_reconf_wait``). ``channel_ids`` None: the whole PE
+        aligns (it is replaced); else it takes the marker from those channels (it stays).
+        ``progress`` grows with every batch taken or shipped ahead of the marker (the drain count)."""
+        aligner, receivers, outs = self.aligner, self.ports.receivers, self.ports.outs
+        arrived = dict(aligner.seen.get(marker, {}))
+        if channel_ids is None:
+            progress = sum(c.tuples for c in list(receivers.values())) + sum(d.count for d in self.sources)
+            progress += len(aligner.aligned_ops) + len(arrived) + sum(ch.batches for _s, ch in list(outs))
+            if aligner.aligned and aligner.aligned_at is not None:
+                arrived["aligned"] = aligner.aligned_at
+            return {"missing": [] if aligner.aligned else ["aligned"], "progress": progress, "times": arrived}
+        missing = [c for c in channel_ids if c not in arrived and not getattr(receivers.get(c), "ended", True)]
+        progress = sum(getattr(receivers.get(c), "tuples", 0) + (c in arrived) for c in channel_ids)
+        return {"missing": missing, "progress": progress + self.inputs.shipped_toward(receivers, channel_ids),
+                "times": {c: at for c, at in arrived.items() if c in channel_ids}}
 
 
 def _end(channels: list[ChannelOut], ended: set[str]) -> None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from time import perf_counter
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..operator import MIN_WATERMARK, DeadLetter, Source
 
 if TYPE_CHECKING:
     from .chain import Chain
+
+SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked again
 
 
 class SourceDriver:
@@ -37,7 +39,7 @@ class SourceDriver:
         self.read_count = 0        # tuples read, dead letters included: what ``rate`` paces
         self.started = perf_counter()
         self.ended = False
-        self.paused = False        # a reconfiguration is in progress: read nothing
+        self.paused = False        # an alignment is in progress: read nothing (Sources.pause)
         self.rejected: list = []   # dead letters from the source (malformed input), for the chain
         self.own_watermark = type(source).watermark is not Source.watermark   # per-partition event time
         self.lag = source.lag if type(source).lag is not Source.lag else None
@@ -45,10 +47,6 @@ class SourceDriver:
             # Arrow batches will come: load the kernels now, while the PE opens, not on the
             # first batch (importing pyarrow.compute takes 0.1-0.4 s, issue 16).
             import pyarrow.compute  # noqa: F401
-
-    def pause(self) -> None:
-        """Read nothing until the PE goes away (a reconfiguration aligns it)."""
-        self.paused = True
 
     def drain(self) -> None:
         """End the source at the next read, as if exhausted (a graceful stop)."""
@@ -141,6 +139,55 @@ def pump(driver: SourceDriver, chain: "Chain") -> int | None:
     if wm is not None:
         chain.watermark_from(driver.op_id, wm)
     return len(batch)
+
+
+class Sources(list):
+    """The source drivers of one PE (a list of :class:`SourceDriver`), and what the PE does with
+    all of them at once: read those that are due, wait for the next one due, pause and resume
+    them for an alignment, drain them, snapshot and restore them."""
+
+    def __init__(self, ops: dict[str, Any], batch_size: int) -> None:
+        super().__init__(SourceDriver(op_id, op, batch_size) for op_id, op in ops.items() if isinstance(op, Source))
+
+    def pump(self, chain: "Chain", held: Callable[[SourceDriver], bool]) -> bool:
+        """One batch from every source that is due and not ``held`` back (flow.py); True if any moved."""
+        progressed = False
+        for driver in self:
+            if driver.ended or driver.paused or driver.delay() > 0 or held(driver):
+                continue
+            if pump(driver, chain) != 0:      # a batch, or the end
+                progressed = True
+        return progressed
+
+    def due_in(self, held: Callable[[SourceDriver], bool]) -> list[float]:
+        """Seconds until each source that may read is due: a paced one's schedule, else its poll."""
+        return [d.delay() or getattr(d.source, "poll_interval", None) or SOURCE_POLL_S for d in self
+                if not (d.ended or d.paused or held(d))]
+
+    def pause(self, paused: bool = True) -> None:
+        """Read nothing (``paused``) or read on: an alignment holds the sources still."""
+        for driver in self:
+            driver.paused = paused
+
+    def drain(self) -> bool:
+        """End every live source at its next read (a graceful stop); False if none was live."""
+        live = [d for d in self if not d.ended]
+        for driver in live:
+            driver.drain()
+        return bool(live)
+
+    def broker_backed(self) -> bool:
+        """Does a source here leave its backlog at a broker (``backlog_elsewhere``: flow.py)?"""
+        return any(getattr(d.source, "backlog_elsewhere", False) for d in self)
+
+    def snapshot(self) -> dict[str, dict]:
+        return {d.op_id: d.snapshot() for d in self}
+
+    def restore(self, restore: dict[str, dict]) -> None:
+        """Each driver's progress from a checkpoint's (or a moved instance's) saved entry."""
+        for driver in self:
+            if driver.op_id in restore:
+                driver.restore(restore[driver.op_id]["driver"])
 
 
 class _Exhausted:

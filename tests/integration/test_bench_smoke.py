@@ -4,12 +4,18 @@ A bench with a smoke test of its own elsewhere is not run twice: ``hosts.py`` ru
 tests/spark/test_bench_spark.py (``--quick --rm spark``), ``kafka.py`` in
 tests/integration/test_kafka.py. Where the quick form's size proves nothing a smaller one
 does not (repetitions of the same figure), the smoke run asks for the smaller one.
+
+The selected benches run in the background three at a time from the module's first test on
+(``quick_runs``): most of a quick bench's time is its fixed phases and paced streams, not CPU,
+so together they take about half the time they take one after the other, and each still checks
+its own output (a bench that loses or repeats a tuple exits 1 whatever the load).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,6 +23,32 @@ import pytest
 pytestmark = pytest.mark.integration
 
 BENCH = Path(__file__).parent.parent.parent / "bench"
+AT_ONCE = 3
+TIMEOUT_S = {"fusion.py": 900, "columnar.py": 900, "channel.py": 900, "state.py": 600}   # others 300
+
+
+def _command(script: str, *args: str) -> tuple[str, ...]:
+    return (sys.executable, str(BENCH / script), "--quick", *args)
+
+
+def _item_command(item) -> tuple[str, ...]:
+    """The bench command a selected test of this module checks."""
+    params = getattr(item, "callspec", None)
+    params = params.params if params else {"script": "state.py"}
+    return _command(params["script"], *params.get("args", ()))
+
+
+def _run(command: tuple[str, ...], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True,
+                          timeout=TIMEOUT_S.get(Path(command[1]).name, 300))
+
+
+@pytest.fixture(scope="module")
+def quick_runs(request, tmp_path_factory) -> dict[tuple[str, ...], Future]:
+    """Every selected test's bench, started at once (AT_ONCE at a time), each in its own directory."""
+    commands = [_item_command(item) for item in request.session.items if item.module is request.module]
+    with ThreadPoolExecutor(max_workers=AT_ONCE) as pool:
+        yield {c: pool.submit(_run, c, tmp_path_factory.mktemp(Path(c[1]).stem)) for c in commands}
 
 
 @pytest.mark.parametrize("script, args, expected", [
@@ -36,9 +68,8 @@ BENCH = Path(__file__).parent.parent.parent / "bench"
     pytest.param("postgres_cdc.py", (), ("output checked: each change once", "bare get_changes loop",
                                          "ratio source/bare"), marks=pytest.mark.database),
 ])
-def test_benchmark_quick_runs_and_prints_its_figures(tmp_path, script, args, expected):
-    result = subprocess.run([sys.executable, str(BENCH / script), "--quick", *args],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+def test_benchmark_quick_runs_and_prints_its_figures(quick_runs, script, args, expected):
+    result = quick_runs[_command(script, *args)].result()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
     for line in expected:
         assert line in result.stdout, result.stdout[-3000:]
@@ -52,19 +83,17 @@ def test_benchmark_quick_runs_and_prints_its_figures(tmp_path, script, args, exp
     ("columnar.py", ("columnar on 1 worker (deploy)", "numpy over columns")),
     ("channel.py", ("raw socket + pickle", "pescheduler", "p99", "raw socket (IPC bytes)")),
 ])
-def test_speed_benchmarks_quick_check_every_variant_output(tmp_path, script, expected):
+def test_speed_benchmarks_quick_check_every_variant_output(quick_runs, script, expected):
     # Each variant's output is asserted equal to the hand loop's inside the script (exit 1 if not).
-    result = subprocess.run([sys.executable, str(BENCH / script), "--quick"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    result = quick_runs[_command(script)].result()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
     for line in expected:
         assert line in result.stdout, result.stdout[-3000:]
 
 
-def test_state_benchmark_quick_prints_every_part(tmp_path):
+def test_state_benchmark_quick_prints_every_part(quick_runs):
     """bench/state.py --quick (K = 10^3, 10^4): both backends, the window's snapshot, the live table."""
-    result = subprocess.run([sys.executable, str(BENCH / "state.py"), "--quick"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result = quick_runs[_command("state.py")].result()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
     rows = result.stdout.splitlines()
     for k in ("1000", "10000"):

@@ -68,15 +68,15 @@ def test_a_created_pe_works_before_its_downstream_knows_it_and_nothing_is_lost_o
             await b.pe_deploy(cloudpickle.dumps([up]), start=True)
             up_pe, down_pe = b.pes[(DEP, "up")], a.pes[(DEP, "down")]
             sunk = down_pe.ops["sink"].items
-            up_pe.inbox.put(up_pe.receivers[IN_UP], DATA, [{"n": 0}])
+            up_pe.ports.inbox.put(up_pe.ports.receivers[IN_UP], DATA, [{"n": 0}])
             await _until(lambda: len(sunk) == 1, "the first tuple reaches down")
 
             # the round, worst order first: up sends to "new", not deployed yet on its worker
             rewire_up = asyncio.create_task(b.pe_rewire(
                 DEP, "up", outputs=cloudpickle.dumps([_out(UP_NEW, "tag", "new", b, ("tag2",))]),
                 remove_outputs=[UP_DOWN]))
-            await _until(lambda: [ch.channel_id for _s, ch in up_pe.outs] == [UP_NEW], "up switches")
-            up_pe.inbox.put(up_pe.receivers[IN_UP], DATA, [{"n": 1}])      # waits in the opening channel
+            await _until(lambda: [ch.channel_id for _s, ch in up_pe.ports.outs] == [UP_NEW], "up switches")
+            up_pe.ports.inbox.put(up_pe.ports.receivers[IN_UP], DATA, [{"n": 1}])      # waits in the opening channel
             await asyncio.sleep(0.05)
             assert not rewire_up.done(), "the rewire answered before its channel's receiver existed"
 
@@ -84,12 +84,12 @@ def test_a_created_pe_works_before_its_downstream_knows_it_and_nothing_is_lost_o
             new = PESpec("new", DEP, {"tag2": (Tag, {"tag": "new"}, None)}, [("tag", "out", "tag2")],
                          inputs=[InputSpec(UP_NEW, "tag", "out")], outputs=[_out(NEW_DOWN, "tag2", "down", a, ("sink",))])
             deploy = asyncio.create_task(b.pe_deploy(cloudpickle.dumps([new]), start=True))
-            await _until(lambda: (DEP, "new") in b.pes and b.pes[(DEP, "new")].first_input_at,
+            await _until(lambda: (DEP, "new") in b.pes and b.pes[(DEP, "new")].figures.first_input_at,
                          "the created PE processes its first batch")
-            assert b.pes[(DEP, "new")].outs[0][1].opening is not None, "its output opened before down knew it"
+            assert b.pes[(DEP, "new")].ports.outs[0][1].opening is not None, "its output opened before down knew it"
             answer = await asyncio.wait_for(rewire_up, BOUND)
             assert set(answer["ms"]) >= {"turn wait", "outputs", "connect"}
-            up_pe.inbox.put(up_pe.receivers[IN_UP], DATA, [{"n": 2}])
+            up_pe.ports.inbox.put(up_pe.ports.receivers[IN_UP], DATA, [{"n": 2}])
             await asyncio.sleep(0.05)
             assert not deploy.done() and len(sunk) == 1
 
@@ -99,7 +99,7 @@ def test_a_created_pe_works_before_its_downstream_knows_it_and_nothing_is_lost_o
             answer = await asyncio.wait_for(deploy, BOUND)
             assert answer["pes"] == ["new"] and answer["ms"]["connect"] > 0
             await _until(lambda: len(sunk) == 3, "what the created PE took reaches down")
-            up_pe.inbox.put(up_pe.receivers[IN_UP], DATA, [{"n": 3}])
+            up_pe.ports.inbox.put(up_pe.ports.receivers[IN_UP], DATA, [{"n": 3}])
             await _until(lambda: len(sunk) == 4, "a later tuple reaches down")
             assert sunk == [{"n": 0, "tag": "x"}] + [{"n": n, "tag": "new"} for n in (1, 2, 3)]
         finally:

@@ -234,9 +234,9 @@ def test_a_source_that_cannot_rewind_is_refused_before_any_worker_starts(tmp_pat
 async def _running_sum_pe(spec):
     """A PE of ``spec`` (one ``RunningSum`` "sum" keyed on "k"), connected and running, fed by hand."""
     from pescheduler.operator import OperatorContext
-    from pescheduler.worker.runtime import PERunner
+    from pescheduler.worker.runtime import Hosting, PERunner
 
-    pe = PERunner(spec, "w")
+    pe = PERunner(spec, Hosting("w"))
     await pe.connect(lambda channel_id: None, "here")
     pe.turns.bind()
     pe.state = "running"
@@ -261,18 +261,18 @@ def test_a_pe_snapshots_exactly_the_input_before_the_barrier_on_every_channel(ti
                       inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")],
                       time_slice_s=time_slice_s)
         pe = await _running_sum_pe(spec)
-        c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
+        c1, c2 = pe.ports.receivers["c1"], pe.ports.receivers["c2"]
         for channel, kind, payload in [(c1, DATA, [{"k": 1, "n": 1}]), (c1, MARKER, barrier(1, 0)),
                                        (c1, DATA, [{"k": 1, "n": 10}]), (c2, DATA, [{"k": 1, "n": 100}])]:
-            pe.inbox.put(channel, kind, payload)
+            pe.ports.inbox.put(channel, kind, payload)
         take_all(pe)
         assert pe.ops["sum"].sums == {1: 101} and 1 not in pe.barriers.results    # c1's 10 is parked
-        pe.inbox.put(c2, MARKER, barrier(1, 0))
+        pe.ports.inbox.put(c2, MARKER, barrier(1, 0))
         take_all(pe)
         saved = cloudpickle.loads(pe.barriers.results[1]["state"])
         assert saved["sum"]["state"] == {1: 101}                                    # before both barriers
         assert pe.ops["sum"].sums == {1: 111} and pe.aligner.marker is None        # then the parked 10
-        pe.inbox.put(c1, MARKER, barrier(1, 0))                                        # a late duplicate: ignored
+        pe.ports.inbox.put(c1, MARKER, barrier(1, 0))                                        # a late duplicate: ignored
         take_all(pe)
         assert pe.aligner.marker is None and pe.barriers.current is None
 
@@ -296,14 +296,14 @@ def test_a_stale_barrier_of_an_aborted_checkpoint_does_not_pause_a_pe_created_la
                       inputs=[InputSpec("c1", "a", "out"), InputSpec("c2", "b", "out")], epoch=1,
                       time_slice_s=time_slice_s)
         pe = await _running_sum_pe(spec)
-        c1, c2 = pe.receivers["c1"], pe.receivers["c2"]
+        c1, c2 = pe.ports.receivers["c1"], pe.ports.receivers["c2"]
         for channel, kind, payload in [(c1, MARKER, barrier(3, 0)), (c1, DATA, [{"k": 1, "n": 1}])]:
-            pe.inbox.put(channel, kind, payload)
+            pe.ports.inbox.put(channel, kind, payload)
         take_all(pe)
         assert pe.aligner.marker is None and pe.barriers.current is None
         assert pe.ops["sum"].sums == {1: 1}                                    # not parked behind it
         for channel in (c1, c2):
-            pe.inbox.put(channel, MARKER, barrier(4, 1))
+            pe.ports.inbox.put(channel, MARKER, barrier(4, 1))
         take_all(pe)
         assert cloudpickle.loads(pe.barriers.results[4]["state"])["sum"]["state"] == {1: 1}
         assert 3 not in pe.barriers.results and pe.aligner.marker is None

@@ -20,7 +20,7 @@ from pescheduler.operator import Operator
 from pescheduler.wire import RouterTargets
 from pescheduler.worker.channels import DATA, WATERMARK, ChannelIn, Inbox
 from pescheduler.worker.flow import RELIEF_BATCHES
-from pescheduler.worker.runtime import PERunner
+from pescheduler.worker.runtime import Hosting, PERunner
 from pescheduler.wire import InputSpec, OutputSpec, PESpec
 
 HERE = "127.0.0.1:1"
@@ -35,10 +35,10 @@ async def _upstream():
     spec = PESpec("up", "dep", {"tag": (Tag, {}, None)}, [("src", "out", "tag")],
                   inputs=[InputSpec("c-src", "src", "out")], outputs=outs, routing=BY_CREDIT,
                   copies={"w#1": "w"})
-    pe = PERunner(spec, "tcp://up")
+    pe = PERunner(spec, Hosting("tcp://up"))
     inboxes = {"c-w": Inbox(), "c-copy": Inbox()}
     await pe.connect(lambda cid: (inboxes[cid], ChannelIn(cid, "tag", "out")), HERE)
-    return pe, inboxes, pe.outs[0][1], pe.outs[1][1]
+    return pe, inboxes, pe.ports.outs[0][1], pe.ports.outs[1][1]
 
 
 def _data(inbox):
@@ -132,13 +132,13 @@ def test_a_cheap_input_is_not_kept_waiting_behind_an_expensive_inputs_credit_win
         spec = PESpec("pe", "dep", {"spin": (Spin, {}, None), "note": (Note, {}, None)},
                       [("a", "out", "spin"), ("b", "out", "note")],
                       inputs=[InputSpec("c-a", "a", "out"), InputSpec("c-b", "b", "out")], time_slice_s=0.005)
-        pe = PERunner(spec, "tcp://pe")
+        pe = PERunner(spec, Hosting("tcp://pe"))
         await pe.connect(lambda cid: (_ for _ in ()).throw(KeyError(cid)), HERE)
-        slow, fast = pe.receivers["c-a"], pe.receivers["c-b"]
+        slow, fast = pe.ports.receivers["c-a"], pe.ports.receivers["c-b"]
         for n in range(4):                                    # the expensive window arrived first
-            pe.inbox.put(slow, DATA, [{"n": n}])
+            pe.ports.inbox.put(slow, DATA, [{"n": n}])
         for n in range(4):
-            pe.inbox.put(fast, DATA, [{"n": n}])
+            pe.ports.inbox.put(fast, DATA, [{"n": n}])
         ORDER.clear()
         take_all(pe)
         assert [n for kind, n in ORDER if kind == "slow"] == [0, 1, 2, 3]     # each input stays FIFO
@@ -155,14 +155,14 @@ def test_every_pass_over_an_inbox_with_batches_takes_one():
         spec = PESpec("pe", "dep", {op: (Note, {}, None) for op in ("nx", "ny", "nz")},
                       [("x", "out", "nx"), ("y", "out", "ny"), ("z", "out", "nz")],
                       inputs=[InputSpec(f"c-{c}", c, "out") for c in "xyz"])
-        pe = PERunner(spec, "tcp://pe")
+        pe = PERunner(spec, Hosting("tcp://pe"))
         await pe.connect(lambda cid: (_ for _ in ()).throw(KeyError(cid)), HERE)
-        x, y, z = (pe.receivers[f"c-{c}"] for c in "xyz")
+        x, y, z = (pe.ports.receivers[f"c-{c}"] for c in "xyz")
         pe.inputs.spent = {id(x): 1.0, id(y): 2.0, id(z): 0.0}
         for n, channel in enumerate((x, y, z)):
-            pe.inbox.put(channel, DATA, [{"n": n}])
+            pe.ports.inbox.put(channel, DATA, [{"n": n}])
         ORDER.clear()
         assert pe.inputs.take() and ORDER[0] == ("fast", 2), ORDER
         take_all(pe)
-        assert sorted(ORDER) == [("fast", 0), ("fast", 1), ("fast", 2)] and not pe.inbox.items
+        assert sorted(ORDER) == [("fast", 0), ("fast", 1), ("fast", 2)] and not pe.ports.inbox.items
     asyncio.run(scenario())

@@ -79,11 +79,11 @@ def test_progress_counts_what_lies_ahead_of_the_marker_and_nothing_else():
             return pe.alignment_status("m1", want["seen"]["up"] if "seen" in want else None)["progress"]
 
         before = progress(seen={"up": ["c-src"]}), progress(aligned=["up"])
-        pe.inbox.put(pe.receivers["c-other"], DATA, [{"n": 1, "ts": 1}, {"n": 2, "ts": 2}])
+        pe.ports.inbox.put(pe.ports.receivers["c-other"], DATA, [{"n": 1, "ts": 1}, {"n": 2, "ts": 2}])
         pe.inputs.take()
         assert progress(seen={"up": ["c-src"]}) == before[0], "another input of a PE that stays"
         assert progress(aligned=["up"]) == before[1] + 2
-        pe.inbox.put(pe.receivers["c-src"], DATA, [{"n": 3, "ts": 3}])
+        pe.ports.inbox.put(pe.ports.receivers["c-src"], DATA, [{"n": 3, "ts": 3}])
         pe.inputs.take()
         assert progress(seen={"up": ["c-src"]}) == before[0] + 1
         pe.aligner.arrived("c-src", "m1")
@@ -105,31 +105,31 @@ def test_a_full_pe_shipping_its_backlog_toward_the_marker_is_progress():
     but only the channel's tuples counted, and they stood still. Here on a real PE runner."""
     async def scenario():
         pe, _inboxes = await _upstream()
-        for _spec, out in pe.outs:
+        for _spec, out in pe.ports.outs:
             out.gate.credits = 0
-        src = pe.receivers["c-src"]
+        src = pe.ports.receivers["c-src"]
         for n in range(60):
-            pe.inbox.put(src, DATA, [{"n": n, "ts": n}])
-        while pe.inbox.items:
+            pe.ports.inbox.put(src, DATA, [{"n": n, "ts": n}])
+        while pe.ports.inbox.items:
             pe.inputs.take()
         await pe.inputs.flush()
         assert pe.inputs.full == {"tag"}
-        pe.inbox.put(src, DATA, [{"n": 60, "ts": 60}])
-        pe.inbox.put(src, MARKER, "m1")
+        pe.ports.inbox.put(src, DATA, [{"n": 60, "ts": 60}])
+        pe.ports.inbox.put(src, MARKER, "m1")
         pe.inputs.take()
-        assert len(pe.inbox.items) == 2, "deferred: it feeds the full channel"
+        assert len(pe.ports.inbox.items) == 2, "deferred: it feeds the full channel"
         before = pe.alignment_status("m1", ["c-src"])["progress"]
-        pe.outs[0][1].gate.release(1)          # the slow PE downstream takes one batch
+        pe.ports.outs[0][1].gate.release(1)          # the slow PE downstream takes one batch
         await pe.inputs.flush()
         pe.inputs.take()
-        assert pe.inputs.full == {"tag"} and len(pe.inbox.items) == 2, "still full: the marker still waits"
+        assert pe.inputs.full == {"tag"} and len(pe.ports.inbox.items) == 2, "still full: the marker still waits"
         assert pe.alignment_status("m1", ["c-src"])["progress"] > before
         # A full channel that the listed input does not feed is no progress toward its marker.
         pe.rewirer.set_inputs([InputSpec("c-other", "elsewhere", "out")], [])
         assert pe.alignment_status("m1", ["c-other"])["progress"] == 0
         # A PE being replaced: everything it ships is ahead of the marker.
         aligned = pe.alignment_status("m1")["progress"]
-        pe.outs[1][1].gate.release(1)
+        pe.ports.outs[1][1].gate.release(1)
         await pe.inputs.flush()
         assert pe.alignment_status("m1")["progress"] > aligned
     asyncio.run(scenario())

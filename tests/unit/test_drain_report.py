@@ -37,7 +37,7 @@ def test_a_drain_that_fails_reports_credits_holds_and_markers_of_every_pe():
     async def scenario():
         pe, _inboxes = await _upstream()
         pe.rewirer.hold(["c-copy"], "m1")
-        pe.outs[0][1].gate.credits = 0                       # c-w: out of credit
+        pe.ports.outs[0][1].gate.credits = 0                       # c-w: out of credit
         pe.chain.emit_from("src", [{"n": 1, "ts": 1}])       # w
         pe.chain.emit_from("src", [{"n": 2, "ts": 2}])       # w#1, behind the marker
         await pe.inputs.flush()
@@ -63,10 +63,10 @@ def test_a_pe_deployed_but_not_started_answers_stats():
     the worker's whole pe_stats answer failed (seen in test_reconfig_under_load)."""
     from support_ops import Numbers, Tag
 
-    from pescheduler.worker.runtime import PERunner
+    from pescheduler.worker.runtime import Hosting, PERunner
     from pescheduler.wire import PESpec
 
     spec = PESpec("pe", "dep", {"numbers-1": (Numbers, {"count": 10}, None), "tag-2": (Tag, {}, None)},
                   [("numbers-1", "out", "tag-2")])
-    stats = PERunner(spec, "tcp://w").stats()
+    stats = PERunner(spec, Hosting("tcp://w")).stats()
     assert stats["state"] == "created" and stats["operators"] == {}

@@ -351,19 +351,19 @@ def test_unreadable_frames_from_a_proven_peer_are_dead_letters_naming_the_channe
 
 def test_a_pe_dead_letters_an_unreadable_batch_and_goes_on():
     """The PE side of the above: an undecodable DATA batch is a dead letter naming the channel."""
-    from pescheduler.worker.runtime import InputSpec, PERunner, PESpec
+    from pescheduler.worker.runtime import Hosting, InputSpec, PERunner, PESpec
     from support_ops import Collect
 
     async def scenario():
         spec = PESpec("pe-2", "dep-1", {"sink": (Collect, {}, None)}, [("src", "out", "sink")],
                       inputs=[InputSpec(CHANNEL, "src", "out")])
-        pe = PERunner(spec, "tcp://127.0.0.1:1")
+        pe = PERunner(spec, Hosting("tcp://127.0.0.1:1"))
         await pe.connect(lambda c: (_ for _ in ()).throw(KeyError(c)), "127.0.0.1:1")
         pe._loop = asyncio.get_running_loop()
-        channel = pe.receivers[CHANNEL]
+        channel = pe.ports.receivers[CHANNEL]
         for payload in (b"not a pickle", encode([{"n": 1}], None)):
-            pe.inbox.put(channel, DATA, payload)
-        pe.inbox.put(channel, MALFORMED, (b"\xc1", "frame kind 6: bad marker"))
+            pe.ports.inbox.put(channel, DATA, payload)
+        pe.ports.inbox.put(channel, MALFORMED, (b"\xc1", "frame kind 6: bad marker"))
         take_all(pe)
         assert pe.ops["sink"].items == [{"n": 1}]
         dead = pe.take_dead_letters()

@@ -18,7 +18,7 @@ from support_ops import Tag
 
 from pescheduler.wire import RouterTargets
 from pescheduler.worker.channels import DATA, END, MARKER, WATERMARK, ChannelIn, Inbox
-from pescheduler.worker.runtime import PERunner
+from pescheduler.worker.runtime import Hosting, PERunner
 from pescheduler.wire import InputSpec, OutputSpec, PESpec
 
 HERE = "127.0.0.1:1"
@@ -32,7 +32,7 @@ async def _upstream():
             OutputSpec("c-copy", "tag", "out", "pe-copy", "tcp://w", HERE, ("w#1",))]
     spec = PESpec("up", "dep", {"tag": (Tag, {}, None)}, [("src", "out", "tag")],
                   inputs=[InputSpec("c-src", "src", "out")], outputs=outs, routing=BOTH, copies={"w#1": "w"})
-    pe = PERunner(spec, "tcp://up")
+    pe = PERunner(spec, Hosting("tcp://up"))
     inboxes = {"c-w": Inbox(), "c-copy": Inbox()}
     await pe.connect(lambda cid: (inboxes[cid], ChannelIn(cid, "tag", "out")), HERE)
     return pe, inboxes
@@ -41,11 +41,11 @@ async def _upstream():
 async def rewire_outputs(pe, outputs: list, remove: list[str], receivers, routing, copies) -> None:
     """The PE host's rewire of ``pe``'s outputs (new channels to ``receivers`` on this worker),
     through the PE's control port."""
-    await pe.rewire(outputs, remove, [], [], None, routing, copies, (receivers, HERE), lambda _part: None)
+    await pe.rewire(outputs, remove, [], [], None, routing, copies, (receivers, HERE, None), lambda _part: None)
 
 
 async def _flush(pe):
-    for _spec, channel in pe.outs:
+    for _spec, channel in pe.ports.outs:
         await channel.flush(wait=False)
 
 
@@ -94,12 +94,12 @@ def test_a_held_channel_is_never_full_however_much_waits_behind_the_hold():
         pe, inboxes = await _upstream()
         credits = pe.spec.credits
         pe.rewirer.hold(["c-copy"], "m1")
-        pe.outs[0][1].gate.credits = 10 ** 6                  # c-w is taken as fast as it comes
+        pe.ports.outs[0][1].gate.credits = 10 ** 6                  # c-w is taken as fast as it comes
         for n in range(8 * credits):                          # half of them to the held copy
             pe.chain.emit_from("src", [{"n": n, "ts": n}])
         await pe.inputs.flush()
-        assert pe.inputs.full == frozenset() and pe.outs[1][1].held
-        pe.outs[0][1].gate.credits = 0
+        assert pe.inputs.full == frozenset() and pe.ports.outs[1][1].held
+        pe.ports.outs[0][1].gate.credits = 0
         for n in range(6 * credits):                          # c-w: out of credit, backlog grows
             pe.chain.emit_from("src", [{"n": n, "ts": n}])
         await pe.inputs.flush()

@@ -13,7 +13,7 @@ import pytest
 import pescheduler.worker.channels as channels
 from pescheduler.operators.sources import IterableSource
 from pescheduler.worker.channels import DATA, END, MARKER, WATERMARK, ChannelIn, Inbox, LocalChannelOut
-from pescheduler.worker.runtime import PERunner
+from pescheduler.worker.runtime import Hosting, PERunner
 from pescheduler.wire import OutputSpec, PESpec
 
 HERE = "127.0.0.1:1"
@@ -206,11 +206,11 @@ def test_a_pe_ships_full_batches_from_small_reads_and_its_end_at_once():
         spec = PESpec("src", "dep", {"src": (OneAtATime, {"items": [{"n": i, "ts": i} for i in range(25)]}, None)}, [],
                       outputs=[OutputSpec("c-w", "src", "out", "pe-w", "tcp://w", HERE, ("w",))],
                       batch_size=10, linger_s=60.0)
-        pe = PERunner(spec, "tcp://src")
+        pe = PERunner(spec, Hosting("tcp://src"))
         inbox = Inbox()
         receiver = ChannelIn("c-w", "src", "out")
         await pe.connect(lambda cid: (inbox, receiver), HERE)
-        receiver.grant = pe.outs[0][1].gate.release          # the receiver takes every batch
+        receiver.grant = pe.ports.outs[0][1].gate.release          # the receiver takes every batch
         await asyncio.wait_for(pe.start(), 30)
         items = shipped(inbox)
         assert pe.state == "finished", pe.error

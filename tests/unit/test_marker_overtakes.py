@@ -30,7 +30,7 @@ NOWHERE = lambda cid: (_ for _ in ()).throw(KeyError(cid))     # noqa: E731  (no
 def _backlog(pe):
     """Batches 1..8 alternate between w (c-w) and the copy (c-copy), both out of credit after
     one: 3, 5, 7 and 4, 6, 8 wait in the channels' buffers."""
-    for _spec, out in pe.outs:
+    for _spec, out in pe.ports.outs:
         out.gate.credits = 1
     for n in range(1, 9):
         pe.chain.emit_from("src", [{"n": n, "ts": n}])
@@ -67,7 +67,7 @@ def test_without_overtaking_the_marker_waits_behind_the_backlog():
         pe.rewirer.hold(["c-copy"], "m1")
         await _flush(pe)
         assert _kinds(inboxes["c-copy"]) == [(DATA, [2])], "the marker needs credit for three batches first"
-        assert pe.outs[1][1].data_pending() == 3
+        assert pe.ports.outs[1][1].data_pending() == 3
     asyncio.run(scenario())
 
 
@@ -98,7 +98,7 @@ def test_a_channel_that_ended_keeps_its_order_and_carries_no_marker():
         pe.chain.end_from("src")                               # END buffered behind the backlog
         await _flush(pe)
         pe.rewirer.hold(["c-copy"], "m1", overtake=["c-copy"])
-        pe.outs[1][1].gate.credits = 100
+        pe.ports.outs[1][1].gate.credits = 100
         await _flush(pe)
         kinds = _kinds(inboxes["c-copy"])
         assert [p for k, p in kinds if k == DATA] == [[2], [4], [6], [8]] and kinds[-1] == (END, None)

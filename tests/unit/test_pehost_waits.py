@@ -91,9 +91,9 @@ def test_a_rewire_waits_for_the_turn_running_in_the_pe_s_thread():
             [InputSpec("c-new", "src", "out")])))
         for _ in range(20):
             await asyncio.sleep(0)
-        assert not rewire.done() and "c-new" not in pe.receivers, "the rewire ran under the turn"
+        assert not rewire.done() and "c-new" not in pe.ports.receivers, "the rewire ran under the turn"
         finish.set()
         await asyncio.wait_for(asyncio.gather(running, rewire), 10)
-        assert "c-new" in pe.receivers
+        assert "c-new" in pe.ports.receivers
         pe.turns.thread.shutdown()
     asyncio.run(scenario())

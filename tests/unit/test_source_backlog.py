@@ -15,7 +15,7 @@ import asyncio
 from pescheduler.operators.sources import IterableSource
 from pescheduler.worker.channels import ChannelIn, Inbox
 from pescheduler.worker.flow import RELIEF_BATCHES, SOURCE_BACKLOG
-from pescheduler.worker.runtime import PERunner
+from pescheduler.worker.runtime import Hosting, PERunner
 from pescheduler.wire import OutputSpec, PESpec
 
 HERE = "127.0.0.1:1"
@@ -30,7 +30,7 @@ class BrokerLike(IterableSource):
 def _pe(source_cls):
     spec = PESpec("src", "dep", {"src": (source_cls, {"items": [{"n": i, "ts": i} for i in range(100_000)]}, None)},
                   [], outputs=[OutputSpec("c-w", "src", "out", "pe-w", "tcp://w", HERE, ("w",))], batch_size=100)
-    return spec, PERunner(spec, "tcp://src")
+    return spec, PERunner(spec, Hosting("tcp://src"))
 
 
 async def _connected(pe):
@@ -38,7 +38,7 @@ async def _connected(pe):
     await pe.connect(lambda cid: (inbox, ChannelIn(cid, "src", "out")), HERE)
     for op_id, op in pe.ops.items():
         op.open(type("Context", (), {"op_id": op_id, "extra": {}})())
-    return pe.outs[0][1]
+    return pe.ports.outs[0][1]
 
 
 def test_a_source_waits_with_one_batch_buffered_past_the_credit_window_and_reads_on_with_credit():
@@ -46,7 +46,7 @@ def test_a_source_waits_with_one_batch_buffered_past_the_credit_window_and_reads
         spec, pe = _pe(BrokerLike)
         out = await _connected(pe)
         for _ in range(5 * spec.credits):               # the PE's loop: read, then ship what credit allows
-            pe.read_sources()
+            pe.sources.pump(pe.chain, pe.inputs.source_held)
             await pe.inputs.flush()
         assert out.tuples == spec.credits * 100, "the credit window went out"
         assert out.data_pending() == 1, "one batch waits; the rest stays in the source"
@@ -54,7 +54,7 @@ def test_a_source_waits_with_one_batch_buffered_past_the_credit_window_and_reads
             "the source waits; the channel is not full for flow.py's rule (input from channels)"
         out.gate.release(2)                               # the receiver took two batches
         for _ in range(5):
-            pe.read_sources()
+            pe.sources.pump(pe.chain, pe.inputs.source_held)
             await pe.inputs.flush()
         assert out.tuples == (spec.credits + 2) * 100 and out.data_pending() == SOURCE_BACKLOG
     asyncio.run(scenario())
@@ -67,7 +67,7 @@ def test_a_source_without_a_backlog_elsewhere_reads_ahead_as_channel_input_does(
         spec, pe = _pe(IterableSource)
         out = await _connected(pe)
         for _ in range(5 * spec.credits):
-            pe.read_sources()
+            pe.sources.pump(pe.chain, pe.inputs.source_held)
             await pe.inputs.flush()
         assert out.data_pending() == RELIEF_BATCHES * spec.credits and pe.inputs.full == frozenset({"src"})
     asyncio.run(scenario())
