@@ -33,6 +33,14 @@ class DeltaSink(TableSink):
         self.path = str(path)
         self.storage_options = storage_options
 
+    def _target(self) -> str:
+        return self.path
+
+    def _transient(self) -> tuple:
+        from deltalake.exceptions import CommitFailedError
+
+        return (OSError, CommitFailedError)     # a storage blip; another writer's commit won the race
+
     def _committed(self) -> int | None:
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError

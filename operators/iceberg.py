@@ -51,6 +51,14 @@ class IcebergSink(TableSink):
         self.catalog, self.table, self.catalog_name = dict(catalog), table, catalog_name
         self._table = None
 
+    def _target(self) -> str:
+        return f"{self.catalog_name}.{self.table}"
+
+    def _transient(self) -> tuple:
+        from pyiceberg.exceptions import CommitFailedException
+
+        return (OSError, CommitFailedException)     # a storage blip; another writer's commit won the race
+
     def _load(self, schema: Any = None) -> Any:
         """The table, loaded once (created from ``schema`` when missing and a schema is given)."""
         from pyiceberg.catalog import load_catalog

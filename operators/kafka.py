@@ -363,6 +363,7 @@ class KafkaSink(Sink):
     """
 
     name = "kafka"
+    may_block = True          # waits on the broker: a flush, a transaction's commit and its retries
     requires = ("confluent_kafka", "kafka")   # kafka: kafka-python reads the log (kafka_log)
     install = "pescheduler[kafka]"
     parallelism = Parallelism.STATELESS

@@ -287,6 +287,7 @@ class RedisStreamSink(Sink):
     """
 
     name = "redis"
+    may_block = True          # retries a failed write or commit (staging.retried)
     requires = ("redis",)                 # checked at deploy (pescheduler/requirements.py)
     install = "pescheduler[redis]"
     parallelism = Parallelism.STATELESS

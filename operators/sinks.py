@@ -50,6 +50,7 @@ class JsonlSink(Sink):
     """
 
     name = "jsonl"
+    may_block = True          # retries a failed write or commit (staging.retried)
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
@@ -282,6 +283,7 @@ class ParquetSink(Sink):
     """
 
     name = "parquet"
+    may_block = True          # retries a failed write or commit (staging.retried)
     requires = ("pyarrow",)               # checked at deploy (pescheduler/requirements.py)
     install = "pescheduler[columnar]"
 
@@ -375,13 +377,14 @@ class ParquetSink(Sink):
     @serialized
     def commit(self, checkpoint_id: float) -> None:
         """Rename the files of the epochs sealed up to ``checkpoint_id`` into place (idempotent:
-        a file already renamed is no longer staged)."""
+        a file already renamed is no longer staged; a failed move is tried again, then fails the PE)."""
         for _cid, epoch, _files in self._epochs.due(checkpoint_id):
             root = self._epoch_dir(epoch)
             for staged in self._fs.find(root) if self._fs.exists(root) else []:
                 name = staged[len(root) + 1:]
                 if not name.rsplit("/", 1)[-1].startswith("."):
-                    self._publish(staged, f"{self._root}/{name}")
+                    retried(f"parquet sink: publishing {staged}", lambda s=staged, t=f"{self._root}/{name}":
+                            self._publish(s, t))
             self._clear(root)
             self._epochs.published(epoch)
 

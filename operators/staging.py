@@ -87,7 +87,9 @@ def retried(what: str, call, transient: tuple = (OSError,)):
     (``pescheduler.sinks.retry.*``); then :class:`~pescheduler.errors.DeliveryFailed` naming
     ``what``, which fails the PE (a checkpointed run restores and commits again). ``call`` must
     be safe to repeat: the commits that use this undo a part-done step before they raise.
-    The settings are read only after a failure (a sink calls this per batch)."""
+    The settings are read only after a failure (a sink calls this per batch). The pauses sleep
+    in the caller's thread: an operator that calls this sets ``may_block``, so its PE works in a
+    thread of its own and the worker's event loop never waits out the backoff."""
     try:
         return call()
     except transient as exc:

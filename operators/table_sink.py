@@ -9,7 +9,9 @@ writer's identity and the epoch's checkpoint id (Delta: an application
 transaction ``txn``; Iceberg: snapshot properties). Before it commits, the
 sink reads the last checkpoint id the table already holds for its writer,
 so a commit replayed after a crash (recovery calls ``commit(n)`` again) is
-a no-op: a row is never written twice.
+a no-op: a row is never written twice. A commit that fails with a transient
+error is tried again after a backoff (``pescheduler.sinks.retry.*``, asking the
+table again each time), then fails the PE.
 
 The writer's identity is the operator id and a token made when the sink
 first opens, kept in its state: a restored sink goes on under the same
@@ -24,7 +26,7 @@ from typing import Any
 
 from pescheduler.operator import Emitter, Sink
 
-from .staging import serialized
+from .staging import retried, serialized
 
 
 class TableSink(Sink):
@@ -37,6 +39,7 @@ class TableSink(Sink):
     """
 
     columnar = True             # an Arrow batch is kept whole; rows are converted once per batch
+    may_block = True            # retries a failed write or commit (staging.retried)
 
     def __init__(self, partition_by: str | list[str] | None = None, rows: int = 1_000_000) -> None:
         self.partition_by = [partition_by] if isinstance(partition_by, str) else list(partition_by or [])
@@ -87,12 +90,17 @@ class TableSink(Sink):
         """One table commit per sealed epoch up to ``checkpoint_id``, oldest first, skipping those
         the table already holds for this writer (a replay). An epoch leaves the state only once
         committed, so a commit that fails half-way is finished by the next one."""
-        due = [p for p in self._sealed if p[0] <= checkpoint_id]
-        done = self._committed() if due else None
-        for entry in due:
-            if done is None or entry[0] > done:
-                self._append(entry[1], entry[0])
+        for entry in [p for p in self._sealed if p[0] <= checkpoint_id]:
+            retried(f"{self.name} sink: committing checkpoint {entry[0]} to {self._target()}",
+                    lambda entry=entry: self._commit_epoch(*entry), self._transient())
             self._sealed.remove(entry)
+
+    def _commit_epoch(self, checkpoint_id: int, table: Any) -> None:
+        """One epoch's table commit, unless the table holds it already: asked again on every try,
+        so a retry after a commit that landed but answered with an error writes nothing twice."""
+        done = self._committed()
+        if done is None or checkpoint_id > done:
+            self._append(table, checkpoint_id)
 
     @serialized
     def abort(self, checkpoint_id: int) -> None:
@@ -120,6 +128,14 @@ class TableSink(Sink):
             self._sealed, self._open_rows = [list(p) for p in state["sealed"]], list(state["open"])
 
     # -- the table format ------------------------------------------------------------
+    def _transient(self) -> tuple:
+        """The errors a commit is tried again after (a storage blip, a concurrent writer's conflict)."""
+        return (OSError,)
+
+    def _target(self) -> str:
+        """The table, as error messages name it."""
+        raise NotImplementedError
+
     def _committed(self) -> int | None:
         raise NotImplementedError
 

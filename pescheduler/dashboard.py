@@ -465,7 +465,8 @@ def checkpoint_summary(ckpt: dict) -> str:
             if last else "<b>no checkpoint complete yet</b>")
     restart = ckpt.get("restart") or {}
     text += (f" — completed {int(ckpt.get('completed') or 0)}, aborted {int(ckpt.get('aborted') or 0)}, "
-             f"restarts {int(restart.get('used') or 0)} of {int(restart.get('attempts') or 0)}, "
+             f"restarts {int(restart.get('in_a_row') or 0)} of {int(restart.get('attempts') or 0)} in a row "
+             f"({int(restart.get('used') or 0)} in all), "
              f"every {float(ckpt.get('interval_s') or 0):g} s to {_esc(ckpt.get('storage', ''))}")
     if ckpt.get("last_error"):
         text += f"<br><small>last error: {_esc(ckpt['last_error'])}</small>"

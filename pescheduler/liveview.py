@@ -154,7 +154,7 @@ def slots_line(status: dict) -> Text:
 
 def checkpoint_line(status: dict) -> Text | None:
     """Checkpoints, one line: the last complete one (id, age, duration, bytes), failures (aborted
-    checkpoints, restarts used); None when the deployment takes none."""
+    checkpoints, restarts in a row of the attempts allowed and in all); None when the deployment takes none."""
     ckpt = status.get("checkpoints")
     if not ckpt:
         return None
@@ -169,8 +169,9 @@ def checkpoint_line(status: dict) -> Text | None:
     line.append(f" | aborted {aborted}", style="yellow" if aborted else "")
     restart = ckpt.get("restart") or {}
     if restart:
-        used = int(restart.get("used") or 0)
-        line.append(f" | restarts {used}/{restart.get('attempts', 0)}", style="red" if used else "")
+        in_a_row, used = int(restart.get("in_a_row") or 0), int(restart.get("used") or 0)
+        line.append(f" | restarts {in_a_row}/{restart.get('attempts', 0)} in a row ({used} in all)",
+                    style="red" if in_a_row else "yellow" if used else "")
     if ckpt.get("last_error"):
         line.append(f" | {ckpt['last_error']}", style="dim")
     line.no_wrap, line.overflow = True, "ellipsis"

@@ -177,6 +177,9 @@ class Operator:
     outputs: ClassVar[tuple[str, ...]] = ()   # side output ports besides the main one
     kind: ClassVar[str] = "operator"          # "source" | "operator" | "sink"
     columnar: bool = False                    # process() takes pyarrow.RecordBatch whole (else rows)
+    # Its calls may wait on an external system (a sink retrying a delivery with backoff, a broker's
+    # commit): its PE works in a thread of its own, so the worker's loop keeps answering meanwhile.
+    may_block: ClassVar[bool] = False
 
     def __new__(cls, *args: Any, **kwargs: Any):
         self = super().__new__(cls)

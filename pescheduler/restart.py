@@ -62,11 +62,17 @@ class RestartStrategy:
                    config.get_seconds("restart.reset-after"), int(config.get("restart.max-failures-per-interval")),
                    config.get_seconds("restart.failure-rate-interval"))
 
+    def in_a_row(self, now: float) -> int:
+        """Restores since the run was last stable, as of ``now``: what counts against ``attempts``
+        (0 once the last restore has run ``reset_after`` without a failure)."""
+        if self.restored_at is not None and now - self.restored_at >= self.reset_after:
+            return 0
+        return self.streak
+
     def on_failure(self, now: float) -> float | None:
         """The pause before restoring a failure at ``now``; None when the run must fail
         (:attr:`refused` says why)."""
-        if self.restored_at is not None and now - self.restored_at >= self.reset_after:
-            self.streak = 0                        # it was stable: a fresh start
+        self.streak = self.in_a_row(now)          # stable since the last restore: a fresh start
         self.failures = [t for t in self.failures if now - t < self.interval] + [now]
         if len(self.failures) > self.max_failures:
             self.refused = (f"{len(self.failures)} failures within {self.interval:g} s "

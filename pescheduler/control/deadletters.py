@@ -7,7 +7,9 @@ operator dead-lettered more than ``pescheduler.dead-letters.max-ratio`` of
 its input is not a success: :meth:`DeadLetters.verdict` says why, at the
 end of a finite run and after every monitor window of a running one (an
 endless run that dead-letters everything fails within a window or two, not
-never).
+never). The ratio is over an operator's recent tuples
+(``dead-letters.window``), not since the start: a burst late in a long run
+is not diluted by the hours of good input before it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from ..metrics import MetricsSnapshot
 from .failures import readable
 
 
+HISTORY = 10_000    # samples kept per operator: at one a monitor window, hours of a slow operator's input
+
+
 class DeadLetters:
     """The newest ``pescheduler.dead-letters.keep`` dead letters, and a count of all per operator."""
 
@@ -34,6 +39,9 @@ class DeadLetters:
         self.first: dict[str, dict] = {}      # operator -> its first dead letter, readable (failures.py)
         self.shown = int(config.get("dead-letters.recent"))
         self.judge_after = int(config.get("dead-letters.judge-after"))
+        self.window = int(config.get("dead-letters.window"))
+        # operator -> (tuples seen, dead letters) as of each verdict, oldest first: the sliding window
+        self.history: dict[str, deque] = {}
 
     @property
     def count(self) -> int:
@@ -71,10 +79,26 @@ class DeadLetters:
         received none counted, as a source does). ``running``: judged mid-run, only operators
         that have seen ``judge-after`` tuples (a first handful is no ratio)."""
         least = self.judge_after if running else 1
-        for op, n in sorted(self.per_op.items()):
-            m = snapshot.operators.get(op)
-            seen = max(m.tuples_in, m.tuples_out + n) if m is not None else n
-            if seen >= least and n / seen > self.max_ratio:
-                return (f"{op} dead-lettered {n} of {seen} tuples ({n / seen:.0%}, more than "
-                        f"pescheduler.dead-letters.max-ratio {self.max_ratio:g}); see dead_letters()")
-        return None
+        verdict = None
+        for op in sorted(set(self.per_op) | set(snapshot.operators)):
+            n, m = self.per_op[op], snapshot.operators.get(op)
+            seen, dead = self._recent(op, max(m.tuples_in, m.tuples_out + n) if m is not None else n, n)
+            if verdict is None and seen >= least and dead / seen > self.max_ratio:
+                verdict = (f"{op} dead-lettered {dead} of {seen} {'recent ' if seen < self._seen(op) else ''}"
+                           f"tuples ({dead / seen:.0%}, more than pescheduler.dead-letters.max-ratio "
+                           f"{self.max_ratio:g}); see dead_letters()")
+        return verdict
+
+    def _recent(self, op: str, seen: int, dead: int) -> tuple[int, int]:
+        """``op``'s tuples seen and dead-lettered over its sliding window: since the newest sample
+        at least ``window`` tuples back (from the start while it has not seen that many). Every
+        operator is sampled at every verdict, so one whose first dead letter comes late is
+        judged on its recent tuples too."""
+        samples = self.history.setdefault(op, deque([(0, 0)], maxlen=HISTORY))
+        samples.append((seen, dead))
+        while len(samples) > 2 and seen - samples[1][0] >= self.window:
+            samples.popleft()
+        return seen - samples[0][0], dead - samples[0][1]
+
+    def _seen(self, op: str) -> int:
+        return self.history[op][-1][0]

@@ -256,9 +256,10 @@ class Recovery:
             logger.warning("cannot write the decision log %s: %s", path, exc)
 
     def view(self) -> dict:
-        """The restart part of the status: the strategy and what it did."""
+        """The restart part of the status: the strategy and what it did (``in_a_row`` counts against
+        ``attempts``; ``used`` is every restore of the run)."""
         return {"attempts": self.strategy.attempts, "backoff_s": self.strategy.backoff.initial,
-                "used": len(self.restarts),
+                "used": len(self.restarts), "in_a_row": self.strategy.in_a_row(time.monotonic()),
                 "restarts": [dict(r) for r in self.restarts[-10:]]}
 
     async def close(self) -> None:

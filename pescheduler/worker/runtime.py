@@ -58,6 +58,7 @@ class PERunner:
         self.ports = Ports(spec, hosting.credentials, self._dead)
         self.chain: Chain | None = None
         self.turns = Turns(spec.pe_id, spec.time_slice_s, spare_thread, clock=self._busy_s)   # loop or thread
+        _thread_if_blocking(self.ops, self.turns)
         self.aligner = Aligner()                   # markers seen, alignment (see aligner.py)
         self.barriers = Barriers(spec.pe_id, spec.epoch, self.ops, self.sources, self.aligner, self.ports,
                                  self.turns, self.snapshot, hosting.on_change)     # checkpoints
@@ -116,7 +117,8 @@ class PERunner:
         self.figures.start()
         try:
             _open(self.ops, self.spec, self.hosting)
-            self.barriers.restored(self.spec.restore)     # sinks restored from a checkpoint settle it
+            async with self.turns.lock:                  # sinks restored from a checkpoint settle it
+                await self.turns.off_loop(lambda: self.barriers.restored(self.spec.restore))
             # A PE whose chain ended while a reconfiguration holds its outputs stays until the
             # rewire: the held data and the end it held back (Chain.freeze) still have to go out on
             # the new channels, and only this loop ships them (issue 16: a fast columnar source
@@ -265,7 +267,7 @@ class PERunner:
         ``still()``, asked once the turn is there, says this PE was replaced meanwhile."""
         async with self.turns.lock:
             if still():
-                self.barriers.settle(checkpoint_id, complete)
+                await self.turns.off_loop(lambda: self.barriers.settle(checkpoint_id, complete))
 
     def stop(self) -> None:
         """End the loop at its next turn (and cancel it: either alone would do, both are sure)."""
@@ -316,3 +318,12 @@ def _open(ops: dict[str, Any], spec: PESpec, hosting: Hosting) -> None:
         inputs = [src for src, _port, dst in spec.edges if dst == op_id]
         op.open(OperatorContext(op_id=op_id, pe_id=spec.pe_id, worker=hosting.worker, key_field=key_field,
                                 extra={"inputs": inputs, **extra}))
+
+
+def _thread_if_blocking(ops: dict, turns: Turns) -> None:
+    """A PE holding an operator that may wait on an external system (``may_block``: a sink
+    retrying a delivery) works in its thread from the start: never on the worker's loop, where
+    seconds of retries would silence its heartbeats and control calls."""
+    waits = [op_id for op_id, op in ops.items() if op.may_block]
+    if waits:
+        turns.go_threaded(f"{waits[0]} may wait on deliveries")

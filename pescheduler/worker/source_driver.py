@@ -23,13 +23,6 @@ if TYPE_CHECKING:
 SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked again
 
 
-def _column_max(batch, field: str) -> int:
-    """The largest event time of an Arrow record batch."""
-    import pyarrow.compute as pc
-
-    return pc.max(batch.column(field)).as_py()
-
-
 class SourceDriver:
     """Reads batches from one source and tracks its watermark and pace."""
 
@@ -94,11 +87,9 @@ class SourceDriver:
     def _event_times(self, batch):
         """The batch without events that have no valid time (dead letters now); the watermark's
         ``max_ts`` moved on by the valid ones."""
-        if isinstance(batch, list):
-            batch, bad, top = self.source.event_time.stamp(batch)
-            self.rejected.extend(DeadLetter.of(t, reason) for t, reason in bad)
-        else:
-            top = _column_max(batch, self.source.ts_field)
+        stamp = self.source.event_time.stamp if isinstance(batch, list) else self.source.event_time.stamp_columns
+        batch, bad, top = stamp(batch)
+        self.rejected.extend(DeadLetter.of(t, reason) for t, reason in bad)
         if top is not None and top > self.max_ts:
             self.max_ts = top
         return batch

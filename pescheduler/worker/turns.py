@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
 
 from .busy import busy_clock
 
@@ -65,14 +65,36 @@ class Turns:
             progressed = work()
             took = clock() - t0
             if took > max(2 * self.time_slice_s, THREAD_AFTER_S):
-                self.threaded_because = f"a turn took {took * 1000:.0f} ms"
-                self.thread = self.spare_thread or ThreadPoolExecutor(1, thread_name_prefix=f"pe-{self.name}")
+                self.go_threaded(f"a turn took {took * 1000:.0f} ms")
         else:
             async with self.lock:
                 self._inflight = self.thread.submit(work)
                 progressed = await asyncio.wrap_future(self._inflight)
                 self._inflight = None
         return progressed
+
+    def go_threaded(self, because: str) -> None:
+        """Work in this PE's own thread from now on (``because`` is shown in its status)."""
+        if self.thread is None:
+            self.threaded_because = because
+            self.thread = self.spare_thread or ThreadPoolExecutor(1, thread_name_prefix=f"pe-{self.name}")
+
+    async def off_loop(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` between turns, in this PE's thread once it has one (else here, on the loop).
+
+        For the control calls that reach operators and may wait on an external
+        system, such as a sink's commit retrying a full disk or a broker: in the
+        thread they leave the worker's loop free for heartbeats. The caller holds
+        :attr:`lock`, so no turn runs meanwhile and no further input reaches the
+        operators before ``fn`` returned (their order and exactly-once hold).
+        """
+        if self.thread is None:
+            return fn()
+        self._inflight = self.thread.submit(fn)
+        try:
+            return await asyncio.wrap_future(self._inflight)
+        finally:
+            self._inflight = None
 
     def on_loop(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the event loop: now if called there, else scheduled thread-safely."""

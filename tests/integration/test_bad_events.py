@@ -78,3 +78,28 @@ def test_an_endless_run_that_dead_letters_everything_fails_within_a_few_monitor_
     failed = next(e["t"] for e in status["events"] if e["kind"] == "dead letters")
     assert failed - running < 10, status["events"]
     assert status["state"] == "failed" and status["dead_letters"] >= 1000
+
+
+def test_bad_event_times_in_arrow_batches_are_dead_letters_and_every_window_is_exact(cluster, tmp_path):
+    """A columnar source (parquet read as Arrow record batches): a null, NaN or infinite time in
+    a float column is a dead letter with the reason, the valid rows of the same batch go on, and
+    every window is exact (a NaN made the batch's maximum NaN and the watermark never moved)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good = [{"car": f"c{i % 3}", "speed": i, "ts": float(T0 + i * 100)} for i in range(180)]
+    bad = [{"car": "c0", "speed": -2, "ts": None}, {"car": "c0", "speed": -4, "ts": float("nan")},
+           {"car": "c0", "speed": -5, "ts": float("inf")}, {"car": "c0", "speed": -6, "ts": float("-inf")}]
+    pq.write_table(pa.Table.from_pylist(good[:40] + bad + good[40:]), tmp_path / "in.parquet")
+    app = Application("bad-arrow-times")
+    (app.source("files", path=str(tmp_path / "in.parquet"), columnar=True)
+        .key_by("car").window("1s", aggregates={"n": ("count", "speed")})
+        .sink("jsonl", path=str(tmp_path / "out.jsonl")))
+    with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+        status = dep.wait(timeout=WAIT)
+        dead = dep.dead_letters()
+    expected = Counter((e["car"], (int(e["ts"]) - T0) // 1000 * 1000 + T0) for e in good)
+    assert windows(tmp_path / "out.jsonl") == expected
+    assert status["state"] == "finished" and status["dead_letters"] == len(bad)
+    assert sorted(d["item"]["speed"] for d in dead) == [-6, -5, -4, -2]
+    assert all("bad event time: 'ts' is" in d["error"] and d["op"] == "files-1" for d in dead), dead

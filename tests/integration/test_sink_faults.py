@@ -11,6 +11,7 @@ the cause: never ``finished`` with rows missing, twice, or torn.
 from __future__ import annotations
 
 import os
+import time
 
 import dask.config
 import pytest
@@ -74,3 +75,41 @@ def test_a_disk_full_for_a_while_costs_restores_not_rows(tmp_path):
         published = committed_output(out)
     assert status["state"] == "finished"
     assert published == rows(ROWS)
+
+
+def test_a_sink_retrying_a_full_disk_leaves_its_worker_answering_and_loses_nothing(tmp_path, monkeypatch):
+    """A sink's retries (about 12 s of them here: 60 tries 0.1-0.2 s apart) wait off the worker's
+    event loop: every control call to the workers answers within a second meanwhile, the PE
+    stays running and takes no further input, and once the disk has room the rows arrive, all
+    of them, in order. With the retries sleeping on the loop the workers went silent for the
+    whole budget (heartbeats and control calls included)."""
+    for key, value in {"ATTEMPTS": "60", "BACKOFF": "100ms", "MAX_BACKOFF": "200ms"}.items():
+        monkeypatch.setenv(f"PESCHEDULER__SINKS__RETRY__{key}", value)     # the forked workers' setting
+
+    def stats(dep) -> dict:
+        t0 = time.monotonic()
+        answer = dep.pe_stats()                     # a control call to every worker
+        took = time.monotonic() - t0
+        assert took < 1.0, f"a control call waited {took:.1f} s behind the sink's retries"
+        return answer
+
+    with tmpfs.mounted(1 << 20) as disk:
+        out = os.path.join(disk, "out.jsonl")
+        app = Application("retrying")
+        app.source("numbers", count=3_000, rate=200).map(lambda e: {"n": e["n"], "pad": "p" * 200}).sink(
+            "jsonl", path=out)                          # about 20 rows fill the file's last page
+        with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[]) as dep:
+            until(lambda: os.path.exists(out) and os.path.getsize(out) > 0, WAIT, "the first rows written")
+            filler = tmpfs.fill(disk)                   # paced input goes on arriving at a full disk
+            probe_until = time.monotonic() + 3
+            while time.monotonic() < probe_until:
+                answer = stats(dep)
+            sink = next(s for pe, s in answer.items() if "jsonl" in pe)
+            assert sink["state"] == "running" and sink["threaded"], sink      # still retrying, off the loop
+            sent = sum(s["operators"].get("numbers-1", {}).get("tuples_out", 0) for s in answer.values())
+            assert len(committed_output(out)) + 100 < sent, "the sink was not held up by the full disk"
+            os.remove(filler)
+            status = dep.wait(timeout=WAIT)
+        published = committed_output(out)
+    assert status["state"] == "finished", status.get("error")
+    assert published == [{"n": i, "pad": "p" * 200} for i in range(3_000)]

@@ -54,7 +54,8 @@ def test_a_status_without_channels_draws_none():
 
 # -- consumer lag and checkpoints: drawn and exported from the published status ----------------------
 
-def lagging(behind: dict[str, int], completed: int = 0, recent=(), aborted: int = 0, used: int = 0) -> dict:
+def lagging(behind: dict[str, int], completed: int = 0, recent=(), aborted: int = 0, used: int = 0,
+            in_a_row: int = 0) -> dict:
     """A status with a Kafka source at ``behind`` (partition -> records) and, given ``completed``,
     checkpoints whose newest complete ones are ``recent`` (ids)."""
     status = {"app": "lag", "state": "running", "pes": [{"pe": "kafka-1", "worker": WORKERS[0]}],
@@ -65,7 +66,8 @@ def lagging(behind: dict[str, int], completed: int = 0, recent=(), aborted: int 
                 for i in recent]
         status["checkpoints"] = {"storage": "/c", "interval_s": 1.0, "completed": completed, "aborted": aborted,
                                  "last": {**each[-1], "age_s": 0.5}, "last_error": None, "recent": each,
-                                 "restart": {"attempts": 3, "backoff_s": 1.0, "used": used, "restarts": []}}
+                                 "restart": {"attempts": 3, "backoff_s": 1.0, "used": used, "in_a_row": in_a_row,
+                                             "restarts": []}}
     return status
 
 
@@ -86,7 +88,7 @@ def test_no_source_with_lag_draws_no_lag_plot():
 def test_checkpoints_over_time_each_one_once_and_the_last_in_words():
     samples = [(1.0, {"d": lagging({}, completed=2, recent=[1, 2])}),
                (2.0, {"d": lagging({}, completed=4, recent=[2, 3, 4], aborted=1)})]
-    now = lagging({}, completed=5, recent=[4, 5], aborted=1, used=1)
+    now = lagging({}, completed=5, recent=[4, 5], aborted=1, used=4, in_a_row=1)
     layout = dashboard.page({"d": now}, samples)
     [counts] = layout.select({"name": "checkpoint-counts"})
     assert counts.data["completed"] == [2, 4, 5] and counts.data["aborted"] == [0, 1, 1]
@@ -96,7 +98,8 @@ def test_checkpoints_over_time_each_one_once_and_the_last_in_words():
     assert each.data["bytes"] == [100, 200, 300, 400, 500]
     assert each.data["t"][0] == (1001.0 + 0.01) * 1000     # completion: trigger time + duration
     [last] = layout.select({"name": "checkpoint-last"})
-    assert "last checkpoint</b> 5:" in last.text and "aborted 1" in last.text and "restarts 1 of 3" in last.text
+    assert "last checkpoint</b> 5:" in last.text and "aborted 1" in last.text
+    assert "restarts 1 of 3 in a row (4 in all)" in last.text      # what counts against the attempts
 
 
 def test_a_deployment_without_checkpoints_draws_none():

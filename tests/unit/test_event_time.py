@@ -76,3 +76,18 @@ def test_seconds_in_another_field_and_a_callable_both_drive_windows_in_milliseco
     result = run_operators(by_callable, window(), key_field="k")
     assert [(r["window_start"], r["n"]) for r in result.output] == [(T0 + i * 1000, 1) for i in range(4)]
     assert not result.dead_letters
+
+
+def test_an_arrow_batch_keeps_its_valid_rows_and_names_each_bad_time():
+    import pyarrow as pa
+
+    batch = pa.RecordBatch.from_pylist([{"n": 0, "ts": 1000.5}, {"n": 1, "ts": float("nan")},
+                                        {"n": 2, "ts": None}, {"n": 3, "ts": float("inf")}, {"n": 4, "ts": 3000.0}])
+    kept, bad, top = EventTime("ts").stamp_columns(batch)
+    assert kept.column("n").to_pylist() == [0, 4] and top == 3000 and isinstance(top, int)
+    assert [(row["n"], reason) for row, reason in bad] == [
+        (1, "bad event time: 'ts' is nan"), (2, "bad event time: 'ts' is None"), (3, "bad event time: 'ts' is inf")]
+    whole = pa.RecordBatch.from_pylist([{"ts": 5}, {"ts": 7}])
+    assert EventTime("ts").stamp_columns(whole) == (whole, [], 7)          # nothing wrong: the batch as is
+    kept, bad, top = EventTime("when").stamp_columns(whole)
+    assert kept.num_rows == 0 and top is None and "missing" in bad[0][1] and len(bad) == 2

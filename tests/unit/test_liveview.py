@@ -204,18 +204,20 @@ def _checkpointing() -> dict:
                               "last": {"id": 14, "time": 1.0, "duration_s": 0.0456, "bytes": 1_234_567,
                                        "url": "/tmp/c/chk-000014", "age_s": 3.4},
                               "last_error": "checkpoint 13: CheckpointError: interrupted: lost worker",
-                              "restart": {"attempts": 3, "backoff_s": 0.1, "used": 1, "restarts": []}}
+                              "restart": {"attempts": 3, "backoff_s": 0.1, "used": 4, "in_a_row": 1, "restarts": []}}
     return crowded
 
 
 def test_the_live_screen_has_a_checkpoint_line_and_still_fits_80_by_24():
-    from pescheduler.liveview import screen
+    from pescheduler.liveview import checkpoint_line, screen
 
     lines = screen_80_by_24(screen(_checkpointing(), 23))
     line = next(line for line in lines if line.startswith("checkpoint "))
-    assert line.startswith("checkpoint 14 3s ago, took 46 ms, 1.18 MiB | aborted 2 | restarts 1/3")
+    # restarts in a row of the attempts allowed (what fails the run), not the run's lifetime count
+    assert line.startswith("checkpoint 14 3s ago, took 46 ms, 1.18 MiB | aborted 2 | restarts 1/3 in a row")
     assert "Replicate('window-19', 2)" in lines[-1]                   # the latest event still shown
     assert "checkpoint 14" in text_of(render(_checkpointing()))      # and in `status`'s view
+    assert "restarts 1/3 in a row (4 in all)" in checkpoint_line(_checkpointing()).plain
 
 
 def test_without_checkpoints_there_is_no_checkpoint_line_and_before_the_first_it_says_so():

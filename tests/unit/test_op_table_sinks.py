@@ -5,12 +5,16 @@ adds nothing, a restored sink drops what came after its checkpoint, a new deploy
 
 from __future__ import annotations
 
+import dask.config
 import pyarrow as pa
 import pytest
 
+from pescheduler.errors import DeliveryFailed
 from pescheduler.operator import Emitter, OperatorContext
 from pescheduler.operators.delta import DeltaSink
 from pescheduler.operators.iceberg import IcebergSink
+
+FAST_RETRIES = {"pescheduler.sinks.retry.backoff": "1ms", "pescheduler.sinks.retry.max-backoff": "1ms"}
 
 
 class Delta:
@@ -143,14 +147,36 @@ def test_a_commit_that_fails_half_way_is_finished_by_the_next_one(fmt, monkeypat
 
     def failing_second(self, table, checkpoint_id):
         calls.append(checkpoint_id)
-        if len(calls) == 2:
+        if checkpoint_id == 2:
             raise OSError("the store went away")
         append(self, table, checkpoint_id)
 
     monkeypatch.setattr(type(sink), "_append", failing_second)
-    with pytest.raises(OSError):
+    with dask.config.set(FAST_RETRIES), pytest.raises(DeliveryFailed, match="the store went away"):
         sink.commit(2)
+    assert calls == [1, 2, 2, 2, 2, 2], "the failing commit was not tried again (5 tries)"
     assert [r["n"] for r in fmt.rows()] == list(range(5))
     monkeypatch.setattr(type(sink), "_append", append)
     sink.commit(2)
     assert [r["n"] for r in fmt.rows()] == list(range(10)) and fmt.commits() == 2
+
+
+def test_a_commit_that_landed_but_answered_with_an_error_is_retried_without_writing_twice(fmt, monkeypatch):
+    """A transient error after the table took the commit (a lost answer): the retry asks the
+    table again, finds its checkpoint there, and writes nothing more."""
+    sink = opened(fmt.sink())
+    sink.process(rows(0, 5), Emitter())
+    sink.pre_commit(1)
+    append, calls = type(sink)._append, []
+
+    def landed_then_failed(self, table, checkpoint_id):
+        calls.append(checkpoint_id)
+        append(self, table, checkpoint_id)
+        if len(calls) == 1:
+            raise OSError("connection reset after the commit")
+
+    monkeypatch.setattr(type(sink), "_append", landed_then_failed)
+    with dask.config.set(FAST_RETRIES):
+        sink.commit(1)
+    assert calls == [1]
+    assert [r["n"] for r in fmt.rows()] == list(range(5)) and fmt.commits() == 1

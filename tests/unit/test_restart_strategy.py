@@ -61,3 +61,13 @@ def test_the_strategy_reads_its_knobs_from_pescheduler_restart():
                           "pescheduler.restart.max-backoff": "3s", "pescheduler.restart.reset-after": "5s"}):
         s = RestartStrategy.of_config()
     assert (s.attempts, s.backoff.initial, s.backoff.cap, s.reset_after) == (4, 1.0, 3.0, 5.0)
+
+
+def test_restores_in_a_row_read_zero_once_the_run_was_stable_before_any_new_failure():
+    """What the live view and the dashboard show against ``attempts``: the streak as of now, so a
+    run stable for ``reset-after`` shows 0 in a row although it restored before."""
+    s = strategy(attempts=3, reset_after=60.0)
+    pauses(s, [0, 1])
+    assert s.in_a_row(2) == 2
+    assert s.in_a_row(1 + 0.2 + 60) == 0 and s.streak == 2      # stable now; nothing failed since
+    assert s.on_failure(100) == 0.1 and s.in_a_row(100) == 1    # a new row starts at the first pause

@@ -62,3 +62,36 @@ def test_a_turn_is_timed_on_the_busy_clock_so_waiting_for_a_cpu_does_not_send_th
         turns.close()
 
     asyncio.run(main())
+
+
+def test_a_pe_that_may_block_works_off_the_loop_from_its_first_turn_and_its_commits_too():
+    """A PE holding a sink that retries deliveries goes to its thread before any turn, and the
+    control calls reaching its operators between turns (a commit) run there too: the loop ticks
+    on while they wait."""
+    async def main():
+        turns = Turns("pe-1", time_slice_s=0.01)
+        turns.bind()
+        loop_thread = threading.get_ident()
+        turns.go_threaded("jsonl-3 may wait on deliveries")
+        assert turns.threaded_because == "jsonl-3 may wait on deliveries"
+        ticks = []
+
+        async def tick():
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.create_task(tick())
+
+        def commit():
+            time.sleep(0.3)                       # a delivery retrying after a backoff
+            return threading.get_ident()
+
+        async with turns.lock:
+            ran_in = await turns.off_loop(commit)
+        ticker.cancel()
+        assert ran_in != loop_thread
+        assert len(ticks) >= 5, "the loop stood still while the commit waited"
+        turns.close()
+
+    asyncio.run(main())
