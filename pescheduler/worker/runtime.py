@@ -119,10 +119,9 @@ class PERunner:
             _open(self.ops, self.spec, self.hosting)
             async with self.turns.lock:                  # sinks restored from a checkpoint settle it
                 await self.turns.off_loop(lambda: self.barriers.restored(self.spec.restore))
-            # A PE whose chain ended while a reconfiguration holds its outputs stays until the
-            # rewire: the held data and the end it held back (Chain.freeze) still have to go out on
-            # the new channels, and only this loop ships them (issue 16: a fast columnar source
-            # ended during the pause of a Replicate, and the window's new PE waited forever).
+            # A PE whose chain ended while a reconfiguration holds its outputs stays until the rewire: the
+            # held data and the end it held back (Chain.freeze) still have to go out on the new channels, and
+            # only this loop ships them (issue 16: a fast columnar source ended during a Replicate's pause).
             while not (self.chain.finished and not self.chain.frozen) and self.state != "stopping":
                 progressed = await self.turns.run(self._work)
                 if await self.inputs.flush() or progressed:    # input held back for a full channel may go now
@@ -229,10 +228,9 @@ class PERunner:
                      remove_inputs: list[str], edges: list | None, routing: dict | None,
                      copies: dict[str, str] | None, connect: Connect, lap: Callable[[str], None],
                      before: Callable[[], None] = lambda: None) -> None:
-        """A reconfiguration changes this PE, which stays: held outputs re-pointed (``connect``:
-        :meth:`open_outputs`' arguments for the new channels), routers re-built, new inputs
-        registered (``edges``: its operators' inputs now). ``lap`` marks each part's end;
-        ``before`` runs in the same turn just before the routers switch (handover.py)."""
+        """A reconfiguration changes this PE, which stays: held outputs re-pointed (``connect``: :meth:`open_outputs`'
+        arguments), routers re-built, new inputs registered (``edges``: its operators' inputs now). ``lap``
+        marks each part's end; ``before`` runs in the same turn just before the routers switch (handover.py)."""
         async with self.turns.lock:
             lap("turn wait")
             before()
