@@ -98,6 +98,13 @@ def test_window_worker_killed_mid_stream_gives_the_reference_exactly(kafka, tmp_
     assert sorted((r["key"], r["window_start"], r["c"], r["s"]) for r in out) == window_reference(n, keys)
 
 
+def numbered_topics(kafka, prefix: str, n: int) -> None:
+    """``PREFIX-in`` holding ``n`` numbered records over 2 partitions (by ``n % 2``), and an empty ``PREFIX-out``."""
+    create_topic(kafka, f"{prefix}-in", 2)
+    create_topic(kafka, f"{prefix}-out", 2)
+    produce(kafka, f"{prefix}-in", numbered(n, 10), partition_of=lambda r: r["n"] % 2)
+
+
 @pytest.mark.parametrize("at", ["before", "after"])
 def test_a_crash_between_checkpoint_completion_and_the_commit_loses_and_repeats_nothing(kafka, tmp_path, at):
     """The sink's worker SIGKILLs itself when checkpoint k's commit reaches it: checkpoint k is
@@ -108,9 +115,7 @@ def test_a_crash_between_checkpoint_completion_and_the_commit_loses_and_repeats_
     sink from publishing k again (issue 31, finding 11)."""
     n = 15_000
     flag = tmp_path / "crashed-at"
-    create_topic(kafka, f"eos-gap-{at}-in", 2)
-    create_topic(kafka, f"eos-gap-{at}-out", 2)
-    produce(kafka, f"eos-gap-{at}-in", numbered(n, 10), partition_of=lambda r: r["n"] % 2)
+    numbered_topics(kafka, f"eos-gap-{at}", n)
     app = Application("kafka-eos-gap")
     (app.source("kafka", topic=f"eos-gap-{at}-in", bootstrap_servers=kafka, event_time="ts", rate=2_500)
         .map(lambda t: {"n": t["n"], "twice": 2 * t["n"]})
@@ -138,9 +143,7 @@ def test_an_at_least_once_sink_killed_at_each_step_of_its_commit_path_loses_no_r
     records of a complete checkpoint die with the process."""
     n = 15_000
     flag = tmp_path / "crashed"
-    create_topic(kafka, f"alo-{at}-in", 2)
-    create_topic(kafka, f"alo-{at}-out", 2)
-    produce(kafka, f"alo-{at}-in", numbered(n, 10), partition_of=lambda r: r["n"] % 2)
+    numbered_topics(kafka, f"alo-{at}", n)
     app = Application("kafka-alo-steps")
     (app.source("kafka", topic=f"alo-{at}-in", bootstrap_servers=kafka, event_time="ts", rate=2_500)
         .map(lambda t: {"n": t["n"]})
