@@ -93,13 +93,15 @@ def test_speed_benchmarks_quick_check_every_variant_output(quick_runs, script, e
 
 
 def test_state_benchmark_quick_prints_every_part(quick_runs):
-    """bench/state.py --quick (K = 10^3, 10^4): both backends, the window's snapshot, the live table."""
+    """bench/state.py --quick (K = 10^3, 10^4): both backends, the window's snapshot, the live table,
+    the checkpoints of keyed state."""
     result = quick_runs[_command("state.py")].result()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
     rows = result.stdout.splitlines()
     for k in ("1000", "10000"):
         for backend in ("dict", "memory", "disk"):
             assert any(r.split()[:2] == [k, backend] for r in rows), result.stdout[-3000:]
-        for backend in ("memory", "disk"):                  # part 3: a row per backend per K
-            assert sum(r.split()[:2] == [k, backend] for r in rows) == 2, result.stdout[-3000:]
-    assert "2. time window" in result.stdout and "3. live" in result.stdout
+        for backend in ("memory", "disk"):                  # parts 1, 3 and 4: a row per backend per K
+            assert sum(r.split()[:2] == [k, backend] for r in rows) == 3, result.stdout[-3000:]
+    for part in ("2. time window", "3. live", "4. checkpoints of keyed state"):
+        assert part in result.stdout, result.stdout[-3000:]
