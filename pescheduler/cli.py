@@ -568,13 +568,16 @@ def _scheduler_address(cluster: str | None, name: str | None, err: Console) -> s
     if cluster:
         return cluster
     if name:
-        state = statefile.read(name)
+        state = statefile.read(name) or _once_started(name, err)
         if state is None:
             return _fail(err, f"no deployment named {name!r} runs embedded on this machine (running: "
                               f"{_names() or 'none'}); one deployed with --cluster is found with "
                               f"`--cluster ADDR`, its scheduler's address", 1)
         return state["scheduler"]
     running = statefile.running()
+    starting = [c for c in statefile.claims() if statefile.read(c["name"]) is None]
+    if not running and len(starting) == 1:
+        running = [s for s in [_once_started(starting[0]["name"], err)] if s is not None]
     if not running:
         return _fail(err, "no deployment found: none runs embedded on this machine; one deployed with "
                           "--cluster is found with `--cluster ADDR`, its scheduler's address. "
@@ -583,6 +586,25 @@ def _scheduler_address(cluster: str | None, name: str | None, err: Console) -> s
         return _fail(err, f"{len(running)} deployments are running: {_names()}; name one, "
                           f"e.g. `python -m pescheduler status {running[0]['name']}`", 2)
     return running[0]["scheduler"]
+
+
+def _once_started(name: str, err: Console) -> dict | None:
+    """The record of ``name`` once its deploying process has written it, when that process has
+    claimed the name and is still starting its cluster (``stop NAME`` right after ``deploy``);
+    None when nothing claims ``name``, or the claimant exits or is not up within
+    ``cluster.connect-timeout``. The record is another process's file: this polls, bounded."""
+    claimed = [c for c in statefile.claims() if c["name"] == name]
+    if not claimed:
+        return None
+    timeout = config.get_seconds("cluster.connect-timeout")
+    err.print(f"{name!r} is starting (pid {claimed[0]['pid']}); waiting up to {timeout:.0f} s for its cluster…")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = statefile.read(name)
+        if state is not None or not any(c["name"] == name for c in statefile.claims()):
+            return state
+        time.sleep(0.1)
+    return None
 
 
 def _names() -> str:

@@ -388,3 +388,49 @@ def test_status_of_a_tls_scheduler_without_certificates_says_so_at_once(tmp_path
     with dask.config.set({"pescheduler.cluster.connect-timeout": "300s"}):
         assert cli.main(["status", "--cluster", "tls://127.0.0.1:1"]) == 1
     assert "speaks TLS: give --tls-ca-file, --tls-cert and --tls-key" in capsys.readouterr().err
+
+
+def test_a_deployment_still_starting_is_awaited_by_name_until_it_records_itself(tmp_path):
+    """`stop cars` right after `deploy --name cars` (CI: the refused twin exited first) found no
+    record, since it is written once the cluster is up, and said none runs: the claim shows it is
+    starting, so the address is awaited (bounded) and found once the record appears."""
+    import io
+    import threading
+
+    from rich.console import Console
+
+    from pescheduler.control import statefile
+
+    said = io.StringIO()
+    with dask.config.set({"pescheduler.state-dir": str(tmp_path), "pescheduler.cluster.connect-timeout": "60s"}):
+        with statefile.locked():
+            statefile.claim("cars", "live-cli", [])
+        waiting = threading.Event()
+
+        def record_once_awaited():            # the deploying process, its cluster now up
+            assert waiting.wait(60)
+            statefile.write("tcp://127.0.0.1:1234", "live-cli", name="cars")
+
+        writer = threading.Thread(target=record_once_awaited)
+        writer.start()
+
+        class Said(io.StringIO):
+            def write(self, text):
+                said.write(text)
+                if "is starting" in said.getvalue():
+                    waiting.set()
+                return len(text)
+
+        try:
+            assert cli._scheduler_address(None, "cars", Console(file=Said())) == "tcp://127.0.0.1:1234"
+        finally:
+            waiting.set()
+            writer.join(60)
+            statefile.remove("cars")
+    assert f"'cars' is starting (pid {os.getpid()})" in said.getvalue()
+
+
+def test_a_name_nothing_claims_is_not_awaited(tmp_path, capsys):
+    with dask.config.set({"pescheduler.state-dir": str(tmp_path), "pescheduler.cluster.connect-timeout": "300s"}):
+        assert cli.main(["stop", "cars"]) == 1
+    assert "no deployment named 'cars' runs embedded on this machine (running: none)" in capsys.readouterr().err
