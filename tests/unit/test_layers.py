@@ -146,3 +146,33 @@ def test_the_wire_specs_are_the_runtimes_own():
     from pescheduler.worker import runtime
 
     assert runtime.PESpec is wire.PESpec and wire.PESpec.__module__ == "pescheduler.wire"
+
+
+RUNTIME = {"asyncio", "dask", "distributed", "multiprocessing", "psutil", "socket", "subprocess", "threading"}
+
+
+def runtime_imports(trees: dict[str, Path], layer: str = "plan") -> list[str]:
+    """Every import of a runtime library (a cluster, an event loop, processes, sockets) by a module
+    of ``layer``, anywhere in its code, as ``module:line -> library``: the planner is pure, so the
+    same plan comes out on a laptop, in a test and on the cluster, and a policy can simulate it."""
+    found = []
+    for name, path in modules(trees).items():
+        if package(name) != layer:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else [])
+            found += [f"{name}:{node.lineno} -> {n}" for n in names if n.partition(".")[0] in RUNTIME]
+    return found
+
+
+def test_the_planner_imports_no_runtime_library():
+    assert runtime_imports(TREES) == []
+
+
+def test_a_deliberate_runtime_import_in_the_planner_is_found(tmp_path):
+    trees = {base: shutil.copytree(root, tmp_path / base, ignore=shutil.ignore_patterns("__pycache__"))
+             for base, root in TREES.items()}
+    state = trees["pescheduler"] / "plan" / "state.py"
+    state.write_text(state.read_text() + "\n\ndef _late():\n    import distributed\n")
+    assert runtime_imports(trees) == [f"pescheduler.plan.state:{len(state.read_text().splitlines())} -> distributed"]
