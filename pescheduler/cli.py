@@ -504,7 +504,10 @@ def _tls_configured() -> bool:
 
 def _deployments(client) -> list[dict]:
     """Every deployment's last published status on this cluster, running ones first."""
-    published = client.get_metadata(["pescheduler", "deployments"], default=None) or {}
+    from .control.claims import connected_clients, with_lost
+
+    published = with_lost(client.get_metadata(["pescheduler", "deployments"], default=None) or {},
+                          set(connected_clients(client)))
     return sorted(published.values(), key=lambda s: (s["state"] not in RUNNING, -s.get("elapsed_s", 0)))
 
 

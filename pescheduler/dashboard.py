@@ -58,7 +58,10 @@ _schedulers: dict[int, object] = {}
 
 def published(scheduler) -> dict[str, dict]:
     """Every deployment's last published status on ``scheduler``."""
-    return dict(scheduler.get_metadata(["pescheduler", "deployments"], default=None) or {})
+    from .control.claims import with_lost
+
+    return with_lost(scheduler.get_metadata(["pescheduler", "deployments"], default=None) or {},
+                     set(scheduler.clients))
 
 
 def install(scheduler) -> None:
@@ -234,7 +237,7 @@ def render(now: dict[str, dict], samples: list) -> str:
     return file_html(page(now, samples), INLINE, title="pescheduler")
 
 
-ENDED = ("stopped", "finished", "failed")
+ENDED = ("stopped", "finished", "failed", "lost")
 
 
 def live(now: dict[str, dict]) -> tuple[dict[str, dict], list[tuple[str, dict]]]:

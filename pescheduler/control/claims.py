@@ -25,12 +25,38 @@ CLUSTER_LOCK = "pescheduler-claims"       # the scheduler's lock around compare-
 PUBLISHED = ("pescheduler", "deployments")  # the metadata where deployments publish their status
 
 
+def with_lost(published: dict, clients) -> dict:
+    """The cluster's ``published`` statuses with those whose deploying process has left its
+    scheduler marked ``lost``: a running status is rewritten by its deploying process only, so
+    one SIGKILLed stays ``running`` in the metadata for good and would hold its name and paths.
+    ``clients``: the ids of the clients connected to the scheduler now (:func:`connected_clients`);
+    a status published without its client's id (an older deployment) is taken as it says."""
+    marked = {}
+    for dep_id, status in (published or {}).items():
+        if status.get("state") in RUNNING and status.get("client") and status["client"] not in clients:
+            status = {**status, "state": "lost",
+                      "error": f"its deploying process (client {status['client']}) has left the scheduler"}
+        marked[dep_id] = status
+    return marked
+
+
+def _client_ids(dask_scheduler) -> list[str]:
+    return list(dask_scheduler.clients)
+
+
+def connected_clients(client):
+    """The ids of the clients connected to ``client``'s scheduler (a list; awaitable when
+    ``client`` is asynchronous), for :func:`with_lost`."""
+    return client.run_on_scheduler(_client_ids)
+
+
 async def claim_on_cluster(client, status: dict, unique_name: bool) -> str:
     """Refuse a clash with a deployment running or starting on ``client``'s cluster (a name not
     ``unique_name`` gets a free suffix instead), then publish the newcomer's ``status``
     (``starting``: id, name, app, outputs), holding the cluster's lock throughout; its name."""
     async with Lock(CLUSTER_LOCK, scheduler_rpc=client.scheduler, loop=client.loop):
-        running = running_published(await client.get_metadata(list(PUBLISHED), default=None))
+        running = running_published(with_lost(await client.get_metadata(list(PUBLISHED), default=None),
+                                               set(await connected_clients(client))))
         if unique_name:
             refuse_same_name(status["name"], running, f"on {client.scheduler.address}")
         name = free_name(status["name"], {s["name"] for s in running})

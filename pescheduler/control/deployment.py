@@ -248,6 +248,7 @@ class Deployment:
     def status(self) -> dict:
         """The status dict shown by the live view and ``python -m pescheduler status``."""
         status = {"id": self.id, "name": self.name, "outputs": self.outputs,
+                  "client": getattr(self.client, "id", None),     # claims.with_lost: gone when it has left
                   **status_view(self.app.name, self.state, self.monitor.latest, self.placement(),
                                 self.dead.count, self.hosts.view()),
                   "errors": self.dead.errors(), "recent_dead_letters": self.dead.recent()}

@@ -305,3 +305,46 @@ def test_ctrl_c_while_the_cluster_starts_stops_cleanly_once_it_is_up(tmp_path):
     assert "Ctrl-C: stopping once the cluster is up" in stderr
     assert "running on" in stdout and "interrupted: draining sources" in stderr     # up, then stopped
     assert not list((tmp_path / "state").iterdir())  # the clean stop removed the record
+
+
+def test_a_killed_deploying_process_does_not_hold_its_name_on_the_cluster(tmp_path):
+    """The deploying process of a `--cluster` deployment is SIGKILLed: its published status stayed
+    `running` for good, so `list` showed a ghost and every later deploy of that name (a driver's
+    restart, `--restore latest`) was refused as already running. A status whose publishing client
+    has left the scheduler is `lost`: listed so, never running, and its name free again."""
+    out = tmp_path / "counts.jsonl"
+    (tmp_path / "app.py").write_text(APP.format(out=str(out)))
+    env = {**os.environ, "PESCHEDULER__STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    with LocalCluster(n_workers=1, threads_per_worker=2, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=":0") as cluster:
+        address = cluster.scheduler_address
+        log = tmp_path / "first.out"
+        first = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
+                                  "--name", "cars", "--cluster", address], stdout=log.open("w"),
+                                 stderr=subprocess.DEVNULL, env=env)
+        second = None
+        try:
+            until(lambda: first.poll() is not None or "running on" in log.read_text(), 180,
+                  "the first deployment to run")
+            assert first.poll() is None, log.read_text()
+            first.send_signal(signal.SIGKILL)
+            first.wait(60)
+            listed = cli("list", "--cluster", address, env=env)
+            assert listed.returncode == 0, listed.stderr
+            row = [line for line in listed.stdout.splitlines() if " cars " in f" {line} "]
+            assert row and "lost" in row[0] and "running" not in row[0], listed.stdout
+            log2 = tmp_path / "second.out"
+            second = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
+                                       "--name", "cars", "--cluster", address], stdout=log2.open("w"),
+                                      stderr=subprocess.PIPE, text=True, env=env)
+            until(lambda: second.poll() is not None or "running on" in log2.read_text(), 180,
+                  "the second deployment to run or be refused")
+            assert second.poll() is None, second.stderr.read()
+            stop = cli("stop", "cars", "--cluster", address, env=env, timeout=120)
+            assert stop.returncode == 0, stop.stdout + stop.stderr
+            _, stderr = second.communicate(timeout=120)
+            assert second.returncode == 0, stderr
+        finally:
+            reap(first)
+            if second is not None:
+                reap(second)

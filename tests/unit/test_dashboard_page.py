@@ -111,6 +111,8 @@ def exported(statuses: dict[str, dict]) -> str:
     import prometheus_client
 
     class Scheduler:          # a scheduler's metadata as install() reads it (served for real: test_dashboard.py)
+        clients = {"deployer": None}            # the deploying processes connected
+
         def get_metadata(self, keys, default=None):
             assert keys == ["pescheduler", "deployments"]
             return statuses
@@ -149,3 +151,20 @@ def test_the_timeline_spans_the_run_when_every_event_came_at_the_start():
               "events": [{"t": 0.001, "kind": "deploy", "text": "2 PEs"}, {"t": 0.004, "kind": "policy", "text": "x"}]}
     [plot] = dashboard.page({"dep-1": status}, []).select({"name": "timeline"})
     assert (plot.x_range.start, plot.x_range.end) == (0, 120.0 * 1.02)
+
+
+def test_a_running_status_whose_deploying_client_left_is_lost_and_ended():
+    """A SIGKILLed deploying process never publishes its end: its status read `running` for good on
+    the page, in `list --cluster` and to the claims. Its client has left the scheduler: it is lost."""
+    from pescheduler.control.claims import running_published, with_lost
+
+    published = {"a": {"state": "running", "client": "gone", "name": "a"},
+                 "b": {"state": "running", "client": "here", "name": "b"},
+                 "c": {"state": "running", "name": "c"},              # published before statuses named their client
+                 "d": {"state": "finished", "client": "gone", "name": "d"}}
+    marked = with_lost(published, {"here"})
+    assert {k: s["state"] for k, s in marked.items()} == {"a": "lost", "b": "running", "c": "running", "d": "finished"}
+    assert "has left the scheduler" in marked["a"]["error"]
+    assert [s["name"] for s in running_published(marked)] == ["b", "c"]
+    running, ended = dashboard.live(marked)
+    assert sorted(running) == ["b", "c"] and [k for k, _ in ended] == ["a", "d"]
