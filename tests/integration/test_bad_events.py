@@ -103,3 +103,40 @@ def test_bad_event_times_in_arrow_batches_are_dead_letters_and_every_window_is_e
     assert status["state"] == "finished" and status["dead_letters"] == len(bad)
     assert sorted(d["item"]["speed"] for d in dead) == [-6, -5, -4, -2]
     assert all("bad event time: 'ts' is" in d["error"] and d["op"] == "files-1" for d in dead), dead
+
+
+GOOD = 30_000                 # events before the input turns bad: 15 s at the generator's 2000/s
+WINDOW = 4_000                # dead-letters.window for the late burst: 2 s of input
+
+
+def turns_bad(t: dict) -> dict:
+    """Good for the generator's first ``GOOD`` events (1 ms apart from ``T0``), then every one raises."""
+    if t["ts"] >= T0 + GOOD:
+        raise ValueError(f"bad input: event at {t['ts']}")
+    return t
+
+
+def test_a_late_dead_letter_burst_fails_an_endless_run_within_a_monitor_window_or_two(cluster):
+    """Issue 31, finding 12: an endless run whose input turns bad after ``GOOD`` good events (every
+    later one a dead letter) fails while it runs, a few monitor windows after its first dead letter,
+    with the reason in ``status``: judged over its recent tuples (``dead-letters.window``), not over
+    the run's whole life, where the good start would hide the burst for as long as it lasted."""
+    import dask
+
+    from pescheduler.errors import DeploymentFailed
+
+    app = Application("late-burst")
+    app.source("generator", rate=2000).map(turns_bad).sink("discard")
+    with dask.config.set({"pescheduler.dead-letters.window": WINDOW, "pescheduler.monitor.interval": "1s"}):
+        with pescheduler.deploy(app, cluster=cluster, policies=[]) as dep:
+            with pytest.raises(DeploymentFailed, match=r"map-\d+ dead-lettered \d+ of \d+ recent tuples"):
+                dep.wait(timeout=60)
+            status = dep.status()
+    first_dead = next(e["t"] for e in status["events"] if e["kind"] == "error" and "ValueError" in e["text"])
+    failed = next(e for e in status["events"] if e["kind"] == "dead letters")
+    assert status["state"] == "failed" and "max-ratio" in status["error"], status["events"]
+    assert first_dead > 5, "the input turned bad only after a long good start"
+    # Within about a window of bad tuples (dead-lettering runs at a few hundred a second here, the
+    # time it takes is theirs), not once the bad ones outnumber the GOOD good ones.
+    assert status["dead_letters"] <= 2 * WINDOW, status["events"]
+    assert failed["t"] - first_dead <= 30, status["events"]

@@ -10,7 +10,9 @@ the cause: never ``finished`` with rows missing, twice, or torn.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import time
 
 import dask.config
@@ -113,3 +115,55 @@ def test_a_sink_retrying_a_full_disk_leaves_its_worker_answering_and_loses_nothi
         published = committed_output(out)
     assert status["state"] == "finished", status.get("error")
     assert published == [{"n": i, "pad": "p" * 200} for i in range(3_000)]
+
+
+@contextlib.contextmanager
+def read_only(folder: str):
+    """``folder`` read-only for everyone, root included, until the block ends: bound onto itself
+    and remounted read-only (a rename into it fails with EXDEV, the copy then with EROFS); the
+    bind is unmounted by this helper that mounted it."""
+    subprocess.run(["mount", "--bind", folder, folder], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", folder], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", folder], check=True)
+
+
+def parquet_rows(table: str) -> list:
+    import pyarrow.parquet as pq
+
+    files = sorted(os.path.join(table, f) for f in os.listdir(table) if f.endswith(".parquet"))
+    return sorted(r["n"] for f in files for r in pq.read_table(f).to_pylist())
+
+
+def test_a_parquet_commit_that_fails_at_publishing_is_done_again_and_every_row_lands_once(tmp_path, monkeypatch):
+    """Issue 31, finding 2, the parquet sink: once a first checkpoint's files are in the table, the
+    table turns read-only (a real EROFS, root included) and the rest of the stream arrives: each
+    commit's move into the table fails; its staged files stay tracked, the PE fails after its
+    retries and the run restores, and once the table is writable again every row is in it exactly
+    once. Before, the commit dropped the epochs from its bookkeeping before moving their files:
+    the checkpoint counted as complete, the failure was logged at INFO and the rows were gone."""
+    for key, value in {"ATTEMPTS": "3", "BACKOFF": "50ms", "MAX_BACKOFF": "100ms"}.items():
+        monkeypatch.setenv(f"PESCHEDULER__SINKS__RETRY__{key}", value)     # the forked workers' setting
+    count, hold = 6_000, 2_000
+    table, release = str(tmp_path / "table"), str(tmp_path / "release")
+    app = Application("parquet-publish")
+    (app.source("numbers", count=count, keys=10, rate=4_000, hold_at=hold, release=release)
+        .map(lambda e: {"n": e["n"], "pad": "p" * 40})
+        .sink("parquet", path=table, rows=500))
+    with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[],
+                            checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.3s") as dep:
+        until(lambda: os.path.isdir(table) and len(parquet_rows(table)) == hold, WAIT,
+              "the rows before the hold published")
+        checkpoints = len(dep.checkpoints())
+        with read_only(table):
+            open(release, "w").close()                  # the rest of the stream, onto a read-only table
+            until(lambda: dep.recovery.restarts or len(dep.checkpoints()) >= checkpoints + 4, WAIT,
+                  "a restore, or checkpoints completing past the failed commits")
+            published_meanwhile = len(parquet_rows(table))
+        status = dep.wait(timeout=WAIT)
+    assert parquet_rows(table) == list(range(count)), "rows lost or doubled around the failed publish"
+    assert published_meanwhile == hold, "a row reached the read-only table"
+    assert status["state"] == "finished", status.get("error")
+    assert dep.recovery.restarts, "the failed commit was not retried through a restore"
