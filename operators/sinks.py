@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -417,13 +418,26 @@ class ParquetSink(Sink):
             rows = [{k: v for k, v in t.items() if k != self.partition_by} for t in rows]
         root = self._epoch_dir(self._epochs.current) if self._staged else self._root
         folder = f"{root}/{folder}" if folder else root
-        self._fs.makedirs(folder, exist_ok=True)
+        table = pa.Table.from_pylist(rows)           # a row that does not fit fails here: a dead letter
         self.seq += 1
         self._epoch_files += 1
         name = f"part-{self._writer}-{self.seq:06d}.parquet"
-        with self._fs.open(f"{folder}/.{name}.tmp", "wb") as f:
-            pq.write_table(pa.Table.from_pylist(rows), f)
-        self._publish(f"{folder}/.{name}.tmp", f"{folder}/{name}")
+        hidden, target = f"{folder}/.{name}.tmp", f"{folder}/{name}"
+
+        def write() -> None:
+            # A file that could not be written (a full or read-only disk) is removed and written
+            # again, then the PE fails (DeliveryFailed): raised from ``process`` a plain OSError
+            # made the batch dead letters while later checkpoints committed past the gap.
+            try:
+                self._fs.makedirs(folder, exist_ok=True)
+                with self._fs.open(hidden, "wb") as f:
+                    pq.write_table(table, f)
+                self._publish(hidden, target)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    self._fs.rm(hidden)
+                raise
+        retried(f"parquet sink: writing {target}", write)
 
     def _publish(self, source: str, target: str) -> None:
         """Move a finished file to its name: a rename on a local disk; on an object store, which

@@ -5,7 +5,8 @@ hook: the first time a checkpoint ``>= K`` completes and its ``commit`` reaches 
 that checkpoint's id to ``crash_flag`` and SIGKILLs its own process (the Dask worker hosting
 it) at ``STEP`` of the commit: ``"before"`` anything is committed (a real crash right between a
 checkpoint's completion, its manifest written, and the sink's commit), or ``"after"`` Kafka
-committed the transaction and before the sink's bookkeeping knows it. ``crash_flag`` existing
+committed the transaction and before the sink's bookkeeping knows it, or ``"mid-commit-<N>ms"``:
+N ms into Kafka's commit of the transaction (the EndTxn request in flight or being applied). ``crash_flag`` existing
 disarms it, so the restored instance runs as the plain sink. ``kafka_step_crash`` does the same
 to the at-least-once sink at each step of its commit path (:class:`StepCrashSink`).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 
 import pescheduler
 from pescheduler.operators.kafka import KafkaSink
@@ -38,13 +40,25 @@ class CommitCrashSink(KafkaSink):
             for cid in sorted(c for c in self._prepared if c <= checkpoint_id):
                 self._prepared[cid][0].commit_transaction(self.timeout_s)
             self._crash(checkpoint_id)
+        if armed and self.at.startswith("mid-commit-"):
+            # SIGKILLed while Kafka commits: the EndTxn request may be on its way, in the broker,
+            # or answered, as a kill at an arbitrary moment of a live run finds it.
+            self._mark(checkpoint_id)
+            delay_ms = int(self.at[len("mid-commit-"):-2])
+            threading.Timer(delay_ms / 1000, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            for cid in sorted(c for c in self._prepared if c <= checkpoint_id):
+                self._prepared[cid][0].commit_transaction(self.timeout_s)
+            threading.Event().wait(60)               # the kill comes
         super().commit(checkpoint_id)
 
     def _crash(self, checkpoint_id: int) -> None:
+        self._mark(checkpoint_id)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _mark(self, checkpoint_id: int) -> None:
         with open(self.crash_flag + ".tmp", "w") as f:
             f.write(str(checkpoint_id))
         os.replace(self.crash_flag + ".tmp", self.crash_flag)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class StepCrashSink(KafkaSink):

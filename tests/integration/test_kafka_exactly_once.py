@@ -105,7 +105,7 @@ def numbered_topics(kafka, prefix: str, n: int) -> None:
     produce(kafka, f"{prefix}-in", numbered(n, 10), partition_of=lambda r: r["n"] % 2)
 
 
-@pytest.mark.parametrize("at", ["before", "after"])
+@pytest.mark.parametrize("at", ["before", "after", "mid-commit-0ms", "mid-commit-2ms", "mid-commit-10ms"])
 def test_a_crash_between_checkpoint_completion_and_the_commit_loses_and_repeats_nothing(kafka, tmp_path, at):
     """The sink's worker SIGKILLs itself when checkpoint k's commit reaches it: checkpoint k is
     complete, and the records of k are past the restored source positions. ``before``: its
