@@ -83,6 +83,7 @@ class CheckpointCoordinator:
         self._interrupted: str | None = None             # why the checkpoint in flight was interrupted
         self._one_at_a_time = asyncio.Lock()             # checkpoints are taken and written in id order
         self._writing: asyncio.Future | None = None      # the manifest's write thread (close() waits for it)
+        self._written_by: tuple[int, float, float] | None = None   # that write's checkpoint id, t0, p0
 
     def interrupt(self, reason: str) -> None:
         """A recovery begins: no checkpoint starts until it ends (:attr:`paused`), and the one in
@@ -137,9 +138,24 @@ class CheckpointCoordinator:
         if self._writing is not None and not self._writing.done():
             await asyncio.wait([self._writing], timeout=self.timeout)
         try:
-            await asyncio.wait_for(asyncio.to_thread(self.store.prune, self.retain), self.timeout)
+            await asyncio.wait_for(asyncio.to_thread(self._last_prune), self.timeout)
         except asyncio.TimeoutError:
             logger.warning("pruning old checkpoints at the end took longer than %g s; left", self.timeout)
+
+    def _last_prune(self) -> None:
+        """A manifest written after the end cut its checkpoint's completion short makes it complete
+        (and the newest): it is listed before the prune keeps it and removes the one before, which
+        the history would otherwise name as the last while its manifest is gone (seen loaded)."""
+        pending, listed = self._written_by, {c.id for c in self.completed}
+        if (pending is not None and pending[0] not in listed and self._writing is not None
+                and self._writing.done() and not self._writing.cancelled() and self._writing.exception() is None
+                and pending[0] in self.store.completed()):
+            checkpoint_id, t0, p0 = pending
+            size, state_size = self._writing.result()
+            self.completed.append(CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, size,
+                                                      f"{self.store.url}/chk-{checkpoint_id:06d}", state_size))
+            self.completed_count += 1
+        self.store.prune(self.retain)
 
     async def trigger(self) -> int:
         """Take one checkpoint now; its id once complete. Raises :class:`CheckpointError` if it is
@@ -197,6 +213,7 @@ class CheckpointCoordinator:
         errors = [r["error"] for r in results.values() if "error" in r]
         if errors:
             raise CheckpointError(errors[0])
+        self._written_by = (checkpoint_id, t0, p0)
         self._writing = asyncio.get_running_loop().run_in_executor(None, functools.partial(
             self._store, checkpoint_id, results, placement, t0, time.perf_counter() - p0, abandoned))
         return await asyncio.shield(self._writing)   # a cancelled caller leaves it to close()

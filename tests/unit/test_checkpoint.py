@@ -485,3 +485,6 @@ def test_a_checkpoint_cut_short_by_the_end_leaves_no_more_than_retain():
     finally:
         release.set()
     assert store.completed() == [2]
+    # and the history names it: its last entry was checkpoint 1, whose manifest the prune removed
+    # (a loaded run's `dep.checkpoints()[-1]` pointed at a directory without MANIFEST.json)
+    assert [c.id for c in coord.completed] == [1, 2] and coord.completed[-1].url.endswith("chk-000002")
