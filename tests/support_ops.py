@@ -54,6 +54,28 @@ class Numbers(Source):
         self.i = position["i"]
 
 
+class FailingNumbers(Numbers):
+    """:class:`Numbers` whose ``read`` raises once at each position of ``fail_at`` (a marker file
+    per position in ``marks`` remembers it across the restores it causes): a PE that fails again
+    and again, far apart, as a broker that drops out now and then makes one fail."""
+
+    name = "failing_numbers"
+
+    def __init__(self, fail_at: tuple = (), marks: str = "", **kw) -> None:
+        super().__init__(**kw)
+        self.fail_at, self.marks = tuple(fail_at), marks
+
+    def read(self, n):
+        import os
+
+        for at in self.fail_at:
+            mark = os.path.join(self.marks, f"failed-at-{at}")
+            if self.i <= at < self.i + n and not os.path.exists(mark):
+                open(mark, "w").close()
+                raise RuntimeError(f"injected failure of the source at {at}")
+        return super().read(n)
+
+
 class Tag(Operator):
     """Adds ``tag`` to each tuple (a stateless map with a parameter)."""
 
@@ -191,7 +213,7 @@ def pescheduler_aggregates():
 
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Numbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
+    return [Numbers, FailingNumbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
 
 
 def committed_output(path) -> list:

@@ -234,3 +234,25 @@ def test_restore_of_an_unknown_checkpoint_is_a_usage_error_before_any_worker_sta
                           capture_output=True, text=True, env=env, timeout=WAIT)
     assert done.returncode == 2 and "no complete checkpoint in" in done.stderr
     assert time.monotonic() - t0 < 30 and not (tmp_path / "out").exists()
+
+
+def test_failures_again_and_again_over_a_run_are_restored_each_time_and_lose_nothing(tmp_path):
+    """Issue 31, finding 8: the restart budget was 3 attempts for the run's whole life, 100 ms apart,
+    never reset, so the fourth failure of a long run (a broker that drops out now and then) failed
+    it. Four failures of the source's PE, each after a complete checkpoint: four restores (with
+    backoff, counted in a row), and the output is every tuple exactly once."""
+    out, marks = tmp_path / "out.jsonl", tmp_path / "marks"
+    marks.mkdir()
+    fail_at = (2_000, 5_000, 8_000, 11_000)
+    app = Application("failing-again")
+    (app.source("failing_numbers", count=14_000, keys=10, rate=2_000, fail_at=fail_at, marks=str(marks))
+        .map(lambda e: {"n": e["n"], "twice": e["n"] * 2})
+        .sink("jsonl", path=str(out)))
+    with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[],
+                            checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.3s") as dep:
+        status = dep.wait(timeout=WAIT * 2)
+        restarts = list(dep.recovery.restarts)
+    assert status["state"] == "finished", status.get("error")
+    assert sorted(p.name for p in marks.iterdir()) == sorted(f"failed-at-{n}" for n in fail_at)
+    assert len(restarts) == len(fail_at), restarts
+    assert committed_output(out) == [{"n": i, "twice": 2 * i} for i in range(14_000)]
