@@ -199,3 +199,44 @@ def test_a_run_started_from_another_runs_checkpoint_restores_it_after_a_loss_bef
         restarts = dep.status()["checkpoints"]["restart"]["restarts"]
     assert [f"{origin.rsplit('/', 1)[0]}/{r['checkpoint']}" for r in restarts] == [origin]
     assert committed_output(out) == expected(20_000)
+
+
+def test_a_large_state_is_checkpointed_without_passing_through_the_deploying_process(tmp_path):
+    """Issue 31, finding 9 (and issue 30): every PE's state passed through the deploying process,
+    which had to hold about twice the total state at each checkpoint. A window holding about
+    60 MB (60,000 keys, a 1 KB value each) is checkpointed three times: the files hold it, and the deploying
+    process (this one: the workers are forked processes) grows by far less than it."""
+    import threading
+
+    import psutil
+
+    n, release, out = 60_000, tmp_path / "release", tmp_path / "out.jsonl"
+    app = Application("big-state")
+    (app.source("numbers", count=n + 10, keys=n, hold_at=n, release=str(release))
+        .map(lambda e: {**e, "p": str(e["n"]).rjust(1_000, "x")})
+        .key_by("key").window(size="1h", aggregates={"m": ("max", "p")})
+        .sink("jsonl", path=str(out)))
+    me, peak, sampling = psutil.Process(), [0], threading.Event()
+
+    def sample():                                    # the deploying process's resident size, at 100 Hz
+        while not sampling.wait(0.01):
+            peak[0] = max(peak[0], me.memory_info().rss)
+
+    with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[],
+                            checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="1h") as dep:
+        until(lambda: sum(o["tuples_in"] for o in dep.status()["operators"] if o["op"].startswith("window")) >= n,
+              WAIT, "the window to hold every payload")
+        base = me.memory_info().rss
+        thread = threading.Thread(target=sample)
+        thread.start()
+        try:
+            for _ in range(3):
+                dep.checkpoint(timeout=WAIT)
+        finally:
+            sampling.set()
+            thread.join(10)
+        release.write_text("")
+        dep.wait(timeout=WAIT)
+    stored = sum(f.stat().st_size for f in (tmp_path / "ckpt").rglob("*") if f.is_file())
+    assert stored > 50e6, f"the checkpoints hold {stored / 1e6:.0f} MB: the state was not large"
+    assert peak[0] - base < 20e6, f"the deploying process grew by {(peak[0] - base) / 1e6:.0f} MB"
