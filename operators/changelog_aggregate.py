@@ -10,8 +10,13 @@ row it replaced (``{"op": "upsert"|"delete", "row", "previous"}``); two operator
 * ``changelog_aggregate`` (KEYED by the group) subtracts retractions and folds additions, and
   after every batch emits what each group it touched became::
 
-      {"op": "upsert", "region": "eu", "total": 12, "n": 3}
-      {"op": "delete", "region": "us"}           # its last row went
+      {"op": "upsert", "region": "eu", "version": 4, "total": 12, "n": 3}
+      {"op": "delete", "region": "us", "version": 2, "total": None, "n": None}  # its last row went
+
+``version`` counts the rows emitted for the group (1, 2, ...; it survives the group's deletion),
+so a table that receives the rows appended (Iceberg, Delta, Parquet) holds each group's current
+aggregates in its row of the highest ``version``, whatever order a reader lists the files in; a
+delete carries every output as ``None`` so a table's schema does not depend on which row came first.
 
 Which aggregates retract: the *invertible* ones exactly (``count``, ``sum``, ``sumsq``, and so
 ``avg``, ``var``, ``stddev`` derived from them; a float sum drifts as any running float sum
@@ -23,7 +28,7 @@ dead-lettered alone; its retraction later fails the same way and is dead-lettere
 aggregate never subtracts what it did not add. A retraction for a group it does not hold is
 dead-lettered (the changelog and the aggregate disagree: never silently ignored).
 
-State: per group ``[rows counted, slots, {field: Counter}]``; checkpoints carry it and copies
+State: per group ``[rows counted, slots, {field: Counter}]`` and its ``version``; checkpoints carry it and copies
 split and merge it by group, as ``latest``'s.
 """
 
@@ -79,10 +84,13 @@ class ChangelogAggregate(Operator):
         if not isinstance(aggregates, dict) or not aggregates:
             raise ValueError(f"changelog_aggregate: aggregates must be a non-empty dict "
                              f"{{name: (function, field)}}, got {aggregates!r}")
-        if by in aggregates or "op" in aggregates:
-            raise ValueError(f"changelog_aggregate: output names clash with {by!r} or 'op'; rename them")
+        clash = {by, "op", "version"} & set(aggregates)
+        if clash:
+            raise ValueError(f"changelog_aggregate: output names {sorted(clash)} clash with the group "
+                             f"field, 'op' or 'version'; rename them")
         self.by, self.aggregates = by, dict(aggregates)
         self._groups: dict[Any, list] = {}
+        self._versions: dict[Any, int] = {}     # group -> rows emitted for it
         self._compile()
 
     def _compile(self) -> None:
@@ -119,11 +127,13 @@ class ChangelogAggregate(Operator):
                 emit.dead_letter(t, exc)
         for g, held in touched.items():
             state = groups.get(g)
+            if state is None and not held:      # made and emptied within the batch: never seen
+                continue
+            version = self._versions[g] = self._versions.get(g, 0) + 1
             if state is None:
-                if held:                        # one made and emptied within the batch was never seen
-                    emit({"op": "delete", self.by: g})
+                emit({"op": "delete", self.by: g, "version": version, **dict.fromkeys(self.aggregates)})
             else:
-                emit(self._result(g, state))
+                emit(self._result(g, state, version))
 
     def _apply(self, t: dict) -> None:
         g, row = t[self.by], t["row"]
@@ -155,17 +165,17 @@ class ChangelogAggregate(Operator):
         if state[0] == 0:
             del self._groups[g]                 # no float residue survives an emptied group
 
-    def _result(self, g: Any, state: list) -> dict:
+    def _result(self, g: Any, state: list, version: int) -> dict:
         out: list = []
         self._rows([(g, state[1])], None, None, out.append)
-        row = {"op": "upsert", **out[0]}
+        row = {"op": "upsert", self.by: g, "version": version, **out[0]}
         for name, (pick, fld) in self._multiset.items():
             row[name] = pick(state[2][fld])
         return row
 
     # -- state: groups ------------------------------------------------------------------
     def snapshot(self) -> dict:
-        return {"aggregates": self.aggregates,
+        return {"aggregates": self.aggregates, "versions": dict(self._versions),
                 "groups": {g: [n, list(s), {f: Counter(c) for f, c in m.items()}]
                            for g, (n, s, m) in self._groups.items()}}
 
@@ -173,13 +183,16 @@ class ChangelogAggregate(Operator):
         if state["aggregates"] != self.aggregates:
             raise ValueError(f"changelog_aggregate: the checkpoint computed {state['aggregates']}, "
                              f"this operator {self.aggregates}")
+        self._versions = dict(state["versions"])
         self._groups = {g: [n, list(s), {f: Counter(c) for f, c in m.items()}]
                         for g, (n, s, m) in state["groups"].items()}
 
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
         """The groups where ``owns(group)``."""
-        return {**state, "groups": {g: v for g, v in state["groups"].items() if owns(g)}}
+        return {**state, "groups": {g: v for g, v in state["groups"].items() if owns(g)},
+                "versions": {g: v for g, v in state["versions"].items() if owns(g)}}
 
     def merge_states(self, states: list) -> dict:
         """Every instance's groups (disjoint: copies are routed by group)."""
-        return {**states[0], "groups": {g: v for st in states for g, v in st["groups"].items()}}
+        return {**states[0], "groups": {g: v for st in states for g, v in st["groups"].items()},
+                "versions": {g: v for st in states for g, v in st["versions"].items()}}
