@@ -46,7 +46,11 @@ MULTISET = {"min": min, "max": max}      # kept as a multiset of values: they ca
 
 
 class ChangelogSplit(Operator):
-    """A ``latest()`` change as a retraction of the row it replaced and an addition of its row."""
+    """A ``latest()`` change as a retraction of the row it replaced and an addition of its row.
+
+    ``by`` names the row field that is the group each of the two goes to (routing the next
+    operator's copies by it). A tuple that is not a ``latest()`` change is dead-lettered.
+    """
 
     name = "changelog_split"
     parallelism = Parallelism.STATELESS
@@ -73,7 +77,12 @@ class ChangelogSplit(Operator):
 
 
 class ChangelogAggregate(Operator):
-    """Aggregates per group of a changelog's current rows; see the module docstring."""
+    """Aggregates per group of a changelog's current rows; see the module docstring.
+
+    ``by`` names the row field whose value is a row's group. ``aggregates`` are
+    ``{output: (function, field)}`` as a window's, of the functions that can retract (count,
+    sum, sumsq, avg, var, stddev, min, max).
+    """
 
     name = "changelog_aggregate"
     parallelism = Parallelism.KEYED

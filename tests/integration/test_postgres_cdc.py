@@ -333,3 +333,14 @@ def test_the_cdc_to_iceberg_example_runs_as_its_docstring_says(db, tmp_path):
     out = step("check")
     assert "equal to the table's GROUP BY: True" in out, out
     assert "'r9'" in out and "'r3'" not in out      # r9 made by moved rows; r3 emptied by deletes
+
+
+def test_the_docs_cdc_to_iceberg_block_runs_as_pasted(db, tmp_path):
+    """docs/connectors.md's ```python postgres iceberg block (CDC -> latest -> aggregate -> Iceberg)."""
+    url, _conn = db
+    (code,) = re.findall(r"```python postgres iceberg\n(.*?)```", DOC.read_text(), re.S)
+    (tmp_path / "pasted.py").write_text(code)
+    done = subprocess.run([sys.executable, "pasted.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PG_DSN": url})
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert "iceberg: {'r0': (150, " in done.stdout and "'r2'" not in done.stdout, done.stdout
