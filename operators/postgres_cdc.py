@@ -205,17 +205,22 @@ class PostgresCdcSource(Source, CommitHooks):
         return emitted
 
     def _emit(self, txn: list, ts: int, lsn: int) -> None:
+        """Queue a transaction's changes as dicts (once per change: one dict built in place)."""
+        append = self._ready.append
         for change in txn:
             if isinstance(change, Truncate):
                 self.reject({"truncate": change.tables, "lsn": lsn},
                             f"postgres_cdc: TRUNCATE of {', '.join(change.tables)} is not a change per row")
                 continue
-            row = change.after if change.after is not None else change.before
-            record = {"op": change.op, "table": change.relation.table,
-                      **{k: row.get(k) for k in change.relation.key}}
-            if change.before is not None:
-                record["before"] = change.before
-            self._ready.append({**record, "after": change.after, "lsn": lsn, "ts": ts})
+            op, relation, before, after = change
+            row = after if after is not None else before
+            record = {"op": op, "table": relation.table}
+            for k in relation.key:
+                record[k] = row.get(k)
+            if before is not None:
+                record["before"] = before
+            record["after"], record["lsn"], record["ts"] = after, lsn, ts
+            append(record)
         self._lsn = lsn
 
     def _retrying(self, query: Any) -> Any:
