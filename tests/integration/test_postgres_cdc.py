@@ -143,6 +143,20 @@ def test_the_slot_advances_only_when_a_checkpoint_completes_and_seek_resumes(db)
     again.close()
 
 
+def test_a_peek_decodes_only_the_rows_after_those_already_read(db):
+    """Between two checkpoints the slot keeps what was read: a later peek must not fetch and decode
+    that prefix again (it did, every peek: quadratic in the checkpoint interval)."""
+    url, conn = db
+    source = reading_changes(url, conn, 2000)              # read, not advanced: no checkpoint completed
+    decoded = []
+    decode = source._decoder.decode
+    source._decoder.decode = lambda data: decoded.append(data) or decode(data)
+    conn.execute("INSERT INTO orders VALUES (5000, 1, 'x')")
+    assert [c["id"] for c in read_until(source, 1)] == [5000]
+    assert len(decoded) <= 5, f"{len(decoded)} messages decoded for one new change"   # begin, relation?, insert, commit
+    source.close()
+
+
 def test_without_checkpoints_the_slot_is_advanced_as_changes_are_read(db):
     url, conn = db
     source = opened(url, checkpointed=False, snapshot=False)
