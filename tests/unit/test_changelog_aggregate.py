@@ -85,6 +85,8 @@ def test_through_the_stream_api_three_lines():
     cdc = app.source("iterable", items=changes)
     totals = cdc.key_by("id").latest().aggregate(AGGS, by="region")
     assert current(run_graph(totals).output) == reference(changes)
+    keyed = cdc.key_by("id").latest().key_by("region").aggregate(AGGS)      # by= from the key_by before it
+    assert current(run_graph(keyed).output) == reference(changes)
 
 
 def test_a_row_that_cannot_be_aggregated_is_dead_lettered_and_its_retraction_too_so_nothing_drifts():
