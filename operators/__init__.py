@@ -9,7 +9,8 @@ It registers through the ``pescheduler`` entry-point group
 * operators: ``map``, ``filter``, ``flat_map``, ``key_by``, ``union`` (:mod:`.basic`),
   ``window`` (:mod:`.window`), ``session_window`` (:mod:`.session`), ``count_window``
   (:mod:`.count_window`), ``over_window`` (:mod:`.over_window`), ``join`` (:mod:`.join`), ``pattern`` (:mod:`.pattern`),
-  ``latest`` (:mod:`.latest`), ``process`` (keyed process functions with timers, :mod:`.process`),
+  ``latest`` (:mod:`.latest`), ``changelog_split`` and ``changelog_aggregate`` (grouped aggregates
+  over a changelog that retract, :mod:`.changelog_aggregate`), ``process`` (keyed process functions with timers, :mod:`.process`),
   ``join_asof`` (:mod:`.join_asof`), ``lookup`` (:mod:`.lookup`)
 * sinks: ``jsonl``, ``print``, ``discard``, ``parquet`` (:mod:`.sinks`), ``kafka``, ``redis``,
   ``delta`` (:mod:`.delta`), ``iceberg`` (:mod:`.iceberg`)
@@ -29,6 +30,7 @@ from pescheduler.aggregates import BUILTINS
 from pescheduler.plugins import hookimpl
 
 from .basic import Filter, FlatMap, KeyBy, Map, Union
+from .changelog_aggregate import ChangelogAggregate, ChangelogSplit
 from .count_window import CountWindow
 from .delta import DeltaSink
 from .files import FilesSource
@@ -60,7 +62,8 @@ OPERATORS = [IterableSource, GeneratorSource, JsonlSource, KafkaSource, RedisStr
              Process,
              AsofJoin, Lookup,
              ParquetSink, KafkaSink, RedisStreamSink, OutputProcessors,
-             FilesSource, DeltaSink, IcebergSink, PostgresCdcSource, Latest]
+             FilesSource, DeltaSink, IcebergSink, PostgresCdcSource, Latest,
+             ChangelogSplit, ChangelogAggregate]
 
 __all__ = [cls.__name__ for cls in OPERATORS]
 

@@ -10,8 +10,10 @@ For each change it emits what the current state became::
 so a consumer can retract ``previous`` and add ``row`` (a running sum per
 group stays exact under updates and deletes). A delete of a key it does not
 hold emits nothing; a tuple without an ``op`` it knows is dead-lettered.
-State is per key (KEYED): copies split and merge it by key group, and
-checkpoints carry it. An update that changes the key arrives under the new
+State is per key (KEYED), in the deployment's keyed state backend
+(``pescheduler.state``: memory or disk, docs/state.md), so ``state="disk"`` bounds a large
+table's memory: a snapshot holds whole key groups, and copies split and merge them (a rescale
+moves key groups). An update that changes the key arrives under the new
 key; its old key is deleted by the ``before`` it carries only if that key is
 held by this instance, so keep key-changing updates out of a copied ``latest``
 (or key tables by a column that never changes).
@@ -22,6 +24,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
+from pescheduler.state import MemoryState, adopt
+from pescheduler.state.groups import PackedOnPickle, merge_groups, restore_groups, snapshot_groups, split_groups
 
 from .window import key_getter
 
@@ -36,7 +40,9 @@ class Latest(Operator):
 
     def __init__(self, key: str | Callable | None = None) -> None:
         self.key = key
-        self._rows: dict[Any, dict] = {}
+        # key -> its current row; in memory until open() moves it to the deployment's backend
+        # (restore comes before open)
+        self._rows = MemoryState()
 
     def open(self, context: OperatorContext) -> None:
         super().open(context)
@@ -46,6 +52,7 @@ class Latest(Operator):
             raise ValueError("latest: key the stream first (stream.key_by(\"id\").latest()) or give key=")
         self._key_of = key_getter(self.key)
         self._key_name = "key" if callable(self.key) else self.key
+        self._rows = adopt(context, self._rows)
 
     def process(self, batch: list, emit: Emitter) -> None:
         for change in batch:
@@ -58,31 +65,61 @@ class Latest(Operator):
         op = change.get("op")
         if op not in OPS:
             raise ValueError(f"latest: op must be one of {', '.join(OPS)}, got {op!r}")
-        key = self._key_of(change)
+        key, rows = self._key_of(change), self._rows
         if op == "update" and change.get("before"):
             self._moved(self._key_of(change["before"]), key, emit)
         if op != "delete":
-            previous, self._rows[key] = self._rows.get(key), change["after"]
-            emit({"op": "upsert", self._key_name: key, "row": change["after"], "previous": previous})
-        elif key in self._rows:
-            emit({"op": "delete", self._key_name: key, "row": None, "previous": self._rows.pop(key)})
+            after = change["after"]
+            if after is None:
+                raise ValueError(f"latest: an {op} without its row (after=None)")
+            previous = rows.get(key)
+            rows.put(key, after)
+            emit({"op": "upsert", self._key_name: key, "row": after, "previous": previous})
+        else:
+            self._drop(key, emit)
 
     def _moved(self, old: Any, key: Any, emit: Emitter) -> None:
         """An update that changed the key: the old key's row goes, when this instance holds it."""
-        if old != key and old in self._rows:
-            emit({"op": "delete", self._key_name: old, "row": None, "previous": self._rows.pop(old)})
+        if old != key:
+            self._drop(old, emit)
 
-    # -- state: rows by key ----------------------------------------------------------
+    def _drop(self, key: Any, emit: Emitter) -> None:
+        previous = self._rows.get(key)
+        if previous is not None:
+            self._rows.delete(key)
+            emit({"op": "delete", self._key_name: key, "row": None, "previous": previous})
+
+    # -- state: rows by key, in whole key groups ------------------------------------------
+    def rows(self) -> dict:
+        """Every key's current row (a copy: for tests and inspection, not the hot path)."""
+        return {k: row for g in self._rows.groups() for k, row in self._rows.items(g)}
+
     def snapshot(self) -> dict:
-        return {"rows": dict(self._rows)}
+        """The key groups of the keyed state (packed when read: a copy)."""
+        return {"groups": snapshot_groups(self._rows)}
 
     def restore(self, state: dict) -> None:
-        self._rows = dict(state["rows"])
+        if "rows" in state:                     # a checkpoint from before the keyed state backend
+            self._rows.drop_groups(self._rows.groups())
+            for k, row in state["rows"].items():
+                self._rows.put(k, row)
+            return
+        restore_groups(self._rows, state["groups"])
+
+    def export_groups(self, groups: frozenset[int]) -> dict:
+        """A rescale takes key groups ``groups`` away: their rows, removed here, packed only when
+        the part is pickled (pescheduler/worker/handover.py)."""
+        taken = self._rows.take_groups(groups)
+        return {"groups": {g: (next(iter(entries)), PackedOnPickle(entries)) for g, entries in taken.items()}}
+
+    def import_groups(self, state: dict) -> None:
+        """Key groups another instance exported join this running one."""
+        self._rows.import_groups({g: data for g, (_key, data) in state["groups"].items()})
 
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
-        """The rows of the keys where ``owns(key)``."""
-        return {"rows": {k: row for k, row in state["rows"].items() if owns(k)}}
+        """The key groups where ``owns(key)``."""
+        return {"groups": split_groups(state["groups"], owns)}
 
     def merge_states(self, states: list) -> dict:
-        """Every instance's rows (their keys are disjoint)."""
-        return {"rows": {k: row for st in states for k, row in st["rows"].items()}}
+        """Every instance's key groups (disjoint)."""
+        return {"groups": merge_groups([s["groups"] for s in states])}

@@ -18,6 +18,7 @@ from typing import Any, Callable, NamedTuple
 
 _SIZE = struct.Struct("!i")               # a column value's length
 _COUNT = struct.Struct("!h")              # a tuple's number of columns
+_OID = struct.Struct("!I")                # a relation's oid, after the message type
 PG_EPOCH_MS = 946_684_800_000          # 2000-01-01 in milliseconds since 1970: pgoutput's timestamps count from it
 
 
@@ -31,10 +32,9 @@ class Relation:
     loads: list[Callable[[bytes], Any]]     # per column: its text bytes -> the value
     key: list[str]
 
-    @property
-    def table(self) -> str:
-        """The name changes carry: ``name`` in ``public``, ``schema.name`` elsewhere."""
-        return self.name if self.schema == "public" else f"{self.schema}.{self.name}"
+    def __post_init__(self) -> None:
+        # The name changes carry (read once per change): ``name`` in ``public``, ``schema.name`` elsewhere.
+        self.table = self.name if self.schema == "public" else f"{self.schema}.{self.name}"
 
 
 class Begin(NamedTuple):
@@ -85,7 +85,13 @@ class Decoder:
         self.relations: dict[int, Relation] = {}
 
     def decode(self, data: bytes) -> Any:
-        """The message as a tuple above; ``None`` for what carries no change (Relation, Type, Origin)."""
+        """The message as a tuple above; ``None`` for what carries no change (Relation, Type, Origin).
+        Inserts and updates without an old tuple (most messages) are read inline: no reader object,
+        no dispatch."""
+        kind = data[0]
+        if kind == 73 or (kind == 85 and data[5] == 78):    # 'I', or 'U' whose new tuple ('N') follows
+            relation = self.relations[_OID.unpack_from(data, 1)[0]]
+            return Change("insert" if kind == 73 else "update", relation, None, _row(data, 6, relation)[0])
         reader = _Reader(bytes(data))
         kind = reader.byte()
         handler = _HANDLERS.get(kind)
@@ -146,24 +152,27 @@ class Decoder:
         return {k: row[k] for k in relation.key} if kind == "K" else row
 
     def _tuple(self, r: _Reader, relation: Relation) -> dict:
-        """A TupleData: the columns sent, by name (NULL as None; an unchanged TOAST value left out).
-        The hot loop of decoding (once per column of every change): offsets kept in locals."""
-        data, at = r.data, r.at
-        (count,) = _COUNT.unpack_from(data, at)
-        at += 2
-        row = {}
-        for column, load in zip(relation.columns[:count], relation.loads):
-            kind, at = data[at], at + 1
-            if kind == 116:                                 # 't': text
-                (size,) = _SIZE.unpack_from(data, at)
-                row[column] = load(data[at + 4:at + 4 + size])
-                at += 4 + size
-            elif kind == 110:                               # 'n': NULL
-                row[column] = None
-            elif kind != 117:                               # 'u': unchanged TOAST, not sent
-                raise ValueError(f"pgoutput: unknown column kind {chr(kind)!r} (binary mode is not asked for)")
-        r.at = at
+        row, r.at = _row(r.data, r.at, relation)
         return row
+
+
+def _row(data: bytes, at: int, relation: Relation) -> tuple[dict, int]:
+    """A TupleData at ``at``: the columns sent, by name (NULL as None; an unchanged TOAST value left
+    out), and where it ends. The hot loop of decoding (once per column of every change)."""
+    (count,) = _COUNT.unpack_from(data, at)
+    at += 2
+    row = {}
+    for column, load in zip(relation.columns[:count], relation.loads):
+        kind, at = data[at], at + 1
+        if kind == 116:                                 # 't': text
+            (size,) = _SIZE.unpack_from(data, at)
+            row[column] = load(data[at + 4:at + 4 + size])
+            at += 4 + size
+        elif kind == 110:                               # 'n': NULL
+            row[column] = None
+        elif kind != 117:                               # 'u': unchanged TOAST, not sent
+            raise ValueError(f"pgoutput: unknown column kind {chr(kind)!r} (binary mode is not asked for)")
+    return row, at
 
 
 _HANDLERS = {"B": Decoder._begin, "C": Decoder._commit, "R": Decoder._relation, "I": Decoder._insert,

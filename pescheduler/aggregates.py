@@ -457,19 +457,20 @@ class AggregatePlan:
         """Slow path of the generated merge: the slots both lists have."""
         return [node.aggregate.merge(x, y) for node, x, y in zip(self.slots, a, b)]
 
-    def row_writer(self, query: Query, key_name: str | None) -> Callable:
+    def row_writer(self, query: Query, key_name: str | None, window: bool = True) -> Callable:
         """Generate ``rows(groups, ws, we, out)``: one dict per ``(key, slots)`` to ``out``.
 
         A row is ``{key_name: key, "window_start": ws, "window_end": we, <outputs>}``
-        (no key field when ``key_name`` is None). Derived results are computed
-        once per row from the base slots, in topological order.
+        (no key field when ``key_name`` is None; no window fields when ``window`` is
+        false: a changelog aggregate's rows belong to no window). Derived results
+        are computed once per row from the base slots, in topological order.
         """
         lines = ["def rows(groups, ws, we, out):", "    for k, s in groups:"]
         need = 1 + max((n.slot for n in self._needed(query) if n.slot is not None), default=-1)
         lines += [f"        if len(s) < {need}:", "            continue"] if need else []
         names = self._result_lines(query, lines)
         head = [] if key_name is None else [f"{key_name!r}: k"]
-        head += ["'window_start': ws", "'window_end': we"]
+        head += ["'window_start': ws", "'window_end': we"] if window else []
         head += [f"{out!r}: {names[node]}" for out, node in query.outputs]
         lines.append(f"        out({{{', '.join(head)}}})")
         return _generate(lines, "rows", self._namespace(), f"rows {query.names}")

@@ -238,6 +238,18 @@ class Stream:
         out.key_field = key if isinstance(key, str) else None      # its rows carry a field key as it was
         return out
 
+    def aggregate(self, aggregates: dict, *, by: str | None = None, id: str | None = None) -> "Stream":
+        """Aggregates per ``by`` group (default: the preceding ``key_by``'s field) of a changelog's
+        current rows, a ``latest()``'s changes: an update takes the old row back out and a delete
+        retracts it; emits ``{"op": "upsert"|"delete", by: group, <aggregates>}`` per group changed
+        (operators/changelog_aggregate.py)."""
+        by = self.key_field if by is None else by
+        if not isinstance(by, str):
+            raise InvalidApplication("aggregate over a changelog needs a group field: by=\"region\", "
+                                     "or key_by(\"region\") before it")
+        split = self.apply("changelog_split", by=by)
+        return split._keyed("changelog_aggregate", (), by, id, {"by": by, "aggregates": aggregates})
+
     def process(self, fn: type | str, *, ttl: Any = None, id: str | None = None, **params: Any) -> "Stream":
         """A keyed process function: ``fn(**params)`` gets ``on_event(event, ctx)`` and
         ``on_timer(ts, key, ctx)`` with per-key state and timers (operators/process.py); ``fn``

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pickle
+
 from pescheduler.operators import Latest
+from pescheduler.state import key_group
 from pescheduler.testing import run_operators
 
 
@@ -23,7 +26,7 @@ def test_upserts_and_deletes_carry_the_row_they_replaced_and_the_state_is_the_cu
         ("upsert", 1, {"id": 1, "v": "a"}, None), ("upsert", 2, {"id": 2, "v": "b"}, None),
         ("upsert", 1, {"id": 1, "v": "c"}, {"id": 1, "v": "a"}), ("delete", 2, None, {"id": 2, "v": "b"}),
         ("delete", 1, None, {"id": 1, "v": "c"}), ("upsert", 3, {"id": 3, "v": "c"}, None)]  # 9: never held
-    assert op.snapshot() == {"rows": {3: {"id": 3, "v": "c"}}}
+    assert op.rows() == {3: {"id": 3, "v": "c"}}
 
 
 def test_a_tuple_that_is_not_a_change_is_dead_lettered_and_the_stream_goes_on():
@@ -32,11 +35,31 @@ def test_a_tuple_that_is_not_a_change_is_dead_lettered_and_the_stream_goes_on():
     assert len(result.dead_letters) == 1 and "op must be one of" in result.dead_letters[0].error
 
 
-def test_state_splits_by_key_and_merges_back():
+def test_state_is_whole_key_groups_that_split_merge_and_move():
     op = Latest(key="id")
-    state = {"rows": {k: {"id": k} for k in range(10)}}
-    halves = [op.split_state(state, lambda k, r=r: k % 2 == r) for r in (0, 1)]
-    assert sorted(halves[1]["rows"]) == [1, 3, 5, 7, 9]
-    assert op.merge_states(halves) == state
-    op.restore(halves[0])
-    assert op.snapshot() == halves[0]
+    op.restore({"rows": {k: {"id": k} for k in range(100)}})    # a checkpoint of the old form still restores
+    state = op.snapshot()
+    owns = lambda k: key_group(k) % 2 == 0                       # noqa: E731 - copies own whole groups
+    halves = [op.split_state(state, lambda k, r=r: owns(k) == r) for r in (True, False)]
+    assert op.merge_states(halves)["groups"].keys() == dict(state["groups"]).keys()
+    even = Latest(key="id")
+    even.restore(halves[0])
+    assert sorted(even.rows()) and all(owns(k) for k in even.rows())
+    moved = op.export_groups(frozenset(list(dict(state["groups"]))[:3]))
+    target = Latest(key="id")
+    target.import_groups(pickle.loads(pickle.dumps(moved)))
+    assert set(target.rows()) | set(op.rows()) == set(range(100)) and not set(target.rows()) & set(op.rows())
+
+
+def test_the_disk_backend_gives_what_memory_gives_and_its_snapshot_restores_in_memory(tmp_path):
+    import dask
+
+    memory = run_operators(CHANGES, Latest(), key_field="id").output
+    with dask.config.set({"pescheduler.state.backend": "disk", "pescheduler.state.dir": str(tmp_path)}):
+        op = Latest()
+        out = run_operators(CHANGES, op, key_field="id").output
+        assert op._rows.backend == "disk"
+    assert out == memory
+    again = Latest(key="id")
+    again.restore(pickle.loads(pickle.dumps(op.snapshot())))
+    assert again.rows() == {3: {"id": 3, "v": "c"}}
