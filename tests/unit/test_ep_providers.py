@@ -448,3 +448,33 @@ def test_correlations_of_one_shape_share_one_statement_and_equal_native(provider
         return out
     expected = pairs("native")
     assert pairs(provider) == expected and all(expected.values())
+
+
+def test_when_and_coalesce_run_in_the_database_as_natively(provider):
+    """``when``/``coalesce`` in a filter and a correlation are SQL's ``CASE WHEN``/``COALESCE`` on a
+    database provider (a null condition is not true), with the native engine's results."""
+    queries = {
+        "banded": ep.Stream("s").filter(ep.when(ep.col("a") > 4, ep.col("on"))
+                                         .when(ep.col("b") < 2, ep.col("a") == 1).otherwise(~ep.col("on"))),
+        "fallback": ep.Stream("s").filter(ep.coalesce(ep.when(ep.col("on"), ep.col("a")), ep.col("b") * 2) >= 5),
+        "pairs": ep.Stream("s", window=ep.Tumbling(10)).correlate(
+            "t", ep.when(ep.left("on"), ep.left("a")).otherwise(ep.left("b")) == ep.right("a")),
+    }
+
+    def run(provider):
+        proc = ep.EventProcessor(provider)
+        for name in ("s", "t"):
+            proc.register_stream(name, SCHEMA)
+        out = {q: [] for q in queries}
+        for q, d in queries.items():
+            proc.create_query(q, d)
+            proc.add_output_processor(q, out[q].append)
+        for (ps, ts), (pt, tt) in zip(stream(4, n=60, jitter=0), stream(5, n=60, jitter=0)):
+            proc.push_event("s", ps, ts)
+            proc.push_event("t", pt, tt)
+        proc.close()
+        assert not proc.dead_letters()
+        return out
+    expected = run("native")
+    assert all(expected.values())
+    assert run(provider) == expected
