@@ -11,7 +11,7 @@ drops any); it is left out when a window's rows already hold exactly those
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from ..plan.app import Stream
 from .plan import WINDOW_FIELDS, QueryPlan
@@ -60,7 +60,8 @@ def _fields_after(plan: QueryPlan) -> set[str] | None:
     return {plan.key, *WINDOW_FIELDS, *plan.aggregates, *plan.computed} - {None}
 
 
-def describe(stream: Stream) -> list[dict[str, Any]]:
-    """The operators ``stream`` was built from, source first: id, name, parameters (EXPLAIN)."""
+def describe(nodes: Iterable) -> list[dict[str, Any]]:
+    """Operator nodes (``stream.upstream()``, ``app.nodes.values()``), source first: id, name,
+    inputs, parameters (EXPLAIN)."""
     return [{"id": node.op_id, "operator": node.name, "inputs": [s for s, _ in node.inputs], "params": node.params}
-            for node in stream.upstream()]
+            for node in nodes]
