@@ -68,7 +68,7 @@ def test_deploy_explain_prints_a_sql_files_operators_and_placement_and_starts_no
     lines = done.stdout.splitlines()
     assert lines[0].startswith("generator-1: generator(") and "window-5: window(size=60000" in done.stdout
     assert lines[-3:] == ["placement on 2 worker(s): 2 PE(s)", "  worker-0: [generator-1]",
-                          "  worker-1: [filter-2 + map-3 + key_by-4 + window-5 + jsonl-6]"]
+                          "  worker-1: [map-2 + filter-3 + key_by-4 + window-5 + jsonl-6]"]
 
 
 def test_where_and_select_become_col_expressions():
@@ -76,6 +76,17 @@ def test_where_and_select_become_col_expressions():
     nodes = list(stream.app.nodes.values())
     assert nodes[1].params["fn"].same((col("speed") >= 1) & (col("speed") <= 9))
     assert nodes[2].params["kmh"].same(col("speed") * 3.6)
+
+
+def test_a_where_reading_an_aggregates_input_reads_the_computed_field():
+    """``WHERE speed / 3.6 > 5`` with ``AVG(speed / 3.6)``: the map computing the hidden input comes
+    first and the filter reads it, so the division runs once per row (bench/sql.py's query)."""
+    query = ("SELECT car, AVG(speed / 3.6) AS v, window_start FROM TUMBLE(cars, ts, INTERVAL '1' SECOND) "
+             "WHERE speed / 3.6 > 5 AND speed < 30 GROUP BY car, window_start")
+    stream = compile_query(query, [])
+    nodes = list(stream.app.nodes.values())
+    assert [n.name for n in nodes[1:3]] == ["map", "filter"]
+    assert nodes[2].params["fn"].same((col("_in0") > 5) & (col("speed") < 30))
 
 
 def test_union_all_is_one_union_operator_over_both_selects():
