@@ -10,7 +10,8 @@ processors. Both run the same way embedded in a
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 from pescheduler.operator import Emitter, Operator, Parallelism, Sink, Source
 
@@ -52,6 +53,10 @@ class OutputProcessors(Sink):
     """
 
     name = "ep_output"
+    # {query_id: first window_start}: a query created mid-stream gets only the windows it saw
+    # whole (pescheduler.ep.api.first_whole_start). Set by the in-process engines, never a
+    # parameter: a deployed application runs its queries from the stream's start.
+    whole_from: Mapping[Any, int] = MappingProxyType({})
 
     def __init__(self, processors: dict[Any, list[Callable]], tagged: bool = False,
                  grouped: bool = False) -> None:
@@ -73,6 +78,8 @@ class OutputProcessors(Sink):
                 self._each(query_id, row, fns, emit)
             return
         processors = self.processors            # (processors.get(...), not a bound get: faster on 3.11)
+        if self.whole_from and not self.grouped:
+            batch = whole(batch, self.whole_from)
         if self.grouped:
             for query_id, rows, template, field in batch:
                 fns = processors.get(query_id)
@@ -117,6 +124,12 @@ class OutputProcessors(Sink):
                 fn(row)
             except Exception as exc:
                 emit.dead_letter({"query": query_id, "row": row}, exc)
+
+
+def whole(batch: list, whole_from: Mapping[Any, int]) -> list:
+    """The ``(query_id, row)`` items of ``batch`` but the windows a query created mid-stream did
+    not see whole (``row["window_start"]`` before its ``whole_from``)."""
+    return [(q, row) for q, row in batch if q not in whole_from or row["window_start"] >= whole_from[q]]
 
 
 def _completed(template: dict, field: str, partners: list) -> list:

@@ -9,6 +9,7 @@ Public names::
     Application, Stream           describe an app (pescheduler.plan.app)
     deploy, Deployment            run it (pescheduler.control.deployment)
     col, lit                      expressions for map/filter, compiled per backend (pescheduler.expr)
+    when, coalesce                conditionals of those expressions (SQL's CASE WHEN, COALESCE)
     sql                           a streaming SQL query as a Stream: pescheduler.sql(query, sources={...})
     Operator, Source, Sink, Parallelism, Emitter, OperatorContext
                                   write operator plug-ins (pescheduler.operator)
@@ -31,7 +32,7 @@ API), ``resource_managers/``; between the layers, the contract types both sides 
 from .actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
 from .plan.app import Application, Stream
 from .control.deployment import Deployment, deploy
-from .expr import col, lit
+from .expr import coalesce, col, lit, when
 from .errors import AppCheckFailed, AppLoadError, DeploymentFailed, InvalidApplication, PeschedulerError
 from .operator import (MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, OperatorContext,
                        Parallelism, Sink, Source)
@@ -44,7 +45,7 @@ from .plan.placement import Placement
 __version__ = "0.1.0"
 
 __all__ = [
-    "Application", "Stream", "deploy", "Deployment", "col", "lit", "Operator", "Source", "Sink", "Parallelism",
+    "Application", "Stream", "deploy", "Deployment", "col", "lit", "when", "coalesce", "Operator", "Source", "Sink", "Parallelism",
     "Emitter", "OperatorContext", "DeadLetter", "MAX_WATERMARK", "MIN_WATERMARK", "hookimpl",
     "MetricsSnapshot", "Placement", "ResourceManager", "ResourceView", "Host", "HostAvailable",
     "HostLost", "HostReturnRequested",

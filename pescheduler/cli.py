@@ -110,6 +110,8 @@ def parser() -> argparse.ArgumentParser:
     _plugin_option(dep)
     _tls_options(dep)
     dep.add_argument("--json", action="store_true", help="one JSON status per line instead of the view")
+    dep.add_argument("--explain", action="store_true",
+                     help="print the operators and the PE placement on --workers (default 1) and exit")
     dep.add_argument("--name", metavar="N", help="name `status N` and `stop N` use (default: the app's name)")
     clash = dep.add_mutually_exclusive_group()
     clash.add_argument("--replace", action="store_true",
@@ -231,6 +233,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     options = _later_options(args)
     try:
         app = _prepare(args)
+        if args.explain:                    # EXPLAIN: the planner's placement, nothing started
+            from .sql import explain_app
+
+            out.print(explain_app(app, args.workers or 1), soft_wrap=True, markup=False, highlight=False)
+            return 0
         if args.cluster:
             _reachable(args.cluster)
         statefile.use_name(args.name)

@@ -221,6 +221,63 @@ class Unary(Expr):
         return f"{self.op}({self.operand!r})"
 
 
+class When(Expr):
+    """``when(cond, value).when(...).otherwise(default)``: the value of the first case whose
+    condition is true, else ``default`` (null without ``otherwise``), as SQL's ``CASE WHEN``.
+
+    A null condition is not true (SQL's rule, and a filter's). Only what is needed is
+    evaluated: a later condition only when the earlier ones were not true, one value only;
+    so a branch not taken cannot fail a row (rows and the Python callable; Arrow computes
+    every branch over the batch, as its kernels do)."""
+
+    __slots__ = ("cases", "default")
+
+    def __init__(self, cases: tuple, default: Any = None) -> None:
+        cases = tuple((lift(c), lift(v)) for c, v in cases)
+        if not cases:
+            raise ValueError("when(...) needs at least one (condition, value) case")
+        object.__setattr__(self, "cases", cases)
+        object.__setattr__(self, "default", lift(default))
+
+    def when(self, condition: Any, value: Any) -> "When":
+        """One more case, tried when the ones before were not true."""
+        if self.default.__class__ is not Lit or self.default.value is not None:
+            raise ValueError("when(...) after otherwise(...): the default comes last")
+        return When(self.cases + ((condition, value),))
+
+    def otherwise(self, default: Any) -> "When":
+        """The value where no case is true (null if never given)."""
+        return When(self.cases, default)
+
+    def children(self) -> tuple[Expr, ...]:
+        return tuple(x for case in self.cases for x in case) + (self.default,)
+
+    def __repr__(self) -> str:
+        cases = "".join(f".when({c!r}, {v!r})" for c, v in self.cases)[1:]
+        return f"{cases}.otherwise({self.default!r})"
+
+
+class Coalesce(Expr):
+    """``coalesce(a, b, ...)``: the first of its arguments that is not null (null if all are),
+    as SQL's ``COALESCE``; an argument is evaluated only when those before it were null."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, *args: Any) -> None:
+        if not args:
+            raise ValueError("coalesce(...) needs at least one argument")
+        object.__setattr__(self, "args", tuple(lift(a) for a in args))
+
+    def __reduce__(self):
+        return (type(self), self.args)
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.args
+
+    def __repr__(self) -> str:
+        return f"coalesce({', '.join(map(repr, self.args))})"
+
+
 PYTHON = {"add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%", "eq": "==", "ne": "!=", "lt": "<",
           "le": "<=", "gt": ">", "ge": ">=", "and": "and", "or": "or", "in": "in", "not_in": "not in",
           "not": "not", "truth": "not not", "neg": "-", "abs": "abs", "is_none": "is None",
@@ -290,6 +347,16 @@ def lit(value: Any) -> Lit:
     return Lit(value)
 
 
+def when(condition: Any, value: Any) -> When:
+    """A conditional: ``when(col("speed") > 120, "fast").when(col("speed") > 50, "ok").otherwise("slow")``."""
+    return When(((condition, value),))
+
+
+def coalesce(*args: Any) -> Coalesce:
+    """The first argument that is not null: ``coalesce(col("nickname"), col("name"), "?")``."""
+    return Coalesce(*args)
+
+
 def lift(value: Any) -> Expr:
     """``value`` as a node: an expression as it is, a constant as a literal."""
     return value if isinstance(value, Expr) else Lit(value)
@@ -319,6 +386,10 @@ class Visitor:
             return self.unary(e, self.visit(e.operand))
         if isinstance(e, Py):
             return self.py(e)
+        if isinstance(e, When):
+            return self.when(e)
+        if isinstance(e, Coalesce):
+            return self.coalesce(e)
         raise TypeError(f"not an expression: {e!r}")
 
     def col(self, e: Col) -> Any: raise NotImplementedError
@@ -329,6 +400,14 @@ class Visitor:
     def py(self, e: "Py") -> Any:
         """A lifted lambda's node (its children unvisited: Python's order is the backend's to keep)."""
         raise TypeError(f"{e!r} has Python's semantics, which this backend does not give")
+
+    def when(self, e: When) -> Any:
+        """A conditional (its children unvisited: what is evaluated, when, is the backend's to keep)."""
+        raise TypeError(f"this backend has no conditional: {e!r}")
+
+    def coalesce(self, e: Coalesce) -> Any:
+        """``coalesce`` (its arguments unvisited, as for :meth:`when`)."""
+        raise TypeError(f"this backend has no coalesce: {e!r}")
 
 
 # -- rows: generated Python ---------------------------------------------------------------------
@@ -395,8 +474,46 @@ class _PyCode(Visitor):
             return f"{self.args[c.side]}[{c.name!r}]"
         return self._var(python_source(e, read)), False
 
+    def _branch(self, e: Expr, out: str, depth: int) -> bool:
+        """Lines, one level deeper, computing ``e`` into ``out``: its reads stay in the branch."""
+        inner = _PyCode(self.lines, self.env, dict(self.reads), self.indent + "    " * depth,
+                        self.counter, self.args)
+        code, nullable = inner.visit(e)
+        self.lines.append(f"{inner.indent}{out} = {code}")
+        return nullable
+
+    def when(self, e: When) -> tuple[str, bool]:
+        """Nested ``if``/``else``: a condition runs only when the ones before were not true."""
+        out = f"v{self.counter[0]}"
+        self.counter[0] += 1
+        nullable, depth = False, 0
+        for condition, value in e.cases:
+            test = _PyCode(self.lines, self.env, dict(self.reads), self.indent + "    " * depth,
+                           self.counter, self.args)
+            code, _ = test.visit(condition)
+            self.lines.append(f"{test.indent}if {code} is True:")
+            nullable |= self._branch(value, out, depth + 1)
+            self.lines.append(f"{test.indent}else:")
+            depth += 1
+        nullable |= self._branch(e.default, out, depth)
+        return out, nullable
+
+    def coalesce(self, e: Coalesce) -> tuple[str, bool]:
+        """The first argument not None; the next is computed only when it is needed."""
+        out = f"v{self.counter[0]}"
+        self.counter[0] += 1
+        nullable = self._branch(e.args[0], out, 0)
+        for depth, arg in enumerate(e.args[1:]):
+            if not nullable:
+                break
+            self.lines.append(f"{self.indent}{'    ' * depth}if {out} is None:")
+            nullable = self._branch(arg, out, depth + 1)
+        return out, nullable
+
     def unary(self, e: Unary, operand: tuple) -> tuple[str, bool]:
         x, n = operand
+        if e.op in ("is_null", "is_not_null") and isinstance(e.operand, Lit):     # no `1 is None`
+            return repr((e.operand.value is None) is (e.op == "is_null")), False
         if e.op == "is_null":
             return self._var(f"{x} is None"), False
         if e.op == "is_not_null":
@@ -517,6 +634,10 @@ class _ArrowEval(Visitor):
 
     def binary(self, e: Binary, a: Any, b: Any) -> Any:
         pc, pa = self.pc, self.pa
+        if pa.null() in (a.type, b.type):       # a null literal: Arrow has no kernel for its type
+            if a.type == b.type:
+                return pa.scalar(None, pa.bool_() if e.op in COMPARISON or e.op in BOOLEAN else pa.null())
+            a, b = (a.cast(b.type), b) if a.type == pa.null() else (a, b.cast(a.type))
         if e.op == "div":
             f64 = pa.float64()
             q = pc.divide(pc.cast(a, f64), pc.cast(b, f64))
@@ -546,6 +667,33 @@ class _ArrowEval(Visitor):
         from .exact_arrow import evaluate
 
         return evaluate(e, self.visit)
+
+    def when(self, e: When) -> Any:
+        """``case_when`` over the conditions (null counts as not true), values cast to one type."""
+        pc, pa = self.pc, self.pa
+        conditions = [self._array(pc.fill_null(self.visit(c), False)) for c, _ in e.cases]
+        values = self._common([self.visit(v) for _, v in e.cases] + [self.visit(e.default)])
+        return pc.case_when(pa.StructArray.from_arrays(conditions, [f"c{i}" for i in range(len(conditions))]),
+                            *values)
+
+    def coalesce(self, e: Coalesce) -> Any:
+        return self.pc.coalesce(*self._common([self.visit(a) for a in e.args]))
+
+    def _array(self, x: Any) -> Any:
+        """``x`` as an array of the batch's length (a constant repeated)."""
+        if isinstance(x, self.pa.Scalar):
+            return self.pa.repeat(x, self.batch.num_rows)
+        return x.combine_chunks() if isinstance(x, self.pa.ChunkedArray) else x
+
+    def _common(self, xs: list) -> list:
+        """``xs`` cast to one type, as Python's values compare (an int among floats is a float;
+        a null literal takes the others' type)."""
+        pa = self.pa
+        types = {x.type for x in xs if x.type != pa.null()}
+        if not types:
+            return xs
+        target = pa.float64() if types <= {pa.int64(), pa.float64()} and len(types) > 1 else types.pop()
+        return [x if x.type == target else x.cast(target) for x in xs]
 
     def unary(self, e: Unary, x: Any) -> Any:
         pc = self.pc

@@ -39,14 +39,14 @@ from typing import Any, Callable, Mapping
 
 from .api import (Aggregate, CountWindow, Correlate, Definition, EventProcessor, Filter, Output, Pattern,
                   Session, Sliding, Stream, Tumbling, as_definition)
-from .predicates import Expr, col, left, lit, measure, right
+from .predicates import Expr, coalesce, col, left, lit, measure, right, when
 from .native import NativeProcessor
 from .sql import SQLProcessor  # noqa: F401  (registers the SQL engine)
 from .schema import TS_FIELD, Schema, SchemaError
 
 __all__ = ["Aggregate", "CountWindow", "Correlate", "Definition", "EventProcessor", "Expr", "Filter",
            "NativeProcessor", "Output", "Pattern", "Schema", "SchemaError", "Session", "Sliding", "Stream",
-           "TS_FIELD", "Tumbling", "add_output_processor", "as_definition", "col", "create_query", "default",
+           "TS_FIELD", "Tumbling", "add_output_processor", "as_definition", "coalesce", "col", "when", "create_query", "default",
            "left", "lit", "measure", "push_event", "register_stream", "remove_output_processor",
            "remove_query", "remove_stream", "right"]
 

@@ -223,6 +223,24 @@ def as_definition(definition: Any) -> Definition:
 
 
 
+def first_whole_start(window: Any, newest: int) -> int | None:
+    """The first ``window_start`` a window query created after an event at ``newest`` (the newest
+    time pushed on its stream so far) sees whole, or None when every window it reports is whole.
+
+    The one rule for queries added to a running stream (docs/operators.md): a query reports a
+    window only with the value a query created before the stream would report, never a partial
+    one that looks whole. An event pushed before the query (at ``newest`` or earlier, held by
+    ``max_delay`` or not) can fall in a time window that starts at or before ``newest`` and in no
+    later one; a session it belongs to starts less than ``gap`` after it. A count window is its
+    ``count`` events of the key, all seen by the query: whole by definition.
+    """
+    if isinstance(window, Session):
+        return newest + parse_duration(window.gap)
+    if isinstance(window, (Tumbling, Sliding)):
+        return newest + 1
+    return None
+
+
 def _span(window: Any, what: str) -> int:
     span = getattr(window, "span", None)
     if span is None:
@@ -292,6 +310,7 @@ class EventProcessor:
         self._processors: dict[Any, list[Callable]] = {}
         self._dead: list[DeadLetter] = []
         self._streams: dict[str, Any] = {}
+        self._whole_from: dict[Any, int] = {}      # query id -> first window start it saw whole
         self._closed = False
 
     # -- the calls every provider implements ----------------------------------------------
@@ -337,6 +356,16 @@ class EventProcessor:
         for name in definition.streams():
             self._stream(name)
         return lift_definition(definition, self._schema)      # lambdas as expressions where exact
+
+    def _note_whole_from(self, query_id: Any, d: Definition, newest: int | None) -> None:
+        """A window query created after events came in (the newest at ``newest``) reports only
+        the windows it saw whole (:func:`first_whole_start`); its output drops the others."""
+        start = None if newest is None or not isinstance(d.terminal, Aggregate) \
+            else first_whole_start(d.stream.window, newest)
+        if start is None:
+            self._whole_from.pop(query_id, None)
+        else:
+            self._whole_from[query_id] = start
 
     def _check_unread(self, name: str) -> Any:
         """The state of stream ``name``, which no query may read any more (it is being removed)."""

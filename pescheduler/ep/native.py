@@ -11,7 +11,8 @@ key and window share one window operator and one aggregate plan, so each
 distinct aggregate is computed once per window for all of them; queries may
 come and go while events flow. A query sees the events pushed after it was created,
 as on a database: a window query created after events came in gets a window operator
-of its own (``NativeProcessor._shared``).
+of its own (``NativeProcessor._shared``), and reports only the windows it saw whole
+(``first_whole_start``, docs/operators.md: the one rule for mid-stream queries).
 
 Schemas: ``push_event`` checks the payload and raises :class:`SchemaError`
 (naming the field and the type it expects) before anything changes. A
@@ -107,12 +108,15 @@ class NativeProcessor(EventProcessor):
             del self._processors[query_id]
             raise
         self._queries[query_id] = definition
+        newest = self._streams[definition.stream.name].driver.max_ts
+        self._note_whole_from(query_id, definition, None if newest == MIN_WATERMARK else newest)
         self._rebuild()
 
     def remove_query(self, query_id: Any) -> None:
         self._known_query(query_id)
         self._drop_owner(query_id)
         del self._queries[query_id], self._processors[query_id]
+        self._whole_from.pop(query_id, None)
         self._rebuild()
 
     # -- events -------------------------------------------------------------------------------
@@ -255,6 +259,7 @@ class NativeProcessor(EventProcessor):
             self._add(f"{op_id}.out", "ep_output",
                       {"processors": self._processors, "tagged": True, "grouped": grouped},
                       [op_id], query_id, kind="sink")
+            self._nodes[f"{op_id}.out"].op.whole_from = self._whole_from    # the live dict
             self._groups[group], self._epochs[op_id] = op_id, epoch
             return
         join(self._nodes[op_id].op)

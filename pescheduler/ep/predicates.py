@@ -28,10 +28,10 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from ..expr import BINARY, Binary, Col, Expr, Lit, Unary, Visitor, col, conjuncts, lift, lit
+from ..expr import BINARY, Binary, Col, Expr, Lit, Unary, Visitor, coalesce, col, conjuncts, lift, lit, when
 
-__all__ = ["IDENTIFIER", "Col", "Expr", "col", "conjuncts", "left", "lift", "lit", "measure", "right",
-           "to_sql"]
+__all__ = ["IDENTIFIER", "Col", "Expr", "coalesce", "col", "conjuncts", "left", "lift", "lit", "measure", "right",
+           "to_sql", "when"]
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -79,6 +79,15 @@ class _Sql(Visitor):
         if e.op == "div":
             return f"({self.dialect.real(a)} / NULLIF({b}, 0))"
         return f"({a} {_SQL[e.op]} {b})"
+
+    def when(self, e: Any) -> str:
+        """``CASE WHEN``: a null condition is not true, as in the tree; parts in textual order,
+        so the parameters follow their placeholders."""
+        cases = " ".join(f"WHEN {self.visit(c)} THEN {self.visit(v)}" for c, v in e.cases)
+        return f"(CASE {cases} ELSE {self.visit(e.default)} END)"
+
+    def coalesce(self, e: Any) -> str:
+        return f"COALESCE({', '.join(self.visit(a) for a in e.args)})"
 
     def unary(self, e: Unary, x: str) -> str:
         return {"neg": f"(-{x})", "not": f"(NOT {x})", "abs": f"ABS({x})",

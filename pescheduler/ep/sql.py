@@ -123,6 +123,7 @@ class SQLProcessor(EventProcessor):
 
         self._output = OutputProcessors(self._processors, tagged=True)   # built once: an operator's
         # construction checks its parameters (inspect), too slow for every batch of every query
+        self._output.whole_from = self._whole_from     # mid-stream queries: whole windows only
 
     # -- SQL -----------------------------------------------------------------------------------
     def sql(self, text: str, params: list | tuple = ()) -> list:
@@ -188,6 +189,8 @@ class SQLProcessor(EventProcessor):
         self._processors[query_id] = []
         self._queries[query_id] = definition
         self._runners[query_id] = runner
+        newest = self._streams[definition.stream.name].max_ts
+        self._note_whole_from(query_id, definition, None if newest == MIN_WATERMARK else newest)
 
     def remove_query(self, query_id: Any) -> None:
         self._known_query(query_id)
@@ -195,6 +198,7 @@ class SQLProcessor(EventProcessor):
         if runner.leave(query_id) and not self._closed:   # closed: its tables are gone already
             runner.drop()
         del self._queries[query_id], self._processors[query_id]
+        self._whole_from.pop(query_id, None)
 
     def late(self, query_id: Any) -> list:
         self._known_query(query_id)

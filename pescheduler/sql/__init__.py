@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from sqlglot import exp
 
-from ..plan.app import Stream
+from ..plan.app import Application, Stream
 from .build import build, describe
 from .joins import joined
 from .parse import SQLError, error, parse
 from .plan import plan_select
 
-__all__ = ["SQLError", "explain", "sql"]
+__all__ = ["SQLError", "explain", "explain_app", "sql"]
 
 
 def sql(query: str, sources: Mapping[str, Stream]) -> Stream:
@@ -36,13 +36,50 @@ def sql(query: str, sources: Mapping[str, Stream]) -> Stream:
     return _stream(parse(query), query, sources)
 
 
-def explain(query: str, sources: Mapping[str, Stream]) -> str:
-    """The operators ``query`` compiles to, one a line, source first (what ``EXPLAIN`` shows)."""
+def explain(query: str, sources: Mapping[str, Stream], workers: int = 1) -> str:
+    """What ``EXPLAIN`` shows: the operators ``query`` compiles to, one a line, source first,
+    then the PEs the planner fuses them into on ``workers`` workers (:func:`placement_lines`)."""
+    stream = sql(query, sources)
+    return "\n".join(operator_lines(stream.upstream()) + placement_lines(stream.app, workers))
+
+
+def operator_lines(nodes: Iterable) -> list[str]:
+    """One line per operator node: ``id: name(params) <- inputs`` (an iterable's items left out)."""
     lines = []
-    for op in describe(sql(query, sources)):
+    for op in describe(nodes):
         params = ", ".join(f"{k}={v!r}" for k, v in op["params"].items() if k != "items")
         lines.append(f"{op['id']}: {op['operator']}({params}) <- {', '.join(op['inputs']) or '-'}")
-    return "\n".join(lines)
+    return lines
+
+
+def placement_lines(app: Application, workers: int = 1) -> list[str]:
+    """The placement ``pescheduler.deploy`` would start ``app`` with on ``workers`` workers, from
+    the planner itself (``plan.compiler.compile_app``: pure, no cluster): one line per PE, its
+    operators in order and its worker. ``app`` is copied, and each stream of it whose result goes
+    nowhere yet (a query's not sunk yet) given a ``print`` sink (``explain-sink``) so the planner
+    accepts it; the caller's app is left as it was."""
+    import copy
+
+    from ..plan.compiler import compile_app
+    from ..plugins import active_plugins
+
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    app = copy.deepcopy(app)
+    ends = [op_id for op_id, node in app.nodes.items() if node.kind != "sink" and not app.consumers(op_id)]
+    for i, op_id in enumerate(ends):
+        Stream(app, op_id).sink("print", id="explain-sink" + (f"-{i + 1}" if len(ends) > 1 else ""))
+    names = [f"worker-{i}" for i in range(workers)]
+    placed = compile_app(app, active_plugins(), names, {w: "" for w in names})
+    lines = [f"placement on {workers} worker(s): {len(placed.pes)} PE(s)"]
+    for pe in placed.pes.values():
+        lines.append(f"  {pe.worker}: [{' + '.join(pe.operators)}]")
+    return lines
+
+
+def explain_app(app: Application, workers: int = 1) -> str:
+    """``EXPLAIN`` of a whole app (``deploy app.sql --explain``): every operator, then the placement."""
+    return "\n".join(operator_lines(app.nodes.values()) + placement_lines(app, workers))
 
 
 def _stream(tree: exp.Expression, query: str, sources: Mapping[str, Stream]) -> Stream:

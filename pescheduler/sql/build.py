@@ -11,8 +11,9 @@ drops any); it is left out when a window's rows already hold exactly those
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
+from ..expr import Binary, Expr, Unary, col
 from ..plan.app import Stream
 from .plan import WINDOW_FIELDS, QueryPlan
 
@@ -33,10 +34,14 @@ class Projection:
 
 def build(plan: QueryPlan, stream: Stream) -> Stream:
     """The operators of ``plan`` appended to ``stream`` (the source it reads)."""
-    if plan.where is not None:
-        stream = stream.filter(plan.where)
-    if plan.inputs:
-        stream = stream.map(**plan.inputs)
+    where = reused(plan.where, plan.inputs) if plan.where is not None and plan.inputs else None
+    if where is not None:          # WHERE reads what an aggregate's input computes: compute it once
+        stream = stream.map(**plan.inputs).filter(where)
+    else:
+        if plan.where is not None:
+            stream = stream.filter(plan.where)
+        if plan.inputs:
+            stream = stream.map(**plan.inputs)
     if plan.window is not None:
         stream = _window(plan, stream)
     if plan.computed:
@@ -44,6 +49,28 @@ def build(plan: QueryPlan, stream: Stream) -> Stream:
     if _fields_after(plan) != set(plan.columns):
         stream = stream.map(Projection(plan.columns))
     return stream
+
+
+def reused(where: Expr, inputs: dict[str, Expr]) -> Expr | None:
+    """``where`` reading the hidden fields of ``inputs`` in place of the sub-trees they compute
+    (``WHERE speed / 3.6 > 5`` with ``AVG(speed / 3.6)``: ``_in0 > 5``), or None if it has none.
+
+    Then the map goes before the filter and the division runs once per row, as in the app
+    written by hand. Only sub-trees the filter always evaluates are replaced (not inside a
+    ``when``/``coalesce``, which evaluate lazily): a row the map fails was one the filter failed.
+    """
+    names = {repr(e): name for name, e in inputs.items()}
+
+    def walk(e: Expr) -> Expr:
+        if repr(e) in names:
+            return col(names[repr(e)])
+        if isinstance(e, Binary):
+            return Binary(e.op, walk(e.left), walk(e.right))
+        if isinstance(e, Unary):
+            return Unary(e.op, walk(e.operand))
+        return e
+    replaced = walk(where)
+    return None if replaced.same(where) else replaced
 
 
 def _window(plan: QueryPlan, stream: Stream) -> Stream:
@@ -60,7 +87,8 @@ def _fields_after(plan: QueryPlan) -> set[str] | None:
     return {plan.key, *WINDOW_FIELDS, *plan.aggregates, *plan.computed} - {None}
 
 
-def describe(stream: Stream) -> list[dict[str, Any]]:
-    """The operators ``stream`` was built from, source first: id, name, parameters (EXPLAIN)."""
+def describe(nodes: Iterable) -> list[dict[str, Any]]:
+    """Operator nodes (``stream.upstream()``, ``app.nodes.values()``), source first: id, name,
+    inputs, parameters (EXPLAIN)."""
     return [{"id": node.op_id, "operator": node.name, "inputs": [s for s, _ in node.inputs], "params": node.params}
-            for node in stream.upstream()]
+            for node in nodes]

@@ -6,8 +6,10 @@ its place. Not translated, on purpose:
 
 * ``%`` / ``MOD``: the tree's modulo is Python's floor modulo, SQL's truncates
   (``-7 % 3`` is 2 against -1): translating it would give wrong results;
-* ``CASE``, ``COALESCE``, ``NULLIF`` and string functions: the tree has no
-  conditional node and no string functions yet.
+* ``NULLIF`` and string functions: the tree has no such nodes yet.
+
+``CASE WHEN`` (and ``CASE x WHEN v``), ``IF(c, a, b)`` and ``COALESCE`` become the
+tree's ``when``/``coalesce`` (a null condition is not true, as in SQL).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Callable
 
 from sqlglot import exp
 
-from ..expr import Expr, Lit, Unary, col, lit
+from ..expr import Coalesce, Expr, Lit, Unary, When, col, lit
 from .parse import error
 
 _BINARY: dict[type, Callable[[Expr, Expr], Expr]] = {
@@ -31,8 +33,6 @@ _UNARY: dict[type, Callable[[Expr], Expr]] = {
 _WHY_NOT = {
     exp.Mod: "the expression tree's % is floor modulo and SQL's truncates, so it would give wrong "
              "results on negative numbers",
-    exp.Case: "the expression tree has no conditional yet", exp.If: "the expression tree has no conditional yet",
-    exp.Coalesce: "the expression tree has no conditional yet",
 }
 
 
@@ -70,7 +70,23 @@ class Translator:
             return (value >= self(node.args["low"])) & (value <= self(node.args["high"]))
         if isinstance(node, exp.In) and node.expressions and not node.args.get("query"):
             return self._in(node)
+        if isinstance(node, (exp.Case, exp.If, exp.Coalesce)):
+            return self._conditional(node)
         raise self.unsupported(node)
+
+    def _conditional(self, node: exp.Expression) -> Expr:
+        """``CASE``/``IF``/``COALESCE`` as the tree's ``When``/``Coalesce``."""
+        if isinstance(node, exp.Coalesce):
+            return Coalesce(self(node.this), *(self(a) for a in node.expressions))
+        if isinstance(node, exp.If):
+            false = node.args.get("false")
+            return When(((self(node.this), self(node.args["true"])),),
+                        lit(None) if false is None else self(false))
+        subject = node.this            # CASE x WHEN v THEN ...: x = v per case
+        cases = tuple(((self(subject) == self(branch.this)) if subject is not None else self(branch.this),
+                       self(branch.args["true"])) for branch in node.args["ifs"])
+        default = node.args.get("default")
+        return When(cases, lit(None) if default is None else self(default))
 
     def _column(self, node: exp.Column) -> Expr:
         if self.qualified:
