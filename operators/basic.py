@@ -62,7 +62,8 @@ class Map(Fusable):
 
     ``stream.map(lambda e: {**e, "speed": e["speed"] / 3.6})`` calls the
     function per tuple; ``stream.map(speed=col("speed") / 3.6)`` sets fields
-    from expressions (``pescheduler.expr``), which the chain compiles into its
+    from expressions (``pescheduler.expr``; ``columns={"id": ...}`` for a field
+    whose name is one of ``map``'s own parameters), which the chain compiles into its
     fused loop and which also run on Arrow batches. A lambda made only of what
     expressions have is lifted to one (``pescheduler.lift``) and runs the same;
     any other function is called per tuple, on rows.
@@ -70,7 +71,8 @@ class Map(Fusable):
 
     name = "map"
 
-    def __init__(self, fn: Callable[[Any], Any] | None = None, **columns: Any) -> None:
+    def __init__(self, fn: Callable[[Any], Any] | None = None, columns: dict | None = None, **more: Any) -> None:
+        columns = {**(columns or {}), **more}     # columns=: fields called fn, id, name or columns too
         if (fn is None) == (not columns):
             raise TypeError("map: give a function or field=expression pairs, not both")
         self.fn = None if fn is None else _callable("map", fn)

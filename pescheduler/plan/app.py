@@ -115,12 +115,17 @@ class Stream:
         node = self.app._add("operator", name, params, [(self.op_id, self.port)], id, self.key_field)
         return Stream(self.app, node.op_id)
 
-    def map(self, fn: Callable | None = None, *, id: str | None = None, **columns: Any) -> "Stream":
+    def map(self, fn: Callable | None = None, *, id: str | None = None, columns: dict | None = None,
+            **more: Any) -> "Stream":
         """``map(lambda t: ...)`` per tuple, or ``map(field=col(...) ...)``: fields set from
-        expressions (``pescheduler.expr``), compiled into the fused loop and run on Arrow batches."""
+        expressions (``pescheduler.expr``), compiled into the fused loop and run on Arrow batches.
+        A field called ``fn``, ``id``, ``name`` or ``columns`` goes in ``columns={...}``."""
+        columns = {**(columns or {}), **more}
+        params = {"columns": columns} if {"fn", "columns"} & set(columns) else dict(columns)
         if fn is not None:
-            columns["fn"] = fn
-        return self.apply("map", id=id, **columns)
+            params["fn"] = fn
+        node = self.app._add("operator", "map", params, [(self.op_id, self.port)], id, self.key_field)
+        return Stream(self.app, node.op_id)          # not apply(): a field may be called name or id
 
     def filter(self, fn: Any, *, id: str | None = None) -> "Stream":
         """Keep tuples where ``fn(t)`` (a function) or an expression (``col("speed") > 5``) is true."""
@@ -207,7 +212,7 @@ class Stream:
         if table_key is not None and table_key != key:
             from ..expr import col
 
-            table = table.map(**{key: col(table_key)})     # both inputs carry the key copies route by
+            table = table.map(columns={key: col(table_key)})   # both inputs carry the key copies route by
         return self._keyed("lookup", (table,), key, id, params)
 
     def _keyed(self, name: str, others: tuple, by: Any, id: str | None, params: dict) -> "Stream":

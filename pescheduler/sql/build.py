@@ -36,16 +36,16 @@ def build(plan: QueryPlan, stream: Stream) -> Stream:
     """The operators of ``plan`` appended to ``stream`` (the source it reads)."""
     where = reused(plan.where, plan.inputs) if plan.where is not None and plan.inputs else None
     if where is not None:          # WHERE reads what an aggregate's input computes: compute it once
-        stream = stream.map(**plan.inputs).filter(where)
+        stream = stream.map(columns=plan.inputs).filter(where)
     else:
         if plan.where is not None:
             stream = stream.filter(plan.where)
         if plan.inputs:
-            stream = stream.map(**plan.inputs)
+            stream = stream.map(columns=plan.inputs)
     if plan.window is not None:
         stream = _window(plan, stream)
     if plan.computed:
-        stream = stream.map(**plan.computed)
+        stream = stream.map(columns=plan.computed)
     if _fields_after(plan) != set(plan.columns):
         stream = stream.map(Projection(plan.columns))
     return stream

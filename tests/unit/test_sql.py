@@ -198,3 +198,12 @@ def test_a_sql_file_is_an_app_with_its_sources_query_and_sink(tmp_path):
     nodes = list(app.nodes.values())
     assert app.name == "fast" and [n.name for n in nodes] == ["generator", "filter", "map", "map", "jsonl"]
     assert nodes[0].params == {"events": 10, "seed": 3} and nodes[-1].params == {"path": "x.jsonl"}
+
+
+def test_select_items_named_like_maps_own_parameters_are_fields():
+    """`SELECT x AS name` (or id, fn) failed with 'Stream.apply() got multiple values for argument
+    name': the projection's fields went in as map's keyword arguments."""
+    rows = [{"car": "a", "speed": 10, "ts": 1}, {"car": "b", "speed": 30, "ts": 2}]
+    query = "SELECT car AS name, speed * 2 AS id, speed AS fn FROM cars WHERE speed > 5"
+    result = run_stream(compile_query(query, rows), max_delay=0)
+    assert [(r["name"], r["id"], r["fn"]) for r in result.output] == [("a", 20, 10), ("b", 60, 30)]
