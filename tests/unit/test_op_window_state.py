@@ -107,8 +107,10 @@ def test_a_checkpoint_of_one_backend_restores_into_the_other(tmp_path):
         clock = [MIN_WATERMARK, MIN_WATERMARK]
         disk = opened("disk")
         got = drive([(lambda k: True, disk)], batches[:25], clock)
+        saved = by_wire(disk.snapshot())
+        assert saved["form"] == "keys"                          # the store's key groups, not dict panes
         memory = Window(SIZE, SLIDE, AGGS)
-        memory.restore(by_wire(disk.snapshot()))
+        memory.restore(saved)
         memory = opened("memory", memory)
         got += drive([(lambda k: True, memory)], batches[25:40], clock)
         back = opened("disk")
