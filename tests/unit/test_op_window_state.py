@@ -139,3 +139,41 @@ def test_on_disk_the_panes_are_in_the_store_not_in_memory(tmp_path):
     got = [(r["k"], r["window_start"], r["window_end"], r["n"], r["total"], r["lo"], r["hi"]) for r in out]
     want = reference([{**t, "k": t["k"]} for t in events])
     assert sorted(got) == want
+
+
+def test_arrow_panes_move_by_key_groups_too(backend):
+    """Arrow batches (the columnar window's panes on memory, rows into the store on disk): a copy
+    takes the odd key groups mid-stream and gives them back; the rows are still the reference's."""
+    import pyarrow as pa
+
+    batches = [pa.RecordBatch.from_pylist(EVENTS[b:b + 100]) for b in range(0, len(EVENTS), 100)]
+    clock = [MIN_WATERMARK, MIN_WATERMARK]
+    odd = lambda k: key_group(k) % 2 == 1                       # noqa: E731
+    moving = frozenset(g for g in range(128) if g % 2 == 1)
+    original, out = opened(backend), Emitter()
+
+    def push(pairs, batch):
+        rows_of = batch.to_pylist()
+        for owns, window in pairs:
+            mine = [i for i, t in enumerate(rows_of) if owns(t["k"])]
+            window.process(batch.take(pa.array(mine, pa.int64())), out)
+        clock[1] = max([clock[1]] + [t["ts"] for t in rows_of])
+        if clock[1] - DELAY - 1 > clock[0]:
+            clock[0] = clock[1] - DELAY - 1
+            for _owns, window in pairs:
+                window.on_watermark(clock[0], out)
+
+    for batch in batches[:10]:
+        push([(lambda k: True, original)], batch)
+    assert (original._cols is not None) == (backend == "memory")     # Arrow panes in memory, the store on disk
+    copy = Window(SIZE, SLIDE, AGGS)
+    copy.restore(by_wire(original.export_groups(moving)))
+    copy = opened(backend, copy)
+    for batch in batches[10:20]:
+        push([(lambda k: not odd(k), original), (odd, copy)], batch)
+    original.import_groups(by_wire(copy.export_groups(moving)))
+    for batch in batches[20:]:
+        push([(lambda k: True, original)], batch)
+    original.on_watermark(MAX_WATERMARK, out)
+    got = [r for b in (out.batches or []) for r in b.to_pylist()] + list(out)
+    assert sorted(rows(got)) == reference(EVENTS)
