@@ -33,6 +33,9 @@ For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figu
      process): K keys, four panes of one tuple per key, sliding windows of two panes firing at
      each pane's end: tuples per second (and the ratio to memory), the RSS growth while two panes
      are held, and where the panes are (entries in the window's dicts, keys in the store).
+     ``disk``: the default write buffer (a small state stays in it); ``spill``: disk with a buffer
+     of 1,000 (key, pane) entries, so the panes live in the store (one tuple per key and pane:
+     the worst case, every tuple a store read and write).
 
 Figures on a loaded machine are only comparable as ratios within one run.
 """
@@ -335,6 +338,8 @@ def one_window(backend: str, k: int, root: str) -> dict:
 
     with dask.config.set({"pescheduler.state.dir": root}):
         w = Window(2000, 1000, aggregates={"n": ("count", "v"), "s": ("sum", "v")})
+        if backend == "spill":                    # disk with a write buffer smaller than the state
+            backend, w.buffer_entries = "disk", 1000
         w.open(OperatorContext("w", pe_id="bench", key_field="key", extra={"state": backend}))
         keys, out, rss0, rss_held = keys_of(k), Emitter(), rss_bytes(), 0
         rounds = [[{"key": key, "v": 1.0, "ts": 1000 * r + i % 1000} for i, key in enumerate(keys)]
@@ -358,7 +363,7 @@ def windows(sizes: list[int]) -> None:
     print(f"{'K':>9} {'backend':8} {'tuples/s':>10} {'x memory':>9} {'RSS MB':>7} {'in dicts':>9} {'in store':>9}")
     with tempfile.TemporaryDirectory() as root:
         for k in sizes:
-            rows = {b: child_of("--window", b, k, root) for b in ("memory", "disk")}
+            rows = {b: child_of("--window", b, k, root) for b in ("memory", "disk", "spill")}
             for b, r in rows.items():
                 print(f"{k:9d} {b:8} {r['rate']:10.0f} {r['rate'] / rows['memory']['rate']:9.2f} "
                       f"{r['rss'] / 2**20:7.1f} {r['in_dicts']:9d} {r['in_store']:9d}")

@@ -260,7 +260,9 @@ class Window(AggregatingWindow):
         self._stash = None                          # a disk snapshot restored before open
         self._init_aggregates(aggregates, queries, key, ts_field)
 
-    buffer_entries = 8192                           # (key, pane) entries buffered before a spill (disk)
+    # (key, pane) entries the write buffer holds on disk before a spill: about 10 MB of slots. Panes
+    # that live and fire within it never touch the store (a small state runs at the dicts' speed).
+    buffer_entries = 65_536
 
     def open(self, context: OperatorContext) -> None:
         super().open(context)
@@ -338,10 +340,10 @@ class Window(AggregatingWindow):
             window_store.spill(self)
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
-        if self._store is not None:
+        if self._starts:                        # disk, panes in the store: fire from there
             window_store.on_watermark(self, watermark, emit)
             return
-        self._wm = watermark
+        self._wm = watermark                    # memory, or disk with every pane in the buffer
         cols = self._cols
         if cols is not None and cols.panes:
             starts = sorted(cols.panes)

@@ -7,9 +7,11 @@ that pane, so a fired window lists its keys exactly as the dict panes do). The p
 path is unchanged: tuples fold into the window's ``_panes`` dicts, which here are only a
 write buffer, *spilled* into the store (a get, a merge of the pane's partial slots, a
 put per buffered key) when it holds more than ``Window.buffer_entries`` (key, pane)
-entries, before a window fires or panes expire, and before a snapshot or an export. So
-the window's memory is the buffer, the store's cache and the rows of the windows
-firing, whatever its number of keys.
+entries, and before a snapshot or an export. So the window's memory is the buffer, the
+store's cache and the rows of the windows firing, whatever its number of keys. While the
+store holds no pane (a state that fits in the buffer) windows fire from the buffer exactly
+as on ``memory``, at its speed; once it holds some, the buffer is spilled before a window
+fires or panes expire, and windows fire from the store.
 
 A watermark that fires a window (or expires panes) reads the store one key group at a
 time: each key's panes of every firing window are merged, panes no window can reach any
@@ -47,7 +49,8 @@ def buffered(op: Any) -> int:
 
 
 def spill(op: Any) -> None:
-    """Move the write buffer into the store: one get and one put per buffered key. A pane entry
+    """Move the write buffer into the store: one multi-get and one write batch for the buffered
+    keys. A pane entry
     new to the store takes the next ``seq`` (panes ascending, keys first-seen), one already
     there merges the buffered slots after its own (they are later tuples of the same pane)."""
     panes = op._panes
@@ -59,16 +62,20 @@ def spill(op: Any) -> None:
         for k, s in panes[p].items():
             seq += 1
             per_key.setdefault(k, []).append((p, seq, s))
-    get, put = store.get, store.put
-    for k, entries in per_key.items():
-        held = get(k) or {}
-        for p, q, s in entries:
+    keys = list(per_key)
+    found = store.get_many(keys)                  # one multi-get, one write batch
+    for k, held in zip(keys, found):
+        if held is None:
+            per_key[k] = {p: [q, s] for p, q, s in per_key[k]}
+            continue
+        for p, q, s in per_key[k]:
             e = held.get(p)
             if e is None:
                 held[p] = [q, s]
             else:
                 e[1] = merge(e[1], s)
-        put(k, held)
+        per_key[k] = held
+    store.write_many(per_key.items())
     op._seq = seq
     op._starts.update(panes)
     op._panes = {}
@@ -89,10 +96,12 @@ def on_watermark(op: Any, watermark: int, emit: Any) -> None:
 
 
 def _fire_and_expire(op: Any, fires: list, bound: int, emit: Any) -> None:
-    """One pass over the store, a key group at a time (its entries read, then written back)."""
+    """One pass over the store, a key group at a time (its entries read, then written back in one
+    batch)."""
     store, merge = op._store, op._merge
     rows: list[list] = [[] for _ in fires]
     for g in store.groups():
+        puts, deletes = [], []
         for k, held in list(store.items(g)):
             for i, (sel, _ws, _we) in enumerate(fires):
                 place = merged = None
@@ -108,11 +117,12 @@ def _fire_and_expire(op: Any, fires: list, bound: int, emit: Any) -> None:
                     rows[i].append((place, k, merged))
             old = [p for p in held if p <= bound]
             if len(old) == len(held):
-                store.delete(k)
+                deletes.append(k)
             elif old:
                 for p in old:
                     del held[p]
-                store.put(k, held)
+                puts.append((k, held))
+        store.write_many(puts, deletes)
     op._starts = {p for p in op._starts if p > bound}
     for (_sel, ws, we), found in zip(fires, rows):
         found.sort(key=_first)

@@ -36,7 +36,11 @@ def rows(out) -> list:
 
 
 def opened(backend, window=None):
+    """An opened window; ``disk-spill``: on disk with a write buffer of 16 (key, pane) entries, so
+    its panes go through the store (the default buffer holds these tests' panes whole)."""
     window = window or Window(SIZE, SLIDE, AGGS)
+    if backend == "disk-spill":
+        backend, window.buffer_entries = "disk", 16
     window.open(OperatorContext("w", pe_id="pe1", key_field="k", extra={"state": backend}))
     return window
 
@@ -62,7 +66,7 @@ def by_wire(part):
     return cloudpickle.loads(cloudpickle.dumps(part))
 
 
-@pytest.fixture(params=["memory", "disk"])
+@pytest.fixture(params=["memory", "disk", "disk-spill"])
 def backend(request, tmp_path):
     with dask.config.set({"pescheduler.state.dir": str(tmp_path)}):
         yield request.param
@@ -105,7 +109,7 @@ def test_a_checkpoint_of_one_backend_restores_into_the_other(tmp_path):
     batches = [EVENTS[b:b + 50] for b in range(0, len(EVENTS), 50)]
     with dask.config.set({"pescheduler.state.dir": str(tmp_path)}):
         clock = [MIN_WATERMARK, MIN_WATERMARK]
-        disk = opened("disk")
+        disk = opened("disk-spill")
         got = drive([(lambda k: True, disk)], batches[:25], clock)
         saved = by_wire(disk.snapshot())
         assert saved["form"] == "keys"                          # the store's key groups, not dict panes
@@ -113,7 +117,7 @@ def test_a_checkpoint_of_one_backend_restores_into_the_other(tmp_path):
         memory.restore(saved)
         memory = opened("memory", memory)
         got += drive([(lambda k: True, memory)], batches[25:40], clock)
-        back = opened("disk")
+        back = opened("disk-spill")
         back.restore(by_wire(memory.snapshot()))
         got += drive([(lambda k: True, back)], batches[40:], clock)
         tail = Emitter()
@@ -126,12 +130,14 @@ def test_on_disk_the_panes_are_in_the_store_not_in_memory(tmp_path):
     key (each with its pane); the result is still exact."""
     events = [{"k": i, "v": i % 7, "ts": 1_000 + i % 50} for i in range(20_000)]
     with dask.config.set({"pescheduler.state.dir": str(tmp_path)}):
-        window = opened("disk", Window(SIZE, SLIDE, AGGS))
+        window = Window(SIZE, SLIDE, AGGS)
+        window.buffer_entries = 5000
+        window = opened("disk", window)
         out = Emitter()
         for b in range(0, len(events), 500):
             window.process(events[b:b + 500], out)
         held_in_dicts = sum(len(d) for d in window._panes.values())
-        assert held_in_dicts <= Window.buffer_entries < len(events)
+        assert held_in_dicts <= window.buffer_entries < len(events)
         snap = window.snapshot()
         stored = {k: v for g in snap["groups"] for k, v in pickle.loads(snap["groups"][g][1]).items()}
         assert len(stored) == len(events) and set(stored[7]) == {1000} and set(stored[37]) == {1020}
