@@ -33,10 +33,11 @@ see :class:`AggregatingWindow`, the base of every window kind here and in
 State (:class:`Window`): on the ``memory`` backend the panes are the operator's dicts
 (``{pane start: {key: slots}}``: the hot path is a dict fold, no key-group lookup per
 tuple). On ``disk`` (``deploy(state="disk")``) those dicts are only a write buffer of
-at most ``Window.buffer_entries`` (key, pane) entries: they are spilled into the
-operator's store (``key -> {pane start: [seq, slots]}``, ``seq`` the first-seen order)
-when full, before a window fires, and at a snapshot or export; windows fire from the
-store. Either way a rescale moves key groups (``export_groups``/``import_groups``).
+at most ``Window.buffer_entries`` (key, pane) entries, spilled into the operator's
+store (``key -> {pane start: [seq, slots]}``, ``seq`` the first-seen order) when full
+and at a snapshot or export; once the store holds panes, windows fire from it
+(``window_store.py``). Either way a rescale moves key groups
+(``export_groups``/``import_groups``).
 """
 
 from __future__ import annotations
