@@ -360,12 +360,12 @@ def one_window(backend: str, k: int, root: str) -> dict:
 
 def windows(sizes: list[int]) -> None:
     print("\n5. time window on both backends: tuples/s, ratio to memory, RSS growth with two panes held (one process each)")
-    print(f"{'K':>9} {'backend':8} {'tuples/s':>10} {'x memory':>9} {'RSS MB':>7} {'in dicts':>9} {'in store':>9}")
+    print(f"{'K':>9} {'backend':13} {'tuples/s':>10} {'x memory':>9} {'RSS MB':>7} {'in dicts':>9} {'in store':>9}")
     with tempfile.TemporaryDirectory() as root:
         for k in sizes:
             rows = {b: child_of("--window", b, k, root) for b in ("memory", "disk", "spill")}
-            for b, r in rows.items():
-                print(f"{k:9d} {b:8} {r['rate']:10.0f} {r['rate'] / rows['memory']['rate']:9.2f} "
+            for b, r in rows.items():                 # labelled apart from parts 1, 3 and 4's rows
+                print(f"{k:9d} {'window-' + b:13} {r['rate']:10.0f} {r['rate'] / rows['memory']['rate']:9.2f} "
                       f"{r['rss'] / 2**20:7.1f} {r['in_dicts']:9d} {r['in_store']:9d}")
 
 
