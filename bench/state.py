@@ -1,6 +1,6 @@
 """Keyed state benchmark: the memory and disk backends against plain dicts, and what moves on a rescale.
 
-    python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3,4]
+    python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3,4,5]
 
 For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figures from it:
 
@@ -29,6 +29,13 @@ For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figu
      set aside), the worker's write of a full checkpoint and of one after 1 % of the keys changed
      (time, bytes, their ratio), and a restore: the deploying process's part (time, RSS growth:
      it holds references, not state) and the worker's (read, check, apply deltas, import).
+  5. The time window on both backends (operators/window.py, in-process, one (backend, K) per
+     process): K keys, four panes of one tuple per key, sliding windows of two panes firing at
+     each pane's end: tuples per second (and the ratio to memory), the RSS growth while two panes
+     are held, and where the panes are (entries in the window's dicts, keys in the store).
+     ``disk``: the default write buffer (a small state stays in it); ``spill``: disk with a buffer
+     of 1,000 (key, pane) entries, so the panes live in the store (one tuple per key and pane:
+     the worst case, every tuple a store read and write).
 
 Figures on a loaded machine are only comparable as ratios within one run.
 """
@@ -320,23 +327,65 @@ def wait_for(dep, predicate, timeout: float = 900):
     raise TimeoutError("the deployment did not get there")
 
 
+# -- 5. the time window on both backends ------------------------------------------------------------
+
+def one_window(backend: str, k: int, root: str) -> dict:
+    """Part 5's figures for one (backend, K) (run in a child process)."""
+    import dask
+
+    from pescheduler.operator import Emitter, OperatorContext
+    from pescheduler.operators.window import Window
+
+    with dask.config.set({"pescheduler.state.dir": root}):
+        w = Window(2000, 1000, aggregates={"n": ("count", "v"), "s": ("sum", "v")})
+        if backend == "spill":                    # disk with a write buffer smaller than the state
+            backend, w.buffer_entries = "disk", 1000
+        w.open(OperatorContext("w", pe_id="bench", key_field="key", extra={"state": backend}))
+        keys, out, rss0, rss_held = keys_of(k), Emitter(), rss_bytes(), 0
+        rounds = [[{"key": key, "v": 1.0, "ts": 1000 * r + i % 1000} for i, key in enumerate(keys)]
+                  for r in range(4)]
+        t0 = time.perf_counter()
+        for r, batch in enumerate(rounds):
+            for b in range(0, k, 1000):
+                w.process(batch[b:b + 1000], out)
+            if r == 1:
+                rss_held = rss_bytes() - rss0
+                in_dicts = sum(map(len, w._panes.values()))
+                in_store = 0 if w._store is None else len(w._store)
+            w.on_watermark(1000 * r + 999, out)
+        elapsed = time.perf_counter() - t0
+    assert len(out) == 4 * k, len(out)            # windows ending at 1000, 2000, 3000, 4000
+    return {"rate": 4 * k / elapsed, "rss": rss_held, "in_dicts": in_dicts, "in_store": in_store}
+
+
+def windows(sizes: list[int]) -> None:
+    print("\n5. time window on both backends: tuples/s, ratio to memory, RSS growth with two panes held (one process each)")
+    print(f"{'K':>9} {'backend':13} {'tuples/s':>10} {'x memory':>9} {'RSS MB':>7} {'in dicts':>9} {'in store':>9}")
+    with tempfile.TemporaryDirectory() as root:
+        for k in sizes:
+            rows = {b: child_of("--window", b, k, root) for b in ("memory", "disk", "spill")}
+            for b, r in rows.items():                 # labelled apart from parts 1, 3 and 4's rows
+                print(f"{k:9d} {'window-' + b:13} {r['rate']:10.0f} {r['rate'] / rows['memory']['rate']:9.2f} "
+                      f"{r['rss'] / 2**20:7.1f} {r['in_dicts']:9d} {r['in_store']:9d}")
+
+
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] in ("--one", "--checkpoint"):
-        one = one_backend if sys.argv[1] == "--one" else one_checkpoint
+    if len(sys.argv) == 5 and sys.argv[1] in ("--one", "--checkpoint", "--window"):
+        one = {"--one": one_backend, "--checkpoint": one_checkpoint, "--window": one_window}[sys.argv[1]]
         print(json.dumps(one(sys.argv[2], int(sys.argv[3]), sys.argv[4])))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", default="1000,10000,100000,1000000", help="comma-separated K")
     parser.add_argument("--huge", action="store_true", help="add K = 10^7 (minutes, GBs)")
     parser.add_argument("--quick", action="store_true", help="K = 10^3 and 10^4 only")
-    parser.add_argument("--parts", default="1,2,3,4", help="which parts to run (3: the deployments)")
+    parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run (3: the deployments)")
     args = parser.parse_args()
     sizes = [1000, 10_000] if args.quick else [int(x) for x in args.keys.split(",")]
     if args.huge:
         sizes.append(10**7)
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine: compare ratios)")
     parts = {int(p) for p in args.parts.split(",")}
-    for part, run in ((1, backends), (2, window_state), (3, live), (4, checkpoints)):
+    for part, run in ((1, backends), (2, window_state), (3, live), (4, checkpoints), (5, windows)):
         if part in parts:
             run(sizes)
 

@@ -29,6 +29,15 @@ Several named queries can share one window (``queries={query_id:
 aggregates}``, then ``add_query`` / ``remove_query`` while the stream runs):
 see :class:`AggregatingWindow`, the base of every window kind here and in
 ``session.py``, ``count_window.py`` and ``over_window.py``.
+
+State (:class:`Window`): on the ``memory`` backend the panes are the operator's dicts
+(``{pane start: {key: slots}}``: the hot path is a dict fold, no key-group lookup per
+tuple). On ``disk`` (``deploy(state="disk")``) those dicts are only a write buffer of
+at most ``Window.buffer_entries`` (key, pane) entries, spilled into the operator's
+store (``key -> {pane start: [seq, slots]}``, ``seq`` the first-seen order) when full
+and at a snapshot or export; once the store holds panes, windows fire from it
+(``window_store.py``). Either way a rescale moves key groups
+(``export_groups``/``import_groups``).
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ from pescheduler.aggregates import AggregatePlan, Query
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.state.groups import GroupMemo, merge_groups, pack_namespaced, split_groups, unpack_namespaced
+
+from . import window_store
 from pescheduler.timeutil import parse_duration
 
 RESERVED = ("window_start", "window_end")
@@ -243,7 +254,34 @@ class Window(AggregatingWindow):
         self._fired_end: int | None = None          # every window ending at or before is done
         self._cols = None                           # ColumnarPanes while Arrow batches come in
         self._group_of = GroupMemo()                # key -> key group, for snapshots
+        # disk backend only (window_store.py): the panes' home; self._panes is then its write buffer
+        self._store = None
+        self._seq = 0                               # first-seen numbers handed out to stored entries
+        self._starts: set = set()                   # pane starts present in the store
+        self._stash = None                          # a disk snapshot restored before open
         self._init_aggregates(aggregates, queries, key, ts_field)
+
+    # (key, pane) entries the write buffer holds on disk before a spill: about 10 MB of slots. Panes
+    # that live and fire within it never touch the store (a small state runs at the dicts' speed).
+    buffer_entries = 65_536
+
+    def open(self, context: OperatorContext) -> None:
+        super().open(context)
+        disk = window_store.open_store(self, context)     # None on the memory backend
+        if disk is not None:
+            self._store = disk
+            if self._stash is not None:
+                window_store.restore_keys(self, self._stash)
+                self._stash = None
+            self._to_dicts()
+            window_store.spill(self)
+        else:
+            self._unstash()
+
+    def _unstash(self) -> None:
+        """A disk snapshot restored into a memory instance becomes ordinary panes."""
+        if self._stash is not None:
+            self._panes, self._stash = window_store.keys_to_panes(self._stash["groups"]), None
 
     def _compile_state(self) -> None:
         self._update = self.plan.pane_updater(self.key, self.ts_field, self.slide, fixed=not self.named)
@@ -251,7 +289,10 @@ class Window(AggregatingWindow):
         self._colspec = None if self.named else (self.key, self.plan.layout)
 
     def _columns(self, batch: Any, late: Callable) -> bool:
-        """Fold an Arrow batch in vectorised; False when it must go the row path."""
+        """Fold an Arrow batch in vectorised; False when it must go the row path (always on disk:
+        the store holds row panes)."""
+        if self._store is not None:
+            return False
         if self._cols is None:
             if self._colspec is None or self._panes:
                 return False
@@ -273,6 +314,8 @@ class Window(AggregatingWindow):
             self._cols = None
 
     def _slot_lists(self) -> Iterable[list]:
+        if self._store is not None:
+            return window_store.slot_lists(self)
         return (s for d in self._panes.values() for s in d.values())
 
     # -- data -------------------------------------------------------------------------
@@ -294,9 +337,14 @@ class Window(AggregatingWindow):
             failed = self._update(items, self._panes, lim, late.append)
         for t in late:
             emit.to("late", t)
+        if self._store is not None and window_store.buffered(self) > self.buffer_entries:
+            window_store.spill(self)
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
-        self._wm = watermark
+        if self._starts:                        # disk, panes in the store: fire from there
+            window_store.on_watermark(self, watermark, emit)
+            return
+        self._wm = watermark                    # memory, or disk with every pane in the buffer
         cols = self._cols
         if cols is not None and cols.panes:
             starts = sorted(cols.panes)
@@ -353,7 +401,10 @@ class Window(AggregatingWindow):
     # -- state --------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """Panes as whole key groups (packed: a copy, slots are updated in place), watermark and
-        fired frontier."""
+        fired frontier. On disk: the store's view (``form: keys``), written incrementally."""
+        if self._store is not None:
+            return window_store.snapshot(self)
+        self._unstash()
         panes = self._cols.to_dicts() if self._cols is not None else self._panes
         return {"layout": self.plan.layout, "size": self.size, "slide": self.slide,
                 "groups": pack_namespaced(panes, self._group_of), "watermark": self._wm,
@@ -362,11 +413,61 @@ class Window(AggregatingWindow):
     def restore(self, state: dict) -> None:
         self._check_state(state, size=self.size, slide=self.slide)
         self._cols = None
-        self._panes = unpack_namespaced(state["groups"])
         self._wm = state["watermark"]
         self._fired_end = state["fired_end"]
+        keys = state.get("form") == "keys"
+        if self._store is not None:
+            self._panes = {}
+            if keys:
+                window_store.restore_keys(self, state)
+            else:
+                window_store.restore_keys(self, None)
+                self._panes = unpack_namespaced(state["groups"])
+                window_store.spill(self)
+        elif keys:                          # before open: its backend decides (open)
+            self._panes, self._stash = {}, state
+        else:
+            self._panes, self._stash = unpack_namespaced(state["groups"]), None
 
     # -- copies: key groups move with their panes ---------------------------------------
+    def export_groups(self, groups: frozenset[int]) -> dict:
+        """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their
+        panes in :meth:`snapshot`'s form, removed here. Memory: one pass over the panes' keys
+        (a memoised group each), only the moving entries packed; disk: the groups taken out of
+        the store, packed when the part is pickled, off the PE's turn."""
+        base = {"layout": self.plan.layout, "size": self.size, "slide": self.slide,
+                "watermark": self._wm, "fired_end": self._fired_end}
+        if self._store is not None:
+            return {**base, **window_store.export_groups(self, groups)}
+        self._unstash()
+        self._to_dicts()
+        group, taken = self._group_of, {}
+        for p, table in list(self._panes.items()):
+            moving = [k for k in table if group(k) in groups]
+            if moving:
+                taken[p] = {k: table.pop(k) for k in moving}
+                if not table:
+                    del self._panes[p]
+        return {**base, "groups": pack_namespaced(taken, group)}
+
+    def import_groups(self, state: dict) -> None:
+        """Key groups another instance exported (:meth:`export_groups`) join this running one, at
+        the least advanced watermark and frontier of the two (as a merge of their snapshots)."""
+        self._check_state(state, size=self.size, slide=self.slide)
+        keys = state.get("form") == "keys"
+        if keys != (self._store is not None) or self._stash is not None:
+            self.restore(self.merge_states([self.snapshot(), state]))     # another form: the long way
+            return
+        self._wm = min(self._wm, state["watermark"])
+        fired = (self._fired_end, state["fired_end"])
+        self._fired_end = None if None in fired else min(fired)
+        if keys:
+            window_store.import_groups(self, state)
+            return
+        self._to_dicts()
+        for p, table in unpack_namespaced(state["groups"]).items():
+            self._panes.setdefault(p, {}).update(table)
+
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
         """The key groups where ``owns(key)``, with their panes; watermark and fired frontier as
         they were."""
@@ -374,11 +475,18 @@ class Window(AggregatingWindow):
 
     def merge_states(self, states: list) -> dict:
         """Every instance's key groups (disjoint), at the least advanced watermark and frontier,
-        so no window fires twice and none is skipped."""
+        so no window fires twice and none is skipped (snapshots of both forms: as panes)."""
         fired = [st["fired_end"] for st in states]
-        return {**states[0], "groups": merge_groups([st["groups"] for st in states]),
-                "watermark": min(st["watermark"] for st in states),
-                "fired_end": None if None in fired else min(fired)}
+        forms = {st.get("form") for st in states}
+        if len(forms) > 1:
+            states = [window_store.as_panes(st, self._group_of) for st in states]
+        merged = {**states[0], "groups": merge_groups([st["groups"] for st in states]),
+                  "watermark": min(st["watermark"] for st in states),
+                  "fired_end": None if None in fired else min(fired)}
+        if states[0].get("form") == "keys":
+            merged["seq"] = max(st["seq"] for st in states)
+            merged["starts"] = sorted({p for st in states for p in st["starts"]})
+        return merged
 
 
 def released(pending: list, watermark: int) -> tuple[list, list]:

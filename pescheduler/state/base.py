@@ -151,6 +151,19 @@ class KeyedState(ABC):
     def _put_group(self, group: int, entries: dict) -> None:
         """Replace ``group`` with ``entries`` (import's one step per group)."""
 
+    def get_many(self, keys: list) -> list:
+        """The values of ``keys`` (None where absent), in order: a backend reads them in one call
+        where it can (``disk``: one multi-get)."""
+        return [self.get(k) for k in keys]
+
+    def write_many(self, puts: Iterable[tuple[Any, Any]], deletes: Iterable[Any] = ()) -> None:
+        """Put every ``(key, value)`` of ``puts`` and delete ``deletes``: a backend writes them in
+        one call where it can (``disk``: one write batch)."""
+        for key, value in puts:
+            self.put(key, value)
+        for key in deletes:
+            self.delete(key)
+
     def writable(self) -> dict | None:
         """``{key: value}`` of the keys put since the last :meth:`snapshot`, the values being the
         objects the state holds, or None when the backend holds copies (``disk``).

@@ -103,5 +103,5 @@ def test_state_benchmark_quick_prints_every_part(quick_runs):
             assert any(r.split()[:2] == [k, backend] for r in rows), result.stdout[-3000:]
         for backend in ("memory", "disk"):                  # parts 1, 3 and 4: a row per backend per K
             assert sum(r.split()[:2] == [k, backend] for r in rows) == 3, result.stdout[-3000:]
-    for part in ("2. time window", "3. live", "4. checkpoints of keyed state"):
+    for part in ("2. time window", "3. live", "4. checkpoints of keyed state", "5. time window on both backends"):
         assert part in result.stdout, result.stdout[-3000:]
