@@ -415,8 +415,16 @@ class Deployment:
             statefile.write(self.scheduler_address, self.app.name, self.outputs, self.name)
         self._watch_all(placement.workers)
         self._tasks.append(asyncio.create_task(self.loop.run(self._done)))
+        if self.cluster is not None:
+            self._tasks.append(asyncio.create_task(self._dashboard_at_first_collect()))
         self._start_checkpoints()
         self.hosts.start(self.scheduler_address, None if self.security is True else self.security)
+
+    async def _dashboard_at_first_collect(self) -> None:
+        """Dask's bokeh pages on the embedded cluster once the run has lasted a monitor interval:
+        a short run (most of a small app's) never imports bokeh; /pescheduler serves from the start."""
+        await self.loop.sampled.wait()
+        self.cluster.attach_dashboard()
 
     def _cluster_host(self) -> str:
         """Where the embedded cluster listens: loopback, or the address a resource manager's
