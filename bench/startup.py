@@ -1,6 +1,7 @@
 """What a deploy's start-up costs: the command line's phases, and forked vs command-line workers.
 
     python bench/startup.py [--quick] [--workers 3] [--repeat 5] [--cli-repeat 7] [--part cli|stop|workers]
+                            [--against DIR]
 
 Part 1, the command line as a user meets it: ``python -m pescheduler deploy app.py``
 (a 100-event ``generator`` -> ``jsonl`` app, the embedded cluster's default size),
@@ -14,6 +15,11 @@ closed), exit; steps that overlap show so. Median of ``--cli-repeat`` runs.
 Part 2, ``stop``: a deployment of an endless app runs under ``--name``; from
 the outside, ``python -m pescheduler stop NAME`` from its start to its exit, and
 to the exit of the deploying process. Median of ``--cli-repeat`` runs.
+
+``--against DIR`` runs parts 1 and 2 also with the pescheduler of another checkout
+(``git archive main | tar -x -C DIR``), interleaved with this one's runs. Commands run
+with their modules' bytecode cached, as a pip-installed pescheduler runs (``--no-bytecode``:
+the environment as it is).
 
 Part 3, the workers:
 
@@ -106,26 +112,28 @@ def _first_line(out: str, proc: subprocess.Popen, t0: float, timeout: float) -> 
     raise TimeoutError(f"no output in {out} within {timeout} s")
 
 
-def cli_outside(tmp: str, i: int) -> dict:
+def cli_outside(tmp: str, i: int, label: str = "this") -> dict:
     """A plain ``python -m pescheduler deploy app.py``: start -> first output -> exit, seconds."""
-    app, out = _write_app(tmp, f"cli_{i}", CLI_EVENTS)
-    t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", app], cwd=tmp, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    first = _first_line(out, proc, t0, 120)
-    _, err = proc.communicate(timeout=120)
-    exited = time.time() - t0
-    if proc.returncode != 0:
-        sys.exit(f"deploy failed ({proc.returncode}):\n{err.decode()[-3000:]}")
+    app, out = _write_app(tmp, f"cli_{label}_{i}", CLI_EVENTS)
+    with open(os.path.join(tmp, f"cli_{label}_{i}.err"), "w+") as err:    # a file: a full pipe would block it
+        t0 = time.time()
+        proc = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", app], cwd=tmp, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=err)
+        first = _first_line(out, proc, t0, 120)
+        proc.wait(timeout=120)
+        exited = time.time() - t0
+        if proc.returncode != 0:
+            err.seek(0)
+            sys.exit(f"deploy failed ({proc.returncode}):\n{err.read()[-3000:]}")
     _check_lines(out, CLI_EVENTS)
     return {"first output": first, "exit": exited}
 
 
-def cli_inside(tmp: str, i: int) -> dict[str, tuple[float, float, float]]:
+def cli_inside(tmp: str, i: int, label: str = "this") -> dict[str, tuple[float, float, float]]:
     """The same command under the step-marking wrapper: step -> (first begin, last end, sum), seconds
     since the process started."""
-    app, out = _write_app(tmp, f"phases_{i}", CLI_EVENTS)
-    marks = os.path.join(tmp, f"phases_{i}.json")
+    app, out = _write_app(tmp, f"phases_{label}_{i}", CLI_EVENTS)
+    marks = os.path.join(tmp, f"phases_{label}_{i}.json")
     t0 = time.time()
     proc = subprocess.run([sys.executable, __file__, "--phases-child", marks, "--", "deploy", app], cwd=tmp, env=ENV,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
@@ -230,25 +238,27 @@ def phases_child(marks_path: str, argv: list[str]) -> None:
     sys.exit(code)
 
 
-def stop_run(tmp: str, i: int) -> dict:
+def stop_run(tmp: str, i: int, label: str = "this") -> dict:
     """``stop NAME`` of a running deployment: from its start to its exit, and to the deploying process's exit."""
-    name = f"startup-stop-{os.getpid()}-{i}"
-    app, out = _write_app(tmp, f"stop_{i}", None, rate=1000)
-    deploying = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", app, "--name", name], cwd=tmp, env=ENV,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        if _first_line(out, deploying, time.time(), 120) is None:
-            sys.exit(f"the deployment to stop ended early:\n{deploying.stderr.read().decode()[-3000:]}")
-        t0 = time.time()
-        stop = subprocess.run([sys.executable, "-m", "pescheduler", "stop", name], cwd=tmp, env=ENV, capture_output=True,
-                              timeout=120)
-        stopped = time.time() - t0
-        deploying.wait(timeout=120)
-        gone = time.time() - t0
-    finally:
-        if deploying.poll() is None:
-            deploying.kill()
-            deploying.wait()
+    name = f"startup-stop-{os.getpid()}-{label}-{i}"
+    app, out = _write_app(tmp, f"stop_{label}_{i}", None, rate=1000)
+    with open(os.path.join(tmp, f"stop_{label}_{i}.err"), "w+") as err:   # a file: a full pipe would block it
+        deploying = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", app, "--name", name], cwd=tmp,
+                                     env=ENV, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            if _first_line(out, deploying, time.time(), 120) is None:
+                err.seek(0)
+                sys.exit(f"the deployment to stop ended early:\n{err.read()[-3000:]}")
+            t0 = time.time()
+            stop = subprocess.run([sys.executable, "-m", "pescheduler", "stop", name], cwd=tmp, env=ENV,
+                                  capture_output=True, timeout=120)
+            stopped = time.time() - t0
+            deploying.wait(timeout=120)
+            gone = time.time() - t0
+        finally:
+            if deploying.poll() is None:
+                deploying.kill()
+                deploying.wait()
     if stop.returncode != 0 or deploying.returncode != 0:
         sys.exit(f"stop exited {stop.returncode}, deploy {deploying.returncode}:\n{stop.stderr.decode()[-2000:]}")
     return {"stop exits": stopped, "deploy exits": gone}
@@ -259,50 +269,75 @@ def _median(values: list[float]) -> float:
     return values[len(values) // 2]
 
 
-def _with_bytecode(tmp: str) -> None:
-    """Commands run with a bytecode cache in ``tmp``, filled by one untimed run."""
-    global ENV
-    ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache")
-    cli_outside(tmp, -1)
-
-
-def cli_part(repeat: int, bytecode: bool) -> None:
-    outside: list[dict] = []
-    inside: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
+def _versions(tmp: str, bytecode: bool, against: str | None) -> dict[str, dict[str, str] | None]:
+    """The environments the commands run in: this checkout, and ``against`` (another checkout's
+    folder first on ``PYTHONPATH``), each with its own bytecode cache filled by one untimed run."""
+    versions: dict[str, dict[str, str] | None] = {"this": None}
+    if against:
+        versions["against"] = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [os.path.abspath(against), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    for label in list(versions):
         if bytecode:
-            _with_bytecode(tmp)
-        for i in range(repeat):
-            outside.append(cli_outside(tmp, i))
-            inside.append(cli_inside(tmp, i))
+            env = {k: v for k, v in (versions[label] or os.environ).items() if k != "PYTHONDONTWRITEBYTECODE"}
+            env["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, f"pycache-{label}")
+            versions[label] = env
+        global ENV
+        ENV = versions[label]
+        cli_outside(tmp, -1, label)
+    return versions
+
+
+def _header(label: str, against: str | None) -> str:
+    return f"[{label}{' = ' + against if label == 'against' else ''}]" if against else ""
+
+
+def cli_part(repeat: int, bytecode: bool, against: str | None) -> None:
+    global ENV
+    outside: dict[str, list[dict]] = {}
+    inside: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        versions = _versions(tmp, bytecode, against)
+        for i in range(repeat):                              # interleaved: the same load for each
+            for label, env in versions.items():
+                ENV = env
+                outside.setdefault(label, []).append(cli_outside(tmp, i, label))
+                inside.setdefault(label, []).append(cli_inside(tmp, i, label))
     print(f"part 1: python -m pescheduler deploy app.py ({CLI_EVENTS} events, embedded cluster), "
-          f"median of {repeat} runs each{'' if bytecode else ', modules compiled at each start'}")
-    for what, goal in (("first output", 0.8), ("exit", 1.2)):
-        values = [r[what] for r in outside if r[what] is not None]
-        print(f"  start -> {what:13s}{_median(values):6.2f} s   (best {min(values):.2f}, goal <= {goal})")
-    print(f"  {'step (wrapped run)':30s}{'begins':>8s}{'ends':>8s}{'seconds':>9s}")
-    steps = sorted({s for r in inside for s in r if s != "main returned"},
-                   key=lambda s: _median([r[s][0] for r in inside if s in r]))
-    for step in steps:
-        rows = [r[step] for r in inside if step in r]
-        print(f"  {step:30s}{_median([b for b, _, _ in rows]):8.3f}{_median([e for _, e, _ in rows]):8.3f}"
-              f"{_median([d for _, _, d in rows]):9.3f}")
+          f"median of {repeat} interleaved runs each{'' if bytecode else ', modules compiled at each start'}")
+    for label in versions:
+        if against:
+            print(f"  {_header(label, against)}")
+        for what, goal in (("first output", 0.8), ("exit", 1.2)):
+            values = [r[what] for r in outside[label] if r[what] is not None]
+            print(f"  start -> {what:13s}{_median(values):6.2f} s   (best {min(values):.2f}, goal <= {goal})")
+        print(f"  {'step (wrapped run)':30s}{'begins':>8s}{'ends':>8s}{'seconds':>9s}")
+        runs = inside[label]
+        steps = sorted({s for r in runs for s in r if s != "main returned"},
+                       key=lambda s: _median([r[s][0] for r in runs if s in r]))
+        for step in steps:
+            rows = [r[step] for r in runs if step in r]
+            print(f"  {step:30s}{_median([b for b, _, _ in rows]):8.3f}{_median([e for _, e, _ in rows]):8.3f}"
+                  f"{_median([d for _, _, d in rows]):9.3f}")
     print("  load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
-def stop_part(repeat: int, bytecode: bool) -> None:
-    runs = []
+def stop_part(repeat: int, bytecode: bool, against: str | None) -> None:
+    global ENV
+    runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        if bytecode:
-            _with_bytecode(tmp)
+        versions = _versions(tmp, bytecode, against)
         for i in range(repeat):
-            runs.append(stop_run(tmp, i))
-    print(f"part 2: python -m pescheduler stop NAME of a running deployment, median of {repeat} runs"
+            for label, env in versions.items():
+                ENV = env
+                runs.setdefault(label, []).append(stop_run(tmp, i, label))
+    print(f"part 2: python -m pescheduler stop NAME of a running deployment, median of {repeat} interleaved runs"
           f"{'' if bytecode else ', modules compiled at each start'}")
-    for what, goal in (("stop exits", " (goal <= 0.3)"), ("deploy exits", "")):
-        values = [r[what] for r in runs]
-        print(f"  stop start -> {what:13s}{_median(values):6.2f} s   (best {min(values):.2f}){goal}")
+    for label in versions:
+        if against:
+            print(f"  {_header(label, against)}")
+        for what, goal in (("stop exits", " (goal <= 0.3)"), ("deploy exits", "")):
+            values = [r[what] for r in runs[label]]
+            print(f"  stop start -> {what:13s}{_median(values):6.2f} s   (best {min(values):.2f}){goal}")
     print("  load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
@@ -365,6 +400,9 @@ def main() -> None:
                         help="only this part, repeatable (default: all three)")
     parser.add_argument("--no-bytecode", action="store_true",
                         help="parts 1 and 2 in this environment as it is (default: modules load from bytecode)")
+    parser.add_argument("--against", metavar="DIR",
+                        help="parts 1 and 2 also with the pescheduler of this checkout (e.g. `git archive main`), "
+                             "interleaved")
     parser.add_argument("--quick", action="store_true", help="one run of each (a smoke test)")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -377,9 +415,9 @@ def main() -> None:
         return child(args.child, args.workers, args.out)
     parts = args.part or ["cli", "stop", "workers"]
     if "cli" in parts:
-        cli_part(1 if args.quick else args.cli_repeat, not args.no_bytecode)
+        cli_part(1 if args.quick else args.cli_repeat, not args.no_bytecode, args.against)
     if "stop" in parts:
-        stop_part(1 if args.quick else args.cli_repeat, not args.no_bytecode)
+        stop_part(1 if args.quick else args.cli_repeat, not args.no_bytecode, args.against)
     if "workers" in parts:
         workers_part(args)
 
