@@ -134,7 +134,8 @@ class EmbeddedCluster:
 
         def load() -> None:
             try:
-                import distributed.dashboard.scheduler as module
+                with dashboard.BOKEH_LOCK:
+                    import distributed.dashboard.scheduler as module
             except ImportError:
                 module = None
             with contextlib.suppress(RuntimeError):         # the loop closed meanwhile
