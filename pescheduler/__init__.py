@@ -29,18 +29,26 @@ API), ``resource_managers/``; between the layers, the contract types both sides 
 ``resources.py`` (what a resource manager implements).
 """
 
-from .actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
-from .plan.app import Application, Stream
-from .control.deployment import Deployment, deploy
-from .expr import coalesce, col, lit, when
-from .errors import AppCheckFailed, AppLoadError, DeploymentFailed, InvalidApplication, PeschedulerError
-from .operator import (MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, OperatorContext,
-                       Parallelism, Sink, Source)
-from .plugins import hookimpl
-from .metrics import MetricsSnapshot
-from .resources import (Host, HostAvailable, HostLost, HostReturnRequested, ResourceManager,
-                                ResourceView)
-from .plan.placement import Placement
+from typing import TYPE_CHECKING
+
+# Every public name is imported on first use (PEP 562), not by ``import pescheduler``: the
+# command line, an app file's ``from pescheduler import Application`` and a fork server's worker
+# need different parts, and ``deploy`` alone pulls in distributed (about 0.4 s). Where each
+# name lives:
+_HOMES = {
+    ".actions": ("BorrowHosts", "Fuse", "Move", "Release", "Replicate", "ReturnHost", "Split"),
+    ".plan.app": ("Application", "Stream"),
+    ".control.deployment": ("Deployment", "deploy"),
+    ".expr": ("coalesce", "col", "lit", "when"),
+    ".errors": ("AppCheckFailed", "AppLoadError", "DeploymentFailed", "InvalidApplication", "PeschedulerError"),
+    ".operator": ("MAX_WATERMARK", "MIN_WATERMARK", "DeadLetter", "Emitter", "Operator", "OperatorContext",
+                  "Parallelism", "Sink", "Source"),
+    ".plugins": ("hookimpl",),
+    ".metrics": ("MetricsSnapshot",),
+    ".resources": ("Host", "HostAvailable", "HostLost", "HostReturnRequested", "ResourceManager", "ResourceView"),
+    ".plan.placement": ("Placement",),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __version__ = "0.1.0"
 
@@ -55,9 +63,34 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """``pescheduler.sql`` on first use (it imports sqlglot, which an app without SQL never needs)."""
-    if name == "sql":
-        import importlib
+    """A public name from its home module (:data:`_HOMES`) on first use, then kept here;
+    ``pescheduler.sql`` is the SQL module (it imports sqlglot, which an app without SQL never needs)."""
+    import importlib
 
+    if name == "sql":
         return importlib.import_module(".sql", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    home = _HOME_OF.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, "sql"})
+
+
+if TYPE_CHECKING:                  # what type checkers and IDEs see; nothing is imported at run time
+    from .actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
+    from .control.deployment import Deployment, deploy
+    from .errors import AppCheckFailed, AppLoadError, DeploymentFailed, InvalidApplication, PeschedulerError
+    from .expr import coalesce, col, lit, when
+    from .metrics import MetricsSnapshot
+    from .operator import (MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, OperatorContext,
+                           Parallelism, Sink, Source)
+    from .plan.app import Application, Stream
+    from .plan.placement import Placement
+    from .plugins import hookimpl
+    from .resources import (Host, HostAvailable, HostLost, HostReturnRequested, ResourceManager,
+                            ResourceView)

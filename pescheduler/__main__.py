@@ -2,6 +2,10 @@
 
 import sys
 
-from .cli import main
+from .control.forkserver import prestart
+
+prestart(sys.argv[1:])             # before the command line's own imports: they overlap
+
+from .cli import main  # noqa: E402
 
 sys.exit(main())

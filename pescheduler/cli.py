@@ -32,6 +32,7 @@ from rich.text import Text
 
 from . import __version__, config
 from .control import statefile
+from .control.topics import command_topic, state_topic
 from .errors import (AppLoadError, CheckpointError, ConfigError, DeploymentClash, DeploymentFailed,
                      InvalidApplication, NotReplayable)
 from .liveview import LiveView, dead_letter_lines, format_event, format_line, new_events, render
@@ -43,6 +44,7 @@ USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError, ConfigErr
 RUNNING = ("starting", "running")
 PIPE_WIDTH = 200      # tables written to a pipe are not wrapped at 80 columns
 STOP_TIMEOUT_S = 60.0  # how long `stop` (default) and `deploy --replace` wait for a deployment to stop
+STOP_CHECK_S = 0.25   # `stop` reads the status this often besides waiting for the deployment's state event
 NARROW = 80           # `status` and `plugins` fit this off a terminal (a terminal: its own width)
 
 
@@ -225,9 +227,11 @@ def _fail(console: Console, message: str, code: int) -> int:
 # -- deploy -------------------------------------------------------------------------------
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    """Check config, plug-ins and app; deploy; follow until the end; stop in any case."""
-    from .control.deployment import deploy
+    """Check config, plug-ins and app; deploy; follow until the end; stop in any case.
 
+    The control plane (distributed, about 0.4 s) is imported once the app has loaded and passed
+    its checks: a broken app fails (exit 2) without waiting for it. An embedded cluster's fork
+    server started with the command (``__main__``) and imports meanwhile; it is stopped at exit."""
     out, err = _console(), _console(stderr=True)
     info = err if args.json else out        # --json keeps stdout pure JSON lines
     options = _later_options(args)
@@ -238,6 +242,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
             out.print(explain_app(app, args.workers or 1), soft_wrap=True, markup=False, highlight=False)
             return 0
+        from .control.deployment import deploy
+
         if args.cluster:
             _reachable(args.cluster)
         statefile.use_name(args.name)
@@ -540,9 +546,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
                 # Never leave a "stop" behind: only a running deployment is asked.
                 out.print(f"{status['app']} is already {status['state']}")
                 return 0
+            ended = _state_changes(client, status["id"])
             client.set_metadata(["pescheduler", "commands", status["id"]], "stop")
+            client.log_event(command_topic(status["id"]), "stop")      # the deployment takes it now
             out.print(f"stop requested: {status['app']} drains its sources, flushes its sinks and stops…")
-            status = _await_stop(client, status["id"], args.timeout)
+            status = _await_stop(client, status["id"], args.timeout, ended)
             if status is None or status["state"] not in RUNNING:
                 # stopped: an embedded cluster closes with its deployment, now or while this client
                 # closes, and the client's cancelled reconnect is expected then, not an error
@@ -558,10 +566,22 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def _await_stop(client, deployment: str, timeout: float) -> dict | None:
-    """Poll the published status (the scheduler offers no way to wait on metadata); None once
-    the client lost the scheduler: an embedded cluster closes with its deployment, and a call
-    now would wait out the client's reconnect (``cluster.connect-timeout``) to learn that."""
+def _state_changes(client, deployment: str) -> threading.Event:
+    """Set once ``deployment`` logs a state past running on its state topic (``WorkerGateway.publish``)."""
+    ended = threading.Event()
+
+    def seen(event) -> None:
+        if event[1] not in (*RUNNING, "stopping"):
+            ended.set()
+    client.subscribe_topic(state_topic(deployment), seen)
+    return ended
+
+
+def _await_stop(client, deployment: str, timeout: float, ended: threading.Event) -> dict | None:
+    """The published status once the deployment says it ended (``ended``: its state topic), read
+    again every :data:`STOP_CHECK_S` as well (a state logged before the subscription took hold);
+    None once the client lost the scheduler: an embedded cluster closes with its deployment, and
+    a call now would wait out the client's reconnect (``cluster.connect-timeout``) to learn that."""
     deadline = time.monotonic() + timeout
     while True:
         if client.status != "running":
@@ -570,7 +590,7 @@ def _await_stop(client, deployment: str, timeout: float) -> dict | None:
                                      default=None) or {"state": "stopped"}
         if status["state"] not in RUNNING or time.monotonic() >= deadline:
             return status
-        time.sleep(0.25)
+        ended.wait(max(0.0, min(STOP_CHECK_S, deadline - time.monotonic())))
 
 
 def _scheduler_address(cluster: str | None, name: str | None, err: Console) -> str | int:

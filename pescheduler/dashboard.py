@@ -28,6 +28,7 @@ Everything drawn or exported is read from the published status (docs/status.md).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import deque
 
@@ -229,12 +230,18 @@ class PeschedulerPage(RequestHandler):
         self.write(html.replace("<head>", "<head>\n" + RELOAD.replace("REFRESH_MS", str(REFRESH_S * 1000)), 1))
 
 
+# Held while a thread imports bokeh or renders with it: bokeh imported from two threads at once
+# (this page and the embedded cluster attaching Dask's pages, control/cluster.py) breaks its models.
+BOKEH_LOCK = threading.Lock()
+
+
 def render(now: dict[str, dict], samples: list) -> str:
     """The page's HTML (Bokeh inline)."""
-    from bokeh.embed import file_html
-    from bokeh.resources import INLINE
+    with BOKEH_LOCK:
+        from bokeh.embed import file_html
+        from bokeh.resources import INLINE
 
-    return file_html(page(now, samples), INLINE, title="pescheduler")
+        return file_html(page(now, samples), INLINE, title="pescheduler")
 
 
 ENDED = ("stopped", "finished", "failed", "lost")

@@ -38,9 +38,11 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 
 import dask.config
 from distributed import Client, Scheduler, Security
+from distributed.core import Status
 from distributed.utils import silence_logging_cmgr
 
 from .. import config, dashboard
@@ -96,13 +98,52 @@ class EmbeddedCluster:
             dashboard_address = config.get("cluster.dashboard")
             host = dashboard_address.rsplit(":", 1)[0].strip("[]")
             self._dashboard_host = HOST if host in ("", "0.0.0.0", "::") else host    # where a browser here goes
+            # dashboard=False: the HTTP server (with the /pescheduler page) starts now, Dask's bokeh
+            # pages later (attach_dashboard): importing bokeh costs about 0.3 s of every deploy.
             self._scheduler = await Scheduler(host=self.host, port=0, dashboard_address=dashboard_address,
-                                              validate=False, security=self.security,
+                                              dashboard=False, validate=False, security=self.security,
                                               protocol="tls" if self.security else None)
         dashboard.install(self._scheduler)
         for _ in range(self.n_workers):
             await self._spawn()
         return self._scheduler.address
+
+    def attach_dashboard(self) -> None:
+        """Add Dask's bokeh pages (``/status`` and the rest) to the running scheduler's HTTP server.
+
+        Their import runs in a daemon thread, so a deployment that is closing or a process
+        that is exiting never waits for it; the pages are connected on the scheduler's loop
+        once imported, if the scheduler still runs. Without bokeh installed the server
+        answers those pages with Dask's "install bokeh" page, as before.
+        """
+        if self._scheduler is None or self._dashboard_thread is not None:
+            return
+        loop = asyncio.get_running_loop()
+        scheduler = self._scheduler
+
+        def connect(module) -> None:
+            if scheduler.status != Status.running:
+                return
+            if module is None:
+                from distributed.http.utils import get_handlers
+
+                scheduler.http_application.add_handlers(r".*", get_handlers(
+                    server=scheduler, modules=["distributed.http.scheduler.missing_bokeh"], prefix="/"))
+            else:
+                module.connect(scheduler.http_application, scheduler.http_server, scheduler, prefix="/")
+
+        def load() -> None:
+            try:
+                with dashboard.BOKEH_LOCK:
+                    import distributed.dashboard.scheduler as module
+            except ImportError:
+                module = None
+            with contextlib.suppress(RuntimeError):         # the loop closed meanwhile
+                loop.call_soon_threadsafe(connect, module)
+        self._dashboard_thread = threading.Thread(target=load, name="pescheduler-dashboard-import", daemon=True)
+        self._dashboard_thread.start()
+
+    _dashboard_thread: threading.Thread | None = None
 
     async def _spawn(self) -> processes.Process:
         """Fork one worker; its stdout is ours (a ``print`` sink shows where the user looks, as with

@@ -8,7 +8,8 @@ cooldown, apply through the :class:`~pescheduler.control.reconfigurer.Reconfigur
 record). A round runs beside the loop and never two at once: applying may
 take a while, and a round still running when the next snapshot comes skips
 that snapshot. Between intervals the loop looks for a stop command every
-:data:`COMMAND_POLL_S`; that poll is also the scheduler's heartbeat (a
+:data:`COMMAND_POLL_S`, and at once when ``stop`` rings the deployment's command topic
+(``WorkerGateway.on_command``); that poll is also the scheduler's heartbeat (a
 scheduler that does not answer ends the run, as a lost scheduler).
 """
 
@@ -86,12 +87,12 @@ class ControlLoop:
         interval = config.get_seconds("monitor.interval")
         loop = asyncio.get_running_loop()
         due = loop.time() + interval
+        rung = asyncio.Event()                  # a command was left: take it now, not at the next poll
+        self.gateway.on_command(rung.set)
         try:
             while not done.is_set():
-                try:
-                    await asyncio.wait_for(done.wait(), max(0.0, min(due, loop.time() + COMMAND_POLL_S) - loop.time()))
-                except asyncio.TimeoutError:
-                    pass
+                await _first(done, rung, max(0.0, min(due, loop.time() + COMMAND_POLL_S) - loop.time()))
+                rung.clear()
                 if done.is_set():
                     break
                 if loop.time() >= due:
@@ -135,6 +136,16 @@ class ControlLoop:
         if self._round is not None and not self._round.done():
             self._round.cancel()
             await asyncio.gather(self._round, return_exceptions=True)
+
+
+async def _first(a: asyncio.Event, b: asyncio.Event, timeout: float) -> None:
+    """Until ``a`` or ``b`` is set, or ``timeout`` passes."""
+    waits = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 def _report(task: asyncio.Task) -> None:

@@ -415,8 +415,18 @@ class Deployment:
             statefile.write(self.scheduler_address, self.app.name, self.outputs, self.name)
         self._watch_all(placement.workers)
         self._tasks.append(asyncio.create_task(self.loop.run(self._done)))
+        if self.cluster is not None:
+            self._tasks.append(asyncio.create_task(self._dashboard_after_an_interval()))
         self._start_checkpoints()
         self.hosts.start(self.scheduler_address, None if self.security is True else self.security)
+
+    async def _dashboard_after_an_interval(self) -> None:
+        """Dask's bokeh pages on the embedded cluster once the run has lasted a monitor interval:
+        a shorter run (most of a small app's) never imports bokeh; /pescheduler serves from the start."""
+        try:
+            await asyncio.wait_for(self._done.wait(), config.get_seconds("monitor.interval"))
+        except asyncio.TimeoutError:
+            self.cluster.attach_dashboard()
 
     def _cluster_host(self) -> str:
         """Where the embedded cluster listens: loopback, or the address a resource manager's

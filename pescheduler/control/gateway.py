@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import cloudpickle
 from distributed import Client
@@ -25,6 +25,7 @@ from .. import config
 from ..worker.handshake import new_secret
 from ..plan.placement import Placement
 from ..wire import PESpec
+from .topics import command_topic, state_topic
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +63,25 @@ class WorkerGateway:
         return dict(info["workers"])
 
     async def publish(self, status: dict) -> None:
-        """Publish the status (``python -m pescheduler status`` reads it); failures are logged only."""
+        """Publish the status (``python -m pescheduler status`` reads it); failures are logged only.
+        A new state is also logged on :func:`state_topic`, so ``stop`` learns it at once."""
         try:
             await asyncio.wait_for(self.client.set_metadata(["pescheduler", "deployments", self.deployment],
                                                             status), self.scheduler_timeout)
+            if status.get("state") != self._published_state:
+                await asyncio.wait_for(self.client.log_event(state_topic(self.deployment), status.get("state")),
+                                       self.scheduler_timeout)
+                self._published_state = status.get("state")
         except Exception as exc:
             logger.debug("publishing status failed: %s", exc)
+
+    _published_state: str | None = None
+
+    def on_command(self, ring: Callable[[], None]) -> None:
+        """Call ``ring`` as soon as a command is left for this deployment (``stop`` logs an event on
+        :func:`command_topic` after it set the command): the loop then takes it at once, instead
+        of at its next poll."""
+        self.client.subscribe_topic(command_topic(self.deployment), lambda event: ring())
 
     async def take_command(self) -> str | None:
         """A command (``stop``) the CLI left for this deployment, taken once; raises

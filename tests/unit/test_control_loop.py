@@ -23,7 +23,13 @@ class Gateway:
         self.published += 1
 
     async def take_command(self):
-        return None
+        return self.command
+
+    command = None
+    ring = None
+
+    def on_command(self, ring) -> None:
+        self.ring = ring
 
 
 class Monitor:
@@ -62,3 +68,33 @@ def test_a_collect_that_raises_is_logged_on_the_record_and_the_next_interval_col
     assert any(e["kind"] == "error" and "collect failed" in e["text"] and "burn#1" in e["text"]
                for e in state.events), state.events
     assert "control loop: collect failed" in caplog.text
+
+
+def test_a_stop_rung_on_the_command_topic_is_taken_at_once_not_at_the_next_poll(monkeypatch):
+    """``stop`` rings the deployment's command topic: the loop takes the command then, not after
+    COMMAND_POLL_S (set to a minute here, as is the monitor interval)."""
+    from pescheduler.control import control_loop
+
+    monkeypatch.setattr(control_loop, "COMMAND_POLL_S", 60.0)
+    gateway = Gateway()
+    reconfigurer = SimpleNamespace(running_on=lambda: [], placement=None, lock=asyncio.Lock())
+    loop = ControlLoop(gateway, reconfigurer, DeploymentState(), Monitor(), SimpleNamespace(keep=lambda d: None), dict)
+    stopped = asyncio.Event()
+
+    async def on_stop() -> None:
+        stopped.set()
+    loop.on_stop = on_stop
+
+    async def main() -> None:
+        done = asyncio.Event()
+        task = asyncio.create_task(loop.run(done))
+        await asyncio.sleep(0)                           # the loop subscribes, then waits
+        assert gateway.ring is not None, "the loop did not subscribe to its command topic"
+        gateway.command = "stop"
+        gateway.ring()
+        await asyncio.wait_for(stopped.wait(), 10)       # far below the 60 s poll
+        done.set()
+        await asyncio.wait_for(task, 10)
+
+    with dask.config.set({"pescheduler.monitor.interval": "60s"}):
+        asyncio.run(main())
