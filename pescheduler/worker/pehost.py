@@ -285,6 +285,7 @@ class PEHost:
         pes = [self.pes[(deployment, pe_id)] for pe_id in pe_ids]
         for pe in pes:
             pe.open_outputs(self._receiver, self.data_address, self._expect)
+            self.handovers.adopt(deployment, pe)     # its moved key groups that came before it
         for pe in pes:
             pe.start().add_done_callback(lambda _t: self._bump())
         self._bump()
@@ -401,7 +402,7 @@ class PEHost:
                         cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
                         cloudpickle.loads(edges) if edges else None, cloudpickle.loads(routing) if routing else None,
                         copies, (self._receiver, self.data_address, self._expect), laps.lap,
-                        before=lambda: parts.extend((m, exported(pe, m)) for m in handover))
+                        before=lambda: parts.extend((m, part) for m in handover for part in exported(pe, m)))
         if parts:
             await self.handovers.send(deployment, parts)
             laps.lap("handover")

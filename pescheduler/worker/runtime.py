@@ -29,6 +29,7 @@ from .chain import Chain
 from .channels import DATA, ENCODED, END, MALFORMED, MARKER, WATERMARK, ChannelIn, Inbox, decode
 from .flow import InputScheduler
 from .handshake import Credentials
+from .pending_groups import PendingGroups, awaited, placeholder
 from .pe_figures import RunFigures, operator_figures
 from .ports import Connect, Ports
 from .rewirer import Rewirer
@@ -67,6 +68,7 @@ class PERunner:
                                      self._busy_s, self.aligner.park, self._take, self.sources.broker_backed())
         self.rewirer = Rewirer(self.ports, self.aligner, self.inputs, self.sources, self.turns)
         self.figures = RunFigures()
+        self.pending: dict[str, PendingGroups] = {}    # instances whose moved key groups are on their way
         self.state = "created"                     # running, finished, failed, stopping (stop()), stopped
         self.error: str | None = None
         self.task: asyncio.Task | None = None
@@ -91,9 +93,10 @@ class PERunner:
         self.chain = self.inputs.chain = self.rewirer.chain = Chain(
             self.ops, self.spec.edges, outputs, on_side=self.figures.side, routing=self.spec.routing,
             copies=self.spec.copies)
-        progress = {op: saved["progress"] for op, saved in self.spec.restore.items()}
+        progress = {op: saved["progress"] for op, saved in self.spec.restore.items() if not placeholder(saved)}
         if progress:
             self.chain.restore_progress(progress)
+        self.pending = awaited(self.chain, self.spec)
 
     async def opened(self) -> None:
         """Return once every output channel is open; raise why one could not open."""
@@ -239,6 +242,8 @@ class PERunner:
                                           routing, copies)
                 lap("outputs")
             self.rewirer.set_inputs(add_inputs, remove_inputs, edges, copies)
+            for gate in self.pending.values():
+                gate.hold()                      # still holding event time, whatever the new inputs
             if edges is not None:
                 self.spec = replace(self.spec, edges=edges)
 
@@ -302,6 +307,8 @@ class PERunner:
 def _restore(ops: dict[str, Any], sources: Sources, restore: dict[str, dict]) -> None:
     """Operators and source drivers restored from a checkpoint (before open(): they continue)."""
     for op_id, saved in restore.items():
+        if placeholder(saved):                        # state on its way (pending_groups.py)
+            continue
         ops[op_id].restore(saved["state"])
         if saved.get("position") is not None:         # a checkpoint's durable source position
             ops[op_id].seek(saved["position"])
