@@ -113,6 +113,20 @@ class DiskView(StateView):
         self._snap = None
 
 
+class ViewGroup:
+    """One key group of a view, read when iterated (a group taken by :meth:`DiskState.take_groups`:
+    its keys and values, as ``{key: value}`` would give them; the view lives as long as this)."""
+
+    def __init__(self, view: DiskView, group: int) -> None:
+        self.view, self.group = view, group
+
+    def __iter__(self) -> Iterator[Any]:
+        return (key for key, _value in self.view.items(self.group))
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return self.view.items(self.group)
+
+
 class DiskState(KeyedState):
     """RocksDB in ``path`` with ``cache_bytes`` of memory; see the module docstring.
 
@@ -183,6 +197,17 @@ class DiskState(KeyedState):
             self._db.delete_range(_prefix(g), _prefix(g + 1))
             self._changed.add(g)
             self._whole.add(g)
+
+    def take_groups(self, groups: Iterable[int]) -> dict[int, "ViewGroup"]:
+        """Whole key groups out of the store without reading a key here (a rescale's export, in
+        the PE's turn): a view (a RocksDB checkpoint: hard links, the memtable flushed) keeps
+        them, read only when the part is packed, off the turn; the store drops them by range."""
+        chosen = sorted(set(groups) & set(self.groups()))
+        if not chosen:
+            return {}
+        view = DiskView(self._db, os.path.join(self.path, f"view-{next(self._view_ids)}"))
+        self.drop_groups(chosen)
+        return {g: ViewGroup(view, g) for g in chosen}
 
     def _put_group(self, group: int, entries: dict) -> None:
         """One write batch per group (a put per key through the binding was the cost of a restore)."""

@@ -12,6 +12,7 @@ import cloudpickle
 
 from pescheduler import MIN_WATERMARK, OperatorContext
 from pescheduler.testing import CollectingOutput, RunResult, run_operators
+from pescheduler.state.groups import PackedOnPickle
 from pescheduler.wire import KEY_GROUPS, key_group
 from pescheduler.worker.chain import Chain
 from pescheduler.worker.handover import HandOvers, exported
@@ -140,3 +141,29 @@ def test_a_live_instance_gains_groups_whose_transfer_is_delayed():
         original.chain.end_from("src")
         return _rows(original.result) + _rows(copy.result)
     assert sorted(asyncio.run(scenario())) == _reference(_window)
+
+
+def test_a_disk_store_gives_groups_away_without_reading_a_key_in_the_turn(tmp_path, monkeypatch):
+    """The export in the PE's turn only takes the groups (a view, range deletes); their keys are
+    read when the part is packed, off the turn, as they were at the take."""
+    import dask.config
+
+    import pescheduler.state.disk as disk
+    from pescheduler.state import open_state, pack_group
+
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path), "pescheduler.state.cache": "8MB"}):
+        store = open_state("disk", owner="take")
+    entries = {f"car-{i}": [i] for i in range(3000)}
+    for k, v in entries.items():
+        store.put(k, v)
+    reads = []
+    real = disk._range
+    monkeypatch.setattr(disk, "_range", lambda source, group: reads.append(group) or real(source, group))
+    moving = set(store.groups()[::2])
+    taken = store.take_groups(moving)
+    assert reads == [] and set(taken) == moving and not moving & set(store.groups())
+    g = min(moving)
+    store.put(next(k for k in entries if key_group(k) == g), ["changed after the take"])
+    mine = {k: v for k, v in entries.items() if key_group(k) == g}
+    assert cloudpickle.loads(cloudpickle.dumps(PackedOnPickle(taken[g]))) == pack_group(mine.items())
+    store.close()
