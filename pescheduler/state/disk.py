@@ -224,6 +224,9 @@ class DiskState(KeyedState):
         self._changed.add(group)
         self._whole.add(group)
 
+    def settle(self) -> None:
+        self._db.flush()            # RocksDB is safe to flush while the PE's thread writes
+
     def close(self) -> None:
         """Close the store and remove its directory (views taken from it end first)."""
         for view in self._views:

@@ -32,7 +32,7 @@ from . import handshake
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
 from .ckpt_files import CheckpointFiles
 from .channels import ChannelIn, FrameReceiver, Inbox
-from .handover import HandOvers, exported
+from .handover import HandOvers, exported, settled
 from .handshake import Credentials, tls_contexts
 from ..state.incremental import resolve_restore
 from ..state.local import LocalCopies
@@ -398,6 +398,7 @@ class PEHost:
         laps = Laps()
         pe = self._of(deployment)[pe_id]
         parts = []
+        await settled(pe, handover)              # before the turn: the export in it stays short
         await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
                         cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
                         cloudpickle.loads(edges) if edges else None, cloudpickle.loads(routing) if routing else None,
