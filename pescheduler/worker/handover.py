@@ -95,11 +95,11 @@ async def settled(pe: Any, moves: list[dict]) -> None:
 
 def gate(pe: Any, op_id: str, groups, tag: str) -> PendingGroups:
     """Gate running instance ``op_id`` of ``pe`` on ``groups`` (call it between the PE's turns)."""
-    found = pe.pending.get(op_id)
+    found = pe.rewirer.pending.get(op_id)
     if found is not None and not found.done:
         raise RuntimeError(f"{op_id} still waits for key groups of {found.tag}")
-    pe.pending[op_id] = PendingGroups(pe.chain, op_id, groups, key_function(pe.spec.ops[op_id][2]), tag)
-    return pe.pending[op_id]
+    pe.rewirer.pending[op_id] = PendingGroups(pe.chain, op_id, groups, key_function(pe.spec.ops[op_id][2]), tag)
+    return pe.rewirer.pending[op_id]
 
 
 class HandOvers:
@@ -190,7 +190,7 @@ class HandOvers:
         deferred one: imported as soon as its PE is built, :meth:`adopt`)."""
         if move.get("deferred"):
             pe = self.pes(deployment).get(move["dst_pe"])
-            if pe is None or move["dst"] not in pe.pending:
+            if pe is None or move["dst"] not in pe.rewirer.pending:
                 self.early.setdefault((deployment, move["dst_pe"]), []).append((move, bytes(blob)))
                 return
             await self._import(deployment, pe, move, blob)
@@ -209,7 +209,7 @@ class HandOvers:
         its groups held go through right after, in the same turn."""
         try:
             part = await asyncio.to_thread(cloudpickle.loads, blob)
-            gated = pe.pending[move["dst"]]
+            gated = pe.rewirer.pending[move["dst"]]
             async with pe.turns.lock:
                 op = pe.ops[move["dst"]]
                 if gated.fresh and not gated.parts:
@@ -229,7 +229,7 @@ class HandOvers:
 
     def adopt(self, deployment: str, pe: Any) -> None:
         """A PE just built (chain and gates in place): note its gates, import what came early."""
-        for gated in pe.pending.values():
+        for gated in pe.rewirer.pending.values():
             self.gates.setdefault((deployment, gated.tag), []).append(gated)
         for move, blob in self.early.pop((deployment, pe.pe_id), ()):
             task = asyncio.create_task(self._import(deployment, pe, move, blob))

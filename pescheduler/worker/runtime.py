@@ -68,7 +68,6 @@ class PERunner:
                                      self._busy_s, self.aligner.park, self._take, self.sources.broker_backed())
         self.rewirer = Rewirer(self.ports, self.aligner, self.inputs, self.sources, self.turns)
         self.figures = RunFigures()
-        self.pending: dict[str, PendingGroups] = {}    # instances whose moved key groups are on their way
         self.state = "created"                     # running, finished, failed, stopping (stop()), stopped
         self.error: str | None = None
         self.task: asyncio.Task | None = None
@@ -93,10 +92,7 @@ class PERunner:
         self.chain = self.inputs.chain = self.rewirer.chain = Chain(
             self.ops, self.spec.edges, outputs, on_side=self.figures.side, routing=self.spec.routing,
             copies=self.spec.copies)
-        progress = {op: saved["progress"] for op, saved in self.spec.restore.items() if not placeholder(saved)}
-        if progress:
-            self.chain.restore_progress(progress)
-        self.pending = awaited(self.chain, self.spec)
+        self.rewirer.pending.update(_restore_progress(self.chain, self.spec))
 
     async def opened(self) -> None:
         """Return once every output channel is open; raise why one could not open."""
@@ -242,8 +238,6 @@ class PERunner:
                                           routing, copies)
                 lap("outputs")
             self.rewirer.set_inputs(add_inputs, remove_inputs, edges, copies)
-            for gate in self.pending.values():
-                gate.hold()                      # still holding event time, whatever the new inputs
             if edges is not None:
                 self.spec = replace(self.spec, edges=edges)
 
@@ -313,6 +307,15 @@ def _restore(ops: dict[str, Any], sources: Sources, restore: dict[str, dict]) ->
         if saved.get("position") is not None:         # a checkpoint's durable source position
             ops[op_id].seek(saved["position"])
     sources.restore(restore)
+
+
+def _restore_progress(chain: Chain, spec: PESpec) -> dict[str, PendingGroups]:
+    """Watermark progress restored into a new chain; the gates of its instances whose moved key
+    groups are still on their way (pending_groups.py)."""
+    progress = {op: saved["progress"] for op, saved in spec.restore.items() if not placeholder(saved)}
+    if progress:
+        chain.restore_progress(progress)
+    return awaited(chain, spec)
 
 
 def _open(ops: dict[str, Any], spec: PESpec, hosting: Hosting) -> None:

@@ -47,7 +47,7 @@ def _instance(make):
     op, result = make(), RunResult()
     chain = Chain({"w": op}, [("src", "out", "w")], {("w", "out"): [CollectingOutput(result)]})
     op.open(OperatorContext(op_id="w", pe_id="t", key_field="key", extra={"inputs": ["src"]}))
-    return SimpleNamespace(ops={"w": op}, chain=chain, result=result, pending={}, pe_id="t",
+    return SimpleNamespace(ops={"w": op}, chain=chain, result=result, rewirer=SimpleNamespace(pending={}), pe_id="t",
                            turns=SimpleNamespace(lock=asyncio.Lock()), ports=SimpleNamespace(wake=lambda: None),
                            spec=SimpleNamespace(ops={"w": (type(op), {}, "key")}))
 
@@ -128,7 +128,7 @@ def test_a_live_instance_gains_groups_whose_transfer_is_delayed():
         assert answer["deferred"] > 1 and answer["bytes"] == 0
         before = len(original.result.output)
         _feed(original, _tuples(N // 2, N))
-        gate = original.pending["w"]
+        gate = original.rewirer.pending["w"]
         assert gate.buffered == len(_tuples(N // 2, N, _moving))
         # the groups it owned went on into the window, which waits for the watermark it holds
         assert len(original.ops["w"]._pending) >= len(_tuples(N // 2, N, lambda t: not _moving(t)))
