@@ -79,9 +79,12 @@ def exported(pe: Any, move: dict) -> list[dict]:
     move of an operator with its own ``export_groups``, a part per slice of groups."""
     op, progress = pe.ops[move["src"]], pe.chain.progress()[move["src"]]
     groups = sorted(move["groups"])
-    step = SLICE_GROUPS if move.get("deferred") and hasattr(op, "export_groups") else len(groups) or 1
-    return [{"state": export_groups(op, groups[i:i + step]), "progress": progress, "groups": groups[i:i + step]}
-            for i in range(0, len(groups), step)]
+    state = export_groups(op, groups)            # one take (a disk store's view is taken once)
+    if not (move.get("deferred") and hasattr(op, "export_groups")) or len(groups) <= SLICE_GROUPS:
+        return [{"state": state, "progress": progress, "groups": groups}]
+    slices = [groups[i:i + SLICE_GROUPS] for i in range(0, len(groups), SLICE_GROUPS)]
+    return [{"state": op.split_state(state, lambda key, mine=frozenset(s): key_group(key) in mine),
+             "progress": progress, "groups": s} for s in slices]
 
 
 async def settled(pe: Any, moves: list[dict]) -> None:
