@@ -28,7 +28,7 @@ def moved_after_the_pause(record) -> None:
     steps = record.steps
     assert steps["moving: groups after the pause"] > 0, steps
     assert steps["moving: done ms after the pause"] >= 0 and steps["moving: bytes"] > 0, steps
-    assert 0 < steps["moving: done at"] <= record.at, steps
+    assert 0 < steps["moving: done at"] <= record.at + 0.001, steps     # rounded to the ms
 
 
 @pytest.mark.parametrize("kind", ["count", "session"])
