@@ -21,7 +21,8 @@ For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figu
      first-seen order) against the previous one (unpickle, copy of every pane). The first
      snapshot also computes every key's group (later ones remember them).
   3. Live: a count window holding K keys on a 2-worker embedded cluster,
-     per backend: Replicate and Release pause (``ApplyRecord.pause_ms``), the last checkpoint's
+     per backend: Replicate and Release pause (``ApplyRecord.pause_ms``), how long after each
+     pause the moving key groups were all in (``moving: done ms after the pause``), the last checkpoint's
      duration, bytes written and bytes referenced, the largest worker RSS and this (deploying)
      process's RSS.
   4. Checkpoints of keyed state (in-process, one (backend, K) per process): the PE's stall at the
@@ -190,8 +191,8 @@ def live(sizes: list[int]) -> None:
     from pescheduler import Application, Release, Replicate
 
     print("\n3. live: count window of K keys on 2 workers; checkpoints every 1 s")
-    print(f"{'K':>9} {'backend':8} {'Replicate ms':>13} {'Release ms':>11} {'ckpt s':>7} {'ckpt MB':>8} "
-          f"{'state MB':>9} {'worker RSS MB':>14} {'deployer RSS MB':>16}")
+    print(f"{'K':>9} {'backend':8} {'Replicate ms':>13} {'Release ms':>11} {'moved after':>12} {'ckpt s':>7} "
+          f"{'ckpt MB':>8} {'state MB':>9} {'worker RSS MB':>14} {'deployer RSS MB':>16}")
     for k in sizes:
         for backend in ("memory", "disk"):
             with tempfile.TemporaryDirectory() as tmp:
@@ -211,10 +212,18 @@ def live(sizes: list[int]) -> None:
                     worker_rss = max(w.memory_bytes for w in dep.snapshot().workers.values())
                     open(until, "w").close()
                     dep.wait(timeout=600)
-                print(f"{k:9d} {backend:8} {rep.pause_ms:13.1f} {rel.pause_ms:11.1f} {last['duration_s']:7.2f} "
+                print(f"{k:9d} {backend:8} {rep.pause_ms:13.1f} {rel.pause_ms:11.1f} {moved(rep, rel):>12} "
+                      f"{last['duration_s']:7.2f} "
                       f"{last['bytes'] / 1e6:8.2f} {last['state_bytes'] / 1e6:9.2f} {worker_rss / 2**20:14.0f} "
                       f"{rss_bytes() / 2**20:16.0f}")
                 del snap
+
+
+def moved(*records) -> str:
+    """Milliseconds after each pause until the moving key groups were all in (the rescale's
+    end; "-": they moved inside the pause)."""
+    done = [r.steps.get("moving: done ms after the pause") for r in records]
+    return "/".join("-" if d is None else f"{d:.0f}" for d in done)
 
 
 # -- 4. checkpoints of keyed state: the barrier, the worker's writes, the restore -------------------

@@ -167,6 +167,11 @@ class CountWindow(AggregatingWindow):
                 "pending": leaving, "groups": {g: (next(iter(entries)), PackedOnPickle(entries))
                                                for g, entries in taken.items()}}
 
+    def settle_export(self) -> None:
+        """Called off the PE's turn (another thread) just before :meth:`export_groups`: the
+        backend gets ready to give groups away cheaply (a disk store flushes its memtable)."""
+        self._keys.settle()
+
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported (:meth:`export_groups`) join this running one;
         its own watermark stays (the tuples handed over wait for the next one)."""

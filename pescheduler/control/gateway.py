@@ -189,6 +189,14 @@ class WorkerGateway:
         owners' workers; answers counts and bytes sent, never the state."""
         return await self.client.rpc(worker).pe_handover(deployment=self.deployment, moves=moves)
 
+    async def handover_expect(self, worker: str, moves: list[dict]) -> dict:
+        """Running instances on ``worker`` gate the key groups these deferred moves bring them."""
+        return await self.client.rpc(worker).pe_handover_expect(deployment=self.deployment, moves=moves)
+
+    async def handover_wait(self, worker: str, tag: str, timeout: float) -> dict:
+        """Until the key groups reconfiguration ``tag`` moves to ``worker`` are all in (bounded)."""
+        return await self.client.rpc(worker).pe_handover_wait(deployment=self.deployment, tag=tag, timeout=timeout)
+
     async def stop_pes(self, worker: str, pe_ids: list[str]) -> list[str]:
         """Stop these PEs (retired ones); raises what the worker raised."""
         return await self.client.rpc(worker).pe_stop(deployment=self.deployment, pe_ids=pe_ids)

@@ -241,7 +241,9 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
         _deploy_created(gateway, new, plan, worker_info, states, steps),
         _rewire_downstream(gateway, new, plan, steps),
         _rewire_upstream(gateway, new, plan, worker_info, steps, marker)))
-    return time.perf_counter() - t0
+    pause = time.perf_counter() - t0
+    await _moves_done(gateway, plan, marker, timeout, steps)
+    return pause
 
 
 def _move(move: GroupMove, marker: str) -> dict:
@@ -250,8 +252,14 @@ def _move(move: GroupMove, marker: str) -> dict:
 
 
 async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str) -> None:
-    """Key groups leave the aligned PEs going away, each straight to its new owner's worker (a
-    running instance imports them now, before any router switches to it)."""
+    """Key groups leave the aligned PEs going away, each straight to its new owner's worker. A
+    running owner first gates them (a deferred move: their tuples wait there for their state,
+    which comes after the routing switch), or imports them now, before any router switches."""
+    gates: dict[str, list[dict]] = {}
+    for move in plan.moves:
+        if move.deferred and move.dst_live:
+            gates.setdefault(move.dst_worker, []).append(_move(move, marker))
+    await asyncio.gather(*(gateway.handover_expect(w, moves) for w, moves in gates.items()))
     by_worker: dict[str, list[dict]] = {}
     for move in plan.moves:
         if not move.src_live:
@@ -259,14 +267,46 @@ async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, 
     await asyncio.gather(*(gateway.handover(w, moves) for w, moves in by_worker.items()))
 
 
+async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float,
+                      steps: dict) -> None:
+    """After the pause: until every deferred move's groups are imported by their new owner.
+
+    The Reconfigurer holds its lock meanwhile, so no checkpoint (whose snapshot would miss the
+    groups on their way and the tuples they hold) and no other reconfiguration starts. ``steps``
+    gets what was still moving when the pause ended and when the move completed. Bounded on
+    standing still: it fails when no group came in for ``timeout`` or a part was lost.
+    """
+    workers = sorted({m.dst_worker for m in plan.moves if m.deferred})
+    if not workers:
+        return
+    steps["moving: groups after the pause"] = sum(len(m.groups) for m in plan.moves if m.deferred)
+    t, last = time.perf_counter(), None
+    while True:
+        answers = await asyncio.gather(*(gateway.handover_wait(w, marker, timeout) for w in workers))
+        failed = [a["failed"] for a in answers if a["failed"]]
+        pending = sum(a["pending"] for a in answers)
+        if failed or (pending and pending == last):
+            raise ReconfigurationFailed(f"key groups did not arrive ({pending} pending): {'; '.join(failed)}")
+        if not pending:
+            break
+        last = pending
+    steps["moving: bytes"] = sum(a["bytes"] for a in answers)
+    steps["moving: tuples held"] = sum(a["buffered"] for a in answers)
+    steps["moving: done ms after the pause"] = round((time.perf_counter() - t) * 1000, 3)
+    steps["moving: done at"] = round(max(a["done_at"] for a in answers), 3)
+
+
 def _awaited_moves(plan: ReconfigurationPlan, marker: str, timeout: float) -> dict[str, dict]:
     """Restore entries of new instances whose key groups are handed to them: their worker builds
     them once the parts named here arrived (``worker/handover.py``)."""
-    parts: dict[str, int] = {}
+    out: dict[str, dict] = {}
     for move in plan.moves:
         if not move.dst_live:
-            parts[move.dst] = parts.get(move.dst, 0) + 1
-    return {inst: {"handover": marker, "parts": n, "timeout": timeout} for inst, n in parts.items()}
+            entry = out.setdefault(move.dst, {"handover": marker, "parts": 0, "timeout": timeout, "groups": [],
+                                              "deferred": move.deferred})
+            entry["parts"] += 1
+            entry["groups"] += list(move.groups)
+    return out
 
 
 DRAIN_LOOK_S = 1.0     # how often the controller looks at a drain that is not done (progress, timeline)

@@ -24,7 +24,10 @@ from .placement import Placement
 class GroupMove:
     """Key groups of KEYED operator ``op`` that change owner: instance ``src`` (in PE ``src_pe``
     on ``src_worker``) exports them, instance ``dst`` (PE ``dst_pe`` on ``dst_worker``) takes
-    them. ``src_live``/``dst_live``: that PE stays running through the reconfiguration."""
+    them. ``src_live``/``dst_live``: that PE stays running through the reconfiguration.
+    ``deferred``: the groups' state may arrive after the routing switch (the gaining instance
+    holds their tuples until it does, ``worker/pending_groups.py``); else the reconfiguration
+    waits for it."""
 
     op: str
     src: str
@@ -36,6 +39,7 @@ class GroupMove:
     dst_worker: str
     dst_live: bool
     groups: tuple[int, ...]
+    deferred: bool = False
 
 
 def group_moves(old: Placement, new: Placement) -> dict[str, list[GroupMove]]:
@@ -71,14 +75,22 @@ def _moves_of(old: Placement, new: Placement, x: str) -> list[GroupMove] | None:
     routers = {old.pe_of(s) for s, _p, d in old.plan.edges if old.original(d) == x}
     routers |= {new.pe_of(s) for s, _p, d in new.plan.edges if new.original(d) == x}
     moves = []
+    deferred = _gateable(new.plan.ops[x])
     for (src, dst), groups in by_pair.items():
         src_live, dst_live = _stays(old, new, src), _stays(old, new, dst)
         if src_live and (dst_live or routers != {old.pe_of(src)}):
             return None
         moves.append(GroupMove(x, src, old.pe_of(src), old.pes[old.pe_of(src)].worker, src_live,
                                dst, new.pe_of(dst), new.pes[new.pe_of(dst)].worker, dst_live,
-                               tuple(groups)))
+                               tuple(groups), deferred))
     return moves
+
+
+def _gateable(op) -> bool:
+    """Can an instance of ``op`` hold a pending group's tuples? Only where they all come through
+    ``process`` as rows: not a multi-input (``process_input``) nor a columnar operator."""
+    return (getattr(op.cls, "process_input") is getattr(Operator, "process_input")
+            and not getattr(op.cls, "columnar", False))
 
 
 def _owners(placement: Placement, x: str) -> list[str]:

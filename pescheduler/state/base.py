@@ -199,5 +199,9 @@ class KeyedState(ABC):
     def __len__(self) -> int:
         return sum(1 for g in self.groups() for _ in self.items(g))
 
+    def settle(self) -> None:
+        """Make a coming :meth:`take_groups` cheap; may run in another thread while the owner goes
+        on (the disk backend flushes its memtable there, so the take's view links files only)."""
+
     def close(self) -> None:
         """Release what the backend holds (files, memory)."""

@@ -113,6 +113,31 @@ class DiskView(StateView):
         self._snap = None
 
 
+_GONE = object()        # a key deleted after a settle()'s view
+SETTLE_KEYS = 100_000   # keys written after a settle() that the take still reads again
+
+
+class ViewGroup:
+    """One key group of a view, read when iterated (a group taken by :meth:`DiskState.take_groups`:
+    its keys and values, as ``{key: value}`` would give them; the view lives as long as this).
+    ``newer``: keys written after the view was taken, with their value at the take."""
+
+    def __init__(self, view: DiskView, group: int, newer: dict | None = None) -> None:
+        self.view, self.group, self.newer = view, group, newer or {}
+
+    def __iter__(self) -> Iterator[Any]:
+        return (key for key, _value in self.items())
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        newer = self.newer
+        for key, value in self.view.items(self.group):
+            if key not in newer:
+                yield key, value
+        for key, value in newer.items():
+            if value is not _GONE:
+                yield key, value
+
+
 class DiskState(KeyedState):
     """RocksDB in ``path`` with ``cache_bytes`` of memory; see the module docstring.
 
@@ -142,6 +167,8 @@ class DiskState(KeyedState):
         self._dirty: set[bytes] = set()     # encoded keys put or deleted since the snapshot
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
         self._views: list[DiskView] = []
+        self._ready: DiskView | None = None     # a view taken by settle() for the coming take_groups
+        self._since: set[bytes] | None = None   # keys written since that view began
         self._view_ids = itertools.count()
         self._track()
 
@@ -153,12 +180,16 @@ class DiskState(KeyedState):
         k = _encode(key)
         self._changed.add(k[0])
         self._dirty.add(k)
+        if self._since is not None:
+            self._written_since(k)
         self._db.put(k, pickle.dumps(value, _PICKLE))
 
     def delete(self, key: Any) -> None:
         k = _encode(key)
         self._changed.add(k[0])
         self._dirty.add(k)
+        if self._since is not None:
+            self._written_since(k)
         self._db.delete(k)
 
     def get_many(self, keys: list) -> list:
@@ -206,6 +237,31 @@ class DiskState(KeyedState):
             self._changed.add(g)
             self._whole.add(g)
 
+    def take_groups(self, groups: Iterable[int]) -> dict[int, "ViewGroup"]:
+        """Whole key groups out of the store without reading them here (a rescale's export, in
+        the PE's turn): a view (a RocksDB checkpoint: the memtable flushed, files hard-linked)
+        keeps them, read only when the part is packed, off the turn; the store drops them by
+        range. The view :meth:`settle` took in another thread is used, with the few keys
+        written since read now; without one, the view is taken here."""
+        view, since = self._ready, self._since
+        self._ready = self._since = None
+        chosen = sorted(set(groups) & set(self.groups()) | {k[0] for k in since or ()} & set(groups))
+        if not chosen:
+            return {}
+        if view is None:
+            view, since = self._view(), set()
+        newer: dict[int, dict] = {}         # group -> key -> value now (_GONE: deleted since)
+        for raw in since:
+            if raw[0] in chosen:
+                value = self._db.get(raw)
+                newer.setdefault(raw[0], {})[pickle.loads(raw[1:])] = _GONE if value is None else pickle.loads(value)
+        self.drop_groups(chosen)
+        return {g: ViewGroup(view, g, newer.get(g)) for g in chosen}
+
+    def _view(self) -> DiskView:
+        return DiskView(self._db, os.path.join(self.path, f"view-{next(self._view_ids)}"))
+
+
     def _put_group(self, group: int, entries: dict) -> None:
         """One write batch per group (a put per key through the binding was the cost of a restore)."""
         from rocksdict import WriteBatch
@@ -220,6 +276,20 @@ class DiskState(KeyedState):
         self._db.write(batch)
         self._changed.add(group)
         self._whole.add(group)
+
+    def settle(self) -> None:
+        """The view for the coming :meth:`take_groups`, taken here (another thread: RocksDB is
+        safe to flush and checkpoint while the PE writes); keys written from now on are read
+        again at the take. Tracking stops past ``SETTLE_KEYS`` keys (the take then takes its
+        own view): a settle whose take never came must not grow for good."""
+        self._since = set()
+        self._ready = self._view()
+
+    def _written_since(self, raw: bytes) -> None:
+        since = self._since
+        since.add(raw)
+        if len(since) > SETTLE_KEYS:
+            self._ready = self._since = None
 
     def close(self) -> None:
         """Close the store and remove its directory (views taken from it end first)."""

@@ -147,13 +147,24 @@ class MemoryState(KeyedState):
             self._put_group(g, {})
 
     def take_groups(self, groups: Iterable[int]) -> dict[int, dict]:
-        """The group dicts themselves, replaced by empty ones: O(groups) plus forgetting their
-        keys, no copy (a view still reading one only reads it)."""
-        taken = {}
+        """The group dicts themselves, replaced by empty ones, no copy (a view still reading one
+        only reads it): O(groups) plus the keys put since the snapshot, in a rescale's turn.
+        Their keys' memoized groups stay (still right) until the memo is pruned: forgetting
+        them one by one was 0.7 s of the turn for half of 10^6 keys."""
+        taken, written = {}, self._written
         for g in sorted(groups):
-            if self._tables[g]:
-                taken[g] = self._tables[g]
-                self._put_group(g, {})
+            table = self._tables[g]
+            if not table:
+                continue
+            taken[g] = table
+            if written:
+                for key in ([k for k in written if k in table] if len(written) < len(table) else table):
+                    written.pop(key, None)
+            self._tables[g] = {}
+            self._shared.discard(g)
+            self._changed.add(g)
+            self._whole.add(g)
+        self._group.prune(sum(map(len, self._tables)))
         return taken
 
     def _put_group(self, group: int, entries: dict) -> None:

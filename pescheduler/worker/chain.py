@@ -566,6 +566,21 @@ class Chain:
             self._call(node, node.op.flush)
         self.end_from(node.op_id)
 
+    def replay(self, node: Node, process: Callable, batch: list) -> None:
+        """Tuples ``node`` counted in already (they waited for their key group's state,
+        pending_groups.py) through ``process`` now, routed like any batch's results."""
+        stats = node.stats
+        tuples, batches = stats.tuples_in, stats.batches_in
+        self._run(node, process, batch)
+        stats.tuples_in, stats.batches_in = tuples, batches
+
+    def catch_up(self, node: Node, gone: str) -> None:
+        """Input ``gone`` of ``node`` (already out of its watermarks) held event time back: the
+        watermark moves to the other inputs' now, and the end comes if they all ended."""
+        self._reevaluate(node)
+        if gone in node.open_inputs:
+            self._close_input(node, gone)
+
     @staticmethod
     def _partials(node: Node) -> Callable:
         """A MERGEABLE copy's watermark callback: its partials go to the original."""

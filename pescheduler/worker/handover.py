@@ -17,6 +17,15 @@ change owner, and never through the deploying process:
   the PE host builds it once they are all here (:meth:`HandOvers.resolve`),
   while the tuples already routed to it wait in their channel.
 
+A deferred move (``GroupMove.deferred``: the usual case, see
+``pending_groups.py``) does not hold the reconfiguration: the losing instance
+exports its groups in slices of :data:`SLICE_GROUPS` (cheap: the groups are
+taken, packed later), this worker pickles and sends them in the background,
+and the gaining instance, which runs already with those groups gated,
+imports each slice between two of its turns and then processes the tuples
+its groups held. The controller asks when every slice is in
+(``pe_handover_wait``): the move's end, in the reconfiguration's record.
+
 An operator exports and imports groups with its own ``export_groups(groups)`` /
 ``import_groups(state)`` where it has them (the state of the groups, in its
 snapshot's form, removed from / added to the running instance: cost of the
@@ -28,12 +37,20 @@ on the worker).
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any, Callable
 
 import cloudpickle
 
 from ..operator import Operator
 from ..wire import PESpec, key_group, least_progress
+from .pending_groups import PendingGroups
+from .routing import key_function
+
+logger = logging.getLogger(__name__)
+
+SLICE_GROUPS = 4        # key groups per part of a deferred move: the import of one is a short turn
 
 
 def export_groups(op: Operator, groups) -> Any:
@@ -56,11 +73,36 @@ def import_groups(op: Operator, state: Any) -> None:
     op.restore(op.merge_states([op.snapshot(), state]))
 
 
-def exported(pe: Any, move: dict) -> dict:
+def exported(pe: Any, move: dict) -> list[dict]:
     """One move's groups out of its instance in ``pe`` (call it between the PE's turns), with the
-    instance's watermark progress, which the gaining instance starts from."""
-    return {"state": export_groups(pe.ops[move["src"]], move["groups"]),
-            "progress": pe.chain.progress()[move["src"]]}
+    instance's watermark progress, which a new instance starts from: one part, or for a deferred
+    move of an operator with its own ``export_groups``, a part per slice of groups."""
+    op, progress = pe.ops[move["src"]], pe.chain.progress()[move["src"]]
+    groups = sorted(move["groups"])
+    state = export_groups(op, groups)            # one take (a disk store's view is taken once)
+    if not (move.get("deferred") and hasattr(op, "export_groups")) or len(groups) <= SLICE_GROUPS:
+        return [{"state": state, "progress": progress, "groups": groups}]
+    slices = [groups[i:i + SLICE_GROUPS] for i in range(0, len(groups), SLICE_GROUPS)]
+    return [{"state": op.split_state(state, lambda key, mine=frozenset(s): key_group(key) in mine),
+             "progress": progress, "groups": s} for s in slices]
+
+
+async def settled(pe: Any, moves: list[dict]) -> None:
+    """Before the turn that exports these moves: each exporting operator's ``settle_export``
+    (optional: a disk store's memtable flush), in a thread while the PE goes on."""
+    for op_id in dict.fromkeys(m["src"] for m in moves):
+        settle = getattr(pe.ops[op_id], "settle_export", None)
+        if settle is not None:
+            await asyncio.to_thread(settle)
+
+
+def gate(pe: Any, op_id: str, groups, tag: str) -> PendingGroups:
+    """Gate running instance ``op_id`` of ``pe`` on ``groups`` (call it between the PE's turns)."""
+    found = pe.rewirer.pending.get(op_id)
+    if found is not None and not found.done:
+        raise RuntimeError(f"{op_id} still waits for key groups of {found.tag}")
+    pe.rewirer.pending[op_id] = PendingGroups(pe.chain, op_id, groups, key_function(pe.spec.ops[op_id][2]), tag)
+    return pe.rewirer.pending[op_id]
 
 
 class HandOvers:
@@ -73,37 +115,89 @@ class HandOvers:
     def __init__(self, pes: Callable[[str], dict], rpc: Callable[[str], Any], address: Callable[[], str]) -> None:
         self.pes, self.rpc, self.address = pes, rpc, address
         self.parts: dict[tuple[str, str], list[bytes]] = {}     # (deployment, tag/instance) -> parts
+        self.early: dict[tuple[str, str], list[tuple[dict, bytes]]] = {}    # deferred parts before their PE
+        self.gates: dict[tuple[str, str], list[PendingGroups]] = {}        # (deployment, tag) -> gates here
+        self.failed: dict[tuple[str, str], str] = {}            # (deployment, tag) -> why a part was lost
+        self.sending: set[asyncio.Task] = set()
         self.arrived = asyncio.Condition()
 
     def handlers(self) -> dict[str, Callable]:
-        """The worker RPC handlers (the controller's ``pe_handover``, the peers' ``pe_handover_put``)."""
-        return {"pe_handover": self.pe_handover, "pe_handover_put": self.pe_handover_put}
+        """The worker RPC handlers (the controller's ``pe_handover``, ``pe_handover_expect`` and
+        ``pe_handover_wait``, the peers' ``pe_handover_put``)."""
+        return {"pe_handover": self.pe_handover, "pe_handover_put": self.pe_handover_put,
+                "pe_handover_expect": self.pe_handover_expect, "pe_handover_wait": self.pe_handover_wait}
 
     async def pe_handover(self, deployment: str, moves: list[dict]) -> dict:
-        """Export these moves' groups from aligned PEs here and send each to its new owner.
-        Answers counts only: the state never goes back to the caller."""
+        """Export these moves' groups from aligned PEs here and send each to its new owner (a
+        deferred move: in the background, answering at once). Answers counts only: the state
+        never goes back to the caller."""
         pes = self.pes(deployment)
         parts = []
         for move in moves:
             pe = pes[move["src_pe"]]
+            await settled(pe, [move])
             async with pe.turns.lock:
-                parts.append((move, exported(pe, move)))
+                parts.extend((move, part) for part in exported(pe, move))
         return await self.send(deployment, parts)
 
+    async def pe_handover_expect(self, deployment: str, moves: list[dict]) -> dict:
+        """Running instances here gate the groups these deferred moves bring them, before any
+        router switches to them (``pending_groups.py``)."""
+        pes, wanted = self.pes(deployment), {}
+        for move in moves:
+            wanted.setdefault((move["dst_pe"], move["dst"], move["tag"]), []).extend(move["groups"])
+        for (pe_id, op_id, tag), groups in wanted.items():
+            pe = pes[pe_id]
+            async with pe.turns.lock:
+                self.gates.setdefault((deployment, tag), []).append(gate(pe, op_id, groups, tag))
+        return {"gated": sum(len(g) for g in wanted.values())}
+
     async def send(self, deployment: str, parts: list[tuple[dict, dict]]) -> dict:
-        """Each exported part to its new owner's worker (this one: directly); the bytes sent."""
+        """Each exported part to its new owner's worker (this one: directly); the bytes sent.
+        Deferred moves' parts go in a background task (the reconfiguration does not wait)."""
+        later = [(m, p) for m, p in parts if m.get("deferred")]
+        if later:
+            task = asyncio.create_task(self._send_later(deployment, later))
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
         sizes = []
         for move, part in parts:
-            blob = await asyncio.to_thread(cloudpickle.dumps, part)    # off the loop the PEs run on
-            sizes.append(len(blob))
-            if move["dst_worker"] == self.address():
-                await self.pe_handover_put(deployment, move, blob)
-            else:
-                await self.rpc(move["dst_worker"]).pe_handover_put(deployment=deployment, move=move, blob=blob)
-        return {"moves": len(sizes), "bytes": sum(sizes)}
+            if not move.get("deferred"):
+                sizes.append(await self._send(deployment, move, part))
+        return {"moves": len(sizes), "bytes": sum(sizes), "deferred": len(later)}
+
+    async def _send(self, deployment: str, move: dict, part: dict) -> int:
+        blob = await asyncio.to_thread(cloudpickle.dumps, part)    # off the loop the PEs run on
+        if move["dst_worker"] == self.address():
+            await self.pe_handover_put(deployment, move, blob)
+        else:
+            await self.rpc(move["dst_worker"]).pe_handover_put(deployment=deployment, move=move, blob=blob)
+        return len(blob)
+
+    async def _send_later(self, deployment: str, parts: list[tuple[dict, dict]]) -> None:
+        """Deferred parts, one after another (a slice's import waits for no other slice)."""
+        try:
+            for move, part in parts:
+                await self._send(deployment, move, part)
+        except Exception as exc:      # the gaining instance's groups stay gated: the wait says why
+            logger.error("hand-over of %s failed", parts[0][0]["tag"], exc_info=True)
+            await self._fail(deployment, parts[0][0]["tag"], f"sending key groups failed: {exc!r}")
+
+    async def _fail(self, deployment: str, tag: str, why: str) -> None:
+        async with self.arrived:
+            self.failed[(deployment, tag)] = why
+            self.arrived.notify_all()
 
     async def pe_handover_put(self, deployment: str, move: dict, blob: bytes) -> None:
-        """A part for an instance here: imported now by one that runs, kept for a new one."""
+        """A part for an instance here: imported now by one that runs, kept for a new one (a
+        deferred one: imported as soon as its PE is built, :meth:`adopt`)."""
+        if move.get("deferred"):
+            pe = self.pes(deployment).get(move["dst_pe"])
+            if pe is None or move["dst"] not in pe.rewirer.pending:
+                self.early.setdefault((deployment, move["dst_pe"]), []).append((move, bytes(blob)))
+                return
+            await self._import(deployment, pe, move, blob)
+            return
         if move["dst_live"]:
             pe = self.pes(deployment)[move["dst_pe"]]
             async with pe.turns.lock:
@@ -113,11 +207,64 @@ class HandOvers:
             self.parts.setdefault((deployment, f"{move['tag']}/{move['dst']}"), []).append(bytes(blob))
             self.arrived.notify_all()
 
+    async def _import(self, deployment: str, pe: Any, move: dict, blob: bytes) -> None:
+        """One deferred part into its gated instance, between two of the PE's turns; the tuples
+        its groups held go through right after, in the same turn."""
+        try:
+            part = await asyncio.to_thread(cloudpickle.loads, blob)
+            gated = pe.rewirer.pending[move["dst"]]
+            async with pe.turns.lock:
+                op = pe.ops[move["dst"]]
+                if gated.fresh and not gated.parts:
+                    op.restore(part["state"])        # a new instance: built from its first part
+                else:
+                    import_groups(op, part["state"])
+                gated.parts += 1
+                gated.bytes += len(blob)
+                gated.arrived(part["groups"])
+        except Exception as exc:
+            logger.error("import of key groups %s failed", move["tag"], exc_info=True)
+            await self._fail(deployment, move["tag"], f"importing key groups into {move['dst']} failed: {exc!r}")
+            return
+        pe.ports.wake()
+        async with self.arrived:
+            self.arrived.notify_all()
+
+    def adopt(self, deployment: str, pe: Any) -> None:
+        """A PE just built (chain and gates in place): note its gates, import what came early."""
+        for gated in pe.rewirer.pending.values():
+            self.gates.setdefault((deployment, gated.tag), []).append(gated)
+        for move, blob in self.early.pop((deployment, pe.pe_id), ()):
+            task = asyncio.create_task(self._import(deployment, pe, move, blob))
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
+
+    async def pe_handover_wait(self, deployment: str, tag: str, timeout: float) -> dict:
+        """Until every gate here of reconfiguration ``tag`` has all its groups (bounded): the
+        groups and bytes moved, those still pending, and when the last one came in."""
+        key = (deployment, tag)
+
+        def finished() -> bool:
+            return key in self.failed or all(g.done for g in self.gates.get(key, ()))
+        async with self.arrived:
+            try:
+                await asyncio.wait_for(self.arrived.wait_for(finished), timeout)
+            except asyncio.TimeoutError:
+                pass
+        gates = self.gates.get(key, [])
+        if finished():
+            self.gates.pop(key, None)
+        figures = [g.figures() for g in gates]
+        return {"groups": sum(f["groups"] for f in figures), "pending": sum(f["pending"] for f in figures),
+                "bytes": sum(f["bytes"] for f in figures), "buffered": sum(f["buffered"] for f in figures),
+                "done_at": time.time(), "failed": self.failed.pop(key, None)}
+
     async def resolve(self, spec: PESpec) -> None:
         """Replace the hand-over placeholders of ``spec.restore`` by the state they name, once
-        every part is here (bounded by the placeholder's timeout)."""
+        every part is here (bounded by the placeholder's timeout). A deferred one stays: the
+        PE is built at once and gates those groups (``pending_groups.awaited``)."""
         for op_id, saved in list(spec.restore.items()):
-            if "handover" not in saved:
+            if "handover" not in saved or saved.get("deferred"):
                 continue
             key = (spec.deployment, f"{saved['handover']}/{op_id}")
             async with self.arrived:
@@ -129,8 +276,9 @@ class HandOvers:
 
     def forget(self, deployment: str) -> None:
         """The deployment ended here: parts never taken (a failed reconfiguration's) go."""
-        for key in [k for k in self.parts if k[0] == deployment]:
-            del self.parts[key]
+        for table in (self.parts, self.early, self.gates, self.failed):
+            for key in [k for k in table if k[0] == deployment]:
+                del table[key]
 
 
 def restored(cls: type, params: dict, parts: list[dict]) -> dict:

@@ -32,7 +32,7 @@ from . import handshake
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
 from .ckpt_files import CheckpointFiles
 from .channels import ChannelIn, FrameReceiver, Inbox
-from .handover import HandOvers, exported
+from .handover import HandOvers, exported, settled
 from .handshake import Credentials, tls_contexts
 from ..state.incremental import resolve_restore
 from ..state.local import LocalCopies
@@ -285,6 +285,7 @@ class PEHost:
         pes = [self.pes[(deployment, pe_id)] for pe_id in pe_ids]
         for pe in pes:
             pe.open_outputs(self._receiver, self.data_address, self._expect)
+            self.handovers.adopt(deployment, pe)     # its moved key groups that came before it
         for pe in pes:
             pe.start().add_done_callback(lambda _t: self._bump())
         self._bump()
@@ -397,11 +398,12 @@ class PEHost:
         laps = Laps()
         pe = self._of(deployment)[pe_id]
         parts = []
+        await settled(pe, handover)              # before the turn: the export in it stays short
         await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
                         cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
                         cloudpickle.loads(edges) if edges else None, cloudpickle.loads(routing) if routing else None,
                         copies, (self._receiver, self.data_address, self._expect), laps.lap,
-                        before=lambda: parts.extend((m, exported(pe, m)) for m in handover))
+                        before=lambda: parts.extend((m, part) for m in handover for part in exported(pe, m)))
         if parts:
             await self.handovers.send(deployment, parts)
             laps.lap("handover")

@@ -29,6 +29,7 @@ class Rewirer:
                  turns: Turns) -> None:
         self.ports, self.aligner, self.inputs, self.sources, self.turns = ports, aligner, inputs, sources, turns
         self.chain: Any = None
+        self.pending: dict[str, Any] = {}      # op -> its PendingGroups: moved key groups on their way
 
     def align(self, marker: Any, release: bool = False) -> None:
         """Pause the PE's sources and align its operators on ``marker`` (see aligner.py); the PE
@@ -131,6 +132,8 @@ class Rewirer:
         self.aligner.forget(remove)
         if edges is not None:
             self.chain.set_edges(edges, initial_wm=MIN_WATERMARK)
+            for gate in self.pending.values():
+                gate.hold()                    # still holding event time, whatever the new inputs
         self.inputs.edges_changed()
 
     def status(self, marker: Any, channel_ids: list[str] | None = None) -> dict:

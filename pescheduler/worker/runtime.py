@@ -29,6 +29,7 @@ from .chain import Chain
 from .channels import DATA, ENCODED, END, MALFORMED, MARKER, WATERMARK, ChannelIn, Inbox, decode
 from .flow import InputScheduler
 from .handshake import Credentials
+from .pending_groups import PendingGroups, awaited, placeholder
 from .pe_figures import RunFigures, operator_figures
 from .ports import Connect, Ports
 from .rewirer import Rewirer
@@ -91,9 +92,7 @@ class PERunner:
         self.chain = self.inputs.chain = self.rewirer.chain = Chain(
             self.ops, self.spec.edges, outputs, on_side=self.figures.side, routing=self.spec.routing,
             copies=self.spec.copies)
-        progress = {op: saved["progress"] for op, saved in self.spec.restore.items()}
-        if progress:
-            self.chain.restore_progress(progress)
+        self.rewirer.pending.update(_restore_progress(self.chain, self.spec))
 
     async def opened(self) -> None:
         """Return once every output channel is open; raise why one could not open."""
@@ -302,10 +301,21 @@ class PERunner:
 def _restore(ops: dict[str, Any], sources: Sources, restore: dict[str, dict]) -> None:
     """Operators and source drivers restored from a checkpoint (before open(): they continue)."""
     for op_id, saved in restore.items():
+        if placeholder(saved):                        # state on its way (pending_groups.py)
+            continue
         ops[op_id].restore(saved["state"])
         if saved.get("position") is not None:         # a checkpoint's durable source position
             ops[op_id].seek(saved["position"])
     sources.restore(restore)
+
+
+def _restore_progress(chain: Chain, spec: PESpec) -> dict[str, PendingGroups]:
+    """Watermark progress restored into a new chain; the gates of its instances whose moved key
+    groups are still on their way (pending_groups.py)."""
+    progress = {op: saved["progress"] for op, saved in spec.restore.items() if not placeholder(saved)}
+    if progress:
+        chain.restore_progress(progress)
+    return awaited(chain, spec)
 
 
 def _open(ops: dict[str, Any], spec: PESpec, hosting: Hosting) -> None:

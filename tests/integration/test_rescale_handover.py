@@ -64,6 +64,7 @@ def test_a_replicate_and_release_of_a_big_keyed_window_pass_no_state_through_the
         assert dep.placement().pe_of(op) == original
         # the released copy's ~KEYS/2 keys went worker to worker; what the deployer got of its PE
         # is the emptied window's frame, not its keys
-        assert through.handed_bytes > 10 * KEYS // 2
+        # (in the background after the pause: the record's figure, docs/state.md)
+        assert through.handed_bytes + record.steps.get("moving: bytes", 0) > 10 * KEYS // 2, record.steps
         assert through.snapshot_bytes < 5_000, through.snapshot_bytes
         assert dep.wait(timeout=120)["state"] == "finished"

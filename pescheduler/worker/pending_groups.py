@@ -1,0 +1,108 @@
+"""Key groups an operator instance owns but whose state has not arrived yet (a rescale's move).
+
+A Replicate, Release or Move no longer waits for the moving key groups' state:
+the routers switch at once and the gaining instance runs (``handover.py``).
+Until a group's state is imported, the tuples of that group wait here, per
+group, in arrival order; every other tuple is processed at once. Right after a
+group's import its waiting tuples go through the operator, before anything
+that arrives later (same turn), so per-key order and exactly once hold: the
+old owner processed nothing of the group after the switch, the new one
+nothing before its state.
+
+Event time: while any group is pending the instance's watermark does not
+advance (a pending hand-over is one more input of the operator's node, at the
+minimum watermark and open): a window never fires, nor lets downstream see a
+watermark past, a group whose panes are still on their way. Once the last
+group is in, the input goes and the watermark catches up (the windows fire
+then, what they held included).
+
+Only operators whose tuples come through ``process`` (one input, rows) are
+gated; a multi-input (``process_input``) or columnar operator's moves keep the
+blocking hand-over (``plan/state.py``'s ``GroupMove.deferred``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from ..wire import key_group
+from .chain import MIN_WATERMARK, Chain
+from .routing import key_function
+
+HANDOVER_INPUT = "(handover)"      # the pending groups' place among the node's inputs
+
+
+class PendingGroups:
+    """One gated instance ``op_id`` in ``chain``: tuples of ``groups`` wait until :meth:`arrived`."""
+
+    def __init__(self, chain: Chain, op_id: str, groups: Iterable[int], key: Callable[[Any], Any],
+                 tag: str, fresh: bool = False) -> None:
+        self.chain, self.op_id, self.key, self.tag = chain, op_id, key, tag
+        self.fresh = fresh              # a new instance: built from its first part (restore), not merged
+        self.node = chain.nodes[op_id]
+        self.waiting: dict[int, list] = {g: [] for g in groups}     # group -> its tuples, arrival order
+        self.total = len(self.waiting)
+        self.buffered = 0               # tuples that waited (figures, tests)
+        self.bytes = 0                  # state bytes imported so far (the receiving worker counts)
+        self.parts = 0                  # parts imported so far (a fresh instance restores the first)
+        self.inner = self.node.process
+        self.node.process = self.process
+        self.hold()
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting
+
+    def hold(self) -> None:
+        """Keep the node's watermark where it is while groups are pending (again after a rewire
+        rebuilt the node's inputs: ``Chain.set_edges`` drops inputs it does not know)."""
+        if self.waiting:
+            self.node.in_wm[HANDOVER_INPUT] = MIN_WATERMARK
+            if not self.node.ended:
+                self.node.open_inputs.add(HANDOVER_INPUT)
+
+    def process(self, batch: list, emit: Any) -> None:
+        """The node's ``process`` while groups are pending: theirs wait, the rest go on."""
+        waiting, key, now = self.waiting, self.key, []
+        if not waiting:
+            return self.inner(batch, emit)
+        for t in batch:
+            queue = waiting.get(key_group(key(t)))
+            if queue is None:
+                now.append(t)
+            else:
+                queue.append(t)
+                self.buffered += 1
+        if now:
+            self.inner(now, emit)
+
+    def arrived(self, groups: Iterable[int]) -> None:
+        """``groups``' state was just imported (same turn): their tuples go through the operator
+        now, in arrival order; after the last group, the watermark and end of stream it held."""
+        chain, node = self.chain, self.node
+        for g in sorted(groups):
+            queue = self.waiting.pop(g, None)
+            if queue:
+                chain.replay(node, self.inner, queue)
+        if self.waiting:
+            return
+        node.process = self.inner
+        node.in_wm.pop(HANDOVER_INPUT, None)
+        chain.catch_up(node, HANDOVER_INPUT)
+
+    def figures(self) -> dict:
+        return {"groups": self.total, "pending": len(self.waiting), "buffered": self.buffered,
+                "bytes": self.bytes}
+
+
+def awaited(chain: Chain, spec: Any) -> dict[str, PendingGroups]:
+    """A new PE's instances whose key groups are still on their way (``spec.restore``'s deferred
+    hand-over entries, ``control/protocol.py``): gated before the PE takes its first tuple."""
+    return {op_id: PendingGroups(chain, op_id, saved["groups"], key_function(spec.ops[op_id][2]),
+                                 saved["handover"], fresh=True)
+            for op_id, saved in spec.restore.items() if saved.get("deferred")}
+
+
+def placeholder(saved: dict) -> bool:
+    """A restore entry that names key groups handed over later, not state (``awaited``)."""
+    return "handover" in saved
