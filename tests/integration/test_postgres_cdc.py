@@ -260,14 +260,19 @@ def _source_pe(placement) -> str:
                 if any(op.startswith("postgres_cdc") for op in pe.operators))
 
 
-def test_the_docs_postgres_block_runs_as_pasted(db, tmp_path):
-    """docs/connectors.md's ```python postgres block, in a file of its own, with PG_DSN set."""
-    url, _conn = db
-    (code,) = re.findall(r"```python postgres\n(.*?)```", DOC.read_text(), re.S)
+def run_docs_block(tag: str, url: str, tmp_path) -> subprocess.CompletedProcess:
+    """docs/connectors.md's one ```TAG block, in a file of its own run with PG_DSN set; it must exit 0."""
+    (code,) = re.findall(rf"```{tag}\n(.*?)```", DOC.read_text(), re.S)
     (tmp_path / "pasted.py").write_text(code)
     done = subprocess.run([sys.executable, "pasted.py"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PG_DSN": url})
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    return done
+
+
+def test_the_docs_postgres_block_runs_as_pasted(db, tmp_path):
+    """docs/connectors.md's ```python postgres block, in a file of its own, with PG_DSN set."""
+    done = run_docs_block("python postgres", db[0], tmp_path)
     assert "100 rows in the snapshot, 20 changes after it" in done.stdout
 
 
@@ -351,10 +356,5 @@ def test_the_cdc_to_iceberg_example_runs_as_its_docstring_says(db, tmp_path):
 
 def test_the_docs_cdc_to_iceberg_block_runs_as_pasted(db, tmp_path):
     """docs/connectors.md's ```python postgres iceberg block (CDC -> latest -> aggregate -> Iceberg)."""
-    url, _conn = db
-    (code,) = re.findall(r"```python postgres iceberg\n(.*?)```", DOC.read_text(), re.S)
-    (tmp_path / "pasted.py").write_text(code)
-    done = subprocess.run([sys.executable, "pasted.py"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PG_DSN": url})
-    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    done = run_docs_block("python postgres iceberg", db[0], tmp_path)
     assert "iceberg: {'r0': (150, " in done.stdout and "'r2'" not in done.stdout, done.stdout
