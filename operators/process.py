@@ -80,6 +80,9 @@ class Process(Operator):
         self._events, self._wall = TimerQueue(), TimerQueue()
         self._ctx = ProcessContext(self._events, self._wall)
         self._due: KeyRecord | None = None   # the record of the timer pop_due just found pending
+        # memory: the records put since the last snapshot (KeyedState.writable: read and changed in
+        # place with no get or put), asked for at each batch and watermark; disk: None
+        self._written: dict | None = None
 
     @classmethod
     def named(cls, name: str, fn: type) -> type:
@@ -113,12 +116,14 @@ class Process(Operator):
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
+        self._written = self._keys.writable()
         hold(batch, emit, self.ts_field, self._wm, self._pending, self._key_of)
         self._fire_processing(emit)
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         """Events and event-time timers up to ``watermark``, merged in timestamp order."""
         self._wm = self._ctx.watermark = watermark
+        self._written = self._keys.writable()
         ready, self._pending = released(self._pending, watermark)
         for ts, k, t in ready:
             self._fire_events(lambda due, ts=ts: due < ts, emit)
@@ -135,7 +140,10 @@ class Process(Operator):
         ctx = self._ctx
         ctx.key, ctx.timestamp, ctx.emit, ctx.domain = k, ts, emit, domain
         if record is None:
-            record = self._keys.get(k)
+            written = self._written
+            record = written.get(k) if written is not None else None
+            if record is None:
+                record = self._keys.get(k)
         if record is not None and self.ttl is not None and domain == "event" and ts - record.last >= self.ttl:
             record.state.clear()
         ctx.current, self._held = record, record is not None
@@ -148,7 +156,9 @@ class Process(Operator):
         if record is None:
             return
         if not record.empty():
-            self._keys.put(k, record)
+            written = self._written
+            if written is None or written.get(k) is not record:     # memory: already put since the snapshot
+                self._keys.put(k, record)
         elif self._held:
             self._keys.delete(k)
 
@@ -184,7 +194,10 @@ class Process(Operator):
             self._timer(hit[0], hit[1], emit, "processing")
 
     def _holds_timer(self, k: Any, ts: int) -> bool:
-        record = self._keys.get(k)
+        written = self._written
+        record = written.get(k) if written is not None else None
+        if record is None:
+            record = self._keys.get(k)
         if record is not None and ts in record.timers:
             self._due = record              # _timer calls with it: one read of the backend
             return True
