@@ -51,7 +51,7 @@ from typing import Any, Callable
 from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.timeutil import parse_duration
 
-from pescheduler.state import MemoryState, adopt, key_group
+from pescheduler.state import MemoryState, adopt, key_group, pack_group
 from pescheduler.state.groups import PackedOnPickle, merge_groups, restore_groups, snapshot_groups, split_groups
 
 from .process_context import KeyRecord, ProcessContext, TimerQueue
@@ -233,7 +233,7 @@ class Process(Operator):
     def restore(self, state: dict) -> None:
         self._wm, self._pending = state["watermark"], list(state["pending"])
         self._ctx.watermark = self._wm
-        restore_groups(self._keys, state["groups"])
+        restore_groups(self._keys, _groups(state))
         self._events.keep(lambda k: False)
         self._wall.keep(lambda k: False)
         self._index(self._keys.groups())
@@ -262,10 +262,21 @@ class Process(Operator):
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
         """The key groups where ``owns(key)``: their records and waiting events."""
         return {**state, "pending": [p for p in state["pending"] if owns(p[1])],
-                "groups": split_groups(state["groups"], owns)}
+                "groups": split_groups(_groups(state), owns)}
 
     def merge_states(self, states: list) -> dict:
         """Every instance's key groups (disjoint) at the least advanced watermark."""
         return {"watermark": min(s["watermark"] for s in states),
                 "pending": sorted((p for s in states for p in s["pending"]), key=itemgetter(0)),
-                "groups": merge_groups([s["groups"] for s in states])}
+                "groups": merge_groups([_groups(s) for s in states])}
+
+
+def _groups(state: dict) -> dict:
+    """A snapshot's key groups; one a checkpoint took while each key's record was in a dict of the
+    operator's own (``keys``: ``(key, record)`` pairs) is grouped here, so it still restores."""
+    if "groups" in state:
+        return state["groups"]
+    by_group: dict[int, list] = {}
+    for k, record in state["keys"]:
+        by_group.setdefault(key_group(k), []).append((k, KeyRecord.load(record)))
+    return {g: (items[0][0], pack_group(items)) for g, items in by_group.items()}

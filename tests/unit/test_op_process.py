@@ -272,3 +272,15 @@ def test_the_disk_backend_holds_the_records_and_restores_them_from_a_snapshot(tm
     assert again._keys.backend == "memory" and held(again).keys() == set(range(7))
     out += feed([again], events[150:], [])
     assert per_key(out) == expected(events)
+
+
+def test_a_checkpoint_taken_while_records_were_per_key_still_restores_split_and_merged():
+    """Before the records lived in the keyed state backend a snapshot held ``keys``: (key, record)
+    pairs. Such a checkpoint restores (also split into copies and merged back), timers included."""
+    old = {"watermark": 0, "pending": [],
+           "keys": [(7, ({"n": 2, "due": 100}, [100], [], 55)), (8, ({"n": 1, "due": 90}, [90], [], 45))]}
+    op = opened(Process(Lapses))
+    parts = [op.split_state(old, lambda k, mine=mine: (key_group(k) == key_group(7)) == mine) for mine in (True, False)]
+    op.restore(op.merge_states(parts))
+    fired = watermark([op], MAX_WATERMARK)
+    assert sorted((r["key"], r["timer"], r["n"]) for r in fired) == [(7, 100, 2), (8, 90, 1)]
