@@ -1,11 +1,13 @@
 """What a process function sees of its key: ``ctx.key``, ``ctx.state``, ``ctx.timers``, ``ctx.emit``.
 
-One :class:`KeyRecord` per key holds that key's state dict and pending timers; it
-exists only while one of them is non-empty, so a key whose state is empty and
-which waits for no timer holds no memory. :class:`ProcessContext` is the one
-object the operator hands to every call, pointed at the key of the moment, so
-a call costs no allocation. The operator (``process.py``) owns the order in
-which calls happen; this module only records what a call asked for.
+One :class:`KeyRecord` per key holds that key's state dict and pending timers; the
+operator keeps it in the deployment's keyed state backend (``pescheduler.state``) and
+only while one of them is non-empty, so a key whose state is empty and which waits
+for no timer holds nothing. :class:`ProcessContext` is the one object the operator
+hands to every call, pointed at the key of the moment and at its record (read from
+the backend before the call, put back after it), so a call costs no allocation. The
+operator (``process.py``) owns the order in which calls happen; this module only
+records what a call asked for.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ class TimerQueue:
     def push(self, ts: int, key: Any) -> None:
         heapq.heappush(self._heap, (ts, next(self._seq), key))
 
+    def keep(self, holds: Callable[[Any], bool]) -> None:
+        """Forget the timers of the keys ``holds`` rejects (their key groups moved away)."""
+        self._heap = [entry for entry in self._heap if holds(entry[2])]
+        heapq.heapify(self._heap)
+
     def pop_due(self, due: Callable[[int], bool], pending: Callable[[Any, int], bool]) -> tuple | None:
         """The earliest ``(ts, key)`` for which ``due(ts)`` and ``pending(key, ts)``, removed; else None."""
         heap = self._heap
@@ -76,7 +83,7 @@ class Timers:
 
     def cancel(self, ts: int) -> None:
         """Forget the event-time timer at ``ts`` of this key (no error if there is none)."""
-        record = self._ctx.records.get(self._ctx.key)
+        record = self._ctx.current
         if record is not None:
             record.timers.discard(ts)
 
@@ -103,8 +110,9 @@ class ProcessContext:
     (which kind of timer fired, in ``on_timer``).
     """
 
-    def __init__(self, records: dict, event_queue: TimerQueue, processing_queue: TimerQueue) -> None:
-        self.records, self.event_queue, self.processing_queue = records, event_queue, processing_queue
+    def __init__(self, event_queue: TimerQueue, processing_queue: TimerQueue) -> None:
+        self.event_queue, self.processing_queue = event_queue, processing_queue
+        self.current: KeyRecord | None = None      # the key's record, None until it needs one
         self.timers = Timers(self)
         self.key: Any = None
         self.emit: Callable[[Any], None] = list().append
@@ -114,17 +122,11 @@ class ProcessContext:
 
     def record(self) -> KeyRecord:
         """The current key's record, made when first needed."""
-        record = self.records.get(self.key)
+        record = self.current
         if record is None:
-            record = self.records[self.key] = KeyRecord()
+            record = self.current = KeyRecord()
         return record
 
     @property
     def state(self) -> dict:
         return self.record().state
-
-    def release(self) -> None:
-        """Drop the current key's record if it holds nothing (called after each call)."""
-        record = self.records.get(self.key)
-        if record is not None and record.empty():
-            del self.records[self.key]

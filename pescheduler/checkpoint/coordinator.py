@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from ..errors import CheckpointError
 from .restore import placement_blob
@@ -205,8 +205,8 @@ class CheckpointCoordinator:
         by_worker: dict[str, list[str]] = {}
         for pe_id, pe in placement.pes.items():
             by_worker.setdefault(pe.worker, []).append(pe_id)
-        answers = await self._call(_first_failure([self.gateway.ckpt_write(w, checkpoint_id, pes, self.store.url)
-                                                   for w, pes in by_worker.items()]))
+        answers = await self._call(_first_failure(self.gateway.ckpt_write(w, checkpoint_id, pes, self.store.url)
+                                                  for w, pes in by_worker.items()))
         results: dict[str, dict] = {}
         for answer in answers:
             results.update(answer)
@@ -246,9 +246,9 @@ class CheckpointCoordinator:
             by_worker.setdefault(pe.worker, []).append(pe_id)
         with_sources = {pe_id for pe_id, pe in placement.pes.items()
                         if any(placement.plan.ops[op].kind == "source" for op in pe.operators)}
-        await _first_failure([self.gateway.ckpt_begin(w, checkpoint_id, [p for p in pes if p in with_sources], epoch)
-                              for w, pes in by_worker.items()])
-        answers = await _first_failure([self._snapshots(w, checkpoint_id, pes) for w, pes in by_worker.items()])
+        await _first_failure(self.gateway.ckpt_begin(w, checkpoint_id, [p for p in pes if p in with_sources], epoch)
+                             for w, pes in by_worker.items())
+        answers = await _first_failure(self._snapshots(w, checkpoint_id, pes) for w, pes in by_worker.items())
         results: dict[str, dict] = {}
         for answer in answers:
             results.update(answer)
@@ -326,9 +326,11 @@ def _go_on(abandoned: threading.Event) -> None:
         raise CheckpointError("given up: the write took longer than pescheduler.checkpoint.timeout")
 
 
-async def _first_failure(calls: list) -> list:
+async def _first_failure(calls: Iterable) -> list:
     """Every call's answer; on the first that raises, the others are cancelled (and awaited:
-    none is left running) and that exception is raised."""
+    none is left running) and that exception is raised. ``calls`` is a generator: the calls are
+    made only once this runs, so one closed or cancelled before it started (an interrupted
+    checkpoint, :meth:`CheckpointCoordinator._call`) leaves no call made and never awaited."""
     tasks = [asyncio.ensure_future(c) for c in calls]
     if not tasks:
         return []

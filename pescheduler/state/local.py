@@ -51,7 +51,18 @@ class LocalCopies:
     def prune(self, run: str, keep: set[str]) -> None:
         """Remove the copies of ``run`` whose path (``chk-N/<file>``) is not in ``keep``."""
         base = os.path.join(self.root, run)
-        for folder in (os.listdir(base) if os.path.isdir(base) else []):
-            for name in os.listdir(os.path.join(base, folder)):
+        for folder in _listed(base):
+            for name in _listed(os.path.join(base, folder)):
                 if f"{folder}/{name}" not in keep:
-                    os.remove(os.path.join(base, folder, name))
+                    try:
+                        os.remove(os.path.join(base, folder, name))
+                    except FileNotFoundError:
+                        pass    # another PE's prune on this worker took it first: gone either way
+
+
+def _listed(folder: str) -> list[str]:
+    """``folder``'s entries; none when it is gone (a concurrent prune, or the deployment's end)."""
+    try:
+        return os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []

@@ -1,6 +1,7 @@
 """A keyed process function with event-time timers pending, copied and released on a real Dask
 deployment while tuples flow, or its worker SIGKILLed and the deployment restored from a checkpoint:
-every timer fires exactly once, as in the plain-Python reference.
+every timer fires exactly once, as in the plain-Python reference, with its keys' records in either
+keyed state backend (on ``disk``: a RocksDB store per instance, on its worker).
 
 The source holds its last tuples until the test has applied the Replicate and the Release, so both
 happen mid-stream however slow the machine; every key has timers pending at every moment
@@ -20,6 +21,7 @@ import pytest
 import pescheduler
 from pescheduler import Application, Release, Replicate
 from support_ops import Lapses, committed_output, process_reference
+from test_keyed_state_deploy import stores       # the operator stores under pescheduler.state.dir
 from waiting import until
 
 pytestmark = pytest.mark.integration
@@ -51,14 +53,21 @@ def replicated_and_released(dep, op: str, release) -> dict:
     return dep.wait(timeout=WAIT)
 
 
-def test_replicate_and_release_fire_every_pending_timer_exactly_once(cluster, tmp_path):
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_replicate_and_release_fire_every_pending_timer_exactly_once(cluster, tmp_path, monkeypatch, backend):
     out, release = tmp_path / "alerts.jsonl", tmp_path / "release"
-    app = Application("process-copies")
+    app = Application(f"process-copies-{backend}")
     (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=COUNT - 1000, release=str(release))
         .key_by("key").process(Lapses, gap=GAP, id="lapses").sink("jsonl", path=str(out)))
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
+    where = {"cluster": cluster} if backend == "memory" else {"workers": 2}
+    monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path))       # the forked workers' setting
+    with pescheduler.deploy(app, plugins=["support_ops"], policies=[], state=backend, **where) as dep:
+        if backend == "disk":
+            tuples_in(dep, "lapses")
+            assert len(stores(tmp_path)) == 1, stores(tmp_path)        # the records' RocksDB
         status = replicated_and_released(dep, "lapses", release)
     assert status["state"] == "finished", status
+    assert stores(tmp_path) == []                                      # removed with the deployment
     assert_equals_reference([json.loads(line) for line in out.read_text().splitlines()])
 
 
@@ -72,18 +81,20 @@ def assert_equals_reference(rows: list) -> None:
     assert got == want
 
 
-def test_a_sigkilled_worker_restored_from_a_checkpoint_fires_every_timer_exactly_once(tmp_path):
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_a_sigkilled_worker_restored_from_a_checkpoint_fires_every_timer_exactly_once(tmp_path, monkeypatch, backend):
     out = tmp_path / "alerts.jsonl"
-    app = Application("process-recovery")
+    monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path / "stores"))
+    app = Application(f"process-recovery-{backend}")
     (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE)     # Lapses as registered by support_ops
         .key_by("key").process("lapses", gap=GAP, id="lapses").sink("jsonl", path=str(out)))
-    assert_equals_reference(killed_and_restored(app, "lapses", tmp_path, out))
+    assert_equals_reference(killed_and_restored(app, "lapses", tmp_path, out, state=backend))
 
 
-def killed_and_restored(app, op: str, tmp_path, out) -> list:
+def killed_and_restored(app, op: str, tmp_path, out, state: str = "memory") -> list:
     """Deploy ``app`` on three workers with checkpoints, SIGKILL the worker of ``op`` after the first
     complete one, wait for the restored deployment to finish: what its jsonl sink ``out`` committed."""
-    with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
+    with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[], state=state,
                             checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
         until(lambda: dep.checkpoints(), WAIT, "a complete checkpoint")
         placement = dep.placement()

@@ -488,3 +488,30 @@ def test_a_checkpoint_cut_short_by_the_end_leaves_no_more_than_retain():
     # and the history names it: its last entry was checkpoint 1, whose manifest the prune removed
     # (a loaded run's `dep.checkpoints()[-1]` pointed at a directory without MANIFEST.json)
     assert [c.id for c in coord.completed] == [1, 2] and coord.completed[-1].url.endswith("chk-000002")
+
+
+def test_an_interrupted_checkpoint_leaves_no_call_to_a_worker_never_awaited():
+    """A recovery interrupts a checkpoint before its write phase called the workers: the calls,
+    made before the interruption was seen, were never awaited (a RuntimeWarning in the loaded
+    whole run: "coroutine 'WorkerGateway.ckpt_write' was never awaited"). They are made only
+    once the calls start."""
+    import gc
+    import warnings
+
+    import threading
+    import time
+
+    from pescheduler.checkpoint.coordinator import CheckpointError
+
+    coord = coordinator(memory_store(), FakeGateway())
+    coord.interrupt("a worker was lost")
+
+    async def scenario():
+        with pytest.raises(CheckpointError, match="interrupted"):
+            await coord._write_all(1, placement(), time.time(), time.perf_counter(), threading.Event())
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(scenario())
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]

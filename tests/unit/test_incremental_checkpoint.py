@@ -300,3 +300,25 @@ def test_a_restore_reads_this_workers_copies_and_the_storage_when_a_copy_is_bad(
     target = open_state("memory")
     restore_groups(target, saved["op"]["state"]["groups"])
     assert len(target) == 2_000 and target.get("car-0000009") == [9, 7.0]
+
+
+def test_pruning_local_copies_that_another_prune_took_first_is_no_error(tmp_path, monkeypatch):
+    """Two PEs of a deployment on one worker prune its local copies at the end of a checkpoint:
+    the second found a file (or folder) gone between listing and removing it, and the checkpoint's
+    end failed on that worker with FileNotFoundError (seen in a bench run's log)."""
+    copies = LocalCopies(str(tmp_path))
+    entry = {"path": "chk-000001/g1.full"}
+    copies.keep("run", entry, b"x")
+    copies.keep("run", {"path": "chk-000002/g1.full"}, b"y")
+    real_remove = os.remove
+
+    def raced(path):                       # the other prune removes it just before this one does
+        real_remove(path)
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(os, "remove", raced)
+    copies.prune("run", {"chk-000002/g1.full"})
+    monkeypatch.setattr(os, "listdir", lambda path: (_ for _ in ()).throw(FileNotFoundError(path)))
+    copies.prune("run", set())
+    monkeypatch.undo()
+    assert copies.read("run", {**entry, "bytes": 1, "sha256": ""}) is None

@@ -14,6 +14,7 @@ from pescheduler import Application
 from pescheduler.errors import InvalidApplication
 from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
 from pescheduler.operators.process import Process
+from pescheduler.state import key_group
 from support_ops import Lapses, process_reference
 
 DELAY = 30          # ms of out-of-orderness the watermark allows
@@ -61,6 +62,11 @@ def watermark(ops, wm):
     return out
 
 
+def held(op):
+    """``{key: KeyRecord}`` the operator's keyed state holds."""
+    return {k: r for g in op._keys.groups() for k, r in op._keys.items(g)}
+
+
 def per_key(rows):
     got = {}
     for r in rows:
@@ -77,8 +83,8 @@ def expected(events, **kw):
 def test_timers_fire_in_timestamp_order_once_as_the_reference_whatever_the_batching(events, cuts):
     op = opened(Process(Lapses))
     assert per_key(feed([op], events, cuts)) == expected(events)
-    records = [r for _, r in op.snapshot()["keys"]]
-    assert all(state and not timers for state, timers, _, _ in records), "an empty key holds a record"
+    records = held(op).values()
+    assert all(r.state and not r.timers for r in records), "an empty key holds a record"
 
 
 @settings(max_examples=60, deadline=None)
@@ -90,7 +96,7 @@ def test_split_and_merge_move_state_and_pending_timers_exactly_once(events, at, 
     first = opened(Process(Lapses))
     out = run_part([first], events[:at])
     whole = first.snapshot()
-    owner = lambda k: hash(k) % (copies + 1)          # noqa: E731 - the key-group test
+    owner = lambda k: key_group(k) % (copies + 1)     # noqa: E731 - copies own whole key groups
     parts = []
     for index in range(copies + 1):
         part = opened(Process(Lapses))
@@ -135,9 +141,9 @@ def test_ttl_frees_the_memory_of_idle_keys():
     op = opened(Process(Counts, ttl="100ms"))
     op.process([{"key": k, "ts": 10, "i": k} for k in range(50)], Emitter())
     op.on_watermark(10, Emitter())
-    assert len(op.snapshot()["keys"]) == 50
+    assert len(held(op)) == 50
     op.on_watermark(500, Emitter())
-    assert op.snapshot()["keys"] == []
+    assert held(op) == {}
 
 
 class Alarm:
@@ -160,7 +166,7 @@ def test_processing_time_timers_fire_at_the_next_batch_after_they_are_due():
     op.process([], emit)
     assert emit == [("a", True, "processing")]
     op.on_watermark(MAX_WATERMARK, end := Emitter())
-    assert end == [] and op.snapshot()["keys"] == [], "the cancelled event timer fired or stayed"
+    assert end == [] and held(op) == {}, "the cancelled event timer fired or stayed"
 
 
 class Fragile:
@@ -206,3 +212,75 @@ def test_a_process_function_registered_by_name_runs_as_the_class_does():
     assert LapsesProcess.name == "lapses" and op.parameters() == {"gap": 45, "ttl": None}
     again = opened(type(op)(**op.parameters()))
     assert per_key(feed([op], events, [10, 30])) == expected(events) == per_key(feed([again], events, [5]))
+
+
+def in_backend(backend, tmp_path):
+    """The dask config that makes ``open`` put an operator's keyed state in ``backend``."""
+    import dask.config
+
+    return dask.config.set({"pescheduler.state.backend": backend, "pescheduler.state.dir": str(tmp_path)})
+
+
+def handed(src, dst, groups):
+    """A rescale's hand-over of ``groups`` from running ``src`` to running ``dst``, through the
+    worker's functions and a pickle round trip as between two workers."""
+    import cloudpickle
+
+    from pescheduler.worker.handover import export_groups, import_groups
+
+    import_groups(dst, cloudpickle.loads(cloudpickle.dumps(export_groups(src, groups))))
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+@settings(max_examples=25, deadline=None)
+@given(events=streams(), at=st.integers(0, 120), back=st.integers(0, 120))
+def test_key_groups_handed_to_a_copy_and_back_fire_every_timer_once(tmp_path_factory, backend, events, at, back):
+    """Replicate then Release as the worker does it (export_groups/import_groups between two running
+    instances), with a checkpoint-style snapshot alive across the hand-over: as the reference."""
+    at, back = sorted((min(at, len(events)), min(back, len(events))))
+    with in_backend(backend, tmp_path_factory.mktemp("state")):
+        first, copy = opened(Process(Lapses)), opened(Process(Lapses))
+        assert first._keys.backend == backend
+        out = run_part([first], events[:at])
+        view = first.snapshot()                                  # a checkpoint's view, alive
+        moving = frozenset(g for g in range(128) if g % 2)
+        handed(first, copy, moving)
+        owner = lambda k: int(key_group(k) in moving)            # noqa: E731
+        out += run_part([first, copy], events[at:back], owner)
+        handed(copy, first, moving)
+        assert held(copy) == {} and copy._pending == []
+        out += feed([first], events[back:], [])
+        assert per_key(out) == expected(events)
+        assert dict(view)                                         # the view outlived the hand-over
+        first._keys.close(), copy._keys.close()
+
+
+def test_the_disk_backend_holds_the_records_and_restores_them_from_a_snapshot(tmp_path):
+    """On ``disk`` a key's state and timers are in the RocksDB store, not in the operator; a
+    snapshot restored into a memory instance goes on as the original would."""
+    events = [{"key": i % 7, "ts": i * 3, "i": i} for i in range(300)]
+    with in_backend("disk", tmp_path):
+        op = opened(Process(Lapses))
+        out = run_part([op], events[:150])
+        stored = op._keys.get(3)
+        assert op._keys.backend == "disk" and stored.timers and len(op._keys) == 7
+        assert stored is not op._keys.get(3)                       # a copy of what the store holds
+        saved = op.snapshot()
+    again = opened(Process(Lapses))
+    again.restore(saved)
+    op._keys.close()
+    assert again._keys.backend == "memory" and held(again).keys() == set(range(7))
+    out += feed([again], events[150:], [])
+    assert per_key(out) == expected(events)
+
+
+def test_a_checkpoint_taken_while_records_were_per_key_still_restores_split_and_merged():
+    """Before the records lived in the keyed state backend a snapshot held ``keys``: (key, record)
+    pairs. Such a checkpoint restores (also split into copies and merged back), timers included."""
+    old = {"watermark": 0, "pending": [],
+           "keys": [(7, ({"n": 2, "due": 100}, [100], [], 55)), (8, ({"n": 1, "due": 90}, [90], [], 45))]}
+    op = opened(Process(Lapses))
+    parts = [op.split_state(old, lambda k, mine=mine: (key_group(k) == key_group(7)) == mine) for mine in (True, False)]
+    op.restore(op.merge_states(parts))
+    fired = watermark([op], MAX_WATERMARK)
+    assert sorted((r["key"], r["timer"], r["n"]) for r in fired) == [(7, 100, 2), (8, 90, 1)]
