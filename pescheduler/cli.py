@@ -329,7 +329,7 @@ def _released(name: str, timeout: float) -> bool:
     """Wait (bounded) until the process of the embedded deployment ``name`` removed its record and
     claim, as it does last when it stops; another process's files signal nothing, so this polls."""
     deadline = time.monotonic() + timeout
-    while statefile.read(name) is not None or any(c["name"] == name for c in statefile.claims()):
+    while statefile.read(name) is not None or statefile.claim_of(name) is not None:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
@@ -623,15 +623,15 @@ def _once_started(name: str, err: Console) -> dict | None:
     claimed the name and is still starting its cluster (``stop NAME`` right after ``deploy``);
     None when nothing claims ``name``, or the claimant exits or is not up within
     ``cluster.connect-timeout``. The record is another process's file: this polls, bounded."""
-    claimed = [c for c in statefile.claims() if c["name"] == name]
-    if not claimed:
+    claimed = statefile.claim_of(name)
+    if claimed is None:
         return None
     timeout = config.get_seconds("cluster.connect-timeout")
-    err.print(f"{name!r} is starting (pid {claimed[0]['pid']}); waiting up to {timeout:.0f} s for its cluster…")
+    err.print(f"{name!r} is starting (pid {claimed['pid']}); waiting up to {timeout:.0f} s for its cluster…")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = statefile.read(name)
-        if state is not None or not any(c["name"] == name for c in statefile.claims()):
+        if state is not None or statefile.claim_of(name) is None:
             return state
         time.sleep(0.1)
     return None

@@ -102,6 +102,12 @@ def claims() -> list[dict]:
     return _live(".claim")
 
 
+def claim_of(name: str) -> dict | None:
+    """The live claim of ``name`` (its process still runs), or None."""
+    state = _load(f"{name}.claim")
+    return state if state is not None and _alive(state.get("pid")) else None
+
+
 def remove(name: str | None = None) -> None:
     """Remove the record and claim of this process's deployment ``name`` (default: the record it wrote
     last); a file another process has taken since is left."""
