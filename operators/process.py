@@ -139,7 +139,7 @@ class Process(Operator):
         unless given); empty the key's state if it outlived ttl."""
         ctx = self._ctx
         ctx.key, ctx.timestamp, ctx.emit, ctx.domain = k, ts, emit, domain
-        if record is None:
+        if record is None:              # inlined _record: this runs per event
             written = self._written
             record = written.get(k) if written is not None else None
             if record is None:
@@ -193,18 +193,21 @@ class Process(Operator):
         while (hit := self._wall.pop_due(lambda due: due <= now, self._holds_ptimer)) is not None:
             self._timer(hit[0], hit[1], emit, "processing")
 
-    def _holds_timer(self, k: Any, ts: int) -> bool:
+    def _record(self, k: Any) -> KeyRecord | None:
+        """``k``'s record: the one put since the snapshot (memory), else the backend's."""
         written = self._written
         record = written.get(k) if written is not None else None
-        if record is None:
-            record = self._keys.get(k)
+        return record if record is not None else self._keys.get(k)
+
+    def _holds_timer(self, k: Any, ts: int) -> bool:
+        record = self._record(k)
         if record is not None and ts in record.timers:
             self._due = record              # _timer calls with it: one read of the backend
             return True
         return False
 
     def _holds_ptimer(self, k: Any, due: int) -> bool:
-        record = self._keys.get(k)
+        record = self._record(k)
         if record is not None and due in record.ptimers:
             self._due = record
             return True
