@@ -38,7 +38,7 @@ from pescheduler.operator import Emitter, OperatorContext
 from pescheduler.state import MemoryState
 from pescheduler.state import adopt
 from pescheduler.state import key_group
-from pescheduler.state.groups import PackedOnPickle, merge_groups, restore_groups, snapshot_groups, split_groups
+from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 
 from .window import AggregatingWindow
 
@@ -160,12 +160,10 @@ class CountWindow(AggregatingWindow):
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their
         panes and waiting tuples in :meth:`snapshot`'s form, removed here; the groups that stay
         are not read, and the moving ones are packed only when the part is pickled."""
-        taken = self._keys.take_groups(groups)        # packed when the part is pickled, off the turn
         leaving = [p for p in self._pending if key_group(p[1]) in groups]
         self._pending = [p for p in self._pending if key_group(p[1]) not in groups]
         return {"layout": self.plan.layout, "count": self.count, "slide": self.slide, "watermark": self._wm,
-                "pending": leaving, "groups": {g: (next(iter(entries)), PackedOnPickle(entries))
-                                               for g, entries in taken.items()}}
+                "pending": leaving, "groups": take_groups(self._keys, groups)}
 
     def settle_export(self) -> None:
         """Called off the PE's turn (another thread) just before :meth:`export_groups`: the
@@ -176,7 +174,7 @@ class CountWindow(AggregatingWindow):
         """Key groups another instance exported (:meth:`export_groups`) join this running one;
         its own watermark stays (the tuples handed over wait for the next one)."""
         self._check_state(state, count=self.count, slide=self.slide)
-        self._keys.import_groups({g: data for g, (_key, data) in state["groups"].items()})
+        add_groups(self._keys, state["groups"])
         self._pending = sorted(self._pending + list(state["pending"]), key=itemgetter(0))
 
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.state import MemoryState, adopt
-from pescheduler.state.groups import PackedOnPickle, merge_groups, restore_groups, snapshot_groups, split_groups
+from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 
 from .window import key_getter
 
@@ -109,12 +109,11 @@ class Latest(Operator):
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away: their rows, removed here, packed only when
         the part is pickled (pescheduler/worker/handover.py)."""
-        taken = self._rows.take_groups(groups)
-        return {"groups": {g: (next(iter(entries)), PackedOnPickle(entries)) for g, entries in taken.items()}}
+        return {"groups": take_groups(self._rows, groups)}
 
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported join this running one."""
-        self._rows.import_groups({g: data for g, (_key, data) in state["groups"].items()})
+        add_groups(self._rows, state["groups"])
 
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
         """The key groups where ``owns(key)``."""

@@ -52,7 +52,7 @@ from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, OperatorConte
 from pescheduler.timeutil import parse_duration
 
 from pescheduler.state import MemoryState, adopt, key_group, pack_group
-from pescheduler.state.groups import PackedOnPickle, merge_groups, restore_groups, snapshot_groups, split_groups
+from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 
 from .process_context import KeyRecord, ProcessContext, TimerQueue
 from .window import hold, key_getter, released
@@ -246,19 +246,19 @@ class Process(Operator):
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their
         records and waiting events in :meth:`snapshot`'s form, removed here with their timers;
         the groups that stay are not read, the moving ones packed only when the part is pickled."""
-        taken = self._keys.take_groups(groups)
+        taken = take_groups(self._keys, groups)
         stays = lambda k: key_group(k) not in groups        # noqa: E731
         self._events.keep(stays)
         self._wall.keep(stays)
         leaving = [p for p in self._pending if not stays(p[1])]
         self._pending = [p for p in self._pending if stays(p[1])]
         return {"watermark": self._wm, "pending": leaving,
-                "groups": {g: (next(iter(entries)), PackedOnPickle(entries)) for g, entries in taken.items()}}
+                "groups": taken}
 
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported (:meth:`export_groups`) join this running one, their
         timers onto the heaps; its own watermark stays (the events handed over wait for the next)."""
-        self._keys.import_groups({g: data for g, (_key, data) in state["groups"].items()})
+        add_groups(self._keys, state["groups"])
         self._index(state["groups"])
         self._pending = sorted(self._pending + list(state["pending"]), key=itemgetter(0))
 

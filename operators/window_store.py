@@ -30,7 +30,7 @@ from operator import itemgetter
 from typing import Any, Iterator
 
 from pescheduler.state import backend_name, keyed_state, unpack_group
-from pescheduler.state.groups import GroupMemo, PackedOnPickle, pack_namespaced, restore_groups, snapshot_groups
+from pescheduler.state.groups import GroupMemo, add_groups, pack_namespaced, restore_groups, snapshot_groups, take_groups
 
 _by_place = itemgetter(0, 1)
 _first = itemgetter(0)
@@ -160,14 +160,12 @@ def restore_keys(op: Any, state: dict | None) -> None:
 def export_groups(op: Any, groups: frozenset[int]) -> dict:
     """Key groups ``groups`` taken out of the store, packed when the part is pickled."""
     spill(op)
-    taken = op._store.take_groups(groups)
-    return {"form": "keys", "seq": op._seq, "starts": sorted(op._starts),
-            "groups": {g: (next(iter(entries)), PackedOnPickle(entries)) for g, entries in taken.items()}}
+    return {"form": "keys", "seq": op._seq, "starts": sorted(op._starts), "groups": take_groups(op._store, groups)}
 
 
 def import_groups(op: Any, state: dict) -> None:
     """Another instance's exported groups into this one's store."""
-    op._store.import_groups({g: data for g, (_key, data) in state["groups"].items()})
+    add_groups(op._store, state["groups"])
     op._seq = max(op._seq, state["seq"])
     op._starts.update(state["starts"])
 

@@ -150,12 +150,18 @@ class CheckpointCoordinator:
         if (pending is not None and pending[0] not in listed and self._writing is not None
                 and self._writing.done() and not self._writing.cancelled() and self._writing.exception() is None
                 and pending[0] in self.store.completed()):
-            checkpoint_id, t0, p0 = pending
-            size, state_size = self._writing.result()
-            self.completed.append(CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, size,
-                                                      f"{self.store.url}/chk-{checkpoint_id:06d}", state_size))
-            self.completed_count += 1
+            self._listed(*pending, self._writing.result())
         self.store.prune(self.retain)
+
+    def _listed(self, checkpoint_id: int, t0: float, p0: float, sizes: tuple[int, int]) -> CompletedCheckpoint:
+        """A complete checkpoint into the (bounded) history that status and ``checkpoints()`` show."""
+        size, state_size = sizes
+        done = CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, size,
+                                   f"{self.store.url}/chk-{checkpoint_id:06d}", state_size)
+        self.completed.append(done)
+        self.completed_count += 1
+        del self.completed[:-max(self.retain, 1) * 10]
+        return done
 
     async def trigger(self) -> int:
         """Take one checkpoint now; its id once complete. Raises :class:`CheckpointError` if it is
@@ -227,15 +233,10 @@ class CheckpointCoordinator:
                 await self._call(self.gateway.ckpt_end(workers, checkpoint_id, complete=True))
             except CheckpointError:
                 pass                    # complete: the restore that interrupted commits it
-        size, state_size = sizes
-        done = CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, size,
-                                   f"{self.store.url}/chk-{checkpoint_id:06d}", state_size)
-        self.completed.append(done)
-        self.completed_count += 1
-        del self.completed[:-max(self.retain, 1) * 10]            # a bounded history for status
+        done = self._listed(checkpoint_id, t0, p0, sizes)
         await asyncio.to_thread(self.store.prune, self.retain)   # failures logged, retried next time
-        self.state.event("checkpoint", f"checkpoint {checkpoint_id} complete: {size} bytes written "
-                                       f"({state_size} referenced) in {done.duration_s * 1000:.0f} ms")
+        self.state.event("checkpoint", f"checkpoint {checkpoint_id} complete: {done.bytes} bytes written "
+                                       f"({done.state_bytes} referenced) in {done.duration_s * 1000:.0f} ms")
         return checkpoint_id
 
     async def _collect(self, checkpoint_id: int, placement: "Placement", epoch: int) -> dict[str, dict]:

@@ -28,6 +28,17 @@ def snapshot_groups(state: KeyedState) -> Mapping[int, tuple[Any, bytes]]:
 def restore_groups(state: KeyedState, groups: Groups) -> None:
     """Make ``state`` hold exactly a snapshot's key groups."""
     state.drop_groups(state.groups())
+    add_groups(state, groups)
+
+
+def take_groups(state: KeyedState, groups: frozenset[int]) -> Groups:
+    """Key groups ``groups`` taken out of ``state`` in a snapshot's form, for a rescale's
+    ``export_groups``: packed only when the part is pickled, off the PE's turn."""
+    return {g: (next(iter(entries)), PackedOnPickle(entries)) for g, entries in state.take_groups(groups).items()}
+
+
+def add_groups(state: KeyedState, groups: Groups) -> None:
+    """Another instance's key groups (:func:`take_groups`, a snapshot's) join ``state``: an ``import_groups``."""
     state.import_groups({g: data for g, (_key, data) in groups.items()})
 
 
