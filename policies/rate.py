@@ -98,7 +98,7 @@ def pescheduler_policy_decide(snapshot, placement, resources, config) -> list[Ac
     short, short_held = 0, False
     for op in view.originals:
         now = view.load(op)
-        if op not in offered or now is None or not view.replicable(op):
+        if op not in offered or now is None or not view.replicable(op) or _stalled(now, offered[op]):
             continue
         want = min(_instances(now, offered[op], target, min_busy, now.got / now.instances), max_copies + 1)
         projected = _utilisation(now, offered[op], min_busy)
@@ -235,6 +235,15 @@ def _usable_slots(view: View, op: str) -> int:
     ``op`` yet (as ``take_slots`` and the Replicate transform spread copies)."""
     running = set(view.workers(op))
     return len({s.worker for s in view.placement.slots.values() if s.worker not in running})
+
+
+def _stalled(now: Load, offered: float) -> bool:
+    """Was ``op`` offered input but took none in the window? Then it was held (a reconfiguration's
+    pause, instances just placed, a stall upstream), not idle, and its figures tell nothing of its
+    size either way. Read as idle, they sized it to one instance: under load (the 40-operator scale
+    test at load 15) every Replicate was followed by a window with no input taken, a Release, and
+    the Replicate again, 24 times in 6 minutes."""
+    return offered > 0 and now.tuples_in <= 0
 
 
 def _true_rate(now: Load, min_busy: float) -> float:

@@ -264,6 +264,27 @@ def test_rate_releases_copies_in_one_step_once_the_load_has_fallen_for_down_afte
     assert len(held(snapshot(pl, ops), pl, NONE, conf)) == 1
 
 
+def test_rate_leaves_an_operator_alone_in_a_window_it_was_offered_input_and_took_none():
+    """The 40-operator scale test at load 15: after each Replicate the instances took no input for
+    a window or two (the reconfiguration's pause, copies being placed), ``rate`` read that as idle,
+    released the copies and asked for them again, 24 times in 6 minutes. A window with input
+    offered and none taken says nothing of the operator's size: no action either way."""
+    sim = chain()
+    assert sim.apply(Replicate("op2", 2))
+    pl = sim.placement
+    ops = steady(pl, 1000, {})
+    for c in ("op2", "op2#1", "op2#2"):
+        ops[c] = (0.0, 0.0, 0.0)                                     # held: nothing taken
+    held = held_by_the_controller(rate.pescheduler_policy_decide)
+    for _ in range(4):
+        assert [a for a in held(snapshot(pl, ops), pl, NONE, {}) if a.operator == "op2"] == []
+    for c in ("op2", "op2#1", "op2#2"):
+        ops[c] = (1000 / 3, 1000 / 3, 0.1 / 3)                       # idle for real: released
+    assert held(snapshot(pl, ops), pl, NONE, {}) == []
+    [release] = held(snapshot(pl, ops), pl, NONE, {})
+    assert same(release, Release("op2", 2))
+
+
 def test_nothing_is_released_while_a_source_before_it_is_far_behind_on_its_lag():
     """bench/elastic.py's last phase on a loaded machine: the schedule 1.1M tuples (100 s) behind,
     its source not blocked (starved of CPU, not of credit), and ``rate`` released a copy, ``copy``
