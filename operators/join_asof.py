@@ -24,8 +24,11 @@ when the watermark shows none can come that would be chosen (``l[on] +
 tolerance``, or the backward match's distance past ``l[on]``); with no
 tolerance and no right event after it, at the end of the stream. A result's ``ts``
 is its left event's: a forward or nearest result may come after the watermark
-passed it, so an event-time operator after the join would count it late (the
-output watermark is not held back yet). An event with
+passed it, so the join's output watermark is held back to just before the oldest
+left event still waiting (:meth:`AsofJoin.held_watermark`): an event-time
+operator after the join (a window) counts every result on time. A wait with
+no tolerance can hold event time downstream until the key's next right event
+(or the end of the stream): give a ``tolerance`` to bound it. An event with
 ``on <= watermark`` on arrival is late and goes to the ``late`` side output
 (the window's lateness rule); one without a time or key is dead-lettered.
 
@@ -82,6 +85,7 @@ class AsofJoin(Operator):
         self._pending: list[list] = [[], []]     # per side: (ts, key, event) not yet passed
         self._keys = MemoryState()                      # moved to the deployment's backend at open
         self._waiting: set = set()                      # keys with left events waiting (forward, nearest)
+        self._oldest: int | None = None                 # the time of the oldest of those lefts
 
     def open(self, context: OperatorContext) -> None:
         super().open(context)
@@ -118,6 +122,10 @@ class AsofJoin(Operator):
             else:
                 self._take_left(k, t, emit)
         self._expire(watermark, emit)
+
+    def held_watermark(self) -> int | None:
+        """Just before the oldest left event still waiting (its result is still to come), if any."""
+        return None if self._oldest is None else self._oldest - 1
 
     def _released(self, watermark: int) -> list:
         """``(ts, rank, key, side, event)`` of both sides up to ``watermark``, in the order taken."""
@@ -169,7 +177,8 @@ class AsofJoin(Operator):
 
     def _expire(self, watermark: int, emit: Emitter) -> None:
         """Emit the waiting lefts whose deadline ``watermark`` has reached (a scan of the keys with
-        waiting lefts; only forward and nearest have any)."""
+        waiting lefts; only forward and nearest have any), and note the oldest left still waiting."""
+        oldest = None
         for k in list(self._waiting):
             last, waiting = self._keys.get(k)
             due = [self._deadline(t, back) <= watermark for t, _l, back in waiting]
@@ -177,7 +186,11 @@ class AsofJoin(Operator):
                 for (t, l, back), done in zip(waiting, due):
                     if done:
                         emit(self._result(l, t, back))
-                self._settle(k, last, tuple(w for w, done in zip(waiting, due) if not done))
+                waiting = tuple(w for w, done in zip(waiting, due) if not done)
+                self._settle(k, last, waiting)
+            for t, _l, _back in waiting:
+                oldest = t if oldest is None or t < oldest else oldest
+        self._oldest = oldest
 
     def _settle(self, k: Any, last: Any, waiting: tuple) -> None:
         if waiting or last is not None:
@@ -202,7 +215,9 @@ class AsofJoin(Operator):
         self._wm = state["watermark"]
         self._pending = [list(state["pending"][LEFT]), list(state["pending"][RIGHT])]
         restore_groups(self._keys, state["groups"])
-        self._waiting = {k for g in self._keys.groups() for k, (_, w) in self._keys.items(g) if w}
+        waiting = [(k, w) for g in self._keys.groups() for k, (_, w) in self._keys.items(g) if w]
+        self._waiting = {k for k, _w in waiting}
+        self._oldest = min((t for _k, w in waiting for t, _l, _b in w), default=None)
 
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
         """The key groups where ``owns(key)`` and their keys' waiting events."""

@@ -216,6 +216,17 @@ class Operator:
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         """Event time reached ``watermark`` (ms): fire what is complete. Optional."""
 
+    def held_watermark(self) -> int | None:
+        """The output watermark this operator holds back to, or None for no hold. Optional.
+
+        Asked right after each :meth:`on_watermark`: the watermark sent downstream is
+        the lesser of the input's and this. An operator that will still emit results
+        with times at or before its input watermark (an as-of join's left event that
+        waits for a later right one) returns one less than the oldest such time, so a
+        window downstream counts those results on time instead of late.
+        """
+        return None
+
     def flush(self, emit: Emitter) -> None:
         """End of stream or release: emit partial results downstream."""
 

@@ -81,7 +81,7 @@ class Node:
     """One operator inside a chain, with its input watermarks and open inputs."""
 
     __slots__ = ("op_id", "op", "process", "stats", "in_wm", "wm", "open_inputs",
-                 "has_watermark", "has_flush", "stateless", "ended", "partial", "columnar", "targets")
+                 "has_watermark", "holds", "out_wm", "has_flush", "stateless", "ended", "partial", "columnar", "targets")
 
     def __init__(self, op_id: str, op: Operator, inputs: Iterable[str]) -> None:
         self.op_id = op_id
@@ -92,6 +92,8 @@ class Node:
         self.wm = MIN_WATERMARK
         self.open_inputs = set(self.in_wm)
         self.has_watermark = overrides(op, "on_watermark")
+        self.holds = overrides(op, "held_watermark")     # its output watermark may lag its input's
+        self.out_wm = MIN_WATERMARK                       # what went downstream (when it holds)
         self.has_flush = overrides(op, "flush")
         self.stateless = op.parallelism is Parallelism.STATELESS
         self.ended = False
@@ -533,6 +535,12 @@ class Chain:
             self._call(node, self._partials(node), new)
         elif node.has_watermark:
             self._call(node, node.op.on_watermark, new)
+        if node.holds:                  # results it will still emit keep event time back downstream
+            held = node.op.held_watermark()
+            new = new if held is None or held >= new else held
+            if new <= node.out_wm:
+                return
+            node.out_wm = new
         if node.op_id in self._wm_down or self.frozen:
             self.watermark_from(node.op_id, new)
 

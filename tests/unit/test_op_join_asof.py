@@ -153,3 +153,24 @@ def test_the_disk_backend_gives_what_memory_gives_across_a_restore(tmp_path):
             head = run(first, steps[:60])
             second.restore(pickle.loads(pickle.dumps(first.snapshot())))
             assert head + run(second, steps[60:]) == memory
+
+
+@pytest.mark.parametrize("direction", ["forward", "nearest"])
+def test_a_window_after_a_forward_join_counts_every_result_on_time(direction):
+    """The join's output watermark waits for the lefts still waiting for a right event (issue 33):
+    had it gone on with the inputs', the window would have fired their windows already and sent
+    their results to ``late``."""
+    from pescheduler import Application
+    from pescheduler.testing import run_graph
+
+    lefts = [{"k": 0, "ts": t, "id": t} for t in range(100)]
+    rights = [{"k": 0, "ts": t, "q": t} for t in range(15, 130, 15)]
+    app = Application("held")
+    left = app.source("iterable", items=lefts, max_delay=0)
+    right = app.source("iterable", items=rights, max_delay=0)
+    joined = (left.join_asof(right, by="k", direction=direction)
+              .map(lambda r: {"k": r["left"]["k"], "ts": r["ts"], "q": r["right"] and r["right"]["q"]}))
+    counts = joined.key_by("k").window(size=10, aggregates={"n": ("count", None)})
+    result = run_graph(counts, batch_size=4)
+    assert "late" not in result.sides, f"{len(result.sides['late'])} joined rows were late"
+    assert sorted((r["window_start"], r["n"]) for r in result.output) == [(s, 10) for s in range(0, 100, 10)]
