@@ -45,8 +45,15 @@ Semantics, identical on every backend (the tests check both):
   on rows the tuple is dead-lettered, on Arrow the batch fails.
 * a missing field is an error (KeyError on rows, on Arrow a missing column).
 
+* string functions (:func:`upper`, :func:`lower`, :func:`length`, :func:`substring`,
+  :func:`trim`/:func:`ltrim`/:func:`rtrim`, :func:`concat`, :func:`replace`,
+  :func:`position`, ``e.like(pattern)``) have SQL's meaning, written once in
+  :mod:`pescheduler.strings` (null in, null out; lengths in characters; SQL's
+  1-based SUBSTRING); :func:`nullif` is SQL's ``NULLIF`` (a ``when``).
+
 The tree is plain data: :class:`Col`, :class:`Lit`, :class:`Binary` (``op`` in
-:data:`BINARY`), :class:`Unary` (``op`` in :data:`UNARY`). A backend subclasses
+:data:`BINARY`), :class:`Unary` (``op`` in :data:`UNARY`), :class:`Func` (a string
+function of :data:`pescheduler.strings.FUNCTIONS`). A backend subclasses
 :class:`Visitor` and implements one method per node class.
 """
 
@@ -106,6 +113,10 @@ class Expr:
 
     def is_not_null(self) -> "Unary":
         return Unary("is_not_null", self)
+
+    def like(self, pattern: Any) -> "Func":
+        """SQL's ``LIKE``: ``%`` any run of characters, ``_`` one (no escape character)."""
+        return Func("like", self, pattern)
 
     __hash__ = object.__hash__
 
@@ -278,6 +289,34 @@ class Coalesce(Expr):
         return f"coalesce({', '.join(map(repr, self.args))})"
 
 
+class Func(Expr):
+    """String function ``name`` (:data:`pescheduler.strings.FUNCTIONS`) of ``args``: null if an
+    argument is null, SQL's meaning on every backend (:mod:`pescheduler.strings`)."""
+
+    __slots__ = ("name", "args")
+
+    def __init__(self, name: str, *args: Any) -> None:
+        from .strings import FUNCTIONS
+
+        if name not in FUNCTIONS:
+            raise ValueError(f"unknown function {name!r}; known: {sorted(FUNCTIONS)}")
+        _fn, least, most = FUNCTIONS[name]
+        if not least <= len(args) <= most:
+            raise TypeError(f"{name}() takes {least}{'' if least == most else f' to {most}'} arguments, "
+                            f"got {len(args)}")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "args", tuple(lift(a) for a in args))
+
+    def __reduce__(self):
+        return (type(self), (self.name, *self.args))
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.args
+
+    def __repr__(self) -> str:
+        return f"{self.name}({', '.join(map(repr, self.args))})"
+
+
 PYTHON = {"add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%", "eq": "==", "ne": "!=", "lt": "<",
           "le": "<=", "gt": ">", "ge": ">=", "and": "and", "or": "or", "in": "in", "not_in": "not in",
           "not": "not", "truth": "not not", "neg": "-", "abs": "abs", "is_none": "is None",
@@ -357,6 +396,58 @@ def coalesce(*args: Any) -> Coalesce:
     return Coalesce(*args)
 
 
+def upper(x: Any) -> Func:
+    """Upper case by Unicode's full mapping, as Python's ``str.upper`` (``"ß"`` -> ``"SS"``)."""
+    return Func("upper", x)
+
+
+def lower(x: Any) -> Func:
+    return Func("lower", x)
+
+
+def length(x: Any) -> Func:
+    """The number of characters (code points, not bytes): SQL's ``CHAR_LENGTH``."""
+    return Func("length", x)
+
+
+def substring(x: Any, start: Any, count: Any = None) -> Func:
+    """SQL's ``SUBSTRING(x FROM start FOR count)``, 1-based: ``substring(col("vin"), 1, 3)``."""
+    return Func("substring", x, start) if count is None else Func("substring", x, start, count)
+
+
+def trim(x: Any) -> Func:
+    """Spaces off both ends (SQL's ``TRIM``: only ``' '``, not tabs or newlines)."""
+    return Func("trim", x)
+
+
+def ltrim(x: Any) -> Func:
+    return Func("ltrim", x)
+
+
+def rtrim(x: Any) -> Func:
+    return Func("rtrim", x)
+
+
+def concat(*parts: Any) -> Func:
+    """SQL's ``a || b || ...``: null if any part is null; every part text."""
+    return Func("concat", *parts)
+
+
+def replace(x: Any, old: Any, new: Any) -> Func:
+    """Every ``old`` in ``x`` by ``new`` (an empty ``old`` changes nothing, as in SQL)."""
+    return Func("replace", x, old, new)
+
+
+def position(sub: Any, x: Any) -> Func:
+    """SQL's ``POSITION(sub IN x)``: where ``sub`` first starts (1-based), 0 if nowhere."""
+    return Func("position", sub, x)
+
+
+def nullif(a: Any, b: Any) -> When:
+    """SQL's ``NULLIF(a, b)``: null where ``a = b`` is true, else ``a``."""
+    return When(((lift(a) == lift(b), None),), a)
+
+
 def lift(value: Any) -> Expr:
     """``value`` as a node: an expression as it is, a constant as a literal."""
     return value if isinstance(value, Expr) else Lit(value)
@@ -390,6 +481,8 @@ class Visitor:
             return self.when(e)
         if isinstance(e, Coalesce):
             return self.coalesce(e)
+        if isinstance(e, Func):
+            return self.func(e, [self.visit(a) for a in e.args])
         raise TypeError(f"not an expression: {e!r}")
 
     def col(self, e: Col) -> Any: raise NotImplementedError
@@ -408,6 +501,10 @@ class Visitor:
     def coalesce(self, e: Coalesce) -> Any:
         """``coalesce`` (its arguments unvisited, as for :meth:`when`)."""
         raise TypeError(f"this backend has no coalesce: {e!r}")
+
+    def func(self, e: Func, args: list) -> Any:
+        """A string function, its arguments visited."""
+        raise TypeError(f"this backend has no string functions: {e!r}")
 
 
 # -- rows: generated Python ---------------------------------------------------------------------
@@ -510,6 +607,12 @@ class _PyCode(Visitor):
             nullable = self._branch(arg, out, depth + 1)
         return out, nullable
 
+    def func(self, e: Func, args: list) -> tuple[str, bool]:
+        """``_s_<name>(...)`` (:data:`STRING_HELPERS`), None where an argument is."""
+        call = f"_s_{e.name}({', '.join(a for a, _n in args)})"
+        checks = [f"{a} is None" for a, n in args if n]
+        return self._var(f"None if {' or '.join(checks)} else {call}" if checks else call), True
+
     def unary(self, e: Unary, operand: tuple) -> tuple[str, bool]:
         x, n = operand
         if e.op in ("is_null", "is_not_null") and isinstance(e.operand, Lit):     # no `1 is None`
@@ -541,7 +644,7 @@ def compile_rows(steps: Iterable[tuple[str, Any]], title: str = "run", inline_la
     lines = ["def run(batch):", "    out = []", "    append = out.append"]
     lines += [f"    d{i} = 0" for i in range(len(steps))]
     lines += ["    for t in batch:"]
-    ns: dict[str, Any] = {}
+    ns: dict[str, Any] = dict(_string_helpers())
     env: dict[str, str] = {}           # field -> local holding its new value
     reads: dict[str, str] = {}         # field -> local holding t[field]
     counter = [0]
@@ -596,7 +699,7 @@ def compile_rows(steps: Iterable[tuple[str, Any]], title: str = "run", inline_la
 
 def _generated(name: str) -> bool:
     """A name :func:`compile_rows`'s loop uses itself (an inlined lambda must not use it)."""
-    return name in ("run", "batch", "out", "append", "t") or (
+    return name in ("run", "batch", "out", "append", "t") or name.startswith("_s_") or (
         name[:1] in ("d", "f", "v") and name[1:].isdigit())
 
 
@@ -609,7 +712,14 @@ def compile_function(e: Expr) -> Callable[[Any, Any], Any]:
     lines.append(f"    return {code}")
     from .aggregates import _generate
 
-    return _generate(lines, "fn", {}, f"expr {e!r}"[:80])
+    return _generate(lines, "fn", dict(_string_helpers()), f"expr {e!r}"[:80])
+
+
+def _string_helpers() -> dict[str, Callable]:
+    """The generated code's names of the string functions (``_s_upper``, ...)."""
+    from .strings import FUNCTIONS
+
+    return {f"_s_{name}": fn for name, (fn, _least, _most) in FUNCTIONS.items()}
 
 
 # -- Arrow: pyarrow.compute kernels --------------------------------------------------------------
@@ -675,6 +785,11 @@ class _ArrowEval(Visitor):
         values = self._common([self.visit(v) for _, v in e.cases] + [self.visit(e.default)])
         return pc.case_when(pa.StructArray.from_arrays(conditions, [f"c{i}" for i in range(len(conditions))]),
                             *values)
+
+    def func(self, e: Func, args: list) -> Any:
+        from .strings import evaluate_arrow as strings_arrow
+
+        return strings_arrow(e.name, args, self.batch.num_rows)
 
     def coalesce(self, e: Coalesce) -> Any:
         return self.pc.coalesce(*self._common([self.visit(a) for a in e.args]))

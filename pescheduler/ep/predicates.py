@@ -20,7 +20,9 @@ division, ``%`` Python's floor modulo, and dividing by zero gives null on the
 native engine as on every database. This module adds only what EP needs on
 top: :func:`left`, :func:`right`, :func:`measure` (columns of other sides) and
 :func:`to_sql`, the SQL backend (every literal a bound parameter; the dialect
-writes division and modulo so that they match Python's).
+writes division and modulo so that they match Python's; a string function is
+written so that it matches :mod:`pescheduler.strings`, or refused on that database
+with :class:`pescheduler.strings.Unsupported` naming it).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from ..expr import BINARY, Binary, Col, Expr, Lit, Unary, Visitor, coalesce, col, conjuncts, lift, lit, when
+from ..expr import BINARY, Binary, Col, Expr, Func, Lit, Unary, Visitor, coalesce, col, conjuncts, lift, lit, when
 
 __all__ = ["IDENTIFIER", "Col", "Expr", "coalesce", "col", "conjuncts", "left", "lift", "lit", "measure", "right",
            "to_sql", "when"]
@@ -66,6 +68,12 @@ class _Sql(Visitor):
             b = self.visit(e.right)
             self.params.extend(self.params[mark:] * 2)
             return self.dialect.floor_mod(a, f"NULLIF({b}, 0)")
+        if isinstance(e, Func):          # SUBSTRING's positions are written as numbers, not bound
+            from ..strings import to_sql as string_sql
+
+            literals = [a.value if isinstance(a, Lit) else ... for a in e.args]
+            shown = e.args[:1] if e.name == "substring" else e.args
+            return string_sql(e.name, [self.visit(a) for a in shown], literals, self.dialect.name)
         return super().visit(e)
 
     def col(self, e: Col) -> str:

@@ -6,10 +6,16 @@ its place. Not translated, on purpose:
 
 * ``%`` / ``MOD``: the tree's modulo is Python's floor modulo, SQL's truncates
   (``-7 % 3`` is 2 against -1): translating it would give wrong results;
-* ``NULLIF`` and string functions: the tree has no such nodes yet.
+* ``TRIM`` of other characters than spaces, ``ILIKE``, ``LIKE ... ESCAPE`` and
+  ``POSITION`` from a start: the tree's string functions do not have them.
 
-``CASE WHEN`` (and ``CASE x WHEN v``), ``IF(c, a, b)`` and ``COALESCE`` become the
-tree's ``when``/``coalesce`` (a null condition is not true, as in SQL).
+``CASE WHEN`` (and ``CASE x WHEN v``), ``IF(c, a, b)``, ``COALESCE`` and ``NULLIF``
+become the tree's ``when``/``coalesce`` (a null condition is not true, as in SQL).
+The string functions (``UPPER``, ``LOWER``, ``LENGTH``/``CHAR_LENGTH``,
+``SUBSTRING``/``SUBSTR``, ``TRIM``/``LTRIM``/``RTRIM``, ``||``, ``CONCAT``,
+``REPLACE``, ``POSITION``/``STRPOS``, ``LIKE``) become the tree's
+(:mod:`pescheduler.strings`: SQL's meaning, null in, null out). ``CONCAT(a, b)``
+skips nulls as PostgreSQL's and DuckDB's do (``||`` gives null).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Callable
 
 from sqlglot import exp
 
-from ..expr import Coalesce, Expr, Lit, Unary, When, col, lit
+from ..expr import Coalesce, Expr, Func, Lit, Unary, When, col, lit, nullif
 from .parse import error
 
 _BINARY: dict[type, Callable[[Expr, Expr], Expr]] = {
@@ -30,7 +36,11 @@ _BINARY: dict[type, Callable[[Expr, Expr], Expr]] = {
 _UNARY: dict[type, Callable[[Expr], Expr]] = {
     exp.Neg: lambda a: -a, exp.Not: lambda a: ~a, exp.Abs: abs,
 }
+_STRINGS: dict[type, str] = {exp.Upper: "upper", exp.Lower: "lower", exp.Length: "length",
+                              exp.Replace: "replace"}
 _WHY_NOT = {
+    exp.ILike: "ILIKE's case folding is not one across engines; compare LOWER(x) LIKE ...",
+    exp.Escape: "LIKE has no escape character here ('%' and '_' are always wildcards)",
     exp.Mod: "the expression tree's % is floor modulo and SQL's truncates, so it would give wrong "
              "results on negative numbers",
 }
@@ -72,6 +82,30 @@ class Translator:
             return self._in(node)
         if isinstance(node, (exp.Case, exp.If, exp.Coalesce)):
             return self._conditional(node)
+        if isinstance(node, exp.Nullif):
+            return nullif(self(node.this), self(node.expression))
+        return self._string(node)
+
+    def _string(self, node: exp.Expression) -> Expr:
+        """The string functions, as the tree's :class:`~pescheduler.expr.Func` nodes."""
+        if type(node) in _STRINGS:
+            args = [node.this] + [node.args[k] for k in ("expression", "replacement") if node.args.get(k)]
+            return Func(_STRINGS[type(node)], *(self(a) for a in args))
+        if isinstance(node, exp.Substring):
+            args = [node.this, node.args["start"]] + ([node.args["length"]] if node.args.get("length") else [])
+            return Func("substring", *(self(a) for a in args))
+        if isinstance(node, exp.Trim) and not node.args.get("expression") and not node.args.get("collation"):
+            side = (node.args.get("position") or "BOTH").upper()
+            return Func({"BOTH": "trim", "LEADING": "ltrim", "TRAILING": "rtrim"}[side], self(node.this))
+        if isinstance(node, exp.DPipe):
+            return Func("concat", self(node.this), self(node.expression))
+        if isinstance(node, exp.Concat):         # CONCAT skips nulls (PostgreSQL's and DuckDB's rule)
+            return Func("concat", *(Coalesce(self(a), "") for a in node.expressions), "")
+        if isinstance(node, exp.StrPosition) and not node.args.get("position"):
+            return Func("position", self(node.args["substr"]), self(node.this))
+        if isinstance(node, exp.Like) and not isinstance(node.expression, exp.Escape):
+            found = self(node.this).like(self(node.expression))
+            return ~found if node.args.get("negate") else found
         raise self.unsupported(node)
 
     def _conditional(self, node: exp.Expression) -> Expr:

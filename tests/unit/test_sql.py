@@ -100,9 +100,10 @@ def test_union_all_is_one_union_operator_over_both_selects():
 
 @pytest.mark.parametrize("query, message, line, column", [
     ("SELECT car FROM cars ORDER BY car", "ORDER BY is not supported", 1, 22),
-    ("SELECT car,\n  NULLIF(speed, 1) AS c FROM cars", "NULLIF is not supported", 2, 3),
+    ("SELECT car,\n  car ILIKE 'C%' AS c FROM cars", "ILIKE is not supported", 2, 3),
     ("SELECT car, speed % 2 AS m FROM cars", "MOD is not supported", 1, 13),
-    ("SELECT car, UPPER(car) AS u FROM cars", "UPPER is not supported", 1, 13),
+    ("SELECT car, TRIM(BOTH 'c' FROM car) AS u FROM cars", "TRIM is not supported", 1, 13),
+    ("SELECT car FROM cars WHERE car LIKE 'c!_' ESCAPE '!'", "ESCAPE is not supported", 1, 28),
     ("SELECT COUNT(speed) AS n, window_start FROM TUMBLE(cars, ts, INTERVAL '1' SECOND) "
      "GROUP BY window_start", "write COUNT(*)", 1, 8),
     ("SELECT VARIANCE(speed) AS v, window_start FROM TUMBLE(cars, ts, INTERVAL '1' SECOND) "
@@ -131,9 +132,14 @@ def test_unsupported_constructs_are_errors_naming_them_and_their_place(query, me
 
 
 PREDICATES = ["speed > {n}", "speed <= {n} AND car <> 'c1'", "speed BETWEEN {n} AND {m}",
-              "car IN ('c0', 'c2') OR speed < {n}", "NOT (speed < {n})", "-speed + {n} >= 0"]
+              "car IN ('c0', 'c2') OR speed < {n}", "NOT (speed < {n})", "-speed + {n} >= 0",
+              "car LIKE 'c_' AND car NOT LIKE '%1'", "UPPER(car) = 'C2' OR NULLIF(speed, {n}) IS NULL"]
 EXPRESSIONS = ["speed * {n} + {m} AS x", "-speed AS neg", "speed / {d} AS ratio", "ABS(speed - {n}) AS dist",
-               "speed > {n} AS fast", "ts"]
+               "speed > {n} AS fast", "ts", "UPPER(car) || LOWER('X') AS u", "LENGTH(car) * speed AS l",
+               "SUBSTRING(car, {a}, {a}) AS sub", "SUBSTR(car, {a}) AS tail", "car || '-' || car AS cc",
+               "REPLACE(car, 'c', 'car ') AS r", "POSITION('1' IN car) + STRPOS(car, 'c') AS p",
+               "NULLIF(speed, {n}) AS nn", "TRIM(' ' || car || ' ') || LTRIM('  x') || RTRIM('y  ') AS t",
+               "CONCAT(car, NULLIF(car, 'c1'), '!') AS cn", "CHAR_LENGTH(NULLIF(car, 'c2')) AS cl"]
 AGGREGATES = ["COUNT(*) AS n", "SUM(speed) AS total", "MIN(speed) AS lo", "MAX(speed) AS hi",
               "AVG(speed) AS mean", "VAR_POP(speed) AS v", "SUM(speed * 2) AS dbl", "MAX(speed) - MIN(speed) AS spread"]
 WINDOWS = ["TUMBLE(cars, ts, INTERVAL '{a}' SECOND)", "HOP(cars, ts, INTERVAL '{a}' SECOND, INTERVAL '{b}' SECOND)",
