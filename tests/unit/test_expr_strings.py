@@ -1,0 +1,174 @@
+"""The string functions and NULLIF give one answer on every backend: rows (generated Python),
+Arrow, and the ep databases; DuckDB running the same SQL is the oracle (issue 33).
+
+Where an engine would answer otherwise the function is refused there by name (SQLite's
+ASCII-only UPPER, its LENGTH stopping at a NUL; every database's own case mapping)."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pescheduler import ep
+from pescheduler.expr import (Func, col, compile_rows, concat, evaluate_arrow, length, lower, ltrim, nullif, position,
+                              replace, rtrim, substring, trim, upper)
+from pescheduler.strings import Unsupported
+
+# text with what engines disagree on: non-ASCII letters, an astral character, wildcards, a backslash,
+# a tab, a NUL, spaces at the ends
+EVERYTHING = st.text(alphabet=st.sampled_from(list("aAb c%_\\\t\x00éß😀İ")), max_size=8)
+UNCASED = st.text(alphabet=st.sampled_from(list("aAbZ c%_\\\t\x00😀1")), max_size=8)   # no non-ASCII letters
+
+# (the expression, the same in DuckDB's SQL): s, t text, p an integer position
+CASES = {
+    "length": (length(col("s")), "length(s)"),
+    "substring": (substring(col("s"), col("p"), col("n")), "substring(s, p, n)"),
+    "substring_to_end": (substring(col("s"), col("p")), "substring(s, p)"),
+    "trim": (trim(col("s")), "trim(s)"),
+    "ltrim": (ltrim(col("s")), "ltrim(s)"),
+    "rtrim": (rtrim(col("s")), "rtrim(s)"),
+    "concat": (concat(col("s"), "-", col("t")), "s || '-' || t"),
+    "replace": (replace(col("s"), col("t"), "<>"), "replace(s, t, '<>')"),
+    "position": (position(col("t"), col("s")), "position(t IN s)"),
+    "like": (col("s").like(col("t")), "s LIKE t"),
+    "like_constant": (col("s").like("a%_"), "s LIKE 'a%_'"),
+    "nullif": (nullif(col("s"), col("t")), "nullif(s, t)"),
+    "upper": (upper(col("s")), "upper(s)"),
+    "lower": (lower(col("s")), "lower(s)"),
+}
+CASED = {"upper", "lower"}
+
+
+def rows_of(texts: st.SearchStrategy) -> st.SearchStrategy:
+    maybe = st.one_of(st.none(), texts)
+    return st.lists(st.fixed_dictionaries({"s": maybe, "t": st.one_of(maybe, st.sampled_from(["a", "", "%", "_"])),
+                                           "p": st.one_of(st.none(), st.integers(-3, 9)),
+                                           "n": st.one_of(st.none(), st.integers(-2, 9))}), min_size=1, max_size=12)
+
+
+def on_rows(e, rows):
+    run = compile_rows([("project", {"x": e})])
+    out, _ = run(rows)
+    return [r["x"] for r in out]
+
+
+def on_arrow(e, rows):
+    batch = pa.RecordBatch.from_pylist(rows, schema=pa.schema([("s", pa.string()), ("t", pa.string()),
+                                                                ("p", pa.int64()), ("n", pa.int64())]))
+    out = evaluate_arrow(e, batch)
+    return [out.as_py()] * len(rows) if isinstance(out, pa.Scalar) else out.to_pylist()
+
+
+def on_duckdb(sql, rows):
+    if not rows:
+        return []
+    con = duckdb.connect()
+    try:
+        con.execute("CREATE TABLE r (i BIGINT, s VARCHAR, t VARCHAR, p BIGINT, n BIGINT)")
+        con.executemany("INSERT INTO r VALUES (?, ?, ?, ?, ?)",
+                        [(i, r["s"], r["t"], r["p"], r["n"]) for i, r in enumerate(rows)])
+        return [v for _, v in con.execute(f"SELECT i, {sql} FROM r ORDER BY i").fetchall()]
+    finally:
+        con.close()
+
+
+def sql_rows(name, rows):
+    """The rows on which DuckDB's SQL means what standard SQL does: SUBSTRING from 1 with a count
+    of 0 or more (DuckDB counts a start below 1 from the end, and a negative count backwards)."""
+    if name.startswith("substring"):
+        return [r for r in rows if (r["p"] is None or r["p"] >= 1) and (r["n"] is None or r["n"] >= 0)]
+    return rows
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(everything=rows_of(EVERYTHING), uncased=rows_of(UNCASED))
+def test_rows_arrow_and_duckdb_agree(name, everything, uncased):
+    e, sql = CASES[name]
+    assert on_rows(e, everything) == on_arrow(e, everything), repr(e)
+    oracle = sql_rows(name, uncased if name in CASED else everything)
+    assert on_rows(e, oracle) == on_duckdb(sql, oracle), repr(e)
+
+
+@pytest.mark.parametrize("start, count, want", [
+    (0, 3, "he"), (-2, 5, "he"), (-2, None, "hello"), (-2, 2, ""), (2, -1, None), (4, 9, "lo"), (9, 2, ""),
+    (1, 0, ""), (None, 2, None)])
+def test_substring_takes_sqls_positions_before_the_first_character(start, count, want):
+    """Standard SQL (PostgreSQL's ``substring('hello' from 0 for 3)``): a start before 1 shortens
+    the count, it does not count from the end (DuckDB's and SQLite's SUBSTR do); a negative count,
+    an error in SQL, gives null as a division by zero does."""
+    e = substring(col("s"), start, count) if count is not None else substring(col("s"), start)
+    if count is None and start is not None:
+        want = "hello"[max(start, 1) - 1:]
+    rows = [{"s": "hello", "t": None, "p": None, "n": None}]
+    assert on_rows(e, rows) == on_arrow(e, rows) == [want]
+
+
+def test_length_counts_characters_and_upper_maps_all_of_unicode():
+    rows = [{"s": "é😀\x00ß", "t": None, "p": None, "n": None}]
+    assert on_rows(length(col("s")), rows) == on_arrow(length(col("s")), rows) == [4]
+    assert on_rows(upper(col("s")), rows) == on_arrow(upper(col("s")), rows) == ["É😀\x00SS"]
+
+
+def test_text_functions_refuse_values_that_are_not_text():
+    run = compile_rows([("where", length(col("s")) > 1)])
+    with pytest.raises(TypeError, match="LENGTH takes text, got int"):
+        run([{"s": 12}])
+    with pytest.raises(TypeError, match="takes 1 arguments, got 2"):
+        Func("upper", col("s"), 1)
+
+
+# -- the ep databases: the same rows as the native engine, or a refusal naming function and provider ---
+
+EVENTS = ["  hello ", "abc", "a_c", "ÉTÉ", "x-y-x", ""]
+ON_EVERY_DATABASE = [concat(ep.col("id"), "!") == "abc!", trim(ep.col("id")) == "hello",
+                     ltrim(ep.col("id")) == "hello ", rtrim(ep.col("id")) == "  hello",
+                     replace(ep.col("id"), "x", "") == "-y-", nullif(ep.col("id"), "abc").is_null()]
+NOT_ON_SQLITE = [length(ep.col("id")) == 3, substring(ep.col("id"), 0, 2) == "a", position("c", ep.col("id")) == 3,
+                 ep.col("id").like("a_c"), substring(ep.col("id"), 2) == "bc"]
+
+
+def matching(provider, predicate):
+    proc = ep.EventProcessor(provider)
+    try:
+        proc.register_stream("s", {"id": str})
+        rows = []
+        proc.create_query("q", ep.Stream("s").filter(predicate))
+        proc.add_output_processor("q", rows.append)
+        for ts, text in enumerate(EVENTS):
+            proc.push_event("s", {"id": text}, ts + 1)
+    finally:
+        proc.close()
+    return sorted(r["id"] for r in rows)
+
+
+@pytest.mark.parametrize("i", range(len(ON_EVERY_DATABASE + NOT_ON_SQLITE)))
+def test_databases_give_the_native_engines_rows(i):
+    predicate = (ON_EVERY_DATABASE + NOT_ON_SQLITE)[i]
+    native = matching("native", predicate)
+    assert native, f"{predicate!r} matches nothing: the test would prove nothing"
+    assert matching("duckdb", predicate) == native
+    if i < len(ON_EVERY_DATABASE):
+        assert matching("sqlite", predicate) == native
+
+
+@pytest.mark.parametrize("provider, predicate, name", [
+    ("sqlite", upper(ep.col("id")) == "ABC", "UPPER"), ("sqlite", length(ep.col("id")) == 3, "LENGTH"),
+    ("sqlite", ep.col("id").like("a%"), "LIKE"), ("duckdb", lower(ep.col("id")) == "été", "LOWER"),
+    ("duckdb", substring(ep.col("id"), ep.col("id")) == "x", "SUBSTRING")])
+def test_a_database_that_would_answer_otherwise_refuses_naming_function_and_provider(provider, predicate, name):
+    with pytest.raises(Unsupported, match=f"{name} cannot run on the {provider} provider|{name} on a database"):
+        matching(provider, predicate)
+
+
+def test_the_cli_refuses_an_unsupported_construct_with_exit_2_naming_it(tmp_path, capsys):
+    from pescheduler import cli
+
+    query = tmp_path / "q.sql"
+    query.write_text('-- source cars: generator {"events": 10}\n-- sink: print\n'
+                     "SELECT car, car ILIKE 'C%' AS c FROM cars\n")
+    assert cli.main(["deploy", str(query), "--explain"]) == 2
+    assert "ILIKE is not supported" in capsys.readouterr().err
