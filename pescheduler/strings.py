@@ -225,6 +225,10 @@ def to_sql(name: str, args: list[str], literals: list, dialect: str) -> str:
         raise Unsupported(f"{name.upper()} cannot run on the {dialect} provider: {why}; "
                           f"use the native provider")
     if name == "substring":
+        if any(x is ... for x in literals[1:]):
+            raise Unsupported(f"SUBSTRING cannot run on the {dialect} provider with a start or length that "
+                              f"is not a constant (the positions are written from 1, where engines agree); "
+                              f"use the native provider")
         return _substring(args, literals)
     if name == "concat":
         return "(" + " || ".join(args) + ")"
@@ -242,8 +246,6 @@ def to_sql(name: str, args: list[str], literals: list, dialect: str) -> str:
 def _substring(args: list[str], literals: list) -> str:
     """Positions only as constants, turned into a start of at least 1 and a count of at least 0,
     where every engine agrees (DuckDB and SQLite count a start below 1 from the end)."""
-    if any(x is ... for x in literals[1:]):
-        raise Unsupported("SUBSTRING on a database takes a constant start and length")
     start, count = literals[1], literals[2] if len(literals) > 2 else "all"
     for v in (start, count):
         if v is not None and v != "all":

@@ -18,9 +18,9 @@ from pescheduler.expr import (Func, col, compile_rows, concat, evaluate_arrow, l
 from pescheduler.strings import Unsupported
 
 # text with what engines disagree on: non-ASCII letters, an astral character, wildcards, a backslash,
-# a tab, a NUL, spaces at the ends
-EVERYTHING = st.text(alphabet=st.sampled_from(list("aAb c%_\\\t\x00éß😀İ")), max_size=8)
-UNCASED = st.text(alphabet=st.sampled_from(list("aAbZ c%_\\\t\x00😀1")), max_size=8)   # no non-ASCII letters
+# regex characters, a tab, a newline, a NUL, spaces at the ends
+EVERYTHING = st.text(alphabet=st.sampled_from(list("aAb c%_\\\t\n\x00.[éß😀İ")), max_size=8)
+UNCASED = st.text(alphabet=st.sampled_from(list("aAbZ c%_\\\t\n\x00.[😀1")), max_size=8)   # no non-ASCII letters
 
 # (the expression, the same in DuckDB's SQL): s, t text, p an integer position
 CASES = {
@@ -160,7 +160,7 @@ def test_databases_give_the_native_engines_rows(i):
     ("sqlite", ep.col("id").like("a%"), "LIKE"), ("duckdb", lower(ep.col("id")) == "été", "LOWER"),
     ("duckdb", substring(ep.col("id"), ep.col("id")) == "x", "SUBSTRING")])
 def test_a_database_that_would_answer_otherwise_refuses_naming_function_and_provider(provider, predicate, name):
-    with pytest.raises(Unsupported, match=f"{name} cannot run on the {provider} provider|{name} on a database"):
+    with pytest.raises(Unsupported, match=f"{name} cannot run on the {provider} provider"):
         matching(provider, predicate)
 
 
