@@ -33,9 +33,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 OTHER_BENCHES = ("ep", "columnar")        # modules that may define goals(quick) -> list[dict]
 
 
-def row(goal: str, figure: float, target: float, unit: str = "", higher: bool = False, shown: str = "") -> dict:
+def row(goal: str, figure: float, target: float, unit: str = "", higher: bool = False) -> dict:
     """One goal's line: ``figure`` against ``target`` (at most, or at least when ``higher``)."""
-    return {"goal": goal, "figure": shown or f"{figure:.2f}{unit}", "target": f"{'>=' if higher else '<='} {target:g}{unit}",
+    return {"goal": goal, "figure": f"{figure:.2f}{unit}",
+            "target": f"{'>=' if higher else '<='} {target:g}{unit}",
             "met": figure >= target if higher else figure <= target}
 
 
@@ -47,8 +48,8 @@ def latency_goals(quick: bool) -> list[dict]:
     goals = {"1k/s": 2.0, "10k/s": 2.0, "50%": 10.0, "90%": 50.0}
     after = {r["label"]: r for r in found["after"]}
     before = {r["label"]: r for r in found["before"]}
-    rows = [row(f"latency p99, 2 PEs, {label} ({after[label]['rate'] / 1e3:.1f} k/s)", after[label]["p99"], goal, " ms")
-            for label, goal in goals.items()]
+    rows = [row(f"latency p99, 2 PEs, {label} ({after[label]['rate'] / 1e3:.1f} k/s)",
+                after[label]["p99"], goal, " ms") for label, goal in goals.items()]
     ratio = after["90%"]["tuples_s"] / before["90%"]["tuples_s"]
     # The offered rate is paced: both reach it when they keep up, so "no lower" is read to 3 %
     # (two paced runs of the same rate differ by that much on a loaded machine).

@@ -57,7 +57,8 @@ def test_a_paced_source_keeps_its_rate_from_its_first_read_not_from_its_creation
     from the driver's creation, the first reads were behind schedule and went all at once."""
     clock = FakeClock()
     monkeypatch.setattr(source_driver, "perf_counter", clock)
-    driver = source_driver.SourceDriver("src", IterableSource([{"n": i, "ts": i} for i in range(10_000)], rate=1_000), 1000)
+    items = [{"n": i, "ts": i} for i in range(10_000)]
+    driver = source_driver.SourceDriver("src", IterableSource(items, rate=1_000), 1000)
     clock.now += 0.5                                   # the PE's start
     burst = 0
     while driver.delay() == 0 and burst < 10_000:      # what the PE loop reads at once
