@@ -77,15 +77,15 @@ def run(shape: int, rate: float | None, events: int, before: bool) -> dict:
 SHAPES = (2, 3)
 
 
-def one(before: bool, duration: float, capacities: dict | None) -> list[dict] | dict:
+def one(before: bool, duration: float, capacities: dict | None, shapes: tuple = SHAPES) -> list[dict] | dict:
     """For one channel behaviour (in its own process, :func:`main`): each shape's capacity when
     ``capacities`` is None, else every shape at 1 k/s, 10 k/s, 50 % and 90 % of its given capacity."""
     if before:
         os.environ["PESCHEDULER__BATCH__LATENCY"] = "5ms"
     if capacities is None:
-        return {shape: run(shape, None, 400_000, before)["tuples_s"] for shape in SHAPES}
+        return {shape: run(shape, None, 400_000, before)["tuples_s"] for shape in shapes}
     rows = []
-    for shape in SHAPES:
+    for shape in shapes:
         capacity = capacities[str(shape)]
         for label, rate in (("1k/s", 1_000), ("10k/s", 10_000), ("50%", capacity / 2), ("90%", capacity * 0.9)):
             r = run(shape, rate, max(1000, int(rate * duration)), before)
@@ -123,15 +123,28 @@ def fire(keys: int, before: bool) -> dict:
     return {"keys": keys, "p50": lat[len(lat) // 2], "p999": lat[int(len(lat) * 0.999)], "max": lat[-1]}
 
 
-def sub(which: str, duration: float, capacities: dict | None = None, fires: tuple = ()):
-    """:func:`one` (or with ``fires`` the fire part, of so many keys) in a fresh process."""
-    cmd = [sys.executable, __file__, "--one", which, "--duration", str(duration)]
+def sub(which: str, duration: float, capacities: dict | None = None, fires: tuple = (), shapes: tuple = SHAPES):
+    """:func:`one` (or with ``fires`` the fire part, of so many keys) in a fresh process; ``shapes``:
+    the numbers of PEs (bench/goals34.py asks only for 2)."""
+    cmd = [sys.executable, __file__, "--one", which, "--duration", str(duration),
+           "--shapes", ",".join(map(str, shapes))]
     if capacities is not None:
         cmd += ["--capacities", json.dumps(capacities)]
     if fires:
         cmd += ["--fires", ",".join(map(str, fires))]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(duration: float, rounds: int, shapes: tuple = SHAPES) -> tuple[dict, dict]:
+    """Each shape's capacity for both behaviours (best of ``rounds``, alternating), then both at
+    1 k/s, 10 k/s, 50 % and 90 % of the higher: ``(capacity[which][shape], rows[which])``."""
+    capacity: dict = {"before": {}, "after": {}}
+    for which in ("before", "after") * rounds:
+        for shape, found_s in sub(which, duration, shapes=shapes).items():
+            capacity[which][shape] = max(found_s, capacity[which].get(shape, 0.0))
+    offered = {shape: max(capacity["before"][shape], capacity["after"][shape]) for shape in capacity["before"]}
+    return capacity, {which: sub(which, duration, offered, shapes=shapes) for which in ("before", "after")}
 
 
 def main() -> None:
@@ -143,6 +156,8 @@ def main() -> None:
     parser.add_argument("--one", choices=["before", "after"], help=argparse.SUPPRESS)
     parser.add_argument("--capacities", type=json.loads, help=argparse.SUPPRESS)
     parser.add_argument("--fires", type=lambda text: [int(k) for k in text.split(",")], help=argparse.SUPPRESS)
+    parser.add_argument("--shapes", type=lambda text: tuple(int(n) for n in text.split(",")), default=SHAPES,
+                        help=argparse.SUPPRESS)
     parser.add_argument("--fire-only", action="store_true", help="only the fire part")
     args = parser.parse_args()
     fires = FIRES[:1] if args.quick else FIRES
@@ -152,17 +167,12 @@ def main() -> None:
         print(json.dumps([fire(keys, args.one == "before") for keys in args.fires]))
         return
     if args.one:
-        print(json.dumps(one(args.one == "before", args.duration, args.capacities)))
+        print(json.dumps(one(args.one == "before", args.duration, args.capacities, args.shapes)))
         return
     if args.fire_only:
         return print_fires(os.getloadavg()[0], {which: sub(which, 0, fires=fires) for which in ("before", "after")})
     load = os.getloadavg()[0]
-    capacity: dict = {"before": {}, "after": {}}
-    for which in ("before", "after") * (1 if args.quick else 2):        # quick: one capacity run each
-        for shape, found_s in sub(which, args.duration).items():
-            capacity[which][shape] = max(found_s, capacity[which].get(shape, 0.0))
-    offered = {shape: max(capacity["before"][shape], capacity["after"][shape]) for shape in capacity["before"]}
-    found = {which: sub(which, args.duration, offered) for which in ("before", "after")}
+    capacity, found = measure(args.duration, 1 if args.quick else 2)
     print(f"event-created -> sink latency, each PE on its own worker; load {load:.1f} -> "
           f"{os.getloadavg()[0]:.1f} (1-min, 2 cores shared); ms")
     print(f"{'':>8} {'PEs':>3} {'rate':>6} | {'before: p50':>11} {'p99':>7} {'p99.9':>7} {'max':>7} {'k/s':>7} |"

@@ -70,6 +70,7 @@ import gc
 import logging
 import pickle
 import struct
+import sys
 from collections import deque
 from time import perf_counter
 from typing import Any, Callable
@@ -642,12 +643,17 @@ def frame_buffer(size: int) -> memoryview:
     does not zero it. Reuse is safe by Arrow's own ownership: the decoded
     batch's arrays hold the buffer (``decode`` opens it zero-copy), so its
     memory returns to the pool only when nothing references the frame any more.
+
+    Only once pyarrow is imported (by the first Arrow batch decoded, or by the
+    operators): importing it here, on the event loop at the first frame of
+    64 KiB or more, took 100+ ms on a loaded machine inside the run, and was
+    the p99 of bench/latency.py at 50 % of capacity (issue 34). A worker that
+    never decodes an Arrow batch never needs the pool.
     """
-    try:
-        import pyarrow as pa
-    except ImportError:                 # pickled batches only, then: a plain buffer
+    allocate = getattr(sys.modules.get("pyarrow"), "allocate_buffer", None)   # None while a thread imports it
+    if allocate is None:                # not imported (yet): a plain buffer, no import on the loop
         return memoryview(bytearray(size))
-    return memoryview(pa.allocate_buffer(size)).cast("B")     # bytes (Arrow exports signed chars)
+    return memoryview(allocate(size)).cast("B")     # bytes (Arrow exports signed chars)
 
 
 class FrameReceiver(asyncio.BufferedProtocol):

@@ -99,6 +99,8 @@ class InputScheduler:
         self.spent: dict[int, float] = {}          # id(input channel) -> busy time its batches took
         self._feeds: dict[tuple[str, str], bool] = {}   # input -> feeds a full channel, for self.full
         self._backs: dict[tuple[str, str], bool] = {}   # source -> feeds a backed channel
+        self._outputs_open = False                 # every output channel opened once (opening())
+        self._waking: set[int] = set()             # ids of openings that wake the PE when they end
 
     def take(self) -> bool:
         """Take inbox items until it is empty or the time slice is used up (hot loop, hence long).
@@ -198,10 +200,36 @@ class InputScheduler:
         stays where any copy of what follows can take it, instead of lining up in a channel to
         one instance (bench/kafka.py (e)). No sender waits on a source, so this stricter rule
         keeps the argument above. Other sources read ahead as channel input does: a generator
-        that stops at one batch lost a third of bench/parallel.py's copy speed-up."""
-        return self.feeds_full(driver.op_id) or (
+        that stops at one batch lost a third of bench/parallel.py's copy speed-up. At PE start
+        every source waits until the output channels are open (:meth:`opening`)."""
+        return self.opening() or self.feeds_full(driver.op_id) or (
             getattr(driver.source, "backlog_elsewhere", False)
             and self._feeds_into(self.backed, self._backs, driver.op_id))
+
+    def opening(self) -> bool:
+        """Is an output channel of the PE still being opened (at its start)? Its sources wait
+        meanwhile: a source that read at once had its first tuples wait in the channel for the
+        connection (handshake, or the receiving PE still being built), and they came out as a
+        burst behind it (issue 34's p99 at 50 % of capacity). The wait is bounded by the opening's
+        own (``handshake.HANDSHAKE_TIMEOUT_S``); an opening that failed fails the PE with why.
+        The PE is woken when each opening ends (its credit, ``ChannelOut.open_in_background``,
+        or here when it fails). Once all were open this is one attribute read per source a turn."""
+        if self._outputs_open:
+            return False
+        pending = [channel for _spec, channel in self.outs
+                   if channel.opening is not None and not channel.opening.cancelled()]   # cancelled: closed
+        for channel in pending:
+            opening = channel.opening
+            if opening.done() and opening.exception() is not None:
+                raise RuntimeError(f"the sources of this PE wait for output channel {channel.channel_id!r}, "
+                                   f"which could not open: {opening.exception()}") from opening.exception()
+            if id(opening) not in self._waking:
+                self._waking.add(id(opening))
+                opening.add_done_callback(lambda _f: self.inbox.event.set())   # a failure gives no credit
+        if pending:
+            return True
+        self._outputs_open = True
+        return False
 
     async def flush(self) -> bool:
         """Ship what credit allows, never waiting for it, and note which channels are full;

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.integration
 
 BENCH = Path(__file__).parent.parent.parent / "bench"
 AT_ONCE = 3
-TIMEOUT_S = {"fusion.py": 900, "columnar.py": 900, "channel.py": 900, "state.py": 600}   # others 300
+TIMEOUT_S = {"fusion.py": 900, "columnar.py": 900, "channel.py": 900, "state.py": 600,
+             "goals34.py": 1200}   # others 300
 
 
 def _command(script: str, *args: str) -> tuple[str, ...]:
@@ -67,6 +68,10 @@ def quick_runs(request, tmp_path_factory) -> dict[tuple[str, ...], Future]:
     ("connectors.py", (), ("parquet", "delta", "iceberg", "ms/commit", "output checked")),
     ("latency.py", (), ("before: p50", "after: p50", "capacity (unpaced", "goals across 2 PEs",
                         "a fire of many keys at once")),
+    # every issue-34 goal in one run: each part ran and printed its line (none failed: exit 0)
+    ("goals34.py", (), ("issue 34's goals", "load average at start", "latency p99, 2 PEs, 50%",
+                        "throughput at 90 %", "CLI deploy -> first output", "stop NAME -> exit",
+                        "per tuple deployed / hand loop over tuples", "goals met")),
     pytest.param("postgres_cdc.py", (), ("output checked: each change once", "bare get_changes loop",
                                          "ratio source/bare"), marks=pytest.mark.database),
 ])
