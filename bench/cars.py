@@ -130,16 +130,17 @@ def _ops(lambdas: bool) -> list:
 
 
 def in_process(events: int, columnar: bool = False, lambdas: bool = False, query: str | None = None,
-               plain_keys: bool = False) -> tuple[float, list]:
+               plain_keys: bool = False, batch_rows: int = 65_536) -> tuple[float, list]:
     """The runtime's fused chain in this process (pescheduler.testing), no cluster; ``query``: the
     pipeline written in SQL (bench/sql.py), its operators made as a deployment makes them;
-    ``plain_keys``: a plain key column, no shared dictionary (bench/columnar.py)."""
+    ``plain_keys``: a plain key column, no shared dictionary (bench/columnar.py); ``batch_rows``:
+    the rows of each Arrow batch the source hands over."""
     from pescheduler.testing import run_operators
 
     with tempfile.TemporaryDirectory() as tmp:
         source = benchops.Premade(events=events, start_path=os.path.join(tmp, "start"), columnar=columnar,
-                                  plain_keys=plain_keys)
-        benchops.premade_events(events, columnar, plain_keys=plain_keys)
+                                  plain_keys=plain_keys, batch_rows=batch_rows)
+        benchops.premade_events(events, columnar, plain_keys=plain_keys, rows=batch_rows)
         sink = benchops.Collect(path=os.path.join(tmp, "out"))
         ops = _ops(lambdas) if query is None else _sql_ops(query)
         t0 = time.time()
@@ -158,13 +159,14 @@ def _sql_ops(query: str) -> list:
 
 
 def deployed(events: int, workers: int = 1, columnar: bool = False, lambdas: bool = False,
-             query: str | None = None) -> tuple[float, list]:
+             query: str | None = None, batch_rows: int = 65_536) -> tuple[float, list]:
     """A real deployment on the embedded cluster: source start -> sink end (wall clock); ``query``:
-    the pipeline written in SQL over the stream ``cars``."""
+    the pipeline written in SQL over the stream ``cars``; ``batch_rows``: the rows of each Arrow
+    batch the source hands over (the framework sizes what its operators see)."""
     with tempfile.TemporaryDirectory() as tmp:
         start, out = os.path.join(tmp, "start"), os.path.join(tmp, "out")
         app = Application(f"cars-{workers}-{'columnar' if columnar else 'rows'}")
-        s = app.source("premade", events=events, start_path=start, columnar=columnar)
+        s = app.source("premade", events=events, start_path=start, columnar=columnar, batch_rows=batch_rows)
         if query is not None:
             pescheduler.sql(query, sources={"cars": s}).sink("collect_batches", path=out)
         else:
