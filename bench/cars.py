@@ -113,6 +113,59 @@ def numpy_columns(events: int) -> tuple[float, list]:
     return elapsed, rows
 
 
+# The pipeline in DuckDB's SQL: bench/sql.py's QUERY with its TUMBLE written out (DuckDB has none).
+DUCKDB_QUERY = f"""SELECT car, AVG(speed / 3.6) AS avg_speed,
+       ts - ts % {SIZE} AS window_start, ts - ts % {SIZE} + {SIZE} AS window_end
+FROM cars WHERE speed / 3.6 > 5
+GROUP BY car, window_start, window_end"""
+
+
+def _columns_table(events: int, rows: int = 65_536) -> "pyarrow.Table":
+    """The pre-made Arrow batches as one table (no copy: the table holds the very batches)."""
+    import pyarrow as pa
+
+    return pa.Table.from_batches(benchops.premade_events(events, True, rows=rows))
+
+
+def duckdb_columns(events: int) -> tuple[float, list]:
+    """DuckDB on one thread (``SET threads=1``) over the same columns (an Arrow table it scans in
+    place). Timed: the query and its result as an Arrow table, as the sink keeps Arrow batches;
+    not timed: connecting, and the rows made from that table for the check."""
+    import duckdb
+
+    cars = _columns_table(events)
+    con = duckdb.connect()
+    con.execute("SET threads=1")
+    con.register("cars", cars)
+    t0 = time.perf_counter()
+    out = con.sql(DUCKDB_QUERY).to_arrow_table()
+    elapsed = time.perf_counter() - t0
+    con.close()
+    return elapsed, out.to_pylist()
+
+
+def polars_columns(events: int) -> tuple[float, list]:
+    """Polars on one thread (``POLARS_MAX_THREADS=1``, which must be set before polars is first
+    imported: bench/columnar.py sets it at its start) over the same columns, a lazy query. Timed:
+    the lazy query's collect (its result a DataFrame, Arrow memory); not timed: the table made a
+    DataFrame (the dictionary column becomes a Categorical) and the rows for the check."""
+    import polars as pl
+
+    if pl.thread_pool_size() != 1:
+        raise RuntimeError(f"polars runs {pl.thread_pool_size()} threads: set POLARS_MAX_THREADS=1 before "
+                           "polars is imported (bench/columnar.py does at its start)")
+    frame = pl.from_arrow(_columns_table(events))
+    speed = pl.col("speed") / 3.6
+    query = (frame.lazy().filter(speed > 5)
+             .group_by(pl.col("car"), window_start=pl.col("ts") - pl.col("ts") % SIZE)
+             .agg(avg_speed=speed.mean()))
+    t0 = time.perf_counter()
+    out = query.collect()
+    elapsed = time.perf_counter() - t0
+    rows = out.with_columns(pl.col("car").cast(pl.String), window_end=pl.col("window_start") + SIZE).to_dicts()
+    return elapsed, rows
+
+
 def baselines(events: int) -> dict:
     """The three baselines every speed benchmark prints first."""
     return {"hand loop, dicts": lambda: hand_dicts(events),
@@ -199,6 +252,9 @@ def same(rows: list, reference: list, tolerance: float = 0.0) -> bool:
     return True
 
 
+INEXACT = ("numpy", "DuckDB", "Polars")     # baselines that add in another order: averages to 1e-12
+
+
 def measure(variants: dict[str, Callable[[], tuple[float, list]]], repeat: int) -> dict[str, float]:
     """Best time of each variant over ``repeat`` interleaved rounds; every output checked."""
     best: dict[str, float] = {}
@@ -207,7 +263,7 @@ def measure(variants: dict[str, Callable[[], tuple[float, list]]], repeat: int) 
         for label, run in variants.items():
             t, rows = run()
             reference = reference if reference is not None else rows
-            ok = same(rows, reference, 1e-12 if "numpy" in label else 0.0)
+            ok = same(rows, reference, 1e-12 if any(w in label for w in INEXACT) else 0.0)
             assert ok, f"{label}: output differs from the hand loop's"
             best[label] = min(best.get(label, t), t)
     measure.rows = len(reference)
