@@ -255,10 +255,11 @@ def same(rows: list, reference: list, tolerance: float = 0.0) -> bool:
 INEXACT = ("numpy", "DuckDB", "Polars")     # baselines that add in another order: averages to 1e-12
 
 
-def measure(variants: dict[str, Callable[[], tuple[float, list]]], repeat: int) -> dict[str, float]:
-    """Best time of each variant over ``repeat`` interleaved rounds; every output checked."""
+def measure(variants: dict[str, Callable[[], tuple[float, list]]], repeat: int,
+            reference: list | None = None) -> dict[str, float]:
+    """Best time of each variant over ``repeat`` interleaved rounds; every output checked (against
+    ``reference``, the hand loop's rows, when given; else against the first variant's, a hand loop)."""
     best: dict[str, float] = {}
-    reference = None
     for _ in range(repeat):
         for label, run in variants.items():
             t, rows = run()

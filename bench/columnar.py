@@ -64,7 +64,7 @@ def goals(quick: bool) -> list[dict]:
     n, repeat = (200_000, 1) if quick else (2_000_000, 3)
     variants = {**{k: v for k, v in _baselines(n).items() if k in (DUCKDB, POLARS, NUMPY)},
                 DEPLOYED_SMALL: lambda: cars.deployed(n, columnar=True, batch_rows=SMALL)}
-    return _goals(cars.measure(variants, repeat))
+    return _goals(cars.measure(variants, repeat, reference=cars.hand_tuples(n)[1]))
 
 
 def main() -> None:
