@@ -12,8 +12,8 @@ of up to ``max_rows`` rows.
 
 No tuple waits for data that is not there: gathering stops at the first read
 that returns nothing (or the end, which is then delivered by the next read),
-and once the reads have taken ``budget_s`` (half the latency target: a slow
-source's first rows are not held back by its later ones). Only Arrow batches
+and once the reads have taken ``budget_s`` (0.5 ms, half the default latency
+target: a slow source's first rows are not held back long by its later ones). Only Arrow batches
 with the schema of the first are joined; a row batch or another schema is
 held for the next read. A held batch has left the source (its position is
 past it), so it is part of the driver's snapshot: :meth:`Gather.snapshot`.
@@ -39,7 +39,7 @@ class Gather:
 
     def read(self) -> Any:
         first = self._take()
-        if first is None or isinstance(first, list) or first.num_rows >= self.max_rows or not first.num_rows:
+        if not _arrow_batch(first) or first.num_rows >= self.max_rows or not first.num_rows:
             return first
         parts, rows, schema = [first], first.num_rows, first.schema
         deadline = perf_counter() + self.budget_s
@@ -48,7 +48,7 @@ class Gather:
             if more is None:
                 self.held = _END
                 break
-            if isinstance(more, list) or not more.schema.equals(schema):
+            if not _arrow_batch(more) or not more.schema.equals(schema):
                 if len(more):
                     self.held = more
                 break
@@ -70,6 +70,11 @@ class Gather:
 
     def restore(self, saved: Any) -> None:
         self.held = _END if saved.get("end") else saved.get("batch")
+
+
+def _arrow_batch(batch: Any) -> bool:
+    """A ``pyarrow.RecordBatch`` (checked by name: pyarrow is not imported for row sources)."""
+    return type(batch).__name__ == "RecordBatch"
 
 
 def _joined(parts: list) -> Any:
