@@ -73,15 +73,16 @@ _PREMADE: dict = {}
 
 
 def premade_events(events: int, columnar: bool, keys: int = 10_000, seed: int = 7,
-                   plain_keys: bool = False) -> list:
-    """The generator's events made once per process: lists of dicts, or RecordBatches of 65,536 rows
+                   plain_keys: bool = False, rows: int = 65_536) -> list:
+    """The generator's events made once per process: lists of dicts, or RecordBatches of ``rows`` rows
     (``plain_keys``: the car column as plain strings, not over the generator's one dictionary, as a
-    key column arrives from most sources: every batch then brings its own keys to map)."""
-    spec = (events, columnar, keys, seed)
+    key column arrives from most sources: every batch then brings its own keys to map). The events
+    are the same whatever ``rows`` is (the generator's sequence does not depend on batch sizes)."""
+    spec = (events, columnar, keys, seed, rows)
     if spec not in _PREMADE:
         from pescheduler.operators.sources import GeneratorSource
 
-        gen = GeneratorSource(events=events, keys=keys, seed=seed, columnar=columnar)
+        gen = GeneratorSource(events=events, keys=keys, seed=seed, columnar=columnar, columnar_rows=rows)
         _PREMADE.clear()
         _PREMADE[spec] = list(iter(lambda: gen.read(1000), None))
     if plain_keys and (spec, "plain") not in _PREMADE:
@@ -97,14 +98,14 @@ class Premade(Source):
     name = "premade"
 
     def __init__(self, events: int, start_path: str, columnar: bool = False, plain_keys: bool = False,
-                 **kw) -> None:
+                 batch_rows: int = 65_536, **kw) -> None:
         super().__init__(**kw)
         self.events, self.start_path, self.columnar, self.i = events, start_path, columnar, 0
-        self.plain_keys = plain_keys
+        self.plain_keys, self.batch_rows = plain_keys, batch_rows      # batch_rows: the Arrow batches' size
 
     def open(self, context) -> None:
         super().open(context)
-        self.batches = premade_events(self.events, self.columnar, plain_keys=self.plain_keys)
+        self.batches = premade_events(self.events, self.columnar, plain_keys=self.plain_keys, rows=self.batch_rows)
 
     def read(self, n):
         if self.i == 0:

@@ -113,6 +113,59 @@ def numpy_columns(events: int) -> tuple[float, list]:
     return elapsed, rows
 
 
+# The pipeline in DuckDB's SQL: bench/sql.py's QUERY with its TUMBLE written out (DuckDB has none).
+DUCKDB_QUERY = f"""SELECT car, AVG(speed / 3.6) AS avg_speed,
+       ts - ts % {SIZE} AS window_start, ts - ts % {SIZE} + {SIZE} AS window_end
+FROM cars WHERE speed / 3.6 > 5
+GROUP BY car, window_start, window_end"""
+
+
+def _columns_table(events: int, rows: int = 65_536) -> "pyarrow.Table":
+    """The pre-made Arrow batches as one table (no copy: the table holds the very batches)."""
+    import pyarrow as pa
+
+    return pa.Table.from_batches(benchops.premade_events(events, True, rows=rows))
+
+
+def duckdb_columns(events: int) -> tuple[float, list]:
+    """DuckDB on one thread (``SET threads=1``) over the same columns (an Arrow table it scans in
+    place). Timed: the query and its result as an Arrow table, as the sink keeps Arrow batches;
+    not timed: connecting, and the rows made from that table for the check."""
+    import duckdb
+
+    cars = _columns_table(events)
+    con = duckdb.connect()
+    con.execute("SET threads=1")
+    con.register("cars", cars)
+    t0 = time.perf_counter()
+    out = con.sql(DUCKDB_QUERY).to_arrow_table()
+    elapsed = time.perf_counter() - t0
+    con.close()
+    return elapsed, out.to_pylist()
+
+
+def polars_columns(events: int) -> tuple[float, list]:
+    """Polars on one thread (``POLARS_MAX_THREADS=1``, which must be set before polars is first
+    imported: bench/columnar.py sets it at its start) over the same columns, a lazy query. Timed:
+    the lazy query's collect (its result a DataFrame, Arrow memory); not timed: the table made a
+    DataFrame (the dictionary column becomes a Categorical) and the rows for the check."""
+    import polars as pl
+
+    if pl.thread_pool_size() != 1:
+        raise RuntimeError(f"polars runs {pl.thread_pool_size()} threads: set POLARS_MAX_THREADS=1 before "
+                           "polars is imported (bench/columnar.py does at its start)")
+    frame = pl.from_arrow(_columns_table(events))
+    speed = pl.col("speed") / 3.6
+    query = (frame.lazy().filter(speed > 5)
+             .group_by(pl.col("car"), window_start=pl.col("ts") - pl.col("ts") % SIZE)
+             .agg(avg_speed=speed.mean()))
+    t0 = time.perf_counter()
+    out = query.collect()
+    elapsed = time.perf_counter() - t0
+    rows = out.with_columns(pl.col("car").cast(pl.String), window_end=pl.col("window_start") + SIZE).to_dicts()
+    return elapsed, rows
+
+
 def baselines(events: int) -> dict:
     """The three baselines every speed benchmark prints first."""
     return {"hand loop, dicts": lambda: hand_dicts(events),
@@ -130,16 +183,17 @@ def _ops(lambdas: bool) -> list:
 
 
 def in_process(events: int, columnar: bool = False, lambdas: bool = False, query: str | None = None,
-               plain_keys: bool = False) -> tuple[float, list]:
+               plain_keys: bool = False, batch_rows: int = 65_536) -> tuple[float, list]:
     """The runtime's fused chain in this process (pescheduler.testing), no cluster; ``query``: the
     pipeline written in SQL (bench/sql.py), its operators made as a deployment makes them;
-    ``plain_keys``: a plain key column, no shared dictionary (bench/columnar.py)."""
+    ``plain_keys``: a plain key column, no shared dictionary (bench/columnar.py); ``batch_rows``:
+    the rows of each Arrow batch the source hands over."""
     from pescheduler.testing import run_operators
 
     with tempfile.TemporaryDirectory() as tmp:
         source = benchops.Premade(events=events, start_path=os.path.join(tmp, "start"), columnar=columnar,
-                                  plain_keys=plain_keys)
-        benchops.premade_events(events, columnar, plain_keys=plain_keys)
+                                  plain_keys=plain_keys, batch_rows=batch_rows)
+        benchops.premade_events(events, columnar, plain_keys=plain_keys, rows=batch_rows)
         sink = benchops.Collect(path=os.path.join(tmp, "out"))
         ops = _ops(lambdas) if query is None else _sql_ops(query)
         t0 = time.time()
@@ -158,13 +212,14 @@ def _sql_ops(query: str) -> list:
 
 
 def deployed(events: int, workers: int = 1, columnar: bool = False, lambdas: bool = False,
-             query: str | None = None) -> tuple[float, list]:
+             query: str | None = None, batch_rows: int = 65_536) -> tuple[float, list]:
     """A real deployment on the embedded cluster: source start -> sink end (wall clock); ``query``:
-    the pipeline written in SQL over the stream ``cars``."""
+    the pipeline written in SQL over the stream ``cars``; ``batch_rows``: the rows of each Arrow
+    batch the source hands over (the framework sizes what its operators see)."""
     with tempfile.TemporaryDirectory() as tmp:
         start, out = os.path.join(tmp, "start"), os.path.join(tmp, "out")
         app = Application(f"cars-{workers}-{'columnar' if columnar else 'rows'}")
-        s = app.source("premade", events=events, start_path=start, columnar=columnar)
+        s = app.source("premade", events=events, start_path=start, columnar=columnar, batch_rows=batch_rows)
         if query is not None:
             pescheduler.sql(query, sources={"cars": s}).sink("collect_batches", path=out)
         else:
@@ -197,15 +252,19 @@ def same(rows: list, reference: list, tolerance: float = 0.0) -> bool:
     return True
 
 
-def measure(variants: dict[str, Callable[[], tuple[float, list]]], repeat: int) -> dict[str, float]:
-    """Best time of each variant over ``repeat`` interleaved rounds; every output checked."""
+INEXACT = ("numpy", "DuckDB", "Polars")     # baselines that add in another order: averages to 1e-12
+
+
+def measure(variants: dict[str, Callable[[], tuple[float, list]]], repeat: int,
+            reference: list | None = None) -> dict[str, float]:
+    """Best time of each variant over ``repeat`` interleaved rounds; every output checked (against
+    ``reference``, the hand loop's rows, when given; else against the first variant's, a hand loop)."""
     best: dict[str, float] = {}
-    reference = None
     for _ in range(repeat):
         for label, run in variants.items():
             t, rows = run()
             reference = reference if reference is not None else rows
-            ok = same(rows, reference, 1e-12 if "numpy" in label else 0.0)
+            ok = same(rows, reference, 1e-12 if any(w in label for w in INEXACT) else 0.0)
             assert ok, f"{label}: output differs from the hand loop's"
             best[label] = min(best.get(label, t), t)
     measure.rows = len(reference)
