@@ -16,6 +16,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..operator import MIN_WATERMARK, DeadLetter, Source
+from .gather import Gather
 
 if TYPE_CHECKING:
     from .chain import Chain
@@ -47,6 +48,9 @@ class SourceDriver:
             # Arrow batches will come: load the kernels now, while the PE opens, not on the
             # first batch (importing pyarrow.compute takes 0.1-0.4 s, issue 16).
             import pyarrow.compute  # noqa: F401
+        # Arrow reads ready at once go to the chain as one batch (gather.py); a paced source keeps its sizes.
+        self.gather = Gather(lambda: self.source.read(self.batch_size)) \
+            if getattr(source, "columnar", False) and not source.rate else None
 
     def drain(self) -> None:
         """End the source at the next read, as if exhausted (a graceful stop)."""
@@ -61,7 +65,8 @@ class SourceDriver:
         """Position and watermark progress (the source's own offset is in its snapshot)."""
         return {"max_ts": self.max_ts, "emitted_wm": self.emitted_wm, "count": self.count,
                 "read": self.read_count, "ended": self.ended,
-                "elapsed": 0.0 if self.started is None else perf_counter() - self.started}
+                "elapsed": 0.0 if self.started is None else perf_counter() - self.started,
+                **({"gather": self.gather.snapshot()} if self.gather is not None else {})}
 
     def restore(self, saved: dict | None) -> None:
         if saved:
@@ -69,12 +74,14 @@ class SourceDriver:
             self.read_count = saved.get("read", self.count)
             self.ended = saved["ended"]
             self.started = perf_counter() - saved["elapsed"]    # keep to the rate across the move
+            if self.gather is not None and "gather" in saved:
+                self.gather.restore(saved["gather"])
 
     def read(self) -> list | None:
         """The next batch (maybe empty when nothing is ready), or None at the end."""
         if self.started is None:
             self.started = perf_counter()
-        batch = self.source.read(self.batch_size)
+        batch = self.gather.read() if self.gather is not None else self.source.read(self.batch_size)
         if "_rejected" in self.source.__dict__:
             self.rejected.extend(self.source.take_rejected())
         if batch is None:
