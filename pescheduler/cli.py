@@ -525,8 +525,13 @@ def _deployments(client) -> list[dict]:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    """Ask the running deployment to drain and stop, and wait until it says it has."""
+    """Ask the running deployment to drain and stop, and wait until it says it has: an embedded one
+    on its deploying process's socket (no cluster library imported), else through its scheduler."""
     out, err = _console(), _console(stderr=True)
+    if not args.cluster:
+        asked = _stop_on_socket(args, out, err)
+        if asked is not None:
+            return asked
     security = _security(args)
     found = _published(args, err, security)
     if isinstance(found, int):
@@ -563,6 +568,30 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return _fail(err, f"{status['app']} did not stop within {args.timeout:.0f} s; "
                           f"try again or raise --timeout", 1)
     out.print(f"stopped ({status['state']})" if status else "stopped (its cluster has closed)")
+    return 0
+
+
+def _stop_on_socket(args: argparse.Namespace, out: Console, err: Console) -> int | None:
+    """``stop`` of the named (or only) running embedded deployment through its socket
+    (:mod:`.control.stopsocket`); None when there is none to ask that way or it does not answer
+    (a stale socket; one still starting): the scheduler's path then decides."""
+    from .control.stopsocket import ask_to_stop
+
+    records = [r for r in [statefile.read(args.name)] if r] if args.name else statefile.running()
+    if len(records) != 1:
+        return None
+    record = records[0]
+
+    def said() -> None:
+        out.print(f"stop requested: {record['app']} drains its sources, flushes its sinks and stops…")
+    try:
+        state = ask_to_stop(record["name"], args.timeout, said)
+    except TimeoutError:
+        return _fail(err, f"{record['app']} did not stop within {args.timeout:.0f} s; "
+                          f"try again or raise --timeout", 1)
+    if state is None:
+        return None
+    out.print(f"stopped ({state})")
     return 0
 
 
