@@ -4,6 +4,7 @@ socket falls back to the scheduler's path."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import stat
@@ -46,14 +47,36 @@ def test_stop_asks_on_the_socket_and_imports_no_cluster_library(tmp_path):
     with dask.config.set({"pescheduler.state-dir": state_dir}):
         with _deployed(tmp_path, "sock") as dep:
             path = stopsocket.socket_path("sock")
-            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
             stop = _stop("sock", state_dir)
             final = dep.wait(timeout=60)
             assert final["state"] == "stopped"
             assert any("stop requested from the command line" in e["text"] for e in final["events"])
         assert not os.path.exists(path)                  # removed with the deployment
-    assert "EXIT 0" in stop.stdout and "stopped (stopped)" in stop.stdout, stop.stdout + stop.stderr
     assert stop.stdout.splitlines()[-1] == "LOADED:", stop.stdout
+    assert "EXIT 0" in stop.stdout and "stopped (stopped)" in stop.stdout, stop.stdout + stop.stderr
+
+
+def test_the_socket_is_its_users_only_and_answers_the_final_state(tmp_path):
+    """The server alone (no cluster): mode 0600, "stop" calls the request once, the answer is the
+    state once done; the file is gone after close."""
+    asked = []
+
+    async def main():
+        done = asyncio.Event()
+
+        async def request_stop():
+            asked.append(1)
+            done.set()
+        server = await stopsocket.StopServer.start("alone", request_stop, done, lambda: "stopped")
+        mode = stat.S_IMODE(os.stat(server.path).st_mode)
+        answer = await asyncio.to_thread(stopsocket.ask_to_stop, "alone", 30)
+        again = await asyncio.to_thread(stopsocket.ask_to_stop, "alone", 30)     # already ended
+        await server.close()
+        return mode, answer, again, os.path.exists(server.path)
+
+    with dask.config.set({"pescheduler.state-dir": str(tmp_path)}):
+        assert asyncio.run(asyncio.wait_for(main(), 60)) == (0o600, "stopped", "stopped", False)
+    assert asked == [1]
 
 
 def test_a_stale_socket_falls_back_to_the_scheduler(tmp_path):
