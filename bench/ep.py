@@ -80,10 +80,33 @@ KINDS = {"filter": filter_query, "aggregation": aggregation_query,
          "correlation": correlation_query, "pattern": pattern_query}
 
 
-def queries(kind: str, count: int) -> list[ep.Definition]:
+# The same queries as a Python user writes them (--lambdas): predicates and measures are lambdas
+# reading the query's number from the enclosing function (a closure cell, bound once).
+
+def filter_lambda(count: int, i: int) -> ep.Definition:
+    return ep.Stream("s").filter(lambda e: e["a"] - e["b"] == i)
+
+
+def correlation_lambda(count: int, i: int) -> ep.Definition:
+    return ep.Stream("s", window=window(count, i)).correlate("t", lambda l, r: l["a"] - r["b"] == i + 1)
+
+
+def pattern_lambda(count: int, i: int) -> ep.Definition:
+    return ep.Stream("s", window=window(count, i)).pattern(
+        "x y u", {"x": lambda e, m: True, "y": lambda e, m: e["a"] - m["z1"] == i,
+                  "u": lambda e, m: e["a"] - m["z2"] == i},
+        do={"x": lambda e, m: {"z1": e["a"]}, "y": lambda e, m: {"z2": e["a"]}})
+
+
+LAMBDAS = {"filter": filter_lambda, "aggregation": aggregation_query,
+           "correlation": correlation_lambda, "pattern": pattern_lambda}
+
+
+def queries(kind: str, count: int, lambdas: bool = False) -> list[ep.Definition]:
+    made = LAMBDAS if lambdas else KINDS
     if kind == "mixed":
-        return [KINDS[k](count, i) for k in KINDS for i in range(1, count // 4 + 1)]
-    return [KINDS[kind](count, i) for i in range(1, count + 1)]
+        return [made[k](count, i) for k in made for i in range(1, count // 4 + 1)]
+    return [made[kind](count, i) for i in range(1, count + 1)]
 
 
 def events(n: int, seed: int) -> list[dict]:
