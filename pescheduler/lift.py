@@ -55,6 +55,18 @@ def lift_expression(fn: Any, sides: tuple[str, ...]) -> Expr:
     return lifter.expr(body)
 
 
+def lift_assignments(fn: Any, sides: tuple[str, ...]) -> dict[str, Expr]:
+    """The dict display ``{"name": ..., ...}`` the lambda ``fn`` returns (a pattern's ``do``), each
+    value a tree of :class:`Py` nodes, its parameters reading ``sides`` in order."""
+    body, lifter = _proven(fn, sides)
+    if not isinstance(body, ast.Dict):
+        raise NotProvable("it returns no dict display ({...})")
+    how, fields = lifter.dict(body)
+    if how != "project":
+        raise NotProvable("its dict display spreads a parameter")
+    return fields
+
+
 def _proven(fn: Any, sides: tuple[str, ...]) -> tuple[ast.AST, "_Lifter"]:
     node = proven(fn, len(sides), cells=True)
     calls = builtins_read(fn) - {"abs"}

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ..operator import DeadLetter
 from ..timeutil import parse_duration
 from ..joinkeys import equi_keys
-from .lifted import as_expression
+from .lifted import as_expression, lift_pattern
 from .predicates import Expr
 from .schema import Schema, SchemaError
 
@@ -461,8 +461,9 @@ class EventProcessor:
 
 
 def lift_definition(d: Any, schema: Callable[[str], Any]) -> Any:
-    """Definition ``d`` with each filter's and correlation's lambda predicate a ``col`` expression
-    where :func:`as_expression` proves them the same (``schema(stream)``: its Schema)."""
+    """Definition ``d`` with each filter's and correlation's lambda predicate, and a pattern's
+    lambdas, a ``col`` expression where :func:`as_expression` (:func:`lift_pattern`) proves them
+    the same (``schema(stream)``: its Schema)."""
     def types(stream: str) -> Callable[[str], Any]:
         return schema(stream).fields.get
 
@@ -473,6 +474,9 @@ def lift_definition(d: Any, schema: Callable[[str], Any]) -> Any:
             sides = {"event": types(d.stream.name)}
         elif isinstance(step, Correlate) and step.predicate is not None:
             sides = {"left": types(d.stream.name), "right": types(step.right)}
+        elif isinstance(step, Pattern):
+            steps.append(lift_pattern(step, types(d.stream.name)))
+            continue
         expr = as_expression(step.predicate, tuple(sides), lambda side, name: sides[side](name)) \
             if sides else None
         steps.append(step if expr is None else replace(step, predicate=expr))

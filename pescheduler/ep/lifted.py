@@ -12,15 +12,26 @@ when every node is typed and exact for those types: ``+ - *`` of numbers,
 ``/`` and ``%`` by a non-zero literal (``%`` of ints), comparisons of two
 numbers or two values of one type, ``and``/``or``/``not`` of bools, ``-``,
 ``abs``. Anything else keeps the lambda, called as before.
+
+A pattern's lambdas (``define``: ``lambda e, m: ...``, ``do``: ``lambda e, m:
+{"z": ...}``) read the run's measures too, and ``m["z"]`` raises where a
+measure is missing while ``ep.measure("z")`` is null. So they are lifted only
+in a pattern that is a plain sequence of distinct symbols (``"x y u"``), where
+every symbol is reached through all the ones before it: a measure is known
+present, and of its type, once a lifted ``do`` of an earlier symbol set it
+(:func:`lift_pattern`). A ``do`` kept as a call may set anything: after it no
+measure is known.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import re
+from dataclasses import replace
+from typing import Any, Callable, Mapping
 
 from ..expr import Binary, Col, Expr, Lit, Py, Unary
 from ..inline import NotProvable
-from ..lift import lift_expression
+from ..lift import lift_assignments, lift_expression
 
 _NUMBER = (int, float)
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "mod": "mod", "eq": "eq", "ne": "ne",
@@ -35,6 +46,44 @@ def as_expression(fn: Any, sides: tuple[str, ...], types: Callable[[str, str], A
     try:
         tree = lift_expression(fn, sides)
         return _Typed(types).convert(tree)[0]
+    except NotProvable:
+        return None
+
+
+def lift_pattern(step: Any, types: Callable[[str], Any]) -> Any:
+    """The ``ep.Pattern`` ``step`` with each lambda of ``define`` and ``do`` an expression where
+    that is exact (see the module docstring); ``types(field)``: the event's schema."""
+    symbols = step.pattern.split()
+    if not re.fullmatch(r"\s*\w+(\s+\w+)*\s*", step.pattern) or len(set(symbols)) != len(symbols):
+        return step                            # +, *, ?, |: a measure may be unset when read
+    define, do = dict(step.define), dict(step.do or {})
+    measures: dict[str, type] = {}             # set by every run that reaches the next symbol
+
+    def read(side: str, name: str) -> Any:
+        return types(name) if side == "event" else measures.get(name)
+    for s in symbols:
+        expr = as_expression(define.get(s), ("event", "measure"), read)
+        define[s] = define.get(s) if expr is None else expr
+        assign = do.get(s)
+        if assign is None:
+            continue
+        fields = as_assignments(assign, read) if callable(assign) and not isinstance(assign, Expr) else None
+        if fields is None:
+            measures.clear()                   # a call, or expressions with null semantics: types unknown
+            continue
+        do[s] = {name: e for name, (e, _) in fields.items()}
+        measures.update((name, t) for name, (_, t) in fields.items())
+    return replace(step, define=define, do=do if step.do is not None else None)
+
+
+def as_assignments(fn: Any, types: Callable[[str, str], Any]) -> dict[str, tuple[Expr, type]] | None:
+    """A pattern ``do`` lambda ``lambda e, m: {"z": ...}`` as ``{"z": (col expression, its type)}``
+    where each value means exactly what the call gives (None where it may not)."""
+    if isinstance(fn, Mapping):
+        return None
+    try:
+        typed = _Typed(types)
+        return {name: typed.convert(e) for name, e in lift_assignments(fn, ("event", "measure")).items()}
     except NotProvable:
         return None
 
