@@ -178,3 +178,24 @@ def test_the_lambdas_of_pattern_queries_differing_in_their_constant_share_one_au
     assert [op_id for op_id in proc._nodes if not op_id.endswith(".out")] == ["ep_patterns1.s"]
     assert len(proc._nodes["ep_patterns1.s"].op._families) == 1
     proc.close()
+
+
+def test_each_lambda_kept_as_a_call_is_named_with_why():
+    proc = ep.EventProcessor("native")
+    for name in "st":
+        proc.register_stream(name, SCHEMA)
+    proc.create_query("lifted", ep.Stream("s").filter(_filter(1, "x")))
+    proc.create_query("divides", ep.Stream("s").filter(lambda e: e["a"] / e["b"] > 1))
+    proc.create_query("loop", ep.Stream("s", window=ep.Tumbling("1s")).then(_pattern(1, "x y+ u")))
+    proc.create_query("unset", ep.Stream("s", window=ep.Tumbling("1s")).pattern(
+        "x y", {"x": lambda e, m: e["f"], "y": lambda e, m: e["a"] == m["z"]}))
+    assert proc.python_calls("lifted") == []
+    assert proc.python_calls("divides") == [
+        "query 'divides': its filter predicate is called: div by what may be 0 (not lifted to an expression)"]
+    assert proc.python_calls("loop") == [
+        "query 'loop': pattern 'x y+ u' is not a plain sequence of distinct symbols (a measure may be unset "
+        "where a lambda reads it): its lambdas are called (not lifted to an expression)"]
+    assert proc.python_calls("unset") == [
+        "query 'unset': define['y'] is called: measure('z') is not set by a lifted do of every symbol before "
+        "(not lifted to an expression)"]
+    proc.close()
