@@ -44,6 +44,7 @@ USER_ERRORS = (AppLoadError, InvalidApplication, UnknownOperatorError, ConfigErr
 RUNNING = ("starting", "running")
 PIPE_WIDTH = 200      # tables written to a pipe are not wrapped at 80 columns
 STOP_TIMEOUT_S = 60.0  # how long `stop` (default) and `deploy --replace` wait for a deployment to stop
+START_POLL_S = 0.02   # how often `status`/`stop` look for the record of a deployment still starting
 STOP_CHECK_S = 0.25   # `stop` reads the status this often besides waiting for the deployment's state event
 NARROW = 80           # `status` and `plugins` fit this off a terminal (a terminal: its own width)
 
@@ -525,8 +526,13 @@ def _deployments(client) -> list[dict]:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    """Ask the running deployment to drain and stop, and wait until it says it has."""
+    """Ask the running deployment to drain and stop, and wait until it says it has: an embedded one
+    on its deploying process's socket (no cluster library imported), else through its scheduler."""
     out, err = _console(), _console(stderr=True)
+    if not args.cluster:
+        asked = _stop_on_socket(args, out, err)
+        if asked is not None:
+            return asked
     security = _security(args)
     found = _published(args, err, security)
     if isinstance(found, int):
@@ -566,6 +572,29 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_on_socket(args: argparse.Namespace, out: Console, err: Console) -> int | None:
+    """``stop`` of the named (or only) embedded deployment through its socket
+    (:mod:`.control.stopsocket`): the exit code, or None when it does not answer there (a stale
+    socket: its process hung or lost it) and the scheduler's path decides."""
+    from .control.stopsocket import ask_to_stop
+
+    record = _embedded(args.name, err)
+    if isinstance(record, int):
+        return record
+
+    def said() -> None:
+        out.print(f"stop requested: {record['app']} drains its sources, flushes its sinks and stops…")
+    try:
+        state = ask_to_stop(record["name"], args.timeout, said)
+    except TimeoutError:
+        return _fail(err, f"{record['app']} did not stop within {args.timeout:.0f} s; "
+                          f"try again or raise --timeout", 1)
+    if state is None:
+        return None
+    out.print(f"stopped ({state})")
+    return 0
+
+
 def _state_changes(client, deployment: str) -> threading.Event:
     """Set once ``deployment`` logs a state past running on its state topic (``WorkerGateway.publish``)."""
     ended = threading.Event()
@@ -597,13 +626,20 @@ def _scheduler_address(cluster: str | None, name: str | None, err: Console) -> s
     """``--cluster``, else the named (or only) embedded deployment's scheduler; else the exit code, said why."""
     if cluster:
         return cluster
+    record = _embedded(name, err)
+    return record if isinstance(record, int) else record["scheduler"]
+
+
+def _embedded(name: str | None, err: Console) -> dict | int:
+    """The record of the named (or only) embedded deployment on this machine, once written
+    (:func:`_once_started`: one still starting); else the exit code, said why."""
     if name:
         state = statefile.read(name) or _once_started(name, err)
         if state is None:
             return _fail(err, f"no deployment named {name!r} runs embedded on this machine (running: "
                               f"{_names() or 'none'}); one deployed with --cluster is found with "
                               f"`--cluster ADDR`, its scheduler's address", 1)
-        return state["scheduler"]
+        return state
     running = statefile.running()
     starting = [c for c in statefile.claims() if statefile.read(c["name"]) is None]
     if not running and len(starting) == 1:
@@ -615,7 +651,7 @@ def _scheduler_address(cluster: str | None, name: str | None, err: Console) -> s
     if len(running) > 1:
         return _fail(err, f"{len(running)} deployments are running: {_names()}; name one, "
                           f"e.g. `python -m pescheduler status {running[0]['name']}`", 2)
-    return running[0]["scheduler"]
+    return running[0]
 
 
 def _once_started(name: str, err: Console) -> dict | None:
@@ -633,7 +669,7 @@ def _once_started(name: str, err: Console) -> dict | None:
         state = statefile.read(name)
         if state is not None or statefile.claim_of(name) is None:
             return state
-        time.sleep(0.1)
+        time.sleep(START_POLL_S)
     return None
 
 

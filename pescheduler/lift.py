@@ -29,7 +29,7 @@ import math
 from typing import Any
 
 from .expr import Col, Expr, Lit, Py
-from .inline import NotProvable, builtins_read, proven
+from .inline import NotProvable, builtins_read, cell_constants, proven
 
 _ARITHMETIC = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Mod: "mod"}
 _COMPARE = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge",
@@ -55,12 +55,24 @@ def lift_expression(fn: Any, sides: tuple[str, ...]) -> Expr:
     return lifter.expr(body)
 
 
+def lift_assignments(fn: Any, sides: tuple[str, ...]) -> dict[str, Expr]:
+    """The dict display ``{"name": ..., ...}`` the lambda ``fn`` returns (a pattern's ``do``), each
+    value a tree of :class:`Py` nodes, its parameters reading ``sides`` in order."""
+    body, lifter = _proven(fn, sides)
+    if not isinstance(body, ast.Dict):
+        raise NotProvable("it returns no dict display ({...})")
+    how, fields = lifter.dict(body)
+    if how != "project":
+        raise NotProvable("its dict display spreads a parameter")
+    return fields
+
+
 def _proven(fn: Any, sides: tuple[str, ...]) -> tuple[ast.AST, "_Lifter"]:
-    node = proven(fn, len(sides))
+    node = proven(fn, len(sides), cells=True)
     calls = builtins_read(fn) - {"abs"}
     if calls:
         raise NotProvable(f"it calls {', '.join(sorted(calls))}, which has no expression")
-    return node.body, _Lifter({a.arg: side for a, side in zip(node.args.args, sides)})
+    return node.body, _Lifter({a.arg: side for a, side in zip(node.args.args, sides)}, cell_constants(fn, node))
 
 
 def why_not(kind: str, fn: Any) -> str | None:
@@ -75,8 +87,9 @@ def why_not(kind: str, fn: Any) -> str | None:
 class _Lifter:
     """Turns a lambda body's AST into a tree of :class:`Py` nodes; :class:`NotProvable` on the rest."""
 
-    def __init__(self, sides: dict[str, str]) -> None:
+    def __init__(self, sides: dict[str, str], constants: dict[str, Any]) -> None:
         self.sides = sides          # parameter name -> the side a field of it reads
+        self.constants = constants  # a variable of an enclosing function -> its value, proven constant
 
     def dict(self, node: ast.Dict) -> tuple[str, dict[str, Expr]]:
         spread = [i for i, k in enumerate(node.keys) if k is None]
@@ -104,6 +117,13 @@ class _Lifter:
                 and key.value):
             raise NotProvable(f"`{ast.unparse(node)}` is not a field read e[\"name\"]")
         return Col(key.value, self.sides[node.value.id])
+
+    def _name(self, node: ast.Name) -> Expr:
+        """A variable of an enclosing function (``inline.cell_constants``): its value, a literal."""
+        value = self.constants.get(node.id, self)
+        if value is self or isinstance(value, tuple):
+            raise NotProvable(f"`{node.id}` has no expression form" + (" but after `in`" if value is not self else ""))
+        return self._constant(ast.Constant(value))
 
     def _constant(self, node: ast.Constant) -> Expr:
         value = node.value
@@ -146,6 +166,8 @@ class _Lifter:
             return Py("is_none" if isinstance(op, ast.Is) else "is_not_none", self.expr(a))
         name = _COMPARE[type(op)]
         if name in ("in", "not_in"):
+            if isinstance(b, ast.Name) and isinstance(self.constants.get(b.id), tuple):
+                b = ast.Tuple([ast.Constant(v) for v in self.constants[b.id]])
             if not isinstance(b, (ast.Tuple, ast.List)) or not all(isinstance(x, ast.Constant) for x in b.elts):
                 raise NotProvable(f"`in {ast.unparse(b)}`: only a tuple or list of literals has an expression")
             return Py(name, self.expr(a), *map(self.expr, b.elts))

@@ -128,7 +128,13 @@ class ControlLoop:
         except SchedulerLost as exc:
             await self.on_scheduler_lost(str(exc))
             return
-        if command == "stop" and not self.state.ended:
+        if command == "stop":
+            await self.stop_requested()
+
+    async def stop_requested(self) -> None:
+        """``stop`` from the command line: left on the scheduler (:meth:`_commands`) or asked on the
+        deploying process's socket (:mod:`.stopsocket`); drains once."""
+        if not self.state.ended:
             self.state.event("stop", "stop requested from the command line")
             await self.on_stop()
 

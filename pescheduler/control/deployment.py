@@ -55,6 +55,7 @@ from .cluster import HOST as CLUSTER_HOST, EmbeddedCluster
 from .control_loop import ControlLoop
 from .controller import Controller, append_log, event, policy_configs, select_policies
 from .deadletters import DeadLetters
+from .stopsocket import StopServer
 from .gateway import WorkerGateway
 from .hosts import HostManager
 from ..metrics import MetricsSnapshot
@@ -411,7 +412,9 @@ class Deployment:
             self.loop.controller = self._controller(chosen)
             self.state.event("policy", f"active: {', '.join(chosen)}")
         await self.gateway.publish(self.status())   # `stop NAME` right after the record finds a status
-        if self.cluster is not None:
+        if self.cluster is not None:      # `stop NAME` asks on the socket, then finds it by the record
+            self._stop_server = await StopServer.start(self.name, self.loop.stop_requested, self._done,
+                                                       lambda: self.state.state)
             statefile.write(self.scheduler_address, self.app.name, self.outputs, self.name)
         self._watch_all(placement.workers)
         self._tasks.append(asyncio.create_task(self.loop.run(self._done)))
@@ -438,6 +441,7 @@ class Deployment:
         return self._network.address if self._network is not None else CLUSTER_HOST
 
     _network = None          # what cluster_network made (closed after the cluster)
+    _stop_server: StopServer | None = None   # where `stop NAME` asks an embedded deployment (stopsocket)
     _claimed_on_cluster = False  # claim_on_cluster published this one as starting on a given cluster
 
     def _controller(self, chosen: dict) -> Controller:
@@ -613,6 +617,8 @@ class Deployment:
                 logger.warning("closing the embedded cluster failed: %s", exc)
         if self._network is not None:
             await asyncio.to_thread(self._network.remove)
+        if self._stop_server is not None:
+            await self._stop_server.close()
 
 
 class _Fleet:

@@ -10,15 +10,18 @@ pushed batch, the end of the streams.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from ..operator import DeadLetter
 from ..timeutil import parse_duration
 from ..joinkeys import equi_keys
-from .lifted import as_expression
+from .lifted import as_expression, lift_pattern
 from .predicates import Expr
 from .schema import Schema, SchemaError
+
+logger = logging.getLogger(__name__)
 
 # -- windows ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -311,6 +314,7 @@ class EventProcessor:
         self._dead: list[DeadLetter] = []
         self._streams: dict[str, Any] = {}
         self._whole_from: dict[Any, int] = {}      # query id -> first window start it saw whole
+        self._python: dict[Any, list[str]] = {}     # query id -> its lambdas kept as calls, and why
         self._closed = False
 
     # -- the calls every provider implements ----------------------------------------------
@@ -355,7 +359,18 @@ class EventProcessor:
             raise ValueError(f"query {query_id!r} exists already")
         for name in definition.streams():
             self._stream(name)
-        return lift_definition(definition, self._schema)      # lambdas as expressions where exact
+        notes: list[str] = []
+        lifted = lift_definition(definition, self._schema, notes)     # lambdas as expressions where exact
+        self._python[query_id] = [f"query {query_id!r}: {n} (not lifted to an expression)" for n in notes]
+        for note in self._python[query_id]:
+            logger.info("%s", note)                                  # once: at create_query
+        return lifted
+
+    def python_calls(self, query_id: Any) -> list[str]:
+        """Why each lambda of ``query_id`` is called per event instead of run as an expression
+        (empty: every one was lifted, or it has none); also logged once, at ``create_query``."""
+        self._known_query(query_id)
+        return list(self._python.get(query_id, ()))
 
     def _note_whole_from(self, query_id: Any, d: Definition, newest: int | None) -> None:
         """A window query created after events came in (the newest at ``newest``) reports only
@@ -460,9 +475,12 @@ class EventProcessor:
             raise RuntimeError("this EventProcessor is closed (its streams have ended)")
 
 
-def lift_definition(d: Any, schema: Callable[[str], Any]) -> Any:
-    """Definition ``d`` with each filter's and correlation's lambda predicate a ``col`` expression
-    where :func:`as_expression` proves them the same (``schema(stream)``: its Schema)."""
+def lift_definition(d: Any, schema: Callable[[str], Any], notes: list[str] | None = None) -> Any:
+    """Definition ``d`` with each filter's and correlation's lambda predicate, and a pattern's
+    lambdas, a ``col`` expression where :func:`as_expression` (:func:`lift_pattern`) proves them
+    the same (``schema(stream)``: its Schema); ``notes`` gets one line per lambda kept as a call."""
+    notes = [] if notes is None else notes
+
     def types(stream: str) -> Callable[[str], Any]:
         return schema(stream).fields.get
 
@@ -473,7 +491,12 @@ def lift_definition(d: Any, schema: Callable[[str], Any]) -> Any:
             sides = {"event": types(d.stream.name)}
         elif isinstance(step, Correlate) and step.predicate is not None:
             sides = {"left": types(d.stream.name), "right": types(step.right)}
-        expr = as_expression(step.predicate, tuple(sides), lambda side, name: sides[side](name)) \
+        elif isinstance(step, Pattern):
+            steps.append(lift_pattern(step, types(d.stream.name), notes))
+            continue
+        why: list[str] = []
+        expr = as_expression(step.predicate, tuple(sides), lambda side, name: sides[side](name), why) \
             if sides else None
+        notes.extend(f"its {type(step).__name__.lower()} predicate is called: {w}" for w in why)
         steps.append(step if expr is None else replace(step, predicate=expr))
     return Definition(tuple(steps))

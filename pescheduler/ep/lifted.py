@@ -12,30 +12,98 @@ when every node is typed and exact for those types: ``+ - *`` of numbers,
 ``/`` and ``%`` by a non-zero literal (``%`` of ints), comparisons of two
 numbers or two values of one type, ``and``/``or``/``not`` of bools, ``-``,
 ``abs``. Anything else keeps the lambda, called as before.
+
+A pattern's lambdas (``define``: ``lambda e, m: ...``, ``do``: ``lambda e, m:
+{"z": ...}``) read the run's measures too, and ``m["z"]`` raises where a
+measure is missing while ``ep.measure("z")`` is null. So they are lifted only
+in a pattern that is a plain sequence of distinct symbols (``"x y u"``), where
+every symbol is reached through all the ones before it: a measure is known
+present, and of its type, once a lifted ``do`` of an earlier symbol set it
+(:func:`lift_pattern`). A ``do`` kept as a call may set anything: after it no
+measure is known.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import re
+from dataclasses import replace
+from typing import Any, Callable, Mapping
 
 from ..expr import Binary, Col, Expr, Lit, Py, Unary
 from ..inline import NotProvable
-from ..lift import lift_expression
+from ..lift import lift_assignments, lift_expression
 
 _NUMBER = (int, float)
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "mod": "mod", "eq": "eq", "ne": "ne",
            "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "and": "and", "or": "or"}
 
 
-def as_expression(fn: Any, sides: tuple[str, ...], types: Callable[[str, str], Any]) -> Expr | None:
+def as_expression(fn: Any, sides: tuple[str, ...], types: Callable[[str, str], Any],
+                  why: list[str] | None = None) -> Expr | None:
     """``fn`` as a ``col`` expression meaning exactly what calling it means on events of the
-    schemas ``types(side, field)`` describes (None where it may not)."""
+    schemas ``types(side, field)`` describes (None where it may not, and ``why`` gets the reason)."""
     if not callable(fn) or isinstance(fn, Expr):
         return None
     try:
         tree = lift_expression(fn, sides)
         return _Typed(types).convert(tree)[0]
-    except NotProvable:
+    except NotProvable as exc:
+        if why is not None:
+            why.append(_reason(exc))
+        return None
+
+
+def _reason(exc: NotProvable) -> str:
+    text = str(exc)
+    return text if " " in text else f"`{text}` has no exact expression for these types"
+
+
+def lift_pattern(step: Any, types: Callable[[str], Any], notes: list[str] | None = None) -> Any:
+    """The ``ep.Pattern`` ``step`` with each lambda of ``define`` and ``do`` an expression where
+    that is exact (see the module docstring); ``types(field)``: the event's schema; ``notes``
+    gets one line per function kept as a call, saying why."""
+    notes = [] if notes is None else notes
+    symbols = step.pattern.split()
+    if not re.fullmatch(r"\s*\w+(\s+\w+)*\s*", step.pattern) or len(set(symbols)) != len(symbols):
+        if any(callable(f) and not isinstance(f, Expr) for f in (*step.define.values(), *(step.do or {}).values())):
+            notes.append(f"pattern {step.pattern!r} is not a plain sequence of distinct symbols "
+                         f"(a measure may be unset where a lambda reads it): its lambdas are called")
+        return step                            # +, *, ?, |: a measure may be unset when read
+    define, do = dict(step.define), dict(step.do or {})
+    measures: dict[str, type] = {}             # set by every run that reaches the next symbol
+
+    def read(side: str, name: str) -> Any:
+        return types(name) if side == "event" else measures.get(name)
+    for s in symbols:
+        why: list[str] = []
+        expr = as_expression(define.get(s), ("event", "measure"), read, why)
+        define[s] = define.get(s) if expr is None else expr
+        notes.extend(f"define[{s!r}] is called: {w}" for w in why)
+        assign, why = do.get(s), []
+        if assign is None:
+            continue
+        fields = as_assignments(assign, read, why) if callable(assign) and not isinstance(assign, Expr) else None
+        notes.extend(f"do[{s!r}] is called: {w}" for w in why)
+        if fields is None:
+            measures.clear()                   # a call, or expressions with null semantics: types unknown
+            continue
+        do[s] = {name: e for name, (e, _) in fields.items()}
+        measures.update((name, t) for name, (_, t) in fields.items())
+    return replace(step, define=define, do=do if step.do is not None else None)
+
+
+def as_assignments(fn: Any, types: Callable[[str, str], Any],
+                   why: list[str] | None = None) -> dict[str, tuple[Expr, type]] | None:
+    """A pattern ``do`` lambda ``lambda e, m: {"z": ...}`` as ``{"z": (col expression, its type)}``
+    where each value means exactly what the call gives (None where it may not; ``why``: the reason)."""
+    if isinstance(fn, Mapping):
+        return None
+    try:
+        typed = _Typed(types)
+        return {name: typed.convert(e) for name, e in lift_assignments(fn, ("event", "measure")).items()}
+    except NotProvable as exc:
+        if why is not None:
+            why.append(_reason(exc))
         return None
 
 
@@ -50,7 +118,8 @@ class _Typed:
         if isinstance(e, Col):
             t = self.types(e.side, e.name)
             if t not in (int, float, str, bool):
-                raise NotProvable(f"{e!r} has no type in the schema")
+                raise NotProvable(f"{e!r} is not set by a lifted do of every symbol before" if e.side == "measure"
+                                  else f"{e!r} has no type in the schema")
             return e, t
         if isinstance(e, Lit):
             if e.value is None:

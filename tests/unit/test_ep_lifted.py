@@ -84,3 +84,118 @@ def test_what_the_schema_cannot_make_exact_stays_a_lambda():
         with pytest.raises(TypeError, match="write it as an expression"):
             proc.create_query("q", ep.Stream("s").filter(predicate))
     proc.close()
+
+
+# -- lambdas reading the query's own constants (closure cells) and patterns (issue 34) ------------
+
+def _correlation(k):
+    return lambda l, r: l["a"] - r["b"] == k + 1
+
+
+def _filter(k, name):
+    return lambda e: e["a"] - e["b"] == k or e["s"] == name
+
+
+def _pattern(k, spec):
+    """JEPC's pattern query with lambdas, reading ``k`` from here; ``spec`` one of PATTERNS."""
+    return ep.Pattern(spec, {"x": lambda e, m: e["f"], "y": lambda e, m: e["a"] - m["z1"] == k,
+                             "u": lambda e, m: e["a"] - m["z2"] <= k * 2},
+                      do={"x": lambda e, m: {"z1": e["a"]}, "y": lambda e, m: {"z2": e["a"] + m["z1"]}})
+
+
+PATTERNS = ["x y u", "x  y u", "x y+ u", "x y (u | y)", "x y u?"]   # lifted: the first two (lift_pattern)
+
+
+def _called(step):
+    """``step`` with every function a functools.partial of it: called as Python, never lifted."""
+    if isinstance(step, ep.Pattern):
+        return ep.Pattern(step.pattern, {s: functools.partial(f) for s, f in step.define.items()},
+                          do={s: functools.partial(f) for s, f in step.do.items()})
+    return functools.partial(step)
+
+
+def everything(query: ep.Definition, pushes: list) -> tuple[list, list, object]:
+    """Results, dead letters (item, error type) and the definition the native engine ran."""
+    proc = ep.EventProcessor("native")
+    try:
+        for name in "st":
+            proc.register_stream(name, SCHEMA)
+        got: list = []
+        proc.create_query("q", query)
+        proc.add_output_processor("q", got.append)
+        for ts, (stream, event) in enumerate(pushes):
+            proc.push_event(stream, event, ts)
+        proc.close()
+        dead = [(d.item, d.error.splitlines()[-1].split(":")[0]) for d in proc.dead_letters()]
+        return got, dead, proc._queries["q"]
+    finally:
+        proc.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(-3, 4), PUSHES)
+def test_a_lambda_reading_its_querys_constant_is_lifted_and_answers_the_same(k, pushes):
+    window = ep.Stream("s", window=ep.Tumbling("10ms"))
+    want = everything(window.correlate("t", _called(_correlation(k))), pushes)
+    got = everything(window.correlate("t", _correlation(k)), pushes)
+    assert isinstance(got[2].terminal.predicate, Expr) and not isinstance(want[2].terminal.predicate, Expr)
+    assert got[:2] == want[:2]
+    want = everything(ep.Stream("s").filter(_called(_filter(k, "x"))), pushes)
+    got = everything(ep.Stream("s").filter(_filter(k, "x")), pushes)
+    assert isinstance(got[2].filters[0].predicate, Expr) and got[:2] == want[:2]
+
+
+SEQUENCE = st.lists(st.tuples(st.just("s"), EVENT), max_size=30)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(-3, 4), st.sampled_from(PATTERNS), SEQUENCE)
+def test_a_patterns_lambdas_are_lifted_where_every_measure_read_is_set_and_answer_the_same(k, spec, pushes):
+    window = ep.Stream("s", window=ep.Tumbling("20ms"))
+    step = _pattern(k, spec)
+    want = everything(window.then(_called(step)), pushes)
+    got = everything(window.then(step), pushes)
+    lifted = got[2].terminal
+    sequence = spec in PATTERNS[:2]
+    assert all(isinstance(p, Expr) for p in lifted.define.values()) is sequence
+    assert all(isinstance(d, dict) for d in lifted.do.values()) is sequence
+    assert got[:2] == want[:2]          # results and dead letters
+
+
+def _jepc_pattern(k):
+    """JEPC's pattern: the queries' predicates differ in a literal only (``k`` bound once here; the
+    same lambdas written in a ``for k`` loop read a variable the loop changes: not lifted)."""
+    return ep.Pattern("x y u", {"x": lambda e, m: True, "y": lambda e, m: e["a"] - m["z1"] == k,
+                                "u": lambda e, m: e["a"] - m["z2"] == k},
+                      do={"x": lambda e, m: {"z1": e["a"]}, "y": lambda e, m: {"z2": e["a"]}})
+
+
+def test_the_lambdas_of_pattern_queries_differing_in_their_constant_share_one_automaton():
+    proc = ep.EventProcessor("native")
+    proc.register_stream("s", SCHEMA)
+    for k in range(4):
+        proc.create_query(k, ep.Stream("s", window=ep.Tumbling("1s")).then(_jepc_pattern(k)))
+    assert [op_id for op_id in proc._nodes if not op_id.endswith(".out")] == ["ep_patterns1.s"]
+    assert len(proc._nodes["ep_patterns1.s"].op._families) == 1
+    proc.close()
+
+
+def test_each_lambda_kept_as_a_call_is_named_with_why():
+    proc = ep.EventProcessor("native")
+    for name in "st":
+        proc.register_stream(name, SCHEMA)
+    proc.create_query("lifted", ep.Stream("s").filter(_filter(1, "x")))
+    proc.create_query("divides", ep.Stream("s").filter(lambda e: e["a"] / e["b"] > 1))
+    proc.create_query("loop", ep.Stream("s", window=ep.Tumbling("1s")).then(_pattern(1, "x y+ u")))
+    proc.create_query("unset", ep.Stream("s", window=ep.Tumbling("1s")).pattern(
+        "x y", {"x": lambda e, m: e["f"], "y": lambda e, m: e["a"] == m["z"]}))
+    assert proc.python_calls("lifted") == []
+    assert proc.python_calls("divides") == [
+        "query 'divides': its filter predicate is called: div by what may be 0 (not lifted to an expression)"]
+    assert proc.python_calls("loop") == [
+        "query 'loop': pattern 'x y+ u' is not a plain sequence of distinct symbols (a measure may be unset "
+        "where a lambda reads it): its lambdas are called (not lifted to an expression)"]
+    assert proc.python_calls("unset") == [
+        "query 'unset': define['y'] is called: measure('z') is not set by a lifted do of every symbol before "
+        "(not lifted to an expression)"]
+    proc.close()

@@ -87,7 +87,7 @@ def test_a_python_function_is_refused_by_a_database_saying_how_to_write_it(provi
     with pytest.raises(TypeError, match=r"ep.left\('a'\) - ep.right\('b'\) == 2"):
         proc.create_query("c", ep.Stream("s", window=ep.Tumbling(5)).correlate("t", lambda l, r: len(l) > 1))
     with pytest.raises(TypeError, match="ep.measure"):
-        proc.create_query("p", ep.Stream("s", window=ep.Tumbling(5)).pattern("x", {"x": lambda e, m: True}))
+        proc.create_query("p", ep.Stream("s", window=ep.Tumbling(5)).pattern("x", {"x": lambda e, m: len(e) > 1}))
     with pytest.raises(ValueError, match="stream 's' has no field 'nope'"):
         proc.create_query("n", ep.Stream("s").filter(ep.col("nope") > 1))
     assert proc._queries == {}

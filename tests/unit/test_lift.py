@@ -141,8 +141,10 @@ def test_the_readmes_lambdas_compile_to_the_fused_loop_without_a_call():
 
 def test_what_is_not_provably_the_same_stays_a_call_and_says_why():
     limit = 5
+    limit += 1
     assert why_not("filter", lambda e: e["n"] > LIMIT) == "it reads the global 'LIMIT', which may change"
-    assert "enclosing function (limit)" in why_not("filter", lambda e: e["n"] > limit)
+    assert why_not("filter", lambda e: e["n"] > limit) == \
+        "it reads 'limit' of an enclosing function, which is bound 2 times: it may change"
     assert why_not("map", lambda e: e["n"]) == "it returns no dict display ({...})"
     assert why_not("filter", lambda e: len(e) > 1) == "it calls len, which has no expression"
     assert "e['a']['b']" in why_not("filter", lambda e: e["a"]["b"] > 1)
@@ -168,3 +170,63 @@ def test_the_deployment_notes_each_function_left_a_call_once():
     assert python_calls(app) == ["over calls its function per tuple (not lifted to an expression): "
                                  "it reads the global 'LIMIT', which may change"]
     assert isinstance(lift_steps("filter", lambda e: e["m"] > 2)[0][1], Py)
+
+
+# -- variables of an enclosing function (closure cells) ----------------------------------------
+
+def _above(limit):
+    return lambda e: e["n"] > limit
+
+
+def _one_of(names):
+    return lambda e: e["s"] in names
+
+
+def _assigned_once():
+    scale = 2.5
+    return lambda e: {**e, "x": e["n"] * scale}
+
+
+def _assigned_again(limit):
+    f = lambda e: e["n"] > limit  # noqa: E731
+    limit = limit + 1
+    return f
+
+
+def _in_a_loop():
+    fs = []
+    for k in range(3):
+        step = k
+        fs.append(lambda e: e["n"] > step)
+    return fs[0]
+
+
+def _nonlocal_changes(limit):
+    f = lambda e: e["n"] > limit  # noqa: E731
+
+    def bump():
+        nonlocal limit
+        limit += 1
+    bump()
+    return f
+
+
+def test_a_variable_bound_once_in_the_enclosing_function_is_read_as_a_literal():
+    assert repr(lift_steps("filter", _above(3))[0][1]) == "py((col('n') > 3))"
+    assert repr(lift_steps("filter", _one_of(("a", "b")))[0][1]) == "py((col('s') in ('a', 'b', )))"
+    assert repr(lift_steps("map", _assigned_once())[0][1]["x"]) == "py((col('n') * 2.5))"
+
+
+def test_a_variable_that_may_change_or_is_not_a_constant_keeps_the_call():
+    assert "is assigned although a parameter" in why_not("filter", _assigned_again(3))
+    assert "is assigned in a loop" in why_not("filter", _in_a_loop())
+    assert "is assigned although a parameter" in why_not("filter", _nonlocal_changes(3))   # nonlocal, +=
+    assert "a list (an int, float, str" in why_not("filter", _above([1]))
+    assert "a list (an int, float, str" in why_not("filter", _one_of(["a"]))
+    assert "bool" not in (why_not("filter", _above(True)) or "")
+    assert "a Flag" in why_not("filter", _above(Flag(1)))          # a subclass may redefine ==
+
+
+class Flag(int):
+    def __gt__(self, other):
+        return True
