@@ -16,7 +16,7 @@ rotating order:
 
 K live keys; keys come and go (the key space slides by 2K over the stream, so most keys
 are first touched after a snapshot and some retire; latest and lookup delete keys). A
-stream is max(30000, 2K) tuples in batches of 1000, a watermark after each batch. The
+stream is max(100000, 2K) tuples in batches of 1000, a watermark after each batch. The
 ratios are dict time / memory (live) time (1.0: as fast as the dict), best of the repetitions of
 each; only ratios are comparable on a loaded machine (the load average is printed).
 ``--quick``: K = 1000, one repetition, a short stream (a smoke test).

@@ -67,6 +67,8 @@ def quick_runs(request, tmp_path_factory) -> dict[tuple[str, ...], Future]:
     ("connectors.py", (), ("parquet", "delta", "iceberg", "ms/commit", "output checked")),
     ("latency.py", (), ("before: p50", "after: p50", "capacity (unpaced", "goals across 2 PEs",
                         "a fire of many keys at once")),
+    ("keyed_operators.py", (), ("count_window", "session_window", "latest", "process", "join_asof", "lookup",
+                                "memory/dict", "live/dict")),
     pytest.param("postgres_cdc.py", (), ("output checked: each change once", "bare get_changes loop",
                                          "ratio source/bare"), marks=pytest.mark.database),
 ])
