@@ -41,7 +41,9 @@ _NOTHING = object()
 # Who installs ``MemoryState.get`` (the snapshot that makes a view live, the release of the last
 # one, maybe in a checkpoint's thread) decides under this lock, so a release cannot put the plain
 # lookup back over a view that a snapshot made live in between. Never taken on a get or a put.
-_BIND = threading.Lock()
+# Reentrant: a view collected by the garbage collector inside _bind releases itself there (it only
+# ever empties the live views, so the outer decision stays safe: at worst the copying get).
+_BIND = threading.RLock()
 
 
 def _copy(value: Any) -> Any:
