@@ -63,6 +63,9 @@ class DictState(KeyedState):
     def writable(self) -> dict:
         return self._table
 
+    def __len__(self) -> int:
+        return len(self._table)
+
     def items(self, group: int):
         return iter([(k, v) for k, v in self._table.items() if key_group(k) == group])
 
@@ -229,8 +232,8 @@ def main() -> None:
             make, attr, batches = OPERATORS[name](n, k)
             best = {"dict": float("inf"), "memory": float("inf"), "live": float("inf")}
             held = {}
-            for backend in best:                    # untimed: imports, first allocations
-                run_once(make, attr, batches[:4], backend)
+            for backend in best:                    # untimed: imports (numpy at a fold), first allocations
+                run_once(make, attr, batches[:CHECKPOINT + 2], backend)
             for r in range(repeat):                 # interleaved, the order rotating
                 for backend in list(best)[r % 3:] + list(best)[:r % 3]:
                     elapsed, held[backend] = run_once(make, attr, batches, backend)
