@@ -213,3 +213,21 @@ def test_the_first_snapshot_computes_only_the_written_keys_groups(n, monkeypatch
     state.put("car-1", 0)
     state.snapshot().release()
     assert [c for c in calls if c] == [n, 1]
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_read_delete_many_and_entries_on_both_backends(backend, tmp_path):
+    import dask
+
+    from pescheduler.state import open_state
+
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path)}):
+        state = open_state(backend, "t")
+    try:
+        state.write_many([(i, [i]) for i in range(10)])
+        state.delete_many([1, 2, 99])
+        assert state.read(3) == [3] and state.read(1, "gone") == "gone"
+        assert dict(state.entries()) == {i: [i] for i in range(10) if i not in (1, 2)}
+        assert {g for g in state.changed()} == {key_group(k) for k in [*range(10), 99]}
+    finally:
+        state.close()
