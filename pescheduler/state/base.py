@@ -164,6 +164,21 @@ class KeyedState(ABC):
         for key in deletes:
             self.delete(key)
 
+    def read(self, key: Any, default: Any = None) -> Any:
+        """The value of ``key``, or ``default``, for a caller that does not change it in place
+        (``memory``: never a copy, even while a snapshot's view is live)."""
+        return self.get(key, default)
+
+    def delete_many(self, keys: Iterable[Any]) -> None:
+        """Forget every key of ``keys`` (as :meth:`delete` each)."""
+        self.write_many((), keys)
+
+    def entries(self) -> Iterator[tuple[Any, Any]]:
+        """``(key, value)`` of every key, groups in no particular order (do not write while
+        iterating): a scan of the whole state without asking group by group."""
+        for g in self.groups():
+            yield from self.items(g)
+
     def writable(self) -> dict | None:
         """``{key: value}`` of the keys put since the last :meth:`snapshot`, the values being the
         objects the state holds, or None when the backend holds copies (``disk``).

@@ -72,6 +72,8 @@ def quick_runs(request, tmp_path_factory) -> dict[tuple[str, ...], Future]:
     ("goals34.py", (), ("issue 34's goals", "load average at start", "latency p99, 2 PEs, 50%",
                         "throughput at 90 %", "CLI deploy -> first output", "stop NAME -> exit",
                         "per tuple deployed / hand loop over tuples", "goals met")),
+    ("keyed_operators.py", (), ("count_window", "session_window", "latest", "process", "join_asof", "lookup",
+                                "memory/dict", "live/dict")),
     pytest.param("postgres_cdc.py", (), ("output checked: each change once", "bare get_changes loop",
                                          "ratio source/bare"), marks=pytest.mark.database),
 ])

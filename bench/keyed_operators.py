@@ -1,0 +1,252 @@
+"""Keyed operators on the ``memory`` state backend against the same operators on a plain dict.
+
+    python bench/keyed_operators.py [--keys 1000,10000,100000] [--repeat 3] [--quick]
+
+Each KEYED operator that keeps its state in the backend (count_window, session_window,
+latest, process, join_asof, lookup) runs the same stream three ways per repetition, in
+rotating order:
+
+  dict     its state a bare dict (``get`` and ``put`` the dict's own methods, every key
+           writable in place): what the operator cost when it held its own dict
+  memory   the ``memory`` backend (pescheduler/state/memory.py), a checkpoint's snapshot
+           every CHECKPOINT batches, its view released at once (the common case: no view
+           live while tuples are processed; the snapshot's fold is counted)
+  live     the same, the view live through the next batch (a checkpoint's files being
+           written meanwhile): ``get`` copies a value the view shares, as the contract asks
+
+K live keys; keys come and go (the key space slides by 2K over the stream, so most keys
+are first touched after a snapshot and some retire; latest and lookup delete keys). A
+stream is max(100000, 2K) tuples in batches of 1000, a watermark after each batch. The
+ratios are dict time / memory (live) time (1.0: as fast as the dict), best of the repetitions of
+each; only ratios are comparable on a loaded machine (the load average is printed).
+``--quick``: K = 1000, one repetition, a short stream (a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pescheduler.operator import Emitter, OperatorContext  # noqa: E402
+from pescheduler.state import KeyedState, key_group  # noqa: E402
+
+BATCH = 1000
+CHECKPOINT = int(os.environ.get("CHECKPOINT", 10))                                # batches between two snapshots of the memory run
+AGGS = {"n": ("count", "v"), "s": ("sum", "v")}
+
+
+class DictState(KeyedState):
+    """The baseline: an operator's own dict behind the contract (no snapshot, no key groups kept)."""
+
+    backend = "dict"
+
+    def __init__(self) -> None:
+        table = self._table = {}
+        self.get, self.put = table.get, table.__setitem__     # the dict's own methods: no call of ours
+        self._track()
+
+    def get(self, key: Any, default: Any = None) -> Any:      # shadowed in __init__
+        return self._table.get(key, default)
+
+    def put(self, key: Any, value: Any) -> None:              # shadowed in __init__
+        self._table[key] = value
+
+    def delete(self, key: Any) -> None:
+        self._table.pop(key, None)
+
+    def writable(self) -> dict:
+        return self._table
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def items(self, group: int):
+        return iter([(k, v) for k, v in self._table.items() if key_group(k) == group])
+
+    def groups(self) -> list[int]:
+        return sorted({key_group(k) for k in self._table})
+
+    def snapshot(self):
+        raise NotImplementedError("the dict baseline takes no snapshot")
+
+    def changed(self) -> set[int]:
+        return set()
+
+    def drop_groups(self, groups) -> None:
+        for g in set(groups):
+            for k, _ in list(self.items(g)):
+                del self._table[k]
+
+    def _put_group(self, group: int, entries: dict) -> None:
+        self.drop_groups([group])
+        self._table.update(entries)
+
+
+def key_stream(n: int, k: int, seed: int) -> list[int]:
+    """n keys among k live ones, the live range sliding by 2k over the stream (keys come and go)."""
+    rnd = random.Random(seed)
+    return [i * 2 * k // n + rnd.randrange(k) for i in range(n)]
+
+
+# -- the operators: each makes (operator, the attribute holding its state, its batches) ----------
+# A batch is (input, tuples): input None for process(), 0/1 for process_input(); a watermark follows.
+
+def _events(n: int, k: int) -> list:
+    return [{"key": key, "v": 1.0, "ts": i} for i, key in enumerate(key_stream(n, k, 1))]
+
+
+def count_window(n: int, k: int):
+    from pescheduler.operators.count_window import CountWindow
+
+    return lambda: CountWindow(4, aggregates=AGGS), "_keys", [(None, b) for b in _batches(_events(n, k))]
+
+
+def session_window(n: int, k: int):
+    from pescheduler.operators.session import SessionWindow
+
+    return lambda: SessionWindow(n // 4, AGGS), "_keys", [(None, b) for b in _batches(_events(n, k))]
+
+
+def latest(n: int, k: int):
+    from pescheduler.operators.latest import Latest
+
+    rnd = random.Random(2)
+    changes = [{"op": "delete", "key": key} if rnd.random() < 0.1 else
+               {"op": "update", "key": key, "after": {"key": key, "v": i}}
+               for i, key in enumerate(key_stream(n, k, 2))]
+    return lambda: Latest(), "_rows", [(None, b) for b in _batches(changes)]
+
+
+class Counter:
+    """A process function: a count per key, an event-time timer at its first event (a session's end)."""
+
+    def on_event(self, event: dict, ctx) -> None:
+        state = ctx.state
+        if not state:
+            ctx.timers.at(event["ts"] + 5000)
+        state["n"] = state.get("n", 0) + 1
+
+    def on_timer(self, ts: int, key: Any, ctx) -> None:
+        ctx.emit({"key": key, "n": ctx.state.pop("n", 0)})
+        ctx.state.clear()
+
+
+def process(n: int, k: int):
+    from pescheduler.operators.process import Process
+
+    return lambda: Process(Counter), "_keys", [(None, b) for b in _batches(_events(n, k))]
+
+
+def _two_sides(n: int, k: int) -> list:
+    """Left and right events of the same keys, a batch of each in turn."""
+    rnd = random.Random(3)
+    batches = []
+    for b in _batches([{"key": key, "v": i, "ts": i} for i, key in enumerate(key_stream(n, k, 3))]):
+        side = [t for t in b if rnd.random() < 0.5]
+        batches += [(1, side), (0, [t for t in b if t not in side])]
+    return batches
+
+
+def join_asof(n: int, k: int):
+    from pescheduler.operators.join_asof import AsofJoin
+
+    return lambda: AsofJoin(by="key", on="ts"), "_keys", _two_sides(n, k)
+
+
+def lookup(n: int, k: int):
+    from pescheduler.operators.lookup import Lookup
+
+    rnd = random.Random(4)
+    batches = []
+    for input_index, b in _two_sides(n, k):
+        if input_index == 1:                       # table changes; one in ten a delete
+            b = [{"op": "delete", "key": t["key"], "before": {"key": t["key"]}} if rnd.random() < 0.1 else
+                 {"op": "update", "key": t["key"], "after": t, "ts": t["ts"]} for t in b]
+        batches.append((input_index, b))
+    return lambda: Lookup(key="key"), "_keys", batches
+
+
+OPERATORS: dict[str, Callable] = {"count_window": count_window, "session_window": session_window,
+                                  "latest": latest, "process": process, "join_asof": join_asof,
+                                  "lookup": lookup}
+
+
+def _batches(items: list) -> list[list]:
+    return [items[b:b + BATCH] for b in range(0, len(items), BATCH)]
+
+
+def run_once(make: Callable, attr: str, batches: list, backend: str) -> tuple[float, tuple[int, int]]:
+    """Seconds to run ``batches`` through a fresh operator on ``backend``, and (keys held at the end,
+    tuples emitted): the same for every backend."""
+    op = make()
+    op.open(OperatorContext(op.name, pe_id="bench", key_field="key", extra={"state": "memory"}))
+    if backend == "dict":
+        setattr(op, attr, DictState())
+    state = getattr(op, attr)
+    out, view, marks, wm, emitted = Emitter(), None, [], 0, 0
+    for _, batch in batches:                        # the watermark after each batch: the largest ts seen
+        wm = max([wm] + [t["ts"] for t in batch if "ts" in t])
+        marks.append(wm - 10)
+    t0 = time.perf_counter()
+    for i, (input_index, batch) in enumerate(batches):
+        if input_index is None:
+            op.process(batch, out)
+        else:
+            op.process_input(input_index, batch, out)
+        op.on_watermark(marks[i], out)
+        if view is not None:
+            view.release()                          # a checkpoint's files are written: let go
+            view = None
+        if backend != "dict" and i % CHECKPOINT == CHECKPOINT - 1:
+            view = state.snapshot()                 # live during the next batch, or not at all
+            if backend == "memory":
+                view.release()
+                view = None
+        emitted += len(out)
+        out.clear()
+    elapsed = time.perf_counter() - t0
+    if view is not None:
+        view.release()
+    return elapsed, (len(state), emitted)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", default="1000,10000,100000", help="comma-separated K")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--only", default=",".join(OPERATORS), help="comma-separated operators")
+    parser.add_argument("--quick", action="store_true", help="K = 1000, one repetition, a short stream")
+    args = parser.parse_args()
+    sizes = [1000] if args.quick else [int(x) for x in args.keys.split(",")]
+    repeat = 1 if args.quick else args.repeat
+    print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine: compare ratios)")
+    print(f"{'K':>7} {'operator':15} {'tuples':>7} {'dict ms':>8} {'memory ms':>10} {'live ms':>8} "
+          f"{'memory/dict':>12} {'live/dict':>10} {'keys held':>10}")
+    for k in sizes:
+        n = 5000 if args.quick else max(100_000, 2 * k)
+        for name in args.only.split(","):
+            make, attr, batches = OPERATORS[name](n, k)
+            best = {"dict": float("inf"), "memory": float("inf"), "live": float("inf")}
+            held = {}
+            for backend in best:                    # untimed: imports (numpy at a fold), first allocations
+                run_once(make, attr, batches[:CHECKPOINT + 2], backend)
+            for r in range(repeat):                 # interleaved, the order rotating
+                for backend in list(best)[r % 3:] + list(best)[:r % 3]:
+                    elapsed, held[backend] = run_once(make, attr, batches, backend)
+                    best[backend] = min(best[backend], elapsed)
+            if len(set(held.values())) != 1:
+                sys.exit(f"{name}: the runs differ in (keys held at the end, tuples emitted): {held}")
+            print(f"{k:7d} {name:15} {sum(len(b) for _, b in batches):7d} {best['dict'] * 1e3:8.1f} "
+                  f"{best['memory'] * 1e3:10.1f} {best['live'] * 1e3:8.1f} {best['dict'] / best['memory']:12.2f} "
+                  f"{best['dict'] / best['live']:10.2f} {held['memory'][0]:10d}")
+    print(f"load average {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""The ``memory`` backend's flat index (state/memory.py): every interleaving of the per-tuple calls
+with what needs key groups (snapshot, groups, items, take, import, changed) reads as a plain dict,
+and a view keeps reading what was there at its snapshot."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pescheduler.state import MemoryState, key_group
+from pescheduler.state.groups import key_groups
+
+KEYS = st.integers(0, 400) | st.sampled_from([f"car-{i}" for i in range(60)]) | st.sampled_from([(1, "a"), b"k", None])
+OPS = st.one_of(
+    st.tuples(st.just("put"), KEYS, st.integers()),
+    st.tuples(st.just("delete"), KEYS),
+    st.tuples(st.just("get"), KEYS),
+    st.tuples(st.just("put_many"), st.lists(st.tuples(KEYS, st.integers()), max_size=80), st.lists(KEYS, max_size=5)),
+    st.tuples(st.just("delete_many"), st.lists(KEYS, max_size=5)),
+    st.tuples(st.just("snapshot"), st.booleans()),
+    st.tuples(st.just("release"), st.integers(0, 3)),
+    st.tuples(st.just("take"), st.sets(st.integers(0, 127), max_size=40), st.booleans()),
+    st.tuples(st.just("items"), st.integers(0, 127)),
+    st.tuples(st.just("changed"),),
+)
+
+
+class Reference:
+    """What the state must read: a dict, and what the contract says was written since the snapshot."""
+
+    def __init__(self) -> None:
+        self.now: dict = {}
+        self.written: dict = {}
+        self.deleted: set = set()
+        self.changed: set = set()
+
+    def put(self, key, value) -> None:
+        self.now[key] = self.written[key] = value
+        self.changed.add(key_group(key))
+
+    def delete(self, key) -> None:
+        self.now.pop(key, None)
+        self.written.pop(key, None)
+        self.deleted.add(key)
+        self.changed.add(key_group(key))
+
+    def group(self, g: int) -> dict:
+        return {k: v for k, v in self.now.items() if key_group(k) == g}
+
+    def replace(self, g: int, entries: dict) -> None:
+        for k in self.group(g):
+            del self.now[k]
+            self.written.pop(k, None)
+        self.now.update(entries)
+        self.changed.add(g)
+
+
+def _run(ops: list) -> None:
+    state, ref, views = MemoryState(), Reference(), []
+    for op in ops:
+        kind = op[0]
+        if kind == "put":
+            state.put(op[1], op[2])
+            ref.put(op[1], op[2])
+        elif kind == "delete":
+            state.delete(op[1])
+            ref.delete(op[1])
+        elif kind == "get":
+            assert state.get(op[1], "none") == ref.now.get(op[1], "none")
+            assert state.read(op[1]) == ref.now.get(op[1])
+        elif kind == "put_many":
+            state.write_many(op[1], op[2])
+            for k, v in op[1]:
+                ref.put(k, v)
+            for k in op[2]:
+                ref.delete(k)
+        elif kind == "delete_many":
+            state.delete_many(op[1])
+            for k in op[1]:
+                ref.delete(k)
+        elif kind == "snapshot":
+            view = state.snapshot()
+            assert view.changes.keys == set(ref.written) | ref.deleted
+            ref.written, ref.deleted, ref.changed = {}, set(), set()
+            if op[1]:                                   # some views are let go at once (not read again)
+                view.release()
+            else:
+                views.append((view, dict(ref.now)))
+        elif kind == "release" and views:
+            views.pop(op[1] % len(views))[0].release()
+        elif kind == "take":
+            taken = state.take_groups(op[1])
+            assert taken == {g: ref.group(g) for g in sorted(op[1]) if ref.group(g)}
+            for g in taken:
+                ref.replace(g, {})
+            if op[2]:                                   # a rescale that comes back
+                state.import_groups(taken)
+                for g, entries in taken.items():
+                    ref.replace(g, entries)
+        elif kind == "items":
+            assert dict(state.items(op[1])) == ref.group(op[1])
+        elif kind == "changed":
+            assert state.changed() == ref.changed
+        assert state.writable() == ref.written
+    assert len(state) == len(ref.now) and dict(state.entries()) == ref.now
+    assert state.groups() == sorted({key_group(k) for k in ref.now})
+    for view, then in views:                            # later writes did not reach a live view
+        assert {k: v for g in view.groups() for k, v in view.items(g)} == then
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(OPS, max_size=60))
+def test_memory_state_reads_as_a_dict_through_any_interleaving(ops):
+    _run(ops)
+
+
+def test_memory_state_reads_as_a_dict_through_a_long_random_run():
+    """Longer than Hypothesis' lists: thousands of keys, so the folds take the batched key groups."""
+    rnd = random.Random(30)
+    pool = list(range(3000)) + [f"car-{i}" for i in range(3000)]
+    ops = []
+    for _ in range(4000):
+        r = rnd.random()
+        if r < 0.55:
+            ops.append(("put", rnd.choice(pool), rnd.randrange(10**6)))
+        elif r < 0.7:
+            ops.append(("delete", rnd.choice(pool)))
+        elif r < 0.85:
+            ops.append(("get", rnd.choice(pool)))
+        elif r < 0.9:
+            ops.append(("snapshot", rnd.random() < 0.5))
+        elif r < 0.93:
+            ops.append(("release", rnd.randrange(4)))
+        elif r < 0.95:
+            ops.append(("take", set(rnd.sample(range(128), 20)), rnd.random() < 0.5))
+        elif r < 0.98:
+            ops.append(("items", rnd.randrange(128)))
+        else:
+            ops.append(("changed",))
+    _run(ops)
+
+
+def test_a_live_view_gets_copies_and_read_does_not():
+    """get copies a value a live view shares (the caller may change it); read (no change) never
+    does; once the view is released get hands out the object again."""
+    state = MemoryState()
+    state.put("k", [1])
+    view = state.snapshot()
+    got = state.get("k")
+    got.append(2)
+    assert dict(view.items(key_group("k"))) == {"k": [1]} and state.read("k") == [1]
+    assert state.read("k") is next(iter(view.items(key_group("k"))))[1]
+    state.put("k", got)
+    assert state.get("k") is got                       # put since the snapshot: writable, no copy
+    view.release()
+    state.snapshot().release()
+    assert state.get("k") is got
+
+
+def test_writable_values_changed_in_place_reach_the_state_not_the_view():
+    state = MemoryState()
+    state.put("a", [1])
+    view = state.snapshot()
+    value = state.get("a")
+    value.append(2)
+    state.put("a", value)
+    state.writable()["a"].append(3)                    # the operator's hot path: no put
+    assert state.get("a") == [1, 2, 3] and dict(state.items(key_group("a"))) == {"a": [1, 2, 3]}
+    assert dict(view.items(key_group("a"))) == {"a": [1]}
+    assert state.snapshot().changes.keys == {"a"} and state.writable() == {}
+
+
+def test_state_pickles_and_its_copy_reads_the_same():
+    import pickle
+
+    state = MemoryState()
+    state.write_many([(i, i * i) for i in range(100)])
+    view = state.snapshot()
+    copy = pickle.loads(pickle.dumps(state))
+    copy.put(3, "three")
+    assert copy.get(3) == "three" and state.get(3) == 9 and copy.get(4) == 16
+    assert dict(view.items(key_group(3)))[3] == 9
+
+
+def test_key_groups_equals_key_group_for_every_key_type():
+    rnd = random.Random(7)
+    keys = ([rnd.randrange(-2**70, 2**70) for _ in range(500)] + list(range(-300, 300))
+            + [f"car-{i}" for i in range(500)] + ["", "é", "\x00"] + [(i, "x") for i in range(50)]
+            + [True, False, None, 1.5, b"bytes", frozenset({1})])
+    rnd.shuffle(keys)
+    assert key_groups(keys) == [key_group(k) for k in keys]
+    assert key_groups(keys[:10]) == [key_group(k) for k in keys[:10]]      # the small-batch path
+
+
+@pytest.mark.parametrize("n", [10**5])
+def test_the_first_snapshot_computes_only_the_written_keys_groups(n, monkeypatch):
+    """A snapshot computes the key groups of the keys written since the last one, in one batch:
+    none for a snapshot with nothing written, one for one key put again (O(keys written), not
+    O(keys held))."""
+    import pescheduler.state.memory as memory
+
+    calls = []
+    real = memory.key_groups
+    monkeypatch.setattr(memory, "key_groups", lambda keys: calls.append(len(keys)) or real(keys))
+    state = MemoryState()
+    for i in range(n):
+        state.put(f"car-{i}", i)
+    state.snapshot().release()
+    state.snapshot().release()
+    state.put("car-1", 0)
+    state.snapshot().release()
+    assert [c for c in calls if c] == [n, 1]
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_read_delete_many_and_entries_on_both_backends(backend, tmp_path):
+    import dask
+
+    from pescheduler.state import open_state
+
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path)}):
+        state = open_state(backend, "t")
+    try:
+        state.write_many([(i, [i]) for i in range(10)])
+        state.delete_many([1, 2, 99])
+        assert state.read(3) == [3] and state.read(1, "gone") == "gone"
+        assert dict(state.entries()) == {i: [i] for i in range(10) if i not in (1, 2)}
+        assert {g for g in state.changed()} == {key_group(k) for k in [*range(10), 99]}
+    finally:
+        state.close()
