@@ -217,6 +217,7 @@ class Pattern(Operator):
 
     def _set_key(self, key: str | Callable | None) -> None:
         self._key = itemgetter(key) if isinstance(key, str) else key
+        self._key_field = key if isinstance(key, str) else None
 
     def open(self, context: OperatorContext) -> None:
         super().open(context)
@@ -338,7 +339,8 @@ class Pattern(Operator):
         """The key groups of the runs (packed when read: a copy), events waiting for the
         watermark, and the watermark."""
         return {"symbols": [p[0] for p in self._pos], "watermark": self._wm,
-                "pending": list(self._pending), "ids": self._ids, "groups": snapshot_groups(self._runs)}
+                "pending": list(self._pending), "ids": self._ids, "key": self._key_field,
+                "groups": snapshot_groups(self._runs)}
 
     def _check_symbols(self, state: dict) -> None:
         symbols = [p[0] for p in self._pos]
@@ -359,7 +361,11 @@ class Pattern(Operator):
         self._earliest = MIN_WATERMARK          # the next expiry looks at every run once
 
     # -- copies: key groups move with their runs and waiting events ------------------------
-    def _keyed(self) -> Callable:
+    def _keyed(self, state: dict | None = None) -> Callable:
+        """The key of the events; an instance not opened (the deployer's, splitting a snapshot)
+        takes the key field the snapshot names (a preceding ``key_by``'s)."""
+        if self._key is None and state is not None and state.get("key") is not None:
+            return itemgetter(state["key"])
         if self._key is None:
             raise ValueError("an unkeyed pattern is one sequence: it cannot be split into copies")
         return self._key
@@ -372,7 +378,7 @@ class Pattern(Operator):
         leaving = [e for e in self._pending if key_group(key(e)) in groups]
         self._pending = [e for e in self._pending if key_group(key(e)) not in groups]
         return {"symbols": [p[0] for p in self._pos], "watermark": self._wm, "pending": leaving,
-                "ids": self._ids, "groups": take_groups(self._runs, groups)}
+                "ids": self._ids, "key": self._key_field, "groups": take_groups(self._runs, groups)}
 
     def settle_export(self) -> None:
         """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
@@ -390,7 +396,7 @@ class Pattern(Operator):
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
         """The runs and waiting events of the key groups where ``owns(key)``; the watermark as it
         was (a checkpoint of the old per-key form: its keys)."""
-        key = self._keyed()
+        key = self._keyed(state)
         mine = {**state, "pending": [e for e in state["pending"] if owns(key(e))]}
         if "groups" in state:
             mine["groups"] = split_groups(state["groups"], owns)
