@@ -68,9 +68,18 @@ class OverWindow(AggregatingWindow):
         self._swept = MIN_WATERMARK
         self._init_aggregates(aggregates, queries, key, ts_field)
 
+    @classmethod
+    def lane(cls, size: Any, **params: Any) -> "OverWindow":
+        """An over window inside another operator (``ep_over``'s lanes), its keys in a plain dict
+        that operator's hot path reads and writes directly; its snapshot is the per-key form."""
+        lane = cls(size, **params)
+        lane._keys = _Dicts()
+        return lane
+
     def open(self, context: OperatorContext) -> None:
         super().open(context)
-        self._keys = adopt(context, self._keys)
+        if type(self._keys) is not _Dicts:
+            self._keys = adopt(context, self._keys)
 
     def _compile_state(self) -> None:
         super()._compile_state()
@@ -138,7 +147,7 @@ class OverWindow(AggregatingWindow):
                     state = read.get(k)
                     if state is None:
                         state = read[k] = self._keys.get(k) or [deque(), None]
-                self._step(k, state, ts, events, emit)
+                self._slide(k, state, ts, events, emit)
                 if not state[0] and k in hot:
                     self._keys.delete(k)
         if read:
@@ -146,7 +155,16 @@ class OverWindow(AggregatingWindow):
         if watermark - self._swept >= self.size:
             self._sweep(watermark)
 
-    def _step(self, k: Any, state: list, ts: int, events: list, emit: Emitter) -> None:
+    def _step(self, k: Any, ts: int, events: list, emit: Emitter) -> None:
+        """:meth:`_slide` of one key read from the state and written back (ep_over's refolding lanes)."""
+        state = self._keys.get(k) or [deque(), None]
+        self._slide(k, state, ts, events, emit)
+        if state[0]:
+            self._keys.put(k, state)
+        else:
+            self._keys.delete(k)
+
+    def _slide(self, k: Any, state: list, ts: int, events: list, emit: Emitter) -> None:
         """Slide key ``k``'s window (``state``, changed in place) to end at ``ts``, fold in
         ``events``, emit a row for each."""
         window, slots = state
@@ -190,9 +208,13 @@ class OverWindow(AggregatingWindow):
 
     # -- state: each key's window, in whole key groups ------------------------------------
     def snapshot(self) -> dict:
-        """Waiting tuples, the key groups of the keyed state (packed when read: a copy), the watermark."""
-        return {"layout": self.plan.layout, "size": self.size, "watermark": self._wm,
-                "swept": self._swept, "pending": list(self._pending), "groups": snapshot_groups(self._keys)}
+        """Waiting tuples, the key groups of the keyed state (packed when read: a copy), the
+        watermark; a :meth:`lane`'s keys in the per-key form (copied)."""
+        state = {"layout": self.plan.layout, "size": self.size, "watermark": self._wm,
+                 "swept": self._swept, "pending": list(self._pending)}
+        if type(self._keys) is _Dicts:
+            return {**state, "keys": [(k, list(w), list(s)) for k, (w, s) in self._keys.items()]}
+        return {**state, "groups": snapshot_groups(self._keys)}
 
     def restore(self, state: dict) -> None:
         self._check_state(state, size=self.size)
@@ -246,3 +268,33 @@ class OverWindow(AggregatingWindow):
         else:
             merged["keys"] = [entry for s in states for entry in s["keys"]]
         return merged
+
+
+class _Dicts(dict):
+    """A :meth:`OverWindow.lane`'s keys: a plain dict with the few keyed-state calls over_window
+    makes (every value is its own: ``writable`` is the dict itself)."""
+
+    backend = "dict"
+
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+
+    def delete(self, key: Any) -> None:
+        self.pop(key, None)
+
+    def write_many(self, puts: Iterable, deletes: Iterable = ()) -> None:
+        self.update(puts)
+        for key in deletes:
+            self.pop(key, None)
+
+    def writable(self) -> dict:
+        return self
+
+    def groups(self) -> list[int]:
+        return [0] if self else []
+
+    def items(self, group: int = 0):             # noqa: ARG002 (one group: the whole dict)
+        return dict.items(self)
+
+    def drop_groups(self, groups: Iterable[int]) -> None:
+        self.clear()
