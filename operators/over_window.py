@@ -47,7 +47,7 @@ from pescheduler.state import MemoryState, adopt, key_group
 from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 from pescheduler.timeutil import parse_duration
 
-from .window import AggregatingWindow
+from .window import AggregatingWindow, write_back
 
 
 class OverWindow(AggregatingWindow):
@@ -92,7 +92,7 @@ class OverWindow(AggregatingWindow):
         for g in keys.groups():
             entries = [(k, keys.get(k)) for k, _ in list(keys.items(g))]
             yield from (state for _, state in entries)
-            keys.write_many(entries)
+            write_back(keys, entries)
 
     def _slot_lists(self) -> Iterable[list]:
         return (state[1] for state in self._windows())
@@ -151,7 +151,7 @@ class OverWindow(AggregatingWindow):
                 if not state[0] and k in hot:
                     self._keys.delete(k)
         if read:
-            self._keys.write_many(((k, s) for k, s in read.items() if s[0]), [k for k, s in read.items() if not s[0]])
+            write_back(self._keys, ((k, s) for k, s in read.items() if s[0]), [k for k, s in read.items() if not s[0]])
         if watermark - self._swept >= self.size:
             self._sweep(watermark)
 
@@ -204,7 +204,7 @@ class OverWindow(AggregatingWindow):
         self._swept = watermark
         bound, keys = watermark - self.size, self._keys
         quiet = [k for g in keys.groups() for k, (window, _) in keys.items(g) if window[-1][0] <= bound]
-        keys.write_many((), quiet)
+        write_back(keys, (), quiet)
 
     # -- state: each key's window, in whole key groups ------------------------------------
     def snapshot(self) -> dict:
@@ -223,7 +223,7 @@ class OverWindow(AggregatingWindow):
             restore_groups(self._keys, state["groups"])
             return
         self._keys.drop_groups(self._keys.groups())     # a checkpoint from before the keyed state backend
-        self._keys.write_many((k, [deque(w), list(s)]) for k, w, s in state["keys"])
+        write_back(self._keys, ((k, [deque(w), list(s)]) for k, w, s in state["keys"]))
 
     # -- copies: key groups move with their windows and waiting tuples -----------------------
     def export_groups(self, groups: frozenset[int]) -> dict:
@@ -281,11 +281,6 @@ class _Dicts(dict):
 
     def delete(self, key: Any) -> None:
         self.pop(key, None)
-
-    def write_many(self, puts: Iterable, deletes: Iterable = ()) -> None:
-        self.update(puts)
-        for key in deletes:
-            self.pop(key, None)
 
     def writable(self) -> dict:
         return self
