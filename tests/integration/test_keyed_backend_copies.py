@@ -1,7 +1,7 @@
 """An over window, a keyed pattern and an interval join copied and released on a real Dask
 deployment while tuples flow, with their keys' state in either keyed state backend (on ``disk``: a
-RocksDB store per instance, on its worker), and an over window and a pattern whose worker is
-SIGKILLed and restored from a checkpoint: the output is the plain-Python reference's, each row once.
+RocksDB store per instance, on its worker), and each of them whose worker is
+SIGKILLed and restored from a checkpoint (on disk): the output is the plain-Python reference's, each row once.
 
 The source holds its last tuples until the test has applied the Replicate and the Release, so both
 happen mid-stream however slow the machine; every key holds state at every moment (an over
@@ -114,13 +114,24 @@ def test_interval_join_on_disk_replicated_and_released_mid_stream_is_exact(clust
     assert sorted((r["left"]["n"], r["right"]["n"]) for r in rows) == interval_reference()
 
 
-@pytest.mark.parametrize("what", ["over", "pattern"])
+def interval_join(app: Application):
+    lo, hi = BOUNDS
+    left, right = two_inputs(app)
+    return left.join_interval(right, by="key", lower=lo, upper=hi, id="op")
+
+
+def join_rows(rows: list) -> list:
+    return sorted((r["left"]["n"], r["right"]["n"]) for r in rows)
+
+
+@pytest.mark.parametrize("what", ["over", "pattern", "join"])
 def test_a_sigkilled_worker_restored_from_a_checkpoint_on_disk_is_exact(monkeypatch, tmp_path, what):
     out = tmp_path / "out.jsonl"
     app = Application(f"keyed-recovery-{what}")
     monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path))
-    build, rows_of, reference = {"over": (over, over_rows, over_reference),
-                                 "pattern": (pattern, pattern_rows, pattern_reference)}[what]
-    build(numbers(app)).sink("jsonl", path=str(out))
+    build, rows_of, reference = {"over": (lambda app: over(numbers(app)), over_rows, over_reference),
+                                 "pattern": (lambda app: pattern(numbers(app)), pattern_rows, pattern_reference),
+                                 "join": (interval_join, join_rows, interval_reference)}[what]
+    build(app).sink("jsonl", path=str(out))
     rows = killed_and_restored(app, "op", tmp_path, out, state="disk")
     assert rows_of(rows) == reference()
