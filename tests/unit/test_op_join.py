@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
 from pescheduler.operators.join import Join
+from pescheduler.state import key_group
 
 
 BACKENDS = pytest.mark.parametrize("backend", ["memory", "disk"])
@@ -190,3 +191,18 @@ def test_a_checkpoint_of_the_per_key_form_restores_split_and_merged(backend):
     join.on_right([{"k": 0, "ts": 16, "id": 5}], out)
     assert [(t["left"]["id"], t["right"]["id"]) for t in out] == [(4, 2), (1, 5)]
     assert "groups" in join.snapshot() and "left" not in join.snapshot()
+
+
+@BACKENDS
+def test_keys_written_between_a_settle_and_the_export_move_with_their_groups(backend):
+    """A rescale settles the store off the PE's turn, then exports in a turn: what the join wrote
+    in between goes too (the disk backend reads those keys again at the take)."""
+    join, out = opened(Join(within=100, on="k"), backend), Emitter()
+    join.on_left([{"k": 1, "ts": 10, "id": 1}, {"k": 0, "ts": 10, "id": 0}], out)
+    join.settle_export()
+    join.on_left([{"k": 1, "ts": 11, "id": 2}], out)
+    part = pickle.loads(pickle.dumps(join.export_groups(frozenset([key_group(1)]))))
+    other = opened(Join(within=100, on="k"), backend)
+    other.import_groups(part)
+    assert other.buffered()["left"] == {1: [{"k": 1, "ts": 10, "id": 1}, {"k": 1, "ts": 11, "id": 2}]}
+    assert join.buffered()["left"] == {0: [{"k": 0, "ts": 10, "id": 0}]}
