@@ -67,4 +67,5 @@ for K in (100, 1_000, 10_000):
             old = run(kind, OLD[kind], K)
             new = run(kind, NEW[kind], K)
             ratios.append(new / old)
-        print(f"{kind:12s} keys={K:>6}: new/old time {statistics.median(ratios):.2f}x (runs {', '.join(f'{r:.2f}' for r in ratios)})", flush=True)
+        runs = ", ".join(f"{r:.2f}" for r in ratios)
+        print(f"{kind:12s} keys={K:>6}: new/old time {statistics.median(ratios):.2f}x (runs {runs})", flush=True)

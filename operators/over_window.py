@@ -151,7 +151,8 @@ class OverWindow(AggregatingWindow):
                 if not state[0] and k in hot:
                     self._keys.delete(k)
         if read:
-            write_back(self._keys, ((k, s) for k, s in read.items() if s[0]), [k for k, s in read.items() if not s[0]])
+            write_back(self._keys, ((k, s) for k, s in read.items() if s[0]),
+                       [k for k, s in read.items() if not s[0]])
         if watermark - self._swept >= self.size:
             self._sweep(watermark)
 

@@ -250,7 +250,8 @@ class Pattern(Operator):
                     groups.setdefault(key(e) if key is not None else None, []).append(e)
                 for k, events in groups.items():
                     read[k] = self._step(read[k] if k in read else state.get(k, ()), ts, events, emit)
-            write_back(state, ((k, runs) for k, runs in read.items() if runs), [k for k, runs in read.items() if not runs])
+            write_back(state, ((k, runs) for k, runs in read.items() if runs),
+                       [k for k, runs in read.items() if not runs])
         if self.within is not None:
             self._expire(watermark)
 
