@@ -68,7 +68,7 @@ class OverLanes(Operator):
         size = parse_duration(size)
         lane = self.lanes.get(size)
         if lane is None:
-            lane = OverWindow(size, key=self.key, ts_field=self.ts_field, queries={query_id: aggregates})
+            lane = OverWindow.lane(size, key=self.key, ts_field=self.ts_field, queries={query_id: aggregates})
             lane._wm = lane._swept = self._wm
             if self._context is not None:
                 lane.open(self._context)

@@ -31,6 +31,12 @@ calls ``process_input(input_index, batch, emit)`` instead, ``input_index``
 being the batch's position in ``context.extra["inputs"]``
 (``[left_op_id, right_op_id]``). The core logic is ``on_left`` /
 ``on_right`` / ``on_watermark``, which tests call directly.
+
+State: each key's buffered events (``[lefts, rights]``) live in the deployment's keyed
+state backend (``pescheduler.state``: memory or disk, docs/state.md), so a checkpoint holds
+whole key groups and a rescale moves key groups (``export_groups``/``import_groups``). A
+batch reads a key once and writes it once; on ``memory`` a key put since the last snapshot
+is appended to in place (``writable()``).
 """
 
 from __future__ import annotations
@@ -40,7 +46,13 @@ from typing import Any, Callable
 
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
+from pescheduler.state import MemoryState, adopt
+from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 from pescheduler.timeutil import parse_duration, parse_offset
+
+from .window import write_back
+
+LEFT, RIGHT = 0, 1
 
 
 def _key_fn(key: str | Callable | None) -> Callable | None:
@@ -84,9 +96,9 @@ class Join(Operator):
         self.ts_field = ts_field
         self._set_keys(on if on is not None else left_key, on if on is not None else right_key)
         self._inputs: list[str] = []
-        # key -> buffered events, in arrival order (one dict per side)
-        self._left: dict[Any, list] = {}
-        self._right: dict[Any, list] = {}
+        # key -> [left events, right events] buffered, in arrival order; in memory until open()
+        # moves it to the deployment's backend (restore comes before open)
+        self._keys = MemoryState()
         self._wm = MIN_WATERMARK
         self._oldest = MAX_WATERMARK       # smallest buffered ts: purge only when it can go
 
@@ -113,6 +125,7 @@ class Join(Operator):
     def open(self, context: OperatorContext) -> None:
         super().open(context)
         self._inputs = list(context.extra.get("inputs", ()))
+        self._keys = adopt(context, self._keys)
         if not self._keyed and context.key_field is not None:
             self._set_keys(context.key_field, context.key_field)
 
@@ -139,37 +152,44 @@ class Join(Operator):
                         "process_input(input_index, batch, emit) (see operators.join)")
 
     def on_left(self, batch: list, emit: Emitter) -> None:
-        self._probe(batch, emit, self._lkey, self._left, self._right, True, (-self.upper, -self.lower))
+        self._probe(batch, emit, self._lkey, LEFT, (-self.upper, -self.lower))
 
     def on_right(self, batch: list, emit: Emitter) -> None:
-        self._probe(batch, emit, self._rkey, self._right, self._left, False, (self.lower, self.upper))
+        self._probe(batch, emit, self._rkey, RIGHT, (self.lower, self.upper))
 
-    def _probe(self, batch: list, emit: Emitter, key: Callable | None, own: dict, other: dict,
-               left: bool, reach: tuple) -> None:
+    def _probe(self, batch: list, emit: Emitter, key: Callable | None, side: int, reach: tuple) -> None:
         # Hot loop: one probe of the other side's buffer per arriving event; ``reach``: the
-        # bounds of ts - o_ts (the arriving event's time less the buffered one's).
+        # bounds of ts - o_ts (the arriving event's time less the buffered one's). A key put
+        # since the snapshot (``writable``) is appended to in place; any other is read once
+        # and written back once, at the end of the batch.
         ts_f, (lo, hi), wm, pred = self.ts_field, reach, self._wm, self.predicate
-        oldest = self._oldest
+        oldest, keys, left, other = self._oldest, self._keys, side == LEFT, 1 - side
+        written = keys.writable()
+        hot = {} if written is None else written
+        read: dict = {}
         for e in batch:
             ts = e[ts_f]
             if ts <= wm:
                 emit.to("late", e)
                 continue
             k = key(e) if key is not None else None
-            for o in other.get(k, ()):
+            held = hot.get(k)
+            if held is None:
+                held = read.get(k)
+                if held is None:
+                    held = read[k] = keys.get(k) or [[], []]
+            for o in held[other]:
                 o_ts = o[ts_f]
                 if lo <= ts - o_ts <= hi:
                     l, r = (e, o) if left else (o, e)
                     if pred is None or pred(l, r):
                         emit({"left": l, "right": r, "ts": ts if ts > o_ts else o_ts})
-            bucket = own.get(k)
-            if bucket is None:
-                own[k] = [e]
-            else:
-                bucket.append(e)
+            held[side].append(e)
             if ts < oldest:
                 oldest = ts
         self._oldest = oldest
+        if read:
+            write_back(keys, read.items())
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
@@ -180,51 +200,103 @@ class Join(Operator):
 
     def _purge_both(self) -> None:
         """Forget what can meet nothing that is not late (a left ``ts <= watermark - upper``, a
-        right ``ts <= watermark + lower``)."""
-        self._oldest = min(self._purge(self._left, self._wm - self.upper),
-                           self._purge(self._right, self._wm + self.lower))
+        right ``ts <= watermark + lower``): one pass over the keys, the changed ones written back."""
+        bounds, ts_f, keys = (self._wm - self.upper, self._wm + self.lower), self.ts_field, self._keys
+        oldest, puts, gone = MAX_WATERMARK, [], []
+        for g in keys.groups():
+            for k, held in keys.items(g):
+                kept = [[e for e in events if e[ts_f] > bound] for events, bound in zip(held, bounds)]
+                if not (kept[LEFT] or kept[RIGHT]):
+                    gone.append(k)
+                    continue
+                if len(kept[LEFT]) != len(held[LEFT]) or len(kept[RIGHT]) != len(held[RIGHT]):
+                    puts.append((k, kept))
+                oldest = min(oldest, *(e[ts_f] for events in kept for e in events))
+        write_back(keys, puts, gone)
+        self._oldest = oldest
 
-    def _purge(self, side: dict, bound: int) -> int:
-        """Drop events with ``ts <= bound``; return the oldest ts left (MAX_WATERMARK if none)."""
-        ts_f, oldest = self.ts_field, MAX_WATERMARK
-        for k in list(side):
-            kept = [e for e in side[k] if e[ts_f] > bound]
-            if kept:
-                side[k] = kept
-                oldest = min(oldest, min(e[ts_f] for e in kept))
-            else:
-                del side[k]
-        return oldest
-
-    # -- state --------------------------------------------------------------------------
-    def snapshot(self) -> dict:
-        """Both buffers (lists copied; the events themselves are read-only) and the watermark."""
-        if self._oldest <= self._wm - self.within:     # what a lazy purge has left over goes first
+    def _purge_left_over(self) -> None:
+        """Purge now what a lazy purge has left over (before a snapshot or an inspection)."""
+        if self._oldest <= self._wm - self.within:
             self._purge_both()
-        return {"within": (self.lower, self.upper), "watermark": self._wm,
-                "left": {k: list(v) for k, v in self._left.items()},
-                "right": {k: list(v) for k, v in self._right.items()}}
+
+    def _oldest_in(self, groups) -> int:
+        """The smallest buffered ts of key groups ``groups`` (MAX_WATERMARK if none)."""
+        ts_f, keys = self.ts_field, self._keys
+        return min((e[ts_f] for g in groups for _k, held in keys.items(g) for events in held for e in events),
+                   default=MAX_WATERMARK)
+
+    def buffered(self) -> dict:
+        """``{"left": {key: events}, "right": {key: events}}`` of the keys holding some (a copy:
+        for tests and inspection, not the hot path), what a lazy purge left over gone first."""
+        self._purge_left_over()
+        out: dict = {"left": {}, "right": {}}
+        for g in self._keys.groups():
+            for k, held in self._keys.items(g):
+                for name, events in zip(("left", "right"), held):
+                    if events:
+                        out[name][k] = list(events)
+        return out
+
+    # -- state: both buffers by key, in whole key groups -----------------------------------
+    def snapshot(self) -> dict:
+        """The key groups of the keyed state (packed when read: a copy) and the watermark."""
+        self._purge_left_over()
+        return {"within": (self.lower, self.upper), "watermark": self._wm, "groups": snapshot_groups(self._keys)}
 
     def split_state(self, state: dict, owns) -> dict:
-        """Both buffers restricted to the keys where ``owns(key)``."""
-        return {**state, "left": {k: v for k, v in state["left"].items() if owns(k)},
-                "right": {k: v for k, v in state["right"].items() if owns(k)}}
+        """The key groups where ``owns(key)`` (a checkpoint of the old per-key form: its keys)."""
+        if "groups" not in state:
+            return {**state, "left": {k: v for k, v in state["left"].items() if owns(k)},
+                    "right": {k: v for k, v in state["right"].items() if owns(k)}}
+        return {**state, "groups": split_groups(state["groups"], owns)}
 
     def merge_states(self, states: list) -> dict:
-        """Every instance's buffers (disjoint keys) at the least advanced watermark."""
-        return {**states[0], "watermark": min(s["watermark"] for s in states),
-                "left": {k: v for s in states for k, v in s["left"].items()},
-                "right": {k: v for s in states for k, v in s["right"].items()}}
+        """Every instance's key groups (disjoint) at the least advanced watermark."""
+        merged = {**states[0], "watermark": min(s["watermark"] for s in states)}
+        if any("groups" not in s for s in states):
+            for s in states:
+                if "groups" in s:
+                    raise ValueError("join: cannot merge a per-key checkpoint with a key-group one")
+            merged["left"] = {k: v for s in states for k, v in s["left"].items()}
+            merged["right"] = {k: v for s in states for k, v in s["right"].items()}
+            return merged
+        merged["groups"] = merge_groups([s["groups"] for s in states])
+        return merged
 
     def restore(self, state: dict) -> None:
+        self._check_bounds(state)
+        self._wm = state["watermark"]
+        if "groups" in state:
+            restore_groups(self._keys, state["groups"])
+        else:                                   # a checkpoint from before the keyed state backend
+            self._keys.drop_groups(self._keys.groups())
+            left, right = state["left"], state["right"]
+            write_back(self._keys, ((k, [list(left.get(k, ())), list(right.get(k, ()))])
+                                    for k in {**left, **right}))
+        self._oldest = self._oldest_in(self._keys.groups())
+
+    def _check_bounds(self, state: dict) -> None:
         bounds = state["within"]            # (lower, upper); a number in snapshots of a symmetric join
         bounds = (-bounds, bounds) if isinstance(bounds, int) else tuple(bounds)
         if bounds != (self.lower, self.upper):
             raise ValueError(f"join state of bounds {bounds} ms cannot be restored into "
                              f"bounds {(self.lower, self.upper)} ms (within=, or lower= and upper=)")
-        self._wm = state["watermark"]
-        self._left = {k: list(v) for k, v in state["left"].items()}
-        self._right = {k: list(v) for k, v in state["right"].items()}
-        ts_f = self.ts_field
-        self._oldest = min((e[ts_f] for side in (self._left, self._right)
-                            for v in side.values() for e in v), default=MAX_WATERMARK)
+
+    # -- copies: key groups move with their buffers ------------------------------------------
+    def export_groups(self, groups: frozenset[int]) -> dict:
+        """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their
+        buffers, removed here, packed only when the part is pickled."""
+        return {"within": (self.lower, self.upper), "watermark": self._wm,
+                "groups": take_groups(self._keys, groups)}
+
+    def settle_export(self) -> None:
+        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
+        self._keys.settle()
+
+    def import_groups(self, state: dict) -> None:
+        """Key groups another instance exported join this running one (its own watermark stays:
+        the imported events' purge bound is the same rule, applied at the next purge)."""
+        self._check_bounds(state)
+        add_groups(self._keys, state["groups"])
+        self._oldest = min(self._oldest, self._oldest_in(sorted(state["groups"])))

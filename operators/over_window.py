@@ -26,6 +26,12 @@ cannot be aggregated is dead-lettered alone and is in no window.
 
 A key that goes quiet keeps its last events until they are ``size`` behind
 the watermark (swept at most once per ``size`` of event time).
+
+State: each key's window (``[deque of (ts, tuple), slots]``) lives in the deployment's
+keyed state backend (``pescheduler.state``: memory or disk, docs/state.md), so a
+checkpoint holds whole key groups and a rescale moves key groups. A watermark reads a
+key once and writes it once; on ``memory`` a key put since the last snapshot is changed
+in place (``writable()``).
 """
 
 from __future__ import annotations
@@ -36,10 +42,12 @@ from operator import itemgetter
 from typing import Any, Callable, Iterable
 
 from pescheduler.operator import MIN_WATERMARK
-from pescheduler.operator import Emitter
+from pescheduler.operator import Emitter, OperatorContext
+from pescheduler.state import MemoryState, adopt, key_group
+from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 from pescheduler.timeutil import parse_duration
 
-from .window import AggregatingWindow
+from .window import AggregatingWindow, write_back
 
 
 class OverWindow(AggregatingWindow):
@@ -53,17 +61,46 @@ class OverWindow(AggregatingWindow):
         if self.size <= 0:
             raise ValueError(f"over_window: size must be positive, got size={size!r}")
         self._pending: list = []               # (ts, key, tuple) not yet passed by the watermark
-        self._keys: dict[Any, list] = {}       # key -> [deque of (ts, tuple), slots]
+        # key -> [deque of (ts, tuple), slots]; in memory until open() moves it to the
+        # deployment's backend (restore comes before open)
+        self._keys = MemoryState()
         self._wm = MIN_WATERMARK
         self._swept = MIN_WATERMARK
         self._init_aggregates(aggregates, queries, key, ts_field)
+
+    @classmethod
+    def lane(cls, size: Any, **params: Any) -> "OverWindow":
+        """An over window inside another operator (``ep_over``'s lanes), its keys in a plain dict
+        that operator's hot path reads and writes directly; its snapshot is the per-key form."""
+        lane = cls(size, **params)
+        lane._keys = _Dicts()
+        return lane
+
+    def open(self, context: OperatorContext) -> None:
+        super().open(context)
+        if type(self._keys) is not _Dicts:
+            self._keys = adopt(context, self._keys)
 
     def _compile_state(self) -> None:
         super()._compile_state()
         self._subtract = self.plan.subtractor() if self.plan.invertible else None
 
+    def _windows(self) -> Iterable[list]:
+        """Every key's ``[window, slots]``; each group's keys are put back once changed (a disk
+        backend's values are copies; ``get`` copies a memory value a view may still be reading)."""
+        keys = self._keys
+        for g in keys.groups():
+            entries = [(k, keys.get(k)) for k, _ in list(keys.items(g))]
+            yield from (state for _, state in entries)
+            write_back(keys, entries)
+
     def _slot_lists(self) -> Iterable[list]:
-        return (state[1] for state in self._keys.values())
+        return (state[1] for state in self._windows())
+
+    def windows(self) -> dict:
+        """``{key: [(ts, tuple), ...]}`` of the keys holding events (a copy: for tests and
+        inspection, not the hot path)."""
+        return {k: list(w) for g in self._keys.groups() for k, (w, _) in self._keys.items(g)}
 
     def add_query(self, query_id: Any, aggregates: dict) -> None:
         """Start ``query_id``; aggregates new to the plan are folded from each key's window.
@@ -78,7 +115,7 @@ class OverWindow(AggregatingWindow):
         """
         super().add_query(query_id, aggregates)
         n = len(self.plan.slots)
-        for state in self._keys.values():
+        for state in self._windows():
             window, slots = state
             if len(slots) == n:
                 continue
@@ -95,19 +132,43 @@ class OverWindow(AggregatingWindow):
         self._hold(batch, emit)
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
+        """Each key's window is read once (not at all when put since the snapshot, on memory:
+        changed in place) and written back once, after the watermark's events."""
+        written = self._keys.writable()         # None on disk (copies): every key is put back
+        hot = {} if written is None else written
+        read: dict = {}
         for ts, step in groupby(self._release(watermark), itemgetter(0)):
             peers: dict[Any, list] = {}
             for _, k, t in step:
                 peers.setdefault(k, []).append(t)
             for k, events in peers.items():
-                self._step(k, ts, events, emit)
+                state = hot.get(k)
+                if state is None:
+                    state = read.get(k)
+                    if state is None:
+                        state = read[k] = self._keys.get(k) or [deque(), None]
+                self._slide(k, state, ts, events, emit)
+                if not state[0] and k in hot:
+                    self._keys.delete(k)
+        if read:
+            write_back(self._keys, ((k, s) for k, s in read.items() if s[0]),
+                       [k for k, s in read.items() if not s[0]])
         if watermark - self._swept >= self.size:
             self._sweep(watermark)
 
     def _step(self, k: Any, ts: int, events: list, emit: Emitter) -> None:
-        """Slide key ``k``'s window to end at ``ts``, fold in ``events``, emit a row for each."""
-        state = self._keys.get(k)
-        window, slots = state if state is not None else (deque(), None)
+        """:meth:`_slide` of one key read from the state and written back (ep_over's refolding lanes)."""
+        state = self._keys.get(k) or [deque(), None]
+        self._slide(k, state, ts, events, emit)
+        if state[0]:
+            self._keys.put(k, state)
+        else:
+            self._keys.delete(k)
+
+    def _slide(self, k: Any, state: list, ts: int, events: list, emit: Emitter) -> None:
+        """Slide key ``k``'s window (``state``, changed in place) to end at ``ts``, fold in
+        ``events``, emit a row for each."""
+        window, slots = state
         refold = self._evict(window, slots, ts - self.size)
         if refold:
             slots = None
@@ -122,10 +183,9 @@ class OverWindow(AggregatingWindow):
                 continue
             window.append((ts, t))
             taken.append(t)
+        state[1] = slots
         if not window:
-            self._keys.pop(k, None)
             return
-        self._keys[k] = [window, slots]
         out = emit.append
         for _ in taken:
             self._emit([(k, slots)], ts - self.size + 1, ts + 1, out)
@@ -143,32 +203,94 @@ class OverWindow(AggregatingWindow):
     def _sweep(self, watermark: int) -> None:
         """Forget keys whose every event is ``size`` behind the watermark: no future row sees them."""
         self._swept = watermark
-        bound = watermark - self.size
-        for k in [k for k, (window, _) in self._keys.items() if window[-1][0] <= bound]:
-            del self._keys[k]
+        bound, keys = watermark - self.size, self._keys
+        quiet = [k for g in keys.groups() for k, (window, _) in keys.items(g) if window[-1][0] <= bound]
+        write_back(keys, (), quiet)
 
-    # -- state --------------------------------------------------------------------------
+    # -- state: each key's window, in whole key groups ------------------------------------
     def snapshot(self) -> dict:
-        """Waiting tuples, each key's window events and slots (copied), the watermark."""
-        return {"layout": self.plan.layout, "size": self.size, "watermark": self._wm,
-                "swept": self._swept, "pending": list(self._pending),
-                "keys": [(k, list(w), list(s)) for k, (w, s) in self._keys.items()]}
+        """Waiting tuples, the key groups of the keyed state (packed when read: a copy), the
+        watermark; a :meth:`lane`'s keys in the per-key form (copied)."""
+        state = {"layout": self.plan.layout, "size": self.size, "watermark": self._wm,
+                 "swept": self._swept, "pending": list(self._pending)}
+        if type(self._keys) is _Dicts:
+            return {**state, "keys": [(k, list(w), list(s)) for k, (w, s) in self._keys.items()]}
+        return {**state, "groups": snapshot_groups(self._keys)}
 
     def restore(self, state: dict) -> None:
         self._check_state(state, size=self.size)
         self._wm, self._swept, self._pending = state["watermark"], state["swept"], list(state["pending"])
-        self._keys = {k: [deque(w), list(s)] for k, w, s in state["keys"]}
+        if "groups" in state:
+            restore_groups(self._keys, state["groups"])
+            return
+        self._keys.drop_groups(self._keys.groups())     # a checkpoint from before the keyed state backend
+        write_back(self._keys, ((k, [deque(w), list(s)]) for k, w, s in state["keys"]))
 
     # -- copies: key groups move with their windows and waiting tuples -----------------------
+    def export_groups(self, groups: frozenset[int]) -> dict:
+        """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their
+        windows and waiting tuples in :meth:`snapshot`'s form, removed here, the windows packed
+        only when the part is pickled."""
+        leaving = [p for p in self._pending if key_group(p[1]) in groups]
+        self._pending = [p for p in self._pending if key_group(p[1]) not in groups]
+        return {"layout": self.plan.layout, "size": self.size, "watermark": self._wm, "swept": self._swept,
+                "pending": leaving, "groups": take_groups(self._keys, groups)}
+
+    def settle_export(self) -> None:
+        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
+        self._keys.settle()
+
+    def import_groups(self, state: dict) -> None:
+        """Key groups another instance exported join this running one; its own watermark stays
+        (the tuples handed over wait for the next one)."""
+        self._check_state(state, size=self.size)
+        add_groups(self._keys, state["groups"])
+        self._pending = sorted(self._pending + list(state["pending"]), key=itemgetter(0))
+
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
-        """The keys where ``owns(key)``: their window events, slots and waiting tuples."""
-        return {**state, "pending": [p for p in state["pending"] if owns(p[1])],
-                "keys": [entry for entry in state["keys"] if owns(entry[0])]}
+        """The key groups where ``owns(key)`` and their keys' waiting tuples (a checkpoint of
+        the old per-key form: its keys)."""
+        mine = {**state, "pending": [p for p in state["pending"] if owns(p[1])]}
+        if "groups" in state:
+            mine["groups"] = split_groups(state["groups"], owns)
+        else:
+            mine["keys"] = [entry for entry in state["keys"] if owns(entry[0])]
+        return mine
 
     def merge_states(self, states: list) -> dict:
-        """Every instance's keys (disjoint) at the least advanced watermark."""
-        return {**states[0], "watermark": min(s["watermark"] for s in states),
-                "swept": min(s["swept"] for s in states),
-                "pending": sorted((p for s in states for p in s["pending"]), key=itemgetter(0)),
-                "keys": [entry for s in states for entry in s["keys"]]}
+        """Every instance's key groups (disjoint) at the least advanced watermark."""
+        merged = {**states[0], "watermark": min(s["watermark"] for s in states),
+                  "swept": min(s["swept"] for s in states),
+                  "pending": sorted((p for s in states for p in s["pending"]), key=itemgetter(0))}
+        if all("groups" in s for s in states):
+            merged["groups"] = merge_groups([s["groups"] for s in states])
+        elif any("groups" in s for s in states):
+            raise ValueError("over_window: cannot merge a per-key checkpoint with a key-group one")
+        else:
+            merged["keys"] = [entry for s in states for entry in s["keys"]]
+        return merged
 
+
+class _Dicts(dict):
+    """A :meth:`OverWindow.lane`'s keys: a plain dict with the few keyed-state calls over_window
+    makes (every value is its own: ``writable`` is the dict itself)."""
+
+    backend = "dict"
+
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+
+    def delete(self, key: Any) -> None:
+        self.pop(key, None)
+
+    def writable(self) -> dict:
+        return self
+
+    def groups(self) -> list[int]:
+        return [0] if self else []
+
+    def items(self, group: int = 0):             # noqa: ARG002 (one group: the whole dict)
+        return dict.items(self)
+
+    def drop_groups(self, groups: Iterable[int]) -> None:
+        self.clear()

@@ -60,6 +60,11 @@ to the ``late`` side output.
 Parallelism: KEYED when a key is given (``key=`` or a preceding ``key_by``);
 with no key the whole stream is one sequence, and the instance reports
 SINGLETON.
+
+State: each key's runs live in the deployment's keyed state backend (``pescheduler.state``:
+memory or disk, docs/state.md; an unkeyed pattern's under the key ``None``), so a checkpoint
+holds whole key groups and a rescale moves key groups. A watermark reads each key it steps
+once and writes it once.
 """
 
 from __future__ import annotations
@@ -69,9 +74,13 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any, Callable
 
-from pescheduler.operator import MIN_WATERMARK
+from pescheduler.operator import MAX_WATERMARK, MIN_WATERMARK
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism, per_instance
+from pescheduler.state import MemoryState, adopt, key_group
+from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 from pescheduler.timeutil import parse_duration
+
+from .window import write_back
 
 _TOKEN = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|([()|+*?]))")
 
@@ -201,17 +210,22 @@ class Pattern(Operator):
         self.ts_field = ts_field
         self._ts = itemgetter(ts_field)
         self._set_key(key)
-        self._runs: dict[Any, list] = {}     # key -> [(positions, measures, start_ts, events id)]
+        # key -> [(positions, measures, start_ts, events id)]; in memory until open() moves it to
+        # the deployment's backend (restore comes before open)
+        self._runs = MemoryState()
+        self._earliest = MAX_WATERMARK       # no run starts before this (within: nothing to expire)
         self._pending: list = []             # events not yet passed by the watermark
         self._wm = MIN_WATERMARK
 
     def _set_key(self, key: str | Callable | None) -> None:
         self._key = itemgetter(key) if isinstance(key, str) else key
+        self._key_field = key if isinstance(key, str) else None
 
     def open(self, context: OperatorContext) -> None:
         super().open(context)
         if self._key is None and context.key_field is not None:
             self._set_key(context.key_field)
+        self._runs = adopt(context, self._runs)
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
@@ -229,18 +243,21 @@ class Pattern(Operator):
         if ready:
             self._pending = [e for e in self._pending if ts_of(e) > watermark]
             ready.sort(key=ts_of)                 # stable: arrival order within a timestamp
-            key = self._key
+            key, state, read = self._key, self._runs, {}
             for ts, step in groupby(ready, ts_of):
                 groups: dict[Any, list] = {}
                 for e in step:
                     groups.setdefault(key(e) if key is not None else None, []).append(e)
                 for k, events in groups.items():
-                    self._step(k, ts, events, emit)
+                    read[k] = self._step(read[k] if k in read else state.get(k, ()), ts, events, emit)
+            write_back(state, ((k, runs) for k, runs in read.items() if runs),
+                       [k for k, runs in read.items() if not runs])
         if self.within is not None:
             self._expire(watermark)
 
-    def _step(self, k: Any, ts: int, events: list, emit: Emitter) -> None:
-        """Every run of key ``k`` takes one of ``events`` (all at ``ts``) or dies; each may start one.
+    def _step(self, before: Any, ts: int, events: list, emit: Emitter) -> list:
+        """Every run of a key (``before``) takes one of ``events`` (all at ``ts``) or dies; each
+        may start one; returns the key's runs after the step.
 
         Runs that took the same events (the same run identity and event) and
         reach equal measures merge into one: their position sets unite. So a
@@ -249,7 +266,7 @@ class Pattern(Operator):
         pos, within = self._pos, self.within
         ids: dict = {}                             # (parent id, event index) -> new id
         new: dict = {}                             # new id -> [[positions, measures, start, accepting]]
-        for positions, measures, start, ident in self._runs.get(k, ()):
+        for positions, measures, start, ident in before:
             if within is None or ts - start <= within:
                 nexts = {q for p in positions for q in pos[p][4]}
                 self._take(sorted(nexts), measures, start, ident, events, ids, new)
@@ -266,10 +283,9 @@ class Pattern(Operator):
                 alive = tuple(sorted(q for q in positions if pos[q][4]))
                 if alive:
                     runs.append((alive, m, start, ident))
-        if runs:
-            self._runs[k] = runs
-        else:
-            self._runs.pop(k, None)
+                    if start < self._earliest:
+                        self._earliest = start
+        return runs
 
     def _take(self, nexts: Any, measures: dict, start: int, ident: Any, events: list,
               ids: dict, new: dict) -> None:
@@ -299,47 +315,107 @@ class Pattern(Operator):
         return {**measures, "start_ts": start, "ts": ts}
 
     def _expire(self, watermark: int) -> None:
-        """Drop runs whose window is over: their next event (ts > watermark) is too far."""
+        """Drop runs whose window is over: their next event (ts > watermark) is too far (a pass
+        over the keys only when some run started that long ago)."""
         horizon = watermark - self.within        # start <= horizon: watermark + 1 - start > within
-        for k in list(self._runs):
-            runs = [r for r in self._runs[k] if r[2] > horizon]
-            if runs:
-                self._runs[k] = runs
-            else:
-                del self._runs[k]
+        if self._earliest > horizon:
+            return
+        state, puts, gone, earliest = self._runs, [], [], MAX_WATERMARK
+        for g in state.groups():
+            for k, held in state.items(g):
+                runs = [r for r in held if r[2] > horizon]
+                if not runs:
+                    gone.append(k)
+                    continue
+                if len(runs) != len(held):
+                    puts.append((k, runs))
+                earliest = min(earliest, *(r[2] for r in runs))
+        write_back(state, puts, gone)
+        self._earliest = earliest
 
-    # -- state --------------------------------------------------------------------------
+    def runs(self) -> dict:
+        """``{key: runs}`` (a copy: for tests and inspection, not the hot path)."""
+        return {k: list(v) for g in self._runs.groups() for k, v in self._runs.items(g)}
+
+    # -- state: runs by key, in whole key groups ------------------------------------------
     def snapshot(self) -> dict:
-        """Runs (measures copied), events waiting for the watermark, and the watermark."""
+        """The key groups of the runs (packed when read: a copy), events waiting for the
+        watermark, and the watermark."""
         return {"symbols": [p[0] for p in self._pos], "watermark": self._wm,
-                "pending": list(self._pending), "ids": self._ids,
-                "runs": {k: [(p, dict(m), s, i) for p, m, s, i in v] for k, v in self._runs.items()}}
+                "pending": list(self._pending), "ids": self._ids, "key": self._key_field,
+                "groups": snapshot_groups(self._runs)}
 
-    def restore(self, state: dict) -> None:
+    def _check_symbols(self, state: dict) -> None:
         symbols = [p[0] for p in self._pos]
         if state["symbols"] != symbols:
             raise ValueError(f"pattern state over symbols {state['symbols']} cannot be restored "
                              f"into a pattern over {symbols}")
+
+    def restore(self, state: dict) -> None:
+        self._check_symbols(state)
         self._wm = state["watermark"]
         self._pending = list(state["pending"])
         self._ids = state["ids"]
-        self._runs = {k: [(p, dict(m), s, i) for p, m, s, i in v] for k, v in state["runs"].items()}
+        if "groups" in state:
+            restore_groups(self._runs, state["groups"])
+        else:                                   # a checkpoint from before the keyed state backend
+            self._runs.drop_groups(self._runs.groups())
+            write_back(self._runs, ((k, [(p, dict(m), s, i) for p, m, s, i in v]) for k, v in state["runs"].items()))
+        self._earliest = MIN_WATERMARK          # the next expiry looks at every run once
 
     # -- copies: key groups move with their runs and waiting events ------------------------
-    def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
-        """The runs and waiting events of the keys where ``owns(key)``; the watermark as it was."""
-        key = self._key
-        if key is None:
+    def _keyed(self, state: dict | None = None) -> Callable:
+        """The key of the events; an instance not opened (the deployer's, splitting a snapshot)
+        takes the key field the snapshot names (a preceding ``key_by``'s)."""
+        if self._key is None and state is not None and state.get("key") is not None:
+            return itemgetter(state["key"])
+        if self._key is None:
             raise ValueError("an unkeyed pattern is one sequence: it cannot be split into copies")
-        return {**state, "runs": {k: v for k, v in state["runs"].items() if owns(k)},
-                "pending": [e for e in state["pending"] if owns(key(e))]}
+        return self._key
+
+    def export_groups(self, groups: frozenset[int]) -> dict:
+        """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their runs
+        and waiting events, removed here, the runs packed only when the part is pickled. Run
+        identities stay unique: the ids counter goes with them (the importer takes the larger)."""
+        key = self._keyed()
+        leaving = [e for e in self._pending if key_group(key(e)) in groups]
+        self._pending = [e for e in self._pending if key_group(key(e)) not in groups]
+        return {"symbols": [p[0] for p in self._pos], "watermark": self._wm, "pending": leaving,
+                "ids": self._ids, "key": self._key_field, "groups": take_groups(self._runs, groups)}
+
+    def settle_export(self) -> None:
+        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
+        self._runs.settle()
+
+    def import_groups(self, state: dict) -> None:
+        """Key groups another instance exported join this running one; its own watermark stays
+        (the events handed over wait for the next one, in their timestamp order)."""
+        self._check_symbols(state)
+        add_groups(self._runs, state["groups"])
+        self._pending = self._pending + list(state["pending"])
+        self._ids = max(self._ids, state["ids"])
+        self._earliest = MIN_WATERMARK          # the next expiry looks at every run once
+
+    def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
+        """The runs and waiting events of the key groups where ``owns(key)``; the watermark as it
+        was (a checkpoint of the old per-key form: its keys)."""
+        key = self._keyed(state)
+        mine = {**state, "pending": [e for e in state["pending"] if owns(key(e))]}
+        if "groups" in state:
+            mine["groups"] = split_groups(state["groups"], owns)
+        else:
+            mine["runs"] = {k: v for k, v in state["runs"].items() if owns(k)}
+        return mine
 
     def merge_states(self, states: list) -> dict:
         """Every instance's runs and waiting events (disjoint keys), at the least advanced
         watermark, so no step is taken twice or skipped."""
-        runs: dict = {}
-        for st in states:
-            runs.update(st["runs"])
-        return {**states[0], "runs": runs, "pending": [e for st in states for e in st["pending"]],
-                "watermark": min(st["watermark"] for st in states),
-                "ids": max(st["ids"] for st in states)}
+        merged = {**states[0], "pending": [e for st in states for e in st["pending"]],
+                  "watermark": min(st["watermark"] for st in states), "ids": max(st["ids"] for st in states)}
+        if all("groups" in st for st in states):
+            merged["groups"] = merge_groups([st["groups"] for st in states])
+        elif any("groups" in st for st in states):
+            raise ValueError("pattern: cannot merge a per-key checkpoint with a key-group one")
+        else:
+            merged["runs"] = {k: v for st in states for k, v in st["runs"].items()}
+        return merged

@@ -2,12 +2,31 @@
 
 import pickle
 
+import dask
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
 from pescheduler.operators.join import Join
+from pescheduler.state import key_group
+
+
+BACKENDS = pytest.mark.parametrize("backend", ["memory", "disk"])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def state_dir(tmp_path_factory):
+    """Disk stores of this module's joins go below a temporary directory."""
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path_factory.mktemp("state"))}):
+        yield
+
+
+def opened(join, backend):
+    """``join`` opened with its keyed state in ``backend``."""
+    join.open(OperatorContext(op_id="join-1", extra={"state": backend}))
+    assert join._keys.backend == backend
+    return join
 
 
 def pred(left, right):
@@ -73,28 +92,36 @@ def run(join, steps):
     return per_step
 
 
-@settings(max_examples=300, deadline=None)
-@given(scenario)
-def test_join_equals_brute_force_reference(case):
+@BACKENDS
+@settings(max_examples=150, deadline=None)
+@given(case=scenario)
+def test_join_equals_brute_force_reference(backend, case):
     steps, within, use_pred = case
     steps = numbered(steps)
-    join = Join(within=within, on="k", predicate=pred if use_pred else None)
+    join = opened(Join(within=within, on="k", predicate=pred if use_pred else None), backend)
     assert run(join, steps) == reference(steps, -within, within, use_pred)
-    assert join.snapshot()["left"] == {} and join.snapshot()["right"] == {}   # all purged at the end
+    assert join.buffered() == {"left": {}, "right": {}} and len(join._keys) == 0   # all purged at the end
 
 
-@settings(max_examples=60, deadline=None)
-@given(scenario, st.integers(0, 30))
-def test_snapshot_restore_mid_stream_equals_uninterrupted(case, cut):
+@BACKENDS
+@settings(max_examples=40, deadline=None)
+@given(case=scenario, cut=st.integers(0, 30), copies=st.booleans())
+def test_snapshot_restore_mid_stream_equals_uninterrupted(backend, case, cut, copies):
+    """Restored mid-stream (``copies``: split into two copies by key group, then merged back as a
+    Replicate and a Release do), the output is the uninterrupted one's."""
     steps, within, use_pred = case
     steps = numbered(steps)
     cut = min(cut, len(steps))
     params = dict(within=within, left_key="k", right_key="k", predicate=pred if use_pred else None)
     whole = run(Join(**params), steps)
-    first = Join(**params)
+    first = opened(Join(**params), backend)
     head = run(first, steps[:cut])
-    second = Join(**params)
-    second.restore(pickle.loads(pickle.dumps(first.snapshot())))
+    saved = pickle.loads(pickle.dumps(first.snapshot()))
+    if copies:
+        parts = [first.split_state(saved, lambda k, i=i: k % 2 == i) for i in (0, 1)]
+        saved = pickle.loads(pickle.dumps(first.merge_states(parts)))
+    second = opened(Join(**params), backend)
+    second.restore(saved)
     assert head + run(second, steps[cut:]) == whole
 
 
@@ -116,7 +143,7 @@ def test_late_events_go_to_the_side_output_and_old_state_is_purged():
     join, out = Join(within=10, on="k"), Emitter()
     join.on_left([{"k": 1, "ts": 100}, {"k": 1, "ts": 105}], out)
     join.on_watermark(110, out)
-    assert [e["ts"] for e in join.snapshot()["left"][1]] == [105]   # 100 <= 110 - 10: gone
+    assert [e["ts"] for e in join.buffered()["left"][1]] == [105]   # 100 <= 110 - 10: gone
     join.on_right([{"k": 1, "ts": 110}, {"k": 1, "ts": 111}], out)
     assert out.sides == {"late": [{"k": 1, "ts": 110}]}
     assert [(t["left"]["ts"], t["right"]["ts"]) for t in out] == [(105, 111)]
@@ -146,3 +173,36 @@ def test_key_of_the_preceding_key_by_and_restore_guard():
     assert len(out) == 1
     with pytest.raises(ValueError, match="within"):
         Join(within=6).restore(join.snapshot())
+
+
+@BACKENDS
+def test_a_checkpoint_of_the_per_key_form_restores_split_and_merged(backend):
+    """Before the buffers lived in the keyed state backend a snapshot held ``left``/``right``
+    dicts by key: such a checkpoint still restores (and splits and merges, for copies)."""
+    old = {"within": 5, "watermark": 10, "left": {0: [{"k": 0, "ts": 12, "id": 1}]},
+           "right": {1: [{"k": 1, "ts": 14, "id": 2}], 0: [{"k": 0, "ts": 13, "id": 3}]}}
+    join = Join(within=5, on="k")
+    parts = [join.split_state(old, lambda k, i=i: k == i) for i in (0, 1)]
+    join.restore(join.merge_states(parts))
+    opened(join, backend)
+    assert join.buffered() == {"left": old["left"], "right": old["right"]}
+    out = Emitter()
+    join.on_left([{"k": 1, "ts": 15, "id": 4}], out)
+    join.on_right([{"k": 0, "ts": 16, "id": 5}], out)
+    assert [(t["left"]["id"], t["right"]["id"]) for t in out] == [(4, 2), (1, 5)]
+    assert "groups" in join.snapshot() and "left" not in join.snapshot()
+
+
+@BACKENDS
+def test_keys_written_between_a_settle_and_the_export_move_with_their_groups(backend):
+    """A rescale settles the store off the PE's turn, then exports in a turn: what the join wrote
+    in between goes too (the disk backend reads those keys again at the take)."""
+    join, out = opened(Join(within=100, on="k"), backend), Emitter()
+    join.on_left([{"k": 1, "ts": 10, "id": 1}, {"k": 0, "ts": 10, "id": 0}], out)
+    join.settle_export()
+    join.on_left([{"k": 1, "ts": 11, "id": 2}], out)
+    part = pickle.loads(pickle.dumps(join.export_groups(frozenset([key_group(1)]))))
+    other = opened(Join(within=100, on="k"), backend)
+    other.import_groups(part)
+    assert other.buffered()["left"] == {1: [{"k": 1, "ts": 10, "id": 1}, {"k": 1, "ts": 11, "id": 2}]}
+    assert join.buffered()["left"] == {0: [{"k": 0, "ts": 10, "id": 0}]}

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from test_op_join import numbered, pred, reference, run, step
+from test_op_join import BACKENDS, numbered, opened, pred, reference, run, state_dir, step  # noqa: F401
 
 from pescheduler import Application
 from pescheduler.operator import Emitter
@@ -16,26 +16,28 @@ bounds = st.tuples(st.integers(-8, 8), st.integers(0, 8)).map(lambda lw: (lw[0],
 scenario = st.tuples(st.lists(step, max_size=25), bounds, st.booleans())
 
 
-@settings(max_examples=400, deadline=None)
-@given(scenario)
-def test_interval_join_equals_nested_loop_reference(case):
+@BACKENDS
+@settings(max_examples=200, deadline=None)
+@given(case=scenario)
+def test_interval_join_equals_nested_loop_reference(backend, case):
     steps, (lower, upper), use_pred = case
     steps = numbered(steps)
-    join = Join(lower=lower, upper=upper, on="k", predicate=pred if use_pred else None)
+    join = opened(Join(lower=lower, upper=upper, on="k", predicate=pred if use_pred else None), backend)
     assert run(join, steps) == reference(steps, lower, upper, use_pred)
-    assert join.snapshot()["left"] == {} and join.snapshot()["right"] == {}   # all purged at the end
+    assert join.buffered() == {"left": {}, "right": {}}   # all purged at the end
 
 
-@settings(max_examples=60, deadline=None)
-@given(scenario, st.integers(0, 30))
-def test_snapshot_restore_mid_stream_equals_uninterrupted(case, cut):
+@BACKENDS
+@settings(max_examples=40, deadline=None)
+@given(case=scenario, cut=st.integers(0, 30))
+def test_snapshot_restore_mid_stream_equals_uninterrupted(backend, case, cut):
     steps, (lower, upper), _ = case
     steps = numbered(steps)
     cut = min(cut, len(steps))
     whole = run(Join(lower=lower, upper=upper, on="k"), steps)
-    first = Join(lower=lower, upper=upper, on="k")
+    first = opened(Join(lower=lower, upper=upper, on="k"), backend)
     head = run(first, steps[:cut])
-    second = Join(lower=lower, upper=upper, on="k")
+    second = opened(Join(lower=lower, upper=upper, on="k"), backend)
     second.restore(pickle.loads(pickle.dumps(first.snapshot())))
     assert head + run(second, steps[cut:]) == whole
 

@@ -6,6 +6,7 @@ from collections import Counter
 from functools import lru_cache
 from itertools import product
 
+import dask
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -13,6 +14,21 @@ from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
 from pescheduler.operators.pattern import Pattern
 from pescheduler.testing import run_operators
+
+
+@pytest.fixture(params=["memory", "disk"], scope="module")
+def backend(request, tmp_path_factory):
+    """The backend an opened pattern keeps its runs in."""
+    with dask.config.set({"pescheduler.state.backend": request.param,
+                          "pescheduler.state.dir": str(tmp_path_factory.mktemp("state"))}):
+        yield request.param
+
+
+def opened(op, backend):
+    """``op`` opened: its runs in ``backend``."""
+    op.open(OperatorContext(op_id="pattern-1"))
+    assert op._runs.backend == backend
+    return op
 
 
 def took(e, m, sym):
@@ -117,26 +133,26 @@ def numbered(steps):
     return out + [("W", MAX_WATERMARK)]
 
 
-@settings(max_examples=300, deadline=None)
-@given(scenario)
-def test_pattern_equals_brute_force_reference(case):
+@settings(max_examples=200, deadline=None)
+@given(case=scenario)
+def test_pattern_equals_brute_force_reference(backend, case):
     steps, (pattern, spec), within = case
     steps = numbered(steps)
-    op = Pattern(pattern, within=within, key="k", **spec)
+    op = opened(Pattern(pattern, within=within, key="k", **spec), backend)
     assert run(op, steps) == reference(steps, pattern, spec, within)
-    assert op.snapshot()["runs"] == {} and op.snapshot()["pending"] == []
+    assert op.runs() == {} and op.snapshot()["pending"] == []
 
 
-@settings(max_examples=60, deadline=None)
-@given(scenario, st.integers(0, 20))
-def test_snapshot_restore_mid_stream_equals_uninterrupted(case, cut):
+@settings(max_examples=50, deadline=None)
+@given(case=scenario, cut=st.integers(0, 20))
+def test_snapshot_restore_mid_stream_equals_uninterrupted(backend, case, cut):
     steps, (pattern, spec), within = case
     steps = numbered(steps)
     cut = min(cut, len(steps))
     whole = run(Pattern(pattern, within=within, key="k", **spec), steps)
-    first = Pattern(pattern, within=within, key="k", **spec)
+    first = opened(Pattern(pattern, within=within, key="k", **spec), backend)
     head = run(first, steps[:cut])
-    second = Pattern(pattern, within=within, key="k", **spec)
+    second = opened(Pattern(pattern, within=within, key="k", **spec), backend)
     state = first.snapshot()
     second.restore(pickle.loads(pickle.dumps(state)))
     tail = run(second, steps[cut:])
@@ -190,3 +206,26 @@ def test_keying_parsing_and_guards():
         Pattern("x", define={"x": lambda e, m: True}, do={"q": lambda e, m: {}})
     with pytest.raises(ValueError, match="symbols"):
         Pattern("y", define={"y": bool}).restore(op.snapshot())
+
+
+def test_a_checkpoint_of_the_per_key_form_restores_split_and_merged(backend):
+    """Before the runs lived in the keyed state backend a snapshot held ``runs`` by key: such a
+    checkpoint still restores (and splits and merges, for copies)."""
+    define = {"x": lambda e, m: e["a"] == 0, "y": lambda e, m: e["a"] == 1}
+
+    def fresh():
+        return Pattern("x y+", define, key="k")
+    first, out = opened(fresh(), backend), Emitter()
+    first.process([{"k": k, "a": 0, "ts": 1} for k in (0, 1)] + [{"k": 0, "a": 1, "ts": 3}], out)
+    first.on_watermark(2, out)
+    new = first.snapshot()
+    old = {**{k: v for k, v in new.items() if k != "groups"}, "runs": first.runs()}
+    second = fresh()
+    second.restore(second.merge_states([second.split_state(old, lambda k, i=i: k == i) for i in (0, 1)]))
+    opened(second, backend)
+    assert second.runs() == first.runs() and set(first.runs()) == {0, 1}
+    for op in (first, second):
+        got = Emitter()
+        op.process([{"k": 1, "a": 1, "ts": 4}], got)
+        op.on_watermark(MAX_WATERMARK, got)
+        assert sorted((r["start_ts"], r["ts"]) for r in got) == [(1, 3), (1, 4)]

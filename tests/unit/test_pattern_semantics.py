@@ -7,14 +7,18 @@ and keeps each distinct (events, output) once: what operators/pattern.py
 documents. Patterns are chosen so that one match parses in several ways.
 """
 
+import pickle
 import re
 from collections import Counter
 from itertools import groupby, product
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from pescheduler.operator import MAX_WATERMARK, Emitter
 from pescheduler.operators.pattern import Pattern
+from pescheduler.state import key_group
+from test_op_pattern import backend, opened  # noqa: F401 (the backend fixture)
 
 PATTERNS = ["x (y | y)", "x y* y*", "(x | y) y+", "x? y+ x?", "(x y | x) y?", "x (y | x y)*", "x | y+"]
 DEFINE = {"x": lambda e, m: e["a"] <= 2, "y": lambda e, m: e["a"] >= m.get("z", 0)}
@@ -72,25 +76,41 @@ def test_the_issue_examples_report_one_match():
         assert [(r["start_ts"], r["ts"]) for r in out] == expected, pattern
 
 
-def test_a_keyed_pattern_splits_into_copies_and_merges_back():
-    """Key groups move with their runs and waiting events, as a window's panes do."""
+@pytest.mark.parametrize("move", ["snapshot", "export"])
+def test_a_keyed_pattern_splits_into_copies_and_merges_back(backend, move):
+    """Key groups move with their runs and waiting events, as a window's panes do: through a
+    snapshot split and merged (a restore), or exported from a running instance and imported
+    into another (a live Replicate and Release, pescheduler/worker/handover.py)."""
     define = {"x": lambda e, m: True, "y": lambda e, m: e["a"] > m["z"]}
     do = {"x": lambda e, m: {"z": e["a"]}}
     events = [{"k": k, "a": a, "ts": ts} for ts, (k, a) in enumerate([(0, 1), (1, 5), (0, 2), (1, 3), (0, 0)])]
 
     def fresh():
-        return Pattern("x y+", define, do=do, within=10, key="k")
+        return opened(Pattern("x y+", define, do=do, within=10, key="k"), backend)
     whole, out = fresh(), Emitter()
     whole.process(events, out)
     whole.on_watermark(2, out)
-    state = whole.snapshot()
+    state = pickle.loads(pickle.dumps(whole.snapshot()))
     parts = []
-    for owns in (lambda k: k == 0, lambda k: k == 1):
-        part = fresh()
-        part.restore(whole.split_state(state, owns))
-        parts.append(part)
-    merged = fresh()
-    merged.restore(whole.merge_states([p.snapshot() for p in parts]))
+    if move == "snapshot":
+        for owns in (lambda k: k == 0, lambda k: k == 1):
+            part = fresh()
+            part.restore(whole.split_state(state, owns))
+            parts.append(part)
+        merged = fresh()
+        merged.restore(pickle.loads(pickle.dumps(whole.merge_states([p.snapshot() for p in parts]))))
+    else:
+        original, copy = fresh(), fresh()
+        original.restore(state)
+        copy.import_groups(pickle.loads(pickle.dumps(original.export_groups(frozenset([key_group(1)])))))
+        assert set(original.runs()) == {0} and set(copy.runs()) == {1}
+        parts = [original, copy]
+        merged = fresh()
+        merged.restore(state)
+        other = fresh()
+        other.restore(state)
+        merged.export_groups(frozenset([key_group(1)]))
+        merged.import_groups(pickle.loads(pickle.dumps(other.export_groups(frozenset([key_group(1)])))))
     rest = [{"k": 0, "a": 9, "ts": 5}, {"k": 1, "a": 9, "ts": 5}]
     split_out = Emitter()
     for part in parts:
