@@ -5,6 +5,8 @@ out-of-order events, queries added and removed while events flow."""
 
 import random
 
+import dask
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -53,6 +55,12 @@ CORRELATIONS = {
 LATER_CORRELATIONS = {"c9": ep.Stream("s", window=ep.Tumbling(6)).correlate("t", ep.left("a") - ep.right("b") == 1)}
 
 
+def in_backend(backend, tmp_path_factory):
+    """The keyed state backend the operators opened inside it use (``ep_patterns``' runs)."""
+    where = str(tmp_path_factory.mktemp("state"))
+    return dask.config.set({"pescheduler.state.backend": backend, "pescheduler.state.dir": where})
+
+
 def run(share, queries, later, events, max_delay, batch):
     """Results and late events per query; half-way, the first query leaves and ``later`` come."""
     proc = ep.EventProcessor(share=share)
@@ -93,16 +101,25 @@ def same_rows_shared_or_not(queries, later, events, max_delay, batch):
 SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.parametrize("backend", ["memory", "disk"])
 @SETTINGS
 @given(seed=st.integers(0, 10**6), max_delay=st.sampled_from([0, 3]), batch=st.sampled_from([1, 4]))
-def test_pattern_queries_of_one_shape_share_runs_and_give_each_query_its_own_rows(seed, max_delay, batch):
-    shared, nodes = same_rows_shared_or_not(PATTERNS, LATER, (stream(seed, 120), stream(seed + 1, 120)),
-                                            max_delay, batch)
+def test_pattern_queries_of_one_shape_share_runs_and_give_each_query_its_own_rows(tmp_path_factory, backend, seed,
+                                                                                  max_delay, batch):
+    with in_backend(backend, tmp_path_factory):
+        shared, nodes = same_rows_shared_or_not(PATTERNS, LATER, (stream(seed, 120), stream(seed + 1, 120)),
+                                                max_delay, batch)
     assert any(shared.values())
     assert nodes.count("ep_patterns") == 2 and "pattern" not in nodes and "ep_group" not in nodes
 
 
-def test_one_automaton_serves_every_query_of_a_shape():
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_one_automaton_serves_every_query_of_a_shape(tmp_path_factory, backend):
+    with in_backend(backend, tmp_path_factory):
+        one_automaton_serves_every_query_of_a_shape(backend)
+
+
+def one_automaton_serves_every_query_of_a_shape(backend):
     proc = ep.EventProcessor()
     proc.register_stream("s", SCHEMA)
     for q, d in PATTERNS.items():
@@ -110,6 +127,7 @@ def test_one_automaton_serves_every_query_of_a_shape():
     (op,) = [n.op for n in proc._nodes.values() if n.name == "ep_patterns" and "jepc-1" in n.op.query_ids]
     sizes = sorted(len(f.queries) for f in op._families)
     assert sizes == [1, 2, 3, 4], sizes       # python alone, alt, plus, jepc (keyed ones: another operator)
+    assert op._runs.backend == backend        # the runs: in the keyed state backend
     rows = []
     proc.add_output_processor("jepc1", rows.append)
     for ts, a in enumerate([5, 6, 7, 0, 1, 3]):            # 5 6 7: a match of i = 1 at ts 2
