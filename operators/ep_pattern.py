@@ -382,15 +382,15 @@ class SharedPatterns(Operator):
         state = self._runs
         for g in state.groups():
             puts, deletes = [], []
-            for k, value in list(state.items(g)):
+            for k, value in state.items(g):     # written after the group is read
                 new = change(value)
-                if new is value:
-                    continue
-                if new:
-                    puts.append((k, new))
-                else:
-                    deletes.append(k)
-            state.write_many(puts, deletes)
+                if new is not value:
+                    if new:
+                        puts.append((k, new))
+                    else:
+                        deletes.append(k)
+            if puts or deletes:
+                state.write_many(puts, deletes)
 
     def parameters(self) -> dict:
         return {"key": self.key, "ts_field": self.ts_field, "queries": {q: dict(s) for q, s in self._specs.items()}}
@@ -412,7 +412,9 @@ class SharedPatterns(Operator):
         snapshot: a dict lookup, changed in place) and written back once, at its end."""
         self._wm = watermark
         ready, self._pending = released(self._pending, watermark)   # by ts, arrival order within
-        if ready:
+        if len(ready) == 1:                         # one event released (pushed one at a time)
+            self._one(*ready[0], emit)
+        elif ready:
             state, key, families, ids, out = self._runs, self._key, self._families, self._ids, []
             hot = state.writable() or {}            # None on disk (copies): every key is put back
             read: dict = {}                         # key -> its runs read from the backend this release
@@ -451,6 +453,35 @@ class SharedPatterns(Operator):
                              [k for k, v in read.items() if not v and k not in absent] +
                              [k for k in emptied if not hot[k]])    # (a later event may start runs again)
         self._expire(watermark)
+
+    def _one(self, ts: int, seq: int, e: Any, emit: Emitter) -> None:
+        """One event released: its key's runs read (or found put since the snapshot), stepped by
+        every family, written back (deleted when none is left)."""
+        k = self._key(e) if self._key is not None else None
+        state, out = self._runs, []
+        hot = state.writable()
+        value = None if hot is None else hot.get(k)
+        fresh = value is None
+        if fresh:
+            value = state.get(k)
+            held = value is not None
+            if not held:
+                value = {}
+        events, seqs, ids = [e], [seq], self._ids
+        for family in self._families:
+            fid = family.fid
+            kept = family.step(value.get(fid, ()), ts, events, seqs, ids, out)
+            if kept:
+                value[fid] = kept
+            elif fid in value:
+                del value[fid]
+        if value:
+            if fresh:
+                state.put(k, value)
+        elif not fresh or held:
+            state.delete(k)
+        if out:
+            emit.many(out)
 
     def _expire(self, watermark: int) -> None:
         """Drop the runs no query's ``within`` reaches any more, in the families whose sweep is due."""
@@ -561,6 +592,15 @@ def _replaced(value: dict, fid: str, runs: list) -> dict:
 def _expired(value: dict, due: dict) -> dict:
     """``value`` without the runs that started at or before their family's horizon in ``due``
     (``value`` itself when none did: nothing to write)."""
+    for fid, horizon in due.items():            # (the usual case: a look at each run, no copy)
+        for run in value.get(fid, ()):
+            if run[2] <= horizon:
+                break
+        else:
+            continue
+        break
+    else:
+        return value
     out, changed = {}, False
     for fid, runs in value.items():
         horizon = due.get(fid)
