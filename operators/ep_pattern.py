@@ -565,12 +565,15 @@ class SharedPatterns(Operator):
         self._ids = itertools.count(max(next(self._ids), state["ids"]))
 
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
-        """The key groups where ``owns(key)`` and their keys' waiting events."""
+        """The key groups where ``owns(key)`` and their keys' waiting events (of a snapshot, or of
+        an export that a hand-over sends in slices)."""
         self._keyed()
         key = self._key
-        return {**state, "pending": [p for p in state["pending"] if owns(key(p[2]))],
-                "families": [(f[0], f[-1]) for f in state["families"]],
+        part = {**state, "pending": [p for p in state["pending"] if owns(key(p[2]))],
                 "groups": split_groups(self._groups(state), owns)}
+        if "families" in state:
+            part["families"] = [(f[0], f[-1]) for f in state["families"]]
+        return part
 
     def merge_states(self, states: list) -> dict:
         """Every instance's key groups and waiting events (disjoint keys), at the least advanced watermark."""

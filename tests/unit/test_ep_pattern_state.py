@@ -123,3 +123,21 @@ def test_a_snapshot_split_in_two_restores_into_two_copies_that_go_on_as_one_woul
     assert rows(out + rest) == rows(whole) and rest
     again = opened(op.merge_states([op.split_state(state, mine) for mine in owns]))    # and back to one
     assert rows(resume(again, stream[405:], 10, start=399)) == rows(rest)
+
+
+def test_an_export_splits_into_slices_that_import_one_by_one(backend):
+    """A hand-over sends a large export in slices of key groups (worker/handover.py: ``split_state``
+    of the export): each slice imports, and the copy goes on as the whole would."""
+    stream = events(3)
+    op = opened()
+    resume(op, stream[:300], 10, start=-1)
+    op.process(stream[300:303], Emitter())                  # waiting: the watermark is at 299
+    export = op.export_groups(frozenset(op._runs.groups()) | {key_group(e["id"]) for e in stream[300:303]})
+    copy = opened()
+    for half in (0, 1):
+        copy.import_groups(pickle.loads(pickle.dumps(op.split_state(export, lambda k, h=half: key_group(k) % 2 == h))))
+    assert len(copy._pending) == 3 and len(op._runs) == 0
+    whole = opened()
+    resume(whole, stream[:300], 10, start=-1)
+    whole.process(stream[300:303], Emitter())
+    assert rows(resume(copy, stream[303:], 10, start=299)) == rows(resume(whole, stream[303:], 10, start=299))
