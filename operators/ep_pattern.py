@@ -497,10 +497,12 @@ class SharedPatterns(Operator):
     def snapshot(self) -> dict:
         """Waiting events, the counters, each family's shape and queries' births, and the key groups
         of the keyed state (every key's runs; packed when read: a copy)."""
-        return {"watermark": self._wm, "pending": list(self._pending), "seq": self._seq,
-                "ids": next(self._ids), "families": [(f.shape, {q: b for q, (_, b, _) in f.queries.items()})
-                                                     for f in self._families],
-                "groups": snapshot_groups(self._runs)}
+        return {**self._header(), "pending": list(self._pending), "groups": snapshot_groups(self._runs)}
+
+    def _header(self) -> dict:
+        """The watermark, the counters, each family's shape and its queries' births."""
+        return {"watermark": self._wm, "seq": self._seq, "ids": next(self._ids),
+                "families": [(f.shape, {q: b for q, (_, b, _) in f.queries.items()}) for f in self._families]}
 
     def restore(self, state: dict) -> None:
         shapes = [f.shape for f in self._families]
@@ -541,15 +543,13 @@ class SharedPatterns(Operator):
     # -- copies: key groups move with their runs and waiting events -------------------------------
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their keys'
-        runs and waiting events in :meth:`snapshot`'s form, removed here; the groups that stay are
-        not read, the moving ones packed only when the part is pickled."""
+        runs and waiting events in :meth:`snapshot`'s form (a new instance is restored from it),
+        removed here; the groups that stay are not read, the moving ones packed only when the part
+        is pickled."""
         key = self._key
         leaving = [p for p in self._pending if key_group(key(p[2])) in groups]
         self._pending = [p for p in self._pending if key_group(key(p[2])) not in groups]
-        return {**self._counters(), "pending": leaving, "groups": take_groups(self._runs, groups)}
-
-    def _counters(self) -> dict:
-        return {"watermark": self._wm, "seq": self._seq, "ids": next(self._ids)}
+        return {**self._header(), "pending": leaving, "groups": take_groups(self._runs, groups)}
 
     def settle_export(self) -> None:
         """Called off the PE's turn just before :meth:`export_groups` (a disk store flushes)."""
@@ -569,11 +569,9 @@ class SharedPatterns(Operator):
         an export that a hand-over sends in slices)."""
         self._keyed()
         key = self._key
-        part = {**state, "pending": [p for p in state["pending"] if owns(key(p[2]))],
+        return {**state, "pending": [p for p in state["pending"] if owns(key(p[2]))],
+                "families": [(f[0], f[-1]) for f in state["families"]],
                 "groups": split_groups(self._groups(state), owns)}
-        if "families" in state:
-            part["families"] = [(f[0], f[-1]) for f in state["families"]]
-        return part
 
     def merge_states(self, states: list) -> dict:
         """Every instance's key groups and waiting events (disjoint keys), at the least advanced watermark."""

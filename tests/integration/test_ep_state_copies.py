@@ -1,11 +1,12 @@
-"""The shared pattern queries (``ep_patterns``) and the changelog aggregate, each copied and released
+"""The shared pattern queries (``ep_patterns``), the over-window lanes (``ep_over``) and the
+changelog aggregate, each copied and released
 on a real Dask deployment while tuples flow, with their state in either keyed state backend (on
 ``disk``: a RocksDB store per instance, on its worker): the output is exactly the in-process
-run's (patterns) or the table's aggregates from scratch (changelog), each row once.
+run's (patterns, lanes) or the table's aggregates from scratch (changelog), each row once.
 
 The source holds its last tuples until the test has applied the Replicate and the Release, so
 both happen mid-stream however slow the machine; the key groups move with their keys' runs
-(patterns, with their waiting events) or their groups' aggregates and versions (changelog).
+(patterns; a key's windows of every lane), with their waiting events, or their groups' aggregates and versions (changelog).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_process_copies import replicated_and_released
+from test_keyed_state_deploy import stores       # the operator stores under pescheduler.state.dir
+from test_process_copies import replicated_and_released, tuples_in
 
 import pescheduler
 from pescheduler import Application, ep
-from pescheduler.operators import SharedPatterns
+from pescheduler.operators import OverLanes, SharedPatterns
 from pescheduler.testing import run_operators
 
 pytestmark = pytest.mark.integration
@@ -45,10 +47,17 @@ def change(t: dict) -> dict:
 
 
 def deployed(app: Application, op: str, tmp_path, monkeypatch, backend: str, release) -> None:
-    monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path / "stores"))    # the forked workers' setting
+    """Deploy ``app`` on two workers, Replicate and Release ``op`` mid-stream, wait for the end; on
+    ``disk`` ``op``'s state is in a store of its own while it runs, removed with the deployment."""
+    where = tmp_path / "stores"
+    monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(where))       # the forked workers' setting
     with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[], state=backend) as dep:
+        if backend == "disk":
+            tuples_in(dep, op)
+            assert [d for d in stores(where) if f"-{op}-" in d], stores(where)
         status = replicated_and_released(dep, op, release)
     assert status["state"] == "finished", status
+    assert stores(where) == []
 
 
 @pytest.mark.parametrize("backend", ["memory", "disk"])
@@ -92,3 +101,22 @@ def test_a_changelog_aggregate_copied_and_released_folds_to_the_tables_aggregate
     for row in table.values():
         want.setdefault(row["region"], []).append(row["qty"])
     assert state == {g: (len(q), sum(q), max(q)) for g, q in want.items()} and len(versions) == 16
+
+
+LANES = {50: {"c50": {"n": "count"}}, 80: {"c80": {"n": "count"}, "s80": {"total": ("sum", "a")}},
+         60: {"s60": {"total": ("sum", "a"), "n": "count"}}, 40: {"m40": {"hi": ("max", "a")}}}
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_over_window_lanes_copied_and_released_give_every_row_once(tmp_path, monkeypatch, backend):
+    out, release = tmp_path / "rows.jsonl", tmp_path / "release"
+    app = Application(f"ep-over-copies-{backend}")
+    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=COUNT - 1000, release=str(release))
+        .map(with_a).key_by("key").apply("ep_over", key="key", lanes=LANES, id="lanes")
+        .map(lambda qr: {"q": qr[0], **qr[1]}).sink("jsonl", path=str(out)))
+    deployed(app, "lanes", tmp_path, monkeypatch, backend, release)
+    got = sorted(map(json.dumps, map(json.loads, out.read_text().splitlines())))
+    events = [with_a({"n": i, "key": i % KEYS, "ts": i}) for i in range(COUNT)]
+    want = run_operators(events, OverLanes(key="key", lanes=LANES), key_field="key").output
+    want = sorted(json.dumps({"q": q, **row}) for q, row in want)
+    assert len(want) == 5 * COUNT and got == want

@@ -133,9 +133,9 @@ def test_an_export_splits_into_slices_that_import_one_by_one(backend):
     resume(op, stream[:300], 10, start=-1)
     op.process(stream[300:303], Emitter())                  # waiting: the watermark is at 299
     export = op.export_groups(frozenset(op._runs.groups()) | {key_group(e["id"]) for e in stream[300:303]})
-    copy = opened()
-    for half in (0, 1):
-        copy.import_groups(pickle.loads(pickle.dumps(op.split_state(export, lambda k, h=half: key_group(k) % 2 == h))))
+    halves = [pickle.loads(pickle.dumps(op.split_state(export, lambda k, h=h: key_group(k) % 2 == h))) for h in (0, 1)]
+    copy = opened(halves[0])                                # a new instance: restored from its first part
+    copy.import_groups(halves[1])
     assert len(copy._pending) == 3 and len(op._runs) == 0
     whole = opened()
     resume(whole, stream[:300], 10, start=-1)

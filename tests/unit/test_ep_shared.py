@@ -247,9 +247,15 @@ def test_a_correlation_that_keys_no_hash_join_stays_a_join_of_its_own():
     proc.close()
 
 
+@pytest.mark.parametrize("backend", ["memory", "disk"])
 @SETTINGS
 @given(seed=st.integers(0, 10**6), batch=st.sampled_from([1, 6]))
-def test_event_windows_of_several_sizes_equal_their_own_over_windows(seed, batch):
+def test_event_windows_of_several_sizes_equal_their_own_over_windows(tmp_path_factory, backend, seed, batch):
+    with in_backend(backend, tmp_path_factory):
+        event_windows_of_several_sizes_equal_their_own_over_windows(seed, batch)
+
+
+def event_windows_of_several_sizes_equal_their_own_over_windows(seed, batch):
     queries = {f"n{w}": ep.Stream("s", window=ep.Sliding(w, "event"), key="id").aggregate(
         {"n": "count", "s": ("sum", "a"), "m": ("avg", "b")}) for w in (3, 7, 12)}
     queries["lo"] = ep.Stream("s", window=ep.Sliding(5, "event"), key="id").aggregate({"lo": ("min", "a")})
@@ -282,7 +288,13 @@ def test_the_in_process_engine_times_its_operators_without_a_system_call():
     proc.close()
 
 
-def test_a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting():
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting(tmp_path_factory, backend):
+    with in_backend(backend, tmp_path_factory):
+        a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting(backend)
+
+
+def a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting(backend):
     """A ``COUNT(*)`` lane keeps no fold (its count is its window's length); when a query asking a
     sum joins its size it folds, and when that query leaves it counts again: every row of the
     counting queries equals the count over its window throughout, and the sum query, new to the
@@ -292,6 +304,7 @@ def test_a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting():
     operator of its own (test_ep_providers), so this is ``ep_over``'s own ``add_query``."""
     lanes = OverLanes(key="id", lanes={4: {"c4": {"n": ("count", None)}}, 6: {"c6": {"n": ("count", None)}}})
     lanes.open(OperatorContext("lanes"))
+    assert lanes._windows.backend == backend     # every lane's windows: one keyed state
     rnd = random.Random(7)
     # two keys, both busy throughout (a key never goes quiet for 4 ms, so its window never empties)
     events = [{"id": f"k{ts % 2}", "a": rnd.randrange(10), "ts": ts} for ts in range(90)]
