@@ -44,9 +44,7 @@ class _Lane(OverWindow):
     """One size's over window, whose windows are its :class:`OverLanes`' (``{size: [window, slots]}``
     per key in their keyed state): it holds the plan, the folds and the row writers only."""
 
-    def __init__(self, owner: "OverLanes", size: int, **params: Any) -> None:
-        super().__init__(size, **params)
-        self._owner = owner
+    _owner: "OverLanes"                         # set by the owner when it makes the lane
 
     def open(self, context: OperatorContext) -> None:
         AggregatingWindow.open(self, context)    # no keyed state of its own: its owner's
@@ -121,7 +119,8 @@ class OverLanes(Operator):
         size = parse_duration(size)
         lane = self.lanes.get(size)
         if lane is None:
-            lane = _Lane(self, size, key=self.key, ts_field=self.ts_field, queries={query_id: aggregates})
+            lane = _Lane(size, key=self.key, ts_field=self.ts_field, queries={query_id: aggregates})
+            lane._owner = self
             lane._wm = lane._swept = self._wm
             if self._context is not None:
                 lane.open(self._context)
