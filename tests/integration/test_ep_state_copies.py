@@ -15,7 +15,7 @@ import json
 
 import pytest
 from test_keyed_state_deploy import stores       # the operator stores under pescheduler.state.dir
-from test_process_copies import replicated_and_released, tuples_in
+from test_process_copies import killed_and_restored, replicated_and_released, tuples_in
 
 import pescheduler
 from pescheduler import Application, ep
@@ -64,11 +64,23 @@ def deployed(app: Application, op: str, tmp_path, monkeypatch, backend: str, rel
 def test_shared_patterns_copied_and_released_give_every_row_once(tmp_path, monkeypatch, backend):
     out, release = tmp_path / "rows.jsonl", tmp_path / "release"
     app = Application(f"ep-patterns-copies-{backend}")
-    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=COUNT - 1000, release=str(release))
-        .map(with_a).key_by("key").apply("ep_patterns", key="key", queries=QUERIES, id="patterns")
-        .map(lambda qr: {"q": qr[0], **qr[1]}).sink("jsonl", path=str(out)))
+    patterns_app(app, out, hold=str(release))
     deployed(app, "patterns", tmp_path, monkeypatch, backend, release)
-    got = sorted(map(json.dumps, map(json.loads, out.read_text().splitlines())))
+    assert_patterns_reference(json.loads(line) for line in out.read_text().splitlines())
+
+
+def numbers(app: Application, hold: str | None):
+    held = {} if hold is None else {"hold_at": COUNT - 1000, "release": hold}
+    return app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, **held)
+
+
+def patterns_app(app: Application, out, hold: str | None = None) -> None:
+    (numbers(app, hold).map(with_a).key_by("key").apply("ep_patterns", key="key", queries=QUERIES, id="patterns")
+        .map(lambda qr: {"q": qr[0], **qr[1]}).sink("jsonl", path=str(out)))
+
+
+def assert_patterns_reference(rows) -> None:
+    got = sorted(map(json.dumps, rows))
     events = [with_a({"n": i, "key": i % KEYS, "ts": i}) for i in range(COUNT)]
     want = run_operators(events, SharedPatterns(key="key", queries=QUERIES), key_field="key").output
     want = sorted(json.dumps({"q": q, **row}) for q, row in want)
@@ -82,11 +94,18 @@ AGGS = {"n": "count", "total": ("sum", "qty"), "hi": ("max", "qty")}
 def test_a_changelog_aggregate_copied_and_released_folds_to_the_tables_aggregates(tmp_path, monkeypatch, backend):
     out, release = tmp_path / "totals.jsonl", tmp_path / "release"
     app = Application(f"changelog-copies-{backend}")
-    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=COUNT - 1000, release=str(release))
-        .map(change).key_by("id").latest().aggregate(AGGS, by="region", id="totals")
-        .sink("jsonl", path=str(out)))
+    changelog_app(app, out, hold=str(release))
     deployed(app, "totals", tmp_path, monkeypatch, backend, release)
-    rows, state, versions = [json.loads(line) for line in out.read_text().splitlines()], {}, {}
+    assert_changelog_reference([json.loads(line) for line in out.read_text().splitlines()])
+
+
+def changelog_app(app: Application, out, hold: str | None = None) -> None:
+    numbers(app, hold).map(change).key_by("id").latest().aggregate(AGGS, by="region", id="totals").sink(
+        "jsonl", path=str(out))
+
+
+def assert_changelog_reference(rows: list) -> None:
+    state, versions = {}, {}
     for r in rows:                           # each group's versions 1, 2, ...: every row once, in order
         assert r["version"] == versions.get(r["region"], 0) + 1, r
         versions[r["region"]] = r["version"]
@@ -111,12 +130,30 @@ LANES = {50: {"c50": {"n": "count"}}, 80: {"c80": {"n": "count"}, "s80": {"total
 def test_over_window_lanes_copied_and_released_give_every_row_once(tmp_path, monkeypatch, backend):
     out, release = tmp_path / "rows.jsonl", tmp_path / "release"
     app = Application(f"ep-over-copies-{backend}")
-    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=COUNT - 1000, release=str(release))
-        .map(with_a).key_by("key").apply("ep_over", key="key", lanes=LANES, id="lanes")
-        .map(lambda qr: {"q": qr[0], **qr[1]}).sink("jsonl", path=str(out)))
+    lanes_app(app, out, hold=str(release))
     deployed(app, "lanes", tmp_path, monkeypatch, backend, release)
-    got = sorted(map(json.dumps, map(json.loads, out.read_text().splitlines())))
+    assert_lanes_reference(json.loads(line) for line in out.read_text().splitlines())
+
+
+def lanes_app(app: Application, out, hold: str | None = None) -> None:
+    (numbers(app, hold).map(with_a).key_by("key").apply("ep_over", key="key", lanes=LANES, id="lanes")
+        .map(lambda qr: {"q": qr[0], **qr[1]}).sink("jsonl", path=str(out)))
+
+
+def assert_lanes_reference(rows) -> None:
+    got = sorted(map(json.dumps, rows))
     events = [with_a({"n": i, "key": i % KEYS, "ts": i}) for i in range(COUNT)]
     want = run_operators(events, OverLanes(key="key", lanes=LANES), key_field="key").output
     want = sorted(json.dumps({"q": q, **row}) for q, row in want)
     assert len(want) == 5 * COUNT and got == want
+
+
+@pytest.mark.parametrize("op, build, check", [("patterns", patterns_app, assert_patterns_reference),
+                                              ("lanes", lanes_app, assert_lanes_reference),
+                                              ("totals", changelog_app, assert_changelog_reference)])
+def test_a_sigkilled_worker_restored_from_a_checkpoint_gives_every_row_once(tmp_path, monkeypatch, op, build, check):
+    out = tmp_path / "rows.jsonl"
+    monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path / "stores"))
+    app = Application(f"ep-state-recovery-{op}")
+    build(app, out)
+    check(killed_and_restored(app, op, tmp_path, out, state="disk"))
