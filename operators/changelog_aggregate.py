@@ -218,14 +218,14 @@ class ChangelogAggregate(Operator):
             raise ValueError(f"changelog_aggregate: the checkpoint computed {state['aggregates']}, "
                              f"this operator {self.aggregates}")
 
+    # No settle_export (a disk store's view taken off the turn before the export): the take of a
+    # settled disk store reads again only the keys put or deleted one by one since, not those of a
+    # write_many (state/disk.py), and this operator writes a batch's keys with write_many; so the
+    # take takes its view itself, in the turn (a flush there).
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away: their groups' aggregates, removed here, packed
         only when the part is pickled (pescheduler/worker/handover.py)."""
         return {"aggregates": self.aggregates, "groups": take_groups(self._groups, groups)}
-
-    def settle_export(self) -> None:
-        """Called off the PE's turn just before :meth:`export_groups` (a disk store flushes)."""
-        self._groups.settle()
 
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported join this running one."""

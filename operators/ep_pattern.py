@@ -541,6 +541,10 @@ class SharedPatterns(Operator):
             raise ValueError("an unkeyed pattern is one sequence: it cannot be split into copies")
 
     # -- copies: key groups move with their runs and waiting events -------------------------------
+    # No settle_export (a disk store's view taken off the turn before the export): the take of a
+    # settled disk store reads again only the keys put or deleted one by one since, not those of a
+    # write_many (state/disk.py), and this operator writes a batch's keys with write_many; so the
+    # take takes its view itself, in the turn (a flush there).
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their keys'
         runs and waiting events in :meth:`snapshot`'s form (a new instance is restored from it),
@@ -550,10 +554,6 @@ class SharedPatterns(Operator):
         leaving = [p for p in self._pending if key_group(key(p[2])) in groups]
         self._pending = [p for p in self._pending if key_group(key(p[2])) not in groups]
         return {**self._header(), "pending": leaving, "groups": take_groups(self._runs, groups)}
-
-    def settle_export(self) -> None:
-        """Called off the PE's turn just before :meth:`export_groups` (a disk store flushes)."""
-        self._runs.settle()
 
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported join this running one; its own watermark stays (the

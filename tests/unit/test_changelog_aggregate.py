@@ -143,17 +143,20 @@ def test_the_groups_are_in_the_backend_and_move_as_key_groups_to_another_instanc
     agg = ops[2]
     assert agg._groups.backend == backend and len(agg._groups) == len(current(out))
     moving = frozenset(key_group(g) for g in "ac")
-    agg.settle_export()
+    latest = Latest()
+    latest.restore(ops[0].snapshot())
+    split = run_operators(tail, latest, ChangelogSplit("region"), key_field="id", batch_size=50).output
+    settle = getattr(agg, "settle_export", None)            # the hand-over's, then the turns before the export
+    if settle is not None:
+        settle()
+    out += run_operators(split[:100], agg, batch_size=50, ts_field=None).output
     part = pickle.loads(pickle.dumps(agg.export_groups(moving)))
     copy = ChangelogAggregate("region", AGGS)
     run_operators([], copy)                     # opened in the backend, then given the groups
     copy.import_groups(part)
     assert sorted(g for g, _ in copy._groups.items(key_group("a"))) == ["a"]
-    latest = Latest()
-    latest.restore(ops[0].snapshot())
-    split = run_operators(tail, latest, ChangelogSplit("region"), key_field="id", batch_size=50).output
     for instance, mine in ((agg, lambda g: key_group(g) not in moving), (copy, lambda g: key_group(g) in moving)):
-        rows = [r for r in split if mine(r["region"])]
+        rows = [r for r in split[100:] if mine(r["region"])]
         out += run_operators(rows, instance, batch_size=50, ts_field=None).output
     assert current(out) == reference(changes)
     versions = {}

@@ -63,10 +63,13 @@ def test_windows_live_in_the_backend_and_key_groups_moved_to_a_copy_and_back_giv
     whole = resume(opened(), stream, batch, start=-1)
     head, middle, tail = stream[:300], stream[300:600], stream[600:]
     op = opened()
-    out = resume(op, head, batch, start=-1)
+    out = resume(op, head[:250], batch, start=-1)
     assert op._windows.backend == backend and len(op._windows) > 5
     moving = frozenset(g for g in op._windows.groups() if g % 2)
-    op.settle_export()
+    settle = getattr(op, "settle_export", None)             # the hand-over's, then the turns before the export
+    if settle is not None:
+        settle()
+    out += resume(op, head[250:], batch, start=249)
     copy = opened(pickle.loads(pickle.dumps(op.export_groups(moving))))   # a new instance: from its part
     assert moving.isdisjoint(op._windows.groups()) and set(copy._windows.groups()) <= moving
     mine = lambda e: key_group(e["id"]) in moving               # noqa: E731 - the copy's keys
