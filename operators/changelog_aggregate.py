@@ -28,8 +28,9 @@ dead-lettered alone; its retraction later fails the same way and is dead-lettere
 aggregate never subtracts what it did not add. A retraction for a group it does not hold is
 dead-lettered (the changelog and the aggregate disagree: never silently ignored).
 
-State: per group ``[rows counted, slots, {field: Counter}]`` and its ``version``; checkpoints carry it and copies
-split and merge it by group, as ``latest``'s.
+State: per group ``[rows counted, slots, {field: Counter}, version]`` (an emptied group keeps
+its version), in the deployment's keyed state backend (``pescheduler.state``: memory or disk,
+docs/state.md): a snapshot holds whole key groups and a rescale moves key groups, as ``latest``'s.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ from collections import Counter
 from typing import Any, Callable
 
 from pescheduler.aggregates import AggregatePlan, parse_request
-from pescheduler.operator import Emitter, Operator, Parallelism
+from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
+from pescheduler.state import MemoryState, adopt, key_group, pack_group
+from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 
 from .window import _plugin_aggregates
 
@@ -98,8 +101,9 @@ class ChangelogAggregate(Operator):
             raise ValueError(f"changelog_aggregate: output names {sorted(clash)} clash with the group "
                              f"field, 'op' or 'version'; rename them")
         self.by, self.aggregates = by, dict(aggregates)
-        self._groups: dict[Any, list] = {}
-        self._versions: dict[Any, int] = {}     # group -> rows emitted for it
+        # group -> [rows counted, slots, {field: Counter}, rows emitted for it (its version)]; in
+        # memory until open() moves it to the deployment's backend (restore comes before open)
+        self._groups = MemoryState()
         self._compile()
 
     def _compile(self) -> None:
@@ -121,48 +125,65 @@ class ChangelogAggregate(Operator):
         self._fold, self._subtract = plan.folder(), plan.subtractor()
         self._rows = plan.row_writer(query, self.by, window=False)
 
+    def open(self, context: OperatorContext) -> None:
+        super().open(context)
+        self._groups = adopt(context, self._groups)
+
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
-        # groups in order of first touch this batch -> whether they were held (so emitted) before it
-        touched: dict[Any, bool] = {}
-        groups = self._groups
+        """One backend read and at most one write per group the batch touches (a group put since the
+        snapshot is changed in place, no read or write: ``writable``), then one row per group."""
+        keys, by = self._groups, self.by
+        written = keys.writable() or {}          # None on disk (copies): every group is put back
+        touched: dict[Any, list] = {}            # group -> [state, held before the batch, to put]
         for t in batch:
             try:
-                g = t[self.by]
-                held = g in groups
-                self._apply(t)
-                touched.setdefault(g, held)
+                g = t[by]
+                entry = touched.get(g)
+                if entry is None:
+                    state = written.get(g)
+                    fresh = state is None
+                    entry = [keys.get(g) if fresh else state, False, fresh]
+                    entry[1] = entry[0] is not None and entry[0][0] > 0
+                entry[0] = self._apply(g, t, entry[0])
+                touched.setdefault(g, entry)
             except Exception as exc:            # _apply changes nothing before it raises
                 emit.dead_letter(t, exc)
-        for g, held in touched.items():
-            state = groups.get(g)
-            if state is None and not held:      # made and emptied within the batch: never seen
-                continue
-            version = self._versions[g] = self._versions.get(g, 0) + 1
-            if state is None:
-                emit({"op": "delete", self.by: g, "version": version, **dict.fromkeys(self.aggregates)})
+        puts = []
+        for g, (state, held, fresh) in touched.items():
+            if state[0] == 0 and not held:      # made and emptied within the batch: never seen (a
+                continue                        # group read back to what the backend holds: no put)
+            state[3] += 1
+            if fresh:
+                puts.append((g, state))
+            if state[0] == 0:
+                emit({"op": "delete", by: g, "version": state[3], **dict.fromkeys(self.aggregates)})
             else:
-                emit(self._result(g, state, version))
+                emit(self._result(g, state, state[3]))
+        if puts:
+            keys.write_many(puts)
 
-    def _apply(self, t: dict) -> None:
-        g, row = t[self.by], t["row"]
+    def _apply(self, g: Any, t: dict, state: list | None) -> list:
+        """``t`` folded into (or subtracted from) its group's ``state``: ``[rows, slots, {field:
+        Counter}, version]``, rows 0 when the group holds none (then only its version counts)."""
+        row = t["row"]
         if self.by not in row:
             raise KeyError(f"changelog_aggregate: the row has no group field {self.by!r}")
         values = [row[f] for f in self._fields]
-        state = self._groups.get(g)
         if t["sign"] > 0:
             for v in values:
                 v < v                            # noqa: B015 - a value min/max cannot order is refused now
             if state is None:
-                state = [0, self._fold(None, row), {f: Counter() for f in self._fields}]
-                self._groups[g] = state
+                state = [0, self._fold(None, row), {f: Counter() for f in self._fields}, 0]
+            elif state[0] == 0:                 # changed in place: it may be the backend's own list
+                state[1], state[2] = self._fold(None, row), {f: Counter() for f in self._fields}
             else:
                 self._fold(state[1], row)
             state[0] += 1
             for f, v in zip(self._fields, values):
                 state[2][f][v] += 1
-            return
-        if state is None or any(state[2][f][v] <= 0 for f, v in zip(self._fields, values)):
+            return state
+        if state is None or state[0] == 0 or any(state[2][f][v] <= 0 for f, v in zip(self._fields, values)):
             raise ValueError(f"changelog_aggregate: a retraction of a row group {g!r} does not hold")
         self._subtract(state[1], row)
         state[0] -= 1
@@ -172,7 +193,8 @@ class ChangelogAggregate(Operator):
             if not counts[v]:
                 del counts[v]
         if state[0] == 0:
-            del self._groups[g]                 # no float residue survives an emptied group
+            state[1] = state[2] = None          # no float residue survives an emptied group
+        return state
 
     def _result(self, g: Any, state: list, version: int) -> dict:
         out: list = []
@@ -182,26 +204,58 @@ class ChangelogAggregate(Operator):
             row[name] = pick(state[2][fld])
         return row
 
-    # -- state: groups ------------------------------------------------------------------
+    # -- state: groups, in whole key groups -------------------------------------------------
     def snapshot(self) -> dict:
-        return {"aggregates": self.aggregates, "versions": dict(self._versions),
-                "groups": {g: [n, list(s), {f: Counter(c) for f, c in m.items()}]
-                           for g, (n, s, m) in self._groups.items()}}
+        """The key groups of the keyed state (packed when read: a copy)."""
+        return {"aggregates": self.aggregates, "groups": snapshot_groups(self._groups)}
 
     def restore(self, state: dict) -> None:
+        self._check(state)
+        restore_groups(self._groups, _groups(state))
+
+    def _check(self, state: dict) -> None:
         if state["aggregates"] != self.aggregates:
             raise ValueError(f"changelog_aggregate: the checkpoint computed {state['aggregates']}, "
                              f"this operator {self.aggregates}")
-        self._versions = dict(state["versions"])
-        self._groups = {g: [n, list(s), {f: Counter(c) for f, c in m.items()}]
-                        for g, (n, s, m) in state["groups"].items()}
+
+    # No settle_export (a disk store's view taken off the turn before the export): the take of a
+    # settled disk store reads again only the keys put or deleted one by one since, not those of a
+    # write_many (state/disk.py), and this operator writes a batch's keys with write_many; so the
+    # take takes its view itself, in the turn (a flush there).
+    def export_groups(self, groups: frozenset[int]) -> dict:
+        """A rescale takes key groups ``groups`` away: their groups' aggregates, removed here, packed
+        only when the part is pickled (pescheduler/worker/handover.py)."""
+        return {"aggregates": self.aggregates, "groups": take_groups(self._groups, groups)}
+
+    def import_groups(self, state: dict) -> None:
+        """Key groups another instance exported join this running one."""
+        self._check(state)
+        add_groups(self._groups, state["groups"])
 
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
-        """The groups where ``owns(group)``."""
-        return {**state, "groups": {g: v for g, v in state["groups"].items() if owns(g)},
-                "versions": {g: v for g, v in state["versions"].items() if owns(g)}}
+        """The key groups where ``owns(group)``."""
+        return {"aggregates": state["aggregates"], "groups": split_groups(_groups(state), owns)}
 
     def merge_states(self, states: list) -> dict:
-        """Every instance's groups (disjoint: copies are routed by group)."""
-        return {**states[0], "groups": {g: v for st in states for g, v in st["groups"].items()},
-                "versions": {g: v for st in states for g, v in st["versions"].items()}}
+        """Every instance's key groups (disjoint: copies are routed by group)."""
+        return {"aggregates": states[0]["aggregates"],
+                "groups": merge_groups([_groups(s) for s in states])}
+
+
+def _groups(state: dict) -> dict:
+    """A snapshot's key groups; one a checkpoint took while the groups were dicts of the operator's
+    own (``groups``: ``{group: [n, slots, multisets]}`` and ``versions``) is grouped here, so it
+    still restores."""
+    if "versions" not in state:
+        return state["groups"]
+    by_group: dict[int, list] = {}
+    held = state["groups"]
+    for g in {**dict.fromkeys(held), **dict.fromkeys(state["versions"])}:
+        version = state["versions"].get(g, 0)
+        if g in held:
+            n, slots, multisets = held[g]
+            value = [n, list(slots), {f: Counter(c) for f, c in multisets.items()}, version]
+        else:
+            value = [0, None, None, version]
+        by_group.setdefault(key_group(g), []).append((g, value))
+    return {kg: (items[0][0], pack_group(items)) for kg, items in by_group.items()}

@@ -31,6 +31,7 @@ arrive after it joined.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from bisect import bisect_left
 from itertools import groupby
@@ -38,7 +39,9 @@ from operator import itemgetter
 from typing import Any, Callable, Mapping
 
 from pescheduler.expr import Binary, Expr, Lit, conjuncts, lift
-from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, Parallelism, per_instance
+from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism, per_instance
+from pescheduler.state import KeyedState, MemoryState, adopt, key_group, pack_group
+from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 from pescheduler.timeutil import parse_duration
 
 from .ep_filter import _indexable
@@ -129,7 +132,9 @@ class _Family:
         preds = {p[0]: p[1] for p in nfa._pos}
         alone = shape[0] == "alone"
         self.match = {s: self._matcher(s, spec["define"][s], preds[s], alone) for s in preds}
-        self.runs: dict[Any, list] = {}              # key -> [({position: queries}, measures, start, id)]
+        # its runs are the operator's, per key in the keyed state: {fid: [({position: queries},
+        # measures, start, id)]}; fid names the family the same way in every instance and process
+        self.fid = family_id(shape)
         self._alive: dict[int, frozenset] = {}       # age -> queries whose within reaches it
         self.min_within: float = float("inf")
         self.max_within: float | None = None
@@ -174,17 +179,17 @@ class _Family:
             index[lit] = index[lit] - {query_id}
             if not index[lit]:
                 del index[lit]
-        for k in list(self.runs):
-            runs = []
-            for pq, m, start, ident in self.runs[k]:
-                pq = {p: qs - {query_id} for p, qs in pq.items() if qs - {query_id}}
-                if pq:
-                    runs.append((pq, m, start, ident))
-            if runs:
-                self.runs[k] = runs
-            else:
-                del self.runs[k]
         self._changed()
+
+    @staticmethod
+    def without(runs: list, query_id: Any) -> list:
+        """``runs`` with ``query_id`` taken out of them (a run serving no query any more goes)."""
+        out = []
+        for pq, m, start, ident in runs:
+            pq = {p: qs - {query_id} for p, qs in pq.items() if qs - {query_id}}
+            if pq:
+                out.append((pq, m, start, ident))
+        return out
 
     def _changed(self) -> None:
         self.all = frozenset(self.queries)
@@ -205,27 +210,23 @@ class _Family:
         return got
 
     # -- one step: the events of one key at one timestamp ------------------------------------
-    def step(self, k: Any, ts: int, events: list, seqs: list, ids: Any, out: list) -> None:
-        """As ``Pattern._step``, for every query of the family at once (see the module docstring).
+    def step(self, runs: list, ts: int, events: list, seqs: list, ids: Any, out: list) -> list:
+        """As ``Pattern._step``, for every query of the family at once (see the module docstring):
+        the runs of one key kept after ``events`` (``runs`` is not changed).
 
         A query that joined while some of these events were waiting sees only those that came
         after it (as its own operator would have): such queries step apart, on their events."""
-        runs = self.runs.get(k, [])
         if self.latest_born <= seqs[0]:
-            kept = self._step(ts, events, runs, self.all, ids, out)
-        else:
-            parts: dict[int, frozenset] = {}
-            for q, (_, born, _) in self.queries.items():
-                j = bisect_left(seqs, born)
-                parts[j] = parts.get(j, EMPTY) | {q}
-            kept = []
-            for j, qs in sorted(parts.items()):
-                mine = _restrict(runs, qs)
-                kept += mine if j == len(events) else self._step(ts, events[j:], mine, qs, ids, out)
-        if kept:
-            self.runs[k] = kept
-        else:
-            self.runs.pop(k, None)
+            return self._step(ts, events, runs, self.all, ids, out)
+        parts: dict[int, frozenset] = {}
+        for q, (_, born, _) in self.queries.items():
+            j = bisect_left(seqs, born)
+            parts[j] = parts.get(j, EMPTY) | {q}
+        kept: list = []
+        for j, qs in sorted(parts.items()):
+            mine = _restrict(runs, qs)
+            kept += mine if j == len(events) else self._step(ts, events[j:], mine, qs, ids, out)
+        return kept
 
     def _step(self, ts: int, events: list, runs: list, every: frozenset, ids: Any, out: list) -> list:
         pos = self.pos
@@ -290,26 +291,33 @@ class _Family:
                 else:
                     entries.append([{n: got}, m, start, got if accepting else EMPTY])
 
-    def expire(self, watermark: int) -> None:
-        """Drop runs no query's ``within`` reaches any more (their next event is too far).
+    def horizon(self, watermark: int) -> int | None:
+        """The start at or before which no query's ``within`` reaches a run any more, when a sweep
+        is due (None: not yet, or no bound).
 
         Memory only, so in sweeps half a ``within`` apart, not per watermark: a step drops
         the runs of its key that no query's ``within`` reaches (``alive``) anyway; a sweep
         frees those of keys no event came to."""
         if self.max_within is None or watermark < self._expire_due:
-            return
+            return None
         self._expire_due = watermark + max(1, self.max_within // 2)
-        horizon = watermark - self.max_within
-        for k in list(self.runs):
-            runs = [r for r in self.runs[k] if r[2] > horizon]
-            if runs:
-                self.runs[k] = runs
-            else:
-                del self.runs[k]
+        return watermark - self.max_within
+
+
+def family_id(shape: tuple) -> str:
+    """A short name of a family's shape, the same in every process (a key's runs are stored under
+    it, and a copy made from the same queries reads them)."""
+    return hashlib.blake2b(repr(shape).encode(), digest_size=8).hexdigest()
 
 
 class SharedPatterns(Operator):
-    """Pattern queries of one stream and key sharing a hold and their runs; see the module docstring."""
+    """Pattern queries of one stream and key sharing a hold and their runs; see the module docstring.
+
+    State: each key's runs, ``{family id: runs}``, live in the deployment's keyed state backend
+    (``pescheduler.state``: memory or disk, docs/state.md): a snapshot holds whole key groups and
+    a rescale moves key groups with their keys' waiting events. A release reads a key once and
+    writes it back once (a key put since the snapshot is changed in place: ``writable``).
+    """
 
     name = "ep_patterns"
     parallelism = per_instance(Parallelism.KEYED,
@@ -326,8 +334,15 @@ class SharedPatterns(Operator):
         self._seq = 0
         self._ids = itertools.count()
         self._wm = MIN_WATERMARK
+        # key -> {family id: runs}; in memory until open() moves it to the deployment's backend
+        # (restore comes before open)
+        self._runs: KeyedState = MemoryState()
         for query_id, spec in (queries or {}).items():
             self.add_query(query_id, spec)
+
+    def open(self, context: OperatorContext) -> None:
+        super().open(context)
+        self._runs = adopt(context, self._runs)
 
     @property
     def query_ids(self) -> list:
@@ -354,8 +369,28 @@ class SharedPatterns(Operator):
         family = self._of.pop(query_id)
         del self._specs[query_id]
         family.remove(query_id)
+        fid = family.fid
         if not family.queries:
             self._families.remove(family)
+            self._rewrite(lambda value: {f: r for f, r in value.items() if f != fid})
+        else:
+            self._rewrite(lambda value: _replaced(value, fid, _Family.without(value.get(fid, ()), query_id)))
+
+    def _rewrite(self, change: Callable[[dict], dict]) -> None:
+        """Every key's runs through ``change`` (queries that go, expired runs): a pass over the
+        state, each group read before it is written, a key left without runs deleted."""
+        state = self._runs
+        for g in state.groups():
+            puts, deletes = [], []
+            for k, value in state.items(g):     # written after the group is read
+                new = change(value)
+                if new is not value:
+                    if new:
+                        puts.append((k, new))
+                    else:
+                        deletes.append(k)
+            if puts or deletes:
+                state.write_many(puts, deletes)
 
     def parameters(self) -> dict:
         return {"key": self.key, "ts_field": self.ts_field, "queries": {q: dict(s) for q, s in self._specs.items()}}
@@ -373,18 +408,17 @@ class SharedPatterns(Operator):
                 pending.append((ts, self._seq, e))
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
+        """Hot loop: each key's runs are read from the backend once per release (a key put since the
+        snapshot: a dict lookup, changed in place) and written back once, at its end."""
         self._wm = watermark
         ready, self._pending = released(self._pending, watermark)   # by ts, arrival order within
         if len(ready) == 1:                         # one event released (pushed one at a time)
-            ts, seq, e = ready[0]
-            k = self._key(e) if self._key is not None else None
-            out: list = []
-            for family in self._families:
-                family.step(k, ts, [e], [seq], self._ids, out)
-            if out:
-                emit.many(out)
+            self._one(*ready[0], emit)
         elif ready:
-            key, families, ids, out = self._key, self._families, self._ids, []
+            state, key, families, ids, out = self._runs, self._key, self._families, self._ids, []
+            hot = state.writable() or {}            # None on disk (copies): every key is put back
+            read: dict = {}                         # key -> its runs read from the backend this release
+            absent, emptied = set(), set()          # keys read that held no runs; hot keys left without
             for ts, step in groupby(ready, itemgetter(0)):
                 groups: dict[Any, tuple[list, list]] = {}
                 for _, seq, e in step:
@@ -396,52 +430,187 @@ class SharedPatterns(Operator):
                         g[0].append(e)
                         g[1].append(seq)
                 for k, (events, seqs) in groups.items():
+                    value = hot.get(k)
+                    if value is None:
+                        value = read.get(k)
+                        if value is None:
+                            value = read[k] = state.get(k)
+                            if value is None:
+                                value = read[k] = {}
+                                absent.add(k)
                     for family in families:
-                        family.step(k, ts, events, seqs, ids, out)
+                        fid = family.fid
+                        kept = family.step(value.get(fid, ()), ts, events, seqs, ids, out)
+                        if kept:
+                            value[fid] = kept
+                        elif fid in value:
+                            del value[fid]
+                    if not value and k in hot:
+                        emptied.add(k)
             if out:
                 emit.many(out)
+            state.write_many([(k, v) for k, v in read.items() if v],
+                             [k for k, v in read.items() if not v and k not in absent] +
+                             [k for k in emptied if not hot[k]])    # (a later event may start runs again)
+        self._expire(watermark)
+
+    def _one(self, ts: int, seq: int, e: Any, emit: Emitter) -> None:
+        """One event released: its key's runs read (or found put since the snapshot), stepped by
+        every family, written back (deleted when none is left)."""
+        k = self._key(e) if self._key is not None else None
+        state, out = self._runs, []
+        hot = state.writable()
+        value = None if hot is None else hot.get(k)
+        fresh = value is None
+        if fresh:
+            value = state.get(k)
+            held = value is not None
+            if not held:
+                value = {}
+        events, seqs, ids = [e], [seq], self._ids
         for family in self._families:
-            family.expire(watermark)
+            fid = family.fid
+            kept = family.step(value.get(fid, ()), ts, events, seqs, ids, out)
+            if kept:
+                value[fid] = kept
+            elif fid in value:
+                del value[fid]
+        if value:
+            if fresh:
+                state.put(k, value)
+        elif not fresh or held:
+            state.delete(k)
+        if out:
+            emit.many(out)
+
+    def _expire(self, watermark: int) -> None:
+        """Drop the runs no query's ``within`` reaches any more, in the families whose sweep is due."""
+        due = {}
+        for family in self._families:
+            horizon = family.horizon(watermark)
+            if horizon is not None:
+                due[family.fid] = horizon
+        if due:
+            self._rewrite(lambda value: _expired(value, due))
 
     # -- state ---------------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        return {"watermark": self._wm, "pending": list(self._pending), "seq": self._seq,
-                "ids": next(self._ids), "families": [(f.shape, {k: list(v) for k, v in f.runs.items()},
-                                                      {q: b for q, (_, b, _) in f.queries.items()})
-                                                     for f in self._families]}
+        """Waiting events, the counters, each family's shape and queries' births, and the key groups
+        of the keyed state (every key's runs; packed when read: a copy)."""
+        return {**self._header(), "pending": list(self._pending), "groups": snapshot_groups(self._runs)}
+
+    def _header(self) -> dict:
+        """The watermark, the counters, each family's shape and its queries' births."""
+        return {"watermark": self._wm, "seq": self._seq, "ids": next(self._ids),
+                "families": [(f.shape, {q: b for q, (_, b, _) in f.queries.items()}) for f in self._families]}
 
     def restore(self, state: dict) -> None:
         shapes = [f.shape for f in self._families]
-        if [s for s, _, _ in state["families"]] != shapes:
-            raise ValueError(f"ep_patterns state of shapes {[s for s, _, _ in state['families']]} cannot be "
+        if [f[0] for f in state["families"]] != shapes:
+            raise ValueError(f"ep_patterns state of shapes {[f[0] for f in state['families']]} cannot be "
                              f"restored into {shapes}")
         self._wm, self._pending, self._seq = state["watermark"], list(state["pending"]), state["seq"]
         self._ids = itertools.count(state["ids"])
-        for f, (_, runs, born) in zip(self._families, state["families"]):
-            f.runs = {k: list(v) for k, v in runs.items()}
-            for q, b in born.items():
+        for f, saved in zip(self._families, state["families"]):
+            for q, b in saved[-1].items():
                 if q in f.queries:
                     w, _, lits = f.queries[q]
                     f.queries[q] = (w, b, lits)
             f._changed()
+        restore_groups(self._runs, self._groups(state))
 
-    def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
-        """The runs and waiting events of the keys where ``owns(key)``."""
+    def _groups(self, state: dict) -> dict:
+        """A snapshot's key groups; one a checkpoint took while each family held its runs in a dict
+        of its own (``families``: ``(shape, {key: runs}, births)``) is grouped here, so it still
+        restores."""
+        if "groups" in state:
+            return state["groups"]
+        self._keyed()
+        values: dict = {}
+        for shape, runs, _born in state["families"]:
+            fid = family_id(shape)
+            for k, mine in runs.items():
+                values.setdefault(k, {})[fid] = list(mine)
+        by_group: dict[int, list] = {}
+        for k, value in values.items():
+            by_group.setdefault(key_group(k), []).append((k, value))
+        return {g: (items[0][0], pack_group(items)) for g, items in by_group.items()}
+
+    def _keyed(self) -> None:
         if self._key is None:
             raise ValueError("an unkeyed pattern is one sequence: it cannot be split into copies")
+
+    # -- copies: key groups move with their runs and waiting events -------------------------------
+    # No settle_export (a disk store's view taken off the turn before the export): the take of a
+    # settled disk store reads again only the keys put or deleted one by one since, not those of a
+    # write_many (state/disk.py), and this operator writes a batch's keys with write_many; so the
+    # take takes its view itself, in the turn (a flush there).
+    def export_groups(self, groups: frozenset[int]) -> dict:
+        """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their keys'
+        runs and waiting events in :meth:`snapshot`'s form (a new instance is restored from it),
+        removed here; the groups that stay are not read, the moving ones packed only when the part
+        is pickled."""
+        key = self._key
+        leaving = [p for p in self._pending if key_group(key(p[2])) in groups]
+        self._pending = [p for p in self._pending if key_group(key(p[2])) not in groups]
+        return {**self._header(), "pending": leaving, "groups": take_groups(self._runs, groups)}
+
+    def import_groups(self, state: dict) -> None:
+        """Key groups another instance exported join this running one; its own watermark stays (the
+        events handed over wait for the next). Arrival numbers go on past both instances' (a
+        query's birth compares with them), and so do the runs' ids."""
+        add_groups(self._runs, state["groups"])
+        self._pending = sorted(self._pending + list(state["pending"]), key=itemgetter(0, 1))
+        self._seq = max(self._seq, state["seq"])
+        self._ids = itertools.count(max(next(self._ids), state["ids"]))
+
+    def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
+        """The key groups where ``owns(key)`` and their keys' waiting events (of a snapshot, or of
+        an export that a hand-over sends in slices)."""
+        self._keyed()
         key = self._key
         return {**state, "pending": [p for p in state["pending"] if owns(key(p[2]))],
-                "families": [(s, {k: v for k, v in runs.items() if owns(k)}, born)
-                             for s, runs, born in state["families"]]}
+                "families": [(f[0], f[-1]) for f in state["families"]],
+                "groups": split_groups(self._groups(state), owns)}
 
     def merge_states(self, states: list) -> dict:
-        """Every instance's runs and waiting events (disjoint keys), at the least advanced watermark."""
-        families = []
-        for i, (shape, _, born) in enumerate(states[0]["families"]):
-            runs: dict = {}
-            for st in states:
-                runs.update(st["families"][i][1])
-            families.append((shape, runs, born))
-        return {**states[0], "families": families, "watermark": min(st["watermark"] for st in states),
-                "pending": [p for st in states for p in st["pending"]],
-                "seq": max(st["seq"] for st in states), "ids": max(st["ids"] for st in states)}
+        """Every instance's key groups and waiting events (disjoint keys), at the least advanced watermark."""
+        return {**states[0], "watermark": min(st["watermark"] for st in states),
+                "pending": sorted((p for st in states for p in st["pending"]), key=itemgetter(0, 1)),
+                "seq": max(st["seq"] for st in states), "ids": max(st["ids"] for st in states),
+                "families": [(f[0], f[-1]) for f in states[0]["families"]],
+                "groups": merge_groups([self._groups(st) for st in states])}
+
+
+def _replaced(value: dict, fid: str, runs: list) -> dict:
+    """``value`` (a key's runs by family) with family ``fid``'s runs ``runs`` (none: it goes)."""
+    out = {f: r for f, r in value.items() if f != fid}
+    if runs:
+        out[fid] = runs
+    return out
+
+
+def _expired(value: dict, due: dict) -> dict:
+    """``value`` without the runs that started at or before their family's horizon in ``due``
+    (``value`` itself when none did: nothing to write)."""
+    for fid, horizon in due.items():            # (the usual case: a look at each run, no copy)
+        for run in value.get(fid, ()):
+            if run[2] <= horizon:
+                break
+        else:
+            continue
+        break
+    else:
+        return value
+    out, changed = {}, False
+    for fid, runs in value.items():
+        horizon = due.get(fid)
+        if horizon is not None:
+            kept = [r for r in runs if r[2] > horizon]
+            if len(kept) != len(runs):
+                changed = True
+                if kept:
+                    out[fid] = kept
+                continue
+        out[fid] = runs
+    return out if changed else value

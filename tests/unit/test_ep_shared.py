@@ -5,6 +5,8 @@ out-of-order events, queries added and removed while events flow."""
 
 import random
 
+import dask
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -53,6 +55,12 @@ CORRELATIONS = {
 LATER_CORRELATIONS = {"c9": ep.Stream("s", window=ep.Tumbling(6)).correlate("t", ep.left("a") - ep.right("b") == 1)}
 
 
+def in_backend(backend, tmp_path_factory):
+    """The keyed state backend the operators opened inside it use (``ep_patterns``' runs)."""
+    where = str(tmp_path_factory.mktemp("state"))
+    return dask.config.set({"pescheduler.state.backend": backend, "pescheduler.state.dir": where})
+
+
 def run(share, queries, later, events, max_delay, batch):
     """Results and late events per query; half-way, the first query leaves and ``later`` come."""
     proc = ep.EventProcessor(share=share)
@@ -93,16 +101,25 @@ def same_rows_shared_or_not(queries, later, events, max_delay, batch):
 SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.parametrize("backend", ["memory", "disk"])
 @SETTINGS
 @given(seed=st.integers(0, 10**6), max_delay=st.sampled_from([0, 3]), batch=st.sampled_from([1, 4]))
-def test_pattern_queries_of_one_shape_share_runs_and_give_each_query_its_own_rows(seed, max_delay, batch):
-    shared, nodes = same_rows_shared_or_not(PATTERNS, LATER, (stream(seed, 120), stream(seed + 1, 120)),
-                                            max_delay, batch)
+def test_pattern_queries_of_one_shape_share_runs_and_give_each_query_its_own_rows(tmp_path_factory, backend, seed,
+                                                                                  max_delay, batch):
+    with in_backend(backend, tmp_path_factory):
+        shared, nodes = same_rows_shared_or_not(PATTERNS, LATER, (stream(seed, 120), stream(seed + 1, 120)),
+                                                max_delay, batch)
     assert any(shared.values())
     assert nodes.count("ep_patterns") == 2 and "pattern" not in nodes and "ep_group" not in nodes
 
 
-def test_one_automaton_serves_every_query_of_a_shape():
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_one_automaton_serves_every_query_of_a_shape(tmp_path_factory, backend):
+    with in_backend(backend, tmp_path_factory):
+        one_automaton_serves_every_query_of_a_shape(backend)
+
+
+def one_automaton_serves_every_query_of_a_shape(backend):
     proc = ep.EventProcessor()
     proc.register_stream("s", SCHEMA)
     for q, d in PATTERNS.items():
@@ -110,6 +127,7 @@ def test_one_automaton_serves_every_query_of_a_shape():
     (op,) = [n.op for n in proc._nodes.values() if n.name == "ep_patterns" and "jepc-1" in n.op.query_ids]
     sizes = sorted(len(f.queries) for f in op._families)
     assert sizes == [1, 2, 3, 4], sizes       # python alone, alt, plus, jepc (keyed ones: another operator)
+    assert op._runs.backend == backend        # the runs: in the keyed state backend
     rows = []
     proc.add_output_processor("jepc1", rows.append)
     for ts, a in enumerate([5, 6, 7, 0, 1, 3]):            # 5 6 7: a match of i = 1 at ts 2
@@ -229,9 +247,15 @@ def test_a_correlation_that_keys_no_hash_join_stays_a_join_of_its_own():
     proc.close()
 
 
+@pytest.mark.parametrize("backend", ["memory", "disk"])
 @SETTINGS
 @given(seed=st.integers(0, 10**6), batch=st.sampled_from([1, 6]))
-def test_event_windows_of_several_sizes_equal_their_own_over_windows(seed, batch):
+def test_event_windows_of_several_sizes_equal_their_own_over_windows(tmp_path_factory, backend, seed, batch):
+    with in_backend(backend, tmp_path_factory):
+        event_windows_of_several_sizes_equal_their_own_over_windows(seed, batch)
+
+
+def event_windows_of_several_sizes_equal_their_own_over_windows(seed, batch):
     queries = {f"n{w}": ep.Stream("s", window=ep.Sliding(w, "event"), key="id").aggregate(
         {"n": "count", "s": ("sum", "a"), "m": ("avg", "b")}) for w in (3, 7, 12)}
     queries["lo"] = ep.Stream("s", window=ep.Sliding(5, "event"), key="id").aggregate({"lo": ("min", "a")})
@@ -264,7 +288,13 @@ def test_the_in_process_engine_times_its_operators_without_a_system_call():
     proc.close()
 
 
-def test_a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting():
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting(tmp_path_factory, backend):
+    with in_backend(backend, tmp_path_factory):
+        a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting(backend)
+
+
+def a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting(backend):
     """A ``COUNT(*)`` lane keeps no fold (its count is its window's length); when a query asking a
     sum joins its size it folds, and when that query leaves it counts again: every row of the
     counting queries equals the count over its window throughout, and the sum query, new to the
@@ -274,6 +304,7 @@ def test_a_count_lane_that_a_folding_query_joins_and_leaves_keeps_counting():
     operator of its own (test_ep_providers), so this is ``ep_over``'s own ``add_query``."""
     lanes = OverLanes(key="id", lanes={4: {"c4": {"n": ("count", None)}}, 6: {"c6": {"n": ("count", None)}}})
     lanes.open(OperatorContext("lanes"))
+    assert lanes._windows.backend == backend     # every lane's windows: one keyed state
     rnd = random.Random(7)
     # two keys, both busy throughout (a key never goes quiet for 4 ms, so its window never empties)
     events = [{"id": f"k{ts % 2}", "a": rnd.randrange(10), "ts": ts} for ts in range(90)]
