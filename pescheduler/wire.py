@@ -9,6 +9,7 @@ the worker (``worker/runtime.py``, ``worker/routing.py``) runs them, and
 
 from __future__ import annotations
 
+import numbers
 import pickle
 import zlib
 from dataclasses import dataclass, field
@@ -26,10 +27,36 @@ def key_group(key: Any, groups: int = KEY_GROUPS) -> int:
     elif type(key) is str:
         h = zlib.crc32(key.encode())
     else:
-        h = zlib.crc32(pickle.dumps(key, protocol=4))
+        h = key_hash(key)
     h = ((h ^ (h >> 33)) * 0xFF51AFD7ED558CCD) & _MASK        # murmur3's fmix64
     h = ((h ^ (h >> 33)) * 0xC4CEB9FE1A85EC53) & _MASK
     return (h ^ (h >> 33)) % groups
+
+
+def key_hash(key: Any) -> int:
+    """The 64-bit value :func:`key_group` mixes for a key that is not a plain int or str. Keys
+    Python holds equal share it (``0 == 0.0 == False``, ``numpy.int64(7) == 7``, tuples of
+    those): a dict, and so a keyed operator's state, takes them for one key, so a router must
+    send them to one copy and a state must file them in one group (a join of an int key column
+    with a float one: 0 and 0.0 landed in different groups)."""
+    key = _canonical(key)
+    if type(key) is int:
+        return key & _MASK
+    if type(key) is str:
+        return zlib.crc32(key.encode())
+    return zlib.crc32(pickle.dumps(key, protocol=4))
+
+
+def _canonical(key: Any) -> Any:
+    """An equal key of one type per value: an integral number is an int, a tuple is canonical
+    inside."""
+    if isinstance(key, float):
+        return int(key) if key.is_integer() else float(key)
+    if isinstance(key, numbers.Integral):           # bool, numpy's ints
+        return int(key)
+    if type(key) is tuple:
+        return tuple(map(_canonical, key))
+    return key
 
 
 _MASK = (1 << 64) - 1

@@ -16,7 +16,7 @@ from operator import itemgetter
 from typing import Any, Callable, Mapping
 
 from .base import KEY_GROUPS, KeyedState, key_group, pack_group
-from ..wire import _MASK
+from ..wire import _MASK, key_hash
 from .incremental import GroupsSnapshot
 
 Groups = dict[int, tuple[Any, bytes]]
@@ -76,8 +76,8 @@ def key_groups(keys: list) -> list[int]:
     np = _numpy() if len(keys) >= 64 else None
     if np is None:
         return [key_group(k) for k in keys]
-    crc, dumps = zlib.crc32, pickle.dumps
-    h = np.array([k & _MASK if type(k) is int else crc(k.encode()) if type(k) is str else crc(dumps(k, protocol=4))
+    crc = zlib.crc32
+    h = np.array([k & _MASK if type(k) is int else crc(k.encode()) if type(k) is str else key_hash(k)
                   for k in keys], dtype=np.uint64)
     s, c1, c2 = np.uint64(33), np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
     h ^= h >> s                         # wire.key_group's murmur3 fmix64, modulo 2**64 by the dtype

@@ -181,3 +181,24 @@ def test_writable_holds_exactly_the_keys_put_since_the_snapshot_as_the_state_hol
     state.import_groups({key_group("c"): pack_group([("c", [31])])})
     assert "c" not in written and state.get("c") == [31]
     view.release()
+
+
+def test_keys_python_holds_equal_share_a_key_group():
+    """0 == 0.0 == False (and numpy's ints, and tuples of them) are one key to a dict, so to a
+    keyed operator's state: a router must send them to one copy and the memory backend must file
+    them in one group (an int key column joined with a float one lost its pairs: 0 and 0.0 were
+    in groups 0 and 91)."""
+    import numpy as np
+
+    from pescheduler.state import MemoryState, key_group
+    from pescheduler.state.groups import key_groups
+
+    for same in ([0, 0.0, False, np.int64(0)], [7, 7.0, np.int32(7)], [(1, 2), (1, 2.0), (True, 2)]):
+        assert len({key_group(k) for k in same}) == 1, same
+        assert len(set(key_groups(same * 32))) == 1, same
+
+    state = MemoryState()
+    state.put(0.0, "a")
+    state.groups()                      # folds the write into its group
+    state.delete(0)                     # the same key, written as an int
+    assert [dict(state.items(g)) for g in state.groups()] == [] and state.get(0.0) is None
