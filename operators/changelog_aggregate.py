@@ -218,10 +218,10 @@ class ChangelogAggregate(Operator):
             raise ValueError(f"changelog_aggregate: the checkpoint computed {state['aggregates']}, "
                              f"this operator {self.aggregates}")
 
-    # No settle_export (a disk store's view taken off the turn before the export): the take of a
-    # settled disk store reads again only the keys put or deleted one by one since, not those of a
-    # write_many (state/disk.py), and this operator writes a batch's keys with write_many; so the
-    # take takes its view itself, in the turn (a flush there).
+    def settle_export(self) -> None:
+        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
+        self._groups.settle()
+
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away: their groups' aggregates, removed here, packed
         only when the part is pickled (pescheduler/worker/handover.py)."""

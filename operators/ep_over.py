@@ -323,10 +323,10 @@ class OverLanes(Operator):
             raise ValueError(f"ep_over state of lanes {theirs} cannot be restored into {mine}")
 
     # -- copies: key groups move with their windows and waiting events ---------------------------
-    # No settle_export (a disk store's view taken off the turn before the export): the take of a
-    # settled disk store reads again only the keys put or deleted one by one since, not those of a
-    # write_many (state/disk.py), and this operator writes a batch's keys with write_many; so the
-    # take takes its view itself, in the turn (a flush there).
+    def settle_export(self) -> None:
+        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
+        self._windows.settle()
+
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their keys'
         windows and waiting events in :meth:`snapshot`'s form (a new instance is restored from

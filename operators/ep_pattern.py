@@ -541,10 +541,10 @@ class SharedPatterns(Operator):
             raise ValueError("an unkeyed pattern is one sequence: it cannot be split into copies")
 
     # -- copies: key groups move with their runs and waiting events -------------------------------
-    # No settle_export (a disk store's view taken off the turn before the export): the take of a
-    # settled disk store reads again only the keys put or deleted one by one since, not those of a
-    # write_many (state/disk.py), and this operator writes a batch's keys with write_many; so the
-    # take takes its view itself, in the turn (a flush there).
+    def settle_export(self) -> None:
+        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
+        self._runs.settle()
+
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their keys'
         runs and waiting events in :meth:`snapshot`'s form (a new instance is restored from it),

@@ -50,7 +50,6 @@ from pescheduler.state import MemoryState, adopt
 from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 from pescheduler.timeutil import parse_duration, parse_offset
 
-from .window import write_back
 
 LEFT, RIGHT = 0, 1
 
@@ -189,7 +188,7 @@ class Join(Operator):
                 oldest = ts
         self._oldest = oldest
         if read:
-            write_back(keys, read.items())
+            keys.write_many(read.items())
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         self._wm = watermark
@@ -212,7 +211,7 @@ class Join(Operator):
                 if len(kept[LEFT]) != len(held[LEFT]) or len(kept[RIGHT]) != len(held[RIGHT]):
                     puts.append((k, kept))
                 oldest = min(oldest, *(e[ts_f] for events in kept for e in events))
-        write_back(keys, puts, gone)
+        keys.write_many(puts, gone)
         self._oldest = oldest
 
     def _purge_left_over(self) -> None:
@@ -272,8 +271,8 @@ class Join(Operator):
         else:                                   # a checkpoint from before the keyed state backend
             self._keys.drop_groups(self._keys.groups())
             left, right = state["left"], state["right"]
-            write_back(self._keys, ((k, [list(left.get(k, ())), list(right.get(k, ()))])
-                                    for k in {**left, **right}))
+            self._keys.write_many(((k, [list(left.get(k, ())), list(right.get(k, ()))])
+                                   for k in {**left, **right}))
         self._oldest = self._oldest_in(self._keys.groups())
 
     def _check_bounds(self, state: dict) -> None:

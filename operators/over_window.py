@@ -47,7 +47,7 @@ from pescheduler.state import MemoryState, adopt, key_group
 from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 from pescheduler.timeutil import parse_duration
 
-from .window import AggregatingWindow, write_back
+from .window import AggregatingWindow
 
 
 class OverWindow(AggregatingWindow):
@@ -68,18 +68,9 @@ class OverWindow(AggregatingWindow):
         self._swept = MIN_WATERMARK
         self._init_aggregates(aggregates, queries, key, ts_field)
 
-    @classmethod
-    def lane(cls, size: Any, **params: Any) -> "OverWindow":
-        """An over window inside another operator (``ep_over``'s lanes), its keys in a plain dict
-        that operator's hot path reads and writes directly; its snapshot is the per-key form."""
-        lane = cls(size, **params)
-        lane._keys = _Dicts()
-        return lane
-
     def open(self, context: OperatorContext) -> None:
         super().open(context)
-        if type(self._keys) is not _Dicts:
-            self._keys = adopt(context, self._keys)
+        self._keys = adopt(context, self._keys)
 
     def _compile_state(self) -> None:
         super()._compile_state()
@@ -92,7 +83,7 @@ class OverWindow(AggregatingWindow):
         for g in keys.groups():
             entries = [(k, keys.get(k)) for k, _ in list(keys.items(g))]
             yield from (state for _, state in entries)
-            write_back(keys, entries)
+            keys.write_many(entries)
 
     def _slot_lists(self) -> Iterable[list]:
         return (state[1] for state in self._windows())
@@ -151,8 +142,8 @@ class OverWindow(AggregatingWindow):
                 if not state[0] and k in hot:
                     self._keys.delete(k)
         if read:
-            write_back(self._keys, ((k, s) for k, s in read.items() if s[0]),
-                       [k for k, s in read.items() if not s[0]])
+            self._keys.write_many(((k, s) for k, s in read.items() if s[0]),
+                                  [k for k, s in read.items() if not s[0]])
         if watermark - self._swept >= self.size:
             self._sweep(watermark)
 
@@ -205,17 +196,14 @@ class OverWindow(AggregatingWindow):
         self._swept = watermark
         bound, keys = watermark - self.size, self._keys
         quiet = [k for g in keys.groups() for k, (window, _) in keys.items(g) if window[-1][0] <= bound]
-        write_back(keys, (), quiet)
+        keys.write_many((), quiet)
 
     # -- state: each key's window, in whole key groups ------------------------------------
     def snapshot(self) -> dict:
         """Waiting tuples, the key groups of the keyed state (packed when read: a copy), the
-        watermark; a :meth:`lane`'s keys in the per-key form (copied)."""
-        state = {"layout": self.plan.layout, "size": self.size, "watermark": self._wm,
-                 "swept": self._swept, "pending": list(self._pending)}
-        if type(self._keys) is _Dicts:
-            return {**state, "keys": [(k, list(w), list(s)) for k, (w, s) in self._keys.items()]}
-        return {**state, "groups": snapshot_groups(self._keys)}
+        watermark."""
+        return {"layout": self.plan.layout, "size": self.size, "watermark": self._wm,
+                "swept": self._swept, "pending": list(self._pending), "groups": snapshot_groups(self._keys)}
 
     def restore(self, state: dict) -> None:
         self._check_state(state, size=self.size)
@@ -224,7 +212,7 @@ class OverWindow(AggregatingWindow):
             restore_groups(self._keys, state["groups"])
             return
         self._keys.drop_groups(self._keys.groups())     # a checkpoint from before the keyed state backend
-        write_back(self._keys, ((k, [deque(w), list(s)]) for k, w, s in state["keys"]))
+        self._keys.write_many(((k, [deque(w), list(s)]) for k, w, s in state["keys"]))
 
     # -- copies: key groups move with their windows and waiting tuples -----------------------
     def export_groups(self, groups: frozenset[int]) -> dict:
@@ -269,28 +257,3 @@ class OverWindow(AggregatingWindow):
         else:
             merged["keys"] = [entry for s in states for entry in s["keys"]]
         return merged
-
-
-class _Dicts(dict):
-    """A :meth:`OverWindow.lane`'s keys: a plain dict with the few keyed-state calls over_window
-    makes (every value is its own: ``writable`` is the dict itself)."""
-
-    backend = "dict"
-
-    def put(self, key: Any, value: Any) -> None:
-        self[key] = value
-
-    def delete(self, key: Any) -> None:
-        self.pop(key, None)
-
-    def writable(self) -> dict:
-        return self
-
-    def groups(self) -> list[int]:
-        return [0] if self else []
-
-    def items(self, group: int = 0):             # noqa: ARG002 (one group: the whole dict)
-        return dict.items(self)
-
-    def drop_groups(self, groups: Iterable[int]) -> None:
-        self.clear()

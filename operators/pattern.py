@@ -80,7 +80,6 @@ from pescheduler.state import MemoryState, adopt, key_group
 from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
 from pescheduler.timeutil import parse_duration
 
-from .window import write_back
 
 _TOKEN = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|([()|+*?]))")
 
@@ -250,8 +249,8 @@ class Pattern(Operator):
                     groups.setdefault(key(e) if key is not None else None, []).append(e)
                 for k, events in groups.items():
                     read[k] = self._step(read[k] if k in read else state.get(k, ()), ts, events, emit)
-            write_back(state, ((k, runs) for k, runs in read.items() if runs),
-                       [k for k, runs in read.items() if not runs])
+            state.write_many(((k, runs) for k, runs in read.items() if runs),
+                              [k for k, runs in read.items() if not runs])
         if self.within is not None:
             self._expire(watermark)
 
@@ -330,7 +329,7 @@ class Pattern(Operator):
                 if len(runs) != len(held):
                     puts.append((k, runs))
                 earliest = min(earliest, *(r[2] for r in runs))
-        write_back(state, puts, gone)
+        state.write_many(puts, gone)
         self._earliest = earliest
 
     def runs(self) -> dict:
@@ -360,7 +359,7 @@ class Pattern(Operator):
             restore_groups(self._runs, state["groups"])
         else:                                   # a checkpoint from before the keyed state backend
             self._runs.drop_groups(self._runs.groups())
-            write_back(self._runs, ((k, [(p, dict(m), s, i) for p, m, s, i in v]) for k, v in state["runs"].items()))
+            self._runs.write_many(((k, [(p, dict(m), s, i) for p, m, s, i in v]) for k, v in state["runs"].items()))
         self._earliest = MIN_WATERMARK          # the next expiry looks at every run once
 
     # -- copies: key groups move with their runs and waiting events ------------------------

@@ -527,17 +527,3 @@ def hold(batch: list, emit: Emitter, ts_field: str, watermark: int, pending: lis
                 pending.append((ts, key_of(t), t))
         except Exception as exc:
             emit.dead_letter(t, exc)
-
-
-def write_back(state: Any, puts: Iterable, deletes: Iterable = ()) -> None:
-    """Put ``puts`` (``(key, value)``) and delete ``deletes`` in a keyed state, a call per key.
-
-    Not ``write_many``: the disk backend's one write batch is not among the keys a rescale's
-    take reads again after the view ``settle`` took (``DiskState.write_many`` does not record
-    them: keys written in between were lost from the moved groups, seen in
-    tests/integration/test_keyed_backend_copies.py), while its ``put`` and ``delete`` are.
-    """
-    for key, value in puts:
-        state.put(key, value)
-    for key in deletes:
-        state.delete(key)

@@ -202,16 +202,22 @@ class DiskState(KeyedState):
         from rocksdict import WriteBatch
 
         batch, dumps, changed, dirty = WriteBatch(raw_mode=True), pickle.dumps, self._changed, self._dirty
+        written = []
         for key, value in puts:
             k = _encode(key)
-            changed.add(k[0])
-            dirty.add(k)
+            written.append(k)
             batch.put(k, dumps(value, _PICKLE))
         for key in deletes:
             k = _encode(key)
-            changed.add(k[0])
-            dirty.add(k)
+            written.append(k)
             batch.delete(k)
+        changed.update(k[0] for k in written)
+        dirty.update(written)
+        if self._since is not None:         # read again by a coming take, as put and delete are
+            for k in written:
+                self._written_since(k)
+                if self._since is None:
+                    break
         self._db.write(batch)
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
