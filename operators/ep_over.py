@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 from pescheduler.operator import MAX_WATERMARK, MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.state import KeyedState, MemoryState, adopt, key_group, pack_group
-from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
+from pescheduler.state.groups import (add_groups, merge_groups, restore_groups, rewrite, snapshot_groups, split_groups,
+                                      take_groups)
 from pescheduler.timeutil import parse_duration
 
 from .over_window import OverWindow
@@ -55,18 +56,7 @@ class _Lane(OverWindow):
     def add_query(self, query_id: Any, aggregates: dict) -> None:
         """As ``OverWindow.add_query``: aggregates new to the plan are folded from each key's window."""
         AggregatingWindow.add_query(self, query_id, aggregates)
-        n = len(self.plan.slots)
-        for state in self._owner._lane_windows(self.size):
-            window, slots = state
-            if slots is not None and len(slots) == n:
-                continue
-            full = None
-            try:
-                for _, t in window:
-                    full = self._fold(full, t)
-            except Exception:
-                continue
-            state[1] = full
+        self._complete(self._owner._lane_windows(self.size))
 
 
 class OverLanes(Operator):
@@ -210,20 +200,7 @@ class OverLanes(Operator):
         self._sweep_due = min((lane._swept + lane.size for lane in self.lanes.values()), default=MAX_WATERMARK)
 
     def _rewrite(self, change: Callable[[dict], dict]) -> None:
-        """Every key's windows through ``change`` (``change`` returns its argument when nothing
-        changed): a pass over the state, each group written after it was read."""
-        state = self._windows
-        for g in state.groups():
-            puts, deletes = [], []
-            for k, value in state.items(g):
-                new = change(value)
-                if new is not value:
-                    if new:
-                        puts.append((k, new))
-                    else:
-                        deletes.append(k)
-            if puts or deletes:
-                state.write_many(puts, deletes)
+        rewrite(self._windows, change)
 
     def _compile_lanes(self) -> tuple[Callable | None, list[OverWindow]]:
         """``(counting, others)``: one generated ``counting(ts, k, events, value, emit)`` for every lane whose

@@ -41,7 +41,8 @@ from typing import Any, Callable, Mapping
 from pescheduler.expr import Binary, Expr, Lit, conjuncts, lift
 from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism, per_instance
 from pescheduler.state import KeyedState, MemoryState, adopt, key_group, pack_group
-from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
+from pescheduler.state.groups import (add_groups, merge_groups, restore_groups, rewrite, snapshot_groups, split_groups,
+                                      take_groups)
 from pescheduler.timeutil import parse_duration
 
 from .ep_filter import _indexable
@@ -377,20 +378,7 @@ class SharedPatterns(Operator):
             self._rewrite(lambda value: _replaced(value, fid, _Family.without(value.get(fid, ()), query_id)))
 
     def _rewrite(self, change: Callable[[dict], dict]) -> None:
-        """Every key's runs through ``change`` (queries that go, expired runs): a pass over the
-        state, each group read before it is written, a key left without runs deleted."""
-        state = self._runs
-        for g in state.groups():
-            puts, deletes = [], []
-            for k, value in state.items(g):     # written after the group is read
-                new = change(value)
-                if new is not value:
-                    if new:
-                        puts.append((k, new))
-                    else:
-                        deletes.append(k)
-            if puts or deletes:
-                state.write_many(puts, deletes)
+        rewrite(self._runs, change)
 
     def parameters(self) -> dict:
         return {"key": self.key, "ts_field": self.ts_field, "queries": {q: dict(s) for q, s in self._specs.items()}}

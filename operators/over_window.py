@@ -105,10 +105,15 @@ class OverWindow(AggregatingWindow):
         until its window has emptied.)
         """
         super().add_query(query_id, aggregates)
+        self._complete(self._windows())
+
+    def _complete(self, states: Iterable[list]) -> None:
+        """Fold each key's ``[window, slots]`` again where its slots lack the plan's newest
+        aggregates (changed in place; a window an aggregate cannot take stays as it was)."""
         n = len(self.plan.slots)
-        for state in self._windows():
+        for state in states:
             window, slots = state
-            if len(slots) == n:
+            if slots is not None and len(slots) == n:
                 continue
             full = None
             try:

@@ -177,3 +177,20 @@ def _in_place_order(parts: list) -> dict:
 
 
 _first, _second = itemgetter(0), itemgetter(1)
+
+
+def rewrite(state: Any, change: Callable[[Any], Any]) -> None:
+    """Every value of ``state`` through ``change``, which returns its argument when nothing
+    changed and something empty when the key is to go: one pass, each key group written once
+    after it was read (a query leaving an operator, an expiry sweep)."""
+    for g in state.groups():
+        puts, deletes = [], []
+        for k, value in state.items(g):
+            new = change(value)
+            if new is not value:
+                if new:
+                    puts.append((k, new))
+                else:
+                    deletes.append(k)
+        if puts or deletes:
+            state.write_many(puts, deletes)
