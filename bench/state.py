@@ -399,7 +399,8 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
     import pescheduler
     from pescheduler import Application, Release, Replicate
 
-    os.environ["DASK_PESCHEDULER__STATE__CACHE"] = CACHE       # the workers' setting, read where they open a store
+    os.environ["PESCHEDULER__STATE__CACHE"] = CACHE       # the workers' settings, read where they open a store
+    os.environ["PESCHEDULER__STATE__DIR"] = root          # (a killed worker's files go with the run's directory)
     until, stamps = os.path.join(root, f"done-{backend}-{k}"), os.path.join(root, f"stamps-{backend}-{k}")
     app = Application(f"table-{backend}-{k}")
     (app.source("churn", keys=k, until=until, changes=max(1, k // 100), start=stamps + ".start").key_by("id")

@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_a
 
 import pescheduler
 from pescheduler import Application, Fuse, Move, Release, Replicate, Split
-from pescheduler.state.settings import deployment_dir
+from support_ops import rocksdb_stores
 
 pytestmark = pytest.mark.integration
 
@@ -42,14 +42,6 @@ def build(tmp: str) -> Application:
     (keyed.window(size=WINDOW_MS, aggregates={"count": ("count", "n"), "total": ("sum", "n")})
         .sink("jsonl", path=os.path.join(tmp, "windows.jsonl")))
     return app
-
-
-def stores_on_disk(deployment: str) -> list[str]:
-    """The RocksDB stores the workers opened for ``deployment`` (this machine's workers share the
-    default state directory, the temp directory)."""
-    root = deployment_dir(deployment)
-    names = os.listdir(root) if os.path.isdir(root) else []
-    return [n for n in names if os.path.exists(os.path.join(root, n, "CURRENT"))]
 
 
 def read(path):
@@ -142,7 +134,7 @@ class Reconfigurations(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            stores = stores_on_disk(self.dep.id)      # the backend chosen is the one the window uses
+            stores = rocksdb_stores(self.dep.id)      # the backend chosen is the one the window uses
             assert bool(stores) == (self.state == "disk"), f"{self.state} backend, stores on disk: {stores}"
             status = self.dep.stop()
             history = "\n".join([f"{r.action!r}: {'applied' if r.applied else r.reason[:200]} "
