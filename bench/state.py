@@ -1,8 +1,10 @@
 """Keyed state benchmark: the memory and disk backends against plain dicts, and what moves on a rescale.
 
-    python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3,4,5]
+    python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3,4,5,6]
+                          [--backends memory,disk]
 
-For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figures from it:
+For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figures from it.
+Issue 30's table alone, both backends: ``--parts 6 --keys 1000,10000,100000,1000000 [--huge]``.
 
   1. Backends (pescheduler/state/), each (backend, K) in a fresh process so its RSS is its own;
      values are a window's slots (``[count, sum, min, max]``, keys ``car-0000042``):
@@ -37,6 +39,18 @@ For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figu
      ``disk``: the default write buffer (a small state stays in it); ``spill``: disk with a buffer
      of 1,000 (key, pane) entries, so the panes live in the store (one tuple per key and pane:
      the worst case, every tuple a store read and write).
+  6. Issue 30's table, one deployment per (backend, K) in a process of its own (its RSS is the
+     deploying process's): ``churn`` fills K keys into ``latest`` (KEYED, its rows in the backend,
+     about 180 bytes of Python per key), then changes 1 % of the keys per second (the checkpoint
+     interval) beside 500 ticks per second of one more key, each an output; ``stamps`` notes when
+     outputs arrive. Per row: Replicate and Release pause; the PE's stall at a checkpoint (the
+     largest gap between outputs overlapping a checkpoint, with the median gap beside it);
+     checkpoint duration, bytes written and state referenced (the largest ratio of three in the
+     steady stream); a SIGKILL of ``latest``'s worker to the first output after the restore; the
+     largest worker RSS and the deploying process's; the fill's rate against ``dicts``, the same
+     pipeline with ``latest_in_dicts`` (rows in one plain dict, snapshot a copy at the barrier).
+     The workers' ``pescheduler.state.cache`` is 512 MB. Each row says which of issue 30's goals
+     it met. ``--quick``: K = 10^3 only.
 
 Figures on a loaded machine are only comparable as ratios within one run.
 """
