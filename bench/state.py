@@ -507,6 +507,9 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                       f"{c['state_bytes'] / 1e6:9.2f} {ratio:9.3f} "
                       f"{'-' if math.isnan(first) else f'{first:.2f}':>12} {r['worker_rss'] / 2**20:8.0f} MB "
                       f"{r['deployer_rss'] / 2**20:10.0f} MB {r['fill_rate']:8.0f} {x:8.2f}  {goals}")
+    deployer = [r["deployer_rss"] / 2**20 for by in rows.values() for b, r in by.items() if b != "dicts"]
+    print(f"   deploying process RSS over K = {min(rows):,}..{max(rows):,}: {min(deployer):.0f}-{max(deployer):.0f} MB "
+          f"(goal: independent of the state's size)")
 
 
 def main() -> None:
