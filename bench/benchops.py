@@ -12,7 +12,7 @@ when each batch arrived and which numbers it has seen, so the benchmark can
 draw throughput over time and prove every number arrived exactly once.
 
 ``every_key`` gives each of K keys one tuple and holds the stream open: keyed state of K
-keys for bench/state.py.
+keys for bench/state.py. ``churn``, ``stamps`` and ``latest_in_dicts``: bench/state.py's table (issue 30).
 """
 
 from __future__ import annotations
@@ -484,8 +484,100 @@ class EveryKey(Source):
         self.i = position["i"]
 
 
+class Churn(Source):
+    """Issue 30's workload for bench/state.py's table: ``keys`` inserts (the fill), then per second
+    ``changes`` updates of random keys (1 % of the keys per 1 s checkpoint interval) and ``ticks``
+    updates of one more key (``-1``), so that the operator beside them emits steadily and the gaps
+    between its outputs show a stall; until the file ``until`` exists. Changes for ``latest``
+    (``{"op", "id", "after", "ts"}``); ``position``/``seek`` let a restore go on without a refill."""
+
+    name = "churn"
+    poll_interval = 0.002               # an empty read is asked again soon: ticks 2 ms apart at most
+
+    def __init__(self, keys: int, until: str, changes: float, ticks: float = 500, start: str = "", **kw) -> None:
+        super().__init__(**kw)
+        self.keys, self.until, self.changes, self.ticks, self.start = keys, until, changes, ticks, start
+        self.i = self.sent_changes = self.sent_ticks = 0
+        self.t0: float | None = None    # when the fill ended (monotonic)
+
+    def read(self, n):
+        import os
+        import random
+
+        if self.i == 0 and self.start:  # the fill's start (wall clock), for its rate
+            with open(self.start, "w") as f:
+                f.write(repr(time.time()))
+        if self.i < self.keys:
+            hi = min(self.keys, self.i + n)
+            out = [{"op": "insert", "id": i, "after": {"v": 1}, "ts": i} for i in range(self.i, hi)]
+            self.i = hi
+            return out
+        if os.path.exists(self.until):
+            return None
+        now = time.monotonic()
+        if self.t0 is None:             # the fill's end, or a restore: go on at the pace already reached
+            self.t0 = now - max(self.sent_changes / max(self.changes, 1e-9), self.sent_ticks / self.ticks)
+        changes = min(n, int((now - self.t0) * self.changes) - self.sent_changes)
+        ticks = min(n - changes, int((now - self.t0) * self.ticks) - self.sent_ticks)
+        rng = random.Random(self.sent_changes)
+        out = [{"op": "update", "id": rng.randrange(self.keys), "after": {"v": self.sent_changes + j},
+                "ts": self.keys + self.sent_changes + j} for j in range(max(0, changes))]
+        out += [{"op": "update", "id": -1, "after": {"v": self.sent_ticks + j}, "ts": self.keys}
+                for j in range(max(0, ticks))]
+        self.sent_changes += max(0, changes)
+        self.sent_ticks += max(0, ticks)
+        return out
+
+    def position(self):
+        return {"i": self.i, "changes": self.sent_changes, "ticks": self.sent_ticks}
+
+    def seek(self, position) -> None:
+        self.i, self.sent_changes, self.sent_ticks = position["i"], position["changes"], position["ticks"]
+        self.t0 = None
+
+
+class Stamps(Sink):
+    """Appends ``<time.time()> <batch size>`` per batch to ``path`` as it arrives (flushed, so the
+    lines survive a SIGKILL): bench/state.py reads the gaps between outputs and the fill's rate."""
+
+    name = "stamps"
+
+    def __init__(self, path: str) -> None:
+        self.path, self.file = path, None
+
+    def process(self, batch, emit):
+        if batch:
+            if self.file is None:
+                self.file = open(self.path, "a", buffering=1)
+            self.file.write(f"{time.time():.6f} {len(batch)}\n")
+
+
+class LatestInDicts(Operator):
+    """``latest`` with its rows in one plain dict, as KEYED operators kept state before the
+    backends (snapshot: the whole dict copied at the barrier): the table's throughput baseline."""
+
+    name = "latest_in_dicts"
+    parallelism = Parallelism.KEYED
+
+    def __init__(self, key: str = "id") -> None:
+        self.key, self.rows = key, {}
+
+    def process(self, batch, emit):
+        rows, key = self.rows, self.key
+        for change in batch:
+            k = change[key]
+            previous = rows.get(k)
+            rows[k] = change["after"]
+            emit({"op": "upsert", key: k, "row": change["after"], "previous": previous})
+
+    def snapshot(self):
+        return {"rows": dict(self.rows)}
+
+    def restore(self, state):
+        self.rows = dict(state["rows"])
+
+
 @pescheduler.hookimpl
 def pescheduler_operators():
     return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck, Latency,
-            EveryKey, Burst]
-
+            EveryKey, Burst, Churn, Stamps, LatestInDicts]

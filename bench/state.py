@@ -1,8 +1,10 @@
 """Keyed state benchmark: the memory and disk backends against plain dicts, and what moves on a rescale.
 
-    python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3,4,5]
+    python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3,4,5,6]
+                          [--backends memory,disk]
 
-For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figures from it:
+For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figures from it.
+Issue 30's table alone, both backends: ``--parts 6 --keys 1000,10000,100000,1000000 [--huge]``.
 
   1. Backends (pescheduler/state/), each (backend, K) in a fresh process so its RSS is its own;
      values are a window's slots (``[count, sum, min, max]``, keys ``car-0000042``):
@@ -37,6 +39,18 @@ For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figu
      ``disk``: the default write buffer (a small state stays in it); ``spill``: disk with a buffer
      of 1,000 (key, pane) entries, so the panes live in the store (one tuple per key and pane:
      the worst case, every tuple a store read and write).
+  6. Issue 30's table, one deployment per (backend, K) in a process of its own (its RSS is the
+     deploying process's): ``churn`` fills K keys into ``latest`` (KEYED, its rows in the backend,
+     about 180 bytes of Python per key), then changes 1 % of the keys per second (the checkpoint
+     interval) beside 500 ticks per second of one more key, each an output; ``stamps`` notes when
+     outputs arrive. Per row: Replicate and Release pause; the PE's stall at a checkpoint (the
+     largest gap between outputs overlapping a checkpoint, with the median gap beside it);
+     checkpoint duration, bytes written and state referenced (the largest ratio of three in the
+     steady stream); a SIGKILL of ``latest``'s worker to the first output after the restore; the
+     largest worker RSS and the deploying process's; the fill's rate against ``dicts``, the same
+     pipeline with ``latest_in_dicts`` (rows in one plain dict, snapshot a copy at the barrier).
+     The workers' ``pescheduler.state.cache`` is 512 MB. Each row says which of issue 30's goals
+     it met. ``--quick``: K = 10^3 only.
 
 Figures on a loaded machine are only comparable as ratios within one run.
 """
@@ -186,7 +200,7 @@ def window_state(sizes: list[int]) -> None:
 
 # -- 3. live: a count window of K keys, copied and released ---------------------------------------
 
-def live(sizes: list[int]) -> None:
+def live(sizes: list[int], backends_: list[str]) -> None:
     import pescheduler
     from pescheduler import Application, Release, Replicate
 
@@ -194,7 +208,7 @@ def live(sizes: list[int]) -> None:
     print(f"{'K':>9} {'backend':8} {'Replicate ms':>13} {'Release ms':>11} {'moved after':>12} {'ckpt s':>7} "
           f"{'ckpt MB':>8} {'state MB':>9} {'worker RSS MB':>14} {'deployer RSS MB':>16}")
     for k in sizes:
-        for backend in ("memory", "disk"):
+        for backend in backends_:
             with tempfile.TemporaryDirectory() as tmp:
                 until = os.path.join(tmp, "done")
                 app = Application(f"state-{backend}-{k}")
@@ -308,7 +322,7 @@ def deploying_side(store, cid: int) -> dict:
     return {"op": {**ops["op"], "storage": store.storage}}
 
 
-def checkpoints(sizes: list[int]) -> None:
+def checkpoints(sizes: list[int], backends_: list[str]) -> None:
     print("\n4. checkpoints of keyed state, one process per (backend, K)")
     print("   barrier ms: the PE's synchronous part (before: packed and pickled there; now: a view set aside)")
     print("   full / 1%: the worker's write of the first checkpoint / of one after 1 % of keys changed")
@@ -319,7 +333,7 @@ def checkpoints(sizes: list[int]) -> None:
           f"{'local s':>8}")
     with tempfile.TemporaryDirectory() as root:
         for k in sizes:
-            for backend in ("memory", "disk"):
+            for backend in backends_:
                 r = child_of("--checkpoint", backend, k, root)
                 print(f"{k:9d} {backend:8} {r['barrier_before_ms']:15.1f} {r['barrier_ms']:12.2f} {r['full_s']:7.2f} "
                       f"{r['full_bytes'] / 1e6:8.2f} {r['inc_s']:6.2f} {r['inc_bytes'] / 1e6:7.3f} "
@@ -378,23 +392,147 @@ def windows(sizes: list[int]) -> None:
                       f"{r['rss'] / 2**20:7.1f} {r['in_dicts']:9d} {r['in_store']:9d}")
 
 
+# -- 6. issue 30's table: one live deployment per (backend, K), every column from it ----------------
+
+CACHE = "512MB"            # pescheduler.state.cache of the workers (issue 30: 10 M keys with 512 MB)
+GOALS = "pause <= 100 ms, stall <= 20 ms, 1 % checkpoint <= 5 % of the state, first output <= 5 s " \
+        "after SIGKILL, disk >= 0.5x memory at 1 M"
+
+
+def one_table_row(backend: str, k: int, root: str) -> dict:
+    """One row of the table (run in a child process: the deploying process's RSS is this one's).
+
+    ``churn`` fills K keys into ``latest`` (keyed, its rows in the backend; ``dicts``: the same
+    pipeline with ``latest_in_dicts``, rows in one plain dict), then changes 1 % of the keys per
+    second (the checkpoint interval) and 500 ticks per second, each an output of ``latest``: the
+    gaps between outputs at the ``stamps`` sink are the operator's stalls. A Replicate and a
+    Release of ``latest``; three checkpoints; then its worker is SIGKILLed and the time to the first
+    output after the restore is taken from the kill."""
+    import signal
+
+    import pescheduler
+    from pescheduler import Application, Release, Replicate
+
+    os.environ["PESCHEDULER__STATE__CACHE"] = CACHE       # the workers' settings, read where they open a store
+    os.environ["PESCHEDULER__STATE__DIR"] = root          # (a killed worker's files go with the run's directory)
+    until, stamps = os.path.join(root, f"done-{backend}-{k}"), os.path.join(root, f"stamps-{backend}-{k}")
+    app = Application(f"table-{backend}-{k}")
+    (app.source("churn", keys=k, until=until, changes=max(1, k // 100), start=stamps + ".start").key_by("id")
+        .apply("latest_in_dicts" if backend == "dicts" else "latest", id="state").sink("stamps", path=stamps))
+    row: dict = {"backend": backend, "k": k}
+    with pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[],
+                            state="memory" if backend == "dicts" else backend,
+                            checkpoint=os.path.join(root, f"ckpt-{backend}-{k}"), checkpoint_interval="1s") as dep:
+        wait_for(dep, lambda s: "state" in s.operators and s.operators["state"].tuples_in >= k)
+        if backend != "dicts":
+            rep, rel = dep.apply(Replicate("state", 1), timeout=600), dep.apply(Release("state", 1), timeout=600)
+            assert rep.applied and rel.applied, (rep.reason, rel.reason)
+            row.update(replicate_ms=rep.pause_ms, release_ms=rel.pause_ms)
+        steady = time.time()
+        seen = len(dep.checkpoints())
+        wait_for(dep, lambda s: len(dep.checkpoints()) >= seen + 3)
+        row["checkpoints"] = [c for c in dep.checkpoints()[seen:] if c["time"] >= steady]
+        row["worker_rss"] = max(w.memory_bytes for w in dep.snapshot().workers.values())
+        row["deployer_rss"] = rss_bytes()
+        row["killed_at"] = time.time()
+        if backend != "dicts":
+            placement = dep.placement()
+            os.kill(dep.worker_info[placement.pes[placement.pe_of("state")].worker]["pid"], signal.SIGKILL)
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and not any(
+                    "first_output_s" in r or "error" in r for r in dep.recovery.restarts):
+                time.sleep(0.1)                 # polling the recovery's record, bounded
+            restart = dep.recovery.restarts[0] if dep.recovery.restarts else {}
+            if "first_output_s" in restart:
+                row["first_output_s"] = restart["at"] - row["killed_at"] + restart["first_output_s"]
+        open(until, "w").close()
+        dep.wait(timeout=900)
+    row.update(stalls(stamps, k, steady, row["killed_at"], row["checkpoints"]))
+    return row
+
+
+def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict]) -> dict:
+    """From the sink's stamps: the fill's rate (the source's first read to the K-th output), and in [start, end) the
+    largest gap between outputs that overlaps a checkpoint (trigger to commit) and the median gap."""
+    with open(path) as f:
+        lines = [(float(t), int(n)) for t, n in (line.split() for line in f if line.strip())]
+    done, fill_end = 0, None
+    for t, n in lines:
+        done += n
+        if done >= k:
+            fill_end = t
+            break
+    times = [t for t, _ in lines if start <= t < end]
+    gaps = list(zip(times, times[1:]))
+    at_ckpt = [b - a for a, b in gaps if any(b > c["time"] and a < c["time"] + c["duration_s"] for c in ckpts)]
+    every = sorted(b - a for a, b in gaps)
+    with open(path + ".start") as f:
+        began = float(f.read())
+    return {"fill_rate": k / (fill_end - began) if fill_end else 0.0,
+            "stall_ms": 1000 * max(at_ckpt, default=float("nan")),
+            "gap_p50_ms": 1000 * every[len(every) // 2] if every else float("nan")}
+
+
+def table(sizes: list[int], backends_: list[str]) -> None:
+    import math
+
+    print(f"\n6. issue 30's table: churn -> key_by -> latest (K keys) -> stamps, 2 workers, checkpoints every 1 s,")
+    print(f"   1 % of the keys changed per second, pescheduler.state.cache={CACHE}; one deployment (one process) each")
+    print(f"   stall: the largest gap between latest's outputs overlapping a checkpoint (p50 gap beside it);")
+    print(f"   1% ckpt: bytes written / state referenced, the largest of 3 checkpoints in the steady stream;")
+    print(f"   first out: SIGKILL of latest's worker -> first output after the restore; x dicts: the fill's rate")
+    print(f"   against latest_in_dicts (the same pipeline, rows in one plain dict)")
+    print(f"   goals: {GOALS}")
+    print(f"{'K':>9} {'backend':8} {'Repl ms':>8} {'Rel ms':>7} {'stall ms':>9} {'p50 gap':>8} {'ckpt s':>7} "
+          f"{'1% MB':>8} {'state MB':>9} {'1%/state':>9} {'first out s':>12} {'worker RSS':>11} "
+          f"{'deployer RSS':>13} {'fill/s':>8} {'x dicts':>8}  goals")
+    rows: dict = {}
+    with tempfile.TemporaryDirectory() as root:
+        for k in sizes:
+            rows[k] = {b: child_of("--table", b, k, root) for b in ["dicts", *backends_]}
+            for b, r in rows[k].items():
+                c = max(r["checkpoints"], key=lambda c: c["bytes"] / max(c["state_bytes"], 1))
+                ratio = c["bytes"] / max(c["state_bytes"], 1)
+                first = r.get("first_output_s", float("nan"))
+                x = r["fill_rate"] / max(rows[k]["dicts"]["fill_rate"], 1e-9)
+                missed = [] if b == "dicts" else [name for name, ok in (
+                    ("pause", max(r["replicate_ms"], r["release_ms"]) <= 100), ("stall", r["stall_ms"] <= 20),
+                    ("1%", ratio <= 0.05), ("first out", first <= 5),
+                    ("0.5x", b != "disk" or k != 10**6 or "memory" not in rows[k]
+                     or r["fill_rate"] >= 0.5 * rows[k]["memory"]["fill_rate"])) if not ok]
+                goals = "-" if b == "dicts" else ("met" if not missed else "not met: " + ", ".join(missed))
+                ms = lambda key: f"{r[key]:.1f}" if key in r else "-"
+                print(f"{k:9d} {b:8} {ms('replicate_ms'):>8} {ms('release_ms'):>7} {r['stall_ms']:9.1f} "
+                      f"{r['gap_p50_ms']:8.1f} {c['duration_s']:7.2f} {c['bytes'] / 1e6:8.3f} "
+                      f"{c['state_bytes'] / 1e6:9.2f} {ratio:9.3f} "
+                      f"{'-' if math.isnan(first) else f'{first:.2f}':>12} {r['worker_rss'] / 2**20:8.0f} MB "
+                      f"{r['deployer_rss'] / 2**20:10.0f} MB {r['fill_rate']:8.0f} {x:8.2f}  {goals}")
+    deployer = [r["deployer_rss"] / 2**20 for by in rows.values() for b, r in by.items() if b != "dicts"]
+    print(f"   deploying process RSS over K = {min(rows):,}..{max(rows):,}: {min(deployer):.0f}-{max(deployer):.0f} MB "
+          f"(goal: independent of the state's size)")
+
+
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] in ("--one", "--checkpoint", "--window"):
-        one = {"--one": one_backend, "--checkpoint": one_checkpoint, "--window": one_window}[sys.argv[1]]
+    if len(sys.argv) == 5 and sys.argv[1] in ("--one", "--checkpoint", "--window", "--table"):
+        one = {"--one": one_backend, "--checkpoint": one_checkpoint, "--window": one_window,
+               "--table": one_table_row}[sys.argv[1]]
         print(json.dumps(one(sys.argv[2], int(sys.argv[3]), sys.argv[4])))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", default="1000,10000,100000,1000000", help="comma-separated K")
     parser.add_argument("--huge", action="store_true", help="add K = 10^7 (minutes, GBs)")
-    parser.add_argument("--quick", action="store_true", help="K = 10^3 and 10^4 only")
-    parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run (3: the deployments)")
+    parser.add_argument("--quick", action="store_true", help="K = 10^3 and 10^4 only (the table: 10^3)")
+    parser.add_argument("--parts", default="1,2,3,4,5,6",
+                        help="which parts to run (3 and 6: the deployments; 6: issue 30's table)")
+    parser.add_argument("--backends", default="memory,disk", help="backends of parts 3, 4 and 6")
     args = parser.parse_args()
     sizes = [1000, 10_000] if args.quick else [int(x) for x in args.keys.split(",")]
     if args.huge:
         sizes.append(10**7)
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine: compare ratios)")
-    parts = {int(p) for p in args.parts.split(",")}
-    for part, run in ((1, backends), (2, window_state), (3, live), (4, checkpoints), (5, windows)):
+    parts, chosen = {int(p) for p in args.parts.split(",")}, args.backends.split(",")
+    for part, run in ((1, backends), (2, window_state), (3, lambda s: live(s, chosen)),
+                      (4, lambda s: checkpoints(s, chosen)), (5, windows), (6, lambda s: table(s[:1] if args.quick else s, chosen))):
         if part in parts:
             run(sizes)
 

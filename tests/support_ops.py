@@ -267,6 +267,19 @@ def last_checkpoint(dep) -> int:
     return done[-1]["id"] if done else 0
 
 
+def rocksdb_stores(deployment: str) -> list[str]:
+    """The RocksDB databases (directories with a ``CURRENT`` file) that workers on this machine hold
+    open for ``deployment`` under the default state directory: proof that a ``state="disk"``
+    deployment's keyed operators keep their state there, and a memory one's do not."""
+    import glob
+    import os
+
+    from pescheduler.state.settings import deployment_dir
+
+    found = glob.glob(os.path.join(glob.escape(deployment_dir(deployment)), "**", "CURRENT"), recursive=True)
+    return sorted(os.path.dirname(path) for path in found)
+
+
 class Lapses:
     """A process function for the timer tests: each event sets an event-time timer ``gap`` ms on and
     every second event cancels the previous one, so timers are pending at every moment; a firing

@@ -102,14 +102,19 @@ def test_speed_benchmarks_quick_check_every_variant_output(quick_runs, script, e
 
 def test_state_benchmark_quick_prints_every_part(quick_runs):
     """bench/state.py --quick (K = 10^3, 10^4): both backends, the window's snapshot, the live table,
-    the checkpoints of keyed state."""
+    the checkpoints of keyed state, and issue 30's table (K = 10^3) with its goals marked."""
     result = quick_runs[_command("state.py")].result()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
     rows = result.stdout.splitlines()
-    for k in ("1000", "10000"):
+    for k, parts in (("1000", 4), ("10000", 3)):
         for backend in ("dict", "memory", "disk"):
             assert any(r.split()[:2] == [k, backend] for r in rows), result.stdout[-3000:]
-        for backend in ("memory", "disk"):                  # parts 1, 3 and 4: a row per backend per K
-            assert sum(r.split()[:2] == [k, backend] for r in rows) == 3, result.stdout[-3000:]
-    for part in ("2. time window", "3. live", "4. checkpoints of keyed state", "5. time window on both backends"):
+        for backend in ("memory", "disk"):                  # parts 1, 3, 4 (and 6 at 10^3): a row each
+            assert sum(r.split()[:2] == [k, backend] for r in rows) == parts, result.stdout[-3000:]
+    for part in ("2. time window", "3. live", "4. checkpoints of keyed state", "5. time window on both backends",
+                 "6. issue 30's table"):
         assert part in result.stdout, result.stdout[-3000:]
+    table = rows[next(i for i, r in enumerate(rows) if r.startswith("6. issue 30's table")):]
+    marked = [r for r in table if r.split()[:2] in (["1000", "memory"], ["1000", "disk"])]
+    assert len(marked) == 2 and all(" met" in r and "nan" not in r for r in marked), "\n".join(table)
+    assert any(r.split()[:2] == ["1000", "dicts"] for r in table), "\n".join(table)   # the plain-dict baseline

@@ -6,7 +6,8 @@ applies random reconfigurations while tuples flow, then drains it and checks
 at the sinks: every number exactly once, per-key order kept, keyed running
 sums (operator state that moves) exact, and window results equal to a
 plain-Python reference. The default run applies at least 200
-reconfigurations; the ``scale`` run 1,000 (a tenth in the default run: tests/conftest.py).
+reconfigurations on each keyed-state backend (the window's key groups in dicts, or in RocksDB on
+the workers' disks: issue 30); the ``scale`` run 1,000 (a tenth in the default run: tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_a
 
 import pescheduler
 from pescheduler import Application, Fuse, Move, Release, Replicate, Split
+from support_ops import rocksdb_stores
 
 pytestmark = pytest.mark.integration
 
@@ -70,12 +72,14 @@ def check_outputs(tmp: str) -> int:
 
 class Reconfigurations(RuleBasedStateMachine):
     cluster: str = ""
+    state = "memory"             # the keyed-state backend of the deployments
     applied = 0
 
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="reconfig-")
-        self.dep = pescheduler.deploy(build(self.tmp), cluster=self.cluster, plugins=["support_ops"], policies=[])
+        self.dep = pescheduler.deploy(build(self.tmp), cluster=self.cluster, plugins=["support_ops"], policies=[],
+                                      state=self.state)
 
     def _apply(self, action) -> None:
         record = self.dep.apply(action, timeout=10)
@@ -130,6 +134,8 @@ class Reconfigurations(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+            stores = rocksdb_stores(self.dep.id)      # the backend chosen is the one the window uses
+            assert bool(stores) == (self.state == "disk"), f"{self.state} backend, stores on disk: {stores}"
             status = self.dep.stop()
             history = "\n".join([f"{r.action!r}: {'applied' if r.applied else r.reason[:200]} "
                                   f"pause {r.pause_ms:.0f} ms, steps {r.steps}" for r in self.dep.records()] +
@@ -145,13 +151,14 @@ class Reconfigurations(RuleBasedStateMachine):
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def run_machine(cluster: str, at_least: int, max_rounds: int = 40, examples: int = 3, steps: int = 50) -> int:
+def run_machine(cluster: str, at_least: int, max_rounds: int = 40, examples: int = 3, steps: int = 50,
+                state: str = "memory") -> int:
     """Run the machine until it has applied ``at_least`` reconfigurations (bounded in rounds).
 
     Long examples in short rounds: each example pays a deploy, a drained stop and the output check
     (about 4.5 s at load 12), and a round runs all its examples even once the count is reached.
     """
-    Reconfigurations.cluster = cluster
+    Reconfigurations.cluster, Reconfigurations.state = cluster, state
     Reconfigurations.applied = 0
     for _ in range(max_rounds):
         run_state_machine_as_test(Reconfigurations, settings=settings(
@@ -162,11 +169,13 @@ def run_machine(cluster: str, at_least: int, max_rounds: int = 40, examples: int
     return Reconfigurations.applied
 
 
-def test_random_reconfigurations_lose_and_duplicate_nothing(cluster):
-    assert run_machine(cluster, at_least=200) >= 200
+@pytest.mark.parametrize("state", ["memory", "disk"])
+def test_random_reconfigurations_lose_and_duplicate_nothing(cluster, state):
+    assert run_machine(cluster, at_least=200, state=state) >= 200
 
 
 @pytest.mark.scale
-def test_a_thousand_random_reconfigurations(cluster):
+@pytest.mark.parametrize("state", ["memory", "disk"])
+def test_a_thousand_random_reconfigurations(cluster, state):
     target = int(1000 * float(os.environ.get("PESCHEDULER_SCALE", "1")))   # CI runs a bounded version
-    assert run_machine(cluster, at_least=target, max_rounds=100) >= target
+    assert run_machine(cluster, at_least=target, max_rounds=100, state=state) >= target

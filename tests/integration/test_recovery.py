@@ -5,7 +5,8 @@ complete checkpoint, kills a real process by PID mid-stream, and compares
 what the sink made visible with a plain-Python reference, exactly. The sink
 is the built-in ``jsonl``, two-phase under checkpoints (staged per checkpoint,
 appended to the file on commit, cut back on restore), so the file itself is
-the exactly-once output, also after ``--restore latest`` in a new process.
+the exactly-once output, also after ``--restore latest`` in a new process. The tests of a keyed
+window run on both keyed-state backends (``state="memory"|"disk"``, issue 30).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 
 import pescheduler
 from pescheduler import Application, Fuse, Move
-from support_ops import committed_output, committed_windows, count_sum_windows, last_checkpoint
+from support_ops import committed_output, committed_windows, count_sum_windows, last_checkpoint, rocksdb_stores
 from waiting import gone, until
 
 pytestmark = pytest.mark.integration
@@ -36,9 +37,16 @@ WAIT = 120                    # a bound on every wait
 TESTS = str(Path(__file__).parent.parent)
 
 
-def kill_worker_of(dep, op_id: str) -> str:
-    """SIGKILL the worker process running ``op_id``, once a checkpoint is complete; its address."""
+BACKENDS = pytest.mark.parametrize("backend", ["memory", "disk"])
+
+
+def kill_worker_of(dep, op_id: str, backend: str | None = None) -> str:
+    """SIGKILL the worker process running ``op_id``, once a checkpoint is complete; its address.
+    With ``backend``, first check the keyed state is where it says (RocksDB stores for ``disk``)."""
     until(lambda: dep.checkpoints(), WAIT, "a complete checkpoint")
+    if backend is not None:
+        stores = rocksdb_stores(dep.id)
+        assert bool(stores) == (backend == "disk"), f"{backend} backend, RocksDB stores: {stores}"
     placement = dep.placement()
     worker = placement.pes[placement.pe_of(op_id)].worker
     os.kill(dep.worker_info[worker]["pid"], signal.SIGKILL)
@@ -67,23 +75,25 @@ def test_stateless_chain_killed_mid_stream_gives_every_tuple_exactly_once(tmp_pa
     assert record["checkpoint"] >= 1 and record["first_output_s"] < 30
 
 
-def test_keyed_window_killed_mid_stream_matches_the_reference_exactly(tmp_path):
+@BACKENDS
+def test_keyed_window_killed_mid_stream_matches_the_reference_exactly(tmp_path, backend):
     out = tmp_path / "out.jsonl"
     app = Application("windows")
     (app.source("numbers", count=30_000, keys=20, step=1, rate=3_000)
         .key_by("key")
         .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")})
         .sink("jsonl", path=str(out)))
-    with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
+    with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[], state=backend,
                             checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
         window = next(op for op in dep.placement().plan.ops if op.startswith("window"))
-        kill_worker_of(dep, window)
+        kill_worker_of(dep, window, backend)
         dep.wait(timeout=WAIT)
         restarted(dep)
     assert committed_windows(out) == count_sum_windows(30_000, 20)
 
 
-def test_a_kill_while_a_checkpoint_waits_restores_without_waiting_for_it(tmp_path):
+@BACKENDS
+def test_a_kill_while_a_checkpoint_waits_restores_without_waiting_for_it(tmp_path, backend):
     """Checkpoints back to back (one is nearly always in flight) with a 60 s timeout: the window's
     worker is SIGKILLed, so PEs downstream never see the barrier and a call to the dead worker is
     retried by Dask until its 30 s connect timeout. The loss aborts that checkpoint at once: the
@@ -95,9 +105,9 @@ def test_a_kill_while_a_checkpoint_waits_restores_without_waiting_for_it(tmp_pat
         .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")}, id="win")
         .sink("jsonl", path=str(out)))
     with dask.config.set({"pescheduler.checkpoint.timeout": "60s"}):
-        with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
+        with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[], state=backend,
                                 checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.05s") as dep:
-            kill_worker_of(dep, "win")
+            kill_worker_of(dep, "win", backend)
             dep.wait(timeout=WAIT)
             record = restarted(dep)
     assert committed_windows(out) == count_sum_windows(30_000, 20)
@@ -126,7 +136,8 @@ def test_join_killed_mid_stream_reports_every_pair_once(tmp_path):
     assert got == expected and len(got) > 500
 
 
-def test_reconfigurations_before_and_after_a_kill_keep_the_windows_exact(tmp_path):
+@BACKENDS
+def test_reconfigurations_before_and_after_a_kill_keep_the_windows_exact(tmp_path, backend):
     """A Move and a Fuse take the Reconfigurer's lock as checkpoints do: a checkpoint after a move
     restores onto the moved layout's operators, and the restored job reconfigures again."""
     out = tmp_path / "out.jsonl"
@@ -136,14 +147,14 @@ def test_reconfigurations_before_and_after_a_kill_keep_the_windows_exact(tmp_pat
         .key_by("key")
         .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")}, id="win")
         .sink("jsonl", path=str(out)))
-    with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
+    with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[], state=backend,
                             checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.3s") as dep:
         pl = dep.placement()
         pe = pl.pe_of("m")
         assert dep.apply(Move(pe, next(w for w in pl.workers if w != pl.pes[pe].worker))).applied
         moved_at = last_checkpoint(dep)
         until(lambda: last_checkpoint(dep) > moved_at, WAIT, "a checkpoint after the move")
-        kill_worker_of(dep, "win")
+        kill_worker_of(dep, "win", backend)
         until(lambda: any("first_output_s" in r for r in dep.recovery.restarts), WAIT, "output after the restore")
         pl = dep.placement()
         a, b = pl.pe_of("m"), pl.pe_of("win")
@@ -154,10 +165,11 @@ def test_reconfigurations_before_and_after_a_kill_keep_the_windows_exact(tmp_pat
 
 
 @pytest.mark.scale
+@BACKENDS
 @settings(max_examples=max(1, round(3 * float(os.environ.get("PESCHEDULER_SCALE", "1")))), deadline=None,
           suppress_health_check=list(HealthCheck))
 @given(steps=st.lists(st.sampled_from(["kill", "move"]), min_size=2, max_size=3), data=st.data())
-def test_random_kills_interleaved_with_random_reconfigurations_lose_and_repeat_nothing(steps, data):
+def test_random_kills_interleaved_with_random_reconfigurations_lose_and_repeat_nothing(backend, steps, data):
     """Kills of random workers (any PE's: source, window or sink) between random moves: three random
     runs at full scale, one in the default run (its bounded version: tests/conftest.py)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,7 +180,7 @@ def test_random_kills_interleaved_with_random_reconfigurations_lose_and_repeat_n
             .key_by("key")
             .window(size="1s", aggregates={"c": ("count", "n"), "s": ("sum", "n")}, id="win")
             .sink("jsonl", path=out))
-        with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[],
+        with pescheduler.deploy(app, workers=3, plugins=["support_ops"], policies=[], state=backend,
                                 checkpoint=os.path.join(tmp, "ckpt"), checkpoint_interval="0.3s") as dep:
             for step in steps:
                 seen = last_checkpoint(dep)
