@@ -39,6 +39,7 @@ from pescheduler.state import KeyedState, key_group  # noqa: E402
 BATCH = 1000
 CHECKPOINT = int(os.environ.get("CHECKPOINT", 10))                                # batches between two snapshots of the memory run
 AGGS = {"n": ("count", "v"), "s": ("sum", "v")}
+WHOLE = -1                                                                         # DictState's one pseudo group
 
 
 class DictState(KeyedState):
@@ -67,10 +68,17 @@ class DictState(KeyedState):
         return len(self._table)
 
     def items(self, group: int):
+        if group == WHOLE:                                    # a sweep: the dict itself, no key hashed
+            return iter(self._table.items())
         return iter([(k, v) for k, v in self._table.items() if key_group(k) == group])
 
     def groups(self) -> list[int]:
-        return sorted({key_group(k) for k in self._table})
+        """One pseudo group, the whole dict: an operator's sweep (``for g in groups(): items(g)``)
+        is one pass over its dict, as it was when the operator held the dict itself."""
+        return [WHOLE] if self._table else []
+
+    def entries(self):
+        return iter(self._table.items())
 
     def snapshot(self):
         raise NotImplementedError("the dict baseline takes no snapshot")
@@ -172,9 +180,81 @@ def lookup(n: int, k: int):
     return lambda: Lookup(key="key"), "_keys", batches
 
 
+def _window(n: int, k: int) -> int:
+    """A window of event time in which each key has about 5 of its events (a key recurs every ~k
+    tuples while it lives, ts = the tuple's index), at most a quarter of the stream."""
+    return max(1, min(5 * k, n // 4))
+
+
+def join(n: int, k: int):
+    from pescheduler.operators.join import Join
+
+    span = _window(n, k)
+    return lambda: Join(within=span // 2, on="key"), "_keys", _two_sides(n, k)
+
+
+def over_window(n: int, k: int):
+    from pescheduler.operators.over_window import OverWindow
+
+    span = _window(n, k)
+    return lambda: OverWindow(span, AGGS, key="key"), "_keys", [(None, b) for b in _batches(_events(n, k))]
+
+
+def _marked(n: int, k: int) -> list:
+    """Events whose ``v`` (0, 1, 2 in turn per tuple) the patterns' predicates test."""
+    return [{"key": key, "v": i % 3, "ts": i} for i, key in enumerate(key_stream(n, k, 5))]
+
+
+DEFINE = {"x": lambda e, m: e["v"] == 0, "y": lambda e, m: e["v"] != 0}
+
+
+def pattern(n: int, k: int):
+    from pescheduler.operators.pattern import Pattern
+
+    span = _window(n, k)
+    return (lambda: Pattern("x y+", define=DEFINE, within=span, key="key"), "_runs",
+            [(None, b) for b in _batches(_marked(n, k))])
+
+
+def ep_patterns(n: int, k: int):
+    from pescheduler.operators.ep_pattern import SharedPatterns
+
+    span = _window(n, k)
+    queries = {"plus": {"pattern": "x y+", "define": DEFINE, "within": span},           # two shapes
+               "three": {"pattern": "x y y", "define": DEFINE, "within": span // 2}}
+    return (lambda: SharedPatterns(key="key", queries=queries), "_runs",
+            [(None, b) for b in _batches(_marked(n, k))])
+
+
+def ep_over(n: int, k: int):
+    from pescheduler.operators.ep_over import OverLanes
+
+    span = _window(n, k)
+    lanes = {span: {"both": AGGS}, span // 2: {"count": {"n": ("count", None)}}}
+    return lambda: OverLanes(key="key", lanes=lanes), "_windows", [(None, b) for b in _batches(_events(n, k))]
+
+
+def changelog_aggregate(n: int, k: int):
+    from pescheduler.operators.changelog_aggregate import ChangelogAggregate
+
+    rnd = random.Random(6)
+    rows, changes = {}, []                         # half the events update their key's row: a retraction first
+    for i, key in enumerate(key_stream(n, k, 6)):
+        row = {"key": key, "v": i % 100}
+        if key in rows and rnd.random() < 0.5:
+            changes.append({"sign": -1, "key": key, "row": rows[key]})
+        changes.append({"sign": 1, "key": key, "row": row})
+        rows[key] = row
+    aggregates = {"total": ("sum", "v"), "n": ("count", None), "top": ("max", "v")}
+    return (lambda: ChangelogAggregate(by="key", aggregates=aggregates), "_groups",
+            [(None, b) for b in _batches(changes)])
+
+
 OPERATORS: dict[str, Callable] = {"count_window": count_window, "session_window": session_window,
                                   "latest": latest, "process": process, "join_asof": join_asof,
-                                  "lookup": lookup}
+                                  "lookup": lookup, "join": join, "over_window": over_window,
+                                  "pattern": pattern, "ep_patterns": ep_patterns, "ep_over": ep_over,
+                                  "changelog_aggregate": changelog_aggregate}
 
 
 def _batches(items: list) -> list[list]:
@@ -226,7 +306,7 @@ def main() -> None:
     sizes = [1000] if args.quick else [int(x) for x in args.keys.split(",")]
     repeat = 1 if args.quick else args.repeat
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine: compare ratios)")
-    print(f"{'K':>7} {'operator':15} {'tuples':>7} {'dict ms':>8} {'memory ms':>10} {'live ms':>8} "
+    print(f"{'K':>7} {'operator':19} {'tuples':>7} {'dict ms':>8} {'memory ms':>10} {'live ms':>8} "
           f"{'memory/dict':>12} {'live/dict':>10} {'keys held':>10}")
     for k in sizes:
         n = 5000 if args.quick else max(100_000, 2 * k)
@@ -242,7 +322,7 @@ def main() -> None:
                     best[backend] = min(best[backend], elapsed)
             if len(set(held.values())) != 1:
                 sys.exit(f"{name}: the runs differ in (keys held at the end, tuples emitted): {held}")
-            print(f"{k:7d} {name:15} {sum(len(b) for _, b in batches):7d} {best['dict'] * 1e3:8.1f} "
+            print(f"{k:7d} {name:19} {sum(len(b) for _, b in batches):7d} {best['dict'] * 1e3:8.1f} "
                   f"{best['memory'] * 1e3:10.1f} {best['live'] * 1e3:8.1f} {best['dict'] / best['memory']:12.2f} "
                   f"{best['dict'] / best['live']:10.2f} {held['memory'][0]:10d}")
     print(f"load average {os.getloadavg()[0]:.1f}")
