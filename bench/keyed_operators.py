@@ -1,25 +1,49 @@
 """Keyed operators on the ``memory`` state backend against the same operators on a plain dict.
 
-    python bench/keyed_operators.py [--keys 1000,10000,100000] [--repeat 3] [--quick]
+    python bench/keyed_operators.py [--keys 1000,10000,100000] [--repeat 5] [--only join,pattern] [--quick]
 
-Each KEYED operator that keeps its state in the backend (count_window, session_window,
-latest, process, join_asof, lookup) runs the same stream three ways per repetition, in
-rotating order:
+The one bench of issue 30: every KEYED operator that keeps its state in the backend
+(count_window, session_window, latest, process, join_asof, lookup, join (interval),
+over_window, pattern, ep_patterns (SharedPatterns), ep_over (OverLanes),
+changelog_aggregate) runs the same stream three ways per repetition, in rotating order:
 
   dict     its state a bare dict (``get`` and ``put`` the dict's own methods, every key
-           writable in place): what the operator cost when it held its own dict
+           writable in place, a sweep of every key one pass over the dict: ``groups()`` is
+           one pseudo group, the whole dict, so no key is hashed to its group): what the
+           operator costs holding its own dict
   memory   the ``memory`` backend (pescheduler/state/memory.py), a checkpoint's snapshot
            every CHECKPOINT batches, its view released at once (the common case: no view
            live while tuples are processed; the snapshot's fold is counted)
   live     the same, the view live through the next batch (a checkpoint's files being
            written meanwhile): ``get`` copies a value the view shares, as the contract asks
 
+The baseline is the operator's own code on that dict, for every operator: none of them has a
+dict version on main any more, and running the same code is the strongest simple dict fold of
+the same work (the same events, the same outputs, the state changed in place; only what the
+backend adds is measured). Per operator, the dict run is:
+
+  count_window        a 4-tuple count window per key, count and sum: a dict key -> open window
+  session_window      sessions (gap a quarter of the stream), count and sum: key -> open session
+  latest              a changelog's last row per key (one change in ten a delete): key -> row
+  process             a count per key and a timer at its first event (a Process): key -> its state
+  join_asof           left/right of the same keys, as-of by ts: key -> its buffered sides
+  lookup              a table's changes (one in ten a delete) and probes: key -> the table's row
+  join                an interval join (within ~5 of a key's events): key -> [lefts, rights],
+                      purged by one pass over the dict
+  over_window         count and sum over ~5 of a key's events: key -> [window deque, slots]
+  pattern             ``x y+`` within the same window: key -> its runs
+  ep_patterns         two shared pattern queries (``x y+``, ``x y y``): key -> {family: runs}
+  ep_over             two lanes (the window and half of it): key -> {size: [deque, slots]}
+  changelog_aggregate additions and (for half the events) the retraction of the key's row
+                      first; sum, count, max: group -> [rows, slots, {field: Counter}, version]
+
 K live keys; keys come and go (the key space slides by 2K over the stream, so most keys
 are first touched after a snapshot and some retire; latest and lookup delete keys). A
 stream is max(100000, 2K) tuples in batches of 1000, a watermark after each batch. The
-ratios are dict time / memory (live) time (1.0: as fast as the dict), best of the repetitions of
-each; only ratios are comparable on a loaded machine (the load average is printed).
-``--quick``: K = 1000, one repetition, a short stream (a smoke test).
+columns memory/dict and live/dict are dict time / memory (live) time (1.0: as fast as the dict;
+below 1: slower), best of the repetitions of each; the runs must agree on (keys held at the
+end, tuples emitted) or the bench exits. Only ratios are comparable on a loaded machine (the
+load average is printed). ``--quick``: K = 1000, one repetition, a short stream (a smoke test).
 """
 
 from __future__ import annotations
@@ -39,6 +63,7 @@ from pescheduler.state import KeyedState, key_group  # noqa: E402
 BATCH = 1000
 CHECKPOINT = int(os.environ.get("CHECKPOINT", 10))                                # batches between two snapshots of the memory run
 AGGS = {"n": ("count", "v"), "s": ("sum", "v")}
+WHOLE = -1                                                                         # DictState's one pseudo group
 
 
 class DictState(KeyedState):
@@ -67,10 +92,17 @@ class DictState(KeyedState):
         return len(self._table)
 
     def items(self, group: int):
+        if group == WHOLE:                                    # a sweep: the dict itself, no key hashed
+            return iter(self._table.items())
         return iter([(k, v) for k, v in self._table.items() if key_group(k) == group])
 
     def groups(self) -> list[int]:
-        return sorted({key_group(k) for k in self._table})
+        """One pseudo group, the whole dict: an operator's sweep (``for g in groups(): items(g)``)
+        is one pass over its dict, as it was when the operator held the dict itself."""
+        return [WHOLE] if self._table else []
+
+    def entries(self):
+        return iter(self._table.items())
 
     def snapshot(self):
         raise NotImplementedError("the dict baseline takes no snapshot")
@@ -172,9 +204,81 @@ def lookup(n: int, k: int):
     return lambda: Lookup(key="key"), "_keys", batches
 
 
+def _window(n: int, k: int) -> int:
+    """A window of event time in which each key has about 5 of its events (a key recurs every ~k
+    tuples while it lives, ts = the tuple's index), at most a quarter of the stream."""
+    return max(1, min(5 * k, n // 4))
+
+
+def join(n: int, k: int):
+    from pescheduler.operators.join import Join
+
+    span = _window(n, k)
+    return lambda: Join(within=span // 2, on="key"), "_keys", _two_sides(n, k)
+
+
+def over_window(n: int, k: int):
+    from pescheduler.operators.over_window import OverWindow
+
+    span = _window(n, k)
+    return lambda: OverWindow(span, AGGS, key="key"), "_keys", [(None, b) for b in _batches(_events(n, k))]
+
+
+def _marked(n: int, k: int) -> list:
+    """Events whose ``v`` (0, 1, 2 in turn per tuple) the patterns' predicates test."""
+    return [{"key": key, "v": i % 3, "ts": i} for i, key in enumerate(key_stream(n, k, 5))]
+
+
+DEFINE = {"x": lambda e, m: e["v"] == 0, "y": lambda e, m: e["v"] != 0}
+
+
+def pattern(n: int, k: int):
+    from pescheduler.operators.pattern import Pattern
+
+    span = _window(n, k)
+    return (lambda: Pattern("x y+", define=DEFINE, within=span, key="key"), "_runs",
+            [(None, b) for b in _batches(_marked(n, k))])
+
+
+def ep_patterns(n: int, k: int):
+    from pescheduler.operators.ep_pattern import SharedPatterns
+
+    span = _window(n, k)
+    queries = {"plus": {"pattern": "x y+", "define": DEFINE, "within": span},           # two shapes
+               "three": {"pattern": "x y y", "define": DEFINE, "within": span // 2}}
+    return (lambda: SharedPatterns(key="key", queries=queries), "_runs",
+            [(None, b) for b in _batches(_marked(n, k))])
+
+
+def ep_over(n: int, k: int):
+    from pescheduler.operators.ep_over import OverLanes
+
+    span = _window(n, k)
+    lanes = {span: {"both": AGGS}, span // 2: {"count": {"n": ("count", None)}}}
+    return lambda: OverLanes(key="key", lanes=lanes), "_windows", [(None, b) for b in _batches(_events(n, k))]
+
+
+def changelog_aggregate(n: int, k: int):
+    from pescheduler.operators.changelog_aggregate import ChangelogAggregate
+
+    rnd = random.Random(6)
+    rows, changes = {}, []                         # half the events update their key's row: a retraction first
+    for i, key in enumerate(key_stream(n, k, 6)):
+        row = {"key": key, "v": i % 100}
+        if key in rows and rnd.random() < 0.5:
+            changes.append({"sign": -1, "key": key, "row": rows[key]})
+        changes.append({"sign": 1, "key": key, "row": row})
+        rows[key] = row
+    aggregates = {"total": ("sum", "v"), "n": ("count", None), "top": ("max", "v")}
+    return (lambda: ChangelogAggregate(by="key", aggregates=aggregates), "_groups",
+            [(None, b) for b in _batches(changes)])
+
+
 OPERATORS: dict[str, Callable] = {"count_window": count_window, "session_window": session_window,
                                   "latest": latest, "process": process, "join_asof": join_asof,
-                                  "lookup": lookup}
+                                  "lookup": lookup, "join": join, "over_window": over_window,
+                                  "pattern": pattern, "ep_patterns": ep_patterns, "ep_over": ep_over,
+                                  "changelog_aggregate": changelog_aggregate}
 
 
 def _batches(items: list) -> list[list]:
@@ -226,7 +330,7 @@ def main() -> None:
     sizes = [1000] if args.quick else [int(x) for x in args.keys.split(",")]
     repeat = 1 if args.quick else args.repeat
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine: compare ratios)")
-    print(f"{'K':>7} {'operator':15} {'tuples':>7} {'dict ms':>8} {'memory ms':>10} {'live ms':>8} "
+    print(f"{'K':>7} {'operator':19} {'tuples':>7} {'dict ms':>8} {'memory ms':>10} {'live ms':>8} "
           f"{'memory/dict':>12} {'live/dict':>10} {'keys held':>10}")
     for k in sizes:
         n = 5000 if args.quick else max(100_000, 2 * k)
@@ -242,7 +346,7 @@ def main() -> None:
                     best[backend] = min(best[backend], elapsed)
             if len(set(held.values())) != 1:
                 sys.exit(f"{name}: the runs differ in (keys held at the end, tuples emitted): {held}")
-            print(f"{k:7d} {name:15} {sum(len(b) for _, b in batches):7d} {best['dict'] * 1e3:8.1f} "
+            print(f"{k:7d} {name:19} {sum(len(b) for _, b in batches):7d} {best['dict'] * 1e3:8.1f} "
                   f"{best['memory'] * 1e3:10.1f} {best['live'] * 1e3:8.1f} {best['dict'] / best['memory']:12.2f} "
                   f"{best['dict'] / best['live']:10.2f} {held['memory'][0]:10d}")
     print(f"load average {os.getloadavg()[0]:.1f}")

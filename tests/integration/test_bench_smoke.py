@@ -73,7 +73,8 @@ def quick_runs(request, tmp_path_factory) -> dict[tuple[str, ...], Future]:
                         "throughput at 90 %", "CLI deploy -> first output", "stop NAME -> exit",
                         "per tuple deployed / hand loop over tuples", "goals met")),
     ("keyed_operators.py", (), ("count_window", "session_window", "latest", "process", "join_asof", "lookup",
-                                "memory/dict", "live/dict")),
+                                " join ", "over_window", "pattern", "ep_patterns", "ep_over",
+                                "changelog_aggregate", "memory/dict", "live/dict", "load average")),
     pytest.param("postgres_cdc.py", (), ("output checked: each change once", "bare get_changes loop",
                                          "ratio source/bare"), marks=pytest.mark.database),
 ])
