@@ -181,10 +181,13 @@ _first, _second = itemgetter(0), itemgetter(1)
 
 def rewrite(state: Any, change: Callable[[Any], Any]) -> None:
     """Every value of ``state`` through ``change``, which returns its argument when nothing
-    changed and something empty when the key is to go: one pass, each key group written once
-    after it was read (a query leaving an operator, an expiry sweep)."""
+    changed and something empty when the key is to go: one pass over the key groups, then one
+    write of what changed (a query leaving an operator, an expiry sweep). One write, not one per
+    group: the memory backend brings its groups up to date with the writes before each group it
+    is asked for, so a write after every group made a sweep cost groups x keys written (the
+    ep_patterns and ep_over sweeps ran 0.3-0.5x their dicts)."""
+    puts, deletes = [], []
     for g in state.groups():
-        puts, deletes = [], []
         for k, value in state.items(g):
             new = change(value)
             if new is not value:
@@ -192,5 +195,5 @@ def rewrite(state: Any, change: Callable[[Any], Any]) -> None:
                     puts.append((k, new))
                 else:
                     deletes.append(k)
-        if puts or deletes:
-            state.write_many(puts, deletes)
+    if puts or deletes:
+        state.write_many(puts, deletes)
