@@ -34,7 +34,7 @@ from pescheduler.state.groups import (add_groups, merge_groups, restore_groups, 
                                       take_groups)
 from pescheduler.timeutil import parse_duration
 
-from .over_window import OverWindow
+from .over_window import OverWindow, fold_in
 from .window import AggregatingWindow, released
 
 
@@ -224,15 +224,7 @@ class OverLanes(Operator):
             bound, subtract = ts - size, lane._subtract
             while window and window[0][0] <= bound:
                 subtract(slots, window.popleft()[1])
-        fold, taken = lane._fold, 0
-        for t in events:
-            try:
-                slots = fold(slots, t)
-            except Exception as exc:            # fold changes nothing when it raises
-                emit.dead_letter(t, exc)
-                continue
-            window.append((ts, t))
-            taken += 1
+        slots, taken = fold_in(lane._fold, slots, window, ts, events, emit)
         if not window:
             value.pop(size, None)
             return
@@ -257,15 +249,7 @@ class OverLanes(Operator):
             slots = None
             for _, old in window:
                 slots = lane._fold(slots, old)
-        taken = 0
-        for t in events:
-            try:
-                slots = lane._fold(slots, t)
-            except Exception as exc:            # fold changes nothing when it raises
-                emit.dead_letter(t, exc)
-                continue
-            window.append((ts, t))
-            taken += 1
+        slots, taken = fold_in(lane._fold, slots, window, ts, events, emit)
         if not window:
             value.pop(size, None)
             return

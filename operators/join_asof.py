@@ -215,7 +215,7 @@ class AsofJoin(Operator):
         self._wm = state["watermark"]
         self._pending = [list(state["pending"][LEFT]), list(state["pending"][RIGHT])]
         restore_groups(self._keys, state["groups"])
-        waiting = [(k, w) for g in self._keys.groups() for k, (_, w) in self._keys.items(g) if w]
+        waiting = [(k, w) for k, (_, w) in self._keys.entries() if w]
         self._waiting = {k for k, _w in waiting}
         self._oldest = min((t for _k, w in waiting for t, _l, _b in w), default=None)
 

@@ -92,7 +92,7 @@ class Latest(Operator):
     # -- state: rows by key, in whole key groups ------------------------------------------
     def rows(self) -> dict:
         """Every key's current row (a copy: for tests and inspection, not the hot path)."""
-        return {k: row for g in self._rows.groups() for k, row in self._rows.items(g)}
+        return dict(self._rows.entries())
 
     def snapshot(self) -> dict:
         """The key groups of the keyed state (packed when read: a copy)."""

@@ -91,7 +91,7 @@ class OverWindow(AggregatingWindow):
     def windows(self) -> dict:
         """``{key: [(ts, tuple), ...]}`` of the keys holding events (a copy: for tests and
         inspection, not the hot path)."""
-        return {k: list(w) for g in self._keys.groups() for k, (w, _) in self._keys.items(g)}
+        return {k: list(w) for k, (w, _) in self._keys.entries()}
 
     def add_query(self, query_id: Any, aggregates: dict) -> None:
         """Start ``query_id``; aggregates new to the plan are folded from each key's window.
@@ -170,20 +170,12 @@ class OverWindow(AggregatingWindow):
             slots = None
             for _, old in window:
                 slots = self._fold(slots, old)
-        taken = []
-        for t in events:
-            try:
-                slots = self._fold(slots, t)
-            except Exception as exc:            # fold changes nothing when it raises
-                emit.dead_letter(t, exc)
-                continue
-            window.append((ts, t))
-            taken.append(t)
+        slots, taken = fold_in(self._fold, slots, window, ts, events, emit)
         state[1] = slots
         if not window:
             return
         out = emit.append
-        for _ in taken:
+        for _ in range(taken):
             self._emit([(k, slots)], ts - self.size + 1, ts + 1, out)
 
     def _evict(self, window: deque, slots: list | None, bound: int) -> bool:
@@ -200,7 +192,7 @@ class OverWindow(AggregatingWindow):
         """Forget keys whose every event is ``size`` behind the watermark: no future row sees them."""
         self._swept = watermark
         bound, keys = watermark - self.size, self._keys
-        quiet = [k for g in keys.groups() for k, (window, _) in keys.items(g) if window[-1][0] <= bound]
+        quiet = [k for k, (window, _) in keys.entries() if window[-1][0] <= bound]
         keys.write_many((), quiet)
 
     # -- state: each key's window, in whole key groups ------------------------------------
@@ -262,3 +254,20 @@ class OverWindow(AggregatingWindow):
         else:
             merged["keys"] = [entry for s in states for entry in s["keys"]]
         return merged
+
+
+def fold_in(fold: Callable, slots: list | None, window: deque, ts: int, events: list,
+            emit: Emitter) -> tuple[list | None, int]:
+    """Fold ``events`` (all at ``ts``) into ``slots`` and append them to ``window``; an event the
+    fold raises on is dead-lettered (the fold changes nothing then). Returns the slots and how many
+    events were taken (a row each). Shared by the over window and ep_over's lanes."""
+    taken = 0
+    for t in events:
+        try:
+            slots = fold(slots, t)
+        except Exception as exc:
+            emit.dead_letter(t, exc)
+            continue
+        window.append((ts, t))
+        taken += 1
+    return slots, taken

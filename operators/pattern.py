@@ -334,7 +334,7 @@ class Pattern(Operator):
 
     def runs(self) -> dict:
         """``{key: runs}`` (a copy: for tests and inspection, not the hot path)."""
-        return {k: list(v) for g in self._runs.groups() for k, v in self._runs.items(g)}
+        return {k: list(v) for k, v in self._runs.entries()}
 
     # -- state: runs by key, in whole key groups ------------------------------------------
     def snapshot(self) -> dict:
