@@ -32,6 +32,8 @@ SESSION = ("SELECT *, MIN({ts}) OVER (PARTITION BY {key}, sid) AS window_start, 
 def to_duckdb(query: str) -> str:
     """``query`` with its window table functions expanded for DuckDB."""
     tree = sqlglot.parse_one(normalise(query))
+    for concat in tree.find_all(exp.Concat):     # CONCAT skips nulls (docs/sql.md); sqlglot's default
+        concat.set("coalesce", True)             # dialect reads it as ||, which does not
     for select in list(tree.find_all(exp.Select)):
         table = select.args["from_"].this
         call = table.this if isinstance(table, exp.Table) else table
