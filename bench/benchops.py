@@ -239,10 +239,15 @@ class Arrivals(Sink):
     Numbers seen are kept as sorted disjoint runs ``[start, end)``, so an
     in-order stream costs one comparison per batch and the state stays small
     when it moves; a number seen again is counted as a duplicate, a batch that
-    does not continue the last run as out of order. With ``keys``, the running
-    ``sum`` of each batch's last tuple is checked against the closed form for
-    ``counter`` + ``keyed_sum`` (operator state that moved with a PE must be
-    exact). Everything is written to ``path`` as JSON at end of stream.
+    does not continue the last run as ``reordered``. Without ``keys`` a
+    reordered batch is out of order. With ``keys`` (``counter``'s numbering:
+    number ``n`` is key ``n % keys``, its key's next number ``n + keys``) the
+    promise is per-key order (docs/state.md: a moved key group's tuples wait for
+    its state while other groups go on), so a number is out of order when its
+    key's next number was seen before it; and the running ``sum`` of each
+    batch's last tuple is checked against the closed form for ``counter`` +
+    ``keyed_sum`` (operator state that moved with a PE must be exact).
+    Everything is written to ``path`` as JSON at end of stream.
     """
 
     name = "arrivals"
@@ -252,7 +257,7 @@ class Arrivals(Sink):
         self.times, self.sizes = array("d"), array("q")
         self.starts: list[int] = []
         self.ends: list[int] = []
-        self.duplicates = self.out_of_order = self.bad_sums = self.count = 0
+        self.duplicates = self.out_of_order = self.reordered = self.bad_sums = self.count = 0
 
     def process(self, batch, emit):
         if not batch:
@@ -266,8 +271,13 @@ class Arrivals(Sink):
         if self.ends and a == self.ends[-1] and ns == list(range(a, a + len(ns))):
             self.ends[-1] = a + len(ns)                       # the common case: in order, nothing missing
         else:
-            self.out_of_order += bool(self.ends)
+            reordered = bool(self.ends)
+            self.reordered += reordered
+            if not self.keys:
+                self.out_of_order += reordered
             for n in ns:
+                if self.keys and self._seen(n + self.keys):
+                    self.out_of_order += 1
                 self._add(n)
         if self.keys:
             last = batch[-1]
@@ -275,6 +285,10 @@ class Arrivals(Sink):
             j = (n - k) // self.keys                          # n = k + j * keys: the (j+1)-th tuple of key k
             if last["sum"] != (j + 1) * k + self.keys * j * (j + 1) // 2:
                 self.bad_sums += 1
+
+    def _seen(self, n: int) -> bool:
+        i = bisect_right(self.starts, n) - 1
+        return i >= 0 and n < self.ends[i]
 
     def _add(self, n: int) -> None:
         starts, ends = self.starts, self.ends
@@ -294,7 +308,7 @@ class Arrivals(Sink):
 
     def snapshot(self):
         return {k: getattr(self, k) for k in ("times", "sizes", "starts", "ends", "duplicates",
-                                              "out_of_order", "bad_sums", "count")}
+                                              "out_of_order", "reordered", "bad_sums", "count")}
 
     def restore(self, state):
         for k, v in state.items():
@@ -304,7 +318,7 @@ class Arrivals(Sink):
         with open(self.path, "w") as f:
             json.dump({"times": self.times.tolist(), "sizes": self.sizes.tolist(),
                        "runs": list(zip(self.starts, self.ends)), "duplicates": self.duplicates,
-                       "out_of_order": self.out_of_order, "bad_sums": self.bad_sums,
+                       "out_of_order": self.out_of_order, "reordered": self.reordered, "bad_sums": self.bad_sums,
                        "count": self.count}, f)
 
 

@@ -28,8 +28,10 @@ Printed, per resource manager (p50 and max over the rounds):
   streaming pause              per move (onto the host and off it): the
                                protocol's pause (``ApplyRecord.pause_ms``) and
                                the largest gap between batches at the sink
-  exactly once                 every number reached the sink once, in order,
-                               keyed sums exact
+  exactly once                 every number reached the sink once, in order
+                               per key, keyed sums exact (the order across
+                               keys may change at a move: the tuples of a key
+                               group whose state is on its way wait for it)
 
 For spark the first borrow starts an executor JVM (cold); later rounds
 reuse the idle executor while ``executor-idle-timeout`` (30 s here) keeps it.
@@ -222,7 +224,8 @@ def report(run: dict) -> None:
     print(line("streaming pause (protocol)", f["pause"], "ms"))
     print(line("streaming pause (sink gap)", f["gap"], "ms"))
     print(f"  exactly once: {c['received']} tuples, {c['lost']} lost, {c['duplicated']} duplicated, "
-          f"{c['out_of_order']} out of order, {c['bad_sums']} bad sums")
+          f"{c['out_of_order']} out of order within a key, {c['bad_sums']} bad sums "
+          f"({c['reordered']} batches reordered across keys)")
     if run["rm"] == "spark":
         started, left = run["spark_pids"]
         print(f"  spark processes started here: {started}, left after stop: {len(left)} {left or ''}")
