@@ -22,3 +22,12 @@ def provider(request):
     if request.param == "postgresql":
         return request.getfixturevalue("postgres_url")
     return request.param
+
+
+@pytest.fixture(params=["memory", "disk"])
+def backend(request, tmp_path):
+    """The keyed state backend an operator opened in the test keeps its state in, each in turn."""
+    import dask
+
+    with dask.config.set({"pescheduler.state.backend": request.param, "pescheduler.state.dir": str(tmp_path)}):
+        yield request.param

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pickle
 import random
 
-import dask
 import pytest
 
 from pescheduler import Application
@@ -17,11 +16,7 @@ AGGS = {"n": "count", "total": ("sum", "qty"), "mean": ("avg", "qty"),
         "lo": ("min", "qty"), "hi": ("max", "qty")}
 
 
-@pytest.fixture(params=["memory", "disk"], autouse=True)
-def backend(request, tmp_path):
-    """Every test on both keyed state backends: ``open`` puts the groups in this one."""
-    with dask.config.set({"pescheduler.state.backend": request.param, "pescheduler.state.dir": str(tmp_path)}):
-        yield request.param
+pytestmark = pytest.mark.usefixtures("backend")     # every test on both keyed state backends (conftest)
 
 
 def random_changes(seed: int, n: int = 2_000) -> list[dict]:

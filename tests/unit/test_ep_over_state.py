@@ -8,12 +8,13 @@ from __future__ import annotations
 import pickle
 import random
 
-import dask
 import pytest
 
 from pescheduler.operator import Emitter, OperatorContext
 from pescheduler.operators import OverLanes
 from pescheduler.state import key_group, unpack_group
+
+from keyed_handover import moved_to_a_copy_and_back, resume, rows
 
 LANES = {30: {"c30": {"n": ("count", None)}}, 45: {"c45": {"n": ("count", None)}, "s45": {"s": ("sum", "a")}},
          20: {"lo": {"lo": ("min", "a")}}, 60: {"m": {"m": ("avg", "a"), "n": ("count", None)}}}
@@ -35,49 +36,12 @@ def opened(state: dict | None = None) -> OverLanes:
     return op
 
 
-def resume(op: OverLanes, items: list, batch: int, start: int) -> list:
-    """The rows ``op`` gives for ``items`` after watermark ``start``, driven as a chain would."""
-    emit = Emitter()
-    op.on_watermark(start, emit)
-    for i in range(0, len(items), batch):
-        part = items[i:i + batch]
-        op.process(part, emit)
-        op.on_watermark(part[-1]["ts"] - 1, emit)
-    op.on_watermark(items[-1]["ts"] if items else start, emit)
-    return list(emit)
-
-
-def rows(out) -> list:
-    return sorted(map(repr, out))
-
-
-@pytest.fixture(params=["memory", "disk"])
-def backend(request, tmp_path):
-    with dask.config.set({"pescheduler.state.backend": request.param, "pescheduler.state.dir": str(tmp_path)}):
-        yield request.param
-
-
 @pytest.mark.parametrize("batch", [1, 25])
 def test_windows_live_in_the_backend_and_key_groups_moved_to_a_copy_and_back_give_every_row_once(backend, batch):
-    stream = events(1)
-    whole = resume(opened(), stream, batch, start=-1)
-    head, middle, tail = stream[:300], stream[300:600], stream[600:]
-    op = opened()
-    out = resume(op, head[:250], batch, start=-1)
-    assert op._windows.backend == backend and len(op._windows) > 5
-    moving = frozenset(g for g in op._windows.groups() if g % 2)
-    settle = getattr(op, "settle_export", None)             # the hand-over's, then the turns before the export
-    if settle is not None:
-        settle()
-    out += resume(op, head[250:], batch, start=249)
-    copy = opened(pickle.loads(pickle.dumps(op.export_groups(moving))))   # a new instance: from its part
-    assert moving.isdisjoint(op._windows.groups()) and set(copy._windows.groups()) <= moving
-    mine = lambda e: key_group(e["id"]) in moving               # noqa: E731 - the copy's keys
-    out += resume(copy, [e for e in middle if mine(e)], batch, start=299)
-    out += resume(op, [e for e in middle if not mine(e)], batch, start=299)
-    op.import_groups(pickle.loads(pickle.dumps(copy.export_groups(moving))))   # released: back to op
-    out += resume(op, tail, batch, start=599)
-    assert rows(out) == rows(whole) and len(whole) == 5 * len(stream)
+    out, whole = moved_to_a_copy_and_back(opened, lambda op: op._windows, events(1), batch,
+                                          copy_of=opened)   # a new instance: from its part
+    assert opened()._windows.backend == backend
+    assert rows(out) == rows(whole) and len(whole) == 5 * len(events(1))
 
 
 def old_form(state: dict) -> dict:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pickle
 import random
 
-import dask
 import pytest
 
 from pescheduler import ep
@@ -15,6 +14,8 @@ from pescheduler.operator import Emitter, OperatorContext
 from pescheduler.state import unpack_group
 from pescheduler.operators import SharedPatterns
 from pescheduler.state import key_group
+
+from keyed_handover import moved_to_a_copy_and_back, resume, rows
 
 
 def jepc(i: int, within: int) -> dict:
@@ -45,56 +46,18 @@ def opened(state: dict | None = None) -> SharedPatterns:
     return op
 
 
-def rows(out: list) -> list:
-    return sorted(map(repr, out))
-
-
-@pytest.fixture(params=["memory", "disk"])
-def backend(request, tmp_path):
-    with dask.config.set({"pescheduler.state.backend": request.param, "pescheduler.state.dir": str(tmp_path)}):
-        yield request.param
+def imported(export):
+    """A copy opened in the backend, then given the groups (as a Replicate's new instance is)."""
+    copy = opened()
+    copy.import_groups(export)
+    return copy
 
 
 @pytest.mark.parametrize("batch", [1, 25])
 def test_runs_live_in_the_backend_and_key_groups_moved_to_a_copy_and_back_give_every_row_once(backend, batch):
-    stream = events(1)
-    whole = resume(opened(), stream, batch, start=-1)
-    head, middle, tail = stream[:300], stream[300:600], stream[600:]
-    op = opened()
-    out = resume(op, head[:250], batch, start=-1)
-    assert op._runs.backend == backend and len(op._runs) > 5
-    moving = frozenset(g for g in op._runs.groups() if g % 2)
-    settled(op)                                             # the hand-over's, then the turns before the export
-    out += resume(op, head[250:], batch, start=249)
-    copy = opened()                                         # opened in the backend, then given the groups
-    copy.import_groups(pickle.loads(pickle.dumps(op.export_groups(moving))))
-    assert moving.isdisjoint(op._runs.groups()) and set(copy._runs.groups()) <= moving
-    mine = lambda e: key_group(e["id"]) in moving               # noqa: E731 - the copy's keys
-    out += resume(copy, [e for e in middle if mine(e)], batch, start=299)
-    out += resume(op, [e for e in middle if not mine(e)], batch, start=299)
-    op.import_groups(pickle.loads(pickle.dumps(copy.export_groups(moving))))   # released: back to op
-    out += resume(op, tail, batch, start=599)
+    out, whole = moved_to_a_copy_and_back(opened, lambda op: op._runs, events(1), batch, copy_of=imported)
+    assert opened()._runs.backend == backend
     assert rows(out) == rows(whole) and len(whole) > 100
-
-
-def settled(op) -> None:
-    """What a hand-over calls off the PE's turn before an export (worker/handover.py), if it is there."""
-    settle = getattr(op, "settle_export", None)
-    if settle is not None:
-        settle()
-
-
-def resume(op: SharedPatterns, items: list, batch: int, start: int) -> list:
-    """The rows ``op`` (opened, holding state) gives for ``items`` after watermark ``start``: it is
-    driven as a chain would, one batch then its watermark."""
-    emit = Emitter()
-    op.on_watermark(start, emit)
-    for i in range(0, len(items), batch):
-        part = items[i:i + batch]
-        op.process(part, emit)
-        op.on_watermark(part[-1]["ts"] - 1, emit)
-    op.on_watermark(items[-1]["ts"] if items else start, emit)
-    return list(emit)
 
 
 def old_form(state: dict) -> dict:

@@ -1,0 +1,63 @@
+"""Driving a keyed operator as a chain would, and moving its key groups to a copy and back as a
+hand-over does (worker/handover.py): the steps the operators' state tests share."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable
+
+from pescheduler.operator import Emitter
+from pescheduler.state import key_group
+
+
+def resume(op, items: list, batch: int, start: int) -> list:
+    """The rows ``op`` (opened, holding state) gives for ``items`` after watermark ``start``: it is
+    driven as a chain would, one batch then its watermark."""
+    emit = Emitter()
+    op.on_watermark(start, emit)
+    for i in range(0, len(items), batch):
+        part = items[i:i + batch]
+        op.process(part, emit)
+        op.on_watermark(part[-1]["ts"] - 1, emit)
+    op.on_watermark(items[-1]["ts"] if items else start, emit)
+    return list(emit)
+
+
+def rows(out: list) -> list:
+    """Rows as a multiset (their order across keys is not the operators' promise)."""
+    return sorted(map(repr, out))
+
+
+def settled(op) -> None:
+    """What a hand-over calls off the PE's turn before an export, if the operator has it."""
+    settle = getattr(op, "settle_export", None)
+    if settle is not None:
+        settle()
+
+
+def round_trip(value: Any) -> Any:
+    """``value`` as the receiving worker gets it (pickled on the wire)."""
+    return pickle.loads(pickle.dumps(value))
+
+
+def moved_to_a_copy_and_back(opened: Callable[..., Any], held: Callable[[Any], Any], stream: list, batch: int,
+                             copy_of: Callable[[Any], Any], key: str = "id") -> tuple[list, list]:
+    """The rows of ``stream`` through one instance whose odd key groups move to a copy after 250
+    events (the copy made from their export by ``copy_of``) and back to it after 600; and the rows
+    of an uninterrupted run. ``held(op)`` is the operator's keyed state (its groups are checked)."""
+    whole = resume(opened(), stream, batch, start=-1)
+    head, middle, tail = stream[:300], stream[300:600], stream[600:]
+    op = opened()
+    out = resume(op, head[:250], batch, start=-1)
+    assert len(held(op)) > 5
+    moving = frozenset(g for g in held(op).groups() if g % 2)
+    settled(op)                                             # the hand-over's, then the turns before the export
+    out += resume(op, head[250:], batch, start=249)
+    copy = copy_of(round_trip(op.export_groups(moving)))
+    assert moving.isdisjoint(held(op).groups()) and set(held(copy).groups()) <= moving
+    mine = [e for e in middle if key_group(e[key]) in moving]
+    out += resume(copy, mine, batch, start=299)
+    out += resume(op, [e for e in middle if key_group(e[key]) not in moving], batch, start=299)
+    op.import_groups(round_trip(copy.export_groups(moving)))   # released: back to op
+    out += resume(op, tail, batch, start=599)
+    return out, whole
