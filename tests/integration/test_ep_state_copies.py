@@ -60,15 +60,6 @@ def deployed(app: Application, op: str, tmp_path, monkeypatch, backend: str, rel
     assert stores(where) == []
 
 
-@pytest.mark.parametrize("backend", ["memory", "disk"])
-def test_shared_patterns_copied_and_released_give_every_row_once(tmp_path, monkeypatch, backend):
-    out, release = tmp_path / "rows.jsonl", tmp_path / "release"
-    app = Application(f"ep-patterns-copies-{backend}")
-    patterns_app(app, out, hold=str(release))
-    deployed(app, "patterns", tmp_path, monkeypatch, backend, release)
-    assert_patterns_reference(json.loads(line) for line in out.read_text().splitlines())
-
-
 def numbers(app: Application, hold: str | None):
     held = {} if hold is None else {"hold_at": COUNT - 1000, "release": hold}
     return app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, **held)
@@ -88,15 +79,6 @@ def assert_patterns_reference(rows) -> None:
 
 
 AGGS = {"n": "count", "total": ("sum", "qty"), "hi": ("max", "qty")}
-
-
-@pytest.mark.parametrize("backend", ["memory", "disk"])
-def test_a_changelog_aggregate_copied_and_released_folds_to_the_tables_aggregates(tmp_path, monkeypatch, backend):
-    out, release = tmp_path / "totals.jsonl", tmp_path / "release"
-    app = Application(f"changelog-copies-{backend}")
-    changelog_app(app, out, hold=str(release))
-    deployed(app, "totals", tmp_path, monkeypatch, backend, release)
-    assert_changelog_reference([json.loads(line) for line in out.read_text().splitlines()])
 
 
 def changelog_app(app: Application, out, hold: str | None = None) -> None:
@@ -126,15 +108,6 @@ LANES = {50: {"c50": {"n": "count"}}, 80: {"c80": {"n": "count"}, "s80": {"total
          60: {"s60": {"total": ("sum", "a"), "n": "count"}}, 40: {"m40": {"hi": ("max", "a")}}}
 
 
-@pytest.mark.parametrize("backend", ["memory", "disk"])
-def test_over_window_lanes_copied_and_released_give_every_row_once(tmp_path, monkeypatch, backend):
-    out, release = tmp_path / "rows.jsonl", tmp_path / "release"
-    app = Application(f"ep-over-copies-{backend}")
-    lanes_app(app, out, hold=str(release))
-    deployed(app, "lanes", tmp_path, monkeypatch, backend, release)
-    assert_lanes_reference(json.loads(line) for line in out.read_text().splitlines())
-
-
 def lanes_app(app: Application, out, hold: str | None = None) -> None:
     (numbers(app, hold).map(with_a).key_by("key").apply("ep_over", key="key", lanes=LANES, id="lanes")
         .map(lambda qr: {"q": qr[0], **qr[1]}).sink("jsonl", path=str(out)))
@@ -148,9 +121,22 @@ def assert_lanes_reference(rows) -> None:
     assert len(want) == 5 * COUNT and got == want
 
 
-@pytest.mark.parametrize("op, build, check", [("patterns", patterns_app, assert_patterns_reference),
-                                              ("lanes", lanes_app, assert_lanes_reference),
-                                              ("totals", changelog_app, assert_changelog_reference)])
+OPERATORS = [pytest.param("patterns", patterns_app, assert_patterns_reference, id="ep_patterns"),
+             pytest.param("lanes", lanes_app, assert_lanes_reference, id="ep_over"),
+             pytest.param("totals", changelog_app, assert_changelog_reference, id="changelog_aggregate")]
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+@pytest.mark.parametrize("op, build, check", OPERATORS)
+def test_copied_and_released_live_gives_every_row_once(tmp_path, monkeypatch, backend, op, build, check):
+    out, release = tmp_path / "rows.jsonl", tmp_path / "release"
+    app = Application(f"{op}-copies-{backend}")
+    build(app, out, hold=str(release))
+    deployed(app, op, tmp_path, monkeypatch, backend, release)
+    check([json.loads(line) for line in out.read_text().splitlines()])
+
+
+@pytest.mark.parametrize("op, build, check", OPERATORS)
 def test_a_sigkilled_worker_restored_from_a_checkpoint_gives_every_row_once(tmp_path, monkeypatch, op, build, check):
     out = tmp_path / "rows.jsonl"
     monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path / "stores"))
