@@ -222,6 +222,12 @@ def watch_deploy(shell: Terminal, proc: subprocess.Popen, key: str, argv: list[s
         assert proc.poll() is None, f"`{shlex.join(argv)}` ended: {shell.log(proc)}"
         return shell.run(command).returncode == 0
     until(runs, BOUND, f"`{shlex.join(command)}` to find {key}")
+    # The "running on …; dashboard …" line comes when deploy() returns, which may be after `status`
+    # already finds the deployment (it is registered inside deploy): wait for the line.
+    def printed():
+        assert "running on" in shell.log(proc) or proc.poll() is None, f"ended: {shell.log(proc)}"
+        return "running on" in shell.log(proc)
+    until(printed, BOUND, f"`{shlex.join(argv)}` to print its running line")
     if key.startswith("tcp://"):                     # the start line names the cluster's dashboard too
         assert f"dashboard {page}" in shell.log(proc), shell.log(proc)
     if page is None:                                 # the link the deploy printed
