@@ -76,7 +76,9 @@ class FakeGateway:
         return {"results": results, "missing": []}
 
     async def ckpt_write(self, worker, checkpoint_id, pe_ids, storage):
-        return self.held[worker].write("unit-1", checkpoint_id, pe_ids, storage)
+        # In a thread, as a PE host writes (pehost.pe_ckpt_write): on the loop, a hung write
+        # stalled the coordinator itself until the write gave up (60 s in the hung-storage test).
+        return await asyncio.to_thread(self.held[worker].write, "unit-1", checkpoint_id, pe_ids, storage)
 
     async def ckpt_end(self, workers, checkpoint_id, complete):
         self.ended.append((checkpoint_id, complete))
