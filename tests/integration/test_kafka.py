@@ -595,22 +595,6 @@ def test_kafka_cars_example_as_written(kafka):
     assert "equal to the plain-Python reference: True" in result.stdout, result.stdout[-2000:]
 
 
-def test_kafka_benchmark_quick_runs_and_prints_its_figures(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    bench = Path(__file__).parent.parent.parent / "bench" / "kafka.py"
-    result = subprocess.run([sys.executable, str(bench), "--quick"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for line in ("(a) plain confluent-kafka loop", "ratio", "(c) the same, checkpoints every 1 s",
-                 "(d) (c) with the exactly-once sink", "(e) lag: a backlog of", "machine load"):
-        assert line in result.stdout, result.stdout[-2000:]
-    # the burst is drained (within its target or late, as the machine allows): every record reached the sink
-    assert "not drained" not in result.stdout, result.stdout[-2000:]
-
-
 def test_a_backlog_in_a_partition_not_fetched_yet_counts_as_lag_from_the_start(kafka):
     # librdkafka's cached end offset of a partition it has not fetched yet is -1001; the end
     # offset open() asked for stands in, so the rate policy sizes for the whole backlog at once
