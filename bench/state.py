@@ -45,8 +45,9 @@ Issue 30's table alone, both backends: ``--parts 6 --keys 1000,10000,100000,1000
      interval) beside 500 ticks per second of one more key, each an output; ``stamps`` notes when
      outputs arrive. Per row: Replicate and Release pause; the PE's stall at a checkpoint (the
      largest gap between outputs overlapping a checkpoint, with the median gap beside it);
-     checkpoint duration, bytes written and state referenced (the largest ratio of three in the
-     steady stream); a SIGKILL of ``latest``'s worker to the first output after the restore; the
+     checkpoint duration, bytes written and state referenced (the largest ratio of ``--checkpoints``
+     (10) in the steady stream; the one right after the Release, which writes the moved key groups
+     whole, is shown apart with every checkpoint's share of whole groups and deltas); a SIGKILL of ``latest``'s worker to the first output after the restore; the
      largest worker RSS and the deploying process's; the fill's rate against ``dicts``, the same
      pipeline with ``latest_in_dicts`` (rows in one plain dict, snapshot a copy at the barrier).
      The workers' ``pescheduler.state.cache`` is 512 MB. Each row says which of issue 30's goals
@@ -394,6 +395,7 @@ def windows(sizes: list[int]) -> None:
 
 # -- 6. issue 30's table: one live deployment per (backend, K), every column from it ----------------
 
+CHECKPOINTS = int(os.environ.get("STATE_BENCH_CHECKPOINTS", "10"))   # steady checkpoints per row (--checkpoints)
 CACHE = "512MB"            # pescheduler.state.cache of the workers (issue 30: 10 M keys with 512 MB)
 GOALS = "pause <= 100 ms, stall <= 20 ms, 1 % checkpoint <= 5 % of the state, first output <= 5 s " \
         "after SIGKILL, disk >= 0.5x memory at 1 M"
@@ -410,6 +412,8 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
     output after the restore is taken from the kill."""
     import signal
 
+    import dask.config
+
     import pescheduler
     from pescheduler import Application, Release, Replicate
 
@@ -420,7 +424,7 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
     (app.source("churn", keys=k, until=until, changes=max(1, k // 100), start=stamps + ".start").key_by("id")
         .apply("latest_in_dicts" if backend == "dicts" else "latest", id="state").sink("stamps", path=stamps))
     row: dict = {"backend": backend, "k": k}
-    with pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[],
+    with dask.config.set({"pescheduler.checkpoint.retain": 4 * CHECKPOINTS}), pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[],
                             state="memory" if backend == "dicts" else backend,
                             checkpoint=os.path.join(root, f"ckpt-{backend}-{k}"), checkpoint_interval="1s") as dep:
         wait_for(dep, lambda s: "state" in s.operators and s.operators["state"].tuples_in >= k)
@@ -430,8 +434,8 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
             row.update(replicate_ms=rep.pause_ms, release_ms=rel.pause_ms)
         steady = time.time()
         seen = len(dep.checkpoints())
-        wait_for(dep, lambda s: len(dep.checkpoints()) >= seen + 3)
-        row["checkpoints"] = [c for c in dep.checkpoints()[seen:] if c["time"] >= steady]
+        wait_for(dep, lambda s: len([c for c in dep.checkpoints()[seen:] if c["time"] >= steady]) >= CHECKPOINTS + 1)
+        row["checkpoints"] = [{**c, **written_by_kind(c)} for c in dep.checkpoints()[seen:] if c["time"] >= steady]
         row["worker_rss"] = max(w.memory_bytes for w in dep.snapshot().workers.values())
         row["deployer_rss"] = rss_bytes()
         row["killed_at"] = time.time()
@@ -449,6 +453,24 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         dep.wait(timeout=900)
     row.update(stalls(stamps, k, steady, row["killed_at"], row["checkpoints"]))
     return row
+
+
+def written_by_kind(c: dict) -> dict:
+    """What checkpoint ``c`` wrote, from its manifest (kept: the table retains every checkpoint it
+    reads): bytes of whole key groups, of deltas and of the PEs' ``.state`` files, and how many
+    group files of each kind."""
+    with open(os.path.join(c["url"], "MANIFEST.json")) as f:
+        files = [e for e in json.load(f)["files"] if e["chk"] == c["id"]]
+    kind = lambda e: e["path"].rsplit(".", 1)[-1] if e["role"] == "group" else e["role"]
+    out = {"full_bytes": 0, "delta_bytes": 0, "state_file_bytes": 0, "fulls": 0, "deltas": 0}
+    for e in files:
+        k = kind(e)
+        if k in ("full", "delta"):
+            out[f"{k}_bytes"] += e["bytes"]
+            out[f"{k}s"] += 1
+        elif k == "state":
+            out["state_file_bytes"] += e["bytes"]
+    return out
 
 
 def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict]) -> dict:
@@ -479,7 +501,9 @@ def table(sizes: list[int], backends_: list[str]) -> None:
     print(f"\n6. issue 30's table: churn -> key_by -> latest (K keys) -> stamps, 2 workers, checkpoints every 1 s,")
     print(f"   1 % of the keys changed per second, pescheduler.state.cache={CACHE}; one deployment (one process) each")
     print(f"   stall: the largest gap between latest's outputs overlapping a checkpoint (p50 gap beside it);")
-    print(f"   1% ckpt: bytes written / state referenced, the largest of 3 checkpoints in the steady stream;")
+    print(f"   1% ckpt: bytes written / state referenced, the largest of {CHECKPOINTS} checkpoints in the steady stream")
+    print(f"   (the checkpoint right after the Release is not one of them: it writes the groups the Release moved")
+    print(f"   in whole, a rescale's cost, shown on the line under each row with every checkpoint's share);")
     print(f"   first out: SIGKILL of latest's worker -> first output after the restore; x dicts: the fill's rate")
     print(f"   against latest_in_dicts (the same pipeline, rows in one plain dict)")
     print(f"   goals: {GOALS}")
@@ -491,8 +515,10 @@ def table(sizes: list[int], backends_: list[str]) -> None:
         for k in sizes:
             rows[k] = {b: child_of("--table", b, k, root) for b in ["dicts", *backends_]}
             for b, r in rows[k].items():
-                c = max(r["checkpoints"], key=lambda c: c["bytes"] / max(c["state_bytes"], 1))
-                ratio = c["bytes"] / max(c["state_bytes"], 1)
+                share = lambda c: c["bytes"] / max(c["state_bytes"], 1)
+                after_rescale, steady = r["checkpoints"][0], r["checkpoints"][1:]
+                c = max(steady, key=share)
+                ratio = share(c)
                 first = r.get("first_output_s", float("nan"))
                 x = r["fill_rate"] / max(rows[k]["dicts"]["fill_rate"], 1e-9)
                 missed = [] if b == "dicts" else [name for name, ok in (
@@ -507,6 +533,9 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                       f"{c['state_bytes'] / 1e6:9.2f} {ratio:9.3f} "
                       f"{'-' if math.isnan(first) else f'{first:.2f}':>12} {r['worker_rss'] / 2**20:8.0f} MB "
                       f"{r['deployer_rss'] / 2**20:10.0f} MB {r['fill_rate']:8.0f} {x:8.2f}  {goals}")
+                print(f"{'':9} {'':8} each checkpoint, % of the state written (f: whole groups, d: deltas): "
+                      + " ".join(f"{100 * share(c):.1f}({c['fulls']}f,{c['deltas']}d)" for c in r["checkpoints"])
+                      + f"; the first follows the Release: {100 * share(after_rescale):.1f} %")
     deployer = [r["deployer_rss"] / 2**20 for by in rows.values() for b, r in by.items() if b != "dicts"]
     print(f"   deploying process RSS over K = {min(rows):,}..{max(rows):,}: {min(deployer):.0f}-{max(deployer):.0f} MB "
           f"(goal: independent of the state's size)")
@@ -525,7 +554,12 @@ def main() -> None:
     parser.add_argument("--parts", default="1,2,3,4,5,6",
                         help="which parts to run (3 and 6: the deployments; 6: issue 30's table)")
     parser.add_argument("--backends", default="memory,disk", help="backends of parts 3, 4 and 6")
+    parser.add_argument("--checkpoints", type=int, default=None,
+                        help="steady checkpoints each table row waits for (default 10; --quick: 3)")
     args = parser.parse_args()
+    os.environ["STATE_BENCH_CHECKPOINTS"] = str(args.checkpoints or (3 if args.quick else 10))
+    global CHECKPOINTS
+    CHECKPOINTS = int(os.environ["STATE_BENCH_CHECKPOINTS"])
     sizes = [1000, 10_000] if args.quick else [int(x) for x in args.keys.split(",")]
     if args.huge:
         sizes.append(10**7)
