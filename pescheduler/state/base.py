@@ -44,7 +44,8 @@ class Changes:
 
     token: str                          # the state object (a new one starts every chain again)
     seq: int                            # this snapshot's number in that state (1, 2, ...)
-    keys: set = field(default_factory=set)          # keys put or deleted, in the backend's form
+    keys: Iterable = field(default_factory=set)     # keys put or deleted, in the backend's form (any
+                                                    # collection: memory's is its dicts, read off the loop)
     whole: set = field(default_factory=set)         # key groups replaced whole (import, drop)
 
 

@@ -236,7 +236,7 @@ class ChainWriter:
             return None
         keys, whole = set(), set()
         for s in range(base.seq + 1, changes.seq + 1):
-            keys |= seen[s].keys
+            keys.update(seen[s].keys)           # memory's are a view of its dicts: read here, off the loop
             whole |= seen[s].whole
         return base.chains, keys, whole
 
