@@ -257,10 +257,9 @@ class ChainWriter:
                 if prev.delta_bytes + len(data) <= prev.full_bytes:
                     entry = self._put(files, checkpoint_id, f"{name}.delta", data)
                     return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data))
-        entries = dict(view.items(g))
-        data = pack_group(entries.items())
+        data = pack_group(view.items(g))            # in chunks: the PE's thread gets the GIL between them
         entry = self._put(files, checkpoint_id, f"{name}.full", data)
-        return _Chain(next(iter(entries)), (entry,), len(data), 0)
+        return _Chain(next(iter(view.items(g)))[0], (entry,), len(data), 0)
 
     def _put(self, files: StateFiles, checkpoint_id: int, name: str, data: bytes) -> dict:
         """A key-group file into the storage, and a copy kept on this worker."""
