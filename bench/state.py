@@ -1,10 +1,13 @@
 """Keyed state benchmark: the memory and disk backends against plain dicts, and what moves on a rescale.
 
     python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3,4,5,6]
-                          [--backends memory,disk]
+                          [--backends memory,disk] [--checkpoints 10]
 
-For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4), one run, all figures from it.
-Issue 30's table alone, both backends: ``--parts 6 --keys 1000,10000,100000,1000000 [--huge]``.
+For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4, the live parts 3 and 6 at 10^3 only,
+under a minute), one run, all figures from it.
+Issue 30's table alone, both backends: ``--parts 6 --keys 1000,10000,100000,1000000 [--huge]``;
+from 10^7 keys the table's checkpoint interval stretches (1 % of the keys per second would be more
+changes than :data:`CHANGES_PER_S`), each checkpoint still following 1 % of the keys changed.
 
   1. Backends (pescheduler/state/), each (backend, K) in a fresh process so its RSS is its own;
      values are a window's slots (``[count, sum, min, max]``, keys ``car-0000042``):
@@ -45,8 +48,9 @@ Issue 30's table alone, both backends: ``--parts 6 --keys 1000,10000,100000,1000
      interval) beside 500 ticks per second of one more key, each an output; ``stamps`` notes when
      outputs arrive. Per row: Replicate and Release pause; the PE's stall at a checkpoint (the
      largest gap between outputs overlapping a checkpoint, with the median gap beside it);
-     checkpoint duration, bytes written and state referenced (the largest ratio of three in the
-     steady stream); a SIGKILL of ``latest``'s worker to the first output after the restore; the
+     checkpoint duration, bytes written and state referenced (the largest ratio of ``--checkpoints``
+     (10) in the steady stream; the one right after the Release, which writes the moved key groups
+     whole, is shown apart with every checkpoint's share of whole groups and deltas); a SIGKILL of ``latest``'s worker to the first output after the restore; the
      largest worker RSS and the deploying process's; the fill's rate against ``dicts``, the same
      pipeline with ``latest_in_dicts`` (rows in one plain dict, snapshot a copy at the barrier).
      The workers' ``pescheduler.state.cache`` is 512 MB. Each row says which of issue 30's goals
@@ -394,6 +398,10 @@ def windows(sizes: list[int]) -> None:
 
 # -- 6. issue 30's table: one live deployment per (backend, K), every column from it ----------------
 
+CHANGES_PER_S = 20_000     # the most changed keys per second the table asks (more than this pipeline keeps up with
+                           # on this machine at 10^7: 1 % per second is 100,000/s); beyond it the checkpoint
+                           # interval stretches so that each still follows 1 % of the keys changed
+CHECKPOINTS = int(os.environ.get("STATE_BENCH_CHECKPOINTS", "10"))   # steady checkpoints per row (--checkpoints)
 CACHE = "512MB"            # pescheduler.state.cache of the workers (issue 30: 10 M keys with 512 MB)
 GOALS = "pause <= 100 ms, stall <= 20 ms, 1 % checkpoint <= 5 % of the state, first output <= 5 s " \
         "after SIGKILL, disk >= 0.5x memory at 1 M"
@@ -410,6 +418,8 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
     output after the restore is taken from the kill."""
     import signal
 
+    import dask.config
+
     import pescheduler
     from pescheduler import Application, Release, Replicate
 
@@ -417,12 +427,14 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
     os.environ["PESCHEDULER__STATE__DIR"] = root          # (a killed worker's files go with the run's directory)
     until, stamps = os.path.join(root, f"done-{backend}-{k}"), os.path.join(root, f"stamps-{backend}-{k}")
     app = Application(f"table-{backend}-{k}")
-    (app.source("churn", keys=k, until=until, changes=max(1, k // 100), start=stamps + ".start").key_by("id")
+    interval = interval_for(k)
+    (app.source("churn", keys=k, until=until, changes=max(1, k // 100) / interval, start=stamps + ".start").key_by("id")
         .apply("latest_in_dicts" if backend == "dicts" else "latest", id="state").sink("stamps", path=stamps))
     row: dict = {"backend": backend, "k": k}
-    with pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[],
+    with dask.config.set({"pescheduler.checkpoint.retain": 4 * CHECKPOINTS}), pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[],
                             state="memory" if backend == "dicts" else backend,
-                            checkpoint=os.path.join(root, f"ckpt-{backend}-{k}"), checkpoint_interval="1s") as dep:
+                            checkpoint=os.path.join(root, f"ckpt-{backend}-{k}"),
+                            checkpoint_interval=f"{interval}s") as dep:
         wait_for(dep, lambda s: "state" in s.operators and s.operators["state"].tuples_in >= k)
         if backend != "dicts":
             rep, rel = dep.apply(Replicate("state", 1), timeout=600), dep.apply(Release("state", 1), timeout=600)
@@ -430,8 +442,8 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
             row.update(replicate_ms=rep.pause_ms, release_ms=rel.pause_ms)
         steady = time.time()
         seen = len(dep.checkpoints())
-        wait_for(dep, lambda s: len(dep.checkpoints()) >= seen + 3)
-        row["checkpoints"] = [c for c in dep.checkpoints()[seen:] if c["time"] >= steady]
+        wait_for(dep, lambda s: len([c for c in dep.checkpoints()[seen:] if c["time"] >= steady]) >= CHECKPOINTS + 1)
+        row["checkpoints"] = [{**c, **written_by_kind(c)} for c in dep.checkpoints()[seen:] if c["time"] >= steady]
         row["worker_rss"] = max(w.memory_bytes for w in dep.snapshot().workers.values())
         row["deployer_rss"] = rss_bytes()
         row["killed_at"] = time.time()
@@ -449,6 +461,31 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         dep.wait(timeout=900)
     row.update(stalls(stamps, k, steady, row["killed_at"], row["checkpoints"]))
     return row
+
+
+def interval_for(k: int) -> float:
+    """The checkpoint interval of the table's row at K (s): 1 s (``--quick``: 0.5 s), stretched where
+    1 % of the keys per interval would be more than :data:`CHANGES_PER_S`, so each checkpoint still
+    follows 1 % of the keys changed."""
+    return max(float(os.environ.get("STATE_BENCH_INTERVAL", "1")), (k // 100) / CHANGES_PER_S)
+
+
+def written_by_kind(c: dict) -> dict:
+    """What checkpoint ``c`` wrote, from its manifest (kept: the table retains every checkpoint it
+    reads): bytes of whole key groups, of deltas and of the PEs' ``.state`` files, and how many
+    group files of each kind."""
+    with open(os.path.join(c["url"], "MANIFEST.json")) as f:
+        files = [e for e in json.load(f)["files"] if e["chk"] == c["id"]]
+    kind = lambda e: e["path"].rsplit(".", 1)[-1] if e["role"] == "group" else e["role"]
+    out = {"full_bytes": 0, "delta_bytes": 0, "state_file_bytes": 0, "fulls": 0, "deltas": 0}
+    for e in files:
+        k = kind(e)
+        if k in ("full", "delta"):
+            out[f"{k}_bytes"] += e["bytes"]
+            out[f"{k}s"] += 1
+        elif k == "state":
+            out["state_file_bytes"] += e["bytes"]
+    return out
 
 
 def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict]) -> dict:
@@ -478,8 +515,16 @@ def table(sizes: list[int], backends_: list[str]) -> None:
 
     print(f"\n6. issue 30's table: churn -> key_by -> latest (K keys) -> stamps, 2 workers, checkpoints every 1 s,")
     print(f"   1 % of the keys changed per second, pescheduler.state.cache={CACHE}; one deployment (one process) each")
+    for k in sizes:
+        if interval_for(k) != 1:
+            capped = k // 100 > CHANGES_PER_S
+            print(f"   K = {k:,}: checkpoints every {interval_for(k):g} s, 1 % of the keys changed in each"
+                  + (f" (1 % per second would be more than {CHANGES_PER_S:,} changes/s, more than this pipeline "
+                     f"keeps up with here)" if capped else ""))
     print(f"   stall: the largest gap between latest's outputs overlapping a checkpoint (p50 gap beside it);")
-    print(f"   1% ckpt: bytes written / state referenced, the largest of 3 checkpoints in the steady stream;")
+    print(f"   1% ckpt: bytes written / state referenced, the largest of {CHECKPOINTS} checkpoints in the steady stream")
+    print(f"   (the checkpoint right after the Release is not one of them: it writes the groups the Release moved")
+    print(f"   in whole, a rescale's cost, shown on the line under each row with every checkpoint's share);")
     print(f"   first out: SIGKILL of latest's worker -> first output after the restore; x dicts: the fill's rate")
     print(f"   against latest_in_dicts (the same pipeline, rows in one plain dict)")
     print(f"   goals: {GOALS}")
@@ -491,8 +536,10 @@ def table(sizes: list[int], backends_: list[str]) -> None:
         for k in sizes:
             rows[k] = {b: child_of("--table", b, k, root) for b in ["dicts", *backends_]}
             for b, r in rows[k].items():
-                c = max(r["checkpoints"], key=lambda c: c["bytes"] / max(c["state_bytes"], 1))
-                ratio = c["bytes"] / max(c["state_bytes"], 1)
+                share = lambda c: c["bytes"] / max(c["state_bytes"], 1)
+                after_rescale, steady = r["checkpoints"][0], r["checkpoints"][1:]
+                c = max(steady, key=share)
+                ratio = share(c)
                 first = r.get("first_output_s", float("nan"))
                 x = r["fill_rate"] / max(rows[k]["dicts"]["fill_rate"], 1e-9)
                 missed = [] if b == "dicts" else [name for name, ok in (
@@ -507,6 +554,9 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                       f"{c['state_bytes'] / 1e6:9.2f} {ratio:9.3f} "
                       f"{'-' if math.isnan(first) else f'{first:.2f}':>12} {r['worker_rss'] / 2**20:8.0f} MB "
                       f"{r['deployer_rss'] / 2**20:10.0f} MB {r['fill_rate']:8.0f} {x:8.2f}  {goals}")
+                print(f"{'':9} {'':8} each checkpoint, % of the state written (f: whole groups, d: deltas): "
+                      + " ".join(f"{100 * share(c):.1f}({c['fulls']}f,{c['deltas']}d)" for c in r["checkpoints"])
+                      + f"; the first follows the Release: {100 * share(after_rescale):.1f} %")
     deployer = [r["deployer_rss"] / 2**20 for by in rows.values() for b, r in by.items() if b != "dicts"]
     print(f"   deploying process RSS over K = {min(rows):,}..{max(rows):,}: {min(deployer):.0f}-{max(deployer):.0f} MB "
           f"(goal: independent of the state's size)")
@@ -521,17 +571,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", default="1000,10000,100000,1000000", help="comma-separated K")
     parser.add_argument("--huge", action="store_true", help="add K = 10^7 (minutes, GBs)")
-    parser.add_argument("--quick", action="store_true", help="K = 10^3 and 10^4 only (the table: 10^3)")
+    parser.add_argument("--quick", action="store_true",
+                        help="K = 10^3 and 10^4 only (the live parts 3 and 6: 10^3; under a minute)")
     parser.add_argument("--parts", default="1,2,3,4,5,6",
                         help="which parts to run (3 and 6: the deployments; 6: issue 30's table)")
     parser.add_argument("--backends", default="memory,disk", help="backends of parts 3, 4 and 6")
+    parser.add_argument("--checkpoints", type=int, default=None,
+                        help="steady checkpoints each table row waits for (default 10; --quick: 2)")
     args = parser.parse_args()
+    os.environ["STATE_BENCH_CHECKPOINTS"] = str(args.checkpoints or (2 if args.quick else 10))
+    os.environ["STATE_BENCH_INTERVAL"] = "0.5" if args.quick else "1"
+    global CHECKPOINTS
+    CHECKPOINTS = int(os.environ["STATE_BENCH_CHECKPOINTS"])
     sizes = [1000, 10_000] if args.quick else [int(x) for x in args.keys.split(",")]
     if args.huge:
         sizes.append(10**7)
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine: compare ratios)")
     parts, chosen = {int(p) for p in args.parts.split(",")}, args.backends.split(",")
-    for part, run in ((1, backends), (2, window_state), (3, lambda s: live(s, chosen)),
+    for part, run in ((1, backends), (2, window_state), (3, lambda s: live(s[:1] if args.quick else s, chosen)),
                       (4, lambda s: checkpoints(s, chosen)), (5, windows), (6, lambda s: table(s[:1] if args.quick else s, chosen))):
         if part in parts:
             run(sizes)

@@ -16,6 +16,8 @@ store values as bytes.
 
 from __future__ import annotations
 
+import io
+import itertools
 import pickle
 import uuid
 from abc import ABC, abstractmethod
@@ -27,14 +29,30 @@ from ..wire import KEY_GROUPS, key_group
 __all__ = ["KEY_GROUPS", "Changes", "KeyedState", "StateView", "key_group", "pack_group", "unpack_group"]
 
 
+PACK_CHUNK = 8192          # entries pickled in one call (see pack_group)
+
+
 def pack_group(items: Iterable[tuple[Any, Any]]) -> bytes:
-    """One key group's entries as bytes: the format every backend exports and imports."""
-    return pickle.dumps(dict(items), protocol=pickle.HIGHEST_PROTOCOL)
+    """One key group's entries as bytes: the format every backend exports and imports.
+
+    Pickled ``{key: value}`` dicts of at most :data:`PACK_CHUNK` entries, one after the other (a
+    group that small is one pickled dict). Pickling holds the GIL for the whole call, and a
+    checkpoint packs groups in a worker thread beside the PE's: at 10^7 keys a group holds ~78,000
+    entries, and one call for it would hold the stream that long."""
+    it = iter(items)
+    parts = [pickle.dumps(dict(itertools.islice(it, PACK_CHUNK)), protocol=pickle.HIGHEST_PROTOCOL)]
+    while chunk := dict(itertools.islice(it, PACK_CHUNK)):
+        parts.append(pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL))
+    return b"".join(parts) if len(parts) > 1 else parts[0]
 
 
 def unpack_group(data: bytes) -> dict:
     """The entries :func:`pack_group` packed, ``{key: value}``."""
-    return pickle.loads(data)
+    f = io.BytesIO(data)
+    entries = pickle.load(f)
+    while f.tell() < len(data):
+        entries.update(pickle.load(f))
+    return entries
 
 
 @dataclass
@@ -44,7 +62,8 @@ class Changes:
 
     token: str                          # the state object (a new one starts every chain again)
     seq: int                            # this snapshot's number in that state (1, 2, ...)
-    keys: set = field(default_factory=set)          # keys put or deleted, in the backend's form
+    keys: Iterable = field(default_factory=set)     # keys put or deleted, in the backend's form (any
+                                                    # collection: memory's is its dicts, read off the loop)
     whole: set = field(default_factory=set)         # key groups replaced whole (import, drop)
 
 

@@ -14,10 +14,15 @@ bytes) and up to ``pescheduler.checkpoint.max-deltas`` delta files, each
 holding ``({key: value} put, [key] deleted)`` since the chain's previous file
 (Flink's changelog idea). A checkpoint writes, per group: nothing when no key
 of it changed (the manifest references the earlier files), a delta when the
-chain is short enough and its deltas together stay smaller than its full
-file, else the group whole. Chains grow only from checkpoints known complete
-(:meth:`ChainWriter.confirm`): a delta never builds on a file an aborted
-checkpoint wrote.
+chain is short enough, its deltas together stay smaller than its full file and
+it is not the group's turn to be rewritten, else the group whole. Turns are
+staggered (:func:`rewrite_turn`): each checkpoint rewrites about 1 /
+max-deltas of the groups, not every chain at once when they all reach their
+length together (1 % of the keys changed touches every group, so every chain
+grows at each checkpoint: rewritten in lockstep, one checkpoint in
+max-deltas + 1 wrote the whole state). Chains grow only from checkpoints
+known complete (:meth:`ChainWriter.confirm`): a delta never builds on a file
+an aborted checkpoint wrote.
 
 The PE's ``.state`` file stores, in place of each view, ``{group: (a key of
 it, GroupRef)}``: a :class:`GroupRef` names the chain's files; the signed
@@ -91,12 +96,24 @@ class GroupRef:
     run: str
     name: str                   # <pe>.<n>: the view's files are <name>.g<NNN>.full|delta
     group: int
-    chain: tuple                # ((checkpoint id, "full" | "delta"), ...)
-    files: tuple = ()
+    chain: tuple                # checkpoint ids: the full file's, then each delta's (compact: the .state
+    files: tuple = ()           # file holds one per group, every checkpoint)
 
     @property
     def paths(self) -> list[str]:
-        return [f"chk-{chk:06d}/{self.name}.g{self.group:03d}.{kind}" for chk, kind in self.chain]
+        return [f"chk-{chk:06d}/{self.name}.g{self.group:03d}.{kind}" for chk, kind in _kinds(self.chain)]
+
+
+def _kinds(chain: tuple) -> list[tuple[int, str]]:
+    """``(checkpoint id, "full" | "delta")`` of a chain; earlier versions wrote those pairs themselves."""
+    return [c if type(c) is tuple else (c, "delta" if i else "full") for i, c in enumerate(chain)]
+
+
+def rewrite_turn(group: int, checkpoint_id: int, max_deltas: int) -> bool:
+    """Whether checkpoint ``checkpoint_id`` is group ``group``'s turn to be rewritten whole: every
+    ``max_deltas`` checkpoints, the groups' turns spread evenly over them (about 1 / max_deltas
+    of the state per checkpoint, never all of it at once)."""
+    return (group + checkpoint_id) % max(1, max_deltas) == 0
 
 
 # -- the PE's .state file: views set aside, references put back ----------------------------------
@@ -207,8 +224,9 @@ class ChainWriter:
         with self._lock:
             self._pending.setdefault(checkpoint_id, {})[changes.token] = _Written(changes.seq, chains, run)
         written = [{**f, "role": "group"} for c in chains.values() for f in c.files]
-        return {g: (c.key, GroupRef(run, name, g, tuple((f["chk"], f["path"].rsplit(".", 1)[1]) for f in c.files)))
-                for g, c in chains.items()}, written
+        shared: dict = {}               # groups with equal chains share one tuple: pickled once in .state
+        return {g: (c.key, GroupRef(run, name, g, shared.setdefault(chain, chain)))
+                for g, c in chains.items() for chain in (tuple(f["chk"] for f in c.files),)}, written
 
     def _since(self, changes) -> tuple[dict, set, set] | None:
         """``(base chains, changed keys, groups replaced whole)`` since the last complete
@@ -218,29 +236,30 @@ class ChainWriter:
             return None
         keys, whole = set(), set()
         for s in range(base.seq + 1, changes.seq + 1):
-            keys |= seen[s].keys
+            keys.update(seen[s].keys)           # memory's are a view of its dicts: read here, off the loop
             whole |= seen[s].whole
         return base.chains, keys, whole
 
     def _chain(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView, g: int,
                since: tuple | None) -> _Chain:
         """Group ``g``'s chain in this checkpoint: the base's as it was (no key changed), with one
-        more delta (the chain is short and its deltas stay smaller than its full file), or a
-        new full file."""
+        more delta (the chain is short, its deltas stay smaller than its full file and it is not
+        the group's turn: :func:`rewrite_turn`), or a new full file."""
         prev = None if since is None or g in since[2] else since[0].get(g)
         if prev is not None:
-            keys = since[1].get(g)
-            if not keys:
+            keys, max_deltas = since[1].get(g), config.get("checkpoint.max-deltas")
+            deltas = len(prev.files) - 1
+            turn = deltas and rewrite_turn(g, checkpoint_id, max_deltas)   # even unchanged: a turn missed
+            if not keys and not turn:                   # would be made up later, beside other groups' turns
                 return prev
-            data = pickle.dumps(view.delta(g, keys), _PICKLE)
-            if len(prev.files) - 1 < config.get("checkpoint.max-deltas") and \
-                    prev.delta_bytes + len(data) <= prev.full_bytes:
-                entry = self._put(files, checkpoint_id, f"{name}.delta", data)
-                return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data))
-        entries = dict(view.items(g))
-        data = pack_group(entries.items())
+            if deltas < max_deltas and not turn:
+                data = pickle.dumps(view.delta(g, keys), _PICKLE)
+                if prev.delta_bytes + len(data) <= prev.full_bytes:
+                    entry = self._put(files, checkpoint_id, f"{name}.delta", data)
+                    return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data))
+        data = pack_group(view.items(g))            # in chunks: the PE's thread gets the GIL between them
         entry = self._put(files, checkpoint_id, f"{name}.full", data)
-        return _Chain(next(iter(entries)), (entry,), len(data), 0)
+        return _Chain(next(iter(view.items(g)))[0], (entry,), len(data), 0)
 
     def _put(self, files: StateFiles, checkpoint_id: int, name: str, data: bytes) -> dict:
         """A key-group file into the storage, and a copy kept on this worker."""

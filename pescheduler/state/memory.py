@@ -17,6 +17,16 @@ put into their groups' dicts, their key groups computed in one batch
 (``groups.key_groups``). A snapshot therefore costs O(keys
 written since the last one), never O(all keys).
 
+At a snapshot even that fold leaves the PE's loop (:class:`_Fold`): the keys
+written since the last fold are handed to the view as they are (their dicts
+swapped for new ones, O(1)), and whoever needs the group dicts first applies
+them, once: the checkpoint's writer, in the worker's thread, or the state's
+next fold. So the stall at a barrier does not grow with the keys written
+since the last one (1 % of 10^7 keys is 10^5 of them). The view then reads the
+group dicts with those writes applied in place, which no one else may read
+meanwhile: only a snapshot taken while no earlier view is live defers its
+fold (else it folds at once, as before).
+
 Copy-on-write: the view keeps references to the group dicts of the snapshot;
 a fold copies a group a live view still shares (a shallow dict copy) before
 writing it. A view is read while the stream goes on (a checkpoint's files are
@@ -31,6 +41,7 @@ from __future__ import annotations
 import pickle
 import threading
 import weakref
+from collections.abc import Set as AbstractSet
 from typing import Any, Callable, Iterable, Iterator
 
 from .base import KEY_GROUPS, Changes, KeyedState, StateView
@@ -44,6 +55,9 @@ _NOTHING = object()
 # Reentrant: a view collected by the garbage collector inside _bind releases itself there (it only
 # ever empties the live views, so the outer decision stays safe: at worst the copying get).
 _BIND = threading.RLock()
+# Whoever applies a deferred fold (a checkpoint's writer thread or the state's own next fold) holds
+# this while it does: the other waits, then finds it done.
+_FOLDING = threading.Lock()
 
 
 def _copy(value: Any) -> Any:
@@ -51,22 +65,70 @@ def _copy(value: Any) -> Any:
     return pickle.loads(pickle.dumps(value, _PICKLE))
 
 
+class _Fold:
+    """The keys written between two folds, put into the group dicts ``tables`` when :meth:`apply`
+    is first called: by a snapshot's view (in the checkpoint's writer thread) or by the state's
+    next fold, whichever comes first (the dicts are shared by both: in place, once)."""
+
+    def __init__(self, tables: list[dict], puts: dict, gone: set) -> None:
+        self.tables, self.puts, self.gone = tables, puts, gone
+
+    def apply(self) -> None:
+        with _FOLDING:
+            if self.puts is None:
+                return
+            puts, tables = self.puts, self.tables
+            gone = [k for k in self.gone if k not in puts]          # deleted, not put again since
+            # A long loop in a thread of its own: the interpreter hands the PE's thread the GIL every
+            # switch interval (5 ms), so the stream is not held for the whole fold.
+            for g, key, value in zip(key_groups(list(puts)), puts, puts.values()):
+                tables[g][key] = value
+            for g, key in zip(key_groups(gone), gone):
+                tables[g].pop(key, None)
+            self.puts = self.gone = None
+
+
+class _Keys(AbstractSet):
+    """The keys put (a dict's) and deleted (a set) since a snapshot, as :attr:`Changes.keys`: a set
+    read by the checkpoint's writer, never copied into one on the PE's loop."""
+
+    def __init__(self, put: dict, deleted: set) -> None:
+        self.put, self.deleted = put, deleted
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.put or key in self.deleted
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.put
+        yield from (k for k in self.deleted if k not in self.put)
+
+    def __len__(self) -> int:
+        return len(self.put) + sum(1 for k in self.deleted if k not in self.put)
+
+
 class MemoryView(StateView):
     """The group dicts as they were at the snapshot (shared with the state until it writes them)."""
 
     def __init__(self, tables: list[dict], changes: Changes | None = None, live: set | None = None,
-                 on_release: Callable[[int], None] | None = None) -> None:
+                 on_release: Callable[[int], None] | None = None, fold: _Fold | None = None) -> None:
         self._tables = tables
+        self._fold = fold                   # writes before the snapshot not yet in the dicts
         self.changes = changes
         if live is not None:                # the state copies shared values while this view lives
             live.add(id(self))
             self._end = weakref.finalize(self, on_release or live.discard, id(self))
 
+    def _ready(self) -> list[dict]:
+        if self._fold is not None:
+            self._fold.apply()
+            self._fold = None
+        return self._tables
+
     def groups(self) -> list[int]:
-        return [g for g, t in enumerate(self._tables) if t]
+        return [g for g, t in enumerate(self._ready()) if t]
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
-        return iter(self._tables[group].items())
+        return iter(self._ready()[group].items())
 
     def by_group(self, keys: Iterable[Any]) -> dict[int, list]:
         keys = list(keys)
@@ -76,7 +138,7 @@ class MemoryView(StateView):
         return out
 
     def delta(self, group: int, keys: Iterable[Any]) -> tuple[dict, list]:
-        table = self._tables[group]
+        table = self._ready()[group]
         puts = {k: table[k] for k in keys if k in table}
         return puts, [k for k in keys if k not in table]
 
@@ -102,6 +164,7 @@ class MemoryState(KeyedState):
         self._deleted: set = set()          # keys deleted since the snapshot (Changes.keys with _written)
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
         self._live: set[int] = set()        # ids of the views not yet released (see the module docstring)
+        self._pending: _Fold | None = None  # a snapshot's deferred fold, maybe not applied yet
         self._bind()
         self._track()
 
@@ -174,7 +237,9 @@ class MemoryState(KeyedState):
             self._bind()
 
     def __getstate__(self) -> dict:
+        self._settle()
         state = dict(self.__dict__)
+        state["_pending"] = None
         state.pop("get", None)              # a bound lookup of the old index: bound again on load
         state["_live"] = set()              # views are not pickled with the state
         state["_shared"] = set()
@@ -185,12 +250,19 @@ class MemoryState(KeyedState):
         self._bind()
 
     # -- key groups: folded from the writes when asked --------------------------------------------
+    def _settle(self) -> None:
+        """The deferred fold of the last snapshot applied (normally its checkpoint's writer did)."""
+        if self._pending is not None:
+            self._pending.apply()
+            self._pending = None
+
     def _fold(self) -> None:
         """Bring the group dicts up to date with the index: O(keys written since the last fold),
         their groups computed in one batch. A group a live view shares is copied first; once no
         view lives, none is. Only what came since the last fold: an operator that writes after
         each group it reads (a sweep) folds once per group, and a fold of every key written since
         the snapshot made that sweep cost groups x keys written (ep_patterns ran 0.3x its dict)."""
+        self._settle()
         unfolded, unfolded_gone = self._unfolded, self._unfolded_gone
         if not unfolded and not unfolded_gone:
             return
@@ -227,15 +299,24 @@ class MemoryState(KeyedState):
         return [g for g, t in enumerate(self._tables) if t]
 
     def snapshot(self) -> MemoryView:
-        """O(key groups + keys written since the last one): the changed keys are the next
-        incremental checkpoint's input."""
-        self._fold()
-        changes = self._changes(set(self._written) | self._deleted, self._whole)
+        """O(key groups): the keys written since the last fold are folded by whoever reads the
+        view or the groups first (:class:`_Fold`; at once if an earlier view is still live), and
+        the changed keys, the next incremental checkpoint's input, are handed over uncopied."""
+        self._settle()
+        fold = None
+        if self._live:                      # an earlier view may read the dicts: copy-on-write now
+            self._fold()
+        elif self._unfolded or self._unfolded_gone:
+            fold = self._pending = _Fold(self._tables, self._unfolded, self._unfolded_gone)
+            self._unfolded, self._unfolded_gone = {}, set()
+        # dict.copy is one C pass (no hashing): keeps writable() the same dict, cleared in place
+        changes = self._changes(_Keys(self._written.copy(), self._deleted), self._whole)
         self._deleted, self._whole = set(), set()
+        self._written.clear()               # cleared in place: nobody may hold it past a snapshot
         self._shared = set(range(KEY_GROUPS))
         self._changed = set()
-        self._written.clear()               # cleared in place: nobody may hold it past a snapshot
-        view = MemoryView(list(self._tables), changes, self._live, self._released)
+        view = MemoryView(self._tables, changes, self._live, self._released, fold)
+        self._tables = list(self._tables)   # the view keeps the list, the state writes its own copy
         self._bind()
         return view
 

@@ -109,6 +109,45 @@ def test_after_one_percent_of_keys_changed_a_checkpoint_writes_under_five_percen
     assert restored(store, 2) == expect
 
 
+def test_every_checkpoint_after_one_percent_changed_writes_under_five_percent(state):
+    """Issue 30's goal over a whole cycle of chains (the default max-deltas, and two checkpoints
+    more), not one checkpoint: chains rewritten all at once (they reach max-deltas together when
+    every group changes at every checkpoint) made one checkpoint in max-deltas + 1 write it all."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    row = lambda i: f"{i:0100d}"                            # rows of ~150 bytes, as a table's
+    fill(state, value=lambda i: [i, row(i)])
+    full = written(checkpoint(files, store, state, 1), 1)
+    shares = []
+    for cid in range(2, dask.config.get("pescheduler.checkpoint.max-deltas") + 4):
+        for i in range(cid % 100, K, 100):                  # 1 % of the keys, others each time
+            state.put(f"car-{i:07d}", [cid, row(i)])
+        shares.append(round(written(checkpoint(files, store, state, cid), cid) / full, 3))
+    assert max(shares) <= 0.05, shares
+    got = restored(store, cid)
+    assert got[f"car-{cid:07d}"] == [cid, row(cid)] and got["car-0000099"] == [99, row(99)]   # changed last, never
+
+
+def test_chains_are_rewritten_in_turns_never_all_at_once(state):
+    """With max-deltas 4 and every group changed at every checkpoint, each checkpoint rewrites a
+    quarter of the groups whole (its turn, once a chain has a delta) and no chain is longer."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 4_000)
+    keys_by_group: dict = {}
+    for i in range(4_000):
+        keys_by_group.setdefault(key_group(f"car-{i:07d}"), f"car-{i:07d}")
+    fulls, longest = [], 0
+    with dask.config.set({"pescheduler.checkpoint.max-deltas": 4}):
+        for cid in range(1, 11):
+            for key in keys_by_group.values():              # one key of every group
+                state.put(key, [0, float(cid)])
+            out = checkpoint(files, store, state, cid)
+            fulls.append(sum(f["chk"] == cid and f["path"].endswith(".full") for f in out["files"]))
+            longest = max(longest, max(sum(f"g{g:03d}." in f["path"] for f in out["files"]) for g in range(128)))
+    assert fulls == [128, 0] + [32] * 8
+    assert longest <= 5                                     # the full file and at most 4 deltas
+    assert restored(store, 10)[keys_by_group[5]] == [0, 10.0]
+
+
 def test_a_chain_is_rewritten_whole_after_max_deltas(state):
     store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
     fill(state, 2_000)

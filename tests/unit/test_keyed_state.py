@@ -202,3 +202,20 @@ def test_keys_python_holds_equal_share_a_key_group():
     state.groups()                      # folds the write into its group
     state.delete(0)                     # the same key, written as an int
     assert [dict(state.items(g)) for g in state.groups()] == [] and state.get(0.0) is None
+
+
+def test_a_large_group_is_packed_in_chunks_and_unpacks_whole(monkeypatch):
+    """A checkpoint's writer packs groups in a thread beside the PE's: one pickle call holds the GIL
+    throughout, so a large group (~78,000 entries at 10^7 keys) is packed PACK_CHUNK entries a call."""
+    import pickle
+
+    import pescheduler.state.base as base
+
+    monkeypatch.setattr(base, "PACK_CHUNK", 100)
+    entries = {f"k{i}": [i, {"n": i}] for i in range(1_050)}
+    data = base.pack_group(entries.items())
+    assert len(pickle.loads(data)) == 100                   # the first of 11 pickled dicts
+    assert base.unpack_group(data) == entries
+    small = base.pack_group([("a", 1)])
+    assert pickle.loads(small) == {"a": 1} == base.unpack_group(small)      # one dict, as before
+    assert base.unpack_group(base.pack_group([])) == {}
