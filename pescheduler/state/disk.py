@@ -54,6 +54,15 @@ _PICKLE = pickle.HIGHEST_PROTOCOL
 _GROUP = tuple(bytes((g,)) for g in range(KEY_GROUPS + 1))
 _INT, _STR, _PICKLED = 0x69, 0x73, 0x70       # b"i", b"s", b"p": the tag after the group byte
 FLUSH_KEYS = 4096       # writes held in the write-back buffer before one write batch
+ENCODED_KEYS = 8192     # keys whose encoding is remembered (an operator's get, then put, of one key)
+
+
+def _stored_bits(cache_bytes: int) -> bytearray:
+    """The "may be stored" bitmap: a 16th of the cache, a power of two of bytes (at least 64 KiB)."""
+    size = 1 << 16
+    while size * 2 <= cache_bytes // 16:
+        size *= 2
+    return bytearray(size)
 
 
 def _prefix(group: int) -> bytes:
@@ -208,6 +217,11 @@ class DiskState(KeyedState):
         no_wal.disable_wal = True           # the checkpoint is the durability (module docstring)
         self._db.set_write_options(no_wal)
         self._pending: dict[bytes, bytes | None] = {}   # the write-back buffer: None, a delete
+        self._encoded: dict[Any, bytes] = {}    # key -> _encode(key): equal keys share one entry
+        # a bit per hash of an encoded key written to the store (never cleared): a get of a key
+        # whose bit is clear is a miss without a call into RocksDB (a fill's every get)
+        self._stored = _stored_bits(cache_bytes)
+        self._mask = len(self._stored) * 8 - 1
         self._end = weakref.finalize(self, _shut, self._db, path)
         self._changed: set[int] = set()
         self._dirty: set[bytes] = set()     # encoded keys put or deleted since the snapshot
@@ -218,15 +232,29 @@ class DiskState(KeyedState):
         self._view_ids = itertools.count()
         self._track()
 
+    def _key(self, key: Any) -> bytes:
+        """``_encode(key)``, remembered for the next call naming it: correct for every key equal
+        to it, since equal keys have one encoding. Bounded: forgotten all at once when full."""
+        encoded = self._encoded
+        k = encoded.get(key)
+        if k is None:
+            if len(encoded) >= ENCODED_KEYS:
+                encoded.clear()
+            k = encoded[key] = _encode(key)
+        return k
+
     def get(self, key: Any, default: Any = None) -> Any:
-        k = _encode(key)
+        k = self._key(key)
         raw = self._pending.get(k, _MISSING)
         if raw is _MISSING:
+            h = hash(k) & self._mask
+            if not self._stored[h >> 3] & (1 << (h & 7)):
+                return default
             raw = self._db.get(k)
         return default if raw is None else pickle.loads(raw)
 
     def put(self, key: Any, value: Any) -> None:
-        k = _encode(key)
+        k = self._key(key)
         self._changed.add(k[0])
         self._dirty.add(k)
         pending = self._pending
@@ -235,7 +263,7 @@ class DiskState(KeyedState):
             self._flush()
 
     def delete(self, key: Any) -> None:
-        k = _encode(key)
+        k = self._key(key)
         self._changed.add(k[0])
         self._dirty.add(k)
         pending = self._pending
@@ -249,6 +277,9 @@ class DiskState(KeyedState):
         loads, pending = pickle.loads, self._pending
         raws = [pending.get(_encode(k), _MISSING) for k in keys] if pending else \
             [_MISSING] * len(keys)
+        for i, raw in enumerate(raws):
+            if raw is _MISSING and not self._may_be_stored(_encode(keys[i])):
+                raws[i] = None
         missed = [i for i, raw in enumerate(raws) if raw is _MISSING]
         if missed:
             for i, raw in zip(missed, self._db.get([_encode(keys[i]) for i in missed])):
@@ -280,12 +311,14 @@ class DiskState(KeyedState):
             return
         from rocksdict import WriteBatch
 
-        batch = WriteBatch(raw_mode=True)
+        batch, stored, mask = WriteBatch(raw_mode=True), self._stored, self._mask
         for k, raw in pending.items():
             if raw is None:
                 batch.delete(k)
             else:
                 batch.put(k, raw)
+                h = hash(k) & mask
+                stored[h >> 3] |= 1 << (h & 7)
         self._db.write(batch)
         if self._since is not None:
             for k in pending:
@@ -293,6 +326,10 @@ class DiskState(KeyedState):
                 if self._since is None:
                     break
         self._pending = {}
+
+    def _may_be_stored(self, k: bytes) -> bool:
+        h = hash(k) & self._mask
+        return bool(self._stored[h >> 3] & (1 << (h & 7)))
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         self._flush()
@@ -357,8 +394,12 @@ class DiskState(KeyedState):
         self._flush()
         batch, dumps = WriteBatch(raw_mode=True), pickle.dumps
         batch.delete_range(_prefix(group), _prefix(group + 1))
+        stored, mask = self._stored, self._mask
         for key, value in entries.items():
-            batch.put(_encode(key), dumps(value, _PICKLE))
+            k = _encode(key)
+            batch.put(k, dumps(value, _PICKLE))
+            h = hash(k) & mask
+            stored[h >> 3] |= 1 << (h & 7)
         self._db.write(batch)
         self._changed.add(group)
         self._whole.add(group)
