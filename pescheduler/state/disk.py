@@ -223,7 +223,6 @@ class DiskState(KeyedState):
         self._stored = _stored_bits(cache_bytes)
         self._mask = len(self._stored) * 8 - 1
         self._end = weakref.finalize(self, _shut, self._db, path)
-        self._changed: set[int] = set()
         self._dirty: set[bytes] = set()     # encoded keys put or deleted since the snapshot
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
         self._views: list[DiskView] = []
@@ -244,7 +243,7 @@ class DiskState(KeyedState):
         return k
 
     def get(self, key: Any, default: Any = None) -> Any:
-        k = self._key(key)
+        k = self._encoded.get(key) or self._key(key)
         raw = self._pending.get(k, _MISSING)
         if raw is _MISSING:
             h = hash(k) & self._mask
@@ -254,8 +253,7 @@ class DiskState(KeyedState):
         return default if raw is None else pickle.loads(raw)
 
     def put(self, key: Any, value: Any) -> None:
-        k = self._key(key)
-        self._changed.add(k[0])
+        k = self._encoded.get(key) or self._key(key)
         self._dirty.add(k)
         pending = self._pending
         pending[k] = pickle.dumps(value, _PICKLE)
@@ -263,8 +261,7 @@ class DiskState(KeyedState):
             self._flush()
 
     def delete(self, key: Any) -> None:
-        k = self._key(key)
-        self._changed.add(k[0])
+        k = self._encoded.get(key) or self._key(key)
         self._dirty.add(k)
         pending = self._pending
         pending[k] = None
@@ -288,15 +285,13 @@ class DiskState(KeyedState):
 
     def write_many(self, puts: Iterable[tuple[Any, Any]], deletes: Iterable[Any] = ()) -> None:
         """Into the write-back buffer, written in one batch once it is full."""
-        dumps, changed, dirty, pending = pickle.dumps, self._changed, self._dirty, self._pending
+        dumps, dirty, pending = pickle.dumps, self._dirty, self._pending
         for key, value in puts:
             k = _encode(key)
-            changed.add(k[0])
             dirty.add(k)
             pending[k] = dumps(value, _PICKLE)
         for key in deletes:
             k = _encode(key)
-            changed.add(k[0])
             dirty.add(k)
             pending[k] = None
         if len(pending) >= FLUSH_KEYS:
@@ -342,20 +337,19 @@ class DiskState(KeyedState):
     def snapshot(self) -> DiskView:
         self._flush()
         changes = self._changes(self._dirty, self._whole)
-        self._changed, self._dirty, self._whole = set(), set(), set()
+        self._dirty, self._whole = set(), set()
         self._views = [v for v in self._views if v._snap is not None]
         view = DiskView(self._db, os.path.join(self.path, f"view-{next(self._view_ids)}"), changes)
         self._views.append(view)
         return view
 
     def changed(self) -> set[int]:
-        return set(self._changed)
+        return {k[0] for k in self._dirty} | self._whole     # derived here: a put adds to one set
 
     def drop_groups(self, groups: Iterable[int]) -> None:
         self._flush()
         for g in groups:
             self._db.delete_range(_prefix(g), _prefix(g + 1))
-            self._changed.add(g)
             self._whole.add(g)
 
     def take_groups(self, groups: Iterable[int]) -> dict[int, "ViewGroup"]:
@@ -401,7 +395,6 @@ class DiskState(KeyedState):
             h = hash(k) & mask
             stored[h >> 3] |= 1 << (h & 7)
         self._db.write(batch)
-        self._changed.add(group)
         self._whole.add(group)
 
     def settle(self) -> None:
