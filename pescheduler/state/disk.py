@@ -149,8 +149,8 @@ class DiskView(StateView):
 
     def delta(self, group: int, keys: Iterable[bytes]) -> tuple[dict, list]:
         puts, deletes, loads = {}, [], pickle.loads
-        for raw in keys:
-            value = self._snap.get(raw)
+        keys = list(keys)
+        for raw, value in zip(keys, self._snap.get(keys)):     # one multi-get for the group's keys
             if value is None:
                 deletes.append(_decode(raw))
             else:
