@@ -271,17 +271,12 @@ class DiskState(KeyedState):
     def get_many(self, keys: list) -> list:
         """The buffer first, then one multi-get for the rest (a get per key through the binding
         cost a call and a lookup each)."""
-        loads, pending = pickle.loads, self._pending
-        raws = [pending.get(_encode(k), _MISSING) for k in keys] if pending else \
-            [_MISSING] * len(keys)
-        for i, raw in enumerate(raws):
-            if raw is _MISSING and not self._may_be_stored(_encode(keys[i])):
-                raws[i] = None
-        missed = [i for i, raw in enumerate(raws) if raw is _MISSING]
-        if missed:
-            for i, raw in zip(missed, self._db.get([_encode(keys[i]) for i in missed])):
-                raws[i] = raw
-        return [None if raw is None else loads(raw) for raw in raws]
+        loads, pending, encoded = pickle.loads, self._pending, [_encode(k) for k in keys]
+        raws = [pending.get(k, _MISSING) for k in encoded]
+        missed = [i for i, raw in enumerate(raws) if raw is _MISSING and self._may_be_stored(encoded[i])]
+        for i, raw in zip(missed, self._db.get([encoded[i] for i in missed]) if missed else ()):
+            raws[i] = raw
+        return [None if raw is None or raw is _MISSING else loads(raw) for raw in raws]
 
     def write_many(self, puts: Iterable[tuple[Any, Any]], deletes: Iterable[Any] = ()) -> None:
         """Into the write-back buffer, written in one batch once it is full."""
