@@ -2,9 +2,24 @@
 
 Layout: one store per operator instance in a directory of its own under
 ``pescheduler.state.dir``; a key is stored as one byte of key group followed
-by its pickle, a value as its pickle. A key group is therefore one contiguous
-key range: iterating, exporting or dropping a group is a seek and a range
-(``delete_range``), never a scan of the others.
+by its canonical encoding (:func:`_encode`), a value as its pickle. A key group
+is therefore one contiguous key range: iterating, exporting or dropping a group
+is a seek and a range (``delete_range``), never a scan of the others.
+
+Keys Python holds equal are one key here, as in a dict (the ``memory`` backend)
+and in ``wire.key_group``: 0, 0.0, False and ``numpy.int64(0)`` are stored as
+the int 0 (and read back as it), tuples of them likewise. A plain int or str
+key is a tag byte and its digits or UTF-8 (no pickle: the hot path); anything
+else is the pickle of its canonical form. Keys of the first encoding (a pickle
+right after the group byte) still read.
+
+Writes are held in a write-back buffer in front of the store (a dict of encoded
+key -> pickled value, None for a delete; reads look there first) and go in one
+``WriteBatch`` when it holds ``FLUSH_KEYS`` keys, or before anything reads the
+store as a whole (a scan, a snapshot, a take, an import): a put through the
+binding cost a call, a memtable insert and a WAL append each. The WAL is off,
+as in Flink's RocksDB backend: a store is never reopened after a crash, the
+checkpoint is the durability (a RocksDB checkpoint flushes the memtable first).
 
 Memory is bounded by ``pescheduler.state.cache``: half of it is RocksDB's block
 cache (recently read blocks), the other half its memtables (recent writes,
@@ -32,17 +47,51 @@ import shutil
 import weakref
 from typing import Any, Iterable, Iterator
 
-from .base import Changes, KeyedState, StateView, key_group
+from ..wire import _canonical
+from .base import KEY_GROUPS, Changes, KeyedState, StateView, key_group
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
+_GROUP = tuple(bytes((g,)) for g in range(KEY_GROUPS + 1))
+_INT, _STR, _PICKLED = 0x69, 0x73, 0x70       # b"i", b"s", b"p": the tag after the group byte
+FLUSH_KEYS = 4096       # writes held in the write-back buffer before one write batch
+ENCODED_KEYS = 8192     # keys whose encoding is remembered (an operator's get, then put, of one key)
+
+
+def _stored_bits(cache_bytes: int) -> bytearray:
+    """The "may be stored" bitmap: a 16th of the cache, a power of two of bytes (at least 64 KiB)."""
+    size = 1 << 16
+    while size * 2 <= cache_bytes // 16:
+        size *= 2
+    return bytearray(size)
 
 
 def _prefix(group: int) -> bytes:
-    return bytes((group,))
+    return _GROUP[group]
 
 
 def _encode(key: Any) -> bytes:
-    return _prefix(key_group(key)) + pickle.dumps(key, _PICKLE)
+    """Group byte, tag, body: one encoding per value Python holds equal (``wire._canonical``:
+    an integral number is an int, a tuple canonical inside), so 0, 0.0 and False are one key."""
+    t = type(key)
+    if t is str:
+        return _GROUP[key_group(key)] + b"s" + key.encode()
+    if t is not int:
+        key = _canonical(key)
+        if type(key) is not int:
+            return _GROUP[key_group(key)] + b"p" + pickle.dumps(key, _PICKLE)
+    return _GROUP[key_group(key)] + b"i%d" % key
+
+
+def _decode(raw: bytes) -> Any:
+    """The key :func:`_encode` encoded (its canonical form); the first encoding's pickle too."""
+    tag = raw[1]
+    if tag == _INT:
+        return int(raw[2:])
+    if tag == _STR:
+        return raw[2:].decode()
+    if tag == _PICKLED:
+        return pickle.loads(raw[2:])
+    return pickle.loads(raw[1:])            # written before the tags: the pickle follows the group
 
 
 def _range(source: Any, group: int) -> Iterator[tuple[Any, Any]]:
@@ -53,7 +102,7 @@ def _range(source: Any, group: int) -> Iterator[tuple[Any, Any]]:
         raw = it.key()
         if raw[0] != group:
             break
-        yield pickle.loads(raw[1:]), pickle.loads(it.value())
+        yield _decode(raw), pickle.loads(it.value())
         it.next()
 
 
@@ -100,12 +149,12 @@ class DiskView(StateView):
 
     def delta(self, group: int, keys: Iterable[bytes]) -> tuple[dict, list]:
         puts, deletes, loads = {}, [], pickle.loads
-        for raw in keys:
-            value = self._snap.get(raw)
+        keys = list(keys)
+        for raw, value in zip(keys, self._snap.get(keys)):     # one multi-get for the group's keys
             if value is None:
-                deletes.append(loads(raw[1:]))
+                deletes.append(_decode(raw))
             else:
-                puts[loads(raw[1:])] = loads(value)
+                puts[_decode(raw)] = loads(value)
         return puts, deletes
 
     def release(self) -> None:
@@ -114,6 +163,7 @@ class DiskView(StateView):
 
 
 _GONE = object()        # a key deleted after a settle()'s view
+_MISSING = object()     # a key the write-back buffer does not hold
 SETTLE_KEYS = 100_000   # keys written after a settle() that the take still reads again
 
 
@@ -149,11 +199,12 @@ class DiskState(KeyedState):
     backend = "disk"
 
     def __init__(self, path: str, cache_bytes: int) -> None:
-        from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBufferManager
+        from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBufferManager, WriteOptions
 
         cache = Cache(max(cache_bytes // 2, 1 << 20))
         table = BlockBasedOptions()
         table.set_block_cache(cache)
+        table.set_bloom_filter(10, False)      # a get of a key not in an SST file reads no block of it
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_block_based_table_factory(table)
@@ -162,8 +213,16 @@ class DiskState(KeyedState):
         opts.set_write_buffer_size(max(cache_bytes // 8, 1 << 20))
         self.path = path
         self._db = Rdict(os.path.join(path, "db"), opts)
+        no_wal = WriteOptions()
+        no_wal.disable_wal = True           # the checkpoint is the durability (module docstring)
+        self._db.set_write_options(no_wal)
+        self._pending: dict[bytes, bytes | None] = {}   # the write-back buffer: None, a delete
+        self._encoded: dict[Any, bytes] = {}    # key -> _encode(key): equal keys share one entry
+        # a bit per hash of an encoded key written to the store (never cleared): a get of a key
+        # whose bit is clear is a miss without a call into RocksDB (a fill's every get)
+        self._stored = _stored_bits(cache_bytes)
+        self._mask = len(self._stored) * 8 - 1
         self._end = weakref.finalize(self, _shut, self._db, path)
-        self._changed: set[int] = set()
         self._dirty: set[bytes] = set()     # encoded keys put or deleted since the snapshot
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
         self._views: list[DiskView] = []
@@ -172,75 +231,120 @@ class DiskState(KeyedState):
         self._view_ids = itertools.count()
         self._track()
 
+    def _key(self, key: Any) -> bytes:
+        """``_encode(key)``, remembered for the next call naming it: correct for every key equal
+        to it, since equal keys have one encoding. Bounded: forgotten all at once when full."""
+        encoded = self._encoded
+        k = encoded.get(key)
+        if k is None:
+            if len(encoded) >= ENCODED_KEYS:
+                encoded.clear()
+            k = encoded[key] = _encode(key)
+        return k
+
     def get(self, key: Any, default: Any = None) -> Any:
-        raw = self._db.get(_encode(key))
+        k = self._encoded.get(key) or self._key(key)
+        raw = self._pending.get(k, _MISSING)
+        if raw is _MISSING:
+            h = hash(k) & self._mask
+            if not self._stored[h >> 3] & (1 << (h & 7)):
+                return default
+            raw = self._db.get(k)
         return default if raw is None else pickle.loads(raw)
 
     def put(self, key: Any, value: Any) -> None:
-        k = _encode(key)
-        self._changed.add(k[0])
+        k = self._encoded.get(key) or self._key(key)
         self._dirty.add(k)
-        if self._since is not None:
-            self._written_since(k)
-        self._db.put(k, pickle.dumps(value, _PICKLE))
+        pending = self._pending
+        pending[k] = pickle.dumps(value, _PICKLE)
+        if len(pending) >= FLUSH_KEYS:
+            self._flush()
 
     def delete(self, key: Any) -> None:
-        k = _encode(key)
-        self._changed.add(k[0])
+        k = self._encoded.get(key) or self._key(key)
         self._dirty.add(k)
-        if self._since is not None:
-            self._written_since(k)
-        self._db.delete(k)
+        pending = self._pending
+        pending[k] = None
+        if len(pending) >= FLUSH_KEYS:
+            self._flush()
 
     def get_many(self, keys: list) -> list:
-        """One multi-get (a get per key through the binding cost a call and a lookup each)."""
-        loads = pickle.loads
-        return [None if raw is None else loads(raw) for raw in self._db.get([_encode(k) for k in keys])]
+        """The buffer first, then one multi-get for the rest (a get per key through the binding
+        cost a call and a lookup each)."""
+        loads, pending, encoded = pickle.loads, self._pending, [_encode(k) for k in keys]
+        raws = [pending.get(k, _MISSING) for k in encoded]
+        missed = [i for i, raw in enumerate(raws) if raw is _MISSING and self._may_be_stored(encoded[i])]
+        for i, raw in zip(missed, self._db.get([encoded[i] for i in missed]) if missed else ()):
+            raws[i] = raw
+        return [None if raw is None or raw is _MISSING else loads(raw) for raw in raws]
 
     def write_many(self, puts: Iterable[tuple[Any, Any]], deletes: Iterable[Any] = ()) -> None:
-        """One write batch for all of them."""
-        from rocksdict import WriteBatch
-
-        batch, dumps, changed, dirty = WriteBatch(raw_mode=True), pickle.dumps, self._changed, self._dirty
-        written = []
+        """Into the write-back buffer, written in one batch once it is full."""
+        dumps, dirty, pending = pickle.dumps, self._dirty, self._pending
         for key, value in puts:
             k = _encode(key)
-            written.append(k)
-            batch.put(k, dumps(value, _PICKLE))
+            dirty.add(k)
+            pending[k] = dumps(value, _PICKLE)
         for key in deletes:
             k = _encode(key)
-            written.append(k)
-            batch.delete(k)
-        changed.update(k[0] for k in written)
-        dirty.update(written)
-        if self._since is not None:         # read again by a coming take, as put and delete are
-            for k in written:
+            dirty.add(k)
+            pending[k] = None
+        if len(pending) >= FLUSH_KEYS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """The write-back buffer into the store, one write batch. Keys written after a
+        :meth:`settle` are read again by the coming take (they are looked at after the write:
+        a settle that began before it has them in its view or in ``_since``)."""
+        pending = self._pending
+        if not pending:
+            return
+        from rocksdict import WriteBatch
+
+        batch, stored, mask = WriteBatch(raw_mode=True), self._stored, self._mask
+        for k, raw in pending.items():
+            if raw is None:
+                batch.delete(k)
+            else:
+                batch.put(k, raw)
+                h = hash(k) & mask
+                stored[h >> 3] |= 1 << (h & 7)
+        self._db.write(batch)
+        if self._since is not None:
+            for k in pending:
                 self._written_since(k)
                 if self._since is None:
                     break
-        self._db.write(batch)
+        self._pending = {}
+
+    def _may_be_stored(self, k: bytes) -> bool:
+        h = hash(k) & self._mask
+        return bool(self._stored[h >> 3] & (1 << (h & 7)))
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
+        self._flush()
         return _range(self._db, group)
 
     def groups(self) -> list[int]:
+        self._flush()
         return _groups(self._db)
 
     def snapshot(self) -> DiskView:
+        self._flush()
         changes = self._changes(self._dirty, self._whole)
-        self._changed, self._dirty, self._whole = set(), set(), set()
+        self._dirty, self._whole = set(), set()
         self._views = [v for v in self._views if v._snap is not None]
         view = DiskView(self._db, os.path.join(self.path, f"view-{next(self._view_ids)}"), changes)
         self._views.append(view)
         return view
 
     def changed(self) -> set[int]:
-        return set(self._changed)
+        return {k[0] for k in self._dirty} | self._whole     # derived here: a put adds to one set
 
     def drop_groups(self, groups: Iterable[int]) -> None:
+        self._flush()
         for g in groups:
             self._db.delete_range(_prefix(g), _prefix(g + 1))
-            self._changed.add(g)
             self._whole.add(g)
 
     def take_groups(self, groups: Iterable[int]) -> dict[int, "ViewGroup"]:
@@ -249,6 +353,7 @@ class DiskState(KeyedState):
         keeps them, read only when the part is packed, off the turn; the store drops them by
         range. The view :meth:`settle` took in another thread is used, with the few keys
         written since read now; without one, the view is taken here."""
+        self._flush()                       # before the settle's keys are read: the buffer's with them
         view, since = self._ready, self._since
         self._ready = self._since = None
         chosen = sorted(set(groups) & set(self.groups()) | {k[0] for k in since or ()} & set(groups))
@@ -260,7 +365,7 @@ class DiskState(KeyedState):
         for raw in since:
             if raw[0] in chosen:
                 value = self._db.get(raw)
-                newer.setdefault(raw[0], {})[pickle.loads(raw[1:])] = _GONE if value is None else pickle.loads(value)
+                newer.setdefault(raw[0], {})[_decode(raw)] = _GONE if value is None else pickle.loads(value)
         self.drop_groups(chosen)
         return {g: ViewGroup(view, g, newer.get(g)) for g in chosen}
 
@@ -275,12 +380,16 @@ class DiskState(KeyedState):
         first = next(iter(entries), None)     # one key checked: a group's keys come whole from export
         if first is not None and key_group(first) != group:
             raise ValueError(f"key {first!r} is in key group {key_group(first)}, not {group}")
-        prefix, batch, dumps = _prefix(group), WriteBatch(raw_mode=True), pickle.dumps
-        batch.delete_range(prefix, _prefix(group + 1))
+        self._flush()
+        batch, dumps = WriteBatch(raw_mode=True), pickle.dumps
+        batch.delete_range(_prefix(group), _prefix(group + 1))
+        stored, mask = self._stored, self._mask
         for key, value in entries.items():
-            batch.put(prefix + dumps(key, _PICKLE), dumps(value, _PICKLE))
+            k = _encode(key)
+            batch.put(k, dumps(value, _PICKLE))
+            h = hash(k) & mask
+            stored[h >> 3] |= 1 << (h & 7)
         self._db.write(batch)
-        self._changed.add(group)
         self._whole.add(group)
 
     def settle(self) -> None:
@@ -299,6 +408,7 @@ class DiskState(KeyedState):
 
     def close(self) -> None:
         """Close the store and remove its directory (views taken from it end first)."""
+        self._pending = {}
         for view in self._views:
             view.release()
         self._views = []

@@ -1,0 +1,155 @@
+"""The ``disk`` backend (pescheduler/state/disk.py) against a dict: keys Python holds equal are one
+key, through its write-back buffer, its store and its views; a checkpoint its first encoding wrote
+restores."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import tempfile
+
+import dask.config
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pescheduler.state.disk as disk
+from pescheduler.state import open_state
+from pescheduler.state.files import StateFiles
+from pescheduler.state.incremental import GroupRef, read_group
+
+# few values, so that equal keys of different types meet often
+_atoms = st.one_of(
+    st.integers(-3, 3),
+    st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0, 2.5, -0.5, 1e20, float("inf")]),
+    st.booleans(),
+    st.builds(lambda t, v: t(v), st.sampled_from([np.int8, np.int32, np.int64, np.uint16]), st.integers(0, 3)),
+    st.text(alphabet="ab0é", max_size=3),
+    st.integers(2**62, 2**62 + 2) | st.integers(-(2**70), -(2**70) + 2),
+)
+KEYS = st.one_of(_atoms, st.tuples(_atoms, _atoms), st.tuples(st.tuples(_atoms), _atoms))
+VALUES = st.one_of(st.integers(), st.text(max_size=4), st.lists(st.integers(), max_size=3))
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("put"), KEYS, VALUES),
+    st.tuples(st.just("get"), KEYS),
+    st.tuples(st.just("delete"), KEYS),
+    st.tuples(st.just("write_many"), st.lists(st.tuples(KEYS, VALUES), max_size=4), st.lists(KEYS, max_size=2)),
+    st.tuples(st.just("get_many"), st.lists(KEYS, max_size=4)),
+    st.tuples(st.just("snapshot")),
+    st.tuples(st.just("entries")),
+), max_size=40)
+
+
+def _disk(root: str):
+    with dask.config.set({"pescheduler.state.dir": root, "pescheduler.state.cache": "8MB"}):
+        return open_state("disk", owner="model")
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=OPS, flush_keys=st.sampled_from([1, 3, 4096]))
+def test_the_disk_backend_is_a_dict_under_any_interleaving(ops, flush_keys):
+    """Every read agrees with a dict's; equal keys (0, 0.0, False, numpy's 0, tuples of them) are
+    one key. ``flush_keys``: writes reach the store at once, every few, or only at a scan."""
+    root = tempfile.mkdtemp()
+    saved, disk.FLUSH_KEYS = disk.FLUSH_KEYS, flush_keys
+    state, model, views = _disk(root), {}, []
+    try:
+        for op, *args in ops:
+            if op == "put":
+                state.put(*args)
+                model[args[0]] = args[1]
+            elif op == "get":
+                assert state.get(args[0], "absent") == model.get(args[0], "absent"), args[0]
+            elif op == "delete":
+                state.delete(args[0])
+                model.pop(args[0], None)
+            elif op == "write_many":
+                puts, deletes = args
+                state.write_many(puts, deletes)
+                model.update(puts)
+                for key in deletes:
+                    model.pop(key, None)
+            elif op == "get_many":
+                assert state.get_many(args[0]) == [model.get(k) for k in args[0]], args[0]
+            elif op == "snapshot":
+                views.append((state.snapshot(), dict(model)))
+            else:
+                assert dict(state.entries()) == model and len(state) == len(model)
+        assert dict(state.entries()) == model and len(state) == len(model)
+        for view, then in views:                # each view reads the state as it was
+            assert {k: v for g in view.groups() for k, v in view.items(g)} == then
+            view.release()
+    finally:
+        disk.FLUSH_KEYS = saved
+        state.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_equal_keys_are_one_key_on_disk(tmp_path):
+    state = _disk(str(tmp_path))
+    state.put(0, "int")
+    state.put(0.0, "float")
+    state.put(False, "bool")
+    state.put(np.int64(0), "numpy")
+    state.put((1, "a"), "tuple")
+    state.put((True, "a"), "tuple of an equal")
+    view = state.snapshot()
+    state.delete(-0.0)
+    assert state.get(0) is None and state.get((1.0, "a")) == "tuple of an equal"
+    assert len(state) == 1
+    assert [(k, v) for g in view.groups() for k, v in view.items(g) if k == 0] == [(0, "numpy")]
+    view.release()
+    state.close()
+
+
+# A checkpoint of a PE written by main's disk.py before this encoding (a key was its pickle): one
+# full file per key group, then a delta of groups 0 and 93. That store held 1.0 and True as two
+# keys (the full file of group 44 took one of them) and False apart from 0.
+#   put 0 "int 0", 1.0 "float 1", True "True", np.int64(7) "np 7", (2, 3.0) "tuple",
+#   "car-7" "str", 2.5 "float 2.5"; snapshot; put 7 "np 7 changed by int", delete 0,
+#   put False "False after 0 went"; snapshot
+_OLD_FULL = {
+    0: "gAWVDgAAAAAAAAB9lEsAjAVpbnQgMJRzLg==",
+    31: "gAWVGQAAAAAAAAB9lEsCR0AIAAAAAAAAhpSMBXR1cGxllHMu",
+    36: "gAWVGQAAAAAAAAB9lEdABAAAAAAAAIwJZmxvYXQgMi41lHMu",
+    44: "gAWVDwAAAAAAAAB9lIiMB2Zsb2F0IDGUcy4=",
+    93: "gAWVdAAAAAAAAAB9lIwWbnVtcHkuX2NvcmUubXVsdGlhcnJheZSMBnNjYWxhcpSTlIwFbnVtcHmUjAVkdHlwZZSTlIwCaTiUiYiHlFKU"
+        "KEsDjAE8lE5OTkr/////Sv////9LAHSUYkMIBwAAAAAAAACUhpRSlIwEbnAgN5RzLg==",
+    98: "gAWVEgAAAAAAAAB9lIwFY2FyLTeUjANzdHKUcy4=",
+}
+_OLD_DELTA = {
+    0: "gAWVIQAAAAAAAAB9lImMEkZhbHNlIGFmdGVyIDAgd2VudJRzXZRLAGGGlC4=",
+    93: "gAWVIAAAAAAAAAB9lEsHjBNucCA3IGNoYW5nZWQgYnkgaW50lHNdlIaULg==",
+}
+
+
+def test_a_checkpoint_of_the_first_encoding_restores_and_equal_keys_find_its_keys(tmp_path):
+    files = StateFiles(str(tmp_path / "storage"))
+    restored = {}
+    for g, full in _OLD_FULL.items():
+        chain = [files.put(1, f"pe.0.g{g:03d}.full", base64.b64decode(full))]
+        if g in _OLD_DELTA:
+            chain.append(files.put(2, f"pe.0.g{g:03d}.delta", base64.b64decode(_OLD_DELTA[g])))
+        data, _here = read_group(files, GroupRef("", "pe.0", g, (), tuple(chain)))
+        restored[g] = data
+    state = _disk(str(tmp_path / "stores"))
+    state.import_groups(restored)
+    for keys, value in [((0, 0.0, False, np.int32(0)), "False after 0 went"),
+                        ((1, 1.0, True, np.uint8(1)), "float 1"),
+                        ((7, 7.0, np.int64(7)), "np 7 changed by int"),
+                        (((2, 3), (2.0, 3.0), (np.int16(2), 3)), "tuple"),
+                        (("car-7",), "str"), ((2.5,), "float 2.5")]:
+        assert [state.get(k) for k in keys] == [value] * len(keys), keys
+    assert len(state) == 6
+    state.close()
+
+
+@pytest.mark.parametrize("key", [0, -5, 2**80, "car-7", "", "é", 2.5, None, (1, "a"), ((1,), 2.5), b"raw"])
+def test_a_key_of_the_first_encoding_still_reads(key):
+    """A store key written as the group byte and the key's pickle decodes to the key."""
+    import pickle
+
+    raw = disk._prefix(disk.key_group(key)) + pickle.dumps(key, pickle.HIGHEST_PROTOCOL)
+    assert disk._decode(raw) == key and disk._decode(disk._encode(key)) == key
