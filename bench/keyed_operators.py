@@ -85,6 +85,11 @@ class DictState(KeyedState):
     def delete(self, key: Any) -> None:
         self._table.pop(key, None)
 
+    def write_many(self, puts, deletes=()) -> None:               # what an operator's dict would do
+        self._table.update(puts)
+        for key in deletes:
+            self._table.pop(key, None)
+
     def writable(self) -> dict:
         return self._table
 
