@@ -71,8 +71,8 @@ def _run(ops: list) -> None:
         elif kind == "get":
             assert state.get(op[1], "none") == ref.now.get(op[1], "none")
             assert state.read(op[1]) == ref.now.get(op[1])
-        elif kind == "put_many":
-            state.write_many(op[1], op[2])
+        elif kind == "put_many":                       # pairs, or a dict (write_batch's form: taken as it is)
+            state.write_many(dict(op[1]) if len(op[1]) % 2 else op[1], op[2])
             for k, v in op[1]:
                 ref.put(k, v)
             for k in op[2]:
