@@ -202,15 +202,14 @@ class Join(Operator):
         right ``ts <= watermark + lower``): one pass over the keys, the changed ones written back."""
         bounds, ts_f, keys = (self._wm - self.upper, self._wm + self.lower), self.ts_field, self._keys
         oldest, puts, gone = MAX_WATERMARK, [], []
-        for g in keys.groups():
-            for k, held in keys.items(g):
-                kept = [[e for e in events if e[ts_f] > bound] for events, bound in zip(held, bounds)]
-                if not (kept[LEFT] or kept[RIGHT]):
-                    gone.append(k)
-                    continue
-                if len(kept[LEFT]) != len(held[LEFT]) or len(kept[RIGHT]) != len(held[RIGHT]):
-                    puts.append((k, kept))
-                oldest = min(oldest, *(e[ts_f] for events in kept for e in events))
+        for k, held in keys.entries():      # one pass, no key groups: on memory the flat index, no fold
+            kept = [[e for e in events if e[ts_f] > bound] for events, bound in zip(held, bounds)]
+            if not (kept[LEFT] or kept[RIGHT]):
+                gone.append(k)
+                continue
+            if len(kept[LEFT]) != len(held[LEFT]) or len(kept[RIGHT]) != len(held[RIGHT]):
+                puts.append((k, kept))
+            oldest = min(oldest, *(e[ts_f] for events in kept for e in events))
         keys.write_many(puts, gone)
         self._oldest = oldest
 
@@ -230,11 +229,10 @@ class Join(Operator):
         for tests and inspection, not the hot path), what a lazy purge left over gone first."""
         self._purge_left_over()
         out: dict = {"left": {}, "right": {}}
-        for g in self._keys.groups():
-            for k, held in self._keys.items(g):
-                for name, events in zip(("left", "right"), held):
-                    if events:
-                        out[name][k] = list(events)
+        for k, held in self._keys.entries():
+            for name, events in zip(("left", "right"), held):
+                if events:
+                    out[name][k] = list(events)
         return out
 
     # -- state: both buffers by key, in whole key groups -----------------------------------

@@ -45,14 +45,14 @@ from typing import Any, Callable
 
 from pescheduler.operator import MAX_WATERMARK, MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.state import MemoryState, adopt
-from pescheduler.state.groups import merge_groups, restore_groups, snapshot_groups, split_groups
+from pescheduler.state.groups import merge_groups, restore_groups, snapshot_groups, split_groups, write_batch
 from pescheduler.timeutil import parse_duration
 
 from .window import hold, key_getter, released
 
 DIRECTIONS = ("backward", "forward", "nearest")
 LEFT, RIGHT = 0, 1
-_NOTHING = (None, ())                   # a key's value: (last right (ts, event) | None, waiting lefts)
+_NOTHING = (None, ())                   # a key's value: (last right (ts, event) | None, waiting lefts); this one: none
 
 
 class AsofJoin(Operator):
@@ -116,12 +116,19 @@ class AsofJoin(Operator):
         """Events both sides have up to ``watermark``, in time order; then waits that ended."""
         self._wm = watermark
         ready = self._released(watermark)
-        for _ts, _rank, k, side, t in ready:
-            if side == RIGHT:
-                self._take_right(k, t, emit)
-            else:
-                self._take_left(k, t, emit)
-        self._expire(watermark, emit)
+        # The keys' values this pass leaves are gathered in ``now`` (key -> (last, waiting),
+        # _NOTHING once gone) and written once, at the end: a dict store per event instead of a
+        # backend call (write_batch); a key read is looked for there first.
+        now: dict = {}
+        try:
+            for _ts, _rank, k, side, t in ready:
+                if side == RIGHT:
+                    self._take_right(k, t, emit, now)
+                else:
+                    self._take_left(k, t, emit, now)
+            self._expire(watermark, emit, now)
+        finally:
+            write_batch(self._keys, now, _NOTHING)
 
     def held_watermark(self) -> int | None:
         """Just before the oldest left event still waiting (its result is still to come), if any."""
@@ -138,24 +145,24 @@ class AsofJoin(Operator):
         out.sort(key=itemgetter(0, 1))      # stable: arrival order within a time and side
         return out
 
-    def _take_right(self, k: Any, r: Any, emit: Emitter) -> None:
+    def _take_right(self, k: Any, r: Any, emit: Emitter, now: dict) -> None:
         """A right event resolves the key's waiting lefts (it is the first after them) and becomes
         the key's last right event."""
-        _last, waiting = self._keys.get(k, _NOTHING)
+        _last, waiting = now.get(k) or self._keys.get(k, _NOTHING)
         r_ts = r[self.on]
         for t, l, back in waiting:
             forward = r if self._within(r_ts - t) else None
             emit(self._result(l, t, self._closer(t, back, forward)))
-        self._settle(k, (r_ts, r) if self.direction != "forward" else None, ())
+        self._settle(k, (r_ts, r) if self.direction != "forward" else None, (), now)
 
-    def _take_left(self, k: Any, l: Any, emit: Emitter) -> None:
-        last, waiting = self._keys.get(k, _NOTHING)
+    def _take_left(self, k: Any, l: Any, emit: Emitter, now: dict) -> None:
+        last, waiting = now.get(k) or self._keys.get(k, _NOTHING)
         t = l[self.on]
         back = last[1] if last is not None and self._within(t - last[0]) else None
         if self.direction == "backward" or (back is not None and last[0] == t):
             emit(self._result(l, t, back))
             return
-        self._keys.put(k, (last, (*waiting, (t, l, back))))
+        now[k] = (last, (*waiting, (t, l, back)))
         self._waiting.add(k)
 
     def _within(self, distance: int) -> bool:
@@ -175,28 +182,25 @@ class AsofJoin(Operator):
         limit = MAX_WATERMARK if self.tolerance is None else t + self.tolerance
         return limit if back is None else min(limit, t + (t - back[self.on]))
 
-    def _expire(self, watermark: int, emit: Emitter) -> None:
+    def _expire(self, watermark: int, emit: Emitter, now: dict) -> None:
         """Emit the waiting lefts whose deadline ``watermark`` has reached (a scan of the keys with
         waiting lefts; only forward and nearest have any), and note the oldest left still waiting."""
         oldest = None
         for k in list(self._waiting):
-            last, waiting = self._keys.get(k)
+            last, waiting = now.get(k) or self._keys.get(k)
             due = [self._deadline(t, back) <= watermark for t, _l, back in waiting]
             if any(due):
                 for (t, l, back), done in zip(waiting, due):
                     if done:
                         emit(self._result(l, t, back))
                 waiting = tuple(w for w, done in zip(waiting, due) if not done)
-                self._settle(k, last, waiting)
+                self._settle(k, last, waiting, now)
             for t, _l, _back in waiting:
                 oldest = t if oldest is None or t < oldest else oldest
         self._oldest = oldest
 
-    def _settle(self, k: Any, last: Any, waiting: tuple) -> None:
-        if waiting or last is not None:
-            self._keys.put(k, (last, waiting))
-        else:
-            self._keys.delete(k)
+    def _settle(self, k: Any, last: Any, waiting: tuple, now: dict) -> None:
+        now[k] = (last, waiting) if waiting or last is not None else _NOTHING
         if not waiting:
             self._waiting.discard(k)
 

@@ -31,7 +31,9 @@ from typing import Any, Callable, Iterable
 
 from pescheduler.operator import Emitter, OperatorContext
 
-from .join_asof import LEFT, AsofJoin
+from pescheduler.state.groups import write_batch
+
+from .join_asof import _NOTHING, LEFT, AsofJoin
 from .window import key_getter
 
 _ROW = {"insert": "after", "update": "after", "upsert": "row", "delete": None}
@@ -87,20 +89,25 @@ class Lookup(AsofJoin):
             super().process_input(input_index, batch, emit)
             return
         take = self._enrich if input_index == LEFT else self._take_right
-        for t in batch:
-            try:
-                take(self._key_of(t), t, emit)
-            except Exception as exc:
-                emit.dead_letter(t, exc)
+        now: dict = {}                          # a batch of changes, written once (write_batch)
+        try:
+            for t in batch:
+                try:
+                    take(self._key_of(t), t, emit, now)
+                except Exception as exc:
+                    emit.dead_letter(t, exc)
+        finally:
+            write_batch(self._keys, now, _NOTHING)
 
-    def _enrich(self, k: Any, e: Any, emit: Emitter) -> None:
+    def _enrich(self, k: Any, e: Any, emit: Emitter, now: dict) -> None:
+        """An event, enriched on arrival (a batch of events writes nothing: ``now`` stays empty)."""
         if self._is_static:
             emit(self._result(e, e.get(self.on), self._static.get(k)))
             return
         last, _ = self._keys.get(k, (None, ()))
         emit(self._result(e, e.get(self.on), None if last is None else last[1]))
 
-    def _take_right(self, k: Any, change: Any, emit: Emitter) -> None:
+    def _take_right(self, k: Any, change: Any, emit: Emitter, now: dict) -> None:
         """A change: the key's row becomes what it leaves (a deleted key is forgotten)."""
         if self._is_static:
             raise ValueError("lookup: a static table (rows= or path=) has no second input")
@@ -109,7 +116,4 @@ class Lookup(AsofJoin):
         except ValueError as exc:
             emit.dead_letter(change, exc)
             return
-        if row is None:
-            self._keys.delete(k)
-        else:
-            self._keys.put(k, ((change.get(self.on), row), ()))
+        now[k] = _NOTHING if row is None else ((change.get(self.on), row), ())

@@ -196,12 +196,17 @@ class MemoryState(KeyedState):
         get = self.get
         return [get(k) for k in keys]
 
-    def write_many(self, puts: Iterable[tuple[Any, Any]], deletes: Iterable[Any] = ()) -> None:
-        puts = dict(puts)
+    def write_many(self, puts: Iterable[tuple[Any, Any]] | dict, deletes: Iterable[Any] = ()) -> None:
+        """Three dict updates in C: an operator that gathers a batch's writes in a dict (one
+        store per tuple) and writes them here once pays no Python call per key (a ``put`` is
+        one, with three stores)."""
+        if type(puts) is not dict:
+            puts = dict(puts)
         self._index.update(puts)
         self._written.update(puts)
         self._unfolded.update(puts)
-        self.delete_many(deletes)
+        if deletes:
+            self.delete_many(deletes)
 
     def delete_many(self, keys: Iterable[Any]) -> None:
         index, written, deleted = self._index, self._written, self._deleted

@@ -71,8 +71,8 @@ def _run(ops: list) -> None:
         elif kind == "get":
             assert state.get(op[1], "none") == ref.now.get(op[1], "none")
             assert state.read(op[1]) == ref.now.get(op[1])
-        elif kind == "put_many":
-            state.write_many(op[1], op[2])
+        elif kind == "put_many":                       # pairs, or a dict (write_batch's form: taken as it is)
+            state.write_many(dict(op[1]) if len(op[1]) % 2 else op[1], op[2])
             for k, v in op[1]:
                 ref.put(k, v)
             for k in op[2]:
@@ -193,6 +193,32 @@ def test_key_groups_equals_key_group_for_every_key_type():
     rnd.shuffle(keys)
     assert key_groups(keys) == [key_group(k) for k in keys]
     assert key_groups(keys[:10]) == [key_group(k) for k in keys[:10]]      # the small-batch path
+
+
+def test_int_keys_are_grouped_by_numpy_in_one_call_as_key_group_groups_them(monkeypatch):
+    """A fold's batch of int keys (bools and numpy's ints among them: they equal ints) is
+    converted to numbers by numpy in C, no key hashed in Python, and gets key_group's groups;
+    ints past 64 bits or other keys after an int take the per-key path."""
+    import numpy as np
+
+    import pescheduler.state.groups as groups
+
+    rnd = random.Random(11)
+    ints = ([rnd.randrange(-2**63, 2**63) for _ in range(300)] + list(range(-100, 100))
+            + [-2**63, 2**63 - 1, True, False, np.int64(-7), np.int32(9), np.uint8(200)])
+    rnd.shuffle(ints)
+    ints.insert(0, 5)                                   # the path is chosen by the first key
+    per_key = [[1, 2**63, -2**64 - 3, *range(100)], [1, *(f"k{i}" for i in range(100))],
+               [1, 2.5, *range(100)], [1, (1, 2), *range(100)], [1, None, *range(100)]]
+    expected = [[key_group(k) for k in keys] for keys in [ints, *per_key]]
+
+    def hashed_in_python(key):
+        raise AssertionError(f"{key!r} hashed in Python")
+
+    monkeypatch.setattr(groups, "key_hash", hashed_in_python)
+    assert key_groups(ints) == expected[0]
+    monkeypatch.undo()
+    assert [key_groups(keys) for keys in per_key] == expected[1:]
 
 
 @pytest.mark.parametrize("n", [10**5])
