@@ -50,6 +50,11 @@ def columnar_spec(plan: Any, query: Any, key: Any, named: bool) -> list | None:
 _NEVER = np.iinfo(np.int64).max
 
 
+def _ascending(ts: np.ndarray) -> bool:
+    """Event times in order: panes are then slices (views), not masked copies of every column."""
+    return len(ts) < 2 or bool((ts[1:] >= ts[:-1]).all())
+
+
 class _Pane:
     """One pane's slot arrays over the key index; ``first[k]``: when key ``k`` first arrived."""
 
@@ -75,6 +80,7 @@ class ColumnarPanes:
         self.panes: dict[int, _Pane] = {}
         self.keys = KeySlots()              # key -> slot, shared by every pane
         self._dict_cache: tuple = (None, None)
+        self._slots = np.empty(0, dtype=np.int64)     # the batch's key slots (_key_indices), reused
         self.seq = 0                        # tuples folded so far: arrival order across batches
         self.dtypes: dict = {}
 
@@ -120,7 +126,15 @@ class ColumnarPanes:
         if lo == hi:
             self._fold(lo, gidx, cols, base, None)
             return True
-        if hi - lo == slide:                        # two panes (the common case): one comparison
+        if _ascending(ts):                          # in time order (most sources): each pane is a slice
+            cuts = np.searchsorted(ts, np.arange(lo + slide, hi + 1, slide, dtype=np.int64)).tolist()
+            start = 0
+            for p, stop in zip(range(lo, hi + 1, slide), [*cuts, len(ts)]):
+                if stop > start:
+                    self._fold(p, gidx[start:stop], {k: v[start:stop] for k, v in cols.items()}, base + start, None)
+                start = stop
+            return True
+        if hi - lo == slide:                        # two panes: one comparison
             second = ts >= hi
             parts = [(lo, ~second), (hi, second)]
         elif (hi - lo) // slide < 64:               # a few panes: bucket by binary search
@@ -143,10 +157,14 @@ class ColumnarPanes:
         if known is None or not (known is dictionary or known.equals(dictionary)):
             mapping = self.keys.slots(dictionary)
             self._dict_cache = (dictionary, mapping)
-        return mapping[arr.indices.to_numpy()]
+        indices = arr.indices.to_numpy()
+        if len(self._slots) < len(indices):      # one buffer for every batch's slots: no fresh pages per batch
+            self._slots = np.empty(len(indices), dtype=np.int64)
+        return np.take(mapping, indices, out=self._slots[:len(indices)], mode="clip")   # "raise" copies out
 
     def _fold(self, p: int, idx: np.ndarray, cols: dict, base: int, sel: np.ndarray | None) -> None:
-        """Add rows ``idx`` (key indices; the batch's rows where ``sel``, all if None) to pane ``p``."""
+        """Add rows ``idx`` (key indices; the batch's rows where ``sel``, all if None) to pane ``p``;
+        ``base``: the arrival number of the batch's first row (of ``idx``'s first when ``sel`` is None)."""
         n = len(self.keys)
         pane = self.panes.get(p)
         if pane is None:
