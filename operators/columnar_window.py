@@ -48,6 +48,12 @@ def columnar_spec(plan: Any, query: Any, key: Any, named: bool) -> list | None:
 
 
 _NEVER = np.iinfo(np.int64).max
+_SPARE_PANES = 4           # fired panes kept for reuse: a tumbling window makes one a slide, a sliding a few
+
+
+def _ascending(ts: np.ndarray) -> bool:
+    """Event times in order: panes are then slices (views), not masked copies of every column."""
+    return len(ts) < 2 or bool((ts[1:] >= ts[:-1]).all())
 
 
 class _Pane:
@@ -75,6 +81,8 @@ class ColumnarPanes:
         self.panes: dict[int, _Pane] = {}
         self.keys = KeySlots()              # key -> slot, shared by every pane
         self._dict_cache: tuple = (None, None)
+        self._slots = np.empty(0, dtype=np.int64)     # the batch's key indices and slots (_key_indices)
+        self._spare: list[_Pane] = []                  # fired panes, their arrays kept for new ones
         self.seq = 0                        # tuples folded so far: arrival order across batches
         self.dtypes: dict = {}
 
@@ -120,7 +128,15 @@ class ColumnarPanes:
         if lo == hi:
             self._fold(lo, gidx, cols, base, None)
             return True
-        if hi - lo == slide:                        # two panes (the common case): one comparison
+        if _ascending(ts):                          # in time order (most sources): each pane is a slice
+            cuts = np.searchsorted(ts, np.arange(lo + slide, hi + 1, slide, dtype=np.int64)).tolist()
+            start = 0
+            for p, stop in zip(range(lo, hi + 1, slide), [*cuts, len(ts)]):
+                if stop > start:
+                    self._fold(p, gidx[start:stop], {k: v[start:stop] for k, v in cols.items()}, base + start, None)
+                start = stop
+            return True
+        if hi - lo == slide:                        # two panes: one comparison
             second = ts >= hi
             parts = [(lo, ~second), (hi, second)]
         elif (hi - lo) // slide < 64:               # a few panes: bucket by binary search
@@ -143,14 +159,20 @@ class ColumnarPanes:
         if known is None or not (known is dictionary or known.equals(dictionary)):
             mapping = self.keys.slots(dictionary)
             self._dict_cache = (dictionary, mapping)
-        return mapping[arr.indices.to_numpy()]
+        indices, n = arr.indices.to_numpy(), len(arr)
+        if len(self._slots) < 2 * n:             # buffers reused by every batch: no fresh pages per batch
+            self._slots = np.empty(max(2 * n, 2 * len(self._slots)), dtype=np.int64)
+        at, out = self._slots[:n], self._slots[n:2 * n]
+        np.copyto(at, indices, casting="same_kind")   # take() would make its own int64 copy of int32 indices
+        return np.take(mapping, at, out=out, mode="clip")       # mode "raise" copies ``out`` too
 
     def _fold(self, p: int, idx: np.ndarray, cols: dict, base: int, sel: np.ndarray | None) -> None:
-        """Add rows ``idx`` (key indices; the batch's rows where ``sel``, all if None) to pane ``p``."""
+        """Add rows ``idx`` (key indices; the batch's rows where ``sel``, all if None) to pane ``p``;
+        ``base``: the arrival number of the batch's first row (of ``idx``'s first when ``sel`` is None)."""
         n = len(self.keys)
         pane = self.panes.get(p)
         if pane is None:
-            pane = self.panes[p] = _Pane([self._empty(kind, f, n) for kind, f in self.kinds], n)
+            pane = self.panes[p] = self._new_pane(n)
         elif len(pane.present) < n:
             self._grow(pane, n)
         fresh = ~pane.present[idx]
@@ -172,17 +194,32 @@ class ColumnarPanes:
             else:
                 np.maximum.at(s, idx, cols[f])
 
+    def _new_pane(self, n: int) -> _Pane:
+        """An empty pane over ``n`` keys: a fired one's arrays refilled when it has as many keys. A pane
+        is a few arrays of one entry per key; made afresh, each one is new pages to fault in (the
+        allocator gives them back when a pane is dropped), a cost a fresh worker paid every pane."""
+        while self._spare:
+            pane = self._spare.pop()
+            if len(pane.present) == n and len(pane.slots) == len(self.kinds):
+                pane.present.fill(False)
+                pane.first.fill(_NEVER)
+                for s, (kind, f) in zip(pane.slots, self.kinds):
+                    s.fill(self._fill(kind, s.dtype))
+                return pane
+        return _Pane([self._empty(kind, f, n) for kind, f in self.kinds], n)
+
     def _empty(self, kind: str, f: Any, n: int) -> np.ndarray:
-        if kind == "count":
-            return np.zeros(n, dtype=np.int64)
-        dtype = self.dtypes.get(f, np.float64)
-        if kind in ("sum", "sumsq"):
-            return np.zeros(n, dtype=dtype)
+        dtype = np.int64 if kind == "count" else self.dtypes.get(f, np.float64)
+        return np.full(n, self._fill(kind, dtype), dtype=dtype)
+
+    @staticmethod
+    def _fill(kind: str, dtype: Any) -> Any:
+        """A slot's value before any row: 0 for counts and sums, the dtype's far end for min and max."""
+        if kind in ("count", "sum", "sumsq"):
+            return 0
         if np.issubdtype(dtype, np.floating):
-            fill = np.inf if kind == "min" else -np.inf
-        else:
-            fill = np.iinfo(dtype).max if kind == "min" else np.iinfo(dtype).min
-        return np.full(n, fill, dtype=dtype)
+            return np.inf if kind == "min" else -np.inf
+        return np.iinfo(dtype).max if kind == "min" else np.iinfo(dtype).min
 
     def _grow(self, pane: _Pane, n: int) -> None:
         extra = n - len(pane.present)
@@ -237,7 +274,9 @@ class ColumnarPanes:
 
     def drop(self, bound: int) -> None:
         for p in [p for p in self.panes if p <= bound]:
-            del self.panes[p]
+            pane = self.panes.pop(p)
+            if len(self._spare) < _SPARE_PANES:
+                self._spare.append(pane)
 
     def to_dicts(self) -> dict:
         """The state as the window's ``{pane: {key: slots}}`` (Python values, keys in order)."""

@@ -28,7 +28,8 @@ class JsonlSink(Sink):
     ``open`` creates the parent directories and truncates the file, unless the
     sink was restored from a snapshot (it moved to another PE or worker, or a
     checkpoint is restored): then it goes on where that snapshot left the file.
-    Each batch is one ``os.write`` on an ``O_APPEND`` descriptor, so a reader
+    An Arrow batch is written as the same lines its rows would give, formatted
+    column by column (``json_lines.py``). Each batch is one ``os.write`` on an ``O_APPEND`` descriptor, so a reader
     (or a ``jsonl`` source following the file) never sees half a batch from a
     crash-free writer; ``flush`` fsyncs, so a finished stream is on disk.
 
@@ -52,6 +53,7 @@ class JsonlSink(Sink):
 
     name = "jsonl"
     may_block = True          # retries a failed write or commit (staging.retried)
+    columnar = True           # an Arrow batch is written as its rows' lines, without rows (json_lines.py)
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
@@ -120,8 +122,15 @@ class JsonlSink(Sink):
         return os.path.join(self._staging, f"e{epoch:010d}.part")
 
     @serialized
-    def process(self, batch: list, emit: Emitter) -> None:
-        data = _lines(batch).encode()
+    def process(self, batch: Any, emit: Emitter) -> None:
+        if isinstance(batch, list):
+            data = _lines(batch).encode()
+        else:
+            from .json_lines import arrow_lines
+
+            data = arrow_lines(batch, _encode)
+            if not data:
+                return
         if self._staged:
             if self._part is None:
                 os.makedirs(self._staging, exist_ok=True)

@@ -168,10 +168,18 @@ class _Lifter:
         if name in ("in", "not_in"):
             if isinstance(b, ast.Name) and isinstance(self.constants.get(b.id), tuple):
                 b = ast.Tuple([ast.Constant(v) for v in self.constants[b.id]])
-            if not isinstance(b, (ast.Tuple, ast.List)) or not all(isinstance(x, ast.Constant) for x in b.elts):
+            if not isinstance(b, (ast.Tuple, ast.List)) or not all(map(_literal, b.elts)):
                 raise NotProvable(f"`in {ast.unparse(b)}`: only a tuple or list of literals has an expression")
             return Py(name, self.expr(a), *map(self.expr, b.elts))
         return Py(name, self.expr(a), self.expr(b))
+
+
+def _literal(node: ast.AST) -> bool:
+    """A literal as written: a constant, or a negative number (``-2.0`` is ``-`` applied to ``2.0``)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+        return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+    return isinstance(node, ast.Constant)
 
 
 def python_calls(app: Any) -> list[str]:

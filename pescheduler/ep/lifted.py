@@ -11,7 +11,8 @@ schema guarantees every field present and of its type, never None
 when every node is typed and exact for those types: ``+ - *`` of numbers,
 ``/`` and ``%`` by a non-zero literal (``%`` of ints), comparisons of two
 numbers or two values of one type, ``and``/``or``/``not`` of bools, ``-``,
-``abs``. Anything else keeps the lambda, called as before.
+``abs``, ``in``/``not in`` a tuple of literals (an ``or`` of equations). Anything
+else keeps the lambda, called as before.
 
 A pattern's lambdas (``define``: ``lambda e, m: ...``, ``do``: ``lambda e, m:
 {"z": ...}``) read the run's measures too, and ``m["z"]`` raises where a
@@ -145,9 +146,21 @@ class _Typed:
         if op in ("neg", "abs"):
             self._need(kinds[0] in _NUMBER, op)
             return Unary(op, nodes[0]), kinds[0]
+        if op in ("in", "not_in"):
+            return self._in(op, nodes, kinds, e.args[1:])
         if op not in _BINARY:
             raise NotProvable(op)
         return self._binary(op, nodes, kinds, e.args[1])
+
+    def _in(self, op: str, nodes: list, kinds: list, items: tuple) -> tuple[Expr, type]:
+        """``x in (a, b)``: Python compares with ``==`` item by item, so it is ``x == a or x == b`` (each
+        equation exact for its types, as any other; ``x`` is never None: no identity shortcut to miss)."""
+        self._need(len(nodes) > 1, f"{op} an empty tuple")
+        out = None
+        for node, kind, item in zip(nodes[1:], kinds[1:], items):
+            eq = self._binary("eq", [nodes[0], node], [kinds[0], kind], item)[0]
+            out = eq if out is None else Binary("or", out, eq)
+        return (out if op == "in" else Unary("not", out)), bool
 
     def _binary(self, op: str, nodes: list, kinds: list, right: Expr) -> tuple[Expr, type]:
         numbers = all(t in _NUMBER for t in kinds)

@@ -12,8 +12,11 @@ of up to ``max_rows`` rows.
 
 No tuple waits for data that is not there: gathering stops at the first read
 that returns nothing (or the end, which is then delivered by the next read),
-and once the reads have taken ``budget_s`` (0.5 ms, half the default latency
-target: a slow source's first rows are not held back long by its later ones). Only Arrow batches
+and once the reads have taken ``budget_s``: the share of the deployment's
+latency target (``deploy(latency=)``, ``pescheduler.batch.latency``) a
+channel's batch aims to fill (``channels.FILL``, half), so a slow source's
+first rows are not held back longer by its later ones than a channel would
+hold them; a target of 0 (never wait) gathers nothing. Only Arrow batches
 with the schema of the first are joined; a row batch or another schema is
 held for the next read. A held batch has left the source (its position is
 past it), so it is part of the driver's snapshot: :meth:`Gather.snapshot`.
@@ -26,6 +29,8 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Any, Callable
 
+from .channels import FILL
+
 MAX_ROWS = 65_536          # rows at which a batch's fixed cost is a few % of its time (docs/expressions.md)
 _END = object()            # held: the source ended after the rows handed over
 
@@ -36,6 +41,11 @@ class Gather:
     def __init__(self, read: Callable[[], Any], max_rows: int = MAX_ROWS, budget_s: float = 0.0005) -> None:
         self._read, self.max_rows, self.budget_s = read, max_rows, budget_s
         self.held: Any = None      # a read kept for the next call (another schema, or the end)
+
+    @classmethod
+    def within(cls, read: Callable[[], Any], latency_s: float) -> "Gather":
+        """Reads gathered for as long as a channel fills a batch under the latency target ``latency_s``."""
+        return cls(read, budget_s=latency_s * FILL)
 
     def read(self) -> Any:
         first = self._take()

@@ -54,7 +54,7 @@ class PERunner:
     def __init__(self, spec: PESpec, hosting: Hosting, spare_thread: ThreadPoolExecutor | None = None) -> None:
         self.spec, self.hosting = spec, hosting
         self.ops = {op_id: cls(**params) for op_id, (cls, params, _key) in spec.ops.items()}
-        self.sources = Sources(self.ops, spec.batch_size)
+        self.sources = Sources(self.ops, spec.batch_size, spec.latency_s)
         _restore(self.ops, self.sources, spec.restore)
         self.ports = Ports(spec, hosting.credentials, self._dead)
         self.chain: Chain | None = None

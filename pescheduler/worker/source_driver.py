@@ -27,7 +27,9 @@ SOURCE_POLL_S = 0.05     # how often a source that had nothing ready is asked ag
 class SourceDriver:
     """Reads batches from one source and tracks its watermark and pace."""
 
-    def __init__(self, op_id: str, source: Source, batch_size: int) -> None:
+    def __init__(self, op_id: str, source: Source, batch_size: int, latency_s: float | None = None) -> None:
+        """``latency_s``: the deployment's latency target (the PE spec's), which bounds how long a
+        columnar source's ready reads are gathered (gather.py); None: ``pescheduler.batch.latency``."""
         self.op_id = op_id
         self.source = source
         self.batch_size = batch_size
@@ -49,7 +51,11 @@ class SourceDriver:
             # first batch (importing pyarrow.compute takes 0.1-0.4 s, issue 16).
             import pyarrow.compute  # noqa: F401
         # Arrow reads ready at once go to the chain as one batch (gather.py); a paced source keeps its sizes.
-        self.gather = Gather(lambda: self.source.read(self.batch_size)) \
+        if latency_s is None:
+            from .. import config
+
+            latency_s = config.get_seconds("batch.latency")
+        self.gather = Gather.within(lambda: self.source.read(self.batch_size), latency_s) \
             if getattr(source, "columnar", False) and not source.rate else None
 
     def drain(self) -> None:
@@ -160,8 +166,9 @@ class Sources(list):
     all of them at once: read those that are due, wait for the next one due, pause and resume
     them for an alignment, drain them, snapshot and restore them."""
 
-    def __init__(self, ops: dict[str, Any], batch_size: int) -> None:
-        super().__init__(SourceDriver(op_id, op, batch_size) for op_id, op in ops.items() if isinstance(op, Source))
+    def __init__(self, ops: dict[str, Any], batch_size: int, latency_s: float | None = None) -> None:
+        super().__init__(SourceDriver(op_id, op, batch_size, latency_s)
+                         for op_id, op in ops.items() if isinstance(op, Source))
 
     def pump(self, chain: "Chain", held: Callable[[SourceDriver], bool]) -> bool:
         """One batch from every source that is due and not ``held`` back (flow.py); True if any moved."""

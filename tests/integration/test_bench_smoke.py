@@ -81,7 +81,8 @@ def quick_runs(request, tmp_path_factory) -> dict[tuple[str, ...], Future]:
     # every issue-34 goal in one run: each part ran and printed its line (none failed: exit 0)
     ("goals34.py", (), ("issue 34's goals", "load average at start", "latency p99, 2 PEs, 50%",
                         "throughput at 90 %", "CLI deploy -> first output", "stop NAME -> exit",
-                        "per tuple deployed / hand loop over tuples", "goals met")),
+                        "per tuple deployed / hand loop over tuples", "CLI end to end, per tuple / columnar",
+                        "goals met")),
     ("keyed_operators.py", (), ("count_window", "session_window", "latest", "process", "join_asof", "lookup",
                                 " join ", "over_window", "pattern", "ep_patterns", "ep_over",
                                 "changelog_aggregate", "memory/dict", "live/dict", "load average")),

@@ -64,6 +64,29 @@ def test_a_lifted_filter_answers_what_calling_the_lambda_answers(predicate, push
     assert answers("sqlite", ep.Stream("s").filter(predicate), pushes)[0] == want
 
 
+def _in_filter(names):
+    return lambda e: e["s"] in names and e["a"] not in (0, 4)       # ``names``: a tuple bound once, here
+
+
+IN_PREDICATES = [lambda e: e["a"] in (1, 2, 5), lambda e: e["s"] not in ["x", "q"],
+                 lambda e: e["x"] in (0.5, 1, -2.0) or e["b"] in (3, 4.0), _in_filter(("x", "z"))]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(IN_PREDICATES), PUSHES)
+def test_in_a_tuple_of_literals_is_lifted_and_answers_what_calling_the_lambda_answers(predicate, pushes):
+    want = everything(ep.Stream("s").filter(_called(predicate)), pushes)
+    got = everything(ep.Stream("s").filter(predicate), pushes)
+    assert isinstance(got[2].filters[0].predicate, Expr)
+    assert got[:2] == want[:2]                  # results and dead letters
+    assert answers("sqlite", ep.Stream("s").filter(predicate), pushes)[0] == want[0]
+    window = ep.Stream("s", window=ep.Tumbling("10ms"))
+    pair = lambda l, r: l["a"] - r["b"] == 1 and r["s"] in ("y", "z")         # noqa: E731
+    want = everything(window.correlate("t", _called(pair)), pushes)
+    got = everything(window.correlate("t", pair), pushes)
+    assert isinstance(got[2].terminal.predicate, Expr) and got[:2] == want[:2]
+
+
 def test_an_equation_in_a_lambda_becomes_the_shared_hash_probe():
     proc = ep.EventProcessor("native")
     for name in "st":

@@ -89,9 +89,12 @@ rows = st.fixed_dictionaries({"car": st.integers(0, 60), "speed": st.floats(-1e3
 
 @settings(max_examples=60, deadline=None)
 @given(kind=st.sampled_from(sorted(KINDS)), batches=st.lists(st.lists(rows, min_size=1, max_size=40),
-       min_size=1, max_size=8), order=st.permutations(range(61)), null_at=st.integers(-1, 7))
+       min_size=1, max_size=8), order=st.permutations(range(61)), null_at=st.integers(-1, 7),
+       in_time_order=st.booleans())
 def test_columnar_window_matches_the_row_window_over_batches_with_their_own_dictionaries(
-        kind, batches, order, null_at):
+        kind, batches, order, null_at, in_time_order):
+    if in_time_order:                          # each batch's panes are then folded from slices
+        batches = [sorted(b, key=lambda r: r["ts"]) for b in batches]
     text = "string" in kind
     batches = [[{**r, "car": f"k{r['car']}" if text else r["car"]} for r in b] for b in batches]
     order = [f"k{k}" if text else k for k in order]

@@ -50,3 +50,20 @@ def test_ready_small_arrow_reads_reach_the_chain_as_one_batch_then_the_end():
     assert pump(driver, chain) == 10_000 and out.sizes == [70_000, 10_000]
     assert pump(driver, chain) is None and result.ended
     assert [r["ts"] for r in result.output] == list(range(80_000))
+
+
+def test_the_gathers_read_budget_follows_the_deployments_latency_target():
+    from pescheduler import config
+    from pescheduler.wire import PESpec
+    from pescheduler.worker.runtime import Hosting, PERunner
+
+    def budget(latency_s):
+        spec = PESpec("pe", "dep", {"src": (Small, {"batches": 1, "rows": 1}, None)}, [], latency_s=latency_s)
+        return PERunner(spec, Hosting(worker="w")).sources[0].gather.budget_s
+
+    assert budget(0.010) == 0.005 and budget(0.002) == 0.001     # half the target, as a channel's fill
+    assert SourceDriver("src", Small(1, 1), 1000).gather.budget_s == config.get_seconds("batch.latency") / 2
+    source = Small(batches=3, rows=10)
+    result = RunResult()
+    driver = SourceDriver("src", source, 1000, latency_s=0)      # "never wait": each read goes alone
+    assert pump(driver, Chain({"src": source}, [], {("src", "out"): [CollectingOutput(result)]})) == 10
