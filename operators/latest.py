@@ -80,13 +80,16 @@ class Latest(Operator):
             after = change["after"]
             if after is None:
                 raise ValueError(f"latest: an {op} without its row (after=None)")
-            previous = now.get(key, _UNREAD)
-            if previous is _UNREAD:
-                previous = self._rows.get(key)
+            previous = self._current(key, now)
             now[key] = after
             emit({"op": "upsert", self._key_name: key, "row": after, "previous": previous})
         else:
             self._drop(key, emit, now)
+
+    def _current(self, key: Any, now: dict) -> Any:
+        """The key's row as this batch left it so far (None once deleted), else the backend's."""
+        row = now.get(key, _UNREAD)
+        return self._rows.get(key) if row is _UNREAD else row
 
     def _moved(self, old: Any, key: Any, emit: Emitter, now: dict) -> None:
         """An update that changed the key: the old key's row goes, when this instance holds it."""
@@ -94,9 +97,7 @@ class Latest(Operator):
             self._drop(old, emit, now)
 
     def _drop(self, key: Any, emit: Emitter, now: dict) -> None:
-        previous = now.get(key, _UNREAD)
-        if previous is _UNREAD:
-            previous = self._rows.get(key)
+        previous = self._current(key, now)
         if previous is not None:
             now[key] = None
             emit({"op": "delete", self._key_name: key, "row": None, "previous": previous})
