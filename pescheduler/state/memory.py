@@ -42,6 +42,7 @@ import pickle
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any, Callable, Iterable, Iterator
 
@@ -57,9 +58,6 @@ _NOTHING = object()
 # Reentrant: a view collected by the garbage collector inside _bind releases itself there (it only
 # ever empties the live views, so the outer decision stays safe: at worst the copying get).
 _BIND = threading.RLock()
-# Whoever applies a deferred fold (a checkpoint's writer thread or the state's own next fold) holds
-# this while it does: the other waits, then finds it done.
-_FOLDING = threading.Lock()
 
 
 def _copy(value: Any) -> Any:
@@ -74,9 +72,12 @@ class _Fold:
 
     def __init__(self, tables: list[dict], puts: dict, gone: set) -> None:
         self.tables, self.puts, self.gone = tables, puts, gone
+        # Whoever applies it (the checkpoint's writer thread, the state's next fold, or a take of
+        # some groups in the PE's turn) holds this while it does: another waits, then finds it done.
+        self.lock = threading.Lock()
 
     def apply(self) -> None:
-        with _FOLDING:
+        with self.lock:
             if self.puts is None:
                 return
             puts, tables = self.puts, self.tables
@@ -88,6 +89,25 @@ class _Fold:
             for g, key in zip(key_groups(gone), gone):
                 tables[g].pop(key, None)
             self.puts = self.gone = None
+
+    def apply_groups(self, chosen: AbstractSet[int]) -> None:
+        """Only groups ``chosen``'s writes, now, and out of the fold (a rescale takes those groups'
+        dicts in the PE's turn: what they owe must be in them first, and nothing may write them
+        after, as the taken keys leave the index in another thread): O(keys in the fold)."""
+        with self.lock:
+            if self.puts is None:
+                return
+            puts, gone, tables = self.puts, self.gone, self.tables
+            off = [k for k in gone if k not in puts]                # deleted, not put again since
+            for g, key in zip(key_groups(off), off):
+                if g in chosen:
+                    tables[g].pop(key, None)
+                    gone.discard(key)
+            keys = list(puts)
+            for g, key in zip(key_groups(keys), keys):
+                if g in chosen:
+                    tables[g][key] = puts.pop(key)
+                    gone.discard(key)           # deleted, then put again: the later apply must not pop it
 
 
 class _Keys(AbstractSet):
@@ -347,31 +367,47 @@ class MemoryState(KeyedState):
         for g in groups:
             self._put_group(g, {})
 
-    def take_groups(self, groups: Iterable[int]) -> dict[int, dict]:
-        """The group dicts themselves, replaced by empty ones, no copy (a view still reading one
-        only reads it), in a rescale's turn: O(groups + keys written since the snapshot), not
-        O(their keys). The taken keys leave the flat index afterwards, in another thread
-        (:meth:`_leave`): at 10^6 keys, removing half of them in the turn was most of a
-        Replicate's pause (465 ms of it, load 9). Until they are gone nothing reads them: the
-        routers send none of their tuples here any more, ``entries`` and ``len`` go by the
-        groups, and an import or a pickle of the state first lets them go (:meth:`_leave_all`)."""
-        self._fold()
-        taken = {}
-        for g in sorted(groups):
+    def take_groups(self, groups: Iterable[int]) -> dict[int, Mapping]:
+        """The group dicts themselves, replaced by empty ones, in a rescale's turn: O(groups + keys
+        written since the last fold), never O(keys held) (at 10^6 keys a Replicate's turn spent
+        465 ms removing the taken keys from the index, and 240-580 ms in a fold that copied every
+        group a checkpoint's live view shared):
+
+        - no fold: only the taken groups' writes since the last fold are taken out of it and
+          applied to their dict, in place where no view shares it; where one does, the group is
+          a :class:`TakenGroup`, the dict and those writes, copied and applied when first read
+          (off the turn: when the part is pickled);
+        - the taken keys leave the flat index afterwards, in another thread (:meth:`_leave`).
+          Until they are gone nothing sees them: the routers send none of their tuples here any
+          more, a call naming a key lets its group go first (:meth:`_guard`), ``entries`` and
+          ``len`` go by the groups, an import or a pickle of the state lets them all go."""
+        chosen = set(groups)
+        if self._pending is not None:       # the snapshot's deferred fold: these groups' part only
+            self._pending.apply_groups(chosen)
+        puts, gone = self._pending_of(chosen)
+        live = self._live
+        taken: dict[int, Mapping] = {}
+        for g in sorted(chosen):
             table = self._tables[g]
-            if not table:
+            put, off = puts.get(g), gone.get(g)
+            if put or off:
+                self._changed.add(g)        # as the fold would have marked it
+            if not table and not put:
                 continue
-            taken[g] = table
+            if (put or off) and live and g in self._shared:
+                if put or len(table) > sum(1 for k in off if k in table):   # (off: none of them put)
+                    taken[g] = TakenGroup(table, put or {}, off or ())
+            else:
+                if put:
+                    table.update(put)
+                for key in off or ():
+                    table.pop(key, None)
+                if table:                   # its keys all deleted since the last fold: none to give
+                    taken[g] = table
             self._tables[g] = {}
             self._shared.discard(g)
             self._changed.add(g)
             self._whole.add(g)
-        written = self._written
-        if taken and written:               # writable() must not offer them: bounded by the writes
-            keys = list(written)
-            for key, g in zip(keys, key_groups(keys)):
-                if g in taken:
-                    del written[key]
         if taken:
             with self._leave_lock:
                 start = not self._leaving
@@ -380,6 +416,34 @@ class MemoryState(KeyedState):
                 self._guard()
                 threading.Thread(target=self._leave, name="memory-state-take", daemon=True).start()
         return taken
+
+    def _pending_of(self, chosen: set) -> tuple[dict[int, dict], dict[int, list]]:
+        """Groups ``chosen``'s writes since the last fold, out of it (``{group: {key: value}}`` put,
+        ``{group: [key]}`` deleted), and their keys out of :meth:`writable` (which must not offer
+        them): O(keys written since the snapshot)."""
+        unfolded, unfolded_gone, written, index = self._unfolded, self._unfolded_gone, self._written, self._index
+        puts: dict[int, dict] = {}
+        gone: dict[int, list] = {}
+        if written:
+            keys = list(written)
+            for key, g in zip(keys, key_groups(keys)):
+                if g in chosen:
+                    del written[key]
+                    if key in unfolded:
+                        puts.setdefault(g, {})[key] = unfolded.pop(key)
+        if unfolded:                        # put since the last fold but not since the snapshot: none
+            keys = list(unfolded)           # (a fold comes before a snapshot), kept for safety
+            for key, g in zip(keys, key_groups(keys)):
+                if g in chosen:
+                    puts.setdefault(g, {})[key] = unfolded.pop(key)
+        if unfolded_gone:
+            keys = list(unfolded_gone)
+            for key, g in zip(keys, key_groups(keys)):
+                if g in chosen:
+                    unfolded_gone.discard(key)
+                    if key not in index:
+                        gone.setdefault(g, []).append(key)
+        return puts, gone
 
     def _guard(self) -> None:
         """While taken keys are still in the index, a call naming a key first lets that key's group
@@ -445,6 +509,10 @@ class MemoryState(KeyedState):
             pass
         self._unguard()
 
+    def import_groups(self, exported: dict) -> None:
+        """As the contract's, and a :class:`TakenGroup` (another memory state's take) as its dict."""
+        super().import_groups({g: dict(d) if isinstance(d, TakenGroup) else d for g, d in exported.items()})
+
     def _put_group(self, group: int, entries: dict) -> None:
         if group in self._leaving:          # taken earlier, back now: its old keys leave first
             self._leave_one(group)
@@ -458,3 +526,44 @@ class MemoryState(KeyedState):
         self._shared.discard(group)
         self._changed.add(group)
         self._whole.add(group)
+
+
+class TakenGroup(Mapping):
+    """A key group taken while a snapshot's view shared its dict, with the writes since the last
+    fold on top (:meth:`MemoryState.take_groups`): the copy and the writes are made when it is
+    first read, by whoever packs it, not in the PE's turn. Pickles as the plain dict."""
+
+    def __init__(self, table: dict, puts: dict, gone: Iterable[Any]) -> None:
+        self._parts = (table, puts, tuple(gone))
+        self._entries: dict | None = None
+
+    def _now(self) -> dict:
+        entries = self._entries
+        if entries is None:                 # two readers at once make the same dict: either will do
+            table, puts, gone = self._parts
+            entries = dict(table)
+            entries.update(puts)
+            for key in gone:
+                entries.pop(key, None)
+            self._entries = entries
+        return entries
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._now()[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._entries is not None:
+            return iter(self._entries)
+        return self._keys()                 # not copied for a first key (groups.take_groups asks one)
+
+    def _keys(self) -> Iterator[Any]:
+        table, puts, gone = self._parts
+        gone = set(gone)
+        yield from (k for k in table if k not in puts and k not in gone)
+        yield from puts
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+    def __reduce__(self):
+        return dict, (self._now(),)
