@@ -38,7 +38,9 @@ contract asks). Once every view is released, ``get`` is the plain lookup again.
 
 from __future__ import annotations
 
+import logging
 import pickle
+import queue
 import threading
 import time
 import weakref
@@ -50,6 +52,8 @@ from .base import KEY_GROUPS, Changes, KeyedState, StateView
 from .groups import key_groups
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
+LEAVE_KEYS = 2048         # taken keys a slice removes from the index (well under a millisecond)
+LEAVE_PACE_S = 0.0002     # the pause between two slices: the PE's thread takes the GIL then
 _GUARDED = ("read", "put", "delete", "write_many", "delete_many")   # name keys: guarded while groups leave
 _NOTHING = object()
 # Who installs ``MemoryState.get`` (the snapshot that makes a view live, the release of the last
@@ -188,7 +192,8 @@ class MemoryState(KeyedState):
         self._live: set[int] = set()        # ids of the views not yet released (see the module docstring)
         self._pending: _Fold | None = None  # a snapshot's deferred fold, maybe not applied yet
         self._leaving: dict[int, dict] = {}     # taken groups whose keys still wait to leave the index
-        self._leave_lock = threading.Lock()     # one group at a time leaves (take_groups)
+        self._leave_lock = threading.Lock()     # one slice at a time leaves (take_groups)
+        _leaver()
         self._bind()
         self._track()
 
@@ -254,8 +259,10 @@ class MemoryState(KeyedState):
         return self._written
 
     def __len__(self) -> int:
-        with self._leave_lock:
-            return len(self._index) - sum(map(len, self._leaving.values()))
+        if self._leaving:                   # the index still holds keys taken away: the groups do not
+            self._fold()
+            return sum(map(len, self._tables))
+        return len(self._index)
 
     # -- views: the lookup that copies while one is live -----------------------------------------
     def _bind(self) -> None:
@@ -412,9 +419,9 @@ class MemoryState(KeyedState):
             with self._leave_lock:
                 start = not self._leaving
                 self._leaving.update(taken)
-            if start:
                 self._guard()
-                threading.Thread(target=self._leave, name="memory-state-take", daemon=True).start()
+            if start:
+                _leave_later(self)
         return taken
 
     def _pending_of(self, chosen: set) -> tuple[dict[int, dict], dict[int, list]]:
@@ -471,9 +478,13 @@ class MemoryState(KeyedState):
         self._bind()
 
     def _unguard(self) -> None:
-        for name in _GUARDED:
-            self.__dict__.pop(name, None)
-        self._bind()
+        """The plain calls again, unless a take came meanwhile."""
+        with self._leave_lock:
+            if self._leaving:
+                return
+            for name in _GUARDED:
+                self.__dict__.pop(name, None)
+            self._bind()
 
     def _left(self, keys) -> None:
         """Let the groups of ``keys`` that are still leaving go now."""
@@ -483,10 +494,30 @@ class MemoryState(KeyedState):
                 self._leave_one(g)
 
     def _leave(self) -> None:
-        """The taken groups' keys out of the index, a group at a time (the PE's gets and puts of
-        other keys go on meanwhile: each is one dict operation, atomic under the GIL)."""
-        while self._leave_one():
-            time.sleep(0)                   # not a wait: lets the PE's thread have the GIL between groups
+        """The taken groups' keys out of the index, :data:`LEAVE_KEYS` at a time, paced: between
+        two slices this thread sleeps, so the PE's thread, which wants the GIL, has it at once
+        (a pace, not a wait for anything; without it the PE waited up to the interpreter's
+        5 ms switch interval each time). The PE's gets and puts of other keys go on meanwhile:
+        each is one dict operation, atomic under the GIL. An import or a guarded call may let a
+        group go meanwhile (:meth:`_leave_one`): its dict is no longer the one leaving, this
+        thread goes on to the next."""
+        lock, leaving, pop = self._leave_lock, self._leaving, self._index.pop
+        while True:
+            with lock:
+                if not leaving:
+                    break
+                g, table = next(iter(leaving.items()))
+            keys = list(table)
+            for i in range(0, len(keys), LEAVE_KEYS):
+                with lock:
+                    if leaving.get(g) is not table:
+                        break
+                    for key in keys[i:i + LEAVE_KEYS]:
+                        pop(key, None)
+                time.sleep(LEAVE_PACE_S)
+            with lock:
+                if leaving.get(g) is table:
+                    del leaving[g]
         self._unguard()
 
     def _leave_one(self, group: int | None = None) -> bool:
@@ -526,6 +557,36 @@ class MemoryState(KeyedState):
         self._shared.discard(group)
         self._changed.add(group)
         self._whole.add(group)
+
+
+_QUEUE: "queue.SimpleQueue[MemoryState]" = queue.SimpleQueue()
+_LEAVER: list[threading.Thread] = []
+
+
+def _leaver() -> None:
+    """The process's one thread that removes taken keys from the states' indexes (started with the
+    first state, idle on its queue until a take: a take in a PE's turn only queues, it never waits
+    for a thread to start, which under load took milliseconds of scheduling)."""
+    if not _LEAVER or not _LEAVER[0].is_alive():
+        with _BIND:
+            if not _LEAVER or not _LEAVER[0].is_alive():
+                _LEAVER[:] = [threading.Thread(target=_leave_queued, name="memory-state-leave", daemon=True)]
+                _LEAVER[0].start()
+
+
+def _leave_queued() -> None:
+    while True:
+        state = _QUEUE.get()
+        try:
+            state._leave()
+        except Exception:                   # pragma: no cover - a bug: the guarded calls still hold
+            logging.getLogger(__name__).exception("taken keys did not leave the index")
+        del state
+
+
+def _leave_later(state: "MemoryState") -> None:
+    _leaver()
+    _QUEUE.put(state)
 
 
 class TakenGroup(Mapping):
