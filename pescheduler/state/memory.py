@@ -501,24 +501,32 @@ class MemoryState(KeyedState):
         each is one dict operation, atomic under the GIL. An import or a guarded call may let a
         group go meanwhile (:meth:`_leave_one`): its dict is no longer the one leaving, this
         thread goes on to the next."""
+        for _ in self._slices():
+            time.sleep(LEAVE_PACE_S)
+        self._unguard()
+
+    def _slices(self) -> Iterator[None]:
+        """:meth:`_leave`'s work, one slice of :data:`LEAVE_KEYS` keys per step (a test steps it
+        between the PE's calls). Each slice holds the leave lock and first checks that its group is
+        still the one leaving: a guarded call or an import that let the group go meanwhile may have
+        put its keys back, which this slice must not pop."""
         lock, leaving, pop = self._leave_lock, self._leaving, self._index.pop
         while True:
             with lock:
                 if not leaving:
-                    break
+                    return
                 g, table = next(iter(leaving.items()))
-            keys = list(table)
+            keys = list(table)              # nobody writes a taken dict (see take_groups)
             for i in range(0, len(keys), LEAVE_KEYS):
                 with lock:
                     if leaving.get(g) is not table:
                         break
                     for key in keys[i:i + LEAVE_KEYS]:
                         pop(key, None)
-                time.sleep(LEAVE_PACE_S)
+                yield
             with lock:
                 if leaving.get(g) is table:
                     del leaving[g]
-        self._unguard()
 
     def _leave_one(self, group: int | None = None) -> bool:
         """One taken group's keys out of the index (``group``, or any); False once none is left."""
