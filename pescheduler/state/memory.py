@@ -11,8 +11,9 @@ get or put is about one dict operation, as with an operator's own dict:
   snapshot (``writable()``) and since the last fold, nothing else.
 
 The per-group dicts are brought up to date ("folded") only when someone needs
-groups (:meth:`MemoryState.snapshot`, ``groups``, ``items``, ``take_groups``,
-``import_groups``, ``changed``): the keys written since the last fold are
+groups (:meth:`MemoryState.snapshot`, ``groups``, ``items``,
+``import_groups``, ``changed``; a rescale's take folds only what it takes,
+below): the keys written since the last fold are
 put into their groups' dicts, their key groups computed in one batch
 (``groups.key_groups``). A snapshot therefore costs O(keys
 written since the last one), never O(all keys).
@@ -34,6 +35,45 @@ written from it in another thread), so the values it shares must not change
 in place: while a view lives, ``get`` hands out a copy of a value not put
 since the snapshot (the operator changes the copy and puts it back, as the
 contract asks). Once every view is released, ``get`` is the plain lookup again.
+
+A rescale's take (:meth:`MemoryState.take_groups`, in the PE's turn) hands the
+group dicts over without a fold and without removing their keys from the
+index: both grew with the state (at 10^6 keys, 240-580 ms copying the groups a
+view shared, 465 ms deleting the taken keys). The keys leave the index later,
+in the process's leave thread. So a key group's dict is in one of these states
+(a group can be unfolded and pending at once; the index holds every key the
+state holds, and a taken group's keys until they have left):
+
+                 put, delete                  snapshot, no view live
+    folded ───────────────────> unfolded ─────────────────────────> pending
+      ^                            │    (in _unfolded)               │  (in the view's _Fold)
+      ├─── fold (a snapshot while ─┘                                 │
+      │    a view lives folds too)                                   │
+      └─── the view's reader (the writer thread), the state's fold ──┘
+
+    folded / unfolded / pending ──take──> taken ──queued──> leaving ──slices──> left
+                                    (out of _tables)       (_leaving)   (out of the index)
+
+- *shared*, beside any of the first three: a live view reads the same dict.
+  A fold copies it before writing it (``_unshare``); a take hands it over as
+  it is, the writes since the last fold on top (:class:`TakenGroup`, copied
+  when first read: when packed, off the turn).
+- *pending*: some of the group's writes from before the snapshot are still in
+  the snapshot's deferred fold. Whoever comes first applies them in place,
+  under the fold's lock: the view's reader (the checkpoint's writer thread),
+  the state's next fold, or a take of that group, which applies the group's
+  part alone and takes it out of the fold (:meth:`_Fold.apply_groups`).
+- *taken*: the dict left ``_tables`` (an empty one took its place) for the
+  rescale. Nothing writes it any more: not the state (it writes the new dict),
+  not the deferred fold (the take took the group's part out of it first). So
+  the leave thread may read its keys without a lock, and the packer too.
+- *leaving*: its keys are still in the index until the leave thread removes
+  them, :data:`LEAVE_KEYS` a slice (``_slices``). Meanwhile a call naming a
+  key of the group, an import of the group, a pickle of the state, lets the
+  whole group go at once in the caller's thread (``_leave_one``). Each slice
+  checks, under the leave lock, that its group is still the one leaving, so
+  it never removes keys that came back with an import or a put.
+- *left*: the group is empty; later writes fill the new dict (unfolded).
 """
 
 from __future__ import annotations
@@ -376,14 +416,15 @@ class MemoryState(KeyedState):
 
     def take_groups(self, groups: Iterable[int]) -> dict[int, Mapping]:
         """The group dicts themselves, replaced by empty ones, in a rescale's turn: O(groups + keys
-        written since the last fold), never O(keys held) (at 10^6 keys a Replicate's turn spent
-        465 ms removing the taken keys from the index, and 240-580 ms in a fold that copied every
-        group a checkpoint's live view shared):
+        written since the snapshot + keys in its deferred fold), never O(keys held) (at 10^6 keys
+        a Replicate's turn spent 465 ms removing the taken keys from the index, and 240-580 ms in
+        a fold that copied every group a checkpoint's live view shared):
 
-        - no fold: only the taken groups' writes since the last fold are taken out of it and
-          applied to their dict, in place where no view shares it; where one does, the group is
-          a :class:`TakenGroup`, the dict and those writes, copied and applied when first read
-          (off the turn: when the part is pickled);
+        - no fold: the taken groups' part of the snapshot's deferred fold is applied first, and
+          taken out of it (nothing writes a taken dict after); then only their writes since the
+          last fold are taken out of it and applied to their dict, in place where no view shares
+          it; where one does, the group is a :class:`TakenGroup`, the dict and those writes,
+          copied and applied when first read (off the turn: when the part is pickled);
         - the taken keys leave the flat index afterwards, in another thread (:meth:`_leave`).
           Until they are gone nothing sees them: the routers send none of their tuples here any
           more, a call naming a key lets its group go first (:meth:`_guard`), ``entries`` and
