@@ -112,46 +112,67 @@ def _copy(value: Any) -> Any:
 class _Fold:
     """The keys written between two folds, put into the group dicts ``tables`` when :meth:`apply`
     is first called: by a snapshot's view (in the checkpoint's writer thread) or by the state's
-    next fold, whichever comes first (the dicts are shared by both: in place, once)."""
+    next fold, whichever comes first (the dicts are shared by both: in place, once). A rescale's
+    take applies its groups' part before (:meth:`apply_groups`); ``apply`` then skips them."""
 
     def __init__(self, tables: list[dict], puts: dict, gone: set) -> None:
-        self.tables, self.puts, self.gone = tables, puts, gone
+        self.tables, self.puts, self.gone = tables, puts, gone     # never changed after: the state made new ones
+        self.done: set[int] = set()         # groups a take already applied
+        self._grouped: tuple[list, list, list, list] | None = None
         # Whoever applies it (the checkpoint's writer thread, the state's next fold, or a take of
         # some groups in the PE's turn) holds this while it does: another waits, then finds it done.
         self.lock = threading.Lock()
+
+    def _by_group(self) -> tuple[list, list, list, list]:
+        """The keys put, their groups, the keys deleted (not put again since), theirs: computed once."""
+        if self._grouped is None:
+            puts = self.puts
+            keys = list(puts)
+            off = [k for k in self.gone if k not in puts]
+            self._grouped = (keys, key_groups(keys), off, key_groups(off))
+        return self._grouped
 
     def apply(self) -> None:
         with self.lock:
             if self.puts is None:
                 return
-            puts, tables = self.puts, self.tables
-            gone = [k for k in self.gone if k not in puts]          # deleted, not put again since
+            puts, tables, done = self.puts, self.tables, self.done
+            keys, put_in, off, off_in = self._by_group()
             # A long loop in a thread of its own: the interpreter hands the PE's thread the GIL every
             # switch interval (5 ms), so the stream is not held for the whole fold.
-            for g, key, value in zip(key_groups(list(puts)), puts, puts.values()):
-                tables[g][key] = value
-            for g, key in zip(key_groups(gone), gone):
-                tables[g].pop(key, None)
-            self.puts = self.gone = None
+            if done:
+                for g, key in zip(put_in, keys):
+                    if g not in done:
+                        tables[g][key] = puts[key]
+                for g, key in zip(off_in, off):
+                    if g not in done:
+                        tables[g].pop(key, None)
+            else:
+                for g, key, value in zip(put_in, keys, puts.values()):
+                    tables[g][key] = value
+                for g, key in zip(off_in, off):
+                    tables[g].pop(key, None)
+            self.puts = self.gone = self._grouped = None
 
     def apply_groups(self, chosen: AbstractSet[int]) -> None:
-        """Only groups ``chosen``'s writes, now, and out of the fold (a rescale takes those groups'
-        dicts in the PE's turn: what they owe must be in them first, and nothing may write them
-        after, as the taken keys leave the index in another thread): O(keys in the fold)."""
+        """Only groups ``chosen``'s writes, now (a rescale takes those groups' dicts in the PE's
+        turn: what they owe must be in them first, and nothing may write them after, as the taken
+        keys leave the index in another thread): O(keys in the fold), a set lookup for most."""
         with self.lock:
             if self.puts is None:
                 return
-            puts, gone, tables = self.puts, self.gone, self.tables
-            off = [k for k in gone if k not in puts]                # deleted, not put again since
-            for g, key in zip(key_groups(off), off):
+            chosen = set(chosen) - self.done
+            if not chosen:
+                return
+            puts, tables = self.puts, self.tables
+            keys, put_in, off, off_in = self._by_group()
+            for g, key in zip(off_in, off):
                 if g in chosen:
                     tables[g].pop(key, None)
-                    gone.discard(key)
-            keys = list(puts)
-            for g, key in zip(key_groups(keys), keys):
+            for g, key in zip(put_in, keys):
                 if g in chosen:
-                    tables[g][key] = puts.pop(key)
-                    gone.discard(key)           # deleted, then put again: the later apply must not pop it
+                    tables[g][key] = puts[key]
+            self.done |= chosen
 
 
 class _Keys(AbstractSet):
@@ -468,7 +489,9 @@ class MemoryState(KeyedState):
     def _pending_of(self, chosen: set) -> tuple[dict[int, dict], dict[int, list]]:
         """Groups ``chosen``'s writes since the last fold, out of it (``{group: {key: value}}`` put,
         ``{group: [key]}`` deleted), and their keys out of :meth:`writable` (which must not offer
-        them): O(keys written since the snapshot)."""
+        them): O(keys written since the snapshot). The keys put since the last fold are among
+        those put since the snapshot (a snapshot folds, or hands its fold to the view, and both
+        are emptied there; a put, a delete, a take writes both or neither)."""
         unfolded, unfolded_gone, written, index = self._unfolded, self._unfolded_gone, self._written, self._index
         puts: dict[int, dict] = {}
         gone: dict[int, list] = {}
@@ -479,11 +502,6 @@ class MemoryState(KeyedState):
                     del written[key]
                     if key in unfolded:
                         puts.setdefault(g, {})[key] = unfolded.pop(key)
-        if unfolded:                        # put since the last fold but not since the snapshot: none
-            keys = list(unfolded)           # (a fold comes before a snapshot), kept for safety
-            for key, g in zip(keys, key_groups(keys)):
-                if g in chosen:
-                    puts.setdefault(g, {})[key] = unfolded.pop(key)
         if unfolded_gone:
             keys = list(unfolded_gone)
             for key, g in zip(keys, key_groups(keys)):
