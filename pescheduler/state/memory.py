@@ -62,10 +62,10 @@ state holds, and a taken group's keys until they have left):
   the snapshot's deferred fold. Whoever comes first applies them in place,
   under the fold's lock: the view's reader (the checkpoint's writer thread),
   the state's next fold, or a take of that group, which applies the group's
-  part alone and takes it out of the fold (:meth:`_Fold.apply_groups`).
+  part alone, and the fold's own apply then skips it (:meth:`_Fold.apply_groups`).
 - *taken*: the dict left ``_tables`` (an empty one took its place) for the
   rescale. Nothing writes it any more: not the state (it writes the new dict),
-  not the deferred fold (the take took the group's part out of it first). So
+  not the deferred fold (the take applied the group's part, which it skips). So
   the leave thread may read its keys without a lock, and the packer too.
 - *leaving*: its keys are still in the index until the leave thread removes
   them, :data:`LEAVE_KEYS` a slice (``_slices``). Meanwhile a call naming a
@@ -442,9 +442,9 @@ class MemoryState(KeyedState):
         a fold that copied every group a checkpoint's live view shared):
 
         - no fold: the taken groups' part of the snapshot's deferred fold is applied first, and
-          taken out of it (nothing writes a taken dict after); then only their writes since the
-          last fold are taken out of it and applied to their dict, in place where no view shares
-          it; where one does, the group is a :class:`TakenGroup`, the dict and those writes,
+          that fold skips them after (nothing writes a taken dict after); then only their writes
+          since the last fold are taken out of it and applied to their dict, in place where no
+          view shares it; where one does, the group is a :class:`TakenGroup`, the dict and those writes,
           copied and applied when first read (off the turn: when the part is pickled);
         - the taken keys leave the flat index afterwards, in another thread (:meth:`_leave`).
           Until they are gone nothing sees them: the routers send none of their tuples here any
