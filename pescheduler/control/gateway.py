@@ -193,6 +193,10 @@ class WorkerGateway:
         """Running instances on ``worker`` gate the key groups these deferred moves bring them."""
         return await self.client.rpc(worker).pe_handover_expect(deployment=self.deployment, moves=moves)
 
+    async def handover_go(self, worker: str, tag: str) -> None:
+        """The pause of reconfiguration ``tag`` is over: ``worker`` sends its deferred parts now."""
+        await self.client.rpc(worker).pe_handover_go(deployment=self.deployment, tag=tag)
+
     async def handover_wait(self, worker: str, tag: str, timeout: float) -> dict:
         """Until the key groups reconfiguration ``tag`` moves to ``worker`` are all in (bounded)."""
         return await self.client.rpc(worker).pe_handover_wait(deployment=self.deployment, tag=tag, timeout=timeout)

@@ -226,7 +226,7 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
     if by_worker:           # a copy added beside PEs that all stay has nothing to pause (issue 15)
         await step("pause", asyncio.gather(*(gateway.pause(w, marker, **todo) for w, todo in by_worker.items())))
         await step("drain", _wait_drained(gateway, old, plan, marker, timeout, steps), limit=None)  # bounds itself
-        await step("handover", _hand_over_retired(gateway, plan, marker))
+        await step("handover", _hand_over_retired(gateway, plan, marker, timeout))
         states = await step("snapshot", _snapshot(gateway, old, plan.retired))
         await step("stop", asyncio.gather(*(gateway.stop_pes(old.pes[p].worker, [p]) for p in plan.retired)))
     states = redistribute(old, new, states, frozenset(m.op for m in plan.moves))
@@ -240,30 +240,36 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
     await step("deploy + start + rewire", asyncio.gather(
         _deploy_created(gateway, new, plan, worker_info, states, steps),
         _rewire_downstream(gateway, new, plan, steps),
-        _rewire_upstream(gateway, new, plan, worker_info, steps, marker)))
+        _rewire_upstream(gateway, new, plan, worker_info, steps, marker, timeout)))
     pause = time.perf_counter() - t0
+    await asyncio.gather(*(gateway.handover_go(w, marker) for w in sorted({m.src_worker for m in plan.moves
+                                                                         if m.deferred})),
+                         return_exceptions=True)     # a worker that did not hear it sends after the bound
     await _moves_done(gateway, plan, marker, timeout, steps)
     return pause
 
 
-def _move(move: GroupMove, marker: str) -> dict:
-    """A group move as a worker takes it (plain data), tagged with the reconfiguration's marker."""
-    return {**asdict(move), "tag": marker}
+def _move(move: GroupMove, marker: str, timeout: float) -> dict:
+    """A group move as a worker takes it (plain data), tagged with the reconfiguration's marker. A
+    deferred one is packed and sent once the pause is over (``go``: the controller says so, or
+    after ``timeout``): packing holds the GIL, and in the pause it kept the exporting worker's
+    loop from the calls the pause waits for (the new channels' connects: 1-3 s at 10^6 keys)."""
+    return {**asdict(move), "tag": marker, "go": timeout if move.deferred else None}
 
 
-async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str) -> None:
+async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float) -> None:
     """Key groups leave the aligned PEs going away, each straight to its new owner's worker. A
     running owner first gates them (a deferred move: their tuples wait there for their state,
     which comes after the routing switch), or imports them now, before any router switches."""
     gates: dict[str, list[dict]] = {}
     for move in plan.moves:
         if move.deferred and move.dst_live:
-            gates.setdefault(move.dst_worker, []).append(_move(move, marker))
+            gates.setdefault(move.dst_worker, []).append(_move(move, marker, timeout))
     await asyncio.gather(*(gateway.handover_expect(w, moves) for w, moves in gates.items()))
     by_worker: dict[str, list[dict]] = {}
     for move in plan.moves:
         if not move.src_live:
-            by_worker.setdefault(move.src_worker, []).append(_move(move, marker))
+            by_worker.setdefault(move.src_worker, []).append(_move(move, marker, timeout))
     await asyncio.gather(*(gateway.handover(w, moves) for w, moves in by_worker.items()))
 
 
@@ -429,14 +435,14 @@ async def _deploy_created(gateway: WorkerGateway, new, plan, worker_info, states
                            for w, s in by_worker.items()))
 
 
-async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps, marker: str) -> None:
+async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps, marker: str, timeout: float) -> None:
     """Staying PEs' outputs re-pointed and routers switched; an instance there that gives key
     groups away exports them in the same turn (``handover``)."""
     calls = []
     exports: dict[str, list[dict]] = {}
     for move in plan.moves:
         if move.src_live:
-            exports.setdefault(move.src_pe, []).append(_move(move, marker))
+            exports.setdefault(move.src_pe, []).append(_move(move, marker, timeout))
     for pe_id in set(plan.hold) | set(plan.upstream_outputs) | set(plan.routing) | set(exports):
         outs = [output_spec(new, worker_info, k, plan.channels[k]) for k in plan.upstream_outputs.get(pe_id, [])]
         routing = cloudpickle.dumps(plan.routing[pe_id]) if pe_id in plan.routing else b""

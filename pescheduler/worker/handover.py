@@ -120,12 +120,18 @@ class HandOvers:
         self.failed: dict[tuple[str, str], str] = {}            # (deployment, tag) -> why a part was lost
         self.sending: set[asyncio.Task] = set()
         self.arrived = asyncio.Condition()
+        self.go: dict[tuple[str, str], asyncio.Event] = {}       # (deployment, tag) -> its pause is over
 
     def handlers(self) -> dict[str, Callable]:
         """The worker RPC handlers (the controller's ``pe_handover``, ``pe_handover_expect`` and
         ``pe_handover_wait``, the peers' ``pe_handover_put``)."""
         return {"pe_handover": self.pe_handover, "pe_handover_put": self.pe_handover_put,
-                "pe_handover_expect": self.pe_handover_expect, "pe_handover_wait": self.pe_handover_wait}
+                "pe_handover_expect": self.pe_handover_expect, "pe_handover_wait": self.pe_handover_wait,
+                "pe_handover_go": self.pe_handover_go}
+
+    async def pe_handover_go(self, deployment: str, tag: str) -> None:
+        """Reconfiguration ``tag``'s pause is over: its deferred parts here are packed and sent now."""
+        self.go.setdefault((deployment, tag), asyncio.Event()).set()
 
     async def pe_handover(self, deployment: str, moves: list[dict]) -> dict:
         """Export these moves' groups from aligned PEs here and send each to its new owner (a
@@ -175,7 +181,16 @@ class HandOvers:
         return len(blob)
 
     async def _send_later(self, deployment: str, parts: list[tuple[dict, dict]]) -> None:
-        """Deferred parts, one after another (a slice's import waits for no other slice)."""
+        """Deferred parts, one after another (a slice's import waits for no other slice), once the
+        pause is over (the move's ``go``: bounded by the reconfiguration's timeout)."""
+        bound = parts[0][0].get("go")
+        if bound is not None:
+            key = (deployment, parts[0][0]["tag"])
+            try:
+                await asyncio.wait_for(self.go.setdefault(key, asyncio.Event()).wait(), bound)
+            except asyncio.TimeoutError:
+                logger.warning("no end of the pause of %s came: its key groups go now", key[1])
+            self.go.pop(key, None)
         try:
             for move, part in parts:
                 await self._send(deployment, move, part)
@@ -276,7 +291,7 @@ class HandOvers:
 
     def forget(self, deployment: str) -> None:
         """The deployment ended here: parts never taken (a failed reconfiguration's) go."""
-        for table in (self.parts, self.early, self.gates, self.failed):
+        for table in (self.parts, self.early, self.gates, self.failed, self.go):
             for key in [k for k in table if k[0] == deployment]:
                 del table[key]
 

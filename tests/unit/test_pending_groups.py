@@ -175,3 +175,34 @@ def test_a_disk_store_gives_groups_away_without_reading_a_key_in_the_turn(tmp_pa
     assert dict(taken[g].items()) == mine
     assert len(cloudpickle.loads(cloudpickle.dumps(PackedOnPickle(taken[g])))) == len(pack_group(mine.items()))
     store.close()
+
+
+def test_a_deferred_moves_parts_are_packed_and_sent_only_once_the_pause_is_over():
+    """The exporting worker packs (which holds the GIL) and sends a deferred move's parts only
+    after the controller's ``pe_handover_go``: inside the pause that work kept its loop from the
+    calls the pause waits for (the new channels' connects, 1-3 s at 10^6 keys)."""
+    async def scenario():
+        copy, original = _instance(_window), _instance(_window)
+        _feed(copy, _tuples(0, N // 2, _moving))
+        _feed(original, _tuples(0, N // 2, lambda t: not _moving(t)))
+        here = HandOvers(lambda dep: {"orig": original}, None, lambda: "tcp://a")
+        sent = []
+
+        class Peer:                             # the receiving worker's RPC, counting what came
+            async def pe_handover_put(self, deployment, move, blob):
+                sent.append(len(blob))
+                await here.pe_handover_put(deployment, move, blob)
+        there = HandOvers(lambda dep: {"copy": copy}, lambda address: Peer(), lambda: "tcp://b")
+        move = {"src": "w", "src_pe": "copy", "dst": "w", "dst_pe": "orig", "dst_worker": "tcp://a",
+                "dst_live": True, "groups": sorted(MOVING), "tag": "m", "deferred": True, "go": 30}
+        await here.pe_handover_expect("d", [move])
+        await there.pe_handover("d", [move])
+        _feed(original, _tuples(N // 2, N))     # the routers switched: all of the rest comes here
+        waiting = await here.pe_handover_wait("d", "m", timeout=0.2)   # the pause goes on meanwhile
+        assert sent == [] and waiting["pending"] == len(MOVING)
+        await there.pe_handover_go("d", "m")
+        done = await here.pe_handover_wait("d", "m", timeout=10)
+        assert done["pending"] == 0 and sent and not done["failed"]
+        original.chain.end_from("src")
+        return _rows(original.result) + _rows(copy.result)
+    assert sorted(asyncio.run(scenario())) == _reference(_window)
