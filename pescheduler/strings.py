@@ -229,7 +229,7 @@ def to_sql(name: str, args: list[str], literals: list, dialect: str) -> str:
             raise Unsupported(f"SUBSTRING cannot run on the {dialect} provider with a start or length that "
                               f"is not a constant (the positions are written from 1, where engines agree); "
                               f"use the native provider")
-        return _substring(args, literals)
+        return _substring(args, literals, dialect)
     if name == "concat":
         return "(" + " || ".join(args) + ")"
     if name == "like":
@@ -243,16 +243,25 @@ def to_sql(name: str, args: list[str], literals: list, dialect: str) -> str:
     return f"{name.upper()}({', '.join(args)})"
 
 
-def _substring(args: list[str], literals: list) -> str:
+_PG_MOST = 2 ** 31 - 1
+"""PostgreSQL's SUBSTR takes ``integer`` positions (a larger constant is a ``bigint``: no such
+function); its text holds at most 1 GB, so no position past this one exists."""
+
+
+def _substring(args: list[str], literals: list, dialect: str) -> str:
     """Positions only as constants, turned into a start of at least 1 and a count of at least 0,
-    where every engine agrees (DuckDB and SQLite count a start below 1 from the end)."""
+    where every engine agrees (DuckDB and SQLite count a start below 1 from the end); on PostgreSQL
+    at most :data:`_PG_MOST`."""
     start, count = literals[1], literals[2] if len(literals) > 2 else "all"
     for v in (start, count):
         if v is not None and v != "all":
             _int("substring", v)
     if start is None or count is None or (count != "all" and count < 0):
-        return "CAST(NULL AS TEXT)"
+        return f"(CASE WHEN FALSE THEN {args[0]} END)"     # null text; the text's own placeholders are kept
     first = max(start, 1)
-    if count == "all":
+    taken = None if count == "all" else max(start + count - first, 0)
+    if dialect == "postgresql":
+        first, taken = min(first, _PG_MOST), taken if taken is None else min(taken, _PG_MOST)
+    if taken is None:
         return f"SUBSTR({args[0]}, {first})"
-    return f"SUBSTR({args[0]}, {first}, {max(start + count - first, 0)})"
+    return f"SUBSTR({args[0]}, {first}, {taken})"

@@ -31,6 +31,9 @@ class Dialect:
     mark = "?"
     types = {int: "BIGINT", float: "DOUBLE PRECISION", str: "TEXT", bool: "BOOLEAN"}
     real_type = "DOUBLE PRECISION"
+    text_holds_nul = True
+    """Whether a text value may hold a NUL character (PostgreSQL's cannot: such an event is refused
+    before anything changes, and such a constant when the query is created, never stored cut)."""
 
     def __init__(self, mark: str | None = None) -> None:
         if mark is not None:
@@ -123,6 +126,15 @@ class DuckDB(Dialect):
 class PostgreSQL(Dialect):
     name = "postgresql"
     mark = "%s"
+    text_holds_nul = False
+
+    def param(self, value: Any = None) -> str:
+        if isinstance(value, str) and "\x00" in value:
+            from ..strings import Unsupported
+
+            raise Unsupported(f"the constant {value!r} cannot run on the postgresql provider: PostgreSQL text "
+                              f"cannot hold a NUL character; use the native provider")
+        return self.mark
 
     def collection(self, name: str, value: str, order: str, q: float | None) -> str | None:
         """Also ``PERCENTILE_CONT`` (an ordered-set aggregate, linear between ranks) and ``first``/``last``

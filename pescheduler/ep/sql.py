@@ -66,7 +66,7 @@ from .api import (Aggregate, Correlate, CountWindow, Definition, EventProcessor,
 from ..joinkeys import equi_keys
 from .predicates import IDENTIFIER, Col, Expr, conjuncts, lift, to_sql
 from .providers import open_provider
-from .schema import TS_FIELD, Schema
+from .schema import TS_FIELD, Schema, SchemaError
 
 _TABLES = itertools.count(1)
 LO = type("LO", (), {"__repr__": lambda self: "LO"})()
@@ -206,8 +206,22 @@ class SQLProcessor(EventProcessor):
 
     # -- events --------------------------------------------------------------------------------
     def _push(self, stream: str, events: list[dict]) -> None:
+        if not self.dialect.text_holds_nul:
+            self._refuse_nul(stream, events)
         for i in range(0, len(events), BATCH):
             self._batch(stream, events[i:i + BATCH])
+
+    def _refuse_nul(self, stream: str, events: list[dict]) -> None:
+        """A text holding a NUL, which this database cannot store (psycopg refuses it at the insert,
+        after the batch's sequence numbers and event time moved): refused before anything changes."""
+        texts = [f for f, t in self._streams[stream].schema.fields.items() if t is str]
+        for i, e in enumerate(events):
+            for f in texts:
+                if "\x00" in e[f]:
+                    where = f"event {i}: " if len(events) > 1 else ""
+                    raise SchemaError(f"{where}stream {stream!r}: field {f!r} holds a NUL character, which "
+                                      f"{self.dialect.name} text cannot hold; no event of this call was "
+                                      f"processed (the native, DuckDB and SQLite providers take it)")
 
     def _batch(self, stream: str, events: list[dict]) -> None:
         """Insert, run every query reading ``stream``, advance the watermark, purge: one transaction."""

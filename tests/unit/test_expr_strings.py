@@ -128,7 +128,8 @@ ON_EVERY_DATABASE = [concat(ep.col("id"), "!") == "abc!", trim(ep.col("id")) == 
                      ltrim(ep.col("id")) == "hello ", rtrim(ep.col("id")) == "  hello",
                      replace(ep.col("id"), "x", "") == "-y-", nullif(ep.col("id"), "abc").is_null()]
 NOT_ON_SQLITE = [length(ep.col("id")) == 3, substring(ep.col("id"), 0, 2) == "a", position("c", ep.col("id")) == 3,
-                 ep.col("id").like("a_c"), substring(ep.col("id"), 2) == "bc"]
+                 ep.col("id").like("a_c"), substring(ep.col("id"), 2) == "bc",
+                 substring(concat(ep.col("id"), "!"), 2, -1).is_null()]     # null, yet its text's literal bound
 
 
 def matching(provider, predicate):
@@ -172,3 +173,89 @@ def test_the_cli_refuses_an_unsupported_construct_with_exit_2_naming_it(tmp_path
                      "SELECT car, car ILIKE 'C%' AS c FROM cars\n")
     assert cli.main(["deploy", str(query), "--explain"]) == 2
     assert "ILIKE is not supported" in capsys.readouterr().err
+
+
+# -- PostgreSQL: the same cases through the ep provider on a real server (tests/unit/conftest.py) ----
+# A stream's schema has no nulls, so a null argument is written nullif(field, NULL): null where the
+# event holds NULL. PostgreSQL's text cannot hold a NUL character: such text is refused (below).
+
+NULL = "∅"
+NO_NUL = st.text(alphabet=st.sampled_from(list("aAb c%_\\\t\n.[éß😀İ")), max_size=8)
+POSITIONS = st.one_of(st.none(), st.integers(-3, 9), st.sampled_from([-2 ** 40, 2 ** 31, 2 ** 40]))
+COUNTS = st.one_of(st.integers(-2, 9), st.sampled_from([2 ** 31 - 1, 2 ** 31, 2 ** 40]))
+
+# CASES on (s, t): nullable text, p and n: constant positions (PostgreSQL, as DuckDB, takes only those)
+ON_POSTGRESQL = {
+    "length": lambda s, t, p, n: length(s),
+    "substring": lambda s, t, p, n: substring(s, p, n),
+    "substring_to_end": lambda s, t, p, n: substring(s, p),
+    "trim": lambda s, t, p, n: trim(s),
+    "ltrim": lambda s, t, p, n: ltrim(s),
+    "rtrim": lambda s, t, p, n: rtrim(s),
+    "concat": lambda s, t, p, n: concat(s, "-", t),
+    "replace": lambda s, t, p, n: replace(s, t, "<>"),
+    "position": lambda s, t, p, n: position(t, s),
+    "like": lambda s, t, p, n: s.like(t),
+    "like_constant": lambda s, t, p, n: s.like("a%_"),
+    "nullif": lambda s, t, p, n: nullif(s, t),
+}
+KINDS = {"length": int, "position": int, "like": bool, "like_constant": bool}
+
+
+def test_postgresql_runs_every_case_but_the_case_mapping():
+    assert set(ON_POSTGRESQL) == set(CASES) - CASED
+
+
+def through(provider, e, events, kind):
+    """The indices of ``events`` whose ``want`` (null where ``null``) is ``e``'s value on ``provider``."""
+    proc = ep.EventProcessor(provider)
+    try:
+        proc.register_stream("r", {"i": int, "s": str, "t": str, "want": kind, "null": bool})
+        same = (e == ep.col("want")) & ~ep.col("null") | e.is_null() & ep.col("null")
+        proc.create_query("q", ep.Stream("r").filter(same))
+        found = []
+        proc.add_output_processor("q", lambda r: found.append(r["i"]))
+        proc.push_events("r", [(event, 1) for event in events])
+    finally:
+        proc.close()
+    return found
+
+
+@pytest.mark.database
+@pytest.mark.parametrize("name", sorted(ON_POSTGRESQL))
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(rows=rows_of(NO_NUL), p=POSITIONS, n=COUNTS)
+def test_postgresql_gives_the_native_engines_values(postgres_url, name, rows, p, n):
+    kind = KINDS.get(name, str)
+    e = ON_POSTGRESQL[name](nullif(ep.col("s"), NULL), nullif(ep.col("t"), NULL), p, n)
+    wanted = on_rows(e, rows)
+    events = [{"i": i, "s": NULL if r["s"] is None else r["s"], "t": NULL if r["t"] is None else r["t"],
+               "want": kind() if w is None else w, "null": w is None} for i, (r, w) in enumerate(zip(rows, wanted))]
+    assert through("native", e, events, kind) == list(range(len(rows))), repr(e)
+    on_postgresql = through(postgres_url, e, events, kind)
+    assert on_postgresql == list(range(len(rows))), (
+        f"{e!r} on PostgreSQL differs from the native engine on "
+        f"{[(events[i]['s'], events[i]['t'], wanted[i]) for i in range(len(rows)) if i not in on_postgresql]}")
+
+
+@pytest.mark.database
+def test_postgresql_refuses_text_holding_a_nul_before_anything_changes(postgres_url):
+    """PostgreSQL's text cannot hold a NUL: an event holding one is refused at the push (none of its
+    call processed, the event time unmoved), a constant holding one when the query is created."""
+    proc = ep.EventProcessor(postgres_url)
+    try:
+        proc.register_stream("s", {"id": str})
+        proc.create_query("q", ep.Stream("s", window=ep.Tumbling(10)).aggregate({"n": "count"}))
+        rows = []
+        proc.add_output_processor("q", rows.append)
+        with pytest.raises(ep.SchemaError, match="event 1: stream 's': field 'id' holds a NUL character, which "
+                                                 "postgresql text cannot hold; no event of this call"):
+            proc.push_events("s", [({"id": "abc"}, 1), ({"id": "a\x00b"}, 25)])
+        proc.push_events("s", [({"id": "abc"}, 2), ({"id": "x"}, 12)])
+        with pytest.raises(Unsupported, match="the constant 'a\\\\x00' cannot run on the postgresql provider"):
+            proc.create_query("nul", ep.Stream("s").filter(ep.col("id") == "a\x00"))
+        proc.push_event("s", {"id": "y"}, 30)
+    finally:
+        proc.close()
+    assert [r["n"] for r in rows] == [1, 1, 1], rows       # the window [0, 10) was not closed by ts 25
