@@ -61,6 +61,10 @@ class Dialect:
         Standard SQL has ``COUNT(DISTINCT)`` (a stream's schema refuses nulls, so none is left out)."""
         return f"COUNT(DISTINCT {value})" if name == "count_distinct" else None
 
+    def check(self, connection: Any) -> None:
+        """Raise ValueError if ``connection``'s database would give other answers than the native
+        engine whatever SQL is written for it (an encoding that is not Unicode's)."""
+
     def cursor(self, connection: Any) -> Any:
         return connection.cursor()
 
@@ -126,7 +130,26 @@ class DuckDB(Dialect):
 class PostgreSQL(Dialect):
     name = "postgresql"
     mark = "%s"
+    types = {**Dialect.types, str: 'TEXT COLLATE "C"'}
+    """Text columns in the ``"C"`` collation: compared, ordered, ``MIN``/``MAX``-ed by code point (UTF-8's
+    bytes), as Python compares ``str``; the database's own collation (``en_US``, ICU's) puts ``'a'``
+    before ``'B'``. An expression over such a column takes its collation; constants take it from it."""
     text_holds_nul = False
+
+    def check(self, connection: Any) -> None:
+        """A UTF8 database and connection: in ``SQL_ASCII`` ``CHAR_LENGTH('é')`` is 2 and ``_`` matches
+        a byte; in ``LATIN1`` an emoji cannot be stored."""
+        status = (getattr(getattr(connection, "info", None), "parameter_status", None)     # psycopg 3
+                  or getattr(connection, "get_parameter_status", None))                   # psycopg2
+        if status is None:
+            return
+        for which in ("server_encoding", "client_encoding"):
+            encoding = status(which)
+            if encoding is not None and encoding.upper() not in ("UTF8", "UTF-8", "UNICODE"):
+                raise ValueError(
+                    f"the postgresql provider needs a UTF8 database and connection: this {which} is "
+                    f"{encoding} (lengths and positions would count bytes, or text outside its characters "
+                    f"could not be stored); use a database made with ENCODING 'UTF8' (and client_encoding UTF8)")
 
     def param(self, value: Any = None) -> str:
         if isinstance(value, str) and "\x00" in value:
@@ -160,13 +183,21 @@ def open_provider(provider: Any) -> tuple[Any, Dialect, bool]:
         if provider.startswith(("postgresql://", "postgres://")):
             import psycopg
 
-            return psycopg.connect(provider), PostgreSQL(), True
+            connection = psycopg.connect(provider)
+            try:
+                PostgreSQL().check(connection)
+            except ValueError:
+                connection.close()
+                raise
+            return connection, PostgreSQL(), True
         raise ValueError(f"unknown provider {provider!r}: use 'native', 'sqlite', 'duckdb', a URL "
                          f"'postgresql://user@host:port/db', or an open DB-API 2.0 connection")
     if not callable(getattr(provider, "cursor", None)) or not callable(getattr(provider, "commit", None)):
         raise TypeError(f"provider {provider!r} is not a DB-API 2.0 connection (it has no cursor() "
                         f"and commit())")
-    return provider, dialect_of(provider), False
+    dialect = dialect_of(provider)
+    dialect.check(provider)
+    return provider, dialect, False
 
 
 def dialect_of(connection: Any) -> Dialect:

@@ -259,3 +259,38 @@ def test_postgresql_refuses_text_holding_a_nul_before_anything_changes(postgres_
     finally:
         proc.close()
     assert [r["n"] for r in rows] == [1, 1, 1], rows       # the window [0, 10) was not closed by ts 25
+
+
+def database(url, name, options):
+    """A new database ``name`` (made with ``options``) on the server of ``url``: its URL."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0 {options}")
+    return url.replace("/postgres?", f"/{name}?")
+
+
+@pytest.mark.database
+@pytest.mark.parametrize("name, predicate", [("lt", ep.col("id") < "B"), ("gt", ep.col("id") > "Z"),
+                                             ("lt_of_a_function", trim(ep.col("id")) < "B")])
+def test_postgresql_compares_text_by_code_point_whatever_the_databases_collation(postgres_url, name, predicate):
+    """Python compares code points ('B' < 'Z' < 'a'); ICU's English collation, like most databases'
+    own (en_US), puts 'a' before 'B': the provider's text columns are in the "C" collation."""
+    icu = database(postgres_url, f"strings_icu_{name}",
+                   "LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'")
+    assert matching(icu, predicate) == matching("native", predicate)
+
+
+@pytest.mark.database
+def test_postgresql_refuses_a_database_or_connection_not_in_utf8(postgres_url):
+    """In SQL_ASCII CHAR_LENGTH('é') is 2 and LIKE's '_' matches a byte; in LATIN1 an emoji cannot be
+    stored: the provider refuses such a database (or connection) when it is opened."""
+    import psycopg
+
+    ascii_ = database(postgres_url, "strings_ascii", "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C'")
+    with pytest.raises(ValueError, match="needs a UTF8 database and connection: this server_encoding is SQL_ASCII"):
+        ep.EventProcessor(ascii_)
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute("SET client_encoding TO 'LATIN1'")
+        with pytest.raises(ValueError, match="this client_encoding is LATIN1"):
+            ep.EventProcessor(conn)
