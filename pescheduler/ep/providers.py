@@ -31,16 +31,32 @@ class Dialect:
     mark = "?"
     types = {int: "BIGINT", float: "DOUBLE PRECISION", str: "TEXT", bool: "BOOLEAN"}
     real_type = "DOUBLE PRECISION"
-    text_holds_nul = True
-    """Whether a text value may hold a NUL character (PostgreSQL's cannot: such an event is refused
-    before anything changes, and such a constant when the query is created, never stored cut)."""
 
     def __init__(self, mark: str | None = None) -> None:
         if mark is not None:
             self.mark = mark
 
     def param(self, value: Any = None) -> str:
+        """The placeholder of a bound value; a constant this database cannot store is refused here,
+        when its query is created (bound at a batch, it would fail there, leaving the batch half done)."""
+        if type(value) is str and (not value.isascii() or "\x00" in value):
+            why = self.unstorable(value)
+            if why is not None:
+                from ..strings import Unsupported
+
+                raise Unsupported(f"the constant {value!r} cannot run on the {self.name} provider: {why}; "
+                                  f"use the native provider")
         return self.mark
+
+    def unstorable(self, text: str) -> str | None:
+        """Why this database cannot store ``text``, or None. None stores a lone surrogate (a ``str``
+        may hold one; UTF-8 cannot encode it): the driver fails at the insert, DuckDB's transaction
+        is then aborted for good. Only called for text that is not all ASCII or holds a NUL."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"UTF-8 cannot encode its lone surrogate {text[exc.start]!r}"
+        return None
 
     def real(self, sql: str) -> str:
         return f"CAST({sql} AS {self.real_type})"
@@ -134,7 +150,6 @@ class PostgreSQL(Dialect):
     """Text columns in the ``"C"`` collation: compared, ordered, ``MIN``/``MAX``-ed by code point (UTF-8's
     bytes), as Python compares ``str``; the database's own collation (``en_US``, ICU's) puts ``'a'``
     before ``'B'``. An expression over such a column takes its collation; constants take it from it."""
-    text_holds_nul = False
 
     def check(self, connection: Any) -> None:
         """A UTF8 database and connection: in ``SQL_ASCII`` ``CHAR_LENGTH('é')`` is 2 and ``_`` matches
@@ -151,13 +166,10 @@ class PostgreSQL(Dialect):
                     f"{encoding} (lengths and positions would count bytes, or text outside its characters "
                     f"could not be stored); use a database made with ENCODING 'UTF8' (and client_encoding UTF8)")
 
-    def param(self, value: Any = None) -> str:
-        if isinstance(value, str) and "\x00" in value:
-            from ..strings import Unsupported
-
-            raise Unsupported(f"the constant {value!r} cannot run on the postgresql provider: PostgreSQL text "
-                              f"cannot hold a NUL character; use the native provider")
-        return self.mark
+    def unstorable(self, text: str) -> str | None:
+        if "\x00" in text:
+            return "PostgreSQL text cannot hold a NUL character"
+        return super().unstorable(text)
 
     def collection(self, name: str, value: str, order: str, q: float | None) -> str | None:
         """Also ``PERCENTILE_CONT`` (an ordered-set aggregate, linear between ranks) and ``first``/``last``

@@ -206,22 +206,25 @@ class SQLProcessor(EventProcessor):
 
     # -- events --------------------------------------------------------------------------------
     def _push(self, stream: str, events: list[dict]) -> None:
-        if not self.dialect.text_holds_nul:
-            self._refuse_nul(stream, events)
+        self._refuse_unstorable(stream, events)
         for i in range(0, len(events), BATCH):
             self._batch(stream, events[i:i + BATCH])
 
-    def _refuse_nul(self, stream: str, events: list[dict]) -> None:
-        """A text holding a NUL, which this database cannot store (psycopg refuses it at the insert,
-        after the batch's sequence numbers and event time moved): refused before anything changes."""
+    def _refuse_unstorable(self, stream: str, events: list[dict]) -> None:
+        """Text the database cannot store (:meth:`Dialect.unstorable`: a lone surrogate; a NUL on
+        PostgreSQL) refused before anything changes: the driver would fail at the insert, after the
+        batch's sequence numbers and event time moved (and DuckDB's transaction would stay aborted)."""
         texts = [f for f, t in self._streams[stream].schema.fields.items() if t is str]
         for i, e in enumerate(events):
             for f in texts:
-                if "\x00" in e[f]:
-                    where = f"event {i}: " if len(events) > 1 else ""
-                    raise SchemaError(f"{where}stream {stream!r}: field {f!r} holds a NUL character, which "
-                                      f"{self.dialect.name} text cannot hold; no event of this call was "
-                                      f"processed (the native, DuckDB and SQLite providers take it)")
+                v = e[f]
+                if not v.isascii() or "\x00" in v:
+                    why = self.dialect.unstorable(v)
+                    if why is not None:
+                        where = f"event {i}: " if len(events) > 1 else ""
+                        raise SchemaError(f"{where}stream {stream!r}: field {f!r} holds text the {self.dialect.name} "
+                                          f"provider cannot store ({why}); no event of this call was processed "
+                                          f"(the native provider takes it)")
 
     def _batch(self, stream: str, events: list[dict]) -> None:
         """Insert, run every query reading ``stream``, advance the watermark, purge: one transaction."""

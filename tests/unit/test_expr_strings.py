@@ -239,22 +239,35 @@ def test_postgresql_gives_the_native_engines_values(postgres_url, name, rows, p,
         f"{[(events[i]['s'], events[i]['t'], wanted[i]) for i in range(len(rows)) if i not in on_postgresql]}")
 
 
-@pytest.mark.database
-def test_postgresql_refuses_text_holding_a_nul_before_anything_changes(postgres_url):
-    """PostgreSQL's text cannot hold a NUL: an event holding one is refused at the push (none of its
-    call processed, the event time unmoved), a constant holding one when the query is created."""
-    proc = ep.EventProcessor(postgres_url)
+SURROGATE = "UTF-8 cannot encode its lone surrogate '\\\\ud800'"
+NUL = "PostgreSQL text cannot hold a NUL character"
+
+
+@pytest.mark.parametrize("provider, text, why", [
+    pytest.param("sqlite", "a\ud800", SURROGATE, id="sqlite-surrogate"),
+    pytest.param("duckdb", "a\ud800", SURROGATE, id="duckdb-surrogate"),
+    pytest.param("postgresql", "a\ud800", SURROGATE, marks=pytest.mark.database, id="postgresql-surrogate"),
+    pytest.param("postgresql", "a\x00b", NUL, marks=pytest.mark.database, id="postgresql-nul")],
+    indirect=["provider"])
+def test_a_database_refuses_text_it_cannot_store_before_anything_changes(provider, text, why):
+    """A Python str may hold a lone surrogate (no database stores one: UTF-8 has none) or a NUL
+    (PostgreSQL's text cannot): an event holding one is refused at the push (none of its call
+    processed, the event time unmoved), a constant holding one when the query is created. The
+    driver failed at the insert instead, after the event time moved; DuckDB's transaction stayed
+    aborted, so every later push and even close failed."""
+    name = provider if provider in ("sqlite", "duckdb") else "postgresql"
+    proc = ep.EventProcessor(provider)
     try:
         proc.register_stream("s", {"id": str})
         proc.create_query("q", ep.Stream("s", window=ep.Tumbling(10)).aggregate({"n": "count"}))
         rows = []
         proc.add_output_processor("q", rows.append)
-        with pytest.raises(ep.SchemaError, match="event 1: stream 's': field 'id' holds a NUL character, which "
-                                                 "postgresql text cannot hold; no event of this call"):
-            proc.push_events("s", [({"id": "abc"}, 1), ({"id": "a\x00b"}, 25)])
+        with pytest.raises(ep.SchemaError, match=f"event 1: stream 's': field 'id' holds text the {name} provider "
+                                                 f"cannot store \\({why}\\); no event of this call was processed"):
+            proc.push_events("s", [({"id": "abc"}, 1), ({"id": text}, 25)])
         proc.push_events("s", [({"id": "abc"}, 2), ({"id": "x"}, 12)])
-        with pytest.raises(Unsupported, match="the constant 'a\\\\x00' cannot run on the postgresql provider"):
-            proc.create_query("nul", ep.Stream("s").filter(ep.col("id") == "a\x00"))
+        with pytest.raises(Unsupported, match=f"cannot run on the {name} provider: {why}"):
+            proc.create_query("bad", ep.Stream("s").filter(ep.col("id") == text))
         proc.push_event("s", {"id": "y"}, 30)
     finally:
         proc.close()
