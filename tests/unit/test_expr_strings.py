@@ -113,6 +113,18 @@ def test_length_counts_characters_and_upper_maps_all_of_unicode():
     assert on_rows(upper(col("s")), rows) == on_arrow(upper(col("s")), rows) == ["É😀\x00SS"]
 
 
+def test_every_builder_of_the_tree_is_a_top_level_name_as_col_is():
+    """One way to import an expression: ``from pescheduler import col, upper, nullif`` (the home module,
+    ``pescheduler.expr``, holds the same objects)."""
+    import pescheduler
+    import pescheduler.expr
+    from pescheduler.strings import FUNCTIONS
+
+    builders = ["col", "lit", "when", "coalesce", "nullif", *(f for f in FUNCTIONS if f != "like")]   # like: a method
+    assert [b for b in builders if b not in pescheduler.__all__] == []
+    assert all(getattr(pescheduler, b) is getattr(pescheduler.expr, b) for b in builders)
+
+
 def test_text_functions_refuse_values_that_are_not_text():
     run = compile_rows([("where", length(col("s")) > 1)])
     with pytest.raises(TypeError, match="LENGTH takes text, got int"):
