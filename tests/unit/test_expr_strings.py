@@ -307,6 +307,24 @@ def test_postgresql_compares_text_by_code_point_whatever_the_databases_collation
 
 
 @pytest.mark.database
+def test_postgresql_takes_min_and_max_of_text_by_code_point_whatever_the_databases_collation(postgres_url):
+    icu = database(postgres_url, "strings_icu_min_max", "LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'")
+    found = {}
+    for provider in ("native", icu):
+        proc = ep.EventProcessor(provider)
+        try:
+            proc.register_stream("s", {"id": str})
+            proc.create_query("q", ep.Stream("s", window=ep.Tumbling(10)).aggregate({"lo": ("min", "id"),
+                                                                                       "hi": ("max", "id")}))
+            found[provider] = []
+            proc.add_output_processor("q", found[provider].append)
+            proc.push_events("s", [({"id": text}, 1) for text in EVENTS + ["B", "a"]])
+        finally:
+            proc.close()
+    assert found[icu] == found["native"] == [{"window_start": 0, "window_end": 10, "lo": "", "hi": "ÉTÉ"}]
+
+
+@pytest.mark.database
 def test_postgresql_refuses_a_database_or_connection_not_in_utf8(postgres_url):
     """In SQL_ASCII CHAR_LENGTH('é') is 2 and LIKE's '_' matches a byte; in LATIN1 an emoji cannot be
     stored: the provider refuses such a database (or connection) when it is opened."""
