@@ -213,18 +213,22 @@ class SQLProcessor(EventProcessor):
     def _refuse_unstorable(self, stream: str, events: list[dict]) -> None:
         """Text the database cannot store (:meth:`Dialect.unstorable`: a lone surrogate; a NUL on
         PostgreSQL) refused before anything changes: the driver would fail at the insert, after the
-        batch's sequence numbers and event time moved (and DuckDB's transaction would stay aborted)."""
-        texts = [f for f, t in self._streams[stream].schema.fields.items() if t is str]
-        for i, e in enumerate(events):
-            for f in texts:
-                v = e[f]
-                if not v.isascii() or "\x00" in v:
-                    why = self.dialect.unstorable(v)
-                    if why is not None:
-                        where = f"event {i}: " if len(events) > 1 else ""
-                        raise SchemaError(f"{where}stream {stream!r}: field {f!r} holds text the {self.dialect.name} "
-                                          f"provider cannot store ({why}); no event of this call was processed "
-                                          f"(the native provider takes it)")
+        batch's sequence numbers and event time moved (and DuckDB's transaction would stay aborted).
+        A field's texts are checked joined (loops in C: about a third of the time of a Python loop per
+        value), then one by one only to name the event."""
+        for f, t in self._streams[stream].schema.fields.items():
+            if t is not str:
+                continue
+            joined = "".join([e[f] for e in events])
+            if (joined.isascii() and "\x00" not in joined) or self.dialect.unstorable(joined) is None:
+                continue
+            for i, e in enumerate(events):
+                why = self.dialect.unstorable(e[f])
+                if why is not None:
+                    where = f"event {i}: " if len(events) > 1 else ""
+                    raise SchemaError(f"{where}stream {stream!r}: field {f!r} holds text the {self.dialect.name} "
+                                      f"provider cannot store ({why}); no event of this call was processed "
+                                      f"(the native provider takes it)")
 
     def _batch(self, stream: str, events: list[dict]) -> None:
         """Insert, run every query reading ``stream``, advance the watermark, purge: one transaction."""
