@@ -171,9 +171,13 @@ def test_databases_give_the_native_engines_rows(i):
 @pytest.mark.parametrize("provider, predicate, name", [
     ("sqlite", upper(ep.col("id")) == "ABC", "UPPER"), ("sqlite", length(ep.col("id")) == 3, "LENGTH"),
     ("sqlite", ep.col("id").like("a%"), "LIKE"), ("duckdb", lower(ep.col("id")) == "été", "LOWER"),
-    ("duckdb", substring(ep.col("id"), ep.col("id")) == "x", "SUBSTRING")])
+    ("duckdb", substring(ep.col("id"), ep.col("id")) == "x", "SUBSTRING"),
+    *(pytest.param("postgresql", predicate, name, marks=pytest.mark.database) for predicate, name in [
+        (upper(ep.col("id")) == "ABC", "UPPER"), (lower(ep.col("id")) == "été", "LOWER"),
+        (substring(ep.col("id"), 1, length(ep.col("id"))) == "x", "SUBSTRING")])], indirect=["provider"])
 def test_a_database_that_would_answer_otherwise_refuses_naming_function_and_provider(provider, predicate, name):
-    with pytest.raises(Unsupported, match=f"{name} cannot run on the {provider} provider"):
+    kind = provider if provider in ("sqlite", "duckdb") else "postgresql"
+    with pytest.raises(Unsupported, match=f"{name} cannot run on the {kind} provider"):
         matching(provider, predicate)
 
 
