@@ -237,7 +237,7 @@ def to_sql(name: str, args: list[str], literals: list, dialect: str) -> str:
     if name == "length":
         return f"CHAR_LENGTH({args[0]})" if dialect == "postgresql" else f"LENGTH({args[0]})"
     if name == "position":
-        return f"STRPOS({args[1]}, {args[0]})"
+        return f"POSITION({args[0]} IN {args[1]})"   # the arguments in their order: so are their bound values
     if name in ("trim", "ltrim", "rtrim"):
         return f"{name.upper()}({args[0]}, ' ')"
     return f"{name.upper()}({', '.join(args)})"

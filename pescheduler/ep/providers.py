@@ -149,7 +149,8 @@ class PostgreSQL(Dialect):
     types = {**Dialect.types, str: 'TEXT COLLATE "C"'}
     """Text columns in the ``"C"`` collation: compared, ordered, ``MIN``/``MAX``-ed by code point (UTF-8's
     bytes), as Python compares ``str``; the database's own collation (``en_US``, ICU's) puts ``'a'``
-    before ``'B'``. An expression over such a column takes its collation; constants take it from it."""
+    before ``'B'``. An expression over such a column takes its collation, a text constant has it
+    (:meth:`param`)."""
 
     def check(self, connection: Any) -> None:
         """A UTF8 database and connection: in ``SQL_ASCII`` ``CHAR_LENGTH('é')`` is 2 and ``_`` matches
@@ -165,6 +166,12 @@ class PostgreSQL(Dialect):
                     f"the postgresql provider needs a UTF8 database and connection: this {which} is "
                     f"{encoding} (lengths and positions would count bytes, or text outside its characters "
                     f"could not be stored); use a database made with ENCODING 'UTF8' (and client_encoding UTF8)")
+
+    def param(self, value: Any = None) -> str:
+        """A text constant in the ``"C"`` collation too: a text that is no column's (a CASE of constants,
+        a CONCAT of them) took the database's, so ``'a' < 'B'`` in ``en_US``."""
+        mark = super().param(value)
+        return f'({mark} COLLATE "C")' if type(value) is str else mark
 
     def unstorable(self, text: str) -> str | None:
         if "\x00" in text:

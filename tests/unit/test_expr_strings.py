@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pescheduler import ep
 from pescheduler.expr import (Func, col, compile_rows, concat, evaluate_arrow, length, lower, ltrim, nullif, position,
-                              replace, rtrim, substring, trim, upper)
+                              replace, rtrim, substring, trim, upper, when)
 from pescheduler.strings import Unsupported
 
 # text with what engines disagree on: non-ASCII letters, an astral character, wildcards, a backslash,
@@ -141,7 +141,8 @@ ON_EVERY_DATABASE = [concat(ep.col("id"), "!") == "abc!", trim(ep.col("id")) == 
                      replace(ep.col("id"), "x", "") == "-y-", nullif(ep.col("id"), "abc").is_null()]
 NOT_ON_SQLITE = [length(ep.col("id")) == 3, substring(ep.col("id"), 0, 2) == "a", position("c", ep.col("id")) == 3,
                  ep.col("id").like("a_c"), substring(ep.col("id"), 2) == "bc",
-                 substring(concat(ep.col("id"), "!"), 2, -1).is_null()]     # null, yet its text's literal bound
+                 substring(concat(ep.col("id"), "!"), 2, -1).is_null(),     # null, yet its text's literal bound
+                 position("y", concat(ep.col("id"), "!")) == 3]               # two literals, bound in order
 
 
 def matching(provider, predicate):
@@ -192,10 +193,10 @@ def test_the_cli_refuses_an_unsupported_construct_with_exit_2_naming_it(tmp_path
 
 
 # -- PostgreSQL: the same cases through the ep provider on a real server (tests/unit/conftest.py) ----
-# A stream's schema has no nulls, so a null argument is written nullif(field, NULL): null where the
-# event holds NULL. PostgreSQL's text cannot hold a NUL character: such text is refused (below).
+# A stream's schema has no nulls, so a null argument is written nullif(field, NULL[field]): null where
+# the event holds that marker. PostgreSQL's text cannot hold a NUL character: such text is refused (below).
 
-NULL = "∅"
+NULL = {"s": "∅", "t": "∄"}      # one each: a bound value taken for another's shows
 NO_NUL = st.text(alphabet=st.sampled_from(list("aAb c%_\\\t\n.[éß😀İ")), max_size=8)
 POSITIONS = st.one_of(st.none(), st.integers(-3, 9), st.sampled_from([-2 ** 40, 2 ** 31, 2 ** 40]))
 COUNTS = st.one_of(st.integers(-2, 9), st.sampled_from([2 ** 31 - 1, 2 ** 31, 2 ** 40]))
@@ -244,9 +245,9 @@ def through(provider, e, events, kind):
 @given(rows=rows_of(NO_NUL), p=POSITIONS, n=COUNTS)
 def test_postgresql_gives_the_native_engines_values(postgres_url, name, rows, p, n):
     kind = KINDS.get(name, str)
-    e = ON_POSTGRESQL[name](nullif(ep.col("s"), NULL), nullif(ep.col("t"), NULL), p, n)
+    e = ON_POSTGRESQL[name](nullif(ep.col("s"), NULL["s"]), nullif(ep.col("t"), NULL["t"]), p, n)
     wanted = on_rows(e, rows)
-    events = [{"i": i, "s": NULL if r["s"] is None else r["s"], "t": NULL if r["t"] is None else r["t"],
+    events = [{"i": i, "s": NULL["s"] if r["s"] is None else r["s"], "t": NULL["t"] if r["t"] is None else r["t"],
                "want": kind() if w is None else w, "null": w is None} for i, (r, w) in enumerate(zip(rows, wanted))]
     assert through("native", e, events, kind) == list(range(len(rows))), repr(e)
     on_postgresql = through(postgres_url, e, events, kind)
@@ -301,7 +302,8 @@ def database(url, name, options):
 
 @pytest.mark.database
 @pytest.mark.parametrize("name, predicate", [("lt", ep.col("id") < "B"), ("gt", ep.col("id") > "Z"),
-                                             ("lt_of_a_function", trim(ep.col("id")) < "B")])
+                                             ("lt_of_a_function", trim(ep.col("id")) < "B"),
+                                             ("case_of_constants", when(ep.col("id") == "abc", "a").otherwise("B") < "b")])
 def test_postgresql_compares_text_by_code_point_whatever_the_databases_collation(postgres_url, name, predicate):
     """Python compares code points ('B' < 'Z' < 'a'); ICU's English collation, like most databases'
     own (en_US), puts 'a' before 'B': the provider's text columns are in the "C" collation."""
