@@ -243,15 +243,17 @@ def to_sql(name: str, args: list[str], literals: list, dialect: str) -> str:
     return f"{name.upper()}({', '.join(args)})"
 
 
-_PG_MOST = 2 ** 31 - 1
-"""PostgreSQL's SUBSTR takes ``integer`` positions (a larger constant is a ``bigint``: no such
-function); its text holds at most 1 GB, so no position past this one exists."""
+_MOST = {"postgresql": 2 ** 31 - 1, "duckdb": 2 ** 32 - 1}
+"""The largest position each database's SUBSTR takes, past which no character of its text exists:
+PostgreSQL's takes ``integer`` positions (a larger constant is a ``bigint``: no such function) and
+its text holds at most 1 GB; DuckDB's raises "outside of supported range" past 2^32-1, the most
+bytes its strings hold."""
 
 
 def _substring(args: list[str], literals: list, dialect: str) -> str:
     """Positions only as constants, turned into a start of at least 1 and a count of at least 0,
     where every engine agrees (DuckDB and SQLite count a start below 1 from the end); on PostgreSQL
-    at most :data:`_PG_MOST`."""
+    at most the database's :data:`_MOST`."""
     start, count = literals[1], literals[2] if len(literals) > 2 else "all"
     for v in (start, count):
         if v is not None and v != "all":
@@ -260,8 +262,9 @@ def _substring(args: list[str], literals: list, dialect: str) -> str:
         return f"(CASE WHEN FALSE THEN {args[0]} END)"     # null text; the text's own placeholders are kept
     first = max(start, 1)
     taken = None if count == "all" else max(start + count - first, 0)
-    if dialect == "postgresql":
-        first, taken = min(first, _PG_MOST), taken if taken is None else min(taken, _PG_MOST)
+    most = _MOST.get(dialect)
+    if most is not None:
+        first, taken = min(first, most), taken if taken is None else min(taken, most)
     if taken is None:
         return f"SUBSTR({args[0]}, {first})"
     return f"SUBSTR({args[0]}, {first}, {taken})"

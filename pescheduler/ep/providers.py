@@ -168,10 +168,11 @@ class PostgreSQL(Dialect):
                     f"could not be stored); use a database made with ENCODING 'UTF8' (and client_encoding UTF8)")
 
     def param(self, value: Any = None) -> str:
-        """A text constant in the ``"C"`` collation too: a text that is no column's (a CASE of constants,
-        a CONCAT of them) took the database's, so ``'a' < 'B'`` in ``en_US``."""
+        """A text constant typed ``text`` (psycopg binds a ``str`` untyped: ``%s IS NULL`` could not
+        determine its type) and in the ``"C"`` collation too (a text that is no column's, a CASE of
+        constants, took the database's: ``'a' < 'B'`` in ``en_US``)."""
         mark = super().param(value)
-        return f'({mark} COLLATE "C")' if type(value) is str else mark
+        return f'(CAST({mark} AS TEXT) COLLATE "C")' if type(value) is str else mark
 
     def unstorable(self, text: str) -> str | None:
         if "\x00" in text:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pescheduler import ep
 from pescheduler.expr import (Func, col, compile_rows, concat, evaluate_arrow, length, lower, ltrim, nullif, position,
-                              replace, rtrim, substring, trim, upper, when)
+                              lit, replace, rtrim, substring, trim, upper, when)
 from pescheduler.strings import Unsupported
 
 # text with what engines disagree on: non-ASCII letters, an astral character, wildcards, a backslash,
@@ -254,6 +254,42 @@ def test_postgresql_gives_the_native_engines_values(postgres_url, name, rows, p,
     assert on_postgresql == list(range(len(rows))), (
         f"{e!r} on PostgreSQL differs from the native engine on "
         f"{[(events[i]['s'], events[i]['t'], wanted[i]) for i in range(len(rows)) if i not in on_postgresql]}")
+
+
+def nested_texts(depth: int) -> st.SearchStrategy:
+    """Text expressions of the string functions nested ``depth`` deep over the two nullable fields
+    and constants: each function's SQL must bind its arguments' values in their order."""
+    leaf = st.one_of(st.sampled_from([nullif(ep.col("s"), NULL["s"]), nullif(ep.col("t"), NULL["t"])]),
+                     st.builds(lit, NO_NUL))
+    if depth == 0:
+        return leaf
+    inner = nested_texts(depth - 1)
+    return st.one_of(leaf, st.builds(concat, inner, inner), st.builds(replace, inner, inner, inner),
+                     st.builds(substring, inner, POSITIONS, COUNTS), st.builds(trim, inner),
+                     st.builds(ltrim, inner), st.builds(rtrim, inner), st.builds(nullif, inner, inner))
+
+
+NESTED = st.one_of(st.tuples(st.just(str), nested_texts(2)),
+                   st.tuples(st.just(int), st.builds(length, nested_texts(2))),
+                   st.tuples(st.just(int), st.builds(position, nested_texts(1), nested_texts(1))),
+                   st.tuples(st.just(bool), st.builds(lambda a, b: a.like(b), nested_texts(1), nested_texts(1))))
+
+
+@pytest.mark.database
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(rows=rows_of(NO_NUL), nested=NESTED)
+def test_postgresql_and_duckdb_give_the_native_values_of_nested_string_functions(postgres_url, rows, nested):
+    kind, e = nested
+    wanted = on_rows(e, rows)
+    events = [{"i": i, "s": NULL["s"] if r["s"] is None else r["s"], "t": NULL["t"] if r["t"] is None else r["t"],
+               "want": kind() if w is None else w, "null": w is None} for i, (r, w) in enumerate(zip(rows, wanted))]
+    assert through("native", e, events, kind) == list(range(len(rows))), repr(e)
+    for provider in ("duckdb", postgres_url):
+        found = through(provider, e, events, kind)
+        assert found == list(range(len(rows))), (
+            f"{e!r} on {provider} differs from the native engine on "
+            f"{[(events[i]['s'], events[i]['t'], wanted[i]) for i in range(len(rows)) if i not in found]}")
 
 
 SURROGATE = "UTF-8 cannot encode its lone surrogate '\\\\ud800'"
