@@ -9,7 +9,9 @@ Public names::
     Application, Stream           describe an app (pescheduler.plan.app)
     deploy, Deployment            run it (pescheduler.control.deployment)
     col, lit                      expressions for map/filter, compiled per backend (pescheduler.expr)
-    when, coalesce                conditionals of those expressions (SQL's CASE WHEN, COALESCE)
+    when, coalesce, nullif        conditionals of those expressions (SQL's CASE WHEN, COALESCE, NULLIF)
+    upper, lower, length, substring, trim, ltrim, rtrim, concat, replace, position
+                                  their string functions, one meaning on every backend (pescheduler.strings)
     sql                           a streaming SQL query as a Stream: pescheduler.sql(query, sources={...})
     Operator, Source, Sink, Parallelism, Emitter, OperatorContext
                                   write operator plug-ins (pescheduler.operator)
@@ -39,7 +41,8 @@ _HOMES = {
     ".actions": ("BorrowHosts", "Fuse", "Move", "Release", "Replicate", "ReturnHost", "Split"),
     ".plan.app": ("Application", "Stream"),
     ".control.deployment": ("Deployment", "deploy"),
-    ".expr": ("coalesce", "col", "lit", "when"),
+    ".expr": ("coalesce", "col", "concat", "length", "lit", "lower", "ltrim", "nullif", "position", "replace",
+              "rtrim", "substring", "trim", "upper", "when"),
     ".errors": ("AppCheckFailed", "AppLoadError", "DeploymentFailed", "InvalidApplication", "PeschedulerError"),
     ".operator": ("MAX_WATERMARK", "MIN_WATERMARK", "DeadLetter", "Emitter", "Operator", "OperatorContext",
                   "Parallelism", "Sink", "Source"),
@@ -53,7 +56,9 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 __version__ = "0.1.0"
 
 __all__ = [
-    "Application", "Stream", "deploy", "Deployment", "col", "lit", "when", "coalesce", "Operator", "Source", "Sink", "Parallelism",
+    "Application", "Stream", "deploy", "Deployment", "col", "lit", "when", "coalesce", "nullif",
+    "upper", "lower", "length", "substring", "trim", "ltrim", "rtrim", "concat", "replace", "position",
+    "Operator", "Source", "Sink", "Parallelism",
     "Emitter", "OperatorContext", "DeadLetter", "MAX_WATERMARK", "MIN_WATERMARK", "hookimpl",
     "MetricsSnapshot", "Placement", "ResourceManager", "ResourceView", "Host", "HostAvailable",
     "HostLost", "HostReturnRequested",
@@ -85,7 +90,8 @@ if TYPE_CHECKING:                  # what type checkers and IDEs see; nothing is
     from .actions import BorrowHosts, Fuse, Move, Release, Replicate, ReturnHost, Split
     from .control.deployment import Deployment, deploy
     from .errors import AppCheckFailed, AppLoadError, DeploymentFailed, InvalidApplication, PeschedulerError
-    from .expr import coalesce, col, lit, when
+    from .expr import (coalesce, col, concat, length, lit, lower, ltrim, nullif, position, replace, rtrim,
+                       substring, trim, upper, when)
     from .metrics import MetricsSnapshot
     from .operator import (MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, OperatorContext,
                            Parallelism, Sink, Source)

@@ -229,7 +229,7 @@ def to_sql(name: str, args: list[str], literals: list, dialect: str) -> str:
             raise Unsupported(f"SUBSTRING cannot run on the {dialect} provider with a start or length that "
                               f"is not a constant (the positions are written from 1, where engines agree); "
                               f"use the native provider")
-        return _substring(args, literals)
+        return _substring(args, literals, dialect)
     if name == "concat":
         return "(" + " || ".join(args) + ")"
     if name == "like":
@@ -237,22 +237,34 @@ def to_sql(name: str, args: list[str], literals: list, dialect: str) -> str:
     if name == "length":
         return f"CHAR_LENGTH({args[0]})" if dialect == "postgresql" else f"LENGTH({args[0]})"
     if name == "position":
-        return f"STRPOS({args[1]}, {args[0]})"
+        return f"POSITION({args[0]} IN {args[1]})"   # the arguments in their order: so are their bound values
     if name in ("trim", "ltrim", "rtrim"):
         return f"{name.upper()}({args[0]}, ' ')"
     return f"{name.upper()}({', '.join(args)})"
 
 
-def _substring(args: list[str], literals: list) -> str:
+_MOST = {"postgresql": 2 ** 31 - 1, "duckdb": 2 ** 32 - 1}
+"""The largest position each database's SUBSTR takes, past which no character of its text exists:
+PostgreSQL's takes ``integer`` positions (a larger constant is a ``bigint``: no such function) and
+its text holds at most 1 GB; DuckDB's raises "outside of supported range" past 2^32-1, the most
+bytes its strings hold."""
+
+
+def _substring(args: list[str], literals: list, dialect: str) -> str:
     """Positions only as constants, turned into a start of at least 1 and a count of at least 0,
-    where every engine agrees (DuckDB and SQLite count a start below 1 from the end)."""
+    where every engine agrees (DuckDB and SQLite count a start below 1 from the end); on PostgreSQL
+    at most the database's :data:`_MOST`."""
     start, count = literals[1], literals[2] if len(literals) > 2 else "all"
     for v in (start, count):
         if v is not None and v != "all":
             _int("substring", v)
     if start is None or count is None or (count != "all" and count < 0):
-        return "CAST(NULL AS TEXT)"
+        return f"(CASE WHEN FALSE THEN {args[0]} END)"     # null text; the text's own placeholders are kept
     first = max(start, 1)
-    if count == "all":
+    taken = None if count == "all" else max(start + count - first, 0)
+    most = _MOST.get(dialect)
+    if most is not None:
+        first, taken = min(first, most), taken if taken is None else min(taken, most)
+    if taken is None:
         return f"SUBSTR({args[0]}, {first})"
-    return f"SUBSTR({args[0]}, {first}, {max(start + count - first, 0)})"
+    return f"SUBSTR({args[0]}, {first}, {taken})"

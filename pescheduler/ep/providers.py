@@ -37,7 +37,26 @@ class Dialect:
             self.mark = mark
 
     def param(self, value: Any = None) -> str:
+        """The placeholder of a bound value; a constant this database cannot store is refused here,
+        when its query is created (bound at a batch, it would fail there, leaving the batch half done)."""
+        if type(value) is str and (not value.isascii() or "\x00" in value):
+            why = self.unstorable(value)
+            if why is not None:
+                from ..strings import Unsupported
+
+                raise Unsupported(f"the constant {value!r} cannot run on the {self.name} provider: {why}; "
+                                  f"use the native provider")
         return self.mark
+
+    def unstorable(self, text: str) -> str | None:
+        """Why this database cannot store ``text``, or None. None stores a lone surrogate (a ``str``
+        may hold one; UTF-8 cannot encode it): the driver fails at the insert, DuckDB's transaction
+        is then aborted for good. Only called for text that is not all ASCII or holds a NUL."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"UTF-8 cannot encode its lone surrogate {text[exc.start]!r}"
+        return None
 
     def real(self, sql: str) -> str:
         return f"CAST({sql} AS {self.real_type})"
@@ -57,6 +76,10 @@ class Dialect:
         or None where this database has no form of it: the window's rows are then folded in Python.
         Standard SQL has ``COUNT(DISTINCT)`` (a stream's schema refuses nulls, so none is left out)."""
         return f"COUNT(DISTINCT {value})" if name == "count_distinct" else None
+
+    def check(self, connection: Any) -> None:
+        """Raise ValueError if ``connection``'s database would give other answers than the native
+        engine whatever SQL is written for it (an encoding that is not Unicode's)."""
 
     def cursor(self, connection: Any) -> Any:
         return connection.cursor()
@@ -123,6 +146,38 @@ class DuckDB(Dialect):
 class PostgreSQL(Dialect):
     name = "postgresql"
     mark = "%s"
+    types = {**Dialect.types, str: 'TEXT COLLATE "C"'}
+    """Text columns in the ``"C"`` collation: compared, ordered, ``MIN``/``MAX``-ed by code point (UTF-8's
+    bytes), as Python compares ``str``; the database's own collation (``en_US``, ICU's) puts ``'a'``
+    before ``'B'``. An expression over such a column takes its collation, a text constant has it
+    (:meth:`param`)."""
+
+    def check(self, connection: Any) -> None:
+        """A UTF8 database and connection: in ``SQL_ASCII`` ``CHAR_LENGTH('é')`` is 2 and ``_`` matches
+        a byte; in ``LATIN1`` an emoji cannot be stored."""
+        status = (getattr(getattr(connection, "info", None), "parameter_status", None)     # psycopg 3
+                  or getattr(connection, "get_parameter_status", None))                   # psycopg2
+        if status is None:
+            return
+        for which in ("server_encoding", "client_encoding"):
+            encoding = status(which)
+            if encoding is not None and encoding.upper() not in ("UTF8", "UTF-8", "UNICODE"):
+                raise ValueError(
+                    f"the postgresql provider needs a UTF8 database and connection: this {which} is "
+                    f"{encoding} (lengths and positions would count bytes, or text outside its characters "
+                    f"could not be stored); use a database made with ENCODING 'UTF8' (and client_encoding UTF8)")
+
+    def param(self, value: Any = None) -> str:
+        """A text constant typed ``text`` (psycopg binds a ``str`` untyped: ``%s IS NULL`` could not
+        determine its type) and in the ``"C"`` collation too (a text that is no column's, a CASE of
+        constants, took the database's: ``'a' < 'B'`` in ``en_US``)."""
+        mark = super().param(value)
+        return f'(CAST({mark} AS TEXT) COLLATE "C")' if type(value) is str else mark
+
+    def unstorable(self, text: str) -> str | None:
+        if "\x00" in text:
+            return "PostgreSQL text cannot hold a NUL character"
+        return super().unstorable(text)
 
     def collection(self, name: str, value: str, order: str, q: float | None) -> str | None:
         """Also ``PERCENTILE_CONT`` (an ordered-set aggregate, linear between ranks) and ``first``/``last``
@@ -148,13 +203,21 @@ def open_provider(provider: Any) -> tuple[Any, Dialect, bool]:
         if provider.startswith(("postgresql://", "postgres://")):
             import psycopg
 
-            return psycopg.connect(provider), PostgreSQL(), True
+            connection = psycopg.connect(provider)
+            try:
+                PostgreSQL().check(connection)
+            except ValueError:
+                connection.close()
+                raise
+            return connection, PostgreSQL(), True
         raise ValueError(f"unknown provider {provider!r}: use 'native', 'sqlite', 'duckdb', a URL "
                          f"'postgresql://user@host:port/db', or an open DB-API 2.0 connection")
     if not callable(getattr(provider, "cursor", None)) or not callable(getattr(provider, "commit", None)):
         raise TypeError(f"provider {provider!r} is not a DB-API 2.0 connection (it has no cursor() "
                         f"and commit())")
-    return provider, dialect_of(provider), False
+    dialect = dialect_of(provider)
+    dialect.check(provider)
+    return provider, dialect, False
 
 
 def dialect_of(connection: Any) -> Dialect:
