@@ -47,6 +47,7 @@ def use_cpu(on: bool = True) -> None:
 
 
 def cpu() -> bool:
+    """Are the variants timed by CPU time (:func:`use_cpu`)?"""
     return _clock is time.process_time
 
 
