@@ -10,6 +10,12 @@ per-batch partial sums, a different float order).
 
 Baselines (honest: the same work, no more): a hand-written loop over the
 dicts, the same loop over tuples, and numpy over the same columns.
+
+``--cpu`` (:func:`use_cpu`): every figure is CPU time instead of the time passed: the
+process's for what runs here (the baselines, in-process), the worker process's from the
+source's first read to the sink's end for a deployment (its event loop's other work
+included). On a shared machine the time passed swings with the load (2-4x between rounds
+at load 5-8); CPU time does not, though caches shared with other processes still slow it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,18 @@ import benchops
 import pescheduler.operators.columnar_window  # noqa: F401
 
 SIZE = 60_000
+_clock = time.perf_counter          # what every variant times with: perf_counter, or process_time (--cpu)
+
+
+def use_cpu(on: bool = True) -> None:
+    """Time every variant by CPU time (``time.process_time``), not by the time passed."""
+    global _clock
+    _clock = time.process_time if on else time.perf_counter
+
+
+def cpu() -> bool:
+    """Are the variants timed by CPU time (:func:`use_cpu`)?"""
+    return _clock is time.process_time
 
 
 def _rows(panes: dict) -> list:
@@ -41,7 +59,7 @@ def _rows(panes: dict) -> list:
 def hand_dicts(events: int) -> tuple[float, list]:
     """The loop a user would write over the event dicts (the same dict work as the lambda app)."""
     batches = benchops.premade_events(events, False)
-    t0 = time.perf_counter()
+    t0 = _clock()
     panes: dict = {}
     for batch in batches:
         for e in batch:
@@ -59,14 +77,14 @@ def hand_dicts(events: int) -> tuple[float, list]:
                     s[0] += e["speed"]
                     s[1] += 1
     rows = _rows(panes)
-    return time.perf_counter() - t0, rows
+    return _clock() - t0, rows
 
 
 def hand_tuples(events: int) -> tuple[float, list]:
     """The same loop over ``(car, speed, lat, lon, ts)`` tuples (made before the clock starts)."""
     batches = [[(e["car"], e["speed"], e["lat"], e["lon"], e["ts"]) for e in b]
                for b in benchops.premade_events(events, False)]
-    t0 = time.perf_counter()
+    t0 = _clock()
     panes: dict = {}
     for batch in batches:
         for car, speed, _lat, _lon, ts in batch:
@@ -83,7 +101,7 @@ def hand_tuples(events: int) -> tuple[float, list]:
                     s[0] += speed
                     s[1] += 1
     rows = _rows(panes)
-    return time.perf_counter() - t0, rows
+    return _clock() - t0, rows
 
 
 def numpy_columns(events: int) -> tuple[float, list]:
@@ -92,7 +110,7 @@ def numpy_columns(events: int) -> tuple[float, list]:
     cols = [(b.column(0).indices.to_numpy(), b.column(1).to_numpy(), b.column(4).to_numpy()) for b in batches]
     cars = batches[0].column(0).dictionary.to_pylist()
     k = len(cars)
-    t0 = time.perf_counter()
+    t0 = _clock()
     panes: dict = {}
     for car, speed, ts in cols:
         speed = speed / 3.6
@@ -107,7 +125,7 @@ def numpy_columns(events: int) -> tuple[float, list]:
             acc[0] += np.bincount(car[sel], weights=speed[sel], minlength=k)
             acc[1] += np.bincount(car[sel], minlength=k)
     out = {p: (s / np.maximum(n, 1), n > 0) for p, (s, n) in panes.items()}
-    elapsed = time.perf_counter() - t0
+    elapsed = _clock() - t0
     rows = [{"car": cars[i], "window_start": p, "window_end": p + SIZE, "avg_speed": avg[i]}
             for p, (avg, present) in out.items() for i in np.flatnonzero(present).tolist()]
     return elapsed, rows
@@ -137,9 +155,9 @@ def duckdb_columns(events: int) -> tuple[float, list]:
     con = duckdb.connect()
     con.execute("SET threads=1")
     con.register("cars", cars)
-    t0 = time.perf_counter()
+    t0 = _clock()
     out = con.sql(DUCKDB_QUERY).to_arrow_table()
-    elapsed = time.perf_counter() - t0
+    elapsed = _clock() - t0
     con.close()
     return elapsed, out.to_pylist()
 
@@ -159,9 +177,9 @@ def polars_columns(events: int) -> tuple[float, list]:
     query = (frame.lazy().filter(speed > 5)
              .group_by(pl.col("car"), window_start=pl.col("ts") - pl.col("ts") % SIZE)
              .agg(avg_speed=speed.mean()))
-    t0 = time.perf_counter()
+    t0 = _clock()
     out = query.collect()
-    elapsed = time.perf_counter() - t0
+    elapsed = _clock() - t0
     rows = out.with_columns(pl.col("car").cast(pl.String), window_end=pl.col("window_start") + SIZE).to_dicts()
     return elapsed, rows
 
@@ -196,11 +214,11 @@ def in_process(events: int, columnar: bool = False, lambdas: bool = False, query
         benchops.premade_events(events, columnar, plain_keys=plain_keys, rows=batch_rows)
         sink = benchops.Collect(path=os.path.join(tmp, "out"))
         ops = _ops(lambdas) if query is None else _sql_ops(query)
-        t0 = time.time()
+        t0 = time.process_time() if cpu() else time.time()
         run_operators(source, *ops, sink, key_field="car")
         with open(os.path.join(tmp, "out"), "rb") as f:
             result = pickle.load(f)
-    return result["end"] - t0, result["rows"]        # the sink's end: its pickling is not timed
+    return result["end_cpu" if cpu() else "end"] - t0, result["rows"]   # the sink's end: its pickling is not timed
 
 
 def _sql_ops(query: str) -> list:
@@ -233,9 +251,13 @@ def deployed(events: int, workers: int = 1, columnar: bool = False, lambdas: boo
         with open(out, "rb") as f:
             result = pickle.load(f)
         with open(start) as f:
-            t0 = float(f.read())
+            wall, cpu_s = map(float, f.read().split())
     deployed.pes = pes
-    return result["end"] - t0, result["rows"]
+    if cpu():           # the worker process's CPU time (the source and sink are in one PE: workers=1)
+        if workers != 1:
+            raise ValueError("--cpu times a deployment on one worker only (its process's CPU time)")
+        return result["end_cpu"] - cpu_s, result["rows"]
+    return result["end"] - wall, result["rows"]
 
 
 def same(rows: list, reference: list, tolerance: float = 0.0) -> bool:
@@ -273,7 +295,8 @@ def measure(variants: dict[str, Callable[[], tuple[float, list]]], repeat: int,
 
 def report(best: dict[str, float], events: int, hand: str, numpy_label: str) -> None:
     print(f"connected-car pipeline, {events:,} pre-made events, {measure.rows:,} window results, "
-          f"output checked for every variant; load: {os.getloadavg()[0]:.1f} (1-min, 2 cores shared)")
+          f"output checked for every variant; load: {os.getloadavg()[0]:.1f} (1-min, 2 cores shared); "
+          f"{'CPU time' if cpu() else 'time passed'}")
     print(f"  {'variant':<58s} {'M ev/s':>7s} {'x hand loop':>11s} {'x numpy':>8s}")
     for label, t in best.items():
         print(f"  {label:<58s} {events / t / 1e6:7.2f} {best[hand] / t:11.2f} {best[numpy_label] / t:8.2f}")
@@ -287,7 +310,9 @@ def arguments(doc: str) -> "argparse.Namespace":
     parser.add_argument("--events", type=int, default=2_000_000)
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds; the best of each counts")
     parser.add_argument("--quick", action="store_true", help="small run (smoke test)")
+    parser.add_argument("--cpu", action="store_true", help="time by CPU time, not the time passed (use_cpu)")
     args = parser.parse_args()
+    use_cpu(args.cpu)
     if args.quick:
         args.events, args.repeat = 200_000, 1
     return args

@@ -12,7 +12,10 @@ of up to ``max_rows`` rows.
 
 No tuple waits for data that is not there: gathering stops at the first read
 that returns nothing (or the end, which is then delivered by the next read),
-and once the reads have taken ``budget_s``: the share of the deployment's
+and once the reads have taken ``budget_s`` on the busy clock (``busy.py``: time
+spent waiting for a CPU is not the reads'; on the time passed, a loaded machine's
+preemptions ended gatherings early and the chain got 20-30 k-row batches among
+its 70 k ones): the share of the deployment's
 latency target (``deploy(latency=)``, ``pescheduler.batch.latency``) a
 channel's batch aims to fill (``channels.FILL``, half), so a slow source's
 first rows are not held back longer by its later ones than a channel would
@@ -26,9 +29,9 @@ Batches with different dictionaries are joined with their dictionaries unified
 
 from __future__ import annotations
 
-from time import perf_counter
 from typing import Any, Callable
 
+from .busy import busy_clock
 from .channels import FILL
 
 MAX_ROWS = 65_536          # rows at which a batch's fixed cost is a few % of its time (docs/expressions.md)
@@ -38,8 +41,9 @@ _END = object()            # held: the source ended after the rows handed over
 class Gather:
     """``read()`` -> a batch (list, RecordBatch, maybe empty) or None at the end, as ``Source.read``."""
 
-    def __init__(self, read: Callable[[], Any], max_rows: int = MAX_ROWS, budget_s: float = 0.0005) -> None:
-        self._read, self.max_rows, self.budget_s = read, max_rows, budget_s
+    def __init__(self, read: Callable[[], Any], max_rows: int = MAX_ROWS, budget_s: float = 0.0005,
+                 clock: Callable[[], float] = busy_clock) -> None:
+        self._read, self.max_rows, self.budget_s, self.clock = read, max_rows, budget_s, clock
         self.held: Any = None      # a read kept for the next call (another schema, or the end)
 
     @classmethod
@@ -52,8 +56,9 @@ class Gather:
         if not _arrow_batch(first) or first.num_rows >= self.max_rows or not first.num_rows:
             return first
         parts, rows, schema = [first], first.num_rows, first.schema
-        deadline = perf_counter() + self.budget_s
-        while rows < self.max_rows and perf_counter() < deadline:
+        clock = self.clock
+        deadline = clock() + self.budget_s
+        while rows < self.max_rows and clock() < deadline:
             more = self._read()
             if more is None:
                 self.held = _END

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from pescheduler.worker.busy import busy_clock
 from pescheduler.worker.gather import Gather
 
 
@@ -54,6 +55,18 @@ def test_the_end_comes_after_the_rows_read_before_it():
 def test_no_budget_no_second_read():
     reads = Reads(_batch(0, 10), _batch(10, 10))
     assert Gather(reads, max_rows=1000, budget_s=0).read().num_rows == 10 and reads.calls == 1
+
+
+def test_the_budget_counts_the_reads_busy_time_not_a_wait_for_a_cpu():
+    """The budget is on the busy clock (time passed minus time waiting for a CPU): on the time passed,
+    a read preempted on a loaded machine ended the gathering, and the chain got a 20-30 k-row batch
+    among its 70 k ones (in 3 of 9 deployed runs at load 8-10, none on the busy clock)."""
+    assert Gather(Reads()).clock is busy_clock
+    preempted = iter([0.0, 0.0, 5.0, 5.0, 5.0, 5.0])        # the second read waited 5 s for a CPU
+    stopped = Gather(Reads(*(_batch(i * 10, 10) for i in range(4))), budget_s=1, clock=lambda: next(preempted))
+    assert stopped.read().num_rows == 20
+    busy = Gather(Reads(*(_batch(i * 10, 10) for i in range(4))), budget_s=1, clock=lambda: 0.0)
+    assert busy.read().num_rows == 40
 
 
 def test_dictionaries_are_unified_when_joined():

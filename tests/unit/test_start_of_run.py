@@ -4,7 +4,8 @@ was set by three things at the start, each checked here on the runtime's own par
 - the first frame of 64 KiB or more imported pyarrow on the event loop (channels.frame_buffer);
 - a paced source's pace counted from the driver's creation, so the first reads burst (source_driver.py);
 - sources read before the PE's output channels were open, their tuples waiting for the connection
-  (flow.InputScheduler.opening).
+  (flow.InputScheduler.opening);
+- a columnar pipeline's window imported its Arrow panes' module inside its first batch (window.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,29 @@ def test_a_large_frame_imports_no_pyarrow_on_the_event_loop():
     first, pooled = out.stdout.split("\n")[:2]
     assert first == "1048576 False", "a large frame imported pyarrow"
     assert pooled == "Buffer", "with pyarrow imported, Arrow's pool"
+
+
+def test_a_window_opened_where_arrow_batches_come_imports_its_columnar_panes_at_open():
+    """A PE with a columnar source has imported pyarrow (source_driver) before its operators open:
+    its window then imports the columnar panes' module at open, not inside the run's first batch
+    (10-20 ms there on one worker, bench/columnar.py, issue 34). A row pipeline, with no pyarrow,
+    imports neither."""
+    code = (
+        "import sys\n"
+        "from pescheduler.operator import OperatorContext\n"
+        "from pescheduler.operators.window import Window\n"
+        "def opened():\n"
+        "    w = Window(size='60s', aggregates={'avg_speed': ('avg', 'speed')})\n"
+        "    w.open(OperatorContext(op_id='window-1', pe_id='pe', key_field='car'))\n"
+        "    return 'pescheduler.operators.columnar_window' in sys.modules\n"
+        "print(opened(), 'pyarrow' in sys.modules)\n"
+        "import pyarrow\n"
+        "print(opened())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    rows, columnar = out.stdout.split("\n")[:2]
+    assert rows == "False False", "a row pipeline's window imported Arrow"
+    assert columnar == "True", "the columnar panes are imported in the first Arrow batch, not at open"
 
 
 class FakeClock:
