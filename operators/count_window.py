@@ -83,8 +83,7 @@ class CountWindow(AggregatingWindow):
                 yield from (s for _, s in panes)
                 if slots is not None:
                     yield slots
-            for k, v in entries:
-                keys.put(k, v)
+            keys.write_many(entries)            # the group's keys in one call (disk: one write batch)
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:

@@ -75,8 +75,7 @@ class SessionWindow(AggregatingWindow):
             entries = [(k, keys.get(k)) for k, _r in list(keys.items(g))]   # get: not a view's
             for _k, (_seq, sessions) in entries:
                 yield from (s[2] for s in sessions)
-            for k, record in entries:
-                keys.put(k, record)
+            keys.write_many(entries)            # the group's keys in one call (disk: one write batch)
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
