@@ -61,9 +61,11 @@ and disk/memory (memory time / disk time: the issue's goal is >= 0.5 at 10^6 key
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import os
 import random
+import shutil
 import sys
 import time
 from typing import Any, Callable
@@ -364,6 +366,7 @@ def main() -> None:
         import dask.config
 
         root = tempfile.mkdtemp(prefix="keyed-operators-")
+        atexit.register(shutil.rmtree, root, True)
         dask.config.set({"pescheduler.state.dir": root, "pescheduler.state.cache": DISK_CACHE})
     sizes = [1000] if args.quick else [int(x) for x in args.keys.split(",")]
     repeat = 1 if args.quick else args.repeat
