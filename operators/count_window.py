@@ -146,8 +146,11 @@ class CountWindow(AggregatingWindow):
         state[2] += 1
         state[3] = slots
         if state[2] < self.slide:
-            if fresh:
-                self._keep(k, state, batch)
+            if fresh:                           # inline, not a call: memory's path per new key
+                if batch is None:
+                    self._keys.put(k, state)
+                else:
+                    batch[k] = state
             return
         panes = state[0]
         panes.append((state[1], slots))
@@ -156,19 +159,15 @@ class CountWindow(AggregatingWindow):
         if len(panes) > need:
             del panes[0]
         if fresh:
-            self._keep(k, state, batch)
+            if batch is None:
+                self._keys.put(k, state)
+            else:
+                batch[k] = state
         if len(panes) == need:
             merged = panes[0][1]
             for _, s in panes[1:]:
                 merged = self._merge(merged, s)
             self._emit([(k, merged)], panes[0][0], ts + 1, out)
-
-    def _keep(self, k: Any, state: list, batch: dict | None) -> None:
-        """A state read or made by :meth:`_take` goes back: put (memory), or into the batch's dict (disk)."""
-        if batch is None:
-            self._keys.put(k, state)
-        else:
-            batch[k] = state
 
     # -- state --------------------------------------------------------------------------
     def snapshot(self) -> dict:
