@@ -38,7 +38,8 @@ from pescheduler.operator import Emitter, OperatorContext
 from pescheduler.state import MemoryState
 from pescheduler.state import adopt
 from pescheduler.state import key_group
-from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
+from pescheduler.state.groups import (add_groups, merge_groups, restore_groups, snapshot_groups, split_groups,
+                                     take_groups, write_batch)
 
 from .window import AggregatingWindow
 
@@ -82,8 +83,7 @@ class CountWindow(AggregatingWindow):
                 yield from (s for _, s in panes)
                 if slots is not None:
                     yield slots
-            for k, v in entries:
-                keys.put(k, v)
+            keys.write_many(entries)            # the group's keys in one call (disk: one write batch)
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
@@ -92,29 +92,49 @@ class CountWindow(AggregatingWindow):
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         """Hot loop (longer than ten lines on purpose): a key put since the last snapshot whose pane
         does not fill is folded here, in place, with one dict lookup and no call but the fold (the
-        cost of a plain dict of panes); every other tuple goes through :meth:`_take`."""
-        written = self._keys.writable()         # None on disk (copies): every tuple is put back
-        hot = {} if written is None else written
-        fold, last, out, dead = self._fold, self.slide - 1, emit.append, emit.dead_letter
-        for ts, k, t in self._release(watermark):
-            try:                                # a fold that raises has changed nothing
-                state = hot.get(k)
-                if state is not None and state[2] < last:
-                    slots = fold(state[3], t)
-                    if state[2] == 0:
-                        state[1] = ts
-                    state[2] += 1
-                    state[3] = slots
-                else:
-                    self._take(k, ts, t, out, state)
-            except Exception as exc:
-                dead(t, exc)
+        cost of a plain dict of panes); every other tuple goes through :meth:`_take`.
 
-    def _take(self, k: Any, ts: int, t: Any, out: Callable, state: list | None) -> None:
-        """Fold ``t`` into its key's current pane (``state``: its value if put since the snapshot,
-        else None: read from the backend, put back); a full pane may complete a window."""
+        On disk (values are copies, no ``writable()``) the released tuples' keys are read in one
+        ``get_many`` and the batch's states written back in one ``write_many`` at its end
+        (:func:`write_batch`): a Python call into the store per tuple (a get, then a put) was
+        most of a disk window's cost; in between, a key's states are this batch's dict, changed in
+        place as memory's ``writable()`` ones are."""
+        ready = self._release(watermark)
+        if not ready:
+            return
+        written = self._keys.writable()         # None on disk (copies): the batch's own dict
+        batch = None if written is not None else self._read(ready)
+        hot = written if batch is None else batch
+        fold, last, out, dead = self._fold, self.slide - 1, emit.append, emit.dead_letter
+        try:
+            for ts, k, t in ready:
+                try:                            # a fold that raises has changed nothing
+                    state = hot.get(k)
+                    if state is not None and state[2] < last:
+                        slots = fold(state[3], t)
+                        if state[2] == 0:
+                            state[1] = ts
+                        state[2] += 1
+                        state[3] = slots
+                    else:
+                        self._take(k, ts, t, out, state, batch)
+                except Exception as exc:
+                    dead(t, exc)
+        finally:
+            if batch is not None:
+                write_batch(self._keys, batch)
+
+    def _read(self, ready: list) -> dict:
+        """``{key: state}`` of the released tuples' keys the backend holds, in one ``get_many``."""
+        keys = list(dict.fromkeys(k for _, k, _ in ready))
+        return {k: state for k, state in zip(keys, self._keys.get_many(keys)) if state is not None}
+
+    def _take(self, k: Any, ts: int, t: Any, out: Callable, state: list | None, batch: dict | None) -> None:
+        """Fold ``t`` into its key's current pane (``state``: its writable value, else None: read
+        from the backend and put back on memory; on disk ``batch`` already holds every key the
+        backend had, so None is a new key, kept in ``batch``); a full pane may complete a window."""
         fresh = state is None
-        if fresh:
+        if fresh and batch is None:
             state = self._keys.get(k)
         if state is None:
             state = [[], ts, 0, None]
@@ -126,8 +146,11 @@ class CountWindow(AggregatingWindow):
         state[2] += 1
         state[3] = slots
         if state[2] < self.slide:
-            if fresh:
-                self._keys.put(k, state)
+            if fresh:                           # inline, not a call: memory's path per new key
+                if batch is None:
+                    self._keys.put(k, state)
+                else:
+                    batch[k] = state
             return
         panes = state[0]
         panes.append((state[1], slots))
@@ -136,7 +159,10 @@ class CountWindow(AggregatingWindow):
         if len(panes) > need:
             del panes[0]
         if fresh:
-            self._keys.put(k, state)
+            if batch is None:
+                self._keys.put(k, state)
+            else:
+                batch[k] = state
         if len(panes) == need:
             merged = panes[0][1]
             for _, s in panes[1:]:

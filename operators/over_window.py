@@ -129,11 +129,13 @@ class OverWindow(AggregatingWindow):
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         """Each key's window is read once (not at all when put since the snapshot, on memory:
-        changed in place) and written back once, after the watermark's events."""
+        changed in place; on disk every key in one ``get_many``) and written back once, after the
+        watermark's events (one ``write_many``)."""
+        ready = self._release(watermark)
         written = self._keys.writable()         # None on disk (copies): every key is put back
         hot = {} if written is None else written
-        read: dict = {}
-        for ts, step in groupby(self._release(watermark), itemgetter(0)):
+        read = {} if written is not None else self._read(ready)     # disk: one get_many
+        for ts, step in groupby(ready, itemgetter(0)):
             peers: dict[Any, list] = {}
             for _, k, t in step:
                 peers.setdefault(k, []).append(t)
@@ -151,6 +153,12 @@ class OverWindow(AggregatingWindow):
                                   [k for k, s in read.items() if not s[0]])
         if watermark - self._swept >= self.size:
             self._sweep(watermark)
+
+    def _read(self, ready: list) -> dict:
+        """``{key: [window, slots]}`` of every key of ``ready``, read in one ``get_many`` (a new key:
+        an empty window): on disk a call into the store per key was most of a watermark's cost."""
+        keys = list(dict.fromkeys(k for _, k, _ in ready))
+        return {k: state or [deque(), None] for k, state in zip(keys, self._keys.get_many(keys))}
 
     def _step(self, k: Any, ts: int, events: list, emit: Emitter) -> None:
         """:meth:`_slide` of one key read from the state and written back (ep_over's refolding lanes)."""

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, OperatorContext
 from pescheduler.state import MemoryState, adopt
-from pescheduler.state.groups import merge_groups, restore_groups, snapshot_groups, split_groups
+from pescheduler.state.groups import merge_groups, restore_groups, snapshot_groups, split_groups, write_batch
 from pescheduler.timeutil import parse_duration
 
 from .window import AggregatingWindow
@@ -58,7 +58,6 @@ class SessionWindow(AggregatingWindow):
         # key -> [seq, [[start, end, slots]] by start, disjoint], seq the order the key opened a
         # session (ties on firing); in memory until open() moves it to the deployment's backend
         self._keys = MemoryState()
-        self._cache: dict = {}                 # disk: this batch's records, put back at its end
         self._next_seq = 0
         self._heap: list = []                  # (end, start, seq, n, key) to fire; stale ones skipped
         self._pushes = itertools.count()       # n: ties of equal seq (merged copies) never compare keys
@@ -76,47 +75,65 @@ class SessionWindow(AggregatingWindow):
             entries = [(k, keys.get(k)) for k, _r in list(keys.items(g))]   # get: not a view's
             for _k, (_seq, sessions) in entries:
                 yield from (s[2] for s in sessions)
-            for k, record in entries:
-                keys.put(k, record)
+            keys.write_many(entries)            # the group's keys in one call (disk: one write batch)
 
     # -- data -------------------------------------------------------------------------
     def process(self, batch: list, emit: Emitter) -> None:
+        """On memory a key's record put since the snapshot is changed in place (``writable()``);
+        on disk (copies) the batch's keys are read in one ``get_many`` and its records written
+        back in one ``write_many`` at its end (:func:`write_batch`), not a call into the store per
+        key."""
         ts_f, wm, key_of, gap = self.ts_field, self._wm, self._key_of, self.gap
         written = self._keys.writable()         # memory: records put since the snapshot, in place
-        hot = self._cache if written is None else written
+        read = None if written is not None else self._read(batch)
+        hot = written if read is None else read
+        try:
+            for t in batch:
+                try:
+                    ts, k = t[ts_f], key_of(t)
+                    if ts <= wm:
+                        emit.to("late", t)
+                        continue
+                    record = hot.get(k)
+                    if record is not None:
+                        self._place(k, ts, ts + gap, t, record)
+                        continue
+                    record = self._record(k, read)
+                    self._place(k, ts, ts + gap, t, record)
+                    self._keep(k, record, read)
+                except Exception as exc:            # _place changes nothing when it raises
+                    emit.dead_letter(t, exc)
+        finally:
+            if read is not None:                    # disk: the batch's records go back
+                write_batch(self._keys, read)
+
+    def _read(self, batch: list) -> dict:
+        """``{key: record}`` the backend holds of the batch's keys (its tuples not late), one ``get_many``."""
+        ts_f, wm, key_of, keys = self.ts_field, self._wm, self._key_of, {}
         for t in batch:
             try:
-                ts, k = t[ts_f], key_of(t)
-                if ts <= wm:
-                    emit.to("late", t)
-                    continue
-                record = hot.get(k)
-                if record is not None:
-                    self._place(k, ts, ts + gap, t, record)
-                    continue
-                record = self._record(k)
-                self._place(k, ts, ts + gap, t, record)
-                self._keep(k, record)
-            except Exception as exc:            # _place changes nothing when it raises
-                emit.dead_letter(t, exc)
-        for k, record in self._cache.items():   # disk: the batch's records go back
-            self._keys.put(k, record)
-        self._cache = {}
+                if t[ts_f] > wm:
+                    keys[key_of(t)] = None
+            except Exception:                       # dead-lettered by process
+                continue
+        names = list(keys)
+        return {k: record for k, record in zip(names, self._keys.get_many(names)) if record is not None}
 
-    def _record(self, k: Any) -> list:
-        """``k``'s record from the backend, or a new one for a new key."""
-        record = self._keys.get(k)
+    def _record(self, k: Any, read: dict | None) -> list:
+        """``k``'s record from the backend (disk: ``read`` holds every one there is), or a new
+        one for a new key."""
+        record = self._keys.get(k) if read is None else None
         if record is None:
             record = [self._next_seq, []]
             self._next_seq += 1
         return record
 
-    def _keep(self, k: Any, record: list) -> None:
-        """Make ``k``'s record writable in place: put (memory), or this batch's (disk)."""
-        if self._keys.writable() is None:
-            self._cache[k] = record
-        else:
+    def _keep(self, k: Any, record: list, read: dict | None) -> None:
+        """Make ``k``'s record writable in place: put (memory), or the batch's (disk)."""
+        if read is None:
             self._keys.put(k, record)
+        else:
+            read[k] = record
 
     def _place(self, k: Any, ts: int, end: int, t: Any, record: list) -> None:
         """Fold ``t`` into the sessions of ``k`` that ``[ts, end)`` overlaps, merging them."""
@@ -144,17 +161,30 @@ class SessionWindow(AggregatingWindow):
         heapq.heappush(self._heap, (session[1], session[0], seq, next(self._pushes), k))
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
+        """Fire the sessions ``watermark`` closes: their keys read in one ``get_many`` and the
+        records they leave written (or deleted, once empty) in one ``write_many``."""
         self._wm = watermark
-        heap, out, keys = self._heap, emit.append, self._keys
+        heap = self._heap
+        due = []
         while heap and heap[0][0] - 1 <= watermark:
-            end, start, _seq, _n, k = heapq.heappop(heap)
-            record = keys.get(k)
-            live = [s for s in record[1] if s[0] == start and s[1] == end] if record else None
-            if not live:
-                continue                        # stale: the session grew or merged since
-            record[1].remove(live[0])
-            self._emit([(k, live[0][2])], start, end, out)
-            keys.put(k, record) if record[1] else keys.delete(k)
+            due.append(heapq.heappop(heap))
+        if not due:
+            return
+        names = list(dict.fromkeys(entry[4] for entry in due))
+        records = dict(zip(names, self._keys.get_many(names)))     # get: a copy where a view shares it
+        left: dict = {}                         # key -> its record after the firing, None once empty
+        out = emit.append
+        try:
+            for end, start, _seq, _n, k in due:
+                record = records[k]
+                live = [s for s in record[1] if s[0] == start and s[1] == end] if record else None
+                if not live:
+                    continue                    # stale: the session grew or merged since
+                record[1].remove(live[0])
+                left[k] = record if record[1] else None
+                self._emit([(k, live[0][2])], start, end, out)
+        finally:
+            write_batch(self._keys, left)
 
     # -- state --------------------------------------------------------------------------
     def snapshot(self) -> dict:

@@ -2,7 +2,7 @@
 
 import dask.config
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
 from pescheduler.wire import KEY_GROUPS, key_group
@@ -30,16 +30,16 @@ shapes = st.sampled_from([(1, 1), (3, 3), (10, 10), (6, 2), (9, 3), (12, 1)])
 batch_sizes = st.sampled_from([1, 7, 50, 1000])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(streams(poison=True), shapes, batch_sizes)
-def test_matches_reference_with_late_events_and_bad_tuples(events, shape, batch_size):
+def test_matches_reference_with_late_events_and_bad_tuples(backend, events, shape, batch_size):
     check_against_reference(CountWindow(*shape, AGGS), events, batch_size,
                             reference(events, batch_size, *shape), dead_in_order=False)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(streams(), shapes, st.sampled_from([1, 7, 50]), st.floats(0, 1))
-def test_snapshot_restore_midstream_gives_the_same_output(events, shape, batch_size, cut):
+def test_snapshot_restore_midstream_gives_the_same_output(backend, events, shape, batch_size, cut):
     check_snapshot_midstream(lambda: CountWindow(*shape, AGGS), events, batch_size, cut)
 
 

@@ -1,7 +1,7 @@
 """Session windows against a plain-Python reference on random, out-of-order streams."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import MAX_WATERMARK, Emitter
@@ -52,18 +52,18 @@ gaps = st.sampled_from([1, 5, 20, 60])
 batch_sizes = st.sampled_from([1, 7, 50, 1000])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(streams(poison=True), gaps, batch_sizes)
-def test_matches_reference_with_late_events_and_bad_tuples(events, gap, batch_size):
+def test_matches_reference_with_late_events_and_bad_tuples(backend, events, gap, batch_size):
     result = check_against_reference(SessionWindow(gap, AGGS), events, batch_size,
                                      reference(events, batch_size, gap), order=in_firing_order)
     ends = [r["window_end"] for r in result.output]
     assert ends == sorted(ends)                        # sessions fire in order of their end
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(streams(), gaps, st.sampled_from([1, 7, 50]), st.floats(0, 1))
-def test_snapshot_restore_midstream_gives_the_same_output(events, gap, batch_size, cut):
+def test_snapshot_restore_midstream_gives_the_same_output(backend, events, gap, batch_size, cut):
     check_snapshot_midstream(lambda: SessionWindow(gap, AGGS), events, batch_size, cut)
 
 
