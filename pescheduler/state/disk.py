@@ -47,7 +47,7 @@ import shutil
 import weakref
 from typing import Any, Iterable, Iterator
 
-from ..wire import _canonical
+from ..wire import _canonical, tuple_bytes
 from .base import KEY_GROUPS, Changes, KeyedState, StateView, key_group
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -71,14 +71,19 @@ def _prefix(group: int) -> bytes:
 
 def _encode(key: Any) -> bytes:
     """Group byte, tag, body: one encoding per value Python holds equal (``wire._canonical``:
-    an integral number is an int, a tuple canonical inside), so 0, 0.0 and False are one key."""
+    an integral number is an int, a tuple canonical inside and pickled without back-references,
+    ``wire.tuple_bytes``), so 0, 0.0 and False are one key, and so are ``(s, s)`` and ``(s, t)``
+    for equal strings ``s`` and ``t``."""
     t = type(key)
+    if t is not str and t is not int:
+        key = _canonical(key)
+        t = type(key)
+        if t is tuple:                  # memo-free: (s, s) and (s, a copy of s) are one key
+            return _GROUP[key_group(key)] + b"p" + tuple_bytes(key)
+        if t is not str and t is not int:
+            return _GROUP[key_group(key)] + b"p" + pickle.dumps(key, _PICKLE)
     if t is str:
         return _GROUP[key_group(key)] + b"s" + key.encode()
-    if t is not int:
-        key = _canonical(key)
-        if type(key) is not int:
-            return _GROUP[key_group(key)] + b"p" + pickle.dumps(key, _PICKLE)
     return _GROUP[key_group(key)] + b"i%d" % key
 
 

@@ -104,6 +104,19 @@ def test_equal_keys_are_one_key_on_disk(tmp_path):
     state.close()
 
 
+def test_equal_tuples_of_shared_and_unshared_strings_are_one_key_on_disk(tmp_path):
+    """Pickle's memo wrote ``(s, s)`` with a back-reference and ``(s, a copy of s)`` without: two
+    encodings (and key groups) of one key."""
+    state, s = _disk(str(tmp_path)), "car-0000042"
+    copy = (s + ".")[:-1]
+    state.put((s, s), "shared")
+    state.write_many([((s, copy), "unshared"), (((s, 1), (s, 1.0)), "nested")])   # encoded anew, not
+    state.write_many([(((copy, True), (s, 1)), "nested again"), (np.str_(s), "numpy str")])  # remembered
+    assert len(state) == 3
+    assert state.get_many([(copy, s), ((s, 1), (copy, 1)), s]) == ["unshared", "nested again", "numpy str"]
+    state.close()
+
+
 # A checkpoint of a PE written by main's disk.py before this encoding (a key was its pickle): one
 # full file per key group, then a delta of groups 0 and 93. That store held 1.0 and True as two
 # keys (the full file of group 44 took one of them) and False apart from 0.
