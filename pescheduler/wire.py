@@ -50,7 +50,7 @@ def key_hash(key: Any) -> int:
     return zlib.crc32(pickle.dumps(key, protocol=4))
 
 
-_FLAT = (str, int, float, bytes, type(None), bool)      # what a tuple of distinct ones pickles without a back-reference
+_FLAT = frozenset((str, int, float, bytes, type(None), bool))   # a tuple of distinct ones has no back-reference
 
 
 def tuple_bytes(key: tuple) -> bytes:
@@ -59,7 +59,7 @@ def tuple_bytes(key: tuple) -> bytes:
     equal keys, pickled apart (and hashed to different key groups). The bytes are those pickle
     writes for a tuple without shared objects (a key group of such a key, the usual one, is the
     one it always was); the memo-free pickler only when the tuple nests or repeats an object."""
-    if len(set(map(id, key))) == len(key) and all(type(x) in _FLAT for x in key):
+    if _FLAT.issuperset(map(type, key)) and len(set(map(id, key))) == len(key):
         return pickle.dumps(key, protocol=4)
     buffer = io.BytesIO()
     _Unshared(buffer, protocol=4).dump(key)
