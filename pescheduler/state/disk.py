@@ -101,19 +101,24 @@ def _decode(raw: bytes) -> Any:
 
 def _range(source: Any, group: int) -> Iterator[tuple[Any, Any]]:
     """``(key, value)`` of one group from a store or a store snapshot (one seek, then in order)."""
-    it = source.iter()
+    return ((_decode(raw), pickle.loads(value)) for raw, value in _raw_range(source.iter(), group))
+
+
+def _raw_range(it: Any, group: int) -> Iterator[tuple[bytes, bytes]]:
+    """Encoded keys and pickled values of one group, from an iterator of a store (its view: as
+    the store was when the iterator was made)."""
     it.seek(_prefix(group))
     while it.valid():
         raw = it.key()
         if raw[0] != group:
             break
-        yield _decode(raw), pickle.loads(it.value())
+        yield raw, it.value()
         it.next()
 
 
-def _groups(source: Any) -> list[int]:
+def _groups(source: Any, it: Any = None) -> list[int]:
     """Non-empty key groups: a seek per group found (the store is ordered by group)."""
-    found, it = [], source.iter()
+    found, it = [], it or source.iter()
     it.seek_to_first()
     while it.valid():
         g = it.key()[0]
@@ -126,6 +131,10 @@ def _shut(db: Any, path: str) -> None:
     """Close a store (or a view's) and remove its directory."""
     db.close()
     shutil.rmtree(path, ignore_errors=True)
+
+
+_GONE = object()        # a key deleted after a settle()'s view
+_MISSING = object()     # a key the write-back buffer does not hold
 
 
 class DiskView(StateView):
@@ -167,8 +176,109 @@ class DiskView(StateView):
         self._snap = None
 
 
-_GONE = object()        # a key deleted after a settle()'s view
-_MISSING = object()     # a key the write-back buffer does not hold
+class SnapshotView(StateView):
+    """The store at a barrier, taken in O(1) on the PE's loop: a RocksDB snapshot (a sequence
+    number). A RocksDB checkpoint there flushed the memtable (every key written since the
+    previous one) and opened every SST file's index and filter blocks, holding the GIL: the PE's
+    stall at a checkpoint grew with the state (docs/state.md).
+
+    Its reads come later, in the worker's writer thread. A key is read at the snapshot
+    (``delta``: the keys a checkpoint writes as a delta). rocksdict's snapshot iterators read the
+    live store (0.3.29), so a group is iterated in the live store (an iterator is a consistent
+    view of it as it is when made) and every key written since the snapshot is read at the
+    snapshot instead (the state's later :class:`Changes` and its keys since the last one: read
+    after the iterator is made, they hold every write the iterator sees). Before a group is
+    replaced or dropped whole (a rescale, while this view is still being written), the state
+    pins the view (:meth:`DiskState._pin_views`): a RocksDB checkpoint then, iterated instead
+    of the live store, and the keys written until then."""
+
+    def __init__(self, state: "DiskState", changes: Changes) -> None:
+        self.changes = changes
+        self._state = state
+        self._buffered = dict(state._pending)   # writes not yet in the store: they win over the snapshot
+        self._snap = state._db.snapshot()
+        self._pinned: tuple[DiskView, set] | None = None
+
+    @property
+    def lazy(self) -> bool:
+        """It reads the live store: a whole-group change must pin it first."""
+        return self._snap is not None and self._pinned is None
+
+    def _reading(self) -> tuple[Any, set]:
+        """An iterator of a store and the encoded keys to read at the snapshot instead. The
+        iterator is made before the pin is looked at: a pin (and the drop after it) that came
+        later is not in the iterator's view."""
+        if self._pinned is None:
+            it = self._state._db.iter()
+            if self._pinned is None:
+                return it, self._state._written_after(self.changes.seq) | self._buffered.keys()
+        view, since = self._pinned
+        return view._snap.iter(), since | self._buffered.keys()
+
+    def _at(self, raw: bytes) -> bytes | None:
+        """The pickled value of an encoded key at the snapshot, None when it had none."""
+        value = self._buffered.get(raw, _MISSING)
+        if value is not _MISSING:
+            return value
+        try:
+            return self._snap[raw]
+        except Exception as exc:            # rocksdict raises a bare Exception for a missing key
+            if str(exc) != "key not found":
+                raise
+            return None
+
+    def groups(self) -> list[int]:
+        it, since = self._reading()
+        by_group = self.by_group(since)
+        out = []
+        for g in sorted(set(_groups(None, it)) | set(by_group)):
+            changed = set(by_group.get(g, ()))
+            if not changed or any(True for _ in self._items(g, changed, it)):
+                out.append(g)           # keys of it unchanged since: it had them at the snapshot
+        return out
+
+    def items(self, group: int) -> Iterator[tuple[Any, Any]]:
+        it, since = self._reading()
+        changed = {raw for raw in since if raw[0] == group}
+        return ((_decode(raw), pickle.loads(value)) for raw, value in self._items(group, changed, it))
+
+    def _items(self, group: int, changed: set, it: Any) -> Iterator[tuple[bytes, bytes]]:
+        """The group's encoded keys and pickled values at the snapshot: the iterator's (made
+        before ``changed`` was read), but ``changed`` (keys written since), read at the snapshot."""
+        for raw, value in _raw_range(it, group):
+            if raw not in changed:
+                yield raw, value
+        for raw in changed:
+            value = self._at(raw)
+            if value is not None:
+                yield raw, value
+
+    def by_group(self, keys: Iterable[bytes]) -> dict[int, list]:
+        out: dict[int, list] = {}
+        for raw in keys:                    # encoded keys: their first byte is their group
+            out.setdefault(raw[0], []).append(raw)
+        return out
+
+    def delta(self, group: int, keys: Iterable[bytes]) -> tuple[dict, list]:
+        puts, deletes, loads = {}, [], pickle.loads
+        for raw in keys:
+            value = self._at(raw)
+            if value is None:
+                deletes.append(_decode(raw))
+            else:
+                puts[_decode(raw)] = loads(value)
+        return puts, deletes
+
+    def _pin(self, view: DiskView, since: set) -> None:
+        self._pinned = (view, since)
+
+    def release(self) -> None:
+        """Let go of the snapshot, and of the keys written before it here (in the writer's
+        thread: freeing 1 % of 10^6 keys took a millisecond on the PE's loop at the next barrier)."""
+        self._snap = self._pinned = self.changes = None
+        self._buffered = {}
+
+
 SETTLE_KEYS = 100_000   # keys written after a settle() that the take still reads again
 
 
@@ -230,7 +340,8 @@ class DiskState(KeyedState):
         self._end = weakref.finalize(self, _shut, self._db, path)
         self._dirty: set[bytes] = set()     # encoded keys put or deleted since the snapshot
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
-        self._views: list[DiskView] = []
+        self._views: list[SnapshotView] = []
+        self._journal: list[Changes] = []     # snapshots' Changes after the oldest lazy view's
         self._ready: DiskView | None = None     # a view taken by settle() for the coming take_groups
         self._since: set[bytes] | None = None   # keys written since that view began
         self._view_ids = itertools.count()
@@ -334,20 +445,47 @@ class DiskState(KeyedState):
         self._flush()
         return _groups(self._db)
 
-    def snapshot(self) -> DiskView:
-        self._flush()
+    def snapshot(self) -> SnapshotView:
+        """A RocksDB snapshot and a copy of the write-back buffer (:class:`SnapshotView`): no
+        write into the store (a flush of the buffer held the GIL for 8-40 ms, growing with the
+        memtable)."""
         changes = self._changes(self._dirty, self._whole)
-        self._dirty, self._whole = set(), set()
         self._views = [v for v in self._views if v._snap is not None]
-        view = DiskView(self._db, os.path.join(self.path, f"view-{next(self._view_ids)}"), changes)
+        lazy = [v.changes.seq for v in self._views if v.lazy]
+        # the journal before the swap: a view's reader copies the keys since first, then the journal
+        self._journal = [c for c in self._journal if c.seq > min(lazy)] + [changes] if lazy else []
+        self._dirty, self._whole = set(), set()
+        view = SnapshotView(self, changes)
         self._views.append(view)
         return view
+
+    def _written_after(self, seq: int) -> set:
+        """Encoded keys written after snapshot ``seq`` (a superset): read from another thread
+        while the PE writes, the keys since the last snapshot first (one C call: atomic under the
+        GIL), then the journal (a snapshot extends it before it swaps those keys out)."""
+        keys = self._dirty.copy()
+        for changes in list(self._journal):
+            if changes.seq > seq:
+                keys |= changes.keys
+        return keys
+
+    def _pin_views(self) -> None:
+        """Before a group is dropped or replaced whole: views still reading the live store read a
+        RocksDB checkpoint of it now instead (O(files); only while a checkpoint's views are being
+        written during a rescale), with the keys written since each."""
+        lazy = [v for v in self._views if v.lazy]
+        if lazy:
+            self._flush()
+            now = self._view()
+            for view in lazy:
+                view._pin(now, self._written_after(view.changes.seq))
 
     def changed(self) -> set[int]:
         return {k[0] for k in self._dirty} | self._whole     # derived here: a put adds to one set
 
     def drop_groups(self, groups: Iterable[int]) -> None:
         self._flush()
+        self._pin_views()
         for g in groups:
             self._db.delete_range(_prefix(g), _prefix(g + 1))
             self._whole.add(g)
@@ -386,6 +524,7 @@ class DiskState(KeyedState):
         if first is not None and key_group(first) != group:
             raise ValueError(f"key {first!r} is in key group {key_group(first)}, not {group}")
         self._flush()
+        self._pin_views()
         batch, dumps = WriteBatch(raw_mode=True), pickle.dumps
         batch.delete_range(_prefix(group), _prefix(group + 1))
         stored, mask = self._stored, self._mask
