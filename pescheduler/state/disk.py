@@ -25,12 +25,13 @@ Memory is bounded by ``pescheduler.state.cache``: half of it is RocksDB's block
 cache (recently read blocks), the other half its memtables (recent writes,
 charged to the same budget by a write buffer manager). What does not fit is in
 SST files on the worker's disk, so an instance may hold several times the
-worker's memory. A snapshot is a RocksDB checkpoint (the memtable flushed, then
-the SST files hard-linked into a directory beside the store's, inside the
-instance's directory: O(files), not
-O(keys)) opened read-only; those immutable files are what an incremental
-checkpoint will upload next (rocksdict's ``Snapshot`` would be O(1), but its
-iterators read the live store, not the snapshot, in 0.3.29).
+worker's memory. A snapshot (a checkpoint's barrier, on the PE's loop) is a
+RocksDB snapshot and a copy of the write-back buffer, O(1) (:class:`SnapshotView`:
+its reads, in the checkpoint writer's thread, work around rocksdict 0.3.29's
+snapshot iterators, which read the live store). A rescale's take is a RocksDB
+checkpoint (:class:`DiskView`: the memtable flushed, then the SST files
+hard-linked into a directory beside the store's, inside the instance's
+directory: O(files), not O(keys)) opened read-only.
 
 Why RocksDB through rocksdict: a maintained binding shipping wheels with the
 store built in (no system library), with snapshots, range deletes, a bounded
