@@ -179,19 +179,20 @@ class DiskView(StateView):
 
 class SnapshotView(StateView):
     """The store at a barrier, taken in O(1) on the PE's loop: a RocksDB snapshot (a sequence
-    number). A RocksDB checkpoint there flushed the memtable (every key written since the
-    previous one) and opened every SST file's index and filter blocks, holding the GIL: the PE's
-    stall at a checkpoint grew with the state (docs/state.md).
+    number) and a copy of the write-back buffer. A RocksDB checkpoint there flushed the memtable
+    (every key written since the previous one) and opened every SST file's index and filter
+    blocks, holding the GIL: the PE's stall at a checkpoint grew with the state (docs/state.md).
 
-    Its reads come later, in the worker's writer thread. A key is read at the snapshot
-    (``delta``: the keys a checkpoint writes as a delta). rocksdict's snapshot iterators read the
-    live store (0.3.29), so a group is iterated in the live store (an iterator is a consistent
-    view of it as it is when made) and every key written since the snapshot is read at the
-    snapshot instead (the state's later :class:`Changes` and its keys since the last one: read
-    after the iterator is made, they hold every write the iterator sees). Before a group is
-    replaced or dropped whole (a rescale, while this view is still being written), the state
-    pins the view (:meth:`DiskState._pin_views`): a RocksDB checkpoint then, iterated instead
-    of the live store, and the keys written until then."""
+    Its reads come later, in the worker's writer thread. A key is read at the snapshot (the
+    buffer's copy first): ``delta``, the keys a checkpoint writes as a delta. rocksdict's
+    snapshot iterators read the live store (0.3.29), so a group is iterated in the live store
+    through one iterator the view makes at its first read (an iterator is a consistent view of
+    the store as it was then), and every key written between the snapshot and that iterator is
+    read at the snapshot instead: the state's later :class:`Changes` and its keys since the last
+    one, read after the iterator is made, hold every write it sees. Before a group is replaced
+    or dropped whole (a rescale while this view is being written) the state pins the view
+    (:meth:`DiskState._pin_views`): a RocksDB checkpoint then, and the keys written until then,
+    for an iterator it makes from then on (the one it made before still sees the store as it was)."""
 
     def __init__(self, state: "DiskState", changes: Changes) -> None:
         self.changes = changes
@@ -199,22 +200,34 @@ class SnapshotView(StateView):
         self._buffered = dict(state._pending)   # writes not yet in the store: they win over the snapshot
         self._snap = state._db.snapshot()
         self._pinned: tuple[DiskView, set] | None = None
+        self._cursor: tuple[Any, dict] | None = None    # (iterator, {group: keys read at the snapshot})
+        self._busy = False                  # a read is using the cursor (a generator not done)
 
     @property
     def lazy(self) -> bool:
-        """It reads the live store: a whole-group change must pin it first."""
+        """It may still make an iterator of the live store (its first read, or one while another
+        is in use): a whole-group change must pin it first, and the journal keep its keys."""
         return self._snap is not None and self._pinned is None
 
-    def _reading(self) -> tuple[Any, set]:
-        """An iterator of a store and the encoded keys to read at the snapshot instead. The
-        iterator is made before the pin is looked at: a pin (and the drop after it) that came
-        later is not in the iterator's view."""
+    def _reading(self) -> tuple[Any, dict]:
+        """The view's iterator and the keys, by group, to read at the snapshot instead: made at
+        the first read and kept (another pair while a read holds the first)."""
+        if self._cursor is not None and not self._busy:
+            return self._cursor
+        fresh = self._fresh()
+        if self._cursor is None:
+            self._cursor = fresh
+        return fresh
+
+    def _fresh(self) -> tuple[Any, dict]:
+        """An iterator and the keys written since the snapshot, read after it: a pin (and the drop
+        after it) that came later is not in the iterator's view."""
         if self._pinned is None:
             it = self._state._db.iter()
             if self._pinned is None:
-                return it, self._state._written_after(self.changes.seq) | self._buffered.keys()
+                return it, self.by_group(self._state._written_after(self.changes.seq) | self._buffered.keys())
         view, since = self._pinned
-        return view._snap.iter(), since | self._buffered.keys()
+        return view._snap.iter(), self.by_group(since | self._buffered.keys())
 
     def _at(self, raw: bytes) -> bytes | None:
         """The pickled value of an encoded key at the snapshot, None when it had none."""
@@ -229,23 +242,31 @@ class SnapshotView(StateView):
             return None
 
     def groups(self) -> list[int]:
-        it, since = self._reading()
-        by_group = self.by_group(since)
-        out = []
-        for g in sorted(set(_groups(None, it)) | set(by_group)):
-            changed = set(by_group.get(g, ()))
-            if not changed or any(True for _ in self._items(g, changed, it)):
-                out.append(g)           # keys of it unchanged since: it had them at the snapshot
-        return out
+        it, changed = self._reading()
+        shared = self._cursor is not None and it is self._cursor[0]
+        self._busy |= shared
+        try:
+            return [g for g in sorted(set(_groups(None, it)) | set(changed))   # unchanged keys: it had them
+                    if g not in changed or any(True for _ in self._items(g, changed[g], it))]
+        finally:
+            if shared:
+                self._busy = False
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
-        it, since = self._reading()
-        changed = {raw for raw in since if raw[0] == group}
-        return ((_decode(raw), pickle.loads(value)) for raw, value in self._items(group, changed, it))
+        it, changed = self._reading()
+        shared, loads = it is self._cursor[0], pickle.loads
+        self._busy |= shared
+        try:
+            for raw, value in self._items(group, changed.get(group, ()), it):
+                yield _decode(raw), loads(value)
+        finally:
+            if shared:
+                self._busy = False
 
-    def _items(self, group: int, changed: set, it: Any) -> Iterator[tuple[bytes, bytes]]:
-        """The group's encoded keys and pickled values at the snapshot: the iterator's (made
-        before ``changed`` was read), but ``changed`` (keys written since), read at the snapshot."""
+    def _items(self, group: int, changed: Iterable[bytes], it: Any) -> Iterator[tuple[bytes, bytes]]:
+        """The group's encoded keys and pickled values at the snapshot: the iterator's but
+        ``changed`` (written since the snapshot), those read at the snapshot."""
+        changed = set(changed)
         for raw, value in _raw_range(it, group):
             if raw not in changed:
                 yield raw, value
@@ -276,7 +297,7 @@ class SnapshotView(StateView):
     def release(self) -> None:
         """Let go of the snapshot, and of the keys written before it here (in the writer's
         thread: freeing 1 % of 10^6 keys took a millisecond on the PE's loop at the next barrier)."""
-        self._snap = self._pinned = self.changes = None
+        self._snap = self._pinned = self._cursor = self.changes = None
         self._buffered = {}
 
 

@@ -197,6 +197,7 @@ def test_a_view_read_in_another_thread_while_the_state_is_written_and_dropped_re
 
     state, keys = _disk(str(tmp_path)), list(range(3000))
     state.write_many((k, ("before", k)) for k in keys)
+    state.groups()                                  # into the store (a scan flushes the buffer)
     for k in keys[::3]:
         state.put(k, ("at the snapshot", k))         # in the write-back buffer at the snapshot
     then = {k: ("at the snapshot" if k % 3 == 0 else "before", k) for k in keys}
@@ -217,4 +218,40 @@ def test_a_view_read_in_another_thread_while_the_state_is_written_and_dropped_re
     assert not reader.is_alive() and len(reads) == 4
     assert all(read == then for read in reads)
     view.release()
+    state.close()
+
+
+def test_two_reads_of_a_view_at_once_across_a_drop_read_it_as_it_was(tmp_path):
+    """A read while another holds the view's iterator makes its own: after a drop, of the
+    checkpoint the drop pinned the view to."""
+    state = _disk(str(tmp_path))
+    state.write_many((k, "then") for k in range(1000))
+    state.groups()                                  # into the store (a scan flushes the buffer)
+    view = state.snapshot()
+    state.write_many((k, "after") for k in range(0, 1000, 2))
+    g0, g1 = key_group(0), key_group(1)
+    first = view.items(g0)
+    assert next(first)[1] == "then"             # holds the view's iterator
+    state.drop_groups([g1])
+    assert dict(view.items(g1)) == {k: "then" for k in range(1000) if key_group(k) == g1}
+    assert {v for _k, v in first} <= {"then"}
+    assert _read(view) == {k: "then" for k in range(1000)}
+    view.release()
+    state.close()
+
+
+def test_a_view_first_read_after_later_snapshots_reads_it_as_it_was(tmp_path, monkeypatch):
+    """Keys written between a view's snapshot and a later one are read at the view's snapshot
+    (the state's journal), not in the live store, which has them as they are now."""
+    monkeypatch.setattr(disk, "FLUSH_KEYS", 1)              # every write reaches the store at once
+    state = _disk(str(tmp_path))
+    state.write_many((k, "then") for k in range(100))
+    view = state.snapshot()
+    state.write_many(((k, "after") for k in range(0, 100, 3)), range(1, 100, 3))
+    later = state.snapshot()
+    state.write_many((k, "later still") for k in range(0, 100, 5))
+    assert _read(view) == {k: "then" for k in range(100)}
+    assert _read(later) == {k: "after" if k % 3 == 0 else "then" for k in range(100) if k % 3 != 1}
+    view.release()
+    later.release()
     state.close()
