@@ -473,7 +473,8 @@ class DiskState(KeyedState):
         memtable)."""
         changes = self._changes(self._dirty, self._whole)
         self._views = [v for v in self._views if v._snap is not None]
-        lazy = [v.changes.seq for v in self._views if v.lazy]
+        # a view's changes read once: the writer's thread may release it (changes None) meanwhile
+        lazy = [c.seq for v in self._views if v.lazy and (c := v.changes) is not None]
         # the journal before the swap: a view's reader copies the keys since first, then the journal
         self._journal = [c for c in self._journal if c.seq > min(lazy)] + [changes] if lazy else []
         self._dirty, self._whole = set(), set()
@@ -495,12 +496,12 @@ class DiskState(KeyedState):
         """Before a group is dropped or replaced whole: views still reading the live store read a
         RocksDB checkpoint of it now instead (O(files); only while a checkpoint's views are being
         written during a rescale), with the keys written since each."""
-        lazy = [v for v in self._views if v.lazy]
+        lazy = [(v, c) for v in self._views if v.lazy and (c := v.changes) is not None]
         if lazy:
             self._flush()
             now = self._view()
-            for view in lazy:
-                view._pin(now, self._written_after(view.changes.seq))
+            for view, changes in lazy:
+                view._pin(now, self._written_after(changes.seq))
 
     def changed(self) -> set[int]:
         return {k[0] for k in self._dirty} | self._whole     # derived here: a put adds to one set
