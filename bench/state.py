@@ -534,7 +534,13 @@ def table(sizes: list[int], backends_: list[str]) -> None:
     rows: dict = {}
     with tempfile.TemporaryDirectory() as root:
         for k in sizes:
-            rows[k] = {b: child_of("--table", b, k, root) for b in ["dicts", *backends_]}
+            rows[k] = {}
+            for b in ["dicts", *backends_]:     # a row takes minutes at 10^7: each one's figures as it ends
+                t0 = time.monotonic()
+                r = rows[k][b] = child_of("--table", b, k, root)
+                print(f"   ({k:,} {b} done in {time.monotonic() - t0:.0f} s, load {os.getloadavg()[0]:.1f}: "
+                      + ", ".join(f"{f} {r[f]:.1f}" for f in ("replicate_ms", "release_ms", "stall_ms", "fill_rate",
+                                                             "first_output_s") if f in r) + ")", flush=True)
             for b, r in rows[k].items():
                 share = lambda c: c["bytes"] / max(c["state_bytes"], 1)
                 after_rescale, steady = r["checkpoints"][0], r["checkpoints"][1:]

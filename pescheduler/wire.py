@@ -9,6 +9,7 @@ the worker (``worker/runtime.py``, ``worker/routing.py``) runs them, and
 
 from __future__ import annotations
 
+import io
 import numbers
 import pickle
 import zlib
@@ -44,7 +45,34 @@ def key_hash(key: Any) -> int:
         return key & _MASK
     if type(key) is str:
         return zlib.crc32(key.encode())
+    if type(key) is tuple:
+        return zlib.crc32(tuple_bytes(key))
     return zlib.crc32(pickle.dumps(key, protocol=4))
+
+
+_FLAT = frozenset((str, int, float, bytes, type(None), bool))   # a tuple of distinct ones has no back-reference
+
+
+def tuple_bytes(key: tuple) -> bytes:
+    """A canonical tuple's pickle (protocol 4) as if no object in it were another's: pickle's
+    memo writes an object met twice as a back-reference, so ``(s, s)`` and ``(s, copy of s)``,
+    equal keys, pickled apart (and hashed to different key groups). The bytes are those pickle
+    writes for a tuple without shared objects (a key group of such a key, the usual one, is the
+    one it always was); the memo-free pickler only when the tuple nests or repeats an object."""
+    if _FLAT.issuperset(map(type, key)) and len(set(map(id, key))) == len(key):
+        return pickle.dumps(key, protocol=4)
+    buffer = io.BytesIO()
+    _Unshared(buffer, protocol=4).dump(key)
+    return buffer.getvalue()
+
+
+class _Unshared(pickle.Pickler):
+    """A pickler that never writes a back-reference: the memo is emptied before each object (the
+    memo marks it still writes take no index in protocol 4, so the bytes are an unshared tuple's)."""
+
+    def persistent_id(self, obj: Any) -> None:
+        self.clear_memo()
+        return None
 
 
 def _canonical(key: Any) -> Any:
@@ -54,6 +82,8 @@ def _canonical(key: Any) -> Any:
         return int(key) if key.is_integer() else float(key)
     if isinstance(key, numbers.Integral):           # bool, numpy's ints
         return int(key)
+    if isinstance(key, str) and type(key) is not str:    # numpy.str_ == its str, and hashes alike
+        return str(key)
     if type(key) is tuple:
         return tuple(map(_canonical, key))
     return key

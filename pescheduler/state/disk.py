@@ -25,12 +25,13 @@ Memory is bounded by ``pescheduler.state.cache``: half of it is RocksDB's block
 cache (recently read blocks), the other half its memtables (recent writes,
 charged to the same budget by a write buffer manager). What does not fit is in
 SST files on the worker's disk, so an instance may hold several times the
-worker's memory. A snapshot is a RocksDB checkpoint (the memtable flushed, then
-the SST files hard-linked into a directory beside the store's, inside the
-instance's directory: O(files), not
-O(keys)) opened read-only; those immutable files are what an incremental
-checkpoint will upload next (rocksdict's ``Snapshot`` would be O(1), but its
-iterators read the live store, not the snapshot, in 0.3.29).
+worker's memory. A snapshot (a checkpoint's barrier, on the PE's loop) is a
+RocksDB snapshot and a copy of the write-back buffer, O(1) (:class:`SnapshotView`:
+its reads, in the checkpoint writer's thread, work around rocksdict 0.3.29's
+snapshot iterators, which read the live store). A rescale's take is a RocksDB
+checkpoint (:class:`DiskView`: the memtable flushed, then the SST files
+hard-linked into a directory beside the store's, inside the instance's
+directory: O(files), not O(keys)) opened read-only.
 
 Why RocksDB through rocksdict: a maintained binding shipping wheels with the
 store built in (no system library), with snapshots, range deletes, a bounded
@@ -47,7 +48,7 @@ import shutil
 import weakref
 from typing import Any, Iterable, Iterator
 
-from ..wire import _canonical
+from ..wire import _canonical, tuple_bytes
 from .base import KEY_GROUPS, Changes, KeyedState, StateView, key_group
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -71,14 +72,19 @@ def _prefix(group: int) -> bytes:
 
 def _encode(key: Any) -> bytes:
     """Group byte, tag, body: one encoding per value Python holds equal (``wire._canonical``:
-    an integral number is an int, a tuple canonical inside), so 0, 0.0 and False are one key."""
+    an integral number is an int, a tuple canonical inside and pickled without back-references,
+    ``wire.tuple_bytes``), so 0, 0.0 and False are one key, and so are ``(s, s)`` and ``(s, t)``
+    for equal strings ``s`` and ``t``."""
     t = type(key)
+    if t is not str and t is not int:
+        key = _canonical(key)
+        t = type(key)
+        if t is tuple:                  # memo-free: (s, s) and (s, a copy of s) are one key
+            return _GROUP[key_group(key)] + b"p" + tuple_bytes(key)
+        if t is not str and t is not int:
+            return _GROUP[key_group(key)] + b"p" + pickle.dumps(key, _PICKLE)
     if t is str:
         return _GROUP[key_group(key)] + b"s" + key.encode()
-    if t is not int:
-        key = _canonical(key)
-        if type(key) is not int:
-            return _GROUP[key_group(key)] + b"p" + pickle.dumps(key, _PICKLE)
     return _GROUP[key_group(key)] + b"i%d" % key
 
 
@@ -96,19 +102,24 @@ def _decode(raw: bytes) -> Any:
 
 def _range(source: Any, group: int) -> Iterator[tuple[Any, Any]]:
     """``(key, value)`` of one group from a store or a store snapshot (one seek, then in order)."""
-    it = source.iter()
+    return ((_decode(raw), pickle.loads(value)) for raw, value in _raw_range(source.iter(), group))
+
+
+def _raw_range(it: Any, group: int) -> Iterator[tuple[bytes, bytes]]:
+    """Encoded keys and pickled values of one group, from an iterator of a store (its view: as
+    the store was when the iterator was made)."""
     it.seek(_prefix(group))
     while it.valid():
         raw = it.key()
         if raw[0] != group:
             break
-        yield _decode(raw), pickle.loads(it.value())
+        yield raw, it.value()
         it.next()
 
 
-def _groups(source: Any) -> list[int]:
+def _groups(source: Any, it: Any = None) -> list[int]:
     """Non-empty key groups: a seek per group found (the store is ordered by group)."""
-    found, it = [], source.iter()
+    found, it = [], it or source.iter()
     it.seek_to_first()
     while it.valid():
         g = it.key()[0]
@@ -121,6 +132,10 @@ def _shut(db: Any, path: str) -> None:
     """Close a store (or a view's) and remove its directory."""
     db.close()
     shutil.rmtree(path, ignore_errors=True)
+
+
+_GONE = object()        # a key deleted after a settle()'s view
+_MISSING = object()     # a key the write-back buffer does not hold
 
 
 class DiskView(StateView):
@@ -162,8 +177,130 @@ class DiskView(StateView):
         self._snap = None
 
 
-_GONE = object()        # a key deleted after a settle()'s view
-_MISSING = object()     # a key the write-back buffer does not hold
+class SnapshotView(StateView):
+    """The store at a barrier, taken in O(1) on the PE's loop: a RocksDB snapshot (a sequence
+    number) and a copy of the write-back buffer. A RocksDB checkpoint there flushed the memtable
+    (every key written since the previous one) and opened every SST file's index and filter
+    blocks, holding the GIL: the PE's stall at a checkpoint grew with the state (docs/state.md).
+
+    Its reads come later, in the worker's writer thread. A key is read at the snapshot (the
+    buffer's copy first): ``delta``, the keys a checkpoint writes as a delta. rocksdict's
+    snapshot iterators read the live store (0.3.29), so a group is iterated in the live store
+    through one iterator the view makes at its first read (an iterator is a consistent view of
+    the store as it was then), and every key written between the snapshot and that iterator is
+    read at the snapshot instead: the state's later :class:`Changes` and its keys since the last
+    one, read after the iterator is made, hold every write it sees. Before a group is replaced
+    or dropped whole (a rescale while this view is being written) the state pins the view
+    (:meth:`DiskState._pin_views`): a RocksDB checkpoint then, and the keys written until then,
+    for an iterator it makes from then on (the one it made before still sees the store as it was)."""
+
+    def __init__(self, state: "DiskState", changes: Changes) -> None:
+        self.changes = changes
+        self._state = state
+        self._buffered = dict(state._pending)   # writes not yet in the store: they win over the snapshot
+        self._snap = state._db.snapshot()
+        self._pinned: tuple[DiskView, set] | None = None
+        self._cursor: tuple[Any, dict] | None = None    # (iterator, {group: keys read at the snapshot})
+        self._busy = False                  # a read is using the cursor (a generator not done)
+
+    @property
+    def lazy(self) -> bool:
+        """It may still make an iterator of the live store (its first read, or one while another
+        is in use): a whole-group change must pin it first, and the journal keep its keys."""
+        return self._snap is not None and self._pinned is None
+
+    def _reading(self) -> tuple[Any, dict]:
+        """The view's iterator and the keys, by group, to read at the snapshot instead: made at
+        the first read and kept (another pair while a read holds the first)."""
+        if self._cursor is not None and not self._busy:
+            return self._cursor
+        fresh = self._fresh()
+        if self._cursor is None:
+            self._cursor = fresh
+        return fresh
+
+    def _fresh(self) -> tuple[Any, dict]:
+        """An iterator and the keys written since the snapshot, read after it: a pin (and the drop
+        after it) that came later is not in the iterator's view."""
+        if self._pinned is None:
+            it = self._state._db.iter()
+            if self._pinned is None:
+                return it, self.by_group(self._state._written_after(self.changes.seq) | self._buffered.keys())
+        view, since = self._pinned
+        return view._snap.iter(), self.by_group(since | self._buffered.keys())
+
+    def _at(self, raw: bytes) -> bytes | None:
+        """The pickled value of an encoded key at the snapshot, None when it had none."""
+        value = self._buffered.get(raw, _MISSING)
+        if value is not _MISSING:
+            return value
+        try:
+            return self._snap[raw]
+        except Exception as exc:            # rocksdict raises a bare Exception for a missing key
+            if str(exc) != "key not found":
+                raise
+            return None
+
+    def groups(self) -> list[int]:
+        it, changed = self._reading()
+        shared = self._cursor is not None and it is self._cursor[0]
+        self._busy |= shared
+        try:
+            return [g for g in sorted(set(_groups(None, it)) | set(changed))   # unchanged keys: it had them
+                    if g not in changed or any(True for _ in self._items(g, changed[g], it))]
+        finally:
+            if shared:
+                self._busy = False
+
+    def items(self, group: int) -> Iterator[tuple[Any, Any]]:
+        it, changed = self._reading()
+        shared, loads = it is self._cursor[0], pickle.loads
+        self._busy |= shared
+        try:
+            for raw, value in self._items(group, changed.get(group, ()), it):
+                yield _decode(raw), loads(value)
+        finally:
+            if shared:
+                self._busy = False
+
+    def _items(self, group: int, changed: Iterable[bytes], it: Any) -> Iterator[tuple[bytes, bytes]]:
+        """The group's encoded keys and pickled values at the snapshot: the iterator's but
+        ``changed`` (written since the snapshot), those read at the snapshot."""
+        changed = set(changed)
+        for raw, value in _raw_range(it, group):
+            if raw not in changed:
+                yield raw, value
+        for raw in changed:
+            value = self._at(raw)
+            if value is not None:
+                yield raw, value
+
+    def by_group(self, keys: Iterable[bytes]) -> dict[int, list]:
+        out: dict[int, list] = {}
+        for raw in keys:                    # encoded keys: their first byte is their group
+            out.setdefault(raw[0], []).append(raw)
+        return out
+
+    def delta(self, group: int, keys: Iterable[bytes]) -> tuple[dict, list]:
+        puts, deletes, loads = {}, [], pickle.loads
+        for raw in keys:
+            value = self._at(raw)
+            if value is None:
+                deletes.append(_decode(raw))
+            else:
+                puts[_decode(raw)] = loads(value)
+        return puts, deletes
+
+    def _pin(self, view: DiskView, since: set) -> None:
+        self._pinned = (view, since)
+
+    def release(self) -> None:
+        """Let go of the snapshot, and of the keys written before it here (in the writer's
+        thread: freeing 1 % of 10^6 keys took a millisecond on the PE's loop at the next barrier)."""
+        self._snap = self._pinned = self._cursor = self.changes = None
+        self._buffered = {}
+
+
 SETTLE_KEYS = 100_000   # keys written after a settle() that the take still reads again
 
 
@@ -225,7 +362,8 @@ class DiskState(KeyedState):
         self._end = weakref.finalize(self, _shut, self._db, path)
         self._dirty: set[bytes] = set()     # encoded keys put or deleted since the snapshot
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
-        self._views: list[DiskView] = []
+        self._views: list[SnapshotView] = []
+        self._journal: list[Changes] = []     # snapshots' Changes after the oldest lazy view's
         self._ready: DiskView | None = None     # a view taken by settle() for the coming take_groups
         self._since: set[bytes] | None = None   # keys written since that view began
         self._view_ids = itertools.count()
@@ -329,20 +467,48 @@ class DiskState(KeyedState):
         self._flush()
         return _groups(self._db)
 
-    def snapshot(self) -> DiskView:
-        self._flush()
+    def snapshot(self) -> SnapshotView:
+        """A RocksDB snapshot and a copy of the write-back buffer (:class:`SnapshotView`): no
+        write into the store (a flush of the buffer held the GIL for 8-40 ms, growing with the
+        memtable)."""
         changes = self._changes(self._dirty, self._whole)
-        self._dirty, self._whole = set(), set()
         self._views = [v for v in self._views if v._snap is not None]
-        view = DiskView(self._db, os.path.join(self.path, f"view-{next(self._view_ids)}"), changes)
+        # a view's changes read once: the writer's thread may release it (changes None) meanwhile
+        lazy = [c.seq for v in self._views if v.lazy and (c := v.changes) is not None]
+        # the journal before the swap: a view's reader copies the keys since first, then the journal
+        self._journal = [c for c in self._journal if c.seq > min(lazy)] + [changes] if lazy else []
+        self._dirty, self._whole = set(), set()
+        view = SnapshotView(self, changes)
         self._views.append(view)
         return view
+
+    def _written_after(self, seq: int) -> set:
+        """Encoded keys written after snapshot ``seq`` (a superset): read from another thread
+        while the PE writes, the keys since the last snapshot first (one C call: atomic under the
+        GIL), then the journal (a snapshot extends it before it swaps those keys out)."""
+        keys = self._dirty.copy()
+        for changes in list(self._journal):
+            if changes.seq > seq:
+                keys |= changes.keys
+        return keys
+
+    def _pin_views(self) -> None:
+        """Before a group is dropped or replaced whole: views still reading the live store read a
+        RocksDB checkpoint of it now instead (O(files); only while a checkpoint's views are being
+        written during a rescale), with the keys written since each."""
+        lazy = [(v, c) for v in self._views if v.lazy and (c := v.changes) is not None]
+        if lazy:
+            self._flush()
+            now = self._view()
+            for view, changes in lazy:
+                view._pin(now, self._written_after(changes.seq))
 
     def changed(self) -> set[int]:
         return {k[0] for k in self._dirty} | self._whole     # derived here: a put adds to one set
 
     def drop_groups(self, groups: Iterable[int]) -> None:
         self._flush()
+        self._pin_views()
         for g in groups:
             self._db.delete_range(_prefix(g), _prefix(g + 1))
             self._whole.add(g)
@@ -381,6 +547,7 @@ class DiskState(KeyedState):
         if first is not None and key_group(first) != group:
             raise ValueError(f"key {first!r} is in key group {key_group(first)}, not {group}")
         self._flush()
+        self._pin_views()
         batch, dumps = WriteBatch(raw_mode=True), pickle.dumps
         batch.delete_range(_prefix(group), _prefix(group + 1))
         stored, mask = self._stored, self._mask

@@ -18,6 +18,7 @@ import pescheduler.state.disk as disk
 from pescheduler.state import open_state
 from pescheduler.state.files import StateFiles
 from pescheduler.state.incremental import GroupRef, read_group
+from pescheduler.wire import key_group
 
 # few values, so that equal keys of different types meet often
 _atoms = st.one_of(
@@ -39,7 +40,19 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("get_many"), st.lists(KEYS, max_size=4)),
     st.tuples(st.just("snapshot")),
     st.tuples(st.just("entries")),
+    st.tuples(st.just("drop"), KEYS),
+    st.tuples(st.just("read views")),
 ), max_size=40)
+
+
+def _read(view) -> dict:
+    """The view's keys and values, group by group; its deltas (the keys written before its
+    snapshot, as a checkpoint writes them) agree with them."""
+    whole = {k: v for g in view.groups() for k, v in view.items(g)}
+    for g, keys in view.by_group(view.changes.keys).items():
+        puts, deletes = view.delta(g, keys)
+        assert all(whole[k] == v for k, v in puts.items()) and not any(k in whole for k in deletes)
+    return whole
 
 
 def _disk(root: str):
@@ -51,7 +64,9 @@ def _disk(root: str):
 @given(ops=OPS, flush_keys=st.sampled_from([1, 3, 4096]))
 def test_the_disk_backend_is_a_dict_under_any_interleaving(ops, flush_keys):
     """Every read agrees with a dict's; equal keys (0, 0.0, False, numpy's 0, tuples of them) are
-    one key. ``flush_keys``: writes reach the store at once, every few, or only at a scan."""
+    one key. ``flush_keys``: writes reach the store at once, every few, or only at a scan. A view
+    reads the state as it was at its snapshot, however much was written, flushed or dropped whole
+    since (read while it still reads the live store, and after a drop pinned it)."""
     root = tempfile.mkdtemp()
     saved, disk.FLUSH_KEYS = disk.FLUSH_KEYS, flush_keys
     state, model, views = _disk(root), {}, []
@@ -75,11 +90,18 @@ def test_the_disk_backend_is_a_dict_under_any_interleaving(ops, flush_keys):
                 assert state.get_many(args[0]) == [model.get(k) for k in args[0]], args[0]
             elif op == "snapshot":
                 views.append((state.snapshot(), dict(model)))
+            elif op == "drop":
+                g = key_group(args[0])
+                state.drop_groups([g])
+                model = {k: v for k, v in model.items() if key_group(k) != g}
+            elif op == "read views":
+                for view, then in views:
+                    assert _read(view) == then
             else:
                 assert dict(state.entries()) == model and len(state) == len(model)
         assert dict(state.entries()) == model and len(state) == len(model)
         for view, then in views:                # each view reads the state as it was
-            assert {k: v for g in view.groups() for k, v in view.items(g)} == then
+            assert _read(view) == then
             view.release()
     finally:
         disk.FLUSH_KEYS = saved
@@ -101,6 +123,19 @@ def test_equal_keys_are_one_key_on_disk(tmp_path):
     assert len(state) == 1
     assert [(k, v) for g in view.groups() for k, v in view.items(g) if k == 0] == [(0, "numpy")]
     view.release()
+    state.close()
+
+
+def test_equal_tuples_of_shared_and_unshared_strings_are_one_key_on_disk(tmp_path):
+    """Pickle's memo wrote ``(s, s)`` with a back-reference and ``(s, a copy of s)`` without: two
+    encodings (and key groups) of one key."""
+    state, s = _disk(str(tmp_path)), "car-0000042"
+    copy = (s + ".")[:-1]
+    state.put((s, s), "shared")
+    state.write_many([((s, copy), "unshared"), (((s, 1), (s, 1.0)), "nested")])   # encoded anew, not
+    state.write_many([(((copy, True), (s, 1)), "nested again"), (np.str_(s), "numpy str")])  # remembered
+    assert len(state) == 3
+    assert state.get_many([(copy, s), ((s, 1), (copy, 1)), s]) == ["unshared", "nested again", "numpy str"]
     state.close()
 
 
@@ -153,3 +188,70 @@ def test_a_key_of_the_first_encoding_still_reads(key):
 
     raw = disk._prefix(disk.key_group(key)) + pickle.dumps(key, pickle.HIGHEST_PROTOCOL)
     assert disk._decode(raw) == key and disk._decode(disk._encode(key)) == key
+
+
+def test_a_view_read_in_another_thread_while_the_state_is_written_and_dropped_reads_it_as_it_was(tmp_path):
+    """The view of a barrier is read by the worker's writer thread while the PE writes on: in
+    the live store corrected by the keys written since, then (after a drop) a checkpoint."""
+    import threading
+
+    state, keys = _disk(str(tmp_path)), list(range(3000))
+    state.write_many((k, ("before", k)) for k in keys)
+    state.groups()                                  # into the store (a scan flushes the buffer)
+    for k in keys[::3]:
+        state.put(k, ("at the snapshot", k))         # in the write-back buffer at the snapshot
+    then = {k: ("at the snapshot" if k % 3 == 0 else "before", k) for k in keys}
+    view, reads, rng = state.snapshot(), [], np.random.default_rng(5)
+    reader = threading.Thread(target=lambda: reads.extend(_read(view) for _ in range(4)))
+    reader.start()
+    for i in range(10_000):
+        if not reader.is_alive():
+            break
+        for k in rng.choice(3000, 50):
+            state.put(int(k), ("after", i))
+        state.delete(int(rng.integers(3000)))
+        if i % 20 == 0:
+            state.snapshot().release()
+        if i == 5:
+            state.drop_groups([key_group(0), key_group(1)])
+    reader.join(timeout=120)
+    assert not reader.is_alive() and len(reads) == 4
+    assert all(read == then for read in reads)
+    view.release()
+    state.close()
+
+
+def test_two_reads_of_a_view_at_once_across_a_drop_read_it_as_it_was(tmp_path):
+    """A read while another holds the view's iterator makes its own: after a drop, of the
+    checkpoint the drop pinned the view to."""
+    state = _disk(str(tmp_path))
+    state.write_many((k, "then") for k in range(1000))
+    state.groups()                                  # into the store (a scan flushes the buffer)
+    view = state.snapshot()
+    state.write_many((k, "after") for k in range(0, 1000, 2))
+    g0, g1 = key_group(0), key_group(1)
+    first = view.items(g0)
+    assert next(first)[1] == "then"             # holds the view's iterator
+    state.drop_groups([g1])
+    assert dict(view.items(g1)) == {k: "then" for k in range(1000) if key_group(k) == g1}
+    assert {v for _k, v in first} <= {"then"}
+    assert _read(view) == {k: "then" for k in range(1000)}
+    view.release()
+    state.close()
+
+
+def test_a_view_first_read_after_later_snapshots_reads_it_as_it_was(tmp_path, monkeypatch):
+    """Keys written between a view's snapshot and a later one are read at the view's snapshot
+    (the state's journal), not in the live store, which has them as they are now."""
+    monkeypatch.setattr(disk, "FLUSH_KEYS", 1)              # every write reaches the store at once
+    state = _disk(str(tmp_path))
+    state.write_many((k, "then") for k in range(100))
+    view = state.snapshot()
+    state.write_many(((k, "after") for k in range(0, 100, 3)), range(1, 100, 3))
+    later = state.snapshot()
+    state.write_many((k, "later still") for k in range(0, 100, 5))
+    assert _read(view) == {k: "then" for k in range(100)}
+    assert _read(later) == {k: "after" if k % 3 == 0 else "then" for k in range(100) if k % 3 != 1}
+    view.release()
+    later.release()
+    state.close()
