@@ -409,22 +409,25 @@ class DiskState(KeyedState):
     def get_many(self, keys: list) -> list:
         """The buffer first, then one multi-get for the rest (a get per key through the binding
         cost a call and a lookup each)."""
-        loads, pending, encoded = pickle.loads, self._pending, [_encode(k) for k in keys]
+        known, key = self._encoded, self._key
+        loads, pending, encoded = pickle.loads, self._pending, [known.get(k) or key(k) for k in keys]
         raws = [pending.get(k, _MISSING) for k in encoded]
-        missed = [i for i, raw in enumerate(raws) if raw is _MISSING and self._may_be_stored(encoded[i])]
+        stored, mask = self._stored, self._mask
+        missed = [i for i, raw in enumerate(raws)
+                  if raw is _MISSING and stored[(h := hash(encoded[i]) & mask) >> 3] & (1 << (h & 7))]
         for i, raw in zip(missed, self._db.get([encoded[i] for i in missed]) if missed else ()):
             raws[i] = raw
         return [None if raw is None or raw is _MISSING else loads(raw) for raw in raws]
 
     def write_many(self, puts: Iterable[tuple[Any, Any]], deletes: Iterable[Any] = ()) -> None:
         """Into the write-back buffer, written in one batch once it is full."""
-        dumps, dirty, pending = pickle.dumps, self._dirty, self._pending
+        dumps, dirty, pending, known, encode = pickle.dumps, self._dirty, self._pending, self._encoded, self._key
         for key, value in puts:
-            k = _encode(key)
+            k = known.get(key) or encode(key)
             dirty.add(k)
             pending[k] = dumps(value, _PICKLE)
         for key in deletes:
-            k = _encode(key)
+            k = known.get(key) or encode(key)
             dirty.add(k)
             pending[k] = None
         if len(pending) >= FLUSH_KEYS:
