@@ -7,7 +7,7 @@ at the sinks: every number exactly once, per-key order kept, keyed running
 sums (operator state that moves) exact, and window results equal to a
 plain-Python reference. The default run applies at least 200
 reconfigurations on each keyed-state backend (the window's key groups in dicts, or in RocksDB on
-the workers' disks: issue 30); the ``scale`` run 1,000 (a tenth in the default run: tests/conftest.py).
+the workers' disks: issue 30); the ``scale`` run (PESCHEDULER_SCALE=1: tests/conftest.py) 1,000.
 """
 
 from __future__ import annotations
@@ -169,13 +169,11 @@ def run_machine(cluster: str, at_least: int, max_rounds: int = 40, examples: int
     return Reconfigurations.applied
 
 
-@pytest.mark.parametrize("state", ["memory", "disk"])
-def test_random_reconfigurations_lose_and_duplicate_nothing(cluster, state):
-    assert run_machine(cluster, at_least=200, state=state) >= 200
-
-
 @pytest.mark.scale
 @pytest.mark.parametrize("state", ["memory", "disk"])
-def test_a_thousand_random_reconfigurations(cluster, state):
-    target = int(1000 * float(os.environ.get("PESCHEDULER_SCALE", "1")))   # CI runs a bounded version
-    assert run_machine(cluster, at_least=target, max_rounds=100, state=state) >= target
+def test_random_reconfigurations_lose_and_duplicate_nothing(cluster, state):
+    # One test, its size from PESCHEDULER_SCALE: 1,000 reconfigurations in the scale run (1.0), and
+    # never fewer than 200 in the default run (0.1, whose tenth would be 100). It was two tests of the
+    # same machine, the default run paying for both (200 and then 100 more on each backend).
+    target = max(200, int(1000 * float(os.environ.get("PESCHEDULER_SCALE", "1"))))
+    assert run_machine(cluster, at_least=target, max_rounds=max(40, target // 10), state=state) >= target
