@@ -210,8 +210,9 @@ def serve(fd: int) -> None:
             _reap_children(status_w)
         if sock in ready:
             request, fds, _, _ = socket.recv_fds(sock, _MAX_REQUEST, 2)
-            if not request:                # the deploying process closed its end, or died
-                return
+            if not request:                # the deploying process closed its end, or died:
+                _exit_now(0, None)         # at once, as on SIGTERM: an interpreter's shut-down resets
+                                           # SIGTERM to its default, and close() sends one meanwhile
             sys.stdout.flush()
             sys.stderr.flush()
             status_r, w = os.pipe()

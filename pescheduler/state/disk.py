@@ -117,6 +117,14 @@ def _raw_range(it: Any, group: int) -> Iterator[tuple[bytes, bytes]]:
         it.next()
 
 
+def _by_group(keys: Iterable[bytes]) -> dict[int, list]:
+    """Encoded keys by key group (a view's ``by_group``): an encoded key's first byte is its group."""
+    out: dict[int, list] = {}
+    for raw in keys:
+        out.setdefault(raw[0], []).append(raw)
+    return out
+
+
 def _groups(source: Any, it: Any = None) -> list[int]:
     """Non-empty key groups: a seek per group found (the store is ordered by group)."""
     found, it = [], it or source.iter()
@@ -156,11 +164,7 @@ class DiskView(StateView):
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         return _range(self._snap, group)
 
-    def by_group(self, keys: Iterable[bytes]) -> dict[int, list]:
-        out: dict[int, list] = {}
-        for raw in keys:                    # encoded keys: their first byte is their group
-            out.setdefault(raw[0], []).append(raw)
-        return out
+    by_group = staticmethod(_by_group)
 
     def delta(self, group: int, keys: Iterable[bytes]) -> tuple[dict, list]:
         puts, deletes, loads = {}, [], pickle.loads
@@ -275,11 +279,7 @@ class SnapshotView(StateView):
             if value is not None:
                 yield raw, value
 
-    def by_group(self, keys: Iterable[bytes]) -> dict[int, list]:
-        out: dict[int, list] = {}
-        for raw in keys:                    # encoded keys: their first byte is their group
-            out.setdefault(raw[0], []).append(raw)
-        return out
+    by_group = staticmethod(_by_group)
 
     def delta(self, group: int, keys: Iterable[bytes]) -> tuple[dict, list]:
         puts, deletes, loads = {}, [], pickle.loads

@@ -8,7 +8,6 @@ plays the other users of the cluster. Every stream here is checked exactly
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 
 import dask
@@ -18,6 +17,7 @@ import pytest
 import pescheduler
 from pescheduler import Application, BorrowHosts, Move, ReturnHost
 from pescheduler.resources import ResourceManagerUnavailable
+import guarded
 from waiting import until
 
 pytestmark = pytest.mark.integration
@@ -44,13 +44,7 @@ def numbers_app(path, count, rate, release=None):
 
 
 def assert_exact(path, count):
-    with open(path) as f:
-        rows = [json.loads(line) for line in f]
-    assert [r["n"] for r in rows] == list(range(count))          # order kept, nothing lost or doubled
-    sums: dict = {}
-    for r in rows:
-        sums[r["key"]] = sums.get(r["key"], 0) + r["n"]
-        assert r["sum"] == sums[r["key"]]
+    assert guarded.assert_exact(path) == count
 
 
 def let_finish(release):
