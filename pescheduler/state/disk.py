@@ -458,10 +458,6 @@ class DiskState(KeyedState):
                     break
         self._pending = {}
 
-    def _may_be_stored(self, k: bytes) -> bool:
-        h = hash(k) & self._mask
-        return bool(self._stored[h >> 3] & (1 << (h & 7)))
-
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         self._flush()
         return _range(self._db, group)

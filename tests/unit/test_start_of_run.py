@@ -25,6 +25,12 @@ from pescheduler.wire import OutputSpec, PESpec
 HERE = "127.0.0.1:1"
 
 
+def fresh_python(code: str) -> list[str]:
+    """The first two lines ``code`` prints in a new interpreter (nothing imported yet)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.split("\n")[:2]
+
+
 def test_a_large_frame_imports_no_pyarrow_on_the_event_loop():
     """A worker that has not imported pyarrow gets a plain buffer for a large frame: the import
     (100+ ms under load) would land in the run, on the loop. Once pyarrow is imported (the first
@@ -39,8 +45,7 @@ def test_a_large_frame_imports_no_pyarrow_on_the_event_loop():
         "import pyarrow\n"
         "print(type(frame_buffer(1 << 20).obj).__name__)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    first, pooled = out.stdout.split("\n")[:2]
+    first, pooled = fresh_python(code)
     assert first == "1048576 False", "a large frame imported pyarrow"
     assert pooled == "Buffer", "with pyarrow imported, Arrow's pool"
 
@@ -62,8 +67,7 @@ def test_a_window_opened_where_arrow_batches_come_imports_its_columnar_panes_at_
         "import pyarrow\n"
         "print(opened())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    rows, columnar = out.stdout.split("\n")[:2]
+    rows, columnar = fresh_python(code)
     assert rows == "False False", "a row pipeline's window imported Arrow"
     assert columnar == "True", "the columnar panes are imported in the first Arrow batch, not at open"
 
