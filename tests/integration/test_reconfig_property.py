@@ -55,11 +55,12 @@ def check_outputs(tmp: str) -> int:
     numbers = sorted(r["n"] for r in sums)
     assert numbers == list(range(len(numbers))), "a number is missing or doubled"
     last, running = {}, {}
-    for r in sums:
-        assert r["n"] > last.get(r["key"], -1), f"key {r['key']} out of order at {r['n']}"
-        last[r["key"]] = r["n"]
-        running[r["key"]] = running.get(r["key"], 0) + r["n"]
-        assert r["sum"] == running[r["key"]]
+    for i, r in enumerate(sums):
+        key = r["key"]
+        if r["n"] <= last.get(key, -1) or r["sum"] != running.get(key, 0) + r["n"]:
+            raise AssertionError(wrong_row(sums, i, last.get(key, -1), running.get(key, 0)))
+        last[key] = r["n"]
+        running[key] = running.get(key, 0) + r["n"]
     expected = {}
     for n in numbers:                              # ts = n (ms): the Numbers source's step is 1
         w = (n // WINDOW_MS * WINDOW_MS, n % KEYS)
@@ -68,6 +69,17 @@ def check_outputs(tmp: str) -> int:
     windows = {(r["window_start"], r["key"]): (r["count"], r["total"]) for r in read(os.path.join(tmp, "windows.jsonl"))}
     assert windows == expected
     return len(numbers)
+
+
+def wrong_row(sums: list[dict], i: int, last_n: int, running: int) -> str:
+    """Say what is wrong with row ``i`` of the running sums: out of its key's order, or a sum that
+    counts numbers its key's earlier rows do not hold (whose rows come later: overtaken)."""
+    r, key = sums[i], sums[i]["key"]
+    later = [s["n"] for s in sums[i + 1:] if s["key"] == key and s["n"] < r["n"]]
+    return (f"row {i} of {len(sums)}, key {key}: n {r['n']} after n {last_n}, sum {r['sum']}, "
+            f"expected {running + r['n']} (off by {r['sum'] - running - r['n']}); "
+            f"{len(later)} rows of key {key} with a smaller n come later"
+            + (f" (n {later[0]}..{later[-1]}, summing to {sum(later)})" if later else ""))
 
 
 class Reconfigurations(RuleBasedStateMachine):
@@ -83,13 +95,13 @@ class Reconfigurations(RuleBasedStateMachine):
 
     def _apply(self, action) -> None:
         record = self.dep.apply(action, timeout=10)
-        assert record.applied, record.reason
+        assert record.applied, f"{record.reason}; steps {record.steps}"
         Reconfigurations.applied += 1
 
     def _try(self, action, allowed: tuple[str, ...]) -> None:
         """Apply ``action``; a refusal is fine only for one of the ``allowed`` reasons."""
         record = self.dep.apply(action, timeout=10)
-        assert record.applied or any(a in record.reason for a in allowed), record.reason
+        assert record.applied or any(a in record.reason for a in allowed), f"{record.reason}; steps {record.steps}"
         Reconfigurations.applied += record.applied
 
     @rule(data=st.data())
