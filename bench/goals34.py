@@ -1,6 +1,6 @@
 """Every goal of issue 34 measured and printed in one run: the figure, the goal, met or not.
 
-    python bench/goals34.py [--quick]
+    python bench/goals34.py [--quick] [--part WORD ...]
 
 One command instead of five benchmarks' outputs to read side by side, each part run by the bench
 that owns it (nothing is measured twice in two ways):
@@ -156,11 +156,15 @@ def parts(quick: bool) -> list[tuple[str, object]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short runs of every part (a smoke run)")
+    parser.add_argument("--part", action="append", metavar="WORD",
+                        help="only the parts whose title holds WORD (e.g. start-up), repeatable; default: all")
     args = parser.parse_args()
     load0 = os.getloadavg()
     results: list[tuple[str, list[dict], float, float]] = []
     failed = False
     for title, measure in parts(args.quick):
+        if args.part and not any(word in title for word in args.part):
+            continue
         before = os.getloadavg()[0]
         try:
             rows = measure()

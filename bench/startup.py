@@ -16,8 +16,11 @@ Part 2, ``stop``: a deployment of an endless app runs under ``--name``; from
 the outside, ``python -m pescheduler stop NAME`` from its start to its exit, and
 to the exit of the deploying process. Median of ``--cli-repeat`` runs.
 
-``--against DIR`` runs parts 1 and 2 also with the pescheduler of another checkout
-(``git archive main | tar -x -C DIR``), interleaved with this one's runs. Commands run
+``--against DIR`` runs parts 1 and 2 also with another pescheduler, interleaved with this one's runs:
+DIR is a venv (its ``bin/python`` runs the commands: e.g. one with an editable install of another
+worktree, ``pip install --no-deps -e``), or a checkout (``git archive main | tar -x -C DIR``, first
+on ``PYTHONPATH``; not with an editable install of this one, which maps ``pescheduler.operators``
+and ``pescheduler.policies`` to its own folders). Commands run
 with their modules' bytecode cached, as a pip-installed pescheduler runs (``--no-bytecode``:
 the environment as it is).
 
@@ -59,6 +62,7 @@ CLI_EVENTS = 100
 # would compile every module of pescheduler from source at each start (about 0.3 s more).
 # --no-bytecode keeps the environment as it is.
 ENV: dict[str, str] | None = None
+PYTHON = sys.executable   # the interpreter the commands run with (--against VENV: that venv's)
 POLL_S = 0.002            # how often the outside looks at the sink file (a benchmark's observer, not a sync)
 
 # ---- part 1 and 2: the command line ----
@@ -117,7 +121,7 @@ def cli_outside(tmp: str, i: int, label: str = "this") -> dict:
     app, out = _write_app(tmp, f"cli_{label}_{i}", CLI_EVENTS)
     with open(os.path.join(tmp, f"cli_{label}_{i}.err"), "w+") as err:    # a file: a full pipe would block it
         t0 = time.time()
-        proc = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", app], cwd=tmp, env=ENV,
+        proc = subprocess.Popen([PYTHON, "-m", "pescheduler", "deploy", app], cwd=tmp, env=ENV,
                                 stdout=subprocess.DEVNULL, stderr=err)
         first = _first_line(out, proc, t0, 120)
         proc.wait(timeout=120)
@@ -135,7 +139,7 @@ def cli_inside(tmp: str, i: int, label: str = "this") -> dict[str, tuple[float, 
     app, out = _write_app(tmp, f"phases_{label}_{i}", CLI_EVENTS)
     marks = os.path.join(tmp, f"phases_{label}_{i}.json")
     t0 = time.time()
-    proc = subprocess.run([sys.executable, __file__, "--phases-child", marks, "--", "deploy", app], cwd=tmp, env=ENV,
+    proc = subprocess.run([PYTHON, __file__, "--phases-child", marks, "--", "deploy", app], cwd=tmp, env=ENV,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
     exited = time.time() - t0
     if proc.returncode != 0:
@@ -243,14 +247,14 @@ def stop_run(tmp: str, i: int, label: str = "this") -> dict:
     name = f"startup-stop-{os.getpid()}-{label}-{i}"
     app, out = _write_app(tmp, f"stop_{label}_{i}", None, rate=1000)
     with open(os.path.join(tmp, f"stop_{label}_{i}.err"), "w+") as err:   # a file: a full pipe would block it
-        deploying = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", app, "--name", name], cwd=tmp,
+        deploying = subprocess.Popen([PYTHON, "-m", "pescheduler", "deploy", app, "--name", name], cwd=tmp,
                                      env=ENV, stdout=subprocess.DEVNULL, stderr=err)
         try:
             if _first_line(out, deploying, time.time(), 120) is None:
                 err.seek(0)
                 sys.exit(f"the deployment to stop ended early:\n{err.read()[-3000:]}")
             t0 = time.time()
-            stop = subprocess.run([sys.executable, "-m", "pescheduler", "stop", name], cwd=tmp, env=ENV,
+            stop = subprocess.run([PYTHON, "-m", "pescheduler", "stop", name], cwd=tmp, env=ENV,
                                   capture_output=True, timeout=120)
             stopped = time.time() - t0
             deploying.wait(timeout=120)
@@ -270,21 +274,35 @@ def _median(values: list[float]) -> float:
 
 
 def _versions(tmp: str, bytecode: bool, against: str | None) -> dict[str, dict[str, str] | None]:
-    """The environments the commands run in: this checkout, and ``against`` (another checkout's
-    folder first on ``PYTHONPATH``), each with its own bytecode cache filled by one untimed run."""
+    """The environments the commands run in: this checkout, and ``against`` (a venv's python, or
+    another checkout's folder first on ``PYTHONPATH``), each with its own bytecode cache filled by
+    one untimed run. :func:`_use` switches to one."""
     versions: dict[str, dict[str, str] | None] = {"this": None}
+    _PYTHONS["this"] = sys.executable
     if against:
-        versions["against"] = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [os.path.abspath(against), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        venv_python = os.path.join(os.path.abspath(against), "bin", "python")
+        if os.path.exists(venv_python):
+            versions["against"], _PYTHONS["against"] = None, venv_python
+        else:
+            versions["against"], _PYTHONS["against"] = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [os.path.abspath(against), *filter(None, [os.environ.get("PYTHONPATH")])])}, sys.executable
     for label in list(versions):
         if bytecode:
             env = {k: v for k, v in (versions[label] or os.environ).items() if k != "PYTHONDONTWRITEBYTECODE"}
             env["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, f"pycache-{label}")
             versions[label] = env
-        global ENV
-        ENV = versions[label]
+        _use(label, versions[label])
         cli_outside(tmp, -1, label)
     return versions
+
+
+_PYTHONS: dict[str, str] = {}     # label -> the interpreter of that version (_versions)
+
+
+def _use(label: str, env: dict[str, str] | None) -> None:
+    """The commands from now on run ``label``'s version: its interpreter, in ``env``."""
+    global ENV, PYTHON
+    ENV, PYTHON = env, _PYTHONS.get(label, sys.executable)
 
 
 def _header(label: str, against: str | None) -> str:
@@ -292,14 +310,13 @@ def _header(label: str, against: str | None) -> str:
 
 
 def cli_part(repeat: int, bytecode: bool, against: str | None) -> None:
-    global ENV
     outside: dict[str, list[dict]] = {}
     inside: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         versions = _versions(tmp, bytecode, against)
         for i in range(repeat):                              # interleaved: the same load for each
             for label, env in versions.items():
-                ENV = env
+                _use(label, env)
                 outside.setdefault(label, []).append(cli_outside(tmp, i, label))
                 inside.setdefault(label, []).append(cli_inside(tmp, i, label))
     print(f"part 1: python -m pescheduler deploy app.py ({CLI_EVENTS} events, embedded cluster), "
@@ -322,13 +339,12 @@ def cli_part(repeat: int, bytecode: bool, against: str | None) -> None:
 
 
 def stop_part(repeat: int, bytecode: bool, against: str | None) -> None:
-    global ENV
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         versions = _versions(tmp, bytecode, against)
         for i in range(repeat):
             for label, env in versions.items():
-                ENV = env
+                _use(label, env)
                 runs.setdefault(label, []).append(stop_run(tmp, i, label))
     print(f"part 2: python -m pescheduler stop NAME of a running deployment, median of {repeat} interleaved runs"
           f"{'' if bytecode else ', modules compiled at each start'}")

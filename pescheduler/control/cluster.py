@@ -43,6 +43,7 @@ import threading
 import dask.config
 from distributed import Client, Scheduler, Security
 from distributed.core import Status
+from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils import silence_logging_cmgr
 
 from .. import config, dashboard
@@ -60,6 +61,19 @@ def worker_args(scheduler: str, name: str, tls: list[str] = (), host: str = HOST
             "--host", host, "--name", name, "--death-timeout", str(DEATH_TIMEOUT_S), *tls]
 
 
+class _Joins(SchedulerPlugin):
+    """Sets ``event`` as a worker joins the in-process scheduler (on its loop, the deployment's):
+    the wait for the cluster's workers reads the scheduler then, not at its next poll."""
+
+    name = "pescheduler-joins"
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def add_worker(self, scheduler: Scheduler, worker: str) -> None:
+        self.event.set()
+
+
 class EmbeddedCluster:
     """An in-process scheduler (with its dashboard) and single-threaded worker processes on 127.0.0.1
     (or ``host``)."""
@@ -69,6 +83,7 @@ class EmbeddedCluster:
         self.host = host
         self.security = Security.temporary() if security is True else security or None
         self._scheduler: Scheduler | None = None
+        self._joins = _Joins()
         self._dashboard_host = HOST
         self._workers: list[processes.Process] = []
         self._log_dir = tempfile.mkdtemp(prefix="pescheduler-cluster-")
@@ -104,6 +119,7 @@ class EmbeddedCluster:
                                               dashboard=False, validate=False, security=self.security,
                                               protocol="tls" if self.security else None)
         dashboard.install(self._scheduler)
+        self._scheduler.add_plugin(self._joins)
         for _ in range(self.n_workers):
             await self._spawn()
         return self._scheduler.address
@@ -170,7 +186,7 @@ class EmbeddedCluster:
             return dead and (f"embedded worker {dead[0].name} exited with {dead[0].popen.returncode}:\n"
                              f"{dead[0].log_tail(10)}")
         await named_workers(client, [p.name for p in procs], config.get_seconds("cluster.start-timeout"),
-                            gone)
+                            gone, self._joins.event)
 
     async def close(self) -> None:
         """Stop every worker process by PID (SIGTERM, then SIGKILL), then the scheduler."""

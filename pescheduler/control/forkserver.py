@@ -42,8 +42,16 @@ import sys
 import tempfile
 import threading
 
-# What a worker imports to start and to run its first PE.
-PRELOAD = ("distributed.cli.dask_worker", "pescheduler", "pescheduler.worker.pehost", "pescheduler.operators")
+# What a worker imports to start and to run its first PE, imported once in the server: a forked
+# worker imported the rest itself, each one after its fork, on the way to its first output. Beside
+# the worker's command and the PE host: its HTTP server's routes (``distributed.worker.http.routes``,
+# imported as the server starts: prometheus_client and tornado's asyncio platform with them) and
+# pescheduler's own plug-in modules (its entry points, loaded at a worker's first PE). Those two
+# were about 45 ms of CPU in every worker (issue 34); test_forkserver_preload keeps the list whole.
+PRELOAD = ("distributed.cli.dask_worker", "distributed.http.worker.prometheus", "distributed.http.health",
+           "distributed.http.statics", "tornado.platform.asyncio", "pescheduler", "pescheduler.worker.pehost",
+           "pescheduler.operators", "pescheduler.resource_managers", "pescheduler.policies.copy",
+           "pescheduler.policies.move", "pescheduler.policies.rate", "pescheduler.policies.threshold")
 _STATUS = struct.Struct("i")
 _MAX_REQUEST = 1 << 20
 UNKNOWN_EXIT = 255        # the server was gone before it could reap the worker

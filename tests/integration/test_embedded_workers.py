@@ -108,3 +108,24 @@ def test_one_fork_server_serves_every_embedded_cluster_of_a_process_and_stops_at
     assert server == again and workers[0] != workers[1]
     assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
     assert not os.path.exists(seen["folder"])
+
+
+def test_the_wait_for_the_workers_ends_when_they_join_not_at_the_next_poll(monkeypatch):
+    # Every deploy waits for its workers on the way to its first output. With a poll of 60 s, a
+    # wait that polled found the worker 60 s after its first look; the join wakes it (bounded at 30 s).
+    from pescheduler.resource_managers import workers
+
+    monkeypatch.setattr(workers, "POLL_S", 60.0)
+
+    async def main():
+        cluster = EmbeddedCluster(1)
+        try:
+            address = await cluster.start()
+            async with Client(address, asynchronous=True) as client:
+                await asyncio.wait_for(cluster.wait_for_workers(client), 30)
+                info = await client.scheduler.identity(n_workers=-1)
+                assert [w["name"] for w in info["workers"].values()] == ["embedded-0"]
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
