@@ -144,6 +144,15 @@ class PESpec:
     epoch: int = 0            # the Reconfigurer's epoch that created it: older checkpoint barriers are stale
 
 
+def exported_marker(marker: str) -> str:
+    """The marker a running instance's PE sends on its output channels in the turn it exports key
+    groups during reconfiguration ``marker`` (``worker/handover.py``): the controller sends the
+    groups' state on (``control/protocol.py``) only once every PE downstream took it, so what the
+    losing instance emitted for them is processed there before anything the gaining one emits.
+    Named apart from ``marker``: no PE aligns on it, it is only noted as taken."""
+    return f"{marker}/exported"
+
+
 def least_progress(progresses: list[tuple]) -> tuple:
     """Chain progress ``(in_wm, wm, open_inputs, ended)`` no further than any of ``progresses``:
     where instances' state is merged, no instance fires a window another had not."""

@@ -56,7 +56,7 @@ import cloudpickle
 
 from ..plan.placement import Placement
 from ..plan.state import GroupMove, group_moves, keyed_rebalanced, redistribute
-from ..wire import InputSpec
+from ..wire import InputSpec, exported_marker
 from ..plan.wiring import ChannelKey, build_specs, channel_ids, consumer_edges, copy_map, output_spec, routing_for
 from .gateway import WorkerGateway
 
@@ -78,6 +78,7 @@ class ReconfigurationPlan:
     epoch: int = 0                             # the epoch it makes (its PEs' specs carry it)
     overtake: dict[str, list[str]] = field(default_factory=dict)  # held channels the marker may overtake on
     moves: tuple[GroupMove, ...] = ()          # KEYED operators' key groups that change owner, worker to worker
+    ordered: dict[str, list[str]] = field(default_factory=dict)  # downstream PE -> its channels from a running exporter
 
     @property
     def moved(self) -> bool:
@@ -125,9 +126,23 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
     routing = _changed(same, routing_for, old, new)
     released = tuple(p for p in retired if p not in new.pes and old.pes[p].copy_of)
     overtake = _overtakable(old, new, old_channels, hold, set(retired), set(created))
+    moves = tuple(m for ms in moving.values() for m in ms)
     return ReconfigurationPlan(retired, created, hold, seen, channels, upstream, downstream,
-                               edges, routing, released, epoch, overtake,
-                               tuple(m for moves in moving.values() for m in moves))
+                               edges, routing, released, epoch, overtake, moves,
+                               _ordered(old, old_channels, moves, same, set(channels.values())))
+
+
+def _ordered(old: Placement, old_channels: dict[ChannelKey, str], moves: tuple[GroupMove, ...],
+             same: set[str], kept: set[str]) -> dict[str, list[str]]:
+    """Downstream PE -> its channels from a PE that exports key groups while it runs (a move's
+    ``src_live``): the channels whose :func:`~pescheduler.wire.exported_marker` each such PE must
+    take before the groups' state goes to the gaining instance (``execute``)."""
+    exporters = {m.src_pe for m in moves if m.src_live}
+    out: dict[str, list[str]] = {}
+    for (src, _port, dst_pe), cid in old_channels.items():
+        if old.pe_of(src) in exporters and dst_pe in same and dst_pe not in exporters and cid in kept:
+            out.setdefault(dst_pe, []).append(cid)
+    return out
 
 
 def _overtakable(old: Placement, new: Placement, old_channels: dict[ChannelKey, str],
@@ -242,6 +257,10 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
         _rewire_downstream(gateway, new, plan, steps),
         _rewire_upstream(gateway, new, plan, worker_info, steps, marker, timeout)))
     pause = time.perf_counter() - t0
+    if plan.ordered:            # a running exporter's output for its groups first (exported_marker)
+        await step("order: downstream took the exporter's marker",
+                   _wait_marker(gateway, old, {}, plan.ordered, exported_marker(marker), timeout, steps, "order"),
+                   limit=None)  # bounds itself, as the drain
     await asyncio.gather(*(gateway.handover_go(w, marker) for w in sorted({m.src_worker for m in plan.moves
                                                                          if m.deferred})),
                          return_exceptions=True)     # a worker that did not hear it sends after the bound
@@ -254,7 +273,8 @@ def _move(move: GroupMove, marker: str, timeout: float) -> dict:
     deferred one is packed and sent once the pause is over (``go``: the controller says so, or
     after ``timeout``): packing holds the GIL, and in the pause it kept the exporting worker's
     loop from the calls the pause waits for (the new channels' connects: 1-3 s at 10^6 keys)."""
-    return {**asdict(move), "tag": marker, "go": timeout if move.deferred else None}
+    return {**asdict(move), "tag": marker,
+            "go": (DRAIN_CAP * timeout if move.src_live else timeout) if move.deferred else None}
 
 
 async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float) -> None:
@@ -333,10 +353,18 @@ async def _wait_drained(gateway: WorkerGateway, old, plan, marker, timeout, step
     ``steps`` gets when, after the drain began, each PE aligned and each staying
     PE took the marker from each listed channel: where a slow drain went.
     """
+    await _wait_marker(gateway, old, plan.retired, plan.seen, marker, timeout, steps, "drain")
+
+
+async def _wait_marker(gateway: WorkerGateway, old: Placement, aligned, seen: dict[str, list[str]], marker: str,
+                       timeout: float, steps: dict | None, what: str) -> None:
+    """Until the PEs in ``aligned`` aligned on ``marker`` and each PE of ``seen`` took it from its
+    listed channels, bounded on standing still (``_wait_drained``); ``steps`` get ``what`` and
+    each PE's or channel's time."""
     workers: dict[str, dict] = {}
-    for pe_id in plan.retired:
+    for pe_id in aligned:
         workers.setdefault(old.pes[pe_id].worker, {"aligned": [], "seen": {}})["aligned"].append(pe_id)
-    for pe_id, channels in plan.seen.items():
+    for pe_id, channels in seen.items():
         workers.setdefault(old.pes[pe_id].worker, {"aligned": [], "seen": {}})["seen"][pe_id] = channels
     loop = asyncio.get_running_loop()
     began, wall = loop.time(), time.time()
@@ -347,13 +375,13 @@ async def _wait_drained(gateway: WorkerGateway, old, plan, marker, timeout, step
             answers = await asyncio.wait_for(asyncio.gather(*(
                 gateway.drain_status(w, marker, timeout=look, **want) for w, want in workers.items())), timeout + look)
         except asyncio.TimeoutError:
-            raise ReconfigurationFailed(f"did not drain: a worker did not answer within {timeout:.0f}s") from None
+            raise ReconfigurationFailed(f"did not {what}: a worker did not answer within {timeout:.0f}s") from None
         failed = [f for a in answers for f in a["failed"]]
         missing = [m for a in answers for m in a["missing"]]
         for a in answers:
             for name, at in a.get("times", {}).items():
                 if steps is not None:
-                    steps[f"drain {name}"] = round(max(at - wall, 0.0) * 1000, 1)
+                    steps[f"{what} {name}"] = round(max(at - wall, 0.0) * 1000, 1)
         if not failed and not missing:
             return
         now = loop.time()
@@ -362,7 +390,7 @@ async def _wait_drained(gateway: WorkerGateway, old, plan, marker, timeout, step
             last, moved_at = progress, now
         if failed or now - moved_at >= timeout or now - began >= DRAIN_CAP * timeout:
             report = await _pe_report(gateway, old)
-            raise ReconfigurationFailed(f"did not drain: failed {failed}, still waiting for {missing} "
+            raise ReconfigurationFailed(f"did not {what}: failed {failed}, still waiting for {missing} "
                                         f"(nothing moved for {now - moved_at:.1f}s, {now - began:.1f}s "
                                         f"in all); the PEs then:\n{report}")
 

@@ -44,7 +44,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from ..operator import Operator
-from ..wire import PESpec, key_group, least_progress
+from ..wire import PESpec, exported_marker, key_group, least_progress
 from .pending_groups import PendingGroups
 from .routing import key_function
 
@@ -85,6 +85,20 @@ def exported(pe: Any, move: dict) -> list[dict]:
     slices = [groups[i:i + SLICE_GROUPS] for i in range(0, len(groups), SLICE_GROUPS)]
     return [{"state": op.split_state(state, lambda key, mine=frozenset(s): key_group(key) in mine),
              "progress": progress, "groups": s} for s in slices]
+
+
+def exported_live(pe: Any, moves: list[dict]) -> list[tuple[dict, dict]]:
+    """Moves' groups out of a running instance, in the turn its routers switch: the parts, and
+    behind all its PE emitted so far, on each of its output channels, the move's
+    :func:`~pescheduler.wire.exported_marker`. The gaining instance's output for those groups goes
+    on other channels into the same PEs downstream: its state leaves only once each of them took
+    the marker (the controller waits for it), or under load a slow consumer processed the new
+    instance's output for a key before the old one's (a key's running sums out of order)."""
+    parts = [(m, part) for m in moves for part in exported(pe, m)]
+    for tag in dict.fromkeys(m["tag"] for m in moves):
+        for _spec, channel in pe.ports.outs:
+            channel.marker(exported_marker(tag))
+    return parts
 
 
 async def settled(pe: Any, moves: list[dict]) -> None:

@@ -32,7 +32,7 @@ from . import handshake
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
 from .ckpt_files import CheckpointFiles
 from .channels import ChannelIn, FrameReceiver, Inbox
-from .handover import HandOvers, exported, settled
+from .handover import HandOvers, exported_live, settled
 from .handshake import Credentials, tls_contexts
 from ..state.incremental import resolve_restore
 from ..state.local import LocalCopies
@@ -403,7 +403,7 @@ class PEHost:
                         cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
                         cloudpickle.loads(edges) if edges else None, cloudpickle.loads(routing) if routing else None,
                         copies, (self._receiver, self.data_address, self._expect), laps.lap,
-                        before=lambda: parts.extend((m, part) for m in handover for part in exported(pe, m)))
+                        before=lambda: parts.extend(exported_live(pe, list(handover))))
         if parts:
             await self.handovers.send(deployment, parts)
             laps.lap("handover")

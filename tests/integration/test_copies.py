@@ -9,11 +9,13 @@ once, keyed running sums exact and in per-key order, window counts exact).
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 import pescheduler
-from pescheduler import Application, Release, Replicate
+from pescheduler import Application, Fuse, Release, Replicate, Split
+from guarded import assert_drained, assert_exact
 from waiting import processed, snapshot_until
 
 pytestmark = pytest.mark.integration
@@ -132,3 +134,38 @@ def test_slots_are_warm_and_shown_and_a_cold_worker_starts_when_none_is_left(tmp
         assert dep.apply(Release("tag-2", 2)).applied
         dep.next_snapshot(timeout=WAIT)
     assert_every_number_once(read(out))
+
+
+def slow(e):
+    """0.3 ms a tuple (at most ~3,300 a second, the source makes 4,000): the consumer of the running
+    sums falls behind and its input channels fill."""
+    time.sleep(0.0003)
+    return e
+
+
+def test_a_copy_of_a_running_instance_keeps_each_keys_order_into_a_slow_consumer(cluster, tmp_path):
+    """The router and the original run in one PE, so a copy takes its key groups while the
+    original goes on (a deferred move), and the consumer downstream is slow: the original's
+    output for the moved groups waits in its channel to the consumer. The copy's output for them
+    goes on another channel into the same consumer, and must come after: before, the consumer
+    took the copy's sums first (``a key's numbers out of order``, load 12)."""
+    out = tmp_path / "sums.jsonl"
+    app = Application("copies-ordered")
+    (app.source("numbers", count=10**9, keys=7, rate=4_000).key_by("key").apply("running_sum")
+        .map(slow).sink("jsonl", path=str(out)))
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
+        pl = dep.placement()
+        assert dep.apply(Fuse(pl.pe_of("key_by-2"), pl.pe_of("running_sum-3")), timeout=WAIT).applied
+        pl = dep.placement()
+        rs = pl.pe_of("running_sum-3")
+        away = tuple(o for o in pl.pes[rs].operators if o in ("map-4", "jsonl-5"))
+        if away:
+            other = next(w for w in pl.workers if w != pl.pes[rs].worker)
+            assert dep.apply(Split(rs, away, worker=other), timeout=WAIT).applied
+        rec = dep.apply(Replicate("running_sum-3", 1), timeout=WAIT)
+        assert rec.applied, rec.reason
+        assert any(s.startswith("moving") for s in rec.steps), rec.steps    # a deferred move: the live path
+        until(dep, processed("running_sum-3#1"), "the copy processes tuples")
+        assert dep.apply(Release("running_sum-3", 1), timeout=WAIT).applied
+        assert_drained(dep.stop(drain_timeout=3 * WAIT))   # the slow consumer's backlog, whatever the load
+    assert_exact(out)
