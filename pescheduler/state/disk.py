@@ -16,8 +16,9 @@ right after the group byte) still read.
 Writes are held in a write-back buffer in front of the store (a dict of encoded
 key -> pickled value, None for a delete; reads look there first) and go in one
 ``WriteBatch`` when it holds ``FLUSH_KEYS`` keys, or before anything reads the
-store as a whole (a scan, a snapshot, a take, an import): a put through the
-binding cost a call, a memtable insert and a WAL append each. The WAL is off,
+store as a whole (a scan, a drop, an import; a snapshot and a take copy it
+instead): a put through the binding cost a call, a memtable insert and a WAL
+append each. The WAL is off,
 as in Flink's RocksDB backend: a store is never reopened after a crash, the
 checkpoint is the durability (a RocksDB checkpoint flushes the memtable first).
 
