@@ -12,7 +12,7 @@ get or put is about one dict operation, as with an operator's own dict:
 
 The per-group dicts are brought up to date ("folded") only when someone needs
 groups (:meth:`MemoryState.snapshot`, ``groups``, ``items``,
-``import_groups``, ``changed``; a rescale's take folds only what it takes,
+``import_groups``, ``changed``; a rescale's take folds nothing,
 below): the keys written since the last fold are
 put into their groups' dicts, their key groups computed in one batch
 (``groups.key_groups``). A snapshot therefore costs O(keys
@@ -37,16 +37,23 @@ since the snapshot (the operator changes the copy and puts it back, as the
 contract asks). Once every view is released, ``get`` is the plain lookup again.
 
 A rescale's take (:meth:`MemoryState.take_groups`, in the PE's turn) hands the
-group dicts over without a fold and without removing their keys from the
-index: both grew with the state (at 10^6 keys, 240-580 ms copying the groups a
-view shared, 465 ms deleting the taken keys). The keys leave the index later,
-in the process's leave thread. So a key group's dict is in one of these states
-(a group can be unfolded and pending at once; the index holds every key the
-state holds, and a taken group's keys until they have left):
+group dicts over without a fold, without sorting out the writes since the last
+fold and without removing their keys from the index: each grew with the state
+(at 10^6 keys, 240-580 ms copying the groups a view shared, 465 ms deleting the
+taken keys, 116-1,330 ms sorting the 345,458 keys written since the last
+checkpoint after a fill). The writes since the last fold are set aside whole as
+a *layer* (a :class:`_Fold` without tables, in ``_layers``): the state's next
+fold, or the next snapshot's deferred fold, applies it to the groups that stay
+(its ``done``: the groups taken), and each taken group reads its own part of
+it. The keys leave the index later, in the process's leave thread. So a key
+group's dict is in one of these states (a group can be unfolded and pending at
+once; the index holds every key the state holds, and a taken group's keys
+until they have left):
 
                  put, delete                  snapshot, no view live
     folded ───────────────────> unfolded ─────────────────────────> pending
-      ^                            │    (in _unfolded)               │  (in the view's _Fold)
+      ^                            │    (in _unfolded,               │  (in the view's _Fold)
+      │                            │     or a layer)                 │
       ├─── fold (a snapshot while ─┘                                 │
       │    a view lives folds too)                                   │
       └─── the view's reader (the writer thread), the state's fold ──┘
@@ -56,17 +63,24 @@ state holds, and a taken group's keys until they have left):
 
 - *shared*, beside any of the first three: a live view reads the same dict.
   A fold copies it before writing it (``_unshare``); a take hands it over as
-  it is, the writes since the last fold on top (:class:`TakenGroup`, copied
-  when first read: when packed, off the turn).
+  it is (:class:`TakenGroup`: copied when first read, off the turn).
+- *unfolded*: some of the group's writes are in ``_unfolded``, or in a layer a
+  take set aside (older than ``_unfolded``; applied first, but for its
+  ``done`` groups, whose part goes with their :class:`TakenGroup`).
 - *pending*: some of the group's writes from before the snapshot are still in
-  the snapshot's deferred fold. Whoever comes first applies them in place,
-  under the fold's lock: the view's reader (the checkpoint's writer thread),
-  the state's next fold, or a take of that group, which applies the group's
-  part alone, and the fold's own apply then skips it (:meth:`_Fold.apply_groups`).
+  the snapshot's deferred fold (with the layers it took over). Whoever comes
+  first applies them in place, under the fold's lock: the view's reader (the
+  checkpoint's writer thread), the state's next fold, or the first reader of a
+  taken group (the packer or the leave thread, off the turn). The fold writes
+  a taken group's dict in place then: the view reads that dict too.
 - *taken*: the dict left ``_tables`` (an empty one took its place) for the
-  rescale. Nothing writes it any more: not the state (it writes the new dict),
-  not the deferred fold (the take applied the group's part, which it skips). So
-  the leave thread may read its keys without a lock, and the packer too.
+  rescale, as a :class:`TakenGroup`: the dict, the deferred fold, the layers.
+  Its first reader applies the deferred fold, then copies the dict and puts
+  the group's part of each layer on top. Nothing writes the dict after that:
+  not the state (it writes the new dict), not a later fold (the layers skip
+  the group). So the leave thread and the packer read the copy without a
+  lock. The group's keys stay in ``writable()`` until its next call, which
+  drops them (``_stale``; an import of the group back drops them too).
 - *leaving*: its keys are still in the index until the leave thread removes
   them, :data:`LEAVE_KEYS` a slice (``_slices``). Meanwhile a call naming a
   key of the group, an import of the group, a pickle of the state, lets the
