@@ -154,6 +154,24 @@ class _Fold:
             self._grouped = (keys, key_groups(keys), off, key_groups(off))
         return self._grouped
 
+    def paced(self) -> Iterator[None]:
+        """:meth:`_by_group` a slice of keys at a time, yielding between slices (the leave thread
+        sleeps there: the PE's thread and the worker's loop get the GIL meanwhile, as between its
+        slices of keys). Nothing is locked meanwhile: the writes are never changed."""
+        puts, gone = self.puts, self.gone
+        if self._grouped is not None or puts is None:
+            return
+        keys = list(puts)
+        put_in: list[int] = []
+        for i in range(0, len(keys), 4 * LEAVE_KEYS):
+            put_in += key_groups(keys[i:i + 4 * LEAVE_KEYS])
+            yield
+        off = [k for k in gone if k not in puts]
+        grouped = (keys, put_in, off, key_groups(off))
+        with self.lock:
+            if self._grouped is None and self.puts is not None:
+                self._grouped = grouped
+
     def writes(self) -> tuple[list, list, list, list, list]:
         """What the groups not taken get: their keys put, groups, values, keys deleted, groups."""
         with self.lock:
@@ -613,7 +631,10 @@ class MemoryState(KeyedState):
                 if not leaving:
                     return
                 g, table = next(iter(leaving.items()))
-            keys = list(table)              # nobody writes a taken dict (see take_groups)
+            if isinstance(table, TakenGroup):   # nobody writes it once its fold is applied
+                keys = yield from table.leaving_keys()
+            else:
+                keys = list(table)
             for i in range(0, len(keys), LEAVE_KEYS):
                 with lock:
                     if leaving.get(g) is not table:
@@ -726,6 +747,22 @@ class TakenGroup(Mapping):
                     self._entries = entries
                     self._parts = (None, None, (), group)
         return entries
+
+    def leaving_keys(self) -> Iterator[None]:
+        """The group's keys for the leave thread (the generator's return value), without the copy:
+        the deferred fold applied, the keys in its dict and those its layers put (a deleted key is
+        not in the index). The keys' groups are computed a slice at a time, yielding between."""
+        table, pending, layers, group = self._parts
+        if self._entries is not None or table is None:
+            return list(self._now())
+        if pending is not None:
+            yield from pending.paced()
+            pending.apply()                 # then nobody writes the dict
+        keys = list(table)
+        for layer in layers:
+            yield from layer.paced()
+            keys += layer.part(group)[0]
+        return keys
 
     def first_key(self) -> Any:
         """A key of the group (it stands for its group in a snapshot's form), read without the
