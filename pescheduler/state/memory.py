@@ -535,8 +535,9 @@ class MemoryState(KeyedState):
         if self._unfolded or self._unfolded_gone:
             self._layers.append(_Fold(None, self._unfolded, self._unfolded_gone))
             self._unfolded, self._unfolded_gone = {}, set()
-        layers = tuple(self._layers)
-        for layer in layers:
+        # A layer gives each group's part once: not again to a later take of a group that came back.
+        owed = {g: tuple(layer for layer in self._layers if g not in layer.done) for g in chosen}
+        for layer in self._layers:
             layer.done |= chosen
         pending = self._pending
         if pending is not None and pending.puts is None:
@@ -547,12 +548,12 @@ class MemoryState(KeyedState):
             if not table:                   # empty at the last fold: its keys, if any, are in the writes
                 if pending is not None:
                     pending.apply()
-                wrote = [layer.part(g) for layer in layers]
+                wrote = [layer.part(g) for layer in owed[g]]
                 if not table and not any(puts for puts, _gone in wrote):
                     if any(gone for _puts, gone in wrote):
                         self._changed.add(g)
                     continue
-            taken[g] = TakenGroup(table, pending, layers, g)
+            taken[g] = TakenGroup(table, pending, owed[g], g)
             self._tables[g] = {}
             self._shared.discard(g)
             self._changed.add(g)
