@@ -20,9 +20,20 @@ staggered (:func:`rewrite_turn`): each checkpoint rewrites about 1 /
 max-deltas of the groups, not every chain at once when they all reach their
 length together (1 % of the keys changed touches every group, so every chain
 grows at each checkpoint: rewritten in lockstep, one checkpoint in
-max-deltas + 1 wrote the whole state). Chains grow only from checkpoints
-known complete (:meth:`ChainWriter.confirm`): a delta never builds on a file
-an aborted checkpoint wrote.
+max-deltas + 1 wrote the whole state).
+
+A chain grows from the newest file the worker wrote of its group and knows
+durable: one of the last complete checkpoint (:meth:`ChainWriter.confirm`), or
+one an aborted checkpoint wrote whole (written and fsynced) before it was cut
+short (:meth:`ChainWriter.abandon` stops that write at the next group). The
+coordinator leaves an aborted checkpoint's files in place (pruning removes them
+once no kept manifest references them), so the next attempt references the
+groups the last one got through and writes only the rest: a first checkpoint
+of a state too large to write within ``checkpoint.timeout`` completes after a
+few attempts instead of starting over at each one (Flink keeps the files an
+aborted checkpoint uploaded for the same reason, FLINK-24611). Only a complete
+checkpoint's signed manifest vouches for those files; a restore checks each
+against it.
 
 The PE's ``.state`` file stores, in place of each view, ``{group: (a key of
 it, GroupRef)}``: a :class:`GroupRef` names the chain's files; the signed
@@ -48,7 +59,7 @@ from typing import Any, Iterator
 import cloudpickle
 
 from .. import config
-from ..errors import CheckpointDamaged
+from ..errors import CheckpointDamaged, CheckpointError
 from .base import Changes, StateView, pack_group, unpack_group
 from .files import StateFiles
 from .local import LocalCopies
@@ -177,6 +188,15 @@ class _Chain:
 
 
 @dataclass(frozen=True)
+class _Kept:
+    """A group's chain an aborted checkpoint wrote whole: the next attempt builds on it."""
+
+    seq: int                    # the snapshot it was written from
+    checkpoint_id: int          # the aborted checkpoint that wrote it
+    chain: _Chain
+
+
+@dataclass(frozen=True)
 class _Written:
     seq: int                    # the view's snapshot number
     chains: dict                # group -> _Chain
@@ -194,6 +214,8 @@ class ChainWriter:
         self._base: dict[str, _Written] = {}        # token -> chains of the newest complete checkpoint
         self._seen: dict[str, dict] = {}            # token -> {seq: Changes} since that one
         self._pending: dict[int, dict] = {}         # checkpoint id -> {token: _Written}
+        self._kept: dict[str, dict] = {}            # token -> {group: _Kept} written since that one
+        self._abandoned: set[int] = set()           # checkpoints aborted: their writes stop
         self._lock = threading.Lock()               # confirm() comes from the worker's loop
 
     def write_pe(self, files: StateFiles, checkpoint_id: int, pe_id: str, taken: dict) -> dict:
@@ -216,8 +238,14 @@ class ChainWriter:
                 since = self._since(changes)
             if since is not None:
                 since = (since[0], view.by_group(since[1]), since[2])
-            chains = {g: self._chain(files, checkpoint_id, f"{name}.g{g:03d}", view, g, since)
-                      for g in view.groups()}
+            chains, later = {}, _Later(self, changes, view)
+            for g in view.groups():
+                if checkpoint_id in self._abandoned:
+                    raise CheckpointError(f"checkpoint {checkpoint_id} was aborted while its files were "
+                                          f"written; the groups written are kept for the next one")
+                chains[g] = self._chain(files, checkpoint_id, f"{name}.g{g:03d}", view, g, later.since(g) or since)
+                with self._lock:
+                    self._kept.setdefault(changes.token, {})[g] = _Kept(changes.seq, checkpoint_id, chains[g])
         finally:
             view.release()
         run = files.url.rsplit("/", 1)[-1]
@@ -231,14 +259,20 @@ class ChainWriter:
     def _since(self, changes) -> tuple[dict, set, set] | None:
         """``(base chains, changed keys, groups replaced whole)`` since the last complete
         checkpoint, or None when a snapshot in between was not seen here (everything full)."""
-        base, seen = self._base.get(changes.token), self._seen[changes.token]
-        if base is None or any(s not in seen for s in range(base.seq + 1, changes.seq + 1)):
+        base = self._base.get(changes.token)
+        return None if base is None else self._changed(changes, base.seq, base.chains)
+
+    def _changed(self, changes, seq: int, chains: dict) -> tuple[dict, set, set] | None:
+        """``(chains, keys changed, groups replaced whole)`` between snapshot ``seq`` and
+        ``changes``' one; None when a snapshot in between was not seen here."""
+        seen = self._seen[changes.token]
+        if any(s not in seen for s in range(seq + 1, changes.seq + 1)):
             return None
         keys, whole = set(), set()
-        for s in range(base.seq + 1, changes.seq + 1):
+        for s in range(seq + 1, changes.seq + 1):
             keys.update(seen[s].keys)           # memory's are a view of its dicts: read here, off the loop
             whole |= seen[s].whole
-        return base.chains, keys, whole
+        return chains, keys, whole
 
     def _chain(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView, g: int,
                since: tuple | None) -> _Chain:
@@ -268,13 +302,20 @@ class ChainWriter:
             self.local.keep(files.url.rsplit("/", 1)[-1], entry, data)
         return entry
 
+    def abandon(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was aborted: a write of it still going stops at its next
+        group; the groups written whole so far stay, for the next attempt to build on."""
+        with self._lock:
+            self._abandoned.add(checkpoint_id)
+
     def confirm(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete: its chains are what the next ones build on."""
         with self._lock:
             self._confirm(checkpoint_id)
             bases = list(self._base.values())
-        if self.local is not None and bases:       # copies no base references any more go
-            keep = {p for b in bases for c in b.chains.values() for p in (f["path"] for f in c.files)}
+            kept = [k.chain for groups in self._kept.values() for k in groups.values()]
+        if self.local is not None and bases:       # copies no base (nor a later attempt's chain) references go
+            keep = {f["path"] for c in [*(c for b in bases for c in b.chains.values()), *kept] for f in c.files}
             for run in {b.run for b in bases}:
                 self.local.prune(run, keep)
 
@@ -286,6 +327,36 @@ class ChainWriter:
                 del seen[s]
         for older in [i for i in self._pending if i < checkpoint_id]:
             del self._pending[older]
+        for token, groups in list(self._kept.items()):    # the complete one's chains supersede them
+            for g in [g for g, k in groups.items() if k.checkpoint_id <= checkpoint_id]:
+                del groups[g]
+            if not groups:
+                del self._kept[token]
+        self._abandoned = {i for i in self._abandoned if i > checkpoint_id}
+
+
+class _Later:
+    """The groups of one view that an aborted checkpoint wrote after the last complete one: for
+    each, its chain and the keys changed since (by snapshot number, each read once)."""
+
+    def __init__(self, writer: ChainWriter, changes: Changes, view: StateView) -> None:
+        self.writer, self.changes, self.view = writer, changes, view
+        with writer._lock:
+            self.kept = dict(writer._kept.get(changes.token, {}))
+        self._by_seq: dict[int, tuple | None] = {}
+
+    def since(self, g: int) -> tuple[dict, dict, set] | None:
+        """``_chain``'s ``since`` for group ``g`` from its kept chain, or None (none, or a
+        snapshot since it was not seen here)."""
+        kept = self.kept.get(g)
+        if kept is None or kept.seq > self.changes.seq:
+            return None
+        if kept.seq not in self._by_seq:
+            with self.writer._lock:
+                changed = self.writer._changed(self.changes, kept.seq, {})
+            self._by_seq[kept.seq] = None if changed is None else (self.view.by_group(changed[1]), changed[2])
+        changed = self._by_seq[kept.seq]
+        return None if changed is None else ({g: kept.chain}, changed[0], changed[1])
 
 
 # -- the restore, on the worker ---------------------------------------------------------------------
