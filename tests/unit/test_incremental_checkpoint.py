@@ -207,6 +207,26 @@ def test_an_aborted_checkpoints_groups_are_built_on_and_restore_exactly(state, m
     assert restored(store, 2) == expect
 
 
+def test_an_attempt_writes_the_groups_no_attempt_reached_first(state, monkeypatch):
+    """Keys of every group change between attempts (1 % of them): an attempt cut short after 40
+    files has written 40 new groups whole, not 40 deltas of groups the last one wrote: each
+    attempt adds as many groups as fit in the timeout, so they converge on a changing state."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 5_000)
+    groups = len(state.groups())
+    aborted_after(files, 1, 40, monkeypatch)
+    checkpoint(files, store, state, 1, complete=False)
+    for i in range(0, 5_000, 10):
+        state.put(f"car-{i:07d}", [i, 2.0])
+    aborted_after(files, 2, 40, monkeypatch)
+    checkpoint(files, store, state, 2, complete=False)
+    second = [p.rsplit("/", 1)[-1] for p in store.fs.find(f"{store.url}/chk-000002")]
+    assert len(second) == 40 and all(p.endswith(".full") for p in second), second
+    third = checkpoint(files, store, state, 3)
+    assert group_files(third, 3, ".full") == groups - 80
+    assert restored(store, 3) == {f"car-{i:07d}": [i, 2.0 if i % 10 == 0 else 1.0] for i in range(5_000)}
+
+
 def test_a_crash_between_an_aborted_checkpoint_and_the_next_complete_one_restores_exactly(state, monkeypatch):
     """Checkpoint 1 complete; 2 cut short after 30 groups (deltas on 1's chains); the worker dies
     (its writer is gone) before 3: the restore of the latest complete one is 1's state exactly,
