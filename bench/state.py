@@ -57,8 +57,9 @@ changes than :data:`CHANGES_PER_S`), each checkpoint still following 1 % of the 
      it met. ``--quick``: K = 10^3 only.
   7. (only with ``--parts 7``) A first checkpoint longer than ``pescheduler.checkpoint.timeout``
      (``--timeout``, 2 s): the table's pipeline filling K keys, checkpoints every second; per
-     checkpoint id the keys at its trigger, the bytes of key-group files it wrote (the storage
-     polled) and whether it completed. ``--parts 7 --keys 1000000 --backends disk``.
+     checkpoint id the keys when its directory appeared, the bytes of key-group files in the
+     storage and in the workers' copies of what they wrote (polled) and whether it completed.
+     ``--parts 7 --keys 1000000 --backends disk --timeout 4``.
 
 Figures on a loaded machine are only comparable as ratios within one run.
 """
@@ -579,8 +580,10 @@ def attempts(sizes: list[int], backends_: list[str], timeout: float, limit: floa
     and each next attempt wrote the state whole again. Here the same pipeline (``churn`` ->
     ``latest``, 2 workers, checkpoints every second) with the timeout lowered, so that at K keys the
     first checkpoint cannot be written within it: per checkpoint id, the keys in ``latest`` at its
-    trigger, the bytes of key-group files in its directory (the storage polled every 0.1 s: an
-    aborted one's files are seen before they are removed, where they are) and how it ended, until
+    first file, the bytes of key-group files in its directory in the storage and in the workers'
+    copies of what they wrote (``state/local.py``: kept until a checkpoint completes, so an
+    attempt's writes count even after the storage's were removed), both polled every 0.1 s and the
+    most seen kept, and how it ended, until
     two complete after the fill, twelve were tried after it, or ``limit`` s."""
     import re
 
@@ -610,16 +613,15 @@ def attempts(sizes: list[int], backends_: list[str], timeout: float, limit: floa
                         keys = ops["state"].tuples_in if "state" in ops else 0
                         if filled_at is None and keys >= k:
                             filled_at = time.monotonic() - t0
-                        for folder, _, names in os.walk(ckpt):
+                        for folder, _, names in os.walk(root):      # the storage, and the workers' copies
                             m = re.search(r"chk-(\d+)$", folder)
                             if m:
-                                cid = int(m.group(1))
+                                cid, where = int(m.group(1)), "" if folder.startswith(ckpt) else "copy_"
                                 row = seen.setdefault(cid, {"keys": keys, "at": time.monotonic() - t0, "bytes": 0,
-                                                            "files": 0})
-                                sizes_ = [os.path.getsize(os.path.join(folder, n)) for n in names
-                                          if re.search(r"\.g\d{3}\.", n) and os.path.exists(os.path.join(folder, n))]
-                                if sum(sizes_) > row["bytes"]:
-                                    row.update(bytes=sum(sizes_), files=len(sizes_))
+                                                            "files": 0, "copy_bytes": 0, "copy_files": 0})
+                                sizes_ = [_size(os.path.join(folder, n)) for n in names if re.search(r"\.g\d{3}\.", n)]
+                                if sum(sizes_) > row[f"{where}bytes"]:
+                                    row.update({f"{where}bytes": sum(sizes_), f"{where}files": len(sizes_)})
                         after = [cid for cid, row in seen.items() if row["keys"] >= k]
                         if len([c for c in dep.checkpoints() if c["id"] in after]) >= 2 or len(after) >= 12:
                             break                   # two complete after the fill, or twelve attempts
@@ -630,13 +632,22 @@ def attempts(sizes: list[int], backends_: list[str], timeout: float, limit: floa
                     dep.wait(timeout=300)
                 print(f"   {backend}, K = {k:,} (filled at {filled_at or float('nan'):.0f} s; "
                       f"{status['completed']} complete, {status['aborted']} aborted; load {os.getloadavg()[0]:.1f})")
-                print(f"   {'id':>4} {'at s':>6} {'keys':>10} {'group MB':>9} {'files':>6}  ended")
+                print(f"   {'id':>4} {'at s':>6} {'keys':>10} {'stored MB':>10} {'files':>6} {'written MB':>11} "
+                      f"{'files':>6}  ended")
                 for cid, row in sorted(seen.items()):
                     c = complete.get(cid)
                     ended = (f"complete in {c['duration_s']:.1f} s, wrote {c['bytes'] / 1e6:.1f} MB, references "
                              f"{c['state_bytes'] / 1e6:.1f} MB") if c else "aborted (or cut short)"
-                    print(f"   {cid:4d} {row['at']:6.1f} {row['keys']:10,} {row['bytes'] / 1e6:9.2f} {row['files']:6d}  {ended}",
-                          flush=True)
+                    print(f"   {cid:4d} {row['at']:6.1f} {row['keys']:10,} {row['bytes'] / 1e6:10.2f} {row['files']:6d} "
+                          f"{row['copy_bytes'] / 1e6:11.2f} {row['copy_files']:6d}  {ended}", flush=True)
+
+
+def _size(path: str) -> int:
+    """A file's size; 0 when it went meanwhile (an aborted checkpoint's, removed)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def main() -> None:

@@ -239,9 +239,10 @@ class ChainWriter:
             if since is not None:
                 since = (since[0], view.by_group(since[1]), since[2])
             chains, later = {}, _Later(self, changes, view)
-            built_on = set(later.kept) | (set(since[0]) if since is not None else set())
-            # Groups no file holds yet first: an attempt cut short has added as many as it could.
-            for g in sorted(view.groups(), key=lambda g: g in built_on):
+            # The groups no attempt wrote since the last complete checkpoint first (after a fill, a
+            # complete one's chains are rewritten whole too: their deltas outgrow them): an attempt
+            # cut short has added as many to what the next builds on as it could.
+            for g in sorted(view.groups(), key=lambda g: g in later.kept):
                 if checkpoint_id in self._abandoned:
                     raise CheckpointError(f"checkpoint {checkpoint_id} was aborted while its files were "
                                           f"written; the groups written are kept for the next one")

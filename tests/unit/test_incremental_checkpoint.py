@@ -227,6 +227,26 @@ def test_an_attempt_writes_the_groups_no_attempt_reached_first(state, monkeypatc
     assert restored(store, 3) == {f"car-{i:07d}": [i, 2.0 if i % 10 == 0 else 1.0] for i in range(5_000)}
 
 
+def test_after_a_fill_an_attempt_rewrites_the_groups_no_attempt_reached_first(state, monkeypatch):
+    """A complete checkpoint of a small state, then a fill: every group's delta outgrows its full
+    file, so every group is written whole again; keys of every group change between attempts.
+    Attempts cut short after 40 files each still add 40 new groups each (not deltas of the groups
+    the last one wrote, which filled the second attempt before) and converge."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 500)
+    checkpoint(files, store, state, 1)
+    fill(state, 8_000, value=lambda i: [i, 3.0])
+    groups = len(state.groups())
+    for cid in (2, 3):
+        aborted_after(files, cid, 40, monkeypatch)
+        checkpoint(files, store, state, cid, complete=False)
+        for i in range(cid, 8_000, 50):                        # keys of every group change between attempts
+            state.put(f"car-{i:07d}", [i, 4.0])
+    last = checkpoint(files, store, state, 4)
+    assert group_files(last, 4, ".full") == groups - 80 and group_files(last, 2, ".full") == 40
+    assert restored(store, 4) == {f"car-{i:07d}": [i, 4.0 if i % 50 in (2, 3) else 3.0] for i in range(8_000)}
+
+
 def test_a_crash_between_an_aborted_checkpoint_and_the_next_complete_one_restores_exactly(state, monkeypatch):
     """Checkpoint 1 complete; 2 cut short after 30 groups (deltas on 1's chains); the worker dies
     (its writer is gone) before 3: the restore of the latest complete one is 1's state exactly,
