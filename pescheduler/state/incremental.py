@@ -185,6 +185,7 @@ class _Chain:
     files: tuple                # entries, the full file first
     full_bytes: int
     delta_bytes: int
+    keys: int = 0               # keys its files hold (each delta's puts counted: at most that many)
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,8 @@ class ChainWriter:
         seen = self._seen[changes.token]
         if any(s not in seen for s in range(seq + 1, changes.seq + 1)):
             return None
+        if _more_than(chains, (seen[s].keys for s in range(seq + 1, changes.seq + 1))):
+            return None
         keys, whole = set(), set()
         for s in range(seq + 1, changes.seq + 1):
             keys.update(seen[s].keys)           # memory's are a view of its dicts: read here, off the loop
@@ -290,13 +293,16 @@ class ChainWriter:
             if not keys and not turn:                   # would be made up later, beside other groups' turns
                 return prev
             if deltas < max_deltas and not turn:
-                data = pickle.dumps(view.delta(g, keys), _PICKLE)
+                delta = view.delta(g, keys)
+                data = pickle.dumps(delta, _PICKLE)
                 if prev.delta_bytes + len(data) <= prev.full_bytes:
                     entry = self._put(files, checkpoint_id, f"{name}.delta", data)
-                    return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data))
-        data = pack_group(view.items(g))            # in chunks: the PE's thread gets the GIL between them
+                    return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data),
+                                  prev.keys + len(delta[0]))
+        count = [0]
+        data = pack_group(_counted(view.items(g), count))   # in chunks: the PE's thread gets the GIL between them
         entry = self._put(files, checkpoint_id, f"{name}.full", data)
-        return _Chain(next(iter(view.items(g)))[0], (entry,), len(data), 0)
+        return _Chain(next(iter(view.items(g)))[0], (entry,), len(data), 0, count[0])
 
     def _put(self, files: StateFiles, checkpoint_id: int, name: str, data: bytes) -> dict:
         """A key-group file into the storage, and a copy kept on this worker."""
@@ -338,6 +344,29 @@ class ChainWriter:
         self._abandoned = {i for i in self._abandoned if i > checkpoint_id}
 
 
+def _counted(items: Iterator, count: list) -> Iterator:
+    for item in items:
+        count[0] += 1
+        yield item
+
+
+def _more_than(chains: dict, changed: Iterator) -> bool:
+    """Whether more keys changed (``changed``: each snapshot's keys) than ``chains`` hold: then
+    their deltas would outgrow their full files, and the groups are written whole without reading
+    the keys by group first. After a fill that came after the last complete checkpoint that read
+    was O(keys filled), in every attempt, before its first file (bench 10^6: attempts aborted
+    with no file written)."""
+    held, count = sum(c.keys for c in chains.values()), 0
+    for keys in changed:
+        try:
+            count += len(keys)
+        except TypeError:               # a backend's keys without a length: read them as before
+            return False
+        if count > held:
+            return True
+    return False
+
+
 class _Later:
     """The groups of one view that an aborted checkpoint wrote after the last complete one: for
     each, its chain and the keys changed since (by snapshot number, each read once)."""
@@ -356,7 +385,8 @@ class _Later:
             return None
         if kept.seq not in self._by_seq:
             with self.writer._lock:
-                changed = self.writer._changed(self.changes, kept.seq, {})
+                chains = {h: k.chain for h, k in self.kept.items() if k.seq == kept.seq}
+                changed = self.writer._changed(self.changes, kept.seq, chains)
             self._by_seq[kept.seq] = None if changed is None else (self.view.by_group(changed[1]), changed[2])
         changed = self._by_seq[kept.seq]
         return None if changed is None else ({g: kept.chain}, changed[0], changed[1])

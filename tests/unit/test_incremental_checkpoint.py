@@ -247,6 +247,26 @@ def test_after_a_fill_an_attempt_rewrites_the_groups_no_attempt_reached_first(st
     assert restored(store, 4) == {f"car-{i:07d}": [i, 4.0 if i % 50 in (2, 3) else 3.0] for i in range(8_000)}
 
 
+def test_after_a_fill_the_keys_changed_are_not_read_by_group_before_the_first_file(state, monkeypatch):
+    """More keys changed since the last complete checkpoint than its chains hold (a fill came
+    after it): every group is written whole without sorting the changed keys by group first, a
+    pass over every key filled that each attempt paid before its first file."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 500)
+    checkpoint(files, store, state, 1)
+    fill(state, 8_000, value=lambda i: [i, 3.0])
+    from pescheduler.state.disk import SnapshotView, _by_group
+    from pescheduler.state.memory import MemoryView
+
+    sorted_keys, by_group = [], MemoryView.by_group
+    monkeypatch.setattr(MemoryView, "by_group", lambda self, keys: sorted_keys.append(len(keys)) or by_group(self, keys))
+    monkeypatch.setattr(SnapshotView, "by_group", staticmethod(lambda keys: sorted_keys.append(len(keys)) or _by_group(keys)))
+    second = checkpoint(files, store, state, 2)
+    assert sum(sorted_keys) < 7_500, sorted_keys        # (the disk view sorts its own write buffer's keys)
+    assert group_files(second, 2, ".full") == len(state.groups())
+    assert restored(store, 2) == {f"car-{i:07d}": [i, 3.0] for i in range(8_000)}
+
+
 def test_a_crash_between_an_aborted_checkpoint_and_the_next_complete_one_restores_exactly(state, monkeypatch):
     """Checkpoint 1 complete; 2 cut short after 30 groups (deltas on 1's chains); the worker dies
     (its writer is gone) before 3: the restore of the latest complete one is 1's state exactly,
