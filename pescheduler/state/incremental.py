@@ -262,6 +262,7 @@ class ChainWriter:
                     self._kept.setdefault(changes.token, {})[g] = _Kept(changes.seq, checkpoint_id, chains[g])
         finally:
             view.release()
+            self._forget_unions(changes.token)
         run = files.url.rsplit("/", 1)[-1]
         with self._lock:
             self._pending.setdefault(checkpoint_id, {})[changes.token] = _Written(changes.seq, chains, run)
@@ -269,6 +270,15 @@ class ChainWriter:
         shared: dict = {}               # groups with equal chains share one tuple: pickled once in .state
         return {g: (c.key, GroupRef(run, name, g, shared.setdefault(chain, chain)))
                 for g, c in chains.items() for chain in (tuple(f["chk"] for f in c.files),)}, written
+
+    def _forget_unions(self, token: str) -> None:
+        """Drop the sorted keys since snapshots no chain builds on any more (a group's kept chain
+        moved on to a later attempt's): one set of keys per attempt would pile up otherwise."""
+        with self._lock:
+            base = self._base.get(token)
+            live = {k.seq for k in self._kept.get(token, {}).values()} | ({base.seq} if base else set())
+            for key in [k for k in self._unions if k[0] == token and k[1] not in live]:
+                del self._unions[key]
 
     def _since(self, changes, by_group) -> tuple[dict, dict, set] | None:
         """``(base chains, changed keys by group, groups replaced whole)`` since the last complete
