@@ -1,7 +1,7 @@
 """Keyed state benchmark: the memory and disk backends against plain dicts, and what moves on a rescale.
 
     python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3,4,5,6]
-                          [--backends memory,disk] [--checkpoints 10]
+                          [--backends memory,disk] [--checkpoints 10] [--timeout 2]
 
 For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4, the live parts 3 and 6 at 10^3 only,
 under a minute), one run, all figures from it.
@@ -55,6 +55,11 @@ changes than :data:`CHANGES_PER_S`), each checkpoint still following 1 % of the 
      pipeline with ``latest_in_dicts`` (rows in one plain dict, snapshot a copy at the barrier).
      The workers' ``pescheduler.state.cache`` is 512 MB. Each row says which of issue 30's goals
      it met. ``--quick``: K = 10^3 only.
+  7. (only with ``--parts 7``) A first checkpoint longer than ``pescheduler.checkpoint.timeout``
+     (``--timeout``, 2 s): the table's pipeline filling K keys, checkpoints every second; per
+     checkpoint id the keys when its directory appeared, the bytes of key-group files in the
+     storage and in the workers' copies of what they wrote (polled) and whether it completed.
+     ``--parts 7 --keys 1000000 --backends disk --timeout 4``.
 
 Figures on a loaded machine are only comparable as ratios within one run.
 """
@@ -568,6 +573,83 @@ def table(sizes: list[int], backends_: list[str]) -> None:
           f"(goal: independent of the state's size)")
 
 
+# -- 7. checkpoints of a first full write longer than checkpoint.timeout --------------------------
+
+def attempts(sizes: list[int], backends_: list[str], timeout: float, limit: float = 600) -> None:
+    """Issue 30's 10^7 row stopped because its checkpoints took longer than ``checkpoint.timeout``
+    and each next attempt wrote the state whole again. Here the same pipeline (``churn`` ->
+    ``latest``, 2 workers, checkpoints every second) with the timeout lowered, so that at K keys the
+    first checkpoint cannot be written within it: per checkpoint id, the keys in ``latest`` at its
+    first file, the bytes of key-group files in its directory in the storage and in the workers'
+    copies of what they wrote (``state/local.py``: kept until a checkpoint completes, so an
+    attempt's writes count even after the storage's were removed), both polled every 0.1 s and the
+    most seen kept, and how it ended, until
+    two complete after the fill, twelve were tried after it, or ``limit`` s."""
+    import re
+
+    import dask.config
+
+    import pescheduler
+    from pescheduler import Application
+
+    print(f"\n7. a first checkpoint longer than checkpoint.timeout = {timeout:g} s: each attempt's group files")
+    for backend in backends_:
+        for k in sizes:
+            with tempfile.TemporaryDirectory() as root:
+                os.environ["PESCHEDULER__STATE__CACHE"] = CACHE
+                os.environ["PESCHEDULER__STATE__DIR"] = root
+                until, ckpt = os.path.join(root, "done"), os.path.join(root, "ckpt")
+                app = Application(f"attempts-{backend}-{k}")
+                (app.source("churn", keys=k, until=until, changes=max(1, k // 100)).key_by("id")
+                    .apply("latest", id="state").sink("stamps", path=os.path.join(root, "stamps")))
+                seen: dict[int, dict] = {}
+                t0 = time.monotonic()
+                with dask.config.set({"pescheduler.checkpoint.timeout": f"{timeout}s"}), \
+                        pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[], state=backend,
+                                           checkpoint=ckpt, checkpoint_interval="1s") as dep:
+                    filled_at = None
+                    while time.monotonic() - t0 < limit:
+                        ops = dep.snapshot().operators
+                        keys = ops["state"].tuples_in if "state" in ops else 0
+                        if filled_at is None and keys >= k:
+                            filled_at = time.monotonic() - t0
+                        for folder, _, names in os.walk(root):      # the storage, and the workers' copies
+                            m = re.search(r"chk-(\d+)$", folder)
+                            if m:
+                                cid, where = int(m.group(1)), "" if folder.startswith(ckpt) else "copy_"
+                                row = seen.setdefault(cid, {"keys": keys, "at": time.monotonic() - t0, "bytes": 0,
+                                                            "files": 0, "copy_bytes": 0, "copy_files": 0})
+                                sizes_ = [_size(os.path.join(folder, n)) for n in names if re.search(r"\.g\d{3}\.", n)]
+                                if sum(sizes_) > row[f"{where}bytes"]:
+                                    row.update({f"{where}bytes": sum(sizes_), f"{where}files": len(sizes_)})
+                        after = [cid for cid, row in seen.items() if row["keys"] >= k]
+                        if len([c for c in dep.checkpoints() if c["id"] in after]) >= 2 or len(after) >= 12:
+                            break                   # two complete after the fill, or twelve attempts
+                        time.sleep(0.1)             # polling the storage, bounded by limit
+                    complete = {c["id"]: c for c in dep.checkpoints()}
+                    status = dep.status()["checkpoints"]
+                    open(until, "w").close()
+                    dep.wait(timeout=300)
+                print(f"   {backend}, K = {k:,} (filled at {filled_at or float('nan'):.0f} s; "
+                      f"{status['completed']} complete, {status['aborted']} aborted; load {os.getloadavg()[0]:.1f})")
+                print(f"   {'id':>4} {'at s':>6} {'keys':>10} {'stored MB':>10} {'files':>6} {'written MB':>11} "
+                      f"{'files':>6}  ended")
+                for cid, row in sorted(seen.items()):
+                    c = complete.get(cid)
+                    ended = (f"complete in {c['duration_s']:.1f} s, wrote {c['bytes'] / 1e6:.1f} MB, references "
+                             f"{c['state_bytes'] / 1e6:.1f} MB") if c else "aborted (or cut short)"
+                    print(f"   {cid:4d} {row['at']:6.1f} {row['keys']:10,} {row['bytes'] / 1e6:10.2f} {row['files']:6d} "
+                          f"{row['copy_bytes'] / 1e6:11.2f} {row['copy_files']:6d}  {ended}", flush=True)
+
+
+def _size(path: str) -> int:
+    """A file's size; 0 when it went meanwhile (an aborted checkpoint's, removed)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] in ("--one", "--checkpoint", "--window", "--table"):
         one = {"--one": one_backend, "--checkpoint": one_checkpoint, "--window": one_window,
@@ -582,6 +664,8 @@ def main() -> None:
     parser.add_argument("--parts", default="1,2,3,4,5,6",
                         help="which parts to run (3 and 6: the deployments; 6: issue 30's table)")
     parser.add_argument("--backends", default="memory,disk", help="backends of parts 3, 4 and 6")
+    parser.add_argument("--timeout", type=float, default=2.0,
+                        help="part 7: pescheduler.checkpoint.timeout (s), shorter than the first full write")
     parser.add_argument("--checkpoints", type=int, default=None,
                         help="steady checkpoints each table row waits for (default 10; --quick: 2)")
     args = parser.parse_args()
@@ -595,7 +679,8 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine: compare ratios)")
     parts, chosen = {int(p) for p in args.parts.split(",")}, args.backends.split(",")
     for part, run in ((1, backends), (2, window_state), (3, lambda s: live(s[:1] if args.quick else s, chosen)),
-                      (4, lambda s: checkpoints(s, chosen)), (5, windows), (6, lambda s: table(s[:1] if args.quick else s, chosen))):
+                      (4, lambda s: checkpoints(s, chosen)), (5, windows), (6, lambda s: table(s[:1] if args.quick else s, chosen)),
+                      (7, lambda s: attempts(s, chosen, args.timeout))):
         if part in parts:
             run(sizes)
 

@@ -191,7 +191,7 @@ class CheckpointCoordinator:
             try:
                 sizes = await self._write(checkpoint_id, placement, t0, p0)
             except Exception as exc:
-                await self._abort(checkpoint_id, workers, exc, written=True)
+                await self._abort(checkpoint_id, workers, exc)
                 raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
         return await self._complete(checkpoint_id, t0, p0, sizes)
 
@@ -290,11 +290,10 @@ class CheckpointCoordinator:
             "placement": {pe_id: {"worker": pe.worker, "operators": list(pe.operators)}
                           for pe_id, pe in placement.pes.items()}})
         if abandoned.is_set():          # given up while the manifest was written: not complete after all
-            self.store.discard(checkpoint_id)
+            self.store.withdraw(checkpoint_id)
         return size, state_size
 
-    async def _abort(self, checkpoint_id: int, workers: list[str], exc: BaseException,
-                     written: bool = False) -> None:
+    async def _abort(self, checkpoint_id: int, workers: list[str], exc: BaseException) -> None:
         self.aborted += 1
         self.last_error = f"checkpoint {checkpoint_id}: {type(exc).__name__}: {exc}"
         self.state.event("checkpoint", f"checkpoint {checkpoint_id} aborted: {exc}")
@@ -302,11 +301,9 @@ class CheckpointCoordinator:
             await self._call(self.gateway.ckpt_end(workers, checkpoint_id, complete=False))
         except CheckpointError:
             pass
-        if written:                  # its files, if the storage answers (bounded: never waits on a hung one)
-            try:
-                await asyncio.wait_for(asyncio.to_thread(self.store.discard, checkpoint_id), self.timeout)
-            except (asyncio.TimeoutError, OSError) as exc:
-                logger.warning("removing aborted checkpoint %s failed (pruned later): %s", checkpoint_id, exc)
+        # Its files stay: the key groups a worker wrote whole before the abort are what its next
+        # attempt builds on (state/incremental.py); with no manifest nothing restores them, and
+        # pruning removes them once a complete checkpoint after it references none of them.
 
     def view(self) -> dict:
         """The checkpoint part of the status."""

@@ -244,6 +244,14 @@ class CheckpointStore:
         except FileNotFoundError:
             pass
 
+    def withdraw(self, checkpoint_id: int) -> None:
+        """Remove one of this run's manifests (a checkpoint given up after it was written): it is
+        incomplete again, its files left to :meth:`prune` (a later attempt may reference them)."""
+        try:
+            self.fs.rm(f"{self._dir(checkpoint_id, self.run)}/{MANIFEST}")
+        except FileNotFoundError:
+            pass
+
     def prune(self, retain: int) -> list[int]:
         """Keep this run's newest ``retain`` complete checkpoints; remove its older ones and
         incomplete ones older than the newest complete one, except the files a kept one still

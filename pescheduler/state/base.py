@@ -235,7 +235,7 @@ class KeyedState(ABC):
 
     def settle(self) -> None:
         """Make a coming :meth:`take_groups` cheap; may run in another thread while the owner goes
-        on (the disk backend flushes its memtable there, so the take's view links files only)."""
+        on (neither backend needs it now: the disk backend's take makes an iterator in the turn)."""
 
     def close(self) -> None:
         """Release what the backend holds (files, memory)."""

@@ -38,7 +38,13 @@ def restore_groups(state: KeyedState, groups: Groups) -> None:
 def take_groups(state: KeyedState, groups: frozenset[int]) -> Groups:
     """Key groups ``groups`` taken out of ``state`` in a snapshot's form, for a rescale's
     ``export_groups``: packed only when the part is pickled, off the PE's turn."""
-    return {g: (next(iter(entries)), PackedOnPickle(entries)) for g, entries in state.take_groups(groups).items()}
+    return {g: (_first_key(entries), PackedOnPickle(entries)) for g, entries in state.take_groups(groups).items()}
+
+
+def _first_key(entries: Mapping) -> Any:
+    """A key of a taken group, without reading the rest (``memory.TakenGroup.first_key``)."""
+    first = getattr(entries, "first_key", None)
+    return first() if first is not None else next(iter(entries))
 
 
 def add_groups(state: KeyedState, groups: Groups) -> None:

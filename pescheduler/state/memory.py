@@ -12,7 +12,7 @@ get or put is about one dict operation, as with an operator's own dict:
 
 The per-group dicts are brought up to date ("folded") only when someone needs
 groups (:meth:`MemoryState.snapshot`, ``groups``, ``items``,
-``import_groups``, ``changed``; a rescale's take folds only what it takes,
+``import_groups``, ``changed``; a rescale's take folds nothing,
 below): the keys written since the last fold are
 put into their groups' dicts, their key groups computed in one batch
 (``groups.key_groups``). A snapshot therefore costs O(keys
@@ -37,16 +37,23 @@ since the snapshot (the operator changes the copy and puts it back, as the
 contract asks). Once every view is released, ``get`` is the plain lookup again.
 
 A rescale's take (:meth:`MemoryState.take_groups`, in the PE's turn) hands the
-group dicts over without a fold and without removing their keys from the
-index: both grew with the state (at 10^6 keys, 240-580 ms copying the groups a
-view shared, 465 ms deleting the taken keys). The keys leave the index later,
-in the process's leave thread. So a key group's dict is in one of these states
-(a group can be unfolded and pending at once; the index holds every key the
-state holds, and a taken group's keys until they have left):
+group dicts over without a fold, without sorting out the writes since the last
+fold and without removing their keys from the index: each grew with the state
+(at 10^6 keys, 240-580 ms copying the groups a view shared, 465 ms deleting the
+taken keys, 116-1,330 ms sorting the 345,458 keys written since the last
+checkpoint after a fill). The writes since the last fold are set aside whole as
+a *layer* (a :class:`_Fold` without tables, in ``_layers``): the state's next
+fold, or the next snapshot's deferred fold, applies it to the groups that stay
+(its ``done``: the groups taken), and each taken group reads its own part of
+it. The keys leave the index later, in the process's leave thread. So a key
+group's dict is in one of these states (a group can be unfolded and pending at
+once; the index holds every key the state holds, and a taken group's keys
+until they have left):
 
                  put, delete                  snapshot, no view live
     folded ───────────────────> unfolded ─────────────────────────> pending
-      ^                            │    (in _unfolded)               │  (in the view's _Fold)
+      ^                            │    (in _unfolded,               │  (in the view's _Fold)
+      │                            │     or a layer)                 │
       ├─── fold (a snapshot while ─┘                                 │
       │    a view lives folds too)                                   │
       └─── the view's reader (the writer thread), the state's fold ──┘
@@ -56,17 +63,24 @@ state holds, and a taken group's keys until they have left):
 
 - *shared*, beside any of the first three: a live view reads the same dict.
   A fold copies it before writing it (``_unshare``); a take hands it over as
-  it is, the writes since the last fold on top (:class:`TakenGroup`, copied
-  when first read: when packed, off the turn).
+  it is (:class:`TakenGroup`: copied when first read, off the turn).
+- *unfolded*: some of the group's writes are in ``_unfolded``, or in a layer a
+  take set aside (older than ``_unfolded``; applied first, but for its
+  ``done`` groups, whose part goes with their :class:`TakenGroup`).
 - *pending*: some of the group's writes from before the snapshot are still in
-  the snapshot's deferred fold. Whoever comes first applies them in place,
-  under the fold's lock: the view's reader (the checkpoint's writer thread),
-  the state's next fold, or a take of that group, which applies the group's
-  part alone, and the fold's own apply then skips it (:meth:`_Fold.apply_groups`).
+  the snapshot's deferred fold (with the layers it took over). Whoever comes
+  first applies them in place, under the fold's lock: the view's reader (the
+  checkpoint's writer thread), the state's next fold, or the first reader of a
+  taken group (the packer or the leave thread, off the turn). The fold writes
+  a taken group's dict in place then: the view reads that dict too.
 - *taken*: the dict left ``_tables`` (an empty one took its place) for the
-  rescale. Nothing writes it any more: not the state (it writes the new dict),
-  not the deferred fold (the take applied the group's part, which it skips). So
-  the leave thread may read its keys without a lock, and the packer too.
+  rescale, as a :class:`TakenGroup`: the dict, the deferred fold, the layers.
+  Its first reader applies the deferred fold, then copies the dict and puts
+  the group's part of each layer on top. Nothing writes the dict after that:
+  not the state (it writes the new dict), not a later fold (the layers skip
+  the group). So the leave thread and the packer read the copy without a
+  lock. The group's keys stay in ``writable()`` until its next call, which
+  drops them (``_stale``; an import of the group back drops them too).
 - *leaving*: its keys are still in the index until the leave thread removes
   them, :data:`LEAVE_KEYS` a slice (``_slices``). Meanwhile a call naming a
   key of the group, an import of the group, a pickle of the state, lets the
@@ -110,17 +124,25 @@ def _copy(value: Any) -> Any:
 
 
 class _Fold:
-    """The keys written between two folds, put into the group dicts ``tables`` when :meth:`apply`
-    is first called: by a snapshot's view (in the checkpoint's writer thread) or by the state's
-    next fold, whichever comes first (the dicts are shared by both: in place, once). A rescale's
-    take applies its groups' part before (:meth:`apply_groups`); ``apply`` then skips them."""
+    """The keys written between two folds (``puts``, ``gone``), put into the group dicts ``tables``
+    when :meth:`apply` is first called: by a snapshot's view (in the checkpoint's writer thread)
+    or by the state's next fold, whichever comes first (the dicts are shared by both: in place,
+    once). ``layers``: earlier writes a rescale's take set aside (:meth:`MemoryState.take_groups`),
+    applied first, each but for the groups it was taken from (its ``done``).
 
-    def __init__(self, tables: list[dict], puts: dict, gone: set) -> None:
+    A take also sets the state's unfolded writes aside as one (``tables`` None: never applied
+    itself; the state's fold or a later snapshot's fold applies it, :meth:`writes`), and its
+    taken groups read their own part (:meth:`part`), off the PE's turn."""
+
+    def __init__(self, tables: list[dict] | None, puts: dict, gone: set, layers: list["_Fold"] = ()) -> None:
         self.tables, self.puts, self.gone = tables, puts, gone     # never changed after: the state made new ones
-        self.done: set[int] = set()         # groups a take already applied
+        self.layers = list(layers)
+        self.done: set[int] = set()         # groups taken: their writes go with them, not into tables
         self._grouped: tuple[list, list, list, list] | None = None
-        # Whoever applies it (the checkpoint's writer thread, the state's next fold, or a take of
-        # some groups in the PE's turn) holds this while it does: another waits, then finds it done.
+        self._parts: dict[int, tuple[dict, list]] = {}
+        self._parted: set[int] = set()      # the groups _parts was made for (a later take adds to done)
+        # Whoever applies it (the checkpoint's writer thread, the state's next fold, a taken
+        # group's reader) holds this while it does: another waits, then finds it done.
         self.lock = threading.Lock()
 
     def _by_group(self) -> tuple[list, list, list, list]:
@@ -132,47 +154,73 @@ class _Fold:
             self._grouped = (keys, key_groups(keys), off, key_groups(off))
         return self._grouped
 
+    def paced(self) -> Iterator[None]:
+        """:meth:`_by_group` a slice of keys at a time, yielding between slices (the leave thread
+        sleeps there: the PE's thread and the worker's loop get the GIL meanwhile, as between its
+        slices of keys). Nothing is locked meanwhile: the writes are never changed."""
+        puts, gone = self.puts, self.gone
+        if self._grouped is not None or puts is None:
+            return
+        keys = list(puts)
+        put_in: list[int] = []
+        for i in range(0, len(keys), 4 * LEAVE_KEYS):
+            put_in += key_groups(keys[i:i + 4 * LEAVE_KEYS])
+            yield
+        off = [k for k in gone if k not in puts]
+        grouped = (keys, put_in, off, key_groups(off))
+        with self.lock:
+            if self._grouped is None and self.puts is not None:
+                self._grouped = grouped
+
+    def writes(self) -> tuple[list, list, list, list, list]:
+        """What the groups not taken get: their keys put, groups, values, keys deleted, groups."""
+        with self.lock:
+            keys, put_in, off, off_in = self._by_group()
+            puts, done = self.puts, self.done
+        if not done:
+            return put_in, keys, [puts[k] for k in keys], off_in, off
+        kept = [(g, k) for g, k in zip(put_in, keys) if g not in done]
+        gone = [(g, k) for g, k in zip(off_in, off) if g not in done]
+        return ([g for g, _ in kept], [k for _, k in kept], [puts[k] for _, k in kept],
+                [g for g, _ in gone], [k for _, k in gone])
+
+    def part(self, group: int) -> tuple[dict, list]:
+        """Group ``group``'s writes (``{key: value}`` put, keys deleted): the keys split by group
+        once, by the first taken group's reader (off the PE's turn)."""
+        with self.lock:
+            if group not in self._parted:
+                keys, put_in, off, off_in = self._by_group()
+                parts: dict[int, tuple[dict, list]] = {}
+                puts, done = self.puts, set(self.done)
+                for g, key in zip(put_in, keys):
+                    if g in done:
+                        parts.setdefault(g, ({}, []))[0][key] = puts[key]
+                for g, key in zip(off_in, off):
+                    if g in done:
+                        parts.setdefault(g, ({}, []))[1].append(key)
+                self._parts, self._parted = parts, done
+            return self._parts.get(group, ({}, []))
+
     def apply(self) -> None:
         with self.lock:
             if self.puts is None:
                 return
-            puts, tables, done = self.puts, self.tables, self.done
-            keys, put_in, off, off_in = self._by_group()
+            tables = self.tables
             # A long loop in a thread of its own: the interpreter hands the PE's thread the GIL every
             # switch interval (5 ms), so the stream is not held for the whole fold.
-            if done:
-                for g, key in zip(put_in, keys):
-                    if g not in done:
-                        tables[g][key] = puts[key]
-                for g, key in zip(off_in, off):
-                    if g not in done:
-                        tables[g].pop(key, None)
-            else:
-                for g, key, value in zip(put_in, keys, puts.values()):
+            for layer in self.layers:
+                put_in, keys, values, off_in, off = layer.writes()
+                for g, key, value in zip(put_in, keys, values):
                     tables[g][key] = value
                 for g, key in zip(off_in, off):
                     tables[g].pop(key, None)
-            self.puts = self.gone = self._grouped = None
-
-    def apply_groups(self, chosen: AbstractSet[int]) -> None:
-        """Only groups ``chosen``'s writes, now (a rescale takes those groups' dicts in the PE's
-        turn: what they owe must be in them first, and nothing may write them after, as the taken
-        keys leave the index in another thread): O(keys in the fold), a set lookup for most."""
-        with self.lock:
-            if self.puts is None:
-                return
-            chosen = set(chosen) - self.done
-            if not chosen:
-                return
-            puts, tables = self.puts, self.tables
             keys, put_in, off, off_in = self._by_group()
+            for g, key, value in zip(put_in, keys, self.puts.values()):
+                tables[g][key] = value
             for g, key in zip(off_in, off):
-                if g in chosen:
-                    tables[g].pop(key, None)
-            for g, key in zip(put_in, keys):
-                if g in chosen:
-                    tables[g][key] = puts[key]
-            self.done |= chosen
+                tables[g].pop(key, None)
+            self.puts = self.gone = self._grouped = None
+            self.layers = []
 
 
 class _Keys(AbstractSet):
@@ -252,6 +300,8 @@ class MemoryState(KeyedState):
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
         self._live: set[int] = set()        # ids of the views not yet released (see the module docstring)
         self._pending: _Fold | None = None  # a snapshot's deferred fold, maybe not applied yet
+        self._layers: list[_Fold] = []      # writes a take set aside, older than _unfolded (take_groups)
+        self._stale: set[int] = set()       # groups taken since the snapshot: their keys may be in _written
         self._leaving: dict[int, dict] = {}     # taken groups whose keys still wait to leave the index
         self._leave_lock = threading.Lock()     # one slice at a time leaves (take_groups)
         _leaver()
@@ -317,6 +367,8 @@ class MemoryState(KeyedState):
         return iter(self._index.items())
 
     def writable(self) -> dict:
+        if self._stale:                     # groups taken since the snapshot: their keys go first
+            self._drop_stale()
         return self._written
 
     def __len__(self) -> int:
@@ -342,6 +394,8 @@ class MemoryState(KeyedState):
     def __getstate__(self) -> dict:
         self._leave_all()
         self._settle()
+        if self._layers:
+            self._fold()
         state = dict(self.__dict__)
         state["_pending"] = None
         state.pop("get", None)              # a bound lookup of the old index: bound again on load
@@ -352,6 +406,8 @@ class MemoryState(KeyedState):
         return state
 
     def __setstate__(self, state: dict) -> None:
+        state.setdefault("_layers", [])
+        state.setdefault("_stale", set())
         self.__dict__.update(state)
         self._leaving, self._leave_lock = {}, threading.Lock()
         self._bind()
@@ -368,29 +424,47 @@ class MemoryState(KeyedState):
         their groups computed in one batch. A group a live view shares is copied first; once no
         view lives, none is. Only what came since the last fold: an operator that writes after
         each group it reads (a sweep) folds once per group, and a fold of every key written since
-        the snapshot made that sweep cost groups x keys written (ep_patterns ran 0.3x its dict)."""
+        the snapshot made that sweep cost groups x keys written (ep_patterns ran 0.3x its dict).
+        The writes a take set aside (``_layers``) come first, but for the groups taken."""
         self._settle()
-        unfolded, unfolded_gone = self._unfolded, self._unfolded_gone
-        if not unfolded and not unfolded_gone:
+        unfolded, unfolded_gone, layers = self._unfolded, self._unfolded_gone, self._layers
+        if not unfolded and not unfolded_gone and not layers:
             return
         if not self._live:
             self._shared.clear()
-        tables, index = self._tables, self._index
+        index = self._index
+        writes = [layer.writes() for layer in layers]
         gone = [k for k in unfolded_gone if k not in index]     # not put again (or imported) since
         # Computed at each fold, not remembered: a batch costs less per key than a memo's
         # check, insert and lookup did (measured at 10^5 keys), and holds no memory between folds.
-        put_in = key_groups(list(unfolded))
-        taken_from = key_groups(gone)
+        writes.append((key_groups(list(unfolded)), unfolded, unfolded.values(), key_groups(gone), gone))
+        for put_in, keys, values, taken_from, off in writes:
+            self._write(put_in, keys, values, taken_from, off)
+        self._unfolded, self._unfolded_gone, self._layers = {}, set(), []
+
+    def _write(self, put_in: list, keys: Iterable, values: Iterable, taken_from: list, gone: list) -> None:
+        """Keys put and deleted into their groups' dicts (groups given), shared groups copied first."""
+        tables = self._tables
         touched = set(put_in).union(taken_from)
         for g in touched & self._shared:
             self._unshare(g)
         self._changed |= touched
         # Hot loop: one dict store per key written (the groups were looked up in one pass above).
-        for g, key, value in zip(put_in, unfolded, unfolded.values()):
+        for g, key, value in zip(put_in, keys, values):
             tables[g][key] = value
         for g, key in zip(taken_from, gone):
             tables[g].pop(key, None)
-        self._unfolded, self._unfolded_gone = {}, set()
+
+    def _drop_stale(self) -> None:
+        """The keys of the groups taken since the snapshot out of :meth:`writable`, all at once
+        (one pass over the keys written since the snapshot): one of those groups comes back, and
+        an operator must not change in place the value its take gave away."""
+        written, stale = self._written, self._stale
+        keys = list(written)
+        for key, g in zip(keys, key_groups(keys)):
+            if g in stale:
+                del written[key]
+        self._stale = set()
 
     def _unshare(self, g: int) -> None:
         """Copy group ``g`` at its first write after a snapshot (the view keeps the old dict)."""
@@ -413,13 +487,14 @@ class MemoryState(KeyedState):
         fold = None
         if self._live:                      # an earlier view may read the dicts: copy-on-write now
             self._fold()
-        elif self._unfolded or self._unfolded_gone:
-            fold = self._pending = _Fold(self._tables, self._unfolded, self._unfolded_gone)
-            self._unfolded, self._unfolded_gone = {}, set()
+        elif self._unfolded or self._unfolded_gone or self._layers:
+            fold = self._pending = _Fold(self._tables, self._unfolded, self._unfolded_gone, self._layers)
+            self._unfolded, self._unfolded_gone, self._layers = {}, set(), []
         # dict.copy is one C pass (no hashing): keeps writable() the same dict, cleared in place
         changes = self._changes(_Keys(self._written.copy(), self._deleted), self._whole)
         self._deleted, self._whole = set(), set()
         self._written.clear()               # cleared in place: nobody may hold it past a snapshot
+        self._stale = set()
         self._shared = set(range(KEY_GROUPS))
         self._changed = set()
         view = MemoryView(self._tables, changes, self._live, self._released, fold)
@@ -436,47 +511,54 @@ class MemoryState(KeyedState):
             self._put_group(g, {})
 
     def take_groups(self, groups: Iterable[int]) -> dict[int, Mapping]:
-        """The group dicts themselves, replaced by empty ones, in a rescale's turn: O(groups + keys
-        written since the snapshot + keys in its deferred fold), never O(keys held) (at 10^6 keys
-        a Replicate's turn spent 465 ms removing the taken keys from the index, and 240-580 ms in
-        a fold that copied every group a checkpoint's live view shared):
+        """The group dicts themselves, replaced by empty ones, in a rescale's turn: O(groups taken),
+        never O(keys held) nor O(keys written) (at 10^6 keys a Replicate's turn spent 465 ms
+        removing the taken keys from the index, 240-580 ms in a fold that copied every group a
+        checkpoint's live view shared, then 116-1,330 ms sorting out the taken groups' writes of
+        the fill since the last checkpoint):
 
-        - no fold: the taken groups' part of the snapshot's deferred fold is applied first, and
-          that fold skips them after (nothing writes a taken dict after); then only their writes
-          since the last fold are taken out of it and applied to their dict, in place where no
-          view shares it; where one does, the group is a :class:`TakenGroup`, the dict and those writes,
-          copied and applied when first read (off the turn: when the part is pickled);
+        - no fold, no key visited: the writes since the last fold are set aside whole, as a
+          layer (``_layers``, a :class:`_Fold` without tables) that the state's next fold (or the
+          next snapshot's) applies to the groups that stay, and each taken group is a
+          :class:`TakenGroup` (its dict, the snapshot's deferred fold and the layers) whose reader,
+          off the turn (the packer, the leave thread), applies what it owes and copies it;
         - the taken keys leave the flat index afterwards, in another thread (:meth:`_leave`).
           Until they are gone nothing sees them: the routers send none of their tuples here any
           more, a call naming a key lets its group go first (:meth:`_guard`), ``entries`` and
-          ``len`` go by the groups, an import or a pickle of the state lets them all go."""
+          ``len`` go by the groups, an import or a pickle of the state lets them all go;
+        - their keys stay in :meth:`writable` until the snapshot (no tuple of theirs comes here),
+          and an import of one of them before it drops them (``_stale``, :meth:`_put_group`).
+
+        A group whose dict was empty at the last fold is read at once (its keys, if any, are all
+        in the writes): O(keys written) for it, as when the state is new."""
         chosen = set(groups)
-        if self._pending is not None:       # the snapshot's deferred fold: these groups' part only
-            self._pending.apply_groups(chosen)
-        puts, gone = self._pending_of(chosen)
-        live = self._live
+        if self._unfolded or self._unfolded_gone:
+            self._layers.append(_Fold(None, self._unfolded, self._unfolded_gone))
+            self._unfolded, self._unfolded_gone = {}, set()
+        # A layer gives each group's part once: not again to a later take of a group that came back.
+        owed = {g: tuple(layer for layer in self._layers if g not in layer.done) for g in chosen}
+        for layer in self._layers:
+            layer.done |= chosen
+        pending = self._pending
+        if pending is not None and pending.puts is None:
+            pending = None
         taken: dict[int, Mapping] = {}
         for g in sorted(chosen):
             table = self._tables[g]
-            put, off = puts.get(g), gone.get(g)
-            if put or off:
-                self._changed.add(g)        # as the fold would have marked it
-            if not table and not put:
-                continue
-            if (put or off) and live and g in self._shared:
-                if put or len(table) > sum(1 for k in off if k in table):   # (off: none of them put)
-                    taken[g] = TakenGroup(table, put or {}, off or ())
-            else:
-                if put:
-                    table.update(put)
-                for key in off or ():
-                    table.pop(key, None)
-                if table:                   # its keys all deleted since the last fold: none to give
-                    taken[g] = table
+            if not table:                   # empty at the last fold: its keys, if any, are in the writes
+                if pending is not None:
+                    pending.apply()
+                wrote = [layer.part(g) for layer in owed[g]]
+                if not table and not any(puts for puts, _gone in wrote):
+                    if any(gone for _puts, gone in wrote):
+                        self._changed.add(g)
+                    continue
+            taken[g] = TakenGroup(table, pending, owed[g], g)
             self._tables[g] = {}
             self._shared.discard(g)
             self._changed.add(g)
             self._whole.add(g)
+            self._stale.add(g)
         if taken:
             with self._leave_lock:
                 start = not self._leaving
@@ -485,31 +567,6 @@ class MemoryState(KeyedState):
             if start:
                 _leave_later(self)
         return taken
-
-    def _pending_of(self, chosen: set) -> tuple[dict[int, dict], dict[int, list]]:
-        """Groups ``chosen``'s writes since the last fold, out of it (``{group: {key: value}}`` put,
-        ``{group: [key]}`` deleted), and their keys out of :meth:`writable` (which must not offer
-        them): O(keys written since the snapshot). The keys put since the last fold are among
-        those put since the snapshot (a snapshot folds, or hands its fold to the view, and both
-        are emptied there; a put, a delete, a take writes both or neither)."""
-        unfolded, unfolded_gone, written, index = self._unfolded, self._unfolded_gone, self._written, self._index
-        puts: dict[int, dict] = {}
-        gone: dict[int, list] = {}
-        if written:
-            keys = list(written)
-            for key, g in zip(keys, key_groups(keys)):
-                if g in chosen:
-                    del written[key]
-                    if key in unfolded:
-                        puts.setdefault(g, {})[key] = unfolded.pop(key)
-        if unfolded_gone:
-            keys = list(unfolded_gone)
-            for key, g in zip(keys, key_groups(keys)):
-                if g in chosen:
-                    unfolded_gone.discard(key)
-                    if key not in index:
-                        gone.setdefault(g, []).append(key)
-        return puts, gone
 
     def _guard(self) -> None:
         """While taken keys are still in the index, a call naming a key first lets that key's group
@@ -575,7 +632,10 @@ class MemoryState(KeyedState):
                 if not leaving:
                     return
                 g, table = next(iter(leaving.items()))
-            keys = list(table)              # nobody writes a taken dict (see take_groups)
+            if isinstance(table, TakenGroup):   # nobody writes it once its fold is applied
+                keys = yield from table.leaving_keys()
+            else:
+                keys = list(table)
             for i in range(0, len(keys), LEAVE_KEYS):
                 with lock:
                     if leaving.get(g) is not table:
@@ -614,6 +674,8 @@ class MemoryState(KeyedState):
     def _put_group(self, group: int, entries: dict) -> None:
         if group in self._leaving:          # taken earlier, back now: its old keys leave first
             self._leave_one(group)
+        if group in self._stale:            # taken since the snapshot: its keys leave writable()
+            self._drop_stale()
         self._fold()
         index, written = self._index, self._written
         for key in self._tables[group]:
@@ -657,38 +719,68 @@ def _leave_later(state: "MemoryState") -> None:
 
 
 class TakenGroup(Mapping):
-    """A key group taken while a snapshot's view shared its dict, with the writes since the last
-    fold on top (:meth:`MemoryState.take_groups`): the copy and the writes are made when it is
-    first read, by whoever packs it, not in the PE's turn. Pickles as the plain dict."""
+    """A key group taken in a rescale's turn (:meth:`MemoryState.take_groups`): its dict as of the
+    last fold, the snapshot's deferred fold (which may still owe it writes, in place: the view
+    reads the same dict) and the writes set aside since (``layers``, this group's part of each).
+    Whoever reads it first, off the turn (the packer, the leave thread), applies those and copies
+    the dict (a live view may share it); nothing writes it after. Pickles as the plain dict."""
 
-    def __init__(self, table: dict, puts: dict, gone: Iterable[Any]) -> None:
-        self._parts = (table, puts, tuple(gone))
+    def __init__(self, table: dict, pending: _Fold | None, layers: tuple[_Fold, ...], group: int) -> None:
+        self._parts = (table, pending, layers, group)
         self._entries: dict | None = None
+        self._lock = threading.Lock()
 
     def _now(self) -> dict:
         entries = self._entries
-        if entries is None:                 # two readers at once make the same dict: either will do
-            table, puts, gone = self._parts
-            entries = dict(table)
-            entries.update(puts)
-            for key in gone:
-                entries.pop(key, None)
-            self._entries = entries
+        if entries is None:
+            with self._lock:                # the leave thread and the packer may come at once
+                entries = self._entries
+                if entries is None:
+                    table, pending, layers, group = self._parts
+                    if pending is not None:
+                        pending.apply()     # the writes before the snapshot, in place (the view's too)
+                    entries = dict(table)
+                    for layer in layers:
+                        puts, gone = layer.part(group)
+                        entries.update(puts)
+                        for key in gone:
+                            entries.pop(key, None)
+                    self._entries = entries
+                    self._parts = (None, None, (), group)
         return entries
+
+    def leaving_keys(self) -> Iterator[None]:
+        """The group's keys for the leave thread (the generator's return value), without the copy:
+        the deferred fold applied, the keys in its dict and those its layers put (a deleted key is
+        not in the index). The keys' groups are computed a slice at a time, yielding between."""
+        table, pending, layers, group = self._parts
+        if self._entries is not None or table is None:
+            return list(self._now())
+        if pending is not None:
+            yield from pending.paced()
+            pending.apply()                 # then nobody writes the dict
+        keys = list(table)
+        for layer in layers:
+            yield from layer.paced()
+            keys += layer.part(group)[0]
+        return keys
+
+    def first_key(self) -> Any:
+        """A key of the group (it stands for its group in a snapshot's form), read without the
+        copy: the turn asks for one (``groups.take_groups``)."""
+        table = self._parts[0]
+        if self._entries is None and table:
+            try:
+                return next(iter(table))
+            except RuntimeError:            # the deferred fold wrote it meanwhile (writer thread)
+                pass
+        return next(iter(self._now()))
 
     def __getitem__(self, key: Any) -> Any:
         return self._now()[key]
 
     def __iter__(self) -> Iterator[Any]:
-        if self._entries is not None:
-            return iter(self._entries)
-        return self._keys()                 # not copied for a first key (groups.take_groups asks one)
-
-    def _keys(self) -> Iterator[Any]:
-        table, puts, gone = self._parts
-        gone = set(gone)
-        yield from (k for k in table if k not in puts and k not in gone)
-        yield from puts
+        return iter(self._now())
 
     def __len__(self) -> int:
         return len(self._now())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 
+from ..errors import CheckpointError
 from ..state.files import StateFiles
 from ..state.incremental import ChainWriter
 from ..state.local import LocalCopies
@@ -49,19 +50,25 @@ class CheckpointFiles:
             if result is None:
                 out[pe_id] = {"error": f"PE {pe_id}: no snapshot of checkpoint {checkpoint_id} held here"}
                 continue
-            out[pe_id] = writer.write_pe(files, checkpoint_id, pe_id, result)
+            try:
+                out[pe_id] = writer.write_pe(files, checkpoint_id, pe_id, result)
+            except CheckpointError as exc:          # aborted meanwhile: the rest is not written
+                out[pe_id] = {"error": str(exc)}
         _release(taken)
         return out
 
     def end(self, deployment: str, checkpoint_id: int, complete: bool) -> None:
-        """Checkpoint ``checkpoint_id`` is over: complete ones are what later chains build on;
-        snapshots still held of it (or older ones) are released."""
+        """Checkpoint ``checkpoint_id`` is over: complete ones are what later chains build on, an
+        aborted one's write stops (its groups written so far are built on); snapshots still held
+        of it (or older ones) are released."""
         with self._lock:
             stale = [k for k in self._taken if k[0] == deployment and k[1] <= checkpoint_id]
             held = [self._taken.pop(k) for k in stale]
             writer = self._writers.get(deployment)
             if complete and writer is not None:
                 writer.confirm(checkpoint_id)
+            elif writer is not None:
+                writer.abandon(checkpoint_id)
         for results in held:
             _release(results)
 

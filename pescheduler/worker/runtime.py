@@ -233,6 +233,7 @@ class PERunner:
         async with self.turns.lock:
             lap("turn wait")
             before()
+            lap("export")
             if outputs or remove_outputs or routing:
                 await self.rewirer.rewire(outputs, remove_outputs, lambda out: self.ports.open_channel(out, connect),
                                           routing, copies)

@@ -163,19 +163,177 @@ def test_a_chain_is_rewritten_whole_after_max_deltas(state):
     assert restored(store, 5)["car-0000007"] == [7, 5.0]
 
 
-def test_an_aborted_checkpoint_is_never_built_on(state):
+def aborted_after(files: CheckpointFiles, checkpoint_id: int, groups: int, monkeypatch) -> None:
+    """Abort checkpoint ``checkpoint_id`` (as the coordinator's timeout does: ``pe_ckpt_end``
+    with ``complete=False`` from the worker's loop) once its write has put ``groups`` group files."""
+    from pescheduler.state.files import StateFiles
+
+    put, count = StateFiles.put, [0]
+
+    def counted(self, cid, name, data):
+        entry = put(self, cid, name, data)
+        if cid == checkpoint_id and ".g" in name:
+            count[0] += 1
+            if count[0] == groups:
+                files.end("d", checkpoint_id, complete=False)
+        return entry
+
+    monkeypatch.setattr(StateFiles, "put", counted)
+
+
+def group_files(out: dict, checkpoint_id: int, kind: str) -> int:
+    return sum(1 for f in out["files"] if f["chk"] == checkpoint_id and f["path"].endswith(kind))
+
+
+def test_an_aborted_checkpoints_groups_are_built_on_and_restore_exactly(state, monkeypatch):
+    """A first checkpoint cut short after 40 of its groups (the timeout: its write stops there);
+    the next one references those 40 files (a delta each for the keys changed since) and writes
+    only the other groups whole; pruning keeps what it references; the restore is exact."""
     store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
-    fill(state, 2_000)
-    checkpoint(files, store, state, 1)
-    state.put("car-0000003", [3, 9.0])
-    checkpoint(files, store, state, 2, complete=False)   # written, then aborted: its files go
-    files.end("d", 2, complete=False)
-    store.discard(2)
-    state.put("car-0000004", [4, 9.0])
+    fill(state, 5_000)
+    groups = len(state.groups())
+    aborted_after(files, 1, 40, monkeypatch)
+    first = checkpoint(files, store, state, 1, complete=False)
+    assert "aborted" in first["error"]                           # stopped at the group after the 40th
+    assert len(store.fs.find(f"{store.url}/chk-000001")) == 40
+    for i in range(0, 5_000, 100):
+        state.put(f"car-{i:07d}", [i, 2.0])
+    state.delete("car-0000001")
+    second = checkpoint(files, store, state, 2)
+    assert group_files(second, 1, ".full") == 40 and group_files(second, 2, ".full") == groups - 40
+    assert group_files(second, 2, ".delta") <= 40
+    store.prune(1)
+    expect = {f"car-{i:07d}": [i, 2.0 if i % 100 == 0 else 1.0] for i in range(5_000) if i != 1}
+    assert restored(store, 2) == expect
+
+
+def test_an_attempt_writes_the_groups_no_attempt_reached_first(state, monkeypatch):
+    """Keys of every group change between attempts (1 % of them): an attempt cut short after 40
+    files has written 40 new groups whole, not 40 deltas of groups the last one wrote: each
+    attempt adds as many groups as fit in the timeout, so they converge on a changing state."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 5_000)
+    groups = len(state.groups())
+    aborted_after(files, 1, 40, monkeypatch)
+    checkpoint(files, store, state, 1, complete=False)
+    for i in range(0, 5_000, 10):
+        state.put(f"car-{i:07d}", [i, 2.0])
+    aborted_after(files, 2, 40, monkeypatch)
+    checkpoint(files, store, state, 2, complete=False)
+    second = [p.rsplit("/", 1)[-1] for p in store.fs.find(f"{store.url}/chk-000002")]
+    assert len(second) == 40 and all(p.endswith(".full") for p in second), second
     third = checkpoint(files, store, state, 3)
-    assert all(f["chk"] in (1, 3) for f in third["files"])
-    got = restored(store, 3)
-    assert got["car-0000003"] == [3, 9.0] and got["car-0000004"] == [4, 9.0]
+    assert group_files(third, 3, ".full") == groups - 80
+    assert restored(store, 3) == {f"car-{i:07d}": [i, 2.0 if i % 10 == 0 else 1.0] for i in range(5_000)}
+
+
+def test_after_a_fill_an_attempt_rewrites_the_groups_no_attempt_reached_first(state, monkeypatch):
+    """A complete checkpoint of a small state, then a fill: every group's delta outgrows its full
+    file, so every group is written whole again; keys of every group change between attempts.
+    Attempts cut short after 40 files each still add 40 new groups each (not deltas of the groups
+    the last one wrote, which filled the second attempt before) and converge."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 500)
+    checkpoint(files, store, state, 1)
+    fill(state, 8_000, value=lambda i: [i, 3.0])
+    groups = len(state.groups())
+    for cid in (2, 3):
+        aborted_after(files, cid, 40, monkeypatch)
+        checkpoint(files, store, state, cid, complete=False)
+        for i in range(cid, 8_000, 50):                        # keys of every group change between attempts
+            state.put(f"car-{i:07d}", [i, 4.0])
+    last = checkpoint(files, store, state, 4)
+    assert group_files(last, 4, ".full") == groups - 80 and group_files(last, 2, ".full") == 40
+    assert restored(store, 4) == {f"car-{i:07d}": [i, 4.0 if i % 50 in (2, 3) else 3.0] for i in range(8_000)}
+
+
+def test_after_a_fill_the_keys_changed_are_not_read_by_group_before_the_first_file(state, monkeypatch):
+    """More keys changed since the last complete checkpoint than its chains hold (a fill came
+    after it): every group is written whole without sorting the changed keys by group first, a
+    pass over every key filled that each attempt paid before its first file."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 500)
+    checkpoint(files, store, state, 1)
+    fill(state, 8_000, value=lambda i: [i, 3.0])
+    from pescheduler.state.disk import SnapshotView, _by_group
+    from pescheduler.state.memory import MemoryView
+
+    sorted_keys, by_group = [], MemoryView.by_group
+    monkeypatch.setattr(MemoryView, "by_group", lambda self, keys: sorted_keys.append(len(keys)) or by_group(self, keys))
+    monkeypatch.setattr(SnapshotView, "by_group", staticmethod(lambda keys: sorted_keys.append(len(keys)) or _by_group(keys)))
+    second = checkpoint(files, store, state, 2)
+    assert sum(sorted_keys) < 7_500, sorted_keys        # (the disk view sorts its own write buffer's keys)
+    assert group_files(second, 2, ".full") == len(state.groups())
+    assert restored(store, 2) == {f"car-{i:07d}": [i, 3.0] for i in range(8_000)}
+
+
+def test_an_attempt_sorts_by_group_only_the_keys_changed_since_the_last_attempt(monkeypatch):
+    """2,000 keys changed since the last complete checkpoint, an attempt aborted, 100 more: the
+    next attempt sorts those 100 by group, not the 2,100 again (at 10^7 keys, 2 M changed since
+    the last complete one, that pass took most of each 30 s attempt: 1-3 files written)."""
+    from pescheduler.state.memory import MemoryView
+
+    state, store, files = open_state("memory"), CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 5_000)
+    checkpoint(files, store, state, 1)
+    for i in range(2_000):
+        state.put(f"car-{i:07d}", [i, 2.0])
+    aborted_after(files, 2, 10, monkeypatch)
+    checkpoint(files, store, state, 2, complete=False)
+    for i in range(2_000, 2_100):
+        state.put(f"car-{i:07d}", [i, 2.0])
+    sorted_keys, by_group = [], MemoryView.by_group
+    monkeypatch.setattr(MemoryView, "by_group", lambda self, keys: sorted_keys.append(len(keys)) or by_group(self, keys))
+    checkpoint(files, store, state, 3)
+    assert sum(sorted_keys) <= 200, sorted_keys                # since the base, since the attempt: 100 each
+    assert restored(store, 3) == {f"car-{i:07d}": [i, 2.0 if i < 2_100 else 1.0] for i in range(5_000)}
+
+
+def test_a_crash_between_an_aborted_checkpoint_and_the_next_complete_one_restores_exactly(state, monkeypatch):
+    """Checkpoint 1 complete; 2 cut short after 30 groups (deltas on 1's chains); the worker dies
+    (its writer is gone) before 3: the restore of the latest complete one is 1's state exactly,
+    2's files in no manifest. The restored state's first checkpoint (a new writer: whole groups)
+    completes; then pruning removes 1 and 2 and 3 restores exactly."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 3_000)
+    checkpoint(files, store, state, 1)
+    for i in range(0, 3_000, 7):
+        state.put(f"car-{i:07d}", [i, 7.0])
+    aborted_after(files, 2, 30, monkeypatch)
+    assert "error" in checkpoint(files, store, state, 2, complete=False)
+    assert store.fs.find(f"{store.url}/chk-000002")              # its files stay, for a next attempt
+    assert store.resolve("latest") == (store.run, 1)
+    back = restored(store, 1)
+    assert back == {f"car-{i:07d}": [i, 1.0] for i in range(3_000)}
+    again = open_state("memory")                                 # the restarted PE, replayed since 1
+    for key, value in back.items():
+        again.put(key, value)
+    for i in range(0, 3_000, 7):
+        again.put(f"car-{i:07d}", [i, 7.0])
+    third = checkpoint(CheckpointFiles(), store, again, 3)
+    assert {f["chk"] for f in third["files"]} == {3}
+    store.prune(1)
+    assert store.ids() == [3]
+    assert restored(store, 3) == {f"car-{i:07d}": [i, 7.0 if i % 7 == 0 else 1.0] for i in range(3_000)}
+
+
+def test_a_damaged_file_an_aborted_checkpoint_left_is_refused(tmp_path, monkeypatch, state):
+    """A file of the aborted attempt that the complete one references, changed on disk: the
+    restore refuses it by its SHA-256, as any checkpoint file."""
+    from pescheduler.errors import CheckpointDamaged
+
+    store, files = CheckpointStore(str(tmp_path / "ckpt"), KEY), CheckpointFiles()
+    fill(state, 2_000)
+    aborted_after(files, 1, 10, monkeypatch)
+    checkpoint(files, store, state, 1, complete=False)
+    second = checkpoint(files, store, state, 2)
+    reused = next(f for f in second["files"] if f["chk"] == 1)
+    path = os.path.join(store.root, store.run, reused["path"])
+    data = bytearray(open(path, "rb").read())
+    data[-1] ^= 1
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(CheckpointDamaged, match="SHA-256"):
+        restored(store, 2)
 
 
 def test_the_barriers_part_does_no_work_per_key(state):

@@ -41,6 +41,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("snapshot")),
     st.tuples(st.just("entries")),
     st.tuples(st.just("drop"), KEYS),
+    st.tuples(st.just("take"), KEYS, st.integers(0, 7)),     # the groups of a key, and of the i-th last written
     st.tuples(st.just("read views")),
 ), max_size=40)
 
@@ -66,10 +67,12 @@ def test_the_disk_backend_is_a_dict_under_any_interleaving(ops, flush_keys):
     """Every read agrees with a dict's; equal keys (0, 0.0, False, numpy's 0, tuples of them) are
     one key. ``flush_keys``: writes reach the store at once, every few, or only at a scan. A view
     reads the state as it was at its snapshot, however much was written, flushed or dropped whole
-    since (read while it still reads the live store, and after a drop pinned it)."""
+    since (read while it still reads the live store, and after a drop pinned it). A take's groups
+    (a rescale's, read when packed) hold their keys as they were at the take, read at any later
+    point, and leave the state."""
     root = tempfile.mkdtemp()
     saved, disk.FLUSH_KEYS = disk.FLUSH_KEYS, flush_keys
-    state, model, views = _disk(root), {}, []
+    state, model, views, takes = _disk(root), {}, [], []
     try:
         for op, *args in ops:
             if op == "put":
@@ -94,15 +97,27 @@ def test_the_disk_backend_is_a_dict_under_any_interleaving(ops, flush_keys):
                 g = key_group(args[0])
                 state.drop_groups([g])
                 model = {k: v for k, v in model.items() if key_group(k) != g}
+            elif op == "take":
+                written = [k for k in model]
+                groups = {key_group(args[0])} | ({key_group(written[-1 - args[1] % len(written)])} if written else set())
+                taken = state.take_groups(groups)
+                then = {k: v for k, v in model.items() if key_group(k) in groups}
+                assert set(taken) == {key_group(k) for k in then}
+                takes.append((taken, then))
+                model = {k: v for k, v in model.items() if key_group(k) not in groups}
             elif op == "read views":
                 for view, then in views:
                     assert _read(view) == then
+                for taken, then in takes:
+                    assert {k: v for g in taken.values() for k, v in g.items()} == then
             else:
                 assert dict(state.entries()) == model and len(state) == len(model)
         assert dict(state.entries()) == model and len(state) == len(model)
         for view, then in views:                # each view reads the state as it was
             assert _read(view) == then
             view.release()
+        for taken, then in takes:
+            assert {k: v for g in taken.values() for k, v in g.items()} == then
     finally:
         disk.FLUSH_KEYS = saved
         state.close()

@@ -114,7 +114,9 @@ def _ops(ops: list, slicer: list | None) -> None:
             views.pop(op[1] % len(views))[0].release()
         elif kind == "take":                           # a rescale's export, as the operators call it
             taken = take_groups(state, frozenset(op[1]))
-            assert {g: dict(packed.entries) for g, (_k, packed) in taken.items()} == \
+            # A group whose keys were all deleted since the last fold may come empty (the take
+            # reads no key: it does not know); it installs nothing where it is imported.
+            assert {g: dict(packed.entries) for g, (_k, packed) in taken.items() if packed.entries} == \
                 {g: ref.group(g) for g in sorted(op[1]) if ref.group(g)}
             assert all(key_group(first) == g for g, (first, _p) in taken.items())
             for g in taken:
@@ -175,10 +177,12 @@ def _check(state: MemoryState, ref: Reference, views: list) -> None:
           ("view", 0)])
 @example([("put", 1, 1), ("snapshot", True), ("put", 1, 2), ("take", {key_group(1)}, False), ("changed",),
           ("import", 0, False)])
+@example([("put", 1, 1), ("take", {key_group(1)}, False), ("put", 597, 2), ("take", {key_group(1)}, False)])
 def test_memory_state_reads_as_a_dict_through_any_interleaving(ops):
     """The examples: a group whose keys were all deleted since the last fold is not handed over
     (plain and shared with a view); a key deleted then put again before a deferred fold, taken; a
-    taken group the deferred fold (its view let go unread) must not write again when applied."""
+    taken group the deferred fold (its view let go unread) must not write again when applied; a group
+    taken twice before a fold (597 is in 1's group) gets the writes set aside at the first take once."""
     _run(ops)
 
 
