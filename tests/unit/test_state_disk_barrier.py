@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import random
-import statistics
 import time
 
 import dask.config
 
 from pescheduler.state import open_state
+from growth import assert_grows_less
 
 ROW = {"id": "car-0000000", "speed": 87.5, "lane": 3, "note": "x" * 120}     # ~180 bytes pickled
 
@@ -34,7 +34,4 @@ def _barrier_ms(root: str, k: int, rounds: int = 3) -> list[float]:
 
 
 def test_the_barrier_step_at_ten_times_the_keys_costs_less_than_three_times(tmp_path):
-    small, big = _barrier_ms(str(tmp_path), 10_000), _barrier_ms(str(tmp_path), 100_000)
-    ratio = statistics.median(big) / max(statistics.median(small), 1.0)    # under 1 ms: noise
-    assert ratio < 3, (f"snapshot() ms at 10^4 keys {[round(t, 2) for t in small]}, "
-                       f"at 10^5 {[round(t, 2) for t in big]}: x{ratio:.1f}")
+    assert_grows_less(lambda k: _barrier_ms(str(tmp_path), k), "snapshot()")
