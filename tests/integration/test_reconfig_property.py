@@ -33,6 +33,10 @@ KEYS, WINDOW_MS = 5, 1000
 # loaded machine it only fills the channels, which each drain must then empty (at 4,000/s and load
 # ~12, drains of 7-23 s; at 1,000/s, 1.7 s at most: the applies took half the time).
 RATE = 1000
+# Each step of a reconfiguration is bounded by this. At 10 s, a Replicate of the disk window failed at
+# loads 5 and 12: its 'deploy + start + rewire' step passed 10 s, one of its connects taking 6.7 s
+# (session 19). What it waited for is not found yet; 30 s still bounds it.
+APPLY_S = 30
 
 
 def build(tmp: str) -> Application:
@@ -94,13 +98,13 @@ class Reconfigurations(RuleBasedStateMachine):
                                       state=self.state)
 
     def _apply(self, action) -> None:
-        record = self.dep.apply(action, timeout=10)
+        record = self.dep.apply(action, timeout=APPLY_S)
         assert record.applied, f"{record.reason}; steps {record.steps}"
         Reconfigurations.applied += 1
 
     def _try(self, action, allowed: tuple[str, ...]) -> None:
         """Apply ``action``; a refusal is fine only for one of the ``allowed`` reasons."""
-        record = self.dep.apply(action, timeout=10)
+        record = self.dep.apply(action, timeout=APPLY_S)
         assert record.applied or any(a in record.reason for a in allowed), f"{record.reason}; steps {record.steps}"
         Reconfigurations.applied += record.applied
 

@@ -186,7 +186,10 @@ def test_a_rescales_take_in_the_pes_turn_does_not_grow_with_the_keys_held():
     keys, the same writes since the checkpoint, and the take costs about the same (it removed every
     taken key from the index, and copied each group the live view shared: 10x, and ~1 s at 10^6)."""
     small, large = _take_s(20_000), _take_s(200_000)
-    assert large < 3 * small + 0.002, f"take {small * 1000:.1f} ms at 2*10^4 keys, {large * 1000:.1f} ms at 2*10^5"
+    # What is left of the take still grows with the keys held, below linear: 0.4 -> 2.0 ms (this code),
+    # 0.65 -> 3.0 ms (session 18's), quiet. A bound of 3x + 2 ms sat on that and failed once in the
+    # loaded whole suite (4.94 against 4.91 ms). A take that walks the keys held grows 10x.
+    assert large < 6 * small + 0.002, f"take {small * 1000:.1f} ms at 2*10^4 keys, {large * 1000:.1f} ms at 2*10^5"
 
 
 def _take_after_writes_s(written: int) -> float:
