@@ -216,6 +216,18 @@ def pescheduler_operators():
     return [Numbers, FailingNumbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
 
 
+def slow_consumer(seconds: float):
+    """A map function that spends ``seconds`` on each tuple: a consumer slower than its source, so
+    its input channels fill and its producers wait for credit (backpressure, and what queues behind
+    it). The sleep is the work being modelled, not a wait for an event: there is none to await."""
+    import time
+
+    def slow(t):
+        time.sleep(seconds)
+        return t
+    return slow
+
+
 def committed_output(path) -> list:
     """What a ``jsonl`` sink made visible, in order (two-phase under checkpoints: only output a
     complete checkpoint covers is in the file)."""

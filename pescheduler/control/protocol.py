@@ -134,10 +134,10 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
 
 def _ordered(old: Placement, old_channels: dict[ChannelKey, str], moves: tuple[GroupMove, ...],
              same: set[str], kept: set[str]) -> dict[str, list[str]]:
-    """Downstream PE -> its channels from a PE that exports key groups while it runs (a move's
-    ``src_live``): the channels whose :func:`~pescheduler.wire.exported_marker` each such PE must
+    """Downstream PE -> its channels from a PE that exports key groups while it runs (a deferred
+    move's ``src_live``): the channels whose :func:`~pescheduler.wire.exported_marker` each such PE must
     take before the groups' state goes to the gaining instance (``execute``)."""
-    exporters = {m.src_pe for m in moves if m.src_live}
+    exporters = {m.src_pe for m in moves if m.src_live and m.deferred}   # a blocking move's state is in already
     out: dict[str, list[str]] = {}
     for (src, _port, dst_pe), cid in old_channels.items():
         if old.pe_of(src) in exporters and dst_pe in same and dst_pe not in exporters and cid in kept:

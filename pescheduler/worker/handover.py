@@ -95,7 +95,7 @@ def exported_live(pe: Any, moves: list[dict]) -> list[tuple[dict, dict]]:
     the marker (the controller waits for it), or under load a slow consumer processed the new
     instance's output for a key before the old one's (a key's running sums out of order)."""
     parts = [(m, part) for m in moves for part in exported(pe, m)]
-    for tag in dict.fromkeys(m["tag"] for m in moves):
+    for tag in dict.fromkeys(m["tag"] for m in moves if m.get("deferred")):
         for _spec, channel in pe.ports.outs:
             channel.marker(exported_marker(tag))
     return parts

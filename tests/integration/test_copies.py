@@ -9,13 +9,13 @@ once, keyed running sums exact and in per-key order, window counts exact).
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 import pescheduler
 from pescheduler import Application, Fuse, Release, Replicate, Split
 from guarded import assert_drained, assert_exact
+from support_ops import slow_consumer
 from waiting import processed, snapshot_until
 
 pytestmark = pytest.mark.integration
@@ -136,13 +136,6 @@ def test_slots_are_warm_and_shown_and_a_cold_worker_starts_when_none_is_left(tmp
     assert_every_number_once(read(out))
 
 
-def slow(e):
-    """0.3 ms a tuple (at most ~3,300 a second, the source makes 4,000): the consumer of the running
-    sums falls behind and its input channels fill."""
-    time.sleep(0.0003)
-    return e
-
-
 def test_a_copy_of_a_running_instance_keeps_each_keys_order_into_a_slow_consumer(cluster, tmp_path):
     """The router and the original run in one PE, so a copy takes its key groups while the
     original goes on (a deferred move), and the consumer downstream is slow: the original's
@@ -152,7 +145,7 @@ def test_a_copy_of_a_running_instance_keeps_each_keys_order_into_a_slow_consumer
     out = tmp_path / "sums.jsonl"
     app = Application("copies-ordered")
     (app.source("numbers", count=10**9, keys=7, rate=4_000).key_by("key").apply("running_sum")
-        .map(slow).sink("jsonl", path=str(out)))
+        .map(slow_consumer(0.0003)).sink("jsonl", path=str(out)))     # ~3,300/s: it falls behind
     with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         pl = dep.placement()
         assert dep.apply(Fuse(pl.pe_of("key_by-2"), pl.pe_of("running_sum-3")), timeout=WAIT).applied

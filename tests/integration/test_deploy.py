@@ -10,6 +10,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, DeploymentFailed, config
+from support_ops import slow_consumer
 
 pytestmark = pytest.mark.integration
 
@@ -138,14 +139,8 @@ def test_stop_drains_an_unbounded_stream_and_flushes_windows(cluster, tmp_path):
 
 
 def test_slow_consumer_is_backpressured_and_memory_stays_bounded(cluster, tmp_path):
-    import time as _time
-
-    def slow(t):
-        _time.sleep(0.0001)
-        return t
-
     app = Application("slow")
-    app.source("numbers", count=30_000).map(slow).sink("jsonl", path=str(tmp_path / "o.jsonl"))
+    app.source("numbers", count=30_000).map(slow_consumer(0.0001)).sink("jsonl", path=str(tmp_path / "o.jsonl"))
     with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         dep.wait(timeout=WAIT)
         pes = {row["pe"]: row for row in dep.status()["pes"]}
