@@ -180,9 +180,11 @@ class WorkerGateway:
         return await self.client.rpc(worker).pe_reconf_wait(deployment=self.deployment, marker=marker,
                                                              aligned=aligned, seen=seen, timeout=timeout)
 
-    async def snapshot(self, worker: str, pe_ids: list[str]) -> bytes:
-        """The aligned PEs' operator states, progress and source positions (cloudpickled)."""
-        return await self.client.rpc(worker).pe_snapshot(deployment=self.deployment, pe_ids=pe_ids)
+    async def snapshot(self, worker: str, pe_ids: list[str], leave_out: list[str] = ()) -> bytes:
+        """The aligned PEs' operator states, progress and source positions (cloudpickled), but
+        the operators ``leave_out`` names."""
+        return await self.client.rpc(worker).pe_snapshot(deployment=self.deployment, pe_ids=pe_ids,
+                                                         leave_out=list(leave_out))
 
     async def handover(self, worker: str, moves: list[dict]) -> dict:
         """The aligned PEs on ``worker`` export these key-group moves and send them to their new

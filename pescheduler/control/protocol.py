@@ -242,7 +242,7 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
         await step("pause", asyncio.gather(*(gateway.pause(w, marker, **todo) for w, todo in by_worker.items())))
         await step("drain", _wait_drained(gateway, old, plan, marker, timeout, steps), limit=None)  # bounds itself
         await step("handover", _hand_over_retired(gateway, plan, marker, timeout))
-        states = await step("snapshot", _snapshot(gateway, old, plan.retired))
+        states = await step("snapshot", _snapshot(gateway, old, plan.retired, _handed_over(old, plan)))
         await step("stop", asyncio.gather(*(gateway.stop_pes(old.pes[p].worker, [p]) for p in plan.retired)))
     states = redistribute(old, new, states, frozenset(m.op for m in plan.moves))
     states.update(_awaited_moves(plan, marker, timeout))
@@ -415,12 +415,20 @@ async def _pe_report(gateway: WorkerGateway, old: Placement) -> str:
     return "\n".join(lines)
 
 
-async def _snapshot(gateway: WorkerGateway, old, retired) -> dict[str, dict]:
-    """op_id -> saved state, gathered from every retired PE."""
+def _handed_over(old: Placement, plan: ReconfigurationPlan) -> list[str]:
+    """Instances whose key groups moved worker to worker (``plan.moves``): ``redistribute`` leaves
+    their snapshots out, so the retired PEs do not take them. A Release's copy on ``disk`` had its
+    groups dropped by range, and reading which groups it still held visited every key dropped
+    (a seek skips range-deleted keys one by one): 22-44 ms of the pause at 5 * 10^5 keys."""
+    return sorted({inst for x in {m.op for m in plan.moves} for inst in old.instances(x)})
+
+
+async def _snapshot(gateway: WorkerGateway, old, retired, leave_out: list[str] = ()) -> dict[str, dict]:
+    """op_id -> saved state, gathered from every retired PE (but ``leave_out``'s operators)."""
     by_worker: dict[str, list[str]] = {}
     for pe_id in retired:
         by_worker.setdefault(old.pes[pe_id].worker, []).append(pe_id)
-    blobs = await asyncio.gather(*(gateway.snapshot(w, p) for w, p in by_worker.items()))
+    blobs = await asyncio.gather(*(gateway.snapshot(w, p, leave_out) for w, p in by_worker.items()))
     states: dict[str, dict] = {}
     for blob in blobs:
         for pe_states in cloudpickle.loads(blob).values():

@@ -101,15 +101,6 @@ def exported_live(pe: Any, moves: list[dict]) -> list[tuple[dict, dict]]:
     return parts
 
 
-async def settled(pe: Any, moves: list[dict]) -> None:
-    """Before the turn that exports these moves: each exporting operator's ``settle_export``
-    (optional: a disk store's memtable flush), in a thread while the PE goes on."""
-    for op_id in dict.fromkeys(m["src"] for m in moves):
-        settle = getattr(pe.ops[op_id], "settle_export", None)
-        if settle is not None:
-            await asyncio.to_thread(settle)
-
-
 def gate(pe: Any, op_id: str, groups, tag: str) -> PendingGroups:
     """Gate running instance ``op_id`` of ``pe`` on ``groups`` (call it between the PE's turns)."""
     found = pe.rewirer.pending.get(op_id)
@@ -155,7 +146,6 @@ class HandOvers:
         parts = []
         for move in moves:
             pe = pes[move["src_pe"]]
-            await settled(pe, [move])
             async with pe.turns.lock:
                 parts.extend((move, part) for part in exported(pe, move))
         return await self.send(deployment, parts)

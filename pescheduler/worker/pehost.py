@@ -32,7 +32,7 @@ from . import handshake
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
 from .ckpt_files import CheckpointFiles
 from .channels import ChannelIn, FrameReceiver, Inbox
-from .handover import HandOvers, exported_live, settled
+from .handover import HandOvers, exported_live
 from .handshake import Credentials, tls_contexts
 from ..state.incremental import resolve_restore
 from ..state.local import LocalCopies
@@ -379,12 +379,13 @@ class PEHost:
                                   for p, st in status.items() for c, at in st["times"].items()}}
             await self.changes.after(looked, deadline - loop.time())
 
-    async def pe_snapshot(self, deployment: str, pe_ids: list[str]) -> bytes:
-        """The aligned PEs' operator states, progress and source positions (cloudpickled)."""
+    async def pe_snapshot(self, deployment: str, pe_ids: list[str], leave_out: list[str] = ()) -> bytes:
+        """The aligned PEs' operator states, progress and source positions (cloudpickled), but
+        those of the operators ``leave_out`` names (their key groups went to their new owners)."""
         pes = self._of(deployment)
         states = {}
         for pe_id in pe_ids:
-            states[pe_id] = await pes[pe_id].aligned_snapshot()
+            states[pe_id] = await pes[pe_id].aligned_snapshot(leave_out)
         return cloudpickle.dumps(states)
 
     async def pe_rewire(self, deployment: str, pe_id: str, outputs: bytes = b"",
@@ -398,7 +399,6 @@ class PEHost:
         laps = Laps()
         pe = self._of(deployment)[pe_id]
         parts = []
-        await settled(pe, handover)              # before the turn: the export in it stays short
         await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
                         cloudpickle.loads(add_inputs) if add_inputs else [], list(remove_inputs),
                         cloudpickle.loads(edges) if edges else None, cloudpickle.loads(routing) if routing else None,

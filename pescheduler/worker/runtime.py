@@ -200,11 +200,12 @@ class PERunner:
         """Does anything still move here (a barrier is aligned on, not taken at once)?"""
         return self.state == "running" and self.chain is not None and not self.chain.finished
 
-    def snapshot(self) -> dict[str, dict]:
-        """State, progress and source position of every operator (the PE is aligned and still)."""
-        progress, drivers = self.chain.progress(), self.sources.snapshot()
+    def snapshot(self, leave_out: Iterable[str] = ()) -> dict[str, dict]:
+        """State, progress and source position of every operator (the PE is aligned and still) but
+        ``leave_out`` (a retired instance whose key groups all went to their new owners)."""
+        progress, drivers, skip = self.chain.progress(), self.sources.snapshot(), frozenset(leave_out)
         return {op_id: {"state": op.snapshot(), "progress": progress[op_id], "driver": drivers.get(op_id)}
-                for op_id, op in self.ops.items()}
+                for op_id, op in self.ops.items() if op_id not in skip}
 
     # -- the control port: all the PE host calls, each between the PE's turns ----------------
     async def hold(self, channel_ids: list[str], marker: Any, overtake: Iterable[str] = ()) -> None:
@@ -218,10 +219,10 @@ class PERunner:
             self.rewirer.align(marker, release)
             self.check_aligned()
 
-    async def aligned_snapshot(self) -> dict[str, dict]:
+    async def aligned_snapshot(self, leave_out: Iterable[str] = ()) -> dict[str, dict]:
         """:meth:`snapshot`, not while a turn in the PE's thread changes the operators."""
         async with self.turns.lock:
-            return self.snapshot()
+            return self.snapshot(leave_out)
 
     async def rewire(self, outputs: list[OutputSpec], remove_outputs: list[str], add_inputs: list[InputSpec],
                      remove_inputs: list[str], edges: list | None, routing: dict | None,

@@ -26,8 +26,8 @@ class Through:
         self.handed_bytes = 0
         snapshot, handover = WorkerGateway.snapshot, getattr(WorkerGateway, "handover", None)
 
-        async def counted_snapshot(gateway, worker, pe_ids):
-            blob = await snapshot(gateway, worker, pe_ids)
+        async def counted_snapshot(gateway, worker, pe_ids, *leave_out):
+            blob = await snapshot(gateway, worker, pe_ids, *leave_out)
             self.snapshot_bytes += len(blob)
             return blob
 
