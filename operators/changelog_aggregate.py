@@ -218,10 +218,6 @@ class ChangelogAggregate(Operator):
             raise ValueError(f"changelog_aggregate: the checkpoint computed {state['aggregates']}, "
                              f"this operator {self.aggregates}")
 
-    def settle_export(self) -> None:
-        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
-        self._groups.settle()
-
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away: their groups' aggregates, removed here, packed
         only when the part is pickled (pescheduler/worker/handover.py)."""

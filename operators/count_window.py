@@ -191,11 +191,6 @@ class CountWindow(AggregatingWindow):
         return {"layout": self.plan.layout, "count": self.count, "slide": self.slide, "watermark": self._wm,
                 "pending": leaving, "groups": take_groups(self._keys, groups)}
 
-    def settle_export(self) -> None:
-        """Called off the PE's turn (another thread) just before :meth:`export_groups`: the
-        backend gets ready to give groups away cheaply (a disk store flushes its memtable)."""
-        self._keys.settle()
-
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported (:meth:`export_groups`) join this running one;
         its own watermark stays (the tuples handed over wait for the next one)."""

@@ -284,10 +284,6 @@ class OverLanes(Operator):
             raise ValueError(f"ep_over state of lanes {theirs} cannot be restored into {mine}")
 
     # -- copies: key groups move with their windows and waiting events ---------------------------
-    def settle_export(self) -> None:
-        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
-        self._windows.settle()
-
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their keys'
         windows and waiting events in :meth:`snapshot`'s form (a new instance is restored from

@@ -529,10 +529,6 @@ class SharedPatterns(Operator):
             raise ValueError("an unkeyed pattern is one sequence: it cannot be split into copies")
 
     # -- copies: key groups move with their runs and waiting events -------------------------------
-    def settle_export(self) -> None:
-        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
-        self._runs.settle()
-
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their keys'
         runs and waiting events in :meth:`snapshot`'s form (a new instance is restored from it),

@@ -287,10 +287,6 @@ class Join(Operator):
         return {"within": (self.lower, self.upper), "watermark": self._wm,
                 "groups": take_groups(self._keys, groups)}
 
-    def settle_export(self) -> None:
-        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
-        self._keys.settle()
-
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported join this running one (its own watermark stays:
         the imported events' purge bound is the same rule, applied at the next purge)."""

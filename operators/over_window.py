@@ -229,10 +229,6 @@ class OverWindow(AggregatingWindow):
         return {"layout": self.plan.layout, "size": self.size, "watermark": self._wm, "swept": self._swept,
                 "pending": leaving, "groups": take_groups(self._keys, groups)}
 
-    def settle_export(self) -> None:
-        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
-        self._keys.settle()
-
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported join this running one; its own watermark stays
         (the tuples handed over wait for the next one)."""

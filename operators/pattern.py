@@ -382,10 +382,6 @@ class Pattern(Operator):
         return {"symbols": [p[0] for p in self._pos], "watermark": self._wm, "pending": leaving,
                 "ids": self._ids, "key": self._key_field, "groups": take_groups(self._runs, groups)}
 
-    def settle_export(self) -> None:
-        """Off the PE's turn, before :meth:`export_groups`: a disk store flushes its memtable."""
-        self._runs.settle()
-
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported join this running one; its own watermark stays
         (the events handed over wait for the next one, in their timestamp order)."""

@@ -28,13 +28,6 @@ def rows(out: list) -> list:
     return sorted(map(repr, out))
 
 
-def settled(op) -> None:
-    """What a hand-over calls off the PE's turn before an export, if the operator has it."""
-    settle = getattr(op, "settle_export", None)
-    if settle is not None:
-        settle()
-
-
 def round_trip(value: Any) -> Any:
     """``value`` as the receiving worker gets it (pickled on the wire)."""
     return pickle.loads(pickle.dumps(value))
@@ -51,8 +44,7 @@ def moved_to_a_copy_and_back(opened: Callable[..., Any], held: Callable[[Any], A
     out = resume(op, head[:250], batch, start=-1)
     assert len(held(op)) > 5
     moving = frozenset(g for g in held(op).groups() if g % 2)
-    settled(op)                                             # the hand-over's, then the turns before the export
-    out += resume(op, head[250:], batch, start=249)
+    out += resume(op, head[250:], batch, start=249)     # turns between the choice and the export
     copy = copy_of(round_trip(op.export_groups(moving)))
     assert moving.isdisjoint(held(op).groups()) and set(held(copy).groups()) <= moving
     mine = [e for e in middle if key_group(e[key]) in moving]

@@ -233,9 +233,5 @@ class KeyedState(ABC):
     def __len__(self) -> int:
         return sum(1 for g in self.groups() for _ in self.items(g))
 
-    def settle(self) -> None:
-        """Make a coming :meth:`take_groups` cheap; may run in another thread while the owner goes
-        on (neither backend needs it now: the disk backend's take makes an iterator in the turn)."""
-
     def close(self) -> None:
         """Release what the backend holds (files, memory)."""

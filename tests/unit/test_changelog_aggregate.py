@@ -141,10 +141,7 @@ def test_the_groups_are_in_the_backend_and_move_as_key_groups_to_another_instanc
     latest = Latest()
     latest.restore(ops[0].snapshot())
     split = run_operators(tail, latest, ChangelogSplit("region"), key_field="id", batch_size=50).output
-    settle = getattr(agg, "settle_export", None)            # the hand-over's, then the turns before the export
-    if settle is not None:
-        settle()
-    out += run_operators(split[:100], agg, batch_size=50, ts_field=None).output
+    out += run_operators(split[:100], agg, batch_size=50, ts_field=None).output   # turns before the export
     part = pickle.loads(pickle.dumps(agg.export_groups(moving)))
     copy = ChangelogAggregate("region", AGGS)
     run_operators([], copy)                     # opened in the backend, then given the groups

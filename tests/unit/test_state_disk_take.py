@@ -19,7 +19,7 @@ ROUNDS = 4              # takes of a quarter of the groups each
 
 def _take_ms(root: str, k: int) -> list[float]:
     """The PE thread's CPU time of each take after the fill of ``k`` keys, a checkpoint's barrier
-    (a view the writer has not read yet), the hand-over's ``settle`` and a rewrite of half the
+    (a view the writer has not read yet) and a rewrite of half the
     keys still here: a take that reads, flushes or copies the keys written since the view or the
     fill shows between 10^4 and 10^5 keys. Each take's groups, read after it, hold the keys as
     they were at the take (written since: in the store, in the write-back buffer)."""
@@ -34,7 +34,6 @@ def _take_ms(root: str, k: int) -> list[float]:
             model[key] = {**ROW, "lane": 0}
         for r in range(ROUNDS):
             view = state.snapshot()
-            state.settle()
             here = [key for key in keys if group_of[key] % ROUNDS >= r]
             for key in rng.sample(here, len(here) // 2):
                 state.put(key, {**ROW, "lane": r + 1})
