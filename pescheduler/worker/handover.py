@@ -276,6 +276,7 @@ class HandOvers:
         figures = [g.figures() for g in gates]
         return {"groups": sum(f["groups"] for f in figures), "pending": sum(f["pending"] for f in figures),
                 "bytes": sum(f["bytes"] for f in figures), "buffered": sum(f["buffered"] for f in figures),
+                "peak": max((f["peak"] for f in figures), default=0),
                 "done_at": time.time(), "failed": self.failed.pop(key, None)}
 
     async def resolve(self, spec: PESpec) -> None:
