@@ -135,10 +135,11 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
 
 def _ordered(old: Placement, old_channels: dict[ChannelKey, str], moves: tuple[GroupMove, ...],
              same: set[str], kept: set[str]) -> dict[str, list[str]]:
-    """Downstream PE -> its channels from a PE that exports key groups while it runs (a deferred
-    move's ``src_live``): the channels whose :func:`~pescheduler.wire.exported_marker` each such PE must
-    take before the groups' state goes to the gaining instance (``execute``)."""
-    exporters = {m.src_pe for m in moves if m.src_live and m.deferred}   # a blocking move's state is in already
+    """Downstream PE -> its channels from a PE that exports key groups while it runs (a move's
+    ``src_live``): the channels whose :func:`~pescheduler.wire.exported_marker` each such PE must
+    take before the gaining instance may go on (``execute``): a deferred move's groups leave then;
+    a blocking one's new instance, built from them in the pause, takes no input until then."""
+    exporters = {m.src_pe for m in moves if m.src_live}
     out: dict[str, list[str]] = {}
     for (src, _port, dst_pe), cid in old_channels.items():
         if old.pe_of(src) in exporters and dst_pe in same and dst_pe not in exporters and cid in kept:
@@ -265,9 +266,9 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
         await step("order: downstream took the exporter's marker",
                    _wait_marker(gateway, old, {}, plan.ordered, exported_marker(marker), timeout, steps, "order"),
                    limit=None)  # bounds itself, as the drain
-    await asyncio.gather(*(gateway.handover_go(w, marker) for w in sorted({m.src_worker for m in plan.moves
-                                                                         if m.deferred})),
-                         return_exceptions=True)     # a worker that did not hear it sends after the bound
+    go = {m.src_worker for m in plan.moves if m.deferred} | {m.dst_worker for m in plan.moves if _held(m)}
+    await asyncio.gather(*(gateway.handover_go(w, marker) for w in sorted(go)),
+                         return_exceptions=True)     # a worker that did not hear it goes on after the bound
     await _moves_done(gateway, plan, marker, timeout, steps)
     return pause
 
@@ -327,6 +328,14 @@ async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker:
     steps["moving: done at"] = round(max(a["done_at"] for a in answers), 3)
 
 
+def _held(move: GroupMove) -> bool:
+    """A blocking move from a running instance (a multi-input or columnar operator's Replicate with
+    its routers in the original's PE): the new instance has its groups' state before the original's
+    output for them is downstream, so it takes no input until the controller's ``go`` (after the
+    order wait), or its output for a key could overtake the original's (as a deferred move's)."""
+    return move.src_live and not move.deferred and not move.dst_live
+
+
 def _awaited_moves(plan: ReconfigurationPlan, marker: str, timeout: float) -> dict[str, dict]:
     """Restore entries of new instances whose key groups are handed to them: their worker builds
     them once the parts named here arrived (``worker/handover.py``)."""
@@ -335,6 +344,8 @@ def _awaited_moves(plan: ReconfigurationPlan, marker: str, timeout: float) -> di
         if not move.dst_live:
             entry = out.setdefault(move.dst, {"handover": marker, "parts": 0, "timeout": timeout, "groups": [],
                                               "deferred": move.deferred})
+            if _held(move):               # built from its groups in the pause, it waits for the order
+                entry["held"] = DRAIN_CAP * timeout
             entry["parts"] += 1
             entry["groups"] += list(move.groups)
     return out

@@ -68,7 +68,10 @@ class PERunner:
                                      self._busy_s, self.aligner.park, self._take, self.sources.broker_backed())
         self.rewirer = Rewirer(self.ports, self.aligner, self.inputs, self.sources, self.turns)
         window = spec.credits * spec.batch_size            # tuples a gated instance may hold (pending_groups.py)
-        self.inputs.holds = lambda: over_window(self.rewirer.pending, window)
+        # instances built from key groups a running one exported: no input until the order wait's go
+        self.held: dict[str, tuple[str, float]] = {op: saved["held"] for op, saved in spec.restore.items()
+                                                   if "held" in saved}
+        self.inputs.holds = lambda: over_window(self.rewirer.pending, window) | frozenset(self.held)
         self.figures = RunFigures()
         self.state = "created"                     # running, finished, failed, stopping (stop()), stopped
         self.error: str | None = None

@@ -36,7 +36,7 @@ RATE = 1000
 # Each step of a reconfiguration is bounded by this. At 10 s, a Replicate of the disk window failed at
 # loads 5 and 12: its 'deploy + start + rewire' step passed 10 s, one of its connects taking 6.7 s
 # (session 19). What it waited for is not found yet; 30 s still bounds it.
-APPLY_S = 30
+APPLY_S = 10
 
 
 def build(tmp: str) -> Application:
