@@ -203,9 +203,9 @@ def test_a_copy_of_a_running_window_keeps_each_keys_windows_in_order_into_a_slow
     to a slow consumer: the copy's later windows for a key must come after them."""
     out = tmp_path / "windows.jsonl"
     app = Application("copies-window-ordered")
-    (app.source("numbers", count=10**9, keys=200, rate=4_000).key_by("key")
-        .window(size=1000, aggregates={"count": ("count", "n")})    # ts = n ms: 800 windows/s
-        .map(slow_consumer(0.002)).sink("jsonl", path=str(out)))     # ~450/s: it falls behind
+    (app.source("numbers", count=10**9, keys=1000, rate=4_000).key_by("key")
+        .window(size=1000, aggregates={"count": ("count", "n")})    # ts = n ms: 4,000 windows/s
+        .map(slow_consumer(0.0005)).sink("jsonl", path=str(out)))    # ~1,800/s: it falls behind
     with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         pl = dep.placement()
         window = next(op for op in pl.plan.ops if op.startswith("window"))
