@@ -211,6 +211,12 @@ class WorkerGateway:
         """Change a PE that stays (``PEHost.pe_rewire``'s arguments); answers its parts' timings."""
         return await self.client.rpc(worker).pe_rewire(deployment=self.deployment, pe_id=pe_id, **changes)
 
+    async def calls(self, worker: str) -> dict:
+        """The deploys and rewires of this deployment still open on ``worker``, with their parts
+        done, and its PEs' output channels still opening (a step that waits: where it stands)."""
+        return await asyncio.wait_for(self.client.rpc(worker).pe_calls(deployment=self.deployment),
+                                      self.worker_timeout)
+
     # -- checkpoints (pescheduler/checkpoint/coordinator.py) ------------------------------
     async def ckpt_begin(self, worker: str, checkpoint_id: int, pe_ids: list[str], epoch: int) -> None:
         """Start checkpoint ``checkpoint_id`` of ``epoch`` at these PEs (those with sources); bounded:

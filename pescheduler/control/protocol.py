@@ -48,9 +48,10 @@ path (``worker/barriers.py``), and the Reconfigurer's lock keeps the two apart.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import cloudpickle
 
@@ -134,10 +135,11 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
 
 def _ordered(old: Placement, old_channels: dict[ChannelKey, str], moves: tuple[GroupMove, ...],
              same: set[str], kept: set[str]) -> dict[str, list[str]]:
-    """Downstream PE -> its channels from a PE that exports key groups while it runs (a deferred
-    move's ``src_live``): the channels whose :func:`~pescheduler.wire.exported_marker` each such PE must
-    take before the groups' state goes to the gaining instance (``execute``)."""
-    exporters = {m.src_pe for m in moves if m.src_live and m.deferred}   # a blocking move's state is in already
+    """Downstream PE -> its channels from a PE that exports key groups while it runs (a move's
+    ``src_live``): the channels whose :func:`~pescheduler.wire.exported_marker` each such PE must
+    take before the gaining instance may go on (``execute``): a deferred move's groups leave then;
+    a blocking one's new instance, built from them in the pause, takes no input until then."""
+    exporters = {m.src_pe for m in moves if m.src_live}
     out: dict[str, list[str]] = {}
     for (src, _port, dst_pe), cid in old_channels.items():
         if old.pe_of(src) in exporters and dst_pe in same and dst_pe not in exporters and cid in kept:
@@ -252,18 +254,21 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
     # at the receiving worker (PEHost._expect), and no PE waits for its channels to open
     # (ChannelOut.open_in_background). So a copy works from the moment its upstream routes to
     # it, while its own output channel still waits for the downstream worker's busy loop.
-    await step("deploy + start + rewire", asyncio.gather(
-        _deploy_created(gateway, new, plan, worker_info, states, steps),
-        _rewire_downstream(gateway, new, plan, steps),
-        _rewire_upstream(gateway, new, plan, worker_info, steps, marker, timeout)))
+    def activation():
+        return asyncio.gather(_deploy_created(gateway, new, plan, worker_info, states, steps),
+                              _rewire_downstream(gateway, new, plan, steps),
+                              _rewire_upstream(gateway, new, plan, worker_info, steps, marker, timeout))
+    await step("deploy + start + rewire", _wait_calls(gateway, sorted(set(old.workers) | set(new.workers)), activation,
+                                                      timeout, steps, "deploy + start + rewire"),
+               limit=None)          # bounds itself on standing still, as the drain
     pause = time.perf_counter() - t0
     if plan.ordered:            # a running exporter's output for its groups first (exported_marker)
         await step("order: downstream took the exporter's marker",
                    _wait_marker(gateway, old, {}, plan.ordered, exported_marker(marker), timeout, steps, "order"),
                    limit=None)  # bounds itself, as the drain
-    await asyncio.gather(*(gateway.handover_go(w, marker) for w in sorted({m.src_worker for m in plan.moves
-                                                                         if m.deferred})),
-                         return_exceptions=True)     # a worker that did not hear it sends after the bound
+    go = {m.src_worker for m in plan.moves if m.deferred} | {m.dst_worker for m in plan.moves if _held(m)}
+    await asyncio.gather(*(gateway.handover_go(w, marker) for w in sorted(go)),
+                         return_exceptions=True)     # a worker that did not hear it goes on after the bound
     await _moves_done(gateway, plan, marker, timeout, steps)
     return pause
 
@@ -318,8 +323,17 @@ async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker:
         last = pending
     steps["moving: bytes"] = sum(a["bytes"] for a in answers)
     steps["moving: tuples held"] = sum(a["buffered"] for a in answers)
+    steps["moving: most tuples held at once"] = max(a.get("peak", 0) for a in answers)   # bounded by credit
     steps["moving: done ms after the pause"] = round((time.perf_counter() - t) * 1000, 3)
     steps["moving: done at"] = round(max(a["done_at"] for a in answers), 3)
+
+
+def _held(move: GroupMove) -> bool:
+    """A blocking move from a running instance (a multi-input or columnar operator's Replicate with
+    its routers in the original's PE): the new instance has its groups' state before the original's
+    output for them is downstream, so it takes no input until the controller's ``go`` (after the
+    order wait), or its output for a key could overtake the original's (as a deferred move's)."""
+    return move.src_live and not move.deferred and not move.dst_live
 
 
 def _awaited_moves(plan: ReconfigurationPlan, marker: str, timeout: float) -> dict[str, dict]:
@@ -330,6 +344,8 @@ def _awaited_moves(plan: ReconfigurationPlan, marker: str, timeout: float) -> di
         if not move.dst_live:
             entry = out.setdefault(move.dst, {"handover": marker, "parts": 0, "timeout": timeout, "groups": [],
                                               "deferred": move.deferred})
+            if _held(move):               # built from its groups in the pause, it waits for the order
+                entry["held"] = DRAIN_CAP * timeout
             entry["parts"] += 1
             entry["groups"] += list(move.groups)
     return out
@@ -436,12 +452,65 @@ async def _snapshot(gateway: WorkerGateway, old, retired, leave_out: list[str] =
     return states
 
 
+_ASKED: contextvars.ContextVar[dict[str, float]] = contextvars.ContextVar("asked")   # _wait_calls' calls out
+
+
+async def _wait_calls(gateway: WorkerGateway, workers: list[str], calls: Callable[[], Awaitable], timeout: float,
+                      steps: dict, what: str) -> Any:
+    """Await ``calls()`` (whose worker calls go through :func:`_timed`), bounded on
+    standing still as a drain is (``_wait_marker``): it fails when, for ``timeout``, no call
+    answered and no open one passed a part on its worker (``PEHost.pe_calls``), or after
+    ``DRAIN_CAP`` times the bound in any case. Under load a copy's deploy and its router's
+    rewire passed 10 s with no word of where they were (the property test, disk window, load
+    5-12); now ``steps`` get, for each call still open at the controller's last look, where it
+    stood, and a failure says which calls on which worker it waited for and their parts."""
+    asked: dict[str, float] = {}
+    token = _ASKED.set(asked)
+    try:
+        task = asyncio.ensure_future(calls())        # made here, its tasks see ``asked`` (a context copy)
+    finally:
+        _ASKED.reset(token)
+    loop = asyncio.get_running_loop()
+    began = moved_at = loop.time()
+    last = None
+    try:
+        while True:
+            await asyncio.wait({task}, timeout=min(DRAIN_LOOK_S, 0.9 * timeout))
+            if task.done():
+                return task.result()
+            now = loop.time()
+            looks = await asyncio.gather(*(gateway.calls(w) for w in workers), return_exceptions=True)
+            open_ = [(a["worker"], c) for a in looks if isinstance(a, dict) for c in a["calls"]]
+            for worker, c in open_:
+                steps[f"{what}: open {c['call']} on {worker}"] = round(sum(c["parts"].values()) + c["since_ms"], 1)
+            progress = (frozenset(asked), sorted((w, c["call"], len(c["parts"])) for w, c in open_))
+            if progress != last:
+                last, moved_at = progress, now
+            if now - moved_at >= timeout or now - began >= DRAIN_CAP * timeout:
+                where = "; ".join(
+                    f"{w}: {c['call']} after {list(c['parts'])[-1:] or ['its start']} for {c['since_ms']:.0f} ms"
+                    for w, c in open_) or "none open on a worker (not begun, or answered and in transit)"
+                opening = [o for a in looks if isinstance(a, dict) for o in a["opening"]]
+                raise ReconfigurationFailed(
+                    f"{what}: no answer from {sorted(asked)} (nothing moved for {now - moved_at:.1f}s, "
+                    f"{now - began:.1f}s in all); calls open: {where}; channels still opening: {opening}")
+    finally:
+        if not task.done():                  # the step failed: its calls go with it
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 async def _timed(steps: dict, label: str, call) -> Any:
     """Await one worker call; ``steps`` gets its milliseconds under ``label``, how long it waited
     before the handler ran (``queued``: transit and a busy worker loop) and the handler's parts
-    (``pehost.Laps``) in the order they ran."""
+    (``pehost.Laps``) in the order they ran. While it is out, :func:`_wait_calls` knows it."""
     sent, t = time.time(), time.perf_counter()
+    asked = _ASKED.get(None)
+    if asked is not None:
+        asked[label] = sent
     answer = await call
+    if asked is not None:
+        asked.pop(label, None)
     steps[label] = round((time.perf_counter() - t) * 1000, 3)
     if isinstance(answer, dict) and "ms" in answer:
         steps[f"{label}: queued"] = round(max(answer["began"] - sent, 0.0) * 1000, 3)

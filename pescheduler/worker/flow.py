@@ -101,6 +101,8 @@ class InputScheduler:
         self._backs: dict[tuple[str, str], bool] = {}   # source -> feeds a backed channel
         self._outputs_open = False                 # every output channel opened once (opening())
         self._waking: set[int] = set()             # ids of openings that wake the PE when they end
+        # gated instances (pending_groups.py) holding more than a credit window: held as full
+        self.holds: Callable[[], frozenset[str]] = frozenset
 
     def take(self) -> bool:
         """Take inbox items until it is empty or the time slice is used up (hot loop, hence long).
@@ -245,10 +247,19 @@ class InputScheduler:
         there (plan/routing.py). When nothing is left to take while a full
         channel holds input back, the PE's idle wait is for its credit, and
         that wait is the backpressure the monitor counts.
+
+        A gated instance holding more than a credit window of tuples for key
+        groups still on their way (``holds``, pending_groups.py) is held the
+        same way: no input that reaches it is taken until its groups arrive
+        (their import wakes the PE). Its senders wait for credit meanwhile. No
+        deadlock: the groups' arrival waits only on PEs downstream of their old
+        owner taking its marker, already sent, and none of them waits on this
+        instance (the copy of a MERGEABLE operator feeds its original's PE,
+        which is not waited on: ``plan_reconfiguration``'s ``ordered``).
         """
         out_of_credit = [(spec, channel) for spec, channel in self.outs
                          if channel.pending and not await channel.flush(wait=False)]
-        freed, full = self._gated(out_of_credit, RELIEF_BATCHES * self.credits, self.full)
+        freed, full = self._gated(out_of_credit, RELIEF_BATCHES * self.credits, self.full, self.holds())
         if full != self.full:
             self.full, self._feeds = full, {}
         if self.broker_sources:
@@ -258,12 +269,14 @@ class InputScheduler:
                 self.backed, self._backs = backed, {}
         return freed
 
-    def _gated(self, out_of_credit: list, backlog: int, before: frozenset[str]) -> tuple[bool, frozenset[str]]:
+    def _gated(self, out_of_credit: list, backlog: int, before: frozenset[str],
+               held: frozenset[str] = frozenset()) -> tuple[bool, frozenset[str]]:
         """The producers whose channel is out of credit with ``backlog`` batches buffered (and not
-        spared by a router), and whether one of ``before`` left that set."""
+        spared by a router), with ``held`` (operators that take no more input for now), and
+        whether one of ``before`` left that set."""
         full_ = partial(ChannelOut.full, backlog=backlog)
-        now = frozenset(spec.src_op for spec, channel in out_of_credit
-                        if full_(channel) and not self.chain.spared(channel, full_))
+        now = held | frozenset(spec.src_op for spec, channel in out_of_credit
+                               if full_(channel) and not self.chain.spared(channel, full_))
         return bool(before - now), now
 
     def ready(self) -> bool:

@@ -95,7 +95,7 @@ def exported_live(pe: Any, moves: list[dict]) -> list[tuple[dict, dict]]:
     the marker (the controller waits for it), or under load a slow consumer processed the new
     instance's output for a key before the old one's (a key's running sums out of order)."""
     parts = [(m, part) for m in moves for part in exported(pe, m)]
-    for tag in dict.fromkeys(m["tag"] for m in moves if m.get("deferred")):
+    for tag in dict.fromkeys(m["tag"] for m in moves):
         for _spec, channel in pe.ports.outs:
             channel.marker(exported_marker(tag))
     return parts
@@ -207,6 +207,17 @@ class HandOvers:
             self.failed[(deployment, tag)] = why
             self.arrived.notify_all()
 
+    async def _release(self, deployment: str, pe: Any, op_id: str, tag: str, bound: float) -> None:
+        """Instance ``op_id`` of new PE ``pe``, built from key groups a running instance exported,
+        takes input once its reconfiguration's order wait is over (``go``; bounded)."""
+        key = (deployment, tag)
+        try:
+            await asyncio.wait_for(self.go.setdefault(key, asyncio.Event()).wait(), bound)
+        except asyncio.TimeoutError:
+            logger.warning("no end of the order wait of %s came: %s goes on", tag, op_id)
+        pe.held.pop(op_id, None)
+        pe.ports.wake()
+
     async def pe_handover_put(self, deployment: str, move: dict, blob: bytes) -> None:
         """A part for an instance here: imported now by one that runs, kept for a new one (a
         deferred one: imported as soon as its PE is built, :meth:`adopt`)."""
@@ -250,9 +261,14 @@ class HandOvers:
             self.arrived.notify_all()
 
     def adopt(self, deployment: str, pe: Any) -> None:
-        """A PE just built (chain and gates in place): note its gates, import what came early."""
+        """A PE just built (chain and gates in place): note its gates, import what came early, and
+        let its held instances go on at their reconfiguration's ``go``."""
         for gated in pe.rewirer.pending.values():
             self.gates.setdefault((deployment, gated.tag), []).append(gated)
+        for op_id, (tag, bound) in list(pe.held.items()):
+            task = asyncio.create_task(self._release(deployment, pe, op_id, tag, bound))
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
         for move, blob in self.early.pop((deployment, pe.pe_id), ()):
             task = asyncio.create_task(self._import(deployment, pe, move, blob))
             self.sending.add(task)
@@ -276,6 +292,7 @@ class HandOvers:
         figures = [g.figures() for g in gates]
         return {"groups": sum(f["groups"] for f in figures), "pending": sum(f["pending"] for f in figures),
                 "bytes": sum(f["bytes"] for f in figures), "buffered": sum(f["buffered"] for f in figures),
+                "peak": max((f["peak"] for f in figures), default=0),
                 "done_at": time.time(), "failed": self.failed.pop(key, None)}
 
     async def resolve(self, spec: PESpec) -> None:
@@ -292,6 +309,8 @@ class HandOvers:
                 blobs = self.parts.pop(key)
             cls, params, _key = spec.ops[op_id]
             spec.restore[op_id] = restored(cls, params, [cloudpickle.loads(b) for b in blobs])
+            if "held" in saved:           # takes no input until the order wait's go (adopt)
+                spec.restore[op_id]["held"] = (saved["handover"], saved["held"])
 
     def forget(self, deployment: str) -> None:
         """The deployment ended here: parts never taken (a failed reconfiguration's) go."""

@@ -22,6 +22,7 @@ import pickle
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from time import perf_counter
 
 import cloudpickle
@@ -47,7 +48,7 @@ PLUGIN_NAME = "pescheduler"
 STOP_TIMEOUT_S = 5.0
 HANDLERS = ("pe_info", "pe_secret", "pe_warm", "pe_deploy", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
             "pe_reconf", "pe_reconf_wait", "pe_snapshot", "pe_rewire", "pe_ckpt_begin", "pe_ckpt_wait",
-            "pe_ckpt_end", "pe_ckpt_write")
+            "pe_ckpt_end", "pe_ckpt_write", "pe_calls")
 
 
 class PEHostPlugin(WorkerPlugin):
@@ -113,6 +114,7 @@ class Laps:
         self.began = time.time()
         self._t = perf_counter()
         self.ms: dict[str, float] = {}
+        self.name = ""                  # what the call is about, while it is open (PEHost.calls)
 
     def lap(self, part: str) -> None:
         now = perf_counter()
@@ -121,6 +123,11 @@ class Laps:
 
     def answer(self, **more) -> dict:
         return {"began": self.began, "ms": self.ms, **more}
+
+    def so_far(self) -> dict:
+        """An open call, for the controller's look at a step that has not answered: its parts
+        done, and how long since the last one (where it is now)."""
+        return {"call": self.name, "parts": dict(self.ms), "since_ms": round((perf_counter() - self._t) * 1000, 3)}
 
 
 class PEHost:
@@ -135,6 +142,7 @@ class PEHost:
         self.checkpointing: set[str] = set()         # deployments that take checkpoints
         self.state_backends: dict[str, str] = {}     # deployment -> its keyed-state backend
         self.ckpt_files = CheckpointFiles()          # snapshots held until written to checkpoint storage
+        self.calls: dict[int, tuple[str, Laps]] = {}  # id -> (deployment, laps) of deploys and rewires open
         self.client_ssl = None                       # TLS context for channels we open (None: plain)
         self.handovers = HandOvers(self._of, lambda address: self.worker.rpc(address), lambda: self.worker.address)
         self.changes = Changes()             # bumped whenever a PE changes state; the waits below
@@ -254,10 +262,15 @@ class PEHost:
         laps.lap("plugins")
         specs = cloudpickle.loads(specs)
         laps.lap("unpickle")
+        with self._open(specs[0].deployment if specs else "", laps, f"deploy {','.join(s.pe_id for s in specs)}"):
+            return await self._deploy(specs, start, laps)
+
+    async def _deploy(self, specs: list[PESpec], start: bool, laps: Laps) -> dict:
         made = []
         for spec in specs:
             assert isinstance(spec, PESpec)
             await self.handovers.resolve(spec)          # a new instance's key groups, from their old owner
+            laps.lap(f"resolve {spec.pe_id}")
             if spec.restore:                     # key groups' files read here, checked (incremental.py)
                 copies = LocalCopies(deployment_dir(spec.deployment))     # local recovery (state/local.py)
                 read, here = await asyncio.to_thread(resolve_restore, spec.restore, copies)
@@ -397,6 +410,12 @@ class PEHost:
         ``handover``: key-group moves its instances export as its routers switch (handover.py).
         Answers the milliseconds of each part (:class:`Laps`)."""
         laps = Laps()
+        with self._open(deployment, laps, f"rewire {pe_id}"):
+            return await self._rewire(deployment, pe_id, outputs, remove_outputs, add_inputs, remove_inputs,
+                                      edges, routing, copies, handover, laps)
+
+    async def _rewire(self, deployment, pe_id, outputs, remove_outputs, add_inputs, remove_inputs, edges, routing,
+                      copies, handover, laps: Laps) -> dict:
         pe = self._of(deployment)[pe_id]
         parts = []
         await pe.rewire(cloudpickle.loads(outputs) if outputs else [], list(remove_outputs),
@@ -412,6 +431,26 @@ class PEHost:
         await pe.opened()                        # outside the turn: the PE goes on meanwhile
         laps.lap("connect")
         return laps.answer()
+
+    @contextmanager
+    def _open(self, deployment: str, laps: Laps, name: str):
+        """``laps`` is an open call of ``deployment`` named ``name`` until the block ends (pe_calls)."""
+        laps.name = name
+        self.calls[id(laps)] = (deployment, laps)
+        try:
+            yield
+        finally:
+            self.calls.pop(id(laps), None)
+
+    async def pe_calls(self, deployment: str) -> dict:
+        """The deployment's deploys and rewires open here, each with its parts done so far: the
+        controller looks at them while a step waits for their answers (``protocol._wait_calls``:
+        a call that is passing its parts is moving, and one that is not says where it stands)."""
+        opening = [f"{pe_id} -> {channel.channel_id}" for (d, pe_id), pe in list(self.pes.items()) if d == deployment
+                   for _spec, channel in pe.ports.outs
+                   if channel.opening is not None and not channel.opening.done()]
+        return {"worker": self.worker.address, "opening": opening,
+                "calls": [laps.so_far() for d, laps in list(self.calls.values()) if d == deployment]}
 
     # -- checkpoints (the controller's side is pescheduler/checkpoint/, the PE's barriers.py) ----
     async def pe_ckpt_begin(self, deployment: str, checkpoint_id: int, pe_ids: list[str], epoch: int) -> None:

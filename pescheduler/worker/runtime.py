@@ -29,7 +29,7 @@ from .chain import Chain
 from .channels import DATA, ENCODED, END, MALFORMED, MARKER, WATERMARK, ChannelIn, Inbox, decode
 from .flow import InputScheduler
 from .handshake import Credentials
-from .pending_groups import PendingGroups, awaited, placeholder
+from .pending_groups import PendingGroups, awaited, over_window, placeholder
 from .pe_figures import RunFigures, operator_figures
 from .ports import Connect, Ports
 from .rewirer import Rewirer
@@ -67,6 +67,11 @@ class PERunner:
         self.inputs = InputScheduler(self.ports.inbox, self.ports.outs, spec.credits, spec.time_slice_s,
                                      self._busy_s, self.aligner.park, self._take, self.sources.broker_backed())
         self.rewirer = Rewirer(self.ports, self.aligner, self.inputs, self.sources, self.turns)
+        window = spec.credits * spec.batch_size            # tuples a gated instance may hold (pending_groups.py)
+        # instances built from key groups a running one exported: no input until the order wait's go
+        self.held: dict[str, tuple[str, float]] = {op: saved["held"] for op, saved in spec.restore.items()
+                                                   if "held" in saved}
+        self.inputs.holds = lambda: over_window(self.rewirer.pending, window) | frozenset(self.held)
         self.figures = RunFigures()
         self.state = "created"                     # running, finished, failed, stopping (stop()), stopped
         self.error: str | None = None

@@ -11,7 +11,7 @@ import time
 import cloudpickle
 
 from pescheduler import Application
-from pescheduler.actions import Move, Release, Replicate
+from pescheduler.actions import Move, Release, Replicate, Split
 from pescheduler.control.protocol import plan_reconfiguration
 from pescheduler.plan.compiler import compile_app
 from pescheduler.plan.state import group_moves
@@ -298,3 +298,26 @@ def test_a_releases_retired_copy_is_not_snapshotted_for_the_groups_it_handed_ove
     assert [c[2] for c in snapshots] == [[two.pe_of(copy)]], gateway.calls
     assert all(copy in c[3] for c in snapshots), f"the retired copy's snapshot took {copy}: {snapshots}"
     assert [c[0] for c in gateway.calls].index("handover") < [c[0] for c in gateway.calls].index("snapshot")
+
+
+def test_a_blocking_move_from_a_running_instance_waits_for_the_order_too():
+    """A columnar window's moves are not deferred: its copy is built from its groups inside the
+    reconfiguration. The original runs on, so its output for those groups may still be on its
+    way downstream: the copy takes no input until downstream took the original's marker (the
+    order wait and its ``go``), as a deferred move's groups wait for it. Before, neither: the
+    copy's windows for a key could overtake the original's (test_copies' window order test)."""
+    from pescheduler.control.protocol import _awaited_moves
+    app = Application("t")
+    (app.source("numbers", count=10**9, keys=50).key_by("key")
+        .window(size=1000, aggregates={"count": ("count", "n")}).map(lambda t: t).sink("collect"))
+    old = compile_app(app, load_plugins(["support_ops"]), WORKERS, {w: w for w in WORKERS})
+    window = next(op for op in old.plan.ops if op.startswith("window"))
+    consumer = next(op for op in old.plan.ops if op.startswith("map"))
+    old = transform(old, Split(old.pe_of(window), (consumer, next(o for o in old.plan.ops if o.startswith("collect"))),
+                               worker=WORKERS[1]))
+    new = transform(old, Replicate(window, 1))
+    plan = plan_reconfiguration(old, new, channel_ids(old, "d", 0), "d", 1)
+    (move,) = plan.moves
+    assert move.src_live and not move.deferred, "a blocking move from the running original"
+    assert set(plan.ordered) == {old.pe_of(consumer)}, plan.ordered
+    assert "held" in _awaited_moves(plan, "m1", 10.0)[f"{window}#1"]
