@@ -50,6 +50,7 @@ import logging
 import shutil
 import threading
 import weakref
+from operator import itemgetter
 from typing import Any, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
@@ -169,6 +170,7 @@ def _close_and_remove(db: Any, path: str) -> None:
 
 
 _MISSING = object()     # a key the write-back buffer does not hold
+_first = itemgetter(0)
 
 
 class SnapshotView(StateView):
@@ -425,16 +427,16 @@ class DiskState(KeyedState):
         return [None if raw is None or raw is _MISSING else loads(raw) for raw in raws]
 
     def write_many(self, puts: Iterable[tuple[Any, Any]], deletes: Iterable[Any] = ()) -> None:
-        """Into the write-back buffer, written in one batch once it is full."""
-        dumps, dirty, pending, known, encode = pickle.dumps, self._dirty, self._pending, self._encoded, self._key
-        for key, value in puts:
-            k = known.get(key) or encode(key)
-            dirty.add(k)
-            pending[k] = dumps(value, _PICKLE)
-        for key in deletes:
-            k = known.get(key) or encode(key)
-            dirty.add(k)
-            pending[k] = None
+        """Into the write-back buffer, written in one batch once it is full: the keys encoded
+        and the values pickled in one comprehension, the buffer and the changed keys updated in
+        C (a store and a set add per key in Python were a fifth of a fill's time)."""
+        known, encode, dumps = self._encoded.get, self._key, pickle.dumps
+        written = [(known(key) or encode(key), dumps(value, _PICKLE)) for key, value in puts]
+        if deletes:
+            written += [(known(key) or encode(key), None) for key in deletes]
+        pending = self._pending
+        pending.update(written)
+        self._dirty.update(map(_first, written))
         if len(pending) >= FLUSH_KEYS:
             self._flush()
 
