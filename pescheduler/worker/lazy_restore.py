@@ -133,19 +133,32 @@ class Loader:
         return first
 
     async def run(self) -> None:
+        """Every pending group, one :meth:`load_one` after another, while the PE runs; a group that
+        cannot be read fails the PE (a file damaged since the deploying process checked it), which
+        is then restored again like any failed PE."""
         pe = self.pe
         try:
-            while (picked := self.next()) is not None and pe.state in ("created", "running"):
-                op_id, g = picked
-                part = await asyncio.to_thread(self.pending[op_id].read, g, self.local)
-                async with pe.turns.lock:
-                    if pe.state not in ("created", "running"):
-                        return
-                    pe.ops[op_id].import_groups(part)
-                    self.gates[op_id].arrived([g])
-                self.loaded += 1
-                pe.ports.wake()
-        except Exception as exc:       # a file damaged since the deploying process checked it: the PE
+            while await self.load_one():
+                pass
+        except Exception as exc:
             logger.error("PE %s: loading its restored key groups failed", pe.pe_id, exc_info=True)
-            pe.barriers.failure = exc   # fails at its next turn (barriers.Barriers.check), then restores again
+            pe.barriers.failure = exc   # raised at the PE's next turn (barriers.Barriers.check)
             pe.ports.wake()
+
+    async def load_one(self) -> bool:
+        """Read the next group (:meth:`next`) in a thread, import it between two of the PE's turns
+        and let its waiting tuples through in that turn; False when none is left or the PE stopped."""
+        pe = self.pe
+        picked = self.next()
+        if picked is None or pe.state not in ("created", "running"):
+            return False
+        op_id, g = picked
+        part = await asyncio.to_thread(self.pending[op_id].read, g, self.local)
+        async with pe.turns.lock:
+            if pe.state not in ("created", "running"):
+                return False
+            pe.ops[op_id].import_groups(part)
+            self.gates[op_id].arrived([g])
+        self.loaded += 1
+        pe.ports.wake()
+        return True
