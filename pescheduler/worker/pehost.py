@@ -312,8 +312,9 @@ class PEHost:
             pe.start().add_done_callback(lambda _t: self._bump())
             loader = self.loaders.pop((deployment, pe.pe_id), None)
             if loader is not None:
-                self.loading.add(loader.start())
-                loader.task.add_done_callback(self.loading.discard)
+                task = loader.start()
+                self.loading.add(task)
+                task.add_done_callback(self.loading.discard)
         self._bump()
         laps.lap("start")
         await asyncio.gather(*(pe.opened() for pe in pes))
