@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from ..operator import Operator
@@ -136,10 +137,12 @@ class Loader:
         """Every pending group, one :meth:`load_one` after another, while the PE runs; a group that
         cannot be read fails the PE (a file damaged since the deploying process checked it), which
         is then restored again like any failed PE."""
-        pe = self.pe
+        pe, t0 = self.pe, time.perf_counter()
         try:
             while await self.load_one():
                 pass
+            logger.info("PE %s: %d restored key groups loaded %.3f s after its start", pe.pe_id, self.loaded,
+                        time.perf_counter() - t0)
         except Exception as exc:
             logger.error("PE %s: loading its restored key groups failed", pe.pe_id, exc_info=True)
             pe.barriers.failure = exc   # raised at the PE's next turn (barriers.Barriers.check)
