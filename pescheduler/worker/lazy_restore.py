@@ -78,9 +78,9 @@ class Pending:
 
 def defer(spec: PESpec) -> dict[str, Pending]:
     """In place: each KEYED operator of ``spec.restore`` that can start without its key groups
-    (:func:`lazily`) keeps only its state that is not in key groups; what it is waiting for is
-    returned, op id -> :class:`Pending`. The other operators' entries are left to
-    ``resolve_restore``."""
+    (:func:`lazily`) keeps only its state that is not in the key groups its files hold (a group
+    already in bytes stays, restored at once); what it is waiting for is returned, op id ->
+    :class:`Pending`. The other operators' entries are left to ``resolve_restore``."""
     out = {}
     for op_id, saved in spec.restore.items():
         storage = saved.get("storage")
@@ -90,9 +90,8 @@ def defer(spec: PESpec) -> dict[str, Pending]:
         groups = sorted(ref_groups(saved["state"]))
         if not groups:
             continue
-        splitter = cls(**params)
-        full = saved["state"]
-        saved["state"] = splitter.split_state(full, lambda key: False)
+        splitter, full, later = cls(**params), saved["state"], frozenset(groups)
+        saved["state"] = splitter.split_state(full, lambda key: key_group(key) not in later)
         out[op_id] = Pending(op_id, splitter, full, storage, groups)
     return out
 
