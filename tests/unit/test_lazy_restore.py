@@ -43,10 +43,15 @@ def _key(i: int) -> str:
     return f"car-{i:07d}"
 
 
+def _row(i: int) -> dict:
+    """A restored row: about the bench's 180 bytes of Python per key (bench/state.py part 6)."""
+    return {"id": _key(i), "v": i, "slots": [i, float(i), -i, 1.5]}
+
+
 def _checkpointed(k: int) -> dict:
     """``latest``'s restore entry from a real checkpoint of ``k`` rows: key groups as file references."""
     rows = open_state("memory")
-    rows.write_many((_key(i), {"id": _key(i), "v": i}) for i in range(k))
+    rows.write_many((_key(i), _row(i)) for i in range(k))
     store, files = CheckpointStore(f"memory://lazy-{uuid.uuid4().hex}", KEY), CheckpointFiles()
     blob, views = pickle_snapshot({"state": {"state": {"groups": snapshot_groups(rows)}, "progress": None,
                                              "driver": None}})
@@ -123,7 +128,7 @@ def test_a_tuple_of_a_group_not_loaded_yet_waits_for_its_group_and_sees_its_rest
             assert await loader.load_one()
             assert loads == [key_group(_key(touched))], "the group a tuple waits for is loaded first"
             await _until(lambda: len(sunk) == 1, "its tuple goes through once its group is in")
-            assert sunk[0]["previous"] == {"id": _key(touched), "v": touched}
+            assert sunk[0]["previous"] == _row(touched)
             others = [i for i in range(k) if i != touched]
             pe.ports.inbox.put(pe.ports.receivers[IN], DATA, [_update(i, -1) for i in others])
             await _until(lambda: gate.buffered + len(sunk) - 1 >= len(others), "every tuple taken")
@@ -131,7 +136,7 @@ def test_a_tuple_of_a_group_not_loaded_yet_waits_for_its_group_and_sees_its_rest
                 pass
             await _until(lambda: len(sunk) == k, "every tuple out")
             assert gate.done and len(loads) == len(set(loads))
-            assert {t["id"]: t["previous"] for t in sunk} == {_key(i): {"id": _key(i), "v": i} for i in range(k)}
+            assert {t["id"]: t["previous"] for t in sunk} == {_key(i): _row(i) for i in range(k)}
             assert [t["id"] for t in sunk if key_group(t["id"]) == key_group(_key(others[0]))] == \
                 [_key(i) for i in others if key_group(_key(i)) == key_group(_key(others[0]))]   # arrival order
         finally:
@@ -165,7 +170,9 @@ def test_a_snapshot_while_restored_groups_load_is_refused_not_taken_without_them
 @pytest.mark.parametrize("backend", ["memory", "disk"])
 def test_a_restored_pes_first_output_does_not_wait_for_every_key_group(backend):
     """From the deploy call to the first output of a restored key: at 10x the keys, under 3x the time
-    (before, the deploy read, checked and unpickled every group first: about 10x)."""
+    (before, the deploy read, checked and unpickled every group first: about 10x). The key's group
+    and at most one other (the one loading when the tuple came) are read first: the floor of
+    20 ms is the noise of a loaded machine at 10^4 keys, not the restore."""
     def measure(k: int) -> list[float]:
         restore = _checkpointed(k)
 
@@ -179,9 +186,9 @@ def test_a_restored_pes_first_output_does_not_wait_for_every_key_group(backend):
                 sunk = pe.ops["sink"].items
                 await _until(lambda: sunk, "the first output")
                 elapsed = (time.perf_counter() - t0) * 1000
-                assert sunk[0]["previous"] == {"id": _key(k // 2), "v": k // 2}
+                assert sunk[0]["previous"] == _row(k // 2)
                 return elapsed
             finally:
                 await host.close()
-        return [asyncio.run(once()) for _ in range(3)]
-    assert_grows_less(measure, f"{backend}: deploy of a restored PE to its first output", keys=10_000, floor_ms=5.0)
+        return [asyncio.run(once()) for _ in range(5)]
+    assert_grows_less(measure, f"{backend}: deploy of a restored PE to its first output", keys=10_000, floor_ms=20.0)
