@@ -10,6 +10,8 @@ tuple that saw empty state instead of its restored group shows as ``previous: No
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import time
 import uuid
 from types import SimpleNamespace
@@ -24,6 +26,9 @@ from pescheduler import MIN_WATERMARK
 from pescheduler.checkpoint import CheckpointStore
 from pescheduler.state import key_group, open_state
 from pescheduler.state.groups import snapshot_groups
+from pescheduler.state.files import StateFiles
+from pescheduler.state.local import LOCAL
+from pescheduler.state.settings import deployment_dir
 from pescheduler.state.incremental import load_snapshot, pickle_snapshot, with_entries
 from pescheduler.worker import handshake
 from pescheduler.worker.channels import DATA
@@ -192,3 +197,25 @@ def test_a_restored_pes_first_output_does_not_wait_for_every_key_group(backend):
                 await host.close()
         return [asyncio.run(once()) for _ in range(5)]
     assert_grows_less(measure, f"{backend}: deploy of a restored PE to its first output", keys=10_000, floor_ms=20.0)
+
+
+def test_a_group_file_damaged_after_the_deploying_process_checked_it_fails_the_restored_pe():
+    """The worker still checks each file before unpickling it: a damaged one, found once the PE
+    runs, fails the PE (its recovery restores again) instead of leaving the group empty."""
+    restore = _checkpointed(500)
+    ref = next(iter(restore["state"]["groups"].values()))[1]
+    files = StateFiles(restore["storage"])
+    files.fs.pipe_file(f"{files.root}/{ref.run}/{ref.files[0]['path']}", b"not the group")
+    shutil.rmtree(os.path.join(deployment_dir(DEP), LOCAL))     # a new worker: no copy of its own
+
+    async def scenario():
+        host = await _host("memory")
+        try:
+            await host.pe_deploy(cloudpickle.dumps([_spec(restore)]), start=True)
+            pe = host.pes[(DEP, "pe")]
+            await _until(lambda: pe.state != "running", "the PE fails")
+            assert pe.state == "failed" and "CheckpointDamaged" in pe.error, pe.error
+            assert not pe.ops["sink"].items
+        finally:
+            await host.close()
+    asyncio.run(scenario())
