@@ -465,14 +465,34 @@ def resolve_restore(restore: dict, local: LocalCopies | None = None) -> tuple[in
     return counts[0], counts[1]
 
 
-def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: list) -> Any:
+def resolve_part(state: Any, storage: str, local: LocalCopies | None = None) -> Any:
+    """A lazy restore's one part (``worker/lazy_restore.py``): ``state`` (an operator's saved state
+    cut down to a few key groups) with each :class:`GroupRef` replaced by its group's entries, read,
+    checked and unpickled here, in the worker thread that calls it, so the PE's turn that imports
+    them only writes them into the store."""
+    return _resolved(state, StateFiles(storage), local, [0, 0], unpacked=True)
+
+
+def ref_groups(value: Any) -> set[int]:
+    """The key groups of every :class:`GroupRef` in an operator's saved state (none: nothing to
+    read lazily)."""
+    if type(value) is GroupRef:
+        return {value.group}
+    if type(value) is dict:
+        return set().union(*map(ref_groups, value.values())) if value else set()
+    if type(value) in (list, tuple):
+        return set().union(*map(ref_groups, value)) if value else set()
+    return set()
+
+
+def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: list, unpacked: bool = False) -> Any:
     if type(value) is GroupRef:
         data, here = read_group(files, value, local)
         counts[0] += len(value.files)
         counts[1] += here
-        return data
+        return unpack_group(data) if unpacked and type(data) is not dict else data
     if type(value) is dict:
-        return {k: _resolved(v, files, local, counts) for k, v in value.items()}
+        return {k: _resolved(v, files, local, counts, unpacked) for k, v in value.items()}
     if type(value) in (list, tuple):
-        return type(value)(_resolved(v, files, local, counts) for v in value)
+        return type(value)(_resolved(v, files, local, counts, unpacked) for v in value)
     return value

@@ -45,6 +45,7 @@ import cloudpickle
 
 from ..operator import Operator
 from ..wire import PESpec, exported_marker, key_group, least_progress
+from .lazy_restore import StillLoading, still_loading
 from .pending_groups import PendingGroups
 from .routing import key_function
 
@@ -77,6 +78,8 @@ def exported(pe: Any, move: dict) -> list[dict]:
     """One move's groups out of its instance in ``pe`` (call it between the PE's turns), with the
     instance's watermark progress, which a new instance starts from: one part, or for a deferred
     move of an operator with its own ``export_groups``, a part per slice of groups."""
+    if move["src"] in still_loading(pe):        # its groups not loaded yet would leave empty
+        raise StillLoading(f"{move['src']} still loading the key groups of its restore")
     op, progress = pe.ops[move["src"]], pe.chain.progress()[move["src"]]
     groups = sorted(move["groups"])
     state = export_groups(op, groups)            # one take (a disk store's view is taken once)

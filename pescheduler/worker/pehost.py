@@ -35,6 +35,7 @@ from .ckpt_files import CheckpointFiles
 from .channels import ChannelIn, FrameReceiver, Inbox
 from .handover import HandOvers, exported_live
 from .handshake import Credentials, tls_contexts
+from .lazy_restore import Loader, defer
 from ..state.incremental import resolve_restore
 from ..state.local import LocalCopies
 from ..state.settings import deployment_dir, remove_stores
@@ -148,6 +149,8 @@ class PEHost:
         self.changes = Changes()             # bumped whenever a PE changes state; the waits below
         self.arrivals = Changes()            # bumped whenever receivers are added (see _expect)
         self.warm_threads: list[ThreadPoolExecutor] = []   # standard slots' threads, started idle
+        self.loaders: dict[tuple[str, str], Loader] = {}    # restored PEs built, not started: their key groups
+        self.loading: set[asyncio.Task] = set()             # loaders running (lazy_restore.py)
         self._process = psutil.Process()
         self._process.cpu_percent(None)         # start the CPU measurement window
         psutil.cpu_percent(None)
@@ -273,12 +276,15 @@ class PEHost:
             laps.lap(f"resolve {spec.pe_id}")
             if spec.restore:                     # key groups' files read here, checked (incremental.py)
                 copies = LocalCopies(deployment_dir(spec.deployment))     # local recovery (state/local.py)
+                pending = defer(spec)            # loaded once the PE runs (lazy_restore.py)
                 read, here = await asyncio.to_thread(resolve_restore, spec.restore, copies)
                 if read:
                     logger.info("PE %s: %d key-group files restored, %d from this worker's copies", spec.pe_id,
                                 read, here)
             spare = self.warm_threads.pop() if spec.pe_id in spec.copies and self.warm_threads else None
             pe = PERunner(spec, self._hosting(spec.deployment), spare_thread=spare)
+            if spec.restore and pending:
+                self.loaders[(spec.deployment, spec.pe_id)] = Loader(pe, pending, copies)
             self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
         self.arrivals.bump()                     # channels to them that were waiting go on
@@ -299,8 +305,16 @@ class PEHost:
         for pe in pes:
             pe.open_outputs(self._receiver, self.data_address, self._expect)
             self.handovers.adopt(deployment, pe)     # its moved key groups that came before it
+            loader = self.loaders.get((deployment, pe.pe_id))
+            if loader is not None:
+                loader.gate()                       # its restored key groups load once it runs
         for pe in pes:
             pe.start().add_done_callback(lambda _t: self._bump())
+            loader = self.loaders.pop((deployment, pe.pe_id), None)
+            if loader is not None:
+                task = loader.start()
+                self.loading.add(task)
+                task.add_done_callback(self.loading.discard)
         self._bump()
         laps.lap("start")
         await asyncio.gather(*(pe.opened() for pe in pes))
@@ -513,6 +527,7 @@ class PEHost:
         for key in keys:
             pe_id = key[1]
             pe = self.pes.pop(key, None)
+            self.loaders.pop(key, None)          # built, never started: its groups are not loaded
             if pe is None:
                 continue
             if pe.task is not None and not pe.task.done():

@@ -29,6 +29,7 @@ from .chain import Chain
 from .channels import DATA, ENCODED, END, MALFORMED, MARKER, WATERMARK, ChannelIn, Inbox, decode
 from .flow import InputScheduler
 from .handshake import Credentials
+from .lazy_restore import StillLoading, still_loading
 from .pending_groups import PendingGroups, awaited, over_window, placeholder
 from .pe_figures import RunFigures, operator_figures
 from .ports import Connect, Ports
@@ -207,7 +208,11 @@ class PERunner:
 
     def snapshot(self, leave_out: Iterable[str] = ()) -> dict[str, dict]:
         """State, progress and source position of every operator (the PE is aligned and still) but
-        ``leave_out`` (a retired instance whose key groups all went to their new owners)."""
+        ``leave_out`` (a retired instance whose key groups all went to their new owners).
+        Refused while restored key groups still load (lazy_restore.py): it would miss them."""
+        loading = still_loading(self)
+        if loading:
+            raise StillLoading(f"{', '.join(loading)} still loading the key groups of its restore")
         progress, drivers, skip = self.chain.progress(), self.sources.snapshot(), frozenset(leave_out)
         return {op_id: {"state": op.snapshot(), "progress": progress[op_id], "driver": drivers.get(op_id)}
                 for op_id, op in self.ops.items() if op_id not in skip}

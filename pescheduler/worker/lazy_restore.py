@@ -1,0 +1,166 @@
+"""A restored PE starts at once; its key groups load on first touch and in the background.
+
+Before, a PE restored from a checkpoint was built only once every key group of
+every KEYED operator in it had been read, checked and unpickled
+(``resolve_restore``), and then written into its store: the PE's first tuple
+waited for all of it, and that time grew with the keys (at 10^6 keys the
+unpickle alone was 4.2 s of 4.6 s, loaded; at 10^7 the first output came
+88 s after a SIGKILL). Flink's and Megaphone's answer, here on the gate a
+deferred rescale already uses (``pending_groups.py``):
+
+* the operator is restored from its saved state with no key group in it
+  (``split_state``: what is not keyed, its progress, its source position),
+  and every key group it had is gated: a tuple of a group not loaded yet
+  waits in the gate, in arrival order, never sees empty state;
+* a loader (:class:`Loader`, one task per PE) reads the groups one at a time:
+  a group some tuple waits for first (first touch), then the rest in order.
+  Reading, checking (SHA-256) and unpickling a group run in a worker thread;
+  only its import into the store runs in the PE's turn (``import_groups``,
+  the operator's own), and right after it the group's waiting tuples go
+  through, before anything that arrives later: per-key order and exactly
+  once as for a moved group;
+* while groups are pending the operator's watermark stays back (the gate's
+  hold), so no window fires without all its keys; and the PE's snapshot is
+  refused (:func:`still_loading`): a checkpoint in that time is declined, not
+  taken without the groups (the next one, once loaded, is complete), and a
+  rescale's export waits for none (it is refused, as a second gate is).
+
+Both backends take this one path: it is the operators' ``split_state`` and
+``import_groups``, whatever holds their keys. An operator without
+``import_groups``, with several inputs or columnar (not gateable, as for a
+deferred move) is restored whole, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from ..operator import Operator
+from ..state.incremental import ref_groups, resolve_part
+from ..state.local import LocalCopies
+from ..wire import PESpec, key_group
+from .pending_groups import PendingGroups
+from .routing import key_function
+
+logger = logging.getLogger(__name__)
+
+RESTORING = "(restore)"         # the gate's tag: key groups of a checkpoint, loading here
+
+
+class StillLoading(RuntimeError):
+    """A snapshot or export of an instance whose restored key groups are not all loaded yet."""
+
+
+def lazily(cls: type) -> bool:
+    """Can an instance of ``cls`` start before its key groups are in? It imports groups into a
+    running instance (``import_groups``) and all its tuples come through ``process`` as rows
+    (``plan/state.py``'s ``_gateable``: the gate holds only those)."""
+    return (callable(getattr(cls, "import_groups", None))
+            and getattr(cls, "process_input") is getattr(Operator, "process_input")
+            and not getattr(cls, "columnar", False))
+
+
+class Pending:
+    """One operator's saved state whose key groups are still in their files."""
+
+    def __init__(self, op_id: str, splitter: Operator, state: Any, storage: str, groups: list[int]) -> None:
+        self.op_id, self.splitter, self.state, self.storage = op_id, splitter, state, storage
+        self.groups = groups
+
+    def read(self, group: int, local: LocalCopies | None) -> Any:
+        """Group ``group``'s part of the saved state, read, checked and unpickled (a worker thread)."""
+        part = self.splitter.split_state(self.state, lambda key: key_group(key) == group)
+        return resolve_part(part, self.storage, local)
+
+
+def defer(spec: PESpec) -> dict[str, Pending]:
+    """In place: each KEYED operator of ``spec.restore`` that can start without its key groups
+    (:func:`lazily`) keeps only its state that is not in the key groups its files hold (a group
+    already in bytes stays, restored at once); what it is waiting for is returned, op id ->
+    :class:`Pending`. The other operators' entries are left to ``resolve_restore``."""
+    out = {}
+    for op_id, saved in spec.restore.items():
+        storage = saved.get("storage")
+        cls, params, _key = spec.ops[op_id]
+        if storage is None or "handover" in saved or not lazily(cls):
+            continue
+        groups = sorted(ref_groups(saved["state"]))
+        if not groups:
+            continue
+        splitter, full, later = cls(**params), saved["state"], frozenset(groups)
+        saved["state"] = splitter.split_state(full, lambda key: key_group(key) not in later)
+        out[op_id] = Pending(op_id, splitter, full, storage, groups)
+    return out
+
+
+def still_loading(pe: Any) -> list[str]:
+    """The operators of ``pe`` whose restored key groups are not all loaded yet."""
+    return [op_id for op_id, g in pe.rewirer.pending.items() if g.tag == RESTORING and not g.done]
+
+
+class Loader:
+    """Loads a restored PE's pending key groups, one at a time, waited-for groups first."""
+
+    def __init__(self, pe: Any, pending: dict[str, Pending], local: LocalCopies | None) -> None:
+        self.pe, self.pending, self.local = pe, pending, local
+        self.gates: dict[str, PendingGroups] = {}
+        self.task: asyncio.Task | None = None
+        self.loaded = 0                 # groups imported so far (figures, tests)
+
+    def gate(self) -> None:
+        """Gate every pending group (the PE's chain is built, it has taken no tuple yet)."""
+        pe = self.pe
+        for op_id, p in self.pending.items():
+            self.gates[op_id] = pe.rewirer.pending[op_id] = PendingGroups(
+                pe.chain, op_id, p.groups, key_function(pe.spec.ops[op_id][2]), RESTORING)
+
+    def start(self) -> asyncio.Task:
+        self.task = asyncio.create_task(self.run(), name=f"restore of {self.pe.pe_id}")
+        return self.task
+
+    def next(self) -> tuple[str, int] | None:
+        """The next group to load: one a tuple waits for, else the lowest pending one."""
+        first = None
+        for op_id, gate in self.gates.items():
+            for g, queue in gate.waiting.items():
+                if queue:
+                    return op_id, g
+                if first is None:
+                    first = (op_id, g)
+        return first
+
+    async def run(self) -> None:
+        """Every pending group, one :meth:`load_one` after another, while the PE runs; a group that
+        cannot be read fails the PE (a file damaged since the deploying process checked it), which
+        is then restored again like any failed PE."""
+        pe, t0 = self.pe, time.perf_counter()
+        try:
+            while await self.load_one():
+                pass
+            logger.info("PE %s: %d restored key groups loaded %.3f s after its start", pe.pe_id, self.loaded,
+                        time.perf_counter() - t0)
+        except Exception as exc:
+            logger.error("PE %s: loading its restored key groups failed", pe.pe_id, exc_info=True)
+            pe.barriers.failure = exc   # raised at the PE's next turn (barriers.Barriers.check)
+            pe.ports.wake()
+
+    async def load_one(self) -> bool:
+        """Read the next group (:meth:`next`) in a thread, import it between two of the PE's turns
+        and let its waiting tuples through in that turn; False when none is left or the PE stopped."""
+        pe = self.pe
+        picked = self.next()
+        if picked is None or pe.state not in ("created", "running"):
+            return False
+        op_id, g = picked
+        part = await asyncio.to_thread(self.pending[op_id].read, g, self.local)
+        async with pe.turns.lock:
+            if pe.state not in ("created", "running"):
+                return False
+            pe.ops[op_id].import_groups(part)
+            self.gates[op_id].arrived([g])
+        self.loaded += 1
+        pe.ports.wake()
+        return True

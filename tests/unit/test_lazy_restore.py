@@ -1,0 +1,221 @@
+"""A PE restored from a checkpoint starts at once; its key groups load on first touch and in the
+background (pescheduler/worker/lazy_restore.py, issue 30: first output after a SIGKILL bounded).
+
+A real PE host on loopback deploys a PE whose ``latest`` (KEYED, its rows in the deployment's
+backend) is restored from a real incremental checkpoint: its key groups are references to
+files, read by the worker. ``latest`` emits each update with the key's ``previous`` row, so a
+tuple that saw empty state instead of its restored group shows as ``previous: None``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+import uuid
+from types import SimpleNamespace
+
+import cloudpickle
+import dask.config
+import pytest
+from growth import assert_grows_less
+from support_ops import Collect
+
+from pescheduler import MIN_WATERMARK
+from pescheduler.checkpoint import CheckpointStore
+from pescheduler.state import key_group, open_state
+from pescheduler.state.groups import snapshot_groups
+from pescheduler.state.files import StateFiles
+from pescheduler.state.local import LOCAL
+from pescheduler.state.settings import deployment_dir
+from pescheduler.state.incremental import load_snapshot, pickle_snapshot, with_entries
+from pescheduler.worker import handshake
+from pescheduler.worker.channels import DATA
+from pescheduler.worker.ckpt_files import CheckpointFiles
+from pescheduler.worker.pehost import PEHost
+from pescheduler.wire import InputSpec, PESpec
+
+from operators.latest import Latest
+
+DEP = "dep-lazy"
+IN = f"{DEP}/0/src.out->pe"
+BOUND = 20.0                       # seconds: every wait here is bounded by this (a loaded machine)
+KEY = b"k" * 32
+
+
+def _key(i: int) -> str:
+    return f"car-{i:07d}"
+
+
+def _row(i: int) -> dict:
+    """A restored row: about the bench's 180 bytes of Python per key (bench/state.py part 6)."""
+    return {"id": _key(i), "v": i, "slots": [i, float(i), -i, 1.5]}
+
+
+def _checkpointed(k: int) -> dict:
+    """``latest``'s restore entry from a real checkpoint of ``k`` rows: key groups as file references."""
+    rows = open_state("memory")
+    rows.write_many((_key(i), _row(i)) for i in range(k))
+    store, files = CheckpointStore(f"memory://lazy-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    blob, views = pickle_snapshot({"state": {"state": {"groups": snapshot_groups(rows)}, "progress": None,
+                                             "driver": None}})
+    files.hold(DEP, 1, "pe", {"state": blob, "views": views, "positions": {}})
+    written = files.write(DEP, 1, ["pe"], store.url)["pe"]["files"]
+    store.commit_manifest(1, {"id": 1, "files": written})
+    files.end(DEP, 1, complete=True)
+    manifest = store.manifest(1)
+    entry = next(e for e in manifest["files"] if e["role"] == "state")
+    state_blob = cloudpickle.loads(store.read(entry, store.run))
+    groups = with_entries(state_blob["groups"], [e for e in manifest["files"] if e["role"] == "group"])
+    saved = load_snapshot(state_blob["ops"], groups)["state"]
+    saved["progress"] = ({"src": MIN_WATERMARK}, MIN_WATERMARK, ["src"], False)
+    return {**saved, "checkpoint": 1, "storage": store.storage}
+
+
+def _spec(restore: dict) -> PESpec:
+    return PESpec("pe", DEP, {"state": (Latest, {"key": "id"}, "id"), "sink": (Collect, {}, None)},
+                  [("src", "out", "state"), ("state", "out", "sink")], inputs=[InputSpec(IN, "src", "out")],
+                  restore={"state": restore})
+
+
+def _update(i: int, v: int) -> dict:
+    return {"op": "update", "id": _key(i), "after": {"id": _key(i), "v": v}}
+
+
+async def _host(backend: str) -> PEHost:
+    host = PEHost(SimpleNamespace(address="tcp://127.0.0.1:lazy", handlers={}, ip="127.0.0.1"))
+    await host.start()
+    host.pe_secret(DEP, handshake.new_secret(), state=backend)
+    return host
+
+
+async def _until(predicate, what: str) -> None:
+    deadline = time.monotonic() + BOUND
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {BOUND} s: {what}"
+        await asyncio.sleep(0.002)
+
+
+@pytest.fixture(autouse=True)
+def worker_dir(tmp_path):
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path / "worker"), "pescheduler.state.cache": "8MB"}):
+        yield
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_a_tuple_of_a_group_not_loaded_yet_waits_for_its_group_and_sees_its_restored_state(backend):
+    """Every restored key is updated once, all of them before any group is loaded: none sees
+    empty state (``previous`` is its restored row), and the group a tuple waits for loads first."""
+    k = 2000
+    restore = _checkpointed(k)
+
+    async def scenario():
+        host = await _host(backend)
+        loads: list[int] = []
+        try:
+            spec = _spec(restore)
+            await host.pe_deploy(cloudpickle.dumps([spec]), start=False)
+            loader = host.loaders[(DEP, "pe")]
+            read = loader.pending["state"].read
+            loader.pending["state"].read = lambda g, local: (loads.append(g), read(g, local))[1]
+            pe = host.pes[(DEP, "pe")]
+            loader.start = lambda: asyncio.create_task(asyncio.sleep(0))    # this test drives the loads
+            await host._start(DEP, ["pe"], SimpleNamespace(lap=lambda _name: None))
+            gate = pe.rewirer.pending["state"]
+            assert len(gate.waiting) == len({key_group(_key(i)) for i in range(k)})
+            touched = max(range(k), key=lambda i: key_group(_key(i)))        # its group is the last in order
+            pe.ports.inbox.put(pe.ports.receivers[IN], DATA, [_update(touched, -1)])
+            sunk = pe.ops["sink"].items
+            await _until(lambda: gate.buffered or sunk or pe.state != "running", "the tuple is taken")
+            assert pe.state == "running", pe.error
+            assert sunk == [] and gate.buffered == 1, f"a tuple went through before its group was loaded: {sunk}"
+            assert await loader.load_one()
+            assert loads == [key_group(_key(touched))], "the group a tuple waits for is loaded first"
+            await _until(lambda: len(sunk) == 1, "its tuple goes through once its group is in")
+            assert sunk[0]["previous"] == _row(touched)
+            others = [i for i in range(k) if i != touched]
+            pe.ports.inbox.put(pe.ports.receivers[IN], DATA, [_update(i, -1) for i in others])
+            await _until(lambda: gate.buffered + len(sunk) - 1 >= len(others), "every tuple taken")
+            while await loader.load_one():
+                pass
+            await _until(lambda: len(sunk) == k, "every tuple out")
+            assert gate.done and len(loads) == len(set(loads))
+            assert {t["id"]: t["previous"] for t in sunk} == {_key(i): _row(i) for i in range(k)}
+            assert [t["id"] for t in sunk if key_group(t["id"]) == key_group(_key(others[0]))] == \
+                [_key(i) for i in others if key_group(_key(i)) == key_group(_key(others[0]))]   # arrival order
+        finally:
+            await host.close()
+    asyncio.run(scenario())
+
+
+def test_a_snapshot_while_restored_groups_load_is_refused_not_taken_without_them():
+    """A checkpoint's barrier before every group is in would write the state without them."""
+    restore = _checkpointed(500)
+
+    async def scenario():
+        host = await _host("memory")
+        try:
+            await host.pe_deploy(cloudpickle.dumps([_spec(restore)]), start=False)
+            loader = host.loaders[(DEP, "pe")]
+            loader.start = lambda: asyncio.create_task(asyncio.sleep(0))
+            await host._start(DEP, ["pe"], SimpleNamespace(lap=lambda _name: None))
+            pe = host.pes[(DEP, "pe")]
+            with pytest.raises(RuntimeError, match="still loading the key groups of its restore"):
+                await pe.aligned_snapshot()
+            while await loader.load_one():
+                pass
+            snap = await pe.aligned_snapshot()
+            assert len(dict(snap["state"]["state"]["groups"])) == loader.gates["state"].total
+        finally:
+            await host.close()
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_a_restored_pes_first_output_does_not_wait_for_every_key_group(backend):
+    """From the deploy call to the first output of a restored key: at 10x the keys, under 3x the time
+    (before, the deploy read, checked and unpickled every group first: about 10x). The key's group
+    and at most one other (the one loading when the tuple came) are read first: the floor of
+    20 ms is the noise of a loaded machine at 10^4 keys, not the restore."""
+    def measure(k: int) -> list[float]:
+        restore = _checkpointed(k)
+
+        async def once() -> float:
+            host = await _host(backend)
+            try:
+                t0 = time.perf_counter()
+                await host.pe_deploy(cloudpickle.dumps([_spec(dict(restore, state=restore["state"]))]), start=True)
+                pe = host.pes[(DEP, "pe")]
+                pe.ports.inbox.put(pe.ports.receivers[IN], DATA, [_update(k // 2, -1)])
+                sunk = pe.ops["sink"].items
+                await _until(lambda: sunk, "the first output")
+                elapsed = (time.perf_counter() - t0) * 1000
+                assert sunk[0]["previous"] == _row(k // 2)
+                return elapsed
+            finally:
+                await host.close()
+        return [asyncio.run(once()) for _ in range(5)]
+    assert_grows_less(measure, f"{backend}: deploy of a restored PE to its first output", keys=10_000, floor_ms=20.0)
+
+
+def test_a_group_file_damaged_after_the_deploying_process_checked_it_fails_the_restored_pe():
+    """The worker still checks each file before unpickling it: a damaged one, found once the PE
+    runs, fails the PE (its recovery restores again) instead of leaving the group empty."""
+    restore = _checkpointed(500)
+    ref = next(iter(restore["state"]["groups"].values()))[1]
+    files = StateFiles(restore["storage"])
+    files.fs.pipe_file(f"{files.root}/{ref.run}/{ref.files[0]['path']}", b"not the group")
+    shutil.rmtree(os.path.join(deployment_dir(DEP), LOCAL))     # a new worker: no copy of its own
+
+    async def scenario():
+        host = await _host("memory")
+        try:
+            await host.pe_deploy(cloudpickle.dumps([_spec(restore)]), start=True)
+            pe = host.pes[(DEP, "pe")]
+            await _until(lambda: pe.state != "running", "the PE fails")
+            assert pe.state == "failed" and "CheckpointDamaged" in pe.error, pe.error
+            assert not pe.ops["sink"].items
+        finally:
+            await host.close()
+    asyncio.run(scenario())
