@@ -203,7 +203,7 @@ class _Union:
     attempt extends with the snapshots since, not sorts again."""
 
     upto: int
-    groups: dict                # group -> set of keys
+    groups: dict                # group -> its keys, as a dict's keys (untracked by the GC)
     whole: frozenset            # groups replaced whole
     count: int                  # keys in groups
 
@@ -304,12 +304,16 @@ class ChainWriter:
             new = [seen[s] for s in range((done.upto if done else seq) + 1, changes.seq + 1)]
         if _more_than(chains, done.count if done else 0, (c.keys for c in new)):
             return None
-        groups, whole, added = dict(done.groups) if done else {}, set(done.whole) if done else set(), set()
+        groups, whole, added = dict(done.groups) if done else {}, set(done.whole) if done else set(), {}
         for c in new:
-            added.update(c.keys)                # memory's are a view of its dicts: read here, off the loop
+            added.update(dict.fromkeys(c.keys))     # memory's are a view of its dicts: read here, off the loop
             whole |= c.whole
-        for g, keys in by_group(added).items():     # new sets: an earlier attempt's thread may still read its own
-            groups[g] = groups[g].union(keys) if g in groups else set(keys)
+        # Each group's keys as a dict's keys (values None), not a set: a dict of bytes or str is
+        # not tracked by the cyclic GC, a set is, and a full collection visits its every key holding
+        # the GIL (after a fill at 10^7 keys, millions of keys kept here between attempts). New dicts:
+        # an earlier attempt's thread may still read its own.
+        for g, keys in by_group(added).items():
+            groups[g] = {**groups[g], **dict.fromkeys(keys)} if g in groups else dict.fromkeys(keys)
         union = _Union(changes.seq, groups, frozenset(whole), sum(len(k) for k in groups.values()))
         with self._lock:
             self._unions[(changes.token, seq)] = union
