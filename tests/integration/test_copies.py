@@ -136,6 +136,20 @@ def test_slots_are_warm_and_shown_and_a_cold_worker_starts_when_none_is_left(tmp
     assert_every_number_once(read(out))
 
 
+def router_fused_and_consumer_away(dep, op: str) -> None:
+    """The router fused into ``op``'s PE, so a copy of ``op`` takes its key groups while the
+    original runs on, and the consumer (map, sink) on the other worker, so the original's channel
+    to it can hold a backlog."""
+    pl = dep.placement()
+    assert dep.apply(Fuse(pl.pe_of("key_by-2"), pl.pe_of(op)), timeout=WAIT).applied
+    pl = dep.placement()
+    pe = pl.pe_of(op)
+    away = tuple(o for o in pl.pes[pe].operators if o.startswith(("map", "jsonl")))
+    if away:
+        other = next(w for w in pl.workers if w != pl.pes[pe].worker)
+        assert dep.apply(Split(pe, away, worker=other), timeout=WAIT).applied
+
+
 def test_a_copy_of_a_running_instance_keeps_each_keys_order_into_a_slow_consumer(cluster, tmp_path):
     """The router and the original run in one PE, so a copy takes its key groups while the
     original goes on (a deferred move), and the consumer downstream is slow: the original's
@@ -147,14 +161,7 @@ def test_a_copy_of_a_running_instance_keeps_each_keys_order_into_a_slow_consumer
     (app.source("numbers", count=10**9, keys=7, rate=4_000).key_by("key").apply("running_sum")
         .map(slow_consumer(0.0003)).sink("jsonl", path=str(out)))     # ~3,300/s: it falls behind
     with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
-        pl = dep.placement()
-        assert dep.apply(Fuse(pl.pe_of("key_by-2"), pl.pe_of("running_sum-3")), timeout=WAIT).applied
-        pl = dep.placement()
-        rs = pl.pe_of("running_sum-3")
-        away = tuple(o for o in pl.pes[rs].operators if o in ("map-4", "jsonl-5"))
-        if away:
-            other = next(w for w in pl.workers if w != pl.pes[rs].worker)
-            assert dep.apply(Split(rs, away, worker=other), timeout=WAIT).applied
+        router_fused_and_consumer_away(dep, "running_sum-3")
         rec = dep.apply(Replicate("running_sum-3", 1), timeout=WAIT)
         assert rec.applied, rec.reason
         assert any(s.startswith("moving") for s in rec.steps), rec.steps    # a deferred move: the live path
@@ -177,14 +184,7 @@ def test_a_copy_waiting_for_its_groups_holds_at_most_a_credit_window_of_their_tu
         .map(slow_consumer(0.0003)).sink("jsonl", path=str(out)))     # ~3,300/s: it falls behind
     window = config.get("channel.credits") * config.get("batch.size")
     with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
-        pl = dep.placement()
-        assert dep.apply(Fuse(pl.pe_of("key_by-2"), pl.pe_of("running_sum-3")), timeout=WAIT).applied
-        pl = dep.placement()
-        rs = pl.pe_of("running_sum-3")
-        away = tuple(o for o in pl.pes[rs].operators if o in ("map-4", "jsonl-5"))
-        if away:
-            other = next(w for w in pl.workers if w != pl.pes[rs].worker)
-            assert dep.apply(Split(rs, away, worker=other), timeout=WAIT).applied
+        router_fused_and_consumer_away(dep, "running_sum-3")
         until(dep, processed("map-4"), "the consumer processes tuples")
         rec = dep.apply(Replicate("running_sum-3", 1), timeout=WAIT)
         assert rec.applied, rec.reason
@@ -207,16 +207,9 @@ def test_a_copy_of_a_running_window_keeps_each_keys_windows_in_order_into_a_slow
         .window(size=1000, aggregates={"count": ("count", "n")})    # ts = n ms: 4,000 windows/s
         .map(slow_consumer(0.0005)).sink("jsonl", path=str(out)))    # ~1,800/s: it falls behind
     with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
-        pl = dep.placement()
-        window = next(op for op in pl.plan.ops if op.startswith("window"))
-        assert dep.apply(Fuse(pl.pe_of("key_by-2"), pl.pe_of(window)), timeout=WAIT).applied
-        pl = dep.placement()
-        pe = pl.pe_of(window)
-        away = tuple(o for o in pl.pes[pe].operators if o.startswith(("map", "jsonl")))
-        if away:
-            other = next(w for w in pl.workers if w != pl.pes[pe].worker)
-            assert dep.apply(Split(pe, away, worker=other), timeout=WAIT).applied
-        until(dep, processed(away[0] if away else "map-4"), "the consumer processes windows")
+        window = next(op for op in dep.placement().plan.ops if op.startswith("window"))
+        router_fused_and_consumer_away(dep, window)
+        until(dep, processed("map-4"), "the consumer processes windows")
         rec = dep.apply(Replicate(window, 1), timeout=WAIT)
         assert rec.applied, rec.reason
         until(dep, processed(f"{window}#1"), "the copy processes tuples")

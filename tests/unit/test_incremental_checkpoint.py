@@ -267,19 +267,27 @@ def test_after_a_fill_the_keys_changed_are_not_read_by_group_before_the_first_fi
     assert restored(store, 2) == {f"car-{i:07d}": [i, 3.0] for i in range(8_000)}
 
 
-def test_an_attempt_sorts_by_group_only_the_keys_changed_since_the_last_attempt(monkeypatch):
-    """2,000 keys changed since the last complete checkpoint, an attempt aborted, 100 more: the
-    next attempt sorts those 100 by group, not the 2,100 again (at 10^7 keys, 2 M changed since
-    the last complete one, that pass took most of each 30 s attempt: 1-3 files written)."""
-    from pescheduler.state.memory import MemoryView
-
-    state, store, files = open_state("memory"), CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+def two_thousand_changed_and_an_attempt_aborted(state, monkeypatch) -> tuple[CheckpointStore, CheckpointFiles]:
+    """5,000 keys in checkpoint 1 (complete), 2,000 of them changed, checkpoint 2 aborted after 10
+    group files: what a next attempt builds on."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
     fill(state, 5_000)
     checkpoint(files, store, state, 1)
     for i in range(2_000):
         state.put(f"car-{i:07d}", [i, 2.0])
     aborted_after(files, 2, 10, monkeypatch)
     checkpoint(files, store, state, 2, complete=False)
+    return store, files
+
+
+def test_an_attempt_sorts_by_group_only_the_keys_changed_since_the_last_attempt(monkeypatch):
+    """2,000 keys changed since the last complete checkpoint, an attempt aborted, 100 more: the
+    next attempt sorts those 100 by group, not the 2,100 again (at 10^7 keys, 2 M changed since
+    the last complete one, that pass took most of each 30 s attempt: 1-3 files written)."""
+    from pescheduler.state.memory import MemoryView
+
+    state = open_state("memory")
+    store, files = two_thousand_changed_and_an_attempt_aborted(state, monkeypatch)
     for i in range(2_000, 2_100):
         state.put(f"car-{i:07d}", [i, 2.0])
     sorted_keys, by_group = [], MemoryView.by_group
@@ -298,14 +306,8 @@ def test_the_keys_an_aborted_attempt_sorted_are_kept_where_a_full_collection_doe
 
     with dask.config.set({"pescheduler.state.dir": str(tmp_path / "stores"), "pescheduler.state.cache": "8MB"}):
         state = open_state("disk", owner="gc")
-    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
     try:
-        fill(state, 5_000)
-        checkpoint(files, store, state, 1)
-        for i in range(2_000):
-            state.put(f"car-{i:07d}", [i, 2.0])
-        aborted_after(files, 2, 10, monkeypatch)
-        checkpoint(files, store, state, 2, complete=False)
+        _, files = two_thousand_changed_and_an_attempt_aborted(state, monkeypatch)
         unions = [u for w in files._writers.values() for u in w._unions.values()]
         kept = [keys for u in unions for keys in u.groups.values()]
         assert sum(map(len, kept)) == 2_000, "the aborted attempt kept no sorted keys to build on"
