@@ -9,6 +9,22 @@ from typing import Any, Callable
 from pescheduler.operator import Emitter
 from pescheduler.state import key_group
 
+WORKERS = ["tcp://a", "tcp://b"]
+
+
+def placed_keyed_window() -> tuple[Any, str]:
+    """A count window keyed over 50 keys, placed on :data:`WORKERS` (no cluster): the placement a
+    rescale's plan starts from, and the window's op id."""
+    from pescheduler import Application
+    from pescheduler.plan.compiler import compile_app
+    from pescheduler.plugins import load_plugins
+
+    app = Application("t")
+    (app.source("numbers", count=10**9, keys=50).key_by("key")
+        .window(count=10, aggregates={"total": ("sum", "n")}).sink("collect"))
+    placement = compile_app(app, load_plugins(["support_ops"]), WORKERS, {w: w for w in WORKERS})
+    return placement, next(op for op in placement.plan.ops if op.startswith("count_window"))
+
 
 def resume(op, items: list, batch: int, start: int) -> list:
     """The rows ``op`` (opened, holding state) gives for ``items`` after watermark ``start``: it is

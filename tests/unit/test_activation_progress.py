@@ -16,24 +16,18 @@ import time
 import cloudpickle
 import pytest
 
-from pescheduler import Application
 from pescheduler.actions import Replicate
 from pescheduler.control.protocol import ReconfigurationFailed, execute, plan_reconfiguration
-from pescheduler.plan.compiler import compile_app
 from pescheduler.plan.transforms import transform
 from pescheduler.plan.wiring import channel_ids
-from pescheduler.plugins import load_plugins
 
-WORKERS = ["tcp://a", "tcp://b"]
+from keyed_handover import WORKERS, placed_keyed_window
+
 BOUND = 0.5
 
 
 def _replicate():
-    app = Application("t")
-    (app.source("numbers", count=10**9, keys=50).key_by("key")
-        .window(count=10, aggregates={"total": ("sum", "n")}).sink("collect"))
-    old = compile_app(app, load_plugins(["support_ops"]), WORKERS, {w: w for w in WORKERS})
-    window = next(op for op in old.plan.ops if op.startswith("count_window"))
+    old, window = placed_keyed_window()
     new = transform(old, Replicate(window, 1))
     return old, new, plan_reconfiguration(old, new, channel_ids(old, "d", 0), "d", 1)
 

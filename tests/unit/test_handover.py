@@ -24,23 +24,13 @@ from pescheduler.state.groups import PackedOnPickle, take_groups
 from pescheduler.wire import KEY_GROUPS, PESpec, key_group
 from pescheduler.worker.handover import HandOvers, export_groups, import_groups
 
+from keyed_handover import WORKERS, placed_keyed_window
 from operators.count_window import CountWindow
 from support_ops import RunningSum
 
-WORKERS = ["tcp://a", "tcp://b"]
-
-
-def _placed():
-    app = Application("t")
-    (app.source("numbers", count=10**9, keys=50).key_by("key")
-        .window(count=10, aggregates={"total": ("sum", "n")}).sink("collect"))
-    placement = compile_app(app, load_plugins(["support_ops"]), WORKERS, {w: w for w in WORKERS})
-    window = next(op for op in placement.plan.ops if op.startswith("count_window"))
-    return placement, window
-
 
 def test_a_replicate_keeps_the_original_running_and_moves_only_the_copys_groups():
-    old, window = _placed()
+    old, window = placed_keyed_window()
     new = transform(old, Replicate(window, 1))
     plan = plan_reconfiguration(old, new, channel_ids(old, "d", 0), "d", 1)
     copy = f"{window}#1"
@@ -52,7 +42,7 @@ def test_a_replicate_keeps_the_original_running_and_moves_only_the_copys_groups(
 
 
 def test_a_release_retires_only_the_copy_whose_groups_go_to_the_running_original():
-    old, window = _placed()
+    old, window = placed_keyed_window()
     two = transform(old, Replicate(window, 1))
     one = transform(two, Release(window, 1))
     plan = plan_reconfiguration(two, one, channel_ids(two, "d", 1), "d", 2)
@@ -64,7 +54,7 @@ def test_a_release_retires_only_the_copy_whose_groups_go_to_the_running_original
 
 
 def test_a_moved_copy_takes_all_its_groups_from_its_old_pe():
-    old, window = _placed()
+    old, window = placed_keyed_window()
     two = transform(old, Replicate(window, 1))
     copy_pe = two.pe_of(f"{window}#1")
     there = next(w for w in WORKERS if w != two.pes[copy_pe].worker)
@@ -78,7 +68,7 @@ def test_a_moved_copy_takes_all_its_groups_from_its_old_pe():
 def test_a_copy_that_stays_and_gives_groups_away_replaces_every_instance():
     """A second copy takes groups from the first, whose PE holds no router: no live export, the
     old way (all instances replaced, state re-split)."""
-    old, window = _placed()
+    old, window = placed_keyed_window()
     two = transform(old, Replicate(window, 1))
     three = transform(two, Replicate(window, 1))
     assert window not in group_moves(two, three)
@@ -287,7 +277,7 @@ def test_a_releases_retired_copy_is_not_snapshotted_for_the_groups_it_handed_ove
     5 * 10^5 keys). Its other operators (none here) would still be snapshotted."""
     from pescheduler.control.protocol import execute
 
-    old, window = _placed()
+    old, window = placed_keyed_window()
     two = transform(old, Replicate(window, 1))
     one = transform(two, Release(window, 1))
     plan = plan_reconfiguration(two, one, channel_ids(two, "d", 1), "d", 2)
