@@ -418,12 +418,13 @@ class ChainWriter:
         if prev is not None:
             keys, max_deltas = since[1].get(g), config.get("checkpoint.max-deltas")
             deltas = len(prev.files) - 1
-            turn = deltas and rewrite_turn(g, checkpoint_id, max_deltas)   # even unchanged: a turn missed
-            if not keys and not turn:                   # would be made up later, beside other groups' turns
+            turn = (deltas and rewrite_turn(g, checkpoint_id, max_deltas)    # even unchanged: a turn missed
+                    and not _lasts(prev, checkpoint_id, max_deltas, bool(keys)))   # would be made up later, beside
+            if not keys and not turn:                                      # other groups' turns
                 return prev
             if deltas < max_deltas and not turn:
                 delta = view.delta(g, keys)
-                data = pickle.dumps(delta, _PICKLE)
+                data = pack_delta(*delta)
                 if prev.delta_bytes + len(data) <= prev.full_bytes:
                     entry = self._put(files, checkpoint_id, f"{name}.delta", data)
                     return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data),
@@ -502,6 +503,39 @@ def _group_map(run: str, name: str, checkpoint_id: int, chains: dict, base: _Wri
     return gmap, anchors
 
 
+def _lasts(chain: _Chain, checkpoint_id: int, max_deltas: int, grows: bool) -> bool:
+    """Whether a chain at its turn may wait for its next one: grown on at the rate it grew since
+    its full file (this checkpoint's delta, ``grows``, counted), it would still hold at most
+    ``max_deltas`` deltas, together no larger than its full file. When 1 % of 10^3 keys change, a
+    group gets a delta every ~13 checkpoints: at its turn its 3-4 deltas (~70 bytes) were
+    rewritten as the whole group (~150 bytes), 2-3 groups a checkpoint, the largest part of a
+    checkpoint's bytes. A chain that grows at every checkpoint (1 % of 10^5 keys and more touch
+    every group) never waits, so the turns stay spread."""
+    age, deltas = checkpoint_id - chain.files[0]["chk"], len(chain.files) - 1
+    now = deltas + grows
+    if age <= 0 or not deltas:
+        return False
+    later = (age + max(1, max_deltas)) / age
+    return now * later <= max_deltas and chain.delta_bytes * now / deltas * later <= chain.full_bytes
+
+
+def pack_delta(puts: dict, deletes: list) -> bytes:
+    """A delta file's bytes: ``puts`` alone when no key was deleted (else ``(puts, deletes)``),
+    pickled without protocol 4's frame header (9 bytes; the unpickler takes a pickle with or
+    without frames). A steady checkpoint at 10^3-10^4 keys writes deltas of one or two keys, and
+    ``((puts, []))`` framed was ~36 bytes, half of it overhead."""
+    data = pickle.dumps(puts if not deletes else (puts, deletes), _PICKLE)
+    if len(data) < 1 << 16 and data[2:3] == pickle.FRAME:     # one frame: its header is the only one
+        data = data[:2] + data[11:]
+    return data
+
+
+def unpack_delta(data: bytes) -> tuple[dict, Any]:
+    """``(puts, deleted keys)`` of a delta file (:func:`pack_delta`'s, or earlier versions' pair)."""
+    delta = pickle.loads(data)
+    return (delta, ()) if type(delta) is dict else delta
+
+
 def _counted(items: Iterator, count: list) -> Iterator:
     for item in items:
         count[0] += 1
@@ -567,7 +601,7 @@ def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = Non
         return datas[0], here
     entries = unpack_group(datas[0])
     for data in datas[1:]:
-        puts, deletes = pickle.loads(data)
+        puts, deletes = unpack_delta(data)
         for key in deletes:
             entries.pop(key, None)
         entries.update(puts)
