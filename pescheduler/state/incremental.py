@@ -319,10 +319,12 @@ class ChainWriter:
         state = files.put(checkpoint_id, f"{pe_id}.state", blob)
         maps: dict = {}
         with self._lock:
+            pending = self._pending.get(checkpoint_id, {})      # gone: a later one completed meanwhile
             for token in views:
-                w = self._pending[checkpoint_id][token]
-                self._pending[checkpoint_id][token] = replace(w, maps=(state, *w.maps))
-                maps.update((e["path"], e) for e in w.maps)
+                w = pending.get(token)
+                if w is not None:
+                    pending[token] = replace(w, maps=(state, *w.maps))
+                    maps.update((e["path"], e) for e in w.maps)
         return {"files": [{**state, "role": "state", "pe": pe_id}, *entries,
                           *({**e, "role": "map", "pe": pe_id} for e in maps.values())],
                 "positions": taken["positions"]}
