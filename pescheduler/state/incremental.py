@@ -35,12 +35,14 @@ aborted checkpoint uploaded for the same reason, FLINK-24611). Only a complete
 checkpoint's signed manifest vouches for those files; a restore checks each
 against it.
 
-The PE's ``.state`` file stores, in place of each view, ``{group: (a key of
-it, GroupRef)}``: a :class:`GroupRef` names the chain's files; the signed
-manifest lists each with its size and SHA-256. A restore hands those entries
-to the worker that gets the group (``resolve_restore``), which reads and
-checks each file before unpickling it: the deploying process never holds
-state bytes.
+The PE's ``.state`` file stores, in place of each view, a :class:`GroupMap`:
+what changed in the view's chains since the last complete checkpoint's map,
+which a restore walks back (:func:`with_entries`) to ``{group: (a key of it,
+GroupRef)}``; a :class:`GroupRef` names the chain's files, and the signed
+manifest lists each with its size and SHA-256 (and each earlier ``.state``
+file the walk reads, role ``map``). A restore hands those entries to the
+worker that gets the group (``resolve_restore``), which reads and checks each
+file before unpickling it: the deploying process never holds state bytes.
 
 Outside a checkpoint (a reconfiguration's snapshot, a test) a
 :class:`GroupsSnapshot` is an ordinary mapping ``{group: (key, bytes)}``, and
