@@ -327,7 +327,7 @@ def deploying_side(store, cid: int) -> dict:
         store.files.check(entry, store.run)
     state = next(e for e in manifest["files"] if e["role"] == "state")
     blob = cloudpickle.loads(store.read(state, store.run))
-    ops = load_snapshot(blob["ops"], with_entries(blob["groups"], groups))
+    ops = load_snapshot(blob["ops"], with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run)))
     return {"op": {**ops["op"], "storage": store.storage}}
 
 

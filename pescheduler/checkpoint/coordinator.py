@@ -278,10 +278,10 @@ class CheckpointCoordinator:
             files += [{**state, "operators": list(placement.pes[pe_id].operators)}, *groups]
             positions.update(result["positions"])
         _go_on(abandoned)
-        files.append({**self.store.put(checkpoint_id, "placement.pkl", placement_blob(placement)),
+        files.append({**self.store.put(checkpoint_id, "placement.pkl", placement_blob(placement), reuse=True),
                       "role": "placement"})
         size = sum(f["bytes"] for f in files if f["chk"] == checkpoint_id)
-        state_size = sum(f["bytes"] for f in files if f["role"] != "placement")
+        state_size = sum(f["bytes"] for f in files if f["role"] not in ("placement", "map"))   # maps: earlier .state
         _go_on(abandoned)
         self.store.commit_manifest(checkpoint_id, {
             "id": checkpoint_id, "deployment": self.reconfigurer.deployment, "time": t0,

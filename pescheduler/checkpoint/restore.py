@@ -81,7 +81,8 @@ def _load(store: CheckpointStore, checkpoint_id: int, placement: Placement) -> d
     states: dict[str, dict] = {}
     for entry in (e for e in manifest["files"] if e["role"] == "state"):
         blob = cloudpickle.loads(store.read(entry, run))
-        ops = load_snapshot(blob["ops"], with_entries(blob["groups"], groups))
+        ops = load_snapshot(blob["ops"], with_entries(blob["groups"], manifest["files"],
+                                                     lambda e: store.read(e, run)))
         for op_id, saved in ops.items():
             saved["position"] = blob["positions"].get(op_id)
         states.update(ops)

@@ -87,7 +87,7 @@ def restored(store: CheckpointStore, checkpoint_id: int) -> dict:
     manifest = store.manifest(checkpoint_id)
     entry = next(e for e in manifest["files"] if e["role"] == "state")
     blob = cloudpickle.loads(store.read(entry, store.run))
-    groups = with_entries(blob["groups"], [e for e in manifest["files"] if e["role"] == "group"])
+    groups = with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
     saved = {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}
     resolve_restore(saved)
     target = open_state("memory")
@@ -515,7 +515,7 @@ def test_a_restore_reads_this_workers_copies_and_the_storage_when_a_copy_is_bad(
     manifest = store.manifest(2)
     entry = next(e for e in manifest["files"] if e["role"] == "state")
     blob = cloudpickle.loads(store.read(entry, store.run))
-    groups = with_entries(blob["groups"], [e for e in manifest["files"] if e["role"] == "group"])
+    groups = with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
     fresh = lambda: {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}  # noqa: E731
     assert resolve_restore(fresh(), LocalCopies(deployment_dir("d"))) == (129, 129)
     copies[0].write_bytes(b"damaged")

@@ -67,7 +67,7 @@ def _checkpointed(k: int) -> dict:
     manifest = store.manifest(1)
     entry = next(e for e in manifest["files"] if e["role"] == "state")
     state_blob = cloudpickle.loads(store.read(entry, store.run))
-    groups = with_entries(state_blob["groups"], [e for e in manifest["files"] if e["role"] == "group"])
+    groups = with_entries(state_blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
     saved = load_snapshot(state_blob["ops"], groups)["state"]
     saved["progress"] = ({"src": MIN_WATERMARK}, MIN_WATERMARK, ["src"], False)
     return {**saved, "checkpoint": 1, "storage": store.storage}
