@@ -569,6 +569,26 @@ class DiskState(KeyedState):
         self._db.write(batch)
         self._whole.add(group)
 
+    def retire(self) -> None:
+        """Its operator is gone (a retired PE, stopped): nothing reads or writes the store again but
+        views already taken from it. Every group leaves by range (views still reading the live store
+        pinned first, as for any drop) and RocksDB flushes the memtable in its own background thread
+        (no Python thread, the GIL free): the close, wherever the last reference goes (a full
+        collection of the cyclic GC, in whatever turn of whatever loop: views and the state refer
+        to each other), then has nothing to write. rocksdict's ``close`` flushes the memtable, and
+        no option skips it: 190-235 ms for 5 * 10^5 keys written since the last flush, 1-6 ms after
+        this. A view taken before keeps reading what it saw (an iterator is a consistent view: the
+        range deletes after it are not in it), so a deferred move's groups still pack after this."""
+        self._pending = {}                  # views copied the buffer when they were taken
+        self._drop(range(KEY_GROUPS))
+        self._db.flush(False)
+
+    def flushing(self) -> bool:
+        """RocksDB's flush of the memtable (:meth:`retire`'s) still to do or under way."""
+        db = self._db
+        return bool(db.property_int_value("rocksdb.num-immutable-mem-table")
+                    or db.property_int_value("rocksdb.mem-table-flush-pending"))
+
     def close(self) -> None:
         """Close the store and remove its directory (views taken from it end first)."""
         self._pending = {}
