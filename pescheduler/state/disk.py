@@ -583,12 +583,6 @@ class DiskState(KeyedState):
         self._drop(range(KEY_GROUPS))
         self._db.flush(False)
 
-    def flushing(self) -> bool:
-        """RocksDB's flush of the memtable (:meth:`retire`'s) still to do or under way."""
-        db = self._db
-        return bool(db.property_int_value("rocksdb.num-immutable-mem-table")
-                    or db.property_int_value("rocksdb.mem-table-flush-pending"))
-
     def close(self) -> None:
         """Close the store and remove its directory (views taken from it end first)."""
         self._pending = {}
