@@ -290,12 +290,15 @@ async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, 
     for move in plan.moves:
         if move.deferred and move.dst_live:
             gates.setdefault(move.dst_worker, []).append(_move(move, marker, timeout))
-    await asyncio.gather(*(gateway.handover_expect(w, moves) for w, moves in gates.items()))
     by_worker: dict[str, list[dict]] = {}
     for move in plan.moves:
         if not move.src_live:
             by_worker.setdefault(move.src_worker, []).append(_move(move, marker, timeout))
-    await asyncio.gather(*(gateway.handover(w, moves) for w, moves in by_worker.items()))
+    # One round, both sides at once: a deferred move's parts are sent only at the ``go`` (after
+    # the pause), so its gate, set up by this very step, is in place before they come. In turn
+    # they were two round trips to two busy worker loops, a Release's ``handover`` step.
+    await asyncio.gather(*(gateway.handover_expect(w, moves) for w, moves in gates.items()),
+                         *(gateway.handover(w, moves) for w, moves in by_worker.items()))
 
 
 async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float,
@@ -440,10 +443,13 @@ def _handed_over(old: Placement, plan: ReconfigurationPlan) -> list[str]:
 
 
 async def _snapshot(gateway: WorkerGateway, old, retired, leave_out: list[str] = ()) -> dict[str, dict]:
-    """op_id -> saved state, gathered from every retired PE (but ``leave_out``'s operators)."""
+    """op_id -> saved state, gathered from every retired PE (but ``leave_out``'s operators). A PE
+    whose every operator is left out (a Release's copy, all its groups handed over) is not asked:
+    its answer would be empty, after a round trip to its worker's loop in the pause."""
     by_worker: dict[str, list[str]] = {}
     for pe_id in retired:
-        by_worker.setdefault(old.pes[pe_id].worker, []).append(pe_id)
+        if not set(old.pes[pe_id].operators) <= set(leave_out):
+            by_worker.setdefault(old.pes[pe_id].worker, []).append(pe_id)
     blobs = await asyncio.gather(*(gateway.snapshot(w, p, leave_out) for w, p in by_worker.items()))
     states: dict[str, dict] = {}
     for blob in blobs:

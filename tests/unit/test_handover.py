@@ -285,9 +285,45 @@ def test_a_releases_retired_copy_is_not_snapshotted_for_the_groups_it_handed_ove
     info = {w: {"host": w, "data_address": w, "pid": 0} for w in WORKERS}
     asyncio.run(execute(gateway, two, one, plan, info, "d/reconf/2", 5.0, steps))
     snapshots = [c for c in gateway.calls if c[0] == "snapshot"]
-    assert [c[2] for c in snapshots] == [[two.pe_of(copy)]], gateway.calls
     assert all(copy in c[3] for c in snapshots), f"the retired copy's snapshot took {copy}: {snapshots}"
-    assert [c[0] for c in gateway.calls].index("handover") < [c[0] for c in gateway.calls].index("snapshot")
+    # its PE holds nothing else: it is not asked at all (an empty answer, a round trip in the pause)
+    assert snapshots == [], f"the retired copy's PE, holding nothing left to snapshot, was asked: {snapshots}"
+    assert [c[0] for c in gateway.calls].index("handover") < [c[0] for c in gateway.calls].index("stop")
+
+
+def test_a_releases_gate_and_hand_over_are_asked_at_once():
+    """The running original gates the groups coming back (``handover_expect``) and the retired copy
+    exports them (``handover``) in one round of calls: the parts of a deferred move go at the
+    ``go``, after the pause, so the gate is in place before they come. In turn they were two round
+    trips to two busy worker loops in the pause. Here the gate answers only once the export was
+    asked: in turn, the step waits for ever (bounded)."""
+    from pescheduler.control.protocol import ReconfigurationFailed, execute
+
+    class OneRound(_Recording):
+        def __init__(self) -> None:
+            super().__init__()
+            self.exporting = asyncio.Event()
+
+        async def handover_expect(self, worker, moves):
+            await self.exporting.wait()
+            return await super().handover_expect(worker, moves)
+
+        async def handover(self, worker, moves):
+            self.exporting.set()
+            return await super().handover(worker, moves)
+
+    old, window = placed_keyed_window()
+    two = transform(old, Replicate(window, 1))
+    one = transform(two, Release(window, 1))
+    plan = plan_reconfiguration(two, one, channel_ids(two, "d", 1), "d", 2)
+    assert any(m.deferred and m.dst_live for m in plan.moves), "the original gates the groups coming back"
+    gateway, steps = OneRound(), {}
+    info = {w: {"host": w, "data_address": w, "pid": 0} for w in WORKERS}
+    try:
+        asyncio.run(execute(gateway, two, one, plan, info, "d/reconf/2", 2.0, steps))
+    except ReconfigurationFailed as exc:
+        raise AssertionError(f"the gate and the export were asked in turn: {exc}") from None
+    assert {c[0] for c in gateway.calls} >= {"handover_expect", "handover"}
 
 
 def test_a_blocking_move_from_a_running_instance_waits_for_the_order_too():
