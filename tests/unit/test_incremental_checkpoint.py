@@ -24,6 +24,7 @@ from pescheduler.state.groups import restore_groups, snapshot_groups
 from pescheduler.state.incremental import load_snapshot, pickle_snapshot, resolve_restore, with_entries
 from pescheduler.state.local import LocalCopies
 from pescheduler.state.settings import deployment_dir
+from pescheduler.worker import ckpt_files
 from pescheduler.worker.ckpt_files import CheckpointFiles
 
 KEY = b"k" * 32
@@ -510,6 +511,22 @@ def test_a_write_from_another_thread_while_the_state_changes_is_the_barriers_sta
     writer.join(60)
     store.commit_manifest(1, {"id": 1, "files": result["pe"]["files"]})
     assert restored(store, 1) == {f"car-{i:07d}": [i, 1.0] for i in range(5_000)}
+
+
+def test_a_checkpoints_write_gives_the_memory_it_freed_back_in_the_writers_thread(state, monkeypatch):
+    """The writer's thread packs every group it writes and frees it: glibc keeps that memory in the
+    thread's malloc arena (at 10^7 keys the worker grew 363 -> 706 MB over three checkpoints, a
+    trim after each gave back 23-151 MB). Each write ends with ``give_back`` in its own thread."""
+    calls = []
+    monkeypatch.setattr(ckpt_files, "give_back", lambda: calls.append(threading.current_thread().name) or True)
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 2_000)
+    writer = threading.Thread(target=checkpoint, args=(files, store, state, 1), name="ckpt-writer")
+    writer.start()
+    writer.join(60)
+    assert calls == ["ckpt-writer"], calls
+    assert restored(store, 1)["car-0000007"] == [7, 1.0]
+    assert ckpt_files.give_back() is (ckpt_files._malloc_trim() is not None)
 
 
 def test_an_aborted_checkpoint_releases_the_views_it_held():
