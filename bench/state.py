@@ -444,7 +444,8 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         if backend != "dicts":
             rep, rel = dep.apply(Replicate("state", 1), timeout=600), dep.apply(Release("state", 1), timeout=600)
             assert rep.applied and rel.applied, (rep.reason, rel.reason)
-            row.update(replicate_ms=rep.pause_ms, release_ms=rel.pause_ms)
+            row.update(replicate_ms=rep.pause_ms, release_ms=rel.pause_ms,
+                       replicate_steps=dict(rep.steps), release_steps=dict(rel.steps))   # where each pause went
         steady = time.time()
         seen = len(dep.checkpoints())
         wait_for(dep, lambda s: len([c for c in dep.checkpoints()[seen:] if c["time"] >= steady]) >= CHECKPOINTS + 1)
@@ -568,6 +569,10 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                 print(f"{'':9} {'':8} each checkpoint, % of the state written (f: whole groups, d: deltas): "
                       + " ".join(f"{100 * share(c):.1f}({c['fulls']}f,{c['deltas']}d)" for c in r["checkpoints"])
                       + f"; the first follows the Release: {100 * share(after_rescale):.1f} %")
+                for name in ("replicate", "release"):      # the record's largest steps: where the pause went
+                    steps = sorted(r.get(f"{name}_steps", {}).items(), key=lambda kv: -kv[1])[:4]
+                    if steps:
+                        print(f"{'':9} {'':8} {name} steps (ms): " + ", ".join(f"{s} {ms_:.1f}" for s, ms_ in steps))
     deployer = [r["deployer_rss"] / 2**20 for by in rows.values() for b, r in by.items() if b != "dicts"]
     print(f"   deploying process RSS over K = {min(rows):,}..{max(rows):,}: {min(deployer):.0f}-{max(deployer):.0f} MB "
           f"(goal: independent of the state's size)")

@@ -12,6 +12,9 @@ held is released at its end.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import threading
 
 from ..errors import CheckpointError
@@ -55,6 +58,7 @@ class CheckpointFiles:
             except CheckpointError as exc:          # aborted meanwhile: the rest is not written
                 out[pe_id] = {"error": str(exc)}
         _release(taken)
+        give_back()
         return out
 
     def end(self, deployment: str, checkpoint_id: int, complete: bool) -> None:
@@ -85,3 +89,26 @@ def _release(results: dict[str, dict]) -> None:
     for result in results.values():
         for snap in result.get("views", ()):
             snap.view.release()
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None (another C library)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def give_back() -> bool:
+    """Hand the memory a checkpoint's write freed back to the system (glibc's ``malloc_trim``), in
+    the writer's thread after its write. Each thread that packs groups or calls into RocksDB
+    allocates from a malloc arena of its own, and glibc keeps what is freed there: at 10^7 keys on
+    disk the worker's RSS went 363 -> 521 -> 706 MB over three checkpoints with a 512 MB cache,
+    and a trim after each gave back 23, 78 and 151 MB (16-67 ms, the GIL released: a ctypes call).
+    False where there is no ``malloc_trim``."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
