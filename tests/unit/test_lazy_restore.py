@@ -210,8 +210,8 @@ def test_a_checkpoint_while_restored_groups_load_completes_and_restores_every_ke
             pe.ports.inbox.put(pe.ports.receivers[IN], DATA, [_update(i, -7) for i in updated])
             sunk = pe.ops["sink"].items
             await _until(lambda: len(sunk) == len(updated), "the loaded groups' updates out")
-            assert pe.stats()["restoring"]["loaded"] == 3
             manifest = await _checkpoint(host, pe, store, 2)
+            assert pe.stats()["restoring"]["loaded"] == 3, "its figures say how far the load is"
             assert not loader.gates["state"].done, "the checkpoint was taken while groups load"
             return {"manifest": manifest, "updated": updated}
         finally:
