@@ -308,3 +308,53 @@ def test_a_group_file_damaged_after_the_deploying_process_checked_it_fails_the_r
         finally:
             await host.close()
     asyncio.run(scenario())
+
+
+def test_a_rescale_of_a_pe_whose_restored_groups_load_is_refused_before_its_pause_with_the_progress():
+    """The reconfigurer refuses a Replicate of a restored window until its PE reports every group
+    in: the record and the deployment's events say why and how far the load is; nothing of the
+    protocol runs (before, the worker's ``StillLoading`` came half-way through and the
+    reconfiguration failed the deployment)."""
+    from keyed_handover import WORKERS, placed_keyed_window
+
+    from pescheduler.actions import Replicate
+    from pescheduler.control.reconfigurer import Reconfigurer
+    from pescheduler.control.state import DeploymentState
+
+    placement, window = placed_keyed_window()
+    pe_id = placement.pe_of(window)
+    calls: list[str] = []
+
+    class Gateway:
+        deployment = "d"
+
+        async def launch(self, specs, placement):
+            calls.append("launch")
+
+        async def warm(self, per_worker):
+            pass
+
+        def __getattr__(self, name):        # any call of the protocol's (a snapshot, a deploy)
+            calls.append(name)
+            raise AssertionError(f"the refused rescale called {name}")
+
+    async def scenario():
+        state = DeploymentState()
+        rec = Reconfigurer(Gateway(), state, "d", None, 2)
+        rec.worker_info = {w: {"data_address": f"tcp://{w}:1", "host": w} for w in WORKERS}
+        rec.on_failure = lambda reason: calls.append(f"failure: {reason}")
+        state.running(placement.pes)
+        await rec.launch(placement, {window: {"state": {}, "progress": None, "storage": "memory://x"}})
+        action = Replicate(window, 1)
+        first = await rec.apply(action, timeout=1.0)
+        assert calls == ["launch"], calls
+        assert not first.applied and "still loading the key groups of its restore" in first.reason, first.reason
+        rec.loaded([{"pes": {pe_id: {"state": "running", "restoring": {"groups": 50, "loaded": 20, "s": 1.5}}}}])
+        second = await rec.apply(action, timeout=1.0)
+        rec.loaded([{"pes": {pe_id: {"state": "running"}}}])
+        await rec._planned(action)          # once every group is in, it is planned (and runs)
+        return first, second, state
+    first, second, state = asyncio.run(scenario())
+    assert calls == ["launch"], calls
+    assert not second.applied and "20 of 50 loaded after 1.5 s" in second.reason, second.reason
+    assert [e["kind"] for e in state.events if e["kind"] in ("refused", "restored")] == ["refused", "refused", "restored"]
