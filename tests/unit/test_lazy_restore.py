@@ -342,7 +342,10 @@ def test_a_rescale_of_a_pe_whose_restored_groups_load_is_refused_before_its_paus
         state = DeploymentState()
         rec = Reconfigurer(Gateway(), state, "d", None, 2)
         rec.worker_info = {w: {"data_address": f"tcp://{w}:1", "host": w} for w in WORKERS}
-        rec.on_failure = lambda reason: calls.append(f"failure: {reason}")
+
+        async def failed(reason: str) -> None:
+            calls.append(f"failure: {reason}")
+        rec.on_failure = failed
         state.running(placement.pes)
         await rec.launch(placement, {window: {"state": {}, "progress": None, "storage": "memory://x"}})
         action = Replicate(window, 1)
