@@ -329,6 +329,8 @@ class ChainWriter:
         self._abandoned: set[int] = set()           # checkpoints aborted: their writes stop
         self._unions: dict[tuple, _Union] = {}      # (token, seq) -> keys changed since that snapshot
         self._lock = threading.Lock()               # confirm() comes from the worker's loop
+        self._restored: dict[int, set] = {}         # checkpoint id -> restored files it references
+        self._restored_base: set = set()            # those of the newest complete one (local copies kept)
 
     def write_pe(self, files: StateFiles, checkpoint_id: int, pe_id: str, taken: dict) -> dict:
         """One PE's checkpoint: its groups' files, then its ``.state`` file; ``{"files", "positions"}``
@@ -486,8 +488,12 @@ class ChainWriter:
             self._confirm(checkpoint_id)
             bases = list(self._base.values())
             kept = [k.chain for groups in self._kept.values() for k in groups.values()]
+            self._restored_base = self._restored.pop(checkpoint_id, set())
+            for older in [i for i in self._restored if i < checkpoint_id]:
+                del self._restored[older]
         if self.local is not None and bases:       # copies no base (nor a later attempt's chain) references go
             keep = {f["path"] for c in [*(c for b in bases for c in b.chains.values()), *kept] for f in c.files}
+            keep |= self._restored_base             # a lazy restore may still read them here
             for run in {b.run for b in bases}:
                 self.local.prune(run, keep)
 

@@ -44,9 +44,10 @@ deferred move) is restored whole, as before.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..operator import Operator
 from ..state.incremental import ref_groups, resolve_part
@@ -83,7 +84,22 @@ class Pending:
     def read(self, group: int, local: LocalCopies | None) -> Any:
         """Group ``group``'s part of the saved state, read, checked and unpickled (a worker thread)."""
         part = self.splitter.split_state(self.state, lambda key: key_group(key) == group)
-        return resolve_part(part, self.storage, local)
+        return gc_paused(resolve_part, part, self.storage, local)
+
+
+def gc_paused(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with the cyclic GC paused, as a batch's decode and emit are (``channels.decode``,
+    ``Chain.emit_from``): a group's unpickle and import allocate a container or two per key, which
+    ran a collection every 700 of them, and the full ones, each visiting every object the worker
+    holds (at 10^6 keys on ``memory``, 0.3-0.6 s holding the GIL: the PE's loop stood still), came
+    every few groups. Paused, the group's objects are counted by one collection after it."""
+    if not gc.isenabled():              # paused further up: leave it so
+        return fn(*args)
+    gc.disable()
+    try:
+        return fn(*args)
+    finally:
+        gc.enable()
 
 
 def defer(spec: PESpec) -> dict[str, Pending]:
@@ -194,7 +210,7 @@ class Loader:
             if pe.state not in ("created", "running"):
                 return False
             t = time.perf_counter()
-            pe.ops[op_id].import_groups(part)
+            gc_paused(pe.ops[op_id].import_groups, part)
             self.longest_import_s = max(self.longest_import_s, time.perf_counter() - t)
             self.gates[op_id].arrived([g])
         self.loaded += 1
