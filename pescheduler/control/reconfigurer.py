@@ -99,10 +99,7 @@ class Reconfigurer:
         specs = build_specs(placement, self.worker_info, self.deployment, self.channels, epoch=self.epoch)
         for pe_id, spec in specs.items():
             spec.restore = {op: restore[op] for op in placement.pes[pe_id].operators if op in (restore or {})}
-        # key groups as files ("storage"): the worker may load them while the PE runs
-        self.restoring = {pe_id: None for pe_id, spec in specs.items()
-                          if any("storage" in saved for saved in spec.restore.values())}
-        await self.gateway.launch(specs, placement)
+        self.restoring = {pe_id: None for pe_id in await self.gateway.launch(specs, placement) or ()}
         self.placement = placement
         await self._warm(placement)
 
@@ -160,11 +157,19 @@ class Reconfigurer:
                     del self.restoring[pe_id]
                     self.state.event("restored", f"PE {pe_id} has loaded every key group of its restore")
 
-    def _still_restoring(self, plan) -> None:
+    async def _still_restoring(self, plan, placement: Placement) -> None:
         """Refuse a plan that snapshots or exports from a PE whose restored key groups still load
         (the worker would refuse it half-way, ``StillLoading``, and fail the deployment): before
-        the pause, the stream undisturbed, with how far the load is; a policy tries again later."""
+        the pause, the stream undisturbed, with how far the load is; a policy tries again later.
+        Their workers are asked first (the figures the monitor last took may be a round old)."""
         touched = {*plan.retired, *(m.src_pe for m in plan.moves)}
+        if not touched & set(self.restoring):
+            return
+        workers = sorted({placement.pes[p].worker for p in touched & set(self.restoring)})
+        try:
+            self.loaded(await self.gateway.stats(workers, dead_letters=False))
+        except Exception as exc:        # a lost worker: its recovery comes; the last figures stand
+            logger.debug("restoring figures of %s: %s", workers, exc)
         for pe_id in sorted(p for p in touched if p in self.restoring):
             done = self.restoring[pe_id]
             far = (f"{done['loaded']} of {done['groups']} loaded after {done['s']:.1f} s" if done
@@ -186,7 +191,7 @@ class Reconfigurer:
         done = self.state.done_pes(plan.retired)
         if done:
             raise ActionRefused(f"PE {done[0]!r} is {self.state.pe_state.get(done[0])}: nothing to move")
-        self._still_restoring(plan)
+        await self._still_restoring(plan, old)
         return old, new, plan
 
     async def _run(self, action: Action, old: Placement, new: Placement, plan, timeout: float,
