@@ -27,7 +27,7 @@ from pescheduler.checkpoint import CheckpointStore
 from pescheduler.state import key_group, open_state
 from pescheduler.state.groups import snapshot_groups
 from pescheduler.state.files import StateFiles
-from pescheduler.state.local import LOCAL
+from pescheduler.state.local import LOCAL, LocalCopies
 from pescheduler.state.settings import deployment_dir
 from pescheduler.state.incremental import load_snapshot, pickle_snapshot, with_entries
 from pescheduler.worker import handshake
@@ -213,6 +213,9 @@ def test_a_checkpoint_while_restored_groups_load_completes_and_restores_every_ke
             await _until(lambda: len(sunk) == len(updated), "the loaded groups' updates out")
             manifest = await _checkpoint(host, pe, store, 2)
             assert pe.stats()["restoring"]["loaded"] == 3, "its figures say how far the load is"
+            copies, left = LocalCopies(deployment_dir(DEP)), [e for e in manifest["files"] if e["chk"] == 1]
+            assert left and all(copies.read(ref.run, e) is not None for e in left), \
+                "this worker's copies of the files the loader still reads are kept"
             assert deployed["loading"] == ["pe"], "the deploy names the PEs restored lazily (the controller)"
             assert not loader.gates["state"].done, "the checkpoint was taken while groups load"
             return {"manifest": manifest, "updated": updated}
