@@ -188,8 +188,9 @@ async def _checkpoint(host: PEHost, pe, store: CheckpointStore, checkpoint_id: i
 @pytest.mark.parametrize("where", ["same run", "new run"])
 def test_a_checkpoint_while_restored_groups_load_completes_and_restores_every_key(backend, where):
     """A checkpoint taken after some groups loaded (and some keys of them updated) references the
-    restored checkpoint's files for the others; retention keeps those files; a restore from it
-    gives every key: the updated ones as updated, the others as first restored. ``new run``: the
+    restored checkpoint's files for the others; retention keeps those files; a restore from it,
+    and from the next checkpoint (after the load, its key-group maps extending this one's), gives
+    every key: the updated ones as updated, the others as first restored. ``new run``: the
     checkpoint is written by a run started from the first one's (its files stay in that run)."""
     k = 1500
     restore = _checkpointed(k)
@@ -218,6 +219,9 @@ def test_a_checkpoint_while_restored_groups_load_completes_and_restores_every_ke
                 "this worker's copies of the files the loader still reads are kept"
             assert deployed["loading"] == ["pe"], "the deploy names the PEs restored lazily (the controller)"
             assert not loader.gates["state"].done, "the checkpoint was taken while groups load"
+            while await loader.load_one():
+                pass
+            await _checkpoint(host, pe, store, 3)    # its key-group maps extend checkpoint 2's
             return {"manifest": manifest, "updated": updated}
         finally:
             await host.close()
@@ -225,14 +229,13 @@ def test_a_checkpoint_while_restored_groups_load_completes_and_restores_every_ke
     referenced = [e for e in got["manifest"]["files"] if e["role"] == "group" and e["chk"] == 1]
     assert referenced and all(("run" in e) == (where == "new run") for e in referenced), referenced
     if where == "same run":
-        store.prune(retain=1)           # checkpoint 1 goes, but the files 2 references
-        assert store.completed() == [2] and 1 in store.ids()
-    second = _restored(store, 2)
+        store.prune(retain=2)           # checkpoint 1 goes, but the files 2 references
+        assert store.completed() == [2, 3] and 1 in store.ids()
 
-    async def restored() -> list[dict]:
+    async def restored(checkpoint_id: int) -> list[dict]:
         host = await _host(backend)
         try:
-            await host.pe_deploy(cloudpickle.dumps([_spec(second)]), start=True)
+            await host.pe_deploy(cloudpickle.dumps([_spec(_restored(store, checkpoint_id))]), start=True)
             pe = host.pes[(DEP, "pe")]
             pe.ports.inbox.put(pe.ports.receivers[IN], DATA, [_update(i, -1) for i in range(k)])
             sunk = pe.ops["sink"].items
@@ -241,10 +244,11 @@ def test_a_checkpoint_while_restored_groups_load_completes_and_restores_every_ke
             return list(sunk)
         finally:
             await host.close()
-    sunk = asyncio.run(restored())
     updated = set(got["updated"])
-    assert {t["id"]: t["previous"] for t in sunk} == \
-        {_key(i): {"id": _key(i), "v": -7} if i in updated else _row(i) for i in range(k)}
+    for checkpoint_id in (2, 3):        # the one taken during the load, and the next, after it
+        sunk = asyncio.run(restored(checkpoint_id))
+        assert {t["id"]: t["previous"] for t in sunk} == \
+            {_key(i): {"id": _key(i), "v": -7} if i in updated else _row(i) for i in range(k)}, checkpoint_id
 
 
 def test_a_snapshot_while_restored_groups_load_is_refused_not_taken_without_them():
