@@ -77,7 +77,7 @@ def _load(store: CheckpointStore, checkpoint_id: int, placement: Placement) -> d
     taken_by = cloudpickle.loads(store.read(placement_file, run))
     groups = [e for e in manifest["files"] if e["role"] == "group"]
     for entry in groups:                      # hashed in chunks: read by the workers, not held here
-        store.files.check(entry, run)
+        store.files.check(entry, entry.get("run", run))
     states: dict[str, dict] = {}
     for entry in (e for e in manifest["files"] if e["role"] == "state"):
         blob = cloudpickle.loads(store.read(entry, run))

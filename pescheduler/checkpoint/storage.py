@@ -161,8 +161,8 @@ class CheckpointStore:
     def verify(self, checkpoint_id: int, run: str | None = None) -> dict:
         """The manifest, checked, and every file it lists present with its size (no state read)."""
         manifest = self.manifest(checkpoint_id, run)
-        base = self._run_dir(manifest["run"])
         for entry in manifest["files"]:
+            base = self._run_dir(entry.get("run", manifest["run"]))    # a restored group's file of another run
             try:
                 size = self.fs.size(f"{base}/{entry['path']}")
             except OSError:
@@ -278,7 +278,7 @@ class CheckpointStore:
             keep = set(done[-retain:]) if retain > 0 else set()
             if not keep:
                 self._committed = {}                  # nothing put(reuse=True) may refer to stays
-            referenced = {e["path"] for i in keep for e in self.manifest(i)["files"]}
+            referenced = {e["path"] for i in keep for e in self.manifest(i)["files"] if "run" not in e}
         except (OSError, CheckpointDamaged) as exc:
             return self._prune_failed(f"listing {self.url}: {type(exc).__name__}: {exc}")
         newest = done[-1] if done else 0

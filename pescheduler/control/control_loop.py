@@ -68,6 +68,7 @@ class ControlLoop:
                                               f"(its first dead letter; `status --dead-letters 20`)")
         snapshot = self.monitor.update(answers, self.reconfigurer.placement)
         self.reconfigurer.activated(answers)      # copies that processed their first batch since
+        self.reconfigurer.loaded(answers)         # restored PEs whose key groups are all in
         await stall.check(self, answers)          # no progress with input pending: stalled, then failed
         too_many = self.dead.verdict(snapshot, running=True) if self.state.live else None
         if too_many:

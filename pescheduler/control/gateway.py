@@ -135,13 +135,15 @@ class WorkerGateway:
                                                 checkpoint=self.checkpoint, state=self.state)
         return await self.client.rpc(worker).pe_info()
 
-    async def launch(self, specs: dict[str, PESpec], placement: Placement) -> None:
+    async def launch(self, specs: dict[str, PESpec], placement: Placement) -> list[str]:
         """Ship every PE's spec and start it, one call per worker, all at once: a channel to a
-        PE another worker has not built yet waits for it there (``PEHost._expect``)."""
+        PE another worker has not built yet waits for it there (``PEHost._expect``). The PEs
+        whose restored key groups load while they run (``worker/lazy_restore.py``)."""
         by_worker: dict[str, list[PESpec]] = {}
         for pe_id, spec in specs.items():
             by_worker.setdefault(placement.pes[pe_id].worker, []).append(spec)
-        await asyncio.gather(*(self.deploy(w, s) for w, s in by_worker.items()))
+        answers = await asyncio.gather(*(self.deploy(w, s) for w, s in by_worker.items()))
+        return [pe_id for answer in answers for pe_id in (answer or {}).get("loading", ())]
 
     async def deploy(self, worker: str, specs: list[PESpec]) -> dict:
         """Build these PEs on ``worker`` and start them; answers the handler's timings."""

@@ -62,6 +62,9 @@ class Reconfigurer:
         self.activating: dict[str, float] = {}     # copy PE -> when its Replicate was decided (time.time())
         self.activations: dict[str, float] = {}    # copy PE -> ms from the decision to its first batch
         self.on_activation: Callable[[str, float], None] = lambda copy, ms: None
+        # PE -> its lazy restore's progress (None: not reported yet) while its key groups load:
+        # a rescale of it is refused until they are in (worker/lazy_restore.py)
+        self.restoring: dict[str, dict | None] = {}
 
     # -- the first placement ----------------------------------------------------------------
     async def known_workers(self) -> list[str]:
@@ -96,7 +99,7 @@ class Reconfigurer:
         specs = build_specs(placement, self.worker_info, self.deployment, self.channels, epoch=self.epoch)
         for pe_id, spec in specs.items():
             spec.restore = {op: restore[op] for op in placement.pes[pe_id].operators if op in (restore or {})}
-        await self.gateway.launch(specs, placement)
+        self.restoring = {pe_id: None for pe_id in await self.gateway.launch(specs, placement) or ()}
         self.placement = placement
         await self._warm(placement)
 
@@ -141,6 +144,39 @@ class Reconfigurer:
                     self.on_activation(pe_id, seen[pe_id])
         return seen
 
+    def loaded(self, answers: list[dict]) -> None:
+        """The workers' ``answers``: how far each restored PE's key groups are; a running PE that
+        reports none loading has them all (its figures carry ``restoring`` until then)."""
+        for answer in answers:
+            for pe_id, stats in answer["pes"].items():
+                if pe_id not in self.restoring:
+                    continue
+                if stats.get("restoring"):
+                    self.restoring[pe_id] = stats["restoring"]
+                elif stats.get("state") == "running":
+                    del self.restoring[pe_id]
+                    self.state.event("restored", f"PE {pe_id} has loaded every key group of its restore")
+
+    async def _still_restoring(self, plan, placement: Placement) -> None:
+        """Refuse a plan that snapshots or exports from a PE whose restored key groups still load
+        (the worker would refuse it half-way, ``StillLoading``, and fail the deployment): before
+        the pause, the stream undisturbed, with how far the load is; a policy tries again later.
+        Their workers are asked first (the figures the monitor last took may be a round old)."""
+        touched = {*plan.retired, *(m.src_pe for m in plan.moves)}
+        if not touched & set(self.restoring):
+            return
+        workers = sorted({placement.pes[p].worker for p in touched & set(self.restoring)})
+        try:
+            self.loaded(await self.gateway.stats(workers, dead_letters=False))
+        except Exception as exc:        # a lost worker: its recovery comes; the last figures stand
+            logger.debug("restoring figures of %s: %s", workers, exc)
+        for pe_id in sorted(p for p in touched if p in self.restoring):
+            done = self.restoring[pe_id]
+            far = (f"{done['loaded']} of {done['groups']} loaded after {done['s']:.1f} s" if done
+                   else "its first figures not in yet")
+            raise ActionRefused(f"PE {pe_id!r} is still loading the key groups of its restore ({far}); "
+                                f"its state moves once they are all in: try again then")
+
     async def _planned(self, action: Action):
         """The placement now, the one ``action`` makes and the plan between them (a cold start
         first when no warm slot is left); raises :class:`ActionRefused`."""
@@ -155,6 +191,7 @@ class Reconfigurer:
         done = self.state.done_pes(plan.retired)
         if done:
             raise ActionRefused(f"PE {done[0]!r} is {self.state.pe_state.get(done[0])}: nothing to move")
+        await self._still_restoring(plan, old)
         return old, new, plan
 
     async def _run(self, action: Action, old: Placement, new: Placement, plan, timeout: float,

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 from .base import KEY_GROUPS, KeyedState, key_group, pack_group
 from ..wire import _MASK, key_hash
-from .incremental import GroupsSnapshot
+from .incremental import GroupRef, GroupsSnapshot
 
 Groups = dict[int, tuple[Any, bytes]]
 
@@ -69,11 +69,21 @@ def split_groups(groups: Groups, owns: Callable[[Any], bool]) -> Groups:
 
 
 def merge_groups(parts: list[Groups]) -> Groups:
-    """Every part's key groups (parts own disjoint groups)."""
+    """Every part's key groups (parts own disjoint groups). A checkpoint's view merged with key
+    groups a lazy restore has not loaded yet (only :class:`GroupRef` entries: ``worker/
+    lazy_restore.py``) stays a view, those groups joined as references: nothing is packed."""
+    views = [p for p in parts if type(p) is GroupsSnapshot and p._packed is None]
+    if len(views) == 1 and all(p is views[0] or _references(p) for p in parts):
+        return views[0].joined({g: kd for p in parts if p is not views[0] for g, kd in p.items()})
     out: Groups = {}
     for part in parts:
         out.update(part)
     return out
+
+
+def _references(part: Any) -> bool:
+    """Is ``part`` a dict of key groups that are all file references (a checkpoint's, unread)?"""
+    return type(part) is dict and all(type(kd[1]) is GroupRef for kd in part.values())
 
 
 def key_groups(keys: list) -> list[int]:

@@ -70,11 +70,19 @@ _PICKLE = pickle.HIGHEST_PROTOCOL
 
 
 class GroupsSnapshot(Mapping):
-    """A KEYED operator's key groups at a snapshot, as a view: packed only when read."""
+    """A KEYED operator's key groups at a snapshot, as a view: packed only when read; and
+    ``restored``, ``{group: (key, GroupRef)}`` of groups a lazy restore has not loaded yet
+    (``worker/lazy_restore.py``): a checkpoint references their files (:meth:`joined`)."""
 
     def __init__(self, view: StateView) -> None:
         self.view = view
+        self.restored: dict = {}
         self._packed: dict | None = None
+
+    def joined(self, restored: dict) -> "GroupsSnapshot":
+        """This view with ``restored``'s groups (file references, disjoint from its own) added."""
+        self.restored.update(restored)
+        return self
 
     def _groups(self) -> dict:
         if self._packed is None:
@@ -82,7 +90,7 @@ class GroupsSnapshot(Mapping):
             for g in self.view.groups():
                 entries = dict(self.view.items(g))
                 out[g] = (next(iter(entries)), pack_group(entries.items()))
-            self._packed = out
+            self._packed = {**out, **self.restored}
             self.view.release()
         return self._packed
 
@@ -142,9 +150,12 @@ class GroupMap:
     put: dict
     grown: dict
     present: int
+    restored: dict = field(default_factory=dict)    # {group: (key, GroupRef)} a lazy restore had not
+                                                    # loaded (their files another view's: incremental.still_restored)
 
     def __reduce__(self):       # a tuple, not a dict of field names: this is in every .state file
-        return GroupMap, (self.run, self.name, self.base, self.put, self.grown, self.present)
+        return GroupMap, (self.run, self.name, self.base, self.put, self.grown, self.present,
+                          *((self.restored,) if self.restored else ()))
 
     @property
     def groups(self) -> list[int]:
@@ -241,8 +252,10 @@ def with_entries(groups: list, entries: list[dict], read=None) -> list[dict]:
 
 
 def _walked(newest: GroupMap, earlier) -> dict:
-    """``{group: (key, GroupRef)}`` of ``newest``'s present groups, its maps walked back."""
-    wanted, found, grown, at = set(newest.groups), {}, {}, newest
+    """``{group: (key, GroupRef)}`` of ``newest``'s present groups, its maps walked back, and the
+    groups it references from the checkpoint a lazy restore was loading (``restored``)."""
+    wanted, found, grown, at = set(newest.groups), dict(newest.restored), {}, newest
+    wanted |= set(found)
     while True:
         for g, (key, chain) in at.put.items():
             if g in wanted and g not in found:
@@ -316,14 +329,22 @@ class ChainWriter:
         self._abandoned: set[int] = set()           # checkpoints aborted: their writes stop
         self._unions: dict[tuple, _Union] = {}      # (token, seq) -> keys changed since that snapshot
         self._lock = threading.Lock()               # confirm() comes from the worker's loop
+        self._restored: dict[int, set] = {}         # checkpoint id -> restored files it references
+        self._restored_base: set = set()            # those of the newest complete one (local copies kept)
 
     def write_pe(self, files: StateFiles, checkpoint_id: int, pe_id: str, taken: dict) -> dict:
         """One PE's checkpoint: its groups' files, then its ``.state`` file; ``{"files", "positions"}``
         with every file the checkpoint references (earlier checkpoints' included: their group
         files, and the ``.state`` files whose key-group maps this one's extend, role ``map``)."""
-        entries, refs, views = [], [], []
+        entries, refs, views, run = [], [], [], files.url.rsplit("/", 1)[-1]
         for i, snap in enumerate(taken["views"]):
             gmap, written, token = self._write_view(files, checkpoint_id, f"{pe_id}.{i}", snap.view)
+            if snap.restored:           # groups a lazy restore has not loaded yet: their files referenced
+                restored, referenced = still_restored(snap.restored, run)
+                gmap = replace(gmap, restored=restored)
+                written = written + referenced
+                with self._lock:
+                    self._restored.setdefault(checkpoint_id, set()).update(e["path"] for e in referenced)
             refs.append(gmap)
             entries.extend(written)
             views.append(token)
@@ -467,8 +488,12 @@ class ChainWriter:
             self._confirm(checkpoint_id)
             bases = list(self._base.values())
             kept = [k.chain for groups in self._kept.values() for k in groups.values()]
+            self._restored_base = self._restored.pop(checkpoint_id, set())
+            for older in [i for i in self._restored if i < checkpoint_id]:
+                del self._restored[older]
         if self.local is not None and bases:       # copies no base (nor a later attempt's chain) references go
             keep = {f["path"] for c in [*(c for b in bases for c in b.chains.values()), *kept] for f in c.files}
+            keep |= self._restored_base             # a lazy restore may still read them here
             for run in {b.run for b in bases}:
                 self.local.prune(run, keep)
 
@@ -548,6 +573,18 @@ def unpack_delta(data: bytes) -> tuple[dict, Any]:
     """``(puts, deleted keys)`` of a delta file (:func:`pack_delta`'s, or earlier versions' pair)."""
     delta = pickle.loads(data)
     return (delta, ()) if type(delta) is dict else delta
+
+
+def still_restored(restored: dict, run: str) -> tuple[dict, list]:
+    """Key groups a lazy restore has not loaded yet (``GroupsSnapshot.restored``: unchanged
+    since the checkpoint they were restored from) as a new checkpoint holds them: ``({group:
+    (key, GroupRef)}, manifest entries of their files)``; the entries name their run when it is
+    not ``run`` (a run started from another's checkpoint: its files stay where they are)."""
+    groups, entries = {}, []
+    for g, (key, ref) in restored.items():
+        groups[g] = (key, replace(ref, files=()))
+        entries += [{**e, "role": "group", **({"run": ref.run} if ref.run != run else {})} for e in ref.files]
+    return groups, entries
 
 
 def _counted(items: Iterator, count: list) -> Iterator:

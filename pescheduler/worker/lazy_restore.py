@@ -20,10 +20,20 @@ deferred rescale already uses (``pending_groups.py``):
   through, before anything that arrives later: per-key order and exactly
   once as for a moved group;
 * while groups are pending the operator's watermark stays back (the gate's
-  hold), so no window fires without all its keys; and the PE's snapshot is
-  refused (:func:`still_loading`): a checkpoint in that time is declined, not
-  taken without the groups (the next one, once loaded, is complete), and a
-  rescale's export waits for none (it is refused, as a second gate is).
+  hold), so no window fires without all its keys;
+* a checkpoint in that time completes (:meth:`Loader.with_unloaded`): the
+  groups not loaded yet are unchanged since the restored checkpoint, so the
+  operator's snapshot is merged (its own ``merge_states``) with their part of
+  the saved state, whose key groups are still :class:`GroupRef` entries; the
+  worker's writer references those files in the new checkpoint
+  (``incremental.ChainWriter``), the signed manifest lists them and retention
+  keeps them while a kept checkpoint does. Flink's checkpoints go on after a
+  recovery the same way (the restored SST files stay shared);
+* a rescale's snapshot or export of it is refused (:func:`still_loading`,
+  :class:`StillLoading`: it would move state the instance does not hold); the
+  controller refuses such an action before its pause, with the groups still
+  loading in the reason (``control/reconfigurer.py``), from the PE's figures
+  (:func:`restoring`), so a policy tries again later.
 
 Both backends take this one path: it is the operators' ``split_state`` and
 ``import_groups``, whatever holds their keys. An operator without
@@ -34,9 +44,10 @@ deferred move) is restored whole, as before.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..operator import Operator
 from ..state.incremental import ref_groups, resolve_part
@@ -73,7 +84,22 @@ class Pending:
     def read(self, group: int, local: LocalCopies | None) -> Any:
         """Group ``group``'s part of the saved state, read, checked and unpickled (a worker thread)."""
         part = self.splitter.split_state(self.state, lambda key: key_group(key) == group)
-        return resolve_part(part, self.storage, local)
+        return gc_paused(resolve_part, part, self.storage, local)
+
+
+def gc_paused(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with the cyclic GC paused, as a batch's decode and emit are (``channels.decode``,
+    ``Chain.emit_from``): a group's unpickle and import allocate a container or two per key, which
+    ran a collection every 700 of them, and the full ones, each visiting every object the worker
+    holds (at 10^6 keys on ``memory``, 0.3-0.6 s holding the GIL: the PE's loop stood still), came
+    every few groups. Paused, the group's objects are counted by one collection after it."""
+    if not gc.isenabled():              # paused further up: leave it so
+        return fn(*args)
+    gc.disable()
+    try:
+        return fn(*args)
+    finally:
+        gc.enable()
 
 
 def defer(spec: PESpec) -> dict[str, Pending]:
@@ -101,6 +127,16 @@ def still_loading(pe: Any) -> list[str]:
     return [op_id for op_id, g in pe.rewirer.pending.items() if g.tag == RESTORING and not g.done]
 
 
+def restoring(pe: Any) -> dict | None:
+    """``{"groups", "loaded", "s"}`` of ``pe``'s restored key groups while some still load (its
+    figures: the controller holds rescales of it back until they are in), else None."""
+    loader = pe.loader
+    if loader is None or not still_loading(pe):
+        return None
+    total = sum(g.total for g in loader.gates.values())
+    return {"groups": total, "loaded": loader.loaded, "s": round(time.perf_counter() - loader.t0, 3)}
+
+
 class Loader:
     """Loads a restored PE's pending key groups, one at a time, waited-for groups first."""
 
@@ -109,10 +145,13 @@ class Loader:
         self.gates: dict[str, PendingGroups] = {}
         self.task: asyncio.Task | None = None
         self.loaded = 0                 # groups imported so far (figures, tests)
+        self.t0 = time.perf_counter()
+        self.longest_import_s = 0.0     # the longest import in the PE's turn (a stall of its stream)
 
     def gate(self) -> None:
         """Gate every pending group (the PE's chain is built, it has taken no tuple yet)."""
         pe = self.pe
+        pe.loader = self
         for op_id, p in self.pending.items():
             self.gates[op_id] = pe.rewirer.pending[op_id] = PendingGroups(
                 pe.chain, op_id, p.groups, key_function(pe.spec.ops[op_id][2]), RESTORING)
@@ -132,16 +171,27 @@ class Loader:
                     first = (op_id, g)
         return first
 
+    def with_unloaded(self, op_id: str, state: Any) -> Any:
+        """``state`` (operator ``op_id``'s snapshot now, without the groups not loaded yet) merged
+        with those groups' part of the restored state: a checkpoint taken while they load. Their
+        key groups stay :class:`GroupRef` entries (``merge_groups`` joins them to the view: the
+        writer references their files, nothing is read or packed here, in the PE's turn)."""
+        p, left = self.pending[op_id], frozenset(self.gates[op_id].waiting)
+        unloaded = p.splitter.split_state(p.state, lambda key: key_group(key) in left)
+        return p.splitter.merge_states([state, unloaded])
+
     async def run(self) -> None:
         """Every pending group, one :meth:`load_one` after another, while the PE runs; a group that
         cannot be read fails the PE (a file damaged since the deploying process checked it), which
         is then restored again like any failed PE."""
-        pe, t0 = self.pe, time.perf_counter()
+        pe, self.t0 = self.pe, time.perf_counter()
         try:
             while await self.load_one():
                 pass
-            logger.info("PE %s: %d restored key groups loaded %.3f s after its start", pe.pe_id, self.loaded,
-                        time.perf_counter() - t0)
+            logger.info("PE %s: %d restored key groups loaded %.3f s after its start (longest import in its "
+                        "turn %.1f ms)", pe.pe_id, self.loaded, time.perf_counter() - self.t0,
+                        self.longest_import_s * 1000)
+            pe.loader = None
         except Exception as exc:
             logger.error("PE %s: loading its restored key groups failed", pe.pe_id, exc_info=True)
             pe.barriers.failure = exc   # raised at the PE's next turn (barriers.Barriers.check)
@@ -159,7 +209,9 @@ class Loader:
         async with pe.turns.lock:
             if pe.state not in ("created", "running"):
                 return False
-            pe.ops[op_id].import_groups(part)
+            t = time.perf_counter()
+            gc_paused(pe.ops[op_id].import_groups, part)
+            self.longest_import_s = max(self.longest_import_s, time.perf_counter() - t)
             self.gates[op_id].arrived([g])
         self.loaded += 1
         pe.ports.wake()

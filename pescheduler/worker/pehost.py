@@ -290,9 +290,10 @@ class PEHost:
             made.append(spec.pe_id)
         self.arrivals.bump()                     # channels to them that were waiting go on
         laps.lap("build")
+        loading = [p for p in made if (spec.deployment, p) in self.loaders]     # restored lazily (lazy_restore.py)
         if start and made:
             await self._start(spec.deployment, made, laps)
-        return laps.answer(pes=made)
+        return laps.answer(pes=made, loading=loading)
 
     def _hosting(self, deployment: str) -> Hosting:
         """What this host gives each PE of ``deployment`` it builds."""

@@ -29,7 +29,7 @@ from .chain import Chain
 from .channels import DATA, ENCODED, END, MALFORMED, MARKER, WATERMARK, ChannelIn, Inbox, decode
 from .flow import InputScheduler
 from .handshake import Credentials
-from .lazy_restore import StillLoading, still_loading
+from .lazy_restore import StillLoading, restoring, still_loading
 from .pending_groups import PendingGroups, awaited, over_window, placeholder
 from .pe_figures import RunFigures, operator_figures
 from .ports import Connect, Ports
@@ -63,7 +63,7 @@ class PERunner:
         _thread_if_blocking(self.ops, self.turns)
         self.aligner = Aligner()                   # markers seen, alignment (see aligner.py)
         self.barriers = Barriers(spec.pe_id, spec.epoch, self.ops, self.sources, self.aligner, self.ports,
-                                 self.turns, self.snapshot, hosting.on_change)     # checkpoints
+                                 self.turns, self.checkpoint_snapshot, hosting.on_change)     # checkpoints
         # a source whose backlog waits at a broker reads no further than flow.SOURCE_BACKLOG
         self.inputs = InputScheduler(self.ports.inbox, self.ports.outs, spec.credits, spec.time_slice_s,
                                      self._busy_s, self.aligner.park, self._take, self.sources.broker_backed())
@@ -73,6 +73,7 @@ class PERunner:
         self.held: dict[str, tuple[str, float]] = {op: saved["held"] for op, saved in spec.restore.items()
                                                    if "held" in saved}
         self.inputs.holds = lambda: over_window(self.rewirer.pending, window) | frozenset(self.held)
+        self.loader: Any = None                    # its restored key groups' Loader while they load (lazy_restore.py)
         self.figures = RunFigures()
         self.state = "created"                     # running, finished, failed, stopping (stop()), stopped
         self.error: str | None = None
@@ -206,16 +207,25 @@ class PERunner:
         """Does anything still move here (a barrier is aligned on, not taken at once)?"""
         return self.state == "running" and self.chain is not None and not self.chain.finished
 
-    def snapshot(self, leave_out: Iterable[str] = ()) -> dict[str, dict]:
+    def snapshot(self, leave_out: Iterable[str] = (), checkpoint: bool = False) -> dict[str, dict]:
         """State, progress and source position of every operator (the PE is aligned and still) but
         ``leave_out`` (a retired instance whose key groups all went to their new owners).
-        Refused while restored key groups still load (lazy_restore.py): it would miss them."""
+        While restored key groups still load (lazy_restore.py) a ``checkpoint``'s snapshot
+        references the restored checkpoint's files for the groups not loaded yet (unchanged
+        since); any other is refused: a rescale would move state it does not hold."""
         loading = still_loading(self)
-        if loading:
+        if loading and not (checkpoint and self.loader is not None):
             raise StillLoading(f"{', '.join(loading)} still loading the key groups of its restore")
         progress, drivers, skip = self.chain.progress(), self.sources.snapshot(), frozenset(leave_out)
-        return {op_id: {"state": op.snapshot(), "progress": progress[op_id], "driver": drivers.get(op_id)}
-                for op_id, op in self.ops.items() if op_id not in skip}
+        out = {op_id: {"state": op.snapshot(), "progress": progress[op_id], "driver": drivers.get(op_id)}
+               for op_id, op in self.ops.items() if op_id not in skip}
+        for op_id in (o for o in loading if o in out):
+            out[op_id]["state"] = self.loader.with_unloaded(op_id, out[op_id]["state"])
+        return out
+
+    def checkpoint_snapshot(self) -> dict[str, dict]:
+        """:meth:`snapshot` at a checkpoint's barrier (barriers.py)."""
+        return self.snapshot(checkpoint=True)
 
     # -- the control port: all the PE host calls, each between the PE's turns ----------------
     async def hold(self, channel_ids: list[str], marker: Any, overtake: Iterable[str] = ()) -> None:
@@ -303,6 +313,7 @@ class PERunner:
             "full": sorted(self.inputs.full),       # producers of full output channels (flow.py)
             "aligning": aligner.marker is not None and not aligner.aligned,
             "frozen": sorted(chain.frozen) if chain else [],
+            **({"restoring": loading} if (loading := restoring(self)) else {}),   # lazy_restore.py
         }
 
     def take_dead_letters(self) -> list[DeadLetter]:

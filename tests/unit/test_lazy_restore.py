@@ -27,11 +27,12 @@ from pescheduler.checkpoint import CheckpointStore
 from pescheduler.state import key_group, open_state
 from pescheduler.state.groups import snapshot_groups
 from pescheduler.state.files import StateFiles
-from pescheduler.state.local import LOCAL
+from pescheduler.state.local import LOCAL, LocalCopies
 from pescheduler.state.settings import deployment_dir
 from pescheduler.state.incremental import load_snapshot, pickle_snapshot, with_entries
 from pescheduler.worker import handshake
-from pescheduler.worker.channels import DATA
+from pescheduler.worker.barriers import barrier
+from pescheduler.worker.channels import DATA, MARKER
 from pescheduler.worker.ckpt_files import CheckpointFiles
 from pescheduler.worker.pehost import PEHost
 from pescheduler.wire import InputSpec, PESpec
@@ -64,13 +65,23 @@ def _checkpointed(k: int) -> dict:
     written = files.write(DEP, 1, ["pe"], store.url)["pe"]["files"]
     store.commit_manifest(1, {"id": 1, "files": written})
     files.end(DEP, 1, complete=True)
-    manifest = store.manifest(1)
+    return _restored(store, 1)
+
+
+def _restored(store: CheckpointStore, checkpoint_id: int) -> dict:
+    """``latest``'s restore entry from checkpoint ``checkpoint_id`` of ``store``, every file it
+    lists checked as a recovery checks them (``checkpoint/restore.py``)."""
+    manifest = store.verify(checkpoint_id)
+    groups = [e for e in manifest["files"] if e["role"] == "group"]
+    for e in groups:
+        store.files.check(e, e.get("run", manifest["run"]))
     entry = next(e for e in manifest["files"] if e["role"] == "state")
-    state_blob = cloudpickle.loads(store.read(entry, store.run))
-    groups = with_entries(state_blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
+    run = manifest["run"]
+    state_blob = cloudpickle.loads(store.read(entry, run))
+    groups = with_entries(state_blob["groups"], manifest["files"], lambda e: store.read(e, run))
     saved = load_snapshot(state_blob["ops"], groups)["state"]
     saved["progress"] = ({"src": MIN_WATERMARK}, MIN_WATERMARK, ["src"], False)
-    return {**saved, "checkpoint": 1, "storage": store.storage}
+    return {**saved, "checkpoint": checkpoint_id, "storage": store.storage}
 
 
 def _spec(restore: dict) -> PESpec:
@@ -149,18 +160,105 @@ def test_a_tuple_of_a_group_not_loaded_yet_waits_for_its_group_and_sees_its_rest
     asyncio.run(scenario())
 
 
+async def _loading(host: PEHost, restore: dict):
+    """The restored PE started, its loader driven by the test (nothing loaded yet); the deploy's
+    answer."""
+    answer = await host.pe_deploy(cloudpickle.dumps([_spec(restore)]), start=False)
+    loader = host.loaders[(DEP, "pe")]
+    loader.start = lambda: asyncio.create_task(asyncio.sleep(0))
+    await host._start(DEP, ["pe"], SimpleNamespace(lap=lambda _name: None))
+    return host.pes[(DEP, "pe")], loader, answer
+
+
+async def _checkpoint(host: PEHost, pe, store: CheckpointStore, checkpoint_id: int) -> dict:
+    """Checkpoint ``checkpoint_id`` through the worker's path: its barrier on the PE's input, the
+    snapshot held, the files written into ``store``'s run, the manifest, the end; the manifest."""
+    pe.ports.inbox.put(pe.ports.receivers[IN], MARKER, barrier(checkpoint_id, pe.spec.epoch))
+    answer = await host.pe_ckpt_wait(DEP, checkpoint_id, ["pe"], BOUND)
+    assert not answer["missing"] and "error" not in answer["results"]["pe"], answer
+    written = await host.pe_ckpt_write(DEP, checkpoint_id, ["pe"], store.url)
+    assert "error" not in written["pe"], written
+    files = written["pe"]["files"]
+    store.commit_manifest(checkpoint_id, {"id": checkpoint_id, "files": files})
+    await host.pe_ckpt_end(DEP, checkpoint_id, complete=True)
+    return store.manifest(checkpoint_id)
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+@pytest.mark.parametrize("where", ["same run", "new run"])
+def test_a_checkpoint_while_restored_groups_load_completes_and_restores_every_key(backend, where):
+    """A checkpoint taken after some groups loaded (and some keys of them updated) references the
+    restored checkpoint's files for the others; retention keeps those files; a restore from it,
+    and from the next checkpoint (after the load, its key-group maps extending this one's), gives
+    every key: the updated ones as updated, the others as first restored. ``new run``: the
+    checkpoint is written by a run started from the first one's (its files stay in that run)."""
+    k = 1500
+    restore = _checkpointed(k)
+    ref = next(iter(restore["state"]["groups"].values()))[1]
+    first = CheckpointStore(restore["storage"], KEY, run=ref.run)
+    store = first if where == "same run" else CheckpointStore(restore["storage"], KEY)
+    by_group: dict[int, list[int]] = {}
+    for i in range(k):
+        by_group.setdefault(key_group(_key(i)), []).append(i)
+
+    async def taken() -> dict:
+        host = await _host(backend)
+        try:
+            pe, loader, deployed = await _loading(host, restore)
+            for _ in range(3):
+                assert await loader.load_one()
+            loaded = [g for g in by_group if g not in loader.gates["state"].waiting]
+            updated = [by_group[g][0] for g in loaded]
+            pe.ports.inbox.put(pe.ports.receivers[IN], DATA, [_update(i, -7) for i in updated])
+            sunk = pe.ops["sink"].items
+            await _until(lambda: len(sunk) == len(updated), "the loaded groups' updates out")
+            manifest = await _checkpoint(host, pe, store, 2)
+            assert pe.stats()["restoring"]["loaded"] == 3, "its figures say how far the load is"
+            copies, left = LocalCopies(deployment_dir(DEP)), [e for e in manifest["files"] if e["chk"] == 1]
+            assert left and all(copies.read(ref.run, e) is not None for e in left), \
+                "this worker's copies of the files the loader still reads are kept"
+            assert deployed["loading"] == ["pe"], "the deploy names the PEs restored lazily (the controller)"
+            assert not loader.gates["state"].done, "the checkpoint was taken while groups load"
+            while await loader.load_one():
+                pass
+            await _checkpoint(host, pe, store, 3)    # its key-group maps extend checkpoint 2's
+            return {"manifest": manifest, "updated": updated}
+        finally:
+            await host.close()
+    got = asyncio.run(taken())
+    referenced = [e for e in got["manifest"]["files"] if e["role"] == "group" and e["chk"] == 1]
+    assert referenced and all(("run" in e) == (where == "new run") for e in referenced), referenced
+    if where == "same run":
+        store.prune(retain=2)           # checkpoint 1 goes, but the files 2 references
+        assert store.completed() == [2, 3] and 1 in store.ids()
+
+    async def restored(checkpoint_id: int) -> list[dict]:
+        host = await _host(backend)
+        try:
+            await host.pe_deploy(cloudpickle.dumps([_spec(_restored(store, checkpoint_id))]), start=True)
+            pe = host.pes[(DEP, "pe")]
+            pe.ports.inbox.put(pe.ports.receivers[IN], DATA, [_update(i, -1) for i in range(k)])
+            sunk = pe.ops["sink"].items
+            await _until(lambda: len(sunk) == k or pe.state != "running", "every key out")
+            assert pe.state == "running", pe.error
+            return list(sunk)
+        finally:
+            await host.close()
+    updated = set(got["updated"])
+    for checkpoint_id in (2, 3):        # the one taken during the load, and the next, after it
+        sunk = asyncio.run(restored(checkpoint_id))
+        assert {t["id"]: t["previous"] for t in sunk} == \
+            {_key(i): {"id": _key(i), "v": -7} if i in updated else _row(i) for i in range(k)}, checkpoint_id
+
+
 def test_a_snapshot_while_restored_groups_load_is_refused_not_taken_without_them():
-    """A checkpoint's barrier before every group is in would write the state without them."""
+    """A rescale's snapshot before every group is in would move the state without them."""
     restore = _checkpointed(500)
 
     async def scenario():
         host = await _host("memory")
         try:
-            await host.pe_deploy(cloudpickle.dumps([_spec(restore)]), start=False)
-            loader = host.loaders[(DEP, "pe")]
-            loader.start = lambda: asyncio.create_task(asyncio.sleep(0))
-            await host._start(DEP, ["pe"], SimpleNamespace(lap=lambda _name: None))
-            pe = host.pes[(DEP, "pe")]
+            pe, loader, _ = await _loading(host, restore)
             with pytest.raises(RuntimeError, match="still loading the key groups of its restore"):
                 await pe.aligned_snapshot()
             while await loader.load_one():
@@ -219,3 +317,61 @@ def test_a_group_file_damaged_after_the_deploying_process_checked_it_fails_the_r
         finally:
             await host.close()
     asyncio.run(scenario())
+
+
+def test_a_rescale_of_a_pe_whose_restored_groups_load_is_refused_before_its_pause_with_the_progress():
+    """The reconfigurer refuses a Replicate of a restored window while its PE's worker reports
+    groups still loading (asked at the action, not a monitor round old): the record and the
+    deployment's events say why and how far the load is; nothing of the protocol runs (before,
+    the worker's ``StillLoading`` came half-way through and the reconfiguration failed the
+    deployment). Once the worker reports every group in, it is planned."""
+    from keyed_handover import WORKERS, placed_keyed_window
+
+    from pescheduler.actions import Replicate
+    from pescheduler.control.reconfigurer import Reconfigurer
+    from pescheduler.control.state import DeploymentState
+
+    placement, window = placed_keyed_window()
+    pe_id = placement.pe_of(window)
+    calls: list[str] = []
+
+    class Gateway:
+        deployment = "d"
+        figures: dict = {}          # the window's PE's figures, as its worker reports them
+
+        async def launch(self, specs, placement):
+            calls.append("launch")
+            return [pe_id]          # the worker restores it lazily (pe_deploy's "loading")
+
+        async def warm(self, per_worker):
+            pass
+
+        async def stats(self, workers, dead_letters=True):
+            return [{"pes": {pe_id: self.figures}}] if placement.pes[pe_id].worker in workers else []
+
+        def __getattr__(self, name):        # any call of the protocol's (a snapshot, a deploy)
+            calls.append(name)
+            raise AssertionError(f"the refused rescale called {name}")
+
+    async def scenario():
+        state, gateway = DeploymentState(), Gateway()
+        rec = Reconfigurer(gateway, state, "d", None, 2)
+        rec.worker_info = {w: {"data_address": f"tcp://{w}:1", "host": w} for w in WORKERS}
+
+        async def failed(reason: str) -> None:
+            calls.append(f"failure: {reason}")
+        rec.on_failure = failed
+        state.running(placement.pes)
+        await rec.launch(placement, {window: {"state": {}, "progress": None, "storage": "memory://x"}})
+        action = Replicate(window, 1)
+        gateway.figures = {"state": "running", "restoring": {"groups": 50, "loaded": 20, "s": 1.5}}
+        record = await rec.apply(action, timeout=1.0)
+        assert calls == ["launch"], calls
+        assert not record.applied and "still loading the key groups of its restore" in record.reason, record.reason
+        assert "20 of 50 loaded after 1.5 s" in record.reason, record.reason
+        gateway.figures = {"state": "running"}
+        await rec._planned(action)          # every group in: it is planned (and would run)
+        return state
+    state = asyncio.run(scenario())
+    assert calls == ["launch"], calls
+    assert [e["kind"] for e in state.events if e["kind"] in ("refused", "restored")] == ["refused", "restored"]
