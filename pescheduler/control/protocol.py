@@ -4,6 +4,11 @@ Given the placement before and after, PEs whose operators and worker are the
 same keep running untouched; the others are *retired* and replaced by
 *created* ones. Then:
 
+0. **Open, before the pause**, where nothing retires (a Replicate; ``_opens_early``):
+   the created PEs are deployed and started, and their channels opened (their
+   downstream PEs' new inputs registered, their upstream PEs' new outputs
+   opened), with nothing routed to them yet. Step 4 then only switches.
+
 1. **Pause at a marker.** Every unchanged PE feeding a retired one sends a
    marker on that channel and holds it (what it emits next waits in its
    buffer). Retired PEs pause their sources. Where everything the channel's
@@ -216,7 +221,6 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
                   worker_info: dict, marker: str, timeout: float, steps: dict[str, float] | None = None) -> float:
     """Run the protocol through ``gateway`` (the deployment's calls to its PE hosts); returns the
     pause in seconds and the milliseconds each step took (``steps``, filled in as they run)."""
-    t0 = time.perf_counter()
     steps = {} if steps is None else steps
     by_worker: dict[str, dict] = {}
     for pe_id, channels in plan.hold.items():
@@ -239,6 +243,13 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
         finally:
             steps[name] = round((time.perf_counter() - t) * 1000, 3)
 
+    workers = sorted(set(old.workers) | set(new.workers))
+    early = _opens_early(plan)
+    if early:               # the created PEs and every new channel, before the pause (_opens_early)
+        await step("open", _wait_calls(gateway, workers, lambda: _open_early(
+            gateway, new, plan, worker_info, _created_states(old, new, {}, plan, marker, timeout), steps),
+            timeout, steps, "open"), limit=None)         # bounds itself on standing still, as the drain
+    t0 = time.perf_counter()
     states: dict[str, dict] = {}
     if by_worker:           # a copy added beside PEs that all stay has nothing to pause (issue 15)
         await step("pause", asyncio.gather(*(gateway.pause(w, marker, **todo) for w, todo in by_worker.items())))
@@ -246,8 +257,7 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
         await step("handover", _hand_over_retired(gateway, plan, marker, timeout))
         states = await step("snapshot", _snapshot(gateway, old, plan.retired, _handed_over(old, plan)))
         await step("stop", asyncio.gather(*(gateway.stop_pes(old.pes[p].worker, [p]) for p in plan.retired)))
-    states = redistribute(old, new, states, frozenset(m.op for m in plan.moves))
-    states.update(_awaited_moves(plan, marker, timeout))
+    states = _created_states(old, new, states, plan, marker, timeout)
     # One round of calls in parallel (issue 15: a copy's activation; it was three in a row, then
     # two). Nothing orders them: a channel opened to a receiver that is not there yet (a created
     # PE still being deployed, an input its downstream PE has not registered yet) waits for it
@@ -255,11 +265,11 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
     # (ChannelOut.open_in_background). So a copy works from the moment its upstream routes to
     # it, while its own output channel still waits for the downstream worker's busy loop.
     def activation():
-        return asyncio.gather(_deploy_created(gateway, new, plan, worker_info, states, steps),
+        return asyncio.gather(*([] if early else [_deploy_created(gateway, new, plan, worker_info, states, steps)]),
                               _rewire_downstream(gateway, new, plan, steps),
                               _rewire_upstream(gateway, new, plan, worker_info, steps, marker, timeout))
-    await step("deploy + start + rewire", _wait_calls(gateway, sorted(set(old.workers) | set(new.workers)), activation,
-                                                      timeout, steps, "deploy + start + rewire"),
+    what = "switch" if early else "deploy + start + rewire"
+    await step(what, _wait_calls(gateway, workers, activation, timeout, steps, what),
                limit=None)          # bounds itself on standing still, as the drain
     pause = time.perf_counter() - t0
     if plan.ordered:            # a running exporter's output for its groups first (exported_marker)
@@ -271,6 +281,44 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
                          return_exceptions=True)     # a worker that did not hear it goes on after the bound
     await _moves_done(gateway, plan, marker, timeout, steps)
     return pause
+
+
+def _opens_early(plan: ReconfigurationPlan) -> bool:
+    """May the created PEs be deployed and every new channel opened before the pause (``open``)?
+    Where nothing retires (a Replicate): a created PE is then built from nothing the pause makes
+    (no snapshot; a deferred move's groups come after the pause, ``go``), and no data reaches it
+    or its channels until the upstream routers switch to them in the pause, so starting it early
+    changes no tuple's path; the pause keeps only the switch (h30p: 44-143 ms of connects were in
+    a loaded Replicate's pause). Not for a blocking move's copy (``_held``): its worker builds it
+    from the groups its original exports in the switch's very turn, so it cannot come first."""
+    return bool(plan.created) and not plan.retired and not any(_held(m) for m in plan.moves)
+
+
+def _created_states(old: Placement, new: Placement, states: dict[str, dict], plan: ReconfigurationPlan,
+                    marker: str, timeout: float) -> dict[str, dict]:
+    """The restore entries of the created PEs' operators: the retired ones' ``states`` re-split,
+    and the key groups handed to them (``_awaited_moves``)."""
+    out = redistribute(old, new, states, frozenset(m.op for m in plan.moves))
+    out.update(_awaited_moves(plan, marker, timeout))
+    return out
+
+
+async def _open_early(gateway: WorkerGateway, new: Placement, plan: ReconfigurationPlan, worker_info: dict,
+                      states: dict[str, dict], steps: dict) -> None:
+    """Before the pause (``_opens_early``), one round in parallel: the created PEs built and started,
+    their downstream PEs' new inputs registered, their upstream PEs' new outputs opened, none
+    routed to; a channel to a receiver not there yet waits for it at its worker (PEHost._expect).
+    The calls in the pause (``_rewire_downstream``, ``_rewire_upstream``) then switch to them."""
+    calls = [_deploy_created(gateway, new, plan, worker_info, states, steps, label="open: deploy")]
+    for pe_id, keys in plan.downstream_inputs.items():
+        adds = [InputSpec(plan.channels[k], k[0], k[1]) for k in keys]
+        calls.append(_timed(steps, f"open: in {pe_id}", gateway.rewire(
+            new.pes[pe_id].worker, pe_id, add_inputs=cloudpickle.dumps(adds), early=True)))
+    for pe_id, keys in plan.upstream_outputs.items():
+        outs = [output_spec(new, worker_info, k, plan.channels[k]) for k in keys]
+        calls.append(_timed(steps, f"open: out {pe_id}", gateway.rewire(
+            new.pes[pe_id].worker, pe_id, outputs=cloudpickle.dumps(outs), early=True)))
+    await asyncio.gather(*calls)
 
 
 def _move(move: GroupMove, marker: str, timeout: float) -> dict:
@@ -535,14 +583,15 @@ async def _rewire_downstream(gateway: WorkerGateway, new, plan, steps) -> None:
     await asyncio.gather(*calls)
 
 
-async def _deploy_created(gateway: WorkerGateway, new, plan, worker_info, states, steps) -> None:
-    """Build the created PEs, restored from ``states``, and start them."""
+async def _deploy_created(gateway: WorkerGateway, new, plan, worker_info, states, steps,
+                          label: str = "deploy") -> None:
+    """Build the created PEs, restored from ``states``, and start them (``steps``: ``label`` and their ids)."""
     specs = build_specs(new, worker_info, gateway.deployment, plan.channels, plan.created, plan.epoch)
     by_worker: dict[str, list] = {}
     for pe_id, spec in specs.items():
         spec.restore = {op: states[op] for op in new.pes[pe_id].operators if op in states}
         by_worker.setdefault(new.pes[pe_id].worker, []).append(spec)
-    await asyncio.gather(*(_timed(steps, f"deploy {','.join(x.pe_id for x in s)}", gateway.deploy(w, s))
+    await asyncio.gather(*(_timed(steps, f"{label} {','.join(x.pe_id for x in s)}", gateway.deploy(w, s))
                            for w, s in by_worker.items()))
 
 

@@ -420,13 +420,18 @@ class PEHost:
     async def pe_rewire(self, deployment: str, pe_id: str, outputs: bytes = b"",
                         remove_outputs: list[str] = (), add_inputs: bytes = b"",
                         remove_inputs: list[str] = (), edges: bytes = b"", routing: bytes = b"",
-                        copies: dict[str, str] | None = None, handover: list[dict] = ()) -> dict:
+                        copies: dict[str, str] | None = None, handover: list[dict] = (),
+                        early: bool = False) -> dict:
         """Change a PE that stays: new inputs registered (``edges``: its operators' inputs now),
         held outputs re-pointed, routers re-built (``routing``, ``copies``: copies came or went);
         ``handover``: key-group moves its instances export as its routers switch (handover.py).
+        ``early``: before the pause, only register ``add_inputs`` and open ``outputs`` with nothing
+        routed to them (``PERunner.open_early``); the call in the pause then switches to them.
         Answers the milliseconds of each part (:class:`Laps`)."""
         laps = Laps()
-        with self._open(deployment, laps, f"rewire {pe_id}"):
+        with self._open(deployment, laps, f"{'open' if early else 'rewire'} {pe_id}"):
+            if early:
+                return await self._open_early(deployment, pe_id, outputs, add_inputs, laps)
             return await self._rewire(deployment, pe_id, outputs, remove_outputs, add_inputs, remove_inputs,
                                       edges, routing, copies, handover, laps)
 
@@ -444,7 +449,19 @@ class PEHost:
             laps.lap("handover")
         self.arrivals.bump()                     # channels to the new inputs that were waiting go on
         laps.lap("inputs")
-        await pe.opened()                        # outside the turn: the PE goes on meanwhile
+        if pe.opening():                         # none when every new channel opened before the pause
+            await pe.opened()                    # outside the turn: the PE goes on meanwhile
+            laps.lap("connect")
+        return laps.answer()
+
+    async def _open_early(self, deployment, pe_id, outputs, add_inputs, laps: Laps) -> dict:
+        pe = self._of(deployment)[pe_id]
+        await pe.open_early(cloudpickle.loads(outputs) if outputs else [],
+                            cloudpickle.loads(add_inputs) if add_inputs else [],
+                            (self._receiver, self.data_address, self._expect))
+        self.arrivals.bump()                     # channels to the new inputs that were waiting go on
+        laps.lap("inputs")
+        await pe.opened_early()                  # outside the turn: the PE goes on meanwhile
         laps.lap("connect")
         return laps.answer()
 

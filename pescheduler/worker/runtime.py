@@ -263,6 +263,22 @@ class PERunner:
             if edges is not None:
                 self.spec = replace(self.spec, edges=edges)
 
+    async def open_early(self, outputs: list[OutputSpec], add_inputs: list[InputSpec], connect: Connect) -> None:
+        """Before a reconfiguration's pause: new input channels registered and new output channels
+        opened, none of them routed yet (:meth:`rewire` switches to them later; ``Rewirer.open``).
+        Await :meth:`opened_early` outside the turn for their connects."""
+        async with self.turns.lock:
+            self.rewirer.open(outputs, lambda out: self.ports.open_channel(out, connect))
+            self.rewirer.set_inputs(add_inputs, [])
+
+    def opening(self) -> bool:
+        """Is an output channel still being opened?"""
+        return any(channel.opening is not None for _spec, channel in self.ports.outs)
+
+    async def opened_early(self) -> None:
+        """Return once the channels :meth:`open_early` began are open (raise why one could not)."""
+        await asyncio.gather(*(channel.opened() for channel in list(self.rewirer.early.values())))
+
     def alignment_status(self, marker: Any, channel_ids: list[str] | None = None) -> dict:
         """How far this PE is with ``marker`` (``Rewirer.status``; ``PEHost.pe_reconf_wait``)."""
         return self.rewirer.status(marker, channel_ids)

@@ -171,6 +171,37 @@ def test_a_copy_of_a_running_instance_keeps_each_keys_order_into_a_slow_consumer
     assert_exact(out)
 
 
+def pause_steps(rec) -> list[str]:
+    """The record's steps inside the pause: all but ``plan``, ``open`` and its parts (before it)
+    and ``moving: ...`` (after it)."""
+    return [s for s in rec.steps if s not in ("plan", "open") and not s.startswith(("open: ", "moving: "))]
+
+
+def test_a_copys_deploy_and_channels_connect_before_the_pause(cluster, tmp_path):
+    """A Replicate that leaves the original running deploys the copy and opens its channels (the
+    router's new output to it, its output to the consumer) before the pause, with no data on them;
+    the pause only switches the routes (h30p measured 44-143 ms of connects inside a loaded
+    Replicate's pause). On main the copy's deploy and every connect are parts of the pause's
+    ``deploy + start + rewire``. Exact and in per-key order across it (into a slow consumer)."""
+    out = tmp_path / "sums.jsonl"
+    app = Application("copies-open-early")
+    (app.source("numbers", count=10**9, keys=7, rate=4_000).key_by("key").apply("running_sum")
+        .map(slow_consumer(0.0003)).sink("jsonl", path=str(out)))
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
+        router_fused_and_consumer_away(dep, "running_sum-3")
+        rec = dep.apply(Replicate("running_sum-3", 1), timeout=WAIT)
+        assert rec.applied and rec.retired == (), rec.as_dict()
+        inside = pause_steps(rec)
+        assert not [s for s in inside if s.startswith("deploy") or s.endswith(": connect")], rec.steps
+        assert any(s.startswith("open: deploy running_sum-3#1") for s in rec.steps), rec.steps
+        assert any(s.startswith("open: out ") and s.endswith(": connect") for s in rec.steps), rec.steps
+        assert "switch" in rec.steps, rec.steps
+        until(dep, processed("running_sum-3#1"), "the copy processes tuples")
+        assert dep.apply(Release("running_sum-3", 1), timeout=WAIT).applied
+        assert_drained(dep.stop(drain_timeout=3 * WAIT))   # the slow consumer's backlog, whatever the load
+    assert_exact(out)
+
+
 def test_a_copy_waiting_for_its_groups_holds_at_most_a_credit_window_of_their_tuples(cluster, tmp_path):
     """As above, at a source rate the consumer cannot follow: while the consumer works through the
     original's backlog (the copy's groups leave once it took the original's marker), the copy
