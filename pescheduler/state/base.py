@@ -31,6 +31,7 @@ __all__ = ["KEY_GROUPS", "Changes", "KeyedState", "StateView", "key_group", "pac
 
 
 PACK_CHUNK = 8192          # entries pickled in one call (see pack_group)
+CARRY_MAX = 8              # snapshots let go unwritten whose changes the next snapshot carries
 _CARRY = threading.Lock()   # a view is let go in the writer's thread or the worker's loop, the next
                             # snapshot is taken in the PE's (KeyedState._let_go)
 
@@ -152,10 +153,17 @@ class KeyedState(ABC):
 
     def _let_go(self, changes: Changes | None) -> None:
         """A view of this state is let go (any thread): its Changes, if no checkpoint's writer took
-        them, go with the next snapshot's. Dropping them would only cost whole files, never a key."""
-        if changes is not None and not changes.taken and changes.token == self.token:
-            with _CARRY:
-                self._carried = (*self._carried, changes)
+        them, go with the next snapshot's (with those they carried), at most :data:`CARRY_MAX`
+        snapshots' worth: past that (checkpoints aborted again and again, or none taken at all, a
+        rescale's snapshot now and then) they are dropped, and the next checkpoint misses a
+        snapshot and writes its groups whole, as before. A key is never lost either way: the
+        writer builds a delta only on an unbroken run of snapshot numbers."""
+        if changes is None or changes.taken or changes.token != self.token:
+            return
+        with _CARRY:
+            carried = (*self._carried, *changes.before, changes)
+            changes.before = ()
+            self._carried = carried if len(carried) <= CARRY_MAX else ()
 
     @abstractmethod
     def get(self, key: Any, default: Any = None) -> Any:

@@ -15,6 +15,7 @@ import pytest
 from test_incremental_checkpoint import K, KEY, checkpoint, fill, restored, state, worker_dir  # noqa: F401
 
 from pescheduler.checkpoint import CheckpointStore
+from pescheduler.state import base
 from pescheduler.state.groups import snapshot_groups
 from pescheduler.state.incremental import pickle_snapshot
 from pescheduler.worker.ckpt_files import CheckpointFiles
@@ -80,4 +81,22 @@ def test_snapshots_let_go_one_after_another_are_all_carried_to_the_next_checkpoi
     handed_over(files, state, 4)
     fifth = checkpoint(files, store, state, 5)
     assert full_files(fifth, 5) <= 3, full_files(fifth, 5)
+    assert restored(store, 5) == model
+
+
+def test_past_carry_max_snapshots_let_go_the_next_checkpoint_writes_whole_and_restores_exactly(state, monkeypatch):
+    """Snapshots let go again and again (checkpoints aborted in a row, or none taken beside a
+    rescale's snapshot now and then): the state does not keep their keys without bound; past
+    ``CARRY_MAX`` the next checkpoint writes its groups whole, every key still in it."""
+    monkeypatch.setattr(base, "CARRY_MAX", 2)
+    store, files = CheckpointStore(f"memory://unw-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state)
+    checkpoint(files, store, state, 1)
+    model = {f"car-{i:07d}": [i, 1.0] for i in range(K)}
+    for step in (2, 3, 4):
+        change(state, model, step, delete=f"car-{10 + step:07d}")
+        aborted_before_its_write(files, state, step)
+    assert state._carried == ()
+    fifth = checkpoint(files, store, state, 5)
+    assert full_files(fifth, 5) >= 100
     assert restored(store, 5) == model
