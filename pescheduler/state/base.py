@@ -32,8 +32,10 @@ __all__ = ["KEY_GROUPS", "Changes", "KeyedState", "StateView", "key_group", "pac
 
 PACK_CHUNK = 8192          # entries pickled in one call (see pack_group)
 CARRY_MAX = 8              # snapshots let go unwritten whose changes the next snapshot carries
-_CARRY = threading.Lock()   # a view is let go in the writer's thread or the worker's loop, the next
-                            # snapshot is taken in the PE's (KeyedState._let_go)
+_CARRY = threading.RLock()  # a view is let go in the writer's thread or the worker's loop, the next
+                            # snapshot is taken in the PE's (KeyedState._let_go); re-entrant: a view's
+                            # finalizer may run in a collection inside the lock (what it carries is then
+                            # lost at worst: the next checkpoint writes whole, as before)
 
 
 def pack_group(items: Iterable[tuple[Any, Any]]) -> bytes:

@@ -9,6 +9,7 @@ Replicate, 51 groups the original kept rewritten whole for nothing).
 
 from __future__ import annotations
 
+import gc
 import uuid
 
 import pytest
@@ -51,8 +52,20 @@ def handed_over(files: CheckpointFiles, state, checkpoint_id: int) -> None:
     dict(snapshot_groups(state))
 
 
-@pytest.mark.parametrize("between", [aborted_before_its_write, handed_over])
-def test_a_snapshot_no_checkpoint_wrote_leaves_the_next_one_deltas_and_restores_exactly(state, between):
+def failed_at_a_later_operator(files: CheckpointFiles, state, checkpoint_id: int) -> None:
+    """A PE's snapshot in which an operator after this one raised (the barrier's ``_take``): the
+    view taken is neither written nor released, only dropped."""
+    snapshot_groups(state)
+    gc.collect()
+
+
+@pytest.mark.parametrize("between", [aborted_before_its_write, handed_over, failed_at_a_later_operator])
+def test_a_snapshot_no_checkpoint_wrote_leaves_the_next_one_deltas_and_restores_exactly(state, between, request):
+    if state.backend == "disk" and between is failed_at_a_later_operator:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "a disk state keeps every view not released in its _views (their RocksDB snapshots too): "
+            "one only dropped is never collected, its changes never come back; the next checkpoint "
+            "writes whole (exact)")))
     store, files = CheckpointStore(f"memory://unw-{uuid.uuid4().hex}", KEY), CheckpointFiles()
     fill(state)
     first = checkpoint(files, store, state, 1)
