@@ -76,6 +76,25 @@ class FailingNumbers(Numbers):
         return super().read(n)
 
 
+class AbortingNumbers(Numbers):
+    """:class:`Numbers` whose position fails once for each time the file ``flag`` is made (it is
+    removed then): that checkpoint is aborted after the PEs downstream took their snapshots."""
+
+    name = "aborting_numbers"
+
+    def __init__(self, flag: str = "", **kw) -> None:
+        super().__init__(**kw)
+        self.flag = flag
+
+    def position(self):
+        import os
+
+        if self.flag and os.path.exists(self.flag):
+            os.remove(self.flag)
+            raise RuntimeError("injected: this checkpoint's source position fails")
+        return super().position()
+
+
 class Tag(Operator):
     """Adds ``tag`` to each tuple (a stateless map with a parameter)."""
 
@@ -213,7 +232,7 @@ def pescheduler_aggregates():
 
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Numbers, FailingNumbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
+    return [Numbers, FailingNumbers, AbortingNumbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
 
 
 def slow_consumer(seconds: float):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import itertools
 import pickle
+import threading
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -30,6 +31,11 @@ __all__ = ["KEY_GROUPS", "Changes", "KeyedState", "StateView", "key_group", "pac
 
 
 PACK_CHUNK = 8192          # entries pickled in one call (see pack_group)
+CARRY_MAX = 8              # snapshots let go unwritten whose changes the next snapshot carries
+_CARRY = threading.RLock()  # a view is let go in the writer's thread or the worker's loop, the next
+                            # snapshot is taken in the PE's (KeyedState._let_go); re-entrant: a view's
+                            # finalizer may run in a collection inside the lock (what it carries is then
+                            # lost at worst: the next checkpoint writes whole, as before)
 
 
 def pack_group(items: Iterable[tuple[Any, Any]]) -> bytes:
@@ -58,13 +64,22 @@ def unpack_group(data: bytes) -> dict:
 @dataclass
 class Changes:
     """What one state was written between its previous snapshot and this one: an incremental
-    checkpoint writes these keys' groups as deltas (``state/incremental.py``)."""
+    checkpoint writes these keys' groups as deltas (``state/incremental.py``).
+
+    A checkpoint's writer builds a chain's delta on the keys of every snapshot since the chain's
+    last file, so it must see each snapshot's Changes: one it never saw (an aborted checkpoint's
+    views let go before the write, a reconfiguration's or a hand-over's snapshot, packed and let
+    go) made it write every group whole (issue 30: after a Replicate at 10^7 keys, the groups the
+    original kept, 51 of them). A view let go before a writer took its Changes hands them back to
+    its state (:meth:`KeyedState._let_go`), and the next snapshot's carry them in ``before``."""
 
     token: str                          # the state object (a new one starts every chain again)
     seq: int                            # this snapshot's number in that state (1, 2, ...)
     keys: Iterable = field(default_factory=set)     # keys put or deleted, in the backend's form (any
                                                     # collection: memory's is its dicts, read off the loop)
     whole: set = field(default_factory=set)         # key groups replaced whole (import, drop)
+    before: tuple = ()                  # earlier snapshots' Changes whose views were let go unwritten
+    taken: bool = False                 # a checkpoint's writer has them (ChainWriter): not carried on
 
 
 class StateView(ABC):
@@ -125,14 +140,32 @@ class KeyedState(ABC):
     token = ""                          # this state object's id in :class:`Changes` (set by _track)
     _seq = 0                            # snapshots taken of it
 
+    _carried: tuple = ()                # Changes of views let go unwritten since the last snapshot
+
     def _track(self) -> None:
         """Start numbering this state's snapshots (a backend's ``__init__`` calls it)."""
-        self.token, self._seq = uuid.uuid4().hex, 0
+        self.token, self._seq, self._carried = uuid.uuid4().hex, 0, ()
 
     def _changes(self, keys: set, whole: set) -> Changes:
-        """The next snapshot's :class:`Changes`."""
+        """The next snapshot's :class:`Changes`, carrying those of the views let go unwritten."""
         self._seq += 1
-        return Changes(self.token, self._seq, keys, whole)
+        with _CARRY:
+            before, self._carried = self._carried, ()
+        return Changes(self.token, self._seq, keys, whole, before)
+
+    def _let_go(self, changes: Changes | None) -> None:
+        """A view of this state is let go (any thread): its Changes, if no checkpoint's writer took
+        them, go with the next snapshot's (with those they carried), at most :data:`CARRY_MAX`
+        snapshots' worth: past that (checkpoints aborted again and again, or none taken at all, a
+        rescale's snapshot now and then) they are dropped, and the next checkpoint misses a
+        snapshot and writes its groups whole, as before. A key is never lost either way: the
+        writer builds a delta only on an unbroken run of snapshot numbers."""
+        if changes is None or changes.taken or changes.token != self.token:
+            return
+        with _CARRY:
+            carried = (*self._carried, *changes.before, changes)
+            changes.before = ()
+            self._carried = carried if len(carried) <= CARRY_MAX else ()
 
     @abstractmethod
     def get(self, key: Any, default: Any = None) -> Any:

@@ -327,7 +327,10 @@ class SnapshotView(StateView):
 
     def release(self) -> None:
         """Let go of the snapshot, and of the keys written before it here (in the writer's
-        thread: freeing 1 % of 10^6 keys took a millisecond on the PE's loop at the next barrier)."""
+        thread: freeing 1 % of 10^6 keys took a millisecond on the PE's loop at the next barrier).
+        Its changes, if no checkpoint took them, go with the next snapshot's (``KeyedState._let_go``)."""
+        if self.changes is not None:
+            self._state._let_go(self.changes)
         self._snap = self._pinned = self._cursor = self.changes = None
         self._buffered = {}
 

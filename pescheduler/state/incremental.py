@@ -366,7 +366,7 @@ class ChainWriter:
         try:
             changes = view.changes or Changes(f"untracked-{id(view)}", 1)   # a view of another backend: whole
             with self._lock:
-                self._seen.setdefault(changes.token, {})[changes.seq] = changes
+                _see(self._seen.setdefault(changes.token, {}), changes)
             since = self._since(changes, view.by_group)
             chains, later = {}, _Later(self, changes, view)
             # The groups no attempt wrote since the last complete checkpoint first (after a fill, a
@@ -513,6 +513,18 @@ class ChainWriter:
             if not groups:
                 del self._kept[token]
         self._abandoned = {i for i in self._abandoned if i > checkpoint_id}
+
+
+def _see(seen: dict, changes: Changes) -> None:
+    """``changes`` into ``seen`` (``{seq: Changes}``), with those it carries of snapshots no
+    checkpoint wrote (``Changes.before``): the keys since the chains' files hold theirs too."""
+    todo = [changes]
+    while todo:
+        c = todo.pop()
+        c.taken = True                  # its view's release hands nothing back now
+        seen.setdefault(c.seq, c)
+        todo.extend(c.before)
+        c.before = ()                   # kept in seen until a complete checkpoint: no chain of them
 
 
 def _group_map(run: str, name: str, checkpoint_id: int, chains: dict, base: _Written | None) -> tuple:

@@ -386,7 +386,8 @@ class MemoryState(KeyedState):
             else:
                 self.get = self._index.get
 
-    def _released(self, view_id: int) -> None:
+    def _released(self, view_id: int, changes: Changes | None = None) -> None:
+        self._let_go(changes)               # no checkpoint took them: the next snapshot's carry them
         self._live.discard(view_id)
         if not self._live:
             self._bind()
@@ -402,6 +403,7 @@ class MemoryState(KeyedState):
         for name in ("_leave_lock", *_GUARDED):
             state.pop(name, None)
         state["_live"] = set()              # views are not pickled with the state
+        state["_carried"] = ()              # nor their changes (a copy's first checkpoint: whole files)
         state["_shared"] = set()
         return state
 
@@ -497,7 +499,7 @@ class MemoryState(KeyedState):
         self._stale = set()
         self._shared = set(range(KEY_GROUPS))
         self._changed = set()
-        view = MemoryView(self._tables, changes, self._live, self._released, fold)
+        view = MemoryView(self._tables, changes, self._live, lambda view_id: self._released(view_id, changes), fold)
         self._tables = list(self._tables)   # the view keeps the list, the state writes its own copy
         self._bind()
         return view
