@@ -1,4 +1,5 @@
-"""Bounded waits for tests: one helper for state that has no event, one for processes that do,
+"""Bounded waits for tests: one helper for state that has no event (and its twin for a test's own
+event loop), one for processes that do,
 one that ends a process a test started if it is still running, and one that runs
 ``python -m pescheduler deploy`` as a user types it, to its end.
 
@@ -10,6 +11,7 @@ await. Processes do signal their exit, so ``gone`` waits on that
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -25,6 +27,14 @@ def until(predicate, timeout: float, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
         time.sleep(POLL_S)
+
+
+async def until_async(predicate, timeout: float, what: str, poll: float = 0.002) -> None:
+    """``until`` for a test whose PEs run on its own event loop: yields to the loop between polls."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        await asyncio.sleep(poll)
 
 
 def snapshot_until(dep, predicate, timeout: float, what: str):

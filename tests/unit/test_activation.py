@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import cloudpickle
 import pytest
+from tests.waiting import until_async
 from support_ops import Collect, Tag
 
 from pescheduler.worker import handshake
@@ -46,12 +47,9 @@ def _out(channel_id, src, dst_pe, host, dst_ops) -> OutputSpec:
     return OutputSpec(channel_id, src, "out", dst_pe, host.worker.address, host.data_address, dst_ops)
 
 
-async def _until(predicate, what: str) -> None:
-    """Yield to the loop until ``predicate()`` (bounded): the PEs run on this very loop."""
-    deadline = time.monotonic() + BOUND
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {BOUND} s: {what}"
-        await asyncio.sleep(0.005)
+def _until(predicate, what: str):
+    """Yield to the loop until ``predicate()``, bounded by BOUND: the PEs run on this very loop."""
+    return until_async(predicate, BOUND, what)
 
 
 def test_a_created_pe_works_before_its_downstream_knows_it_and_nothing_is_lost_or_doubled():

@@ -15,6 +15,7 @@ import uuid
 import cloudpickle
 import dask.config
 import pytest
+from keyed_stores import state, worker_dir  # noqa: F401  (fixtures)
 
 from pescheduler.checkpoint import CheckpointStore
 from pescheduler.checkpoint.restore import load_states, placement_blob
@@ -29,21 +30,6 @@ from pescheduler.worker.ckpt_files import CheckpointFiles
 
 KEY = b"k" * 32
 K = 20_000
-
-
-@pytest.fixture(autouse=True)
-def worker_dir(tmp_path):
-    """The worker's directory (stores, local copies of checkpoint files) in the test's own."""
-    with dask.config.set({"pescheduler.state.dir": str(tmp_path / "worker")}):
-        yield tmp_path / "worker"
-
-
-@pytest.fixture(params=["memory", "disk"])
-def state(request, tmp_path):
-    with dask.config.set({"pescheduler.state.dir": str(tmp_path / "stores"), "pescheduler.state.cache": "8MB"}):
-        st = open_state(request.param, owner="test")
-    yield st
-    st.close()
 
 
 class Counted:

@@ -15,6 +15,7 @@ import uuid
 
 import dask.config
 import pytest
+from keyed_stores import state, worker_dir  # noqa: F401  (fixtures)
 from test_incremental_checkpoint import KEY, checkpoint, restored
 
 from pescheduler.checkpoint import CheckpointStore
@@ -24,19 +25,6 @@ from pescheduler.state.groups import restore_groups, snapshot_groups
 from pescheduler.state.incremental import pickle_snapshot, resolve_restore
 from pescheduler.worker.ckpt_files import CheckpointFiles
 
-
-@pytest.fixture(autouse=True)
-def worker_dir(tmp_path):
-    with dask.config.set({"pescheduler.state.dir": str(tmp_path / "worker")}):
-        yield tmp_path / "worker"
-
-
-@pytest.fixture(params=["memory", "disk"])
-def state(request, tmp_path):
-    with dask.config.set({"pescheduler.state.dir": str(tmp_path / "stores"), "pescheduler.state.cache": "8MB"}):
-        st = open_state(request.param, owner="test")
-    yield st
-    st.close()
 
 
 def shares(files, store, st, k: int, checkpoints: int) -> tuple[list[float], dict]:

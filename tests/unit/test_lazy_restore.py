@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import cloudpickle
 import dask.config
 import pytest
+from tests.waiting import until_async
 from growth import assert_grows_less
 from support_ops import Collect
 
@@ -101,11 +102,9 @@ async def _host(backend: str) -> PEHost:
     return host
 
 
-async def _until(predicate, what: str) -> None:
-    deadline = time.monotonic() + BOUND
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {BOUND} s: {what}"
-        await asyncio.sleep(0.002)
+def _until(predicate, what: str):
+    """Yield to the loop until ``predicate()``, bounded by BOUND: the PEs run on this very loop."""
+    return until_async(predicate, BOUND, what)
 
 
 @pytest.fixture(autouse=True)

@@ -8,12 +8,12 @@ Asserted on what the store holds, not on times."""
 from __future__ import annotations
 
 import asyncio
-import time
 from types import SimpleNamespace
 
 import cloudpickle
 import dask.config
 import pytest
+from tests.waiting import until_async
 from support_ops import Collect
 
 from pescheduler.state import key_group, open_state
@@ -42,11 +42,9 @@ def _flushed(state) -> bool:
                 or db.property_int_value("rocksdb.mem-table-flush-pending"))
 
 
-async def _until(predicate, what: str) -> None:
-    deadline = time.monotonic() + BOUND
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {BOUND} s: {what}"
-        await asyncio.sleep(0.002)
+def _until(predicate, what: str):
+    """Yield to the loop until ``predicate()``, bounded by BOUND: the PEs run on this very loop."""
+    return until_async(predicate, BOUND, what)
 
 
 @pytest.fixture(autouse=True)
