@@ -46,7 +46,7 @@ def test_a_collect_waiting_on_a_dead_worker_is_given_up_after_the_call_bound():
     gateway.publish = publish
     running = ["tcp://live:1", "tcp://dead:1"]
     reconfigurer = SimpleNamespace(running_on=lambda: list(running), placement=None,
-                                   activated=lambda answers: None)
+                                   activated=lambda answers: None, loaded=lambda answers: None)
     monitor = SimpleNamespace(update=lambda answers, placement: SimpleNamespace(pes={}))
     loop = ControlLoop(gateway, reconfigurer, DeploymentState(), monitor, SimpleNamespace(keep=lambda d: None),
                        dict)

@@ -50,7 +50,7 @@ class Monitor:
 def test_a_collect_that_raises_is_logged_on_the_record_and_the_next_interval_collects_again(caplog):
     gateway, monitor = Gateway(), Monitor()
     state = DeploymentState()
-    reconfigurer = SimpleNamespace(running_on=lambda: [], placement=None, activated=lambda answers: None,
+    reconfigurer = SimpleNamespace(running_on=lambda: [], placement=None, activated=lambda answers: None, loaded=lambda answers: None,
                                    lock=asyncio.Lock())
     loop = ControlLoop(gateway, reconfigurer, state, monitor, SimpleNamespace(keep=lambda d: None), dict)
 
