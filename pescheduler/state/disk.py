@@ -170,6 +170,13 @@ _MISSING = object()     # a key the write-back buffer does not hold
 _first = itemgetter(0)
 
 
+def _let_go_of(state: "weakref.ref[DiskState]", changes: Changes | None) -> None:
+    """A view's end, released or collected: its changes to its state, if it still lives."""
+    st = state()
+    if st is not None:
+        st._let_go(changes)
+
+
 class SnapshotView(StateView):
     """The store at a barrier, taken in O(1) on the PE's loop: a RocksDB snapshot (a sequence
     number) and a copy of the write-back buffer. A RocksDB checkpoint there flushed the memtable
@@ -202,6 +209,10 @@ class SnapshotView(StateView):
         pending = state._pending            # writes not yet in the store: they win over the snapshot
         self._buffered = dict(pending) if taking is None else {k: v for k, v in pending.items() if k[0] in taking}
         self._snap = state._db.snapshot()
+        # dropped unreleased (a PE's snapshot that failed at a later operator), the view goes with its
+        # snapshot (the state holds its views weakly) and its changes still reach the next checkpoint
+        self._end = weakref.finalize(self, _let_go_of, weakref.ref(state), changes)
+        self._end.atexit = False
         self._pinned: list | None = None    # iterators made at a pin (a drop's), not in use
         self._cursor: tuple[Any, dict] | None = None    # (iterator, {group: keys read at the snapshot})
         self._busy = False                  # a read is using the cursor (a generator not done)
@@ -329,8 +340,7 @@ class SnapshotView(StateView):
         """Let go of the snapshot, and of the keys written before it here (in the writer's
         thread: freeing 1 % of 10^6 keys took a millisecond on the PE's loop at the next barrier).
         Its changes, if no checkpoint took them, go with the next snapshot's (``KeyedState._let_go``)."""
-        if self.changes is not None:
-            self._state._let_go(self.changes)
+        self._end()
         self._snap = self._pinned = self._cursor = self.changes = None
         self._buffered = {}
 
@@ -391,7 +401,7 @@ class DiskState(KeyedState):
         # :class:`Changes` and the journal keep the same dicts.
         self._dirty: dict[bytes, None] = {}
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
-        self._views: list[SnapshotView] = []
+        self._views: weakref.WeakSet[SnapshotView] = weakref.WeakSet()   # weak: one dropped unreleased goes
         self._journal: list[Changes] = []     # snapshots' Changes after the oldest lazy view's
         self._track()
 
@@ -490,14 +500,13 @@ class DiskState(KeyedState):
         write into the store (a flush of the buffer held the GIL for 8-40 ms, growing with the
         memtable)."""
         changes = self._changes(self._dirty, self._whole)
-        self._views = [v for v in self._views if v._snap is not None]
         # a view's changes read once: the writer's thread may release it (changes None) meanwhile
-        lazy = [c.seq for v in self._views if v.lazy and (c := v.changes) is not None]
+        lazy = [c.seq for v in list(self._views) if v.lazy and (c := v.changes) is not None]
         # the journal before the swap: a view's reader copies the keys since first, then the journal
         self._journal = [c for c in self._journal if c.seq > min(lazy)] + [changes] if lazy else []
         self._dirty, self._whole = {}, set()
         view = SnapshotView(self, changes)
-        self._views.append(view)
+        self._views.add(view)
         return view
 
     def _written_after(self, seq: int) -> set:
@@ -515,7 +524,7 @@ class DiskState(KeyedState):
         iterators made now instead (O(1) each: an iterator pins the memtables and files as they
         are; only while a checkpoint's views are being written during a rescale). Neither a flush
         nor the keys written since: a view reads those at its snapshot, and learns them later."""
-        for view in self._views:
+        for view in list(self._views):
             if view.unpinned:
                 view._pin([self._db.iter() for _ in range(PIN_READS)])
 
@@ -576,9 +585,8 @@ class DiskState(KeyedState):
         """Its operator is gone (a retired PE, stopped): nothing reads or writes the store again but
         views already taken from it. Every group leaves by range (views still reading the live store
         pinned first, as for any drop) and RocksDB flushes the memtable in its own background thread
-        (no Python thread, the GIL free): the close, wherever the last reference goes (a full
-        collection of the cyclic GC, in whatever turn of whatever loop: views and the state refer
-        to each other), then has nothing to write. rocksdict's ``close`` flushes the memtable, and
+        (no Python thread, the GIL free): the close, wherever the last reference goes (in whatever
+        turn of whatever loop drops it), then has nothing to write. rocksdict's ``close`` flushes the memtable, and
         no option skips it: 190-235 ms for 5 * 10^5 keys written since the last flush, 1-6 ms after
         this. A view taken before keeps reading what it saw (an iterator is a consistent view: the
         range deletes after it are not in it), so a deferred move's groups still pack after this."""
@@ -589,7 +597,7 @@ class DiskState(KeyedState):
     def close(self) -> None:
         """Close the store and remove its directory (views taken from it end first)."""
         self._pending = {}
-        for view in self._views:
+        for view in list(self._views):
             view.release()
-        self._views = []
+        self._views.clear()
         self._end()

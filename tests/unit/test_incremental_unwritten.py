@@ -60,12 +60,7 @@ def failed_at_a_later_operator(files: CheckpointFiles, state, checkpoint_id: int
 
 
 @pytest.mark.parametrize("between", [aborted_before_its_write, handed_over, failed_at_a_later_operator])
-def test_a_snapshot_no_checkpoint_wrote_leaves_the_next_one_deltas_and_restores_exactly(state, between, request):
-    if state.backend == "disk" and between is failed_at_a_later_operator:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "a disk state keeps every view not released in its _views (their RocksDB snapshots too): "
-            "one only dropped is never collected, its changes never come back; the next checkpoint "
-            "writes whole (exact)")))
+def test_a_snapshot_no_checkpoint_wrote_leaves_the_next_one_deltas_and_restores_exactly(state, between):
     store, files = CheckpointStore(f"memory://unw-{uuid.uuid4().hex}", KEY), CheckpointFiles()
     fill(state)
     first = checkpoint(files, store, state, 1)
