@@ -30,7 +30,6 @@ pauses it the same way, channels.py).
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterable, Protocol
@@ -39,6 +38,7 @@ from ..errors import DeliveryFailed
 from ..operator import MAX_WATERMARK, MIN_WATERMARK, DeadLetter, Emitter, Operator, Parallelism, overrides
 from .routing import Router
 from .busy import busy_clock
+from .gc_pause import gc_paused
 
 
 
@@ -351,17 +351,7 @@ class Chain:
         node = self.nodes.get(op_id)
         if node is not None:
             node.stats.tuples_out += len(batch)
-        targets = self.routes.get((op_id, port), ())
-        if not gc.isenabled():              # paused further up (a nested emit): leave it so
-            for target in targets:
-                target(batch)
-            return
-        gc.disable()
-        try:
-            for target in targets:
-                target(batch)
-        finally:
-            gc.enable()
+        gc_paused(_deliver, self.routes.get((op_id, port), ()), batch)    # a nested emit: still paused
 
     def _push_run(self, run: FusedRun, batch: Any) -> None:
         # Hot path: one call per batch for the whole run. On any error the batch
@@ -711,3 +701,8 @@ class Chain:
             except Exception as exc:
                 self.dead_letters.append(DeadLetter.of({"operator": node.op_id, "callback": "close"},
                                                        exc, node.op_id))
+
+
+def _deliver(targets: Iterable[Callable[[Any], None]], batch: Any) -> None:
+    for target in targets:
+        target(batch)

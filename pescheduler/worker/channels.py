@@ -66,7 +66,6 @@ msgpack, never pickle; data batches are unpickled only from a proven peer.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import pickle
 import struct
@@ -76,6 +75,7 @@ from time import perf_counter
 from typing import Any, Callable
 
 from . import handshake
+from .gc_pause import gc_paused
 from .handshake import Credentials, HandshakeRefused
 
 DATA, WATERMARK, END, CREDIT, HELLO, MARKER = 1, 2, 3, 4, 5, 6
@@ -149,13 +149,7 @@ def decode(payload: bytes | bytearray | memoryview) -> Any:
         if not (isinstance(owner, pa.Buffer) and owner.size == payload.nbytes):
             owner = pa.py_buffer(payload)       # bytes: the arrays hold the Python object instead
         return pa.ipc.open_stream(owner).read_next_batch()
-    if not gc.isenabled():
-        return pickle.loads(payload)
-    gc.disable()
-    try:
-        return pickle.loads(payload)
-    finally:
-        gc.enable()
+    return gc_paused(pickle.loads, payload)
 
 
 class CreditGate:

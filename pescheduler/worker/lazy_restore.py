@@ -44,15 +44,15 @@ deferred move) is restored whole, as before.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
-from typing import Any, Callable
+from typing import Any
 
 from ..operator import Operator
 from ..state.incremental import ref_groups, resolve_part
 from ..state.local import LocalCopies
 from ..wire import PESpec, key_group
+from .gc_pause import gc_paused
 from .pending_groups import PendingGroups
 from .routing import key_function
 
@@ -85,21 +85,6 @@ class Pending:
         """Group ``group``'s part of the saved state, read, checked and unpickled (a worker thread)."""
         part = self.splitter.split_state(self.state, lambda key: key_group(key) == group)
         return gc_paused(resolve_part, part, self.storage, local)
-
-
-def gc_paused(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` with the cyclic GC paused, as a batch's decode and emit are (``channels.decode``,
-    ``Chain.emit_from``): a group's unpickle and import allocate a container or two per key, which
-    ran a collection every 700 of them, and the full ones, each visiting every object the worker
-    holds (at 10^6 keys on ``memory``, 0.3-0.6 s holding the GIL: the PE's loop stood still), came
-    every few groups. Paused, the group's objects are counted by one collection after it."""
-    if not gc.isenabled():              # paused further up: leave it so
-        return fn(*args)
-    gc.disable()
-    try:
-        return fn(*args)
-    finally:
-        gc.enable()
 
 
 def defer(spec: PESpec) -> dict[str, Pending]:
