@@ -515,6 +515,26 @@ def test_a_checkpoints_write_gives_the_memory_it_freed_back_in_the_writers_threa
     assert ckpt_files.give_back() is (ckpt_files._malloc_trim() is not None)
 
 
+def test_a_write_trims_only_once_the_rss_grew_past_what_the_last_trim_left(state, monkeypatch):
+    """A trim takes every malloc arena's lock in turn (a PE thread allocating waits): after each
+    steady write it cost the 10^6-key memory stall 23-30 ms against 16-21 ms untrimmed. Steady
+    checkpoints with the RSS flat trim once; with the RSS grown past the bound at each, every one."""
+    calls, rss = [], [500 << 20]
+    monkeypatch.setattr(ckpt_files, "give_back", lambda: calls.append(1) or True)
+    monkeypatch.setattr(ckpt_files, "_rss", lambda: rss[0], raising=False)
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    fill(state, 2_000)
+    for cid in range(1, 6):
+        state.put(f"car-{cid:07d}", [cid, 2.0])
+        checkpoint(files, store, state, cid)
+    assert len(calls) == 1, calls
+    for cid in range(6, 9):                             # the arenas grow at each write: each is trimmed
+        rss[0] += 100 << 20
+        checkpoint(files, store, state, cid)
+    assert len(calls) == 4, calls
+    assert restored(store, 8)["car-0000005"] == [5, 2.0]
+
+
 def test_an_aborted_checkpoint_releases_the_views_it_held():
     """A checkpoint aborted between the snapshot and the write lets go of its views: the memory
     backend stops copying values on ``get`` (it copies only while a view may read them)."""
