@@ -18,6 +18,7 @@ import argparse
 import gc
 import os
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -165,6 +166,7 @@ def main() -> None:
     pe.stop.set()
     pe.join(10)
     st.close()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
