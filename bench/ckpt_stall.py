@@ -27,6 +27,11 @@ import time
 VALUE = [12, 345.5, 1.25, 99.75]
 
 
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 class PE(threading.Thread):
     """A keyed operator's per-tuple work on ``state``, noting the time between two tuples."""
 
@@ -116,7 +121,8 @@ def main() -> None:
     pe = PE(st, keys)
     pe.start()
     rng = random.Random(7)
-    print(f"{'ckpt':>4} {'barrier ms':>10} {'write s':>8} {'max gap ms':>10} {'p50 gap':>8} {'idle max gap':>12}")
+    print(f"{'ckpt':>4} {'barrier ms':>10} {'write s':>8} {'max gap ms':>10} {'p50 gap':>8} {'idle max gap':>12}"
+          f"  (idle: the second before the barrier)")
     for cid in range(1, args.checkpoints + 1):
         with pe.lock:                   # 1 % of the keys changed, in the PE's turns
             for key in rng.sample(keys, max(1, args.keys // 100)):
@@ -150,7 +156,9 @@ def main() -> None:
         w1 = time.perf_counter()
         gaps, idle = pe.gaps(b0, w1), pe.gaps(idle0, idle1)
         print(f"{cid:4d} {1000 * barrier:10.1f} {w1 - w0:8.2f} {1000 * max(gaps, default=0):10.1f} "
-              f"{1000 * gaps[len(gaps) // 2] if gaps else 0:8.2f} {1000 * max(idle, default=0):12.1f}", flush=True)
+              f"{1000 * gaps[len(gaps) // 2] if gaps else 0:8.2f} {1000 * max(idle, default=0):12.1f}  RSS "
+              f"{rss_mb():.0f} MB, trims so far {getattr(getattr(files, '_trims', None), 'trimmed', 'every write')}",
+              flush=True)
         if args.trace:
             for t, took, gen in collections:
                 if b0 <= t < w1:
