@@ -17,6 +17,8 @@ import ctypes.util
 import functools
 import threading
 
+import psutil
+
 from ..errors import CheckpointError
 from ..state.files import StateFiles
 from ..state.incremental import ChainWriter
@@ -31,6 +33,7 @@ class CheckpointFiles:
         self._taken: dict[tuple[str, int], dict[str, dict]] = {}    # (deployment, id) -> pe_id -> result
         self._writers: dict[str, ChainWriter] = {}
         self._lock = threading.Lock()               # writes run in a thread, ends on the worker's loop
+        self._trims = Trims()
 
     def hold(self, deployment: str, checkpoint_id: int, pe_id: str, result: dict) -> dict:
         """Keep a PE's result until written; what ``pe_ckpt_wait`` answers for it (no state)."""
@@ -58,7 +61,7 @@ class CheckpointFiles:
             except CheckpointError as exc:          # aborted meanwhile: the rest is not written
                 out[pe_id] = {"error": str(exc)}
         _release(taken)
-        give_back()
+        self._trims.after_write()
         return out
 
     def end(self, deployment: str, checkpoint_id: int, complete: bool) -> None:
@@ -89,6 +92,45 @@ def _release(results: dict[str, dict]) -> None:
     for result in results.values():
         for snap in result.get("views", ()):
             snap.view.release()
+
+
+TRIM_GROWTH = 64 << 20         # RSS grown since the last trim that makes the next one worth it
+TRIM_SHARE = 8                  # ... or 1 / this of the RSS the last trim left, if more
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+class Trims:
+    """When a checkpoint's write ends with :func:`give_back`: only once the process's RSS grew past
+    what the last trim left by :data:`TRIM_GROWTH` (or 1 / :data:`TRIM_SHARE` of it, if more).
+
+    A trim takes each malloc arena's lock in turn, and a PE thread that allocates meanwhile waits:
+    at 10^6 keys on ``memory``, whose steady checkpoints free little, the stream's stall at a
+    checkpoint was 23.0 / 30.3 ms with a trim after every write and 15.8 / 21.2 ms without
+    (session 21, deployed, quiet). Where writes do leave the arenas growing (10^7 keys on ``disk``:
+    363 -> 521 -> 706 MB over three checkpoints untrimmed), the RSS crosses the bound and the
+    trim comes; the RSS then stays within the bound of what trimming every time would hold.
+    Reading the RSS takes no arena lock (``/proc``)."""
+
+    def __init__(self) -> None:
+        self.left: int | None = None            # RSS after the last trim (None: none yet)
+        self.trimmed = 0
+        self._lock = threading.Lock()           # two deployments' writes may end at once
+
+    def due(self, rss: int) -> bool:
+        return self.left is None or rss > self.left + max(TRIM_GROWTH, self.left // TRIM_SHARE)
+
+    def after_write(self) -> bool:
+        """Trim if due (in the writer's thread); whether it did."""
+        with self._lock:
+            if not self.due(_rss()):
+                return False
+            if give_back():
+                self.trimmed += 1
+            self.left = _rss()
+            return True
 
 
 @functools.cache

@@ -1,0 +1,184 @@
+"""The stall a checkpoint causes a PE, in one process: what holds the PE's thread, and for how long.
+
+    python bench/ckpt_stall.py [--keys 1000000] [--backend memory] [--checkpoints 4] [--changed 0.01] [--trace]
+
+K keys in a keyed state (values a window's slots, as bench/state.py's), then per checkpoint: 1 % of
+the keys changed, a snapshot taken as the barrier takes it (``pickle_snapshot``), and the worker's
+write (``CheckpointFiles.write``) in a thread of its own, as ``pe_ckpt_write`` runs it. Beside it a
+"PE" thread does what ``latest`` does per tuple (a get, a changed copy put back, one more key
+ticking) and notes its own gaps. Per checkpoint: the barrier's stall, the write's time, and the
+largest gap of the PE thread while the write ran (its p50 beside it), against the largest gap with
+no write running. ``--trace``: the cyclic GC's collections (generation, ms) and the writer thread's
+longest calls into C (a profile hook on that thread only: the calls that hold the GIL whole).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+VALUE = [12, 345.5, 1.25, 99.75]
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class PE(threading.Thread):
+    """A keyed operator's per-tuple work on ``state``, noting the time between two tuples."""
+
+    def __init__(self, state, keys: list[str]) -> None:
+        super().__init__(daemon=True, name="pe")
+        self.state, self.keys, self.stop = state, keys, threading.Event()
+        self.marks: list[tuple[float, float]] = []      # (when, gap before it)
+        self.lock = threading.Lock()                    # the barrier's snapshot runs "in the PE's turn"
+
+    def run(self) -> None:
+        rng, last = random.Random(1), time.perf_counter()
+        while not self.stop.is_set():
+            with self.lock:
+                for _ in range(20):
+                    key = self.keys[rng.randrange(len(self.keys))]
+                    value = list(self.state.get(key) or VALUE)
+                    value[0] += 1
+                    self.state.put(key, value)
+                self.state.put("tick", [last])
+            now = time.perf_counter()
+            self.marks.append((now, now - last))
+            last = now
+            time.sleep(0.0005)          # the PE waits for its next input: 20 tuples per wake-up
+
+    def gaps(self, t0: float, t1: float) -> list[float]:
+        return sorted(g for t, g in self.marks if t0 <= t - g and t - g < t1 or t0 <= t < t1)
+
+
+class LongCalls:
+    """The C calls of one thread (``threading.setprofile`` set in it) that took more than 2 ms of
+    its CPU (``time.thread_time``: a call waiting for the GIL or the disk counts wall, not CPU):
+    ``(start, wall s, cpu s, what)``."""
+
+    def __init__(self) -> None:
+        self.started: dict = {}
+        self.calls: list[tuple[float, float, float, str]] = []
+
+    def __call__(self, frame, event, arg) -> None:
+        if event == "c_call":
+            self.started[id(arg)] = (time.perf_counter(), time.thread_time())
+        elif event in ("c_return", "c_exception"):
+            t = self.started.pop(id(arg), None)
+            if t is not None:
+                cpu = time.thread_time() - t[1]
+                if cpu > 0.002:
+                    where = f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno}"
+                    self.calls.append((t[0], time.perf_counter() - t[0], cpu,
+                                       f"{getattr(arg, '__qualname__', arg)} at {where}"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--backend", default="memory")
+    parser.add_argument("--checkpoints", type=int, default=4)
+    parser.add_argument("--changed", type=float, default=0.01,
+                        help="share of the keys changed before each checkpoint (0.1 at 10^6: the 10^5 keys of a "
+                             "steady checkpoint at 10^7)")
+    parser.add_argument("--trace", action="store_true")
+    args = parser.parse_args()
+    import dask.config
+
+    from pescheduler.checkpoint import CheckpointStore
+    from pescheduler.state import open_state
+    from pescheduler.state.groups import snapshot_groups
+    from pescheduler.state.incremental import pickle_snapshot
+    from pescheduler.worker.ckpt_files import CheckpointFiles
+
+    root = tempfile.mkdtemp(prefix="ckpt-stall-")
+    dask.config.set({"pescheduler.state.dir": root, "pescheduler.state.cache": "512MB"})
+    st = open_state(args.backend, owner="stall")
+    keys = [f"car-{i:07d}" for i in range(args.keys)]
+    t0 = time.perf_counter()
+    for key in keys:
+        st.put(key, list(VALUE))
+    print(f"load average {os.getloadavg()[0]:.1f}; {args.keys:,} keys on {args.backend} in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    collections: list[tuple[float, float, int]] = []
+    began: dict = {}
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            began["t"] = time.perf_counter()
+        elif "t" in began:
+            collections.append((began["t"], time.perf_counter() - began.pop("t"), info["generation"]))
+
+    if args.trace:
+        gc.callbacks.append(on_gc)
+    store, files = CheckpointStore(os.path.join(root, "ckpt"), b"k" * 32), CheckpointFiles()
+    pe = PE(st, keys)
+    pe.start()
+    rng = random.Random(7)
+    print(f"{'ckpt':>4} {'barrier ms':>10} {'write s':>8} {'max gap ms':>10} {'p50 gap':>8} {'idle max gap':>12}"
+          f"  (idle: the second before the barrier)")
+    for cid in range(1, args.checkpoints + 1):
+        with pe.lock:                   # 1 % of the keys changed, in the PE's turns
+            for key in rng.sample(keys, max(1, int(args.keys * args.changed))):
+                st.put(key, [13, 0.0, 0.0, 0.0])
+        idle0 = time.perf_counter()
+        time.sleep(1.0)
+        idle1 = time.perf_counter()
+        with pe.lock:
+            b0 = time.perf_counter()
+            blob, views = pickle_snapshot({"op": {"state": {"groups": snapshot_groups(st)}}})
+            barrier = time.perf_counter() - b0
+        files.hold("bench", cid, "pe", {"state": blob, "views": views, "positions": {}})
+        del views
+        long_calls = LongCalls()
+
+        def write() -> None:
+            if args.trace:
+                threading.setprofile(None)
+                sys.setprofile(long_calls)
+            try:
+                written = files.write("bench", cid, ["pe"], store.url)["pe"]["files"]
+                store.commit_manifest(cid, {"id": cid, "files": written})
+                files.end("bench", cid, complete=True)
+            finally:
+                sys.setprofile(None)
+
+        w0 = time.perf_counter()
+        writer = threading.Thread(target=write, name="ckpt-writer")
+        writer.start()
+        writer.join(600)
+        w1 = time.perf_counter()
+        gaps, idle = pe.gaps(b0, w1), pe.gaps(idle0, idle1)
+        print(f"{cid:4d} {1000 * barrier:10.1f} {w1 - w0:8.2f} {1000 * max(gaps, default=0):10.1f} "
+              f"{1000 * gaps[len(gaps) // 2] if gaps else 0:8.2f} {1000 * max(idle, default=0):12.1f}  RSS "
+              f"{rss_mb():.0f} MB, trims so far {getattr(getattr(files, '_trims', None), 'trimmed', 'every write')}",
+              flush=True)
+        if args.trace:
+            for t, took, gen in collections:
+                if b0 <= t < w1:
+                    print(f"     gc generation {gen}: {1000 * took:.1f} ms")
+            for start, wall, cpu, what in sorted(long_calls.calls, key=lambda c: -c[2])[:6]:
+                print(f"     writer C call {1000 * cpu:.1f} ms CPU ({1000 * wall:.1f} wall) @ {start - b0:.2f}: {what}")
+            worst = sorted((g, t) for t, g in pe.marks if b0 <= t < w1)[-3:]
+            for g, t in worst:
+                during = [c[3] for c in long_calls.calls if c[0] < t and c[0] + c[1] > t - g]
+                gcs = [f"gen {gen} {1000 * took:.0f} ms" for at, took, gen in collections if at < t and at + took > t - g]
+                print(f"     gap {1000 * g:.1f} ms ending @ {t - b0:.2f}: writer in {during[:3]}, gc {gcs}")
+            collections.clear()
+    pe.stop.set()
+    pe.join(10)
+    st.close()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
