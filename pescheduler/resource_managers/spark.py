@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 LEASE_GROUP = "pescheduler-lease-"
 ABANDON_S = 30.0      # how long a start given up is waited for before its JVMs are stopped without it
+STOP_S = 60.0         # how long the application's stop (context, driver, cluster) is waited for, the same way
 
 
 @dataclass
@@ -225,7 +226,16 @@ class SparkResourceManager:
                 await self._end(lease)
         if self._client is not None:
             await self._client.close()
-        await asyncio.to_thread(self._stop_spark)
+        stopping = _in_daemon_thread(self._stop_spark, "pescheduler-spark-stop")    # not joined at exit
+        try:
+            await asyncio.wait_for(asyncio.shield(stopping), STOP_S)
+        except asyncio.TimeoutError:
+            logger.error("spark: stopping the application took more than %g s (a py4j call to its driver "
+                         "unanswered); stopping its JVMs by PID", STOP_S)
+            if self._own_gateway:
+                await asyncio.to_thread(_kill_drivers_since, self._started_at)
+            if self.cluster is not None:
+                await asyncio.to_thread(self.cluster.stop)
 
     # -- Spark ---------------------------------------------------------------------------
     def _start_spark(self) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from pescheduler.resource_managers import processes, spark_standalone
 from pescheduler.resources import ResourceManagerUnavailable
+from waiting import until_async
 
 pytestmark = pytest.mark.spark
 
@@ -54,6 +55,7 @@ def test_a_start_given_up_before_its_cluster_exists_starts_no_cluster(monkeypatc
         task = asyncio.ensure_future(rm.start(lambda event: None))
         assert await asyncio.to_thread(entered.wait, 60)
         task.cancel()
+        await until_async(lambda: rm._aborted, 60, "the start given up")
         release.set()
         with pytest.raises(asyncio.CancelledError):
             await task                                # the cancelled start waits (bounded) for its thread
