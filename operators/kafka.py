@@ -197,23 +197,59 @@ class KafkaSource(PartitionedSource):
 
     def _resolve(self, partitions: list[int]) -> None:
         """Concrete offsets for partitions without a position yet, so a later re-split or restore
-        continues from the same place ('latest' read now, not whenever a copy opens)."""
-        from confluent_kafka import KafkaException, TopicPartition
-
+        continues from the same place ('latest' read now, not whenever a copy opens); and every
+        partition's end offset, a restored one's too, so lag counts a backlog before the first fetch."""
+        ends = self._ends_now(partitions)
         for p in partitions:
+            low, high = ends[p]
+            self._ends[p] = high
             if p in self._positions:
                 continue
             if isinstance(self.start, dict) and p in self.start:
                 self._positions[p] = self.start[p]
                 continue
+            self._positions[p] = high if self.start == LATEST else low
+
+    def _ends_now(self, partitions: list[int]) -> dict[int, tuple[int, int]]:
+        """``(low, end)`` of each partition, asked now. The end is the broker's ListOffsets answer
+        checked by one fetch from the record before it: Tansu answers ListOffsets 'latest' with
+        its last records batch's base offset + 1 (1 for 30 records produced in one batch), where
+        the fetch's high watermark is right. On Kafka both agree and the fetch only confirms."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        listed = {}
+        for p in partitions:
             try:
-                low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p),
+                listed[p] = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p),
                                                                  timeout=self.timeout_s)
             except KafkaException as exc:
                 raise ConnectionError(f"kafka: no offsets for {self.topic}[{p}] from {self.servers} "
                                       f"within {self.timeout_s:g} s ({exc})") from None
-            self._positions[p] = high if self.start == LATEST else low
-            self._ends[p] = high
+        fetched = self._fetched_ends({p: high - 1 for p, (low, high) in listed.items() if high > low})
+        return {p: (low, max(high, fetched.get(p, high))) for p, (low, high) in listed.items()}
+
+    def _fetched_ends(self, at: dict[int, int]) -> dict[int, int]:
+        """The high watermark of one fetch of each partition ``p`` from offset ``at[p]``, within the
+        connect timeout. What the fetch read is dropped: ``_assign`` replaces the assignment."""
+        from confluent_kafka import TopicPartition
+
+        if not at:
+            return {}
+        self._consumer.assign([TopicPartition(self.topic, p, o) for p, o in at.items()])
+        ends: dict[int, int] = {}
+        deadline = monotonic() + self.timeout_s
+        while True:
+            for p in at:
+                high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)[1]
+                if high >= 0:                   # -1001 until librdkafka's first fetch of p
+                    ends[p] = high
+            missing = sorted(set(at) - set(ends))
+            if not missing:
+                return ends
+            if monotonic() > deadline:
+                raise ConnectionError(f"kafka: no fetch of {self.topic} partitions {missing} from "
+                                      f"{self.servers} within {self.timeout_s:g} s (their end offsets)")
+            self._consumer.consume(1000, 0.02)      # dropped; waits for the fetch (bounded above)
 
     def _assign(self) -> None:
         from confluent_kafka import TopicPartition

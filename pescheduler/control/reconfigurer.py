@@ -65,6 +65,7 @@ class Reconfigurer:
         # PE -> its lazy restore's progress (None: not reported yet) while its key groups load:
         # a rescale of it is refused until they are in (worker/lazy_restore.py)
         self.restoring: dict[str, dict | None] = {}
+        self.lost: Callable[[], set[str]] = set     # workers known lost (a recovery's): never grown beside
 
     # -- the first placement ----------------------------------------------------------------
     async def known_workers(self) -> list[str]:
@@ -217,26 +218,44 @@ class Reconfigurer:
 
         Only an embedded cluster can grow this way; on another cluster the
         action is refused (borrow a host instead). The record's ``cold``
-        figure says how long the worker took to start.
+        figure says how long the worker took to start. Only the new worker is
+        called: a worker of the placement that is lost (SIGKILLed a moment ago,
+        its recovery pending) refuses the action at once, before and after the
+        start, instead of a call to its address waiting out Dask's 30 s connect timeout.
         """
         if self.cluster is None:
             raise ActionRefused(f"{exc} and the cluster is not ours to grow: borrow a host (BorrowHosts) first")
+        await self._none_lost(action)
         t0 = time.perf_counter()
         before = set(self.placement.workers)
         await self.cluster.grow(self.gateway.client)
-        await self.known_workers()
-        joined = [w for w in self.worker_info if w not in before]
+        info = await self.gateway.workers()
+        joined = sorted(w for w in info if w not in before and w not in self.lost())
         if not joined:
             raise ActionRefused(f"{exc}; starting a new worker failed")
+        await self._none_lost(action, info)
         worker = joined[0]
+        self.know(worker, await self.gateway.pe_info(worker), info[worker].get("host", ""))
         grown = add_slot(add_workers(self.placement, {worker: self.worker_info[worker]["host"]}), worker)
         self.placement = grown
-        await self._warm(grown)
+        await self.gateway.warm({worker: 1})       # the others' slots are warm already
         self.on_worker(worker)
         self.last_cold_start_s = time.perf_counter() - t0
         self.state.event("cold-start", f"no warm slot for {action!r}: started worker {worker} "
                                        f"in {self.last_cold_start_s:.2f} s")
         return grown
+
+    async def _none_lost(self, action: Action, listed: dict | None = None) -> None:
+        """Refuse ``action`` while a worker running a PE is lost (``lost``, or gone from the
+        scheduler's list ``listed``, asked when not given): the run restores its last checkpoint
+        onto the workers left (or fails), so nothing is started or moved beside it meanwhile."""
+        listed = await self.gateway.workers() if listed is None else listed
+        known = self.lost()
+        lost = sorted(w for w in self.running_on() if w in known or w not in listed)
+        if lost:
+            why = "its recovery restores the last checkpoint" if lost[0] in known else "gone from the scheduler"
+            raise ActionRefused(f"worker {lost[0]} is lost ({why}); no worker is started beside it for "
+                                f"{action!r}: try again once the restore is done")
 
     def record(self, record: ApplyRecord) -> ApplyRecord:
         """Keep ``record`` (``Deployment.records()``) and say what happened in the events."""

@@ -83,6 +83,7 @@ class Recovery:
         self._background: list[asyncio.Task] = []
         self._replacing: list[asyncio.Task] = []     # replacement workers being started
         self._replace_lock = asyncio.Lock()
+        dep.reconfigurer.lost = lambda: self.dead    # a cold start is refused beside a lost worker
 
     @property
     def replacing(self) -> bool:

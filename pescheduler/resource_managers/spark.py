@@ -41,6 +41,8 @@ from .workers import named_workers, retire
 logger = logging.getLogger(__name__)
 
 LEASE_GROUP = "pescheduler-lease-"
+ABANDON_S = 30.0      # how long a start given up is waited for before its JVMs are stopped without it
+STOP_S = 60.0         # how long the application's stop (context, driver, cluster) is waited for, the same way
 
 
 @dataclass
@@ -140,30 +142,57 @@ class SparkResourceManager:
         self._aborted = False                  # the start was given up (set from the event loop)
         self._start_done = False               # the starting thread has finished
         self._start_lock = threading.Lock()
+        self._started_at = 0.0                 # time.time() of the start: driver JVMs launched since are ours
 
     # -- the ResourceManager protocol ---------------------------------------------------
     async def start(self, on_event) -> None:
         from distributed import Client
 
         self._on_event, self._loop = on_event, asyncio.get_running_loop()
-        starting = asyncio.ensure_future(asyncio.to_thread(self._start_spark))
+        self._started_at = time.time()
+        starting = _in_daemon_thread(self._start_spark, "pescheduler-spark-start")
         try:
             await asyncio.shield(starting)
             self._client = await Client(self.scheduler_address, asynchronous=True, timeout=10,
                                         set_as_default=False, security=self.security)
         except BaseException:
             # Cancelled (the app ended first) or failed. A thread cannot be cancelled: if it still
-            # runs, it is told to give up and stops what it started itself (see _start_spark), so
-            # the deployment's stop does not wait for a JVM start; otherwise close stops it here.
+            # runs, it is told to give up and stops what it started itself (see _start_spark), and
+            # _abandon makes it end, bounded; otherwise close stops it here.
             with self._start_lock:          # the thread makes self.cluster under this lock too
                 self._aborted = True
                 running = not self._start_done
                 if running and self.cluster is not None:
                     self.cluster.abort()
-            if not running:
+            if running:
+                await self._abandon(starting)
+            else:
                 await self.close()
             raise
         self._poller = asyncio.create_task(self._poll())
+
+    async def _abandon(self, starting: asyncio.Future) -> None:
+        """The start was given up while its thread runs. No flag reaches it inside SparkContext's
+        creation, which waits for the master's answer (a minute of retries when the master has
+        gone, and longer loaded: a Ctrl-C'd deploy waited that long to exit, for the thread).
+        The driver JVM it launched is killed by PID, so the py4j call in progress fails and the
+        thread ends, stopping what it started. Bounded: after ``ABANDON_S`` its cluster is
+        stopped from here, said loudly, and the thread (a daemon) is left to the process's exit."""
+        deadline = time.monotonic() + ABANDON_S
+        while not starting.done() and time.monotonic() < deadline:
+            if self._own_gateway:
+                await asyncio.to_thread(_kill_drivers_since, self._started_at)
+            await asyncio.wait([starting], timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+        if starting.done():
+            if not starting.cancelled() and starting.exception() is not None:    # retrieved: expected here
+                logger.info("spark: the start given up ended: %s", starting.exception())
+            return
+        logger.error("spark: the start given up is still running after %g s (in %s); stopping its "
+                     "JVMs by PID and leaving the thread to the process's exit", ABANDON_S,
+                     "SparkContext's creation" if self._own_gateway else "the standalone cluster's start")
+        await asyncio.to_thread(_kill_drivers_since, self._started_at)
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.stop)
 
     def lendable(self) -> int:
         if self.sc is None or self.demand.pending:
@@ -197,7 +226,16 @@ class SparkResourceManager:
                 await self._end(lease)
         if self._client is not None:
             await self._client.close()
-        await asyncio.to_thread(self._stop_spark)
+        stopping = _in_daemon_thread(self._stop_spark, "pescheduler-spark-stop")    # not joined at exit
+        try:
+            await asyncio.wait_for(asyncio.shield(stopping), STOP_S)
+        except asyncio.TimeoutError:
+            logger.error("spark: stopping the application took more than %g s (a py4j call to its driver "
+                         "unanswered); stopping its JVMs by PID", STOP_S)
+            if self._own_gateway:
+                await asyncio.to_thread(_kill_drivers_since, self._started_at)
+            if self.cluster is not None:
+                await asyncio.to_thread(self.cluster.stop)
 
     # -- Spark ---------------------------------------------------------------------------
     def _start_spark(self) -> None:
@@ -383,6 +421,49 @@ def stop_driver_jvm() -> None:
             proc.kill()
             proc.wait(10)
     SparkContext._gateway = SparkContext._jvm = None
+
+
+def _in_daemon_thread(fn, name: str) -> asyncio.Future:
+    """``fn()`` in a daemon thread, its outcome in the future returned: a blocked call there (a
+    py4j call waiting for a JVM) does not hold the process's exit as ``asyncio.to_thread``'s
+    would (the interpreter joins the default executor's threads at exit)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(exc: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(exc) if exc is not None else future.set_result(None)
+
+    def run() -> None:
+        outcome = None
+        try:
+            fn()
+        except BaseException as exc:
+            outcome = exc
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:           # the loop has closed: nobody waits any more
+            pass
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+def _kill_drivers_since(since: float) -> None:
+    """Kill (by PID) pyspark driver JVMs this process launched at or after ``since`` (time.time()):
+    a py4j call waiting on one then fails at once. Not waited for here: pyspark's ``launch_gateway``
+    polls its ``Popen`` for the exit, and a child reaped by anyone else reads as running to it."""
+    import psutil
+
+    killed = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.create_time() >= since - 1 and "org.apache.spark.deploy.SparkSubmit" in proc.cmdline():
+                proc.kill()
+                killed.append(proc.pid)
+        except psutil.NoSuchProcess:
+            pass
+    if killed:
+        logger.warning("spark: the start was given up: killed its driver JVM (PIDs %s)", killed)
 
 
 def _java_error(exc: Exception) -> str:

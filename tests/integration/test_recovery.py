@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pescheduler
-from pescheduler import Application, Fuse, Move
+from pescheduler import Application, Fuse, Move, Replicate
 from support_ops import committed_output, committed_windows, count_sum_windows, last_checkpoint, rocksdb_stores
 from waiting import gone, until
 
@@ -112,6 +112,30 @@ def test_a_kill_while_a_checkpoint_waits_restores_without_waiting_for_it(tmp_pat
             record = restarted(dep)
     assert committed_windows(out) == count_sum_windows(30_000, 20)
     assert record["phases"]["lock"] < 10 and record["first_output_s"] < 20, record
+
+
+def test_a_replicate_right_after_a_kill_with_no_slot_left_is_refused_naming_the_lost_worker(tmp_path):
+    """2 workers, no warm slot: a Replicate while the SIGKILLed worker's recovery waits out its
+    backoff needs a cold start. It is refused at once naming the lost worker (before, the cold
+    start warmed every worker of the placement, the dead one too, and the call waited out Dask's
+    30 s connect timeout, then raised out of ``apply``); the restore then runs and loses nothing."""
+    out = tmp_path / "out.jsonl"
+    app = Application("kill-replicate")
+    (app.source("numbers", count=30_000, keys=10, rate=3_000)
+        .map(lambda e: {"n": e["n"]}, id="double")
+        .sink("jsonl", path=str(out)))
+    settings_ = {"pescheduler.standard.slots-per-host": 0, "pescheduler.restart.backoff": "5s"}
+    with dask.config.set(settings_), pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[],
+                                                         checkpoint=str(tmp_path / "ckpt"),
+                                                         checkpoint_interval="0.5s") as dep:
+        worker = kill_worker_of(dep, "double")
+        until(lambda: dep.status()["checkpoints"]["restart"]["restarts"], WAIT, "the loss taken over by a recovery")
+        record = dep.apply(Replicate("double", 1), timeout=WAIT)
+        assert not record.applied and f"worker {worker} is lost" in record.reason, record
+        status = dep.wait(timeout=WAIT)
+        assert restarted(dep)["lost"] == [worker]
+    assert status["state"] == "finished"
+    assert committed_output(out) == [{"n": i} for i in range(30_000)]
 
 
 def test_join_killed_mid_stream_reports_every_pair_once(tmp_path):

@@ -59,6 +59,13 @@ def tagged(tmp: str) -> list[psutil.Process]:
     return found
 
 
+def ctrl_c_heard() -> None:
+    """In the deploy's child before its exec: SIGINT at its default. A suite started as a background
+    job of a non-interactive shell inherits SIGINT ignored, and Python then installs no Ctrl-C
+    handler: the deploy would never hear this test's Ctrl-C (found in session 22, by py-spy)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def jvms(procs: list[psutil.Process]) -> list[psutil.Process]:
     def is_java(p):
         try:
@@ -81,7 +88,8 @@ def test_every_jvm_started_for_rm_spark_is_stopped(tmp_path, ending, app, signum
     env = {**os.environ, "TMPDIR": tmp, "PESCHEDULER__STATE_DIR": str(tmp_path / "state")}
     deploy = subprocess.Popen([sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"),
                                "--rm", "spark", "--workers", "1", "--policy", "none", "--json"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=ctrl_c_heard)
     seen_jvms = 0
     lines: list[str] = []
     running = threading.Event()         # deploy() returned: Ctrl-C stops at once (before, it waits for this: cli.py)

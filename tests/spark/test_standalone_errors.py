@@ -8,6 +8,7 @@ import pytest
 
 from pescheduler.resource_managers import processes, spark_standalone
 from pescheduler.resources import ResourceManagerUnavailable
+from waiting import until_async
 
 pytestmark = pytest.mark.spark
 
@@ -54,8 +55,57 @@ def test_a_start_given_up_before_its_cluster_exists_starts_no_cluster(monkeypatc
         task = asyncio.ensure_future(rm.start(lambda event: None))
         assert await asyncio.to_thread(entered.wait, 60)
         task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await until_async(lambda: rm._aborted, 60, "the start given up")
         release.set()
-    asyncio.run(cancel_while_checking_java())         # its end waits for the start thread
+        with pytest.raises(asyncio.CancelledError):
+            await task                                # the cancelled start waits (bounded) for its thread
+    asyncio.run(cancel_while_checking_java())
     assert rm._start_done and rm.cluster is None and rm.sc is None
+
+
+GIVEN_UP_INSIDE_SPARKCONTEXT = """
+import asyncio, json, socket, sys
+from pyspark import SparkContext
+from pescheduler.resource_managers import spark
+
+silent = socket.socket()                       # a master that accepts and never answers
+silent.bind(("127.0.0.1", 0))
+silent.listen()
+rm = spark.SparkResourceManager("tcp://127.0.0.1:1", {"master": f"spark://127.0.0.1:{silent.getsockname()[1]}"})
+
+async def cancel_inside_sparkcontext():
+    task = asyncio.ensure_future(rm.start(lambda event: None))
+    while SparkContext._gateway is None and not task.done():     # the driver JVM is up: SparkContext
+        await asyncio.sleep(0.05)                                # is being created, waiting for the master
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return rm._start_done
+print(json.dumps({"start_thread_ended": asyncio.run(cancel_inside_sparkcontext())}), flush=True)
+"""
+
+
+def test_a_start_given_up_inside_sparkcontext_kills_its_driver_and_its_thread_ends():
+    """A master that never answers: SparkContext's creation waits for it (a minute of retries;
+    a master stopped under a Ctrl-C'd deploy does the same). The start, cancelled then, kills the
+    driver JVM it launched by PID, so its thread has ended when the cancellation returns, and the
+    process exits with no JVM left. Before, the thread ran on in the py4j call and the process's
+    exit joined it (a Ctrl-C'd `deploy --rm spark` did not exit within 150 s, loaded)."""
+    import json
+    import subprocess
+    import sys
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", GIVEN_UP_INSIDE_SPARKCONTEXT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            children = psutil.Process(proc.pid).children(recursive=True)
+            proc.kill()
+            for child in children:
+                child.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, err[-3000:]
+    assert json.loads(out.splitlines()[-1]) == {"start_thread_ended": True}, err[-3000:]
