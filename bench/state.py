@@ -482,8 +482,9 @@ def written_by_kind(c: dict) -> dict:
     """What checkpoint ``c`` wrote, from its manifest (kept: the table retains every checkpoint it
     reads): bytes of whole key groups, of deltas and of the PEs' ``.state`` files, and how many
     group files of each kind."""
-    with open(os.path.join(c["url"], "MANIFEST.json")) as f:
-        files = [e for e in json.load(f)["files"] if e["chk"] == c["id"]]
+    from pescheduler.checkpoint.storage import manifest_at
+
+    files = [e for e in manifest_at(c["url"])["files"] if e["chk"] == c["id"]]
     kind = lambda e: e["path"].rsplit(".", 1)[-1] if e["role"] == "group" else e["role"]
     out = {"full_bytes": 0, "delta_bytes": 0, "state_file_bytes": 0, "fulls": 0, "deltas": 0}
     for e in files:
