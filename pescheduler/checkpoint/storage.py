@@ -64,7 +64,9 @@ logger = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
 LINK = "LINK.json"            # a pruned checkpoint's manifest, kept while a kept one's walk reads it
 FORMAT = 3                    # manifest format: what changed since the predecessor's (2: every file)
-TURNS = 32                    # a referenced file is listed again every TURNS manifests: a walk reads at most TURNS
+TURNS = 48                    # a referenced file is listed again every TURNS manifests: a walk reads at most TURNS
+                              # (as many as a key-group map's walk reads .state files at max-deltas 48: the
+                              # directories a kept checkpoint reaches are much the same)
 _DIR = re.compile(r"chk-(\d+)$")
 _RUN = re.compile(r"run-[0-9T]+-[0-9a-f]+$")
 
@@ -166,12 +168,12 @@ class CheckpointStore:
         if prev is None:
             listed, dropped = list(files.values()), []
         else:
-            listed = [e for p, e in files.items() if not _same(prev.files.get(p), e) or _turn(p, seq)]
+            listed = [e for p, e in files.items() if not _same(prev.files.get(p), e) or _turn(p, seq, TURNS)]
             dropped = [p for p in prev.files if p not in files]
             body["base"] = {"id": prev.id, "sha256": prev.sha256}
-            if placement == prev.placement and seq % TURNS:
+            if placement == prev.placement and seq % TURNS:   # (as turns: the walk's newest manifest says how many)
                 body.pop("placement", None)          # unchanged: the walk finds it at most TURNS back
-        body.update(format=FORMAT, run=self.run, seq=seq, listed=_packed(listed, checkpoint_id, placement),
+        body.update(format=FORMAT, run=self.run, seq=seq, turns=TURNS, listed=_packed(listed, checkpoint_id, placement),
                     dropped=_folders(dropped))
         body = json.loads(json.dumps(body, default=repr))
         data = json.dumps({**body, "hmac": sign(self.key, canonical(body))}, separators=(",", ":")).encode()
@@ -203,7 +205,7 @@ class CheckpointStore:
             gone.update(p for p in _unpacked_dropped(doc["dropped"]) if p not in files)
             placement = placement if placement is not None else doc.get("placement")
             base = doc.get("base")
-            if base is None or newest["seq"] - doc["seq"] >= TURNS - 1:
+            if base is None or newest["seq"] - doc["seq"] >= newest["turns"] - 1:
                 break
             try:
                 prev = self._signed(base["id"], doc["run"], (MANIFEST, LINK), base["sha256"])
@@ -426,10 +428,10 @@ def _same(a: dict | None, b: dict) -> bool:
     return a is not None and all(a.get(k) == b.get(k) for k in ("bytes", "sha256", "run"))
 
 
-def _turn(path: str, seq: int) -> bool:
-    """Whether manifest ``seq`` lists ``path`` again, unchanged: once every :data:`TURNS`, the
-    files' turns spread by a hash of their path."""
-    return zlib.crc32(path.encode()) % TURNS == seq % TURNS
+def _turn(path: str, seq: int, turns: int) -> bool:
+    """Whether manifest ``seq`` lists ``path`` again, unchanged: once every ``turns``, the files'
+    turns spread by a hash of their path."""
+    return zlib.crc32(path.encode()) % turns == seq % turns
 
 
 def _derived(name: str, chk: int, checkpoint_id: int, placement: dict | None) -> dict:

@@ -10,7 +10,6 @@ nothing (bench/state.py part 6 at 10^7 keys: 51 after the Replicate).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
