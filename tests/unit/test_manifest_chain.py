@@ -158,7 +158,8 @@ def restored_state(states, op, resolve_restore, restore_groups, open_state) -> d
 def test_a_small_max_deltas_still_restores_through_the_walk(state):
     """max-deltas 4, a key deleted each time: chains rewritten often, files dropped at most
     checkpoints; the walk's drops and listings resolve to exactly the referenced files at every
-    checkpoint, and no manifest after the first holds a quarter of its whole list."""
+    checkpoint, and no manifest after the first holds half its whole list (a quarter of the
+    groups is rewritten at each checkpoint here: up to 31 % of it)."""
     from pescheduler.worker.ckpt_files import CheckpointFiles
 
     store, files, sizes = CheckpointStore(f"memory://small-{uuid.uuid4().hex}", KEY), CheckpointFiles(), []
@@ -173,5 +174,5 @@ def test_a_small_max_deltas_still_restores_through_the_walk(state):
             out = checkpoint(files, store, state, cid)
             assert listed(store.manifest(cid)["files"]) == listed(out["files"]), f"checkpoint {cid}"
             sizes.append(store.fs.size(f"{store._dir(cid)}/{MANIFEST}"))
-    assert max(sizes[1:]) <= sizes[0] / 4, sizes
+    assert max(sizes[1:]) <= sizes[0] / 2, sizes
     assert restored(store, TURNS + 3) == rows
