@@ -282,7 +282,7 @@ class CheckpointCoordinator:
         _go_on(abandoned)
         files.append({**self.store.put(checkpoint_id, "placement.pkl", placement_blob(placement), reuse=True),
                       "role": "placement"})
-        size = sum(f["bytes"] for f in files if f["chk"] == checkpoint_id)
+        size = sum(f["bytes"] for f in files if f["chk"] == checkpoint_id and "data" not in f)   # in the manifest
         state_size = sum(f["bytes"] for f in files if f["role"] not in ("placement", "map"))   # maps: earlier .state
         _go_on(abandoned)
         manifest_size = self.store.commit_manifest(checkpoint_id, {

@@ -253,7 +253,7 @@ class CheckpointStore:
     def verify(self, checkpoint_id: int, run: str | None = None) -> dict:
         """The manifest, checked, and every file it lists present with its size (no state read)."""
         manifest = self.manifest(checkpoint_id, run)
-        for entry in manifest["files"]:
+        for entry in (e for e in manifest["files"] if "data" not in e):    # a small delta is in the manifest
             base = self._run_dir(entry.get("run", manifest["run"]))    # a restored group's file of another run
             try:
                 size = self.fs.size(f"{base}/{entry['path']}")
@@ -377,7 +377,7 @@ class CheckpointStore:
                                       f"manifest lists every file: {exc}")
         except OSError as exc:
             return self._prune_failed(f"listing {self.url}: {type(exc).__name__}: {exc}")
-        referenced = {e["path"] for m in kept for e in m["files"] if "run" not in e}
+        referenced = {e["path"] for m in kept for e in m["files"] if "run" not in e and "data" not in e}
         walked = {i for m in kept for i in m.get("walked", ())} - keep
         newest = done[-1] if done else 0
         gone = []
@@ -451,13 +451,15 @@ def _derived(name: str, chk: int, checkpoint_id: int, placement: dict | None) ->
 
 def _packed(entries: list[dict], checkpoint_id: int, placement: dict | None) -> dict:
     """Entries as a manifest stores them: ``{folder: {name: [bytes, SHA-256 in base64, extras?]}}``,
-    what the name says (:func:`_derived`) left out (~70 bytes a file, ~150 as a JSON dict)."""
+    what the name says (:func:`_derived`) left out (~70 bytes a file, ~150 as a JSON dict); a
+    small delta's bytes (``state.files.INLINE``) in place of its digest, after a ``=``."""
     out: dict = {}
     for e in entries:
         folder, name = e["path"].split("/", 1)
         derived = _derived(name, int(folder[4:]), checkpoint_id, placement)
-        extra = {k: v for k, v in e.items() if k not in ("path", "chk", "bytes", "sha256") and derived.get(k) != v}
-        sha = base64.b64encode(bytes.fromhex(e["sha256"])).decode().rstrip("=")
+        extra = {k: v for k, v in e.items()
+                 if k not in ("path", "chk", "bytes", "sha256", "data") and derived.get(k) != v}
+        sha = "=" + e["data"] if "data" in e else base64.b64encode(bytes.fromhex(e["sha256"])).decode().rstrip("=")
         out.setdefault(folder, {})[name] = [e["bytes"], sha, *([extra] if extra else [])]
     return out
 
@@ -485,6 +487,8 @@ def _entry(path: str, packed: list, checkpoint_id: int, placement: dict | None) 
     size, sha, *extra = packed
     folder, name = path.split("/", 1)
     chk = int(folder[4:])
-    digest = base64.b64decode(sha + "=" * (-len(sha) % 4)).hex()
-    return {"path": path, "chk": chk, "bytes": size, "sha256": digest,
+    inline = {"data": sha[1:]} if sha.startswith("=") else {}      # a small delta's bytes: its digest from them
+    digest = hashlib.sha256(base64.b64decode(sha[1:])) if inline else None
+    digest = digest.hexdigest() if inline else base64.b64decode(sha + "=" * (-len(sha) % 4)).hex()
+    return {"path": path, "chk": chk, "bytes": size, "sha256": digest, **inline,
             **_derived(name, chk, checkpoint_id, placement), **(extra[0] if extra else {})}

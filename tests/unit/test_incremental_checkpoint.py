@@ -441,7 +441,7 @@ def test_a_damaged_file_of_an_earlier_checkpoint_falls_back_loudly(tmp_path, cap
 
     taken = []
     for cid in (1, 2, 3):
-        st.put("car-0000042", [42, float(cid)])
+        st.put("car-0000042", [42, float(cid), "-" * 64])     # a delta larger than state.files.INLINE: a file
         out = take(cid)
         placed = {**store.put(cid, "placement.pkl", placement_blob(pl)), "role": "placement"}
         store.commit_manifest(cid, {"id": cid, "files": [*out["files"], placed]})
@@ -459,7 +459,7 @@ def test_a_damaged_file_of_an_earlier_checkpoint_falls_back_loudly(tmp_path, cap
     resolve_restore(states)
     target = open_state("memory")
     restore_groups(target, states[op]["state"]["groups"])
-    assert target.get("car-0000042") == [42, 1.0] and len(target) == 2_000
+    assert target.get("car-0000042") == [42, 1.0, "-" * 64] and len(target) == 2_000
 
 
 def test_a_damaged_file_every_kept_checkpoint_references_fails_loudly(tmp_path):
