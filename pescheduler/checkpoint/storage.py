@@ -116,6 +116,8 @@ class CheckpointStore:
         self.prune_error: str | None = None           # the last pruning failure (retried next time)
         self._committed: dict[str, dict] = {}         # name -> entry of the newest manifest written here
         self._newest: _Newest | None = None           # that manifest: what the next one is written against
+        self._checked: dict[tuple, dict] = {}         # (id, SHA-256 of its bytes) -> a manifest verified: a
+                                                      # prune walks retain x TURNS of them at each checkpoint
 
     @property
     def url(self) -> str:
@@ -233,6 +235,11 @@ class CheckpointStore:
                 if name == names[-1] or self.fs.exists(path):
                     break
             raw = self.fs.cat_file(path)
+            sha = hashlib.sha256(raw).hexdigest()
+            if sha256 is not None and sha != sha256:
+                raise CheckpointDamaged(f"{path} is not the manifest its successor was written against (SHA-256)")
+            if (checkpoint_id, sha) in self._checked:     # these very bytes verified before
+                return dict(self._checked[(checkpoint_id, sha)])
             doc = json.loads(raw)
             digest = doc.pop("hmac")
         except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
@@ -242,9 +249,10 @@ class CheckpointStore:
                                     f"(tampered, or written with another key: see pescheduler.checkpoint.key)")
         if doc.get("id") != checkpoint_id:
             raise CheckpointDamaged(f"{path} is checkpoint {doc.get('id')}'s manifest, not {checkpoint_id}'s")
-        if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
-            raise CheckpointDamaged(f"{path} is not the manifest its successor was written against (SHA-256)")
-        return doc
+        self._checked[(checkpoint_id, sha)] = doc
+        while len(self._checked) > 4 * TURNS:              # prune walks retain x TURNS of them each time
+            del self._checked[next(iter(self._checked))]
+        return dict(doc)
 
     def read(self, entry: dict, run: str) -> bytes:
         """A file a (verified) manifest lists, its size and SHA-256 checked before anyone unpickles it."""
