@@ -52,9 +52,10 @@ class CompletedCheckpoint:
     id: int
     time: float            # unix time of the trigger
     duration_s: float      # trigger to commit
-    bytes: int             # bytes this checkpoint wrote
+    bytes: int             # bytes this checkpoint wrote, its manifest included
     url: str               # where its directory is
     state_bytes: int = 0   # bytes of every file it references (earlier checkpoints' unchanged key groups too)
+    manifest_bytes: int = 0    # of those ``bytes``, its manifest's (what changed since the previous one's)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -153,11 +154,11 @@ class CheckpointCoordinator:
             self._listed(*pending, self._writing.result())
         self.store.prune(self.retain)
 
-    def _listed(self, checkpoint_id: int, t0: float, p0: float, sizes: tuple[int, int]) -> CompletedCheckpoint:
+    def _listed(self, checkpoint_id: int, t0: float, p0: float, sizes: tuple[int, int, int]) -> CompletedCheckpoint:
         """A complete checkpoint into the (bounded) history that status and ``checkpoints()`` show."""
-        size, state_size = sizes
-        done = CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, size,
-                                   f"{self.store.url}/chk-{checkpoint_id:06d}", state_size)
+        size, state_size, manifest_size = sizes
+        done = CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, size + manifest_size,
+                                   f"{self.store.url}/chk-{checkpoint_id:06d}", state_size, manifest_size)
         self.completed.append(done)
         self.completed_count += 1
         del self.completed[:-max(self.retain, 1) * 10]
@@ -195,7 +196,7 @@ class CheckpointCoordinator:
                 raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
         return await self._complete(checkpoint_id, t0, p0, sizes)
 
-    async def _write(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float) -> tuple[int, int]:
+    async def _write(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float) -> tuple[int, int, int]:
         """The workers write their PEs' files straight to the storage, then the manifest listing
         them is written here in a thread; all bounded by the timeout: past it the thread is told to
         give up (it writes no manifest after that) and the checkpoint is aborted."""
@@ -207,7 +208,7 @@ class CheckpointCoordinator:
             raise CheckpointError(f"writing it to {self.store.url} took longer than {self.timeout:g} s") from None
 
     async def _write_all(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float,
-                         abandoned: threading.Event) -> tuple[int, int]:
+                         abandoned: threading.Event) -> tuple[int, int, int]:
         by_worker: dict[str, list[str]] = {}
         for pe_id, pe in placement.pes.items():
             by_worker.setdefault(pe.worker, []).append(pe_id)
@@ -224,7 +225,7 @@ class CheckpointCoordinator:
             self._store, checkpoint_id, results, placement, t0, time.perf_counter() - p0, abandoned))
         return await asyncio.shield(self._writing)   # a cancelled caller leaves it to close()
 
-    async def _complete(self, checkpoint_id: int, t0: float, p0: float, sizes: tuple[int, int]) -> int:
+    async def _complete(self, checkpoint_id: int, t0: float, p0: float, sizes: tuple[int, int, int]) -> int:
         """The manifest is written: sinks commit (under the lock again: between reconfigurations,
         on the workers of the placement as it is now), the history and events say so, old ones go."""
         async with self.reconfigurer.lock:
@@ -268,10 +269,11 @@ class CheckpointCoordinator:
         return answer["results"]
 
     def _store(self, checkpoint_id: int, results: dict[str, dict], placement: "Placement", t0: float,
-               took: float, abandoned: threading.Event) -> tuple[int, int]:
+               took: float, abandoned: threading.Event) -> tuple[int, int, int]:
         """The placement (synced), then the manifest listing it and the files the workers wrote
-        (in a thread: off the control loop); ``(bytes written, bytes referenced)``. Nothing more
-        is written once ``abandoned`` is set."""
+        (in a thread: off the control loop); ``(bytes of files written, bytes referenced, bytes of
+        the manifest)``: the manifest's ``bytes`` cannot hold its own size. Nothing more is written
+        once ``abandoned`` is set."""
         files, positions = [], {}
         for pe_id, result in sorted(results.items()):
             state, *groups = result["files"]
@@ -280,10 +282,10 @@ class CheckpointCoordinator:
         _go_on(abandoned)
         files.append({**self.store.put(checkpoint_id, "placement.pkl", placement_blob(placement), reuse=True),
                       "role": "placement"})
-        size = sum(f["bytes"] for f in files if f["chk"] == checkpoint_id)
+        size = sum(f["bytes"] for f in files if f["chk"] == checkpoint_id and "data" not in f)   # in the manifest
         state_size = sum(f["bytes"] for f in files if f["role"] not in ("placement", "map"))   # maps: earlier .state
         _go_on(abandoned)
-        self.store.commit_manifest(checkpoint_id, {
+        manifest_size = self.store.commit_manifest(checkpoint_id, {
             "id": checkpoint_id, "deployment": self.reconfigurer.deployment, "time": t0,
             "duration_s": round(took, 6), "bytes": size, "state_bytes": state_size, "files": files,
             "positions": positions,
@@ -291,7 +293,7 @@ class CheckpointCoordinator:
                           for pe_id, pe in placement.pes.items()}})
         if abandoned.is_set():          # given up while the manifest was written: not complete after all
             self.store.withdraw(checkpoint_id)
-        return size, state_size
+        return size, state_size, manifest_size
 
     async def _abort(self, checkpoint_id: int, workers: list[str], exc: BaseException) -> None:
         self.aborted += 1

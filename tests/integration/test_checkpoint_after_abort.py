@@ -10,7 +10,6 @@ nothing (bench/state.py part 6 at 10^7 keys: 51 after the Replicate).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -19,6 +18,7 @@ from waiting import until
 
 import pescheduler
 from pescheduler import Application, Replicate
+from pescheduler.checkpoint.storage import manifest_at
 
 pytestmark = pytest.mark.integration
 
@@ -28,8 +28,7 @@ KEYS, HOLD = 2_000, 6_000
 
 def group_files(checkpoint: dict) -> list[str]:
     """Names of the key-group files checkpoint ``checkpoint`` wrote."""
-    with open(os.path.join(checkpoint["url"], "MANIFEST.json")) as f:
-        files = json.load(f)["files"]
+    files = manifest_at(checkpoint["url"])["files"]
     return [e["path"].rsplit("/", 1)[-1] for e in files if e["chk"] == checkpoint["id"] and e["role"] == "group"]
 
 

@@ -22,6 +22,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application
+from pescheduler.checkpoint.storage import manifest_at
 from waiting import until
 
 pytestmark = pytest.mark.integration
@@ -63,8 +64,7 @@ def test_a_first_checkpoint_longer_than_the_timeout_completes_after_a_few_attemp
         tried = dep.status()["checkpoints"]["aborted"] - aborted
         assert tried >= 1, "the first attempt fitted in the timeout: this test shows nothing, raise KEYS"
         print(f"{tried} attempts aborted before checkpoint {done['id']} completed, load {os.getloadavg()[0]:.1f}")
-        with open(os.path.join(done["url"], "MANIFEST.json")) as f:
-            referenced = {e["chk"] for e in json.load(f)["files"] if e["role"] == "group"}
+        referenced = {e["chk"] for e in manifest_at(done["url"])["files"] if e["role"] == "group"}
         assert referenced - before - {done["id"]}, "the complete checkpoint references no aborted attempt's files"
         placement = dep.placement()
         os.kill(dep.worker_info[placement.pes[placement.pe_of(op)].worker]["pid"], signal.SIGKILL)

@@ -166,15 +166,15 @@ def test_two_runs_of_one_app_at_once_keep_their_own_checkpoints(tmp_path):
 def test_a_pruning_failure_is_logged_and_retried_and_checkpoints_go_on(tmp_path, monkeypatch, caplog):
     """Removing old checkpoints fails (a storage error) for a while: checkpointing goes on, the
     status says why, and the old ones are removed once the storage lets them be."""
-    real, failures = CheckpointStore.discard, {"left": 4}
+    real, failures = CheckpointStore._drop, {"left": 4}
 
-    def flaky(self, checkpoint_id):
-        if failures["left"] > 0:
+    def flaky(self, checkpoint_id, *args):      # each old checkpoint's removal (its directory, or all
+        if failures["left"] > 0:                # but what kept ones reference or walk)
             failures["left"] -= 1
             raise PermissionError(13, "Permission denied (injected)")
-        return real(self, checkpoint_id)
+        return real(self, checkpoint_id, *args)
 
-    monkeypatch.setattr(CheckpointStore, "discard", flaky)
+    monkeypatch.setattr(CheckpointStore, "_drop", flaky)
     out, storage = tmp_path / "out.jsonl", tmp_path / "ckpt"
     with deploy(app(out, count=30_000), storage, checkpoint_interval="0.1s") as dep:
         until(lambda: dep.status()["checkpoints"]["completed"] >= 10, WAIT, "checkpoints going on after failures")

@@ -136,8 +136,9 @@ def test_prune_keeps_the_newest_complete_checkpoints_and_drops_older_incomplete_
         if i != 4:
             store.commit_manifest(i, {"id": i, "files": []})
     store.put(6, "s", b"1")              # in progress, newer than every complete one: kept
-    assert store.prune(2) == [1, 2, 4]
-    assert store.ids() == [3, 5, 6] and store.completed() == [3, 5]
+    assert store.prune(2) == [4]         # 1 and 2: their manifests stay as links, 3's and 5's are written against them
+    assert store.ids() == [1, 2, 3, 5, 6] and store.completed() == [3, 5]
+    assert [p.rsplit("/", 1)[-1] for p in store.fs.ls(store._dir(1), detail=False)] == ["LINK.json"]
 
 
 def test_trigger_acks_stores_manifest_last_then_commits():
@@ -150,7 +151,7 @@ def test_trigger_acks_stores_manifest_last_then_commits():
     assert gateway.ended == [(1, True)]
     manifest = store.manifest(1)
     assert {f["pe"] for f in manifest["files"] if f["role"] == "state"} == set(pl.pes) and manifest["bytes"] > 0
-    assert coord.completed[0].id == 1 and coord.completed[0].bytes == manifest["bytes"]
+    assert coord.completed[0].id == 1 and coord.completed[0].bytes == manifest["bytes"] + coord.completed[0].manifest_bytes
     states = load_states(store, 1, pl)                  # by operator id, tagged with the checkpoint
     assert {op for op in states} == set(pl.plan.ops) and all(s["checkpoint"] == 1 for s in states.values())
 

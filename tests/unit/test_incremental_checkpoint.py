@@ -353,7 +353,8 @@ def test_a_crash_between_an_aborted_checkpoint_and_the_next_complete_one_restore
     third = checkpoint(CheckpointFiles(), store, again, 3)
     assert {f["chk"] for f in third["files"]} == {3}
     store.prune(1)
-    assert store.ids() == [3]
+    assert store.ids() == [1, 3]                                 # 1: the manifest 3's is written against, alone
+    assert [p.rsplit("/", 1)[-1] for p in store.fs.ls(store._dir(1), detail=False)] == ["LINK.json"]
     assert restored(store, 3) == {f"car-{i:07d}": [i, 7.0 if i % 7 == 0 else 1.0] for i in range(3_000)}
 
 
@@ -413,11 +414,11 @@ def test_retention_keeps_a_file_a_kept_checkpoint_references_and_drops_it_when_n
     store.commit_manifest(2, {"id": 2, "files": [store.put(2, "pe.state", b"state two"), shared]})
     store.prune(1)
     one = os.path.join(store.root, store.run, "chk-000001")
-    assert sorted(os.listdir(one)) == ["pe.0.g005.full"]                # referenced by 2: kept
-    assert store.completed() == [2] and store.read(shared, store.run) == b"group five"
+    assert sorted(os.listdir(one)) == ["LINK.json", "pe.0.g005.full"]   # referenced by 2: kept (and 2's
+    assert store.completed() == [2] and store.read(shared, store.run) == b"group five"   # manifest's base)
     store.commit_manifest(3, {"id": 3, "files": [store.put(3, "pe.state", b"state three")]})
     store.prune(1)
-    assert not os.path.exists(one) and store.completed() == [3]
+    assert os.listdir(one) == ["LINK.json"] and store.completed() == [3]
 
 
 @pytest.mark.parametrize("how", ["tampered", "truncated"])
@@ -440,7 +441,7 @@ def test_a_damaged_file_of_an_earlier_checkpoint_falls_back_loudly(tmp_path, cap
 
     taken = []
     for cid in (1, 2, 3):
-        st.put("car-0000042", [42, float(cid)])
+        st.put("car-0000042", [42, float(cid), "-" * 64])     # a delta larger than state.files.INLINE: a file
         out = take(cid)
         placed = {**store.put(cid, "placement.pkl", placement_blob(pl)), "role": "placement"}
         store.commit_manifest(cid, {"id": cid, "files": [*out["files"], placed]})
@@ -458,7 +459,7 @@ def test_a_damaged_file_of_an_earlier_checkpoint_falls_back_loudly(tmp_path, cap
     resolve_restore(states)
     target = open_state("memory")
     restore_groups(target, states[op]["state"]["groups"])
-    assert target.get("car-0000042") == [42, 1.0] and len(target) == 2_000
+    assert target.get("car-0000042") == [42, 1.0, "-" * 64] and len(target) == 2_000
 
 
 def test_a_damaged_file_every_kept_checkpoint_references_fails_loudly(tmp_path):
