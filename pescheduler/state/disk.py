@@ -69,7 +69,7 @@ _INT, _STR, _PICKLED = 0x69, 0x73, 0x70       # b"i", b"s", b"p": the tag after 
 FLUSH_KEYS = 4096       # writes held in the write-back buffer before one write batch
 ENCODED_KEYS = 8192     # keys whose encoding is remembered (an operator's get, then put, of one key)
 PIN_READS = 2           # reads at once of a view pinned by a drop, besides the one holding its cursor
-INGEST_KEYS = 256       # a prepared group this large is an SST file, ingested; a smaller one a write batch
+INGEST_KEYS = 16384     # a prepared group this large is an SST file, ingested; a smaller one a write batch
 
 
 def _stored_bits(cache_bytes: int) -> mmap.mmap:
