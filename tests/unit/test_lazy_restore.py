@@ -411,6 +411,9 @@ def test_a_restored_groups_keys_are_made_ready_in_the_loaders_thread_and_only_in
     PE's turn (before, the turn encoded and pickled every key of the group: 214-459 ms for a group
     of 78,000 keys at 10^7); the loader's thread encoded each once. Then every key reads its
     restored row, through the store's own get (the bitmap of stored keys included)."""
+    from pescheduler.state import disk
+
+    monkeypatch.setattr(disk, "INGEST_KEYS", 256, raising=False)     # groups this small as SST files too
     k = 40_000
     restore = _checkpointed(k)
     counts = _encodes_in_this_thread(monkeypatch)
@@ -437,10 +440,13 @@ def test_a_restored_groups_keys_are_made_ready_in_the_loaders_thread_and_only_in
     assert loaded == k
 
 
-def test_a_restored_groups_install_in_the_pes_turn_does_not_grow_with_its_keys():
+def test_a_restored_groups_install_in_the_pes_turn_does_not_grow_with_its_keys(monkeypatch):
     """The PE's turn that imports a restored group (disk) at 10x its keys: under 3x the time (an
-    SST file ingested; before, every key encoded and every value pickled there: about 10x). The
-    floor of 5 ms is a loaded machine's file sync, not the group."""
+    SST file ingested, at both sizes here; before, every key encoded and every value pickled
+    there: about 10x). The floor of 5 ms is a loaded machine's file sync, not the group."""
+    from pescheduler.state import disk
+
+    monkeypatch.setattr(disk, "INGEST_KEYS", 1024, raising=False)
     def measure(n: int) -> list[float]:
         restore = _checkpointed(n, _in_group(0, n))
 
