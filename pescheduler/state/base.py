@@ -22,6 +22,7 @@ import pickle
 import threading
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -53,7 +54,10 @@ def pack_group(items: Iterable[tuple[Any, Any]]) -> bytes:
 
 
 def unpack_group(data: bytes) -> dict:
-    """The entries :func:`pack_group` packed, ``{key: value}``."""
+    """The entries :func:`pack_group` packed, ``{key: value}`` (a mapping already unpacked, such as
+    a backend's prepared group of a lazy restore, as a dict)."""
+    if isinstance(data, Mapping):
+        return dict(data)
     f = io.BytesIO(data)
     entries = pickle.load(f)
     while f.tell() < len(data):

@@ -57,7 +57,7 @@ import pickle
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import cloudpickle
 
@@ -704,12 +704,14 @@ def resolve_restore(restore: dict, local: LocalCopies | None = None) -> tuple[in
     return counts[0], counts[1]
 
 
-def resolve_part(state: Any, storage: str, local: LocalCopies | None = None) -> Any:
+def resolve_part(state: Any, storage: str, local: LocalCopies | None = None,
+                 prepare: Callable[[int, dict], Any] | None = None) -> Any:
     """A lazy restore's one part (``worker/lazy_restore.py``): ``state`` (an operator's saved state
     cut down to a few key groups) with each :class:`GroupRef` replaced by its group's entries, read,
-    checked and unpickled here, in the worker thread that calls it, so the PE's turn that imports
-    them only writes them into the store."""
-    return _resolved(state, StateFiles(storage), local, [0, 0], unpacked=True)
+    checked and unpickled here, in the worker thread that calls it; ``prepare(group, entries)``,
+    when given, makes them ready for the store here too (the backend's ``prepare_group``), so the
+    PE's turn that imports them only installs them."""
+    return _resolved(state, StateFiles(storage), local, [0, 0], unpacked=prepare or True)
 
 
 def ref_groups(value: Any) -> set[int]:
@@ -724,12 +726,17 @@ def ref_groups(value: Any) -> set[int]:
     return set()
 
 
-def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: list, unpacked: bool = False) -> Any:
+def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: list,
+              unpacked: bool | Callable[[int, dict], Any] = False) -> Any:
+    """``unpacked``: each group's entries as a dict, or (a callable) what it makes of them."""
     if type(value) is GroupRef:
         data, here = read_group(files, value, local)
         counts[0] += len(value.files)
         counts[1] += here
-        return unpack_group(data) if unpacked and type(data) is not dict else data
+        if not unpacked:
+            return data
+        entries = data if type(data) is dict else unpack_group(data)
+        return unpacked(value.group, entries) if callable(unpacked) else entries
     if type(value) is dict:
         return {k: _resolved(v, files, local, counts, unpacked) for k, v in value.items()}
     if type(value) in (list, tuple):

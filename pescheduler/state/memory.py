@@ -670,10 +670,18 @@ class MemoryState(KeyedState):
         self._unguard()
 
     def import_groups(self, exported: dict) -> None:
-        """As the contract's, and a :class:`TakenGroup` (another memory state's take) as its dict."""
-        super().import_groups({g: dict(d) if isinstance(d, TakenGroup) else d for g, d in exported.items()})
+        """As the contract's, a :class:`TakenGroup` (another memory state's take) as its dict, and a
+        :class:`PreparedGroup` (:func:`prepare_group`) installed as the group's dict itself."""
+        for g, d in exported.items():
+            if type(d) is PreparedGroup:
+                if d.group != g:
+                    raise ValueError(f"a prepared key group {d.group} given as group {g}")
+                self._put_group(g, d.entries, owned=True)
+            else:
+                super().import_groups({g: dict(d) if isinstance(d, TakenGroup) else d})
 
-    def _put_group(self, group: int, entries: dict) -> None:
+    def _put_group(self, group: int, entries: dict, owned: bool = False) -> None:
+        """``owned``: nobody else holds ``entries`` (a prepared group): it becomes the group's dict."""
         if group in self._leaving:          # taken earlier, back now: its old keys leave first
             self._leave_one(group)
         if group in self._stale:            # taken since the snapshot: its keys leave writable()
@@ -683,11 +691,39 @@ class MemoryState(KeyedState):
         for key in self._tables[group]:
             del index[key]
             written.pop(key, None)
-        self._tables[group] = dict(entries)
+        self._tables[group] = entries if owned else dict(entries)
         index.update(entries)
         self._shared.discard(group)
         self._changed.add(group)
         self._whole.add(group)
+
+
+class PreparedGroup(Mapping):
+    """A key group's entries unpickled off the PE's turn (a lazy restore's loader thread) that
+    nobody else holds: :meth:`MemoryState.import_groups` makes the dict itself the group's, with
+    no copy in the turn (what is left there is the flat index's update, in C). A mapping of its
+    entries for any other reader; pickles as the dict."""
+
+    def __init__(self, group: int, entries: dict) -> None:
+        self.group, self.entries = group, entries
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.entries[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __reduce__(self):
+        return dict, (self.entries,)
+
+
+def prepare_group(group: int, entries: dict, where: str | None = None) -> PreparedGroup:
+    """``entries`` (of key group ``group``, just unpickled from its checkpoint file) handed over
+    as they are (``where``: the disk backend's, unused here)."""
+    return PreparedGroup(group, entries)
 
 
 _QUEUE: "queue.SimpleQueue[MemoryState]" = queue.SimpleQueue()
