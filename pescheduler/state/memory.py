@@ -345,9 +345,9 @@ class MemoryState(KeyedState):
         return [get(k) for k in keys]
 
     def write_many(self, puts: Iterable[tuple[Any, Any]] | dict, deletes: Iterable[Any] = ()) -> None:
-        """Three dict updates in C: an operator that gathers a batch's writes in a dict (one
-        store per tuple) and writes them here once pays no Python call per key (a ``put`` is
-        one, with three stores)."""
+        """Two dict updates in C (three after a fold between two snapshots, :meth:`_alias`): an
+        operator that gathers a batch's writes in a dict (one store per tuple) and writes them
+        here once pays no Python call per key (a ``put`` is one, with two stores)."""
         if type(puts) is not dict:
             puts = dict(puts)
         self._index.update(puts)
