@@ -38,6 +38,7 @@ class Latest(Operator):
 
     name = "latest"
     parallelism = Parallelism.KEYED
+    _read: dict | None = None               # the batch's rows read up front (_prefetched), or None
 
     def __init__(self, key: str | Callable | None = None) -> None:
         self.key = key
@@ -58,8 +59,9 @@ class Latest(Operator):
     def process(self, batch: list, emit: Emitter) -> None:
         # A batch's rows are gathered in ``now`` (key -> its row, None once deleted) and written
         # to the backend once, at the end: a dict store per change instead of a backend call
-        # (on memory a put is a Python call with three stores; write_many three dict updates).
+        # (on memory a put is a Python call with two stores; write_many two dict updates).
         now: dict = {}
+        self._read = self._prefetched(batch) if self._rows.reads_in_batches else None
         try:
             for change in batch:
                 try:
@@ -67,6 +69,7 @@ class Latest(Operator):
                 except Exception as exc:            # _apply changes nothing before it raises
                     emit.dead_letter(change, exc)
         finally:
+            self._read = None
             write_batch(self._rows, now)
 
     def _apply(self, change: dict, emit: Emitter, now: dict) -> None:
@@ -89,7 +92,34 @@ class Latest(Operator):
     def _current(self, key: Any, now: dict) -> Any:
         """The key's row as this batch left it so far (None once deleted), else the backend's."""
         row = now.get(key, _UNREAD)
-        return self._rows.get(key) if row is _UNREAD else row
+        if row is not _UNREAD:
+            return row
+        read = self._read
+        if read is not None:
+            row = read.get(key, _UNREAD)
+            if row is not _UNREAD:
+                return row
+        return self._rows.get(key)
+
+    def _prefetched(self, batch: list) -> dict:
+        """The rows of the batch's keys as the backend holds them before it, in one ``get_many``
+        (disk: the keys encoded in one batch and one multi-get, against a get per change: a
+        call, an encode and a lookup each). A change whose key cannot be read is left to
+        ``_apply``, which dead-letters it."""
+        keys = []
+        key_of = self._key_of
+        for change in batch:
+            try:
+                keys.append(key_of(change))
+                before = change.get("before")
+                if before:
+                    keys.append(key_of(before))
+            except Exception:
+                continue
+        try:
+            return dict(zip(keys, self._rows.get_many(keys)))
+        except TypeError:                   # an unhashable key: read one at a time (_apply says why)
+            return {}
 
     def _moved(self, old: Any, key: Any, emit: Emitter, now: dict) -> None:
         """An update that changed the key: the old key's row goes, when this instance holds it."""

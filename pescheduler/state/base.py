@@ -141,6 +141,9 @@ class KeyedState(ABC):
     """
 
     backend = ""
+    # get_many costs less per key than get (disk: one encode of the keys in a batch and one
+    # multi-get): an operator that knows a batch's keys up front reads them so (operators/latest.py)
+    reads_in_batches = False
     token = ""                          # this state object's id in :class:`Changes` (set by _track)
     _seq = 0                            # snapshots taken of it
 

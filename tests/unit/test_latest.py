@@ -63,3 +63,60 @@ def test_the_disk_backend_gives_what_memory_gives_and_its_snapshot_restores_in_m
     again = Latest(key="id")
     again.restore(pickle.loads(pickle.dumps(op.snapshot())))
     assert again.rows() == {3: {"id": 3, "v": "c"}}
+
+
+def test_on_disk_a_batch_reads_its_keys_in_one_multi_get_encoded_in_one_batch(tmp_path, monkeypatch):
+    """``latest`` on ``disk`` reads a batch's keys up front in one ``get_many`` (the keys encoded
+    together, their key groups in one numpy pass), not a ``get`` per change with ``key_group``
+    per new key (a fifth of its reads at 10^6 keys), and gives what ``memory`` gives for the same
+    batches: inserts, updates of held and new keys, key changes, deletes, a repeated key and a
+    change that is not one (dead-lettered)."""
+    import random
+
+    import dask
+
+    import pescheduler.state.disk as disk
+
+    rng = random.Random(3)
+    batches = []
+    for b in range(4):
+        batch = [change("insert", k, {"v": k}) for k in range(b * 500, b * 500 + 500)]
+        batch += [change("update", rng.randrange(2000), {"v": -b}) for _ in range(100)]
+        batch += [change("delete", rng.randrange(2000), before={"id": 0}) for _ in range(30)]
+        batch += [change("update", 5000 + b, {"v": b}, before={"id": rng.randrange(b * 500 + 1)}),
+                  {"id": 7, "ts": 0}, change("update", b, {"v": "again"})]
+        rng.shuffle(batch)
+        batches.append(batch)
+    memory = run_operators([c for b in batches for c in b], Latest(), key_field="id")
+    calls = {"get": 0, "key_group": 0}
+    real_get, real_group = disk.DiskState.get, disk.key_group
+
+    def counted_get(self, *a):
+        calls["get"] += 1
+        return real_get(self, *a)
+
+    def counted_group(key):
+        calls["key_group"] += 1
+        return real_group(key)
+
+    monkeypatch.setattr(disk.DiskState, "get", counted_get)
+    monkeypatch.setattr(disk, "key_group", counted_group)
+    with dask.config.set({"pescheduler.state.backend": "disk", "pescheduler.state.dir": str(tmp_path)}):
+        op = Latest()
+        out = run_operators([c for b in batches for c in b], op, key_field="id")
+        assert op._rows.backend == "disk"
+        rows = op.rows()
+    changes = sum(map(len, batches))
+    assert out.output == memory.output and len(out.dead_letters) == len(memory.dead_letters) == 4
+    assert calls["get"] == 0 and calls["key_group"] < changes / 20, (calls, changes)
+    assert rows == _rows_of(memory.output) and len(rows) > 1000
+
+
+def _rows_of(output: list) -> dict:
+    rows: dict = {}
+    for o in output:
+        if o["op"] == "upsert":
+            rows[o["id"]] = o["row"]
+        else:
+            rows.pop(o["id"], None)
+    return rows
