@@ -65,6 +65,27 @@ def unpack_group(data: bytes) -> dict:
     return entries
 
 
+class PreparedEntries(Mapping):
+    """A key group's entries unpickled off the PE's turn (a lazy restore's loader thread), with
+    what a backend made ready from them there (``prepare_group`` of ``state/memory.py`` and
+    ``state/disk.py``): a mapping of the entries for any other reader, pickling as their dict."""
+
+    def __init__(self, group: int, entries: dict) -> None:
+        self.group, self.entries = group, entries
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.entries[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __reduce__(self):
+        return dict, (self.entries,)
+
+
 @dataclass
 class Changes:
     """What one state was written between its previous snapshot and this one: an incremental

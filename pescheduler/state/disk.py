@@ -59,7 +59,7 @@ from operator import itemgetter
 from typing import Any, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
-from .base import KEY_GROUPS, Changes, KeyedState, StateView, key_group
+from .base import KEY_GROUPS, Changes, KeyedState, PreparedEntries, StateView, key_group
 from .groups import _numpy
 
 logger = logging.getLogger(__name__)
@@ -390,7 +390,7 @@ class ViewGroup:
         return self.view.items(self.group)
 
 
-class PreparedGroup(Mapping):
+class PreparedGroup(PreparedEntries):
     """One key group's entries made ready for a store off the PE's turn (:func:`prepare_group`, in
     a lazy restore's loader thread): every key encoded and value pickled, and (from
     :data:`INGEST_KEYS` keys) sorted and written into an SST file beside the stores; the hashes of the
@@ -404,21 +404,10 @@ class PreparedGroup(Mapping):
 
     def __init__(self, group: int, entries: dict, pairs: list[tuple[bytes, bytes]], hashes: list[int],
                  sst: str | None, marks: tuple | None = None) -> None:
-        self.group, self.entries, self.pairs, self.hashes, self.sst = group, entries, pairs, hashes, sst
+        super().__init__(group, entries)
+        self.pairs, self.hashes, self.sst = pairs, hashes, sst
         self.marks = marks      # (mask, byte offsets, their bits): the bitmap's update at that mask, in numpy
         self._end = weakref.finalize(self, shutil.rmtree, os.path.dirname(sst), True) if sst else None
-
-    def __getitem__(self, key: Any) -> Any:
-        return self.entries[key]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.entries)
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def __reduce__(self):
-        return dict, (self.entries,)
 
     def discard(self) -> None:
         """Its file removed (ingested: the store holds its own link; or not used)."""

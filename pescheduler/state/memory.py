@@ -102,7 +102,7 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any, Callable, Iterable, Iterator
 
-from .base import KEY_GROUPS, Changes, KeyedState, StateView
+from .base import KEY_GROUPS, Changes, KeyedState, PreparedEntries, StateView
 from .groups import key_groups
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -729,26 +729,11 @@ class MemoryState(KeyedState):
         self._whole.add(group)
 
 
-class PreparedGroup(Mapping):
+class PreparedGroup(PreparedEntries):
     """A key group's entries unpickled off the PE's turn (a lazy restore's loader thread) that
     nobody else holds: :meth:`MemoryState.import_groups` makes the dict itself the group's, with
     no copy in the turn (what is left there is the flat index's update, in C). A mapping of its
     entries for any other reader; pickles as the dict."""
-
-    def __init__(self, group: int, entries: dict) -> None:
-        self.group, self.entries = group, entries
-
-    def __getitem__(self, key: Any) -> Any:
-        return self.entries[key]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.entries)
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def __reduce__(self):
-        return dict, (self.entries,)
 
 
 def prepare_group(group: int, entries: dict, where: str | None = None) -> PreparedGroup:

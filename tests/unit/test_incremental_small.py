@@ -100,14 +100,7 @@ def test_a_damaged_map_a_later_checkpoint_walks_is_found_and_falls_back(tmp_path
     outs = []
     for cid in (1, 2, 3):
         st.put("car-0000042", [42, float(cid)])
-        blob, views = pickle_snapshot({op: {"state": {"groups": snapshot_groups(st)},
-                                            "progress": ({}, 0, set(), False), "driver": None}})
-        files.hold("d", cid, pl.pe_of(op), {"state": blob, "views": views, "positions": {}})
-        out = files.write("d", cid, [pl.pe_of(op)], store.url)[pl.pe_of(op)]
-        placed = {**store.put(cid, "placement.pkl", placement_blob(pl), reuse=True), "role": "placement"}
-        store.commit_manifest(cid, {"id": cid, "files": [*out["files"], placed]})
-        files.end("d", cid, complete=True)
-        outs.append(out)
+        outs.append(take(files, store, st, pl, op, cid))
     walked = next(f for f in outs[2]["files"] if f["role"] == "map" and f["chk"] == 2)
     with open(os.path.join(store.root, store.run, walked["path"]), "r+b") as f:
         f.seek(0)
@@ -120,6 +113,19 @@ def test_a_damaged_map_a_later_checkpoint_walks_is_found_and_falls_back(tmp_path
     target = open_state("memory")
     restore_groups(target, states[op]["state"]["groups"])
     assert target.get("car-0000042") == [42, 1.0] and len(target) == 2_000
+
+
+def take(files, store, st, pl, op, cid: int) -> dict:
+    """One checkpoint of the PE holding ``op`` with ``st`` as its keyed state, with its placement:
+    what the PE's write returned."""
+    blob, views = pickle_snapshot({op: {"state": {"groups": snapshot_groups(st)},
+                                        "progress": ({}, 0, set(), False), "driver": None}})
+    files.hold("d", cid, pl.pe_of(op), {"state": blob, "views": views, "positions": {}})
+    out = files.write("d", cid, [pl.pe_of(op)], store.url)[pl.pe_of(op)]
+    placed = {**store.put(cid, "placement.pkl", placement_blob(pl), reuse=True), "role": "placement"}
+    store.commit_manifest(cid, {"id": cid, "files": [*out["files"], placed]})
+    files.end("d", cid, complete=True)
+    return out
 
 
 def test_an_unchanged_placement_is_referenced_not_written_again(tmp_path):

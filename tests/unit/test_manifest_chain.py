@@ -18,6 +18,7 @@ import dask.config
 import pytest
 from keyed_stores import state, worker_dir  # noqa: F401  (fixtures)
 from test_incremental_checkpoint import KEY, checkpoint, restored
+from test_incremental_small import take
 
 from pescheduler.checkpoint import CheckpointStore
 from pescheduler.checkpoint.storage import MANIFEST, TURNS
@@ -132,21 +133,6 @@ def test_a_damaged_manifest_in_the_chain_falls_back_and_pruning_says_so(state, t
     states = load_states(store, 9, pl)
     assert states[op]["checkpoint"] == 9
     assert restored_state(states, op, resolve_restore, restore_groups, open_state) == dict(rows, **{"car-0000042": [42, 9.0]})
-
-
-def take(files, store, st, pl, op, cid: int) -> None:
-    """One checkpoint of the PE holding ``op`` with ``st`` as its keyed state, with its placement."""
-    from pescheduler.checkpoint.restore import placement_blob
-    from pescheduler.state.groups import snapshot_groups
-    from pescheduler.state.incremental import pickle_snapshot
-
-    blob, views = pickle_snapshot({op: {"state": {"groups": snapshot_groups(st)},
-                                        "progress": ({}, 0, set(), False), "driver": None}})
-    files.hold("d", cid, pl.pe_of(op), {"state": blob, "views": views, "positions": {}})
-    out = files.write("d", cid, [pl.pe_of(op)], store.url)[pl.pe_of(op)]
-    placed = {**store.put(cid, "placement.pkl", placement_blob(pl), reuse=True), "role": "placement"}
-    store.commit_manifest(cid, {"id": cid, "files": [*out["files"], placed]})
-    files.end("d", cid, complete=True)
 
 
 def restored_state(states, op, resolve_restore, restore_groups, open_state) -> dict:
