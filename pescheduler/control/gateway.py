@@ -177,10 +177,12 @@ class WorkerGateway:
                                                 release=release, overtake=overtake)
 
     async def drain_status(self, worker: str, marker: str, aligned: list[str], seen: dict[str, list[str]],
-                           timeout: float) -> dict:
-        """Long-poll until these PEs aligned on (or took) ``marker``: what is missing, how far it got."""
+                           timeout: float, queued: dict[str, list[str]] | None = None) -> dict:
+        """Long-poll until these PEs aligned on (or took, or for ``queued``: have queued) ``marker``:
+        what is missing, how far it got."""
         return await self.client.rpc(worker).pe_reconf_wait(deployment=self.deployment, marker=marker,
-                                                             aligned=aligned, seen=seen, timeout=timeout)
+                                                             aligned=aligned, seen=seen, timeout=timeout,
+                                                             queued=queued)
 
     async def snapshot(self, worker: str, pe_ids: list[str], leave_out: list[str] = ()) -> bytes:
         """The aligned PEs' operator states, progress and source positions (cloudpickled), but

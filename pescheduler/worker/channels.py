@@ -71,7 +71,7 @@ import pickle
 import struct
 import sys
 from collections import deque
-from time import perf_counter
+from time import perf_counter, time
 from typing import Any, Callable
 
 from . import handshake
@@ -201,6 +201,8 @@ class Inbox:
         self.event = asyncio.Event()
         self.data_batches = 0          # data batches queued now (markers excluded)
         self.max_data_batches = 0      # the most ever queued: bounded by the credit window
+        # told of each marker queued (the PE: a reconfiguration's drain may wait for that, not its take)
+        self.on_marker: Callable[["ChannelIn", Any], None] = lambda channel, marker: None
 
     def put(self, channel: "ChannelIn", kind: int, payload: Any) -> None:
         self.items.append((channel, kind, payload))
@@ -208,6 +210,9 @@ class Inbox:
             self.data_batches += 1
             if self.data_batches > self.max_data_batches:
                 self.max_data_batches = self.data_batches
+        elif kind == MARKER:
+            channel.queued, channel.queued_at = payload, time()
+            self.on_marker(channel, payload)
         self.event.set()
 
     def queued_tuples(self) -> int:
@@ -226,6 +231,10 @@ class ChannelIn:
         self.grant: Callable[[], None] = lambda: None
         self.tuples = 0
         self.ended = False
+        # the last marker queued here, and when: everything the channel carried before it is in this
+        # worker's memory, ahead of it in the inbox (a Release's drain, control/protocol.py's late_seen)
+        self.queued: Any = None
+        self.queued_at: float | None = None
 
 
 class ChannelOut:

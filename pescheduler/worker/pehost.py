@@ -373,9 +373,12 @@ class PEHost:
             await pes[pe_id].align(marker, release=pe_id in release)
 
     async def pe_reconf_wait(self, deployment: str, marker: str, aligned: list[str],
-                             seen: dict[str, list[str]], timeout: float) -> dict:
-        """Until every PE in ``aligned`` has aligned on ``marker`` and every PE in ``seen`` has
-        taken it from the listed input channels (all data before it processed), or ``timeout``.
+                             seen: dict[str, list[str]], timeout: float,
+                             queued: dict[str, list[str]] | None = None) -> dict:
+        """Until every PE in ``aligned`` has aligned on ``marker``, every PE in ``seen`` has
+        taken it from the listed input channels (all data before it processed) and every PE in
+        ``queued`` has it in its inbox from the listed ones (all data before it here, ahead of
+        it: a Release's copy may stop, ``protocol.ReconfigurationPlan.late_seen``), or ``timeout``.
 
         The answer also says how far the drain got: ``progress``, a count that grows with every
         batch those PEs take ahead of the marker, every marker they note and every operator
@@ -399,13 +402,18 @@ class PEHost:
             looked = self.changes.version      # a change after this look ends the wait below
             pes = self._of(deployment)
             status = {p: pes[p].alignment_status(marker) for p in aligned if p in pes}
-            status.update({p: pes[p].alignment_status(marker, cs) for p, cs in seen.items() if p in pes})
+            status.update({p: pes[p].alignment_status(marker, [*seen.get(p, ()), *(queued or {}).get(p, ())],
+                                                      (queued or {}).get(p, ()))
+                           for p in {*seen, *(queued or {})} if p in pes})
             missing = [p if c == "aligned" else f"{p}<-{c}" for p, st in status.items() for c in st["missing"]]
             failed = [pes[p].error for p in aligned if p in pes and pes[p].state == "failed"]
             if not missing or failed or loop.time() >= deadline:
+                times = {f"{p} aligned" if c == "aligned" else f"{p}<-{_from(c)}": at
+                         for p, st in status.items() for c, at in st["times"].items()}
+                times.update({f"{p}<-{_from(c)} queued": at for p, st in status.items()
+                              for c, at in st.get("queued", {}).items()})
                 return {"missing": missing, "failed": failed, "progress": sum(st["progress"] for st in status.values()),
-                        "times": {f"{p} aligned" if c == "aligned" else f"{p}<-{_from(c)}": at
-                                  for p, st in status.items() for c, at in st["times"].items()}}
+                        "times": times}
             await self.changes.after(looked, deadline - loop.time())
 
     async def pe_snapshot(self, deployment: str, pe_ids: list[str], leave_out: list[str] = ()) -> bytes:

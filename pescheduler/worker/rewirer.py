@@ -147,11 +147,16 @@ class Rewirer:
                 gate.hold()                    # still holding event time, whatever the new inputs
         self.inputs.edges_changed()
 
-    def status(self, marker: Any, channel_ids: list[str] | None = None) -> dict:
+    def status(self, marker: Any, channel_ids: list[str] | None = None, queued: Iterable[str] = ()) -> dict:
         """How far this PE is with ``marker``: ``missing``, ``progress`` and ``times`` of channel
         ids or ``"aligned"`` (see ``PEHost.pe_reconf_wait``). ``channel_ids`` None: the whole PE
         aligns (it is replaced); else it takes the marker from those channels (it stays).
-        ``progress`` grows with every batch taken or shipped ahead of the marker (the drain count)."""
+        ``progress`` grows with every batch taken or shipped ahead of the marker (the drain count).
+
+        ``queued``: channels among ``channel_ids`` whose marker need only be in the inbox (all
+        they carried before it here, in order; ``queued`` says when), not taken: a Release's
+        copy may stop then, and the PE works off its last batches after the pause
+        (``protocol.ReconfigurationPlan.late_seen``)."""
         aligner, receivers, outs = self.aligner, self.ports.receivers, self.ports.outs
         arrived = dict(aligner.seen.get(marker, {}))
         if channel_ids is None:
@@ -160,10 +165,13 @@ class Rewirer:
             if aligner.aligned and aligner.aligned_at is not None:
                 arrived["aligned"] = aligner.aligned_at
             return {"missing": [] if aligner.aligned else ["aligned"], "progress": progress, "times": arrived}
-        missing = [c for c in channel_ids if c not in arrived and not getattr(receivers.get(c), "ended", True)]
-        progress = sum(getattr(receivers.get(c), "tuples", 0) + (c in arrived) for c in channel_ids)
+        here = {c: r.queued_at for c in queued if c not in arrived
+                and (r := receivers.get(c)) is not None and r.queued == marker}
+        missing = [c for c in channel_ids
+                   if c not in arrived and c not in here and not getattr(receivers.get(c), "ended", True)]
+        progress = sum(getattr(receivers.get(c), "tuples", 0) + (c in arrived) + (c in here) for c in channel_ids)
         return {"missing": missing, "progress": progress + self.inputs.shipped_toward(receivers, channel_ids),
-                "times": {c: at for c, at in arrived.items() if c in channel_ids}}
+                "times": {c: at for c, at in arrived.items() if c in channel_ids}, **({"queued": here} if queued else {})}
 
 
 def _end(channels: list[ChannelOut], ended: set[str]) -> None:

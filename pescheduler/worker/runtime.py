@@ -68,6 +68,7 @@ class PERunner:
         self.inputs = InputScheduler(self.ports.inbox, self.ports.outs, spec.credits, spec.time_slice_s,
                                      self._busy_s, self.aligner.park, self._take, self.sources.broker_backed())
         self.rewirer = Rewirer(self.ports, self.aligner, self.inputs, self.sources, self.turns)
+        self.ports.inbox.on_marker = self._marker_queued
         window = spec.credits * spec.batch_size            # tuples a gated instance may hold (pending_groups.py)
         # instances built from key groups a running one exported: no input until the order wait's go
         self.held: dict[str, tuple[str, float]] = {op: saved["held"] for op, saved in spec.restore.items()
@@ -196,6 +197,12 @@ class PERunner:
         self.check_aligned()
         self.turns.on_loop(self.hosting.on_change)
 
+    def _marker_queued(self, channel: ChannelIn, marker: Any) -> None:
+        """A reconfiguration's marker is in the inbox, behind all ``channel`` carried before it: a
+        Release's drain may wait for no more than that (``Rewirer.status``'s ``queued``)."""
+        if not is_barrier(marker):
+            self.turns.on_loop(self.hosting.on_change)
+
     def check_aligned(self) -> None:
         """Align the operators that now can; once the whole PE is, a checkpoint's snapshot is taken."""
         if self.aligner.advance(self.chain, self.ports.receivers.values()):
@@ -279,9 +286,9 @@ class PERunner:
         """Return once the channels :meth:`open_early` began are open (raise why one could not)."""
         await asyncio.gather(*(channel.opened() for channel in list(self.rewirer.early.values())))
 
-    def alignment_status(self, marker: Any, channel_ids: list[str] | None = None) -> dict:
+    def alignment_status(self, marker: Any, channel_ids: list[str] | None = None, queued: Iterable[str] = ()) -> dict:
         """How far this PE is with ``marker`` (``Rewirer.status``; ``PEHost.pe_reconf_wait``)."""
-        return self.rewirer.status(marker, channel_ids)
+        return self.rewirer.status(marker, channel_ids, queued)
 
     async def begin_checkpoint(self, checkpoint_id: int, epoch: int) -> None:
         """The coordinator starts checkpoint ``checkpoint_id`` of ``epoch`` here (barriers.py)."""

@@ -171,6 +171,32 @@ def test_a_copy_of_a_running_instance_keeps_each_keys_order_into_a_slow_consumer
     assert_exact(out)
 
 
+def test_a_released_copys_last_batches_are_taken_by_a_slow_consumer_after_the_pause(cluster, tmp_path):
+    """The copy's output into a slow consumer on the other worker holds a backlog when the copy is
+    released: the pause waits until the copy's marker is queued at the consumer, behind its last
+    batches, not until the consumer took them (session 21: 119 of a 166 ms Release at 10^6 keys
+    on disk). The consumer takes the marker after the pause (the order wait), and only then do the
+    copy's groups go back to the original, which holds their tuples meanwhile: exact and in
+    per-key order. On main the pause's drain waited for the take (``drain map-4<-...``)."""
+    out = tmp_path / "sums.jsonl"
+    app = Application("copies-release-backlog")
+    (app.source("numbers", count=10**9, keys=7, rate=4_000).key_by("key").apply("running_sum")
+        .map(slow_consumer(0.0003)).sink("jsonl", path=str(out)))     # ~3,300/s: it falls behind
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
+        router_fused_and_consumer_away(dep, "running_sum-3")
+        assert dep.apply(Replicate("running_sum-3", 1), timeout=WAIT).applied
+        until(dep, processed("running_sum-3#1"), "the copy processes tuples")
+        rec = dep.apply(Release("running_sum-3", 1), timeout=WAIT)
+        assert rec.applied and rec.created == (), rec.as_dict()
+        copy_out = [s for s in rec.steps if "<-running_sum-3#1" in s]
+        assert [s for s in copy_out if s.startswith("drain ")] and all(
+            s.endswith(" queued") for s in copy_out if s.startswith("drain ")), rec.steps   # queued in the pause
+        assert [s for s in copy_out if s.startswith("order ")], rec.steps                   # taken after it
+        assert rec.steps["moving: groups after the pause"] > 0, rec.steps
+        assert_drained(dep.stop(drain_timeout=3 * WAIT))   # the slow consumer's backlog, whatever the load
+    assert_exact(out)
+
+
 def pause_steps(rec) -> list[str]:
     """The record's steps inside the pause: all but ``plan``, ``open`` and its parts (before it)
     and ``moving: ...`` (after it)."""

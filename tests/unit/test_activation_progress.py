@@ -60,7 +60,7 @@ class _Gateway:
     async def rewire(self, worker, pe_id, **changes):
         return {"began": time.time(), "ms": {}}
 
-    async def drain_status(self, worker, marker, timeout, aligned, seen):
+    async def drain_status(self, worker, marker, timeout, aligned, seen, queued=None):
         return {"missing": [], "failed": [], "progress": 0, "times": {}}
 
     async def handover_go(self, worker, tag):

@@ -133,3 +133,32 @@ def test_a_full_pe_shipping_its_backlog_toward_the_marker_is_progress():
         await pe.inputs.flush()
         assert pe.alignment_status("m1")["progress"] > aligned
     asyncio.run(scenario())
+
+
+def test_a_wait_for_a_queued_marker_ends_when_it_is_in_the_inbox_not_when_it_is_taken():
+    """A Release's drain (``ReconfigurationPlan.late_seen``): the PE downstream of the copy need
+    only have the marker in its inbox, behind the copy's last batches; it takes them after the
+    pause. The long poll must wake when the marker is queued (the inbox tells the PE host), not
+    at its timeout; a wait for the take still misses it. On main there was no such wait: the
+    drain waited for the take, behind the consumer's backlog (119 of 166 ms at 10^6 keys)."""
+    from pescheduler.worker.pehost import PEHost
+    from pescheduler.worker.runtime import Hosting
+
+    async def scenario():
+        host = PEHost(SimpleNamespace(address="tcp://127.0.0.1:1", handlers={}))
+        pe, _inboxes = await _upstream()
+        pe.hosting = Hosting("tcp://up", on_change=host._bump)
+        host.pes[("dep", "up")] = pe
+        src = pe.ports.receivers["c-src"]
+        pe.ports.inbox.put(src, DATA, [{"n": 1, "ts": 1}])           # the copy's last batch, not taken
+        wait = asyncio.create_task(host.pe_reconf_wait("dep", "m1", aligned=[], seen={},
+                                                       queued={"up": ["c-src"]}, timeout=60))
+        await asyncio.sleep(0)                                        # it looked: nothing queued yet
+        assert not wait.done()
+        pe.ports.inbox.put(src, MARKER, "m1")                         # behind it; the PE takes neither
+        answer = await asyncio.wait_for(wait, 10)
+        assert answer["missing"] == [] and "up<-c-src queued" in answer["times"], answer
+        assert not pe.aligner.has_seen("m1", "c-src") and len(pe.ports.inbox.items) == 2
+        taken = await host.pe_reconf_wait("dep", "m1", aligned=[], seen={"up": ["c-src"]}, timeout=0.05)
+        assert taken["missing"] == ["up<-c-src"], taken
+    asyncio.run(scenario())
