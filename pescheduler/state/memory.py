@@ -291,14 +291,12 @@ class MemoryState(KeyedState):
     def __init__(self) -> None:
         self._index: dict = {}              # key -> value: the state as it is now
         self._tables: list[dict] = [{} for _ in range(KEY_GROUPS)]   # by group, as of the last fold
+        self._unfolded: dict = {}           # key -> value put since the last fold
+        self._unfolded_gone: set = set()    # keys deleted since the last fold
         self._shared: set[int] = set()      # groups a live view still reads: copy before writing
         self._changed: set[int] = set()     # groups written since the snapshot, as of the last fold
         self._written: dict = {}            # key -> value put since the snapshot (see writable)
         self._deleted: set = set()          # keys deleted since the snapshot (Changes.keys with _written)
-        # key -> value put, keys deleted, since the last fold: the very _written and _deleted until a
-        # fold between two snapshots (the common case: a keyed operator folds at its snapshots only),
-        # so a put writes two dicts, not three (_alias)
-        self._unfolded, self._unfolded_gone = self._written, self._deleted
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
         self._live: set[int] = set()        # ids of the views not yet released (see the module docstring)
         self._pending: _Fold | None = None  # a snapshot's deferred fold, maybe not applied yet
@@ -323,19 +321,15 @@ class MemoryState(KeyedState):
 
     def put(self, key: Any, value: Any) -> None:
         self._index[key] = value
-        written = self._written
-        written[key] = value
-        if self._unfolded is not written:   # a fold since the snapshot: the writes since it apart
-            self._unfolded[key] = value
+        self._written[key] = value
+        self._unfolded[key] = value
 
     def delete(self, key: Any) -> None:
         self._index.pop(key, None)
-        written = self._written
-        written.pop(key, None)
+        self._written.pop(key, None)
         self._deleted.add(key)
-        if self._unfolded is not written:
-            self._unfolded.pop(key, None)
-            self._unfolded_gone.add(key)
+        self._unfolded.pop(key, None)
+        self._unfolded_gone.add(key)
 
     def read(self, key: Any, default: Any = None) -> Any:
         return self._index.get(key, default)
@@ -351,24 +345,20 @@ class MemoryState(KeyedState):
         if type(puts) is not dict:
             puts = dict(puts)
         self._index.update(puts)
-        written = self._written
-        written.update(puts)
-        if self._unfolded is not written:   # a fold since the snapshot: the writes since it apart
-            self._unfolded.update(puts)
+        self._written.update(puts)
+        self._unfolded.update(puts)
         if deletes:
             self.delete_many(deletes)
 
     def delete_many(self, keys: Iterable[Any]) -> None:
         index, written, deleted = self._index, self._written, self._deleted
         unfolded, unfolded_gone = self._unfolded, self._unfolded_gone
-        apart = unfolded is not written
         for key in keys:
             index.pop(key, None)
             written.pop(key, None)
             deleted.add(key)
-            if apart:
-                unfolded.pop(key, None)
-                unfolded_gone.add(key)
+            unfolded.pop(key, None)
+            unfolded_gone.add(key)
 
     def entries(self) -> Iterator[tuple[Any, Any]]:
         if self._leaving:                   # the index still holds keys taken away: the groups do not
@@ -431,16 +421,6 @@ class MemoryState(KeyedState):
             self._pending.apply()
             self._pending = None
 
-    def _alias(self) -> None:
-        """The writes since the last fold are those since the snapshot (just taken, or the state
-        new): one dict and one set for both, so a put stores the key twice (the index and
-        ``_written``), not three times. Each key a dict holds costs its store at every put, its
-        slots (about 40 bytes at 10^6 keys), and a visit at every full collection of the cyclic
-        GC, which walks a dict whose values are containers whole: at 10^6 keys filled, three
-        dicts of 10^6 keys made ``latest`` on ``memory`` 0.5x its plain dict in process. A fold
-        between two snapshots sets the writes since it apart again (new ones)."""
-        self._unfolded, self._unfolded_gone = self._written, self._deleted
-
     def _fold(self) -> None:
         """Bring the group dicts up to date with the index: O(keys written since the last fold),
         their groups computed in one batch. A group a live view shares is copied first; once no
@@ -482,8 +462,6 @@ class MemoryState(KeyedState):
         (one pass over the keys written since the snapshot): one of those groups comes back, and
         an operator must not change in place the value its take gave away."""
         written, stale = self._written, self._stale
-        if self._unfolded is written:       # (a take un-aliased them; kept apart all the same)
-            self._unfolded, self._unfolded_gone = written.copy(), set(self._deleted)
         keys = list(written)
         for key, g in zip(keys, key_groups(keys)):
             if g in stale:
@@ -509,21 +487,15 @@ class MemoryState(KeyedState):
         the changed keys, the next incremental checkpoint's input, are handed over uncopied."""
         self._settle()
         fold = None
-        # dict.copy is one C pass (no hashing): keeps writable() the same dict, cleared in place
-        written = self._written.copy()
         if self._live:                      # an earlier view may read the dicts: copy-on-write now
             self._fold()
         elif self._unfolded or self._unfolded_gone or self._layers:
-            if self._unfolded is self._written:     # no fold since the last snapshot: one copy for both
-                puts, gone = written, self._deleted
-            else:
-                puts, gone = self._unfolded, self._unfolded_gone
-            fold = self._pending = _Fold(self._tables, puts, gone, self._layers)
-            self._layers = []
-        changes = self._changes(_Keys(written, self._deleted), self._whole)
+            fold = self._pending = _Fold(self._tables, self._unfolded, self._unfolded_gone, self._layers)
+            self._unfolded, self._unfolded_gone, self._layers = {}, set(), []
+        # dict.copy is one C pass (no hashing): keeps writable() the same dict, cleared in place
+        changes = self._changes(_Keys(self._written.copy(), self._deleted), self._whole)
         self._deleted, self._whole = set(), set()
         self._written.clear()               # cleared in place: nobody may hold it past a snapshot
-        self._alias()
         self._stale = set()
         self._shared = set(range(KEY_GROUPS))
         self._changed = set()
@@ -563,10 +535,7 @@ class MemoryState(KeyedState):
         in the writes): O(keys written) for it, as when the state is new."""
         chosen = set(groups)
         if self._unfolded or self._unfolded_gone:
-            if self._unfolded is self._written:     # the layer keeps what they hold now (one C copy)
-                self._layers.append(_Fold(None, self._written.copy(), set(self._deleted)))
-            else:
-                self._layers.append(_Fold(None, self._unfolded, self._unfolded_gone))
+            self._layers.append(_Fold(None, self._unfolded, self._unfolded_gone))
             self._unfolded, self._unfolded_gone = {}, set()
         # A layer gives each group's part once: not again to a later take of a group that came back.
         owed = {g: tuple(layer for layer in self._layers if g not in layer.done) for g in chosen}
