@@ -60,7 +60,7 @@ from typing import Any, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
 from .base import KEY_GROUPS, Changes, KeyedState, PreparedEntries, StateView, key_group
-from .groups import _numpy
+from .groups import _numpy, key_groups
 
 logger = logging.getLogger(__name__)
 
@@ -537,8 +537,6 @@ class DiskState(KeyedState):
         missing = [i for i, k in enumerate(out) if k is None]
         fresh = [keys[i] for i in missing]
         if len(fresh) >= 64 and all(type(k) is int for k in fresh):
-            from .groups import key_groups
-
             group = _GROUP
             encoded = [group[g] + b"i%d" % k for g, k in zip(key_groups(fresh), fresh)]
         else:

@@ -398,13 +398,14 @@ class PEHost:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        queued = queued or {}
         while True:
             looked = self.changes.version      # a change after this look ends the wait below
             pes = self._of(deployment)
             status = {p: pes[p].alignment_status(marker) for p in aligned if p in pes}
-            status.update({p: pes[p].alignment_status(marker, [*seen.get(p, ()), *(queued or {}).get(p, ())],
-                                                      (queued or {}).get(p, ()))
-                           for p in {*seen, *(queued or {})} if p in pes})
+            status.update({p: pes[p].alignment_status(marker, [*seen.get(p, ()), *queued.get(p, ())],
+                                                      queued.get(p, ()))
+                           for p in {*seen, *queued} if p in pes})
             missing = [p if c == "aligned" else f"{p}<-{c}" for p, st in status.items() for c in st["missing"]]
             failed = [pes[p].error for p in aligned if p in pes and pes[p].state == "failed"]
             if not missing or failed or loop.time() >= deadline:
