@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import sys
 import threading
 
 import psutil
@@ -52,16 +51,15 @@ class CheckpointFiles:
             writer = self._writers.get(deployment) or self._writers.setdefault(
                 deployment, ChainWriter(LocalCopies(deployment_dir(deployment))))
         files, out = StateFiles(storage), {}
-        with SWITCHING:
-            for pe_id in pe_ids:
-                result = taken.pop(pe_id, None)
-                if result is None:
-                    out[pe_id] = {"error": f"PE {pe_id}: no snapshot of checkpoint {checkpoint_id} held here"}
-                    continue
-                try:
-                    out[pe_id] = writer.write_pe(files, checkpoint_id, pe_id, result)
-                except CheckpointError as exc:          # aborted meanwhile: the rest is not written
-                    out[pe_id] = {"error": str(exc)}
+        for pe_id in pe_ids:
+            result = taken.pop(pe_id, None)
+            if result is None:
+                out[pe_id] = {"error": f"PE {pe_id}: no snapshot of checkpoint {checkpoint_id} held here"}
+                continue
+            try:
+                out[pe_id] = writer.write_pe(files, checkpoint_id, pe_id, result)
+            except CheckpointError as exc:          # aborted meanwhile: the rest is not written
+                out[pe_id] = {"error": str(exc)}
         _release(taken)
         self._trims.after_write()
         return out
@@ -94,50 +92,6 @@ def _release(results: dict[str, dict]) -> None:
     for result in results.values():
         for snap in result.get("views", ()):
             snap.view.release()
-
-
-WRITE_SWITCH_S = 0.001          # the interpreter's switch interval while a checkpoint is written
-
-
-class Switching:
-    """The interpreter's switch interval shortened to :data:`WRITE_SWITCH_S` while checkpoint
-    writes run (counted: two deployments' writes may overlap), then set back.
-
-    The writer is a thread of Python loops that wants the GIL all the time (the fold of the keys
-    written since the last snapshot, the keys sorted by group, the deltas); the PE's thread and the
-    worker's event loop give it up at each blocking call (a socket's send or receive, the wait for
-    the next turn) and, back, wait for it until the writer is made to drop it: the switch interval,
-    5 ms by default, per blocking call. An output of the stream takes several (the frame read, the
-    turn handed to the PE's thread, the credit sent back), so each came up to 5 ms x that many
-    later while a write ran: the "convoy" of a CPU-bound thread beside I/O threads. At 10^7 keys a
-    steady write runs seconds, and the stream's largest gap during one was 150-190 ms (issue 30).
-    With 1 ms each wait is at most 1 ms; the writer and the PE's thread, both busy, still share
-    the GIL, in shorter turns (a switch costs microseconds). The default is back once no write runs.
-    """
-
-    def __init__(self) -> None:
-        self.writes = 0
-        self.before: float | None = None
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> "Switching":
-        with self._lock:
-            if self.writes == 0:
-                self.before = sys.getswitchinterval()
-                if self.before > WRITE_SWITCH_S:
-                    sys.setswitchinterval(WRITE_SWITCH_S)
-            self.writes += 1
-        return self
-
-    def __exit__(self, *exc) -> None:
-        with self._lock:
-            self.writes -= 1
-            if self.writes == 0 and self.before is not None:
-                sys.setswitchinterval(self.before)
-                self.before = None
-
-
-SWITCHING = Switching()         # the process's: the switch interval is the interpreter's
 
 
 TRIM_GROWTH = 64 << 20         # RSS grown since the last trim that makes the next one worth it

@@ -592,34 +592,6 @@ def test_a_write_trims_only_once_the_rss_grew_past_what_the_last_trim_left(state
     assert restored(store, 8)["car-0000005"] == [5, 2.0]
 
 
-def test_the_switch_interval_is_short_while_a_checkpoint_is_written_and_back_after(state, monkeypatch):
-    """The writer's Python loops want the GIL all the time; the PE's thread and the worker's loop,
-    back from each blocking call, waited for it up to the switch interval (5 ms): several times
-    per output while a write ran (at 10^7 keys seconds of it). While one runs the interval is 1 ms;
-    two writes at once (two deployments) set it back only when both ended."""
-    from pescheduler.state.incremental import ChainWriter
-
-    seen, write_pe = [], ChainWriter.write_pe
-
-    def noting(self, *args):
-        seen.append(sys.getswitchinterval())
-        return write_pe(self, *args)
-
-    monkeypatch.setattr(ChainWriter, "write_pe", noting)
-    before = sys.getswitchinterval()
-    assert before > 0.001
-    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
-    fill(state, 2_000)
-    checkpoint(files, store, state, 1)
-    assert seen == [pytest.approx(0.001)], seen
-    assert sys.getswitchinterval() == before
-    with ckpt_files.SWITCHING:                          # another deployment's write, still running
-        checkpoint(files, store, state, 2)
-        assert sys.getswitchinterval() == pytest.approx(0.001)
-    assert sys.getswitchinterval() == before
-    assert restored(store, 2)["car-0000007"] == [7, 1.0]
-
-
 def test_an_aborted_checkpoint_releases_the_views_it_held():
     """A checkpoint aborted between the snapshot and the write lets go of its views: the memory
     backend stops copying values on ``get`` (it copies only while a view may read them)."""
