@@ -484,7 +484,14 @@ class MemoryState(KeyedState):
     def snapshot(self) -> MemoryView:
         """O(key groups): the keys written since the last fold are folded by whoever reads the
         view or the groups first (:class:`_Fold`; at once if an earlier view is still live), and
-        the changed keys, the next incremental checkpoint's input, are handed over uncopied."""
+        the changed keys, the next incremental checkpoint's input, are handed over uncopied.
+
+        They are ``writable()``'s dict itself, and ``writable()`` is a new one from here on (an
+        operator asks for it once per batch, never across a snapshot). The barrier copied that
+        dict and cleared it in place, two C passes that touched every key and value put since the
+        last snapshot, scattered in memory: deployed at 10^6 keys the copy alone held the barrier's
+        turn 2-25 ms for 15,000-33,000 keys (in process, with the values fresh in the cache,
+        0.1 ms); at 10^7 a steady checkpoint follows 10^5 of them."""
         self._settle()
         fold = None
         if self._live:                      # an earlier view may read the dicts: copy-on-write now
@@ -492,10 +499,9 @@ class MemoryState(KeyedState):
         elif self._unfolded or self._unfolded_gone or self._layers:
             fold = self._pending = _Fold(self._tables, self._unfolded, self._unfolded_gone, self._layers)
             self._unfolded, self._unfolded_gone, self._layers = {}, set(), []
-        # dict.copy is one C pass (no hashing): keeps writable() the same dict, cleared in place
-        changes = self._changes(_Keys(self._written.copy(), self._deleted), self._whole)
+        put, self._written = self._written, {}      # O(1): nobody may hold it past a snapshot
+        changes = self._changes(_Keys(put, self._deleted), self._whole)
         self._deleted, self._whole = set(), set()
-        self._written.clear()               # cleared in place: nobody may hold it past a snapshot
         self._stale = set()
         self._shared = set(range(KEY_GROUPS))
         self._changed = set()

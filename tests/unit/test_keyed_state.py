@@ -167,7 +167,9 @@ def test_writable_holds_exactly_the_keys_put_since_the_snapshot_as_the_state_hol
     state.put("c", [3])
     assert written == {"a": [1], "b": [2], "c": [3]} and written["a"] is state.get("a")
     view = state.snapshot()
-    assert state.writable() is written and written == {}        # a view may share every group now
+    assert state.writable() == {}               # a view may share every group now
+    assert written == {"a": [1], "b": [2], "c": [3]}    # (the view's changed keys: not the state's any more)
+    written = state.writable()                  # asked for again after a snapshot, as operators do per batch
     state.put("a", [10])
     written["a"].append(11)                     # the operator's in-place change: in the state, not the view
     assert state.get("a") == [10, 11] and dict(view.items(key_group("a")))["a"] == [1]
