@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator
 
 from ..wire import KEY_GROUPS, key_group
 
-__all__ = ["KEY_GROUPS", "Changes", "KeyedState", "StateView", "key_group", "pack_group", "unpack_group"]
+__all__ = ["KEY_GROUPS", "Changes", "KeyedState", "StateView", "key_group", "pack_counted", "pack_group", "unpack_group"]
 
 
 PACK_CHUNK = 8192          # entries pickled in one call (see pack_group)
@@ -46,11 +46,21 @@ def pack_group(items: Iterable[tuple[Any, Any]]) -> bytes:
     group that small is one pickled dict). Pickling holds the GIL for the whole call, and a
     checkpoint packs groups in a worker thread beside the PE's: at 10^7 keys a group holds ~78,000
     entries, and one call for it would hold the stream that long."""
+    return pack_counted(items)[0]
+
+
+def pack_counted(items: Iterable[tuple[Any, Any]]) -> tuple[bytes, int]:
+    """:func:`pack_group`'s bytes and the entries they hold, counted by the chunks' lengths: a
+    checkpoint's full file needs the count, and a generator stepping once per entry to count them
+    (``state/incremental.py``'s ``_counted``) was 9-14.5 % of the writer's GIL on disk at 10^6 keys,
+    the only Python step per key of a memory view's full file (the chunks are made in C)."""
     it = iter(items)
-    parts = [pickle.dumps(dict(itertools.islice(it, PACK_CHUNK)), protocol=pickle.HIGHEST_PROTOCOL)]
+    chunk = dict(itertools.islice(it, PACK_CHUNK))
+    parts, count = [pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)], len(chunk)
     while chunk := dict(itertools.islice(it, PACK_CHUNK)):
         parts.append(pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL))
-    return b"".join(parts) if len(parts) > 1 else parts[0]
+        count += len(chunk)
+    return (b"".join(parts) if len(parts) > 1 else parts[0]), count
 
 
 def unpack_group(data: bytes) -> dict:
