@@ -54,7 +54,8 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Collection, Mapping
 from operator import itemgetter
 from typing import Any, Iterable, Iterator
 
@@ -601,22 +602,39 @@ class DiskState(KeyedState):
             self._flush()
 
     def _flush(self) -> None:
-        """The write-back buffer into the store, one write batch."""
+        """The write-back buffer into the store, one write batch. No Python step per key: the puts
+        go into the batch through ``map`` (a C loop calling the binding) and their bits into the
+        bitmap in one numpy pass (:meth:`_mark`). A loop of ``batch.put`` and a bit set per key
+        was 19 % of the PE's GIL in a fill at 10^6 keys (h31f's profile)."""
         pending = self._pending
         if not pending:
             return
         from rocksdict import WriteBatch
 
-        batch, stored, mask = WriteBatch(raw_mode=True), self._stored, self._mask
-        for k, raw in pending.items():
-            if raw is None:
-                batch.delete(k)
-            else:
-                batch.put(k, raw)
-                h = hash(k) & mask
-                stored[h >> 3] |= 1 << (h & 7)
+        batch = WriteBatch(raw_mode=True)
+        puts = pending
+        if None in pending.values():        # deletes: rare (a scan in C finds none in a fill)
+            puts = {k: raw for k, raw in pending.items() if raw is not None}
+            deque(map(batch.delete, [k for k, raw in pending.items() if raw is None]), maxlen=0)
+        deque(map(batch.put, puts.keys(), puts.values()), maxlen=0)
+        self._mark(puts.keys())
         self._db.write(batch)
         self._pending = {}
+
+    def _mark(self, keys: Collection[bytes]) -> None:
+        """The bits of encoded ``keys`` set in the "may be stored" bitmap, in the PE's turn (a bit
+        set is a read and a write of a byte: not from another thread); in numpy: their hashes taken
+        by ``map`` in C, each byte's bits combined first (``bitwise_or.at``), per key in Python
+        without numpy."""
+        stored, mask, np = self._stored, self._mask, _numpy()
+        if np is None or len(keys) < 64:
+            for k in keys:
+                h = hash(k) & mask
+                stored[h >> 3] |= 1 << (h & 7)
+            return
+        h = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys)).view(np.uint64) & np.uint64(mask)
+        np.bitwise_or.at(np.frombuffer(stored, dtype=np.uint8), h >> np.uint64(3),
+                         np.left_shift(np.uint8(1), (h & np.uint64(7)).astype(np.uint8)))
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         self._flush()
