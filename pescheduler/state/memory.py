@@ -379,12 +379,16 @@ class MemoryState(KeyedState):
 
     # -- views: the lookup that copies while one is live -----------------------------------------
     def _bind(self) -> None:
-        """``get`` is the index's ``dict.get`` while no view is live, else the copying method."""
+        """``get`` is the index's ``dict.get`` while no view is live, else the copying method;
+        ``read`` is it whenever no taken group is leaving (it never copies: a view may be live,
+        as it is for most of a fill, whose checkpoints are long; else the guarded call)."""
         with _BIND:
             if self._live or self._leaving:
                 self.__dict__.pop("get", None)
             else:
                 self.get = self._index.get
+            if not self._leaving and type(self).read is MemoryState.read:   # a subclass's own stays
+                self.read = self._index.get
 
     def _released(self, view_id: int, changes: Changes | None = None) -> None:
         self._let_go(changes)               # no checkpoint took them: the next snapshot's carry them

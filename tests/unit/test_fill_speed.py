@@ -104,3 +104,49 @@ def test_a_flush_of_the_disk_write_back_buffer_makes_no_call_per_key(tmp_path):
         assert dict(st.entries()) == {**{k: [k] for k in keys if k not in gone}, n: [n]}
     finally:
         st.close()
+
+
+def _latest_on(backend: str):
+    from pescheduler.operator import OperatorContext
+    from pescheduler.operators import Latest
+
+    op = Latest()
+    op.open(OperatorContext(op.name, pe_id="t", key_field="id", extra={"state": backend}))
+    return op
+
+
+def test_latest_applies_inserts_and_updates_with_no_python_call_per_change(tmp_path):
+    """``latest``'s hot loop applies an insert, or an update that keeps its key, inline, and reads
+    the row it replaces with ``read`` (memory: the index's own ``dict.get`` even while a
+    checkpoint's view is live, as it is for most of a fill): no Python call per change, where
+    ``_apply``, ``_current`` and memory's copying ``get`` were three (a fill at 10^6 keys ran at
+    0.39x the plain dicts). Both backends emit the same, and the live view still reads the rows
+    as they were at its snapshot."""
+    import dask.config
+
+    from pescheduler.operator import Emitter
+
+    n = 4_000
+    fill = [{"op": "insert", "id": k, "after": {"v": k}} for k in range(n)]
+    updates = [{"op": "update", "id": k, "after": {"v": -k}} for k in range(0, n, 2)]
+    outs = {}
+    for backend in ("memory", "disk"):
+        with dask.config.set({"pescheduler.state.dir": str(tmp_path / backend)}):
+            op = _latest_on(backend)
+        op.process(fill[: n // 2], Emitter())
+        view = op._rows.snapshot()              # a checkpoint's, live while the fill goes on
+        calls = Calls()
+        out = Emitter()
+        with calls:
+            op.process(fill[n // 2:], out)
+            op.process(updates, out)
+        outs[backend] = list(out)
+        if backend == "memory":
+            per_change = calls.n / (n // 2 + len(updates))
+            assert per_change <= 0.05, f"{per_change:.2f} Python calls a change on memory, a view live"
+        assert {k: v for g in view.groups() for k, v in view.items(g)} == {k: {"v": k} for k in range(n // 2)}
+        view.release()
+        assert op.rows() == {k: {"v": -k if k % 2 == 0 else k} for k in range(n)}
+        op._rows.close()
+    assert outs["memory"] == outs["disk"]
+    assert outs["memory"][-1] == {"op": "upsert", "id": n - 2, "row": {"v": 2 - n}, "previous": {"v": n - 2}}
