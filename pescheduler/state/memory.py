@@ -99,11 +99,13 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
+from itertools import repeat
+from operator import is_
 from collections.abc import Set as AbstractSet
 from typing import Any, Callable, Iterable, Iterator
 
 from .base import KEY_GROUPS, Changes, KeyedState, PreparedEntries, StateView
-from .groups import key_groups
+from .groups import key_groups, split_by_group
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 LEAVE_KEYS = 2048         # taken keys a slice removes from the index (well under a millisecond)
@@ -267,15 +269,17 @@ class MemoryView(StateView):
 
     def by_group(self, keys: Iterable[Any]) -> dict[int, list]:
         keys = list(keys)
-        out: dict[int, list] = {}
-        for key, g in zip(keys, key_groups(keys)):
-            out.setdefault(g, []).append(key)
-        return out
+        return split_by_group(keys, key_groups(keys))
 
     def delta(self, group: int, keys: Iterable[Any]) -> tuple[dict, list]:
+        """The keys' values read by ``map`` in C; a comprehension per key only when one is gone."""
         table = self._ready()[group]
-        puts = {k: table[k] for k in keys if k in table}
-        return puts, [k for k in keys if k not in table]
+        keys = list(keys)
+        values = list(map(table.get, keys, repeat(_NOTHING)))
+        if not any(map(is_, values, repeat(_NOTHING))):
+            return dict(zip(keys, values)), []
+        return ({k: v for k, v in zip(keys, values) if v is not _NOTHING},
+                [k for k, v in zip(keys, values) if v is _NOTHING])
 
     def release(self) -> None:
         end = getattr(self, "_end", None)
