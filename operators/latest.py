@@ -21,6 +21,7 @@ held by this instance, so keep key-changing updates out of a copied ``latest``
 
 from __future__ import annotations
 
+from operator import methodcaller
 from typing import Any, Callable
 
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
@@ -30,6 +31,7 @@ from pescheduler.state.groups import add_groups, merge_groups, restore_groups, s
 from .window import key_getter
 
 OPS = ("insert", "update", "delete")
+_BEFORE = methodcaller("get", "before")   # a change's old key, if it changed its key
 _UNREAD = object()                      # a key this batch has not written yet: read it from the backend
 
 
@@ -73,13 +75,16 @@ class Latest(Operator):
             for change in batch:
                 try:
                     op = change.get("op")
-                    if (op == "insert" or op == "update") and not change.get("before"):
+                    if (op == "insert" or op == "update") and not ("before" in change and change["before"]):
                         key = key_of(change)
                         after = change["after"]
                         if after is None:
                             raise ValueError(f"latest: an {op} without its row (after=None)")
-                        previous = now.get(key, _UNREAD)
-                        if previous is _UNREAD and (read is None or (previous := read.get(key, _UNREAD)) is _UNREAD):
+                        if key in now:                  # tests, not calls: a fill's keys are in neither
+                            previous = now[key]
+                        elif read is not None and key in read:
+                            previous = read[key]
+                        else:
                             previous = lookup(key)
                         now[key] = after
                         emit({"op": "upsert", name: key, "row": after, "previous": previous})
@@ -125,8 +130,14 @@ class Latest(Operator):
         (disk: the keys encoded in one batch and one multi-get, against a get per change: a
         call, an encode and a lookup each). A change whose key cannot be read is left to
         ``_apply``, which dead-letters it."""
-        keys = []
         key_of = self._key_of
+        try:                                # in C: every change a dict with its key and no "before"
+            if not any(map(_BEFORE, batch)):
+                keys = list(map(key_of, batch))
+                return dict(zip(keys, self._rows.get_many(keys)))
+        except Exception:                   # a change that is not one: read as below, _apply says why
+            pass
+        keys = []
         for change in batch:
             try:
                 keys.append(key_of(change))

@@ -56,8 +56,8 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Collection, Mapping
-from itertools import repeat
-from operator import is_, itemgetter
+from itertools import compress, repeat
+from operator import is_, itemgetter, not_
 from typing import Any, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
@@ -558,23 +558,26 @@ class DiskState(KeyedState):
         """``[self._key(k) for k in keys]``, the keys not remembered encoded in one batch: their
         key groups by :func:`groups.key_groups` (numpy over the batch) where every one is a plain
         int, instead of ``key_group`` per key (a fill's every key is new: ``_encode``, and
-        ``key_group`` in it, were a fifth of ``latest``'s reads on disk in process)."""
-        known = self._encoded.get
-        out = [known(k) for k in keys]
+        ``key_group`` in it, were a fifth of ``latest``'s reads on disk in process). Looked up,
+        encoded and remembered by ``map`` in C when every key is new (a fill's batch) or known."""
+        out = list(map(self._encoded.get, keys))
         if None not in out:
             return out
-        missing = [i for i, k in enumerate(out) if k is None]
-        fresh = [keys[i] for i in missing]
-        if len(fresh) >= 64 and all(type(k) is int for k in fresh):
-            group = _GROUP
-            encoded = [group[g] + b"i%d" % k for g, k in zip(key_groups(fresh), fresh)]
+        every = out.count(None) == len(out)
+        missing = range(len(keys)) if every else [i for i, k in enumerate(out) if k is None]
+        fresh = keys if every else [keys[i] for i in missing]
+        if len(fresh) >= 64 and set(map(type, fresh)) == {int}:
+            encoded = list(map(bytes.__add__, map(_GROUP.__getitem__, key_groups(fresh)), map(b"i%d".__mod__, fresh)))
         else:
-            encoded = [_encode(k) for k in fresh]
+            encoded = list(map(_encode, fresh))
         remember = self._encoded if len(fresh) <= ENCODED_KEYS else {}
         if len(remember) + len(fresh) > ENCODED_KEYS:
             remember.clear()
-        for i, key, k in zip(missing, fresh, encoded):
-            out[i] = remember[key] = k
+        remember.update(zip(fresh, encoded))
+        if every:
+            return encoded
+        for i, k in zip(missing, encoded):
+            out[i] = k
         return out
 
     def get(self, key: Any, default: Any = None) -> Any:
@@ -605,27 +608,53 @@ class DiskState(KeyedState):
 
     def get_many(self, keys: list) -> list:
         """The buffer first, then one multi-get for the rest (a get per key through the binding
-        cost a call and a lookup each)."""
-        loads, pending, encoded = pickle.loads, self._pending, self._keys(keys)
-        raws = [pending.get(k, _MISSING) for k in encoded]
-        stored, mask = self._stored, self._mask
-        missed = [i for i, raw in enumerate(raws)
-                  if raw is _MISSING and stored[(h := hash(encoded[i]) & mask) >> 3] & (1 << (h & 7))]
-        for i, raw in zip(missed, self._db.get([encoded[i] for i in missed]) if missed else ()):
-            raws[i] = raw
-        return [None if raw is None or raw is _MISSING else loads(raw) for raw in raws]
+        cost a call and a lookup each). By ``map`` in C and numpy: the buffer's lookups, the
+        "may be stored" bits of the keys it has not (:meth:`_maybe_stored`), the unpickling; a
+        Python step only for each key found."""
+        pending, encoded = self._pending, self._keys(keys)
+        raws = list(map(pending.get, encoded))              # None: not in the buffer, or deleted there
+        unbuffered = list(map(pending.__contains__, encoded))
+        unbuffered = list(map(not_, unbuffered)) if True in unbuffered else None
+        missed = self._maybe_stored(encoded, unbuffered)
+        if missed:
+            for i, raw in zip(missed, self._db.get([encoded[i] for i in missed])):
+                raws[i] = raw
+        out = [None] * len(keys)
+        found = list(compress(range(len(raws)), raws))
+        for i, value in zip(found, map(pickle.loads, compress(raws, raws))):
+            out[i] = value
+        return out
+
+    def _maybe_stored(self, encoded: list[bytes], among: list[bool] | None) -> list[int]:
+        """The places of the ``encoded`` keys (``among``: those where it is True; None: all) whose
+        bit in the "may be stored" bitmap is set: the ones worth a read of the store (a fill's
+        every key is new: none). In numpy from 64 keys, their hashes taken by ``map`` in C."""
+        stored, mask, np = self._stored, self._mask, _numpy()
+        if np is None or len(encoded) < 64:
+            return [i for i, k in enumerate(encoded) if (among is None or among[i])
+                    and stored[(h := hash(k) & mask) >> 3] & (1 << (h & 7))]
+        h = np.fromiter(map(hash, encoded), dtype=np.int64, count=len(encoded)).view(np.uint64) & np.uint64(mask)
+        bits = np.frombuffer(stored, dtype=np.uint8)[(h >> np.uint64(3)).astype(np.intp)]
+        hit = (bits >> (h & np.uint64(7)).astype(np.uint8)) & np.uint8(1)
+        if among is not None:
+            hit &= np.fromiter(among, dtype=np.uint8, count=len(among))
+        return np.flatnonzero(hit).tolist()
 
     def write_many(self, puts: Iterable[tuple[Any, Any]], deletes: Iterable[Any] = ()) -> None:
-        """Into the write-back buffer, written in one batch once it is full: the keys encoded
-        and the values pickled in one comprehension, the buffer and the changed keys updated in
-        C (a store and a set add per key in Python were a fifth of a fill's time)."""
-        known, encode, dumps = self._encoded.get, self._key, pickle.dumps
-        written = [(known(key) or encode(key), dumps(value, _PICKLE)) for key, value in puts]
-        if deletes:
-            written += [(known(key) or encode(key), None) for key in deletes]
+        """Into the write-back buffer, written in one batch once it is full: the keys encoded in
+        a batch (:meth:`_keys`) and the values pickled by ``map``, the buffer and the changed keys
+        updated in C (a store and a set add per key in Python were a fifth of a fill's time; then
+        a comprehension calling a lookup and ``dumps`` per key)."""
+        if type(puts) is not dict:
+            puts = dict(puts)
+        encoded = self._keys(list(puts))
         pending = self._pending
-        pending.update(written)
-        self._dirty.update(dict.fromkeys(map(_first, written)))
+        pending.update(zip(encoded, map(pickle.dumps, puts.values(), repeat(_PICKLE))))
+        self._dirty.update(dict.fromkeys(encoded))
+        if deletes:
+            gone = self._keys(list(deletes))
+            pending.update(dict.fromkeys(gone))         # None: a delete
+            self._dirty.update(dict.fromkeys(gone))
         if len(pending) >= FLUSH_KEYS:
             self._flush()
 

@@ -17,13 +17,14 @@ from pescheduler.worker.ckpt_files import CheckpointFiles
 
 
 class Calls:
-    """Python calls (a function called or a generator resumed) in this thread while it is on."""
+    """Python calls (a function called or a generator resumed; ``c``: and calls into C from
+    Python) in this thread while it is on."""
 
-    def __init__(self) -> None:
-        self.n = 0
+    def __init__(self, c: bool = False) -> None:
+        self.n, self.events = 0, ("call", "c_call") if c else ("call",)
 
     def _count(self, frame, event, arg) -> None:
-        if event == "call":
+        if event in self.events:
             self.n += 1
 
     def __enter__(self) -> "Calls":
@@ -120,8 +121,10 @@ def test_latest_applies_inserts_and_updates_with_no_python_call_per_change(tmp_p
     the row it replaces with ``read`` (memory: the index's own ``dict.get`` even while a
     checkpoint's view is live, as it is for most of a fill): no Python call per change, where
     ``_apply``, ``_current`` and memory's copying ``get`` were three (a fill at 10^6 keys ran at
-    0.39x the plain dicts). Both backends emit the same, and the live view still reads the rows
-    as they were at its snapshot."""
+    0.39x the plain dicts). On disk the batch's keys are read, encoded and written by ``map`` and
+    numpy (``get_many``, ``_keys``, ``write_many``): one call a change, where they made twelve.
+    Counted with the calls into C. Both backends emit the same, and the live view still reads the
+    rows as they were at its snapshot."""
     import dask.config
 
     from pescheduler.operator import Emitter
@@ -135,15 +138,16 @@ def test_latest_applies_inserts_and_updates_with_no_python_call_per_change(tmp_p
             op = _latest_on(backend)
         op.process(fill[: n // 2], Emitter())
         view = op._rows.snapshot()              # a checkpoint's, live while the fill goes on
-        calls = Calls()
+        calls = Calls(c=True)
         out = Emitter()
         with calls:
-            op.process(fill[n // 2:], out)
+            for i in range(n // 2, n, 500):     # batches of 500
+                op.process(fill[i:i + 500], out)
             op.process(updates, out)
         outs[backend] = list(out)
-        if backend == "memory":
-            per_change = calls.n / (n // 2 + len(updates))
-            assert per_change <= 0.05, f"{per_change:.2f} Python calls a change on memory, a view live"
+        per_change = calls.n / (n // 2 + len(updates))
+        most = 2.1 if backend == "memory" else 1.2     # memory: change.get("op") and the index's get
+        assert per_change <= most, f"{per_change:.2f} calls a change on {backend}, a view live"
         assert {k: v for g in view.groups() for k, v in view.items(g)} == {k: {"v": k} for k in range(n // 2)}
         view.release()
         assert op.rows() == {k: {"v": -k if k % 2 == 0 else k} for k in range(n)}
