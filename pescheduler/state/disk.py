@@ -342,10 +342,10 @@ class SnapshotView(StateView):
         with self._reading() as (it, changed):
             later = set(changed.get(group, ()))     # written since the snapshot: read at it, below
             it.seek(_GROUP[group])
-            key, value, step, valid = it.key, it.value, it.next, it.valid
-            while valid():
-                raw = key()
-                if raw[0] != group:
+            key, value, step = it.key, it.value, it.next
+            while True:
+                raw = key()                 # None once past the end: no valid() call per key
+                if raw is None or raw[0] != group:
                     break
                 if raw not in later:
                     yield (int(raw[2:]) if raw[1] == _INT else _decode(raw)), loads(value())

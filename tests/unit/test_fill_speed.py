@@ -40,7 +40,7 @@ def full_checkpoint_calls(st, n: int) -> tuple[int, dict, CheckpointStore]:
     rows = {i: [i, 1.0] for i in range(n)}
     st.write_many(rows.items())
     store, files = CheckpointStore(f"memory://fill-{uuid.uuid4().hex}", KEY), CheckpointFiles()
-    with Calls() as calls:
+    with Calls(c=True) as calls:
         out = checkpoint(files, store, st, 1)
     assert sum(1 for f in out["files"] if f["path"].endswith(".full")) == len(st.groups())
     return calls.n, rows, store
@@ -50,7 +50,9 @@ def test_a_full_checkpoint_counts_its_keys_without_a_python_step_per_key(state):
     """The writer counts a full file's keys by the lengths of the chunks it pickles
     (``base.pack_counted``), not through a generator stepped once per key (``_counted``: 9-14.5 %
     of the writer's GIL at 10^6 keys on disk). A memory view's group is then packed in C; a disk
-    view's read is its own generator's one step per key, nothing more. The restore is exact."""
+    view's read is its own generator's one step per key and its calls into C (no ``valid()``
+    call per key: the iterator's ``key()`` is None past the end). Counted with the calls into C
+    (memory 1.02 -> 0.02 a key, disk 7.0 -> 5.0). The restore is exact."""
     n = 10_000
     few = []
     for keys in (100, n):                   # the first: imports and first calls, not counted
@@ -62,8 +64,10 @@ def test_a_full_checkpoint_counts_its_keys_without_a_python_step_per_key(state):
     few = few[-1]
     many, rows, store = full_checkpoint_calls(state, 3 * n)
     per_key = (many - few) / (2 * n)
-    most = 0.05 if state.backend == "memory" else 1.1           # disk: SnapshotView.items steps once a key
-    assert per_key <= most, f"{per_key:.2f} Python calls a key to write {3 * n:,} keys whole ({state.backend})"
+    # disk: SnapshotView.items' own step and its calls into the store's iterator (key, value, next)
+    # and pickle.loads, a key each
+    most = 0.1 if state.backend == "memory" else 5.2
+    assert per_key <= most, f"{per_key:.2f} calls a key to write {3 * n:,} keys whole ({state.backend})"
     assert restored(store, 1) == rows
 
 
