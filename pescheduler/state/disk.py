@@ -61,7 +61,7 @@ from operator import is_, itemgetter, not_
 from typing import Any, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
-from .base import KEY_GROUPS, Changes, KeyedState, PreparedEntries, StateView, key_group
+from .base import KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, key_group
 from .groups import _numpy, key_groups, split_by_group
 
 logger = logging.getLogger(__name__)
@@ -335,25 +335,44 @@ class SnapshotView(StateView):
                     if g not in changed or any(True for _ in self._items(g, changed[g], it))]
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
-        """:meth:`_items` decoded, in one loop over the iterator with an int key decoded inline:
-        the checkpoint writer reads every key of a full file here, sharing the GIL with the PE
-        (three generators and a call per key were a third of its reading)."""
+        """:meth:`chunks`' entries, one after the other; the first read alone (a take's turn asks
+        only for a key of each group taken: ``groups.take_groups``)."""
+        for chunk in self.chunks(group, first=1):
+            yield from chunk.items()
+
+    def chunks(self, group: int, first: int = PACK_CHUNK) -> Iterator[dict]:
+        """:meth:`_items` decoded, as dicts of at most :data:`base.PACK_CHUNK` entries (``first``
+        in the first) built in one loop over the iterator, an int key decoded inline: the
+        checkpoint writer reads every key of a full file here, sharing the GIL with the PE (three
+        generators and a call per key were a third of its reading; then a generator step, a
+        tuple and ``valid()`` per key)."""
         loads = pickle.loads
         with self._reading() as (it, changed):
             later = set(changed.get(group, ()))     # written since the snapshot: read at it, below
             it.seek(_GROUP[group])
             key, value, step = it.key, it.value, it.next
+            chunk, room = {}, first
             while True:
                 raw = key()                 # None once past the end: no valid() call per key
                 if raw is None or raw[0] != group:
                     break
                 if raw not in later:
-                    yield (int(raw[2:]) if raw[1] == _INT else _decode(raw)), loads(value())
+                    chunk[int(raw[2:]) if raw[1] == _INT else _decode(raw)] = loads(value())
+                    room -= 1
+                    if not room:
+                        yield chunk
+                        chunk, room = {}, PACK_CHUNK
                 step()
             for raw in later:
                 at = self._at(raw)
                 if at is not None:
-                    yield _decode(raw), loads(at)
+                    chunk[_decode(raw)] = loads(at)
+                    room -= 1
+                    if not room:
+                        yield chunk
+                        chunk, room = {}, PACK_CHUNK
+            if chunk:
+                yield chunk
 
     def _items(self, group: int, changed: Iterable[bytes], it: Any) -> Iterator[tuple[bytes, bytes]]:
         """The group's encoded keys and pickled values at the snapshot: the iterator's but

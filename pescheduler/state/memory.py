@@ -104,7 +104,7 @@ from operator import is_
 from collections.abc import Set as AbstractSet
 from typing import Any, Callable, Iterable, Iterator
 
-from .base import KEY_GROUPS, Changes, KeyedState, PreparedEntries, StateView
+from .base import KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, chunked
 from .groups import key_groups, split_by_group
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -266,6 +266,12 @@ class MemoryView(StateView):
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         return iter(self._ready()[group].items())
+
+    def chunks(self, group: int) -> Iterator[Mapping]:
+        """The group's own dict when it is one chunk (nobody writes it while the view lives: the
+        state copies a group a view shares before writing it), else chunks copied from it."""
+        table = self._ready()[group]
+        return iter((table,)) if len(table) <= PACK_CHUNK else chunked(table.items())
 
     def by_group(self, keys: Iterable[Any]) -> dict[int, list]:
         keys = list(keys)
