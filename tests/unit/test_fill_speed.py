@@ -129,7 +129,7 @@ def test_latest_applies_inserts_and_updates_with_no_python_call_per_change(tmp_p
     checkpoint's view is live, as it is for most of a fill): no Python call per change, where
     ``_apply``, ``_current`` and memory's copying ``get`` were three (a fill at 10^6 keys ran at
     0.39x the plain dicts). On disk the batch's keys are read, encoded and written by ``map`` and
-    numpy (``get_many``, ``_keys``, ``write_many``): one call a change, where they made twelve.
+    numpy (``get_many``, ``_keys``, ``write_many``): one call a change, where they made 13.
     Counted with the calls into C. Both backends emit the same, and the live view still reads the
     rows as they were at its snapshot."""
     import dask.config
