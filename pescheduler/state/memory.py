@@ -99,9 +99,9 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from itertools import repeat
 from operator import is_
-from collections.abc import Set as AbstractSet
 from typing import Any, Callable, Iterable, Iterator
 
 from .base import KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, chunked
