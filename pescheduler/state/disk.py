@@ -54,13 +54,15 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping
-from operator import itemgetter
+from collections import deque
+from collections.abc import Collection, Mapping
+from itertools import compress, repeat
+from operator import is_, itemgetter, not_
 from typing import Any, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
-from .base import KEY_GROUPS, Changes, KeyedState, PreparedEntries, StateView, key_group
-from .groups import _numpy, key_groups
+from .base import KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, key_group
+from .groups import _numpy, key_groups, split_by_group
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +146,20 @@ def _decode(raw: bytes) -> Any:
     return pickle.loads(raw[1:])            # written before the tags: the pickle follows the group
 
 
+_TAIL = itemgetter(slice(2, None))     # an encoded key's body, after its group and tag bytes
+
+
+def _decode_all(raws: list[bytes]) -> list:
+    """``[_decode(raw) for raw in raws]``, in C (``map``) when every key is an int or every one a
+    str (their tag bytes read in one ``bytes`` of ``map``): a Python call per key otherwise."""
+    tags = set(bytes(map(_SECOND, raws)))
+    if tags == {_INT}:
+        return list(map(int, map(_TAIL, raws)))
+    if tags == {_STR}:
+        return list(map(bytes.decode, map(_TAIL, raws)))
+    return list(map(_decode, raws))
+
+
 def _range(source: Any, group: int) -> Iterator[tuple[Any, Any]]:
     """``(key, value)`` of one group from a store or a store snapshot (one seek, then in order)."""
     return ((_decode(raw), pickle.loads(value)) for raw, value in _raw_range(source.iter(), group))
@@ -162,11 +178,10 @@ def _raw_range(it: Any, group: int) -> Iterator[tuple[bytes, bytes]]:
 
 
 def _by_group(keys: Iterable[bytes]) -> dict[int, list]:
-    """Encoded keys by key group (a view's ``by_group``): an encoded key's first byte is its group."""
-    out: dict[int, list] = {}
-    for raw in keys:
-        out.setdefault(raw[0], []).append(raw)
-    return out
+    """Encoded keys by key group (a view's ``by_group``): an encoded key's first byte is its group,
+    read for all of them in C (``bytes`` of ``map``), then :func:`groups.split_by_group`."""
+    keys = list(keys)
+    return split_by_group(keys, bytes(map(_first, keys)))
 
 
 def _groups(source: Any, it: Any = None) -> list[int]:
@@ -198,6 +213,7 @@ def _shut(db: Any, path: str) -> None:
 
 _MISSING = object()     # a key the write-back buffer does not hold
 _first = itemgetter(0)
+_SECOND = itemgetter(1)
 
 
 def _let_go_of(state: "weakref.ref[DiskState]", changes: Changes | None) -> None:
@@ -319,25 +335,44 @@ class SnapshotView(StateView):
                     if g not in changed or any(True for _ in self._items(g, changed[g], it))]
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
-        """:meth:`_items` decoded, in one loop over the iterator with an int key decoded inline:
-        the checkpoint writer reads every key of a full file here, sharing the GIL with the PE
-        (three generators and a call per key were a third of its reading)."""
+        """:meth:`chunks`' entries, one after the other; the first read alone (a take's turn asks
+        only for a key of each group taken: ``groups.take_groups``)."""
+        for chunk in self.chunks(group, first=1):
+            yield from chunk.items()
+
+    def chunks(self, group: int, first: int = PACK_CHUNK) -> Iterator[dict]:
+        """:meth:`_items` decoded, as dicts of at most :data:`base.PACK_CHUNK` entries (``first``
+        in the first) built in one loop over the iterator, an int key decoded inline: the
+        checkpoint writer reads every key of a full file here, sharing the GIL with the PE (three
+        generators and a call per key were a third of its reading; then a generator step, a
+        tuple and ``valid()`` per key)."""
         loads = pickle.loads
         with self._reading() as (it, changed):
             later = set(changed.get(group, ()))     # written since the snapshot: read at it, below
             it.seek(_GROUP[group])
-            key, value, step, valid = it.key, it.value, it.next, it.valid
-            while valid():
-                raw = key()
-                if raw[0] != group:
+            key, value, step = it.key, it.value, it.next
+            chunk, room = {}, first
+            while True:
+                raw = key()                 # None once past the end: no valid() call per key
+                if raw is None or raw[0] != group:
                     break
                 if raw not in later:
-                    yield (int(raw[2:]) if raw[1] == _INT else _decode(raw)), loads(value())
+                    chunk[int(raw[2:]) if raw[1] == _INT else _decode(raw)] = loads(value())
+                    room -= 1
+                    if not room:
+                        yield chunk
+                        chunk, room = {}, PACK_CHUNK
                 step()
             for raw in later:
                 at = self._at(raw)
                 if at is not None:
-                    yield _decode(raw), loads(at)
+                    chunk[_decode(raw)] = loads(at)
+                    room -= 1
+                    if not room:
+                        yield chunk
+                        chunk, room = {}, PACK_CHUNK
+            if chunk:
+                yield chunk
 
     def _items(self, group: int, changed: Iterable[bytes], it: Any) -> Iterator[tuple[bytes, bytes]]:
         """The group's encoded keys and pickled values at the snapshot: the iterator's but
@@ -354,14 +389,27 @@ class SnapshotView(StateView):
     by_group = staticmethod(_by_group)
 
     def delta(self, group: int, keys: Iterable[bytes]) -> tuple[dict, list]:
-        puts, deletes, loads = {}, [], pickle.loads
-        for raw in keys:
-            value = self._at(raw)
-            if value is None:
-                deletes.append(_decode(raw))
+        """The keys' values at the snapshot: read, decoded and unpickled by ``map`` in C (the
+        buffer's copy first, then the snapshot), a Python step per key only where one was deleted
+        or a snapshot read misses (:meth:`_at`). A call to ``_at`` and one to ``_decode`` per key
+        were the writer's steps of a steady checkpoint, beside the PE."""
+        keys = list(keys)
+        raws = list(map(self._buffered.get, keys, repeat(_MISSING)))
+        try:
+            if not any(map(is_, raws, repeat(_MISSING))):
+                pass
+            elif all(map(is_, raws, repeat(_MISSING))):
+                raws = list(map(self._snap.__getitem__, keys))
             else:
-                puts[_decode(raw)] = loads(value)
-        return puts, deletes
+                snap = self._snap.__getitem__
+                raws = [raw if raw is not _MISSING else snap(k) for k, raw in zip(keys, raws)]
+        except Exception:                   # a key the snapshot has not (rocksdict raises a bare Exception)
+            raws = list(map(self._at, keys))
+        decoded = _decode_all(keys)
+        if not any(map(is_, raws, repeat(None))):
+            return dict(zip(decoded, map(pickle.loads, raws))), []
+        return ({k: pickle.loads(raw) for k, raw in zip(decoded, raws) if raw is not None},
+                [k for k, raw in zip(decoded, raws) if raw is None])
 
     def _pin(self, iterators: list) -> None:
         self._pinned = iterators
@@ -529,23 +577,26 @@ class DiskState(KeyedState):
         """``[self._key(k) for k in keys]``, the keys not remembered encoded in one batch: their
         key groups by :func:`groups.key_groups` (numpy over the batch) where every one is a plain
         int, instead of ``key_group`` per key (a fill's every key is new: ``_encode``, and
-        ``key_group`` in it, were a fifth of ``latest``'s reads on disk in process)."""
-        known = self._encoded.get
-        out = [known(k) for k in keys]
+        ``key_group`` in it, were a fifth of ``latest``'s reads on disk in process). Looked up,
+        encoded and remembered by ``map`` in C when every key is new (a fill's batch) or known."""
+        out = list(map(self._encoded.get, keys))
         if None not in out:
             return out
-        missing = [i for i, k in enumerate(out) if k is None]
-        fresh = [keys[i] for i in missing]
-        if len(fresh) >= 64 and all(type(k) is int for k in fresh):
-            group = _GROUP
-            encoded = [group[g] + b"i%d" % k for g, k in zip(key_groups(fresh), fresh)]
+        every = out.count(None) == len(out)
+        missing = range(len(keys)) if every else [i for i, k in enumerate(out) if k is None]
+        fresh = keys if every else [keys[i] for i in missing]
+        if len(fresh) >= 64 and set(map(type, fresh)) == {int}:
+            encoded = list(map(bytes.__add__, map(_GROUP.__getitem__, key_groups(fresh)), map(b"i%d".__mod__, fresh)))
         else:
-            encoded = [_encode(k) for k in fresh]
+            encoded = list(map(_encode, fresh))
         remember = self._encoded if len(fresh) <= ENCODED_KEYS else {}
         if len(remember) + len(fresh) > ENCODED_KEYS:
             remember.clear()
-        for i, key, k in zip(missing, fresh, encoded):
-            out[i] = remember[key] = k
+        remember.update(zip(fresh, encoded))
+        if every:
+            return encoded
+        for i, k in zip(missing, encoded):
+            out[i] = k
         return out
 
     def get(self, key: Any, default: Any = None) -> Any:
@@ -576,47 +627,90 @@ class DiskState(KeyedState):
 
     def get_many(self, keys: list) -> list:
         """The buffer first, then one multi-get for the rest (a get per key through the binding
-        cost a call and a lookup each)."""
-        loads, pending, encoded = pickle.loads, self._pending, self._keys(keys)
-        raws = [pending.get(k, _MISSING) for k in encoded]
-        stored, mask = self._stored, self._mask
-        missed = [i for i, raw in enumerate(raws)
-                  if raw is _MISSING and stored[(h := hash(encoded[i]) & mask) >> 3] & (1 << (h & 7))]
-        for i, raw in zip(missed, self._db.get([encoded[i] for i in missed]) if missed else ()):
-            raws[i] = raw
-        return [None if raw is None or raw is _MISSING else loads(raw) for raw in raws]
+        cost a call and a lookup each). By ``map`` in C and numpy: the buffer's lookups, the
+        "may be stored" bits of the keys it has not (:meth:`_maybe_stored`), the unpickling; a
+        Python step only for each key found."""
+        pending, encoded = self._pending, self._keys(keys)
+        raws = list(map(pending.get, encoded))              # None: not in the buffer, or deleted there
+        unbuffered = list(map(pending.__contains__, encoded))
+        unbuffered = list(map(not_, unbuffered)) if True in unbuffered else None
+        missed = self._maybe_stored(encoded, unbuffered)
+        if missed:
+            for i, raw in zip(missed, self._db.get([encoded[i] for i in missed])):
+                raws[i] = raw
+        out = [None] * len(keys)
+        found = list(compress(range(len(raws)), raws))
+        for i, value in zip(found, map(pickle.loads, compress(raws, raws))):
+            out[i] = value
+        return out
+
+    def _maybe_stored(self, encoded: list[bytes], among: list[bool] | None) -> list[int]:
+        """The places of the ``encoded`` keys (``among``: those where it is True; None: all) whose
+        bit in the "may be stored" bitmap is set: the ones worth a read of the store (a fill's
+        every key is new: none). In numpy from 64 keys, their hashes taken by ``map`` in C."""
+        stored, mask, np = self._stored, self._mask, _numpy()
+        if np is None or len(encoded) < 64:
+            return [i for i, k in enumerate(encoded) if (among is None or among[i])
+                    and stored[(h := hash(k) & mask) >> 3] & (1 << (h & 7))]
+        h = np.fromiter(map(hash, encoded), dtype=np.int64, count=len(encoded)).view(np.uint64) & np.uint64(mask)
+        bits = np.frombuffer(stored, dtype=np.uint8)[(h >> np.uint64(3)).astype(np.intp)]
+        hit = (bits >> (h & np.uint64(7)).astype(np.uint8)) & np.uint8(1)
+        if among is not None:
+            hit &= np.fromiter(among, dtype=np.uint8, count=len(among))
+        return np.flatnonzero(hit).tolist()
 
     def write_many(self, puts: Iterable[tuple[Any, Any]], deletes: Iterable[Any] = ()) -> None:
-        """Into the write-back buffer, written in one batch once it is full: the keys encoded
-        and the values pickled in one comprehension, the buffer and the changed keys updated in
-        C (a store and a set add per key in Python were a fifth of a fill's time)."""
-        known, encode, dumps = self._encoded.get, self._key, pickle.dumps
-        written = [(known(key) or encode(key), dumps(value, _PICKLE)) for key, value in puts]
-        if deletes:
-            written += [(known(key) or encode(key), None) for key in deletes]
+        """Into the write-back buffer, written in one batch once it is full: the keys encoded in
+        a batch (:meth:`_keys`) and the values pickled by ``map``, the buffer and the changed keys
+        updated in C (a store and a set add per key in Python were a fifth of a fill's time; then
+        a comprehension calling a lookup and ``dumps`` per key)."""
+        if type(puts) is not dict:
+            puts = dict(puts)
+        encoded = self._keys(list(puts))
         pending = self._pending
-        pending.update(written)
-        self._dirty.update(dict.fromkeys(map(_first, written)))
+        pending.update(zip(encoded, map(pickle.dumps, puts.values(), repeat(_PICKLE))))
+        self._dirty.update(dict.fromkeys(encoded))
+        if deletes:
+            gone = self._keys(list(deletes))
+            pending.update(dict.fromkeys(gone))         # None: a delete
+            self._dirty.update(dict.fromkeys(gone))
         if len(pending) >= FLUSH_KEYS:
             self._flush()
 
     def _flush(self) -> None:
-        """The write-back buffer into the store, one write batch."""
+        """The write-back buffer into the store, one write batch. No Python step per key: the puts
+        go into the batch through ``map`` (a C loop calling the binding) and their bits into the
+        bitmap in one numpy pass (:meth:`_mark`). A loop of ``batch.put`` and a bit set per key
+        was 19 % of the PE's GIL in a fill at 10^6 keys (h31f's profile)."""
         pending = self._pending
         if not pending:
             return
         from rocksdict import WriteBatch
 
-        batch, stored, mask = WriteBatch(raw_mode=True), self._stored, self._mask
-        for k, raw in pending.items():
-            if raw is None:
-                batch.delete(k)
-            else:
-                batch.put(k, raw)
-                h = hash(k) & mask
-                stored[h >> 3] |= 1 << (h & 7)
+        batch = WriteBatch(raw_mode=True)
+        puts = pending
+        if None in pending.values():        # deletes: rare (a scan in C finds none in a fill)
+            puts = {k: raw for k, raw in pending.items() if raw is not None}
+            deque(map(batch.delete, [k for k, raw in pending.items() if raw is None]), maxlen=0)
+        deque(map(batch.put, puts.keys(), puts.values()), maxlen=0)
+        self._mark(puts.keys())
         self._db.write(batch)
         self._pending = {}
+
+    def _mark(self, keys: Collection[bytes]) -> None:
+        """The bits of encoded ``keys`` set in the "may be stored" bitmap, in the PE's turn (a bit
+        set is a read and a write of a byte: not from another thread); in numpy: their hashes taken
+        by ``map`` in C, each byte's bits combined first (``bitwise_or.at``), per key in Python
+        without numpy."""
+        stored, mask, np = self._stored, self._mask, _numpy()
+        if np is None or len(keys) < 64:
+            for k in keys:
+                h = hash(k) & mask
+                stored[h >> 3] |= 1 << (h & 7)
+            return
+        h = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys)).view(np.uint64) & np.uint64(mask)
+        np.bitwise_or.at(np.frombuffer(stored, dtype=np.uint8), h >> np.uint64(3),
+                         np.left_shift(np.uint8(1), (h & np.uint64(7)).astype(np.uint8)))
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         self._flush()

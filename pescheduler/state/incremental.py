@@ -63,7 +63,7 @@ import cloudpickle
 
 from .. import config
 from ..errors import CheckpointDamaged, CheckpointError
-from .base import KEY_GROUPS, Changes, StateView, pack_group, unpack_group
+from .base import KEY_GROUPS, Changes, StateView, pack_chunks, pack_group, unpack_group
 from .files import StateFiles
 from .local import LocalCopies
 
@@ -470,10 +470,9 @@ class ChainWriter:
                     entry = self._put(files, checkpoint_id, f"{name}.delta", data)
                     return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data),
                                   prev.keys + len(delta[0]))
-        count = [0]
-        data = pack_group(_counted(view.items(g), count))   # in chunks: the PE's thread gets the GIL between them
+        data, count, first = pack_chunks(view.chunks(g))   # in chunks: the PE's thread gets the GIL between them
         entry = self._put(files, checkpoint_id, f"{name}.full", data)
-        return _Chain(next(iter(view.items(g)))[0], (entry,), len(data), 0, count[0])
+        return _Chain(first, (entry,), len(data), 0, count)
 
     def _put(self, files: StateFiles, checkpoint_id: int, name: str, data: bytes) -> dict:
         """A key-group file into the storage, and a copy kept on this worker."""
@@ -618,12 +617,6 @@ def slices(keys: Iterable) -> Iterator[list]:
     it = iter(keys)
     while part := list(itertools.islice(it, SLICE_KEYS)):
         yield part
-
-
-def _counted(items: Iterator, count: list) -> Iterator:
-    for item in items:
-        count[0] += 1
-        yield item
 
 
 def _more_than(chains: dict, count: int, changed: Iterator) -> bool:

@@ -100,10 +100,12 @@ import time
 import weakref
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
+from itertools import repeat
+from operator import is_
 from typing import Any, Callable, Iterable, Iterator
 
-from .base import KEY_GROUPS, Changes, KeyedState, PreparedEntries, StateView
-from .groups import key_groups
+from .base import KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, chunked
+from .groups import key_groups, split_by_group
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 LEAVE_KEYS = 2048         # taken keys a slice removes from the index (well under a millisecond)
@@ -265,17 +267,25 @@ class MemoryView(StateView):
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         return iter(self._ready()[group].items())
 
+    def chunks(self, group: int) -> Iterator[Mapping]:
+        """The group's own dict when it is one chunk (nobody writes it while the view lives: the
+        state copies a group a view shares before writing it), else chunks copied from it."""
+        table = self._ready()[group]
+        return iter((table,)) if len(table) <= PACK_CHUNK else chunked(table.items())
+
     def by_group(self, keys: Iterable[Any]) -> dict[int, list]:
         keys = list(keys)
-        out: dict[int, list] = {}
-        for key, g in zip(keys, key_groups(keys)):
-            out.setdefault(g, []).append(key)
-        return out
+        return split_by_group(keys, key_groups(keys))
 
     def delta(self, group: int, keys: Iterable[Any]) -> tuple[dict, list]:
+        """The keys' values read by ``map`` in C; a comprehension per key only when one is gone."""
         table = self._ready()[group]
-        puts = {k: table[k] for k in keys if k in table}
-        return puts, [k for k in keys if k not in table]
+        keys = list(keys)
+        values = list(map(table.get, keys, repeat(_NOTHING)))
+        if not any(map(is_, values, repeat(_NOTHING))):
+            return dict(zip(keys, values)), []
+        return ({k: v for k, v in zip(keys, values) if v is not _NOTHING},
+                [k for k, v in zip(keys, values) if v is _NOTHING])
 
     def release(self) -> None:
         end = getattr(self, "_end", None)
@@ -379,12 +389,16 @@ class MemoryState(KeyedState):
 
     # -- views: the lookup that copies while one is live -----------------------------------------
     def _bind(self) -> None:
-        """``get`` is the index's ``dict.get`` while no view is live, else the copying method."""
+        """``get`` is the index's ``dict.get`` while no view is live, else the copying method;
+        ``read`` is it whenever no taken group is leaving (it never copies: a view may be live,
+        as it is for most of a fill, whose checkpoints are long; else the guarded call)."""
         with _BIND:
             if self._live or self._leaving:
                 self.__dict__.pop("get", None)
             else:
                 self.get = self._index.get
+            if not self._leaving and type(self).read is MemoryState.read:   # a subclass's own stays
+                self.read = self._index.get
 
     def _released(self, view_id: int, changes: Changes | None = None) -> None:
         self._let_go(changes)               # no checkpoint took them: the next snapshot's carry them
