@@ -292,8 +292,9 @@ class KeyedState(ABC):
 
         A keyed operator's per-tuple shortcut: a key found here needs no :meth:`put` after its
         value was changed in place (its group is already copied away from any view and marked
-        changed), so the hot path is one dict lookup. Emptied by snapshot, delete, drop and
-        import: ask for it once per batch, never keep it across a snapshot.
+        changed), so the hot path is one dict lookup. A new dict after a snapshot (the old one
+        is the view's changed keys: a write into it would change the checkpoint); emptied by
+        delete, drop and import: ask for it once per batch, never keep it across a snapshot.
         """
         return None
 
