@@ -123,12 +123,27 @@ class GroupRef:
 
     @property
     def paths(self) -> list[str]:
-        return [f"chk-{chk:06d}/{self.name}.g{self.group:03d}.{kind}" for chk, kind in _kinds(self.chain)]
+        return [f"chk-{chk:06d}/" + (pack_name(self.name) if kind == PACKED else f"{self.name}.g{self.group:03d}.{kind}")
+                for chk, kind in _kinds(self.chain)]
+
+
+PACKED = "pack"         # a chain's link to a delta held in its PE's pack of that checkpoint (_Pack)
 
 
 def _kinds(chain: tuple) -> list[tuple[int, str]]:
-    """``(checkpoint id, "full" | "delta")`` of a chain; earlier versions wrote those pairs themselves."""
+    """``(checkpoint id, "full" | "delta" | PACKED)`` of a chain: a file of its own is its
+    checkpoint's id (the first the full file), a delta in its PE's pack ``(id, PACKED)``."""
     return [c if type(c) is tuple else (c, "delta" if i else "full") for i, c in enumerate(chain)]
+
+
+def pack_name(name: str) -> str:
+    """The pack (:class:`_Pack`) holding view ``name``'s (``<pe>.<n>``) small deltas: ``<pe>.pack``."""
+    return f"{name.rsplit('.', 1)[0]}.pack"
+
+
+def _link(entry: dict) -> int | tuple:
+    """A chain's file as its map names it (:func:`_kinds`)."""
+    return (entry["chk"], PACKED) if entry["path"].endswith(".pack") else entry["chk"]
 
 
 @dataclass(frozen=True)
@@ -334,12 +349,20 @@ class ChainWriter:
         self._restored_base: set = set()            # those of the newest complete one (local copies kept)
 
     def write_pe(self, files: StateFiles, checkpoint_id: int, pe_id: str, taken: dict) -> dict:
-        """One PE's checkpoint: its groups' files, then its ``.state`` file; ``{"files", "positions"}``
-        with every file the checkpoint references (earlier checkpoints' included: their group
-        files, and the ``.state`` files whose key-group maps this one's extend, role ``map``)."""
+        """One PE's checkpoint: its groups' files (its small deltas in one, :class:`_Pack`), then
+        its ``.state`` file; ``{"files", "positions"}`` with every file the checkpoint references,
+        each once (earlier checkpoints' included: their group files, and the ``.state`` files
+        whose key-group maps this one's extend, role ``map``)."""
         entries, refs, views, run = [], [], [], files.url.rsplit("/", 1)[-1]
-        for i, snap in enumerate(taken["views"]):
-            gmap, written, token = self._write_view(files, checkpoint_id, f"{pe_id}.{i}", snap.view)
+        pack, done = _Pack(checkpoint_id, f"{pe_id}.pack"), []
+        try:
+            for i, snap in enumerate(taken["views"]):
+                gmap, chains, token = self._write_view(files, checkpoint_id, f"{pe_id}.{i}", i, snap.view, pack)
+                done.append((snap, gmap, chains, token))
+        finally:                # aborted too: the chains kept for the next attempt may reference it
+            self._put_pack(files, checkpoint_id, pack)
+        for snap, gmap, chains, token in done:
+            written = [{**f, "role": "group"} for c in chains.values() for f in c.files]
             if snap.restored:           # groups a lazy restore has not loaded yet: their files referenced
                 restored, referenced = still_restored(snap.restored, run)
                 gmap = replace(gmap, restored=restored)
@@ -349,6 +372,7 @@ class ChainWriter:
             refs.append(gmap)
             entries.extend(written)
             views.append(token)
+        entries = list({e["path"]: e for e in entries}.values())     # a pack once, however many groups it holds
         blob = cloudpickle.dumps({"ops": taken["state"], "positions": taken["positions"], "groups": refs})
         state = files.put(checkpoint_id, f"{pe_id}.state", blob)
         maps: dict = {}
@@ -363,7 +387,8 @@ class ChainWriter:
                           *({**e, "role": "map", "pe": pe_id} for e in maps.values())],
                 "positions": taken["positions"]}
 
-    def _write_view(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView) -> tuple:
+    def _write_view(self, files: StateFiles, checkpoint_id: int, name: str, index: int, view: StateView,
+                    pack: "_Pack") -> tuple:
         try:
             changes = view.changes or Changes(f"untracked-{id(view)}", 1)   # a view of another backend: whole
             with self._lock:
@@ -377,7 +402,8 @@ class ChainWriter:
                 if checkpoint_id in self._abandoned:
                     raise CheckpointError(f"checkpoint {checkpoint_id} was aborted while its files were "
                                           f"written; the groups written are kept for the next one")
-                chains[g] = self._chain(files, checkpoint_id, f"{name}.g{g:03d}", view, g, later.since(g) or since)
+                chains[g] = self._chain(files, checkpoint_id, f"{name}.g{g:03d}", view, g, later.since(g) or since,
+                                        lambda data: pack.add(index, g, data))
                 with self._lock:
                     self._kept.setdefault(changes.token, {})[g] = _Kept(changes.seq, checkpoint_id, chains[g])
         finally:
@@ -394,8 +420,7 @@ class ChainWriter:
         with self._lock:
             self._pending.setdefault(checkpoint_id, {})[changes.token] = _Written(
                 changes.seq, chains, run, name, checkpoint_id, anchors, walked)
-        written = [{**f, "role": "group"} for c in chains.values() for f in c.files]
-        return gmap, written, changes.token
+        return gmap, chains, changes.token
 
     def _forget_unions(self, token: str) -> None:
         """Drop the sorted keys since snapshots no chain builds on any more (a group's kept chain
@@ -451,7 +476,7 @@ class ChainWriter:
         return chains, groups, whole
 
     def _chain(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView, g: int,
-               since: tuple | None) -> _Chain:
+               since: tuple | None, packed: Callable[[bytes], dict | None] = lambda data: None) -> _Chain:
         """Group ``g``'s chain in this checkpoint: the base's as it was (no key changed), with one
         more delta (the chain is short, its deltas stay smaller than its full file and it is not
         the group's turn: :func:`rewrite_turn`), or a new full file."""
@@ -467,7 +492,7 @@ class ChainWriter:
                 delta = view.delta(g, keys)
                 data = pack_delta(*delta)
                 if prev.delta_bytes + len(data) <= prev.full_bytes * outgrown_at(g):
-                    entry = self._put(files, checkpoint_id, f"{name}.delta", data)
+                    entry = packed(data) or self._put(files, checkpoint_id, f"{name}.delta", data)
                     return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data),
                                   prev.keys + len(delta[0]))
         count = [0]
@@ -481,6 +506,11 @@ class ChainWriter:
         if self.local is not None:
             self.local.keep(files.url.rsplit("/", 1)[-1], entry, data)
         return entry
+
+    def _put_pack(self, files: StateFiles, checkpoint_id: int, pack: "_Pack") -> None:
+        """The PE's pack, if it holds a delta: its entry (the one its chains name) filled in."""
+        if pack.deltas:
+            pack.entry.update(self._put(files, checkpoint_id, pack.entry["path"].rsplit("/", 1)[-1], pack.data()))
 
     def abandon(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was aborted: a write of it still going stops at its next
@@ -548,11 +578,11 @@ def _group_map(run: str, name: str, checkpoint_id: int, chains: dict, base: _Wri
         if (old is not None and g in base.anchors and paths[:len(old)] == old
                 and not rewrite_turn(g, checkpoint_id, max_deltas)):
             if len(paths) > len(old):
-                added = tuple(f["chk"] for f in c.files[len(old):])
+                added = tuple(_link(f) for f in c.files[len(old):])
                 grown.setdefault(shared.setdefault(added, added), []).append(g)
             anchors[g] = base.anchors[g]
         else:
-            chain = tuple(f["chk"] for f in c.files)
+            chain = tuple(_link(f) for f in c.files)
             put[g] = (c.key, shared.setdefault(chain, chain))     # equal chains pickled once
             anchors[g] = checkpoint_id
     gmap = GroupMap(run, name, None if base is None else base.checkpoint_id, put,
@@ -574,6 +604,48 @@ def _lasts(chain: _Chain, checkpoint_id: int, max_deltas: int, grows: bool) -> b
         return False
     later = (age + max(1, max_deltas)) / age
     return now * later <= max_deltas and chain.delta_bytes * now / deltas * later <= chain.full_bytes
+
+
+PACK_DELTA = 1024       # a delta at most this large goes into its PE's pack (_Pack), not a file of its own
+PACK_MAX = 64 << 10     # ... while the pack holds at most this many bytes: a group's restore reads whole packs
+
+
+class _Pack:
+    """One PE's small deltas of one checkpoint, in one file ``chk-N/<pe>.pack``: a pickled
+    ``{(view, group): delta bytes}``. At 10^3-10^4 keys with 1 % changed, a steady checkpoint's
+    deltas hold a key or two each, and each was a file (or carried in the manifest: 48 bytes
+    and less, ``state/files.INLINE``) named by a manifest entry of 60-140 bytes: the manifest
+    was most of what the checkpoint wrote (bench/state.py, session 22: 11-22 % of the state,
+    5 % without it). In a pack they are one entry, and a chain's link to one is ``(id,
+    PACKED)``, the same for each group (its map names them together, as it did its deltas).
+    Only small deltas (:data:`PACK_DELTA`), and :data:`PACK_MAX` bytes at most: a lazy restore
+    of one group reads the packs its chain names whole (``read_group``, each once per restore:
+    ``packs``); at 10^7 keys a delta is ~40 KB and keeps its own file. Its entry is filled in
+    when written (``ChainWriter._put_pack``), after the PE's last group and before its ``.state``."""
+
+    def __init__(self, checkpoint_id: int, name: str) -> None:
+        self.entry = {"path": f"chk-{checkpoint_id:06d}/{name}", "chk": checkpoint_id, "bytes": 0, "sha256": ""}
+        self.deltas: dict[tuple[int, int], bytes] = {}
+        self.size = 0
+
+    def add(self, view: int, group: int, data: bytes) -> dict | None:
+        """The pack's entry if it takes this delta, else None (the delta is a file of its own)."""
+        if len(data) > PACK_DELTA or self.size + len(data) > PACK_MAX:
+            return None
+        self.deltas[(view, group)] = data
+        self.size += len(data)
+        return self.entry
+
+    def data(self) -> bytes:
+        return pickle.dumps(self.deltas, _PICKLE)
+
+
+def unpack_packed(data: bytes, name: str, group: int) -> bytes:
+    """View ``name``'s (``<pe>.<n>``) delta of ``group`` in a pack's bytes (:class:`_Pack`)."""
+    try:
+        return pickle.loads(data)[(int(name.rsplit(".", 1)[1]), group)]
+    except KeyError:
+        raise CheckpointDamaged(f"the pack a chain of {name} names holds no delta of group {group}") from None
 
 
 def pack_delta(puts: dict, deletes: list) -> bytes:
@@ -671,16 +743,25 @@ class _Later:
 
 # -- the restore, on the worker ---------------------------------------------------------------------
 
-def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = None) -> tuple[bytes | dict, int]:
+def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = None,
+               packs: dict | None = None) -> tuple[bytes | dict, int]:
     """One key group from its chain, every file checked first (a local copy when there is a good
     one): its full file's bytes (:func:`pack_group`'s) when it has no delta, else its entries with
     the deltas applied (not packed again: ``import_groups`` takes either); and how many files were
-    read locally."""
+    read locally. A pack (:class:`_Pack`) is read once into ``packs`` (given: a restore's, for
+    all its groups) and its group's delta taken from it."""
     datas, here = [], 0
+    packs = {} if packs is None else packs
     for entry in ref.files:
-        data = None if local is None else local.read(ref.run, entry)
-        here += data is not None
-        datas.append(files.read(entry, ref.run) if data is None else data)
+        packed = entry["path"].endswith(".pack")
+        data = packs.get((ref.run, entry["path"])) if packed else None
+        if data is None:
+            data = None if local is None else local.read(ref.run, entry)
+            here += data is not None
+            data = files.read(entry, ref.run) if data is None else data
+            if packed:
+                packs[(ref.run, entry["path"])] = data
+        datas.append(unpack_packed(data, ref.name, ref.group) if packed else data)
     if len(datas) == 1:
         return datas[0], here
     entries = unpack_group(datas[0])
@@ -696,22 +777,23 @@ def resolve_restore(restore: dict, local: LocalCopies | None = None) -> tuple[in
     """In place: the :class:`GroupRef` in each operator's saved state (``spec.restore``) replaced
     by its key group's bytes, read from the storage its ``"storage"`` names or from this
     worker's copies (in a worker thread, before the PE is built). ``(files, read locally)``."""
-    counts = [0, 0]
+    counts, packs = [0, 0], {}
     for saved in restore.values():
         storage = saved.get("storage")
         if storage is not None:
-            saved["state"] = _resolved(saved["state"], StateFiles(storage), local, counts)
+            saved["state"] = _resolved(saved["state"], StateFiles(storage), local, counts, packs=packs)
     return counts[0], counts[1]
 
 
 def resolve_part(state: Any, storage: str, local: LocalCopies | None = None,
-                 prepare: Callable[[int, dict], Any] | None = None) -> Any:
+                 prepare: Callable[[int, dict], Any] | None = None, packs: dict | None = None) -> Any:
     """A lazy restore's one part (``worker/lazy_restore.py``): ``state`` (an operator's saved state
     cut down to a few key groups) with each :class:`GroupRef` replaced by its group's entries, read,
     checked and unpickled here, in the worker thread that calls it; ``prepare(group, entries)``,
     when given, makes them ready for the store here too (the backend's ``prepare_group``), so the
-    PE's turn that imports them only installs them."""
-    return _resolved(state, StateFiles(storage), local, [0, 0], unpacked=prepare or True)
+    PE's turn that imports them only installs them. ``packs``: the packs read so far by this
+    restore (:func:`read_group`), kept across its parts."""
+    return _resolved(state, StateFiles(storage), local, [0, 0], unpacked=prepare or True, packs=packs)
 
 
 def ref_groups(value: Any) -> set[int]:
@@ -727,10 +809,10 @@ def ref_groups(value: Any) -> set[int]:
 
 
 def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: list,
-              unpacked: bool | Callable[[int, dict], Any] = False) -> Any:
+              unpacked: bool | Callable[[int, dict], Any] = False, packs: dict | None = None) -> Any:
     """``unpacked``: each group's entries as a dict, or (a callable) what it makes of them."""
     if type(value) is GroupRef:
-        data, here = read_group(files, value, local)
+        data, here = read_group(files, value, local, packs)
         counts[0] += len(value.files)
         counts[1] += here
         if not unpacked:
@@ -738,7 +820,7 @@ def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: 
         entries = data if type(data) is dict else unpack_group(data)
         return unpacked(value.group, entries) if callable(unpacked) else entries
     if type(value) is dict:
-        return {k: _resolved(v, files, local, counts, unpacked) for k, v in value.items()}
+        return {k: _resolved(v, files, local, counts, unpacked, packs) for k, v in value.items()}
     if type(value) in (list, tuple):
-        return type(value)(_resolved(v, files, local, counts, unpacked) for v in value)
+        return type(value)(_resolved(v, files, local, counts, unpacked, packs) for v in value)
     return value
