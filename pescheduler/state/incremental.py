@@ -55,6 +55,7 @@ import io
 import itertools
 import pickle
 import threading
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator
@@ -127,7 +128,7 @@ class GroupRef:
                 for chk, kind in _kinds(self.chain)]
 
 
-PACKED = "pack"         # a chain's link to a delta held in its PE's pack of that checkpoint (_Pack)
+PACKED = "pack"         # a chain's link to a delta its PE's .state of that checkpoint holds (_Pack)
 
 
 def _kinds(chain: tuple) -> list[tuple[int, str]]:
@@ -137,13 +138,13 @@ def _kinds(chain: tuple) -> list[tuple[int, str]]:
 
 
 def pack_name(name: str) -> str:
-    """The pack (:class:`_Pack`) holding view ``name``'s (``<pe>.<n>``) small deltas: ``<pe>.pack``."""
-    return f"{name.rsplit('.', 1)[0]}.pack"
+    """The file holding view ``name``'s (``<pe>.<n>``) small deltas (:class:`_Pack`): its PE's ``.state``."""
+    return f"{name.rsplit('.', 1)[0]}.state"
 
 
 def _link(entry: dict) -> int | tuple:
     """A chain's file as its map names it (:func:`_kinds`)."""
-    return (entry["chk"], PACKED) if entry["path"].endswith(".pack") else entry["chk"]
+    return (entry["chk"], PACKED) if entry["path"].endswith(".state") else entry["chk"]
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,29 @@ class _PutBack(pickle.Unpickler):
         return self.groups[pid]
 
 
+SQUEEZE = 1 << 20      # a .state file this small is compressed (zlib): its fixed part and small deltas
+
+
+def state_file(blob: dict) -> bytes:
+    """A PE's ``.state`` file's bytes: ``blob`` pickled, compressed (zlib) when at most
+    :data:`SQUEEZE` bytes and smaller so. At 10^3 keys a steady checkpoint's ``.state`` (the PE's
+    small state, its key-group map, its ten one-key deltas) was ~560 bytes, 370 compressed: the
+    largest part of what it writes beside the manifest. Larger ones (a non-keyed operator's
+    whole state) are left as they are: their compression would be seconds of the writer's CPU."""
+    data = cloudpickle.dumps(blob, _PICKLE)
+    if len(data) <= SQUEEZE:
+        squeezed = zlib.compress(data, 6)
+        if len(squeezed) < len(data):
+            return squeezed
+    return data
+
+
+def load_state_file(data: bytes) -> dict:
+    """:func:`state_file`'s bytes (checked against the manifest first), or an uncompressed one's
+    (a pickle starts with its PROTO opcode, a zlib stream with 0x78)."""
+    return cloudpickle.loads(zlib.decompress(data) if data[:1] == b"\x78" else data)
+
+
 def load_snapshot(data: bytes, groups: list) -> Any:
     """:func:`pickle_snapshot`'s bytes, view ``i`` replaced by ``groups[i]`` (``{g: (key, GroupRef)}``)."""
     return _PutBack(data, groups).load()
@@ -253,7 +277,7 @@ def with_entries(groups: list, entries: list[dict], read=None) -> list[dict]:
         if path not in maps:
             if path not in by_path or read is None:
                 raise CheckpointDamaged(f"the key-group map {path} is not in the signed manifest")
-            maps[path] = cloudpickle.loads(read(by_path[path]))["groups"]
+            maps[path] = load_state_file(read(by_path[path]))["groups"]
         found = [m for m in maps[path] if type(m) is GroupMap and m.name == name]
         if not found:
             raise CheckpointDamaged(f"{path} holds no key-group map of {name}")
@@ -349,32 +373,42 @@ class ChainWriter:
         self._restored_base: set = set()            # those of the newest complete one (local copies kept)
 
     def write_pe(self, files: StateFiles, checkpoint_id: int, pe_id: str, taken: dict) -> dict:
-        """One PE's checkpoint: its groups' files (its small deltas in one, :class:`_Pack`), then
-        its ``.state`` file; ``{"files", "positions"}`` with every file the checkpoint references,
-        each once (earlier checkpoints' included: their group files, and the ``.state`` files
-        whose key-group maps this one's extend, role ``map``)."""
-        entries, refs, views, run = [], [], [], files.url.rsplit("/", 1)[-1]
-        pack, done = _Pack(checkpoint_id, f"{pe_id}.pack"), []
+        """One PE's checkpoint: its groups' files, then its ``.state`` file, which holds its small
+        ones too (:class:`_Pack`); ``{"files", "positions", "state_bytes"}`` with every file the
+        checkpoint references, each once (earlier checkpoints' included: their group files, and
+        the ``.state`` files whose key-group maps this one's extend or that hold a chain's file,
+        role ``map``), and the bytes of the state it references (each key group's files, wherever
+        they are held, and its ``.state``)."""
+        refs, views, run = [], [], files.url.rsplit("/", 1)[-1]
+        pack, done = _Pack(checkpoint_id, f"{pe_id}.state"), []
         try:
             for i, snap in enumerate(taken["views"]):
                 gmap, chains, token = self._write_view(files, checkpoint_id, f"{pe_id}.{i}", i, snap.view, pack)
-                done.append((snap, gmap, chains, token))
-        finally:                # aborted too: the chains kept for the next attempt may reference it
-            self._put_pack(files, checkpoint_id, pack)
-        for snap, gmap, chains, token in done:
-            written = [{**f, "role": "group"} for c in chains.values() for f in c.files]
-            if snap.restored:           # groups a lazy restore has not loaded yet: their files referenced
-                restored, referenced = still_restored(snap.restored, run)
-                gmap = replace(gmap, restored=restored)
-                written = written + referenced
+                done.append((snap, chains))
+                if snap.restored:       # groups a lazy restore has not loaded yet: their files referenced
+                    gmap = replace(gmap, restored=still_restored(snap.restored, run)[0])
+                refs.append(gmap)
+                views.append(token)
+        except CheckpointError:         # no .state: the chains kept for the next attempt may not name it
+            self._unkeep(pack)
+            raise
+        blob = state_file({"ops": taken["state"], "positions": taken["positions"], "groups": refs,
+                           **({"deltas": pack.deltas} if pack.deltas else {})})
+        state = self._put(files, checkpoint_id, f"{pe_id}.state", blob) if pack.deltas else \
+            files.put(checkpoint_id, f"{pe_id}.state", blob)
+        pack.entry.update(state)        # the entry its chains' packed deltas name
+        entries: dict = {}
+        held = state["bytes"]           # the state it references: key groups counted as their files' bytes,
+        for snap, chains in done:       # in a .state or not (a .state referenced whole would count its map)
+            for f in (f for c in chains.values() for f in c.files):
+                entries[f["path"]] = {**f, "role": "group"}
+            held += sum(c.full_bytes + c.delta_bytes for c in chains.values())
+            if snap.restored:
+                referenced = still_restored(snap.restored, run)[1]
+                entries.update((e["path"], e) for e in referenced)
+                held += sum(e["bytes"] for e in {e["path"]: e for e in referenced}.values())
                 with self._lock:
                     self._restored.setdefault(checkpoint_id, set()).update(e["path"] for e in referenced)
-            refs.append(gmap)
-            entries.extend(written)
-            views.append(token)
-        entries = list({e["path"]: e for e in entries}.values())     # a pack once, however many groups it holds
-        blob = cloudpickle.dumps({"ops": taken["state"], "positions": taken["positions"], "groups": refs})
-        state = files.put(checkpoint_id, f"{pe_id}.state", blob)
         maps: dict = {}
         with self._lock:
             pending = self._pending.get(checkpoint_id, {})      # gone: a later one completed meanwhile
@@ -383,9 +417,22 @@ class ChainWriter:
                 if w is not None:
                     pending[token] = replace(w, maps=(state, *w.maps))
                     maps.update((e["path"], e) for e in w.maps)
-        return {"files": [{**state, "role": "state", "pe": pe_id}, *entries,
+        for path, e in list(entries.items()):   # a .state holding a chain's delta: a map as the walk's are
+            if path.endswith(".state"):
+                del entries[path]
+                if path != state["path"]:
+                    maps.setdefault(path, e)
+        return {"files": [{**state, "role": "state", "pe": pe_id}, *entries.values(),
                           *({**e, "role": "map", "pe": pe_id} for e in maps.values())],
-                "positions": taken["positions"]}
+                "positions": taken["positions"], "state_bytes": held}
+
+    def _unkeep(self, pack: "_Pack") -> None:
+        """An aborted write's groups whose chain ends in a delta of ``pack``: not kept (the PE's
+        ``.state`` that would hold it is not written); the next attempt writes them again."""
+        with self._lock:
+            for groups in self._kept.values():
+                for g in [g for g, k in groups.items() if k.chain.files[-1] is pack.entry]:
+                    del groups[g]
 
     def _write_view(self, files: StateFiles, checkpoint_id: int, name: str, index: int, view: StateView,
                     pack: "_Pack") -> tuple:
@@ -403,7 +450,7 @@ class ChainWriter:
                     raise CheckpointError(f"checkpoint {checkpoint_id} was aborted while its files were "
                                           f"written; the groups written are kept for the next one")
                 chains[g] = self._chain(files, checkpoint_id, f"{name}.g{g:03d}", view, g, later.since(g) or since,
-                                        lambda data: pack.add(index, g, data))
+                                        lambda data, delta: pack.add(index, g, data, delta))
                 with self._lock:
                     self._kept.setdefault(changes.token, {})[g] = _Kept(changes.seq, checkpoint_id, chains[g])
         finally:
@@ -476,7 +523,8 @@ class ChainWriter:
         return chains, groups, whole
 
     def _chain(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView, g: int,
-               since: tuple | None, packed: Callable[[bytes], dict | None] = lambda data: None) -> _Chain:
+               since: tuple | None, packed: Callable[[bytes, tuple | None], dict | None] = lambda data, delta: None
+               ) -> _Chain:
         """Group ``g``'s chain in this checkpoint: the base's as it was (no key changed), with one
         more delta (the chain is short, its deltas stay smaller than its full file and it is not
         the group's turn: :func:`rewrite_turn`), or a new full file."""
@@ -492,12 +540,12 @@ class ChainWriter:
                 delta = view.delta(g, keys)
                 data = pack_delta(*delta)
                 if prev.delta_bytes + len(data) <= prev.full_bytes * outgrown_at(g):
-                    entry = packed(data) or self._put(files, checkpoint_id, f"{name}.delta", data)
+                    entry = packed(data, delta) or self._put(files, checkpoint_id, f"{name}.delta", data)
                     return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data),
                                   prev.keys + len(delta[0]))
         count = [0]
         data = pack_group(_counted(view.items(g), count))   # in chunks: the PE's thread gets the GIL between them
-        entry = self._put(files, checkpoint_id, f"{name}.full", data)
+        entry = packed(data, None) or self._put(files, checkpoint_id, f"{name}.full", data)
         return _Chain(next(iter(view.items(g)))[0], (entry,), len(data), 0, count[0])
 
     def _put(self, files: StateFiles, checkpoint_id: int, name: str, data: bytes) -> dict:
@@ -506,11 +554,6 @@ class ChainWriter:
         if self.local is not None:
             self.local.keep(files.url.rsplit("/", 1)[-1], entry, data)
         return entry
-
-    def _put_pack(self, files: StateFiles, checkpoint_id: int, pack: "_Pack") -> None:
-        """The PE's pack, if it holds a delta: its entry (the one its chains name) filled in."""
-        if pack.deltas:
-            pack.entry.update(self._put(files, checkpoint_id, pack.entry["path"].rsplit("/", 1)[-1], pack.data()))
 
     def abandon(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was aborted: a write of it still going stops at its next
@@ -606,46 +649,53 @@ def _lasts(chain: _Chain, checkpoint_id: int, max_deltas: int, grows: bool) -> b
     return now * later <= max_deltas and chain.delta_bytes * now / deltas * later <= chain.full_bytes
 
 
-PACK_DELTA = 1024       # a delta at most this large goes into its PE's pack (_Pack), not a file of its own
+PACK_DELTA = 1024       # a key-group file (whole or delta) at most this large goes into its PE's .state (_Pack)
 PACK_MAX = 64 << 10     # ... while the pack holds at most this many bytes: a group's restore reads whole packs
 
 
 class _Pack:
-    """One PE's small deltas of one checkpoint, in one file ``chk-N/<pe>.pack``: a pickled
-    ``{(view, group): delta bytes}``. At 10^3-10^4 keys with 1 % changed, a steady checkpoint's
-    deltas hold a key or two each, and each was a file (or carried in the manifest: 48 bytes
-    and less, ``state/files.INLINE``) named by a manifest entry of 60-140 bytes: the manifest
-    was most of what the checkpoint wrote (bench/state.py, session 22: 11-22 % of the state,
-    5 % without it). In a pack they are one entry, and a chain's link to one is ``(id,
-    PACKED)``, the same for each group (its map names them together, as it did its deltas).
-    Only small deltas (:data:`PACK_DELTA`), and :data:`PACK_MAX` bytes at most: a lazy restore
-    of one group reads the packs its chain names whole (``read_group``, each once per restore:
-    ``packs``); at 10^7 keys a delta is ~40 KB and keeps its own file. Its entry is filled in
-    when written (``ChainWriter._put_pack``), after the PE's last group and before its ``.state``."""
+    """One PE's small deltas of one checkpoint, held in its ``.state`` file (``"deltas"``:
+    ``{(view, group): delta bytes}``): one file per PE per checkpoint, one manifest entry. At
+    10^3-10^4 keys with 1 % changed, a steady checkpoint's deltas hold a key or two each, and
+    each was a file (or carried in the manifest: 48 bytes and less, ``state/files.INLINE``)
+    named by a manifest entry of 60-140 bytes: the manifest was most of what the checkpoint
+    wrote (bench/state.py, session 22: 11-22 % of the state, 2-6 % without it). A chain's link
+    to a packed delta is ``(id, PACKED)``, the same for every group of that checkpoint (its map
+    names them together, as it did its deltas). Only small deltas (:data:`PACK_DELTA`), and
+    :data:`PACK_MAX` bytes at most: a lazy restore of one group reads the ``.state`` files its
+    chain names whole (``read_group``, each once per restore: ``packs``); at 10^6 keys and more
+    a delta is 1-40 KB and keeps its own file. Its entry is filled in once the ``.state`` is
+    written (``ChainWriter.write_pe``); an attempt aborted before that keeps none of its chains
+    that name it (``ChainWriter._unkeep``)."""
 
     def __init__(self, checkpoint_id: int, name: str) -> None:
         self.entry = {"path": f"chk-{checkpoint_id:06d}/{name}", "chk": checkpoint_id, "bytes": 0, "sha256": ""}
-        self.deltas: dict[tuple[int, int], bytes] = {}
+        self.deltas: dict[int, dict] = {}          # view -> {group: full file's bytes, or delta}
         self.size = 0
 
-    def add(self, view: int, group: int, data: bytes) -> dict | None:
-        """The pack's entry if it takes this delta, else None (the delta is a file of its own)."""
+    def add(self, view: int, group: int, data: bytes, delta: tuple | None = None) -> dict | None:
+        """The entry of the PE's ``.state`` if it takes this group's file (``data``: its bytes as
+        a file of its own; ``delta``: ``(puts, deletes)`` when it is a delta, None when it is the
+        group whole), else None."""
         if len(data) > PACK_DELTA or self.size + len(data) > PACK_MAX:
             return None
-        self.deltas[(view, group)] = data
+        if delta is None:
+            self.deltas.setdefault(view, {})[group] = data
+        else:
+            puts, deletes = delta
+            self.deltas.setdefault(view, {})[group] = (puts, list(deletes)) if deletes else puts
         self.size += len(data)
         return self.entry
 
-    def data(self) -> bytes:
-        return pickle.dumps(self.deltas, _PICKLE)
 
-
-def unpack_packed(data: bytes, name: str, group: int) -> bytes:
-    """View ``name``'s (``<pe>.<n>``) delta of ``group`` in a pack's bytes (:class:`_Pack`)."""
+def unpack_packed(deltas: dict, name: str, group: int) -> bytes | tuple[dict, Any]:
+    """View ``name``'s (``<pe>.<n>``) file of ``group`` among a ``.state`` file's (:class:`_Pack`):
+    a full file's bytes, or a delta's ``(puts, deleted keys)``."""
     try:
-        return pickle.loads(data)[(int(name.rsplit(".", 1)[1]), group)]
+        delta = deltas[int(name.rsplit(".", 1)[1])][group]
+        return (delta, ()) if type(delta) is dict else delta
     except KeyError:
-        raise CheckpointDamaged(f"the pack a chain of {name} names holds no delta of group {group}") from None
+        raise CheckpointDamaged(f"the .state file a chain of {name} names holds no delta of group {group}") from None
 
 
 def pack_delta(puts: dict, deletes: list) -> bytes:
@@ -748,25 +798,25 @@ def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = Non
     """One key group from its chain, every file checked first (a local copy when there is a good
     one): its full file's bytes (:func:`pack_group`'s) when it has no delta, else its entries with
     the deltas applied (not packed again: ``import_groups`` takes either); and how many files were
-    read locally. A pack (:class:`_Pack`) is read once into ``packs`` (given: a restore's, for
-    all its groups) and its group's delta taken from it."""
+    read locally. A ``.state`` file holding a delta (:class:`_Pack`) is read once into ``packs``
+    (given: a restore's, for all its groups) and its group's delta taken from it."""
     datas, here = [], 0
     packs = {} if packs is None else packs
     for entry in ref.files:
-        packed = entry["path"].endswith(".pack")
-        data = packs.get((ref.run, entry["path"])) if packed else None
-        if data is None:
+        packed = entry["path"].endswith(".state")
+        deltas = packs.get((ref.run, entry["path"])) if packed else None
+        if deltas is None:
             data = None if local is None else local.read(ref.run, entry)
             here += data is not None
             data = files.read(entry, ref.run) if data is None else data
             if packed:
-                packs[(ref.run, entry["path"])] = data
-        datas.append(unpack_packed(data, ref.name, ref.group) if packed else data)
+                deltas = packs[(ref.run, entry["path"])] = load_state_file(data).get("deltas", {})
+        datas.append(unpack_packed(deltas, ref.name, ref.group) if packed else data)
     if len(datas) == 1:
         return datas[0], here
     entries = unpack_group(datas[0])
     for data in datas[1:]:
-        puts, deletes = unpack_delta(data)
+        puts, deletes = unpack_delta(data) if type(data) is bytes else data     # a tuple: from a .state
         for key in deletes:
             entries.pop(key, None)
         entries.update(puts)

@@ -30,8 +30,9 @@ from pescheduler.worker.ckpt_files import CheckpointFiles
 def shares(files, store, st, k: int, checkpoints: int) -> tuple[list[float], dict]:
     """``k`` rows as small as bench/state.py's ``latest`` keeps (~19 bytes pickled), a first
     checkpoint, then ``checkpoints`` more, each after 1 % of the keys changed (others each time):
-    each one's bytes written over the state's (its key-group files and its .state file; the
-    earlier .state files it references for their maps are not state), and the rows."""
+    each one's bytes written over the state's (its key groups' files, wherever they are held, and
+    its .state file: the writer's ``state_bytes``; the maps of the earlier .state files it
+    references are not state), and the rows."""
     rows = {i: [i, 0] for i in range(k)}
     for i, row in rows.items():
         st.put(i, row)
@@ -41,9 +42,8 @@ def shares(files, store, st, k: int, checkpoints: int) -> tuple[list[float], dic
         for i in range(cid % 100, k, 100):
             rows[i] = [i, cid]
             st.put(i, rows[i])
-        done = checkpoint(files, store, st, cid)["files"]
-        state = sum(f["bytes"] for f in done if f["role"] in ("group", "state"))
-        out.append(round(sum(f["bytes"] for f in done if f["chk"] == cid) / state, 4))
+        done = checkpoint(files, store, st, cid)
+        out.append(round(sum(f["bytes"] for f in done["files"] if f["chk"] == cid) / done["state_bytes"], 4))
     return out, rows
 
 
@@ -155,12 +155,11 @@ def shares_with_manifest(store, files, st, k: int, checkpoints: int) -> tuple[li
         for i in range(cid % 100, k, 100):
             rows[i] = [i, cid]
             st.put(i, rows[i])
-        done = checkpoint(files, store, st, cid, complete=False)["files"]
-        manifest = store.commit_manifest(cid, {"id": cid, "files": done})
+        done = checkpoint(files, store, st, cid, complete=False)
+        manifest = store.commit_manifest(cid, {"id": cid, "files": done["files"]})
         files.end("d", cid, complete=True)
-        state = sum(f["bytes"] for f in done if f["role"] in ("group", "state"))
-        new = [f for f in done if f["chk"] == cid]
-        out.append(round((sum(f["bytes"] for f in new) + manifest) / state, 4))
+        new = [f for f in done["files"] if f["chk"] == cid]
+        out.append(round((sum(f["bytes"] for f in new) + manifest) / done["state_bytes"], 4))
         named.append(len(new))
     return out, named, rows
 
