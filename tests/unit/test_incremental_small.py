@@ -239,3 +239,33 @@ def test_an_attempt_aborted_before_its_state_file_leaves_no_chain_naming_it(stat
     assert not [f["path"] for f in out["files"] if f["chk"] == 2], "checkpoint 3 builds on the aborted attempt 2's files"
     store.verify(3)
     assert restored(store, 3) == rows
+
+
+def test_a_restore_reads_the_pes_state_file_holding_its_groups_from_this_workers_copy(worker_dir):
+    """Local recovery of the packed layout: the worker keeps a copy of a .state that holds group
+    files, and a restore reads it there once for all its groups (the storage's copy damaged)."""
+    from test_incremental_checkpoint import load_snapshot, with_entries
+
+    from pescheduler.state.incremental import load_state_file
+    from pescheduler.state.local import LocalCopies
+    from pescheduler.state.settings import deployment_dir
+
+    store, files = CheckpointStore(f"memory://small-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    st = open_state("memory")
+    for i in range(1_000):
+        st.put(f"car-{i:07d}", [i, 0.0])
+    checkpoint(files, store, st, 1)
+    st.put("car-0000009", [9, 7.0])
+    checkpoint(files, store, st, 2)
+    copies = sorted(p.relative_to(worker_dir) for p in worker_dir.rglob("chk-*/*"))
+    assert [p.name for p in copies] == ["pe.state", "pe.state"], copies
+    manifest = store.manifest(2)
+    entry = next(e for e in manifest["files"] if e["role"] == "state")
+    blob = load_state_file(store.read(entry, store.run))
+    groups = with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
+    store.fs.pipe_file(f"{store.root}/{store.run}/chk-000001/pe.state", b"damaged")
+    saved = {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}
+    assert resolve_restore(saved, LocalCopies(deployment_dir("d"))) == (129, 2)   # 129 group files in 2 .state, read once
+    target = open_state("memory")
+    restore_groups(target, saved["op"]["state"]["groups"])
+    assert len(target) == 1_000 and target.get("car-0000009") == [9, 7.0]
