@@ -240,10 +240,10 @@ SQUEEZE = 1 << 20      # a .state file this small is compressed (zlib): its fixe
 
 def state_file(blob: dict) -> bytes:
     """A PE's ``.state`` file's bytes: ``blob`` pickled, compressed (zlib) when at most
-    :data:`SQUEEZE` bytes and smaller so. At 10^3 keys a steady checkpoint's ``.state`` (the PE's
-    small state, its key-group map, its ten one-key deltas) was ~560 bytes, 370 compressed: the
-    largest part of what it writes beside the manifest. Larger ones (a non-keyed operator's
-    whole state) are left as they are: their compression would be seconds of the writer's CPU."""
+    :data:`SQUEEZE` bytes and smaller so: with the small key-group files it holds (:class:`_Pack`)
+    it is most of what a steady checkpoint writes at 10^3-10^4 keys beside the manifest. Larger
+    ones (a non-keyed operator's whole state) are left as they are: their compression would be
+    seconds of the writer's CPU."""
     data = cloudpickle.dumps(blob, _PICKLE)
     if len(data) <= SQUEEZE:
         squeezed = zlib.compress(data, 6)
@@ -398,8 +398,11 @@ class ChainWriter:
             files.put(checkpoint_id, f"{pe_id}.state", blob)
         pack.entry.update(state)        # the entry its chains' packed deltas name
         entries: dict = {}
-        held = state["bytes"]           # the state it references: key groups counted as their files' bytes,
-        for snap, chains in done:       # in a .state or not (a .state referenced whole would count its map)
+        # The state it references: each key group's files by their own bytes, wherever held (an
+        # earlier .state holding some counted whole would count its map and small state too), and
+        # this .state less the files it holds (compressed, so at most its own part, never more).
+        held = max(0, state["bytes"] - pack.size)
+        for snap, chains in done:
             for f in (f for c in chains.values() for f in c.files):
                 entries[f["path"]] = {**f, "role": "group"}
             held += sum(c.full_bytes + c.delta_bytes for c in chains.values())
