@@ -113,21 +113,14 @@ class CheckpointCoordinator:
             self._calling = None
 
     async def run(self, done: asyncio.Event) -> None:
-        """A checkpoint every ``interval`` until ``done``, from one's start to the next's (an abort is
-        logged; the next goes on), as Flink's checkpoint interval: one that took longer is followed
-        at once. Counted from one's end, the checkpoints were ``interval`` + their duration apart,
-        and so was the state each wrote: at 10^7 keys on disk a 5 s interval and 5-10 s checkpoints
-        made each one hold 2-3 intervals' changes (bench/state.py's "1 %" rows: 6.3 % written)."""
-        loop = asyncio.get_running_loop()
-        due = loop.time() + self.interval
+        """Every ``interval`` until ``done``: one checkpoint (an abort is logged; the next goes on)."""
         while not done.is_set():
             try:
-                await asyncio.wait_for(done.wait(), max(0.0, due - loop.time()))
+                await asyncio.wait_for(done.wait(), self.interval)
             except asyncio.TimeoutError:
                 pass
             if done.is_set():
                 return
-            due = loop.time() + self.interval
             try:
                 await self.trigger()
             except CheckpointError:

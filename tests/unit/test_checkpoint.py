@@ -518,33 +518,3 @@ def test_an_interrupted_checkpoint_leaves_no_call_to_a_worker_never_awaited():
         asyncio.run(scenario())
         gc.collect()
     assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
-
-
-def test_the_interval_runs_from_one_checkpoints_start_to_the_next():
-    """As Flink's checkpoint interval: a checkpoint that took longer than the interval is followed
-    at once, not after another interval (which let each checkpoint hold more than an interval's
-    changes: 2-3 intervals' at 10^7 keys on disk)."""
-    store, gateway = memory_store(), FakeGateway()
-    coord = coordinator(store, gateway)
-    coord.interval = 1.0
-    starts, ends, done = [], [], None
-
-    async def slow_trigger():
-        loop = asyncio.get_running_loop()
-        starts.append(loop.time())
-        if len(starts) == 2:
-            done.set()
-            return
-        await asyncio.sleep(1.5 * coord.interval)       # longer than the interval
-        ends.append(loop.time())
-
-    coord.trigger = slow_trigger
-
-    async def scenario():
-        nonlocal done
-        done = asyncio.Event()
-        await asyncio.wait_for(coord.run(done), 30.0)
-
-    asyncio.run(scenario())
-    waited = starts[1] - ends[0]
-    assert waited < 0.5 * coord.interval, f"the next checkpoint began {waited:.2f} s after a long one ended"
