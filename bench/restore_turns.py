@@ -82,7 +82,7 @@ def build(k: int, where: str) -> None:
 def restored(where: str) -> dict:
     """``latest``'s restore entry, every file checked as a recovery checks them."""
     from pescheduler.checkpoint import CheckpointStore
-    from pescheduler.state.incremental import load_snapshot, with_entries
+    from pescheduler.state.incremental import load_snapshot, load_state_file, with_entries
 
     with open(os.path.join(where, "restore.pkl"), "rb") as f:
         saved = cloudpickle.load(f)
@@ -92,7 +92,7 @@ def restored(where: str) -> dict:
         store.files.check(e, e.get("run", manifest["run"]))
     entry = next(e for e in manifest["files"] if e["role"] == "state")
     run = manifest["run"]
-    state_blob = cloudpickle.loads(store.read(entry, run))
+    state_blob = load_state_file(store.read(entry, run))
     groups = with_entries(state_blob["groups"], manifest["files"], lambda e: store.read(e, run))
     state = load_snapshot(state_blob["ops"], groups)["state"]
     state["progress"] = ({"src": MIN_WATERMARK}, MIN_WATERMARK, ["src"], False)

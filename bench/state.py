@@ -317,16 +317,14 @@ def checkpoint_once(store, files, st, cid: int) -> dict:
 def deploying_side(store, cid: int) -> dict:
     """What the deploying process does to restore checkpoint ``cid`` (checkpoint/restore.py's _load
     without the placement mapping): the manifest, the .state file, every key-group file hashed."""
-    import cloudpickle
-
-    from pescheduler.state.incremental import load_snapshot, with_entries
+    from pescheduler.state.incremental import load_snapshot, load_state_file, with_entries
 
     manifest = store.manifest(cid)
     groups = [e for e in manifest["files"] if e["role"] == "group"]
     for entry in groups:
         store.files.check(entry, store.run)
     state = next(e for e in manifest["files"] if e["role"] == "state")
-    blob = cloudpickle.loads(store.read(state, store.run))
+    blob = load_state_file(store.read(state, store.run))
     ops = load_snapshot(blob["ops"], with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run)))
     return {"op": {**ops["op"], "storage": store.storage}}
 

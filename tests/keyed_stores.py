@@ -25,3 +25,13 @@ def state(request, tmp_path):
         st = open_state(request.param, owner="test")
     yield st
     st.close()
+
+
+@pytest.fixture
+def unpacked(monkeypatch):
+    """Every key-group file a file of its own, none held in its PE's ``.state`` (``incremental._Pack``):
+    the layout of groups past ``PACK_DELTA`` bytes (10^6 keys and more), which tests that count
+    or damage a group's files by name look at."""
+    from pescheduler.state import incremental
+
+    monkeypatch.setattr(incremental, "PACK_DELTA", -1)

@@ -274,16 +274,16 @@ class CheckpointCoordinator:
         (in a thread: off the control loop); ``(bytes of files written, bytes referenced, bytes of
         the manifest)``: the manifest's ``bytes`` cannot hold its own size. Nothing more is written
         once ``abandoned`` is set."""
-        files, positions = [], {}
+        files, positions, state_size = [], {}, 0
         for pe_id, result in sorted(results.items()):
             state, *groups = result["files"]
             files += [{**state, "operators": list(placement.pes[pe_id].operators)}, *groups]
             positions.update(result["positions"])
+            state_size += result.get("state_bytes", sum(f["bytes"] for f in result["files"] if f["role"] != "map"))
         _go_on(abandoned)
         files.append({**self.store.put(checkpoint_id, "placement.pkl", placement_blob(placement), reuse=True),
                       "role": "placement"})
         size = sum(f["bytes"] for f in files if f["chk"] == checkpoint_id and "data" not in f)   # in the manifest
-        state_size = sum(f["bytes"] for f in files if f["role"] not in ("placement", "map"))   # maps: earlier .state
         _go_on(abandoned)
         manifest_size = self.store.commit_manifest(checkpoint_id, {
             "id": checkpoint_id, "deployment": self.reconfigurer.deployment, "time": t0,

@@ -29,7 +29,7 @@ import cloudpickle
 from ..errors import CheckpointDamaged, CheckpointError
 from ..plan.placement import LogicalOp, Placement
 from ..plan.state import redistribute
-from ..state.incremental import load_snapshot, with_entries
+from ..state.incremental import load_snapshot, load_state_file, with_entries
 from .storage import CheckpointStore
 
 logger = logging.getLogger(__name__)
@@ -79,13 +79,15 @@ def _load(store: CheckpointStore, checkpoint_id: int, placement: Placement) -> d
     for entry in groups:                      # hashed in chunks: read by the workers, not held here
         store.files.check(entry, entry.get("run", run))
     states: dict[str, dict] = {}
+    keyed = bool(groups)                      # key groups to read (some may be held in .state files only)
     for entry in (e for e in manifest["files"] if e["role"] == "state"):
-        blob = cloudpickle.loads(store.read(entry, run))
+        blob = load_state_file(store.read(entry, run))
+        keyed = keyed or bool(blob["groups"])
         ops = load_snapshot(blob["ops"], with_entries(blob["groups"], manifest["files"],
                                                      lambda e: store.read(e, run)))
         for op_id, saved in ops.items():
             saved["position"] = blob["positions"].get(op_id)
         states.update(ops)
     mapped = redistribute(taken_by, placement, states)
-    where = {"storage": store.storage} if groups else {}      # the workers read the key groups' files there
+    where = {"storage": store.storage} if keyed else {}       # the workers read the key groups' files there
     return {op_id: {**saved, "checkpoint": checkpoint_id, **where} for op_id, saved in mapped.items()}

@@ -55,6 +55,7 @@ import io
 import itertools
 import pickle
 import threading
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator
@@ -123,12 +124,27 @@ class GroupRef:
 
     @property
     def paths(self) -> list[str]:
-        return [f"chk-{chk:06d}/{self.name}.g{self.group:03d}.{kind}" for chk, kind in _kinds(self.chain)]
+        return [f"chk-{chk:06d}/" + (pack_name(self.name) if kind == PACKED else f"{self.name}.g{self.group:03d}.{kind}")
+                for chk, kind in _kinds(self.chain)]
+
+
+PACKED = "pack"         # a chain's link to a delta its PE's .state of that checkpoint holds (_Pack)
 
 
 def _kinds(chain: tuple) -> list[tuple[int, str]]:
-    """``(checkpoint id, "full" | "delta")`` of a chain; earlier versions wrote those pairs themselves."""
+    """``(checkpoint id, "full" | "delta" | PACKED)`` of a chain: a file of its own is its
+    checkpoint's id (the first the full file), a delta in its PE's pack ``(id, PACKED)``."""
     return [c if type(c) is tuple else (c, "delta" if i else "full") for i, c in enumerate(chain)]
+
+
+def pack_name(name: str) -> str:
+    """The file holding view ``name``'s (``<pe>.<n>``) small deltas (:class:`_Pack`): its PE's ``.state``."""
+    return f"{name.rsplit('.', 1)[0]}.state"
+
+
+def _link(entry: dict) -> int | tuple:
+    """A chain's file as its map names it (:func:`_kinds`)."""
+    return (entry["chk"], PACKED) if entry["path"].endswith(".state") else entry["chk"]
 
 
 @dataclass(frozen=True)
@@ -219,6 +235,29 @@ class _PutBack(pickle.Unpickler):
         return self.groups[pid]
 
 
+SQUEEZE = 1 << 20      # a .state file this small is compressed (zlib): its fixed part and small deltas
+
+
+def state_file(blob: dict) -> bytes:
+    """A PE's ``.state`` file's bytes: ``blob`` pickled, compressed (zlib) when at most
+    :data:`SQUEEZE` bytes and smaller so: with the small key-group files it holds (:class:`_Pack`)
+    it is most of what a steady checkpoint writes at 10^3-10^4 keys beside the manifest. Larger
+    ones (a non-keyed operator's whole state) are left as they are: their compression would be
+    seconds of the writer's CPU."""
+    data = cloudpickle.dumps(blob, _PICKLE)
+    if len(data) <= SQUEEZE:
+        squeezed = zlib.compress(data, 6)
+        if len(squeezed) < len(data):
+            return squeezed
+    return data
+
+
+def load_state_file(data: bytes) -> dict:
+    """:func:`state_file`'s bytes (checked against the manifest first), or an uncompressed one's
+    (a pickle starts with its PROTO opcode, a zlib stream with 0x78)."""
+    return cloudpickle.loads(zlib.decompress(data) if data[:1] == b"\x78" else data)
+
+
 def load_snapshot(data: bytes, groups: list) -> Any:
     """:func:`pickle_snapshot`'s bytes, view ``i`` replaced by ``groups[i]`` (``{g: (key, GroupRef)}``)."""
     return _PutBack(data, groups).load()
@@ -238,7 +277,7 @@ def with_entries(groups: list, entries: list[dict], read=None) -> list[dict]:
         if path not in maps:
             if path not in by_path or read is None:
                 raise CheckpointDamaged(f"the key-group map {path} is not in the signed manifest")
-            maps[path] = cloudpickle.loads(read(by_path[path]))["groups"]
+            maps[path] = load_state_file(read(by_path[path]))["groups"]
         found = [m for m in maps[path] if type(m) is GroupMap and m.name == name]
         if not found:
             raise CheckpointDamaged(f"{path} holds no key-group map of {name}")
@@ -334,23 +373,45 @@ class ChainWriter:
         self._restored_base: set = set()            # those of the newest complete one (local copies kept)
 
     def write_pe(self, files: StateFiles, checkpoint_id: int, pe_id: str, taken: dict) -> dict:
-        """One PE's checkpoint: its groups' files, then its ``.state`` file; ``{"files", "positions"}``
-        with every file the checkpoint references (earlier checkpoints' included: their group
-        files, and the ``.state`` files whose key-group maps this one's extend, role ``map``)."""
-        entries, refs, views, run = [], [], [], files.url.rsplit("/", 1)[-1]
-        for i, snap in enumerate(taken["views"]):
-            gmap, written, token = self._write_view(files, checkpoint_id, f"{pe_id}.{i}", snap.view)
-            if snap.restored:           # groups a lazy restore has not loaded yet: their files referenced
-                restored, referenced = still_restored(snap.restored, run)
-                gmap = replace(gmap, restored=restored)
-                written = written + referenced
+        """One PE's checkpoint: its groups' files, then its ``.state`` file, which holds its small
+        ones too (:class:`_Pack`); ``{"files", "positions", "state_bytes"}`` with every file the
+        checkpoint references, each once (earlier checkpoints' included: their group files, and
+        the ``.state`` files whose key-group maps this one's extend or that hold a chain's file,
+        role ``map``), and the bytes of the state it references (each key group's files, wherever
+        they are held, and its ``.state``)."""
+        refs, views, run = [], [], files.url.rsplit("/", 1)[-1]
+        pack, done = _Pack(checkpoint_id, f"{pe_id}.state"), []
+        try:
+            for i, snap in enumerate(taken["views"]):
+                gmap, chains, token = self._write_view(files, checkpoint_id, f"{pe_id}.{i}", i, snap.view, pack)
+                done.append((snap, chains))
+                if snap.restored:       # groups a lazy restore has not loaded yet: their files referenced
+                    gmap = replace(gmap, restored=still_restored(snap.restored, run)[0])
+                refs.append(gmap)
+                views.append(token)
+        except CheckpointError:         # no .state: the chains kept for the next attempt may not name it
+            self._unkeep(pack)
+            raise
+        blob = state_file({"ops": taken["state"], "positions": taken["positions"], "groups": refs,
+                           **({"deltas": pack.deltas} if pack.deltas else {})})
+        state = self._put(files, checkpoint_id, f"{pe_id}.state", blob) if pack.deltas else \
+            files.put(checkpoint_id, f"{pe_id}.state", blob)
+        pack.entry.update(state)        # the entry its chains' packed deltas name
+        entries: dict = {}
+        # The state it references: each key group's files by their own bytes, wherever held (an
+        # earlier .state holding some counted whole would count its map and small state too), and
+        # this .state less the files it holds (compressed, so at most its own part, never more).
+        held = max(0, state["bytes"] - pack.size)
+        for snap, chains in done:
+            for f in (f for c in chains.values() for f in c.files):
+                entries[f["path"]] = {**f, "role": "group"}
+            held += sum(c.full_bytes + c.delta_bytes for c in chains.values())
+            if snap.restored:
+                referenced = still_restored(snap.restored, run)[1]
+                entries.update((e["path"], e) for e in referenced)
+                held += sum(e["bytes"] for e in {e["path"]: e for e in referenced}.values())
                 with self._lock:
                     self._restored.setdefault(checkpoint_id, set()).update(e["path"] for e in referenced)
-            refs.append(gmap)
-            entries.extend(written)
-            views.append(token)
-        blob = cloudpickle.dumps({"ops": taken["state"], "positions": taken["positions"], "groups": refs})
-        state = files.put(checkpoint_id, f"{pe_id}.state", blob)
         maps: dict = {}
         with self._lock:
             pending = self._pending.get(checkpoint_id, {})      # gone: a later one completed meanwhile
@@ -359,11 +420,25 @@ class ChainWriter:
                 if w is not None:
                     pending[token] = replace(w, maps=(state, *w.maps))
                     maps.update((e["path"], e) for e in w.maps)
-        return {"files": [{**state, "role": "state", "pe": pe_id}, *entries,
+        for path, e in list(entries.items()):   # a .state holding a chain's delta: a map as the walk's are
+            if path.endswith(".state"):
+                del entries[path]
+                if path != state["path"]:
+                    maps.setdefault(path, e)
+        return {"files": [{**state, "role": "state", "pe": pe_id}, *entries.values(),
                           *({**e, "role": "map", "pe": pe_id} for e in maps.values())],
-                "positions": taken["positions"]}
+                "positions": taken["positions"], "state_bytes": held}
 
-    def _write_view(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView) -> tuple:
+    def _unkeep(self, pack: "_Pack") -> None:
+        """An aborted write's groups whose chain ends in a delta of ``pack``: not kept (the PE's
+        ``.state`` that would hold it is not written); the next attempt writes them again."""
+        with self._lock:
+            for groups in self._kept.values():
+                for g in [g for g, k in groups.items() if k.chain.files[-1] is pack.entry]:
+                    del groups[g]
+
+    def _write_view(self, files: StateFiles, checkpoint_id: int, name: str, index: int, view: StateView,
+                    pack: "_Pack") -> tuple:
         try:
             changes = view.changes or Changes(f"untracked-{id(view)}", 1)   # a view of another backend: whole
             with self._lock:
@@ -377,7 +452,8 @@ class ChainWriter:
                 if checkpoint_id in self._abandoned:
                     raise CheckpointError(f"checkpoint {checkpoint_id} was aborted while its files were "
                                           f"written; the groups written are kept for the next one")
-                chains[g] = self._chain(files, checkpoint_id, f"{name}.g{g:03d}", view, g, later.since(g) or since)
+                chains[g] = self._chain(files, checkpoint_id, f"{name}.g{g:03d}", view, g, later.since(g) or since,
+                                        lambda data, delta: pack.add(index, g, data, delta))
                 with self._lock:
                     self._kept.setdefault(changes.token, {})[g] = _Kept(changes.seq, checkpoint_id, chains[g])
         finally:
@@ -394,8 +470,7 @@ class ChainWriter:
         with self._lock:
             self._pending.setdefault(checkpoint_id, {})[changes.token] = _Written(
                 changes.seq, chains, run, name, checkpoint_id, anchors, walked)
-        written = [{**f, "role": "group"} for c in chains.values() for f in c.files]
-        return gmap, written, changes.token
+        return gmap, chains, changes.token
 
     def _forget_unions(self, token: str) -> None:
         """Drop the sorted keys since snapshots no chain builds on any more (a group's kept chain
@@ -451,7 +526,8 @@ class ChainWriter:
         return chains, groups, whole
 
     def _chain(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView, g: int,
-               since: tuple | None) -> _Chain:
+               since: tuple | None, packed: Callable[[bytes, tuple | None], dict | None] = lambda data, delta: None
+               ) -> _Chain:
         """Group ``g``'s chain in this checkpoint: the base's as it was (no key changed), with one
         more delta (the chain is short, its deltas stay smaller than its full file and it is not
         the group's turn: :func:`rewrite_turn`), or a new full file."""
@@ -467,11 +543,11 @@ class ChainWriter:
                 delta = view.delta(g, keys)
                 data = pack_delta(*delta)
                 if prev.delta_bytes + len(data) <= prev.full_bytes * outgrown_at(g):
-                    entry = self._put(files, checkpoint_id, f"{name}.delta", data)
+                    entry = packed(data, delta) or self._put(files, checkpoint_id, f"{name}.delta", data)
                     return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data),
                                   prev.keys + len(delta[0]))
         data, count, first = pack_chunks(view.chunks(g))   # in chunks: the PE's thread gets the GIL between them
-        entry = self._put(files, checkpoint_id, f"{name}.full", data)
+        entry = packed(data, None) or self._put(files, checkpoint_id, f"{name}.full", data)
         return _Chain(first, (entry,), len(data), 0, count)
 
     def _put(self, files: StateFiles, checkpoint_id: int, name: str, data: bytes) -> dict:
@@ -547,11 +623,11 @@ def _group_map(run: str, name: str, checkpoint_id: int, chains: dict, base: _Wri
         if (old is not None and g in base.anchors and paths[:len(old)] == old
                 and not rewrite_turn(g, checkpoint_id, max_deltas)):
             if len(paths) > len(old):
-                added = tuple(f["chk"] for f in c.files[len(old):])
+                added = tuple(_link(f) for f in c.files[len(old):])
                 grown.setdefault(shared.setdefault(added, added), []).append(g)
             anchors[g] = base.anchors[g]
         else:
-            chain = tuple(f["chk"] for f in c.files)
+            chain = tuple(_link(f) for f in c.files)
             put[g] = (c.key, shared.setdefault(chain, chain))     # equal chains pickled once
             anchors[g] = checkpoint_id
     gmap = GroupMap(run, name, None if base is None else base.checkpoint_id, put,
@@ -573,6 +649,55 @@ def _lasts(chain: _Chain, checkpoint_id: int, max_deltas: int, grows: bool) -> b
         return False
     later = (age + max(1, max_deltas)) / age
     return now * later <= max_deltas and chain.delta_bytes * now / deltas * later <= chain.full_bytes
+
+
+PACK_DELTA = 1024       # a key-group file (whole or delta) at most this large goes into its PE's .state (_Pack)
+PACK_MAX = 64 << 10     # ... while the pack holds at most this many bytes: a group's restore reads whole packs
+
+
+class _Pack:
+    """One PE's small deltas of one checkpoint, held in its ``.state`` file (``"deltas"``:
+    ``{(view, group): delta bytes}``): one file per PE per checkpoint, one manifest entry. At
+    10^3-10^4 keys with 1 % changed, a steady checkpoint's deltas hold a key or two each, and
+    each was a file (or carried in the manifest: 48 bytes and less, ``state/files.INLINE``)
+    named by a manifest entry of 60-140 bytes: the manifest was most of what the checkpoint
+    wrote (bench/state.py, session 22: 11-22 % of the state, 2-6 % without it). A chain's link
+    to a packed delta is ``(id, PACKED)``, the same for every group of that checkpoint (its map
+    names them together, as it did its deltas). Only small deltas (:data:`PACK_DELTA`), and
+    :data:`PACK_MAX` bytes at most: a lazy restore of one group reads the ``.state`` files its
+    chain names whole (``read_group``, each once per restore: ``packs``); at 10^6 keys and more
+    a delta is 1-40 KB and keeps its own file. Its entry is filled in once the ``.state`` is
+    written (``ChainWriter.write_pe``); an attempt aborted before that keeps none of its chains
+    that name it (``ChainWriter._unkeep``)."""
+
+    def __init__(self, checkpoint_id: int, name: str) -> None:
+        self.entry = {"path": f"chk-{checkpoint_id:06d}/{name}", "chk": checkpoint_id, "bytes": 0, "sha256": ""}
+        self.deltas: dict[int, dict] = {}          # view -> {group: full file's bytes, or delta}
+        self.size = 0
+
+    def add(self, view: int, group: int, data: bytes, delta: tuple | None = None) -> dict | None:
+        """The entry of the PE's ``.state`` if it takes this group's file (``data``: its bytes as
+        a file of its own; ``delta``: ``(puts, deletes)`` when it is a delta, None when it is the
+        group whole), else None."""
+        if len(data) > PACK_DELTA or self.size + len(data) > PACK_MAX:
+            return None
+        if delta is None:
+            self.deltas.setdefault(view, {})[group] = data
+        else:
+            puts, deletes = delta
+            self.deltas.setdefault(view, {})[group] = (puts, list(deletes)) if deletes else puts
+        self.size += len(data)
+        return self.entry
+
+
+def unpack_packed(deltas: dict, name: str, group: int) -> bytes | tuple[dict, Any]:
+    """View ``name``'s (``<pe>.<n>``) file of ``group`` among a ``.state`` file's (:class:`_Pack`):
+    a full file's bytes, or a delta's ``(puts, deleted keys)``."""
+    try:
+        delta = deltas[int(name.rsplit(".", 1)[1])][group]
+        return (delta, ()) if type(delta) is dict else delta
+    except KeyError:
+        raise CheckpointDamaged(f"the .state file a chain of {name} names holds no delta of group {group}") from None
 
 
 def pack_delta(puts: dict, deletes: list) -> bytes:
@@ -664,21 +789,30 @@ class _Later:
 
 # -- the restore, on the worker ---------------------------------------------------------------------
 
-def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = None) -> tuple[bytes | dict, int]:
+def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = None,
+               packs: dict | None = None) -> tuple[bytes | dict, int]:
     """One key group from its chain, every file checked first (a local copy when there is a good
     one): its full file's bytes (:func:`pack_group`'s) when it has no delta, else its entries with
     the deltas applied (not packed again: ``import_groups`` takes either); and how many files were
-    read locally."""
+    read locally. A ``.state`` file holding a delta (:class:`_Pack`) is read once into ``packs``
+    (given: a restore's, for all its groups) and its group's delta taken from it."""
     datas, here = [], 0
+    packs = {} if packs is None else packs
     for entry in ref.files:
-        data = None if local is None else local.read(ref.run, entry)
-        here += data is not None
-        datas.append(files.read(entry, ref.run) if data is None else data)
+        packed = entry["path"].endswith(".state")
+        deltas = packs.get((ref.run, entry["path"])) if packed else None
+        if deltas is None:
+            data = None if local is None else local.read(ref.run, entry)
+            here += data is not None
+            data = files.read(entry, ref.run) if data is None else data
+            if packed:
+                deltas = packs[(ref.run, entry["path"])] = load_state_file(data).get("deltas", {})
+        datas.append(unpack_packed(deltas, ref.name, ref.group) if packed else data)
     if len(datas) == 1:
         return datas[0], here
     entries = unpack_group(datas[0])
     for data in datas[1:]:
-        puts, deletes = unpack_delta(data)
+        puts, deletes = unpack_delta(data) if type(data) is bytes else data     # a tuple: from a .state
         for key in deletes:
             entries.pop(key, None)
         entries.update(puts)
@@ -689,22 +823,23 @@ def resolve_restore(restore: dict, local: LocalCopies | None = None) -> tuple[in
     """In place: the :class:`GroupRef` in each operator's saved state (``spec.restore``) replaced
     by its key group's bytes, read from the storage its ``"storage"`` names or from this
     worker's copies (in a worker thread, before the PE is built). ``(files, read locally)``."""
-    counts = [0, 0]
+    counts, packs = [0, 0], {}
     for saved in restore.values():
         storage = saved.get("storage")
         if storage is not None:
-            saved["state"] = _resolved(saved["state"], StateFiles(storage), local, counts)
+            saved["state"] = _resolved(saved["state"], StateFiles(storage), local, counts, packs=packs)
     return counts[0], counts[1]
 
 
 def resolve_part(state: Any, storage: str, local: LocalCopies | None = None,
-                 prepare: Callable[[int, dict], Any] | None = None) -> Any:
+                 prepare: Callable[[int, dict], Any] | None = None, packs: dict | None = None) -> Any:
     """A lazy restore's one part (``worker/lazy_restore.py``): ``state`` (an operator's saved state
     cut down to a few key groups) with each :class:`GroupRef` replaced by its group's entries, read,
     checked and unpickled here, in the worker thread that calls it; ``prepare(group, entries)``,
     when given, makes them ready for the store here too (the backend's ``prepare_group``), so the
-    PE's turn that imports them only installs them."""
-    return _resolved(state, StateFiles(storage), local, [0, 0], unpacked=prepare or True)
+    PE's turn that imports them only installs them. ``packs``: the packs read so far by this
+    restore (:func:`read_group`), kept across its parts."""
+    return _resolved(state, StateFiles(storage), local, [0, 0], unpacked=prepare or True, packs=packs)
 
 
 def ref_groups(value: Any) -> set[int]:
@@ -720,10 +855,10 @@ def ref_groups(value: Any) -> set[int]:
 
 
 def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: list,
-              unpacked: bool | Callable[[int, dict], Any] = False) -> Any:
+              unpacked: bool | Callable[[int, dict], Any] = False, packs: dict | None = None) -> Any:
     """``unpacked``: each group's entries as a dict, or (a callable) what it makes of them."""
     if type(value) is GroupRef:
-        data, here = read_group(files, value, local)
+        data, here = read_group(files, value, local, packs)
         counts[0] += len(value.files)
         counts[1] += here
         if not unpacked:
@@ -731,7 +866,7 @@ def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: 
         entries = data if type(data) is dict else unpack_group(data)
         return unpacked(value.group, entries) if callable(unpacked) else entries
     if type(value) is dict:
-        return {k: _resolved(v, files, local, counts, unpacked) for k, v in value.items()}
+        return {k: _resolved(v, files, local, counts, unpacked, packs) for k, v in value.items()}
     if type(value) in (list, tuple):
-        return type(value)(_resolved(v, files, local, counts, unpacked) for v in value)
+        return type(value)(_resolved(v, files, local, counts, unpacked, packs) for v in value)
     return value

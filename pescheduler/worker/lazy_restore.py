@@ -103,12 +103,13 @@ class Pending:
         self.op_id, self.splitter, self.state, self.storage = op_id, splitter, state, storage
         self.groups = groups
         self.prepare: Callable[[int, dict], Any] | None = None     # the backend's (the Loader sets it)
+        self.packs: dict = {}       # the small-delta packs read so far: several groups' chains name each
 
     def read(self, group: int, local: LocalCopies | None) -> Any:
         """Group ``group``'s part of the saved state, read, checked, unpickled and made ready for
         the store (``prepare``) here, in a worker thread."""
         part = self.splitter.split_state(self.state, lambda key: key_group(key) == group)
-        return gc_paused(resolve_part, part, self.storage, local, self.prepare)
+        return gc_paused(resolve_part, part, self.storage, local, self.prepare, self.packs)
 
 
 def defer(spec: PESpec) -> dict[str, Pending]:

@@ -19,6 +19,7 @@ from waiting import until
 import pescheduler
 from pescheduler import Application, Replicate
 from pescheduler.checkpoint.storage import manifest_at
+from pescheduler.state.incremental import load_state_file
 
 pytestmark = pytest.mark.integration
 
@@ -27,9 +28,16 @@ KEYS, HOLD = 2_000, 6_000
 
 
 def group_files(checkpoint: dict) -> list[str]:
-    """Names of the key-group files checkpoint ``checkpoint`` wrote."""
+    """Names of the key-group files checkpoint ``checkpoint`` wrote: files of their own, and those
+    its PEs' ``.state`` files hold (small groups: ``incremental._Pack``) as the names they would have."""
     files = manifest_at(checkpoint["url"])["files"]
-    return [e["path"].rsplit("/", 1)[-1] for e in files if e["chk"] == checkpoint["id"] and e["role"] == "group"]
+    names = [e["path"].rsplit("/", 1)[-1] for e in files if e["chk"] == checkpoint["id"] and e["role"] == "group"]
+    for e in (e for e in files if e["chk"] == checkpoint["id"] and e["role"] == "state"):
+        with open(os.path.join(checkpoint["url"], e["path"].rsplit("/", 1)[-1]), "rb") as f:
+            held = load_state_file(f.read()).get("deltas", {})
+        names += [f"{e['pe']}.{n}.g{g:03d}.{'full' if type(held_file) is bytes else 'delta'}"
+                  for n, groups in held.items() for g, held_file in groups.items()]
+    return names
 
 
 def newest(dep) -> int:

@@ -13,17 +13,16 @@ import sys
 import threading
 import uuid
 
-import cloudpickle
 import dask.config
 import pytest
-from keyed_stores import state, worker_dir  # noqa: F401  (fixtures)
+from keyed_stores import state, unpacked, worker_dir  # noqa: F401  (fixtures)
 
 from pescheduler.checkpoint import CheckpointStore
 from pescheduler.checkpoint.restore import load_states, placement_blob
 from pescheduler.errors import CheckpointError
 from pescheduler.state import key_group, open_state
 from pescheduler.state.groups import restore_groups, snapshot_groups
-from pescheduler.state.incremental import load_snapshot, pickle_snapshot, resolve_restore, with_entries
+from pescheduler.state.incremental import load_snapshot, load_state_file, pickle_snapshot, resolve_restore, with_entries
 from pescheduler.state.local import LocalCopies
 from pescheduler.state.settings import deployment_dir
 from pescheduler.worker import ckpt_files
@@ -74,7 +73,7 @@ def restored(store: CheckpointStore, checkpoint_id: int) -> dict:
     """What the worker restores: the state file's references, read and checked, as plain groups."""
     manifest = store.manifest(checkpoint_id)
     entry = next(e for e in manifest["files"] if e["role"] == "state")
-    blob = cloudpickle.loads(store.read(entry, store.run))
+    blob = load_state_file(store.read(entry, store.run))
     groups = with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
     saved = {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}
     resolve_restore(saved)
@@ -115,6 +114,7 @@ def test_every_checkpoint_after_one_percent_changed_writes_under_five_percent(st
     assert got[f"car-{cid:07d}"] == [cid, row(cid)] and got["car-0000099"] == [99, row(99)]   # changed last, never
 
 
+@pytest.mark.usefixtures("unpacked")
 def test_chains_are_rewritten_in_turns_never_all_at_once(state):
     """With max-deltas 4 and every group changed at every checkpoint, each checkpoint rewrites a
     quarter of the groups whole (its turn, once a chain has a delta) and no chain is longer."""
@@ -160,6 +160,7 @@ def test_groups_that_grow_alike_are_not_rewritten_whole_at_the_same_checkpoint(s
     assert got[f"car-{cid % 20:07d}"] == [cid, row(cid % 20)] and len(got) == K
 
 
+@pytest.mark.usefixtures("unpacked")
 def test_a_chain_is_rewritten_whole_after_max_deltas(state):
     store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
     fill(state, 2_000)
@@ -197,6 +198,7 @@ def group_files(out: dict, checkpoint_id: int, kind: str) -> int:
     return sum(1 for f in out["files"] if f["chk"] == checkpoint_id and f["path"].endswith(kind))
 
 
+@pytest.mark.usefixtures("unpacked")
 def test_an_aborted_checkpoints_groups_are_built_on_and_restore_exactly(state, monkeypatch):
     """A first checkpoint cut short after 40 of its groups (the timeout: its write stops there);
     the next one references those 40 files (a delta each for the keys changed since) and writes
@@ -219,6 +221,7 @@ def test_an_aborted_checkpoints_groups_are_built_on_and_restore_exactly(state, m
     assert restored(store, 2) == expect
 
 
+@pytest.mark.usefixtures("unpacked")
 def test_an_attempt_writes_the_groups_no_attempt_reached_first(state, monkeypatch):
     """Keys of every group change between attempts (1 % of them): an attempt cut short after 40
     files has written 40 new groups whole, not 40 deltas of groups the last one wrote: each
@@ -329,6 +332,7 @@ def test_the_keys_an_aborted_attempt_sorted_are_kept_where_a_full_collection_doe
         state.close()
 
 
+@pytest.mark.usefixtures("unpacked")
 def test_a_crash_between_an_aborted_checkpoint_and_the_next_complete_one_restores_exactly(state, monkeypatch):
     """Checkpoint 1 complete; 2 cut short after 30 groups (deltas on 1's chains); the worker dies
     (its writer is gone) before 3: the restore of the latest complete one is 1's state exactly,
@@ -421,6 +425,7 @@ def test_retention_keeps_a_file_a_kept_checkpoint_references_and_drops_it_when_n
     assert os.listdir(one) == ["LINK.json"] and store.completed() == [3]
 
 
+@pytest.mark.usefixtures("unpacked")
 @pytest.mark.parametrize("how", ["tampered", "truncated"])
 def test_a_damaged_file_of_an_earlier_checkpoint_falls_back_loudly(tmp_path, caplog, how):
     """Checkpoint 3 references checkpoint 2's delta of a key group; that file is damaged: the
@@ -462,6 +467,7 @@ def test_a_damaged_file_of_an_earlier_checkpoint_falls_back_loudly(tmp_path, cap
     assert target.get("car-0000042") == [42, 1.0, "-" * 64] and len(target) == 2_000
 
 
+@pytest.mark.usefixtures("unpacked")
 def test_a_damaged_file_every_kept_checkpoint_references_fails_loudly(tmp_path):
     store, files = CheckpointStore(str(tmp_path / "ckpt"), KEY), CheckpointFiles()
     from test_checkpoint import placement
@@ -605,6 +611,7 @@ def test_an_aborted_checkpoint_releases_the_views_it_held():
     assert st.get("car-0000001") is st.get("car-0000001")            # released: plain reads again
 
 
+@pytest.mark.usefixtures("unpacked")
 def test_a_restore_reads_this_workers_copies_and_the_storage_when_a_copy_is_bad(worker_dir):
     """Local recovery: the files this worker wrote are read from its copies (checked against the
     manifest's entries); a damaged or missing copy is read from the storage instead."""
@@ -618,7 +625,7 @@ def test_a_restore_reads_this_workers_copies_and_the_storage_when_a_copy_is_bad(
     assert len(copies) == 129                           # 128 full files and the one delta
     manifest = store.manifest(2)
     entry = next(e for e in manifest["files"] if e["role"] == "state")
-    blob = cloudpickle.loads(store.read(entry, store.run))
+    blob = load_state_file(store.read(entry, store.run))
     groups = with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
     fresh = lambda: {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}  # noqa: E731
     assert resolve_restore(fresh(), LocalCopies(deployment_dir("d"))) == (129, 129)

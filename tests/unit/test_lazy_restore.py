@@ -33,7 +33,7 @@ from pescheduler.state.groups import key_groups, snapshot_groups
 from pescheduler.state.files import StateFiles
 from pescheduler.state.local import LOCAL, LocalCopies
 from pescheduler.state.settings import deployment_dir
-from pescheduler.state.incremental import load_snapshot, pickle_snapshot, with_entries
+from pescheduler.state.incremental import load_snapshot, load_state_file, pickle_snapshot, with_entries
 from pescheduler.worker import handshake
 from pescheduler.worker.barriers import barrier
 from pescheduler.worker.channels import DATA, MARKER
@@ -82,7 +82,7 @@ def _restored(store: CheckpointStore, checkpoint_id: int) -> dict:
         store.files.check(e, e.get("run", manifest["run"]))
     entry = next(e for e in manifest["files"] if e["role"] == "state")
     run = manifest["run"]
-    state_blob = cloudpickle.loads(store.read(entry, run))
+    state_blob = load_state_file(store.read(entry, run))
     groups = with_entries(state_blob["groups"], manifest["files"], lambda e: store.read(e, run))
     saved = load_snapshot(state_blob["ops"], groups)["state"]
     saved["progress"] = ({"src": MIN_WATERMARK}, MIN_WATERMARK, ["src"], False)

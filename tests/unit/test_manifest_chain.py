@@ -16,7 +16,7 @@ import uuid
 
 import dask.config
 import pytest
-from keyed_stores import state, worker_dir  # noqa: F401  (fixtures)
+from keyed_stores import state, unpacked, worker_dir  # noqa: F401  (fixtures)
 from test_incremental_checkpoint import KEY, checkpoint, restored
 from test_incremental_small import take
 
@@ -35,6 +35,7 @@ def churn(st, rows: dict, cid: int) -> None:
         st.put(i, rows[i])
 
 
+@pytest.mark.usefixtures("unpacked")
 @pytest.mark.parametrize("k", [1_000, 10_000])
 def test_a_manifest_is_what_changed_since_the_previous_one_and_resolves_to_every_file(state, k):
     """Over more than a cycle of turns, 1 % of the keys changed before each checkpoint: every
@@ -142,6 +143,7 @@ def restored_state(states, op, resolve_restore, restore_groups, open_state) -> d
     return {k: target.get(k) for g in target.groups() for k, _ in target.items(g)}
 
 
+@pytest.mark.usefixtures("unpacked")
 def test_a_small_max_deltas_still_restores_through_the_walk(state):
     """max-deltas 4, a key deleted each time: chains rewritten often, files dropped at most
     checkpoints; the walk's drops and listings resolve to exactly the referenced files at every
