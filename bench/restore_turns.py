@@ -82,19 +82,12 @@ def build(k: int, where: str) -> None:
 def restored(where: str) -> dict:
     """``latest``'s restore entry, every file checked as a recovery checks them."""
     from pescheduler.checkpoint import CheckpointStore
-    from pescheduler.state.incremental import load_snapshot, load_state_file, with_entries
+    from pescheduler.checkpoint.restore import saved_states
 
     with open(os.path.join(where, "restore.pkl"), "rb") as f:
         saved = cloudpickle.load(f)
     store = CheckpointStore(saved["storage"], KEY, run=saved["run"])
-    manifest = store.verify(1)
-    for e in (e for e in manifest["files"] if e["role"] == "group"):
-        store.files.check(e, e.get("run", manifest["run"]))
-    entry = next(e for e in manifest["files"] if e["role"] == "state")
-    run = manifest["run"]
-    state_blob = load_state_file(store.read(entry, run))
-    groups = with_entries(state_blob["groups"], manifest["files"], lambda e: store.read(e, run))
-    state = load_snapshot(state_blob["ops"], groups)["state"]
+    state = saved_states(store, store.verify(1))[0]["state"]
     state["progress"] = ({"src": MIN_WATERMARK}, MIN_WATERMARK, ["src"], False)
     return {"k": saved["k"], "restore": {**state, "checkpoint": 1, "storage": store.storage}}
 

@@ -72,9 +72,19 @@ def load_states(store: CheckpointStore, checkpoint_id: int, placement: Placement
 def _load(store: CheckpointStore, checkpoint_id: int, placement: Placement) -> dict[str, dict]:
     """One checkpoint's states mapped onto ``placement``; every file verified before it is unpickled."""
     manifest = store.manifest(checkpoint_id)
-    run = manifest["run"]
     placement_file = next(e for e in manifest["files"] if e["role"] == "placement")
-    taken_by = cloudpickle.loads(store.read(placement_file, run))
+    taken_by = cloudpickle.loads(store.read(placement_file, manifest["run"]))
+    states, keyed = saved_states(store, manifest)
+    mapped = redistribute(taken_by, placement, states)
+    where = {"storage": store.storage} if keyed else {}       # the workers read the key groups' files there
+    return {op_id: {**saved, "checkpoint": checkpoint_id, **where} for op_id, saved in mapped.items()}
+
+
+def saved_states(store: CheckpointStore, manifest: dict) -> tuple[dict[str, dict], bool]:
+    """``op_id -> saved state`` (with its ``"position"``) of every PE a checkpoint's ``manifest``
+    lists, as the placement that took it held them, and whether any of them holds key groups:
+    a KEYED operator's groups stay references to their files, which are only hashed here."""
+    run = manifest["run"]
     groups = [e for e in manifest["files"] if e["role"] == "group"]
     for entry in groups:                      # hashed in chunks: read by the workers, not held here
         store.files.check(entry, entry.get("run", run))
@@ -88,6 +98,4 @@ def _load(store: CheckpointStore, checkpoint_id: int, placement: Placement) -> d
         for op_id, saved in ops.items():
             saved["position"] = blob["positions"].get(op_id)
         states.update(ops)
-    mapped = redistribute(taken_by, placement, states)
-    where = {"storage": store.storage} if keyed else {}       # the workers read the key groups' files there
-    return {op_id: {**saved, "checkpoint": checkpoint_id, **where} for op_id, saved in mapped.items()}
+    return states, keyed

@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 import uuid
 
-from keyed_stores import state, worker_dir  # noqa: F401  (fixtures)
+import pytest
+from keyed_stores import state, unpacked, worker_dir  # noqa: F401  (fixtures)
 from test_incremental_checkpoint import KEY, checkpoint, restored
 
 from pescheduler.checkpoint import CheckpointStore
@@ -46,6 +47,7 @@ def full_checkpoint_calls(st, n: int) -> tuple[int, dict, CheckpointStore]:
     return calls.n, rows, store
 
 
+@pytest.mark.usefixtures("unpacked")     # the files by name: none held in the .state
 def test_a_full_checkpoint_counts_its_keys_without_a_python_step_per_key(state):
     """The writer counts a full file's keys by the lengths of the chunks it pickles
     (``base.pack_counted``), not through a generator stepped once per key (``_counted``: 9-14.5 %
@@ -188,6 +190,7 @@ def _calls_of_a_delta_checkpoint(st, n: int, changed: int) -> tuple[int, dict, C
     return calls[0], rows, store
 
 
+@pytest.mark.usefixtures("unpacked")     # the files by name: none held in the .state
 def test_a_delta_checkpoint_sorts_and_reads_the_changed_keys_in_c(state):
     """The writer's steady checkpoint sorts the keys changed since the last one by group
     (``by_group``: numpy's stable argsort and ``map``, ``groups.split_by_group``) and reads a

@@ -28,12 +28,13 @@ from support_ops import Collect
 
 from pescheduler import MIN_WATERMARK
 from pescheduler.checkpoint import CheckpointStore
+from pescheduler.checkpoint.restore import saved_states
 from pescheduler.state import key_group, open_state
 from pescheduler.state.groups import key_groups, snapshot_groups
 from pescheduler.state.files import StateFiles
 from pescheduler.state.local import LOCAL, LocalCopies
 from pescheduler.state.settings import deployment_dir
-from pescheduler.state.incremental import load_snapshot, load_state_file, pickle_snapshot, with_entries
+from pescheduler.state.incremental import pickle_snapshot
 from pescheduler.worker import handshake
 from pescheduler.worker.barriers import barrier
 from pescheduler.worker.channels import DATA, MARKER
@@ -75,16 +76,8 @@ def _checkpointed(k: int, ids: list[int] | None = None) -> dict:
 
 def _restored(store: CheckpointStore, checkpoint_id: int) -> dict:
     """``latest``'s restore entry from checkpoint ``checkpoint_id`` of ``store``, every file it
-    lists checked as a recovery checks them (``checkpoint/restore.py``)."""
-    manifest = store.verify(checkpoint_id)
-    groups = [e for e in manifest["files"] if e["role"] == "group"]
-    for e in groups:
-        store.files.check(e, e.get("run", manifest["run"]))
-    entry = next(e for e in manifest["files"] if e["role"] == "state")
-    run = manifest["run"]
-    state_blob = load_state_file(store.read(entry, run))
-    groups = with_entries(state_blob["groups"], manifest["files"], lambda e: store.read(e, run))
-    saved = load_snapshot(state_blob["ops"], groups)["state"]
+    lists checked as a recovery checks them (``checkpoint/restore.saved_states``)."""
+    saved = saved_states(store, store.verify(checkpoint_id))[0]["state"]
     saved["progress"] = ({"src": MIN_WATERMARK}, MIN_WATERMARK, ["src"], False)
     return {**saved, "checkpoint": checkpoint_id, "storage": store.storage}
 
