@@ -97,3 +97,20 @@ def test_a_rewire_waits_for_the_turn_running_in_the_pe_s_thread():
         assert "c-new" in pe.ports.receivers
         pe.turns.thread.shutdown()
     asyncio.run(scenario())
+
+
+def test_a_pause_asked_for_the_drain_answers_its_first_look():
+    """``pe_reconf``'s ``drain``: the PEs begin the reconfiguration and the same call answers when
+    they aligned (``pe_reconf_wait``'s answer), one round trip to this loop, not two (a Release at
+    10^6 keys waited 8-41 ms for each). On main the argument did not exist."""
+    async def scenario():
+        host, pe = _host_with_one_pe()
+
+        async def align(marker, release=False):
+            pe.aligner.aligned = True
+            host._bump()
+        pe.align = align
+        return await asyncio.wait_for(host.pe_reconf("dep", "m", hold={}, align=["r"],
+                                                     drain={"aligned": ["r"], "seen": {}, "timeout": 5}), 2)
+    answer = asyncio.run(scenario())
+    assert answer["missing"] == [] and answer["failed"] == [], answer
