@@ -282,6 +282,7 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
             timeout, steps, "open"), limit=None)         # bounds itself on standing still, as the drain
     t0 = time.perf_counter()
     states: dict[str, dict] = {}
+    folded: str | None = None
     if by_worker:           # a copy added beside PEs that all stay has nothing to pause (issue 15)
         # Each pause call also answers the drain's first look on its worker (``first``), and the
         # retired PEs with nothing to snapshot stop in their hand-over's call (``stopping``): a
@@ -293,7 +294,9 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
                    limit=None)  # bounds itself
         leave_out = _handed_over(old, plan)
         stopping = _stopped_with_hand_over(old, plan, leave_out)
-        await step("handover", _hand_over_retired(gateway, plan, marker, timeout, stopping))
+        folded = _switch_with_hand_over(plan, stopping)
+        if folded is None:
+            await step("handover", _hand_over_retired(gateway, plan, marker, timeout, stopping))
         states = await step("snapshot", _snapshot(gateway, old, plan.retired, leave_out))
         await step("stop", asyncio.gather(*(gateway.stop_pes(old.pes[p].worker, [p])
                                             for p in plan.retired if p not in stopping)))
@@ -305,12 +308,15 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
     # (ChannelOut.open_in_background). So a copy works from the moment its upstream routes to
     # it, while its own output channel still waits for the downstream worker's busy loop.
     late = set(plan.late_seen)      # PEs that take the retired ones' marker after the pause
+    gating = {folded: [m for ms in _gates(plan, marker, timeout).values() for m in ms]} if folded else {}
 
     def activation():
         return asyncio.gather(*([] if early else [_deploy_created(gateway, new, plan, worker_info, states, steps)]),
                               _rewire_downstream(gateway, new, plan, steps, skip=late),
-                              _rewire_upstream(gateway, new, plan, worker_info, steps, marker, timeout))
-    what = "switch" if early else "deploy + start + rewire"
+                              _rewire_upstream(gateway, new, plan, worker_info, steps, marker, timeout, gating),
+                              *([_hand_over_retired(gateway, plan, marker, timeout, stopping, gate=False)]
+                                if folded else []))
+    what = "handover + switch" if folded else "switch" if early else "deploy + start + rewire"
     await step(what, _wait_calls(gateway, workers, activation, timeout, steps, what),
                limit=None)          # bounds itself on standing still, as the drain
     pause = time.perf_counter() - t0
@@ -403,17 +409,50 @@ def _stopped_with_hand_over(old: Placement, plan: ReconfigurationPlan, leave_out
     return {p for p in plan.retired if p in exporting and set(old.pes[p].operators) <= set(leave_out)}
 
 
-async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float,
-                             stopping: set[str] = frozenset()) -> None:
-    """Key groups leave the aligned PEs going away, each straight to its new owner's worker. A
-    running owner first gates them (a deferred move: their tuples wait there for their state,
-    which comes after the routing switch), or imports them now, before any router switches.
-    ``stopping``: retired PEs that stop in their worker's hand-over call, right after it."""
+def _switch_with_hand_over(plan: ReconfigurationPlan, stopping: set[str]) -> str | None:
+    """The one PE whose switch may go in the very round of the retired PEs' hand-over, carrying
+    the gates of the groups coming back (``PEHost.pe_rewire``'s ``expect``: gated before its
+    routers switch, in one call), or None. A Release of a copy whose original runs its router:
+    the pause is then two rounds of calls (pause, then hand-over with the switch), not three.
+
+    Only where nothing orders the two: nothing is created (no PE is built from a snapshot or a
+    hand-over), every retired PE stops in its hand-over's call (``stopping``: none is
+    snapshotted), every move is deferred to a running owner (its parts go at the ``go``, after
+    the pause; none is imported before a switch), every gate is in that one PE and it is the only
+    one that switches, and no PE downstream is rewired in the pause (``late_seen`` ones are, after).
+    The retired copy is aligned then: it takes nothing more, and its input channel closing under
+    it before its stop only ungates it (``FrameReceiver.connection_lost``)."""
+    if plan.created or not plan.retired or set(plan.retired) - stopping or not plan.moves:
+        return None
+    if not all(m.deferred and m.dst_live and not m.src_live for m in plan.moves):
+        return None
+    gating = {m.dst_pe for m in plan.moves}
+    switching = set(plan.hold) | set(plan.upstream_outputs) | set(plan.routing)
+    downstream = (set(plan.seen) | set(plan.downstream_inputs) | set(plan.edges)) - set(plan.late_seen)
+    if len(gating) != 1 or switching != gating or downstream:
+        return None
+    return next(iter(gating))
+
+
+def _gates(plan: ReconfigurationPlan, marker: str, timeout: float) -> dict[str, list[dict]]:
+    """Worker -> the deferred moves to running owners there: the groups they gate."""
     gates: dict[str, list[dict]] = {}
     ordered = bool(plan.late_seen)          # the go comes after the order wait (_late_seen)
     for move in plan.moves:
         if move.deferred and move.dst_live:
             gates.setdefault(move.dst_worker, []).append(_move(move, marker, timeout, ordered))
+    return gates
+
+
+async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float,
+                             stopping: set[str] = frozenset(), gate: bool = True) -> None:
+    """Key groups leave the aligned PEs going away, each straight to its new owner's worker. A
+    running owner first gates them (a deferred move: their tuples wait there for their state,
+    which comes after the routing switch), or imports them now, before any router switches.
+    ``stopping``: retired PEs that stop in their worker's hand-over call, right after it.
+    ``gate``: False where the gates go with the switch (``_switch_with_hand_over``)."""
+    gates = _gates(plan, marker, timeout) if gate else {}
+    ordered = bool(plan.late_seen)          # the go comes after the order wait (_late_seen)
     by_worker: dict[str, list[dict]] = {}
     for move in plan.moves:
         if not move.src_live:
@@ -712,9 +751,12 @@ async def _deploy_created(gateway: WorkerGateway, new, plan, worker_info, states
                            for w, s in by_worker.items()))
 
 
-async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps, marker: str, timeout: float) -> None:
+async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps, marker: str, timeout: float,
+                           gating: dict[str, list[dict]] | None = None) -> None:
     """Staying PEs' outputs re-pointed and routers switched; an instance there that gives key
-    groups away exports them in the same turn (``handover``)."""
+    groups away exports them in the same turn (``handover``). ``gating``: PE -> deferred moves
+    whose groups its instances gate in the same call, before its routers switch."""
+    gating = gating or {}
     calls = []
     exports: dict[str, list[dict]] = {}
     for move in plan.moves:
@@ -726,5 +768,5 @@ async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps
         calls.append(_timed(steps, f"rewire out {pe_id}", gateway.rewire(
             new.pes[pe_id].worker, pe_id, outputs=cloudpickle.dumps(outs),
             remove_outputs=plan.hold.get(pe_id, []), routing=routing, copies=copy_map(new),
-            handover=exports.get(pe_id, []))))
+            handover=exports.get(pe_id, []), **({"expect": gating[pe_id]} if pe_id in gating else {}))))
     await asyncio.gather(*calls)

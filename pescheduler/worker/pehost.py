@@ -440,15 +440,21 @@ class PEHost:
                         remove_outputs: list[str] = (), add_inputs: bytes = b"",
                         remove_inputs: list[str] = (), edges: bytes = b"", routing: bytes = b"",
                         copies: dict[str, str] | None = None, handover: list[dict] = (),
-                        early: bool = False) -> dict:
+                        early: bool = False, expect: list[dict] = ()) -> dict:
         """Change a PE that stays: new inputs registered (``edges``: its operators' inputs now),
         held outputs re-pointed, routers re-built (``routing``, ``copies``: copies came or went);
         ``handover``: key-group moves its instances export as its routers switch (handover.py).
         ``early``: before the pause, only register ``add_inputs`` and open ``outputs`` with nothing
         routed to them (``PERunner.open_early``); the call in the pause then switches to them.
+        ``expect``: deferred moves whose groups its instances gate first, in this very call, before
+        its routers switch (``HandOvers.pe_handover_expect``; a Release's gate and switch were two
+        round trips to this worker's loop in the pause).
         Answers the milliseconds of each part (:class:`Laps`)."""
         laps = Laps()
         with self._open(deployment, laps, f"{'open' if early else 'rewire'} {pe_id}"):
+            if expect:
+                await self.handovers.pe_handover_expect(deployment, list(expect))
+                laps.lap("gate")
             if early:
                 return await self._open_early(deployment, pe_id, outputs, add_inputs, laps)
             return await self._rewire(deployment, pe_id, outputs, remove_outputs, add_inputs, remove_inputs,

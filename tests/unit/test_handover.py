@@ -258,6 +258,8 @@ class _Recording:
         return list(pe_ids)
 
     async def rewire(self, worker, pe_id, **changes):
+        if changes.get("expect"):      # the gates set in the same call, before its routers switch
+            self.calls.append(("handover_expect", worker))
         self.calls.append(("rewire", worker, pe_id))
         return {}
 
@@ -374,7 +376,8 @@ def test_a_releases_pause_does_not_wait_for_the_consumer_to_take_the_copys_last_
     except ReconfigurationFailed as exc:
         raise AssertionError(f"the pause waited for the consumer's take: {exc}") from None
     order = [c[0] for c in gateway.calls]
-    assert order.index("stop") < order.index("rewire out") < order.index("taken") < order.index("go"), gateway.calls
+    # the copy stops in the round of the switch (``_switch_with_hand_over``), both before the take
+    assert max(order.index("stop"), order.index("rewire out")) < order.index("taken") < order.index("go"), gateway.calls
     assert ("rewire in", consumer) in gateway.calls and order.index("rewire in") > order.index("taken"), gateway.calls
     assert f"drain {consumer}<-copy queued" in steps, steps                    # the pause's drain: queued
     assert f"order: rewire in {consumer}" in steps and "order: downstream took the retired PEs' marker" in steps, steps
@@ -447,13 +450,14 @@ class _Rounds(_Recording):
         return answer
 
 
-def test_a_releases_pause_is_three_rounds_of_calls_to_the_workers():
+def test_a_releases_pause_is_two_rounds_of_calls_to_the_workers():
     """A Release's pause was five rounds of calls, each waiting for a busy worker loop (a PE's
     turn, a GC, the checkpoint writer holding the GIL: 8-41 ms each at 10^6 keys, traced): the
     pause, the drain's first look, the hand-over, the copy's stop and the original's switch. Now
-    each pause call answers its worker's first look at the drain, and the copy, with nothing left
-    to snapshot, stops in the call that exports its groups. On main: 5 rounds, ``drain_status``
-    asked and a ``stop_pes`` of its own."""
+    each pause call answers its worker's first look at the drain; the copy, with nothing left
+    to snapshot, stops in the call that exports its groups; and the original gates the groups
+    coming back in the call that switches its router, in that same round. On main: 5 rounds,
+    ``drain_status`` asked and a ``stop_pes`` of its own."""
     from pescheduler.control.protocol import execute
 
     old, window = placed_keyed_window()
@@ -464,13 +468,14 @@ def test_a_releases_pause_is_three_rounds_of_calls_to_the_workers():
     gateway, steps = _Rounds(), {}
     info = {w: {"host": w, "data_address": w, "pid": 0} for w in WORKERS}
     asyncio.run(execute(gateway, two, one, plan, info, "d/reconf/2", 5.0, steps))
-    assert gateway.switched == 3, f"{gateway.switched} rounds to the switch: {gateway.calls}"
-    switch = next(i for i, c in enumerate(gateway.calls) if c[0] == "rewire")
-    before = [c[0] for c in gateway.calls[:switch]]
-    assert "drain_status" not in before, gateway.calls          # its first look came with the pause
+    assert gateway.switched == 2, f"{gateway.switched} rounds to the switch: {gateway.calls}"
+    kinds = [c[0] for c in gateway.calls]
+    switch = kinds.index("rewire")
+    assert "drain_status" not in kinds[:switch], gateway.calls        # its first look came with the pause
+    assert kinds[switch - 1] == "handover_expect", gateway.calls     # gated in the switch's own call, first
     stops = [c for c in gateway.calls if c[0] == "stop"]
     assert stops == [("stop", two.pes[copy_pe].worker, [copy_pe])], gateway.calls   # once, in the hand-over's call
-    assert before.index("handover") < before.index("stop"), gateway.calls          # after its groups left
+    assert kinds.index("handover") < kinds.index("stop") < kinds.index("go"), gateway.calls  # after its groups left
 
 
 def test_a_worker_that_answers_no_first_look_is_asked_by_the_drain():
