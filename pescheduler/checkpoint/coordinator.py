@@ -190,7 +190,8 @@ class CheckpointCoordinator:
                     await self._abort(checkpoint_id, workers, exc)
                     raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
             try:
-                sizes = await self._write(checkpoint_id, placement, t0, p0)
+                async with self.reconfigurer.writing():     # a pause waits for it (Reconfigurer.writing)
+                    sizes = await self._write(checkpoint_id, placement, t0, p0)
             except Exception as exc:
                 await self._abort(checkpoint_id, workers, exc)
                 raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc

@@ -171,10 +171,12 @@ class WorkerGateway:
 
     # -- a reconfiguration's steps (control/protocol.py; unbounded here: the protocol bounds each step)
     async def pause(self, worker: str, marker: str, hold: dict[str, list[str]], align: list[str],
-                    release: list[str], overtake: dict[str, list[str]]) -> None:
-        """Upstream PEs send ``marker`` and hold these channels; the PEs in ``align`` align on it."""
-        await self.client.rpc(worker).pe_reconf(deployment=self.deployment, marker=marker, hold=hold, align=align,
-                                                release=release, overtake=overtake)
+                    release: list[str], overtake: dict[str, list[str]], drain: dict | None = None) -> dict | None:
+        """Upstream PEs send ``marker`` and hold these channels; the PEs in ``align`` align on it.
+        ``drain``: :meth:`drain_status`'s arguments (but the marker): the call then also answers
+        the drain's first look on ``worker`` (one round trip, not two)."""
+        return await self.client.rpc(worker).pe_reconf(deployment=self.deployment, marker=marker, hold=hold,
+                                                       align=align, release=release, overtake=overtake, drain=drain)
 
     async def drain_status(self, worker: str, marker: str, aligned: list[str], seen: dict[str, list[str]],
                            timeout: float, queued: dict[str, list[str]] | None = None) -> dict:
@@ -190,10 +192,11 @@ class WorkerGateway:
         return await self.client.rpc(worker).pe_snapshot(deployment=self.deployment, pe_ids=pe_ids,
                                                          leave_out=list(leave_out))
 
-    async def handover(self, worker: str, moves: list[dict]) -> dict:
+    async def handover(self, worker: str, moves: list[dict], stop: list[str] = ()) -> dict:
         """The aligned PEs on ``worker`` export these key-group moves and send them to their new
-        owners' workers; answers counts and bytes sent, never the state."""
-        return await self.client.rpc(worker).pe_handover(deployment=self.deployment, moves=moves)
+        owners' workers; answers counts and bytes sent, never the state. ``stop``: retired PEs
+        there that stop right after, in the same call (``HandOvers.pe_handover``)."""
+        return await self.client.rpc(worker).pe_handover(deployment=self.deployment, moves=moves, stop=list(stop))
 
     async def handover_expect(self, worker: str, moves: list[dict]) -> dict:
         """Running instances on ``worker`` gate the key groups these deferred moves bring them."""

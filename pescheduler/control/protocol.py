@@ -282,12 +282,24 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
             timeout, steps, "open"), limit=None)         # bounds itself on standing still, as the drain
     t0 = time.perf_counter()
     states: dict[str, dict] = {}
+    folded: str | None = None
     if by_worker:           # a copy added beside PEs that all stay has nothing to pause (issue 15)
-        await step("pause", asyncio.gather(*(gateway.pause(w, marker, **todo) for w, todo in by_worker.items())))
-        await step("drain", _wait_drained(gateway, old, plan, marker, timeout, steps), limit=None)  # bounds itself
-        await step("handover", _hand_over_retired(gateway, plan, marker, timeout))
-        states = await step("snapshot", _snapshot(gateway, old, plan.retired, _handed_over(old, plan)))
-        await step("stop", asyncio.gather(*(gateway.stop_pes(old.pes[p].worker, [p]) for p in plan.retired)))
+        # Each pause call also answers the drain's first look on its worker (``first``), and the
+        # retired PEs with nothing to snapshot stop in their hand-over's call (``stopping``): a
+        # Release was five round trips to busy worker loops in its pause, each 8-41 ms at 10^6
+        # keys (a PE's turn, a GC, the checkpoint writer holding the GIL); now three.
+        wall, first = time.time(), {}
+        await step("pause", _pause(gateway, old, plan, by_worker, marker, timeout, first))
+        await step("drain", _wait_drained(gateway, old, plan, marker, timeout, steps, first, wall),
+                   limit=None)  # bounds itself
+        leave_out = _handed_over(old, plan)
+        stopping = _stopped_with_hand_over(old, plan, leave_out)
+        folded = _switch_with_hand_over(plan, stopping)
+        if folded is None:
+            await step("handover", _hand_over_retired(gateway, plan, marker, timeout, stopping))
+        states = await step("snapshot", _snapshot(gateway, old, plan.retired, leave_out))
+        await step("stop", asyncio.gather(*(gateway.stop_pes(old.pes[p].worker, [p])
+                                            for p in plan.retired if p not in stopping)))
     states = _created_states(old, new, states, plan, marker, timeout)
     # One round of calls in parallel (issue 15: a copy's activation; it was three in a row, then
     # two). Nothing orders them: a channel opened to a receiver that is not there yet (a created
@@ -296,12 +308,15 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
     # (ChannelOut.open_in_background). So a copy works from the moment its upstream routes to
     # it, while its own output channel still waits for the downstream worker's busy loop.
     late = set(plan.late_seen)      # PEs that take the retired ones' marker after the pause
+    gating = {folded: [m for ms in _gates(plan, marker, timeout).values() for m in ms]} if folded else {}
 
     def activation():
         return asyncio.gather(*([] if early else [_deploy_created(gateway, new, plan, worker_info, states, steps)]),
                               _rewire_downstream(gateway, new, plan, steps, skip=late),
-                              _rewire_upstream(gateway, new, plan, worker_info, steps, marker, timeout))
-    what = "switch" if early else "deploy + start + rewire"
+                              _rewire_upstream(gateway, new, plan, worker_info, steps, marker, timeout, gating),
+                              *([_hand_over_retired(gateway, plan, marker, timeout, stopping, gate=False)]
+                                if folded else []))
+    what = "handover + switch" if folded else "switch" if early else "deploy + start + rewire"
     await step(what, _wait_calls(gateway, workers, activation, timeout, steps, what),
                limit=None)          # bounds itself on standing still, as the drain
     pause = time.perf_counter() - t0
@@ -370,15 +385,74 @@ def _move(move: GroupMove, marker: str, timeout: float, ordered: bool = False) -
             "go": (DRAIN_CAP * timeout if move.src_live or ordered else timeout) if move.deferred else None}
 
 
-async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float) -> None:
-    """Key groups leave the aligned PEs going away, each straight to its new owner's worker. A
-    running owner first gates them (a deferred move: their tuples wait there for their state,
-    which comes after the routing switch), or imports them now, before any router switches."""
+async def _pause(gateway: WorkerGateway, old: Placement, plan: ReconfigurationPlan, by_worker: dict[str, dict],
+                 marker: str, timeout: float, first: dict[str, dict]) -> None:
+    """The pause calls, one per worker, each asked for the drain's first look on its worker as
+    well (``_drain_wants``); ``first`` gets the answers of those that gave one (a worker of an
+    older version, or a fake, answers nothing: the drain then asks it)."""
+    wants = _drain_wants(old, plan)
+    look = min(DRAIN_LOOK_S, 0.9 * timeout)
+
+    async def pause(worker: str, todo: dict) -> None:
+        drain = {**wants[worker], "timeout": look} if worker in wants else None
+        answer = await gateway.pause(worker, marker, **todo, **({"drain": drain} if drain else {}))
+        if isinstance(answer, dict) and drain:
+            first[worker] = answer
+    await asyncio.gather(*(pause(w, todo) for w, todo in by_worker.items()))
+
+
+def _stopped_with_hand_over(old: Placement, plan: ReconfigurationPlan, leave_out: list[str]) -> set[str]:
+    """Retired PEs that stop in the call that exports their key groups (``HandOvers.pe_handover``):
+    those that export some (not ``src_live``) and have no operator left to snapshot (``_snapshot``
+    does not ask them), so nothing comes between their hand-over and their stop (a Release's copy)."""
+    exporting = {m.src_pe for m in plan.moves if not m.src_live}
+    return {p for p in plan.retired if p in exporting and set(old.pes[p].operators) <= set(leave_out)}
+
+
+def _switch_with_hand_over(plan: ReconfigurationPlan, stopping: set[str]) -> str | None:
+    """The one PE whose switch may go in the very round of the retired PEs' hand-over, carrying
+    the gates of the groups coming back (``PEHost.pe_rewire``'s ``expect``: gated before its
+    routers switch, in one call), or None. A Release of a copy whose original runs its router:
+    the pause is then two rounds of calls (pause, then hand-over with the switch), not three.
+
+    Only where nothing orders the two: nothing is created (no PE is built from a snapshot or a
+    hand-over), every retired PE stops in its hand-over's call (``stopping``: none is
+    snapshotted), every move is deferred to a running owner (its parts go at the ``go``, after
+    the pause; none is imported before a switch), every gate is in that one PE and it is the only
+    one that switches, and no PE downstream is rewired in the pause (``late_seen`` ones are, after).
+    The retired copy is aligned then: it takes nothing more, and its input channel closing under
+    it before its stop only ungates it (``FrameReceiver.connection_lost``)."""
+    if plan.created or not plan.retired or set(plan.retired) - stopping or not plan.moves:
+        return None
+    if not all(m.deferred and m.dst_live and not m.src_live for m in plan.moves):
+        return None
+    gating = {m.dst_pe for m in plan.moves}
+    switching = set(plan.hold) | set(plan.upstream_outputs) | set(plan.routing)
+    downstream = (set(plan.seen) | set(plan.downstream_inputs) | set(plan.edges)) - set(plan.late_seen)
+    if len(gating) != 1 or switching != gating or downstream:
+        return None
+    return next(iter(gating))
+
+
+def _gates(plan: ReconfigurationPlan, marker: str, timeout: float) -> dict[str, list[dict]]:
+    """Worker -> the deferred moves to running owners there: the groups they gate."""
     gates: dict[str, list[dict]] = {}
     ordered = bool(plan.late_seen)          # the go comes after the order wait (_late_seen)
     for move in plan.moves:
         if move.deferred and move.dst_live:
             gates.setdefault(move.dst_worker, []).append(_move(move, marker, timeout, ordered))
+    return gates
+
+
+async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float,
+                             stopping: set[str] = frozenset(), gate: bool = True) -> None:
+    """Key groups leave the aligned PEs going away, each straight to its new owner's worker. A
+    running owner first gates them (a deferred move: their tuples wait there for their state,
+    which comes after the routing switch), or imports them now, before any router switches.
+    ``stopping``: retired PEs that stop in their worker's hand-over call, right after it.
+    ``gate``: False where the gates go with the switch (``_switch_with_hand_over``)."""
+    gates = _gates(plan, marker, timeout) if gate else {}
+    ordered = bool(plan.late_seen)          # the go comes after the order wait (_late_seen)
     by_worker: dict[str, list[dict]] = {}
     for move in plan.moves:
         if not move.src_live:
@@ -386,8 +460,13 @@ async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, 
     # One round, both sides at once: a deferred move's parts are sent only at the ``go`` (after
     # the pause), so its gate, set up by this very step, is in place before they come. In turn
     # they were two round trips to two busy worker loops, a Release's ``handover`` step.
+    stop_at: dict[str, list[str]] = {}
+    for move in plan.moves:
+        if move.src_pe in stopping and move.src_pe not in stop_at.get(move.src_worker, []):
+            stop_at.setdefault(move.src_worker, []).append(move.src_pe)
     await asyncio.gather(*(gateway.handover_expect(w, moves) for w, moves in gates.items()),
-                         *(gateway.handover(w, moves) for w, moves in by_worker.items()))
+                         *(gateway.handover(w, moves, **({"stop": stop_at[w]} if w in stop_at else {}))
+                           for w, moves in by_worker.items()))
 
 
 async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float,
@@ -447,7 +526,8 @@ DRAIN_LOOK_S = 1.0     # how often the controller looks at a drain that is not d
 DRAIN_CAP = 10         # a drain still moving after this many times its bound fails anyway
 
 
-async def _wait_drained(gateway: WorkerGateway, old, plan, marker, timeout, steps: dict | None = None) -> None:
+async def _wait_drained(gateway: WorkerGateway, old, plan, marker, timeout, steps: dict | None = None,
+                        first: dict[str, dict] | None = None, wall: float | None = None) -> None:
     """Until every retired PE aligned and every staying PE took the marker from the retired ones.
 
     The bound is on standing still, not on length: the drain fails when nothing
@@ -463,18 +543,21 @@ async def _wait_drained(gateway: WorkerGateway, old, plan, marker, timeout, step
 
     From the channels of ``plan.late_seen`` the marker need only be queued at their PE (``...
     queued`` in ``steps``): it takes it after the pause (``execute``'s order wait).
+    ``first``: the workers' answers to the first look, given with the pause (``_pause``).
     """
     late = plan.late_seen
     await _wait_marker(gateway, old, plan.retired, {p: cs for p, cs in plan.seen.items() if p not in late},
-                       marker, timeout, steps, "drain", queued=late)
+                       marker, timeout, steps, "drain", queued=late, first=first, wall=wall)
 
 
-async def _wait_marker(gateway: WorkerGateway, old: Placement, aligned, seen: dict[str, list[str]], marker: str,
-                       timeout: float, steps: dict | None, what: str,
-                       queued: dict[str, list[str]] | None = None) -> None:
-    """Until the PEs in ``aligned`` aligned on ``marker``, each PE of ``seen`` took it from its
-    listed channels and each PE of ``queued`` has it in its inbox from its listed ones, bounded on
-    standing still (``_wait_drained``); ``steps`` get ``what`` and each PE's or channel's time."""
+def _drain_wants(old: Placement, plan: ReconfigurationPlan) -> dict[str, dict]:
+    """Worker -> what :func:`_wait_drained` asks it (``drain_status``'s ``aligned``, ``seen``, ``queued``)."""
+    late = plan.late_seen
+    return _wants(old, plan.retired, {p: cs for p, cs in plan.seen.items() if p not in late}, late)
+
+
+def _wants(old: Placement, aligned, seen: dict[str, list[str]], queued: dict[str, list[str]] | None) -> dict[str, dict]:
+    """Worker -> its PEs to have aligned, taken or queued the marker (``drain_status``'s arguments)."""
     workers: dict[str, dict] = {}
     for pe_id in aligned:
         workers.setdefault(old.pes[pe_id].worker, {"aligned": [], "seen": {}})["aligned"].append(pe_id)
@@ -482,14 +565,33 @@ async def _wait_marker(gateway: WorkerGateway, old: Placement, aligned, seen: di
         workers.setdefault(old.pes[pe_id].worker, {"aligned": [], "seen": {}})["seen"][pe_id] = channels
     for pe_id, channels in (queued or {}).items():       # asked only where there are (fakes, old workers)
         workers.setdefault(old.pes[pe_id].worker, {"aligned": [], "seen": {}}).setdefault("queued", {})[pe_id] = channels
+    return workers
+
+
+async def _wait_marker(gateway: WorkerGateway, old: Placement, aligned, seen: dict[str, list[str]], marker: str,
+                       timeout: float, steps: dict | None, what: str,
+                       queued: dict[str, list[str]] | None = None, first: dict[str, dict] | None = None,
+                       wall: float | None = None) -> None:
+    """Until the PEs in ``aligned`` aligned on ``marker``, each PE of ``seen`` took it from its
+    listed channels and each PE of ``queued`` has it in its inbox from its listed ones, bounded on
+    standing still (``_wait_drained``); ``steps`` get ``what`` and each PE's or channel's time
+    (after ``wall``, by default now). ``first``: worker -> its answer to the first look, given
+    already (by its pause call: ``_pause``); that worker is not asked again until the second."""
+    workers = _wants(old, aligned, seen, queued)
+    first = dict(first or {})
     loop = asyncio.get_running_loop()
-    began, wall = loop.time(), time.time()
+    began, wall = loop.time(), time.time() if wall is None else wall
     last, moved_at = None, began
+
+    async def look_at(worker: str, want: dict, look: float) -> dict:
+        if worker in first:
+            return first.pop(worker)
+        return await gateway.drain_status(worker, marker, timeout=look, **want)
     while True:
         look = min(DRAIN_LOOK_S, 0.9 * timeout)
         try:
             answers = await asyncio.wait_for(asyncio.gather(*(
-                gateway.drain_status(w, marker, timeout=look, **want) for w, want in workers.items())), timeout + look)
+                look_at(w, want, look) for w, want in workers.items())), timeout + look)
         except asyncio.TimeoutError:
             raise ReconfigurationFailed(f"did not {what}: a worker did not answer within {timeout:.0f}s") from None
         failed = [f for a in answers for f in a["failed"]]
@@ -649,9 +751,12 @@ async def _deploy_created(gateway: WorkerGateway, new, plan, worker_info, states
                            for w, s in by_worker.items()))
 
 
-async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps, marker: str, timeout: float) -> None:
+async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps, marker: str, timeout: float,
+                           gating: dict[str, list[dict]] | None = None) -> None:
     """Staying PEs' outputs re-pointed and routers switched; an instance there that gives key
-    groups away exports them in the same turn (``handover``)."""
+    groups away exports them in the same turn (``handover``). ``gating``: PE -> deferred moves
+    whose groups its instances gate in the same call, before its routers switch."""
+    gating = gating or {}
     calls = []
     exports: dict[str, list[dict]] = {}
     for move in plan.moves:
@@ -663,5 +768,5 @@ async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps
         calls.append(_timed(steps, f"rewire out {pe_id}", gateway.rewire(
             new.pes[pe_id].worker, pe_id, outputs=cloudpickle.dumps(outs),
             remove_outputs=plan.hold.get(pe_id, []), routing=routing, copies=copy_map(new),
-            handover=exports.get(pe_id, []))))
+            handover=exports.get(pe_id, []), **({"expect": gating[pe_id]} if pe_id in gating else {}))))
     await asyncio.gather(*calls)

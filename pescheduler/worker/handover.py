@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import cloudpickle
 
@@ -120,8 +120,9 @@ class HandOvers:
     another worker (Dask's); ``address()``: this worker's.
     """
 
-    def __init__(self, pes: Callable[[str], dict], rpc: Callable[[str], Any], address: Callable[[], str]) -> None:
-        self.pes, self.rpc, self.address = pes, rpc, address
+    def __init__(self, pes: Callable[[str], dict], rpc: Callable[[str], Any], address: Callable[[], str],
+                 stop: Callable[[str, list[str]], Awaitable[list[str]]] | None = None) -> None:
+        self.pes, self.rpc, self.address, self.stop = pes, rpc, address, stop
         self.parts: dict[tuple[str, str], list[bytes]] = {}     # (deployment, tag/instance) -> parts
         self.early: dict[tuple[str, str], list[tuple[dict, bytes]]] = {}    # deferred parts before their PE
         self.gates: dict[tuple[str, str], list[PendingGroups]] = {}        # (deployment, tag) -> gates here
@@ -141,17 +142,26 @@ class HandOvers:
         """Reconfiguration ``tag``'s pause is over: its deferred parts here are packed and sent now."""
         self.go.setdefault((deployment, tag), asyncio.Event()).set()
 
-    async def pe_handover(self, deployment: str, moves: list[dict]) -> dict:
+    async def pe_handover(self, deployment: str, moves: list[dict], stop: list[str] = ()) -> dict:
         """Export these moves' groups from aligned PEs here and send each to its new owner (a
         deferred move: in the background, answering at once). Answers counts only: the state
-        never goes back to the caller."""
+        never goes back to the caller.
+
+        ``stop``: PEs here that then stop (``PEHost.pe_stop``), in this very call: retired PEs
+        with nothing left to snapshot once their groups left (a Release's copy). Their stop was a
+        round trip of its own to this worker's loop in the pause (``protocol.execute``)."""
         pes = self.pes(deployment)
         parts = []
         for move in moves:
             pe = pes[move["src_pe"]]
             async with pe.turns.lock:
                 parts.extend((move, part) for part in exported(pe, move))
-        return await self.send(deployment, parts)
+        answer = await self.send(deployment, parts)
+        if stop:
+            if self.stop is None:
+                raise RuntimeError(f"asked to stop {list(stop)}, with no way to stop PEs here")
+            answer["stopped"] = await self.stop(deployment, list(stop))
+        return answer
 
     async def pe_handover_expect(self, deployment: str, moves: list[dict]) -> dict:
         """Running instances here gate the groups these deferred moves bring them, before any

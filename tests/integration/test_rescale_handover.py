@@ -31,8 +31,8 @@ class Through:
             self.snapshot_bytes += len(blob)
             return blob
 
-        async def counted_handover(gateway, worker, moves):
-            answer = await handover(gateway, worker, moves)
+        async def counted_handover(gateway, worker, moves, **more):
+            answer = await handover(gateway, worker, moves, **more)
             self.handed_bytes += answer["bytes"]
             return answer
 

@@ -5,6 +5,7 @@ The same path runs on a real cluster in tests/integration/test_recovery.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import collections
 import threading
 import uuid
@@ -98,6 +99,9 @@ class FakeReconfigurer:
         self.placement = pl
         self.deployment = "unit-1"
         self.epoch = 0
+
+    def writing(self):          # Reconfigurer.writing: a pause would wait for the write
+        return contextlib.nullcontext()
 
 
 def coordinator(store, gateway, retain=3, timeout=1.0):

@@ -243,8 +243,10 @@ class _Recording:
         self.calls.append(("handover_expect", worker))
         return {"gated": sum(len(m["groups"]) for m in moves)}
 
-    async def handover(self, worker, moves):
+    async def handover(self, worker, moves, stop=()):
         self.calls.append(("handover", worker, [m["src"] for m in moves]))
+        if stop:                       # retired PEs stopped in the same call, right after the export
+            self.calls.append(("stop", worker, list(stop)))
         return {"moves": 0, "bytes": 0, "deferred": len(moves)}
 
     async def snapshot(self, worker, pe_ids, leave_out=()):
@@ -256,6 +258,8 @@ class _Recording:
         return list(pe_ids)
 
     async def rewire(self, worker, pe_id, **changes):
+        if changes.get("expect"):      # the gates set in the same call, before its routers switch
+            self.calls.append(("handover_expect", worker))
         self.calls.append(("rewire", worker, pe_id))
         return {}
 
@@ -308,9 +312,9 @@ def test_a_releases_gate_and_hand_over_are_asked_at_once():
             await self.exporting.wait()
             return await super().handover_expect(worker, moves)
 
-        async def handover(self, worker, moves):
+        async def handover(self, worker, moves, stop=()):
             self.exporting.set()
-            return await super().handover(worker, moves)
+            return await super().handover(worker, moves, stop)
 
     old, window = placed_keyed_window()
     two = transform(old, Replicate(window, 1))
@@ -372,7 +376,8 @@ def test_a_releases_pause_does_not_wait_for_the_consumer_to_take_the_copys_last_
     except ReconfigurationFailed as exc:
         raise AssertionError(f"the pause waited for the consumer's take: {exc}") from None
     order = [c[0] for c in gateway.calls]
-    assert order.index("stop") < order.index("rewire out") < order.index("taken") < order.index("go"), gateway.calls
+    # the copy stops in the round of the switch (``_switch_with_hand_over``), both before the take
+    assert max(order.index("stop"), order.index("rewire out")) < order.index("taken") < order.index("go"), gateway.calls
     assert ("rewire in", consumer) in gateway.calls and order.index("rewire in") > order.index("taken"), gateway.calls
     assert f"drain {consumer}<-copy queued" in steps, steps                    # the pause's drain: queued
     assert f"order: rewire in {consumer}" in steps and "order: downstream took the retired PEs' marker" in steps, steps
@@ -399,3 +404,112 @@ def test_a_blocking_move_from_a_running_instance_waits_for_the_order_too():
     assert move.src_live and not move.deferred, "a blocking move from the running original"
     assert set(plan.ordered) == {old.pe_of(consumer)}, plan.ordered
     assert "held" in _awaited_moves(plan, "m1", 10.0)[f"{window}#1"]
+
+
+class _Rounds(_Recording):
+    """:class:`_Recording` whose workers answer the drain's first look with the pause (as a worker
+    does when asked: ``PEHost.pe_reconf``'s ``drain``), and that counts rounds of calls: a round
+    begins when a call is asked while none is out (calls asked together, in one ``gather``, are
+    one round: one wait for the busiest loop among them). ``switched``: the rounds up to the
+    running original's router switch (the rewire that removes its output to the copy: the
+    pause's end)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out, self.rounds, self.switched = 0, 0, None
+
+    async def _call(self, answer):
+        if self.out == 0:
+            self.rounds += 1
+        self.out += 1
+        await asyncio.sleep(0)              # calls asked together are all out at once
+        self.out -= 1
+        return answer
+
+    async def pause(self, worker, marker, drain=None, **todo):
+        self.calls.append(("pause", worker))
+        return await self._call({"missing": [], "failed": [], "progress": 0, "times": {}} if drain else None)
+
+    async def drain_status(self, worker, marker, aligned, seen, timeout, queued=None):
+        self.calls.append(("drain_status", worker))
+        return await self._call({"missing": [], "failed": [], "progress": 0, "times": {}})
+
+    async def handover_expect(self, worker, moves):
+        return await self._call(await super().handover_expect(worker, moves))
+
+    async def handover(self, worker, moves, stop=()):
+        return await self._call(await super().handover(worker, moves, stop))
+
+    async def stop_pes(self, worker, pe_ids):
+        return await self._call(await super().stop_pes(worker, pe_ids))
+
+    async def rewire(self, worker, pe_id, **changes):
+        answer = await self._call(await super().rewire(worker, pe_id, **changes))
+        if changes.get("remove_outputs") and self.switched is None:
+            self.switched = self.rounds
+        return answer
+
+
+def test_a_releases_pause_is_two_rounds_of_calls_to_the_workers():
+    """A Release's pause was five rounds of calls, each waiting for a busy worker loop (a PE's
+    turn, a GC, the checkpoint writer holding the GIL: 8-41 ms each at 10^6 keys, traced): the
+    pause, the drain's first look, the hand-over, the copy's stop and the original's switch. Now
+    each pause call answers its worker's first look at the drain; the copy, with nothing left
+    to snapshot, stops in the call that exports its groups; and the original gates the groups
+    coming back in the call that switches its router, in that same round. On main: 5 rounds,
+    ``drain_status`` asked and a ``stop_pes`` of its own."""
+    from pescheduler.control.protocol import execute
+
+    old, window = placed_keyed_window()
+    two = transform(old, Replicate(window, 1))
+    one = transform(two, Release(window, 1))
+    plan = plan_reconfiguration(two, one, channel_ids(two, "d", 1), "d", 2)
+    (copy_pe,) = plan.retired
+    gateway, steps = _Rounds(), {}
+    info = {w: {"host": w, "data_address": w, "pid": 0} for w in WORKERS}
+    asyncio.run(execute(gateway, two, one, plan, info, "d/reconf/2", 5.0, steps))
+    assert gateway.switched == 2, f"{gateway.switched} rounds to the switch: {gateway.calls}"
+    kinds = [c[0] for c in gateway.calls]
+    switch = kinds.index("rewire")
+    assert "drain_status" not in kinds[:switch], gateway.calls        # its first look came with the pause
+    assert kinds[switch - 1] == "handover_expect", gateway.calls     # gated in the switch's own call, first
+    stops = [c for c in gateway.calls if c[0] == "stop"]
+    assert stops == [("stop", two.pes[copy_pe].worker, [copy_pe])], gateway.calls   # once, in the hand-over's call
+    assert kinds.index("handover") < kinds.index("stop") < kinds.index("go"), gateway.calls  # after its groups left
+
+
+def test_a_worker_that_answers_no_first_look_is_asked_by_the_drain():
+    """A worker of an older version (or a fake) answers nothing to the pause's ``drain``: the drain
+    then asks it as before, so the protocol needs no worker to know the merged call."""
+    from pescheduler.control.protocol import execute
+
+    class Older(_Rounds):
+        async def pause(self, worker, marker, drain=None, **todo):
+            self.calls.append(("pause", worker))
+            return await self._call(None)
+
+    old, window = placed_keyed_window()
+    two = transform(old, Replicate(window, 1))
+    one = transform(two, Release(window, 1))
+    plan = plan_reconfiguration(two, one, channel_ids(two, "d", 1), "d", 2)
+    gateway = Older()
+    info = {w: {"host": w, "data_address": w, "pid": 0} for w in WORKERS}
+    asyncio.run(execute(gateway, two, one, plan, info, "d/reconf/2", 5.0, {}))
+    switch = next(i for i, c in enumerate(gateway.calls) if c[0] == "rewire")
+    assert "drain_status" in [c[0] for c in gateway.calls[:switch]], gateway.calls
+
+
+def test_a_hand_over_call_stops_the_pes_it_names_after_the_export():
+    """``pe_handover``'s ``stop``: the PEs named stop in the same call (``PEHost.pe_stop``), once
+    their groups were exported; on main the argument did not exist (a stop was a call of its own)."""
+    stopped = []
+
+    async def stop(deployment, pe_ids):
+        stopped.append((deployment, pe_ids))
+        return pe_ids
+
+    async def scenario():
+        host = HandOvers(lambda d: {}, lambda address: None, lambda: "tcp://here", stop=stop)
+        return await host.pe_handover("d", [], stop=["copy"])
+    answer = asyncio.run(scenario())
+    assert stopped == [("d", ["copy"])] and answer["stopped"] == ["copy"], (stopped, answer)

@@ -97,3 +97,41 @@ def test_a_rewire_waits_for_the_turn_running_in_the_pe_s_thread():
         assert "c-new" in pe.ports.receivers
         pe.turns.thread.shutdown()
     asyncio.run(scenario())
+
+
+def test_a_pause_asked_for_the_drain_answers_its_first_look():
+    """``pe_reconf``'s ``drain``: the PEs begin the reconfiguration and the same call answers when
+    they aligned (``pe_reconf_wait``'s answer), one round trip to this loop, not two (a Release at
+    10^6 keys waited 8-41 ms for each). On main the argument did not exist."""
+    async def scenario():
+        host, pe = _host_with_one_pe()
+
+        async def align(marker, release=False):
+            pe.aligner.aligned = True
+            host._bump()
+        pe.align = align
+        return await asyncio.wait_for(host.pe_reconf("dep", "m", hold={}, align=["r"],
+                                                     drain={"aligned": ["r"], "seen": {}, "timeout": 5}), 2)
+    answer = asyncio.run(scenario())
+    assert answer["missing"] == [] and answer["failed"] == [], answer
+
+
+def test_a_rewire_asked_to_expect_groups_gates_them_before_its_routers_switch():
+    """``pe_rewire``'s ``expect``: the PE's instances gate the groups coming back
+    (``HandOvers.pe_handover_expect``) in the same call, before the switch, so a Release's gate
+    and switch are one round trip to this loop. On main the argument did not exist."""
+    async def scenario():
+        host, pe = _host_with_one_pe()
+        done = []
+
+        async def expect(deployment, moves):
+            done.append(("gate", deployment, [m["groups"] for m in moves]))
+
+        async def rewire(*args, before=lambda: None):
+            before()
+            done.append(("switch",))
+        host.handovers.pe_handover_expect = expect
+        pe.rewire, pe.opening = rewire, lambda: False
+        await asyncio.wait_for(host.pe_rewire("dep", "r", remove_outputs=["c"], expect=[{"groups": [3, 4]}]), 2)
+        return done
+    assert asyncio.run(scenario()) == [("gate", "dep", [[3, 4]]), ("switch",)]
