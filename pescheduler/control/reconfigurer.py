@@ -136,7 +136,8 @@ class Reconfigurer:
 
     async def _after_writes(self, timeout: float) -> float | None:
         """Until no checkpoint write is in flight (:meth:`writing`), at most ``timeout`` (then the
-        pause goes on beside it); the milliseconds waited, or None when none was."""
+        pause goes on beside it); the milliseconds waited, or None when none was. :meth:`apply`
+        gives it half the action's timeout, and the pause what is left: the action ends within it."""
         if not self.writes:
             return None
         t = time.perf_counter()
@@ -161,9 +162,10 @@ class Reconfigurer:
                 return self.record(ApplyRecord(action, False, str(exc)))
             steps = {"plan": round((time.perf_counter() - t0) * 1000, 3)}     # the lock and the planning
             if plan.retired or plan.hold:          # it pauses: not beside a checkpoint's writers
-                waited = await self._after_writes(timeout)
+                waited = await self._after_writes(timeout / 2)   # the other half is the pause's
                 if waited is not None:
                     steps["before the pause: checkpoint write"] = waited
+                    timeout -= waited / 1000
             record = self.record(await self._run(action, old, new, plan, timeout, steps))
         if record.applied:          # a copy retired before its first batch was seen has no figure
             self.activating = {p: t for p, t in self.activating.items() if p not in record.retired}
