@@ -123,12 +123,15 @@ def run(cost_us: float, seconds: float, repeat: int) -> dict:
             cold = activation_ms(dep, "burn#2", decided)
             cold_start_s = dep._last_cold_start_s
             stats = dep.pe_stats()
-            dep.stop()
+            stopped = dep.stop()
             final = dep.snapshot()
     emitted = final.operators["src"].tuples_out
     return {"alone": alone, "copied": copied, "warm_ms": warm, "protocol_ms": protocol, "steps": steps, "cold_ms": cold, "cold_start_s": cold_start_s,
             "slots": slots, "emitted": emitted, "sunk": final.operators["sink"].tuples_in,
-            "router": stats.get("src", {}).get("routers", {})}
+            "router": stats.get("src", {}).get("routers", {}),
+            # a mismatch is a loss only if the stop drained: every PE finished, no error
+            "unfinished": {pe["pe"]: pe["state"] for pe in stopped["pes"] if pe["state"] != "finished"},
+            "stop_error": stopped["error"], "events": stopped.get("events", [])[-8:]}
 
 
 def main() -> None:
@@ -168,6 +171,9 @@ def main() -> None:
     print(f"  exactly once: source emitted {r['emitted']:,}, sink received {r['sunk']:,}: "
           f"{'0 lost, 0 duplicated' if ok else 'MISMATCH'}")
     if not ok:
+        drained = not r["unfinished"] and r["stop_error"] is None
+        print(f"  the stop {'drained (every PE finished): tuples lost' if drained else 'did not drain'}: "
+              f"unfinished {r['unfinished']}, error {r['stop_error']}, last events {r['events']}")
         sys.exit(1)
 
 
