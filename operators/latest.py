@@ -62,11 +62,11 @@ class Latest(Operator):
         # A batch's rows are gathered in ``now`` (key -> its row, None once deleted) and written
         # to the backend once, at the end: a dict store per change instead of a backend call
         # (on memory a put is a Python call with two stores; write_many two dict updates).
-        # Hot loop: an insert or an update that keeps its key (a fill's every change, and a
-        # steady stream's) is applied inline, its previous row read with ``read`` (never a copy:
-        # it is only emitted, as the row stored is); anything else goes through _apply. Two
-        # Python calls a change (_apply, _current) and ``get``, a Python method while a
-        # checkpoint's view is live on memory, were most of this operator's own time in a fill.
+        # Hot loop: an insert or an update (after moving its row when it changed its key) is
+        # applied inline, its previous row read with ``read`` (never a copy: it is only emitted,
+        # as the row stored is); a delete goes through _delete. Two Python calls a change
+        # (the former _apply, _current) and ``get``, a Python method while a checkpoint's view is live on
+        # memory, were most of this operator's own time in a fill.
         now: dict = {}
         rows = self._rows
         read = self._read = self._prefetched(batch) if rows.reads_in_batches else None
@@ -75,43 +75,34 @@ class Latest(Operator):
             for change in batch:
                 try:
                     op = change.get("op")
-                    if (op == "insert" or op == "update") and not ("before" in change and change["before"]):
-                        key = key_of(change)
-                        after = change["after"]
-                        if after is None:
-                            raise ValueError(f"latest: an {op} without its row (after=None)")
-                        if key in now:                  # tests, not calls: a fill's keys are in neither
-                            previous = now[key]
-                        elif read is not None and key in read:
-                            previous = read[key]
-                        else:
-                            previous = lookup(key)
-                        now[key] = after
-                        emit({"op": "upsert", name: key, "row": after, "previous": previous})
+                    if op != "insert" and op != "update":
+                        self._delete(change, op, emit, now)
+                        continue
+                    key = key_of(change)
+                    if op == "update" and "before" in change and change["before"]:
+                        self._moved(key_of(change["before"]), key, emit, now)
+                    after = change["after"]
+                    if after is None:
+                        raise ValueError(f"latest: an {op} without its row (after=None)")
+                    if key in now:                  # tests, not calls: a fill's keys are in neither
+                        previous = now[key]
+                    elif read is not None and key in read:
+                        previous = read[key]
                     else:
-                        self._apply(change, emit, now)
-                except Exception as exc:            # nothing is changed before it raises
+                        previous = lookup(key)
+                    now[key] = after
+                    emit({"op": "upsert", name: key, "row": after, "previous": previous})
+                except Exception as exc:            # the change dead-lettered, the stream goes on
                     emit.dead_letter(change, exc)
         finally:
             self._read = None
             write_batch(rows, now)
 
-    def _apply(self, change: dict, emit: Emitter, now: dict) -> None:
-        op = change.get("op")
-        if op not in OPS:
-            raise ValueError(f"latest: op must be one of {', '.join(OPS)}, got {op!r}")
-        key = self._key_of(change)
-        if op == "update" and change.get("before"):
-            self._moved(self._key_of(change["before"]), key, emit, now)
+    def _delete(self, change: dict, op: Any, emit: Emitter, now: dict) -> None:
+        """A change that is no upsert: a delete, or an op that is none of :data:`OPS` (raised)."""
         if op != "delete":
-            after = change["after"]
-            if after is None:
-                raise ValueError(f"latest: an {op} without its row (after=None)")
-            previous = self._current(key, now)
-            now[key] = after
-            emit({"op": "upsert", self._key_name: key, "row": after, "previous": previous})
-        else:
-            self._drop(key, emit, now)
+            raise ValueError(f"latest: op must be one of {', '.join(OPS)}, got {op!r}")
+        self._drop(self._key_of(change), emit, now)
 
     def _current(self, key: Any, now: dict) -> Any:
         """The key's row as this batch left it so far (None once deleted), else the backend's."""
@@ -129,13 +120,13 @@ class Latest(Operator):
         """The rows of the batch's keys as the backend holds them before it, in one ``get_many``
         (disk: the keys encoded in one batch and one multi-get, against a get per change: a
         call, an encode and a lookup each). A change whose key cannot be read is left to
-        ``_apply``, which dead-letters it."""
+        the loop, which dead-letters it."""
         key_of = self._key_of
         try:                                # in C: every change a dict with its key and no "before"
             if not any(map(_BEFORE, batch)):
                 keys = list(map(key_of, batch))
                 return dict(zip(keys, self._rows.get_many(keys)))
-        except Exception:                   # a change that is not one: read as below, _apply says why
+        except Exception:                   # a change that is not one: read as below, _delete or the loop says why
             pass
         keys = []
         for change in batch:
@@ -148,7 +139,7 @@ class Latest(Operator):
                 continue
         try:
             return dict(zip(keys, self._rows.get_many(keys)))
-        except TypeError:                   # an unhashable key: read one at a time (_apply says why)
+        except TypeError:                   # an unhashable key: read one at a time (_delete or the loop says why)
             return {}
 
     def _moved(self, old: Any, key: Any, emit: Emitter, now: dict) -> None:

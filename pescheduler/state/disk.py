@@ -216,6 +216,14 @@ _first = itemgetter(0)
 _SECOND = itemgetter(1)
 
 
+def _places(np: Any, keys: Collection[bytes], mask: int) -> tuple[Any, Any]:
+    """Where encoded ``keys``' bits are in the "may be stored" bitmap of ``mask + 1`` bits: their
+    byte offsets (intp) and each one's bit (uint8), their hashes taken by ``map`` in C; what
+    :meth:`DiskState._maybe_stored` reads and :meth:`DiskState._mark` sets."""
+    h = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys)).view(np.uint64) & np.uint64(mask)
+    return (h >> np.uint64(3)).astype(np.intp), np.left_shift(np.uint8(1), (h & np.uint64(7)).astype(np.uint8))
+
+
 def _let_go_of(state: "weakref.ref[DiskState]", changes: Changes | None) -> None:
     """A view's end, released or collected: its changes to its state, if it still lives."""
     st = state()
@@ -652,11 +660,10 @@ class DiskState(KeyedState):
         if np is None or len(encoded) < 64:
             return [i for i, k in enumerate(encoded) if (among is None or among[i])
                     and stored[(h := hash(k) & mask) >> 3] & (1 << (h & 7))]
-        h = np.fromiter(map(hash, encoded), dtype=np.int64, count=len(encoded)).view(np.uint64) & np.uint64(mask)
-        bits = np.frombuffer(stored, dtype=np.uint8)[(h >> np.uint64(3)).astype(np.intp)]
-        hit = (bits >> (h & np.uint64(7)).astype(np.uint8)) & np.uint8(1)
+        at, bit = _places(np, encoded, mask)
+        hit = (np.frombuffer(stored, dtype=np.uint8)[at] & bit) != 0
         if among is not None:
-            hit &= np.fromiter(among, dtype=np.uint8, count=len(among))
+            hit &= np.fromiter(among, dtype=bool, count=len(among))
         return np.flatnonzero(hit).tolist()
 
     def write_many(self, puts: Iterable[tuple[Any, Any]], deletes: Iterable[Any] = ()) -> None:
@@ -708,9 +715,7 @@ class DiskState(KeyedState):
                 h = hash(k) & mask
                 stored[h >> 3] |= 1 << (h & 7)
             return
-        h = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys)).view(np.uint64) & np.uint64(mask)
-        np.bitwise_or.at(np.frombuffer(stored, dtype=np.uint8), h >> np.uint64(3),
-                         np.left_shift(np.uint8(1), (h & np.uint64(7)).astype(np.uint8)))
+        np.bitwise_or.at(np.frombuffer(stored, dtype=np.uint8), *_places(np, keys, mask))
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         self._flush()

@@ -384,9 +384,10 @@ class ChainWriter:
         try:
             for i, snap in enumerate(taken["views"]):
                 gmap, chains, token = self._write_view(files, checkpoint_id, f"{pe_id}.{i}", i, snap.view, pack)
-                done.append((snap, chains))
+                restored, referenced = still_restored(snap.restored, run) if snap.restored else ({}, [])
+                done.append((chains, referenced))
                 if snap.restored:       # groups a lazy restore has not loaded yet: their files referenced
-                    gmap = replace(gmap, restored=still_restored(snap.restored, run)[0])
+                    gmap = replace(gmap, restored=restored)
                 refs.append(gmap)
                 views.append(token)
         except CheckpointError:         # no .state: the chains kept for the next attempt may not name it
@@ -402,12 +403,11 @@ class ChainWriter:
         # earlier .state holding some counted whole would count its map and small state too), and
         # this .state less the files it holds (compressed, so at most its own part, never more).
         held = max(0, state["bytes"] - pack.size)
-        for snap, chains in done:
+        for chains, referenced in done:
             for f in (f for c in chains.values() for f in c.files):
                 entries[f["path"]] = {**f, "role": "group"}
             held += sum(c.full_bytes + c.delta_bytes for c in chains.values())
-            if snap.restored:
-                referenced = still_restored(snap.restored, run)[1]
+            if referenced:
                 entries.update((e["path"], e) for e in referenced)
                 held += sum(e["bytes"] for e in {e["path"]: e for e in referenced}.values())
                 with self._lock:
