@@ -327,8 +327,9 @@ def test_live_events_window_worker_killed_six_seconds_in_commits_each_window_onc
             if stop.is_set():
                 break
             due = t0 + i / per_s
-            if due > time.time():
-                time.sleep(due - time.time())     # a paced producer (real time is the point)
+            ahead = due - time.time()             # read the clock once: a second read can pass `due`
+            if ahead > 0:
+                time.sleep(ahead)                 # a paced producer (real time is the point)
             record = {"n": i, "key": i % keys, "ts": int(due * 1000)}
             sent.append(record)
             producer.produce("live-in", json.dumps(record).encode(), partition=i % 4)
