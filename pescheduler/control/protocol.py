@@ -38,8 +38,10 @@ same keep running untouched; the others are *retired* and replaced by
    they held; a KEYED instance that stays and gives groups to a new copy
    exports them in that very turn of its PE (it runs the routers:
    ``group_moves``). A channel whose receiver is not there yet waits for it at
-   the receiving worker; data never reaches a receiver before it exists, so no
-   call needs another's answer.
+   the receiving worker; data never reaches a receiver before it exists, and a
+   receiver opened in step 0 keeps what it carries in its PE's inbox until the
+   PE's rewire gives it its edge (``ChannelIn.wired``), so no call needs
+   another's answer.
 5. **Resume.**
 
 PEs of a KEYED operator's instances that keep their worker are not replaced

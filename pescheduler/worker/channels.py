@@ -231,6 +231,10 @@ class ChannelIn:
         self.grant: Callable[[], None] = lambda: None
         self.tuples = 0
         self.ended = False
+        # Does the chain route what this channel carries? Not yet for a channel opened before its edge
+        # (a Replicate's copy, protocol._open_early): its items wait in the inbox until the edge comes
+        # (Rewirer.set_inputs), or a batch taken before then went nowhere.
+        self.wired = True
         # the last marker queued here, and when: everything the channel carried before it is in this
         # worker's memory, ahead of it in the inbox (a Release's drain, control/protocol.py's late_seen)
         self.queued: Any = None

@@ -133,8 +133,8 @@ class InputScheduler:
             if self.park(channel, kind, payload):
                 taken = True
                 continue                        # blocked at the marker until aligned
-            if id(channel) in waiting or (self.full and self.feeds_full(channel.src_op, channel.port)):
-                deferred.append(item)           # feeds a full channel, or behind its own
+            if id(channel) in waiting or not channel.wired or (self.full and self.feeds_full(channel.src_op, channel.port)):
+                deferred.append(item)           # feeds a full channel, has no edge yet, or behind its own
                 waiting.add(id(channel))
                 continue
             if kind == DATA and len(spent) > 1 and not self._turn(channel, items, yielded, spent):
@@ -158,7 +158,7 @@ class InputScheduler:
     def _share_start(self, items) -> dict[int, float]:
         """Busy time spent per input channel with items queued now, counted from the least-served
         one: a channel that had none starts level with it (an idle spell banks no time)."""
-        queued = {id(c) for c, _kind, _payload in list(items)}   # a copy: the event loop appends
+        queued = {id(c) for c, _kind, _payload in list(items) if c.wired}   # a copy: the event loop appends
         spent = {c: t for c, t in self.spent.items() if c in queued}
         floor = min(spent.values(), default=0.0)
         self.spent = {c: spent.get(c, floor) - floor for c in queued}
@@ -168,11 +168,12 @@ class InputScheduler:
         """Is it ``channel``'s turn for a data batch? Not while a channel that spent less waits
         for its turn in this pass, or has an item further on that may be taken. The channel that
         spent least among those with batches always may: a pass that has batches takes one (a
-        pass that took nothing would spin the PE loop without yielding)."""
+        pass that took nothing would spin the PE loop without yielding). A channel that waits for
+        its edge (``ChannelIn.wired``) has no turn: its batches cannot be taken yet."""
         mine = spent.get(id(channel), 0.0)
         if any(spent.get(c, 0.0) < mine for c in yielded):
             return False
-        return not any(c is not channel and spent.get(id(c), 0.0) < mine
+        return not any(c is not channel and c.wired and spent.get(id(c), 0.0) < mine
                        and (id(c) in yielded or not (self.full and self.feeds_full(c.src_op, c.port)))
                        for c, _kind, _payload in list(items))
 
@@ -281,7 +282,7 @@ class InputScheduler:
 
     def ready(self) -> bool:
         """Work that needs no waiting: input this PE may take, or output credit lets it ship."""
-        if any(not self.feeds_full(c.src_op, c.port) for c, _kind, _payload in self.inbox.items):
+        if any(c.wired and not self.feeds_full(c.src_op, c.port) for c, _kind, _payload in self.inbox.items):
             return True
         return any(not ch.held and ch.can_ship() for _s, ch in self.outs)
 

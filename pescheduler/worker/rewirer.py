@@ -137,7 +137,8 @@ class Rewirer:
         receivers = self.ports.receivers
         for spec in add:                       # registered before the pause already: its sender may be connected
             if spec.channel_id not in receivers:
-                receivers[spec.channel_id] = ChannelIn(spec.channel_id, spec.src_op, spec.port)
+                receivers[spec.channel_id] = channel = ChannelIn(spec.channel_id, spec.src_op, spec.port)
+                channel.wired = False
         for channel_id in remove:
             receivers.pop(channel_id, None)
         self.aligner.forget(remove)
@@ -146,6 +147,12 @@ class Rewirer:
             for gate in self.pending.values():
                 gate.hold()                    # still holding event time, whatever the new inputs
         self.inputs.edges_changed()
+        routes = self.chain.routes
+        wired = [c for c in receivers.values() if not c.wired and (c.src_op, c.port) in routes]
+        for channel in wired:                  # its items waited in the inbox for this edge
+            channel.wired = True
+        if wired:
+            self.ports.wake()
 
     def status(self, marker: Any, channel_ids: list[str] | None = None, queued: Iterable[str] = ()) -> dict:
         """How far this PE is with ``marker``: ``missing``, ``progress`` and ``times`` of channel
