@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from inbox import take_all
 from test_held_watermarks import _upstream
 
@@ -58,4 +59,17 @@ def test_a_batch_on_an_input_opened_before_its_edge_waits_for_the_edge_then_goes
         for _spec, out in pe.ports.outs:
             await out.flush(wait=False)
         assert sorted(_numbers(inboxes["c-w"]) + _numbers(inboxes["c-copy"])) == [1, 2] + [3] * 500 + [4] * 500 + [5] * 500 + [13, 14]
+    asyncio.run(scenario())
+
+
+def test_a_batch_that_no_operator_takes_fails_the_pe_instead_of_going_nowhere():
+    """The loss above was silent: the batch was counted in and delivered to no route. A wired
+    channel whose operator no longer takes its input is a bug; the PE fails, saying so."""
+    async def scenario():
+        pe, _inboxes = await _upstream()
+        pe.chain.set_edges([])                                 # nothing here takes src's output now
+        pe.ports.inbox.put(pe.ports.receivers["c-src"], DATA, [{"n": 1, "ts": 1}])
+        with pytest.raises(RuntimeError, match=r"channel c-src brought 1 tuples of 'src', which no operator of "
+                                                 r"PE up takes: they would be lost"):
+            pe.inputs.take()
     asyncio.run(scenario())
