@@ -17,7 +17,7 @@ Python call per operator and no intermediate list.
 A batch is a list of tuples or a ``pyarrow.RecordBatch``; an operator that
 does not declare ``columnar = True`` receives a RecordBatch as a list of dicts.
 
-The cyclic GC is paused while a batch goes through the chain (``emit_from``).
+The cyclic GC is paused while a batch goes through the chain (``emit_from``, ``take_input``).
 A fused run builds a list of new tuples that the next operator consumes and
 drops; with the GC on, every 700 of them started a collection, and every
 tenth of those a older one over the state and whatever else the process
@@ -347,11 +347,20 @@ class Chain:
 
     # -- data ----------------------------------------------------------------------
     def emit_from(self, op_id: str, batch: list, port: str = "out") -> None:
-        """A batch produced by ``op_id`` (a source here, or a producer in another PE)."""
+        """A batch produced by ``op_id`` (a source here; a channel's batch goes through :meth:`take_input`)."""
         node = self.nodes.get(op_id)
         if node is not None:
             node.stats.tuples_out += len(batch)
         gc_paused(_deliver, self.routes.get((op_id, port), ()), batch)    # a nested emit: still paused
+
+    def take_input(self, op_id: str, batch: list, port: str = "out") -> bool:
+        """A batch a channel brought from ``op_id`` in another PE, through the chain; False (and
+        nothing done) when no operator here takes it: the caller says so, nothing drops it."""
+        targets = self.routes.get((op_id, port))
+        if targets is None:
+            return False
+        gc_paused(_deliver, targets, batch)
+        return True
 
     def _push_run(self, run: FusedRun, batch: Any) -> None:
         # Hot path: one call per batch for the whole run. On any error the batch

@@ -224,7 +224,7 @@ class Inbox:
 class ChannelIn:
     """The receiving end of one channel: which upstream port it carries, and how to grant credit."""
 
-    def __init__(self, channel_id: str, src_op: str, port: str) -> None:
+    def __init__(self, channel_id: str, src_op: str, port: str, wired: bool = True) -> None:
         self.channel_id = channel_id
         self.src_op = src_op
         self.port = port
@@ -234,7 +234,7 @@ class ChannelIn:
         # Does the chain route what this channel carries? Not yet for a channel opened before its edge
         # (a Replicate's copy, protocol._open_early): its items wait in the inbox until the edge comes
         # (Rewirer.set_inputs), or a batch taken before then went nowhere.
-        self.wired = True
+        self.wired = wired
         # the last marker queued here, and when: everything the channel carried before it is in this
         # worker's memory, ahead of it in the inbox (a Release's drain, control/protocol.py's late_seen)
         self.queued: Any = None

@@ -137,8 +137,7 @@ class Rewirer:
         receivers = self.ports.receivers
         for spec in add:                       # registered before the pause already: its sender may be connected
             if spec.channel_id not in receivers:
-                receivers[spec.channel_id] = channel = ChannelIn(spec.channel_id, spec.src_op, spec.port)
-                channel.wired = False
+                receivers[spec.channel_id] = ChannelIn(spec.channel_id, spec.src_op, spec.port, wired=False)
         for channel_id in remove:
             receivers.pop(channel_id, None)
         self.aligner.forget(remove)

@@ -166,11 +166,10 @@ class PERunner:
                 batch = decode(payload) if isinstance(payload, ENCODED) else payload
             except Exception as exc:        # a proven peer's unreadable batch: a dead letter, not a failure
                 return self._dead(bytes(payload[:256]), exc, f"channel {channel.channel_id}")
-            if (channel.src_op, channel.port) not in chain.routes:    # wired, yet nothing here takes it
+            if not chain.take_input(channel.src_op, batch, channel.port):     # wired, yet nothing here takes it
                 raise RuntimeError(f"channel {channel.channel_id} brought {len(batch)} tuples of {channel.src_op!r}, "
                                    f"which no operator of PE {self.pe_id} takes: they would be lost")
             channel.tuples += len(batch)
-            chain.emit_from(channel.src_op, batch, channel.port)
         elif kind == WATERMARK:
             chain.watermark_from(channel.src_op, payload)
         elif kind == END:
