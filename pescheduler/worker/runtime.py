@@ -132,7 +132,7 @@ class PERunner:
             while not (self.chain.finished and not self.chain.frozen) and self.state != "stopping":
                 progressed = await self.turns.run(self._work)
                 if await self.inputs.flush() or progressed:    # input held back for a full channel may go now
-                    await asyncio.sleep(0)          # let the worker answer its calls
+                    await self.turns.between()      # let the worker answer its calls
                 else:                       # nothing to do: wait for input, credit or a source due
                     await self.inputs.idle(lambda: self.sources.due_in(self.inputs.source_held)
                                            + self.ports.linger_waits(), self.figures.waiting)

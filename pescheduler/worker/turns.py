@@ -18,6 +18,26 @@ from typing import Any, Callable
 from .busy import busy_clock
 
 THREAD_AFTER_S = 0.1     # a turn this long means an operator blocks or runs long: give the PE a thread
+YIELDS = 16              # at most this many loop passes after a long turn while the loop has other work
+LONG_TURN_S = 0.002      # a turn at least this long on the loop: the loop runs until nothing is ready after it
+
+
+async def let_the_loop_run(passes: int = YIELDS) -> None:
+    """Let the event loop run until it has nothing else ready, at most ``passes`` passes.
+
+    A control call or a channel's handshake is a chain of callbacks, each scheduled by the one
+    before (a read wakes a reader, which wakes a handler, which writes): with one pass between
+    two turns of a hot PE, each link of the chain waited for a whole turn (at least one batch:
+    20 ms at 20 us a tuple). A copy's connect to the PE's worker took four of them, 80 ms of a
+    warm activation's 100, and every call waited two. With nothing else ready this is one pass.
+    ``_ready`` is asyncio's own run queue (CPython's loop; another loop: one pass).
+    """
+    await asyncio.sleep(0)
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)
+    for _ in range(passes - 1):
+        if not ready:
+            return
+        await asyncio.sleep(0)
 
 
 class Turns:
@@ -34,6 +54,7 @@ class Turns:
         self.thread: ThreadPoolExecutor | None = None    # set when operators block or run long
         self.threaded_because = ""
         self._inflight: Future | None = None
+        self.long_turn = False                      # the last turn held the loop LONG_TURN_S or more
         # Held by a turn in the thread and by the control calls that change the chain, its routes
         # or channels (pehost: pe_reconf, pe_rewire, pe_snapshot), so they run between turns. Without
         # it a rewire switched routes while the thread emitted: a batch on the new route overtook the
@@ -64,6 +85,7 @@ class Turns:
             t0 = clock()
             progressed = work()
             took = clock() - t0
+            self.long_turn = took >= LONG_TURN_S
             if took > max(2 * self.time_slice_s, THREAD_AFTER_S):
                 self.go_threaded(f"a turn took {took * 1000:.0f} ms")
         else:
@@ -71,7 +93,14 @@ class Turns:
                 self._inflight = self.thread.submit(work)
                 progressed = await asyncio.wrap_future(self._inflight)
                 self._inflight = None
+            self.long_turn = False              # the loop was free meanwhile
         return progressed
+
+    async def between(self) -> None:
+        """Between two turns: one pass of the event loop, or after a long turn on it until nothing
+        else is ready (:func:`let_the_loop_run`). Short turns keep one pass: two PEs of a worker
+        would otherwise pass the loop to each other up to YIELDS times between turns of microseconds."""
+        await let_the_loop_run(YIELDS if self.long_turn else 1)
 
     def go_threaded(self, because: str) -> None:
         """Work in this PE's own thread from now on (``because`` is shown in its status)."""

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 
-from pescheduler.worker.turns import THREAD_AFTER_S, Turns
+from pescheduler.worker.turns import LONG_TURN_S, THREAD_AFTER_S, YIELDS, Turns, let_the_loop_run
 
 
 def test_a_long_turn_moves_the_pe_to_its_thread_and_loop_work_is_handed_back():
@@ -95,3 +95,72 @@ def test_a_pe_that_may_block_works_off_the_loop_from_its_first_turn_and_its_comm
         turns.close()
 
     asyncio.run(main())
+
+
+def _turns_until(chain_links: int, between) -> int:
+    """A hot PE's loop (each pass of the ``while`` is a turn) beside a chain of ``chain_links``
+    callbacks, each scheduled by the one before, as a control call's or a handshake's are: how
+    many turns ran before the chain's end."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+
+        def link(left: int) -> None:
+            if left == 0:
+                done.set()
+            else:
+                loop.call_soon(link, left - 1)
+        loop.call_soon(link, chain_links)
+        turns = 0
+        while not done.is_set():
+            turns += 1
+            await between()
+        return turns
+    return asyncio.run(main())
+
+
+def test_between_two_turns_a_chain_of_callbacks_runs_to_its_end():
+    """One pass between turns (``asyncio.sleep(0)``, before) made each link of a chain wait for a
+    whole turn of the PE: a copy's connect to a hot PE's worker took four turns, 80 of a warm
+    activation's 100 ms. Now the loop runs until nothing else is ready."""
+    assert _turns_until(4, let_the_loop_run) == 1
+    assert _turns_until(4, lambda: asyncio.sleep(0)) == 5      # what one pass did
+
+
+def test_a_callback_that_never_stops_rescheduling_itself_leaves_the_pe_its_turns():
+    """The passes between turns are bounded (YIELDS): the PE is not starved by a busy loop."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        passes = 0
+
+        def forever() -> None:
+            nonlocal passes
+            passes += 1
+            loop.call_soon(forever)
+        loop.call_soon(forever)
+        await let_the_loop_run()
+        return passes
+    assert 1 <= asyncio.run(main()) <= YIELDS
+
+
+def test_a_pe_lets_the_loop_run_its_chains_after_a_long_turn_and_passes_once_after_a_short_one():
+    """``Turns.between``: after a turn that held the loop LONG_TURN_S or more, the loop's chains run
+    to their end before the next turn; after a short one, one pass (two PEs of one worker with
+    turns of microseconds would pass the loop to each other YIELDS times between turns)."""
+    def turns_with(took: float) -> int:
+        now = [0.0]
+
+        def clock() -> float:           # the busy clock: each turn takes ``took`` of it
+            return now[0]
+
+        def work() -> bool:
+            now[0] += took
+            return True
+
+        async def between() -> None:
+            await turns.run(work)
+            await turns.between()
+        turns = Turns("pe-1", time_slice_s=0.01, clock=clock)
+        return _turns_until(4, between)
+    assert turns_with(LONG_TURN_S) == 1
+    assert turns_with(LONG_TURN_S / 10) == 5
