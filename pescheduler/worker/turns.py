@@ -63,6 +63,8 @@ class Turns:
         self.lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
+        self._handing = threading.Lock()            # guards _handed: the PE's thread adds, the loop takes
+        self._handed: list[Callable[[], None]] = []     # calls from the thread waiting for the loop, in order
 
     def bind(self) -> None:
         """Remember the running event loop: :meth:`on_loop` hands work back to it."""
@@ -126,11 +128,30 @@ class Turns:
             self._inflight = None
 
     def on_loop(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the event loop: now if called there, else scheduled thread-safely."""
+        """Run ``fn`` on the event loop: now if called there, else scheduled thread-safely, in order.
+
+        From the thread, calls that come while an earlier one still waits for the loop go with it
+        (one ``call_soon_threadsafe``, not one each): each wakes the loop through a socket write,
+        which lets the GIL go, and beside a thread running Python (a checkpoint's writer) the PE's
+        thread got it back only up to a switch interval (5 ms) later, once per batch (its credit)."""
         if self._loop is None or threading.get_ident() == self._loop_thread:
             fn()
-        else:
-            self._loop.call_soon_threadsafe(fn)
+            return
+        with self._handing:
+            self._handed.append(fn)
+            if len(self._handed) > 1:
+                return                          # the call scheduled for the first takes it along
+        self._loop.call_soon_threadsafe(self._run_handed)
+
+    def _run_handed(self) -> None:
+        with self._handing:
+            fns, self._handed = self._handed, []
+        for fn in fns:
+            try:
+                fn()
+            except Exception as exc:            # as the loop does with a callback's: logged, the rest go on
+                self._loop.call_exception_handler({"message": f"PE {self.name}: a call handed to the loop failed",
+                                                   "exception": exc})
 
     def close(self) -> None:
         """Wait for a turn still running in the thread (never close operators under it), then

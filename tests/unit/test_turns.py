@@ -164,3 +164,42 @@ def test_a_pe_lets_the_loop_run_its_chains_after_a_long_turn_and_passes_once_aft
         return _turns_until(4, between)
     assert turns_with(LONG_TURN_S) == 1
     assert turns_with(LONG_TURN_S / 10) == 5
+
+
+def test_calls_handed_to_the_loop_while_one_waits_go_with_it_in_order():
+    """``on_loop`` from the PE's thread: one wake-up of the loop (a socket write, which lets the
+    GIL go) for calls made while an earlier one still waits, not one per call (per batch: its
+    credit); every call runs, in order, one failing does not stop the rest."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        turns = Turns("pe-1", time_slice_s=0.01)
+        turns.bind()
+        wakes, ran = [], []
+        real = loop.call_soon_threadsafe
+
+        def counted(fn, *args):
+            wakes.append(fn)
+            return real(fn, *args)
+        loop.call_soon_threadsafe = counted
+
+        def boom():
+            raise RuntimeError("one call fails")
+        loop.set_exception_handler(lambda _loop, context: ran.append("logged"))
+
+        def from_thread():
+            for i in range(50):
+                turns.on_loop(lambda i=i: ran.append(i))
+            turns.on_loop(boom)
+            turns.on_loop(lambda: ran.append("last"))
+        thread = threading.Thread(target=from_thread)
+        thread.start()
+        thread.join(5)                          # the loop is held meanwhile: every call waits for it
+        done = loop.create_future()
+        turns.on_loop(lambda: done.set_result(None))     # on the loop itself: at once
+        await asyncio.wait_for(done, 5)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        return wakes, ran
+    wakes, ran = asyncio.run(main())
+    assert len(wakes) == 1, len(wakes)
+    assert ran == list(range(50)) + ["logged", "last"], ran
