@@ -29,7 +29,7 @@ import cloudpickle
 import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from . import handshake
+from . import handshake, process_settings
 from .cgroup import QUOTA_ENV, core_budget, host_quota, machine_id
 from .ckpt_files import CheckpointFiles
 from .channels import ChannelIn, FrameReceiver, Inbox
@@ -62,6 +62,7 @@ class PEHostPlugin(WorkerPlugin):
     async def setup(self, worker) -> None:
         if PLUGIN_NAME in worker.extensions:
             return
+        process_settings.apply()        # the worker process's GIL switch interval and collector (its docstring)
         host = PEHost(worker)
         await host.start()
         worker.extensions[PLUGIN_NAME] = host
@@ -585,6 +586,8 @@ class PEHost:
                     pass
             stopped.append(pe_id)
             gone.append(pe)
+        if gone:
+            process_settings.thaw()              # their cycles are garbage now: the next full collection finds them
         if gone and pe_ids is not None:          # the deployment goes on: its stores stay on disk
             asyncio.get_running_loop().call_soon(retire_states, gone)    # after this call's answer
         if deployment is not None and pe_ids is None:

@@ -1,0 +1,73 @@
+"""What a worker process sets for its PEs beside large state: the GIL's switch interval, and a
+cyclic garbage collector that does not visit the state at every full collection.
+
+**The switch interval.** A thread that lets the GIL go for a system call (a socket write that
+wakes the event loop, the loop's ``select``) gets it back, beside a thread running Python, only
+when that one is made to yield: CPython's switch interval later, 5 ms by default. A threaded PE
+hands the loop every turn, and the loop hands it the next: beside a checkpoint's writer each
+hand-over waited up to 5 ms, and its outputs stalled 125-151 ms at 10^7 keys (bench/state.py's
+table, the largest gaps after the collector's). At ``pe.switch-interval`` = 0.5 ms: 58-64 ms.
+
+**The collector.** A full (generation-2) collection visits every container the process tracks,
+and the ``memory`` backend's index and key-group dicts hold every key: 81 ms at 10^6 keys, 233 ms
+at 4 * 10^6, and 1.5-1.7 s at 10^7 in a worker, holding the GIL (every PE of the worker stopped).
+So after each full collection the survivors are frozen (``gc.freeze``: a generation no collection
+visits; reference counting still frees whatever it can), and a full collection visits what came
+since the last one, whatever the state's size.
+
+What freezing gives up: a reference cycle among frozen objects that becomes garbage later is
+found only once they are thawed. The cycles that matter come from a stopped PE (its operators,
+chain, channels), so a PE's stop thaws (:func:`thaw`); and every ``pe.gc-thaw-every`` the
+collection after the next one visits everything, once (what a long run's other cycles cost).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import time
+
+from .. import config
+
+logger = logging.getLogger(__name__)
+
+
+class _FreezeAfterFull:
+    """The ``gc.callbacks`` entry: after a full collection, freeze its survivors, or (thaw due)
+    leave them for the next full collection to visit."""
+
+    def __init__(self, thaw_every_s: float) -> None:
+        self.thaw_every_s = thaw_every_s
+        self.thawed_at = time.monotonic()
+        self.frozen_once = False
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase != "stop" or info.get("generation") != 2:
+            return
+        if self.frozen_once and time.monotonic() - self.thawed_at >= self.thaw_every_s:
+            thaw()                              # the next full collection visits everything, once
+            self.thawed_at = time.monotonic()
+        else:
+            gc.freeze()
+            self.frozen_once = True
+
+
+_installed: _FreezeAfterFull | None = None
+
+
+def apply() -> None:
+    """Set this process up as its ``pe`` settings say (a worker's PE host, at its start); again
+    is a no-op."""
+    global _installed
+    sys.setswitchinterval(config.get_seconds("pe.switch-interval"))
+    if _installed is None and config.get("pe.gc-freeze"):
+        _installed = _FreezeAfterFull(config.get_seconds("pe.gc-thaw-every"))
+        gc.callbacks.append(_installed)
+
+
+def thaw() -> None:
+    """Everything frozen goes back to the oldest generation: the next full collection visits it
+    (a PE stopped: its cycles are garbage now)."""
+    if gc.get_freeze_count():
+        gc.unfreeze()
