@@ -17,20 +17,20 @@ since the last one, whatever the state's size.
 
 What freezing gives up: a reference cycle among frozen objects that becomes garbage later is
 found only once they are thawed. The cycles that matter come from a stopped PE (its operators,
-chain, channels), so a PE's stop thaws (:func:`thaw`); and every ``pe.gc-thaw-every`` the
-collection after the next one visits everything, once (what a long run's other cycles cost).
+chain, channels), so a PE's stop thaws (:func:`thaw`); and once every ``pe.gc-thaw-every`` (10
+minutes) the next full collection visits everything, once, for a long run's other cycles: a
+pause of the old size then (1.5 s at 10^7 keys), where without the freeze one came each time the
+objects promoted since the last grew by a quarter (every ~2 minutes at 10^7 keys and 1 % of them
+changed per 5 s).
 """
 
 from __future__ import annotations
 
 import gc
-import logging
 import sys
 import time
 
 from .. import config
-
-logger = logging.getLogger(__name__)
 
 
 class _FreezeAfterFull:

@@ -33,8 +33,8 @@ def test_reading_the_busy_clock_keeps_the_gil_beside_a_thread_running_python():
     checkpoint's writer) the PE got it back only when that one was made to yield, up to the
     switch interval later: 100 readings took 77 ms, and a checkpoint of 10^7 keys stalled the
     operator's output 146 ms. Counted, not timed: with the switch interval made long, a spinning
-    thread can only run while the reader lets the GIL go; on the old clock it ran at the first
-    few readings, here at none of 1,000."""
+    thread can only run while the reader lets the GIL go (or once, at a switch it asked for before
+    the interval changed); on the old clock it ran during three readings, here during one at most."""
     if busy.busy_clock is not busy._schedstat_clock:
         return                                  # no schedstat here: thread_time keeps the GIL anyway
     stop, spins = threading.Event(), [0]
@@ -48,16 +48,17 @@ def test_reading_the_busy_clock_keeps_the_gil_beside_a_thread_running_python():
     try:
         while spins[0] == 0:                    # it runs: it wants the GIL from now on
             busy.busy_clock()
-        sys.setswitchinterval(1.0)              # no forced switch within the readings below
-        ran_during = 0
+        sys.setswitchinterval(1.0)              # no forced switch within the readings below but one: the
+        ran_during = 0                          # spinner may have asked for it on the old interval already
         for _ in range(1000):
             before = spins[0]
             busy.busy_clock()
             if spins[0] != before:
                 ran_during += 1
-                break                           # the old clock: no need to wait for more
+                if ran_during > 2:
+                    break                       # the old clock: each costs up to the interval, enough
     finally:
         sys.setswitchinterval(interval)
         stop.set()
         spinner.join(5)
-    assert ran_during == 0
+    assert ran_during <= 1
