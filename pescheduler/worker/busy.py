@@ -46,7 +46,7 @@ def _gil_keeping_pread():
     """libc's ``pread(fd, buffer, 64, 0)`` called with the GIL held (``ctypes.PyDLL``): the bytes
     read, or None where libc cannot be had this way (then ``os.pread``)."""
     try:
-        pread = ctypes.PyDLL(None).pread
+        pread = ctypes.PyDLL(None, use_errno=True).pread
     except (OSError, AttributeError):
         return None
     pread.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long)

@@ -40,17 +40,15 @@ class _FreezeAfterFull:
     def __init__(self, thaw_every_s: float) -> None:
         self.thaw_every_s = thaw_every_s
         self.thawed_at = time.monotonic()
-        self.frozen_once = False
 
     def __call__(self, phase: str, info: dict) -> None:
         if phase != "stop" or info.get("generation") != 2:
             return
-        if self.frozen_once and time.monotonic() - self.thawed_at >= self.thaw_every_s:
+        if gc.get_freeze_count() and time.monotonic() - self.thawed_at >= self.thaw_every_s:
             thaw()                              # the next full collection visits everything, once
             self.thawed_at = time.monotonic()
         else:
             gc.freeze()
-            self.frozen_once = True
 
 
 _installed: _FreezeAfterFull | None = None
