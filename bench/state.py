@@ -406,6 +406,7 @@ CHANGES_PER_S = 20_000     # the most changed keys per second the table asks (mo
                            # interval stretches so that each still follows 1 % of the keys changed
 CHECKPOINTS = int(os.environ.get("STATE_BENCH_CHECKPOINTS", "10"))   # steady checkpoints per row (--checkpoints)
 CACHE = "512MB"            # pescheduler.state.cache of the workers (issue 30: 10 M keys with 512 MB)
+ABOUT_1_PCT = 0.015        # a checkpoint the 1 % column reads followed at most this share of the keys changed
 OUTSIDE_THE_PAUSE = ("moving:", "open")   # record entries that are not the pause's steps: the moves' figures
                                            # after it (bytes, tuples held, a timestamp) and a copy's opening before it
 GOALS = "pause <= 100 ms, stall <= 20 ms, 1 % checkpoint <= 5 % of the state, first output <= 5 s " \
@@ -449,7 +450,9 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         steady = time.time()
         seen = len(dep.checkpoints())
         wait_for(dep, lambda s: len([c for c in dep.checkpoints()[seen:] if c["time"] >= steady]) >= CHECKPOINTS + 1)
-        row["checkpoints"] = [{**c, **written_by_kind(c)} for c in dep.checkpoints()[seen:] if c["time"] >= steady]
+        every = dep.checkpoints()
+        row["checkpoints"] = [{**c, **written_by_kind(c), "changed": changed_share(every, i, k)}
+                              for i, c in enumerate(every) if i >= seen and c["time"] >= steady]
         row["worker_rss"] = max(w.memory_bytes for w in dep.snapshot().workers.values())
         row["deployer_rss"] = rss_bytes()
         row["killed_at"] = time.time()
@@ -506,6 +509,19 @@ def written_by_kind(c: dict) -> dict:
     return out
 
 
+def changed_share(every: list[dict], i: int, k: int) -> float:
+    """The share of the K keys ``churn`` changed between checkpoint ``every[i]``'s barrier and its
+    predecessor's (the source's ``changes`` in their manifests' positions): 1 % a checkpoint
+    interval, more after a checkpoint that took longer than the interval (its successor's
+    barrier waits for it, and the source keeps its rate). NaN for the first."""
+    from pescheduler.checkpoint.storage import manifest_at
+
+    if i == 0:
+        return float("nan")
+    count = lambda c: sum(p.get("changes", 0) for p in manifest_at(c["url"]).get("positions", {}).values())
+    return (count(every[i]) - count(every[i - 1])) / k
+
+
 def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict]) -> dict:
     """From the sink's stamps: the fill's rate (the source's first read to the K-th output), and in [start, end) the
     largest gap between outputs that overlaps a checkpoint (trigger to commit) and the median gap."""
@@ -541,7 +557,8 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                      f"keeps up with here)" if capped else ""))
     print(f"   stall: the largest gap between latest's outputs overlapping a checkpoint (p50 gap beside it);")
     print(f"   1% ckpt: bytes written (its manifest included) / state referenced, the largest of {CHECKPOINTS}")
-    print(f"   checkpoints in the steady stream")
+    print(f"   checkpoints in the steady stream that followed at most {100 * ABOUT_1_PCT:g} % of the keys changed (c below:")
+    print(f"   the share changed since the previous barrier; more after a checkpoint longer than the interval)")
     print(f"   (the checkpoint right after the Release is not one of them: it writes the groups the Release moved")
     print(f"   in whole, a rescale's cost, shown on the line under each row with every checkpoint's share);")
     print(f"   first out: SIGKILL of latest's worker -> first output after the restore; x dicts: the fill's rate")
@@ -563,7 +580,9 @@ def table(sizes: list[int], backends_: list[str]) -> None:
             for b, r in rows[k].items():
                 share = lambda c: c["bytes"] / max(c["state_bytes"], 1)
                 after_rescale, steady = r["checkpoints"][0], r["checkpoints"][1:]
-                c = max(steady, key=share)
+                # the goal's case: a checkpoint after about 1 % of the keys changed (not one after a
+                # longer checkpoint, whose interval held more; each is printed with its share below)
+                c = max([c for c in steady if not c.get("changed", 0) > ABOUT_1_PCT] or steady, key=share)
                 ratio = share(c)
                 first = r.get("first_output_s", float("nan"))
                 x = r["fill_rate"] / max(rows[k]["dicts"]["fill_rate"], 1e-9)
@@ -580,9 +599,9 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                       f"{'-' if math.isnan(first) else f'{first:.2f}':>12} {r['worker_rss'] / 2**20:8.0f} MB "
                       f"{r['deployer_rss'] / 2**20:10.0f} MB {r['fill_rate']:8.0f} {x:8.2f}  {goals}")
                 print(f"{'':9} {'':8} each checkpoint, % of the state written (f: whole groups, d: deltas, bytes "
-                      f"of the .state files s and of the manifest m): "
+                      f"of the .state files s and of the manifest m, % of the keys changed c): "
                       + " ".join(f"{100 * share(c):.1f}({c['fulls']}f,{c['deltas']}d,{c['state_file_bytes']}s,"
-                                 f"{c['manifest_bytes']}m)"
+                                 f"{c['manifest_bytes']}m, {100 * c.get('changed', float('nan')):.1f}%c)"
                                  for c in r["checkpoints"])
                       + f"; the first follows the Release: {100 * share(after_rescale):.1f} %")
                 for name in ("replicate", "release"):      # the record's largest steps: where the pause went
