@@ -547,8 +547,10 @@ class PEHost:
 
     async def pe_ckpt_end(self, deployment: str, checkpoint_id: int, complete: bool) -> None:
         """Checkpoint ``checkpoint_id`` is complete (sinks commit) or aborted (sinks discard, PEs
-        still aligning on it go on)."""
-        self.ckpt_files.end(deployment, checkpoint_id, complete)
+        still aligning on it go on). The writer's end in a thread, as its write: it walks every
+        chain's files and prunes this worker's local copies (a listing and a removal per file), which
+        held the worker's loop 70-123 ms at 10^7 keys (traced), every PE on it and every call waiting."""
+        await asyncio.to_thread(self.ckpt_files.end, deployment, checkpoint_id, complete)
         for pe_id, pe in self._of(deployment).items():
             # Stopped while this call waited for its turn (a restore or a reconfiguration
             # replaced it): its successor settles the checkpoint from its own state. A
