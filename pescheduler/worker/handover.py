@@ -47,6 +47,7 @@ from ..operator import Operator
 from ..wire import PESpec, exported_marker, key_group, least_progress
 from .lazy_restore import StillLoading, still_loading
 from .pending_groups import PendingGroups
+from .process_settings import freeze_imported
 from .routing import key_function
 
 logger = logging.getLogger(__name__)
@@ -70,8 +71,9 @@ def import_groups(op: Operator, state: Any) -> None:
     hook = getattr(op, "import_groups", None)
     if hook is not None:
         hook(state)
-        return
-    op.restore(op.merge_states([op.snapshot(), state]))
+    else:
+        op.restore(op.merge_states([op.snapshot(), state]))
+    freeze_imported()
 
 
 def exported(pe: Any, move: dict) -> list[dict]:
@@ -260,6 +262,7 @@ class HandOvers:
                 op = pe.ops[move["dst"]]
                 if gated.fresh and not gated.parts:
                     op.restore(part["state"])        # a new instance: built from its first part
+                    freeze_imported()
                 else:
                     import_groups(op, part["state"])
                 gated.parts += 1

@@ -62,6 +62,7 @@ from ..state.settings import backend_name, cache_bytes, deployment_dir
 from ..wire import PESpec, key_group
 from .gc_pause import gc_paused
 from .pending_groups import PendingGroups
+from .process_settings import freeze_imported
 from .routing import key_function
 
 logger = logging.getLogger(__name__)
@@ -225,6 +226,7 @@ class Loader:
                 return False
             t = time.perf_counter()
             gc_paused(pe.ops[op_id].import_groups, part)
+            freeze_imported()
             took = time.perf_counter() - t
             self.longest_import_s = max(self.longest_import_s, took)
             self.slow_imports += took > SLOW_IMPORT_S
