@@ -124,8 +124,8 @@ class MayBeStored:
     Two bits, not one: with one, a key new to a store of n keys set in m bits read RocksDB with
     a chance of n/m (0.4 % at 10^6 keys in 32 MB, 3.7 % at 10^7); each such read is a call that
     lets the GIL go (rocksdict's get) and waits to have it back beside a checkpoint's writer: in
-    a fill of 10^6 keys (``bench/fill.py``, its writer beside) 3,600 of them cost 0.56 s, 12 % of
-    the fill. With two, about (2n/m)^2: 0.006 % at 10^6, 0.55 % at 10^7. Both of a key's bits are
+    a fill of 10^6 keys (``bench/fill.py``, its writer beside) 3,585 of them cost 0.48 s of wall
+    time and 0.05 s of CPU. With two, about (2n/m)^2: 0.006 % at 10^6, 0.55 % at 10^7. Both of a key's bits are
     in one block of 512 bits (a cache line: a blocked Bloom filter, as RocksDB's own), so a test
     reads one line, not two far apart: bit ``h mod m`` (``h`` the encoded key's hash), and the bit
     of its block at the hash's upper 32 bits mod 512. The map is at least 64 KiB: whole blocks."""
