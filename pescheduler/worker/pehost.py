@@ -374,15 +374,21 @@ class PEHost:
         ``drain``: :meth:`pe_reconf_wait`'s arguments (but the deployment and marker): the same
         call then waits, as that one would, for this worker's part of the drain and answers it,
         so the drain's first look is no round trip of its own to this busy loop (a Release at
-        10^6 keys waited 8-41 ms for each of its five in the pause)."""
+        10^6 keys waited 8-41 ms for each of its five in the pause). Its ``times`` then also say
+        when each PE here held its channels and sent the marker (``"<pe> held"``): what a drain
+        waited for before the marker left, against what it waited for after (the record's steps)."""
         pes = self._of(deployment)
         overtake = overtake or {}
+        held = {}
         for pe_id, channel_ids in hold.items():
             await pes[pe_id].hold(channel_ids, marker, overtake.get(pe_id, ()))
+            held[f"{pe_id} held"] = time.time()
         for pe_id in align:
             await pes[pe_id].align(marker, release=pe_id in release)
         if drain is not None:
-            return await self.pe_reconf_wait(deployment, marker, **drain)
+            answer = await self.pe_reconf_wait(deployment, marker, **drain)
+            answer["times"] = {**held, **answer["times"]}
+            return answer
         return None
 
     async def pe_reconf_wait(self, deployment: str, marker: str, aligned: list[str],
