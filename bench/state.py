@@ -607,6 +607,8 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                 for name in ("replicate", "release"):      # the record's largest steps: where the pause went
                     steps = sorted(((s, ms_) for s, ms_ in r.get(f"{name}_steps", {}).items()
                                     if not s.startswith(OUTSIDE_THE_PAUSE)), key=lambda kv: -kv[1])[:4]
+                    steps += [(s, ms_) for s, ms_ in r.get(f"{name}_steps", {}).items()    # when the marker left
+                              if s.endswith(" held") and not s.startswith(OUTSIDE_THE_PAUSE) and (s, ms_) not in steps]
                     if steps:
                         print(f"{'':9} {'':8} {name} steps (ms): " + ", ".join(f"{s} {ms_:.1f}" for s, ms_ in steps))
     deployer = [r["deployer_rss"] / 2**20 for by in rows.values() for b, r in by.items() if b != "dicts"]
