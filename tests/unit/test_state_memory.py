@@ -439,3 +439,39 @@ def test_a_fold_takes_only_the_keys_written_since_the_last_fold(monkeypatch):
     rewrite(state, lambda v: [] if v[0] % 2 else v)       # a sweep dropping the odd keys
     assert sum(seen) == 0, seen                            # read it all, then one write: no fold during it
     assert sorted(k for g in state.groups() for k, _ in state.items(g)) == sorted([*range(0, 1000, 2), 5])
+
+
+def test_a_take_before_any_fold_groups_no_written_key_in_the_turn(monkeypatch):
+    """A rescale's take (``take_groups``, in the PE's turn) of a state never folded (no checkpoint
+    yet, or none at all): every group's dict is empty and every key is in the writes. It read each
+    empty group at once, which grouped every key written: at 10^7 keys a Replicate paused 6.3-6.6
+    s. Past ``READ_AT_ONCE`` keys written a key of each group is looked for a slice at a time and
+    the groups are taken as the others; what each taken group holds, and what stays, are the same."""
+    seen = []
+    real = memory.key_groups
+    monkeypatch.setattr(memory, "key_groups", lambda keys: seen.append(len(keys)) or real(keys))
+    state = memory.MemoryState()
+    k = 131_072                                 # twice READ_AT_ONCE
+    state.write_many((i, {"v": i}) for i in range(k))
+    chosen = set(range(0, 128, 2))
+    taken = state.take_groups(chosen)
+    assert sum(seen) <= 8192, f"the take grouped {sum(seen)} keys in the turn"
+    moved = {key: value for part in taken.values() for key, value in part.items()}
+    assert moved == {i: {"v": i} for i in range(k) if key_group(i) in chosen}
+    assert {key for g in state.groups() for key, _ in state.items(g)} == {i for i in range(k) if key_group(i) not in chosen}
+
+
+def test_a_take_before_any_fold_of_a_group_no_key_was_put_in_takes_nothing_of_it(monkeypatch):
+    """Keys in a few groups only: a take of those and of groups none of them is in (past
+    ``READ_AT_ONCE`` keys written) gives the groups that have keys, each with a key of its own
+    group standing for it, and nothing of the others."""
+    monkeypatch.setattr(memory, "READ_AT_ONCE", 1000)
+    keys = [i for i in range(400_000) if key_group(i) in (3, 5)]
+    assert len(keys) > 1000
+    state = memory.MemoryState()
+    state.write_many((i, i) for i in keys)
+    taken = take_groups(state, frozenset({3, 5, 7, 9}))
+    assert set(taken) == {3, 5}
+    assert all(key_group(key) == g for g, (key, _data) in taken.items())
+    assert {k for _g, (_key, data) in taken.items() for k in data.entries} == set(keys)
+    assert not set(state.groups()) & {3, 5, 7, 9}          # taken: nothing of them stays here
