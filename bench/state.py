@@ -451,8 +451,9 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         seen = len(dep.checkpoints())
         wait_for(dep, lambda s: len([c for c in dep.checkpoints()[seen:] if c["time"] >= steady]) >= CHECKPOINTS + 1)
         every = dep.checkpoints()
-        row["checkpoints"] = [{**c, **written_by_kind(c), "changed": changed_share(every, i, k)}
-                              for i, c in enumerate(every) if i >= seen and c["time"] >= steady]
+        picked = [i for i, c in enumerate(every) if i >= seen and c["time"] >= steady]
+        kinds = {i: written_by_kind(every[i]) for i in {*picked, *(i - 1 for i in picked if i)}}   # each manifest read once
+        row["checkpoints"] = [{**every[i], **kinds[i], "changed": changed_share(kinds, i, k)} for i in picked]
         row["worker_rss"] = max(w.memory_bytes for w in dep.snapshot().workers.values())
         row["deployer_rss"] = rss_bytes()
         row["killed_at"] = time.time()
@@ -484,18 +485,21 @@ def written_by_kind(c: dict) -> dict:
     reads): bytes of whole key groups, of deltas and of the PEs' ``.state`` files, and how many
     group files of each kind; and the manifest's own bytes, counted in ``bytes`` (it is written by
     this checkpoint: before manifests referred to their predecessor, ``bytes`` left it out, and a
-    whole list of every file was 44.5 KB at 10^3 keys, more than the state)."""
+    whole list of every file was 44.5 KB at 10^3 keys, more than the state); and ``changes``, the
+    changes ``churn`` had made at its barrier (its position)."""
     manifest = os.path.join(c["url"], "MANIFEST.json")
     try:
         from pescheduler.checkpoint.storage import manifest_at
     except ImportError:                 # a version whose manifests list every file
         with open(manifest) as f:
-            listed = json.load(f)["files"]
+            read = json.load(f)
     else:
-        listed = manifest_at(c["url"])["files"]
+        read = manifest_at(c["url"])
+    listed = read["files"]
     files = [e for e in listed if e["chk"] == c["id"]]
     kind = lambda e: e["path"].rsplit(".", 1)[-1] if e["role"] == "group" else e["role"]
-    out = {"full_bytes": 0, "delta_bytes": 0, "state_file_bytes": 0, "fulls": 0, "deltas": 0}
+    out = {"full_bytes": 0, "delta_bytes": 0, "state_file_bytes": 0, "fulls": 0, "deltas": 0,
+           "changes": sum(p.get("changes", 0) for p in read.get("positions", {}).values())}   # churn's, so far
     for e in files:
         k = kind(e)
         if k in ("full", "delta"):
@@ -509,17 +513,14 @@ def written_by_kind(c: dict) -> dict:
     return out
 
 
-def changed_share(every: list[dict], i: int, k: int) -> float:
-    """The share of the K keys ``churn`` changed between checkpoint ``every[i]``'s barrier and its
-    predecessor's (the source's ``changes`` in their manifests' positions): 1 % a checkpoint
-    interval, more after a checkpoint that took longer than the interval (its successor's
-    barrier waits for it, and the source keeps its rate). NaN for the first."""
-    from pescheduler.checkpoint.storage import manifest_at
-
-    if i == 0:
+def changed_share(kinds: dict[int, dict], i: int, k: int) -> float:
+    """The share of the K keys ``churn`` changed between checkpoint ``i``'s barrier and its
+    predecessor's (the source's ``changes`` in their manifests' positions, :func:`written_by_kind`):
+    1 % a checkpoint interval, more after a checkpoint that took longer than the interval (its
+    successor's barrier waits for it, and the source keeps its rate). NaN for the first."""
+    if i - 1 not in kinds:
         return float("nan")
-    count = lambda c: sum(p.get("changes", 0) for p in manifest_at(c["url"]).get("positions", {}).values())
-    return (count(every[i]) - count(every[i - 1])) / k
+    return (kinds[i]["changes"] - kinds[i - 1]["changes"]) / k
 
 
 def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict]) -> dict:

@@ -578,10 +578,12 @@ class MemoryState(KeyedState):
         pending = self._pending
         if pending is not None and pending.puts is None:
             pending = None
-        folds = [f for f in (pending, *self._layers) if f is not None and f.puts]
-        written = sum(len(f.puts) + len(f.gone or ()) for f in folds)
+        # each fold's writes read once: the checkpoint's writer thread may apply the snapshot's
+        # fold meanwhile, which lets go of them (its puts and gone become None), never changes them
+        writes = [(f.puts, f.gone) for f in (pending, *self._layers) if f is not None]
+        written = sum(len(puts or ()) + len(gone or ()) for puts, gone in writes)
         empty = [g for g in chosen if not self._tables[g]]
-        firsts = _first_keys(folds, empty) if written > READ_AT_ONCE and empty else None
+        firsts = _first_keys([puts for puts, _ in writes if puts], empty) if written > READ_AT_ONCE and empty else None
         taken: dict[int, Mapping] = {}
         for g in sorted(chosen):
             table = self._tables[g]
@@ -783,13 +785,13 @@ def _leave_later(state: "MemoryState") -> None:
     _QUEUE.put(state)
 
 
-def _first_keys(folds: list["_Fold"], groups: list[int]) -> dict[int, Any]:
-    """A key put of each of ``groups`` in ``folds``' writes, where there is one: their keys' groups
-    computed :data:`FIRST_KEYS_SLICE` at a time until each group has a key (with 128 groups
-    evenly used, the first slice). A group none of them put costs a pass over every key written."""
+def _first_keys(puts: list[dict], groups: list[int]) -> dict[int, Any]:
+    """A key of each of ``groups`` among the keys ``puts`` (folds' writes) hold, where there is one:
+    their groups computed :data:`FIRST_KEYS_SLICE` at a time until each group has a key (with 128
+    groups evenly used, the first slice). A group none of them holds costs a pass over them all."""
     want, found = set(groups), {}
-    for fold in folds:
-        keys = iter(fold.puts)
+    for written in puts:
+        keys = iter(written)
         while want and (part := list(islice(keys, FIRST_KEYS_SLICE))):
             for g, key in zip(key_groups(part), part):
                 if g in want:
