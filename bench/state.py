@@ -443,9 +443,10 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
                             checkpoint_interval=f"{interval}s") as dep:
         wait_for(dep, lambda s: "state" in s.operators and s.operators["state"].tuples_in >= k)
         if backend != "dicts":
+            moves_from = time.time()
             rep, rel = dep.apply(Replicate("state", 1), timeout=600), dep.apply(Release("state", 1), timeout=600)
             assert rep.applied and rel.applied, (rep.reason, rel.reason)
-            row.update(replicate_ms=rep.pause_ms, release_ms=rel.pause_ms,
+            row.update(replicate_ms=rep.pause_ms, release_ms=rel.pause_ms, moves=(moves_from, time.time()),
                        replicate_steps=dict(rep.steps), release_steps=dict(rel.steps))   # where each pause went
         steady = time.time()
         seen = len(dep.checkpoints())
@@ -469,7 +470,7 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
                 row["first_output_s"] = restart["at"] - row["killed_at"] + restart["first_output_s"]
         open(until, "w").close()
         dep.wait(timeout=900)
-    row.update(stalls(stamps, k, steady, row["killed_at"], row["checkpoints"]))
+    row.update(stalls(stamps, k, steady, row["killed_at"], row["checkpoints"], row.get("moves")))
     return row
 
 
@@ -523,11 +524,15 @@ def changed_share(kinds: dict[int, dict], i: int, k: int) -> float:
     return (kinds[i]["changes"] - kinds[i - 1]["changes"]) / k
 
 
-def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict]) -> dict:
+def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict], moves: tuple | None = None) -> dict:
     """From the sink's stamps: the fill's rate (the source's first read to the K-th output), and in [start, end) the
-    largest gap between outputs that overlaps a checkpoint (trigger to commit) and the median gap."""
+    largest gap between outputs that overlaps a checkpoint (trigger to commit) and the median gap; ``moves``: the
+    span from the Replicate's call to the end of the Release's (its last key group in), whose largest gap between
+    outputs is the stream's stall while the groups move (``move_gap_ms``)."""
     with open(path) as f:
         lines = [(float(t), int(n)) for t, n in (line.split() for line in f if line.strip())]
+    moving = [t for t, _ in lines if moves and moves[0] <= t <= moves[1]]
+    move_gap = max((b - a for a, b in zip(moving, moving[1:])), default=float("nan"))
     done, fill_end = 0, None
     for t, n in lines:
         done += n
@@ -542,7 +547,7 @@ def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict]) -> di
         began = float(f.read())
     return {"fill_rate": k / (fill_end - began) if fill_end else 0.0,
             "stall_ms": 1000 * max(at_ckpt, default=float("nan")),
-            "gap_p50_ms": 1000 * every[len(every) // 2] if every else float("nan")}
+            "gap_p50_ms": 1000 * every[len(every) // 2] if every else float("nan"), "move_gap_ms": 1000 * move_gap}
 
 
 def table(sizes: list[int], backends_: list[str]) -> None:
@@ -605,6 +610,14 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                                  f"{c['manifest_bytes']}m, {100 * c.get('changed', float('nan')):.1f}%c)"
                                  for c in r["checkpoints"])
                       + f"; the first follows the Release: {100 * share(after_rescale):.1f} %")
+                if b != "dicts":                # after each pause: the groups' move, the stream running on
+                    done = lambda name: r.get(f"{name}_steps", {}).get("moving: done ms after the pause", float("nan"))
+                    longest = max(r.get(f"{name}_steps", {}).get("moving: longest import ms", float("nan"))
+                                  for name in ("replicate", "release"))
+                    print(f"{'':9} {'':8} the moves: the key groups all in {done('replicate'):.0f} ms after the "
+                          f"Replicate's pause, {done('release'):.0f} ms after the Release's; the largest gap between "
+                          f"outputs from the Replicate to the last group in {r['move_gap_ms']:.1f} ms; the longest "
+                          f"import of a group in a turn {longest:.1f} ms")
                 for name in ("replicate", "release"):      # the record's largest steps: where the pause went
                     steps = sorted(((s, ms_) for s, ms_ in r.get(f"{name}_steps", {}).items()
                                     if not s.startswith(OUTSIDE_THE_PAUSE)), key=lambda kv: -kv[1])[:4]

@@ -137,6 +137,7 @@ class PESpec:
     batch_size: int = 1000
     latency_s: float = 0.0    # the latency target a channel sizes its batches by (channels.py)
     credits: int = 8
+    hold: int = 0             # tuples a gated instance may hold (pescheduler.state.hold; pending_groups.py)
     time_slice_s: float = 0.05
     restore: dict[str, dict] = field(default_factory=dict)   # op_id -> {"state", "progress", "driver"}
     routing: dict[tuple[str, str, str], tuple] = field(default_factory=dict)   # see plan/wiring.routing_for

@@ -71,13 +71,14 @@ def build_specs(placement: Placement, worker_info: dict[str, dict], deployment: 
     wanted = set(placement.pes if pe_ids is None else pe_ids)
     batch_size = int(config.get("batch.size"))
     credits = int(config.get("channel.credits"))
+    hold = int(config.get("state.hold"))
     time_slice = float(config.get("pe.time-slice-ms")) / 1000
     specs = {}
     for pe_id in wanted:
         pe = placement.pes[pe_id]
         ops = {op: (plan.ops[op].cls, dict(plan.ops[op].params), plan.ops[op].key_field) for op in pe.operators}
         specs[pe_id] = PESpec(pe_id, deployment, ops, consumer_edges(placement, pe_id), batch_size=batch_size,
-                              latency_s=placement.latency_s, credits=credits, time_slice_s=time_slice,
+                              latency_s=placement.latency_s, credits=credits, hold=hold, time_slice_s=time_slice,
                               routing=routing_for(placement, pe_id), copies=copy_map(placement), epoch=epoch)
     for key, channel_id in channels.items():
         src, port, dst_pe = key

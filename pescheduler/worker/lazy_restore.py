@@ -86,11 +86,13 @@ def lazily(cls: type) -> bool:
 SLOW_IMPORT_S = 0.020   # an import turn longer than this is a stall of the stream (the figures count them)
 
 
-def preparer(backend: str | None, where: str | None) -> Callable[[int, dict], Any]:
-    """The ``prepare_group`` of the deployment's keyed-state backend, its files under ``where``."""
-    if backend_name(backend) == "disk":
+def preparer(pe: Any) -> Callable[[int, dict], Any]:
+    """The ``prepare_group`` of ``pe``'s keyed-state backend (a lazy restore's groups, a rescale's
+    parts: ``worker/handover.py``), its files beside the deployment's stores."""
+    if backend_name(pe.hosting.state_backend) == "disk":
         from ..state.disk import prepare_group
 
+        where = os.path.join(deployment_dir(pe.spec.deployment), "prepared")   # beside the stores
         return functools.partial(prepare_group, where=where, cache_bytes=cache_bytes())
     from ..state.memory import prepare_group
 
@@ -159,9 +161,8 @@ class Loader:
         self.t0 = time.perf_counter()
         self.longest_import_s = 0.0     # the longest import in the PE's turn (a stall of its stream)
         self.slow_imports = 0           # imports whose turn took over SLOW_IMPORT_S
-        where = os.path.join(deployment_dir(pe.spec.deployment), "prepared")   # beside the stores
         for p in pending.values():
-            p.prepare = preparer(pe.hosting.state_backend, where)
+            p.prepare = preparer(pe)
 
     def gate(self) -> None:
         """Gate every pending group (the PE's chain is built, it has taken no tuple yet)."""

@@ -16,14 +16,20 @@ watermark past, a group whose panes are still on their way. Once the last
 group is in, the input goes and the watermark catches up (the windows fire
 then, what they held included).
 
-Bounded by credit: while an instance holds more than a credit window of tuples
-(``pescheduler.channel.credits`` batches of the PE's batch size), its PE takes
-no more input that reaches it (``flow.InputScheduler``, as for a full output
-channel): its senders wait for credit, as behind a slow operator, until the
-groups arrive. A running exporter's groups leave only once downstream took its
-marker (``handover.exported_live``), so the hold lasts as long as the slowest
+Bounded: while an instance holds more than ``pescheduler.state.hold`` tuples
+(100,000 by default; at least a credit window, ``pescheduler.channel.credits``
+batches of the PE's batch size), its PE takes no more input that reaches it
+(``flow.InputScheduler``, as for a full output channel): its senders wait for
+credit, as behind a slow operator, until the groups arrive. A running
+exporter's groups leave only once downstream took its marker
+(``handover.exported_live``), so the hold lasts as long as the slowest
 consumer's backlog: at 20,000 tuples/s into a consumer of 3,300/s the copy held
-59,285 tuples in 12 s before this bound.
+59,285 tuples in 12 s before any bound. At a credit window (8,000 tuples, the
+bound until session 27) a Replicate at 10^7 keys, whose groups take seconds to
+arrive, held the whole stream that long: every tuple of the pipeline waited
+behind the copy's (gaps of 0.4-4 s between outputs, traced), and a Release right
+after it waited for the copy to take its marker the same way (253 ms of a 302 ms
+pause).
 
 Only operators whose tuples come through ``process`` (one input, rows) are
 gated; a multi-input (``process_input``) or columnar operator's moves keep the
@@ -56,6 +62,7 @@ class PendingGroups:
         self.peak = 0                   # the most that waited at once (figures, tests)
         self.bytes = 0                  # state bytes imported so far (the receiving worker counts)
         self.parts = 0                  # parts imported so far (a fresh instance restores the first)
+        self.longest_import_s = 0.0     # the longest import of a group in the PE's turn (a stall of its stream)
         self.inner = self.node.process
         self.node.process = self.process
         self.hold()
@@ -106,7 +113,7 @@ class PendingGroups:
 
     def figures(self) -> dict:
         return {"groups": self.total, "pending": len(self.waiting), "buffered": self.buffered,
-                "peak": self.peak, "bytes": self.bytes}
+                "peak": self.peak, "bytes": self.bytes, "longest_import_s": self.longest_import_s}
 
 
 def over_window(gates: dict[str, PendingGroups], window: int) -> frozenset[str]:

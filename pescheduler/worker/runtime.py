@@ -69,7 +69,7 @@ class PERunner:
                                      self._busy_s, self.aligner.park, self._take, self.sources.broker_backed())
         self.rewirer = Rewirer(self.ports, self.aligner, self.inputs, self.sources, self.turns)
         self.ports.inbox.on_marker = self._marker_queued
-        window = spec.credits * spec.batch_size            # tuples a gated instance may hold (pending_groups.py)
+        window = max(spec.hold, spec.credits * spec.batch_size)     # tuples a gated instance may hold (pending_groups.py)
         # instances built from key groups a running one exported: no input until the order wait's go
         self.held: dict[str, tuple[str, float]] = {op: saved["held"] for op, saved in spec.restore.items()
                                                    if "held" in saved}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import dask.config
 import pytest
 
 import pescheduler
@@ -228,11 +229,12 @@ def test_a_copys_deploy_and_channels_connect_before_the_pause(cluster, tmp_path)
     assert_exact(out)
 
 
-def test_a_copy_waiting_for_its_groups_holds_at_most_a_credit_window_of_their_tuples(cluster, tmp_path):
+def test_a_copy_waiting_for_its_groups_holds_at_most_what_the_setting_allows(cluster, tmp_path):
     """As above, at a source rate the consumer cannot follow: while the consumer works through the
     original's backlog (the copy's groups leave once it took the original's marker), the copy
-    holds the tuples of its groups. It holds at most a credit window of them, then takes no more
-    input until they arrive (its upstream waits for credit, as behind a slow operator); before,
+    holds the tuples of its groups. It holds at most ``pescheduler.state.hold`` of them (here 0: a
+    credit window, the least), then takes no more input until they arrive (its upstream waits for
+    credit, as behind a slow operator); before,
     it held all that came for as long as the backlog lasted (59,285 tuples in 12 s at
     20,000/s into 3,300/s). Nothing lost, doubled or reordered either way."""
     out = tmp_path / "sums.jsonl"
@@ -240,7 +242,8 @@ def test_a_copy_waiting_for_its_groups_holds_at_most_a_credit_window_of_their_tu
     (app.source("numbers", count=10**9, keys=7, rate=RATE).key_by("key").apply("running_sum")
         .map(slow_consumer(0.0003)).sink("jsonl", path=str(out)))     # ~3,300/s: it falls behind
     window = config.get("channel.credits") * config.get("batch.size")
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
+    with dask.config.set({"pescheduler.state.hold": 0}), \
+            pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:   # the credit window
         router_fused_and_consumer_away(dep, "running_sum-3")
         until(dep, processed("map-4"), "the consumer processes tuples")
         rec = dep.apply(Replicate("running_sum-3", 1), timeout=WAIT)

@@ -139,7 +139,7 @@ def test_taken_groups_leave_the_state_at_once_and_are_packed_only_when_pickled()
     assert all(state.get(k) is None for g in moving for k in taken[g])
     assert all(dict(view.items(g)) == taken[g] for g in moving)
     g = min(moving)
-    assert cloudpickle.loads(cloudpickle.dumps(PackedOnPickle(taken[g]))) == pack_group(taken[g].items())
+    assert cloudpickle.loads(cloudpickle.dumps(PackedOnPickle(taken[g], g))) == pack_group(taken[g].items())
 
 
 def _take_s(keys: int) -> float:
