@@ -243,3 +243,32 @@ def test_a_deferred_moves_parts_are_packed_and_sent_only_once_the_pause_is_over(
         original.chain.end_from("src")
         return _rows(original.result) + _rows(copy.result)
     assert sorted(asyncio.run(scenario())) == _reference(_window)
+
+
+def test_an_instance_waiting_for_its_groups_holds_what_the_setting_allows_before_its_input_stops():
+    """``pescheduler.state.hold`` (100,000 tuples), carried in every PE's spec, bounds what a gated
+    instance holds, not a credit window (8,000 at the defaults): a Replicate's copy at 10^7 keys
+    gets its groups over seconds, and past a credit window of their tuples its PE took no input
+    and every tuple of the pipeline waited behind it (gaps of 0.4-4 s between outputs, traced)."""
+    import dask
+
+    from pescheduler import Application
+    from pescheduler.plan.compiler import compile_app
+    from pescheduler.plan.wiring import build_specs, channel_ids
+    from pescheduler.plugins import load_plugins
+    from pescheduler.worker.runtime import Hosting, PERunner
+
+    app = Application("t")
+    app.source("numbers").key_by("key").apply("running_sum").sink("print")
+    info = {"tcp://a": {"host": "h", "data_address": "tcp://a:1"}}
+    with dask.config.set({"pescheduler.state.hold": 50_000}):
+        placement = compile_app(app, load_plugins(["support_ops"]), list(info))
+        specs = build_specs(placement, info, "d", channel_ids(placement, "d", 0))
+    spec = next(s for s in specs.values() if any("running_sum" in op for op in s.ops))
+    assert spec.credits * spec.batch_size < 20_000 < 50_000
+    pe = PERunner(spec, Hosting("tcp://a"))
+    gate = SimpleNamespace(holding=20_000)
+    pe.rewirer.pending["running_sum-3"] = gate
+    assert pe.inputs.holds() == frozenset(), "an instance holding 20,000 tuples stopped its PE's input"
+    gate.holding = 50_001
+    assert pe.inputs.holds() == frozenset({"running_sum-3"})
