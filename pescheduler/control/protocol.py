@@ -496,7 +496,7 @@ async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker:
         last = pending
     steps["moving: bytes"] = sum(a["bytes"] for a in answers)
     steps["moving: tuples held"] = sum(a["buffered"] for a in answers)
-    steps["moving: most tuples held at once"] = max(a.get("peak", 0) for a in answers)   # bounded by credit
+    steps["moving: most tuples held at once"] = max(a.get("peak", 0) for a in answers)   # bounded by state.hold
     steps["moving: longest import ms"] = round(1000 * max(a.get("longest_import_s", 0.0) for a in answers), 3)
     steps["moving: done ms after the pause"] = round((time.perf_counter() - t) * 1000, 3)
     steps["moving: done at"] = round(max(a["done_at"] for a in answers), 3)
