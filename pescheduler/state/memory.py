@@ -538,21 +538,6 @@ class MemoryState(KeyedState):
         self._fold()
         return set(self._changed)
 
-    def _set_aside(self, groups: int | set[int]) -> dict[int, tuple[_Fold, ...]]:
-        """The writes since the last fold set aside whole as a layer (O(1)), and ``groups`` marked
-        done in every layer: no fold applies a layer's writes of theirs to the dicts the state has
-        for them now (a take's :class:`TakenGroup` reads its own part). Answers each group's layers
-        that still owed it its writes (a layer gives a group's part once: not again to a later
-        take of a group that came back)."""
-        chosen = {groups} if isinstance(groups, int) else groups
-        if self._unfolded or self._unfolded_gone:
-            self._layers.append(_Fold(None, self._unfolded, self._unfolded_gone))
-            self._unfolded, self._unfolded_gone = {}, set()
-        owed = {g: tuple(layer for layer in self._layers if g not in layer.done) for g in chosen}
-        for layer in self._layers:
-            layer.done |= chosen
-        return owed
-
     def drop_groups(self, groups: Iterable[int]) -> None:
         for g in groups:
             self._put_group(g, {})
@@ -583,7 +568,13 @@ class MemoryState(KeyedState):
         and the group is taken as the others, its part read off the turn: a Replicate before any
         checkpoint (or with none) at 10^7 keys grouped every key written in its turn, 6.3-6.6 s."""
         chosen = set(groups)
-        owed = self._set_aside(chosen)
+        if self._unfolded or self._unfolded_gone:
+            self._layers.append(_Fold(None, self._unfolded, self._unfolded_gone))
+            self._unfolded, self._unfolded_gone = {}, set()
+        # A layer gives each group's part once: not again to a later take of a group that came back.
+        owed = {g: tuple(layer for layer in self._layers if g not in layer.done) for g in chosen}
+        for layer in self._layers:
+            layer.done |= chosen
         pending = self._pending
         if pending is not None and pending.puts is None:
             pending = None
@@ -734,24 +725,12 @@ class MemoryState(KeyedState):
                 super().import_groups({g: dict(d) if isinstance(d, TakenGroup) else d})
 
     def _put_group(self, group: int, entries: dict, owned: bool = False) -> None:
-        """``owned``: nobody else holds ``entries`` (a prepared group): it becomes the group's dict.
-
-        A prepared group comes into a group this state does not hold (gated until now: a lazy
-        restore's, a rescale's part), so none of its writes can be waiting to be folded: the
-        writes since the last fold are set aside as a take sets them aside, not folded in the
-        turn. The first import after a Release at 10^7 keys folded the writes of the fill since
-        the last checkpoint there, 2.2 s (traced). Any other group may hold writes of its own not
-        folded yet (a drop, a restore): they are folded first, so none lands on the new dict. Its
-        values are new objects, which nothing else holds: the keys of a group taken since the
-        snapshot may stay in :meth:`writable` until its next call drops them (``_stale``)."""
+        """``owned``: nobody else holds ``entries`` (a prepared group): it becomes the group's dict."""
         if group in self._leaving:          # taken earlier, back now: its old keys leave first
             self._leave_one(group)
-        if owned:                           # taken since the snapshot: its keys leave writable() at
-            self._set_aside(group)          # its next call (a pass over the keys written since)
-        else:
-            if group in self._stale:        # taken since the snapshot: its keys leave writable()
-                self._drop_stale()
-            self._fold()
+        if group in self._stale:            # taken since the snapshot: its keys leave writable()
+            self._drop_stale()
+        self._fold()
         index, written = self._index, self._written
         for key in self._tables[group]:
             del index[key]

@@ -83,11 +83,6 @@ def _ops(ops: list, slicer: list | None) -> None:
     state, ref, views, away = MemoryState(), Reference(), [], []
     for op in ops:
         kind = op[0]
-        if kind in ("put", "delete", "put_many", "delete_many"):    # groups written while away (below)
-            keys = [op[1]] if kind in ("put", "delete") else [*(k for k, _v in op[1]), *op[2]] \
-                if kind == "put_many" else op[1]
-            for _taken, _then, wrote in away:
-                wrote.update(map(key_group, keys))
         if kind == "put":
             state.put(op[1], op[2])
             ref.put(op[1], op[2])
@@ -131,15 +126,12 @@ def _ops(ops: list, slicer: list | None) -> None:
                 for g, (_k, packed) in taken.items():
                     ref.replace(g, dict(packed.entries))
             elif taken:                                 # ... or later, maybe as the bytes sent
-                away.append((taken, {g: dict(packed.entries) for g, (_k, packed) in taken.items()}, set()))
+                away.append((taken, {g: dict(packed.entries) for g, (_k, packed) in taken.items()}))
         elif kind == "import" and away:                 # what was taken, unchanged since (nothing writes it)
-            taken, then, wrote = away.pop(op[1] % len(away))
-            # as taken (0), packed (1) or prepared off the turn (2: a rescale's part, loads_prepared),
-            # the last only into groups no key of which was written since they left (in a worker
-            # they are gated: MemoryState._put_group's ``owned``)
-            how = 1 if op[2] == 2 and wrote & set(taken) else op[2]
+            taken, then = away.pop(op[1] % len(away))
+            # as taken (0), packed (1) or prepared off the turn (2: a rescale's part, loads_prepared)
             state.import_groups({g: (packed.entries, pickle.loads(pickle.dumps(packed)),
-                                     loads_prepared(pickle.dumps(packed), memory.prepare_group))[how]
+                                     loads_prepared(pickle.dumps(packed), memory.prepare_group))[op[2]]
                                  for g, (_k, packed) in taken.items()})
             for g, entries in then.items():
                 ref.replace(g, entries)
@@ -486,34 +478,3 @@ def test_a_take_before_any_fold_of_a_group_no_key_was_put_in_takes_nothing_of_it
     assert {k for _g, (_key, data) in taken.items() for k in data.entries} == set(keys)
     assert not set(state.groups()) & {3, 5, 7, 9}          # taken: nothing of them stays here
 
-
-def test_a_group_prepared_off_the_turn_is_installed_without_folding_the_writes(monkeypatch):
-    """A rescale's part (``groups.loads_prepared``) comes into a group the state does not hold (it
-    was gated), so its install in the PE's turn sets the writes since the last fold aside as a
-    take does, and neither applies a snapshot's deferred fold nor groups them: the first import
-    after a Release at 10^7 keys folded the fill's writes since the last checkpoint in the turn,
-    2.2 s. What the state holds after is the same."""
-    seen = []
-    real = memory.key_groups
-    monkeypatch.setattr(memory, "key_groups", lambda keys: seen.append(len(keys)) or real(keys))
-    state = memory.MemoryState()
-    k = 20_000
-    state.write_many((i, {"v": i}) for i in range(k))
-    view = state.snapshot()                             # its fold deferred (no view was live)
-    state.write_many((i, {"v": -i}) for i in range(k, 2 * k))
-    chosen = {3, 7}
-    taken = take_groups(state, frozenset(chosen))      # a Replicate: they leave ...
-    state.put(2 * k, {"v": 0})
-    blob = pickle.dumps(taken)
-    back = loads_prepared(blob, memory.prepare_group)   # ... and come back, unpacked off the turn
-    seen.clear()
-    applied = []
-    fold_apply = memory._Fold.apply
-    monkeypatch.setattr(memory._Fold, "apply", lambda fold: applied.append(fold.puts is not None) or fold_apply(fold))
-    state.import_groups({g: data for g, (_key, data) in back.items()})
-    assert sum(seen) == 0, f"the install grouped {sum(seen)} keys in the turn"
-    assert not any(applied), "a fold was applied in the install"
-    everything = {i: {"v": i} for i in range(k)} | {i: {"v": -i} for i in range(k, 2 * k)} | {2 * k: {"v": 0}}
-    assert dict(state.entries()) == everything
-    assert {key: value for g in state.groups() for key, value in state.items(g)} == everything
-    assert {key: value for g in view.groups() for key, value in view.items(g)} == {i: {"v": i} for i in range(k)}
