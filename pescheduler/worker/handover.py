@@ -269,17 +269,15 @@ class HandOvers:
                     op = pe.ops[op_id]
                     state = part["state"] if len(groups) == 1 else \
                         op.split_state(part["state"], lambda key, g=g: key_group(key) == g)
-                    started = time.perf_counter()
-                    if gated.fresh and not gated.parts:
-                        gc_paused(op.restore, state)        # a new instance: built from its first group
-                        freeze_imported()
-                    else:
-                        gc_paused(import_groups, op, state)
-                    gated.longest_import_s = max(gated.longest_import_s, time.perf_counter() - started)
+                    fresh = gated.fresh and not gated.parts     # a new instance: built from its first group
                     if g == groups[0]:
                         gated.parts += 1
                         gated.bytes += len(blob)
-                    gated.arrived([g])
+                    if fresh:
+                        gated.install([g], lambda: op.restore(state))
+                        freeze_imported()
+                    else:
+                        gated.install([g], lambda: import_groups(op, state))
                 pe.ports.wake()
         except Exception as exc:
             logger.error("import of key groups %s failed", move["tag"], exc_info=True)

@@ -159,10 +159,14 @@ class Loader:
         self.task: asyncio.Task | None = None
         self.loaded = 0                 # groups imported so far (figures, tests)
         self.t0 = time.perf_counter()
-        self.longest_import_s = 0.0     # the longest import in the PE's turn (a stall of its stream)
         self.slow_imports = 0           # imports whose turn took over SLOW_IMPORT_S
         for p in pending.values():
             p.prepare = preparer(pe)
+
+    @property
+    def longest_import_s(self) -> float:
+        """The longest import in the PE's turn (a stall of its stream), of any of its gates."""
+        return max((g.longest_import_s for g in self.gates.values()), default=0.0)
 
     def gate(self) -> None:
         """Gate every pending group (the PE's chain is built, it has taken no tuple yet)."""
@@ -225,13 +229,9 @@ class Loader:
         async with pe.turns.lock:
             if pe.state not in ("created", "running"):
                 return False
-            t = time.perf_counter()
-            gc_paused(pe.ops[op_id].import_groups, part)
+            took = self.gates[op_id].install([g], lambda: pe.ops[op_id].import_groups(part))
             freeze_imported()
-            took = time.perf_counter() - t
-            self.longest_import_s = max(self.longest_import_s, took)
             self.slow_imports += took > SLOW_IMPORT_S
-            self.gates[op_id].arrived([g])
         self.loaded += 1
         pe.ports.wake()
         return True

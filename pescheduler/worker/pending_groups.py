@@ -38,10 +38,12 @@ blocking hand-over (``plan/state.py``'s ``GroupMove.deferred``).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterable
 
 from ..wire import key_group
 from .chain import MIN_WATERMARK, Chain
+from .gc_pause import gc_paused
 from .routing import key_function
 
 HANDOVER_INPUT = "(handover)"      # the pending groups' place among the node's inputs
@@ -95,6 +97,18 @@ class PendingGroups:
         self.peak = max(self.peak, self.holding)
         if now:
             self.inner(now, emit)
+
+    def install(self, groups: Iterable[int], load: Callable[[], Any]) -> float:
+        """``load()`` (the import of ``groups``' state, in the PE's turn: the caller holds its lock)
+        with the collector paused, then :meth:`arrived`: the one way a lazy restore's group and a
+        rescale's part go in. Answers the seconds it took (a stall of the PE's stream:
+        ``longest_import_s``)."""
+        started = time.perf_counter()
+        gc_paused(load)
+        took = time.perf_counter() - started
+        self.longest_import_s = max(self.longest_import_s, took)
+        self.arrived(groups)
+        return took
 
     def arrived(self, groups: Iterable[int]) -> None:
         """``groups``' state was just imported (same turn): their tuples go through the operator
