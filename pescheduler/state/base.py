@@ -31,7 +31,7 @@ from ..wire import KEY_GROUPS, key_group
 __all__ = ["KEY_GROUPS", "Changes", "KeyedState", "StateView", "key_group", "pack_chunks", "pack_group", "unpack_group"]
 
 
-PACK_CHUNK = 8192          # entries pickled in one call (see pack_group)
+PACK_CHUNK = 1024          # entries pickled in one call: the longest the writer holds the GIL (pack_group)
 CARRY_MAX = 8              # snapshots let go unwritten whose changes the next snapshot carries
 _CARRY = threading.RLock()  # a view is let go in the writer's thread or the worker's loop, the next
                             # snapshot is taken in the PE's (KeyedState._let_go); re-entrant: a view's
@@ -45,7 +45,11 @@ def pack_group(items: Iterable[tuple[Any, Any]]) -> bytes:
     Pickled ``{key: value}`` dicts of at most :data:`PACK_CHUNK` entries, one after the other (a
     group that small is one pickled dict). Pickling holds the GIL for the whole call, and a
     checkpoint packs groups in a worker thread beside the PE's: at 10^7 keys a group holds ~78,000
-    entries, and one call for it would hold the stream that long."""
+    entries, and one call for it would hold the stream that long. In a worker holding 10^7 keys a
+    call for 8,192 entries took 3-33 ms (its values scattered over 4 GB, not 0.6 ms as in a fresh
+    process), and the PE's outputs stalled 58-104 ms beside the longest (traced); for 1,024, at
+    most 2.8 ms. Smaller chunks cost nothing measurable: a 78,000-entry group packs and unpacks
+    as fast in 1,024-entry chunks as in 8,192 (in process), and its bytes grow 0.2 %."""
     return pack_chunks(chunked(items))[0]
 
 
