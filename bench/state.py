@@ -526,7 +526,8 @@ def changed_share(kinds: dict[int, dict], i: int, k: int) -> float:
 
 def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict], moves: tuple | None = None) -> dict:
     """From the sink's stamps: the fill's rate (the source's first read to the K-th output), and in [start, end) the
-    largest gap between outputs that overlaps a checkpoint (trigger to commit) and the median gap; ``moves``: the
+    largest gap between outputs that overlaps a checkpoint (trigger to commit; each checkpoint's own in its
+    ``stall_ms``) and the median gap; ``moves``: the
     span from the Replicate's call to the end of the Release's (its last key group in), whose largest gap between
     outputs is the stream's stall while the groups move (``move_gap_ms``)."""
     with open(path) as f:
@@ -541,7 +542,10 @@ def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict], moves
             break
     times = [t for t, _ in lines if start <= t < end]
     gaps = list(zip(times, times[1:]))
+    during = lambda c: [b - a for a, b in gaps if b > c["time"] and a < c["time"] + c["duration_s"]]
     at_ckpt = [b - a for a, b in gaps if any(b > c["time"] and a < c["time"] + c["duration_s"] for c in ckpts)]
+    for c in ckpts:                     # each checkpoint's own largest gap (printed under the row)
+        c["stall_ms"] = 1000 * max(during(c), default=float("nan"))
     every = sorted(b - a for a, b in gaps)
     with open(path + ".start") as f:
         began = float(f.read())
@@ -605,9 +609,10 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                       f"{'-' if math.isnan(first) else f'{first:.2f}':>12} {r['worker_rss'] / 2**20:8.0f} MB "
                       f"{r['deployer_rss'] / 2**20:10.0f} MB {r['fill_rate']:8.0f} {x:8.2f}  {goals}")
                 print(f"{'':9} {'':8} each checkpoint, % of the state written (f: whole groups, d: deltas, bytes "
-                      f"of the .state files s and of the manifest m, % of the keys changed c): "
+                      f"of the .state files s and of the manifest m, % of the keys changed c, its stall ms): "
                       + " ".join(f"{100 * share(c):.1f}({c['fulls']}f,{c['deltas']}d,{c['state_file_bytes']}s,"
-                                 f"{c['manifest_bytes']}m, {100 * c.get('changed', float('nan')):.1f}%c)"
+                                 f"{c['manifest_bytes']}m, {100 * c.get('changed', float('nan')):.1f}%c, "
+                                 f"{c.get('stall_ms', float('nan')):.1f}ms)"
                                  for c in r["checkpoints"])
                       + f"; the first follows the Release: {100 * share(after_rescale):.1f} %")
                 if b != "dicts":                # after each pause: the groups' move, the stream running on
