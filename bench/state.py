@@ -542,15 +542,14 @@ def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict], moves
             break
     times = [t for t, _ in lines if start <= t < end]
     gaps = list(zip(times, times[1:]))
-    during = lambda c: [b - a for a, b in gaps if b > c["time"] and a < c["time"] + c["duration_s"]]
-    at_ckpt = [b - a for a, b in gaps if any(b > c["time"] and a < c["time"] + c["duration_s"] for c in ckpts)]
     for c in ckpts:                     # each checkpoint's own largest gap (printed under the row)
-        c["stall_ms"] = 1000 * max(during(c), default=float("nan"))
+        c["stall_ms"] = 1000 * max((b - a for a, b in gaps if b > c["time"] and a < c["time"] + c["duration_s"]),
+                                   default=float("nan"))
     every = sorted(b - a for a, b in gaps)
     with open(path + ".start") as f:
         began = float(f.read())
     return {"fill_rate": k / (fill_end - began) if fill_end else 0.0,
-            "stall_ms": 1000 * max(at_ckpt, default=float("nan")),
+            "stall_ms": max((c["stall_ms"] for c in ckpts if c["stall_ms"] == c["stall_ms"]), default=float("nan")),
             "gap_p50_ms": 1000 * every[len(every) // 2] if every else float("nan"), "move_gap_ms": 1000 * move_gap}
 
 
