@@ -71,6 +71,7 @@ AT_LEAST_ONE = {"batch.size", "channel.credits", "pe.time-slice-ms", "monitor.hi
                 "rm.local.workers-per-host", "rm.spark.workers", "rm.spark.max-executors",
                 "policies.rate.down-after", "policies.move.after", "rm.lab.hosts", "checkpoint.retain",
                 "sinks.retry.attempts"}
+CHOICES = {"pe.allocator": ("jemalloc", "system")}     # string settings with a fixed set of values
 OPEN_MAPPINGS = {"rm.spark.conf"}        # any keys: passed through to Spark as they are
 # Durations that must be longer than 0 (a bound of 0 fails every call, an interval of 0 spins);
 # every other duration may be 0 (no linger, no backoff, no cooldown). None may be negative or NaN.
@@ -268,6 +269,8 @@ def _fits_nullable(key: str, value: Any) -> str | None:
 
 
 def _fits(key: str, value: Any, default: Any) -> bool:
+    if key in CHOICES:
+        return value in CHOICES[key]
     if isinstance(default, bool):
         return isinstance(value, bool)
     if isinstance(default, int):
@@ -288,6 +291,8 @@ def _fits(key: str, value: Any, default: Any) -> bool:
 def _form(key: str, default: Any) -> str:
     if key in NULLABLE_FORMS:
         return NULLABLE_FORMS[key]
+    if key in CHOICES:
+        return f"one of {', '.join(CHOICES[key])} (default {default})"
     if isinstance(default, bool):
         return "true or false"
     if isinstance(default, int):

@@ -34,6 +34,21 @@ def require(binary: str, package: str, *, search: tuple[str, ...] = ()) -> str:
     return found
 
 
+def require_library(name: str, package: str) -> str:
+    """The shared library ``name`` as the dynamic linker finds it (``ctypes.util.find_library``:
+    ``"jemalloc"`` -> ``"libjemalloc.so.2"``), installing ``package`` if missing."""
+    import ctypes.util
+
+    with _lock:
+        found = ctypes.util.find_library(name)
+        if not found:
+            _install(package)
+            found = ctypes.util.find_library(name)
+    if not found:
+        raise RuntimeError(f"lib{name} is still missing after 'apt-get install -y {package}'")
+    return found
+
+
 def _which(binary: str, search: tuple[str, ...]) -> str | None:
     for folder in search:
         path = os.path.join(folder, binary)

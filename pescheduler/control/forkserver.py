@@ -42,6 +42,8 @@ import sys
 import tempfile
 import threading
 
+from .. import allocator
+
 # What a worker imports to start and to run its first PE, imported once in the server: a forked
 # worker imported the rest itself, each one after its fork, on the way to its first output. Beside
 # the worker's command and the PE host: its HTTP server's routes (``distributed.worker.http.routes``,
@@ -62,13 +64,14 @@ _LAUNCH = "import sys; from pescheduler.control.forkserver import serve; serve(i
 class ForkServer:
     """One fork server process; :meth:`spawn` forks a ``dask worker`` from it."""
 
-    def __init__(self, log_path: str) -> None:
+    def __init__(self, log_path: str, preload: dict[str, str] | None = None) -> None:
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.preload = preload or {}        # the allocator its forks run on (pescheduler/allocator.py)
         with open(log_path, "ab") as log, theirs:
             self._server = subprocess.Popen(
                 [sys.executable, "-c", _LAUNCH, str(theirs.fileno())], pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **self.preload})
         self._lock = threading.Lock()
 
     def spawn(self, args: list[str], stderr_path: str) -> ForkedPopen:
@@ -116,13 +119,15 @@ def prestart(argv: list[str]) -> None:
 
 
 def shared() -> ForkServer:
-    """This process's fork server, started on first use (or again if it died) and stopped at exit."""
+    """This process's fork server, started on first use (or again if it died, or if
+    ``pescheduler.pe.allocator`` changed since: its forks inherit its allocator) and stopped at exit."""
     global _shared
+    preload = allocator.preload_env()
     with _shared_lock:
-        if _shared is None or not _shared[0].alive():
+        if _shared is None or not _shared[0].alive() or _shared[0].preload != preload:
             _close_shared()
             folder = tempfile.mkdtemp(prefix="pescheduler-forkserver-")
-            _shared = (ForkServer(os.path.join(folder, "forkserver.log")), folder)
+            _shared = (ForkServer(os.path.join(folder, "forkserver.log"), preload), folder)
         return _shared[0]
 
 

@@ -45,7 +45,7 @@ import psutil
 import yaml
 from dask.utils import parse_timedelta
 
-from .. import config
+from .. import allocator, config
 from ..resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
 from ..worker.cgroup import core_budget
 from . import processes
@@ -61,10 +61,9 @@ class _Held:
 
 
 def _same_imports() -> dict:
-    """Workers import what this process imports (as LocalCluster's spawned workers do)."""
-    import os
-
-    return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    """Workers import what this process imports (as LocalCluster's spawned workers do) and run on
+    the chosen allocator (``pescheduler/allocator.py``), as the embedded cluster's do."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **allocator.preload_env()}
 
 
 def _listen_where(scheduler_address: str) -> list[str]:

@@ -19,6 +19,7 @@ import threading
 
 import psutil
 
+from .. import allocator
 from ..errors import CheckpointError
 from ..state.files import StateFiles
 from ..state.incremental import ChainWriter
@@ -135,7 +136,11 @@ class Trims:
 
 @functools.cache
 def _malloc_trim():
-    """glibc's ``malloc_trim``, or None (another C library)."""
+    """glibc's ``malloc_trim``, or None (another C library; or jemalloc preloaded, which gives memory
+    back as it decays, in threads of its own: glibc's arenas then hold nothing to trim,
+    ``pescheduler/allocator.py``)."""
+    if allocator.in_use() == "jemalloc":
+        return None
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
@@ -148,7 +153,8 @@ def give_back() -> bool:
     allocates from a malloc arena of its own, and glibc keeps what is freed there: at 10^7 keys on
     disk the worker's RSS went 363 -> 521 -> 706 MB over three checkpoints with a 512 MB cache,
     and a trim after each gave back 23, 78 and 151 MB (16-67 ms, the GIL released: a ctypes call).
-    False where there is no ``malloc_trim``."""
+    False where there is no ``malloc_trim`` or the process runs on jemalloc
+    (``pescheduler.pe.allocator``, the default where the machine has it: nothing to trim)."""
     trim = _malloc_trim()
     if trim is None:
         return False

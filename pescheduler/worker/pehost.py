@@ -36,6 +36,7 @@ from .channels import ChannelIn, FrameReceiver, Inbox
 from .handover import HandOvers, exported_live
 from .handshake import Credentials, tls_contexts
 from .lazy_restore import Loader, defer
+from .. import allocator
 from ..state.base import KeyedState
 from ..state.incremental import resolve_restore
 from ..state.local import LocalCopies
@@ -231,7 +232,7 @@ class PEHost:
 
     def pe_info(self) -> dict:
         return {"worker": self.worker.address, "data_address": self.data_address, "pid": os.getpid(),
-                "pes": [f"{dep}/{pe_id}" for dep, pe_id in sorted(self.pes)]}
+                "allocator": allocator.in_use(), "pes": [f"{dep}/{pe_id}" for dep, pe_id in sorted(self.pes)]}
 
     def pe_secret(self, deployment: str, secret: bytes, checkpoint: bool = False, state: str = "memory") -> None:
         """The deployment's data-plane secret (over Dask's RPC: the one channel already trusted),

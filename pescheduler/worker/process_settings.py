@@ -1,5 +1,6 @@
-"""What a worker process sets for its PEs beside large state: the GIL's switch interval, and a
-cyclic garbage collector that does not visit the state at every full collection.
+"""What a worker process sets for its PEs beside large state: the GIL's switch interval, a
+cyclic garbage collector that does not visit the state at every full collection, and (on jemalloc,
+``pescheduler/allocator.py``) its purging threads.
 
 **The switch interval.** A thread that lets the GIL go for a system call (a socket write that
 wakes the event loop, the loop's ``select``) gets it back, beside a thread running Python, only
@@ -30,7 +31,7 @@ import gc
 import sys
 import time
 
-from .. import config
+from .. import allocator, config
 
 
 class _FreezeAfterFull:
@@ -59,6 +60,7 @@ def apply() -> None:
     is a no-op."""
     global _installed
     sys.setswitchinterval(config.get_seconds("pe.switch-interval"))
+    allocator.start_background_threads()     # jemalloc's purging off the PE's threads (pescheduler/allocator.py)
     if _installed is None and config.get("pe.gc-freeze"):
         _installed = _FreezeAfterFull(config.get_seconds("pe.gc-thaw-every"))
         gc.callbacks.append(_installed)
