@@ -31,6 +31,7 @@ __all__ = ["in_use", "preload_env", "start_background_threads"]
 
 logger = logging.getLogger(__name__)
 
+
 @functools.cache
 def _jemalloc_library() -> str | None:
     """The jemalloc shared library's name as the dynamic linker finds it (``ldconfig``), or None."""
