@@ -61,8 +61,10 @@ def _missing() -> None:
                    "the C library's malloc (on Debian: apt-get install -y libjemalloc2)")
 
 
+@functools.cache
 def _mallctl():
-    """jemalloc's ``mallctl`` in this process's global symbols (preloaded), or None."""
+    """jemalloc's ``mallctl`` in this process's global symbols (preloaded), or None (looked up once:
+    a process's allocator is fixed at its start)."""
     try:
         return ctypes.CDLL(None).mallctl
     except (AttributeError, OSError):

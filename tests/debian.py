@@ -21,17 +21,7 @@ _updated = False
 
 def require(binary: str, package: str, *, search: tuple[str, ...] = ()) -> str:
     """Path of ``binary`` (also looked for in ``search`` folders), installing ``package`` if missing."""
-    found = _which(binary, search)
-    if found:
-        return found
-    with _lock:
-        found = _which(binary, search)
-        if not found:
-            _install(package)
-            found = _which(binary, search)
-    if not found:
-        raise RuntimeError(f"{binary} is still missing after 'apt-get install -y {package}'")
-    return found
+    return _ensure(lambda: _which(binary, search), package, binary)
 
 
 def require_library(name: str, package: str) -> str:
@@ -39,13 +29,21 @@ def require_library(name: str, package: str) -> str:
     ``"jemalloc"`` -> ``"libjemalloc.so.2"``), installing ``package`` if missing."""
     import ctypes.util
 
+    return _ensure(lambda: ctypes.util.find_library(name), package, f"lib{name}")
+
+
+def _ensure(find, package: str, what: str) -> str:
+    """``find()``, after installing ``package`` if it found nothing (one install at a time)."""
+    found = find()
+    if found:
+        return found
     with _lock:
-        found = ctypes.util.find_library(name)
+        found = find()
         if not found:
             _install(package)
-            found = ctypes.util.find_library(name)
+            found = find()
     if not found:
-        raise RuntimeError(f"lib{name} is still missing after 'apt-get install -y {package}'")
+        raise RuntimeError(f"{what} is still missing after 'apt-get install -y {package}'")
     return found
 
 

@@ -9,6 +9,7 @@ own). Real embedded clusters, the Debian package installed by the test if missin
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -62,8 +63,6 @@ def test_a_checkpoint_writer_on_jemalloc_trims_nothing_and_jemalloc_purges_in_it
                               env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         return json.loads(done.stdout)
-
-    import os
 
     plain = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     assert writer_end({**plain, "LD_PRELOAD": jemalloc}) == ["jemalloc", False, True]
