@@ -291,14 +291,16 @@ class KeyedState(ABC):
             yield from self.items(g)
 
     def writable(self) -> dict | None:
-        """``{key: value}`` of the keys put since the last :meth:`snapshot`, the values being the
-        objects the state holds, or None when the backend holds copies (``disk``).
+        """``{key: value}`` of the keys put since the last :meth:`snapshot` (and since the last
+        rescale's take), the values being the objects the state holds, or None when the backend
+        holds copies (``disk``).
 
         A keyed operator's per-tuple shortcut: a key found here needs no :meth:`put` after its
         value was changed in place (its group is already copied away from any view and marked
-        changed), so the hot path is one dict lookup. A new dict after a snapshot (the old one
-        is the view's changed keys: a write into it would change the checkpoint); emptied by
-        delete, drop and import: ask for it once per batch, never keep it across a snapshot.
+        changed), so the hot path is one dict lookup; a key not found is read and put back. A
+        new dict after a snapshot (the old one is the view's changed keys: a write into it would
+        change the checkpoint) and after a take (no value the take gave away is in it); emptied
+        by delete, drop and import: ask for it once per batch, never keep it across a snapshot.
         """
         return None
 
