@@ -756,8 +756,8 @@ class MemoryState(KeyedState):
             self._written_since_vacant(group)
         else:
             self._fold()
-        for key in self._tables[group]:
-            del index[key]
+        for key in self._tables[group]:     # (a vacant group's dict may still hold a key deleted since)
+            index.pop(key, None)
             written.pop(key, None)
         self._tables[group] = entries if owned else dict(entries)
         index.update(entries)
