@@ -588,9 +588,7 @@ class MemoryState(KeyedState):
         and the group is taken as the others, its part read off the turn: a Replicate before any
         checkpoint (or with none) at 10^7 keys grouped every key written in its turn, 6.3-6.6 s."""
         chosen = set(groups)
-        if self._unfolded or self._unfolded_gone:
-            self._layers.append(_Fold(None, self._unfolded, self._unfolded_gone))
-            self._unfolded, self._unfolded_gone = {}, set()
+        self._set_aside()
         # A layer gives each group's part once: not again to a later take of a group that came back.
         owed = {g: tuple(layer for layer in self._layers if g not in layer.done) for g in chosen}
         for layer in self._layers:
@@ -769,6 +767,13 @@ class MemoryState(KeyedState):
         self._changed.add(group)
         self._whole.add(group)
 
+    def _set_aside(self) -> None:
+        """The writes since the last fold set aside whole, as a layer (a take's, a vacant group's
+        import): O(1), the next fold applies it but for the groups it counts as done."""
+        if self._unfolded or self._unfolded_gone:
+            self._layers.append(_Fold(None, self._unfolded, self._unfolded_gone))
+            self._unfolded, self._unfolded_gone = {}, set()
+
     def _written_since_vacant(self, group: int) -> None:
         """The keys written to ``group`` since it was taken or dropped out of the index and
         :meth:`writable`, without a fold: an import replaces them. The routers send a taken
@@ -783,9 +788,7 @@ class MemoryState(KeyedState):
         are never applied over the import. The layers older than the take already do; the
         snapshot's deferred fold writes the dicts of its view, not the group's dict since."""
         self._settle()                      # its writes since are in _tables[group] then
-        if self._unfolded or self._unfolded_gone:
-            self._layers.append(_Fold(None, self._unfolded, self._unfolded_gone))
-            self._unfolded, self._unfolded_gone = {}, set()
+        self._set_aside()
         index, written = self._index, self._written
         for layer in self._layers:
             if group not in layer.done:

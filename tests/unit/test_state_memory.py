@@ -499,7 +499,6 @@ def test_a_take_before_any_fold_of_a_group_no_key_was_put_in_takes_nothing_of_it
     assert not set(state.groups()) & {3, 5, 7, 9}          # taken: nothing of them stays here
 
 
-
 def test_an_import_of_taken_groups_back_folds_nothing_and_looks_only_at_the_writes_since_the_take(monkeypatch):
     """A Release after a Replicate with no checkpoint between: the take set the writes since the last
     fold aside whole (a fill's: here 20,000 keys), and the import of the groups back folded them all
