@@ -62,6 +62,9 @@ class PackedOnPickle:
         self.entries, self.group = entries, group
 
     def __reduce__(self):
+        own = getattr(self.entries, "packed", None)     # a backend's own form (disk: its stored bytes)
+        if own is not None:
+            return own()
         return _unpickled, (self.group, pack_group(self.entries.items()))
 
 

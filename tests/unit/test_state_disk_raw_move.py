@@ -1,0 +1,105 @@
+"""A rescale's part between two disk stores carries the stores' own bytes (``ViewGroup.packed``):
+the receiving store writes them into its SST file as they are, nothing decoded, unpickled,
+encoded, pickled or sorted on either side; any other reader gets the group as before."""
+
+from __future__ import annotations
+
+import functools
+import pickle
+
+import dask.config
+import pytest
+
+from pescheduler.state import disk, memory, open_state
+from pescheduler.state.base import unpack_group
+from pescheduler.state.groups import loads_prepared, take_groups
+from pescheduler.wire import KEY_GROUPS, key_group
+
+KEYS = 40_000           # a group of ~312 keys: some taken groups large enough to ingest (INGEST_KEYS lowered)
+
+
+@pytest.fixture
+def stores(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk, "INGEST_KEYS", 256)      # some groups go as SST files, the rest as write batches
+    opened = []
+
+    def make(name: str):
+        with dask.config.set({"pescheduler.state.dir": str(tmp_path), "pescheduler.state.cache": "64MB"}):
+            opened.append(open_state("disk", owner=name))
+        return opened[-1]
+    yield make
+    for state in opened:
+        state.close()
+
+
+def _filled(state) -> dict:
+    """KEYS keys of mixed kinds in the store, then writes still in the write-back buffer (puts over
+    stored keys, new keys, deletes of stored keys): the take's view holds both."""
+    model = {}
+    for i in range(KEYS):
+        key = i if i % 3 else (f"car-{i:07d}" if i % 2 else ("t", i))
+        model[key] = {"v": i, "lane": i % 4}
+    state.write_many(model)
+    state._flush()
+    later = {k: {"v": -1} for k in list(model)[::97]}
+    later.update({KEYS + j: {"v": j} for j in range(50)})
+    gone = list(model)[5::89]
+    state.write_many(later, gone)
+    assert state._pending, "some writes must still be in the buffer"
+    model.update(later)
+    for k in gone:
+        model.pop(k)
+    return model
+
+
+def _moved(stores, prepare_of):
+    src, dst = stores("src"), stores("dst")
+    model = _filled(src)
+    mine = frozenset(range(0, KEY_GROUPS, 2))
+    blob = pickle.dumps({"groups": take_groups(src, mine)}, pickle.HIGHEST_PROTOCOL)
+    expected = {k: v for k, v in model.items() if key_group(k) in mine}
+    return src, dst, blob, expected, mine, prepare_of(dst)
+
+
+def test_a_part_between_disk_stores_is_their_bytes_written_as_they_are(stores, monkeypatch):
+    seen = []
+    real = disk.prepare_group
+
+    def spy(group, entries, **kw):
+        seen.append(type(entries))
+        return real(group, entries, **kw)
+    src, dst, blob, expected, mine, prepare = _moved(
+        stores, lambda dst: functools.partial(spy, where=dst.path, cache_bytes=64 << 20))
+    monkeypatch.setattr(disk, "prepare_group", spy)     # the part knows the store's own by this name
+    with monkeypatch.context() as m:
+        m.setattr(disk, "_encode", lambda key: pytest.fail("a raw part encodes no key"))
+        m.setattr(disk, "_decode_all", lambda raws: pytest.fail("a raw part is not decoded"))
+        part = loads_prepared(blob, prepare)
+        dst.import_groups({g: data for g, (_key, data) in part["groups"].items()})
+    assert seen and set(seen) == {disk.RawEntries}
+    assert all(type(data) is disk.PreparedGroup for _key, data in part["groups"].values())
+    assert any(data.sst for _key, data in part["groups"].values()), "no group went as an SST file"
+    got = {k: v for g in range(KEY_GROUPS) for k, v in dst.items(g)}
+    assert got == expected
+    assert all(dst.get(k) == v for k, v in expected.items())        # the "may be stored" bits are set
+    assert not set(src.groups()) & mine                             # the take left the source
+
+
+def test_a_raw_part_read_without_a_disk_store_is_the_group_as_before(stores):
+    _src, _dst, blob, expected, mine, _prepare = _moved(stores, lambda dst: None)
+    plain = pickle.loads(blob)["groups"]              # no prepare: pack_group's bytes, as any part
+    assert {k: v for _key, data in plain.values() for k, v in unpack_group(data).items()} == expected
+    into_memory = loads_prepared(blob, memory.prepare_group)["groups"]
+    assert all(type(data) is memory.PreparedGroup for _key, data in into_memory.values())
+    state = memory.MemoryState()
+    state.import_groups({g: data for g, (_key, data) in into_memory.items()})
+    assert dict(state.entries()) == expected
+
+
+def test_a_raw_part_of_another_group_is_refused(stores):
+    src = stores("src")
+    _filled(src)
+    g = next(iter(src.groups()))
+    keys, values = src.take_groups([g])[g].view.raw(g)
+    with pytest.raises(ValueError, match=f"not {(g + 1) % KEY_GROUPS}"):
+        disk.prepare_group((g + 1) % KEY_GROUPS, disk.RawEntries(g, keys, values))
