@@ -700,7 +700,9 @@ def prepare_group(group: int, entries: Mapping, where: str | None = None,
         sst = os.path.join(tempfile.mkdtemp(prefix=f"g{group:03d}-", dir=where), "group.sst")
         writer = SstFileWriter(Options(raw_mode=True))
         writer.open(sst)
-        deque(map(writer.__setitem__, map(_first, pairs), map(_SECOND, pairs)), maxlen=0)   # in C
+        for i in range(0, len(pairs), RAW_CHUNK):   # in C, a chunk a call: the GIL may change hands between
+            chunk = pairs[i:i + RAW_CHUNK]
+            deque(map(writer.__setitem__, map(_first, chunk), map(_SECOND, chunk)), maxlen=0)
         writer.finish()
     return PreparedGroup(group, entries, pairs, hashes, sst, marks)
 
