@@ -563,13 +563,14 @@ class ViewGroup:
         """How a rescale's part pickles it (``groups.PackedOnPickle``): the store's own bytes, in
         key order (:func:`_pack_raw`), for the receiving disk store to write into its SST file as
         they are (:func:`prepare_group`). Decoding every key and unpickling every value here,
-        then encoding and pickling them again there and sorting them, was most of the CPU of a
-        Replicate at 10^7 keys: its 64 groups took 33-41 s to arrive, the copy's process busy
-        with them beside its PE (the stream behind it waiting for credit, gaps of 0.4-0.8 s)."""
+        then encoding and pickling them again there and sorting them, made a Replicate at 10^7
+        keys take 33-41 s to get its 64 groups to the copy, a part after another; the stream
+        behind the copy, which held their tuples meanwhile, stopped 0.4-0.8 s at a time
+        (docs/state.md, session 31)."""
         return _unpickled_raw, (self.group, _pack_raw(*self.view.raw(self.group)))
 
 
-RAW_CHUNK = 8192        # pairs pickled in one call (bytes: a memory copy each, about a millisecond)
+RAW_CHUNK = 8192        # pairs pickled, or written to an SST file, in one C call (about a millisecond)
 
 
 def _pack_raw(keys: list[bytes], values: list[bytes]) -> bytes:
@@ -593,8 +594,8 @@ class RawEntries(Mapping):
     (:meth:`ViewGroup.packed`). :func:`prepare_group` takes them as they are; as a mapping they
     are decoded and unpickled once, when first read (any other reader)."""
 
-    def __init__(self, group: int, keys: list[bytes], values: list[bytes]) -> None:
-        self.group, self.keys_, self.values_ = group, keys, values
+    def __init__(self, keys: list[bytes], values: list[bytes]) -> None:
+        self.keys_, self.values_ = keys, values
         self._dict: dict | None = None
 
     def decoded(self) -> dict:
@@ -619,7 +620,7 @@ def _unpickled_raw(group: int, packed: bytes) -> Any:
     """:meth:`ViewGroup.packed` unpickled: made ready by the receiving store's ``prepare`` (within
     ``groups.loads_prepared``): as they are by this module's :func:`prepare_group`, decoded for
     any other; without one, :func:`base.pack_group`'s bytes (what any exported group unpickles as)."""
-    raw = RawEntries(group, *_unpack_raw(packed))
+    raw = RawEntries(*_unpack_raw(packed))
     prepare = _PREPARE.get()
     if prepare is None:
         return pack_group(raw.decoded().items())

@@ -102,4 +102,4 @@ def test_a_raw_part_of_another_group_is_refused(stores):
     g = next(iter(src.groups()))
     keys, values = src.take_groups([g])[g].view.raw(g)
     with pytest.raises(ValueError, match=f"not {(g + 1) % KEY_GROUPS}"):
-        disk.prepare_group((g + 1) % KEY_GROUPS, disk.RawEntries(g, keys, values))
+        disk.prepare_group((g + 1) % KEY_GROUPS, disk.RawEntries(keys, values))
