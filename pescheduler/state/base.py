@@ -23,8 +23,9 @@ import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ..wire import KEY_GROUPS, key_group
 
@@ -80,7 +81,8 @@ def pack_chunks(chunks: Iterable[Mapping]) -> tuple[bytes, int, Any]:
 
 def unpack_group(data: bytes) -> dict:
     """The entries :func:`pack_group` packed, ``{key: value}`` (a mapping already unpacked, such as
-    a backend's prepared group of a lazy restore, as a dict)."""
+    a backend's prepared group of a lazy restore, as a dict). A group in a backend's own form (a
+    disk store's bytes: one pickle whose reduce decodes them) unpickles as its dict."""
     if isinstance(data, Mapping):
         return dict(data)
     f = io.BytesIO(data)
@@ -88,6 +90,30 @@ def unpack_group(data: bytes) -> dict:
     while f.tell() < len(data):
         entries.update(pickle.load(f))
     return entries
+
+
+# ``prepare(group, entries)`` of the receiving store while a key group is unpickled: a group in a
+# backend's own form reads it (``disk._unpickled_raw``) and is made ready as that form, not decoded
+_PREPARE: ContextVar[Callable[[int, Any], Any] | None] = ContextVar("pescheduler_prepare_group", default=None)
+
+
+def unpack_prepared(group: int, data: bytes | Mapping, prepare: Callable[[int, Any], Any]) -> Any:
+    """``prepare(group, unpack_group(data))``, except that a group in a backend's own form (a
+    checkpoint's full file of a disk store: its stored bytes) goes to ``prepare`` as that form,
+    which the disk backend writes into its SST file as it is (a lazy restore's loader thread)."""
+    if isinstance(data, Mapping):
+        return prepare(group, data)
+    token = _PREPARE.set(prepare)
+    try:
+        f = io.BytesIO(data)
+        entries = pickle.load(f)
+    finally:
+        _PREPARE.reset(token)
+    if type(entries) is not dict:           # made ready as it was unpickled
+        return entries
+    while f.tell() < len(data):
+        entries.update(pickle.load(f))
+    return prepare(group, entries)
 
 
 class PreparedEntries(Mapping):
@@ -153,6 +179,12 @@ class StateView(ABC):
         pickles, :func:`pack_chunks`): a backend gives them without a step per entry where it
         can (memory: the group's own dict; disk: built in its read loop)."""
         return chunked(self.items(group))
+
+    def full(self, group: int) -> tuple[bytes, int, Any]:
+        """A checkpoint's full file of one key group: :func:`pack_chunks` of :meth:`chunks` (its
+        bytes, entries and first key), or a backend's own form that :func:`unpack_group` reads
+        (disk: its stored bytes, nothing decoded)."""
+        return pack_chunks(self.chunks(group))
 
     def export(self, groups: Iterable[int] | None = None) -> dict[int, bytes]:
         """``{group: bytes}`` of ``groups`` (default: every non-empty one), for :meth:`KeyedState.import_groups`."""

@@ -12,12 +12,11 @@ from __future__ import annotations
 import functools
 import pickle
 import zlib
-from contextvars import ContextVar
 from itertools import repeat
 from operator import is_, itemgetter
 from typing import Any, Callable, Mapping
 
-from .base import KEY_GROUPS, KeyedState, key_group, pack_group, unpack_group
+from .base import _PREPARE, KEY_GROUPS, KeyedState, key_group, pack_group, unpack_group
 from ..wire import _MASK, key_hash
 from .incremental import GroupRef, GroupsSnapshot
 
@@ -66,9 +65,6 @@ class PackedOnPickle:
         if own is not None:
             return own()
         return _unpickled, (self.group, pack_group(self.entries.items()))
-
-
-_PREPARE: ContextVar[Callable[[int, dict], Any] | None] = ContextVar("pescheduler_prepare_group", default=None)
 
 
 def _unpickled(group: int, packed: bytes) -> Any:

@@ -9,9 +9,10 @@ on the PE's loop. The rest of the PE's snapshot is pickled there as before
 :class:`ChainWriter` then writes the views' key groups, in a thread of the
 worker, straight into the checkpoint storage.
 
-Each key group is a chain of files: one full file (:func:`pack_group`'s
-bytes) and up to ``pescheduler.checkpoint.max-deltas`` delta files, each
-holding ``({key: value} put, [key] deleted)`` since the chain's previous file
+Each key group is a chain of files: one full file (``StateView.full``:
+:func:`pack_group`'s bytes, or a disk store's own, compressed) and up to
+``pescheduler.checkpoint.max-deltas`` delta files, each holding
+``({key: value} put, [key] deleted)`` since the chain's previous file
 (Flink's changelog idea). A checkpoint writes, per group: nothing when no key
 of it changed (the manifest references the earlier files), a delta when the
 chain is short enough, its deltas together stay smaller than its full file and
@@ -64,7 +65,7 @@ import cloudpickle
 
 from .. import config
 from ..errors import CheckpointDamaged, CheckpointError
-from .base import KEY_GROUPS, Changes, StateView, pack_chunks, pack_group, unpack_group
+from .base import KEY_GROUPS, Changes, StateView, pack_group, unpack_group, unpack_prepared
 from .files import StateFiles
 from .local import LocalCopies
 
@@ -546,7 +547,7 @@ class ChainWriter:
                     entry = packed(data, delta) or self._put(files, checkpoint_id, f"{name}.delta", data)
                     return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data),
                                   prev.keys + len(delta[0]))
-        data, count, first = pack_chunks(view.chunks(g))   # in chunks: the PE's thread gets the GIL between them
+        data, count, first = view.full(g)   # in chunks: the PE's thread gets the GIL between them
         entry = packed(data, None) or self._put(files, checkpoint_id, f"{name}.full", data)
         return _Chain(first, (entry,), len(data), 0, count)
 
@@ -651,6 +652,7 @@ def _lasts(chain: _Chain, checkpoint_id: int, max_deltas: int, grows: bool) -> b
     return now * later <= max_deltas and chain.delta_bytes * now / deltas * later <= chain.full_bytes
 
 
+SQUEEZE_DELTA = 64      # a delta larger than this is compressed if that makes it smaller (pack_delta)
 PACK_DELTA = 1024       # a key-group file (whole or delta) at most this large goes into its PE's .state (_Pack)
 PACK_MAX = 64 << 10     # ... while the pack holds at most this many bytes: a group's restore reads whole packs
 
@@ -704,16 +706,24 @@ def pack_delta(puts: dict, deletes: list) -> bytes:
     """A delta file's bytes: ``puts`` alone when no key was deleted (else ``(puts, deletes)``),
     pickled without protocol 4's frame header (9 bytes; the unpickler takes a pickle with or
     without frames). A steady checkpoint at 10^3-10^4 keys writes deltas of one or two keys, and
-    ``((puts, []))`` framed was ~36 bytes, half of it overhead."""
+    ``((puts, []))`` framed was ~36 bytes, half of it overhead. A larger one is compressed (zlib,
+    level 1) as a disk store's full file is (``disk.RawPart``): a chain's deltas are weighed
+    against its full file (:func:`outgrown_at`), and uncompressed beside a compressed full file
+    they outgrew it at once (a third of the groups rewritten whole at a checkpoint)."""
     data = pickle.dumps(puts if not deletes else (puts, deletes), _PICKLE)
     if len(data) < 1 << 16 and data[2:3] == pickle.FRAME:     # one frame: its header is the only one
         data = data[:2] + data[11:]
+    if len(data) > SQUEEZE_DELTA:
+        squeezed = zlib.compress(data, 1)
+        if len(squeezed) < len(data):
+            return squeezed
     return data
 
 
 def unpack_delta(data: bytes) -> tuple[dict, Any]:
-    """``(puts, deleted keys)`` of a delta file (:func:`pack_delta`'s, or earlier versions' pair)."""
-    delta = pickle.loads(data)
+    """``(puts, deleted keys)`` of a delta file (:func:`pack_delta`'s, or earlier versions' pair;
+    a pickle starts with its PROTO opcode, a zlib stream with 0x78)."""
+    delta = pickle.loads(zlib.decompress(data) if data[:1] == b"\x78" else data)
     return (delta, ()) if type(delta) is dict else delta
 
 
@@ -863,8 +873,9 @@ def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: 
         counts[1] += here
         if not unpacked:
             return data
-        entries = data if type(data) is dict else unpack_group(data)
-        return unpacked(value.group, entries) if callable(unpacked) else entries
+        if callable(unpacked):
+            return unpack_prepared(value.group, data, unpacked)
+        return data if type(data) is dict else unpack_group(data)
     if type(value) is dict:
         return {k: _resolved(v, files, local, counts, unpacked, packs) for k, v in value.items()}
     if type(value) in (list, tuple):

@@ -1,0 +1,148 @@
+"""A disk store's checkpoint writes a key group whole as the store's own bytes (``SnapshotView.full``):
+the writer decodes and unpickles nothing, the file is compressed, a lazy restore into a disk store
+writes the bytes into its SST file as they are, and every other reader gets the group's dict.
+Deltas of a chain are compressed as its full file is, and files of the earlier forms still read."""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import uuid
+import zlib
+
+import dask.config
+import pytest
+
+from pescheduler.checkpoint import CheckpointStore
+from pescheduler.state import disk, memory, open_state
+from pescheduler.state.base import pack_group, unpack_group
+from pescheduler.state.groups import snapshot_groups
+from pescheduler.state.incremental import (load_snapshot, load_state_file, pack_delta, pickle_snapshot, read_group,
+                                           resolve_part, unpack_delta, with_entries)
+from pescheduler.state.files import StateFiles
+from pescheduler.wire import key_group
+from pescheduler.worker.ckpt_files import CheckpointFiles
+
+KEY = b"k" * 32
+KEYS = 30_000           # ~234 keys a group: every full file a file of its own (past PACK_DELTA)
+
+
+@pytest.fixture
+def stores(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk, "INGEST_KEYS", 128)      # the restored groups go as SST files
+    opened = []
+
+    def make(name: str):
+        with dask.config.set({"pescheduler.state.dir": str(tmp_path), "pescheduler.state.cache": "64MB"}):
+            opened.append(open_state("disk", owner=name))
+        return opened[-1]
+    yield make
+    for state in opened:
+        state.close()
+
+
+def _filled(state) -> dict:
+    """Mixed keys (ints, strs, tuples) in the store, and writes still in the write-back buffer (puts
+    over stored keys, new keys, deletes): the view holds both."""
+    model = {(i if i % 3 else (f"car-{i:07d}" if i % 2 else ("t", i))): {"v": i, "lane": i % 4} for i in range(KEYS)}
+    state.write_many(model)
+    state._flush()
+    later = {k: {"v": -1} for k in list(model)[::97]}
+    later.update({KEYS + j: {"v": j} for j in range(50)})
+    gone = list(model)[5::89]
+    state.write_many(later, gone)
+    assert state._pending, "some writes must still be in the buffer"
+    model.update(later)
+    for k in gone:
+        model.pop(k)
+    return model
+
+
+def _written(state, store: CheckpointStore) -> tuple[dict, dict]:
+    """The state's first checkpoint (every group whole), as the barrier and the worker take it:
+    ``({group: (key, GroupRef)} as a restore reads them, the files written)``."""
+    files = CheckpointFiles()
+    blob, views = pickle_snapshot({"op": {"state": {"groups": snapshot_groups(state)}}})
+    files.hold("d", 1, "pe", {"state": blob, "views": views, "positions": {}})
+    out = files.write("d", 1, ["pe"], store.url)["pe"]
+    store.commit_manifest(1, {"id": 1, "files": out["files"]})
+    files.end("d", 1, complete=True)
+    manifest = store.manifest(1)
+    entry = next(e for e in manifest["files"] if e["role"] == "state")
+    saved = load_state_file(store.read(entry, store.run))
+    groups = with_entries(saved["groups"], manifest["files"], lambda e: store.read(e, store.run))
+    return load_snapshot(saved["ops"], groups)["op"]["state"]["groups"], out
+
+
+def _no_codec(monkeypatch) -> None:
+    """Every decode and encode of a key, and the chunks' read (which unpickles), made to fail."""
+    def refused(*_a, **_k):
+        pytest.fail("a raw full file decodes or encodes no key")
+    for name in ("_encode", "_decode_all"):
+        monkeypatch.setattr(disk, name, refused)
+    monkeypatch.setattr(disk.SnapshotView, "chunks", refused)
+
+
+def test_a_full_file_is_the_stores_bytes_and_a_lazy_restore_installs_them_as_they_are(stores, tmp_path, monkeypatch):
+    src, dst = stores("src"), stores("dst")
+    model = _filled(src)
+    store = CheckpointStore(str(tmp_path / "ckpt"), KEY)
+    with monkeypatch.context() as m:
+        _no_codec(m)
+        m.setattr(disk, "_decode", lambda raw: pickle.loads(raw[2:]) if raw[1] == disk._PICKLED else
+                  int(raw[2:]) if raw[1] == disk._INT else raw[2:].decode())     # the first key of each file only
+        refs, out = _written(src, store)
+        fulls = [f for f in out["files"] if f["path"].endswith(".full")]
+        assert len(fulls) == len(refs) == len({key_group(k) for k in model})
+        prepare = functools.partial(disk.prepare_group, where=str(tmp_path / "prepared"), cache_bytes=64 << 20)
+        parts = resolve_part({"groups": refs}, store.storage, prepare=prepare)["groups"]
+    prepared = {g: part for g, (_key, part) in parts.items()}
+    assert all(type(p) is disk.PreparedGroup and p.sst is not None for p in prepared.values())
+    dst.import_groups(prepared)
+    assert {k: v for g in dst.groups() for k, v in dst.items(g)} == model
+    assert dst.get_many(list(model)[:500]) == list(model.values())[:500]      # the filter's bits set
+
+
+def test_any_other_reader_gets_the_groups_dict(stores, tmp_path):
+    src = stores("src")
+    model = _filled(src)
+    store = CheckpointStore(str(tmp_path / "ckpt"), KEY)
+    refs, _out = _written(src, store)
+    files, got = StateFiles(store.storage), {}
+    for g, (key, ref) in refs.items():
+        data, _here = read_group(files, ref)
+        entries = unpack_group(data)                    # a plain read (a restore that is not lazy)
+        assert type(entries) is dict and key_group(key) == g
+        got.update(entries)
+    assert got == model
+    parts = resolve_part({"groups": refs}, store.storage, prepare=memory.prepare_group)["groups"]
+    target = open_state("memory")
+    target.import_groups({g: part for g, (_key, part) in parts.items()})
+    assert {k: v for g in target.groups() for k, v in target.items(g)} == model
+
+
+def test_a_full_file_is_compressed_and_smaller_than_the_group_pickled(stores, tmp_path):
+    src = stores("src")
+    model = _filled(src)
+    src._flush()
+    view = src.snapshot()
+    try:
+        g = key_group(7)
+        data, count, first = view.full(g)
+        entries = {k: v for k, v in model.items() if key_group(k) == g}
+        assert count == len(entries) and first in entries and unpack_group(data) == entries
+        assert len(data) < 0.7 * len(pack_group(entries.items())), (len(data), len(pack_group(entries.items())))
+    finally:
+        view.release()
+
+
+def test_deltas_are_compressed_and_every_earlier_form_still_reads():
+    puts = {f"car-{i:07d}": {"v": i, "row": "x" * 40} for i in range(200)}
+    data = pack_delta(puts, ["gone"])
+    assert data[:1] == b"\x78" and unpack_delta(data) == (puts, ["gone"])
+    plain = pickle.dumps((puts, ["gone"]), pickle.HIGHEST_PROTOCOL)       # an earlier version's delta
+    assert len(data) < len(plain) / 4 and unpack_delta(plain) == (puts, ["gone"])
+    small = pack_delta({"a": 1}, [])
+    assert small[:1] != b"\x78" and unpack_delta(small) == ({"a": 1}, ())
+    assert unpack_group(pack_group(puts.items())) == puts                  # a full file of the earlier form
+    assert zlib.decompress(data)                                           # one zlib stream, nothing else
