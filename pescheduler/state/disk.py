@@ -43,6 +43,7 @@ checkpoints plug in). Measured against plain dicts in bench/state.py.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import heapq
 import io
@@ -484,10 +485,10 @@ class SnapshotView(StateView):
             if value is not None:
                 yield raw, value
 
-    def raw(self, group: int) -> tuple[list[bytes], list[bytes]]:
-        """The group's encoded keys and pickled values at the view, in key order (a rescale's
-        part between two disk stores, :class:`ViewGroup`): the iterator's bytes as they are,
-        nothing decoded or unpickled."""
+    def raw(self, group: int) -> list[tuple[bytes, bytes]]:
+        """The group's ``(encoded key, pickled value)`` pairs at the view, in key order (a
+        rescale's part between two disk stores, :class:`ViewGroup`; a checkpoint's full file,
+        :meth:`full`): the iterator's bytes as they are, nothing decoded or unpickled."""
         pairs: list[tuple[bytes, bytes]] = []
         with self._reading() as (it, changed):
             later = set(changed.get(group, ()))
@@ -501,9 +502,14 @@ class SnapshotView(StateView):
                     add((raw, value()))
                 step()
             at = [(raw, v) for raw in later if (v := self._at(raw)) is not None]
-        if at:                              # written since: merged into the order (two sorted runs)
-            pairs = sorted(pairs + at)
-        return list(map(_first, pairs)), list(map(_SECOND, pairs))
+        if at:                              # written since: merged into the order, the GIL free between steps
+            at = _sorted(at)
+            if len(at) <= RAW_INSERTS:
+                for pair in at:
+                    bisect.insort(pairs, pair)
+            else:
+                pairs = list(heapq.merge(pairs, at))
+        return pairs
 
     def full(self, group: int) -> tuple[bytes, int, Any]:
         """A checkpoint's full file of the group: its :meth:`raw` bytes as a rescale's part
@@ -512,10 +518,10 @@ class SnapshotView(StateView):
         key and unpickling every value (:meth:`chunks`) to pickle them again cost the writer 3.3 s
         of the GIL beside the PE for 10^6 keys, this 1.0 s and 0.4 s compressing without it; the
         files 10.5 MB against 34.6 (``bench/fill.py``, session 32)."""
-        keys, values = self.raw(group)
-        if not keys:
+        pairs = self.raw(group)
+        if not pairs:
             return super().full(group)
-        return pickle.dumps(RawPart(group, _pack_raw(keys, values)), _PICKLE), len(keys), _decode(keys[0])
+        return pickle.dumps(RawPart(group, _pack_raw(pairs)), _PICKLE), len(pairs), _decode(pairs[0][0])
 
     by_group = staticmethod(_by_group)
 
@@ -576,7 +582,7 @@ class ViewGroup:
         keys take 33-41 s to get its 64 groups to the copy, a part after another; the stream
         behind the copy, which held their tuples meanwhile, stopped 0.4-0.8 s at a time
         (docs/state.md, session 31)."""
-        return RawPart(self.group, _pack_raw(*self.view.raw(self.group))).__reduce__()
+        return RawPart(self.group, _pack_raw(self.view.raw(self.group))).__reduce__()
 
 
 class RawPart:
@@ -593,17 +599,22 @@ class RawPart:
         return _unpickled_raw, (self.group, self.packed)
 
 
-RAW_CHUNK = 8192        # pairs pickled, or written to an SST file, in one C call (about a millisecond)
+RAW_INSERTS = 64        # keys written since a view's snapshot put into its group's order one at a time
+                        # (SnapshotView.raw); more are merged. One sort of a group's 78,000 pairs held
+                        # the GIL for the writer's whole call: the PE beside it stalled 476 ms at 10^7
+RAW_CHUNK = 8192        # pairs written to an SST file in one C call (about a millisecond)
 RAW_LEVEL = 1           # zlib's level for them: each value's pickle repeats its header, and level 1
                         # takes 57.7 MB of 10^6 keys to 10.5 in 0.4 s, the GIL let go (6: 1.9 s, 9.8 MB)
 
 
-def _pack_raw(keys: list[bytes], values: list[bytes]) -> bytes:
-    """Encoded keys and pickled values as pickled ``(keys, values)`` chunks, one after the other,
-    compressed (zlib, :data:`RAW_LEVEL`: a stored value is its pickle, header and all; as they
-    are they were 3x the bytes of the group pickled as a dict)."""
-    return zlib.compress(b"".join(pickle.dumps((keys[i:i + RAW_CHUNK], values[i:i + RAW_CHUNK]), _PICKLE)
-                                  for i in range(0, max(len(keys), 1), RAW_CHUNK)), RAW_LEVEL)
+def _pack_raw(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """Encoded keys and pickled values as pickled ``(keys, values)`` chunks of
+    :data:`base.PACK_CHUNK` pairs, one after the other (each a short hold of the GIL beside the
+    PE, as a full file's pickled dicts), compressed (zlib, :data:`RAW_LEVEL`: a stored value is
+    its pickle, header and all; as they are they were 3x the bytes of the group pickled as a dict)."""
+    chunks = (pairs[i:i + PACK_CHUNK] for i in range(0, max(len(pairs), 1), PACK_CHUNK))
+    return zlib.compress(b"".join(pickle.dumps((list(map(_first, c)), list(map(_SECOND, c))), _PICKLE)
+                                  for c in chunks), RAW_LEVEL)
 
 
 def _unpack_raw(data: bytes) -> tuple[list[bytes], list[bytes]]:

@@ -15,8 +15,10 @@ Each key group is a chain of files: one full file (``StateView.full``:
 ``({key: value} put, [key] deleted)`` since the chain's previous file
 (Flink's changelog idea). A checkpoint writes, per group: nothing when no key
 of it changed (the manifest references the earlier files), a delta when the
-chain is short enough, its deltas together stay smaller than its full file and
-it is not the group's turn to be rewritten, else the group whole. Turns are
+chain is short enough, its deltas together hold no more keys than its full file
+(:func:`outgrown_at`: weighed in keys, not bytes, since a disk store's full file
+is compressed better than any delta, session 32) and it is not the group's turn
+to be rewritten, else the group whole. Turns are
 staggered (:func:`rewrite_turn`): each checkpoint rewrites about 1 /
 max-deltas of the groups, not every chain at once when they all reach their
 length together (1 % of the keys changed touches every group, so every chain
@@ -193,7 +195,10 @@ def rewrite_turn(group: int, checkpoint_id: int, max_deltas: int) -> bool:
 
 
 def outgrown_at(group: int) -> float:
-    """How many times its full file a chain's deltas may hold before the group is rewritten whole:
+    """How many times its full file's keys a chain's deltas may hold before the group is rewritten
+    whole (in keys: a rewrite's cost is the writer's per key, and a disk store's full file is 3.3x
+    smaller than its group pickled where a delta shrinks 2.4-2.8x compressed, so in bytes its
+    deltas outgrew it sooner: 21 and 48 groups rewritten at a checkpoint at 10^7 where 9 were):
     from 1 to 2, spread over the groups (an odd multiple of the group, modulo their number). With
     one bound for all, groups that grow alike (a fill, or more than 1 / max-deltas of the keys
     changed per checkpoint) outgrow it at the same checkpoint: at 10^7 keys one steady checkpoint
@@ -322,6 +327,7 @@ class _Chain:
     full_bytes: int
     delta_bytes: int
     keys: int = 0               # keys its files hold (each delta's puts counted: at most that many)
+    full_keys: int = 0          # of those, its full file's: its deltas are weighed against it in keys
 
 
 @dataclass(frozen=True)
@@ -543,13 +549,13 @@ class ChainWriter:
             if deltas < max_deltas and not turn:
                 delta = view.delta(g, keys)
                 data = pack_delta(*delta)
-                if prev.delta_bytes + len(data) <= prev.full_bytes * outgrown_at(g):
+                if prev.keys - prev.full_keys + len(delta[0]) <= prev.full_keys * outgrown_at(g):
                     entry = packed(data, delta) or self._put(files, checkpoint_id, f"{name}.delta", data)
                     return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data),
-                                  prev.keys + len(delta[0]))
+                                  prev.keys + len(delta[0]), prev.full_keys)
         data, count, first = view.full(g)   # in chunks: the PE's thread gets the GIL between them
         entry = packed(data, None) or self._put(files, checkpoint_id, f"{name}.full", data)
-        return _Chain(first, (entry,), len(data), 0, count)
+        return _Chain(first, (entry,), len(data), 0, count, count)
 
     def _put(self, files: StateFiles, checkpoint_id: int, name: str, data: bytes) -> dict:
         """A key-group file into the storage, and a copy kept on this worker."""
@@ -639,9 +645,9 @@ def _group_map(run: str, name: str, checkpoint_id: int, chains: dict, base: _Wri
 def _lasts(chain: _Chain, checkpoint_id: int, max_deltas: int, grows: bool) -> bool:
     """Whether a chain at its turn may wait for its next one: grown on at the rate it grew since
     its full file (this checkpoint's delta, ``grows``, counted), it would still hold at most
-    ``max_deltas`` deltas, together no larger than its full file. When 1 % of 10^3 keys change, a
-    group gets a delta every ~13 checkpoints: at its turn its 3-4 deltas (~70 bytes) were
-    rewritten as the whole group (~150 bytes), 2-3 groups a checkpoint, the largest part of a
+    ``max_deltas`` deltas, together holding no more keys than its full file. When 1 % of 10^3 keys
+    change, a group gets a delta every ~13 checkpoints: at its turn its 3-4 deltas (a key each)
+    were rewritten as the whole group (~8 keys), 2-3 groups a checkpoint, the largest part of a
     checkpoint's bytes. A chain that grows at every checkpoint (1 % of 10^5 keys and more touch
     every group) never waits, so the turns stay spread."""
     age, deltas = checkpoint_id - chain.files[0]["chk"], len(chain.files) - 1
@@ -649,7 +655,7 @@ def _lasts(chain: _Chain, checkpoint_id: int, max_deltas: int, grows: bool) -> b
     if age <= 0 or not deltas:
         return False
     later = (age + max(1, max_deltas)) / age
-    return now * later <= max_deltas and chain.delta_bytes * now / deltas * later <= chain.full_bytes
+    return now * later <= max_deltas and (chain.keys - chain.full_keys) * now / deltas * later <= chain.full_keys
 
 
 SQUEEZE_DELTA = 64      # a delta larger than this is compressed if that makes it smaller (pack_delta)
@@ -707,9 +713,8 @@ def pack_delta(puts: dict, deletes: list) -> bytes:
     pickled without protocol 4's frame header (9 bytes; the unpickler takes a pickle with or
     without frames). A steady checkpoint at 10^3-10^4 keys writes deltas of one or two keys, and
     ``((puts, []))`` framed was ~36 bytes, half of it overhead. A larger one is compressed (zlib,
-    level 1) as a disk store's full file is (``disk.RawPart``): a chain's deltas are weighed
-    against its full file (:func:`outgrown_at`), and uncompressed beside a compressed full file
-    they outgrew it at once (a third of the groups rewritten whole at a checkpoint)."""
+    level 1, the GIL let go) as a disk store's full file is (``disk.RawPart``): a group's delta
+    after 1 % of 10^7 keys changed (780 keys) 2.4-2.8x fewer bytes."""
     data = pickle.dumps(puts if not deletes else (puts, deletes), _PICKLE)
     if len(data) < 1 << 16 and data[2:3] == pickle.FRAME:     # one frame: its header is the only one
         data = data[:2] + data[11:]

@@ -125,10 +125,17 @@ def test_a_full_file_is_compressed_and_smaller_than_the_group_pickled(stores, tm
     src = stores("src")
     model = _filled(src)
     src._flush()
+    g = key_group(7)
+    mine = [k for k in model if key_group(k) == g][:100]          # stored keys of g put again, and new ones:
+    new = [k for k in range(KEYS, KEYS + 60_000) if key_group(k) == g][:300]    # in the buffer, merged in order
+    src.write_many({**{k: {"v": -2} for k in mine}, **{k: {"v": k} for k in new}})
+    model.update({**{k: {"v": -2} for k in mine}, **{k: {"v": k} for k in new}})
+    assert src._pending
     view = src.snapshot()
     try:
-        g = key_group(7)
         data, count, first = view.full(g)
+        raw_keys = [k for k, _ in view.raw(g)]
+        assert raw_keys == sorted(raw_keys) and len(set(raw_keys)) == len(raw_keys)    # an SST file's order
         entries = {k: v for k, v in model.items() if key_group(k) == g}
         assert count == len(entries) and first in entries and unpack_group(data) == entries
         assert len(data) < 0.7 * len(pack_group(entries.items())), (len(data), len(pack_group(entries.items())))

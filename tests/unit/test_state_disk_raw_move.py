@@ -100,6 +100,6 @@ def test_a_raw_part_of_another_group_is_refused(stores):
     src = stores("src")
     _filled(src)
     g = next(iter(src.groups()))
-    keys, values = src.take_groups([g])[g].view.raw(g)
+    pairs = src.take_groups([g])[g].view.raw(g)
     with pytest.raises(ValueError, match=f"not {(g + 1) % KEY_GROUPS}"):
-        disk.prepare_group((g + 1) % KEY_GROUPS, disk.RawEntries(keys, values))
+        disk.prepare_group((g + 1) % KEY_GROUPS, disk.RawEntries([k for k, _ in pairs], [v for _, v in pairs]))
