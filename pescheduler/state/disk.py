@@ -600,8 +600,8 @@ class RawPart:
 
 
 RAW_INSERTS = 64        # keys written since a view's snapshot put into its group's order one at a time
-                        # (SnapshotView.raw); more are merged. One sort of a group's 78,000 pairs held
-                        # the GIL for the writer's whole call: the PE beside it stalled 476 ms at 10^7
+                        # (SnapshotView.raw); more are merged: one sort of a group's 78,000 pairs holds
+                        # the GIL for the whole call (tens of ms at 10^7 keys, beside the PE)
 RAW_CHUNK = 8192        # pairs written to an SST file in one C call (about a millisecond)
 RAW_LEVEL = 1           # zlib's level for them: each value's pickle repeats its header, and level 1
                         # takes 57.7 MB of 10^6 keys to 10.5 in 0.4 s, the GIL let go (6: 1.9 s, 9.8 MB)
