@@ -35,3 +35,35 @@ def unpacked(monkeypatch):
     from pescheduler.state import incremental
 
     monkeypatch.setattr(incremental, "PACK_DELTA", -1)
+
+
+@pytest.fixture
+def disk_stores(tmp_path):
+    """A maker of disk stores by owner name in the test's directory (64 MB of cache), closed after it."""
+    opened = []
+
+    def make(name: str):
+        with dask.config.set({"pescheduler.state.dir": str(tmp_path), "pescheduler.state.cache": "64MB"}):
+            opened.append(open_state("disk", owner=name))
+        return opened[-1]
+    yield make
+    for state in opened:
+        state.close()
+
+
+def filled_mixed(state, keys: int) -> dict:
+    """``keys`` keys of mixed kinds (ints, strs, tuples) in the store, then writes still in the
+    write-back buffer (puts over stored keys, new keys, deletes of stored keys), so that a view
+    holds both; the model of what the state holds."""
+    model = {(i if i % 3 else (f"car-{i:07d}" if i % 2 else ("t", i))): {"v": i, "lane": i % 4} for i in range(keys)}
+    state.write_many(model)
+    state._flush()
+    later = {k: {"v": -1} for k in list(model)[::97]}
+    later.update({keys + j: {"v": j} for j in range(50)})
+    gone = list(model)[5::89]
+    state.write_many(later, gone)
+    assert state._pending, "some writes must still be in the buffer"
+    model.update(later)
+    for k in gone:
+        model.pop(k)
+    return model

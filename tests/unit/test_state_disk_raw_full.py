@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import functools
 import pickle
-import uuid
 import zlib
 
-import dask.config
 import pytest
+from keyed_stores import disk_stores, filled_mixed  # noqa: F401  (a fixture)
 
 from pescheduler.checkpoint import CheckpointStore
 from pescheduler.state import disk, memory, open_state
@@ -28,34 +27,13 @@ KEYS = 30_000           # ~234 keys a group: every full file a file of its own (
 
 
 @pytest.fixture
-def stores(tmp_path, monkeypatch):
+def stores(disk_stores, monkeypatch):
     monkeypatch.setattr(disk, "INGEST_KEYS", 128)      # the restored groups go as SST files
-    opened = []
-
-    def make(name: str):
-        with dask.config.set({"pescheduler.state.dir": str(tmp_path), "pescheduler.state.cache": "64MB"}):
-            opened.append(open_state("disk", owner=name))
-        return opened[-1]
-    yield make
-    for state in opened:
-        state.close()
+    return disk_stores
 
 
 def _filled(state) -> dict:
-    """Mixed keys (ints, strs, tuples) in the store, and writes still in the write-back buffer (puts
-    over stored keys, new keys, deletes): the view holds both."""
-    model = {(i if i % 3 else (f"car-{i:07d}" if i % 2 else ("t", i))): {"v": i, "lane": i % 4} for i in range(KEYS)}
-    state.write_many(model)
-    state._flush()
-    later = {k: {"v": -1} for k in list(model)[::97]}
-    later.update({KEYS + j: {"v": j} for j in range(50)})
-    gone = list(model)[5::89]
-    state.write_many(later, gone)
-    assert state._pending, "some writes must still be in the buffer"
-    model.update(later)
-    for k in gone:
-        model.pop(k)
-    return model
+    return filled_mixed(state, KEYS)
 
 
 def _written(state, store: CheckpointStore) -> tuple[dict, dict]:

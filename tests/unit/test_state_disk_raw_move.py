@@ -7,10 +7,10 @@ from __future__ import annotations
 import functools
 import pickle
 
-import dask.config
 import pytest
+from keyed_stores import disk_stores, filled_mixed  # noqa: F401  (a fixture)
 
-from pescheduler.state import disk, memory, open_state
+from pescheduler.state import disk, memory
 from pescheduler.state.base import unpack_group
 from pescheduler.state.groups import loads_prepared, take_groups
 from pescheduler.wire import KEY_GROUPS, key_group
@@ -19,37 +19,13 @@ KEYS = 40_000           # a group of ~312 keys: some taken groups large enough t
 
 
 @pytest.fixture
-def stores(tmp_path, monkeypatch):
+def stores(disk_stores, monkeypatch):
     monkeypatch.setattr(disk, "INGEST_KEYS", 256)      # some groups go as SST files, the rest as write batches
-    opened = []
-
-    def make(name: str):
-        with dask.config.set({"pescheduler.state.dir": str(tmp_path), "pescheduler.state.cache": "64MB"}):
-            opened.append(open_state("disk", owner=name))
-        return opened[-1]
-    yield make
-    for state in opened:
-        state.close()
+    return disk_stores
 
 
 def _filled(state) -> dict:
-    """KEYS keys of mixed kinds in the store, then writes still in the write-back buffer (puts over
-    stored keys, new keys, deletes of stored keys): the take's view holds both."""
-    model = {}
-    for i in range(KEYS):
-        key = i if i % 3 else (f"car-{i:07d}" if i % 2 else ("t", i))
-        model[key] = {"v": i, "lane": i % 4}
-    state.write_many(model)
-    state._flush()
-    later = {k: {"v": -1} for k in list(model)[::97]}
-    later.update({KEYS + j: {"v": j} for j in range(50)})
-    gone = list(model)[5::89]
-    state.write_many(later, gone)
-    assert state._pending, "some writes must still be in the buffer"
-    model.update(later)
-    for k in gone:
-        model.pop(k)
-    return model
+    return filled_mixed(state, KEYS)
 
 
 def _moved(stores, prepare_of):
@@ -87,7 +63,7 @@ def test_a_part_between_disk_stores_is_their_bytes_written_as_they_are(stores, m
 
 def test_a_raw_part_read_without_a_disk_store_is_the_group_as_before(stores):
     _src, _dst, blob, expected, mine, _prepare = _moved(stores, lambda dst: None)
-    plain = pickle.loads(blob)["groups"]              # no prepare: pack_group's bytes, as any part
+    plain = pickle.loads(blob)["groups"]              # no prepare: the group's dict, as a part may be
     assert {k: v for _key, data in plain.values() for k, v in unpack_group(data).items()} == expected
     into_memory = loads_prepared(blob, memory.prepare_group)["groups"]
     assert all(type(data) is memory.PreparedGroup for _key, data in into_memory.values())
