@@ -64,7 +64,8 @@ from operator import is_, itemgetter, not_
 from typing import Any, Callable, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
-from .base import _PREPARE, KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, key_group
+from .base import (_PREPARE, KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, key_group,
+                   pack_chunks)
 from .groups import _numpy, key_groups, split_by_group
 
 logger = logging.getLogger(__name__)
@@ -519,8 +520,8 @@ class SnapshotView(StateView):
         of the GIL beside the PE for 10^6 keys, this 1.0 s and 0.4 s compressing without it; the
         files 10.5 MB against 34.6 (``bench/fill.py``, session 32)."""
         pairs = self.raw(group)
-        if not pairs:
-            return super().full(group)
+        if len(pairs) < RAW_FULL_MIN:       # as dicts: the raw form's header outweighs a few keys
+            return pack_chunks([RawEntries(list(map(_first, pairs)), list(map(_SECOND, pairs))).decoded()])
         return pickle.dumps(RawPart(group, _pack_raw(pairs)), _PICKLE), len(pairs), _decode(pairs[0][0])
 
     by_group = staticmethod(_by_group)
@@ -602,6 +603,8 @@ class RawPart:
 RAW_INSERTS = 64        # keys written since a view's snapshot put into its group's order one at a time
                         # (SnapshotView.raw); more are merged: one sort of a group's 78,000 pairs holds
                         # the GIL for the whole call (tens of ms at 10^7 keys, beside the PE)
+RAW_FULL_MIN = 16       # a group with fewer keys is a full file of pickled dicts (SnapshotView.full): its
+                        # raw file was 1.13x their bytes at 7 keys, 0.82x at 15, 0.54x at 46
 RAW_CHUNK = 8192        # pairs written to an SST file in one C call (about a millisecond)
 RAW_LEVEL = 1           # zlib's level for them: each value's pickle repeats its header, and level 1
                         # takes 57.7 MB of 10^6 keys to 10.5 in 0.4 s, the GIL let go (6: 1.9 s, 9.8 MB)

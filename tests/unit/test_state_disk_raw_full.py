@@ -117,6 +117,16 @@ def test_a_full_file_is_compressed_and_smaller_than_the_group_pickled(stores, tm
         entries = {k: v for k, v in model.items() if key_group(k) == g}
         assert count == len(entries) and first in entries and unpack_group(data) == entries
         assert len(data) < 0.7 * len(pack_group(entries.items())), (len(data), len(pack_group(entries.items())))
+        assert data[:64].find(b"_unpickled_raw") > 0                     # the raw form
+    finally:
+        view.release()
+    small = stores("small")
+    small.write_many({i: {"v": i} for i in range(1_000)})             # ~8 keys a group: as dicts
+    view = small.snapshot()
+    try:
+        data, count, first = view.full(key_group(7))
+        assert b"_unpickled_raw" not in data and unpack_group(data) == {
+            k: {"v": k} for k in range(1_000) if key_group(k) == key_group(7)} and count < disk.RAW_FULL_MIN
     finally:
         view.release()
 
