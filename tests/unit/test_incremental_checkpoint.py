@@ -669,3 +669,28 @@ def test_pruning_local_copies_that_another_prune_took_first_is_no_error(tmp_path
     copies.prune("run", set())
     monkeypatch.undo()
     assert copies.read("run", {**entry, "bytes": 1, "sha256": ""}) is None
+
+
+@pytest.mark.usefixtures("unpacked")
+def test_chains_are_rewritten_at_the_same_checkpoints_whatever_the_backends_file_format(tmp_path):
+    """A chain's deltas are weighed against its full file in keys: a disk store's full file is its
+    stored bytes compressed, a memory store's pickled dicts, and in bytes the disk chains outgrew
+    theirs sooner (session 32: 21-48 groups rewritten at a checkpoint at 10^7 where 9 were). The
+    same writes on both backends rewrite the same groups at the same checkpoints."""
+    fulls = {}
+    for backend in ("memory", "disk"):
+        with dask.config.set({"pescheduler.state.dir": str(tmp_path / backend), "pescheduler.state.cache": "8MB"}):
+            st = open_state(backend, owner="chains")
+        store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+        fill(st, value=lambda i: [i, 1.0, f"row {i}"])
+        counts = []
+        for cid in range(1, 9):
+            for i in range(cid % 2, K, 2 if cid <= 5 else 100):        # half of the keys, then 1 %
+                st.put(f"car-{i:07d}", [i, float(cid), f"row {i}"])
+            counts.append(group_files(checkpoint(files, store, st, cid), cid, ".full"))
+        fulls[backend] = counts
+        got = restored(store, 8)
+        st.close()
+        assert got["car-0000000"] == [0, 8.0, "row 0"] and got["car-0000003"] == [3, 5.0, "row 3"] and len(got) == K
+    assert fulls["memory"] == fulls["disk"], fulls
+    assert sum(fulls["disk"][2:]) > 2 * len(fulls["disk"][2:]), fulls     # some chains outgrown, not only turns
