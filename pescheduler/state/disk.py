@@ -517,8 +517,8 @@ class SnapshotView(StateView):
         pickles them (:class:`RawPart`), which a restore into a disk store writes into its SST
         file as they are and :func:`base.unpack_group` reads as the group's dict. Decoding every
         key and unpickling every value (:meth:`chunks`) to pickle them again cost the writer 3.3 s
-        of the GIL beside the PE for 10^6 keys, this 1.0 s and 0.4 s compressing without it; the
-        files 10.5 MB against 34.6 (``bench/fill.py``, session 32)."""
+        beside the PE for 10^6 keys, this 1.0-1.4 s and 0.4-0.5 s compressing without the GIL; the
+        files 11.5 MB against 34.6 (docs/state.md, session 32)."""
         pairs = self.raw(group)
         if len(pairs) < RAW_FULL_MIN:       # as dicts: the raw form's header outweighs a few keys
             return pack_chunks([RawEntries(list(map(_first, pairs)), list(map(_SECOND, pairs))).decoded()])
@@ -607,7 +607,7 @@ RAW_FULL_MIN = 16       # a group with fewer keys is a full file of pickled dict
                         # raw file was 1.13x their bytes at 7 keys, 0.82x at 15, 0.54x at 46
 RAW_CHUNK = 8192        # pairs written to an SST file in one C call (about a millisecond)
 RAW_LEVEL = 1           # zlib's level for them: each value's pickle repeats its header, and level 1
-                        # takes 57.7 MB of 10^6 keys to 10.5 in 0.4 s, the GIL let go (6: 1.9 s, 9.8 MB)
+                        # takes 57.7 MB of 10^6 keys to 11.5 in 0.5 s of CPU, the GIL let go (6: 9.9 MB, 1.4 s)
 
 
 def _pack_raw(pairs: list[tuple[bytes, bytes]]) -> bytes:
