@@ -198,7 +198,8 @@ def outgrown_at(group: int) -> float:
     """How many times its full file's keys a chain's deltas may hold before the group is rewritten
     whole (in keys: a rewrite's cost is the writer's per key, and a disk store's full file is 3.3x
     smaller than its group pickled where a delta shrinks 2.4-2.8x compressed, so in bytes its
-    deltas outgrew it sooner: 21 and 48 groups rewritten at a checkpoint at 10^7 where 9 were):
+    deltas outgrew it sooner: 21 and 48 groups rewritten at a checkpoint at 10^7 where the old
+    code's rows rewrote 9 and 1; the same writes on both backends now rewrite the same groups):
     from 1 to 2, spread over the groups (an odd multiple of the group, modulo their number). With
     one bound for all, groups that grow alike (a fill, or more than 1 / max-deltas of the keys
     changed per checkpoint) outgrow it at the same checkpoint: at 10^7 keys one steady checkpoint
