@@ -16,6 +16,7 @@ store values as bytes.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import pickle
@@ -97,18 +98,25 @@ def unpack_group(data: bytes) -> dict:
 _PREPARE: ContextVar[Callable[[int, Any], Any] | None] = ContextVar("pescheduler_prepare_group", default=None)
 
 
+@contextlib.contextmanager
+def preparing(prepare: Callable[[int, Any], Any]) -> Iterator[None]:
+    """Key groups unpickled inside are made ready by ``prepare`` (``groups.loads_prepared``, :func:`unpack_prepared`)."""
+    token = _PREPARE.set(prepare)
+    try:
+        yield
+    finally:
+        _PREPARE.reset(token)
+
+
 def unpack_prepared(group: int, data: bytes | Mapping, prepare: Callable[[int, Any], Any]) -> Any:
     """``prepare(group, unpack_group(data))``, except that a group in a backend's own form (a
     checkpoint's full file of a disk store: its stored bytes) goes to ``prepare`` as that form,
     which the disk backend writes into its SST file as it is (a lazy restore's loader thread)."""
     if isinstance(data, Mapping):
         return prepare(group, data)
-    token = _PREPARE.set(prepare)
-    try:
-        f = io.BytesIO(data)
+    f = io.BytesIO(data)
+    with preparing(prepare):
         entries = pickle.load(f)
-    finally:
-        _PREPARE.reset(token)
     if type(entries) is not dict:           # made ready as it was unpickled
         return entries
     while f.tell() < len(data):

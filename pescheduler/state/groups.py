@@ -16,7 +16,7 @@ from itertools import repeat
 from operator import is_, itemgetter
 from typing import Any, Callable, Mapping
 
-from .base import _PREPARE, KEY_GROUPS, KeyedState, key_group, pack_group, unpack_group
+from .base import _PREPARE, KEY_GROUPS, KeyedState, key_group, pack_group, preparing, unpack_group
 from ..wire import _MASK, key_hash
 from .incremental import GroupRef, GroupsSnapshot
 
@@ -80,11 +80,8 @@ def loads_prepared(blob: bytes, prepare: Callable[[int, dict], Any]) -> Any:
     (``worker/lazy_restore.py``), the turn only installing it. Unpacking a part of 312,000 keys in
     the turn held a PE 370-420 ms at a time after a Release at 10^7 keys (traced), the collector
     visiting each new container."""
-    token = _PREPARE.set(prepare)
-    try:
+    with preparing(prepare):
         return pickle.loads(blob)
-    finally:
-        _PREPARE.reset(token)
 
 
 def split_groups(groups: Groups, owns: Callable[[Any], bool]) -> Groups:
