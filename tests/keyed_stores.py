@@ -9,6 +9,7 @@ import dask
 import pytest
 
 from pescheduler.state import open_state
+from pescheduler.state.incremental import pack_delta, unpack_delta
 
 
 @pytest.fixture(autouse=True)
@@ -67,3 +68,9 @@ def filled_mixed(state, keys: int) -> dict:
     for k in gone:
         model.pop(k)
     return model
+
+
+def written_delta(view, group: int, keys) -> tuple[dict, list]:
+    """``view.delta`` as a checkpoint writes it and a restore reads it back: ``({key: value} put,
+    [key] deleted)``, decoded (a disk view's is the store's bytes until then)."""
+    return unpack_delta(pack_delta(*view.delta(group, keys)))

@@ -23,7 +23,7 @@ import pickle
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sized
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -209,8 +209,10 @@ class StateView(ABC):
         """``keys`` (of :attr:`Changes.keys`) by key group."""
 
     @abstractmethod
-    def delta(self, group: int, keys: Iterable[Any]) -> tuple[dict, list]:
-        """``({key: value}, [deleted key])`` of ``keys`` (one group's, :meth:`by_group`) in this view."""
+    def delta(self, group: int, keys: Iterable[Any]) -> tuple[Sized, Collection]:
+        """``(puts, deleted keys)`` of ``keys`` (one group's, :meth:`by_group`) in this view, as a
+        checkpoint writes them: ``puts`` a ``{key: value}`` dict, or a backend's own form whose
+        length is the keys put and which unpickles as the pair decoded (``disk.RawDelta``)."""
 
 
 class KeyedState(ABC):

@@ -526,28 +526,33 @@ class SnapshotView(StateView):
 
     by_group = staticmethod(_by_group)
 
-    def delta(self, group: int, keys: Iterable[bytes]) -> tuple[dict, list]:
-        """The keys' values at the snapshot: read, decoded and unpickled by ``map`` in C (the
-        buffer's copy first, then the snapshot), a Python step per key only where one was deleted
-        or a snapshot read misses (:meth:`_at`). A call to ``_at`` and one to ``_decode`` per key
-        were the writer's steps of a steady checkpoint, beside the PE."""
+    def delta(self, group: int, keys: Iterable[bytes]) -> tuple["RawDelta", tuple]:
+        """The keys' values at the snapshot as the store holds them (:class:`RawDelta`: nothing
+        decoded or unpickled). Decoding each key and unpickling each value, to pickle them again,
+        was a third of the writer's time beside the PE at a steady checkpoint (docs/state.md,
+        session 33). Read :data:`base.PACK_CHUNK` keys a call (:meth:`_values`): one ``map`` over
+        a group's 20,000 keys changed (the first checkpoint after a rescale at 10^7 keys) held the
+        GIL through 20,000 snapshot reads."""
         keys = list(keys)
+        values: list = []
+        for i in range(0, len(keys), PACK_CHUNK):       # the PE's thread gets the GIL between two
+            values += self._values(keys[i:i + PACK_CHUNK])
+        return RawDelta(keys, values), ()
+
+    def _values(self, keys: list[bytes]) -> list:
+        """The pickled values of ``keys`` at the snapshot, None for a deleted one: the buffer's copy
+        first, then the snapshot, read by ``map`` in C; a Python step per key only where a snapshot
+        read misses (:meth:`_at`)."""
         raws = list(map(self._buffered.get, keys, repeat(_MISSING)))
         try:
             if not any(map(is_, raws, repeat(_MISSING))):
-                pass
-            elif all(map(is_, raws, repeat(_MISSING))):
-                raws = list(map(self._snap.__getitem__, keys))
-            else:
-                snap = self._snap.__getitem__
-                raws = [raw if raw is not _MISSING else snap(k) for k, raw in zip(keys, raws)]
+                return raws
+            if all(map(is_, raws, repeat(_MISSING))):
+                return list(map(self._snap.__getitem__, keys))
+            snap = self._snap.__getitem__
+            return [raw if raw is not _MISSING else snap(k) for k, raw in zip(keys, raws)]
         except Exception:                   # a key the snapshot has not (rocksdict raises a bare Exception)
-            raws = list(map(self._at, keys))
-        decoded = _decode_all(keys)
-        if not any(map(is_, raws, repeat(None))):
-            return dict(zip(decoded, map(pickle.loads, raws))), []
-        return ({k: pickle.loads(raw) for k, raw in zip(decoded, raws) if raw is not None},
-                [k for k, raw in zip(decoded, raws) if raw is None])
+            return list(map(self._at, keys))
 
     def _pin(self, iterators: list) -> None:
         self._pinned = iterators
@@ -598,6 +603,35 @@ class RawPart:
 
     def __reduce__(self):
         return _unpickled_raw, (self.group, self.packed)
+
+
+class RawDelta:
+    """A checkpoint's delta of a disk view's group as the store holds it (:meth:`SnapshotView.delta`):
+    encoded keys and their pickled values at the snapshot, None where the key was deleted. Its
+    length is the keys put. Pickled as it is (``incremental.pack_delta``), it unpickles through
+    :func:`_unpickled_delta` as any delta does: ``(puts, deleted keys)``, decoded, in the
+    restore's thread (off the PE's loop)."""
+
+    __slots__ = ("keys", "values", "puts")
+
+    def __init__(self, keys: list[bytes], values: list[bytes | None]) -> None:
+        self.keys, self.values = keys, values
+        self.puts = len(values) - values.count(None)
+
+    def __len__(self) -> int:
+        return self.puts
+
+    def __reduce__(self):
+        return _unpickled_delta, (self.keys, self.values)
+
+
+def _unpickled_delta(keys: list[bytes], values: list[bytes | None]) -> tuple[dict, list]:
+    """:class:`RawDelta` unpickled: ``({key: value} put, [key] deleted)``, decoded."""
+    decoded = _decode_all(keys)
+    if len(values) == len(keys) and None not in values:
+        return dict(zip(decoded, map(pickle.loads, values))), []
+    return ({k: pickle.loads(v) for k, v in zip(decoded, values) if v is not None},
+            [k for k, v in zip(decoded, values) if v is None])
 
 
 RAW_INSERTS = 64        # keys written since a view's snapshot put into its group's order one at a time

@@ -9,7 +9,7 @@ import sys
 import uuid
 
 import pytest
-from keyed_stores import state, unpacked, worker_dir  # noqa: F401  (fixtures)
+from keyed_stores import state, unpacked, worker_dir, written_delta  # noqa: F401  (fixtures)
 from test_incremental_checkpoint import KEY, checkpoint, restored
 
 from pescheduler.checkpoint import CheckpointStore
@@ -243,7 +243,7 @@ def test_the_c_paths_read_what_the_per_key_loops_read(state):
         state.write_many([(k, [k, 2]) for k in keys])     # after the snapshot: not in the view
         seen = set()
         for g, part in view.by_group(view.changes.keys).items():
-            puts, deletes = view.delta(g, part)
+            puts, deletes = written_delta(view, g, part)
             assert all(key_group(k) == g for k in [*puts, *deletes])
             assert puts == {k: model[k] for k in puts} and not set(deletes) & model.keys()
             seen |= {*puts, *deletes}

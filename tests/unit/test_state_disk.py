@@ -19,6 +19,7 @@ from pescheduler.state import open_state
 from pescheduler.state.files import StateFiles
 from pescheduler.state.incremental import GroupRef, read_group
 from pescheduler.wire import key_group
+from keyed_stores import written_delta
 
 # few values, so that equal keys of different types meet often
 _atoms = st.one_of(
@@ -51,7 +52,7 @@ def _read(view) -> dict:
     snapshot, as a checkpoint writes them) agree with them."""
     whole = {k: v for g in view.groups() for k, v in view.items(g)}
     for g, keys in view.by_group(view.changes.keys).items():
-        puts, deletes = view.delta(g, keys)
+        puts, deletes = written_delta(view, g, keys)
         assert all(whole[k] == v for k, v in puts.items()) and not any(k in whole for k in deletes)
     return whole
 

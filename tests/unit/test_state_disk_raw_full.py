@@ -11,6 +11,7 @@ import zlib
 
 import pytest
 from keyed_stores import disk_stores, filled_mixed  # noqa: F401  (a fixture)
+from test_incremental_checkpoint import checkpoint, restored
 
 from pescheduler.checkpoint import CheckpointStore
 from pescheduler.state import disk, memory, open_state
@@ -55,7 +56,7 @@ def _written(state, store: CheckpointStore) -> tuple[dict, dict]:
 def _no_codec(monkeypatch) -> None:
     """Every decode and encode of a key, and the chunks' read (which unpickles), made to fail."""
     def refused(*_a, **_k):
-        pytest.fail("a raw full file decodes or encodes no key")
+        pytest.fail("a disk view's checkpoint writer decodes or encodes no key")
     for name in ("_encode", "_decode_all"):
         monkeypatch.setattr(disk, name, refused)
     monkeypatch.setattr(disk.SnapshotView, "chunks", refused)
@@ -141,3 +142,57 @@ def test_deltas_are_compressed_and_every_earlier_form_still_reads():
     assert small[:1] != b"\x78" and unpack_delta(small) == ({"a": 1}, ())
     assert unpack_group(pack_group(puts.items())) == puts                  # a full file of the earlier form
     assert zlib.decompress(data)                                           # one zlib stream, nothing else
+
+
+def test_a_steady_checkpoints_deltas_are_the_stores_bytes_and_restore_decoded(stores, tmp_path, monkeypatch):
+    """After a first checkpoint, a tenth of the keys put again or deleted (the last of them still in
+    the write-back buffer): the second checkpoint's deltas are written with every key decode and
+    encode refused in the disk module (the first key of a group rewritten whole aside), and the
+    state restored from it is the model's."""
+    src = stores("src")
+    model = _filled(src)
+    store, files = CheckpointStore(str(tmp_path / "ckpt"), KEY), CheckpointFiles()
+    checkpoint(files, store, src, 1)
+    changed = list(model)[::10]
+    src.write_many({k: {"v": -1, "name": "changed"} for k in changed[::2]}, deletes=changed[1::2])
+    model.update({k: {"v": -1, "name": "changed"} for k in changed[::2]})
+    for k in changed[1::2]:
+        del model[k]
+    assert src._pending
+    deltas = []
+    with monkeypatch.context() as m:
+        _no_codec(m)
+        m.setattr(disk, "_decode", lambda raw: pickle.loads(raw[2:]) if raw[1] == disk._PICKLED else
+                  int(raw[2:]) if raw[1] == disk._INT else raw[2:].decode())     # a rewritten group's first key
+        delta = disk.SnapshotView.delta
+        m.setattr(disk.SnapshotView, "delta", lambda self, g, keys: deltas.append(g) or delta(self, g, keys))
+        checkpoint(files, store, src, 2)
+    assert len(deltas) > 100                          # most groups written as a delta
+    assert restored(store, 2) == model
+
+
+def test_a_deltas_snapshot_reads_are_at_most_1024_keys_a_call(stores, monkeypatch):
+    """A disk view's delta reads its keys at the snapshot ``PACK_CHUNK`` keys per ``map`` call: one
+    call over a group's 20,000 keys changed (the first checkpoint after a rescale at 10^7 keys) held
+    the GIL through every read, beside the PE's thread."""
+    src = stores("src")
+    keys = list(range(400_000))
+    one = [k for k, g in zip(keys, disk.key_groups(keys)) if g == 5][:3_000]      # 3,000 keys of group 5
+    src.write_many({k: {"v": k} for k in one})
+    src._flush()                                        # in the store: read at the snapshot
+    view = src.snapshot()
+    sizes, builtin_map = [], map
+
+    def counted(func, *iterables):
+        if getattr(func, "__self__", None) is view._snap:
+            sizes.append(len(iterables[0]))
+        return builtin_map(func, *iterables)
+
+    monkeypatch.setattr(disk, "map", counted, raising=False)
+    try:
+        encoded = [disk._encode(k) for k in one]
+        puts, deletes = unpack_delta(pack_delta(*view.delta(5, encoded)))
+    finally:
+        view.release()
+    assert puts == {k: {"v": k} for k in one} and not deletes
+    assert sizes and max(sizes) <= 1_024, f"one map call read {max(sizes)} keys at the snapshot"
