@@ -1,6 +1,6 @@
 """The stall a checkpoint causes a PE, in one process: what holds the PE's thread, and for how long.
 
-    python bench/ckpt_stall.py [--keys 1000000] [--backend memory] [--checkpoints 4] [--changed 0.01] [--trace]
+    python bench/ckpt_stall.py [--keys 1000000] [--backend memory] [--checkpoints 4] [--changed 0.01] [--trace] [--profile]
 
 K keys in a keyed state (values a window's slots, as bench/state.py's), then per checkpoint: 1 % of
 the keys changed, a snapshot taken as the barrier takes it (``pickle_snapshot``), and the worker's
@@ -10,13 +10,16 @@ ticking) and notes its own gaps. Per checkpoint: the barrier's stall, the write'
 largest gap of the PE thread while the write ran (its p50 beside it), against the largest gap with
 no write running. ``--trace``: the cyclic GC's collections (generation, ms) and the writer thread's
 longest calls into C (a profile hook on that thread only: the calls that hold the GIL whole).
+``--profile``: the writer's functions by their own time, per checkpoint (cProfile, that thread only).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import os
+import pstats
 import random
 import shutil
 import sys
@@ -91,6 +94,7 @@ def main() -> None:
                         help="share of the keys changed before each checkpoint (0.1 at 10^6: the 10^5 keys of a "
                              "steady checkpoint at 10^7)")
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     import dask.config
 
@@ -145,12 +149,18 @@ def main() -> None:
             if args.trace:
                 threading.setprofile(None)
                 sys.setprofile(long_calls)
+            profile = cProfile.Profile() if args.profile else None
+            if profile is not None:
+                profile.enable()
             try:
                 written = files.write("bench", cid, ["pe"], store.url)["pe"]["files"]
                 store.commit_manifest(cid, {"id": cid, "files": written})
                 files.end("bench", cid, complete=True)
             finally:
                 sys.setprofile(None)
+                if profile is not None:
+                    profile.disable()
+                    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
 
         w0 = time.perf_counter()
         writer = threading.Thread(target=write, name="ckpt-writer")
