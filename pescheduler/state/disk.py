@@ -527,17 +527,17 @@ class SnapshotView(StateView):
     by_group = staticmethod(_by_group)
 
     def delta(self, group: int, keys: Iterable[bytes]) -> tuple["RawDelta", tuple]:
-        """The keys' values at the snapshot as the store holds them (:class:`RawDelta`: nothing
-        decoded or unpickled). Decoding each key and unpickling each value, to pickle them again,
-        was a third of the writer's time beside the PE at a steady checkpoint (docs/state.md,
-        session 33). Read :data:`base.PACK_CHUNK` keys a call (:meth:`_values`): one ``map`` over
-        a group's 20,000 keys changed (the first checkpoint after a rescale at 10^7 keys) held the
-        GIL through 20,000 snapshot reads."""
+        """The keys' values at the snapshot as the store holds them (:class:`RawDelta`: the keys
+        decoded, by ``map`` in C for ints and strs; the values as pickled, nothing unpickled).
+        Unpickling each value to pickle it again was a third of the writer's time beside the PE at
+        a steady checkpoint (docs/state.md, session 33). Read :data:`base.PACK_CHUNK` keys a call
+        (:meth:`_values`): one ``map`` over a group's 20,000 keys changed (the first checkpoint
+        after a rescale at 10^7 keys) held the GIL through 20,000 snapshot reads."""
         keys = list(keys)
         values: list = []
         for i in range(0, len(keys), PACK_CHUNK):       # the PE's thread gets the GIL between two
             values += self._values(keys[i:i + PACK_CHUNK])
-        return RawDelta(keys, values), ()
+        return RawDelta(_decode_all(keys), values), ()
 
     def _values(self, keys: list[bytes]) -> list:
         """The pickled values of ``keys`` at the snapshot, None for a deleted one: the buffer's copy
@@ -606,15 +606,17 @@ class RawPart:
 
 
 class RawDelta:
-    """A checkpoint's delta of a disk view's group as the store holds it (:meth:`SnapshotView.delta`):
-    encoded keys and their pickled values at the snapshot, None where the key was deleted. Its
-    length is the keys put. Pickled as it is (``incremental.pack_delta``), it unpickles through
-    :func:`_unpickled_delta` as any delta does: ``(puts, deleted keys)``, decoded, in the
-    restore's thread (off the PE's loop)."""
+    """A checkpoint's delta of a disk view's group (:meth:`SnapshotView.delta`): its keys, and
+    their values at the snapshot as the store holds them (pickled; None where the key was
+    deleted). Its length is the keys put. Pickled as it is (``incremental.pack_delta``), it
+    unpickles through :func:`_unpickled_delta` as any delta does, ``(puts, deleted keys)``, in the
+    restore's thread (off the PE's loop). The keys go decoded: encoded, each a ``bytes`` of its
+    own, they made the delta 1.3-1.4x the bytes of the group's dict compressed (ints; 1.02-1.08x
+    decoded), past the size a ``.state`` file holds (``incremental.PACK_DELTA``) at 10^6 keys."""
 
     __slots__ = ("keys", "values", "puts")
 
-    def __init__(self, keys: list[bytes], values: list[bytes | None]) -> None:
+    def __init__(self, keys: list, values: list[bytes | None]) -> None:
         self.keys, self.values = keys, values
         self.puts = len(values) - values.count(None)
 
@@ -625,13 +627,12 @@ class RawDelta:
         return _unpickled_delta, (self.keys, self.values)
 
 
-def _unpickled_delta(keys: list[bytes], values: list[bytes | None]) -> tuple[dict, list]:
-    """:class:`RawDelta` unpickled: ``({key: value} put, [key] deleted)``, decoded."""
-    decoded = _decode_all(keys)
-    if len(values) == len(keys) and None not in values:
-        return dict(zip(decoded, map(pickle.loads, values))), []
-    return ({k: pickle.loads(v) for k, v in zip(decoded, values) if v is not None},
-            [k for k, v in zip(decoded, values) if v is None])
+def _unpickled_delta(keys: list, values: list[bytes | None]) -> tuple[dict, list]:
+    """:class:`RawDelta` unpickled: ``({key: value} put, [key] deleted)``."""
+    if None not in values:
+        return dict(zip(keys, map(pickle.loads, values))), []
+    return ({k: pickle.loads(v) for k, v in zip(keys, values) if v is not None},
+            [k for k, v in zip(keys, values) if v is None])
 
 
 RAW_INSERTS = 64        # keys written since a view's snapshot put into its group's order one at a time

@@ -144,11 +144,11 @@ def test_deltas_are_compressed_and_every_earlier_form_still_reads():
     assert zlib.decompress(data)                                           # one zlib stream, nothing else
 
 
-def test_a_steady_checkpoints_deltas_are_the_stores_bytes_and_restore_decoded(stores, tmp_path, monkeypatch):
+def test_a_steady_checkpoints_deltas_carry_the_stores_pickled_values_and_restore(stores, tmp_path, monkeypatch):
     """After a first checkpoint, a tenth of the keys put again or deleted (the last of them still in
-    the write-back buffer): the second checkpoint's deltas are written with every key decode and
-    encode refused in the disk module (the first key of a group rewritten whole aside), and the
-    state restored from it is the model's."""
+    the write-back buffer): the second checkpoint's deltas are written with every unpickle and key
+    encode refused in the disk module (a group rewritten whole decodes its first key only), and
+    the state restored from it is the model's."""
     src = stores("src")
     model = _filled(src)
     store, files = CheckpointStore(str(tmp_path / "ckpt"), KEY), CheckpointFiles()
@@ -159,9 +159,18 @@ def test_a_steady_checkpoints_deltas_are_the_stores_bytes_and_restore_decoded(st
     for k in changed[1::2]:
         del model[k]
     assert src._pending
+
+    class NoLoads:                                      # the disk module's pickle, loads refused
+        def __getattr__(self, name):
+            if name in ("loads", "load"):
+                pytest.fail("a disk view's checkpoint writer unpickles no value")
+            return getattr(pickle, name)
+
     deltas = []
     with monkeypatch.context() as m:
-        _no_codec(m)
+        m.setattr(disk, "_encode", lambda *_a: pytest.fail("a disk view's checkpoint writer encodes no key"))
+        m.setattr(disk.SnapshotView, "chunks", lambda *_a, **_k: pytest.fail("nor reads a group's chunks"))
+        m.setattr(disk, "pickle", NoLoads())
         m.setattr(disk, "_decode", lambda raw: pickle.loads(raw[2:]) if raw[1] == disk._PICKLED else
                   int(raw[2:]) if raw[1] == disk._INT else raw[2:].decode())     # a rewritten group's first key
         delta = disk.SnapshotView.delta
