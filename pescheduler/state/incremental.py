@@ -13,8 +13,8 @@ Each key group is a chain of files: one full file (``StateView.full``:
 :func:`pack_group`'s bytes, or a disk store's own, compressed) and up to
 ``pescheduler.checkpoint.max-deltas`` delta files, each holding
 ``({key: value} put, [key] deleted)`` since the chain's previous file
-(Flink's changelog idea; a disk store's as its own bytes, ``disk.RawDelta``,
-decoded when read). A checkpoint writes, per group: nothing when no key
+(Flink's changelog idea; a disk store's with its values as the store pickled
+them, ``disk.RawDelta``, unpickled when read). A checkpoint writes, per group: nothing when no key
 of it changed (the manifest references the earlier files), a delta when the
 chain is short enough, its deltas together hold no more keys than its full file
 (:func:`outgrown_at`: weighed in keys, not bytes, since a disk store's full file
