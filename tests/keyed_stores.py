@@ -72,5 +72,5 @@ def filled_mixed(state, keys: int) -> dict:
 
 def written_delta(view, group: int, keys) -> tuple[dict, list]:
     """``view.delta`` as a checkpoint writes it and a restore reads it back: ``({key: value} put,
-    [key] deleted)``, decoded (a disk view's is the store's bytes until then)."""
+    [key] deleted)``, unpickled (a disk view's values are the store's pickles until then)."""
     return unpack_delta(pack_delta(*view.delta(group, keys)))

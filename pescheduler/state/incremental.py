@@ -14,9 +14,9 @@ Each key group is a chain of files: one full file (``StateView.full``:
 ``pescheduler.checkpoint.max-deltas`` delta files, each holding
 ``({key: value} put, [key] deleted)`` since the chain's previous file
 (Flink's changelog idea; a disk store's with its values as the store pickled
-them, ``disk.RawDelta``, unpickled when read). A checkpoint writes, per group: nothing when no key
-of it changed (the manifest references the earlier files), a delta when the
-chain is short enough, its deltas together hold no more keys than its full file
+them, ``disk.RawDelta``, unpickled when read). A checkpoint writes, per group:
+nothing when no key of it changed (the manifest references the earlier files),
+a delta when the chain is short enough, its deltas together hold no more keys than its full file
 (:func:`outgrown_at`: weighed in keys, not bytes, since a disk store's full file
 is compressed better than any delta, session 32) and it is not the group's turn
 to be rewritten, else the group whole. Turns are

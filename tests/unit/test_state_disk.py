@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from keyed_stores import written_delta
 
 import pescheduler.state.disk as disk
 from pescheduler.state import open_state
 from pescheduler.state.files import StateFiles
 from pescheduler.state.incremental import GroupRef, read_group
 from pescheduler.wire import key_group
-from keyed_stores import written_delta
 
 # few values, so that equal keys of different types meet often
 _atoms = st.one_of(

@@ -62,14 +62,20 @@ def _no_codec(monkeypatch) -> None:
     monkeypatch.setattr(disk.SnapshotView, "chunks", refused)
 
 
+def _first_key(raw: bytes):
+    """``disk._decode`` written out here, for the one key a full file names (its first) while the
+    module's own decoders are refused."""
+    return pickle.loads(raw[2:]) if raw[1] == disk._PICKLED else int(raw[2:]) if raw[1] == disk._INT \
+        else raw[2:].decode()
+
+
 def test_a_full_file_is_the_stores_bytes_and_a_lazy_restore_installs_them_as_they_are(stores, tmp_path, monkeypatch):
     src, dst = stores("src"), stores("dst")
     model = _filled(src)
     store = CheckpointStore(str(tmp_path / "ckpt"), KEY)
     with monkeypatch.context() as m:
         _no_codec(m)
-        m.setattr(disk, "_decode", lambda raw: pickle.loads(raw[2:]) if raw[1] == disk._PICKLED else
-                  int(raw[2:]) if raw[1] == disk._INT else raw[2:].decode())     # the first key of each file only
+        m.setattr(disk, "_decode", _first_key)          # the first key of each file only
         refs, out = _written(src, store)
         fulls = [f for f in out["files"] if f["path"].endswith(".full")]
         assert len(fulls) == len(refs) == len({key_group(k) for k in model})
@@ -171,8 +177,7 @@ def test_a_steady_checkpoints_deltas_carry_the_stores_pickled_values_and_restore
         m.setattr(disk, "_encode", lambda *_a: pytest.fail("a disk view's checkpoint writer encodes no key"))
         m.setattr(disk.SnapshotView, "chunks", lambda *_a, **_k: pytest.fail("nor reads a group's chunks"))
         m.setattr(disk, "pickle", NoLoads())
-        m.setattr(disk, "_decode", lambda raw: pickle.loads(raw[2:]) if raw[1] == disk._PICKLED else
-                  int(raw[2:]) if raw[1] == disk._INT else raw[2:].decode())     # a rewritten group's first key
+        m.setattr(disk, "_decode", _first_key)          # a rewritten group's first key only
         delta = disk.SnapshotView.delta
         m.setattr(disk.SnapshotView, "delta", lambda self, g, keys: deltas.append(g) or delta(self, g, keys))
         checkpoint(files, store, src, 2)
