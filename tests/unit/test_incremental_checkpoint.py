@@ -338,6 +338,39 @@ def test_the_keys_an_aborted_attempt_sorted_are_kept_where_a_full_collection_doe
         state.close()
 
 
+def test_the_keys_a_complete_checkpoint_no_longer_needs_are_freed_a_group_at_a_time_outside_the_lock(monkeypatch):
+    """The keys changed since the last complete checkpoint, kept by group between attempts, go
+    when the next one completes. After a rescale at 10^7 keys they are 2-3 M, and one ``del`` of
+    them under the writer's lock held the GIL through all of them (py-spy, session 33): freed a
+    group at a time, the lock let go, other threads (the PE's, the loop's) get it between two."""
+    state = open_state("memory")
+    store, files = two_thousand_changed_and_an_attempt_aborted(state, monkeypatch)
+    writer = next(iter(files._writers.values()))
+    freed: list[tuple[int, bool]] = []
+
+    class Watched(dict):
+        """One group's kept keys, as they are, telling when they are freed."""
+
+        def __del__(self) -> None:
+            freed.append((self.group, writer._lock.locked()))
+
+    def watch(groups: dict) -> None:
+        for g, keys in list(groups.items()):
+            groups[g] = Watched(keys)
+            groups[g].group = g
+
+    for union in writer._unions.values():
+        watch(union.groups)
+    del union                   # the test holds none of them
+    watched = sum(len(u.groups) for u in writer._unions.values())
+    assert watched > 10, "the aborted attempt kept no keys by group"
+    checkpoint(files, store, state, 3)
+    assert len(freed) == watched, f"{watched - len(freed)} of {watched} groups' kept keys outlived the checkpoint that completed"
+    under = [g for g, locked in freed if locked]
+    assert not under, f"{len(under)} groups' keys freed with the writer's lock held"
+    assert restored(store, 3) == {f"car-{i:07d}": [i, 2.0 if i < 2_000 else 1.0] for i in range(5_000)}
+
+
 @pytest.mark.usefixtures("unpacked")
 def test_a_crash_between_an_aborted_checkpoint_and_the_next_complete_one_restores_exactly(state, monkeypatch):
     """Checkpoint 1 complete; 2 cut short after 30 groups (deltas on 1's chains); the worker dies
