@@ -15,7 +15,10 @@ class Numbers(Source):
     With ``hold_at`` and ``release`` (a file path) it emits nothing past ``hold_at`` until that
     file exists: a test that must act while the stream still runs (borrow a host, move a PE onto
     it) lets it finish when done, however long its steps took on a loaded machine, and still
-    checks the whole stream exactly."""
+    checks the whole stream exactly. Several holds: ``hold_at`` and ``release`` as sequences, each
+    position held until its own file exists (a Replicate's copy gets tuples only once the first is
+    let go after it: at 20,000 tuples/s one hold, reached in 2 s, came before a loaded machine's
+    Replicate, and the copy never counted)."""
 
     name = "numbers"
 
@@ -25,18 +28,23 @@ class Numbers(Source):
         self.count, self.keys, self.step, self.i = count, keys, step, 0
         self.hold_at, self.release = hold_at, release
 
-    def _held(self) -> bool:
+    def _holds(self) -> list[int]:
+        """The positions still held (their file not there yet)."""
         import os
 
-        return self.hold_at is not None and self.i >= self.hold_at and not os.path.exists(self.release)
+        if self.hold_at is None:
+            return []
+        at, files = ((self.hold_at, self.release) if isinstance(self.hold_at, (list, tuple))
+                     else ((self.hold_at,), (self.release,)))
+        return [a for a, f in zip(at, files) if not os.path.exists(f)]
 
     def read(self, n):
         if self.i >= self.count:
             return None
-        if self._held():
+        holds = self._holds()
+        if any(self.i >= a for a in holds):
             return []
-        hi = min(self.count, self.i + n, self.count if self.hold_at is None or self.i >= self.hold_at
-                 else self.hold_at)
+        hi = min(self.count, self.i + n, *holds)
         out = [{"n": i, "key": i % self.keys, "ts": i * self.step} for i in range(self.i, hi)]
         self.i = hi
         return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from support_ops import committed_output, merge_asof
-from test_process_copies import killed_and_restored, replicated_and_released
+from test_process_copies import holds, killed_and_restored, replicated_and_released
 
 import pescheduler
 from pescheduler import Application
@@ -23,13 +23,11 @@ COUNT, KEYS, RATE, TOLERANCE, BOUNDS = 9_000, 16, 2_000, 40, (-30, 0)
 
 
 def two_inputs(app: Application, hold: str | None = None):
-    """Left ``n`` at ts ``n``, right ``n`` at ts ``3n``, both keyed by ``key``; held near the end
-    until the file ``hold`` exists (when given)."""
-    held = {} if hold is None else {"release": hold}
-    left = app.source("numbers", count=COUNT, keys=KEYS, rate=RATE,
-                      hold_at=COUNT - 1000 if hold else None, **held)
+    """Left ``n`` at ts ``n``, right ``n`` at ts ``3n``, both keyed by ``key``; held half-way until
+    the Replicate and near the end until the file ``hold`` exists (when given: ``holds``)."""
+    left = app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, **(holds(hold, COUNT) if hold else {}))
     right = app.source("numbers", count=COUNT // 3, keys=KEYS, step=3, rate=RATE // 3,
-                       hold_at=COUNT // 3 - 300 if hold else None, **held)
+                       **(holds(hold, COUNT // 3, 300) if hold else {}))
     return left.key_by("key"), right.key_by("key")
 
 

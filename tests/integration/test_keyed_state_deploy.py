@@ -42,9 +42,10 @@ def test_a_count_window_is_copied_moved_and_released_live_without_loss(tmp_path,
     """Replicate, Move of the copy and Release while tuples flow: the original's PE runs through
     all three (only the copy's PE is created, moved and retired) and the output is exact."""
     monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path))       # the forked workers' setting
-    out, release = tmp_path / "windows.jsonl", tmp_path / "go-on"
+    out, replicated, release = tmp_path / "windows.jsonl", tmp_path / "replicated", tmp_path / "go-on"
     app = Application(f"state-{backend}")
-    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=2 * COUNT // 3, release=str(release))
+    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=(COUNT // 3, 2 * COUNT // 3),
+                    release=(str(replicated), str(release)))
         .key_by("key").window(count=10, aggregates={"total": ("sum", "n")}).sink("jsonl", path=str(out)))
     with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[], state=backend) as dep:
         op = next(x for x in dep.placement().plan.ops if x.startswith("count_window"))
@@ -54,6 +55,7 @@ def test_a_count_window_is_copied_moved_and_released_live_without_loss(tmp_path,
             assert len(stores(tmp_path)) == 1              # the window's RocksDB, on its worker
         record = dep.apply(Replicate(op, 1))
         assert record.applied and original not in record.retired, record.as_dict()
+        replicated.touch()                     # the copy's tuples come after the Replicate, however slow
         until(dep, lambda s: s.operators.get(f"{op}#1") and s.operators[f"{op}#1"].tuples_in > 0,
               "the copy counts")
         copy = dep.placement().pe_of(f"{op}#1")
