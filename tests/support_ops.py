@@ -22,8 +22,8 @@ class Numbers(Source):
 
     name = "numbers"
 
-    def __init__(self, count: int = 1000, keys: int = 10, step: int = 1, hold_at: int | None = None,
-                 release: str | None = None, **kw) -> None:
+    def __init__(self, count: int = 1000, keys: int = 10, step: int = 1, hold_at: int | tuple | None = None,
+                 release: str | tuple | None = None, **kw) -> None:
         super().__init__(**kw)
         self.count, self.keys, self.step, self.i = count, keys, step, 0
         self.hold_at, self.release = hold_at, release
