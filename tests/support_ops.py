@@ -243,6 +243,19 @@ def pescheduler_operators():
     return [Numbers, FailingNumbers, AbortingNumbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
 
 
+def copy_holds(release, count: int, last: int = 1000) -> dict:
+    """``numbers``' two holds for a test that copies an operator while the stream runs: half-way
+    until :func:`replicated` is called, then ``last`` before the end until the file ``release``
+    exists. With one hold, reached in seconds, a loaded machine's Replicate came after it and the
+    copy never got a tuple."""
+    return {"hold_at": (count // 2, count - last), "release": (f"{release}.replicated", str(release))}
+
+
+def replicated(release) -> None:
+    """The Replicate is applied: the stream held by :func:`copy_holds` goes on to its last hold."""
+    open(f"{release}.replicated", "w").close()
+
+
 def slow_consumer(seconds: float):
     """A map function that spends ``seconds`` on each tuple: a consumer slower than its source, so
     its input channels fill and its producers wait for credit (backpressure, and what queues behind

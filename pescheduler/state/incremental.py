@@ -488,7 +488,11 @@ class ChainWriter:
         with self._lock:
             base = self._base.get(token)
             live = {k.seq for k in self._kept.get(token, {}).values()} | ({base.seq} if base else set())
-            return [self._unions.pop(k) for k in [k for k in self._unions if k[0] == token and k[1] not in live]]
+            return self._pop_unions(token, lambda seq: seq not in live)
+
+    def _pop_unions(self, token: str, gone: Callable[[int], bool]) -> list["_Union"]:
+        """The lock held: ``token``'s unions since a snapshot ``gone(seq)`` says, out of :attr:`_unions`."""
+        return [self._unions.pop(k) for k in [k for k in self._unions if k[0] == token and gone(k[1])]]
 
     def _since(self, changes, by_group) -> tuple[dict, dict, set] | None:
         """``(base chains, changed keys by group, groups replaced whole)`` since the last complete
@@ -597,7 +601,7 @@ class ChainWriter:
             seen = self._seen.get(token, {})
             for s in [s for s in seen if s <= written.seq]:
                 del seen[s]
-            dropped += [self._unions.pop(k) for k in [k for k in self._unions if k[0] == token and k[1] < written.seq]]
+            dropped += self._pop_unions(token, lambda seq, upto=written.seq: seq < upto)
         for older in [i for i in self._pending if i < checkpoint_id]:
             del self._pending[older]
         for token, groups in list(self._kept.items()):    # the complete one's chains supersede them

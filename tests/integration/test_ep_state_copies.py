@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from support_ops import copy_holds
 from test_keyed_state_deploy import stores       # the operator stores under pescheduler.state.dir
-from test_process_copies import holds, killed_and_restored, replicated_and_released, tuples_in
+from test_process_copies import killed_and_restored, replicated_and_released, tuples_in
 
 import pescheduler
 from pescheduler import Application, ep
@@ -61,7 +62,7 @@ def deployed(app: Application, op: str, tmp_path, monkeypatch, backend: str, rel
 
 
 def numbers(app: Application, hold: str | None):
-    held = {} if hold is None else holds(hold, COUNT)
+    held = {} if hold is None else copy_holds(hold, COUNT)
     return app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, **held)
 
 

@@ -10,8 +10,8 @@ last right event, its waiting left events) and their keys' events still waiting 
 from __future__ import annotations
 
 import pytest
-from support_ops import committed_output, merge_asof
-from test_process_copies import holds, killed_and_restored, replicated_and_released
+from support_ops import committed_output, copy_holds, merge_asof
+from test_process_copies import killed_and_restored, replicated_and_released
 
 import pescheduler
 from pescheduler import Application
@@ -24,10 +24,10 @@ COUNT, KEYS, RATE, TOLERANCE, BOUNDS = 9_000, 16, 2_000, 40, (-30, 0)
 
 def two_inputs(app: Application, hold: str | None = None):
     """Left ``n`` at ts ``n``, right ``n`` at ts ``3n``, both keyed by ``key``; held half-way until
-    the Replicate and near the end until the file ``hold`` exists (when given: ``holds``)."""
-    left = app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, **(holds(hold, COUNT) if hold else {}))
+    the Replicate and near the end until the file ``hold`` exists (when given: ``support_ops.copy_holds``)."""
+    left = app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, **(copy_holds(hold, COUNT) if hold else {}))
     right = app.source("numbers", count=COUNT // 3, keys=KEYS, step=3, rate=RATE // 3,
-                       **(holds(hold, COUNT // 3, 300) if hold else {}))
+                       **(copy_holds(hold, COUNT // 3, 300) if hold else {}))
     return left.key_by("key"), right.key_by("key")
 
 

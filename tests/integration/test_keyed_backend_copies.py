@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from support_ops import committed_output
+from support_ops import committed_output, copy_holds
 from test_join_copies import BOUNDS, interval_reference, two_inputs
-from test_process_copies import holds, killed_and_restored, replicated_and_released
+from test_process_copies import killed_and_restored, replicated_and_released
 
 import pescheduler
 from pescheduler import Application
@@ -28,7 +28,7 @@ BACKENDS = pytest.mark.parametrize("backend", ["memory", "disk"])
 
 def numbers(app: Application, hold: str | None = None):
     """``{"n": i, "key": i % KEYS, "ts": i}``, keyed; held near the end until the file ``hold`` exists."""
-    held = {} if hold is None else holds(hold, COUNT)
+    held = {} if hold is None else copy_holds(hold, COUNT)
     return app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, **held).key_by("key")
 
 

@@ -20,7 +20,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, Release, Replicate
-from support_ops import Lapses, committed_output, process_reference
+from support_ops import Lapses, committed_output, copy_holds, process_reference, replicated
 from test_keyed_state_deploy import stores       # the operator stores under pescheduler.state.dir
 from waiting import until
 
@@ -40,21 +40,14 @@ def tuples_in(dep, op: str) -> None:
         assert time.monotonic() < deadline, f"{op} never got a tuple"
 
 
-def holds(release, count: int = COUNT, last: int = 1000) -> dict:
-    """The ``numbers`` source's two holds for :func:`replicated_and_released` (``count`` tuples):
-    half-way until the Replicate is applied, then ``last`` before the end until ``release`` exists."""
-    return {"hold_at": (count // 2, count - last), "release": (f"{release}.replicated", str(release))}
-
-
 def replicated_and_released(dep, op: str, release) -> dict:
     """Replicate ``op`` once it has tuples, let the source go on (its first hold), Release the copy
     once that has some, then let the source (held until the file ``release`` exists) finish: the
-    deployment's final status. With one hold, reached in seconds, a loaded machine's Replicate
-    came after it and the copy never got a tuple."""
+    deployment's final status (the source held by ``support_ops.copy_holds``)."""
     tuples_in(dep, op)
     rec = dep.apply(Replicate(op, 1), timeout=WAIT)
     assert rec.applied, rec.reason
-    open(f"{release}.replicated", "w").close()
+    replicated(release)
     tuples_in(dep, f"{op}#1")
     rec = dep.apply(Release(op, 1), timeout=WAIT)
     assert rec.applied, rec.reason
@@ -66,7 +59,7 @@ def replicated_and_released(dep, op: str, release) -> dict:
 def test_replicate_and_release_fire_every_pending_timer_exactly_once(cluster, tmp_path, monkeypatch, backend):
     out, release = tmp_path / "alerts.jsonl", tmp_path / "release"
     app = Application(f"process-copies-{backend}")
-    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, **holds(release))
+    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, **copy_holds(release, COUNT))
         .key_by("key").process(Lapses, gap=GAP, id="lapses").sink("jsonl", path=str(out)))
     where = {"cluster": cluster} if backend == "memory" else {"workers": 2}
     monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path))       # the forked workers' setting

@@ -11,6 +11,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, Release, Replicate
+from support_ops import copy_holds, replicated
 from test_copies import until           # the next monitor snapshot where a predicate holds
 from test_keyed_state_deploy import COUNT, KEYS, RATE, expected_rows
 
@@ -35,10 +36,10 @@ def moved_after_the_pause(record) -> None:
 @pytest.mark.parametrize("backend", ["memory", "disk"])
 def test_a_live_replicate_and_release_end_at_the_switch_and_stay_exact(tmp_path, monkeypatch, backend, kind):
     monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path))       # the forked workers' setting
-    out, replicated, release = tmp_path / "windows.jsonl", tmp_path / "replicated", tmp_path / "go-on"
+    out, release = tmp_path / "windows.jsonl", tmp_path / "go-on"
     app = Application(f"off-pause-{kind}-{backend}")
-    keyed = app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=(COUNT // 3, 2 * COUNT // 3),
-                       release=(str(replicated), str(release))).key_by("key")
+    keyed = app.source("numbers", count=COUNT, keys=KEYS, rate=RATE,
+                       **copy_holds(release, COUNT, COUNT // 3)).key_by("key")
     window = (keyed.window(count=10, aggregates={"total": ("sum", "n")}) if kind == "count"
               else keyed.window(gap=GAP, aggregates={"total": ("sum", "n")}))
     window.sink("jsonl", path=str(out))
@@ -49,7 +50,7 @@ def test_a_live_replicate_and_release_end_at_the_switch_and_stay_exact(tmp_path,
         record = dep.apply(Replicate(op, 1))
         assert record.applied and record.retired == (), record.as_dict()
         moved_after_the_pause(record)
-        replicated.touch()                     # the copy's tuples come after the Replicate, however slow
+        replicated(release)                    # the copy's tuples come after the Replicate, however slow
         until(dep, lambda s: s.operators.get(f"{op}#1") and s.operators[f"{op}#1"].tuples_in > 0,
               "the copy counts")
         record = dep.apply(Release(op, 1))

@@ -9,6 +9,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, Release, Replicate
+from support_ops import copy_holds, replicated
 from test_copies import until           # the next monitor snapshot where a predicate holds
 from test_keyed_state_deploy import stores
 
@@ -36,10 +37,9 @@ def test_a_time_window_is_copied_and_released_live_without_loss(tmp_path, monkey
     """Replicate and Release while tuples flow: the original's PE runs through both (the copy's
     key groups are handed over) and every window's row is the reference's."""
     monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path))       # the forked workers' setting
-    out, replicated, release = tmp_path / "windows.jsonl", tmp_path / "replicated", tmp_path / "go-on"
+    out, release = tmp_path / "windows.jsonl", tmp_path / "go-on"
     app = Application(f"window-state-{backend}")
-    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, hold_at=(COUNT // 3, 2 * COUNT // 3),
-                    release=(str(replicated), str(release)))
+    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE, **copy_holds(release, COUNT, COUNT // 3))
         .key_by("key").window(SIZE, SLIDE, aggregates={"c": ("count", "n"), "s": ("sum", "n")})
         .sink("jsonl", path=str(out)))
     with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[], state=backend) as dep:
@@ -50,7 +50,7 @@ def test_a_time_window_is_copied_and_released_live_without_loss(tmp_path, monkey
             assert len(stores(tmp_path)) == 1              # the window's panes: a RocksDB on its worker
         record = dep.apply(Replicate(op, 1))
         assert record.applied and original not in record.retired, record.as_dict()
-        replicated.touch()                     # the copy's tuples come after the Replicate, however slow
+        replicated(release)                    # the copy's tuples come after the Replicate, however slow
         until(dep, lambda s: s.operators.get(f"{op}#1") and s.operators[f"{op}#1"].tuples_in > 0,
               "the copy counts")
         if backend == "disk":
