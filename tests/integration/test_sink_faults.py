@@ -121,13 +121,32 @@ def test_a_sink_retrying_a_full_disk_leaves_its_worker_answering_and_loses_nothi
 def read_only(folder: str):
     """``folder`` read-only for everyone, root included, until the block ends: bound onto itself
     and remounted read-only (a rename into it fails with EXDEV, the copy then with EROFS); the
-    bind is unmounted by this helper that mounted it."""
+    bind is unmounted by this helper that mounted it. A worker may still hold a file or a listing
+    of the folder open for a moment when the block ends (umount: "target is busy", exit 32, seen
+    in CI): the unmount is tried again until it succeeds, bounded, naming the holders if not."""
     subprocess.run(["mount", "--bind", folder, folder], check=True)
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", folder], check=True)
         yield
     finally:
-        subprocess.run(["umount", folder], check=True)
+        def unmounted():
+            return subprocess.run(["umount", folder], capture_output=True).returncode == 0
+
+        if not unmounted():
+            until(unmounted, WAIT, f"the read-only bind of {folder} unmounted (held by {holders(folder)})")
+
+
+def holders(folder: str) -> list:
+    """The processes with a file, a directory or their working directory under ``folder``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{pid}/cwd")] + [
+                os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:                                  # ended, or not ours to read
+            continue
+        found += [(int(pid), link) for link in links if link.startswith(folder)]
+    return found
 
 
 def parquet_rows(table: str) -> list:
