@@ -186,6 +186,7 @@ class Chain:
         self.dead_letters: list[DeadLetter] = []
         self.on_side = on_side
         self.frozen: dict[str, list] = {}          # op id -> [deferred watermark, deferred end] (freeze)
+        self.held_inputs: dict[str, set[str]] = {}  # op id -> its inputs that are no edge (hold_input)
         self.set_edges(list(edges))
 
     def logical(self, op_id: str) -> str:
@@ -204,6 +205,7 @@ class Chain:
         last_gone = []          # operators whose last open input went while the others had ended
         for node in self.nodes.values():
             ups = list(dict.fromkeys(s for s, _p, d in self.edges if d == node.op_id))
+            ups += self.held_inputs.get(node.op_id, ())
             for gone in [u for u in node.in_wm if u not in ups]:
                 del node.in_wm[gone]
                 if gone in node.open_inputs:
@@ -581,12 +583,32 @@ class Chain:
         self._run(node, process, batch)
         stats.tuples_in, stats.batches_in = tuples, batches
 
-    def catch_up(self, node: Node, gone: str) -> None:
-        """Input ``gone`` of ``node`` (already out of its watermarks) held event time back: the
-        watermark moves to the other inputs' now, and the end comes if they all ended."""
+    def hold_input(self, op_id: str, name: str) -> None:
+        """Input ``name`` of ``op_id``, which is no edge (key groups still on their way:
+        ``pending_groups.py``), holds its event time at the minimum and keeps it open until
+        :meth:`release_input`, whatever :meth:`set_edges` installs meanwhile. It was an entry of
+        the node's watermarks only, and the rewire that removed a Release's copy from the PE
+        downstream of it (``set_edges``, while the copy's groups were still arriving) dropped
+        it and moved the watermark on: the groups' tuples, held until their state came, were
+        then late (an over window's and a pattern's rows lost or wrong under load)."""
+        node = self.nodes[op_id]
+        self.held_inputs.setdefault(op_id, set()).add(name)
+        node.in_wm[name] = MIN_WATERMARK
+        if not node.ended:
+            node.open_inputs.add(name)
+
+    def release_input(self, op_id: str, name: str) -> None:
+        """Input ``name`` of ``op_id`` (:meth:`hold_input`) goes: the watermark moves to the other
+        inputs' now, and the end comes if they all ended."""
+        node = self.nodes[op_id]
+        held = self.held_inputs.get(op_id, set())
+        held.discard(name)
+        if not held:
+            self.held_inputs.pop(op_id, None)
+        node.in_wm.pop(name, None)
         self._reevaluate(node)
-        if gone in node.open_inputs:
-            self._close_input(node, gone)
+        if name in node.open_inputs:
+            self._close_input(node, name)
 
     @staticmethod
     def _partials(node: Node) -> Callable:

@@ -11,8 +11,10 @@ nothing before its state.
 
 Event time: while any group is pending the instance's watermark does not
 advance (a pending hand-over is one more input of the operator's node, at the
-minimum watermark and open): a window never fires, nor lets downstream see a
-watermark past, a group whose panes are still on their way. Once the last
+minimum watermark and open: ``Chain.hold_input``, which every rewire of the
+chain's edges keeps): a window never fires, nor lets downstream see a
+watermark past, a group whose panes are still on their way, and no tuple the
+gate holds is late when its group arrives. Once the last
 group is in, the input goes and the watermark catches up (the windows fire
 then, what they held included).
 
@@ -42,7 +44,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from ..wire import key_group
-from .chain import MIN_WATERMARK, Chain
+from .chain import Chain
 from .gc_pause import gc_paused
 from .routing import key_function
 
@@ -67,19 +69,12 @@ class PendingGroups:
         self.longest_import_s = 0.0     # the longest import of a group in the PE's turn (a stall of its stream)
         self.inner = self.node.process
         self.node.process = self.process
-        self.hold()
+        if self.waiting:                # the node's watermark stays where it is until the last group
+            chain.hold_input(op_id, HANDOVER_INPUT)
 
     @property
     def done(self) -> bool:
         return not self.waiting
-
-    def hold(self) -> None:
-        """Keep the node's watermark where it is while groups are pending (again after a rewire
-        rebuilt the node's inputs: ``Chain.set_edges`` drops inputs it does not know)."""
-        if self.waiting:
-            self.node.in_wm[HANDOVER_INPUT] = MIN_WATERMARK
-            if not self.node.ended:
-                self.node.open_inputs.add(HANDOVER_INPUT)
 
     def process(self, batch: list, emit: Any) -> None:
         """The node's ``process`` while groups are pending: theirs wait, the rest go on."""
@@ -122,8 +117,7 @@ class PendingGroups:
         if self.waiting:
             return
         node.process = self.inner
-        node.in_wm.pop(HANDOVER_INPUT, None)
-        chain.catch_up(node, HANDOVER_INPUT)
+        chain.release_input(self.op_id, HANDOVER_INPUT)
 
     def figures(self) -> dict:
         return {"groups": self.total, "pending": len(self.waiting), "buffered": self.buffered,

@@ -142,9 +142,7 @@ class Rewirer:
             receivers.pop(channel_id, None)
         self.aligner.forget(remove)
         if edges is not None:
-            self.chain.set_edges(edges, initial_wm=MIN_WATERMARK)
-            for gate in self.pending.values():
-                gate.hold()                    # still holding event time, whatever the new inputs
+            self.chain.set_edges(edges, initial_wm=MIN_WATERMARK)     # a gate's held input stays
         self.inputs.edges_changed()
         routes = self.chain.routes
         wired = [c for c in receivers.values() if not c.wired and (c.src_op, c.port) in routes]

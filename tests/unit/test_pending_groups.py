@@ -70,14 +70,17 @@ def _reference(make):
     return _rows(run_operators(_tuples(0, N), make(), key_field="key", max_delay=0))
 
 
-def _handed_over_live(make):
+def _handed_over_live(make, rewired=False):
     """The old owner runs the first half, exports MOVING, runs the second half of the rest; the new
-    owner, gated on MOVING, takes the second half of MOVING before the state is in."""
+    owner, gated on MOVING, takes the second half of MOVING before the state is in (``rewired``:
+    its chain's edges are installed again meanwhile, as a rewire of its PE's inputs does)."""
     old, new = _instance(make), _instance(make)
     _feed(old, _tuples(0, N // 2))
     parts = exported(old, {"src": "w", "groups": sorted(MOVING), "deferred": True})
     gate = PendingGroups(new.chain, "w", MOVING, key_function("key"), "m", fresh=True)
     _feed(new, _tuples(N // 2, N, _moving))
+    if rewired:
+        new.chain.set_edges(list(new.chain.edges), initial_wm=MIN_WATERMARK)
     held = (gate.buffered, new.chain.nodes["w"].wm, list(new.result.output))
     first = True
     for part in cloudpickle.loads(cloudpickle.dumps(parts)):
@@ -98,6 +101,20 @@ def test_tuples_of_a_group_not_arrived_wait_and_follow_its_import_exactly():
     assert wm == MIN_WATERMARK and emitted == []              # no watermark, no window before the state
     assert gate.done and HANDOVER_INPUT not in gate.chain.nodes["w"].in_wm
     assert len(exported(_instance(_window), {"src": "w", "groups": sorted(MOVING), "deferred": True})) > 1   # sliced
+    assert sorted(rows) == _reference(_window)
+
+
+def test_a_rewire_of_the_gated_instances_pe_keeps_its_watermark_held_until_the_last_group():
+    """A Release's original gates the groups its copy sends, and the PE downstream of the copy,
+    its own, removes the copy's input (``Rewirer.set_inputs``: ``Chain.set_edges``) while the
+    groups are still arriving: the watermark stays held, so the held tuples are not late once
+    their state is in. Before, ``set_edges`` dropped the gate's input and moved the watermark to
+    the source's: under load (a slow import), an over window's and a pattern's rows of the moving
+    groups were lost or wrong (test_keyed_backend_copies, test_ep_state_copies)."""
+    (buffered, wm, emitted), gate, rows = _handed_over_live(_window, rewired=True)
+    assert buffered == len(_tuples(N // 2, N, _moving))
+    assert wm == MIN_WATERMARK and emitted == [], "the rewire moved the gated instance's watermark"
+    assert gate.done and HANDOVER_INPUT not in gate.chain.nodes["w"].in_wm
     assert sorted(rows) == _reference(_window)
 
 
