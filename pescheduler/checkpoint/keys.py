@@ -23,6 +23,7 @@ import hmac
 import os
 import secrets
 import stat
+import tempfile
 
 from .. import config
 from ..errors import CheckpointError
@@ -46,16 +47,26 @@ def checkpoint_key() -> bytes:
 
 
 def _key_file(path: str) -> bytes:
-    """The key in ``path``, created owner-only with a fresh random key if there is none."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _read_key(path)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """The key in ``path``, created owner-only with a fresh random key if there is none.
+
+    The key is written whole to a file of its own (``mkstemp``: 0600) and linked to ``path``,
+    which fails if another process's key is there first: that one is read. Creating ``path``
+    itself (``O_EXCL``) and then writing let a process that came in between read it empty."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    if not os.path.exists(path):
+        fd, mine = tempfile.mkstemp(dir=folder, prefix=f".{KEY_FILE}.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(mine, path)
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(mine)
     return _read_key(path)
 
 
@@ -67,9 +78,12 @@ def _read_key(path: str) -> bytes:
     with open(path) as f:
         text = f.read().strip()
     try:
-        return bytes.fromhex(text)
+        key = bytes.fromhex(text)
     except ValueError:
-        raise CheckpointError(f"checkpoint key file {path} does not hold a hex key") from None
+        key = b""
+    if not key:
+        raise CheckpointError(f"checkpoint key file {path} does not hold a hex key")
+    return key
 
 
 def sign(key: bytes, data: bytes) -> str:

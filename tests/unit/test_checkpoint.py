@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import collections
 import threading
 import uuid
@@ -442,7 +443,6 @@ def test_files_signed_with_another_key_are_refused_and_a_shared_secret_restores_
 
 
 def test_the_key_file_is_made_owner_only_and_refused_when_others_can_read_it(tmp_path):
-    import os
     import stat
 
     import dask.config
@@ -456,6 +456,34 @@ def test_the_key_file_is_made_owner_only_and_refused_when_others_can_read_it(tmp
         os.chmod(path, 0o644)
         with pytest.raises(CheckpointError, match="readable by others"):
             checkpoint_key()
+
+
+def test_a_process_that_looks_while_another_makes_the_key_file_gets_the_same_whole_key(tmp_path, monkeypatch):
+    """Two processes of a fresh machine make the key file at once: the second looks while the
+    first is between creating it and writing the key (here: while the first draws its key). Each
+    gets the same 32-byte key. Before, the first created the file empty (``O_EXCL``) and then
+    wrote: the second read it empty, and signed with an empty key."""
+    from pescheduler.checkpoint import keys
+
+    path, seen = str(tmp_path / "checkpoint.key"), []
+    draw = keys.secrets.token_hex
+
+    def drawn_while_another_looks(n):
+        if not seen:
+            seen.append(None)
+            try:
+                seen[0] = keys._key_file(path)
+            except CheckpointError as exc:
+                seen[0] = exc
+        return draw(n)
+    monkeypatch.setattr(keys.secrets, "token_hex", drawn_while_another_looks)
+    first = keys._key_file(path)
+    assert len(first) == 32 and seen == [first], f"the other process got {seen[0]!r}"
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.key"]       # no key file of its own left
+    (tmp_path / "empty.key").write_text("")
+    os.chmod(tmp_path / "empty.key", 0o600)
+    with pytest.raises(CheckpointError, match="does not hold a hex key"):
+        keys._read_key(str(tmp_path / "empty.key"))
 
 
 def test_a_checkpoint_cut_short_by_the_end_leaves_no_more_than_retain():
