@@ -57,7 +57,14 @@ class IcebergSink(TableSink):
     def _transient(self) -> tuple:
         from pyiceberg.exceptions import CommitFailedException
 
-        return (OSError, CommitFailedException)     # a storage blip; another writer's commit won the race
+        transient = [OSError, CommitFailedException]   # a storage blip; another writer's commit won the race
+        try:        # a SQL catalog's database: locked, unreachable, or its own tables made by another
+            from sqlalchemy.exc import OperationalError    # process at the same moment ("already exists")
+
+            transient.append(OperationalError)
+        except ImportError:                         # no SQL catalog without SQLAlchemy
+            pass
+        return tuple(transient)
 
     def _load(self, schema: Any = None) -> Any:
         """The table, loaded once (created from ``schema`` when missing and a schema is given)."""

@@ -180,3 +180,32 @@ def test_a_commit_that_landed_but_answered_with_an_error_is_retried_without_writ
         sink.commit(1)
     assert calls == [1]
     assert [r["n"] for r in fmt.rows()] == list(range(5)) and fmt.commits() == 1
+
+
+def test_an_iceberg_sql_catalog_made_by_another_process_at_the_same_moment_is_tried_again(tmp_path, monkeypatch):
+    """Two processes open a fresh SQL catalog at once (a sink's worker and the program reading
+    the table): both find its own tables missing, both create them, and the second's CREATE fails
+    ("table iceberg_tables already exists", SQLAlchemy's OperationalError). The commit is tried
+    again and lands once. Before, that error was not among the ones tried again: the commit,
+    and the PE, failed (seen under load in the docs' CDC-to-Iceberg block)."""
+    import sqlite3
+
+    from pyiceberg.catalog.sql import SqlCatalog
+    from sqlalchemy.exc import OperationalError
+
+    fmt = Iceberg(tmp_path)
+    sink = opened(fmt.sink())
+    sink.process(rows(0, 5), Emitter())
+    sink.pre_commit(1)
+    create, raced = SqlCatalog.create_tables, []
+
+    def made_meanwhile(self):
+        create(self)                            # the other process's, just before this one's
+        if not raced:
+            raced.append(True)
+            raise OperationalError("CREATE TABLE iceberg_tables", {},
+                                   sqlite3.OperationalError("table iceberg_tables already exists"))
+    monkeypatch.setattr(SqlCatalog, "create_tables", made_meanwhile)
+    with dask.config.set(FAST_RETRIES):
+        sink.commit(1)
+    assert raced and [r["n"] for r in fmt.rows()] == list(range(5)) and fmt.commits() == 1
