@@ -6,13 +6,19 @@ survives, so a fixture that needs ``redis-server`` calls
 on a machine runs ``apt-get update`` and ``apt-get install -y``; later calls
 find the binary and return at once. Installing needs root (the test machines
 run as root); without it the fixture fails saying which package to install.
+One install at a time on the machine: a parallel run's workers (pytest-xdist) are processes, and
+two of them needing a package at once would otherwise both run ``apt-get``, the second failing
+on dpkg's lock; so an install holds ``flock`` on a file in the temp directory as well.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 
 _lock = threading.Lock()
@@ -37,14 +43,22 @@ def _ensure(find, package: str, what: str) -> str:
     found = find()
     if found:
         return found
-    with _lock:
-        found = find()
+    with _lock, _machine_lock():
+        found = find()              # another process may have installed it while we waited
         if not found:
             _install(package)
             found = find()
     if not found:
         raise RuntimeError(f"{what} is still missing after 'apt-get install -y {package}'")
     return found
+
+
+@contextlib.contextmanager
+def _machine_lock():
+    """Held by one process of this machine at a time (released when it closes the file, or dies)."""
+    with open(os.path.join(tempfile.gettempdir(), "pescheduler-tests-apt.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def _which(binary: str, search: tuple[str, ...]) -> str | None:
