@@ -126,10 +126,11 @@ def _tail(tmp: str) -> str:
         return f.read()[-3000:]
 
 
-def remove_stale() -> list[str]:
-    """Remove the dirs of servers whose owning process is gone (SIGKILLed runs); returns them."""
+def remove_stale(folder: str | None = None) -> list[str]:
+    """Remove the dirs (in ``folder``, by default the temp directory ``running()`` uses) of servers
+    whose owning process is gone (SIGKILLed runs); returns them."""
     removed = []
-    for tmp in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*")):
+    for tmp in glob.glob(os.path.join(folder or tempfile.gettempdir(), PREFIX + "*")):
         try:
             with open(os.path.join(tmp, "owner")) as f:
                 owner = json.load(f)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -21,7 +23,12 @@ TESTS = Path(__file__).parent.parent
 
 
 def test_a_sigkilled_test_run_leaves_no_postgres_and_the_next_start_removes_its_dir(tmp_path):
+    """The child run keeps its server's dir in a temp directory of its own (``TMPDIR``): any other
+    ``running()`` on this machine (another worker of a parallel run, another developer's run)
+    removes stale dirs first, and would take the SIGKILLed run's from this test's own check."""
     url_file = tmp_path / "url"
+    base = tempfile.mkdtemp(prefix="pescheduler-pgtest-")
+    os.chmod(base, 0o755)               # as root, the server runs as postgres: it must reach its dir
     (tmp_path / "test_holds_a_server.py").write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(TESTS)!r})
@@ -36,7 +43,7 @@ def test_a_sigkilled_test_run_leaves_no_postgres_and_the_next_start_removes_its_
     run = subprocess.Popen([sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider",
                             str(tmp_path / "test_holds_a_server.py")],
                            cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+                           stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": base})
     try:
         until(lambda: url_file.exists() or run.poll() is not None, 180, "the child run's server")
         assert run.poll() is None, "the child pytest run ended before holding a server"
@@ -53,11 +60,13 @@ def test_a_sigkilled_test_run_leaves_no_postgres_and_the_next_start_removes_its_
         assert not [p.pid for p in psutil.process_iter(["cmdline"]) if data in (p.info["cmdline"] or [])]
         assert os.path.isdir(tmp), "the SIGKILLed run had no chance to remove its dir"
 
-        assert tmp in pg_server.remove_stale()
+        assert os.path.dirname(tmp) == base
+        assert tmp in pg_server.remove_stale(base)
         assert not os.path.exists(tmp)
     finally:
         reap(run)
-        pg_server.remove_stale()         # a failed check leaves no server either
+        pg_server.remove_stale(base)     # a failed check leaves no server either
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_the_dir_of_a_live_run_is_not_stale(postgres_url):
