@@ -62,7 +62,15 @@ def quick_runs(request, tmp_path_factory) -> dict[tuple[str, ...], Future]:
         yield {c: pool.submit(_run, c, tmp_path_factory.mktemp(Path(c[1]).stem)) for c in commands}
 
 
-@pytest.mark.parametrize("script, args, expected", [
+def _longest_first(params: list) -> list:
+    """``params`` in the order ``quick_runs`` starts their benches: a test waits for its own bench
+    only, so in this order each one waits about one bench's run, never the queue before its own (in
+    the order written, reconfig.py's test waited for eight benches started before it: 229 s of
+    pytest's 300 s in a serial run, 300 s and the timeout in a parallel one at load 13-15)."""
+    return sorted(params, key=lambda p: -QUICK_S.get((p.values if hasattr(p, "values") else p)[0], 0))
+
+
+@pytest.mark.parametrize("script, args, expected", _longest_first([
     # one repetition of each operation and a short monitor run: the same rows and exactly-once check
     ("reconfig.py", ("--repeat", "1", "--monitor-events", "200000"), ("0 lost, 0 duplicated",)),
     ("parallel.py", (), ("0 lost, 0 duplicated", "cold (new worker)")),
@@ -91,7 +99,7 @@ def quick_runs(request, tmp_path_factory) -> dict[tuple[str, ...], Future]:
     pytest.param("kafka.py", (), ("(a) plain confluent-kafka loop", "ratio", "(c) the same, checkpoints every 1 s",
                                   "(d) (c) with the exactly-once sink", "(e) lag: a backlog of", "machine load"),
                  marks=pytest.mark.broker),
-])
+]))
 def test_benchmark_quick_runs_and_prints_its_figures(quick_runs, script, args, expected):
     result = quick_runs[_command(script, *args)].result()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
