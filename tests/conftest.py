@@ -26,6 +26,29 @@ def cluster():
         yield local.scheduler_address
 
 
+# A parallel run (pytest-xdist: pyproject's addopts ``-n 3 --dist loadgroup``) hands each worker
+# process whole groups of tests: a group runs on one worker, in file order, as in a serial run.
+# A module is a group, so its module-scoped fixtures (brokers, databases, clusters, the bench
+# smoke test's background runs of every bench) start once; a few modules share one:
+#   spark  every test under tests/spark: one Spark standalone cluster for the run (its session
+#          fixture), not one per worker, each with two JVM workers.
+#   lab    the lab tests (network namespaces, cgroups with CPU quotas), the lab's cleanup test
+#          and the bench smoke test (bench/elastic.py runs on lab hosts): lab hosts are given
+#          their half core first, which holds only while one lab at a time asks for it.
+SHARED_WORKER = {"test_lab": "lab", "test_lab_sizing": "lab", "test_lab_cleanup": "lab",
+                 "test_bench_smoke": "lab"}
+
+
+@pytest.hookimpl(tryfirst=True)       # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):          # a serial run, or xdist's controller
+        return
+    for item in items:
+        path = item.path
+        group = "spark" if path.parent.name == "spark" else SHARED_WORKER.get(path.stem, path.stem)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_configure(config):
     # examples/ is importable in tests, so they exercise the examples as written.
     import os
