@@ -587,10 +587,11 @@ class Chain:
         """Input ``name`` of ``op_id``, which is no edge (key groups still on their way:
         ``pending_groups.py``), holds its event time at the minimum and keeps it open until
         :meth:`release_input`, whatever :meth:`set_edges` installs meanwhile. It was an entry of
-        the node's watermarks only, and the rewire that removed a Release's copy from the PE
-        downstream of it (``set_edges``, while the copy's groups were still arriving) dropped
-        it and moved the watermark on: the groups' tuples, held until their state came, were
-        then late (an over window's and a pattern's rows lost or wrong under load)."""
+        the node's watermarks only: the rewire that removed a Release's copy from the PE
+        downstream of it, while the copy's groups were still arriving, dropped it in
+        ``set_edges``, which moved the watermark on before the rewirer put the entry back; the
+        groups' tuples, held until their state came, were then late (rows of an over window, a
+        pattern, ``ep_over`` lost under load)."""
         node = self.nodes[op_id]
         self.held_inputs.setdefault(op_id, set()).add(name)
         node.in_wm[name] = MIN_WATERMARK
