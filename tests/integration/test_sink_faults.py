@@ -141,11 +141,16 @@ def holders(folder: str) -> list:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            links = [os.readlink(f"/proc/{pid}/cwd")] + [
-                os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            paths = [f"/proc/{pid}/cwd"] + [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
         except OSError:                                  # ended, or not ours to read
             continue
-        found += [(int(pid), link) for link in links if link.startswith(folder)]
+        for path in paths:
+            try:
+                link = os.readlink(path)
+            except OSError:                              # closed meanwhile
+                continue
+            if link == folder or link.startswith(folder + "/"):
+                found.append((int(pid), link))
     return found
 
 
