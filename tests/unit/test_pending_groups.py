@@ -9,6 +9,7 @@ import asyncio
 from types import SimpleNamespace
 
 import cloudpickle
+import pytest
 
 from pescheduler import MIN_WATERMARK, OperatorContext
 from pescheduler.testing import CollectingOutput, RunResult, run_operators
@@ -95,26 +96,20 @@ def _handed_over_live(make, rewired=False):
     return held, gate, _rows(old.result) + _rows(new.result)
 
 
-def test_tuples_of_a_group_not_arrived_wait_and_follow_its_import_exactly():
-    (buffered, wm, emitted), gate, rows = _handed_over_live(_window)
+@pytest.mark.parametrize("rewired", [False, True], ids=["as_built", "rewired_while_gated"])
+def test_tuples_of_a_group_not_arrived_wait_and_follow_its_import_exactly(rewired):
+    """``rewired_while_gated``: a Release's original gates the groups its copy sends, and the PE
+    downstream of the copy, its own, removes the copy's input (``Rewirer.set_inputs``:
+    ``Chain.set_edges``) while the groups are still arriving: the watermark stays held, so the
+    held tuples are not late once their state is in. Before, ``set_edges`` dropped the gate's
+    input and moved the watermark to the source's: under load (a slow import), an over window's
+    and a pattern's rows of the moving groups were lost (test_keyed_backend_copies,
+    test_ep_state_copies)."""
+    (buffered, wm, emitted), gate, rows = _handed_over_live(_window, rewired)
     assert buffered == len(_tuples(N // 2, N, _moving))       # every tuple of a moving group waited
-    assert wm == MIN_WATERMARK and emitted == []              # no watermark, no window before the state
-    assert gate.done and HANDOVER_INPUT not in gate.chain.nodes["w"].in_wm
-    assert len(exported(_instance(_window), {"src": "w", "groups": sorted(MOVING), "deferred": True})) > 1   # sliced
-    assert sorted(rows) == _reference(_window)
-
-
-def test_a_rewire_of_the_gated_instances_pe_keeps_its_watermark_held_until_the_last_group():
-    """A Release's original gates the groups its copy sends, and the PE downstream of the copy,
-    its own, removes the copy's input (``Rewirer.set_inputs``: ``Chain.set_edges``) while the
-    groups are still arriving: the watermark stays held, so the held tuples are not late once
-    their state is in. Before, ``set_edges`` dropped the gate's input and moved the watermark to
-    the source's: under load (a slow import), an over window's and a pattern's rows of the moving
-    groups were lost or wrong (test_keyed_backend_copies, test_ep_state_copies)."""
-    (buffered, wm, emitted), gate, rows = _handed_over_live(_window, rewired=True)
-    assert buffered == len(_tuples(N // 2, N, _moving))
     assert wm == MIN_WATERMARK and emitted == [], "the rewire moved the gated instance's watermark"
     assert gate.done and HANDOVER_INPUT not in gate.chain.nodes["w"].in_wm
+    assert len(exported(_instance(_window), {"src": "w", "groups": sorted(MOVING), "deferred": True})) > 1   # sliced
     assert sorted(rows) == _reference(_window)
 
 
