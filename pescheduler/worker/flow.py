@@ -82,8 +82,8 @@ SLICE_MIN = 32      # the fewest tuples a slice of a batch takes: a turn's own c
 def slice_size(n: int, tuple_s: float, left_s: float) -> int:
     """How many of a data batch's ``n`` tuples a turn with ``left_s`` left takes, at ``tuple_s``
     busy time a tuple (the channel's last batch's): all that fit, at least :data:`SLICE_MIN`;
-    every one when they all fit or nothing was measured yet."""
-    if n <= SLICE_MIN or n * tuple_s <= left_s:
+    every one when they all fit or nothing was measured yet (also with the turn's time already used up)."""
+    if n <= SLICE_MIN or tuple_s <= 0.0 or n * tuple_s <= left_s:
         return n
     return max(SLICE_MIN, int(left_s / tuple_s))
 

@@ -111,3 +111,13 @@ def test_what_a_slow_batch_emits_ships_between_its_slices():
         first_of_big = next(seen for n, seen in got if n == 20)
         assert first_of_big < 220, "the big batch's first output shipped only after its last tuple"
     asyncio.run(scenario())
+
+
+def test_a_batch_of_a_channel_not_measured_yet_is_taken_whole_even_past_the_deadline():
+    """Nothing measured (``tuple_s`` 0) and the turn's time already used up: the batch goes whole
+    (the first slices divided by that 0: ZeroDivisionError failed the PE)."""
+    from pescheduler.worker.flow import slice_size
+
+    assert slice_size(1000, 0.0, -0.004) == 1000
+    assert slice_size(1000, 0.0001, -0.004) == SLICE_MIN
+    assert slice_size(1000, 0.0001, 0.05) == 500 and slice_size(1000, 0.0001, 0.2) == 1000
