@@ -76,18 +76,6 @@ def feeds(edges: list[Edge], members: Iterable[str], op_id: str, port: str, full
     return not full.isdisjoint(downstream(edges, start))
 
 
-SLICE_MIN = 32      # the fewest tuples a slice of a batch takes: a turn's own cost (a flush, a loop pass) is ~50 us
-
-
-def slice_size(n: int, tuple_s: float, left_s: float) -> int:
-    """How many of a data batch's ``n`` tuples a turn with ``left_s`` left takes, at ``tuple_s``
-    busy time a tuple (the channel's last batch's): all that fit, at least :data:`SLICE_MIN`;
-    every one when they all fit or nothing was measured yet (also with the turn's time already used up)."""
-    if n <= SLICE_MIN or tuple_s <= 0.0 or n * tuple_s <= left_s:
-        return n
-    return max(SLICE_MIN, int(left_s / tuple_s))
-
-
 class InputScheduler:
     """One PE's input choice and flow gating: which inbox item it takes next, which input (a
     channel's producer, or a source here) it holds back for a full output channel, and when the
@@ -128,13 +116,6 @@ class InputScheduler:
         (issue 15); turns of one batch each still gave each copy one batch per
         expensive one. Each channel stays FIFO: once one of its items waits,
         the rest of its items wait behind it.
-
-        A data batch that would run past the turn's deadline is taken in part
-        (``handle`` gets the deadline; :func:`slice_size` says how much): its
-        rest goes back in front as a :class:`~.channels.Rest` and the turn ends,
-        so the PE's outputs ship and its control calls run between slices. A
-        batch of 1,000 changes into a disk store holding 10^7 keys took 30-60 ms:
-        that long, nothing else the PE emits went out (issue 30's stall).
         """
         items = self.inbox.items
         if not items:
@@ -163,15 +144,9 @@ class InputScheduler:
                 continue
             taken = True
             if kind == DATA:
-                t0, n0 = self.busy_s(), channel.tuples
-                rest = self.handle(channel, kind, payload, deadline)
-                took = self.busy_s() - t0
-                spent[id(channel)] = spent.get(id(channel), 0.0) + took
-                if channel.tuples > n0:
-                    channel.tuple_s = took / (channel.tuples - n0)
-                if rest is not None:            # the batch's tuples past the deadline: the next turn's
-                    items.appendleft((channel, kind, rest))
-                    break
+                t0 = self.busy_s()
+                self.handle(channel, kind, payload)
+                spent[id(channel)] = spent.get(id(channel), 0.0) + self.busy_s() - t0
             else:
                 self.handle(channel, kind, payload)
             if perf_counter() >= deadline:
