@@ -75,7 +75,7 @@ _GROUP = tuple(bytes((g,)) for g in range(KEY_GROUPS + 1))
 _INT, _STR, _PICKLED = 0x69, 0x73, 0x70       # b"i", b"s", b"p": the tag after the group byte
 # Writes held in the write-back buffer before one write batch. The write holds the GIL (rocksdict
 # 0.3.29) and stops the PE: 4,096 keys of a 10^6-key store changed at random took 13 ms in process
-# (the write 9.3, the batch 2.5, the filter 1.6), 30-60 ms as a PE's stall beside a checkpoint;
+# (the write 9.3, the batch 2.5, the filter 1.6): gaps of 15-65 ms in the table's stream at 10^6;
 # 1,024 keys 5.7 ms, and the table's 10^6 ``disk`` stall fell from 28-43 to 17-25 ms (issue 30).
 FLUSH_KEYS = 1024
 ENCODED_KEYS = 8192     # keys whose encoding is remembered (an operator's get, then put, of one key)
