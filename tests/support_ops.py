@@ -122,11 +122,14 @@ class RunningSum(Operator):
     name = "running_sum"
     parallelism = Parallelism.KEYED
 
-    def __init__(self, field: str = "n") -> None:
-        self.field = field
+    def __init__(self, field: str = "n", seconds: float = 0.0) -> None:
+        self.field, self.seconds = field, seconds   # seconds: work modelled per tuple (an operator slower than its input)
         self.sums: dict = {}
 
     def process(self, batch, emit):
+        if self.seconds:
+            import time
+            time.sleep(self.seconds * len(batch))
         key = self.context.key_field
         for t in batch:
             k = t[key]

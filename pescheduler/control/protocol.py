@@ -24,7 +24,10 @@ same keep running untouched; the others are *retired* and replaced by
    running instances that gate them (a Release's copy: ``_late_seen``), the
    PEs downstream need only have the marker in their inbox, behind the copy's
    last batches; they take it after the pause, and the groups' state leaves
-   only then (the order wait), so the pause holds no consumer's backlog.
+   only then (the order wait), so the pause holds no consumer's backlog. Nor
+   the copy's own: its queued input goes with its key groups, through the
+   gate ahead of what the gate holds, where its operators allow
+   (``plan.carry``, ``worker/carried_input.py``).
 3. **Hand over key groups, snapshot** the retired PEs' operator state, watermark
    progress and source positions, and stop them. A KEYED operator's instances
    in retired PEs first send the key groups that change owner straight to their
@@ -92,6 +95,7 @@ class ReconfigurationPlan:
     moves: tuple[GroupMove, ...] = ()          # KEYED operators' key groups that change owner, worker to worker
     ordered: dict[str, list[str]] = field(default_factory=dict)  # downstream PE -> its channels from a running exporter
     late_seen: dict[str, list[str]] = field(default_factory=dict)  # downstream PE -> channels it may drain after the pause
+    carry: tuple[str, ...] = ()                # retired PEs whose groups all go to gates: their queued input may go too
 
     @property
     def moved(self) -> bool:
@@ -140,32 +144,40 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
     released = tuple(p for p in retired if p not in new.pes and old.pes[p].copy_of)
     overtake = _overtakable(old, new, old_channels, hold, set(retired), set(created))
     moves = tuple(m for ms in moving.values() for m in ms)
+    handing = _handing(old, moves, retired)
     return ReconfigurationPlan(retired, created, hold, seen, channels, upstream, downstream,
                                edges, routing, released, epoch, overtake, moves,
                                _ordered(old, old_channels, moves, same, set(channels.values())),
-                               _late_seen(old, old_channels, seen, downstream, moves, retired))
+                               _late_seen(old, old_channels, seen, downstream, handing),
+                               tuple(p for p in retired if p in handing))
+
+
+def _handing(old: Placement, moves: tuple[GroupMove, ...], retired: tuple[str, ...]) -> set[str]:
+    """The retired PEs every operator of which gives all its key groups to running instances that
+    gate them (deferred moves to a live owner: a Release's copy). Nothing else will emit what
+    they would have: every tuple of those groups waits at the gate until its state is imported.
+    So their consumers may take their last batches after the pause (:func:`_late_seen`), and
+    their queued input may go with the groups instead of through them (``plan.carry``,
+    ``worker/carried_input.py``): it goes through the gate ahead of what the gate holds."""
+    gating: dict[str, bool] = {}
+    for m in moves:
+        gating[m.src] = gating.get(m.src, True) and m.deferred and m.dst_live and not m.src_live
+    return {p for p in retired if old.pes[p].operators and all(gating.get(x, False) for x in old.pes[p].operators)}
 
 
 def _late_seen(old: Placement, old_channels: dict[ChannelKey, str], seen: dict[str, list[str]],
-               downstream: dict[str, list[ChannelKey]], moves: tuple[GroupMove, ...],
-               retired: tuple[str, ...]) -> dict[str, list[str]]:
+               downstream: dict[str, list[ChannelKey]], handing: set[str]) -> dict[str, list[str]]:
     """Downstream PE -> its channels from retired PEs whose marker it may take after the pause:
     the drain waits only until the marker is in its inbox (behind all the channel carried), the
     retired PE stops, and the PE works off those last batches while the stream runs on.
 
-    Only where every operator of each such retired PE gives all its key groups to running
-    instances that gate them (deferred moves to a live owner: a Release's copy). Then nothing
-    else will emit what those channels would have carried: every tuple of those groups waits at
-    the gate until its state is imported, and the parts are sent only once this PE took the
+    Only for channels from ``handing`` PEs (:func:`_handing`): nothing else will emit what those
+    channels would have carried, and the parts are sent only once this PE took the
     marker (``execute``'s order wait, then the ``go``), so the new owner's output for a key
     comes after the old one's, and per-key order and exactly once hold as when the pause
     waited (session 21: 119 of a 166 ms Release at 10^6 keys on disk was the consumer's backlog).
     And only for a PE none of whose channels from retired PEs need the take and that gets no new
     input: its rewire (the removal of those inputs) then comes after the take, all at once."""
-    gating: dict[str, bool] = {}
-    for m in moves:
-        gating[m.src] = gating.get(m.src, True) and m.deferred and m.dst_live and not m.src_live
-    handing = {p for p in retired if old.pes[p].operators and all(gating.get(x, False) for x in old.pes[p].operators)}
     src_of = {cid: old.pe_of(src) for (src, _port, _dst), cid in old_channels.items()}
     return {pe_id: list(cids) for pe_id, cids in seen.items()
             if pe_id not in downstream and cids and all(src_of.get(c) in handing for c in cids)}
@@ -266,6 +278,8 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
         todo["align"].append(pe_id)
         if pe_id in plan.released:
             todo["release"].append(pe_id)
+        if pe_id in plan.carry:
+            todo.setdefault("carry", []).append(pe_id)
 
     async def step(name: str, coro, limit: float | None = timeout) -> Any:
         t = time.perf_counter()
@@ -496,6 +510,7 @@ async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker:
         last = pending
     steps["moving: bytes"] = sum(a["bytes"] for a in answers)
     steps["moving: tuples held"] = sum(a["buffered"] for a in answers)
+    steps["moving: tuples carried"] = sum(a.get("carried", 0) for a in answers)    # a copy's queued input (carry)
     steps["moving: most tuples held at once"] = max(a.get("peak", 0) for a in answers)   # bounded by state.hold
     steps["moving: longest import ms"] = round(1000 * max(a.get("longest_import_s", 0.0) for a in answers), 3)
     steps["moving: done ms after the pause"] = round((time.perf_counter() - t) * 1000, 3)

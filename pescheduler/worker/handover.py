@@ -80,18 +80,23 @@ def import_groups(op: Operator, state: Any) -> None:
 
 def exported(pe: Any, move: dict) -> list[dict]:
     """One move's groups out of its instance in ``pe`` (call it between the PE's turns), with the
-    instance's watermark progress, which a new instance starts from: one part, or for a deferred
+    instance's watermark progress, which a new instance starts from, and the input it carried
+    for them (``carried``: group -> tuples, ``carried_input.py``): one part, or for a deferred
     move of an operator with its own ``export_groups``, a part per slice of groups."""
     if move["src"] in still_loading(pe):        # its groups not loaded yet would leave empty
         raise StillLoading(f"{move['src']} still loading the key groups of its restore")
     op, progress = pe.ops[move["src"]], pe.chain.progress()[move["src"]]
     groups = sorted(move["groups"])
     state = export_groups(op, groups)            # one take (a disk store's view is taken once)
+    carried = pe.rewirer.carried.take(move["src"], groups) if pe.rewirer.carried is not None else {}
+    if carried and not (move.get("deferred") and move.get("dst_live")):     # only a gate takes them
+        raise RuntimeError(f"{move['src']} carried input of key groups moved to no gate ({move['tag']})")
     if not (move.get("deferred") and hasattr(op, "export_groups")) or len(groups) <= SLICE_GROUPS:
-        return [{"state": state, "progress": progress, "groups": groups}]
+        return [{"state": state, "progress": progress, "groups": groups, "carried": carried}]
     slices = [groups[i:i + SLICE_GROUPS] for i in range(0, len(groups), SLICE_GROUPS)]
     return [{"state": op.split_state(state, lambda key, mine=frozenset(s): key_group(key) in mine),
-             "progress": progress, "groups": s} for s in slices]
+             "progress": progress, "groups": s, "carried": {g: carried[g] for g in s if g in carried}}
+            for s in slices]
 
 
 def exported_live(pe: Any, moves: list[dict]) -> list[tuple[dict, dict]]:
@@ -160,6 +165,10 @@ class HandOvers:
             pe = pes[move["src_pe"]]
             async with pe.turns.lock:
                 parts.extend((move, part) for part in exported(pe, move))
+        for pe_id in dict.fromkeys(m["src_pe"] for m in moves):
+            carried = pes[pe_id].rewirer.carried
+            if carried is not None and carried.left():      # of a group no move took: never lost silently
+                raise RuntimeError(f"{pe_id} carried {carried.left()} tuples of key groups it gives to no one")
         answer = await self.send(deployment, parts)
         if stop:
             if self.stop is None:
@@ -263,10 +272,11 @@ class HandOvers:
         try:
             part = await asyncio.to_thread(gc_paused, loads_prepared, blob, preparer(pe))
             gated = pe.rewirer.pending[move["dst"]]
-            groups, op_id = part["groups"], move["dst"]
+            groups, op_id, carried = part["groups"], move["dst"], part.get("carried") or {}
             for g in groups:
                 async with pe.turns.lock:
                     op = pe.ops[op_id]
+                    gated.carried(g, carried.get(g, ()))
                     state = part["state"] if len(groups) == 1 else \
                         op.split_state(part["state"], lambda key, g=g: key_group(key) == g)
                     fresh = gated.fresh and not gated.parts     # a new instance: built from its first group
@@ -320,6 +330,7 @@ class HandOvers:
                 "bytes": sum(f["bytes"] for f in figures), "buffered": sum(f["buffered"] for f in figures),
                 "peak": max((f["peak"] for f in figures), default=0),
                 "longest_import_s": max((f["longest_import_s"] for f in figures), default=0.0),
+                "carried": sum(f["carried"] for f in figures),
                 "done_at": time.time(), "failed": self.failed.pop(key, None)}
 
     async def resolve(self, spec: PESpec) -> None:

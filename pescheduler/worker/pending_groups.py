@@ -67,6 +67,7 @@ class PendingGroups:
         self.bytes = 0                  # state bytes imported so far (the receiving worker counts)
         self.parts = 0                  # parts imported so far (a fresh instance restores the first)
         self.longest_import_s = 0.0     # the longest import of a group in the PE's turn (a stall of its stream)
+        self.carried_in = 0             # tuples the giving instance carried over with the groups (figures, tests)
         self.inner = self.node.process
         self.node.process = self.process
         if self.waiting:                # the node's watermark stays where it is until the last group
@@ -92,6 +93,18 @@ class PendingGroups:
         self.peak = max(self.peak, self.holding)
         if now:
             self.inner(now, emit)
+
+    def carried(self, group: int, tuples: list) -> None:
+        """Tuples of ``group`` the instance giving it up had taken in and not processed (a
+        released copy's queued input, ``carried_input.py``): ahead of those waiting here, which
+        its router sent after the switch, so they go through right after the group's state."""
+        if not tuples:
+            return
+        self.waiting[group][:0] = tuples
+        self.buffered += len(tuples)
+        self.holding += len(tuples)
+        self.carried_in += len(tuples)
+        self.peak = max(self.peak, self.holding)
 
     def install(self, groups: Iterable[int], load: Callable[[], Any]) -> float:
         """``load()`` (the import of ``groups``' state, in the PE's turn: the caller holds its lock)
@@ -121,7 +134,8 @@ class PendingGroups:
 
     def figures(self) -> dict:
         return {"groups": self.total, "pending": len(self.waiting), "buffered": self.buffered,
-                "peak": self.peak, "bytes": self.bytes, "longest_import_s": self.longest_import_s}
+                "peak": self.peak, "bytes": self.bytes, "longest_import_s": self.longest_import_s,
+                "carried": self.carried_in}
 
 
 def over_window(gates: dict[str, PendingGroups], window: int) -> frozenset[str]:

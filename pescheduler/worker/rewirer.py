@@ -31,6 +31,7 @@ class Rewirer:
         self.chain: Any = None
         self.pending: dict[str, Any] = {}      # op -> its PendingGroups: moved key groups on their way
         self.early: dict[str, ChannelOut] = {}  # channel id -> a new output opened before the pause (open)
+        self.carried: Any = None                # a released copy's queued input, per key group (carried_input.py)
 
     def align(self, marker: Any, release: bool = False) -> None:
         """Pause the PE's sources and align its operators on ``marker`` (see aligner.py); the PE

@@ -25,6 +25,7 @@ from ..operator import DeadLetter, OperatorContext
 from ..wire import InputSpec, OutputSpec, PESpec
 from .aligner import Aligner
 from .barriers import Barriers, is_barrier
+from .carried_input import carrying
 from .chain import Chain
 from .channels import DATA, ENCODED, END, MALFORMED, MARKER, WATERMARK, ChannelIn, Inbox, decode
 from .flow import InputScheduler
@@ -242,9 +243,13 @@ class PERunner:
         async with self.turns.lock:
             self.rewirer.hold(channel_ids, marker, overtake)
 
-    async def align(self, marker: Any, release: bool = False) -> None:
-        """A reconfiguration replaces this PE: align on ``marker`` (``Rewirer.align``)."""
+    async def align(self, marker: Any, release: bool = False, carry: bool = False) -> None:
+        """A reconfiguration replaces this PE: align on ``marker`` (``Rewirer.align``). ``carry``:
+        its key groups all go to gating instances, and its queued input may go with them where
+        every operator allows (``carried_input.carrying``)."""
         async with self.turns.lock:
+            if carry and self.chain is not None and self.rewirer.carried is None:     # once: it holds tuples
+                self.rewirer.carried = carrying(self.chain, self.ops, self.spec, self.rewirer.pending)
             self.rewirer.align(marker, release)
             self.check_aligned()
 
