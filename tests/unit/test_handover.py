@@ -39,6 +39,7 @@ def test_a_replicate_keeps_the_original_running_and_moves_only_the_copys_groups(
     assert (move.src, move.dst, move.src_live, move.dst_live) == (window, copy, True, False)
     assert set(move.groups) == set(new.routes[window].key_groups[copy])
     assert 0 < len(move.groups) < KEY_GROUPS
+    assert plan.carry == ()                     # nothing retires: nothing hands its input over
 
 
 def test_a_release_retires_only_the_copy_whose_groups_go_to_the_running_original():
@@ -51,6 +52,8 @@ def test_a_release_retires_only_the_copy_whose_groups_go_to_the_running_original
     (move,) = plan.moves
     assert (move.src, move.dst, move.src_live, move.dst_live) == (copy, window, False, True)
     assert set(move.groups) == set(two.routes[window].key_groups[copy])
+    # its groups all go to the gating original: its queued input may go with them (carried_input.py)
+    assert move.deferred and plan.carry == (two.pe_of(copy),), plan.carry
 
 
 def test_a_moved_copy_takes_all_its_groups_from_its_old_pe():

@@ -338,3 +338,21 @@ def test_a_copy_whose_operator_fires_on_event_time_does_not_carry(make):
     process = copy.chain.nodes["w"].process
     assert carrying(copy.chain, copy.ops, copy.spec, {}) is None
     assert copy.chain.nodes["w"].process == process
+
+
+def test_a_copy_that_carried_tuples_of_a_group_no_move_takes_fails_loudly():
+    """Every tuple a copy carried leaves with a move's part; one of a group no move takes would be
+    lost without a word: the hand-over fails instead (the reconfiguration fails, the run recovers)."""
+    from pescheduler.worker.carried_input import carrying
+
+    async def scenario():
+        copy = _instance(RunningSum)
+        copy.rewirer.carried = carrying(copy.chain, copy.ops, copy.spec, {})
+        _feed(copy, _tuples(0, N // 3, _moving))
+        some = sorted(MOVING)[:4]
+        there = HandOvers(lambda dep: {"copy": copy}, lambda address: None, lambda: "tcp://b")
+        move = {"src": "w", "src_pe": "copy", "dst": "w", "dst_pe": "orig", "dst_worker": "tcp://a",
+                "dst_live": True, "groups": some, "tag": "m", "deferred": True}
+        with pytest.raises(RuntimeError, match="gives to no one"):
+            await there.pe_handover("d", [move])
+    asyncio.run(scenario())
