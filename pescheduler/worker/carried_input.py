@@ -43,7 +43,6 @@ class CarriedInput:
 
     def __init__(self, chain: Any, keys: dict[str, Callable[[Any], Any]]) -> None:
         self.tuples: dict[str, dict[int, list]] = {op_id: {} for op_id in keys}
-        self.count = 0
         for op_id, key in keys.items():
             chain.nodes[op_id].process = self._taker(self.tuples[op_id], key)
 
@@ -56,7 +55,6 @@ class CarriedInput:
                     groups[g] = [t]
                 else:
                     queue.append(t)
-            self.count += len(batch)
         return take
 
     def take(self, op_id: str, groups) -> dict[int, list]:

@@ -237,7 +237,7 @@ def test_sink_copies_replicated_released_and_restored_onto_fewer_hand_over_exact
     copy's checkpointed state are handed to the original, which fences the copy's transactional
     ids and writes again what it had not published: every record once, no transaction left open."""
 
-    n = 20_000
+    n, more = 20_000, 5_000
     create_topic(kafka, "eos-copies-in", 3)
     create_topic(kafka, "eos-copies-out", 2)
     produce(kafka, "eos-copies-in", numbered(n, 10), partition_of=lambda r: r["n"] % 3)
@@ -254,7 +254,11 @@ def test_sink_copies_replicated_released_and_restored_onto_fewer_hand_over_exact
             if step == "replicate":
                 until(lambda: copy_wrote(dep, "out#1"), WAIT, "the sink's copy writes")
             checkpoints_after(dep, 2)
-        assert sum(dep.snapshot().operators["kafka-1"].lag.values()) > 0, "the input was read before the kill"
+        # Input still unread at the kill, however long the steps took: beside two busy loops the
+        # first 20 s of it (1,000 a second) were all read before the kill (the suite, session 37).
+        produce(kafka, "eos-copies-in", numbered(n + more, 10)[n:], partition_of=lambda r: r["n"] % 3)
+        until(lambda: sum(dep.next_snapshot(timeout=WAIT).operators["kafka-1"].lag.values()) > 0, WAIT,
+              "the source to see the input it has not read")
         placement = dep.placement()
         os.kill(dep.worker_info[placement.pes["out#1"].worker]["pid"], signal.SIGKILL)
         restart_of(dep)
@@ -263,7 +267,7 @@ def test_sink_copies_replicated_released_and_restored_onto_fewer_hand_over_exact
         dep.stop()
     committed_values, still_open = transaction_log(kafka, "eos-copies-out")
     out = [json.loads(v) for values in committed_values.values() for v in values]
-    assert sorted(r["n"] for r in out) == list(range(n)), "lost or doubled through the sink's copies"
+    assert sorted(r["n"] for r in out) == list(range(n + more)), "lost or doubled through the sink's copies"
     assert all(r["twice"] == 2 * r["n"] for r in out)
     assert not any(still_open.values()), f"transactions left open (records per partition): {still_open}"
 
