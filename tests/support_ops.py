@@ -123,7 +123,9 @@ class RunningSum(Operator):
     parallelism = Parallelism.KEYED
 
     def __init__(self, field: str = "n", seconds: float = 0.0) -> None:
-        self.field, self.seconds = field, seconds   # seconds: work modelled per tuple (an operator slower than its input)
+        # seconds: work modelled per tuple, an operator slower than its input (as slow_consumer: the
+        # sleep is the work, not a wait for an event; there is none to await)
+        self.field, self.seconds = field, seconds
         self.sums: dict = {}
 
     def process(self, batch, emit):

@@ -70,7 +70,7 @@ from typing import Any, Awaitable, Callable
 import cloudpickle
 
 from ..plan.placement import Placement
-from ..plan.state import GroupMove, group_moves, keyed_rebalanced, redistribute
+from ..plan.state import GroupMove, carries, group_moves, keyed_rebalanced, redistribute
 from ..wire import InputSpec, exported_marker
 from ..plan.wiring import ChannelKey, build_specs, channel_ids, consumer_edges, copy_map, output_spec, routing_for
 from .gateway import WorkerGateway
@@ -95,7 +95,7 @@ class ReconfigurationPlan:
     moves: tuple[GroupMove, ...] = ()          # KEYED operators' key groups that change owner, worker to worker
     ordered: dict[str, list[str]] = field(default_factory=dict)  # downstream PE -> its channels from a running exporter
     late_seen: dict[str, list[str]] = field(default_factory=dict)  # downstream PE -> channels it may drain after the pause
-    carry: tuple[str, ...] = ()                # retired PEs whose groups all go to gates: their queued input may go too
+    carry: tuple[str, ...] = ()                # handing retired PEs whose operators all carries(): their queued input goes too
 
     @property
     def moved(self) -> bool:
@@ -149,7 +149,8 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
                                edges, routing, released, epoch, overtake, moves,
                                _ordered(old, old_channels, moves, same, set(channels.values())),
                                _late_seen(old, old_channels, seen, downstream, handing),
-                               tuple(p for p in retired if p in handing))
+                               tuple(p for p in retired if p in handing
+                                     and all(carries(old.plan.ops[x]) for x in old.pes[p].operators)))
 
 
 def _handing(old: Placement, moves: tuple[GroupMove, ...], retired: tuple[str, ...]) -> set[str]:

@@ -86,6 +86,20 @@ def _moves_of(old: Placement, new: Placement, x: str) -> list[GroupMove] | None:
     return moves
 
 
+#: the hooks of an operator whose result depends on event time's progress (:func:`carries`)
+EVENT_TIME_HOOKS = ("on_watermark", "held_watermark")
+
+
+def carries(op) -> bool:
+    """May an instance of ``op`` that gives its key groups to gating owners hand its queued input
+    over with them instead of processing it (``worker/carried_input.py``)? Where its tuples can be
+    gated at all, and its result does not depend on event time's progress: an operator that fires
+    on watermarks or holds its output's back judges a tuple against its own watermark, and the
+    gaining instance's can be past the giving one's (both got the same watermarks, the giver was
+    behind): a tuple on time at the giver could be late there."""
+    return _gateable(op) and all(getattr(op.cls, h) is getattr(Operator, h) for h in EVENT_TIME_HOOKS)
+
+
 def _gateable(op) -> bool:
     """Can an instance of ``op`` hold a pending group's tuples? Only where they all come through
     ``process`` as rows: not a multi-input (``process_input``) nor a columnar operator."""

@@ -17,25 +17,19 @@ through its operator right after the group's state, before anything the
 router sent it after the switch: per key, the order of one instance, and each
 tuple once (the copy counted it in, processed nothing of it).
 
-Only for operators whose result does not depend on event time's progress:
-one that fires on watermarks (``on_watermark``) or holds its output's back
-(``held_watermark``) judges a tuple against its own watermark, and the gaining
-instance's can be past the copy's (the upstream sent both the same watermarks,
-the copy was behind): a tuple on time at the copy could be late there. Such a
-copy drains as before. Nor for an operator that tells its inputs apart or takes
-columns (never gated, so never handed to a gate).
+Which copies carry is the plan's call (``plan.carry``: every operator of the
+copy ``plan/state.py``'s ``carries``): not one whose operator fires on
+watermarks or holds its output's back, since a tuple on time at the copy could
+be late at the original, nor one that tells its inputs apart or takes columns
+(never gated). Such a copy drains as before.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..operator import Operator, overrides
 from ..wire import key_group
 from .routing import key_function
-
-#: the hooks of an operator whose result depends on event time's progress (see the module's docstring)
-EVENT_TIME_HOOKS = ("on_watermark", "held_watermark")
 
 
 class CarriedInput:
@@ -67,26 +61,10 @@ class CarriedInput:
         return sum(len(q) for groups in self.tuples.values() for q in groups.values())
 
 
-def carrying(chain: Any, ops: dict[str, Operator], spec: Any, pending: dict[str, Any]) -> CarriedInput | None:
-    """A :class:`CarriedInput` over every operator of this PE, or None when one of them may not
-    hand its input over (so the PE drains as before):
-
-    1. it has a key (KEYED: the tuples go with its key groups);
-    2. no event-time hook (``EVENT_TIME_HOOKS``: the module's docstring);
-    3. it takes rows through ``process`` (no ``process_input``, not columnar), as a gate does;
-    4. none of its own key groups is still on its way to it (a gate in place).
-    """
-    keys = {}
-    for op_id, op in ops.items():
-        node = chain.nodes.get(op_id)
-        if spec.ops[op_id][2] is None:                                              # 1
-            return None
-        if any(overrides(op, hook) for hook in EVENT_TIME_HOOKS):                   # 2
-            return None
-        if node is None or node.columnar or overrides(op, "process_input"):         # 3
-            return None
-        gate = pending.get(op_id)
-        if gate is not None and not gate.done:                                      # 4
-            return None
-        keys[op_id] = key_function(spec.ops[op_id][2])
-    return CarriedInput(chain, keys) if keys else None
+def carrying(chain: Any, spec: Any, pending: dict[str, Any]) -> CarriedInput | None:
+    """A :class:`CarriedInput` over every operator of this PE (the plan chose it: ``plan.carry``),
+    or None while one of them still waits for key groups of its own (a gate not done: what it
+    would carry could not be told from what it waits for), so the PE drains as before."""
+    if any(gate is not None and not gate.done for gate in (pending.get(op_id) for op_id in spec.ops)):
+        return None
+    return CarriedInput(chain, {op_id: key_function(key) for op_id, (_cls, _params, key) in spec.ops.items()})

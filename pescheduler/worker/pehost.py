@@ -370,8 +370,8 @@ class PEHost:
         """Begin: upstream PEs send ``marker`` and hold the channels into the PEs being replaced
         (``overtake``: ahead of what those channels buffer); those PEs pause their sources and
         align on the marker (``release``: copies going away, whose partials go to their original
-        first; ``carry``: those whose key groups all go to gating instances, which hand their
-        queued input over with the groups where they can, ``carried_input.py``). Each PE changes
+        first; ``carry``: those whose key groups all go to gating instances and whose queued
+        input goes with them, ``carried_input.py``). Each PE changes
         between its turns.
 
         ``drain``: :meth:`pe_reconf_wait`'s arguments (but the deployment and marker): the same

@@ -245,11 +245,11 @@ class PERunner:
 
     async def align(self, marker: Any, release: bool = False, carry: bool = False) -> None:
         """A reconfiguration replaces this PE: align on ``marker`` (``Rewirer.align``). ``carry``:
-        its key groups all go to gating instances, and its queued input may go with them where
-        every operator allows (``carried_input.carrying``)."""
+        its key groups all go to gating instances and its queued input goes with them
+        (``carried_input.py``; the plan chose it: ``plan.carry``)."""
         async with self.turns.lock:
             if carry and self.chain is not None and self.rewirer.carried is None:     # once: it holds tuples
-                self.rewirer.carried = carrying(self.chain, self.ops, self.spec, self.rewirer.pending)
+                self.rewirer.carried = carrying(self.chain, self.spec, self.rewirer.pending)
             self.rewirer.align(marker, release)
             self.check_aligned()
 

@@ -304,7 +304,7 @@ def test_a_released_copys_queued_input_goes_with_its_groups_and_through_the_gate
         first, queued, later = _tuples(0, N // 3), _tuples(N // 3, 2 * N // 3), _tuples(2 * N // 3, N)
         _feed(copy, [t for t in first if _moving(t)])
         _feed(original, [t for t in first if not _moving(t)])
-        copy.rewirer.carried = carrying(copy.chain, copy.ops, copy.spec, {})
+        copy.rewirer.carried = carrying(copy.chain, copy.spec, {})
         assert copy.rewirer.carried is not None
         emitted = len(copy.result.output)
         _feed(copy, [t for t in queued if _moving(t)])              # its queue, ahead of the marker
@@ -327,17 +327,16 @@ def test_a_released_copys_queued_input_goes_with_its_groups_and_through_the_gate
     assert sorted(asyncio.run(scenario())) == reference
 
 
-@pytest.mark.parametrize("make", [_window, _session], ids=["count_window", "session_window"])
-def test_a_copy_whose_operator_fires_on_event_time_does_not_carry(make):
-    """An operator with an event-time hook judges a tuple against its own watermark, and the
-    original's can be past the copy's: a tuple on time at the copy could be late there. Such a
-    copy drains as before (``carrying`` answers None, its operator untouched)."""
+def test_a_copy_still_waiting_for_groups_of_its_own_does_not_carry():
+    """What it would carry could not be told from what its gate waits for: it drains as before
+    (``carrying`` answers None, its operator untouched)."""
     from pescheduler.worker.carried_input import carrying
 
-    copy = _instance(make)
+    copy = _instance(RunningSum)
     process = copy.chain.nodes["w"].process
-    assert carrying(copy.chain, copy.ops, copy.spec, {}) is None
-    assert copy.chain.nodes["w"].process == process
+    waiting = PendingGroups(copy.chain, "w", MOVING, key_function("key"), "m")
+    assert carrying(copy.chain, copy.spec, {"w": waiting}) is None
+    assert copy.chain.nodes["w"].process == waiting.process != process
 
 
 def test_a_copy_that_carried_tuples_of_a_group_no_move_takes_fails_loudly():
@@ -347,7 +346,7 @@ def test_a_copy_that_carried_tuples_of_a_group_no_move_takes_fails_loudly():
 
     async def scenario():
         copy = _instance(RunningSum)
-        copy.rewirer.carried = carrying(copy.chain, copy.ops, copy.spec, {})
+        copy.rewirer.carried = carrying(copy.chain, copy.spec, {})
         _feed(copy, _tuples(0, N // 3, _moving))
         some = sorted(MOVING)[:4]
         there = HandOvers(lambda dep: {"copy": copy}, lambda address: None, lambda: "tcp://b")
