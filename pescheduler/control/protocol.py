@@ -12,8 +12,9 @@ same keep running untouched; the others are *retired* and replaced by
 1. **Pause at a marker.** Every unchanged PE feeding a retired one sends a
    marker on that channel and holds it (what it emits next waits in its
    buffer). Retired PEs pause their sources. Where everything the channel's
-   data will be re-sent to is a created PE, the marker overtakes what the
-   channel still buffers, which is re-sent with the rest (``_overtakable``).
+   data will be re-sent to is a created PE, or the channel feeds a copy that
+   carries (step 2), the marker overtakes what the channel still buffers, which
+   is re-sent with the rest (``_overtakable``).
 2. **Drain.** A retired PE that has the marker (or END) on every input has
    processed everything before it; it sends the marker on all its outputs and
    holds them (aligned, as Flink aligns checkpoint barriers). Unchanged PEs fed
@@ -142,15 +143,14 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
     edges = _changed(same, consumer_edges, old, new)
     routing = _changed(same, routing_for, old, new)
     released = tuple(p for p in retired if p not in new.pes and old.pes[p].copy_of)
-    overtake = _overtakable(old, new, old_channels, hold, set(retired), set(created))
     moves = tuple(m for ms in moving.values() for m in ms)
     handing = _handing(old, moves, retired)
+    carry = tuple(p for p in retired if p in handing and all(carries(old.plan.ops[x]) for x in old.pes[p].operators))
+    overtake = _overtakable(old, new, old_channels, hold, set(retired), set(created), set(carry))
     return ReconfigurationPlan(retired, created, hold, seen, channels, upstream, downstream,
                                edges, routing, released, epoch, overtake, moves,
                                _ordered(old, old_channels, moves, same, set(channels.values())),
-                               _late_seen(old, old_channels, seen, downstream, handing),
-                               tuple(p for p in retired if p in handing
-                                     and all(carries(old.plan.ops[x]) for x in old.pes[p].operators)))
+                               _late_seen(old, old_channels, seen, downstream, handing), carry)
 
 
 def _handing(old: Placement, moves: tuple[GroupMove, ...], retired: tuple[str, ...]) -> set[str]:
@@ -199,19 +199,28 @@ def _ordered(old: Placement, old_channels: dict[ChannelKey, str], moves: tuple[G
 
 
 def _overtakable(old: Placement, new: Placement, old_channels: dict[ChannelKey, str],
-                 hold: dict[str, list[str]], retired: set[str], created: set[str]) -> dict[str, list[str]]:
+                 hold: dict[str, list[str]], retired: set[str], created: set[str],
+                 carry: set[str] = frozenset()) -> dict[str, list[str]]:
     """The held channels whose marker may go ahead of what they buffer (ChannelOut.hold): those
     into a retired PE whose every re-send target (each instance, in the new placement, of an
-    operator the channel served) runs in a created PE.
+    operator the channel served) runs in a created PE, or into a PE that carries (``plan.carry``).
 
     Why only those: the buffered data is then processed by a PE that starts after the old one
     drained, from its snapshot, which holds nothing of that data, and behind nothing else of
     this channel. A PE that stays could still have the old channel's earlier batches in flight
-    when the re-sent ones arrive on another channel. And only where the channel served every
-    consumer of its port: a fanned-out batch shipped on one channel and overtaken on another
-    would be re-sent to a new PE that runs both consumers, and the first would take it twice
-    (the property test under load found "a number doubled" after a Fuse). Under load this keeps
-    a drain from waiting behind each holder's backlog (issue 20: drains grew 0.5 -> 9 s).
+    when the re-sent ones arrive on another channel, except where it gates the groups they
+    belong to and the old channel's earlier batches come with the groups, ahead of everything
+    the gate holds: a copy that carries (what of its inbox it processed is in the groups'
+    state, the rest is carried). Its operators judge no tuple by the watermark (``carries``),
+    so the backlog may reach the original behind watermarks the original already took. Under
+    load that drain was the copy working through its upstream's backlog (a Release at 10^7
+    keys on disk beside two busy loops: 315 ms, 223 of them the drain).
+
+    And only where the channel served every consumer of its port: a fanned-out batch shipped
+    on one channel and overtaken on another would be re-sent to a new PE that runs both
+    consumers, and the first would take it twice (the property test under load found "a
+    number doubled" after a Fuse). Under load this keeps a drain from waiting behind each
+    holder's backlog (issue 20: drains grew 0.5 -> 9 s).
     """
     out: dict[str, list[str]] = {}
     held = {cid for cids in hold.values() for cid in cids}
@@ -223,7 +232,7 @@ def _overtakable(old: Placement, new: Placement, old_channels: dict[ChannelKey, 
         everyone = {old.original(d) for s, p, d in old.plan.edges if (s, p) == (src, port)}
         if not served or served != everyone or not served <= set(new.plan.ops):
             continue                   # fan-out: a re-sent batch would reach a consumer that had it
-        if {new.pe_of(i) for x in served for i in new.instances(x)} <= created:
+        if dst_pe in carry or {new.pe_of(i) for x in served for i in new.instances(x)} <= created:
             out.setdefault(old.pe_of(src), []).append(cid)
     return out
 

@@ -371,7 +371,8 @@ class ChannelOut:
         Flink's unaligned checkpoints let a barrier overtake buffered data), so
         the receiver drains at most the credit window already shipped, not the
         backlog a loaded sender built. Only for channels whose re-sent data goes
-        to PEs the reconfiguration creates (protocol._overtakable). The
+        to PEs the reconfiguration creates, or to instances that gate its key
+        groups behind what the receiver carries (protocol._overtakable). The
         buffered watermarks are taken out and the newest is returned: it must
         follow the re-sent data, as the watermarks held back after the hold do
         (Chain.freeze); re-sent between two held channels' backlogs it would

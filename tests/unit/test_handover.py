@@ -61,8 +61,9 @@ def test_a_release_retires_only_the_copy_whose_groups_go_to_the_running_original
 @pytest.mark.parametrize("op", ["running_sum", "latest", "count_window", "session_window"])
 def test_a_releases_copy_carries_its_queued_input_only_where_event_time_does_not_judge_it(op):
     """``plan.carry`` (carried_input.py): a Release's copy whose groups all go to the gating
-    original hands its queued input over with them, unless its operator has an event-time hook
-    (``plan.state.carries``): then it drains as before."""
+    original hands its queued input over with them, and its upstream's marker overtakes what it
+    buffers for it, unless its operator has an event-time hook (``plan.state.carries``): then it
+    drains as before."""
     app = Application("t")
     keyed = app.source("numbers", count=10**9, keys=50).key_by("key")
     if op == "count_window":
@@ -79,6 +80,11 @@ def test_a_releases_copy_carries_its_queued_input_only_where_event_time_does_not
     assert all(m.deferred and m.dst_live for m in plan.moves)
     expected = () if op.endswith("window") else (two.pe_of(f"{x}#1"),)
     assert plan.carry == expected, plan.carry
+    # the upstream's marker overtakes what it buffers for a copy that carries: the backlog goes
+    # to the original's gate, behind the carried tuples (protocol._overtakable)
+    held = {c for cs in plan.hold.values() for c in cs}
+    overtaken = {c for cs in plan.overtake.values() for c in cs}
+    assert held and overtaken == (held if expected else set()), (plan.hold, plan.overtake)
 
 
 def test_a_moved_copy_takes_all_its_groups_from_its_old_pe():
