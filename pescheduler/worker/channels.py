@@ -193,6 +193,14 @@ class CreditGate:
         self.wake()
 
 
+class Rest(list):
+    """The tuples of a data batch that a turn left for the next (flow.py's slices): back in front of
+    the inbox as a data item of its own, its batch's credit not granted and its count kept until
+    the batch's last slice is taken."""
+
+    __slots__ = ()
+
+
 class Inbox:
     """A PE's input: ``(channel, kind, payload)`` in arrival order, and a wake-up event."""
 
@@ -230,6 +238,7 @@ class ChannelIn:
         self.port = port
         self.grant: Callable[[], None] = lambda: None
         self.tuples = 0
+        self.tuple_s = 0.0      # busy time a tuple of its last batch took (flow.py slices a batch by it)
         self.ended = False
         # Does the chain route what this channel carries? Not yet for a channel opened before its edge
         # (a Replicate's copy, protocol._open_early): its items wait in the inbox until the edge comes

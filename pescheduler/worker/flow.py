@@ -44,6 +44,7 @@ from time import perf_counter
 from typing import Any, Callable, ContextManager, Iterable
 
 from .channels import DATA, ChannelIn, ChannelOut, Inbox
+from .turns import THREAD_AFTER_S
 
 RELIEF_BATCHES = 2       # backlog (in credit windows) that makes an out-of-credit channel full
 SOURCE_BACKLOG = 1       # batches buffered on an out-of-credit channel that stop a broker source feeding it
@@ -74,6 +75,27 @@ def feeds(edges: list[Edge], members: Iterable[str], op_id: str, port: str, full
         return False
     start = [op_id] if op_id in set(members) else [d for s, p, d in edges if s == op_id and p == port]
     return not full.isdisjoint(downstream(edges, start))
+
+
+SLICE_MIN = 250     # the fewest tuples a slice of a batch takes (why: slice_size)
+
+
+def slice_size(n: int, tuple_s: float, left_s: float, whole_s: float) -> int:
+    """How many of a data batch's ``n`` tuples a turn with ``left_s`` left takes, at ``tuple_s``
+    busy time a tuple (the channel's last batch's): all that fit, at least :data:`SLICE_MIN`;
+    every one when they all fit, when nothing was measured yet (also with the turn's time
+    already used up), or when the whole batch would take longer than ``whole_s``, the turn that
+    sends a PE to a thread of its own (turns.py): an operator that blocks shows it in one turn
+    and moves, instead of running short turns on the worker's loop (test_monitor's map, 0.5 ms
+    a tuple, never moved and counted 0.65 busy with slices of 32).
+
+    Why at least 250: a slice's reads and writes cost more per key the fewer keys they take
+    (a disk store holding 10^7 keys, ``get_many`` + ``write_many`` of random keys in process:
+    20.0-22.8 us a key at 1,000, 23.4-26.7 at 250, 25.8-33.6 at 100), and with slices of 32 the
+    table's state PE fell behind (session 37: a median gap between outputs of 9 ms against 0.9)."""
+    if n <= SLICE_MIN or tuple_s <= 0.0 or n * tuple_s <= left_s or n * tuple_s > whole_s:
+        return n
+    return max(SLICE_MIN, int(left_s / tuple_s))
 
 
 class InputScheduler:
@@ -116,11 +138,19 @@ class InputScheduler:
         (issue 15); turns of one batch each still gave each copy one batch per
         expensive one. Each channel stays FIFO: once one of its items waits,
         the rest of its items wait behind it.
+
+        A data batch that would run past the turn's deadline is taken in part
+        (``handle`` gets the deadline; :func:`slice_size` says how much): its
+        rest goes back in front as a :class:`~.channels.Rest` and the turn ends,
+        so the PE's outputs ship and its control calls run between slices. A
+        batch of 1,000 changes into a disk store holding 10^7 keys took 30-60 ms:
+        that long, nothing else the PE emits went out (issue 30's stall).
         """
         items = self.inbox.items
         if not items:
             return False
         deadline = perf_counter() + self.time_slice_s
+        whole_s = max(2 * self.time_slice_s, THREAD_AFTER_S)      # a turn this long: Turns.run threads the PE
         deferred: list = []             # items that wait for a later turn, in order
         waiting: set[int] = set()       # ids of channels with an item in ``deferred``
         yielded: set[int] = set()       # those of them that wait for their turn (not for credit)
@@ -144,9 +174,15 @@ class InputScheduler:
                 continue
             taken = True
             if kind == DATA:
-                t0 = self.busy_s()
-                self.handle(channel, kind, payload)
-                spent[id(channel)] = spent.get(id(channel), 0.0) + self.busy_s() - t0
+                t0, n0 = self.busy_s(), channel.tuples
+                rest = self.handle(channel, kind, payload, deadline, whole_s)
+                took = self.busy_s() - t0
+                spent[id(channel)] = spent.get(id(channel), 0.0) + took
+                if channel.tuples > n0:
+                    channel.tuple_s = took / (channel.tuples - n0)
+                if rest is not None:            # the batch's tuples past the deadline: the next turn's
+                    items.appendleft((channel, kind, rest))
+                    break
             else:
                 self.handle(channel, kind, payload)
             if perf_counter() >= deadline:

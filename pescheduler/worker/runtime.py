@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import traceback
+from time import perf_counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
@@ -27,8 +28,8 @@ from .aligner import Aligner
 from .barriers import Barriers, is_barrier
 from .carried_input import carrying
 from .chain import Chain
-from .channels import DATA, ENCODED, END, MALFORMED, MARKER, WATERMARK, ChannelIn, Inbox, decode
-from .flow import InputScheduler
+from .channels import DATA, ENCODED, END, MALFORMED, MARKER, WATERMARK, ChannelIn, Inbox, Rest, decode
+from .flow import InputScheduler, slice_size
 from .handshake import Credentials
 from .lazy_restore import StillLoading, restoring, still_loading
 from .pending_groups import PendingGroups, awaited, over_window, placeholder
@@ -156,21 +157,36 @@ class PERunner:
         self.barriers.check()                   # a sink's commit failed outside the loop: fail here
         return self.sources.pump(self.chain, self.inputs.source_held) | self.inputs.take()
 
-    def _take(self, channel: ChannelIn, kind: int, payload: Any) -> None:
-        """Process one inbox item the scheduler took (flow.InputScheduler.take)."""
+    def _take(self, channel: ChannelIn, kind: int, payload: Any, deadline: float | None = None,
+              whole_s: float = float("inf")) -> Rest | None:
+        """Process one inbox item the scheduler took (flow.InputScheduler.take). A data batch is
+        taken whole, or up to what fits before ``deadline`` (flow.slice_size; whole where it
+        would take longer than ``whole_s``): its rest is returned, for the scheduler to put back in front. Its credit is granted, and it leaves the inbox's
+        count, with its last slice."""
         chain = self.chain
         if kind == DATA:
-            self.figures.input_came()
-            self.ports.inbox.data_batches -= 1
-            self.turns.on_loop(channel.grant)    # per batch, so the sender keeps pipelining
-            try:
-                batch = decode(payload) if isinstance(payload, ENCODED) else payload
-            except Exception as exc:        # a proven peer's unreadable batch: a dead letter, not a failure
-                return self._dead(bytes(payload[:256]), exc, f"channel {channel.channel_id}")
+            if type(payload) is Rest:
+                batch = payload
+            else:
+                self.figures.input_came()
+                try:
+                    batch = decode(payload) if isinstance(payload, ENCODED) else payload
+                except Exception as exc:    # a proven peer's unreadable batch: a dead letter, not a failure
+                    self._taken(channel)
+                    self._dead(bytes(payload[:256]), exc, f"channel {channel.channel_id}")
+                    return None
+            rest = None
+            if deadline is not None and isinstance(batch, list):
+                n = slice_size(len(batch), channel.tuple_s, deadline - perf_counter(), whole_s)
+                if n < len(batch):
+                    batch, rest = batch[:n], Rest(batch[n:])
+            if rest is None:
+                self._taken(channel)
             if not chain.take_input(channel.src_op, batch, channel.port):     # wired, yet nothing here takes it
                 raise RuntimeError(f"channel {channel.channel_id} brought {len(batch)} tuples of {channel.src_op!r}, "
                                    f"which no operator of PE {self.pe_id} takes: they would be lost")
             channel.tuples += len(batch)
+            return rest
         elif kind == WATERMARK:
             chain.watermark_from(channel.src_op, payload)
         elif kind == END:
@@ -181,6 +197,11 @@ class PERunner:
             self._on_marker(channel, payload)
         elif kind == MALFORMED:         # a control frame that could not be read (channels.py)
             self._dead(*payload, f"channel {channel.channel_id}")
+
+    def _taken(self, channel: ChannelIn) -> None:
+        """A data batch leaves the inbox (its last slice): its credit back to the sender."""
+        self.ports.inbox.data_batches -= 1
+        self.turns.on_loop(channel.grant)        # per batch, so the sender keeps pipelining
 
     def _busy_s(self) -> float:
         """Busy time the operators have counted so far (on busy_clock, by the chain and the source
