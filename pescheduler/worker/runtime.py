@@ -161,8 +161,8 @@ class PERunner:
               whole_s: float = float("inf")) -> Rest | None:
         """Process one inbox item the scheduler took (flow.InputScheduler.take). A data batch is
         taken whole, or up to what fits before ``deadline`` (flow.slice_size; whole where it
-        would take longer than ``whole_s``): its rest is returned, for the scheduler to put back in front. Its credit is granted, and it leaves the inbox's
-        count, with its last slice."""
+        would take longer than ``whole_s``): its rest is returned, for the scheduler to put back
+        in front. Its credit is granted, and it leaves the inbox's count, with its last slice."""
         chain = self.chain
         if kind == DATA:
             if type(payload) is Rest:
