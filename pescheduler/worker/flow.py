@@ -44,7 +44,7 @@ from time import perf_counter
 from typing import Any, Callable, ContextManager, Iterable
 
 from .channels import DATA, ChannelIn, ChannelOut, Inbox
-from .turns import THREAD_AFTER_S
+from .turns import thread_after
 
 RELIEF_BATCHES = 2       # backlog (in credit windows) that makes an out-of-credit channel full
 SOURCE_BACKLOG = 1       # batches buffered on an out-of-credit channel that stop a broker source feeding it
@@ -113,6 +113,7 @@ class InputScheduler:
                  busy_s: Callable[[], float], park: Callable[..., bool], handle: Callable[..., None],
                  broker_sources: bool = False) -> None:
         self.inbox, self.outs, self.credits, self.time_slice_s = inbox, outs, credits, time_slice_s
+        self.whole_s = thread_after(time_slice_s)   # a batch this long is taken whole (slice_size)
         self.busy_s, self.park, self.handle = busy_s, park, handle
         self.broker_sources = broker_sources       # a source here whose backlog waits at a broker
         self.chain: Any = None                     # set once the PE built its chain
@@ -150,7 +151,6 @@ class InputScheduler:
         if not items:
             return False
         deadline = perf_counter() + self.time_slice_s
-        whole_s = max(2 * self.time_slice_s, THREAD_AFTER_S)      # a turn this long: Turns.run threads the PE
         deferred: list = []             # items that wait for a later turn, in order
         waiting: set[int] = set()       # ids of channels with an item in ``deferred``
         yielded: set[int] = set()       # those of them that wait for their turn (not for credit)
@@ -175,7 +175,7 @@ class InputScheduler:
             taken = True
             if kind == DATA:
                 t0, n0 = self.busy_s(), channel.tuples
-                rest = self.handle(channel, kind, payload, deadline, whole_s)
+                rest = self.handle(channel, kind, payload, deadline, self.whole_s)
                 took = self.busy_s() - t0
                 spent[id(channel)] = spent.get(id(channel), 0.0) + took
                 if channel.tuples > n0:

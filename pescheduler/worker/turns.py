@@ -22,6 +22,13 @@ YIELDS = 16              # at most this many loop passes after a long turn while
 LONG_TURN_S = 0.002      # a turn at least this long on the loop: the loop runs until nothing is ready after it
 
 
+def thread_after(time_slice_s: float) -> float:
+    """The turn (busy seconds) that sends a PE with this time slice to a thread of its own: twice
+    the slice, and at least :data:`THREAD_AFTER_S` (:meth:`Turns.run`; flow.slice_size takes a
+    batch that long whole, so the turn shows it)."""
+    return max(2 * time_slice_s, THREAD_AFTER_S)
+
+
 async def let_the_loop_run(passes: int = YIELDS) -> None:
     """Let the event loop run until it has nothing else ready, at most ``passes`` passes.
 
@@ -88,7 +95,7 @@ class Turns:
             progressed = work()
             took = clock() - t0
             self.long_turn = took >= LONG_TURN_S
-            if took > max(2 * self.time_slice_s, THREAD_AFTER_S):
+            if took > thread_after(self.time_slice_s):
                 self.go_threaded(f"a turn took {took * 1000:.0f} ms")
         else:
             async with self.lock:

@@ -249,7 +249,7 @@ def test_a_released_copy_hands_its_queued_input_to_the_original_with_its_groups(
         until(dep, processed("running_sum-3#1"), "the copy processes tuples")
         rec = dep.apply(Release("running_sum-3", 1), timeout=WAIT)
         assert rec.applied, rec.reason
-        window = config.get("channel.credits") * 100
+        window = config.get("channel.credits") * config.get("batch.size")     # 8 x the 100 set above
         carried = rec.steps.get("moving: tuples carried", 0)
         assert 0 < carried <= window, (f"the copy carried {carried} tuples (credit window {window}); "
                                        f"steps: {rec.steps}")
