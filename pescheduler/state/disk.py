@@ -60,7 +60,7 @@ import zlib
 from collections import deque
 from collections.abc import Collection, Mapping
 from itertools import compress, repeat
-from operator import is_, itemgetter, not_
+from operator import is_, itemgetter, not_, or_
 from typing import Any, Callable, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
@@ -507,14 +507,7 @@ class SnapshotView(StateView):
                     add((raw, value()))
                 step()
             at = [(raw, v) for raw in later if (v := self._at(raw)) is not None]
-        if at:                              # written since: merged into the order, the GIL free between steps
-            at = _sorted(at)
-            if len(at) <= RAW_INSERTS:
-                for pair in at:
-                    bisect.insort(pairs, pair)
-            else:
-                pairs = list(heapq.merge(pairs, at))
-        return pairs
+        return _merged(pairs, _sorted(at)) if at else pairs     # written since: into the order
 
     def full(self, group: int) -> tuple[bytes, int, Any]:
         """A checkpoint's full file of the group: its :meth:`raw` bytes as a rescale's part
@@ -545,18 +538,39 @@ class SnapshotView(StateView):
 
     def _values(self, keys: list[bytes]) -> list:
         """The pickled values of ``keys`` at the snapshot, None for a deleted one: the buffer's copy
-        first, then the snapshot, read by ``map`` in C; a Python step per key only where a snapshot
-        read misses (:meth:`_at`)."""
+        first, then one multi-get of the live store, which RocksDB reads with the GIL let go (a
+        snapshot read a key, through ``map`` in C, held it for every 1,024: 5-7 ms a call at 10^7
+        keys, the writer's longest holds beside the PE, docs/state.md), and the keys written since
+        the snapshot read at it instead (:meth:`_since`). At the snapshot, a read a key: a view
+        pinned (a group dropped or replaced whole in the live store) or a take's."""
         raws = list(map(self._buffered.get, keys, repeat(_MISSING)))
+        unread = list(compress(range(len(keys)), map(is_, raws, repeat(_MISSING))))
+        if not unread:
+            return raws
+        rest = list(map(keys.__getitem__, unread))
         try:
-            if not any(map(is_, raws, repeat(_MISSING))):
-                return raws
-            if all(map(is_, raws, repeat(_MISSING))):
-                return list(map(self._snap.__getitem__, keys))
-            snap = self._snap.__getitem__
-            return [raw if raw is not _MISSING else snap(k) for k, raw in zip(keys, raws)]
+            got = self._state._db.get(rest) if self.unpinned else None
+            if got is not None and self._pinned is None:    # pinned meanwhile: the drop may be in what it read
+                for i in self._since(rest):
+                    got[i] = self._at(rest[i])
+            else:
+                got = list(map(self._snap.__getitem__, rest))
         except Exception:                   # a key the snapshot has not (rocksdict raises a bare Exception)
-            return list(map(self._at, keys))
+            got = list(map(self._at, rest))
+        for i, raw in zip(unread, got):
+            raws[i] = raw
+        return raws
+
+    def _since(self, keys: list[bytes]) -> list[int]:
+        """The indices of ``keys`` written after the snapshot, read after the live store was: a
+        superset of those it had newer. The keys since the state's last snapshot first, then its
+        journal (:meth:`DiskState._written_after`'s order), each tested by ``map`` in C."""
+        state, seq = self._state, self.changes.seq
+        written = [state._dirty] + [c.keys for c in list(state._journal) if c.seq > seq]
+        hits = list(map(written[0].__contains__, keys))
+        for more in written[1:]:
+            hits = list(map(or_, hits, map(more.__contains__, keys)))
+        return list(compress(range(len(keys)), hits))
 
     def _pin(self, iterators: list) -> None:
         self._pinned = iterators
@@ -639,14 +653,26 @@ def _unpickled_delta(keys: list, values: list[bytes | None]) -> tuple[dict, list
             [k for k, v in zip(keys, values) if v is None])
 
 
-RAW_INSERTS = 64        # keys written since a view's snapshot put into its group's order one at a time
-                        # (SnapshotView.raw); more are merged: one sort of a group's 78,000 pairs holds
-                        # the GIL for the whole call (tens of ms at 10^7 keys, beside the PE)
 RAW_FULL_MIN = 16       # a group with fewer keys is a full file of pickled dicts (SnapshotView.full): its
                         # raw file was 1.13x their bytes at 7 keys, 0.82x at 15, 0.54x at 46
 RAW_CHUNK = 8192        # pairs written to an SST file in one C call (about a millisecond)
 RAW_LEVEL = 1           # zlib's level for them: each value's pickle repeats its header, and level 1
                         # takes 57.7 MB of 10^6 keys to 11.5 in 0.5 s of CPU, the GIL let go (6: 9.9 MB, 1.4 s)
+
+
+def _merged(pairs: list, at: list) -> list:
+    """Sorted ``at`` merged into sorted ``pairs`` (no key in both): a bisect and two slices a pair
+    of ``at``, the runs between them copied in C. ``heapq.merge`` stepped through every pair in
+    Python, a group's 78,000 at 10^7 keys for a thousand written since the snapshot: a fifth of
+    the writer's time in :meth:`SnapshotView.raw` (docs/state.md, session 39)."""
+    out, lo, find = [], 0, bisect.bisect_left
+    for pair in at:
+        i = find(pairs, pair, lo)
+        out += pairs[lo:i]
+        out.append(pair)
+        lo = i
+    out += pairs[lo:]
+    return out
 
 
 def _pack_raw(pairs: list[tuple[bytes, bytes]]) -> bytes:
