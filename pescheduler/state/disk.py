@@ -26,7 +26,9 @@ Memory is bounded by ``pescheduler.state.cache``: half of it is RocksDB's block
 cache (recently read blocks), the other half its memtables (recent writes,
 charged to the same budget by a write buffer manager). What does not fit is in
 SST files on the worker's disk, so an instance may hold several times the
-worker's memory. A snapshot (a checkpoint's barrier, on the PE's loop) is a
+worker's memory. Outside that budget: the keys written since the last snapshot,
+each with its pickled value (an interval's writes, until a checkpoint has
+written them as deltas), so that a steady checkpoint reads nothing back. A snapshot (a checkpoint's barrier, on the PE's loop) is a
 RocksDB snapshot and a copy of the write-back buffer, O(1) (:class:`SnapshotView`:
 its reads, in the checkpoint writer's thread, work around rocksdict 0.3.29's
 snapshot iterators, which read the live store). A rescale's take (in the PE's
@@ -333,8 +335,10 @@ class SnapshotView(StateView):
     (every key written since the previous one) and opened every SST file's index and filter
     blocks, holding the GIL: the PE's stall at a checkpoint grew with the state (docs/state.md).
 
-    Its reads come later, in the worker's writer thread. A key is read at the snapshot (the
-    buffer's copy first): ``delta``, the keys a checkpoint writes as a delta. rocksdict's
+    Its reads come later, in the worker's writer thread. ``delta``, the keys a checkpoint writes
+    as a delta: those written in the interval the snapshot closed with the value its
+    :class:`Changes` hold, others from the buffer's copy, or the live store corrected as an
+    iterator is (:meth:`_values`). rocksdict's
     snapshot iterators read the live store (0.3.29), so a group is iterated in the live store
     through one iterator the view makes at its first read (an iterator is a consistent view of
     the store as it was then), and every key written between the snapshot and that iterator is
@@ -530,21 +534,31 @@ class SnapshotView(StateView):
         a steady checkpoint (docs/state.md, session 33). Read :data:`base.PACK_CHUNK` keys a call
         (:meth:`_values`): one ``map`` over a group's 20,000 keys changed (the first checkpoint
         after a rescale at 10^7 keys) held the GIL through 20,000 snapshot reads."""
-        keys = list(keys)
+        keys, changes = list(keys), self.changes
+        # the values the snapshot's Changes hold, unless the group was replaced whole (a drop, an
+        # import) in its interval: a key written before that holds a value the group no longer has
+        own = changes.keys if changes is not None and group not in changes.whole and type(changes.keys) is dict else {}
         values: list = []
         for i in range(0, len(keys), PACK_CHUNK):       # the PE's thread gets the GIL between two
-            values += self._values(keys[i:i + PACK_CHUNK])
+            values += self._values(keys[i:i + PACK_CHUNK], own)
         return RawDelta(_decode_all(keys), values), ()
 
-    def _values(self, keys: list[bytes]) -> list:
-        """The pickled values of ``keys`` at the snapshot, None for a deleted one: the buffer's copy
-        first, then one multi-get of the live store, which RocksDB reads with the GIL let go (a
-        snapshot read a key, through ``map`` in C, held it for every 1,024: 5-7 ms a call at 10^7
-        keys, the writer's longest holds beside the PE, docs/state.md), and the keys written since
-        the snapshot read at it instead (:meth:`_since`). At the snapshot, a read a key: a view
+    def _values(self, keys: list[bytes], own: dict) -> list:
+        """The pickled values of ``keys`` at the snapshot, None for a deleted one. Those written in
+        the interval the snapshot closed from ``own``, its :class:`Changes`' keys, which hold each
+        one's last value (a steady checkpoint's every delta key: no read at all); then the buffer's copy;
+        then one multi-get of the live store, which RocksDB reads with the GIL let go (a snapshot
+        read a key, through ``map`` in C, held it for every 1,024: 5-7 ms a call at 10^7 keys, the
+        writer's longest holds beside the PE, docs/state.md), and the keys written since the
+        snapshot read at it instead (:meth:`_since`). At the snapshot, a read a key: a view
         pinned (a group dropped or replaced whole in the live store) or a take's."""
-        raws = list(map(self._buffered.get, keys, repeat(_MISSING)))
+        raws = list(map(own.get, keys, repeat(_MISSING)))
         unread = list(compress(range(len(keys)), map(is_, raws, repeat(_MISSING))))
+        if unread and self._buffered:
+            buffered = self._buffered.get
+            for i in unread:
+                raws[i] = buffered(keys[i], _MISSING)
+            unread = [i for i in unread if raws[i] is _MISSING]
         if not unread:
             return raws
         rest = list(map(keys.__getitem__, unread))
@@ -849,11 +863,12 @@ class DiskState(KeyedState):
         self._stored = MayBeStored(cache_bytes)     # of every encoded key written to the store
         self._warming = False               # its pages being faulted in by a thread (_populate)
         self._end = weakref.finalize(self, _shut, self._db, path)
-        # encoded keys put or deleted since the snapshot, as a dict's keys (values None): a dict of
-        # bytes is not tracked by the cyclic GC, a set is, and a full collection visits each of its
-        # keys (a set of 10^6 keys: 300 ms holding the GIL, L 12; the dict: 1 ms). Its
+        # encoded keys put or deleted since the snapshot, each with its last pickled value (None:
+        # deleted), so that a checkpoint's delta of them reads nothing (SnapshotView._values). A
+        # dict of bytes is not tracked by the cyclic GC, a set is, and a full collection visits
+        # each of its keys (a set of 10^6 keys: 300 ms holding the GIL, L 12; the dict: 1 ms). Its
         # :class:`Changes` and the journal keep the same dicts.
-        self._dirty: dict[bytes, None] = {}
+        self._dirty: dict[bytes, bytes | None] = {}
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
         self._views: weakref.WeakSet[SnapshotView] = weakref.WeakSet()   # weak: one dropped unreleased goes
         self._journal: list[Changes] = []     # snapshots' Changes after the oldest lazy view's
@@ -907,9 +922,8 @@ class DiskState(KeyedState):
 
     def put(self, key: Any, value: Any) -> None:
         k = self._encoded.get(key) or self._key(key)
-        self._dirty[k] = None
         pending = self._pending
-        pending[k] = pickle.dumps(value, _PICKLE)
+        pending[k] = self._dirty[k] = pickle.dumps(value, _PICKLE)
         if len(pending) >= FLUSH_KEYS:
             self._flush()
 
@@ -948,9 +962,9 @@ class DiskState(KeyedState):
         if type(puts) is not dict:
             puts = dict(puts)
         encoded = self._keys(list(puts))
-        pending = self._pending
-        pending.update(zip(encoded, map(pickle.dumps, puts.values(), repeat(_PICKLE))))
-        self._dirty.update(dict.fromkeys(encoded))
+        pending, values = self._pending, list(map(pickle.dumps, puts.values(), repeat(_PICKLE)))
+        pending.update(zip(encoded, values))
+        self._dirty.update(zip(encoded, values))
         if deletes:
             gone = self._keys(list(deletes))
             pending.update(dict.fromkeys(gone))         # None: a delete
