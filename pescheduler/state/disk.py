@@ -28,8 +28,9 @@ charged to the same budget by a write buffer manager). What does not fit is in
 SST files on the worker's disk, so an instance may hold several times the
 worker's memory. Outside that budget: the keys written since the last snapshot,
 each with its pickled value (an interval's writes, until a checkpoint has
-written them as deltas), so that a steady checkpoint reads nothing back. A snapshot (a checkpoint's barrier, on the PE's loop) is a
-RocksDB snapshot and a copy of the write-back buffer, O(1) (:class:`SnapshotView`:
+written them as deltas), so that a steady checkpoint reads nothing back. A
+snapshot (a checkpoint's barrier, on the PE's loop) is a RocksDB snapshot and a
+copy of the write-back buffer, O(1) (:class:`SnapshotView`:
 its reads, in the checkpoint writer's thread, work around rocksdict 0.3.29's
 snapshot iterators, which read the live store). A rescale's take (in the PE's
 turn) is the same kind of view with its iterator made at once, before the store
@@ -338,8 +339,8 @@ class SnapshotView(StateView):
     Its reads come later, in the worker's writer thread. ``delta``, the keys a checkpoint writes
     as a delta: those written in the interval the snapshot closed with the value its
     :class:`Changes` hold, others from the buffer's copy, or the live store corrected as an
-    iterator is (:meth:`_values`). rocksdict's
-    snapshot iterators read the live store (0.3.29), so a group is iterated in the live store
+    iterator is (:meth:`_values`). rocksdict's snapshot iterators read the live store
+    (0.3.29), so a group is iterated in the live store
     through one iterator the view makes at its first read (an iterator is a consistent view of
     the store as it was then), and every key written between the snapshot and that iterator is
     read at the snapshot instead: the state's later :class:`Changes` and its keys since the last
@@ -546,8 +547,8 @@ class SnapshotView(StateView):
     def _values(self, keys: list[bytes], own: dict) -> list:
         """The pickled values of ``keys`` at the snapshot, None for a deleted one. Those written in
         the interval the snapshot closed from ``own``, its :class:`Changes`' keys, which hold each
-        one's last value (a steady checkpoint's every delta key: no read at all); then the buffer's copy;
-        then one multi-get of the live store, which RocksDB reads with the GIL let go (a snapshot
+        one's last value (a steady checkpoint's every delta key: no read at all); then the
+        buffer's copy; then one multi-get of the live store, which RocksDB reads with the GIL let go (a snapshot
         read a key, through ``map`` in C, held it for every 1,024: 5-7 ms a call at 10^7 keys, the
         writer's longest holds beside the PE, docs/state.md), and the keys written since the
         snapshot read at it instead (:meth:`_since`). At the snapshot, a read a key: a view
