@@ -160,7 +160,8 @@ class Changes:
     token: str                          # the state object (a new one starts every chain again)
     seq: int                            # this snapshot's number in that state (1, 2, ...)
     keys: Iterable = field(default_factory=set)     # keys put or deleted, in the backend's form (any
-                                                    # collection: memory's is its dicts, read off the loop)
+                                                    # collection: memory's is its dicts, read off the loop;
+                                                    # disk's a dict of each one's last pickled value)
     whole: set = field(default_factory=set)         # key groups replaced whole (import, drop)
     before: tuple = ()                  # earlier snapshots' Changes whose views were let go unwritten
     taken: bool = False                 # a checkpoint's writer has them (ChainWriter): not carried on
