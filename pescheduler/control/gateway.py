@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Iterable
+from functools import partial
+from typing import Any, Awaitable, Callable, Iterable
 
 import cloudpickle
 from distributed import Client
@@ -28,6 +29,16 @@ from ..wire import PESpec
 from .topics import command_topic, state_topic
 
 logger = logging.getLogger(__name__)
+
+
+
+async def bounded(call: Callable[[], Awaitable], timeout: float) -> Any:
+    """``call()``, a worker's RPC, given up after ``timeout``. The RPC's coroutine is made here,
+    once this runs: a gather of ``wait_for(rpc(...))`` cancelled before its children started
+    (a deployment stopping mid-poll) closed each ``wait_for`` unstarted, and the RPC coroutine
+    it held was never awaited (the suite's RuntimeWarnings, sessions 36-39).
+    """
+    return await asyncio.wait_for(call(), timeout)
 
 
 class SchedulerLost(ConnectionError):
@@ -117,7 +128,7 @@ class WorkerGateway:
         process breaks at once) or the scheduler no longer lists it; None when all are there. A
         call that only times out does not count: a loaded machine, or a new connection to a dead
         address, which Dask retries until its connect timeout; the scheduler's list decides then."""
-        answers = await asyncio.gather(*(asyncio.wait_for(self.client.rpc(w).pe_info(), self.probe_timeout)
+        answers = await asyncio.gather(*(bounded(self.client.rpc(w).pe_info, self.probe_timeout)
                                          for w in workers), return_exceptions=True)
         listed = await self.workers()
         for worker, answer in zip(workers, answers):
@@ -161,8 +172,8 @@ class WorkerGateway:
         otherwise holds its caller for Dask's 30 s connect retry (the control loop then published
         no status and ran no policy for 30 s after every loss)."""
         return list(await asyncio.gather(*(
-            asyncio.wait_for(self.client.rpc(w).pe_stats(deployment=self.deployment, dead_letters=dead_letters),
-                             self.worker_timeout) for w in workers)))
+            bounded(partial(self.client.rpc(w).pe_stats, deployment=self.deployment, dead_letters=dead_letters),
+                    self.worker_timeout) for w in workers)))
 
     async def watch(self, worker: str, version: int, timeout: float) -> dict:
         """Long-poll the PE states on ``worker`` newer than ``version``."""
