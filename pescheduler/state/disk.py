@@ -28,7 +28,8 @@ charged to the same budget by a write buffer manager). What does not fit is in
 SST files on the worker's disk, so an instance may hold several times the
 worker's memory. Outside that budget: the keys written since the last snapshot,
 each with its pickled value (an interval's writes, until a checkpoint has
-written them as deltas), so that a steady checkpoint reads nothing back. A
+written them as deltas; values up to a sixteenth of the cache an interval), so
+that a steady checkpoint reads nothing back. A
 snapshot (a checkpoint's barrier, on the PE's loop) is a RocksDB snapshot and a
 copy of the write-back buffer, O(1) (:class:`SnapshotView`:
 its reads, in the checkpoint writer's thread, work around rocksdict 0.3.29's
@@ -318,7 +319,7 @@ def _shut(db: Any, path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-_MISSING = object()     # a key the write-back buffer does not hold
+_MISSING = object()     # a key the write-back buffer does not hold; a value the changes did not keep
 _first = itemgetter(0)
 _SECOND = itemgetter(1)
 
@@ -865,11 +866,16 @@ class DiskState(KeyedState):
         self._warming = False               # its pages being faulted in by a thread (_populate)
         self._end = weakref.finalize(self, _shut, self._db, path)
         # encoded keys put or deleted since the snapshot, each with its last pickled value (None:
-        # deleted), so that a checkpoint's delta of them reads nothing (SnapshotView._values). A
+        # deleted; _MISSING: not kept), so that a checkpoint's delta of them reads nothing
+        # (SnapshotView._values). A
         # dict of bytes is not tracked by the cyclic GC, a set is, and a full collection visits
         # each of its keys (a set of 10^6 keys: 300 ms holding the GIL, L 12; the dict: 1 ms). Its
         # :class:`Changes` and the journal keep the same dicts.
-        self._dirty: dict[bytes, bytes | None] = {}
+        self._dirty: dict[bytes, Any] = {}
+        # the values kept there, in bytes, at most a sixteenth of the cache an interval: past that
+        # a key is kept as _MISSING (its delta reads it back), so a run without checkpoints, whose
+        # snapshots never come, does not hold every value it wrote
+        self._kept, self._keep = 0, max(cache_bytes // 16, 1 << 20)
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
         self._views: weakref.WeakSet[SnapshotView] = weakref.WeakSet()   # weak: one dropped unreleased goes
         self._journal: list[Changes] = []     # snapshots' Changes after the oldest lazy view's
@@ -924,7 +930,12 @@ class DiskState(KeyedState):
     def put(self, key: Any, value: Any) -> None:
         k = self._encoded.get(key) or self._key(key)
         pending = self._pending
-        pending[k] = self._dirty[k] = pickle.dumps(value, _PICKLE)
+        pending[k] = raw = pickle.dumps(value, _PICKLE)
+        if self._kept < self._keep:
+            self._dirty[k] = raw
+            self._kept += len(raw)
+        else:
+            self._dirty[k] = _MISSING
         if len(pending) >= FLUSH_KEYS:
             self._flush()
 
@@ -965,7 +976,11 @@ class DiskState(KeyedState):
         encoded = self._keys(list(puts))
         pending, values = self._pending, list(map(pickle.dumps, puts.values(), repeat(_PICKLE)))
         pending.update(zip(encoded, values))
-        self._dirty.update(zip(encoded, values))
+        if self._kept < self._keep:
+            self._dirty.update(zip(encoded, values))
+            self._kept += sum(map(len, values))
+        else:
+            self._dirty.update(dict.fromkeys(encoded, _MISSING))
         if deletes:
             gone = self._keys(list(deletes))
             pending.update(dict.fromkeys(gone))         # None: a delete
@@ -1015,7 +1030,7 @@ class DiskState(KeyedState):
         lazy = [c.seq for v in list(self._views) if v.lazy and (c := v.changes) is not None]
         # the journal before the swap: a view's reader copies the keys since first, then the journal
         self._journal = [c for c in self._journal if c.seq > min(lazy)] + [changes] if lazy else []
-        self._dirty, self._whole = {}, set()
+        self._dirty, self._whole, self._kept = {}, set(), 0
         view = SnapshotView(self, changes)
         self._views.add(view)
         return view

@@ -267,6 +267,24 @@ def test_a_delta_of_the_keys_its_own_snapshot_closed_reads_nothing_from_the_stor
     assert not sizes and not snapshot_reads, f"multi-gets {sizes}, snapshot reads {snapshot_reads}"
 
 
+def test_past_a_sixteenth_of_the_cache_an_interval_the_values_written_are_read_back_not_kept(stores, monkeypatch):
+    """The values a disk state keeps for the next checkpoint's deltas are bounded (a sixteenth of
+    the cache an interval, past it a batch at most): a run without checkpoints, whose snapshots
+    never come, would hold every value it wrote. The delta reads the rest back, exact."""
+    monkeypatch.setattr(disk, "FLUSH_KEYS", 1)
+    src = stores("src")
+    src._keep = 1 << 20                                 # 1 MB
+    one, big = _group_five(), "x" * 1_000
+    for i in range(0, len(one), 250):                   # a PE's slices: 250 keys a call
+        src.write_many({k: {"v": k, "pad": big} for k in one[i:i + 250]})
+    kept = sum(len(v) for v in src._dirty.values() if type(v) is bytes)
+    assert kept <= (1 << 20) + 250 * 1_100, f"{kept} bytes of values kept"
+    view = src.snapshot()
+    puts, deletes, sizes, snapshot_reads = _delta_reads(src, view, one, monkeypatch)
+    assert puts == {k: {"v": k, "pad": big} for k in one} and not deletes
+    assert sum(sizes) >= 1_500 and not snapshot_reads, f"multi-gets {sizes}"
+
+
 @settings(max_examples=200, deadline=None)
 @given(keys=st.lists(st.binary(max_size=3), unique=True), cut=st.randoms())
 def test_keys_written_since_a_snapshot_merge_into_a_groups_order(keys, cut):
