@@ -85,6 +85,9 @@ FLUSH_KEYS = 1024
 ENCODED_KEYS = 8192     # keys whose encoding is remembered (an operator's get, then put, of one key)
 PIN_READS = 2           # reads at once of a view pinned by a drop, besides the one holding its cursor
 INGEST_KEYS = 16384     # a prepared group this large is an SST file, ingested; a smaller one a write batch
+DIRTY_KEYS = 1 << 20    # keys written since the last snapshot past which, no view reading the live store,
+                        # the state stops naming them: the next checkpoint writes every group whole (a run
+                        # without checkpoints, whose snapshots never come, kept every key it wrote)
 
 
 def _stored_bits(cache_bytes: int) -> mmap.mmap:
@@ -1012,6 +1015,9 @@ class DiskState(KeyedState):
         self._stored.add(keys)
         self._db.write(batch)
         self._pending = {}
+        if len(self._dirty) > DIRTY_KEYS and not any(v.lazy for v in list(self._views)):
+            self._whole.update(range(KEY_GROUPS))
+            self._dirty, self._kept = {}, 0
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         self._flush()

@@ -285,6 +285,28 @@ def test_past_a_sixteenth_of_the_cache_an_interval_the_values_written_are_read_b
     assert sum(sizes) >= 1_500 and not snapshot_reads, f"multi-gets {sizes}"
 
 
+def test_keys_written_with_no_snapshot_to_come_are_not_kept_without_bound(stores, monkeypatch):
+    """Past ``DIRTY_KEYS`` keys written since the last snapshot, with no view reading the live
+    store, a disk state stops naming them and the next checkpoint writes every group whole,
+    exact; a view still reading the live store keeps them named (its reads are corrected by them)."""
+    monkeypatch.setattr(disk, "FLUSH_KEYS", 1)
+    monkeypatch.setattr(disk, "DIRTY_KEYS", 100)
+    src = stores("src")
+    model = {k: {"v": k} for k in range(300)}
+    src.write_many(model)
+    src.put(0, {"v": "last"})
+    model[0] = {"v": "last"}
+    assert len(src._dirty) <= 100, f"{len(src._dirty)} keys named"
+    store, files = CheckpointStore(f"memory://dirty-{id(src)}", b"k" * 32), CheckpointFiles()
+    checkpoint(files, store, src, 1)
+    assert restored(store, 1) == model
+    view = src.snapshot()                               # unreleased, unread: it reads the live store later
+    src.write_many({k: {"v": -k} for k in range(300)})
+    assert len(src._dirty) == 300
+    assert dict(kv for g in view.groups() for kv in view.items(g)) == model
+    view.release()
+
+
 @settings(max_examples=200, deadline=None)
 @given(keys=st.lists(st.binary(max_size=3), unique=True), cut=st.randoms())
 def test_keys_written_since_a_snapshot_merge_into_a_groups_order(keys, cut):
