@@ -870,10 +870,9 @@ class DiskState(KeyedState):
         self._end = weakref.finalize(self, _shut, self._db, path)
         # encoded keys put or deleted since the snapshot, each with its last pickled value (None:
         # deleted; _MISSING: not kept), so that a checkpoint's delta of them reads nothing
-        # (SnapshotView._values). A
-        # dict of bytes is not tracked by the cyclic GC, a set is, and a full collection visits
-        # each of its keys (a set of 10^6 keys: 300 ms holding the GIL, L 12; the dict: 1 ms). Its
-        # :class:`Changes` and the journal keep the same dicts.
+        # (SnapshotView._values). A dict of bytes is not tracked by the cyclic GC, a set is, and a
+        # full collection visits each of its keys (a set of 10^6 keys: 300 ms holding the GIL, L
+        # 12; the dict: 1 ms). Its :class:`Changes` and the journal keep the same dicts.
         self._dirty: dict[bytes, Any] = {}
         # the values kept there, in bytes, at most a sixteenth of the cache an interval: past that
         # a key is kept as _MISSING (its delta reads it back), so a run without checkpoints, whose
