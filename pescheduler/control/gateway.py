@@ -31,7 +31,6 @@ from .topics import command_topic, state_topic
 logger = logging.getLogger(__name__)
 
 
-
 async def bounded(call: Callable[[], Awaitable], timeout: float) -> Any:
     """``call()``, a worker's RPC, given up after ``timeout``. The RPC's coroutine is made here,
     once this runs: a gather of ``wait_for(rpc(...))`` cancelled before its children started
@@ -235,15 +234,15 @@ class WorkerGateway:
     async def calls(self, worker: str) -> dict:
         """The deploys and rewires of this deployment still open on ``worker``, with their parts
         done, and its PEs' output channels still opening (a step that waits: where it stands)."""
-        return await asyncio.wait_for(self.client.rpc(worker).pe_calls(deployment=self.deployment),
-                                      self.worker_timeout)
+        return await bounded(partial(self.client.rpc(worker).pe_calls, deployment=self.deployment),
+                             self.worker_timeout)
 
     # -- checkpoints (pescheduler/checkpoint/coordinator.py) ------------------------------
     async def ckpt_begin(self, worker: str, checkpoint_id: int, pe_ids: list[str], epoch: int) -> None:
         """Start checkpoint ``checkpoint_id`` of ``epoch`` at these PEs (those with sources); bounded:
         a worker that does not answer within ``calls.worker`` aborts the checkpoint."""
-        await asyncio.wait_for(self.client.rpc(worker).pe_ckpt_begin(
-            deployment=self.deployment, checkpoint_id=checkpoint_id, pe_ids=pe_ids, epoch=epoch), self.worker_timeout)
+        await bounded(partial(self.client.rpc(worker).pe_ckpt_begin, deployment=self.deployment,
+                              checkpoint_id=checkpoint_id, pe_ids=pe_ids, epoch=epoch), self.worker_timeout)
 
     async def ckpt_wait(self, worker: str, checkpoint_id: int, pe_ids: list[str], timeout: float) -> dict:
         """Whether the PEs' snapshots for ``checkpoint_id`` are all taken (or ``timeout``); the worker holds them."""
@@ -259,9 +258,9 @@ class WorkerGateway:
     async def ckpt_end(self, workers: Iterable[str], checkpoint_id: int, complete: bool) -> None:
         """Sinks commit (``complete``) or discard checkpoint ``checkpoint_id``; bounded per worker."""
         workers = list(workers)
-        calls = [asyncio.wait_for(self.client.rpc(w).pe_ckpt_end(deployment=self.deployment,
-                                                                  checkpoint_id=checkpoint_id, complete=complete),
-                                  self.worker_timeout) for w in workers]
+        calls = [bounded(partial(self.client.rpc(w).pe_ckpt_end, deployment=self.deployment,
+                                 checkpoint_id=checkpoint_id, complete=complete), self.worker_timeout)
+                 for w in workers]
         for w, result in zip(workers, await asyncio.gather(*calls, return_exceptions=True)):
             if isinstance(result, BaseException):
                 logger.warning("ending checkpoint %s on %s failed: %s", checkpoint_id, w, result)
@@ -276,8 +275,8 @@ class WorkerGateway:
 
     async def _ending(self, handler: str, workers: Iterable[str]) -> None:
         workers = list(workers)
-        calls = [asyncio.wait_for(getattr(self.client.rpc(w), handler)(deployment=self.deployment),
-                                  self.worker_timeout) for w in workers]
+        calls = [bounded(partial(getattr(self.client.rpc(w), handler), deployment=self.deployment),
+                         self.worker_timeout) for w in workers]
         for w, result in zip(workers, await asyncio.gather(*calls, return_exceptions=True)):
             if isinstance(result, BaseException):
                 logger.debug("%s on %s failed: %s", handler, w, result)

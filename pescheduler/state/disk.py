@@ -29,10 +29,9 @@ SST files on the worker's disk, so an instance may hold several times the
 worker's memory. Outside that budget: the keys written since the last snapshot,
 each with its pickled value (an interval's writes, until a checkpoint has
 written them as deltas; values up to a sixteenth of the cache an interval), so
-that a steady checkpoint reads nothing back. A
-snapshot (a checkpoint's barrier, on the PE's loop) is a RocksDB snapshot and a
-copy of the write-back buffer, O(1) (:class:`SnapshotView`:
-its reads, in the checkpoint writer's thread, work around rocksdict 0.3.29's
+that a steady checkpoint reads nothing back. A snapshot (a checkpoint's barrier,
+on the PE's loop) is a RocksDB snapshot and a copy of the write-back buffer, O(1)
+(:class:`SnapshotView`: its reads, in the checkpoint writer's thread, work around rocksdict 0.3.29's
 snapshot iterators, which read the live store). A rescale's take (in the PE's
 turn) is the same kind of view with its iterator made at once, before the store
 drops the taken groups by range: O(taken groups + write-back buffer), whatever
@@ -344,8 +343,7 @@ class SnapshotView(StateView):
     as a delta: those written in the interval the snapshot closed with the value its
     :class:`Changes` hold, others from the buffer's copy, or the live store corrected as an
     iterator is (:meth:`_values`). rocksdict's snapshot iterators read the live store
-    (0.3.29), so a group is iterated in the live store
-    through one iterator the view makes at its first read (an iterator is a consistent view of
+    (0.3.29), so a group is iterated in the live store through one iterator the view makes at its first read (an iterator is a consistent view of
     the store as it was then), and every key written between the snapshot and that iterator is
     read at the snapshot instead: the state's later :class:`Changes` and its keys since the last
     one, read after the iterator is made, hold every write it sees. Before a group is replaced
@@ -425,7 +423,7 @@ class SnapshotView(StateView):
             if not pool:
                 raise RuntimeError(f"more than {PIN_READS} reads at once of a view pinned by a drop")
             it = pool.pop()
-        return (it, self.by_group(self._state._written_after(self.changes.seq) | self._buffered.keys())), pool
+        return (it, self.by_group(set().union(*self._state._written_after(self.changes.seq), self._buffered))), pool
 
     def _at(self, raw: bytes) -> bytes | None:
         """The pickled value of an encoded key at the snapshot, None when it had none."""
@@ -552,11 +550,11 @@ class SnapshotView(StateView):
         """The pickled values of ``keys`` at the snapshot, None for a deleted one. Those written in
         the interval the snapshot closed from ``own``, its :class:`Changes`' keys, which hold each
         one's last value (a steady checkpoint's every delta key: no read at all); then the
-        buffer's copy; then one multi-get of the live store, which RocksDB reads with the GIL let go (a snapshot
-        read a key, through ``map`` in C, held it for every 1,024: 5-7 ms a call at 10^7 keys, the
-        writer's longest holds beside the PE, docs/state.md), and the keys written since the
-        snapshot read at it instead (:meth:`_since`). At the snapshot, a read a key: a view
-        pinned (a group dropped or replaced whole in the live store) or a take's."""
+        buffer's copy; then one multi-get of the live store, which RocksDB reads with the GIL let
+        go (a snapshot read a key, through ``map`` in C, held it for every 1,024: 5-7 ms a call at
+        10^7 keys, the writer's longest holds beside the PE, docs/state.md), and the keys written
+        since the snapshot read at it instead (:meth:`_since`). At the snapshot, a read a key: a
+        view pinned (a group dropped or replaced whole in the live store) or a take's."""
         raws = list(map(own.get, keys, repeat(_MISSING)))
         unread = list(compress(range(len(keys)), map(is_, raws, repeat(_MISSING))))
         if unread and self._buffered:
@@ -581,11 +579,9 @@ class SnapshotView(StateView):
         return raws
 
     def _since(self, keys: list[bytes]) -> list[int]:
-        """The indices of ``keys`` written after the snapshot, read after the live store was: a
-        superset of those it had newer. The keys since the state's last snapshot first, then its
-        journal (:meth:`DiskState._written_after`'s order), each tested by ``map`` in C."""
-        state, seq = self._state, self.changes.seq
-        written = [state._dirty] + [c.keys for c in list(state._journal) if c.seq > seq]
+        """The indices of ``keys`` written after the snapshot (:meth:`DiskState._written_after`),
+        read after the live store was: a superset of those it had newer; tested by ``map`` in C."""
+        written = self._state._written_after(self.changes.seq)
         hits = list(map(written[0].__contains__, keys))
         for more in written[1:]:
             hits = list(map(or_, hits, map(more.__contains__, keys)))
@@ -1040,15 +1036,12 @@ class DiskState(KeyedState):
         self._views.add(view)
         return view
 
-    def _written_after(self, seq: int) -> set:
-        """Encoded keys written after snapshot ``seq`` (a superset): read from another thread
-        while the PE writes, the keys since the last snapshot first (one C call: atomic under the
-        GIL), then the journal (a snapshot extends it before it swaps those keys out)."""
-        keys = set(self._dirty)
-        for changes in list(self._journal):
-            if changes.seq > seq:
-                keys.update(changes.keys)
-        return keys
+    def _written_after(self, seq: int) -> list:
+        """The collections of encoded keys written after snapshot ``seq`` (together a superset),
+        for another thread while the PE writes: the dict of keys since the last snapshot first
+        (the one a later snapshot swaps out, whole, into its Changes), then the journal's after
+        ``seq`` (a snapshot extends it before it swaps those keys out). Each is read in one C call."""
+        return [self._dirty, *(c.keys for c in list(self._journal) if c.seq > seq)]
 
     def _pin_views(self) -> None:
         """Before a group is dropped or replaced whole: views still reading the live store read

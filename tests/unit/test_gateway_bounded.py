@@ -30,7 +30,7 @@ class Client:
         return SlowRpc()
 
 
-@pytest.mark.parametrize("poll", ["stats", "first_gone"])
+@pytest.mark.parametrize("poll", ["stats", "first_gone", "drain", "ckpt_end"])
 def test_a_poll_of_the_workers_cancelled_before_its_calls_start_leaves_no_call_unawaited(poll):
     gateway = WorkerGateway(Client(), "d", ())
 
@@ -40,7 +40,9 @@ def test_a_poll_of_the_workers_cancelled_before_its_calls_start_leaves_no_call_u
     gateway.workers = workers
 
     async def cancelled_at_once() -> None:
-        task = asyncio.ensure_future(getattr(gateway, poll)(["tcp://a:1", "tcp://b:2"]))
+        workers = ["tcp://a:1", "tcp://b:2"]
+        task = asyncio.ensure_future(gateway.ckpt_end(workers, 1, True) if poll == "ckpt_end"
+                                     else getattr(gateway, poll)(workers))
         await asyncio.sleep(0)              # the poll runs to its gather: the calls are scheduled, not started
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
