@@ -26,7 +26,12 @@ import pescheduler
 from pescheduler import Application, Fuse, Move, Release, Replicate, Split
 from support_ops import rocksdb_stores
 
-pytestmark = pytest.mark.integration
+# Hypothesis notes a change of the global `random` state across a draw as the strategy's use of
+# it; here the change comes from the deployment's control thread, running meanwhile: distributed's
+# `to_frames` sizes each RPC message (`safe_sizeof`), and dask's `sizeof` samples a list or dict of
+# more than 10 items with `random.sample` (a handover's groups). The rules draw by `st.*` only.
+pytestmark = [pytest.mark.integration,
+              pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")]
 
 KEYS, WINDOW_MS = 5, 1000
 # Tuples keep flowing through every reconfiguration; a faster source proves nothing more, and on a
