@@ -203,6 +203,12 @@ class StateView(ABC):
     def release(self) -> None:
         """Let go of what the view holds."""
 
+    def reads_whole(self) -> None:
+        """Before the first read: key groups will be read whole (:meth:`full`: every group in a
+        checkpoint with no earlier one to build on, the groups a rescale replaced in the first
+        after it), which a backend may prepare for (disk: an iterator per group, read in rocksdict's
+        loop rather than a Python step a key). The default does nothing."""
+
     changes: Changes | None = None      # set by the snapshot that made the view
 
     @abstractmethod

@@ -62,7 +62,7 @@ import weakref
 import zlib
 from collections import deque
 from collections.abc import Collection, Mapping
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from operator import is_, itemgetter, not_, or_
 from typing import Any, Callable, Iterable, Iterator
 
@@ -287,6 +287,28 @@ def _raw_range(it: Any, group: int) -> Iterator[tuple[bytes, bytes]]:
         it.next()
 
 
+RANGE_PAIRS = 1024      # pairs a call takes from a group's range (SnapshotView.raw): about 0.2-0.4 ms holding the GIL
+
+
+def _group_ranges(db: Any, groups: Iterable[int] = range(KEY_GROUPS)) -> dict[int, Any]:
+    """An iterator of ``(encoded key, pickled value)`` pairs per key group of ``groups``, each
+    bounded to its group and made now (rocksdict makes a RocksDB iterator at the call: a view of the store as it
+    is then, as :meth:`SnapshotView._fresh`'s own), read in rocksdict's loop :data:`RANGE_PAIRS`
+    at a time: a Python loop of ``key``, ``value``, ``next`` and an append a key was 37 % of the
+    writer's time in a fill's whole checkpoints (py-spy, session 40); a whole group in one call
+    held the GIL 40-50 ms at 10^7 keys (78 k keys a group), which the PE waited for. Not filling
+    the block cache: a whole group read once would push out the blocks the PE reads."""
+    from rocksdict import ReadOptions
+
+    ranges = {}
+    for g in groups:
+        opts = ReadOptions()
+        opts.fill_cache(False)
+        opts.set_iterate_upper_bound(_prefix(g + 1))
+        ranges[g] = db.items(from_key=_prefix(g), read_opt=opts)
+    return ranges
+
+
 def _by_group(keys: Iterable[bytes]) -> dict[int, list]:
     """Encoded keys by key group (a view's ``by_group``): an encoded key's first byte is its group,
     read for all of them in C (``bytes`` of ``map``), then :func:`groups.split_by_group`."""
@@ -372,10 +394,13 @@ class SnapshotView(StateView):
         self._end.atexit = False
         self._pinned: list | None = None    # iterators made at a pin (a drop's), not in use
         self._cursor: tuple[Any, dict] | None = None    # (iterator, {group: keys read at the snapshot})
+        self._ranges: dict[int, Any] = {}   # per group, made with the cursor: raw's first read of each (_group_ranges)
+        self._whole_reads = False           # reads_whole(): the first cursor comes with _ranges
         self._busy = False                  # a read is using the cursor (a generator not done)
         self._taken = taking is not None
-        if self._taken:
+        if self._taken:                     # (a few microseconds an iterator: 64 groups 0.2-0.7 ms)
             self._cursor = (state._db.iter(), self.by_group(self._buffered))
+            self._ranges = _group_ranges(state._db, sorted(taking))
 
     @property
     def lazy(self) -> bool:
@@ -398,9 +423,9 @@ class SnapshotView(StateView):
         elif self._taken:
             raise RuntimeError("a take's key groups are read one at a time: the store no longer holds them")
         else:
-            cursor, pool = self._fresh()
+            cursor, pool, ranges = self._fresh()
             if self._cursor is None:
-                self._cursor, pool = cursor, None
+                self._cursor, pool, self._ranges = cursor, None, ranges
         shared = cursor is self._cursor
         self._busy |= shared
         try:
@@ -411,19 +436,30 @@ class SnapshotView(StateView):
             elif pool is not None:
                 pool.append(cursor[0])
 
-    def _fresh(self) -> tuple[tuple[Any, dict], list | None]:
+    def _fresh(self) -> tuple[tuple[Any, dict], list | None, dict[int, Any]]:
         """An iterator and the keys written since the snapshot, read after it: a pin (and the drop
         after it) that came later is not in the iterator's view. With the pool it came from (a
-        pin's), to give it back to."""
-        pool = self._pinned
+        pin's), to give it back to, and (the view's first cursor, not a pin's, after
+        :meth:`reads_whole`) an iterator per group made with it (:func:`_group_ranges`), which
+        the same keys correct."""
+        pool, ranges = self._pinned, {}
         if pool is None:
             it = self._state._db.iter()
+            if self._cursor is None and self._whole_reads:
+                ranges = _group_ranges(self._state._db)
             pool = self._pinned
         if pool is not None:
             if not pool:
                 raise RuntimeError(f"more than {PIN_READS} reads at once of a view pinned by a drop")
-            it = pool.pop()
-        return (it, self.by_group(set().union(*self._state._written_after(self.changes.seq), self._buffered))), pool
+            it, ranges = pool.pop(), {}
+        since = set().union(*self._state._written_after(self.changes.seq), self._buffered)
+        return (it, self.by_group(since)), pool, ranges
+
+    def reads_whole(self) -> None:
+        """Its first cursor comes with an iterator per group (:func:`_group_ranges`): 128
+        iterators made, each seeking its group, 0.3-1.5 ms at 10^6 keys, which a steady
+        checkpoint (deltas and a group or two whole) would pay for nothing."""
+        self._whole_reads = True
 
     def _at(self, raw: bytes) -> bytes | None:
         """The pickled value of an encoded key at the snapshot, None when it had none."""
@@ -504,15 +540,24 @@ class SnapshotView(StateView):
         pairs: list[tuple[bytes, bytes]] = []
         with self._reading() as (it, changed):
             later = set(changed.get(group, ()))
-            it.seek(_GROUP[group])
-            key, value, step, add = it.key, it.value, it.next, pairs.append
-            while True:                     # three calls into the iterator and an append a key
-                raw = key()
-                if raw is None or raw[0] != group:
-                    break
-                if raw not in later:
-                    add((raw, value()))
-                step()
+            cursor = self._cursor
+            ranges = self._ranges.pop(group, None) if cursor is not None and it is cursor[0] else None
+            if ranges is not None:          # made with this cursor, read once: in rocksdict's loop
+                while True:                 # RANGE_PAIRS a call: the PE has the GIL between two
+                    chunk = list(islice(ranges, RANGE_PAIRS))
+                    pairs += compress(chunk, map(not_, map(later.__contains__, map(_first, chunk)))) if later else chunk
+                    if len(chunk) < RANGE_PAIRS:
+                        break
+            else:
+                it.seek(_GROUP[group])
+                key, value, step, add = it.key, it.value, it.next, pairs.append
+                while True:                 # three calls into the iterator and an append a key
+                    raw = key()
+                    if raw is None or raw[0] != group:
+                        break
+                    if raw not in later:
+                        add((raw, value()))
+                    step()
             at = [(raw, v) for raw in later if (v := self._at(raw)) is not None]
         return _merged(pairs, _sorted(at)) if at else pairs     # written since: into the order
 
@@ -596,7 +641,7 @@ class SnapshotView(StateView):
         Its changes, if no checkpoint took them, go with the next snapshot's (``KeyedState._let_go``)."""
         self._end()
         self._snap = self._pinned = self._cursor = self.changes = None
-        self._buffered = {}
+        self._buffered, self._ranges = {}, {}
 
 
 class ViewGroup:
