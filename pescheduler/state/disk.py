@@ -366,7 +366,8 @@ class SnapshotView(StateView):
     :class:`Changes` hold, others from the buffer's copy, or the live store corrected as an
     iterator is (:meth:`_values`). rocksdict's snapshot iterators read the live store
     (0.3.29), so a group is iterated in the live store through one iterator the view makes at its first read (an iterator is a consistent view of
-    the store as it was then), and every key written between the snapshot and that iterator is
+    the store as it was then; after :meth:`reads_whole` also one bounded to each group, made with
+    it: :func:`_group_ranges`), and every key written between the snapshot and that iterator is
     read at the snapshot instead: the state's later :class:`Changes` and its keys since the last
     one, read after the iterator is made, hold every write it sees. Before a group is replaced
     or dropped whole (a rescale while this view is being written) the state pins the view
