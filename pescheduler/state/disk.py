@@ -975,11 +975,7 @@ class DiskState(KeyedState):
         k = self._encoded.get(key) or self._key(key)
         pending = self._pending
         pending[k] = raw = pickle.dumps(value, _PICKLE)
-        if self._kept < self._keep:
-            self._dirty[k] = raw
-            self._kept += len(raw)
-        else:
-            self._dirty[k] = _MISSING
+        self._dirty[k] = raw if self._keeps(len(raw)) else _MISSING
         if len(pending) >= FLUSH_KEYS:
             self._flush()
 
@@ -990,6 +986,15 @@ class DiskState(KeyedState):
         pending[k] = None
         if len(pending) >= FLUSH_KEYS:
             self._flush()
+
+    def _keeps(self, size: int) -> bool:
+        """Whether values of ``size`` bytes just written are kept in :attr:`_dirty` for the next
+        checkpoint's deltas (counted): while this interval's are under :attr:`_keep` (the last
+        batch may pass it), else its keys are named with :data:`_MISSING` and read back."""
+        if self._kept >= self._keep:
+            return False
+        self._kept += size
+        return True
 
     def get_many(self, keys: list) -> list:
         """The buffer first, then one multi-get for the rest (a get per key through the binding
@@ -1020,11 +1025,8 @@ class DiskState(KeyedState):
         encoded = self._keys(list(puts))
         pending, values = self._pending, list(map(pickle.dumps, puts.values(), repeat(_PICKLE)))
         pending.update(zip(encoded, values))
-        if self._kept < self._keep:
-            self._dirty.update(zip(encoded, values))
-            self._kept += sum(map(len, values))
-        else:
-            self._dirty.update(dict.fromkeys(encoded, _MISSING))
+        self._dirty.update(zip(encoded, values) if self._keeps(sum(map(len, values))) else
+                           dict.fromkeys(encoded, _MISSING))
         if deletes:
             gone = self._keys(list(deletes))
             pending.update(dict.fromkeys(gone))         # None: a delete

@@ -453,8 +453,8 @@ class ChainWriter:
             with self._lock:
                 _see(self._seen.setdefault(changes.token, {}), changes)
             since = self._since(changes, view.by_group)
-            if since is None or since[2]:   # every group whole, or groups a rescale replaced whole
-                view.reads_whole()
+            if since is None or since[2]:   # every group whole, or (its third part) groups a rescale
+                view.reads_whole()          # replaced whole: read in ranges
             chains, later = {}, _Later(self, changes, view)
             # The groups no attempt wrote since the last complete checkpoint first (after a fill, a
             # complete one's chains are rewritten whole too: their deltas outgrow them): an attempt
