@@ -166,3 +166,19 @@ def test_the_filters_bits_are_one_set_in_numpy_in_python_and_from_a_prepared_gro
     again.add_hashes(group.hashes)
     assert bytes(prepared.bits) == bytes(again.bits)
     group.discard()
+
+
+def test_a_flushs_bits_are_all_set_where_many_share_a_byte() -> None:
+    """:meth:`MayBeStored.add` sets bits by a scatter in numpy, where two bits of one batch in the
+    same byte leave only the last one's: it looks for the bits missing and sets them again. In the
+    smallest map (64 KiB) a batch of 50,000 keys has thousands of bytes holding two of its bits;
+    every bit is set, as one key at a time in Python sets them."""
+    from pescheduler.state.disk import MayBeStored, _encode
+
+    keys = [_encode(k) for k in range(50_000)]
+    in_numpy, in_python = MayBeStored(1 << 20), MayBeStored(1 << 20)
+    assert len(in_numpy.bits) == 1 << 16
+    in_numpy.add(keys)
+    in_python.add_hashes(map(hash, keys))
+    assert bytes(in_numpy.bits) == bytes(in_python.bits)
+    assert in_numpy.among(keys, None) == list(range(len(keys)))
