@@ -74,3 +74,30 @@ def written_delta(view, group: int, keys) -> tuple[dict, list]:
     """``view.delta`` as a checkpoint writes it and a restore reads it back: ``({key: value} put,
     [key] deleted)``, unpickled (a disk view's values are the store's pickles until then)."""
     return unpack_delta(pack_delta(*view.delta(group, keys)))
+
+
+class CountedSteps:
+    """A store iterator whose ``next`` calls are counted (a Python loop's steps)."""
+
+    def __init__(self, it, steps: list) -> None:
+        self.it, self.steps = it, steps
+
+    def next(self):
+        self.steps.append(1)
+        return self.it.next()
+
+    def __getattr__(self, name):
+        return getattr(self.it, name)
+
+
+class StepCountingStore:
+    """A store whose iterators count their steps."""
+
+    def __init__(self, db) -> None:
+        self.db, self.steps = db, []
+
+    def iter(self, *args, **kwargs):
+        return CountedSteps(self.db.iter(*args, **kwargs), self.steps)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)

@@ -12,7 +12,7 @@ import zlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from keyed_stores import disk_stores, filled_mixed  # noqa: F401  (a fixture)
+from keyed_stores import StepCountingStore, disk_stores, filled_mixed  # noqa: F401  (a fixture)
 from test_incremental_checkpoint import checkpoint, restored
 
 from pescheduler.checkpoint import CheckpointStore
@@ -249,33 +249,6 @@ def test_a_deltas_reads_are_multi_gets_of_at_most_1024_keys_and_at_the_snapshot_
     assert not snapshot_reads, f"{sum(snapshot_reads)} keys read at the snapshot a map call at a time"
 
 
-class _CountedSteps:
-    """A store iterator whose ``next`` calls are counted (a Python loop's steps)."""
-
-    def __init__(self, it, steps: list) -> None:
-        self.it, self.steps = it, steps
-
-    def next(self):
-        self.steps.append(1)
-        return self.it.next()
-
-    def __getattr__(self, name):
-        return getattr(self.it, name)
-
-
-class _Iterators:
-    """A store whose iterators count their steps."""
-
-    def __init__(self, db) -> None:
-        self.db, self.steps = db, []
-
-    def iter(self, *args, **kwargs):
-        return _CountedSteps(self.db.iter(*args, **kwargs), self.steps)
-
-    def __getattr__(self, name):
-        return getattr(self.db, name)
-
-
 def test_a_first_checkpoint_reads_its_groups_as_ranges_of_pairs_not_a_step_a_key(stores, tmp_path):
     """A checkpoint that writes every group whole (nothing earlier to build on) has the view read
     each group from an iterator bounded to it (``reads_whole``), ``RANGE_PAIRS`` a call: a Python loop
@@ -283,7 +256,7 @@ def test_a_first_checkpoint_reads_its_groups_as_ranges_of_pairs_not_a_step_a_key
     fill's whole checkpoints (py-spy)."""
     src = stores("src")
     model = _filled(src)
-    src._db = iterators = _Iterators(src._db)
+    src._db = iterators = StepCountingStore(src._db)
     store = CheckpointStore(str(tmp_path / "ckpt"), KEY)
     refs, _out = _written(src, store)
     # (the view's groups() steps into a group holding keys written since the snapshot: is it empty?)
@@ -307,7 +280,7 @@ def test_a_whole_groups_read_takes_ranges_of_pairs_and_the_keys_written_since_at
     src.write_many({k: {"v": "after"} for k in one[::100]})     # newer in the live store
     src.delete(one[1])
     src.put(new, {"v": "new"})
-    src._db = iterators = _Iterators(src._db)
+    src._db = iterators = StepCountingStore(src._db)
     calls, islice = [], disk.islice
     monkeypatch.setattr(disk, "islice", lambda it, n: calls.append(n) or islice(it, n))
     view.reads_whole()

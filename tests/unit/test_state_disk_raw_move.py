@@ -8,9 +8,7 @@ import functools
 import pickle
 
 import pytest
-from keyed_stores import disk_stores, filled_mixed  # noqa: F401  (a fixture)
-
-from test_state_disk_raw_full import _Iterators
+from keyed_stores import StepCountingStore, disk_stores, filled_mixed  # noqa: F401  (a fixture)
 
 from pescheduler.state import disk, memory
 from pescheduler.state.base import unpack_group
@@ -81,7 +79,7 @@ def test_a_parts_groups_are_read_as_ranges_of_pairs_not_a_step_a_key(stores):
     it was, the write-back buffer's keys of it included."""
     src = stores("src")
     model = _filled(src)
-    src._db = iterators = _Iterators(src._db)
+    src._db = iterators = StepCountingStore(src._db)
     mine = frozenset(range(0, KEY_GROUPS, 2))
     src.put("in the buffer", "unflushed")              # its group's pairs: the store's and the buffer's
     model["in the buffer"] = "unflushed"
