@@ -813,6 +813,8 @@ def prepare_group(group: int, entries: dict, where: str | None = None) -> Prepar
 
 _QUEUE: "queue.SimpleQueue[MemoryState]" = queue.SimpleQueue()
 _LEAVER: list[threading.Thread] = []
+_LEFT = threading.Condition()     # notified each time the leave thread is done with a queued state
+_QUEUED = [0]                     # states queued and not yet done with (under _LEFT)
 
 
 def _leaver() -> None:
@@ -833,12 +835,27 @@ def _leave_queued() -> None:
             state._leave()
         except Exception:                   # pragma: no cover - a bug: the guarded calls still hold
             logging.getLogger(__name__).exception("taken keys did not leave the index")
-        del state
+        finally:
+            del state
+            with _LEFT:
+                _QUEUED[0] -= 1
+                _LEFT.notify_all()
 
 
 def _leave_later(state: "MemoryState") -> None:
+    with _LEFT:
+        _QUEUED[0] += 1
     _leaver()
     _QUEUE.put(state)
+
+
+def leaves_done(timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for the leave thread to finish every take queued so far in this
+    process (paced, a take of 10^6 keys keeps it busy for a second or more, computing key groups and
+    popping keys in turns with whatever runs next). True once it has; False on the timeout. The quiet
+    point a test or a bench waits for before it times or counts anything the thread would share."""
+    with _LEFT:
+        return _LEFT.wait_for(lambda: not _QUEUED[0], timeout)
 
 
 def _first_keys(puts: list[dict], groups: list[int]) -> dict[int, Any]:

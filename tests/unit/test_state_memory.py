@@ -531,3 +531,20 @@ def test_an_import_of_taken_groups_back_folds_nothing_and_looks_only_at_the_writ
     assert dict(state.entries()) == want and len(state) == len(want)
     assert {g: dict(state.items(g)) for g in state.groups()} == \
         {g: {k: v for k, v in want.items() if key_group(k) == g} for g in {key_group(k) for k in want}}
+
+
+def test_leaves_done_waits_for_the_leave_thread_to_finish_every_queued_take(monkeypatch):
+    """``leaves_done`` is the quiet point between tests (tests/conftest.py waits for it after each):
+    a take of 10^5 keys paced out of its index in the leave thread had gone on into the next test,
+    whose counts of ``key_groups`` calls it joined (CI, session 41: ``[8192, 8192, ...]`` where one
+    call of 100 was due). False while the thread is held; True once the taken keys have left."""
+    state = MemoryState()
+    state.write_many({f"car-{i}": i for i in range(100_000)})
+    taken_keys = [k for k in state._index if key_group(k) < 64]
+    go, real = threading.Event(), MemoryState._leave
+    monkeypatch.setattr(MemoryState, "_leave", lambda self: go.wait(30) and real(self))
+    take_groups(state, frozenset(range(64)))
+    assert not memory.leaves_done(0.05)         # the thread holds the take until ``go``
+    go.set()
+    assert memory.leaves_done(30)
+    assert not any(k in state._index for k in taken_keys)
