@@ -23,7 +23,8 @@ from pescheduler.checkpoint.restore import load_states, placement_blob
 from pescheduler.errors import CheckpointError
 from pescheduler.state import key_group, open_state
 from pescheduler.state.groups import restore_groups, snapshot_groups
-from pescheduler.state.incremental import load_snapshot, load_state_file, pickle_snapshot, resolve_restore, with_entries
+from pescheduler.state.incremental import (load_snapshot, load_state_file, outgrown_at, pickle_snapshot, resolve_restore,
+                                          with_entries)
 from pescheduler.state.local import LocalCopies
 from pescheduler.state.settings import deployment_dir
 from pescheduler.worker import ckpt_files
@@ -162,6 +163,33 @@ def test_groups_that_grow_alike_are_not_rewritten_whole_at_the_same_checkpoint(s
     assert max(fulls[4:]) <= 16, f"a checkpoint rewrote {max(fulls[4:])} of 128 groups whole: {fulls}"
     got = restored(store, cid)
     assert got[f"car-{cid % 20:07d}"] == [cid, row(cid % 20)] and len(got) == K
+
+
+def test_groups_that_outgrow_their_files_at_one_checkpoint_are_rewritten_a_few_a_checkpoint(state):
+    """A fill after the last checkpoint grows every group alike: the first checkpoint after a fill
+    of 10^7 keys found half the groups' deltas past their bounds at once and rewrote 64 of 128
+    whole (8.3 s, an 88 ms gap in the stream). They wait now, each writing a delta meanwhile, and
+    are rewritten as many a checkpoint as the turns rewrite (128 / max-deltas), most outgrown first."""
+    store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    row = lambda i: f"{i:0100d}"
+    fill(state, K // 2, value=lambda i: [i, row(i)])
+    checkpoint(files, store, state, 1)
+    fulls, n = [], K // 2
+    for cid in range(2, 35):
+        if cid <= 4:                                        # a fill over three more checkpoints: the
+            grown = int((0.35, 0.35, 0.6)[cid - 2] * K // 2)    # deltas reach 1.3 times the full files
+            for i in range(n, n + grown):
+                state.put(f"car-{i:07d}", [i, row(i)])
+            n += grown
+        for i in range(cid % 100, K // 2, 100):             # and 1 % of the keys a checkpoint
+            state.put(f"car-{i:07d}", [cid, row(i)])
+        out = checkpoint(files, store, state, cid)
+        fulls.append(sum(f["chk"] == cid and f["path"].endswith(".full") for f in out["files"]))
+    crossed = sum(outgrown_at(g) < 1.3 for g in range(128))
+    assert max(fulls) <= 6, f"whole rewrites per checkpoint: {fulls} ({crossed} groups past their bounds)"
+    assert sum(fulls[2:]) >= crossed, f"the groups past their bounds were not all rewritten later: {fulls}"
+    got = restored(store, cid)
+    assert len(got) == n and got[f"car-{cid % 100:07d}"] == [cid, row(cid % 100)]
 
 
 @pytest.mark.usefixtures("unpacked")
