@@ -218,10 +218,10 @@ def outgrown_waits(since: tuple, checkpoint_id: int, max_deltas: int) -> frozens
     checkpoint but whose rewrite waits for a later one: all but the ``KEY_GROUPS / max_deltas``
     most outgrown (as many as the turns rewrite, :func:`rewrite_turn`), while a chain stays short
     of ``max_deltas`` deltas and of :data:`OUTGROWN_WAIT` times its bound. The spread of the bounds
-    keeps groups apart in steady work; a fill grows every group alike, and the first checkpoint
-    after a fill of 10^7 keys found 64 of 128 groups past their bounds at once (8.3 s of whole
-    rewrites, an 88 ms gap in the stream in a row of three). Waiting, they are rewritten a few a
-    checkpoint, most outgrown first; meanwhile each writes a delta (fewer bytes than its rewrite)."""
+    keeps groups apart in steady work; a fill over a few checkpoints grows every group alike, and
+    groups whose deltas reach 1.3 times their full files at one checkpoint were rewritten 47 of 128
+    at once (the unit test's). Waiting, they are rewritten a few a checkpoint, most outgrown first;
+    meanwhile each writes a delta (fewer bytes than its rewrite)."""
     chains, changed, whole = since
     over = []
     for g, keys in changed.items():

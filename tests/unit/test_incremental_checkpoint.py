@@ -166,10 +166,10 @@ def test_groups_that_grow_alike_are_not_rewritten_whole_at_the_same_checkpoint(s
 
 
 def test_groups_that_outgrow_their_files_at_one_checkpoint_are_rewritten_a_few_a_checkpoint(state):
-    """A fill after the last checkpoint grows every group alike: the first checkpoint after a fill
-    of 10^7 keys found half the groups' deltas past their bounds at once and rewrote 64 of 128
-    whole (8.3 s, an 88 ms gap in the stream). They wait now, each writing a delta meanwhile, and
-    are rewritten as many a checkpoint as the turns rewrite (128 / max-deltas), most outgrown first."""
+    """A fill over a few checkpoints grows every group alike: groups whose deltas reach 1.3 times
+    their full files at one checkpoint were rewritten whole at once (47 of 128: every group past
+    its spread bound). They wait now, each writing a delta meanwhile, and are rewritten as many a
+    checkpoint as the turns rewrite (128 / max-deltas), most outgrown first."""
     store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
     row = lambda i: f"{i:0100d}"
     fill(state, K // 2, value=lambda i: [i, row(i)])
