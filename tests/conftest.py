@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -18,8 +19,6 @@ def _takes_left_their_indexes():
     10^5-10^6 keys) would otherwise go on being paced out of its index in the next test of the same
     process, whose counts of ``key_groups`` calls and whose timings it joins."""
     yield
-    import sys
-
     memory = sys.modules.get("pescheduler.state.memory")
     if memory is not None:
         assert memory.leaves_done(60), "the memory state's leave thread still busy 60 s after the test"

@@ -213,6 +213,13 @@ def outgrown_at(group: int) -> float:
 OUTGROWN_WAIT = 2.0     # an outgrown chain's rewrite may wait while its deltas hold at most this many times its bound
 
 
+def _outgrown(chain: "_Chain", group: int, added: int) -> float:
+    """How many times its bound (:func:`outgrown_at` of its full file's keys) the chain's deltas
+    would hold with ``added`` more keys: past 1, the group is due to be rewritten whole."""
+    grown, bound = chain.keys - chain.full_keys + added, chain.full_keys * outgrown_at(group)
+    return grown / bound if bound else (float("inf") if grown else 0.0)
+
+
 def outgrown_waits(since: tuple, checkpoint_id: int, max_deltas: int) -> frozenset[int]:
     """The groups of one view whose deltas outgrow their bound (:func:`outgrown_at`) in this
     checkpoint but whose rewrite waits for a later one: all but the ``KEY_GROUPS / max_deltas``
@@ -229,10 +236,8 @@ def outgrown_waits(since: tuple, checkpoint_id: int, max_deltas: int) -> frozens
         deltas = 0 if prev is None else len(prev.files) - 1
         if prev is None or g in whole or deltas >= max_deltas or (deltas and rewrite_turn(g, checkpoint_id, max_deltas)):
             continue                        # written whole anyway, or a delta that fits
-        bound = prev.full_keys * outgrown_at(g)
-        grown = prev.keys - prev.full_keys + len(keys)
-        if grown > bound:
-            over.append((grown / bound if bound else float("inf"), g))
+        if (ratio := _outgrown(prev, g, len(keys))) > 1:
+            over.append((ratio, g))
     over.sort(reverse=True)
     rewrites = -(-KEY_GROUPS // max(1, max_deltas))
     return frozenset(g for ratio, g in over[rewrites:] if ratio <= OUTGROWN_WAIT)
@@ -595,7 +600,7 @@ class ChainWriter:
             if deltas < max_deltas and not turn:
                 delta = view.delta(g, keys)
                 data = pack_delta(*delta)
-                if waits or prev.keys - prev.full_keys + len(delta[0]) <= prev.full_keys * outgrown_at(g):
+                if waits or _outgrown(prev, g, len(delta[0])) <= 1:
                     entry = packed(data, delta) or self._put(files, checkpoint_id, f"{name}.delta", data)
                     return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data),
                                   prev.keys + len(delta[0]), prev.full_keys)
