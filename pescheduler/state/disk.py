@@ -67,8 +67,8 @@ from operator import is_, itemgetter, not_, or_
 from typing import Any, Callable, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
-from .base import (_PREPARE, KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, key_group,
-                   pack_chunks)
+from .base import (_PREPARE, KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, Received, StateView,
+                   keep_received, key_group, pack_chunks)
 from .groups import _numpy, key_groups, split_by_group
 
 logger = logging.getLogger(__name__)
@@ -807,9 +807,10 @@ def _unpickled_raw(group: int, packed: bytes) -> Any:
     prepare = _PREPARE.get()
     if prepare is None:
         return raw.decoded()
-    if getattr(prepare, "func", prepare) is prepare_group:
-        return prepare(group, raw)
-    return prepare(group, raw.decoded())
+    # a rescale's part keeps its bytes as a checkpoint's full file (SnapshotView.full's form)
+    prepared = prepare(group, raw if getattr(prepare, "func", prepare) is prepare_group else raw.decoded())
+    return keep_received(prepared, lambda: Received(pickle.dumps(RawPart(group, packed), _PICKLE), len(raw),
+                                                    _decode(raw.keys_[0])))
 
 
 class PreparedGroup(PreparedEntries):
@@ -1083,6 +1084,7 @@ class DiskState(KeyedState):
         if len(self._dirty) > DIRTY_KEYS and not any(v.lazy for v in list(self._views)):
             self._whole.update(range(KEY_GROUPS))
             self._dirty, self._kept = {}, 0
+            self._adopted.clear()           # the keys written since an import are not named either
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         self._flush()
@@ -1134,7 +1136,7 @@ class DiskState(KeyedState):
         self._pin_views()
         for g in groups:
             self._db.delete_range(_prefix(g), _prefix(g + 1))
-            self._whole.add(g)
+            self._replaced(g)
 
     def take_groups(self, groups: Iterable[int]) -> dict[int, "ViewGroup"]:
         """Whole key groups out of the store without reading them here (a rescale's export, in
@@ -1196,7 +1198,7 @@ class DiskState(KeyedState):
             self._db.write(batch)
         prepared.discard()
         self._stored.add_marks(prepared.marks, prepared.hashes)
-        self._whole.add(group)
+        self._replaced(group, prepared.received)    # a rescale's part: its next checkpoint starts from its bytes
 
     def _holds_nothing_of(self, group: int) -> bool:
         """Neither the store nor the write-back buffer has a key of ``group`` (a seek, a pass over
@@ -1225,7 +1227,7 @@ class DiskState(KeyedState):
             encoded.append(k)
         self._db.write(batch)
         self._stored.add(encoded)
-        self._whole.add(group)
+        self._replaced(group)
 
     def retire(self) -> None:
         """Its operator is gone (a retired PE, stopped): nothing reads or writes the store again but

@@ -16,7 +16,8 @@ from itertools import repeat
 from operator import is_, itemgetter
 from typing import Any, Callable, Mapping
 
-from .base import _PREPARE, KEY_GROUPS, KeyedState, key_group, pack_group, preparing, unpack_group
+from .base import (_PREPARE, KEY_GROUPS, KeyedState, Received, keep_received, key_group, pack_group, preparing,
+                   unpack_group)
 from ..wire import _MASK, key_hash
 from .incremental import GroupRef, GroupsSnapshot
 
@@ -68,9 +69,13 @@ class PackedOnPickle:
 
 
 def _unpickled(group: int, packed: bytes) -> Any:
-    """A :class:`PackedOnPickle` unpickled: its bytes, or made ready for a store (loads_prepared)."""
+    """A :class:`PackedOnPickle` unpickled: its bytes, or made ready for a store (loads_prepared),
+    keeping them (a full file's form) for the receiving state's next checkpoint."""
     prepare = _PREPARE.get()
-    return packed if prepare is None else prepare(group, unpack_group(packed))
+    if prepare is None:
+        return packed
+    entries = unpack_group(packed)
+    return keep_received(prepare(group, entries), lambda: Received(packed, len(entries), next(iter(entries))))
 
 
 def loads_prepared(blob: bytes, prepare: Callable[[int, dict], Any]) -> Any:
@@ -80,7 +85,7 @@ def loads_prepared(blob: bytes, prepare: Callable[[int, dict], Any]) -> Any:
     (``worker/lazy_restore.py``), the turn only installing it. Unpacking a part of 312,000 keys in
     the turn held a PE 370-420 ms at a time after a Release at 10^7 keys (traced), the collector
     visiting each new container."""
-    with preparing(prepare):
+    with preparing(prepare, received=True):
         return pickle.loads(blob)
 
 

@@ -234,7 +234,8 @@ def outgrown_waits(since: tuple, checkpoint_id: int, max_deltas: int) -> frozens
     for g, keys in changed.items():
         prev = chains.get(g)
         deltas = 0 if prev is None else len(prev.files) - 1
-        if prev is None or g in whole or deltas >= max_deltas or (deltas and rewrite_turn(g, checkpoint_id, max_deltas)):
+        if (prev is None or prev.received is not None or g in whole or deltas >= max_deltas
+                or (deltas and rewrite_turn(g, checkpoint_id, max_deltas))):
             continue                        # written whole anyway, or a delta that fits
         if (ratio := _outgrown(prev, g, len(keys))) > 1:
             over.append((ratio, g))
@@ -364,6 +365,7 @@ class _Chain:
     delta_bytes: int
     keys: int = 0               # keys its files hold (each delta's puts counted: at most that many)
     full_keys: int = 0          # of those, its full file's: its deltas are weighed against it in keys
+    received: bytes | None = None   # not written yet: the full file a rescale's part brought (_adopted)
 
 
 @dataclass(frozen=True)
@@ -384,6 +386,7 @@ class _Union:
     groups: dict                # group -> its keys, as a dict's keys (untracked by the GC)
     whole: frozenset            # groups replaced whole
     count: int                  # keys in groups
+    adopted: dict = field(default_factory=dict)    # of those, the ones a rescale's part replaced last: _Chain
 
 
 @dataclass(frozen=True)
@@ -401,7 +404,8 @@ class ChainWriter:
     """One deployment's key-group chains on this worker: writes views, learns which checkpoints completed.
 
     Keyed by the state object (``Changes.token``): a state replaced (a restore, a rescale) starts
-    with full files. Writes happen in a worker thread (the PE host's ``pe_ckpt_write``)."""
+    with full files, but for the key groups a rescale's parts brought it, whose chains start from
+    the bytes they came as (``Changes.adopted``, :meth:`_adopted`). Writes happen in a worker thread (the PE host's ``pe_ckpt_write``)."""
 
     def __init__(self, local: LocalCopies | None = None) -> None:
         self.local = local                          # copies of the files written here (local recovery)
@@ -477,7 +481,7 @@ class ChainWriter:
         ``.state`` that would hold it is not written); the next attempt writes them again."""
         with self._lock:
             for groups in self._kept.values():
-                for g in [g for g, k in groups.items() if k.chain.files[-1] is pack.entry]:
+                for g in [g for g, k in groups.items() if any(f is pack.entry for f in k.chain.files)]:
                     del groups[g]
 
     def _write_view(self, files: StateFiles, checkpoint_id: int, name: str, index: int, view: StateView,
@@ -487,8 +491,10 @@ class ChainWriter:
             with self._lock:
                 _see(self._seen.setdefault(changes.token, {}), changes)
             since = self._since(changes, view.by_group)
-            if since is None or since[2]:   # every group whole, or (its third part) groups a rescale
-                view.reads_whole()          # replaced whole: read in ranges
+            with self._lock:
+                fresh = changes.token not in self._base     # no chain but those parts brought (_since)
+            if since is None or since[2] or fresh:  # every group whole, or (its third part) groups a
+                view.reads_whole()                  # rescale replaced whole: read in ranges
             chains, later = {}, _Later(self, changes, view)
             waits = frozenset() if since is None else outgrown_waits(since, checkpoint_id,
                                                                      config.get("checkpoint.max-deltas"))
@@ -539,12 +545,21 @@ class ChainWriter:
         checkpoint, or None when a snapshot in between was not seen here (everything full)."""
         with self._lock:
             base = self._base.get(changes.token)
-        return None if base is None else self._changed(changes, base.seq, base.chains, by_group)
+            if base is None:            # a state with no complete checkpoint yet: its groups a rescale's
+                seen = self._seen.get(changes.token, {})       # parts brought start from their bytes
+                if not any(seen.get(s) is not None and seen[s].adopted for s in range(1, changes.seq + 1)):
+                    return None
+        return self._changed(changes, 0, {}, by_group) if base is None else \
+            self._changed(changes, base.seq, base.chains, by_group)
 
     def _changed(self, changes, seq: int, chains: dict, by_group) -> tuple[dict, dict, set] | None:
         """``(chains, keys changed by group, groups replaced whole)`` between snapshot ``seq``
         and ``changes``' one; None when a snapshot in between was not seen here, or when more
-        keys changed than ``chains`` hold (:func:`_more_than`). The keys are sorted by group once:
+        keys changed than ``chains`` hold (:func:`_more_than`). A group whose last replacement
+        was a rescale's part that kept its bytes (``Changes.adopted``) is not among those
+        replaced whole: its chain is one not written yet, those bytes (``_Chain.received``),
+        and its keys changed include every key written since the import (and some before it,
+        which its delta reads from the view all the same). The keys are sorted by group once:
         a later attempt adds only the snapshots since (:class:`_Union`). Each attempt sorted every
         key changed since the last complete checkpoint again, before its first file: at 10^7 keys,
         after a fill of 2 M keys since it, 1-3 files an attempt in 30 s."""
@@ -556,11 +571,18 @@ class ChainWriter:
             if done is not None and done.upto > changes.seq:
                 done = None
             new = [seen[s] for s in range((done.upto if done else seq) + 1, changes.seq + 1)]
-        if _more_than(chains, done.count if done else 0, (c.keys for c in new)):
-            return None
-        groups, whole, added = dict(done.groups) if done else {}, set(done.whole) if done else set(), {}
-        for c in new:
+        whole, adopted = set(done.whole) if done else set(), dict(done.adopted) if done else {}
+        for c in new:                   # in order: a group's last replacement says where its chain starts
+            for g in c.whole:
+                r = c.adopted.get(g)
+                if r is not None and len(r.data) > PACK_DELTA:      # (a small one is rewritten whole)
+                    adopted[g] = _Chain(r.first, (), len(r.data), 0, r.keys, r.keys, r.data)
+                else:
+                    adopted.pop(g, None)
             whole |= c.whole
+        if _more_than({**chains, **adopted}, done.count if done else 0, (c.keys for c in new)):
+            return None
+        groups, added = dict(done.groups) if done else {}, {}
         if len(new) == 1 and type(new[0].keys) is dict:
             added = new[0].keys             # disk's: a dict no one writes once its snapshot is taken
         else:                               # (growing a copy of 2 x 10^5 keys held the GIL 9 ms a resize)
@@ -577,10 +599,10 @@ class ChainWriter:
                 fresh.setdefault(g, {}).update(dict.fromkeys(keys))
         for g, keys in fresh.items():
             groups[g] = {**groups[g], **keys} if g in groups else keys
-        union = _Union(changes.seq, groups, frozenset(whole), sum(len(k) for k in groups.values()))
+        union = _Union(changes.seq, groups, frozenset(whole), sum(len(k) for k in groups.values()), adopted)
         with self._lock:
             self._unions[(changes.token, seq)] = union
-        return chains, groups, whole
+        return {**chains, **adopted}, groups, whole - adopted.keys()
 
     def _chain(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView, g: int,
                since: tuple | None, packed: Callable[[bytes, tuple | None], dict | None] = lambda data, delta: None,
@@ -590,6 +612,8 @@ class ChainWriter:
         for its rewrite (:func:`outgrown_waits`), and it is not the group's turn:
         :func:`rewrite_turn`), or a new full file."""
         prev = None if since is None or g in since[2] else since[0].get(g)
+        if prev is not None and prev.received is not None:
+            prev = self._adopted(files, checkpoint_id, name, g, prev, since[1].get(g))
         if prev is not None:
             keys, max_deltas = since[1].get(g), config.get("checkpoint.max-deltas")
             deltas = len(prev.files) - 1
@@ -607,6 +631,17 @@ class ChainWriter:
         data, count, first = view.full(g)   # in chunks: the PE's thread gets the GIL between them
         entry = packed(data, None) or self._put(files, checkpoint_id, f"{name}.full", data)
         return _Chain(first, (entry,), len(data), 0, count, count)
+
+    def _adopted(self, files: StateFiles, checkpoint_id: int, name: str, g: int, received: _Chain,
+                 keys: Any) -> _Chain | None:
+        """A group a rescale's part brought (:class:`~pescheduler.state.base.Received`): its bytes
+        written as its full file, a file of its own (the chain's delta may go into the PE's pack,
+        which holds one file a group), the chain ``_chain`` then grows by the keys written since
+        the import; None when those would outgrow it (:func:`outgrown_at`): then written whole."""
+        if _outgrown(received, g, len(keys or ())) > 1:
+            return None
+        entry = self._put(files, checkpoint_id, f"{name}.full", received.received)
+        return replace(received, files=(entry,), received=None)
 
     def _put(self, files: StateFiles, checkpoint_id: int, name: str, data: bytes) -> dict:
         """A key-group file into the storage, and a copy kept on this worker."""
@@ -865,9 +900,13 @@ class _Later:
         if kept.seq not in self._by_seq:
             chains = {h: k.chain for h, k in self.kept.items() if k.seq == kept.seq}
             changed = self.writer._changed(self.changes, kept.seq, chains, self.view.by_group)
-            self._by_seq[kept.seq] = None if changed is None else (changed[1], changed[2])
+            self._by_seq[kept.seq] = None if changed is None else \
+                (changed[1], changed[2], {h: c for h, c in changed[0].items() if c.received is not None})
         changed = self._by_seq[kept.seq]
-        return None if changed is None else ({g: kept.chain}, changed[0], changed[1])
+        if changed is None:
+            return None
+        keys, whole, adopted = changed      # a group a part brought since the kept chain: from its bytes
+        return {g: adopted.get(g, kept.chain)}, keys, whole
 
 
 # -- the restore, on the worker ---------------------------------------------------------------------

@@ -458,6 +458,7 @@ class MemoryState(KeyedState):
             state.pop(name, None)
         state["_live"] = set()              # views are not pickled with the state
         state["_carried"] = ()              # nor their changes (a copy's first checkpoint: whole files)
+        state["_adopted"] = {}
         state["_shared"] = set()
         return state
 
@@ -466,6 +467,7 @@ class MemoryState(KeyedState):
         state.pop("_stale", None)           # a state pickled before _written_before
         state.setdefault("_written_before", ())
         state.setdefault("_vacant", set())
+        state.setdefault("_adopted", {})
         self.__dict__.update(state)
         self._leaving, self._leave_lock = {}, threading.Lock()
         self._bind()
@@ -621,7 +623,7 @@ class MemoryState(KeyedState):
             self._tables[g] = {}
             self._shared.discard(g)
             self._changed.add(g)
-            self._whole.add(g)
+            self._replaced(g)
         self._vacant |= chosen
         if taken and self._written:         # writable() holds no value a take gave away: a new dict
             self._written_before += (self._written,)
@@ -742,6 +744,7 @@ class MemoryState(KeyedState):
                 if d.group != g:
                     raise ValueError(f"a prepared key group {d.group} given as group {g}")
                 self._put_group(g, d.entries, owned=True)
+                self._replaced(g, d.received)   # a rescale's part: its next checkpoint starts from its bytes
             else:
                 super().import_groups({g: dict(d) if isinstance(d, TakenGroup) else d})
 
@@ -765,7 +768,7 @@ class MemoryState(KeyedState):
             self._vacant.add(group)
         self._shared.discard(group)
         self._changed.add(group)
-        self._whole.add(group)
+        self._replaced(group)
 
     def _set_aside(self) -> None:
         """The writes since the last fold set aside whole, as a layer (a take's, a vacant group's
