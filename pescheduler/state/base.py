@@ -123,11 +123,15 @@ class Received:
     group's full file and the keys written since the import as a delta on it
     (``incremental.ChainWriter``), instead of reading the group back out of the store and
     packing it again: after a Release at 10^7 keys that first checkpoint rewrote the 64 groups
-    coming back whole, 6-9 s of the writer beside the PE, its gaps 19-88 ms (docs/state.md)."""
+    coming back whole, 6-9 s of the writer beside the PE, its gaps 19-88 ms (docs/state.md).
+    A lazy restore's group names the files it was read from instead (``ref``): the restored
+    state's next checkpoints grow that chain, where they rewrote every group whole."""
 
-    data: bytes
+    data: bytes | None
     keys: int                   # entries it holds
     first: Any                  # one of its keys (the chain's key: it stands for the group)
+    ref: Any = None             # or the checkpoint's files a lazy restore read it from (an
+                                # ``incremental.GroupRef``): its chain goes on from them, nothing written
 
 
 def keep_received(prepared: Any, make: Callable[[], Received]) -> Any:
@@ -158,12 +162,17 @@ class PreparedEntries(Mapping):
     """A key group's entries unpickled off the PE's turn (a lazy restore's loader thread), with
     what a backend made ready from them there (``prepare_group`` of ``state/memory.py`` and
     ``state/disk.py``): a mapping of the entries for any other reader, pickling as their dict.
-    ``received``: the bytes a rescale's part brought them as (:class:`Received`), or None."""
+    ``received``: the bytes a rescale's part brought them as, or the checkpoint files a lazy
+    restore read them from (:class:`Received`), or None."""
 
     received: "Received | None" = None
 
     def __init__(self, group: int, entries: dict) -> None:
         self.group, self.entries = group, entries
+
+    def first_key(self) -> Any:
+        """One of its keys, without reading the others (a chain's key)."""
+        return next(iter(self.entries))
 
     def __getitem__(self, key: Any) -> Any:
         return self.entries[key]

@@ -832,6 +832,10 @@ class PreparedGroup(PreparedEntries):
         self.marks = marks      # MayBeStored.marks: the filter's update at that mask, in numpy
         self._end = weakref.finalize(self, shutil.rmtree, os.path.dirname(sst), True) if sst else None
 
+    def first_key(self) -> Any:
+        entries = self.entries
+        return _decode(entries.keys_[0]) if type(entries) is RawEntries else next(iter(entries))
+
     def discard(self) -> None:
         """Its file removed (ingested: the store holds its own link; or not used)."""
         if self._end is not None:

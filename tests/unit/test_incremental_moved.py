@@ -241,3 +241,81 @@ def test_a_small_group_a_part_brought_is_written_whole_into_the_pes_state_file(s
         assert restored(store, 1) == contents(copy)
     finally:
         copy.close()
+
+
+def lazily_restored(store: CheckpointStore, checkpoint_id: int, into, tmp_path) -> None:
+    """``into`` made checkpoint ``checkpoint_id``'s state as a lazy restore makes it: each key
+    group read from its chain's files and made ready in the worker's thread (``resolve_part``
+    with the backend's ``prepare_group``), then imported."""
+    from pescheduler.state.incremental import load_snapshot, load_state_file, resolve_part, with_entries
+    from pescheduler.state.groups import restore_groups
+
+    manifest = store.manifest(checkpoint_id)
+    entry = next(e for e in manifest["files"] if e["role"] == "state")
+    blob = load_state_file(store.read(entry, store.run))
+    groups = with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
+    saved = load_snapshot(blob["ops"], groups)["op"]["state"]
+    part = resolve_part(saved, store.storage, None, preparer(into, tmp_path))
+    restore_groups(into, part["groups"])
+
+
+def pe_checkpoint(files, store, state, checkpoint_id: int, pe: str) -> dict:
+    """:func:`checkpoint` of a PE named ``pe``."""
+    from pescheduler.state.groups import snapshot_groups
+    from pescheduler.state.incremental import pickle_snapshot
+
+    blob, views = pickle_snapshot({"op": {"state": {"groups": snapshot_groups(state)}, "progress": None,
+                                          "driver": None}})
+    files.hold("d", checkpoint_id, pe, {"state": blob, "views": views, "positions": {}})
+    out = files.write("d", checkpoint_id, [pe], store.url)[pe]
+    store.commit_manifest(checkpoint_id, {"id": checkpoint_id, "files": out["files"]})
+    files.end("d", checkpoint_id, complete=True)
+    return out
+
+
+@pytest.mark.usefixtures("unpacked")
+def test_a_lazily_restored_state_grows_the_chains_it_was_read_from(state, tmp_path, monkeypatch):
+    """A PE restored after its worker died (a new worker: a writer that never saw its chains) whose
+    groups a lazy restore read from checkpoint 2's files: its next checkpoint references those
+    files and writes a delta for the keys changed since, no group read whole (but those whose
+    turn it is); the restore of it is exact."""
+    fill(state)
+    store = CheckpointStore(f"memory://moved-{uuid.uuid4().hex}", KEY)
+    old = CheckpointFiles()
+    checkpoint(old, store, state, 1)
+    for i in range(0, K, 100):
+        state.put(f"car-{i:07d}", [i, 2.0])
+    checkpoint(old, store, state, 2)
+    again = other(state, tmp_path)
+    try:
+        lazily_restored(store, 2, again, tmp_path)
+        for i in range(1, K, 100):
+            again.put(f"car-{i:07d}", [i, 3.0])
+        reads = FullReads(monkeypatch, again)
+        third = checkpoint(CheckpointFiles(), store, again, 3)
+        turns = {g for g in again.groups() if rewrite_turn(g, 3, dask.config.get("pescheduler.checkpoint.max-deltas"))}
+        assert set(reads.groups) <= turns, f"groups read whole out of the store: {sorted(set(reads.groups) - turns)}"
+        assert set(full_files(third, 3)) <= turns
+        assert sum(1 for f in third["files"] if f["chk"] == 1 and f["path"].endswith(".full")) >= 128 - len(turns)
+        assert restored(store, 3) == contents(again) == {**contents(state), **{f"car-{i:07d}": [i, 3.0] for i in range(1, K, 100)}}
+    finally:
+        again.close()
+
+
+@pytest.mark.usefixtures("unpacked")
+def test_a_state_restored_from_another_pes_files_writes_its_groups_whole(state, tmp_path, monkeypatch):
+    """The restored chains are another view's (a PE of another name): its files stay that view's,
+    so the restored state's first checkpoint writes its groups whole, as before; exact."""
+    fill(state, 5_000)
+    store = CheckpointStore(f"memory://moved-{uuid.uuid4().hex}", KEY)
+    checkpoint(CheckpointFiles(), store, state, 1)
+    again = other(state, tmp_path)
+    try:
+        lazily_restored(store, 1, again, tmp_path)
+        reads = FullReads(monkeypatch, again)
+        out = pe_checkpoint(CheckpointFiles(), store, again, 2, "elsewhere")
+        assert sorted(reads.groups) == sorted(again.groups()) and len(full_files(out, 2)) == len(again.groups())
+        entry = next(e for e in store.manifest(2)["files"] if e["role"] == "state")
+        assert entry["path"].endswith("elsewhere.state") and contents(again) == contents(state)
+    finally:
+        again.close()
