@@ -131,9 +131,15 @@ class GroupRef:
     files: tuple = ()           # file holds one per group, every checkpoint)
 
     @property
+    def views(self) -> list[str]:
+        """The view whose files each of the chain's is: this one's, or another's (a restored
+        state's chain that goes on from a PE of another name, ``ChainWriter._adopted``)."""
+        return [c[2] if type(c) is tuple and len(c) > 2 else self.name for c in self.chain]
+
+    @property
     def paths(self) -> list[str]:
-        return [f"chk-{chk:06d}/" + (pack_name(self.name) if kind == PACKED else f"{self.name}.g{self.group:03d}.{kind}")
-                for chk, kind in _kinds(self.chain)]
+        return [f"chk-{chk:06d}/" + (pack_name(name) if kind == PACKED else f"{name}.g{self.group:03d}.{kind}")
+                for (chk, kind), name in zip(_kinds(self.chain), self.views)]
 
 
 PACKED = "pack"         # a chain's link to a delta its PE's .state of that checkpoint holds (_Pack)
@@ -141,8 +147,9 @@ PACKED = "pack"         # a chain's link to a delta its PE's .state of that chec
 
 def _kinds(chain: tuple) -> list[tuple[int, str]]:
     """``(checkpoint id, "full" | "delta" | PACKED)`` of a chain: a file of its own is its
-    checkpoint's id (the first the full file), a delta in its PE's pack ``(id, PACKED)``."""
-    return [c if type(c) is tuple else (c, "delta" if i else "full") for i, c in enumerate(chain)]
+    checkpoint's id (the first the full file), a delta in its PE's pack ``(id, PACKED)``, a file
+    of another view ``(id, kind, view)``."""
+    return [c[:2] if type(c) is tuple else (c, "delta" if i else "full") for i, c in enumerate(chain)]
 
 
 def pack_name(name: str) -> str:
@@ -151,8 +158,12 @@ def pack_name(name: str) -> str:
 
 
 def _link(entry: dict) -> int | tuple:
-    """A chain's file as its map names it (:func:`_kinds`)."""
-    return (entry["chk"], PACKED) if entry["path"].endswith(".state") else entry["chk"]
+    """A chain's file as its map names it (:func:`_kinds`); one of another view carries its name
+    (``"view"``: the entry of a restored chain that goes on under a new PE's name)."""
+    view, path = entry.get("view"), entry["path"]
+    if view is not None:
+        return entry["chk"], PACKED if path.endswith(".state") else path.rsplit(".", 1)[1], view
+    return (entry["chk"], PACKED) if path.endswith(".state") else entry["chk"]
 
 
 @dataclass(frozen=True)
@@ -369,7 +380,7 @@ class _Chain:
     keys: int = 0               # keys its files hold (each delta's puts counted: at most that many)
     full_keys: int = 0          # of those, its full file's: its deltas are weighed against it in keys
     received: bytes | None = None   # not written yet: the full file a rescale's part brought (_adopted)
-    origin: tuple | None = None     # not checked yet: a lazy restore's chain, (run, view name) of its files
+    origin: tuple | None = None     # not checked yet: a lazy restore's chain, (run, each file's view name)
 
     @property
     def adopted(self) -> bool:
@@ -461,7 +472,7 @@ class ChainWriter:
         held = max(0, state["bytes"] - pack.size)
         for chains, referenced in done:
             for f in (f for c in chains.values() for f in c.files):
-                entries[f["path"]] = {**f, "role": "group"}
+                entries[f["path"]] = {**{k: v for k, v in f.items() if k != "view"}, "role": "group"}
             held += sum(c.full_bytes + c.delta_bytes for c in chains.values())
             if referenced:
                 entries.update((e["path"], e) for e in referenced)
@@ -587,7 +598,7 @@ class ChainWriter:
                 if r is not None and r.ref is not None:                # a lazy restore's: its files
                     files = r.ref.files
                     adopted[g] = _Chain(r.first, files, files[0]["bytes"], sum(f["bytes"] for f in files[1:]),
-                                        r.keys, r.keys, origin=(r.ref.run, r.ref.name))
+                                        r.keys, r.keys, origin=(r.ref.run, tuple(r.ref.views)))
                 elif r is not None and len(r.data) > PACK_DELTA:      # (a small one is rewritten whole)
                     adopted[g] = _Chain(r.first, (), len(r.data), 0, r.keys, r.keys, r.data)
                 else:
@@ -650,15 +661,20 @@ class ChainWriter:
         """A group an import brought (:class:`~pescheduler.state.base.Received`) as this view's
         chain, which ``_chain`` then grows by the keys written since the import: a rescale's part's
         bytes written as its full file, a file of its own (the chain's delta may go into the PE's
-        pack, which holds one file a group); a lazy restore's chain as it is, when its files are
-        this view's own (this run's, under this view's name: the same PE restored). None when the
-        keys since would outgrow it (:func:`outgrown_at`), or the files are another view's: then
-        the group is written whole."""
+        pack, which holds one file a group); a lazy restore's chain as it is when its files are
+        this run's, each of another view's (the PE restored under another name: a placement
+        fused anew on fewer workers) naming it (``"view"``, :func:`_link`). None when the keys
+        since would outgrow it (:func:`outgrown_at`), or the files are another run's: then the
+        group is written whole."""
         if _outgrown(received, g, len(keys or ())) > 1:
             return None
         if received.origin is not None:
-            mine = (files.url.rsplit("/", 1)[-1], name.rsplit(".g", 1)[0])
-            return replace(received, origin=None) if received.origin == mine else None
+            run, views = received.origin
+            if run != files.url.rsplit("/", 1)[-1]:
+                return None
+            mine = name.rsplit(".g", 1)[0]
+            chain = tuple(f if v == mine else {**f, "view": v} for f, v in zip(received.files, views))
+            return replace(received, files=chain, origin=None)
         entry = self._put(files, checkpoint_id, f"{name}.full", received.received)
         return replace(received, files=(entry,), received=None)
 
@@ -958,7 +974,8 @@ def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = Non
     (given: a restore's, for all its groups) and its group's delta taken from it."""
     datas, here = [], 0
     packs = {} if packs is None else packs
-    for entry in ref.files:
+    views = ref.views if len(ref.chain) == len(ref.files) else [ref.name] * len(ref.files)   # (a first format's)
+    for entry, view in zip(ref.files, views):
         packed = entry["path"].endswith(".state")
         deltas = packs.get((ref.run, entry["path"])) if packed else None
         if deltas is None:
@@ -967,7 +984,7 @@ def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = Non
             data = files.read(entry, ref.run) if data is None else data
             if packed:
                 deltas = packs[(ref.run, entry["path"])] = load_state_file(data).get("deltas", {})
-        datas.append(unpack_packed(deltas, ref.name, ref.group) if packed else data)
+        datas.append(unpack_packed(deltas, view, ref.group) if packed else data)
     if len(datas) == 1:
         return datas[0], here
     entries = unpack_group(datas[0])

@@ -303,19 +303,49 @@ def test_a_lazily_restored_state_grows_the_chains_it_was_read_from(state, tmp_pa
 
 
 @pytest.mark.usefixtures("unpacked")
-def test_a_state_restored_from_another_pes_files_writes_its_groups_whole(state, tmp_path, monkeypatch):
-    """The restored chains are another view's (a PE of another name): its files stay that view's,
-    so the restored state's first checkpoint writes its groups whole, as before; exact."""
+def test_a_state_restored_under_another_pes_name_grows_that_pes_chains(state, tmp_path, monkeypatch):
+    """Recovery on fewer workers fuses the PEs anew: the restored state is a view of another name.
+    Its checkpoints reference the old PE's files under that PE's name (``"view"`` in the chain)
+    and grow them by deltas of their own; the restores of two checkpoints after are exact."""
     fill(state, 5_000)
     store = CheckpointStore(f"memory://moved-{uuid.uuid4().hex}", KEY)
     checkpoint(CheckpointFiles(), store, state, 1)
     again = other(state, tmp_path)
     try:
         lazily_restored(store, 1, again, tmp_path)
+        for i in range(0, 5_000, 50):
+            again.put(f"car-{i:07d}", [i, 7.0])
+        reads, files = FullReads(monkeypatch, again), CheckpointFiles()
+        out = pe_checkpoint(files, store, again, 2, "elsewhere")
+        turns = {g for g in again.groups() if rewrite_turn(g, 2, dask.config.get("pescheduler.checkpoint.max-deltas"))}
+        assert set(reads.groups) <= turns, f"groups read whole out of the store: {sorted(set(reads.groups) - turns)}"
+        old = [f["path"] for f in out["files"] if f["path"].startswith("chk-000001/pe.0.g")]
+        assert len(old) >= len(again.groups()) - len(turns) and all("view" not in f for f in out["files"])
+        assert restored(store, 2) == contents(again)
+        for i in range(1, 5_000, 50):
+            again.put(f"car-{i:07d}", [i, 8.0])
+        pe_checkpoint(files, store, again, 3, "elsewhere")
+        assert restored(store, 3) == contents(again)
+    finally:
+        again.close()
+
+
+@pytest.mark.usefixtures("unpacked")
+def test_a_state_restored_from_another_runs_files_writes_its_groups_whole(state, tmp_path, monkeypatch):
+    """A run started from another run's checkpoint: the restored files stay that run's, so the new
+    run's first checkpoint writes its groups whole, as before; exact."""
+    fill(state, 5_000)
+    url = f"memory://moved-{uuid.uuid4().hex}"
+    first = CheckpointStore(url, KEY)
+    checkpoint(CheckpointFiles(), first, state, 1)
+    again = other(state, tmp_path)
+    try:
+        lazily_restored(first, 1, again, tmp_path)
+        second = CheckpointStore(url, KEY)
+        assert second.run != first.run
         reads = FullReads(monkeypatch, again)
-        out = pe_checkpoint(CheckpointFiles(), store, again, 2, "elsewhere")
+        out = checkpoint(CheckpointFiles(), second, again, 2)
         assert sorted(reads.groups) == sorted(again.groups()) and len(full_files(out, 2)) == len(again.groups())
-        entry = next(e for e in store.manifest(2)["files"] if e["role"] == "state")
-        assert entry["path"].endswith("elsewhere.state") and contents(again) == contents(state)
+        assert restored(second, 2) == contents(again) == contents(state)
     finally:
         again.close()
