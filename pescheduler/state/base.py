@@ -207,8 +207,8 @@ class Changes:
     whole: set = field(default_factory=set)         # key groups replaced whole (import, drop)
     before: tuple = ()                  # earlier snapshots' Changes whose views were let go unwritten
     taken: bool = False                 # a checkpoint's writer has them (ChainWriter): not carried on
-    adopted: dict = field(default_factory=dict)     # groups of whole a rescale's part replaced last,
-                                                    # {group: Received}: a chain starts from its bytes
+    adopted: dict = field(default_factory=dict)     # groups of whole an import replaced last that kept
+                                                    # what it came from, {group: Received}: a chain starts there
 
 
 class StateView(ABC):
@@ -297,12 +297,13 @@ class KeyedState(ABC):
     def _track(self) -> None:
         """Start numbering this state's snapshots (a backend's ``__init__`` calls it)."""
         self.token, self._seq, self._carried = uuid.uuid4().hex, 0, ()
-        self._adopted: dict[int, Received] = {}     # groups a rescale's part replaced since the snapshot
+        self._adopted: dict[int, Received] = {}     # groups such an import replaced since the snapshot (_replaced)
 
     def _replaced(self, group: int, received: Received | None = None) -> None:
         """Group ``group`` replaced whole since the snapshot (an import, a take, a drop): its
         :class:`Changes` name it in ``whole``, and in ``adopted`` when the last replacement was
-        an import of a rescale's part that kept its bytes (``received``)."""
+        an import that kept what it came from (``received``: a rescale's part's bytes, a lazy
+        restore's files)."""
         self._whole.add(group)
         if received is None:
             self._adopted.pop(group, None)

@@ -1202,7 +1202,7 @@ class DiskState(KeyedState):
             self._db.write(batch)
         prepared.discard()
         self._stored.add_marks(prepared.marks, prepared.hashes)
-        self._replaced(group, prepared.received)    # a rescale's part: its next checkpoint starts from its bytes
+        self._replaced(group, prepared.received)    # a part's bytes, a restore's files: its next chain starts there
 
     def _holds_nothing_of(self, group: int) -> bool:
         """Neither the store nor the write-back buffer has a key of ``group`` (a seek, a pass over

@@ -744,7 +744,7 @@ class MemoryState(KeyedState):
                 if d.group != g:
                     raise ValueError(f"a prepared key group {d.group} given as group {g}")
                 self._put_group(g, d.entries, owned=True)
-                self._replaced(g, d.received)   # a rescale's part: its next checkpoint starts from its bytes
+                self._replaced(g, d.received)   # a part's bytes, a restore's files: its next chain starts there
             else:
                 super().import_groups({g: dict(d) if isinstance(d, TakenGroup) else d})
 
