@@ -406,7 +406,8 @@ class _Union:
     groups: dict                # group -> its keys, as a dict's keys (untracked by the GC)
     whole: frozenset            # groups replaced whole
     count: int                  # keys in groups
-    adopted: dict = field(default_factory=dict)    # of those, the ones a rescale's part replaced last: _Chain
+    adopted: dict = field(default_factory=dict)    # groups of whole an import that kept what it came from
+                                                   # replaced last: their _Chain
 
 
 @dataclass(frozen=True)
@@ -424,8 +425,9 @@ class ChainWriter:
     """One deployment's key-group chains on this worker: writes views, learns which checkpoints completed.
 
     Keyed by the state object (``Changes.token``): a state replaced (a restore, a rescale) starts
-    with full files, but for the key groups a rescale's parts brought it, whose chains start from
-    the bytes they came as (``Changes.adopted``, :meth:`_adopted`). Writes happen in a worker thread (the PE host's ``pe_ckpt_write``)."""
+    with full files, but for the key groups an import brought that kept what they came from, whose
+    chains start there (``Changes.adopted``, :meth:`_adopted`: a rescale's part's bytes, a lazy
+    restore's files). Writes happen in a worker thread (the PE host's ``pe_ckpt_write``)."""
 
     def __init__(self, local: LocalCopies | None = None) -> None:
         self.local = local                          # copies of the files written here (local recovery)
@@ -512,7 +514,7 @@ class ChainWriter:
                 _see(self._seen.setdefault(changes.token, {}), changes)
             since = self._since(changes, view.by_group)
             with self._lock:
-                fresh = changes.token not in self._base     # no chain but those parts brought (_since)
+                fresh = changes.token not in self._base     # no chain but those imports brought (_since)
             if since is None or since[2] or fresh:  # every group whole, or (its third part) groups a
                 view.reads_whole()                  # rescale replaced whole: read in ranges
             chains, later = {}, _Later(self, changes, view)
@@ -565,8 +567,8 @@ class ChainWriter:
         checkpoint, or None when a snapshot in between was not seen here (everything full)."""
         with self._lock:
             base = self._base.get(changes.token)
-            if base is None:            # a state with no complete checkpoint yet: its groups a rescale's
-                seen = self._seen.get(changes.token, {})       # parts brought start from their bytes
+            if base is None:            # a state with no complete checkpoint yet: the groups an import
+                seen = self._seen.get(changes.token, {})       # brought start from what they came from
                 if not any(seen.get(s) is not None and seen[s].adopted for s in range(1, changes.seq + 1)):
                     return None
         return self._changed(changes, 0, {}, by_group) if base is None else \
@@ -576,10 +578,11 @@ class ChainWriter:
         """``(chains, keys changed by group, groups replaced whole)`` between snapshot ``seq``
         and ``changes``' one; None when a snapshot in between was not seen here, or when more
         keys changed than ``chains`` hold (:func:`_more_than`). A group whose last replacement
-        was a rescale's part that kept its bytes (``Changes.adopted``) is not among those
-        replaced whole: its chain is one not written yet, those bytes (``_Chain.received``),
-        and its keys changed include every key written since the import (and some before it,
-        which its delta reads from the view all the same). The keys are sorted by group once:
+        was an import that kept what it came from (``Changes.adopted``) is not among those
+        replaced whole: its chain is a rescale's part's bytes, not written yet
+        (``_Chain.received``), or a lazy restore's files (``_Chain.origin``), and its keys
+        changed include every key written since the import (and some before it, which its delta
+        reads from the view all the same). The keys are sorted by group once:
         a later attempt adds only the snapshots since (:class:`_Union`). Each attempt sorted every
         key changed since the last complete checkpoint again, before its first file: at 10^7 keys,
         after a fill of 2 M keys since it, 1-3 files an attempt in 30 s."""
@@ -1023,7 +1026,7 @@ def _read_from(prepared: Any, ref: GroupRef) -> Any:
     """``prepared`` (a backend's ``PreparedEntries``) naming the files it was read from
     (:class:`~pescheduler.state.base.Received`'s ``ref``): the restored state's checkpoints grow
     that chain (``ChainWriter._adopted``). After a SIGKILL at 10^7 keys the checkpoints during and
-    after the lazy restore rewrote every group whole as it came in (15-30 a checkpoint, 1.6-3.2 s)."""
+    after the lazy restore rewrote every group whole as it came in (14-32 a checkpoint, 1.6-4.3 s)."""
     if isinstance(prepared, PreparedEntries) and len(prepared) and ref.files:
         prepared.received = Received(None, len(prepared), prepared.first_key(), ref)
     return prepared
