@@ -134,11 +134,17 @@ class Received:
                                 # ``incremental.GroupRef``): its chain goes on from them, nothing written
 
 
-def keep_received(prepared: Any, make: Callable[[], Received]) -> Any:
-    """``prepared`` (a backend's :class:`PreparedEntries`) with ``make()``'s :class:`Received`
+def keep_received(prepared: Any, data: Callable[[], bytes]) -> Any:
+    """``prepared`` (a backend's :class:`PreparedEntries`) keeping the bytes ``data()`` gives
     when a rescale's part is being unpickled (:func:`preparing`'s ``received``)."""
-    if _RECEIVED.get() and isinstance(prepared, PreparedEntries) and len(prepared):
-        prepared.received = make()
+    return came_from(prepared, data=data()) if _RECEIVED.get() else prepared
+
+
+def came_from(prepared: Any, data: bytes | None = None, ref: Any = None) -> Any:
+    """``prepared`` (a backend's :class:`PreparedEntries`, not empty) with the :class:`Received`
+    of ``data`` (a part's bytes) or ``ref`` (a restore's files); anything else as it is."""
+    if isinstance(prepared, PreparedEntries) and len(prepared):
+        prepared.received = Received(data, len(prepared), prepared.first_key(), ref)
     return prepared
 
 
@@ -315,8 +321,8 @@ class KeyedState(ABC):
         self._seq += 1
         with _CARRY:
             before, self._carried = self._carried, ()
-        adopted, self._adopted = self._adopted, {}
-        return Changes(self.token, self._seq, keys, whole, before, adopted={g: r for g, r in adopted.items() if g in whole})
+        adopted, self._adopted = self._adopted, {}     # each of whole too (_replaced), cleared with it
+        return Changes(self.token, self._seq, keys, whole, before, adopted=adopted)
 
     def _let_go(self, changes: Changes | None) -> None:
         """A view of this state is let go (any thread): its Changes, if no checkpoint's writer took

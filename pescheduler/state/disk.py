@@ -67,8 +67,8 @@ from operator import is_, itemgetter, not_, or_
 from typing import Any, Callable, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
-from .base import (_PREPARE, KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, Received, StateView,
-                   keep_received, key_group, pack_chunks)
+from .base import (_PREPARE, KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, keep_received,
+                   key_group, pack_chunks)
 from .groups import _numpy, key_groups, split_by_group
 
 logger = logging.getLogger(__name__)
@@ -587,7 +587,7 @@ class SnapshotView(StateView):
         pairs = self.raw(group)
         if len(pairs) < RAW_FULL_MIN:       # as dicts: the raw form's header outweighs a few keys
             return pack_chunks([RawEntries(list(map(_first, pairs)), list(map(_SECOND, pairs))).decoded()])
-        return pickle.dumps(RawPart(group, _pack_raw(pairs)), _PICKLE), len(pairs), _decode(pairs[0][0])
+        return _full_file(group, _pack_raw(pairs)), len(pairs), _decode(pairs[0][0])
 
     by_group = staticmethod(_by_group)
 
@@ -683,6 +683,12 @@ class ViewGroup:
         behind the copy, which held their tuples meanwhile, stopped 0.4-0.8 s at a time
         (docs/state.md, session 31)."""
         return RawPart(self.group, _pack_raw(self.view.raw(self.group))).__reduce__()
+
+
+def _full_file(group: int, packed: bytes) -> bytes:
+    """A checkpoint's full file of a group as :func:`_pack_raw` packed it (:meth:`SnapshotView.full`);
+    a rescale's part carries the same ``packed`` bytes, which its receiver keeps as that file."""
+    return pickle.dumps(RawPart(group, packed), _PICKLE)
 
 
 class RawPart:
@@ -807,10 +813,8 @@ def _unpickled_raw(group: int, packed: bytes) -> Any:
     prepare = _PREPARE.get()
     if prepare is None:
         return raw.decoded()
-    # a rescale's part keeps its bytes as a checkpoint's full file (SnapshotView.full's form)
     prepared = prepare(group, raw if getattr(prepare, "func", prepare) is prepare_group else raw.decoded())
-    return keep_received(prepared, lambda: Received(pickle.dumps(RawPart(group, packed), _PICKLE), len(raw),
-                                                    _decode(raw.keys_[0])))
+    return keep_received(prepared, lambda: _full_file(group, packed))     # a rescale's part keeps its bytes
 
 
 class PreparedGroup(PreparedEntries):

@@ -16,8 +16,7 @@ from itertools import repeat
 from operator import is_, itemgetter
 from typing import Any, Callable, Mapping
 
-from .base import (_PREPARE, KEY_GROUPS, KeyedState, Received, keep_received, key_group, pack_group, preparing,
-                   unpack_group)
+from .base import _PREPARE, KEY_GROUPS, KeyedState, keep_received, key_group, pack_group, preparing, unpack_group
 from ..wire import _MASK, key_hash
 from .incremental import GroupRef, GroupsSnapshot
 
@@ -74,8 +73,7 @@ def _unpickled(group: int, packed: bytes) -> Any:
     prepare = _PREPARE.get()
     if prepare is None:
         return packed
-    entries = unpack_group(packed)
-    return keep_received(prepare(group, entries), lambda: Received(packed, len(entries), next(iter(entries))))
+    return keep_received(prepare(group, unpack_group(packed)), lambda: packed)
 
 
 def loads_prepared(blob: bytes, prepare: Callable[[int, dict], Any]) -> Any:

@@ -71,8 +71,7 @@ import cloudpickle
 
 from .. import config
 from ..errors import CheckpointDamaged, CheckpointError
-from .base import (KEY_GROUPS, Changes, PreparedEntries, Received, StateView, pack_group, unpack_group,
-                   unpack_prepared)
+from .base import KEY_GROUPS, Changes, StateView, came_from, pack_group, unpack_group, unpack_prepared
 from .files import StateFiles
 from .local import LocalCopies
 
@@ -133,7 +132,10 @@ class GroupRef:
     @property
     def views(self) -> list[str]:
         """The view whose files each of the chain's is: this one's, or another's (a restored
-        state's chain that goes on from a PE of another name, ``ChainWriter._adopted``)."""
+        state's chain that goes on from a PE of another name, ``ChainWriter._adopted``). A first
+        format's reference names no chain: each of its ``files`` is this view's."""
+        if len(self.chain) != len(self.files) and self.files:
+            return [self.name] * len(self.files)
         return [c[2] if type(c) is tuple and len(c) > 2 else self.name for c in self.chain]
 
     @property
@@ -977,8 +979,7 @@ def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = Non
     (given: a restore's, for all its groups) and its group's delta taken from it."""
     datas, here = [], 0
     packs = {} if packs is None else packs
-    views = ref.views if len(ref.chain) == len(ref.files) else [ref.name] * len(ref.files)   # (a first format's)
-    for entry, view in zip(ref.files, views):
+    for entry, view in zip(ref.files, ref.views):
         packed = entry["path"].endswith(".state")
         deltas = packs.get((ref.run, entry["path"])) if packed else None
         if deltas is None:
@@ -1027,9 +1028,7 @@ def _read_from(prepared: Any, ref: GroupRef) -> Any:
     (:class:`~pescheduler.state.base.Received`'s ``ref``): the restored state's checkpoints grow
     that chain (``ChainWriter._adopted``). After a SIGKILL at 10^7 keys the checkpoints during and
     after the lazy restore rewrote every group whole as it came in (14-32 a checkpoint, 1.6-4.3 s)."""
-    if isinstance(prepared, PreparedEntries) and len(prepared) and ref.files:
-        prepared.received = Received(None, len(prepared), prepared.first_key(), ref)
-    return prepared
+    return came_from(prepared, ref=ref) if ref.files else prepared
 
 
 def ref_groups(value: Any) -> set[int]:
