@@ -34,9 +34,9 @@ WAIT = 120
 COUNT = 6_000
 
 
-def app(out: Path, count: int = COUNT, rate: int = 3_000, name: str = "durable") -> Application:
+def app(out: Path, count: int = COUNT, rate: int = 3_000, name: str = "durable", **held) -> Application:
     a = Application(name)
-    (a.source("numbers", count=count, keys=10, rate=rate)
+    (a.source("numbers", count=count, keys=10, rate=rate, **held)
         .map(lambda e: {"n": e["n"], "square": e["n"] * e["n"]})
         .sink("jsonl", path=str(out)))
     return a
@@ -52,9 +52,13 @@ def deploy(application, storage: Path, **kw):
 
 
 def finished_run(tmp_path: Path) -> tuple[Path, Path]:
-    """A first run that took several checkpoints and ended: its output file and the storage."""
-    out, storage = tmp_path / "out.jsonl", tmp_path / "ckpt"
-    with deploy(app(out), storage, checkpoint_interval="0.2s") as dep:
+    """A first run that took several checkpoints and ended: its output file and the storage. Its
+    source holds halfway until two checkpoints are complete: run at its rate alone, a loaded
+    machine (two busy loops beside the suite) once finished the 2 s stream after one."""
+    out, storage, release = tmp_path / "out.jsonl", tmp_path / "ckpt", tmp_path / "release"
+    with deploy(app(out, hold_at=COUNT // 2, release=str(release)), storage, checkpoint_interval="0.2s") as dep:
+        until(lambda: len(dep.checkpoints()) >= 2, WAIT, "two complete checkpoints of the first run")
+        release.touch()
         dep.wait(timeout=WAIT)
         assert len(dep.checkpoints()) >= 2, dep.checkpoints()
     assert committed_output(out) == expected()
