@@ -1,7 +1,8 @@
-"""The fill of bench/state.py's table in one process: ``latest`` on each backend against ``latest_in_dicts``.
+"""The fill of bench/state.py's table in one process: ``latest`` on each backend against ``latest_in_dicts``
+and, for ``disk``, against the raw client loop of its store.
 
-    python bench/fill.py [--keys 1000000] [--backends dicts,memory,disk] [--interval 1] [--rounds 1]
-                         [--profile pe|writer] [--batch 1000]
+    python bench/fill.py [--keys 1000000] [--backends dicts,memory,disk,rocksdb] [--interval 1] [--rounds 1]
+                         [--profile pe|writer] [--batch 1000] [--quick]
 
 What part 6's "x dicts" measures deployed, without the cluster: K inserts (``churn``'s fill:
 ``{"op": "insert", "id": i, "after": {"v": 1}}``) in batches into the operator, on this thread
@@ -9,10 +10,17 @@ What part 6's "x dicts" measures deployed, without the cluster: K inserts (``chu
 ``snapshot``, ``pickle_snapshot``) with its files written by ``CheckpointFiles.write`` in a thread
 of its own, as ``pe_ckpt_write`` runs it, beside the fill (one at a time: a barrier waits for the
 last write to end, as the coordinator's one checkpoint in flight). ``dicts``: the plain dict
-pickled whole at the barrier, in the PE's turn. Each backend in a process of its own, ``--rounds``
-times interleaved; the fill's rate (keys/s), the ratio to dicts in the same round, the
+pickled whole at the barrier, in the PE's turn. ``rocksdb``: the strongest baseline of ``disk``,
+the binding's own loop over the same batches into a store opened as ``disk`` opens it (its
+options, its key encoding: a key's group byte, tag and digits), nothing else: each batch's keys
+grouped and encoded, the rows pickled, sorted and put into one write batch, written; no operator,
+no reads, no checkpoints. What ``disk`` spends beyond it is the backend's; what ``rocksdb`` spends
+is the floor a fill through this binding cannot go under. Each backend in a process of its own, ``--rounds``
+times interleaved; the fill's rate (keys/s), the ratios to dicts and to rocksdb in the same round, the
 checkpoints taken during the fill and the PE's time in barriers; keys per CPU second of the
 process (every thread's, RocksDB's too: steadier than the wall clock on a loaded machine).
+
+``--quick``: 20,000 keys, every backend (the smoke test's form).
 
 ``--profile pe``: cProfile of the fill's thread (the operator, the barriers); ``writer``: of the
 writer threads; the top functions by own time, per backend. Figures on a loaded machine: ratios
@@ -46,6 +54,42 @@ def _benchops():
     return module
 
 
+class RawRocksDB:
+    """``rocksdb``: the raw client loop of a ``disk`` store (module docstring), as an operator's
+    ``process`` so the bench's loop drives it as it drives the others; no snapshot."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        import dask.config
+
+        from pescheduler.state.disk import DiskState
+
+        # the store as the disk backend opens it (cache, memtables, filters, no WAL)
+        self._state = DiskState(tempfile.mkdtemp(dir=dask.config.get("pescheduler.state.dir")), 512 << 20)
+
+    def process(self, batch: list, emit) -> None:
+        import pickle
+        from collections import deque
+        from itertools import repeat
+
+        from rocksdict import WriteBatch
+
+        from pescheduler.state.disk import _INT_KEY, _PICKLE
+        from pescheduler.state.groups import key_groups
+
+        keys = [change["id"] for change in batch]
+        rows = dict(zip(map(_INT_KEY.__mod__, zip(key_groups(keys), keys)),
+                        map(pickle.dumps, [change["after"] for change in batch], repeat(_PICKLE))))
+        order, written = sorted(rows), WriteBatch(raw_mode=True)
+        deque(map(written.put, order, map(rows.__getitem__, order)), maxlen=0)
+        self._state._db.write(written)
+
+    def held(self) -> int:
+        """Keys in the store (counted after the clock)."""
+        return sum(1 for _ in self._state._db.keys())
+
+
 def one(backend: str, k: int, interval: float, batch: int, profile: str | None) -> dict:
     """One backend's fill, in this process."""
     import dask.config
@@ -61,13 +105,16 @@ def one(backend: str, k: int, interval: float, batch: int, profile: str | None) 
     def made():
         if backend == "dicts":
             return _benchops().LatestInDicts()
+        if backend == "rocksdb":
+            return RawRocksDB()
         made = Latest()
         made.open(OperatorContext(made.name, pe_id="pe", key_field="id", extra={"state": backend}))
         return made
 
     warm = made()                       # imports and first calls (numpy, rocksdict) before the clock
     warm.process([{"op": "insert", "id": -i, "after": {"v": 1}, "ts": 0} for i in range(1, batch + 1)], Emitter())
-    pickle_snapshot({"op": {"state": warm.snapshot()}})
+    if backend != "rocksdb":
+        pickle_snapshot({"op": {"state": warm.snapshot()}})
     op = made()
     store, files = CheckpointStore(os.path.join(root, "ckpt"), b"k" * 32), CheckpointFiles()
     prof = {"pe": cProfile.Profile(), "writer": cProfile.Profile()}.get(profile) if profile else None
@@ -96,7 +143,7 @@ def one(backend: str, k: int, interval: float, batch: int, profile: str | None) 
     while batches:
         op.process(batches.pop(), Emitter())    # each batch let go once processed, as deployed
         now = time.perf_counter()
-        if now >= due and not (writing and writing[-1].is_alive()):
+        if now >= due and backend != "rocksdb" and not (writing and writing[-1].is_alive()):
             cid += 1
             blob, views = pickle_snapshot({"op": {"state": op.snapshot()}})
             files.hold("bench", cid, "pe", {"state": blob, "views": views, "positions": {}})
@@ -110,8 +157,9 @@ def one(backend: str, k: int, interval: float, batch: int, profile: str | None) 
         prof.disable()
     for w in writing:
         w.join(600)
+    held = op.held() if backend == "rocksdb" else len(op.rows) if backend == "dicts" else len(op.rows())
     out = {"backend": backend, "rate": k / took, "cpu_rate": k / cpu, "checkpoints": cid, "barrier_s": barrier_s,
-           "load": os.getloadavg()[0]}
+           "load": os.getloadavg()[0], "held": held}
     if prof is not None:
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
@@ -123,7 +171,8 @@ def one(backend: str, k: int, interval: float, batch: int, profile: str | None) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
-    parser.add_argument("--backends", default="dicts,memory,disk")
+    parser.add_argument("--backends", default="dicts,memory,disk,rocksdb")
+    parser.add_argument("--quick", action="store_true", help="20,000 keys (the smoke test's form)")
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=1)
@@ -133,6 +182,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.switch:
         sys.setswitchinterval(args.switch)
+    if args.quick:
+        args.keys = 20_000
     if args.one:
         print(json.dumps(one(args.one, args.keys, args.interval, args.batch, args.profile)))
         return
@@ -153,14 +204,21 @@ def main() -> None:
                 print(done.stderr[-3000:])
                 continue
             rows[b] = json.loads(done.stdout.strip().splitlines()[-1])
-        base = rows.get("dicts", {}).get("rate")
+        base, floor = rows.get("dicts", {}).get("rate"), rows.get("rocksdb", {}).get("rate")
         for b, row in rows.items():
             x = f"{row['rate'] / base:.2f}" if base else "-"
-            print(f"round {r + 1} {b:7} {row['rate']:10,.0f} keys/s  x dicts {x:>5}  {row['cpu_rate']:10,.0f} keys/CPU s  "
+            y = f"{row['rate'] / floor:.2f}" if floor else "-"
+            print(f"round {r + 1} {b:7} {row['rate']:10,.0f} keys/s  x dicts {x:>5}  x rocksdb {y:>5}  "
+                  f"{row['cpu_rate']:10,.0f} keys/CPU s  "
                   f"checkpoints {row['checkpoints']}  "
                   f"barriers {1000 * row['barrier_s']:.0f} ms  load {row['load']:.1f}", flush=True)
             if "profile" in row:
                 print(row["profile"])
+        wrong = {b: row["held"] for b, row in rows.items() if row["held"] != args.keys}
+        if wrong or len(rows) < len(chosen):
+            print(f"round {r + 1}: keys held after the fill {wrong} (of {args.keys:,}), "
+                  f"backends that failed {sorted(set(chosen) - set(rows))}")
+            sys.exit(1)
 
 
 if __name__ == "__main__":
