@@ -23,6 +23,7 @@ import cloudpickle
 from distributed import Client
 
 from .. import config
+from ..dask_client import close_client
 from ..worker.handshake import new_secret
 from ..plan.placement import Placement
 from ..wire import PESpec
@@ -282,7 +283,4 @@ class WorkerGateway:
                 logger.debug("%s on %s failed: %s", handler, w, result)
 
     async def close(self) -> None:
-        try:
-            await asyncio.wait_for(self.client.close(), self.worker_timeout)
-        except Exception as exc:
-            logger.debug("closing the client failed: %s", exc)
+        await close_client(self.client, self.worker_timeout)

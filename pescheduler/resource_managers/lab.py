@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from dask.utils import parse_timedelta
 
 from .. import config
+from ..dask_client import close_client
 from ..resources import Host, ResourceManagerUnavailable
 from . import lab_net, processes
 from ..worker.cgroup import QUOTA_ENV
@@ -131,7 +132,7 @@ class LabResourceManager:
         for held in list(self.held.values()):
             await self.return_host(held.host)
         if self._client is not None:
-            await self._client.close()
+            await close_client(self._client, config.get_seconds("calls.scheduler"))
         if self._tls_dir is not None:
             shutil.rmtree(self._tls_dir, ignore_errors=True)
 

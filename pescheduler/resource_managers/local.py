@@ -46,6 +46,7 @@ import yaml
 from dask.utils import parse_timedelta
 
 from .. import allocator, config
+from ..dask_client import close_client
 from ..resources import Host, HostLost, HostReturnRequested, ResourceManagerUnavailable
 from ..worker.cgroup import core_budget
 from . import processes
@@ -178,7 +179,7 @@ class LocalResourceManager:
         for host_id in list(self.held):
             await self.return_host(self.held[host_id].host)
         if self._client is not None:
-            await self._client.close()
+            await close_client(self._client, config.get_seconds("calls.scheduler"))
         if self._tls_dir is not None:
             shutil.rmtree(self._tls_dir, ignore_errors=True)
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from dask.utils import parse_timedelta
 
 from .. import config
+from ..dask_client import close_client
 from ..resources import (Host, HostLost, HostReturnRequested, ResourceManagerUnavailable)
 from .spark_standalone import LIGHT_JVM, StandaloneCluster, check_java, spark_home
 from .workers import named_workers, retire
@@ -225,7 +226,7 @@ class SparkResourceManager:
             else:
                 await self._end(lease)
         if self._client is not None:
-            await self._client.close()
+            await close_client(self._client, config.get_seconds("calls.scheduler"))
         stopping = _in_daemon_thread(self._stop_spark, "pescheduler-spark-stop")    # not joined at exit
         try:
             await asyncio.wait_for(asyncio.shield(stopping), STOP_S)

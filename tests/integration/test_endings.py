@@ -162,3 +162,26 @@ def test_the_status_counts_serialisation_dead_letters_too(cluster, tmp_path):
         dead = dep.dead_letters()
     assert status["state"] == "finished"             # 1 % is under the max ratio
     assert len(dead) == 10 and status["dead_letters"] == 10
+
+
+def test_a_stopped_embedded_deployment_leaves_no_batched_stream_of_its_clients_running(tmp_path):
+    """The deployment's and the local resource manager's clients close their batched streams to the
+    scheduler (``dask_client.close_client``): a stream left waiting on its send interval when the
+    loop stops printed "Future exception was never retrieved ... TimeoutError('Timeout')" at exit.
+    On the old code the deployment's client left its stream running (``please_stop`` False)."""
+    import gc
+
+    from distributed.batched import BatchedSend
+
+    app = Application("closes-its-clients")
+    (app.source("generator", events=2_000, keys=10, seed=7)
+        .key_by("car").window(size="1s", aggregates={"n": ("count", "speed")})
+        .sink("jsonl", path=str(tmp_path / "o.jsonl")))
+    with pescheduler.deploy(app, workers=2, policies=[]) as dep:
+        dep.wait(timeout=WAIT)
+        scheduler = dep.scheduler_address
+    streams = [b for b in gc.get_objects() if isinstance(b, BatchedSend) and b.comm is not None
+               and b.comm.peer_address == scheduler]
+    assert streams, "no client stream to the deployment's scheduler found"
+    running = [repr(b.comm) for b in streams if not (b.please_stop and b.stopped.is_set())]
+    assert not running, f"client streams still running after stop: {running}"
