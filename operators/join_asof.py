@@ -34,8 +34,10 @@ no tolerance can hold event time downstream until the key's next right event
 
 State: each key's last right event and its left events waiting for a forward
 match live in the deployment's keyed state backend (``pescheduler.state``), so
-checkpoints hold whole key groups and copies move them (KEYED). The last right
-event of a key is kept as long as the key is (one event per key).
+checkpoints hold whole key groups and copies move them (KEYED): a rescale takes the
+moving groups out of the backend (``export_groups``) and adds them to the gaining instance
+(``import_groups``) with their held events and waiting lefts, at the cost of the moving
+groups. The last right event of a key is kept as long as the key is (one event per key).
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ from operator import itemgetter
 from typing import Any, Callable
 
 from pescheduler.operator import MAX_WATERMARK, MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
-from pescheduler.state import MemoryState, adopt
-from pescheduler.state.groups import merge_groups, restore_groups, snapshot_groups, split_groups, write_batch
+from pescheduler.state import MemoryState, adopt, key_group
+from pescheduler.state.groups import (add_groups, merge_groups, restore_groups, snapshot_groups, split_groups,
+                                      take_groups, write_batch)
 from pescheduler.timeutil import parse_duration
 
 from .window import hold, key_getter, released
@@ -212,16 +215,50 @@ class AsofJoin(Operator):
                 "groups": snapshot_groups(self._keys)}
 
     def restore(self, state: dict) -> None:
-        for what in ("direction", "tolerance"):
-            if state[what] != getattr(self, what):
-                raise ValueError(f"join_asof state of {what}={state[what]!r} cannot be restored into "
-                                 f"{what}={getattr(self, what)!r}")
+        self._check_shape(state)
         self._wm = state["watermark"]
         self._pending = [list(state["pending"][LEFT]), list(state["pending"][RIGHT])]
         restore_groups(self._keys, state["groups"])
         waiting = [(k, w) for k, (_, w) in self._keys.entries() if w]
         self._waiting = {k for k, _w in waiting}
         self._oldest = min((t for _k, w in waiting for t, _l, _b in w), default=None)
+
+    def _check_shape(self, state: dict) -> None:
+        for what in ("direction", "tolerance"):
+            if state[what] != getattr(self, what):
+                raise ValueError(f"join_asof state of {what}={state[what]!r} cannot be restored into "
+                                 f"{what}={getattr(self, what)!r}")
+
+    # -- copies: key groups move with their keys' events ------------------------------------
+    def export_groups(self, groups: frozenset[int]) -> dict:
+        """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their keys'
+        last right events and waiting lefts, taken out of the backend (packed only when the part
+        is pickled), and their events held for the watermark, in :meth:`snapshot`'s form. The
+        groups that stay are not read: the held events and the keys with waiting lefts are
+        (each bounded by what waits for the watermark, not by the keys)."""
+        stays = lambda k: key_group(k) not in groups        # noqa: E731
+        leaving = [[p for p in side if not stays(p[1])] for side in self._pending]
+        self._pending = [[p for p in side if stays(p[1])] for side in self._pending]
+        self._waiting = {k for k in self._waiting if stays(k)}
+        # self._oldest stays as it is until the next watermark recomputes it: a bound held too
+        # low holds the output watermark back a little longer, never too little
+        return {"direction": self.direction, "tolerance": self.tolerance, "watermark": self._wm,
+                "pending": leaving, "groups": take_groups(self._keys, groups)}
+
+    def import_groups(self, state: dict) -> None:
+        """Key groups another instance exported (:meth:`export_groups`) join this running one with
+        their held events (their keys are not this instance's: their order within a key is kept)
+        and their waiting lefts; its own watermark stays."""
+        self._check_shape(state)
+        add_groups(self._keys, state["groups"])
+        for side in (LEFT, RIGHT):
+            self._pending[side] = self._pending[side] + list(state["pending"][side])
+        for g in state["groups"]:
+            for k, (_last, waiting) in self._keys.items(g):
+                if waiting:
+                    self._waiting.add(k)
+                    oldest = min(t for t, _l, _b in waiting)
+                    self._oldest = oldest if self._oldest is None else min(self._oldest, oldest)
 
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
         """The key groups where ``owns(key)`` and their keys' waiting events."""

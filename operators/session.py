@@ -19,8 +19,10 @@ then the order their keys opened a session. End of stream fires every session.
 
 State: each key's ``[seq, sessions]`` lives in the deployment's keyed state backend
 (``pescheduler.state``: memory or disk), so a snapshot holds whole key groups and a
-rescale moves key groups (docs/state.md). The firing timers (a heap of session ends)
-stay in memory and are rebuilt from the sessions at a restore.
+rescale moves key groups (docs/state.md): ``export_groups`` takes them out of the backend
+and ``import_groups`` adds them, at the cost of the moving groups only. The firing timers (a heap
+of session ends) stay in memory: rebuilt from the sessions at a restore, pushed for an import's
+groups; the timers of groups that left stay in the heap and are dropped unread when due.
 
 Late events: an event with ``ts <= watermark`` on arrival goes to the ``late``
 side output. (It could only have extended a session that may have fired.)
@@ -38,8 +40,9 @@ from typing import Any, Callable, Iterable
 
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, OperatorContext
-from pescheduler.state import MemoryState, adopt
-from pescheduler.state.groups import merge_groups, restore_groups, snapshot_groups, split_groups, write_batch
+from pescheduler.state import MemoryState, adopt, key_group
+from pescheduler.state.groups import (add_groups, merge_groups, restore_groups, snapshot_groups, split_groups,
+                                      take_groups, write_batch)
 from pescheduler.timeutil import parse_duration
 
 from .window import AggregatingWindow
@@ -62,6 +65,9 @@ class SessionWindow(AggregatingWindow):
         self._heap: list = []                  # (end, start, seq, n, key) to fire; stale ones skipped
         self._pushes = itertools.count()       # n: ties of equal seq (merged copies) never compare keys
         self._wm = MIN_WATERMARK
+        self._last_end = MIN_WATERMARK         # the latest session end pushed onto the heap
+        self._gone: frozenset[int] = frozenset()   # key groups exported whose timers may still be in the heap
+        self._gone_until = MIN_WATERMARK       # ... every one of them ends by this
         self._init_aggregates(aggregates, queries, key, ts_field)
 
     def open(self, context: OperatorContext) -> None:
@@ -159,6 +165,8 @@ class SessionWindow(AggregatingWindow):
 
     def _schedule(self, k: Any, seq: int, session: list) -> None:
         heapq.heappush(self._heap, (session[1], session[0], seq, next(self._pushes), k))
+        if session[1] > self._last_end:
+            self._last_end = session[1]
 
     def on_watermark(self, watermark: int, emit: Emitter) -> None:
         """Fire the sessions ``watermark`` closes: their keys read in one ``get_many`` and the
@@ -168,6 +176,11 @@ class SessionWindow(AggregatingWindow):
         due = []
         while heap and heap[0][0] - 1 <= watermark:
             due.append(heapq.heappop(heap))
+        if self._gone:                          # timers of exported groups: theirs to fire now
+            gone = self._gone
+            due = [entry for entry in due if key_group(entry[4]) not in gone]
+            if not heap or heap[0][0] > self._gone_until:
+                self._gone = frozenset()        # every timer pushed before the export has come
         if not due:
             return
         names = list(dict.fromkeys(entry[4] for entry in due))
@@ -204,6 +217,31 @@ class SessionWindow(AggregatingWindow):
                     self._schedule(k, seq, session)
 
     # -- copies: key groups move with their sessions ------------------------------------------
+    def export_groups(self, groups: frozenset[int]) -> dict:
+        """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their
+        records in :meth:`snapshot`'s form, taken out of the backend (packed only when the part
+        is pickled). Their timers stay in the heap, unread (a pass over it would cost the whole
+        state in the PE's turn): until every timer pushed before now has come due, a due timer
+        of a group in ``_gone`` is dropped unread."""
+        self._gone = self._gone | groups
+        self._gone_until = self._last_end
+        return {"layout": self.plan.layout, "gap": self.gap, "watermark": self._wm, "next_seq": self._next_seq,
+                "groups": take_groups(self._keys, groups)}
+
+    def import_groups(self, state: dict) -> None:
+        """Key groups another instance exported (:meth:`export_groups`, or a lazy restore's part)
+        join this running one with their sessions' timers; its own watermark stays. Their old
+        timers here, if they left and came back, fire as any stale timer does: only a session
+        whose bounds they still match, once."""
+        self._check_state(state, gap=self.gap)
+        add_groups(self._keys, state["groups"])
+        self._gone = self._gone - frozenset(state["groups"])
+        self._next_seq = max(self._next_seq, state["next_seq"])
+        for g in state["groups"]:
+            for k, (seq, sessions) in self._keys.items(g):
+                for session in sessions:
+                    self._schedule(k, seq, session)
+
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
         """The key groups where ``owns(key)``, with their sessions."""
         return {**state, "groups": split_groups(state["groups"], owns)}

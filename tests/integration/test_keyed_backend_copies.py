@@ -1,4 +1,4 @@
-"""An over window, a keyed pattern and an interval join copied and released on a real Dask
+"""An over window, a keyed pattern, a session window and an interval join copied and released on a real Dask
 deployment while tuples flow, with their keys' state in either keyed state backend (on ``disk``: a
 RocksDB store per instance, on its worker), and each of them whose worker is
 SIGKILLed and restored from a checkpoint (on disk): the output is the plain-Python reference's, each row once.
@@ -74,6 +74,19 @@ def pattern_reference() -> Counter:
     return want
 
 
+def session(stream):
+    """Sessions with a gap of two keys' spacing: each key's events (16 apart) form one session, open
+    from the key's first event to the end of the stream, so every key's state moves and is restored."""
+    return stream.window(gap=2 * KEYS, aggregates={"c": "count", "s": ("sum", "n")}, id="op")
+
+
+def session_rows(rows: list) -> Counter:
+    return Counter((r["key"], r["window_start"], r["window_end"], r["c"], r["s"]) for r in rows)
+
+
+def session_reference() -> Counter:
+    return Counter((k, k, max(range(k, COUNT, KEYS)) + 2 * KEYS, len(range(k, COUNT, KEYS)), sum(range(k, COUNT, KEYS)))
+                   for k in range(KEYS))
 
 
 def copied(cluster, monkeypatch, tmp_path, backend, build) -> list:
@@ -103,6 +116,14 @@ def test_pattern_replicated_and_released_mid_stream_is_exact(cluster, monkeypatc
     assert pattern_rows(rows) == want
 
 
+@BACKENDS
+def test_session_window_replicated_and_released_mid_stream_is_exact(cluster, monkeypatch, tmp_path, backend):
+    """Its key groups move with their open sessions (``export_groups``/``import_groups``), the
+    timers of the groups that left dropped unread where they were."""
+    rows = copied(cluster, monkeypatch, tmp_path, backend, lambda app, hold: session(numbers(app, hold)))
+    assert session_rows(rows) == session_reference()
+
+
 def test_interval_join_on_disk_replicated_and_released_mid_stream_is_exact(cluster, monkeypatch, tmp_path):
     """The interval join on ``memory``: test_join_copies."""
     lo, hi = BOUNDS
@@ -124,14 +145,15 @@ def join_rows(rows: list) -> list:
     return sorted((r["left"]["n"], r["right"]["n"]) for r in rows)
 
 
-@pytest.mark.parametrize("what", ["over", "pattern", "join"])
+@pytest.mark.parametrize("what", ["over", "pattern", "join", "session"])
 def test_a_sigkilled_worker_restored_from_a_checkpoint_on_disk_is_exact(monkeypatch, tmp_path, what):
     out = tmp_path / "out.jsonl"
     app = Application(f"keyed-recovery-{what}")
     monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path))
     build, rows_of, reference = {"over": (lambda app: over(numbers(app)), over_rows, over_reference),
                                  "pattern": (lambda app: pattern(numbers(app)), pattern_rows, pattern_reference),
-                                 "join": (interval_join, join_rows, interval_reference)}[what]
+                                 "join": (interval_join, join_rows, interval_reference),
+                                 "session": (lambda app: session(numbers(app)), session_rows, session_reference)}[what]
     build(app).sink("jsonl", path=str(out))
     rows = killed_and_restored(app, "op", tmp_path, out, state="disk")
     assert rows_of(rows) == reference()

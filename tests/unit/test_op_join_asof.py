@@ -95,6 +95,38 @@ def test_copies_split_and_merged_mid_stream_give_the_same_results(case, cut):
     assert got == sorted(r for results, _ in whole for r in results)
 
 
+
+@settings(max_examples=80, deadline=None)
+@given(scenario, st.integers(0, 30), st.sampled_from(["restored", "imported"]))
+def test_key_groups_exported_to_a_copy_and_imported_back_give_the_same_results(case, cut, copy_kind):
+    """A rescale's hand-over (pescheduler/worker/handover.py) on running instances: at ``cut`` the
+    odd key groups leave (``export_groups``: their keys, held events and waiting lefts) for a copy
+    made from the part (restored, as a new instance is) or imported into a running empty one (a
+    deferred move's gaining copy); before the last step they come back (``import_groups``). The
+    results equal an uninterrupted run's, and nothing is left behind in the instance they left."""
+    rest, params, whole, first, head = interrupted(case, cut)
+    odd = frozenset(g for g in range(128) if g % 2)
+    part = pickle.loads(pickle.dumps(first.export_groups(odd)))
+    assert not any(key_group(k) in odd for k in first._waiting)
+    assert not any(key_group(p[1]) in odd for side in first.snapshot()["pending"] for p in side)
+    copy = AsofJoin(**params)
+    if copy_kind == "restored":
+        copy.restore(part)
+    else:
+        copy.on_watermark(part["watermark"], Emitter())
+        copy.import_groups(part)
+    mine = lambda k: key_group(k) in odd        # noqa: E731
+    tails = [run(op, [(kind, [e for e in arg if owns(e["k"])] if kind != "W" else arg) for kind, arg in rest[:-1]])
+             for op, owns in ((first, lambda k: not mine(k)), (copy, mine))]
+    first.import_groups(pickle.loads(pickle.dumps(copy.export_groups(odd))))
+    end = run(first, rest[-1:])
+    got = sorted(r for part_ in (head, *tails, end) for results, _ in part_ for r in results)
+    assert got == sorted(r for results, _ in whole for r in results)
+    late = sorted(i for part_ in (head, *tails, end) for _, ids in part_ for i in ids)
+    assert late == sorted(i for _, ids in whole for i in ids)
+    assert first.snapshot()["pending"] == [[], []] and not first._waiting
+
+
 def test_result_shape_ties_and_tolerance():
     join, out = AsofJoin(by="sym", tolerance="5s"), Emitter()
     join.on_right([{"sym": "a", "ts": 1_000, "px": 1}, {"sym": "a", "ts": 3_000, "px": 2},

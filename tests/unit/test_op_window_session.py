@@ -128,3 +128,101 @@ def test_the_disk_backend_gives_what_memory_gives_across_a_split_and_merge(tmp_p
         assert window._keys.backend == "disk" and window._keys.get("a")[1][0][:2] == [1, 5]
         copies("session")
         copies("shared")
+
+
+# -- a rescale's hand-over: key groups leave and come back with their sessions --------------------
+
+def session_events(seed: int, n: int = 900, keys: int = 8) -> list[dict]:
+    """Keys that come and go (a key lives for 150 events, then others take over), ``ts`` two apart:
+    a key's events about 16 apart, so with a gap of 60 its session stays open while it lives and
+    fires once it is gone; sessions are open at each of the hand-over's cuts."""
+    import random
+
+    rnd = random.Random(seed)
+    return [{"id": f"k{rnd.randrange(keys) + i // 150 * 5}", "v": rnd.randrange(9), "ts": 2 * i} for i in range(n)]
+
+
+def session_opened(state: dict | None = None) -> SessionWindow:
+    """A session window (gap 60, count and sum), restored from ``state`` when given, then opened (its
+    sessions then in the configured backend), as a PE makes it."""
+    from pescheduler.operator import OperatorContext
+
+    op = SessionWindow(60, {"n": "count", "s": ("sum", "v")}, key="id")
+    if state is not None:
+        op.restore(state)
+    op.open(OperatorContext(op_id="session_window-1", pe_id="test", key_field="id", extra={}))
+    return op
+
+
+@pytest.mark.parametrize("batch", [1, 25])
+def test_key_groups_moved_to_a_copy_and_back_give_every_session_once(backend, batch):
+    """``export_groups``/``import_groups`` (pescheduler/worker/handover.py): the moving groups'
+    sessions go to a copy (made from the export, as a new instance is) and come back to a running
+    instance; the rows equal an uninterrupted run's, each session once. The timers of the groups
+    that left stay in the exporting instance's heap and are dropped when due."""
+    from keyed_handover import moved_to_a_copy_and_back, rows
+
+    stream = session_events(1)
+    out, whole = moved_to_a_copy_and_back(session_opened, lambda op: op._keys, stream, batch, copy_of=session_opened)
+    assert session_opened()._keys.backend == backend
+    assert rows(out) == rows(whole) and len(whole) > 25
+    for cut in (250, 600):              # sessions open at the export and at the import moved with their groups
+        assert any(r["window_start"] < stream[cut]["ts"] < r["window_end"] for r in whole)
+
+
+def test_a_copy_that_imports_into_a_running_instance_fires_its_sessions():
+    """A part imported into a running instance (a lazy restore's, a deferred move's gaining copy):
+    the imported sessions' timers join the heap and fire at their ends, the instance's own watermark
+    and key order kept."""
+    from keyed_handover import resume, round_trip
+
+    from pescheduler.state import key_group
+
+    stream = session_events(2)
+    first = session_opened()
+    resume(first, stream[:300], 10, start=-1)
+    moving = frozenset(g for g in first._keys.groups() if g % 2)
+    part = round_trip(first.export_groups(moving))
+    gaining = session_opened()
+    gaining.on_watermark(stream[299]["ts"] - 1, Emitter())
+    gaining.import_groups(part)
+    out = resume(gaining, [e for e in stream[300:] if key_group(e["id"]) in moving], 10, start=stream[299]["ts"] - 1)
+    mine = {r["id"] for r in out}
+    assert mine and all(key_group(k) in moving for k in mine)
+    assert first._gone == moving
+    resume(first, [e for e in stream[300:] if key_group(e["id"]) not in moving], 10, start=stream[299]["ts"] - 1)
+    assert not first._gone, "every timer pushed before the export came due: the set of gone groups is cleared"
+
+
+def _export_s(keys: int) -> float:
+    """Best of 3: the PE thread's CPU time of a rescale's export (pescheduler/worker/handover.py's
+    ``export_groups``: the operator's own hook, or snapshot, split and restore of its whole state)
+    of four key groups of a session window holding ``keys`` open sessions, the collector off."""
+    import gc
+    import time
+
+    from pescheduler.worker.handover import export_groups
+
+    best = float("inf")
+    for _ in range(3):
+        op = session_opened()
+        for i in range(0, keys, 10_000):
+            op.process([{"id": f"car-{j}", "v": 1, "ts": 10} for j in range(i, min(keys, i + 10_000))], Emitter())
+        gc.collect()
+        gc.disable()
+        try:
+            t = time.thread_time()
+            export_groups(op, frozenset({1, 3, 5, 7}))
+            best = min(best, time.thread_time() - t)
+        finally:
+            gc.enable()
+    return best
+
+
+def test_an_export_in_the_pes_turn_does_not_grow_with_the_sessions_held():
+    """A Replicate's export of a session window took its whole state through snapshot, split and
+    restore in the PE's turn (no ``export_groups`` of its own): 10x the keys, about 10x the time
+    (issue 30: the pause must not grow with the state). Its own hook takes the moving groups out of
+    the backend and leaves the heap alone."""
+    small, large = _export_s(20_000), _export_s(200_000)
+    assert large < 4 * small + 0.002, f"export {small * 1000:.1f} ms at 2*10^4 keys, {large * 1000:.1f} ms at 2*10^5"
