@@ -210,7 +210,7 @@ class SessionWindow(AggregatingWindow):
         self._check_state(state, gap=self.gap)
         self._wm, self._next_seq = state["watermark"], state["next_seq"]
         restore_groups(self._keys, state["groups"])
-        self._heap = []
+        self._heap, self._gone = [], frozenset()   # the timers anew, none of another state's groups
         for g in self._keys.groups():           # the timers: one per open session
             for k, (seq, sessions) in self._keys.items(g):
                 for session in sessions:
