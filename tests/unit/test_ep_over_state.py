@@ -10,11 +10,11 @@ import random
 
 import pytest
 
-from pescheduler.operator import Emitter, OperatorContext
+from pescheduler.operator import Emitter
 from pescheduler.operators import OverLanes
 from pescheduler.state import key_group, unpack_group
 
-from keyed_handover import moved_to_a_copy_and_back, resume, rows
+from keyed_handover import moved_to_a_copy_and_back, opened_as_a_pe, resume, rows
 
 LANES = {30: {"c30": {"n": ("count", None)}}, 45: {"c45": {"n": ("count", None)}, "s45": {"s": ("sum", "a")}},
          20: {"lo": {"lo": ("min", "a")}}, 60: {"m": {"m": ("avg", "a"), "n": ("count", None)}}}
@@ -29,11 +29,7 @@ def events(seed: int, n: int = 900, keys: int = 8) -> list[dict]:
 def opened(state: dict | None = None) -> OverLanes:
     """The lanes of LANES, restored from ``state`` (when given) and opened (their windows then in
     the configured backend), as a PE makes it."""
-    op = OverLanes(key="id", lanes=LANES)
-    if state is not None:
-        op.restore(state)
-    op.open(OperatorContext(op_id="ep_over-1", pe_id="test", key_field="id", extra={}))
-    return op
+    return opened_as_a_pe(OverLanes(key="id", lanes=LANES), "ep_over-1", state)
 
 
 @pytest.mark.parametrize("batch", [1, 25])

@@ -10,12 +10,12 @@ import random
 import pytest
 
 from pescheduler import ep
-from pescheduler.operator import Emitter, OperatorContext
+from pescheduler.operator import Emitter
 from pescheduler.state import unpack_group
 from pescheduler.operators import SharedPatterns
 from pescheduler.state import key_group
 
-from keyed_handover import moved_to_a_copy_and_back, resume, rows
+from keyed_handover import moved_to_a_copy_and_back, opened_as_a_pe, resume, rows
 
 
 def jepc(i: int, within: int) -> dict:
@@ -39,11 +39,7 @@ def events(seed: int, n: int = 900, keys: int = 8) -> list[dict]:
 def opened(state: dict | None = None) -> SharedPatterns:
     """The shared patterns of QUERIES, restored from ``state`` (when given) and opened (its state
     then in the configured backend), as a PE makes it."""
-    op = SharedPatterns(key="id", queries=QUERIES)
-    if state is not None:
-        op.restore(state)
-    op.open(OperatorContext(op_id="ep_patterns-1", pe_id="test", key_field="id", extra={}))
-    return op
+    return opened_as_a_pe(SharedPatterns(key="id", queries=QUERIES), "ep_patterns-1", state)
 
 
 def imported(export):

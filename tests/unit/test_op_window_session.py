@@ -145,13 +145,9 @@ def session_events(seed: int, n: int = 900, keys: int = 8) -> list[dict]:
 def session_opened(state: dict | None = None) -> SessionWindow:
     """A session window (gap 60, count and sum), restored from ``state`` when given, then opened (its
     sessions then in the configured backend), as a PE makes it."""
-    from pescheduler.operator import OperatorContext
+    from keyed_handover import opened_as_a_pe
 
-    op = SessionWindow(60, {"n": "count", "s": ("sum", "v")}, key="id")
-    if state is not None:
-        op.restore(state)
-    op.open(OperatorContext(op_id="session_window-1", pe_id="test", key_field="id", extra={}))
-    return op
+    return opened_as_a_pe(SessionWindow(60, {"n": "count", "s": ("sum", "v")}, key="id"), "session_window-1", state)
 
 
 @pytest.mark.parametrize("batch", [1, 25])
