@@ -26,7 +26,6 @@ def placed_keyed_window() -> tuple[Any, str]:
     return placement, next(op for op in placement.plan.ops if op.startswith("count_window"))
 
 
-
 def opened_as_a_pe(op: Any, op_id: str, state: dict | None = None, key: str = "id") -> Any:
     """``op`` restored from ``state`` (when given) and opened keyed by ``key`` (its keyed state then
     in the configured backend), as a PE makes it."""
@@ -36,6 +35,7 @@ def opened_as_a_pe(op: Any, op_id: str, state: dict | None = None, key: str = "i
         op.restore(state)
     op.open(OperatorContext(op_id=op_id, pe_id="test", key_field=key, extra={}))
     return op
+
 
 def resume(op, items: list, batch: int, start: int) -> list:
     """The rows ``op`` (opened, holding state) gives for ``items`` after watermark ``start``: it is
