@@ -12,8 +12,8 @@ deployment per (operator, backend, K) in a process of its own:
            whose gap outlasts the stream, so every key holds an open session while the copy is
            added and released (single input: its groups move after the pause)
   asof     two ``every_key`` inputs -> key_by -> ``join_asof`` (backward): each key's last right
-           event held (two inputs: not gated, its groups move inside the pause; docs/state.md,
-           "Which operators are gated")
+           event held (two inputs, gated per input since session 46: its groups move after the
+           pause; docs/state.md, "Which operators are gated")
 
 Once every key is in the operator, one copy is added (``Replicate``) and released (``Release``);
 then the sources end and the output is checked: the session window gives one row per key, the

@@ -528,7 +528,7 @@ async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker:
 
 
 def _held(move: GroupMove) -> bool:
-    """A blocking move from a running instance (a multi-input or columnar operator's Replicate with
+    """A blocking move from a running instance (a columnar operator's Replicate with
     its routers in the original's PE): the new instance has its groups' state before the original's
     output for them is downstream, so it takes no input until the controller's ``go`` (after the
     order wait), or its output for a key could overtake the original's (as a deferred move's)."""

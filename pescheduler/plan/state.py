@@ -93,18 +93,19 @@ EVENT_TIME_HOOKS = ("on_watermark", "held_watermark")
 def carries(op) -> bool:
     """May an instance of ``op`` that gives its key groups to gating owners hand its queued input
     over with them instead of processing it (``worker/carried_input.py``)? Where its tuples can be
-    gated at all, and its result does not depend on event time's progress: an operator that fires
+    gated at all, through ``process`` (a carried tuple has no input to go with), and its result
+    does not depend on event time's progress: an operator that fires
     on watermarks or holds its output's back judges a tuple against its own watermark, and the
     gaining instance's can be past the giving one's (both got the same watermarks, the giver was
     behind): a tuple on time at the giver could be late there."""
-    return _gateable(op) and all(getattr(op.cls, h) is getattr(Operator, h) for h in EVENT_TIME_HOOKS)
+    return (_gateable(op) and getattr(op.cls, "process_input") is getattr(Operator, "process_input")
+            and all(getattr(op.cls, h) is getattr(Operator, h) for h in EVENT_TIME_HOOKS))
 
 
 def _gateable(op) -> bool:
-    """Can an instance of ``op`` hold a pending group's tuples? Only where they all come through
-    ``process`` as rows: not a multi-input (``process_input``) nor a columnar operator."""
-    return (getattr(op.cls, "process_input") is getattr(Operator, "process_input")
-            and not getattr(op.cls, "columnar", False))
+    """Can an instance of ``op`` hold a pending group's tuples? Where they come as rows, through
+    ``process`` or per input (``process_input``, held with their input): not a columnar operator."""
+    return not getattr(op.cls, "columnar", False)
 
 
 def _owners(placement: Placement, x: str) -> list[str]:

@@ -80,13 +80,15 @@ class OperatorStats:
 class Node:
     """One operator inside a chain, with its input watermarks and open inputs."""
 
-    __slots__ = ("op_id", "op", "process", "stats", "in_wm", "wm", "open_inputs",
+    __slots__ = ("op_id", "op", "process", "process_input", "stats", "in_wm", "wm", "open_inputs",
                  "has_watermark", "holds", "out_wm", "has_flush", "stateless", "ended", "partial", "columnar", "targets")
 
     def __init__(self, op_id: str, op: Operator, inputs: Iterable[str]) -> None:
         self.op_id = op_id
         self.op = op
         self.process = op.process
+        # an operator that tells its inputs apart: ``process_input(k, batch, emit)`` (a gate swaps it)
+        self.process_input = op.process_input if overrides(op, "process_input") else None
         self.stats = OperatorStats()
         self.in_wm = {u: MIN_WATERMARK for u in inputs}
         self.wm = MIN_WATERMARK
@@ -100,6 +102,15 @@ class Node:
         self.partial = False        # a MERGEABLE copy: emits partials for its original
         self.columnar = bool(getattr(op, "columnar", False))
         self.targets: list[Callable] = []     # the routes of its "out" port (Chain._build_routes)
+
+
+def by_input(node: Node, k: int) -> Callable[[list, Emitter], None]:
+    """``node``'s input ``k`` as a ``process(batch, emit)``: read through the node at each call, so
+    a gate that holds the tuples of pending key groups (``pending_groups.py``) takes over the
+    routes already built."""
+    def process(batch: list, emit: Emitter) -> None:
+        node.process_input(k, batch, emit)
+    return process
 
 
 class FusedRun:
@@ -254,7 +265,7 @@ class Chain:
                 if (self.logical(src), port) not in inputs:
                     inputs.append((self.logical(src), port))
                 k = inputs.index((self.logical(src), port))   # the app's input order, copies folded
-                process = partial(node.op.process_input, k) if overrides(node.op, "process_input") else None
+                process = by_input(node, k) if node.process_input is not None else None
                 push = partial(self._run, node, process)
             by_port.setdefault((src, port), []).append((dst, push, None))
         self.outputs: dict[str, list[Output]] = {}

@@ -76,11 +76,9 @@ class StillLoading(RuntimeError):
 
 def lazily(cls: type) -> bool:
     """Can an instance of ``cls`` start before its key groups are in? It imports groups into a
-    running instance (``import_groups``) and all its tuples come through ``process`` as rows
-    (``plan/state.py``'s ``_gateable``: the gate holds only those)."""
-    return (callable(getattr(cls, "import_groups", None))
-            and getattr(cls, "process_input") is getattr(Operator, "process_input")
-            and not getattr(cls, "columnar", False))
+    running instance (``import_groups``) and its tuples come as rows (``plan/state.py``'s
+    ``_gateable``: the gate holds only those)."""
+    return callable(getattr(cls, "import_groups", None)) and not getattr(cls, "columnar", False)
 
 
 SLOW_IMPORT_S = 0.020   # an import turn longer than this is a stall of the stream (the figures count them)
@@ -123,8 +121,10 @@ def defer(spec: PESpec) -> dict[str, Pending]:
     out = {}
     for op_id, saved in spec.restore.items():
         storage = saved.get("storage")
-        cls, params, _key = spec.ops[op_id]
-        if storage is None or "handover" in saved or not lazily(cls):
+        cls, params, key = spec.ops[op_id]
+        # the gate reads a tuple's key group by the key its edges are routed by: a join keyed only
+        # by its own ``on=`` (no key_by) names none, and restores at once
+        if storage is None or "handover" in saved or key is None or not lazily(cls):
             continue
         groups = sorted(ref_groups(saved["state"]))
         if not groups:

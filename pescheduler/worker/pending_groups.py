@@ -33,14 +33,18 @@ behind the copy's (gaps of 0.4-4 s between outputs, traced), and a Release right
 after it waited for the copy to take its marker the same way (253 ms of a 302 ms
 pause).
 
-Only operators whose tuples come through ``process`` (one input, rows) are
-gated; a multi-input (``process_input``) or columnar operator's moves keep the
-blocking hand-over (``plan/state.py``'s ``GroupMove.deferred``).
+An operator that tells its inputs apart (``process_input``: the joins,
+``lookup``) is gated the same way, its waiting tuples held with the input they
+came on and replayed in arrival order across its inputs (one call per run of
+one input's tuples): per key, the order it would have seen them in without the
+move. A columnar operator's moves keep the blocking hand-over
+(``plan/state.py``'s ``GroupMove.deferred``).
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable, Iterable
 
 from ..wire import key_group
@@ -70,6 +74,9 @@ class PendingGroups:
         self.carried_in = 0             # tuples the giving instance carried over with the groups (figures, tests)
         self.inner = self.node.process
         self.node.process = self.process
+        self.inner_input = self.node.process_input      # None: one input (``process``)
+        if self.inner_input is not None:    # waiting entries are (input, tuple): see replay_inputs
+            self.node.process_input = self.process_input
         if self.waiting:                # the node's watermark stays where it is until the last group
             chain.hold_input(op_id, HANDOVER_INPUT)
 
@@ -94,12 +101,31 @@ class PendingGroups:
         if now:
             self.inner(now, emit)
 
+    def process_input(self, k: int, batch: list, emit: Any) -> None:
+        """The node's ``process_input`` while groups are pending: theirs wait with their input."""
+        waiting, key, now = self.waiting, self.key, []
+        if not waiting:
+            return self.inner_input(k, batch, emit)
+        for t in batch:
+            queue = waiting.get(key_group(key(t)))
+            if queue is None:
+                now.append(t)
+            else:
+                queue.append((k, t))
+                self.buffered += 1
+                self.holding += 1
+        self.peak = max(self.peak, self.holding)
+        if now:
+            self.inner_input(k, now, emit)
+
     def carried(self, group: int, tuples: list) -> None:
         """Tuples of ``group`` the instance giving it up had taken in and not processed (a
         released copy's queued input, ``carried_input.py``): ahead of those waiting here, which
         its router sent after the switch, so they go through right after the group's state."""
         if not tuples:
             return
+        if self.inner_input is not None:    # plan/state.py's ``carries``: one input only
+            raise RuntimeError(f"{self.op_id} reads several inputs: no input is carried to it")
         self.waiting[group][:0] = tuples
         self.buffered += len(tuples)
         self.holding += len(tuples)
@@ -126,16 +152,33 @@ class PendingGroups:
             queue = self.waiting.pop(g, None)
             if queue:
                 self.holding -= len(queue)
-                chain.replay(node, self.inner, queue)
+                if self.inner_input is None:
+                    chain.replay(node, self.inner, queue)
+                else:
+                    for k, run in by_input_runs(queue):
+                        chain.replay(node, partial(self.inner_input, k), run)
         if self.waiting:
             return
         node.process = self.inner
+        if self.inner_input is not None:
+            node.process_input = self.inner_input
         chain.release_input(self.op_id, HANDOVER_INPUT)
 
     def figures(self) -> dict:
         return {"groups": self.total, "pending": len(self.waiting), "buffered": self.buffered,
                 "peak": self.peak, "bytes": self.bytes, "longest_import_s": self.longest_import_s,
                 "carried": self.carried_in}
+
+
+def by_input_runs(queue: list[tuple[int, Any]]) -> list[tuple[int, list]]:
+    """``(input, tuple)`` entries in arrival order -> ``(input, tuples)`` runs of one input each."""
+    runs: list[tuple[int, list]] = []
+    for k, t in queue:
+        if runs and runs[-1][0] == k:
+            runs[-1][1].append(t)
+        else:
+            runs.append((k, [t]))
+    return runs
 
 
 def over_window(gates: dict[str, PendingGroups], window: int) -> frozenset[str]:

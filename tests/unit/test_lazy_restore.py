@@ -464,3 +464,17 @@ def test_a_restored_groups_install_in_the_pes_turn_does_not_grow_with_its_keys(m
                 await host.close()
         return [asyncio.run(once()) for _ in range(3)]
     assert_grows_less(measure, "disk: a restored group's import in the PE's turn", keys=2_000, floor_ms=5.0)
+
+
+def test_the_joins_restore_lazily_a_columnar_operator_does_not():
+    """The gate holds a two-input operator's tuples per input (pending_groups.py), so the joins,
+    which import groups into a running instance, start before their groups are in (session 46;
+    before, only an operator whose tuples all came through ``process``). A columnar operator's
+    tuples come as Arrow batches the gate does not split: it restores eagerly."""
+    from operators.join import Join
+    from operators.join_asof import AsofJoin
+    from operators.lookup import Lookup
+    from pescheduler.worker.lazy_restore import lazily
+
+    assert lazily(Join) and lazily(AsofJoin) and lazily(Lookup)
+    assert not lazily(type("Columnar", (AsofJoin,), {"columnar": True}))

@@ -16,7 +16,7 @@ from pescheduler.testing import CollectingOutput, RunResult, run_operators
 from pescheduler.state.groups import PackedOnPickle
 from pescheduler.wire import KEY_GROUPS, key_group
 from pescheduler.worker.chain import Chain
-from pescheduler.worker.handover import HandOvers, exported
+from pescheduler.worker.handover import HandOvers, exported, import_groups
 from pescheduler.worker.pending_groups import HANDOVER_INPUT, PendingGroups
 from pescheduler.worker.routing import key_function
 
@@ -117,6 +117,81 @@ def test_tuples_of_a_group_not_arrived_wait_and_follow_its_import_exactly(rewire
 def test_a_session_window_handed_over_live_is_exact():
     _held, _gate, rows = _handed_over_live(_session)
     assert sorted(rows) == _reference(_session)
+
+
+class _OrderOfInputs(RunningSum):
+    """A keyed two-input operator each of whose rows depends on the order its key's tuples came
+    in across both inputs (no ``export_groups``: the hand-over's snapshot-and-split path)."""
+
+    name = "order_of_inputs"
+
+    def process_input(self, k, batch, emit):
+        key = self.context.key_field
+        for t in batch:
+            s = (self.sums.get(t[key], 0) * 3 + 7 * k + t["n"]) % 1_000_003
+            self.sums[t[key]] = s
+            emit({"key": t[key], "input": k, "n": t["n"], "s": s})
+
+
+def _asof():
+    from operators.join_asof import AsofJoin
+    return AsofJoin(by="key")
+
+
+def _two_inputs(make):
+    """One instance of ``make()`` reading two upstream operators ``l`` and ``r`` of another PE."""
+    op, result = make(), RunResult()
+    chain = Chain({"w": op}, [("l", "out", "w"), ("r", "out", "w")], {("w", "out"): [CollectingOutput(result)]})
+    op.open(OperatorContext(op_id="w", pe_id="t", key_field="key", extra={"inputs": ["l", "r"]}))
+    return SimpleNamespace(ops={"w": op}, chain=chain, result=result, rewirer=SimpleNamespace(pending={}, carried=None))
+
+
+def _feed_both(pe, lo, hi, keep=lambda t: True, end=False):
+    """Batches of both inputs in turn (the right side's ``n`` offset), each input's watermark after."""
+    for i in range(lo, hi, STEP):
+        left = _tuples(i, min(i + STEP, hi), keep)
+        right = [dict(t, n=t["n"] + 10**6) for t in left]
+        if left:
+            pe.chain.emit_from("l", left)
+            pe.chain.emit_from("r", right)
+        for side in ("l", "r"):
+            pe.chain.watermark_from(side, min(i + STEP, hi) - 2)
+    if end:
+        pe.chain.end_from("l")
+        pe.chain.end_from("r")
+
+
+@pytest.mark.parametrize("make", [_OrderOfInputs, _asof], ids=["order_of_inputs", "join_asof"])
+def test_a_two_input_operators_pending_groups_wait_with_their_input_and_replay_in_order(make):
+    """A gated instance of an operator that reads two inputs (``process_input``) holds a pending
+    group's tuples from both, with the input each came on, and replays them in arrival order
+    across the inputs: the old and new owners' rows are exactly a single instance's (the
+    order-dependent operator's rows say the order was kept). Before, the gate only took
+    ``process``: such an operator's tuples went into the new instance before their state, so
+    its moves had to be blocking (plan/state.py's ``_gateable``)."""
+    def rows(result):
+        return sorted(map(repr, result.output))
+
+    reference = _two_inputs(make)
+    _feed_both(reference, 0, N, end=True)
+    old, new = _two_inputs(make), _two_inputs(make)
+    _feed_both(old, 0, N // 2)
+    parts = exported(old, {"src": "w", "groups": sorted(MOVING), "deferred": True})
+    gate = PendingGroups(new.chain, "w", MOVING, key_function("key"), "m", fresh=True)
+    _feed_both(new, N // 2, N, _moving)
+    assert gate.buffered == 2 * len(_tuples(N // 2, N, _moving)), gate.figures()
+    assert new.result.output == [] and new.chain.nodes["w"].wm == MIN_WATERMARK
+    for i, part in enumerate(cloudpickle.loads(cloudpickle.dumps(parts))):
+        if i == 0:
+            new.ops["w"].restore(part["state"])
+        else:
+            import_groups(new.ops["w"], part["state"])
+        gate.arrived(part["groups"])
+    assert gate.done and new.chain.nodes["w"].process_input.__self__ is new.ops["w"]   # the gate is gone
+    _feed_both(old, N // 2, N, lambda t: not _moving(t), end=True)
+    new.chain.end_from("l")
+    new.chain.end_from("r")
+    assert sorted(rows(old.result) + rows(new.result)) == rows(reference.result)
 
 
 def test_a_live_instance_gains_groups_whose_transfer_is_delayed():
