@@ -49,6 +49,10 @@ def one(op: str, backend: str, k: int, root: str) -> dict:
         (app.source("every_key", keys=k, until=until).key_by("key")
             .window(gap=2 * k + 10, aggregates={"n": "count"}, id="op").sink("jsonl", path=out))
         expected_in = k
+    elif op == "window":
+        (app.source("every_key", keys=k, until=until).key_by("key")
+            .window(size=2 * k + 10, aggregates={"n": "count"}, id="op").sink("jsonl", path=out))
+        expected_in = k
     else:
         right = app.source("every_key", keys=k, until=until).key_by("key")
         left = app.source("every_key", keys=k, until=until).key_by("key")
@@ -66,7 +70,7 @@ def one(op: str, backend: str, k: int, root: str) -> dict:
         status = dep.wait(timeout=WAIT_S)
     with open(out) as f:
         rows = [json.loads(line) for line in f]
-    if op == "session":
+    if op in ("session", "window"):
         exact = len(rows) == k and sum(r["n"] for r in rows) == k and {r["key"] for r in rows} == set(range(k))
     else:
         exact = len(rows) == k and all(r["right"] is not None and r["right"]["key"] == r["left"]["key"] for r in rows)
@@ -88,7 +92,7 @@ def main() -> None:
         print(json.dumps(one(op, backend, int(k), root)))
         return
     sizes = [1000] if args.quick else [int(x) for x in args.keys.split(",")]
-    names = {"session": "session_window", "asof": "join_asof"}
+    names = {"session": "session_window", "window": "window", "asof": "join_asof"}
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine)")
     print(f"{'operator':15} {'backend':8} {'K':>9} {'Replicate ms':>13} {'Release ms':>11}  moves     output")
     failed = False

@@ -75,14 +75,13 @@ def _moves_of(old: Placement, new: Placement, x: str) -> list[GroupMove] | None:
     routers = {old.pe_of(s) for s, _p, d in old.plan.edges if old.original(d) == x}
     routers |= {new.pe_of(s) for s, _p, d in new.plan.edges if new.original(d) == x}
     moves = []
-    deferred = _gateable(new.plan.ops[x])
     for (src, dst), groups in by_pair.items():
         src_live, dst_live = _stays(old, new, src), _stays(old, new, dst)
         if src_live and (dst_live or routers != {old.pe_of(src)}):
             return None
         moves.append(GroupMove(x, src, old.pe_of(src), old.pes[old.pe_of(src)].worker, src_live,
                                dst, new.pe_of(dst), new.pes[new.pe_of(dst)].worker, dst_live,
-                               tuple(groups), deferred))
+                               tuple(groups), deferred=True))
     return moves
 
 
@@ -92,20 +91,14 @@ EVENT_TIME_HOOKS = ("on_watermark", "held_watermark")
 
 def carries(op) -> bool:
     """May an instance of ``op`` that gives its key groups to gating owners hand its queued input
-    over with them instead of processing it (``worker/carried_input.py``)? Where its tuples can be
-    gated at all, through ``process`` (a carried tuple has no input to go with), and its result
-    does not depend on event time's progress: an operator that fires
+    over with them instead of processing it (``worker/carried_input.py``)? Where its tuples come
+    through ``process`` (a carried tuple has no input to go with), and its result does not depend
+    on event time's progress: an operator that fires
     on watermarks or holds its output's back judges a tuple against its own watermark, and the
     gaining instance's can be past the giving one's (both got the same watermarks, the giver was
     behind): a tuple on time at the giver could be late there."""
-    return (_gateable(op) and getattr(op.cls, "process_input") is getattr(Operator, "process_input")
+    return (getattr(op.cls, "process_input") is getattr(Operator, "process_input")
             and all(getattr(op.cls, h) is getattr(Operator, h) for h in EVENT_TIME_HOOKS))
-
-
-def _gateable(op) -> bool:
-    """Can an instance of ``op`` hold a pending group's tuples? Where they come as rows, through
-    ``process`` or per input (``process_input``, held with their input): not a columnar operator."""
-    return not getattr(op.cls, "columnar", False)
 
 
 def _owners(placement: Placement, x: str) -> list[str]:

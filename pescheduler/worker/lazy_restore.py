@@ -76,9 +76,9 @@ class StillLoading(RuntimeError):
 
 def lazily(cls: type) -> bool:
     """Can an instance of ``cls`` start before its key groups are in? It imports groups into a
-    running instance (``import_groups``) and its tuples come as rows (``plan/state.py``'s
-    ``_gateable``: the gate holds only those)."""
-    return callable(getattr(cls, "import_groups", None)) and not getattr(cls, "columnar", False)
+    running instance (``import_groups``); the gate holds its tuples until they are
+    (``pending_groups.py``: rows, an Arrow batch as its rows, per input for a join)."""
+    return callable(getattr(cls, "import_groups", None))
 
 
 SLOW_IMPORT_S = 0.020   # an import turn longer than this is a stall of the stream (the figures count them)

@@ -37,8 +37,9 @@ An operator that tells its inputs apart (``process_input``: the joins,
 ``lookup``) is gated the same way, its waiting tuples held with the input they
 came on and replayed in arrival order across its inputs (one call per run of
 one input's tuples): per key, the order it would have seen them in without the
-move. A columnar operator's moves keep the blocking hand-over
-(``plan/state.py``'s ``GroupMove.deferred``).
+move. A columnar operator (the time window) takes an Arrow batch that comes
+while groups are pending as its rows (the window folds rows and columns into
+the same panes): vectorised again once the groups are in.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from functools import partial
 from typing import Any, Callable, Iterable
 
 from ..wire import key_group
-from .chain import Chain
+from .chain import Chain, rows
 from .gc_pause import gc_paused
 from .routing import key_function
 
@@ -89,6 +90,8 @@ class PendingGroups:
         waiting, key, now = self.waiting, self.key, []
         if not waiting:
             return self.inner(batch, emit)
+        if not isinstance(batch, list):     # a columnar operator's Arrow batch: as rows while gated
+            batch = rows(batch)
         for t in batch:
             queue = waiting.get(key_group(key(t)))
             if queue is None:

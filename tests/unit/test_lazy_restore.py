@@ -466,15 +466,19 @@ def test_a_restored_groups_install_in_the_pes_turn_does_not_grow_with_its_keys(m
     assert_grows_less(measure, "disk: a restored group's import in the PE's turn", keys=2_000, floor_ms=5.0)
 
 
-def test_the_joins_restore_lazily_a_columnar_operator_does_not():
-    """The gate holds a two-input operator's tuples per input (pending_groups.py), so the joins,
-    which import groups into a running instance, start before their groups are in (session 46;
-    before, only an operator whose tuples all came through ``process``). A columnar operator's
-    tuples come as Arrow batches the gate does not split: it restores eagerly."""
+def test_the_joins_and_the_time_window_restore_lazily():
+    """The gate holds a two-input operator's tuples per input and takes a columnar operator's
+    Arrow batch as rows (pending_groups.py), so the joins and the time window, which import groups
+    into a running instance, start before their groups are in (session 46; before, only an
+    operator whose tuples all came through ``process`` as rows). One without ``import_groups``
+    restores at once."""
     from operators.join import Join
     from operators.join_asof import AsofJoin
     from operators.lookup import Lookup
+    from operators.window import Window
     from pescheduler.worker.lazy_restore import lazily
 
-    assert lazily(Join) and lazily(AsofJoin) and lazily(Lookup)
-    assert not lazily(type("Columnar", (AsofJoin,), {"columnar": True}))
+    assert lazily(Join) and lazily(AsofJoin) and lazily(Lookup) and lazily(Window)
+    from support_ops import RunningSum
+
+    assert not lazily(RunningSum)
