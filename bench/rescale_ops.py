@@ -1,6 +1,6 @@
 """The live Replicate and Release pause of KEYED operators beside bench/state.py's ``latest``.
 
-    python bench/rescale_ops.py [--keys 10000,100000,1000000] [--ops session,asof]
+    python bench/rescale_ops.py [--keys 10000,100000,1000000] [--ops session,window,asof]
                                 [--backends memory,disk] [--quick]
 
 bench/state.py's table rescales ``latest``, a single-input operator whose key groups move after
@@ -11,15 +11,18 @@ deployment per (operator, backend, K) in a process of its own:
   session  ``every_key`` (each of K keys once, ``ts`` = the key) -> key_by -> a session window
            whose gap outlasts the stream, so every key holds an open session while the copy is
            added and released (single input: its groups move after the pause)
+  window   the same into a tumbling time window wider than the stream (every key in one open
+           pane; the columnar window, gated since session 46: its groups move after the pause)
   asof     two ``every_key`` inputs -> key_by -> ``join_asof`` (backward): each key's last right
            event held (two inputs, gated per input since session 46: its groups move after the
            pause; docs/state.md, "Which operators are gated")
 
 Once every key is in the operator, one copy is added (``Replicate``) and released (``Release``);
-then the sources end and the output is checked: the session window gives one row per key, the
+then the sources end and the output is checked: each window gives one row per key, the
 join one result per left event, each matched (exit 1 otherwise). Per row: the two pauses (the
 reconfiguration's record), whether its groups moved after the pause (``deferred``: the record's
-``moving: groups after the pause``) and the load average. ``--quick``: K = 1,000 (a smoke test).
+``moving: groups after the pause``; exit 1 if not: every KEYED operator's are since session 46)
+and the load average. ``--quick``: K = 1,000 (a smoke test).
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def one(op: str, backend: str, k: int, root: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", default="10000,100000,1000000", help="comma-separated K")
-    parser.add_argument("--ops", default="session,asof")
+    parser.add_argument("--ops", default="session,window,asof")
     parser.add_argument("--backends", default="memory,disk")
     parser.add_argument("--quick", action="store_true", help="K = 1,000 only (a smoke test)")
     parser.add_argument("--one", nargs=4, metavar=("OP", "BACKEND", "K", "ROOT"), help=argparse.SUPPRESS)
@@ -108,7 +111,7 @@ def main() -> None:
                     continue
                 r = json.loads(done.stdout.strip().splitlines()[-1])
                 ok = r["applied"] and r["exact"] and r["state"] == "finished"
-                failed |= not ok
+                failed |= not ok or not r["deferred"]      # every KEYED operator's groups move after the pause
                 print(f"{names[op]:15} {backend:8} {k:9d} {r['replicate_ms']:13.1f} {r['release_ms']:11.1f}  "
                       f"{'deferred' if r['deferred'] else 'blocking':9} {'exact' if ok else 'NOT EXACT'} "
                       f"({r['rows']} rows, load {r['load']:.1f})", flush=True)

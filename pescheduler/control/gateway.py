@@ -213,11 +213,11 @@ class WorkerGateway:
         return await self.client.rpc(worker).pe_handover(deployment=self.deployment, moves=moves, stop=list(stop))
 
     async def handover_expect(self, worker: str, moves: list[dict]) -> dict:
-        """Running instances on ``worker`` gate the key groups these deferred moves bring them."""
+        """Running instances on ``worker`` gate the key groups these moves bring them."""
         return await self.client.rpc(worker).pe_handover_expect(deployment=self.deployment, moves=moves)
 
     async def handover_go(self, worker: str, tag: str) -> None:
-        """The pause of reconfiguration ``tag`` is over: ``worker`` sends its deferred parts now."""
+        """The pause of reconfiguration ``tag`` is over: ``worker`` sends its parts now."""
         await self.client.rpc(worker).pe_handover_go(deployment=self.deployment, tag=tag)
 
     async def handover_wait(self, worker: str, tag: str, timeout: float) -> dict:

@@ -155,14 +155,14 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
 
 def _handing(old: Placement, moves: tuple[GroupMove, ...], retired: tuple[str, ...]) -> set[str]:
     """The retired PEs every operator of which gives all its key groups to running instances that
-    gate them (deferred moves to a live owner: a Release's copy). Nothing else will emit what
+    gate them (moves to a live owner: a Release's copy). Nothing else will emit what
     they would have: every tuple of those groups waits at the gate until its state is imported.
     So their consumers may take their last batches after the pause (:func:`_late_seen`), and
     their queued input may go with the groups instead of through them (``plan.carry``,
     ``worker/carried_input.py``): it goes through the gate ahead of what the gate holds."""
     gating: dict[str, bool] = {}
     for m in moves:
-        gating[m.src] = gating.get(m.src, True) and m.deferred and m.dst_live and not m.src_live
+        gating[m.src] = gating.get(m.src, True) and m.dst_live and not m.src_live
     return {p for p in retired if old.pes[p].operators and all(gating.get(x, False) for x in old.pes[p].operators)}
 
 
@@ -188,8 +188,7 @@ def _ordered(old: Placement, old_channels: dict[ChannelKey, str], moves: tuple[G
              same: set[str], kept: set[str]) -> dict[str, list[str]]:
     """Downstream PE -> its channels from a PE that exports key groups while it runs (a move's
     ``src_live``): the channels whose :func:`~pescheduler.wire.exported_marker` each such PE must
-    take before the gaining instance may go on (``execute``): a deferred move's groups leave then;
-    a blocking one's new instance, built from them in the pause, takes no input until then."""
+    take before the gaining instance may go on (``execute``): the move's groups leave then."""
     exporters = {m.src_pe for m in moves if m.src_live}
     out: dict[str, list[str]] = {}
     for (src, _port, dst_pe), cid in old_channels.items():
@@ -304,7 +303,7 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
     early = _opens_early(plan)
     if early:               # the created PEs and every new channel, before the pause (_opens_early)
         await step("open", _wait_calls(gateway, workers, lambda: _open_early(
-            gateway, new, plan, worker_info, _created_states(old, new, {}, plan, marker, timeout), steps),
+            gateway, new, plan, worker_info, _created_states(old, new, {}, plan, marker), steps),
             timeout, steps, "open"), limit=None)         # bounds itself on standing still, as the drain
     t0 = time.perf_counter()
     states: dict[str, dict] = {}
@@ -326,7 +325,7 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
         states = await step("snapshot", _snapshot(gateway, old, plan.retired, leave_out))
         await step("stop", asyncio.gather(*(gateway.stop_pes(old.pes[p].worker, [p])
                                             for p in plan.retired if p not in stopping)))
-    states = _created_states(old, new, states, plan, marker, timeout)
+    states = _created_states(old, new, states, plan, marker)
     # One round of calls in parallel (issue 15: a copy's activation; it was three in a row, then
     # two). Nothing orders them: a channel opened to a receiver that is not there yet (a created
     # PE still being deployed, an input its downstream PE has not registered yet) waits for it
@@ -354,7 +353,7 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
         await step("order: downstream took the retired PEs' marker",
                    _wait_marker(gateway, old, {}, plan.late_seen, marker, timeout, steps, "order"),
                    limit=None)  # bounds itself, as the drain
-    go = {m.src_worker for m in plan.moves if m.deferred} | {m.dst_worker for m in plan.moves if _held(m)}
+    go = {m.src_worker for m in plan.moves}
     await asyncio.gather(*(gateway.handover_go(w, marker) for w in sorted(go)),
                          return_exceptions=True)     # a worker that did not hear it goes on after the bound
     if late:                    # their inputs from the retired PEs went dry: removed now, as the groups come
@@ -366,20 +365,19 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
 def _opens_early(plan: ReconfigurationPlan) -> bool:
     """May the created PEs be deployed and every new channel opened before the pause (``open``)?
     Where nothing retires (a Replicate): a created PE is then built from nothing the pause makes
-    (no snapshot; a deferred move's groups come after the pause, ``go``), and no data reaches it
+    (no snapshot; its key groups come after the pause, ``go``), and no data reaches it
     or its channels until the upstream routers switch to them in the pause, so starting it early
     changes no tuple's path; the pause keeps only the switch (h30p: 44-143 ms of connects were in
-    a loaded Replicate's pause). Not for a blocking move's copy (``_held``): its worker builds it
-    from the groups its original exports in the switch's very turn, so it cannot come first."""
-    return bool(plan.created) and not plan.retired and not any(_held(m) for m in plan.moves)
+    a loaded Replicate's pause)."""
+    return bool(plan.created) and not plan.retired
 
 
 def _created_states(old: Placement, new: Placement, states: dict[str, dict], plan: ReconfigurationPlan,
-                    marker: str, timeout: float) -> dict[str, dict]:
+                    marker: str) -> dict[str, dict]:
     """The restore entries of the created PEs' operators: the retired ones' ``states`` re-split,
     and the key groups handed to them (``_awaited_moves``)."""
     out = redistribute(old, new, states, frozenset(m.op for m in plan.moves))
-    out.update(_awaited_moves(plan, marker, timeout))
+    out.update(_awaited_moves(plan, marker))
     return out
 
 
@@ -402,13 +400,12 @@ async def _open_early(gateway: WorkerGateway, new: Placement, plan: Reconfigurat
 
 
 def _move(move: GroupMove, marker: str, timeout: float, ordered: bool = False) -> dict:
-    """A group move as a worker takes it (plain data), tagged with the reconfiguration's marker. A
-    deferred one is packed and sent once the pause is over (``go``: the controller says so, or
+    """A group move as a worker takes it (plain data), tagged with the reconfiguration's marker.
+    Its parts are packed and sent once the pause is over (``go``: the controller says so, or
     after ``timeout``): packing holds the GIL, and in the pause it kept the exporting worker's
     loop from the calls the pause waits for (the new channels' connects: 1-3 s at 10^6 keys).
     ``ordered``: its ``go`` follows an order wait, bounded on standing still, not on length."""
-    return {**asdict(move), "tag": marker,
-            "go": (DRAIN_CAP * timeout if move.src_live or ordered else timeout) if move.deferred else None}
+    return {**asdict(move), "tag": marker, "go": DRAIN_CAP * timeout if move.src_live or ordered else timeout}
 
 
 async def _pause(gateway: WorkerGateway, old: Placement, plan: ReconfigurationPlan, by_worker: dict[str, dict],
@@ -443,14 +440,14 @@ def _switch_with_hand_over(plan: ReconfigurationPlan, stopping: set[str]) -> str
 
     Only where nothing orders the two: nothing is created (no PE is built from a snapshot or a
     hand-over), every retired PE stops in its hand-over's call (``stopping``: none is
-    snapshotted), every move is deferred to a running owner (its parts go at the ``go``, after
+    snapshotted), every move goes to a running owner (its parts go at the ``go``, after
     the pause; none is imported before a switch), every gate is in that one PE and it is the only
     one that switches, and no PE downstream is rewired in the pause (``late_seen`` ones are, after).
     The retired copy is aligned then: it takes nothing more, and its input channel closing under
     it before its stop only ungates it (``FrameReceiver.connection_lost``)."""
     if plan.created or not plan.retired or set(plan.retired) - stopping or not plan.moves:
         return None
-    if not all(m.deferred and m.dst_live and not m.src_live for m in plan.moves):
+    if not all(m.dst_live and not m.src_live for m in plan.moves):
         return None
     gating = {m.dst_pe for m in plan.moves}
     switching = set(plan.hold) | set(plan.upstream_outputs) | set(plan.routing)
@@ -461,11 +458,11 @@ def _switch_with_hand_over(plan: ReconfigurationPlan, stopping: set[str]) -> str
 
 
 def _gates(plan: ReconfigurationPlan, marker: str, timeout: float) -> dict[str, list[dict]]:
-    """Worker -> the deferred moves to running owners there: the groups they gate."""
+    """Worker -> the moves to running owners there: the groups they gate."""
     gates: dict[str, list[dict]] = {}
     ordered = bool(plan.late_seen)          # the go comes after the order wait (_late_seen)
     for move in plan.moves:
-        if move.deferred and move.dst_live:
+        if move.dst_live:
             gates.setdefault(move.dst_worker, []).append(_move(move, marker, timeout, ordered))
     return gates
 
@@ -473,8 +470,8 @@ def _gates(plan: ReconfigurationPlan, marker: str, timeout: float) -> dict[str, 
 async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float,
                              stopping: set[str] = frozenset(), gate: bool = True) -> None:
     """Key groups leave the aligned PEs going away, each straight to its new owner's worker. A
-    running owner first gates them (a deferred move: their tuples wait there for their state,
-    which comes after the routing switch), or imports them now, before any router switches.
+    running owner first gates them (their tuples wait there for their state, which comes after
+    the routing switch).
     ``stopping``: retired PEs that stop in their worker's hand-over call, right after it.
     ``gate``: False where the gates go with the switch (``_switch_with_hand_over``)."""
     gates = _gates(plan, marker, timeout) if gate else {}
@@ -483,7 +480,7 @@ async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, 
     for move in plan.moves:
         if not move.src_live:
             by_worker.setdefault(move.src_worker, []).append(_move(move, marker, timeout, ordered))
-    # One round, both sides at once: a deferred move's parts are sent only at the ``go`` (after
+    # One round, both sides at once: a move's parts are sent only at the ``go`` (after
     # the pause), so its gate, set up by this very step, is in place before they come. In turn
     # they were two round trips to two busy worker loops, a Release's ``handover`` step.
     stop_at: dict[str, list[str]] = {}
@@ -497,17 +494,17 @@ async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, 
 
 async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float,
                       steps: dict) -> None:
-    """After the pause: until every deferred move's groups are imported by their new owner.
+    """After the pause: until every move's groups are imported by their new owner.
 
     The Reconfigurer holds its lock meanwhile, so no checkpoint (whose snapshot would miss the
     groups on their way and the tuples they hold) and no other reconfiguration starts. ``steps``
     gets what was still moving when the pause ended and when the move completed. Bounded on
     standing still: it fails when no group came in for ``timeout`` or a part was lost.
     """
-    workers = sorted({m.dst_worker for m in plan.moves if m.deferred})
+    workers = sorted({m.dst_worker for m in plan.moves})
     if not workers:
         return
-    steps["moving: groups after the pause"] = sum(len(m.groups) for m in plan.moves if m.deferred)
+    steps["moving: groups after the pause"] = sum(len(m.groups) for m in plan.moves)
     t, last = time.perf_counter(), None
     while True:
         answers = await asyncio.gather(*(gateway.handover_wait(w, marker, timeout) for w in workers))
@@ -527,26 +524,13 @@ async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker:
     steps["moving: done at"] = round(max(a["done_at"] for a in answers), 3)
 
 
-def _held(move: GroupMove) -> bool:
-    """A blocking move from a running instance (a columnar operator's Replicate with
-    its routers in the original's PE): the new instance has its groups' state before the original's
-    output for them is downstream, so it takes no input until the controller's ``go`` (after the
-    order wait), or its output for a key could overtake the original's (as a deferred move's)."""
-    return move.src_live and not move.deferred and not move.dst_live
-
-
-def _awaited_moves(plan: ReconfigurationPlan, marker: str, timeout: float) -> dict[str, dict]:
+def _awaited_moves(plan: ReconfigurationPlan, marker: str) -> dict[str, dict]:
     """Restore entries of new instances whose key groups are handed to them: their worker builds
-    them once the parts named here arrived (``worker/handover.py``)."""
+    them at once, those groups gated until their parts come (``worker/pending_groups.awaited``)."""
     out: dict[str, dict] = {}
     for move in plan.moves:
         if not move.dst_live:
-            entry = out.setdefault(move.dst, {"handover": marker, "parts": 0, "timeout": timeout, "groups": [],
-                                              "deferred": move.deferred})
-            if _held(move):               # built from its groups in the pause, it waits for the order
-                entry["held"] = DRAIN_CAP * timeout
-            entry["parts"] += 1
-            entry["groups"] += list(move.groups)
+            out.setdefault(move.dst, {"handover": marker, "groups": []})["groups"] += list(move.groups)
     return out
 
 
@@ -782,7 +766,7 @@ async def _deploy_created(gateway: WorkerGateway, new, plan, worker_info, states
 async def _rewire_upstream(gateway: WorkerGateway, new, plan, worker_info, steps, marker: str, timeout: float,
                            gating: dict[str, list[dict]] | None = None) -> None:
     """Staying PEs' outputs re-pointed and routers switched; an instance there that gives key
-    groups away exports them in the same turn (``handover``). ``gating``: PE -> deferred moves
+    groups away exports them in the same turn (``handover``). ``gating``: PE -> moves
     whose groups its instances gate in the same call, before its routers switch."""
     gating = gating or {}
     calls = []

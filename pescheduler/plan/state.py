@@ -24,10 +24,9 @@ from .placement import Placement
 class GroupMove:
     """Key groups of KEYED operator ``op`` that change owner: instance ``src`` (in PE ``src_pe``
     on ``src_worker``) exports them, instance ``dst`` (PE ``dst_pe`` on ``dst_worker``) takes
-    them. ``src_live``/``dst_live``: that PE stays running through the reconfiguration.
-    ``deferred``: the groups' state may arrive after the routing switch (the gaining instance
-    holds their tuples until it does, ``worker/pending_groups.py``); else the reconfiguration
-    waits for it."""
+    them. ``src_live``/``dst_live``: that PE stays running through the reconfiguration. The
+    groups' state arrives after the routing switch: the gaining instance holds their tuples until
+    it does (``worker/pending_groups.py``), so the pause never waits for it."""
 
     op: str
     src: str
@@ -39,7 +38,6 @@ class GroupMove:
     dst_worker: str
     dst_live: bool
     groups: tuple[int, ...]
-    deferred: bool = False
 
 
 def group_moves(old: Placement, new: Placement) -> dict[str, list[GroupMove]]:
@@ -81,7 +79,7 @@ def _moves_of(old: Placement, new: Placement, x: str) -> list[GroupMove] | None:
             return None
         moves.append(GroupMove(x, src, old.pe_of(src), old.pes[old.pe_of(src)].worker, src_live,
                                dst, new.pe_of(dst), new.pes[new.pe_of(dst)].worker, dst_live,
-                               tuple(groups), deferred=True))
+                               tuple(groups)))
     return moves
 
 

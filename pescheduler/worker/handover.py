@@ -9,22 +9,21 @@ change owner, and never through the deploying process:
   processes nothing of them after; an instance going away: once aligned on
   the reconfiguration's marker) together with its watermark progress, and
   this worker sends the bytes straight to the gaining instance's worker over
-  Dask's comm between workers (``pe_handover_put``);
-* an instance that stays imports them between its turns, before any tuple of
-  those groups is routed to it (the protocol rewires the routers after);
-* a new instance is deployed from them: its spec names what it waits for
-  (``{"handover": tag, "parts": n, "timeout": s}`` in ``PESpec.restore``) and
-  the PE host builds it once they are all here (:meth:`HandOvers.resolve`),
-  while the tuples already routed to it wait in their channel.
+  Dask's comm between workers (``pe_handover_put``), once the pause is over;
+* the gaining instance runs already with those groups gated
+  (``pending_groups.py``): an instance that stays gates them before any tuple
+  of theirs is routed to it, a new one is deployed at once with them gated
+  (its spec names them: ``{"handover": tag, "groups": [...]}`` in
+  ``PESpec.restore``). It imports each part between two of its turns and
+  then processes the tuples its groups held.
 
-A deferred move (``GroupMove.deferred``: the usual case, see
-``pending_groups.py``) does not hold the reconfiguration: the losing instance
+So no move holds the reconfiguration (session 46: every KEYED operator, the
+joins and the columnar time window too; before, theirs were built or imported
+inside the pause, which grew with the moving state): the losing instance
 exports its groups in slices of :data:`SLICE_GROUPS` (cheap: the groups are
 taken, packed later), this worker pickles and sends them in the background,
-and the gaining instance, which runs already with those groups gated,
-imports each slice between two of its turns and then processes the tuples
-its groups held. The controller asks when every slice is in
-(``pe_handover_wait``): the move's end, in the reconfiguration's record.
+and the controller asks when every slice is in (``pe_handover_wait``): the
+move's end, in the reconfiguration's record.
 
 An operator exports and imports groups with its own ``export_groups(groups)`` /
 ``import_groups(state)`` where it has them (the state of the groups, in its
@@ -44,7 +43,7 @@ from typing import Any, Awaitable, Callable
 import cloudpickle
 
 from ..operator import Operator
-from ..wire import PESpec, exported_marker, key_group, least_progress
+from ..wire import exported_marker, key_group
 from ..state.groups import loads_prepared
 from .gc_pause import gc_paused
 from .lazy_restore import StillLoading, preparer, still_loading
@@ -54,7 +53,7 @@ from .routing import key_function
 
 logger = logging.getLogger(__name__)
 
-SLICE_GROUPS = 4        # key groups per part of a deferred move: the import of one is a short turn
+SLICE_GROUPS = 4        # key groups per part of a move: the import of one is a short turn
 
 
 def export_groups(op: Operator, groups) -> Any:
@@ -81,17 +80,17 @@ def import_groups(op: Operator, state: Any) -> None:
 def exported(pe: Any, move: dict) -> list[dict]:
     """One move's groups out of its instance in ``pe`` (call it between the PE's turns), with the
     instance's watermark progress, which a new instance starts from, and the input it carried
-    for them (``carried``: group -> tuples, ``carried_input.py``): one part, or for a deferred
-    move of an operator with its own ``export_groups``, a part per slice of groups."""
+    for them (``carried``: group -> tuples, ``carried_input.py``): one part, or for an operator
+    with its own ``export_groups``, a part per slice of groups."""
     if move["src"] in still_loading(pe):        # its groups not loaded yet would leave empty
         raise StillLoading(f"{move['src']} still loading the key groups of its restore")
     op, progress = pe.ops[move["src"]], pe.chain.progress()[move["src"]]
     groups = sorted(move["groups"])
     state = export_groups(op, groups)            # one take (a disk store's view is taken once)
     carried = pe.rewirer.carried.take(move["src"], groups) if pe.rewirer.carried is not None else {}
-    if carried and not (move.get("deferred") and move.get("dst_live")):     # only a gate takes them
-        raise RuntimeError(f"{move['src']} carried input of key groups moved to no gate ({move['tag']})")
-    if not (move.get("deferred") and hasattr(op, "export_groups")) or len(groups) <= SLICE_GROUPS:
+    if carried and not move.get("dst_live"):     # only a running owner's gate takes them
+        raise RuntimeError(f"{move['src']} carried input of key groups moved to no running owner ({move['tag']})")
+    if not hasattr(op, "export_groups") or len(groups) <= SLICE_GROUPS:
         return [{"state": state, "progress": progress, "groups": groups, "carried": carried}]
     slices = [groups[i:i + SLICE_GROUPS] for i in range(0, len(groups), SLICE_GROUPS)]
     return [{"state": op.split_state(state, lambda key, mine=frozenset(s): key_group(key) in mine),
@@ -132,8 +131,7 @@ class HandOvers:
     def __init__(self, pes: Callable[[str], dict], rpc: Callable[[str], Any], address: Callable[[], str],
                  stop: Callable[[str, list[str]], Awaitable[list[str]]] | None = None) -> None:
         self.pes, self.rpc, self.address, self.stop = pes, rpc, address, stop
-        self.parts: dict[tuple[str, str], list[bytes]] = {}     # (deployment, tag/instance) -> parts
-        self.early: dict[tuple[str, str], list[tuple[dict, bytes]]] = {}    # deferred parts before their PE
+        self.early: dict[tuple[str, str], list[tuple[dict, bytes]]] = {}    # parts that came before their PE
         self.gates: dict[tuple[str, str], list[PendingGroups]] = {}        # (deployment, tag) -> gates here
         self.failed: dict[tuple[str, str], str] = {}            # (deployment, tag) -> why a part was lost
         self.sending: set[asyncio.Task] = set()
@@ -148,12 +146,12 @@ class HandOvers:
                 "pe_handover_go": self.pe_handover_go}
 
     async def pe_handover_go(self, deployment: str, tag: str) -> None:
-        """Reconfiguration ``tag``'s pause is over: its deferred parts here are packed and sent now."""
+        """Reconfiguration ``tag``'s pause is over: its parts here are packed and sent now."""
         self.go.setdefault((deployment, tag), asyncio.Event()).set()
 
     async def pe_handover(self, deployment: str, moves: list[dict], stop: list[str] = ()) -> dict:
-        """Export these moves' groups from aligned PEs here and send each to its new owner (a
-        deferred move: in the background, answering at once). Answers counts only: the state
+        """Export these moves' groups from aligned PEs here and send each to its new owner, in the
+        background once the pause is over (answering at once). Answers counts only: the state
         never goes back to the caller.
 
         ``stop``: PEs here that then stop (``PEHost.pe_stop``), in this very call: retired PEs
@@ -177,8 +175,8 @@ class HandOvers:
         return answer
 
     async def pe_handover_expect(self, deployment: str, moves: list[dict]) -> dict:
-        """Running instances here gate the groups these deferred moves bring them, before any
-        router switches to them (``pending_groups.py``)."""
+        """Running instances here gate the groups these moves bring them, before any router
+        switches to them (``pending_groups.py``)."""
         pes, wanted = self.pes(deployment), {}
         for move in moves:
             wanted.setdefault((move["dst_pe"], move["dst"], move["tag"]), []).extend(move["groups"])
@@ -189,18 +187,13 @@ class HandOvers:
         return {"gated": sum(len(g) for g in wanted.values())}
 
     async def send(self, deployment: str, parts: list[tuple[dict, dict]]) -> dict:
-        """Each exported part to its new owner's worker (this one: directly); the bytes sent.
-        Deferred moves' parts go in a background task (the reconfiguration does not wait)."""
-        later = [(m, p) for m, p in parts if m.get("deferred")]
-        if later:
-            task = asyncio.create_task(self._send_later(deployment, later))
+        """Each exported part to its new owner's worker (this one: directly), in a background task
+        once the pause is over (the reconfiguration does not wait)."""
+        if parts:
+            task = asyncio.create_task(self._send_later(deployment, parts))
             self.sending.add(task)
             task.add_done_callback(self.sending.discard)
-        sizes = []
-        for move, part in parts:
-            if not move.get("deferred"):
-                sizes.append(await self._send(deployment, move, part))
-        return {"moves": len(sizes), "bytes": sum(sizes), "deferred": len(later)}
+        return {"parts": len(parts)}
 
     async def _send(self, deployment: str, move: dict, part: dict) -> int:
         blob = await asyncio.to_thread(cloudpickle.dumps, part)    # off the loop the PEs run on
@@ -233,38 +226,17 @@ class HandOvers:
             self.failed[(deployment, tag)] = why
             self.arrived.notify_all()
 
-    async def _release(self, deployment: str, pe: Any, op_id: str, tag: str, bound: float) -> None:
-        """Instance ``op_id`` of new PE ``pe``, built from key groups a running instance exported,
-        takes input once its reconfiguration's order wait is over (``go``; bounded)."""
-        key = (deployment, tag)
-        try:
-            await asyncio.wait_for(self.go.setdefault(key, asyncio.Event()).wait(), bound)
-        except asyncio.TimeoutError:
-            logger.warning("no end of the order wait of %s came: %s goes on", tag, op_id)
-        pe.held.pop(op_id, None)
-        pe.ports.wake()
-
     async def pe_handover_put(self, deployment: str, move: dict, blob: bytes) -> None:
-        """A part for an instance here: imported now by one that runs, kept for a new one (a
-        deferred one: imported as soon as its PE is built, :meth:`adopt`)."""
-        if move.get("deferred"):
-            pe = self.pes(deployment).get(move["dst_pe"])
-            if pe is None or move["dst"] not in pe.rewirer.pending:
-                self.early.setdefault((deployment, move["dst_pe"]), []).append((move, bytes(blob)))
-                return
-            await self._import(deployment, pe, move, blob)
+        """A part for a gated instance here: imported now, or as soon as its PE is built (a new
+        one's, :meth:`adopt`)."""
+        pe = self.pes(deployment).get(move["dst_pe"])
+        if pe is None or move["dst"] not in pe.rewirer.pending:
+            self.early.setdefault((deployment, move["dst_pe"]), []).append((move, bytes(blob)))
             return
-        if move["dst_live"]:
-            pe = self.pes(deployment)[move["dst_pe"]]
-            async with pe.turns.lock:
-                import_groups(pe.ops[move["dst"]], cloudpickle.loads(blob)["state"])
-            return
-        async with self.arrived:
-            self.parts.setdefault((deployment, f"{move['tag']}/{move['dst']}"), []).append(bytes(blob))
-            self.arrived.notify_all()
+        await self._import(deployment, pe, move, blob)
 
     async def _import(self, deployment: str, pe: Any, move: dict, blob: bytes) -> None:
-        """One deferred part into its gated instance: unpickled and made ready for the store in a
+        """One part into its gated instance: unpickled and made ready for the store in a
         thread (``loads_prepared``, as a lazy restore reads a group), then installed one key group
         at a time, each between two of the PE's turns, the tuples it held going through right
         after, in the same turn. A part of four groups installed at once held a PE 370-420 ms
@@ -297,14 +269,9 @@ class HandOvers:
             self.arrived.notify_all()
 
     def adopt(self, deployment: str, pe: Any) -> None:
-        """A PE just built (chain and gates in place): note its gates, import what came early, and
-        let its held instances go on at their reconfiguration's ``go``."""
+        """A PE just built (chain and gates in place): note its gates and import what came early."""
         for gated in pe.rewirer.pending.values():
             self.gates.setdefault((deployment, gated.tag), []).append(gated)
-        for op_id, (tag, bound) in list(pe.held.items()):
-            task = asyncio.create_task(self._release(deployment, pe, op_id, tag, bound))
-            self.sending.add(task)
-            task.add_done_callback(self.sending.discard)
         for move, blob in self.early.pop((deployment, pe.pe_id), ()):
             task = asyncio.create_task(self._import(deployment, pe, move, blob))
             self.sending.add(task)
@@ -333,32 +300,9 @@ class HandOvers:
                 "carried": sum(f["carried"] for f in figures),
                 "done_at": time.time(), "failed": self.failed.pop(key, None)}
 
-    async def resolve(self, spec: PESpec) -> None:
-        """Replace the hand-over placeholders of ``spec.restore`` by the state they name, once
-        every part is here (bounded by the placeholder's timeout). A deferred one stays: the
-        PE is built at once and gates those groups (``pending_groups.awaited``)."""
-        for op_id, saved in list(spec.restore.items()):
-            if "handover" not in saved or saved.get("deferred"):
-                continue
-            key = (spec.deployment, f"{saved['handover']}/{op_id}")
-            async with self.arrived:
-                await asyncio.wait_for(self.arrived.wait_for(lambda: len(self.parts.get(key, ())) >= saved["parts"]),
-                                       saved["timeout"])
-                blobs = self.parts.pop(key)
-            cls, params, _key = spec.ops[op_id]
-            spec.restore[op_id] = restored(cls, params, [cloudpickle.loads(b) for b in blobs])
-            if "held" in saved:           # takes no input until the order wait's go (adopt)
-                spec.restore[op_id]["held"] = (saved["handover"], saved["held"])
-
     def forget(self, deployment: str) -> None:
         """The deployment ended here: parts never taken (a failed reconfiguration's) go."""
-        for table in (self.parts, self.early, self.gates, self.failed, self.go):
+        for table in (self.early, self.gates, self.failed, self.go):
             for key in [k for k in table if k[0] == deployment]:
                 del table[key]
 
-
-def restored(cls: type, params: dict, parts: list[dict]) -> dict:
-    """A new instance's restore entry from the parts handed to it (several: merged, at the least
-    advanced progress of theirs)."""
-    state = parts[0]["state"] if len(parts) == 1 else cls(**params).merge_states([p["state"] for p in parts])
-    return {"state": state, "progress": least_progress([p["progress"] for p in parts]), "driver": None}

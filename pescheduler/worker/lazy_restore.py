@@ -6,7 +6,7 @@ every KEYED operator in it had been read, checked and unpickled
 waited for all of it, and that time grew with the keys (at 10^6 keys the
 unpickle alone was 4.2 s of 4.6 s, loaded; at 10^7 the first output came
 88 s after a SIGKILL). Flink's and Megaphone's answer, here on the gate a
-deferred rescale already uses (``pending_groups.py``):
+rescale's move already uses (``pending_groups.py``):
 
 * the operator is restored from its saved state with no key group in it
   (``split_state``: what is not keyed, its progress, its source position),
@@ -42,8 +42,8 @@ deferred rescale already uses (``pending_groups.py``):
 
 Both backends take this one path: it is the operators' ``split_state`` and
 ``import_groups``, whatever holds their keys. An operator without
-``import_groups``, with several inputs or columnar (not gateable, as for a
-deferred move) is restored whole, as before.
+``import_groups``, or keyed only by its own parameters (a join's ``on=`` with no
+``key_by``: no key the gate could read), is restored whole, as before.
 """
 
 from __future__ import annotations

@@ -276,8 +276,6 @@ class PEHost:
         made = []
         for spec in specs:
             assert isinstance(spec, PESpec)
-            await self.handovers.resolve(spec)          # a new instance's key groups, from their old owner
-            laps.lap(f"resolve {spec.pe_id}")
             if spec.restore:                     # key groups' files read here, checked (incremental.py)
                 copies = LocalCopies(deployment_dir(spec.deployment))     # local recovery (state/local.py)
                 pending = defer(spec)            # loaded once the PE runs (lazy_restore.py)
@@ -458,7 +456,7 @@ class PEHost:
         ``handover``: key-group moves its instances export as its routers switch (handover.py).
         ``early``: before the pause, only register ``add_inputs`` and open ``outputs`` with nothing
         routed to them (``PERunner.open_early``); the call in the pause then switches to them.
-        ``expect``: deferred moves whose groups its instances gate first, in this very call, before
+        ``expect``: moves whose groups its instances gate first, in this very call, before
         its routers switch (``HandOvers.pe_handover_expect``; a Release's gate and switch were two
         round trips to this worker's loop in the pause).
         Answers the milliseconds of each part (:class:`Laps`)."""

@@ -191,11 +191,11 @@ def over_window(gates: dict[str, PendingGroups], window: int) -> frozenset[str]:
 
 
 def awaited(chain: Chain, spec: Any) -> dict[str, PendingGroups]:
-    """A new PE's instances whose key groups are still on their way (``spec.restore``'s deferred
+    """A new PE's instances whose key groups are still on their way (``spec.restore``'s
     hand-over entries, ``control/protocol.py``): gated before the PE takes its first tuple."""
     return {op_id: PendingGroups(chain, op_id, saved["groups"], key_function(spec.ops[op_id][2]),
                                  saved["handover"], fresh=True)
-            for op_id, saved in spec.restore.items() if saved.get("deferred")}
+            for op_id, saved in spec.restore.items() if placeholder(saved)}
 
 
 def placeholder(saved: dict) -> bool:

@@ -73,9 +73,7 @@ class PERunner:
         self.ports.inbox.on_marker = self._marker_queued
         window = max(spec.hold, spec.credits * spec.batch_size)     # tuples a gated instance may hold (pending_groups.py)
         # instances built from key groups a running one exported: no input until the order wait's go
-        self.held: dict[str, tuple[str, float]] = {op: saved["held"] for op, saved in spec.restore.items()
-                                                   if "held" in saved}
-        self.inputs.holds = lambda: over_window(self.rewirer.pending, window) | frozenset(self.held)
+        self.inputs.holds = lambda: over_window(self.rewirer.pending, window)
         self.loader: Any = None                    # its restored key groups' Loader while they load (lazy_restore.py)
         self.figures = RunFigures()
         self.state = "created"                     # running, finished, failed, stopping (stop()), stopped

@@ -34,7 +34,7 @@ TIMEOUT_S = {"fusion.py": 900, "columnar.py": 900, "channel.py": 900, "state.py"
 QUICK_S = {"state.py": 71, "latency.py": 60, "goals34.py": 38, "elastic.py": 35, "fusion.py": 23,
            "connectors.py": 22, "recovery.py": 21, "reconfig.py": 20, "channel.py": 15, "startup.py": 13,
            "columnar.py": 12, "parallel.py": 12, "postgres_cdc.py": 10, "kafka.py": 25, "fill.py": 8,
-           "rescale_ops.py": 12}
+           "rescale_ops.py": 18}
 
 
 def _command(script: str, *args: str) -> tuple[str, ...]:
@@ -94,9 +94,11 @@ def _longest_first(params: list) -> list:
                         "goals met")),
     # each backend's fill and the disk store's raw client loop; exit 1 if one holds other than K keys
     ("fill.py", (), ("round 1 dicts", "round 1 memory", "round 1 disk", "round 1 rocksdb", "x rocksdb")),
-    # a session window's and an as-of join's copy added and released on both backends; exit 1 if not exact
-    ("rescale_ops.py", (), ("session_window  memory", "session_window  disk", "join_asof       memory",
-                            "join_asof       disk", "deferred", "exact")),
+    # a session window's, a time window's and an as-of join's copy added and released on both
+    # backends, each move's groups after the pause; exit 1 if not exact
+    ("rescale_ops.py", (), ("session_window  memory", "session_window  disk", "window          memory",
+                            "window          disk", "join_asof       memory", "join_asof       disk",
+                            "deferred", "exact")),
     ("keyed_operators.py", (), ("count_window", "session_window", "latest", "process", "join_asof", "lookup",
                                 " join ", "over_window", "pattern", "ep_patterns", "ep_over",
                                 "changelog_aggregate", "memory/dict", "live/dict", "load average")),

@@ -55,7 +55,7 @@ def test_a_release_retires_only_the_copy_whose_groups_go_to_the_running_original
     assert set(move.groups) == set(two.routes[window].key_groups[copy])
     # its groups all go to the gating original, but a count window fires on watermarks: a tuple
     # on time at the copy could be late at the original, so its queued input does not go along
-    assert move.deferred and plan.carry == (), plan.carry
+    assert plan.carry == (), plan.carry
 
 
 @pytest.mark.parametrize("op", ["running_sum", "latest", "count_window", "session_window"])
@@ -77,7 +77,7 @@ def test_a_releases_copy_carries_its_queued_input_only_where_event_time_does_not
     x = next(o for o in old.plan.ops if o.startswith(op))
     two = transform(old, Replicate(x, 1))
     plan = plan_reconfiguration(two, transform(two, Release(x, 1)), channel_ids(two, "d", 1), "d", 2)
-    assert all(m.deferred and m.dst_live for m in plan.moves)
+    assert all(m.dst_live for m in plan.moves)
     expected = () if op.endswith("window") else (two.pe_of(f"{x}#1"),)
     assert plan.carry == expected, plan.carry
     # the upstream's marker overtakes what it buffers for a copy that carries: the backlog goes
@@ -172,23 +172,6 @@ def test_an_operator_without_the_hooks_moves_groups_by_split_and_merge():
     assert kept.sums and all(key_group(k) not in moving for k in kept.sums)
     import_groups(kept, part)
     assert kept.sums == whole.sums
-
-
-def test_a_new_instance_is_built_once_every_part_handed_to_it_is_here():
-    async def scenario():
-        host = HandOvers(lambda dep: {}, lambda address: None, lambda: "tcp://here")
-        spec = PESpec("w#2", "d", {"w#2": (RunningSum, {}, "key")}, [])
-        spec.restore = {"w#2": {"handover": "m", "parts": 2, "timeout": 5}}
-        waiting = asyncio.create_task(host.resolve(spec))
-        move = {"dst_live": False, "tag": "m", "dst": "w#2", "dst_worker": "tcp://here"}
-        await host.send("d", [(move, {"state": {"a": 1}, "progress": ({"u": 5}, 5, {"u"}, False)})])
-        await asyncio.sleep(0)
-        assert not waiting.done()                 # one part of two: not built yet
-        await host.send("d", [(move, {"state": {"b": 2}, "progress": ({"u": 3}, 3, {"u"}, False)})])
-        await asyncio.wait_for(waiting, 5)
-        return spec.restore["w#2"]
-    restored = asyncio.run(scenario())
-    assert restored["state"] == {"a": 1, "b": 2} and restored["progress"][:2] == ({"u": 3}, 3)
 
 
 def test_taken_groups_leave_the_state_at_once_and_are_packed_only_when_pickled():
@@ -313,7 +296,7 @@ class _Recording:
         self.calls.append(("handover", worker, [m["src"] for m in moves]))
         if stop:                       # retired PEs stopped in the same call, right after the export
             self.calls.append(("stop", worker, list(stop)))
-        return {"moves": 0, "bytes": 0, "deferred": len(moves)}
+        return {"parts": len(moves)}
 
     async def snapshot(self, worker, pe_ids, leave_out=()):
         self.calls.append(("snapshot", worker, list(pe_ids), list(leave_out)))
@@ -386,7 +369,7 @@ def test_a_releases_gate_and_hand_over_are_asked_at_once():
     two = transform(old, Replicate(window, 1))
     one = transform(two, Release(window, 1))
     plan = plan_reconfiguration(two, one, channel_ids(two, "d", 1), "d", 2)
-    assert any(m.deferred and m.dst_live for m in plan.moves), "the original gates the groups coming back"
+    assert any(m.dst_live for m in plan.moves), "the original gates the groups coming back"
     gateway, steps = OneRound(), {}
     info = {w: {"host": w, "data_address": w, "pid": 0} for w in WORKERS}
     try:
@@ -450,13 +433,15 @@ def test_a_releases_pause_does_not_wait_for_the_consumer_to_take_the_copys_last_
 
 
 @pytest.mark.parametrize("op", ["join_asof", "join"])
-def test_a_two_input_operators_moves_are_deferred_and_carry_no_input(op):
+def test_a_two_input_operators_moves_are_gated_and_carry_no_input(op):
     """A join reads two inputs (``process_input``): its gate holds each pending group's tuples
-    with the input they came on (pending_groups.py), so its Replicate's and Release's moves are
-    deferred, off the pause, as a one-input operator's are. Before, they were blocking: the copy
-    was built from its groups inside the pause, which grew with the moving state (an as-of join
-    of 10^6 keys: 1.8-2.7 s, bench/rescale_ops.py). Its queued input is never carried (a carried
+    with the input they came on (pending_groups.py), so its Replicate's copy is deployed and
+    wired before the pause and its groups come after it, and a Release's groups go to the
+    gating original, as a one-input operator's. Before, its moves were blocking: the copy was
+    built from its groups inside the pause, which grew with the moving state (an as-of join of
+    10^6 keys: 1.8-2.7 s, bench/rescale_ops.py). Its queued input is never carried (a carried
     tuple has no input to go with, and a join fires on watermarks)."""
+    from pescheduler.control.protocol import _gates, _opens_early
     app = Application("t")
     left = app.source("numbers", count=10**9, keys=50).key_by("key")
     right = app.source("numbers", count=10**9, keys=50).key_by("key")
@@ -465,19 +450,21 @@ def test_a_two_input_operators_moves_are_deferred_and_carry_no_input(op):
     x = next(o for o in old.plan.ops if o.startswith(op))
     two = transform(old, Replicate(x, 1))
     grown = plan_reconfiguration(old, two, channel_ids(old, "d", 0), "d", 1)
-    assert grown.moves and all(m.deferred for m in grown.moves), grown.moves
+    assert grown.moves and _opens_early(grown), grown.moves
     shrunk = plan_reconfiguration(two, transform(two, Release(x, 1)), channel_ids(two, "d", 1), "d", 2)
-    assert shrunk.moves and all(m.deferred and m.dst_live for m in shrunk.moves), shrunk.moves
+    assert shrunk.moves and all(m.dst_live for m in shrunk.moves), shrunk.moves
+    assert sum(len(g["groups"]) for gs in _gates(shrunk, "m", 10.0).values() for g in gs) == \
+        sum(len(m.groups) for m in shrunk.moves)
     assert shrunk.carry == (), shrunk.carry
 
 
-def test_a_time_windows_moves_are_deferred_and_its_copy_waits_for_the_order_at_its_gate():
+def test_a_time_windows_moves_are_gated_and_its_copy_waits_for_the_order_at_its_gate():
     """The keyed time window is columnar (Arrow batches folded vectorised): its gate takes such a
     batch as rows (pending_groups.py), so its moves are deferred (session 46). Before, they were
     blocking: its copy was built from its groups inside the pause (1.3-1.7 s at 10^6 keys,
     bench/rescale_ops.py) and held whole until downstream took the original's marker. Now the
     copy runs at once, gated, and the groups leave only after that order wait (the ``go``)."""
-    from pescheduler.control.protocol import _awaited_moves
+    from pescheduler.control.protocol import _awaited_moves, _opens_early
     app = Application("t")
     (app.source("numbers", count=10**9, keys=50).key_by("key")
         .window(size=1000, aggregates={"count": ("count", "n")}).map(lambda t: t).sink("collect"))
@@ -489,10 +476,9 @@ def test_a_time_windows_moves_are_deferred_and_its_copy_waits_for_the_order_at_i
     new = transform(old, Replicate(window, 1))
     plan = plan_reconfiguration(old, new, channel_ids(old, "d", 0), "d", 1)
     (move,) = plan.moves
-    assert move.src_live and move.deferred, "a deferred move from the running original"
+    assert move.src_live and _opens_early(plan), "the copy is deployed before the pause, gated"
     assert set(plan.ordered) == {old.pe_of(consumer)}, plan.ordered
-    entry = _awaited_moves(plan, "m1", 10.0)[f"{window}#1"]
-    assert entry["deferred"] and "held" not in entry, entry
+    assert _awaited_moves(plan, "m1")[f"{window}#1"] == {"handover": "m1", "groups": list(move.groups)}
 
 
 class _Rounds(_Recording):
