@@ -288,7 +288,7 @@ class Window(AggregatingWindow):
     def _unstash(self) -> None:
         """A disk snapshot restored into a memory instance becomes ordinary panes."""
         if self._stash is not None:
-            self._panes, self._stash = window_store.keys_to_panes(self._stash["groups"]), None
+            self._panes, self._stash = window_store.keys_to_panes(window_store.stored(self._stash)), None
 
     def _compile_state(self) -> None:
         self._update = self.plan.pane_updater(self.key, self.ts_field, self.slide, fixed=not self.named)
@@ -471,9 +471,12 @@ class Window(AggregatingWindow):
             self._panes.setdefault(p, {}).update(table)
 
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
-        """The key groups where ``owns(key)``, with their panes; watermark and fired frontier as
-        they were."""
-        return {**state, "groups": split_groups(state["groups"], owns)}
+        """The key groups where ``owns(key)``, with their panes (and an exported disk part's
+        buffered entries); watermark and fired frontier as they were."""
+        out = {**state, "groups": split_groups(state["groups"], owns)}
+        if state.get("buffer"):
+            out["buffer"] = split_groups(state["buffer"], owns)
+        return out
 
     def merge_states(self, states: list) -> dict:
         """Every instance's key groups (disjoint), at the least advanced watermark and frontier,
@@ -488,6 +491,7 @@ class Window(AggregatingWindow):
         if states[0].get("form") == "keys":
             merged["seq"] = max(st["seq"] for st in states)
             merged["starts"] = sorted({p for st in states for p in st["starts"]})
+            merged["buffer"] = merge_groups([st.get("buffer") or {} for st in states])
         return merged
 
 

@@ -30,7 +30,8 @@ from operator import itemgetter
 from typing import Any, Iterator
 
 from pescheduler.state import backend_name, keyed_state, unpack_group
-from pescheduler.state.groups import GroupMemo, add_groups, pack_namespaced, restore_groups, snapshot_groups, take_groups
+from pescheduler.state.groups import (GroupMemo, add_groups, pack_namespaced, restore_groups, snapshot_groups,
+                                      take_groups, take_namespaced, unpack_namespaced)
 
 _by_place = itemgetter(0, 1)
 _first = itemgetter(0)
@@ -151,23 +152,32 @@ def snapshot(op: Any) -> dict:
 
 
 def restore_keys(op: Any, state: dict | None) -> None:
-    """Make the store hold exactly a ``form: keys`` snapshot's groups (None: nothing)."""
+    """Make the store hold exactly a ``form: keys`` snapshot's groups (None: nothing), and the
+    write buffer an exported part's buffered entries (``buffer``: :func:`export_groups`)."""
     restore_groups(op._store, {} if state is None else state["groups"])
     op._seq = 0 if state is None else state["seq"]
     op._starts = set() if state is None else set(state["starts"])
+    op._panes = unpack_namespaced(state.get("buffer") or {}) if state is not None else {}
 
 
 def export_groups(op: Any, groups: frozenset[int]) -> dict:
-    """Key groups ``groups`` taken out of the store, packed when the part is pickled."""
-    spill(op)
-    return {"form": "keys", "seq": op._seq, "starts": sorted(op._starts), "groups": take_groups(op._store, groups)}
+    """Key groups ``groups`` taken out of the store, packed when the part is pickled, and their
+    entries in the write buffer taken out of it (``buffer``, as namespaced groups: deltas on the
+    stored ones, added to the receiving instance's buffer). The whole buffer spilled here, in the
+    PE's turn, was most of a Replicate's pause at 10^5 keys (95-103 ms: up to ``buffer_entries``
+    keys read and written); the moving part of it now goes as it is, the rest stays."""
+    return {"form": "keys", "seq": op._seq, "starts": sorted(op._starts), "groups": take_groups(op._store, groups),
+            "buffer": take_namespaced(op._panes, groups, op._group_of)}
 
 
 def import_groups(op: Any, state: dict) -> None:
-    """Another instance's exported groups into this one's store."""
+    """Another instance's exported groups into this one's store, their buffered entries into its
+    write buffer (the groups are new here: no entry of theirs is buffered)."""
     add_groups(op._store, state["groups"])
     op._seq = max(op._seq, state["seq"])
     op._starts.update(state["starts"])
+    for p, table in unpack_namespaced(state.get("buffer") or {}).items():
+        op._panes.setdefault(p, {}).update(table)
 
 
 def keys_to_panes(groups: Any) -> dict:
@@ -185,10 +195,18 @@ def keys_to_panes(groups: Any) -> dict:
     return panes
 
 
+def stored(state: dict) -> Any:
+    """A ``form: keys`` state's stored groups; refused with buffered entries (an exported disk
+    part's ``buffer``: deltas on the stored entries, which only a disk window merges)."""
+    if state.get("buffer"):
+        raise ValueError("a disk window's exported key groups with buffered entries go only into a disk window")
+    return state["groups"]
+
+
 def as_panes(state: dict, memo: GroupMemo) -> dict:
     """A snapshot in the dict panes' form (a ``form: keys`` one converted; others as they are)."""
     if state.get("form") != "keys":
         return state
-    out = {k: v for k, v in state.items() if k not in ("form", "seq", "starts")}
-    out["groups"] = pack_namespaced(keys_to_panes(state["groups"]), memo)
+    out = {k: v for k, v in state.items() if k not in ("form", "seq", "starts", "buffer")}
+    out["groups"] = pack_namespaced(keys_to_panes(stored(state)), memo)
     return out
