@@ -20,7 +20,9 @@ deployment per (operator, backend, K) in a process of its own:
 Once every key is in the operator, one copy is added (``Replicate``) and released (``Release``);
 then the sources end and the output is checked: each window gives one row per key, the
 join one result per left event, each matched (exit 1 otherwise). Per row: the two pauses (the
-reconfiguration's record), whether its groups moved after the pause (``deferred``: the record's
+reconfiguration's record), the longest import of a moving group in the gaining PE's turn (a stall of
+its stream: the record's ``moving: longest import ms``, the larger of the two), whether its groups
+moved after the pause (``deferred``: the record's
 ``moving: groups after the pause``; exit 1 if not: every KEYED operator's are since session 46)
 and the load average. ``--quick``: K = 1,000 (a smoke test).
 """
@@ -79,6 +81,7 @@ def one(op: str, backend: str, k: int, root: str) -> dict:
         exact = len(rows) == k and all(r["right"] is not None and r["right"]["key"] == r["left"]["key"] for r in rows)
     return {"op": op, "backend": backend, "k": k, "replicate_ms": rep.pause_ms, "release_ms": rel.pause_ms,
             "applied": rep.applied and rel.applied, "deferred": "moving: groups after the pause" in dict(rep.steps),
+            "import_ms": max(dict(r.steps).get("moving: longest import ms", 0.0) for r in (rep, rel)),
             "state": status["state"], "rows": len(rows), "exact": exact, "load": os.getloadavg()[0]}
 
 
@@ -97,7 +100,8 @@ def main() -> None:
     sizes = [1000] if args.quick else [int(x) for x in args.keys.split(",")]
     names = {"session": "session_window", "window": "window", "asof": "join_asof"}
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine)")
-    print(f"{'operator':15} {'backend':8} {'K':>9} {'Replicate ms':>13} {'Release ms':>11}  moves     output")
+    print(f"{'operator':15} {'backend':8} {'K':>9} {'Replicate ms':>13} {'Release ms':>11} {'import ms':>10}"
+          f"  moves     output")
     failed = False
     for k in sizes:
         for op in args.ops.split(","):
@@ -112,7 +116,8 @@ def main() -> None:
                 r = json.loads(done.stdout.strip().splitlines()[-1])
                 ok = r["applied"] and r["exact"] and r["state"] == "finished"
                 failed |= not ok or not r["deferred"]      # every KEYED operator's groups move after the pause
-                print(f"{names[op]:15} {backend:8} {k:9d} {r['replicate_ms']:13.1f} {r['release_ms']:11.1f}  "
+                print(f"{names[op]:15} {backend:8} {k:9d} {r['replicate_ms']:13.1f} {r['release_ms']:11.1f} "
+                      f"{r['import_ms']:10.1f}  "
                       f"{'deferred' if r['deferred'] else 'blocking':9} {'exact' if ok else 'NOT EXACT'} "
                       f"({r['rows']} rows, load {r['load']:.1f})", flush=True)
     sys.exit(1 if failed else 0)

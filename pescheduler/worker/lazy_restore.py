@@ -26,7 +26,9 @@ rescale's move already uses (``pending_groups.py``):
   a group of 78,000 keys (10^7 keys), a stall of the stream per group;
 * while groups are pending the operator's watermark stays back (the gate's
   hold), so no window fires without all its keys;
-* a checkpoint in that time completes (:meth:`Loader.with_unloaded`): the
+* a checkpoint in that time completes (:meth:`Loader.with_unloaded`) unless a
+  tuple waits at the gate (taken before the barrier, in no state and no file:
+  that checkpoint is declined, ``PERunner.snapshot``); the
   groups not loaded yet are unchanged since the restored checkpoint, so the
   operator's snapshot is merged (its own ``merge_states``) with their part of
   the saved state, whose key groups are still :class:`GroupRef` entries; the

@@ -241,10 +241,17 @@ class PERunner:
         ``leave_out`` (a retired instance whose key groups all went to their new owners).
         While restored key groups still load (lazy_restore.py) a ``checkpoint``'s snapshot
         references the restored checkpoint's files for the groups not loaded yet (unchanged
-        since); any other is refused: a rescale would move state it does not hold."""
+        since), unless tuples taken before its barrier wait for such a group: that checkpoint is
+        declined (the next one is taken), since neither the files nor the source positions would
+        hold those tuples, and a restore from it lost them (the kills' property test, loaded).
+        Any other snapshot is refused: a rescale would move state it does not hold."""
         loading = still_loading(self)
         if loading and not (checkpoint and self.loader is not None):
             raise StillLoading(f"{', '.join(loading)} still loading the key groups of its restore")
+        held = sum(self.loader.gates[o].holding for o in loading if o in self.loader.gates) if loading else 0
+        if held:
+            raise StillLoading(f"{', '.join(loading)} hold {held} tuples for key groups of its restore not loaded "
+                               f"yet: this checkpoint is declined")
         progress, drivers, skip = self.chain.progress(), self.sources.snapshot(), frozenset(leave_out)
         out = {op_id: {"state": op.snapshot(), "progress": progress[op_id], "driver": drivers.get(op_id)}
                for op_id, op in self.ops.items() if op_id not in skip}
