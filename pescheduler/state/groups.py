@@ -260,12 +260,12 @@ def take_namespaced(tables: dict, groups: frozenset[int], group_of: GroupMemo) -
         missing = [k for k in table if k not in memo]
         if missing:
             memo.update(zip(missing, key_groups(missing)))
-        moving = [(pos, k) for pos, k in enumerate(table) if memo[k] in groups]
+        moving = [(pos, k, g) for pos, k in enumerate(table) if (g := memo[k]) in groups]
         if not moving:
             continue
         pop = table.pop
-        for pos, k in moving:
-            places, entries = out.setdefault(memo[k], {}).setdefault(ns, ([], {}))
+        for pos, k, g in moving:
+            places, entries = out.setdefault(g, {}).setdefault(ns, ([], {}))
             places.append(pos)
             entries[k] = pop(k)
         if not table:

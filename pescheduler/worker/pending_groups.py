@@ -76,7 +76,7 @@ class PendingGroups:
         self.inner = self.node.process
         self.node.process = self.process
         self.inner_input = self.node.process_input      # None: one input (``process``)
-        if self.inner_input is not None:    # waiting entries are (input, tuple): see replay_inputs
+        if self.inner_input is not None:    # waiting entries are (input, tuple): by_input_runs
             self.node.process_input = self.process_input
         if self.waiting:                # the node's watermark stays where it is until the last group
             chain.hold_input(op_id, HANDOVER_INPUT)
@@ -87,39 +87,36 @@ class PendingGroups:
 
     def process(self, batch: list, emit: Any) -> None:
         """The node's ``process`` while groups are pending: theirs wait, the rest go on."""
-        waiting, key, now = self.waiting, self.key, []
-        if not waiting:
+        if not self.waiting:
             return self.inner(batch, emit)
         if not isinstance(batch, list):     # a columnar operator's Arrow batch: as rows while gated
             batch = rows(batch)
-        for t in batch:
-            queue = waiting.get(key_group(key(t)))
-            if queue is None:
-                now.append(t)
-            else:
-                queue.append(t)
-                self.buffered += 1
-                self.holding += 1
-        self.peak = max(self.peak, self.holding)
+        now = self._hold(batch, None)
         if now:
             self.inner(now, emit)
 
     def process_input(self, k: int, batch: list, emit: Any) -> None:
         """The node's ``process_input`` while groups are pending: theirs wait with their input."""
-        waiting, key, now = self.waiting, self.key, []
-        if not waiting:
+        if not self.waiting:
             return self.inner_input(k, batch, emit)
+        now = self._hold(batch, k)
+        if now:
+            self.inner_input(k, now, emit)
+
+    def _hold(self, batch: list, k: int | None) -> list:
+        """The tuples of ``batch`` whose group is pending wait (with input ``k``, when the operator
+        tells its inputs apart); the others are answered, in order."""
+        waiting, key, now = self.waiting, self.key, []
         for t in batch:
             queue = waiting.get(key_group(key(t)))
             if queue is None:
                 now.append(t)
             else:
-                queue.append((k, t))
+                queue.append(t if k is None else (k, t))
                 self.buffered += 1
                 self.holding += 1
         self.peak = max(self.peak, self.holding)
-        if now:
-            self.inner_input(k, now, emit)
+        return now
 
     def carried(self, group: int, tuples: list) -> None:
         """Tuples of ``group`` the instance giving it up had taken in and not processed (a
