@@ -1,6 +1,7 @@
 """The stall a checkpoint causes a PE, in one process: what holds the PE's thread, and for how long.
 
-    python bench/ckpt_stall.py [--keys 1000000] [--backend memory] [--checkpoints 4] [--changed 0.01] [--trace] [--profile]
+    python bench/ckpt_stall.py [--keys 1000000] [--backend memory] [--op state|window] [--checkpoints 4]
+                               [--changed 0.01] [--trace] [--profile] [--quick]
 
 K keys in a keyed state (values a window's slots, as bench/state.py's), then per checkpoint: 1 % of
 the keys changed, a snapshot taken as the barrier takes it (``pickle_snapshot``), and the worker's
@@ -11,6 +12,9 @@ largest gap of the PE thread while the write ran (its p50 beside it), against th
 no write running. ``--trace``: the cyclic GC's collections (generation, ms) and the writer thread's
 longest calls into C (a profile hook on that thread only: the calls that hold the GIL whole).
 ``--profile``: the writer's functions by their own time, per checkpoint (cProfile, that thread only).
+``--op window``: the keys are a time window's instead (``count`` and ``sum`` of one field, every key
+in one open pane: ``operators/window.py``, its panes on ``memory`` its own dicts), and the PE thread
+folds 20 tuples of random keys a turn into it (``Window.process``); the barrier takes its snapshot.
 """
 
 from __future__ import annotations
@@ -48,19 +52,36 @@ class PE(threading.Thread):
         rng, last = random.Random(1), time.perf_counter()
         while not self.stop.is_set():
             with self.lock:
-                for _ in range(20):
-                    key = self.keys[rng.randrange(len(self.keys))]
-                    value = list(self.state.get(key) or VALUE)
-                    value[0] += 1
-                    self.state.put(key, value)
-                self.state.put("tick", [last])
+                self.turn(rng)
             now = time.perf_counter()
             self.marks.append((now, now - last))
             last = now
             time.sleep(0.0005)          # the PE waits for its next input: 20 tuples per wake-up
 
+    def turn(self, rng: random.Random) -> None:
+        for _ in range(20):
+            key = self.keys[rng.randrange(len(self.keys))]
+            value = list(self.state.get(key) or VALUE)
+            value[0] += 1
+            self.state.put(key, value)
+        self.state.put("tick", [time.perf_counter()])
+
     def gaps(self, t0: float, t1: float) -> list[float]:
         return sorted(g for t, g in self.marks if t0 <= t - g and t - g < t1 or t0 <= t < t1)
+
+
+class WindowPE(PE):
+    """A time window's fold instead: 20 tuples of random keys a turn, all in its one open pane."""
+
+    def __init__(self, window, keys: list[str]) -> None:
+        super().__init__(None, keys)
+        from pescheduler.operator import Emitter
+
+        self.window, self.out = window, Emitter()
+
+    def turn(self, rng: random.Random) -> None:
+        keys = self.keys
+        self.window.process([{"key": keys[rng.randrange(len(keys))], "v": 1.0, "ts": 1} for _ in range(20)], self.out)
 
 
 class LongCalls:
@@ -89,13 +110,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--backend", default="memory")
+    parser.add_argument("--op", default="state", choices=("state", "window"),
+                        help="a keyed state's values (as latest), or a time window's panes")
     parser.add_argument("--checkpoints", type=int, default=4)
     parser.add_argument("--changed", type=float, default=0.01,
                         help="share of the keys changed before each checkpoint (0.1 at 10^6: the 10^5 keys of a "
                              "steady checkpoint at 10^7)")
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="10^4 keys, two checkpoints (a smoke test)")
     args = parser.parse_args()
+    if args.quick:
+        args.keys, args.checkpoints = 10_000, 2
     import dask.config
 
     from pescheduler.checkpoint import CheckpointStore
@@ -106,11 +132,20 @@ def main() -> None:
 
     root = tempfile.mkdtemp(prefix="ckpt-stall-")
     dask.config.set({"pescheduler.state.dir": root, "pescheduler.state.cache": "512MB"})
-    st = open_state(args.backend, owner="stall")
     keys = [f"car-{i:07d}" for i in range(args.keys)]
     t0 = time.perf_counter()
-    for key in keys:
-        st.put(key, list(VALUE))
+    if args.op == "window":
+        from pescheduler.operator import Emitter, OperatorContext
+        from pescheduler.operators.window import Window
+
+        st = Window(10**12, aggregates={"n": ("count", "v"), "s": ("sum", "v")})
+        st.open(OperatorContext("w", pe_id="pe", key_field="key", extra={"state": args.backend}))
+        for b in range(0, len(keys), 1000):
+            st.process([{"key": key, "v": 1.0, "ts": 1} for key in keys[b:b + 1000]], Emitter())
+    else:
+        st = open_state(args.backend, owner="stall")
+        for key in keys:
+            st.put(key, list(VALUE))
     print(f"load average {os.getloadavg()[0]:.1f}; {args.keys:,} keys on {args.backend} in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     collections: list[tuple[float, float, int]] = []
@@ -125,21 +160,26 @@ def main() -> None:
     if args.trace:
         gc.callbacks.append(on_gc)
     store, files = CheckpointStore(os.path.join(root, "ckpt"), b"k" * 32), CheckpointFiles()
-    pe = PE(st, keys)
+    pe = WindowPE(st, keys) if args.op == "window" else PE(st, keys)
     pe.start()
     rng = random.Random(7)
     print(f"{'ckpt':>4} {'barrier ms':>10} {'write s':>8} {'max gap ms':>10} {'p50 gap':>8} {'idle max gap':>12}"
           f"  (idle: the second before the barrier)")
     for cid in range(1, args.checkpoints + 1):
         with pe.lock:                   # 1 % of the keys changed, in the PE's turns
-            for key in rng.sample(keys, max(1, int(args.keys * args.changed))):
-                st.put(key, [13, 0.0, 0.0, 0.0])
+            changed = rng.sample(keys, max(1, int(args.keys * args.changed)))
+            if args.op == "window":
+                st.process([{"key": key, "v": 2.0, "ts": 1} for key in changed], Emitter())
+            else:
+                for key in changed:
+                    st.put(key, [13, 0.0, 0.0, 0.0])
         idle0 = time.perf_counter()
         time.sleep(1.0)
         idle1 = time.perf_counter()
         with pe.lock:
             b0 = time.perf_counter()
-            blob, views = pickle_snapshot({"op": {"state": {"groups": snapshot_groups(st)}}})
+            state = st.snapshot() if args.op == "window" else {"groups": snapshot_groups(st)}
+            blob, views = pickle_snapshot({"op": {"state": state}})
             barrier = time.perf_counter() - b0
         files.hold("bench", cid, "pe", {"state": blob, "views": views, "positions": {}})
         del views
@@ -186,7 +226,8 @@ def main() -> None:
             collections.clear()
     pe.stop.set()
     pe.join(10)
-    st.close()
+    if args.op != "window":
+        st.close()
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -190,8 +190,9 @@ def window_state(sizes: list[int]) -> None:
         t0 = time.perf_counter()
         snap = pickle.dumps(w.snapshot(), 5)                          # remembered from the first
         t_snap = time.perf_counter() - t0
+        whole = {p: dict(w._layers.items(w._panes, p)) for p in w._panes}     # its panes, layers merged
         t0 = time.perf_counter()
-        prev = pickle.dumps({p: {key: list(s) for key, s in d.items()} for p, d in w._panes.items()}, 5)
+        prev = pickle.dumps({p: {key: list(s) for key, s in d.items()} for p, d in whole.items()}, 5)
         t_prev = time.perf_counter() - t0
         mine = frozenset(range(0, 128, 2))
         owns = lambda key: key_group(key) in mine        # what a rescale passes (plan/state.py)

@@ -32,7 +32,8 @@ see :class:`AggregatingWindow`, the base of every window kind here and in
 
 State (:class:`Window`): on the ``memory`` backend the panes are the operator's dicts
 (``{pane start: {key: slots}}``: the hot path is a dict fold, no key-group lookup per
-tuple). On ``disk`` (``deploy(state="disk")``) those dicts are only a write buffer of
+tuple); a checkpoint freezes them as they are and its writer packs them off the PE's loop
+(``pane_layers.py``). On ``disk`` (``deploy(state="disk")``) those dicts are only a write buffer of
 at most ``Window.buffer_entries`` (key, pane) entries, spilled into the operator's
 store (``key -> {pane start: [seq, slots]}``, ``seq`` the first-seen order) when full
 and at a snapshot or export; once the store holds panes, windows fire from it
@@ -50,10 +51,11 @@ from typing import Any, Callable, Iterable
 from pescheduler.aggregates import AggregatePlan, Query
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
-from pescheduler.state.groups import (GroupMemo, merge_groups, pack_namespaced, split_groups, take_namespaced,
-                                      unpack_namespaced)
+from pescheduler.state.groups import (GroupMemo, merge_groups, pack_namespaced, snapshot_groups, split_groups,
+                                      take_namespaced, unpack_namespaced)
 
 from . import window_store
+from .pane_layers import PaneLayers, slot_copier
 from pescheduler.timeutil import parse_duration
 
 RESERVED = ("window_start", "window_end")
@@ -256,6 +258,7 @@ class Window(AggregatingWindow):
         self._fired_end: int | None = None          # every window ending at or before is done
         self._cols = None                           # ColumnarPanes while Arrow batches come in
         self._group_of = GroupMemo()                # key -> key group, for snapshots
+        self._layers = PaneLayers()                 # memory: the panes' layers a snapshot froze
         # disk backend only (window_store.py): the panes' home; self._panes is then its write buffer
         self._store = None
         self._seq = 0                               # first-seen numbers handed out to stored entries
@@ -292,6 +295,7 @@ class Window(AggregatingWindow):
 
     def _compile_state(self) -> None:
         self._update = self.plan.pane_updater(self.key, self.ts_field, self.slide, fixed=not self.named)
+        self._copy_slots = slot_copier(self.plan)
         self._to_dicts()
         self._colspec = None if self.named else (self.key, self.plan.layout)
 
@@ -323,6 +327,7 @@ class Window(AggregatingWindow):
     def _slot_lists(self) -> Iterable[list]:
         if self._store is not None:
             return window_store.slot_lists(self)
+        self._layers.own(self._panes, self._copy_slots)
         return (s for d in self._panes.values() for s in d.values())
 
     # -- data -------------------------------------------------------------------------
@@ -338,10 +343,12 @@ class Window(AggregatingWindow):
             self._to_dicts()
         items = iter(batch)
         lim = self._wm - self.size + 1          # panes starting at or before this are late
-        failed = self._update(items, self._panes, lim, late.append)
+        layers = self._layers
+        older, copy = layers.older, layers.copier(self._copy_slots)
+        failed = self._update(items, self._panes, lim, late.append, older, copy)
         while failed is not None:               # rare: a bad tuple; go on after it
             emit.dead_letter(*failed)
-            failed = self._update(items, self._panes, lim, late.append)
+            failed = self._update(items, self._panes, lim, late.append, older, copy)
         for t in late:
             emit.to("late", t)
         if self._store is not None and window_store.buffered(self) > self.buffer_entries:
@@ -386,13 +393,13 @@ class Window(AggregatingWindow):
 
     def _window(self, starts: list) -> Any:
         """``(key, slots)`` of one window: its panes merged, keys in first-seen order."""
-        panes = self._panes
+        items, panes = self._layers.items, self._panes
         if len(starts) == 1:
-            return panes[starts[0]].items()
-        merged = dict(panes[starts[0]])
+            return items(panes, starts[0])
+        merged = dict(items(panes, starts[0]))
         merge = self._merge
         for p in starts[1:]:
-            for k, s in panes[p].items():
+            for k, s in items(panes, p):
                 a = merged.get(k)
                 merged[k] = s if a is None else merge(a, s)
         return merged.items()
@@ -404,22 +411,28 @@ class Window(AggregatingWindow):
             if p > bound:
                 break
             del self._panes[p]
+            self._layers.drop(p)
 
     # -- state --------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """Panes as whole key groups (packed: a copy, slots are updated in place), watermark and
-        fired frontier. On disk: the store's view (``form: keys``), written incrementally."""
+        """Panes as whole key groups, watermark and fired frontier. Memory: the panes frozen as
+        they are, packed by whoever reads the view (a checkpoint's writer, off the PE's loop:
+        ``pane_layers.py``); Arrow panes packed now. Disk: the store's view (``form: keys``),
+        written incrementally."""
         if self._store is not None:
             return window_store.snapshot(self)
         self._unstash()
-        panes = self._cols.to_dicts() if self._cols is not None else self._panes
+        if self._cols is not None:
+            groups = pack_namespaced(self._cols.to_dicts(), self._group_of)
+        else:
+            groups = snapshot_groups(self._layers.freeze(self._panes))
         return {"layout": self.plan.layout, "size": self.size, "slide": self.slide,
-                "groups": pack_namespaced(panes, self._group_of), "watermark": self._wm,
-                "fired_end": self._fired_end}
+                "groups": groups, "watermark": self._wm, "fired_end": self._fired_end}
 
     def restore(self, state: dict) -> None:
         self._check_state(state, size=self.size, slide=self.slide)
         self._cols = None
+        self._layers.clear()
         self._wm = state["watermark"]
         self._fired_end = state["fired_end"]
         keys = state.get("form") == "keys"
@@ -451,7 +464,12 @@ class Window(AggregatingWindow):
             return {**base, **window_store.export_groups(self, groups)}
         self._unstash()
         self._to_dicts()
-        return {**base, "groups": take_namespaced(self._panes, groups, self._group_of)}
+        tables = self._layers.flatten(self._panes)
+        taken = take_namespaced(tables, groups, self._group_of)
+        for p in [p for p in self._panes if p not in tables]:     # emptied
+            del self._panes[p]
+            self._layers.drop(p)
+        return {**base, "groups": taken}
 
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported (:meth:`export_groups`) join this running one, at

@@ -245,6 +245,13 @@ class StateView(ABC):
         (disk: its stored bytes, nothing decoded)."""
         return pack_chunks(self.chunks(group))
 
+    def group_snapshot(self, group: int) -> tuple[Any, bytes]:
+        """``(a key of it, bytes)`` of one key group, as a snapshot read in the PE's turn holds it
+        (a rescale's, a merge's: ``incremental.GroupsSnapshot``): :func:`pack_group` of its
+        entries, or a view's own form (a memory window's panes: ``operators/pane_layers.py``)."""
+        entries = dict(self.items(group))
+        return next(iter(entries)), pack_group(entries.items())
+
     def export(self, groups: Iterable[int] | None = None) -> dict[int, bytes]:
         """``{group: bytes}`` of ``groups`` (default: every non-empty one), for :meth:`KeyedState.import_groups`."""
         chosen = self.groups() if groups is None else sorted(groups)

@@ -12,21 +12,22 @@ from __future__ import annotations
 import functools
 import pickle
 import zlib
-from itertools import repeat
+from itertools import islice, repeat
 from operator import is_, itemgetter
 from typing import Any, Callable, Mapping
 
-from .base import _PREPARE, KEY_GROUPS, KeyedState, keep_received, key_group, pack_group, preparing, unpack_group
+from .base import _PREPARE, KEY_GROUPS, PACK_CHUNK, KeyedState, StateView, keep_received, key_group, pack_group, preparing, unpack_group
 from ..wire import _MASK, key_hash
 from .incremental import GroupRef, GroupsSnapshot
 
 Groups = dict[int, tuple[Any, bytes]]
 
 
-def snapshot_groups(state: KeyedState) -> Mapping[int, tuple[Any, bytes]]:
-    """Every non-empty key group of ``state`` as it is now: a view, packed only when read (O(key
-    groups) here; a checkpoint writes it from a worker thread, incremental.py)."""
-    return GroupsSnapshot(state.snapshot())
+def snapshot_groups(state: KeyedState | StateView) -> Mapping[int, tuple[Any, bytes]]:
+    """Every non-empty key group of ``state`` as it is now (or of a view an operator made of its
+    own state: a memory window's panes): a view, packed only when read (O(key groups) here; a
+    checkpoint writes it from a worker thread, incremental.py)."""
+    return GroupsSnapshot(state if isinstance(state, StateView) else state.snapshot())
 
 
 def restore_groups(state: KeyedState, groups: Groups) -> None:
@@ -279,12 +280,50 @@ def unpack_namespaced(groups: Groups) -> dict:
     several snapshots (a merge) that had the same position keep their groups' order."""
     by_ns: dict = {}
     for _g, (_key, data) in sorted(groups.items()):
-        for ns, part in (data.per_ns if type(data) is NamespacedOnPickle else pickle.loads(data)).items():
+        for ns, part in _per_ns(data).items():
             by_ns.setdefault(ns, []).append(part)
     out = {}
     for ns in sorted(by_ns):
         parts = by_ns[ns]
         out[ns] = parts[0][1] if len(parts) == 1 else _in_place_order(parts)
+    return out
+
+
+def pack_namespaced_chunks(per_ns: dict) -> bytes:
+    """One group's ``{namespace: (positions, {key: value})}`` as pickles of at most
+    :data:`PACK_CHUNK` entries each, one after the other (a checkpoint's writer pickles a group
+    of 78,000 keys at 10^7 keys: one call would hold the GIL that long). A namespace's first
+    chunk is under its own name, the next ones under ``(namespace, i)``, so the pickles read
+    one after the other into one dict (``unpack_group``) lose none; :func:`unpack_namespaced`
+    joins them."""
+    parts = []
+    for ns, (places, entries) in per_ns.items():
+        items = iter(entries.items())
+        for i, start in enumerate(range(0, len(places), PACK_CHUNK)):
+            chunk = dict(islice(items, PACK_CHUNK))
+            parts.append(pickle.dumps({ns if i == 0 else (ns, i): (places[start:start + PACK_CHUNK], chunk)},
+                                      pickle.HIGHEST_PROTOCOL))
+    return b"".join(parts)
+
+
+def _per_ns(data: Any) -> Mapping:
+    """One group's ``{namespace: (positions, {key: value})}``: from its bytes (one pickle, or
+    :func:`pack_namespaced_chunks`'), from a rescale's :class:`NamespacedOnPickle`, or as a
+    restore read it (unpickled: a lazy restore's ``PreparedEntries``, an eager one's dict)."""
+    if type(data) is NamespacedOnPickle:
+        return data.per_ns
+    read = data if isinstance(data, Mapping) else unpack_group(data)
+    if not any(type(ns) is tuple for ns in read):
+        return read
+    out: dict = {}
+    for ns in sorted(read, key=lambda ns: (ns, 0) if type(ns) is not tuple else ns):
+        places, entries = read[ns]
+        name = ns[0] if type(ns) is tuple else ns
+        if name in out:
+            out[name][0].extend(places)
+            out[name][1].update(entries)
+        else:
+            out[name] = (list(places), dict(entries))
     return out
 
 

@@ -95,10 +95,7 @@ class GroupsSnapshot(Mapping):
 
     def _groups(self) -> dict:
         if self._packed is None:
-            out = {}
-            for g in self.view.groups():
-                entries = dict(self.view.items(g))
-                out[g] = (next(iter(entries)), pack_group(entries.items()))
+            out = {g: self.view.group_snapshot(g) for g in self.view.groups()}
             self._packed = {**out, **self.restored}
             self.view.release()
         return self._packed
@@ -634,7 +631,7 @@ class ChainWriter:
         return {**chains, **adopted}, groups, whole - adopted.keys()
 
     def _chain(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView, g: int,
-               since: tuple | None, packed: Callable[[bytes, bool], dict | None] = lambda data, delta: None,
+               since: tuple | None, packed: Callable[[bytes, tuple | None], dict | None] = lambda data, delta: None,
                waits: bool = False) -> _Chain:
         """Group ``g``'s chain in this checkpoint: the base's as it was (no key changed), with one
         more delta (the chain is short, its deltas stay smaller than its full file, or it ``waits``
@@ -654,11 +651,11 @@ class ChainWriter:
                 delta = view.delta(g, keys)
                 data = pack_delta(*delta)
                 if waits or _outgrown(prev, g, len(delta[0])) <= 1:
-                    entry = packed(data, True) or self._put(files, checkpoint_id, f"{name}.delta", data)
+                    entry = packed(data, delta) or self._put(files, checkpoint_id, f"{name}.delta", data)
                     return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data),
                                   prev.keys + len(delta[0]), prev.full_keys)
         data, count, first = view.full(g)   # in chunks: the PE's thread gets the GIL between them
-        entry = packed(data, False) or self._put(files, checkpoint_id, f"{name}.full", data)
+        entry = packed(data, None) or self._put(files, checkpoint_id, f"{name}.full", data)
         return _Chain(first, (entry,), len(data), 0, count, count)
 
     def _adopted(self, files: StateFiles, checkpoint_id: int, name: str, g: int, received: _Chain,
@@ -845,21 +842,24 @@ class _Pack:
         self.deltas: dict[int, dict] = {}          # view -> {group: full file's bytes, or delta}
         self.size = 0
 
-    def add(self, view: int, group: int, data: bytes, delta: bool = False) -> dict | None:
+    def add(self, view: int, group: int, data: bytes, delta: tuple | None = None) -> dict | None:
         """The entry of the PE's ``.state`` if it takes this group's file (``data``: its bytes as
-        a file of its own; ``delta``: whether it is a delta, not the group whole), else None.
+        a file of its own; ``delta``: ``(puts, deletes)`` when it is a delta, None when it is the
+        group whole), else None.
 
-        A delta is held as ``data`` unpickled, never as the view's values: the ``.state`` is
-        pickled after the view is released, and from then on a ``memory`` state's ``get`` hands
-        out the objects the view held, which an operator changes in place (the count window's
-        fold): a restore then found a tuple after the barrier already counted (unpickling at most
-        :data:`PACK_DELTA` bytes: a few microseconds, in the writer's thread)."""
+        A delta whose ``puts`` are a dict of the view's values is held as ``data`` unpickled,
+        never as those values: the ``.state`` is pickled after the view is released, and from
+        then on a ``memory`` state's ``get`` hands out the objects the view held, which an
+        operator changes in place (the count window's fold): a restore then found a tuple after
+        the barrier already counted (unpickling at most :data:`PACK_DELTA` bytes: a few
+        microseconds, in the writer's thread). A backend's own form (disk's ``RawDelta``: its
+        stored bytes) is kept as it is."""
         if len(data) > PACK_DELTA or self.size + len(data) > PACK_MAX:
             return None
-        if not delta:
+        if delta is None:
             self.deltas.setdefault(view, {})[group] = data
-        else:                               # decoded from its bytes: the view's values are the state's
-            puts, deletes = unpack_delta(data)      # objects, which the operator may change in place
+        else:
+            puts, deletes = unpack_delta(data) if type(delta[0]) is dict else delta    # (the state's objects)
             self.deltas.setdefault(view, {})[group] = (puts, list(deletes)) if deletes else puts
         self.size += len(data)
         return self.entry

@@ -99,6 +99,8 @@ def _longest_first(params: list) -> list:
     ("rescale_ops.py", (), ("session_window  memory", "session_window  disk", "window          memory",
                             "window          disk", "join_asof       memory", "join_asof       disk",
                             "deferred", "exact")),
+    # a time window's checkpoints in one process: the barrier's stall, the writer beside the PE
+    ("ckpt_stall.py", ("--op", "window"), ("10,000 keys on memory", "barrier ms", "max gap ms")),
     ("keyed_operators.py", (), ("count_window", "session_window", "latest", "process", "join_asof", "lookup",
                                 " join ", "over_window", "pattern", "ep_patterns", "ep_over",
                                 "changelog_aggregate", "memory/dict", "live/dict", "load average")),

@@ -1,0 +1,237 @@
+"""A memory time window's panes at a checkpoint: frozen as layers and packed off the PE's loop.
+
+A time window on the ``memory`` backend keeps its panes as its own dicts (``{pane start: {key:
+slots}}``, slots changed in place by the fold: ``window.py``). Its snapshot packed every pane's
+keys into key groups in the PE's turn (``pack_namespaced``), so the stream stopped at every
+checkpoint for a time that grew with the keys held: 5-9 / 73-134 / 1,289-2,032 ms at 10^4 / 10^5
+/ 10^6 keys in one pane (``bench/ckpt_stall.py --op window``). Now a snapshot only freezes the
+panes' dicts as they are and puts an empty dict on top of each; the checkpoint's writer packs the
+frozen ones in its thread (:class:`PanesView`), as a ``memory`` keyed state's view is written::
+
+    pane p:   top (the fold writes it)   over   older layers, newest first (frozen while a view lives)
+
+    snapshot ──> no view live: the top absorbed by the newest older layer (``dict.update``: the
+                 keys put since the last snapshot), a small layer by the one under it; then
+                 every pane's layers frozen as they are, an empty top: O(panes) and O(keys put
+                 since the last snapshot), never O(keys held)
+                 a view live (the last checkpoint is still being written): the top pushed as
+                 one more layer
+    fold     ──> a key not in the top is looked for in the older layers: while a view lives its
+                 slots are copied into the top (the writer may be reading them), else changed
+                 where they are
+    writer   ──> the layers read in their merged order (``merged_items``) and packed by key
+                 group, a slice at a time, no dict of the pane's size built (one resize of a
+                 dict of 10^6 keys holds the GIL 25 ms, of 10^7 0.8 s)
+    fire     ──> a pane read the same way, which firing reads whole anyway
+    export   ──> the layers merged in the turn first (``flatten``): O(keys), as the export
+                 already was (docs/state.md, "Next"); a query's change copies them too (``own``)
+
+Merged order: keys in the order they were first seen (the oldest layer's first), each with its
+newest slots, as ``dict.update`` of the layers oldest first would give.
+
+A view is live from the snapshot until it is released (written, or packed for a rescale); while
+any is, the fold copies (:meth:`PaneLayers.copier`). The slots' copy is ``list(slots)`` when every
+aggregate's accumulator is a value (built-ins with inline code: ``count``, ``sum``, ``min``...),
+else a deep copy (a collection or sketch is changed in place by its ``update``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import uuid
+import weakref
+from itertools import islice
+from typing import Any, Callable, Iterable, Iterator
+
+from pescheduler.state import KEY_GROUPS
+from pescheduler.state.base import Changes, StateView
+from pescheduler.state.groups import key_groups, pack_namespaced_chunks, unpack_namespaced
+from pescheduler.worker.gc_pause import gc_paused
+
+SLICE = 4096        # entries the writer groups per numpy call
+ABSORB = 4          # a layer at most 1/ABSORB of the one under it is absorbed by it (size-tiered)
+MAX_LAYERS = 4      # ... and any top-most one past this many
+
+
+def slot_copier(plan: Any) -> Callable[[list], list]:
+    """How the fold copies a frozen key's slots: ``list`` when every accumulator is an immutable
+    value (each aggregate updates by an inline expression that returns a new one), else a deep
+    copy (a pickle round trip: a set, a Counter, a sketch is changed in place)."""
+    if all(node.aggregate.update_src is not None for node in plan.slots):
+        return list
+    return lambda slots: pickle.loads(pickle.dumps(slots, pickle.HIGHEST_PROTOCOL))
+
+
+def merged_items(layers: tuple[dict, ...]) -> Iterator[tuple[Any, Any]]:
+    """``(key, slots)`` of a pane's layers (newest first) in merged order, without building it."""
+    if len(layers) == 1:
+        yield from layers[0].items()
+        return
+    oldest_first = layers[::-1]
+    for i, layer in enumerate(oldest_first):
+        below, above = oldest_first[:i], layers[:len(layers) - 1 - i]     # above: newest first
+        for k, s in layer.items():
+            if below and any(k in d for d in below):
+                continue                # placed where an older layer first saw it
+            for d in above:
+                newer = d.get(k)
+                if newer is not None:
+                    s = newer
+                    break
+            yield k, s
+
+
+class PaneLayers:
+    """The older layers of a memory window's panes and the views that froze them; the top layer
+    stays the window's ``_panes`` (what the fold writes). See the module docstring."""
+
+    def __init__(self) -> None:
+        self.older: dict[Any, tuple[dict, ...]] = {}    # pane start -> layers under the top, newest first
+        self._live: set[int] = set()                    # ids of the views not yet released
+        self._token = f"panes-{uuid.uuid4().hex}"       # the views' Changes (every group whole each time)
+        self._seq = 0
+
+    def copier(self, copy: Callable[[list], list]) -> Callable[[list], list] | None:
+        """What the fold copies a frozen key's slots with: ``copy`` while a view lives, else None."""
+        return copy if self._live else None
+
+    def freeze(self, top: dict) -> "PanesView":
+        """A snapshot: each pane's layers frozen under an empty top (see the module docstring)."""
+        live, frozen = bool(self._live), {}
+        for p, d in top.items():
+            held = self.older.get(p, ())
+            if held and not live:       # nobody reads the layers: they are the window's own
+                if d:
+                    held[0].update(d)
+                    top[p] = {}
+                held = self.older[p] = _compacted(held)
+            elif d:
+                held = self.older[p] = (d, *held)
+                top[p] = {}
+            if held:
+                frozen[p] = held
+        self._seq += 1
+        changes = Changes(self._token, self._seq, (), set(range(KEY_GROUPS)))
+        return PanesView(frozen, changes, self._live)
+
+    def items(self, top: dict, p: Any) -> Iterable[tuple[Any, Any]]:
+        """Pane ``p``'s ``(key, slots)`` in merged order, to fire it."""
+        held = self.older.get(p)
+        return top[p].items() if not held else merged_items((top[p], *held))
+
+    def flatten(self, top: dict) -> dict:
+        """Each pane as one dict a rescale's export may take entries out of: ``{pane start:
+        dict}``. A pane with older layers gets a new merged dict: its top while no view lives;
+        else its only older layer (the view may be reading its slots) under an empty top."""
+        tables = {}
+        live = bool(self._live)
+        for p, d in top.items():
+            held = self.older.pop(p, None)
+            if held:
+                d = dict(merged_items((d, *held)))
+                if live:
+                    self.older[p] = (d,)
+                    top[p] = {}
+                else:
+                    top[p] = d
+            tables[p] = d
+        return tables
+
+    def own(self, top: dict, copy: Callable[[list], list]) -> None:
+        """Every pane in its top alone, its slots the window's own (a query's change rewrites
+        them in place): merged, and copied while a view lives."""
+        for p, d in self.flatten(top).items():
+            if p in self.older:             # a view lives: the merged slots may be read by it
+                del self.older[p]
+                top[p] = {k: copy(s) for k, s in d.items()}
+
+    def drop(self, p: Any) -> None:
+        self.older.pop(p, None)
+
+    def clear(self) -> None:
+        """The panes were replaced whole (a restore): no layer of theirs is left."""
+        self.older.clear()
+
+    def __getstate__(self) -> dict:          # views are not pickled with the operator
+        return {**self.__dict__, "_live": set()}
+
+
+def _compacted(held: tuple[dict, ...]) -> tuple[dict, ...]:
+    """Layers (newest first, none read by a view) with each small one absorbed by the one under
+    it, and the top-most ones past :data:`MAX_LAYERS`: a pane that lived through checkpoints
+    written while the next began (each pushing a layer) keeps a few. An absorb costs the upper
+    layer's keys (put while a view lived), never the pane's."""
+    while len(held) > 1 and (len(held) > MAX_LAYERS or len(held[0]) * ABSORB <= len(held[1])):
+        held[1].update(held[0])
+        held = held[1:]
+    return held
+
+
+class PanesView(StateView):
+    """A memory window's frozen panes as a checkpoint's key groups: each group's
+    ``{pane start: (positions, {key: slots})}`` (``pack_namespaced``'s), pickled a chunk at a time
+    (``pack_namespaced_chunks``) in the reader's thread; every group is written whole (a window's
+    panes turn over)."""
+
+    def __init__(self, frozen: dict[Any, tuple[dict, ...]], changes: Changes, live: set[int]) -> None:
+        self._frozen, self.changes = frozen, changes
+        self._packed: dict[int, tuple[bytes, int, Any]] | None = None
+        self._lock = threading.Lock()
+        live.add(id(self))
+        self._end = weakref.finalize(self, live.discard, id(self))
+
+    def _groups(self) -> dict[int, tuple[bytes, int, Any]]:
+        with self._lock:
+            if self._packed is None:        # allocation-heavy and acyclic: no collection meanwhile
+                self._packed = gc_paused(self._pack)
+            return self._packed
+
+    def _pack(self) -> dict[int, tuple[bytes, int, Any]]:
+        """Each pane's keys in merged order, grouped a slice at a time (``key_groups``: numpy),
+        each group pickled once."""
+        per_group: dict[int, dict] = {}
+        for p in sorted(self._frozen):
+            places: list[list] = [[] for _ in range(KEY_GROUPS)]
+            entries: list[dict] = [{} for _ in range(KEY_GROUPS)]
+            pos = 0
+            it = merged_items(self._frozen[p])
+            while part := list(islice(it, SLICE)):
+                for (k, s), g in zip(part, key_groups([k for k, _ in part])):
+                    places[g].append(pos)
+                    entries[g][k] = s
+                    pos += 1
+            for g, mine in enumerate(entries):
+                if mine:
+                    per_group.setdefault(g, {})[p] = (places[g], mine)
+        out = {}
+        for g in sorted(per_group):
+            per_ns = per_group[g]
+            first = next(iter(next(iter(per_ns.values()))[1]))
+            out[g] = (pack_namespaced_chunks(per_ns), sum(len(e) for _, e in per_ns.values()), first)
+        self._frozen = {}
+        return out
+
+    def groups(self) -> list[int]:
+        return sorted(self._groups())
+
+    def items(self, group: int) -> Iterator[tuple[Any, Any]]:
+        """``(pane start, (positions, {key: slots}))`` of one group (what its bytes hold)."""
+        data = self._groups().get(group)
+        return iter(unpack_namespaced({group: (data[2], data[0])}).items()) if data else iter(())
+
+    def full(self, group: int) -> tuple[bytes, int, Any]:
+        return self._groups()[group]
+
+    def group_snapshot(self, group: int) -> tuple[Any, bytes]:
+        data, _count, first = self._groups()[group]
+        return first, data
+
+    def by_group(self, keys: Iterable[Any]) -> dict[int, list]:
+        return {}                       # no key is tracked: every group is written whole
+
+    def delta(self, group: int, keys: Iterable[Any]) -> tuple[dict, list]:
+        raise NotImplementedError("a window's panes are written whole at every checkpoint")
+
+    def release(self) -> None:
+        self._end()
