@@ -23,8 +23,9 @@ frozen ones in its thread (:class:`PanesView`), as a ``memory`` keyed state's vi
                  group, a slice at a time, no dict of the pane's size built (one resize of a
                  dict of 10^6 keys holds the GIL 25 ms, of 10^7 0.8 s)
     fire     ──> a pane read the same way, which firing reads whole anyway
-    export   ──> the layers merged in the turn first (``flatten``): O(keys), as the export
-                 already was (docs/state.md, "Next"); a query's change copies them too (``own``)
+    export   ──> the layers merged in the turn first (``flatten``: in C, into the oldest, or a
+                 copy of it while a view lives); the export's take is O(keys) as it already
+                 was (docs/state.md, "Next"); a query's change copies the slots too (``own``)
 
 Merged order: keys in the order they were first seen (the oldest layer's first), each with its
 newest slots, as ``dict.update`` of the layers oldest first would give.
@@ -44,7 +45,7 @@ import weakref
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
-from pescheduler.state import KEY_GROUPS
+from pescheduler.state import KEY_GROUPS, key_group
 from pescheduler.state.base import Changes, StateView
 from pescheduler.state.groups import key_groups, pack_namespaced_chunks, unpack_namespaced
 from pescheduler.worker.gc_pause import gc_paused
@@ -101,7 +102,7 @@ class PaneLayers:
         live, frozen = bool(self._live), {}
         for p, d in top.items():
             held = self.older.get(p, ())
-            if held and not live:       # nobody reads the layers: they are the window's own
+            if held and not live and type(held[0]) is dict:    # nobody reads them: the window's own
                 if d:
                     held[0].update(d)
                     top[p] = {}
@@ -129,7 +130,7 @@ class PaneLayers:
         for p, d in top.items():
             held = self.older.pop(p, None)
             if held:
-                d = dict(merged_items((d, *held)))
+                d = _flat((d, *held), live)
                 if live:
                     self.older[p] = (d,)
                     top[p] = {}
@@ -146,6 +147,23 @@ class PaneLayers:
                 del self.older[p]
                 top[p] = {k: copy(s) for k, s in d.items()}
 
+    def export(self, top: dict, groups: frozenset[int], memo: dict) -> "TakenPanes":
+        """A rescale takes key groups ``groups``: O(panes) in the PE's turn. Every pane's top is
+        pushed onto its layers, and the layers are taken as they are (:class:`TakenPanes`: the
+        moving groups' entries read from them off the turn, when the part is pickled) and kept
+        here behind :class:`Left`, which hides the keys of ``groups`` (``memo``: the window's
+        key -> group). The taken layers count as a live view until read."""
+        taken = {}
+        for p, d in top.items():
+            held = self.older.get(p, ())
+            if d:
+                held = (d, *held)
+                top[p] = {}
+            if held:
+                taken[p] = held
+                self.older[p] = tuple(Left(layer, groups, memo) for layer in held)
+        return TakenPanes(taken, groups, self._live)
+
     def drop(self, p: Any) -> None:
         self.older.pop(p, None)
 
@@ -157,15 +175,135 @@ class PaneLayers:
         return {**self.__dict__, "_live": set()}
 
 
+def _flat(layers: tuple[dict, ...], live: bool) -> dict:
+    """A pane's layers (newest first) as one dict in merged order, in C: the oldest (the largest)
+    updated with the others, oldest first (``dict.update`` keeps a key's place and takes its
+    newer slots); copied first while a view may be reading it (``dict.copy``: about 25 ns a key,
+    against 0.3 us for ``merged_items``)."""
+    if any(type(layer) is Left for layer in layers):
+        return dict(merged_items(layers))
+    base = layers[-1].copy() if live else layers[-1]
+    for layer in reversed(layers[:-1]):
+        base.update(layer)
+    return base
+
+
 def _compacted(held: tuple[dict, ...]) -> tuple[dict, ...]:
     """Layers (newest first, none read by a view) with each small one absorbed by the one under
     it, and the top-most ones past :data:`MAX_LAYERS`: a pane that lived through checkpoints
     written while the next began (each pushing a layer) keeps a few. An absorb costs the upper
     layer's keys (put while a view lived), never the pane's."""
-    while len(held) > 1 and (len(held) > MAX_LAYERS or len(held[0]) * ABSORB <= len(held[1])):
+    while len(held) > 1 and type(held[1]) is dict and (len(held) > MAX_LAYERS or len(held[0]) * ABSORB <= len(held[1])):
         held[1].update(held[0])
         held = held[1:]
     return held
+
+
+class Left:
+    """A frozen layer some of whose keys left with a rescale (key groups ``groups``): read as the
+    layer without them (``get``, ``in``, ``items``: the fold's lookup, a firing, a checkpoint).
+    The keys stay in the dict, hidden, until the pane is dropped: taking them out would be a
+    pass over the pane in the turn, the pause this avoids. A key's group is looked up in the
+    window's memo (added when missing), in the PE's thread and the writer's."""
+
+    __slots__ = ("layer", "groups", "memo")
+
+    def __init__(self, layer: "dict | Left", groups: frozenset[int], memo: dict) -> None:
+        if type(layer) is Left:
+            layer, groups = layer.layer, layer.groups | groups
+        self.layer, self.groups, self.memo = layer, groups, memo
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        value = self.layer.get(key)
+        if value is None:
+            return default
+        g = self.memo.get(key)
+        if g is None:
+            g = self.memo[key] = key_group(key)
+        return default if g in self.groups else value
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key) is not None
+
+    def __len__(self) -> int:           # at most: the keys that left are still counted
+        return len(self.layer)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        gone, it = self.groups, iter(self.layer.items())
+        while part := list(islice(it, SLICE)):
+            for (k, s), g in zip(part, key_groups([k for k, _ in part])):
+                if g not in gone:
+                    yield k, s
+
+
+class TakenPanes:
+    """A rescale's moving key groups, as the pane layers they were taken with (:meth:`PaneLayers.
+    export`): read in one pass, by the first :class:`TakenPane` pickled (off the PE's turn: the
+    hand-over pickles a part in a thread), each key at its place in its pane's merged order, as
+    ``take_namespaced`` placed it. A live view until then: the window copies the slots it folds."""
+
+    def __init__(self, taken: dict[Any, tuple], groups: frozenset[int], live: set[int]) -> None:
+        self._taken, self.groups = taken, groups
+        self._per_group: dict[int, dict] | None = None
+        self._lock = threading.Lock()
+        live.add(id(self))
+        self._end = weakref.finalize(self, live.discard, id(self))
+
+    def per_ns(self, group: int) -> dict:
+        with self._lock:
+            if self._per_group is None:
+                self._per_group = gc_paused(self._read)
+                self._taken = {}
+                self._end()
+        return self._per_group.get(group, {})
+
+    def _read(self) -> dict[int, dict]:
+        out: dict[int, dict] = {}
+        moving = self.groups
+        for p in sorted(self._taken):
+            pos = 0
+            it = merged_items(self._taken[p])
+            while part := list(islice(it, SLICE)):
+                for (k, s), g in zip(part, key_groups([k for k, _ in part])):
+                    if g in moving:
+                        places, entries = out.setdefault(g, {}).setdefault(p, ([], {}))
+                        places.append(pos)
+                        entries[k] = s
+                    pos += 1
+        return out
+
+
+class TakenPane:
+    """One moving key group of :class:`TakenPanes`: its ``{pane start: (positions, {key:
+    slots})}`` (``per_ns``), pickled as those bytes (as ``groups.NamespacedOnPickle``)."""
+
+    __slots__ = ("taken", "group")
+
+    def __init__(self, taken: TakenPanes, group: int) -> None:
+        self.taken, self.group = taken, group
+
+    @property
+    def per_ns(self) -> dict:
+        return self.taken.per_ns(self.group)
+
+    def __reduce__(self):
+        return bytes, (pickle.dumps(self.per_ns, pickle.HIGHEST_PROTOCOL),)
+
+
+_REPRESENTATIVE: list[int] = []
+
+
+def representative(group: int) -> int:
+    """An int key of key group ``group`` (the smallest): a part names each of its groups by a
+    key (``split_groups`` asks ``owns(key)``), and the moving keys are not read in the turn."""
+    if not _REPRESENTATIVE:
+        found: dict[int, int] = {}
+        i = 0
+        while len(found) < KEY_GROUPS:
+            found.setdefault(key_group(i), i)
+            i += 1
+        _REPRESENTATIVE.extend(found[g] for g in range(KEY_GROUPS))
+    return _REPRESENTATIVE[group]
 
 
 class PanesView(StateView):

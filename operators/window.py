@@ -55,7 +55,7 @@ from pescheduler.state.groups import (GroupMemo, merge_groups, pack_namespaced, 
                                       take_namespaced, unpack_namespaced)
 
 from . import window_store
-from .pane_layers import PaneLayers, slot_copier
+from .pane_layers import PaneLayers, TakenPane, representative, slot_copier
 from pescheduler.timeutil import parse_duration
 
 RESERVED = ("window_start", "window_end")
@@ -452,24 +452,19 @@ class Window(AggregatingWindow):
     # -- copies: key groups move with their panes ---------------------------------------
     def export_groups(self, groups: frozenset[int]) -> dict:
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their
-        panes in :meth:`snapshot`'s form, removed here. Memory: one pass over the panes' keys
-        (a memoised group each) and the moving entries taken, pickled with the part, off the
-        PE's turn (``take_namespaced``); disk: the groups taken out of the store, packed when the
-        part is pickled, with the moving entries of its write buffer. The memory pass is the
-        panes' size (a window's panes are not kept by key group): 0.4-0.5 us a key held at
-        10^6 int keys (docs/state.md, "Next" 4)."""
+        panes in :meth:`snapshot`'s form, removed here. Memory: O(panes) in the PE's turn, the
+        panes' layers taken as they are and their moving entries read when the part is pickled,
+        off the turn; here they are hidden until their pane is dropped (``pane_layers.py``,
+        ``PaneLayers.export``). Disk: the groups taken out of the store, packed when the part
+        is pickled, with the moving entries of its write buffer."""
         base = {"layout": self.plan.layout, "size": self.size, "slide": self.slide,
                 "watermark": self._wm, "fired_end": self._fired_end}
         if self._store is not None:
             return {**base, **window_store.export_groups(self, groups)}
         self._unstash()
         self._to_dicts()
-        tables = self._layers.flatten(self._panes)
-        taken = take_namespaced(tables, groups, self._group_of)
-        for p in [p for p in self._panes if p not in tables]:     # emptied
-            del self._panes[p]
-            self._layers.drop(p)
-        return {**base, "groups": taken}
+        taken = self._layers.export(self._panes, frozenset(groups), self._group_of._of)
+        return {**base, "groups": {g: (representative(g), TakenPane(taken, g)) for g in sorted(groups)}}
 
     def import_groups(self, state: dict) -> None:
         """Key groups another instance exported (:meth:`export_groups`) join this running one, at

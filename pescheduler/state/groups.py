@@ -308,10 +308,10 @@ def pack_namespaced_chunks(per_ns: dict) -> bytes:
 
 def _per_ns(data: Any) -> Mapping:
     """One group's ``{namespace: (positions, {key: value})}``: from its bytes (one pickle, or
-    :func:`pack_namespaced_chunks`'), from a rescale's :class:`NamespacedOnPickle`, or as a
-    restore read it (unpickled: a lazy restore's ``PreparedEntries``, an eager one's dict)."""
-    if type(data) is NamespacedOnPickle:
-        return data.per_ns
+    :func:`pack_namespaced_chunks`'), from a rescale's group not pickled yet (its ``per_ns``), or
+    as a restore read it (unpickled: a lazy restore's ``PreparedEntries``, an eager one's dict)."""
+    if not isinstance(data, (bytes, Mapping)):     # a rescale's group not pickled yet: its own
+        return data.per_ns                          # (NamespacedOnPickle, a window's TakenPane)
     read = data if isinstance(data, Mapping) else unpack_group(data)
     if not any(type(ns) is tuple for ns in read):
         return read

@@ -14,7 +14,9 @@ from pescheduler.operator import MAX_WATERMARK, Emitter, OperatorContext
 from pescheduler.operators.pane_layers import merged_items
 from pescheduler.operators.window import Window
 from pescheduler.state import groups
+from pescheduler.state.groups import take_namespaced
 from pescheduler.state.incremental import pickle_snapshot
+from pescheduler.wire import key_group
 
 SIZE, SLIDE = 60, 20
 VALUES = {"n": ("count", "v"), "total": ("sum", "v"), "lo": ("min", "v")}
@@ -71,6 +73,29 @@ def test_the_snapshot_visits_no_key_and_the_writer_packs_the_panes(monkeypatch):
     assert list(restored[0]) == [f"k{i}" for i in range(20_000)]
 
 
+def test_a_rescales_export_visits_no_key_in_the_turn_and_its_part_is_read_when_pickled():
+    """20,000 keys in a pane, a quarter of the key groups exported: the export hashes no key in
+    the PE's turn (it took the moving entries in one pass over the pane's keys there: 0.4-0.5 s
+    at 10^6 keys); the part's groups are read when it is pickled, and restore exactly those keys;
+    the window that gave them fires the others only."""
+    window = opened()
+    window.process([{"k": Key(f"k{i}"), "v": i, "ts": 5} for i in range(20_000)], Emitter())
+    window.snapshot()                   # a layer under the top, as after any checkpoint
+    moving = frozenset(range(0, 128, 4))
+    Key.hashed = 0
+    part = window.export_groups(moving)
+    in_turn = Key.hashed
+    assert in_turn == 0, f"the export hashed {in_turn} keys in the PE's turn"
+    fresh = Window(SIZE, SLIDE, dict(VALUES))
+    fresh.restore(cloudpickle.loads(cloudpickle.dumps(part)))
+    got = {k: s for d in fresh._panes.values() for k, s in d.items()}
+    assert got == {f"k{i}": [1, i, i] for i in range(20_000) if key_group(f"k{i}") in moving}
+    out = Emitter()
+    window.on_watermark(MAX_WATERMARK, out)
+    assert {r["k"] for r in out} == {f"k{i}" for i in range(20_000) if key_group(f"k{i}") not in moving}
+    assert len(out) == 3 * len({r["k"] for r in out})            # one pane in three sliding windows
+
+
 def test_a_pane_keeps_one_layer_under_its_top_while_each_checkpoint_is_written_before_the_next():
     """Ten checkpoints in one pane's life, each written (packed) and released before the next:
     the pane keeps one layer under its top (the keys put since the last snapshot absorbed by
@@ -101,21 +126,22 @@ def test_a_pane_keeps_one_layer_under_its_top_while_each_checkpoint_is_written_b
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(st.sampled_from(["batch", "batch", "batch", "watermark", "snapshot", "write", "release",
-                                       "export"]), min_size=5, max_size=40),
+                                       "export", "import"]), min_size=5, max_size=40),
        seed=st.integers(0, 10**6), collections=st.booleans())
 def test_every_snapshot_restores_the_panes_it_was_taken_of_and_the_output_is_unchanged(steps, seed, collections):
     """Random batches (keys seen before and new ones), watermarks that fire and drop panes,
     snapshots, their views packed ("write") or let go later, in any order; an export takes
-    key groups away (both windows, the checked one and a reference without snapshots, lose the
-    same groups). Every snapshot, packed whenever, restores to the panes as they were at it, and
-    the window emits exactly what the reference does. With a set accumulator too (changed in
+    key groups away (the checked window's; the reference, without snapshots, loses the same
+    groups by ``take_namespaced``, the export before layers) and an import brings the last
+    part back (pickled, to both). Every snapshot, packed whenever, restores to the panes as they
+    were at it, and the window emits exactly what the reference does. With a set accumulator too (changed in
     place by its update: copied whole while a view lives)."""
     aggregates = COLLECTIONS if collections else VALUES
     rng = random.Random(seed)
     checked, reference = opened(aggregates), opened(aggregates)
     out, ref_out = Emitter(), Emitter()
     taken = []                                  # (snapshot, the panes at it)
-    ts, wm = 0, -1
+    ts, wm, parts = 0, -1, ()
     for step in steps:
         if step == "batch":
             batch = []
@@ -138,8 +164,15 @@ def test_every_snapshot_restores_the_panes_it_was_taken_of_and_the_output_is_unc
                 snapshot["groups"].view.release()
         elif step == "export":
             groups = frozenset(rng.sample(range(128), 16))
-            checked.export_groups(groups)
-            reference.export_groups(groups)
+            parts = (checked.export_groups(groups),
+                     {"layout": reference.plan.layout, "size": SIZE, "slide": SLIDE, "watermark": reference._wm,
+                      "fired_end": reference._fired_end,
+                      "groups": take_namespaced(reference._panes, groups, reference._group_of)})
+            parts = tuple(cloudpickle.loads(cloudpickle.dumps(part)) for part in parts)
+        elif step == "import" and parts:
+            checked.import_groups(parts[0])
+            reference.import_groups(parts[1])
+            parts = ()
     for snapshot, panes in taken:
         assert restored_panes(snapshot) == panes
     checked.on_watermark(MAX_WATERMARK, out)
