@@ -23,9 +23,11 @@ frozen ones in its thread (:class:`PanesView`), as a ``memory`` keyed state's vi
                  group, a slice at a time, no dict of the pane's size built (one resize of a
                  dict of 10^6 keys holds the GIL 25 ms, of 10^7 0.8 s)
     fire     ──> a pane read the same way, which firing reads whole anyway
-    export   ──> the layers merged in the turn first (``flatten``: in C, into the oldest, or a
-                 copy of it while a view lives); the export's take is O(keys) as it already
-                 was (docs/state.md, "Next"); a query's change copies the slots too (``own``)
+    export   ──> a rescale's: every pane's layers taken as they are, O(panes); the moving
+                 groups' entries read from them when the part is pickled (``TakenPanes``), and
+                 hidden here until the pane is dropped (``Left``)
+    own      ──> a query's change rewrites slots in place: the layers merged into the top
+                 (copied while a view lives)
 
 Merged order: keys in the order they were first seen (the oldest layer's first), each with its
 newest slots, as ``dict.update`` of the layers oldest first would give.
@@ -121,31 +123,15 @@ class PaneLayers:
         held = self.older.get(p)
         return top[p].items() if not held else merged_items((top[p], *held))
 
-    def flatten(self, top: dict) -> dict:
-        """Each pane as one dict a rescale's export may take entries out of: ``{pane start:
-        dict}``. A pane with older layers gets a new merged dict: its top while no view lives;
-        else its only older layer (the view may be reading its slots) under an empty top."""
-        tables = {}
-        live = bool(self._live)
-        for p, d in top.items():
-            held = self.older.pop(p, None)
-            if held:
-                d = _flat((d, *held), live)
-                if live:
-                    self.older[p] = (d,)
-                    top[p] = {}
-                else:
-                    top[p] = d
-            tables[p] = d
-        return tables
-
     def own(self, top: dict, copy: Callable[[list], list]) -> None:
         """Every pane in its top alone, its slots the window's own (a query's change rewrites
-        them in place): merged, and copied while a view lives."""
-        for p, d in self.flatten(top).items():
-            if p in self.older:             # a view lives: the merged slots may be read by it
-                del self.older[p]
-                top[p] = {k: copy(s) for k, s in d.items()}
+        them in place): its layers merged into the oldest (in C: ``_flat``), or, while a view
+        lives, into a new dict of copied slots."""
+        live = bool(self._live)
+        for p, held in self.older.items():
+            layers = (top[p], *held)
+            top[p] = {k: copy(s) for k, s in merged_items(layers)} if live else _flat(layers)
+        self.older.clear()
 
     def export(self, top: dict, groups: frozenset[int], memo: dict) -> "TakenPanes":
         """A rescale takes key groups ``groups``: O(panes) in the PE's turn. Every pane's top is
@@ -175,14 +161,13 @@ class PaneLayers:
         return {**self.__dict__, "_live": set()}
 
 
-def _flat(layers: tuple[dict, ...], live: bool) -> dict:
-    """A pane's layers (newest first) as one dict in merged order, in C: the oldest (the largest)
-    updated with the others, oldest first (``dict.update`` keeps a key's place and takes its
-    newer slots); copied first while a view may be reading it (``dict.copy``: about 25 ns a key,
-    against 0.3 us for ``merged_items``)."""
+def _flat(layers: tuple[dict, ...]) -> dict:
+    """A pane's layers (newest first, none read by a view) as one dict in merged order, in C: the
+    oldest (the largest) updated with the others, oldest first (``dict.update`` keeps a key's
+    place and takes its newer slots); through ``merged_items`` when some keys left a layer."""
     if any(type(layer) is Left for layer in layers):
         return dict(merged_items(layers))
-    base = layers[-1].copy() if live else layers[-1]
+    base = layers[-1]
     for layer in reversed(layers[:-1]):
         base.update(layer)
     return base

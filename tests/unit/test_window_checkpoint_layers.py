@@ -179,3 +179,25 @@ def test_every_snapshot_restores_the_panes_it_was_taken_of_and_the_output_is_unc
     reference.on_watermark(MAX_WATERMARK, ref_out)
     assert not out.dead and not ref_out.dead and not (out.sides or {}).get("late")
     assert list(out) == list(ref_out)
+
+
+def test_a_query_removed_while_a_checkpoint_is_written_leaves_the_checkpoint_its_slots():
+    """Named queries: a checkpoint is taken, and before it is written a query is removed, which
+    drops its slots from every slot list in place. The checkpoint still holds the slots as they
+    were (the window's lists merged into new ones and copied: the view's are left alone); the
+    window goes on with the query left, and both fire exactly."""
+    window = Window(SIZE, SLIDE, queries={"a": {"n": ("count", "v")}, "b": {"s": ("sum", "v")}})
+    window.open(OperatorContext("w", pe_id="pe1", key_field="k", extra={"state": "memory"}))
+    window.process([{"k": f"k{i % 50}", "v": i, "ts": 5} for i in range(200)], Emitter())
+    snapshot = window.snapshot()
+    window.process([{"k": f"k{i % 70}", "v": 1, "ts": 7} for i in range(70)], Emitter())
+    window.remove_query("b")
+    packed = cloudpickle.loads(cloudpickle.dumps(snapshot))
+    restored = Window(SIZE, SLIDE, queries={"a": {"n": ("count", "v")}, "b": {"s": ("sum", "v")}})
+    restored.restore(packed)
+    assert {k: s for d in restored._panes.values() for k, s in d.items()} == \
+        {f"k{j}": [4, sum(range(j, 200, 50))] for j in range(50)}
+    out = Emitter()
+    window.on_watermark(MAX_WATERMARK, out)
+    assert {(q, r["k"], r["n"]) for q, r in out if r["window_end"] == 60} == \
+        {("a", f"k{j}", 5 if j < 50 else 1) for j in range(70)}
