@@ -25,7 +25,8 @@ frozen ones in its thread (:class:`PanesView`), as a ``memory`` keyed state's vi
     fire     ──> a pane read the same way, which firing reads whole anyway
     export   ──> a rescale's: every pane's layers taken as they are, O(panes); the moving
                  groups' entries read from them when the part is pickled (``TakenPanes``), and
-                 hidden here until the pane is dropped (``Left``)
+                 hidden here (``Left``) until the next checkpoint's writer has read them and
+                 pops them (``purge``)
     own      ──> a query's change rewrites slots in place: the layers merged into the top
                  (copied while a view lives)
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 import uuid
 import weakref
 from itertools import islice
@@ -50,9 +52,10 @@ from typing import Any, Callable, Iterable, Iterator
 from pescheduler.state import KEY_GROUPS, key_group
 from pescheduler.state.base import Changes, StateView
 from pescheduler.state.groups import key_groups, pack_namespaced_chunks, unpack_namespaced
+from pescheduler.state.memory import LEAVE_KEYS, LEAVE_PACE_S
 from pescheduler.worker.gc_pause import gc_paused
 
-SLICE = 4096        # entries the writer groups per numpy call
+SLICE = 4096        # entries the writer groups per numpy call, then it pauses (LEAVE_PACE_S, as memory's leave thread)
 ABSORB = 4          # a layer at most 1/ABSORB of the one under it is absorbed by it (size-tiered)
 MAX_LAYERS = 4      # ... and any top-most one past this many
 
@@ -94,6 +97,18 @@ class PaneLayers:
         self._live: set[int] = set()                    # ids of the views not yet released
         self._token = f"panes-{uuid.uuid4().hex}"       # the views' Changes (every group whole each time)
         self._seq = 0
+        self._init_purge()
+
+    def _init_purge(self) -> None:
+        # The keys an export hid (``Left``) leave their dicts after a checkpoint's writer has
+        # read them (:meth:`purge`), a slice at a time, only while nothing else iterates those
+        # dicts: no other view lives (another checkpoint, a part not read yet) and the PE is not
+        # firing from them (``_reading``). Those come and go under ``_lock``, and each slice is
+        # popped holding it.
+        self._lock = threading.Lock()
+        self._reading = 0
+        self._purging = False
+        self._hidden: list[Left] = []                   # layers some keys left, not purged yet
 
     def copier(self, copy: Callable[[list], list]) -> Callable[[list], list] | None:
         """What the fold copies a frozen key's slots with: ``copy`` while a view lives, else None."""
@@ -101,9 +116,16 @@ class PaneLayers:
 
     def freeze(self, top: dict) -> "PanesView":
         """A snapshot: each pane's layers frozen under an empty top (see the module docstring)."""
+        with self._lock:                # a view becomes live: the purge must not pop meanwhile
+            return self._freeze(top)
+
+    def _freeze(self, top: dict) -> "PanesView":
         live, frozen = bool(self._live), {}
         for p, d in top.items():
             held = self.older.get(p, ())
+            if held and any(type(layer) is Left and layer.purged for layer in held):
+                held = self.older[p] = tuple(layer.layer if type(layer) is Left and layer.purged else layer
+                                             for layer in held)
             if held and not live and type(held[0]) is dict:    # nobody reads them: the window's own
                 if d:
                     held[0].update(d)
@@ -116,22 +138,33 @@ class PaneLayers:
                 frozen[p] = held
         self._seq += 1
         changes = Changes(self._token, self._seq, (), set(range(KEY_GROUPS)))
-        return PanesView(frozen, changes, self._live)
+        return PanesView(frozen, changes, self._live, self.purge)
 
     def items(self, top: dict, p: Any) -> Iterable[tuple[Any, Any]]:
         """Pane ``p``'s ``(key, slots)`` in merged order, to fire it."""
         held = self.older.get(p)
-        return top[p].items() if not held else merged_items((top[p], *held))
+        return top[p].items() if not held else self._reading_while(merged_items((top[p], *held)))
+
+    def _reading_while(self, items: Iterator) -> Iterator:
+        """``items``, the purge held off until they are read (or the iterator dropped)."""
+        with self._lock:
+            self._reading += 1
+        try:
+            yield from items
+        finally:
+            with self._lock:
+                self._reading -= 1
 
     def own(self, top: dict, copy: Callable[[list], list]) -> None:
         """Every pane in its top alone, its slots the window's own (a query's change rewrites
         them in place): its layers merged into the oldest (in C: ``_flat``), or, while a view
         lives, into a new dict of copied slots."""
-        live = bool(self._live)
-        for p, held in self.older.items():
-            layers = (top[p], *held)
-            top[p] = {k: copy(s) for k, s in merged_items(layers)} if live else _flat(layers)
-        self.older.clear()
+        with self._lock:
+            live = bool(self._live)
+            for p, held in self.older.items():
+                layers = (top[p], *held)
+                top[p] = {k: copy(s) for k, s in merged_items(layers)} if live else _flat(layers)
+            self.older.clear()
 
     def export(self, top: dict, groups: frozenset[int], memo: dict) -> "TakenPanes":
         """A rescale takes key groups ``groups``: O(panes) in the PE's turn. Every pane's top is
@@ -140,15 +173,50 @@ class PaneLayers:
         here behind :class:`Left`, which hides the keys of ``groups`` (``memo``: the window's
         key -> group). The taken layers count as a live view until read."""
         taken = {}
-        for p, d in top.items():
-            held = self.older.get(p, ())
-            if d:
-                held = (d, *held)
-                top[p] = {}
-            if held:
-                taken[p] = held
-                self.older[p] = tuple(Left(layer, groups, memo) for layer in held)
-        return TakenPanes(taken, groups, self._live)
+        with self._lock:
+            for p, d in top.items():
+                held = self.older.get(p, ())
+                if d:
+                    held = (d, *held)
+                    top[p] = {}
+                if held:
+                    taken[p] = held
+                    self.older[p] = hiding = tuple(Left(layer, groups, memo) for layer in held)
+                    self._hidden += hiding
+            part = TakenPanes(taken, groups, self._live)
+        return part
+
+    def purge(self, reader: int) -> None:
+        """In a checkpoint's writer thread, once view ``reader`` is packed: the keys an export hid
+        popped from their layers (found a slice at a time: nobody changes a hidden layer's size;
+        popped a slice at a time while no other reader iterates it), each layer then ``purged``
+        (the next snapshot reads it as a plain dict). A layer left unfinished waits for the next
+        checkpoint."""
+        with self._lock:
+            if self._purging:
+                return
+            self._purging = True
+        try:
+            while self._hidden:
+                layer = self._hidden[0]
+                gone, it, keys = layer.groups, iter(layer.layer), []
+                while part := list(islice(it, SLICE)):
+                    keys += [k for k, g in zip(part, key_groups(part)) if g in gone]
+                    time.sleep(LEAVE_PACE_S)
+                for i in range(0, len(keys), LEAVE_KEYS):
+                    with self._lock:
+                        if self._reading or self._live - {reader}:
+                            return
+                        pop = layer.layer.pop
+                        for k in keys[i:i + LEAVE_KEYS]:
+                            pop(k, None)
+                    time.sleep(LEAVE_PACE_S)
+                layer.purged = True
+                with self._lock:
+                    if self._hidden and self._hidden[0] is layer:
+                        self._hidden.pop(0)
+        finally:
+            self._purging = False
 
     def drop(self, p: Any) -> None:
         self.older.pop(p, None)
@@ -156,9 +224,16 @@ class PaneLayers:
     def clear(self) -> None:
         """The panes were replaced whole (a restore): no layer of theirs is left."""
         self.older.clear()
+        with self._lock:
+            self._hidden = []
 
-    def __getstate__(self) -> dict:          # views are not pickled with the operator
-        return {**self.__dict__, "_live": set()}
+    def __getstate__(self) -> dict:          # views are not pickled with the operator, nor the purge
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_reading", "_purging", "_hidden")}
+        return {**state, "_live": set()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_purge()
 
 
 def _flat(layers: tuple[dict, ...]) -> dict:
@@ -178,7 +253,8 @@ def _compacted(held: tuple[dict, ...]) -> tuple[dict, ...]:
     it, and the top-most ones past :data:`MAX_LAYERS`: a pane that lived through checkpoints
     written while the next began (each pushing a layer) keeps a few. An absorb costs the upper
     layer's keys (put while a view lived), never the pane's."""
-    while len(held) > 1 and type(held[1]) is dict and (len(held) > MAX_LAYERS or len(held[0]) * ABSORB <= len(held[1])):
+    while len(held) > 1 and type(held[0]) is type(held[1]) is dict and \
+            (len(held) > MAX_LAYERS or len(held[0]) * ABSORB <= len(held[1])):
         held[1].update(held[0])
         held = held[1:]
     return held
@@ -191,12 +267,13 @@ class Left:
     pass over the pane in the turn, the pause this avoids. A key's group is looked up in the
     window's memo (added when missing), in the PE's thread and the writer's."""
 
-    __slots__ = ("layer", "groups", "memo")
+    __slots__ = ("layer", "groups", "memo", "purged")
 
     def __init__(self, layer: "dict | Left", groups: frozenset[int], memo: dict) -> None:
         if type(layer) is Left:
             layer, groups = layer.layer, layer.groups | groups
         self.layer, self.groups, self.memo = layer, groups, memo
+        self.purged = False                 # its hidden keys popped (the purge): a plain dict again
 
     def get(self, key: Any, default: Any = None) -> Any:
         value = self.layer.get(key)
@@ -255,6 +332,7 @@ class TakenPanes:
                         places.append(pos)
                         entries[k] = s
                     pos += 1
+                time.sleep(LEAVE_PACE_S)
         return out
 
 
@@ -297,8 +375,9 @@ class PanesView(StateView):
     (``pack_namespaced_chunks``) in the reader's thread; every group is written whole (a window's
     panes turn over)."""
 
-    def __init__(self, frozen: dict[Any, tuple[dict, ...]], changes: Changes, live: set[int]) -> None:
-        self._frozen, self.changes = frozen, changes
+    def __init__(self, frozen: dict[Any, tuple[dict, ...]], changes: Changes, live: set[int],
+                 purge: Callable[[int], None] = lambda reader: None) -> None:
+        self._frozen, self.changes, self._purge = frozen, changes, purge
         self._packed: dict[int, tuple[bytes, int, Any]] | None = None
         self._lock = threading.Lock()
         live.add(id(self))
@@ -324,6 +403,7 @@ class PanesView(StateView):
                     places[g].append(pos)
                     entries[g][k] = s
                     pos += 1
+                time.sleep(LEAVE_PACE_S)    # the PE's thread, waiting for the GIL, has it now
             for g, mine in enumerate(entries):
                 if mine:
                     per_group.setdefault(g, {})[p] = (places[g], mine)
@@ -332,6 +412,7 @@ class PanesView(StateView):
             per_ns = per_group[g]
             first = next(iter(next(iter(per_ns.values()))[1]))
             out[g] = (pack_namespaced_chunks(per_ns), sum(len(e) for _, e in per_ns.values()), first)
+            time.sleep(LEAVE_PACE_S)
         self._frozen = {}
         return out
 
@@ -344,7 +425,13 @@ class PanesView(StateView):
         return iter(unpack_namespaced({group: (data[2], data[0])}).items()) if data else iter(())
 
     def full(self, group: int) -> tuple[bytes, int, Any]:
-        return self._groups()[group]
+        """A checkpoint's file of one group; the first call, in the checkpoint's writer thread,
+        lets the keys a rescale hid leave their layers (``PaneLayers.purge``), paced."""
+        packed = self._groups()
+        purge, self._purge = self._purge, None
+        if purge is not None:
+            purge(id(self))
+        return packed[group]
 
     def group_snapshot(self, group: int) -> tuple[Any, bytes]:
         data, _count, first = self._groups()[group]
