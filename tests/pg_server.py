@@ -12,7 +12,9 @@ user can reach, not under pytest's root-only tmp), removed at the end.
 A test process killed with SIGKILL runs no ``finally``, so two things make its
 server go anyway: ``setpriv --pdeathsig INT`` (util-linux) has the kernel send
 the server SIGINT when this process dies, and each dir records its owner
-(PID and start time in ``owner``): the next ``running()`` removes the dirs
+(PID and start time in ``owner``: the kernel's clock ticks since boot, which
+a step of the wall clock does not move, as psutil's ``create_time`` does): the
+next ``running()`` removes the dirs
 whose owner is gone, first stopping a server still running there (the PID in
 its ``postmaster.pid``, checked to be a ``postgres`` on that data dir). A dir
 of a live owner, another developer's run, is never touched.
@@ -60,7 +62,7 @@ def running(wal_level: str = "logical") -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix=PREFIX) as tmp:
         me = psutil.Process()
         with open(os.path.join(tmp, "owner"), "w") as f:
-            json.dump({"pid": me.pid, "started": me.create_time()}, f)
+            json.dump({"pid": me.pid, "started": me.create_time(), "ticks": _start_ticks(me.pid)}, f)
         yield from _server(tmp, wal_level)
 
 
@@ -136,7 +138,7 @@ def remove_stale(folder: str | None = None) -> list[str]:
                 owner = json.load(f)
         except (OSError, ValueError):
             continue                              # not (yet) recorded: not ours to judge
-        if _alive(owner["pid"], owner["started"]):
+        if _alive(owner):
             continue
         server = _postmaster(os.path.join(tmp, "data"))
         if server is not None:
@@ -147,11 +149,30 @@ def remove_stale(folder: str | None = None) -> list[str]:
     return removed
 
 
-def _alive(pid: int, started: float) -> bool:
+def _alive(owner: dict) -> bool:
+    """Is the process that wrote ``owner`` still running? By its start in clock ticks since boot
+    where both are known: psutil's ``create_time`` is that plus the boot time in wall-clock
+    seconds, which moves when the wall clock is stepped, and a step of a second or more made
+    every live owner look gone (the whole suite beside two busy loops: one run's
+    ``remove_stale`` removed three live servers' dirs, its own among them)."""
+    ticks = owner.get("ticks")
+    now = _start_ticks(owner["pid"]) if ticks is not None else None
+    if now is not None:
+        return now == ticks
     try:
-        return abs(psutil.Process(pid).create_time() - started) < 1
+        return abs(psutil.Process(owner["pid"]).create_time() - owner["started"]) < 1
     except psutil.NoSuchProcess:
         return False
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Process ``pid``'s start, in clock ticks since boot (``/proc/<pid>/stat``'s 22nd field);
+    None without it (no such process, no procfs)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _postmaster(data: str) -> psutil.Process | None:
