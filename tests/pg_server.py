@@ -12,9 +12,8 @@ user can reach, not under pytest's root-only tmp), removed at the end.
 A test process killed with SIGKILL runs no ``finally``, so two things make its
 server go anyway: ``setpriv --pdeathsig INT`` (util-linux) has the kernel send
 the server SIGINT when this process dies, and each dir records its owner
-(PID and start time in ``owner``: the kernel's clock ticks since boot, which
-a step of the wall clock does not move, as psutil's ``create_time`` does): the
-next ``running()`` removes the dirs
+(PID and start in ``owner``: ``pescheduler.process_start``, which a step of
+the wall clock does not move): the next ``running()`` removes the dirs
 whose owner is gone, first stopping a server still running there (the PID in
 its ``postmaster.pid``, checked to be a ``postgres`` on that data dir). A dir
 of a live owner, another developer's run, is never touched.
@@ -36,6 +35,7 @@ from typing import Iterator
 import psutil
 
 from debian import require
+from pescheduler.process_start import started
 from waiting import gone, until
 
 PREFIX = "pescheduler-pg-"
@@ -62,7 +62,7 @@ def running(wal_level: str = "logical") -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix=PREFIX) as tmp:
         me = psutil.Process()
         with open(os.path.join(tmp, "owner"), "w") as f:
-            json.dump({"pid": me.pid, "started": me.create_time(), "ticks": _start_ticks(me.pid)}, f)
+            json.dump({"pid": me.pid, "started": me.create_time(), "start": started(me.pid)}, f)
         yield from _server(tmp, wal_level)
 
 
@@ -150,29 +150,15 @@ def remove_stale(folder: str | None = None) -> list[str]:
 
 
 def _alive(owner: dict) -> bool:
-    """Is the process that wrote ``owner`` still running? By its start in clock ticks since boot
-    where both are known: psutil's ``create_time`` is that plus the boot time in wall-clock
-    seconds, which moves when the wall clock is stepped, and a step of a second or more made
-    every live owner look gone (the whole suite beside two busy loops: one run's
-    ``remove_stale`` removed three live servers' dirs, its own among them)."""
-    ticks = owner.get("ticks")
-    now = _start_ticks(owner["pid"]) if ticks is not None else None
-    if now is not None:
-        return now == ticks
+    """Is the process that wrote ``owner`` still running? By ``pescheduler.process_start``'s
+    start where recorded (it does not move with a step of the wall clock, as psutil's
+    ``create_time`` does: a loaded suite's ``remove_stale`` removed three live servers' dirs)."""
+    if "start" in owner:
+        return started(owner["pid"]) == owner["start"]
     try:
         return abs(psutil.Process(owner["pid"]).create_time() - owner["started"]) < 1
     except psutil.NoSuchProcess:
         return False
-
-
-def _start_ticks(pid: int) -> int | None:
-    """Process ``pid``'s start, in clock ticks since boot (``/proc/<pid>/stat``'s 22nd field);
-    None without it (no such process, no procfs)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _postmaster(data: str) -> psutil.Process | None:

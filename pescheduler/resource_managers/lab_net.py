@@ -37,6 +37,7 @@ import time
 
 import psutil
 
+from ..process_start import started
 from ..worker.cgroup import cgroup_mounts, cpu_hierarchy
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def _disown(obj) -> None:
 
 def _ledger_path(pid: int | None = None) -> str:
     pid = os.getpid() if pid is None else pid
-    return os.path.join(LEDGER_DIR, f"{pid}-{psutil.Process(pid).create_time():.2f}.json")
+    return os.path.join(LEDGER_DIR, f"{pid}-{started(pid)}.json")
 
 
 def _write_ledger() -> None:
@@ -84,8 +85,8 @@ def _alive(name: str) -> bool:
     """Whether the process a ledger file is named after (``PID-STARTTIME.json``) still runs."""
     pid, _, start = name.removesuffix(".json").partition("-")
     try:
-        return f"{psutil.Process(int(pid)).create_time():.2f}" == start
-    except (ValueError, psutil.NoSuchProcess):
+        return started(int(pid)) == start
+    except ValueError:
         return False
 
 

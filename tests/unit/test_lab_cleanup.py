@@ -69,3 +69,17 @@ def test_what_a_killed_lab_process_made_is_removed_by_the_next_lab_and_a_live_on
             child.kill()
             child.wait()
         lab_net.remove_stale()                       # a failed check leaves nothing either
+
+
+def test_a_live_processs_ledger_stays_its_own_across_a_step_of_the_wall_clock(monkeypatch):
+    """A ledger is named after its process's PID and start; the wall clock stepped by 5 s moves
+    psutil's ``create_time`` (the start since boot plus the boot time in wall-clock seconds), and
+    by it a live process's ledger looked dead: ``remove_stale`` would remove what it still uses.
+    Named by ``pescheduler.process_start`` it is still alive, and its path is still the same."""
+    import psutil
+
+    path = lab_net._ledger_path()
+    real = psutil.Process.create_time
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: real(self) + 5.0)
+    assert lab_net._alive(os.path.basename(path))
+    assert lab_net._ledger_path() == path

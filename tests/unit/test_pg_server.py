@@ -79,22 +79,20 @@ def test_the_dir_of_a_live_run_is_not_stale(postgres_url):
 def test_a_step_of_the_wall_clock_leaves_a_live_owners_dir_alone(tmp_path, monkeypatch):
     """A live owner's dir, then the wall clock stepped by 5 s (psutil's ``create_time`` is the
     process's start since boot plus the boot time in wall-clock seconds, so it moves with it): the
-    owner is still alive by its start in clock ticks, and ``remove_stale`` leaves its dir. (By
-    ``create_time`` alone it looked gone: a loaded suite's ``remove_stale`` removed three live
+    owner is still alive by ``pescheduler.process_start``, and ``remove_stale`` leaves its dir.
+    (By ``create_time`` alone it looked gone: a loaded suite's ``remove_stale`` removed three live
     servers' dirs.) A dead owner's dir still goes."""
-    def ticks(pid):                     # what running() records: /proc/<pid>/stat's start (field 22)
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
+    from pescheduler.process_start import started
 
     live, dead = tmp_path / f"{pg_server.PREFIX}live", tmp_path / f"{pg_server.PREFIX}dead"
     me = psutil.Process()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    gone_ticks = ticks(child.pid)
+    gone_start = started(child.pid)
     child.kill()
     child.wait(30)
-    for path, pid in ((live, me.pid), (dead, child.pid)):
+    for path, pid, start in ((live, me.pid, started(me.pid)), (dead, child.pid, gone_start)):
         path.mkdir()
-        (path / "owner").write_text(json.dumps({"pid": pid, "started": me.create_time(), "ticks": ticks(pid) if pid == me.pid else gone_ticks}))
+        (path / "owner").write_text(json.dumps({"pid": pid, "started": me.create_time(), "start": start}))
     real = psutil.Process.create_time
     monkeypatch.setattr(psutil.Process, "create_time", lambda self: real(self) + 5.0)
     assert pg_server.remove_stale(str(tmp_path)) == [str(dead)]
