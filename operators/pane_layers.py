@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from pescheduler.state import KEY_GROUPS, key_group
 from pescheduler.state.base import Changes, StateView
-from pescheduler.state.groups import key_groups, pack_namespaced_chunks, unpack_namespaced
+from pescheduler.state.groups import NamespacedOnPickle, key_groups, pack_namespaced_chunks, unpack_namespaced
 from pescheduler.state.memory import LEAVE_KEYS, LEAVE_PACE_S
 from pescheduler.worker.gc_pause import gc_paused
 
@@ -287,9 +287,6 @@ class Left:
     def __contains__(self, key: Any) -> bool:
         return self.get(key) is not None
 
-    def __len__(self) -> int:           # at most: the keys that left are still counted
-        return len(self.layer)
-
     def items(self) -> Iterator[tuple[Any, Any]]:
         gone, it = self.groups, iter(self.layer.items())
         while part := list(islice(it, SLICE)):
@@ -336,9 +333,9 @@ class TakenPanes:
         return out
 
 
-class TakenPane:
-    """One moving key group of :class:`TakenPanes`: its ``{pane start: (positions, {key:
-    slots})}`` (``per_ns``), pickled as those bytes (as ``groups.NamespacedOnPickle``)."""
+class TakenPane(NamespacedOnPickle):
+    """One moving key group of :class:`TakenPanes`: a ``NamespacedOnPickle`` whose ``{pane start:
+    (positions, {key: slots})}`` is read from the taken layers when first asked for."""
 
     __slots__ = ("taken", "group")
 
@@ -348,9 +345,6 @@ class TakenPane:
     @property
     def per_ns(self) -> dict:
         return self.taken.per_ns(self.group)
-
-    def __reduce__(self):
-        return bytes, (pickle.dumps(self.per_ns, pickle.HIGHEST_PROTOCOL),)
 
 
 _REPRESENTATIVE: list[int] = []

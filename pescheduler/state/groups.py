@@ -16,7 +16,8 @@ from itertools import islice, repeat
 from operator import is_, itemgetter
 from typing import Any, Callable, Mapping
 
-from .base import _PREPARE, KEY_GROUPS, PACK_CHUNK, KeyedState, StateView, keep_received, key_group, pack_group, preparing, unpack_group
+from .base import (_PREPARE, KEY_GROUPS, PACK_CHUNK, KeyedState, StateView, keep_received, key_group, pack_group,
+                   preparing, unpack_group)
 from ..wire import _MASK, key_hash
 from .incremental import GroupRef, GroupsSnapshot
 
@@ -235,7 +236,9 @@ class NamespacedOnPickle:
     """A key group of namespaced tables (``{namespace: (positions, {key: value})}``, as
     :func:`pack_namespaced` packs it) that becomes those bytes when pickled: a rescale takes a
     window's groups out in the PE's turn (:func:`take_namespaced`) and they are pickled later, off
-    it. :func:`unpack_namespaced` reads either form."""
+    it, a chunk of keys per pickle (:func:`pack_namespaced_chunks`). :func:`unpack_namespaced`
+    reads either form. A subclass may make ``per_ns`` when first read (a memory window's
+    ``TakenPane``)."""
 
     __slots__ = ("per_ns",)
 
@@ -243,7 +246,7 @@ class NamespacedOnPickle:
         self.per_ns = per_ns
 
     def __reduce__(self):
-        return bytes, (pickle.dumps(self.per_ns, pickle.HIGHEST_PROTOCOL),)
+        return bytes, (pack_namespaced_chunks(self.per_ns),)
 
 
 def take_namespaced(tables: dict, groups: frozenset[int], group_of: GroupMemo) -> Groups:
@@ -303,15 +306,15 @@ def pack_namespaced_chunks(per_ns: dict) -> bytes:
             chunk = dict(islice(items, PACK_CHUNK))
             parts.append(pickle.dumps({ns if i == 0 else (ns, i): (places[start:start + PACK_CHUNK], chunk)},
                                       pickle.HIGHEST_PROTOCOL))
-    return b"".join(parts)
+    return b"".join(parts) if parts else pickle.dumps({}, pickle.HIGHEST_PROTOCOL)    # (a group left empty)
 
 
 def _per_ns(data: Any) -> Mapping:
     """One group's ``{namespace: (positions, {key: value})}``: from its bytes (one pickle, or
     :func:`pack_namespaced_chunks`'), from a rescale's group not pickled yet (its ``per_ns``), or
     as a restore read it (unpickled: a lazy restore's ``PreparedEntries``, an eager one's dict)."""
-    if not isinstance(data, (bytes, Mapping)):     # a rescale's group not pickled yet: its own
-        return data.per_ns                          # (NamespacedOnPickle, a window's TakenPane)
+    if isinstance(data, NamespacedOnPickle):    # a rescale's group not pickled yet
+        return data.per_ns
     read = data if isinstance(data, Mapping) else unpack_group(data)
     if not any(type(ns) is tuple for ns in read):
         return read

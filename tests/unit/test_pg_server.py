@@ -86,9 +86,9 @@ def test_a_step_of_the_wall_clock_leaves_a_live_owners_dir_alone(tmp_path, monke
 
     live, dead = tmp_path / f"{pg_server.PREFIX}live", tmp_path / f"{pg_server.PREFIX}dead"
     me = psutil.Process()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    gone_start = started(child.pid)
-    child.kill()
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    gone_start = started(child.pid)     # (it runs until its stdin closes)
+    child.stdin.close()
     child.wait(30)
     for path, pid, start in ((live, me.pid, started(me.pid)), (dead, child.pid, gone_start)):
         path.mkdir()
