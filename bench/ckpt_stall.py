@@ -1,7 +1,7 @@
 """The stall a checkpoint causes a PE, in one process: what holds the PE's thread, and for how long.
 
     python bench/ckpt_stall.py [--keys 1000000] [--backend memory] [--op state|window] [--checkpoints 4]
-                               [--changed 0.01] [--trace] [--profile] [--quick]
+                               [--changed 0.01] [--trace] [--profile] [--quick] [--as-worker]
 
 K keys in a keyed state (values a window's slots, as bench/state.py's), then per checkpoint: 1 % of
 the keys changed, a snapshot taken as the barrier takes it (``pickle_snapshot``), and the worker's
@@ -12,6 +12,8 @@ largest gap of the PE thread while the write ran (its p50 beside it), against th
 no write running. ``--trace``: the cyclic GC's collections (generation, ms) and the writer thread's
 longest calls into C (a profile hook on that thread only: the calls that hold the GIL whole).
 ``--profile``: the writer's functions by their own time, per checkpoint (cProfile, that thread only).
+``--as-worker``: the process set up as a worker's PE host is (``worker/process_settings.py``: the
+GIL's switch interval, the collector freezing a full collection's survivors), as deployed.
 ``--op window``: the keys are a time window's instead (``count`` and ``sum`` of one field, every key
 in one open pane: ``operators/window.py``, its panes on ``memory`` its own dicts), and the PE thread
 folds 20 tuples of random keys a turn into it (``Window.process``); the barrier takes its snapshot.
@@ -66,7 +68,11 @@ class PE(threading.Thread):
             self.state.put(key, value)
         self.state.put("tick", [time.perf_counter()])
 
-    def gaps(self, t0: float, t1: float) -> list[float]:
+    def gaps(self, t0: float, t1: float, inside: bool = False) -> list[float]:
+        """The gaps overlapping ``[t0, t1)``; ``inside``: only those within it (not the change of
+        1 % of the keys just before, a turn of its own, nor the barrier just after)."""
+        if inside:
+            return sorted(g for t, g in self.marks if t0 <= t - g and t < t1)
         return sorted(g for t, g in self.marks if t0 <= t - g and t - g < t1 or t0 <= t < t1)
 
 
@@ -106,6 +112,15 @@ class LongCalls:
                                        f"{getattr(arg, '__qualname__', arg)} at {where}"))
 
 
+def in_gaps(pe: PE, collections: list[tuple[float, float, int]], t0: float, t1: float) -> str:
+    """The collections inside the PE's three largest gaps within ``t0`` to ``t1``: ``gap ms: gen N
+    ms, ...`` (a collection holds the GIL: every thread stops)."""
+    worst = sorted((g, t) for t, g in pe.marks if t0 <= t - g and t < t1)[-3:][::-1]
+    return "; ".join(f"{1000 * g:.0f}: " + (", ".join(f"gen {gen} {1000 * took:.0f}" for at, took, gen in collections
+                                                      if at < t and at + took > t - g) or "none")
+                     for g, t in worst)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -119,6 +134,8 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--quick", action="store_true", help="10^4 keys, two checkpoints (a smoke test)")
+    parser.add_argument("--as-worker", action="store_true",
+                        help="this process set up as a worker's (switch interval, collector), as deployed")
     args = parser.parse_args()
     if args.quick:
         args.keys, args.checkpoints = 10_000, 2
@@ -130,6 +147,10 @@ def main() -> None:
     from pescheduler.state.incremental import pickle_snapshot
     from pescheduler.worker.ckpt_files import CheckpointFiles
 
+    if args.as_worker:
+        from pescheduler.worker import process_settings
+
+        process_settings.apply()
     root = tempfile.mkdtemp(prefix="ckpt-stall-")
     dask.config.set({"pescheduler.state.dir": root, "pescheduler.state.cache": "512MB"})
     keys = [f"car-{i:07d}" for i in range(args.keys)]
@@ -157,8 +178,7 @@ def main() -> None:
         elif "t" in began:
             collections.append((began["t"], time.perf_counter() - began.pop("t"), info["generation"]))
 
-    if args.trace:
-        gc.callbacks.append(on_gc)
+    gc.callbacks.append(on_gc)          # cheap: each row names the collections inside its largest gap
     store, files = CheckpointStore(os.path.join(root, "ckpt"), b"k" * 32), CheckpointFiles()
     pe = WindowPE(st, keys) if args.op == "window" else PE(st, keys)
     pe.start()
@@ -207,11 +227,11 @@ def main() -> None:
         writer.start()
         writer.join(600)
         w1 = time.perf_counter()
-        gaps, idle = pe.gaps(b0, w1), pe.gaps(idle0, idle1)
+        gaps, idle = pe.gaps(b0, w1), pe.gaps(idle0, idle1, inside=True)
         print(f"{cid:4d} {1000 * barrier:10.1f} {w1 - w0:8.2f} {1000 * max(gaps, default=0):10.1f} "
               f"{1000 * gaps[len(gaps) // 2] if gaps else 0:8.2f} {1000 * max(idle, default=0):12.1f}  RSS "
-              f"{rss_mb():.0f} MB, trims so far {getattr(getattr(files, '_trims', None), 'trimmed', 'every write')}",
-              flush=True)
+              f"{rss_mb():.0f} MB, trims so far {getattr(getattr(files, '_trims', None), 'trimmed', 'every write')}; "
+              f"collections in the largest gaps: {in_gaps(pe, collections, idle0, w1)}", flush=True)
         if args.trace:
             for t, took, gen in collections:
                 if b0 <= t < w1:
@@ -223,7 +243,7 @@ def main() -> None:
                 during = [c[3] for c in long_calls.calls if c[0] < t and c[0] + c[1] > t - g]
                 gcs = [f"gen {gen} {1000 * took:.0f} ms" for at, took, gen in collections if at < t and at + took > t - g]
                 print(f"     gap {1000 * g:.1f} ms ending @ {t - b0:.2f}: writer in {during[:3]}, gc {gcs}")
-            collections.clear()
+        collections.clear()
     pe.stop.set()
     pe.join(10)
     if args.op != "window":

@@ -48,7 +48,7 @@ from ..state.groups import loads_prepared
 from .gc_pause import gc_paused
 from .lazy_restore import StillLoading, preparer, still_loading
 from .pending_groups import PendingGroups
-from .process_settings import freeze_imported
+from .process_settings import freeze_survivors
 from .routing import key_function
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def import_groups(op: Operator, state: Any) -> None:
         hook(state)
     else:
         op.restore(op.merge_states([op.snapshot(), state]))
-    freeze_imported()
+    freeze_survivors()
 
 
 def exported(pe: Any, move: dict) -> list[dict]:
@@ -257,7 +257,7 @@ class HandOvers:
                         gated.bytes += len(blob)
                     if fresh:
                         gated.install([g], lambda: op.restore(state))
-                        freeze_imported()
+                        freeze_survivors()
                     else:
                         gated.install([g], lambda: import_groups(op, state))
                 pe.ports.wake()

@@ -64,7 +64,7 @@ from ..state.settings import backend_name, cache_bytes, deployment_dir
 from ..wire import PESpec, key_group
 from .gc_pause import gc_paused
 from .pending_groups import PendingGroups
-from .process_settings import freeze_imported
+from .process_settings import freeze_survivors
 from .routing import key_function
 
 logger = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ class Loader:
             if pe.state not in ("created", "running"):
                 return False
             took = self.gates[op_id].install([g], lambda: pe.ops[op_id].import_groups(part))
-            freeze_imported()
+            freeze_survivors()
             self.slow_imports += took > SLOW_IMPORT_S
         self.loaded += 1
         pe.ports.wake()

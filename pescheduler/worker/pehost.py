@@ -290,7 +290,7 @@ class PEHost:
             self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
         if any(spec.restore for spec in specs):
-            process_settings.freeze_imported()                  # what their restored state made (process_settings.py)
+            process_settings.freeze_survivors()                  # what their restored state made (process_settings.py)
         self.arrivals.bump()                     # channels to them that were waiting go on
         laps.lap("build")
         loading = [p for p in made if (spec.deployment, p) in self.loaders]     # restored lazily (lazy_restore.py)

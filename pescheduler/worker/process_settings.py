@@ -66,13 +66,16 @@ def apply() -> None:
         gc.callbacks.append(_installed)
 
 
-def freeze_imported() -> None:
+def freeze_survivors() -> None:
     """Everything the process tracks now frozen, where it freezes survivors: called right after key
-    groups were imported (a rescale's part, a restored group). An import makes a container or more
-    per key, millions at 10^7 keys, which the next young collections and the next full one would
-    each visit, holding the GIL: traced after a Release at 10^7 on ``memory``, 61 ms, 28-50 ms and
-    199 ms. ``gc.freeze`` is O(1) (it moves the generations' lists whole); what it gives up is
-    what freezing after a full collection gives up, and the same thaws find it."""
+    groups were imported (a rescale's part, a restored group), and after a memory window's panes
+    were packed for a checkpoint with the collector paused (``operators/pane_layers.py``: the
+    slots the fold copied meanwhile, 10^5 at 10^6 keys, were all young at once, and the first
+    collection after visited them: 27 ms). An import makes a container or more per key, millions
+    at 10^7 keys, which the next young collections and the next full one would each visit,
+    holding the GIL: traced after a Release at 10^7 on ``memory``, 61 ms, 28-50 ms and 199 ms.
+    ``gc.freeze`` is O(1) (it moves the generations' lists whole); what it gives up is what
+    freezing after a full collection gives up, and the same thaws find it."""
     if _installed is not None:
         gc.freeze()
 
