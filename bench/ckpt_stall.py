@@ -17,6 +17,7 @@ GIL's switch interval, the collector freezing a full collection's survivors), as
 ``--op window``: the keys are a time window's instead (``count`` and ``sum`` of one field, every key
 in one open pane: ``operators/window.py``, its panes on ``memory`` its own dicts), and the PE thread
 folds 20 tuples of random keys a turn into it (``Window.process``); the barrier takes its snapshot.
+``--op columnar``: the same window fed Arrow RecordBatches only, so its panes are numpy arrays.
 """
 
 from __future__ import annotations
@@ -79,15 +80,25 @@ class PE(threading.Thread):
 class WindowPE(PE):
     """A time window's fold instead: 20 tuples of random keys a turn, all in its one open pane."""
 
-    def __init__(self, window, keys: list[str]) -> None:
+    def __init__(self, window, keys: list[str], op: str) -> None:
         super().__init__(None, keys)
         from pescheduler.operator import Emitter
 
-        self.window, self.out = window, Emitter()
+        self.window, self.out, self.op = window, Emitter(), op
 
     def turn(self, rng: random.Random) -> None:
         keys = self.keys
-        self.window.process([{"key": keys[rng.randrange(len(keys))], "v": 1.0, "ts": 1} for _ in range(20)], self.out)
+        self.window.process(rows([keys[rng.randrange(len(keys))] for _ in range(20)], 1.0, self.op), self.out)
+
+
+def rows(keys: list[str], v: float, op: str):
+    """A batch of a window's tuples of ``keys``, every one in the same pane: rows, or (``columnar``)
+    one Arrow RecordBatch."""
+    if op == "columnar":
+        import pyarrow as pa
+
+        return pa.RecordBatch.from_pydict({"key": keys, "v": [v] * len(keys), "ts": [1] * len(keys)})
+    return [{"key": key, "v": v, "ts": 1} for key in keys]
 
 
 class LongCalls:
@@ -125,8 +136,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--backend", default="memory")
-    parser.add_argument("--op", default="state", choices=("state", "window"),
-                        help="a keyed state's values (as latest), or a time window's panes")
+    parser.add_argument("--op", default="state", choices=("state", "window", "columnar"),
+                        help="a keyed state's values (as latest), a time window's panes, or its Arrow panes "
+                             "(every batch a RecordBatch: operators/columnar_window.py)")
     parser.add_argument("--checkpoints", type=int, default=4)
     parser.add_argument("--changed", type=float, default=0.01,
                         help="share of the keys changed before each checkpoint (0.1 at 10^6: the 10^5 keys of a "
@@ -155,14 +167,16 @@ def main() -> None:
     dask.config.set({"pescheduler.state.dir": root, "pescheduler.state.cache": "512MB"})
     keys = [f"car-{i:07d}" for i in range(args.keys)]
     t0 = time.perf_counter()
-    if args.op == "window":
+    if args.op != "state":
         from pescheduler.operator import Emitter, OperatorContext
         from pescheduler.operators.window import Window
 
         st = Window(10**12, aggregates={"n": ("count", "v"), "s": ("sum", "v")})
         st.open(OperatorContext("w", pe_id="pe", key_field="key", extra={"state": args.backend}))
         for b in range(0, len(keys), 1000):
-            st.process([{"key": key, "v": 1.0, "ts": 1} for key in keys[b:b + 1000]], Emitter())
+            st.process(rows(keys[b:b + 1000], 1.0, args.op), Emitter())
+        if args.op == "columnar" and st._cols is None:
+            raise SystemExit("the window took the row path: no columnar panes to measure")
     else:
         st = open_state(args.backend, owner="stall")
         for key in keys:
@@ -180,7 +194,7 @@ def main() -> None:
 
     gc.callbacks.append(on_gc)          # cheap: each row names the collections inside its largest gap
     store, files = CheckpointStore(os.path.join(root, "ckpt"), b"k" * 32), CheckpointFiles()
-    pe = WindowPE(st, keys) if args.op == "window" else PE(st, keys)
+    pe = WindowPE(st, keys, args.op) if args.op != "state" else PE(st, keys)
     pe.start()
     rng = random.Random(7)
     print(f"{'ckpt':>4} {'barrier ms':>10} {'write s':>8} {'max gap ms':>10} {'p50 gap':>8} {'idle max gap':>12}"
@@ -188,8 +202,8 @@ def main() -> None:
     for cid in range(1, args.checkpoints + 1):
         with pe.lock:                   # 1 % of the keys changed, in the PE's turns
             changed = rng.sample(keys, max(1, int(args.keys * args.changed)))
-            if args.op == "window":
-                st.process([{"key": key, "v": 2.0, "ts": 1} for key in changed], Emitter())
+            if args.op != "state":
+                st.process(rows(changed, 2.0, args.op), Emitter())
             else:
                 for key in changed:
                     st.put(key, [13, 0.0, 0.0, 0.0])
@@ -198,7 +212,7 @@ def main() -> None:
         idle1 = time.perf_counter()
         with pe.lock:
             b0 = time.perf_counter()
-            state = st.snapshot() if args.op == "window" else {"groups": snapshot_groups(st)}
+            state = st.snapshot() if args.op != "state" else {"groups": snapshot_groups(st)}
             blob, views = pickle_snapshot({"op": {"state": state}})
             barrier = time.perf_counter() - b0
         files.hold("bench", cid, "pe", {"state": blob, "views": views, "positions": {}})
@@ -246,7 +260,7 @@ def main() -> None:
         collections.clear()
     pe.stop.set()
     pe.join(10)
-    if args.op != "window":
+    if args.op == "state":
         st.close()
     shutil.rmtree(root, ignore_errors=True)
 

@@ -165,6 +165,14 @@ class PaneLayers:
         changes = Changes(self._token, self._seq, (), set(range(KEY_GROUPS)))
         return PanesView(frozen, changes, self._live, self.tidy)
 
+    def freeze_made(self, make: Callable[[], dict]) -> "PanesView":
+        """A snapshot of panes the window keeps in another form (a columnar window's arrays,
+        copied: ``ColumnarPanes.frozen``): ``make()`` gives ``{pane start: rows}`` in the reader's
+        thread, ``rows.items()`` its ``(key, slots)`` in merged order. Nothing here is frozen: the
+        fold copies nothing for it."""
+        self._seq += 1
+        return PanesView(make, Changes(self._token, self._seq, (), set(range(KEY_GROUPS))), set())
+
     def items(self, top: dict, p: Any) -> Iterable[tuple[Any, Any]]:
         """Pane ``p``'s ``(key, slots)`` in merged order, to fire it."""
         held = self.older.get(p)
@@ -421,8 +429,8 @@ class PanesView(StateView):
     (``pack_namespaced_chunks``) in the reader's thread; every group is written whole (a window's
     panes turn over)."""
 
-    def __init__(self, frozen: dict[Any, tuple[dict, ...]], changes: Changes, live: set[int],
-                 tidy: Callable[[int], None] = lambda reader: None) -> None:
+    def __init__(self, frozen: dict[Any, tuple[dict, ...]] | Callable[[], dict], changes: Changes,
+                 live: set[int], tidy: Callable[[int], None] = lambda reader: None) -> None:
         self._frozen, self.changes, self._tidy = frozen, changes, tidy
         self._packed: dict[int, tuple[bytes, int, Any]] | None = None
         self._lock = threading.Lock()
@@ -439,6 +447,8 @@ class PanesView(StateView):
 
     def _pack(self) -> dict[int, tuple[bytes, int, Any]]:
         """Each pane's keys by key group (``pane_groups``), each group pickled once."""
+        if callable(self._frozen):          # panes read as rows here (PaneLayers.freeze_made)
+            self._frozen = {p: (rows,) for p, rows in self._frozen().items()}
         per_group: dict[int, dict] = {}
         for p in sorted(self._frozen):
             for g, placed in pane_groups(self._frozen[p]).items():

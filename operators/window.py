@@ -51,8 +51,8 @@ from typing import Any, Callable, Iterable
 from pescheduler.aggregates import AggregatePlan, Query
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
-from pescheduler.state.groups import (GroupMemo, merge_groups, pack_namespaced, snapshot_groups, split_groups,
-                                      take_namespaced, unpack_namespaced)
+from pescheduler.state.groups import (GroupMemo, merge_groups, snapshot_groups, split_groups, take_namespaced,
+                                      unpack_namespaced)
 
 from . import window_store
 from .pane_layers import PaneLayers, TakenPane, representative, slot_copier
@@ -417,13 +417,13 @@ class Window(AggregatingWindow):
     def snapshot(self) -> dict:
         """Panes as whole key groups, watermark and fired frontier. Memory: the panes frozen as
         they are, packed by whoever reads the view (a checkpoint's writer, off the PE's loop:
-        ``pane_layers.py``); Arrow panes packed now. Disk: the store's view (``form: keys``),
-        written incrementally."""
+        ``pane_layers.py``); Arrow panes copied (a ``memcpy`` per array) and made rows there too.
+        Disk: the store's view (``form: keys``), written incrementally."""
         if self._store is not None:
             return window_store.snapshot(self)
         self._unstash()
         if self._cols is not None:
-            groups = pack_namespaced(self._cols.to_dicts(), self._group_of)
+            groups = snapshot_groups(self._layers.freeze_made(self._cols.frozen()))
         else:
             groups = snapshot_groups(self._layers.freeze(self._panes))
         return {"layout": self.plan.layout, "size": self.size, "slide": self.slide,

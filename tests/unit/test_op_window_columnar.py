@@ -35,6 +35,22 @@ def test_columnar_state_snapshots_as_rows_and_restores_into_a_row_window():
     assert fire(restored, [EVENTS[120:]]) == fire(rows, [EVENTS[120:]])
 
 
+def test_a_columnar_snapshot_copies_its_arrays_and_leaves_the_rows_to_the_writer():
+    """The snapshot in the PE's turn copies the panes' arrays and makes no row (rows and key
+    groups made there stopped the stream 3.9-5.7 s at 10^6 keys): its groups are a view the
+    checkpoint's writer reads, and they hold the panes as they were at the snapshot, however
+    the stream folded into them since."""
+    w = window()
+    w.process(pa.RecordBatch.from_pylist(EVENTS[:120]), Emitter())
+    state = w.snapshot()
+    assert getattr(state["groups"], "view", None) is not None, "the panes were made rows in the PE's turn"
+    assert state["groups"].view._packed is None
+    w.process(pa.RecordBatch.from_pylist(EVENTS[120:]), Emitter())      # after the barrier
+    rows = window()
+    rows.process(EVENTS[:120], Emitter())
+    assert _as_dicts(state) == _as_dicts(rows.snapshot())
+
+
 def test_rows_after_arrow_batches_continue_the_same_windows():
     mixed = fire(window(), [pa.RecordBatch.from_pylist(EVENTS[:90]), EVENTS[90:150],
                             pa.RecordBatch.from_pylist(EVENTS[150:])])
