@@ -475,13 +475,13 @@ class Burst(Operator):
 class EveryKey(Source):
     """``{"key": i, "ts": i, "v": 1}`` once for each of ``keys`` keys, then nothing until the file
     ``until`` exists, then the end: keyed state of ``keys`` keys held while a benchmark works on
-    it (bench/state.py)."""
+    it (bench/state.py). ``arrow``: each read one Arrow RecordBatch of those rows."""
 
     name = "every_key"
 
-    def __init__(self, keys: int = 1000, until: str = "", **kw) -> None:
+    def __init__(self, keys: int = 1000, until: str = "", arrow: bool = False, **kw) -> None:
         super().__init__(**kw)
-        self.keys, self.until, self.i = keys, until, 0
+        self.keys, self.until, self.arrow, self.i = keys, until, arrow, 0
 
     def read(self, n):
         import os
@@ -489,7 +489,12 @@ class EveryKey(Source):
         if self.i >= self.keys:
             return None if os.path.exists(self.until) else []
         hi = min(self.keys, self.i + n)
-        out = [{"key": i, "ts": i, "v": 1} for i in range(self.i, hi)]
+        if self.arrow:
+            import pyarrow as pa
+
+            out = pa.RecordBatch.from_pydict({"key": range(self.i, hi), "ts": range(self.i, hi), "v": [1] * (hi - self.i)})
+        else:
+            out = [{"key": i, "ts": i, "v": 1} for i in range(self.i, hi)]
         self.i = hi
         return out
 

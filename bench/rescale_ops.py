@@ -1,6 +1,6 @@
 """The live Replicate and Release pause of KEYED operators beside bench/state.py's ``latest``.
 
-    python bench/rescale_ops.py [--keys 10000,100000,1000000] [--ops session,window,asof]
+    python bench/rescale_ops.py [--keys 10000,100000,1000000] [--ops session,window,columnar,asof]
                                 [--backends memory,disk] [--quick]
 
 bench/state.py's table rescales ``latest``, a single-input operator whose key groups move after
@@ -12,7 +12,9 @@ deployment per (operator, backend, K) in a process of its own:
            whose gap outlasts the stream, so every key holds an open session while the copy is
            added and released (single input: its groups move after the pause)
   window   the same into a tumbling time window wider than the stream (every key in one open
-           pane; the columnar window, gated since session 46: its groups move after the pause)
+           pane; gated since session 46: its groups move after the pause)
+  columnar the same, every batch an Arrow RecordBatch: the window's panes are numpy arrays
+           (operators/columnar_window.py)
   asof     two ``every_key`` inputs -> key_by -> ``join_asof`` (backward): each key's last right
            event held (two inputs, gated per input since session 46: its groups move after the
            pause; docs/state.md, "Which operators are gated")
@@ -54,8 +56,8 @@ def one(op: str, backend: str, k: int, root: str) -> dict:
         (app.source("every_key", keys=k, until=until).key_by("key")
             .window(gap=2 * k + 10, aggregates={"n": "count"}, id="op").sink("jsonl", path=out))
         expected_in = k
-    elif op == "window":
-        (app.source("every_key", keys=k, until=until).key_by("key")
+    elif op in ("window", "columnar"):
+        (app.source("every_key", keys=k, until=until, arrow=op == "columnar").key_by("key")
             .window(size=2 * k + 10, aggregates={"n": "count"}, id="op").sink("jsonl", path=out))
         expected_in = k
     else:
@@ -75,7 +77,7 @@ def one(op: str, backend: str, k: int, root: str) -> dict:
         status = dep.wait(timeout=WAIT_S)
     with open(out) as f:
         rows = [json.loads(line) for line in f]
-    if op in ("session", "window"):
+    if op in ("session", "window", "columnar"):
         exact = len(rows) == k and sum(r["n"] for r in rows) == k and {r["key"] for r in rows} == set(range(k))
     else:
         exact = len(rows) == k and all(r["right"] is not None and r["right"]["key"] == r["left"]["key"] for r in rows)
@@ -98,7 +100,7 @@ def main() -> None:
         print(json.dumps(one(op, backend, int(k), root)))
         return
     sizes = [1000] if args.quick else [int(x) for x in args.keys.split(",")]
-    names = {"session": "session_window", "window": "window", "asof": "join_asof"}
+    names = {"session": "session_window", "window": "window", "columnar": "window (arrow)", "asof": "join_asof"}
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine)")
     print(f"{'operator':15} {'backend':8} {'K':>9} {'Replicate ms':>13} {'Release ms':>11} {'import ms':>10}"
           f"  moves     output")

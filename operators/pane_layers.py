@@ -394,8 +394,9 @@ class TakenPanes:
 
 
 class TakenPane(NamespacedOnPickle):
-    """One moving key group of :class:`TakenPanes`: a ``NamespacedOnPickle`` whose ``{pane start:
-    (positions, {key: slots})}`` is read from the taken layers when first asked for."""
+    """One moving key group of :class:`TakenPanes` (or a columnar window's ``TakenColumns``): a
+    ``NamespacedOnPickle`` whose ``{pane start: (positions, {key: slots})}`` is read from what
+    was taken when first asked for."""
 
     __slots__ = ("taken", "group")
 

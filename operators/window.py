@@ -455,15 +455,19 @@ class Window(AggregatingWindow):
         panes in :meth:`snapshot`'s form, removed here. Memory: O(panes) in the PE's turn, the
         panes' layers taken as they are and their moving entries read when the part is pickled,
         off the turn; here they are hidden until their pane is dropped (``pane_layers.py``,
-        ``PaneLayers.export``). Disk: the groups taken out of the store, packed when the part
-        is pickled, with the moving entries of its write buffer."""
+        ``PaneLayers.export``); Arrow panes copied, their moving keys cleared here in numpy and
+        made rows when the part is pickled (``ColumnarPanes.export``). Disk: the groups taken out
+        of the store, packed when the part is pickled, with the moving entries of its write
+        buffer."""
         base = {"layout": self.plan.layout, "size": self.size, "slide": self.slide,
                 "watermark": self._wm, "fired_end": self._fired_end}
         if self._store is not None:
             return {**base, **window_store.export_groups(self, groups)}
         self._unstash()
-        self._to_dicts()
-        taken = self._layers.export(self._panes, frozenset(groups), self._group_of._of)
+        if self._cols is not None:          # Arrow panes stay arrays: the moving rows made off the turn
+            taken = self._cols.export(frozenset(groups))
+        else:
+            taken = self._layers.export(self._panes, frozenset(groups), self._group_of._of)
         return {**base, "groups": {g: (representative(g), TakenPane(taken, g)) for g in sorted(groups)}}
 
     def import_groups(self, state: dict) -> None:
@@ -480,8 +484,11 @@ class Window(AggregatingWindow):
         if keys:
             window_store.import_groups(self, state)
             return
+        tables = unpack_namespaced(state["groups"])
+        if self._cols is not None and self._cols.add_rows(tables):     # Arrow panes stay arrays
+            return
         self._to_dicts()
-        for p, table in unpack_namespaced(state["groups"]).items():
+        for p, table in tables.items():
             self._panes.setdefault(p, {}).update(table)
 
     def split_state(self, state: dict, owns: Callable[[Any], bool]) -> dict:
