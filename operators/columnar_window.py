@@ -177,15 +177,20 @@ class ColumnarPanes:
         np.copyto(at, indices, casting="same_kind")   # take() would make its own int64 copy of int32 indices
         return np.take(mapping, at, out=out, mode="clip")       # mode "raise" copies ``out`` too
 
-    def _fold(self, p: int, idx: np.ndarray, cols: dict, base: int, sel: np.ndarray | None) -> None:
-        """Add rows ``idx`` (key indices; the batch's rows where ``sel``, all if None) to pane ``p``;
-        ``base``: the arrival number of the batch's first row (of ``idx``'s first when ``sel`` is None)."""
+    def _pane(self, p: int) -> _Pane:
+        """Pane ``p``, made or grown to every key known so far."""
         n = len(self.keys)
         pane = self.panes.get(p)
         if pane is None:
             pane = self.panes[p] = self._new_pane(n)
         elif len(pane.present) < n:
             self._grow(pane, n)
+        return pane
+
+    def _fold(self, p: int, idx: np.ndarray, cols: dict, base: int, sel: np.ndarray | None) -> None:
+        """Add rows ``idx`` (key indices; the batch's rows where ``sel``, all if None) to pane ``p``;
+        ``base``: the arrival number of the batch's first row (of ``idx``'s first when ``sel`` is None)."""
+        pane = self._pane(p)
         fresh = ~pane.present[idx]
         if fresh.any():                              # keys new to the pane: note their first arrival
             new = idx[fresh]
@@ -327,12 +332,7 @@ class ColumnarPanes:
                     return False
         for p, cols in columns.items():
             idx = self.keys.looked_up(list(tables[p]))
-            n = len(self.keys)
-            pane = self.panes.get(p)
-            if pane is None:
-                pane = self.panes[p] = self._new_pane(n)
-            elif len(pane.present) < n:
-                self._grow(pane, n)
+            pane = self._pane(p)
             pane.present[idx] = True
             pane.first[idx] = np.arange(self.seq, self.seq + len(idx))
             self.seq += len(idx)
