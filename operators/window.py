@@ -51,8 +51,7 @@ from typing import Any, Callable, Iterable
 from pescheduler.aggregates import AggregatePlan, Query
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism
-from pescheduler.state.groups import (GroupMemo, merge_groups, snapshot_groups, split_groups, take_namespaced,
-                                      unpack_namespaced)
+from pescheduler.state.groups import GroupMemo, merge_groups, snapshot_groups, split_groups, unpack_namespaced
 
 from . import window_store
 from .pane_layers import PaneLayers, TakenPane, representative, slot_copier
