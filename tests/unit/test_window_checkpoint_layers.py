@@ -40,10 +40,11 @@ def opened(aggregates=VALUES) -> Window:
 
 
 def panes_now(window: Window) -> dict:
-    """``{pane start: {key: slots}}`` as the window holds them (its layers merged), deep-copied."""
+    """``{pane start: {key: slots}}`` as the window holds them (its layers merged), deep-copied; a
+    pane whose every key left with an export holds nothing (as its restore)."""
     older = window._layers.older
-    return copy.deepcopy({p: dict(merged_items((d, *older.get(p, ())))) for p, d in window._panes.items()
-                          if d or older.get(p)})
+    merged = {p: dict(merged_items((d, *older.get(p, ())))) for p, d in window._panes.items()}
+    return copy.deepcopy({p: m for p, m in merged.items() if m})
 
 
 def restored_panes(snapshot: dict) -> dict:
