@@ -17,7 +17,6 @@ ordinary ``{pane: {key: slots}}`` state. Keys map to slots in
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -26,9 +25,9 @@ import pyarrow.compute as pc
 
 from pescheduler.state import KEY_GROUPS
 from pescheduler.state.groups import split_by_group
-from pescheduler.worker.gc_pause import gc_paused
 
 from .key_slots import KeySlots
+from .pane_layers import TakenGroups
 
 _BASE = {"count", "sum", "sumsq", "min", "max"}
 
@@ -224,8 +223,11 @@ class ColumnarPanes:
                 return pane
         return _Pane([self._empty(kind, f, n) for kind, f in self.kinds], n)
 
+    def _dtype(self, kind: str, f: Any) -> Any:
+        return np.int64 if kind == "count" else self.dtypes.get(f, np.float64)
+
     def _empty(self, kind: str, f: Any, n: int) -> np.ndarray:
-        dtype = np.int64 if kind == "count" else self.dtypes.get(f, np.float64)
+        dtype = self._dtype(kind, f)
         return np.full(n, self._fill(kind, dtype), dtype=dtype)
 
     @staticmethod
@@ -324,7 +326,7 @@ class ColumnarPanes:
         for p, table in tables.items():
             if table:
                 try:
-                    columns[p] = [np.array(col, dtype=self._empty(kind, f, 0).dtype)
+                    columns[p] = [np.array(col, dtype=self._dtype(kind, f))
                                   for col, (kind, f) in zip(zip(*table.values()), self.kinds)]
                 except (TypeError, ValueError, OverflowError):
                     return False
@@ -362,7 +364,7 @@ class ColumnarPanes:
         return TakenColumns(taken, self.keys.keys, of, gone)
 
 
-class TakenColumns:
+class TakenColumns(TakenGroups):
     """A rescale's moving key groups of a columnar window (:meth:`ColumnarPanes.export`): the
     panes' arrays as copied at the export, read once by the first group asked for (a
     ``TakenPane`` pickled in the hand-over's thread), each pane's moving rows only: a key's
@@ -371,16 +373,11 @@ class TakenColumns:
     against 1.45 for the rows the turn made before (a Release right after waited for it)."""
 
     def __init__(self, panes: dict, keys: list, of: np.ndarray, gone: np.ndarray) -> None:
+        super().__init__()
         self._panes, self._keys, self._of, self._gone = panes, keys, of, gone
-        self._per_group: dict | None = None
-        self._lock = threading.Lock()
 
-    def per_ns(self, group: int) -> dict:
-        with self._lock:
-            if self._per_group is None:
-                self._per_group = gc_paused(self._read)
-                self._panes = {}
-        return self._per_group.get(group, {})
+    def _done(self) -> None:
+        self._panes = {}
 
     def _read(self) -> dict[int, dict]:
         out: dict[int, dict] = {}
@@ -390,9 +387,7 @@ class TakenColumns:
             of = self._of[order]
             ranks = np.flatnonzero(self._gone[of])           # the moving ones' places, ascending
             for g, places in split_by_group(ranks.tolist(), of[ranks].tobytes()).items():
-                at = order[places]
-                rows = zip(*[s[at].tolist() for s in pane.slots])
-                out.setdefault(g, {})[p] = (places, dict(zip(map(keys.__getitem__, at.tolist()), map(list, rows))))
+                out.setdefault(g, {})[p] = (places, dict(_rows(pane, keys, order[places])))
         return out
 
 
@@ -408,8 +403,12 @@ class PaneRows:
         self.pane, self.keys = pane, keys
 
     def items(self) -> Any:
-        order, slots = self.pane.order(), self.pane.slots
+        order = self.pane.order()
         for i in range(0, len(order), ROWS):
-            at = order[i:i + ROWS]
-            yield from zip(map(self.keys.__getitem__, at.tolist()), map(list, zip(*[s[at].tolist() for s in slots])))
+            yield from _rows(self.pane, self.keys, order[i:i + ROWS])
+
+
+def _rows(pane: _Pane, keys: list, at: np.ndarray) -> Any:
+    """``(key, slots)`` of the key indices ``at`` of ``pane``, in their order."""
+    return zip(map(keys.__getitem__, at.tolist()), map(list, zip(*[s[at].tolist() for s in pane.slots])))
 

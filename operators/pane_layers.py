@@ -161,17 +161,19 @@ class PaneLayers:
                 top[p] = {}
             if held:
                 frozen[p] = held
+        return PanesView(frozen, self._changes(), self._live, self.tidy)
+
+    def _changes(self) -> Changes:
+        """The next view's: every group whole, each time."""
         self._seq += 1
-        changes = Changes(self._token, self._seq, (), set(range(KEY_GROUPS)))
-        return PanesView(frozen, changes, self._live, self.tidy)
+        return Changes(self._token, self._seq, (), set(range(KEY_GROUPS)))
 
     def freeze_made(self, make: Callable[[], dict]) -> "PanesView":
         """A snapshot of panes the window keeps in another form (a columnar window's arrays,
         copied: ``ColumnarPanes.frozen``): ``make()`` gives ``{pane start: rows}`` in the reader's
         thread, ``rows.items()`` its ``(key, slots)`` in merged order. Nothing here is frozen: the
         fold copies nothing for it."""
-        self._seq += 1
-        return PanesView(make, Changes(self._token, self._seq, (), set(range(KEY_GROUPS))), set())
+        return PanesView(make, self._changes(), set())
 
     def items(self, top: dict, p: Any) -> Iterable[tuple[Any, Any]]:
         """Pane ``p``'s ``(key, slots)`` in merged order, to fire it."""
@@ -275,7 +277,7 @@ class PaneLayers:
             while True:
                 with self._lock:
                     held = self.older.get(p, ())
-                    pair = next(((upper, lower) for i, (upper, lower) in enumerate(zip(held, held[1:]))
+                    pair = next(((upper, lower) for upper, lower in zip(held, held[1:])
                                  if type(upper) is type(lower) is dict
                                  and (len(held) > MAX_LAYERS or len(upper) * ABSORB <= len(lower))), None)
                 if pair is None:
@@ -364,26 +366,43 @@ class Left:
                     yield k, s
 
 
-class TakenPanes:
-    """A rescale's moving key groups, as the pane layers they were taken with (:meth:`PaneLayers.
-    export`): read in one pass, by the first :class:`TakenPane` pickled (off the PE's turn: the
-    hand-over pickles a part in a thread), each key at its place in its pane's merged order, as
-    ``take_namespaced`` placed it. A live view until then: the window copies the slots it folds."""
+class TakenGroups:
+    """A rescale's moving key groups, read once, by the first :class:`TakenPane` pickled (off the
+    PE's turn: the hand-over pickles a part in a thread), the GC paused: ``_read`` gives every
+    group's ``{pane start: (positions, {key: slots})}``, ``_done`` lets go of what it read."""
 
-    def __init__(self, taken: dict[Any, tuple], groups: frozenset[int], live: set[int]) -> None:
-        self._taken, self.groups = taken, groups
+    def __init__(self) -> None:
         self._per_group: dict[int, dict] | None = None
         self._lock = threading.Lock()
-        live.add(id(self))
-        self._end = weakref.finalize(self, live.discard, id(self))
 
     def per_ns(self, group: int) -> dict:
         with self._lock:
             if self._per_group is None:
                 self._per_group = gc_paused(self._read)
-                self._taken = {}
-                self._end()
+                self._done()
         return self._per_group.get(group, {})
+
+    def _read(self) -> dict[int, dict]:
+        raise NotImplementedError
+
+    def _done(self) -> None:
+        pass
+
+
+class TakenPanes(TakenGroups):
+    """A memory window's moving key groups, as the pane layers they were taken with
+    (:meth:`PaneLayers.export`), each key at its place in its pane's merged order, as
+    ``take_namespaced`` placed it. A live view until read: the window copies the slots it folds."""
+
+    def __init__(self, taken: dict[Any, tuple], groups: frozenset[int], live: set[int]) -> None:
+        super().__init__()
+        self._taken, self.groups = taken, groups
+        live.add(id(self))
+        self._end = weakref.finalize(self, live.discard, id(self))
+
+    def _done(self) -> None:
+        self._taken = {}
+        self._end()
 
     def _read(self) -> dict[int, dict]:
         out: dict[int, dict] = {}
