@@ -1,7 +1,7 @@
 """The stall a checkpoint causes a PE, in one process: what holds the PE's thread, and for how long.
 
     python bench/ckpt_stall.py [--keys 1000000] [--backend memory] [--op state|window] [--checkpoints 4]
-                               [--changed 0.01] [--trace] [--profile] [--quick] [--as-worker]
+                               [--changed 0.01] [--hot N] [--trace] [--profile] [--quick] [--as-worker]
 
 K keys in a keyed state (values a window's slots, as bench/state.py's), then per checkpoint: 1 % of
 the keys changed, a snapshot taken as the barrier takes it (``pickle_snapshot``), and the worker's
@@ -9,7 +9,7 @@ write (``CheckpointFiles.write``) in a thread of its own, as ``pe_ckpt_write`` r
 "PE" thread does what ``latest`` does per tuple (a get, a changed copy put back, one more key
 ticking) and notes its own gaps. Per checkpoint: the barrier's stall, the write's time, and the
 largest gap of the PE thread while the write ran (its p50 beside it), against the largest gap with
-no write running. ``--trace``: the cyclic GC's collections (generation, ms) and the writer thread's
+no write running, and the bytes the checkpoint wrote of the state it references. ``--trace``: the cyclic GC's collections (generation, ms) and the writer thread's
 longest calls into C (a profile hook on that thread only: the calls that hold the GIL whole).
 ``--profile``: the writer's functions by their own time, per checkpoint (cProfile, that thread only).
 ``--as-worker``: the process set up as a worker's PE host is (``worker/process_settings.py``: the
@@ -143,6 +143,10 @@ def main() -> None:
     parser.add_argument("--changed", type=float, default=0.01,
                         help="share of the keys changed before each checkpoint (0.1 at 10^6: the 10^5 keys of a "
                              "steady checkpoint at 10^7)")
+    parser.add_argument("--hot", type=int, default=0,
+                        help="the PE thread's tuples on the first N keys only (default: all of them; on a window its "
+                             "changes then join the 1 %% in each checkpoint's delta: --hot 1000 for the bytes of a "
+                             "checkpoint after 1 %% changed)")
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--quick", action="store_true", help="10^4 keys, two checkpoints (a smoke test)")
@@ -194,7 +198,8 @@ def main() -> None:
 
     gc.callbacks.append(on_gc)          # cheap: each row names the collections inside its largest gap
     store, files = CheckpointStore(os.path.join(root, "ckpt"), b"k" * 32), CheckpointFiles()
-    pe = WindowPE(st, keys, args.op) if args.op != "state" else PE(st, keys)
+    ticking = keys[:args.hot] if args.hot else keys
+    pe = WindowPE(st, ticking, args.op) if args.op != "state" else PE(st, ticking)
     pe.start()
     rng = random.Random(7)
     print(f"{'ckpt':>4} {'barrier ms':>10} {'write s':>8} {'max gap ms':>10} {'p50 gap':>8} {'idle max gap':>12}"
@@ -218,6 +223,7 @@ def main() -> None:
         files.hold("bench", cid, "pe", {"state": blob, "views": views, "positions": {}})
         del views
         long_calls = LongCalls()
+        sizes = [0, 0]                  # bytes this checkpoint wrote, bytes of state it references
 
         def write() -> None:
             if args.trace:
@@ -228,6 +234,7 @@ def main() -> None:
                 profile.enable()
             try:
                 written = files.write("bench", cid, ["pe"], store.url)["pe"]["files"]
+                sizes[:] = sum(f["bytes"] for f in written if f["chk"] == cid), sum(f["bytes"] for f in written)
                 store.commit_manifest(cid, {"id": cid, "files": written})
                 files.end("bench", cid, complete=True)
             finally:
@@ -243,7 +250,8 @@ def main() -> None:
         w1 = time.perf_counter()
         gaps, idle = pe.gaps(b0, w1), pe.gaps(idle0, idle1, inside=True)
         print(f"{cid:4d} {1000 * barrier:10.1f} {w1 - w0:8.2f} {1000 * max(gaps, default=0):10.1f} "
-              f"{1000 * gaps[len(gaps) // 2] if gaps else 0:8.2f} {1000 * max(idle, default=0):12.1f}  RSS "
+              f"{1000 * gaps[len(gaps) // 2] if gaps else 0:8.2f} {1000 * max(idle, default=0):12.1f}  written {sizes[0] / 1e6:.2f} of "
+              f"{sizes[1] / 1e6:.2f} MB; RSS "
               f"{rss_mb():.0f} MB, trims so far {getattr(getattr(files, '_trims', None), 'trimmed', 'every write')}; "
               f"collections in the largest gaps: {in_gaps(pe, collections, idle0, w1)}", flush=True)
         if args.trace:

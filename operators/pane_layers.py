@@ -28,6 +28,13 @@ frozen ones in its thread (:class:`PanesView`), as a ``memory`` keyed state's vi
                  pops them (``tidy``)
     own      ──> a query's change rewrites slots in place: the layers merged into the top
                  (copied while a view lives)
+    delta    ──> once a checkpoint's writer has read a view (``tracking``), the fold puts a frozen
+                 key into the top on first touch always (copied while a view lives, else its slots
+                 as they are), so each snapshot's pushed tops are the keys changed since the one
+                 before (``PaneKeys``): its checkpoint writes those and the panes dropped as
+                 deltas of their key groups, pickled while the view lives (``PanesView.delta``),
+                 not every key of the panes. Whole again after an export, an import, a query's change, a
+                 restore, or when a snapshot between went unwritten (``Changes.one_step``)
 
 Merged order: keys in the order they were first seen (the oldest layer's first), each with its
 newest slots, as ``dict.update`` of the layers oldest first would give.
@@ -50,7 +57,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from pescheduler.state import KEY_GROUPS, key_group
 from pescheduler.state.base import Changes, StateView
-from pescheduler.state.groups import NamespacedOnPickle, key_groups, pack_namespaced_chunks, unpack_namespaced
+from pescheduler.state.groups import (DELTA_DROP, DELTA_NEW, DELTA_SET, NamespacedOnPickle, PickledDelta, key_groups,
+                                     pack_namespaced_chunks, unpack_namespaced)
 from pescheduler.state.memory import LEAVE_KEYS, LEAVE_PACE_S
 from pescheduler.worker.gc_pause import gc_paused
 from pescheduler.worker.process_settings import freeze_survivors
@@ -88,10 +96,11 @@ def merged_items(layers: tuple[dict, ...]) -> Iterator[tuple[Any, Any]]:
             yield k, s
 
 
-def pane_groups(layers: tuple[dict, ...], wanted: frozenset[int] | None = None) -> dict[int, tuple[list, dict]]:
+def pane_groups(layers: tuple[dict, ...], wanted: frozenset[int] | None = None) -> tuple[dict[int, tuple[list, dict]], int]:
     """One pane's layers (newest first) by key group, ``{group: (positions, {key: slots})}`` as
     ``pack_namespaced`` makes them: each key at its place in the merged order with its newest
-    slots; only the groups ``wanted`` (None: all), the positions counting every key. Read oldest
+    slots; only the groups ``wanted`` (None: all), the positions counting every key; and how
+    many keys the pane holds (the place after the last). Read oldest
     layer first, a slice at a time (``key_groups``: numpy), each later layer's slots put over
     the older ones' (as ``dict.update`` puts them): a key of the oldest, largest layer costs no
     lookup elsewhere (through ``merged_items`` it cost one in each newer layer, a cache miss
@@ -116,7 +125,39 @@ def pane_groups(layers: tuple[dict, ...], wanted: frozenset[int] | None = None) 
                     entries[g][k] = s
                 pos += 1
             time.sleep(LEAVE_PACE_S)    # the PE's thread, waiting for the GIL, has it now
-    return {g: (places[g], mine) for g, mine in enumerate(entries) if mine}
+    return {g: (places[g], mine) for g, mine in enumerate(entries) if mine}, pos
+
+
+DROPPED = object()      # PaneKeys' key of a pane dropped: (pane start, DROPPED)
+_EMPTY = pickle.dumps({}, pickle.HIGHEST_PROTOCOL)
+
+
+def _same(slots: list) -> list:
+    """The fold's "copy" while it tracks and no view lives: the top takes the frozen key's slots
+    as they are (no view reads them), so the next snapshot's top lists the key."""
+    return slots
+
+
+class PaneKeys:
+    """One snapshot's ``Changes.keys`` of a memory window: ``(pane start, key)`` of every key the
+    fold put into a pane's top since the snapshot before (the tops it pushed, read in the
+    checkpoint's writer, off the PE's loop), and ``(pane start, DROPPED)`` of each pane dropped
+    meanwhile. The pushed tops are frozen layers: nothing changes them while a view lives."""
+
+    __slots__ = ("pushed", "dropped")
+
+    def __init__(self, pushed: dict, dropped: list) -> None:
+        self.pushed, self.dropped = pushed, dropped
+
+    def __len__(self) -> int:
+        return sum(map(len, self.pushed.values())) + len(self.dropped)
+
+    def __iter__(self) -> Iterator[tuple]:
+        for p, d in self.pushed.items():
+            for k in d:
+                yield p, k
+        for p in self.dropped:
+            yield p, DROPPED
 
 
 class PaneLayers:
@@ -126,8 +167,9 @@ class PaneLayers:
     def __init__(self) -> None:
         self.older: dict[Any, tuple[dict, ...]] = {}    # pane start -> layers under the top, newest first
         self._live: set[int] = set()                    # ids of the views not yet released
-        self._token = f"panes-{uuid.uuid4().hex}"       # the views' Changes (every group whole each time)
+        self._token = f"panes-{uuid.uuid4().hex}"       # the views' Changes
         self._seq = 0
+        self._tracking = False      # a checkpoint's writer read a view: the fold copies into the top always
         self._init_tidy()
 
     def _init_tidy(self) -> None:
@@ -139,10 +181,29 @@ class PaneLayers:
         self._reading = 0
         self._tidying = False
         self._hidden: list[Left] = []                   # layers some keys left, not purged yet
+        self._whole = True          # the next snapshot writes every group whole (the first, or after a
+                                    # change the tops do not hold: mark_whole)
+        self._dropped: list = []    # panes dropped since the last snapshot (while tracking)
 
     def copier(self, copy: Callable[[list], list]) -> Callable[[list], list] | None:
-        """What the fold copies a frozen key's slots with: ``copy`` while a view lives, else None."""
-        return copy if self._live else None
+        """What the fold copies a frozen key's slots with: ``copy`` while a view lives; once a
+        checkpoint's writer read one (``tracking``), the slots themselves into the top when none
+        lives (the next snapshot's top lists every key changed: its delta); else None (changed
+        where they are)."""
+        if self._live:
+            return copy
+        return _same if self._tracking else None
+
+    def track(self) -> None:
+        """A checkpoint's writer reads a view whole (``PanesView.reads_whole``, while the view still
+        lives: the fold copies meanwhile): from now on the fold puts a frozen key into the top on
+        first touch (:meth:`copier`), so the tops hold every key changed since the last snapshot."""
+        self._tracking = True
+
+    def mark_whole(self) -> None:
+        """The panes changed in a way their tops do not show (an export hid keys, an import added
+        some at other places, a query's change, a restore): the next snapshot writes them whole."""
+        self._whole = True
 
     def freeze(self, top: dict) -> "PanesView":
         """A snapshot: each pane's layers frozen under an empty top (see the module docstring)."""
@@ -150,7 +211,7 @@ class PaneLayers:
             return self._freeze(top)
 
     def _freeze(self, top: dict) -> "PanesView":
-        frozen = {}
+        frozen, pushed = {}, {}
         for p, d in top.items():
             held = self.older.get(p, ())
             if held and any(type(layer) is Left and layer.purged for layer in held):
@@ -158,15 +219,23 @@ class PaneLayers:
                                              for layer in held)
             if d:
                 held = self.older[p] = (d, *held)
+                pushed[p] = d
                 top[p] = {}
             if held:
                 frozen[p] = held
-        return PanesView(frozen, self._changes(), self._live, self.tidy)
+        # A delta when the tops hold every change since the last snapshot: the fold copied into
+        # them all along (tracking, turned on while the last view still lived) and nothing else
+        # changed the panes (mark_whole).
+        keys = None if self._whole or not self._tracking else PaneKeys(pushed, self._dropped)
+        self._whole, self._dropped = False, []
+        return PanesView(frozen, self._changes(keys), self._live, self.tidy, pushed, self.track)
 
-    def _changes(self) -> Changes:
-        """The next view's: every group whole, each time."""
+    def _changes(self, keys: "PaneKeys | None" = None) -> Changes:
+        """The next view's: its keys changed since the last snapshot, or every group whole."""
         self._seq += 1
-        return Changes(self._token, self._seq, (), set(range(KEY_GROUPS)))
+        if keys is None:
+            return Changes(self._token, self._seq, (), set(range(KEY_GROUPS)))
+        return Changes(self._token, self._seq, keys, set(), one_step=True)
 
     def freeze_made(self, make: Callable[[], dict]) -> "PanesView":
         """A snapshot of panes the window keeps in another form (a columnar window's arrays,
@@ -196,6 +265,7 @@ class PaneLayers:
         lives, into a new dict of copied slots."""
         with self._lock:
             live = bool(self._live)
+            self._whole = True
             for p, held in self.older.items():
                 layers = (top[p], *held)
                 top[p] = {k: copy(s) for k, s in merged_items(layers)} if live else _flat(layers)
@@ -208,6 +278,7 @@ class PaneLayers:
         here behind :class:`Left`, which hides the keys of ``groups`` (``memo``: the window's
         key -> group). The taken layers count as a live view until read."""
         taken = {}
+        self._whole = True
         with self._lock:
             for p, d in top.items():
                 held = self.older.get(p, ())
@@ -303,10 +374,13 @@ class PaneLayers:
 
     def drop(self, p: Any) -> None:
         self.older.pop(p, None)
+        if self._tracking or self._live:    # (as the fold's copies: the next snapshot's delta drops it)
+            self._dropped.append(p)
 
     def clear(self) -> None:
         """The panes were replaced whole (a restore): no layer of theirs is left."""
         self.older.clear()
+        self._whole, self._dropped = True, []
         with self._lock:
             self._hidden = []
 
@@ -407,7 +481,7 @@ class TakenPanes(TakenGroups):
     def _read(self) -> dict[int, dict]:
         out: dict[int, dict] = {}
         for p in sorted(self._taken):
-            for g, placed in pane_groups(self._taken[p], self.groups).items():
+            for g, placed in pane_groups(self._taken[p], self.groups)[0].items():
                 out.setdefault(g, {})[p] = placed
         return out
 
@@ -450,9 +524,15 @@ class PanesView(StateView):
     panes turn over)."""
 
     def __init__(self, frozen: dict[Any, tuple[dict, ...]] | Callable[[], dict], changes: Changes,
-                 live: set[int], tidy: Callable[[int], None] = lambda reader: None) -> None:
-        self._frozen, self.changes, self._tidy = frozen, changes, tidy
+                 live: set[int], tidy: Callable[[int], None] = lambda reader: None, pushed: dict | None = None,
+                 track: Callable[[], None] = lambda: None) -> None:
+        self._frozen, self.changes, self._tidy, self._track = frozen, changes, tidy, track
         self._packed: dict[int, tuple[bytes, int, Any]] | None = None
+        # for a delta (Changes.one_step): the panes' layers as frozen, the tops this snapshot
+        # pushed, and each pane's keys new since the snapshot before with their places
+        self._held = frozen if changes.one_step else None
+        self._pushed, self._deltas = pushed or {}, {}
+        self._counts: dict = {}             # pane start -> its keys, counted by the pack
         self._lock = threading.Lock()
         live.add(id(self))
         self._end = weakref.finalize(self, live.discard, id(self))
@@ -460,10 +540,18 @@ class PanesView(StateView):
     def _groups(self) -> dict[int, tuple[bytes, int, Any]]:
         with self._lock:
             if self._packed is None:        # allocation-heavy and acyclic: no collection meanwhile
-                self._packed = gc_paused(self._pack)
+                self._packed = gc_paused(self._read)
                 freeze_survivors()          # (what the fold copied meanwhile: process_settings.py)
                 self._end()                 # read: the fold need not copy for this view any more
             return self._packed
+
+    def _read(self) -> dict[int, tuple[bytes, int, Any]]:
+        """The pack, and (``Changes.one_step``) the deltas, while the view lives: no tidy puts the
+        tops under meanwhile, the fold changes no slot of it."""
+        packed = self._pack()
+        if self._held is not None:
+            self._deltas = self._deltas_of()
+        return packed
 
     def _pack(self) -> dict[int, tuple[bytes, int, Any]]:
         """Each pane's keys by key group (``pane_groups``), each group pickled once."""
@@ -471,8 +559,10 @@ class PanesView(StateView):
             self._frozen = {p: (rows,) for p, rows in self._frozen().items()}
         per_group: dict[int, dict] = {}
         for p in sorted(self._frozen):
-            for g, placed in pane_groups(self._frozen[p]).items():
+            grouped, self._counts[p] = pane_groups(self._frozen[p])
+            for g, placed in grouped.items():
                 per_group.setdefault(g, {})[p] = placed
+            del grouped                     # (held, the groups below were freed at the return: 90 ms)
         out = {}
         for g in sorted(per_group):
             per_ns = per_group.pop(g)       # freed a group at a time: the whole at once is one C call
@@ -492,24 +582,90 @@ class PanesView(StateView):
         return iter(unpack_namespaced({group: (data[2], data[0])}).items()) if data else iter(())
 
     def full(self, group: int) -> tuple[bytes, int, Any]:
-        """A checkpoint's file of one group; the first call, in the checkpoint's writer thread,
-        tidies the layers it read (``PaneLayers.tidy``: the keys a rescale hid leave, the layers
-        absorbed into fewer), paced."""
+        """A checkpoint's file of one group; the first call of this or :meth:`delta`, in the
+        checkpoint's writer thread, tidies the layers it read (``PaneLayers.tidy``: the keys a
+        rescale hid leave, the layers absorbed into fewer), paced."""
         packed = self._groups()
+        self._tidied()
+        return packed[group]
+
+    def _tidied(self) -> None:
         tidy, self._tidy = self._tidy, None
         if tidy is not None:
             tidy(id(self))
-        return packed[group]
+
+    def reads_whole(self) -> None:
+        """A checkpoint's writer reads this view whole (still live): the fold tracks its changes
+        from now on, so the next snapshot's checkpoint can write deltas (``PaneLayers.track``)."""
+        self._track()
 
     def group_snapshot(self, group: int) -> tuple[Any, bytes]:
         data, _count, first = self._groups()[group]
         return first, data
 
     def by_group(self, keys: Iterable[Any]) -> dict[int, list]:
-        return {}                       # no key is tracked: every group is written whole
+        """``PaneKeys``' items by key group, a dropped pane's in every group."""
+        keys = list(keys)
+        dropped = [item for item in keys if item[1] is DROPPED]
+        if dropped:
+            keys = [item for item in keys if item[1] is not DROPPED]
+        out: dict[int, list] = {}
+        for item, g in zip(keys, key_groups([k for _, k in keys])):
+            out.setdefault(g, []).append(item)
+        for g in range(KEY_GROUPS) if dropped else ():
+            out.setdefault(g, []).extend(dropped)
+        return out
 
-    def delta(self, group: int, keys: Iterable[Any]) -> tuple[dict, list]:
-        raise NotImplementedError("a window's panes are written whole at every checkpoint")
+    def delta(self, group: int, keys: Iterable[Any]) -> tuple[Any, tuple]:
+        """Group ``group``'s changes since the snapshot before (``Changes.one_step``; ``keys``, its
+        ``PaneKeys`` items, were all read by the pack: :meth:`_deltas_of`), as
+        ``groups._per_ns`` applies them to the chain's files."""
+        self._groups()
+        self._tidied()
+        return self._deltas.get(group) or PickledDelta(_EMPTY, 0), ()
+
+    def _deltas_of(self) -> dict[int, "PickledDelta"]:
+        """Every group's changes since the snapshot before, pickled while the view lives (once it
+        does not, the fold changes slots where they are: ``PaneLayers.copier``): each key of a
+        pushed top (the keys changed), by key group, its slots as the top holds them, under
+        ``(pane start, DELTA_SET, key)`` when the panes held it then, else ``(pane start,
+        DELTA_NEW, key)`` with its place in its pane's merged order (after every key held then);
+        ``(pane start, DELTA_DROP)`` of a pane dropped, in every group. O(keys changed), a group
+        a pickle, paced."""
+        out: dict[int, dict] = {}
+        for p, top in self._pushed.items():
+            places, it = self._places(p), iter(top.items())
+            while part := list(islice(it, SLICE)):
+                for (k, slots), g in zip(part, key_groups([k for k, _ in part])):
+                    place = places.get(k)
+                    out.setdefault(g, {})[(p, DELTA_SET, k) if place is None else (p, DELTA_NEW, k)] = \
+                        slots if place is None else (place, slots)
+        for p in self.changes.keys.dropped:
+            if p not in self._held:
+                for g in range(KEY_GROUPS):
+                    out.setdefault(g, {})[(p, DELTA_DROP)] = None
+        deltas = {}
+        for g in sorted(out):
+            puts = out.pop(g)
+            deltas[g] = PickledDelta(pickle.dumps(puts, pickle.HIGHEST_PROTOCOL), len(puts))
+            if len(puts) > 256:
+                time.sleep(LEAVE_PACE_S)
+        return deltas
+
+    def _places(self, p: Any) -> dict:
+        """Pane ``p``'s keys new since the snapshot before, each with its place in the pane's
+        merged order (after the keys held then: the pane's keys as the pack counted them, less
+        the new ones); a pane that pushed nothing: none."""
+        held, top = self._held[p], self._pushed.get(p)
+        new = []
+        if top is not None and held[0] is top:
+            under = held[1:]
+            only = under[0] if len(under) == 1 else None
+            new = [k for k in top if not (k in only if only is not None else any(k in d for d in under))]
+        base = self._counts[p] - len(new) if new else 0
+        return dict(zip(new, range(base, base + len(new))))
 
     def release(self) -> None:
+        self._held = self._pushed = None
+        self._deltas = {}
         self._end()

@@ -322,6 +322,7 @@ class Window(AggregatingWindow):
         if self._cols is not None:
             self._panes.update(self._cols.to_dicts())
             self._cols = None
+            self._layers.mark_whole()
 
     def _slot_lists(self) -> Iterable[list]:
         if self._store is not None:
@@ -487,6 +488,7 @@ class Window(AggregatingWindow):
         if self._cols is not None and self._cols.add_rows(tables):     # Arrow panes stay arrays
             return
         self._to_dicts()
+        self._layers.mark_whole()           # keys at places the tops do not say, the watermark back
         for p, table in tables.items():
             self._panes.setdefault(p, {}).update(table)
 

@@ -215,6 +215,9 @@ class Changes:
     taken: bool = False                 # a checkpoint's writer has them (ChainWriter): not carried on
     adopted: dict = field(default_factory=dict)     # groups of whole an import replaced last that kept
                                                     # what it came from, {group: Received}: a chain starts there
+    one_step: bool = False              # its view's delta holds what changed since the snapshot before
+                                        # only (a memory window's: keys' places, operators/pane_layers.py):
+                                        # a chain whose last file is older is written whole
 
 
 class StateView(ABC):

@@ -16,6 +16,7 @@ from itertools import islice, repeat
 from operator import is_, itemgetter
 from typing import Any, Callable, Mapping
 
+from ..errors import CheckpointDamaged
 from .base import (_PREPARE, KEY_GROUPS, PACK_CHUNK, KeyedState, StateView, keep_received, key_group, pack_group,
                    preparing, unpack_group)
 from ..wire import _MASK, key_hash
@@ -309,17 +310,48 @@ def pack_namespaced_chunks(per_ns: dict) -> bytes:
     return b"".join(parts) if parts else pickle.dumps({}, pickle.HIGHEST_PROTOCOL)    # (a group left empty)
 
 
+# A memory window's delta of a key group (operators/pane_layers.py, ``PanesView.delta``), entries
+# beside its full file's chunks once a restore applied it (``incremental.read_group``):
+DELTA_SET = "="     # (pane start, DELTA_SET, key): slots, of a key the chain's files hold
+DELTA_NEW = "+"     # (pane start, DELTA_NEW, key): (its place in the pane's merged order, slots)
+DELTA_DROP = "-"    # (pane start, DELTA_DROP): None, the pane was dropped
+
+
+class PickledDelta:
+    """A memory window's delta of one group pickled as its view read it (``PanesView._deltas_of``:
+    the slots change in place once the view is read): its length is the keys it puts (the
+    checkpoint's writer weighs chains in keys); pickled in its delta file as those bytes, it
+    unpickles as the pair any delta does, ``(puts, deleted keys)`` (as ``disk.RawDelta``)."""
+
+    __slots__ = ("data", "puts")
+
+    def __init__(self, data: bytes, puts: int) -> None:
+        self.data, self.puts = data, puts
+
+    def __len__(self) -> int:
+        return self.puts
+
+    def __reduce__(self):
+        return _unpickled_delta, (self.data,)
+
+
+def _unpickled_delta(data: bytes) -> tuple[dict, list]:
+    return pickle.loads(data), []
+
+
 def _per_ns(data: Any) -> Mapping:
     """One group's ``{namespace: (positions, {key: value})}``: from its bytes (one pickle, or
     :func:`pack_namespaced_chunks`'), from a rescale's group not pickled yet (its ``per_ns``), or
-    as a restore read it (unpickled: a lazy restore's ``PreparedEntries``, an eager one's dict)."""
+    as a restore read it (unpickled: a lazy restore's ``PreparedEntries``, an eager one's dict;
+    with a memory window's deltas applied: :func:`_apply_deltas`)."""
     if isinstance(data, NamespacedOnPickle):    # a rescale's group not pickled yet
         return data.per_ns
     read = data if isinstance(data, Mapping) else unpack_group(data)
     if not any(type(ns) is tuple for ns in read):
         return read
+    chunks = [ns for ns in read if type(ns) is not tuple or type(ns[1]) is int]
     out: dict = {}
-    for ns in sorted(read, key=lambda ns: (ns, 0) if type(ns) is not tuple else ns):
+    for ns in sorted(chunks, key=lambda ns: (ns, 0) if type(ns) is not tuple else ns):
         places, entries = read[ns]
         name = ns[0] if type(ns) is tuple else ns
         if name in out:
@@ -327,7 +359,43 @@ def _per_ns(data: Any) -> Mapping:
             out[name][1].update(entries)
         else:
             out[name] = (list(places), dict(entries))
+    if len(chunks) < len(read):
+        _apply_deltas(out, read, [name for name in read if type(name) is tuple and type(name[1]) is not int])
     return out
+
+
+def _apply_deltas(out: dict, read: Mapping, names: list) -> None:
+    """A memory window's deltas (``names``, in the order their files were applied) onto the
+    group's panes ``out``: a key held, its slots replaced in place; a key new since, appended at
+    its place (the places of the new keys of one pane ascend, after every place held); a pane
+    dropped, gone (a dropped pane never comes back within a chain: the watermark only goes back
+    at an import or a restore, and the snapshot after either writes every group whole)."""
+    new: dict = {}
+    dropped = set()
+    for name in names:
+        ns, tag = name[0], name[1]
+        if tag == DELTA_DROP:
+            dropped.add(ns)
+            continue
+        key, held = name[2], out.get(ns)
+        added = new.setdefault(ns, {})
+        if held is not None and key in held[1]:
+            held[1][key] = read[name] if tag == DELTA_SET else read[name][1]
+        elif tag == DELTA_NEW:
+            added[key] = read[name]
+        elif key in added:
+            added[key] = (added[key][0], read[name])
+        else:
+            raise CheckpointDamaged(f"a window's delta changes key {key!r} of pane {ns!r}, which its "
+                                    f"group's earlier files do not hold")
+    for ns, added in new.items():
+        if added:
+            places, entries = out.setdefault(ns, ([], {}))
+            for key, (place, slots) in sorted(added.items(), key=lambda kv: kv[1][0]):
+                places.append(place)
+                entries[key] = slots
+    for ns in dropped:
+        out.pop(ns, None)
 
 
 def _in_place_order(parts: list) -> dict:

@@ -585,6 +585,8 @@ class ChainWriter:
         a later attempt adds only the snapshots since (:class:`_Union`). Each attempt sorted every
         key changed since the last complete checkpoint again, before its first file: at 10^7 keys,
         after a fill of 2 M keys since it, 1-3 files an attempt in 30 s."""
+        if changes.one_step and changes.seq - seq > 1:
+            return None                 # (Changes.one_step: one snapshot since the chains' files at most)
         with self._lock:
             seen = self._seen[changes.token]
             if any(s not in seen for s in range(seq + 1, changes.seq + 1)):
