@@ -303,13 +303,13 @@ class OneShot(Source):
         raise NotReplayable("one_shot reads a one-shot iterator and cannot rewind; use `numbers` to checkpoint")
 
 
-def count_sum_windows(count: int, keys: int) -> list:
-    """Plain-Python reference of ``numbers(count, keys, step=1)`` → ``key_by("key")`` → 1 s windows of
-    ``c = count(n)`` and ``s = sum(n)``: sorted ``(key, window_start, c, s)``."""
+def count_sum_windows(count: int, keys: int, size_ms: int = 1000) -> list:
+    """Plain-Python reference of ``numbers(count, keys, step=1)`` → ``key_by("key")`` → tumbling
+    windows of ``size_ms`` (1 s) of ``c = count(n)`` and ``s = sum(n)``: sorted ``(key, window_start, c, s)``."""
     windows: dict = {}
     for i in range(count):
-        c, s = windows.get((i % keys, i // 1000 * 1000), (0, 0))
-        windows[(i % keys, i // 1000 * 1000)] = (c + 1, s + i)
+        c, s = windows.get((i % keys, i // size_ms * size_ms), (0, 0))
+        windows[(i % keys, i // size_ms * size_ms)] = (c + 1, s + i)
     return sorted((k, w, c, s) for (k, w), (c, s) in windows.items())
 
 
