@@ -9,7 +9,20 @@ import dask
 import pytest
 
 from pescheduler.state import open_state
-from pescheduler.state.incremental import pack_delta, unpack_delta
+from pescheduler.state.incremental import (load_snapshot, load_state_file, pack_delta, resolve_restore, unpack_delta,
+                                          with_entries)
+
+
+def restored_state(store, checkpoint_id: int) -> dict:
+    """Operator ``op``'s state as a worker restores it from checkpoint ``checkpoint_id`` of a
+    ``CheckpointStore``: the ``.state`` file's references read back and checked against the manifest."""
+    manifest = store.manifest(checkpoint_id)
+    entry = next(e for e in manifest["files"] if e["role"] == "state")
+    blob = load_state_file(store.read(entry, store.run))
+    groups = with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
+    saved = {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}
+    resolve_restore(saved)
+    return saved["op"]["state"]
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ import uuid
 
 import dask.config
 import pytest
-from keyed_stores import state, unpacked, worker_dir  # noqa: F401  (fixtures)
+from keyed_stores import restored_state, state, unpacked, worker_dir  # noqa: F401  (fixtures)
 
 from pescheduler.checkpoint import CheckpointStore
 from pescheduler.checkpoint.restore import load_states, placement_blob
@@ -76,14 +76,8 @@ def written(out: dict, checkpoint_id: int) -> int:
 
 def restored(store: CheckpointStore, checkpoint_id: int) -> dict:
     """What the worker restores: the state file's references, read and checked, as plain groups."""
-    manifest = store.manifest(checkpoint_id)
-    entry = next(e for e in manifest["files"] if e["role"] == "state")
-    blob = load_state_file(store.read(entry, store.run))
-    groups = with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
-    saved = {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}
-    resolve_restore(saved)
     target = open_state("memory")
-    restore_groups(target, saved["op"]["state"]["groups"])
+    restore_groups(target, restored_state(store, checkpoint_id)["groups"])
     return {k: target.get(k) for g in target.groups() for k, _ in target.items(g)}
 
 

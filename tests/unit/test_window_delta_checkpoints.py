@@ -13,6 +13,7 @@ import uuid
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from keyed_stores import restored_state
 from test_window_checkpoint_layers import SIZE, SLIDE, VALUES, opened, panes_now
 
 from pescheduler.checkpoint import CheckpointStore
@@ -21,7 +22,7 @@ from pescheduler.operator import MAX_WATERMARK, Emitter
 from pescheduler.operators.pane_layers import PanesView
 from pescheduler.operators.window import Window
 from pescheduler.state.groups import DELTA_SET, unpack_namespaced
-from pescheduler.state.incremental import load_snapshot, load_state_file, pickle_snapshot, resolve_restore, with_entries
+from pescheduler.state.incremental import pickle_snapshot
 from pescheduler.worker.ckpt_files import CheckpointFiles
 
 KEY = b"k" * 32
@@ -57,14 +58,8 @@ def written(out: dict, checkpoint_id: int) -> int:
 def restored(store: CheckpointStore, checkpoint_id: int) -> dict:
     """``{pane start: {key: slots}}`` of a fresh window restored from the checkpoint, keys in
     the order the restore gives them."""
-    manifest = store.manifest(checkpoint_id)
-    entry = next(e for e in manifest["files"] if e["role"] == "state")
-    blob = load_state_file(store.read(entry, store.run))
-    groups = with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
-    saved = {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}
-    resolve_restore(saved)
     fresh = Window(SIZE, SLIDE, dict(VALUES))
-    fresh.restore(saved["op"]["state"])
+    fresh.restore(restored_state(store, checkpoint_id))
     return {p: dict(d) for p, d in fresh._panes.items() if d}
 
 
