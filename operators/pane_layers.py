@@ -260,7 +260,7 @@ class PaneLayers:
         lives, into a new dict of copied slots."""
         with self._lock:
             live = bool(self._live)
-            self._whole = True
+            self.mark_whole()
             for p, held in self.older.items():
                 layers = (top[p], *held)
                 top[p] = {k: copy(s) for k, s in merged_items(layers)} if live else _flat(layers)
@@ -273,7 +273,7 @@ class PaneLayers:
         here behind :class:`Left`, which hides the keys of ``groups`` (``memo``: the window's
         key -> group). The taken layers count as a live view until read."""
         taken = {}
-        self._whole = True
+        self.mark_whole()
         with self._lock:
             for p, d in top.items():
                 held = self.older.get(p, ())
@@ -375,7 +375,8 @@ class PaneLayers:
     def clear(self) -> None:
         """The panes were replaced whole (a restore): no layer of theirs is left."""
         self.older.clear()
-        self._whole, self._dropped = True, []
+        self.mark_whole()
+        self._dropped = []
         with self._lock:
             self._hidden = []
 

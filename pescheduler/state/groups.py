@@ -378,10 +378,11 @@ def _apply_deltas(out: dict, read: Mapping, names: list) -> None:
             dropped.add(ns)
             continue
         key, held = name[2], out.get(ns)
-        added = new.setdefault(ns, {})
         if held is not None and key in held[1]:
             held[1][key] = read[name] if tag == DELTA_SET else read[name][1]
-        elif tag == DELTA_NEW:
+            continue
+        added = new.setdefault(ns, {})
+        if tag == DELTA_NEW:
             added[key] = read[name]
         elif key in added:
             added[key] = (added[key][0], read[name])
@@ -389,11 +390,10 @@ def _apply_deltas(out: dict, read: Mapping, names: list) -> None:
             raise CheckpointDamaged(f"a window's delta changes key {key!r} of pane {ns!r}, which its "
                                     f"group's earlier files do not hold")
     for ns, added in new.items():
-        if added:
-            places, entries = out.setdefault(ns, ([], {}))
-            for key, (place, slots) in sorted(added.items(), key=lambda kv: kv[1][0]):
-                places.append(place)
-                entries[key] = slots
+        places, entries = out.setdefault(ns, ([], {}))
+        for key, (place, slots) in sorted(added.items(), key=lambda kv: kv[1][0]):
+            places.append(place)
+            entries[key] = slots
     for ns in dropped:
         out.pop(ns, None)
 
