@@ -221,7 +221,7 @@ def main() -> None:
             blob, views = pickle_snapshot({"op": {"state": state}})
             barrier = time.perf_counter() - b0
         files.hold("bench", cid, "pe", {"state": blob, "views": views, "positions": {}})
-        del views
+        del views, state, blob          # held by the worker until its write ends, as deployed
         long_calls = LongCalls()
         sizes = [0, 0]                  # bytes this checkpoint wrote, bytes of state it references
 

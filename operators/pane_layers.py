@@ -63,6 +63,8 @@ from pescheduler.state.memory import LEAVE_KEYS, LEAVE_PACE_S
 from pescheduler.worker.gc_pause import gc_paused
 from pescheduler.worker.process_settings import freeze_survivors
 
+from .pane_index import OldestGroups, PaneIndex, index_pane, indexable, pick_groups
+
 SLICE = 4096        # entries the writer groups per numpy call, then it pauses (LEAVE_PACE_S, as memory's leave thread)
 ABSORB = 4          # a layer at most 1/ABSORB of the one under it is absorbed by it (size-tiered)
 MAX_LAYERS = 4      # ... and any top-most one past this many
@@ -178,6 +180,7 @@ class PaneLayers:
         self._whole = True          # the next snapshot writes every group whole (the first, or after a
                                     # change the tops do not hold: mark_whole)
         self._dropped: list = []    # panes dropped since the last snapshot (while tracking)
+        self._oldest = OldestGroups()   # each pane's oldest layer's key groups, for the next writer
 
     def copier(self, copy: Callable[[list], list]) -> Callable[[list], list] | bool | None:
         """What the fold copies a frozen key's slots with: ``copy`` while a view lives; once a
@@ -218,12 +221,13 @@ class PaneLayers:
                 top[p] = {}
             if held:
                 frozen[p] = held
+        self._oldest.keep_only(frozen)
         # A delta when the tops hold every change since the last snapshot: the fold copied into
         # them all along (tracking, turned on while the last view still lived) and nothing else
         # changed the panes (mark_whole).
         keys = None if self._whole or not self._tracking else PaneKeys(pushed, self._dropped)
         self._whole, self._dropped = False, []
-        return PanesView(frozen, self._changes(keys), self._live, self.tidy, pushed, self.track)
+        return PanesView(frozen, self._changes(keys), self._live, self.tidy, pushed, self.track, self._oldest)
 
     def _changes(self, keys: "PaneKeys | None" = None) -> Changes:
         """The next view's: its keys changed since the last snapshot, or every group whole."""
@@ -261,6 +265,7 @@ class PaneLayers:
         with self._lock:
             live = bool(self._live)
             self.mark_whole()
+            self._oldest.clear()
             for p, held in self.older.items():
                 layers = (top[p], *held)
                 top[p] = {k: copy(s) for k, s in merged_items(layers)} if live else _flat(layers)
@@ -314,6 +319,7 @@ class PaneLayers:
         while self._hidden:
             layer = self._hidden[0]
             gone, it, keys = layer.groups, iter(layer.layer), []
+            self._oldest.forget_layer(layer.layer)      # (its order changes: keys popped)
             while part := list(islice(it, SLICE)):
                 keys += [k for k, g in zip(part, key_groups(part)) if g in gone]
                 time.sleep(LEAVE_PACE_S)
@@ -377,11 +383,12 @@ class PaneLayers:
         self.older.clear()
         self.mark_whole()
         self._dropped = []
+        self._oldest.clear()
         with self._lock:
             self._hidden = []
 
     def __getstate__(self) -> dict:          # views are not pickled with the operator, nor the tidy
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_reading", "_tidying", "_hidden")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_reading", "_tidying", "_hidden", "_oldest")}
         return {**state, "_live": set()}
 
     def __setstate__(self, state: dict) -> None:
@@ -516,49 +523,89 @@ def representative(group: int) -> int:
 class PanesView(StateView):
     """A memory window's frozen panes as a checkpoint's key groups: each group's
     ``{pane start: (positions, {key: slots})}`` (``pack_namespaced``'s), pickled a chunk at a time
-    (``pack_namespaced_chunks``) in the reader's thread; every group is written whole (a window's
-    panes turn over)."""
+    (``pack_namespaced_chunks``) in the reader's thread. Read in two steps while the view lives:
+    the index (each pane's keys counted by group, ``pane_index.py``) and, for ``Changes.one_step``,
+    the deltas; then the pack of the groups the writer reads whole (:meth:`reads_full`; all of
+    them unless it said), and the view is no longer live."""
 
     def __init__(self, frozen: dict[Any, tuple[dict, ...]] | Callable[[], dict], changes: Changes,
                  live: set[int], tidy: Callable[[int], None] = lambda reader: None, pushed: dict | None = None,
-                 track: Callable[[], None] = lambda: None) -> None:
+                 track: Callable[[], None] = lambda: None, oldest: OldestGroups | None = None) -> None:
         self._frozen, self.changes, self._tidy, self._track = frozen, changes, tidy, track
+        self._oldest = oldest or OldestGroups()
         self._packed: dict[int, tuple[bytes, int, Any]] | None = None
+        self._wanted: frozenset[int] | None = None  # the groups to pack (reads_full; None: all)
+        self._indexed: dict[Any, PaneIndex | dict] | None = None   # pane start -> its index, or its
+        self._present: set[int] = set()             # groups read whole (pane_groups); the groups held
         # for a delta (Changes.one_step): the panes' layers as frozen, the tops this snapshot
         # pushed, and each pane's keys new since the snapshot before with their places
         self._held = frozen if changes.one_step else None
         self._pushed, self._deltas = pushed or {}, {}
-        self._counts: dict = {}             # pane start -> its keys, counted by the pack
+        self._counts: dict = {}             # pane start -> its keys, counted by the index
         self._lock = threading.Lock()
         live.add(id(self))
         self._end = weakref.finalize(self, live.discard, id(self))
 
+    def _index(self) -> dict[Any, "PaneIndex | dict"]:
+        """The index and the deltas, once (under ``_lock``): the view stays live."""
+        if self._indexed is None:           # allocation-heavy and acyclic: no collection meanwhile
+            self._indexed = gc_paused(self._read)
+        return self._indexed
+
     def _groups(self) -> dict[int, tuple[bytes, int, Any]]:
         with self._lock:
-            if self._packed is None:        # allocation-heavy and acyclic: no collection meanwhile
-                self._packed = gc_paused(self._read)
+            if self._packed is None:
+                self._index()
+                self._packed = gc_paused(self._pack)
                 freeze_survivors()          # (what the fold copied meanwhile: process_settings.py)
                 self._end()                 # read: the fold need not copy for this view any more
             return self._packed
 
-    def _read(self) -> dict[int, tuple[bytes, int, Any]]:
-        """The pack, and (``Changes.one_step``) the deltas, while the view lives: no tidy puts the
-        tops under meanwhile, the fold changes no slot of it."""
-        packed = self._pack()
-        if self._held is not None:
-            self._deltas = self._deltas_of()
-        return packed
-
-    def _pack(self) -> dict[int, tuple[bytes, int, Any]]:
-        """Each pane's keys by key group (``pane_groups``), each group pickled once."""
+    def _read(self) -> dict[Any, "PaneIndex | dict"]:
+        """Each pane's index (its layers all plain dicts: ``pane_index.index_pane``) or its groups
+        read whole (``pane_groups``), then (``Changes.one_step``) the deltas, while the view lives:
+        no tidy puts the tops under meanwhile, the fold changes no slot of it."""
         if callable(self._frozen):          # panes read as rows here (PaneLayers.freeze_made)
             self._frozen = {p: (rows,) for p, rows in self._frozen().items()}
-        per_group: dict[int, dict] = {}
+        indexed: dict[Any, PaneIndex | dict] = {}
+        present = set()
         for p in sorted(self._frozen):
-            grouped, self._counts[p] = pane_groups(self._frozen[p])
+            layers = self._frozen[p]
+            if indexable(layers):
+                index = indexed[p] = index_pane(p, layers, self._oldest)
+                self._counts[p] = index.count
+                present.update(index.present.nonzero()[0].tolist())
+            else:
+                grouped, self._counts[p] = pane_groups(layers)
+                indexed[p] = grouped
+                present.update(grouped)
+        self._present = present
+        if self._held is not None:
+            self._deltas = self._deltas_of()
+        return indexed
+
+    def reads_full(self, groups: Iterable[int]) -> None:
+        """The only groups :meth:`full` may be asked for in this checkpoint (the others get deltas
+        or are unchanged: ``ChainWriter._may_rewrite``): only they are packed, now, with the deltas
+        (the view is then no longer live), and the layers tidied."""
+        self._wanted = frozenset(groups)
+        self._groups()
+        self._tidied()
+
+    def _pack(self) -> dict[int, tuple[bytes, int, Any]]:
+        """Each pane's wanted groups (``pane_index.pick_groups``), each group pickled once."""
+        wanted = None if self._wanted is None or self._present <= self._wanted else self._wanted
+        per_group: dict[int, dict] = {}
+        for p in sorted(self._indexed):
+            made = self._indexed[p]
+            if type(made) is PaneIndex:
+                grouped = pick_groups(made, wanted)
+            else:
+                grouped = made if wanted is None else {g: v for g, v in made.items() if g in wanted}
             for g, placed in grouped.items():
                 per_group.setdefault(g, {})[p] = placed
-            del grouped                     # (held, the groups below were freed at the return: 90 ms)
+            del grouped, made               # (held, the groups below were freed at the return: 90 ms)
+        self._indexed = {}
         out = {}
         for g in sorted(per_group):
             per_ns = per_group.pop(g)       # freed a group at a time: the whole at once is one C call
@@ -570,7 +617,9 @@ class PanesView(StateView):
         return out
 
     def groups(self) -> list[int]:
-        return sorted(self._groups())
+        with self._lock:
+            self._index()
+            return sorted(self._present)
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         """``(pane start, (positions, {key: slots}))`` of one group (what its bytes hold)."""
@@ -578,11 +627,14 @@ class PanesView(StateView):
         return iter(unpack_namespaced({group: (data[2], data[0])}).items()) if data else iter(())
 
     def full(self, group: int) -> tuple[bytes, int, Any]:
-        """A checkpoint's file of one group; the first call of this or :meth:`delta`, in the
+        """A checkpoint's file of one group (one :meth:`reads_full` named); the first call, in the
         checkpoint's writer thread, tidies the layers it read (``PaneLayers.tidy``: the keys a
         rescale hid leave, the layers absorbed into fewer), paced."""
         packed = self._groups()
         self._tidied()
+        if group not in packed and self._wanted is not None and group not in self._wanted:
+            raise RuntimeError(f"key group {group} of a window's panes was read whole but not named by "
+                               f"reads_full ({sorted(self._wanted)}): its keys were not packed")
         return packed[group]
 
     def _tidied(self) -> None:
@@ -616,8 +668,8 @@ class PanesView(StateView):
         """Group ``group``'s changes since the snapshot before (``Changes.one_step``; ``keys``, its
         ``PaneKeys`` items, were all read by the pack: :meth:`_deltas_of`), as
         ``groups._per_ns`` applies them to the chain's files."""
-        self._groups()
-        self._tidied()
+        with self._lock:
+            self._index()
         return self._deltas.get(group) or PickledDelta(_EMPTY, 0), ()
 
     def _deltas_of(self) -> dict[int, "PickledDelta"]:

@@ -269,6 +269,11 @@ class StateView(ABC):
         after it), which a backend may prepare for (disk: an iterator per group, read in rocksdict's
         loop rather than a Python step a key). The default does nothing."""
 
+    def reads_full(self, groups: Iterable[int]) -> None:
+        """A checkpoint's writer has written its deltas and names the only groups it will ask
+        :meth:`full` for (the groups rewritten whole), before the first; a backend may read only
+        those (a memory window's panes: ``operators/pane_index.py``). The default does nothing."""
+
     changes: Changes | None = None      # set by the snapshot that made the view
 
     @abstractmethod

@@ -522,11 +522,14 @@ class ChainWriter:
             # The groups no attempt wrote since the last complete checkpoint first (after a fill, a
             # complete one's chains are rewritten whole too: their deltas outgrow them): an attempt
             # cut short has added as many to what the next builds on as it could.
-            for g in sorted(view.groups(), key=lambda g: g in later.kept):
+            order = sorted(view.groups(), key=lambda g: g in later.kept)
+            kept_of = {g: later.since(g) for g in order}
+            view.reads_full(self._may_rewrite(order, kept_of, since, checkpoint_id, waits))
+            for g in order:
                 if checkpoint_id in self._abandoned:
                     raise CheckpointError(f"checkpoint {checkpoint_id} was aborted while its files were "
                                           f"written; the groups written are kept for the next one")
-                kept = later.since(g)
+                kept = kept_of[g]
                 chains[g] = self._chain(files, checkpoint_id, f"{name}.g{g:03d}", view, g, kept or since,
                                         lambda data, delta: pack.add(index, g, data, delta),
                                         waits=kept is None and g in waits)
@@ -643,13 +646,11 @@ class ChainWriter:
         if prev is not None and prev.adopted:
             prev = self._adopted(files, checkpoint_id, name, g, prev, since[1].get(g))
         if prev is not None:
-            keys, max_deltas = since[1].get(g), config.get("checkpoint.max-deltas")
-            deltas = len(prev.files) - 1
-            turn = (deltas and rewrite_turn(g, checkpoint_id, max_deltas)    # even unchanged: a turn missed
-                    and not _lasts(prev, checkpoint_id, max_deltas, bool(keys)))   # would be made up later, beside
-            if not keys and not turn:                                      # other groups' turns
+            keys = since[1].get(g)
+            step = _step(prev, g, checkpoint_id, bool(keys))
+            if step is _SAME:
                 return prev
-            if deltas < max_deltas and not turn:
+            if step is _DELTA:
                 delta = view.delta(g, keys)
                 data = pack_delta(*delta)
                 if waits or _outgrown(prev, g, len(delta[0])) <= 1:
@@ -659,6 +660,25 @@ class ChainWriter:
         data, count, first = view.full(g)   # in chunks: the PE's thread gets the GIL between them
         entry = packed(data, None) or self._put(files, checkpoint_id, f"{name}.full", data)
         return _Chain(first, (entry,), len(data), 0, count, count)
+
+    def _may_rewrite(self, groups: list[int], kept_of: dict, since: tuple | None, checkpoint_id: int,
+                     waits: frozenset[int]) -> list[int]:
+        """The groups :meth:`_chain` may write whole in this checkpoint (``StateView.reads_full``):
+        its steps with each group's keys changed for its delta's length, which is never shorter
+        (``_outgrown`` grows with it), so a group left out here gets a delta or stays as it was."""
+        out = []
+        for g in groups:
+            base = kept_of[g] or since
+            prev = None if base is None or g in base[2] else base[0].get(g)
+            if prev is None or prev.adopted:
+                out.append(g)
+                continue
+            keys = base[1].get(g)
+            step = _step(prev, g, checkpoint_id, bool(keys))
+            if step is _FULL or (step is _DELTA and not (kept_of[g] is None and g in waits)
+                                 and _outgrown(prev, g, len(keys)) > 1):
+                out.append(g)
+        return out
 
     def _adopted(self, files: StateFiles, checkpoint_id: int, name: str, g: int, received: _Chain,
                  keys: Any) -> _Chain | None:
@@ -801,6 +821,23 @@ def _group_map(run: str, name: str, checkpoint_id: int, chains: dict, base: _Wri
     gmap = GroupMap(run, name, None if base is None else base.checkpoint_id, put,
                     {added: tuple(gs) for added, gs in grown.items()}, sum(1 << g for g in chains))
     return gmap, anchors
+
+
+_SAME, _DELTA, _FULL = "same", "delta", "full"      # _step's
+
+
+def _step(prev: _Chain, group: int, checkpoint_id: int, changed: bool) -> str:
+    """What a group's chain ``prev`` gets in checkpoint ``checkpoint_id``: nothing (``_SAME``: no
+    key changed and not its turn: :func:`rewrite_turn`; even unchanged, a turn missed would be made
+    up later, beside other groups' turns), a delta when it fits (``_DELTA``: fewer than
+    ``checkpoint.max-deltas`` deltas, not its turn), else its full file again (``_FULL``)."""
+    max_deltas = config.get("checkpoint.max-deltas")
+    deltas = len(prev.files) - 1
+    turn = deltas and rewrite_turn(group, checkpoint_id, max_deltas) and \
+        not _lasts(prev, checkpoint_id, max_deltas, changed)
+    if not changed and not turn:
+        return _SAME
+    return _DELTA if deltas < max_deltas and not turn else _FULL
 
 
 def _lasts(chain: _Chain, checkpoint_id: int, max_deltas: int, grows: bool) -> bool:

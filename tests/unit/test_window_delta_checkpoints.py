@@ -210,3 +210,25 @@ def test_a_restored_group_applies_a_delta_in_the_order_its_files_were_written():
     read[(0, DELTA_SET, "d")] = [3]       # a later delta's (the dict keeps the first place: applied in order)
     got = unpack_namespaced({7: ("a", read)})
     assert {p: list(d.items()) for p, d in got.items()} == {0: [("a", [2]), ("c", [1]), ("b", [1]), ("d", [3])]}
+
+
+def test_a_checkpoint_of_deltas_packs_only_the_groups_it_rewrites_whole(monkeypatch):
+    """The writer names the groups it may rewrite whole before reading the view
+    (``ChainWriter._may_rewrite``, ``StateView.reads_full``): a window's checkpoint of deltas packs
+    those (their turn: a few of the 128), not every group of its panes, and restores exactly."""
+    import pescheduler.operators.pane_layers as pane_layers
+
+    store, files = CheckpointStore(f"memory://win-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    window, out = opened(), Emitter()
+    packed, pack = [], pane_layers.pack_namespaced_chunks
+    monkeypatch.setattr(pane_layers, "pack_namespaced_chunks", lambda per_ns: packed.append(1) or pack(per_ns))
+    window.process(rows(range(20_000), ts=5), out)
+    checkpoint(files, store, window, 1)
+    assert len(packed) == 128                               # the first: every group whole
+    for cid in (2, 3, 4):
+        packed.clear()
+        window.process(rows(range(cid, 20_000, 100), ts=5, v=cid), out)
+        done = checkpoint(files, store, window, cid)
+        fulls = sum(1 for f in done["files"] if f["chk"] == cid and f["path"].endswith(".full"))
+        assert len(packed) == fulls <= 16, f"checkpoint {cid} packed {len(packed)} groups, wrote {fulls} whole"
+        assert ordered(restored(store, cid)) == ordered(panes_now(window))
