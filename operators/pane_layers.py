@@ -520,6 +520,16 @@ def representative(group: int) -> int:
     return _REPRESENTATIVE[group]
 
 
+def _then_frozen(read: Callable[[], Any]) -> Any:
+    """``read()``, then what the process made meanwhile frozen before the collector is on again
+    (``process_settings.freeze_survivors``): what the fold copied and the PE made while a view was
+    read were all young at once, and the first collection after visited them (27 ms at 10^6 keys);
+    once the collector is on, the PE's thread may take the GIL and collect before a freeze after."""
+    out = read()
+    freeze_survivors()
+    return out
+
+
 class PanesView(StateView):
     """A memory window's frozen panes as a checkpoint's key groups: each group's
     ``{pane start: (positions, {key: slots})}`` (``pack_namespaced``'s), pickled a chunk at a time
@@ -549,15 +559,14 @@ class PanesView(StateView):
     def _index(self) -> dict[Any, "PaneIndex | dict"]:
         """The index and the deltas, once (under ``_lock``): the view stays live."""
         if self._indexed is None:           # allocation-heavy and acyclic: no collection meanwhile
-            self._indexed = gc_paused(self._read)
+            self._indexed = gc_paused(_then_frozen, self._read)
         return self._indexed
 
     def _groups(self) -> dict[int, tuple[bytes, int, Any]]:
         with self._lock:
             if self._packed is None:
                 self._index()
-                self._packed = gc_paused(self._pack)
-                freeze_survivors()          # (what the fold copied meanwhile: process_settings.py)
+                self._packed = gc_paused(_then_frozen, self._pack)
                 self._end()                 # read: the fold need not copy for this view any more
             return self._packed
 
