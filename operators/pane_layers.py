@@ -15,8 +15,10 @@ frozen ones in its thread (:class:`PanesView`), as a ``memory`` keyed state's vi
     fold     ──> a key not in the top is looked for in the older layers: while a view lives its
                  slots are copied into the top (the writer may be reading them), else changed
                  where they are
-    writer   ──> the layers read by key group in their merged order (``pane_groups``) and
-                 packed, a slice at a time, no dict of the pane's size built (one resize of a
+    writer   ──> the layers read by key group in their merged order (``pane_index.py``: an
+                 index of each pane's keys by group, then the groups the writer rewrites whole
+                 picked; ``pane_groups`` for layers not plain dicts) and packed, a slice at a
+                 time, no dict of the pane's size built (one resize of a
                  dict of 10^6 keys holds the GIL 25 ms, of 10^7 0.8 s); the view is then no
                  longer live, and the writer tidies the layers (``tidy``): the keys an export hid
                  popped, small layers absorbed by the ones under them, a slice at a time, while
