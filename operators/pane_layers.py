@@ -547,8 +547,9 @@ class PanesView(StateView):
         self._oldest = oldest or OldestGroups()
         self._packed: dict[int, tuple[bytes, int, Any]] | None = None
         self._wanted: frozenset[int] | None = None  # the groups to pack (reads_full; None: all)
-        self._indexed: dict[Any, PaneIndex | dict] | None = None   # pane start -> its index, or its
-        self._present: set[int] = set()             # groups read whole (pane_groups); the groups held
+        # pane start -> its index, or (layers not plain dicts) its groups read whole by pane_groups
+        self._indexed: dict[Any, PaneIndex | dict] | None = None
+        self._present: set[int] = set()             # the groups the panes hold a key of
         # for a delta (Changes.one_step): the panes' layers as frozen, the tops this snapshot
         # pushed, and each pane's keys new since the snapshot before with their places
         self._held = frozen if changes.one_step else None

@@ -270,9 +270,10 @@ class StateView(ABC):
         loop rather than a Python step a key). The default does nothing."""
 
     def reads_full(self, groups: Iterable[int]) -> None:
-        """A checkpoint's writer has written its deltas and names the only groups it will ask
-        :meth:`full` for (the groups rewritten whole), before the first; a backend may read only
-        those (a memory window's panes: ``operators/pane_index.py``). The default does nothing."""
+        """Before a checkpoint's first file, its writer names the only groups it may ask
+        :meth:`full` for (the groups it may rewrite whole; the others get a delta or stay as
+        they were): a backend may read only those (a memory window's panes:
+        ``operators/pane_index.py``). The default does nothing."""
 
     changes: Changes | None = None      # set by the snapshot that made the view
 
