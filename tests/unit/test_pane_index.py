@@ -49,6 +49,7 @@ def test_the_oldest_layers_groups_are_kept_and_only_keys_appended_since_hashed(m
     oldest.forget_layer(base)
     for i in range(0, 12_000, 3):
         base.pop(f"k{i}")
+    base.update({f"n{i}": [i] for i in range(4_000)})               # as many back: its size the same
     base["k0"] = [0]                                                # popped, then put back at the end
     hashed.clear()
     index = index_pane(7, (base,), oldest)

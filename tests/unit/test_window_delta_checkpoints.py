@@ -232,3 +232,18 @@ def test_a_checkpoint_of_deltas_packs_only_the_groups_it_rewrites_whole(monkeypa
         fulls = sum(1 for f in done["files"] if f["chk"] == cid and f["path"].endswith(".full"))
         assert len(packed) == fulls <= 16, f"checkpoint {cid} packed {len(packed)} groups, wrote {fulls} whole"
         assert ordered(restored(store, cid)) == ordered(panes_now(window))
+
+
+def test_groups_whose_deltas_outgrow_their_full_files_are_named_and_written_whole():
+    """2,000 keys, then 60 % of them changed before each checkpoint: a chain's deltas soon hold
+    more keys than its full file, and such a group is rewritten whole before its turn. The writer
+    names it to the view before its first file (``_may_rewrite``: the keys changed standing for
+    the delta's length; a group not named and asked for whole raises); each restore is exact."""
+    store, files = CheckpointStore(f"memory://win-{uuid.uuid4().hex}", KEY), CheckpointFiles()
+    window, out = opened(), Emitter()
+    window.process(rows(range(2_000), ts=5), out)
+    checkpoint(files, store, window, 1)
+    for cid in range(2, 7):
+        window.process(rows([i for i in range(2_000) if (i * 7 + cid) % 10 < 6], ts=5, v=cid), out)
+        checkpoint(files, store, window, cid)
+        assert ordered(restored(store, cid)) == ordered(panes_now(window))
