@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 from pescheduler.state import KEY_GROUPS
 from pescheduler.state.groups import _group_array, _numpy
+from pescheduler.state.incremental import slices
 from pescheduler.state.memory import LEAVE_PACE_S
 
 SLICE = 4096        # keys hashed or read per step, then the writer pauses (LEAVE_PACE_S): the PE takes the GIL
@@ -65,7 +66,9 @@ class OldestGroups:
         parts = [] if have is None else [have]
         if len(layer) > done:
             # The keys appended since, read from the end (``reversed``): no step over the keys before.
-            added = _backwards(layer, len(layer) - done) if done else _slices(iter(layer), len(layer))
+            # Sliced as they are hashed: the slices of 10^7 keys made first and let go together
+            # were 65-97 ms of ``list_dealloc`` in the writer (perf).
+            added = _backwards(layer, len(layer) - done) if done else slices(layer)
             for part in added:
                 parts.append(_group_array(np, part).astype(np.uint8))
                 counts += np.bincount(parts[-1], minlength=KEY_GROUPS)
@@ -88,23 +91,11 @@ class OldestGroups:
         self._of.clear()
 
 
-def _slices(keys: Iterator, n: int) -> Iterator[list]:
-    """The first ``n`` of ``keys`` as lists of :data:`SLICE`, made as the caller asks: a ``list``
-    of 10^6 keys holds the GIL 5-10 ms, and the slices of 10^7 keys made first and let go
-    together were 65-97 ms of ``list_dealloc`` (perf). The caller pauses after each slice's work."""
-    while n > 0:
-        part = list(islice(keys, min(n, SLICE)))
-        if not part:
-            return
-        n -= len(part)
-        yield part
-
-
 def _backwards(layer: dict, n: int) -> Iterator[list]:
     """``layer``'s last ``n`` keys in its order, as lists of :data:`SLICE`: read from its end,
     the slices made first (n is the keys appended since the last checkpoint), then given oldest
     first, each let go once given."""
-    made = list(_slices(reversed(layer), n))        # newest slice first, each newest key first
+    made = list(slices(islice(reversed(layer), n)))     # newest slice first, each newest key first
     while made:
         yield made.pop()[::-1]
 
@@ -128,7 +119,7 @@ def index_pane(p: Any, layers: tuple[dict, ...], oldest: OldestGroups) -> PaneIn
         layer, below = oldest_first[i], oldest_first[:i]
         only = below[0] if len(below) == 1 else None
         layer_groups, layer_new = [], []
-        for part in _slices(iter(layer), len(layer)):
+        for part in slices(layer):
             layer_groups.append(_group_array(np, part).astype(np.uint8))
             present[layer_groups[-1]] = True
             layer_new.append(np.fromiter((not (k in only if only is not None else any(k in d for d in below))

@@ -642,7 +642,7 @@ class ChainWriter:
         more delta (the chain is short, its deltas stay smaller than its full file, or it ``waits``
         for its rewrite (:func:`outgrown_waits`), and it is not the group's turn:
         :func:`rewrite_turn`), or a new full file."""
-        prev = None if since is None or g in since[2] else since[0].get(g)
+        prev = _built_on(since, g)
         if prev is not None and prev.adopted:
             prev = self._adopted(files, checkpoint_id, name, g, prev, since[1].get(g))
         if prev is not None:
@@ -669,7 +669,7 @@ class ChainWriter:
         out = []
         for g in groups:
             base = kept_of[g] or since
-            prev = None if base is None or g in base[2] else base[0].get(g)
+            prev = _built_on(base, g)
             if prev is None or prev.adopted:
                 out.append(g)
                 continue
@@ -821,6 +821,11 @@ def _group_map(run: str, name: str, checkpoint_id: int, chains: dict, base: _Wri
     gmap = GroupMap(run, name, None if base is None else base.checkpoint_id, put,
                     {added: tuple(gs) for added, gs in grown.items()}, sum(1 << g for g in chains))
     return gmap, anchors
+
+
+def _built_on(since: tuple | None, group: int) -> _Chain | None:
+    """The chain group ``group`` builds on from ``since`` (``_changed``'s), or None: written whole."""
+    return None if since is None or group in since[2] else since[0].get(group)
 
 
 _SAME, _DELTA, _FULL = "same", "delta", "full"      # _step's
