@@ -13,7 +13,8 @@ no write running, and the bytes the checkpoint wrote of the state it references.
 longest calls into C (a profile hook on that thread only: the calls that hold the GIL whole).
 ``--profile``: the writer's functions by their own time, per checkpoint (cProfile, that thread only).
 ``--as-worker``: the process set up as a worker's PE host is (``worker/process_settings.py``: the
-GIL's switch interval, the collector freezing a full collection's survivors), as deployed.
+GIL's switch interval, the collector freezing a full collection's survivors; restarted on the
+allocator a worker is started with, ``pescheduler/allocator.py``; distributed loaded), as deployed.
 ``--op window``: the keys are a time window's instead (``count`` and ``sum`` of one field, every key
 in one open pane: ``operators/window.py``, its panes on ``memory`` its own dicts), and the PE thread
 folds 20 tuples of random keys a turn into it (``Window.process``); the barrier takes its snapshot.
@@ -164,8 +165,14 @@ def main() -> None:
     from pescheduler.worker.ckpt_files import CheckpointFiles
 
     if args.as_worker:
+        import distributed  # noqa: F401  (a worker has it loaded, numpy with it: not imported by the first write)
+
+        from pescheduler import allocator
         from pescheduler.worker import process_settings
 
+        preload = allocator.preload_env()
+        if preload and allocator.in_use() != "jemalloc":    # on the allocator a worker is started with
+            os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **preload})
         process_settings.apply()
     root = tempfile.mkdtemp(prefix="ckpt-stall-")
     dask.config.set({"pescheduler.state.dir": root, "pescheduler.state.cache": "512MB"})

@@ -14,8 +14,11 @@ Here:
                 checkpoints (:class:`OldestGroups`): it changes only by appends (``dict.update``
                 of the layers absorbed into it, slots changed in place by the fold), so only its
                 keys appended since are hashed
-    pick    ──> the groups wanted, ``{group: (positions, {key: slots})}`` as ``pane_groups``
-                makes them: a step of Python only for a key of a wanted group (numpy finds them)
+    pick    ──> the groups wanted, each a ``groups.ChunkedEntries`` (``pane_groups``' positions
+                and ``{key: slots}``, in dicts of ``PACK_CHUNK`` keys): a slice of keys sorted by
+                group with numpy, each group's share gathered and added in C, no step of Python
+                per key; keys and slots read in order when every group is wanted, else the slots
+                looked up for the wanted groups' keys only
 
 Only panes whose layers are all plain dicts are read this way (a rescale's hidden keys, ``Left``,
 and a columnar window's rows go through ``pane_groups``).
@@ -28,11 +31,12 @@ from itertools import islice
 from typing import Any, Iterator
 
 from pescheduler.state import KEY_GROUPS
-from pescheduler.state.groups import _group_array, _numpy
+from pescheduler.state.groups import ChunkedEntries, _group_array, _numpy
 from pescheduler.state.incremental import slices
 from pescheduler.state.memory import LEAVE_PACE_S
 
 SLICE = 4096        # keys hashed or read per step, then the writer pauses (LEAVE_PACE_S): the PE takes the GIL
+PICK_SLICE = 32768  # keys a pick sorts by group per step: 256 a group (its steps are one per group, each in C)
 
 
 class PaneIndex:
@@ -131,57 +135,53 @@ def index_pane(p: Any, layers: tuple[dict, ...], oldest: OldestGroups) -> PaneIn
     return PaneIndex(oldest_first, groups, new, count, present)
 
 
-def pick_groups(index: PaneIndex, wanted: frozenset[int] | None = None) -> dict[int, tuple[list, dict]]:
-    """The groups ``wanted`` (None: every one) of an indexed pane, ``{group: (positions, {key:
-    slots})}``: each key at its place in the merged order (a layer's new keys after every key under
-    it), with its newest slots (a key of a later layer not new there replaces its slots, keeping the
-    place an older layer gave it), as ``pane_layers.pane_groups`` makes them. Every group: a step of
-    Python a key, as there; some: only for their keys (numpy finds them)."""
+def pick_groups(index: PaneIndex, wanted: frozenset[int] | None = None) -> dict[int, ChunkedEntries]:
+    """The groups ``wanted`` (None: every one) of an indexed pane, each a :class:`ChunkedEntries`:
+    its keys at their places in the merged order (a layer's new keys after every key under it),
+    with their newest slots (a key of a later layer not new there replaces its slots, keeping
+    the place an older layer gave it), as ``pane_layers.pane_groups`` makes them. A slice of
+    keys at a time, sorted by group with numpy (a stable sort: each group's keys in their
+    order), each group's share of it gathered and added in C: no step of Python per key."""
     np = _numpy()
-    places: list[list] = [[] for _ in range(KEY_GROUPS)]
-    entries: list[dict] = [{} for _ in range(KEY_GROUPS)]
+    picked: dict[int, ChunkedEntries] = {}
     want = None
     if wanted is not None:
         want = np.zeros(KEY_GROUPS, bool)
         want[list(wanted)] = True
     pos = 0
     for layer, groups, new in zip(index.layers, index.groups, index.new):
-        if want is None:
-            it = iter(layer.items())
-            for a in range(0, len(groups), SLICE):
-                part = list(islice(it, SLICE))
-                if new is None:
-                    for (k, s), g, place in zip(part, groups[a:a + SLICE].tolist(), range(pos, pos + len(part))):
-                        places[g].append(place)
-                        entries[g][k] = s
-                    pos += len(part)
-                else:
-                    for (k, s), g, n in zip(part, groups[a:a + SLICE].tolist(), new[a:a + SLICE].tolist()):
-                        if n:
-                            places[g].append(pos)
-                            pos += 1
-                        entries[g][k] = s
-                time.sleep(LEAVE_PACE_S)
-            continue
         rank = None if new is None else np.cumsum(new) - 1      # a new key's place among the layer's new ones
-        it, get = iter(layer), layer.__getitem__
-        for a in range(0, len(groups), SLICE):
-            part = list(islice(it, SLICE))
-            chosen = np.flatnonzero(want[groups[a:a + SLICE]])
+        keys_of, values_of = iter(layer), iter(layer.values()) if want is None else None
+        for a in range(0, len(groups), PICK_SLICE):
+            # Every group: the slots read in order beside the keys. Some: looked up for their keys
+            # only (a values' slice would touch every key's slots: a cache miss each).
+            ks = list(islice(keys_of, PICK_SLICE))
+            vs = list(islice(values_of, PICK_SLICE)) if values_of is not None else None
+            gs = groups[a:a + PICK_SLICE]
+            chosen = np.arange(len(ks)) if want is None else np.flatnonzero(want[gs])
             if len(chosen):
-                at = chosen + a
-                gs = groups[at].tolist()
-                if new is None:
-                    for i, g, place in zip(chosen.tolist(), gs, (at + pos).tolist()):
-                        k = part[i]
-                        places[g].append(place)
-                        entries[g][k] = get(k)
-                else:
-                    for i, g, r, n in zip(chosen.tolist(), gs, rank[at].tolist(), new[at].tolist()):
-                        k = part[i]
-                        if n:
-                            places[g].append(pos + r)
-                        entries[g][k] = get(k)
+                order = chosen[np.argsort(gs[chosen], kind="stable")]
+                ordered = gs[order]
+                cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+                fresh = None if new is None else new[order + a]
+                places = order + (a + pos) if new is None else rank[order + a] + pos
+                for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(order)]):
+                    g = int(ordered[lo])
+                    into = picked.get(g) or picked.setdefault(g, ChunkedEntries())
+                    at, to = order[lo:hi], places[lo:hi]
+                    if fresh is not None and not fresh[lo:hi].all():
+                        n = fresh[lo:hi]
+                        into.replace(*_gathered(ks, vs, layer, at[~n]))
+                        at, to = at[n], to[n]
+                    into.append(*_gathered(ks, vs, layer, at), to)
             time.sleep(LEAVE_PACE_S)
         pos += len(groups) if new is None else (int(rank[-1]) + 1 if len(rank) else 0)
-    return {g: (places[g], mine) for g, mine in enumerate(entries) if mine}
+    return picked
+
+
+def _gathered(keys: list, values: list | None, layer: dict, at: Any) -> tuple[list, list]:
+    """The keys at positions ``at`` of a slice and their slots (``values``' beside them, or
+    looked up in ``layer``), each a C call."""
+    chosen = list(map(keys.__getitem__, at.tolist()))
+    return chosen, list(map(values.__getitem__ if values is not None else layer.__getitem__,
+                            at.tolist() if values is not None else chosen))

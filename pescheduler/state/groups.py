@@ -12,15 +12,16 @@ from __future__ import annotations
 import functools
 import pickle
 import zlib
+from array import array
 from itertools import islice, repeat
 from operator import is_, itemgetter
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import CheckpointDamaged
 from .base import (_PREPARE, KEY_GROUPS, PACK_CHUNK, KeyedState, StateView, keep_received, key_group, pack_group,
                    preparing, unpack_group)
 from ..wire import _MASK, key_hash
-from .incremental import GroupRef, GroupsSnapshot
+from .incremental import GroupRef, GroupsSnapshot, empty
 
 Groups = dict[int, tuple[Any, bytes]]
 
@@ -293,20 +294,102 @@ def unpack_namespaced(groups: Groups) -> dict:
     return out
 
 
+class ChunkedEntries:
+    """One key group's entries of one namespace as :func:`pack_namespaced_chunks` pickles them,
+    made a slice at a time (a memory window's pick: ``pane_index.pick_groups``): dicts of at most
+    :data:`PACK_CHUNK` keys in their order, their positions (``array("q")``), and the slots of
+    keys a later layer replaced (``over``). A group's keys in one dict, as the pick made them
+    before, cost a resize of that dict now and then (at 10^7 keys, 128 of them at 43,691 keys
+    each, 4-18 ms each holding the GIL), a copy a chunk at a time to pickle them, and a ``del``
+    of 78,000 entries in one C call."""
+
+    __slots__ = ("places", "chunks", "over")
+
+    def __init__(self) -> None:
+        self.places = array("q")
+        self.chunks: list[dict] = [{}]
+        self.over: dict = {}
+
+    def append(self, keys: list, values: list, places: Any) -> None:
+        """``keys`` new to the group, after those it has, at ``places`` (ints in order: a list, or
+        an int64 array of numpy)."""
+        if type(places) is list:
+            self.places.extend(places)
+        else:
+            self.places.frombytes(places.tobytes())
+        i = 0
+        while i < len(keys):
+            room = PACK_CHUNK - len(self.chunks[-1])
+            if not room:
+                self.chunks.append({})
+                room = PACK_CHUNK
+            self.chunks[-1].update(zip(keys[i:i + room], values[i:i + room]))
+            i += room
+
+    @classmethod
+    def of(cls, places: list, entries: dict) -> "ChunkedEntries":
+        """``pane_groups``' ``(positions, {key: slots})`` of a group, chunked (a slice at a time)."""
+        out, it = cls(), iter(entries.items())
+        for start in range(0, len(places), PACK_CHUNK):
+            keys, values = zip(*islice(it, PACK_CHUNK))
+            out.append(keys, values, places[start:start + PACK_CHUNK])
+        return out
+
+    def replace(self, keys: list, values: list) -> None:
+        """Newer slots of ``keys`` the group has: each keeps its place."""
+        self.over.update(zip(keys, values))
+
+    def __len__(self) -> int:
+        return len(self.places)
+
+    def first(self) -> Any:
+        return next(iter(self.chunks[0]))
+
+    def entries(self) -> dict:
+        """``{key: slots}`` in order, the newest slots (what ``pane_groups`` gives)."""
+        out = {k: v for chunk in self.chunks for k, v in chunk.items()}
+        out.update(self.over)
+        return out
+
+    def taken(self) -> Iterator[tuple[list, dict]]:
+        """Each chunk's positions and entries (newest slots), the chunk let go once given: a
+        checkpoint's writer takes a group once, and what it packed is freed a chunk at a time."""
+        over, chunks, start = self.over, self.chunks, 0
+        chunks.reverse()
+        while chunks:
+            chunk = chunks.pop()
+            if not chunk:
+                continue
+            if over and (replaced := chunk.keys() & over.keys()):
+                chunk.update(zip(replaced, map(over.__getitem__, replaced)))
+            yield self.places[start:start + len(chunk)].tolist(), chunk
+            start += len(chunk)
+            del chunk
+        empty(over)                     # a slice at a time, as the chunks went
+
+
+def _chunks(entry: "ChunkedEntries | tuple[list, dict]") -> Iterator[tuple[list, dict]]:
+    """A namespace's chunks of at most :data:`PACK_CHUNK` positions and entries."""
+    if type(entry) is ChunkedEntries:
+        yield from entry.taken()
+        return
+    places, entries = entry
+    items = iter(entries.items())
+    for start in range(0, len(places), PACK_CHUNK):
+        yield places[start:start + PACK_CHUNK], dict(islice(items, PACK_CHUNK))
+
+
 def pack_namespaced_chunks(per_ns: dict) -> bytes:
-    """One group's ``{namespace: (positions, {key: value})}`` as pickles of at most
-    :data:`PACK_CHUNK` entries each, one after the other (a checkpoint's writer pickles a group
-    of 78,000 keys at 10^7 keys: one call would hold the GIL that long). A namespace's first
-    chunk is under its own name, the next ones under ``(namespace, i)``, so the pickles read
-    one after the other into one dict (``unpack_group``) lose none; :func:`unpack_namespaced`
-    joins them."""
+    """One group's ``{namespace: (positions, {key: value})}`` (or a :class:`ChunkedEntries`, taken)
+    as pickles of at most :data:`PACK_CHUNK` entries each, one after the other (a checkpoint's
+    writer pickles a group of 78,000 keys at 10^7 keys: one call would hold the GIL that long).
+    A namespace's first chunk is under its own name, the next ones under ``(namespace, i)``, so
+    the pickles read one after the other into one dict (``unpack_group``) lose none;
+    :func:`unpack_namespaced` joins them."""
     parts = []
-    for ns, (places, entries) in per_ns.items():
-        items = iter(entries.items())
-        for i, start in enumerate(range(0, len(places), PACK_CHUNK)):
-            chunk = dict(islice(items, PACK_CHUNK))
-            parts.append(pickle.dumps({ns if i == 0 else (ns, i): (places[start:start + PACK_CHUNK], chunk)},
-                                      pickle.HIGHEST_PROTOCOL))
+    for ns, entry in per_ns.items():
+        for i, (at, chunk) in enumerate(_chunks(entry)):
+            parts.append(pickle.dumps({ns if i == 0 else (ns, i): (at, chunk)}, pickle.HIGHEST_PROTOCOL))
     return b"".join(parts) if parts else pickle.dumps({}, pickle.HIGHEST_PROTOCOL)    # (a group left empty)
 
 
