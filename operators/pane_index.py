@@ -182,6 +182,6 @@ def pick_groups(index: PaneIndex, wanted: frozenset[int] | None = None) -> dict[
 def _gathered(keys: list, values: list | None, layer: dict, at: Any) -> tuple[list, list]:
     """The keys at positions ``at`` of a slice and their slots (``values``' beside them, or
     looked up in ``layer``), each a C call."""
-    chosen = list(map(keys.__getitem__, at.tolist()))
-    return chosen, list(map(values.__getitem__ if values is not None else layer.__getitem__,
-                            at.tolist() if values is not None else chosen))
+    at = at.tolist()
+    chosen = list(map(keys.__getitem__, at))
+    return chosen, list(map(values.__getitem__, at)) if values is not None else list(map(layer.__getitem__, chosen))
