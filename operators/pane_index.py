@@ -167,7 +167,9 @@ def pick_groups(index: PaneIndex, wanted: frozenset[int] | None = None) -> dict[
                 places = order + (a + pos) if new is None else rank[order + a] + pos
                 for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(order)]):
                     g = int(ordered[lo])
-                    into = picked.get(g) or picked.setdefault(g, ChunkedEntries())
+                    into = picked.get(g)
+                    if into is None:
+                        into = picked[g] = ChunkedEntries()
                     at, to = order[lo:hi], places[lo:hi]
                     if fresh is not None and not fresh[lo:hi].all():
                         n = fresh[lo:hi]

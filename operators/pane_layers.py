@@ -613,14 +613,15 @@ class PanesView(StateView):
             if type(made) is PaneIndex:
                 grouped = pick_groups(made, wanted)
             else:                           # (layers not plain dicts: read whole by pane_groups)
-                grouped = {g: ChunkedEntries.of(*v) for g, v in made.items() if wanted is None or g in wanted}
+                grouped = made if wanted is None else {g: v for g, v in made.items() if g in wanted}
             for g, placed in grouped.items():
                 per_group.setdefault(g, {})[p] = placed
             del grouped, made               # (held, the groups below were freed at the return: 90 ms)
         self._indexed = {}
         out = {}
         for g in sorted(per_group):
-            per_ns = per_group.pop(g)       # a group at a time, each let go a chunk at a time as packed
+            per_ns = {p: v if type(v) is ChunkedEntries else ChunkedEntries.of(*v)
+                      for p, v in per_group.pop(g).items()}    # a group at a time, a chunk at a time as packed
             first = next(iter(per_ns.values())).first()
             count = sum(map(len, per_ns.values()))
             out[g] = (pack_namespaced_chunks(per_ns), count, first)

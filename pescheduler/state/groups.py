@@ -345,12 +345,6 @@ class ChunkedEntries:
     def first(self) -> Any:
         return next(iter(self.chunks[0]))
 
-    def entries(self) -> dict:
-        """``{key: slots}`` in order, the newest slots (what ``pane_groups`` gives)."""
-        out = {k: v for chunk in self.chunks for k, v in chunk.items()}
-        out.update(self.over)
-        return out
-
     def taken(self) -> Iterator[tuple[list, dict]]:
         """Each chunk's positions and entries (newest slots), the chunk let go once given: a
         checkpoint's writer takes a group once, and what it packed is freed a chunk at a time."""
@@ -368,27 +362,17 @@ class ChunkedEntries:
         empty(over)                     # a slice at a time, as the chunks went
 
 
-def _chunks(entry: "ChunkedEntries | tuple[list, dict]") -> Iterator[tuple[list, dict]]:
-    """A namespace's chunks of at most :data:`PACK_CHUNK` positions and entries."""
-    if type(entry) is ChunkedEntries:
-        yield from entry.taken()
-        return
-    places, entries = entry
-    items = iter(entries.items())
-    for start in range(0, len(places), PACK_CHUNK):
-        yield places[start:start + PACK_CHUNK], dict(islice(items, PACK_CHUNK))
-
-
 def pack_namespaced_chunks(per_ns: dict) -> bytes:
-    """One group's ``{namespace: (positions, {key: value})}`` (or a :class:`ChunkedEntries`, taken)
-    as pickles of at most :data:`PACK_CHUNK` entries each, one after the other (a checkpoint's
+    """One group's ``{namespace: (positions, {key: value})}`` (chunked: :meth:`ChunkedEntries.of`)
+    or ``{namespace: ChunkedEntries}`` (taken) as pickles of at most :data:`PACK_CHUNK` entries each, one after the other (a checkpoint's
     writer pickles a group of 78,000 keys at 10^7 keys: one call would hold the GIL that long).
     A namespace's first chunk is under its own name, the next ones under ``(namespace, i)``, so
     the pickles read one after the other into one dict (``unpack_group``) lose none;
     :func:`unpack_namespaced` joins them."""
     parts = []
     for ns, entry in per_ns.items():
-        for i, (at, chunk) in enumerate(_chunks(entry)):
+        chunked = entry if type(entry) is ChunkedEntries else ChunkedEntries.of(*entry)
+        for i, (at, chunk) in enumerate(chunked.taken()):
             parts.append(pickle.dumps({ns if i == 0 else (ns, i): (at, chunk)}, pickle.HIGHEST_PROTOCOL))
     return b"".join(parts) if parts else pickle.dumps({}, pickle.HIGHEST_PROTOCOL)    # (a group left empty)
 

@@ -22,7 +22,8 @@ layer = st.dictionaries(keys, st.lists(st.integers(0, 9), min_size=1, max_size=2
 
 def listed(picked: dict) -> dict:
     """``pick_groups``' groups as ``pane_groups`` gives them: ``{group: (positions, {key: slots})}``."""
-    return {g: (c.places.tolist(), c.entries()) for g, c in picked.items()}
+    return {g: (c.places.tolist(), {**{k: v for chunk in c.chunks for k, v in chunk.items()}, **c.over})
+            for g, c in picked.items()}
 
 
 @settings(max_examples=200, deadline=None)
