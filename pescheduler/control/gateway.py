@@ -183,14 +183,16 @@ class WorkerGateway:
     # -- a reconfiguration's steps (control/protocol.py; unbounded here: the protocol bounds each step)
     async def pause(self, worker: str, marker: str, hold: dict[str, list[str]], align: list[str],
                     release: list[str], overtake: dict[str, list[str]], drain: dict | None = None,
-                    carry: list[str] = ()) -> dict | None:
+                    carry: list[str] = (), overdraw: dict[str, list[str]] | None = None) -> dict | None:
         """Upstream PEs send ``marker`` and hold these channels; the PEs in ``align`` align on it
-        (``carry``: those that may hand their queued input over with their key groups).
+        (``carry``: those that may hand their queued input over with their key groups;
+        ``overdraw``: PE -> its output channels that ship behind the marker without credit).
         ``drain``: :meth:`drain_status`'s arguments (but the marker): the call then also answers
         the drain's first look on ``worker`` (one round trip, not two)."""
         return await self.client.rpc(worker).pe_reconf(deployment=self.deployment, marker=marker, hold=hold,
                                                        align=align, release=release, overtake=overtake, drain=drain,
-                                                       **({"carry": list(carry)} if carry else {}))
+                                                       **({"carry": list(carry)} if carry else {}),
+                                                       **({"overdraw": overdraw} if overdraw else {}))
 
     async def drain_status(self, worker: str, marker: str, aligned: list[str], seen: dict[str, list[str]],
                            timeout: float, queued: dict[str, list[str]] | None = None) -> dict:

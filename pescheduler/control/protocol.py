@@ -97,6 +97,7 @@ class ReconfigurationPlan:
     ordered: dict[str, list[str]] = field(default_factory=dict)  # downstream PE -> its channels from a running exporter
     late_seen: dict[str, list[str]] = field(default_factory=dict)  # downstream PE -> channels it may drain after the pause
     carry: tuple[str, ...] = ()                # handing retired PEs whose operators all carries(): their queued input goes too
+    overdraw: dict[str, list[str]] = field(default_factory=dict)  # retired PE -> its channels into late_seen PEs (_overdrawn)
 
     @property
     def moved(self) -> bool:
@@ -147,10 +148,11 @@ def plan_reconfiguration(old: Placement, new: Placement, old_channels: dict[Chan
     handing = _handing(old, moves, retired)
     carry = tuple(p for p in retired if p in handing and all(carries(old.plan.ops[x]) for x in old.pes[p].operators))
     overtake = _overtakable(old, new, old_channels, hold, set(retired), set(created), set(carry))
+    late_seen = _late_seen(old, old_channels, seen, downstream, handing)
     return ReconfigurationPlan(retired, created, hold, seen, channels, upstream, downstream,
                                edges, routing, released, epoch, overtake, moves,
                                _ordered(old, old_channels, moves, same, set(channels.values())),
-                               _late_seen(old, old_channels, seen, downstream, handing), carry)
+                               late_seen, carry, _overdrawn(old, old_channels, late_seen))
 
 
 def _handing(old: Placement, moves: tuple[GroupMove, ...], retired: tuple[str, ...]) -> set[str]:
@@ -182,6 +184,28 @@ def _late_seen(old: Placement, old_channels: dict[ChannelKey, str], seen: dict[s
     src_of = {cid: old.pe_of(src) for (src, _port, _dst), cid in old_channels.items()}
     return {pe_id: list(cids) for pe_id, cids in seen.items()
             if pe_id not in downstream and cids and all(src_of.get(c) in handing for c in cids)}
+
+
+def _overdrawn(old: Placement, old_channels: dict[ChannelKey, str],
+               late_seen: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Retired PE -> its output channels into :func:`_late_seen` PEs: from the pause on, they ship
+    what they buffer, what the PE still emits and the marker without waiting for credit
+    (``CreditGate.overdraw``, as Flink's overdraft buffers let a task finish a record out of
+    buffers).
+
+    The marker need only be queued at the consumer, but on credit it is queued only once the
+    consumer took what the copy's channel had shipped and freed credit for all it still buffered:
+    up to two credit windows more (flow.py's full channel). A window's copy into a slow consumer
+    paused a Release for 10.2 s (six busy loops; ``drain ... queued`` 10,151 ms). Overdrawn, the
+    consumer's inbox holds those batches instead of the copy's buffer (the same bound, once per
+    released copy) and works them off after the pause, in the order wait, as it did its credit
+    window; the original holds the copy's key groups' tuples until then, as before."""
+    late = {cid for cids in late_seen.values() for cid in cids}
+    out: dict[str, list[str]] = {}
+    for (src, _port, _dst_pe), cid in old_channels.items():
+        if cid in late:
+            out.setdefault(old.pe_of(src), []).append(cid)
+    return out
 
 
 def _ordered(old: Placement, old_channels: dict[ChannelKey, str], moves: tuple[GroupMove, ...],
@@ -289,6 +313,8 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
             todo["release"].append(pe_id)
         if pe_id in plan.carry:
             todo.setdefault("carry", []).append(pe_id)
+        if pe_id in plan.overdraw:
+            todo.setdefault("overdraw", {})[pe_id] = plan.overdraw[pe_id]
 
     async def step(name: str, coro, limit: float | None = timeout) -> Any:
         t = time.perf_counter()

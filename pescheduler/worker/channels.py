@@ -155,10 +155,11 @@ def decode(payload: bytes | bytearray | memoryview) -> Any:
 class CreditGate:
     """Credits a sender holds; waiting for one is backpressure, and is timed."""
 
-    __slots__ = ("credits", "_event", "_blocked_s", "_since", "wake")
+    __slots__ = ("credits", "overdrawn", "_event", "_blocked_s", "_since", "wake")
 
     def __init__(self, credits: int) -> None:
         self.credits = credits
+        self.overdrawn = False        # past credit: nothing waits any more (overdraw)
         self._event = asyncio.Event()
         self._blocked_s = 0.0
         self._since: float | None = None          # when the current wait began
@@ -176,11 +177,26 @@ class CreditGate:
         self._blocked_s += perf_counter() - self._since
         self._since = None
 
+    def available(self) -> bool:
+        """Would :meth:`acquire` return at once?"""
+        return self.credits > 0 or self.overdrawn
+
+    def overdraw(self) -> None:
+        """From now on :meth:`acquire` never waits; a wait in progress ends. For a PE going away
+        whose consumer need only have its marker queued (``protocol._overdrawn``): what it
+        buffers and still emits before the marker goes to the consumer's inbox at once, up to
+        the backlog a full channel may build (flow.py) beside the credit window, once, instead
+        of waiting in this channel for credit; the credit granted for it comes back to a channel
+        that sends nothing after the marker."""
+        self.overdrawn = True
+        self._event.set()
+        self.wake()
+
     async def acquire(self) -> None:
-        if self.credits <= 0:
+        if not self.available():
             self.begin_wait()
             try:
-                while self.credits <= 0:
+                while not self.available():
                     self._event.clear()
                     await self._event.wait()
             finally:
@@ -308,7 +324,7 @@ class ChannelOut:
     def can_ship(self) -> bool:
         """Something buffered could go now without waiting: open, and credit or a control item first."""
         return (bool(self.pending) and self.opening is None
-                and (self.pending[0][0] != DATA or (self.gate.credits > 0 and self.ripe())))
+                and (self.pending[0][0] != DATA or (self.gate.available() and self.ripe())))
 
     def ripe(self) -> bool:
         """May the buffered data go now? Always without a latency target; with one, once it
@@ -433,7 +449,7 @@ class ChannelOut:
             if kind == DATA:
                 if not wait and not self.ripe():
                     return True
-                if not wait and self.gate.credits <= 0:
+                if not wait and not self.gate.available():
                     return False
             pending.popleft()
             if kind == _HOLD:
@@ -503,8 +519,8 @@ class ChannelOut:
 
     def full(self, backlog: int) -> bool:
         """Out of credit with ``backlog`` data batches buffered (worker/flow.py). A held channel
-        never is: it waits for the rewire, not for credit."""
-        return not self.held and self.gate.credits <= 0 and self.data_pending() >= backlog
+        never is: it waits for the rewire, not for credit; nor is one that overdraws."""
+        return not self.held and not self.gate.available() and self.data_pending() >= backlog
 
     async def _write(self, kind: int, payload: Any) -> None:
         raise NotImplementedError

@@ -364,13 +364,15 @@ class PEHost:
     # -- reconfiguration (the controller's side is control/protocol.py) ---------------------------
     async def pe_reconf(self, deployment: str, marker: str, hold: dict[str, list[str]], align: list[str],
                         release: list[str] = (), overtake: dict[str, list[str]] | None = None,
-                        drain: dict | None = None, carry: list[str] = ()) -> dict | None:
+                        drain: dict | None = None, carry: list[str] = (),
+                        overdraw: dict[str, list[str]] | None = None) -> dict | None:
         """Begin: upstream PEs send ``marker`` and hold the channels into the PEs being replaced
         (``overtake``: ahead of what those channels buffer); those PEs pause their sources and
         align on the marker (``release``: copies going away, whose partials go to their original
         first; ``carry``: those whose key groups all go to gating instances and whose queued
-        input goes with them, ``carried_input.py``). Each PE changes
-        between its turns.
+        input goes with them, ``carried_input.py``; ``overdraw``: PE -> its output channels whose
+        consumers need the marker only queued, which ship it and what precedes it without credit,
+        ``protocol._overdrawn``). Each PE changes between its turns.
 
         ``drain``: :meth:`pe_reconf_wait`'s arguments (but the deployment and marker): the same
         call then waits, as that one would, for this worker's part of the drain and answers it,
@@ -385,7 +387,8 @@ class PEHost:
             await pes[pe_id].hold(channel_ids, marker, overtake.get(pe_id, ()))
             held[f"{pe_id} held"] = time.time()
         for pe_id in align:
-            await pes[pe_id].align(marker, release=pe_id in release, carry=pe_id in carry)
+            await pes[pe_id].align(marker, release=pe_id in release, carry=pe_id in carry,
+                                   overdraw=(overdraw or {}).get(pe_id, ()))
         if drain is not None:
             answer = await self.pe_reconf_wait(deployment, marker, **drain)
             answer["times"] = {**held, **answer["times"]}

@@ -33,14 +33,21 @@ class Rewirer:
         self.early: dict[str, ChannelOut] = {}  # channel id -> a new output opened before the pause (open)
         self.carried: Any = None                # a released copy's queued input, per key group (carried_input.py)
 
-    def align(self, marker: Any, release: bool = False) -> None:
+    def align(self, marker: Any, release: bool = False, overdraw: Iterable[str] = ()) -> None:
         """Pause the PE's sources and align its operators on ``marker`` (see aligner.py); the PE
         then checks the alignment (``PERunner.check_aligned``).
 
         ``release``: the PE is a copy going away; once aligned, a MERGEABLE
         copy sends every partial it holds to its original, ahead of the marker.
+        ``overdraw``: output channels that from now on ship without waiting for credit
+        (``CreditGate.overdraw``): never full, they do not hold the PE's input, marker included,
+        behind the consumer's pace (flow.py).
         """
         self.sources.pause()
+        overdraw = set(overdraw)
+        for _spec, channel in self.ports.outs:
+            if channel.channel_id in overdraw:
+                channel.gate.overdraw()
         self.aligner.begin(marker, lambda op_id: self._op_aligned(op_id, marker, release))
 
     def _op_aligned(self, op_id: str, marker: Any, release: bool) -> None:

@@ -269,14 +269,16 @@ class PERunner:
         async with self.turns.lock:
             self.rewirer.hold(channel_ids, marker, overtake)
 
-    async def align(self, marker: Any, release: bool = False, carry: bool = False) -> None:
+    async def align(self, marker: Any, release: bool = False, carry: bool = False,
+                    overdraw: Iterable[str] = ()) -> None:
         """A reconfiguration replaces this PE: align on ``marker`` (``Rewirer.align``). ``carry``:
         its key groups all go to gating instances and its queued input goes with them
-        (``carried_input.py``; the plan chose it: ``plan.carry``)."""
+        (``carried_input.py``; the plan chose it: ``plan.carry``). ``overdraw``: output channels
+        that ship the marker and what precedes it without credit (``plan.overdraw``)."""
         async with self.turns.lock:
             if carry and self.chain is not None and self.rewirer.carried is None:     # once: it holds tuples
                 self.rewirer.carried = carrying(self.chain, self.spec, self.rewirer.pending)
-            self.rewirer.align(marker, release)
+            self.rewirer.align(marker, release, overdraw)
             self.check_aligned()
 
     async def aligned_snapshot(self, leave_out: Iterable[str] = ()) -> dict[str, dict]:

@@ -288,13 +288,20 @@ def test_a_copy_of_a_running_window_keeps_each_keys_windows_in_order_into_a_slow
     """The window is columnar, so its moves are not deferred: the copy is built from its key
     groups inside the reconfiguration and runs at once. With the router fused into the original,
     the original runs on and its fired windows for the moved keys may still wait in its channel
-    to a slow consumer: the copy's later windows for a key must come after them."""
+    to a slow consumer: the copy's later windows for a key must come after them.
+
+    Batches of 100: each channel's backlog (a credit window shipped, two more buffered) and the
+    tuples the original holds for the copy's groups until the consumer took the copy's last
+    batches are then a tenth of what the default's 1,000 make, and ``stop()`` drains them all
+    through the slow consumer. With 1,000 that drain was 35-45 s at six busy loops and outlasted
+    its 180 s bound in the loaded suite (load 12), where the consumer's sleeps stretch."""
     out = tmp_path / "windows.jsonl"
     app = Application("copies-window-ordered")
     (app.source("numbers", count=10**9, keys=1000, rate=4_000).key_by("key")
         .window(size=1000, aggregates={"count": ("count", "n")})    # ts = n ms: 4,000 windows/s
         .map(slow_consumer(0.0005)).sink("jsonl", path=str(out)))    # ~1,800/s: it falls behind
-    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
+    with dask.config.set({"pescheduler.batch.size": 100}), \
+            pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
         window = next(op for op in dep.placement().plan.ops if op.startswith("window"))
         router_fused_and_consumer_away(dep, window)
         until(dep, processed("map-4"), "the consumer processes windows")

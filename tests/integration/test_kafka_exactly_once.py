@@ -67,8 +67,14 @@ def read_everything(dep, partitions: int) -> None:
 
 
 def restart_of(dep) -> dict:
-    until(lambda: dep.recovery.restarts and "first_output_s" in dep.recovery.restarts[-1], WAIT,
-          "a restart with output after it")
+    """The last restart, once it saw output after it. Timed out, it says what the recovery did
+    (its records and the run's last events): a loaded run's timeout is a trace to follow."""
+    try:
+        until(lambda: dep.recovery.restarts and "first_output_s" in dep.recovery.restarts[-1], WAIT,
+              "a restart with output after it")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; restarts: {dep.recovery.restarts}; "
+                             f"last events: {dep.status()['events'][-12:]}") from None
     return dep.recovery.restarts[-1]
 
 

@@ -15,7 +15,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from test_held_watermarks import _upstream
+from test_held_watermarks import _upstream, full_upstream
 
 from pescheduler.control.gateway import WorkerGateway
 from pescheduler.control.protocol import ReconfigurationFailed, ReconfigurationPlan, _wait_drained
@@ -104,15 +104,8 @@ def test_a_full_pe_shipping_its_backlog_toward_the_marker_is_progress():
     batch shipped is work ahead of the marker (the backlog only shrinks while the PE is full),
     but only the channel's tuples counted, and they stood still. Here on a real PE runner."""
     async def scenario():
-        pe, _inboxes = await _upstream()
-        for _spec, out in pe.ports.outs:
-            out.gate.credits = 0
+        pe, _inboxes = await full_upstream()
         src = pe.ports.receivers["c-src"]
-        for n in range(60):
-            pe.ports.inbox.put(src, DATA, [{"n": n, "ts": n}])
-        while pe.ports.inbox.items:
-            pe.inputs.take()
-        await pe.inputs.flush()
         assert pe.inputs.full == {"tag"}
         pe.ports.inbox.put(src, DATA, [{"n": 60, "ts": 60}])
         pe.ports.inbox.put(src, MARKER, "m1")

@@ -38,6 +38,21 @@ async def _upstream():
     return pe, inboxes
 
 
+async def full_upstream():
+    """:func:`_upstream` out of credit on both outputs after taking 60 batches: ``tag``'s channels
+    are full (flow.py), so the PE takes no more input that feeds them."""
+    pe, inboxes = await _upstream()
+    for _spec, out in pe.ports.outs:
+        out.gate.credits = 0
+    src = pe.ports.receivers["c-src"]
+    for n in range(60):
+        pe.ports.inbox.put(src, DATA, [{"n": n, "ts": n}])
+    while pe.ports.inbox.items:
+        pe.inputs.take()
+    await pe.inputs.flush()
+    return pe, inboxes
+
+
 async def rewire_outputs(pe, outputs: list, remove: list[str], receivers, routing, copies) -> None:
     """The PE host's rewire of ``pe``'s outputs (new channels to ``receivers`` on this worker),
     through the PE's control port."""

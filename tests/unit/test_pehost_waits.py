@@ -106,7 +106,7 @@ def test_a_pause_asked_for_the_drain_answers_its_first_look():
     async def scenario():
         host, pe = _host_with_one_pe()
 
-        async def align(marker, release=False, carry=False):
+        async def align(marker, release=False, carry=False, overdraw=()):
             pe.aligner.aligned = True
             host._bump()
         pe.align = align

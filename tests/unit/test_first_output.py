@@ -1,0 +1,49 @@
+"""The first output after a restore is seen on the worker that has it, whatever the others answer.
+
+The check asks every worker of the restored placement for its PEs' counters. It asked them in one
+gather, so one worker whose answer did not come within ``calls.worker`` (a loaded worker, one lost
+since) failed the whole look, and the sink's count on another worker went unseen; a restart then
+had no ``first_output_s`` (the Kafka crash-before-commit test, load 12: "no restart with output
+within 120 s")."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from pescheduler.control import recovery as recovery_module
+from pescheduler.control.recovery import Recovery
+
+
+class _Gateway:
+    """``stats`` for one worker at a time: ``slow`` never answers in time, ``sink`` has output."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    async def stats(self, workers, dead_letters=True):
+        workers = list(workers)
+        self.asked.append(workers)
+        if "tcp://slow" in workers:
+            raise asyncio.TimeoutError()
+        return [{"pes": {"pe-sink": {"operators": {"sink-3": {"tuples_in": 5}}}}} for w in workers
+                if w == "tcp://sink"]
+
+
+def test_a_worker_that_does_not_answer_does_not_hide_the_sinks_first_output_on_another(monkeypatch):
+    monkeypatch.setattr(recovery_module, "FIRST_OUTPUT_S", 1.0)      # the look's bound: not 120 s here
+    events = []
+    gateway = _Gateway()
+    dep = SimpleNamespace(id="d", reconfigurer=SimpleNamespace(), gateway=gateway, _done=asyncio.Event(),
+                          state=SimpleNamespace(event=lambda kind, text: events.append(text)))
+    placement = SimpleNamespace(
+        plan=SimpleNamespace(ops={"src-1": SimpleNamespace(kind="source"), "sink-3": SimpleNamespace(kind="sink")}),
+        pes={"pe-src": SimpleNamespace(worker="tcp://slow"), "pe-sink": SimpleNamespace(worker="tcp://sink")})
+    recovery = Recovery(dep, strategy=None)
+    record = {"attempt": 1}
+
+    async def scenario():
+        await asyncio.wait_for(recovery._first_output(record, 0.0, placement), 10)
+    asyncio.run(scenario())
+    assert "first_output_s" in record, f"the sink's output on tcp://sink went unseen: {events}"
+    assert ["tcp://slow"] in gateway.asked and ["tcp://sink"] in gateway.asked
