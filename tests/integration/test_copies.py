@@ -293,7 +293,7 @@ def test_a_copy_of_a_running_window_keeps_each_keys_windows_in_order_into_a_slow
     Batches of 100: each channel's backlog (a credit window shipped, two more buffered) and the
     tuples the original holds for the copy's groups until the consumer took the copy's last
     batches are then a tenth of what the default's 1,000 make, and ``stop()`` drains them all
-    through the slow consumer. With 1,000 that drain was 35-45 s at six busy loops and outlasted
+    through the slow consumer. With 1,000 that drain was 20-46 s at six busy loops and outlasted
     its 180 s bound in the loaded suite (load 12), where the consumer's sleeps stretch."""
     out = tmp_path / "windows.jsonl"
     app = Application("copies-window-ordered")
