@@ -620,8 +620,7 @@ class PanesView(StateView):
         self._indexed = {}
         out = {}
         for g in sorted(per_group):
-            per_ns = {p: v if type(v) is ChunkedEntries else ChunkedEntries.of(*v)
-                      for p, v in per_group.pop(g).items()}    # a group at a time, a chunk at a time as packed
+            per_ns = {p: ChunkedEntries.chunked(v) for p, v in per_group.pop(g).items()}    # a group at a time, a chunk at a time as packed
             first = next(iter(per_ns.values())).first()
             count = sum(map(len, per_ns.values()))
             out[g] = (pack_namespaced_chunks(per_ns), count, first)

@@ -335,6 +335,11 @@ class ChunkedEntries:
             out.append(keys, values, places[start:start + PACK_CHUNK])
         return out
 
+    @classmethod
+    def chunked(cls, entry: "ChunkedEntries | tuple[list, dict]") -> "ChunkedEntries":
+        """``entry`` as it is, or a ``(positions, {key: slots})`` group chunked by :meth:`of`."""
+        return entry if type(entry) is cls else cls.of(*entry)
+
     def replace(self, keys: list, values: list) -> None:
         """Newer slots of ``keys`` the group has: each keeps its place."""
         self.over.update(zip(keys, values))
@@ -363,7 +368,7 @@ class ChunkedEntries:
 
 
 def pack_namespaced_chunks(per_ns: dict) -> bytes:
-    """One group's ``{namespace: (positions, {key: value})}`` (chunked: :meth:`ChunkedEntries.of`)
+    """One group's ``{namespace: (positions, {key: value})}`` (chunked: :meth:`ChunkedEntries.chunked`)
     or ``{namespace: ChunkedEntries}`` (taken) as pickles of at most :data:`PACK_CHUNK` entries each, one after the other (a checkpoint's
     writer pickles a group of 78,000 keys at 10^7 keys: one call would hold the GIL that long).
     A namespace's first chunk is under its own name, the next ones under ``(namespace, i)``, so
@@ -371,8 +376,7 @@ def pack_namespaced_chunks(per_ns: dict) -> bytes:
     :func:`unpack_namespaced` joins them."""
     parts = []
     for ns, entry in per_ns.items():
-        chunked = entry if type(entry) is ChunkedEntries else ChunkedEntries.of(*entry)
-        for i, (at, chunk) in enumerate(chunked.taken()):
+        for i, (at, chunk) in enumerate(ChunkedEntries.chunked(entry).taken()):
             parts.append(pickle.dumps({ns if i == 0 else (ns, i): (at, chunk)}, pickle.HIGHEST_PROTOCOL))
     return b"".join(parts) if parts else pickle.dumps({}, pickle.HIGHEST_PROTOCOL)    # (a group left empty)
 
