@@ -210,9 +210,12 @@ def test_memory_state_reads_as_a_dict_through_any_interleaving(ops):
 
 
 @pytest.mark.parametrize("step_leaving", [True, False], ids=["stepped", "leave-thread"])
-def test_memory_state_reads_as_a_dict_through_a_long_random_run(step_leaving):
+@pytest.mark.parametrize("group_slice", [memory.GROUP_SLICE, 7], ids=["slices", "slices-of-7"])
+def test_memory_state_reads_as_a_dict_through_a_long_random_run(step_leaving, group_slice, monkeypatch):
     """Longer than Hypothesis' lists: thousands of keys, so the folds take the batched key groups;
-    the taken keys leave stepped between the calls, or in the process's leave thread meanwhile."""
+    the taken keys leave stepped between the calls, or in the process's leave thread meanwhile. With
+    slices of 7 keys every fold's writes are grouped in many slices (``_Fold._grouping``)."""
+    monkeypatch.setattr(memory, "GROUP_SLICE", group_slice)
     rnd = random.Random(30)
     pool = list(range(3000)) + [f"car-{i}" for i in range(3000)]
     ops = []
@@ -462,6 +465,45 @@ def test_a_fold_takes_only_the_keys_written_since_the_last_fold(monkeypatch):
     rewrite(state, lambda v: [] if v[0] % 2 else v)       # a sweep dropping the odd keys
     assert sum(seen) == 0, seen                            # read it all, then one write: no fold during it
     assert sorted(k for g in state.groups() for k, _ in state.items(g)) == sorted([*range(0, 1000, 2), 5])
+
+
+class _Counted(dict):
+    """A fold's writes that count the keys their iterators handed out."""
+
+    listed = 0
+
+    def __iter__(self):
+        for key in dict.__iter__(self):
+            type(self).listed += 1
+            yield key
+
+
+def test_a_folds_writes_are_listed_and_grouped_a_slice_at_a_time(monkeypatch):
+    """The leave thread and a checkpoint's writer group a fold's writes with :meth:`_Fold.paced`,
+    yielding between slices so the PE's thread gets the GIL. It listed them all first in one call:
+    after a fill of 10^7 keys that held the GIL for 118 ms, and a Replicate's turn waited for it
+    (its export 174-353 ms). Now no step lists more than a slice; and the groups, each group's keys
+    (``keys_of``), the writes that stay (``writes``) and a taken group's part read as before."""
+    monkeypatch.setattr(_Counted, "listed", 0)
+    n = 3 * memory.GROUP_SLICE + 5
+    puts = _Counted((i, (i, "v")) for i in range(n))
+    fold = memory._Fold(None, puts, {n + 1, n + 2, 7})
+    steps = fold.paced()
+    next(steps)
+    assert _Counted.listed <= memory.GROUP_SLICE, f"its first step listed {_Counted.listed} of {n} keys"
+    for _ in steps:
+        assert _Counted.listed <= n
+    keys, put_in, off, off_in = fold._by_group()
+    assert list(keys) == list(range(n)) and list(put_in) == key_groups(list(range(n)))
+    assert off == [n + 1, n + 2] or off == [n + 2, n + 1]
+    assert list(off_in) == key_groups(off)
+    g = key_group(0)
+    assert fold.keys_of(g) == [k for k in range(n) if key_group(k) == g] + [k for k in off if key_group(k) == g]
+    fold.done.add(g)
+    put_in, keys, values, gone_in, gone = fold.writes()
+    assert list(keys) == [k for k in range(n) if key_group(k) != g] and values == [(k, "v") for k in keys]
+    assert list(put_in) == [key_group(k) for k in keys] and gone == [k for k in off if key_group(k) != g]
+    assert fold.part(g) == ({k: (k, "v") for k in range(n) if key_group(k) == g}, [k for k in off if key_group(k) == g])
 
 
 def test_a_take_before_any_fold_groups_no_written_key_in_the_turn(monkeypatch):
