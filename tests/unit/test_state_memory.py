@@ -488,11 +488,12 @@ def test_a_folds_writes_are_listed_and_grouped_a_slice_at_a_time(monkeypatch):
     n = 3 * memory.GROUP_SLICE + 5
     puts = _Counted((i, (i, "v")) for i in range(n))
     fold = memory._Fold(None, puts, {n + 1, n + 2, 7})
-    steps = fold.paced()
-    next(steps)
-    assert _Counted.listed <= memory.GROUP_SLICE, f"its first step listed {_Counted.listed} of {n} keys"
-    for _ in steps:
-        assert _Counted.listed <= n
+    steps, before = fold.paced(), 0
+    for step in steps:
+        assert _Counted.listed - before <= memory.GROUP_SLICE, \
+            f"a step listed {_Counted.listed - before} of {n} keys"
+        before = _Counted.listed
+    assert _Counted.listed == n                             # each key listed once
     keys, put_in, off, off_in = fold._by_group()
     assert list(keys) == list(range(n)) and list(put_in) == key_groups(list(range(n)))
     assert off == [n + 1, n + 2] or off == [n + 2, n + 1]
