@@ -965,15 +965,15 @@ def still_restored(restored: dict, run: str) -> tuple[dict, list]:
 SLICE_KEYS = 4096      # changed keys the writer reads or sorts by group in one call
 
 
-def slices(keys: Iterable) -> Iterator[list]:
-    """``keys`` as lists of at most :data:`SLICE_KEYS`, so that the thread reading them lets the GIL
+def slices(keys: Iterable, size: int = SLICE_KEYS) -> Iterator[list]:
+    """``keys`` as lists of at most ``size``, so that the thread reading them lets the GIL
     go between two. One call over all of them holds it whole: ``dict.fromkeys`` of memory's
     :class:`~pescheduler.state.memory._Keys` (a generator's ``yield from`` of a dict, which never
     checks for a switch) held the PE's thread 0.5 s per 10^6 keys changed, and at 10^7 keys a
     steady checkpoint reads 10^5 of them (1 %) before its first file; the keys sorted by group
     (``by_group``: a list, numpy's array and back) the same way."""
     it = iter(keys)
-    while part := list(itertools.islice(it, SLICE_KEYS)):
+    while part := list(itertools.islice(it, size)):
         yield part
 
 

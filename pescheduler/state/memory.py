@@ -109,6 +109,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator
 
 from .base import KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, chunked
 from .groups import _numpy, key_groups, split_by_group
+from .incremental import slices
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 LEAVE_KEYS = 2048         # taken keys a slice removes from the index (well under a millisecond)
@@ -154,13 +155,13 @@ class _Fold:
         # group's reader) holds this while it does: another waits, then finds it done.
         self.lock = threading.Lock()
 
-    def _by_group(self) -> tuple["Chunks", "Chunks", list, list]:
+    def _by_group(self) -> tuple[Chunks, Chunks, list, list]:
         """The keys put, their groups, the keys deleted (not put again since), theirs: computed once."""
         if self._grouped is None:
             self._grouped = _finished(self._grouping())
         return self._grouped
 
-    def _grouping(self) -> Generator[None, None, tuple["Chunks", "Chunks", list, list]]:
+    def _grouping(self) -> Generator[None, None, tuple[Chunks, Chunks, list, list]]:
         """:meth:`_by_group`'s work, :data:`GROUP_SLICE` keys per step (its return value): the keys put
         and their groups as :class:`Chunks` of a slice each, never one list of them all. One
         ``list(puts)`` of the writes after a fill of 10^7 keys held the GIL for 118 ms in the
@@ -168,8 +169,8 @@ class _Fold:
         in the PE's thread waited that long for it (its export 174-353 ms against 1-6). Nothing
         is locked meanwhile: the writes are never changed."""
         puts, gone = self.puts, self.gone
-        it, keys, groups = iter(puts), [], []
-        while part := list(islice(it, GROUP_SLICE)):
+        keys, groups = [], []
+        for part in slices(puts, GROUP_SLICE):
             keys.append(part)
             groups.append(key_groups(part))
             yield
@@ -288,9 +289,6 @@ class Chunks:
 
     def __iter__(self) -> Iterator[Any]:
         return chain.from_iterable(self.chunks)
-
-    def __len__(self) -> int:
-        return sum(map(len, self.chunks))
 
 
 class _Keys(AbstractSet):
