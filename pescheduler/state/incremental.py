@@ -613,21 +613,19 @@ class ChainWriter:
             whole |= c.whole
         if _more_than({**chains, **adopted}, done.count if done else 0, (c.keys for c in new)):
             return None
-        groups, added = dict(done.groups) if done else {}, {}
-        if len(new) == 1 and type(new[0].keys) is dict:
-            added = new[0].keys             # disk's: a dict no one writes once its snapshot is taken
-        else:                               # (growing a copy of 2 x 10^5 keys held the GIL 9 ms a resize)
-            for c in new:
-                for part in slices(c.keys):     # memory's are a view of its dicts: read here, off the loop
-                    added.update(dict.fromkeys(part))
+        groups = dict(done.groups) if done else {}
         # Each group's keys as a dict's keys (values None), not a set: a dict of bytes or str is
         # not tracked by the cyclic GC, a set is, and a full collection visits its every key holding
         # the GIL (after a fill at 10^7 keys, millions of keys kept here between attempts). New dicts:
-        # an earlier attempt's thread may still read its own.
+        # an earlier attempt's thread may still read its own. Read a slice at a time (memory's
+        # keys are a view of its dicts, read here, off the loop) straight into a dict per group:
+        # one dict of every key changed grew by resizes of one call each, 12-85 ms at 10^6 keys
+        # and more (the first checkpoint after a fill or a rescale), holding the GIL.
         fresh: dict[int, dict] = {}
-        for part in slices(added):
-            for g, keys in by_group(part).items():
-                fresh.setdefault(g, {}).update(dict.fromkeys(keys))
+        for c in new:
+            for part in slices(c.keys):
+                for g, keys in by_group(part).items():
+                    fresh.setdefault(g, {}).update(dict.fromkeys(keys))
         for g, keys in fresh.items():
             groups[g] = {**groups[g], **keys} if g in groups else keys
         union = _Union(changes.seq, groups, frozenset(whole), sum(len(k) for k in groups.values()), adopted)
@@ -777,8 +775,11 @@ def _emptied(changes: list[Changes]) -> None:
     while changes:
         c = changes.pop()
         keys = c.keys
-        if type(keys) is dict and sys.getrefcount(c) == 2 and sys.getrefcount(keys) == 3:   # ours alone
-            empty(keys)
+        if sys.getrefcount(c) == 2 and sys.getrefcount(keys) == 3:   # ours alone
+            if type(keys) is dict:
+                empty(keys)
+            elif hasattr(keys, "let_go"):   # a backend's own form (memory's _Keys): its dicts
+                keys.let_go()
         del c, keys
 
 

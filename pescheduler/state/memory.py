@@ -98,18 +98,19 @@ from __future__ import annotations
 import logging
 import pickle
 import queue
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from itertools import chain, islice, repeat
+from itertools import chain, compress, islice, repeat
 from operator import is_
 from typing import Any, Callable, Generator, Iterable, Iterator
 
 from .base import KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, chunked
 from .groups import _numpy, key_groups, split_by_group
-from .incremental import slices
+from .incremental import empty, slices
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 LEAVE_KEYS = 2048         # taken keys a slice removes from the index (well under a millisecond)
@@ -188,17 +189,26 @@ class _Fold:
             if self._grouped is None and self.puts is not None:
                 self._grouped = grouped
 
-    def writes(self) -> tuple[list, list, list, list, list]:
-        """What the groups not taken get: their keys put, groups, values, keys deleted, groups."""
+    def writes(self) -> Iterator[tuple[list, list, list, list, list]]:
+        """What the groups not taken get (their keys put, groups, values, keys deleted, groups), a
+        slice of :data:`GROUP_SLICE` keys put at a time (the deletes after the last), each made
+        and let go in turn. As whole lists, after a take of a fill's writes (10^6 keys and more)
+        they were freed together, one C call holding the GIL: the pairs that picked the groups
+        not taken 30 ms in a checkpoint's writer at 10^7 keys (perf, session 54), and the values
+        as long again (a reference each, a cache miss each)."""
         with self.lock:
             keys, put_in, off, off_in = self._by_group()
             puts, done = self.puts, self.done
-        if not done:
-            return put_in, keys, [puts[k] for k in keys], off_in, off
-        kept = [(g, k) for g, k in zip(put_in, keys) if g not in done]
-        gone = [(g, k) for g, k in zip(off_in, off) if g not in done]
-        return ([g for g, _ in kept], [k for _, k in kept], [puts[k] for _, k in kept],
-                [g for g, _ in gone], [k for _, k in gone])
+        for groups, part in zip(put_in.chunks, keys.chunks):
+            if done:
+                kept = [g not in done for g in groups]
+                groups, part = list(compress(groups, kept)), list(compress(part, kept))
+            yield groups, part, list(map(puts.__getitem__, part)), [], []
+        if off and done:
+            gone = [g not in done for g in off_in]
+            off_in, off = list(compress(off_in, gone)), list(compress(off, gone))
+        if off:
+            yield [], [], [], off_in, off
 
     def part(self, group: int) -> tuple[dict, list]:
         """Group ``group``'s writes (``{key: value}`` put, keys deleted): the keys split by group
@@ -253,20 +263,22 @@ class _Fold:
                 return
             tables = self.tables
             # A long loop in a thread of its own: the interpreter hands the PE's thread the GIL every
-            # switch interval (5 ms), so the stream is not held for the whole fold.
+            # switch interval, so the stream is not held for the whole fold.
             for layer in self.layers:
-                put_in, keys, values, off_in, off = layer.writes()
-                for g, key, value in zip(put_in, keys, values):
-                    tables[g][key] = value
-                for g, key in zip(off_in, off):
-                    tables[g].pop(key, None)
+                for put_in, keys, values, off_in, off in layer.writes():
+                    for g, key, value in zip(put_in, keys, values):
+                        tables[g][key] = value
+                    for g, key in zip(off_in, off):
+                        tables[g].pop(key, None)
             keys, put_in, off, off_in = self._by_group()
             for g, key, value in zip(put_in, keys, self.puts.values()):
                 tables[g][key] = value
             for g, key in zip(off_in, off):
                 tables[g].pop(key, None)
+            puts = self.puts
             self.puts = self.gone = self._grouped = None
             self.layers = []
+        let_go(puts)
 
 
 def _finished(steps: Generator[None, None, Any]) -> Any:
@@ -276,6 +288,16 @@ def _finished(steps: Generator[None, None, Any]) -> Any:
             next(steps)
         except StopIteration as done:
             return done.value
+
+
+def let_go(entries: dict) -> None:
+    """``entries`` (writes a fold or a checkpoint is done with) emptied a slice at a time when
+    nothing else holds them (:func:`incremental.empty`), else only let go. Their last ``del``
+    was one C call over every key and value put in a checkpoint's interval, holding the GIL:
+    at 10^7 keys (10^5 keys an interval) 24-39 ms at the end of every checkpoint (perf, session
+    54). Nothing can take hold of them meanwhile: no other reference is left to reach them by."""
+    if sys.getrefcount(entries) == 3:       # the caller's, this argument's and getrefcount's
+        empty(entries)
 
 
 class Chunks:
@@ -314,6 +336,16 @@ class _Keys(AbstractSet):
         if self.before:
             return sum(1 for _ in self)
         return len(self.put) + sum(1 for k in self.deleted if k not in self.put)
+
+    def let_go(self) -> None:
+        """The checkpoint's writer is done with these keys (``incremental._emptied``): the dicts
+        nothing else holds are emptied a slice at a time (:func:`let_go`)."""
+        before, self.before = [self.put, *self.before], ()
+        self.put = {}
+        while before:
+            entries = before.pop()
+            let_go(entries)
+            del entries
 
 
 class MemoryView(StateView):
@@ -525,7 +557,7 @@ class MemoryState(KeyedState):
         if not self._live:
             self._shared.clear()
         index = self._index
-        writes = [layer.writes() for layer in layers]
+        writes = [w for layer in layers for w in layer.writes()]
         gone = [k for k in unfolded_gone if k not in index]     # not put again (or imported) since
         # Computed at each fold, not remembered: a batch costs less per key than a memo's
         # check, insert and lookup did (measured at 10^5 keys), and holds no memory between folds.
