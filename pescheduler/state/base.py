@@ -208,7 +208,8 @@ class Changes:
     token: str                          # the state object (a new one starts every chain again)
     seq: int                            # this snapshot's number in that state (1, 2, ...)
     keys: Iterable = field(default_factory=set)     # keys put or deleted, in the backend's form (any
-                                                    # collection: memory's is its dicts, read off the loop;
+                                                    # collection: memory's is its dicts, read off the loop,
+                                                    # with a let_go() the writer calls when done with them;
                                                     # disk's a dict of each one's last pickled value)
     whole: set = field(default_factory=set)         # key groups replaced whole (import, drop)
     before: tuple = ()                  # earlier snapshots' Changes whose views were let go unwritten
