@@ -77,6 +77,7 @@ class HostManager:
         self._returning: dict[str, asyncio.Task] = {}
         self._starting: asyncio.Task | None = None
         self._leaving: set[str] = set()                   # hosts being given back now
+        self._losing: set[str] = set()                    # hosts lost, their workers leaving the placement
         self._asked_early: dict[str, HostReturnRequested] = {}  # asked back before they were adopted
         self._infos: dict[str, dict[str, dict]] = {}      # host -> its workers' pe_info answers
 
@@ -219,6 +220,8 @@ class HostManager:
         if host is None:
             return ApplyRecord(action, False, f"host {host_id!r} was not borrowed "
                                               f"(borrowed: {', '.join(self.borrowed) or 'none'})")
+        if host_id in self._losing:
+            return ApplyRecord(action, False, f"{host_id} was lost: its workers are leaving the placement")
         if host_id in self._leaving:
             return ApplyRecord(action, False, f"{host_id} is being returned already")
         if not [w for w in self.fleet.placement().workers if w not in host.workers]:
@@ -275,7 +278,7 @@ class HostManager:
             # loaded machine starts workers slowly): the request holds from the adoption on
             self._asked_early[host_id] = event
             return
-        if host_id in self.returns:
+        if host_id in self.returns or host_id in self._losing:
             return
         self.returns[host_id] = ReturnRequest(host_id, event.deadline)
         self._mark("return-requested", host_id)
@@ -298,17 +301,25 @@ class HostManager:
             self._returning.pop(host_id, None)
 
     async def _lost(self, host: Host, reason: str) -> None:
-        """Reported once per host, whoever notices first (its watcher, or the manager)."""
-        held = self.borrowed.pop(host.host_id, None)
-        if held is None:
+        """Reported once per host, whoever notices first (its watcher, or the manager). The host
+        leaves :attr:`borrowed` once its workers have left the placement, which waits for a
+        reconfiguration in progress: before, ``resources()`` showed the host gone while
+        ``placement()`` still held its workers, for as long as that wait lasted."""
+        held = self.borrowed.get(host.host_id)
+        if held is None or host.host_id in self._losing:
             return
+        self._losing.add(host.host_id)
         self.returns.pop(host.host_id, None)
         self._stop_watching(held.workers)
         on_host = [p for p, pe in self.fleet.placement().pes.items() if pe.worker in held.workers]
         text = f"host {host.host_id} lost: {reason or 'no reason given'}"
         self._mark("lost", host.host_id)
         self._event("host-lost", text + (f"; its PEs {', '.join(on_host)} are gone" if on_host else ""))
-        await self.fleet.remove_workers(set(held.workers))    # nobody calls a dead worker (30 s timeouts)
+        try:
+            await self.fleet.remove_workers(set(held.workers))    # nobody calls a dead worker (30 s timeouts)
+        finally:
+            self.borrowed.pop(host.host_id, None)
+            self._losing.discard(host.host_id)
         if on_host:
             await self.fleet.fail(f"{text}. PEs {', '.join(on_host)} ran there (with checkpoint= on, "
                                  f"the last checkpoint is restored onto the hosts left)")

@@ -149,3 +149,31 @@ def test_a_lost_host_is_reported_once_and_fails_the_app_only_with_pes_on_it():
         assert "the last checkpoint is restored onto the hosts left" in dep.failed
         assert "w-h1" not in dep.placement().workers and hm.view().borrowed == ()
     scenario(body)
+
+
+def test_a_lost_host_leaves_the_borrowed_hosts_only_once_its_workers_left_the_placement():
+    """Taking the lost host's workers out of the placement waits for the reconfigurer's lock (a
+    reconfiguration in progress). The host left ``borrowed`` before that wait, so for as long as it
+    lasted ``resources()`` showed the host gone while ``placement()`` still held its worker (a
+    loaded suite caught it: test_hosts' lost host). Now it leaves after; a second report meanwhile
+    is still one."""
+    async def body(dep, hm):
+        host, locked, seen = hm.borrowed["h1"], asyncio.Event(), []
+        remove = dep.remove_workers
+
+        async def slow_remove(workers):
+            await locked.wait()
+            await remove(workers)
+        dep.remove_workers = slow_remove
+        lost = asyncio.ensure_future(hm._on_event(HostLost(host, "executor died")))
+        for _ in range(20):
+            await asyncio.sleep(0)
+            seen.append(("h1" in hm.borrowed, "w-h1" in dep.placement().workers))
+        await hm._on_event(HostLost(host, "executor died"))
+        locked.set()
+        await asyncio.wait_for(lost, 5)
+        assert all(borrowed or not placed for borrowed, placed in seen), \
+            f"the host was gone from the borrowed hosts while its worker was still placed: {seen}"
+        assert [k for k, _ in dep.events].count("host-lost") == 1
+        assert "w-h1" not in dep.placement().workers and hm.view().borrowed == ()
+    scenario(body)
