@@ -58,8 +58,10 @@ def test_a_copied_keyed_window_on_arrow_batches_keeps_flowing_and_stays_exact(cl
         while dep.next_snapshot(timeout=WAIT).operators["win#1"].tuples_in == 0:
             assert time.monotonic() < deadline, f"the copy never got a tuple: {flows(dep)}"
         if dep.status()["state"] == "running":
+            # the events are finite: the copy may finish between the status and the Release (the
+            # loaded suite met it), which is then refused for that reason and no other
             rec = dep.apply(Release("win", 1), timeout=WAIT)
-            assert rec.applied, rec.reason
+            assert rec.applied or rec.reason == "PE 'win#1' is finished: nothing to move", rec.reason
         status = dep.wait(timeout=WAIT)
     assert status["state"] == "finished", status
     rows = sorted((json.loads(line) for line in out.read_text().splitlines()),
