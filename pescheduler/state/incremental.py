@@ -774,13 +774,14 @@ def _emptied(changes: list[Changes]) -> None:
     a C call; the GIL may change hands between two."""
     while changes:
         c = changes.pop()
-        keys = c.keys
-        if sys.getrefcount(c) == 2 and sys.getrefcount(keys) == 3:   # ours alone
+        if sys.getrefcount(c) == 2:         # ours alone: its keys are ours to take
+            keys, c.keys = c.keys, ()
             if type(keys) is dict:
-                empty(keys)
-            elif hasattr(keys, "let_go"):   # a backend's own form (memory's _Keys): its dicts
-                keys.let_go()
-        del c, keys
+                let_go(keys)
+            elif sys.getrefcount(keys) == 2 and hasattr(keys, "let_go"):   # a backend's own form
+                keys.let_go()               # (memory's _Keys): its dicts, each as let_go does
+            del keys
+        del c
 
 
 def empty(entries: dict) -> None:
@@ -790,6 +791,16 @@ def empty(entries: dict) -> None:
     popitem, none = entries.popitem, ()
     while entries:                      # from the end: a pop from the front leaves a dummy its next slice steps over
         deque(itertools.starmap(popitem, itertools.repeat(none, min(len(entries), SLICE_KEYS))), maxlen=0)
+
+
+def let_go(entries: dict) -> None:
+    """``entries`` (keys and values a checkpoint or a fold is done with) emptied a slice at a time
+    (:func:`empty`) when nothing but the caller holds them, else only let go: then nothing can
+    reach them meanwhile. Their last ``del`` was one C call over every entry: a memory state's
+    interval at 10^7 keys (10^5 keys with their values) 24-39 ms at the end of every checkpoint
+    (perf, session 54)."""
+    if sys.getrefcount(entries) == 3:       # the caller's, this argument's and getrefcount's
+        empty(entries)
 
 
 def _see(seen: dict, changes: Changes) -> None:

@@ -98,7 +98,6 @@ from __future__ import annotations
 import logging
 import pickle
 import queue
-import sys
 import threading
 import time
 import weakref
@@ -110,7 +109,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator
 
 from .base import KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, chunked
 from .groups import _numpy, key_groups, split_by_group
-from .incremental import empty, slices
+from .incremental import let_go, slices
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 LEAVE_KEYS = 2048         # taken keys a slice removes from the index (well under a millisecond)
@@ -290,16 +289,6 @@ def _finished(steps: Generator[None, None, Any]) -> Any:
             return done.value
 
 
-def let_go(entries: dict) -> None:
-    """``entries`` (writes a fold or a checkpoint is done with) emptied a slice at a time when
-    nothing else holds them (:func:`incremental.empty`), else only let go. Their last ``del``
-    was one C call over every key and value put in a checkpoint's interval, holding the GIL:
-    at 10^7 keys (10^5 keys an interval) 24-39 ms at the end of every checkpoint (perf, session
-    54). Nothing can take hold of them meanwhile: no other reference is left to reach them by."""
-    if sys.getrefcount(entries) == 3:       # the caller's, this argument's and getrefcount's
-        empty(entries)
-
-
 class Chunks:
     """A long sequence kept as the slices it was made in (:meth:`_Fold._grouping`): iterated in
     order, as one list would be, with no call that copies or allocates them all at once."""
@@ -339,7 +328,7 @@ class _Keys(AbstractSet):
 
     def let_go(self) -> None:
         """The checkpoint's writer is done with these keys (``incremental._emptied``): the dicts
-        nothing else holds are emptied a slice at a time (:func:`let_go`)."""
+        nothing else holds are emptied a slice at a time (:func:`incremental.let_go`)."""
         before, self.before = [self.put, *self.before], ()
         self.put = {}
         while before:
