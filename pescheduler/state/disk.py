@@ -411,7 +411,7 @@ class SnapshotView(StateView):
         self._pinned: list | None = None    # iterators made at a pin (a drop's), not in use
         self._cursor: tuple[Any, dict] | None = None    # (iterator, {group: keys read at the snapshot})
         self._ranges: dict[int, Any] = {}   # per group, made with the cursor: raw's first read of each (_group_ranges)
-        self._whole_reads = False           # reads_whole(): the first cursor comes with _ranges
+        self._whole_reads: bool | set[int] = False      # reads_whole() (all) or reads_full(groups): the cursor's _ranges
         self._busy = False                  # a read is using the cursor (a generator not done)
         self._taken = taking is not None
         if self._taken:                     # (a few microseconds an iterator: 64 groups 0.2-0.7 ms)
@@ -462,7 +462,8 @@ class SnapshotView(StateView):
         if pool is None:
             it = self._state._db.iter()
             if self._cursor is None and self._whole_reads:
-                ranges = _group_ranges(self._state._db)
+                whole = self._whole_reads
+                ranges = _group_ranges(self._state._db, *(() if whole is True else (sorted(whole),)))
             pool = self._pinned
         if pool is not None:
             if not pool:
@@ -476,6 +477,22 @@ class SnapshotView(StateView):
         iterators made, each seeking its group, 0.3-1.5 ms at 10^6 keys, which a steady
         checkpoint (deltas and a group or two whole) would pay for nothing."""
         self._whole_reads = True
+
+    def reads_full(self, groups: Iterable[int]) -> None:
+        """The groups a checkpoint may write whole (a steady one: a group or two, their chains'
+        turns) are read from an iterator bounded to each, made with the cursor (:func:`_group_ranges`),
+        :data:`RANGE_PAIRS` a call, as after :meth:`reads_whole`; read through the cursor they cost
+        three calls into the iterator and an append a key in the writer's thread (at 10^7 keys
+        78,000 keys a group, each call a hand-over of the GIL the PE waited on: docs/state.md,
+        session 55). The writer names them after its first read (the view's groups), so a cursor
+        made then is let go and the next read makes one with their ranges: the keys written since
+        the snapshot are read after the iterator is made, as :meth:`_fresh`'s always are. Not on a
+        pinned view (a drop came: its iterators are the pin's) nor a take's (made with its ranges)."""
+        wanted = set(groups)
+        if not wanted or self._whole_reads is True or not self.unpinned or self._busy:
+            return
+        self._whole_reads = wanted
+        self._cursor, self._ranges = None, {}
 
     def _at(self, raw: bytes) -> bytes | None:
         """The pickled value of an encoded key at the snapshot, None when it had none."""

@@ -9,6 +9,7 @@ import functools
 import pickle
 import zlib
 
+import dask.config
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -296,6 +297,66 @@ def test_a_whole_groups_read_takes_ranges_of_pairs_and_the_keys_written_since_at
     # a call at a time holds the GIL: a group of 78 k keys (10^7) in one held it 40-50 ms beside the PE
     assert calls == [disk.RANGE_PAIRS] * (len(one) // disk.RANGE_PAIRS + 1), f"calls of {calls} pairs"
     assert len(iterators.steps) >= len(one), "the second read did not go through the cursor"
+
+
+def test_a_group_a_steady_checkpoint_writes_whole_is_read_as_ranges_of_pairs_after_the_views_first_read(
+        stores, monkeypatch):
+    """The writer names the groups it may write whole (``reads_full``) after its first read of the
+    view (its groups): the cursor made by that read is let go, and the next one comes with an
+    iterator bounded to each named group, ``RANGE_PAIRS`` a call, no step of the cursor a key (at
+    10^7 keys a steady checkpoint rewrote its groups' 78,000 keys a key at a time, three calls into
+    the iterator each). The keys written after the snapshot, before and after that first read, are
+    read at the snapshot."""
+    monkeypatch.setattr(disk, "FLUSH_KEYS", 1)          # every write reaches the store at once
+    src = stores("src")
+    *one, new, later = _group_five(3_002)
+    src.write_many({k: {"v": k} for k in one})
+    view = src.snapshot()
+    src.write_many({k: {"v": "after"} for k in one[::100]})     # before the view's first read
+    src._db = iterators = StepCountingStore(src._db)
+    calls, islice = [], disk.islice
+    monkeypatch.setattr(disk, "islice", lambda it, n: calls.append(n) or islice(it, n))
+    try:
+        assert 5 in view.groups()                       # the writer's first read: a cursor made
+        src.write_many({k: {"v": "later"} for k in one[1::100]})    # after it, before the ranges
+        src.delete(one[2])
+        src.put(new, {"v": "new"})
+        view.reads_full([5])
+        src.put(later, {"v": "later"})                  # after the ranges are made
+        steps = len(iterators.steps)
+        first = view.raw(5)
+        steps = len(iterators.steps) - steps
+    finally:
+        view.release()
+    assert {disk._decode(k): pickle.loads(v) for k, v in first} == {k: {"v": k} for k in one}
+    assert [k for k, _ in first] == sorted(k for k, _ in first)
+    assert not steps, f"{steps} steps of the cursor's iterator for a group of {len(one)} keys written whole"
+    assert calls == [disk.RANGE_PAIRS] * (len(one) // disk.RANGE_PAIRS + 1), f"calls of {calls} pairs"
+
+
+def test_a_steady_checkpoint_writes_its_turns_groups_whole_from_ranges_and_restores(stores, tmp_path, monkeypatch):
+    """Through the writer: after a first checkpoint a key in 97 is put again, and a key in 89
+    after the second; the third is the turn of group four (and of every seventh after it) to be
+    written whole (``checkpoint.max-deltas`` 7), deltas for the others: those groups are read from
+    ranges (the cursor steps at most once a group, for the view's groups), and the state restored
+    from the third checkpoint is the model's."""
+    src = stores("src")
+    model = _filled(src)
+    store, files = CheckpointStore(str(tmp_path / "ckpt"), KEY), CheckpointFiles()
+    checkpoint(files, store, src, 1)
+    whole, full = [], disk.SnapshotView.full
+    monkeypatch.setattr(disk.SnapshotView, "full", lambda self, g: whole.append(g) or full(self, g))
+    with dask.config.set({"pescheduler.checkpoint.max-deltas": 7}):
+        for checkpoint_id, step in ((2, 97), (3, 89)):
+            again = {k: {"v": -checkpoint_id, "name": "again"} for k in list(model)[::step]}
+            model.update(again)
+            src.write_many(again)
+            src._db = iterators = StepCountingStore(getattr(src._db, "db", src._db))
+            checkpoint(files, store, src, checkpoint_id)
+    assert 4 in whole and len(whole) < KEY_GROUPS // 2, f"groups written whole: {whole}"
+    assert len(iterators.steps) <= KEY_GROUPS, \
+        f"{len(iterators.steps)} steps of the view's iterator for {len(whole)} groups written whole"
+    assert restored(store, 3) == model
 
 
 def test_a_delta_of_the_keys_its_own_snapshot_closed_reads_nothing_from_the_store(stores, monkeypatch):
