@@ -47,7 +47,8 @@ changes than :data:`CHANGES_PER_S`), each checkpoint still following 1 % of the 
      about 180 bytes of Python per key), then changes 1 % of the keys per second (the checkpoint
      interval) beside 500 ticks per second of one more key, each an output; ``stamps`` notes when
      outputs arrive. Per row: Replicate and Release pause; the PE's stall at a checkpoint (the
-     largest gap between outputs overlapping a checkpoint, with the median gap beside it);
+     largest gap between outputs overlapping a checkpoint, with the median gap beside it, and under
+     the row the largest gap of each second outside checkpoints: the stream's own);
      checkpoint duration, bytes written and state referenced (the largest ratio of ``--checkpoints``
      (10) in the steady stream; the one right after the Release, which writes the moved key groups
      whole, is shown apart with every checkpoint's share of whole groups and deltas); a SIGKILL of ``latest``'s worker to the first output after the restore; the
@@ -528,7 +529,10 @@ def changed_share(kinds: dict[int, dict], i: int, k: int) -> float:
 def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict], moves: tuple | None = None) -> dict:
     """From the sink's stamps: the fill's rate (the source's first read to the K-th output), and in [start, end) the
     largest gap between outputs that overlaps a checkpoint (trigger to commit; each checkpoint's own in its
-    ``stall_ms``) and the median gap; ``moves``: the
+    ``stall_ms``) and the median gap; beside them the stream's own gaps: the largest gap of each second
+    that overlaps no checkpoint, their median and largest (``quiet_gap_p50_ms``, ``quiet_gap_max_ms``),
+    so a stall reads against the machine's (at 10^7 on ``disk``, session 55: 8.2 and 21.7 ms
+    against checkpoints' 27.4 and 50.5); ``moves``: the
     span from the Replicate's call to the end of the Release's (its last key group in), whose largest gap between
     outputs is the stream's stall while the groups move (``move_gap_ms``)."""
     with open(path) as f:
@@ -547,11 +551,19 @@ def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict], moves
         c["stall_ms"] = 1000 * max((b - a for a, b in gaps if b > c["time"] and a < c["time"] + c["duration_s"]),
                                    default=float("nan"))
     every = sorted(b - a for a, b in gaps)
+    spans = [(c["time"], c["time"] + c["duration_s"]) for c in ckpts]
+    quiet: dict[int, float] = {}        # second -> its largest gap overlapping no checkpoint
+    for a, b in gaps:
+        if not any(b > s and a < e for s, e in spans):
+            quiet[int(a)] = max(quiet.get(int(a), 0.0), b - a)
+    seconds = sorted(quiet.values())
     with open(path + ".start") as f:
         began = float(f.read())
     return {"fill_rate": k / (fill_end - began) if fill_end else 0.0,
             "stall_ms": max((c["stall_ms"] for c in ckpts if c["stall_ms"] == c["stall_ms"]), default=float("nan")),
-            "gap_p50_ms": 1000 * every[len(every) // 2] if every else float("nan"), "move_gap_ms": 1000 * move_gap}
+            "gap_p50_ms": 1000 * every[len(every) // 2] if every else float("nan"), "move_gap_ms": 1000 * move_gap,
+            "quiet_seconds": len(seconds), "quiet_gap_p50_ms": 1000 * seconds[len(seconds) // 2] if seconds else float("nan"),
+            "quiet_gap_max_ms": 1000 * seconds[-1] if seconds else float("nan")}
 
 
 def table(sizes: list[int], backends_: list[str]) -> None:
@@ -615,6 +627,10 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                                  f"{c.get('stall_ms', float('nan')):.1f}ms)"
                                  for c in r["checkpoints"])
                       + f"; the first follows the Release: {100 * share(after_rescale):.1f} %")
+                if r.get("quiet_seconds"):      # the stream's own gaps, for the stall to be read against
+                    print(f"{'':9} {'':8} outside checkpoints, the largest gap of each second: median "
+                          f"{r['quiet_gap_p50_ms']:.1f} ms, largest {r['quiet_gap_max_ms']:.1f} ms "
+                          f"({r['quiet_seconds']} seconds); the stall above is the largest overlapping a checkpoint")
                 if b != "dicts":                # after each pause: the groups' move, the stream running on
                     done = lambda name: r.get(f"{name}_steps", {}).get("moving: done ms after the pause", float("nan"))
                     longest = max(r.get(f"{name}_steps", {}).get("moving: longest import ms", float("nan"))
