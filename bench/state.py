@@ -460,6 +460,7 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         row["worker_rss"] = max(w.memory_bytes for w in dep.snapshot().workers.values())
         row["deployer_rss"] = rss_bytes()
         row["killed_at"] = time.time()
+        around = dep.checkpoints()          # every one begun before the kill: the stream's own gaps are outside them
         if backend != "dicts":
             placement = dep.placement()
             os.kill(dep.worker_info[placement.pes[placement.pe_of("state")].worker]["pid"], signal.SIGKILL)
@@ -472,7 +473,7 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
                 row["first_output_s"] = restart["at"] - row["killed_at"] + restart["first_output_s"]
         open(until, "w").close()
         dep.wait(timeout=900)
-    row.update(stalls(stamps, k, steady, row["killed_at"], row["checkpoints"], row.get("moves")))
+    row.update(stalls(stamps, k, steady, row["killed_at"], row["checkpoints"], row.get("moves"), around))
     return row
 
 
@@ -526,11 +527,13 @@ def changed_share(kinds: dict[int, dict], i: int, k: int) -> float:
     return (kinds[i]["changes"] - kinds[i - 1]["changes"]) / k
 
 
-def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict], moves: tuple | None = None) -> dict:
+def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict], moves: tuple | None = None,
+           every_ckpt: list[dict] | None = None) -> dict:
     """From the sink's stamps: the fill's rate (the source's first read to the K-th output), and in [start, end) the
     largest gap between outputs that overlaps a checkpoint (trigger to commit; each checkpoint's own in its
     ``stall_ms``) and the median gap; beside them the stream's own gaps: the largest gap of each second
-    that overlaps no checkpoint, their median and largest (``quiet_gap_p50_ms``, ``quiet_gap_max_ms``),
+    that overlaps no checkpoint (of ``every_ckpt``: one begun before ``start`` too), their median and
+    largest (``quiet_gap_p50_ms``, ``quiet_gap_max_ms``),
     so a stall reads against the machine's (at 10^7 on ``disk``, session 55: 8.2 and 21.7 ms
     against checkpoints' 27.4 and 50.5); ``moves``: the
     span from the Replicate's call to the end of the Release's (its last key group in), whose largest gap between
@@ -551,7 +554,7 @@ def stalls(path: str, k: int, start: float, end: float, ckpts: list[dict], moves
         c["stall_ms"] = 1000 * max((b - a for a, b in gaps if b > c["time"] and a < c["time"] + c["duration_s"]),
                                    default=float("nan"))
     every = sorted(b - a for a, b in gaps)
-    spans = [(c["time"], c["time"] + c["duration_s"]) for c in ckpts]
+    spans = [(c["time"], c["time"] + c["duration_s"]) for c in every_ckpt or ckpts]
     quiet: dict[int, float] = {}        # second -> its largest gap overlapping no checkpoint
     for a, b in gaps:
         if not any(b > s and a < e for s, e in spans):
