@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import tempfile
 from typing import Awaitable, Callable
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,12 @@ async def retire_quietly(client, host, manager: str) -> None:
 def tls_flags(security, folder: str) -> list[str]:
     """``dask worker``'s ``--tls-ca-file/--tls-cert/--tls-key`` for ``security`` (a
     ``distributed.Security``; none: ``[]``). Certificates given as PEM text (``Security.temporary()``)
-    are written to files readable only by this user in ``folder``, which the caller removes."""
+    are written to files readable only by this user in ``folder``, which the caller removes.
+
+    Each start of a worker writes them again (the same text), while a worker started before may be
+    reading them: each is written beside its name and renamed over it, so a reader opens the old
+    file or the new one, whole. Written in place, a worker read a truncated CA file and exited
+    ("no certificate or crl found"; the loaded suite's docs/security.md snippet)."""
     if security is None:
         return []
     flags = []
@@ -85,8 +91,15 @@ def tls_flags(security, folder: str) -> list[str]:
                         ("--tls-key", security.tls_worker_key)):
         if value and "-----BEGIN" in value:
             path = os.path.join(folder, flag.strip("-") + ".pem")
-            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                f.write(value)
+            fd, written = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")     # owner-only (0600)
+            try:
+                with open(fd, "w") as f:
+                    f.write(value)
+                os.replace(written, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(written)
+                raise
             value = path
         flags += [flag, value]
     return flags
