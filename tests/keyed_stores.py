@@ -43,9 +43,9 @@ def state(request, tmp_path):
 
 @pytest.fixture
 def unpacked(monkeypatch):
-    """Every key-group file a file of its own, none held in its PE's ``.state`` (``incremental._Pack``):
-    the layout of groups past ``PACK_DELTA`` bytes (10^6 keys and more), which tests that count
-    or damage a group's files by name look at."""
+    """Every key-group file in its PE's segment (``state.files.Segment``), none held in its PE's
+    ``.state`` (``incremental._Pack``): the layout of groups past ``PACK_DELTA`` bytes (10^6 keys
+    and more), which tests that count or damage a group's files look at."""
     from pescheduler.state import incremental
 
     monkeypatch.setattr(incremental, "PACK_DELTA", -1)

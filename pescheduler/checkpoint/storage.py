@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CheckpointDamaged, CheckpointError
-from ..state.files import StateFiles
+from ..state.files import StateFiles, physical
 from .keys import sign, signed_by
 
 logger = logging.getLogger(__name__)
@@ -263,12 +263,16 @@ class CheckpointStore:
         manifest = self.manifest(checkpoint_id, run)
         for entry in (e for e in manifest["files"] if "data" not in e):    # a small delta is in the manifest
             base = self._run_dir(entry.get("run", manifest["run"]))    # a restored group's file of another run
+            path, end = f"{base}/{physical(entry)}", entry.get("at", 0) + entry["bytes"]
             try:
-                size = self.fs.size(f"{base}/{entry['path']}")
+                size = self.fs.size(path)
             except OSError:
                 size = None
-            if size != entry["bytes"]:
-                raise CheckpointDamaged(f"{base}/{entry['path']}: {size} bytes, its manifest says {entry['bytes']}")
+            if "in" not in entry and size != entry["bytes"]:
+                raise CheckpointDamaged(f"{path}: {size} bytes, its manifest says {entry['bytes']}")
+            if "in" in entry and (size or 0) < end:          # a segment: the entry's range in it
+                raise CheckpointDamaged(f"{path}: {size} bytes, its manifest says {entry['path']} ends at byte "
+                                        f"{end} of it")
         return manifest
 
     # -- listing ----------------------------------------------------------------------------
@@ -385,7 +389,7 @@ class CheckpointStore:
                                       f"manifest lists every file: {exc}")
         except OSError as exc:
             return self._prune_failed(f"listing {self.url}: {type(exc).__name__}: {exc}")
-        referenced = {e["path"] for m in kept for e in m["files"] if "run" not in e and "data" not in e}
+        referenced = {physical(e) for m in kept for e in m["files"] if "run" not in e and "data" not in e}
         walked = {i for m in kept for i in m.get("walked", ())} - keep
         newest = done[-1] if done else 0
         gone = []

@@ -16,6 +16,15 @@ carries its bytes (``"data"``, base64), and the signed manifest with it. At
 10^3-10^4 keys with 1 % changed, a steady checkpoint's deltas hold one key
 each (~17 bytes), and each was a file (one fsync) whose manifest entry, its
 SHA-256 above all, was four times its size.
+
+A checkpoint's key-group files of one PE are written back to back into one
+file, a segment (:class:`Segment`, Flink's file merging): an entry names its
+segment (``"in"``, a file in the same folder) and where its bytes start in it
+(``"at"``), and is read as that range. At 10^7 keys a steady checkpoint wrote
+about 130 files a PE, each a new inode and an fsync: a fifth of the writer's
+CPU, most of it ext4 looking for a free inode among those retention had just
+deleted (docs/state.md, session 55). A segment is a file as long as any entry
+in it is referenced (retention and local copies go by :func:`physical`).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import io
 import os
 
 import fsspec
@@ -32,6 +42,14 @@ from ..errors import CheckpointDamaged
 
 CHUNK = 1 << 20           # bytes hashed at a time when a file is checked without being kept
 INLINE = 48               # a .delta file this small is carried in its entry (and the manifest), not written
+SEGMENT_MAX = 64 << 20    # a segment holds files until this many bytes; the next file starts another
+
+
+def physical(entry: dict) -> str:
+    """The path (relative, as ``entry["path"]``) of the file that holds ``entry``'s bytes: its
+    own, or the segment it is in (``"in"``, in the same folder)."""
+    segment = entry.get("in")
+    return entry["path"] if segment is None else f"{entry['path'].rsplit('/', 1)[0]}/{segment}"
 
 
 class StateFiles:
@@ -81,10 +99,9 @@ class StateFiles:
     def put(self, checkpoint_id: int, name: str, data: bytes) -> dict:
         """``chk-NNNNNN/name`` under this run's directory; its manifest entry (a small delta's
         carries its bytes instead: :data:`INLINE`)."""
-        entry = {"path": f"chk-{checkpoint_id:06d}/{name}", "chk": checkpoint_id, "bytes": len(data),
-                 "sha256": hashlib.sha256(data).hexdigest()}
-        if len(data) <= INLINE and name.endswith(".delta"):
-            return {**entry, "data": base64.b64encode(data).decode()}
+        entry = _entry(checkpoint_id, name, data)
+        if "data" in entry:
+            return entry
         folder = f"{self.root}/chk-{checkpoint_id:06d}"
         self.makedirs(folder)
         self.write(f"{folder}/{name}", data)
@@ -93,12 +110,13 @@ class StateFiles:
     def read(self, entry: dict, run: str | None = None) -> bytes:
         """The file ``entry`` names (under ``run``'s directory when this is the storage root),
         its size and SHA-256 checked against the entry before anyone unpickles it."""
-        path = self._path(entry, run)
+        path, at = self._path(entry, run), entry.get("at", 0)
         try:
-            data = base64.b64decode(entry["data"]) if "data" in entry else self.fs.cat_file(path)
+            data = base64.b64decode(entry["data"]) if "data" in entry else \
+                self.fs.cat_file(path, start=at, end=at + entry["bytes"]) if "in" in entry else self.fs.cat_file(path)
         except OSError as exc:
             raise CheckpointDamaged(f"{path} unreadable: {type(exc).__name__}: {exc}") from None
-        matches(path, len(data), hashlib.sha256(data).hexdigest(), entry)
+        matches(_named(path, entry), len(data), hashlib.sha256(data).hexdigest(), entry)
         return data
 
     def check(self, entry: dict, run: str | None = None) -> None:
@@ -107,17 +125,102 @@ class StateFiles:
             self.read(entry, run)
             return
         path, digest, size = self._path(entry, run), hashlib.sha256(), 0
+        left = entry["bytes"] if "in" in entry else None     # a segment's range, else the file
         try:
             with self.fs.open(path, "rb") as f:
-                while chunk := f.read(CHUNK):
+                f.seek(entry.get("at", 0))
+                while chunk := f.read(CHUNK if left is None else min(CHUNK, left)):
                     digest.update(chunk)
                     size += len(chunk)
+                    if left is not None and not (left := left - len(chunk)):
+                        break
         except OSError as exc:
             raise CheckpointDamaged(f"{path} unreadable: {type(exc).__name__}: {exc}") from None
-        matches(path, size, digest.hexdigest(), entry)
+        matches(_named(path, entry), size, digest.hexdigest(), entry)
 
     def _path(self, entry: dict, run: str | None) -> str:
-        return f"{self.root}/{run}/{entry['path']}" if run else f"{self.root}/{entry['path']}"
+        return f"{self.root}/{run}/{physical(entry)}" if run else f"{self.root}/{physical(entry)}"
+
+    def segment(self, checkpoint_id: int, name: str) -> "Segment":
+        """A :class:`Segment` of checkpoint ``checkpoint_id`` named ``name`` (a PE's id)."""
+        return Segment(self, checkpoint_id, name)
+
+
+class Segment:
+    """One writer's files of one checkpoint, back to back in one file of the checkpoint's folder
+    (``<name>.seg<n>``, another past :data:`SEGMENT_MAX`). :meth:`put` answers each one's entry
+    (``"in"``: the segment's name, ``"at"``: where its bytes start); :meth:`close` syncs the
+    segment, which must come before anything names its entries. Locally the bytes are written as
+    they come (a file descriptor held open); on an object store a segment is one upload at its end."""
+
+    def __init__(self, files: StateFiles, checkpoint_id: int, name: str) -> None:
+        self.files, self.checkpoint_id, self.name = files, checkpoint_id, name
+        self.folder = f"{files.root}/chk-{checkpoint_id:06d}"
+        self.names: list[str] = []      # the segments begun, in order
+        self._out = None                # the one being written: a local file, or a buffer
+        self._size = 0
+
+    def put(self, name: str, data: bytes) -> dict:
+        """``name``'s bytes at the end of the segment; its entry (a small delta's carries its
+        bytes instead, as :meth:`StateFiles.put`'s)."""
+        entry = _entry(self.checkpoint_id, name, data)
+        if "data" in entry:
+            return entry
+        if self._out is None or self._size + len(data) > SEGMENT_MAX and self._size:
+            self._next()
+        self._out.write(data)
+        entry.update({"in": self.names[-1], "at": self._size})
+        self._size += len(data)
+        return entry
+
+    def _next(self) -> None:
+        self._end()
+        self.names.append(f"{self.name}.seg{len(self.names)}")
+        if self.files.local:
+            self.files.makedirs(self.folder)
+            fd = os.open(f"{self.folder}/{self.names[-1]}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            self._out = os.fdopen(fd, "wb")
+        else:
+            self._out = io.BytesIO()
+        self._size = 0
+
+    def _end(self) -> None:
+        out, self._out = self._out, None
+        if out is None:
+            return
+        if not self.files.local:
+            self.files.fs.pipe_file(f"{self.folder}/{self.names[-1]}", out.getvalue())
+            return
+        with out:
+            out.flush()
+            os.fsync(out.fileno())
+
+    def close(self) -> None:
+        """Write out (and sync) the segment being written: its entries may be named from now on."""
+        self._end()
+
+    def abort(self) -> None:
+        """Let the segment being written go unsynced (its entries are named by nothing)."""
+        out, self._out = self._out, None
+        if out is not None:
+            out.close()
+
+
+def _entry(checkpoint_id: int, name: str, data: bytes) -> dict:
+    """The manifest entry of file ``chk-NNNNNN/name`` holding ``data``, with its bytes when it is
+    a delta of at most :data:`INLINE` bytes (carried in the manifest, not written)."""
+    entry = {"path": f"chk-{checkpoint_id:06d}/{name}", "chk": checkpoint_id, "bytes": len(data),
+             "sha256": hashlib.sha256(data).hexdigest()}
+    if len(data) <= INLINE and name.endswith(".delta"):
+        entry["data"] = base64.b64encode(data).decode()
+    return entry
+
+
+def _named(path: str, entry: dict) -> str:
+    """How a damage message names ``entry``'s bytes at ``path``: the file, or its range in a segment."""
+    if "in" not in entry:
+        return path
+    return f"{entry['path']} (bytes {entry['at']}-{entry['at'] + entry['bytes']} of {path})"
 
 
 def matches(path: str, size: int, sha256: str, entry: dict) -> None:

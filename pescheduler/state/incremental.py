@@ -72,7 +72,7 @@ import cloudpickle
 from .. import config
 from ..errors import CheckpointDamaged, CheckpointError
 from .base import KEY_GROUPS, Changes, StateView, came_from, pack_group, unpack_group, unpack_prepared
-from .files import StateFiles
+from .files import Segment, StateFiles, physical
 from .local import LocalCopies
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -426,7 +426,10 @@ class ChainWriter:
     Keyed by the state object (``Changes.token``): a state replaced (a restore, a rescale) starts
     with full files, but for the key groups an import brought that kept what they came from, whose
     chains start there (``Changes.adopted``, :meth:`_adopted`: a rescale's part's bytes, a lazy
-    restore's files). Writes happen in a worker thread (the PE host's ``pe_ckpt_write``)."""
+    restore's files). Writes happen in a worker thread (the PE host's ``pe_ckpt_write``), one at
+    a time (:attr:`_writing`): an aborted checkpoint's write may still be going when the next
+    one's begins, and the chains it keeps name files of its segment, which are durable only once
+    it ends (:meth:`write_pe`)."""
 
     def __init__(self, local: LocalCopies | None = None) -> None:
         self.local = local                          # copies of the files written here (local recovery)
@@ -439,6 +442,7 @@ class ChainWriter:
         self._lock = threading.Lock()               # confirm() comes from the worker's loop
         self._restored: dict[int, set] = {}         # checkpoint id -> restored files it references
         self._restored_base: set = set()            # those of the newest complete one (local copies kept)
+        self._writing = threading.Lock()            # held through a write_pe
 
     def write_pe(self, files: StateFiles, checkpoint_id: int, pe_id: str, taken: dict) -> dict:
         """One PE's checkpoint: its groups' files, then its ``.state`` file, which holds its small
@@ -446,25 +450,41 @@ class ChainWriter:
         checkpoint references, each once (earlier checkpoints' included: their group files, and
         the ``.state`` files whose key-group maps this one's extend or that hold a chain's file,
         role ``map``), and the bytes of the state it references (each key group's files, wherever
-        they are held, and its ``.state``)."""
+        they are held, and its ``.state``).
+
+        The key-group files go into one segment (``state.files.Segment``), synced before the
+        ``.state`` is written and before this returns or raises: the chains kept for the next
+        attempt name its files. A segment that cannot be synced takes those chains with it."""
+        with self._writing:
+            return self._write_pe(files, checkpoint_id, pe_id, taken)
+
+    def _write_pe(self, files: StateFiles, checkpoint_id: int, pe_id: str, taken: dict) -> dict:
         refs, views, run = [], [], files.url.rsplit("/", 1)[-1]
-        pack, done = _Pack(checkpoint_id, f"{pe_id}.state"), []
+        pack, done, segment = _Pack(checkpoint_id, f"{pe_id}.state"), [], files.segment(checkpoint_id, pe_id)
         try:
-            for i, snap in enumerate(taken["views"]):
-                gmap, chains, token = self._write_view(files, checkpoint_id, f"{pe_id}.{i}", i, snap.view, pack)
-                restored, referenced = still_restored(snap.restored, run) if snap.restored else ({}, [])
-                done.append((chains, referenced))
-                if snap.restored:       # groups a lazy restore has not loaded yet: their files referenced
-                    gmap = replace(gmap, restored=restored)
-                refs.append(gmap)
-                views.append(token)
+            try:
+                for i, snap in enumerate(taken["views"]):
+                    gmap, chains, token = self._write_view(segment, f"{pe_id}.{i}", i, snap.view, pack)
+                    restored, referenced = still_restored(snap.restored, run) if snap.restored else ({}, [])
+                    done.append((chains, referenced))
+                    if snap.restored:   # groups a lazy restore has not loaded yet: their files referenced
+                        gmap = replace(gmap, restored=restored)
+                    refs.append(gmap)
+                    views.append(token)
+            finally:
+                segment.close()
         except CheckpointError:         # no .state: the chains kept for the next attempt may not name it
-            self._unkeep(pack)
+            self._unkeep(lambda f: f is pack.entry)
+            raise
+        except BaseException:           # the segment may not be durable: nor its chains kept
+            segment.abort()
+            self._unkeep(lambda f: f is pack.entry or f.get("in") in segment.names and f["chk"] == checkpoint_id)
             raise
         blob = state_file({"ops": taken["state"], "positions": taken["positions"], "groups": refs,
                            **({"deltas": pack.deltas} if pack.deltas else {})})
-        state = self._put(files, checkpoint_id, f"{pe_id}.state", blob) if pack.deltas else \
-            files.put(checkpoint_id, f"{pe_id}.state", blob)
+        state = files.put(checkpoint_id, f"{pe_id}.state", blob)
+        if pack.deltas:                 # it holds key-group files: a local copy as theirs
+            self._keep(files, state, blob)
         pack.entry.update(state)        # the entry its chains' packed deltas name
         entries: dict = {}
         # The state it references: each key group's files by their own bytes, wherever held (an
@@ -479,7 +499,7 @@ class ChainWriter:
                 entries.update((e["path"], e) for e in referenced)
                 held += sum(e["bytes"] for e in {e["path"]: e for e in referenced}.values())
                 with self._lock:
-                    self._restored.setdefault(checkpoint_id, set()).update(e["path"] for e in referenced)
+                    self._restored.setdefault(checkpoint_id, set()).update(map(physical, referenced))
         maps: dict = {}
         with self._lock:
             pending = self._pending.get(checkpoint_id, {})      # gone: a later one completed meanwhile
@@ -497,16 +517,17 @@ class ChainWriter:
                           *({**e, "role": "map", "pe": pe_id} for e in maps.values())],
                 "positions": taken["positions"], "state_bytes": held}
 
-    def _unkeep(self, pack: "_Pack") -> None:
-        """An aborted write's groups whose chain ends in a delta of ``pack``: not kept (the PE's
-        ``.state`` that would hold it is not written); the next attempt writes them again."""
+    def _unkeep(self, written: Callable[[dict], bool]) -> None:
+        """An aborted write's groups whose chain has a file ``written`` says it wrote: not kept
+        (the PE's ``.state`` that would hold a packed delta is not written, or the segment holding
+        a file was not synced); the next attempt writes them again."""
         with self._lock:
             for groups in self._kept.values():
-                for g in [g for g, k in groups.items() if any(f is pack.entry for f in k.chain.files)]:
+                for g in [g for g, k in groups.items() if any(map(written, k.chain.files))]:
                     del groups[g]
 
-    def _write_view(self, files: StateFiles, checkpoint_id: int, name: str, index: int, view: StateView,
-                    pack: "_Pack") -> tuple:
+    def _write_view(self, segment: Segment, name: str, index: int, view: StateView, pack: "_Pack") -> tuple:
+        checkpoint_id = segment.checkpoint_id
         try:
             changes = view.changes or Changes(f"untracked-{id(view)}", 1)   # a view of another backend: whole
             with self._lock:
@@ -530,7 +551,7 @@ class ChainWriter:
                     raise CheckpointError(f"checkpoint {checkpoint_id} was aborted while its files were "
                                           f"written; the groups written are kept for the next one")
                 kept = kept_of[g]
-                chains[g] = self._chain(files, checkpoint_id, f"{name}.g{g:03d}", view, g, kept or since,
+                chains[g] = self._chain(segment, f"{name}.g{g:03d}", view, g, kept or since,
                                         lambda data, delta: pack.add(index, g, data, delta),
                                         waits=kept is None and g in waits)
                 with self._lock:
@@ -538,7 +559,7 @@ class ChainWriter:
         finally:
             view.release()
             _free(self._forget_unions(changes.token))
-        run = files.url.rsplit("/", 1)[-1]
+        run = segment.files.url.rsplit("/", 1)[-1]
         with self._lock:
             base = self._base.get(changes.token)
         if base is not None and (base.run != run or base.name != name or not base.maps):
@@ -633,16 +654,15 @@ class ChainWriter:
             self._unions[(changes.token, seq)] = union
         return {**chains, **adopted}, groups, whole - adopted.keys()
 
-    def _chain(self, files: StateFiles, checkpoint_id: int, name: str, view: StateView, g: int,
-               since: tuple | None, packed: Callable[[bytes, tuple | None], dict | None] = lambda data, delta: None,
+    def _chain(self, segment: Segment, name: str, view: StateView, g: int, since: tuple | None, packed: Callable[[bytes, tuple | None], dict | None] = lambda data, delta: None,
                waits: bool = False) -> _Chain:
         """Group ``g``'s chain in this checkpoint: the base's as it was (no key changed), with one
         more delta (the chain is short, its deltas stay smaller than its full file, or it ``waits``
         for its rewrite (:func:`outgrown_waits`), and it is not the group's turn:
         :func:`rewrite_turn`), or a new full file."""
-        prev = _built_on(since, g)
+        checkpoint_id, prev = segment.checkpoint_id, _built_on(since, g)
         if prev is not None and prev.adopted:
-            prev = self._adopted(files, checkpoint_id, name, g, prev, since[1].get(g))
+            prev = self._adopted(segment, name, g, prev, since[1].get(g))
         if prev is not None:
             keys = since[1].get(g)
             step = _step(prev, g, checkpoint_id, bool(keys))
@@ -652,11 +672,11 @@ class ChainWriter:
                 delta = view.delta(g, keys)
                 data = pack_delta(*delta)
                 if waits or _outgrown(prev, g, len(delta[0])) <= 1:
-                    entry = packed(data, delta) or self._put(files, checkpoint_id, f"{name}.delta", data)
+                    entry = packed(data, delta) or self._put(segment, f"{name}.delta", data)
                     return _Chain(prev.key, (*prev.files, entry), prev.full_bytes, prev.delta_bytes + len(data),
                                   prev.keys + len(delta[0]), prev.full_keys)
         data, count, first = view.full(g)   # in chunks: the PE's thread gets the GIL between them
-        entry = packed(data, None) or self._put(files, checkpoint_id, f"{name}.full", data)
+        entry = packed(data, None) or self._put(segment, f"{name}.full", data)
         return _Chain(first, (entry,), len(data), 0, count, count)
 
     def _may_rewrite(self, groups: list[int], kept_of: dict, since: tuple | None, checkpoint_id: int,
@@ -678,8 +698,7 @@ class ChainWriter:
                 out.append(g)
         return out
 
-    def _adopted(self, files: StateFiles, checkpoint_id: int, name: str, g: int, received: _Chain,
-                 keys: Any) -> _Chain | None:
+    def _adopted(self, segment: Segment, name: str, g: int, received: _Chain, keys: Any) -> _Chain | None:
         """A group an import brought (:class:`~pescheduler.state.base.Received`) as this view's
         chain, which ``_chain`` then grows by the keys written since the import: a rescale's part's
         bytes written as its full file, a file of its own (the chain's delta may go into the PE's
@@ -692,20 +711,24 @@ class ChainWriter:
             return None
         if received.origin is not None:
             run, views = received.origin
-            if run != files.url.rsplit("/", 1)[-1]:
+            if run != segment.files.url.rsplit("/", 1)[-1]:
                 return None
             mine = name.rsplit(".g", 1)[0]
             chain = tuple(f if v == mine else {**f, "view": v} for f, v in zip(received.files, views))
             return replace(received, files=chain, origin=None)
-        entry = self._put(files, checkpoint_id, f"{name}.full", received.received)
+        entry = self._put(segment, f"{name}.full", received.received)
         return replace(received, files=(entry,), received=None)
 
-    def _put(self, files: StateFiles, checkpoint_id: int, name: str, data: bytes) -> dict:
-        """A key-group file into the storage, and a copy kept on this worker."""
-        entry = files.put(checkpoint_id, name, data)
-        if self.local is not None:
-            self.local.keep(files.url.rsplit("/", 1)[-1], entry, data)
+    def _put(self, segment: Segment, name: str, data: bytes) -> dict:
+        """A key-group file into the storage (its PE's segment), and a copy kept on this worker."""
+        entry = segment.put(name, data)
+        self._keep(segment.files, entry, data)
         return entry
+
+    def _keep(self, files: StateFiles, entry: dict, data: bytes) -> None:
+        """A copy of a file written into ``files`` kept on this worker (local recovery)."""
+        if self.local is not None and "data" not in entry:
+            self.local.keep(files.url.rsplit("/", 1)[-1], entry, data)
 
     def abandon(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was aborted: a write of it still going stops at its next
@@ -723,7 +746,7 @@ class ChainWriter:
             for older in [i for i in self._restored if i < checkpoint_id]:
                 del self._restored[older]
         if self.local is not None and bases:       # copies no base (nor a later attempt's chain) references go
-            keep = {f["path"] for c in [*(c for b in bases for c in b.chains.values()), *kept] for f in c.files}
+            keep = {physical(f) for c in [*(c for b in bases for c in b.chains.values()), *kept] for f in c.files}
             keep |= self._restored_base             # a lazy restore may still read them here
             for run in {b.run for b in bases}:
                 self.local.prune(run, keep)

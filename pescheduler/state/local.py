@@ -6,7 +6,9 @@ the checkpoint storage otherwise. The copies live in the deployment's
 directory of the worker (``pescheduler.state.dir``, ``state/settings.py``),
 so they go when the deployment ends there. A copy is only a cache: it is
 read only when its size and SHA-256 are those of the signed manifest's
-entry; anything else (missing, damaged) reads the storage's file.
+entry; anything else (missing, damaged) reads the storage's file. A file in
+a segment (``state/files.Segment``) is copied into the same place of a copy
+of its segment, and read as that range.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+
+from .files import physical
 
 LOCAL = "checkpoint-copies"
 
@@ -29,18 +33,21 @@ class LocalCopies:
         return os.path.join(self.root, run, *path.split("/"))
 
     def keep(self, run: str, entry: dict, data: bytes) -> None:
-        """A copy of a file just written to the storage (owner-only; not fsynced: a cache)."""
-        path = self._path(run, entry["path"])
+        """A copy of a file just written to the storage (owner-only; not fsynced: a cache); one
+        in a segment at its place in the segment's copy."""
+        path = self._path(run, physical(entry))
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | (0 if "in" in entry else os.O_TRUNC), 0o600)
         with os.fdopen(fd, "wb") as f:
+            f.seek(entry.get("at", 0))
             f.write(data)
 
     def read(self, run: str, entry: dict) -> bytes | None:
         """The copy of ``entry``'s file if there is one matching its size and SHA-256, else None."""
         try:
-            with open(self._path(run, entry["path"]), "rb") as f:
-                data = f.read()
+            with open(self._path(run, physical(entry)), "rb") as f:
+                f.seek(entry.get("at", 0))
+                data = f.read(entry["bytes"]) if "in" in entry else f.read()
         except OSError:
             return None
         if len(data) != entry["bytes"] or not hmac.compare_digest(hashlib.sha256(data).hexdigest(),
@@ -49,7 +56,8 @@ class LocalCopies:
         return data
 
     def prune(self, run: str, keep: set[str]) -> None:
-        """Remove the copies of ``run`` whose path (``chk-N/<file>``) is not in ``keep``."""
+        """Remove the copies of ``run`` whose path (``chk-N/<file>``, a segment's for the files in
+        it: :func:`~pescheduler.state.files.physical`) is not in ``keep``."""
         base = os.path.join(self.root, run)
         for folder in _listed(base):
             for name in _listed(os.path.join(base, folder)):

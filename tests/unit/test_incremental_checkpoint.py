@@ -25,6 +25,7 @@ from pescheduler.state import key_group, open_state
 from pescheduler.state.groups import restore_groups, snapshot_groups
 from pescheduler.state.incremental import (load_snapshot, load_state_file, outgrown_at, pickle_snapshot, resolve_restore,
                                           with_entries)
+from pescheduler.state.files import physical
 from pescheduler.state.local import LocalCopies
 from pescheduler.state.settings import deployment_dir
 from pescheduler.worker import ckpt_files
@@ -202,22 +203,24 @@ def test_a_chain_is_rewritten_whole_after_max_deltas(state):
     assert restored(store, 5)["car-0000007"] == [7, 5.0]
 
 
-def aborted_after(files: CheckpointFiles, checkpoint_id: int, groups: int, monkeypatch) -> None:
+def aborted_after(files: CheckpointFiles, checkpoint_id: int, groups: int, monkeypatch) -> list[str]:
     """Abort checkpoint ``checkpoint_id`` (as the coordinator's timeout does: ``pe_ckpt_end``
-    with ``complete=False`` from the worker's loop) once its write has put ``groups`` group files."""
-    from pescheduler.state.files import StateFiles
+    with ``complete=False`` from the worker's loop) once its write has put ``groups`` group
+    files; the names of those it put (into its segment), filled as they are."""
+    from pescheduler.state.files import Segment
 
-    put, count = StateFiles.put, [0]
+    put, names = Segment.put, []
 
-    def counted(self, cid, name, data):
-        entry = put(self, cid, name, data)
-        if cid == checkpoint_id and ".g" in name:
-            count[0] += 1
-            if count[0] == groups:
+    def counted(self, name, data):
+        entry = put(self, name, data)
+        if self.checkpoint_id == checkpoint_id and ".g" in name:
+            names.append(name)
+            if len(names) == groups:
                 files.end("d", checkpoint_id, complete=False)
         return entry
 
-    monkeypatch.setattr(StateFiles, "put", counted)
+    monkeypatch.setattr(Segment, "put", counted)
+    return names
 
 
 def group_files(out: dict, checkpoint_id: int, kind: str) -> int:
@@ -232,10 +235,11 @@ def test_an_aborted_checkpoints_groups_are_built_on_and_restore_exactly(state, m
     store, files = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY), CheckpointFiles()
     fill(state, 5_000)
     groups = len(state.groups())
-    aborted_after(files, 1, 40, monkeypatch)
+    put = aborted_after(files, 1, 40, monkeypatch)
     first = checkpoint(files, store, state, 1, complete=False)
     assert "aborted" in first["error"]                           # stopped at the group after the 40th
-    assert len(store.fs.find(f"{store.url}/chk-000001")) == 40
+    assert len(put) == 40                                        # in the PE's one segment, synced
+    assert [p.rsplit("/", 1)[-1] for p in store.fs.find(f"{store.url}/chk-000001")] == ["pe.seg0"]
     for i in range(0, 5_000, 100):
         state.put(f"car-{i:07d}", [i, 2.0])
     state.delete("car-0000001")
@@ -259,9 +263,8 @@ def test_an_attempt_writes_the_groups_no_attempt_reached_first(state, monkeypatc
     checkpoint(files, store, state, 1, complete=False)
     for i in range(0, 5_000, 10):
         state.put(f"car-{i:07d}", [i, 2.0])
-    aborted_after(files, 2, 40, monkeypatch)
+    second = aborted_after(files, 2, 40, monkeypatch)
     checkpoint(files, store, state, 2, complete=False)
-    second = [p.rsplit("/", 1)[-1] for p in store.fs.find(f"{store.url}/chk-000002")]
     assert len(second) == 40 and all(p.endswith(".full") for p in second), second
     third = checkpoint(files, store, state, 3)
     assert group_files(third, 3, ".full") == groups - 80
@@ -606,9 +609,9 @@ def test_a_damaged_file_of_an_earlier_checkpoint_falls_back_loudly(tmp_path, cap
         taken.append(out)
     delta = next(f for f in taken[1]["files"] if f["chk"] == 2 and f["path"].endswith(".delta"))
     assert any(f["path"] == delta["path"] for f in taken[2]["files"])
-    path = os.path.join(store.root, store.run, delta["path"])
-    with open(path, "r+b") as f:
-        f.truncate(3) if how == "truncated" else (f.seek(0), f.write(b"X"))
+    assert delta["in"] == "running_sum-2->collect-3.seg0"       # in its PE's segment: damaged there
+    with open(os.path.join(store.root, store.run, physical(delta)), "r+b") as f:
+        f.truncate(delta["at"] + 3) if how == "truncated" else (f.seek(delta["at"]), f.write(b"X"))
     with caplog.at_level(logging.WARNING):
         states = load_states(store, 3, pl)
     assert states[op]["checkpoint"] == 1
@@ -635,7 +638,8 @@ def test_a_damaged_file_every_kept_checkpoint_references_fails_loudly(tmp_path):
     store.commit_manifest(1, {"id": 1, "files": [*out["files"], {**store.put(1, "placement.pkl", placement_blob(pl)),
                                                                  "role": "placement"}]})
     group = next(f for f in out["files"] if f["role"] == "group")
-    with open(os.path.join(store.root, store.run, group["path"]), "ab") as f:
+    with open(os.path.join(store.root, store.run, physical(group)), "r+b") as f:
+        f.seek(group["at"])
         f.write(b"more")
     with pytest.raises(CheckpointError, match="no intact checkpoint") as err:
         load_states(store, 1, pl)
@@ -773,18 +777,21 @@ def test_a_restore_reads_this_workers_copies_and_the_storage_when_a_copy_is_bad(
     checkpoint(files, store, st, 1)
     st.put("car-0000009", [9, 7.0])
     checkpoint(files, store, st, 2)
-    copies = sorted((worker_dir / "pescheduler-state" / "d" / "checkpoint-copies").rglob("*.g*"))
-    assert len(copies) == 129                           # 128 full files and the one delta
+    copies = sorted((worker_dir / "pescheduler-state" / "d" / "checkpoint-copies").rglob("*.seg*"))
+    assert [c.name for c in copies] == ["pe.seg0"]      # checkpoint 1's segment; 2's delta is in its entry
     manifest = store.manifest(2)
     entry = next(e for e in manifest["files"] if e["role"] == "state")
     blob = load_state_file(store.read(entry, store.run))
     groups = with_entries(blob["groups"], manifest["files"], lambda e: store.read(e, store.run))
     fresh = lambda: {"op": {**load_snapshot(blob["ops"], groups)["op"], "storage": store.storage}}  # noqa: E731
-    assert resolve_restore(fresh(), LocalCopies(deployment_dir("d"))) == (129, 129)
-    copies[0].write_bytes(b"damaged")
-    copies[1].unlink()
+    assert resolve_restore(fresh(), LocalCopies(deployment_dir("d"))) == (129, 128)
+    first, *_, last = sorted((e for e in manifest["files"] if e.get("in")), key=lambda e: e["at"])
+    with open(copies[0], "r+b") as f:                  # one of checkpoint 1's 128 full files damaged,
+        f.seek(first["at"])
+        f.write(b"damaged")
+        f.truncate(last["at"] + 1)                      # and the last one's cut short
     saved = fresh()
-    assert resolve_restore(saved, LocalCopies(deployment_dir("d"))) == (129, 127)
+    assert resolve_restore(saved, LocalCopies(deployment_dir("d"))) == (129, 126)
     target = open_state("memory")
     restore_groups(target, saved["op"]["state"]["groups"])
     assert len(target) == 2_000 and target.get("car-0000009") == [9, 7.0]

@@ -226,10 +226,10 @@ def test_an_attempt_aborted_before_its_state_file_leaves_no_chain_naming_it(stat
         state.put(i, rows[i])
     real_chain, calls = incremental.ChainWriter._chain, [0]
 
-    def chain_then_abort(self, f, cid, *args, **kwargs):    # the coordinator's timeout, half-way
-        out = real_chain(self, f, cid, *args, **kwargs)
+    def chain_then_abort(self, segment, *args, **kwargs):   # the coordinator's timeout, half-way
+        out = real_chain(self, segment, *args, **kwargs)
         calls[0] += 1
-        if cid == 2 and calls[0] == 64:
+        if segment.checkpoint_id == 2 and calls[0] == 64:
             files.end("d", 2, complete=False)
         return out
 
