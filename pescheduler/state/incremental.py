@@ -749,7 +749,7 @@ class ChainWriter:
             keep = {physical(f) for c in [*(c for b in bases for c in b.chains.values()), *kept] for f in c.files}
             keep |= self._restored_base             # a lazy restore may still read them here
             for run in {b.run for b in bases}:
-                self.local.prune(run, keep)
+                self.local.prune(run, keep, checkpoint_id)
         _free(dropped)
         _emptied(gone)
 

@@ -55,11 +55,17 @@ class LocalCopies:
             return None
         return data
 
-    def prune(self, run: str, keep: set[str]) -> None:
-        """Remove the copies of ``run`` whose path (``chk-N/<file>``, a segment's for the files in
-        it: :func:`~pescheduler.state.files.physical`) is not in ``keep``."""
+    def prune(self, run: str, keep: set[str], upto: int) -> None:
+        """Remove the copies of ``run`` of checkpoints up to ``upto`` (the one just complete) whose
+        path (``chk-N/<file>``, a segment's for the files in it:
+        :func:`~pescheduler.state.files.physical`) is not in ``keep``. A later checkpoint's are
+        left alone: its write may be going (it begins while the last one ends), and its copies are
+        made before its chains name them; a segment's copy removed under it lost the files
+        before."""
         base = os.path.join(self.root, run)
         for folder in _listed(base):
+            if not (folder.startswith("chk-") and folder[4:].isdigit()) or int(folder[4:]) > upto:
+                continue
             for name in _listed(os.path.join(base, folder)):
                 if f"{folder}/{name}" not in keep:
                     try:

@@ -812,9 +812,9 @@ def test_pruning_local_copies_that_another_prune_took_first_is_no_error(tmp_path
         raise FileNotFoundError(path)
 
     monkeypatch.setattr(os, "remove", raced)
-    copies.prune("run", {"chk-000002/g1.full"})
+    copies.prune("run", {"chk-000002/g1.full"}, 2)
     monkeypatch.setattr(os, "listdir", lambda path: (_ for _ in ()).throw(FileNotFoundError(path)))
-    copies.prune("run", set())
+    copies.prune("run", set(), 2)
     monkeypatch.undo()
     assert copies.read("run", {**entry, "bytes": 1, "sha256": ""}) is None
 

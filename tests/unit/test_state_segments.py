@@ -20,6 +20,8 @@ from test_incremental_checkpoint import KEY, checkpoint, fill, restored
 from pescheduler.checkpoint import CheckpointStore
 from pescheduler.errors import CheckpointDamaged
 from pescheduler.state.files import Segment, physical
+from pescheduler.state.local import LocalCopies
+from pescheduler.state.settings import deployment_dir
 from pescheduler.worker.ckpt_files import CheckpointFiles
 
 K = 20_000
@@ -141,3 +143,37 @@ def test_a_write_still_going_holds_the_next_checkpoints_write_until_its_segment_
     first.join(30), second.join(30)
     assert not first.is_alive() and not second.is_alive()
     assert 3 in events and events.index(3) > events.index("released"), events[:5]
+
+
+@pytest.mark.usefixtures("unpacked")
+def test_the_end_of_a_checkpoint_leaves_the_copies_of_the_next_one_being_written(state, tmp_path, monkeypatch):
+    """Checkpoint 2 ends (its chains confirmed, this worker's copies pruned) while checkpoint 3's
+    write has copied its first file here and named it in no chain yet: the copy of 3's segment
+    stays, and every file of 3 is read from this worker's copies."""
+    store, files = CheckpointStore(str(tmp_path / "ckpt"), KEY), CheckpointFiles()
+    fill(state, K)
+    checkpoint(files, store, state, 1)
+    change(state, 5, 2)
+    second = checkpoint(files, store, state, 2, complete=False)     # written, not ended yet
+    change(state, 5, 3)
+    keep, inside, release, out = LocalCopies.keep, threading.Event(), threading.Event(), {}
+
+    def held(self, run, entry, data):
+        keep(self, run, entry, data)
+        if entry["chk"] == 3 and not inside.is_set():
+            inside.set()
+            assert release.wait(30)
+
+    monkeypatch.setattr(LocalCopies, "keep", held)
+    third = threading.Thread(target=lambda: out.update(checkpoint(files, store, state, 3, complete=False)))
+    third.start()
+    assert inside.wait(30)
+    store.commit_manifest(2, {"id": 2, "files": second["files"]})
+    files.end("d", 2, complete=True)                # prunes this worker's copies meanwhile
+    release.set()
+    third.join(30)
+    assert not third.is_alive() and "files" in out, out
+    written = [f for f in out["files"] if f["chk"] == 3 and f.get("in")]
+    local = LocalCopies(deployment_dir("d"))
+    lost = [f["path"] for f in written if local.read(store.run, f) is None]
+    assert written and not lost, f"{len(lost)} of {len(written)} copies of checkpoint 3's files lost: {lost[:3]}"

@@ -10,8 +10,9 @@ from __future__ import annotations
 import random
 import uuid
 
+import cloudpickle
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from keyed_stores import restored_state
 from test_window_checkpoint_layers import SIZE, SLIDE, VALUES, opened, panes_now
@@ -127,6 +128,10 @@ def test_a_delta_that_changes_a_key_its_chain_lacks_is_refused_loudly():
 
 
 @settings(max_examples=100, deadline=None)
+# Found by a loaded suite (session 56) while the harness imported the exported part as it was, unpickled: its
+# slots were the frozen view's own objects, and the fold after the import changed them in place before the
+# write. A part always crosses pickled (handover.py), as the harness now passes it.
+@example(steps=["batch", "snapshot", "export", "import", "batch", "write"], busy=False, seed=39)
 @given(steps=st.lists(st.sampled_from(["batch", "batch", "batch", "watermark", "snapshot", "snapshot", "write",
                                        "write", "abort", "drop", "export", "import"]), min_size=5, max_size=50),
        busy=st.booleans(),
@@ -187,9 +192,9 @@ def test_every_complete_checkpoint_restores_the_panes_it_was_taken_of_in_order(s
             elif step == "export" and part is None:
                 moving = frozenset(rng.sample(range(128), 16))
                 part = checked.export_groups(moving), reference.export_groups(moving)
-            elif step == "import" and part is not None:
-                checked.import_groups(part[0])
-                reference.import_groups(part[1])
+            elif step == "import" and part is not None:     # a part crosses a process, pickled
+                checked.import_groups(cloudpickle.loads(cloudpickle.dumps(part[0])))    # (handover.py)
+                reference.import_groups(cloudpickle.loads(cloudpickle.dumps(part[1])))
                 part = None
     finally:
         PanesView._groups = read
