@@ -654,7 +654,8 @@ class ChainWriter:
             self._unions[(changes.token, seq)] = union
         return {**chains, **adopted}, groups, whole - adopted.keys()
 
-    def _chain(self, segment: Segment, name: str, view: StateView, g: int, since: tuple | None, packed: Callable[[bytes, tuple | None], dict | None] = lambda data, delta: None,
+    def _chain(self, segment: Segment, name: str, view: StateView, g: int, since: tuple | None,
+               packed: Callable[[bytes, tuple | None], dict | None] = lambda data, delta: None,
                waits: bool = False) -> _Chain:
         """Group ``g``'s chain in this checkpoint: the base's as it was (no key changed), with one
         more delta (the chain is short, its deltas stay smaller than its full file, or it ``waits``
@@ -701,8 +702,8 @@ class ChainWriter:
     def _adopted(self, segment: Segment, name: str, g: int, received: _Chain, keys: Any) -> _Chain | None:
         """A group an import brought (:class:`~pescheduler.state.base.Received`) as this view's
         chain, which ``_chain`` then grows by the keys written since the import: a rescale's part's
-        bytes written as its full file, a file of its own (the chain's delta may go into the PE's
-        pack, which holds one file a group); a lazy restore's chain as it is when its files are
+        bytes written as its full file, into the PE's segment (the chain's delta may go into the
+        PE's pack, which holds one file a group); a lazy restore's chain as it is when its files are
         this run's, each of another view's (the PE restored under another name: a placement
         fused anew on fewer workers) naming it (``"view"``, :func:`_link`). None when the keys
         since would outgrow it (:func:`outgrown_at`), or the files are another run's: then the
