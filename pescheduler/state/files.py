@@ -174,7 +174,7 @@ class Segment:
         return entry
 
     def _next(self) -> None:
-        self._end()
+        self.close()
         self.names.append(f"{self.name}.seg{len(self.names)}")
         if self.files.local:
             self.files.makedirs(self.folder)
@@ -184,7 +184,8 @@ class Segment:
             self._out = io.BytesIO()
         self._size = 0
 
-    def _end(self) -> None:
+    def close(self) -> None:
+        """Write out (and sync) the segment being written: its entries may be named from now on."""
         out, self._out = self._out, None
         if out is None:
             return
@@ -194,10 +195,6 @@ class Segment:
         with out:
             out.flush()
             os.fsync(out.fileno())
-
-    def close(self) -> None:
-        """Write out (and sync) the segment being written: its entries may be named from now on."""
-        self._end()
 
     def abort(self) -> None:
         """Let the segment being written go unsynced (its entries are named by nothing)."""
