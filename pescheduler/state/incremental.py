@@ -73,6 +73,7 @@ from .. import config
 from ..errors import CheckpointDamaged, CheckpointError
 from .base import KEY_GROUPS, Changes, StateView, came_from, pack_group, unpack_group, unpack_prepared
 from .files import Segment, StateFiles, physical
+from .foreground import give_way
 from .local import LocalCopies
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -547,6 +548,7 @@ class ChainWriter:
             kept_of = {g: later.since(g) for g in order}
             view.reads_full(self._may_rewrite(order, kept_of, since, checkpoint_id, waits))
             for g in order:
+                give_way()                  # a group's work at a time beside the PEs' turns (foreground.py)
                 if checkpoint_id in self._abandoned:
                     raise CheckpointError(f"checkpoint {checkpoint_id} was aborted while its files were "
                                           f"written; the groups written are kept for the next one")
@@ -815,6 +817,7 @@ def empty(entries: dict) -> None:
     popitem, none = entries.popitem, ()
     while entries:                      # from the end: a pop from the front leaves a dummy its next slice steps over
         deque(itertools.starmap(popitem, itertools.repeat(none, min(len(entries), SLICE_KEYS))), maxlen=0)
+        give_way()
 
 
 def let_go(entries: dict) -> None:
@@ -1011,6 +1014,7 @@ def slices(keys: Iterable, size: int = SLICE_KEYS) -> Iterator[list]:
     it = iter(keys)
     while part := list(itertools.islice(it, size)):
         yield part
+        give_way()                      # a checkpoint's writer waits for the PEs' turns (foreground.py)
 
 
 def _more_than(chains: dict, count: int, changed: Iterator) -> bool:

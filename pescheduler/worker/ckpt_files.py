@@ -22,6 +22,7 @@ import psutil
 from .. import allocator
 from ..errors import CheckpointError
 from ..state.files import StateFiles
+from ..state.foreground import FOREGROUND
 from ..state.incremental import ChainWriter
 from ..state.local import LocalCopies
 from ..state.settings import deployment_dir
@@ -33,7 +34,7 @@ class CheckpointFiles:
     def __init__(self) -> None:
         self._taken: dict[tuple[str, int], dict[str, dict]] = {}    # (deployment, id) -> pe_id -> result
         self._writers: dict[str, ChainWriter] = {}
-        self._lock = threading.Lock()               # writes run in a thread, ends on the worker's loop
+        self._lock = threading.Lock()               # holds on the worker's loop, writes and ends in threads
         self._trims = Trims()
 
     def hold(self, deployment: str, checkpoint_id: int, pe_id: str, result: dict) -> dict:
@@ -52,15 +53,16 @@ class CheckpointFiles:
             writer = self._writers.get(deployment) or self._writers.setdefault(
                 deployment, ChainWriter(LocalCopies(deployment_dir(deployment))))
         files, out = StateFiles(storage), {}
-        for pe_id in pe_ids:
-            result = taken.pop(pe_id, None)
-            if result is None:
-                out[pe_id] = {"error": f"PE {pe_id}: no snapshot of checkpoint {checkpoint_id} held here"}
-                continue
-            try:
-                out[pe_id] = writer.write_pe(files, checkpoint_id, pe_id, result)
-            except CheckpointError as exc:          # aborted meanwhile: the rest is not written
-                out[pe_id] = {"error": str(exc)}
+        with FOREGROUND.background():               # the PEs' turns first (state/foreground.py)
+            for pe_id in pe_ids:
+                result = taken.pop(pe_id, None)
+                if result is None:
+                    out[pe_id] = {"error": f"PE {pe_id}: no snapshot of checkpoint {checkpoint_id} held here"}
+                    continue
+                try:
+                    out[pe_id] = writer.write_pe(files, checkpoint_id, pe_id, result)
+                except CheckpointError as exc:      # aborted meanwhile: the rest is not written
+                    out[pe_id] = {"error": str(exc)}
         _release(taken)
         self._trims.after_write()
         return out
@@ -73,6 +75,9 @@ class CheckpointFiles:
             stale = [k for k in self._taken if k[0] == deployment and k[1] <= checkpoint_id]
             held = [self._taken.pop(k) for k in stale]
             writer = self._writers.get(deployment)
+        # Outside the lock (the writer has its own): confirm lets the interval's keys go a slice at
+        # a time, giving way to the PEs' turns, and the loop's hold of the next snapshot goes on.
+        with FOREGROUND.background():
             if complete and writer is not None:
                 writer.confirm(checkpoint_id)
             elif writer is not None:

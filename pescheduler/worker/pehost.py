@@ -38,6 +38,7 @@ from .handshake import Credentials, tls_contexts
 from .lazy_restore import Loader, defer
 from .. import allocator
 from ..state.base import KeyedState
+from ..state.foreground import FOREGROUND
 from ..state.incremental import resolve_restore
 from ..state.local import LocalCopies
 from ..state.settings import deployment_dir, remove_stores
@@ -64,6 +65,7 @@ class PEHostPlugin(WorkerPlugin):
         if PLUGIN_NAME in worker.extensions:
             return
         process_settings.apply()        # the worker process's GIL switch interval and collector (its docstring)
+        FOREGROUND.count_loop(asyncio.get_running_loop())   # its work comes before the writer's (state/foreground.py)
         host = PEHost(worker)
         await host.start()
         worker.extensions[PLUGIN_NAME] = host

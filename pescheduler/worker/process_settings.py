@@ -1,4 +1,5 @@
-"""What a worker process sets for its PEs beside large state: the GIL's switch interval, a
+"""What a worker process sets for its PEs beside large state: the GIL's switch interval (and whether
+a checkpoint's writer gives way to the PEs' turns: ``state/foreground.py``), a
 cyclic garbage collector that does not visit the state at every full collection, and (on jemalloc,
 ``pescheduler/allocator.py``) its purging threads.
 
@@ -32,6 +33,7 @@ import sys
 import time
 
 from .. import allocator, config
+from ..state.foreground import FOREGROUND
 
 
 class _FreezeAfterFull:
@@ -60,6 +62,7 @@ def apply() -> None:
     is a no-op."""
     global _installed
     sys.setswitchinterval(config.get_seconds("pe.switch-interval"))
+    FOREGROUND.enabled = bool(config.get("pe.writer-gives-way"))   # state/foreground.py
     allocator.start_background_threads()     # jemalloc's purging off the PE's threads (pescheduler/allocator.py)
     if _installed is None and config.get("pe.gc-freeze"):
         _installed = _FreezeAfterFull(config.get_seconds("pe.gc-thaw-every"))

@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
+from ..state.foreground import FOREGROUND
 from .busy import busy_clock
 
 THREAD_AFTER_S = 0.1     # a turn this long means an operator blocks or runs long: give the PE a thread
@@ -45,6 +46,13 @@ async def let_the_loop_run(passes: int = YIELDS) -> None:
         if not ready:
             return
         await asyncio.sleep(0)
+
+
+def _counted(work: Callable[[], bool]) -> bool:
+    """One turn in the PE's thread, counted while it runs: the state's background work (a
+    checkpoint's writer) gives way meanwhile (``state/foreground.py``)."""
+    with FOREGROUND.turn():
+        return work()
 
 
 class Turns:
@@ -92,14 +100,15 @@ class Turns:
         if self.thread is None:
             clock = self.clock or busy_clock
             t0 = clock()
-            progressed = work()
+            with FOREGROUND.turn():             # the state's background work gives way meanwhile
+                progressed = work()
             took = clock() - t0
             self.long_turn = took >= LONG_TURN_S
             if took > thread_after(self.time_slice_s):
                 self.go_threaded(f"a turn took {took * 1000:.0f} ms")
         else:
             async with self.lock:
-                self._inflight = self.thread.submit(work)
+                self._inflight = self.thread.submit(_counted, work)
                 progressed = await asyncio.wrap_future(self._inflight)
                 self._inflight = None
             self.long_turn = False              # the loop was free meanwhile

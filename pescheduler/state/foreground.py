@@ -1,0 +1,157 @@
+"""The PEs' turns first: a worker's background state work gives way to them between its slices.
+
+**Why.** A checkpoint's writer runs Python in a thread of the worker beside the PE whose state it
+writes, and the two share the GIL: the switch interval (``pe.switch-interval``, 0.5 ms) hands it
+from one to the other, so a PE's turn beside the writer ran at about half speed. Traced at 10^7
+keys on ``memory`` (perf with the scheduler's switches, session 57): in the gaps of 20-40 ms
+between outputs inside checkpoints, the PE's thread was off the CPU in ``take_gil`` most of the
+gap while the writer's thread ran (lookups of the changed keys, pickling, the interval's keys
+let go); outside checkpoints the same turns left gaps of 5-8 ms.
+
+The worker's event loop waited for the GIL the same way (it takes the PE's input off the sockets
+and hands it to the PE's thread), so its work counts as a turn too: from each return of its
+selector's ``select`` to its next call (:meth:`Foreground.count_loop`).
+
+**What.** A PE's turn is counted while it runs (:meth:`Foreground.turn`, ``worker/turns.py``);
+the checkpoint's writer works in :meth:`Foreground.background` (``worker/ckpt_files.py``) and,
+between two slices of its work (a key group, a slice of keys: :func:`give_way`), waits while any
+turn runs, so its work goes in the time the PEs leave. Three bounds:
+
+- it waits at most as long as its own last stretch of work took (and at most :data:`MOST_S`):
+  it keeps at least half of the time it had, so a checkpoint beside a PE that is never idle
+  takes at most about twice as long, and never starves;
+- only a thread in :meth:`Foreground.background` waits: the same slices read in a PE's turn or
+  on the worker's event loop go on at once;
+- ``pe.writer-gives-way`` false (set at a worker's start, ``worker/process_settings.py``) turns
+  it off.
+
+A turn that begins while the writer is in a slice still shares the GIL with it until that slice
+ends: a key group or :data:`~pescheduler.state.incremental.SLICE_KEYS` keys (a steady checkpoint
+at 10^7 keys: 250-300 ms of the writer's CPU over 128 groups, about 2 ms a group).
+
+Measured (bench/state.py's 10^7 ``memory`` row, on and off in turn, docs/state.md "A checkpoint's
+writer gives way to the PEs' turns"): steady checkpoints with a gap over 20 ms 5 of 40 against
+25 of 51, the largest gap 21.2-26.4 ms a row against 27.0-131.7.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+MOST_S = 0.02       # the longest a writer waits at one point (two PE time slices)
+
+
+class Foreground:
+    """The turns running in this process, and the waits of the work that gives way to them."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self._cond = threading.Condition(threading.Lock())
+        self._running = 0           # turns running now (several PEs of one worker may each run one)
+        self._waiting = 0           # threads in give_way's wait: an ending turn wakes them
+        self._local = threading.local()     # per thread: background or not; when its stretch began
+        self.waited_s = 0.0         # what give_way waited in all (a test's and a status's figure)
+
+    def turn(self) -> "_Turn":
+        """A context manager around one PE turn: counted while it runs."""
+        return _Turn(self)
+
+    def background(self) -> "_Background":
+        """A context manager around background work in this thread: its :meth:`give_way` calls
+        wait for the turns."""
+        return _Background(self._local)
+
+    def count_loop(self, loop) -> bool:
+        """Count ``loop``'s work (on its thread: this call is) as a turn, from each return of its
+        selector's ``select`` to its next call; False where the loop has no selector of asyncio's
+        (another loop: not counted), or it is counted already."""
+        selector = getattr(loop, "_selector", None)
+        if selector is None or type(selector) is _CountingSelector:
+            return False
+        loop._selector = _CountingSelector(selector, self)
+        self._begin()                   # the loop is at work now: this call runs on it
+        return True
+
+    def give_way(self) -> None:
+        """Between two slices of work: in :meth:`background`, wait while a turn runs, at most as
+        long as this thread worked since its last call (and :data:`MOST_S`); elsewhere nothing."""
+        local = self._local
+        if not getattr(local, "background", False):
+            return
+        now = time.perf_counter()
+        if self.enabled and self._running:
+            with self._cond:
+                self._waiting += 1
+                try:
+                    self._cond.wait_for(lambda: not self._running, timeout=min(now - local.since, MOST_S))
+                finally:
+                    self._waiting -= 1
+            after = time.perf_counter()
+            self.waited_s += after - now
+            now = after
+        local.since = now
+
+    def _begin(self) -> None:
+        with self._cond:
+            self._running += 1
+
+    def _end(self) -> None:
+        with self._cond:
+            self._running -= 1
+            if not self._running and self._waiting:
+                self._cond.notify_all()
+
+
+class _Turn:
+    __slots__ = ("fg",)
+
+    def __init__(self, fg: Foreground) -> None:
+        self.fg = fg
+
+    def __enter__(self) -> None:
+        self.fg._begin()
+
+    def __exit__(self, *exc) -> None:
+        self.fg._end()
+
+
+class _CountingSelector:
+    """An event loop's selector whose ``select`` is the loop's idle time: its caller's turn ends
+    before it and begins again after it; everything else is the selector's own."""
+
+    def __init__(self, selector, fg: Foreground) -> None:
+        self._selector, self._fg = selector, fg
+
+    def select(self, timeout=None):
+        self._fg._end()
+        try:
+            return self._selector.select(timeout)
+        finally:
+            self._fg._begin()
+
+    def close(self) -> None:
+        """The loop closes (from its thread, at work): its count ends with it."""
+        self._fg._end()
+        self._selector.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._selector, name)
+
+
+class _Background:
+    __slots__ = ("local", "was")
+
+    def __init__(self, local: threading.local) -> None:
+        self.local = local
+
+    def __enter__(self) -> None:
+        self.was = getattr(self.local, "background", False)
+        self.local.background, self.local.since = True, time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.local.background = self.was
+
+
+FOREGROUND = Foreground()       # the process's: worker/turns.py counts turns, the state's writers give way
+give_way = FOREGROUND.give_way

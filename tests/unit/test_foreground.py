@@ -1,0 +1,184 @@
+"""A checkpoint's writer gives way to the PEs' turns (pescheduler/state/foreground.py).
+
+Traced at 10^7 keys (session 57): in the gaps of 20-40 ms between outputs inside checkpoints the
+PE's thread waited for the GIL while the writer's thread ran Python beside it. A PE's turn is now
+counted while it runs (``worker/turns.py``), and the writer, working in ``background()``, waits
+between two slices of its work while a turn runs: at most as long as its own last stretch, so it
+never starves. The real writer (``CheckpointFiles`` and ``ChainWriter``, both backends) and the
+real ``Turns``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+
+import dask.config
+import pytest
+from keyed_stores import state, unpacked, worker_dir  # noqa: F401  (fixtures)
+from test_incremental_checkpoint import KEY, checkpoint, fill, restored
+
+from pescheduler.checkpoint import CheckpointStore
+from pescheduler.state import foreground, incremental
+from pescheduler.state.foreground import FOREGROUND, Foreground
+from pescheduler.worker import process_settings
+from pescheduler.worker.ckpt_files import CheckpointFiles
+from pescheduler.worker.turns import Turns
+
+BOUND_S = 30        # every wait on a thread's progress is bounded by this
+
+
+def until(predicate, timeout: float = BOUND_S) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)               # polling a counter another thread sets, bounded
+    return True
+
+
+def in_background(fg: Foreground, stretch_s: float, done: threading.Event, out: dict) -> threading.Thread:
+    """A writer's thread: ``stretch_s`` of work (slept: its length is what counts), then one
+    ``give_way``; how long that waited in ``out``."""
+    def run() -> None:
+        with fg.background():
+            time.sleep(stretch_s)
+            t0 = time.perf_counter()
+            fg.give_way()
+            out["waited_s"] = time.perf_counter() - t0
+        done.set()
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_background_work_waits_while_a_turn_runs_and_goes_on_when_it_ends(monkeypatch):
+    monkeypatch.setattr(foreground, "MOST_S", 60.0)
+    fg, done, out = Foreground(), threading.Event(), {}
+    with fg.turn():
+        writer = in_background(fg, 2.0, done, out)       # it may wait up to its 2 s stretch
+        assert until(lambda: fg._waiting == 1), "the writer never waited for the turn"
+        assert not done.is_set()
+    assert done.wait(BOUND_S), "the turn's end did not wake the writer"
+    writer.join(BOUND_S)
+    assert out["waited_s"] < 2.0 and fg.waited_s > 0, out
+
+
+def test_a_wait_lasts_at_most_the_writers_own_last_stretch_so_a_turn_never_ending_starves_nothing(monkeypatch):
+    monkeypatch.setattr(foreground, "MOST_S", 60.0)
+    fg, done, out = Foreground(), threading.Event(), {}
+    with fg.turn():                     # a PE that is never idle
+        in_background(fg, 0.2, done, out).join(BOUND_S)
+        assert done.is_set()
+        assert 0.15 <= out["waited_s"] < 10, out        # about its 0.2 s stretch, not the turn's end
+    monkeypatch.setattr(foreground, "MOST_S", 0.05)
+    done.clear()
+    with fg.turn():
+        in_background(fg, 1.0, done, out).join(BOUND_S)
+        assert done.is_set() and out["waited_s"] < 0.9, out      # and at most MOST_S
+
+
+@pytest.mark.parametrize("how", ["outside background", "turned off", "no turn running"])
+def test_give_way_waits_only_in_background_work_while_a_turn_runs_and_enabled(how):
+    fg = Foreground()
+    fg.enabled = how != "turned off"
+    turn = fg.turn()
+    if how != "no turn running":
+        turn.__enter__()
+    try:
+        if how == "outside background":
+            time.sleep(0.05)
+            fg.give_way()
+        else:
+            with fg.background():
+                time.sleep(0.05)
+                fg.give_way()
+    finally:
+        if how != "no turn running":
+            turn.__exit__(None, None, None)
+    assert fg.waited_s == 0 and fg._waiting == 0
+
+
+@pytest.mark.usefixtures("unpacked")
+def test_a_checkpoints_writer_gives_way_at_each_key_group_while_a_turn_runs_and_still_finishes(state, tmp_path, monkeypatch):
+    """The real writer, a turn held open the whole time (a PE never idle): it waits at each key
+    group, each wait bounded by its own stretch, and the checkpoint is whole."""
+    calls: list[str] = []
+    real = incremental.give_way
+    monkeypatch.setattr(incremental, "give_way", lambda: (calls.append(threading.current_thread().name), real()))
+    store, files = CheckpointStore(str(tmp_path / "ckpt"), KEY), CheckpointFiles()
+    fill(state, 20_000)
+    model = {f"car-{i:07d}": [i, 1.0] for i in range(20_000)}
+    before, result = FOREGROUND.waited_s, {}
+    with FOREGROUND.turn():
+        writer = threading.Thread(target=lambda: result.update(out=checkpoint(files, store, state, 1)), name="writer")
+        writer.start()
+        writer.join(BOUND_S)
+        assert not writer.is_alive(), "the writer starved beside a turn that never ended"
+    assert calls.count("writer") >= 128, f"the writer gave way {calls.count('writer')} times for 128 key groups"
+    assert FOREGROUND.waited_s > before, "the writer never waited for the turn"
+    assert restored(store, 1) == model
+    calls.clear()
+    before = FOREGROUND.waited_s
+    checkpoint(files, store, state, 2)          # no turn running: no wait
+    assert calls and FOREGROUND.waited_s == before
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_a_pes_turn_is_counted_while_it_runs_on_the_loop_or_in_its_thread(threaded):
+    seen = []
+
+    async def run() -> None:
+        turns = Turns("pe", 0.01)
+        turns.bind()
+        if threaded:
+            turns.go_threaded("a test")
+        await turns.run(lambda: seen.append(FOREGROUND._running) or True)
+        turns.close()
+    asyncio.run(run())
+    assert seen == [1] and FOREGROUND._running == 0
+
+
+def test_the_event_loops_work_is_counted_as_a_turn_its_wait_for_events_is_not():
+    fg, seen = Foreground(), []
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        assert fg.count_loop(loop) and not fg.count_loop(loop)      # once
+        seen.append(fg._running)                                    # at work: counted
+        reader, writer = await asyncio.open_connection(*server)
+        idle = threading.Thread(target=lambda: seen.append(until(lambda: fg._running == 0)))
+        idle.start()                    # the loop waits for the server's reply in its select
+        assert await asyncio.wait_for(reader.readline(), BOUND_S) == b"hi\n"
+        idle.join(BOUND_S)
+        seen.append(fg._running)
+        writer.close()
+
+    import socket
+    listener = socket.create_server(("127.0.0.1", 0))
+    server = listener.getsockname()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            until(lambda: len(seen) == 2)           # the loop was seen idle first
+            conn.sendall(b"hi\n")
+    threading.Thread(target=serve, daemon=True).start()
+    asyncio.run(run())
+    listener.close()
+    assert seen == [1, True, 1], seen
+    assert fg._running == 0             # the loop closed: its count went with it
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_worker_process_gives_way_as_its_settings_say(on):
+    before = FOREGROUND.enabled, sys.getswitchinterval()
+    try:
+        with dask.config.set({"pescheduler.pe.writer-gives-way": on, "pescheduler.pe.gc-freeze": False}):
+            process_settings.apply()
+        assert FOREGROUND.enabled is on
+    finally:
+        FOREGROUND.enabled = before[0]
+        sys.setswitchinterval(before[1])
