@@ -51,7 +51,7 @@ class Foreground:
         self._running = 0           # turns running now (several PEs of one worker may each run one)
         self._waiting = 0           # threads in give_way's wait: an ending turn wakes them
         self._local = threading.local()     # per thread: background or not; when its stretch began
-        self.waited_s = 0.0         # what give_way waited in all (a test's and a status's figure)
+        self.waited_s = 0.0         # what give_way waited in all (the tests read it)
 
     def turn(self) -> "_Turn":
         """A context manager around one PE turn: counted while it runs."""
