@@ -30,8 +30,8 @@ ends: a key group or :data:`~pescheduler.state.incremental.SLICE_KEYS` keys (a s
 at 10^7 keys: 250-300 ms of the writer's CPU over 128 groups, about 2 ms a group).
 
 Measured (bench/state.py's 10^7 ``memory`` row, on and off in turn, docs/state.md "A checkpoint's
-writer gives way to the PEs' turns"): steady checkpoints with a gap over 20 ms 5 of 40 against
-25 of 51, the largest gap 21.2-26.4 ms a row against 27.0-131.7 (four and five rows). Stops of
+writer gives way to the PEs' turns"): steady checkpoints with a gap over 20 ms 6 of 50 against
+30 of 71, the largest gap 21.2-26.4 ms a row against 20.3-131.7 (five and seven rows). Stops of
 50-140 ms at checkpoints' starts come in some rows with it or without: not this sharing.
 """
 
