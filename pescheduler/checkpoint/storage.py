@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CheckpointDamaged, CheckpointError
-from ..state.files import StateFiles, physical
+from ..state.files import CHECKPOINT_DIR, StateFiles, physical
 from .keys import sign, signed_by
 
 logger = logging.getLogger(__name__)
@@ -67,7 +67,6 @@ FORMAT = 3                    # manifest format: what changed since the predeces
 TURNS = 48                    # a referenced file is listed again every TURNS manifests: a walk reads at most TURNS
                               # (as many as a key-group map's walk reads .state files at max-deltas 48: the
                               # directories a kept checkpoint reaches are much the same)
-_DIR = re.compile(r"chk-(\d+)$")
 _RUN = re.compile(r"run-[0-9T]+-[0-9a-f]+$")
 
 
@@ -93,7 +92,7 @@ def manifest_at(url: str, key: bytes | None = None) -> dict:
 
     run_dir, _, folder = str(url).rstrip("/").rpartition("/")
     storage, _, run = run_dir.rpartition("/")
-    return CheckpointStore(storage, key or checkpoint_key(), run).manifest(int(_DIR.search(folder).group(1)))
+    return CheckpointStore(storage, key or checkpoint_key(), run).manifest(int(CHECKPOINT_DIR.search(folder).group(1)))
 
 
 def canonical(body: dict) -> bytes:
@@ -282,7 +281,7 @@ class CheckpointStore:
             names = self.fs.ls(self._run_dir(run or self.run), detail=False)
         except FileNotFoundError:
             return []
-        found = (_DIR.search(n.rstrip("/")) for n in names)
+        found = (CHECKPOINT_DIR.search(n.rstrip("/")) for n in names)
         return sorted(int(m.group(1)) for m in found if m)
 
     def completed(self, run: str | None = None) -> list[int]:

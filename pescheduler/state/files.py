@@ -34,11 +34,14 @@ import hashlib
 import hmac
 import io
 import os
+import re
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import CheckpointDamaged
+
+CHECKPOINT_DIR = re.compile(r"chk-(\d+)$")     # a checkpoint's folder (chk-000042) at the end of a path: its id
 
 CHUNK = 1 << 20           # bytes hashed at a time when a file is checked without being kept
 INLINE = 48               # a .delta file this small is carried in its entry (and the manifest), not written

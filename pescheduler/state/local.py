@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import os
 
-from .files import physical
+from .files import CHECKPOINT_DIR, physical
 
 LOCAL = "checkpoint-copies"
 
@@ -64,7 +64,8 @@ class LocalCopies:
         before."""
         base = os.path.join(self.root, run)
         for folder in _listed(base):
-            if not (folder.startswith("chk-") and folder[4:].isdigit()) or int(folder[4:]) > upto:
+            chk = CHECKPOINT_DIR.fullmatch(folder)
+            if chk is None or int(chk.group(1)) > upto:
                 continue
             for name in _listed(os.path.join(base, folder)):
                 if f"{folder}/{name}" not in keep:

@@ -49,8 +49,8 @@ async def let_the_loop_run(passes: int = YIELDS) -> None:
 
 
 def _counted(work: Callable[[], bool]) -> bool:
-    """One turn in the PE's thread, counted while it runs: the state's background work (a
-    checkpoint's writer) gives way meanwhile (``state/foreground.py``)."""
+    """One turn, on the loop or in the PE's thread, counted while it runs: the state's background
+    work (a checkpoint's writer) gives way meanwhile (``state/foreground.py``)."""
     with FOREGROUND.turn():
         return work()
 
@@ -100,8 +100,7 @@ class Turns:
         if self.thread is None:
             clock = self.clock or busy_clock
             t0 = clock()
-            with FOREGROUND.turn():             # the state's background work gives way meanwhile
-                progressed = work()
+            progressed = _counted(work)
             took = clock() - t0
             self.long_turn = took >= LONG_TURN_S
             if took > thread_after(self.time_slice_s):

@@ -30,21 +30,29 @@ from pescheduler.worker.turns import Turns
 BOUND_S = 30        # every wait on a thread's progress is bounded by this
 
 
-def until(predicate, timeout: float = BOUND_S) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)               # polling a counter another thread sets, bounded
-    return True
+class Signalling(threading.Condition):
+    """A Foreground's condition that tells the test when a writer begins to wait on it."""
+
+    def __init__(self) -> None:
+        super().__init__(threading.Lock())
+        self.waiting = threading.Event()
+
+    def wait_for(self, predicate, timeout=None):
+        self.waiting.set()
+        return super().wait_for(predicate, timeout)
+
+
+def worked(fg: Foreground, stretch_s: float) -> None:
+    """This background thread as if it had worked ``stretch_s`` since its last ``give_way``: the
+    stretch that bounds its next wait."""
+    fg._local.since -= stretch_s
 
 
 def in_background(fg: Foreground, stretch_s: float, done: threading.Event, out: dict) -> threading.Thread:
-    """A writer's thread: ``stretch_s`` of work (slept: its length is what counts), then one
-    ``give_way``; how long that waited in ``out``."""
+    """A writer's thread: ``stretch_s`` of work, then one ``give_way``; how long that waited in ``out``."""
     def run() -> None:
         with fg.background():
-            time.sleep(stretch_s)
+            worked(fg, stretch_s)
             t0 = time.perf_counter()
             fg.give_way()
             out["waited_s"] = time.perf_counter() - t0
@@ -57,9 +65,10 @@ def in_background(fg: Foreground, stretch_s: float, done: threading.Event, out: 
 def test_background_work_waits_while_a_turn_runs_and_goes_on_when_it_ends(monkeypatch):
     monkeypatch.setattr(foreground, "MOST_S", 60.0)
     fg, done, out = Foreground(), threading.Event(), {}
+    fg._cond = Signalling()
     with fg.turn():
         writer = in_background(fg, 2.0, done, out)       # it may wait up to its 2 s stretch
-        assert until(lambda: fg._waiting == 1), "the writer never waited for the turn"
+        assert fg._cond.waiting.wait(BOUND_S), "the writer never waited for the turn"
         assert not done.is_set()
     assert done.wait(BOUND_S), "the turn's end did not wake the writer"
     writer.join(BOUND_S)
@@ -89,11 +98,10 @@ def test_give_way_waits_only_in_background_work_while_a_turn_runs_and_enabled(ho
         turn.__enter__()
     try:
         if how == "outside background":
-            time.sleep(0.05)
             fg.give_way()
         else:
             with fg.background():
-                time.sleep(0.05)
+                worked(fg, 0.05)
                 fg.give_way()
     finally:
         if how != "no turn running":
@@ -142,17 +150,25 @@ def test_a_pes_turn_is_counted_while_it_runs_on_the_loop_or_in_its_thread(thread
 
 
 def test_the_event_loops_work_is_counted_as_a_turn_its_wait_for_events_is_not():
-    fg, seen = Foreground(), []
+    fg, seen, seen_idle = Foreground(), [], threading.Event()
+
+    def idle() -> None:
+        """Wait, as a writer does, until nothing counted runs: the loop in its select."""
+        with fg._cond:
+            fg._waiting += 1
+            seen.append(fg._cond.wait_for(lambda: fg._running == 0, timeout=BOUND_S))
+            fg._waiting -= 1
+        seen_idle.set()
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
         assert fg.count_loop(loop) and not fg.count_loop(loop)      # once
         seen.append(fg._running)                                    # at work: counted
         reader, writer = await asyncio.open_connection(*server)
-        idle = threading.Thread(target=lambda: seen.append(until(lambda: fg._running == 0)))
-        idle.start()                    # the loop waits for the server's reply in its select
+        waiter = threading.Thread(target=idle)
+        waiter.start()                  # the loop waits for the server's reply in its select
         assert await asyncio.wait_for(reader.readline(), BOUND_S) == b"hi\n"
-        idle.join(BOUND_S)
+        waiter.join(BOUND_S)
         seen.append(fg._running)
         writer.close()
 
@@ -163,7 +179,7 @@ def test_the_event_loops_work_is_counted_as_a_turn_its_wait_for_events_is_not():
     def serve() -> None:
         conn, _ = listener.accept()
         with conn:
-            until(lambda: len(seen) == 2)           # the loop was seen idle first
+            seen_idle.wait(BOUND_S)                 # the loop was seen idle first
             conn.sendall(b"hi\n")
     threading.Thread(target=serve, daemon=True).start()
     asyncio.run(run())
