@@ -25,6 +25,22 @@ turn runs, so its work goes in the time the PEs leave. Three bounds:
 - ``pe.writer-gives-way`` false (set at a worker's start, ``worker/process_settings.py``) turns
   it off.
 
+**Its CPU too.** A thread can wait for a CPU, not the GIL: at 10^7 keys on ``memory`` the stops
+of 50-140 ms at some checkpoints' starts (session 58: the system's switches and wake-ups traced
+with the workers' stacks) were the worker's event loop *runnable* and not run for 74 ms. The
+kernel preempted it on one core, where the upstream worker's loop and PE thread woke each other
+hundreds of times, while the writer ran on the other core; the PE's thread meanwhile waited on its
+empty input queue. The loop is not counted while it is in ``select`` (nor while it waits for a
+CPU on its way out of it), so nothing waited. Now a writer that met no turn lets its CPU go
+anyway: after :data:`PAUSE_EVERY_S` of work since it last slept it sleeps :data:`PAUSE_S` at its
+next slice's end: a core gone idle is one the scheduler can give a thread waiting on the other
+(not traced yet on this code). It costs the
+writer at most a ninth of its time (a full checkpoint of 10^6 keys in process: 218 pauses, 4 %).
+Tried and not kept: the writer's thread at ``nice`` 10 (the first checkpoint after a rescale, 3-4
+s before, missed its 30 s timeout in both rows), and a ``give_way`` per slice of ``memory``'s
+deferred fold (``_Fold.apply``): that loop holds the fold's lock, which a PE's turn may wait for,
+so the writer waited for a turn that waited for it (the same checkpoint missed its timeout too).
+
 A turn that begins while the writer is in a slice still shares the GIL with it until that slice
 ends: a key group or :data:`~pescheduler.state.incremental.SLICE_KEYS` keys (a steady checkpoint
 at 10^7 keys: 250-300 ms of the writer's CPU over 128 groups, about 2 ms a group).
@@ -32,7 +48,10 @@ at 10^7 keys: 250-300 ms of the writer's CPU over 128 groups, about 2 ms a group
 Measured (bench/state.py's 10^7 ``memory`` row, on and off in turn, docs/state.md "A checkpoint's
 writer gives way to the PEs' turns"): steady checkpoints with a gap over 20 ms 6 of 50 against
 30 of 71, the largest gap 21.2-26.4 ms a row against 20.3-131.7 (five and seven rows). Stops of
-50-140 ms at checkpoints' starts come in some rows with it or without: not this sharing.
+50-140 ms at checkpoints' starts came in some rows with it or without: not this sharing (above).
+With the pauses, six rows against six (session 58, "The stops at checkpoints' starts: the event
+loop waiting for a CPU"): steady checkpoints over 45 ms in none against two rows; over 20 ms 13
+of 60 against 14; as long as before.
 """
 
 from __future__ import annotations
@@ -41,6 +60,8 @@ import threading
 import time
 
 MOST_S = 0.02       # the longest a writer waits at one point (two PE time slices)
+PAUSE_EVERY_S = 0.004   # background work between two pauses of a writer that met no turn...
+PAUSE_S = 0.0005        # ...each this long: its CPU free for a thread the scheduler left waiting
 
 
 class Foreground:
@@ -52,7 +73,8 @@ class Foreground:
         self._running = 0           # turns running now (several PEs of one worker may each run one)
         self._waiting = 0           # threads in give_way's wait: an ending turn wakes them
         self._local = threading.local()     # per thread: background or not; when its stretch began
-        self.waited_s = 0.0         # what give_way waited in all (the tests read it)
+        self.waited_s = 0.0         # what give_way waited for turns in all (the tests read it)
+        self.paused_s, self.pauses = 0.0, 0     # ...and slept to let its CPU go (PAUSE_S each)
 
     def turn(self) -> "_Turn":
         """A context manager around one PE turn: counted while it runs."""
@@ -76,7 +98,9 @@ class Foreground:
 
     def give_way(self) -> None:
         """Between two slices of work: in :meth:`background`, wait while a turn runs, at most as
-        long as this thread worked since its last call (and :data:`MOST_S`); elsewhere nothing."""
+        long as this thread worked since its last call (and :data:`MOST_S`); else, after
+        :data:`PAUSE_EVERY_S` of work since it last let its CPU go, sleep :data:`PAUSE_S`;
+        elsewhere nothing."""
         local = self._local
         if not getattr(local, "background", False):
             return
@@ -90,7 +114,15 @@ class Foreground:
                     self._waiting -= 1
             after = time.perf_counter()
             self.waited_s += after - now
+            if after - now >= PAUSE_S:      # it slept: its CPU was free meanwhile
+                local.paused = after
             now = after
+        elif self.enabled and now - local.paused >= PAUSE_EVERY_S:
+            time.sleep(PAUSE_S)
+            after = time.perf_counter()
+            self.paused_s += after - now
+            self.pauses += 1
+            now = local.paused = after
         local.since = now
 
     def _begin(self) -> None:
@@ -148,7 +180,8 @@ class _Background:
 
     def __enter__(self) -> None:
         self.was = getattr(self.local, "background", False)
-        self.local.background, self.local.since = True, time.perf_counter()
+        self.local.background = True
+        self.local.since = self.local.paused = time.perf_counter()
 
     def __exit__(self, *exc) -> None:
         self.local.background = self.was

@@ -43,9 +43,10 @@ class Signalling(threading.Condition):
 
 
 def worked(fg: Foreground, stretch_s: float) -> None:
-    """This background thread as if it had worked ``stretch_s`` since its last ``give_way``: the
-    stretch that bounds its next wait."""
+    """This background thread as if it had worked ``stretch_s`` since its last ``give_way`` (and
+    its last pause): the stretch that bounds its next wait."""
     fg._local.since -= stretch_s
+    fg._local.paused -= stretch_s
 
 
 def in_background(fg: Foreground, stretch_s: float, done: threading.Event, out: dict) -> threading.Thread:
@@ -107,6 +108,39 @@ def test_give_way_waits_only_in_background_work_while_a_turn_runs_and_enabled(ho
         if how != "no turn running":
             turn.__exit__(None, None, None)
     assert fg.waited_s == 0 and fg._waiting == 0
+    # a writer that met no turn let its CPU go instead (it had worked 50 ms): nothing else did
+    assert fg.pauses == (1 if how == "no turn running" else 0), fg.pauses
+
+
+def test_a_writer_that_meets_no_turn_lets_its_cpu_go_after_each_pause_every_s_of_work():
+    """Session 58's trace: the worker's event loop waited 74 ms for a CPU (not the GIL) while the
+    writer ran on the other core, and nothing counted ran, so the writer never waited."""
+    fg = Foreground()
+    with fg.background():
+        fg.give_way()                   # just began: no pause
+        assert fg.pauses == 0
+        fg._local.paused -= foreground.PAUSE_EVERY_S       # as if it had worked that long since
+        fg.give_way()
+        assert fg.pauses == 1 and fg.paused_s >= foreground.PAUSE_S, (fg.pauses, fg.paused_s)
+        fg.give_way()                   # right after its pause: none
+        assert fg.pauses == 1
+        fg._cond = Signalling()
+        ended = threading.Event()
+        turn = fg.turn()
+        turn.__enter__()
+
+        def end_turn() -> None:         # a turn that ends after the writer began to wait for it
+            fg._cond.waiting.wait(BOUND_S)
+            time.sleep(foreground.PAUSE_S)
+            turn.__exit__(None, None, None)
+            ended.set()
+        threading.Thread(target=end_turn).start()
+        worked(fg, 1.0)
+        fg.give_way()                   # it slept waiting for the turn: that was its pause
+        assert ended.wait(BOUND_S) and fg.waited_s >= foreground.PAUSE_S
+        fg.give_way()
+        assert fg.pauses == 1, "a wait for a turn it slept through is a pause: no second one"
+    assert fg.waited_s < BOUND_S
 
 
 @pytest.mark.usefixtures("unpacked")
@@ -129,9 +163,12 @@ def test_a_checkpoints_writer_gives_way_at_each_key_group_while_a_turn_runs_and_
     assert FOREGROUND.waited_s > before, "the writer never waited for the turn"
     assert restored(store, 1) == model
     calls.clear()
-    before = FOREGROUND.waited_s
-    checkpoint(files, store, state, 2)          # no turn running: no wait
+    before, paused = FOREGROUND.waited_s, FOREGROUND.pauses
+    fill(state, 20_000, value=lambda i: [i, 2.0])       # every key changed: tens of ms of work
+    checkpoint(files, store, state, 2)          # no turn running: no wait, its CPU let go
     assert calls and FOREGROUND.waited_s == before
+    assert FOREGROUND.pauses > paused, "the writer never let its CPU go"
+    assert restored(store, 2) == {k: [v[0], 2.0] for k, v in model.items()}
 
 
 @pytest.mark.parametrize("threaded", [False, True])
