@@ -91,7 +91,12 @@ def test_a_batch_longer_than_the_time_slice_is_taken_in_slices_in_order_its_cred
 def test_what_a_slow_batch_emits_ships_between_its_slices():
     """On a running PE: the first outputs of a 600-tuple batch (60 ms of work) reach the next PE's
     inbox while the batch is still being worked through, not all after it (the old turn took the
-    batch whole and shipped once it was done); every tuple arrives once, in order."""
+    batch whole and shipped once it was done); every tuple arrives once, in order.
+
+    As in the test above, a first batch of 100 measures the channel's cost and the second is 600
+    or as many as take 60 % of the turn that threads the PE at that cost: with a first batch of 20
+    the loaded suite's busy clock measured enough that 600 looked longer than that turn, which
+    ``slice_size`` rightly takes whole (its first output then after its last tuple)."""
     async def scenario():
         pe = PERunner(spec(outputs=[OutputSpec("c-out", "slow", "out", "pe-d", "tcp://d", HERE, ("d",))],
                            latency_s=0.0), Hosting("tcp://pe"))
@@ -99,10 +104,9 @@ def test_what_a_slow_batch_emits_ships_between_its_slices():
         await pe.connect(lambda cid: (downstream, ChannelIn(cid, "slow", "out")), HERE)
         channel, inbox = pe.ports.receivers["c-a"], pe.ports.inbox
         SEEN.clear()
-        inbox.put(channel, DATA, [{"n": n} for n in range(20)])
-        inbox.put(channel, DATA, [{"n": n} for n in range(20, 620)])
-        inbox.put(channel, END, None)
+        inbox.put(channel, DATA, [{"n": n} for n in range(100)])
         got: list[tuple[int, int]] = []        # (a shipped tuple's n, tuples the operator had seen then)
+        measured = asyncio.Event()              # the first batch came through: its cost is measured
 
         async def consume():
             while not got or got[-1][0] != -1:
@@ -113,14 +117,23 @@ def test_what_a_slow_batch_emits_ships_between_its_slices():
                     if kind == DATA:
                         got.extend((t["n"], len(SEEN)) for t in payload)
                         pe.ports.outs[0][1].gate.release()
+                        if len(got) >= 100:
+                            measured.set()
                     elif kind == END:
                         got.append((-1, len(SEEN)))
 
-        await asyncio.wait_for(asyncio.gather(pe.start(), consume()), 60)
+        running = asyncio.gather(pe.start(), consume())
+        await asyncio.wait_for(measured.wait(), 60)
+        size = min(600, int(0.6 * pe.inputs.whole_s / channel.tuple_s))
+        assert size > SLICE_MIN, f"the first batch measured {channel.tuple_s * 1e3:.3f} ms a tuple"
+        total = 100 + size
+        inbox.put(channel, DATA, [{"n": n} for n in range(100, total)])
+        inbox.put(channel, END, None)
+        await asyncio.wait_for(running, 60)
         assert pe.state == "finished", pe.error
-        assert [n for n, _seen in got[:-1]] == list(range(620))
-        first_of_big = next(seen for n, seen in got if n == 20)
-        assert first_of_big < 620, "the big batch's first output shipped only after its last tuple"
+        assert [n for n, _seen in got[:-1]] == list(range(total))
+        first_of_big = next(seen for n, seen in got if n == 100)
+        assert first_of_big < total, "the big batch's first output shipped only after its last tuple"
     asyncio.run(scenario())
 
 
