@@ -37,9 +37,10 @@ next slice's end: a core gone idle is one the scheduler can give a thread waitin
 (not traced yet on this code). It costs the
 writer at most a ninth of its time (a full checkpoint of 10^6 keys in process: 218 pauses, 4 %).
 Tried and not kept: the writer's thread at ``nice`` 10 (the first checkpoint after a rescale, 3-4
-s before, missed its 30 s timeout in both rows), and a ``give_way`` per slice of ``memory``'s
-deferred fold (``_Fold.apply``): that loop holds the fold's lock, which a PE's turn may wait for,
-so the writer waited for a turn that waited for it (the same checkpoint missed its timeout too).
+s otherwise, missed its 30 s timeout in both rows, one row in nine without), and a ``give_way``
+per slice of ``memory``'s deferred fold (``_Fold.apply``): that loop holds the fold's lock, which
+a PE's turn may wait for, so the writer waited for a turn that waited for it (the same checkpoint
+missed its timeout in both rows). No wait or pause under a lock a turn may wait for.
 
 A turn that begins while the writer is in a slice still shares the GIL with it until that slice
 ends: a key group or :data:`~pescheduler.state.incremental.SLICE_KEYS` keys (a steady checkpoint
@@ -49,9 +50,9 @@ Measured (bench/state.py's 10^7 ``memory`` row, on and off in turn, docs/state.m
 writer gives way to the PEs' turns"): steady checkpoints with a gap over 20 ms 6 of 50 against
 30 of 71, the largest gap 21.2-26.4 ms a row against 20.3-131.7 (five and seven rows). Stops of
 50-140 ms at checkpoints' starts came in some rows with it or without: not this sharing (above).
-With the pauses, six rows against six (session 58, "The stops at checkpoints' starts: the event
-loop waiting for a CPU"): steady checkpoints over 45 ms in none against two rows; over 20 ms 13
-of 60 against 14; as long as before.
+With the pauses, nine rows against nine in turn (session 58, "The stops at checkpoints' starts:
+the event loop waiting for a CPU"): steady checkpoints over 45 ms in no row against 11 in four
+rows; over 20 ms 15 of 90 against 23; as long as before.
 """
 
 from __future__ import annotations
