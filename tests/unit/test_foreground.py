@@ -112,16 +112,33 @@ def test_give_way_waits_only_in_background_work_while_a_turn_runs_and_enabled(ho
     assert fg.pauses == (1 if how == "no turn running" else 0), fg.pauses
 
 
+class Clock:
+    """The time ``foreground`` reads and sleeps on, set by the test: its work and its waits are
+    what the test says, whatever a loaded machine does between two calls."""
+
+    def __init__(self) -> None:
+        self.now = 1024.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_a_writer_that_meets_no_turn_lets_its_cpu_go_after_each_pause_every_s_of_work(monkeypatch):
     """Session 58's trace: the worker's event loop waited 74 ms for a CPU (not the GIL) while the
-    writer ran on the other core, and nothing counted ran, so the writer never waited. The work
-    between two pauses is set, not done (a minute: a loaded machine's preemption is no work)."""
-    monkeypatch.setattr(foreground, "PAUSE_EVERY_S", 60.0)
+    writer ran on the other core, and nothing counted ran, so the writer never waited."""
+    clock = Clock()
+    monkeypatch.setattr(foreground, "time", clock)
+    monkeypatch.setattr(foreground, "PAUSE_S", 2 ** -11)        # about the real ones, and exact in
+    monkeypatch.setattr(foreground, "PAUSE_EVERY_S", 2 ** -8)   # binary: the clock's sums are too
+    monkeypatch.setattr(foreground, "MOST_S", BOUND_S)     # a wait for a turn lasts until it ends
     fg = Foreground()
     with fg.background():
         fg.give_way()                   # just began: no pause
         assert fg.pauses == 0
-        fg._local.paused -= foreground.PAUSE_EVERY_S       # as if it had worked that long since
+        clock.now += foreground.PAUSE_EVERY_S               # it worked that long
         fg.give_way()
         assert fg.pauses == 1 and fg.paused_s >= foreground.PAUSE_S, (fg.pauses, fg.paused_s)
         fg.give_way()                   # right after its pause: none
@@ -131,14 +148,13 @@ def test_a_writer_that_meets_no_turn_lets_its_cpu_go_after_each_pause_every_s_of
         turn = fg.turn()
         turn.__enter__()
 
-        def end_turn() -> None:         # a turn that ends after the writer began to wait for it
-            fg._cond.waiting.wait(BOUND_S)
-            time.sleep(foreground.PAUSE_S)
+        def end_turn() -> None:         # a turn that ends PAUSE_S after the writer began to wait for it
+            assert fg._cond.waiting.wait(BOUND_S)
+            clock.now += foreground.PAUSE_S
             turn.__exit__(None, None, None)
             ended.set()
         threading.Thread(target=end_turn).start()
-        worked(fg, 1.0)
-        fg._local.paused -= foreground.PAUSE_EVERY_S       # its next pause due
+        worked(fg, BOUND_S)             # its next pause due; its wait bounded by that stretch, not 4 ms
         fg.give_way()                   # it slept waiting for the turn: that was its pause
         assert ended.wait(BOUND_S) and fg.waited_s >= foreground.PAUSE_S
         fg.give_way()
