@@ -77,10 +77,13 @@ def test_default_policies_copy_on_a_rate_rise_release_on_the_fall_and_the_output
                 "pescheduler.policies.saturated-cpu": 1}
     with dask.config.set(settings), pescheduler.deploy(stepped_app(out), cluster=cluster) as dep:
         assert list(dep.controller.policies) == ["rate", "copy"]             # the defaults
-        # The stream is stopped once the copy went again: what comes after proves nothing more, and
-        # its heavy step's CPU seconds would only make the run slow on a loaded machine.
+        # The stream is stopped once every copy went again: what comes after proves nothing more, and
+        # its heavy step's CPU seconds would only make the run slow on a loaded machine. Not at the
+        # first Release: two policies may copy (rate and copy), and a Release may leave a copy the
+        # work still needs at ``target``; the last copy goes in a later Release (CI, 2026-12-05).
         deadline = time.monotonic() + WAIT
-        while not (applied(dep, "Replicate", "heavy") and applied(dep, "Release", "heavy")):
+        while not (applied(dep, "Replicate", "heavy") and applied(dep, "Release", "heavy")
+                   and not dep.placement().copies_of("heavy")):
             assert not dep.state.ended, "the stream ended before a copy came and went"
             assert time.monotonic() < deadline, [d.as_dict() for d in dep.controller.decisions]
             dep.next_snapshot(timeout=WAIT)
@@ -92,7 +95,7 @@ def test_default_policies_copy_on_a_rate_rise_release_on_the_fall_and_the_output
     decisions = [d.as_dict() for d in dep.controller.decisions]
     assert up and down, decisions
     assert up[0].at < down[-1].at and up[0].action.reason and up[0].action.figures
-    assert not dep.placement().copies_of("heavy")                           # every copy went again
+    assert not dep.placement().copies_of("heavy"), decisions                # every copy went again
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     assert {d["outcome"] for d in logged} >= {"applied"} and all(d["deployment"] == dep.id for d in logged)
     assert any(e["kind"] == "policy" and "applied Replicate('heavy'" in e["text"] for e in status["events"])
