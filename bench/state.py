@@ -643,9 +643,8 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                                  f"{c.get('stall_ms', float('nan')):.1f}ms)"
                                  for c in r["checkpoints"])
                       + f"; the first follows the Release: {100 * share(after_rescale):.1f} %"
-                      + (f"; attempts aborted by the end of the fill's checkpoint / the moves / the steady part: "
-                         f"{r['aborted']['fill']} / {r['aborted']['moves']} / {r['aborted']['steady']}"
-                         if "aborted" in r else ""))
+                      + f"; attempts aborted by the end of the fill's checkpoint / the moves / the steady part: "
+                        f"{r['aborted']['fill']} / {r['aborted']['moves']} / {r['aborted']['steady']}")
                 if r.get("quiet_seconds"):      # the stream's own gaps, for the stall to be read against
                     print(f"{'':9} {'':8} outside checkpoints, the largest gap of each second: median "
                           f"{r['quiet_gap_p50_ms']:.1f} ms, largest {r['quiet_gap_max_ms']:.1f} ms "

@@ -36,11 +36,13 @@ anyway: after :data:`PAUSE_EVERY_S` of work since it last slept it sleeps :data:
 next slice's end: a core gone idle is one the scheduler can give a thread waiting on the other
 (not traced yet on this code). It costs the
 writer at most a ninth of its time (a full checkpoint of 10^6 keys in process: 218 pauses, 4 %).
-Tried and not kept: the writer's thread at ``nice`` 10 (the first checkpoint after a rescale, 3-4
-s otherwise, missed its 30 s timeout in both rows, one row in nine without), and a ``give_way``
-per slice of ``memory``'s deferred fold (``_Fold.apply``): that loop holds the fold's lock, which
-a PE's turn may wait for, so the writer waited for a turn that waited for it (the same checkpoint
-missed its timeout in both rows). No wait or pause under a lock a turn may wait for.
+Tried and not kept: the writer's thread at ``nice`` 10, and a ``give_way`` per slice of
+``memory``'s deferred fold (``_Fold.apply``, which holds the fold's lock): with either, the first
+checkpoint after a rescale missed its 30 s timeout in both rows (one row in nine without). Session
+59 traced that miss to a checkpoint writing the whole state beside the moves, which a slower
+writer makes likelier, not to a wait under the lock; a ``give_way`` in the fold every 256 keys,
+re-measured then (three ways, docs/state.md "The steady checkpoints' gaps of 15-22 ms"), made no
+gap smaller and is not in the code.
 
 A turn that begins while the writer is in a slice still shares the GIL with it until that slice
 ends: a key group or :data:`~pescheduler.state.incremental.SLICE_KEYS` keys (a steady checkpoint
