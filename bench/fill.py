@@ -2,7 +2,7 @@
 and, for ``disk``, against the raw client loop of its store.
 
     python bench/fill.py [--keys 1000000] [--backends dicts,memory,disk,rocksdb] [--interval 1] [--rounds 1]
-                         [--profile pe|writer] [--batch 1000] [--quick]
+                         [--profile pe|writer] [--batch 1000] [--quick] [--updates U]
 
 What part 6's "x dicts" measures deployed, without the cluster: K inserts (``churn``'s fill:
 ``{"op": "insert", "id": i, "after": {"v": 1}}``) in batches into the operator, on this thread
@@ -21,6 +21,13 @@ checkpoints taken during the fill and the PE's time in barriers; keys per CPU se
 process (every thread's, RocksDB's too: steadier than the wall clock on a loaded machine).
 
 ``--quick``: 20,000 keys, every backend (the smoke test's form).
+
+``--updates U``: the steady stream instead of the fill. The K keys are filled before the clock
+(and checkpointed once), then U updates of keys drawn at random among them (``{"op": "update",
+...}``, made before the clock, the same draw in every backend's process) are timed in batches,
+a checkpoint every ``--interval`` as in the fill; ``rocksdb`` reads each batch's keys in one
+multi-get and unpickles them (``latest`` emits the row it replaces), then writes as in the fill.
+The rate is updates/s.
 
 ``--profile pe``: cProfile of the fill's thread (the operator, the barriers); ``writer``: of the
 writer threads; the top functions by own time, per backend. Figures on a loaded machine: ratios
@@ -79,8 +86,10 @@ class RawRocksDB:
         from pescheduler.state.groups import key_groups
 
         keys = [change["id"] for change in batch]
-        rows = dict(zip(map(_INT_KEY.__mod__, zip(key_groups(keys), keys)),
-                        map(pickle.dumps, [change["after"] for change in batch], repeat(_PICKLE))))
+        encoded = list(map(_INT_KEY.__mod__, zip(key_groups(keys), keys)))
+        if batch[0]["op"] == "update":      # the rows replaced, read as latest reads them
+            deque(map(pickle.loads, filter(None, self._state._db.get(encoded))), maxlen=0)
+        rows = dict(zip(encoded, map(pickle.dumps, [change["after"] for change in batch], repeat(_PICKLE))))
         order, written = sorted(rows), WriteBatch(raw_mode=True)
         deque(map(written.put, order, map(rows.__getitem__, order)), maxlen=0)
         self._state._db.write(written)
@@ -90,8 +99,8 @@ class RawRocksDB:
         return sum(1 for _ in self._state._db.keys())
 
 
-def one(backend: str, k: int, interval: float, batch: int, profile: str | None) -> dict:
-    """One backend's fill, in this process."""
+def one(backend: str, k: int, interval: float, batch: int, profile: str | None, updates: int = 0) -> dict:
+    """One backend's fill (or, with ``updates``, its steady updates after the fill), in this process."""
     import dask.config
 
     from pescheduler.checkpoint import CheckpointStore
@@ -136,6 +145,22 @@ def one(backend: str, k: int, interval: float, batch: int, profile: str | None) 
     batches = [[{"op": "insert", "id": i, "after": {"v": 1}, "ts": i} for i in range(s, min(k, s + batch))]
                for s in range(0, k, batch)]
     batches.reverse()
+    if updates:                         # the fill before the clock, checkpointed once: the steady state
+        while batches:
+            op.process(batches.pop(), Emitter())
+        if backend != "rocksdb":
+            cid += 1
+            blob, views = pickle_snapshot({"op": {"state": op.snapshot()}})
+            files.hold("bench", cid, "pe", {"state": blob, "views": views, "positions": {}})
+            del views
+            write(cid)
+        import random
+
+        draw = random.Random(1)
+        batches = [[{"op": "update", "id": draw.randrange(k), "after": {"v": j}, "ts": j}
+                    for j in range(s, min(updates, s + batch))] for s in range(0, updates, batch)]
+        batches.reverse()
+    before = cid                        # the steady state's checkpoint is not the clock's
     if profile == "pe":
         prof.enable()
     t0, c0 = time.perf_counter(), time.process_time()
@@ -158,7 +183,8 @@ def one(backend: str, k: int, interval: float, batch: int, profile: str | None) 
     for w in writing:
         w.join(600)
     held = op.held() if backend == "rocksdb" else len(op.rows) if backend == "dicts" else len(op.rows())
-    out = {"backend": backend, "rate": k / took, "cpu_rate": k / cpu, "checkpoints": cid, "barrier_s": barrier_s,
+    done = updates or k
+    out = {"backend": backend, "rate": done / took, "cpu_rate": done / cpu, "checkpoints": cid - before, "barrier_s": barrier_s,
            "load": os.getloadavg()[0], "held": held}
     if prof is not None:
         text = io.StringIO()
@@ -178,6 +204,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--profile", choices=("pe", "writer"))
     parser.add_argument("--switch", type=float, help="sys.setswitchinterval (s) in each backend's process")
+    parser.add_argument("--updates", type=int, default=0,
+                        help="time this many updates of random keys after the fill, not the fill")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.switch:
@@ -185,16 +213,19 @@ def main() -> None:
     if args.quick:
         args.keys = 20_000
     if args.one:
-        print(json.dumps(one(args.one, args.keys, args.interval, args.batch, args.profile)))
+        print(json.dumps(one(args.one, args.keys, args.interval, args.batch, args.profile, args.updates)))
         return
     chosen = args.backends.split(",")
-    print(f"fill of {args.keys:,} keys into latest, batches of {args.batch}, a checkpoint every {args.interval:g} s "
+    what = (f"{args.updates:,} updates of random keys of {args.keys:,} held" if args.updates else
+            f"fill of {args.keys:,} keys")
+    unit = "updates/s" if args.updates else "keys/s"
+    print(f"{what} into latest, batches of {args.batch}, a checkpoint every {args.interval:g} s "
           f"written in a thread; each backend in its own process")
     for r in range(args.rounds):
         rows = {}
         for b in chosen:
             cmd = [sys.executable, os.path.abspath(__file__), "--one", b, "--keys", str(args.keys),
-                   "--interval", str(args.interval), "--batch", str(args.batch)]
+                   "--interval", str(args.interval), "--batch", str(args.batch), "--updates", str(args.updates)]
             if args.profile:
                 cmd += ["--profile", args.profile]
             if args.switch:
@@ -208,8 +239,8 @@ def main() -> None:
         for b, row in rows.items():
             x = f"{row['rate'] / base:.2f}" if base else "-"
             y = f"{row['rate'] / floor:.2f}" if floor else "-"
-            print(f"round {r + 1} {b:7} {row['rate']:10,.0f} keys/s  x dicts {x:>5}  x rocksdb {y:>5}  "
-                  f"{row['cpu_rate']:10,.0f} keys/CPU s  "
+            print(f"round {r + 1} {b:7} {row['rate']:10,.0f} {unit}  x dicts {x:>5}  x rocksdb {y:>5}  "
+                  f"{row['cpu_rate']:10,.0f} {unit[:-2]}/CPU s  "
                   f"checkpoints {row['checkpoints']}  "
                   f"barriers {1000 * row['barrier_s']:.0f} ms  load {row['load']:.1f}", flush=True)
             if "profile" in row:

@@ -94,6 +94,8 @@ def _longest_first(params: list) -> list:
                         "goals met")),
     # each backend's fill and the disk store's raw client loop; exit 1 if one holds other than K keys
     ("fill.py", (), ("round 1 dicts", "round 1 memory", "round 1 disk", "round 1 rocksdb", "x rocksdb")),
+    # the steady stream: updates of random keys held, each backend against dicts and the raw loop
+    ("fill.py", ("--updates", "20000"), ("updates of random keys", "round 1 disk", "updates/s", "x rocksdb")),
     # a session window's, a time window's and an as-of join's copy added and released on both
     # backends, each move's groups after the pause; exit 1 if not exact
     ("rescale_ops.py", (), ("session_window  memory", "session_window  disk", "window          memory",
