@@ -17,7 +17,7 @@ deployment per (operator, backend, K) in a process of its own:
            (operators/columnar_window.py)
   asof     two ``every_key`` inputs -> key_by -> ``join_asof`` (backward): each key's last right
            event held (two inputs, gated per input since session 46: its groups move after the
-           pause; docs/state.md, "Which operators are gated")
+           pause; docs/state-log.md, "Which operators are gated")
 
 Once every key is in the operator, one copy is added (``Replicate``) and released (``Release``);
 then the sources end and the output is checked: each window gives one row per key, the

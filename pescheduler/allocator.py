@@ -5,7 +5,7 @@ of MB in a worker. glibc keeps what is freed inside its arenas, and giving it ba
 :class:`pescheduler.worker.ckpt_files.Trims`) takes each arena's lock in turn while it walks every
 free chunk: traced at 10^7 keys on ``disk``, the worker's event loop waited 122 ms for that lock in
 a heartbeat while a trim ran after the first checkpoint after a rescale, and the PE's input waited
-with it (docs/state.md, session 29). jemalloc gives memory back as it decays, a little at a time in
+with it (docs/state-log.md, session 29). jemalloc gives memory back as it decays, a little at a time in
 threads of its own, never walking an arena whole under its lock; RocksDB recommends it, Redis ships
 with it.
 

@@ -123,7 +123,7 @@ class Received:
     group's full file and the keys written since the import as a delta on it
     (``incremental.ChainWriter``), instead of reading the group back out of the store and
     packing it again: after a Release at 10^7 keys that first checkpoint rewrote the 64 groups
-    coming back whole, 6-9 s of the writer beside the PE, its gaps 19-88 ms (docs/state.md).
+    coming back whole, 6-9 s of the writer beside the PE, its gaps 19-88 ms (docs/state-log.md).
     A lazy restore's group names the files it was read from instead (``ref``): the restored
     state's next checkpoints grow that chain, where they rewrote every group whole."""
 

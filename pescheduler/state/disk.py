@@ -374,7 +374,7 @@ class SnapshotView(StateView):
     """The store at a barrier, taken in O(1) on the PE's loop: a RocksDB snapshot (a sequence
     number) and a copy of the write-back buffer. A RocksDB checkpoint there flushed the memtable
     (every key written since the previous one) and opened every SST file's index and filter
-    blocks, holding the GIL: the PE's stall at a checkpoint grew with the state (docs/state.md).
+    blocks, holding the GIL: the PE's stall at a checkpoint grew with the state (docs/state-log.md).
 
     Its reads come later, in the worker's writer thread. ``delta``, the keys a checkpoint writes
     as a delta: those written in the interval the snapshot closed with the value its
@@ -483,7 +483,7 @@ class SnapshotView(StateView):
         turns) are read from an iterator bounded to each, made with the cursor (:func:`_group_ranges`),
         :data:`RANGE_PAIRS` a call, as after :meth:`reads_whole`; read through the cursor they cost
         three calls into the iterator and an append a key in the writer's thread (at 10^7 keys
-        78,000 keys a group, each call a hand-over of the GIL the PE waited on: docs/state.md,
+        78,000 keys a group, each call a hand-over of the GIL the PE waited on: docs/state-log.md,
         session 55). The writer names them after its first read (the view's groups), so a cursor
         made then is let go and the next read makes one with their ranges: the keys written since
         the snapshot are read after the iterator is made, as :meth:`_fresh`'s always are. Not on a
@@ -600,7 +600,7 @@ class SnapshotView(StateView):
         file as they are and :func:`base.unpack_group` reads as the group's dict. Decoding every
         key and unpickling every value (:meth:`chunks`) to pickle them again cost the writer 3.3 s
         beside the PE for 10^6 keys, this 1.0-1.4 s and 0.4-0.5 s compressing without the GIL; the
-        files 11.5 MB against 34.6 (docs/state.md, session 32)."""
+        files 11.5 MB against 34.6 (docs/state-log.md, session 32)."""
         pairs = self.raw(group)
         if len(pairs) < RAW_FULL_MIN:       # as dicts: the raw form's header outweighs a few keys
             return pack_chunks([RawEntries(list(map(_first, pairs)), list(map(_SECOND, pairs))).decoded()])
@@ -612,7 +612,7 @@ class SnapshotView(StateView):
         """The keys' values at the snapshot as the store holds them (:class:`RawDelta`: the keys
         decoded, by ``map`` in C for ints and strs; the values as pickled, nothing unpickled).
         Unpickling each value to pickle it again was a third of the writer's time beside the PE at
-        a steady checkpoint (docs/state.md, session 33). Read :data:`base.PACK_CHUNK` keys a call
+        a steady checkpoint (docs/state-log.md, session 33). Read :data:`base.PACK_CHUNK` keys a call
         (:meth:`_values`): one ``map`` over a group's 20,000 keys changed (the first checkpoint
         after a rescale at 10^7 keys) held the GIL through 20,000 snapshot reads."""
         keys, changes = list(keys), self.changes
@@ -630,7 +630,7 @@ class SnapshotView(StateView):
         one's last value (a steady checkpoint's every delta key: no read at all); then the
         buffer's copy; then one multi-get of the live store, which RocksDB reads with the GIL let
         go (a snapshot read a key, through ``map`` in C, held it for every 1,024: 5-7 ms a call at
-        10^7 keys, the writer's longest holds beside the PE, docs/state.md), and the keys written
+        10^7 keys, the writer's longest holds beside the PE, docs/state-log.md), and the keys written
         since the snapshot read at it instead (:meth:`_since`). At the snapshot, a read a key: a
         view pinned (a group dropped or replaced whole in the live store) or a take's."""
         raws = list(map(own.get, keys, repeat(_MISSING)))
@@ -698,7 +698,7 @@ class ViewGroup:
         then encoding and pickling them again there and sorting them, made a Replicate at 10^7
         keys take 33-41 s to get its 64 groups to the copy, a part after another; the stream
         behind the copy, which held their tuples meanwhile, stopped 0.4-0.8 s at a time
-        (docs/state.md, session 31)."""
+        (docs/state-log.md, session 31)."""
         return RawPart(self.group, _pack_raw(self.view.raw(self.group))).__reduce__()
 
 
@@ -763,7 +763,7 @@ def _merged(pairs: list, at: list) -> list:
     """Sorted ``at`` merged into sorted ``pairs`` (no key in both): a bisect and two slices a pair
     of ``at``, the runs between them copied in C. ``heapq.merge`` stepped through every pair in
     Python, a group's 78,000 at 10^7 keys for a thousand written since the snapshot: a fifth of
-    the writer's time in :meth:`SnapshotView.raw` (docs/state.md, session 39)."""
+    the writer's time in :meth:`SnapshotView.raw` (docs/state-log.md, session 39)."""
     out, lo, find = [], 0, bisect.bisect_left
     for pair in at:
         i = find(pairs, pair, lo)
@@ -1170,7 +1170,7 @@ class DiskState(KeyedState):
         when the part is packed, off the turn; the store drops them by range. A seek per group
         taken (is it empty?) and a pass over the buffer: nothing here reads the keys written
         since anything (a RocksDB checkpoint here flushed the memtable: 0.6-0.8 s right after a
-        fill of 10^6 keys, docs/state.md)."""
+        fill of 10^6 keys, docs/state-log.md)."""
         wanted = set(groups)
         view = SnapshotView(self, None, taking=wanted)
         chosen = view.groups(among=wanted)

@@ -23,7 +23,7 @@ segment (``"in"``, a file in the same folder) and where its bytes start in it
 (``"at"``), and is read as that range. At 10^7 keys a steady checkpoint wrote
 about 130 files a PE, each a new inode and an fsync: a fifth of the writer's
 CPU, most of it ext4 looking for a free inode among those retention had just
-deleted (docs/state.md, session 55). A segment is a file as long as any entry
+deleted (docs/state-log.md, session 55). A segment is a file as long as any entry
 in it is referenced (retention and local copies go by :func:`physical`).
 """
 

@@ -41,14 +41,14 @@ Tried and not kept: the writer's thread at ``nice`` 10, and a ``give_way`` per s
 checkpoint after a rescale missed its 30 s timeout in both rows (one row in nine without). Session
 59 traced that miss to a checkpoint writing the whole state beside the moves, which a slower
 writer makes likelier, not to a wait under the lock; a ``give_way`` in the fold every 256 keys,
-re-measured then (three ways, docs/state.md "The steady checkpoints' gaps of 15-22 ms"), made no
+re-measured then (three ways, docs/state-log.md "The steady checkpoints' gaps of 15-22 ms"), made no
 gap smaller and is not in the code.
 
 A turn that begins while the writer is in a slice still shares the GIL with it until that slice
 ends: a key group or :data:`~pescheduler.state.incremental.SLICE_KEYS` keys (a steady checkpoint
 at 10^7 keys: 250-300 ms of the writer's CPU over 128 groups, about 2 ms a group).
 
-Measured (bench/state.py's 10^7 ``memory`` row, on and off in turn, docs/state.md "A checkpoint's
+Measured (bench/state.py's 10^7 ``memory`` row, on and off in turn, docs/state-log.md "A checkpoint's
 writer gives way to the PEs' turns"): steady checkpoints with a gap over 20 ms 6 of 50 against
 30 of 71, the largest gap 21.2-26.4 ms a row against 20.3-131.7 (five and seven rows). Stops of
 50-140 ms at checkpoints' starts came in some rows with it or without: not this sharing (above).

@@ -95,7 +95,7 @@ def test_keyed_window_killed_mid_stream_matches_the_reference_exactly(tmp_path, 
 def test_a_window_restored_from_its_checkpoints_deltas_after_a_kill_matches_the_reference(tmp_path):
     """A memory time window whose panes live across many checkpoints (10 s of event time, 3.3 s
     of the stream; checkpoints every 0.3 s) writes the keys changed as deltas after its first
-    checkpoints (docs/state.md, "A window's checkpoint writes what changed"); its worker is
+    checkpoints (docs/state-log.md, "A window's checkpoint writes what changed"); its worker is
     SIGKILLed once five are complete, and the restore from full files and deltas is exact (each
     checkpoint wrote a third of the state it references or more before: the window whole, 11-51 KB
     of 19-81 KB)."""

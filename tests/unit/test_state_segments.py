@@ -2,7 +2,7 @@
 
 At 10^7 keys a steady checkpoint wrote about 130 files a PE (a delta or a full file per key
 group), each a new inode and an fsync, and as many local copies: a fifth of the writer's CPU
-(docs/state.md, session 55). Each file is now a range of its PE's segment: written back to back,
+(docs/state-log.md, session 55). Each file is now a range of its PE's segment: written back to back,
 synced once, read and checked by range, kept by retention and local recovery while any entry in
 it is referenced. Real local-directory storage, the real CheckpointStore and worker side.
 """
