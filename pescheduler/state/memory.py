@@ -95,6 +95,7 @@ until they have left):
 
 from __future__ import annotations
 
+import gc
 import logging
 import pickle
 import queue
@@ -278,6 +279,31 @@ class _Fold:
             self.puts = self.gone = self._grouped = None
             self.layers = []
         let_go(puts)
+
+
+def _tracked() -> dict:
+    """An empty dict the collector already tracks. A new empty dict is not tracked until a container
+    is put in it, and is then tracked as a young object, whatever was collected before: so that
+    :func:`_age_young` can make it old while it is empty, it is made tracked now."""
+    made = {None: []}
+    del made[None]
+    return made
+
+
+def _age_young() -> None:
+    """The young objects moved to the collector's old generation, a snapshot's new dicts of the keys
+    written since among them (tracked while empty: :func:`_tracked`), so that no young collection
+    visits them. A young (generation 0 or 1) collection visits every entry of every young dict, and
+    ``_written`` and ``_unfolded`` (each key put since the snapshot, with its value, a container)
+    stayed young for seconds while they grew: in the table's 10^7 ``memory`` rows (bench/state.py;
+    every collection logged, session 60) a generation-1 collection in the PE's thread or on the
+    worker's loop met both at 21,769-58,152 entries, once per checkpoint interval, and took 5-23 ms
+    holding the GIL; inside a checkpoint that adds to the writer's share (one row had 8 of them
+    there, 77 ms in all). Old, they are visited only by a full collection, which visits what came
+    since the last one (``worker/process_settings.py``). The cost here is a young collection now
+    instead of later: the objects made since the last one (a few hundred in that worker)."""
+    if gc.isenabled():
+        gc.collect(1)
 
 
 def _finished(steps: Generator[None, None, Any]) -> Any:
@@ -553,7 +579,7 @@ class MemoryState(KeyedState):
         writes.append((key_groups(list(unfolded)), unfolded, unfolded.values(), key_groups(gone), gone))
         for put_in, keys, values, taken_from, off in writes:
             self._write(put_in, keys, values, taken_from, off)
-        self._unfolded, self._unfolded_gone, self._layers = {}, set(), []
+        self._unfolded, self._unfolded_gone, self._layers = _tracked(), set(), []
 
     def _write(self, put_in: list, keys: Iterable, values: Iterable, taken_from: list, gone: list) -> None:
         """Keys put and deleted into their groups' dicts (groups given), shared groups copied first."""
@@ -598,8 +624,8 @@ class MemoryState(KeyedState):
             self._fold()
         elif self._unfolded or self._unfolded_gone or self._layers:
             fold = self._pending = _Fold(self._tables, self._unfolded, self._unfolded_gone, self._layers)
-            self._unfolded, self._unfolded_gone, self._layers = {}, set(), []
-        put, self._written = self._written, {}      # O(1): nobody may hold it past a snapshot
+            self._unfolded, self._unfolded_gone, self._layers = _tracked(), set(), []
+        put, self._written = self._written, _tracked()      # O(1): nobody may hold it past a snapshot
         changes = self._changes(_Keys(put, self._deleted, self._written_before), self._whole)
         self._deleted, self._whole, self._written_before = set(), set(), ()
         self._shared = set(range(KEY_GROUPS))
@@ -607,6 +633,7 @@ class MemoryState(KeyedState):
         view = MemoryView(self._tables, changes, self._live, lambda view_id: self._released(view_id, changes), fold)
         self._tables = list(self._tables)   # the view keeps the list, the state writes its own copy
         self._bind()
+        _age_young()
         return view
 
     def changed(self) -> set[int]:
