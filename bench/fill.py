@@ -42,6 +42,7 @@ import io
 import json
 import os
 import pstats
+import random
 import shutil
 import subprocess
 import sys
@@ -141,6 +142,11 @@ def one(backend: str, k: int, interval: float, batch: int, profile: str | None, 
             if profile == "writer":
                 prof.disable()
 
+    def barrier(cid: int) -> None:
+        """The checkpoint's barrier in this thread: the operator's snapshot held for the writer."""
+        blob, views = pickle_snapshot({"op": {"state": op.snapshot()}})
+        files.hold("bench", cid, "pe", {"state": blob, "views": views, "positions": {}})
+
     # made before the clock: deployed they come from the source's PE (here they were half the time)
     batches = [[{"op": "insert", "id": i, "after": {"v": 1}, "ts": i} for i in range(s, min(k, s + batch))]
                for s in range(0, k, batch)]
@@ -150,12 +156,8 @@ def one(backend: str, k: int, interval: float, batch: int, profile: str | None, 
             op.process(batches.pop(), Emitter())
         if backend != "rocksdb":
             cid += 1
-            blob, views = pickle_snapshot({"op": {"state": op.snapshot()}})
-            files.hold("bench", cid, "pe", {"state": blob, "views": views, "positions": {}})
-            del views
+            barrier(cid)
             write(cid)
-        import random
-
         draw = random.Random(1)
         batches = [[{"op": "update", "id": draw.randrange(k), "after": {"v": j}, "ts": j}
                     for j in range(s, min(updates, s + batch))] for s in range(0, updates, batch)]
@@ -170,9 +172,7 @@ def one(backend: str, k: int, interval: float, batch: int, profile: str | None, 
         now = time.perf_counter()
         if now >= due and backend != "rocksdb" and not (writing and writing[-1].is_alive()):
             cid += 1
-            blob, views = pickle_snapshot({"op": {"state": op.snapshot()}})
-            files.hold("bench", cid, "pe", {"state": blob, "views": views, "positions": {}})
-            del views
+            barrier(cid)
             writing.append(threading.Thread(target=write, args=(cid,), name="ckpt-writer", daemon=True))
             writing[-1].start()
             barrier_s += time.perf_counter() - now

@@ -63,7 +63,7 @@ from pescheduler.state.groups import (DELTA_DROP, DELTA_NEW, DELTA_SET, ChunkedE
                                      key_groups, pack_namespaced_chunks, unpack_namespaced)
 from pescheduler.state.memory import LEAVE_KEYS, LEAVE_PACE_S
 from pescheduler.worker.gc_pause import gc_paused
-from pescheduler.worker.process_settings import freeze_survivors
+from pescheduler.collector import freeze_survivors
 
 from .pane_index import OldestGroups, PaneIndex, index_pane, indexable, pick_groups
 
@@ -524,7 +524,7 @@ def representative(group: int) -> int:
 
 def _then_frozen(read: Callable[[], Any]) -> Any:
     """``read()``, then what the process made meanwhile frozen before the collector is on again
-    (``process_settings.freeze_survivors``): what the fold copied and the PE made while a view was
+    (``pescheduler/collector.py`` ``freeze_survivors``): what the fold copied and the PE made while a view was
     read were all young at once, and the first collection after visited them (27 ms at 10^6 keys);
     once the collector is on, the PE's thread may take the GIL and collect before a freeze after."""
     out = read()

@@ -95,7 +95,6 @@ until they have left):
 
 from __future__ import annotations
 
-import gc
 import logging
 import pickle
 import queue
@@ -108,6 +107,7 @@ from itertools import chain, compress, islice, repeat
 from operator import is_
 from typing import Any, Callable, Generator, Iterable, Iterator
 
+from ..collector import freeze_survivors
 from .base import KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, chunked
 from .groups import _numpy, key_groups, split_by_group
 from .incremental import let_go, slices
@@ -283,27 +283,15 @@ class _Fold:
 
 def _tracked() -> dict:
     """An empty dict the collector already tracks. A new empty dict is not tracked until a container
-    is put in it, and is then tracked as a young object, whatever was collected before: so that
-    :func:`_age_young` can make it old while it is empty, it is made tracked now."""
+    is put in it, and is then tracked as a young object: a snapshot's new dicts of the keys written
+    since (``_written``, ``_unfolded``: each key put since, with its value) stayed young for seconds
+    while they grew, and at 10^7 keys a generation-1 collection met both at 21,769-58,152 entries
+    once per checkpoint interval, 5-23 ms holding the GIL (session 60). Tracked now, the snapshot
+    freezes them while they are empty (``collector.freeze_survivors``), so no collection visits
+    their entries."""
     made = {None: []}
     del made[None]
     return made
-
-
-def _age_young() -> None:
-    """The young objects moved to the collector's old generation, a snapshot's new dicts of the keys
-    written since among them (tracked while empty: :func:`_tracked`), so that no young collection
-    visits them. A young (generation 0 or 1) collection visits every entry of every young dict, and
-    ``_written`` and ``_unfolded`` (each key put since the snapshot, with its value, a container)
-    stayed young for seconds while they grew: in the table's 10^7 ``memory`` rows (bench/state.py;
-    every collection logged, session 60) a generation-1 collection in the PE's thread or on the
-    worker's loop met both at 21,769-58,152 entries, once per checkpoint interval, and took 5-23 ms
-    holding the GIL; inside a checkpoint that adds to the writer's share (one row had 8 of them
-    there, 77 ms in all). Old, they are visited only by a full collection, which visits what came
-    since the last one (``worker/process_settings.py``). The cost here is a young collection now
-    instead of later: the objects made since the last one (a few hundred in that worker)."""
-    if gc.isenabled():
-        gc.collect(1)
 
 
 def _finished(steps: Generator[None, None, Any]) -> Any:
@@ -633,7 +621,7 @@ class MemoryState(KeyedState):
         view = MemoryView(self._tables, changes, self._live, lambda view_id: self._released(view_id, changes), fold)
         self._tables = list(self._tables)   # the view keeps the list, the state writes its own copy
         self._bind()
-        _age_young()
+        freeze_survivors()                  # its new dicts among them (_tracked)
         return view
 
     def changed(self) -> set[int]:

@@ -48,7 +48,7 @@ from ..state.groups import loads_prepared
 from .gc_pause import gc_paused
 from .lazy_restore import StillLoading, preparer, still_loading
 from .pending_groups import PendingGroups
-from .process_settings import freeze_survivors
+from ..collector import freeze_survivors
 from .routing import key_function
 
 logger = logging.getLogger(__name__)

@@ -64,7 +64,7 @@ from ..state.settings import backend_name, cache_bytes, deployment_dir
 from ..wire import PESpec, key_group
 from .gc_pause import gc_paused
 from .pending_groups import PendingGroups
-from .process_settings import freeze_survivors
+from ..collector import freeze_survivors
 from .routing import key_function
 
 logger = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from .channels import ChannelIn, FrameReceiver, Inbox
 from .handover import HandOvers, exported_live
 from .handshake import Credentials, tls_contexts
 from .lazy_restore import Loader, defer
-from .. import allocator
+from .. import allocator, collector
 from ..state.base import KeyedState
 from ..state.foreground import FOREGROUND
 from ..state.incremental import resolve_restore
@@ -292,7 +292,7 @@ class PEHost:
             self.pes[(spec.deployment, spec.pe_id)] = pe
             made.append(spec.pe_id)
         if any(spec.restore for spec in specs):
-            process_settings.freeze_survivors()                  # what their restored state made (process_settings.py)
+            collector.freeze_survivors()                         # what their restored state made (pescheduler/collector.py)
         self.arrivals.bump()                     # channels to them that were waiting go on
         laps.lap("build")
         loading = [p for p in made if (spec.deployment, p) in self.loaders]     # restored lazily (lazy_restore.py)
@@ -603,7 +603,7 @@ class PEHost:
             stopped.append(pe_id)
             gone.append(pe)
         if gone:
-            process_settings.thaw()              # their cycles are garbage now: the next full collection finds them
+            collector.thaw()                     # their cycles are garbage now: the next full collection finds them
         if gone and pe_ids is not None:          # the deployment goes on: its stores stay on disk
             asyncio.get_running_loop().call_soon(retire_states, gone)    # after this call's answer
         if deployment is not None and pe_ids is None:

@@ -1,5 +1,5 @@
 """A worker's process settings (worker/process_settings.py): the GIL's switch interval, and a
-collector that freezes what survived a full collection, thawed when a PE stops or on a period."""
+collector (pescheduler/collector.py) that freezes what survived a full collection, thawed when a PE stops or on a period."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import dask.config
 import pytest
 
 from pescheduler.worker import process_settings
-from pescheduler.worker.process_settings import _FreezeAfterFull
+from pescheduler import collector as collector_module
+from pescheduler.collector import _FreezeAfterFull
 
 
 @pytest.fixture
@@ -70,7 +71,7 @@ def test_a_cycle_frozen_alive_is_found_once_thawed(collector):
     del strong
     gc.collect()
     assert keep() is not None                   # garbage, but frozen
-    process_settings.thaw()
+    collector_module.thaw()
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert keep() is None
@@ -118,7 +119,7 @@ def test_key_groups_imported_by_a_rescale_are_frozen_where_the_worker_freezes(mo
     (``pe.gc-freeze`` off), nothing is frozen."""
     from pescheduler.worker.handover import import_groups
 
-    monkeypatch.setattr(process_settings, "_installed", _FreezeAfterFull(600) if freezing else None)
+    monkeypatch.setattr(collector_module, "_installed", _FreezeAfterFull(600) if freezing else None)
     gc.unfreeze()
     op, rows = _Keyed(), {f"k{i}": {"v": i} for i in range(10_000)}
     try:

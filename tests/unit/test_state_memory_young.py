@@ -5,7 +5,8 @@ the next fold's), which a snapshot replaces by new ones. New, they were young: a
 visits every entry of every young container, and the two grew for seconds before one promoted
 them (at 10^7 keys deployed, 21,769-58,152 entries each at a generation-1 collection of 5-23 ms,
 inside checkpoints in the rows that missed the stall goal: docs/state-log.md, session 60). The
-snapshot now moves the young objects to the old generation while those dicts are empty.
+snapshot now freezes them while they are empty, where the process freezes survivors (a worker
+with ``pe.gc-freeze`` on: ``pescheduler/collector.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import gc
 
 import pytest
 
+from pescheduler import collector
 from pescheduler.state import MemoryState
 
 
@@ -25,13 +27,20 @@ def no_automatic_collection():
     gc.set_threshold(10**9, 10**9, 10**9)
     yield
     gc.set_threshold(*was)
+    gc.unfreeze()
+
+
+@pytest.fixture
+def freezing(monkeypatch):
+    """This process freezes survivors, as a worker does (``pe.gc-freeze``)."""
+    monkeypatch.setattr(collector, "_installed", collector._FreezeAfterFull(600))
 
 
 def _young(obj) -> bool:
     return any(o is obj for g in (0, 1) for o in gc.get_objects(generation=g))
 
 
-def test_a_snapshot_leaves_the_dicts_of_the_keys_written_since_old(no_automatic_collection):
+def test_a_snapshot_leaves_the_dicts_of_the_keys_written_since_old(no_automatic_collection, freezing):
     state = MemoryState()
     state.write_many({k: {"v": k} for k in range(1000)})
     view = state.snapshot()
@@ -46,8 +55,9 @@ def test_a_snapshot_leaves_the_dicts_of_the_keys_written_since_old(no_automatic_
     assert state.read(7) == {"v": -7}
 
 
-def test_with_the_collector_off_a_snapshot_collects_nothing(no_automatic_collection):
-    """A process that turned the collector off is not made to collect."""
+def test_where_the_process_does_not_freeze_a_snapshot_collects_and_freezes_nothing(no_automatic_collection):
+    """A process that does not freeze survivors (``pe.gc-freeze`` off, or no worker) is not made to
+    collect or freeze, with the collector on or off."""
     state = MemoryState()
     state.put("a", {"v": 1})
     gc.disable()
@@ -55,5 +65,8 @@ def test_with_the_collector_off_a_snapshot_collects_nothing(no_automatic_collect
         before = gc.get_stats()[1]["collections"]
         state.snapshot().release()
         assert gc.get_stats()[1]["collections"] == before
+        assert gc.get_freeze_count() == 0
     finally:
         gc.enable()
+    state.snapshot().release()
+    assert gc.get_freeze_count() == 0
