@@ -124,6 +124,16 @@ def key_groups(keys: list) -> list[int]:
     return _group_array(np, keys).tolist()
 
 
+def group_bytes(keys: list) -> bytes:
+    """:func:`key_groups` as bytes, a group a byte (``KEY_GROUPS`` is 128): not a container the
+    cyclic collector visits, where a list of them is one it visits item by item while young
+    (``memory._Fold._grouping`` keeps them from a snapshot to its fold)."""
+    np = _numpy() if len(keys) >= 64 else None
+    if np is None:
+        return bytes(key_groups(keys))
+    return _group_array(np, keys).astype(np.uint8).tobytes()
+
+
 def _group_array(np: Any, keys: list) -> Any:
     """:func:`key_groups` of a non-empty list as a numpy array of uint64."""
     h = _int_hashes(np, keys) if type(keys[0]) is int else None

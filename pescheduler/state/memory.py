@@ -109,7 +109,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator
 
 from ..collector import freeze_survivors
 from .base import KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, chunked
-from .groups import _numpy, key_groups, split_by_group
+from .groups import _numpy, group_bytes, key_groups, split_by_group
 from .incremental import let_go, slices
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -148,7 +148,7 @@ class _Fold:
         self.tables, self.puts, self.gone = tables, puts, gone     # never changed after: the state made new ones
         self.layers = list(layers)
         self.done: set[int] = set()         # groups taken: their writes go with them, not into tables
-        self._grouped: tuple[Chunks, Chunks, list, list] | None = None
+        self._grouped: tuple[list[bytes], bytes] | None = None
         self._parts: dict[int, tuple[dict, list]] = {}
         self._parted: set[int] = set()      # the groups _parts was made for (a later take adds to done)
         self._keys_in: tuple | None = None  # the keys put and deleted with their groups, for keys_of
@@ -156,27 +156,30 @@ class _Fold:
         # group's reader) holds this while it does: another waits, then finds it done.
         self.lock = threading.Lock()
 
-    def _by_group(self) -> tuple[Chunks, Chunks, list, list]:
-        """The keys put, their groups, the keys deleted (not put again since), theirs: computed once."""
+    def _by_group(self) -> tuple[list[bytes], bytes]:
+        """The groups of the keys put and of those deleted (not put again since): computed once."""
         if self._grouped is None:
             self._grouped = _finished(self._grouping())
         return self._grouped
 
-    def _grouping(self) -> Generator[None, None, tuple[Chunks, Chunks, list, list]]:
-        """:meth:`_by_group`'s work, :data:`GROUP_SLICE` keys per step (its return value): the keys put
-        and their groups as :class:`Chunks` of a slice each, never one list of them all. One
-        ``list(puts)`` of the writes after a fill of 10^7 keys held the GIL for 118 ms in the
-        thread that applied them (the leave thread, a checkpoint's writer), and a Replicate's turn
-        in the PE's thread waited that long for it (its export 174-353 ms against 1-6). Nothing
-        is locked meanwhile: the writes are never changed."""
-        puts, gone = self.puts, self.gone
-        keys, groups = [], []
+    def _grouping(self) -> Generator[None, None, tuple[list[bytes], bytes]]:
+        """:meth:`_by_group`'s work, :data:`GROUP_SLICE` keys per step (its return value): the
+        groups of the keys put, as bytes of a slice each (a group a byte, in the order of
+        ``puts``), and of the keys deleted (in :func:`_off`'s order). One ``list(puts)`` of the
+        writes after a fill of 10^7 keys held the GIL for 118 ms in the thread that applied them
+        (the leave thread, a checkpoint's writer), and a Replicate's turn in the PE's thread
+        waited that long for it (its export 174-353 ms against 1-6).
+
+        Bytes, and no list of the keys kept: the keys are read again from ``puts``, which is never
+        changed. Kept as lists of 8,192 ints from here to the fold, they were young containers
+        for the collector, and a young collection visits every item: at 10^7 keys, 5-18 ms in
+        the checkpoints of the rows that missed the stall goal (session 61, docs/state-log.md)."""
+        puts, gone = self.puts, self.gone   # another thread's apply may let them go meanwhile
+        groups = []
         for part in slices(puts, GROUP_SLICE):
-            keys.append(part)
-            groups.append(key_groups(part))
+            groups.append(group_bytes(part))
             yield
-        off = [k for k in gone if k not in puts]
-        return Chunks(keys), Chunks(groups), off, key_groups(off)
+        return groups, group_bytes(list(_off(puts, gone)))
 
     def paced(self) -> Iterator[None]:
         """:meth:`_by_group` a slice of keys at a time, yielding between slices (the leave thread
@@ -197,16 +200,17 @@ class _Fold:
         not taken 30 ms in a checkpoint's writer at 10^7 keys (perf, session 54), and the values
         as long again (a reference each, a cache miss each)."""
         with self.lock:
-            keys, put_in, off, off_in = self._by_group()
-            puts, done = self.puts, self.done
-        for groups, part in zip(put_in.chunks, keys.chunks):
+            put_in, off_in = self._by_group()
+            puts, gone, done = self.puts, self.gone, self.done
+        for groups, part in zip(put_in, _keys(puts, put_in)):
             if done:
                 kept = [g not in done for g in groups]
                 groups, part = list(compress(groups, kept)), list(compress(part, kept))
             yield groups, part, list(map(puts.__getitem__, part)), [], []
+        off = list(_off(puts, gone)) if off_in else []
         if off and done:
             gone = [g not in done for g in off_in]
-            off_in, off = list(compress(off_in, gone)), list(compress(off, gone))
+            off_in, off = bytes(compress(off_in, gone)), list(compress(off, gone))
         if off:
             yield [], [], [], off_in, off
 
@@ -215,13 +219,13 @@ class _Fold:
         once, by the first taken group's reader (off the PE's turn)."""
         with self.lock:
             if group not in self._parted:
-                keys, put_in, off, off_in = self._by_group()
+                put_in, off_in = self._by_group()
                 parts: dict[int, tuple[dict, list]] = {}
                 puts, done = self.puts, set(self.done)
-                for g, key in zip(put_in, keys):
+                for g, key, value in zip(chain.from_iterable(put_in), puts, puts.values()):
                     if g in done:
-                        parts.setdefault(g, ({}, []))[0][key] = puts[key]
-                for g, key in zip(off_in, off):
+                        parts.setdefault(g, ({}, []))[0][key] = value
+                for g, key in zip(off_in, _off(puts, self.gone)):
                     if g in done:
                         parts.setdefault(g, ({}, []))[1].append(key)
                 self._parts, self._parted = parts, done
@@ -235,18 +239,21 @@ class _Fold:
         C, not by a Python loop over them all in the turn of each of the 64 imports."""
         with self.lock:
             if self._keys_in is None:
-                keys, put_in, off, off_in = self._by_group() if self.puts is not None else \
-                    (Chunks([]), Chunks([]), [], [])
+                put_in, off_in = self._by_group() if self.puts is not None else ([], b"")
+                # Lists of the keys now, while groups are imported (a rescale), not at each fold.
+                keys = list(_keys(self.puts, put_in)) if put_in else []
+                off = list(_off(self.puts, self.gone)) if off_in else []
                 np = _numpy()
                 if np is not None:          # a slice's groups an array each: no call over them all
-                    put_in = [np.asarray(c, dtype=np.int16) for c in put_in.chunks]
-                    off_in = np.asarray(off_in, dtype=np.int16)
+                    put_in = [np.frombuffer(c, dtype=np.uint8) for c in put_in]
+                    off_in = np.frombuffer(off_in, dtype=np.uint8)
                 self._keys_in = (keys, put_in, off, off_in)
             keys, put_in, off, off_in = self._keys_in
-        if type(off_in) is list:            # no numpy
-            return [k for k, g in zip(keys, put_in) if g == group] + [k for k, g in zip(off, off_in) if g == group]
+        if type(off_in) is bytes:           # no numpy
+            return [k for chunk, of in zip(keys, put_in) for k, g in zip(chunk, of) if g == group] + \
+                [k for k, g in zip(off, off_in) if g == group]
         np = _numpy()
-        return [chunk[i] for chunk, of in zip(keys.chunks, put_in) for i in np.flatnonzero(of == group).tolist()] + \
+        return [chunk[i] for chunk, of in zip(keys, put_in) for i in np.flatnonzero(of == group).tolist()] + \
             [off[i] for i in np.flatnonzero(off_in == group).tolist()]
 
     def apply(self) -> None:
@@ -270,15 +277,27 @@ class _Fold:
                         tables[g][key] = value
                     for g, key in zip(off_in, off):
                         tables[g].pop(key, None)
-            keys, put_in, off, off_in = self._by_group()
-            for g, key, value in zip(put_in, keys, self.puts.values()):
-                tables[g][key] = value
-            for g, key in zip(off_in, off):
-                tables[g].pop(key, None)
+            put_in, off_in = self._by_group()
             puts = self.puts
+            for g, key, value in zip(chain.from_iterable(put_in), puts, puts.values()):
+                tables[g][key] = value
+            for g, key in zip(off_in, _off(puts, self.gone)):
+                tables[g].pop(key, None)
             self.puts = self.gone = self._grouped = None
             self.layers = []
         let_go(puts)
+
+
+def _off(puts: dict, gone: set) -> Iterator[Any]:
+    """A fold's keys deleted and not put again since, in one order each time (neither is ever changed)."""
+    return (k for k in gone if k not in puts)
+
+
+def _keys(puts: dict, groups: list[bytes]) -> Iterator[list]:
+    """A fold's keys put, a list per slice of their ``groups`` (each made as it is asked for)."""
+    it = iter(puts)
+    for part in groups:
+        yield list(islice(it, len(part)))
 
 
 def _tracked() -> dict:
@@ -301,19 +320,6 @@ def _finished(steps: Generator[None, None, Any]) -> Any:
             next(steps)
         except StopIteration as done:
             return done.value
-
-
-class Chunks:
-    """A long sequence kept as the slices it was made in (:meth:`_Fold._grouping`): iterated in
-    order, as one list would be, with no call that copies or allocates them all at once."""
-
-    __slots__ = ("chunks",)
-
-    def __init__(self, chunks: list[list]) -> None:
-        self.chunks = chunks
-
-    def __iter__(self) -> Iterator[Any]:
-        return chain.from_iterable(self.chunks)
 
 
 class _Keys(AbstractSet):

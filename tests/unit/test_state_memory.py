@@ -8,6 +8,7 @@ from __future__ import annotations
 import pickle
 import random
 import threading
+from itertools import chain
 from unittest import mock
 
 import pytest
@@ -334,8 +335,7 @@ def test_the_first_snapshot_computes_only_the_written_keys_groups(n, monkeypatch
     import pescheduler.state.memory as memory
 
     calls = []
-    real = memory.key_groups
-    monkeypatch.setattr(memory, "key_groups", lambda keys: calls.append(len(keys)) or real(keys))
+    _count_grouped(monkeypatch, calls.append)
     state = MemoryState()
     for i in range(n):
         state.put(f"car-{i}", i)
@@ -360,8 +360,7 @@ def test_a_snapshot_leaves_the_fold_of_the_keys_written_to_whoever_reads_the_gro
     import pescheduler.state.memory as memory
 
     calls = []
-    real = memory.key_groups
-    monkeypatch.setattr(memory, "key_groups", lambda keys: calls.append(len(keys)) or real(keys))
+    _count_grouped(monkeypatch, calls.append)
     state = MemoryState()
     state.write_many((i, [i]) for i in range(20_000))
     state.delete(7)
@@ -453,8 +452,7 @@ def test_a_fold_takes_only_the_keys_written_since_the_last_fold(monkeypatch):
     from pescheduler.state.groups import rewrite
 
     seen = []
-    real = memory.key_groups
-    monkeypatch.setattr(memory, "key_groups", lambda keys: seen.append(len(keys)) or real(keys))
+    _count_grouped(monkeypatch, seen.append)
     state = memory.MemoryState()
     state.write_many((k, [k]) for k in range(1000))
     state.groups()
@@ -465,6 +463,14 @@ def test_a_fold_takes_only_the_keys_written_since_the_last_fold(monkeypatch):
     rewrite(state, lambda v: [] if v[0] % 2 else v)       # a sweep dropping the odd keys
     assert sum(seen) == 0, seen                            # read it all, then one write: no fold during it
     assert sorted(k for g in state.groups() for k, _ in state.items(g)) == sorted([*range(0, 1000, 2), 5])
+
+
+def _count_grouped(monkeypatch, record) -> None:
+    """Calls ``record(len(keys))`` at each batch of keys the memory state computes the groups of
+    (``key_groups``: a list of them, ``group_bytes``: bytes), then computes them."""
+    for name in ("key_groups", "group_bytes"):
+        real = getattr(memory, name)
+        monkeypatch.setattr(memory, name, lambda keys, _real=real: record(len(keys)) or _real(keys))
 
 
 class _Counted(dict):
@@ -496,10 +502,12 @@ def test_a_folds_writes_are_listed_and_grouped_a_slice_at_a_time(monkeypatch):
             f"a step listed {_Counted.listed - before} of {n} keys"
         before = _Counted.listed
     assert _Counted.listed == n                             # each key listed once
-    keys, put_in, off, off_in = fold._by_group()
-    assert list(keys) == list(range(n)) and list(put_in) == key_groups(list(range(n)))
+    put_in, off_in = fold._by_group()
+    assert all(type(c) is bytes for c in put_in), "the groups kept as a container the collector visits"
+    assert list(chain.from_iterable(put_in)) == key_groups(list(range(n)))
+    off = list(memory._off(fold.puts, fold.gone))
     assert off == [n + 1, n + 2] or off == [n + 2, n + 1]
-    assert list(off_in) == key_groups(off)
+    assert type(off_in) is bytes and list(off_in) == key_groups(off)
     g = key_group(0)
     assert fold.keys_of(g) == [k for k in range(n) if key_group(k) == g] + [k for k in off if key_group(k) == g]
     fold.done.add(g)
@@ -519,14 +527,12 @@ def test_a_take_before_any_fold_groups_no_written_key_in_the_turn(monkeypatch):
     s. Past ``READ_AT_ONCE`` keys written a key of each group is looked for a slice at a time and
     the groups are taken as the others; what each taken group holds, and what stays, are the same."""
     seen, turn = [], threading.current_thread()
-    real = memory.key_groups
 
-    def counted(keys):              # in the turn's thread: the process's leave thread may still be
+    def counted(n):                 # in the turn's thread: the process's leave thread may still be
         if threading.current_thread() is turn:      # removing an earlier test's taken keys (L 18)
-            seen.append(len(keys))
-        return real(keys)
+            seen.append(n)
 
-    monkeypatch.setattr(memory, "key_groups", counted)
+    _count_grouped(monkeypatch, counted)
     state = memory.MemoryState()
     k = 131_072                                 # twice READ_AT_ONCE
     state.write_many((i, {"v": i}) for i in range(k))
@@ -568,8 +574,7 @@ def test_an_import_of_taken_groups_back_folds_nothing_and_looks_only_at_the_writ
     stray = next(k for k in late if key_group(k) in half)       # ... and one write reaches a taken group:
     state.write_many(late)                                      # the import replaces it
     grouped = []
-    real = key_groups
-    monkeypatch.setattr(memory, "key_groups", lambda keys: grouped.append(len(keys)) or real(keys))
+    _count_grouped(monkeypatch, grouped.append)
     monkeypatch.setattr(MemoryState, "_fold", lambda self: pytest.fail("an import folded"))
     state.import_groups({g: packed.entries for g, (_k, packed) in taken.items()})
     assert sum(grouped) == 100, grouped                    # the 100 keys written since the take, once
