@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 EVENTS_SHOWN = 8
+IN_FLIGHT_SHOWN_S = 1.0    # a checkpoint in flight this long is shown (most take well under it)
 
 STATE_STYLES = {"starting": "yellow", "running": "green", "finished": "bold green",
                 "stopped": "yellow", "failed": "bold red"}
@@ -153,8 +154,9 @@ def slots_line(status: dict) -> Text:
 
 
 def checkpoint_line(status: dict) -> Text | None:
-    """Checkpoints, one line: the last complete one (id, age, duration, bytes), failures (aborted
-    checkpoints, restarts in a row of the attempts allowed and in all); None when the deployment takes none."""
+    """Checkpoints, one line: the last complete one (id, age, duration, bytes), one in flight for a
+    second or more (its phase, age and the workers it waits for), failures (aborted checkpoints,
+    restarts in a row of the attempts allowed and in all); None when the deployment takes none."""
     ckpt = status.get("checkpoints")
     if not ckpt:
         return None
@@ -165,6 +167,11 @@ def checkpoint_line(status: dict) -> Text | None:
                     f"{float(last['duration_s']) * 1000:.0f} ms, {format_bytes(int(last['bytes']))}")
     else:
         line.append("none complete yet", style="yellow")
+    flight = ckpt.get("in_flight")
+    if flight and float(flight.get("age_s") or 0) >= IN_FLIGHT_SHOWN_S:
+        waits = ", ".join(short_worker(w) for w in flight.get("waiting_for") or ())
+        line.append(f" | {flight['id']} {flight['phase']} {float(flight['age_s']):.0f}s"
+                    + (f" (waits for {waits})" if waits else ""), style="cyan")
     aborted = int(ckpt.get("aborted") or 0)
     line.append(f" | aborted {aborted}", style="yellow" if aborted else "")
     restart = ckpt.get("restart") or {}

@@ -192,6 +192,34 @@ class WindowCount(Operator):
         self.counts = dict(state)
 
 
+class HeldSnapshot(Operator):
+    """Passes tuples on; its snapshot (taken at a checkpoint's barrier) waits while the file ``hold``
+    exists until the file ``release`` does (at most 120 s): a checkpoint a test can watch in flight."""
+
+    name = "held_snapshot"
+
+    def __init__(self, hold: str = "", release: str = "") -> None:
+        self.hold, self.release, self.seen = hold, release, 0
+
+    def process(self, batch, emit):
+        self.seen += len(batch)
+        for t in batch:
+            emit(t)
+
+    def snapshot(self):
+        import os
+        import time
+
+        deadline = time.monotonic() + 120
+        while self.hold and os.path.exists(self.hold) and not os.path.exists(self.release) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)                # another process's file: nothing to await
+        return self.seen
+
+    def restore(self, state):
+        self.seen = state
+
+
 class Unpicklable(Operator):
     """Emits, for every n divisible by ``every``, a tuple holding a lock (cannot cross a channel)."""
 
@@ -245,7 +273,7 @@ def pescheduler_aggregates():
 
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Numbers, FailingNumbers, AbortingNumbers, Tag, RunningSum, WindowCount, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
+    return [Numbers, FailingNumbers, AbortingNumbers, Tag, RunningSum, WindowCount, HeldSnapshot, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
 
 
 def copy_holds(release, count: int, last: int = 1000) -> dict:

@@ -45,6 +45,37 @@ logger = logging.getLogger(__name__)
 RECENT = 20       # complete checkpoints listed in the status (the dashboard draws each one's duration and size)
 
 
+class InFlight:
+    """The checkpoint being taken, as the status shows it (``checkpoints.in_flight``): its id, since
+    when, its phase and the workers it waits for. A whole-state checkpoint of 10^7 keys takes tens
+    of seconds (docs/state.md, "Limits, and what is next"); the status said only what completed,
+    so a long one and a hung one looked alike until the timeout.
+
+    Phases, in order: ``snapshots`` (barriers in, each worker's PEs' snapshots awaited), ``writing``
+    (each worker writing its PEs' files to the storage), ``manifest`` (this process writing the
+    manifest), ``commit`` (the sinks told to commit)."""
+
+    def __init__(self, checkpoint_id: int, started: float) -> None:
+        self.id, self.started = checkpoint_id, started
+        self.phase, self.waiting_for = "snapshots", set()
+
+    def enter(self, phase: str, workers: Iterable[str] = ()) -> None:
+        self.phase, self.waiting_for = phase, set(workers)
+
+    async def awaiting(self, worker: str, call, *args):
+        """``call(*args)`` (one worker's) awaited; the worker is no longer waited for once it
+        answers. The call is made here, not given made: a wrapper cancelled before it starts then
+        leaves no call made and never awaited (:func:`_first_failure`)."""
+        try:
+            return await call(*args)
+        finally:
+            self.waiting_for.discard(worker)
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "phase": self.phase, "age_s": round(max(0.0, time.time() - self.started), 3),
+                "waiting_for": sorted(self.waiting_for)}
+
+
 @dataclass(frozen=True)
 class CompletedCheckpoint:
     """One complete checkpoint, as ``Deployment.checkpoints()`` lists it."""
@@ -85,6 +116,7 @@ class CheckpointCoordinator:
         self._one_at_a_time = asyncio.Lock()             # checkpoints are taken and written in id order
         self._writing: asyncio.Future | None = None      # the manifest's write thread (close() waits for it)
         self._written_by: tuple[int, float, float] | None = None   # that write's checkpoint id, t0, p0
+        self.in_flight: InFlight | None = None           # the checkpoint being taken (the status's)
 
     def interrupt(self, reason: str) -> None:
         """A recovery begins: no checkpoint starts until it ends (:attr:`paused`), and the one in
@@ -182,20 +214,26 @@ class CheckpointCoordinator:
                 workers = sorted({pe.worker for pe in placement.pes.values()})
                 t0, p0 = time.time(), time.perf_counter()
                 self._interrupted = None
+                self.in_flight = InFlight(checkpoint_id, t0)
                 try:
                     results = await self._call(self._collect(checkpoint_id, placement, self.reconfigurer.epoch))
                     if not self.state.live:     # a drain began meanwhile: sources may have ended early
                         raise CheckpointError(f"the deployment is {self.state.state}")
                 except Exception as exc:
+                    self.in_flight = None
                     await self._abort(checkpoint_id, workers, exc)
                     raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
             try:
                 async with self.reconfigurer.writing():     # a pause waits for it (Reconfigurer.writing)
                     sizes = await self._write(checkpoint_id, placement, t0, p0)
             except Exception as exc:
+                self.in_flight = None
                 await self._abort(checkpoint_id, workers, exc)
                 raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
-        return await self._complete(checkpoint_id, t0, p0, sizes)
+            try:
+                return await self._complete(checkpoint_id, t0, p0, sizes)
+            finally:
+                self.in_flight = None
 
     async def _write(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float) -> tuple[int, int, int]:
         """The workers write their PEs' files straight to the storage, then the manifest listing
@@ -213,8 +251,11 @@ class CheckpointCoordinator:
         by_worker: dict[str, list[str]] = {}
         for pe_id, pe in placement.pes.items():
             by_worker.setdefault(pe.worker, []).append(pe_id)
-        answers = await self._call(_first_failure(self.gateway.ckpt_write(w, checkpoint_id, pes, self.store.url)
-                                                  for w, pes in by_worker.items()))
+        flight = self._flight(checkpoint_id, t0)
+        flight.enter("writing", by_worker)
+        answers = await self._call(_first_failure(
+            flight.awaiting(w, self.gateway.ckpt_write, w, checkpoint_id, pes, self.store.url)
+            for w, pes in by_worker.items()))
         results: dict[str, dict] = {}
         for answer in answers:
             results.update(answer)
@@ -222,6 +263,7 @@ class CheckpointCoordinator:
         if errors:
             raise CheckpointError(errors[0])
         self._written_by = (checkpoint_id, t0, p0)
+        flight.enter("manifest")
         self._writing = asyncio.get_running_loop().run_in_executor(None, functools.partial(
             self._store, checkpoint_id, results, placement, t0, time.perf_counter() - p0, abandoned))
         return await asyncio.shield(self._writing)   # a cancelled caller leaves it to close()
@@ -231,6 +273,8 @@ class CheckpointCoordinator:
         on the workers of the placement as it is now), the history and events say so, old ones go."""
         async with self.reconfigurer.lock:
             workers = sorted({pe.worker for pe in self.reconfigurer.placement.pes.values()})
+            if self.in_flight is not None:
+                self.in_flight.enter("commit", workers)
             try:
                 await self._call(self.gateway.ckpt_end(workers, checkpoint_id, complete=True))
             except CheckpointError:
@@ -249,9 +293,12 @@ class CheckpointCoordinator:
             by_worker.setdefault(pe.worker, []).append(pe_id)
         with_sources = {pe_id for pe_id, pe in placement.pes.items()
                         if any(placement.plan.ops[op].kind == "source" for op in pe.operators)}
+        flight = self._flight(checkpoint_id, time.time())
+        flight.enter("snapshots", by_worker)
         await _first_failure(self.gateway.ckpt_begin(w, checkpoint_id, [p for p in pes if p in with_sources], epoch)
                              for w, pes in by_worker.items())
-        answers = await _first_failure(self._snapshots(w, checkpoint_id, pes) for w, pes in by_worker.items())
+        answers = await _first_failure(flight.awaiting(w, self._snapshots, w, checkpoint_id, pes)
+                                       for w, pes in by_worker.items())
         results: dict[str, dict] = {}
         for answer in answers:
             results.update(answer)
@@ -259,6 +306,11 @@ class CheckpointCoordinator:
         if missing:
             raise CheckpointError(f"no snapshot from PE {', '.join(missing)} within {self.timeout:g} s")
         return results
+
+    def _flight(self, checkpoint_id: int, started: float) -> InFlight:
+        """The status's checkpoint in flight (one of its own when a phase is called alone)."""
+        flight = self.in_flight
+        return flight if flight is not None and flight.id == checkpoint_id else InFlight(checkpoint_id, started)
 
     async def _snapshots(self, worker: str, checkpoint_id: int, pe_ids: list[str]) -> dict[str, dict]:
         """One worker's snapshots of ``checkpoint_id``; raises on the first PE that erred or is gone."""
@@ -318,6 +370,7 @@ class CheckpointCoordinator:
                 "restored_from": f"{origin[0]}/{origin[1]}" if origin else None,
                 "interval_s": self.interval, "completed": self.completed_count,
                 "aborted": self.aborted, "last": last, "last_error": self.last_error,
+                "in_flight": self.in_flight.as_dict() if self.in_flight is not None else None,
                 "prune_error": self.store.prune_error,
                 "recent": [c.as_dict() for c in self.completed[-RECENT:]]}
 

@@ -550,3 +550,64 @@ def test_an_interrupted_checkpoint_leaves_no_call_to_a_worker_never_awaited():
         asyncio.run(scenario())
         gc.collect()
     assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_the_status_shows_the_checkpoint_in_flight_its_phase_and_the_workers_it_waits_for():
+    """A whole-state checkpoint of 10^7 keys takes tens of seconds: the status said only what had
+    completed, so a long checkpoint looked like a hung one until the timeout. Now
+    ``checkpoints.in_flight`` names it, its phase and the workers it still waits for, in each phase
+    (one worker's snapshots held, then its write), and is None again once it completed or aborted."""
+    store = memory_store()
+    phases = ("snapshots", "writing")
+
+    class Holding(FakeGateway):
+        """The second worker's calls held until ``go``; ``answered`` once the first's returned."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.holding = True
+            self.held_at, self.go, self.answered = ({p: asyncio.Event() for p in phases} for _ in range(3))
+
+        async def call(self, phase, worker, answer):
+            if self.holding and worker == WORKERS[1]:
+                self.held_at[phase].set()
+                await asyncio.wait_for(self.go[phase].wait(), 10)
+            result = await answer
+            if worker == WORKERS[0]:
+                self.answered[phase].set()      # the coordinator notes the answer in this same step
+            return result
+
+        async def ckpt_wait(self, worker, checkpoint_id, pe_ids, timeout):
+            return await self.call("snapshots", worker, super().ckpt_wait(worker, checkpoint_id, pe_ids, timeout))
+
+        async def ckpt_write(self, worker, checkpoint_id, pe_ids, storage):
+            return await self.call("writing", worker, super().ckpt_write(worker, checkpoint_id, pe_ids, storage))
+
+    gateway = Holding()
+    coord = coordinator(store, gateway, timeout=10)
+    assert {pe.worker for pe in coord.reconfigurer.placement.pes.values()} == set(WORKERS)
+
+    async def held(phase):
+        await asyncio.wait_for(gateway.held_at[phase].wait(), 10)
+        await asyncio.wait_for(gateway.answered[phase].wait(), 10)
+        return coord.view()["in_flight"]
+
+    async def scenario():
+        assert coord.view()["in_flight"] is None
+        trigger = asyncio.create_task(coord.trigger())
+        seen = await held("snapshots")
+        assert seen["id"] == 1 and seen["phase"] == "snapshots" and seen["waiting_for"] == [WORKERS[1]]
+        assert seen["age_s"] >= 0
+        gateway.go["snapshots"].set()
+        seen = await held("writing")
+        assert seen["id"] == 1 and seen["phase"] == "writing" and seen["waiting_for"] == [WORKERS[1]]
+        gateway.go["writing"].set()
+        assert await asyncio.wait_for(trigger, 10) == 1
+        assert coord.view()["in_flight"] is None
+        gateway.holding = False
+        gateway.error_from = next(iter(coord.reconfigurer.placement.pes))     # an aborted one leaves none either
+        with pytest.raises(CheckpointError):
+            await asyncio.wait_for(coord.trigger(), 10)
+        assert coord.view()["in_flight"] is None
+
+    asyncio.run(scenario())

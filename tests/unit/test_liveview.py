@@ -226,3 +226,18 @@ def test_without_checkpoints_there_is_no_checkpoint_line_and_before_the_first_it
     assert not any(line.startswith("checkpoint") for line in text_of(screen(STATUS, 23)).splitlines())
     waiting = {"checkpoints": {"completed": 0, "aborted": 0, "last": None, "last_error": None}}
     assert checkpoint_line(waiting).plain == "checkpoint none complete yet | aborted 0"
+
+
+def test_a_checkpoint_in_flight_for_a_second_or_more_is_shown_with_its_phase_and_the_workers_it_waits_for():
+    """A whole-state checkpoint of 10^7 keys takes tens of seconds: the line shows it in flight,
+    its phase, age and the workers it waits for; one in flight for less is not shown (most are)."""
+    from pescheduler.liveview import checkpoint_line
+
+    def line(age):
+        return checkpoint_line({"checkpoints": {"completed": 1, "aborted": 0, "last_error": None,
+                                                "last": {"id": 6, "age_s": 2, "duration_s": 0.05, "bytes": 2048},
+                                                "in_flight": {"id": 7, "phase": "writing", "age_s": age,
+                                                              "waiting_for": ["tcp://10.0.0.2:4001"]}}}).plain
+
+    assert "| 7 writing 12s (waits for 10.0.0.2:4001) | aborted 0" in line(12.4)
+    assert "writing" not in line(0.2)
