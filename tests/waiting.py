@@ -86,3 +86,9 @@ def deploy_cli(app_file, cwd, *args: str, timeout: float = 600, meanwhile=lambda
         reap(proc)
     assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
     return stdout, extra
+
+
+def newest_checkpoint(dep) -> int:
+    """The id of the deployment's newest complete checkpoint (0: none yet): what a test waits to grow."""
+    done = dep.checkpoints()
+    return done[-1]["id"] if done else 0

@@ -14,7 +14,7 @@ import os
 import re
 
 import pytest
-from waiting import until
+from waiting import newest_checkpoint, until
 
 import pescheduler
 from pescheduler import Application, Replicate
@@ -40,12 +40,6 @@ def group_files(checkpoint: dict) -> list[str]:
     return names
 
 
-def newest(dep) -> int:
-    """The id of the newest complete checkpoint (0: none yet)."""
-    done = dep.checkpoints()
-    return done[-1]["id"] if done else 0
-
-
 def test_the_checkpoint_after_an_aborted_one_writes_no_unchanged_group_whole(cluster, tmp_path):
     flag, release = tmp_path / "abort-once", tmp_path / "release"
     app = Application("checkpoint-after-abort")
@@ -54,18 +48,18 @@ def test_the_checkpoint_after_an_aborted_one_writes_no_unchanged_group_whole(clu
     with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[],
                             checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.3s") as dep:
         until(lambda: getattr(dep.snapshot().operators.get("op"), "tuples_in", 0) >= HOLD, WAIT, "the stream held")
-        held = newest(dep)                  # the second after the hold began after it: the fill's keys in
-        until(lambda: newest(dep) >= held + 2, WAIT, "two checkpoints of the held state")
+        held = newest_checkpoint(dep)       # the second after the hold began after it: the fill's keys in
+        until(lambda: newest_checkpoint(dep) >= held + 2, WAIT, "two checkpoints of the held state")
         rec = dep.apply(Replicate("op", 1), timeout=WAIT)
         assert rec.applied, rec.reason
-        replicated = newest(dep)
-        until(lambda: newest(dep) > replicated, WAIT, "a checkpoint after the Replicate")
+        replicated = newest_checkpoint(dep)
+        until(lambda: newest_checkpoint(dep) > replicated, WAIT, "a checkpoint after the Replicate")
         flag.touch()
         until(lambda: not flag.exists() and dep.status()["checkpoints"]["aborted"] >= 1, WAIT, "the checkpoint aborted")
         error = dep.status()["checkpoints"]["last_error"]
         assert "injected" in error, error
         aborted = int(re.match(r"checkpoint (\d+):", error).group(1))
-        until(lambda: newest(dep) > aborted, WAIT, "the next checkpoint complete")
+        until(lambda: newest_checkpoint(dep) > aborted, WAIT, "the next checkpoint complete")
         after = next(c for c in dep.checkpoints() if c["id"] > aborted)     # the first after it
         release.touch()
     original = [name for name in group_files(after) if "#1" not in name]

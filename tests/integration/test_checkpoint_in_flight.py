@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dask
 import pytest
-from waiting import until
+from waiting import newest_checkpoint, until
 
 import pescheduler
 from pescheduler import Application
@@ -21,11 +21,6 @@ from pescheduler import Application
 pytestmark = pytest.mark.integration
 
 WAIT = 120
-
-
-def newest(dep) -> int:
-    done = dep.checkpoints()
-    return done[-1]["id"] if done else 0
 
 
 def test_the_status_names_the_checkpoint_in_flight_and_the_worker_it_waits_for(cluster, tmp_path):
@@ -36,9 +31,9 @@ def test_the_status_names_the_checkpoint_in_flight_and_the_worker_it_waits_for(c
     with dask.config.set({"pescheduler.checkpoint.timeout": f"{WAIT}s"}), \
             pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[],
                                checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.3s") as dep:
-        until(lambda: newest(dep) >= 1, WAIT, "a first checkpoint")
+        until(lambda: newest_checkpoint(dep) >= 1, WAIT, "a first checkpoint")
         hold.touch()
-        done = newest(dep)
+        done = newest_checkpoint(dep)
 
         seen = []
 
@@ -51,11 +46,11 @@ def test_the_status_names_the_checkpoint_in_flight_and_the_worker_it_waits_for(c
         flight = seen[0]
         worker = dep.placement().pes[next(p for p, pe in dep.placement().pes.items() if "held" in pe.operators)].worker
         assert flight["phase"] == "snapshots" and worker in flight["waiting_for"], flight
-        assert newest(dep) == done, "a checkpoint completed while the snapshot was held"
+        assert newest_checkpoint(dep) == done, "a checkpoint completed while the snapshot was held"
         again = dep.status()["checkpoints"]["in_flight"]
         assert again["id"] == flight["id"] and again["age_s"] >= flight["age_s"], (flight, again)
         release.touch()
-        until(lambda: newest(dep) >= flight["id"], WAIT, "the held checkpoint complete")
+        until(lambda: newest_checkpoint(dep) >= flight["id"], WAIT, "the held checkpoint complete")
         now = dep.status()["checkpoints"]["in_flight"]
         assert now is None or now["id"] > flight["id"], now
         (tmp_path / "end").touch()
