@@ -25,6 +25,7 @@ The PE side (alignment, snapshot, forwarding the barrier) is ``worker/barriers.p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -53,7 +54,8 @@ class InFlight:
 
     Phases, in order: ``snapshots`` (barriers in, each worker's PEs' snapshots awaited), ``writing``
     (each worker writing its PEs' files to the storage), ``manifest`` (this process writing the
-    manifest), ``commit`` (the sinks told to commit)."""
+    manifest). Once the manifest is written the checkpoint is complete and no longer in flight;
+    its sinks' commit comes after, outside ``_one_at_a_time``, as the next one may begin."""
 
     def __init__(self, checkpoint_id: int, started: float) -> None:
         self.id, self.started = checkpoint_id, started
@@ -204,7 +206,7 @@ class CheckpointCoordinator:
         storage (bounded by the timeout too) happens after it is released, so a reconfiguration
         or a recovery never waits behind a slow or hung storage. Checkpoints are taken one at a
         time (a second trigger waits without holding the Reconfigurer's lock)."""
-        async with self._one_at_a_time:
+        async with self._one_at_a_time, self._flying():
             async with self.reconfigurer.lock:
                 if not self.state.live or self.paused:
                     raise CheckpointError(f"no checkpoint while the deployment is "
@@ -220,20 +222,25 @@ class CheckpointCoordinator:
                     if not self.state.live:     # a drain began meanwhile: sources may have ended early
                         raise CheckpointError(f"the deployment is {self.state.state}")
                 except Exception as exc:
-                    self.in_flight = None
                     await self._abort(checkpoint_id, workers, exc)
                     raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
             try:
                 async with self.reconfigurer.writing():     # a pause waits for it (Reconfigurer.writing)
                     sizes = await self._write(checkpoint_id, placement, t0, p0)
             except Exception as exc:
-                self.in_flight = None
                 await self._abort(checkpoint_id, workers, exc)
                 raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
-            try:
-                return await self._complete(checkpoint_id, t0, p0, sizes)
-            finally:
-                self.in_flight = None
+        return await self._complete(checkpoint_id, t0, p0, sizes)
+
+    @contextlib.asynccontextmanager
+    async def _flying(self):
+        """:attr:`in_flight` is None again when a checkpoint's turn ends: its manifest written,
+        aborted, or cancelled (the deployment ends). Inside ``_one_at_a_time``: a trigger still
+        waiting for its turn leaves the one in flight alone."""
+        try:
+            yield
+        finally:
+            self.in_flight = None
 
     async def _write(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float) -> tuple[int, int, int]:
         """The workers write their PEs' files straight to the storage, then the manifest listing
@@ -273,8 +280,6 @@ class CheckpointCoordinator:
         on the workers of the placement as it is now), the history and events say so, old ones go."""
         async with self.reconfigurer.lock:
             workers = sorted({pe.worker for pe in self.reconfigurer.placement.pes.values()})
-            if self.in_flight is not None:
-                self.in_flight.enter("commit", workers)
             try:
                 await self._call(self.gateway.ckpt_end(workers, checkpoint_id, complete=True))
             except CheckpointError:

@@ -556,7 +556,8 @@ def test_the_status_shows_the_checkpoint_in_flight_its_phase_and_the_workers_it_
     """A whole-state checkpoint of 10^7 keys takes tens of seconds: the status said only what had
     completed, so a long checkpoint looked like a hung one until the timeout. Now
     ``checkpoints.in_flight`` names it, its phase and the workers it still waits for, in each phase
-    (one worker's snapshots held, then its write), and is None again once it completed or aborted."""
+    (one worker's snapshots held, then its write), and is None again once it completed, aborted or
+    was cancelled."""
     store = memory_store()
     phases = ("snapshots", "writing")
 
@@ -572,16 +573,18 @@ def test_the_status_shows_the_checkpoint_in_flight_its_phase_and_the_workers_it_
             if self.holding and worker == WORKERS[1]:
                 self.held_at[phase].set()
                 await asyncio.wait_for(self.go[phase].wait(), 10)
-            result = await answer
+            result = await answer()             # made once let go: a cancelled hold leaves none unawaited
             if worker == WORKERS[0]:
                 self.answered[phase].set()      # the coordinator notes the answer in this same step
             return result
 
         async def ckpt_wait(self, worker, checkpoint_id, pe_ids, timeout):
-            return await self.call("snapshots", worker, super().ckpt_wait(worker, checkpoint_id, pe_ids, timeout))
+            return await self.call("snapshots", worker,
+                                   lambda: super(Holding, self).ckpt_wait(worker, checkpoint_id, pe_ids, timeout))
 
         async def ckpt_write(self, worker, checkpoint_id, pe_ids, storage):
-            return await self.call("writing", worker, super().ckpt_write(worker, checkpoint_id, pe_ids, storage))
+            return await self.call("writing", worker,
+                                   lambda: super(Holding, self).ckpt_write(worker, checkpoint_id, pe_ids, storage))
 
     gateway = Holding()
     coord = coordinator(store, gateway, timeout=10)
@@ -608,6 +611,14 @@ def test_the_status_shows_the_checkpoint_in_flight_its_phase_and_the_workers_it_
         gateway.error_from = next(iter(coord.reconfigurer.placement.pes))     # an aborted one leaves none either
         with pytest.raises(CheckpointError):
             await asyncio.wait_for(coord.trigger(), 10)
+        assert coord.view()["in_flight"] is None
+        gateway.holding, gateway.error_from = True, None            # one cancelled (the deployment ends)
+        gateway.held_at, gateway.go, gateway.answered = ({p: asyncio.Event() for p in phases} for _ in range(3))
+        trigger = asyncio.create_task(coord.trigger())
+        assert (await held("snapshots"))["phase"] == "snapshots"
+        trigger.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await trigger
         assert coord.view()["in_flight"] is None
 
     asyncio.run(scenario())
