@@ -197,8 +197,9 @@ class WindowCount(Operator):
 
 
 class HeldSnapshot(Operator):
-    """Passes tuples on; its snapshot (taken at a checkpoint's barrier) waits while the file ``hold``
-    exists until the file ``release`` does (at most 120 s): a checkpoint a test can watch in flight."""
+    """Passes tuples on; while the file ``hold`` exists its snapshot (taken at a checkpoint's
+    barrier) connects to the Unix socket ``release`` and waits for a byte from the test (at most
+    120 s): a checkpoint a test can watch in flight, let go by an event, not a poll."""
 
     name = "held_snapshot"
 
@@ -212,12 +213,13 @@ class HeldSnapshot(Operator):
 
     def snapshot(self):
         import os
-        import time
+        import socket
 
-        deadline = time.monotonic() + 120
-        while self.hold and os.path.exists(self.hold) and not os.path.exists(self.release) \
-                and time.monotonic() < deadline:
-            time.sleep(0.02)                # another process's file: nothing to await
+        if self.hold and os.path.exists(self.hold):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(120)
+                s.connect(self.release)
+                s.recv(1)
         return self.seen
 
     def restore(self, state):

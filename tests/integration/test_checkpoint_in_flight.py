@@ -24,7 +24,13 @@ WAIT = 120
 
 
 def test_the_status_names_the_checkpoint_in_flight_and_the_worker_it_waits_for(cluster, tmp_path):
-    hold, release = tmp_path / "hold", tmp_path / "release"
+    import socket
+
+    hold, release = tmp_path / "hold", tmp_path / "r"
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(str(release))
+    listening.listen(1)
+    listening.settimeout(WAIT)
     app = Application("checkpoint-in-flight")
     (app.source("numbers", count=1_000_000, keys=10, hold_at=5_000, release=str(tmp_path / "end"))
         .apply("held_snapshot", hold=str(hold), release=str(release), id="held").sink("collect"))
@@ -49,8 +55,12 @@ def test_the_status_names_the_checkpoint_in_flight_and_the_worker_it_waits_for(c
         assert newest_checkpoint(dep) == done, "a checkpoint completed while the snapshot was held"
         again = dep.status()["checkpoints"]["in_flight"]
         assert again["id"] == flight["id"] and again["age_s"] >= flight["age_s"], (flight, again)
-        release.touch()
+        conn, _ = listening.accept()        # the held snapshot, connected
+        hold.unlink()                       # later snapshots are not held
+        conn.sendall(b"g")
+        conn.close()
         until(lambda: newest_checkpoint(dep) >= flight["id"], WAIT, "the held checkpoint complete")
         now = dep.status()["checkpoints"]["in_flight"]
         assert now is None or now["id"] > flight["id"], now
         (tmp_path / "end").touch()
+    listening.close()
