@@ -81,3 +81,11 @@ def _install(package: str) -> None:
                           text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"apt-get install -y {package} failed:\n{done.stderr[-2000:]}")
+
+
+def dies_with_this_process(signal_name: str = "TERM") -> tuple[str, ...]:
+    """A command prefix (``setpriv --pdeathsig``, util-linux) that has the kernel send the started
+    process ``SIG<signal_name>`` when the thread starting it dies: a server a test fixture started
+    goes with a test process killed before its ``finally``. Kept across ``exec`` (a script that
+    execs its program, as ``spark-class`` does), not by the started process's own children."""
+    return require("setpriv", "util-linux"), "--pdeathsig", signal_name

@@ -34,7 +34,7 @@ from typing import Iterator
 
 import psutil
 
-from debian import require
+from debian import dies_with_this_process, require
 from pescheduler.process_start import started
 from waiting import gone, until
 
@@ -80,10 +80,9 @@ def _server(tmp: str, wal_level: str) -> Iterator[str]:
     if done.returncode != 0:
         raise RuntimeError(f"initdb failed ({done.returncode}):\n{done.stdout}{done.stderr}")
     port = _free_port()
-    setpriv = require("setpriv", "util-linux")
     with open(os.path.join(tmp, "log"), "wb") as log:
         server = subprocess.Popen(
-            [setpriv, "--pdeathsig", "INT", postgres, "-D", data, "-p", str(port), "-k", sock,
+            [*dies_with_this_process("INT"), postgres, "-D", data, "-p", str(port), "-k", sock,
              "-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off",
              "-c", f"wal_level={wal_level}", *_replication(wal_level)],
             user=user, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)

@@ -2,12 +2,16 @@
 
 Started once and stopped by this fixture by PID (workers, master, and every
 executor process seen under the workers); the fixture then checks that none
-of those processes is left.
+of those processes is left. A test process killed before its ``finally`` (a
+run stopped by SIGTERM) leaves none either: each daemon is started through
+``setpriv --pdeathsig TERM``, so the kernel stops it when this process dies,
+and a worker so stopped stops its executors.
 """
 
 from __future__ import annotations
 
 import pytest
+from debian import dies_with_this_process
 from waiting import gone
 
 
@@ -15,7 +19,7 @@ from waiting import gone
 def spark_cluster():
     from pescheduler.resource_managers.spark_standalone import StandaloneCluster
 
-    cluster = StandaloneCluster(workers=2, worker_memory="1g").start()
+    cluster = StandaloneCluster(workers=2, worker_memory="1g", launcher=dies_with_this_process()).start()
     try:
         yield cluster
     finally:
