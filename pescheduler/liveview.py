@@ -170,7 +170,9 @@ def checkpoint_line(status: dict) -> Text | None:
     flight = ckpt.get("in_flight")
     if flight and float(flight.get("age_s") or 0) >= IN_FLIGHT_SHOWN_S:
         waits = ", ".join(short_worker(w) for w in flight.get("waiting_for") or ())
+        written = int(flight.get("bytes") or 0)
         line.append(f" | {flight['id']} {flight['phase']} {float(flight['age_s']):.0f}s"
+                    + (f", {format_bytes(written)} written" if written else "")
                     + (f" (waits for {waits})" if waits else ""), style="cyan")
     aborted = int(ckpt.get("aborted") or 0)
     line.append(f" | aborted {aborted}", style="yellow" if aborted else "")

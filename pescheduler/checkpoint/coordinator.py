@@ -7,7 +7,10 @@ never holds state bytes) and answers their entries, the manifest listing them
 is written last (storage.py), and only then are the sinks told to commit; a checkpoint
 that errs or passes ``pescheduler.checkpoint.timeout`` is aborted (sinks
 discard its staging, PEs still aligning on it go on) and the next one is
-tried at the next interval. It holds the :class:`~pescheduler.control.reconfigurer.Reconfigurer`'s
+tried at the next interval. The write is bounded by the timeout without
+progress: while the workers' writers put bytes it goes on however long it
+takes (a whole state of 10^7 keys: tens of seconds); once none has for the
+timeout (a hung storage, a stopped worker), it is aborted. It holds the :class:`~pescheduler.control.reconfigurer.Reconfigurer`'s
 lock from the trigger to the last PE's snapshot, so a checkpoint and a
 reconfiguration never interleave: a barrier never crosses a half-rewired
 graph. Writing the snapshots to storage comes after the lock is released and
@@ -44,25 +47,34 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 RECENT = 20       # complete checkpoints listed in the status (the dashboard draws each one's duration and size)
+PROGRESS_POLL_S = 1.0   # a write's progress is asked of its workers this often (at most a quarter of the timeout)
 
 
 class InFlight:
     """The checkpoint being taken, as the status shows it (``checkpoints.in_flight``): its id, since
-    when, its phase and the workers it waits for. A whole-state checkpoint of 10^7 keys takes tens
-    of seconds (docs/state.md, "Limits, and what is next"); the status said only what completed,
-    so a long one and a hung one looked alike until the timeout.
+    when, its phase, the workers it waits for, the bytes they wrote so far and how long since it
+    last moved. A whole-state checkpoint of 10^7 keys takes tens of seconds (docs/state.md,
+    "Limits, and what is next"); the status said only what completed, so a long one and a hung
+    one looked alike until the timeout.
 
     Phases, in order: ``snapshots`` (barriers in, each worker's PEs' snapshots awaited), ``writing``
     (each worker writing its PEs' files to the storage), ``manifest`` (this process writing the
     manifest). Once the manifest is written the checkpoint is complete and no longer in flight;
-    its sinks' commit comes after, outside ``_one_at_a_time``, as the next one may begin."""
+    its sinks' commit comes after, outside ``_one_at_a_time``, as the next one may begin.
+
+    It *moves* when it enters a phase, when a worker answers, and when a worker's count of bytes
+    written grows (:meth:`wrote`): the write's watchdog aborts it once it has not moved for the
+    timeout (:meth:`CheckpointCoordinator._watched`)."""
 
     def __init__(self, checkpoint_id: int, started: float) -> None:
         self.id, self.started = checkpoint_id, started
         self.phase, self.waiting_for = "snapshots", set()
+        self.written: dict[str, int] = {}       # worker -> bytes it wrote of this checkpoint so far
+        self.moved_at = time.monotonic()
 
     def enter(self, phase: str, workers: Iterable[str] = ()) -> None:
         self.phase, self.waiting_for = phase, set(workers)
+        self.moved_at = time.monotonic()
 
     async def awaiting(self, worker: str, call, *args):
         """``call(*args)`` (one worker's) awaited; the worker is no longer waited for once it
@@ -72,10 +84,21 @@ class InFlight:
             return await call(*args)
         finally:
             self.waiting_for.discard(worker)
+            self.moved_at = time.monotonic()
+
+    def wrote(self, worker: str, written: int | None) -> None:
+        """``worker`` says it has written ``written`` bytes so far (None: no write going on there)."""
+        if written is not None and written > self.written.get(worker, 0):
+            self.written[worker] = written
+            self.moved_at = time.monotonic()
+
+    def idle_s(self) -> float:
+        return max(0.0, time.monotonic() - self.moved_at)
 
     def as_dict(self) -> dict:
         return {"id": self.id, "phase": self.phase, "age_s": round(max(0.0, time.time() - self.started), 3),
-                "waiting_for": sorted(self.waiting_for)}
+                "waiting_for": sorted(self.waiting_for), "bytes": sum(self.written.values()),
+                "idle_s": round(self.idle_s(), 3)}
 
 
 @dataclass(frozen=True)
@@ -244,14 +267,56 @@ class CheckpointCoordinator:
 
     async def _write(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float) -> tuple[int, int, int]:
         """The workers write their PEs' files straight to the storage, then the manifest listing
-        them is written here in a thread; all bounded by the timeout: past it the thread is told to
-        give up (it writes no manifest after that) and the checkpoint is aborted."""
+        them is written here in a thread; bounded by the timeout without progress
+        (:meth:`_watched`): past it the thread is told to give up (it writes no manifest after
+        that) and the checkpoint is aborted."""
         abandoned = threading.Event()
+        writing = asyncio.ensure_future(self._write_all(checkpoint_id, placement, t0, p0, abandoned))
         try:
-            return await asyncio.wait_for(self._write_all(checkpoint_id, placement, t0, p0, abandoned), self.timeout)
-        except asyncio.TimeoutError:
-            abandoned.set()
-            raise CheckpointError(f"writing it to {self.store.url} took longer than {self.timeout:g} s") from None
+            return await self._watched(writing, self._flight(checkpoint_id, t0), abandoned)
+        finally:
+            if not writing.done():
+                writing.cancel()
+                await asyncio.gather(writing, return_exceptions=True)
+
+    async def _watched(self, writing: asyncio.Future, flight: InFlight, abandoned: threading.Event):
+        """``writing``'s result, unless the checkpoint stops moving (:class:`InFlight`) for the
+        timeout: while writing, each worker still writing is asked how many bytes it has put
+        (``ckpt_progress``, every :data:`PROGRESS_POLL_S` or a quarter of the timeout); a count that
+        grew moves it. So a whole state that takes longer than the timeout to write is written
+        (a first checkpoint at 10^7 keys took 27-35 s against the 30 s default and was aborted,
+        then written again by a second attempt), and a write that stopped (a hung storage, a
+        stopped worker) is given up the timeout after its last byte. The manifest's write, one put
+        here, is bounded by the timeout from its start."""
+        poll = min(PROGRESS_POLL_S, self.timeout / 4)
+        while True:
+            done, _ = await asyncio.wait([writing], timeout=poll)
+            if done:
+                return writing.result()
+            if flight.phase == "writing" and flight.waiting_for:
+                await self._ask_progress(flight, max(poll, self.timeout - flight.idle_s()))
+            if flight.idle_s() >= self.timeout and not writing.done():
+                abandoned.set()
+                if flight.phase == "manifest":
+                    raise CheckpointError(f"writing its manifest to {self.store.url} took longer than "
+                                          f"{self.timeout:g} s")
+                waits = ", ".join(sorted(flight.waiting_for))
+                raise CheckpointError(f"no progress writing it to {self.store.url} for {self.timeout:g} s "
+                                      f"({sum(flight.written.values())} bytes written as last asked, "
+                                      f"{time.time() - flight.started:.1f} s after its trigger; waiting for {waits})")
+
+    async def _ask_progress(self, flight: InFlight, within: float) -> None:
+        """Each worker still writing asked its bytes written, for at most ``within`` s (until the
+        watchdog's deadline: a stopped worker's call would otherwise hold it ``calls.worker``); one
+        that does not answer in time, or fails, has not moved."""
+        asks = {asyncio.ensure_future(self.gateway.ckpt_progress(w, flight.id)): w for w in sorted(flight.waiting_for)}
+        done, pending = await asyncio.wait(asks, timeout=within)
+        for ask in pending:
+            ask.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for ask in done:
+            if ask.exception() is None:
+                flight.wrote(asks[ask], ask.result())
 
     async def _write_all(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float,
                          abandoned: threading.Event) -> tuple[int, int, int]:
@@ -382,7 +447,7 @@ class CheckpointCoordinator:
 
 def _go_on(abandoned: threading.Event) -> None:
     if abandoned.is_set():
-        raise CheckpointError("given up: the write took longer than pescheduler.checkpoint.timeout")
+        raise CheckpointError("given up: the write made no progress within pescheduler.checkpoint.timeout")
 
 
 async def _first_failure(calls: Iterable) -> list:

@@ -258,6 +258,13 @@ class WorkerGateway:
         return await self.client.rpc(worker).pe_ckpt_write(deployment=self.deployment, checkpoint_id=checkpoint_id,
                                                            pe_ids=pe_ids, storage=storage)
 
+    async def ckpt_progress(self, worker: str, checkpoint_id: int) -> int | None:
+        """Bytes ``worker`` has written of ``checkpoint_id`` so far (None: no write of it going on
+        there); bounded by ``calls.worker``."""
+        answer = await bounded(partial(self.client.rpc(worker).pe_ckpt_progress, deployment=self.deployment,
+                                       checkpoint_id=checkpoint_id), self.worker_timeout)
+        return answer["bytes"]
+
     async def ckpt_end(self, workers: Iterable[str], checkpoint_id: int, complete: bool) -> None:
         """Sinks commit (``complete``) or discard checkpoint ``checkpoint_id``; bounded per worker."""
         workers = list(workers)

@@ -63,6 +63,10 @@ class StateFiles:
         self.fs, root = fsspec.core.url_to_fs(self.url)
         self.root = root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
+        # bytes of the files put so far, through :meth:`put` or a segment's (a small delta carried in
+        # its entry too): a checkpoint writer's progress, read from another thread (the worker's
+        # ``pe_ckpt_progress``; the coordinator aborts a write only once it stops growing)
+        self.written = 0
 
     def makedirs(self, path: str) -> None:
         """``path`` (absolute in the file system) and its missing parents; locally each 0700."""
@@ -103,11 +107,11 @@ class StateFiles:
         """``chk-NNNNNN/name`` under this run's directory; its manifest entry (a small delta's
         carries its bytes instead: :data:`INLINE`)."""
         entry = _entry(checkpoint_id, name, data)
-        if "data" in entry:
-            return entry
-        folder = f"{self.root}/chk-{checkpoint_id:06d}"
-        self.makedirs(folder)
-        self.write(f"{folder}/{name}", data)
+        if "data" not in entry:
+            folder = f"{self.root}/chk-{checkpoint_id:06d}"
+            self.makedirs(folder)
+            self.write(f"{folder}/{name}", data)
+        self.written += len(data)
         return entry
 
     def read(self, entry: dict, run: str | None = None) -> bytes:
@@ -167,13 +171,13 @@ class Segment:
         """``name``'s bytes at the end of the segment; its entry (a small delta's carries its
         bytes instead, as :meth:`StateFiles.put`'s)."""
         entry = _entry(self.checkpoint_id, name, data)
-        if "data" in entry:
-            return entry
-        if self._out is None or self._size + len(data) > SEGMENT_MAX and self._size:
-            self._next()
-        self._out.write(data)
-        entry.update({"in": self.names[-1], "at": self._size})
-        self._size += len(data)
+        if "data" not in entry:
+            if self._out is None or self._size + len(data) > SEGMENT_MAX and self._size:
+                self._next()
+            self._out.write(data)
+            entry.update({"in": self.names[-1], "at": self._size})
+            self._size += len(data)
+        self.files.written += len(data)
         return entry
 
     def _next(self) -> None:

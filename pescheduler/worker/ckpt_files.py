@@ -34,6 +34,7 @@ class CheckpointFiles:
     def __init__(self) -> None:
         self._taken: dict[tuple[str, int], dict[str, dict]] = {}    # (deployment, id) -> pe_id -> result
         self._writers: dict[str, ChainWriter] = {}
+        self._writing: dict[tuple[str, int], StateFiles] = {}      # (deployment, id) being written -> its files
         self._lock = threading.Lock()               # holds on the worker's loop, writes and ends in threads
         self._trims = Trims()
 
@@ -53,19 +54,30 @@ class CheckpointFiles:
             writer = self._writers.get(deployment) or self._writers.setdefault(
                 deployment, ChainWriter(LocalCopies(deployment_dir(deployment))))
         files, out = StateFiles(storage), {}
-        with FOREGROUND.background():               # the PEs' turns first (state/foreground.py)
-            for pe_id in pe_ids:
-                result = taken.pop(pe_id, None)
-                if result is None:
-                    out[pe_id] = {"error": f"PE {pe_id}: no snapshot of checkpoint {checkpoint_id} held here"}
-                    continue
-                try:
-                    out[pe_id] = writer.write_pe(files, checkpoint_id, pe_id, result)
-                except CheckpointError as exc:      # aborted meanwhile: the rest is not written
-                    out[pe_id] = {"error": str(exc)}
+        self._writing[deployment, checkpoint_id] = files
+        try:
+            with FOREGROUND.background():               # the PEs' turns first (state/foreground.py)
+                for pe_id in pe_ids:
+                    result = taken.pop(pe_id, None)
+                    if result is None:
+                        out[pe_id] = {"error": f"PE {pe_id}: no snapshot of checkpoint {checkpoint_id} held here"}
+                        continue
+                    try:
+                        out[pe_id] = writer.write_pe(files, checkpoint_id, pe_id, result)
+                    except CheckpointError as exc:      # aborted meanwhile: the rest is not written
+                        out[pe_id] = {"error": str(exc)}
+        finally:
+            self._writing.pop((deployment, checkpoint_id), None)
         _release(taken)
         self._trims.after_write()
         return out
+
+    def progress(self, deployment: str, checkpoint_id: int) -> int | None:
+        """Bytes of files :meth:`write` has put so far for ``checkpoint_id``; None when no write of
+        it is going on here (not begun, or ended). Read on the worker's loop while the write runs
+        in its thread: an int read."""
+        files = self._writing.get((deployment, checkpoint_id))
+        return None if files is None else files.written
 
     def end(self, deployment: str, checkpoint_id: int, complete: bool) -> None:
         """Checkpoint ``checkpoint_id`` is over: complete ones are what later chains build on, an

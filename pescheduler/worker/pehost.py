@@ -52,7 +52,7 @@ PLUGIN_NAME = "pescheduler"
 STOP_TIMEOUT_S = 5.0
 HANDLERS = ("pe_info", "pe_secret", "pe_warm", "pe_deploy", "pe_stats", "pe_wait", "pe_drain", "pe_stop",
             "pe_reconf", "pe_reconf_wait", "pe_snapshot", "pe_rewire", "pe_ckpt_begin", "pe_ckpt_wait",
-            "pe_ckpt_end", "pe_ckpt_write", "pe_calls")
+            "pe_ckpt_end", "pe_ckpt_write", "pe_ckpt_progress", "pe_calls")
 
 
 class PEHostPlugin(WorkerPlugin):
@@ -558,6 +558,11 @@ class PEHost:
         """Write the held snapshots of ``checkpoint_id`` into ``storage`` (the run's directory), in
         a thread: ``{pe_id: {"files", "positions"} or {"error"}}`` (ckpt_files.py)."""
         return await asyncio.to_thread(self.ckpt_files.write, deployment, checkpoint_id, pe_ids, storage)
+
+    def pe_ckpt_progress(self, deployment: str, checkpoint_id: int) -> dict:
+        """How far :meth:`pe_ckpt_write` of ``checkpoint_id`` is: ``{"bytes": n}`` put so far, or
+        ``{"bytes": None}`` when no write of it is going on here (the coordinator's watchdog)."""
+        return {"bytes": self.ckpt_files.progress(deployment, checkpoint_id)}
 
     async def pe_ckpt_end(self, deployment: str, checkpoint_id: int, complete: bool) -> None:
         """Checkpoint ``checkpoint_id`` is complete (sinks commit) or aborted (sinks discard, PEs

@@ -82,6 +82,9 @@ class FakeGateway:
         # stalled the coordinator itself until the write gave up (60 s in the hung-storage test).
         return await asyncio.to_thread(self.held[worker].write, "unit-1", checkpoint_id, pe_ids, storage)
 
+    async def ckpt_progress(self, worker, checkpoint_id):
+        return self.held[worker].progress("unit-1", checkpoint_id)
+
     async def ckpt_end(self, workers, checkpoint_id, complete):
         self.ended.append((checkpoint_id, complete))
 
@@ -622,3 +625,90 @@ def test_the_status_shows_the_checkpoint_in_flight_its_phase_and_the_workers_it_
         assert coord.view()["in_flight"] is None
 
     asyncio.run(scenario())
+
+
+class ScriptedWrites(FakeGateway):
+    """Workers whose writes end only when the test says (``finished``) and whose counts of bytes
+    written the test scripts: ``step`` is added to a worker's count each time the coordinator asks
+    it, while ``growing``; a worker in ``silent`` never answers the question."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step, self.growing, self.silent = step, True, set()
+        self.written: dict[str, int] = collections.defaultdict(int)
+        self.asked = 0
+        self.finished = asyncio.Event()
+        self.on_ask = lambda: None
+
+    async def ckpt_write(self, worker, checkpoint_id, pe_ids, storage):
+        await self.finished.wait()
+        return await super().ckpt_write(worker, checkpoint_id, pe_ids, storage)
+
+    async def ckpt_progress(self, worker, checkpoint_id):
+        if worker in self.silent:
+            await asyncio.Event().wait()
+        self.asked += 1
+        if self.growing:
+            self.written[worker] += self.step
+        self.on_ask()
+        return self.written[worker]
+
+
+def test_a_write_longer_than_the_timeout_that_keeps_writing_completes():
+    """A whole state of 10^7 keys took 27-35 s to write against the 30 s default timeout: the
+    first checkpoint was aborted and a second attempt wrote it again. The timeout now bounds a
+    write that makes no progress: here the workers write longer than three timeouts, their bytes
+    growing every time they are asked, and the checkpoint completes, once. (On the code before,
+    aborted at the first timeout.)"""
+    import time
+
+    store, gateway = memory_store(), ScriptedWrites(step=4096)
+    coord = coordinator(store, gateway, timeout=0.5)
+    start = time.monotonic()
+
+    def ask():
+        if time.monotonic() - start > 3 * coord.timeout:
+            gateway.finished.set()
+    gateway.on_ask = ask
+
+    async def scenario():
+        return await asyncio.wait_for(coord.trigger(), 30)
+
+    assert asyncio.run(scenario()) == 1
+    assert time.monotonic() - start > 3 * coord.timeout
+    assert coord.aborted == 0 and store.completed() == [1] and gateway.ended == [(1, True)]
+    assert gateway.asked >= 2 * len(WORKERS)
+
+
+def test_a_write_that_stops_writing_is_aborted_a_timeout_after_its_last_byte_saying_so():
+    """The workers write a few bytes, then none (a hung storage, a stopped worker); one of them
+    no longer answers the question at all. The checkpoint is aborted a timeout after the last
+    byte, not before, and its error names the bytes written and the workers it waited for; the
+    status showed the bytes while it was in flight."""
+    import time
+
+    store, gateway = memory_store(), ScriptedWrites(step=1000)
+    coord = coordinator(store, gateway, timeout=0.5)
+    last_byte, seen = [0.0], []
+
+    def ask():
+        if not gateway.growing:                 # the status as of the answers before this one
+            seen.append(dict(coord.view()["in_flight"]))
+        elif sum(gateway.written.values()) >= 4000:
+            gateway.growing, last_byte[0] = False, time.monotonic()
+            gateway.silent.add(WORKERS[1])
+    gateway.on_ask = ask
+
+    async def scenario():
+        with pytest.raises(CheckpointError, match=r"no progress writing it to .* for 0.5 s \(4\d\d\d bytes written "
+                                                  r"as last asked, [\d.]+ s after its trigger; waiting for tcp://w1, tcp://w2\)"):
+            await asyncio.wait_for(coord.trigger(), 30)
+        return time.monotonic()
+    try:
+        aborted_at = asyncio.run(scenario())
+    finally:
+        gateway.finished.set()
+    assert aborted_at - last_byte[0] >= coord.timeout
+    assert coord.aborted == 1 and store.completed() == [] and gateway.ended == [(1, False)]
+    assert seen and seen[-1]["phase"] == "writing" and seen[-1]["bytes"] == sum(gateway.written.values())
+    assert seen[-1]["idle_s"] > 0 and coord.view()["in_flight"] is None

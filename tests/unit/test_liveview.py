@@ -230,14 +230,17 @@ def test_without_checkpoints_there_is_no_checkpoint_line_and_before_the_first_it
 
 def test_a_checkpoint_in_flight_for_a_second_or_more_is_shown_with_its_phase_and_the_workers_it_waits_for():
     """A whole-state checkpoint of 10^7 keys takes tens of seconds: the line shows it in flight,
-    its phase, age and the workers it waits for; one in flight for less is not shown (most are)."""
+    its phase, age, the bytes written so far and the workers it waits for; one in flight for less
+    is not shown (most are)."""
     from pescheduler.liveview import checkpoint_line
 
-    def line(age):
+    def line(age, written=0):
         return checkpoint_line({"checkpoints": {"completed": 1, "aborted": 0, "last_error": None,
                                                 "last": {"id": 6, "age_s": 2, "duration_s": 0.05, "bytes": 2048},
                                                 "in_flight": {"id": 7, "phase": "writing", "age_s": age,
-                                                              "waiting_for": ["tcp://10.0.0.2:4001"]}}}).plain
+                                                              "waiting_for": ["tcp://10.0.0.2:4001"],
+                                                              "bytes": written, "idle_s": 0.1}}}).plain
 
     assert "| 7 writing 12s (waits for 10.0.0.2:4001) | aborted 0" in line(12.4)
+    assert "| 7 writing 12s, 1.50 MiB written (waits for 10.0.0.2:4001) | aborted 0" in line(12.4, 3 << 19)
     assert "writing" not in line(0.2)
