@@ -718,7 +718,7 @@ def attempts(sizes: list[int], backends_: list[str], timeout: float, limit: floa
                                 cid, where = int(m.group(1)), "" if folder.startswith(ckpt) else "copy_"
                                 row = seen.setdefault(cid, {"keys": keys, "at": time.monotonic() - t0, "bytes": 0,
                                                             "files": 0, "copy_bytes": 0, "copy_files": 0})
-                                sizes_ = [_size(os.path.join(folder, n)) for n in names if re.search(r"\.g\d{3}\.", n)]
+                                sizes_ = [_size(os.path.join(folder, n)) for n in names if re.search(r"\.g\d{3}\.|\.seg\d+$", n)]
                                 if sum(sizes_) > row[f"{where}bytes"]:
                                     row.update({f"{where}bytes": sum(sizes_), f"{where}files": len(sizes_)})
                         after = [cid for cid, row in seen.items() if row["keys"] >= k]
@@ -727,6 +727,8 @@ def attempts(sizes: list[int], backends_: list[str], timeout: float, limit: floa
                         time.sleep(0.1)             # polling the storage, bounded by limit
                     complete = {c["id"]: c for c in dep.checkpoints()}
                     status = dep.status()["checkpoints"]
+                    why = {int(m.group(1)): m.group(2) for e in dep.status().get("events", ())
+                           if (m := re.match(r"checkpoint (\d+) aborted: (.*)", e["text"]))}
                     open(until, "w").close()
                     dep.wait(timeout=300)
                 print(f"   {backend}, K = {k:,} (filled at {filled_at or float('nan'):.0f} s; "
@@ -736,7 +738,7 @@ def attempts(sizes: list[int], backends_: list[str], timeout: float, limit: floa
                 for cid, row in sorted(seen.items()):
                     c = complete.get(cid)
                     ended = (f"complete in {c['duration_s']:.1f} s, wrote {c['bytes'] / 1e6:.1f} MB, references "
-                             f"{c['state_bytes'] / 1e6:.1f} MB") if c else "aborted (or cut short)"
+                             f"{c['state_bytes'] / 1e6:.1f} MB") if c else f"aborted: {why.get(cid, '(or cut short)')}"
                     print(f"   {cid:4d} {row['at']:6.1f} {row['keys']:10,} {row['bytes'] / 1e6:10.2f} {row['files']:6d} "
                           f"{row['copy_bytes'] / 1e6:11.2f} {row['copy_files']:6d}  {ended}", flush=True)
 
