@@ -270,10 +270,10 @@ class CheckpointCoordinator:
         them is written here in a thread; bounded by the timeout without progress
         (:meth:`_watched`): past it the thread is told to give up (it writes no manifest after
         that) and the checkpoint is aborted."""
-        abandoned = threading.Event()
-        writing = asyncio.ensure_future(self._write_all(checkpoint_id, placement, t0, p0, abandoned))
+        abandoned, flight = threading.Event(), self._flight(checkpoint_id, t0)
+        writing = asyncio.ensure_future(self._write_all(checkpoint_id, placement, t0, p0, abandoned, flight))
         try:
-            return await self._watched(writing, self._flight(checkpoint_id, t0), abandoned)
+            return await self._watched(writing, flight, abandoned)
         finally:
             if not writing.done():
                 writing.cancel()
@@ -319,11 +319,12 @@ class CheckpointCoordinator:
                 flight.wrote(asks[ask], ask.result())
 
     async def _write_all(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float,
-                         abandoned: threading.Event) -> tuple[int, int, int]:
+                         abandoned: threading.Event, flight: InFlight | None = None) -> tuple[int, int, int]:
+        """The workers' writes, then the manifest's; ``flight`` is the one :meth:`_watched` watches."""
         by_worker: dict[str, list[str]] = {}
         for pe_id, pe in placement.pes.items():
             by_worker.setdefault(pe.worker, []).append(pe_id)
-        flight = self._flight(checkpoint_id, t0)
+        flight = flight or self._flight(checkpoint_id, t0)
         flight.enter("writing", by_worker)
         answers = await self._call(_first_failure(
             flight.awaiting(w, self.gateway.ckpt_write, w, checkpoint_id, pes, self.store.url)
