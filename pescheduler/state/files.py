@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import io
 import os
 import re
 
@@ -46,6 +45,8 @@ CHECKPOINT_DIR = re.compile(r"chk-(\d+)$")     # a checkpoint's folder (chk-0000
 CHUNK = 1 << 20           # bytes hashed at a time when a file is checked without being kept
 INLINE = 48               # a .delta file this small is carried in its entry (and the manifest), not written
 SEGMENT_MAX = 64 << 20    # a segment holds files until this many bytes; the next file starts another
+PART_BYTES = 8 << 20      # on an object store a segment goes up in parts of this many bytes as it is
+                          # written (S3's multipart upload: 5 MiB a part at least)
 
 
 def physical(entry: dict) -> str:
@@ -158,13 +159,17 @@ class Segment:
     (``<name>.seg<n>``, another past :data:`SEGMENT_MAX`). :meth:`put` answers each one's entry
     (``"in"``: the segment's name, ``"at"``: where its bytes start); :meth:`close` syncs the
     segment, which must come before anything names its entries. Locally the bytes are written as
-    they come (a file descriptor held open); on an object store a segment is one upload at its end."""
+    they come (a file descriptor held open); on an object store through the file system's writer
+    (``fs.open(..., "wb")``), which uploads a part each :data:`PART_BYTES` (s3fs: a multipart
+    upload) and completes the object at :meth:`close`. So a writer holds one part, not the whole
+    segment (up to 64 MB a PE before), and its count of bytes written grows as parts go up (the
+    coordinator aborts a write that stops growing it)."""
 
     def __init__(self, files: StateFiles, checkpoint_id: int, name: str) -> None:
         self.files, self.checkpoint_id, self.name = files, checkpoint_id, name
         self.folder = f"{files.root}/chk-{checkpoint_id:06d}"
         self.names: list[str] = []      # the segments begun, in order
-        self._out = None                # the one being written: a local file, or a buffer
+        self._out = None                # the one being written: a local file, or an object store's writer
         self._size = 0
 
     def put(self, name: str, data: bytes) -> dict:
@@ -188,7 +193,7 @@ class Segment:
             fd = os.open(f"{self.folder}/{self.names[-1]}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             self._out = os.fdopen(fd, "wb")
         else:
-            self._out = io.BytesIO()
+            self._out = self.files.fs.open(f"{self.folder}/{self.names[-1]}", "wb", block_size=PART_BYTES)
         self._size = 0
 
     def close(self) -> None:
@@ -197,17 +202,27 @@ class Segment:
         if out is None:
             return
         if not self.files.local:
-            self.files.fs.pipe_file(f"{self.folder}/{self.names[-1]}", out.getvalue())
+            out.close()                 # the last part, and the object completed
             return
         with out:
             out.flush()
             os.fsync(out.fileno())
 
     def abort(self) -> None:
-        """Let the segment being written go unsynced (its entries are named by nothing)."""
+        """Let the segment being written go unsynced (its entries are named by nothing); on an
+        object store its upload aborted (s3fs's ``discard``: no part left stored and billed), not
+        completed: its writer is then marked closed, since closing it would upload the rest."""
         out, self._out = self._out, None
-        if out is not None:
+        if out is None:
+            return
+        discard = getattr(out, "discard", None)
+        if self.files.local or discard is None:
             out.close()
+            return
+        try:
+            discard()
+        finally:
+            out.closed = True
 
 
 def _entry(checkpoint_id: int, name: str, data: bytes) -> dict:
