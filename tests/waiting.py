@@ -1,6 +1,7 @@
 """Bounded waits for tests: one helper for state that has no event (and its twin for a test's own
 event loop), one for processes that do,
-one that ends a process a test started if it is still running, and one that runs
+one that ends a process a test started if it is still running, one that kills a
+deployment's worker and waits for the restore, and one that runs
 ``python -m pescheduler deploy`` as a user types it, to its end.
 
 ``until`` polls: a resource manager's view, Spark's and the deployment's
@@ -12,6 +13,8 @@ await. Processes do signal their exit, so ``gone`` waits on that
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,6 +67,14 @@ def gone(pids, timeout: float, what: str) -> None:
     _, alive = psutil.wait_procs(procs, timeout=timeout)
     left = [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"timed out after {timeout} s waiting for {what}: {left} still running"
+
+
+def killed_and_restored(dep, pid: int, timeout: float) -> None:
+    """SIGKILL a worker of ``dep`` by its PID, then wait (bounded) for the deployment's next restore."""
+    before = len(dep.status()["checkpoints"]["restart"]["restarts"])
+    os.kill(pid, signal.SIGKILL)
+    until(lambda: len(dep.status()["checkpoints"]["restart"]["restarts"]) > before, timeout,
+          f"the restore after the SIGKILL of worker process {pid}")
 
 
 def reap(popen) -> None:

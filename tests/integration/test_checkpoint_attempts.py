@@ -38,7 +38,7 @@ import pescheduler
 from pescheduler import Application
 from pescheduler.checkpoint.storage import manifest_at
 from pescheduler.errors import CheckpointError
-from waiting import until
+from waiting import killed_and_restored, until
 
 pytestmark = pytest.mark.integration
 
@@ -132,8 +132,7 @@ def test_a_write_stopped_midway_is_aborted_and_the_next_attempt_builds_on_it_and
         done = next(c for c in dep.checkpoints() if c["id"] == done_id)
         referenced = {e["chk"] for e in manifest_at(done["url"])["files"] if e["role"] == "group"}
         assert referenced - {done_id}, "the complete checkpoint references no aborted attempt's files"
-        os.kill(window_worker, signal.SIGKILL)
-        until(lambda: dep.status()["checkpoints"]["restart"]["restarts"], WAIT, "the restore after the SIGKILL")
+        killed_and_restored(dep, window_worker, WAIT)
         release.touch()
         status = dep.wait(timeout=WAIT)
     assert status["state"] == "finished"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 
 import pytest
 
@@ -24,7 +23,7 @@ from brokers import start_s3
 from pescheduler import Application
 from pescheduler.checkpoint.storage import manifest_at
 from pescheduler.state.files import PART_BYTES, StateFiles, physical
-from waiting import until
+from waiting import killed_and_restored, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
 
@@ -115,8 +114,7 @@ def test_a_window_checkpointed_to_s3_is_restored_exactly_after_its_worker_is_kil
         run = StateFiles(url.rsplit("/", 1)[0])
         assert sum(len(run.read(e)) for e in groups) == sum(e["bytes"] for e in groups)   # each SHA-256 checked
         placement = dep.placement()
-        os.kill(dep.worker_info[placement.pes[placement.pe_of(op)].worker]["pid"], signal.SIGKILL)
-        until(lambda: dep.status()["checkpoints"]["restart"]["restarts"], WAIT, "the restore after the SIGKILL")
+        killed_and_restored(dep, dep.worker_info[placement.pes[placement.pe_of(op)].worker]["pid"], WAIT)
         release.touch()
         status = dep.wait(timeout=WAIT)
     assert status["state"] == "finished"
