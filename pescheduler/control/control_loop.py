@@ -52,13 +52,12 @@ class ControlLoop:
         self._round: asyncio.Task | None = None
         self._ticked = None
 
-    async def collect(self) -> None:
-        """Every worker's counters into a snapshot; dead letters kept; the status published."""
-        try:
-            answers = await self.gateway.stats(self.reconfigurer.running_on())
-        except Exception as exc:        # a lost worker is reported by its watcher
-            logger.debug("collect failed: %s", exc)
-            return
+    async def collect(self) -> bool:
+        """Every worker's counters into a snapshot; dead letters kept; the status published. False
+        when a worker did not answer (a lost worker is reported by its watcher): the dead letters
+        of those that did are kept all the same (they are taken off the PEs as they answer), and
+        no snapshot is made of a part of the workers."""
+        answers, failed = await self.gateway.stats_each(self.reconfigurer.running_on())
         for answer in answers:
             for dead in answer["dead_letters"]:
                 first = self.dead.keep(dead)
@@ -66,6 +65,9 @@ class ControlLoop:
                     self.state.event("error", f"{first['op']} raised {first['type'] or 'an error'}: "
                                               f"{first['message']} at {first['where'] or '?'} "
                                               f"(its first dead letter; `status --dead-letters 20`)")
+        if failed:
+            logger.debug("collect: no answer from %s", {w: repr(e) for w, e in failed.items()})
+            return False
         snapshot = self.monitor.update(answers, self.reconfigurer.placement)
         self.reconfigurer.activated(answers)      # copies that processed their first batch since
         self.reconfigurer.loaded(answers)         # restored PEs whose key groups are all in
@@ -82,6 +84,7 @@ class ControlLoop:
         self.sampled.set()                 # wake next_snapshot() callers, then re-arm
         self.sampled = asyncio.Event()
         await self.gateway.publish(self.publish())
+        return True
 
     async def run(self, done: asyncio.Event) -> None:
         """Until ``done``: collect every interval, start rounds, obey commands, watch the scheduler."""

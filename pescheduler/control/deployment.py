@@ -71,6 +71,7 @@ logger = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = 2.0
 CLOSE_CLUSTER_S = 20.0     # an embedded cluster that does not close within this is left to its atexit
+FINAL_COLLECTS = 3         # tries of the last collect when every PE finished (each bounded per worker)
 
 
 class LoopThread:
@@ -540,8 +541,16 @@ class Deployment:
         return await self.gateway.first_gone(others) if others else None
 
     async def _finish(self) -> None:
-        """Every PE finished: the last counters and dead letters in, then the verdict on them."""
-        await self.loop.collect()
+        """Every PE finished: the last counters and dead letters in, then the verdict on them. The
+        last collect is tried :data:`FINAL_COLLECTS` times (each worker's call bounded by
+        ``calls.worker``): a loaded worker that missed one must not leave the final status without
+        the dead letters still on it; one that misses every try is said in the events."""
+        for _ in range(FINAL_COLLECTS):
+            if await self.loop.collect() or self._done.is_set():
+                break
+        else:
+            self.state.event("monitor", f"the last counters were not collected from every worker in "
+                                        f"{FINAL_COLLECTS} tries: the final figures and dead letters may be short")
         if self._done.is_set():
             return
         verdict = self.dead.verdict(self.monitor.latest)

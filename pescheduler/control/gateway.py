@@ -175,6 +175,16 @@ class WorkerGateway:
             bounded(partial(self.client.rpc(w).pe_stats, deployment=self.deployment, dead_letters=dead_letters),
                     self.worker_timeout) for w in workers)))
 
+    async def stats_each(self, workers: Iterable[str], dead_letters: bool = True) -> tuple[list[dict], dict]:
+        """:meth:`stats` with each worker asked on its own: the answers that came, and each worker
+        that did not answer in time or failed, with why. One worker's failure must not drop the
+        others' answers, whose dead letters are taken off their PEs as they answer (a ``gather``
+        that raised lost them: the final status of a loaded run showed 0 of 5 dead letters)."""
+        workers = list(workers)
+        asked = await asyncio.gather(*(self.stats([w], dead_letters) for w in workers), return_exceptions=True)
+        answers = [a for one in asked if not isinstance(one, BaseException) for a in one]
+        return answers, {w: one for w, one in zip(workers, asked) if isinstance(one, BaseException)}
+
     async def watch(self, worker: str, version: int, timeout: float) -> dict:
         """Long-poll the PE states on ``worker`` newer than ``version``."""
         return await self.client.rpc(worker).pe_wait(deployment=self.deployment, version=version,

@@ -210,9 +210,7 @@ class Recovery:
         workers = sorted({pe.worker for pe in placement.pes.values()})
         deadline = perf_counter() + FIRST_OUTPUT_S
         while perf_counter() < deadline and not self.dep._done.is_set():
-            asked = await asyncio.gather(*(self.dep.gateway.stats([w], dead_letters=False) for w in workers),
-                                         return_exceptions=True)
-            answers = [a for one in asked if not isinstance(one, BaseException) for a in one]
+            answers, _failed = await self.dep.gateway.stats_each(workers, dead_letters=False)
             if any(s["operators"].get(op, {}).get("tuples_in", 0) for a in answers
                    for s in a["pes"].values() for op in sinks):     # restored PEs count from 0
                 record["first_output_s"] = round(perf_counter() - p0, 3)

@@ -63,3 +63,63 @@ def test_a_collect_waiting_on_a_dead_worker_is_given_up_after_the_call_bound():
 
     took = asyncio.run(main())
     assert BOUND_S <= took < 5 * BOUND_S, took
+
+
+class Letters(Client):
+    """The live worker answers with a dead letter each time it is asked (taken off its PEs as it
+    answers, as ``pe_stats`` does); the dead one never answers."""
+
+    def rpc(self, worker: str):
+        async def pe_stats(**_kwargs):
+            if worker == self.dead:
+                await asyncio.Event().wait()
+            return {"pes": {}, "dead_letters": [{"op": "jsonl-1", "pe": "p", "item": {"n": 1}, "error": "bad"}]}
+        return SimpleNamespace(pe_stats=pe_stats)
+
+
+def test_the_dead_letters_a_worker_handed_over_are_kept_when_another_worker_does_not_answer():
+    """A collect whose other worker missed the call bound dropped every answer, and with them the
+    dead letters the answering workers had handed over (they are taken off the PEs as they
+    answer): a loaded run's final status counted 0 of its 5 dead letters. Now they are kept, and
+    the collect says it is not complete (no snapshot of a part of the workers)."""
+    with dask.config.set({"pescheduler.calls.worker": f"{BOUND_S}s"}):
+        gateway = WorkerGateway(Letters(dead="tcp://dead:1"), "d", ())
+    kept = []
+    reconfigurer = SimpleNamespace(running_on=lambda: ["tcp://live:1", "tcp://dead:1"], placement=None)
+    updates = []
+    monitor = SimpleNamespace(update=lambda answers, placement: updates.append(answers))
+    loop = ControlLoop(gateway, reconfigurer, DeploymentState(), monitor,
+                       SimpleNamespace(keep=lambda d: kept.append(d)), dict)
+    complete = asyncio.run(asyncio.wait_for(loop.collect(), 10 * BOUND_S))
+    assert [d["item"] for d in kept] == [{"n": 1}]
+    assert complete is False and updates == []
+
+
+def test_the_last_collect_is_tried_again_and_said_when_it_never_completes():
+    """Every PE finished: the last collect must bring in what is still on the workers. One that
+    missed is tried again; one that misses every try is said in the events, not silent."""
+    from pescheduler.control import deployment
+
+    class Loop:
+        def __init__(self, outcomes):
+            self.outcomes = list(outcomes)
+
+        async def collect(self):
+            return self.outcomes.pop(0)
+
+    def finishing(outcomes):
+        state = DeploymentState()
+        state.running({})
+        dep = SimpleNamespace(loop=Loop(outcomes), _done=asyncio.Event(), state=state,
+                              dead=SimpleNamespace(verdict=lambda snapshot: None), monitor=SimpleNamespace(latest=None))
+        asyncio.run(deployment.Deployment._finish(dep))
+        return dep
+
+    second = finishing([False, True])
+    assert second.loop.outcomes == [] and second.state.state == "finished" and second._done.is_set()
+    assert not [e for e in second.state.events if e["kind"] == "monitor"]
+    never = finishing([False] * deployment.FINAL_COLLECTS)
+    assert never.state.state == "finished"
+    assert [e["text"] for e in never.state.events if e["kind"] == "monitor"] == [
+        f"the last counters were not collected from every worker in {deployment.FINAL_COLLECTS} tries: "
+        "the final figures and dead letters may be short"]

@@ -16,8 +16,8 @@ class Gateway:
     def __init__(self) -> None:
         self.published = 0
 
-    async def stats(self, workers):
-        return []
+    async def stats_each(self, workers, dead_letters=True):
+        return [], {}
 
     async def publish(self, status) -> None:
         self.published += 1

@@ -12,11 +12,15 @@ import asyncio
 from types import SimpleNamespace
 
 from pescheduler.control import recovery as recovery_module
+from pescheduler.control.gateway import WorkerGateway
 from pescheduler.control.recovery import Recovery
 
 
 class _Gateway:
-    """``stats`` for one worker at a time: ``slow`` never answers in time, ``sink`` has output."""
+    """``stats`` for one worker at a time: ``slow`` never answers in time, ``sink`` has output;
+    ``stats_each`` the real one, over this ``stats``."""
+
+    stats_each = WorkerGateway.stats_each
 
     def __init__(self) -> None:
         self.asked: list[list[str]] = []
