@@ -49,6 +49,9 @@ class ControlLoop:
         self.on_scheduler_lost: Callable[[str], Awaitable[None]] = _nothing_said
         self.on_dead_letters: Callable[[str], Awaitable[None]] = _nothing_said   # over max-ratio: fail
         self.sampled = asyncio.Event()          # set (and replaced) after each collect
+        # worker -> (its PE host's incarnation, the newest dead letter's seq received from it): a
+        # worker keeps its dead letters until a later call says they were received (dead_outbox.py)
+        self.acked: dict[str, tuple[str, int]] = {}
         self._round: asyncio.Task | None = None
         self._ticked = None
 
@@ -57,9 +60,9 @@ class ControlLoop:
         when a worker did not answer (a lost worker is reported by its watcher): the dead letters
         of those that did are kept all the same (they are taken off the PEs as they answer), and
         no snapshot is made of a part of the workers."""
-        answers, failed = await self.gateway.stats_each(self.reconfigurer.running_on())
+        answers, failed = await self.gateway.stats_each(self.reconfigurer.running_on(), acked=self.acked)
         for answer in answers:
-            for dead in answer["dead_letters"]:
+            for dead in self._new(answer):
                 first = self.dead.keep(dead)
                 if first is not None:
                     self.state.event("error", f"{first['op']} raised {first['type'] or 'an error'}: "
@@ -85,6 +88,17 @@ class ControlLoop:
         self.sampled = asyncio.Event()
         await self.gateway.publish(self.publish())
         return True
+
+    def _new(self, answer: dict) -> list[dict]:
+        """The dead letters of ``answer`` not received before (a worker answers each one until a
+        call acknowledges it), in order; the newest is acknowledged with the next call."""
+        worker, incarnation = answer.get("worker"), answer.get("incarnation")
+        seen = self.acked.get(worker, (None, 0))
+        since = seen[1] if seen[0] == incarnation else 0
+        new = [d for d in answer["dead_letters"] if d.get("seq", since + 1) > since]
+        if new and worker is not None:
+            self.acked[worker] = (incarnation, max(d.get("seq", 0) for d in new))
+        return [{k: v for k, v in d.items() if k != "seq"} for d in new]
 
     async def run(self, done: asyncio.Event) -> None:
         """Until ``done``: collect every interval, start rounds, obey commands, watch the scheduler."""

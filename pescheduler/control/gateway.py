@@ -166,22 +166,25 @@ class WorkerGateway:
         await asyncio.gather(*(self.client.rpc(w).pe_warm(plugins=self.plugins, slots=n)
                                for w, n in slots_per_worker.items()))
 
-    async def stats(self, workers: Iterable[str], dead_letters: bool = True) -> list[dict]:
+    async def stats(self, workers: Iterable[str], dead_letters: bool = True, acked: tuple | None = None) -> list[dict]:
         """Every worker's cumulative PE counters (and, by default, the dead letters taken off it).
         Each call is given up after ``calls.worker`` (raising): a worker SIGKILLed a moment ago
         otherwise holds its caller for Dask's 30 s connect retry (the control loop then published
         no status and ran no policy for 30 s after every loss)."""
+        extra = {"acked": list(acked)} if acked else {}
         return list(await asyncio.gather(*(
-            bounded(partial(self.client.rpc(w).pe_stats, deployment=self.deployment, dead_letters=dead_letters),
-                    self.worker_timeout) for w in workers)))
+            bounded(partial(self.client.rpc(w).pe_stats, deployment=self.deployment, dead_letters=dead_letters,
+                            **extra), self.worker_timeout) for w in workers)))
 
-    async def stats_each(self, workers: Iterable[str], dead_letters: bool = True) -> tuple[list[dict], dict]:
-        """:meth:`stats` with each worker asked on its own: the answers that came, and each worker
+    async def stats_each(self, workers: Iterable[str], dead_letters: bool = True,
+                         acked: dict[str, tuple] | None = None) -> tuple[list[dict], dict]:
+        """:meth:`stats` with each worker asked on its own (``acked``: worker -> the newest dead
+        letter received from it, ``(incarnation, seq)``): the answers that came, and each worker
         that did not answer in time or failed, with why. One worker's failure must not drop the
-        others' answers, whose dead letters are taken off their PEs as they answer (a ``gather``
-        that raised lost them: the final status of a loaded run showed 0 of 5 dead letters)."""
-        workers = list(workers)
-        asked = await asyncio.gather(*(self.stats([w], dead_letters) for w in workers), return_exceptions=True)
+        others' answers (a ``gather`` that raised lost them, and the dead letters in them)."""
+        workers, acked = list(workers), acked or {}
+        asked = await asyncio.gather(*(self.stats([w], dead_letters, acked.get(w)) for w in workers),
+                                     return_exceptions=True)
         answers = [a for one in asked if not isinstance(one, BaseException) for a in one]
         return answers, {w: one for w, one in zip(workers, asked) if isinstance(one, BaseException)}
 

@@ -43,6 +43,7 @@ from ..state.incremental import resolve_restore
 from ..state.local import LocalCopies
 from ..state.settings import deployment_dir, remove_stores
 from ..plugins import activate
+from .dead_outbox import DeadLetterOutbox
 from .runtime import Hosting, PERunner
 from ..wire import PESpec
 
@@ -145,6 +146,7 @@ class PEHost:
         self.server: asyncio.AbstractServer | None = None
         self.data_address = ""
         self.secrets: dict[str, bytes] = {}          # deployment -> its data-plane secret
+        self.outbox = DeadLetterOutbox()             # dead letters handed over, until acknowledged
         self.checkpointing: set[str] = set()         # deployments that take checkpoints
         self.state_backends: dict[str, str] = {}     # deployment -> its keyed-state backend
         self.ckpt_files = CheckpointFiles()          # snapshots held until written to checkpoint storage
@@ -334,16 +336,21 @@ class PEHost:
     def _bump(self) -> None:
         self.changes.bump()
 
-    def pe_stats(self, deployment: str, dead_letters: bool = True) -> dict:
+    def pe_stats(self, deployment: str, dead_letters: bool = True, acked: tuple | None = None) -> dict:
         """Cumulative counters of the deployment's PEs here, and (``dead_letters``, the monitor's
-        call) the dead letters since the last such call."""
-        dead = []
+        call) every dead letter the controller has not acknowledged yet (``acked``: the
+        ``(incarnation, seq)`` of the newest it has from this address; another incarnation's
+        numbers say nothing of this one's: dead_outbox.py)."""
+        dead: list[dict] = []
         pes = self._of(deployment)
-        for pe in pes.values() if dead_letters else ():
-            for d in pe.take_dead_letters():
-                dead.append({"op": d.operator, "pe": pe.pe_id, "item": _portable(d.item), "error": d.error})
-        return {"worker": self.worker.address, "version": self.version, "process": self._process_stats(),
-                "pes": {pe_id: pe.stats() for pe_id, pe in pes.items()}, "dead_letters": dead}
+        if dead_letters:
+            fresh = [{"op": d.operator, "pe": pe.pe_id, "item": _portable(d.item), "error": d.error}
+                     for pe in pes.values() for d in pe.take_dead_letters()]
+            incarnation, seq = acked or (None, 0)
+            dead = self.outbox.hand_over(deployment, fresh, seq if incarnation == self.outbox.incarnation else 0)
+        return {"worker": self.worker.address, "incarnation": self.outbox.incarnation, "version": self.version,
+                "process": self._process_stats(), "pes": {pe_id: pe.stats() for pe_id, pe in pes.items()},
+                "dead_letters": dead}
 
     def _process_stats(self) -> dict:
         """This worker's CPU (cores used) and memory since the last call, and what the monitor needs
@@ -613,6 +620,7 @@ class PEHost:
             asyncio.get_running_loop().call_soon(retire_states, gone)    # after this call's answer
         if deployment is not None and pe_ids is None:
             self.secrets.pop(deployment, None)          # the deployment is over here
+            self.outbox.forget(deployment)
             self.checkpointing.discard(deployment)
             self.state_backends.pop(deployment, None)
             self.ckpt_files.forget(deployment)

@@ -73,7 +73,7 @@ class _Gateway:
     async def snapshot(self, worker, pe_ids):
         return cloudpickle.dumps({})
 
-    async def stats(self, workers, dead_letters=True):
+    async def stats(self, workers, dead_letters=True, acked=None):
         return []
 
 

@@ -10,6 +10,7 @@ test_dashboard.py's restart count; here a worker that never answers stands for i
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from types import SimpleNamespace
 
@@ -123,3 +124,78 @@ def test_the_last_collect_is_tried_again_and_said_when_it_never_completes():
     assert [e["text"] for e in never.state.events if e["kind"] == "monitor"] == [
         f"the last counters were not collected from every worker in {deployment.FINAL_COLLECTS} tries: "
         "the final figures and dead letters may be short"]
+
+
+class LostAnswers:
+    """``rpc(worker).pe_stats(...)`` is the PE host's own handler (``PEHost.pe_stats`` over a PE
+    whose dead letters the test adds); the answers of the first ``lose`` calls never arrive: the
+    handler ran here, took the letters off the PE, and its caller gave up (``calls.worker``)."""
+
+    def __init__(self, lose: int) -> None:
+        from pescheduler.worker.dead_outbox import DeadLetterOutbox
+
+        self.lose, self.letters = lose, []
+        pe = SimpleNamespace(pe_id="p", take_dead_letters=self._take, stats=lambda: {})
+        self.host = SimpleNamespace(_of=lambda deployment: {"p": pe}, outbox=DeadLetterOutbox(), version=0,
+                                    worker=SimpleNamespace(address="tcp://w:1"), _process_stats=lambda: {})
+
+    def _take(self):
+        taken, self.letters = self.letters, []
+        return taken
+
+    def rpc(self, worker: str):
+        from pescheduler.worker.pehost import PEHost
+
+        async def pe_stats(**kwargs):
+            answer = pickle.loads(pickle.dumps(PEHost.pe_stats(self.host, **kwargs)))     # as over the wire
+            if self.lose:
+                self.lose -= 1
+                await asyncio.Event().wait()
+            return answer
+        return SimpleNamespace(pe_stats=pe_stats)
+
+
+def test_a_dead_letter_whose_answer_was_lost_is_handed_over_again_and_kept_once():
+    """The worker ran the collect's call and took its PEs' dead letters, but the answer came after
+    the caller gave up: the letters were gone with it. Now the worker keeps each one until a later
+    call acknowledges it; the controller keeps each once (two collects at once both get the
+    letters not yet acknowledged), and a new PE host on the same address (its numbers start
+    again) is not taken for the old one."""
+    from pescheduler.worker.dead_outbox import DeadLetterOutbox
+
+    def letter(n):
+        return SimpleNamespace(operator="jsonl-1", item={"n": n}, error="bad")
+
+    with dask.config.set({"pescheduler.calls.worker": f"{BOUND_S}s"}):
+        client = LostAnswers(lose=1)
+        gateway = WorkerGateway(client, "d", ())
+    gateway.publish = lambda status: asyncio.sleep(0)
+    from pescheduler.control.deadletters import DeadLetters
+
+    dead = DeadLetters()
+    reconfigurer = SimpleNamespace(running_on=lambda: ["tcp://w:1"], placement=None,
+                                   activated=lambda answers: None, loaded=lambda answers: None)
+    monitor = SimpleNamespace(update=lambda answers, placement: SimpleNamespace(pes={}))
+    loop = ControlLoop(gateway, reconfigurer, DeploymentState(), monitor, dead, dict)
+    kept = []
+
+    async def collect():
+        complete = await asyncio.wait_for(loop.collect(), 10 * BOUND_S)
+        kept[:] = [d["item"]["n"] for d in dead.kept]
+        return complete
+
+    async def main():
+        client.letters = [letter(1), letter(2)]
+        assert await collect() is False and kept == []          # taken there, the answer lost
+        assert await collect() is True and kept == [1, 2]       # answered again
+        client.letters = [letter(3)]
+        assert await collect() is True and kept == [1, 2, 3]    # 1 and 2 acknowledged: not again
+        assert await collect() is True and kept == [1, 2, 3]
+        client.letters = [letter(4), letter(5)]                  # two collects at once (the last one's
+        assert await asyncio.gather(collect(), collect()) == [True, True]   # and the timer's): each answers 4, 5
+        assert kept == [1, 2, 3, 4, 5]
+        client.host.outbox = DeadLetterOutbox()                  # a new PE host at the same address
+        client.letters = [letter(6)]
+        assert await collect() is True and kept == [1, 2, 3, 4, 5, 6]
+
+    asyncio.run(main())

@@ -16,7 +16,7 @@ class Gateway:
     def __init__(self) -> None:
         self.published = 0
 
-    async def stats_each(self, workers, dead_letters=True):
+    async def stats_each(self, workers, dead_letters=True, acked=None):
         return [], {}
 
     async def publish(self, status) -> None:

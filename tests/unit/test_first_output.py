@@ -25,7 +25,7 @@ class _Gateway:
     def __init__(self) -> None:
         self.asked: list[list[str]] = []
 
-    async def stats(self, workers, dead_letters=True):
+    async def stats(self, workers, dead_letters=True, acked=None):
         workers = list(workers)
         self.asked.append(workers)
         if "tcp://slow" in workers:

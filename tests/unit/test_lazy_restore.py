@@ -342,7 +342,7 @@ def test_a_rescale_of_a_pe_whose_restored_groups_load_is_refused_before_its_paus
         async def warm(self, per_worker):
             pass
 
-        async def stats(self, workers, dead_letters=True):
+        async def stats(self, workers, dead_letters=True, acked=None):
             return [{"pes": {pe_id: self.figures}}] if placement.pes[pe_id].worker in workers else []
 
         def __getattr__(self, name):        # any call of the protocol's (a snapshot, a deploy)
