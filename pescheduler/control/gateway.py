@@ -167,7 +167,8 @@ class WorkerGateway:
                                for w, n in slots_per_worker.items()))
 
     async def stats(self, workers: Iterable[str], dead_letters: bool = True, acked: tuple | None = None) -> list[dict]:
-        """Every worker's cumulative PE counters (and, by default, the dead letters taken off it).
+        """Every worker's cumulative PE counters (and, by default, its dead letters not yet
+        acknowledged: ``acked``, the newest received from it, ``(incarnation, seq)``).
         Each call is given up after ``calls.worker`` (raising): a worker SIGKILLed a moment ago
         otherwise holds its caller for Dask's 30 s connect retry (the control loop then published
         no status and ran no policy for 30 s after every loss)."""
