@@ -58,8 +58,8 @@ class ControlLoop:
     async def collect(self) -> bool:
         """Every worker's counters into a snapshot; dead letters kept; the status published. False
         when a worker did not answer (a lost worker is reported by its watcher): the dead letters
-        of those that did are kept all the same (they are taken off the PEs as they answer), and
-        no snapshot is made of a part of the workers."""
+        of those that did are kept all the same, those of the others come with a later call
+        (worker/dead_outbox.py), and no snapshot is made of a part of the workers."""
         answers, failed = await self.gateway.stats_each(self.reconfigurer.running_on(), acked=self.acked)
         for answer in answers:
             for dead in self._new(answer):
