@@ -19,7 +19,7 @@ import json, sys
 from pescheduler.resource_managers.spark_standalone import StandaloneCluster
 
 cluster = StandaloneCluster(workers=1, worker_memory="512m", launcher=json.loads(sys.argv[1])).start()
-print(json.dumps(cluster.pids()), flush=True)
+print(json.dumps([cluster.master.pid] + [w.pid for w in cluster.workers]), flush=True)     # the daemons it started
 sys.stdin.read()                                # until the test kills this process
 """
 
