@@ -319,12 +319,11 @@ class CheckpointCoordinator:
                 flight.wrote(asks[ask], ask.result())
 
     async def _write_all(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float,
-                         abandoned: threading.Event, flight: InFlight | None = None) -> tuple[int, int, int]:
+                         abandoned: threading.Event, flight: InFlight) -> tuple[int, int, int]:
         """The workers' writes, then the manifest's; ``flight`` is the one :meth:`_watched` watches."""
         by_worker: dict[str, list[str]] = {}
         for pe_id, pe in placement.pes.items():
             by_worker.setdefault(pe.worker, []).append(pe_id)
-        flight = flight or self._flight(checkpoint_id, t0)
         flight.enter("writing", by_worker)
         answers = await self._call(_first_failure(
             flight.awaiting(w, self.gateway.ckpt_write, w, checkpoint_id, pes, self.store.url)

@@ -92,12 +92,12 @@ class ControlLoop:
     def _new(self, answer: dict) -> list[dict]:
         """The dead letters of ``answer`` not received before (a worker answers each one until a
         call acknowledges it), in order; the newest is acknowledged with the next call."""
-        worker, incarnation = answer.get("worker"), answer.get("incarnation")
+        worker, incarnation = answer["worker"], answer["incarnation"]
         seen = self.acked.get(worker, (None, 0))
         since = seen[1] if seen[0] == incarnation else 0
-        new = [d for d in answer["dead_letters"] if d.get("seq", since + 1) > since]
-        if new and worker is not None:
-            self.acked[worker] = (incarnation, max(d.get("seq", 0) for d in new))
+        new = [d for d in answer["dead_letters"] if d["seq"] > since]
+        if new:
+            self.acked[worker] = (incarnation, new[-1]["seq"])
         return [{k: v for k, v in d.items() if k != "seq"} for d in new]
 
     async def run(self, done: asyncio.Event) -> None:

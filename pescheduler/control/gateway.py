@@ -172,10 +172,9 @@ class WorkerGateway:
         Each call is given up after ``calls.worker`` (raising): a worker SIGKILLed a moment ago
         otherwise holds its caller for Dask's 30 s connect retry (the control loop then published
         no status and ran no policy for 30 s after every loss)."""
-        extra = {"acked": list(acked)} if acked else {}
         return list(await asyncio.gather(*(
             bounded(partial(self.client.rpc(w).pe_stats, deployment=self.deployment, dead_letters=dead_letters,
-                            **extra), self.worker_timeout) for w in workers)))
+                            acked=acked), self.worker_timeout) for w in workers)))
 
     async def stats_each(self, workers: Iterable[str], dead_letters: bool = True,
                          acked: dict[str, tuple] | None = None) -> tuple[list[dict], dict]:

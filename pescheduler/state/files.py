@@ -215,8 +215,8 @@ class Segment:
         out, self._out = self._out, None
         if out is None:
             return
-        discard = getattr(out, "discard", None)
-        if self.files.local or discard is None:
+        discard = getattr(out, "discard", None)        # an object store's writer (a local file has none)
+        if discard is None:
             out.close()
             return
         try:

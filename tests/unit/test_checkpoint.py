@@ -546,7 +546,8 @@ def test_an_interrupted_checkpoint_leaves_no_call_to_a_worker_never_awaited():
 
     async def scenario():
         with pytest.raises(CheckpointError, match="interrupted"):
-            await coord._write_all(1, placement(), time.time(), time.perf_counter(), threading.Event())
+            await coord._write_all(1, placement(), time.time(), time.perf_counter(), threading.Event(),
+                                   coord._flight(1, time.time()))
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -33,7 +33,7 @@ class Client:
         async def pe_stats(**_kwargs):
             if worker == self.dead:
                 await asyncio.Event().wait()
-            return {"pes": {}, "dead_letters": []}
+            return {"worker": worker, "incarnation": "i", "pes": {}, "dead_letters": []}
         return SimpleNamespace(pe_stats=pe_stats)
 
 
@@ -74,7 +74,8 @@ class Letters(Client):
         async def pe_stats(**_kwargs):
             if worker == self.dead:
                 await asyncio.Event().wait()
-            return {"pes": {}, "dead_letters": [{"op": "jsonl-1", "pe": "p", "item": {"n": 1}, "error": "bad"}]}
+            return {"worker": worker, "incarnation": "i", "pes": {},
+                    "dead_letters": [{"op": "jsonl-1", "pe": "p", "item": {"n": 1}, "error": "bad", "seq": 1}]}
         return SimpleNamespace(pe_stats=pe_stats)
 
 
