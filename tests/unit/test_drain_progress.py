@@ -48,7 +48,7 @@ class _Worker:
         self.progress += self.moves
         return {"missing": ["r"], "failed": [], "progress": self.progress, "times": {}}
 
-    async def pe_stats(self, deployment: str, dead_letters: bool) -> dict:
+    async def pe_stats(self, deployment: str, dead_letters: bool, acked: tuple | None = None) -> dict:
         return {"worker": "tcp://w", "pes": {}}
 
 

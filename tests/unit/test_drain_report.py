@@ -28,7 +28,7 @@ class _Worker:
         await asyncio.sleep(timeout)                         # nothing moves
         return {"missing": ["down<-c-copy"], "failed": [], "progress": 7, "times": {}}
 
-    async def pe_stats(self, deployment: str, dead_letters: bool) -> dict:
+    async def pe_stats(self, deployment: str, dead_letters: bool, acked: tuple | None = None) -> dict:
         assert deployment == "dep" and not dead_letters
         return {"worker": "tcp://w", "pes": {self.pe.pe_id: self.pe.stats()}}
 
