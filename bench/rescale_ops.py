@@ -1,6 +1,6 @@
 """The live Replicate and Release pause of KEYED operators beside bench/state.py's ``latest``.
 
-    python bench/rescale_ops.py [--keys 10000,100000,1000000] [--ops session,window,columnar,asof]
+    python bench/rescale_ops.py [--keys 10000,100000,1000000] [--ops session,window,columnar,asof,count,count_whole]
                                 [--backends memory,disk] [--quick]
 
 bench/state.py's table rescales ``latest``, a single-input operator whose key groups move after
@@ -18,6 +18,12 @@ deployment per (operator, backend, K) in a process of its own:
   asof     two ``every_key`` inputs -> key_by -> ``join_asof`` (backward): each key's last right
            event held (two inputs, gated per input since session 46: its groups move after the
            pause; docs/state-log.md, "Which operators are gated")
+  count    the same into ``running_count``, an operator of your own as docs/state.md writes it
+           (``pescheduler.state.KeyedOperator``: its keyed state named, its groups moved by the
+           operator's own export and import)
+  count_whole  the same operator written as that page showed it before (snapshot, restore,
+           split_state, merge_states; no export_groups/import_groups): a rescale takes its
+           whole state apart in its PE's turn (worker/handover.py)
 
 Once every key is in the operator, one copy is added (``Replicate``) and released (``Release``);
 then the sources end and the output is checked: each window gives one row per key, the
@@ -60,6 +66,10 @@ def one(op: str, backend: str, k: int, root: str) -> dict:
         (app.source("every_key", keys=k, until=until, arrow=op == "columnar").key_by("key")
             .window(size=2 * k + 10, aggregates={"n": "count"}, id="op").sink("jsonl", path=out))
         expected_in = k
+    elif op in ("count", "count_whole"):
+        (app.source("every_key", keys=k, until=until).key_by("key")
+            .apply("running_count" if op == "count" else "running_count_whole", id="op").sink("jsonl", path=out))
+        expected_in = k
     else:
         right = app.source("every_key", keys=k, until=until).key_by("key")
         left = app.source("every_key", keys=k, until=until).key_by("key")
@@ -79,6 +89,8 @@ def one(op: str, backend: str, k: int, root: str) -> dict:
         rows = [json.loads(line) for line in f]
     if op in ("session", "window", "columnar"):
         exact = len(rows) == k and sum(r["n"] for r in rows) == k and {r["key"] for r in rows} == set(range(k))
+    elif op in ("count", "count_whole"):
+        exact = len(rows) == k and {r["key"] for r in rows} == set(range(k)) and {r["count"] for r in rows} == {1}
     else:
         exact = len(rows) == k and all(r["right"] is not None and r["right"]["key"] == r["left"]["key"] for r in rows)
     return {"op": op, "backend": backend, "k": k, "replicate_ms": rep.pause_ms, "release_ms": rel.pause_ms,
@@ -100,7 +112,8 @@ def main() -> None:
         print(json.dumps(one(op, backend, int(k), root)))
         return
     sizes = [1000] if args.quick else [int(x) for x in args.keys.split(",")]
-    names = {"session": "session_window", "window": "window", "columnar": "window (arrow)", "asof": "join_asof"}
+    names = {"session": "session_window", "window": "window", "columnar": "window (arrow)", "asof": "join_asof",
+             "count": "running_count", "count_whole": "count (whole)"}
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine)")
     print(f"{'operator':15} {'backend':8} {'K':>9} {'Replicate ms':>13} {'Release ms':>11} {'import ms':>10}"
           f"  moves     output")

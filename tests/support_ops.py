@@ -7,6 +7,7 @@ import threading
 import pescheduler
 from pescheduler import Operator, Parallelism, Sink, Source
 from pescheduler.aggregates import Aggregate
+from pescheduler.state import KeyedOperator
 
 
 class Numbers(Source):
@@ -155,6 +156,24 @@ class RunningSum(Operator):
         return {k: v for s in states for k, v in s.items()}
 
 
+class KeptSum(KeyedOperator):
+    """:class:`RunningSum` as an operator of your own writes it with
+    :class:`~pescheduler.state.KeyedOperator`: two keyed states (each key's sum and how many
+    tuples it saw), nothing written for checkpoints or rescales."""
+
+    name = "kept_sum"
+    keyed_states = ("sums", "seen")
+
+    def process(self, batch, emit):
+        key, sums, seen = self.context.key_field, self.sums, self.seen
+        for t in batch:
+            k = t[key]
+            total, n = sums.get(k, 0) + t["n"], seen.get(k, 0) + 1
+            sums.put(k, total)
+            seen.put(k, n)
+            emit({"key": k, "n": t["n"], "sum": total, "seen": n})
+
+
 class WindowCount(Operator):
     """MERGEABLE: tuples per tumbling event-time window of ``size`` ms, over all keys.
 
@@ -279,7 +298,7 @@ def pescheduler_aggregates():
 
 @pescheduler.hookimpl
 def pescheduler_operators():
-    return [Numbers, FailingNumbers, AbortingNumbers, Tag, RunningSum, WindowCount, HeldSnapshot, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
+    return [Numbers, FailingNumbers, AbortingNumbers, Tag, RunningSum, KeptSum, WindowCount, HeldSnapshot, Unpicklable, Explode, Collect, OneShot, LapsesProcess]
 
 
 def copy_holds(release, count: int, last: int = 1000) -> dict:

@@ -96,12 +96,13 @@ def keyed_state(context: Any, name: str = "state") -> KeyedState:
     return open_state(context.extra.get("state"), owner, context.extra.get("deployment", "local"))
 
 
-def adopt(context: Any, held: KeyedState) -> KeyedState:
-    """The operator's state in its deployment's backend (``keyed_state``), holding what ``held``
-    holds: an operator keeps a ``MemoryState`` until ``open`` because ``restore`` comes first."""
+def adopt(context: Any, held: KeyedState, name: str = "state") -> KeyedState:
+    """The operator's state in its deployment's backend (``keyed_state``, ``name`` naming its store),
+    holding what ``held`` holds: an operator keeps a ``MemoryState`` until ``open`` because
+    ``restore`` comes first."""
     if backend_name(context.extra.get("state")) == held.backend:
         return held
-    chosen = keyed_state(context)
+    chosen = keyed_state(context, name)
     chosen.import_groups(held.export_groups())
     held.close()
     return chosen
