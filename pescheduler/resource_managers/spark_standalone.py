@@ -17,7 +17,6 @@ import shutil
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
 
 import psutil
 
@@ -60,18 +59,14 @@ def daemon_env(log_dir: str) -> dict:
 class StandaloneCluster:
     """A master and ``workers`` single-core workers offering ``worker_memory`` each.
 
-    ``launcher``: a command each daemon is started through, e.g. ``setpriv --pdeathsig TERM``
-    (util-linux), so that the kernel stops the cluster when the thread that started it dies:
-    a test session's cluster then goes with a test process killed before its ``finally``.
-    ``spark-class`` execs the JVM, which keeps the signal. Not for a start from a passing thread
-    (the resource manager's): the cluster would go when that thread ended."""
+    Each daemon is started ``tied`` (``processes.start``): the kernel stops it when the process
+    that started the cluster dies, even killed before it could stop it (a deploying process, a
+    test session). Nothing in a master or worker watches that process."""
 
-    def __init__(self, workers: int = 2, worker_memory: str = "1g", log_dir: str | None = None,
-                 launcher: Sequence[str] = ()) -> None:
+    def __init__(self, workers: int = 2, worker_memory: str = "1g", log_dir: str | None = None) -> None:
         self.n_workers = workers
         self.worker_memory = worker_memory
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="pescheduler-spark-")
-        self.launcher = list(launcher)
         self.master: processes.Process | None = None
         self.workers: list[processes.Process] = []
         self.master_url = ""
@@ -92,16 +87,16 @@ class StandaloneCluster:
         deadline = time.monotonic() + timeout
         try:
             self.master = processes.start("spark-master", [
-                *self.launcher, spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                "--port", str(port), "--webui-port", str(ui)], env, self.log_dir)
+                spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                "--port", str(port), "--webui-port", str(ui)], env, self.log_dir, tied=True)
             self.master_url, self.ui_url = f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}"
             self._await(lambda: self._master_says(self.master_url), self.master, deadline,
                         f"the Spark master did not come up on port {port}")
             for i in range(self.n_workers):
                 self.workers.append(processes.start(f"spark-worker-{i}", [
-                    *self.launcher, spark_class, "org.apache.spark.deploy.worker.Worker", "--cores", "1",
+                    spark_class, "org.apache.spark.deploy.worker.Worker", "--cores", "1",
                     "--memory", self.worker_memory, "--webui-port", str(processes.free_port()),
-                    self.master_url], env, self.log_dir))
+                    self.master_url], env, self.log_dir, tied=True))
             self._await(lambda: len(self.alive_workers()) >= self.n_workers, None, deadline,
                         f"{self.n_workers} Spark workers did not register with the master")
         except BaseException:

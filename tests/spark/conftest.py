@@ -3,15 +3,16 @@
 Started once and stopped by this fixture by PID (workers, master, and every
 executor process seen under the workers); the fixture then checks that none
 of those processes is left. A test process killed before its ``finally`` (a
-run stopped by SIGTERM) leaves none either: each daemon is started through
-``setpriv --pdeathsig TERM``, so the kernel stops it when this process dies,
-and a worker so stopped stops its executors.
+run stopped by SIGTERM) leaves none either: the cluster starts each daemon
+through ``setpriv --pdeathsig TERM`` (``processes.start``'s ``tied``), so the
+kernel stops it when this process dies, and a worker so stopped stops its
+executors.
 """
 
 from __future__ import annotations
 
 import pytest
-from debian import dies_with_this_process
+from debian import require
 from waiting import gone
 
 
@@ -19,7 +20,8 @@ from waiting import gone
 def spark_cluster():
     from pescheduler.resource_managers.spark_standalone import StandaloneCluster
 
-    cluster = StandaloneCluster(workers=2, worker_memory="1g", launcher=dies_with_this_process()).start()
+    require("setpriv", "util-linux")          # what ties the daemons to this process
+    cluster = StandaloneCluster(workers=2, worker_memory="1g").start()
     try:
         yield cluster
     finally:
