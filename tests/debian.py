@@ -84,8 +84,10 @@ def _install(package: str) -> None:
 
 
 def dies_with_this_process(signal_name: str = "TERM") -> tuple[str, ...]:
-    """A command prefix (``setpriv --pdeathsig``, util-linux) that has the kernel send the started
-    process ``SIG<signal_name>`` when the thread starting it dies: a server a test fixture started
-    goes with a test process killed before its ``finally``. Kept across ``exec`` (a script that
-    execs its program, as ``spark-class`` does), not by the started process's own children."""
-    return require("setpriv", "util-linux"), "--pdeathsig", signal_name
+    """``processes.tie``'s prefix (``setpriv --pdeathsig``, util-linux, installed if missing): the
+    kernel sends the started process ``SIG<signal_name>`` when the thread starting it dies, so a
+    server a test fixture started goes with a test process killed before its ``finally``."""
+    from pescheduler.resource_managers.processes import tie
+
+    require("setpriv", "util-linux")
+    return tie(signal_name)

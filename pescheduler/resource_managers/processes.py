@@ -8,7 +8,7 @@ A process that would outlive a deploying process killed before it could stop
 it (a Spark standalone master or worker: nothing in it watches the driver,
 where a Dask worker gives up after ``--death-timeout``) is started ``tied``:
 through ``setpriv --pdeathsig TERM`` (util-linux), from one thread of this
-process that lives as long as it does (:func:`_spawner`), so the kernel sends
+process that lives as long as it does (:func:`_spawner`, :func:`tie`), so the kernel sends
 it SIGTERM when this process dies, however. The signal follows the thread that
 started the process, not the process: started from a passing thread (the
 resource manager starts its cluster from one), it would come when that thread
@@ -86,7 +86,7 @@ def start(name: str, cmd: list[str], env: dict | None = None, log_dir: str | Non
     log_path = os.path.join(log_dir, f"{name}.log")
     with open(log_path, "ab") as log:
         def popen() -> subprocess.Popen:
-            return subprocess.Popen([*(_tie() if tied else ()), *cmd], stdout=log, stderr=subprocess.STDOUT,
+            return subprocess.Popen([*(tie() if tied else ()), *cmd], stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
                                     start_new_session=True)
         return Process(name, _spawner().submit(popen).result() if tied else popen(), log_path)
@@ -108,19 +108,18 @@ def _spawner() -> ThreadPoolExecutor:
 _UNTIED: list[bool] = []       # said once that there is no setpriv
 
 
-def _tie() -> tuple[str, ...]:
-    """The command prefix that has the kernel send SIGTERM to the started process when the thread
-    starting it dies (kept across ``exec``: ``spark-class`` execs its JVM); none, said once, where
-    the machine has no ``setpriv``."""
+def tie(signal_name: str = "TERM") -> tuple[str, ...]:
+    """The command prefix that has the kernel send ``SIG<signal_name>`` to the started process when
+    the thread starting it dies (kept across ``exec``: ``spark-class`` execs its JVM; not by the
+    process's own children); none, said once, where the machine has no ``setpriv``."""
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         if not _UNTIED:
             _UNTIED.append(True)
-            logger.warning("no setpriv (util-linux) on this machine: a Spark cluster this process starts "
-                           "keeps running if the process is killed before it stops the cluster")
+            logger.warning("no setpriv (util-linux) on this machine: what this process starts tied (a Spark "
+                           "cluster's daemons) keeps running if the process is killed before it stops them")
         return ()
-    return setpriv, "--pdeathsig", "TERM"
-
+    return setpriv, "--pdeathsig", signal_name
 
 
 def free_port(host: str = "127.0.0.1") -> int:
