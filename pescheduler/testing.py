@@ -11,15 +11,20 @@ For plug-in authors and our own unit tests::
 The items are fed by the built-in ``iterable`` source in batches of
 ``batch_size`` with watermarks after each batch, exactly as a deployment
 would; operators run through :class:`pescheduler.worker.chain.Chain`.
+
+:func:`run_rescaled` checks a KEYED operator's state handling: the same items
+through one instance and through instances checkpointed, restored and
+rescaled half-way, as a deployment does to them.
 """
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .worker.chain import Chain, rows
-from .operator import DeadLetter, Operator, OperatorContext, Source
+from .operator import MAX_WATERMARK, DeadLetter, Emitter, Operator, OperatorContext, Source
 from .worker.source_driver import SourceDriver, pump
 
 
@@ -145,3 +150,90 @@ def drive_source(chain: Chain, driver: SourceDriver) -> None:
     """Read ``driver``'s source to the end into ``chain`` (no pacing: tests run flat out)."""
     while pump(driver, chain) is not None:
         pass
+
+
+@dataclass
+class Rescaled:
+    """What :func:`run_rescaled` saw: compare ``output`` with ``whole`` (as multisets: across keys
+    the order may differ, as in a deployment)."""
+
+    output: list        # rows through the instances checkpointed, restored and rescaled
+    whole: list         # rows of one instance that saw every item, uninterrupted
+    moved: frozenset    # the key groups that moved to a copy and back
+
+    @property
+    def same(self) -> bool:
+        """Did the rescaled run give every row of the uninterrupted one, each as often?"""
+        return sorted(map(repr, self.output)) == sorted(map(repr, self.whole))
+
+
+def run_rescaled(items: Iterable[dict], make: Callable[[], Operator], *, key: str,
+                 batch_size: int = 100) -> Rescaled:
+    """``items`` through a KEYED operator made by ``make()``, twice: one instance, uninterrupted;
+    and instances that a deployment's checkpoint and rescale go through. A quarter in, a
+    checkpoint is taken (``snapshot``, pickled) and a fresh instance restored from it goes on; at
+    two fifths the odd key groups move to a copy as a Replicate moves them (``export_groups`` and
+    ``import_groups`` where the operator has them, else its ``snapshot``, ``split_state``,
+    ``merge_states`` and ``restore``: ``worker/handover.py``'s own calls), the copy handles their
+    items, and at seven tenths they move back as a Release moves them. State the operator keeps
+    outside what those calls carry (a dict beside a ``KeyedOperator``'s keyed states) is lost on
+    the way: ``same`` is then False.
+
+    ``items`` are dicts with the key field ``key`` and an event time ``ts`` (ms), in time order;
+    after each batch of ``batch_size`` the watermark is one below its last ``ts``, and the end
+    of the items is the end of the stream. Each instance is opened keyed by ``key`` in the
+    configured ``pescheduler.state.backend``."""
+    from .worker import handover
+    from .wire import key_group
+
+    items = list(items)
+    if not items:
+        raise ValueError("run_rescaled: no items")
+
+    def opened(state: Any = None) -> Operator:
+        op = make()
+        if state is not None:
+            op.restore(state)
+        op.open(OperatorContext(op_id=f"{op.name or type(op).__name__.lower()}-1", pe_id="test", key_field=key))
+        return op
+
+    def through(op: Operator, part: list, start: int) -> list:
+        emit = Emitter()
+        op.on_watermark(start, emit)
+        for i in range(0, len(part), batch_size):
+            batch = part[i:i + batch_size]
+            op.process(batch, emit)
+            op.on_watermark(batch[-1]["ts"] - 1, emit)
+        return list(emit)
+
+    def ended(op: Operator) -> list:
+        emit = Emitter()
+        op.on_watermark(MAX_WATERMARK, emit)
+        op.flush(emit)
+        return list(emit)
+
+    def moved(op: Operator, groups: frozenset) -> Any:
+        return pickle.loads(pickle.dumps(handover.export_groups(op, groups)))   # as it crosses the wire
+
+    n = len(items)
+    first, second, third = n // 4, 2 * n // 5, 7 * n // 10
+    whole_op = opened()
+    whole = through(whole_op, items, items[0]["ts"] - 1) + ended(whole_op)
+
+    op = opened()
+    out = through(op, items[:first], items[0]["ts"] - 1)
+    if first:
+        op = opened(pickle.loads(pickle.dumps(op.snapshot())))    # a checkpoint, restored
+    wm = items[max(first - 1, 0)]["ts"] - 1
+    out += through(op, items[first:second], wm)
+    moving = frozenset(g for g in {key_group(e[key]) for e in items} if g % 2)
+    copy = opened()
+    handover.import_groups(copy, moved(op, moving))                 # a Replicate's move
+    wm = items[max(second - 1, 0)]["ts"] - 1
+    middle = items[second:third]
+    out += through(copy, [e for e in middle if key_group(e[key]) in moving], wm)
+    out += through(op, [e for e in middle if key_group(e[key]) not in moving], wm)
+    handover.import_groups(op, moved(copy, moving))                 # a Release's move back
+    wm = items[max(third - 1, 0)]["ts"] - 1
+    out += through(op, items[third:], wm) + ended(op)
+    return Rescaled(out, whole, moving)
