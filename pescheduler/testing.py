@@ -152,6 +152,19 @@ def drive_source(chain: Chain, driver: SourceDriver) -> None:
         pass
 
 
+def feed(op: Operator, items: list, batch_size: int, start: int) -> list:
+    """The rows an opened operator gives for ``items`` (dicts with an event time ``ts``, in order)
+    driven as a chain drives it: the watermark ``start`` first, then each batch of ``batch_size``
+    followed by a watermark one below its last ``ts``."""
+    emit = Emitter()
+    op.on_watermark(start, emit)
+    for i in range(0, len(items), batch_size):
+        batch = items[i:i + batch_size]
+        op.process(batch, emit)
+        op.on_watermark(batch[-1]["ts"] - 1, emit)
+    return list(emit)
+
+
 @dataclass
 class Rescaled:
     """What :func:`run_rescaled` saw: compare ``output`` with ``whole`` (as multisets: across keys
@@ -198,13 +211,7 @@ def run_rescaled(items: Iterable[dict], make: Callable[[], Operator], *, key: st
         return op
 
     def through(op: Operator, part: list, start: int) -> list:
-        emit = Emitter()
-        op.on_watermark(start, emit)
-        for i in range(0, len(part), batch_size):
-            batch = part[i:i + batch_size]
-            op.process(batch, emit)
-            op.on_watermark(batch[-1]["ts"] - 1, emit)
-        return list(emit)
+        return feed(op, part, batch_size, start)
 
     def ended(op: Operator) -> list:
         emit = Emitter()

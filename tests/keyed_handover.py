@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from pescheduler.operator import Emitter
 from pescheduler.state import key_group
+from pescheduler.testing import feed
 
 WORKERS = ["tcp://a", "tcp://b"]
 
@@ -39,15 +40,11 @@ def opened_as_a_pe(op: Any, op_id: str, state: dict | None = None, key: str = "i
 
 def resume(op, items: list, batch: int, start: int) -> list:
     """The rows ``op`` (opened, holding state) gives for ``items`` after watermark ``start``: it is
-    driven as a chain would, one batch then its watermark."""
+    driven as a chain would (``testing.feed``), then its watermark reaches the last item's time."""
+    out = feed(op, items, batch, start)
     emit = Emitter()
-    op.on_watermark(start, emit)
-    for i in range(0, len(items), batch):
-        part = items[i:i + batch]
-        op.process(part, emit)
-        op.on_watermark(part[-1]["ts"] - 1, emit)
     op.on_watermark(items[-1]["ts"] if items else start, emit)
-    return list(emit)
+    return out + list(emit)
 
 
 def rows(out: list) -> list:
