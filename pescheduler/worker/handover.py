@@ -77,6 +77,18 @@ def import_groups(op: Operator, state: Any) -> None:
     freeze_survivors()
 
 
+def _pickled(held: list) -> bytes:
+    """The part in ``held`` pickled, then let go, here in the pickling thread: its containers (a
+    taken group's copy of its keys, made as it was packed) are freed here, not on the worker's
+    loop. Kept to the end of the move, every part's were freed at once there: at 10^7 keys on
+    ``memory`` a Release asked as a Replicate's move ended paused 109-127 ms, its drain waiting
+    about 100 ms for that loop (py-spy: a callback with no Python frame, right after the last
+    send); 22-26 ms now (bench/rescale_ops.py's ``count``, docs/state-log.md, session 63)."""
+    blob = cloudpickle.dumps(held[0])
+    held.clear()
+    return blob
+
+
 def exported(pe: Any, move: dict) -> list[dict]:
     """One move's groups out of its instance in ``pe`` (call it between the PE's turns), with the
     instance's watermark progress, which a new instance starts from, and the input it carried
@@ -195,8 +207,8 @@ class HandOvers:
             task.add_done_callback(self.sending.discard)
         return {"parts": len(parts)}
 
-    async def _send(self, deployment: str, move: dict, part: dict) -> int:
-        blob = await asyncio.to_thread(cloudpickle.dumps, part)    # off the loop the PEs run on
+    async def _send(self, deployment: str, move: dict, held: list) -> int:
+        blob = await asyncio.to_thread(_pickled, held)      # off the loop the PEs run on
         if move["dst_worker"] == self.address():
             await self.pe_handover_put(deployment, move, blob)
         else:
@@ -205,21 +217,25 @@ class HandOvers:
 
     async def _send_later(self, deployment: str, parts: list[tuple[dict, dict]]) -> None:
         """Deferred parts, one after another (a slice's import waits for no other slice), once the
-        pause is over (the move's ``go``: bounded by the reconfiguration's timeout)."""
-        bound = parts[0][0].get("go")
+        pause is over (the move's ``go``: bounded by the reconfiguration's timeout). Each part is
+        let go as it is sent (:func:`_pickled`), so ``parts`` empties as it goes."""
+        bound, tag = parts[0][0].get("go"), parts[0][0]["tag"]
         if bound is not None:
-            key = (deployment, parts[0][0]["tag"])
+            key = (deployment, tag)
             try:
                 await asyncio.wait_for(self.go.setdefault(key, asyncio.Event()).wait(), bound)
             except asyncio.TimeoutError:
                 logger.warning("no end of the pause of %s came: its key groups go now", key[1])
             self.go.pop(key, None)
         try:
-            for move, part in parts:
-                await self._send(deployment, move, part)
+            while parts:
+                move, part = parts.pop(0)
+                held = [part]
+                del part
+                await self._send(deployment, move, held)
         except Exception as exc:      # the gaining instance's groups stay gated: the wait says why
-            logger.error("hand-over of %s failed", parts[0][0]["tag"], exc_info=True)
-            await self._fail(deployment, parts[0][0]["tag"], f"sending key groups failed: {exc!r}")
+            logger.error("hand-over of %s failed", tag, exc_info=True)
+            await self._fail(deployment, tag, f"sending key groups failed: {exc!r}")
 
     async def _fail(self, deployment: str, tag: str, why: str) -> None:
         async with self.arrived:
