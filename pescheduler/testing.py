@@ -210,8 +210,9 @@ def run_rescaled(items: Iterable[dict], make: Callable[[], Operator], *, key: st
         op.open(OperatorContext(op_id=f"{op.name or type(op).__name__.lower()}-1", pe_id="test", key_field=key))
         return op
 
-    def through(op: Operator, part: list, start: int) -> list:
-        return feed(op, part, batch_size, start)
+    def after(i: int) -> int:
+        """The watermark once the first ``i`` items are in: one below the last one's time."""
+        return items[max(i - 1, 0)]["ts"] - 1
 
     def ended(op: Operator) -> list:
         emit = Emitter()
@@ -225,22 +226,19 @@ def run_rescaled(items: Iterable[dict], make: Callable[[], Operator], *, key: st
     n = len(items)
     first, second, third = n // 4, 2 * n // 5, 7 * n // 10
     whole_op = opened()
-    whole = through(whole_op, items, items[0]["ts"] - 1) + ended(whole_op)
+    whole = feed(whole_op, items, batch_size, after(0)) + ended(whole_op)
 
     op = opened()
-    out = through(op, items[:first], items[0]["ts"] - 1)
+    out = feed(op, items[:first], batch_size, after(0))
     if first:
         op = opened(pickle.loads(pickle.dumps(op.snapshot())))    # a checkpoint, restored
-    wm = items[max(first - 1, 0)]["ts"] - 1
-    out += through(op, items[first:second], wm)
+    out += feed(op, items[first:second], batch_size, after(first))
     moving = frozenset(g for g in {key_group(e[key]) for e in items} if g % 2)
     copy = opened()
     handover.import_groups(copy, moved(op, moving))                 # a Replicate's move
-    wm = items[max(second - 1, 0)]["ts"] - 1
     middle = items[second:third]
-    out += through(copy, [e for e in middle if key_group(e[key]) in moving], wm)
-    out += through(op, [e for e in middle if key_group(e[key]) not in moving], wm)
+    out += feed(copy, [e for e in middle if key_group(e[key]) in moving], batch_size, after(second))
+    out += feed(op, [e for e in middle if key_group(e[key]) not in moving], batch_size, after(second))
     handover.import_groups(op, moved(copy, moving))                 # a Release's move back
-    wm = items[max(third - 1, 0)]["ts"] - 1
-    out += through(op, items[third:], wm) + ended(op)
+    out += feed(op, items[third:], batch_size, after(third)) + ended(op)
     return Rescaled(out, whole, moving)

@@ -33,9 +33,12 @@ class DeadLetterOutbox:
         self._unacked: dict[str, deque] = {}
         self._warned: set[str] = set()
 
-    def hand_over(self, deployment: str, fresh: Iterable[dict], acked: int) -> list[dict]:
-        """Drop what the controller acknowledged (numbers up to ``acked``), number the ``fresh``
-        letters and return every letter not acknowledged, oldest first, each with its ``seq``."""
+    def hand_over(self, deployment: str, fresh: Iterable[dict], acked: tuple | None) -> list[dict]:
+        """Drop what the controller acknowledged (``acked``: ``(incarnation, seq)``, numbers up to
+        ``seq`` when the incarnation is this one's; another's say nothing of these), number the
+        ``fresh`` letters and return every letter not acknowledged, oldest first, each with its ``seq``."""
+        incarnation, seq = acked or (None, 0)
+        acked = seq if incarnation == self.incarnation else 0
         box = self._unacked.setdefault(deployment, deque())
         while box and box[0]["seq"] <= acked:
             box.popleft()

@@ -346,8 +346,7 @@ class PEHost:
         if dead_letters:
             fresh = [{"op": d.operator, "pe": pe.pe_id, "item": _portable(d.item), "error": d.error}
                      for pe in pes.values() for d in pe.take_dead_letters()]
-            incarnation, seq = acked or (None, 0)
-            dead = self.outbox.hand_over(deployment, fresh, seq if incarnation == self.outbox.incarnation else 0)
+            dead = self.outbox.hand_over(deployment, fresh, acked)
         return {"worker": self.worker.address, "incarnation": self.outbox.incarnation, "version": self.version,
                 "process": self._process_stats(), "pes": {pe_id: pe.stats() for pe_id, pe in pes.items()},
                 "dead_letters": dead}
