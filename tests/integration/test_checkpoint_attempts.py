@@ -9,7 +9,10 @@ reference.
 
 The timeout bounds a write that makes no progress (``checkpoint/coordinator.py``, ``_watched``):
 the coordinator asks each worker still writing how many bytes it has put. So a first checkpoint
-that takes several timeouts to write completes at its first attempt. Before, every attempt was
+that takes several timeouts to write completes at its first attempt. That test's timeout (0.5 s)
+stays above the gaps in which a loaded machine schedules neither the writer nor the worker's loop
+that answers (at 0.15 s one attempt was aborted at load 10.6, its write no slower than the gap);
+its state (10^6 keys) still takes several of them to write. Before, every attempt was
 aborted at the timeout and only the files each left let them converge (a first checkpoint at 10^7
 keys on ``memory`` took 27-35 s against the 30 s default: two attempts).
 
@@ -43,10 +46,10 @@ from waiting import killed_and_restored, until
 pytestmark = pytest.mark.integration
 
 WAIT = 180
-KEYS = 300_000          # quiet, writing their groups whole takes 0.3-0.6 s: two to four timeouts below
+KEYS = 300_000          # the stalled write's state
+LONG_KEYS = 1_000_000   # the long write's: quiet, writing their groups whole takes about 3 s, six timeouts below
 WINDOW = 2              # tuples per window: at the hold every key holds one
-COUNT = 2 * KEYS * WINDOW
-TIMEOUT = 0.15          # seconds without progress (the write of the whole state outlasts it)
+TIMEOUT = 0.5           # seconds without progress (the write of the whole state outlasts it)
 STALL_TIMEOUT = 1.0     # the stalled write's (its snapshots, under load too, well within it)
 ATTEMPTS = 100          # at most, each bounded by the timeout
 
@@ -61,28 +64,29 @@ def checkpoint_after_attempts(dep) -> tuple[int, int]:
     raise AssertionError(f"no checkpoint completed in {ATTEMPTS} attempts")
 
 
-def expected_rows() -> list[tuple]:
-    rows = []
-    for key in range(KEYS):
-        ns = list(range(key, COUNT, KEYS))
+def expected_rows(keys: int) -> list[tuple]:
+    rows, count = [], 2 * keys * WINDOW
+    for key in range(keys):
+        ns = list(range(key, count, keys))
         rows += [(key, ns[w * WINDOW], ns[w * WINDOW + WINDOW - 1] + 1, sum(ns[w * WINDOW:(w + 1) * WINDOW]))
                  for w in range(len(ns) // WINDOW)]
     return sorted(rows)
 
 
 @contextlib.contextmanager
-def filled(tmp_path, monkeypatch, timeout: float):
-    """The deployment, its window operator's name and its files, once every key is in; stopped at the end."""
+def filled(tmp_path, monkeypatch, timeout: float, keys: int):
+    """The deployment, its window operator's name and its files, once every one of ``keys`` keys
+    is in (the source then holds until ``release`` exists, then sends as much again); stopped at the end."""
     monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path / "stores"))
     out, ckpt, release = tmp_path / "out.jsonl", tmp_path / "ckpt", tmp_path / "release"
     app = Application("attempts")
-    (app.source("numbers", count=COUNT, keys=KEYS, hold_at=KEYS, release=str(release)).key_by("key")
+    (app.source("numbers", count=2 * keys * WINDOW, keys=keys, hold_at=keys, release=str(release)).key_by("key")
         .window(count=WINDOW, aggregates={"total": ("sum", "n")}).sink("jsonl", path=str(out)))
     with dask.config.set({"pescheduler.checkpoint.timeout": f"{timeout}s"}), \
             pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[], state="disk",
                                checkpoint=str(ckpt), checkpoint_interval="1h") as dep:
         op = next(x for x in dep.placement().plan.ops if x.startswith("count_window"))
-        until(lambda: op in (ops := dep.snapshot().operators) and ops[op].tuples_in >= KEYS, WAIT,
+        until(lambda: op in (ops := dep.snapshot().operators) and ops[op].tuples_in >= keys, WAIT,
               "the fill of every key")
         assert not dep.checkpoints() and not dep.status()["checkpoints"]["aborted"]
         yield dep, op, out, ckpt, release
@@ -94,19 +98,19 @@ def write_aborts(dep) -> list[str]:
 
 
 def test_a_first_checkpoint_longer_than_the_timeout_completes_at_its_first_attempt(tmp_path, monkeypatch):
-    with filled(tmp_path, monkeypatch, TIMEOUT) as (dep, op, out, ckpt, release):
+    with filled(tmp_path, monkeypatch, TIMEOUT, LONG_KEYS) as (dep, op, out, ckpt, release):
         done_id, tried = checkpoint_after_attempts(dep)
         done = next(c for c in dep.checkpoints() if c["id"] == done_id)
         print(f"checkpoint {done_id} in {done['duration_s']:.2f} s after {tried} aborted, load {os.getloadavg()[0]:.1f}")
         assert not write_aborts(dep), f"a write making progress was aborted: {write_aborts(dep)}"
-        assert done["duration_s"] > 2 * TIMEOUT, "the write fitted in the timeout: this test shows nothing, raise KEYS"
+        assert done["duration_s"] > 2 * TIMEOUT, "the write fitted in the timeout: this test shows nothing, raise LONG_KEYS"
         release.touch()
-        assert dep.wait(timeout=WAIT)["state"] == "finished"
+        until(lambda: dep.snapshot().operators[op].tuples_in > LONG_KEYS, WAIT, "the stream going on past the hold")
 
 
 def test_a_write_stopped_midway_is_aborted_and_the_next_attempt_builds_on_it_and_restores_exactly(
         tmp_path, monkeypatch):
-    with filled(tmp_path, monkeypatch, STALL_TIMEOUT) as (dep, op, out, ckpt, release):
+    with filled(tmp_path, monkeypatch, STALL_TIMEOUT, KEYS) as (dep, op, out, ckpt, release):
         placement = dep.placement()
         pe_id = placement.pe_of(op)
         window_worker = dep.worker_info[placement.pes[pe_id].worker]["pid"]
@@ -138,4 +142,4 @@ def test_a_write_stopped_midway_is_aborted_and_the_next_attempt_builds_on_it_and
     assert status["state"] == "finished"
     with open(out) as f:
         rows = sorted((r["key"], r["window_start"], r["window_end"], r["total"]) for r in map(json.loads, f))
-    assert rows == expected_rows()
+    assert rows == expected_rows(KEYS)
