@@ -155,6 +155,9 @@ METRICS = (     # (kind, name (a counter's gets _total), help, labels beyond dep
      ["pe", "worker"], _per_pe("backpressure")),
     ("gauge", "pescheduler_pe_queue_batches", "Input batches waiting at a PE", ["pe", "worker"],
      _per_pe("queue_batches")),
+    ("gauge", "pescheduler_pe_state_bytes", "State a PE referenced at the last complete checkpoint (PEs without "
+     "one are left out)", ["pe", "worker"],
+     lambda status: [row for row in _per_pe("state_bytes")(status) if row[1] is not None]),
     ("counter", "pescheduler_dead_letters", "Tuples an operator raised on", [],
      lambda status: [((), status.get("dead_letters"))]),
     ("counter", "pescheduler_late_events", "Events later than the allowed delay", [],
@@ -172,8 +175,10 @@ METRICS = (     # (kind, name (a counter's gets _total), help, labels beyond dep
     ("counter", "pescheduler_checkpoints_aborted", "Checkpoints aborted", [], _checkpoint("checkpoints_aborted")),
     ("gauge", "pescheduler_checkpoint_last_duration_seconds", "The last complete checkpoint: trigger to commit",
      [], _checkpoint("checkpoint_last_duration_seconds")),
-    ("gauge", "pescheduler_checkpoint_last_bytes", "The last complete checkpoint: state stored", [],
+    ("gauge", "pescheduler_checkpoint_last_bytes", "The last complete checkpoint: bytes it wrote", [],
      _checkpoint("checkpoint_last_bytes")),
+    ("gauge", "pescheduler_checkpoint_last_state_bytes", "The last complete checkpoint: the state it references "
+     "(earlier checkpoints' files too)", [], _checkpoint("checkpoint_last_state_bytes")),
     ("gauge", "pescheduler_checkpoint_last_timestamp_seconds", "The last complete checkpoint: when it completed "
      "(unix time)", [], _checkpoint("checkpoint_last_timestamp_seconds")),
 )
@@ -198,6 +203,7 @@ def checkpoint_figures(status: dict) -> dict[str, float]:
     if last:
         figures.update(checkpoint_last_duration_seconds=float(last["duration_s"]),
                        checkpoint_last_bytes=float(last["bytes"]),
+                       checkpoint_last_state_bytes=float(last.get("state_bytes") or 0),
                        checkpoint_last_timestamp_seconds=float(last["time"]) + float(last["duration_s"]))
     return figures
 
@@ -471,7 +477,8 @@ def checkpoint_summary(ckpt: dict) -> str:
 
     last = ckpt.get("last")
     text = (f"<b>last checkpoint</b> {int(last['id'])}: {float(last.get('age_s') or 0):.0f} s ago, took "
-            f"{float(last['duration_s']) * 1000:.0f} ms, {format_bytes(int(last['bytes']))} at {_esc(last['url'])}"
+            f"{float(last['duration_s']) * 1000:.0f} ms, wrote {format_bytes(int(last['bytes']))} of "
+            f"{format_bytes(int(last.get('state_bytes') or 0))} of state, at {_esc(last['url'])}"
             if last else "<b>no checkpoint complete yet</b>")
     restart = ckpt.get("restart") or {}
     text += (f" — completed {int(ckpt.get('completed') or 0)}, aborted {int(ckpt.get('aborted') or 0)}, "

@@ -91,23 +91,26 @@ def decision_counts(status: dict) -> dict[str, int]:
 
 def pe_table(status: dict, wide: bool = True) -> Table:
     """One row per PE: operators, placement, rates, busy and backpressure in colour; the lag of
-    its sources when one reports it (:func:`pe_lag`); ``wide=False``: no host column."""
+    its sources when one reports it (:func:`pe_lag`); the state it referenced at the last complete
+    checkpoint once one has (``state``); ``wide=False``: no host column."""
     table = Table(title=f"{status.get('app', '')}: processing elements", title_justify="left",
                   expand=False)
     for header in ("PE", "operators", "worker") + (("host",) if wide else ()):
         table.add_column(header, overflow="fold")
     lag = pe_lag(status)
-    for header in ("in", "out", "busy", "backpr.") + (("lag",) if lag else ()):
+    stored = any(pe.get("state_bytes") is not None for pe in status.get("pes", ()))
+    for header in ("in", "out", "busy", "backpr.") + (("lag",) if lag else ()) + (("state",) if stored else ()):
         table.add_column(header, justify="right", no_wrap=True)
     for pe in status.get("pes", ()):
         name = Text(pe.get("pe", ""))
         if pe.get("state", "running") != "running":
             name.append(f" ({pe['state']})", style=STATE_STYLES.get(pe["state"], ""))
         behind = (count(lag[pe["pe"]]) if pe.get("pe") in lag else "",) if lag else ()
+        held = (format_bytes(pe["state_bytes"]) if pe.get("state_bytes") is not None else "",) if stored else ()
         table.add_row(name, ", ".join(pe.get("operators", ())), short_worker(pe.get("worker", "")),
                       *((pe.get("host", ""),) if wide else ()), rate(pe.get("tuples_in_per_s")), rate(pe.get("tuples_out_per_s")),
                       Text(percent(pe.get("busy")), style=load_style(pe.get("busy"))),
-                      Text(percent(pe.get("backpressure")), style=load_style(pe.get("backpressure"))), *behind)
+                      Text(percent(pe.get("backpressure")), style=load_style(pe.get("backpressure"))), *behind, *held)
     return table
 
 
@@ -156,7 +159,8 @@ def slots_line(status: dict) -> Text:
 def checkpoint_line(status: dict) -> Text | None:
     """Checkpoints, one line: the last complete one (id, age, duration, bytes), one in flight for a
     second or more (its phase, age and the workers it waits for), failures (aborted checkpoints,
-    restarts in a row of the attempts allowed and in all); None when the deployment takes none."""
+    restarts in a row of the attempts allowed and in all), the state the last one references
+    (last: an 80-column screen cuts it before the failures); None when the deployment takes none."""
     ckpt = status.get("checkpoints")
     if not ckpt:
         return None
@@ -181,6 +185,8 @@ def checkpoint_line(status: dict) -> Text | None:
         in_a_row, used = int(restart.get("in_a_row") or 0), int(restart.get("used") or 0)
         line.append(f" | restarts {in_a_row}/{restart.get('attempts', 0)} in a row ({used} in all)",
                     style="red" if in_a_row else "yellow" if used else "")
+    if last and last.get("state_bytes") is not None:
+        line.append(f" | state {format_bytes(int(last['state_bytes']))}")
     if ckpt.get("last_error"):
         line.append(f" | {ckpt['last_error']}", style="dim")
     line.no_wrap, line.overflow = True, "ellipsis"

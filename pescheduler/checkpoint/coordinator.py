@@ -33,8 +33,8 @@ import functools
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from ..errors import CheckpointError
 from .restore import placement_blob
@@ -101,6 +101,18 @@ class InFlight:
                 "idle_s": round(self.idle_s(), 3)}
 
 
+class Stored(NamedTuple):
+    """A checkpoint's sizes once its manifest is written: ``bytes`` of the files it wrote (the
+    manifest records them; its own size, ``manifest_bytes``, cannot be in it), ``state_bytes``
+    referenced, and each PE's part (:attr:`CompletedCheckpoint.pes`: not in the manifest, whose
+    placement is written again only when it changes)."""
+
+    bytes: int
+    state_bytes: int
+    manifest_bytes: int
+    pes: dict
+
+
 @dataclass(frozen=True)
 class CompletedCheckpoint:
     """One complete checkpoint, as ``Deployment.checkpoints()`` lists it."""
@@ -112,6 +124,9 @@ class CompletedCheckpoint:
     url: str               # where its directory is
     state_bytes: int = 0   # bytes of every file it references (earlier checkpoints' unchanged key groups too)
     manifest_bytes: int = 0    # of those ``bytes``, its manifest's (what changed since the previous one's)
+    # each PE's part: {pe: {"operators", "bytes" (its files this checkpoint wrote), "state_bytes"}}:
+    # where the state is, by the writers' own figures (nothing is read or counted again for it)
+    pes: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -211,11 +226,11 @@ class CheckpointCoordinator:
             self._listed(*pending, self._writing.result())
         self.store.prune(self.retain)
 
-    def _listed(self, checkpoint_id: int, t0: float, p0: float, sizes: tuple[int, int, int]) -> CompletedCheckpoint:
+    def _listed(self, checkpoint_id: int, t0: float, p0: float, stored: Stored) -> CompletedCheckpoint:
         """A complete checkpoint into the (bounded) history that status and ``checkpoints()`` show."""
-        size, state_size, manifest_size = sizes
-        done = CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, size + manifest_size,
-                                   f"{self.store.url}/chk-{checkpoint_id:06d}", state_size, manifest_size)
+        done = CompletedCheckpoint(checkpoint_id, t0, time.perf_counter() - p0, stored.bytes + stored.manifest_bytes,
+                                   f"{self.store.url}/chk-{checkpoint_id:06d}", stored.state_bytes,
+                                   stored.manifest_bytes, stored.pes)
         self.completed.append(done)
         self.completed_count += 1
         del self.completed[:-max(self.retain, 1) * 10]
@@ -249,11 +264,11 @@ class CheckpointCoordinator:
                     raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
             try:
                 async with self.reconfigurer.writing():     # a pause waits for it (Reconfigurer.writing)
-                    sizes = await self._write(checkpoint_id, placement, t0, p0)
+                    stored = await self._write(checkpoint_id, placement, t0, p0)
             except Exception as exc:
                 await self._abort(checkpoint_id, workers, exc)
                 raise CheckpointError(f"checkpoint {checkpoint_id} aborted: {exc}") from exc
-        return await self._complete(checkpoint_id, t0, p0, sizes)
+        return await self._complete(checkpoint_id, t0, p0, stored)
 
     @contextlib.asynccontextmanager
     async def _flying(self):
@@ -265,7 +280,7 @@ class CheckpointCoordinator:
         finally:
             self.in_flight = None
 
-    async def _write(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float) -> tuple[int, int, int]:
+    async def _write(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float) -> Stored:
         """The workers write their PEs' files straight to the storage, then the manifest listing
         them is written here in a thread; bounded by the timeout without progress
         (:meth:`_watched`): past it the thread is told to give up (it writes no manifest after
@@ -319,7 +334,7 @@ class CheckpointCoordinator:
                 flight.wrote(asks[ask], ask.result())
 
     async def _write_all(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float,
-                         abandoned: threading.Event, flight: InFlight) -> tuple[int, int, int]:
+                         abandoned: threading.Event, flight: InFlight) -> Stored:
         """The workers' writes, then the manifest's; ``flight`` is the one :meth:`_watched` watches."""
         by_worker: dict[str, list[str]] = {}
         for pe_id, pe in placement.pes.items():
@@ -340,7 +355,7 @@ class CheckpointCoordinator:
             self._store, checkpoint_id, results, placement, t0, time.perf_counter() - p0, abandoned))
         return await asyncio.shield(self._writing)   # a cancelled caller leaves it to close()
 
-    async def _complete(self, checkpoint_id: int, t0: float, p0: float, sizes: tuple[int, int, int]) -> int:
+    async def _complete(self, checkpoint_id: int, t0: float, p0: float, stored: Stored) -> int:
         """The manifest is written: sinks commit (under the lock again: between reconfigurations,
         on the workers of the placement as it is now), the history and events say so, old ones go."""
         async with self.reconfigurer.lock:
@@ -349,7 +364,7 @@ class CheckpointCoordinator:
                 await self._call(self.gateway.ckpt_end(workers, checkpoint_id, complete=True))
             except CheckpointError:
                 pass                    # complete: the restore that interrupted commits it
-        done = self._listed(checkpoint_id, t0, p0, sizes)
+        done = self._listed(checkpoint_id, t0, p0, stored)
         await asyncio.to_thread(self.store.prune, self.retain)   # failures logged, retried next time
         self.state.event("checkpoint", f"checkpoint {checkpoint_id} complete: {done.bytes} bytes written "
                                        f"({done.state_bytes} referenced) in {done.duration_s * 1000:.0f} ms")
@@ -392,21 +407,27 @@ class CheckpointCoordinator:
         return answer["results"]
 
     def _store(self, checkpoint_id: int, results: dict[str, dict], placement: "Placement", t0: float,
-               took: float, abandoned: threading.Event) -> tuple[int, int, int]:
+               took: float, abandoned: threading.Event) -> Stored:
         """The placement (synced), then the manifest listing it and the files the workers wrote
-        (in a thread: off the control loop); ``(bytes of files written, bytes referenced, bytes of
-        the manifest)``: the manifest's ``bytes`` cannot hold its own size. Nothing more is written
-        once ``abandoned`` is set."""
-        files, positions, state_size = [], {}, 0
+        (in a thread: off the control loop), with each PE's bytes written and referenced. Nothing
+        more is written once ``abandoned`` is set."""
+        files, positions, pes = [], {}, {}
+
+        def written(entries: list[dict]) -> int:    # by this checkpoint, not held in the manifest
+            return sum(f["bytes"] for f in entries if f["chk"] == checkpoint_id and "data" not in f)
+
         for pe_id, result in sorted(results.items()):
             state, *groups = result["files"]
-            files += [{**state, "operators": list(placement.pes[pe_id].operators)}, *groups]
+            operators = list(placement.pes[pe_id].operators)
+            files += [{**state, "operators": operators}, *groups]
             positions.update(result["positions"])
-            state_size += result.get("state_bytes", sum(f["bytes"] for f in result["files"] if f["role"] != "map"))
+            pes[pe_id] = {"operators": operators, "bytes": written(result["files"]),
+                          "state_bytes": result.get("state_bytes", sum(f["bytes"] for f in result["files"]
+                                                                       if f["role"] != "map"))}
         _go_on(abandoned)
         files.append({**self.store.put(checkpoint_id, "placement.pkl", placement_blob(placement), reuse=True),
                       "role": "placement"})
-        size = sum(f["bytes"] for f in files if f["chk"] == checkpoint_id and "data" not in f)   # in the manifest
+        size, state_size = written(files), sum(p["state_bytes"] for p in pes.values())
         _go_on(abandoned)
         manifest_size = self.store.commit_manifest(checkpoint_id, {
             "id": checkpoint_id, "deployment": self.reconfigurer.deployment, "time": t0,
@@ -416,7 +437,7 @@ class CheckpointCoordinator:
                           for pe_id, pe in placement.pes.items()}})
         if abandoned.is_set():          # given up while the manifest was written: not complete after all
             self.store.withdraw(checkpoint_id)
-        return size, state_size, manifest_size
+        return Stored(size, state_size, manifest_size, pes)
 
     async def _abort(self, checkpoint_id: int, workers: list[str], exc: BaseException) -> None:
         self.aborted += 1
@@ -430,6 +451,10 @@ class CheckpointCoordinator:
         # attempt builds on (state/incremental.py); with no manifest nothing restores them, and
         # pruning removes them once a complete checkpoint after it references none of them.
 
+    def last_pes(self) -> dict[str, dict]:
+        """Each PE's part of the last complete checkpoint (:attr:`CompletedCheckpoint.pes`), or {}."""
+        return self.completed[-1].pes if self.completed else {}
+
     def view(self) -> dict:
         """The checkpoint part of the status."""
         last = self.completed[-1].as_dict() if self.completed else None
@@ -442,7 +467,7 @@ class CheckpointCoordinator:
                 "aborted": self.aborted, "last": last, "last_error": self.last_error,
                 "in_flight": self.in_flight.as_dict() if self.in_flight is not None else None,
                 "prune_error": self.store.prune_error,
-                "recent": [c.as_dict() for c in self.completed[-RECENT:]]}
+                "recent": [{k: v for k, v in c.as_dict().items() if k != "pes"} for c in self.completed[-RECENT:]]}
 
 
 def _go_on(abandoned: threading.Event) -> None:

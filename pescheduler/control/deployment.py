@@ -475,6 +475,7 @@ class Deployment:
         self.checkpointer = CheckpointCoordinator(self.gateway, self.reconfigurer, self.state, ckpt.store,
                                                   interval=ckpt.interval, timeout=ckpt.timeout, retain=ckpt.retain,
                                                   first_id=ckpt.store.next_id())
+        self.monitor.checkpointed = self.checkpointer.last_pes
         self.recovery = Recovery(self, RestartStrategy.of_config())
         self.state.event("checkpoint", f"every {ckpt.interval:g} s to {ckpt.store.url}")
         self._tasks.append(asyncio.create_task(self.checkpointer.run(self._done)))

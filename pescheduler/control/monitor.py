@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping
 
 import psutil
 
@@ -85,6 +85,9 @@ class Monitor:
         self._machine = machine_id()                # this process's: its CPU counts on this machine
         self._process = psutil.Process()
         self._process.cpu_percent(None)
+        # pe -> its part of the last complete checkpoint (``CompletedCheckpoint.pes``), read once
+        # per update: the deployment sets it when it takes checkpoints
+        self.checkpointed: Callable[[], Mapping[str, dict]] = dict
 
     def update(self, answers: list[dict], placement: Placement) -> MetricsSnapshot:
         """Fold one round of answers over ``placement`` (the Reconfigurer's, read now: the
@@ -96,6 +99,7 @@ class Monitor:
         pes: dict[str, PEMetrics] = {}
         workers: dict[str, WorkerMetrics] = {}
         hosts: dict[str, list[dict]] = {}
+        stored = self.checkpointed()
         for answer in answers:
             worker = answer["worker"]
             host = self.placement.hosts.get(worker, answer.get("host", ""))
@@ -105,7 +109,7 @@ class Monitor:
             hosts.setdefault(host, []).append({**proc, "worker": worker})
             for pe_id, stats in answer["pes"].items():
                 if self._current(pe_id, worker, stats):
-                    pes[pe_id] = self._pe(pe_id, stats, now, ops)
+                    pes[pe_id] = self._pe(pe_id, stats, now, ops, stored.get(pe_id))
         snapshot = MetricsSnapshot(
             now, now - self.latest.time if self.history else 0.0,
             MappingProxyType(ops), MappingProxyType(pes), MappingProxyType(workers),
@@ -121,7 +125,7 @@ class Monitor:
         pe = self.placement.pes.get(pe_id)
         return pe is not None and pe.worker == worker and all(o in stats["operators"] for o in pe.operators)
 
-    def _pe(self, pe_id: str, stats: dict, now: float, ops: dict) -> PEMetrics:
+    def _pe(self, pe_id: str, stats: dict, now: float, ops: dict, stored: dict | None) -> PEMetrics:
         t_prev, prev = self._last.get(pe_id, (now, None))
         if prev is None or _restarted(prev, stats):
             # A PE the monitor has not seen, or a new one under the same id (a Move keeps the
@@ -161,7 +165,7 @@ class Monitor:
             idle=min(1.0, (stats["idle_s"] - prev["idle_s"]) / dt),
             queue_batches=stats["queue_batches"], queue_tuples=stats["queue_tuples"],
             max_queue_batches=stats["max_queue_batches"], backpressure_s=stats["backpressure_s"],
-            threaded=stats.get("threaded", False))
+            threaded=stats.get("threaded", False), state_bytes=stored["state_bytes"] if stored else None)
 
 
 def _restarted(prev: dict, stats: dict) -> bool:

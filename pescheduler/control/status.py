@@ -18,7 +18,7 @@ from ..plan.placement import Placement
 from .state import DeploymentState
 
 _NO_FIGURES = {"tuples_in_per_s": 0.0, "tuples_out_per_s": 0.0, "busy": 0.0, "backpressure": 0.0, "idle": 0.0,
-               "queue_batches": 0, "max_queue_batches": 0, "backpressure_s": 0.0}
+               "queue_batches": 0, "max_queue_batches": 0, "backpressure_s": 0.0, "state_bytes": None}
 
 
 def status_view(app_name: str, state: DeploymentState, snap: MetricsSnapshot | None,

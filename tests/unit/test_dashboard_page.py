@@ -168,3 +168,17 @@ def test_a_running_status_whose_deploying_client_left_is_lost_and_ended():
     assert [s["name"] for s in running_published(marked)] == ["b", "c"]
     running, ended = dashboard.live(marked)
     assert sorted(running) == ["b", "c"] and [k for k, _ in ended] == ["a", "d"]
+
+
+def test_metrics_export_each_pe_s_state_and_the_state_the_last_checkpoint_references():
+    """A PE without a figure (none of its checkpoints complete yet) is left out, not exported as 0."""
+    status = lagging({}, completed=2, recent=[1, 2])
+    status["checkpoints"]["last"]["state_bytes"] = 5_000
+    status["pes"] = [{"pe": "kafka-1", "worker": WORKERS[0], "state_bytes": 4_000},
+                     {"pe": "map-2", "worker": WORKERS[0], "state_bytes": None}]
+    text = exported({"lag-1": status})
+    assert 'pescheduler_checkpoint_last_state_bytes{app="lag",deployment="lag-1"} 5000.0' in text
+    assert f'pescheduler_pe_state_bytes{{app="lag",deployment="lag-1",pe="kafka-1",worker="{WORKERS[0]}"}} 4000.0' in text
+    assert 'pe="map-2"' not in text.split("pescheduler_pe_state_bytes", 1)[1].split("# HELP", 1)[0]
+    [last] = dashboard.page({"d": status}, []).select({"name": "checkpoint-last"})
+    assert "wrote 200 B of 4.88 kiB of state" in last.text

@@ -244,3 +244,20 @@ def test_a_checkpoint_in_flight_for_a_second_or_more_is_shown_with_its_phase_and
     assert "| 7 writing 12s (waits for 10.0.0.2:4001) | aborted 0" in line(12.4)
     assert "| 7 writing 12s, 1.50 MiB written (waits for 10.0.0.2:4001) | aborted 0" in line(12.4, 3 << 19)
     assert "writing" not in line(0.2)
+
+
+def test_the_state_each_pe_and_the_last_checkpoint_reference_is_shown_once_a_checkpoint_has_it():
+    """``status``'s PE table gains a ``state`` column once a PE has a figure (the last complete
+    checkpoint's part of it; blank for a PE made since), and the checkpoint line ends with the
+    state the last one references, after the failures an 80-column screen must still show."""
+    from pescheduler.liveview import checkpoint_line
+
+    status = _checkpointing()
+    assert "state" not in text_of(pe_table(status)).splitlines()[2]
+    status["checkpoints"]["last"]["state_bytes"] = 120 << 20
+    status["pes"][0]["state_bytes"], status["pes"][1]["state_bytes"] = 3 << 20, None
+    table = text_of(pe_table(status))
+    assert "state" in table.splitlines()[2] and "3.00 MiB" in table
+    line = checkpoint_line(status).plain
+    assert line.startswith("checkpoint 14 3s ago, took 46 ms, 1.18 MiB | aborted 2 | restarts 1/3 in a row")
+    assert "| state 120.00 MiB |" in line
