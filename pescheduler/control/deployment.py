@@ -266,7 +266,8 @@ class Deployment:
 
     def checkpoints(self) -> list[dict]:
         """Complete checkpoints of this run, oldest first (the newest 10 × ``retain``): id, time,
-        duration_s, bytes, url. Only the newest ``retain`` are still in the storage."""
+        duration_s, bytes, url, state_bytes, manifest_bytes and each PE's part (``pes``). Only the
+        newest ``retain`` are still in the storage."""
         return [c.as_dict() for c in self.checkpointer.completed] if self.checkpointer else []
 
     def snapshot(self) -> MetricsSnapshot:
