@@ -49,8 +49,9 @@ class PEMetrics:
     backpressure_s: float = 0.0      # cumulative seconds blocked on credit
     threaded: bool = False           # its operators block or run long: it works in its own thread
     # the bytes of state it referenced at the last complete checkpoint (its key groups' files, held
-    # wherever, and its own): None before one of this PE completed or without checkpoints. As of
-    # that checkpoint: a Replicate's new copy has none until the next one, its original the old figure
+    # wherever, and its own): None before one of this PE (these operators) completed or without
+    # checkpoints. As of that checkpoint: a Replicate's new copy, a Fuse's or Split's PE have none
+    # until the next one, a Replicate's original the old figure
     state_bytes: int | None = None
 
 

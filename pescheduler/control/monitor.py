@@ -109,7 +109,7 @@ class Monitor:
             hosts.setdefault(host, []).append({**proc, "worker": worker})
             for pe_id, stats in answer["pes"].items():
                 if self._current(pe_id, worker, stats):
-                    pes[pe_id] = self._pe(pe_id, stats, now, ops, stored.get(pe_id))
+                    pes[pe_id] = self._pe(pe_id, stats, now, ops, _same(stored.get(pe_id), self.placement, pe_id))
         snapshot = MetricsSnapshot(
             now, now - self.latest.time if self.history else 0.0,
             MappingProxyType(ops), MappingProxyType(pes), MappingProxyType(workers),
@@ -166,6 +166,12 @@ class Monitor:
             queue_batches=stats["queue_batches"], queue_tuples=stats["queue_tuples"],
             max_queue_batches=stats["max_queue_batches"], backpressure_s=stats["backpressure_s"],
             threaded=stats.get("threaded", False), state_bytes=stored["state_bytes"] if stored else None)
+
+
+def _same(stored: dict | None, placement: Placement, pe_id: str) -> dict | None:
+    """``stored`` (a PE's part of the last complete checkpoint) if it was of the PE that has that
+    id now: its operators the same (a Fuse or Split since may give a new PE an old one's id)."""
+    return stored if stored is not None and stored["operators"] == list(placement.pes[pe_id].operators) else None
 
 
 def _restarted(prev: dict, stats: dict) -> bool:

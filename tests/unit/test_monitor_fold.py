@@ -62,3 +62,17 @@ def test_rates_are_per_second_of_the_pes_own_clock_between_its_samples_not_the_m
     late = monitor.update(answer(11.0, 110_000, 3_500), placement).operators["op0"]
     assert late.tuples_out_per_s == 10_000 and late.lag_per_s == 3_000           # 13,000/s offered
     assert late.tuples_out_per_s + late.lag_per_s == 13_000
+
+
+def test_a_pe_s_state_is_the_last_checkpoint_s_figure_of_that_pe_with_its_operators_not_an_old_one_s():
+    """The monitor gives each PE the state it referenced at the last complete checkpoint; a PE
+    whose id that checkpoint knew with other operators (a Fuse or Split since) has none yet."""
+    placement = Simulation.chain(3).placement
+    pe_id, pe = next((p, x) for p, x in placement.pes.items() if "op1" in x.operators)
+    answers = [{"worker": pe.worker, "pes": {pe_id: stats(list(pe.operators), 10)}}]
+    monitor = Monitor()
+    assert monitor.update(answers, placement).pes[pe_id].state_bytes is None      # no checkpoint yet
+    monitor.checkpointed = lambda: {pe_id: {"operators": list(pe.operators), "bytes": 10, "state_bytes": 4_000}}
+    assert monitor.update(answers, placement).pes[pe_id].state_bytes == 4_000
+    monitor.checkpointed = lambda: {pe_id: {"operators": ["op1", "op9"], "bytes": 10, "state_bytes": 4_000}}
+    assert monitor.update(answers, placement).pes[pe_id].state_bytes is None
