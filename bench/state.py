@@ -56,7 +56,9 @@ changes than :data:`CHANGES_PER_S`), each checkpoint still following 1 % of the 
      largest worker RSS and the deploying process's; the fill's rate against ``dicts``, the same
      pipeline with ``latest_in_dicts`` (rows in one plain dict, snapshot a copy at the barrier);
      under the row, the checkpoint attempts aborted (``pescheduler.checkpoint.timeout``) by the end
-     of the fill's checkpoint, of the moves and of the steady part.
+     of the fill's checkpoint, of the moves and of the steady part, and each worker's CPU in the
+     steady part (its event loop's, with the time it waited on a runqueue for a core; its other
+     Python threads'; RocksDB's threads'), which the stall reads against on a machine of two cores.
      The workers' ``pescheduler.state.cache`` is 512 MB. Each row says which of issue 30's goals
      it met. ``--quick``: K = 10^3 only.
   7. (only with ``--parts 7``) A first checkpoint longer than ``pescheduler.checkpoint.timeout``
@@ -465,6 +467,8 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
                        replicate_steps=dict(rep.steps), release_steps=dict(rel.steps))   # where each pause went
         row["aborted"]["moves"] = dep.status()["checkpoints"]["aborted"]
         steady = time.time()
+        pids = {w: info["pid"] for w, info in dep.worker_info.items()}
+        cpu_from = thread_cpu(pids.values())
         seen = len(dep.checkpoints())
         wait_for(dep, lambda s: len([c for c in dep.checkpoints()[seen:] if c["time"] >= steady]) >= CHECKPOINTS + 1)
         every = dep.checkpoints()
@@ -474,6 +478,8 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         row["worker_rss"] = max(w.memory_bytes for w in dep.snapshot().workers.values())
         row["deployer_rss"] = rss_bytes()
         row["aborted"]["steady"] = dep.status()["checkpoints"]["aborted"]
+        row["cpu"] = cpu_shares(cpu_from, thread_cpu(pids.values()), time.time() - steady,
+                                state_pid=pids.get(dep.placement().pes[dep.placement().pe_of("state")].worker))
         row["killed_at"] = time.time()
         around = dep.checkpoints()          # every one begun before the kill: the stream's own gaps are outside them
         if backend != "dicts":
@@ -490,6 +496,46 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         dep.wait(timeout=900)
     row.update(stalls(stamps, k, steady, row["killed_at"], row["checkpoints"], row.get("moves"), around))
     return row
+
+
+def thread_cpu(pids) -> dict:
+    """Each thread's CPU so far, ``{(pid, tid): (kind, run s, runqueue wait s)}``, from
+    ``/proc/<pid>/task/<tid>/schedstat``: ``kind`` the worker's ``loop`` (its main thread: the
+    event loop, and a PE's turns until a long turn gives it a thread, ``worker/turns.py``),
+    ``rocksdb`` (RocksDB's flushes and compactions, named so by RocksDB) or ``python`` (any other:
+    a PE's own thread, the checkpoint's writer, the pools)."""
+    out = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    run, wait = f.read().split()[:2]
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    comm = f.read().strip()
+            except (OSError, ValueError):
+                continue
+            kind = "loop" if int(tid) == pid else "rocksdb" if comm.startswith("rocksdb") else "python"
+            out[(pid, int(tid))] = (kind, int(run) / 1e9, int(wait) / 1e9)
+    return out
+
+
+def cpu_shares(before: dict, after: dict, wall: float, state_pid: int | None) -> dict:
+    """Per worker (``state``: the one running ``latest``; ``other``: the source's), the share of
+    ``wall`` each kind of thread (:func:`thread_cpu`) ran and, for the loop, waited on a runqueue for a
+    CPU: the stall at a checkpoint reads against them (2 cores here: a loop waiting for a CPU is
+    the machine saturated, not a GIL held; docs/state-log.md, session 65)."""
+    out: dict = {}
+    for (pid, tid), (kind, run, wait) in after.items():
+        run0, wait0 = before.get((pid, tid), (kind, 0.0, 0.0))[1:]
+        who = out.setdefault("state" if pid == state_pid else "other", {})
+        who[f"{kind}_run"] = who.get(f"{kind}_run", 0.0) + (run - run0) / wall
+        if kind == "loop":
+            who["loop_wait"] = (wait - wait0) / wall
+    return out
 
 
 def interval_for(k: int) -> float:
@@ -651,6 +697,11 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                     print(f"{'':9} {'':8} outside checkpoints, the largest gap of each second: median "
                           f"{r['quiet_gap_p50_ms']:.1f} ms, largest {r['quiet_gap_max_ms']:.1f} ms "
                           f"({r['quiet_seconds']} seconds); the stall above is the largest overlapping a checkpoint")
+                if r.get("cpu"):                # the machine's two cores in the steady part
+                    print(f"{'':9} {'':8} CPU in the steady part, % of one core: " + "; ".join(
+                        f"{who} worker: loop {100 * c.get('loop_run', 0):.0f} (waited for a CPU "
+                        f"{100 * c.get('loop_wait', 0):.0f}), other Python threads {100 * c.get('python_run', 0):.0f}, "
+                        f"RocksDB {100 * c.get('rocksdb_run', 0):.0f}" for who, c in sorted(r["cpu"].items(), reverse=True)))
                 if b != "dicts":                # after each pause: the groups' move, the stream running on
                     done = lambda name: r.get(f"{name}_steps", {}).get("moving: done ms after the pause", float("nan"))
                     longest = max(r.get(f"{name}_steps", {}).get("moving: longest import ms", float("nan"))

@@ -14,6 +14,8 @@ its own output (a bench that loses or repeats a tuple exits 1 whatever the load)
 
 from __future__ import annotations
 
+import re
+
 import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -156,3 +158,6 @@ def test_state_benchmark_quick_prints_every_part(quick_runs):
     marked = [r for r in table if r.split()[:2] in (["1000", "memory"], ["1000", "disk"])]
     assert len(marked) == 2 and all(" met" in r and "nan" not in r for r in marked), "\n".join(table)
     assert any(r.split()[:2] == ["1000", "dicts"] for r in table), "\n".join(table)   # the plain-dict baseline
+    cpu = [r for r in table if "CPU in the steady part" in r]      # each row's cores, its stall read against them
+    assert len(cpu) == 3 and all(re.search(r"state worker: loop \d+ \(waited for a CPU \d+\)", r) for r in cpu), \
+        "\n".join(table)
