@@ -545,7 +545,7 @@ class Churn(Source):
             self.i = hi
             return out
         now = time.monotonic()
-        if now - self._looked >= UNTIL_EVERY_S:     # a stat per read was a tenth of the source's loop
+        if now - self._looked >= UNTIL_EVERY_S:     # a stat a read: 2 % of the source's loop, spinning
             self._looked = now
             if os.path.exists(self.until):
                 return None

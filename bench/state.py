@@ -478,13 +478,13 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         row["worker_rss"] = max(w.memory_bytes for w in dep.snapshot().workers.values())
         row["deployer_rss"] = rss_bytes()
         row["aborted"]["steady"] = dep.status()["checkpoints"]["aborted"]
-        row["cpu"] = cpu_shares(cpu_from, thread_cpu(pids.values()), time.time() - steady,
-                                state_pid=pids.get(dep.placement().pes[dep.placement().pe_of("state")].worker))
+        placement = dep.placement()
+        state_worker = placement.pes[placement.pe_of("state")].worker
+        row["cpu"] = cpu_shares(cpu_from, thread_cpu(pids.values()), time.time() - steady, pids.get(state_worker))
         row["killed_at"] = time.time()
         around = dep.checkpoints()          # every one begun before the kill: the stream's own gaps are outside them
         if backend != "dicts":
-            placement = dep.placement()
-            os.kill(dep.worker_info[placement.pes[placement.pe_of("state")].worker]["pid"], signal.SIGKILL)
+            os.kill(dep.worker_info[state_worker]["pid"], signal.SIGKILL)
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline and not any(
                     "first_output_s" in r or "error" in r for r in dep.recovery.restarts):

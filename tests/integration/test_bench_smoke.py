@@ -15,7 +15,6 @@ its own output (a bench that loses or repeats a tuple exits 1 whatever the load)
 from __future__ import annotations
 
 import re
-
 import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
