@@ -506,9 +506,6 @@ class EveryKey(Source):
         self.i = position["i"]
 
 
-UNTIL_EVERY_S = 0.05     # Churn looks for its ``until`` file at most this often
-
-
 class Churn(Source):
     """Issue 30's workload for bench/state.py's table: ``keys`` inserts (the fill), then per second
     ``changes`` updates of random keys (1 % of the keys per 1 s checkpoint interval) and ``ticks``
@@ -528,8 +525,6 @@ class Churn(Source):
         self.keys, self.until, self.changes, self.ticks, self.start = keys, until, changes, ticks, start
         self.i = self.sent_changes = self.sent_ticks = 0
         self.t0: float | None = None    # when the fill ended (monotonic)
-        self._rng = None                # the changes' keys, seeded at the first read after a start or seek
-        self._looked = 0.0              # when ``until`` was last looked for (monotonic)
         self._read_at = 0.0             # the last read of the changes (monotonic)
 
     def read(self, n):
@@ -544,11 +539,9 @@ class Churn(Source):
             out = [{"op": "insert", "id": i, "after": {"v": 1}, "ts": i} for i in range(self.i, hi)]
             self.i = hi
             return out
+        if os.path.exists(self.until):
+            return None
         now = time.monotonic()
-        if now - self._looked >= UNTIL_EVERY_S:     # a stat a read: 2 % of the source's loop, spinning
-            self._looked = now
-            if os.path.exists(self.until):
-                return None
         if now - self._read_at < self.poll_interval:
             return []                   # what came due in a poll interval, not a change or two a read
         self._read_at = now
@@ -556,9 +549,7 @@ class Churn(Source):
             self.t0 = now - max(self.sent_changes / max(self.changes, 1e-9), self.sent_ticks / self.ticks)
         changes = min(n, int((now - self.t0) * self.changes) - self.sent_changes)
         ticks = min(n - changes, int((now - self.t0) * self.ticks) - self.sent_ticks)
-        if self._rng is None:           # one generator: seeding one per read (8 us, thousands a second
-            self._rng = random.Random(self.sent_changes)    # at 10^7 keys) was a twentieth of the source's core
-        rng = self._rng
+        rng = random.Random(self.sent_changes)
         out = [{"op": "update", "id": rng.randrange(self.keys), "after": {"v": self.sent_changes + j},
                 "ts": self.keys + self.sent_changes + j} for j in range(max(0, changes))]
         out += [{"op": "update", "id": -1, "after": {"v": self.sent_ticks + j}, "ts": self.keys}
@@ -572,7 +563,7 @@ class Churn(Source):
 
     def seek(self, position) -> None:
         self.i, self.sent_changes, self.sent_ticks = position["i"], position["changes"], position["ticks"]
-        self.t0 = self._rng = None
+        self.t0 = None
 
 
 class Stamps(Sink):
