@@ -58,7 +58,8 @@ changes than :data:`CHANGES_PER_S`), each checkpoint still following 1 % of the 
      under the row, the checkpoint attempts aborted (``pescheduler.checkpoint.timeout``) by the end
      of the fill's checkpoint, of the moves and of the steady part, and each worker's CPU in the
      steady part (its event loop's, with the time it waited on a runqueue for a core; its other
-     Python threads'; RocksDB's threads'), which the stall reads against on a machine of two cores.
+     Python threads'; RocksDB's threads'), which the stall reads against on a machine of two cores,
+     and when a PE went to a thread of its own (a turn over 100 ms) and came back to its loop.
      The workers' ``pescheduler.state.cache`` is 512 MB. Each row says which of issue 30's goals
      it met. ``--quick``: K = 10^3 only.
   7. (only with ``--parts 7``) A first checkpoint longer than ``pescheduler.checkpoint.timeout``
@@ -481,6 +482,9 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         placement = dep.placement()
         state_worker = placement.pes[placement.pe_of("state")].worker
         row["cpu"] = cpu_shares(cpu_from, thread_cpu(pids.values()), time.time() - steady, pids.get(state_worker))
+        # the PEs' moves to a thread of their own and back, by the kill (a PE threaded in the steady part
+        # shares the GIL with its loop: docs/state-log.md, session 66)
+        row["threaded"] = [e for e in dep.status().get("events", ()) if e["kind"] == "thread"]
         row["killed_at"] = time.time()
         around = dep.checkpoints()          # every one begun before the kill: the stream's own gaps are outside them
         if backend != "dicts":
@@ -702,6 +706,8 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                         f"{who} worker: loop {100 * c.get('loop_run', 0):.0f} (waited for a CPU "
                         f"{100 * c.get('loop_wait', 0):.0f}), other Python threads {100 * c.get('python_run', 0):.0f}, "
                         f"RocksDB {100 * c.get('rocksdb_run', 0):.0f}" for who, c in sorted(r["cpu"].items(), reverse=True)))
+                for e in r.get("threaded", ()):  # the PEs' moves to their threads and back (worker/turns.py)
+                    print(f"{'':9} {'':8} at {e['t']:.1f} s: {e['text']}")
                 if b != "dicts":                # after each pause: the groups' move, the stream running on
                     done = lambda name: r.get(f"{name}_steps", {}).get("moving: done ms after the pause", float("nan"))
                     longest = max(r.get(f"{name}_steps", {}).get("moving: longest import ms", float("nan"))

@@ -48,6 +48,7 @@ class PEMetrics:
     max_queue_batches: int = 0
     backpressure_s: float = 0.0      # cumulative seconds blocked on credit
     threaded: bool = False           # its operators block or run long: it works in its own thread
+    threaded_because: str = ""       # why, while it does ("a turn took 140 ms", "sink may wait on deliveries")
     # the bytes of state it referenced at the last complete checkpoint (its key groups' files, held
     # wherever, and its own): None before one of this PE (these operators) completed or without
     # checkpoints. As of that checkpoint: a Replicate's new copy, a Fuse's or Split's PE have none

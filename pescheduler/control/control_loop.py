@@ -83,7 +83,11 @@ class ControlLoop:
         for pe_id, m in snapshot.pes.items():
             if m.threaded and pe_id not in self.state.threaded:
                 self.state.threaded.add(pe_id)
-                self.state.event("thread", f"PE {pe_id} works in its own thread: its operators block or run long")
+                self.state.event("thread", f"PE {pe_id} works in its own thread: "
+                                           f"{m.threaded_because or 'its operators block or run long'}")
+            elif not m.threaded and pe_id in self.state.threaded:
+                self.state.threaded.discard(pe_id)
+                self.state.event("thread", f"PE {pe_id} is back on its worker's event loop: its turns are short")
         self.sampled.set()                 # wake next_snapshot() callers, then re-arm
         self.sampled = asyncio.Event()
         await self.gateway.publish(self.publish())

@@ -165,7 +165,8 @@ class Monitor:
             idle=min(1.0, (stats["idle_s"] - prev["idle_s"]) / dt),
             queue_batches=stats["queue_batches"], queue_tuples=stats["queue_tuples"],
             max_queue_batches=stats["max_queue_batches"], backpressure_s=stats["backpressure_s"],
-            threaded=stats.get("threaded", False), state_bytes=stored["state_bytes"] if stored else None)
+            threaded=stats.get("threaded", False), threaded_because=stats.get("threaded_because", ""),
+            state_bytes=stored["state_bytes"] if stored else None)
 
 
 def _same(stored: dict | None, placement: Placement, pe_id: str) -> dict | None:

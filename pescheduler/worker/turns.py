@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -19,6 +20,8 @@ from ..state.foreground import FOREGROUND
 from .busy import busy_clock
 
 THREAD_AFTER_S = 0.1     # a turn this long means an operator blocks or runs long: give the PE a thread
+BACK_AFTER_S = 10.0      # a PE sent to a thread by one long turn comes back to the loop after this long
+                         # of short turns; twice as long each time it comes back (Turns.run)
 YIELDS = 16              # at most this many loop passes after a long turn while the loop has other work
 LONG_TURN_S = 0.002      # a turn at least this long on the loop: the loop runs until nothing is ready after it
 
@@ -68,6 +71,10 @@ class Turns:
         self.spare_thread = spare_thread           # a standard slot's warm thread (copies)
         self.thread: ThreadPoolExecutor | None = None    # set when operators block or run long
         self.threaded_because = ""
+        # Set while the thread is for a long turn (not for an operator that may block, which stays
+        # threaded): when its turns were last long, and the short stretch that brings it back.
+        self._long_at: float | None = None
+        self._back_after = BACK_AFTER_S
         self._inflight: Future | None = None
         self.long_turn = False                      # the last turn held the loop LONG_TURN_S or more
         # Held by a turn in the thread and by the control calls that change the chain, its routes
@@ -105,13 +112,37 @@ class Turns:
             self.long_turn = took >= LONG_TURN_S
             if took > thread_after(self.time_slice_s):
                 self.go_threaded(f"a turn took {took * 1000:.0f} ms")
+                self._long_at = time.monotonic()
         else:
+            clock = self.clock or busy_clock
             async with self.lock:
+                t0 = clock()
                 self._inflight = self.thread.submit(_counted, work)
                 progressed = await asyncio.wrap_future(self._inflight)
                 self._inflight = None
+                took = clock() - t0
             self.long_turn = False              # the loop was free meanwhile
+            if self._long_at is not None:
+                self._back_if_short(took)
         return progressed
+
+    def _back_if_short(self, took: float) -> None:
+        """After a turn in the thread that a long turn gave the PE: back to the loop once every
+        turn for :attr:`_back_after` seconds was short (under half of what sends a PE to a thread).
+        One long turn (a rescale's import, a store's flush under load) otherwise kept a PE off the
+        loop for good, its turns sharing the GIL with the loop that feeds them: at 10^7 keys a
+        checkpoint took twice as long and stalled the stream longer (docs/state-log.md, session
+        66). Each return doubles the stretch, so an operator that does run long now and then
+        blocks the loop a bounded number of times."""
+        now = time.monotonic()
+        if took > thread_after(self.time_slice_s) / 2:
+            self._long_at = now
+        elif now - self._long_at >= self._back_after:
+            if self.thread is not self.spare_thread:
+                self.thread.shutdown(wait=False)
+            self.thread, self._long_at = None, None
+            self.threaded_because = ""
+            self._back_after *= 2
 
     async def between(self) -> None:
         """Between two turns: one pass of the event loop, or after a long turn on it until nothing

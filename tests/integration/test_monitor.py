@@ -45,10 +45,44 @@ def test_slow_operator_is_busy_and_its_upstream_backpressured(cluster, tmp_path)
         assert dep.status()["pes"][1]["busy"] == pytest.approx(dep.snapshot().pes["map-2"].busy)
         # Its 0.5 s batches run in the PE's own thread, so the worker's event loop never waits one out.
         assert mapper.threaded and not source.threaded
-        assert any(e["kind"] == "thread" and "map-2" in e["text"] for e in dep.status()["events"])
+        assert mapper.threaded_because.startswith("a turn took"), mapper.threaded_because
+        assert any(e["kind"] == "thread" and "map-2" in e["text"] and "a turn took" in e["text"]
+                   for e in dep.status()["events"])
         with Client(cluster) as client:
             late = client.run(loop_lateness, 2.0, workers=[mapper.worker])[mapper.worker]
         assert late < 0.3, f"the worker's loop was {late:.3f} s late: a 0.5 s batch ran on it"
+
+
+_slept: list[float] = []
+
+
+def slow_once(t):
+    """0.3 s on the first tuple this worker process maps, then nothing: one long turn."""
+    if not _slept:
+        _slept.append(t)
+        time.sleep(0.3)
+    return t
+
+
+def test_a_pe_sent_to_its_thread_by_one_long_turn_comes_back_to_the_loop(cluster, tmp_path):
+    """One long turn sends the map's PE to its own thread; after BACK_AFTER_S of short turns it is
+    back on its worker's loop, and the status says both, with the turn's length (turns.py)."""
+    from pescheduler.worker.turns import BACK_AFTER_S
+
+    app = Application("once")
+    app.source("numbers", count=10**9).map(slow_once).sink("jsonl", path=str(tmp_path / "o.jsonl"))
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
+        def said() -> list[str]:
+            return [e["text"] for e in dep.status()["events"] if e["kind"] == "thread" and "map-2" in e["text"]]
+
+        deadline = time.monotonic() + BACK_AFTER_S + 60
+        while len(said()) < 2:
+            assert time.monotonic() < deadline, f"map-2 never came back to the loop: {said()}"
+            dep.next_snapshot(timeout=30)
+        went, back = said()
+        assert "works in its own thread: a turn took" in went and "back on its worker's event loop" in back
+        assert not dep.snapshot().pes["map-2"].threaded
+        assert dep.snapshot().pes["map-2"].tuples_in_per_s > 0
 
 
 async def loop_lateness(seconds: float, step: float = 0.01) -> float:

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 
-from pescheduler.worker.turns import LONG_TURN_S, THREAD_AFTER_S, YIELDS, Turns, let_the_loop_run
+from pescheduler.worker.turns import BACK_AFTER_S, LONG_TURN_S, THREAD_AFTER_S, YIELDS, Turns, let_the_loop_run
 
 
 def test_a_long_turn_moves_the_pe_to_its_thread_and_loop_work_is_handed_back():
@@ -59,6 +59,79 @@ def test_a_turn_is_timed_on_the_busy_clock_so_waiting_for_a_cpu_does_not_send_th
         assert await turns.run(lambda: True) and turns.thread is None and not turns.threaded_because
         assert await turns.run(lambda: True) and turns.thread is not None
         assert turns.threaded_because == f"a turn took {THREAD_AFTER_S * 5 * 1000:.0f} ms"
+        turns.close()
+
+    asyncio.run(main())
+
+
+def test_a_pe_sent_to_its_thread_by_a_long_turn_comes_back_to_the_loop_after_short_turns(monkeypatch):
+    """One long turn (a rescale's import, a flush under load) no longer keeps a PE off the loop
+    for good: after BACK_AFTER_S of turns under half the threshold it runs on the loop again, a
+    turn over half of it in the thread restarts that stretch, and each return doubles it. The
+    busy clock and the wall clock are stubbed: each turn below is given its length on them."""
+    import types
+
+    import pescheduler.worker.turns as turns_module
+
+    now = [100.0]
+    monkeypatch.setattr(turns_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    busy = [0.0]
+    long_s = THREAD_AFTER_S * 2                 # over the threshold (the slice's is lower)
+    half_s = THREAD_AFTER_S * 0.6               # short of it, over half of it
+    short_s = THREAD_AFTER_S * 0.1
+
+    async def main():
+        turns = Turns("pe-1", time_slice_s=0.01, clock=lambda: busy[0])
+        turns.bind()
+        loop_thread = threading.get_ident()
+        ran_in = []
+
+        async def turn(busy_s: float, wall_s: float) -> None:
+            def work():
+                ran_in.append(threading.get_ident())
+                busy[0] += busy_s
+                return True
+            now[0] += wall_s
+            assert await turns.run(work)
+
+        await turn(long_s, 0.2)
+        assert turns.thread is not None and ran_in[-1] == loop_thread
+        await turn(short_s, BACK_AFTER_S * 0.6)
+        await turn(half_s, 0.1)                 # restarts the short stretch
+        await turn(short_s, BACK_AFTER_S * 0.6)
+        assert turns.thread is not None and ran_in[-1] != loop_thread, "back before a whole short stretch"
+        await turn(short_s, BACK_AFTER_S * 0.5)
+        assert turns.thread is None and turns.threaded_because == ""
+        await turn(short_s, 0.01)
+        assert ran_in[-1] == loop_thread
+        await turn(long_s, 0.2)                 # long again: threaded again, for twice the stretch
+        assert turns.thread is not None and turns.threaded_because.startswith("a turn took")
+        await turn(short_s, BACK_AFTER_S * 1.5)
+        assert turns.thread is not None
+        await turn(short_s, BACK_AFTER_S * 0.6)
+        assert turns.thread is None
+        turns.close()
+
+    asyncio.run(main())
+
+
+def test_a_pe_that_may_block_stays_in_its_thread_however_short_its_turns(monkeypatch):
+    """The thread of a PE whose operator may wait on deliveries is not a long turn's: it stays."""
+    import types
+
+    import pescheduler.worker.turns as turns_module
+
+    now = [100.0]
+    monkeypatch.setattr(turns_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+
+    async def main():
+        turns = Turns("pe-1", time_slice_s=0.01, clock=lambda: 0.0)
+        turns.bind()
+        turns.go_threaded("jsonl-3 may wait on deliveries")
+        for _ in range(3):
+            now[0] += BACK_AFTER_S * 4
+            assert await turns.run(lambda: True)
+        assert turns.thread is not None and turns.threaded_because == "jsonl-3 may wait on deliveries"
         turns.close()
 
     asyncio.run(main())
