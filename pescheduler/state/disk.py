@@ -67,6 +67,7 @@ from operator import is_, itemgetter, not_, or_
 from typing import Any, Callable, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
+from .foreground import give_way
 from .base import (_PREPARE, KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, keep_received,
                    key_group, pack_chunks)
 from .groups import _numpy, key_groups, split_by_group
@@ -577,6 +578,7 @@ class SnapshotView(StateView):
             ranges = self._ranges.pop(group, None) if cursor is not None and it is cursor[0] else None
             if ranges is not None:          # made with this cursor, read once: in rocksdict's loop
                 while True:                 # RANGE_PAIRS a call: the PE has the GIL between two
+                    give_way()              # and its turns go first (a group whole: 78 k keys at 10^7)
                     chunk = list(islice(ranges, RANGE_PAIRS))
                     pairs += compress(chunk, map(not_, map(later.__contains__, map(_first, chunk)))) if later else chunk
                     if len(chunk) < RANGE_PAIRS:
@@ -779,9 +781,12 @@ def _pack_raw(pairs: list[tuple[bytes, bytes]]) -> bytes:
     :data:`base.PACK_CHUNK` pairs, one after the other (each a short hold of the GIL beside the
     PE, as a full file's pickled dicts), compressed (zlib, :data:`RAW_LEVEL`: a stored value is
     its pickle, header and all; as they are they were 3x the bytes of the group pickled as a dict)."""
-    chunks = (pairs[i:i + PACK_CHUNK] for i in range(0, max(len(pairs), 1), PACK_CHUNK))
-    return zlib.compress(b"".join(pickle.dumps((list(map(_first, c)), list(map(_SECOND, c))), _PICKLE)
-                                  for c in chunks), RAW_LEVEL)
+    out = []
+    for i in range(0, max(len(pairs), 1), PACK_CHUNK):
+        give_way()                          # a writer's: the PEs' turns first (foreground.py)
+        c = pairs[i:i + PACK_CHUNK]
+        out.append(pickle.dumps((list(map(_first, c)), list(map(_SECOND, c))), _PICKLE))
+    return zlib.compress(b"".join(out), RAW_LEVEL)
 
 
 def _unpack_raw(data: bytes) -> tuple[list[bytes], list[bytes]]:

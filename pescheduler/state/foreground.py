@@ -14,8 +14,9 @@ selector's ``select`` to its next call (:meth:`Foreground.count_loop`).
 
 **What.** A PE's turn is counted while it runs (:meth:`Foreground.turn`, ``worker/turns.py``);
 the checkpoint's writer works in :meth:`Foreground.background` (``worker/ckpt_files.py``) and,
-between two slices of its work (a key group, a slice of keys: :func:`give_way`), waits while any
-turn runs, so its work goes in the time the PEs leave. Three bounds:
+between two slices of its work (a key group, a slice of keys, a chunk of 1,024 pairs of a ``disk``
+group it reads and packs whole: :func:`give_way`), waits while any turn runs, so its work goes in
+the time the PEs leave. Three bounds:
 
 - it waits at most as long as its own last stretch of work took (and at most :data:`MOST_S`):
   it keeps at least half of the time it had, so a checkpoint beside a PE that is never idle
@@ -46,7 +47,11 @@ gap smaller and is not in the code.
 
 A turn that begins while the writer is in a slice still shares the GIL with it until that slice
 ends: a key group or :data:`~pescheduler.state.incremental.SLICE_KEYS` keys (a steady checkpoint
-at 10^7 keys: 250-300 ms of the writer's CPU over 128 groups, about 2 ms a group).
+at 10^7 keys: 250-300 ms of the writer's CPU over 128 groups, about 2 ms a group). A ``disk``
+group written whole (a steady checkpoint at 10^7 keys writes two or three, 78 k keys and about
+100 ms of the writer's work each) gives way at each chunk it reads out of the store and packs:
+beside it a turn of 0.2 ms took at most 0.4-0.6 ms, against 1.1-3.9 ms when the group was one
+slice (in process, session 66).
 
 Measured (bench/state.py's 10^7 ``memory`` row, on and off in turn, docs/state-log.md "A checkpoint's
 writer gives way to the PEs' turns"): steady checkpoints with a gap over 20 ms 6 of 50 against

@@ -254,3 +254,42 @@ def test_a_worker_process_gives_way_as_its_settings_say(on):
     finally:
         FOREGROUND.enabled = before[0]
         sys.setswitchinterval(before[1])
+
+
+def test_a_disk_groups_whole_file_gives_way_between_its_chunks_while_a_turn_runs(tmp_path, monkeypatch):
+    """A steady checkpoint at 10^7 keys writes a group or three whole (78 k keys each: about 100 ms
+    of the writer's work, session 66); the writer gives way between the chunks it reads out of the
+    store and between those it packs, not only between groups. A turn held open the whole time:
+    it waits at each chunk, and the file is the group's."""
+    import pickle
+
+    from pescheduler.state import disk
+    from pescheduler.state.base import key_group
+
+    calls: list[str] = []
+    real = disk.give_way
+    monkeypatch.setattr(disk, "give_way", lambda: (calls.append(threading.current_thread().name), real()))
+    store = disk.DiskState(str(tmp_path / "store"), 64 << 20)
+    group = key_group(0)
+    keys = [k for k in range(700_000) if key_group(k) == group][:5_000]
+    store.write_many({k: [k, 1.0] for k in keys})
+    view = store.snapshot()
+    view.reads_full([group])
+    before, result = FOREGROUND.waited_s, {}
+
+    def write() -> None:
+        with FOREGROUND.background():
+            result["full"] = view.full(group)
+
+    with FOREGROUND.turn():
+        writer = threading.Thread(target=write, name="writer")
+        writer.start()
+        writer.join(BOUND_S)
+        assert not writer.is_alive(), "the writer starved beside a turn that never ended"
+    chunks = -(-len(keys) // disk.RANGE_PAIRS)
+    assert calls.count("writer") >= 2 * chunks, f"{calls.count('writer')} waits for {chunks} chunks read and packed"
+    assert FOREGROUND.waited_s > before, "the writer never waited for the turn"
+    packed, count, _first = result["full"]
+    assert count == len(keys) and pickle.loads(packed) == {k: [k, 1.0] for k in keys}
+    view.release()
+    store.close()
