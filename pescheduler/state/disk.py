@@ -67,9 +67,9 @@ from operator import is_, itemgetter, not_, or_
 from typing import Any, Callable, Iterable, Iterator
 
 from ..wire import _canonical, tuple_bytes
-from .foreground import give_way
 from .base import (_PREPARE, KEY_GROUPS, PACK_CHUNK, Changes, KeyedState, PreparedEntries, StateView, keep_received,
                    key_group, pack_chunks)
+from .foreground import give_way
 from .groups import _numpy, key_groups, split_by_group
 
 logger = logging.getLogger(__name__)
