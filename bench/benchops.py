@@ -12,20 +12,24 @@ when each batch arrived and which numbers it has seen, so the benchmark can
 draw throughput over time and prove every number arrived exactly once.
 
 ``every_key`` gives each of K keys one tuple and holds the stream open: keyed state of K
-keys for bench/state.py. ``churn``, ``stamps`` and ``latest_in_dicts``: bench/state.py's table (issue 30).
+keys for bench/state.py. ``churn``, ``stamps``, ``latest_in_dicts`` and ``latest_in_rocksdb``: bench/state.py's
+table (issue 30); ``latest_in_rocksdb`` is also bench/fill.py's ``rocksdb``.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from array import array
 from bisect import bisect_right
+from collections import deque
+from itertools import repeat
 from operator import itemgetter
 
 import pescheduler
 from pescheduler import Operator, Parallelism, Sink, Source
-from pescheduler.state import KeyedOperator
+from pescheduler.state import KeyedOperator, keyed_state
 
 
 _TS = itemgetter("ts")
@@ -607,6 +611,57 @@ class LatestInDicts(Operator):
         self.rows = dict(state["rows"])
 
 
+class LatestInRocksDB(Operator):
+    """``latest`` as the raw client loop of a ``disk`` store: the strongest baseline of the ``disk``
+    backend's write path (bench/state.py's table, bench/fill.py's ``rocksdb``). A store opened as
+    ``disk`` opens one (``keyed_state``: its cache, memtables, filters, no WAL) and the backend's key
+    encoding (a key's group byte, tag and digits: int keys, ``churn``'s ids); per batch the keys
+    grouped and encoded, the rows pickled, sorted and put into one write batch, written. Nothing
+    else: no write-back buffer, no changed keys kept for a checkpoint, no "may be stored" filter,
+    and an insert's previous row is not read (a fill's keys are new: a read would find nothing); an
+    update's are, in one multi-get. Its rows are not checkpointed (its snapshot is empty): never
+    rescaled or restored, it is what a fill through this binding costs at the least."""
+
+    name = "latest_in_rocksdb"
+    parallelism = Parallelism.KEYED
+
+    def __init__(self, key: str = "id") -> None:
+        self.key, self._state = key, None
+
+    def open(self, context):
+        super().open(context)
+        self._state = keyed_state(context, "rows")
+
+    def process(self, batch, emit):
+        from rocksdict import WriteBatch
+
+        from pescheduler.state.disk import _INT_KEY, _PICKLE
+        from pescheduler.state.groups import key_groups
+
+        key, db = self.key, self._state._db
+        keys = [change[key] for change in batch]
+        encoded = list(map(_INT_KEY.__mod__, zip(key_groups(keys), keys)))
+        previous = repeat(None)
+        if any(change["op"] != "insert" for change in batch):      # the rows replaced, as latest reads them
+            previous = [None if raw is None else pickle.loads(raw) for raw in db.get(encoded)]
+        rows = dict(zip(encoded, map(pickle.dumps, [change["after"] for change in batch], repeat(_PICKLE))))
+        order, written = sorted(rows), WriteBatch(raw_mode=True)
+        deque(map(written.put, order, map(rows.__getitem__, order)), maxlen=0)
+        db.write(written)
+        for k, change, before in zip(keys, batch, previous):
+            emit({"op": "upsert", key: k, "row": change["after"], "previous": before})
+
+    def held(self) -> int:
+        """Keys in the store (counted, not estimated)."""
+        return sum(1 for _ in self._state._db.keys())
+
+    def snapshot(self):
+        return {}
+
+    def restore(self, state):
+        pass
+
+
 class RunningCount(KeyedOperator):
     """How many tuples each key has sent so far, written as docs/state.md shows an operator of
     your own: its keyed state named, nothing else (bench/rescale_ops.py's ``count``)."""
@@ -668,4 +723,4 @@ class RunningCountWhole(Operator):
 @pescheduler.hookimpl
 def pescheduler_operators():
     return [Replay, Throughput, Counter, KeyedSum, Arrivals, Premade, Collect, Schedule, KeyedCheck, Latency,
-            EveryKey, Burst, Churn, Stamps, LatestInDicts, RunningCount, RunningCountWhole]
+            EveryKey, Burst, Churn, Stamps, LatestInDicts, LatestInRocksDB, RunningCount, RunningCountWhole]

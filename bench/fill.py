@@ -12,9 +12,10 @@ of its own, as ``pe_ckpt_write`` runs it, beside the fill (one at a time: a barr
 last write to end, as the coordinator's one checkpoint in flight). ``dicts``: the plain dict
 pickled whole at the barrier, in the PE's turn. ``rocksdb``: the strongest baseline of ``disk``,
 the binding's own loop over the same batches into a store opened as ``disk`` opens it (its
-options, its key encoding: a key's group byte, tag and digits), nothing else: each batch's keys
-grouped and encoded, the rows pickled, sorted and put into one write batch, written; no operator,
-no reads, no checkpoints. What ``disk`` spends beyond it is the backend's; what ``rocksdb`` spends
+options, its key encoding: a key's group byte, tag and digits), nothing else (bench/benchops.py's
+``latest_in_rocksdb``, also the table's baseline in bench/state.py): each batch's keys grouped and
+encoded, the rows pickled, sorted and put into one write batch, written, the outputs emitted as
+``latest`` emits them; no reads of new keys, no checkpoints. What ``disk`` spends beyond it is the backend's; what ``rocksdb`` spends
 is the floor a fill through this binding cannot go under. Each backend in a process of its own, ``--rounds``
 times interleaved; the fill's rate (keys/s), the ratios to dicts and to rocksdb in the same round, the
 checkpoints taken during the fill and the PE's time in barriers; keys per CPU second of the
@@ -62,44 +63,6 @@ def _benchops():
     return module
 
 
-class RawRocksDB:
-    """``rocksdb``: the raw client loop of a ``disk`` store (module docstring), as an operator's
-    ``process`` so the bench's loop drives it as it drives the others; no snapshot."""
-
-    def __init__(self) -> None:
-        import tempfile
-
-        import dask.config
-
-        from pescheduler.state.disk import DiskState
-
-        # the store as the disk backend opens it (cache, memtables, filters, no WAL)
-        self._state = DiskState(tempfile.mkdtemp(dir=dask.config.get("pescheduler.state.dir")), 512 << 20)
-
-    def process(self, batch: list, emit) -> None:
-        import pickle
-        from collections import deque
-        from itertools import repeat
-
-        from rocksdict import WriteBatch
-
-        from pescheduler.state.disk import _INT_KEY, _PICKLE
-        from pescheduler.state.groups import key_groups
-
-        keys = [change["id"] for change in batch]
-        encoded = list(map(_INT_KEY.__mod__, zip(key_groups(keys), keys)))
-        if batch[0]["op"] == "update":      # the rows replaced, read as latest reads them
-            deque(map(pickle.loads, filter(None, self._state._db.get(encoded))), maxlen=0)
-        rows = dict(zip(encoded, map(pickle.dumps, [change["after"] for change in batch], repeat(_PICKLE))))
-        order, written = sorted(rows), WriteBatch(raw_mode=True)
-        deque(map(written.put, order, map(rows.__getitem__, order)), maxlen=0)
-        self._state._db.write(written)
-
-    def held(self) -> int:
-        """Keys in the store (counted after the clock)."""
-        return sum(1 for _ in self._state._db.keys())
-
-
 def one(backend: str, k: int, interval: float, batch: int, profile: str | None, updates: int = 0) -> dict:
     """One backend's fill (or, with ``updates``, its steady updates after the fill), in this process."""
     import dask.config
@@ -115,10 +78,9 @@ def one(backend: str, k: int, interval: float, batch: int, profile: str | None, 
     def made():
         if backend == "dicts":
             return _benchops().LatestInDicts()
-        if backend == "rocksdb":
-            return RawRocksDB()
-        made = Latest()
-        made.open(OperatorContext(made.name, pe_id="pe", key_field="id", extra={"state": backend}))
+        made = _benchops().LatestInRocksDB() if backend == "rocksdb" else Latest()
+        made.open(OperatorContext(made.name, pe_id="pe", key_field="id",
+                                  extra={"state": "disk" if backend == "rocksdb" else backend}))
         return made
 
     warm = made()                       # imports and first calls (numpy, rocksdict) before the clock

@@ -54,7 +54,11 @@ changes than :data:`CHANGES_PER_S`), each checkpoint still following 1 % of the 
      (10) in the steady stream; the one right after the Release, which writes the moved key groups
      whole, is shown apart with every checkpoint's share of whole groups and deltas); a SIGKILL of ``latest``'s worker to the first output after the restore; the
      largest worker RSS and the deploying process's; the fill's rate against ``dicts``, the same
-     pipeline with ``latest_in_dicts`` (rows in one plain dict, snapshot a copy at the barrier);
+     pipeline with ``latest_in_dicts`` (rows in one plain dict, snapshot a copy at the barrier),
+     and, under each backend's row, against ``rocksdb``: the same pipeline with ``latest_in_rocksdb``,
+     the binding's raw loop into a store opened as ``disk`` opens it (bench/benchops.py; no reads of
+     new keys, nothing kept for a checkpoint, its rows not checkpointed), the least a fill through
+     this binding costs here;
      under the row, the checkpoint attempts aborted (``pescheduler.checkpoint.timeout``) by the end
      of the fill's checkpoint, of the moves and of the steady part, and each worker's CPU in the
      steady part (its event loop's, with the time it waited on a runqueue for a core; its other
@@ -411,6 +415,9 @@ def windows(sizes: list[int]) -> None:
 
 # -- 6. issue 30's table: one live deployment per (backend, K), every column from it ----------------
 
+# the table's rows besides the backends': (their operator, the deployment's backend: latest_in_rocksdb's store
+# is the one keyed_state opens on disk)
+BASELINES = {"dicts": ("latest_in_dicts", "memory"), "rocksdb": ("latest_in_rocksdb", "disk")}
 CHANGES_PER_S = 20_000     # the most changed keys per second the table asks (more than this pipeline keeps up with
                            # on this machine at 10^7: 1 % per second is 100,000/s); beyond it the checkpoint
                            # interval stretches so that each still follows 1 % of the keys changed
@@ -426,8 +433,9 @@ GOALS = "pause <= 100 ms, stall <= 20 ms, 1 % checkpoint <= 5 % of the state, fi
 def one_table_row(backend: str, k: int, root: str) -> dict:
     """One row of the table (run in a child process: the deploying process's RSS is this one's).
 
-    ``churn`` fills K keys into ``latest`` (keyed, its rows in the backend; ``dicts``: the same
-    pipeline with ``latest_in_dicts``, rows in one plain dict), then changes 1 % of the keys per
+    ``churn`` fills K keys into ``latest`` (keyed, its rows in the backend; the :data:`BASELINES`:
+    ``dicts``, the same pipeline with ``latest_in_dicts``, rows in one plain dict; ``rocksdb``, with
+    ``latest_in_rocksdb``, the binding's raw loop; neither is rescaled nor killed), then changes 1 % of the keys per
     second (the checkpoint interval) and 500 ticks per second, each an output of ``latest``: the
     gaps between outputs at the ``stamps`` sink are the operator's stalls. A Replicate and a
     Release of ``latest``; three checkpoints; then its worker is SIGKILLed and the time to the first
@@ -444,11 +452,12 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
     until, stamps = os.path.join(root, f"done-{backend}-{k}"), os.path.join(root, f"stamps-{backend}-{k}")
     app = Application(f"table-{backend}-{k}")
     interval = interval_for(k)
+    operator, backend_of_row = BASELINES.get(backend, ("latest", backend))
     (app.source("churn", keys=k, until=until, changes=max(1, k // 100) / interval, start=stamps + ".start").key_by("id")
-        .apply("latest_in_dicts" if backend == "dicts" else "latest", id="state").sink("stamps", path=stamps))
+        .apply(operator, id="state").sink("stamps", path=stamps))
     row: dict = {"backend": backend, "k": k}
     with dask.config.set({"pescheduler.checkpoint.retain": 4 * CHECKPOINTS}), pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[],
-                            state="memory" if backend == "dicts" else backend,
+                            state=backend_of_row,
                             checkpoint=os.path.join(root, f"ckpt-{backend}-{k}"),
                             checkpoint_interval=f"{interval}s") as dep:
         wait_for(dep, lambda s: "state" in s.operators and s.operators["state"].tuples_in >= k)
@@ -460,7 +469,7 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         filled = time.time()
         wait_for(dep, lambda s: any(c["time"] >= filled for c in dep.checkpoints()))
         row["aborted"] = {"fill": dep.status()["checkpoints"]["aborted"]}   # attempts aborted, counted by the end of each part
-        if backend != "dicts":
+        if backend not in BASELINES:
             moves_from = time.time()
             rep, rel = dep.apply(Replicate("state", 1), timeout=600), dep.apply(Release("state", 1), timeout=600)
             assert rep.applied and rel.applied, (rep.reason, rel.reason)
@@ -487,7 +496,7 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         row["threaded"] = [e for e in dep.status().get("events", ()) if e["kind"] == "thread"]
         row["killed_at"] = time.time()
         around = dep.checkpoints()          # every one begun before the kill: the stream's own gaps are outside them
-        if backend != "dicts":
+        if backend not in BASELINES:
             os.kill(dep.worker_info[state_worker]["pid"], signal.SIGKILL)
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline and not any(
@@ -652,7 +661,9 @@ def table(sizes: list[int], backends_: list[str]) -> None:
     print(f"   (the checkpoint right after the Release is not one of them: it writes the groups the Release moved")
     print(f"   in whole, a rescale's cost, shown on the line under each row with every checkpoint's share);")
     print(f"   first out: SIGKILL of latest's worker -> first output after the restore; x dicts: the fill's rate")
-    print(f"   against latest_in_dicts (the same pipeline, rows in one plain dict)")
+    print(f"   against latest_in_dicts (the same pipeline, rows in one plain dict); rocksdb: the same pipeline with")
+    print(f"   latest_in_rocksdb, the binding's raw loop into a store opened as disk opens it (no reads of new keys,")
+    print(f"   nothing kept for checkpoints, its rows not checkpointed): the least a fill through this binding costs")
     print(f"   goals: {GOALS}")
     print(f"{'K':>9} {'backend':8} {'Repl ms':>8} {'Rel ms':>7} {'stall ms':>9} {'p50 gap':>8} {'ckpt s':>7} "
           f"{'1% MB':>8} {'state MB':>9} {'1%/state':>9} {'first out s':>12} {'worker RSS':>11} "
@@ -661,7 +672,7 @@ def table(sizes: list[int], backends_: list[str]) -> None:
     with tempfile.TemporaryDirectory() as root:
         for k in sizes:
             rows[k] = {}
-            for b in ["dicts", *backends_]:     # a row takes minutes at 10^7: each one's figures as it ends
+            for b in [*BASELINES, *backends_]:  # a row takes minutes at 10^7: each one's figures as it ends
                 t0 = time.monotonic()
                 r = rows[k][b] = child_of("--table", b, k, root)
                 print(f"   ({k:,} {b} done in {time.monotonic() - t0:.0f} s, load {os.getloadavg()[0]:.1f}: "
@@ -676,27 +687,29 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                 ratio = share(c)
                 first = r.get("first_output_s", float("nan"))
                 x = r["fill_rate"] / max(rows[k]["dicts"]["fill_rate"], 1e-9)
-                missed = [] if b == "dicts" else [name for name, ok in (
+                missed = [] if b in BASELINES else [name for name, ok in (
                     ("pause", max(r["replicate_ms"], r["release_ms"]) <= 100), ("stall", r["stall_ms"] <= 20),
                     ("1%", ratio <= 0.05), ("first out", first <= 5),
                     ("0.5x", b != "disk" or k != 10**6 or "memory" not in rows[k]
                      or r["fill_rate"] >= 0.5 * rows[k]["memory"]["fill_rate"])) if not ok]
-                goals = "-" if b == "dicts" else ("met" if not missed else "not met: " + ", ".join(missed))
+                goals = "-" if b in BASELINES else ("met" if not missed else "not met: " + ", ".join(missed))
                 ms = lambda key: f"{r[key]:.1f}" if key in r else "-"
+                held = (f"{c['duration_s']:7.2f} {c['bytes'] / 1e6:8.3f} {c['state_bytes'] / 1e6:9.2f} {ratio:9.3f}"
+                        if b != "rocksdb" else f"{'-':>7} {'-':>8} {'-':>9} {'-':>9}")  # (its rows are not checkpointed)
                 print(f"{k:9d} {b:8} {ms('replicate_ms'):>8} {ms('release_ms'):>7} {r['stall_ms']:9.1f} "
-                      f"{r['gap_p50_ms']:8.1f} {c['duration_s']:7.2f} {c['bytes'] / 1e6:8.3f} "
-                      f"{c['state_bytes'] / 1e6:9.2f} {ratio:9.3f} "
+                      f"{r['gap_p50_ms']:8.1f} {held} "
                       f"{'-' if math.isnan(first) else f'{first:.2f}':>12} {r['worker_rss'] / 2**20:8.0f} MB "
                       f"{r['deployer_rss'] / 2**20:10.0f} MB {r['fill_rate']:8.0f} {x:8.2f}  {goals}")
-                print(f"{'':9} {'':8} each checkpoint, % of the state written (f: whole groups, d: deltas, bytes "
-                      f"of the .state files s and of the manifest m, % of the keys changed c, its stall ms): "
-                      + " ".join(f"{100 * share(c):.1f}({c['fulls']}f,{c['deltas']}d,{c['state_file_bytes']}s,"
-                                 f"{c['manifest_bytes']}m, {100 * c.get('changed', float('nan')):.1f}%c, "
-                                 f"{c.get('stall_ms', float('nan')):.1f}ms)"
-                                 for c in r["checkpoints"])
-                      + f"; the first follows the Release: {100 * share(after_rescale):.1f} %"
-                      + f"; attempts aborted by the end of the fill's checkpoint / the moves / the steady part: "
-                        f"{r['aborted']['fill']} / {r['aborted']['moves']} / {r['aborted']['steady']}")
+                if b != "rocksdb":
+                    print(f"{'':9} {'':8} each checkpoint, % of the state written (f: whole groups, d: deltas, bytes "
+                          f"of the .state files s and of the manifest m, % of the keys changed c, its stall ms): "
+                          + " ".join(f"{100 * share(c):.1f}({c['fulls']}f,{c['deltas']}d,{c['state_file_bytes']}s,"
+                                     f"{c['manifest_bytes']}m, {100 * c.get('changed', float('nan')):.1f}%c, "
+                                     f"{c.get('stall_ms', float('nan')):.1f}ms)"
+                                     for c in r["checkpoints"])
+                          + f"; the first follows the Release: {100 * share(after_rescale):.1f} %"
+                          + f"; attempts aborted by the end of the fill's checkpoint / the moves / the steady part: "
+                            f"{r['aborted']['fill']} / {r['aborted']['moves']} / {r['aborted']['steady']}")
                 if r.get("quiet_seconds"):      # the stream's own gaps, for the stall to be read against
                     print(f"{'':9} {'':8} outside checkpoints, the largest gap of each second: median "
                           f"{r['quiet_gap_p50_ms']:.1f} ms, largest {r['quiet_gap_max_ms']:.1f} ms "
@@ -708,7 +721,10 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                         f"RocksDB {100 * c.get('rocksdb_run', 0):.0f}" for who, c in sorted(r["cpu"].items(), reverse=True)))
                 for e in r.get("threaded", ()):  # the PEs' moves to their threads and back (worker/turns.py)
                     print(f"{'':9} {'':8} at {e['t']:.1f} s: {e['text']}")
-                if b != "dicts":                # after each pause: the groups' move, the stream running on
+                if b in ("memory", "disk") and "rocksdb" in rows[k]:     # the fill against the binding's own loop
+                    print(f"{'':9} {'':8} the fill: {r['fill_rate'] / max(rows[k]['rocksdb']['fill_rate'], 1e-9):.2f}x "
+                          f"rocksdb's (the binding's raw loop in this pipeline)")
+                if b not in BASELINES:          # after each pause: the groups' move, the stream running on
                     done = lambda name: r.get(f"{name}_steps", {}).get("moving: done ms after the pause", float("nan"))
                     longest = max(r.get(f"{name}_steps", {}).get("moving: longest import ms", float("nan"))
                                   for name in ("replicate", "release"))
@@ -723,7 +739,7 @@ def table(sizes: list[int], backends_: list[str]) -> None:
                               if s.endswith(" held") and not s.startswith(OUTSIDE_THE_PAUSE) and (s, ms_) not in steps]
                     if steps:
                         print(f"{'':9} {'':8} {name} steps (ms): " + ", ".join(f"{s} {ms_:.1f}" for s, ms_ in steps))
-    deployer = [r["deployer_rss"] / 2**20 for by in rows.values() for b, r in by.items() if b != "dicts"]
+    deployer = [r["deployer_rss"] / 2**20 for by in rows.values() for b, r in by.items() if b not in BASELINES]
     print(f"   deploying process RSS over K = {min(rows):,}..{max(rows):,}: {min(deployer):.0f}-{max(deployer):.0f} MB "
           f"(goal: independent of the state's size)")
 

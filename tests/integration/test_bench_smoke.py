@@ -32,7 +32,7 @@ TIMEOUT_S = {"fusion.py": 900, "columnar.py": 900, "channel.py": 900, "state.py"
 # postgres_cdc.py at load 13: 52 and 14 s): the longest start first. In the tests' order
 # bench/state.py, the longest, started last, once the three slots had been busy for minutes, and
 # the module then waited for it alone. Unlisted benches start last.
-QUICK_S = {"state.py": 71, "latency.py": 60, "goals34.py": 38, "elastic.py": 35, "fusion.py": 23,
+QUICK_S = {"state.py": 87, "latency.py": 60, "goals34.py": 38, "elastic.py": 35, "fusion.py": 23,
            "connectors.py": 22, "recovery.py": 21, "reconfig.py": 20, "channel.py": 15, "startup.py": 13,
            "columnar.py": 12, "parallel.py": 12, "postgres_cdc.py": 10, "kafka.py": 25, "fill.py": 8,
            "rescale_ops.py": 18}
@@ -157,6 +157,10 @@ def test_state_benchmark_quick_prints_every_part(quick_runs):
     marked = [r for r in table if r.split()[:2] in (["1000", "memory"], ["1000", "disk"])]
     assert len(marked) == 2 and all(" met" in r and "nan" not in r for r in marked), "\n".join(table)
     assert any(r.split()[:2] == ["1000", "dicts"] for r in table), "\n".join(table)   # the plain-dict baseline
+    # the binding's raw loop in the same pipeline: its row, and each backend's fill against it
+    assert any(r.split()[:2] == ["1000", "rocksdb"] for r in table), "\n".join(table)
+    against = [float(m.group(1)) for r in table if (m := re.search(r"the fill: ([\d.]+)x rocksdb's", r))]
+    assert len(against) == 2 and all(x > 0 for x in against), "\n".join(table)
     cpu = [r for r in table if "CPU in the steady part" in r]      # each row's cores, its stall read against them
-    assert len(cpu) == 3 and all(re.search(r"state worker: loop \d+ \(waited for a CPU \d+\)", r) for r in cpu), \
+    assert len(cpu) == 4 and all(re.search(r"state worker: loop \d+ \(waited for a CPU \d+\)", r) for r in cpu), \
         "\n".join(table)
