@@ -24,6 +24,7 @@ import time
 from array import array
 from bisect import bisect_right
 from collections import deque
+from dataclasses import replace
 from itertools import repeat
 from operator import itemgetter
 
@@ -630,7 +631,8 @@ class LatestInRocksDB(Operator):
 
     def open(self, context):
         super().open(context)
-        self._state = keyed_state(context, "rows")
+        # a disk store whatever the deployment's backend (its rows are its own, never the backend's)
+        self._state = keyed_state(replace(context, extra={**context.extra, "state": "disk"}), "rows")
 
     def process(self, batch, emit):
         from rocksdict import WriteBatch

@@ -79,8 +79,7 @@ def one(backend: str, k: int, interval: float, batch: int, profile: str | None, 
         if backend == "dicts":
             return _benchops().LatestInDicts()
         made = _benchops().LatestInRocksDB() if backend == "rocksdb" else Latest()
-        made.open(OperatorContext(made.name, pe_id="pe", key_field="id",
-                                  extra={"state": "disk" if backend == "rocksdb" else backend}))
+        made.open(OperatorContext(made.name, pe_id="pe", key_field="id", extra={"state": backend}))
         return made
 
     warm = made()                       # imports and first calls (numpy, rocksdict) before the clock
