@@ -61,6 +61,7 @@ import time
 import weakref
 import zlib
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from collections.abc import Collection, Mapping
 from itertools import compress, islice, repeat
 from operator import is_, itemgetter, not_, or_
@@ -343,8 +344,9 @@ def _groups(source: Any, it: Any = None) -> list[int]:
     return found
 
 
-def _shut(db: Any, path: str) -> None:
-    """Close a store (or a view's) and remove its directory, in the caller's thread.
+def _shut(db: Any, path: str, flushing: list | None = None) -> None:
+    """Close a store (or a view's) and remove its directory, in the caller's thread, once its
+    last flush asked of :func:`_background` (``flushing``: its future) has ended.
 
     rocksdict's ``close`` flushes the memtable first (no option skips it): 0.4 s for 500 k keys
     written since the last flush. Closing in a thread of its own was tried (session 20) and
@@ -352,6 +354,8 @@ def _shut(db: Any, path: str) -> None:
     a condition for good, a store still in use among them. A store whose directory was removed
     under it (``remove_stores``, a test's temporary directory) fails its flush: nothing is left
     to keep, so that failure is logged, not raised."""
+    if flushing and not threading.current_thread().name.startswith(BACKGROUND):
+        wait(flushing, SHUT_WAIT_S)         # (collected in that thread: its flush is behind this)
     try:
         db.close()
     except Exception:
@@ -868,6 +872,36 @@ class PreparedGroup(PreparedEntries):
             self._end()
 
 
+_BACKGROUND: list[ThreadPoolExecutor] = []
+BACKGROUND = "disk-state-background"
+SHUT_WAIT_S = 60.0      # the longest a store's close waits for its flush in _background
+
+
+def _background() -> ThreadPoolExecutor:
+    """The thread doing the stores' file work that must not stop a PE's turn or the worker's loop:
+    the flush after a drop (:meth:`DiskState._drop`) and an installed group's SST directory
+    removed (:meth:`PreparedGroup.discard`). rocksdict's ``flush(False)`` lets the GIL go but
+    waits until a flush would not stall writes (RocksDB's ``allow_write_stall`` off, its default):
+    on the loop, a retired copy's flush stopped it 321 ms (a Release at 10^7 keys, traced), a
+    source there with it; 109 ms in process right after a fill. One thread for every store:
+    each store's own work stays in order, and its close waits for its flush (:func:`_shut`)."""
+    if not _BACKGROUND:
+        _BACKGROUND.append(ThreadPoolExecutor(1, thread_name_prefix=BACKGROUND))
+    return _BACKGROUND[0]
+
+
+os.register_at_fork(after_in_child=_BACKGROUND.clear)     # a forked child has not the parent's thread
+
+
+def _flush(db: Any, path: str) -> None:
+    """A store's memtable flushed, in :func:`_background` (not waited for: RocksDB's own thread
+    writes it). A store closed or removed meanwhile (a test's directory) fails it: logged."""
+    try:
+        db.flush(False)
+    except Exception:
+        logger.debug("flushing the store in %s failed", path, exc_info=True)
+
+
 SORT_RUN = 4096          # pairs sorted in one call (it holds the GIL) before the runs are merged
 
 
@@ -962,7 +996,8 @@ class DiskState(KeyedState):
         self._encoded: dict[Any, bytes] = {}    # key -> _encode(key): equal keys share one entry
         self._stored = MayBeStored(cache_bytes)     # of every encoded key written to the store
         self._warming = False               # its pages being faulted in by a thread (_populate)
-        self._end = weakref.finalize(self, _shut, self._db, path)
+        self._flushing: list[Future] = []      # the last flush asked of _background, until it ends
+        self._end = weakref.finalize(self, _shut, self._db, path, self._flushing)
         # encoded keys put or deleted since the snapshot, each with its last pickled value (None:
         # deleted; _MISSING: not kept), so that a checkpoint's delta of them reads nothing
         # (SnapshotView._values). A dict of bytes is not tracked by the cyclic GC, a set is, and a
@@ -976,6 +1011,15 @@ class DiskState(KeyedState):
         self._whole: set[int] = set()       # groups replaced whole since the snapshot
         self._views: weakref.WeakSet[SnapshotView] = weakref.WeakSet()   # weak: one dropped unreleased goes
         self._journal: list[Changes] = []     # snapshots' Changes after the oldest lazy view's
+        # key groups the store holds no live key of: every group of a new store; a group dropped
+        # by range, until a key of it is written (_flush) or it is installed. A group's SST file is
+        # ingested only into one of them (_holds_nothing_of): asking the store instead, a seek over
+        # a group just dropped stepped over each of its deleted keys (30-79 ms at 78,000 keys, the
+        # Release's imports at 10^7, in the PE's turn)
+        it = self._db.iter()
+        it.seek_to_first()
+        self._empty: set[int] = set() if it.valid() else set(range(KEY_GROUPS))
+        del it
         self._track()
 
     def _key(self, key: Any) -> bytes:
@@ -1109,12 +1153,23 @@ class DiskState(KeyedState):
         keys = sorted(puts)
         deque(map(batch.put, keys, map(puts.__getitem__, keys)), maxlen=0)
         self._stored.add(keys)
+        if self._empty and keys:            # the groups written into are no longer empty
+            self._written_into(keys)
         self._db.write(batch)
         self._pending = {}
         if len(self._dirty) > DIRTY_KEYS and not any(v.lazy for v in list(self._views)):
             self._whole.update(range(KEY_GROUPS))
             self._dirty, self._kept = {}, 0
             self._adopted.clear()           # the keys written since an import are not named either
+
+    def _written_into(self, keys: list[bytes]) -> None:
+        """The groups of :attr:`_empty` that sorted ``keys`` (encoded, each led by its group's
+        byte) write into leave it: nothing to do while none of them is between the first key's
+        group and the last's (a copy's own groups, each side of those it gave away), else their
+        groups' bytes taken out of it in C (``map``), no call a key from Python."""
+        low, high = keys[0][0], keys[-1][0]
+        if not self._empty.isdisjoint(range(low, high + 1)):
+            self._empty.difference_update(map(_first, keys))
 
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
         self._flush()
@@ -1164,9 +1219,14 @@ class DiskState(KeyedState):
     def _drop(self, groups: Iterable[int]) -> None:
         """Groups out of the store by range (the write-back buffer holds none of their keys)."""
         self._pin_views()
+        dropped = False
         for g in groups:
             self._db.delete_range(_prefix(g), _prefix(g + 1))
             self._replaced(g)
+            self._empty.add(g)
+            dropped = True
+        if dropped:     # the range deletes out of the memtable: an SST file of these groups is
+            self._flushing[:] = [_background().submit(_flush, self._db, self.path)]    # refused while there
 
     def take_groups(self, groups: Iterable[int]) -> dict[int, "ViewGroup"]:
         """Whole key groups out of the store without reading them here (a rescale's export, in
@@ -1197,10 +1257,13 @@ class DiskState(KeyedState):
 
     def _install(self, group: int, prepared: PreparedGroup) -> None:
         """A group :func:`prepare_group` made ready, in the PE's turn: its SST file ingested when
-        the store holds nothing of the group (a restored group, gated until now: O(1) in its
-        keys, the file linked into the store), else its pairs in one write batch replacing the
-        group; then its keys' bits. Views still reading the live store are pinned first, as
-        for any whole-group change."""
+        the store holds nothing of the group (a restored group, gated until now, or one a rescale
+        took and gives back: O(1) in its keys, the file linked into the store), else its pairs in
+        one write batch replacing the group (and when RocksDB refuses the file: the take's range
+        deletes still in the memtable, their flush not done; before :meth:`_drop` flushed them,
+        each group a Release gave back at 10^7 keys was written so, 46-58 ms in the turn); then
+        its keys' bits. Views still reading the live store are pinned first, as for any
+        whole-group change."""
         if prepared.group != group:
             raise ValueError(f"a prepared key group {prepared.group} given as group {group}")
         from rocksdict import IngestExternalFileOptions, WriteBatch
@@ -1226,18 +1289,16 @@ class DiskState(KeyedState):
             for raw, value in prepared.pairs:
                 batch.put(raw, value)
             self._db.write(batch)
-        prepared.discard()
+        if prepared.sst is not None:        # its directory removed off the turn: 17 ms in the turn
+            _background().submit(prepared.discard)  # beside RocksDB's flushes (10^7 keys, traced)
+        self._emptied(group, not prepared.pairs)
         self._stored.add_marks(prepared.marks, prepared.hashes)
         self._replaced(group, prepared.received)    # a part's bytes, a restore's files: its next chain starts there
 
     def _holds_nothing_of(self, group: int) -> bool:
-        """Neither the store nor the write-back buffer has a key of ``group`` (a seek, a pass over
-        the buffer: at most :data:`FLUSH_KEYS` keys)."""
-        it = self._db.iter()
-        it.seek(_prefix(group))
-        if it.valid() and it.key()[0] == group:
-            return False
-        return not any(raw[0] == group for raw in self._pending)
+        """Neither the store (:attr:`_empty`) nor the write-back buffer (a pass over it: at most
+        :data:`FLUSH_KEYS` keys) has a key of ``group``."""
+        return group in self._empty and not any(raw[0] == group for raw in self._pending)
 
     def _put_group(self, group: int, entries: dict) -> None:
         """One write batch per group (a put per key through the binding was the cost of a restore)."""
@@ -1256,21 +1317,29 @@ class DiskState(KeyedState):
             batch.put(k, dumps(value, _PICKLE))
             encoded.append(k)
         self._db.write(batch)
+        self._emptied(group, not encoded)
         self._stored.add(encoded)
         self._replaced(group)
+
+    def _emptied(self, group: int, empty: bool) -> None:
+        """Group ``group`` replaced whole: :attr:`_empty` names it when nothing replaced it."""
+        if empty:
+            self._empty.add(group)
+        else:
+            self._empty.discard(group)
 
     def retire(self) -> None:
         """Its operator is gone (a retired PE, stopped): nothing reads or writes the store again but
         views already taken from it. Every group leaves by range (views still reading the live store
-        pinned first, as for any drop) and RocksDB flushes the memtable in its own background thread
-        (no Python thread, the GIL free): the close, wherever the last reference goes (in whatever
-        turn of whatever loop drops it), then has nothing to write. rocksdict's ``close`` flushes the memtable, and
-        no option skips it: 190-235 ms for 5 * 10^5 keys written since the last flush, 1-6 ms after
-        this. A view taken before keeps reading what it saw (an iterator is a consistent view: the
-        range deletes after it are not in it), so a deferred move's groups still pack after this."""
+        pinned first, as for any drop) and the memtable's flush is asked of :func:`_background` (on
+        the worker's loop it waited for RocksDB 321 ms at 10^7 keys): the close, wherever the last
+        reference goes (in whatever turn of whatever loop drops it), waits for that flush and has
+        nothing to write. rocksdict's ``close`` flushes the memtable, and no option skips it:
+        190-235 ms for 5 * 10^5 keys written since the last flush, 1-6 ms after this. A view
+        taken before keeps reading what it saw (an iterator is a consistent view: the range
+        deletes after it are not in it), so a deferred move's groups still pack after this."""
         self._pending = {}                  # views copied the buffer when they were taken
-        self._drop(range(KEY_GROUPS))
-        self._db.flush(False)
+        self._drop(range(KEY_GROUPS))       # and the memtable flushed, in _background
 
     def close(self) -> None:
         """Close the store and remove its directory (views taken from it end first)."""

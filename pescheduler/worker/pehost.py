@@ -631,8 +631,8 @@ class PEHost:
 
 def retire_states(pes: list) -> None:
     """The keyed states of stopped PEs' operators (a reconfiguration's retired PEs), retired
-    (``DiskState.retire``): their stores emptied and flushed by RocksDB in its background thread,
-    so the close, wherever the cyclic GC frees them, does not flush their memtable holding the GIL
+    (``DiskState.retire``): their stores emptied and their flush asked of the disk stores'
+    background thread, so the close, wherever the cyclic GC frees them, has no memtable to flush
     (190-235 ms at 5 * 10^5 keys: a Release's retired copy, which had just imported half the keys).
     A state is an operator's attribute (``keyed_state``, ``adopt``), looked for one level down."""
     for pe in pes:
