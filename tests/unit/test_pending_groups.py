@@ -233,6 +233,54 @@ def test_a_live_instance_gains_groups_whose_transfer_is_delayed():
     assert sorted(asyncio.run(scenario())) == _reference(_window)
 
 
+def _given_to_the_original(prepare, events=None):
+    """A Release's side through the workers' hand-over: the copy's MOVING groups to the running
+    original, whose second half of the stream comes while they move. ``prepare(original)`` first;
+    with ``events``, a task on the loop meanwhile appends ("loop", 0) to it once a pass (the loop's
+    other callbacks: a source, a control call). Answers the hand-over's answer, its wait's, the
+    original's gate and the rows of both instances."""
+    async def scenario():
+        copy, original = _instance(_window), _instance(_window)
+        _feed(copy, _tuples(0, N // 2, _moving))
+        _feed(original, _tuples(0, N // 2, lambda t: not _moving(t)))
+        prepare(original)
+        here = HandOvers(lambda dep: {"orig": original}, None, lambda: "tcp://a")
+        there = HandOvers(lambda dep: {"copy": copy}, lambda address: here, lambda: "tcp://b")
+        move = {"src": "w", "src_pe": "copy", "dst": "w", "dst_pe": "orig", "dst_worker": "tcp://a",
+                "dst_live": True, "groups": sorted(MOVING), "tag": "m"}
+        running = True
+
+        async def other_work():
+            while running:
+                events.append(("loop", 0))
+                await asyncio.sleep(0)
+        beside = asyncio.create_task(other_work()) if events is not None else None
+        await here.pe_handover_expect("d", [move])
+        gate = original.rewirer.pending["w"]
+        answer = await there.pe_handover("d", [move])
+        _feed(original, _tuples(N // 2, N))
+        done = await here.pe_handover_wait("d", "m", timeout=10)
+        running = False
+        if beside is not None:
+            await beside
+        original.chain.end_from("src")
+        return answer, done, gate, _rows(original.result) + _rows(copy.result)
+    return asyncio.run(scenario())
+
+
+def _counting_imports(events, record):
+    """``prepare`` for :func:`_given_to_the_original`: each import of the original's store noted."""
+    def prepare(original):
+        store = original.ops["w"]._keys
+        plain = store.import_groups
+
+        def import_groups(exported):
+            events.append(record(exported))
+            plain(exported)
+        store.import_groups = import_groups
+    return prepare
+
+
 def test_a_deferred_part_is_unpacked_off_the_turn_and_installed_a_group_a_turn():
     """The gaining instance's turn only installs what came: each part is unpickled and its groups
     unpacked (made ready for the store: ``prepare_group``) in a thread, and each group goes in a
@@ -240,35 +288,17 @@ def test_a_deferred_part_is_unpacked_off_the_turn_and_installed_a_group_a_turn()
     at a time after a Release (traced); a group is 1/128th of the state. Exactness as above."""
     from pescheduler.state.memory import PreparedGroup
 
-    async def scenario():
-        copy, original = _instance(_window), _instance(_window)
-        _feed(copy, _tuples(0, N // 2, _moving))
-        _feed(original, _tuples(0, N // 2, lambda t: not _moving(t)))
-        store, installs = original.ops["w"]._keys, []
-        plain = store.import_groups
-
-        def import_groups(exported):
-            installs.append({g: type(data).__name__ for g, data in exported.items()})
-            plain(exported)
-        store.import_groups = import_groups
-        here = HandOvers(lambda dep: {"orig": original}, None, lambda: "tcp://a")
-        there = HandOvers(lambda dep: {"copy": copy}, lambda address: here, lambda: "tcp://b")
-        move = {"src": "w", "src_pe": "copy", "dst": "w", "dst_pe": "orig", "dst_worker": "tcp://a",
-                "dst_live": True, "groups": sorted(MOVING), "tag": "m"}
-        await here.pe_handover_expect("d", [move])
-        answer = await there.pe_handover("d", [move])
-        assert answer["parts"] > 1                       # parts of several groups each
-        _feed(original, _tuples(N // 2, N))
-        done = await here.pe_handover_wait("d", "m", timeout=10)
-        assert done["pending"] == 0 and not done["failed"]
-        groups = [len(i) for i in installs if i]            # (a part's group with no key: only its waiting tuples)
-        assert groups == [1] * len(groups) and len(groups) > 1
-        assert {g for i in installs for g in i} <= MOVING
-        assert {t for i in installs for t in i.values()} == {PreparedGroup.__name__}
-        assert done["longest_import_s"] > 0
-        original.chain.end_from("src")
-        return _rows(original.result) + _rows(copy.result)
-    assert sorted(asyncio.run(scenario())) == _reference(_window)
+    installs = []
+    answer, done, _gate, rows = _given_to_the_original(_counting_imports(
+        installs, lambda exported: {g: type(data).__name__ for g, data in exported.items()}))
+    assert answer["parts"] > 1                       # parts of several groups each
+    assert done["pending"] == 0 and not done["failed"]
+    groups = [len(i) for i in installs if i]            # (a part's group with no key: only its waiting tuples)
+    assert groups == [1] * len(groups) and len(groups) > 1
+    assert {g for i in installs for g in i} <= MOVING
+    assert {t for i in installs for t in i.values()} == {PreparedGroup.__name__}
+    assert done["longest_import_s"] > 0
+    assert sorted(rows) == _reference(_window)
 
 
 def test_the_loop_runs_between_two_groups_of_a_part():
@@ -276,42 +306,15 @@ def test_the_loop_runs_between_two_groups_of_a_part():
     them (anything else on it: a source, a control call). The PE's lock, free, does not yield:
     a part's four groups, each with the tuples it held, went in back to back and stopped the
     loop 100-200 ms once a part at 10^7 keys on ``disk``, a source on that loop with it."""
-    async def scenario():
-        copy, original = _instance(_window), _instance(_window)
-        _feed(copy, _tuples(0, N // 2, _moving))
-        _feed(original, _tuples(0, N // 2, lambda t: not _moving(t)))
-        store, events = original.ops["w"]._keys, []
-        plain = store.import_groups
-
-        def import_groups(exported):
-            events.append("install")
-            plain(exported)
-        store.import_groups = import_groups
-        here = HandOvers(lambda dep: {"orig": original}, None, lambda: "tcp://a")
-        there = HandOvers(lambda dep: {"copy": copy}, lambda address: here, lambda: "tcp://b")
-        move = {"src": "w", "src_pe": "copy", "dst": "w", "dst_pe": "orig", "dst_worker": "tcp://a",
-                "dst_live": True, "groups": sorted(MOVING), "tag": "m"}
-        running = True
-
-        async def other_work():                 # the loop's other callbacks, one a pass
-            while running:
-                events.append("loop")
-                await asyncio.sleep(0)
-        beside = asyncio.create_task(other_work())
-        await here.pe_handover_expect("d", [move])
-        answer = await there.pe_handover("d", [move])
-        assert answer["parts"] < len(MOVING)              # parts of several groups each
-        _feed(original, _tuples(N // 2, N))
-        done = await here.pe_handover_wait("d", "m", timeout=10)
-        running = False
-        await beside
-        assert done["pending"] == 0 and not done["failed"]
-        installs = [i for i, e in enumerate(events) if e == "install"]
-        assert len(installs) > answer["parts"]
-        assert all(b - a > 1 for a, b in zip(installs, installs[1:])), "two groups went in back to back"
-        original.chain.end_from("src")
-        return _rows(original.result) + _rows(copy.result)
-    assert sorted(asyncio.run(scenario())) == _reference(_window)
+    events = []
+    answer, done, _gate, rows = _given_to_the_original(_counting_imports(events, lambda exported: ("install", 0)),
+                                                       events)
+    assert answer["parts"] < len(MOVING)              # parts of several groups each
+    assert done["pending"] == 0 and not done["failed"]
+    installs = [i for i, (kind, _n) in enumerate(events) if kind == "install"]
+    assert len(installs) > answer["parts"]
+    assert all(b - a > 1 for a, b in zip(installs, installs[1:])), "two groups went in back to back"
+    assert sorted(rows) == _reference(_window)
 
 
 def test_a_groups_waiting_tuples_go_through_a_turns_worth_at_a_time(monkeypatch):
@@ -322,45 +325,24 @@ def test_a_groups_waiting_tuples_go_through_a_turns_worth_at_a_time(monkeypatch)
     from pescheduler.worker import handover
 
     monkeypatch.setattr(handover, "REPLAY_TUPLES", 5)
+    events = []
 
-    async def scenario():
-        copy, original = _instance(_window), _instance(_window)
-        _feed(copy, _tuples(0, N // 2, _moving))
-        _feed(original, _tuples(0, N // 2, lambda t: not _moving(t)))
-        events, replay = [], original.chain.replay
+    def prepare(original):
+        replay = original.chain.replay
 
         def replayed(node, process, batch):
             events.append(("replay", len(batch)))
             replay(node, process, batch)
         original.chain.replay = replayed
-        here = HandOvers(lambda dep: {"orig": original}, None, lambda: "tcp://a")
-        there = HandOvers(lambda dep: {"copy": copy}, lambda address: here, lambda: "tcp://b")
-        move = {"src": "w", "src_pe": "copy", "dst": "w", "dst_pe": "orig", "dst_worker": "tcp://a",
-                "dst_live": True, "groups": sorted(MOVING), "tag": "m"}
-        running = True
-
-        async def other_work():                 # the loop's other callbacks, one a pass
-            while running:
-                events.append(("loop", 0))
-                await asyncio.sleep(0)
-        beside = asyncio.create_task(other_work())
-        await here.pe_handover_expect("d", [move])
-        await there.pe_handover("d", [move])
-        _feed(original, _tuples(N // 2, N))
-        gate = original.rewirer.pending["w"]
-        done = await here.pe_handover_wait("d", "m", timeout=10)
-        running = False
-        await beside
-        assert done["pending"] == 0 and not done["failed"] and gate.done and not gate.draining
-        replays = [n for kind, n in events if kind == "replay"]
-        assert replays and max(replays) <= 5
-        assert sum(replays) == gate.buffered                # each waiting tuple through once
-        assert len(replays) > len(MOVING)                   # groups drained over several turns
-        kinds = [kind for kind, _n in events]
-        assert all(not (a == b == "replay") for a, b in zip(kinds, kinds[1:])), "two turns' worth in one"
-        original.chain.end_from("src")
-        return _rows(original.result) + _rows(copy.result)
-    assert sorted(asyncio.run(scenario())) == _reference(_window)
+    _answer, done, gate, rows = _given_to_the_original(prepare, events)
+    assert done["pending"] == 0 and not done["failed"] and gate.done and not gate.draining
+    replays = [n for kind, n in events if kind == "replay"]
+    assert replays and max(replays) <= 5
+    assert sum(replays) == gate.buffered                # each waiting tuple through once
+    assert len(replays) > len(MOVING)                   # groups drained over several turns
+    kinds = [kind for kind, _n in events]
+    assert all(not (a == b == "replay") for a, b in zip(kinds, kinds[1:])), "two turns' worth in one"
+    assert sorted(rows) == _reference(_window)
 
 
 def test_a_disk_store_gives_groups_away_without_reading_a_key_in_the_turn(tmp_path, monkeypatch):
