@@ -47,7 +47,7 @@ from ..wire import exported_marker, key_group
 from ..state.groups import loads_prepared
 from .gc_pause import gc_paused
 from .lazy_restore import StillLoading, preparer, still_loading
-from .pending_groups import REPLAY_TUPLES, PendingGroups
+from .pending_groups import PendingGroups
 from ..collector import freeze_survivors
 from .routing import key_function
 from .turns import let_the_loop_run
@@ -261,8 +261,7 @@ class HandOvers:
         loop runs between two groups (:func:`let_the_loop_run`: the lock, free, does not yield):
         back to back, a part's four groups, each with the tuples it held, stopped the loop
         100-200 ms once a part, and a source on that loop with it, so the stream stopped too
-        (``disk`` at 10^7 keys, traced); so did the tuples a group held, all replayed in its turn:
-        they go through :data:`REPLAY_TUPLES` a turn (``PendingGroups.drain``)."""
+        (``disk`` at 10^7 keys, traced)."""
         try:
             part = await asyncio.to_thread(gc_paused, loads_prepared, blob, preparer(pe))
             gated = pe.rewirer.pending[move["dst"]]
@@ -280,16 +279,11 @@ class HandOvers:
                         gated.parts += 1
                         gated.bytes += len(blob)
                     if fresh:
-                        gated.install([g], lambda: op.restore(state), REPLAY_TUPLES)
+                        gated.install([g], lambda: op.restore(state))
                         freeze_survivors()
                     else:
-                        gated.install([g], lambda: import_groups(op, state), REPLAY_TUPLES)
+                        gated.install([g], lambda: import_groups(op, state))
                 pe.ports.wake()
-                while gated.draining and pe.state in ("created", "running"):    # its tuples, a turn's worth
-                    await let_the_loop_run()                                    # at a time
-                    async with pe.turns.lock:
-                        gated.drain(REPLAY_TUPLES)
-                    pe.ports.wake()
         except Exception as exc:
             logger.error("import of key groups %s failed", move["tag"], exc_info=True)
             await self._fail(deployment, move["tag"], f"importing key groups into {move['dst']} failed: {exc!r}")

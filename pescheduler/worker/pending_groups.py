@@ -4,11 +4,10 @@ A Replicate, Release or Move no longer waits for the moving key groups' state:
 the routers switch at once and the gaining instance runs (``handover.py``).
 Until a group's state is imported, the tuples of that group wait here, per
 group, in arrival order; every other tuple is processed at once. Right after a
-group's import its waiting tuples go through the operator (a rescale's: at most
-``REPLAY_TUPLES`` a turn, the group gated until none is left, so what arrives
-meanwhile waits behind them), before anything of the group that arrives later,
-so per-key order and exactly once hold: the old owner processed nothing of the
-group after the switch, the new one nothing before its state.
+group's import its waiting tuples go through the operator, before anything
+that arrives later (same turn), so per-key order and exactly once hold: the
+old owner processed nothing of the group after the switch, the new one
+nothing before its state.
 
 Event time: while any group is pending the instance's watermark does not
 advance (a pending hand-over is one more input of the operator's node, at the
@@ -55,7 +54,6 @@ from .gc_pause import gc_paused
 from .routing import key_function
 
 HANDOVER_INPUT = "(handover)"      # the pending groups' place among the node's inputs
-REPLAY_TUPLES = 1024    # a moved group's waiting tuples replayed in one turn (PendingGroups.drain)
 
 
 class PendingGroups:
@@ -75,7 +73,6 @@ class PendingGroups:
         self.parts = 0                  # parts imported so far (a fresh instance restores the first)
         self.longest_import_s = 0.0     # the longest import of a group in the PE's turn (a stall of its stream)
         self.carried_in = 0             # tuples the giving instance carried over with the groups (figures, tests)
-        self.draining: set[int] = set()     # groups whose state is in and whose tuples still wait (drain)
         self.inner = self.node.process
         self.node.process = self.process
         self.inner_input = self.node.process_input      # None: one input (``process``)
@@ -135,47 +132,30 @@ class PendingGroups:
         self.carried_in += len(tuples)
         self.peak = max(self.peak, self.holding)
 
-    def install(self, groups: Iterable[int], load: Callable[[], Any], bound: int | None = None) -> float:
+    def install(self, groups: Iterable[int], load: Callable[[], Any]) -> float:
         """``load()`` (the import of ``groups``' state, in the PE's turn: the caller holds its lock)
-        with the collector paused, then :meth:`arrived` (``bound``: see there): the one way a lazy
-        restore's group and a rescale's part go in. Answers the seconds it took (a stall of the
-        PE's stream: ``longest_import_s``)."""
+        with the collector paused, then :meth:`arrived`: the one way a lazy restore's group and a
+        rescale's part go in. Answers the seconds it took (a stall of the PE's stream:
+        ``longest_import_s``)."""
         started = time.perf_counter()
         gc_paused(load)
         took = time.perf_counter() - started
         self.longest_import_s = max(self.longest_import_s, took)
-        self.arrived(groups, bound)
+        self.arrived(groups)
         return took
 
-    def arrived(self, groups: Iterable[int], bound: int | None = None) -> None:
+    def arrived(self, groups: Iterable[int]) -> None:
         """``groups``' state was just imported (same turn): their tuples go through the operator
-        now, in arrival order, at most ``bound`` of each group (None: all); a group with more
-        stays gated, :attr:`draining`, its tuples, and those that come meanwhile, going through
-        in later turns (:meth:`drain`). After the last group, the watermark and end of stream
-        it held."""
-        self.draining.update(g for g in groups if g in self.waiting)
-        self.drain(bound)
-
-    def drain(self, bound: int | None = None) -> None:
-        """At most ``bound`` (None: all) waiting tuples of each :attr:`draining` group through the
-        operator, in arrival order; a group with none left is no longer gated. A Release at 10^7
-        keys on ``disk`` had 1,000-3,000 tuples waiting for each group it got back: one turn each,
-        a stall of the stream (traced, 100 ms and more)."""
+        now, in arrival order; after the last group, the watermark and end of stream it held."""
         chain, node = self.chain, self.node
-        for g in sorted(self.draining):
-            queue = self.waiting[g]
-            now = queue if bound is None or len(queue) <= bound else queue[:bound]
-            if now is queue:
-                del self.waiting[g]
-                self.draining.discard(g)
-            else:
-                del queue[:bound]
-            if now:
-                self.holding -= len(now)
+        for g in sorted(groups):
+            queue = self.waiting.pop(g, None)
+            if queue:
+                self.holding -= len(queue)
                 if self.inner_input is None:
-                    chain.replay(node, self.inner, now)
+                    chain.replay(node, self.inner, queue)
                 else:
-                    for k, run in by_input_runs(now):
+                    for k, run in by_input_runs(queue):
                         chain.replay(node, partial(self.inner_input, k), run)
         if self.waiting:
             return

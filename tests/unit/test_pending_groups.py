@@ -317,34 +317,6 @@ def test_the_loop_runs_between_two_groups_of_a_part():
     assert sorted(rows) == _reference(_window)
 
 
-def test_a_groups_waiting_tuples_go_through_a_turns_worth_at_a_time(monkeypatch):
-    """After its import a group's waiting tuples go through at most ``REPLAY_TUPLES`` a turn, the
-    loop running between two turns, the group gated until none is left (what comes meanwhile
-    waits behind them): a Release at 10^7 keys on ``disk`` had 1,000-3,000 waiting for each group,
-    all replayed in the turn of its import (100 ms and more, traced). Exactness as above."""
-    from pescheduler.worker import handover
-
-    monkeypatch.setattr(handover, "REPLAY_TUPLES", 5)
-    events = []
-
-    def prepare(original):
-        replay = original.chain.replay
-
-        def replayed(node, process, batch):
-            events.append(("replay", len(batch)))
-            replay(node, process, batch)
-        original.chain.replay = replayed
-    _answer, done, gate, rows = _given_to_the_original(prepare, events)
-    assert done["pending"] == 0 and not done["failed"] and gate.done and not gate.draining
-    replays = [n for kind, n in events if kind == "replay"]
-    assert replays and max(replays) <= 5
-    assert sum(replays) == gate.buffered                # each waiting tuple through once
-    assert len(replays) > len(MOVING)                   # groups drained over several turns
-    kinds = [kind for kind, _n in events]
-    assert all(not (a == b == "replay") for a, b in zip(kinds, kinds[1:])), "two turns' worth in one"
-    assert sorted(rows) == _reference(_window)
-
-
 def test_a_disk_store_gives_groups_away_without_reading_a_key_in_the_turn(tmp_path, monkeypatch):
     """The export in the PE's turn only takes the groups (a view, range deletes); their keys are
     read when the part is packed, off the turn, as they were at the take."""
