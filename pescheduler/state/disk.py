@@ -894,10 +894,11 @@ os.register_at_fork(after_in_child=_BACKGROUND.clear)     # a forked child has n
 
 
 def _flush(db: Any, path: str) -> None:
-    """A store's memtable flushed, in :func:`_background` (not waited for: RocksDB's own thread
-    writes it). A store closed or removed meanwhile (a test's directory) fails it: logged."""
+    """A store's memtable flushed, in :func:`_background`, waited for there (the GIL let go): its
+    future's end is the flush's, which a close and a group given back wait for. A store closed
+    or removed meanwhile (a test's directory) fails it: logged."""
     try:
-        db.flush(False)
+        db.flush(True)
     except Exception:
         logger.debug("flushing the store in %s failed", path, exc_info=True)
 
