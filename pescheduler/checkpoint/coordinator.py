@@ -70,6 +70,7 @@ class InFlight:
         self.id, self.started = checkpoint_id, started
         self.phase, self.waiting_for = "snapshots", set()
         self.written: dict[str, int] = {}       # worker -> bytes it wrote of this checkpoint so far
+        self.answers: dict[str, str] = {}       # worker -> what it said when last asked (an abort names it)
         self.moved_at = time.monotonic()
 
     def enter(self, phase: str, workers: Iterable[str] = ()) -> None:
@@ -88,6 +89,7 @@ class InFlight:
 
     def wrote(self, worker: str, written: int | None) -> None:
         """``worker`` says it has written ``written`` bytes so far (None: no write going on there)."""
+        self.answers[worker] = "no write of it going on there" if written is None else f"{written} bytes"
         if written is not None and written > self.written.get(worker, 0):
             self.written[worker] = written
             self.moved_at = time.monotonic()
@@ -315,7 +317,7 @@ class CheckpointCoordinator:
                 if flight.phase == "manifest":
                     raise CheckpointError(f"writing its manifest to {self.store.url} took longer than "
                                           f"{self.timeout:g} s")
-                waits = ", ".join(sorted(flight.waiting_for))
+                waits = ", ".join(f"{w} ({flight.answers.get(w, 'not asked yet')})" for w in sorted(flight.waiting_for))
                 raise CheckpointError(f"no progress writing it to {self.store.url} for {self.timeout:g} s "
                                       f"({sum(flight.written.values())} bytes written as last asked, "
                                       f"{time.time() - flight.started:.1f} s after its trigger; waiting for {waits})")
@@ -328,10 +330,13 @@ class CheckpointCoordinator:
         done, pending = await asyncio.wait(asks, timeout=within)
         for ask in pending:
             ask.cancel()
+            flight.answers[asks[ask]] = f"no answer in {within:.2f} s"
         await asyncio.gather(*pending, return_exceptions=True)
         for ask in done:
             if ask.exception() is None:
                 flight.wrote(asks[ask], ask.result())
+            else:
+                flight.answers[asks[ask]] = f"the question failed: {ask.exception()!r}"
 
     async def _write_all(self, checkpoint_id: int, placement: "Placement", t0: float, p0: float,
                          abandoned: threading.Event, flight: InFlight) -> Stored:

@@ -684,8 +684,9 @@ def test_a_write_longer_than_the_timeout_that_keeps_writing_completes():
 def test_a_write_that_stops_writing_is_aborted_a_timeout_after_its_last_byte_saying_so():
     """The workers write a few bytes, then none (a hung storage, a stopped worker); one of them
     no longer answers the question at all. The checkpoint is aborted a timeout after the last
-    byte, not before, and its error names the bytes written and the workers it waited for; the
-    status showed the bytes while it was in flight."""
+    byte, not before, and its error names the bytes written and the workers it waited for, each
+    with what it said when last asked (a loaded suite's abort said only its name); the status showed
+    the bytes while it was in flight."""
     import time
 
     store, gateway = memory_store(), ScriptedWrites(step=1000)
@@ -702,7 +703,8 @@ def test_a_write_that_stops_writing_is_aborted_a_timeout_after_its_last_byte_say
 
     async def scenario():
         with pytest.raises(CheckpointError, match=r"no progress writing it to .* for 0.5 s \(4\d\d\d bytes written "
-                                                  r"as last asked, [\d.]+ s after its trigger; waiting for tcp://w1, tcp://w2\)"):
+                                                  r"as last asked, [\d.]+ s after its trigger; waiting for "
+                                                  r"tcp://w1 \(2\d\d\d bytes\), tcp://w2 \(no answer in [\d.]+ s\)\)"):
             await asyncio.wait_for(coord.trigger(), 30)
         return time.monotonic()
     try:
