@@ -205,20 +205,34 @@ class Recovery:
     async def _first_output(self, record: dict, p0: float, placement) -> None:
         """Time from the loss to the first tuple into a sink after the restore (in the record,
         the events and the decision log). Each worker is asked on its own: one that does not
-        answer in time (a loaded worker, one lost since) must not hide a sink's count on another."""
+        answer in time (a loaded worker, one lost since) must not hide a sink's count on another.
+        None within :data:`FIRST_OUTPUT_S`: the record's ``first_output_missing`` and the event
+        say why, from the last look: the sinks the workers that answered hold (none took a tuple),
+        and each worker that did not answer with its error. ("Not seen" alone could not tell a
+        stream that stopped from a sink's worker that never answered.)"""
         sinks = {op for op, o in placement.plan.ops.items() if o.kind == "sink"}
         workers = sorted({pe.worker for pe in placement.pes.values()})
         deadline = perf_counter() + FIRST_OUTPUT_S
+        answers, failed = [], {}
         while perf_counter() < deadline and not self.dep._done.is_set():
-            answers, _failed = await self.dep.gateway.stats_each(workers, dead_letters=False)
+            answers, failed = await self.dep.gateway.stats_each(workers, dead_letters=False)
             if any(s["operators"].get(op, {}).get("tuples_in", 0) for a in answers
                    for s in a["pes"].values() for op in sinks):     # restored PEs count from 0
                 record["first_output_s"] = round(perf_counter() - p0, 3)
                 break
             await asyncio.sleep(0.02)
+        if "first_output_s" in record:
+            seen = f"first output {record['first_output_s']} s after the loss"
+        else:
+            held = sorted(op for a in answers for s in a["pes"].values() for op in s["operators"] if op in sinks)
+            record["first_output_missing"] = "; ".join(
+                [f"no tuple into {', '.join(held)} on the workers that answered" if held else
+                 f"no answer holding a sink ({', '.join(sorted(sinks))})"] +
+                [f"no answer from {w}: {exc!r}" for w, exc in sorted(failed.items())])
+            seen = (f"first output not seen within {perf_counter() - p0:.0f} s of the loss "
+                    f"({record['first_output_missing']})")
         self.dep.state.event("restart", f"attempt {record['attempt']}: restored checkpoint "
-                                        f"{record.get('checkpoint')} in {record.get('restore_s')} s, "
-                                        f"first output {record.get('first_output_s', 'not seen')} s after the loss")
+                                        f"{record.get('checkpoint')} in {record.get('restore_s')} s, {seen}")
         self._log(record)
 
     async def _replace(self) -> None:

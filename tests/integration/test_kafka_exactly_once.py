@@ -23,6 +23,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, Release, Replicate
+from pescheduler.control.recovery import FIRST_OUTPUT_S
 
 from brokers import (committed_log, create_topic, produce, start_fronted_tansu, start_tansu, tcp_front,
                      transaction_log)
@@ -72,10 +73,15 @@ def restart_of(dep) -> dict:
     (its records, each operator's counts and each source's lag now, and the run's last events):
     a loaded run's timeout is a trace to follow. (One in a loaded suite, session 69: restored,
     then 197 checkpoints complete and no tuple into the sink for 120 s; the events alone could
-    not say which operator the tuples stopped at.)"""
+    not say which operator the tuples stopped at.) It waits for the recovery's own verdict, past
+    its look's bound: given up, the record's ``first_output_missing`` says why."""
+    def settled() -> bool:          # seen, or given up with the recovery's why (first_output_missing)
+        last = dep.recovery.restarts[-1] if dep.recovery.restarts else {}
+        return "first_output_s" in last or "first_output_missing" in last
+
     try:
-        until(lambda: dep.recovery.restarts and "first_output_s" in dep.recovery.restarts[-1], WAIT,
-              "a restart with output after it")
+        until(settled, FIRST_OUTPUT_S + WAIT, "a restart with output after it")
+        assert "first_output_s" in dep.recovery.restarts[-1], "no output after the restart"
     except AssertionError as exc:
         ops = {op: {"in": m.tuples_in, "out": m.tuples_out, "pe": m.pe, **({"lag": dict(m.lag)} if m.lag else {})}
                for op, m in dep.snapshot().operators.items()}

@@ -51,3 +51,34 @@ def test_a_worker_that_does_not_answer_does_not_hide_the_sinks_first_output_on_a
     asyncio.run(scenario())
     assert "first_output_s" in record, f"the sink's output on tcp://sink went unseen: {events}"
     assert ["tcp://slow"] in gateway.asked and ["tcp://sink"] in gateway.asked
+
+
+def test_a_first_output_not_seen_says_which_sinks_took_nothing_and_which_workers_did_not_answer(monkeypatch):
+    """None within the look's bound: the record and the event name the sink that took no tuple on
+    the worker that answered, and the worker that did not answer with its error ("not seen" alone,
+    in a loaded suite's Kafka restart, could not tell a stopped stream from a silent worker)."""
+    monkeypatch.setattr(recovery_module, "FIRST_OUTPUT_S", 0.3)
+    events = []
+
+    class _Idle(_Gateway):
+        async def stats(self, workers, dead_letters=True, acked=None):
+            workers = list(workers)
+            if "tcp://slow" in workers:
+                raise asyncio.TimeoutError()
+            return [{"pes": {"pe-sink": {"operators": {"sink-3": {"tuples_in": 0}}}}} for w in workers]
+
+    dep = SimpleNamespace(id="d", reconfigurer=SimpleNamespace(), gateway=_Idle(), _done=asyncio.Event(),
+                          state=SimpleNamespace(event=lambda kind, text: events.append(text)))
+    placement = SimpleNamespace(
+        plan=SimpleNamespace(ops={"src-1": SimpleNamespace(kind="source"), "sink-3": SimpleNamespace(kind="sink")}),
+        pes={"pe-src": SimpleNamespace(worker="tcp://slow"), "pe-sink": SimpleNamespace(worker="tcp://sink")})
+    record = {"attempt": 1, "checkpoint": 2, "restore_s": 0.9}
+
+    async def scenario():
+        await asyncio.wait_for(Recovery(dep, strategy=None)._first_output(record, 0.0, placement), 10)
+    asyncio.run(scenario())
+    assert "first_output_s" not in record
+    assert record["first_output_missing"] == ("no tuple into sink-3 on the workers that answered; "
+                                              "no answer from tcp://slow: TimeoutError()"), record
+    assert len(events) == 1 and "first output not seen within" in events[0] and \
+        record["first_output_missing"] in events[0], events
