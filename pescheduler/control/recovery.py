@@ -208,14 +208,16 @@ class Recovery:
         answer in time (a loaded worker, one lost since) must not hide a sink's count on another.
         None within :data:`FIRST_OUTPUT_S`: the record's ``first_output_missing`` and the event
         say why, from the last look: the sinks the workers that answered hold (none took a tuple),
-        and each worker that did not answer with its error. ("Not seen" alone could not tell a
-        stream that stopped from a sink's worker that never answered.)"""
+        and each worker that did not answer with its error; or that the deployment ended first.
+        ("Not seen" alone could not tell a stream that stopped from a sink's worker that never
+        answered.)"""
         sinks = {op for op, o in placement.plan.ops.items() if o.kind == "sink"}
         workers = sorted({pe.worker for pe in placement.pes.values()})
         deadline = perf_counter() + FIRST_OUTPUT_S
-        answers, failed = [], {}
+        answers, failed, looked = [], {}, False
         while perf_counter() < deadline and not self.dep._done.is_set():
             answers, failed = await self.dep.gateway.stats_each(workers, dead_letters=False)
+            looked = True
             if any(s["operators"].get(op, {}).get("tuples_in", 0) for a in answers
                    for s in a["pes"].values() for op in sinks):     # restored PEs count from 0
                 record["first_output_s"] = round(perf_counter() - p0, 3)
@@ -225,10 +227,12 @@ class Recovery:
             seen = f"first output {record['first_output_s']} s after the loss"
         else:
             held = sorted(op for a in answers for s in a["pes"].values() for op in s["operators"] if op in sinks)
-            record["first_output_missing"] = "; ".join(
-                [f"no tuple into {', '.join(held)} on the workers that answered" if held else
-                 f"no answer holding a sink ({', '.join(sorted(sinks))})"] +
-                [f"no answer from {w}: {exc!r}" for w, exc in sorted(failed.items())])
+            why = ["the deployment ended first"] if self.dep._done.is_set() else []
+            if looked:
+                why.append(f"no tuple into {', '.join(held)} on the workers that answered" if held else
+                           f"no answer holding a sink ({', '.join(sorted(sinks))})")
+                why += [f"no answer from {w}: {exc!r}" for w, exc in sorted(failed.items())]
+            record["first_output_missing"] = "; ".join(why)
             seen = (f"first output not seen within {perf_counter() - p0:.0f} s of the loss "
                     f"({record['first_output_missing']})")
         self.dep.state.event("restart", f"attempt {record['attempt']}: restored checkpoint "

@@ -82,3 +82,18 @@ def test_a_first_output_not_seen_says_which_sinks_took_nothing_and_which_workers
                                               "no answer from tcp://slow: TimeoutError()"), record
     assert len(events) == 1 and "first output not seen within" in events[0] and \
         record["first_output_missing"] in events[0], events
+
+
+def test_a_deployment_that_ends_before_a_first_output_says_so_and_asks_nobody(monkeypatch):
+    """Ended before the look: the record says the deployment ended first, not that a sink took
+    nothing (nobody was asked)."""
+    monkeypatch.setattr(recovery_module, "FIRST_OUTPUT_S", 5.0)
+    gateway, done = _Gateway(), asyncio.Event()
+    done.set()
+    dep = SimpleNamespace(id="d", reconfigurer=SimpleNamespace(), gateway=gateway, _done=done,
+                          state=SimpleNamespace(event=lambda kind, text: None))
+    placement = SimpleNamespace(plan=SimpleNamespace(ops={"sink-3": SimpleNamespace(kind="sink")}),
+                                pes={"pe-sink": SimpleNamespace(worker="tcp://sink")})
+    record = {"attempt": 1}
+    asyncio.run(asyncio.wait_for(Recovery(dep, strategy=None)._first_output(record, 0.0, placement), 10))
+    assert record["first_output_missing"] == "the deployment ended first" and gateway.asked == [], record
