@@ -34,21 +34,34 @@ class _Gateway:
                 if w == "tcp://sink"]
 
 
+def _deployment(gateway, events: list, done: bool = False) -> SimpleNamespace:
+    """A deployment as ``Recovery._first_output`` reads it: its gateway, whether it is done, and its
+    events (their texts into ``events``)."""
+    ended = asyncio.Event()
+    if done:
+        ended.set()
+    return SimpleNamespace(id="d", reconfigurer=SimpleNamespace(), gateway=gateway, _done=ended,
+                           state=SimpleNamespace(event=lambda kind, text: events.append(text)))
+
+
+def _placement(source: bool = True) -> SimpleNamespace:
+    """A restored placement: ``sink-3`` in ``pe-sink`` on ``tcp://sink`` and (``source``)
+    ``src-1`` in ``pe-src`` on ``tcp://slow``."""
+    ops, pes = {"sink-3": SimpleNamespace(kind="sink")}, {"pe-sink": SimpleNamespace(worker="tcp://sink")}
+    if source:
+        ops["src-1"], pes["pe-src"] = SimpleNamespace(kind="source"), SimpleNamespace(worker="tcp://slow")
+    return SimpleNamespace(plan=SimpleNamespace(ops=ops), pes=pes)
+
+
+def _look(dep: SimpleNamespace, record: dict, placement: SimpleNamespace) -> None:
+    """The recovery's look for a first output, bounded."""
+    asyncio.run(asyncio.wait_for(Recovery(dep, strategy=None)._first_output(record, 0.0, placement), 10))
+
+
 def test_a_worker_that_does_not_answer_does_not_hide_the_sinks_first_output_on_another(monkeypatch):
     monkeypatch.setattr(recovery_module, "FIRST_OUTPUT_S", 1.0)      # the look's bound: not 120 s here
-    events = []
-    gateway = _Gateway()
-    dep = SimpleNamespace(id="d", reconfigurer=SimpleNamespace(), gateway=gateway, _done=asyncio.Event(),
-                          state=SimpleNamespace(event=lambda kind, text: events.append(text)))
-    placement = SimpleNamespace(
-        plan=SimpleNamespace(ops={"src-1": SimpleNamespace(kind="source"), "sink-3": SimpleNamespace(kind="sink")}),
-        pes={"pe-src": SimpleNamespace(worker="tcp://slow"), "pe-sink": SimpleNamespace(worker="tcp://sink")})
-    recovery = Recovery(dep, strategy=None)
-    record = {"attempt": 1}
-
-    async def scenario():
-        await asyncio.wait_for(recovery._first_output(record, 0.0, placement), 10)
-    asyncio.run(scenario())
+    events, gateway, record = [], _Gateway(), {"attempt": 1}
+    _look(_deployment(gateway, events), record, _placement())
     assert "first_output_s" in record, f"the sink's output on tcp://sink went unseen: {events}"
     assert ["tcp://slow"] in gateway.asked and ["tcp://sink"] in gateway.asked
 
@@ -67,16 +80,8 @@ def test_a_first_output_not_seen_says_which_sinks_took_nothing_and_which_workers
                 raise asyncio.TimeoutError()
             return [{"pes": {"pe-sink": {"operators": {"sink-3": {"tuples_in": 0}}}}} for w in workers]
 
-    dep = SimpleNamespace(id="d", reconfigurer=SimpleNamespace(), gateway=_Idle(), _done=asyncio.Event(),
-                          state=SimpleNamespace(event=lambda kind, text: events.append(text)))
-    placement = SimpleNamespace(
-        plan=SimpleNamespace(ops={"src-1": SimpleNamespace(kind="source"), "sink-3": SimpleNamespace(kind="sink")}),
-        pes={"pe-src": SimpleNamespace(worker="tcp://slow"), "pe-sink": SimpleNamespace(worker="tcp://sink")})
     record = {"attempt": 1, "checkpoint": 2, "restore_s": 0.9}
-
-    async def scenario():
-        await asyncio.wait_for(Recovery(dep, strategy=None)._first_output(record, 0.0, placement), 10)
-    asyncio.run(scenario())
+    _look(_deployment(_Idle(), events), record, _placement())
     assert "first_output_s" not in record
     assert record["first_output_missing"] == ("no tuple into sink-3 on the workers that answered; "
                                               "no answer from tcp://slow: TimeoutError()"), record
@@ -88,12 +93,6 @@ def test_a_deployment_that_ends_before_a_first_output_says_so_and_asks_nobody(mo
     """Ended before the look: the record says the deployment ended first, not that a sink took
     nothing (nobody was asked)."""
     monkeypatch.setattr(recovery_module, "FIRST_OUTPUT_S", 5.0)
-    gateway, done = _Gateway(), asyncio.Event()
-    done.set()
-    dep = SimpleNamespace(id="d", reconfigurer=SimpleNamespace(), gateway=gateway, _done=done,
-                          state=SimpleNamespace(event=lambda kind, text: None))
-    placement = SimpleNamespace(plan=SimpleNamespace(ops={"sink-3": SimpleNamespace(kind="sink")}),
-                                pes={"pe-sink": SimpleNamespace(worker="tcp://sink")})
-    record = {"attempt": 1}
-    asyncio.run(asyncio.wait_for(Recovery(dep, strategy=None)._first_output(record, 0.0, placement), 10))
+    gateway, record = _Gateway(), {"attempt": 1}
+    _look(_deployment(gateway, [], done=True), record, _placement(source=False))
     assert record["first_output_missing"] == "the deployment ended first" and gateway.asked == [], record

@@ -39,6 +39,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("delete"), KEYS),
     st.tuples(st.just("write_many"), st.lists(st.tuples(KEYS, VALUES), max_size=4), st.lists(KEYS, max_size=2)),
     st.tuples(st.just("get_many"), st.lists(KEYS, max_size=4)),
+    st.tuples(st.just("read and write"), st.lists(st.tuples(KEYS, VALUES), max_size=4)),   # an operator's batch
     st.tuples(st.just("snapshot")),
     st.tuples(st.just("entries")),
     st.tuples(st.just("drop"), KEYS),
@@ -92,6 +93,11 @@ def test_the_disk_backend_is_a_dict_under_any_interleaving(ops, flush_keys):
                     model.pop(key, None)
             elif op == "get_many":
                 assert state.get_many(args[0]) == [model.get(k) for k in args[0]], args[0]
+            elif op == "read and write":        # write_many takes the read's encodings when its keys are the read's
+                read = list(dict(args[0]))
+                assert state.get_many(read) == [model.get(k) for k in read], read
+                state.write_many(args[0])
+                model.update(args[0])
             elif op == "snapshot":
                 views.append((state.snapshot(), dict(model)))
             elif op == "drop":
