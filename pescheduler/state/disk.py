@@ -375,6 +375,112 @@ def _shut(db: Any, path: str, flushing: list | None = None) -> None:
 _MISSING = object()     # a key the write-back buffer does not hold; a value the changes did not keep
 _first = itemgetter(0)
 _SECOND = itemgetter(1)
+MERGE_PARTS = 16        # batches of keys :meth:`Written.merged` takes into its dict between two give_way
+PUT_PART = 1024         # keys put one at a time into one part of a Written (what its reads may read again)
+
+
+class Written:
+    """The encoded keys a store wrote since a snapshot, each with its last pickled value (None:
+    deleted; :data:`_MISSING`: not kept), as one dict (:meth:`merged`) made when read.
+
+    The PE appends each batch's keys and values as they are (:meth:`add`: O(1) a batch, in its
+    turn); the one dict is made from them by whoever reads it first (a checkpoint's writer, a
+    view's reader, in their threads), under a lock, :data:`MERGE_PARTS` batches between two
+    :func:`give_way`. A dict updated in the PE's turn, key by key, grew to every key of the
+    interval: 0.25-0.36 us a key of a fill's 2.9 on ``disk`` (cache misses in a table of 10^6
+    keys; in process), 10 % of the PE's samples in the table's fill at 10^6 (py-spy). A checkpoint
+    that writes the groups whole (during a fill) reads no value of it, so that dict is not made.
+
+    A read made of its dict sees the keys of every batch added before it (the PE adds a batch's
+    keys before they reach the store, :meth:`DiskState.write_many`), which is what
+    :meth:`DiskState._written_after` promises. A batch is two tuples, not lists: once a collection
+    has seen that they hold only bytes (or None), the cyclic GC no longer visits them (a full
+    collection that visits 10^6 keys holds the GIL for 300 ms); the dict, of bytes, is untracked."""
+
+    __slots__ = ("_parts", "_merged", "_upto", "_lock", "most", "__weakref__")
+
+    def __init__(self) -> None:
+        self._parts: list = []              # (keys, values or None: not kept) a batch, in the order written
+        self._merged: dict[bytes, Any] = {}
+        self._upto = 0                      # the parts in _merged (each then None: its tuples let go)
+        self._lock = threading.Lock()
+        self.most = 0                       # keys added, each time it was: at least len(merged()), read
+                                            # without making it (incremental._more_than)
+
+    def add(self, keys: tuple, values: tuple | None) -> None:
+        """A batch of encoded keys and their pickled values (None: not kept) written, in the PE's turn."""
+        self._parts.append((keys, values))
+        self.most += len(keys)
+
+    def put(self, key: bytes, value: Any) -> None:
+        """One key written (a put, a delete: None), in the PE's turn: into the last part while that
+        is a dict of such keys under :data:`PUT_PART` (a part a key, a tuple of tuples, would be
+        three tracked objects). Only the last part is ever put into, and only the PE adds parts."""
+        parts = self._parts
+        last = parts[-1] if parts else None
+        if type(last) is not dict or len(last) >= PUT_PART:
+            last = {}
+            parts.append(last)
+        last[key] = value
+        self.most += 1
+
+    def merged(self) -> dict[bytes, Any]:
+        """``{encoded key: its last value}`` of every key added so far (any thread), the parts
+        taken in :data:`MERGE_PARTS` at a time, each stretch under the lock, a :func:`give_way`
+        between two with the lock let go (a PE that reads it waits for no writer's pause). A dict
+        of keys put one at a time that was the last part when read is read again next time, as
+        the PE may still put into it (at most :data:`PUT_PART` keys read again a call)."""
+        while True:
+            with self._lock:
+                parts, merged = self._parts, self._merged
+                for _ in range(MERGE_PARTS):
+                    i = self._upto
+                    if i >= len(parts):
+                        return merged
+                    part = parts[i]
+                    if type(part) is dict:
+                        last = i == len(parts) - 1      # asked before it is read: the PE may add to it
+                        merged.update(part)
+                        if last:
+                            return merged
+                    else:
+                        keys, values = part
+                        merged.update(zip(keys, values) if values is not None else dict.fromkeys(keys, _MISSING))
+                    parts[i] = None
+                    self._upto = i + 1
+            give_way()
+
+    def let_go(self) -> None:
+        """Its keys and values emptied a slice at a time (a checkpoint done with them: ``incremental._emptied``)."""
+        from .incremental import let_go
+
+        with self._lock:
+            self._parts, self._upto = [], 0
+            merged, self._merged = self._merged, {}
+        let_go(merged)
+
+    def __len__(self) -> int:
+        return len(self.merged())
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.merged())
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self.merged()
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        return self.merged().get(key, default)
+
+    def values(self) -> Any:
+        return self.merged().values()
+
+
+def _dict_of(keys: Any) -> dict:
+    """A :class:`Changes`' keys as the dict of their values: a disk store's (:class:`Written`), or
+    an empty one for anything else (a set of keys: values not kept)."""
+    if type(keys) is Written:
+        return keys.merged()
+    return keys if type(keys) is dict else {}
 
 
 def _let_go_of(state: "weakref.ref[DiskState]", changes: Changes | None) -> None:
@@ -633,7 +739,7 @@ class SnapshotView(StateView):
         keys, changes = list(keys), self.changes
         # the values the snapshot's Changes hold, unless the group was replaced whole (a drop, an
         # import) in its interval: a key written before that holds a value the group no longer has
-        own = changes.keys if changes is not None and group not in changes.whole and type(changes.keys) is dict else {}
+        own = _dict_of(changes.keys) if changes is not None and group not in changes.whole else {}
         values: list = []
         for i in range(0, len(keys), PACK_CHUNK):       # the PE's thread gets the GIL between two
             values += self._values(keys[i:i + PACK_CHUNK], own)
@@ -1015,7 +1121,9 @@ class DiskState(KeyedState):
         # (SnapshotView._values). A dict of bytes is not tracked by the cyclic GC, a set is, and a
         # full collection visits each of its keys (a set of 10^6 keys: 300 ms holding the GIL, L
         # 12; the dict: 1 ms). Its :class:`Changes` and the journal keep the same dicts.
-        self._dirty: dict[bytes, Any] = {}
+        self._dirty = Written()
+        self._look = DIRTY_KEYS             # the dirty keys' count (as written) at which _named looks next
+        self._merging: tuple | None = None  # (Written, its merge in the background) while _named waits
         # the values kept there, in bytes, at most a sixteenth of the cache an interval: past that
         # a key is kept as _MISSING (its delta reads it back), so a run without checkpoints, whose
         # snapshots never come, does not hold every value it wrote
@@ -1084,14 +1192,14 @@ class DiskState(KeyedState):
         k = self._encoded.get(key) or self._key(key)
         pending = self._pending
         pending[k] = raw = pickle.dumps(value, _PICKLE)
-        self._dirty[k] = raw if self._keeps(len(raw)) else _MISSING
+        self._dirty.put(k, raw if self._keeps(len(raw)) else _MISSING)
         self._unmarked.append(k)
         if len(pending) >= FLUSH_KEYS:
             self._flush()
 
     def delete(self, key: Any) -> None:
         k = self._encoded.get(key) or self._key(key)
-        self._dirty[k] = None
+        self._dirty.put(k, None)
         pending = self._pending
         pending[k] = None
         if len(pending) >= FLUSH_KEYS:
@@ -1147,12 +1255,11 @@ class DiskState(KeyedState):
         self._stored.add(encoded, bits)
         pending, values = self._pending, list(map(pickle.dumps, puts.values(), repeat(_PICKLE)))
         pending.update(zip(encoded, values))
-        self._dirty.update(zip(encoded, values) if self._keeps(sum(map(len, values))) else
-                           dict.fromkeys(encoded, _MISSING))
+        self._dirty.add(tuple(encoded), tuple(values) if self._keeps(sum(map(len, values))) else None)
         if deletes:
             gone = self._keys(list(deletes))
             pending.update(dict.fromkeys(gone))         # None: a delete
-            self._dirty.update(dict.fromkeys(gone))
+            self._dirty.add(tuple(gone), (None,) * len(gone))
         if len(pending) >= FLUSH_KEYS:
             self._flush()
 
@@ -1185,10 +1292,31 @@ class DiskState(KeyedState):
             self._written_into(keys)
         self._db.write(batch)
         self._pending = {}
-        if len(self._dirty) > DIRTY_KEYS and not any(v.lazy for v in list(self._views)):
+        if self._dirty.most > self._look:
+            self._named()
+
+    def _named(self) -> None:
+        """Past :data:`DIRTY_KEYS` keys written since the snapshot, counted as written (a key
+        written twice twice): the distinct ones counted in the :class:`Written`'s dict, made in
+        the background thread (2^20 keys took 0.2-0.4 s: not in the PE's turn), and looked at at a
+        flush once it is made. Past DIRTY_KEYS of them, no view reading the live store, the state
+        stops naming them and the next checkpoint writes every group whole (a run without
+        checkpoints, whose snapshots never come, kept every key it wrote). Fewer (a few keys
+        written again and again: their deltas stay small), the next look comes DIRTY_KEYS writes
+        later."""
+        written, merging = self._dirty, self._merging
+        if merging is None or merging[0] is not written:
+            self._merging = (written, _background().submit(written.merged))
+            return
+        if not merging[1].done():
+            return
+        self._merging = None
+        if len(written.merged()) > DIRTY_KEYS and not any(v.lazy for v in list(self._views)):
             self._whole.update(range(KEY_GROUPS))
-            self._dirty, self._kept = {}, 0
+            self._dirty, self._kept, self._look = Written(), 0, DIRTY_KEYS
             self._adopted.clear()           # the keys written since an import are not named either
+        else:
+            self._look = written.most + DIRTY_KEYS
 
     def _written_into(self, keys: list[bytes]) -> None:
         """The groups of :attr:`_empty` that sorted ``keys`` (encoded, each led by its group's
@@ -1216,7 +1344,7 @@ class DiskState(KeyedState):
         lazy = [c.seq for v in list(self._views) if v.lazy and (c := v.changes) is not None]
         # the journal before the swap: a view's reader copies the keys since first, then the journal
         self._journal = [c for c in self._journal if c.seq > min(lazy)] + [changes] if lazy else []
-        self._dirty, self._whole, self._kept = {}, set(), 0
+        self._dirty, self._whole, self._kept, self._look, self._merging = Written(), set(), 0, DIRTY_KEYS, None
         view = SnapshotView(self, changes)
         self._views.add(view)
         return view
@@ -1226,7 +1354,7 @@ class DiskState(KeyedState):
         for another thread while the PE writes: the dict of keys since the last snapshot first
         (the one a later snapshot swaps out, whole, into its Changes), then the journal's after
         ``seq`` (a snapshot extends it before it swaps those keys out). Each is read in one C call."""
-        return [self._dirty, *(c.keys for c in list(self._journal) if c.seq > seq)]
+        return [self._dirty.merged(), *(_dict_of(c.keys) for c in list(self._journal) if c.seq > seq)]
 
     def _pin_views(self) -> None:
         """Before a group is dropped or replaced whole: views still reading the live store read
@@ -1238,7 +1366,7 @@ class DiskState(KeyedState):
                 view._pin([self._db.iter() for _ in range(PIN_READS)])
 
     def changed(self) -> set[int]:
-        return {k[0] for k in self._dirty} | self._whole     # derived here: a put adds to one set
+        return {k[0] for k in self._dirty.merged()} | self._whole     # derived here: a put adds to one set
 
     def drop_groups(self, groups: Iterable[int]) -> None:
         self._flush()

@@ -1026,6 +1026,12 @@ def _more_than(chains: dict, count: int, changed: Iterator) -> bool:
     held = sum(c.keys for c in chains.values())
     if count > held:
         return True
+    changed = list(changed)
+    try:                                # at most as many as each one's ``most`` (a disk store's Written):
+        if count + sum(k.most if hasattr(k, "most") else len(k) for k in changed) <= held:
+            return False                # no keys made one dict to count them
+    except TypeError:                   # a backend's keys without a length: read them as before
+        return False
     for keys in changed:
         try:
             count += len(keys)

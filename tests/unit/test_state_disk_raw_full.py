@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from keyed_stores import StepCountingStore, disk_stores, filled_mixed  # noqa: F401  (a fixture)
-from test_incremental_checkpoint import checkpoint, restored
+from test_incremental_checkpoint import checkpoint, restored, written
 
 from pescheduler.checkpoint import CheckpointStore
 from pescheduler.state import disk, memory, open_state
@@ -402,19 +402,48 @@ def test_keys_written_with_no_snapshot_to_come_are_not_kept_without_bound(stores
     monkeypatch.setattr(disk, "FLUSH_KEYS", 1)
     monkeypatch.setattr(disk, "DIRTY_KEYS", 100)
     src = stores("src")
+    src._look = 100                                     # (set at its open, before the patch)
     model = {k: {"v": k} for k in range(300)}
     src.write_many(model)
-    src.put(0, {"v": "last"})
+    src._merging[1].result(10)                          # its keys counted in the background
+    src.put(0, {"v": "last"})                           # the next flush looks at the count
     model[0] = {"v": "last"}
     assert len(src._dirty) <= 100, f"{len(src._dirty)} keys named"
     store, files = CheckpointStore(f"memory://dirty-{id(src)}", b"k" * 32), CheckpointFiles()
     checkpoint(files, store, src, 1)
     assert restored(store, 1) == model
     view = src.snapshot()                               # unreleased, unread: it reads the live store later
+    src._look = 100
     src.write_many({k: {"v": -k} for k in range(300)})
-    assert len(src._dirty) == 300
+    src._merging[1].result(10)
+    src.put(1, {"v": -1})
+    assert len(src._dirty) == 300 and not src._whole
     assert dict(kv for g in view.groups() for kv in view.items(g)) == model
     view.release()
+
+
+def test_a_few_keys_written_again_and_again_stay_named_past_dirty_keys_writes(stores, monkeypatch):
+    """The keys written since the snapshot are counted as written (a batch appended, not a dict
+    updated, in the PE's turn: :class:`disk.Written`), but a state stops naming them only past
+    ``DIRTY_KEYS`` distinct keys, counted in the background: ten keys written 600 times stay named,
+    and the next checkpoint writes deltas of them, not every group whole."""
+    monkeypatch.setattr(disk, "FLUSH_KEYS", 1)
+    monkeypatch.setattr(disk, "DIRTY_KEYS", 100)
+    src = stores("src")
+    src._look = 100
+    store, files = CheckpointStore(f"memory://hot-{id(src)}", b"k" * 32), CheckpointFiles()
+    model = {k: {"v": k} for k in range(1000)}
+    src.write_many(model)
+    first = written(checkpoint(files, store, src, 1), 1)
+    for n in range(60):                                 # 600 writes of ten keys: six looks at the count
+        src.write_many({k: {"v": n} for k in range(10)})
+        if src._merging is not None:
+            src._merging[1].result(10)
+    model.update({k: {"v": 59} for k in range(10)})
+    assert src._dirty.most == 600 and len(src._dirty) == 10 and not src._whole, "ten keys written again and again made whole groups"
+    second = written(checkpoint(files, store, src, 2), 2)
+    assert restored(store, 2) == model
+    assert second < first / 5, f"{second} bytes written for ten keys changed, {first} for the whole state"
 
 
 @settings(max_examples=200, deadline=None)
