@@ -207,8 +207,8 @@ class MayBeStored:
         return np.flatnonzero(hit).tolist()
 
     def add(self, keys: Collection[bytes], places: tuple | None = None) -> None:
-        """The encoded ``keys``' bits set (``places``: their :meth:`bits_of`), in the PE's turn (a bit set is a read and a write of a
-        byte: not from another thread); in numpy from 64 keys. A gather, an or and a scatter
+        """The encoded ``keys``' bits set (``places``: their :meth:`bits_of`), in the PE's turn (a
+        bit set is a read and a write of a byte: not from another thread); in numpy from 64 keys. A gather, an or and a scatter
         (``bitmap[at] |= bit``): where two bits share a byte the last one's write wins, so the
         bits not set are looked for and set again, until none is missing (a key's two bits share
         its byte once in 64: a second pass of a few dozen bits a flush). ``bitwise_or.at``, which
@@ -375,7 +375,7 @@ def _shut(db: Any, path: str, flushing: list | None = None) -> None:
 _MISSING = object()     # a key the write-back buffer does not hold; a value the changes did not keep
 _first = itemgetter(0)
 _SECOND = itemgetter(1)
-MERGE_PARTS = 16        # batches of keys :meth:`Written.merged` takes into its dict between two give_way
+MERGE_KEYS = 4096       # keys :meth:`Written.merged` takes into its dict between two give_way (about 1 ms)
 PUT_PART = 1024         # keys put one at a time into one part of a Written (what its reads may read again)
 
 
@@ -385,7 +385,7 @@ class Written:
 
     The PE appends each batch's keys and values as they are (:meth:`add`: O(1) a batch, in its
     turn); the one dict is made from them by whoever reads it first (a checkpoint's writer, a
-    view's reader, in their threads), under a lock, :data:`MERGE_PARTS` batches between two
+    view's reader, in their threads), under a lock, :data:`MERGE_KEYS` keys between two
     :func:`give_way`. A dict updated in the PE's turn, key by key, grew to every key of the
     interval: 0.25-0.36 us a key of a fill's 2.9 on ``disk`` (cache misses in a table of 10^6
     keys; in process), 10 % of the PE's samples in the table's fill at 10^6 (py-spy). A checkpoint
@@ -397,12 +397,13 @@ class Written:
     has seen that they hold only bytes (or None), the cyclic GC no longer visits them (a full
     collection that visits 10^6 keys holds the GIL for 300 ms); the dict, of bytes, is untracked."""
 
-    __slots__ = ("_parts", "_merged", "_upto", "_lock", "most", "__weakref__")
+    __slots__ = ("_parts", "_merged", "_upto", "_at", "_lock", "most", "__weakref__")
 
     def __init__(self) -> None:
         self._parts: list = []              # (keys, values or None: not kept) a batch, in the order written
         self._merged: dict[bytes, Any] = {}
         self._upto = 0                      # the parts in _merged (each then None: its tuples let go)
+        self._at = 0                        # and the keys of the next one already in it
         self._lock = threading.Lock()
         self.most = 0                       # keys added, each time it was: at least len(merged()), read
                                             # without making it (incremental._more_than)
@@ -425,15 +426,16 @@ class Written:
         self.most += 1
 
     def merged(self) -> dict[bytes, Any]:
-        """``{encoded key: its last value}`` of every key added so far (any thread), the parts
-        taken in :data:`MERGE_PARTS` at a time, each stretch under the lock, a :func:`give_way`
-        between two with the lock let go (a PE that reads it waits for no writer's pause). A dict
-        of keys put one at a time that was the last part when read is read again next time, as
-        the PE may still put into it (at most :data:`PUT_PART` keys read again a call)."""
+        """``{encoded key: its last value}`` of every key added so far (any thread), about
+        :data:`MERGE_KEYS` keys at a time (a batch larger than that in slices), each stretch under
+        the lock, a :func:`give_way` between two with the lock let go (a PE that reads it waits
+        for no writer's pause). A dict of keys put one at a time that was the last part when read
+        is read again next time, as the PE may still put into it (at most :data:`PUT_PART` keys
+        read again a call)."""
         while True:
             with self._lock:
-                parts, merged = self._parts, self._merged
-                for _ in range(MERGE_PARTS):
+                parts, merged, budget = self._parts, self._merged, MERGE_KEYS
+                while budget > 0:
                     i = self._upto
                     if i >= len(parts):
                         return merged
@@ -443,9 +445,17 @@ class Written:
                         merged.update(part)
                         if last:
                             return merged
+                        budget -= len(part)
                     else:
                         keys, values = part
-                        merged.update(zip(keys, values) if values is not None else dict.fromkeys(keys, _MISSING))
+                        a = self._at
+                        b = min(len(keys), a + budget)
+                        merged.update(dict.fromkeys(keys[a:b], _MISSING) if values is None else zip(keys[a:b], values[a:b]))
+                        budget -= b - a
+                        if b < len(keys):           # the rest of this batch in the next stretch
+                            self._at = b
+                            break
+                        self._at = 0
                     parts[i] = None
                     self._upto = i + 1
             give_way()
@@ -455,7 +465,7 @@ class Written:
         from .incremental import let_go
 
         with self._lock:
-            self._parts, self._upto = [], 0
+            self._parts, self._upto, self._at = [], 0, 0
             merged, self._merged = self._merged, {}
         let_go(merged)
 
@@ -1120,7 +1130,8 @@ class DiskState(KeyedState):
         # deleted; _MISSING: not kept), so that a checkpoint's delta of them reads nothing
         # (SnapshotView._values). A dict of bytes is not tracked by the cyclic GC, a set is, and a
         # full collection visits each of its keys (a set of 10^6 keys: 300 ms holding the GIL, L
-        # 12; the dict: 1 ms). Its :class:`Changes` and the journal keep the same dicts.
+        # 12; the dict: 1 ms). A Written: appended a batch at a time, one dict when read. Its
+        # :class:`Changes` and the journal keep the same Written.
         self._dirty = Written()
         self._look = DIRTY_KEYS             # the dirty keys' count (as written) at which _named looks next
         self._merging: tuple | None = None  # (Written, its merge in the background) while _named waits
@@ -1243,12 +1254,12 @@ class DiskState(KeyedState):
         stored" filter are set here, in one numpy pass. Keys the last :meth:`get_many` read, the
         same objects in its order (an operator's batch: read, then written back), come with their
         encodings and bits as it made them (compared by identity, not ``==``: a numpy scalar
-        against a tuple compares to an array): encoded and hashed again, they were a tenth of a fill's time on
-        ``disk`` (0.16 of 2.6 us a key, in process)."""
+        against a tuple compares to an array): encoded and hashed again, they cost a fill on
+        ``disk`` 0.1 us a key of about 1.9 in the backend's calls (in process)."""
         if type(puts) is not dict:
             puts = dict(puts)
         keys, (read, self._read) = list(puts), (self._read, None)
-        if read is not None and len(read[0]) == len(keys) and all(map(is_, read[0], keys)):   # the same objects: their encodings
+        if read is not None and len(read[0]) == len(keys) and all(map(is_, read[0], keys)):   # the same objects
             encoded, bits = read[1], read[2]
         else:
             encoded, bits = self._keys(keys), None
@@ -1353,7 +1364,8 @@ class DiskState(KeyedState):
         """The collections of encoded keys written after snapshot ``seq`` (together a superset),
         for another thread while the PE writes: the dict of keys since the last snapshot first
         (the one a later snapshot swaps out, whole, into its Changes), then the journal's after
-        ``seq`` (a snapshot extends it before it swaps those keys out). Each is read in one C call."""
+        ``seq`` (a snapshot extends it before it swaps those keys out). Each is a dict, made here
+        (:meth:`Written.merged`), read in one C call."""
         return [self._dirty.merged(), *(_dict_of(c.keys) for c in list(self._journal) if c.seq > seq)]
 
     def _pin_views(self) -> None:

@@ -277,3 +277,36 @@ def test_a_view_first_read_after_later_snapshots_reads_it_as_it_was(tmp_path, mo
     view.release()
     later.release()
     state.close()
+
+
+WRITTEN_OPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.lists(st.integers(0, 20), max_size=9), st.booleans()),   # a batch; values kept?
+    st.tuples(st.just("put"), st.integers(0, 20), st.sampled_from([b"p", None])),
+    st.tuples(st.just("read")),
+), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=WRITTEN_OPS)
+def test_the_keys_written_since_a_snapshot_read_as_the_dict_of_their_last_writes(ops):
+    """``disk.Written``: batches appended and keys put one at a time, in any order, read (at any
+    point, in stretches of a few keys: a batch split across them, a dict of keys put one at a
+    time read again while it is the last part) as the dict of each key's last value, and its
+    ``most`` never under the keys it holds."""
+    saved, (disk.MERGE_KEYS, disk.PUT_PART) = (disk.MERGE_KEYS, disk.PUT_PART), (3, 2)
+    try:
+        written, model = disk.Written(), {}
+        for step, (op, *args) in enumerate(ops):
+            if op == "add":
+                keys = tuple(b"k%d" % k for k in args[0])
+                values = tuple(b"v%d" % step for _ in keys) if args[1] else None
+                written.add(keys, values)
+                model.update(dict.fromkeys(keys, b"v%d" % step if args[1] else disk._MISSING))
+            elif op == "put":
+                written.put(b"k%d" % args[0], args[1])
+                model[b"k%d" % args[0]] = args[1]
+            else:
+                assert written.merged() == model
+        assert written.merged() == model and written.most >= len(written) == len(model)
+    finally:
+        disk.MERGE_KEYS, disk.PUT_PART = saved

@@ -440,7 +440,8 @@ def test_a_few_keys_written_again_and_again_stay_named_past_dirty_keys_writes(st
         if src._merging is not None:
             src._merging[1].result(10)
     model.update({k: {"v": 59} for k in range(10)})
-    assert src._dirty.most == 600 and len(src._dirty) == 10 and not src._whole, "ten keys written again and again made whole groups"
+    assert src._dirty.most == 600 and len(src._dirty) == 10 and not src._whole, \
+        "ten keys written again and again made whole groups"
     second = written(checkpoint(files, store, src, 2), 2)
     assert restored(store, 2) == model
     assert second < first / 5, f"{second} bytes written for ten keys changed, {first} for the whole state"

@@ -184,7 +184,7 @@ def test_a_flushs_bits_are_all_set_where_many_share_a_byte() -> None:
     assert in_numpy.among(keys, None) == list(range(len(keys)))
 
 
-def test_a_batch_read_then_written_is_hashed_once_and_every_key_it_wrote_reads_after_the_flush(tmp_path, monkeypatch) -> None:
+def test_a_batch_read_then_written_is_hashed_once_and_every_key_written_reads_back(tmp_path, monkeypatch) -> None:
     """An operator's batch is read (``get_many``) and then written (``write_many``) with the same
     keys: the write takes the read's encodings and "may be stored" bits (``MayBeStored.places``
     once, not at the read and again at the flush: 0.1 us of a fill's 2.9 us a key on disk, in
