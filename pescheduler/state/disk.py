@@ -208,12 +208,12 @@ class MayBeStored:
 
     def add(self, keys: Collection[bytes], places: tuple | None = None) -> None:
         """The encoded ``keys``' bits set (``places``: their :meth:`bits_of`), in the PE's turn (a
-        bit set is a read and a write of a byte: not from another thread); in numpy from 64 keys. A gather, an or and a scatter
-        (``bitmap[at] |= bit``): where two bits share a byte the last one's write wins, so the
-        bits not set are looked for and set again, until none is missing (a key's two bits share
-        its byte once in 64: a second pass of a few dozen bits a flush). ``bitwise_or.at``, which
-        needs no second pass, took 0.15 us a key against 0.10 with the hashes (10^6 keys in
-        flushes of 1,024, in process)."""
+        bit set is a read and a write of a byte: not from another thread); in numpy from 64 keys.
+        A gather, an or and a scatter (``bitmap[at] |= bit``): where two bits share a byte the
+        last one's write wins, so the bits not set are looked for and set again, until none is
+        missing (a key's two bits share its byte once in 64: a second pass of a few dozen bits a
+        flush). ``bitwise_or.at``, which needs no second pass, took 0.15 us a key against 0.10
+        with the hashes (10^6 keys in flushes of 1,024, in process)."""
         np = _numpy()
         if np is None or len(keys) < 64:
             self.add_hashes(map(hash, keys))
@@ -474,12 +474,6 @@ class Written:
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self.merged())
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self.merged()
-
-    def get(self, key: bytes, default: Any = None) -> Any:
-        return self.merged().get(key, default)
 
     def values(self) -> Any:
         return self.merged().values()
@@ -1121,7 +1115,7 @@ class DiskState(KeyedState):
         self._pending: dict[bytes, bytes | None] = {}   # the write-back buffer: None, a delete
         self._encoded: dict[Any, bytes] = {}    # key -> _encode(key): equal keys share one entry
         self._stored = MayBeStored(cache_bytes)     # of every encoded key written to the store
-        self._unmarked: list[bytes] = []    # keys put one at a time, their bits set at the flush
+        self._unmarked: list[bytes] = []    # keys written without their bits (not read first), set at the flush
         self._read: tuple | None = None     # the last get_many's (keys, encoded, bits) (write_many's)
         self._warming = False               # its pages being faulted in by a thread (_populate)
         self._flushing: list[Future] = []      # the last flush asked of _background, until it ends
@@ -1250,20 +1244,22 @@ class DiskState(KeyedState):
         """Into the write-back buffer, written in one batch once it is full: the keys encoded in
         a batch (:meth:`_keys`) and the values pickled by ``map``, the buffer and the changed keys
         updated in C (a store and a set add per key in Python were a fifth of a fill's time; then
-        a comprehension calling a lookup and ``dumps`` per key). The keys' bits in the "may be
-        stored" filter are set here, in one numpy pass. Keys the last :meth:`get_many` read, the
-        same objects in its order (an operator's batch: read, then written back), come with their
-        encodings and bits as it made them (compared by identity, not ``==``: a numpy scalar
-        against a tuple compares to an array): encoded and hashed again, they cost a fill on
-        ``disk`` 0.1 us a key of about 1.9 in the backend's calls (in process)."""
+        a comprehension calling a lookup and ``dumps`` per key). Keys the last :meth:`get_many` read
+        (64 or more), the same objects in its order (an operator's batch: read, then written back),
+        come with their encodings and "may be stored" bits as it made them (compared by identity,
+        not ``==``: a numpy scalar against a tuple compares to an array), the bits set here in one
+        numpy pass: encoded and hashed again, they cost a fill on ``disk`` 0.1 us a key of about
+        1.9 in the backend's calls (in process). Other keys' bits are set at the flush, in one pass
+        over the buffer's (a batch of a few keys marked here would be a Python step a key)."""
         if type(puts) is not dict:
             puts = dict(puts)
         keys, (read, self._read) = list(puts), (self._read, None)
-        if read is not None and len(read[0]) == len(keys) and all(map(is_, read[0], keys)):   # the same objects
-            encoded, bits = read[1], read[2]
-        else:
-            encoded, bits = self._keys(keys), None
-        self._stored.add(encoded, bits)
+        if read is not None and len(read[0]) == len(keys) and read[2] is not None and all(map(is_, read[0], keys)):
+            encoded = read[1]                   # the same objects: the read's encodings, its bits set here
+            self._stored.add(encoded, read[2])
+        else:                                   # bits set at the flush, in one pass over the buffer's keys
+            encoded = self._keys(keys)
+            self._unmarked += encoded
         pending, values = self._pending, list(map(pickle.dumps, puts.values(), repeat(_PICKLE)))
         pending.update(zip(encoded, values))
         self._dirty.add(tuple(encoded), tuple(values) if self._keeps(sum(map(len, values))) else None)
@@ -1276,9 +1272,9 @@ class DiskState(KeyedState):
 
     def _flush(self) -> None:
         """The write-back buffer into the store, one write batch. No Python step per key: the puts
-        go into the batch through ``map`` (a C loop calling the binding); their bits are in the
-        filter already (:meth:`write_many`'s numpy pass), but for keys put one at a time, set here
-        in one (:meth:`MayBeStored.add`), before the write. A loop of ``batch.put`` and a bit set per key
+        go into the batch through ``map`` (a C loop calling the binding); the bits of keys written
+        without them (not read first: :meth:`write_many`) go into the filter in one numpy pass
+        (:meth:`MayBeStored.add`), before the write. A loop of ``batch.put`` and a bit set per key
         was 19 % of the PE's GIL in a fill at 10^6 keys (h31f's profile). The batch is in key order:
         RocksDB's memtable inserts keys in order from where the last one went (its skip list's
         splice), a random order searches from the top each time; a fill of 10^6 keys in one process
@@ -1296,7 +1292,7 @@ class DiskState(KeyedState):
             deque(map(batch.delete, [k for k, raw in pending.items() if raw is None]), maxlen=0)
         keys = sorted(puts)
         deque(map(batch.put, keys, map(puts.__getitem__, keys)), maxlen=0)
-        if self._unmarked:                  # (write_many set its keys' bits)
+        if self._unmarked:                  # (a batch read first has its bits: write_many)
             self._stored.add(self._unmarked)
             self._unmarked = []
         if self._empty and keys:            # the groups written into are no longer empty
@@ -1321,8 +1317,8 @@ class DiskState(KeyedState):
             return
         if not merging[1].done():
             return
-        self._merging = None
-        if len(written.merged()) > DIRTY_KEYS and not any(v.lazy for v in list(self._views)):
+        self._merging = None                # the keys it counted: those written since are the next look's
+        if len(merging[1].result()) > DIRTY_KEYS and not any(v.lazy for v in list(self._views)):
             self._whole.update(range(KEY_GROUPS))
             self._dirty, self._kept, self._look = Written(), 0, DIRTY_KEYS
             self._adopted.clear()           # the keys written since an import are not named either
