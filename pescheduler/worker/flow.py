@@ -32,6 +32,18 @@ batches do in the model above (tests/unit/test_flow.py checks the holds on
 every reconfiguration random transforms produce). A checkpoint barrier, whose
 senders go on, parks by design; it must keep to the same argument.
 
+What a held channel buffers until the rewire is bounded for sources only: a
+source that feeds a held channel with a full channel's backlog (``parked``)
+reads nothing more until the rewire. No marker waits on a source, so this
+keeps the argument. A channel input feeding a held channel is still taken: a
+PE that stopped taking it could hold back a PE being replaced, whose drain the
+rewire waits for. Unbounded, a source at 20,000 tuples/s upstream of a Fuse
+whose pause waited 8 s for a slow consumer's backlog put 160,000 tuples into
+the held channel, and the stop's drain of them outran its 180 s bound (CI).
+The parked source's wait is idle time, not backpressure (the gate it would be
+counted on goes at the rewire); a pause shorter than the bound takes to fill
+at the source's rate (16,000 tuples: 0.8 s at 20,000/s) changes nothing.
+
 :class:`InputScheduler` is the rule as the PE loop runs it, with the choice
 between inputs that are all free to go (fair shares of the PE's busy time).
 """
@@ -119,9 +131,11 @@ class InputScheduler:
         self.chain: Any = None                     # set once the PE built its chain
         self.full: frozenset[str] = frozenset()    # producers of full output channels
         self.backed: frozenset[str] = frozenset()  # producers of out-of-credit channels a broker source must not feed
+        self.parked: frozenset[str] = frozenset()  # producers of held channels with a full channel's backlog
         self.spent: dict[int, float] = {}          # id(input channel) -> busy time its batches took
         self._feeds: dict[tuple[str, str], bool] = {}   # input -> feeds a full channel, for self.full
         self._backs: dict[tuple[str, str], bool] = {}   # source -> feeds a backed channel
+        self._parks: dict[tuple[str, str], bool] = {}   # source -> feeds a parked channel
         self._outputs_open = False                 # every output channel opened once (opening())
         self._waking: set[int] = set()             # ids of openings that wake the PE when they end
         # gated instances (pending_groups.py) holding more than a credit window: held as full
@@ -229,8 +243,9 @@ class InputScheduler:
         return hit
 
     def edges_changed(self) -> None:
-        """The chain's inputs changed (a rewire): what feeds a full channel is found again."""
-        self._feeds = {}
+        """The chain's inputs changed (a rewire): what feeds a full, backed or parked channel is
+        found again."""
+        self._feeds, self._backs, self._parks = {}, {}, {}
 
     def source_held(self, driver: Any) -> bool:
         """Would reading ``driver``'s source emit into a full output channel, or, for a source
@@ -240,10 +255,13 @@ class InputScheduler:
         one instance (bench/kafka.py (e)). No sender waits on a source, so this stricter rule
         keeps the argument above. Other sources read ahead as channel input does: a generator
         that stops at one batch lost a third of bench/parallel.py's copy speed-up. At PE start
-        every source waits until the output channels are open (:meth:`opening`)."""
+        every source waits until the output channels are open (:meth:`opening`). Every source
+        waits while it would feed a held channel with a full channel's backlog (``parked``, the
+        module doc): until the rewire, what it reads could go nowhere else."""
         return self.opening() or self.feeds_full(driver.op_id) or (
             getattr(driver.source, "backlog_elsewhere", False)
-            and self._feeds_into(self.backed, self._backs, driver.op_id))
+            and self._feeds_into(self.backed, self._backs, driver.op_id)) or (
+            self._feeds_into(self.parked, self._parks, driver.op_id))
 
     def opening(self) -> bool:
         """Is an output channel of the PE still being opened (at its start)? Its sources wait
@@ -304,6 +322,11 @@ class InputScheduler:
             freed = freed or held_free      # a held source has no inbox item to wake it
             if backed != self.backed:
                 self.backed, self._backs = backed, {}
+        parked = frozenset(spec.src_op for spec, channel in self.outs
+                           if channel.held and channel.data_pending() >= RELIEF_BATCHES * self.credits)
+        if parked != self.parked:
+            freed = freed or bool(self.parked - parked)     # a parked source has no inbox item to wake it
+            self.parked, self._parks = parked, {}
         return freed
 
     def _gated(self, out_of_credit: list, backlog: int, before: frozenset[str],

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from pescheduler.operators.sources import IterableSource
-from pescheduler.worker.channels import ChannelIn, Inbox
+from pescheduler.worker.channels import DATA, ChannelIn, Inbox
 from pescheduler.worker.flow import RELIEF_BATCHES, SOURCE_BACKLOG
 from pescheduler.worker.runtime import Hosting, PERunner
 from pescheduler.wire import OutputSpec, PESpec
@@ -70,4 +70,27 @@ def test_a_source_without_a_backlog_elsewhere_reads_ahead_as_channel_input_does(
             pe.sources.pump(pe.chain, pe.inputs.source_held)
             await pe.inputs.flush()
         assert out.data_pending() == RELIEF_BATCHES * spec.credits and pe.inputs.full == frozenset({"src"})
+    asyncio.run(scenario())
+
+
+def test_a_source_feeding_a_held_channel_stops_at_a_full_channels_backlog_until_the_rewire():
+    """A reconfiguration holds the channel to a PE it replaces until the rewire: what is emitted
+    meanwhile waits in the channel. A source reads into it up to a full channel's backlog, then
+    waits; before, it read on for the whole pause (160,000 tuples behind a Fuse whose pause waited
+    8 s for a slow consumer, and the stop's drain of them outran its bound in CI)."""
+    async def scenario():
+        spec, pe = _pe(IterableSource)
+        out = await _connected(pe)
+        out.hold("marker")
+        await pe.inputs.flush()
+        assert out.held, "the marker went; the channel waits for the rewire"
+        for _ in range(5 * spec.credits):
+            pe.sources.pump(pe.chain, pe.inputs.source_held)
+            await pe.inputs.flush()
+        assert out.data_pending() == RELIEF_BATCHES * spec.credits, "the source read past the bound"
+        assert pe.inputs.source_held(pe.sources[0]) and pe.inputs.parked == frozenset({"src"})
+        held = out.take_held()                  # the rewire takes what the channel held
+        assert sum(1 for kind, _ in held if kind == DATA) == RELIEF_BATCHES * spec.credits
+        assert await pe.inputs.flush(), "the parked source is told it may read again"
+        assert not pe.inputs.source_held(pe.sources[0])
     asyncio.run(scenario())
