@@ -285,8 +285,10 @@ class WorkerGateway:
                                  checkpoint_id=checkpoint_id, complete=complete), self.worker_timeout)
                  for w in workers]
         for w, result in zip(workers, await asyncio.gather(*calls, return_exceptions=True)):
-            if isinstance(result, BaseException):
-                logger.warning("ending checkpoint %s on %s failed: %s", checkpoint_id, w, result)
+            if isinstance(result, BaseException):     # a timeout's str() is empty: say which
+                why = (f"no answer within {self.worker_timeout:g} s (pescheduler.calls.worker)"
+                       if isinstance(result, asyncio.TimeoutError) else repr(result))
+                logger.warning("ending checkpoint %s on %s failed: %s", checkpoint_id, w, why)
 
     async def drain(self, workers: Iterable[str]) -> None:
         """End the sources on ``workers`` as if exhausted (bounded; a dead worker is skipped)."""

@@ -54,3 +54,15 @@ def test_a_poll_of_the_workers_cancelled_before_its_calls_start_leaves_no_call_u
         gc.collect()
     unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
     assert not unawaited, unawaited
+
+
+def test_a_checkpoints_end_that_times_out_says_so(caplog):
+    """A worker that does not answer ``pe_ckpt_end`` in time: the warning names the wait and the
+    setting (a TimeoutError's message is empty: bench/state.py's 10^7 rows logged "ending
+    checkpoint 3 on tcp://... failed: " and nothing more)."""
+    gateway = WorkerGateway(Client(), "d", ())
+    gateway.worker_timeout = 0.01
+    with caplog.at_level("WARNING", logger="pescheduler.control.gateway"):
+        asyncio.run(gateway.ckpt_end(["tcp://a:1"], 3, True))
+    assert "ending checkpoint 3 on tcp://a:1 failed: no answer within 0.01 s (pescheduler.calls.worker)" \
+        in caplog.text, caplog.text
