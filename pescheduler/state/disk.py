@@ -1244,21 +1244,21 @@ class DiskState(KeyedState):
         """Into the write-back buffer, written in one batch once it is full: the keys encoded in
         a batch (:meth:`_keys`) and the values pickled by ``map``, the buffer and the changed keys
         updated in C (a store and a set add per key in Python were a fifth of a fill's time; then
-        a comprehension calling a lookup and ``dumps`` per key). Keys the last :meth:`get_many` read
-        (64 or more), the same objects in its order (an operator's batch: read, then written back),
-        come with their encodings and "may be stored" bits as it made them (compared by identity,
-        not ``==``: a numpy scalar against a tuple compares to an array), the bits set here in one
-        numpy pass: encoded and hashed again, they cost a fill on ``disk`` 0.1 us a key of about
-        1.9 in the backend's calls (in process). Other keys' bits are set at the flush, in one pass
-        over the buffer's (a batch of a few keys marked here would be a Python step a key)."""
+        a comprehension calling a lookup and ``dumps`` per key). Keys the last :meth:`get_many` read,
+        the same objects in its order (an operator's batch: read, then written back), come with
+        their encodings and, from 64 keys, their "may be stored" bits as it made them (compared by
+        identity, not ``==``: a numpy scalar against a tuple compares to an array), the bits set
+        here in one numpy pass: encoded and hashed again, they cost a fill on ``disk`` 0.1 us a key
+        of about 1.9 in the backend's calls (in process). Other keys' bits are set at the flush, in
+        one pass over the buffer's (a batch of a few keys marked here would be a Python step a key)."""
         if type(puts) is not dict:
             puts = dict(puts)
         keys, (read, self._read) = list(puts), (self._read, None)
-        if read is not None and len(read[0]) == len(keys) and read[2] is not None and all(map(is_, read[0], keys)):
-            encoded = read[1]                   # the same objects: the read's encodings, its bits set here
+        same = read is not None and len(read[0]) == len(keys) and all(map(is_, read[0], keys))
+        encoded = read[1] if same else self._keys(keys)     # the same objects: the read's encodings
+        if same and read[2] is not None:        # and its bits, set here
             self._stored.add(encoded, read[2])
         else:                                   # bits set at the flush, in one pass over the buffer's keys
-            encoded = self._keys(keys)
             self._unmarked += encoded
         pending, values = self._pending, list(map(pickle.dumps, puts.values(), repeat(_PICKLE)))
         pending.update(zip(encoded, values))
