@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import functools
 import threading
+from typing import Callable
 
 import psutil
 
@@ -80,22 +81,28 @@ class CheckpointFiles:
         return None if files is None else files.written
 
     def end(self, deployment: str, checkpoint_id: int, complete: bool) -> None:
+        """Checkpoint ``checkpoint_id`` is over (:meth:`settle`), and what it let go of freed."""
+        self.settle(deployment, checkpoint_id, complete)()
+
+    def settle(self, deployment: str, checkpoint_id: int, complete: bool) -> Callable[[], None]:
         """Checkpoint ``checkpoint_id`` is over: complete ones are what later chains build on, an
         aborted one's write stops (its groups written so far are built on); snapshots still held
-        of it (or older ones) are released."""
+        of it (or older ones) are released. Returns the freeing of what it let go of (the
+        interval's keys, a slice at a time giving way to the PEs' turns), for the caller to run
+        once the checkpoint's end has been answered (``PEHost.pe_ckpt_end``)."""
         with self._lock:
             stale = [k for k in self._taken if k[0] == deployment and k[1] <= checkpoint_id]
             held = [self._taken.pop(k) for k in stale]
             writer = self._writers.get(deployment)
-        # Outside the lock (the writer has its own): confirm lets the interval's keys go a slice at
-        # a time, giving way to the PEs' turns, and the loop's hold of the next snapshot goes on.
-        with FOREGROUND.background():
+        let_go = _nothing
+        with FOREGROUND.background():   # outside the lock (the writer has its own)
             if complete and writer is not None:
-                writer.confirm(checkpoint_id)
+                let_go = writer.confirm(checkpoint_id)
             elif writer is not None:
                 writer.abandon(checkpoint_id)
         for results in held:
             _release(results)
+        return functools.partial(_in_background, let_go)
 
     def forget(self, deployment: str) -> None:
         """The deployment is over here."""
@@ -104,6 +111,16 @@ class CheckpointFiles:
             held = [self._taken.pop(k) for k in [k for k in self._taken if k[0] == deployment]]
         for results in held:
             _release(results)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _in_background(work: Callable[[], None]) -> None:
+    """``work`` giving way to the PEs' turns between its slices (state/foreground.py)."""
+    with FOREGROUND.background():
+        work()
 
 
 def _release(results: dict[str, dict]) -> None:
