@@ -256,6 +256,31 @@ def test_a_worker_process_gives_way_as_its_settings_say(on):
         sys.setswitchinterval(before[1])
 
 
+def _counted_ways(monkeypatch, module) -> list[str]:
+    """The names of the threads that call ``module``'s ``give_way``, in order (it still gives way)."""
+    calls: list[str] = []
+    real = module.give_way
+    monkeypatch.setattr(module, "give_way", lambda: (calls.append(threading.current_thread().name), real()))
+    return calls
+
+
+def _beside_a_turn(work):
+    """``work()``'s result, run in background work of a thread named "writer" while a turn is held
+    open the whole time (bounded: a writer that starves fails the test)."""
+    result = {}
+
+    def run() -> None:
+        with FOREGROUND.background():
+            result["out"] = work()
+
+    with FOREGROUND.turn():
+        writer = threading.Thread(target=run, name="writer")
+        writer.start()
+        writer.join(BOUND_S)
+        assert not writer.is_alive(), "the writer starved beside a turn that never ended"
+    return result["out"]
+
+
 def test_a_disk_groups_whole_file_gives_way_between_its_chunks_while_a_turn_runs(tmp_path, monkeypatch):
     """A steady checkpoint at 10^7 keys writes a group or three whole (78 k keys each: about 100 ms
     of the writer's work, session 66); the writer gives way between the chunks it reads out of the
@@ -266,30 +291,18 @@ def test_a_disk_groups_whole_file_gives_way_between_its_chunks_while_a_turn_runs
     from pescheduler.state import disk
     from pescheduler.state.base import key_group
 
-    calls: list[str] = []
-    real = disk.give_way
-    monkeypatch.setattr(disk, "give_way", lambda: (calls.append(threading.current_thread().name), real()))
+    calls = _counted_ways(monkeypatch, disk)
     store = disk.DiskState(str(tmp_path / "store"), 64 << 20)
     group = key_group(0)
     keys = [k for k in range(700_000) if key_group(k) == group][:5_000]
     store.write_many({k: [k, 1.0] for k in keys})
     view = store.snapshot()
     view.reads_full([group])
-    before, result = FOREGROUND.waited_s, {}
-
-    def write() -> None:
-        with FOREGROUND.background():
-            result["full"] = view.full(group)
-
-    with FOREGROUND.turn():
-        writer = threading.Thread(target=write, name="writer")
-        writer.start()
-        writer.join(BOUND_S)
-        assert not writer.is_alive(), "the writer starved beside a turn that never ended"
+    before = FOREGROUND.waited_s
+    packed, count, _first = _beside_a_turn(lambda: view.full(group))
     chunks = -(-len(keys) // disk.RANGE_PAIRS)
     assert calls.count("writer") >= 2 * chunks, f"{calls.count('writer')} waits for {chunks} chunks read and packed"
     assert FOREGROUND.waited_s > before, "the writer never waited for the turn"
-    packed, count, _first = result["full"]
     assert count == len(keys) and pickle.loads(packed) == {k: [k, 1.0] for k in keys}
     view.release()
     store.close()
@@ -314,23 +327,11 @@ def test_a_disk_views_keys_written_since_its_snapshot_are_sorted_by_group_a_slic
     store._flush()
     store._dirty.merged()                               # (its own slices are not the ones counted)
     group = key_group(0)
-    calls: list[str] = []
-    real = disk.give_way
-    monkeypatch.setattr(disk, "give_way", lambda: (calls.append(threading.current_thread().name), real()))
-    result = {}
-
-    def read() -> None:
-        with FOREGROUND.background():
-            result["pairs"] = view.raw(group)
-
-    with FOREGROUND.turn():
-        writer = threading.Thread(target=read, name="writer")
-        writer.start()
-        writer.join(BOUND_S)
-        assert not writer.is_alive(), "the writer starved beside a turn that never ended"
+    calls = _counted_ways(monkeypatch, disk)
+    pairs = _beside_a_turn(lambda: view.raw(group))
     slices = len(keys) // disk.MERGE_KEYS
     assert calls.count("writer") >= slices, f"{calls.count('writer')} waits for {slices} slices of keys written since"
     mine = [k for k in keys if key_group(k) == group]
-    assert {disk._decode(raw): pickle.loads(value) for raw, value in result["pairs"]} == {k: [k, 1.0] for k in mine}
+    assert {disk._decode(raw): pickle.loads(value) for raw, value in pairs} == {k: [k, 1.0] for k in mine}
     view.release()
     store.close()
