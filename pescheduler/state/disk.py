@@ -346,7 +346,7 @@ def _union_by_group(collections: list) -> dict[int, set]:
     """The union of ``collections`` of encoded keys, by key group, :data:`MERGE_KEYS` keys
     between two :func:`give_way` (a view's keys written since its snapshot, in the writer's
     thread). One ``set().union`` of them all and one :func:`_by_group` held the GIL 30 ms at
-    10^5 keys and 440 ms at 10^6 (in process): traced at 10^7 keys as the PE's stall of 20 ms
+    10^5 keys and 0.4-1.0 s at 10^6 (in process): traced at 10^7 keys as the PE's stall of 20 ms
     in a steady checkpoint, 174 ms in one during the fill. Each collection's keys are listed in
     one C call first (a :class:`Written`'s dict may grow in another thread's merge)."""
     by: dict[int, set] = {}

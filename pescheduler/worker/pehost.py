@@ -579,14 +579,15 @@ class PEHost:
         (:meth:`CheckpointFiles.settle`): at the first checkpoints after a fill of 10^7 keys on
         ``disk`` it took 1-3 s beside the PE, and the call timed out (``pescheduler.calls.worker``)."""
         let_go = await asyncio.to_thread(self.ckpt_files.settle, deployment, checkpoint_id, complete)
-        for pe_id, pe in self._of(deployment).items():
-            # Stopped while this call waited for its turn (a restore or a reconfiguration
-            # replaced it): its successor settles the checkpoint from its own state. A
-            # commit here would race the successor's fencing and its read of what was
-            # published (a Kafka sink's records of the checkpoint published twice).
-            await pe.commit(checkpoint_id, complete, still=lambda key=(deployment, pe_id), pe=pe: self.pes.get(key) is pe)
-        freeing = asyncio.get_running_loop().run_in_executor(None, let_go)
-        freeing.add_done_callback(_logged)
+        try:
+            for pe_id, pe in self._of(deployment).items():
+                # Stopped while this call waited for its turn (a restore or a reconfiguration
+                # replaced it): its successor settles the checkpoint from its own state. A
+                # commit here would race the successor's fencing and its read of what was
+                # published (a Kafka sink's records of the checkpoint published twice).
+                await pe.commit(checkpoint_id, complete, still=lambda key=(deployment, pe_id), pe=pe: self.pes.get(key) is pe)
+        finally:                            # (a commit that raised: freed all the same, off the loop)
+            asyncio.get_running_loop().run_in_executor(None, let_go).add_done_callback(_logged)
 
     def pe_drain(self, deployment: str) -> list[str]:
         """End the deployment's sources here as if exhausted: windows fire, sinks flush, PEs finish."""

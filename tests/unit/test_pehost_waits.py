@@ -185,6 +185,19 @@ def test_a_checkpoints_end_is_answered_before_what_it_let_go_of_is_freed():
         assert not freed.is_set()
         go.set()
         assert await asyncio.to_thread(freed.wait, 10), "what the checkpoint let go of was never freed"
+
+        freed.clear()                       # a sink's commit that raises: the call says so, and still frees
+
+        async def commit(*args, **kwargs):
+            raise RuntimeError("the sink's commit failed")
+        host.pes[("dep", "r")] = SimpleNamespace(commit=commit)
+        try:
+            await asyncio.wait_for(host.pe_ckpt_end("dep", 2, complete=True), 5)
+        except RuntimeError as exc:
+            assert "commit failed" in str(exc)
+        else:
+            raise AssertionError("a commit that raised was not reported")
+        assert await asyncio.to_thread(freed.wait, 10), "a commit that raised left what was let go of unfreed"
     asyncio.run(scenario())
 
 
