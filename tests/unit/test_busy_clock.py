@@ -13,7 +13,8 @@ from pescheduler.worker import busy
 
 def test_a_wait_counted_ahead_of_the_wall_clock_does_not_take_the_busy_clock_back(monkeypatch):
     """The schedstat clock, with its file and both clocks given: it runs on any platform."""
-    waits = iter([0, 0, 5_000_000, 5_000_000])           # ns of run-queue wait: +5 ms between two reads
+    waits = iter([0, 0, 0, 0, 5_000_000, 5_000_000, 5_000_000, 5_000_000])  # ns of run-queue wait, read
+    #                                                    # each side of the wall clock: +5 ms between two readings
     walls = iter([1.000, 1.001, 1.002, 1.010])            # s of perf_counter: 1 ms, 1 ms, then 8 ms on
     monkeypatch.setattr(busy.os, "open", lambda path, flags: -1)
     monkeypatch.setattr(busy, "_read", lambda fd: f"1 {next(waits)} 1".encode())
@@ -26,6 +27,29 @@ def test_a_wait_counted_ahead_of_the_wall_clock_does_not_take_the_busy_clock_bac
     assert seen[2] == seen[1]                  # the wall clock advanced less than the wait: held, not back
     assert all(b >= a for a, b in zip(seen, seen[1:]))
     assert seen[3] > seen[2]                   # and goes on once the wall clock has caught up
+
+
+def test_a_thread_preempted_between_reading_the_wall_clock_and_its_wait_reads_its_busy_clock_true(monkeypatch):
+    """The wall clock read, then the thread preempted 40 ms, then its wait read: the reading took
+    the wait and not the wall time, 40 ms short, and a batch ending there lost 40 ms of busy time
+    (four sleeps of 50 ms measured 156 ms busy in a loaded suite). The wait is read on both sides
+    of the wall clock, again while they differ: the reading is wall minus wait at one instant."""
+    kernel = {"wall": 1.000, "wait_ns": 0, "preempted": False}
+
+    def perf_counter() -> float:
+        wall = kernel["wall"]
+        if not kernel["preempted"]:                      # right after this call returns: 40 ms on a runqueue
+            kernel.update(wall=wall + 0.040, wait_ns=kernel["wait_ns"] + 40_000_000, preempted=True)
+        return wall
+    monkeypatch.setattr(busy.os, "open", lambda path, flags: -1)
+    monkeypatch.setattr(busy, "_read", lambda fd: f"1 {kernel['wait_ns']} 1".encode())
+    monkeypatch.setattr(busy.time, "perf_counter", perf_counter)
+    monkeypatch.setattr(busy._Fd, "__del__", lambda self: None)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(busy._schedstat_clock()))
+    t.start()
+    t.join()
+    assert abs(seen[0] - 1.000) < 1e-9, f"read {seen[0]:.3f}: the wall clock minus a wait it did not see"
 
 
 def test_reading_the_busy_clock_keeps_the_gil_beside_a_thread_running_python():
