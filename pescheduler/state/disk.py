@@ -354,7 +354,7 @@ def _union_by_group(collections: list) -> dict[int, set]:
         keys = list(keys)
         for at in range(0, len(keys), MERGE_KEYS):
             part = keys[at:at + MERGE_KEYS]
-            for group, some in split_by_group(part, bytes(map(_first, part))).items():
+            for group, some in _by_group(part).items():
                 held = by.get(group)
                 if held is None:
                     by[group] = set(some)

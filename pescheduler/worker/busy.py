@@ -9,7 +9,8 @@ do help, yet it would look idle. Linux counts both apart per thread in
 slices``), so :func:`busy_clock` is ``perf_counter()`` minus that wait:
 the operator's processing time, blocking included, contention excluded;
 per busy second the rate is the true processing rate DS2 sizes by.
-Reading it costs about 2 µs (one ``pread`` on a per-thread descriptor),
+Reading it costs about 4 µs (two ``pread`` on a per-thread descriptor, the
+wait read on both sides of the wall clock: :func:`_schedstat_clock`),
 taken twice per batch per operator, never per tuple. Without schedstat
 (not Linux), it is ``time.thread_time`` (CPU time).
 
