@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 PROVIDERS = ["native", "sqlite", "duckdb", pytest.param("postgresql", marks=pytest.mark.database)]
@@ -31,3 +33,22 @@ def backend(request, tmp_path):
 
     with dask.config.set({"pescheduler.state.backend": request.param, "pescheduler.state.dir": str(tmp_path)}):
         yield request.param
+
+
+@pytest.fixture
+def no_automatic_collection():
+    """The collector on, its automatic young collections out of the way (a threshold no test
+    reaches): what generation an object is in is then what the code under test made it."""
+    was = gc.get_threshold()
+    gc.set_threshold(10**9, 10**9, 10**9)
+    yield
+    gc.set_threshold(*was)
+    gc.unfreeze()
+
+
+@pytest.fixture
+def freezing(monkeypatch):
+    """This process freezes survivors, as a worker does (``pe.gc-freeze``)."""
+    from pescheduler import collector
+
+    monkeypatch.setattr(collector, "_installed", collector._FreezeAfterFull(600))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import itertools
 import os
 import shutil
@@ -431,6 +432,40 @@ def test_a_restored_groups_keys_are_made_ready_in_the_loaders_thread_and_only_in
     in_turn, loaded = asyncio.run(scenario())
     assert in_turn == 0, f"{in_turn} keys of restored groups encoded in the PE's turn"
     assert loaded == k
+
+
+def test_a_restored_group_made_ready_in_the_loaders_thread_is_frozen_before_the_collector_resumes(
+        monkeypatch, no_automatic_collection, freezing):
+    """A restored group read and made ready for the store in the loader's thread (an SST file, its
+    keys' hashes, a container or more per key) lives until the PE's turn installs it: frozen
+    before the collector resumes in that thread, no collection visits it (as a rescale's part:
+    test_pending_groups.py)."""
+    from pescheduler.state import disk
+
+    monkeypatch.setattr(disk, "INGEST_KEYS", 256, raising=False)
+    restore = _checkpointed(5_000)
+
+    async def scenario():
+        host = await _host("disk")
+        try:
+            pe, loader, _ = await _loading(host, restore)
+            store, visited = pe.ops["state"]._rows, []
+            imports = store.import_groups
+
+            def recorded(part):
+                tracked = {id(o) for g in (0, 1, 2) for o in gc.get_objects(generation=g)}
+                visited.extend(id(o) in tracked for prepared in part.values()
+                           for o in (prepared, prepared.pairs))
+                imports(part)
+            store.import_groups = recorded
+            while await loader.load_one():
+                pass
+            assert loader.gates["state"].done
+            return visited
+        finally:
+            await host.close()
+    visited = asyncio.run(scenario())
+    assert visited and not any(visited), f"{sum(visited)} of {len(visited)} objects made ready left to the collector"
 
 
 def test_a_restored_groups_install_in_the_pes_turn_does_not_grow_with_its_keys(monkeypatch):

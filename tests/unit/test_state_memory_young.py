@@ -13,27 +13,7 @@ from __future__ import annotations
 
 import gc
 
-import pytest
-
-from pescheduler import collector
 from pescheduler.state import MemoryState
-
-
-@pytest.fixture
-def no_automatic_collection():
-    """The collector on, its automatic young collections out of the way (a threshold no test
-    reaches): what generation an object is in is then what the code under test made it."""
-    was = gc.get_threshold()
-    gc.set_threshold(10**9, 10**9, 10**9)
-    yield
-    gc.set_threshold(*was)
-    gc.unfreeze()
-
-
-@pytest.fixture
-def freezing(monkeypatch):
-    """This process freezes survivors, as a worker does (``pe.gc-freeze``)."""
-    monkeypatch.setattr(collector, "_installed", collector._FreezeAfterFull(600))
 
 
 def _young(obj) -> bool:
