@@ -62,8 +62,7 @@ from pescheduler.state.base import Changes, StateView
 from pescheduler.state.groups import (DELTA_DROP, DELTA_NEW, DELTA_SET, ChunkedEntries, NamespacedOnPickle, PickledDelta,
                                      key_groups, pack_namespaced_chunks, unpack_namespaced)
 from pescheduler.state.memory import LEAVE_KEYS, LEAVE_PACE_S
-from pescheduler.worker.gc_pause import gc_paused
-from pescheduler.collector import freeze_survivors
+from pescheduler.worker.gc_pause import gc_paused, gc_paused_kept
 
 from .pane_index import OldestGroups, PaneIndex, index_pane, indexable, pick_groups
 
@@ -522,16 +521,6 @@ def representative(group: int) -> int:
     return _REPRESENTATIVE[group]
 
 
-def _then_frozen(read: Callable[[], Any]) -> Any:
-    """``read()``, then what the process made meanwhile frozen before the collector is on again
-    (``pescheduler/collector.py`` ``freeze_survivors``): what the fold copied and the PE made while a view was
-    read were all young at once, and the first collection after visited them (27 ms at 10^6 keys);
-    once the collector is on, the PE's thread may take the GIL and collect before a freeze after."""
-    out = read()
-    freeze_survivors()
-    return out
-
-
 class PanesView(StateView):
     """A memory window's frozen panes as a checkpoint's key groups: each group's
     ``{pane start: (positions, {key: slots})}`` (``pack_namespaced``'s), pickled a chunk at a time
@@ -562,14 +551,14 @@ class PanesView(StateView):
     def _index(self) -> dict[Any, "PaneIndex | dict"]:
         """The index and the deltas, once (under ``_lock``): the view stays live."""
         if self._indexed is None:           # allocation-heavy and acyclic: no collection meanwhile
-            self._indexed = gc_paused(_then_frozen, self._read)
+            self._indexed = gc_paused_kept(self._read)
         return self._indexed
 
     def _groups(self) -> dict[int, tuple[bytes, int, Any]]:
         with self._lock:
             if self._packed is None:
                 self._index()
-                self._packed = gc_paused(_then_frozen, self._pack)
+                self._packed = gc_paused_kept(self._pack)
                 self._end()                 # read: the fold need not copy for this view any more
             return self._packed
 
