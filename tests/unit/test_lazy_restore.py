@@ -434,12 +434,11 @@ def test_a_restored_groups_keys_are_made_ready_in_the_loaders_thread_and_only_in
     assert loaded == k
 
 
-def test_a_restored_group_made_ready_in_the_loaders_thread_is_frozen_before_the_collector_resumes(
+def test_a_restored_group_made_ready_in_the_loaders_thread_is_frozen_when_it_is_ready(
         monkeypatch, no_automatic_collection, freezing):
     """A restored group read and made ready for the store in the loader's thread (an SST file, its
     keys' hashes, a container or more per key) lives until the PE's turn installs it: frozen
-    before the collector resumes in that thread, no collection visits it (as a rescale's part:
-    test_pending_groups.py)."""
+    there once ready, no collection visits it (as a rescale's part: test_pending_groups.py)."""
     from pescheduler.state import disk
 
     monkeypatch.setattr(disk, "INGEST_KEYS", 256, raising=False)
