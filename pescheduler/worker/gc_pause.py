@@ -38,12 +38,13 @@ def gc_paused(fn: Callable[..., Any], *args: Any) -> Any:
 def frozen_after(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, then what the process made meanwhile frozen
     (:func:`~pescheduler.collector.freeze_survivors`, where the process freezes survivors): for work
-    whose result lives on, so that no collection visits it again. A rescale's part and a lazily
-    restored group made ready for the store in a thread, until a turn installs them: left young,
-    the first collection after, in that thread at the future's ``set_result``, visited them all
-    holding the GIL, 40-95 ms after each part of a Replicate and of a Release at 10^7 keys on
-    ``disk`` (traced; 9 ms per group of 78,000 keys in process); then a generation-1 collection and
-    a full one again. Inside :func:`gc_paused` (a memory window's view read for a checkpoint,
+    whose result lives on. A rescale's part and a lazily restored group made ready for the store in
+    a thread, until a turn installs them, run with the collector on (the young collections meanwhile
+    each visit what came since the last) and are frozen when done, so that no generation-1 or full
+    collection visits them again. Before, paused and not frozen, the first collection after (in that
+    thread, at the future's ``set_result``) visited them all holding the GIL: 40-95 ms after each
+    part of a Replicate and of a Release at 10^7 keys on ``disk`` (traced; 9 ms per group of 78,000
+    keys in process). Inside :func:`gc_paused` (a memory window's view read for a checkpoint,
     ``operators/pane_layers.py``: what the fold copied and the PE made meanwhile, whose first
     collection after took 27 ms at 10^6 keys), it freezes before the collector goes on again: after,
     the PE's thread could take the GIL and collect first."""
