@@ -62,7 +62,7 @@ def install(thaw_every_s: float) -> None:
 def freeze_survivors() -> None:
     """Everything the process tracks now frozen, where it freezes survivors: called right after key
     groups were imported (a rescale's part, a restored group), when a thread has made them ready for
-    the store (``worker/gc_pause.py`` ``frozen_after``), after a memory window's panes
+    the store (``worker/gc_pause.py`` ``gc_held``), after a memory window's panes
     were packed for a checkpoint with the collector paused (``operators/pane_layers.py``: the
     slots the fold copied meanwhile, 10^5 at 10^6 keys, were all young at once, and the first
     collection after visited them: 27 ms), and at a ``memory`` snapshot (``state/memory.py``: its

@@ -45,7 +45,7 @@ import cloudpickle
 from ..operator import Operator
 from ..wire import exported_marker, key_group
 from ..state.groups import loads_prepared
-from .gc_pause import frozen_after
+from .gc_pause import gc_held
 from .lazy_restore import StillLoading, preparer, still_loading
 from .pending_groups import PendingGroups
 from ..collector import freeze_survivors
@@ -263,7 +263,7 @@ class HandOvers:
         100-200 ms once a part, and a source on that loop with it, so the stream stopped too
         (``disk`` at 10^7 keys, traced)."""
         try:
-            part = await asyncio.to_thread(frozen_after, loads_prepared, blob, preparer(pe))
+            part = await asyncio.to_thread(gc_held, loads_prepared, blob, preparer(pe))
             gated = pe.rewirer.pending[move["dst"]]
             groups, op_id, carried = part["groups"], move["dst"], part.get("carried") or {}
             for i, g in enumerate(groups):

@@ -62,7 +62,7 @@ from ..state.incremental import ref_groups, resolve_part
 from ..state.local import LocalCopies
 from ..state.settings import backend_name, cache_bytes, deployment_dir
 from ..wire import PESpec, key_group
-from .gc_pause import frozen_after
+from .gc_pause import gc_held
 from .pending_groups import PendingGroups
 from ..collector import freeze_survivors
 from .routing import key_function
@@ -112,7 +112,7 @@ class Pending:
         """Group ``group``'s part of the saved state, read, checked, unpickled and made ready for
         the store (``prepare``) here, in a worker thread."""
         part = self.splitter.split_state(self.state, lambda key: key_group(key) == group)
-        return frozen_after(resolve_part, part, self.storage, local, self.prepare, self.packs)
+        return gc_held(resolve_part, part, self.storage, local, self.prepare, self.packs)
 
 
 def defer(spec: PESpec) -> dict[str, Pending]:

@@ -309,9 +309,8 @@ def test_a_parts_groups_made_ready_off_the_turn_are_frozen_when_they_are_ready(m
     live until their turns install them: frozen there once ready, no collection visits them. Left
     young, the first collection after, in that thread, visited them all holding the GIL: 40-95 ms
     after each part of a Replicate and of a Release at 10^7 keys on ``disk`` (traced); then a
-    generation-1 collection and a full one again. Made with the collector on: paused, what was made
-    so far was visited whole whenever a PE batch's pause ended meanwhile (the switch is the
-    process's), 10-48 ms at a time in the PE's turn."""
+    generation-1 collection and a full one again. Made with the collector held off (a PE batch's
+    pause ending meanwhile does not turn it on: test_gc_pause.py)."""
     visited, on = [], []
     loads = handover.loads_prepared
 
@@ -327,7 +326,7 @@ def test_a_parts_groups_made_ready_off_the_turn_are_frozen_when_they_are_ready(m
     assert answer["parts"] > 1 and done["pending"] == 0 and not done["failed"]
     made = [v for part in visited for v in part]
     assert made and not any(made), f"{sum(made)} of {len(made)} objects made ready off the turn left to the collector"
-    assert on and all(on), "a part made ready with the collector paused: another thread's pause ending turns it on"
+    assert on and not any(on), "a part made ready with the collector on"
     assert sorted(rows) == _reference(_window)
 
 
