@@ -35,7 +35,7 @@ _held = [0]          # jobs holding the collector off (gc_held), in any thread
 def gc_paused(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` with the cyclic GC paused; left paused when a caller further up paused it, or
     while a job holds it off (:func:`gc_held`; read without the lock: a job that began in between
-    finds the collector on and its first young collection early, no more)."""
+    has the collector on until the next batch's pause begins, as every job had before)."""
     if not gc.isenabled():
         return fn(*args)
     gc.disable()
