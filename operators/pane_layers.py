@@ -62,7 +62,7 @@ from pescheduler.state.base import Changes, StateView
 from pescheduler.state.groups import (DELTA_DROP, DELTA_NEW, DELTA_SET, ChunkedEntries, NamespacedOnPickle, PickledDelta,
                                      key_groups, pack_namespaced_chunks, unpack_namespaced)
 from pescheduler.state.memory import LEAVE_KEYS, LEAVE_PACE_S
-from pescheduler.worker.gc_pause import frozen_after, gc_paused
+from pescheduler.worker.gc_pause import gc_held, gc_paused
 
 from .pane_index import OldestGroups, PaneIndex, index_pane, indexable, pick_groups
 
@@ -551,14 +551,14 @@ class PanesView(StateView):
     def _index(self) -> dict[Any, "PaneIndex | dict"]:
         """The index and the deltas, once (under ``_lock``): the view stays live."""
         if self._indexed is None:           # allocation-heavy and acyclic: no collection meanwhile
-            self._indexed = gc_paused(frozen_after, self._read)
+            self._indexed = gc_held(self._read)
         return self._indexed
 
     def _groups(self) -> dict[int, tuple[bytes, int, Any]]:
         with self._lock:
             if self._packed is None:
                 self._index()
-                self._packed = gc_paused(frozen_after, self._pack)
+                self._packed = gc_held(self._pack)
                 self._end()                 # read: the fold need not copy for this view any more
             return self._packed
 

@@ -15,7 +15,7 @@ so far: 10-48 ms at a time while a Release's groups came back at 10^7 keys on ``
 Unpaused, collections during it visit its growing lists again and again: a row had 106
 collections over 10 ms while the groups moved, up to 67 ms. So such a job holds the collector off
 (:func:`gc_held`): no batch's pause ending turns it on until the job is done, and what the job made
-is frozen then (:func:`frozen_after`). A batch's pause stays the toggle it was: two threads' batches
+is frozen then. A batch's pause stays the toggle it was: two threads' batches
 overlapping (a threaded PE's and its loop's decode) would otherwise keep the collector off for long
 stretches, and a collection after visit all that came meanwhile.
 """
@@ -48,14 +48,20 @@ def gc_paused(fn: Callable[..., Any], *args: Any) -> Any:
 
 def gc_held(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` with the collector off for the whole process until it is done, then what it made
-    frozen (:func:`frozen_after`): for a job in a thread that makes what will live on (a rescale's
-    part, a lazily restored group, made ready for the store). The collector goes on again when the
-    last such job is done (a worker's collector is on: nothing else keeps it off)."""
+    frozen (:func:`~pescheduler.collector.freeze_survivors`) before the collector goes on: for a job
+    that makes what will live on. A rescale's part and a lazily restored group made ready for the
+    store in a thread: not frozen, the first collection after (at the future's ``set_result``)
+    visited them all holding the GIL, 40-95 ms after each part of a Replicate and of a Release at
+    10^7 keys on ``disk`` (traced; 9 ms per group of 78,000 keys in process), then a generation-1
+    collection and a full one again. A memory window's view read for a checkpoint
+    (``operators/pane_layers.py``): what the fold copied and the PE made meanwhile, whose first
+    collection after took 27 ms at 10^6 keys. The collector goes on again when the last such job is
+    done (a worker's collector is on: nothing else keeps it off)."""
     with _HELD:
         _held[0] += 1
         gc.disable()
     try:
-        return frozen_after(fn, *args)
+        return _frozen_after(fn, *args)
     finally:
         with _HELD:
             _held[0] -= 1
@@ -63,17 +69,10 @@ def gc_held(fn: Callable[..., Any], *args: Any) -> Any:
                 gc.enable()
 
 
-def frozen_after(fn: Callable[..., Any], *args: Any) -> Any:
+def _frozen_after(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, then what the process made meanwhile frozen
     (:func:`~pescheduler.collector.freeze_survivors`, where the process freezes survivors), before
-    the collector goes on again: after, another thread could take the GIL and collect first. For work
-    whose result lives on. A rescale's part and a lazily restored group made ready for the store
-    (:func:`gc_held`): not frozen, the first collection after (in that thread, at the future's
-    ``set_result``) visited them all holding the GIL, 40-95 ms after each part of a Replicate and of
-    a Release at 10^7 keys on ``disk`` (traced; 9 ms per group of 78,000 keys in process), then a
-    generation-1 collection and a full one again. A memory window's view read for a checkpoint
-    inside :func:`gc_paused` (``operators/pane_layers.py``): what the fold copied and the PE made
-    meanwhile, whose first collection after took 27 ms at 10^6 keys."""
+    the collector goes on again: after, another thread could take the GIL and collect first."""
     made = fn(*args)
     freeze_survivors()
     return made

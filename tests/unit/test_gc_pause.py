@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import threading
 
-from pescheduler.worker.gc_pause import frozen_after, gc_held, gc_paused
+from pescheduler.worker.gc_pause import gc_held, gc_paused
 
 BOUND_S = 10.0
 
@@ -55,5 +55,6 @@ def test_batches_overlapping_in_two_threads_leave_the_collector_to_the_first_tha
 
 
 def test_inside_a_pause_what_a_read_made_is_frozen_before_the_collector_goes_on(no_automatic_collection, freezing):
-    made = gc_paused(frozen_after, lambda: [[i] for i in range(1000)])
+    """A memory window's view read for a checkpoint inside a batch's pause (in a PE's turn)."""
+    made = gc_paused(gc_held, lambda: [[i] for i in range(1000)])
     assert gc.isenabled() and not any(_visited([made, *made]))
