@@ -384,9 +384,9 @@ def rocksdb_stores(deployment: str) -> list[str]:
     import glob
     import os
 
-    from pescheduler.state.settings import deployment_dir
+    from pescheduler.state.settings import machine_dir
 
-    found = glob.glob(os.path.join(glob.escape(deployment_dir(deployment)), "**", "CURRENT"), recursive=True)
+    found = glob.glob(os.path.join(glob.escape(machine_dir(deployment)), "**", "CURRENT"), recursive=True)
     return sorted(os.path.dirname(path) for path in found)
 
 

@@ -9,6 +9,7 @@ the store opens.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import tempfile
 import uuid
 from typing import Any
 
+import psutil
 from dask.utils import parse_bytes
 
 from .. import config
@@ -46,11 +48,44 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
 
 
-def deployment_dir(deployment: str) -> str:
-    """``<pescheduler.state.dir>/pescheduler-state/<deployment>`` (null dir: the temp directory): this
-    worker's directory of the deployment (its operators' stores, its checkpoint copies: state/local.py)."""
+def machine_dir(deployment: str) -> str:
+    """``<pescheduler.state.dir>/pescheduler-state/<deployment>`` (null dir: the temp directory):
+    the deployment's directory on this machine, one :func:`deployment_dir` of each worker in it."""
     base = os.path.expanduser(config.get("state.dir") or tempfile.gettempdir())
     return os.path.join(base, "pescheduler-state", _safe(deployment))
+
+
+def deployment_dir(deployment: str) -> str:
+    """This process's directory of the deployment (its operators' stores, its checkpoint copies:
+    state/local.py, the files a lazy restore makes ready): ``<machine_dir>/p<pid>-<start>``, its
+    own even beside other workers of the machine. Both workers of an embedded cluster share the
+    state directory, and shared one directory: each removed the other's checkpoint copies as its
+    own checkpoints completed (no chain of its own named them), and a worker's end of the
+    deployment removed the other's stores with its own."""
+    return os.path.join(machine_dir(deployment), _own_name(os.getpid()))
+
+
+@functools.lru_cache(maxsize=None)
+def _own_name(pid: int) -> str:
+    """This process's :func:`_name_of`, by pid (a worker forked from a server that imported this
+    module has a pid of its own)."""
+    return _name_of(pid)
+
+
+def _name_of(pid: int) -> str:
+    """``p<pid>-<its start, ms since the epoch>``: a process's, told from a later one with its pid."""
+    return f"p{pid}-{round(psutil.Process(pid).create_time() * 1000)}"
+
+
+def _gone(name: str) -> bool:
+    """Whether the process a :func:`deployment_dir`'s name names has ended (a SIGKILLed worker's)."""
+    m = re.fullmatch(r"p(\d+)-\d+", name)
+    if m is None:
+        return False                    # not a process's directory: left alone
+    try:
+        return _name_of(int(m.group(1))) != name     # its pid another process's now, or none's
+    except psutil.Error:                # no such process
+        return True
 
 
 def store_dir(owner: str, deployment: str = "local") -> str:
@@ -62,8 +97,22 @@ def store_dir(owner: str, deployment: str = "local") -> str:
 
 def remove_stores(deployment: str) -> None:
     """Remove every store of ``deployment`` on this worker (its PE host calls it when the
-    deployment ends here: operators leave their stores open, see :func:`keyed_state`)."""
+    deployment ends here: operators leave their stores open, see :func:`keyed_state`), and the
+    directories of this machine's workers of it that have ended (a SIGKILL leaves its stores and
+    copies behind); a live worker's are its own to remove."""
     shutil.rmtree(deployment_dir(deployment), ignore_errors=True)
+    machine = machine_dir(deployment)
+    try:
+        others = os.listdir(machine)
+    except FileNotFoundError:
+        return
+    for name in others:
+        if _gone(name):
+            shutil.rmtree(os.path.join(machine, name), ignore_errors=True)
+    try:
+        os.rmdir(machine)               # the last worker of it here: nothing of the deployment is left
+    except OSError:
+        pass
 
 
 def open_state(backend: str | None = None, owner: str = "state", deployment: str = "local") -> KeyedState:

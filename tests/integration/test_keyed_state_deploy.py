@@ -21,10 +21,15 @@ KEYS = 50
 
 
 def stores(root) -> list[str]:
-    """The operator stores under ``pescheduler.state.dir``: pescheduler-state/<deployment>/<store>."""
+    """The operator stores under ``pescheduler.state.dir``, of every worker of the machine:
+    pescheduler-state/<deployment>/<worker's process>/<store>."""
     base = os.path.join(root, "pescheduler-state")
-    return [d for dep in (os.listdir(base) if os.path.isdir(base) else [])
-            for d in os.listdir(os.path.join(base, dep))]
+    return [d for dep in _listed(base) for worker in _listed(os.path.join(base, dep))
+            for d in _listed(os.path.join(base, dep, worker))]
+
+
+def _listed(folder: str) -> list[str]:
+    return os.listdir(folder) if os.path.isdir(folder) else []
 
 
 def expected_rows() -> list[tuple]:

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import uuid
+from pathlib import Path
 
 import dask.config
 import pytest
@@ -779,7 +780,7 @@ def test_a_restore_reads_this_workers_copies_and_the_storage_when_a_copy_is_bad(
     checkpoint(files, store, st, 1)
     st.put("car-0000009", [9, 7.0])
     checkpoint(files, store, st, 2)
-    copies = sorted((worker_dir / "pescheduler-state" / "d" / "checkpoint-copies").rglob("*.seg*"))
+    copies = sorted((Path(deployment_dir("d")) / "checkpoint-copies").rglob("*.seg*"))
     assert [c.name for c in copies] == ["pe.seg0"]      # checkpoint 1's segment; 2's delta is in its entry
     manifest = store.manifest(2)
     entry = next(e for e in manifest["files"] if e["role"] == "state")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import dask.config
 import pytest
@@ -66,7 +67,7 @@ def test_a_checkpoints_group_files_are_ranges_of_one_segment_a_pe_kept_while_ref
     assert {f["chk"] for f in last["files"] if f["role"] == "group"} == {3}
     store.prune(1)
     assert "pe.seg0" not in names(store, 1) + names(store, 2), (names(store, 1), names(store, 2))
-    copies = worker_dir / "pescheduler-state" / "d" / "checkpoint-copies" / store.run
+    copies = Path(deployment_dir("d")) / "checkpoint-copies" / store.run
     assert sorted(str(p.relative_to(copies)) for p in copies.rglob("*.seg*")) == \
         sorted({physical(f) for f in last["files"] if f.get("in")})
     assert restored(store, 3) == model
