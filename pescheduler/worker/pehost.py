@@ -598,7 +598,12 @@ class PEHost:
         return drained
 
     async def pe_stop(self, deployment: str | None = None, pe_ids: list[str] | None = None) -> list[str]:
-        """Cancel and remove PEs: the named ones, all of a deployment, or all (host closing)."""
+        """Cancel and remove PEs: the named ones, all of a deployment, or all (host closing).
+
+        A deployment stopped whole is over here (its secret, writer and directory go), unless PEs
+        of it were deployed here while this waited for its PEs to end: a recovery stops the old PEs
+        for at most ``pescheduler.calls.worker``, a PE may take ``STOP_TIMEOUT_S`` to end, and the
+        restore's PEs, deployed meanwhile, use all three."""
         stopped, gone = [], []
         keys = [k for k in self.pes if deployment is None or
                 (k[0] == deployment and (pe_ids is None or k[1] in pe_ids))]
@@ -623,7 +628,7 @@ class PEHost:
             collector.thaw()                     # their cycles are garbage now: the next full collection finds them
         if gone and pe_ids is not None:          # the deployment goes on: its stores stay on disk
             asyncio.get_running_loop().call_soon(retire_states, gone)    # after this call's answer
-        if deployment is not None and pe_ids is None:
+        if deployment is not None and pe_ids is None and not any(k[0] == deployment for k in self.pes):
             self.secrets.pop(deployment, None)          # the deployment is over here
             self.outbox.forget(deployment)
             self.checkpointing.discard(deployment)
