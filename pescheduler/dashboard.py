@@ -475,6 +475,8 @@ def checkpoint_summary(ckpt: dict) -> str:
     """The checkpoint part of a status in one HTML line: the last complete one, aborted, restarts."""
     from dask.utils import format_bytes
 
+    from .liveview import restoring_text
+
     last = ckpt.get("last")
     text = (f"<b>last checkpoint</b> {int(last['id'])}: {float(last.get('age_s') or 0):.0f} s ago, took "
             f"{float(last['duration_s']) * 1000:.0f} ms, wrote {format_bytes(int(last['bytes']))} of "
@@ -485,6 +487,8 @@ def checkpoint_summary(ckpt: dict) -> str:
              f"restarts {int(restart.get('in_a_row') or 0)} of {int(restart.get('attempts') or 0)} in a row "
              f"({int(restart.get('used') or 0)} in all), "
              f"every {float(ckpt.get('interval_s') or 0):g} s to {_esc(ckpt.get('storage', ''))}")
+    if ckpt.get("restoring"):
+        text += f"<br>restoring {_esc(restoring_text(ckpt['restoring']))} (rescales of them wait until they are in)"
     if ckpt.get("last_error"):
         text += f"<br><small>last error: {_esc(ckpt['last_error'])}</small>"
     return f"<p>{text}</p>"

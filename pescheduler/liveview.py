@@ -185,12 +185,24 @@ def checkpoint_line(status: dict) -> Text | None:
         in_a_row, used = int(restart.get("in_a_row") or 0), int(restart.get("used") or 0)
         line.append(f" | restarts {in_a_row}/{restart.get('attempts', 0)} in a row ({used} in all)",
                     style="red" if in_a_row else "yellow" if used else "")
+    loading = ckpt.get("restoring") or {}
+    if loading:
+        line.append(f" | restoring {restoring_text(loading)}", style="cyan")
     if last and last.get("state_bytes") is not None:
         line.append(f" | state {format_bytes(int(last['state_bytes']))}")
     if ckpt.get("last_error"):
         line.append(f" | {ckpt['last_error']}", style="dim")
     line.no_wrap, line.overflow = True, "ellipsis"
     return line
+
+
+def restoring_text(loading: dict) -> str:
+    """``checkpoints.restoring`` in words: how many restored PEs still load their key groups, and
+    how far (``2 PEs, 40/256 key groups``; a PE not reported yet counts no group)."""
+    groups = sum(int(f.get("groups") or 0) for f in loading.values())
+    loaded = sum(int(f.get("loaded") or 0) for f in loading.values())
+    pes = f"{len(loading)} PE{'s' if len(loading) != 1 else ''}"
+    return f"{pes}, {loaded}/{groups} key groups" if groups else pes
 
 
 def errors_table(status: dict) -> Table | None:

@@ -255,7 +255,8 @@ class Deployment:
                                 self.dead.count, self.hosts.view()),
                   "errors": self.dead.errors(), "recent_dead_letters": self.dead.recent()}
         if self.checkpointer is not None:
-            status["checkpoints"] = {**self.checkpointer.view(), "restart": self.recovery.view()}
+            status["checkpoints"] = {**self.checkpointer.view(), "restart": self.recovery.view(),
+                                     "restoring": self.reconfigurer.restoring_view()}
         return status
 
     def checkpoint(self, timeout: float | None = None) -> int:

@@ -187,9 +187,16 @@ class Reconfigurer:
                     self.on_activation(pe_id, seen[pe_id])
         return seen
 
+    def restoring_view(self) -> dict[str, dict]:
+        """The status's ``checkpoints.restoring``: each restored PE whose key groups still load and
+        how far (its figures: ``groups``, ``loaded``, ``s`` since it started; ``{}`` until its
+        worker first reports). At 10^7 keys the load takes tens of seconds after the first output."""
+        return {pe_id: dict(figures or {}) for pe_id, figures in sorted(self.restoring.items())}
+
     def loaded(self, answers: list[dict]) -> None:
         """The workers' ``answers``: how far each restored PE's key groups are; a running PE that
-        reports none loading has them all (its figures carry ``restoring`` until then)."""
+        reports none loading has them all (its figures carry ``restoring`` until then), and one
+        that ended (finished, failed) loads none any more."""
         for answer in answers:
             for pe_id, stats in answer["pes"].items():
                 if pe_id not in self.restoring:
@@ -199,6 +206,8 @@ class Reconfigurer:
                 elif stats.get("state") == "running":
                     del self.restoring[pe_id]
                     self.state.event("restored", f"PE {pe_id} has loaded every key group of its restore")
+                elif stats.get("state") not in (None, "created"):
+                    del self.restoring[pe_id]
 
     async def _still_restoring(self, plan, placement: Placement) -> None:
         """Refuse a plan that snapshots or exports from a PE whose restored key groups still load

@@ -87,6 +87,10 @@ def test_keyed_window_killed_mid_stream_matches_the_reference_exactly(tmp_path, 
                             checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
         window = next(op for op in dep.placement().plan.ops if op.startswith("window"))
         kill_worker_of(dep, window, backend)
+        # the restored window loads its key groups after its first output: the status says how far
+        # until its worker reports them all in (the event), then nothing
+        until(lambda: any(e["kind"] == "restored" for e in dep.status()["events"]), WAIT, "the groups in")
+        assert dep.status()["checkpoints"]["restoring"] == {}
         dep.wait(timeout=WAIT)
         restarted(dep)
     assert committed_windows(out) == count_sum_windows(30_000, 20)

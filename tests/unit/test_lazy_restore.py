@@ -360,14 +360,17 @@ def test_a_rescale_of_a_pe_whose_restored_groups_load_is_refused_before_its_paus
         rec.on_failure = failed
         state.running(placement.pes)
         await rec.launch(placement, {window: {"state": {}, "progress": None, "storage": "memory://x"}})
+        assert rec.restoring_view() == {pe_id: {}}         # the status: restoring, not reported yet
         action = Replicate(window, 1)
         gateway.figures = {"state": "running", "restoring": {"groups": 50, "loaded": 20, "s": 1.5}}
         record = await rec.apply(action, timeout=1.0)
+        assert rec.restoring_view() == {pe_id: {"groups": 50, "loaded": 20, "s": 1.5}}
         assert calls == ["launch"], calls
         assert not record.applied and "still loading the key groups of its restore" in record.reason, record.reason
         assert "20 of 50 loaded after 1.5 s" in record.reason, record.reason
         gateway.figures = {"state": "running"}
         await rec._planned(action)          # every group in: it is planned (and would run)
+        assert rec.restoring_view() == {}
         return state
     state = asyncio.run(scenario())
     assert calls == ["launch"], calls

@@ -261,3 +261,22 @@ def test_the_state_each_pe_and_the_last_checkpoint_reference_is_shown_once_a_che
     line = checkpoint_line(status).plain
     assert line.startswith("checkpoint 14 3s ago, took 46 ms, 1.18 MiB | aborted 2 | restarts 1/3 in a row")
     assert "| state 120.00 MiB |" in line
+
+
+def test_restored_pes_whose_key_groups_still_load_are_shown_with_how_far_they_are():
+    """A lazy restore at 10^7 keys loads for tens of seconds after the first output, and rescales of
+    its PEs wait until it is done: the checkpoint line and the dashboard say how far it is; a PE its
+    worker has not reported yet counts; nothing is shown once every group is in."""
+    from pescheduler.dashboard import checkpoint_summary
+    from pescheduler.liveview import checkpoint_line
+
+    status = _checkpointing()
+    status["checkpoints"]["restoring"] = {"pe-3": {"groups": 128, "loaded": 20, "s": 1.5},
+                                          "pe-4": {"groups": 128, "loaded": 100, "s": 1.5}}
+    assert "| restoring 2 PEs, 120/256 key groups |" in checkpoint_line(status).plain
+    assert "restoring 2 PEs, 120/256 key groups (rescales of them wait" in checkpoint_summary(status["checkpoints"])
+    status["checkpoints"]["restoring"] = {"pe-3": {}}
+    assert "| restoring 1 PE |" in checkpoint_line(status).plain
+    status["checkpoints"]["restoring"] = {}
+    assert "restoring" not in checkpoint_line(status).plain
+    assert "restoring" not in checkpoint_summary(status["checkpoints"])
