@@ -38,7 +38,7 @@ from ..actions import Action
 from ..checkpoint import CheckpointCoordinator
 from ..checkpoint.restore import load_states
 from ..checkpoint.settings import CheckpointSettings, checkpoint_settings, refuse_unreplayable
-from ..state.settings import backend_name
+from ..state.settings import backend_name, check_state_dir
 from ..errors import DeploymentFailed
 from ..lift import python_calls
 from ..plan.app import Application
@@ -150,6 +150,8 @@ def deploy(app: Application, *, workers: int | None = None, cluster: str | None 
     rm = default_rm(cluster) if rm is None else (None if rm == "none" else rm)
     checkpoints = checkpoint_settings(app.name, checkpoint, checkpoint_interval, restore)
     state = backend_name(state)
+    if cluster is None and (state == "disk" or checkpoints is not None):
+        check_state_dir()                # the embedded workers' stores and checkpoint copies go there
     latency_s = config.get_seconds("batch.latency") if latency is None else config.seconds(latency, "latency")
     if checkpoints is not None:
         refuse_unreplayable(app, found)

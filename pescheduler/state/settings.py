@@ -21,6 +21,7 @@ import psutil
 from dask.utils import parse_bytes
 
 from .. import config
+from ..errors import ConfigError
 from .base import KeyedState
 
 BACKENDS = ("memory", "disk")
@@ -48,11 +49,37 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
 
 
+def state_base() -> str:
+    """``<pescheduler.state.dir>/pescheduler-state`` (null dir: the temp directory): every
+    deployment's directory on this machine (:func:`machine_dir`)."""
+    return os.path.join(os.path.expanduser(config.get("state.dir") or tempfile.gettempdir()), "pescheduler-state")
+
+
+def check_state_dir() -> None:
+    """:class:`~pescheduler.errors.ConfigError` naming ``pescheduler.state.dir`` unless this
+    machine's workers can make their directories there (made if missing, owner-only): checked
+    before an embedded cluster's workers start, which share this process's settings. A directory
+    that cannot be made failed each PE of a ``disk`` deployment at its first store, after the start
+    (a traceback ending in ``FileNotFoundError``), and each checkpoint's local copies with it."""
+    base = state_base()
+    try:
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        probe = tempfile.mkdtemp(dir=base)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise ConfigError(_unwritable(base, exc)) from None
+
+
+def _unwritable(path: str, exc: OSError) -> str:
+    return (f"pescheduler.state.dir: the workers' state directory {path} cannot be made or written "
+            f"({type(exc).__name__}: {exc.strerror or exc}); set pescheduler.state.dir (PESCHEDULER__STATE__DIR) "
+            f"to a writable directory, or null for the system's temp directory")
+
+
 def machine_dir(deployment: str) -> str:
     """``<pescheduler.state.dir>/pescheduler-state/<deployment>`` (null dir: the temp directory):
     the deployment's directory on this machine, one :func:`deployment_dir` of each worker in it."""
-    base = os.path.expanduser(config.get("state.dir") or tempfile.gettempdir())
-    return os.path.join(base, "pescheduler-state", _safe(deployment))
+    return os.path.join(state_base(), _safe(deployment))
 
 
 def deployment_dir(deployment: str) -> str:
@@ -91,7 +118,10 @@ def _gone(name: str) -> bool:
 def store_dir(owner: str, deployment: str = "local") -> str:
     """A fresh directory for one store, in its deployment's directory."""
     path = os.path.join(deployment_dir(deployment), f"{_safe(owner)}-{uuid.uuid4().hex[:12]}")
-    os.makedirs(path)
+    try:
+        os.makedirs(path)
+    except OSError as exc:              # a worker's own settings (another machine's): said as such
+        raise ConfigError(_unwritable(os.path.dirname(path), exc)) from exc
     return path
 
 

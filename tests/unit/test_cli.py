@@ -103,6 +103,21 @@ def test_broken_app_exits_2_with_file_and_line(tmp_path):
     assert "Traceback" not in result.stderr + result.stdout
 
 
+def test_a_state_dir_the_workers_cannot_use_exits_2_before_any_worker_starts(tmp_path):
+    """``--state disk`` on the embedded cluster with ``pescheduler.state.dir`` a file: refused naming
+    the key, before the cluster starts (before, each PE failed at its first store, after the start,
+    with a traceback ending in NotADirectoryError)."""
+    (tmp_path / "app.py").write_text(APP.replace('"iterable", items=[1, 2, 3]).sink("print")',
+                                                 '"iterable", items=[{"k": 1}]).key_by("k").latest().sink("print")'))
+    (tmp_path / "a-file").write_text("")
+    result = run("deploy", "app.py", "--state", "disk", cwd=tmp_path,
+                 env={**no_state_file(tmp_path), "PESCHEDULER__STATE__DIR": str(tmp_path / "a-file")})
+    assert result.returncode == 2, result.stderr
+    assert "pescheduler.state.dir" in result.stderr and "NotADirectoryError" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "distributed" not in result.stderr and "embedded" not in result.stderr, result.stderr  # no worker started
+
+
 def test_missing_config_file_exits_2(tmp_path, capsys):
     (tmp_path / "app.py").write_text(APP)
     assert cli.main(["deploy", str(tmp_path / "app.py"), "--config", str(tmp_path / "nope.yaml")]) == 2

@@ -9,7 +9,9 @@ import sys
 import dask.config
 import pytest
 
-from pescheduler.state.settings import _name_of, deployment_dir, machine_dir, remove_stores, store_dir
+from pescheduler.errors import ConfigError
+from pescheduler.state.settings import (_name_of, check_state_dir, deployment_dir, machine_dir, remove_stores,
+                                        store_dir)
 
 
 @pytest.fixture
@@ -58,3 +60,17 @@ def test_the_last_worker_of_a_deployment_here_leaves_no_directory_of_it(state_di
     remove_stores("d")
     assert not os.path.exists(machine_dir("d"))
     remove_stores("d")                  # again, and with nothing there: no error
+
+
+def test_a_state_dir_that_cannot_be_made_is_a_config_error_naming_the_key(tmp_path):
+    """Checked before an embedded cluster's workers start (``deploy``), and said the same way by a
+    worker whose own setting it is (its first store)."""
+    (tmp_path / "a-file").write_text("")
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path / "a-file")}):
+        with pytest.raises(ConfigError, match=r"pescheduler.state.dir: .*a-file/pescheduler-state .*NotADirectoryError"):
+            check_state_dir()
+        with pytest.raises(ConfigError, match="pescheduler.state.dir: .*NotADirectoryError"):
+            store_dir("op", "d")
+    with dask.config.set({"pescheduler.state.dir": str(tmp_path / "new" / "dir")}):
+        check_state_dir()                   # made when missing, owner-only
+    assert oct((tmp_path / "new" / "dir" / "pescheduler-state").stat().st_mode & 0o777) == "0o700"
