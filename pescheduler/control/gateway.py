@@ -294,13 +294,14 @@ class WorkerGateway:
         """End the sources on ``workers`` as if exhausted (bounded; a dead worker is skipped)."""
         await self._ending("pe_drain", workers)
 
-    async def stop(self, workers: Iterable[str]) -> None:
-        """Stop the deployment's PEs on ``workers`` (bounded; a dead worker is skipped)."""
-        await self._ending("pe_stop", workers)
+    async def stop(self, workers: Iterable[str], goes_on: bool = False) -> None:
+        """Stop the deployment's PEs on ``workers`` (bounded; a dead worker is skipped). ``goes_on``:
+        a recovery's stop, after which the workers keep their checkpoint copies (``PEHost.pe_stop``)."""
+        await self._ending("pe_stop", workers, **({"goes_on": True} if goes_on else {}))
 
-    async def _ending(self, handler: str, workers: Iterable[str]) -> None:
+    async def _ending(self, handler: str, workers: Iterable[str], **kwargs) -> None:
         workers = list(workers)
-        calls = [bounded(partial(getattr(self.client.rpc(w), handler), deployment=self.deployment),
+        calls = [bounded(partial(getattr(self.client.rpc(w), handler), deployment=self.deployment, **kwargs),
                          self.worker_timeout) for w in workers]
         for w, result in zip(workers, await asyncio.gather(*calls, return_exceptions=True)):
             if isinstance(result, BaseException):

@@ -205,7 +205,10 @@ class Reconfigurer:
                     self.restoring[pe_id] = stats["restoring"]
                 elif stats.get("state") == "running":
                     del self.restoring[pe_id]
-                    self.state.event("restored", f"PE {pe_id} has loaded every key group of its restore")
+                    files = stats.get("restored_files")
+                    self.state.event("restored", f"PE {pe_id} has loaded every key group of its restore"
+                                     + (f" ({files[0]} files read from its worker's copies, {files[1]} from the "
+                                        f"storage)" if files else ""))
                 elif stats.get("state") not in (None, "created"):
                     del self.restoring[pe_id]
 

@@ -141,8 +141,9 @@ class Recovery:
                 old = rc.running_on()
                 listed = await dep.gateway.workers()
                 self.dead |= {w for w in old if w not in listed}    # the scheduler saw them go
-                self._background.append(asyncio.create_task(dep.gateway.stop(w for w in old if w in self.dead)))
-                await dep.gateway.stop(w for w in old if w not in self.dead)
+                self._background.append(asyncio.create_task(dep.gateway.stop((w for w in old if w in self.dead),
+                                                                             goes_on=True)))
+                await dep.gateway.stop((w for w in old if w not in self.dead), goes_on=True)
                 phase("stop")
                 workers = await self._live()
                 phase("probe")

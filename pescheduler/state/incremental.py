@@ -1084,12 +1084,13 @@ class _Later:
 # -- the restore, on the worker ---------------------------------------------------------------------
 
 def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = None,
-               packs: dict | None = None) -> tuple[bytes | dict, int]:
+               packs: dict | None = None, counts: list | None = None) -> tuple[bytes | dict, int]:
     """One key group from its chain, every file checked first (a local copy when there is a good
     one): its full file's bytes (:func:`pack_group`'s) when it has no delta, else its entries with
     the deltas applied (not packed again: ``import_groups`` takes either); and how many files were
     read locally. A ``.state`` file holding a delta (:class:`_Pack`) is read once into ``packs``
-    (given: a restore's, for all its groups) and its group's delta taken from it."""
+    (given: a restore's, for all its groups) and its group's delta taken from it. ``counts``
+    (:func:`_resolved`'s): its third counts the files read from the storage."""
     datas, here = [], 0
     packs = {} if packs is None else packs
     for entry, view in zip(ref.files, ref.views):
@@ -1098,7 +1099,10 @@ def read_group(files: StateFiles, ref: GroupRef, local: LocalCopies | None = Non
         if deltas is None:
             data = None if local is None else local.read(ref.run, entry)
             here += data is not None
-            data = files.read(entry, ref.run) if data is None else data
+            if data is None:
+                data = files.read(entry, ref.run)
+                if counts is not None:
+                    counts[2] += 1
             if packed:
                 deltas = packs[(ref.run, entry["path"])] = load_state_file(data).get("deltas", {})
         datas.append(unpack_packed(deltas, view, ref.group) if packed else data)
@@ -1117,7 +1121,7 @@ def resolve_restore(restore: dict, local: LocalCopies | None = None) -> tuple[in
     """In place: the :class:`GroupRef` in each operator's saved state (``spec.restore``) replaced
     by its key group's bytes, read from the storage its ``"storage"`` names or from this
     worker's copies (in a worker thread, before the PE is built). ``(files, read locally)``."""
-    counts, packs = [0, 0], {}
+    counts, packs = [0, 0, 0], {}
     for saved in restore.values():
         storage = saved.get("storage")
         if storage is not None:
@@ -1126,14 +1130,18 @@ def resolve_restore(restore: dict, local: LocalCopies | None = None) -> tuple[in
 
 
 def resolve_part(state: Any, storage: str, local: LocalCopies | None = None,
-                 prepare: Callable[[int, dict], Any] | None = None, packs: dict | None = None) -> Any:
+                 prepare: Callable[[int, dict], Any] | None = None, packs: dict | None = None,
+                 counts: list | None = None) -> Any:
     """A lazy restore's one part (``worker/lazy_restore.py``): ``state`` (an operator's saved state
     cut down to a few key groups) with each :class:`GroupRef` replaced by its group's entries, read,
     checked and unpickled here, in the worker thread that calls it; ``prepare(group, entries)``,
     when given, makes them ready for the store here too (the backend's ``prepare_group``), so the
     PE's turn that imports them only installs them. ``packs``: the packs read so far by this
-    restore (:func:`read_group`), kept across its parts."""
-    return _resolved(state, StateFiles(storage), local, [0, 0], unpacked=prepare or True, packs=packs)
+    restore (:func:`read_group`), kept across its parts; ``counts``: ``[files named, read from
+    this worker's copies, read from the storage]`` (a pack of small files is read once for all it
+    holds), added to."""
+    return _resolved(state, StateFiles(storage), local, [0, 0, 0] if counts is None else counts,
+                     unpacked=prepare or True, packs=packs)
 
 
 def _read_from(prepared: Any, ref: GroupRef) -> Any:
@@ -1160,7 +1168,7 @@ def _resolved(value: Any, files: StateFiles, local: LocalCopies | None, counts: 
               unpacked: bool | Callable[[int, dict], Any] = False, packs: dict | None = None) -> Any:
     """``unpacked``: each group's entries as a dict, or (a callable) what it makes of them."""
     if type(value) is GroupRef:
-        data, here = read_group(files, value, local, packs)
+        data, here = read_group(files, value, local, packs, counts)
         counts[0] += len(value.files)
         counts[1] += here
         if not unpacked:

@@ -125,24 +125,33 @@ def store_dir(owner: str, deployment: str = "local") -> str:
     return path
 
 
-def remove_stores(deployment: str) -> None:
+def remove_stores(deployment: str, keep: tuple[str, ...] = ()) -> None:
     """Remove every store of ``deployment`` on this worker (its PE host calls it when the
-    deployment ends here: operators leave their stores open, see :func:`keyed_state`), and the
-    directories of this machine's workers of it that have ended (a SIGKILL leaves its stores and
-    copies behind); a live worker's are its own to remove."""
-    shutil.rmtree(deployment_dir(deployment), ignore_errors=True)
+    deployment ends here, or its PEs stop for a recovery: operators leave their stores open, see
+    :func:`keyed_state`) but the entries of its directory named in ``keep`` (a recovery's: the
+    checkpoint copies), and the directories of this machine's workers of it that have ended (a
+    SIGKILL leaves its stores and copies behind); a live worker's are its own to remove."""
+    mine = deployment_dir(deployment)
+    if keep:
+        for name in (n for n in _listed(mine) if n not in keep):
+            shutil.rmtree(os.path.join(mine, name), ignore_errors=True)
+    else:
+        shutil.rmtree(mine, ignore_errors=True)
     machine = machine_dir(deployment)
-    try:
-        others = os.listdir(machine)
-    except FileNotFoundError:
-        return
-    for name in others:
+    for name in _listed(machine):
         if _gone(name):
             shutil.rmtree(os.path.join(machine, name), ignore_errors=True)
     try:
         os.rmdir(machine)               # the last worker of it here: nothing of the deployment is left
     except OSError:
         pass
+
+
+def _listed(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def open_state(backend: str | None = None, owner: str = "state", deployment: str = "local") -> KeyedState:

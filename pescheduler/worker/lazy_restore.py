@@ -107,12 +107,13 @@ class Pending:
         self.groups = groups
         self.prepare: Callable[[int, dict], Any] | None = None     # the backend's (the Loader sets it)
         self.packs: dict = {}       # the small-delta packs read so far: several groups' chains name each
+        self.files = [0, 0, 0]      # files named so far, read from this worker's copies (local recovery), from the storage
 
     def read(self, group: int, local: LocalCopies | None) -> Any:
         """Group ``group``'s part of the saved state, read, checked, unpickled and made ready for
         the store (``prepare``) here, in a worker thread."""
         part = self.splitter.split_state(self.state, lambda key: key_group(key) == group)
-        return gc_held(resolve_part, part, self.storage, local, self.prepare, self.packs)
+        return gc_held(resolve_part, part, self.storage, local, self.prepare, self.packs, self.files)
 
 
 def defer(spec: PESpec) -> dict[str, Pending]:
@@ -210,8 +211,10 @@ class Loader:
         try:
             while await self.load_one():
                 pass
-            logger.info("PE %s: %d restored key groups loaded %.3f s after its start (longest import in its "
-                        "turn %.1f ms, %d over %.0f ms)", pe.pe_id, self.loaded, time.perf_counter() - self.t0,
+            here, there = pe.restored_files = tuple(sum(p.files[i] for p in self.pending.values()) for i in (1, 2))
+            logger.info("PE %s: %d restored key groups loaded %.3f s after its start, %d files read from this "
+                        "worker's copies and %d from the storage (longest import in its turn %.1f ms, %d over "
+                        "%.0f ms)", pe.pe_id, self.loaded, time.perf_counter() - self.t0, here, there,
                         self.longest_import_s * 1000, self.slow_imports, SLOW_IMPORT_S * 1000)
             pe.loader = None
         except Exception as exc:

@@ -40,7 +40,7 @@ from .. import allocator, collector
 from ..state.base import KeyedState
 from ..state.foreground import FOREGROUND
 from ..state.incremental import resolve_restore
-from ..state.local import LocalCopies
+from ..state.local import LOCAL, LocalCopies
 from ..state.settings import deployment_dir, remove_stores
 from ..plugins import activate
 from .dead_outbox import DeadLetterOutbox
@@ -597,13 +597,16 @@ class PEHost:
                 drained.append(pe.pe_id)
         return drained
 
-    async def pe_stop(self, deployment: str | None = None, pe_ids: list[str] | None = None) -> list[str]:
+    async def pe_stop(self, deployment: str | None = None, pe_ids: list[str] | None = None,
+                      goes_on: bool = False) -> list[str]:
         """Cancel and remove PEs: the named ones, all of a deployment, or all (host closing).
 
         A deployment stopped whole is over here (its secret, writer and directory go), unless PEs
         of it were deployed here while this waited for its PEs to end: a recovery stops the old PEs
         for at most ``pescheduler.calls.worker``, a PE may take ``STOP_TIMEOUT_S`` to end, and the
-        restore's PEs, deployed meanwhile, use all three."""
+        restore's PEs, deployed meanwhile, use all three. ``goes_on`` (a recovery's stop): the
+        directory keeps this worker's checkpoint copies, which the restore's PEs placed here read
+        first (local recovery, ``state/local.py``); its stores go."""
         stopped, gone = [], []
         keys = [k for k in self.pes if deployment is None or
                 (k[0] == deployment and (pe_ids is None or k[1] in pe_ids))]
@@ -634,7 +637,7 @@ class PEHost:
             self.checkpointing.discard(deployment)
             self.state_backends.pop(deployment, None)
             self.ckpt_files.forget(deployment)
-            remove_stores(deployment)                   # its operators' disk state (docs/state.md)
+            remove_stores(deployment, keep=(LOCAL,) if goes_on else ())     # its operators' disk state (docs/state.md)
             self.handovers.forget(deployment)
         self._bump()
         return stopped

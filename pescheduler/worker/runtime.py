@@ -75,6 +75,7 @@ class PERunner:
         # instances built from key groups a running one exported: no input until the order wait's go
         self.inputs.holds = lambda: over_window(self.rewirer.pending, window)
         self.loader: Any = None                    # its restored key groups' Loader while they load (lazy_restore.py)
+        self.restored_files: tuple[int, int] | None = None    # once loaded: files read from its worker's copies, from the storage
         self.figures = RunFigures()
         self.state = "created"                     # running, finished, failed, stopping (stop()), stopped
         self.error: str | None = None
@@ -372,6 +373,7 @@ class PERunner:
             "aligning": aligner.marker is not None and not aligner.aligned,
             "frozen": sorted(chain.frozen) if chain else [],
             **({"restoring": loading} if (loading := restoring(self)) else {}),   # lazy_restore.py
+            **({"restored_files": list(self.restored_files)} if self.restored_files else {}),
         }
 
     def take_dead_letters(self) -> list[DeadLetter]:

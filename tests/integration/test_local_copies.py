@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import glob
 import os
+import re
+import signal
 
 import pytest
 
@@ -17,6 +19,7 @@ import pescheduler
 from pescheduler import Application, Move, Replicate
 from support_ops import copy_holds, replicated
 from test_copies import until           # the next monitor snapshot where a predicate holds
+from waiting import until as polled
 
 pytestmark = pytest.mark.integration
 
@@ -73,3 +76,32 @@ def test_each_workers_copies_outlive_the_other_workers_checkpoints(tmp_path, mon
     writers = {name.rsplit(".seg", 1)[0] for name in written}
     assert writers == {original, copy}, written          # each instance wrote a segment
     assert {name: copies.get(name) for name in written} == {name: [size] for name, size in written.items()}
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_a_pe_restored_on_the_worker_that_wrote_its_files_reads_them_from_its_copies(tmp_path, monkeypatch, backend):
+    """The source's worker SIGKILLed, the recovery restores everything on the window's worker, which
+    wrote the window's files: its restore reads every one of them from that worker's copies (the
+    event says how many, and none from the storage). Before, the recovery's stop of the old PEs
+    removed the deployment's directory on each worker, copies and all, and the restore read every
+    file from the storage."""
+    monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path / "state"))
+    app = Application(f"local-recovery-{backend}")
+    (app.source("numbers", count=COUNT, keys=KEYS, rate=RATE // 4)
+        .key_by("key").window(count=10, aggregates={"total": ("sum", "n")})
+        .sink("jsonl", path=str(tmp_path / "windows.jsonl")))
+    with pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[], state=backend,
+                            checkpoint=str(tmp_path / "ckpt"), checkpoint_interval="0.5s") as dep:
+        placement = dep.placement()
+        op = next(x for x in placement.plan.ops if x.startswith("count_window"))
+        source = next(x for x in placement.plan.ops if x.startswith("numbers"))
+        window_worker, source_worker = (placement.pes[placement.pe_of(x)].worker for x in (op, source))
+        assert window_worker != source_worker, placement.pes
+        polled(lambda: dep.checkpoints(), 120, "a complete checkpoint")
+        os.kill(dep.worker_info[source_worker]["pid"], signal.SIGKILL)
+        polled(lambda: any(e["kind"] == "restored" for e in dep.status()["events"]), 120, "the groups in")
+        restored = [e["text"] for e in dep.status()["events"] if e["kind"] == "restored"]
+        assert dep.wait(timeout=120)["state"] == "finished"
+    assert len(restored) == 1, restored
+    found = re.search(r"\((\d+) files read from its worker's copies, (\d+) from the storage\)", restored[0])
+    assert found and int(found.group(1)) > 0 and int(found.group(2)) == 0, restored[0]
