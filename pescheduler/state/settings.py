@@ -13,6 +13,7 @@ import functools
 import os
 import re
 import shutil
+import socket
 import tempfile
 import uuid
 from typing import Any
@@ -84,7 +85,7 @@ def machine_dir(deployment: str) -> str:
 
 def deployment_dir(deployment: str) -> str:
     """This process's directory of the deployment (its operators' stores, its checkpoint copies:
-    state/local.py, the files a lazy restore makes ready): ``<machine_dir>/p<pid>-<start>``, its
+    state/local.py, the files a lazy restore makes ready): ``<machine_dir>/p<pid>-<start>-<host>``, its
     own even beside other workers of the machine. Both workers of an embedded cluster share the
     state directory, and shared one directory: each removed the other's checkpoint copies as its
     own checkpoints completed (no chain of its own named them), and a worker's end of the
@@ -100,15 +101,17 @@ def _own_name(pid: int) -> str:
 
 
 def _name_of(pid: int) -> str:
-    """``p<pid>-<its start, ms since the epoch>``: a process's, told from a later one with its pid."""
-    return f"p{pid}-{round(psutil.Process(pid).create_time() * 1000)}"
+    """``p<pid>-<its start, ms since the epoch>-<this machine's name>``: a process's, told from a
+    later one with its pid, and from another machine's (a state directory shared by mistake)."""
+    return f"p{pid}-{round(psutil.Process(pid).create_time() * 1000)}-{_safe(socket.gethostname())}"
 
 
 def _gone(name: str) -> bool:
-    """Whether the process a :func:`deployment_dir`'s name names has ended (a SIGKILLed worker's)."""
-    m = re.fullmatch(r"p(\d+)-\d+", name)
-    if m is None:
-        return False                    # not a process's directory: left alone
+    """Whether the process a :func:`deployment_dir`'s name names has ended (a SIGKILLed worker's);
+    one of another machine's, or not a process's directory, is not known to have: left alone."""
+    m = re.fullmatch(r"p(\d+)-\d+-(.+)", name)
+    if m is None or m.group(2) != _safe(socket.gethostname()):
+        return False
     try:
         return _name_of(int(m.group(1))) != name     # its pid another process's now, or none's
     except psutil.Error:                # no such process

@@ -45,14 +45,16 @@ def test_the_end_of_a_deployment_here_removes_this_processs_and_ended_ones_not_a
     gone_pid = int(ended.stdout)
     own = store_dir("op", "d")
     live = os.path.join(machine_dir("d"), _name_of(other_process.pid), "op-store")
-    dead = os.path.join(machine_dir("d"), f"p{gone_pid}-1", "op-store")    # its start: no live process's
+    host = _name_of(os.getpid()).split("-", 2)[2]
+    dead = os.path.join(machine_dir("d"), f"p{gone_pid}-1-{host}", "op-store")    # its start: no live process's
     other = os.path.join(machine_dir("d"), "notes")                           # not a process's: left alone
-    for path in (live, dead, other):
+    elsewhere = os.path.join(machine_dir("d"), f"p{gone_pid}-1-another-machine", "op-store")   # a shared dir
+    for path in (live, dead, other, elsewhere):
         os.makedirs(path)
     remove_stores("d")
     assert not os.path.exists(own) and not os.path.exists(deployment_dir("d"))
     assert not os.path.exists(os.path.dirname(dead))
-    assert os.path.isdir(live) and os.path.isdir(other)
+    assert os.path.isdir(live) and os.path.isdir(other) and os.path.isdir(elsewhere)
 
 
 def test_the_last_worker_of_a_deployment_here_leaves_no_directory_of_it(state_dir):
