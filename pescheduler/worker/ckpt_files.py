@@ -25,8 +25,7 @@ from ..errors import CheckpointError
 from ..state.files import StateFiles
 from ..state.foreground import FOREGROUND
 from ..state.incremental import ChainWriter
-from ..state.local import LocalCopies
-from ..state.settings import deployment_dir
+from ..state.local import local_copies
 
 
 class CheckpointFiles:
@@ -53,7 +52,7 @@ class CheckpointFiles:
         with self._lock:
             taken = self._taken.pop((deployment, checkpoint_id), {})
             writer = self._writers.get(deployment) or self._writers.setdefault(
-                deployment, ChainWriter(LocalCopies(deployment_dir(deployment))))
+                deployment, ChainWriter(local_copies(deployment)))
         files, out = StateFiles(storage), {}
         self._writing[deployment, checkpoint_id] = files
         try:

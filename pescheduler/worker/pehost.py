@@ -40,8 +40,8 @@ from .. import allocator, collector
 from ..state.base import KeyedState
 from ..state.foreground import FOREGROUND
 from ..state.incremental import resolve_restore
-from ..state.local import LOCAL, LocalCopies
-from ..state.settings import deployment_dir, remove_stores
+from ..state.local import LOCAL, local_copies
+from ..state.settings import remove_stores
 from ..plugins import activate
 from .dead_outbox import DeadLetterOutbox
 from .runtime import Hosting, PERunner
@@ -281,7 +281,7 @@ class PEHost:
         for spec in specs:
             assert isinstance(spec, PESpec)
             if spec.restore:                     # key groups' files read here, checked (incremental.py)
-                copies = LocalCopies(deployment_dir(spec.deployment))     # local recovery (state/local.py)
+                copies = local_copies(spec.deployment)     # local recovery (state/local.py), unless off
                 pending = defer(spec)            # loaded once the PE runs (lazy_restore.py)
                 read, here = await asyncio.to_thread(resolve_restore, spec.restore, copies)
                 if read:

@@ -27,7 +27,7 @@ from pescheduler.state.groups import restore_groups, snapshot_groups
 from pescheduler.state.incremental import (load_snapshot, load_state_file, outgrown_at, pickle_snapshot, resolve_restore,
                                           with_entries)
 from pescheduler.state.files import physical
-from pescheduler.state.local import LocalCopies
+from pescheduler.state.local import LocalCopies, local_copies
 from pescheduler.state.settings import deployment_dir
 from pescheduler.worker import ckpt_files
 from pescheduler.worker.ckpt_files import CheckpointFiles
@@ -768,6 +768,22 @@ def test_an_aborted_checkpoint_releases_the_views_it_held():
     assert st.get("car-0000001") is not st.get("car-0000001")        # copies: a view lives
     files.end("d", 1, complete=False)
     assert st.get("car-0000001") is st.get("car-0000001")            # released: plain reads again
+
+
+def test_with_local_recovery_off_a_worker_keeps_no_copy_and_a_restore_reads_the_storage(worker_dir):
+    """``pescheduler.state.local-recovery: false`` (Flink's ``state.backend.local-recovery``): no
+    copy of any file written (half the disk of a large state), and a restore reads every file
+    from the storage, the same state."""
+    store = CheckpointStore(f"memory://inc-{uuid.uuid4().hex}", KEY)
+    st = open_state("memory")
+    fill(st, 2_000)
+    with dask.config.set({"pescheduler.state.local-recovery": False}):
+        files = CheckpointFiles()
+        checkpoint(files, store, st, 1)
+        assert local_copies("d") is None
+    assert not (Path(deployment_dir("d")) / "checkpoint-copies").exists()
+    assert local_copies("d") is not None                # on by default
+    assert len(restored(store, 1)) == 2_000
 
 
 @pytest.mark.usefixtures("unpacked")
