@@ -17,18 +17,9 @@ import hashlib
 import hmac
 import os
 
-from .. import config
 from .files import CHECKPOINT_DIR, physical
-from .settings import deployment_dir
 
 LOCAL = "checkpoint-copies"
-
-
-def local_copies(deployment: str) -> "LocalCopies | None":
-    """This worker's copies of ``deployment``'s files (its directory of the deployment:
-    ``state.settings.deployment_dir``), or None when ``pescheduler.state.local-recovery`` is off
-    on this worker: nothing is copied, every restore reads the storage."""
-    return LocalCopies(deployment_dir(deployment)) if config.get("state.local-recovery") else None
 
 
 class LocalCopies:

@@ -24,6 +24,7 @@ from dask.utils import parse_bytes
 from .. import config
 from ..errors import ConfigError
 from .base import KeyedState
+from .local import LocalCopies
 
 BACKENDS = ("memory", "disk")
 
@@ -116,6 +117,13 @@ def _gone(name: str) -> bool:
         return _name_of(int(m.group(1))) != name     # its pid another process's now, or none's
     except psutil.Error:                # no such process
         return True
+
+
+def local_copies(deployment: str) -> LocalCopies | None:
+    """This worker's copies of ``deployment``'s files (in :func:`deployment_dir`: local recovery,
+    state/local.py), or None when ``pescheduler.state.local-recovery`` is off on this worker:
+    nothing is copied, every restore reads the storage."""
+    return LocalCopies(deployment_dir(deployment)) if config.get("state.local-recovery") else None
 
 
 def store_dir(owner: str, deployment: str = "local") -> str:

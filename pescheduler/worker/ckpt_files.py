@@ -25,7 +25,7 @@ from ..errors import CheckpointError
 from ..state.files import StateFiles
 from ..state.foreground import FOREGROUND
 from ..state.incremental import ChainWriter
-from ..state.local import local_copies
+from ..state.settings import local_copies
 
 
 class CheckpointFiles:

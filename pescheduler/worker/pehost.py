@@ -40,8 +40,8 @@ from .. import allocator, collector
 from ..state.base import KeyedState
 from ..state.foreground import FOREGROUND
 from ..state.incremental import resolve_restore
-from ..state.local import LOCAL, local_copies
-from ..state.settings import remove_stores
+from ..state.local import LOCAL
+from ..state.settings import local_copies, remove_stores
 from ..plugins import activate
 from .dead_outbox import DeadLetterOutbox
 from .runtime import Hosting, PERunner

@@ -27,8 +27,8 @@ from pescheduler.state.groups import restore_groups, snapshot_groups
 from pescheduler.state.incremental import (load_snapshot, load_state_file, outgrown_at, pickle_snapshot, resolve_restore,
                                           with_entries)
 from pescheduler.state.files import physical
-from pescheduler.state.local import LocalCopies, local_copies
-from pescheduler.state.settings import deployment_dir
+from pescheduler.state.local import LocalCopies
+from pescheduler.state.settings import deployment_dir, local_copies
 from pescheduler.worker import ckpt_files
 from pescheduler.worker.ckpt_files import CheckpointFiles
 
