@@ -297,7 +297,7 @@ class WorkerGateway:
     async def stop(self, workers: Iterable[str], goes_on: bool = False) -> None:
         """Stop the deployment's PEs on ``workers`` (bounded; a dead worker is skipped). ``goes_on``:
         a recovery's stop, after which the workers keep their checkpoint copies (``PEHost.pe_stop``)."""
-        await self._ending("pe_stop", workers, **({"goes_on": True} if goes_on else {}))
+        await self._ending("pe_stop", workers, goes_on=goes_on)
 
     async def _ending(self, handler: str, workers: Iterable[str], **kwargs) -> None:
         workers = list(workers)

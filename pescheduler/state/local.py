@@ -63,11 +63,11 @@ class LocalCopies:
         made before its chains name them; a segment's copy removed under it lost the files
         before."""
         base = os.path.join(self.root, run)
-        for folder in _listed(base):
+        for folder in listed(base):
             chk = CHECKPOINT_DIR.fullmatch(folder)
             if chk is None or int(chk.group(1)) > upto:
                 continue
-            for name in _listed(os.path.join(base, folder)):
+            for name in listed(os.path.join(base, folder)):
                 if f"{folder}/{name}" not in keep:
                     try:
                         os.remove(os.path.join(base, folder, name))
@@ -75,7 +75,7 @@ class LocalCopies:
                         pass    # another PE's prune on this worker took it first: gone either way
 
 
-def _listed(folder: str) -> list[str]:
+def listed(folder: str) -> list[str]:
     """``folder``'s entries; none when it is gone (a concurrent prune, or the deployment's end)."""
     try:
         return os.listdir(folder)

@@ -24,7 +24,7 @@ from dask.utils import parse_bytes
 from .. import config
 from ..errors import ConfigError
 from .base import KeyedState
-from .local import LocalCopies
+from .local import LocalCopies, listed
 
 BACKENDS = ("memory", "disk")
 
@@ -144,25 +144,18 @@ def remove_stores(deployment: str, keep: tuple[str, ...] = ()) -> None:
     SIGKILL leaves its stores and copies behind); a live worker's are its own to remove."""
     mine = deployment_dir(deployment)
     if keep:
-        for name in (n for n in _listed(mine) if n not in keep):
+        for name in (n for n in listed(mine) if n not in keep):
             shutil.rmtree(os.path.join(mine, name), ignore_errors=True)
     else:
         shutil.rmtree(mine, ignore_errors=True)
     machine = machine_dir(deployment)
-    for name in _listed(machine):
+    for name in listed(machine):
         if _gone(name):
             shutil.rmtree(os.path.join(machine, name), ignore_errors=True)
     try:
         os.rmdir(machine)               # the last worker of it here: nothing of the deployment is left
     except OSError:
         pass
-
-
-def _listed(folder: str) -> list[str]:
-    try:
-        return os.listdir(folder)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
 
 
 def open_state(backend: str | None = None, owner: str = "state", deployment: str = "local") -> KeyedState:
