@@ -409,9 +409,9 @@ def test_the_barriers_snapshot_does_not_grow_with_the_keys_written_since_the_las
     snapshot, it takes about as long (main copied writable()'s dict, O(keys written)).
 
     Its own thread's CPU time, not the wall clock: the snapshot takes 0.1-0.3 ms at both sizes, and
-    in a loaded suite the wall clock's least of five at 300,000 keys was 1.5 ms (the process's
-    other threads and other processes ran in them), x14 the least at 30,000: only the floor kept
-    it under the bound (session 74's suite)."""
+    in a loaded suite the wall clock's least of five at 300,000 keys was 1.5 ms (most likely the
+    process's other threads and other processes running meanwhile: not reproduced), x14 the least
+    at 30,000: only the floor kept it under the bound (session 74's suite)."""
     import time
 
     from growth import assert_grows_less
