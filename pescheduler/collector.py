@@ -40,14 +40,21 @@ class _FreezeAfterFull:
     def __call__(self, phase: str, info: dict) -> None:
         if phase != "stop" or info.get("generation") != 2:
             return
-        if gc.get_freeze_count() and time.monotonic() - self.thawed_at >= self.thaw_every_s:
+        if _frozen and time.monotonic() - self.thawed_at >= self.thaw_every_s:
             thaw()                              # the next full collection visits everything, once
             self.thawed_at = time.monotonic()
         else:
-            gc.freeze()
+            _freeze()
 
 
 _installed: _FreezeAfterFull | None = None
+_frozen = False     # frozen here since the last thaw: ``gc.get_freeze_count`` would walk every frozen object
+
+
+def _freeze() -> None:
+    global _frozen
+    gc.freeze()
+    _frozen = True
 
 
 def install(thaw_every_s: float) -> None:
@@ -74,11 +81,15 @@ def freeze_survivors() -> None:
     whole); what it gives up is what freezing after a full collection gives up, and the same thaws
     find it."""
     if _installed is not None:
-        gc.freeze()
+        _freeze()
 
 
 def thaw() -> None:
     """Everything frozen goes back to the oldest generation: the next full collection visits it
-    (a PE stopped: its cycles are garbage now)."""
-    if gc.get_freeze_count():
-        gc.unfreeze()
+    (a PE stopped: its cycles are garbage now). ``gc.unfreeze`` is O(1), as ``gc.freeze``; not so
+    ``gc.get_freeze_count``, which walks every frozen object: asked first here, it took 13 ms at
+    10^6 frozen objects and 145 ms at 10^7 (in process), in the stop of a Move's or a Release's
+    retired PE, in the pause, and after each full collection."""
+    global _frozen
+    gc.unfreeze()
+    _frozen = False

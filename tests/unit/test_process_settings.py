@@ -14,12 +14,14 @@ import pytest
 from pescheduler.worker import process_settings
 from pescheduler import collector as collector_module
 from pescheduler.collector import _FreezeAfterFull
+from growth import assert_grows_less
 
 
 @pytest.fixture
 def collector():
     """A callback of its own in gc.callbacks for the test, the process's collector as it was after."""
     added: list = []
+    collector_module.thaw()         # through the module: it knows what it froze (gc.get_freeze_count walks it all)
 
     def install(thaw_every_s: float) -> _FreezeAfterFull:
         callback = _FreezeAfterFull(thaw_every_s)
@@ -29,7 +31,7 @@ def collector():
     yield install
     for callback in added:
         gc.callbacks.remove(callback)
-    gc.unfreeze()
+    collector_module.thaw()
 
 
 class _Node:
@@ -53,7 +55,7 @@ def test_a_full_collection_freezes_what_survived_it_so_the_next_does_not_visit_i
     started = time.process_time()
     gc.collect()
     frozen_visit = time.process_time() - started
-    gc.unfreeze()
+    collector_module.thaw()
     started = time.process_time()
     gc.collect()                                # visits the state (and freezes it again)
     whole_visit = time.process_time() - started
@@ -120,7 +122,7 @@ def test_key_groups_imported_by_a_rescale_are_frozen_where_the_worker_freezes(mo
     from pescheduler.worker.handover import import_groups
 
     monkeypatch.setattr(collector_module, "_installed", _FreezeAfterFull(600) if freezing else None)
-    gc.unfreeze()
+    collector_module.thaw()
     op, rows = _Keyed(), {f"k{i}": {"v": i} for i in range(10_000)}
     try:
         import_groups(op, rows)
@@ -130,4 +132,22 @@ def test_key_groups_imported_by_a_rescale_are_frozen_where_the_worker_freezes(mo
         else:
             assert gc.get_freeze_count() == 0
     finally:
-        gc.unfreeze()
+        collector_module.thaw()
+
+
+def test_a_thaw_does_not_walk_what_is_frozen(freezing):
+    """A PE's stop thaws (``pehost.pe_stop``: in the pause of a Move, and of a Release in its
+    retired copy's hand-over call) and so does a full collection when the thaw is due: in a time
+    that does not grow with what is frozen. Asking ``gc.get_freeze_count`` first walked every
+    frozen object: 1 ms at 10^5, 13 ms at 10^6 in process (x10); 10^7 and more at 10^7 keys."""
+    def measure(n: int) -> list[float]:
+        held, took = [[i] for i in range(n)], []
+        for _ in range(3):
+            collector_module.freeze_survivors()
+            t = time.thread_time()
+            collector_module.thaw()
+            took.append((time.thread_time() - t) * 1000)
+            assert gc.get_freeze_count() == 0
+        del held
+        return took
+    assert_grows_less(measure, "a thaw", keys=100_000, floor_ms=1.0)
