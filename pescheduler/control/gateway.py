@@ -221,11 +221,16 @@ class WorkerGateway:
         return await self.client.rpc(worker).pe_snapshot(deployment=self.deployment, pe_ids=pe_ids,
                                                          leave_out=list(leave_out))
 
-    async def handover(self, worker: str, moves: list[dict], stop: list[str] = ()) -> dict:
+    async def handover(self, worker: str, moves: list[dict], stop: list[str] = (), snapshot: list[str] = (),
+                       leave_out: list[str] = ()) -> dict:
         """The aligned PEs on ``worker`` export these key-group moves and send them to their new
-        owners' workers; answers counts and bytes sent, never the state. ``stop``: retired PEs
-        there that stop right after, in the same call (``HandOvers.pe_handover``)."""
-        return await self.client.rpc(worker).pe_handover(deployment=self.deployment, moves=moves, stop=list(stop))
+        owners' workers; answers counts and bytes sent, never the groups' state. ``snapshot``:
+        retired PEs there whose other operators' states (but ``leave_out``'s) are answered after
+        the export (``"snapshot"``, as :meth:`snapshot`'s); ``stop``: retired PEs there that stop
+        right after, in the same call (``HandOvers.pe_handover``)."""
+        extra = {"snapshot": list(snapshot), "leave_out": list(leave_out)} if snapshot else {}
+        return await self.client.rpc(worker).pe_handover(deployment=self.deployment, moves=moves, stop=list(stop),
+                                                         **extra)
 
     async def handover_expect(self, worker: str, moves: list[dict]) -> dict:
         """Running instances on ``worker`` gate the key groups these moves bring them."""

@@ -34,7 +34,10 @@ same keep running untouched; the others are *retired* and replaced by
    in retired PEs first send the key groups that change owner straight to their
    new owners' workers (``worker/handover.py``; a running owner imports them
    now, a created one is built from them), so the snapshot that reaches this
-   process holds none of that state.
+   process holds none of that state. A retired PE that exports groups is
+   snapshotted (what else it holds) and stopped in that same call, right after
+   its export (a Move's pause: three rounds of calls to busy worker loops, not
+   five).
 4. **Re-wire and restore**, in one round of parallel calls: created PEs are
    built from the snapshots (and the handed-over groups) and started,
    downstream PEs register the new input channels, upstream PEs point their
@@ -346,11 +349,15 @@ async def execute(gateway: WorkerGateway, old: Placement, new: Placement, plan: 
         leave_out = _handed_over(old, plan)
         stopping = _stopped_with_hand_over(old, plan, leave_out)
         folded = _switch_with_hand_over(plan, stopping)
+        snapped: set[str] = set()
         if folded is None:
-            await step("handover", _hand_over_retired(gateway, plan, marker, timeout, stopping))
-        states = await step("snapshot", _snapshot(gateway, old, plan.retired, leave_out))
+            snapped = _snapshotted_with_hand_over(plan, stopping)
+            states = await step("handover", _hand_over_retired(gateway, plan, marker, timeout, stopping,
+                                                               snapshot=snapped, leave_out=leave_out))
+        states.update(await step("snapshot", _snapshot(gateway, old, [p for p in plan.retired if p not in snapped],
+                                                       leave_out)))
         await step("stop", asyncio.gather(*(gateway.stop_pes(old.pes[p].worker, [p])
-                                            for p in plan.retired if p not in stopping)))
+                                            for p in plan.retired if p not in stopping | snapped)))
     states = _created_states(old, new, states, plan, marker)
     # One round of calls in parallel (issue 15: a copy's activation; it was three in a row, then
     # two). Nothing orders them: a channel opened to a receiver that is not there yet (a created
@@ -458,6 +465,15 @@ def _stopped_with_hand_over(old: Placement, plan: ReconfigurationPlan, leave_out
     return {p for p in plan.retired if p in exporting and set(old.pes[p].operators) <= set(leave_out)}
 
 
+def _snapshotted_with_hand_over(plan: ReconfigurationPlan, stopping: set[str]) -> set[str]:
+    """Retired PEs that export key groups and have operators left to snapshot (a Move's PE):
+    snapshotted and stopped in the call that exports their groups, right after the export
+    (``HandOvers.pe_handover``), where the hand-over, the snapshot and the stop were three
+    rounds of calls to their worker's loop in the pause."""
+    exporting = {m.src_pe for m in plan.moves if not m.src_live}
+    return {p for p in plan.retired if p in exporting and p not in stopping}
+
+
 def _switch_with_hand_over(plan: ReconfigurationPlan, stopping: set[str]) -> str | None:
     """The one PE whose switch may go in the very round of the retired PEs' hand-over, carrying
     the gates of the groups coming back (``PEHost.pe_rewire``'s ``expect``: gated before its
@@ -494,11 +510,15 @@ def _gates(plan: ReconfigurationPlan, marker: str, timeout: float) -> dict[str, 
 
 
 async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float,
-                             stopping: set[str] = frozenset(), gate: bool = True) -> None:
+                             stopping: set[str] = frozenset(), gate: bool = True, snapshot: set[str] = frozenset(),
+                             leave_out: list[str] = ()) -> dict[str, dict]:
     """Key groups leave the aligned PEs going away, each straight to its new owner's worker. A
     running owner first gates them (their tuples wait there for their state, which comes after
     the routing switch).
     ``stopping``: retired PEs that stop in their worker's hand-over call, right after it.
+    ``snapshot``: retired PEs snapshotted (but ``leave_out``'s operators) and then stopped in that
+    call (``_snapshotted_with_hand_over``); their operators' states are answered, op_id -> saved
+    state, as :func:`_snapshot` answers them.
     ``gate``: False where the gates go with the switch (``_switch_with_hand_over``)."""
     gates = _gates(plan, marker, timeout) if gate else {}
     ordered = bool(plan.late_seen)          # the go comes after the order wait (_late_seen)
@@ -510,12 +530,27 @@ async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, 
     # the pause), so its gate, set up by this very step, is in place before they come. In turn
     # they were two round trips to two busy worker loops, a Release's ``handover`` step.
     stop_at: dict[str, list[str]] = {}
+    snap_at: dict[str, list[str]] = {}
     for move in plan.moves:
-        if move.src_pe in stopping and move.src_pe not in stop_at.get(move.src_worker, []):
+        if move.src_pe in stopping | snapshot and move.src_pe not in stop_at.get(move.src_worker, []):
             stop_at.setdefault(move.src_worker, []).append(move.src_pe)
-    await asyncio.gather(*(gateway.handover_expect(w, moves) for w, moves in gates.items()),
-                         *(gateway.handover(w, moves, **({"stop": stop_at[w]} if w in stop_at else {}))
-                           for w, moves in by_worker.items()))
+        if move.src_pe in snapshot and move.src_pe not in snap_at.get(move.src_worker, []):
+            snap_at.setdefault(move.src_worker, []).append(move.src_pe)
+
+    def asked(w: str) -> dict:
+        return {**({"stop": stop_at[w]} if w in stop_at else {}),
+                **({"snapshot": snap_at[w], "leave_out": list(leave_out)} if w in snap_at else {})}
+    answers = await asyncio.gather(*(gateway.handover_expect(w, moves) for w, moves in gates.items()),
+                                   *(gateway.handover(w, moves, **asked(w)) for w, moves in by_worker.items()))
+    states: dict[str, dict] = {}
+    for w, answer in zip(by_worker, answers[len(gates):]):
+        if w not in snap_at:
+            continue
+        if not isinstance(answer, dict) or "snapshot" not in answer:     # never restore them from nothing
+            raise ReconfigurationFailed(f"worker {w} answered no snapshot of {snap_at[w]} to its hand-over")
+        for pe_states in cloudpickle.loads(answer["snapshot"]).values():
+            states.update(pe_states)
+    return states
 
 
 async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float,

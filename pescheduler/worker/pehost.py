@@ -153,7 +153,8 @@ class PEHost:
         self.calls: dict[int, tuple[str, Laps]] = {}  # id -> (deployment, laps) of deploys and rewires open
         self.client_ssl = None                       # TLS context for channels we open (None: plain)
         self.handovers = HandOvers(self._of, lambda address: self.worker.rpc(address), lambda: self.worker.address,
-                                   stop=lambda deployment, pe_ids: self.pe_stop(deployment, pe_ids))
+                                   stop=lambda deployment, pe_ids: self.pe_stop(deployment, pe_ids),
+                                   snapshot=self.pe_snapshot)
         self.changes = Changes()             # bumped whenever a PE changes state; the waits below
         self.arrivals = Changes()            # bumped whenever receivers are added (see _expect)
         self.warm_threads: list[ThreadPoolExecutor] = []   # standard slots' threads, started idle
