@@ -26,7 +26,8 @@ changes than :data:`CHANGES_PER_S`), each checkpoint still following 1 % of the 
      first-seen order) against the previous one (unpickle, copy of every pane). The first
      snapshot also computes every key's group (later ones remember them).
   3. Live: a count window holding K keys on a 2-worker embedded cluster,
-     per backend: Replicate and Release pause (``ApplyRecord.pause_ms``), how long after each
+     per backend: Replicate and Release pause (``ApplyRecord.pause_ms``), then a Move of the
+     window's PE, all its key groups, to the other worker, and its pause; how long after each
      pause the moving key groups were all in (``moving: done ms after the pause``), the last checkpoint's
      duration, bytes written and bytes referenced, the largest worker RSS and this (deploying)
      process's RSS.
@@ -225,10 +226,11 @@ def window_state(sizes: list[int]) -> None:
 
 def live(sizes: list[int], backends_: list[str]) -> None:
     import pescheduler
-    from pescheduler import Application, Release, Replicate
+    from pescheduler import Application, Move, Release, Replicate
 
-    print("\n3. live: count window of K keys on 2 workers; checkpoints every 1 s")
-    print(f"{'K':>9} {'backend':8} {'Replicate ms':>13} {'Release ms':>11} {'moved after':>12} {'ckpt s':>7} "
+    print("\n3. live: count window of K keys on 2 workers; checkpoints every 1 s; a Replicate, a Release, "
+          "then a Move of its PE (every key group) to the other worker")
+    print(f"{'K':>9} {'backend':8} {'Replicate ms':>13} {'Release ms':>11} {'Move ms':>8} {'moved after':>15} {'ckpt s':>7} "
           f"{'ckpt MB':>8} {'state MB':>9} {'worker RSS MB':>14} {'deployer RSS MB':>16}")
     for k in sizes:
         for backend in backends_:
@@ -243,13 +245,18 @@ def live(sizes: list[int], backends_: list[str]) -> None:
                     snap = wait_for(dep, lambda s: op in s.operators and s.operators[op].tuples_in >= k)
                     rep, rel = dep.apply(Replicate(op, 1)), dep.apply(Release(op, 1))
                     assert rep.applied and rel.applied, (rep.reason, rel.reason)
+                    placement = dep.placement()
+                    pe = placement.pe_of(op)
+                    there = next(w for w in placement.workers if w != placement.pes[pe].worker)
+                    mv = dep.apply(Move(pe, there), timeout=600)
+                    assert mv.applied, mv.reason
                     seen = len(dep.checkpoints())
                     wait_for(dep, lambda s: len(dep.checkpoints()) >= seen + 3)
                     last = dep.checkpoints()[-1]
                     worker_rss = max(w.memory_bytes for w in dep.snapshot().workers.values())
                     open(until, "w").close()
                     dep.wait(timeout=600)
-                print(f"{k:9d} {backend:8} {rep.pause_ms:13.1f} {rel.pause_ms:11.1f} {moved(rep, rel):>12} "
+                print(f"{k:9d} {backend:8} {rep.pause_ms:13.1f} {rel.pause_ms:11.1f} {mv.pause_ms:8.1f} {moved(rep, rel, mv):>15} "
                       f"{last['duration_s']:7.2f} "
                       f"{last['bytes'] / 1e6:8.2f} {last['state_bytes'] / 1e6:9.2f} {worker_rss / 2**20:14.0f} "
                       f"{rss_bytes() / 2**20:16.0f}")
