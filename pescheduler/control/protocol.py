@@ -530,27 +530,24 @@ async def _hand_over_retired(gateway: WorkerGateway, plan: ReconfigurationPlan, 
     # the pause), so its gate, set up by this very step, is in place before they come. In turn
     # they were two round trips to two busy worker loops, a Release's ``handover`` step.
     stop_at: dict[str, list[str]] = {}
-    snap_at: dict[str, list[str]] = {}
     for move in plan.moves:
         if move.src_pe in stopping | snapshot and move.src_pe not in stop_at.get(move.src_worker, []):
             stop_at.setdefault(move.src_worker, []).append(move.src_pe)
-        if move.src_pe in snapshot and move.src_pe not in snap_at.get(move.src_worker, []):
-            snap_at.setdefault(move.src_worker, []).append(move.src_pe)
+    snap_at = {w: snapped for w, pes in stop_at.items() if (snapped := [p for p in pes if p in snapshot])}
 
     def asked(w: str) -> dict:
         return {**({"stop": stop_at[w]} if w in stop_at else {}),
                 **({"snapshot": snap_at[w], "leave_out": list(leave_out)} if w in snap_at else {})}
     answers = await asyncio.gather(*(gateway.handover_expect(w, moves) for w, moves in gates.items()),
                                    *(gateway.handover(w, moves, **asked(w)) for w, moves in by_worker.items()))
-    states: dict[str, dict] = {}
+    blobs = []
     for w, answer in zip(by_worker, answers[len(gates):]):
         if w not in snap_at:
             continue
         if not isinstance(answer, dict) or "snapshot" not in answer:     # never restore them from nothing
             raise ReconfigurationFailed(f"worker {w} answered no snapshot of {snap_at[w]} to its hand-over")
-        for pe_states in cloudpickle.loads(answer["snapshot"]).values():
-            states.update(pe_states)
-    return states
+        blobs.append(answer["snapshot"])
+    return _op_states(blobs)
 
 
 async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker: str, timeout: float,
@@ -723,6 +720,12 @@ async def _snapshot(gateway: WorkerGateway, old, retired, leave_out: list[str] =
         if not set(old.pes[pe_id].operators) <= set(leave_out):
             by_worker.setdefault(old.pes[pe_id].worker, []).append(pe_id)
     blobs = await asyncio.gather(*(gateway.snapshot(w, p, leave_out) for w, p in by_worker.items()))
+    return _op_states(blobs)
+
+
+def _op_states(blobs) -> dict[str, dict]:
+    """op_id -> saved state, from the workers' snapshot answers (``PEHost.pe_snapshot``'s:
+    cloudpickled pe_id -> op_id -> state)."""
     states: dict[str, dict] = {}
     for blob in blobs:
         for pe_states in cloudpickle.loads(blob).values():

@@ -161,7 +161,8 @@ async def _loading(host: PEHost, restore: dict):
     """The restored PE started, its loader driven by the test (nothing loaded yet); the deploy's
     answer."""
     answer = await host.pe_deploy(cloudpickle.dumps([_spec(restore)]), start=False)
-    loader = host.loaders[(DEP, "pe")]
+    loader = host.loaders.get((DEP, "pe"))
+    assert loader is not None, f"restored at once, not lazily: {answer}"
     loader.start = lambda: asyncio.create_task(asyncio.sleep(0))
     await host._start(DEP, ["pe"], SimpleNamespace(lap=lambda _name: None))
     return host.pes[(DEP, "pe")], loader, answer
@@ -279,11 +280,11 @@ def test_a_restored_pes_first_output_does_not_wait_for_every_key_group(backend, 
     x3.5 (the loader's thread and other processes taking turns), and which group the loader was
     reading when the tuple came hung on the scheduling. Here the tuple waits at the gate before the
     loader takes its first group (:meth:`Loader.load_one`, the step its task repeats)."""
-    reads: list[tuple[int, bool]] = []      # (group, read after the first output)
-    read_group, sink = incremental.read_group, []      # sink: the PE's sink's items, once it is built
+    reads: list[int] = []
+    read_group = incremental.read_group
 
     def counted(files, ref, *args):
-        reads.append((ref.group, bool(sink and sink[0])))
+        reads.append(ref.group)
         return read_group(files, ref, *args)
     monkeypatch.setattr(incremental, "read_group", counted)
 
@@ -295,13 +296,8 @@ def test_a_restored_pes_first_output_does_not_wait_for_every_key_group(backend, 
             try:
                 reads.clear()
                 t0 = time.process_time()
-                await host.pe_deploy(cloudpickle.dumps([_spec(dict(restore, state=restore["state"]))]), start=False)
+                pe, loader, _answer = await _loading(host, dict(restore, state=restore["state"]))
                 assert reads == [], f"the deploy read {len(reads)} key groups"
-                loader = host.loaders[(DEP, "pe")]
-                loader.start = lambda: asyncio.create_task(asyncio.sleep(0))    # the test takes its steps
-                await host._start(DEP, ["pe"], SimpleNamespace(lap=lambda _name: None))
-                pe = host.pes[(DEP, "pe")]
-                sink[:] = [pe.ops["sink"].items]
                 pe.ports.inbox.put(pe.ports.receivers[IN], DATA, [_update(touched, -1)])
                 gate = pe.rewirer.pending["state"]
                 await _until(lambda: gate.buffered or pe.state != "running", "the tuple waits at its group's gate")
@@ -309,7 +305,7 @@ def test_a_restored_pes_first_output_does_not_wait_for_every_key_group(backend, 
                 took = (time.process_time() - t0) * 1000
                 out = pe.ops["sink"].items
                 assert out and out[0]["previous"] == _row(touched), "its output came with its group's import"
-                assert reads == [(key_group(_key(touched)), False)], f"groups read before its output: {reads}"
+                assert reads == [key_group(_key(touched))], f"groups read before its output: {reads}"
                 return took
             finally:
                 await host.close()
