@@ -244,18 +244,23 @@ class HandOvers:
             task.add_done_callback(self.sending.discard)
         return {"parts": len(parts)}
 
-    async def _send(self, deployment: str, move: dict, held: list) -> int:
-        blob = await asyncio.to_thread(_pickled, held)      # off the loop the PEs run on
+    async def _deliver(self, deployment: str, move: dict, blob: bytes) -> None:
+        """A packed part to its new owner's worker (this one: directly); returns once it is imported."""
         if move["dst_worker"] == self.address():
             await self.pe_handover_put(deployment, move, blob)
         else:
             await self.rpc(move["dst_worker"]).pe_handover_put(deployment=deployment, move=move, blob=blob)
-        return len(blob)
 
     async def _send_later(self, deployment: str, parts: list[tuple[dict, dict]]) -> None:
         """Deferred parts, one after another (a slice's import waits for no other slice), once the
         pause is over (the move's ``go``: bounded by the reconfiguration's timeout). Each part is
-        let go as it is sent (:func:`_pickled`), so ``parts`` empties as it goes."""
+        let go as it is packed (:func:`_pickled`), so ``parts`` empties as it goes.
+
+        Packing and importing overlap: the next part is pickled in a thread here while the last
+        one is sent and imported there (``pe_handover_put`` answers once its groups are in), so a
+        move takes about the longer of the two per part, not their sum, and at most two parts are
+        packed at once. One after the other, a Move of 10^6 keys on ``memory`` spent 15-50 ms
+        packing a part, then 20-40 ms waiting for its import, both workers in turn idle."""
         bound, tag = parts[0][0].get("go"), parts[0][0]["tag"]
         if bound is not None:
             key = (deployment, tag)
@@ -264,14 +269,25 @@ class HandOvers:
             except asyncio.TimeoutError:
                 logger.warning("no end of the pause of %s came: its key groups go now", key[1])
             self.go.pop(key, None)
+
+        def pack_next() -> tuple[dict, asyncio.Future] | None:
+            if not parts:
+                return None
+            move, part = parts.pop(0)
+            held = [part]
+            del part
+            return move, asyncio.ensure_future(asyncio.to_thread(_pickled, held))   # off the PEs' loop
+        packing = pack_next()
         try:
-            while parts:
-                move, part = parts.pop(0)
-                held = [part]
-                del part
-                await self._send(deployment, move, held)
+            while packing is not None:
+                move, blob = packing[0], await packing[1]
+                packing = pack_next()
+                await self._deliver(deployment, move, blob)
+                del blob
         except Exception as exc:      # the gaining instance's groups stay gated: the wait says why
             logger.error("hand-over of %s failed", tag, exc_info=True)
+            if packing is not None:     # its thread runs on: its outcome read, not left to the loop's log
+                packing[1].add_done_callback(lambda done: done.cancelled() or done.exception())
             await self._fail(deployment, tag, f"sending key groups failed: {exc!r}")
 
     async def _fail(self, deployment: str, tag: str, why: str) -> None:

@@ -688,12 +688,16 @@ def test_a_hand_over_call_snapshots_then_stops_the_pes_it_names_after_the_export
     assert cloudpickle.loads(answer["snapshot"]) == {"pe": {"sink": {"n": 1}}} and answer["stopped"] == ["pe"]
 
 
-def test_each_part_sent_is_freed_in_the_pickling_thread_before_the_next_is_sent():
+def test_each_part_is_freed_in_the_pickling_thread_and_the_next_is_packed_while_one_is_delivered():
     """A move's parts are let go one by one, each in the thread that pickled it: their containers
     (a taken group's copy of its keys) are never freed on the worker's loop. Kept to the move's
     end, every part was freed at once there, as its last send returned: at 10^7 keys on memory a
-    Release asked as a Replicate's move ended waited about 100 ms for that loop."""
+    Release asked as a Replicate's move ended waited about 100 ms for that loop. And the next
+    part is packed while the last one is delivered (and imported there), one part ahead at
+    most: on the code before, part 1 was pickled only once part 0's delivery had returned, so
+    the delivery of part 0 below waited in vain for it (both workers took turns being idle)."""
     freed: list[tuple[int, str]] = []
+    second_packed = threading.Event()
 
     class Traced:                               # a part's state: where and when it was freed
         def __init__(self, n: int) -> None:
@@ -704,13 +708,17 @@ def test_each_part_sent_is_freed_in_the_pickling_thread_before_the_next_is_sent(
 
         def __del__(self):
             freed.append((self.n, threading.current_thread().name))
+            if self.n == 1:
+                second_packed.set()
 
     async def scenario() -> list:
         sent = []
 
         class Peer:
             async def pe_handover_put(self, deployment, move, blob):
-                sent.append((cloudpickle.loads(blob)["state"], list(freed)))
+                n = cloudpickle.loads(blob)["state"]
+                overlapped = await asyncio.to_thread(second_packed.wait, 10) if n == 0 else None
+                sent.append((n, [m for m, _thread in freed], overlapped))
 
         here = HandOvers(lambda dep: {}, lambda address: Peer(), lambda: "tcp://a")
         moves = [{"tag": "m", "dst_worker": "tcp://b", "dst_pe": "copy"} for _ in range(3)]
@@ -720,7 +728,29 @@ def test_each_part_sent_is_freed_in_the_pickling_thread_before_the_next_is_sent(
 
     loop_thread = threading.current_thread().name
     sent = asyncio.run(scenario())
-    assert [n for n, _seen in sent] == [0, 1, 2]
-    assert [seen for _n, seen in sent][:2] == [freed[:1], freed[:2]]       # each freed before the next went
+    assert [n for n, _seen, _o in sent] == [0, 1, 2]
+    assert sent[0][2] is True, "part 1 was not packed while part 0 was delivered"
+    for n, seen, _o in sent:                    # each freed before it went, at most one part beyond it
+        assert n in seen and set(seen) <= set(range(n + 2)), sent
     assert [n for n, _thread in freed] == [0, 1, 2]
     assert all(thread != loop_thread for _n, thread in freed), freed
+
+
+def test_a_failed_delivery_fails_the_move_and_the_part_packed_ahead_goes_unsent():
+    """A delivery that raises ends the move (its gates stay pending; the wait says why) and the
+    part packed meanwhile is not sent."""
+    async def scenario():
+        sent = []
+
+        class Peer:
+            async def pe_handover_put(self, deployment, move, blob):
+                sent.append(cloudpickle.loads(blob)["state"])
+                raise ConnectionError("the worker went away")
+
+        here = HandOvers(lambda dep: {}, lambda address: Peer(), lambda: "tcp://a")
+        moves = [{"tag": "m", "dst_worker": "tcp://b", "dst_pe": "copy"} for _ in range(3)]
+        await here._send_later("d", [(m, {"state": i}) for i, m in enumerate(moves)])
+        return sent, here.failed
+    sent, failed = asyncio.run(scenario())
+    assert sent == [0]
+    assert "the worker went away" in failed[("d", "m")], failed
