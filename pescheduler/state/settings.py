@@ -10,11 +10,13 @@ the store opens.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import shutil
 import socket
 import tempfile
+import threading
 import uuid
 from typing import Any
 
@@ -27,6 +29,10 @@ from .base import KeyedState
 from .local import LocalCopies, listed
 
 BACKENDS = ("memory", "disk")
+SPARE_DELAY_S = 1.0     # a store made ahead is made this long after its deployment came and after each take
+OWNER = "owner"         # the file naming who took a store made ahead (its directory is spare-<id>)
+
+logger = logging.getLogger(__name__)
 
 
 def backend_name(chosen: str | None = None) -> str:
@@ -142,6 +148,7 @@ def remove_stores(deployment: str, keep: tuple[str, ...] = ()) -> None:
     :func:`keyed_state`) but the entries of its directory named in ``keep`` (a recovery's: the
     checkpoint copies), and the directories of this machine's workers of it that have ended (a
     SIGKILL leaves its stores and copies behind); a live worker's are its own to remove."""
+    SPARES.drop(deployment)
     mine = deployment_dir(deployment)
     if keep:
         for name in (n for n in listed(mine) if n not in keep):
@@ -159,7 +166,8 @@ def remove_stores(deployment: str, keep: tuple[str, ...] = ()) -> None:
 
 
 def open_state(backend: str | None = None, owner: str = "state", deployment: str = "local") -> KeyedState:
-    """A new, empty keyed state of ``backend`` (default ``pescheduler.state.backend``)."""
+    """A new, empty keyed state of ``backend`` (default ``pescheduler.state.backend``): on ``disk``
+    the deployment's store made ahead when one is ready (:class:`Spares`), else one made now."""
     name = backend_name(backend)
     if name == "memory":
         from .memory import MemoryState
@@ -168,7 +176,94 @@ def open_state(backend: str | None = None, owner: str = "state", deployment: str
     from .disk import DiskState
 
     budget = cache_bytes()                 # a bad size fails before any directory is made
-    return DiskState(store_dir(owner, deployment), budget)
+    spare = SPARES.take(deployment, owner, budget)     # (a state is falsy while empty: no ``or``)
+    return DiskState(store_dir(owner, deployment), budget) if spare is None else spare
+
+
+class Spares:
+    """An empty ``disk`` store made ahead, one per deployment on this worker, for its next store.
+
+    Creating a RocksDB writes and syncs its first files (about ten fsyncs) while rocksdict holds
+    the GIL: 5-45 ms in which nothing else of the worker runs, the more the busier its disk. A Move
+    builds its PE anew inside the pause, so that creation was part of the pause (12-45 ms of Moves
+    that paused 60-158 ms at 10^6 keys, traced in session 77). A worker of a ``disk`` deployment
+    (:meth:`make_ahead`, called as the deployment comes) keeps one made in a thread
+    :data:`SPARE_DELAY_S` later, and again that long after each :meth:`take`: the GIL it holds
+    then is not a pause's. Its directory is ``spare-<id>``, with a file :data:`OWNER` naming the
+    operator instance that took it. Made at the cache budget of its time: taken only at that one.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._ready: dict[str, tuple[Any, int]] = {}        # deployment -> (store, its cache budget)
+        self._making: dict[str, threading.Timer] = {}       # deployment -> the timer that makes its next one
+
+    def make_ahead(self, deployment: str, delay: float = SPARE_DELAY_S) -> None:
+        """Make ``deployment``'s store ahead ``delay`` seconds from now, unless one is ready or coming."""
+        with self._lock:
+            if deployment in self._ready or deployment in self._making:
+                return
+            timer = self._making[deployment] = threading.Timer(delay, self._make, (deployment,))
+            timer.name, timer.daemon = f"disk-state-spare-{deployment}"[:60], True
+            timer.start()
+
+    def _make(self, deployment: str) -> None:
+        from .disk import DiskState
+
+        me, store, budget = threading.current_thread(), None, 0
+        try:
+            budget = cache_bytes()
+            store = DiskState(store_dir("spare", deployment), budget)
+        except Exception:       # no spare: the next store is made when it is opened, as without one
+            logger.warning("no store made ahead for %s", deployment, exc_info=True)
+        with self._lock:
+            if self._making.get(deployment) is me:       # else dropped meanwhile: the deployment ended here
+                del self._making[deployment]
+                if store is not None:
+                    self._ready[deployment], store = (store, budget), None
+            self._lock.notify_all()
+        if store is not None:       # made for a deployment that ended here meanwhile: nothing of it stays
+            store.close()
+            for folder in (deployment_dir(deployment), machine_dir(deployment)):
+                try:
+                    os.rmdir(folder)
+                except OSError:     # not empty: another store's, another worker's
+                    break
+
+    def take(self, deployment: str, owner: str, budget: int) -> Any:
+        """``deployment``'s store made ahead, now ``owner``'s (None: none ready at this ``budget``),
+        and the next one begun."""
+        with self._lock:
+            ready = self._ready.pop(deployment, None)
+        if ready is None:
+            return None
+        self.make_ahead(deployment)
+        store, made_at = ready
+        if made_at != budget:
+            store.close()
+            return None
+        with open(os.path.join(store.path, OWNER), "w") as f:
+            f.write(_safe(owner))       # the name the store's directory would have had
+        return store
+
+    def wait(self, deployment: str, timeout: float) -> bool:
+        """Until ``deployment``'s store made ahead is ready (bounded): whether it is."""
+        with self._lock:
+            return self._lock.wait_for(lambda: deployment in self._ready or deployment not in self._making, timeout) \
+                and deployment in self._ready
+
+    def drop(self, deployment: str) -> None:
+        """The deployment ended here: its store made ahead closed and removed, its timer stopped."""
+        with self._lock:
+            ready, timer = self._ready.pop(deployment, None), self._making.pop(deployment, None)
+            self._lock.notify_all()
+        if timer is not None:
+            timer.cancel()          # (one already making closes what it made: it is no longer _making's)
+        if ready is not None:
+            ready[0].close()
+
+
+SPARES = Spares()
 
 
 def keyed_state(context: Any, name: str = "state") -> KeyedState:

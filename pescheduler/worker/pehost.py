@@ -41,7 +41,7 @@ from ..state.base import KeyedState
 from ..state.foreground import FOREGROUND
 from ..state.incremental import resolve_restore
 from ..state.local import LOCAL
-from ..state.settings import local_copies, remove_stores
+from ..state.settings import SPARES, local_copies, remove_stores
 from ..plugins import activate
 from .dead_outbox import DeadLetterOutbox
 from .runtime import Hosting, PERunner
@@ -245,6 +245,8 @@ class PEHost:
         ``context.extra["checkpoint"]`` and ``context.extra["state"]``)."""
         self.secrets[deployment] = bytes(secret)
         self.state_backends[deployment] = state
+        if state == "disk":
+            SPARES.make_ahead(deployment)       # a store a rescale's pause takes instead of creating one
         if checkpoint:
             self.checkpointing.add(deployment)
 

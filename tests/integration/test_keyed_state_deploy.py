@@ -10,6 +10,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, Move, Release, Replicate
+from pescheduler.state.settings import OWNER
 from support_ops import copy_holds, replicated
 from test_copies import until           # the next monitor snapshot where a predicate holds
 
@@ -22,10 +23,20 @@ KEYS = 50
 
 def stores(root) -> list[str]:
     """The operator stores under ``pescheduler.state.dir``, of every worker of the machine:
-    pescheduler-state/<deployment>/<worker's process>/<store>."""
+    pescheduler-state/<deployment>/<worker's process>/<store>, each by its name or, made ahead
+    (``spare-<id>``), by the owner its file names (one no operator took yet is left out)."""
     base = os.path.join(root, "pescheduler-state")
-    return [d for dep in _listed(base) for worker in _listed(os.path.join(base, dep))
-            for d in _listed(os.path.join(base, dep, worker))]
+    found = [os.path.join(base, dep, worker, d) for dep in _listed(base) for worker in _listed(os.path.join(base, dep))
+             for d in _listed(os.path.join(base, dep, worker))]
+    return [_owner(path) for path in found if not os.path.basename(path).startswith("spare-") or
+            os.path.exists(os.path.join(path, OWNER))]
+
+
+def _owner(path: str) -> str:
+    if not os.path.basename(path).startswith("spare-"):
+        return os.path.basename(path)
+    with open(os.path.join(path, OWNER)) as f:
+        return f.read()
 
 
 def _listed(folder: str) -> list[str]:
