@@ -481,19 +481,26 @@ class Burst(Operator):
 class EveryKey(Source):
     """``{"key": i, "ts": i, "v": 1}`` once for each of ``keys`` keys, then nothing until the file
     ``until`` exists, then the end: keyed state of ``keys`` keys held while a benchmark works on
-    it (bench/state.py). ``arrow``: each read one Arrow RecordBatch of those rows."""
+    it (bench/state.py). ``arrow``: each read one Arrow RecordBatch of those rows. ``rate``: after
+    the fill, that many tuples a second go on until then, 90 % of them over the ``hot`` keys
+    0..hot-1 (the rest over every key; ``hot`` 0: every tuple over every key), so a move's groups
+    have tuples waiting for them, a hot key's most (bench/state.py's ``--hot``)."""
 
     name = "every_key"
 
-    def __init__(self, keys: int = 1000, until: str = "", arrow: bool = False, **kw) -> None:
+    def __init__(self, keys: int = 1000, until: str = "", arrow: bool = False, rate: float = 0.0, hot: int = 0,
+                 seed: int = 7, **kw) -> None:
         super().__init__(**kw)
         self.keys, self.until, self.arrow, self.i = keys, until, arrow, 0
+        self.rate, self.hot, self.seed, self.sent, self.filled_at = rate, hot, seed, 0, None
 
     def read(self, n):
         import os
 
         if self.i >= self.keys:
-            return None if os.path.exists(self.until) else []
+            if os.path.exists(self.until):
+                return None
+            return self._later(n) if self.rate else []
         hi = min(self.keys, self.i + n)
         if self.arrow:
             import pyarrow as pa
@@ -504,11 +511,27 @@ class EveryKey(Source):
         self.i = hi
         return out
 
+    def _later(self, n: int) -> list:
+        """The tuples come due since the fill (``rate`` a second), at most ``n``."""
+        import random
+
+        if self.filled_at is None:
+            self.filled_at = time.monotonic()
+        due = min(n, int((time.monotonic() - self.filled_at) * self.rate) - self.sent)
+        if due <= 0:
+            return []
+        draw = random.Random(self.seed * 1_000_003 + self.sent)
+        keys = [draw.randrange(self.hot) if self.hot and draw.random() < 0.9 else draw.randrange(self.keys)
+                for _ in range(due)]
+        ts = self.keys + self.sent
+        self.sent += due
+        return [{"key": k, "ts": ts + j, "v": 1} for j, k in enumerate(keys)]
+
     def position(self):                  # a checkpoint's record of it (bench/state.py checkpoints)
-        return {"i": self.i}
+        return {"i": self.i, "sent": self.sent}
 
     def seek(self, position):
-        self.i = position["i"]
+        self.i, self.sent = position["i"], position.get("sent", 0)
 
 
 class Churn(Source):

@@ -1,7 +1,7 @@
 """Keyed state benchmark: the memory and disk backends against plain dicts, and what moves on a rescale.
 
     python bench/state.py [--keys 1000,10000,100000,1000000] [--huge] [--quick] [--parts 1,2,3,4,5,6]
-                          [--backends memory,disk] [--checkpoints 10] [--timeout 2]
+                          [--backends memory,disk] [--checkpoints 10] [--timeout 2] [--hot 0]
 
 For each K (``--huge`` adds 10^7; ``--quick``: 10^3 and 10^4, the live parts 3 and 6 at 10^3 only,
 under a minute), one run, all figures from it.
@@ -30,7 +30,9 @@ changes than :data:`CHANGES_PER_S`), each checkpoint still following 1 % of the 
      window's PE, all its key groups, to the other worker, and its pause; how long after each
      pause the moving key groups were all in (``moving: done ms after the pause``), the last checkpoint's
      duration, bytes written and bytes referenced, the largest worker RSS and this (deploying)
-     process's RSS.
+     process's RSS. ``--hot H``: after the fill the source goes on at :data:`HOT_RATE` tuples a
+     second, 90 % of them over H keys, and each move's tuples held for their groups and their
+     mean wait are printed (a move sends the groups tuples wait for first).
   4. Checkpoints of keyed state (in-process, one (backend, K) per process): the PE's stall at the
      barrier (its synchronous part: before, the key groups packed and pickled there; now, a view
      set aside), the worker's write of a full checkpoint and of one after 1 % of the keys changed
@@ -224,20 +226,26 @@ def window_state(sizes: list[int]) -> None:
 
 # -- 3. live: a count window of K keys, copied and released ---------------------------------------
 
-def live(sizes: list[int], backends_: list[str]) -> None:
+HOT_RATE = 2000         # part 3's --hot: tuples a second after the fill
+
+def live(sizes: list[int], backends_: list[str], hot: int = 0) -> None:
     import pescheduler
     from pescheduler import Application, Move, Release, Replicate
 
     print("\n3. live: count window of K keys on 2 workers; checkpoints every 1 s; a Replicate, a Release, "
-          "then a Move of its PE (every key group) to the other worker")
+          "then a Move of its PE (every key group) to the other worker" +
+          (f"; after the fill {HOT_RATE} tuples/s, 90 % of them over {hot} keys: each move's tuples held and their "
+           "mean wait for their group (held/wait)" if hot else ""))
     print(f"{'K':>9} {'backend':8} {'Replicate ms':>13} {'Release ms':>11} {'Move ms':>8} {'moved after':>15} {'ckpt s':>7} "
-          f"{'ckpt MB':>8} {'state MB':>9} {'worker RSS MB':>14} {'deployer RSS MB':>16}")
+          f"{'ckpt MB':>8} {'state MB':>9} {'worker RSS MB':>14} {'deployer RSS MB':>16}" +
+          (f" {'held/wait ms: Replicate, Release, Move':>40}" if hot else ""))
     for k in sizes:
         for backend in backends_:
             with tempfile.TemporaryDirectory() as tmp:
                 until = os.path.join(tmp, "done")
                 app = Application(f"state-{backend}-{k}")
-                (app.source("every_key", keys=k, until=until).key_by("key")
+                stream = {"rate": HOT_RATE, "hot": hot} if hot else {}
+                (app.source("every_key", keys=k, until=until, **stream).key_by("key")
                     .window(count=2**30, aggregates={"n": ("count", "v")}).sink("discard"))
                 with pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[], state=backend,
                                         checkpoint=os.path.join(tmp, "ckpt"), checkpoint_interval="1s") as dep:
@@ -256,10 +264,13 @@ def live(sizes: list[int], backends_: list[str]) -> None:
                     worker_rss = max(w.memory_bytes for w in dep.snapshot().workers.values())
                     open(until, "w").close()
                     dep.wait(timeout=600)
+                waits = ", ".join(f"{r.steps.get('moving: tuples held', 0)}/"
+                                  f"{r.steps.get('moving: mean wait of a tuple held ms', 0):.0f}"
+                                  for r in (rep, rel, mv))
                 print(f"{k:9d} {backend:8} {rep.pause_ms:13.1f} {rel.pause_ms:11.1f} {mv.pause_ms:8.1f} {moved(rep, rel, mv):>15} "
                       f"{last['duration_s']:7.2f} "
                       f"{last['bytes'] / 1e6:8.2f} {last['state_bytes'] / 1e6:9.2f} {worker_rss / 2**20:14.0f} "
-                      f"{rss_bytes() / 2**20:16.0f}")
+                      f"{rss_bytes() / 2**20:16.0f}" + (f" {waits:>40}" if hot else ""))
                 del snap
 
 
@@ -851,6 +862,9 @@ def main() -> None:
                         help="part 7: pescheduler.checkpoint.timeout (s), shorter than the first full write")
     parser.add_argument("--checkpoints", type=int, default=None,
                         help="steady checkpoints each table row waits for (default 10; --quick: 2)")
+    parser.add_argument("--hot", type=int, default=0,
+                        help=f"part 3: after the fill {HOT_RATE} tuples/s go on, 90 %% of them over this many keys "
+                             "(each move's tuples held and their mean wait; 0: no tuples after the fill)")
     args = parser.parse_args()
     os.environ["STATE_BENCH_CHECKPOINTS"] = str(args.checkpoints or (2 if args.quick else 10))
     os.environ["STATE_BENCH_INTERVAL"] = "0.5" if args.quick else "1"
@@ -861,7 +875,7 @@ def main() -> None:
         sizes.append(10**7)
     print(f"load average {os.getloadavg()[0]:.1f} (figures (L) on a loaded machine: compare ratios)")
     parts, chosen = {int(p) for p in args.parts.split(",")}, args.backends.split(",")
-    for part, run in ((1, backends), (2, window_state), (3, lambda s: live(s[:1] if args.quick else s, chosen)),
+    for part, run in ((1, backends), (2, window_state), (3, lambda s: live(s[:1] if args.quick else s, chosen, args.hot)),
                       (4, lambda s: checkpoints(s, chosen)), (5, windows), (6, lambda s: table(s[:1] if args.quick else s, chosen)),
                       (7, lambda s: attempts(s, chosen, args.timeout))):
         if part in parts:

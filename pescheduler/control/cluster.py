@@ -124,16 +124,17 @@ class EmbeddedCluster:
             await self._spawn()
         return self._scheduler.address
 
-    def attach_dashboard(self) -> None:
+    def attach_dashboard(self) -> threading.Thread | None:
         """Add Dask's bokeh pages (``/status`` and the rest) to the running scheduler's HTTP server.
 
         Their import runs in a daemon thread, so a deployment that is closing or a process
         that is exiting never waits for it; the pages are connected on the scheduler's loop
         once imported, if the scheduler still runs. Without bokeh installed the server
-        answers those pages with Dask's "install bokeh" page, as before.
+        answers those pages with Dask's "install bokeh" page, as before. Answers the thread
+        importing them (None: begun before, or no scheduler).
         """
         if self._scheduler is None or self._dashboard_thread is not None:
-            return
+            return None
         loop = asyncio.get_running_loop()
         scheduler = self._scheduler
 
@@ -158,6 +159,7 @@ class EmbeddedCluster:
                 loop.call_soon_threadsafe(connect, module)
         self._dashboard_thread = threading.Thread(target=load, name="pescheduler-dashboard-import", daemon=True)
         self._dashboard_thread.start()
+        return self._dashboard_thread
 
     _dashboard_thread: threading.Thread | None = None
 

@@ -25,6 +25,7 @@ worker processes, one per core, at least two) and closes it on stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -68,6 +69,7 @@ from .state import DeploymentState
 from .status import status_view
 
 logger = logging.getLogger(__name__)
+DASHBOARD_IMPORT_WAIT_S = 30.0    # the longest the dashboard's import holds the reconfiguration lock
 
 WATCH_TIMEOUT_S = 2.0
 CLOSE_CLUSTER_S = 20.0     # an embedded cluster that does not close within this is left to its atexit
@@ -430,11 +432,20 @@ class Deployment:
 
     async def _dashboard_after_an_interval(self) -> None:
         """Dask's bokeh pages on the embedded cluster once the run has lasted a monitor interval:
-        a shorter run (most of a small app's) never imports bokeh; /pescheduler serves from the start."""
+        a shorter run (most of a small app's) never imports bokeh; /pescheduler serves from the start.
+
+        The import holds this process's GIL in bursts for 0.5-0.9 s of CPU, and the controller's
+        calls in a reconfiguration's pause share that GIL: beside it, the first Release and Move
+        after a deploy paused 38-46 and 67-135 ms where they pause 8-11 and 12-26 ms (a count window
+        of 10^3 keys, session 77). So it runs under the reconfiguration lock, once: a
+        reconfiguration or checkpoint asked meanwhile waits for it, not its pause."""
         try:
             await asyncio.wait_for(self._done.wait(), config.get_seconds("monitor.interval"))
         except asyncio.TimeoutError:
-            self.cluster.attach_dashboard()
+            async with self.reconfigurer.lock if self.reconfigurer is not None else contextlib.nullcontext():
+                importing = self.cluster.attach_dashboard()
+                if importing is not None:       # bounded: a stuck import leaves the lock, not the run
+                    await asyncio.to_thread(importing.join, DASHBOARD_IMPORT_WAIT_S)
 
     def _cluster_host(self) -> str:
         """Where the embedded cluster listens: loopback, or the address a resource manager's

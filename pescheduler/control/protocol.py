@@ -575,6 +575,9 @@ async def _moves_done(gateway: WorkerGateway, plan: ReconfigurationPlan, marker:
         last = pending
     steps["moving: bytes"] = sum(a["bytes"] for a in answers)
     steps["moving: tuples held"] = sum(a["buffered"] for a in answers)
+    held = steps["moving: tuples held"]         # their mean wait, arrival to their group's import:
+    steps["moving: mean wait of a tuple held ms"] = round(1000 * sum(a.get("waited_s", 0.0) for a in answers) / held, 3) \
+        if held else 0.0
     steps["moving: tuples carried"] = sum(a.get("carried", 0) for a in answers)    # a copy's queued input (carry)
     steps["moving: most tuples held at once"] = max(a.get("peak", 0) for a in answers)   # bounded by state.hold
     steps["moving: longest import ms"] = round(1000 * max(a.get("longest_import_s", 0.0) for a in answers), 3)

@@ -109,6 +109,21 @@ def exported(pe: Any, move: dict) -> list[dict]:
             for part, s in sliced(op, state, groups)]
 
 
+def wanted_first(parts: list[tuple[dict, dict]], move: dict, wanted: list[int]) -> None:
+    """``parts`` (still to send) reordered in place: those bringing move ``move``'s instance a
+    ``wanted`` group first, in ``wanted``'s order; the rest as they were (stable)."""
+    if not wanted:
+        return
+    rank, to = {g: i for i, g in enumerate(wanted)}, (move["dst_pe"], move["dst"])
+
+    def first(entry: tuple[dict, dict]) -> int:
+        m, part = entry
+        if (m["dst_pe"], m["dst"]) != to:
+            return len(rank)
+        return min((rank[g] for g in part["groups"] if g in rank), default=len(rank))
+    parts.sort(key=first)
+
+
 def sliced(op: Operator, state: Any, groups: list[int]) -> list[tuple[Any, list[int]]]:
     """``state`` (``op``'s export of ``groups``, sorted) cut into its slices of
     :data:`SLICE_GROUPS` groups, with each slice's groups: halved, each half cut again, so each
@@ -244,12 +259,12 @@ class HandOvers:
             task.add_done_callback(self.sending.discard)
         return {"parts": len(parts)}
 
-    async def _deliver(self, deployment: str, move: dict, blob: bytes) -> None:
-        """A packed part to its new owner's worker (this one: directly); returns once it is imported."""
+    async def _deliver(self, deployment: str, move: dict, blob: bytes) -> dict | None:
+        """A packed part to its new owner's worker (this one: directly); answers once it is imported,
+        with the groups tuples wait for there (:meth:`pe_handover_put`)."""
         if move["dst_worker"] == self.address():
-            await self.pe_handover_put(deployment, move, blob)
-        else:
-            await self.rpc(move["dst_worker"]).pe_handover_put(deployment=deployment, move=move, blob=blob)
+            return await self.pe_handover_put(deployment, move, blob)
+        return await self.rpc(move["dst_worker"]).pe_handover_put(deployment=deployment, move=move, blob=blob)
 
     async def _send_later(self, deployment: str, parts: list[tuple[dict, dict]]) -> None:
         """Deferred parts, one after another (a slice's import waits for no other slice), once the
@@ -260,7 +275,12 @@ class HandOvers:
         one is sent and imported there (``pe_handover_put`` answers once its groups are in), so a
         move takes about the longer of the two per part, not their sum, and at most two parts are
         packed at once. One after the other, a Move of 10^6 keys on ``memory`` spent 15-50 ms
-        packing a part, then 20-40 ms waiting for its import, both workers in turn idle."""
+        packing a part, then 20-40 ms waiting for its import, both workers in turn idle.
+
+        The groups tuples wait for go first: each import answers the pending groups its gates hold
+        tuples of, the most first, and the parts not packed yet are taken in that order (the others
+        in group order), so a hot key's group is not the last of a long move (Megaphone's fetch on
+        first touch; a part packed ahead is sent as it is)."""
         bound, tag = parts[0][0].get("go"), parts[0][0]["tag"]
         if bound is not None:
             key = (deployment, tag)
@@ -282,8 +302,9 @@ class HandOvers:
             while packing is not None:
                 move, blob = packing[0], await packing[1]
                 packing = pack_next()
-                await self._deliver(deployment, move, blob)
+                answer = await self._deliver(deployment, move, blob)
                 del blob
+                wanted_first(parts, move, (answer or {}).get("wanted", ()))
         except Exception as exc:      # the gaining instance's groups stay gated: the wait says why
             logger.error("hand-over of %s failed", tag, exc_info=True)
             if packing is not None:     # its thread runs on: its outcome read, not left to the loop's log
@@ -295,14 +316,23 @@ class HandOvers:
             self.failed[(deployment, tag)] = why
             self.arrived.notify_all()
 
-    async def pe_handover_put(self, deployment: str, move: dict, blob: bytes) -> None:
+    async def pe_handover_put(self, deployment: str, move: dict, blob: bytes) -> dict:
         """A part for a gated instance here: imported now, or as soon as its PE is built (a new
-        one's, :meth:`adopt`)."""
+        one's, :meth:`adopt`). Answers ``wanted``: the groups of this move that tuples wait for
+        here, the most waited-for first (the sender sends their parts next: :meth:`_send_later`)."""
         pe = self.pes(deployment).get(move["dst_pe"])
         if pe is None or move["dst"] not in pe.rewirer.pending:
             self.early.setdefault((deployment, move["dst_pe"]), []).append((move, bytes(blob)))
-            return
-        await self._import(deployment, pe, move, blob)
+        else:
+            await self._import(deployment, pe, move, blob)
+        return {"wanted": self.wanted(deployment, move["tag"], move["dst_pe"], move["dst"])}
+
+    def wanted(self, deployment: str, tag: str, pe_id: str, op_id: str) -> list[int]:
+        """The pending groups of move ``tag`` into instance ``op_id`` of ``pe_id`` here that tuples
+        wait for, the most first (none while its PE is not built yet)."""
+        pe = self.pes(deployment).get(pe_id)
+        gated = pe.rewirer.pending.get(op_id) if pe is not None else None
+        return gated.waited_for() if gated is not None and gated.tag == tag else []
 
     async def _import(self, deployment: str, pe: Any, move: dict, blob: bytes) -> None:
         """One part into its gated instance: unpickled and made ready for the store in a
@@ -372,7 +402,7 @@ class HandOvers:
                 "bytes": sum(f["bytes"] for f in figures), "buffered": sum(f["buffered"] for f in figures),
                 "peak": max((f["peak"] for f in figures), default=0),
                 "longest_import_s": max((f["longest_import_s"] for f in figures), default=0.0),
-                "carried": sum(f["carried"] for f in figures),
+                "carried": sum(f["carried"] for f in figures), "waited_s": sum(f["waited_s"] for f in figures),
                 "done_at": time.time(), "failed": self.failed.pop(key, None)}
 
     def forget(self, deployment: str) -> None:

@@ -13,7 +13,7 @@ rescale's move already uses (``pending_groups.py``):
   and every key group it had is gated: a tuple of a group not loaded yet
   waits in the gate, in arrival order, never sees empty state;
 * a loader (:class:`Loader`, one task per PE) reads the groups one at a time:
-  a group some tuple waits for first (first touch), then the rest in order.
+  the group most tuples wait for first (first touch), then the rest in order.
   Reading, checking (SHA-256), unpickling a group and making it ready for
   the store run in a worker thread (the backend's ``prepare_group``: on
   ``disk`` every key encoded, every value pickled, an SST file written; on
@@ -184,14 +184,14 @@ class Loader:
         return self.task
 
     def next(self) -> tuple[str, int] | None:
-        """The next group to load: one a tuple waits for, else the lowest pending one."""
+        """The next group to load: the one most tuples wait for, else the lowest pending one."""
         first = None
         for op_id, gate in self.gates.items():
-            for g, queue in gate.waiting.items():
-                if queue:
-                    return op_id, g
-                if first is None:
-                    first = (op_id, g)
+            wanted = gate.waited_for()
+            if wanted:
+                return op_id, wanted[0]
+            if first is None and gate.waiting:
+                first = (op_id, next(iter(gate.waiting)))
         return first
 
     def with_unloaded(self, op_id: str, state: Any) -> Any:

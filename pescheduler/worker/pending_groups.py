@@ -73,6 +73,8 @@ class PendingGroups:
         self.parts = 0                  # parts imported so far (a fresh instance restores the first)
         self.longest_import_s = 0.0     # the longest import of a group in the PE's turn (a stall of its stream)
         self.carried_in = 0             # tuples the giving instance carried over with the groups (figures, tests)
+        self.since: dict[int, float] = {}   # group -> sum of its waiting tuples' arrival times (a batch's, s)
+        self.waited_s = 0.0             # the tuples' waits added up, arrival to their group's import (figures)
         self.inner = self.node.process
         self.node.process = self.process
         self.inner_input = self.node.process_input      # None: one input (``process``)
@@ -106,17 +108,25 @@ class PendingGroups:
     def _hold(self, batch: list, k: int | None) -> list:
         """The tuples of ``batch`` whose group is pending wait (with input ``k``, when the operator
         tells its inputs apart); the others are answered, in order."""
-        waiting, key, now = self.waiting, self.key, []
+        waiting, key, now, since, at = self.waiting, self.key, [], self.since, time.perf_counter()
         for t in batch:
-            queue = waiting.get(key_group(key(t)))
+            g = key_group(key(t))
+            queue = waiting.get(g)
             if queue is None:
                 now.append(t)
             else:
                 queue.append(t if k is None else (k, t))
+                since[g] = since.get(g, 0.0) + at
                 self.buffered += 1
                 self.holding += 1
         self.peak = max(self.peak, self.holding)
         return now
+
+    def waited_for(self) -> list[int]:
+        """The pending groups some tuple waits for, the most waited-for first (ties: lowest group):
+        the order a move's or a restore's groups are best brought in (Megaphone's fetch on first
+        touch)."""
+        return sorted((g for g, queue in self.waiting.items() if queue), key=lambda g: (-len(self.waiting[g]), g))
 
     def carried(self, group: int, tuples: list) -> None:
         """Tuples of ``group`` the instance giving it up had taken in and not processed (a
@@ -127,6 +137,7 @@ class PendingGroups:
         if self.inner_input is not None:    # plan/state.py's ``carries``: one input only
             raise RuntimeError(f"{self.op_id} reads several inputs: no input is carried to it")
         self.waiting[group][:0] = tuples
+        self.since[group] = self.since.get(group, 0.0) + len(tuples) * time.perf_counter()
         self.buffered += len(tuples)
         self.holding += len(tuples)
         self.carried_in += len(tuples)
@@ -147,11 +158,12 @@ class PendingGroups:
     def arrived(self, groups: Iterable[int]) -> None:
         """``groups``' state was just imported (same turn): their tuples go through the operator
         now, in arrival order; after the last group, the watermark and end of stream it held."""
-        chain, node = self.chain, self.node
+        chain, node, at = self.chain, self.node, time.perf_counter()
         for g in sorted(groups):
             queue = self.waiting.pop(g, None)
             if queue:
                 self.holding -= len(queue)
+                self.waited_s += len(queue) * at - self.since.pop(g, 0.0)
                 if self.inner_input is None:
                     chain.replay(node, self.inner, queue)
                 else:
@@ -167,7 +179,7 @@ class PendingGroups:
     def figures(self) -> dict:
         return {"groups": self.total, "pending": len(self.waiting), "buffered": self.buffered,
                 "peak": self.peak, "bytes": self.bytes, "longest_import_s": self.longest_import_s,
-                "carried": self.carried_in}
+                "carried": self.carried_in, "waited_s": self.waited_s}
 
 
 def by_input_runs(queue: list[tuple[int, Any]]) -> list[tuple[int, list]]:

@@ -754,3 +754,32 @@ def test_a_failed_delivery_fails_the_move_and_the_part_packed_ahead_goes_unsent(
     sent, failed = asyncio.run(scenario())
     assert sent == [0]
     assert "the worker went away" in failed[("d", "m")], failed
+
+def test_the_parts_not_packed_yet_go_in_the_order_the_receiver_waits_for_their_groups():
+    """Each import answers the groups tuples wait for there (most first); the parts not packed yet
+    are sent in that order, the others in group order. On the code before, the parts went in
+    group order whatever waited: a hot key's group could be the last of a long move."""
+    async def scenario():
+        sent = []
+
+        class Peer:
+            async def pe_handover_put(self, deployment, move, blob):
+                part = cloudpickle.loads(blob)
+                sent.append(part["groups"][0])
+                return {"wanted": [13, 9] if len(sent) == 1 else []}      # after the first part
+
+        here = HandOvers(lambda dep: {}, lambda address: Peer(), lambda: "tcp://a")
+        move = {"tag": "m", "dst_worker": "tcp://b", "dst_pe": "copy", "dst": "w"}
+        parts = [(move, {"state": None, "groups": list(range(g, g + 4))}) for g in range(0, 20, 4)]
+        await here._send_later("d", parts)
+        return sent
+    # part 4 (packed ahead while part 0 went) as it is; then 12-15 (13), 8-11 (9), then 16-19
+    assert asyncio.run(scenario()) == [0, 4, 12, 8, 16]
+
+
+def test_an_import_answers_the_groups_of_its_move_that_tuples_wait_for_there():
+    gate = SimpleNamespace(tag="m", waited_for=lambda: [7, 3])
+    pe = SimpleNamespace(rewirer=SimpleNamespace(pending={"w": gate}))
+    here = HandOvers(lambda dep: {"copy": pe}, lambda address: None, lambda: "tcp://a")
+    assert here.wanted("d", "m", "copy", "w") == [7, 3]
+    assert here.wanted("d", "other", "copy", "w") == [] and here.wanted("d", "m", "gone", "w") == []

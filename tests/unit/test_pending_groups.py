@@ -506,3 +506,29 @@ def test_a_copy_that_carried_tuples_of_a_group_no_move_takes_fails_loudly():
         with pytest.raises(RuntimeError, match="gives to no one"):
             await there.pe_handover("d", [move])
     asyncio.run(scenario())
+
+
+def test_the_groups_most_waited_for_come_first_and_each_tuples_wait_is_counted(monkeypatch):
+    """``waited_for``: the pending groups tuples wait for, most first (what a move sends next and a
+    lazy restore loads next); ``waited_s`` adds up each held tuple's wait, arrival to its group's
+    import (the move's ``moving: mean wait of a tuple held ms``)."""
+    clock = [100.0]
+    monkeypatch.setattr("pescheduler.worker.pending_groups.time.perf_counter", lambda: clock[0])
+    new = _instance(_window)
+    keys = {}                                   # a key of each of three moving groups
+    for i in range(10_000):
+        keys.setdefault(key_group(f"k{i}"), f"k{i}")
+    a, b, c = sorted(g for g in keys if g in MOVING)[:3]
+    gate = PendingGroups(new.chain, "w", MOVING, key_function("key"), "m", fresh=True)
+    assert gate.waited_for() == []
+    batch = [{"key": keys[b], "n": 1, "ts": 1}] * 3 + [{"key": keys[a], "n": 1, "ts": 1}] * 3 + \
+        [{"key": keys[c], "n": 1, "ts": 1}]
+    new.chain.emit_from("src", batch)           # at 100 s: b and a hold 3 tuples each, c one
+    assert gate.waited_for() == [a, b, c]       # most first, ties by group
+    clock[0] = 101.0
+    new.chain.emit_from("src", [{"key": keys[c], "n": 1, "ts": 2}] * 4)     # c: 5 tuples now
+    assert gate.waited_for() == [c, a, b]
+    clock[0] = 103.0
+    gate.arrived([c])                           # c's tuples waited 3 s (one) and 2 s (four)
+    assert gate.waited_s == pytest.approx(3 + 4 * 2)
+    assert gate.waited_for() == [a, b] and gate.figures()["waited_s"] == pytest.approx(11)
