@@ -481,18 +481,18 @@ class Burst(Operator):
 class EveryKey(Source):
     """``{"key": i, "ts": i, "v": 1}`` once for each of ``keys`` keys, then nothing until the file
     ``until`` exists, then the end: keyed state of ``keys`` keys held while a benchmark works on
-    it (bench/state.py). ``arrow``: each read one Arrow RecordBatch of those rows. ``rate``: after
+    it (bench/state.py). ``arrow``: each read one Arrow RecordBatch of those rows. ``then``: after
     the fill, that many tuples a second go on until then, 90 % of them over the ``hot`` keys
     0..hot-1 (the rest over every key; ``hot`` 0: every tuple over every key), so a move's groups
     have tuples waiting for them, a hot key's most (bench/state.py's ``--hot``)."""
 
     name = "every_key"
 
-    def __init__(self, keys: int = 1000, until: str = "", arrow: bool = False, rate: float = 0.0, hot: int = 0,
+    def __init__(self, keys: int = 1000, until: str = "", arrow: bool = False, then: float = 0.0, hot: int = 0,
                  seed: int = 7, **kw) -> None:
-        super().__init__(**kw)
+        super().__init__(**kw)              # (not ``rate``: a Source's ``rate`` paces every read, the fill's too)
         self.keys, self.until, self.arrow, self.i = keys, until, arrow, 0
-        self.rate, self.hot, self.seed, self.sent, self.filled_at = rate, hot, seed, 0, None
+        self.then, self.hot, self.seed, self.sent, self.filled_at = then, hot, seed, 0, None
 
     def read(self, n):
         import os
@@ -500,7 +500,7 @@ class EveryKey(Source):
         if self.i >= self.keys:
             if os.path.exists(self.until):
                 return None
-            return self._later(n) if self.rate else []
+            return self._later(n) if self.then else []
         hi = min(self.keys, self.i + n)
         if self.arrow:
             import pyarrow as pa
@@ -512,12 +512,12 @@ class EveryKey(Source):
         return out
 
     def _later(self, n: int) -> list:
-        """The tuples come due since the fill (``rate`` a second), at most ``n``."""
+        """The tuples come due since the fill (``then`` a second), at most ``n``."""
         import random
 
         if self.filled_at is None:
             self.filled_at = time.monotonic()
-        due = min(n, int((time.monotonic() - self.filled_at) * self.rate) - self.sent)
+        due = min(n, int((time.monotonic() - self.filled_at) * self.then) - self.sent)
         if due <= 0:
             return []
         draw = random.Random(self.seed * 1_000_003 + self.sent)

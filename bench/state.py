@@ -244,7 +244,7 @@ def live(sizes: list[int], backends_: list[str], hot: int = 0) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 until = os.path.join(tmp, "done")
                 app = Application(f"state-{backend}-{k}")
-                stream = {"rate": HOT_RATE, "hot": hot} if hot else {}
+                stream = {"then": HOT_RATE, "hot": hot} if hot else {}
                 (app.source("every_key", keys=k, until=until, **stream).key_by("key")
                     .window(count=2**30, aggregates={"n": ("count", "v")}).sink("discard"))
                 with pescheduler.deploy(app, workers=2, plugins=["benchops"], policies=[], state=backend,
@@ -258,8 +258,8 @@ def live(sizes: list[int], backends_: list[str], hot: int = 0) -> None:
                     there = next(w for w in placement.workers if w != placement.pes[pe].worker)
                     mv = dep.apply(Move(pe, there), timeout=600)
                     assert mv.applied, mv.reason
-                    seen = len(dep.checkpoints())
-                    wait_for(dep, lambda s: len(dep.checkpoints()) >= seen + 3)
+                    seen = dep.checkpoints()[-1]["id"] if dep.checkpoints() else 0     # (the list is bounded)
+                    wait_for(dep, lambda s: dep.checkpoints() and dep.checkpoints()[-1]["id"] >= seen + 3)
                     last = dep.checkpoints()[-1]
                     worker_rss = max(w.memory_bytes for w in dep.snapshot().workers.values())
                     open(until, "w").close()
@@ -496,10 +496,11 @@ def one_table_row(backend: str, k: int, root: str) -> dict:
         steady = time.time()
         pids = {w: info["pid"] for w, info in dep.worker_info.items()}
         cpu_from = thread_cpu(pids.values())
-        seen = len(dep.checkpoints())
-        wait_for(dep, lambda s: len([c for c in dep.checkpoints()[seen:] if c["time"] >= steady]) >= CHECKPOINTS + 1)
+        seen = dep.checkpoints()[-1]["id"] if dep.checkpoints() else 0     # by id: the list keeps the newest 30
+        wait_for(dep, lambda s: len([c for c in dep.checkpoints() if c["id"] > seen and c["time"] >= steady])
+                 >= CHECKPOINTS + 1)
         every = dep.checkpoints()
-        picked = [i for i, c in enumerate(every) if i >= seen and c["time"] >= steady]
+        picked = [i for i, c in enumerate(every) if c["id"] > seen and c["time"] >= steady]
         kinds = {i: written_by_kind(every[i]) for i in {*picked, *(i - 1 for i in picked if i)}}   # each manifest read once
         row["checkpoints"] = [{**every[i], **kinds[i], "changed": changed_share(kinds, i, k)} for i in picked]
         row["worker_rss"] = max(w.memory_bytes for w in dep.snapshot().workers.values())
