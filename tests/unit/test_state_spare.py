@@ -10,13 +10,10 @@ from types import SimpleNamespace
 
 import dask.config
 import pytest
+import rocksdict
 
-pytest.importorskip("rocksdict")
-
-import rocksdict  # noqa: E402
-
-from pescheduler.state.settings import OWNER, SPARES, deployment_dir, open_state, remove_stores  # noqa: E402
-from pescheduler.worker.pehost import PEHost  # noqa: E402
+from pescheduler.state.settings import OWNER, SPARES, deployment_dir, open_state, remove_stores
+from pescheduler.worker.pehost import PEHost
 
 
 @pytest.fixture
