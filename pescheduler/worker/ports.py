@@ -84,12 +84,18 @@ class Ports:
         await asyncio.gather(*(channel.opened() for _spec, channel in self.outs))
 
     async def flush(self) -> None:
-        """Ship everything buffered, waiting for credit (every input ended: nothing to defer)."""
-        for _spec, channel in self.outs:
-            await channel.flush()
+        """Ship everything buffered, waiting for credit (every input ended: nothing to defer), until
+        no channel that is not held has anything left: a rewire while this waits for credit puts
+        new channels in, with the END it re-sends (``Rewirer._replay``), where a pass begun before
+        it would not look (the PE's end, ``PERunner.run``)."""
+        while left := [channel for _spec, channel in self.outs if channel.pending and not channel.held]:
+            for channel in left:
+                await channel.flush()
 
     async def close(self) -> None:
-        for _spec, channel in self.outs:
+        """Close the channels there are now (a rewire meanwhile closes what it removes and ships, then
+        closes, what it adds: ``PERunner.rewire``)."""
+        for _spec, channel in list(self.outs):
             await channel.close()
 
     def outputs_of(self, op_id: str) -> list[ChannelOut]:

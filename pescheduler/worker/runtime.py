@@ -80,6 +80,7 @@ class PERunner:
         self.state = "created"                     # running, finished, failed, stopping (stop()), stopped
         self.error: str | None = None
         self.task: asyncio.Task | None = None
+        self.tails: set[asyncio.Task] = set()      # shipping what a rewire after the end re-sent (rewire)
 
     @property
     def pe_id(self) -> str:
@@ -301,10 +302,34 @@ class PERunner:
             if outputs or remove_outputs or routing:
                 await self.rewirer.rewire(outputs, remove_outputs, lambda out: self.ports.open_channel(out, connect),
                                           routing, copies)
+                if self.state == "finished":
+                    self._ship_after_end({out.channel_id for out in outputs})
                 lap("outputs")
             self.rewirer.set_inputs(add_inputs, remove_inputs, edges, copies)
             if edges is not None:
                 self.spec = replace(self.spec, edges=edges)
+
+    def _ship_after_end(self, channel_ids: set[str]) -> None:
+        """A rewire of a PE that finished (its source ended while the reconfiguration was planned):
+        its new channels carry what the rewire re-sent, the END at least (``Rewirer._replay``),
+        and no loop ships them any more, so this does, then closes them. A channel that cannot
+        ship fails the PE, as its last flush would have (the END would never reach its receiver)."""
+        fresh = [channel for _spec, channel in self.ports.outs if channel.channel_id in channel_ids]
+
+        async def ship() -> None:
+            try:
+                for channel in fresh:
+                    await channel.flush()
+                for channel in fresh:
+                    await channel.close()
+            except Exception:
+                self.state = "failed"
+                self.error = (f"PE {self.pe_id} on {self.hosting.worker} could not ship what a rewire after its "
+                              f"end re-sent:\n{traceback.format_exc()}")
+        if fresh:
+            tail = asyncio.create_task(ship(), name=f"pe {self.pe_id} after its end")
+            self.tails.add(tail)
+            tail.add_done_callback(self.tails.discard)
 
     async def open_early(self, outputs: list[OutputSpec], add_inputs: list[InputSpec], connect: Connect) -> None:
         """Before a reconfiguration's pause: new input channels registered and new output channels
@@ -353,6 +378,8 @@ class PERunner:
         self.ports.wake()
         if self.task is not None:
             self.task.cancel()
+        for tail in list(self.tails):
+            tail.cancel()
 
     def drain(self) -> bool:
         """End this PE's sources at the next loop turn (a graceful stop); False if it has none."""
