@@ -37,9 +37,8 @@ from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, OperatorContext
 from pescheduler.state import MemoryState
 from pescheduler.state import adopt
-from pescheduler.state import key_group
 from pescheduler.state.groups import (add_groups, merge_groups, restore_groups, snapshot_groups, split_groups,
-                                     take_groups, write_batch)
+                                     parted, take_groups, write_batch)
 
 from .window import AggregatingWindow
 
@@ -186,8 +185,7 @@ class CountWindow(AggregatingWindow):
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their
         panes and waiting tuples in :meth:`snapshot`'s form, removed here; the groups that stay
         are not read, and the moving ones are packed only when the part is pickled."""
-        leaving = [p for p in self._pending if key_group(p[1]) in groups]
-        self._pending = [p for p in self._pending if key_group(p[1]) not in groups]
+        leaving, self._pending = parted(self._pending, map(itemgetter(1), self._pending), groups)
         return {"layout": self.plan.layout, "count": self.count, "slide": self.slide, "watermark": self._wm,
                 "pending": leaving, "groups": take_groups(self._keys, groups)}
 

@@ -30,8 +30,8 @@ from typing import Any, Callable
 
 from pescheduler.operator import MAX_WATERMARK, MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism
 from pescheduler.state import KeyedState, MemoryState, adopt, key_group, pack_group
-from pescheduler.state.groups import (add_groups, merge_groups, restore_groups, rewrite, snapshot_groups, split_groups,
-                                      take_groups)
+from pescheduler.state.groups import (add_groups, merge_groups, parted, restore_groups, rewrite, snapshot_groups,
+                                      split_groups, take_groups)
 from pescheduler.timeutil import parse_duration
 
 from .over_window import OverWindow, fold_in
@@ -288,8 +288,7 @@ class OverLanes(Operator):
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their keys'
         windows and waiting events in :meth:`snapshot`'s form (a new instance is restored from
         it), removed here; the moving groups are packed only when the part is pickled."""
-        leaving = [p for p in self._pending if key_group(p[1]) in groups]
-        self._pending = [p for p in self._pending if key_group(p[1]) not in groups]
+        leaving, self._pending = parted(self._pending, map(itemgetter(1), self._pending), groups)
         return {**self._header(), "pending": leaving, "groups": take_groups(self._windows, groups)}
 
     def import_groups(self, state: dict) -> None:

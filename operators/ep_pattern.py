@@ -41,8 +41,8 @@ from typing import Any, Callable, Mapping
 from pescheduler.expr import Binary, Expr, Lit, conjuncts, lift
 from pescheduler.operator import MIN_WATERMARK, Emitter, Operator, OperatorContext, Parallelism, per_instance
 from pescheduler.state import KeyedState, MemoryState, adopt, key_group, pack_group
-from pescheduler.state.groups import (add_groups, merge_groups, restore_groups, rewrite, snapshot_groups, split_groups,
-                                      take_groups)
+from pescheduler.state.groups import (add_groups, merge_groups, parted, restore_groups, rewrite, snapshot_groups,
+                                      split_groups, take_groups)
 from pescheduler.timeutil import parse_duration
 
 from .ep_filter import _indexable
@@ -535,8 +535,7 @@ class SharedPatterns(Operator):
         removed here; the groups that stay are not read, the moving ones packed only when the part
         is pickled."""
         key = self._key
-        leaving = [p for p in self._pending if key_group(key(p[2])) in groups]
-        self._pending = [p for p in self._pending if key_group(key(p[2])) not in groups]
+        leaving, self._pending = parted(self._pending, [key(p[2]) for p in self._pending], groups)
         return {**self._header(), "pending": leaving, "groups": take_groups(self._runs, groups)}
 
     def import_groups(self, state: dict) -> None:

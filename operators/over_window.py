@@ -43,8 +43,9 @@ from typing import Any, Callable, Iterable
 
 from pescheduler.operator import MIN_WATERMARK
 from pescheduler.operator import Emitter, OperatorContext
-from pescheduler.state import MemoryState, adopt, key_group
-from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
+from pescheduler.state import MemoryState, adopt
+from pescheduler.state.groups import (add_groups, merge_groups, parted, restore_groups, snapshot_groups, split_groups,
+                                     take_groups)
 from pescheduler.timeutil import parse_duration
 
 from .window import AggregatingWindow
@@ -224,8 +225,7 @@ class OverWindow(AggregatingWindow):
         """A rescale takes key groups ``groups`` away (pescheduler/worker/handover.py): their
         windows and waiting tuples in :meth:`snapshot`'s form, removed here, the windows packed
         only when the part is pickled."""
-        leaving = [p for p in self._pending if key_group(p[1]) in groups]
-        self._pending = [p for p in self._pending if key_group(p[1]) not in groups]
+        leaving, self._pending = parted(self._pending, map(itemgetter(1), self._pending), groups)
         return {"layout": self.plan.layout, "size": self.size, "watermark": self._wm, "swept": self._swept,
                 "pending": leaving, "groups": take_groups(self._keys, groups)}
 

@@ -76,8 +76,9 @@ from typing import Any, Callable
 
 from pescheduler.operator import MAX_WATERMARK, MIN_WATERMARK
 from pescheduler.operator import Emitter, Operator, OperatorContext, Parallelism, per_instance
-from pescheduler.state import MemoryState, adopt, key_group
-from pescheduler.state.groups import add_groups, merge_groups, restore_groups, snapshot_groups, split_groups, take_groups
+from pescheduler.state import MemoryState, adopt
+from pescheduler.state.groups import (add_groups, merge_groups, parted, restore_groups, snapshot_groups, split_groups,
+                                     take_groups)
 from pescheduler.timeutil import parse_duration
 
 
@@ -377,8 +378,7 @@ class Pattern(Operator):
         and waiting events, removed here, the runs packed only when the part is pickled. Run
         identities stay unique: the ids counter goes with them (the importer takes the larger)."""
         key = self._keyed()
-        leaving = [e for e in self._pending if key_group(key(e)) in groups]
-        self._pending = [e for e in self._pending if key_group(key(e)) not in groups]
+        leaving, self._pending = parted(self._pending, map(key, self._pending), groups)
         return {"symbols": [p[0] for p in self._pos], "watermark": self._wm, "pending": leaving,
                 "ids": self._ids, "key": self._key_field, "groups": take_groups(self._runs, groups)}
 

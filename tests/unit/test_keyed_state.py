@@ -206,6 +206,20 @@ def test_keys_python_holds_equal_share_a_key_group():
     assert [dict(state.items(g)) for g in state.groups()] == [] and state.get(0.0) is None
 
 
+def test_items_parted_by_their_keys_groups_keep_their_order_on_each_side():
+    """``groups.parted`` (a rescale's ``export_groups`` of waiting tuples): each side as the two
+    comprehensions computing ``key_group`` per item gave, for every kind of key, batched or not."""
+    from pescheduler.state.groups import parted
+
+    keys = [f"car-{i}" for i in range(300)] + list(range(300)) + [(i, "x") for i in range(50)] + [2.0, None]
+    items = [(n, k) for n, k in enumerate(keys)]
+    for groups in (frozenset(range(KEY_GROUPS)), frozenset(range(0, KEY_GROUPS, 3)), frozenset()):
+        for some in (items, items[:10], items[300:], []):
+            inside, outside = parted(some, [k for _n, k in some], groups)
+            assert inside == [x for x in some if key_group(x[1]) in groups]
+            assert outside == [x for x in some if key_group(x[1]) not in groups]
+
+
 def test_a_large_group_is_packed_in_chunks_and_unpacks_whole(monkeypatch):
     """A checkpoint's writer packs groups in a thread beside the PE's: one pickle call holds the GIL
     throughout, so a large group (~78,000 entries at 10^7 keys) is packed PACK_CHUNK entries a call."""
