@@ -665,15 +665,27 @@ class SnapshotView(StateView):
 
     def groups(self, among: Iterable[int] | None = None) -> list[int]:
         """The non-empty key groups (``among``: of those only, a seek each)."""
+        if among is not None:
+            return list(self.first_keys(among))
         with self._reading() as (it, changed):
-            if among is not None:
-                return [g for g in sorted(set(among)) if any(True for _ in self._items(g, changed.get(g, ()), it))]
             return [g for g in sorted(set(_groups(None, it)) | set(changed))   # unchanged keys: it had them
                     if g not in changed or any(True for _ in self._items(g, changed[g], it))]
 
+    def first_keys(self, among: Iterable[int]) -> dict[int, Any]:
+        """A key of each non-empty key group of ``among``, in group order (a seek each, its value
+        not read): a take's groups and the key each part names (``groups.take_groups``) in one
+        pass, where the take sought each group twice and unpickled its first value."""
+        out = {}
+        with self._reading() as (it, changed):
+            for g in sorted(set(among)):
+                raw = next((raw for raw, _value in self._items(g, changed.get(g, ()), it)), None)
+                if raw is not None:
+                    out[g] = _decode(raw)
+        return out
+
     def items(self, group: int) -> Iterator[tuple[Any, Any]]:
-        """:meth:`chunks`' entries, one after the other; the first read alone (a take's turn asks
-        only for a key of each group taken: ``groups.take_groups``)."""
+        """:meth:`chunks`' entries, one after the other; the first read alone (a reader after a
+        key of the group reads no more)."""
         for chunk in self.chunks(group, first=1):
             yield from chunk.items()
 
@@ -840,8 +852,12 @@ class ViewGroup:
     :meth:`DiskState.take_groups`: its keys and values, as ``{key: value}`` would give them; the
     view lives as long as this)."""
 
-    def __init__(self, view: SnapshotView, group: int) -> None:
-        self.view, self.group = view, group
+    def __init__(self, view: SnapshotView, group: int, first: Any) -> None:
+        self.view, self.group, self.first = view, group, first
+
+    def first_key(self) -> Any:
+        """A key of it (read at the take: ``groups.take_groups`` names it, without reading the rest)."""
+        return self.first
 
     def __iter__(self) -> Iterator[Any]:
         return (key for key, _value in self.items())
@@ -1439,14 +1455,14 @@ class DiskState(KeyedState):
         fill of 10^6 keys, docs/state-log.md)."""
         wanted = set(groups)
         view = SnapshotView(self, None, taking=wanted)
-        chosen = view.groups(among=wanted)
-        if not chosen:
+        firsts = view.first_keys(wanted)
+        if not firsts:
             return {}
-        pending, mine = self._pending, set(chosen)
+        pending, mine = self._pending, set(firsts)
         for k in [k for k in pending if k[0] in mine]:     # the view has them
             del pending[k]
-        self._drop(chosen)
-        return {g: ViewGroup(view, g) for g in chosen}
+        self._drop(list(firsts))
+        return {g: ViewGroup(view, g, first) for g, first in firsts.items()}
 
     def import_groups(self, exported: dict) -> None:
         """As the contract's, and a :class:`PreparedGroup` installed as it is (:meth:`_install`)."""
