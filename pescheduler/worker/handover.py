@@ -324,7 +324,6 @@ class HandOvers:
             except asyncio.TimeoutError:
                 logger.warning("no end of the pause of %s came: its key groups go now", key[1])
             self.go.pop(key, None)
-        parts[:] = [(m, part) for m, x in parts for part in (x.parts() if type(x) is Taken else (x,))]
 
         def pack_next() -> tuple[dict, asyncio.Future] | None:
             if not parts:
@@ -333,8 +332,10 @@ class HandOvers:
             held = [part]
             del part
             return move, asyncio.ensure_future(asyncio.to_thread(_pickled, held))   # off the PEs' loop
-        packing = pack_next()
+        packing = None
         try:
+            parts[:] = [(m, part) for m, x in parts for part in (x.parts() if type(x) is Taken else (x,))]
+            packing = pack_next()
             while packing is not None:
                 move, blob = packing[0], await packing[1]
                 packing = pack_next()

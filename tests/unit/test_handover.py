@@ -234,6 +234,29 @@ def test_a_moves_export_is_cut_into_its_parts_after_the_pause_not_in_it(monkeypa
     assert sent == [list(range(g, g + 4)) for g in range(0, KEY_GROUPS, 4)]
 
 
+def test_an_export_that_cannot_be_cut_fails_its_move_and_says_why():
+    """The cut runs after the pause, in the background task that sends the parts: an operator's
+    ``split_state`` that raises there fails the move (its gates stay pending; the wait says why),
+    as it failed the pause's call when the export was cut in it."""
+    class Uncuttable(CountWindow):
+        def split_state(self, state, owns):
+            raise ValueError("no split here")
+
+    op = _fed(Uncuttable(count=7, aggregates={"total": ("sum", "n")}, key="key"))
+    pe = SimpleNamespace(ops={"w": op}, chain=SimpleNamespace(progress=lambda: {"w": 7}),
+                         rewirer=SimpleNamespace(carried=None, pending={}), turns=SimpleNamespace(lock=asyncio.Lock()))
+
+    async def scenario():
+        here = HandOvers(lambda d: {"pe": pe}, lambda address: None, lambda: "tcp://a")
+        move = {"src": "w", "src_pe": "pe", "dst": "w", "dst_pe": "new", "dst_worker": "tcp://b", "dst_live": False,
+                "groups": list(range(KEY_GROUPS)), "tag": "m"}
+        await here.pe_handover("d", [move])
+        await asyncio.wait_for(asyncio.gather(*here.sending), 10)
+        return here.failed
+    failed = asyncio.run(scenario())
+    assert "no split here" in failed.get(("d", "m"), ""), failed
+
+
 def test_an_operator_without_the_hooks_moves_groups_by_split_and_merge():
     whole, kept = _fed(RunningSum()), _fed(RunningSum())
     moving = frozenset(range(64))

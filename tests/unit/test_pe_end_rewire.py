@@ -48,6 +48,15 @@ async def _ended_with_copy_waiting():
     return pe, inboxes, copy
 
 
+async def _finished():
+    """:func:`_ended_with_copy_waiting`, then the copy's credit granted and the PE finished."""
+    pe, inboxes, copy = await _ended_with_copy_waiting()
+    copy.gate.release()
+    await asyncio.wait_for(pe.task, 10)
+    assert pe.state == "finished"
+    return pe, inboxes
+
+
 def _receivers(inboxes):
     return lambda cid: (inboxes[cid], ChannelIn(cid, "tag", "out"))
 
@@ -71,10 +80,7 @@ def test_a_rewire_while_the_last_flush_waits_for_credit_ships_its_end():
 def test_a_rewire_after_the_pe_finished_ships_its_end():
     """On the code before, nothing shipped what a rewire of a finished PE queued."""
     async def scenario():
-        pe, inboxes, copy = await _ended_with_copy_waiting()
-        copy.gate.release()
-        await asyncio.wait_for(pe.task, 10)
-        assert pe.state == "finished"
+        pe, inboxes = await _finished()
         await pe.hold(["c-w"], "m1")
         await rewire_outputs(pe, [TO_W_AGAIN], ["c-w"], _receivers(inboxes), BOTH, {"w#1": "w"})
         await _turns_until(lambda: inboxes["c-w2"].items, "the rewired channel's END")
@@ -86,9 +92,7 @@ def test_a_rewire_after_the_pe_finished_ships_its_end():
 def test_a_hold_of_a_finished_pe_ships_nothing_more():
     """Its channels ended: END aligns the receiver (ChannelOut.hold), no marker follows it."""
     async def scenario():
-        pe, inboxes, copy = await _ended_with_copy_waiting()
-        copy.gate.release()
-        await asyncio.wait_for(pe.task, 10)
+        pe, inboxes = await _finished()
         await pe.hold(["c-w", "c-copy"], "m1")
         for _ in range(50):
             await asyncio.sleep(0)
