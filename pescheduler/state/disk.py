@@ -1061,32 +1061,6 @@ def _background() -> ThreadPoolExecutor:
 
 os.register_at_fork(after_in_child=_BACKGROUND.clear)     # a forked child has not the parent's thread
 
-_BEHIND: list[bool] = []
-os.register_at_fork(after_in_child=_BEHIND.clear)         # (a child's pools: lowered again at its first store)
-
-
-def _rocksdb_threads_behind() -> None:
-    """RocksDB's own background threads (its flushes and compactions: process-wide pools) at the
-    lowest CPU priority (``nice`` 19, RocksDB's ``LowerThreadPoolCPUPriority``), once per process.
-
-    Why: a rescale's stores ingest SST files, drop groups by range and flush, and the compactions
-    that follow took a core for a second or two (a sampler of each thread's CPU: RocksDB's low
-    pool 60-100 % of a core, its high pool 30-70 %, right after a Release at 10^6 keys). On a machine
-    of two cores the workers' loops and the PEs waited for a CPU meanwhile: a Move asked right
-    after a Release's groups were in paused 43-165 ms, 32-42 ms when asked 3 s later. At the lowest
-    priority they use the cores the workers leave, and all of an idle machine. They hold no GIL:
-    nothing of the workers waits on them but a write RocksDB would slow for a compaction far behind
-    (its L0 files past ``level0_slowdown_writes_trigger``), which a fill measured (docs/state-log.md,
-    session 78)."""
-    if _BEHIND:
-        return
-    from rocksdict import Env
-
-    env = Env()                          # the process's default Env, whose pools every store uses
-    env.lower_thread_pool_cpu_priority()
-    env.lower_high_priority_thread_pool_cpu_priority()
-    _BEHIND.append(True)
-
 
 def _flush(db: Any, path: str) -> None:
     """A store's memtable flushed, in :func:`_background`, waited for there (the GIL let go): its
@@ -1169,7 +1143,6 @@ class DiskState(KeyedState):
         # One cache of the whole budget: the memtables are charged to it (the write buffer
         # manager's dummy entries), up to half; the blocks have the rest. A cache of half the
         # budget, with the memtables charged to it too, held 256 MB in all at a 512 MB budget.
-        _rocksdb_threads_behind()
         cache = Cache(max(cache_bytes, 2 << 20))
         table = BlockBasedOptions()
         table.set_block_cache(cache)

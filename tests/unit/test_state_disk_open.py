@@ -67,39 +67,3 @@ def test_a_store_uses_its_whole_cache_and_filters_gets_in_its_memtables(tmp_path
         assert state.get_many([0, 4999, 5000]) == [0, 4999, None]
     finally:
         state.close()
-
-
-def _rocksdb_threads_nice() -> dict[str, int]:
-    """This process's RocksDB background threads (by thread name) and their nice values."""
-    import os
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                nice = int(f.read().rsplit(")", 1)[1].split()[16])
-        except OSError:             # a thread that ended meanwhile
-            continue
-        if name.startswith("rocksdb:"):
-            out[f"{name}/{tid}"] = nice
-    return out
-
-
-def test_rocksdbs_flushes_and_compactions_run_at_the_lowest_cpu_priority(tmp_path) -> None:
-    """A rescale's ingests, range deletes and flushes set RocksDB's compactions going for a second
-    or two, a core's worth, where the workers' loops waited for a CPU in the next pause: its
-    background pools run at nice 19 (RocksDB's ``LowerThreadPoolCPUPriority``) from a process's
-    first store. On the code before they ran at the workers' own priority (nice 0)."""
-    with dask.config.set({"pescheduler.state.dir": str(tmp_path), "pescheduler.state.cache": "64MB"}):
-        state = open_state("disk", owner="nice")
-    try:
-        state.write_many([(k, "x" * 100) for k in range(20000)])
-        state._flush()
-        state._db.flush(True)           # its high pool's thread runs the flush (started if not yet)
-        state._db.compact_range(None, None)     # and its low pool's, a compaction
-        threads = _rocksdb_threads_nice()      # (a thread takes the priority as it takes a job)
-        assert {name.split("/")[0] for name in threads} >= {"rocksdb:high", "rocksdb:low"}, threads
-        assert set(threads.values()) == {19}, threads
-    finally:
-        state.close()
