@@ -663,10 +663,8 @@ class SnapshotView(StateView):
                 raise
             return None
 
-    def groups(self, among: Iterable[int] | None = None) -> list[int]:
-        """The non-empty key groups (``among``: of those only, a seek each)."""
-        if among is not None:
-            return list(self.first_keys(among))
+    def groups(self) -> list[int]:
+        """The non-empty key groups (of some only, with a key of each: :meth:`first_keys`)."""
         with self._reading() as (it, changed):
             return [g for g in sorted(set(_groups(None, it)) | set(changed))   # unchanged keys: it had them
                     if g not in changed or any(True for _ in self._items(g, changed[g], it))]

@@ -312,14 +312,14 @@ class PERunner:
     def _ship_after_end(self, channel_ids: set[str]) -> None:
         """A rewire of a PE that finished (its source ended while the reconfiguration was planned):
         its new channels carry what the rewire re-sent, the END at least (``Rewirer._replay``),
-        and no loop ships them any more, so this does, then closes them. A channel that cannot
-        ship fails the PE, as its last flush would have (the END would never reach its receiver)."""
+        and no loop ships them any more, so this does (its last flush's ``Ports.flush``), then
+        closes them. A channel that cannot ship fails the PE, as its last flush would have (the
+        END would never reach its receiver)."""
         fresh = [channel for _spec, channel in self.ports.outs if channel.channel_id in channel_ids]
 
         async def ship() -> None:
             try:
-                for channel in fresh:
-                    await channel.flush()
+                await self.ports.flush()
                 for channel in fresh:
                     await channel.close()
             except Exception:
