@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 
 import pescheduler
@@ -11,7 +12,9 @@ from pescheduler.state import KeyedOperator
 
 
 class Numbers(Source):
-    """``{"n": i, "key": i % keys, "ts": i * step}`` for i in [0, count).
+    """``{"n": i, "key": i % keys, "ts": i * step}`` for i in [0, count), with ``"pad"``: ``pad``
+    random bytes as hex (the same for the same i) when ``pad`` is set: state large in bytes without
+    the cost of as many more tuples.
 
     With ``hold_at`` and ``release`` (a file path) it emits nothing past ``hold_at`` until that
     file exists: a test that must act while the stream still runs (borrow a host, move a PE onto
@@ -24,9 +27,9 @@ class Numbers(Source):
     name = "numbers"
 
     def __init__(self, count: int = 1000, keys: int = 10, step: int = 1, hold_at: int | tuple | None = None,
-                 release: str | tuple | None = None, **kw) -> None:
+                 release: str | tuple | None = None, pad: int = 0, **kw) -> None:
         super().__init__(**kw)
-        self.count, self.keys, self.step, self.i = count, keys, step, 0
+        self.count, self.keys, self.step, self.i, self.pad = count, keys, step, 0, pad
         self.hold_at, self.release = hold_at, release
 
     def _holds(self) -> list[int]:
@@ -47,6 +50,9 @@ class Numbers(Source):
             return []
         hi = min(self.count, self.i + n, *holds)
         out = [{"n": i, "key": i % self.keys, "ts": i * self.step} for i in range(self.i, hi)]
+        if self.pad:
+            for t in out:
+                t["pad"] = random.Random(t["n"]).randbytes(self.pad).hex()
         self.i = hi
         return out
 

@@ -14,8 +14,8 @@ that takes longer than the timeout to write completes at its first attempt. That
 loop that answers (at 0.15 s one attempt was aborted at load 10.6, its write no slower than the
 gap; at 0.5 s one was, at load 8.7 in a loaded suite, with 0 bytes asked 0.5 s after the trigger;
 at 1 s one was at load 8.6, its worker giving "no answer in 0.75 s" after 1.8 MB written);
-its state (4 x 10^6 keys) still takes about two of them to write on a quiet machine (10^6 keys
-wrote in 0.98 s there, 2 x 10^6 in 1.89 s at load 3.4). Before, every attempt was
+its state (400,000 keys of 150 random bytes each) still takes about two of them to write on a
+quiet machine (200 bytes a key wrote in 5.7 s there). Before, every attempt was
 aborted at the timeout and only the files each left let them converge (a first checkpoint at 10^7
 keys on ``memory`` took 27-35 s against the 30 s default: two attempts).
 
@@ -50,7 +50,10 @@ pytestmark = pytest.mark.integration
 
 WAIT = 180
 KEYS = 300_000          # the stalled write's state
-LONG_KEYS = 4_000_000   # the long write's: quiet, writing their groups whole takes about 4 s, two timeouts
+LONG_KEYS = 400_000     # the long write's: each holding LONG_PAD random bytes (session 79: 200 bytes
+LONG_PAD = 150          # a key, 400,000 keys: 100 MB written in 5.7 s quiet, the fill 7.4 s; 4 x 10^6
+                        # keys of a few bytes wrote in about 4 s, but their fill took 50 s quiet and
+                        # outlasted its 180 s in a loaded CI)
 WINDOW = 2              # tuples per window: at the hold every key holds one
 TIMEOUT = 2.0           # seconds without progress (the write of the whole state outlasts it)
 STALL_TIMEOUT = 1.0     # the stalled write's (its snapshots, under load too, well within it)
@@ -77,14 +80,16 @@ def expected_rows(keys: int) -> list[tuple]:
 
 
 @contextlib.contextmanager
-def filled(tmp_path, monkeypatch, timeout: float, keys: int):
+def filled(tmp_path, monkeypatch, timeout: float, keys: int, pad: int = 0):
     """The deployment, its window operator's name and its files, once every one of ``keys`` keys
-    is in (the source then holds until ``release`` exists, then sends as much again); stopped at the end."""
+    is in (the source then holds until ``release`` exists, then sends as much again), each holding
+    ``pad`` random bytes (as hex) beside its sum; stopped at the end."""
     monkeypatch.setenv("PESCHEDULER__STATE__DIR", str(tmp_path / "stores"))
     out, ckpt, release = tmp_path / "out.jsonl", tmp_path / "ckpt", tmp_path / "release"
     app = Application("attempts")
-    (app.source("numbers", count=2 * keys * WINDOW, keys=keys, hold_at=keys, release=str(release)).key_by("key")
-        .window(count=WINDOW, aggregates={"total": ("sum", "n")}).sink("jsonl", path=str(out)))
+    aggregates = {"total": ("sum", "n"), **({"pad": ("max", "pad")} if pad else {})}
+    (app.source("numbers", count=2 * keys * WINDOW, keys=keys, hold_at=keys, release=str(release), pad=pad)
+        .key_by("key").window(count=WINDOW, aggregates=aggregates).sink("jsonl", path=str(out)))
     with dask.config.set({"pescheduler.checkpoint.timeout": f"{timeout}s"}), \
             pescheduler.deploy(app, workers=2, plugins=["support_ops"], policies=[], state="disk",
                                checkpoint=str(ckpt), checkpoint_interval="1h") as dep:
@@ -101,12 +106,12 @@ def write_aborts(dep) -> list[str]:
 
 
 def test_a_first_checkpoint_longer_than_the_timeout_completes_at_its_first_attempt(tmp_path, monkeypatch):
-    with filled(tmp_path, monkeypatch, TIMEOUT, LONG_KEYS) as (dep, op, out, ckpt, release):
+    with filled(tmp_path, monkeypatch, TIMEOUT, LONG_KEYS, LONG_PAD) as (dep, op, out, ckpt, release):
         done_id, tried = checkpoint_after_attempts(dep)
         done = next(c for c in dep.checkpoints() if c["id"] == done_id)
         print(f"checkpoint {done_id} in {done['duration_s']:.2f} s after {tried} aborted, load {os.getloadavg()[0]:.1f}")
         assert not write_aborts(dep), f"a write making progress was aborted: {write_aborts(dep)}"
-        assert done["duration_s"] > TIMEOUT, "the write fitted in the timeout: this test shows nothing, raise LONG_KEYS"
+        assert done["duration_s"] > TIMEOUT, "the write fitted in the timeout: this test shows nothing, raise LONG_PAD"
         release.touch()
         until(lambda: dep.snapshot().operators[op].tuples_in > LONG_KEYS, WAIT, "the stream going on past the hold")
 
