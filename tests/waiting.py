@@ -1,8 +1,10 @@
 """Bounded waits for tests: one helper for state that has no event (and its twin for a test's own
 event loop), one for processes that do,
 one that ends a process a test started if it is still running, one that kills a
-deployment's worker and waits for the restore, and one that runs
-``python -m pescheduler deploy`` as a user types it, to its end.
+deployment's worker and waits for the restore, one that runs
+``python -m pescheduler deploy`` as a user types it, to its end, and two that say
+which checkpoints are complete (a deployment's record, or the manifests in a storage
+folder that a running deployment prunes).
 
 ``until`` polls: a resource manager's view, Spark's and the deployment's
 records change in other threads and processes and signal nothing a test can
@@ -13,11 +15,13 @@ await. Processes do signal their exit, so ``gone`` waits on that
 from __future__ import annotations
 
 import asyncio
+import glob
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -103,3 +107,11 @@ def newest_checkpoint(dep) -> int:
     """The id of the deployment's newest complete checkpoint (0: none yet): what a test waits to grow."""
     done = dep.checkpoints()
     return done[-1]["id"] if done else 0
+
+
+def manifests(storage) -> list[Path]:
+    """Every complete checkpoint's manifest under the folder ``storage`` (any layout), oldest
+    first. Read while a deployment prunes it: pathlib's glob (Python 3.11) raises when a folder it
+    walks is removed meanwhile (a loaded suite, session 78: a pruned ``chk-*``), ``glob.glob`` skips it."""
+    found = glob.glob(os.path.join(glob.escape(str(storage)), "**", "chk-*", "MANIFEST.json"), recursive=True)
+    return sorted(map(Path, found), key=lambda p: p.parent.name)

@@ -26,7 +26,7 @@ import pescheduler
 from pescheduler import Application, DeploymentFailed
 from pescheduler.checkpoint.storage import CheckpointStore
 from support_ops import committed_output
-from waiting import until
+from waiting import manifests, until
 
 pytestmark = pytest.mark.integration
 
@@ -63,11 +63,6 @@ def finished_run(tmp_path: Path) -> tuple[Path, Path]:
         assert len(dep.checkpoints()) >= 2, dep.checkpoints()
     assert committed_output(out) == expected()
     return out, storage
-
-
-def manifests(storage: Path) -> list[Path]:
-    """Every complete checkpoint's manifest, oldest id first (any layout)."""
-    return sorted(storage.rglob("chk-*/MANIFEST.json"), key=lambda p: p.parent.name)
 
 
 class _Touch:

@@ -19,7 +19,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, Replicate
-from waiting import until
+from waiting import manifests, until
 
 pytestmark = pytest.mark.integration
 
@@ -178,7 +178,7 @@ def test_restore_latest_after_the_deploying_process_is_killed_writes_every_row_o
 
 
 def newest_checkpoint(storage) -> int:
-    ids = [int("".join(c for c in m.parent.name if c.isdigit()) or 0) for m in storage.glob("**/MANIFEST.json")]
+    ids = [int("".join(c for c in m.parent.name if c.isdigit()) or 0) for m in manifests(storage)]
     return max(ids, default=0)
 
 

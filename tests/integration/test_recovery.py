@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import pescheduler
 from pescheduler import Application, Fuse, Move, Replicate
 from support_ops import committed_output, committed_windows, count_sum_windows, last_checkpoint, rocksdb_stores
-from waiting import gone, newest_checkpoint, until
+from waiting import gone, manifests, newest_checkpoint, until
 
 pytestmark = pytest.mark.integration
 
@@ -277,7 +277,7 @@ def test_restore_latest_after_the_deploying_process_is_killed_continues_exactly(
            "--checkpoint-interval", "0.5s"]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
-        until(lambda: len(list(storage.glob("run-*/chk-*/MANIFEST.json"))) >= 2, WAIT, "two complete checkpoints")
+        until(lambda: len(manifests(storage)) >= 2, WAIT, "two complete checkpoints")
     finally:
         tree = [first, *psutil.Process(first.pid).children(recursive=True)]   # the deployer and its workers
         for proc in tree:
