@@ -688,7 +688,8 @@ async def _wait_marker(gateway: WorkerGateway, old: Placement, aligned, seen: di
 
 async def _pe_report(gateway: WorkerGateway, old: Placement) -> str:
     """One line per PE of ``old``: state, aligning, queue, full producers, and per output channel
-    its credits, pending items and whether it is held (why a drain did not finish, in one read)."""
+    its credits, pending items, whether it is held, and its first items' kinds and flags
+    (``ChannelOut.head``): why a drain did not finish, in one read."""
     try:
         answers = await asyncio.wait_for(gateway.stats(old.workers, dead_letters=False), 5)
     except Exception as exc:                   # the report must not hide the failure it explains
@@ -697,7 +698,8 @@ async def _pe_report(gateway: WorkerGateway, old: Placement) -> str:
     for answer in answers:
         for pe_id, s in sorted(answer["pes"].items()):
             outs = " ".join(f"{c.split('/', 1)[-1]}[cr={o['credits']} pend={o['pending']}"
-                            f"{' HELD' if o['held'] else ''}]" for c, o in s["channels_out"].items())
+                            f"{' HELD' if o['held'] else ''}{' ' + o['head'] if o.get('head') else ''}]"
+                            for c, o in s["channels_out"].items())
             ins = " ".join(f"{c.split('/', 1)[-1]}[{'END' if i.get('ended') else ''}"
                            f"{'M' if i.get('marked') else ''}]" for c, i in s["channels_in"].items())
             lines.append(f"  {pe_id}@{answer['worker']}: {s['state']} aligning={s['aligning']} "

@@ -730,6 +730,12 @@ class Chain:
             node.wm, node.ended = wm, ended and not new_inputs
             node.open_inputs = (set(open_inputs) & set(node.in_wm)) | new_inputs
 
+    def end_sent(self, op_id: str) -> bool:
+        """``op_id`` ended and its END went out on its outputs (not held back by :meth:`freeze`,
+        whose :meth:`thaw` sends it on every output then there)."""
+        node = self.nodes.get(op_id)
+        return node is not None and node.ended and not (op_id in self.frozen and self.frozen[op_id][1])
+
     # -- lifecycle --------------------------------------------------------------------
     @property
     def finished(self) -> bool:

@@ -66,6 +66,7 @@ msgpack, never pickle; data batches are unpickled only from a proven peer.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import pickle
 import struct
@@ -80,6 +81,7 @@ from .handshake import Credentials, HandshakeRefused
 
 DATA, WATERMARK, END, CREDIT, HELLO, MARKER = 1, 2, 3, 4, 5, 6
 _HOLD = 0                                # local to a sender's buffer: never on the wire
+KIND_NAMES = {DATA: "DATA", WATERMARK: "WM", END: "END", MARKER: "MARKER", _HOLD: "HOLD"}
 CHALLENGE, WELCOME = 16, 17              # the handshake (handshake.py): server nonce, server proof
 MALFORMED = -1                           # local to an inbox: a frame a proven peer sent that cannot be read
 logger = logging.getLogger(__name__)
@@ -516,6 +518,14 @@ class ChannelOut:
         if self.latency_s:
             return -(-self._tuples // self.batch_size)
         return sum(1 for kind, _ in self.pending if kind == DATA)
+
+    def head(self, n: int = 4) -> str:
+        """The kinds of the first ``n`` items buffered, and the channel's flags (a drain's report:
+        which item a receiver waits behind, and why it does not go)."""
+        kinds = [KIND_NAMES.get(kind, str(kind)) for kind, _p in itertools.islice(self.pending, n)]
+        flags = [f for f, on in (("ended", self.ended), ("holding", self.holding), ("opening", self.opening is not None))
+                 if on]
+        return ",".join(kinds + (["..."] if len(self.pending) > n else [])) + (f" ({' '.join(flags)})" if flags else "")
 
     def full(self, backlog: int) -> bool:
         """Out of credit with ``backlog`` data batches buffered (worker/flow.py). A held channel

@@ -114,7 +114,7 @@ class Ports:
             "queue_batches": inbox.data_batches, "max_queue_batches": inbox.max_data_batches,
             "queue_tuples": inbox.queued_tuples(),
             "channels_out": {ch.channel_id: {"tuples": ch.tuples, "batches": ch.batches, "credits": ch.gate.credits,
-                                             "pending": len(ch.pending), "held": ch.held}
+                                             "pending": len(ch.pending), "held": ch.held, "head": ch.head()}
                              for _s, ch in self.outs},
             "channels_in": {c.channel_id: {"tuples": c.tuples, "ended": c.ended,
                                            "marked": any(c.channel_id in seen for seen in marked)}

@@ -110,6 +110,10 @@ class Rewirer:
             targets = list(dict.fromkeys(call for x in served[old.channel_id]
                                          for call in self.chain.consumer_routes.get((spec.src_op, spec.port, x), ())))
             self._replay(held[old.channel_id], old, news, targets, sent, ended)
+        # A route added beside the ones kept, from an operator whose END went out already (a copy
+        # of the consumer of a source that ended as the Replicate was planned): its END, or the
+        # copy waits for it for ever and a Release of it holds the channel behind its marker.
+        _end([ch for out, ch in opened if self.chain.end_sent(out.src_op)], ended)
         self.chain.thaw()                      # watermarks held back since the hold: behind the data
         self.ports.wake()
         for _spec, old in olds:

@@ -2,8 +2,8 @@
 story (issue 20: "did not drain" alone named the PEs, not why they waited).
 
 The PE here is a real runner with a held channel and one out of credit; the failure message
-the protocol raises must carry its channels' credits, pending items and holds, and its inputs'
-markers.
+the protocol raises must carry its channels' credits, pending items (their kinds) and holds,
+and its inputs' markers.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def test_a_drain_that_fails_reports_credits_holds_and_markers_of_every_pe():
     text = asyncio.run(scenario())
     assert "still waiting for ['down<-c-copy']" in text
     assert "up@tcp://w: running" in text or "up@tcp://w: created" in text
-    assert "c-w[cr=0 pend=1]" in text, text                # out of credit, one batch waiting
-    assert "c-copy[cr=" in text and "HELD" in text, text   # the held channel
+    assert "c-w[cr=0 pend=1 DATA]" in text, text           # out of credit, one batch waiting
+    assert "c-copy[cr=" in text and "HELD DATA (holding)" in text, text    # the held channel, a batch behind it
     assert "c-src[M]" in text, text                        # the marker arrived on this input
 
 

@@ -8,6 +8,11 @@ END on the new channels (``Rewirer._replay``), and only the loop shipped those, 
 copy never went; the Release then held that channel behind it. Here both times it can come, on a
 real PE runner with in-memory channels: while the PE's last flush waits for credit, and after the
 PE finished.
+
+Those two did not mend it (session 78's loaded suite failed the same way). The channel behind it
+was one a Replicate of the stateless ``slow`` added beside the kept ones after the source had
+ended (``1/...->slow#1``, the source's others from epoch 0): no channel was removed, so the rewire
+re-sent no END, and the copy never got one (session 79: ``Chain.end_sent``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import asyncio
 
 from pescheduler.worker.channels import DATA, END, ChannelIn, Inbox
-from pescheduler.wire import OutputSpec
+from pescheduler.wire import OutputSpec, RouterTargets
 
 from test_held_watermarks import BOTH, HERE, _kinds, _upstream, rewire_outputs
 
@@ -98,4 +103,42 @@ def test_a_hold_of_a_finished_pe_ships_nothing_more():
             await asyncio.sleep(0)
         assert _kinds(inboxes["c-w"]) == [(DATA, [1]), (END, None)]
         assert _kinds(inboxes["c-copy"]) == [(DATA, [2]), (END, None)]
+    asyncio.run(scenario())
+
+
+TO_W_COPY2 = OutputSpec("c-w3", "tag", "out", "pe-w3", "tcp://w", HERE, ("w#2",))
+THREE = {("tag", "out", "w"): (RouterTargets(("w", "w#1", "w#2"), (1, 1, 1)), None)}
+
+
+def test_a_route_added_after_the_end_beside_the_kept_ones_carries_the_end():
+    """A Replicate of a stateless consumer keeps the upstream's channels and adds one to the copy
+    (nothing held, nothing removed, so ``Rewirer._replay`` sends it nothing). The upstream had
+    ended: on the code before, that channel never got an END, so the copy never ended, and a
+    Release of it then held the channel behind its marker with no loop to ship it (the loaded
+    suites of sessions 77 and 78: ``1/iterable-1.out->slow#1[cr=8 pend=2]``, the source PE finished)."""
+    async def scenario():
+        pe, inboxes = await _finished()
+        inboxes["c-w3"] = Inbox()
+        await rewire_outputs(pe, [TO_W_COPY2], [], _receivers(inboxes), THREE, {"w#1": "w", "w#2": "w"})
+        await _turns_until(lambda: inboxes["c-w3"].items, "the added channel's END")
+        assert _kinds(inboxes["c-w3"]) == [(END, None)]
+        assert _kinds(inboxes["c-w"]) == [(DATA, [1]), (END, None)], "the kept channels get nothing more"
+        assert _kinds(inboxes["c-copy"]) == [(DATA, [2]), (END, None)]
+    asyncio.run(scenario())
+
+
+def test_a_route_added_while_the_source_still_runs_gets_its_end_once_with_the_others():
+    """The same rewire before the end: the added channel's END comes with the others', once."""
+    async def scenario():
+        pe, inboxes = await _upstream()
+        inboxes["c-w3"] = Inbox()
+        pe.start()
+        src = pe.ports.receivers["c-src"]
+        await rewire_outputs(pe, [TO_W_COPY2], [], _receivers(inboxes), THREE, {"w#1": "w", "w#2": "w"})
+        for n in range(3):
+            pe.ports.inbox.put(src, DATA, [{"n": n, "ts": 100 * n}])
+        pe.ports.inbox.put(src, END, None)
+        await asyncio.wait_for(pe.task, 10)
+        for channel in ("c-w", "c-copy", "c-w3"):
+            assert [k for k, _p in _kinds(inboxes[channel])].count(END) == 1, (channel, _kinds(inboxes[channel]))
     asyncio.run(scenario())
