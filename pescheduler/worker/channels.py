@@ -523,9 +523,11 @@ class ChannelOut:
         """The kinds of the first ``n`` items buffered, and the channel's flags (a drain's report:
         which item a receiver waits behind, and why it does not go)."""
         kinds = [KIND_NAMES.get(kind, str(kind)) for kind, _p in itertools.islice(self.pending, n)]
-        flags = [f for f, on in (("ended", self.ended), ("holding", self.holding), ("opening", self.opening is not None))
-                 if on]
-        return ",".join(kinds + (["..."] if len(self.pending) > n else [])) + (f" ({' '.join(flags)})" if flags else "")
+        if len(self.pending) > n:
+            kinds.append("...")
+        flags = [name for name, on in (("ended", self.ended), ("holding", self.holding),
+                                       ("opening", self.opening is not None)) if on]
+        return " ".join(([",".join(kinds)] if kinds else []) + ([f"({' '.join(flags)})"] if flags else []))
 
     def full(self, backlog: int) -> bool:
         """Out of credit with ``backlog`` data batches buffered (worker/flow.py). A held channel
