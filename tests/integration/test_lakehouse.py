@@ -19,7 +19,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, Replicate
-from waiting import until
+from waiting import manifests, until
 
 pytestmark = pytest.mark.integration
 
@@ -152,13 +152,13 @@ def test_restore_latest_after_the_deploying_process_is_killed_writes_every_row_o
            "--policy", "none", "--checkpoint", str(storage), "--checkpoint-interval", "1s"]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
-        # Killed once the table holds a commit of checkpoint 2 or later: the restore from the newest
-        # repeats the commits its snapshot holds that the table has (the path the writer identity
-        # protects). Not "the newest checkpoint's commit": a checkpoint that sealed no rows commits
-        # nothing, and once the first half was read every later one is such (loaded suites,
-        # session 79: 120 s without it, for delta and for iceberg).
-        until(lambda: max(committed_ids(sink, tmp_path, catalog), default=0) >= 2,
-              WAIT, "a commit of checkpoint 2 or later in the table")
+        # Killed once the table holds a commit and two checkpoints are complete: the restore from
+        # the newest repeats the commits its snapshot holds that the table has (the path the
+        # writer identity protects). Not "the newest checkpoint's commit", nor one of checkpoint 2
+        # or later: a checkpoint that sealed no rows commits nothing, and once the first half was
+        # read every later one is such (loaded suites, session 79: 120 s without either).
+        until(lambda: committed_ids(sink, tmp_path, catalog) and newest_checkpoint(storage) >= 2,
+              WAIT, "a commit in the table and two complete checkpoints")
     finally:
         tree = [first, *psutil.Process(first.pid).children(recursive=True)]
         for proc in tree:
@@ -178,6 +178,11 @@ def test_restore_latest_after_the_deploying_process_is_killed_writes_every_row_o
         resumed.wait(WAIT)
     assert resumed.returncode == 143, err.read_text()[-3000:]
     assert_exactly_once(read_table(sink, tmp_path, catalog))
+
+
+def newest_checkpoint(storage) -> int:
+    ids = [int("".join(c for c in m.parent.name if c.isdigit()) or 0) for m in manifests(storage)]
+    return max(ids, default=0)
 
 
 def committed_ids(sink: str, tmp_path, catalog: dict) -> set:
