@@ -110,9 +110,10 @@ class Rewirer:
             targets = list(dict.fromkeys(call for x in served[old.channel_id]
                                          for call in self.chain.consumer_routes.get((spec.src_op, spec.port, x), ())))
             self._replay(held[old.channel_id], old, news, targets, sent, ended)
-        # A route added beside the ones kept, from an operator whose END went out already (a copy
-        # of the consumer of a source that ended as the Replicate was planned): its END, or the
-        # copy waits for it for ever and a Release of it holds the channel behind its marker.
+        # Every new route from an operator whose END went out already (before the hold) gets one,
+        # behind what was re-sent: one replacing a held channel, and one added beside the ones
+        # kept (a copy of the consumer of a source that ended as the Replicate was planned), whose
+        # copy would otherwise wait for ever and a Release of it hold the channel behind its marker.
         _end([ch for out, ch in opened if self.chain.end_sent(out.src_op)], ended)
         self.chain.thaw()                      # watermarks held back since the hold: behind the data
         self.ports.wake()
@@ -123,7 +124,8 @@ class Rewirer:
     def _replay(items: list, old: ChannelOut, news: list[ChannelOut], targets: list, sent: dict,
                 ended: set[str]) -> None:
         """What ``old`` held, on along the new routes: data to the operators it served, the rest
-        (and the end) on the new channels of its port."""
+        (and an END it held) on the new channels of its port; an END that went out before the
+        hold is the caller's (``Chain.end_sent``)."""
         for kind, payload in items:
             if kind == DATA:
                 # Fan-out channels held the very same batch objects: a new channel that now
@@ -138,8 +140,6 @@ class Rewirer:
             else:
                 for channel in news:
                     _replay(channel, kind, payload)
-        if old.ended and all(kind != END for kind, _ in items):
-            _end(news, ended)                  # END went out before the hold: the new path needs it too
 
     def set_inputs(self, add: list[InputSpec], remove: list[str], edges: list | None = None,
                        copies: dict[str, str] | None = None) -> None:
