@@ -107,7 +107,8 @@ def follow_the_heat(dep, say) -> None:
             else:
                 continue
             record = dep.apply(action)
-            say(f"{action!r}: applied={record.applied} pause={record.pause_ms:.1f} ms ({action.reason})")
+            say(f"{action!r}: applied={record.applied} pause={record.pause_ms:.1f} ms ({action.reason})"
+                + ("" if record.applied else f"; refused: {record.reason}"))
 
 
 def main() -> int:

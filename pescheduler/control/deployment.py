@@ -61,7 +61,7 @@ from .gateway import WorkerGateway
 from .hosts import HostManager
 from ..metrics import MetricsSnapshot
 from .monitor import Monitor
-from .protocol import ApplyRecord
+from .protocol import ApplyRecord, pe_report
 from .reconfigurer import Reconfigurer
 from .recovery import Recovery
 from ..resources import ResourceView
@@ -601,7 +601,11 @@ class Deployment:
             try:
                 await asyncio.wait_for(self._done.wait(), timeout)
             except asyncio.TimeoutError:
-                self.state.event("stop", f"drain did not finish within {timeout:.0f}s; stopping anyway")
+                left = sorted(p for p, s in self.state.pe_state.items() if s != "finished")
+                self.state.event("stop", f"drain did not finish within {timeout:g} s; stopping anyway "
+                                         f"(not finished: {', '.join(left)})")
+                logger.warning("the drain did not finish within %g s; its PEs:\n%s", timeout,
+                               await pe_report(self.gateway, self.placement()))
         self.state.to("stopped")
         self._done.set()
 

@@ -680,13 +680,13 @@ async def _wait_marker(gateway: WorkerGateway, old: Placement, aligned, seen: di
         if progress != last:
             last, moved_at = progress, now
         if failed or now - moved_at >= timeout or now - began >= DRAIN_CAP * timeout:
-            report = await _pe_report(gateway, old)
+            report = await pe_report(gateway, old)
             raise ReconfigurationFailed(f"did not {what}: failed {failed}, still waiting for {missing} "
                                         f"(nothing moved for {now - moved_at:.1f}s, {now - began:.1f}s "
                                         f"in all); the PEs then:\n{report}")
 
 
-async def _pe_report(gateway: WorkerGateway, old: Placement) -> str:
+async def pe_report(gateway: WorkerGateway, old: Placement) -> str:
     """One line per PE of ``old``: state, aligning, queue, full producers, and per output channel
     its credits, pending items, whether it is held, and its first items' kinds and flags
     (``ChannelOut.head``): why a drain did not finish, in one read."""

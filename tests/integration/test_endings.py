@@ -185,3 +185,26 @@ def test_a_stopped_embedded_deployment_leaves_no_batched_stream_of_its_clients_r
     assert streams, "no client stream to the deployment's scheduler found"
     running = [repr(b.comm) for b in streams if not (b.please_stop and b.stopped.is_set())]
     assert not running, f"client streams still running after stop: {running}"
+
+
+def test_a_drain_past_its_timeout_names_the_pes_it_left_and_logs_their_channels(cluster, tmp_path, caplog):
+    """A stop whose drain runs out of time says which PEs had not finished (the event) and where
+    each stood (the warning: state, input channels ended or marked, output channels' credits and
+    first items), read before the PEs are stopped: a loaded property run's "drain did not finish
+    within 30s" said nothing more (session 79). The map takes 50 ms a tuple and holds a batch of
+    the source's 40 when the stop comes: its drain needs seconds, the timeout is 0.5 s."""
+    from support_ops import slow_consumer
+
+    app = Application("slow-drain")
+    (app.source("numbers", count=10**9, keys=7, rate=4_000).map(slow_consumer(0.05))
+        .sink("jsonl", path=str(tmp_path / "out.jsonl")))
+    with pescheduler.deploy(app, cluster=cluster, plugins=["support_ops"], policies=[]) as dep:
+        map_pe = dep.placement().pe_of("map-2")
+        until(lambda: getattr(dep.snapshot().operators.get("map-2"), "tuples_in", 0) > 0, WAIT,
+              "the map to take a batch")
+        with caplog.at_level("WARNING", logger="pescheduler.control.deployment"):
+            status = dep.stop(drain_timeout=0.5)
+    ended = [e["text"] for e in status["events"] if "drain did not finish" in e["text"]]
+    assert ended and "not finished: " in ended[0] and map_pe in ended[0].split("not finished: ")[1], ended
+    report = [r.getMessage() for r in caplog.records if "the drain did not finish" in r.getMessage()]
+    assert report and f"{map_pe}@" in report[0] and "\n    in: " in report[0] and "\n    out: " in report[0], report

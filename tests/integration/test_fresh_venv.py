@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# The fixture's pip install is bounded by its own 900 s; pytest-timeout's 300 s counts it too, and
+# beside two busy loops a suite's install took longer (session 79).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).parent.parent.parent
 
