@@ -328,7 +328,11 @@ class Deployment:
         return status
 
     def stop(self, drain_timeout: float = 30.0) -> dict:
-        """Drain sources, let windows and sinks flush, stop the PEs, close an embedded cluster."""
+        """Drain sources, let windows and sinks flush, stop the PEs, close an embedded cluster.
+        A drain not done within ``drain_timeout`` s stops the PEs all the same (what sinks had not
+        flushed is not published): the status's ``stop`` event names the PEs not finished, and a
+        warning logs where each stood (its input channels ended or marked, its outputs' credits
+        and first items)."""
         if self._stopped:
             return self.status()
         try:
