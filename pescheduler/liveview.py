@@ -74,7 +74,7 @@ def short_worker(address: str) -> str:
     return address.split("://", 1)[-1] if address else ""
 
 
-DECISION_OUTCOMES = ("applied", "refused", "overruled", "suppressed", "quarantined")
+DECISION_OUTCOMES = ("applied", "refused", "overruled", "suppressed", "skipped", "quarantined", "cancelled")
 
 
 def decision_counts(status: dict) -> dict[str, int]:

@@ -38,7 +38,9 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
+from functools import partial
+from importlib import import_module
+from typing import AsyncContextManager, Callable
 
 import dask.config
 from distributed import Client, Scheduler, Security
@@ -48,17 +50,30 @@ from distributed.utils import silence_logging_cmgr
 
 from .. import config, dashboard
 from . import forkserver
+from .isolation import in_thread
 from ..resource_managers import processes
 from ..resource_managers.workers import named_workers, tls_flags
 
 HOST = "127.0.0.1"
 DEATH_TIMEOUT_S = 30       # a worker whose deploying process died (SIGKILL) exits by itself after this
+# Dask's dashboard pages imported in steps of at most about 120 ms of CPU each on a quiet machine
+# (``python -X importtime``, bokeh 3: bokeh.models.axes is the largest), 0.7-1.0 s in all; the last
+# is the module that connects them (EmbeddedCluster.attach_dashboard)
+DASHBOARD_STEPS = ("bokeh.core.properties", "bokeh.models.renderers", "bokeh.models.axes", "bokeh.models.plots",
+                   "bokeh.models.map_plots", "bokeh.models.widgets", "bokeh.models", "bokeh.plotting",
+                   "distributed.dashboard.components.scheduler", "distributed.dashboard.scheduler")
 
 
 def worker_args(scheduler: str, name: str, tls: list[str] = (), host: str = HOST) -> list[str]:
     """``dask worker`` arguments: single-threaded, no nanny, called ``name``, joining ``scheduler``."""
     return [scheduler, "--nthreads", "1", "--no-nanny", "--no-dashboard", "--dashboard-address", f"{HOST}:0",
             "--host", host, "--name", name, "--death-timeout", str(DEATH_TIMEOUT_S), *tls]
+
+
+def _import_bokeh(name: str):
+    """One of :data:`DASHBOARD_STEPS`, imported while no other thread imports or renders with bokeh."""
+    with dashboard.BOKEH_LOCK:
+        return import_module(name)
 
 
 class _Joins(SchedulerPlugin):
@@ -124,44 +139,43 @@ class EmbeddedCluster:
             await self._spawn()
         return self._scheduler.address
 
-    def attach_dashboard(self) -> threading.Thread | None:
+    async def attach_dashboard(self, step: Callable[[], AsyncContextManager], wait_s: float) -> None:
         """Add Dask's bokeh pages (``/status`` and the rest) to the running scheduler's HTTP server.
 
-        Their import runs in a daemon thread, so a deployment that is closing or a process
-        that is exiting never waits for it; the pages are connected on the scheduler's loop
-        once imported, if the scheduler still runs. Without bokeh installed the server
-        answers those pages with Dask's "install bokeh" page, as before. Answers the thread
-        importing them (None: begun before, or no scheduler).
+        bokeh is imported in :data:`DASHBOARD_STEPS`, each in a daemon thread inside ``step()`` (the
+        reconfiguration lock: deployment.py), so a reconfiguration or checkpoint asked meanwhile
+        waits for one step, not the whole import: held whole, beside a loaded suite the import held
+        the lock 12-14 s and a policy's first Replicate waited that long (session 81). A step not
+        done within ``wait_s`` leaves the lock and the pages are not attached (a process that is
+        exiting never waits for a daemon thread). The pages are connected on the scheduler's loop
+        once imported, if the scheduler still runs; without bokeh installed the server answers them
+        with Dask's "install bokeh" page, as before. Once per cluster; a no-op without a scheduler.
         """
-        if self._scheduler is None or self._dashboard_thread is not None:
-            return None
-        loop = asyncio.get_running_loop()
-        scheduler = self._scheduler
+        if self._scheduler is None or self._dashboard_begun:
+            return
+        self._dashboard_begun = True
+        scheduler, module = self._scheduler, None
+        for name in DASHBOARD_STEPS:
+            async with step():
+                try:
+                    module = await asyncio.wait_for(in_thread(partial(_import_bokeh, name), "pescheduler-dashboard-import"),
+                                                    wait_s)
+                except asyncio.TimeoutError:
+                    logger.warning("importing %s for Dask's dashboard pages took over %g s: not attached", name, wait_s)
+                    return
+                except ImportError:         # no bokeh (the last step says so), or a step this bokeh lacks
+                    module = None
+        if scheduler.status != Status.running:
+            return
+        if module is None:
+            from distributed.http.utils import get_handlers
 
-        def connect(module) -> None:
-            if scheduler.status != Status.running:
-                return
-            if module is None:
-                from distributed.http.utils import get_handlers
+            scheduler.http_application.add_handlers(r".*", get_handlers(
+                server=scheduler, modules=["distributed.http.scheduler.missing_bokeh"], prefix="/"))
+        else:
+            module.connect(scheduler.http_application, scheduler.http_server, scheduler, prefix="/")
 
-                scheduler.http_application.add_handlers(r".*", get_handlers(
-                    server=scheduler, modules=["distributed.http.scheduler.missing_bokeh"], prefix="/"))
-            else:
-                module.connect(scheduler.http_application, scheduler.http_server, scheduler, prefix="/")
-
-        def load() -> None:
-            try:
-                with dashboard.BOKEH_LOCK:
-                    import distributed.dashboard.scheduler as module
-            except ImportError:
-                module = None
-            with contextlib.suppress(RuntimeError):         # the loop closed meanwhile
-                loop.call_soon_threadsafe(connect, module)
-        self._dashboard_thread = threading.Thread(target=load, name="pescheduler-dashboard-import", daemon=True)
-        self._dashboard_thread.start()
-        return self._dashboard_thread
-
-    _dashboard_thread: threading.Thread | None = None
+    _dashboard_begun = False
 
     async def _spawn(self) -> processes.Process:
         """Fork one worker; its stdout is ours (a ``print`` sink shows where the user looks, as with

@@ -40,13 +40,15 @@ snapshot, so no policy has to remember it.
 A policy that raises, or returns anything but a list of actions, is
 *quarantined*: never called again in this deployment, with the reason
 logged; the other policies go on. Every decision (applied, refused,
-overruled, suppressed, quarantined) goes to the decision log (JSON lines,
+overruled, suppressed, quarantined, and *cancelled*: still being applied, or
+not tried yet, when the deployment ended and its round with it) goes to the decision log (JSON lines,
 ``pescheduler.policies.decision-log``; host events and copy activations too, :func:`append_log`) and to ``on_decision`` (the
 deployment's status events, so the live view shows it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -95,7 +97,7 @@ class Decision:
 
     t: float                       # the snapshot's time
     policy: str
-    outcome: str                   # applied | refused | overruled | suppressed | skipped | quarantined
+    outcome: str                   # applied | refused | overruled | suppressed | skipped | quarantined | cancelled
     action: Action | None = None
     detail: str = ""               # refusal reason, who overruled, cooldown left, the error
     pause_ms: float = 0.0
@@ -115,6 +117,9 @@ class Decision:
             return f"{self.policy} {self.outcome} because it {self.detail}"
         why = f" ({self.detail})" if self.detail and self.outcome != "applied" else ""
         return f"{self.policy} {self.outcome} {self.action!r}{why}: {self.action.reason}"
+
+
+ENDED = "the deployment ended before it was applied"    # a cancelled round's actions in flight or not tried
 
 
 # -- the pure core --------------------------------------------------------------------------
@@ -423,9 +428,15 @@ class Controller:
         kept, lost = merge(ready, placement)
         made += [Decision(snapshot.time, p.policy, "overruled", p.action,
                           f"conflicts with {w.action!r} from {w.policy}") for p, w in lost]
-        for p in kept:
-            made.append(await self._attempt(p, snapshot.time, placement))
-        self._record(made)
+        tried = len(made)
+        try:
+            for p in kept:
+                made.append(await self._attempt(p, snapshot.time, placement))
+        except asyncio.CancelledError:      # the deployment ended while one was applied
+            made += [Decision(snapshot.time, p.policy, "cancelled", p.action, ENDED) for p in kept[len(made) - tried:]]
+            raise
+        finally:                            # recorded either way: a cancelled round logged nothing at all
+            self._record(made)
         return made
 
     async def _decide(self, snapshot: MetricsSnapshot, placement: Placement,

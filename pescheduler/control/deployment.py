@@ -69,7 +69,7 @@ from .state import DeploymentState
 from .status import status_view
 
 logger = logging.getLogger(__name__)
-DASHBOARD_IMPORT_WAIT_S = 30.0    # the longest the dashboard's import holds the reconfiguration lock
+DASHBOARD_IMPORT_WAIT_S = 30.0    # the longest a step of the dashboard's import holds the reconfiguration lock
 
 WATCH_TIMEOUT_S = 2.0
 CLOSE_CLUSTER_S = 20.0     # an embedded cluster that does not close within this is left to its atexit
@@ -441,15 +441,15 @@ class Deployment:
         The import holds this process's GIL in bursts for 0.5-0.9 s of CPU, and the controller's
         calls in a reconfiguration's pause share that GIL: beside it, the first Release and Move
         after a deploy paused 38-46 and 67-135 ms where they pause 8-11 and 12-26 ms (a count window
-        of 10^3 keys, session 77). So it runs under the reconfiguration lock, once: a
-        reconfiguration or checkpoint asked meanwhile waits for it, not its pause."""
+        of 10^3 keys, session 77). So each of its steps runs under the reconfiguration lock: a
+        reconfiguration or checkpoint asked meanwhile waits for the step, not the import, and its
+        pause does not share the GIL with it (EmbeddedCluster.attach_dashboard)."""
         try:
             await asyncio.wait_for(self._done.wait(), config.get_seconds("monitor.interval"))
         except asyncio.TimeoutError:
-            async with self.reconfigurer.lock if self.reconfigurer is not None else contextlib.nullcontext():
-                importing = self.cluster.attach_dashboard()
-                if importing is not None:       # bounded: a stuck import leaves the lock, not the run
-                    await asyncio.to_thread(importing.join, DASHBOARD_IMPORT_WAIT_S)
+            lock = self.reconfigurer.lock if self.reconfigurer is not None else None
+            await self.cluster.attach_dashboard(lambda: lock if lock is not None else contextlib.nullcontext(),
+                                                DASHBOARD_IMPORT_WAIT_S)
 
     def _cluster_host(self) -> str:
         """Where the embedded cluster listens: loopback, or the address a resource manager's

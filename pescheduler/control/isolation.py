@@ -32,7 +32,7 @@ class Deadlines:
         if busy is not None and not busy.done():
             return self._strike(name, f"is still deciding an earlier round (over {self.deadline_s:g} s)")
         self.running.pop(name, None)
-        future = _in_thread(fn, f"pescheduler-policy-{name}")
+        future = in_thread(fn, f"pescheduler-policy-{name}")
         try:
             value = await asyncio.wait_for(asyncio.shield(future), self.deadline_s)
         except asyncio.TimeoutError:
@@ -50,7 +50,7 @@ class Deadlines:
         return "late", f"{why}: skipped this round ({self.late[name]} of {self.strikes} before quarantine)"
 
 
-def _in_thread(fn: Callable[[], Any], name: str) -> asyncio.Future:
+def in_thread(fn: Callable[[], Any], name: str) -> asyncio.Future:
     """Run ``fn()`` in a new daemon thread; a future (of the running loop) for its result."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()

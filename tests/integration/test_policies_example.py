@@ -86,9 +86,13 @@ def test_deploy_policy_latency_guard_copies_the_queued_operator(installed, tmp_p
     assert {d["policy"] for d in decisions} == {"latency-guard"}
     asked = [d for d in decisions if d["action"] == "Replicate('slow', 1)"]
     assert asked and "longest input queue" in asked[0]["reason"], decisions
-    # applied; refused on a loaded machine (no host with CPU to spare); or held by the cooldown that
-    # follows a Release of the copy, when the queue builds up again
+    # applied; refused on a loaded machine (no host with CPU to spare); held by the cooldown that
+    # follows a Release of the copy, when the queue builds up again; or cancelled by the stream's end
+    # (two loaded suites logged nothing at all, sessions 79 and 80: the Replicate waited for the
+    # reconfiguration lock, which Dask's dashboard import held whole, 12-14 s at load 11-14; now a
+    # step of it, session 81)
     assert all(d["outcome"] == "applied" or "has no more CPU" in d["detail"] or d["detail"].startswith("cooldown")
+               or (d["outcome"] == "cancelled" and d["detail"] == "the deployment ended before it was applied")
                for d in asked), json.dumps(asked, indent=1)
     copies = 0
     for d in decisions:

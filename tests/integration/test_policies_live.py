@@ -22,9 +22,11 @@ from pescheduler import Application
 pytestmark = pytest.mark.integration
 
 WAIT = 120                 # seconds: the bound on every wait
-EVENTS = 7_500
-RATE = 250                 # events/s: the source lasts 30 s at most (the test stops it after the release)
-HIGH = range(1_250, 2_500)   # 5 s; then up to 20 s of low load: time to catch up, calm down and release
+EVENTS = 15_000
+RATE = 250                 # events/s: the source lasts 60 s at most (the test stops it after the release)
+HIGH = range(1_250, 2_500)   # 5 s; then up to 50 s of low load: time to catch up, calm down and release
+                             # (20 s ran out in a loaded suite, where the HIGH phase's core-seconds of work
+                             # take two or three times as long to drain: session 80)
 FANOUT = 16                # the expand step multiplies its input by this during HIGH: 4,000 tuples/s
 SPIN_S = 0.00025           # CPU seconds the heavy step spends per tuple: a whole core during HIGH,
                            # a sixteenth of one outside it (calm even on a machine shared with other work)
@@ -84,7 +86,8 @@ def test_default_policies_copy_on_a_rate_rise_release_on_the_fall_and_the_output
         deadline = time.monotonic() + WAIT
         while not (applied(dep, "Replicate", "heavy") and applied(dep, "Release", "heavy")
                    and not dep.placement().copies_of("heavy")):
-            assert not dep.state.ended, "the stream ended before a copy came and went"
+            assert not dep.state.ended, ("the stream ended before a copy came and went",
+                                         [d.as_dict() for d in dep.controller.decisions], dep.status()["events"])
             assert time.monotonic() < deadline, [d.as_dict() for d in dep.controller.decisions]
             dep.next_snapshot(timeout=WAIT)
         status = dep.stop()                                                   # drains what the source sent

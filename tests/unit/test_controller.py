@@ -153,6 +153,35 @@ def test_apply_raising_is_a_refusal_not_a_crash():
     assert d.outcome == "refused" and d.detail == "ConnectionError: worker gone"
 
 
+def test_a_round_cancelled_while_it_applies_still_logs_what_it_decided(tmp_path):
+    """The deployment's end cancels the round in flight: the action being applied and those not
+    tried yet are logged as cancelled, with the round's other decisions. Before, the round logged
+    nothing at all: a loaded suite's policy test found no decision log (sessions 79 and 80), its
+    Replicate waiting for the reconfiguration lock until the stream had ended (session 81)."""
+    started = asyncio.Event()
+
+    async def hangs(action):
+        started.set()
+        await asyncio.Event().wait()            # the markers never come: only the cancel ends it
+    log, seen = tmp_path / "decisions.jsonl", []
+    ctl = Controller({"p": says(Replicate("op2", reason="queued"), Move("op1", PL.workers[0]), Replicate("nope"))},
+                     hangs, cooldown_s=0.0, log_path=str(log), on_decision=seen.append)
+
+    async def main():
+        round_ = asyncio.create_task(ctl.tick(snap(1.0), PL))
+        await asyncio.wait_for(started.wait(), 10)
+        round_.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await round_
+    asyncio.run(main())
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["action"], r["outcome"]) for r in rows] == [
+        ("Replicate('nope', 1)", "refused"), ("Replicate('op2', 1)", "cancelled"),
+        (repr(Move("op1", PL.workers[0])), "cancelled")]
+    assert rows[1]["detail"] == "the deployment ended before it was applied" and rows[1]["reason"] == "queued"
+    assert [d.outcome for d in seen] == ["refused", "cancelled", "cancelled"]
+
+
 def test_each_policy_gets_its_settings_and_a_history_of_its_own():
     got = {}
 

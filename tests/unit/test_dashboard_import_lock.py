@@ -1,45 +1,80 @@
-"""Dask's bokeh pages are imported in a thread of the deploying process once a run has lasted a
-monitor interval (``Deployment._dashboard_after_an_interval``); that import holds the process's
-GIL in bursts for 0.5-0.9 s of CPU, which the controller's calls in a reconfiguration's pause share.
-It runs under the reconfiguration lock: a reconfiguration asked meanwhile waits for it, not its
-pause (beside it, the first Release and Move after a deploy paused 38-135 ms instead of 8-26)."""
+"""Dask's bokeh pages are imported in the deploying process once a run has lasted a monitor interval
+(``Deployment._dashboard_after_an_interval``); that import holds the process's GIL in bursts for
+0.5-0.9 s of CPU, which the controller's calls in a reconfiguration's pause share. Each of its
+steps runs under the reconfiguration lock: a reconfiguration asked meanwhile waits for the step,
+not its pause (beside the import, the first Release and Move after a deploy paused 38-135 ms
+instead of 8-26) and not the whole import (held whole, beside a loaded suite, 12-14 s: session 81)."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 from types import SimpleNamespace
 
 import dask.config
+from distributed.core import Status
 
+from pescheduler.control import cluster
+from pescheduler.control.cluster import EmbeddedCluster
 from pescheduler.control.deployment import Deployment
 
 
-def test_the_dashboards_import_holds_the_reconfiguration_lock_until_it_is_done():
-    release, seen = threading.Event(), {}
+def test_a_reconfiguration_asked_during_the_dashboards_import_waits_for_one_step_of_it(monkeypatch):
+    steps, imported, connected = ("first", "second", "last"), [], []
+    gates = {name: threading.Event() for name in steps}
+
+    def import_step(name):
+        gates[name].wait(30)                    # the step's CPU, as long as the test says
+        imported.append(name)
+        return SimpleNamespace(connect=lambda *args, **kw: connected.append(name))
+    monkeypatch.setattr(cluster, "DASHBOARD_STEPS", steps)
+    monkeypatch.setattr(cluster, "_import_bokeh", import_step)
+    embedded = EmbeddedCluster(1)
+    shutil.rmtree(embedded._log_dir, ignore_errors=True)
+    embedded._scheduler = SimpleNamespace(status=Status.running, http_application=None, http_server=None)
+    seen = {}
 
     async def scenario():
-        lock, began = asyncio.Lock(), asyncio.Event()
+        lock = asyncio.Lock()
+        attaching = asyncio.ensure_future(embedded.attach_dashboard(lambda: lock, 30))
+        while not lock.locked():                # the first step began
+            await asyncio.sleep(0)
+        asked = asyncio.ensure_future(lock.acquire())      # a reconfiguration asked meanwhile
+        for _ in range(10):                     # a free lock is taken within a step of the loop
+            await asyncio.sleep(0)
+        seen["went during a step"] = asked.done()
+        gates["first"].set()                    # the first step ends
+        await asyncio.wait_for(asked, 30)
+        seen["imported before it"] = list(imported)
+        for _ in range(10):                     # the import waits for it
+            await asyncio.sleep(0)
+        seen["imported while it held the lock"] = list(imported)
+        lock.release()
+        gates["second"].set()
+        gates["last"].set()
+        await asyncio.wait_for(attaching, 30)
+        await embedded.attach_dashboard(lambda: lock, 30)   # once per cluster
 
-        def attach():
-            seen["locked when it began"] = lock.locked()
-            began.set()
-            thread = threading.Thread(target=release.wait, args=(30,), daemon=True)
-            thread.start()
-            return thread
+    asyncio.run(scenario())
+    assert seen == {"went during a step": False, "imported before it": ["first"],
+                    "imported while it held the lock": ["first"]}, seen
+    assert imported == ["first", "second", "last"] and connected == ["last"]
+
+
+def test_the_deployment_imports_the_dashboard_under_its_reconfiguration_lock():
+    seen = {}
+
+    async def scenario():
+        lock = asyncio.Lock()
+
+        async def attach(step, wait_s):
+            async with step():
+                seen["locked"] = lock.locked()
         fake = SimpleNamespace(_done=asyncio.Event(), reconfigurer=SimpleNamespace(lock=lock),
                                cluster=SimpleNamespace(attach_dashboard=attach))
-        importing = asyncio.ensure_future(Deployment._dashboard_after_an_interval(fake))
-        await asyncio.wait_for(began.wait(), 30)            # the interval ends, the import begins
-        asked = asyncio.ensure_future(lock.acquire())       # a reconfiguration asked meanwhile
-        for _ in range(10):                                 # a free lock is taken within a step of the loop
-            await asyncio.sleep(0)
-        seen["a reconfiguration went first"] = asked.done()
-        release.set()                                       # the import ends
-        await asyncio.wait_for(asked, 30)
-        lock.release()
-        await asyncio.wait_for(importing, 30)
+        await asyncio.wait_for(Deployment._dashboard_after_an_interval(fake), 30)
 
     with dask.config.set({"pescheduler.monitor.interval": "10ms"}):
         asyncio.run(scenario())
-    assert seen == {"locked when it began": True, "a reconfiguration went first": False}, seen
+    assert seen == {"locked": True}
