@@ -88,10 +88,12 @@ def activation_ms(dep, copy: str, decided_at: float) -> float:
 
 def switched_ms(steps: dict[str, float]) -> float:
     """From the decision to the moment the upstream PE routes to the copy, from an ApplyRecord's
-    steps: planning, the protocol steps before the rewiring round (a Replicate's ``open``: its copy
-    deployed and its channels opened, before the pause), then the upstream's rewire call until its
-    switch (queued, waiting for its turn, the switch itself)."""
-    before = steps.get("plan", 0.0) + sum(steps.get(k, 0.0) for k in ("open", "pause", "drain", "snapshot", "stop"))
+    steps: the wait for the reconfiguration lock (``lock``, or ``lock: <what held it>``), planning,
+    the protocol steps before the rewiring round (a Replicate's ``open``: its copy deployed and its
+    channels opened, before the pause), then the upstream's rewire call until its switch (queued,
+    waiting for its turn, the switch itself)."""
+    before = sum(ms for k, ms in steps.items() if k == "lock" or k.startswith("lock: ")) \
+        + steps.get("plan", 0.0) + sum(steps.get(k, 0.0) for k in ("open", "pause", "drain", "snapshot", "stop"))
     upstream = [k[:-len(": queued")] for k in steps if k.startswith("rewire out ") and k.endswith(": queued")]
     return before + max((sum(steps.get(f"{u}: {part}", 0.0) for part in ("queued", "turn wait", "outputs"))
                          for u in upstream), default=0.0)

@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 EVENTS_SHOWN = 8
-IN_FLIGHT_SHOWN_S = 1.0    # a checkpoint in flight this long is shown (most take well under it)
+IN_FLIGHT_SHOWN_S = 1.0    # a checkpoint or reconfiguration in flight this long is shown (most take well under it)
 
 STATE_STYLES = {"starting": "yellow", "running": "green", "finished": "bold green",
                 "stopped": "yellow", "failed": "bold red"}
@@ -156,6 +156,16 @@ def slots_line(status: dict) -> Text:
     return line
 
 
+def reconfiguring_line(status: dict) -> Text | None:
+    """An action applied for :data:`IN_FLIGHT_SHOWN_S` or more, and what it waits for (most take
+    well under it; one that waits for the reconfiguration lock says what holds it)."""
+    flight = status.get("reconfiguring")
+    if not flight or float(flight.get("age_s") or 0) < IN_FLIGHT_SHOWN_S:
+        return None
+    waits = f" (waits for {flight['waits_for']})" if flight.get("waits_for") else ""
+    return _one_line(f"reconfiguring {flight['action']} {float(flight['age_s']):.0f}s{waits}", "cyan")
+
+
 def checkpoint_line(status: dict) -> Text | None:
     """Checkpoints, one line: the last complete one (id, age, duration, bytes), one in flight for a
     second or more (its phase, age and the workers it waits for), failures (aborted checkpoints,
@@ -237,8 +247,9 @@ def dead_letter_lines(status: dict, last: int) -> list[str]:
 def render(status: dict, wide: bool = True) -> RenderableType:
     """The whole view: PE table, totals line, checkpoints, standard slots, first errors, recent
     events (``status``: all of it); ``wide=False`` leaves out the hosts so it fits 80 columns."""
-    ckpt, errors = checkpoint_line(status), errors_table(status)
-    return Group(pe_table(status, wide), totals(status), *([ckpt] if ckpt else []), slots_line(status),
+    ckpt, errors, reconf = checkpoint_line(status), errors_table(status), reconfiguring_line(status)
+    return Group(pe_table(status, wide), totals(status), *([ckpt] if ckpt else []), *([reconf] if reconf else []),
+                 slots_line(status),
                  *([errors] if errors else []), events_table(status))
 
 
@@ -308,9 +319,7 @@ def screen(status: dict, height: int = 24) -> RenderableType:
     parts: list[RenderableType] = [summary(status)]
     if status.get("error"):
         parts.append(_one_line(f"error: {status['error']}", "red"))
-    ckpt = checkpoint_line(status)
-    if ckpt is not None:
-        parts.append(ckpt)
+    parts += [line for line in (checkpoint_line(status), reconfiguring_line(status)) if line is not None]
     slots = list(status.get("slots", ()))
     events = list(status.get("events", ()))
     shown_events = min(len(events), SCREEN_EVENTS, max(0, height - len(parts) - 6))
@@ -339,7 +348,8 @@ def screen(status: dict, height: int = 24) -> RenderableType:
 # -- plain text (not a terminal) ------------------------------------------------------------
 
 def format_line(status: dict) -> str:
-    """One log line: elapsed, app, state, each PE's rates and load, totals."""
+    """One log line: elapsed, app, state, each PE's rates and load, totals, an action applied for a
+    second or more (:func:`reconfiguring_line`)."""
     pes = " | ".join(
         f"{pe.get('pe', '')}: in {rate(pe.get('tuples_in_per_s'))} out {rate(pe.get('tuples_out_per_s'))} "
         f"busy {percent(pe.get('busy'))} bp {percent(pe.get('backpressure'))}"
@@ -348,6 +358,9 @@ def format_line(status: dict) -> str:
     line = (f"[{float(status.get('elapsed_s') or 0):7.1f}s] {status.get('app', '')} {status.get('state', '')}"
             + (f" | {pes}" if pes else "")
             + f" | dead letters {int(status.get('dead_letters') or 0)}, late {int(status.get('late_events') or 0)}")
+    reconf = reconfiguring_line(status)
+    if reconf is not None:
+        line += f" | {reconf.plain}"
     if status.get("error"):
         line += f" | error: {status['error']}"
     return line

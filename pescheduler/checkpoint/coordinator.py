@@ -247,7 +247,7 @@ class CheckpointCoordinator:
         or a recovery never waits behind a slow or hung storage. Checkpoints are taken one at a
         time (a second trigger waits without holding the Reconfigurer's lock)."""
         async with self._one_at_a_time, self._flying():
-            async with self.reconfigurer.lock:
+            async with self.reconfigurer.lock.held(f"checkpoint {self.next_id}"):
                 if not self.state.live or self.paused:
                     raise CheckpointError(f"no checkpoint while the deployment is "
                                           f"{'recovering' if self.paused else self.state.state}")
@@ -363,7 +363,7 @@ class CheckpointCoordinator:
     async def _complete(self, checkpoint_id: int, t0: float, p0: float, stored: Stored) -> int:
         """The manifest is written: sinks commit (under the lock again: between reconfigurations,
         on the workers of the placement as it is now), the history and events say so, old ones go."""
-        async with self.reconfigurer.lock:
+        async with self.reconfigurer.lock.held(f"checkpoint {checkpoint_id}'s completion"):
             workers = sorted({pe.worker for pe in self.reconfigurer.placement.pes.values()})
             try:
                 await self._call(self.gateway.ckpt_end(workers, checkpoint_id, complete=True))

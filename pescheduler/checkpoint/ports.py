@@ -9,8 +9,7 @@ implement them).
 
 from __future__ import annotations
 
-import asyncio
-from typing import Iterable, Protocol
+from typing import AsyncContextManager, Iterable, Protocol
 
 from ..plan.placement import Placement
 
@@ -31,10 +30,18 @@ class CheckpointCalls(Protocol):
     async def ckpt_end(self, workers: Iterable[str], checkpoint_id: int, complete: bool) -> None: ...
 
 
+class LayoutLock(Protocol):
+    """The reconfiguration lock, taken with a name for what holds it (``control/reconfigurer.py``)."""
+
+    def held(self, by: str) -> AsyncContextManager[None]: ...
+
+    def locked(self) -> bool: ...
+
+
 class Layout(Protocol):
     """The layout a checkpoint is taken of, under its lock (``Reconfigurer``)."""
 
-    lock: asyncio.Lock
+    lock: LayoutLock
     placement: Placement
     epoch: int
     deployment: str

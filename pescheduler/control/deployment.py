@@ -257,7 +257,8 @@ class Deployment:
                   "client": getattr(self.client, "id", None),     # claims.with_lost: gone when it has left
                   **status_view(self.app.name, self.state, self.monitor.latest, self.placement(),
                                 self.dead.count, self.hosts.view()),
-                  "errors": self.dead.errors(), "recent_dead_letters": self.dead.recent()}
+                  "errors": self.dead.errors(), "recent_dead_letters": self.dead.recent(),
+                  "reconfiguring": self.reconfigurer.in_flight() if self.reconfigurer else None}
         if self.checkpointer is not None:
             status["checkpoints"] = {**self.checkpointer.view(), "restart": self.recovery.view(),
                                      "restoring": self.reconfigurer.restoring_view()}
@@ -448,8 +449,9 @@ class Deployment:
             await asyncio.wait_for(self._done.wait(), config.get_seconds("monitor.interval"))
         except asyncio.TimeoutError:
             lock = self.reconfigurer.lock if self.reconfigurer is not None else None
-            await self.cluster.attach_dashboard(lambda: lock if lock is not None else contextlib.nullcontext(),
-                                                DASHBOARD_IMPORT_WAIT_S)
+            await self.cluster.attach_dashboard(
+                lambda: lock.held("a step of Dask's dashboard import") if lock is not None else contextlib.nullcontext(),
+                DASHBOARD_IMPORT_WAIT_S)
 
     def _cluster_host(self) -> str:
         """Where the embedded cluster listens: loopback, or the address a resource manager's

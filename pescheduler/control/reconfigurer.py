@@ -43,6 +43,24 @@ logger = logging.getLogger(__name__)
 HostActions = Callable[[Action, float], Awaitable[ApplyRecord]]
 
 
+class LayoutLock(asyncio.Lock):
+    """The reconfiguration lock (:attr:`Reconfigurer.lock`; FIFO, as asyncio's), taken with
+    :meth:`held`, which says who holds it: an action that waited for it names what it waited behind
+    in its record's steps (``"lock: checkpoint 12"``). A Replicate's 12-14 s in its ``plan`` step, beside
+    a loaded suite, was the dashboard's import (session 81); nothing said so."""
+
+    holder: str | None = None
+
+    @contextlib.asynccontextmanager
+    async def held(self, by: str) -> AsyncIterator[None]:
+        async with self:
+            self.holder = by
+            try:
+                yield
+            finally:
+                self.holder = None
+
+
 class Reconfigurer:
     """Holds the placement (once), the channels and the epoch; applies every change to them."""
 
@@ -58,7 +76,7 @@ class Reconfigurer:
         self.epoch = 0
         self.worker_info: dict[str, dict] = {}
         self.records: list[ApplyRecord] = []
-        self.lock = asyncio.Lock()                  # reconfigurations and checkpoints take it
+        self.lock = LayoutLock()                    # reconfigurations and checkpoints take it
         self.host_actions: HostActions | None = None      # the host manager's apply, for Borrow/Return
         self.on_worker: Callable[[str], None] = lambda worker: None      # a worker joined: watch it
         self.on_failure: Callable[[str], Awaitable[None]]     # the protocol failed half-way: fail the run
@@ -70,6 +88,7 @@ class Reconfigurer:
         # a rescale of it is refused until they are in (worker/lazy_restore.py)
         self.restoring: dict[str, dict | None] = {}
         self.lost: Callable[[], set[str]] = set     # workers known lost (a recovery's): never grown beside
+        self.applying: tuple[str, float] | None = None    # the action being applied and since when (time.time())
         self.writes = 0                             # checkpoint writes to storage in flight (writing)
         self._written = asyncio.Condition()
 
@@ -90,7 +109,7 @@ class Reconfigurer:
     async def launch(self, placement: Placement, restore: dict[str, dict] | None = None) -> None:
         """Deploy ``placement``: every PE started (``restore``: op_id -> saved state, from a
         checkpoint), every standard slot warm."""
-        async with self.lock:
+        async with self.lock.held("the launch"):
             await self.relaunch(placement, restore)
 
     async def restart(self, placement: Placement, restore: dict[str, dict]) -> None:
@@ -154,13 +173,32 @@ class Reconfigurer:
             if self.host_actions is None:
                 return self.record(ApplyRecord(action, False, "no host manager"))
             return self.record(await self.host_actions(action, timeout))
-        decided, t0 = time.time(), time.perf_counter()
-        async with self.lock:
+        decided, t0, behind = time.time(), time.perf_counter(), self.lock.holder
+        self.applying = (repr(action), decided)
+        try:
+            return await self._apply(action, timeout, decided, t0, behind)
+        finally:
+            self.applying = None
+
+    def in_flight(self) -> dict | None:
+        """The status's ``reconfiguring``: the action being applied, for how long, and what holds the
+        lock it waits for (None once it holds it)."""
+        if self.applying is None:
+            return None
+        action, since = self.applying
+        holder = self.lock.holder
+        return {"action": action, "age_s": round(time.time() - since, 1),
+                "waits_for": holder if holder is not None and holder != action else None}
+
+    async def _apply(self, action: Action, timeout: float, decided: float, t0: float, behind: str | None) -> ApplyRecord:
+        async with self.lock.held(repr(action)):
+            steps = {f"lock: {behind}" if behind else "lock": round((time.perf_counter() - t0) * 1000, 3)}
+            t0 = time.perf_counter()
             try:
                 old, new, plan = await self._planned(action)
             except ActionRefused as exc:
                 return self.record(ApplyRecord(action, False, str(exc)))
-            steps = {"plan": round((time.perf_counter() - t0) * 1000, 3)}     # the lock and the planning
+            steps["plan"] = round((time.perf_counter() - t0) * 1000, 3)
             if plan.retired or plan.hold:          # it pauses: not beside a checkpoint's writers
                 waited = await self._after_writes(timeout / 2)   # the other half is the pause's
                 if waited is not None:
@@ -324,7 +362,7 @@ class Reconfigurer:
     # -- the worker set (hosts.py borrows and returns hosts) --------------------------------
     async def add_workers(self, host_id: str, infos: dict[str, dict]) -> None:
         """Workers of ``host_id`` (their ``pe_info`` answers) join the placement, slots warmed."""
-        async with self.lock:
+        async with self.lock.held(f"host {host_id} joining"):
             for worker, info in infos.items():
                 self.know(worker, info, host_id)
             grown = add_workers(self.placement, dict.fromkeys(infos, host_id))
@@ -333,7 +371,7 @@ class Reconfigurer:
 
     async def remove_workers(self, workers: set[str]) -> None:
         """``workers`` leave the placement: nothing new is placed there (their PEs move separately)."""
-        async with self.lock:
+        async with self.lock.held(f"{len(workers)} workers leaving"):
             self.placement = remove_workers(self.placement, workers)
 
     def running_on(self) -> list[str]:

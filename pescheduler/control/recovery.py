@@ -128,7 +128,7 @@ class Recovery:
             await asyncio.sleep(pause)
             phase("backoff")
             dep._generation += 1                 # watchers drop answers about the old PEs
-            async with rc.lock:
+            async with rc.lock.held("a recovery"):
                 phase("lock")
                 checkpoint_id = (await asyncio.to_thread(coordinator.store.restorable))[-1]
                 record["checkpoint"] = checkpoint_id

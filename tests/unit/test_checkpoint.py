@@ -21,6 +21,7 @@ from pescheduler import Application
 from pescheduler.checkpoint import CheckpointCoordinator, CheckpointStore
 from pescheduler.checkpoint.restore import load_states
 from pescheduler.checkpoint.settings import checkpoint_settings
+from pescheduler.control.reconfigurer import LayoutLock
 from pescheduler.control.state import DeploymentState
 from pescheduler.errors import CheckpointError, NotReplayable
 from pescheduler.plan.compiler import compile_app
@@ -99,7 +100,7 @@ def worker_written(store, checkpoint_id: int, results: dict) -> dict:
 
 class FakeReconfigurer:
     def __init__(self, pl) -> None:
-        self.lock = asyncio.Lock()
+        self.lock = LayoutLock()
         self.placement = pl
         self.deployment = "unit-1"
         self.epoch = 0

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import dask.config
 
 from pescheduler.control.control_loop import ControlLoop
+from pescheduler.control.reconfigurer import LayoutLock
 from pescheduler.control.state import DeploymentState
 
 
@@ -51,7 +52,7 @@ def test_a_collect_that_raises_is_logged_on_the_record_and_the_next_interval_col
     gateway, monitor = Gateway(), Monitor()
     state = DeploymentState()
     reconfigurer = SimpleNamespace(running_on=lambda: [], placement=None, activated=lambda answers: None, loaded=lambda answers: None,
-                                   lock=asyncio.Lock())
+                                   lock=LayoutLock())
     loop = ControlLoop(gateway, reconfigurer, state, monitor, SimpleNamespace(keep=lambda d: None), dict)
 
     async def main() -> None:
@@ -77,7 +78,7 @@ def test_a_stop_rung_on_the_command_topic_is_taken_at_once_not_at_the_next_poll(
 
     monkeypatch.setattr(control_loop, "COMMAND_POLL_S", 60.0)
     gateway = Gateway()
-    reconfigurer = SimpleNamespace(running_on=lambda: [], placement=None, lock=asyncio.Lock())
+    reconfigurer = SimpleNamespace(running_on=lambda: [], placement=None, lock=LayoutLock())
     loop = ControlLoop(gateway, reconfigurer, DeploymentState(), Monitor(), SimpleNamespace(keep=lambda d: None), dict)
     stopped = asyncio.Event()
 
