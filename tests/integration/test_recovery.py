@@ -275,9 +275,20 @@ def test_restore_latest_after_the_deploying_process_is_killed_continues_exactly(
     cmd = [sys.executable, "-m", "pescheduler", "deploy", str(tmp_path / "app.py"), "--workers", "2", "--json",
            "--policy", "none", "--plugin", "support_ops", "--checkpoint", str(storage),
            "--checkpoint-interval", "0.5s"]
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    # stderr to a file, not a pipe nobody reads while it runs (64 KB of log lines would stop the
+    # deploying process mid-write; a loaded run writes about 300 bytes), so that a failed wait says
+    # what the run said; a run that ended first fails at once (the suite's "two complete
+    # checkpoints" timeouts of sessions 80 and 81 said nothing more)
+    err = tmp_path / "first.err"
+    with open(err, "w") as log:
+        first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
     try:
-        until(lambda: len(manifests(storage)) >= 2, WAIT, "two complete checkpoints")
+        until(lambda: len(manifests(storage)) >= 2 or first.poll() is not None, WAIT,
+              f"two complete checkpoints (stderr: {err})")
+        assert len(manifests(storage)) >= 2, \
+            f"the first run ended (exit {first.returncode}) with {len(manifests(storage))} checkpoints"
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nits stderr's tail: {err.read_text()[-3000:]}") from None
     finally:
         tree = [first, *psutil.Process(first.pid).children(recursive=True)]   # the deployer and its workers
         for proc in tree:
