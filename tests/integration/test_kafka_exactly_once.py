@@ -23,6 +23,7 @@ import pytest
 
 import pescheduler
 from pescheduler import Application, Release, Replicate
+from pescheduler.control.protocol import pe_report
 from pescheduler.control.recovery import FIRST_OUTPUT_S
 
 from brokers import (committed_log, create_topic, produce, start_fronted_tansu, start_tansu, tcp_front,
@@ -85,8 +86,9 @@ def restart_of(dep) -> dict:
     except AssertionError as exc:
         ops = {op: {"in": m.tuples_in, "out": m.tuples_out, "pe": m.pe, **({"lag": dict(m.lag)} if m.lag else {})}
                for op, m in dep.snapshot().operators.items()}
+        channels = dep._loop.run(pe_report(dep.gateway, dep.placement()), 30)     # where the tuples stand
         raise AssertionError(f"{exc}; restarts: {dep.recovery.restarts}; operators now: {ops}; "
-                             f"last events: {dep.status()['events'][-12:]}") from None
+                             f"last events: {dep.status()['events'][-12:]}; PEs and channels now:\n{channels}") from None
     return dep.recovery.restarts[-1]
 
 
