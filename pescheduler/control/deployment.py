@@ -25,7 +25,6 @@ worker processes, one per core, at least two) and closes it on stop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -448,10 +447,8 @@ class Deployment:
         try:
             await asyncio.wait_for(self._done.wait(), config.get_seconds("monitor.interval"))
         except asyncio.TimeoutError:
-            lock = self.reconfigurer.lock if self.reconfigurer is not None else None
-            await self.cluster.attach_dashboard(
-                lambda: lock.held("a step of Dask's dashboard import") if lock is not None else contextlib.nullcontext(),
-                DASHBOARD_IMPORT_WAIT_S)
+            await self.cluster.attach_dashboard(lambda: self.reconfigurer.lock.held("a step of Dask's dashboard import"),
+                                                DASHBOARD_IMPORT_WAIT_S)
 
     def _cluster_host(self) -> str:
         """Where the embedded cluster listens: loopback, or the address a resource manager's

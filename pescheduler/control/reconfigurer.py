@@ -174,11 +174,12 @@ class Reconfigurer:
                 return self.record(ApplyRecord(action, False, "no host manager"))
             return self.record(await self.host_actions(action, timeout))
         decided, t0, behind = time.time(), time.perf_counter(), self.lock.holder
-        self.applying = (repr(action), decided)
+        self.applying = mine = (repr(action), decided)
         try:
             return await self._apply(action, timeout, decided, t0, behind)
         finally:
-            self.applying = None
+            if self.applying is mine:       # a second action asked meanwhile (it waits for this one) stays shown
+                self.applying = None
 
     def in_flight(self) -> dict | None:
         """The status's ``reconfiguring``: the action being applied, for how long, and what holds the
